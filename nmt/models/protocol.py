@@ -1,0 +1,54 @@
+"""The contract between models and decoding (beam search, greedy, ensembles).
+
+Every state that travels between decoding steps is a flat ``dict[str, Tensor]`` whose
+tensors all have the batch (or batch x beam) dimension FIRST. Beam search therefore
+never needs to know a model's internals: it tiles with ``repeat_interleave(k, dim=0)``,
+reorders surviving hypotheses with ``index_select(0, index)`` and ensembles keep one
+state per member.
+"""
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from torch import Tensor
+
+State = dict[str, Tensor]
+"""Batch-first tensors, e.g. LSTM hidden states stored as (N, layers, H)."""
+
+
+@runtime_checkable
+class StepDecoder(Protocol):
+    """What beam search needs from a model (single models and ensembles alike)."""
+
+    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[State, State]:
+        """Encode a batch.
+
+        src: (B, L) token ids, padded; src_lengths: (B,).
+        Returns ``(encoder_out, decoder_state)``: ``encoder_out`` holds at least
+        ``"memory"`` (B, L, H) and ``"src_mask"`` (B, L) bool (True = real token);
+        ``decoder_state`` is the initial decoder state. Both are batch-first dicts.
+        """
+        ...
+
+    def step(self, tokens: Tensor, state: State, encoder_out: State) -> tuple[Tensor, Tensor, State]:
+        """One decoding step for N = batch x beam rows.
+
+        tokens: (N,) previous target token ids (BOS at the first step).
+        Returns ``(log_probs, attention, new_state)``: log_probs (N, V) is the log of the
+        output mapping's probabilities, ``-inf`` exactly where the probability is 0;
+        attention (N, L) the source attention distribution of this step.
+        """
+        ...
+
+
+def select_state(state: State, index: Tensor) -> State:
+    """Pick rows ``index`` (M,) of every batch-first tensor in ``state``."""
+    return {k: v.index_select(0, index) for k, v in state.items()}
+
+
+def tile_state(state: State, times: int) -> State:
+    """Repeat each row ``times`` times consecutively: (B, ...) -> (B * times, ...)."""
+    return {k: v.repeat_interleave(times, dim=0) for k, v in state.items()}
+
+
+__all__ = ["State", "StepDecoder", "select_state", "tile_state"]

@@ -1,0 +1,41 @@
+"""nmt: sequence-to-sequence learning with sparse and structured probability mappings."""
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+
+setup(
+    name="nmt",
+    version="0.1.0",
+    description=(
+        "Sequence-to-sequence toolkit with sparse and structured attention/output "
+        "mappings, Fenchel-Young losses and certified beam search"
+    ),
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.10",
+    packages=find_packages(include=["nmt", "nmt.*"]),
+    install_requires=[
+        "torch>=2.1",
+        "numpy",
+        "pyyaml>=6",
+        "sentencepiece>=0.1.99",
+        "subword-nmt>=0.3.8",
+        "sacrebleu>=2.3",
+        "tensorboard>=2.12",
+        "tqdm>=4.60",
+        "matplotlib>=3.6",
+    ],
+    extras_require={
+        # Oracles (entmax, scipy) are used by tests and benchmarks only, never at run time.
+        "test": ["pytest>=7", "hypothesis>=6.80", "scipy>=1.10", "entmax>=1.1"],
+    },
+    entry_points={
+        "console_scripts": [
+            "nmt-train=nmt.cli.train:main",
+            "nmt-translate=nmt.cli.translate:main",
+        ]
+    },
+)
