@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Prepare CoNLL-SIGMORPHON 2018 task 1 for nmt in the multilingual setting of Peters et al. (2019).
+
+Input files (one per language and setting) have lines ``lemma<TAB>form<TAB>tags`` (tags
+``;``-separated); covered test files have ``lemma<TAB>tags``. All languages of one setting
+(high, medium or low) are pooled into one corpus; dev and test likewise. Each source line is
+
+    <language> TAG1 TAG2 ... l e m m a
+
+(space-tokenized; a space inside a lemma becomes the token ``▁``), each target line is the
+inflected form itself (to be char-tokenized). ``SPLIT.lang`` records the language of every
+line, so evaluation can report per-language figures.
+
+Get the data from the shared task repository (https://github.com/sigmorphon/conll2018,
+``task1/all`` and ``task1/surprise``) and pass its directory with ``--data-dir``.
+
+Usage: python recipes/morphology/prepare.py --data-dir DIR --setting medium --out data/morphology/medium
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+SPACE_TOKEN = "▁"
+SETTINGS = ("high", "medium", "low")
+
+
+def source_line(language: str, lemma: str, tags: str) -> str:
+    """The model's source: language token, tags, lemma characters (space-separated)."""
+    chars = [SPACE_TOKEN if c == " " else c for c in lemma]
+    return " ".join([f"<{language}>", *tags.split(";"), *chars])
+
+
+def read_split(path: Path, covered: bool) -> list[tuple[str, str, str]]:
+    """Read ``(lemma, form, tags)`` triples (form is "" for covered files); one-line errors."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            parts = line.split("\t")
+            if covered and len(parts) == 2:
+                rows.append((parts[0], "", parts[1]))
+            elif len(parts) == 3:
+                lemma, form, tags = parts
+                rows.append((lemma, form, tags))
+            else:
+                raise ValueError(f"{path}:{n}: expected {'2 or 3' if covered else 3} tab-separated fields, got {len(parts)}")
+    return rows
+
+
+def languages_for(data_dir: Path, setting: str) -> list[str]:
+    """Languages that have a training file for ``setting``."""
+    suffix = f"-train-{setting}"
+    return sorted(p.name[: -len(suffix)] for p in data_dir.iterdir() if p.name.endswith(suffix))
+
+
+def write_atomic(path: Path, lines: list[str]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in lines)
+    os.replace(tmp, path)
+
+
+def prepare(data_dir: Path, setting: str, out: Path, languages: list[str] | None = None) -> dict[str, int]:
+    """Write ``{train,dev,test}.{src,tgt,lang}`` under ``out``; returns line counts per split."""
+    if not data_dir.is_dir():
+        raise FileNotFoundError(f"{data_dir}: SIGMORPHON 2018 data directory not found (see --help)")
+    langs = languages or languages_for(data_dir, setting)
+    if not langs:
+        raise FileNotFoundError(f"{data_dir}: no *-train-{setting} files")
+    out.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for split, pattern, covered in (("train", f"{{}}-train-{setting}", False), ("dev", "{}-dev", False),
+                                    ("test", "{}-covered-test", True)):
+        src, tgt, lang = [], [], []
+        for language in langs:
+            path = data_dir / pattern.format(language)
+            if not path.exists():
+                if split == "train":
+                    raise FileNotFoundError(f"{path}: missing training file for language {language!r}")
+                continue
+            for lemma, form, tags in read_split(path, covered):
+                src.append(source_line(language, lemma, tags))
+                tgt.append(form)
+                lang.append(language)
+        write_atomic(out / f"{split}.src", src)
+        if not covered:
+            write_atomic(out / f"{split}.tgt", tgt)
+        write_atomic(out / f"{split}.lang", lang)
+        counts[split] = len(src)
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", type=Path, default=Path("../shared/data/sigmorphon2018"),
+                        help="directory with LANG-train-SETTING, LANG-dev, LANG-covered-test files")
+    parser.add_argument("--setting", choices=SETTINGS, default="medium")
+    parser.add_argument("--out", type=Path, default=None, help="output directory (default data/morphology/SETTING)")
+    parser.add_argument("--languages", nargs="*", default=None, help="restrict to these languages")
+    args = parser.parse_args(argv)
+    out = args.out or Path("data/morphology") / args.setting
+    try:
+        counts = prepare(args.data_dir, args.setting, out, args.languages)
+    except (FileNotFoundError, ValueError, UnicodeDecodeError) as e:
+        print(f"prepare: error: {e}", file=sys.stderr)
+        return 1
+    print(f"prepared {args.setting} into {out}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
