@@ -1,0 +1,34 @@
+"""Sparse and structured probability mappings and their Fenchel-Young losses.
+
+``from nmt.sparse import entmax15, get_mapping, get_loss``. Every mapping is
+``f(scores, dim=-1, mask=None, **params)``: exact where an exact algorithm exists, exact
+zeros where masked, hand-written backward, batched on any device.
+"""
+from ._softmax import softmax
+from .entmax import Entmax15, EntmaxBisect, entmax15, entmax_bisect
+from .losses import (
+    CrossEntropyLoss,
+    Entmax15Loss,
+    EntmaxBisectLoss,
+    FenchelYoungLoss,
+    Regularizer,
+    Shannon,
+    SparsemaxLoss,
+    Tsallis,
+    cross_entropy_loss,
+    entmax15_loss,
+    entmax_bisect_loss,
+    fenchel_young_loss,
+    sparsemax_loss,
+)
+from .registry import LOSS_NAMES, MAPPING_NAMES, get_loss, get_mapping, loss_function, mapping_function
+from .sparsemax import Sparsemax, sparsemax
+
+__all__ = [
+    "softmax", "sparsemax", "entmax15", "entmax_bisect",
+    "Sparsemax", "Entmax15", "EntmaxBisect",
+    "cross_entropy_loss", "sparsemax_loss", "entmax15_loss", "entmax_bisect_loss",
+    "fenchel_young_loss", "Regularizer", "Shannon", "Tsallis",
+    "FenchelYoungLoss", "CrossEntropyLoss", "SparsemaxLoss", "Entmax15Loss", "EntmaxBisectLoss",
+    "get_mapping", "get_loss", "mapping_function", "loss_function", "MAPPING_NAMES", "LOSS_NAMES",
+]

@@ -1,0 +1,60 @@
+"""Shared plumbing for the mapping kernels: dtype upcast, masking, moving ``dim`` last.
+
+Every mapping kernel works on a float32/float64 tensor whose last dimension is the one
+being normalised. Masked entries (``mask`` False) become ``-inf`` scores, which every
+kernel turns into exact zeros; a row with no finite score maps to all zeros.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+_UPCAST = (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Dtype used internally: half precisions are computed in float32."""
+    return torch.float32 if dtype in _UPCAST else dtype
+
+
+def apply_mask(scores: Tensor, mask: Optional[Tensor]) -> Tensor:
+    """Return ``scores`` with ``-inf`` where ``mask`` is False (``mask`` broadcasts, True = keep)."""
+    if mask is None:
+        return scores
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a bool tensor (True = keep), got {type(mask).__name__} "
+                         f"{getattr(mask, 'dtype', '')}".rstrip())
+    try:
+        torch.broadcast_shapes(mask.shape, scores.shape)
+    except RuntimeError:
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to scores of "
+                         f"shape {tuple(scores.shape)}") from None
+    return scores.masked_fill(~mask, float("-inf"))
+
+
+def check_scores(scores: Tensor, dim: int) -> int:
+    """Validate ``scores`` / ``dim``; return ``dim`` as a non-negative index."""
+    if not isinstance(scores, Tensor):
+        raise ValueError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
+    if not scores.is_floating_point():
+        raise ValueError(f"scores must be a floating point tensor, got {scores.dtype}")
+    if scores.dim() == 0:
+        raise ValueError("scores must have at least one dimension")
+    if not -scores.dim() <= dim < scores.dim():
+        raise ValueError(f"dim={dim} is out of range for scores with {scores.dim()} dimensions")
+    return dim % scores.dim()
+
+
+def apply_last(kernel: Callable[[Tensor], Tensor], scores: Tensor, dim: int,
+               mask: Optional[Tensor]) -> Tensor:
+    """Run ``kernel`` (on a last-dim, float32/64 tensor) over ``scores`` along ``dim``.
+
+    Handles validation, masking, the half-precision upcast and the cast back. All steps
+    are differentiable views/casts, so the kernel's own backward is used.
+    """
+    dim = check_scores(scores, dim)
+    dtype = scores.dtype
+    x = apply_mask(scores, mask).to(compute_dtype(dtype)).movedim(dim, -1)
+    return kernel(x).movedim(-1, dim).to(dtype)

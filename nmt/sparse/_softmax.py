@@ -1,0 +1,33 @@
+"""Softmax with a mask: exact zeros where masked, all zeros (and zero gradient) for empty rows."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ._common import apply_last
+
+
+class SoftmaxFunction(torch.autograd.Function):
+    """Softmax over the last dim; a row of only ``-inf`` maps to zeros instead of NaN."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+        p = torch.softmax(x, dim=-1).nan_to_num_(0.0)
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
+        (p,) = ctx.saved_tensors
+        return torch._softmax_backward_data(grad.contiguous(), p, -1, p.dtype)
+
+
+def softmax(scores: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
+    """Softmax of ``scores`` along ``dim``; ``mask`` (bool, broadcastable, True = keep).
+
+    Masked / ``-inf`` entries get exact zeros; rows with nothing kept are all zeros.
+    Half precisions are computed in float32 and returned in the input dtype.
+    """
+    return apply_last(SoftmaxFunction.apply, scores, dim, mask)

@@ -1,0 +1,249 @@
+"""Thresholds of alpha-entmax: ``p_i = max(z_i - tau, 0) ** q`` with ``sum_i p_i = 1``.
+
+Here ``z = (alpha - 1) * x`` and ``q = 1 / (alpha - 1)`` (sparsemax: ``q = 1``;
+1.5-entmax: ``q = 2``). Two solvers, both batched over rows without Python loops per row:
+
+* :func:`sort_threshold` (``q`` in {1, 2}): exact, on the sorted row (Peters et al. 2019).
+* :func:`root_threshold` (any ``q > 0``): safeguarded Newton on ``f(tau) = sum p_i - 1``
+  (convex and decreasing for ``q >= 1``, so Newton from a lower bound such as
+  ``max - 1`` increases monotonically to the root; bisection safeguards ``q < 1``). For
+  ``q`` in {1, 2} every step also solves the closed form on the current support ``S`` and
+  accepts it once it is *verified* (every element of ``S`` stays at or above the new
+  threshold, the rest is below it): the result is then exact, not approximate.
+  Long rows are first pruned: a Newton lower bound of the threshold of the vector of
+  block maxima is a lower bound of ``tau`` (a sub-vector has a smaller ``f``), so only
+  entries above it (found by reading the blocks whose maximum exceeds it) can be in the
+  support. The threshold of the pruned row equals that of the full row; it is found by
+  sorting (few candidates) or Newton. Near-uniform rows (many candidates) skip pruning.
+
+Host synchronisations: the convergence test of the Newton loop (one per step, a few
+steps) and sizing the pruned candidate set (three, once per call on long rows).
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+SORT_MAX_N = 32
+"""Rows up to this length use the sort-based solver in the exact mappings (torch.sort has a
+high per-row cost on CPU; Newton with the closed-form finish is cheaper beyond this)."""
+
+BLOCK = 64
+"""Block length of the candidate pruning on long rows (half of it below 4096 entries)."""
+
+LOWER_BOUND_STEPS = 3
+"""Newton steps on the block maxima giving the pruning bound."""
+
+WARM_STEPS = 3
+"""Unchecked (sync-free) Newton steps before the checked loop of the root finder."""
+
+
+Power = Union[float, Tensor]
+
+
+def sort_threshold(z: Tensor, q: float) -> Tensor:
+    """Exact threshold for ``q`` in {1, 2}. ``z: (..., n)`` (``-inf`` allowed) -> ``tau: (..., 1)``.
+
+    A row without finite entries gets ``tau = +inf`` (all-zero output).
+    """
+    zmax = z.amax(dim=-1, keepdim=True)
+    zmax = torch.where(zmax == float("-inf"), torch.zeros_like(zmax), zmax)
+    zs = torch.sort(z - zmax, dim=-1, descending=True).values
+    finite = zs > float("-inf")
+    zs = torch.where(finite, zs, torch.zeros_like(zs))
+    ks = torch.arange(1, z.shape[-1] + 1, dtype=z.dtype, device=z.device)
+    cs = zs.cumsum(dim=-1)
+    if q == 1.0:
+        taus = (cs - 1) / ks
+    elif q == 2.0:
+        mean = cs / ks
+        ss = (zs * zs).cumsum(dim=-1) - cs * mean  # sum of squared deviations
+        taus = mean - ((1 - ss) / ks).clamp(min=0).sqrt()
+    else:
+        raise ValueError(f"sort_threshold needs q in {{1, 2}}, got {q}")
+    supp = (taus < zs) & finite
+    k = supp.sum(dim=-1, keepdim=True)
+    tau = taus.gather(-1, (k - 1).clamp(min=0)) + zmax
+    return torch.where(k == 0, torch.full_like(tau, float("inf")), tau)
+
+
+def _newton(z: Tensor, q: Power, lo: Tensor, max_iter: int, tol: Optional[float],
+            empty: Tensor) -> Tensor:
+    """Root of ``f`` per row of ``z: (R, m)`` (max 0 per row, ``-inf`` allowed).
+
+    ``lo: (R,)`` is a lower bound of the root, ``empty: (R,)`` marks rows without finite
+    entries (left alone). ``q``: float or ``(R,)`` tensor. ``tol=None`` asks for the exact
+    closed-form finish (``q`` in {1, 2}); otherwise iterate until the bracket or the step is
+    below ``tol * max(1, |tau|)`` or ``max_iter`` steps. Returns ``tau: (R,)``.
+    """
+    exact = tol is None
+    hi = torch.zeros_like(lo)  # f(0) = -1: the row maximum is 0
+    tau = lo.clone()
+    finished = empty.clone()
+    qc = q[:, None] if isinstance(q, Tensor) else q
+    for _ in range(max_iter):
+        d = (z - tau[:, None]).clamp_(min=0)
+        if exact:
+            k = torch.sign(d).sum(dim=-1)
+            s1 = d.sum(dim=-1)
+            dmin = d.masked_fill(d <= 0, float("inf")).amin(dim=-1)
+            if q == 1.0:  # Newton step = closed form on the current support
+                delta = (s1 - 1) / k
+                done = dmin >= delta
+                new = tau + delta
+            else:  # q == 2: closed form on the support (smaller root), else Newton
+                s2 = torch.linalg.vecdot(d, d)
+                disc = s1 * s1 - k * (s2 - 1)
+                closed = (s1 - disc.clamp(min=0).sqrt()) / k
+                done = (disc >= 0) & (dmin >= closed)
+                new = tau + torch.where(done, closed, (s2 - 1) / (2 * s1))
+        else:
+            pos = d > 0
+            dq1 = torch.where(pos, torch.where(pos, d, 1).pow(qc - 1), 0)  # d^(q-1) on the support
+            f = torch.linalg.vecdot(dq1, d) - 1
+            df = dq1.sum(dim=-1) * q
+            lo = torch.where(f >= 0, tau, lo)
+            hi = torch.where(f < 0, tau, hi)
+            new = tau + f / df
+            bad = ~((new >= lo) & (new <= hi)) | (df == 0)
+            new = torch.where(bad, (lo + hi) / 2, new)
+            scale = tau.abs().clamp(min=1)
+            done = ((new - tau).abs() <= tol * scale) | ((hi - lo) <= tol * scale) | (f == 0)
+        tau = torch.where(finished, tau, new)
+        finished = finished | done
+        if bool(finished.all()):  # host sync: the convergence test
+            break
+    return tau
+
+
+def _newton_lower_bound(z: Tensor, q: Power, steps: int) -> Tensor:
+    """A lower bound ``(R, 1)`` of the threshold of ``z: (R, m)`` (row max 0), without host sync.
+
+    Newton from ``-1`` (a lower bound: the maximum has ``p <= 1``) stays below the root of
+    the convex ``f`` (``q >= 1``); rows with ``q < 1`` keep ``-1``.
+    """
+    lo = torch.full_like(z[:, :1], -1.0)
+    if not isinstance(q, Tensor):
+        if q < 1:
+            return lo
+        tiny = torch.finfo(z.dtype).tiny
+        for _ in range(steps):  # f >= 0 and f' > 0 below the root: the step is never negative
+            d = (z - lo).clamp_(min=0)
+            if q == 1.0:
+                f, df = d.sum(dim=-1, keepdim=True) - 1, d.sign().sum(dim=-1, keepdim=True)
+            elif q == 2.0:
+                f, df = torch.linalg.vecdot(d, d).unsqueeze(-1) - 1, 2 * d.sum(dim=-1, keepdim=True)
+            else:
+                dq1 = d.pow(q - 1)
+                f, df = torch.linalg.vecdot(dq1, d).unsqueeze(-1) - 1, q * dq1.sum(dim=-1, keepdim=True)
+            lo = lo + (f / df.clamp(min=tiny)).clamp(min=0)  # empty rows (f = -1) stay put
+        return lo
+    qc = q[:, None]
+    for _ in range(steps):
+        d = (z - lo).clamp_(min=0)
+        dq1 = torch.where(d > 0, torch.where(d > 0, d, 1).pow(qc - 1), 0)
+        f = torch.linalg.vecdot(dq1, d)[:, None] - 1
+        df = dq1.sum(dim=-1, keepdim=True) * qc
+        ok = (df > 0) & (f > 0) & (qc >= 1)
+        lo = torch.where(ok, lo + f / torch.where(ok, df, 1), lo)
+    return lo
+
+
+def _block_max(z: Tensor, block: int) -> Tensor:
+    """Maxima of consecutive blocks of ``block`` entries: ``(R, n) -> (R, ceil(n / block))``."""
+    n_rows, n = z.shape
+    nb = n // block
+    bmax = z[:, : nb * block].reshape(n_rows, nb, block).amax(dim=-1)
+    if nb * block < n:
+        bmax = torch.cat([bmax, z[:, nb * block:].amax(dim=-1, keepdim=True)], dim=-1)
+    return bmax
+
+
+def _gather_candidates(z: Tensor, bmax: Tensor, lo: Tensor, block: int) -> Tensor:
+    """Entries ``> lo`` of each row, left-aligned in a ``(R, K)`` tensor padded with ``-inf``.
+
+    ``z: (R, n)`` contiguous, ``bmax: (R, nb)`` its block maxima (a shorter last block
+    included), ``lo: (R, 1)``. Only blocks whose maximum exceeds ``lo`` are read. Host
+    syncs: the sizes of the selections.
+    """
+    n_rows, n = z.shape
+    nb = n // block
+    rows, blocks = (bmax[:, :nb] > lo).nonzero().unbind(1)
+    vals = z[:, : nb * block].reshape(n_rows, nb, block)[rows, blocks]  # (M, block)
+    blk, off = (vals > lo[rows]).nonzero().unbind(1)
+    crow, cval = rows[blk], vals[blk, off]
+    if nb * block < n:  # the shorter last block: filter it for every row
+        tail = z[:, nb * block:]
+        trow, toff = (tail > lo).nonzero().unbind(1)
+        crow, cval = torch.cat([crow, trow]), torch.cat([cval, tail[trow, toff]])
+        order = torch.argsort(crow, stable=True)
+        crow, cval = crow[order], cval[order]
+    counts = torch.bincount(crow, minlength=n_rows)
+    width = int(counts.max()) if crow.numel() else 0
+    out = z.new_full((n_rows, max(width, 1)), float("-inf"))
+    start = counts.cumsum(0) - counts
+    out[crow, torch.arange(crow.numel(), device=z.device) - start[crow]] = cval
+    return out
+
+
+def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
+                   max_iter: Optional[int] = None, scale: float = 1.0) -> Tensor:
+    """Threshold of ``scale * z`` for ``z: (..., n)`` (``-inf`` allowed) -> ``tau: (..., 1)``.
+
+    ``+inf`` for rows without finite entries. ``q``: float, or a tensor broadcastable to
+    ``(..., 1)`` (per-row power). ``tol=None``: exact (``q`` in {1, 2}); else relative
+    tolerance of the Newton/bisection loop. ``scale > 0`` is applied to the (few) pruned
+    entries only, saving a pass over ``z``. Long rows are pruned to the entries above the
+    block-maxima threshold first.
+    """
+    exact = tol is None
+    if exact and not _is_exact_q(q):
+        raise ValueError(f"the exact threshold needs q in {{1, 2}}, got {q}")
+    lead, n = z.shape[:-1], z.shape[-1]
+    z2 = z.reshape(-1, n).contiguous()
+    n_rows = z2.shape[0]
+    if n_rows == 0:
+        return z.new_zeros(*lead, 1)
+    if isinstance(q, Tensor):
+        q = q.expand(*lead, 1).reshape(n_rows)
+    if max_iter is None:
+        max_iter = 4 * n + 60 if exact else 200
+    eps = torch.finfo(z.dtype).eps
+    sub_tol = None if exact else tol
+
+    def solve(rows_z: Tensor, lo: Optional[Tensor]) -> Tensor:
+        """Root for the rows of ``rows_z: (R, m)`` given a lower bound ``lo: (R, 1)``."""
+        zmax = rows_z.amax(dim=-1, keepdim=True)
+        empty = zmax == float("-inf")
+        zmax = torch.where(empty, 0, zmax)
+        zs = rows_z - zmax
+        # a few sync-free Newton steps first: the checked loop then ends after one or two steps
+        start = _newton_lower_bound(zs, q, WARM_STEPS)
+        start = start - 4 * (sub_tol or eps) * start.abs().clamp(min=1)
+        if lo is not None:
+            start = torch.maximum(start, torch.where(empty, -1, lo - zmax))
+        tau = _newton(zs, q, start[:, 0], max_iter, sub_tol, empty[:, 0])
+        return torch.where(empty, float("inf"), tau[:, None] + zmax)
+
+    block = BLOCK if n >= 64 * BLOCK else BLOCK // 2
+    if n < 8 * block:
+        return solve(z2 * scale, None).reshape(*lead, 1)
+    bmax = _block_max(z2, block)
+    # a lower bound of the threshold of a sub-vector (the block maxima) bounds the row's
+    sub = bmax * scale
+    smax = sub.amax(dim=-1, keepdim=True)
+    smax = torch.where(smax == float("-inf"), 0, smax)
+    lo = _newton_lower_bound(sub - smax, q, LOWER_BOUND_STEPS) + smax
+    lo = lo - 4 * (sub_tol or eps) * lo.abs().clamp(min=1)
+    cand = _gather_candidates(z2, bmax, lo / scale, block) * scale
+    if cand.shape[-1] * 4 > n:  # near-uniform rows: solve on the full rows
+        return solve(z2 * scale, lo).reshape(*lead, 1)
+    if exact and cand.shape[-1] <= SORT_MAX_N:
+        return sort_threshold(cand, q).reshape(*lead, 1)
+    return solve(cand, lo).reshape(*lead, 1)
+
+
+def _is_exact_q(q: Power) -> bool:
+    return not isinstance(q, Tensor) and q in (1.0, 2.0)

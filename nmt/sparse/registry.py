@@ -1,0 +1,131 @@
+"""Mappings and losses by name: the one place where config names meet code.
+
+``get_mapping(name, **params)`` returns ``f(scores, dim=-1, mask=None) -> probs`` with the
+parameters bound; ``get_loss(name, **params)`` the matching Fenchel-Young loss.
+"fusedmax" / "oscarmax" live in :mod:`nmt.sparse.structured` and are imported on lookup.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from typing import Callable, Optional
+
+from torch import Tensor
+
+from . import losses
+from ._softmax import softmax
+from .entmax import entmax15, entmax_bisect
+from .sparsemax import sparsemax
+
+_MAPPINGS: dict[str, Callable | str] = {
+    "softmax": softmax,
+    "sparsemax": sparsemax,
+    "entmax15": entmax15,
+    "entmax_bisect": entmax_bisect,
+    "fusedmax": "nmt.sparse.structured:fusedmax",
+    "oscarmax": "nmt.sparse.structured:oscarmax",
+}
+
+_LOSSES: dict[str, Callable] = {
+    "softmax": losses.cross_entropy_loss,
+    "sparsemax": losses.sparsemax_loss,
+    "entmax15": losses.entmax15_loss,
+    "entmax_bisect": losses.entmax_bisect_loss,
+}
+
+MAPPING_NAMES: tuple[str, ...] = tuple(_MAPPINGS)
+"""Every valid mapping name."""
+LOSS_NAMES: tuple[str, ...] = tuple(_LOSSES)
+"""Every mapping name that has a Fenchel-Young loss."""
+
+_CALL_ARGS = {"scores", "dim", "mask"}
+_LOSS_CALL_ARGS = {"scores", "target", "ignore_index", "reduction", "label_smoothing"}
+
+
+def _unknown(kind: str, name: object, valid: tuple[str, ...]) -> ValueError:
+    close = difflib.get_close_matches(str(name), valid, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ValueError(f"unknown {kind} {name!r}{hint}; valid: {', '.join(valid)}")
+
+
+def mapping_function(name: str) -> Callable:
+    """The unbound mapping function ``f(scores, dim=-1, mask=None, **params)`` called ``name``."""
+    if name not in _MAPPINGS:
+        raise _unknown("mapping", name, MAPPING_NAMES)
+    fn = _MAPPINGS[name]
+    if isinstance(fn, str):
+        module, attr = fn.split(":")
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"mapping {name!r} is unavailable: cannot import {fn} ({e})") from None
+    return fn
+
+
+def _check_params(kind: str, name: str, fn: Callable, reserved: set[str], params: dict) -> None:
+    allowed = [p for p in inspect.signature(fn).parameters if p not in reserved]
+    for key in params:
+        if key not in allowed:
+            valid = ", ".join(allowed) if allowed else "none"
+            raise ValueError(f"unknown parameter {key!r} for {kind} {name!r}; valid: {valid}")
+
+
+def _check_values(kind: str, name: str, params: dict) -> None:
+    """Fail at lookup (config time), not at the first call, on bad ``alpha`` / ``n_iter`` values."""
+    alpha = params.get("alpha", 1.5)
+    if not isinstance(alpha, Tensor):
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 1:
+            raise ValueError(f"parameter 'alpha' of {kind} {name!r} must be a number >= 1, got {alpha!r}")
+    elif kind == "loss":
+        raise ValueError(f"parameter 'alpha' of loss {name!r} must be a float, got a tensor")
+    n_iter = params.get("n_iter")
+    if n_iter is not None and (isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1):
+        raise ValueError(f"parameter 'n_iter' of {kind} {name!r} must be a positive int or null, got {n_iter!r}")
+
+
+def get_mapping(name: str, **params) -> Callable:
+    """``f(scores, dim=-1, mask=None) -> probs`` for mapping ``name`` with ``params`` bound.
+
+    Unknown names or parameters raise ValueError naming them and listing the valid ones.
+    """
+    fn = mapping_function(name)
+    _check_params("mapping", name, fn, _CALL_ARGS, params)
+    if name == "entmax_bisect":
+        _check_values("mapping", name, params)
+
+    def mapping(scores: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
+        return fn(scores, dim=dim, mask=mask, **params)
+
+    mapping.__name__ = mapping.__qualname__ = name
+    mapping.__doc__ = f"{name}{params or ''} over ``dim``; see ``{fn.__module__}.{fn.__name__}``."
+    return mapping
+
+
+def loss_function(name: str) -> Callable:
+    """The unbound Fenchel-Young loss matching mapping ``name`` (softmax -> cross-entropy)."""
+    if name not in _LOSSES:
+        if name in _MAPPINGS:
+            raise ValueError(f"mapping {name!r} has no Fenchel-Young loss; losses exist for: "
+                             f"{', '.join(LOSS_NAMES)}")
+        raise _unknown("loss", name, LOSS_NAMES)
+    return _LOSSES[name]
+
+
+def get_loss(name: str, **params) -> Callable:
+    """``loss(scores (..., V), target, ignore_index=-100, reduction="mean", label_smoothing=0.0)``
+    for mapping ``name`` with ``params`` (e.g. ``alpha``) bound. Its gradient is
+    ``mapping(scores) - target_distribution``."""
+    fn = loss_function(name)
+    _check_params("loss", name, fn, _LOSS_CALL_ARGS, params)
+    if name == "entmax_bisect":
+        _check_values("loss", name, params)
+
+    def loss(scores: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean",
+             label_smoothing: float = 0.0) -> Tensor:
+        return fn(scores, target, ignore_index=ignore_index, reduction=reduction,
+                  label_smoothing=label_smoothing, **params)
+
+    loss.__name__ = loss.__qualname__ = f"{name}_loss"
+    loss.__doc__ = f"Fenchel-Young loss of {name}{params or ''}; see ``{fn.__module__}.{fn.__name__}``."
+    return loss

@@ -1,0 +1,64 @@
+"""Independent oracles for the mapping tests: KKT certificates and a generic convex solver."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+def kkt_violation(p: torch.Tensor, x: torch.Tensor, alpha: float) -> float:
+    """Largest violation of the optimality conditions of alpha-entmax (alpha > 1), last dim.
+
+    ``p`` solves ``max <x, p> - Omega_alpha(p)`` on the simplex iff ``p >= 0``, ``sum p = 1`` and
+    there is ``tau`` with ``p_i^(alpha-1) = (alpha-1) x_i - tau`` on the support and
+    ``(alpha-1) x_i <= tau`` off it. ``tau`` is estimated from the support and checked.
+    """
+    p, x = p.double(), x.double()
+    am1 = alpha - 1
+    supp = p > 0
+    z = am1 * x
+    taus = torch.where(supp, z - p.clamp(min=0) ** am1, torch.nan)
+    tau = taus.nanmean(dim=-1, keepdim=True)
+    v_supp = torch.where(supp, (taus - tau).abs(), 0).amax(dim=-1)
+    v_off = torch.where(~supp & (x > -np.inf), (z - tau).clamp(min=0), 0).amax(dim=-1)
+    v_sum = (p.sum(dim=-1) - 1).abs()
+    v_neg = (-p).clamp(min=0).amax(dim=-1)
+    return float(torch.stack([v_supp, v_off, v_sum, v_neg]).max())
+
+
+def solve_generic(x: np.ndarray, alpha: float) -> np.ndarray:
+    """alpha-entmax of one short vector by a generic constrained solver (scipy SLSQP)."""
+    from scipy.optimize import minimize
+
+    n = len(x)
+
+    def objective(p):
+        p = np.clip(p, 0, None)
+        if alpha == 1:
+            reg = np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0))
+        else:
+            reg = (np.sum(p ** alpha) - 1) / (alpha * (alpha - 1))
+        return -(x @ p) + reg
+
+    res = minimize(objective, np.full(n, 1.0 / n), method="SLSQP", bounds=[(0, 1)] * n,
+                   constraints=[{"type": "eq", "fun": lambda p: p.sum() - 1}],
+                   options={"ftol": 1e-14, "maxiter": 500})
+    return res.x
+
+
+@pytest.fixture
+def ref():
+    """The reference package ``entmax`` (an oracle only); skips the test when absent."""
+    return pytest.importorskip("entmax")
+
+
+@pytest.fixture(scope="session")
+def kkt():
+    """``kkt(p, x, alpha) -> float``: largest violation of alpha-entmax's optimality conditions."""
+    return kkt_violation
+
+
+@pytest.fixture
+def generic_solver():
+    """``solve(x: np.ndarray, alpha) -> np.ndarray``: alpha-entmax by scipy SLSQP."""
+    pytest.importorskip("scipy")
+    return solve_generic

@@ -1,0 +1,143 @@
+"""entmax15 and entmax_bisect: KKT certificates, limits, reference package, gradients (alpha too)."""
+import pytest
+import torch
+
+from nmt.sparse import Entmax15, EntmaxBisect, entmax15, entmax_bisect, softmax, sparsemax
+from nmt.sparse._threshold import root_threshold, sort_threshold
+
+F64 = torch.float64
+
+
+@pytest.mark.parametrize("n", [1, 3, 40, 300, 3000])
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 50.0, 1e4])
+def test_entmax15_kkt_exact(n, scale, kkt):
+    x = torch.randn(5, n, dtype=F64) * scale
+    p = entmax15(x)
+    assert kkt(p, x, 1.5) < 1e-10 * max(1.0, scale)
+
+
+@pytest.mark.parametrize("alpha", [1.2, 1.5, 2.0, 2.5, 4.0])
+@pytest.mark.parametrize("n", [4, 300])
+def test_bisect_kkt(alpha, n, kkt):
+    x = torch.randn(4, n, dtype=F64) * 3
+    assert kkt(entmax_bisect(x, alpha), x, alpha) < 1e-9
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0, 3.0])
+def test_generic_solver(alpha, generic_solver):
+    x = torch.randn(6, dtype=F64) * 2
+    ref = torch.from_numpy(generic_solver(x.numpy(), alpha))
+    assert torch.allclose(entmax_bisect(x, alpha), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [7, 500])
+def test_limits(n):
+    x = torch.randn(4, n, dtype=F64) * 4
+    assert torch.allclose(entmax_bisect(x, 1.0), torch.softmax(x, -1), atol=1e-12)
+    assert torch.allclose(entmax_bisect(x, 2.0), sparsemax(x), atol=1e-6)
+    assert torch.allclose(entmax_bisect(x, 1.5), entmax15(x), atol=1e-6)
+    a = torch.tensor([1.0, 1.5, 2.0, 1.5], dtype=F64)[:, None]
+    p = entmax_bisect(x, a)
+    assert torch.allclose(p[0], torch.softmax(x[0], -1), atol=1e-12)
+    assert torch.allclose(p[1], entmax15(x[1]), atol=1e-6)
+    assert torch.allclose(p[2], sparsemax(x[2]), atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [9, 64, 257, 1000, 5000])
+def test_sort_and_root_paths_agree(n):
+    z = torch.randn(5, n, dtype=F64)
+    z[0] = 0.0
+    z[1, : n // 2] = 1.0
+    z[2] *= 1e3
+    assert torch.allclose(sort_threshold(z, 2.0), root_threshold(z, 2.0), atol=1e-12)
+
+
+def test_reference_package(ref):
+    for n in (6, 100, 2000):
+        x = torch.randn(3, n, dtype=F64) * 2
+        assert torch.allclose(entmax15(x), ref.entmax15(x, dim=-1), atol=1e-12)
+        for alpha in (1.25, 1.5, 3.0):
+            assert torch.allclose(entmax_bisect(x, alpha), ref.entmax_bisect(x, alpha, n_iter=200),
+                                  atol=1e-10)
+
+
+def test_known_value():
+    # [0, -inf] -> [1, 0]; two ties -> 1/2 each
+    x = torch.tensor([[0.0, float("-inf")], [3.0, 3.0]], dtype=F64)
+    assert torch.allclose(entmax15(x), torch.tensor([[1.0, 0.0], [0.5, 0.5]], dtype=F64), atol=1e-15, rtol=0)
+
+
+@pytest.mark.parametrize("fn", [entmax15, lambda x, **k: entmax_bisect(x, 1.7, **k)])
+@pytest.mark.parametrize("n", [8, 700])
+def test_mask_inf_shift_dims(fn, n):
+    x = torch.randn(3, n, dtype=F64)
+    mask = torch.rand(3, n) > 0.4
+    mask[:, 1] = True
+    mask[2] = False
+    p = fn(x, mask=mask)
+    assert torch.all(p[~mask] == 0) and torch.all(p[2] == 0)
+    assert torch.allclose(p, fn(x.masked_fill(~mask, float("-inf"))), atol=1e-14)
+    assert torch.allclose(fn(x + 3.5), fn(x), atol=1e-10)
+    y = torch.randn(2, 3, 4, dtype=F64)
+    assert torch.allclose(fn(y, dim=1), fn(y.transpose(1, 2)).transpose(1, 2), atol=1e-14)
+
+
+def test_empty_rows_zero_gradient():
+    for fn in (entmax15, lambda t, **k: entmax_bisect(t, 1.3, **k), softmax):
+        x = torch.randn(2, 6, dtype=F64, requires_grad=True)
+        mask = torch.tensor([[True] * 6, [False] * 6])
+        p = fn(x, mask=mask)
+        (p * torch.randn_like(p)).sum().backward()
+        assert torch.all(p[1] == 0) and torch.isfinite(x.grad).all() and torch.all(x.grad[1] == 0)
+
+
+@pytest.mark.parametrize("n,fast", [(6, False), (300, True)])
+def test_gradcheck_entmax15(n, fast):
+    x = (torch.randn(3, n, dtype=F64) * 2).requires_grad_()
+    assert torch.autograd.gradcheck(entmax15, (x,), eps=1e-7, atol=1e-6, fast_mode=fast)
+
+
+@pytest.mark.parametrize("alpha", [1.3, 1.5, 2.4])
+def test_gradcheck_bisect_scores_and_alpha(alpha):
+    x = (torch.randn(3, 6, dtype=F64) * 2).requires_grad_()
+    a = torch.full((3, 1), alpha, dtype=F64).add_(torch.rand(3, 1, dtype=F64) * 0.1).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t, al: entmax_bisect(t, al), (x, a), eps=1e-7, atol=1e-6)
+    # alpha broadcast over leading dims, dim=0 normalisation
+    y = (torch.randn(5, 2, 3, dtype=F64)).requires_grad_()
+    b = torch.tensor([[1.6, 1.9, 1.4]], dtype=F64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t, al: entmax_bisect(t, al, dim=0), (y, b), eps=1e-7, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_dtypes(dtype):
+    x = torch.randn(3, 400).to(dtype)
+    for fn, tol in ((entmax15, 1e-6), (lambda t: entmax_bisect(t, 1.5), 1e-5)):
+        p = fn(x)
+        assert p.dtype == dtype
+        ref = fn(x.double())
+        t = {torch.float16: 2e-3, torch.bfloat16: 1e-2}.get(dtype, tol)
+        assert torch.allclose(p.double(), ref, atol=t)
+
+
+def test_n_iter_caps_steps():
+    x = torch.randn(4, 50, dtype=F64)
+    coarse = entmax_bisect(x, 1.5, n_iter=1)
+    assert torch.allclose(coarse.sum(-1), torch.ones(4, dtype=F64))
+    assert torch.allclose(entmax_bisect(x, 1.5, n_iter=100), entmax15(x), atol=1e-12)
+
+
+def test_modules_and_errors():
+    x = torch.randn(4, 3)
+    assert torch.equal(Entmax15(dim=0)(x), entmax15(x, dim=0))
+    alpha = torch.nn.Parameter(torch.tensor([[1.5]]))
+    m = EntmaxBisect(alpha=alpha)
+    m(x).sum().backward()
+    assert alpha.grad is not None
+    with pytest.raises(ValueError, match="alpha >= 1"):
+        entmax_bisect(x, 0.5)
+    with pytest.raises(ValueError, match="alpha >= 1"):
+        entmax_bisect(x, torch.tensor([[0.9], [1.5], [1.5], [1.5]]))
+    with pytest.raises(ValueError, match="size 1 along dim"):
+        entmax_bisect(x, torch.full((4, 3), 1.5))
+    with pytest.raises(ValueError, match="n_iter"):
+        entmax_bisect(x, 1.5, n_iter=0)

@@ -1,0 +1,174 @@
+"""Fenchel-Young losses: values against closed forms / torch / the reference package, gradient = p - y."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt.sparse import (
+    CrossEntropyLoss,
+    Entmax15Loss,
+    EntmaxBisectLoss,
+    SparsemaxLoss,
+    cross_entropy_loss,
+    entmax15,
+    entmax15_loss,
+    entmax_bisect,
+    entmax_bisect_loss,
+    softmax,
+    sparsemax,
+    sparsemax_loss,
+)
+
+F64 = torch.float64
+
+LOSSES = {
+    "softmax": (cross_entropy_loss, softmax, 1.0),
+    "sparsemax": (sparsemax_loss, sparsemax, 2.0),
+    "entmax15": (entmax15_loss, entmax15, 1.5),
+    "bisect13": (lambda *a, **k: entmax_bisect_loss(*a, alpha=1.3, **k),
+                 lambda x: entmax_bisect(x, 1.3), 1.3),
+}
+
+
+def omega(p: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Tsallis / Shannon negentropy, written out independently of the library."""
+    if alpha == 1.0:
+        return torch.where(p > 0, p * p.clamp(min=1e-300).log(), 0).sum(-1)
+    return (p.pow(alpha).sum(-1) - 1) / (alpha * (alpha - 1))
+
+
+def fy_definition(x, y, mapping, alpha):
+    """L = <x, p> - Omega(p) - <x, y> + Omega(y), finite scores only."""
+    p = mapping(x)
+    return (x * p).sum(-1) - omega(p, alpha) - (x * y).sum(-1) + omega(y, alpha)
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+@pytest.mark.parametrize("n", [5, 600])
+def test_value_matches_definition(name, n):
+    loss_fn, mapping, alpha = LOSSES[name]
+    x = torch.randn(4, n, dtype=F64) * 3
+    t = torch.randint(0, n, (4,))
+    y = F.one_hot(t, n).to(F64)
+    assert torch.allclose(loss_fn(x, t, reduction="none"), fy_definition(x, y, mapping, alpha), atol=1e-9)
+    # distribution targets and label smoothing
+    d = torch.softmax(torch.randn(4, n, dtype=F64), -1)
+    assert torch.allclose(loss_fn(x, d, reduction="none"), fy_definition(x, d, mapping, alpha), atol=1e-9)
+    ys = 0.9 * y + 0.1 / n
+    assert torch.allclose(loss_fn(x, t, reduction="none", label_smoothing=0.1),
+                          fy_definition(x, ys, mapping, alpha), atol=1e-9)
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_gradient_is_mapping_minus_target(name):
+    loss_fn, mapping, _ = LOSSES[name]
+    x = (torch.randn(6, 300, dtype=F64) * 2).requires_grad_()
+    t = torch.randint(0, 300, (6,))
+    loss_fn(x, t, reduction="sum").backward()
+    expected = mapping(x.detach()) - F.one_hot(t, 300).to(F64)
+    assert torch.allclose(x.grad, expected, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_gradcheck(name):
+    loss_fn = LOSSES[name][0]
+    x = (torch.randn(3, 6, dtype=F64) * 2).requires_grad_()
+    t = torch.tensor([0, 3, 5])
+    assert torch.autograd.gradcheck(lambda s: loss_fn(s, t, reduction="none"), (x,), eps=1e-7, atol=1e-6)
+    d = torch.softmax(torch.randn(3, 6, dtype=F64), -1)
+    assert torch.autograd.gradcheck(lambda s: loss_fn(s, d, label_smoothing=0.2), (x,), eps=1e-7, atol=1e-6)
+
+
+def test_cross_entropy_matches_torch():
+    """torch's smoothed cross-entropy is H(y, p); the Fenchel-Young loss is KL(y || p) = H(y, p) - H(y)."""
+    x = torch.randn(5, 7, 11, dtype=F64)
+    t = torch.randint(0, 11, (5, 7))
+    t[0, 0] = -100
+    n_valid = (t != -100).sum()
+    for eps in (0.0, 0.15):
+        ys = torch.tensor([1 - eps + eps / 11] + [eps / 11] * 10, dtype=F64)
+        entropy = -(ys * ys.log()).sum() if eps > 0 else 0.0
+        for red in ("mean", "sum", "none"):
+            ours = cross_entropy_loss(x, t, reduction=red, label_smoothing=eps)
+            ref = F.cross_entropy(x.reshape(-1, 11), t.reshape(-1), reduction=red, label_smoothing=eps)
+            if red == "none":
+                ours, ref = ours.reshape(-1), torch.where(t.reshape(-1) == -100, 0, ref - entropy)
+            else:
+                ref = ref - entropy * (1 if red == "mean" else n_valid)
+            assert torch.allclose(ours, ref, atol=1e-12)
+
+
+def test_reference_package(ref):
+    x = torch.randn(6, 50, dtype=F64) * 2
+    t = torch.randint(0, 50, (6,))
+    assert torch.allclose(sparsemax_loss(x, t, reduction="none"), ref.SparsemaxLoss(reduction="none")(x, t))
+    assert torch.allclose(entmax15_loss(x, t, reduction="none"), ref.Entmax15Loss(reduction="none")(x, t))
+    assert torch.allclose(entmax_bisect_loss(x, t, alpha=1.7, reduction="none"),
+                          ref.EntmaxBisectLoss(1.7, n_iter=200, reduction="none")(x, t), atol=1e-10)
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_ignore_index_negative_and_masked_vocab(name):
+    loss_fn = LOSSES[name][0]
+    x = torch.randn(4, 8, dtype=F64)
+    x[:, 5:] = float("-inf")  # masked vocabulary
+    x = x.requires_grad_()
+    t = torch.tensor([1, -1, 2, -1])
+    loss = loss_fn(x, t, ignore_index=-1, reduction="none")
+    assert torch.isfinite(loss).all() and torch.all(loss[[1, 3]] == 0)
+    mean = loss_fn(x, t, ignore_index=-1, label_smoothing=0.1)
+    mean.backward()
+    assert torch.isfinite(mean) and torch.isfinite(x.grad).all()
+    assert torch.all(x.grad[[1, 3]] == 0) and torch.all(x.grad[:, 5:] == 0)
+    plain = loss_fn(x.detach()[[0, 2]], t[[0, 2]])
+    assert torch.allclose(loss_fn(x.detach(), t, ignore_index=-1), plain)
+    # all targets ignored -> 0, a target on a -inf class -> +inf, never NaN
+    assert loss_fn(x, torch.full((4,), -1), ignore_index=-1).item() == 0
+    assert loss_fn(x.detach(), torch.tensor([6, 0, 0, 0]), reduction="none")[0].item() == float("inf")
+
+
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15", "bisect13"])
+def test_zero_loss_at_separation(name):
+    loss_fn, mapping, _ = LOSSES[name]
+    x = torch.tensor([[0.0, 5.0, -1.0], [2.0, 1.9, -3.0]], dtype=F64)
+    loss = loss_fn(x, torch.tensor([1, 0]), reduction="none")
+    assert loss[0].item() == pytest.approx(0.0, abs=1e-12)  # margin met: p = one-hot
+    assert loss[1].item() > 0
+    assert (loss_fn(torch.randn(50, 9, dtype=F64), torch.randint(0, 9, (50,)), reduction="none") >= -1e-12).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_half_precision(dtype):
+    x = torch.randn(8, 400).to(dtype).requires_grad_()
+    t = torch.randint(0, 400, (8,))
+    loss = entmax15_loss(x, t)
+    loss.backward()
+    assert loss.dtype == dtype and x.grad.dtype == dtype
+    assert torch.allclose(loss.double(), entmax15_loss(x.detach().double(), t), rtol=1e-2)
+
+
+def test_modules_and_errors():
+    x, t = torch.randn(3, 5), torch.tensor([0, 1, 2])
+    assert torch.equal(SparsemaxLoss()(x, t), sparsemax_loss(x, t))
+    assert torch.equal(Entmax15Loss(reduction="sum")(x, t), entmax15_loss(x, t, reduction="sum"))
+    assert torch.allclose(EntmaxBisectLoss(alpha=1.0)(x, t), CrossEntropyLoss()(x, t))
+    with pytest.raises(ValueError, match="reduction"):
+        sparsemax_loss(x, t, reduction="avg")
+    with pytest.raises(ValueError, match="out of range"):
+        sparsemax_loss(x, torch.tensor([0, 1, 5]))
+    with pytest.raises(ValueError, match="shape"):
+        sparsemax_loss(x, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="label_smoothing"):
+        sparsemax_loss(x, t, label_smoothing=1.5)
+    with pytest.raises(ValueError, match="alpha"):
+        entmax_bisect_loss(x, t, alpha=0.5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    x = torch.randn(16, 3000) * 3
+    t = torch.randint(0, 3000, (16,))
+    mask = torch.rand(16, 3000) > 0.1
+    for name, (loss_fn, mapping, _) in LOSSES.items():
+        assert torch.allclose(mapping(x.cuda()).cpu(), mapping(x), atol=1e-6), name
+        assert torch.allclose(loss_fn(x.cuda(), t.cuda()).cpu(), loss_fn(x, t), atol=1e-4), name
+    assert torch.equal(sparsemax(x.cuda(), mask=mask.cuda()).cpu() == 0, sparsemax(x, mask=mask) == 0)

@@ -1,0 +1,117 @@
+"""sparsemax: exactness against KKT certificates, a generic solver and the reference package."""
+import pytest
+import torch
+
+from nmt.sparse import Sparsemax, sparsemax
+from nmt.sparse._threshold import root_threshold, sort_threshold
+
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 50, 300, 2000])
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 30.0, 1e4])
+def test_kkt_exact(n, scale, kkt):
+    x = torch.randn(6, n, dtype=torch.float64) * scale
+    p = sparsemax(x)
+    assert kkt(p, x, 2.0) < 1e-12 * max(1.0, scale)
+    assert torch.allclose(p.sum(-1), torch.ones(6, dtype=torch.float64), atol=1e-12)
+
+
+def test_matches_generic_solver(generic_solver):
+    for _ in range(5):
+        x = torch.randn(6, dtype=torch.float64) * 2
+        ref = torch.from_numpy(generic_solver(x.numpy(), 2.0))
+        assert torch.allclose(sparsemax(x), ref, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [5, 200, 3000])
+def test_matches_reference_package(n, ref):
+    x = torch.randn(4, n, dtype=torch.float64) * 3
+    assert torch.allclose(sparsemax(x), ref.sparsemax(x, dim=-1), atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [9, 64, 257, 1000, 4099])
+def test_sort_and_root_paths_agree(n):
+    x = torch.randn(5, n, dtype=torch.float64)
+    x[0] = 0.0  # all tied
+    x[1, : n // 2] = 1.0  # half tied at the top
+    assert torch.allclose(sort_threshold(x, 1.0), root_threshold(x, 1.0), atol=1e-12)
+
+
+def test_known_values_and_exact_zeros():
+    x = torch.tensor([[0.0, -1.0, 5.0, 4.5], [1.0, 1.0, 1.0, 1.0]], dtype=torch.float64)
+    p = sparsemax(x)
+    assert torch.equal(p[0], torch.tensor([0.0, 0.0, 0.75, 0.25], dtype=torch.float64))
+    assert torch.equal(p[1], torch.full((4,), 0.25, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1, 2])
+def test_dim_and_shift_invariance(dim):
+    x = torch.randn(3, 4, 5, dtype=torch.float64)
+    p = sparsemax(x, dim=dim)
+    ref = sparsemax(x.movedim(dim, -1)).movedim(-1, dim)
+    assert torch.allclose(p, ref, atol=1e-14)
+    assert torch.allclose(sparsemax(x + 7.25, dim=dim), p, atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [10, 600])
+def test_mask_and_neg_inf(n):
+    x = torch.randn(4, n, dtype=torch.float64)
+    mask = torch.rand(4, n) > 0.3
+    mask[:, 0] = True
+    mask[3] = False  # an all-masked row
+    p = sparsemax(x, mask=mask)
+    assert torch.all(p[~mask] == 0)
+    assert torch.all(p[3] == 0) and torch.allclose(p[:3].sum(-1), torch.ones(3, dtype=torch.float64))
+    q = sparsemax(x.masked_fill(~mask, float("-inf")))
+    assert torch.equal(p, q)
+    # padding with -inf equals the unpadded result
+    pad = torch.cat([x, torch.full((4, 5), float("-inf"), dtype=torch.float64)], dim=-1)
+    assert torch.allclose(sparsemax(pad)[:, :n], sparsemax(x), atol=1e-14)
+
+
+def test_all_masked_row_zero_gradient():
+    x = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[True] * 5, [False] * 5])
+    p = sparsemax(x, mask=mask)
+    (p * torch.randn(2, 5, dtype=torch.float64)).sum().backward()
+    assert torch.isfinite(x.grad).all() and torch.all(x.grad[1] == 0)
+    y = torch.full((1, 700), float("-inf"), dtype=torch.float64, requires_grad=True)
+    out = sparsemax(y)
+    out.sum().backward()
+    assert torch.all(out == 0) and torch.all(y.grad == 0)
+
+
+@pytest.mark.parametrize("n,fast", [(6, False), (400, True)])
+def test_gradcheck(n, fast):
+    x = torch.randn(3, n, dtype=torch.float64) * 2
+    x = x.requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: sparsemax(t), (x,), eps=1e-7, atol=1e-6, fast_mode=fast)
+    y = torch.randn(4, 3, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: sparsemax(t, dim=1), (y,), eps=1e-7, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_dtypes(dtype):
+    x = torch.randn(3, 300).to(dtype)
+    p = sparsemax(x)
+    assert p.dtype == dtype
+    ref = sparsemax(x.double())
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1e-2}.get(dtype, 1e-6)
+    assert torch.allclose(p.double(), ref, atol=tol)
+    x.requires_grad_()
+    sparsemax(x).sum().backward()
+    assert x.grad.dtype == dtype
+
+
+def test_module_and_errors():
+    m = Sparsemax(dim=0)
+    x = torch.randn(4, 3)
+    assert torch.equal(m(x), sparsemax(x, dim=0))
+    with pytest.raises(ValueError, match="mask"):
+        sparsemax(x, mask=torch.ones(4, 3))
+    with pytest.raises(ValueError, match="broadcast"):
+        sparsemax(x, mask=torch.ones(5, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="dim"):
+        sparsemax(x, dim=2)
+    with pytest.raises(ValueError, match="floating"):
+        sparsemax(torch.ones(3, dtype=torch.long))
