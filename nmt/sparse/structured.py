@@ -1,0 +1,156 @@
+"""Structured sparse attention (Niculae & Blondel 2017): fusedmax and oscarmax.
+
+Both map scores to the simplex through a structured regulariser::
+
+    fusedmax(x) = sparsemax(prox_TV(x / gamma))       TV(y) = lam * sum_i |y_{i+1} - y_i|
+    oscarmax(x) = sparsemax(prox_OSCAR(x / gamma))    OSCAR(y) = lam * sum_{i<j} max(|y_i|, |y_j|)
+
+For fusedmax the composition is *exactly* the regularised map
+``argmax_{p in simplex} <p, x> - gamma (1/2 ||p||^2 + TV(p))`` (their Prop. 2): adjacent
+positions with close scores receive one shared weight. For oscarmax the composition is, as the
+authors' erratum says, only an *approximation* of the OSCAR-regularised map; it is what is
+implemented here (and in their reference code), under the name oscarmax. It groups positions of
+equal score magnitude, wherever they are. ``oscarmax_exact`` is the exact OSCAR-regularised map
+(on the simplex the penalty loses its absolute values, and that prox composes exactly).
+
+Both proxes are exact and batched over rows (see ``_prox_tv`` and ``_prox_oscar``); the backward
+composes their group-averaging Jacobians (Prop. 3) with the sparsemax Jacobian, as
+Jacobian-vector products. Masked positions are removed from the row before the prox (kept
+entries are moved, in order, to a prefix: TV then fuses positions that are adjacent among the
+kept ones) and get exact zeros. ``lam = 0`` is exactly ``sparsemax(x / gamma)``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor, nn
+
+from ._common import apply_mask, check_scores, compute_dtype
+from ._prox_oscar import OrderedFitFunction, ProxOscarFunction
+from ._prox_tv import ProxTVFunction
+from .sparsemax import sparsemax
+
+Prox = Callable[[Tensor, Tensor, float], Tensor]
+
+
+def _check_params(name: str, lam: float, gamma: float) -> None:
+    for key, value, low in (("lam", lam, "0 <= "), ("gamma", gamma, "0 < ")):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not (ok and (value >= 0 if key == "lam" else value > 0)):
+            raise ValueError(f"{name}: {key} must be a finite number, {low}{key}, got {value!r}")
+
+
+def _structured_map(name: str, prox: Prox, scores: Tensor, lam: float, gamma: float, dim: int,
+                    mask: Optional[Tensor]) -> Tensor:
+    """sparsemax(prox(scores / gamma)) along ``dim`` over the kept entries of every row."""
+    _check_params(name, lam, gamma)
+    dim = check_scores(scores, dim)
+    dtype = scores.dtype
+    x = apply_mask(scores, mask).to(compute_dtype(dtype)).movedim(dim, -1)
+    shape = x.shape
+    n = shape[-1]
+    if x.numel() == 0:
+        return torch.zeros_like(scores)
+    x = x.reshape(-1, n)
+    keep = x != float("-inf")
+    # Kept entries move, in order, to a prefix: ``slot`` is each entry's place in the compact row.
+    kept = keep.long().cumsum(dim=-1)
+    lengths = kept[:, -1]
+    pos = torch.arange(n, device=x.device)
+    slot = torch.where(keep, kept - 1, lengths[:, None] + pos - kept)
+    prefix = pos < lengths[:, None]
+    z = torch.zeros_like(x).scatter(-1, slot, torch.where(keep, x, torch.zeros_like(x))) / gamma
+    if lam > 0:
+        z = prox(z, lengths, float(lam))
+    empty = lengths[:, None] == 0
+    # An empty row gets a valid dummy row in sparsemax and is zeroed after (zero gradient).
+    p = sparsemax(z, dim=-1, mask=prefix | empty)
+    p = torch.where(empty, torch.zeros_like(p), p)
+    p = p.gather(-1, slot)
+    return p.reshape(shape).movedim(-1, dim).to(dtype)
+
+
+def fusedmax(x: Tensor, lam: float = 0.1, gamma: float = 1.0, dim: int = -1,
+             mask: Optional[Tensor] = None) -> Tensor:
+    """Fusedmax: ``sparsemax(prox_{lam TV}(x / gamma))`` along ``dim``, exact (Prop. 2).
+
+    x: scores of any shape (e.g. ``(batch, n)``), float; half precisions are computed in
+    float32 and returned in the input dtype. lam >= 0: fused-lasso strength (0 gives
+    ``sparsemax(x / gamma)``); gamma > 0: temperature. mask: bool, broadcastable to ``x``,
+    True = keep; masked and ``-inf`` entries get exact zeros, and TV fuses entries adjacent among
+    the kept ones. A row with nothing kept is all zeros with zero gradient.
+    Returns probabilities shaped like ``x``, summing to one along ``dim``, piecewise constant
+    over runs of adjacent positions.
+    """
+    return _structured_map("fusedmax", ProxTVFunction.apply, x, lam, gamma, dim, mask)
+
+
+def oscarmax(x: Tensor, lam: float = 0.01, gamma: float = 1.0, dim: int = -1,
+             mask: Optional[Tensor] = None) -> Tensor:
+    """Oscarmax: ``sparsemax(prox_{lam OSCAR}(x / gamma))`` along ``dim``.
+
+    The prox and the projection are each exact; their composition is the approximation of the
+    OSCAR-regularised map used by Niculae & Blondel (2017, see their erratum), not that map
+    itself. Arguments and masking as :func:`fusedmax`. Returns probabilities shaped like ``x``
+    in which positions with scores of close magnitude, anywhere in the row, share one weight.
+    """
+    return _structured_map("oscarmax", ProxOscarFunction.apply, x, lam, gamma, dim, mask)
+
+
+def oscarmax_exact(x: Tensor, lam: float = 0.01, gamma: float = 1.0, dim: int = -1,
+                   mask: Optional[Tensor] = None) -> Tensor:
+    """The exact OSCAR-regularised map ``argmax_{p in simplex} <p, x> - gamma (1/2 ||p||^2 + OSCAR(p))``.
+
+    On the simplex ``|p_i| = p_i``, so the penalty is ``lam * sum_{i<j} max(p_i, p_j)``; its prox
+    sorts the scores themselves (not their magnitudes) and is shift-equivariant, which makes
+    ``sparsemax(prox(x / gamma))`` exact (as Prop. 2 for fusedmax). It differs from
+    :func:`oscarmax` when scores have mixed signs: a negative score is never pooled with a
+    positive one of the same magnitude. Arguments, masking and returns as :func:`fusedmax`.
+    """
+    return _structured_map("oscarmax_exact", OrderedFitFunction.apply, x, lam, gamma, dim, mask)
+
+
+class _StructuredModule(nn.Module):
+    """Shared module plumbing: a structured map with fixed ``lam``, ``gamma`` and ``dim``."""
+
+    function: Callable[..., Tensor]
+
+    def __init__(self, lam: float, gamma: float = 1.0, dim: int = -1) -> None:
+        super().__init__()
+        _check_params(type(self).__name__, lam, gamma)
+        self.lam, self.gamma, self.dim = lam, gamma, dim
+
+    def forward(self, scores: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        return type(self).function(scores, lam=self.lam, gamma=self.gamma, dim=self.dim, mask=mask)
+
+    def extra_repr(self) -> str:
+        return f"lam={self.lam}, gamma={self.gamma}, dim={self.dim}"
+
+
+class Fusedmax(_StructuredModule):
+    """Module form of :func:`fusedmax`: ``Fusedmax(lam=0.1, gamma=1.0, dim=-1)(scores, mask)``."""
+
+    function = staticmethod(fusedmax)
+
+    def __init__(self, lam: float = 0.1, gamma: float = 1.0, dim: int = -1) -> None:
+        super().__init__(lam, gamma, dim)
+
+
+class Oscarmax(_StructuredModule):
+    """Module form of :func:`oscarmax`: ``Oscarmax(lam=0.01, gamma=1.0, dim=-1)(scores, mask)``."""
+
+    function = staticmethod(oscarmax)
+
+    def __init__(self, lam: float = 0.01, gamma: float = 1.0, dim: int = -1) -> None:
+        super().__init__(lam, gamma, dim)
+
+
+class OscarmaxExact(_StructuredModule):
+    """Module form of :func:`oscarmax_exact`: ``OscarmaxExact(lam=0.01, gamma=1.0, dim=-1)``."""
+
+    function = staticmethod(oscarmax_exact)
+
+    def __init__(self, lam: float = 0.01, gamma: float = 1.0, dim: int = -1) -> None:
+        super().__init__(lam, gamma, dim)
