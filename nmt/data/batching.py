@@ -1,0 +1,210 @@
+"""Length-bucketed, seeded batching and padding of datasets into ``Batch`` tensors.
+
+Layout of a ``Batch`` for a target ``y`` of length ``n``: ``tgt_in = <bos> y`` and
+``tgt_out = y <eos>`` (both length ``n + 1``, right-padded with ``pad_index``); sources carry no
+BOS/EOS. The *width* of an example is ``max(len(src), len(tgt) + 1)``; a token-budget batch
+satisfies ``len(batch) * max(width) <= batch_size`` (padded tokens of the wider side) unless it
+is a single example that alone exceeds the budget.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nmt.data.dataset import SourceDataset
+from nmt.data.errors import DataError
+from nmt.data.field import Field
+
+POOL_BATCHES = 100
+"""Shuffled batching sorts pools of about this many batches by length, then shuffles batches."""
+
+
+class _Lengths(Protocol):
+    src: list[list[int]]
+    tgt: list[list[int]] | None
+    src_lengths: list[int]
+    tgt_lengths: list[int]
+
+    def __len__(self) -> int: ...
+
+
+@dataclass
+class Batch:
+    """A padded batch of B examples.
+
+    src: (B, L) long; src_lengths: (B,) long; tgt_in / tgt_out: (B, T) long, ``T = max target
+    length + 1``; tgt_lengths: (B,) long, ``len(y) + 1``; n_tokens: number of target tokens
+    including EOS (``tgt_lengths.sum()`` as an int); indices: the examples' positions in the
+    dataset (list of ints, row order). Source-only batches (translation) have ``tgt_in``,
+    ``tgt_out``, ``tgt_lengths`` and ``n_tokens`` set to None; ``empty`` is True for a batch of
+    empty input lines only (src is (B, 0)): its translations are empty strings.
+    """
+
+    src: Tensor
+    src_lengths: Tensor
+    tgt_in: Tensor | None
+    tgt_out: Tensor | None
+    tgt_lengths: Tensor | None
+    n_tokens: int | None
+    indices: list[int]
+    n_src_tokens: int = 0
+    empty: bool = False
+    pad_index: int = 0
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @property
+    def src_mask(self) -> Tensor:
+        """(B, L) bool, True at real source tokens."""
+        return self.src != self.pad_index
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        """A copy with every tensor moved to ``device``."""
+        moved = {
+            f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), Tensor)
+        }
+        return replace(self, **moved)
+
+
+def _cut_tokens(order: np.ndarray, widths: np.ndarray, budget: int) -> list[list[int]]:
+    batches: list[list[int]] = []
+    current: list[int] = []
+    widest = 0
+    for i, w in zip(order.tolist(), widths[order].tolist()):
+        new_widest = max(widest, w)
+        if current and (len(current) + 1) * new_widest > budget:
+            batches.append(current)
+            current, new_widest = [], w
+        current.append(i)
+        widest = new_widest
+    if current:
+        batches.append(current)
+    return batches
+
+
+def make_batches(
+    dataset: _Lengths,
+    batch_size: int,
+    batch_type: str = "sentences",
+    shuffle: bool = True,
+    seed: int = 0,
+    epoch: int = 0,
+    indices: Sequence[int] | None = None,
+) -> list[list[int]]:
+    """Length-bucketed batches of dataset positions; every position appears exactly once.
+
+    ``batch_type="sentences"``: at most ``batch_size`` examples per batch; ``"tokens"``: at most
+    ``batch_size`` padded tokens (see the module docstring). With ``shuffle``, the examples are
+    permuted by a generator seeded with ``(seed, epoch)``, sorted by (source, target) length
+    within pools of ~``POOL_BATCHES`` batches, cut, and the batches shuffled: the same
+    ``(seed, epoch)`` gives the same batches. Without it, all examples are sorted by length
+    (ties in dataset order). ``indices`` restricts batching to those positions.
+    """
+    if batch_type not in ("sentences", "tokens"):
+        raise DataError(f"batch_type: expected 'sentences' or 'tokens', got {batch_type!r}")
+    if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise DataError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    if seed < 0 or epoch < 0:
+        raise DataError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
+    positions = np.arange(len(dataset)) if indices is None else np.asarray(indices, dtype=np.int64)
+    if positions.size == 0:
+        return []
+    src_len = np.asarray(dataset.src_lengths, dtype=np.int64)
+    tgt_len = np.asarray(dataset.tgt_lengths, dtype=np.int64)
+    widths = np.maximum(src_len, tgt_len + 1)
+    rng = np.random.default_rng([seed, epoch])
+    if shuffle:
+        positions = positions[rng.permutation(positions.size)]
+        per_batch = batch_size if batch_type == "sentences" else max(1, batch_size // int(widths[positions].mean()))
+        pool = per_batch * POOL_BATCHES
+    else:
+        pool = positions.size
+    batches: list[list[int]] = []
+    for start in range(0, positions.size, pool):
+        chunk = positions[start : start + pool]
+        chunk = chunk[np.lexsort((tgt_len[chunk], src_len[chunk]))]  # stable: ties keep order
+        if batch_type == "sentences":
+            batches.extend(chunk[i : i + batch_size].tolist() for i in range(0, chunk.size, batch_size))
+        else:
+            batches.extend(_cut_tokens(chunk, widths, batch_size))
+    if shuffle:
+        batches = [batches[i] for i in rng.permutation(len(batches)).tolist()]
+    return batches
+
+
+def _pad(rows: list[list[int]], width: int, pad: int) -> Tensor:
+    return torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long).view(len(rows), width)
+
+
+def collate(
+    dataset: _Lengths, indices: Sequence[int], pad_index: int, bos_index: int, eos_index: int
+) -> Batch:
+    """Pad the examples at ``indices`` into a ``Batch`` (CPU tensors; see ``Batch`` for layout)."""
+    indices = [int(i) for i in indices]
+    if not indices:
+        raise DataError("collate: empty list of indices")
+    src = [dataset.src[i] for i in indices]
+    src_lengths = [len(s) for s in src]
+    batch_src = _pad(src, max(src_lengths), pad_index)
+    if dataset.tgt is None:
+        return Batch(
+            src=batch_src,
+            src_lengths=torch.tensor(src_lengths, dtype=torch.long),
+            tgt_in=None,
+            tgt_out=None,
+            tgt_lengths=None,
+            n_tokens=None,
+            indices=indices,
+            n_src_tokens=sum(src_lengths),
+            empty=max(src_lengths) == 0,
+            pad_index=pad_index,
+        )
+    tgt = [dataset.tgt[i] for i in indices]
+    tgt_lengths = [len(t) + 1 for t in tgt]
+    width = max(tgt_lengths)
+    return Batch(
+        src=batch_src,
+        src_lengths=torch.tensor(src_lengths, dtype=torch.long),
+        tgt_in=_pad([[bos_index] + t for t in tgt], width, pad_index),
+        tgt_out=_pad([t + [eos_index] for t in tgt], width, pad_index),
+        tgt_lengths=torch.tensor(tgt_lengths, dtype=torch.long),
+        n_tokens=sum(tgt_lengths),
+        indices=indices,
+        n_src_tokens=sum(src_lengths),
+        pad_index=pad_index,
+    )
+
+
+def encode_sources(
+    field: Field,
+    lines: Sequence[str],
+    batch_size: int = 64,
+    batch_type: str = "sentences",
+    max_length: int | None = None,
+) -> list[Batch]:
+    """Source-only batches for translating ``lines``; every line is in exactly one batch.
+
+    Batches are length-sorted (not shuffled); ``batch.indices`` are the 0-based line numbers, so
+    outputs are put back in input order with them. Empty lines never share a batch with
+    non-empty ones: they come last, in batches with ``empty=True`` and src of shape (B, 0),
+    for which the translator outputs empty strings. Lines longer than ``max_length`` tokens
+    are truncated.
+    """
+    data = SourceDataset(lines, field, max_length)
+    v = field.vocab
+    nonempty = [i for i, n in enumerate(data.src_lengths) if n > 0]
+    empty = [i for i, n in enumerate(data.src_lengths) if n == 0]
+    groups = make_batches(data, batch_size, batch_type, shuffle=False, indices=nonempty)
+    groups += [empty[i : i + batch_size] for i in range(0, len(empty), batch_size)]
+    return [collate(data, g, v.pad_index, v.bos_index, v.eos_index) for g in groups]
+
+
+__all__ = ["POOL_BATCHES", "Batch", "collate", "encode_sources", "make_batches"]

@@ -1,0 +1,128 @@
+"""Parallel (and source-only) datasets held as token-id lists, with input checking.
+
+``read_parallel`` raises a one-line ``DataError`` naming the file (and line) for a missing
+file, bad UTF-8 or different line counts. ``ParallelDataset`` encodes the pairs, skipping and
+counting empty pairs and pairs longer than the length limits.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from nmt.data.errors import DataError
+from nmt.data.field import Field
+from nmt.data.textfiles import PathLike, read_lines
+
+
+def read_parallel(src_path: PathLike, tgt_path: PathLike) -> list[tuple[str, str]]:
+    """Line-aligned ``(source, target)`` pairs of two UTF-8 files.
+
+    Raises ``DataError``, e.g. ``train.de has 120 lines but train.en has 119``.
+    """
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise DataError(
+            f"{Path(src_path)} has {len(src)} lines but {Path(tgt_path)} has {len(tgt)}"
+        )
+    return list(zip(src, tgt))
+
+
+class ParallelDataset:
+    """Encoded parallel data.
+
+    Attributes: ``src``/``tgt`` (lists of id lists, no BOS/EOS), ``src_lengths``/``tgt_lengths``
+    (lists of ints), ``line_numbers`` (1-based line of each kept pair in the input), ``skipped``
+    (``{"empty": n, "too_long": m}``) and ``n_input`` (number of input pairs).
+    A pair is *empty* when either side has no token, *too long* when a side has more tokens than
+    its limit (``None`` = no limit).
+    """
+
+    def __init__(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        src_field: Field,
+        tgt_field: Field,
+        max_src_length: int | None = None,
+        max_tgt_length: int | None = None,
+    ) -> None:
+        for name, limit in (("max_src_length", max_src_length), ("max_tgt_length", max_tgt_length)):
+            if limit is not None and limit < 1:
+                raise DataError(f"data.{name}: expected a positive integer or null, got {limit}")
+        self.src_field, self.tgt_field = src_field, tgt_field
+        self.max_src_length, self.max_tgt_length = max_src_length, max_tgt_length
+        self.src: list[list[int]] = []
+        self.tgt: list[list[int]] = []
+        self.line_numbers: list[int] = []
+        self.skipped = {"empty": 0, "too_long": 0}
+        self.n_input = len(pairs)
+        src_max = max_src_length if max_src_length is not None else float("inf")
+        tgt_max = max_tgt_length if max_tgt_length is not None else float("inf")
+        for n, (s, t) in enumerate(pairs, 1):
+            s_ids = src_field.encode(s) if s.strip() else []
+            t_ids = tgt_field.encode(t) if t.strip() else []
+            if not s_ids or not t_ids:
+                self.skipped["empty"] += 1
+            elif len(s_ids) > src_max or len(t_ids) > tgt_max:
+                self.skipped["too_long"] += 1
+            else:
+                self.src.append(s_ids)
+                self.tgt.append(t_ids)
+                self.line_numbers.append(n)
+        self.src_lengths = [len(x) for x in self.src]
+        self.tgt_lengths = [len(x) for x in self.tgt]
+
+    @classmethod
+    def from_files(
+        cls,
+        src_path: PathLike,
+        tgt_path: PathLike,
+        src_field: Field,
+        tgt_field: Field,
+        max_src_length: int | None = None,
+        max_tgt_length: int | None = None,
+    ) -> "ParallelDataset":
+        """``ParallelDataset(read_parallel(src_path, tgt_path), ...)``."""
+        return cls(read_parallel(src_path, tgt_path), src_field, tgt_field, max_src_length, max_tgt_length)
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
+        return self.src[i], self.tgt[i]
+
+    def summary(self) -> str:
+        """One log line, e.g. ``kept 5990 of 6000 pairs (skipped 2 empty, 8 too long)``."""
+        return (
+            f"kept {len(self)} of {self.n_input} pairs (skipped {self.skipped['empty']} empty, "
+            f"{self.skipped['too_long']} too long)"
+        )
+
+
+class SourceDataset:
+    """Encoded source lines for translation; every input line is kept, in order.
+
+    Empty lines (no token) have an empty id list; lines longer than ``max_length`` are truncated
+    (``n_truncated`` counts them). ``tgt`` is ``None`` and ``tgt_lengths`` are zeros.
+    """
+
+    def __init__(self, lines: Sequence[str], field: Field, max_length: int | None = None) -> None:
+        if max_length is not None and max_length < 1:
+            raise DataError(f"max_length: expected a positive integer or null, got {max_length}")
+        self.field = field
+        self.src: list[list[int]] = [field.encode(line) if line.strip() else [] for line in lines]
+        self.n_truncated = 0
+        if max_length is not None:
+            for i, ids in enumerate(self.src):
+                if len(ids) > max_length:
+                    self.src[i] = ids[:max_length]
+                    self.n_truncated += 1
+        self.tgt = None
+        self.src_lengths = [len(x) for x in self.src]
+        self.tgt_lengths = [0] * len(self.src)
+        self.line_numbers = list(range(1, len(self.src) + 1))
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+__all__ = ["ParallelDataset", "SourceDataset", "read_lines", "read_parallel"]

@@ -1,0 +1,73 @@
+"""A Field pairs a tokenizer with a vocabulary: text <-> token ids for one side of the data."""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from nmt.data.errors import DataError
+from nmt.data.tokenizers import Tokenizer, tokenizer_from_state_dict
+from nmt.data.vocabulary import Vocabulary
+
+
+class Field:
+    """Text processing of one side (source or target); saved whole in checkpoints."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab: Vocabulary) -> None:
+        self.tokenizer = tokenizer
+        self.vocab = vocab
+
+    @classmethod
+    def build(
+        cls,
+        tokenizer: Tokenizer,
+        lines: Iterable[str],
+        min_freq: int = 1,
+        max_size: int | None = None,
+    ) -> "Field":
+        """Field whose vocabulary is built from the tokenized ``lines`` (tokenizer already trained)."""
+        return cls(tokenizer, Vocabulary.build((tokenizer.tokenize(l) for l in lines), min_freq, max_size))
+
+    def tokenize(self, text: str) -> list[str]:
+        """Tokens of ``text``."""
+        return self.tokenizer.tokenize(text)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no BOS/EOS; unknown tokens -> ``unk_index``)."""
+        return self.vocab.lookup(self.tokenizer.tokenize(text))
+
+    def decode_tokens(self, ids: Iterable[int]) -> list[str]:
+        """Tokens of ``ids`` up to the first EOS, without pad/BOS/EOS (``<unk>`` is kept).
+
+        ``ids`` may be a list or a 1-d tensor.
+        """
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()  # one transfer for a tensor
+        v = self.vocab
+        out: list[int] = []
+        for i in ids:
+            if i == v.eos_index:
+                break
+            if i != v.pad_index and i != v.bos_index:
+                out.append(i)
+        return v.tokens(out)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Detokenized text of ``ids`` (stops at EOS, drops pad/BOS/EOS)."""
+        return self.tokenizer.detokenize(self.decode_tokens(ids))
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"tokenizer": ..., "vocab": ...}``, plain data, self-contained."""
+        return {"tokenizer": self.tokenizer.state_dict(), "vocab": self.vocab.state_dict()}
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, Any]) -> "Field":
+        """Rebuild from ``state_dict()``."""
+        if not isinstance(state, Mapping) or "tokenizer" not in state or "vocab" not in state:
+            raise DataError("field state: expected the keys 'tokenizer' and 'vocab'")
+        return cls(tokenizer_from_state_dict(state["tokenizer"]), Vocabulary.from_state_dict(state["vocab"]))
+
+    def __repr__(self) -> str:
+        return f"Field({self.tokenizer!r}, {self.vocab!r})"
+
+
+__all__ = ["Field"]

@@ -1,0 +1,80 @@
+"""Reading and atomically writing text files, one example per line.
+
+Lines are split on ``\\n`` only (never on Unicode line separators such as U+2028, which
+``str.splitlines`` would break on and which would silently misalign parallel files); a trailing
+``\\r`` (Windows line ending) is removed, a leading UTF-8 byte-order mark is ignored.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from nmt.data.errors import DataError
+
+PathLike = str | os.PathLike
+
+
+def read_lines(path: PathLike) -> list[str]:
+    """All lines of a UTF-8 text file without their line terminators.
+
+    Raises ``DataError`` with a one-line message naming the file (and the line for bad bytes)
+    when the file is missing, is a directory, cannot be read, or is not valid UTF-8.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, expected a text file") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - data.rfind(b"\n", 0, e.start)
+        raise DataError(
+            f"{path}:{line}: not valid UTF-8 (byte 0x{data[e.start]:02x} at column {column})"
+        ) from None
+    if not text:
+        return []
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def write_bytes_atomic(path: PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: temp file in the same directory, then ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_lines_atomic(path: PathLike, lines: Iterable[str]) -> None:
+    """Write ``lines`` (without terminators) as a UTF-8 file, one per line, atomically."""
+    lines = list(lines)
+    for i, line in enumerate(lines, 1):
+        if "\n" in line:
+            raise DataError(f"{path}:{i}: line to write contains a newline character")
+    write_bytes_atomic(path, "".join(line + "\n" for line in lines).encode("utf-8"))
+
+
+__all__ = ["read_lines", "write_bytes_atomic", "write_lines_atomic"]

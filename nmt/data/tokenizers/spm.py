@@ -1,0 +1,141 @@
+"""SentencePiece (Kudo & Richardson 2018): train a unigram/BPE model on raw text and apply it.
+
+The trained model's serialized bytes live in the tokenizer state, so a checkpoint rebuilds the
+exact same segmentation. Pieces mark word starts with "▁"; ``detokenize`` is sentencepiece's
+own decoding (lossless up to whitespace normalisation).
+"""
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import sentencepiece
+
+from nmt.data.errors import DataError
+from nmt.data.textfiles import write_bytes_atomic
+from nmt.data.tokenizers.base import Tokenizer
+
+_MODEL_TYPES = ("unigram", "bpe", "char", "word")
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """SentencePiece segmentation.
+
+    cfg keys: ``vocab_size`` (default 8000; with ``hard_vocab_limit: false``, the default, a
+    smaller corpus yields a smaller vocabulary instead of an error), ``model_type``
+    (unigram | bpe | char | word), ``character_coverage`` (default 1.0), ``seed`` (default 1),
+    ``num_threads`` (default 1: training is then deterministic), ``input_sentence_size``
+    (0 = all lines), ``model_file`` (optional: use this trained ``.model`` instead of training).
+    """
+
+    type_name = "sentencepiece"
+
+    def __init__(
+        self,
+        vocab_size: int = 8000,
+        model_type: str = "unigram",
+        character_coverage: float = 1.0,
+        seed: int = 1,
+        num_threads: int = 1,
+        input_sentence_size: int = 0,
+        hard_vocab_limit: bool = False,
+        model_file: str | os.PathLike | None = None,
+        model_proto: bytes | None = None,
+    ) -> None:
+        if not isinstance(vocab_size, int) or vocab_size < 2:
+            raise DataError(f"tokenizer.vocab_size: expected an integer >= 2, got {vocab_size!r}")
+        if model_type not in _MODEL_TYPES:
+            raise DataError(
+                f"tokenizer.model_type: unknown {model_type!r}, expected one of {', '.join(_MODEL_TYPES)}"
+            )
+        self.vocab_size = vocab_size
+        self.model_type = model_type
+        self.character_coverage = float(character_coverage)
+        self.seed = int(seed)
+        self.num_threads = int(num_threads)
+        self.input_sentence_size = int(input_sentence_size)
+        self.hard_vocab_limit = bool(hard_vocab_limit)
+        self.model_proto: bytes | None = None
+        self._sp: sentencepiece.SentencePieceProcessor | None = None
+        if model_proto is None and model_file is not None:
+            try:
+                model_proto = Path(model_file).read_bytes()
+            except OSError as e:
+                raise DataError(f"{model_file}: cannot read sentencepiece model ({e.strerror})") from None
+            self._load(model_proto, str(model_file))
+        elif model_proto is not None:
+            self._load(model_proto, "tokenizer.model_proto")
+
+    @property
+    def needs_training(self) -> bool:  # type: ignore[override]
+        return self.model_proto is None
+
+    def _load(self, proto: bytes, origin: str) -> None:
+        sp = sentencepiece.SentencePieceProcessor()
+        try:
+            sp.LoadFromSerializedProto(proto)
+        except (RuntimeError, TypeError) as e:
+            raise DataError(f"{origin}: not a valid sentencepiece model ({e})") from None
+        self.model_proto = bytes(proto)
+        self._sp = sp
+
+    def train(self, lines: Iterable[str], work_dir: str | os.PathLike | None = None) -> None:
+        """Train on ``lines`` (empty lines ignored); write ``work_dir/sentencepiece.model`` if given."""
+        data = [line for line in lines if line.strip()]
+        if not data:
+            raise DataError("sentencepiece training data is empty")
+        model = io.BytesIO()
+        sentencepiece.set_random_generator_seed(self.seed)
+        try:
+            sentencepiece.SentencePieceTrainer.train(
+                sentence_iterator=iter(data),
+                model_writer=model,
+                vocab_size=self.vocab_size,
+                model_type=self.model_type,
+                character_coverage=self.character_coverage,
+                num_threads=self.num_threads,
+                input_sentence_size=self.input_sentence_size,
+                shuffle_input_sentence=True,
+                hard_vocab_limit=self.hard_vocab_limit,
+                minloglevel=2,
+            )
+        except RuntimeError as e:
+            msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise DataError(f"sentencepiece training failed: {msg}") from None
+        self._load(model.getvalue(), "trained sentencepiece model")
+        if work_dir is not None:
+            write_bytes_atomic(Path(work_dir) / "sentencepiece.model", self.model_proto)
+
+    def _processor(self) -> sentencepiece.SentencePieceProcessor:
+        if self._sp is None:
+            raise RuntimeError("sentencepiece tokenizer has no model: call train() or set model_file")
+        return self._sp
+
+    def tokenize(self, text: str) -> list[str]:
+        return self._processor().encode(text, out_type=str)
+
+    def detokenize(self, tokens: list[str]) -> str:
+        return self._processor().decode_pieces(list(tokens))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type_name,
+            "vocab_size": self.vocab_size,
+            "model_type": self.model_type,
+            "character_coverage": self.character_coverage,
+            "seed": self.seed,
+            "num_threads": self.num_threads,
+            "input_sentence_size": self.input_sentence_size,
+            "hard_vocab_limit": self.hard_vocab_limit,
+            "model_proto": self.model_proto,
+        }
+
+    def __repr__(self) -> str:
+        n = None if self._sp is None else self._sp.get_piece_size()
+        return f"SentencePieceTokenizer(model_type={self.model_type!r}, pieces={n})"
+
+
+__all__ = ["SentencePieceTokenizer"]
