@@ -1,1 +1,24 @@
-"""models"""
+"""Models: embeddings, RNN encoder, global attention, input-feeding decoder, generator, Seq2Seq."""
+from nmt.models.attention import GlobalAttention
+from nmt.models.builder import build_model
+from nmt.models.decoder import Bridge, InputFeedingDecoder
+from nmt.models.embeddings import Embeddings
+from nmt.models.encoder import RNNEncoder
+from nmt.models.generator import Generator
+from nmt.models.protocol import State, StepDecoder, select_state, tile_state
+from nmt.models.seq2seq import Seq2Seq
+
+__all__ = [
+    "Bridge",
+    "Embeddings",
+    "Generator",
+    "GlobalAttention",
+    "InputFeedingDecoder",
+    "RNNEncoder",
+    "Seq2Seq",
+    "State",
+    "StepDecoder",
+    "build_model",
+    "select_state",
+    "tile_state",
+]

@@ -1,0 +1,98 @@
+"""Luong/Bahdanau global attention with any registered probability mapping."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from nmt.sparse import get_mapping
+
+SCORES = ("dot", "general", "mlp")
+
+
+class GlobalAttention(nn.Module):
+    """Global attention over a memory bank.
+
+    Scores (``score``): ``dot`` q.m (needs query_size == memory_size), ``general``
+    q.(W m) (Luong et al. 2015), ``mlp`` v.tanh(W_q q + W_m m + b) (Bahdanau et al. 2015).
+    The scores go through ``get_mapping(mapping, **mapping_params)`` with the padding
+    mask, so padded positions get exactly zero weight and sparse mappings give exact
+    zeros elsewhere too. With ``continuous`` (a dict of
+    ``nmt.models.continuous_attention.ContinuousAttention`` keyword arguments) the
+    context is the discrete context plus the continuous one (combined attention).
+
+    Memory-side projections depend only on the source, so they are computed once per
+    sentence by :meth:`keys` and passed back to :meth:`forward` at every step.
+    """
+
+    def __init__(
+        self,
+        query_size: int,
+        memory_size: int,
+        score: str = "general",
+        mapping: str = "softmax",
+        mapping_params: dict[str, Any] | None = None,
+        continuous: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if score not in SCORES:
+            raise ValueError(f"model.attention.score: unknown score {score!r}; valid: {', '.join(SCORES)}")
+        if score == "dot" and query_size != memory_size:
+            raise ValueError(
+                f"model.attention.score: 'dot' needs decoder.hidden_size == encoder.hidden_size, "
+                f"got {query_size} and {memory_size}; use 'general' or 'mlp'"
+            )
+        self.score = score
+        self.mapping_name = mapping
+        try:
+            self.mapping = get_mapping(mapping, **(mapping_params or {}))
+        except ValueError as e:
+            raise ValueError(f"model.attention.mapping: {e}") from None
+        if score == "general":
+            self.key_proj = nn.Linear(memory_size, query_size, bias=False)
+        elif score == "mlp":
+            self.key_proj = nn.Linear(memory_size, query_size, bias=True)
+            self.query_proj = nn.Linear(query_size, query_size, bias=False)
+            self.v = nn.Linear(query_size, 1, bias=False)
+        self.continuous: nn.Module | None = None
+        if continuous is not None:
+            from nmt.models.continuous_attention import ContinuousAttention  # only when asked for
+
+            self.continuous = ContinuousAttention(**continuous)
+
+    def keys(self, memory: Tensor) -> Tensor:
+        """Source-side part of the score. memory: (B, L, Hm) -> keys (B, L, K)."""
+        return memory if self.score == "dot" else self.key_proj(memory)
+
+    def scores(self, query: Tensor, keys: Tensor) -> Tensor:
+        """query: (B, T, Hq), keys: (B, L, K) -> raw scores (B, T, L)."""
+        if self.score == "mlp":
+            hidden = torch.tanh(self.query_proj(query).unsqueeze(2) + keys.unsqueeze(1))
+            return self.v(hidden).squeeze(-1)
+        return torch.bmm(query, keys.transpose(1, 2))
+
+    def forward(
+        self, query: Tensor, memory: Tensor, mask: Tensor, keys: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Attend.
+
+        query: (B, T, Hq) or (B, Hq); memory: (B, L, Hm); mask: (B, L) bool, True = real
+        token; keys: ``self.keys(memory)`` if already computed.
+        Returns ``(context, probs)``: context (B, T, Hm) or (B, Hm), probs (B, T, L) or
+        (B, L), rows summing to one with exact zeros on padding.
+        """
+        single = query.dim() == 2
+        if single:
+            query = query.unsqueeze(1)
+        if keys is None:
+            keys = self.keys(memory)
+        scores = self.scores(query, keys)
+        probs = self.mapping(scores, dim=-1, mask=mask.unsqueeze(1).expand_as(scores))
+        probs = probs.to(memory.dtype)
+        context = torch.bmm(probs, memory)
+        if self.continuous is not None:
+            context = context + self.continuous(probs, memory, mask)
+        if single:
+            return context.squeeze(1), probs.squeeze(1)
+        return context, probs

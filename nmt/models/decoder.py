@@ -1,0 +1,195 @@
+"""Input-feeding RNN decoder (Luong et al. 2015) and the encoder -> decoder bridge."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from nmt.models.attention import GlobalAttention
+from nmt.models.protocol import State
+
+BRIDGES = ("linear", "copy", "none")
+
+Hidden = tuple[Tensor, ...]
+"""Batch-first RNN state: (h,) for GRU, (h, c) for LSTM, each (B, layers, H)."""
+
+CELLS: dict[str, type[nn.Module]] = {"lstm": nn.LSTMCell, "gru": nn.GRUCell}
+
+
+class Bridge(nn.Module):
+    """Initial decoder state from the encoder's final states.
+
+    ``linear``: for each decoder state (h, and c for an LSTM) tanh(W s + b), where s is
+    the matching encoder state (c falls back to h for a GRU encoder) with all encoder
+    layers concatenated; any layer counts and sizes. ``copy``: the encoder states as
+    they are (needs equal layers and sizes; c starts at zero for a GRU encoder).
+    ``none``: zeros.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        encoder_layers: int,
+        encoder_size: int,
+        decoder_type: str,
+        decoder_layers: int,
+        decoder_size: int,
+    ) -> None:
+        super().__init__()
+        if kind not in BRIDGES:
+            raise ValueError(f"model.decoder.bridge: unknown bridge {kind!r}; valid: {', '.join(BRIDGES)}")
+        if kind == "copy" and (encoder_layers, encoder_size) != (decoder_layers, decoder_size):
+            raise ValueError(
+                "model.decoder.bridge: 'copy' needs encoder and decoder with equal layers and hidden_size, "
+                f"got {encoder_layers}x{encoder_size} and {decoder_layers}x{decoder_size}; use 'linear'"
+            )
+        self.kind = kind
+        self.n_states = 2 if decoder_type == "lstm" else 1
+        self.layers = decoder_layers
+        self.size = decoder_size
+        if kind == "linear":
+            self.proj = nn.ModuleList(
+                nn.Linear(encoder_layers * encoder_size, decoder_layers * decoder_size)
+                for _ in range(self.n_states)
+            )
+
+    def forward(self, final: tuple[Tensor, ...]) -> Hidden:
+        """final: encoder states in torch layout, each (enc_layers, B, enc_size).
+
+        Returns the decoder states, batch-first, each (B, layers, size).
+        """
+        states = tuple(s.transpose(0, 1) for s in final)
+        batch = states[0].size(0)
+        if self.kind == "none":
+            zeros = states[0].new_zeros(batch, self.layers, self.size)
+            return tuple(zeros for _ in range(self.n_states))
+        if self.kind == "copy":
+            states = states[: self.n_states]
+            if len(states) < self.n_states:  # GRU encoder -> LSTM decoder: c starts at zero
+                states = states + (torch.zeros_like(states[0]),)
+            return states
+        return tuple(
+            torch.tanh(proj(states[min(i, len(states) - 1)].reshape(batch, -1))).view(batch, self.layers, self.size)
+            for i, proj in enumerate(self.proj)
+        )
+
+
+class StackedCells(nn.Module):
+    """Multi-layer LSTM/GRU advanced one step at a time, dropout between layers.
+
+    x: (N, I); layers: per layer (h, c) for LSTM or (h,) for GRU, each (N, H)
+    -> (top output (N, H), new per-layer states).
+    """
+
+    def __init__(self, rnn_type: str, input_size: int, hidden_size: int, layers: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if rnn_type not in CELLS:
+            raise ValueError(f"model.decoder.type: unknown rnn type {rnn_type!r}; valid: {', '.join(CELLS)}")
+        self.is_lstm = rnn_type == "lstm"
+        cell = CELLS[rnn_type]
+        self.cells = nn.ModuleList(cell(input_size if i == 0 else hidden_size, hidden_size) for i in range(layers))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, layers: list[tuple[Tensor, ...]]) -> tuple[Tensor, list[tuple[Tensor, ...]]]:
+        new = []
+        for i, (cell, state) in enumerate(zip(self.cells, layers)):
+            if i > 0:
+                x = self.dropout(x)
+            if self.is_lstm:
+                state = cell(x, state)
+            else:
+                state = (cell(x, state[0]),)
+            new.append(state)
+            x = state[0]
+        return x, new
+
+
+class InputFeedingDecoder(nn.Module):
+    """RNN decoder with global attention and (optionally) input feeding.
+
+    At step t: h_t = RNN([y_{t-1}; h~_{t-1}], state) (the input feed h~_{t-1} only with
+    ``input_feeding``, zeros at t = 1), (c_t, a_t) = attention(h_t, memory), and the
+    attentional hidden state h~_t = dropout(tanh(W [c_t; h_t])), which the generator reads.
+    """
+
+    def __init__(
+        self,
+        rnn_type: str,
+        embedding_size: int,
+        hidden_size: int,
+        memory_size: int,
+        attention: GlobalAttention,
+        bridge: Bridge,
+        layers: int = 1,
+        dropout: float = 0.0,
+        input_feeding: bool = True,
+    ) -> None:
+        super().__init__()
+        if layers < 1:
+            raise ValueError(f"model.decoder.layers: must be >= 1, got {layers}")
+        self.rnn_type = rnn_type
+        self.hidden_size = hidden_size
+        self.layers = layers
+        self.input_feeding = input_feeding
+        input_size = embedding_size + (hidden_size if input_feeding else 0)
+        self.rnn = StackedCells(rnn_type, input_size, hidden_size, layers, dropout)
+        self.attention = attention
+        self.bridge = bridge
+        self.combine = nn.Linear(memory_size + hidden_size, hidden_size, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    # ---- states -------------------------------------------------------------------
+    def init_state(self, encoder_final: tuple[Tensor, ...]) -> State:
+        """encoder_final: torch-layout (layers, B, H) states -> batch-first initial state:
+        "h" (and "c") (B, layers, H), "input_feed" (B, H) zeros."""
+        return self._to_state(self.bridge(encoder_final), None)
+
+    def _to_state(self, hidden: Hidden | list[tuple[Tensor, ...]], input_feed: Tensor | None) -> State:
+        """Batch-first states (or per-layer states, stacked here) -> the state dict."""
+        if isinstance(hidden, list):
+            hidden = tuple(torch.stack(states, dim=1) for states in zip(*hidden))
+        state = dict(zip(("h", "c"), hidden))
+        if self.input_feeding:
+            if input_feed is None:
+                input_feed = hidden[0].new_zeros(hidden[0].size(0), self.hidden_size)
+            state["input_feed"] = input_feed
+        return state
+
+    def _from_state(self, state: State) -> tuple[list[tuple[Tensor, ...]], Tensor | None]:
+        """The state dict -> per-layer states [(h, c) or (h,)], each (N, H), and the input feed."""
+        names = ("h", "c") if self.rnn_type == "lstm" else ("h",)
+        return list(zip(*(state[n].unbind(1) for n in names))), state.get("input_feed")
+
+    # ---- computation ----------------------------------------------------------------
+    def _step(self, emb: Tensor, hidden: list[tuple[Tensor, ...]], input_feed: Tensor | None, memory: Tensor,
+              mask: Tensor, keys: Tensor) -> tuple[Tensor, Tensor, list[tuple[Tensor, ...]]]:
+        """emb (N, E) -> (h~ (N, H), attention (N, L), new hidden)."""
+        x = torch.cat([emb, input_feed], dim=-1) if self.input_feeding else emb
+        rnn_out, hidden = self.rnn(x, hidden)
+        context, probs = self.attention(rnn_out, memory, mask, keys)
+        out = self.dropout(torch.tanh(self.combine(torch.cat([context, rnn_out], dim=-1))))
+        return out, probs, hidden
+
+    def step(
+        self, emb: Tensor, state: State, memory: Tensor, mask: Tensor, keys: Tensor
+    ) -> tuple[Tensor, Tensor, State]:
+        """One step. emb: (N, E); memory: (N, L, Hm); mask: (N, L); keys: (N, L, K).
+
+        Returns h~ (N, H), attention (N, L) and the new batch-first state.
+        """
+        hidden, input_feed = self._from_state(state)
+        out, probs, hidden = self._step(emb, hidden, input_feed, memory, mask, keys)
+        return out, probs, self._to_state(hidden, out)
+
+    def forward(self, emb: Tensor, state: State, memory: Tensor, mask: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+        """Teacher-forced decoding. emb: (B, T, E) embedded targets (BOS + y).
+
+        Returns h~ (B, T, H) and attention (B, T, L): the same computation as ``step``
+        applied T times.
+        """
+        hidden, input_feed = self._from_state(state)
+        outs, attns = [], []
+        for t in range(emb.size(1)):
+            input_feed, probs, hidden = self._step(emb[:, t], hidden, input_feed, memory, mask, keys)
+            outs.append(input_feed)
+            attns.append(probs)
+        return torch.stack(outs, dim=1), torch.stack(attns, dim=1)

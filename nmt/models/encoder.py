@@ -1,0 +1,80 @@
+"""(Bi)directional LSTM/GRU encoder on packed sequences."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+RNN_TYPES: dict[str, type[nn.RNNBase]] = {"lstm": nn.LSTM, "gru": nn.GRU}
+
+
+def rnn_class(name: str, key: str = "type") -> type[nn.RNNBase]:
+    """``"lstm"`` -> ``nn.LSTM``, ``"gru"`` -> ``nn.GRU``; ValueError naming ``key`` otherwise."""
+    try:
+        return RNN_TYPES[name]
+    except KeyError:
+        raise ValueError(f"{key}: unknown rnn type {name!r}; valid: {', '.join(RNN_TYPES)}") from None
+
+
+class RNNEncoder(nn.Module):
+    """Multi-layer (bi)RNN over padded batches, run as packed sequences.
+
+    ``hidden_size`` is the total size of an output vector: with ``bidirectional`` each
+    direction has ``hidden_size // 2`` units and the two are concatenated (forward first),
+    both in the memory bank and, per layer, in the final states.
+    """
+
+    def __init__(
+        self,
+        rnn_type: str,
+        input_size: int,
+        hidden_size: int,
+        layers: int = 1,
+        bidirectional: bool = True,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if bidirectional and hidden_size % 2:
+            raise ValueError(f"model.encoder.hidden_size: must be even for a bidirectional encoder, got {hidden_size}")
+        if layers < 1:
+            raise ValueError(f"model.encoder.layers: must be >= 1, got {layers}")
+        self.rnn_type = rnn_type
+        self.hidden_size = hidden_size
+        self.layers = layers
+        self.bidirectional = bidirectional
+        directions = 2 if bidirectional else 1
+        self.rnn = rnn_class(rnn_type, "model.encoder.type")(
+            input_size,
+            hidden_size // directions,
+            num_layers=layers,
+            dropout=dropout if layers > 1 else 0.0,
+            bidirectional=bidirectional,
+            batch_first=True,
+        )
+
+    def forward(self, emb: Tensor, lengths: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """Encode embedded sources.
+
+        emb: (B, L, E); lengths: (B,) true lengths (>= 1, any order, any device).
+        Returns ``memory`` (B, L, hidden_size), exactly zero beyond each length, and the
+        final states, a tuple ((h,) for GRU, (h, c) for LSTM) of (layers, B, hidden_size).
+        """
+        # pack_padded_sequence needs the lengths on the host: the one unavoidable sync.
+        lengths_cpu = lengths.detach().to("cpu", dtype=torch.long)
+        if lengths_cpu.numel() and int(lengths_cpu.min()) < 1:
+            raise ValueError("src_lengths: every source sentence needs at least one token")
+        if lengths_cpu.numel() and int(lengths_cpu.max()) > emb.size(1):
+            raise ValueError(f"src_lengths: a length exceeds the padded source length {emb.size(1)}")
+        packed = pack_padded_sequence(emb, lengths_cpu, batch_first=True, enforce_sorted=False)
+        out, final = self.rnn(packed)
+        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=emb.size(1))
+        states = final if isinstance(final, tuple) else (final,)
+        if self.bidirectional:
+            states = tuple(self._merge_directions(s) for s in states)
+        return memory, states
+
+    def _merge_directions(self, state: Tensor) -> Tensor:
+        """(layers * 2, B, H/2) -> (layers, B, H): [forward; backward] per layer."""
+        _, batch, half = state.shape
+        return state.view(self.layers, 2, batch, half).permute(0, 2, 1, 3).reshape(self.layers, batch, 2 * half)
+

@@ -1,0 +1,87 @@
+"""The attentional encoder-decoder: teacher-forced ``forward`` and the ``StepDecoder`` protocol."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from nmt.models.decoder import InputFeedingDecoder
+from nmt.models.embeddings import Embeddings
+from nmt.models.encoder import RNNEncoder
+from nmt.models.generator import Generator
+from nmt.models.protocol import State
+
+
+def length_mask(lengths: Tensor, max_len: int, device: torch.device) -> Tensor:
+    """lengths: (B,) -> (B, max_len) bool, True at real tokens."""
+    return torch.arange(max_len, device=device).unsqueeze(0) < lengths.to(device).unsqueeze(1)
+
+
+class Seq2Seq(nn.Module):
+    """RNN encoder-decoder with global attention (Luong et al. 2015; Peters et al. 2019).
+
+    ``forward`` runs teacher forcing for training; ``encode`` / ``step`` implement
+    :class:`nmt.models.protocol.StepDecoder` for search. Build one with
+    :func:`nmt.models.build_model`.
+    """
+
+    def __init__(
+        self,
+        src_embeddings: Embeddings,
+        tgt_embeddings: Embeddings,
+        encoder: RNNEncoder,
+        decoder: InputFeedingDecoder,
+        generator: Generator,
+    ) -> None:
+        super().__init__()
+        self.src_embeddings = src_embeddings
+        self.tgt_embeddings = tgt_embeddings
+        self.encoder = encoder
+        self.decoder = decoder
+        self.generator = generator
+
+    @property
+    def output_mapping(self) -> Callable[..., Tensor]:
+        """The bound output mapping ``f(logits, dim=-1, mask=None) -> probs``."""
+        return self.generator.mapping
+
+    @property
+    def attention_mapping(self) -> Callable[..., Tensor]:
+        """The bound attention mapping ``f(scores, dim=-1, mask=None) -> probs``."""
+        return self.decoder.attention.mapping
+
+    def log_probs(self, logits: Tensor) -> Tensor:
+        """logits (..., V) -> log of the output mapping's probabilities (-inf at exact zeros)."""
+        return self.generator.log_probs(logits)
+
+    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[State, State]:
+        """src: (B, L) ids; src_lengths: (B,).
+
+        Returns ``encoder_out`` = {"memory" (B, L, H), "src_mask" (B, L) bool,
+        "keys" (B, L, K) the memory-side attention projection} and the initial decoder
+        state {"h", ["c"] (B, layers, H), ["input_feed"] (B, H)}.
+        """
+        memory, final = self.encoder(self.src_embeddings(src), src_lengths)
+        mask = length_mask(src_lengths, src.size(1), src.device)
+        encoder_out = {"memory": memory, "src_mask": mask, "keys": self.decoder.attention.keys(memory)}
+        return encoder_out, self.decoder.init_state(final)
+
+    def step(self, tokens: Tensor, state: State, encoder_out: State) -> tuple[Tensor, Tensor, State]:
+        """tokens: (N,) previous ids. Returns log_probs (N, V), attention (N, L), new state."""
+        out, attention, state = self.decoder.step(
+            self.tgt_embeddings(tokens), state, encoder_out["memory"], encoder_out["src_mask"], encoder_out["keys"]
+        )
+        return self.log_probs(self.generator(out)), attention, state
+
+    def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
+        """Teacher forcing. src: (B, L); src_lengths: (B,); tgt_in: (B, T) = BOS + y.
+
+        Returns ``(logits (B, T, V), attention (B, T, L))``; the logits are raw scores
+        before the output mapping (what the Fenchel-Young loss takes).
+        """
+        encoder_out, state = self.encode(src, src_lengths)
+        out, attention = self.decoder(
+            self.tgt_embeddings(tgt_in), state, encoder_out["memory"], encoder_out["src_mask"], encoder_out["keys"]
+        )
+        return self.generator(out), attention

@@ -1,0 +1,136 @@
+"""Seq2Seq: shapes, teacher forcing == step-by-step decoding, padding invariance, protocol."""
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import PAD, TGT_VOCAB, random_batch
+
+from nmt.models import StepDecoder, select_state, tile_state
+
+VARIANTS = [
+    pytest.param({}, id="lstm-bi-general-feed-linear"),
+    pytest.param({"encoder": {"type": "gru"}, "decoder": {"type": "gru"}}, id="gru-gru"),
+    pytest.param({"encoder": {"type": "gru"}, "decoder": {"bridge": "copy", "hidden_size": 8}}, id="gru-lstm-copy"),
+    pytest.param({"encoder": {"bidirectional": False, "layers": 1}, "decoder": {"bridge": "none", "layers": 1}},
+                 id="uni-none"),
+    pytest.param({"decoder": {"input_feeding": False}, "attention": {"score": "mlp"}}, id="nofeed-mlp"),
+    pytest.param({"decoder": {"hidden_size": 8}, "attention": {"score": "dot"}}, id="dot"),
+    pytest.param({"decoder": {"type": "gru", "layers": 3}, "encoder": {"layers": 1}}, id="lstm-gru-layers"),
+    pytest.param({"attention": {"mapping": "entmax15", "continuous": {"num_basis_mu": 4}}}, id="continuous"),
+]
+
+
+def _step_through(model, src, src_lengths, tgt_in):
+    encoder_out, state = model.encode(src, src_lengths)
+    log_probs, attention = [], []
+    for t in range(tgt_in.size(1)):
+        lp, att, state = model.step(tgt_in[:, t], state, encoder_out)
+        log_probs.append(lp)
+        attention.append(att)
+    return torch.stack(log_probs, 1), torch.stack(attention, 1)
+
+
+@pytest.mark.parametrize("sections", VARIANTS)
+def test_shapes_and_states(make_model, sections):
+    model = make_model(**sections)
+    src, src_lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=5)
+    logits, attention = model(src, src_lengths, tgt_in)
+    assert logits.shape == (3, 5, TGT_VOCAB)
+    assert attention.shape == (3, 5, 7)
+    encoder_out, state = model.encode(src, src_lengths)
+    assert encoder_out["memory"].shape == (3, 7, 8)
+    assert encoder_out["src_mask"].dtype == torch.bool
+    assert torch.equal(encoder_out["src_mask"].sum(1), src_lengths)
+    dec = model.decoder
+    assert state["h"].shape == (3, dec.layers, dec.hidden_size)
+    assert ("c" in state) == (dec.rnn_type == "lstm")
+    assert ("input_feed" in state) == dec.input_feeding
+    assert all(v.size(0) == 3 for v in list(state.values()) + list(encoder_out.values()))
+    torch.testing.assert_close(attention.sum(-1), torch.ones(3, 5, dtype=attention.dtype))
+    assert isinstance(model, StepDecoder)
+
+
+@pytest.mark.parametrize("sections", VARIANTS)
+def test_forward_equals_step_by_step(make_model, sections):
+    model = make_model(**sections)
+    src, src_lengths, tgt_in = random_batch(batch=4, src_len=6, tgt_len=5, seed=1)
+    logits, attention = model(src, src_lengths, tgt_in)
+    step_log_probs, step_attention = _step_through(model, src, src_lengths, tgt_in)
+    torch.testing.assert_close(step_log_probs, model.log_probs(logits), rtol=0, atol=1e-12)
+    torch.testing.assert_close(step_attention, attention, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(("mapping", "continuous"), [
+    ("softmax", None), ("sparsemax", None), ("entmax15", None), ("entmax15", {"alpha": 2.0})])
+def test_padding_invariance(make_model, mapping, continuous):
+    """A sentence alone == the same sentence inside a padded batch; zero attention on padding."""
+    model = make_model(attention={"mapping": mapping, "continuous": continuous}, output={"mapping": mapping})
+    src, src_lengths, tgt_in = random_batch(batch=4, src_len=8, tgt_len=6, lengths=[3, 8, 5, 1], seed=2)
+    src = torch.cat([src, src.new_full((4, 2), PAD)], dim=1)  # extra padding columns
+    logits, attention = model(src, src_lengths, tgt_in)
+    mask = torch.arange(src.size(1))[None, None] < src_lengths[:, None, None]
+    assert torch.all(attention.masked_select(~mask) == 0)
+    for b, n in enumerate(src_lengths.tolist()):
+        alone_logits, alone_attention = model(src[b : b + 1, :n], src_lengths[b : b + 1], tgt_in[b : b + 1])
+        torch.testing.assert_close(logits[b : b + 1], alone_logits, rtol=0, atol=1e-12)
+        torch.testing.assert_close(attention[b : b + 1, :, :n], alone_attention, rtol=0, atol=1e-12)
+    # target padding: earlier positions never see later ones
+    short_logits, _ = model(src, src_lengths, tgt_in[:, :3])
+    torch.testing.assert_close(short_logits, logits[:, :3], rtol=0, atol=1e-12)
+
+
+def test_encoder_final_states_match_memory(make_model):
+    """Per layer [forward; backward]: forward ends at the last real token, backward at the first."""
+    model = make_model(encoder={"layers": 1}, decoder={"bridge": "copy", "layers": 1, "hidden_size": 8})
+    src, src_lengths, _ = random_batch(batch=4, src_len=6, lengths=[6, 2, 4, 1], seed=3)
+    memory, (h, c) = model.encoder(model.src_embeddings(src), src_lengths)
+    half = memory.size(-1) // 2
+    last = memory[torch.arange(4), src_lengths - 1]
+    torch.testing.assert_close(h[0, :, :half], last[:, :half], rtol=0, atol=0)
+    torch.testing.assert_close(h[0, :, half:], memory[:, 0, half:], rtol=0, atol=0)
+    assert torch.all(memory[torch.arange(6)[None] >= src_lengths[:, None]] == 0)
+    _, state = model.encode(src, src_lengths)  # copy bridge: decoder starts where the encoder ended
+    torch.testing.assert_close(state["h"][:, 0], h[0], rtol=0, atol=0)
+    torch.testing.assert_close(state["c"][:, 0], c[0], rtol=0, atol=0)
+
+
+def test_bridge_none_starts_from_zeros(make_model):
+    model = make_model(decoder={"bridge": "none"})
+    src, src_lengths, _ = random_batch()
+    _, state = model.encode(src, src_lengths)
+    assert all(torch.all(v == 0) for v in state.values())
+
+
+def test_tiled_and_reordered_states_step_like_the_original(make_model):
+    """What beam search does: tile every state by k, reorder rows, step -> same rows as untiled."""
+    model = make_model(attention={"score": "mlp"})
+    src, src_lengths, tgt_in = random_batch(batch=3, seed=4)
+    encoder_out, state = model.encode(src, src_lengths)
+    lp, att, state1 = model.step(tgt_in[:, 0], state, encoder_out)
+    k = 2
+    enc_k, state_k = tile_state(encoder_out, k), tile_state(state, k)
+    lp_k, att_k, state1_k = model.step(tgt_in[:, 0].repeat_interleave(k), state_k, enc_k)
+    torch.testing.assert_close(lp_k, lp.repeat_interleave(k, 0), rtol=0, atol=1e-12)
+    order = torch.tensor([5, 0, 3, 2, 1, 4])
+    picked = select_state(state1_k, order)
+    lp2, _, _ = model.step(tgt_in[:, 1].repeat_interleave(k)[order], picked, select_state(enc_k, order))
+    ref, _, _ = model.step(tgt_in[:, 1], state1, encoder_out)
+    torch.testing.assert_close(lp2, ref.repeat_interleave(k, 0)[order], rtol=0, atol=1e-12)
+
+
+def test_bad_source_lengths_are_clear_errors(make_model):
+    model = make_model()
+    src, _, tgt_in = random_batch(batch=2)
+    with pytest.raises(ValueError, match="src_lengths: every source sentence"):
+        model(src, torch.tensor([3, 0]), tgt_in[:2])
+    with pytest.raises(ValueError, match="src_lengths: a length exceeds the padded source length 7"):
+        model(src, torch.tensor([3, 8]), tgt_in[:2])
+
+
+def test_padding_embedding_gets_no_gradient(make_model):
+    model = make_model().train()
+    src, src_lengths, tgt_in = random_batch(batch=3, lengths=[7, 2, 4])
+    logits, _ = model(src, src_lengths, tgt_in)
+    logits.sum().backward()
+    assert torch.all(model.src_embeddings.weight.grad[PAD] == 0)
+    assert torch.all(model.src_embeddings.weight[PAD] == 0)

@@ -1,0 +1,54 @@
+"""Tiny model configurations and batches shared by the model tests."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from nmt.models import Seq2Seq
+
+SRC_VOCAB = 13
+TGT_VOCAB = 11
+PAD = 0
+
+BASE_CFG: dict[str, Any] = {
+    "embeddings": {"src_size": 6, "tgt_size": 6, "share": False, "tie_output": False, "dropout": 0.0},
+    "encoder": {"type": "lstm", "layers": 2, "hidden_size": 8, "bidirectional": True, "dropout": 0.0},
+    "decoder": {
+        "type": "lstm", "layers": 2, "hidden_size": 6, "dropout": 0.0, "input_feeding": True, "bridge": "linear",
+    },
+    "attention": {"score": "general", "mapping": "softmax", "params": {}, "continuous": None},
+    "output": {"mapping": "softmax", "params": {}},
+}
+
+
+def model_cfg(**sections: dict[str, Any]) -> dict[str, Any]:
+    """BASE_CFG with some keys overridden, e.g. ``model_cfg(decoder={"type": "gru"})``."""
+    cfg = copy.deepcopy(BASE_CFG)
+    for name, values in sections.items():
+        cfg[name].update(values)
+    return cfg
+
+
+def random_batch(batch: int = 3, src_len: int = 7, tgt_len: int = 5, lengths: list[int] | None = None,
+                 seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Padded (src (B, L), src_lengths (B,), tgt_in (B, T)) with ids >= 4 (no specials)."""
+    g = torch.Generator().manual_seed(seed)
+    if lengths is None:
+        lengths = [src_len] + torch.randint(1, src_len + 1, (batch - 1,), generator=g).tolist()
+    src = torch.randint(4, SRC_VOCAB, (batch, src_len), generator=g)
+    src_lengths = torch.tensor(lengths)
+    src = src.masked_fill(torch.arange(src_len)[None] >= src_lengths[:, None], PAD)
+    tgt_in = torch.randint(4, TGT_VOCAB, (batch, tgt_len), generator=g)
+    tgt_in[:, 0] = 2  # BOS
+    return src, src_lengths, tgt_in
+
+
+def sharpen_attention(model: Seq2Seq, factor: float = 10.0) -> None:
+    """Scale all weights (uniform +-1 instead of +-0.1) and the attention keys once more,
+    so that scores spread over several units and sparse mappings have exact zeros."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(factor)
+        model.decoder.attention.key_proj.weight.mul_(factor)
