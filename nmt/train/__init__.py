@@ -1,1 +1,12 @@
-"""train"""
+"""Training: the loop and its parts, one module each.
+
+- ``trainer``: :class:`~nmt.train.trainer.Trainer` (``Trainer(config).train()``), resume from ``last.pt``
+- ``update``: one optimisation step on a batch (Fenchel-Young loss of the output mapping)
+- ``validation``: loss, token accuracy, perplexity, support sizes, exact match / BLEU / chrF
+- ``checkpoint``: atomic ``save_checkpoint`` / checked ``load_checkpoint``, keep-last-K rotation
+- ``optimizers``, ``schedules``, ``early_stopping``: Adam/SGD, warmup + plateau halving, patience
+- ``rng``, ``interrupt``, ``data_setup``: RNG states, SIGINT/SIGTERM, fields and datasets from ``data:``
+
+Submodules are imported explicitly (``from nmt.train.checkpoint import load_checkpoint``) so
+that loading a checkpoint does not import the whole training stack.
+"""

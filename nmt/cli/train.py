@@ -1,0 +1,66 @@
+"""``nmt-train -config FILE.yaml [-set key.path=value ...]``: train (or resume) a model."""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from typing import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nmt-train",
+        description="Train a sequence-to-sequence model from a YAML config. If training.save_dir already "
+                    "holds last.pt, training resumes from it.",
+    )
+    parser.add_argument("-config", "--config", required=True, metavar="FILE.yaml", help="YAML config file")
+    parser.add_argument("-set", "--set", dest="overrides", action="extend", nargs="+", default=[],
+                        metavar="KEY=VALUE", help="override a config value, e.g. -set training.max_steps=500 "
+                        "model.attention.mapping=sparsemax (values are parsed as YAML)")
+    parser.add_argument("-quiet", "--quiet", action="store_true", help="no progress bar, warnings only")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit code (0 done, 2 bad config/data, 128+N on signal N)."""
+    args = build_parser().parse_args(argv)
+    import logging
+
+    from nmt.utils.logging import setup_logging
+
+    logger = setup_logging(level=logging.WARNING if args.quiet else logging.INFO)
+    try:
+        from nmt.data.errors import DataError
+        from nmt.train.checkpoint import CheckpointError
+        from nmt.utils.config import load_config
+        from nmt.utils.schema import ConfigError
+
+        config = load_config(args.config, args.overrides)
+        if args.quiet:
+            config["training"]["progress"] = False
+        save_dir = Path(config["training"]["save_dir"])
+        setup_logging(save_dir / "train.log", level=logging.WARNING if args.quiet else logging.INFO)
+        from nmt.train.trainer import Trainer
+
+        trainer = Trainer(config, source=args.config)
+        summary = trainer.train()
+    except (ConfigError, DataError, CheckpointError) as exc:
+        print(f"nmt-train: error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # e.g. impossible model combinations reported by build_model
+        print(f"nmt-train: error: {str(exc).splitlines()[0] if str(exc) else exc!r}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("nmt-train: forced quit; last.pt holds the last saved state", file=sys.stderr)
+        return 128 + signal.SIGINT
+    if args.quiet:  # otherwise the trainer has logged it already
+        print(summary.line())
+    if summary.stopped_by.startswith("SIG"):
+        logger.warning("resume with the same command")
+        return 128 + getattr(signal, summary.stopped_by)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""From the ``data:`` config section to fields and datasets (and generated data if asked).
+
+Fields (tokenizer + vocabulary per side) are built from the training data on a fresh run
+(training the tokenizer first when it learns a model: BPE merges, sentencepiece) and come
+from the checkpoint on a resumed run, so a resumed run sees exactly the same ids.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from nmt.data.dataset import ParallelDataset, read_parallel
+from nmt.data.field import Field
+from nmt.data.tokenizers import build_tokenizer
+
+logger = logging.getLogger(__name__)
+
+GENERATED_NAMES = {("train", "src"): "train.src", ("train", "tgt"): "train.tgt",
+                   ("valid", "src"): "valid.src", ("valid", "tgt"): "valid.tgt"}
+
+
+@dataclass
+class TrainingData:
+    """Everything the trainer reads: both fields, both datasets, and the raw validation pairs.
+
+    ``valid_references[i]`` is the raw target line of ``valid`` example ``i`` (for exact
+    match / BLEU against detokenized hypotheses).
+    """
+
+    src_field: Field
+    tgt_field: Field
+    train: ParallelDataset
+    valid: ParallelDataset
+    valid_references: list[str]
+
+
+def generate_if_missing(data_cfg: dict) -> bool:
+    """Run the generator named by ``data.generate`` when a train/valid file is missing.
+
+    Files are generated (seeded by ``data.generate_seed``) into a temporary directory and
+    moved to the paths the config names; existing files are never overwritten.
+    Returns True when something was generated.
+    """
+    if data_cfg["generate"] is None:
+        return False
+    targets = {(split, side): Path(data_cfg[split][side]) for split, side in GENERATED_NAMES}
+    missing = {key: path for key, path in targets.items() if not path.exists()}
+    if not missing:
+        return False
+    from nmt.data.synthetic import generate_quickstart
+
+    anchor = next(iter(missing.values())).parent
+    anchor.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=anchor, prefix=".generate.") as tmp:
+        generate_quickstart(tmp, seed=data_cfg["generate_seed"])
+        for key, path in missing.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(Path(tmp) / GENERATED_NAMES[key]), str(path))
+    logger.info("generated %s data: %s", data_cfg["generate"], ", ".join(str(p) for p in missing.values()))
+    return True
+
+
+def build_fields(data_cfg: dict, train_pairs: list[tuple[str, str]], work_dir: str | Path) -> tuple[Field, Field]:
+    """Train tokenizers (if they learn a model) and build vocabularies from the training pairs.
+
+    With ``data.shared_vocab`` one field (src settings) is built from both sides and
+    returned twice.
+    """
+    src_lines = [s for s, _ in train_pairs]
+    tgt_lines = [t for _, t in train_pairs]
+    work_dir = Path(work_dir)
+    if data_cfg["shared_vocab"]:
+        side = data_cfg["src"]
+        field = _build_field(side, src_lines + tgt_lines, work_dir / "tokenizer_shared")
+        return field, field
+    src = _build_field(data_cfg["src"], src_lines, work_dir / "tokenizer_src")
+    tgt = _build_field(data_cfg["tgt"], tgt_lines, work_dir / "tokenizer_tgt")
+    return src, tgt
+
+
+def _build_field(side_cfg: dict, lines: list[str], work_dir: Path) -> Field:
+    tokenizer = build_tokenizer(side_cfg["tokenizer"])
+    if tokenizer.needs_training:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        tokenizer.train(lines, work_dir)
+    return Field.build(tokenizer, lines, min_freq=side_cfg["min_freq"], max_size=side_cfg["max_size"])
+
+
+def load_training_data(data_cfg: dict, work_dir: str | Path,
+                       fields: tuple[Field, Field] | None = None) -> TrainingData:
+    """Read train/valid files, build (or reuse) the fields, and encode both datasets.
+
+    Training pairs longer than ``max_length`` (per side) or empty are skipped and counted in
+    the log; validation keeps every non-empty pair whatever its length.
+    """
+    train_pairs = read_parallel(data_cfg["train"]["src"], data_cfg["train"]["tgt"])
+    valid_pairs = read_parallel(data_cfg["valid"]["src"], data_cfg["valid"]["tgt"])
+    src_field, tgt_field = fields if fields is not None else build_fields(data_cfg, train_pairs, work_dir)
+    train = ParallelDataset(train_pairs, src_field, tgt_field,
+                            data_cfg["src"]["max_length"], data_cfg["tgt"]["max_length"])
+    valid = ParallelDataset(valid_pairs, src_field, tgt_field, None, None)
+    for name, dataset in (("train", train), ("valid", valid)):
+        logger.info("%s data (%s, %s): %s", name, data_cfg[name]["src"], data_cfg[name]["tgt"], dataset.summary())
+    logger.info("vocabulary: source %d types, target %d types%s", len(src_field.vocab), len(tgt_field.vocab),
+                " (shared)" if src_field is tgt_field else "")
+    references = [valid_pairs[line - 1][1] for line in valid.line_numbers]
+    return TrainingData(src_field, tgt_field, train, valid, references)
+
+
+__all__ = ["TrainingData", "generate_if_missing", "build_fields", "load_training_data"]

@@ -1,0 +1,76 @@
+"""Learning-rate schedule: linear warmup and halving on a validation-loss plateau.
+
+The learning rate at step ``s`` is ``base_lr * decay * min(1, s / warmup_steps)`` where
+``decay`` is multiplied by ``decay_factor`` (0.5 in Peters et al. 2019) every time the
+validation loss fails to improve for more than ``decay_patience`` consecutive validations,
+and never drops the rate below ``min_lr``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class PlateauWarmupSchedule:
+    """Sets ``optimizer`` learning rates; call :meth:`step` after each update and
+    :meth:`on_validation` after each validation."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, base_lr: float, warmup_steps: int = 0,
+                 decay_factor: float = 0.5, decay_patience: int = 0, min_lr: float = 0.0) -> None:
+        self.optimizer = optimizer
+        self.base_lr = base_lr
+        self.warmup_steps = warmup_steps
+        self.decay_factor = decay_factor
+        self.decay_patience = decay_patience
+        self.min_lr = min_lr
+        self.decay = 1.0
+        self.best_loss = math.inf
+        self.bad_validations = 0
+        self.n_decays = 0
+        self.step_count = 0
+        self._apply()
+
+    @property
+    def lr(self) -> float:
+        """The current learning rate."""
+        warm = min(1.0, (self.step_count + 1) / self.warmup_steps) if self.warmup_steps > 0 else 1.0
+        decayed = max(self.base_lr * self.decay, min(self.min_lr, self.base_lr))
+        return decayed * warm
+
+    def step(self) -> None:
+        """Advance one update (warmup progress)."""
+        self.step_count += 1
+        self._apply()
+
+    def on_validation(self, valid_loss: float) -> bool:
+        """Record a validation loss; returns True when the learning rate was decayed."""
+        if valid_loss < self.best_loss:
+            self.best_loss = valid_loss
+            self.bad_validations = 0
+            return False
+        self.bad_validations += 1
+        if self.bad_validations <= self.decay_patience:
+            return False
+        self.bad_validations = 0
+        if self.base_lr * self.decay <= self.min_lr:
+            return False
+        self.decay *= self.decay_factor
+        self.n_decays += 1
+        self._apply()
+        return True
+
+    def _apply(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+
+    def state_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("decay", "best_loss", "bad_validations", "n_decays", "step_count")}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+        self._apply()
+
+
+__all__ = ["PlateauWarmupSchedule"]

@@ -1,0 +1,353 @@
+"""The training loop: updates, validation, checkpoints, resume, logging.
+
+``Trainer(config).train()`` runs a whole training from a resolved config (see
+``nmt.utils.config.load_config``). When ``save_dir/last.pt`` exists the run resumes from
+it: weights, optimizer, schedule, early-stopping state, RNG states and the position in the
+data order (epoch and batch index; each epoch's batch order is a function of the seed and
+the epoch) are restored, so on CPU an interrupted and resumed run reaches the same
+parameters as an uninterrupted one.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from nmt.data.batching import collate, make_batches
+from nmt.data.field import Field
+from nmt.models import build_model
+from nmt.sparse import get_loss
+from nmt.train.checkpoint import load_checkpoint, save_run_checkpoint
+from nmt.train.data_setup import generate_if_missing, load_training_data
+from nmt.train.early_stopping import EarlyStopping
+from nmt.train.interrupt import GracefulInterrupt
+from nmt.train.optimizers import build_optimizer
+from nmt.train.rng import rng_state, seed_everything, set_rng_state
+from nmt.train.schedules import PlateauWarmupSchedule
+from nmt.train.update import update
+from nmt.train.validation import attention_matrices, decoding_available, validate
+from nmt.utils.config import config_differences, save_config
+from nmt.utils.config_schema import HIGHER_IS_BETTER
+from nmt.utils.metrics_log import MetricsLog
+from nmt.utils.schema import ConfigError
+from nmt.utils.tensorboard import TensorBoardWriter
+
+logger = logging.getLogger(__name__)
+
+DECODING_METRICS = ("exact_match", "bleu", "chrf")
+RESUME_MUST_MATCH = ("model", "data", "training.seed", "training.batch_size", "training.batch_type")
+
+
+@dataclass
+class Progress:
+    """Where training is: everything besides weights/optimizer/schedule/RNG that resume needs."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    elapsed: float = 0.0  # training seconds over all sessions
+    last_validation_step: int = 0
+    valid_loss_sum: float = 0.0  # training loss / tokens since the last validation (for metrics.jsonl)
+    valid_tokens: int = 0
+
+
+@dataclass
+class TrainSummary:
+    """What a run ended with; ``stopped_by`` is max_steps, max_epochs, early_stopping or a signal name."""
+
+    step: int
+    epoch: int
+    best_step: int
+    best_metric: str
+    best_value: float
+    elapsed: float
+    stopped_by: str
+    save_dir: str
+
+    def line(self) -> str:
+        """One human-readable summary line."""
+        best = (f"best valid {self.best_metric} {self.best_value:.4g} at step {self.best_step}"
+                if self.best_step >= 0 else "no validation yet")
+        return (f"training {'interrupted' if self.stopped_by.startswith('SIG') else 'finished'} "
+                f"({self.stopped_by}) at step {self.step} (epoch {self.epoch}): {best}; "
+                f"elapsed {_duration(self.elapsed)}; checkpoints in {self.save_dir}")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda when available else cpu; otherwise ``torch.device(name)``."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"training.device: {exc}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"training.device: {name!r} requested but CUDA is not available")
+    return device
+
+
+class Trainer:
+    """Builds data, model, loss, optimizer and schedule from a resolved config; :meth:`train` runs.
+
+    config: the dict returned by ``load_config``; source: the config file name (errors).
+    """
+
+    def __init__(self, config: dict, source: str = "<config>") -> None:
+        self.config, self.source = config, source
+        train_cfg, valid_cfg = config["training"], config["validation"]
+        self.save_dir = Path(train_cfg["save_dir"])
+        self.device = _as_config_error(source, resolve_device, train_cfg["device"])
+        if train_cfg["threads"] is not None:
+            torch.set_num_threads(train_cfg["threads"])
+        self.metric = valid_cfg["metric"]
+        if self.metric in DECODING_METRICS and not (valid_cfg["decode"] and decoding_available()):
+            reason = "validation.decode is false" if not valid_cfg["decode"] else "beam search is not available"
+            raise ConfigError(source, "validation.metric", f"{self.metric!r} needs decoding, but {reason}")
+
+        checkpoint = self._existing_checkpoint()
+        generate_if_missing(config["data"])
+        seed_everything(train_cfg["seed"])
+        fields = None
+        if checkpoint is not None:
+            fields = (Field.from_state_dict(checkpoint["src_field"]), Field.from_state_dict(checkpoint["tgt_field"]))
+        self.data = load_training_data(config["data"], self.save_dir, fields)
+        src_vocab, tgt_vocab = self.data.src_field.vocab, self.data.tgt_field.vocab
+        self.pad, self.bos, self.eos = tgt_vocab.pad_index, tgt_vocab.bos_index, tgt_vocab.eos_index
+        self.model = _as_config_error(source, build_model, config["model"], len(src_vocab), len(tgt_vocab),
+                                      pad_index=self.pad).to(self.device)
+        output = config["model"]["output"]
+        self.loss_fn = get_loss(output["mapping"], **output["params"])
+        self.optimizer = build_optimizer(self.model.parameters(), train_cfg["optimizer"])
+        schedule = train_cfg["lr_schedule"]
+        self.schedule = PlateauWarmupSchedule(self.optimizer, train_cfg["optimizer"]["lr"], schedule["warmup_steps"],
+                                              schedule["decay_factor"], schedule["decay_patience"], schedule["min_lr"])
+        self.stopper = EarlyStopping(HIGHER_IS_BETTER[self.metric], train_cfg["early_stopping_patience"])
+        self.progress = Progress()
+        self.last_metrics: dict[str, Any] = {}
+        self._tokens_per_sec = math.nan  # of the last logging window
+        self.resumed = checkpoint is not None
+        if checkpoint is not None:
+            self._restore(checkpoint)
+        n_params = sum(p.numel() for p in self.model.parameters())
+        logger.info("model: %d parameters; attention %s, output %s (loss: its Fenchel-Young loss); device %s",
+                    n_params, config["model"]["attention"]["mapping"], output["mapping"], self.device)
+        save_config(config, self.save_dir / "config.yaml")
+
+    # ------------------------------------------------------------------ resume
+    def _existing_checkpoint(self) -> dict | None:
+        last = self.save_dir / "last.pt"
+        if not last.exists():
+            self.save_dir.mkdir(parents=True, exist_ok=True)
+            return None
+        checkpoint = load_checkpoint(last)
+        differences = config_differences(checkpoint["config"], self.config)
+        blocking = [d for d in differences if any(d == k or d.startswith(k + ".") for k in RESUME_MUST_MATCH)]
+        if blocking:
+            key = blocking[0]
+            raise ConfigError(self.source, key, f"differs from the run in {self.save_dir} "
+                              f"({_lookup(checkpoint['config'], key)!r} there); resume needs the same "
+                              "model, data, seed and batching; use another training.save_dir")
+        if differences:
+            logger.info("resuming with changed settings: %s", ", ".join(differences))
+        return checkpoint
+
+    def _restore(self, checkpoint: dict) -> None:
+        self.model.load_state_dict(checkpoint["model"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.schedule.load_state_dict(checkpoint["scheduler"])
+        trainer_state = checkpoint["trainer"]
+        self.stopper.load_state_dict(trainer_state["early_stopping"])
+        self.progress = Progress(**trainer_state["progress"])
+        self.last_metrics = dict(checkpoint["metrics"])
+        set_rng_state(checkpoint["rng"])  # last: building the model above consumed random numbers
+        logger.info("resumed from %s at step %d (epoch %d, batch %d)", self.save_dir / "last.pt",
+                    self.progress.step, self.progress.epoch, self.progress.batch_in_epoch)
+
+    def _payload(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.schedule.state_dict(),
+            "step": self.progress.step,
+            "epoch": self.progress.epoch,
+            "rng": rng_state(),
+            "config": self.config,
+            "src_field": self.data.src_field.state_dict(),
+            "tgt_field": self.data.tgt_field.state_dict(),
+            "metrics": self.last_metrics,
+            "trainer": {"progress": asdict(self.progress), "early_stopping": self.stopper.state_dict()},
+        }
+
+    def save(self, is_best: bool = False, step_file: bool = True) -> None:
+        """Write last.pt (and step_N.pt / best.pt) to save_dir atomically."""
+        save_run_checkpoint(self.save_dir, self._payload(), self.config["training"]["keep_last"], is_best, step_file)
+
+    # ------------------------------------------------------------------ loop
+    def _finished(self) -> str | None:
+        cfg, p = self.config["training"], self.progress
+        if cfg["max_steps"] is not None and p.step >= cfg["max_steps"]:
+            return "max_steps"
+        if cfg["max_epochs"] is not None and p.epoch >= cfg["max_epochs"]:
+            return "max_epochs"
+        if self.stopper.should_stop:
+            return "early_stopping"
+        return None
+
+    def train_step(self, indices: list[int]) -> tuple[torch.Tensor, int]:
+        """One update on the training examples ``indices``; returns (summed loss, detached; target tokens)."""
+        batch = collate(self.data.train, indices, self.pad, self.bos, self.eos).to(self.device)
+        cfg = self.config["training"]
+        result = update(self.model, self.loss_fn, self.optimizer, batch, self.pad, cfg["clip_grad_norm"],
+                        cfg["label_smoothing"])
+        self.schedule.step()
+        return result
+
+    def train(self, step_hook: Callable[[int], None] | None = None) -> TrainSummary:
+        """Train until max_steps / max_epochs / early stopping / SIGINT / SIGTERM; returns the summary.
+
+        step_hook(step) is called after every update (tests use it to send signals).
+        """
+        from tqdm import tqdm
+
+        cfg = self.config["training"]
+        p = self.progress
+        tb = TensorBoardWriter(self.save_dir / "tensorboard", cfg["tensorboard"],
+                               purge_step=p.step + 1 if self.resumed else None)
+        metrics_log = MetricsLog(self.save_dir / "metrics.jsonl")
+        if self.resumed:
+            metrics_log.truncate_after(p.step)
+        else:
+            metrics_log.path.unlink(missing_ok=True)
+        self.model.train()
+        window_loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        window_tokens, window_start = 0, time.perf_counter()
+        session_start, session_elapsed0 = time.perf_counter(), p.elapsed
+        bar = tqdm(total=cfg["max_steps"], initial=p.step, disable=not cfg["progress"], unit="step",
+                   dynamic_ncols=True, desc="train")
+        stopped_by = self._finished()
+        with GracefulInterrupt() as interrupt:
+            while stopped_by is None:
+                order = make_batches(self.data.train, cfg["batch_size"], cfg["batch_type"], shuffle=True,
+                                     seed=cfg["seed"], epoch=p.epoch)
+                while p.batch_in_epoch < len(order):
+                    loss, n_tokens = self.train_step(order[p.batch_in_epoch])
+                    p.batch_in_epoch += 1
+                    p.step += 1
+                    window_loss += loss
+                    window_tokens += n_tokens
+                    bar.update(1)
+                    if p.step % cfg["log_every"] == 0 or p.step % cfg["valid_every"] == 0:
+                        p.elapsed = session_elapsed0 + time.perf_counter() - session_start
+                        mean = window_loss.item() / max(window_tokens, 1)
+                        speed = window_tokens / max(time.perf_counter() - window_start, 1e-9)
+                        p.valid_loss_sum += mean * window_tokens
+                        p.valid_tokens += window_tokens
+                        bar.set_postfix(loss=f"{mean:.4f}", tok_s=f"{speed:.0f}", lr=f"{self.schedule.lr:.2g}")
+                        tb.scalars("train", {"loss": mean, "lr": self.schedule.lr, "tokens_per_sec": speed}, p.step)
+                        self._tokens_per_sec = speed
+                        window_loss.zero_()
+                        window_tokens, window_start = 0, time.perf_counter()
+                    if p.step % cfg["valid_every"] == 0:
+                        p.elapsed = session_elapsed0 + time.perf_counter() - session_start
+                        self._validate(tb, metrics_log, regular=True)
+                        window_start = time.perf_counter()
+                    if step_hook is not None:
+                        step_hook(p.step)
+                    stopped_by = interrupt.requested or self._finished()
+                    if stopped_by is not None:
+                        break
+                if p.batch_in_epoch >= len(order):
+                    p.epoch += 1
+                    p.batch_in_epoch = 0
+                    stopped_by = stopped_by or self._finished()
+            bar.close()
+            p.elapsed = session_elapsed0 + time.perf_counter() - session_start
+            p.valid_loss_sum += window_loss.item()  # the unlogged tail of the training-loss window
+            p.valid_tokens += window_tokens
+            if stopped_by.startswith("SIG"):
+                self.save(step_file=False)
+            elif p.last_validation_step != p.step:
+                self._validate(tb, metrics_log, regular=False)
+        tb.close()
+        summary = TrainSummary(p.step, p.epoch, self.stopper.best_step, self.metric, self.stopper.best, p.elapsed,
+                               stopped_by, str(self.save_dir))
+        logger.info(summary.line())
+        return summary
+
+    def _validate(self, tb: TensorBoardWriter, metrics_log: MetricsLog, regular: bool) -> None:
+        """Validate, log (metrics.jsonl, TensorBoard, logger), update lr / best, and checkpoint.
+
+        regular=False (the extra validation at the end of a run, off the valid_every grid) may
+        update best.pt but leaves the lr schedule and the patience alone, so extending a
+        finished run gives the same result as running longer in the first place.
+        """
+        cfg, vcfg, p = self.config["training"], self.config["validation"], self.progress
+        result = validate(self.model, self.data.valid, self.data.valid_references, self.loss_fn,
+                          batch_size=vcfg["batch_size"], device=self.device,
+                          is_softmax=self.config["model"]["output"]["mapping"] == "softmax",
+                          decode=vcfg["decode"], beam_size=vcfg["beam_size"], max_length=vcfg["max_length"])
+        scalars = result.scalars
+        value = scalars[self.metric]
+        is_best = self.stopper.update(value, p.step, count=regular)
+        decayed = self.schedule.on_validation(scalars["loss"]) if regular else False
+        train_loss = p.valid_loss_sum / p.valid_tokens if p.valid_tokens else math.nan
+        record = {"step": p.step, "epoch": p.epoch, "lr": self.schedule.lr, "train_loss": train_loss,
+                  **{f"valid_{k}": v for k, v in scalars.items()},
+                  "tokens_per_sec": self._tokens_per_sec, "elapsed": round(p.elapsed, 3),
+                  "best": is_best}
+        metrics_log.append(record)
+        tb.scalars("valid", scalars, p.step)
+        self._heatmaps(tb)
+        tb.flush()
+        shown = " ".join(f"{k}={v:.4g}" for k, v in scalars.items() if k != "tokens")
+        logger.info("step %d valid: %s%s%s", p.step, shown, " (new best)" if is_best else "",
+                    f"; lr decayed to {self.schedule.lr:.3g}" if decayed else "")
+        for i, hyp in enumerate(result.hypotheses[: min(2, len(result.hypotheses))]):
+            logger.info("  example %d: hyp %r ref %r", i, hyp, self.data.valid_references[i])
+        p.last_validation_step = p.step
+        p.valid_loss_sum, p.valid_tokens = 0.0, 0
+        self.last_metrics = {k: v for k, v in record.items()}
+        self.save(is_best=is_best)
+
+    def _heatmaps(self, tb: TensorBoardWriter) -> None:
+        n = min(self.config["validation"]["n_heatmaps"], len(self.data.valid))
+        if tb.writer is None or n == 0:
+            return
+        for i, (matrix, src_tokens, tgt_tokens) in enumerate(
+                attention_matrices(self.model, self.data.valid, list(range(n)), self.device)):
+            tb.attention(f"attention/valid_{i}", matrix.numpy(), src_tokens, tgt_tokens, self.progress.step)
+
+
+def _as_config_error(source: str, function: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Call ``function``; a ``ValueError('key.path: problem')`` becomes a ConfigError naming the file."""
+    try:
+        return function(*args, **kwargs)
+    except ValueError as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        key, sep, problem = message.partition(": ")
+        if sep and " " not in key:
+            raise ConfigError(source, key, problem) from None
+        raise ConfigError(source, "", message) from None
+
+
+def _lookup(config: dict, dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+__all__ = ["Trainer", "TrainSummary", "Progress", "resolve_device"]

@@ -1,0 +1,160 @@
+"""Validation: teacher-forced loss / accuracy / support sizes, and decoding metrics.
+
+Teacher-forced statistics are accumulated as tensors over the whole validation set and
+read once at the end (no per-batch host sync). Decoding uses
+``nmt.translate.beam_search.beam_search`` (beam 1 = greedy) and scores the detokenized
+hypotheses against the raw reference lines.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from nmt.data.batching import collate, make_batches
+from nmt.data.dataset import ParallelDataset
+from nmt.data.field import Field
+from nmt.utils import metrics as corpus_metrics
+
+
+@dataclass
+class ValidationResult:
+    """Scalars of one validation and the decoded hypotheses (dataset order, [] when not decoded).
+
+    scalars: loss (per target token), accuracy (% of target tokens whose most probable
+    type is the gold one), ppl (softmax output only), attention_support / output_support
+    (mean number of nonzero attention weights / output probabilities per target token), and
+    when decoding: exact_match, bleu, chrf (0-100) and certified (% of sentences whose
+    search is certified exact).
+    """
+
+    scalars: dict[str, float]
+    hypotheses: list[str] = field(default_factory=list)
+
+
+def decoding_available() -> bool:
+    """True when ``nmt.translate.beam_search`` can be imported."""
+    try:
+        from nmt.translate.beam_search import beam_search  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@torch.no_grad()
+def teacher_forced_statistics(model: nn.Module, dataset: ParallelDataset, loss_fn: Callable, batch_size: int,
+                              device: torch.device, is_softmax: bool) -> dict[str, float]:
+    """Loss, token accuracy, perplexity and support sizes of ``model`` on ``dataset`` (eval mode)."""
+    vocab = dataset.tgt_field.vocab
+    totals = torch.zeros(5, dtype=torch.float64, device=device)  # loss, correct, tokens, att support, out support
+    for indices in make_batches(dataset, batch_size, "sentences", shuffle=False):
+        batch = collate(dataset, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index).to(device)
+        logits, attention = model(batch.src, batch.src_lengths, batch.tgt_in)
+        gold = batch.tgt_out
+        mask = gold != vocab.pad_index
+        loss = loss_fn(logits.reshape(-1, logits.size(-1)), gold.reshape(-1), ignore_index=vocab.pad_index,
+                       reduction="sum")
+        probs = model.output_mapping(logits.float(), dim=-1)
+        correct = (probs.argmax(-1) == gold) & mask
+        att_support = (attention > 0).sum(-1)
+        out_support = (probs > 0).sum(-1)
+        totals += torch.stack([loss.double(), correct.sum().double(), mask.sum().double(),
+                               att_support[mask].sum().double(), out_support[mask].sum().double()])
+    loss_sum, correct, tokens, att_support, out_support = totals.tolist()
+    tokens = max(tokens, 1.0)
+    scalars = {
+        "loss": loss_sum / tokens,
+        "accuracy": 100.0 * correct / tokens,
+        "attention_support": att_support / tokens,
+        "output_support": out_support / tokens,
+        "tokens": tokens,
+    }
+    if is_softmax:
+        scalars["ppl"] = math.exp(min(loss_sum / tokens, 700.0))
+    return scalars
+
+
+@torch.no_grad()
+def decode_dataset(model: nn.Module, dataset: ParallelDataset, tgt_field: Field, batch_size: int,
+                   beam_size: int, max_length: int, device: torch.device) -> tuple[list[str], float]:
+    """Detokenized best hypothesis of every example (dataset order) and the % certified exact."""
+    from nmt.translate.beam_search import beam_search
+
+    vocab = tgt_field.vocab
+    hypotheses: list[str] = [""] * len(dataset)
+    certified = 0
+    for indices in make_batches(dataset, batch_size, "sentences", shuffle=False):
+        batch = collate(dataset, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index).to(device)
+        result = beam_search(model, batch.src, batch.src_lengths, bos=vocab.bos_index, eos=vocab.eos_index,
+                             beam_size=beam_size, n_best=1, max_length=max_length)
+        best = result.tokens[:, 0, :].cpu()
+        for row, index in enumerate(_positions(batch)):
+            hypotheses[index] = tgt_field.decode(best[row])
+        certified += int(result.exact.sum())
+    return hypotheses, 100.0 * certified / max(len(dataset), 1)
+
+
+def validate(model: nn.Module, dataset: ParallelDataset, references: Sequence[str], loss_fn: Callable, *,
+             batch_size: int, device: torch.device, is_softmax: bool, decode: bool, beam_size: int = 1,
+             max_length: int = 100) -> ValidationResult:
+    """Full validation of ``model`` (put in eval mode, restored to its previous mode after).
+
+    references: raw target line of each ``dataset`` example. Decoding metrics are computed
+    when ``decode`` is True and beam search is available.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        scalars = teacher_forced_statistics(model, dataset, loss_fn, batch_size, device, is_softmax)
+        hypotheses: list[str] = []
+        if decode and decoding_available():
+            hypotheses, certified = decode_dataset(model, dataset, dataset.tgt_field, batch_size, beam_size,
+                                                   max_length, device)
+            scalars["exact_match"] = corpus_metrics.exact_match(hypotheses, references)
+            scalars["bleu"] = corpus_metrics.bleu(hypotheses, references)
+            scalars["chrf"] = corpus_metrics.chrf(hypotheses, references)
+            scalars["certified"] = certified
+    finally:
+        model.train(was_training)
+    return ValidationResult(scalars, hypotheses)
+
+
+@torch.no_grad()
+def attention_matrices(model: nn.Module, dataset: ParallelDataset, indices: Sequence[int],
+                       device: torch.device) -> list[tuple[Tensor, list[str], list[str]]]:
+    """Teacher-forced attention of the given examples: ``(matrix (T, L), src tokens, tgt tokens)``.
+
+    The target axis is the gold target followed by ``<eos>`` (what the decoder predicts at
+    each step); the source axis is the source tokens.
+    """
+    if not indices:
+        return []
+    src_vocab, tgt_vocab = dataset.src_field.vocab, dataset.tgt_field.vocab
+    was_training = model.training
+    model.eval()
+    try:
+        batch = collate(dataset, list(indices), tgt_vocab.pad_index, tgt_vocab.bos_index,
+                        tgt_vocab.eos_index).to(device)
+        _, attention = model(batch.src, batch.src_lengths, batch.tgt_in)
+    finally:
+        model.train(was_training)
+    attention = attention.float().cpu()
+    out = []
+    for row, index in enumerate(_positions(batch)):
+        src_ids, tgt_ids = dataset.src[index], dataset.tgt[index]
+        matrix = attention[row, : len(tgt_ids) + 1, : len(src_ids)]
+        out.append((matrix, src_vocab.tokens(src_ids), tgt_vocab.tokens(tgt_ids) + ["<eos>"]))
+    return out
+
+
+def _positions(batch) -> list[int]:
+    """Dataset positions of the batch rows, in row order."""
+    indices = batch.indices
+    return indices.tolist() if isinstance(indices, Tensor) else list(indices)
+
+
+__all__ = ["ValidationResult", "validate", "teacher_forced_statistics", "decode_dataset", "attention_matrices",
+           "decoding_available"]

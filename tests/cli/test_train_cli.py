@@ -1,0 +1,73 @@
+"""``nmt-train``: a smoke run on the generated quick-start task, and one-line config errors."""
+import json
+
+import pytest
+import yaml
+
+from nmt.cli.train import main
+
+TINY_MODEL = {
+    "embeddings": {"src_size": 8, "tgt_size": 8},
+    "encoder": {"layers": 1, "hidden_size": 8},
+    "decoder": {"layers": 1, "hidden_size": 8},
+}
+
+
+def quickstart_like(tmp_path, **changes) -> dict:
+    config = yaml.safe_load(open(__file__.replace("tests/cli/test_train_cli.py", "configs/quickstart.yaml")))
+    config["model"].update(TINY_MODEL)
+    config["training"].update(max_steps=3, valid_every=3, log_every=1, tensorboard=False)
+    config["validation"].update(n_heatmaps=0, max_length=5)
+    for section, values in changes.items():
+        config[section].update(values)
+    return config
+
+
+def run(tmp_path, monkeypatch, config, *extra):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    return main(["-config", "c.yaml", "-quiet", *extra])
+
+
+def test_smoke_generates_data_trains_and_resumes(tmp_path, monkeypatch, capsys):
+    config = quickstart_like(tmp_path)
+    assert run(tmp_path, monkeypatch, config) == 0
+    for name in ("train.src", "train.tgt", "valid.src", "valid.tgt"):
+        assert (tmp_path / "data" / "quickstart" / name).stat().st_size > 0
+    run_dir = tmp_path / "runs" / "quickstart"
+    assert {"last.pt", "best.pt", "config.yaml", "metrics.jsonl", "train.log"} <= {p.name for p in run_dir.iterdir()}
+    record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["step"] == 3 and 0 <= record["valid_exact_match"] <= 100
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["training"]["max_steps"] == 3
+    out = capsys.readouterr().out
+    assert "training finished (max_steps) at step 3" in out
+    # same command, longer: resumes from last.pt
+    assert run(tmp_path, monkeypatch, config, "-set", "training.max_steps=5") == 0
+    assert "at step 5" in capsys.readouterr().out
+    steps = [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [3, 5]
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"training": {"max_step": 3}}, "c.yaml: training.max_step: unknown key 'max_step' (did you mean 'max_steps'?)"),
+    ({"training": {"batch_size": "big"}}, "c.yaml: training.batch_size: must be an integer"),
+    ({"model": {"output": {"mapping": "entmax"}}}, "c.yaml: model.output.mapping: unknown mapping 'entmax'"),
+])
+def test_bad_config_is_one_line_error(tmp_path, monkeypatch, capsys, change, expected):
+    config = quickstart_like(tmp_path, **change)
+    assert run(tmp_path, monkeypatch, config) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and expected in err
+    assert not (tmp_path / "data").exists()  # nothing was generated
+
+
+def test_bad_override_and_missing_data(tmp_path, monkeypatch, capsys):
+    config = quickstart_like(tmp_path)
+    assert run(tmp_path, monkeypatch, config, "-set", "model.attention.mapping=sparsmax") == 2
+    err = capsys.readouterr().err.strip()
+    assert "c.yaml (-set model.attention.mapping=sparsmax): model.attention.mapping" in err
+    assert "did you mean 'sparsemax'" in err
+    config["data"]["generate"] = None
+    assert run(tmp_path, monkeypatch, config) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "data/quickstart/train.src: no such file" in err

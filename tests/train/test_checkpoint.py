@@ -1,0 +1,81 @@
+"""Checkpoints: atomic save/load, errors naming the file, rotation; RNG capture/restore."""
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from nmt.train.checkpoint import (FORMAT_VERSION, PAYLOAD_KEYS, CheckpointError, load_checkpoint, save_checkpoint,
+                                  save_run_checkpoint, step_checkpoints)
+from nmt.train.rng import rng_state, seed_everything, set_rng_state
+
+
+def payload(step: int = 1) -> dict:
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": {"decay": 0.5},
+            "step": step, "epoch": 0, "rng": rng_state(), "config": {"a": {"b": [1, 2]}},
+            "src_field": {"tokenizer": {"type": "bpe", "codes": "a b\n"}, "vocab": {"itos": ["x"]}},
+            "tgt_field": {"tokenizer": {"type": "sentencepiece", "model_proto": b"\x00\x01"}, "vocab": {}},
+            "metrics": {"valid_loss": 1.5}}
+
+
+def test_roundtrip(tmp_path):
+    original = payload()
+    save_checkpoint(tmp_path / "c.pt", original)
+    loaded = load_checkpoint(tmp_path / "c.pt")
+    assert set(PAYLOAD_KEYS) <= set(loaded)
+    assert loaded["format_version"] == FORMAT_VERSION
+    for key, value in original["model"].items():
+        assert torch.equal(loaded["model"][key], value)
+    assert loaded["tgt_field"]["tokenizer"]["model_proto"] == b"\x00\x01"
+    assert loaded["config"] == original["config"]
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+def test_errors_name_the_file(tmp_path):
+    with pytest.raises(CheckpointError, match=r"missing\.pt: no such checkpoint file"):
+        load_checkpoint(tmp_path / "missing.pt")
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointError, match=r"corrupt\.pt: not a readable nmt checkpoint") as info:
+        load_checkpoint(corrupt)
+    assert "\n" not in str(info.value)
+    save_checkpoint(tmp_path / "trunc.pt", payload())
+    data = (tmp_path / "trunc.pt").read_bytes()
+    (tmp_path / "trunc.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"trunc\.pt"):
+        load_checkpoint(tmp_path / "trunc.pt")
+    future = payload()
+    save_checkpoint(tmp_path / "future.pt", {**future, "format_version": FORMAT_VERSION + 1})
+    with pytest.raises(CheckpointError, match=r"future\.pt: checkpoint format version"):
+        load_checkpoint(tmp_path / "future.pt")
+    torch.save({"weights": torch.ones(2)}, tmp_path / "foreign.pt")
+    with pytest.raises(CheckpointError, match=r"foreign\.pt: not an nmt checkpoint"):
+        load_checkpoint(tmp_path / "foreign.pt")
+
+
+def test_rotation_keeps_last_k_and_best(tmp_path):
+    for step in range(1, 6):
+        save_run_checkpoint(tmp_path, payload(step), keep_last=2, is_best=step == 2)
+    assert [p.name for p in step_checkpoints(tmp_path)] == ["step_4.pt", "step_5.pt"]
+    assert load_checkpoint(tmp_path / "best.pt")["step"] == 2
+    assert load_checkpoint(tmp_path / "last.pt")["step"] == 5
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    save_run_checkpoint(tmp_path, payload(6), keep_last=0)
+    assert step_checkpoints(tmp_path) == []
+
+
+def test_rng_state_roundtrip(tmp_path):
+    base = payload()
+    seed_everything(3)
+    torch.rand(5), random.random(), np.random.rand()
+    save_checkpoint(tmp_path / "r.pt", {**base, "rng": rng_state()})
+    expected = (torch.rand(5), random.random(), np.random.rand(3), np.random.randn())
+    seed_everything(99)
+    set_rng_state(load_checkpoint(tmp_path / "r.pt")["rng"])
+    again = (torch.rand(5), random.random(), np.random.rand(3), np.random.randn())
+    assert torch.equal(expected[0], again[0]) and expected[1] == again[1]
+    assert np.array_equal(expected[2], again[2]) and expected[3] == again[3]

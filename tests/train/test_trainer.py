@@ -1,0 +1,134 @@
+"""End-to-end training on a tiny task: outputs, resume equality, early stopping, validation statistics."""
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from nmt.train.checkpoint import load_checkpoint
+from nmt.train.trainer import Trainer
+from nmt.train.validation import teacher_forced_statistics
+from nmt.utils.config import resolve_config
+from nmt.utils.schema import ConfigError
+from tiny_task import tiny_config, write_task
+
+
+@pytest.fixture
+def tiny_task(tmp_path):
+    return write_task(tmp_path / "data")
+
+
+def make_trainer(tiny_task, save_dir, **training) -> Trainer:
+    return Trainer(resolve_config(tiny_config(tiny_task, save_dir, **training), "tiny.yaml"), "tiny.yaml")
+
+
+def test_run_directory_contents(tiny_task, tmp_path):
+    save_dir = tmp_path / "run"
+    config = tiny_config(tiny_task, save_dir, tensorboard=True)
+    config["validation"]["n_heatmaps"] = 1
+    summary = Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml").train()
+    assert summary.step == 12 and summary.stopped_by == "max_steps"
+    names = set(os.listdir(save_dir))
+    assert {"last.pt", "best.pt", "config.yaml", "metrics.jsonl", "train.log"} - {"train.log"} <= names
+    assert sorted(n for n in names if n.startswith("step_")) == ["step_12.pt", "step_8.pt"]  # keep_last 2
+    assert any(n.startswith("events.out.tfevents") for n in os.listdir(save_dir / "tensorboard"))
+    records = [json.loads(line) for line in (save_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [4, 8, 12]
+    for key in ("epoch", "lr", "train_loss", "valid_loss", "valid_accuracy", "valid_attention_support",
+                "valid_output_support", "tokens_per_sec", "elapsed"):
+        assert key in records[-1], key
+    best = load_checkpoint(save_dir / "best.pt")
+    assert best["step"] == summary.best_step
+    assert best["metrics"]["valid_loss"] == pytest.approx(min(r["valid_loss"] for r in records))
+    last = load_checkpoint(save_dir / "last.pt")
+    assert last["step"] == 12 and last["config"]["training"]["save_dir"] == str(save_dir)
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(tiny_task, tmp_path):
+    straight = make_trainer(tiny_task, tmp_path / "straight")
+    straight.train()
+
+    def interrupt_at_7(step):  # mid-epoch (5 batches per epoch), between validations
+        if step == 7:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    first = make_trainer(tiny_task, tmp_path / "resumed")
+    summary = first.train(step_hook=interrupt_at_7)
+    assert summary.stopped_by == "SIGINT" and summary.step == 7
+    assert load_checkpoint(tmp_path / "resumed" / "last.pt")["step"] == 7
+
+    second = make_trainer(tiny_task, tmp_path / "resumed")
+    assert second.resumed and second.progress.step == 7
+    assert second.train().step == 12
+    for (name, a), (_, b) in zip(straight.model.state_dict().items(), second.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    read = lambda d: [json.loads(l) for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+    drop = ("elapsed", "tokens_per_sec")
+    assert [{k: v for k, v in r.items() if k not in drop} for r in read("straight")] == \
+           [{k: v for k, v in r.items() if k not in drop} for r in read("resumed")]
+
+
+def test_resume_refuses_a_different_model(tiny_task, tmp_path):
+    make_trainer(tiny_task, tmp_path / "run", max_steps=2).train()
+    config = tiny_config(tiny_task, tmp_path / "run")
+    config["model"]["attention"]["mapping"] = "softmax"
+    with pytest.raises(ConfigError, match=r"tiny.yaml: model.attention.mapping: differs from the run"):
+        Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
+
+
+def test_model_errors_name_key_and_file(tiny_task, tmp_path):
+    config = tiny_config(tiny_task, tmp_path / "run")
+    config["model"]["embeddings"]["tie_output"] = True  # tgt_size 8 != decoder hidden 12
+    with pytest.raises(ConfigError, match=r"^tiny.yaml: model\.embeddings\.tie_output: "):
+        Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
+
+
+def test_extending_a_finished_run(tiny_task, tmp_path):
+    make_trainer(tiny_task, tmp_path / "run", max_steps=6).train()  # ends off the valid_every grid
+    summary = make_trainer(tiny_task, tmp_path / "run", max_steps=10).train()
+    assert summary.step == 10
+    steps = [json.loads(l)["step"] for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [4, 6, 8, 10]
+
+
+def test_early_stopping_when_nothing_improves(tiny_task, tmp_path):
+    trainer = make_trainer(tiny_task, tmp_path / "run", optimizer={"lr": 0.0}, early_stopping_patience=2,
+                           max_steps=100)
+    summary = trainer.train()
+    # lr 0: the validation loss never improves after the first validation
+    assert summary.stopped_by == "early_stopping" and summary.step == 12 and summary.best_step == 4
+
+
+def test_max_epochs(tiny_task, tmp_path):
+    summary = make_trainer(tiny_task, tmp_path / "run", max_steps=None, max_epochs=2).train()
+    assert summary.stopped_by == "max_epochs" and summary.step == 10 and summary.epoch == 2
+
+
+@pytest.mark.parametrize("output", ["softmax", "sparsemax"])
+def test_validation_statistics_match_per_sentence_brute_force(tiny_task, tmp_path, output):
+    config = tiny_config(tiny_task, tmp_path / "run")
+    config["model"]["output"]["mapping"] = output
+    trainer = Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
+    model, data = trainer.model.eval(), trainer.data.valid
+    stats = teacher_forced_statistics(model, data, trainer.loss_fn, 4, torch.device("cpu"), output == "softmax")
+    vocab = data.tgt_field.vocab
+    loss = correct = tokens = att = out = 0.0
+    with torch.no_grad():
+        for src, tgt in zip(data.src, data.tgt):  # one unpadded sentence at a time
+            logits, attention = model(torch.tensor([src]), torch.tensor([len(src)]),
+                                      torch.tensor([[vocab.bos_index] + tgt]))
+            gold = torch.tensor(tgt + [vocab.eos_index])
+            loss += trainer.loss_fn(logits[0], gold, reduction="sum").item()
+            probs = model.output_mapping(logits[0])
+            correct += (probs.argmax(-1) == gold).sum().item()
+            tokens += len(gold)
+            att += (attention[0] > 0).sum().item()
+            out += (probs > 0).sum().item()
+    assert stats["loss"] == pytest.approx(loss / tokens, rel=1e-5)
+    assert stats["accuracy"] == pytest.approx(100 * correct / tokens)
+    assert stats["attention_support"] == pytest.approx(att / tokens)
+    assert stats["output_support"] == pytest.approx(out / tokens)
+    assert ("ppl" in stats) == (output == "softmax")
+    if output == "softmax":
+        assert stats["ppl"] == pytest.approx(torch.tensor(loss / tokens).exp().item(), rel=1e-5)

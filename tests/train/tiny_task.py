@@ -1,0 +1,36 @@
+"""A tiny task and config for the trainer tests (a run takes a few seconds)."""
+import random
+from pathlib import Path
+
+
+LETTERS = "abcdef"
+
+
+def write_task(root: Path, n_train: int = 40, n_valid: int = 6, seed: int = 0) -> dict:
+    """Reversal task: source 'a b c' (space tokens), target 'cba' (characters)."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, n in (("train", n_train), ("valid", n_valid)):
+        words = ["".join(rng.choice(LETTERS) for _ in range(rng.randint(2, 5))) for _ in range(n)]
+        (root / f"{split}.src").write_text("".join(" ".join(w) + "\n" for w in words), encoding="utf-8")
+        (root / f"{split}.tgt").write_text("".join(w[::-1] + "\n" for w in words), encoding="utf-8")
+        paths[split] = {"src": str(root / f"{split}.src"), "tgt": str(root / f"{split}.tgt")}
+    return paths
+
+
+def tiny_config(data: dict, save_dir: Path, **training) -> dict:
+    return {
+        "data": {**data, "src": {"tokenizer": {"type": "space"}}, "tgt": {"tokenizer": {"type": "char"}}},
+        "model": {
+            "embeddings": {"src_size": 8, "tgt_size": 8, "dropout": 0.2},
+            "encoder": {"layers": 1, "hidden_size": 12, "dropout": 0.0},
+            "decoder": {"layers": 1, "hidden_size": 12, "dropout": 0.2},
+            "attention": {"mapping": "entmax15"},
+            "output": {"mapping": "entmax15"},
+        },
+        "training": {"save_dir": str(save_dir), "batch_size": 8, "max_steps": 12, "valid_every": 4,
+                     "log_every": 2, "keep_last": 2, "progress": False, "threads": 1, "tensorboard": False,
+                     **training},
+        "validation": {"metric": "loss", "batch_size": 4, "max_length": 8, "n_heatmaps": 0},
+    }

@@ -1,0 +1,221 @@
+"""Config loading: schema defaults, overrides, and one-line errors naming key and file."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nmt.utils.config import (apply_overrides, config_differences, dump_config, load_config, parse_override,
+                              resolve_config, save_config)
+from nmt.utils.config_schema import SCHEMA
+from nmt.utils.schema import ConfigError, Option, validate
+
+MINIMAL = {
+    "data": {"train": {"src": "a.src", "tgt": "a.tgt"}, "valid": {"src": "v.src", "tgt": "v.tgt"}},
+    "training": {"save_dir": "runs/x", "max_steps": 10},
+}
+
+
+def write(tmp_path: Path, config: dict, name: str = "c.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def error_of(path, overrides=()) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(str(path))
+    return message
+
+
+def test_defaults_filled_for_every_schema_key(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL))
+
+    def walk(schema, node, prefix=""):
+        for key, spec in schema.items():
+            assert key in node, prefix + key
+            if isinstance(spec, Option):
+                if spec.default is not None and key not in ("save_dir", "max_steps", "src", "tgt"):
+                    assert node[key] == spec.default or isinstance(spec.default, dict), prefix + key
+            else:
+                walk(spec, node[key], prefix + key + ".")
+
+    walk(SCHEMA, config)
+    assert config["model"]["attention"]["mapping"] == "entmax15"
+    assert config["training"]["optimizer"]["lr"] == 1e-3
+
+
+def test_unknown_key_suggests_closest(tmp_path):
+    bad = {**MINIMAL, "training": {**MINIMAL["training"], "lerning_rate": 0.1, "max_step": 3}}
+    bad["training"].pop("lerning_rate")
+    message = error_of(write(tmp_path, bad))
+    assert "training.max_step" in message and "did you mean 'max_steps'" in message
+
+
+def test_unknown_section_and_nested_key(tmp_path):
+    assert "did you mean 'model'" in error_of(write(tmp_path, {**MINIMAL, "modle": {}}))
+    nested = {**MINIMAL, "model": {"encoder": {"hiden_size": 8}}}
+    message = error_of(write(tmp_path, nested))
+    assert "model.encoder.hiden_size" in message and "did you mean 'hidden_size'" in message
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    (("training", "batch_size"), "sixty", "training.batch_size: must be an integer"),
+    (("training", "batch_size"), 3.5, "training.batch_size: must be an integer"),
+    (("training", "batch_size"), True, "training.batch_size: must be an integer"),
+    (("training", "progress"), "yes please", "training.progress: must be true/false"),
+    (("model", "embeddings"), 5, "model.embeddings: must be a section"),
+    (("training", "optimizer", "lr"), "fast", "training.optimizer.lr: must be a number"),
+    (("training", "batch_size"), 0, "training.batch_size: must be >= 1"),
+])
+def test_wrong_type(tmp_path, key, value, expected):
+    config = yaml.safe_load(yaml.safe_dump(MINIMAL))
+    node = config
+    for part in key[:-1]:
+        node = node.setdefault(part, {})
+    node[key[-1]] = value
+    assert expected in error_of(write(tmp_path, config))
+
+
+def test_numeric_strings_are_floats(tmp_path):
+    config = {**MINIMAL, "training": {**MINIMAL["training"], "optimizer": {"lr": "1e-3"}}}
+    assert load_config(write(tmp_path, config))["training"]["optimizer"]["lr"] == 1e-3
+
+
+def test_bad_choice_suggests(tmp_path):
+    config = {**MINIMAL, "model": {"attention": {"score": "genral"}}}
+    message = error_of(write(tmp_path, config))
+    assert "model.attention.score" in message and "did you mean 'general'" in message
+
+
+def test_unknown_mapping_name(tmp_path):
+    config = {**MINIMAL, "model": {"attention": {"mapping": "entmx15"}}}
+    message = error_of(write(tmp_path, config))
+    assert "model.attention.mapping: unknown mapping 'entmx15'" in message
+    assert "did you mean 'entmax15'" in message
+    config = {**MINIMAL, "model": {"output": {"mapping": "sparsmax"}}}
+    assert "model.output.mapping" in error_of(write(tmp_path, config))
+
+
+def test_unknown_mapping_parameter(tmp_path):
+    config = {**MINIMAL, "model": {"attention": {"mapping": "entmax_bisect", "params": {"alfa": 1.3}}}}
+    message = error_of(write(tmp_path, config))
+    assert "model.attention.params.alfa" in message and "did you mean 'alpha'" in message
+    config["model"]["attention"]["params"] = {"alpha": 1.3}
+    assert load_config(write(tmp_path, config))["model"]["attention"]["params"] == {"alpha": 1.3}
+
+
+def test_structured_mapping_params_and_continuous_kwargs(tmp_path):
+    config = {**MINIMAL, "model": {"attention": {"mapping": "fusedmax", "params": {"lamb": 0.1}}}}
+    message = error_of(write(tmp_path, config))
+    assert "model.attention.params.lamb: unknown parameter 'lamb' of 'fusedmax' (did you mean 'lam'?)" in message
+    config["model"]["attention"]["params"] = {"lam": 0.1}
+    load_config(write(tmp_path, config))
+    config = {**MINIMAL, "model": {"attention": {"continuous": {"nbasis": 3}}}}
+    message = error_of(write(tmp_path, config))
+    assert "model.attention.continuous.nbasis: unknown argument 'nbasis' of ContinuousAttention" in message
+    config["model"]["attention"]["continuous"] = {}
+    load_config(write(tmp_path, config))
+
+
+def test_tokenizer_keys_checked(tmp_path):
+    config = {**MINIMAL, "data": {**MINIMAL["data"], "src": {"tokenizer": {"type": "bpe", "merge": 100}}}}
+    message = error_of(write(tmp_path, config))
+    assert "data.src.tokenizer.merge" in message and "did you mean 'merges'" in message
+
+
+def test_output_mapping_without_loss(tmp_path):
+    config = {**MINIMAL, "model": {"output": {"mapping": "fusedmax"}}}
+    assert "model.output.mapping: 'fusedmax' cannot be an output mapping" in error_of(write(tmp_path, config))
+
+
+def test_unknown_tokenizer(tmp_path):
+    config = {**MINIMAL, "data": {**MINIMAL["data"], "tgt": {"tokenizer": {"type": "chars"}}}}
+    message = error_of(write(tmp_path, config))
+    assert "data.tgt.tokenizer.type" in message and "did you mean 'char'" in message
+
+
+def test_missing_required_and_limits(tmp_path):
+    config = yaml.safe_load(yaml.safe_dump(MINIMAL))
+    del config["training"]["save_dir"]
+    assert "training.save_dir: is required" in error_of(write(tmp_path, config))
+    config = yaml.safe_load(yaml.safe_dump(MINIMAL))
+    del config["training"]["max_steps"]
+    assert "training.max_steps" in error_of(write(tmp_path, config))
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    assert "no such config file" in error_of(tmp_path / "nope.yaml")
+    path = tmp_path / "bad.yaml"
+    path.write_text("training:\n  save_dir: [unclosed\n", encoding="utf-8")
+    assert "invalid YAML: line" in error_of(path)
+
+
+def test_overrides(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    config = load_config(path, ["training.max_steps=7", "model.attention.mapping=entmax_bisect",
+                                "model.attention.params.alpha=1.2", "training.optimizer.lr=1e-4",
+                                "model.encoder.bidirectional=false"])
+    assert config["training"]["max_steps"] == 7
+    assert config["model"]["attention"]["mapping"] == "entmax_bisect"
+    assert config["model"]["attention"]["params"] == {"alpha": 1.2}
+    assert config["training"]["optimizer"]["lr"] == 1e-4
+    assert config["model"]["encoder"]["bidirectional"] is False
+    assert parse_override("a.b=[1, 2]", "s") == (["a", "b"], [1, 2])
+
+
+def test_override_errors_name_key_and_file(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    message = error_of(path, ["trainig.max_steps=3"])
+    assert "-set trainig.max_steps=3" in message and "did you mean 'training'" in message
+    assert "training.max_steps: must be an integer" in error_of(path, ["training.max_steps=many"])
+    assert "key.path=value" in error_of(path, ["training.max_steps"])
+
+
+def test_apply_overrides_does_not_mutate():
+    original = yaml.safe_load(yaml.safe_dump(MINIMAL))
+    apply_overrides(original, ["training.max_steps=3"], "s")
+    assert original == MINIMAL
+
+
+def test_save_and_reload_roundtrip(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL))
+    save_config(config, tmp_path / "out" / "config.yaml")
+    again = load_config(tmp_path / "out" / "config.yaml")
+    assert again == config
+    assert yaml.safe_load(dump_config(config)) == config
+
+
+def test_config_differences():
+    a = {"x": {"y": 1, "z": 2}, "w": 3}
+    b = {"x": {"y": 1, "z": 5}, "w": 3, "v": 0}
+    assert config_differences(a, b) == ["x.z", "v"]
+
+
+def test_validate_generic_schema():
+    schema = {"n": Option(int, 3), "sub": {"f": Option(float, 0.5, nullable=True)}}
+    assert validate({"sub": {"f": None}}, schema, "s") == {"n": 3, "sub": {"f": None}}
+    with pytest.raises(ConfigError, match=r"^s: sub.f: must be a number, got null$") as info:
+        validate({"sub": {"f": None}}, {"sub": {"f": Option(float, 0.5)}}, "s")
+    assert info.value.key == "sub.f"
+
+
+def test_reference_config_documents_every_option():
+    root = Path(__file__).resolve().parents[2]
+    reference = yaml.safe_load((root / "configs" / "reference.yaml").read_text(encoding="utf-8"))
+
+    def keys(schema, node, prefix=""):
+        assert set(node) == set(schema), f"{prefix}: {set(node) ^ set(schema)}"
+        for key, spec in schema.items():
+            if not isinstance(spec, Option):
+                keys(spec, node[key], prefix + key + ".")
+
+    keys(SCHEMA, reference)
+
+
+@pytest.mark.parametrize("name", ["quickstart.yaml", "reference.yaml", "multi30k_lstm.yaml"])
+def test_shipped_configs_validate(name):
+    root = Path(__file__).resolve().parents[2]
+    resolve_config(yaml.safe_load((root / "configs" / name).read_text(encoding="utf-8")), name)

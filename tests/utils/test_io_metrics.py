@@ -1,0 +1,55 @@
+"""Atomic writes, corpus metrics, metrics.jsonl."""
+import json
+import os
+
+import pytest
+import sacrebleu
+
+from nmt.utils.io import atomic_open, atomic_write_text
+from nmt.utils.metrics import bleu, chrf, exact_match
+from nmt.utils.metrics_log import MetricsLog
+
+
+def test_atomic_write_replaces_and_failure_keeps_old(tmp_path):
+    path = tmp_path / "sub" / "f.txt"
+    atomic_write_text(path, "old")
+    with pytest.raises(RuntimeError):
+        with atomic_open(path, "w") as handle:
+            handle.write("half-written")
+            raise RuntimeError("crash")
+    assert path.read_text() == "old"
+    assert os.listdir(path.parent) == ["f.txt"]  # no temp file left behind
+    atomic_write_text(path, "new")
+    assert path.read_text() == "new"
+
+
+def test_exact_match_counts_by_brute_force():
+    hyps = ["walked", "ran ", "goed", ""]
+    refs = ["walked", "ran", "went", "x"]
+    assert exact_match(hyps, refs) == pytest.approx(50.0)
+    assert exact_match([], []) == 0.0
+    with pytest.raises(ValueError):
+        exact_match(["a"], [])
+
+
+def test_bleu_chrf_bounds_and_reference_implementation():
+    refs = ["the cat sat on the mat", "a dog runs in the park"]
+    assert bleu(refs, refs) == pytest.approx(100.0)
+    assert chrf(refs, refs) == pytest.approx(100.0)
+    assert bleu(["zzz qqq", "xxx yyy"], refs) == pytest.approx(0.0)
+    hyps = ["the cat sat on a mat", "a dog ran in the park"]
+    assert bleu(hyps, refs) == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
+    assert 0 < chrf(hyps, refs) < 100
+
+
+def test_metrics_log_append_read_truncate(tmp_path):
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for step in (100, 200, 300):
+        log.append({"step": step, "valid_loss": 1.0 / step, "valid_ppl": float("inf")})
+    records = log.read()
+    assert [r["step"] for r in records] == [100, 200, 300]
+    assert records[0]["valid_ppl"] is None  # JSON has no inf
+    with open(log.path, "a", encoding="utf-8") as handle:
+        handle.write('{"step": 40')  # torn line from a crash
+    log.truncate_after(200)
+    assert [json.loads(l)["step"] for l in log.path.read_text().splitlines()] == [100, 200]

@@ -1,0 +1,176 @@
+#!/usr/bin/env python
+"""Benchmark training throughput: target tokens/second per attention / output mapping.
+
+The model is the Multi30k LSTM of configs/multi30k_lstm.yaml, i.e. the OpenNMT-py peer
+setting of issue 3: 2-layer bi-LSTM encoder (128 units per direction), 2-layer LSTM decoder
+of 256 with general global attention and input feeding, embeddings 256, dropout 0.3, joint
+sentencepiece vocabulary of 8000, batches of 64 sentences, Adam 1e-3, gradient norm 5,
+2 threads. Every setting trains on the same batches from the same initial seed; the
+throughput is target tokens (with EOS) per second of full update (forward, Fenchel-Young
+loss, backward, clipping, Adam step), and each ratio is to softmax/softmax of the same run.
+
+Every setting first trains ``--warmup`` untimed steps (default 100) from its initialisation:
+right after initialisation the scores are nearly uniform, so sparse mappings have full
+support and run their slowest path; after a few dozen updates their supports are small, as in
+any real training run. ``--quick`` times the first steps and is a smoke run only.
+
+Settings: softmax/softmax; output sparsemax, entmax15, entmax_bisect(1.5) with softmax
+attention; attention sparsemax, entmax15, entmax_bisect(1.5) (and fusedmax when registered)
+with softmax output; entmax15/entmax15 (Peters et al. 2019). Goals: entmax15 output
+>= 0.85x softmax, entmax_bisect output >= 0.7x, entmax15 attention >= 0.9x; softmax >= 1.2x
+the peer's 2,400 target tokens/s (OpenNMT-py 3.5.1, same setting, same machines).
+
+    python tools/bench_train.py                      # Multi30k de-en (../shared/data/multi30k)
+    python tools/bench_train.py --quick              # synthetic Multi30k-like batches, few steps
+    python tools/bench_train.py --steps 200 --repeats 3 --json bench_train.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from nmt.data.batching import collate, make_batches  # noqa: E402
+from nmt.models import build_model  # noqa: E402
+from nmt.sparse import get_loss  # noqa: E402
+from nmt.train.optimizers import build_optimizer  # noqa: E402
+from nmt.train.update import update  # noqa: E402
+from nmt.utils.config import load_config, registered_mappings  # noqa: E402
+from nmt.utils.io import atomic_write_text  # noqa: E402
+
+CONFIG = ROOT / "configs" / "multi30k_lstm.yaml"
+PEER_TOKENS_PER_SEC = 2400.0  # OpenNMT-py 3.5.1, this model on Multi30k de-en, 2 threads
+PAD, BOS, EOS = 0, 2, 3
+BISECT = ("entmax_bisect", {"alpha": 1.5})
+
+
+def settings() -> list[tuple[str, tuple[str, dict], tuple[str, dict]]]:
+    """(label, (attention mapping, params), (output mapping, params)); softmax/softmax first."""
+    soft = ("softmax", {})
+    out = [("softmax / softmax", soft, soft)]
+    for name, params in (("sparsemax", {}), ("entmax15", {}), BISECT):
+        out.append((f"softmax / {name}", soft, (name, params)))
+    attention = [("sparsemax", {}), ("entmax15", {}), BISECT]
+    if "fusedmax" in registered_mappings():
+        attention.append(("fusedmax", {}))
+    for name, params in attention:
+        out.append((f"{name} / softmax", (name, params), soft))
+    out.append(("entmax15 / entmax15", ("entmax15", {}), ("entmax15", {})))
+    return out
+
+
+def multi30k_batches(config: dict, n: int, work: Path):
+    """The first ``n`` training batches of Multi30k (joint sentencepiece 8000, seeded order)."""
+    from nmt.train.data_setup import load_training_data
+
+    data = load_training_data(config["data"], work)
+    order = make_batches(data.train, config["training"]["batch_size"], config["training"]["batch_type"],
+                         shuffle=True, seed=config["training"]["seed"], epoch=0)
+    vocab = data.tgt_field.vocab
+    assert (vocab.pad_index, vocab.bos_index, vocab.eos_index) == (PAD, BOS, EOS)
+    batches = [collate(data.train, idx, PAD, BOS, EOS) for idx in order[:n]]
+    return batches, len(data.src_field.vocab), len(vocab)
+
+
+class IdLists:
+    """The minimal dataset ``make_batches`` / ``collate`` read: id lists and their lengths."""
+
+    def __init__(self, src: list[list[int]], tgt: list[list[int]]) -> None:
+        self.src, self.tgt = src, tgt
+        self.src_lengths, self.tgt_lengths = [len(s) for s in src], [len(t) for t in tgt]
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+def synthetic_batches(n: int, batch_size: int = 64, vocab: int = 8000, seed: int = 0):
+    """Multi30k-like random batches: lengths 6-25 (source) and 5-22 (target), vocabulary 8000."""
+    rng = random.Random(seed)
+    size = n * batch_size
+    src = [[rng.randrange(4, vocab) for _ in range(rng.randint(6, 25))] for _ in range(size)]
+    tgt = [[rng.randrange(4, vocab) for _ in range(rng.randint(5, 22))] for _ in range(size)]
+    data = IdLists(src, tgt)
+    order = make_batches(data, batch_size, "sentences", shuffle=True, seed=seed)
+    return [collate(data, idx, PAD, BOS, EOS) for idx in order[:n]], vocab, vocab
+
+
+def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab: int, warmup: int) -> float:
+    """Target tokens per second of full updates over ``batches`` (after ``warmup`` untimed ones)."""
+    model_cfg = json.loads(json.dumps(config["model"]))
+    model_cfg["attention"].update(mapping=attention[0], params=attention[1])
+    model_cfg["output"].update(mapping=output[0], params=output[1])
+    torch.manual_seed(config["training"]["seed"])
+    model = build_model(model_cfg, src_vocab, tgt_vocab, PAD)
+    model.train()
+    loss_fn = get_loss(output[0], **output[1])
+    optimizer = build_optimizer(model.parameters(), config["training"]["optimizer"])
+    clip = config["training"]["clip_grad_norm"]
+    for batch in batches[:warmup]:
+        update(model, loss_fn, optimizer, batch, PAD, clip)
+    tokens = 0
+    start = time.perf_counter()
+    for batch in batches[warmup:]:
+        _, n = update(model, loss_fn, optimizer, batch, PAD, clip)
+        tokens += n
+    return tokens / (time.perf_counter() - start)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="synthetic batches, 1 warmup + 3 timed steps")
+    parser.add_argument("--data", choices=("multi30k", "synthetic"), default=None,
+                        help="batches (default: multi30k, synthetic with --quick)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per setting (default 100; quick 3)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps per setting (default 100; quick 1)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per setting; the median is reported")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (peer setting: 2)")
+    parser.add_argument("--only", nargs="+", default=None, help="labels to run, e.g. 'softmax / entmax15'")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here (atomically)")
+    args = parser.parse_args(argv)
+    steps = args.steps if args.steps is not None else (3 if args.quick else 100)
+    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 100)
+    source = args.data or ("synthetic" if args.quick else "multi30k")
+    torch.set_num_threads(args.threads)
+    config = load_config(CONFIG, ["training.save_dir=unused"])
+
+    if source == "multi30k":
+        with tempfile.TemporaryDirectory() as work:
+            batches, src_vocab, tgt_vocab = multi30k_batches(config, warmup + steps, Path(work))
+    else:
+        batches, src_vocab, tgt_vocab = synthetic_batches(warmup + steps)
+    runs = [s for s in settings() if args.only is None or s[0] in args.only or s[0] == "softmax / softmax"]
+    print(f"# bench_train: {source} batches of {config['training']['batch_size']} sentences, vocab "
+          f"{src_vocab}/{tgt_vocab}, {warmup} warmup + {steps} timed steps, {args.threads} threads, "
+          f"torch {torch.__version__}, {platform.processor() or platform.machine()}")
+    print(f"{'attention / output':<28} {'tokens/s':>10} {'vs softmax':>10}")
+    results = []
+    baseline = None
+    for label, attention, output in runs:
+        speed = statistics.median(measure(config, attention, output, batches, src_vocab, tgt_vocab, warmup)
+                                  for _ in range(args.repeats))
+        baseline = baseline or speed
+        results.append({"setting": label, "attention": attention[0], "output": output[0],
+                        "tokens_per_sec": speed, "ratio_to_softmax": speed / baseline})
+        print(f"{label:<28} {speed:>10.0f} {speed / baseline:>9.2f}x", flush=True)
+    print(f"softmax / softmax vs OpenNMT-py peer ({PEER_TOKENS_PER_SEC:.0f} tok/s): "
+          f"{baseline / PEER_TOKENS_PER_SEC:.2f}x (goal >= 1.2x; compare on an idle machine, real data)")
+    if args.json is not None:
+        atomic_write_text(args.json, json.dumps({"data": source, "steps": steps, "warmup": warmup,
+                                                 "threads": args.threads, "peer_tokens_per_sec": PEER_TOKENS_PER_SEC,
+                                                 "results": results}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
