@@ -1,0 +1,205 @@
+"""``nmt-translate``: translate a file (or stdin) with one checkpoint or an ensemble.
+
+    nmt-translate -model M.pt [M2.pt ...] -src FILE|- -output FILE|- -beam_size 5 -n_best 1
+                  -batch_size 64 -max_length 100 -length_penalty none -report FILE.jsonl
+                  [-tgt REF] [-attention DIR] [-support] [-device cpu|cuda]
+
+Output: the detokenized best hypothesis per input line (``n_best`` lines per input line with
+``-n_best N``, padded with empty lines), written atomically; empty input lines give empty
+output lines. ``-report``: one JSON line per input sentence with its certificate and n-best
+list. A summary goes to stderr. Heavy modules (matplotlib, sacrebleu) are imported only when
+needed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+_IMPORTED_AT = time.perf_counter()  # start-up is measured from here when run as a program
+PROG = "nmt-translate"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Translate with certified beam search.")
+    p.add_argument("-model", "--model", nargs="+", required=True, metavar="M.pt",
+                   help="checkpoint(s); several are decoded as an ensemble (mean of probabilities)")
+    p.add_argument("-src", "--src", required=True, metavar="FILE|-", help="source text, one sentence a line")
+    p.add_argument("-output", "--output", default="-", metavar="FILE|-", help="translations (default: stdout)")
+    p.add_argument("-beam_size", "--beam_size", type=int, default=5, help="beam size (1 = greedy)")
+    p.add_argument("-n_best", "--n_best", type=int, default=1, help="hypotheses written per sentence")
+    p.add_argument("-batch_size", "--batch_size", type=int, default=64, help="sentences per batch")
+    p.add_argument("-max_length", "--max_length", type=int, default=100, help="max target tokens before EOS")
+    p.add_argument("-min_length", "--min_length", type=int, default=0, help="min target tokens before EOS")
+    p.add_argument("-length_penalty", "--length_penalty", default="none", choices=["none", "average", "gnmt"])
+    p.add_argument("-length_alpha", "--length_alpha", type=float, default=0.6, help="alpha of the gnmt penalty")
+    p.add_argument("-report", "--report", metavar="FILE.jsonl", help="per-sentence certificates and n-best lists")
+    p.add_argument("-tgt", "--tgt", metavar="REF", help="references: print BLEU, chrF and exact-match accuracy")
+    p.add_argument("-attention", "--attention", metavar="DIR", help="write one attention heatmap PNG per sentence")
+    p.add_argument("-support", "--support", action="store_true",
+                   help="report, per step, the tokens of nonzero probability and their probabilities")
+    p.add_argument("-support_topk", "--support_topk", type=int, default=20,
+                   help="at most this many support tokens per step in the report")
+    p.add_argument("-no_certify", "--no_certify", action="store_true",
+                   help="skip the exactness certificate (and its extra search)")
+    p.add_argument("-device", "--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("-threads", "--threads", type=int, help="torch CPU threads")
+    p.add_argument("-quiet", "--quiet", action="store_true", help="no progress bar and no summary")
+    return p
+
+
+def _read_source(path: str) -> list[str]:
+    from nmt.data.textfiles import read_lines
+
+    if path != "-":
+        return read_lines(path)
+    from nmt.data.errors import DataError
+
+    data = sys.stdin.buffer.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DataError(f"<stdin>:{line}: not valid UTF-8") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    for name in ("beam_size", "n_best", "batch_size", "support_topk"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"-{name} must be >= 1, got {getattr(args, name)}")
+    if args.max_length < 0 or not 0 <= args.min_length <= args.max_length:
+        raise ValueError(f"need 0 <= -min_length <= -max_length, got {args.min_length} and {args.max_length}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"-threads must be >= 1, got {args.threads}")
+
+
+def _json_number(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def run(args: argparse.Namespace, start: float | None = None) -> int:
+    """Translate as ``args`` say; ``start``: perf_counter() time the program started."""
+    start = time.perf_counter() if start is None else start
+    import torch
+
+    from nmt.translate.loading import load_models
+    from nmt.translate.translator import Translator, TranslationSummary
+
+    _check_arguments(args)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"-device {args.device}: CUDA is not available on this machine")
+    lines = _read_source(args.src)
+    references = None
+    if args.tgt:
+        from nmt.data.textfiles import read_lines
+
+        references = read_lines(args.tgt)
+        if len(references) != len(lines):
+            raise ValueError(f"{args.tgt} has {len(references)} lines but {args.src} has {len(lines)}")
+    decoder, src_field, tgt_field, members = load_models(args.model, args.device)
+    startup = time.perf_counter() - start
+
+    translator = Translator(
+        decoder, src_field, tgt_field, beam_size=args.beam_size, n_best=args.n_best,
+        max_length=args.max_length, min_length=args.min_length, length_penalty=args.length_penalty,
+        length_alpha=args.length_alpha, batch_size=args.batch_size, device=args.device,
+        return_attention=args.attention is not None, return_support=args.support,
+        support_topk=args.support_topk, certify=not args.no_certify,
+    )
+    bar = None
+    if not args.quiet:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(lines), unit="sent", file=sys.stderr, desc=PROG, leave=False, disable=None)
+    try:
+        translations = translator.translate(lines, progress=bar.update if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+
+    out_lines = []
+    for t in translations:
+        texts = [text for text, _ in t.hypotheses][: args.n_best]
+        out_lines.extend(texts + [""] * (args.n_best - len(texts)))
+    _write_lines(args.output, out_lines)
+    if args.report:
+        from nmt.utils.io import atomic_open
+
+        with atomic_open(args.report, "w") as handle:
+            for t in translations:
+                record = t.report()
+                record["nbest"] = [{"text": h["text"], "logprob": _json_number(h["logprob"])} for h in record["nbest"]]
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    if args.attention:
+        _write_heatmaps(Path(args.attention), translations)
+
+    if not args.quiet:
+        summary = TranslationSummary.of(translations)
+        seconds = translator.search_seconds
+        speed = len(lines) / seconds if seconds > 0 else float("inf")
+        ensemble = f" (ensemble of {len(members)})" if len(members) > 1 else ""
+        overall = len(lines) / (seconds + startup) if seconds + startup > 0 else float("inf")
+        print(f"{PROG}: {summary.line()}; {speed:.1f} sentences/s ({overall:.1f} with start-up); "
+              f"start-up {startup:.2f} s{ensemble}", file=sys.stderr)
+        if references is not None:
+            from nmt.utils.metrics import bleu, chrf, exact_match
+
+            best = [t.text for t in translations]
+            print(f"{PROG}: BLEU {bleu(best, references):.2f}; chrF {chrf(best, references):.2f}; "
+                  f"exact match {exact_match(best, references):.2f}%", file=sys.stderr)
+    return 0
+
+
+def _write_lines(path: str, lines: Sequence[str]) -> None:
+    text = "".join(line + "\n" for line in lines)
+    if path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    from nmt.utils.io import atomic_write_text
+
+    atomic_write_text(path, text)
+
+
+def _write_heatmaps(directory: Path, translations) -> None:
+    from nmt.utils.heatmap import plot_attention
+
+    directory.mkdir(parents=True, exist_ok=True)
+    width = len(str(max(len(translations) - 1, 0)))
+    for t in translations:
+        if t.attention is None or not t.tokens:
+            continue
+        status = "exact" if t.exact else f"not exact: {t.reason}"
+        plot_attention(t.attention, t.src_tokens, t.tokens[0], directory / f"{t.index:0{width}d}.png",
+                       title=f"sentence {t.index} ({status})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns 0 on success, 2 on bad input (a one-line error on stderr)."""
+    start = _IMPORTED_AT if argv is None else time.perf_counter()
+    args = build_parser().parse_args(argv)
+    from nmt.train.checkpoint import CheckpointError
+
+    try:
+        return run(args, start)
+    except (ValueError, CheckpointError, OSError) as exc:  # DataError, bad checkpoints / options, I/O
+        text = str(exc).strip()
+        print(f"{PROG}: error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Ensembles of models decoded together, by averaging their probabilities per step."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from nmt.models.protocol import State, StepDecoder
+
+
+class Ensemble:
+    """A ``StepDecoder`` over several members sharing the source and target vocabularies.
+
+    At every step the next-token distribution is the mean of the members' distributions:
+    log_probs = log(mean_i p_i), exactly -inf where every member gives probability 0 (so a
+    sparse ensemble stays sparse: its support is the union of the members' supports).
+    The attention is the mean of the members' attentions. States are kept per member in one
+    flat batch-first dict with keys prefixed ``"<member>."``; ``encoder_out`` also carries
+    member 0's ``"src_mask"`` unprefixed.
+    """
+
+    def __init__(self, models: Sequence[StepDecoder]) -> None:
+        if len(models) == 0:
+            raise ValueError("Ensemble needs at least one model")
+        self.models = list(models)
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    @staticmethod
+    def _split(state: State, i: int) -> State:
+        prefix = f"{i}."
+        return {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
+
+    @staticmethod
+    def _join(parts: list[State]) -> State:
+        return {f"{i}.{key}": value for i, part in enumerate(parts) for key, value in part.items()}
+
+    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[State, State]:
+        """src: (B, L), src_lengths: (B,). Returns the members' states, prefixed."""
+        outs, states = zip(*(model.encode(src, src_lengths) for model in self.models))
+        encoder_out = self._join(list(outs))
+        encoder_out["src_mask"] = outs[0]["src_mask"]
+        return encoder_out, self._join(list(states))
+
+    def step(self, tokens: Tensor, state: State, encoder_out: State) -> tuple[Tensor, Tensor, State]:
+        """tokens: (N,). Returns log of the mean probability (N, V), mean attention (N, L), state."""
+        log_probs, attentions, new_states = [], [], []
+        for i, model in enumerate(self.models):
+            lp, att, st = model.step(tokens, self._split(state, i), self._split(encoder_out, i))
+            log_probs.append(lp)
+            attentions.append(att)
+            new_states.append(st)
+        if len(self.models) == 1:
+            return log_probs[0], attentions[0], self._join(new_states)
+        sizes = {lp.size(-1) for lp in log_probs}
+        if len(sizes) != 1:
+            raise ValueError(f"ensemble members disagree on the target vocabulary size: {sorted(sizes)}")
+        stacked = torch.stack(log_probs, dim=0)
+        if stacked.dtype in (torch.float16, torch.bfloat16):
+            stacked = stacked.float()
+        mean = torch.logsumexp(stacked, dim=0) - math.log(len(self.models))
+        attention = torch.stack([a.to(stacked.dtype) for a in attentions], dim=0).mean(0)
+        return mean, attention, self._join(new_states)
+
+
+__all__ = ["Ensemble"]

@@ -1,0 +1,82 @@
+"""Rebuild models and fields from checkpoints for translation."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from nmt.data.field import Field
+from nmt.models.protocol import StepDecoder
+from nmt.train.checkpoint import CheckpointError, load_checkpoint
+from nmt.translate.ensemble import Ensemble
+
+
+@dataclass
+class LoadedModel:
+    """A model in eval mode on its device, with the fields and config it was trained with."""
+
+    model: torch.nn.Module
+    src_field: Field
+    tgt_field: Field
+    config: dict[str, Any]
+    step: int
+    path: Path
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedModel:
+    """Load one checkpoint written by the trainer and rebuild its model for inference.
+
+    Raises ``CheckpointError`` (one line naming the file) for a missing, corrupt or
+    foreign-version file, or one whose fields, config or weights do not fit together.
+    """
+    from nmt.models import build_model
+
+    path = Path(path)
+    ckpt = load_checkpoint(path, map_location="cpu")
+    try:
+        src_field = Field.from_state_dict(ckpt["src_field"])
+        tgt_field = Field.from_state_dict(ckpt["tgt_field"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path}: cannot rebuild the vocabularies ({_first_line(exc)})") from None
+    try:
+        model_cfg = ckpt["config"]["model"]
+        model = build_model(model_cfg, len(src_field.vocab), len(tgt_field.vocab), tgt_field.vocab.pad_index)
+        model.load_state_dict(ckpt["model"])
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: cannot rebuild the model ({_first_line(exc)})") from None
+    model.to(device).eval()
+    return LoadedModel(model, src_field, tgt_field, ckpt["config"], int(ckpt.get("step", 0)), path)
+
+
+def load_models(
+    paths: Sequence[str | os.PathLike], device: str | torch.device = "cpu"
+) -> tuple[StepDecoder, Field, Field, list[LoadedModel]]:
+    """Load one or several checkpoints; several are decoded as an ``Ensemble``.
+
+    Every member must use the same source and target vocabularies (CheckpointError naming
+    the first file that differs). Returns ``(decoder, src_field, tgt_field, members)``.
+    """
+    if not paths:
+        raise ValueError("no checkpoint given")
+    members = [load_model(p, device) for p in paths]
+    first = members[0]
+    for other in members[1:]:
+        for side in ("src_field", "tgt_field"):
+            if getattr(other, side).vocab != getattr(first, side).vocab:
+                raise CheckpointError(
+                    f"{other.path}: its {side[:3]} vocabulary differs from {first.path}'s; "
+                    "an ensemble needs identical vocabularies"
+                )
+    decoder: StepDecoder = first.model if len(members) == 1 else Ensemble([m.model for m in members])
+    return decoder, first.src_field, first.tgt_field, members
+
+
+__all__ = ["LoadedModel", "load_model", "load_models"]

@@ -1,0 +1,198 @@
+"""Translate lists of lines in batches: search, detokenize, certificates, attention, support."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from nmt.data.batching import encode_sources
+from nmt.data.field import Field
+from nmt.models.protocol import StepDecoder
+from nmt.translate.beam_search import SearchResult, beam_search
+from nmt.translate.certificate import reason_name
+
+EMPTY_INPUT = "empty_input"
+"""``reason`` of an empty input line: it is not decoded and its output is empty."""
+
+
+@dataclass
+class Translation:
+    """The translation of one input line (``index``: 0-based position in the input).
+
+    hypotheses: n-best list of ``(text, logprob)`` (only hypotheses that exist);
+    tokens: target tokens of each hypothesis, one per generated id (EOS included when generated);
+    attention: (T, L) numpy matrix of the best hypothesis (with ``return_attention``);
+    support: per step of the best hypothesis, ``{"size": n, "tokens": [[token, prob], ...]}``
+    (the most probable tokens of nonzero probability; with ``return_support``);
+    support_sizes: number of nonzero-probability tokens at each step of the best hypothesis.
+    """
+
+    index: int
+    src_tokens: list[str]
+    hypotheses: list[tuple[str, float]]
+    tokens: list[list[str]]
+    exact: bool
+    n_nonzero: int
+    mass: float
+    reason: str | None
+    attention: np.ndarray | None = None
+    support: list[dict[str, Any]] | None = None
+    support_sizes: list[int] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        """The best hypothesis ('' when there is none)."""
+        return self.hypotheses[0][0] if self.hypotheses else ""
+
+    def report(self) -> dict[str, Any]:
+        """The JSON-lines record of this sentence."""
+        record: dict[str, Any] = {
+            "id": self.index,
+            "exact": self.exact,
+            "n_nonzero": self.n_nonzero,
+            "mass": self.mass,
+            "reason": self.reason,
+            "nbest": [{"text": text, "logprob": logprob} for text, logprob in self.hypotheses],
+        }
+        if self.support is not None:
+            record["support"] = self.support
+        return record
+
+
+@dataclass
+class Translator:
+    """Batched translation with one model or an ``Ensemble`` (see ``beam_search`` for the
+    search options). ``max_src_length`` truncates long sources (None: keep them whole)."""
+
+    model: StepDecoder
+    src_field: Field
+    tgt_field: Field
+    beam_size: int = 5
+    n_best: int = 1
+    max_length: int = 100
+    min_length: int = 0
+    length_penalty: str = "none"
+    length_alpha: float = 0.6
+    batch_size: int = 64
+    device: str | torch.device = "cpu"
+    return_attention: bool = False
+    return_support: bool = False
+    support_topk: int = 20
+    certify: bool = True
+    support_stats: bool = True
+    max_src_length: int | None = None
+    search_seconds: float = 0.0
+
+    def translate(self, lines: Sequence[str], progress: Callable[[int], None] | None = None) -> list[Translation]:
+        """Translations of ``lines`` in input order; ``progress(n)`` is called after each batch
+        of n lines. Empty lines give empty translations with reason ``"empty_input"``."""
+        vocab = self.tgt_field.vocab
+        results: list[Translation | None] = [None] * len(lines)
+        start = time.perf_counter()
+        for batch in encode_sources(self.src_field, lines, self.batch_size, max_length=self.max_src_length):
+            if batch.empty:
+                for i in batch.indices:
+                    results[i] = Translation(i, [], [], [], False, 0, 0.0, EMPTY_INPUT)
+            else:
+                batch = batch.to(self.device)
+                result = beam_search(
+                    self.model, batch.src, batch.src_lengths, bos=vocab.bos_index, eos=vocab.eos_index,
+                    pad=vocab.pad_index, beam_size=self.beam_size, n_best=self.n_best,
+                    max_length=self.max_length, min_length=self.min_length,
+                    length_penalty=self.length_penalty, length_alpha=self.length_alpha,
+                    return_support=self.return_support, support_topk=self.support_topk,
+                    return_attention=self.return_attention, certify=self.certify,
+                    support_stats=self.support_stats,
+                )
+                result = _to_cpu(result)  # one transfer per field and batch
+                src_ids = batch.src.cpu().tolist()
+                lengths = batch.src_lengths.cpu().tolist()
+                for row, i in enumerate(batch.indices):
+                    src_tokens = self.src_field.vocab.tokens(src_ids[row][: lengths[row]])
+                    results[i] = self._unpack(result, row, i, src_tokens)
+            if progress is not None:
+                progress(len(batch))
+        self.search_seconds += time.perf_counter() - start
+        return results  # type: ignore[return-value]
+
+    def _unpack(self, result: SearchResult, row: int, index: int, src_tokens: list[str]) -> Translation:
+        """Host-side view of sentence ``row`` of a batched result (one transfer per field)."""
+        field_ = self.tgt_field
+        lengths = result.lengths[row].tolist()
+        scores = result.scores[row].tolist()
+        token_rows = result.tokens[row].tolist()
+        hypotheses, tokens = [], []
+        for n, length in enumerate(lengths):
+            if length == 0:
+                continue
+            ids = token_rows[n][:length]
+            hypotheses.append((field_.decode(ids), float(scores[n])))
+            tokens.append(field_.vocab.tokens(ids))  # one label per generated id, specials included
+        best_len = lengths[0]
+        attention = None
+        if result.attention is not None and best_len > 0:
+            attention = result.attention[row, 0, :best_len, : len(src_tokens)].numpy()
+        sizes = result.support_size[row, 0, :best_len].tolist() if result.support_size is not None else []
+        support = None
+        if result.support_tokens is not None:
+            support = []
+            probs = result.support_probs[row, 0, :best_len].tolist()
+            toks = result.support_tokens[row, 0, :best_len].tolist()
+            for t in range(best_len):
+                pairs = [[field_.vocab.tokens([tok])[0], p] for tok, p in zip(toks[t], probs[t]) if p > 0.0]
+                support.append({"size": sizes[t] if sizes else len(pairs), "tokens": pairs})
+        return Translation(
+            index=index,
+            src_tokens=src_tokens,
+            hypotheses=hypotheses,
+            tokens=tokens,
+            exact=bool(result.exact[row]),
+            n_nonzero=int(result.n_nonzero[row]),
+            mass=float(result.mass[row]),
+            reason=reason_name(int(result.reason[row])),
+            attention=attention,
+            support=support,
+            support_sizes=sizes,
+        )
+
+
+def _to_cpu(result: SearchResult) -> SearchResult:
+    moved = {name: value.cpu() for name, value in vars(result).items() if isinstance(value, torch.Tensor)}
+    return replace(result, **moved)
+
+
+@dataclass
+class TranslationSummary:
+    """Corpus statistics of a list of translations."""
+
+    sentences: int
+    empty: int
+    exact_percent: float
+    single_percent: float
+    mean_support: float | None
+
+    @classmethod
+    def of(cls, translations: Sequence[Translation]) -> "TranslationSummary":
+        decoded = [t for t in translations if t.reason != EMPTY_INPUT]
+        n = max(len(decoded), 1)
+        sizes = [s for t in decoded for s in t.support_sizes]
+        return cls(
+            sentences=len(translations),
+            empty=len(translations) - len(decoded),
+            exact_percent=100.0 * sum(t.exact for t in decoded) / n,
+            single_percent=100.0 * sum(t.n_nonzero == 1 for t in decoded) / n,
+            mean_support=float(np.mean(sizes)) if sizes else None,
+        )
+
+    def line(self) -> str:
+        """One human-readable line."""
+        support = "n/a" if self.mean_support is None else f"{self.mean_support:.2f}"
+        empty = f" ({self.empty} empty)" if self.empty else ""
+        return (f"{self.sentences} sentences{empty}; exact {self.exact_percent:.1f}%; "
+                f"single hypothesis {self.single_percent:.1f}%; mean output support {support}")
+
+
+__all__ = ["EMPTY_INPUT", "Translation", "TranslationSummary", "Translator"]

@@ -1,0 +1,73 @@
+"""Attention heatmaps: source tokens on x, target tokens on y, exact zeros left blank.
+
+Sparse mappings (sparsemax, entmax, fusedmax, oscarmax) give exact zeros; leaving them blank
+(rather than the colour of a tiny value) makes the sparsity pattern and fused groups visible.
+matplotlib is imported here only, lazily by callers; figures are built without pyplot, so no
+global figure state leaks and no display is needed.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+
+def plot_attention(
+    matrix: np.ndarray,
+    src_tokens: Sequence[str],
+    tgt_tokens: Sequence[str],
+    path: str | os.PathLike | None = None,
+    title: str | None = None,
+):
+    """Heatmap of ``matrix`` (T, L): row t = attention while producing ``tgt_tokens[t]``.
+
+    ``src_tokens`` label the L columns, ``tgt_tokens`` the T rows (ValueError if the counts do
+    not match). Cells equal to 0 are blank; values are drawn on a fixed [0, 1] scale. When
+    ``path`` is given the figure is also saved there atomically (format from the suffix,
+    e.g. .png / .pdf / .svg). Returns the ``matplotlib.figure.Figure``.
+    """
+    from matplotlib.figure import Figure
+
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if matrix.ndim != 2:
+        raise ValueError(f"plot_attention: expected a (T, L) matrix, got shape {matrix.shape}")
+    rows, cols = matrix.shape
+    if len(tgt_tokens) != rows or len(src_tokens) != cols:
+        raise ValueError(
+            f"plot_attention: matrix is {rows}x{cols} but got {len(tgt_tokens)} target and "
+            f"{len(src_tokens)} source tokens"
+        )
+    width = min(3.0 + 0.35 * cols, 40.0)
+    height = min(2.0 + 0.3 * rows, 40.0)
+    figure = Figure(figsize=(width, height), dpi=100)
+    axes = figure.add_subplot(1, 1, 1)
+    masked = np.ma.masked_where(matrix == 0.0, matrix)
+    image = axes.imshow(masked, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+    axes.set_facecolor("white")
+    axes.set_xticks(range(cols))
+    axes.set_xticklabels(list(src_tokens), rotation=90)
+    axes.set_yticks(range(rows))
+    axes.set_yticklabels(list(tgt_tokens))
+    axes.set_xlabel("source")
+    axes.set_ylabel("target")
+    if title:
+        axes.set_title(title)
+    figure.colorbar(image, ax=axes, fraction=0.046, pad=0.04)
+    figure.tight_layout()
+    if path is not None:
+        _save_atomic(figure, Path(path))
+    return figure
+
+
+def _save_atomic(figure, path: Path) -> None:
+    """figure.savefig into a temporary file next to ``path``, then os.replace."""
+    from nmt.utils.io import atomic_open
+
+    fmt = path.suffix.lstrip(".").lower() or "png"
+    with atomic_open(path, "wb") as handle:
+        figure.savefig(handle, format=fmt)
+
+
+__all__ = ["plot_attention"]

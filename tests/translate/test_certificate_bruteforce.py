@@ -1,0 +1,151 @@
+"""The certificate against brute-force enumeration of every nonzero-probability sequence."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nmt.translate.beam_search import beam_search
+from nmt.translate.length_penalty import length_penalty
+from toy_decoders import BOS, EOS, MarkovDecoder, TinyAttentionRNN, enumerate_support, random_sources
+
+MAX_LENGTH = 6
+
+
+def found_hypotheses(result, b: int) -> dict[tuple[int, ...], float]:
+    out = {}
+    for i in range(result.tokens.size(1)):
+        if result.complete[b, i]:
+            n = int(result.lengths[b, i])
+            out[tuple(result.tokens[b, i, :n].tolist())] = float(result.scores[b, i])
+    return out
+
+
+def predicted_certificate(frontier: list[int], cut: bool, beam_size: int) -> tuple[bool, str | None]:
+    """Without pruning, the candidates of step t are all nonzero prefixes of length t+1."""
+    if any(count > beam_size for count in frontier[:MAX_LENGTH]):
+        return False, "pruned"
+    if cut:
+        return False, "max_length"
+    return True, None
+
+
+def rank(seq: tuple[int, ...], logprob: float, penalty: str) -> float:
+    return logprob / float(length_penalty(penalty, len(seq), 0.6))
+
+
+MODELS = {  # name -> (output mapping, model parameters); "loop" models rarely end before max_length
+    "sparsemax": ("sparsemax", dict(scale=1.0, eos_bonus=0.8)),
+    "entmax15": ("entmax15", dict(scale=2.0, eos_bonus=1.5)),
+    "sparsemax-loop": ("sparsemax", dict(scale=1.0, eos_bonus=0.15)),
+    "entmax15-loop": ("entmax15", dict(scale=2.0, eos_bonus=0.3)),
+}
+CASES = [  # (model, seed, length penalty, min_length)
+    ("sparsemax", 0, "none", 0),
+    ("sparsemax", 1, "average", 0),
+    ("sparsemax", 2, "gnmt", 2),
+    ("entmax15", 0, "average", 0),
+    ("entmax15", 1, "none", 0),
+    ("entmax15", 2, "gnmt", 2),
+    ("sparsemax-loop", 3, "none", 0),
+    ("entmax15-loop", 4, "average", 1),
+]
+N_SOURCES = 8
+_ENUMERATIONS: dict = {}
+
+
+def model_and_sources(name: str, seed: int):
+    mapping, params = MODELS[name]
+    model = MarkovDecoder(vocab=7, mapping=mapping, seed=seed, **params)
+    src, lengths = random_sources(N_SOURCES, 9, 5, seed=seed + 7)
+    return model, src, lengths
+
+
+def enumeration(mapping: str, seed: int, b: int, min_length: int):
+    key = (mapping, seed, b, min_length)
+    if key not in _ENUMERATIONS:
+        model, src, lengths = model_and_sources(mapping, seed)
+        _ENUMERATIONS[key] = enumerate_support(model, src[b], lengths[b], MAX_LENGTH, min_length)
+    return _ENUMERATIONS[key]
+
+
+@pytest.mark.parametrize("mapping,seed,penalty,min_length", CASES)
+def test_certificate_matches_enumeration(mapping, seed, penalty, min_length):
+    model, src, lengths = model_and_sources(mapping, seed)
+    for beam_size in (1, 2, 4, 8):
+        result = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=200,
+                             max_length=MAX_LENGTH, min_length=min_length, length_penalty=penalty)
+        names = result.reason_names()
+        for b in range(N_SOURCES):
+            support, frontier, cut = enumeration(mapping, seed, b, min_length)
+            exact, reason = predicted_certificate(frontier, cut, beam_size)
+            assert bool(result.exact[b]) == exact
+            assert names[b] == reason
+            found = found_hypotheses(result, b)
+            # sound in every case: what is found has the enumerated probability
+            for seq, logprob in found.items():
+                assert seq in support
+                assert logprob == pytest.approx(support[seq], abs=1e-9)
+            assert int(result.n_nonzero[b]) == len(found) <= len(support)
+            mass = math.fsum(math.exp(v) for v in found.values())
+            assert float(result.mass[b]) == pytest.approx(mass, abs=1e-9)
+            if exact:
+                assert set(found) == set(support)
+                if not support:  # every sequence has probability 0 (e.g. under min_length)
+                    continue
+                best = max(rank(s, v, penalty) for s, v in support.items())
+                assert float(result.ranking_scores[b, 0]) == pytest.approx(best, abs=1e-9)
+                first = tuple(result.tokens[b, 0, : int(result.lengths[b, 0])].tolist())
+                assert rank(first, support[first], penalty) == pytest.approx(best, abs=1e-9)
+            elif set(found) == set(support):
+                # all sequences were found by luck, but a candidate was still dropped or cut
+                assert reason in ("pruned", "max_length")
+
+
+def test_enumeration_cases_are_not_vacuous():
+    """The cases above contain exact and non-exact sentences, for both reasons."""
+    seen = set()
+    for mapping, seed, _, min_length in CASES:
+        for b in range(N_SOURCES):
+            _, frontier, cut = enumeration(mapping, seed, b, min_length)
+            for beam_size in (1, 2, 4, 8):
+                seen.add(predicted_certificate(frontier, cut, beam_size)[1])
+    assert seen == {None, "pruned", "max_length"}
+
+
+def test_nbest_order_is_ranking_order():
+    model, src, lengths = model_and_sources("entmax15", 0)
+    for penalty in ("none", "average", "gnmt"):
+        r = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=4, n_best=10, max_length=MAX_LENGTH,
+                        length_penalty=penalty)
+        valid = torch.isfinite(r.ranking_scores)
+        diffs = r.ranking_scores[:, :-1] - r.ranking_scores[:, 1:]
+        assert bool((diffs[valid[:, 1:]] >= 0).all())
+        expected = r.scores / length_penalty(penalty, r.lengths, 0.6)
+        assert torch.allclose(r.ranking_scores[valid], expected[valid])
+
+
+def test_softmax_output_is_never_exact_when_vocabulary_exceeds_beam():
+    model = TinyAttentionRNN(vocab=11, mapping="softmax")
+    src, lengths = random_sources(5, 13, 6, seed=2)
+    result = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=5, max_length=8)
+    assert not bool(result.exact.any())
+    assert result.reason_names() == ["pruned"] * 5
+    # every returned hypothesis is complete or cut, and has a finite log-probability
+    assert bool(torch.isfinite(result.scores[:, 0]).all())
+
+
+@pytest.mark.parametrize("max_length", [0, 1, 3])
+def test_beam_wider_than_vocabulary_and_short_limits(max_length):
+    """k > V (fewer candidates than slots) and max_length 0: still exact and complete."""
+    model = MarkovDecoder(vocab=4, mapping="entmax15", scale=0.5, eos_bonus=0.3, seed=5)
+    src, lengths = random_sources(4, 9, 5, seed=5)
+    r = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=8, n_best=50, max_length=max_length)
+    for b in range(4):
+        support, frontier, cut = enumerate_support(model, src[b], lengths[b], max_length)
+        assert bool(r.exact[b]) == (not cut)
+        found = found_hypotheses(r, b)
+        assert set(found) == set(support)
+        for seq, logprob in found.items():
+            assert logprob == pytest.approx(support[seq], abs=1e-9)

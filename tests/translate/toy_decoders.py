@@ -1,0 +1,146 @@
+"""Small StepDecoder models for search tests, and a brute-force enumerator of their support.
+
+Special ids: PAD=0, BOS=1, EOS=2; ordinary tokens are 3..V-1.
+"""
+from __future__ import annotations
+
+import math
+
+import entmax
+import torch
+from torch import Tensor, nn
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def log_of(probs: Tensor) -> Tensor:
+    """log p with exact -inf where p == 0."""
+    return torch.log(probs)
+
+
+def output_log_probs(logits: Tensor, mapping: str) -> Tensor:
+    if mapping == "softmax":
+        return torch.log_softmax(logits, dim=-1)
+    if mapping == "sparsemax":
+        return log_of(entmax.sparsemax(logits, dim=-1))
+    if mapping == "entmax15":
+        return log_of(entmax.entmax15(logits, dim=-1))
+    raise ValueError(mapping)
+
+
+class MarkovDecoder(nn.Module):
+    """Table-driven model: next-token scores depend on the previous token, the position and
+    the (masked) mean source embedding; a sparse output mapping zeroes most tokens, and an
+    EOS bonus growing with the position makes every sequence end."""
+
+    def __init__(self, vocab: int = 7, src_vocab: int = 9, hidden: int = 4, mapping: str = "sparsemax",
+                 scale: float = 1.0, eos_bonus: float = 0.6, seed: int = 0, dtype=torch.float64) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.mapping = mapping
+        self.eos_bonus = eos_bonus
+        self.src_emb = nn.Parameter(torch.randn(src_vocab, hidden, generator=g, dtype=dtype))
+        self.table = nn.Parameter(scale * torch.randn(vocab, vocab, generator=g, dtype=dtype))
+        self.proj = nn.Parameter(scale * torch.randn(hidden, vocab, generator=g, dtype=dtype))
+        with torch.no_grad():
+            self.table[:, PAD] = -1e4
+            self.table[:, BOS] = -1e4
+
+    def encode(self, src: Tensor, src_lengths: Tensor):
+        mask = torch.arange(src.size(1), device=src.device).unsqueeze(0) < src_lengths.unsqueeze(1)
+        memory = self.src_emb[src] * mask.unsqueeze(-1)
+        ctx = memory.sum(1) / src_lengths.unsqueeze(1).to(memory.dtype)
+        pos = torch.zeros(src.size(0), dtype=memory.dtype, device=src.device)
+        return {"memory": memory, "src_mask": mask, "ctx": ctx}, {"pos": pos}
+
+    def step(self, tokens: Tensor, state, encoder_out):
+        logits = self.table[tokens] + encoder_out["ctx"] @ self.proj
+        bonus = torch.zeros_like(logits)
+        bonus[:, EOS] = self.eos_bonus * state["pos"]
+        log_probs = output_log_probs(logits + bonus, self.mapping)
+        mask = encoder_out["src_mask"].to(logits.dtype)
+        attention = mask / mask.sum(1, keepdim=True)
+        return log_probs, attention, {"pos": state["pos"] + 1}
+
+
+class TinyAttentionRNN(nn.Module):
+    """Random-weight GRU decoder with dot attention over a position-wise encoder (so that
+    padding never changes the result); output mapping softmax, sparsemax or entmax15."""
+
+    def __init__(self, vocab: int = 11, src_vocab: int = 13, hidden: int = 8, mapping: str = "softmax",
+                 scale: float = 3.0, seed: int = 0, dtype=torch.float64) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.mapping = mapping
+        self.scale = scale
+        self.src_emb = nn.Embedding(src_vocab, hidden).to(dtype)
+        self.enc = nn.Linear(hidden, hidden).to(dtype)
+        self.tgt_emb = nn.Embedding(vocab, hidden).to(dtype)
+        self.cell = nn.GRUCell(2 * hidden, hidden).to(dtype)
+        self.out = nn.Linear(2 * hidden, vocab).to(dtype)
+        self.init = nn.Linear(hidden, hidden).to(dtype)
+
+    def encode(self, src: Tensor, src_lengths: Tensor):
+        mask = torch.arange(src.size(1), device=src.device).unsqueeze(0) < src_lengths.unsqueeze(1)
+        memory = torch.tanh(self.enc(self.src_emb(src))) * mask.unsqueeze(-1)
+        mean = memory.sum(1) / src_lengths.unsqueeze(1).to(memory.dtype)
+        h = torch.tanh(self.init(mean))
+        return {"memory": memory, "src_mask": mask}, {"h": h, "ctx": torch.zeros_like(h)}
+
+    def step(self, tokens: Tensor, state, encoder_out):
+        x = torch.cat([self.tgt_emb(tokens), state["ctx"]], dim=-1)
+        h = self.cell(x, state["h"])
+        att_scores = (encoder_out["memory"] @ h.unsqueeze(-1)).squeeze(-1)
+        att_scores = att_scores.masked_fill(~encoder_out["src_mask"], float("-inf"))
+        attention = torch.softmax(att_scores, dim=-1)
+        ctx = (attention.unsqueeze(1) @ encoder_out["memory"]).squeeze(1)
+        logits = self.scale * self.out(torch.cat([h, ctx], dim=-1))
+        logits[:, PAD] = -1e4
+        logits[:, BOS] = -1e4
+        return output_log_probs(logits, self.mapping), attention, {"h": h, "ctx": ctx}
+
+
+def random_sources(n: int, src_vocab: int, max_len: int, seed: int) -> tuple[Tensor, Tensor]:
+    """n random source sentences (ids 3..src_vocab-1) of lengths 1..max_len, padded with PAD."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, max_len + 1, (n,), generator=g)
+    src = torch.randint(3, src_vocab, (n, max_len), generator=g)
+    src = src.masked_fill(torch.arange(max_len).unsqueeze(0) >= lengths.unsqueeze(1), PAD)
+    return src, lengths
+
+
+def enumerate_support(model, src: Tensor, src_length: Tensor, max_length: int, min_length: int = 0):
+    """Depth-first enumeration of every sequence of nonzero probability for ONE source.
+
+    Returns (sequences: dict tuple(tokens incl. EOS) -> logprob, frontier: list where
+    frontier[t] = number of nonzero-probability prefixes of length t+1 (EOS-terminated
+    ones included), cut: True if a prefix of max_length non-EOS tokens has a nonzero
+    non-EOS continuation).
+    """
+    with torch.no_grad():
+        encoder_out, state = model.encode(src.view(1, -1), src_length.view(1))
+        sequences: dict[tuple[int, ...], float] = {}
+        frontier = [0] * (max_length + 1)
+        cut = False
+
+        def visit(prefix: list[int], logprob: float, state) -> None:
+            nonlocal cut
+            t = len(prefix)
+            prev = torch.tensor([prefix[-1] if prefix else BOS])
+            log_probs, _, new_state = model.step(prev, state, encoder_out)
+            for tok, lp in enumerate(log_probs[0].tolist()):
+                if lp == -math.inf:
+                    continue
+                if tok == EOS:
+                    if t < min_length:
+                        continue
+                    frontier[t] += 1
+                    sequences[tuple(prefix + [EOS])] = logprob + lp
+                elif t == max_length:
+                    cut = True
+                else:
+                    frontier[t] += 1
+                    visit(prefix + [tok], logprob + lp, new_state)
+
+        visit([], 0.0, state)
+    return sequences, frontier, cut

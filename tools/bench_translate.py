@@ -1,0 +1,173 @@
+#!/usr/bin/env python
+"""Benchmark nmt-translate: sentences/second of greedy and beam-5 search, softmax vs entmax15
+outputs, with the exactness certificate on and off, and the start-up time (interpreter,
+imports and model load, measured in a fresh process).
+
+Models: ``--checkpoint softmax=A.pt --checkpoint entmax15=B.pt`` (e.g. trained with
+configs/multi30k_lstm.yaml), or, without them, the Multi30k LSTM of configs/multi30k_lstm.yaml
+(2x256 bi-LSTM encoder, 2x256 decoder, sentencepiece 8000) trained here for
+``--train_steps`` steps with each output mapping (a briefly trained model still produces
+sentences of realistic length; the per-step cost is that of the real architecture).
+Source: Multi30k test_2016_flickr.de (1,000 sentences) from ../shared/data when present.
+Peer reference (OpenNMT-py 3.5.1, same model size, batch 64, 2 threads, idle machine):
+123 sentences/s beam 5 and 303 greedy, translation only.
+
+    python tools/bench_translate.py                 # full run (trains 2 models: minutes)
+    python tools/bench_translate.py --quick         # smoke run: 5 steps, 48 sentences, max_length 30
+    python tools/bench_translate.py --work runs/bench  # keep (and reuse) the trained models
+    python tools/bench_translate.py --checkpoint softmax=s.pt --checkpoint entmax15=e.pt
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "configs" / "multi30k_lstm.yaml"
+TEST_SRC = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.de"
+OPENNMT = {"beam 5": 123.0, "greedy": 303.0}
+
+
+def train_model(mapping: str, work: Path, steps: int, valid_lines: int | None) -> Path:
+    """Train the Multi30k LSTM with ``mapping`` outputs for ``steps`` steps; returns best.pt
+    (reused when ``work/mapping/best.pt`` exists). ``valid_lines`` shortens validation."""
+    from nmt.cli import train as train_cli
+
+    save_dir = work / mapping
+    if (save_dir / "best.pt").is_file():
+        return save_dir / "best.pt"
+    print(f"training the {mapping} model for {steps} steps ...", file=sys.stderr)
+    overrides = []
+    if valid_lines:
+        valid = ROOT.parent / "shared" / "data" / "multi30k"
+        for side in ("de", "en"):
+            head = (valid / f"val.{side}").read_text(encoding="utf-8").split("\n")[:valid_lines]
+            (work / f"val.{side}").write_text("\n".join(head) + "\n", encoding="utf-8")
+        overrides += [f"data.valid.src={work / 'val.de'}", f"data.valid.tgt={work / 'val.en'}"]
+    overrides += [f"model.output.mapping={mapping}", f"training.save_dir={save_dir}",
+                 f"training.max_steps={steps}", f"training.valid_every={steps}", "training.keep_last=1",
+                 "training.progress=false", "validation.decode=false", "validation.metric=loss",
+                 "validation.n_heatmaps=0", "training.log_every=1000"]
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the config's data paths are relative to the project root
+    try:
+        code = train_cli.main(["-config", str(CONFIG), "-quiet", "-set", *overrides])
+    finally:
+        os.chdir(cwd)
+    if code != 0:
+        raise SystemExit(f"bench_translate: training the {mapping} model failed (exit {code})")
+    return save_dir / "best.pt"
+
+
+def startup_seconds(checkpoint: Path, repeats: int) -> float:
+    """Median wall time of a fresh interpreter that imports nmt-translate and loads the model."""
+    code = ("import nmt.cli.translate; from nmt.translate.loading import load_models; "
+            f"load_models([{str(checkpoint)!r}])")
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=600)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def time_translation(translator, lines: list[str], repeats: int) -> tuple[float, list]:
+    """Best-of-``repeats`` wall time of translating ``lines`` (after one warm-up batch)."""
+    translator.translate(lines[: translator.batch_size])
+    best, out = float("inf"), []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = translator.translate(lines)
+        best = min(best, time.perf_counter() - start)
+    return best, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 5 training steps, 48 sentences, max_length 30")
+    parser.add_argument("--checkpoint", action="append", default=[], metavar="MAPPING=PATH")
+    parser.add_argument("--src", type=Path, default=TEST_SRC, help="source sentences")
+    parser.add_argument("--sentences", type=int, help="use the first N sentences (default: all; quick: 48)")
+    parser.add_argument("--train_steps", type=int, default=400, help="training steps per model without --checkpoint")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--max_length", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--work", type=Path, help="keep trained models here and reuse them (default: temporary)")
+    args = parser.parse_args()
+    if args.quick:
+        args.train_steps, args.repeats, args.max_length = 5, 1, 30
+        args.sentences = args.sentences or 48
+
+    import torch
+
+    from nmt.data.textfiles import read_lines
+    from nmt.translate.loading import load_model
+    from nmt.translate.translator import Translator, TranslationSummary
+
+    torch.set_num_threads(args.threads)
+    if not args.src.is_file():
+        raise SystemExit(f"bench_translate: {args.src}: no such file (give --src)")
+    lines = [line for line in read_lines(args.src)]
+    lines = lines[: args.sentences] if args.sentences else lines
+
+    with tempfile.TemporaryDirectory(prefix="bench_translate_") as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        checkpoints = dict(item.split("=", 1) for item in args.checkpoint)
+        for mapping in ("softmax", "entmax15"):
+            if mapping not in checkpoints:
+                checkpoints[mapping] = str(train_model(mapping, work, args.train_steps, 32 if args.quick else None))
+            torch.set_num_threads(args.threads)  # training may have changed it
+        rows, figures = [], {"sentences": len(lines), "threads": args.threads, "batch_size": args.batch_size,
+                             "machine": platform.processor() or platform.machine(), "results": []}
+        for mapping, path in checkpoints.items():
+            loaded = load_model(path)
+            for label, beam in (("greedy", 1), ("beam 5", 5)):
+                speeds = {}
+                # (certificate, support statistics): both = the nmt-translate default
+                for setting in ((True, True), (True, False), (False, False)):
+                    translator = Translator(loaded.model, loaded.src_field, loaded.tgt_field, beam_size=beam,
+                                            max_length=args.max_length, batch_size=args.batch_size,
+                                            certify=setting[0], support_stats=setting[1])
+                    seconds, out = time_translation(translator, lines, args.repeats)
+                    speeds[setting] = len(lines) / seconds
+                    if setting == (True, True):
+                        summary = TranslationSummary.of(out)
+                full, cert_only, bare = speeds[True, True], speeds[True, False], speeds[False, False]
+                result = {"mapping": mapping, "search": label, "sent_per_s": full,
+                          "sent_per_s_certificate_only": cert_only, "sent_per_s_no_certificate": bare,
+                          "certificate_overhead_percent": 100.0 * (bare / cert_only - 1.0),
+                          "certificate_and_stats_overhead_percent": 100.0 * (bare / full - 1.0),
+                          "exact_percent": summary.exact_percent, "mean_support": summary.mean_support,
+                          "vs_opennmt": full / OPENNMT[label]}
+                figures["results"].append(result)
+                rows.append(result)
+        figures["startup_seconds"] = startup_seconds(Path(checkpoints["entmax15"]), 1 if args.quick else 3)
+
+    print(f"{len(lines)} sentences, batch {args.batch_size}, {args.threads} threads, max_length {args.max_length}")
+    print("sent/s: default (certificate + support statistics); cert: certificate only; bare: neither")
+    print(f"{'output':10s} {'search':8s} {'sent/s':>8s} {'cert':>8s} {'bare':>8s} {'cert cost':>9s} "
+          f"{'all cost':>9s} {'exact':>7s} {'support':>8s} {'vs ONMT':>8s}")
+    for r in rows:
+        support = "n/a" if r["mean_support"] is None else f"{r['mean_support']:.2f}"
+        print(f"{r['mapping']:10s} {r['search']:8s} {r['sent_per_s']:8.1f} {r['sent_per_s_certificate_only']:8.1f} "
+              f"{r['sent_per_s_no_certificate']:8.1f} {r['certificate_overhead_percent']:8.1f}% "
+              f"{r['certificate_and_stats_overhead_percent']:8.1f}% {r['exact_percent']:6.1f}% {support:>8s} "
+              f"{r['vs_opennmt']:7.2f}x")
+    print(f"start-up (fresh interpreter, imports + model load): {figures['startup_seconds']:.2f} s")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
