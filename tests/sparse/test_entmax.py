@@ -141,3 +141,12 @@ def test_modules_and_errors():
         entmax_bisect(x, torch.full((4, 3), 1.5))
     with pytest.raises(ValueError, match="n_iter"):
         entmax_bisect(x, 1.5, n_iter=0)
+
+
+@pytest.mark.parametrize("scale", [1e-3, 0.03, 0.1, 0.3])
+@pytest.mark.parametrize("q", [1.0, 2.0])
+def test_near_uniform_long_rows_match_sort(scale, q):
+    """Near-uniform output-layer rows (as at initialisation) take the full-row Newton path;
+    its verified closed-form finish must equal the sort-based threshold."""
+    z = torch.randn(6, 5000, dtype=torch.float64) * scale
+    assert torch.allclose(root_threshold(z, q), sort_threshold(z, q), rtol=0, atol=1e-12)
