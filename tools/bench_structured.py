@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_sparse import median_ms  # noqa: E402  (shared timing helper)
+from bench_sparse import mapping_runner, median_ms  # noqa: E402  (shared timing helpers)
 
 from nmt.sparse.structured import fusedmax, oscarmax, oscarmax_exact  # noqa: E402
 
@@ -44,21 +44,6 @@ def _masked_rows(shape: tuple[int, int], seed: int) -> tuple[torch.Tensor, torch
     x = torch.randn(*shape, generator=g)
     lengths = torch.randint(1, shape[1] + 1, (shape[0],), generator=g)
     return x, lengths, torch.arange(shape[1]) < lengths[:, None]
-
-
-def _runner(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, backward: bool) -> Callable[[], object]:
-    grad = torch.randn_like(x)
-    if not backward:
-        def run():
-            with torch.no_grad():
-                return f(x)
-        return run
-    xg = x.clone().requires_grad_()
-
-    def run_fb():
-        xg.grad = None
-        f(xg).backward(grad)
-    return run_fb
 
 
 def _reference(name: str, lam: float, lengths: torch.Tensor) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
@@ -81,15 +66,16 @@ def mapping_rows(shapes: list[tuple[int, int]] = ATTENTION, reps: int = 15, seed
             "oscarmax": lambda s: oscarmax(s, LAM["oscarmax"], mask=mask),
             "oscarmax_exact": lambda s: oscarmax_exact(s, LAM["oscarmax_exact"], mask=mask),
         }
+        grad = torch.randn_like(x)
         for backward in (False, True):
-            base = median_ms(_runner(maps["softmax"], x, backward), reps)
+            base = median_ms(mapping_runner(maps["softmax"], x, grad, backward), reps)
             for name, f in maps.items():
-                ms = base if name == "softmax" else median_ms(_runner(f, x, backward), reps)
+                ms = base if name == "softmax" else median_ms(mapping_runner(f, x, grad, backward), reps)
                 vs_ref = None
                 ref = _reference(name, LAM.get(name, 0.0), lengths)
                 if ref is not None:
                     try:
-                        vs_ref = ms / median_ms(_runner(ref, x, backward), max(1, reps // 5), warmup=1)
+                        vs_ref = ms / median_ms(mapping_runner(ref, x, grad, backward), max(1, reps // 5), warmup=1)
                     except Exception as e:  # noqa: BLE001 - report, do not abort the benchmark
                         print(f"torchsparseattn {name} failed: {type(e).__name__}: {e}".splitlines()[0])
                 rows.append(dict(shape=shape, function=name, pass_="fwd+bwd" if backward else "fwd",

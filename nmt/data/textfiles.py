@@ -7,11 +7,11 @@ Lines are split on ``\\n`` only (never on Unicode line separators such as U+2028
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 from nmt.data.errors import DataError
+from nmt.utils.io import atomic_write_bytes
 
 PathLike = str | os.PathLike
 
@@ -50,22 +50,8 @@ def read_lines(path: PathLike) -> list[str]:
 
 
 def write_bytes_atomic(path: PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: temp file in the same directory, then ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    """Write ``data`` to ``path`` atomically (temp file in the same directory, then ``os.replace``)."""
+    atomic_write_bytes(path, data)
 
 
 def write_lines_atomic(path: PathLike, lines: Iterable[str]) -> None:
