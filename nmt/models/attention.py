@@ -90,9 +90,10 @@ class GlobalAttention(nn.Module):
         scores = self.scores(query, keys)
         probs = self.mapping(scores, dim=-1, mask=mask.unsqueeze(1).expand_as(scores))
         probs = probs.to(memory.dtype)
-        context = torch.bmm(probs, memory)
-        if self.continuous is not None:
-            context = context + self.continuous(probs, memory, mask)
+        weights = probs
+        if self.continuous is not None:  # combined: (p + w) @ memory, one product for both contexts
+            weights = probs + self.continuous.source_weights(probs, mask).to(probs.dtype)
+        context = torch.bmm(weights, memory)
         if single:
             return context.squeeze(1), probs.squeeze(1)
         return context, probs
