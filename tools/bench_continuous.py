@@ -14,14 +14,18 @@ tools/bench_sparse.py).
 from __future__ import annotations
 
 import argparse
-import time
+import os
+import sys
 from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
-from nmt.models.continuous_attention import ContinuousAttention
-from nmt.sparse import get_mapping
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_sparse import median_ms  # noqa: E402  (shared timing helper)
+
+from nmt.models.continuous_attention import ContinuousAttention  # noqa: E402
+from nmt.sparse import get_mapping  # noqa: E402
 
 
 def _inputs(batch: int, length: int, steps: int, dim: int, seed: int) -> dict[str, Tensor]:
@@ -50,17 +54,6 @@ def _attention(x: dict[str, Tensor], mapping: Callable, continuous: ContinuousAt
     return context
 
 
-def _time(fn: Callable[[], None], repeats: int) -> float:
-    """Median wall time (ms) of ``fn`` after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * sorted(times)[len(times) // 2]
-
-
 def run(quick: bool = False, batch: int = 64, dim: int = 512, lengths: tuple[int, ...] = (30, 100),
         steps: tuple[int, ...] = (1, 20), mappings: tuple[str, ...] = ("softmax", "entmax15"),
         alphas: tuple[float, ...] = (1.0, 2.0), repeats: int = 20, threads: int | None = None) -> list[dict[str, Any]]:
@@ -84,11 +77,11 @@ def run(quick: bool = False, batch: int = 64, dim: int = 512, lengths: tuple[int
                     out = _attention(x, mapping, continuous, fused)
                     out.backward(x["grad"])
 
-                discrete = _time(lambda: step(None), repeats)
+                discrete = median_ms(lambda: step(None), repeats, warmup=1)
                 for alpha in alphas:
                     module = ContinuousAttention(alpha=alpha)
-                    combined = _time(lambda: step(module), repeats)
-                    fused = _time(lambda: step(module, fused=True), repeats)
+                    combined = median_ms(lambda: step(module), repeats, warmup=1)
+                    fused = median_ms(lambda: step(module, fused=True), repeats, warmup=1)
                     rows.append({"mapping": mapping_name, "alpha": alpha, "L": length, "T": n_steps,
                                  "batch": batch, "dim": dim, "discrete_ms": round(discrete, 3),
                                  "combined_ms": round(combined, 3), "ratio": round(combined / discrete, 2),
