@@ -38,19 +38,23 @@ class Regularizer:
         raise NotImplementedError
 
     const: float = 0.0
+    uses_argmax: bool = False
+    """Whether ``probs_conj`` reads ``argmax`` (otherwise it gets ``None``, saving an index pass)."""
 
     def omega(self, p: Tensor) -> Tensor:
         """``Omega(p)`` per row: ``p (N, V) -> (N,)``."""
         return self.phi(p).sum(dim=-1) + self.const
 
-    def probs_conj(self, z: Tensor, c: Tensor, argmax: Tensor) -> tuple[Tensor, Tensor]:
-        """``z: (N, V)`` scores, ``c: (N, 1)`` row maxima at ``argmax: (N, 1)``
+    def probs_conj(self, z: Tensor, c: Tensor, argmax: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+        """``z: (N, V)`` scores, ``c: (N, 1)`` row maxima at ``argmax: (N, 1)`` (if ``uses_argmax``)
         -> ``(p (N, V), Omega*(z) - c (N,))``."""
         raise NotImplementedError
 
 
 class Shannon(Regularizer):
     """Negative Shannon entropy: softmax, cross-entropy."""
+
+    uses_argmax = True
 
     def phi(self, v: Tensor) -> Tensor:
         return torch.where(v > 0, v * torch.where(v > 0, v, 1).log(), 0)
@@ -120,10 +124,14 @@ class _FenchelYoungFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z: Tensor, reg: Regularizer, index: Optional[Tensor], dist: Optional[Tensor],
                 valid: Tensor, eps: float) -> Tensor:  # type: ignore[override]
-        c, argmax = z.max(dim=-1, keepdim=True)
+        if reg.uses_argmax:
+            c, argmax = z.max(dim=-1, keepdim=True)
+        else:
+            c, argmax = z.amax(dim=-1, keepdim=True), None
         c = torch.where(c == float("-inf"), 0, c)  # rows without a finite score
         p, conj = reg.probs_conj(z, c, argmax)
-        finite = z > float("-inf")
+        if eps > 0 or index is None:
+            finite = z > float("-inf")
         if eps > 0:
             m = finite.sum(dim=-1, keepdim=True).clamp(min=1).to(z.dtype)
             smooth = torch.where(finite, eps / m, 0)
