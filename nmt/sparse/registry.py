@@ -6,12 +6,13 @@ parameters bound; ``get_loss(name, **params)`` the matching Fenchel-Young loss.
 """
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 from typing import Callable, Optional
 
 from torch import Tensor
+
+from nmt.utils.suggest import did_you_mean
 
 from . import losses
 from ._softmax import softmax
@@ -44,9 +45,7 @@ _LOSS_CALL_ARGS = {"scores", "target", "ignore_index", "reduction", "label_smoot
 
 
 def _unknown(kind: str, name: object, valid: tuple[str, ...]) -> ValueError:
-    close = difflib.get_close_matches(str(name), valid, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return ValueError(f"unknown {kind} {name!r}{hint}; valid: {', '.join(valid)}")
+    return ValueError(f"unknown {kind} {name!r}{did_you_mean(name, valid)}; valid: {', '.join(valid)}")
 
 
 def mapping_function(name: str) -> Callable:

@@ -9,9 +9,10 @@ misspelt key or choice, the closest valid name.
 from __future__ import annotations
 
 import copy
-import difflib
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+from nmt.utils.suggest import did_you_mean
 
 REQUIRED = object()
 """Sentinel default: the option must be given."""
@@ -26,12 +27,6 @@ class ConfigError(ValueError):
         super().__init__(f"{source}: {key}: {problem}" if key else f"{source}: {problem}")
 
 
-def closest(name: str, valid: list[str] | tuple[str, ...]) -> str:
-    """' (did you mean 'x'?)' for the closest name in ``valid``, or '' when none is close."""
-    match = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.5)
-    return f" (did you mean {match[0]!r}?)" if match else ""
-
-
 def unknown_name_error(source: str, key: str, what: str, name: Any, valid: list[str] | tuple[str, ...],
                        owner: str = "") -> ConfigError:
     """The standard error for an unknown key / choice: suggestion first, then the valid names.
@@ -40,7 +35,7 @@ def unknown_name_error(source: str, key: str, what: str, name: Any, valid: list[
     mean 'lam'?); valid: lam, gamma``.
     """
     of = f" of {owner}" if owner else ""
-    return ConfigError(source, key, f"unknown {what} {name!r}{of}{closest(name, valid)}; "
+    return ConfigError(source, key, f"unknown {what} {name!r}{of}{did_you_mean(name, valid, cutoff=0.5)}; "
                        f"valid: {', '.join(map(str, valid))}")
 
 
@@ -130,4 +125,4 @@ def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
-__all__ = ["REQUIRED", "ConfigError", "Option", "Schema", "validate", "closest", "unknown_name_error"]
+__all__ = ["REQUIRED", "ConfigError", "Option", "Schema", "validate", "unknown_name_error"]

@@ -5,7 +5,6 @@
 """
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -15,6 +14,7 @@ from nmt.data.tokenizers.base import Tokenizer
 from nmt.data.tokenizers.bpe import BPETokenizer
 from nmt.data.tokenizers.simple import SPACE_SYMBOL, CharTokenizer, SpaceTokenizer
 from nmt.data.tokenizers.spm import SentencePieceTokenizer
+from nmt.utils.suggest import did_you_mean
 
 TOKENIZERS: dict[str, type[Tokenizer]] = {
     cls.type_name: cls for cls in (CharTokenizer, SpaceTokenizer, BPETokenizer, SentencePieceTokenizer)
@@ -24,18 +24,13 @@ TOKENIZERS: dict[str, type[Tokenizer]] = {
 _STATE_ONLY = {"bpe": {"codes"}, "sentencepiece": {"model_proto"}}
 
 
-def _closest(name: str, valid: list[str]) -> str:
-    match = difflib.get_close_matches(name, valid, n=1)
-    return f" (did you mean {match[0]!r}?)" if match else ""
-
-
 def _make(cfg: Mapping[str, Any], allowed_state: bool, where: str) -> Tokenizer:
     if not isinstance(cfg, Mapping):
         raise DataError(f"{where}: expected a mapping with a 'type' key, got {type(cfg).__name__}")
     kind = cfg.get("type")
     if kind not in TOKENIZERS:
         valid = sorted(TOKENIZERS)
-        hint = _closest(str(kind), valid) if kind is not None else ""
+        hint = did_you_mean(str(kind), valid) if kind is not None else ""
         raise DataError(
             f"{where}.type: unknown tokenizer {kind!r}{hint}; valid: {', '.join(valid)}"
         )
@@ -47,7 +42,7 @@ def _make(cfg: Mapping[str, Any], allowed_state: bool, where: str) -> Tokenizer:
     for key in kwargs:
         if key not in params:
             raise DataError(
-                f"{where}.{key}: unknown key for tokenizer {kind!r}{_closest(key, params)}; "
+                f"{where}.{key}: unknown key for tokenizer {kind!r}{did_you_mean(key, params)}; "
                 f"valid: {', '.join(params) or '(none)'}"
             )
     return cls(**kwargs)
