@@ -58,7 +58,7 @@ class Progress:
 
 @dataclass
 class TrainSummary:
-    """What a run ended with; ``stopped_by`` is max_steps, max_epochs, early_stopping or a signal name."""
+    """What a run ended with; ``stopped_by`` is max_steps, max_epochs, max_minutes, early_stopping or a signal name."""
 
     step: int
     epoch: int
@@ -130,6 +130,8 @@ class Trainer:
         self.progress = Progress()
         self.last_metrics: dict[str, Any] = {}
         self._tokens_per_sec = math.nan  # of the last logging window
+        self._session_start: float | None = None  # perf_counter() when this session's loop began
+        self._session_elapsed0 = 0.0
         self.resumed = checkpoint is not None
         if checkpoint is not None:
             self._restore(checkpoint)
@@ -194,9 +196,17 @@ class Trainer:
             return "max_steps"
         if cfg["max_epochs"] is not None and p.epoch >= cfg["max_epochs"]:
             return "max_epochs"
+        if cfg["max_minutes"] is not None and self._elapsed() >= 60 * cfg["max_minutes"]:
+            return "max_minutes"
         if self.stopper.should_stop:
             return "early_stopping"
         return None
+
+    def _elapsed(self) -> float:
+        """Training seconds over all sessions of the run, up to now."""
+        if self._session_start is None:
+            return self.progress.elapsed
+        return self._session_elapsed0 + time.perf_counter() - self._session_start
 
     def train_step(self, indices: list[int]) -> tuple[torch.Tensor, int]:
         """One update on the training examples ``indices``; returns (summed loss, detached; target tokens)."""
@@ -227,6 +237,7 @@ class Trainer:
         window_loss = torch.zeros((), dtype=torch.float64, device=self.device)
         window_tokens, window_start = 0, time.perf_counter()
         session_start, session_elapsed0 = time.perf_counter(), p.elapsed
+        self._session_start, self._session_elapsed0 = session_start, session_elapsed0
         bar = tqdm(total=cfg["max_steps"], initial=p.step, disable=not cfg["progress"], unit="step",
                    dynamic_ncols=True, desc="train")
         stopped_by = self._finished()

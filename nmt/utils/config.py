@@ -130,8 +130,9 @@ def check_config(config: dict, source: str) -> None:
     if model["embeddings"]["share"] and model["embeddings"]["src_size"] != model["embeddings"]["tgt_size"]:
         raise ConfigError(source, "model.embeddings.share", "shared embeddings need src_size == tgt_size")
     training = config["training"]
-    if training["max_steps"] is None and training["max_epochs"] is None:
-        raise ConfigError(source, "training.max_steps", "set training.max_steps or training.max_epochs (or both)")
+    if training["max_steps"] is None and training["max_epochs"] is None and training["max_minutes"] is None:
+        raise ConfigError(source, "training.max_steps",
+                          "set training.max_steps, training.max_epochs or training.max_minutes")
     betas = training["optimizer"]["betas"]
     if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas):
         raise ConfigError(source, "training.optimizer.betas", f"must be two numbers in [0, 1), got {betas!r}")

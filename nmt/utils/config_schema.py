@@ -38,6 +38,8 @@ DATA = {
     "src": _side("space"),
     "tgt": _side("space"),
     "shared_vocab": Option(bool, False, "one tokenizer and vocabulary for both sides (built from the src settings)"),
+    "shared_tokenizer": Option(bool, False, "one tokenizer trained on both sides (src settings), a vocabulary "
+                               "per side of the tokens that side uses (a joint sentencepiece/BPE model)"),
 }
 
 MODEL = {
@@ -85,6 +87,8 @@ TRAINING = {
     "batch_type": Option(str, "sentences", "unit of batch_size", choices=("sentences", "tokens")),
     "max_steps": Option(int, None, "stop after this many updates (null: no step limit)", nullable=True, minimum=1),
     "max_epochs": Option(int, None, "stop after this many epochs (null: no epoch limit)", nullable=True, minimum=1),
+    "max_minutes": Option(float, None, "stop after this much training time, validation included, over all "
+                          "sessions of the run (null: no time limit)", nullable=True, minimum=0.0),
     "optimizer": {
         "name": Option(str, "adam", "optimizer", choices=("adam", "sgd")),
         "lr": Option(float, 1e-3, "initial learning rate", minimum=0.0),

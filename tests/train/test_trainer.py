@@ -105,6 +105,23 @@ def test_max_epochs(tiny_task, tmp_path):
     assert summary.stopped_by == "max_epochs" and summary.step == 10 and summary.epoch == 2
 
 
+def test_max_minutes_stops_on_the_time_budget(tiny_task, tmp_path, monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr("nmt.train.trainer.time.perf_counter", lambda: clock[0])
+
+    def tick(step):  # every update takes 10 s of the fake clock
+        clock[0] += 10.0
+
+    summary = make_trainer(tiny_task, tmp_path / "run", max_steps=None, max_minutes=1.0).train(step_hook=tick)
+    assert summary.stopped_by == "max_minutes" and summary.step == 6
+    assert (tmp_path / "run" / "last.pt").exists()  # the end-of-run validation saved it
+
+
+def test_a_run_needs_some_limit(tiny_task, tmp_path):
+    with pytest.raises(ConfigError, match="max_minutes"):
+        make_trainer(tiny_task, tmp_path / "run", max_steps=None)
+
+
 @pytest.mark.parametrize("output", ["softmax", "sparsemax"])
 def test_validation_statistics_match_per_sentence_brute_force(tiny_task, tmp_path, output):
     config = tiny_config(tiny_task, tmp_path / "run")
