@@ -67,7 +67,9 @@ def build_fields(data_cfg: dict, train_pairs: list[tuple[str, str]], work_dir: s
     """Train tokenizers (if they learn a model) and build vocabularies from the training pairs.
 
     With ``data.shared_vocab`` one field (src settings) is built from both sides and
-    returned twice.
+    returned twice. With ``data.shared_tokenizer`` (and no shared vocabulary) one tokenizer
+    (src settings) is trained on both sides, and each side gets its own vocabulary of the
+    tokens it uses: OpenNMT-py's usual joint sentencepiece/BPE model with per-side vocabularies.
     """
     src_lines = [s for s, _ in train_pairs]
     tgt_lines = [t for _, t in train_pairs]
@@ -76,16 +78,27 @@ def build_fields(data_cfg: dict, train_pairs: list[tuple[str, str]], work_dir: s
         side = data_cfg["src"]
         field = _build_field(side, src_lines + tgt_lines, work_dir / "tokenizer_shared")
         return field, field
+    if data_cfg["shared_tokenizer"]:
+        side = data_cfg["src"]
+        tokenizer = _trained_tokenizer(side, src_lines + tgt_lines, work_dir / "tokenizer_shared")
+        return (Field.build(tokenizer, src_lines, min_freq=side["min_freq"], max_size=side["max_size"]),
+                Field.build(tokenizer, tgt_lines, min_freq=data_cfg["tgt"]["min_freq"],
+                            max_size=data_cfg["tgt"]["max_size"]))
     src = _build_field(data_cfg["src"], src_lines, work_dir / "tokenizer_src")
     tgt = _build_field(data_cfg["tgt"], tgt_lines, work_dir / "tokenizer_tgt")
     return src, tgt
 
 
-def _build_field(side_cfg: dict, lines: list[str], work_dir: Path) -> Field:
+def _trained_tokenizer(side_cfg: dict, lines: list[str], work_dir: Path):
     tokenizer = build_tokenizer(side_cfg["tokenizer"])
     if tokenizer.needs_training:
         work_dir.mkdir(parents=True, exist_ok=True)
         tokenizer.train(lines, work_dir)
+    return tokenizer
+
+
+def _build_field(side_cfg: dict, lines: list[str], work_dir: Path) -> Field:
+    tokenizer = _trained_tokenizer(side_cfg, lines, work_dir)
     return Field.build(tokenizer, lines, min_freq=side_cfg["min_freq"], max_size=side_cfg["max_size"])
 
 
@@ -105,7 +118,8 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     for name, dataset in (("train", train), ("valid", valid)):
         logger.info("%s data (%s, %s): %s", name, data_cfg[name]["src"], data_cfg[name]["tgt"], dataset.summary())
     logger.info("vocabulary: source %d types, target %d types%s", len(src_field.vocab), len(tgt_field.vocab),
-                " (shared)" if src_field is tgt_field else "")
+                " (shared)" if src_field is tgt_field
+                else " (shared tokenizer)" if src_field.tokenizer is tgt_field.tokenizer else "")
     references = [valid_pairs[line - 1][1] for line in valid.line_numbers]
     return TrainingData(src_field, tgt_field, train, valid, references)
 
