@@ -169,6 +169,31 @@ class _FenchelYoungFunction(torch.autograd.Function):
         return grad * g[:, None], None, None, None, None, None
 
 
+class _CrossEntropyFunction(torch.autograd.Function):
+    """Cross-entropy of ``z: (N, V)`` at class indices, the Shannon case of
+    :class:`_FenchelYoungFunction` in fewer passes: ``-log_softmax(z)[y]``, gradient
+    ``softmax(z) - e_y`` from the same ``log_softmax`` (no row maximum or argmax pass).
+    A target with score ``-inf`` (rows of only ``-inf`` included) has loss ``inf``; such rows
+    get gradient ``-e_y``, as in the generic function."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, index: Tensor, valid: Tensor) -> Tensor:  # type: ignore[override]
+        p = torch.log_softmax(z, dim=-1)
+        idx = index[:, None]
+        logp_t = p.gather(-1, idx)[:, 0]
+        loss = torch.where(z.gather(-1, idx)[:, 0] == float("-inf"), float("inf"), -logp_t)
+        loss = torch.where(valid, loss, 0)
+        p = p.exp_().nan_to_num_(0.0)  # rows of only -inf: NaN -> 0
+        p.scatter_add_(-1, idx, torch.where(valid, -1.0, 0.0).to(p.dtype)[:, None])
+        ctx.save_for_backward(p, valid)
+        return loss
+
+    @staticmethod
+    def backward(ctx, g: Tensor):  # type: ignore[override]
+        grad, valid = ctx.saved_tensors
+        return grad * torch.where(valid, g, 0)[:, None], None, None
+
+
 def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_index: int = -100,
                        reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
     """Fenchel-Young loss of ``reg`` over the last dim of ``scores: (..., V)``.
@@ -205,7 +230,10 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
         if bool(((index < 0) | (index >= n_classes)).any()):  # one host sync: a clear error
             raise ValueError(f"target class index out of range [0, {n_classes}) "
                              f"(and not ignore_index={ignore_index})")
-    loss = _FenchelYoungFunction.apply(z, reg, index, dist, valid, eps)
+    if isinstance(reg, Shannon) and index is not None and eps == 0:
+        loss = _CrossEntropyFunction.apply(z, index, valid)
+    else:
+        loss = _FenchelYoungFunction.apply(z, reg, index, dist, valid, eps)
     if reduction == "none":
         return loss.reshape(scores.shape[:-1]).to(dtype)
     total = loss.sum()

@@ -97,6 +97,34 @@ def test_cross_entropy_matches_torch():
             assert torch.allclose(ours, ref, atol=1e-12)
 
 
+def test_cross_entropy_fast_path_equals_the_generic_function():
+    """Index targets without smoothing take a log_softmax path; it must agree with the generic
+    Fenchel-Young function on values and gradients, -inf scores, dead rows and ignored rows included."""
+    from nmt.sparse.losses import Shannon, _CrossEntropyFunction, _FenchelYoungFunction
+
+    torch.manual_seed(0)
+    x = torch.randn(9, 13, dtype=F64)
+    x[1, 4:] = float("-inf")
+    x[2] = float("-inf")  # a dead row
+    t = torch.randint(0, 4, (9,))
+    t[3] = 12
+    x[3, 12] = float("-inf")  # an impossible target
+    valid = torch.ones(9, dtype=torch.bool)
+    valid[5] = False
+    g = torch.rand(9, dtype=F64)
+    results = []
+    for fn, args in ((_CrossEntropyFunction.apply, (t, valid)),
+                     (_FenchelYoungFunction.apply, (Shannon(), t, None, valid, 0.0))):
+        z = x.clone().requires_grad_()
+        loss = fn(z, *args)
+        (loss * g).sum().backward()
+        results.append((loss.detach(), z.grad))
+    (l1, g1), (l2, g2) = results
+    assert torch.equal(torch.isinf(l1), torch.isinf(l2)) and l1[3] == float("inf") and l1[5] == 0
+    assert torch.allclose(l1[~torch.isinf(l1)], l2[~torch.isinf(l2)], atol=1e-12)
+    assert torch.allclose(g1, g2, atol=1e-12) and g1[2, t[2]] == -g[2] and not g1[5].any()
+
+
 def test_reference_package(ref):
     x = torch.randn(6, 50, dtype=F64) * 2
     t = torch.randint(0, 50, (6,))
