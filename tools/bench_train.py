@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from nmt.utils.allocator import keep_freed_memory  # noqa: E402
 from nmt.data.batching import collate, make_batches  # noqa: E402
 from nmt.models import build_model  # noqa: E402
 from nmt.sparse import get_loss  # noqa: E402
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", default=None, help="labels to run, e.g. 'softmax / entmax15'")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here (atomically)")
     args = parser.parse_args(argv)
+    keep_freed_memory()  # as nmt-train / nmt-translate do
     steps = args.steps if args.steps is not None else (3 if args.quick else 100)
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 100)
     source = args.data or ("synthetic" if args.quick else "multi30k")

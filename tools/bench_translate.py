@@ -111,9 +111,11 @@ def main() -> None:
     import torch
 
     from nmt.data.textfiles import read_lines
+    from nmt.utils.allocator import keep_freed_memory
     from nmt.translate.loading import load_model
     from nmt.translate.translator import Translator, TranslationSummary
 
+    keep_freed_memory()  # as nmt-translate does
     torch.set_num_threads(args.threads)
     if not args.src.is_file():
         raise SystemExit(f"bench_translate: {args.src}: no such file (give --src)")

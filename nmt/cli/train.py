@@ -27,6 +27,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import logging
 
+    from nmt.utils.allocator import keep_freed_memory
+
+    keep_freed_memory()
+
     from nmt.utils.logging import setup_logging
 
     logger = setup_logging(level=logging.WARNING if args.quiet else logging.INFO)

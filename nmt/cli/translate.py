@@ -189,6 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = _IMPORTED_AT if argv is None else time.perf_counter()
     args = build_parser().parse_args(argv)
     from nmt.train.checkpoint import CheckpointError
+    from nmt.utils.allocator import keep_freed_memory
+
+    keep_freed_memory()
 
     try:
         return run(args, start)

