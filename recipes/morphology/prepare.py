@@ -65,8 +65,14 @@ def write_atomic(path: Path, lines: list[str]) -> None:
     os.replace(tmp, path)
 
 
-def prepare(data_dir: Path, setting: str, out: Path, languages: list[str] | None = None) -> dict[str, int]:
-    """Write ``{train,dev,test}.{src,tgt,lang}`` under ``out``; returns line counts per split."""
+def prepare(data_dir: Path, setting: str, out: Path, languages: list[str] | None = None,
+            valid_per_language: int = 50) -> dict[str, int]:
+    """Write ``{train,dev,test}.{src,tgt,lang}`` under ``out``; returns line counts per split.
+
+    Also writes ``valid.{src,tgt,lang}``: the first ``valid_per_language`` dev lines of every
+    language, a small, balanced set for validation during training (the full dev set is for
+    the final evaluation).
+    """
     if not data_dir.is_dir():
         raise FileNotFoundError(f"{data_dir}: SIGMORPHON 2018 data directory not found (see --help)")
     langs = languages or languages_for(data_dir, setting)
@@ -92,6 +98,16 @@ def prepare(data_dir: Path, setting: str, out: Path, languages: list[str] | None
             write_atomic(out / f"{split}.tgt", tgt)
         write_atomic(out / f"{split}.lang", lang)
         counts[split] = len(src)
+        if split == "dev":
+            seen: dict[str, int] = {}
+            keep = []
+            for i, language in enumerate(lang):
+                seen[language] = seen.get(language, 0) + 1
+                if seen[language] <= valid_per_language:
+                    keep.append(i)
+            for suffix, lines in (("src", src), ("tgt", tgt), ("lang", lang)):
+                write_atomic(out / f"valid.{suffix}", [lines[i] for i in keep])
+            counts["valid"] = len(keep)
     return counts
 
 
@@ -102,10 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--setting", choices=SETTINGS, default="medium")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default data/morphology/SETTING)")
     parser.add_argument("--languages", nargs="*", default=None, help="restrict to these languages")
+    parser.add_argument("--valid-per-language", type=int, default=50,
+                        help="dev lines per language in valid.* (validation during training; default 50)")
     args = parser.parse_args(argv)
     out = args.out or Path("data/morphology") / args.setting
     try:
-        counts = prepare(args.data_dir, args.setting, out, args.languages)
+        counts = prepare(args.data_dir, args.setting, out, args.languages, args.valid_per_language)
     except (FileNotFoundError, ValueError, UnicodeDecodeError) as e:
         print(f"prepare: error: {e}", file=sys.stderr)
         return 1

@@ -69,7 +69,7 @@ def test_prepare_pools_languages(tmp_path):
     _write(data / "yy-train-high", [("z", "z", "N")])
     out = tmp_path / "out"
     counts = prepare.prepare(data, "medium", out)
-    assert counts == {"train": 3, "dev": 1, "test": 1}
+    assert counts == {"train": 3, "dev": 1, "valid": 1, "test": 1}
     src = (out / "train.src").read_text(encoding="utf-8").splitlines()
     assert src[0] == "<xx> V PST w a l k"
     assert src[1] == "<xx> N PL i c e ▁ c r e a m"
@@ -85,6 +85,8 @@ def test_prepare_pools_languages(tmp_path):
 @pytest.mark.skipif(not SHARED.is_dir(), reason="shared SIGMORPHON data not present")
 def test_prepare_on_real_data(tmp_path):
     counts = prepare.prepare(SHARED, "low", tmp_path, languages=["english", "german"])
-    assert counts["train"] == 200 and counts["dev"] == 2000
+    assert counts["train"] == 200 and counts["dev"] == 2000 and counts["valid"] == 100
+    valid_langs = (tmp_path / "valid.lang").read_text(encoding="utf-8").splitlines()
+    assert valid_langs.count("english") == valid_langs.count("german") == 50
     lines = (tmp_path / "dev.src").read_text(encoding="utf-8").splitlines()
     assert all(line.startswith(("<english> ", "<german> ")) for line in lines)
