@@ -166,7 +166,8 @@ def _to_cpu(result: SearchResult) -> SearchResult:
 
 @dataclass
 class TranslationSummary:
-    """Corpus statistics of a list of translations."""
+    """Corpus statistics of a list of translations. ``single_percent``: sentences certified to
+    have exactly one sequence of nonzero probability (exact and ``n_nonzero == 1``)."""
 
     sentences: int
     empty: int
@@ -183,7 +184,8 @@ class TranslationSummary:
             sentences=len(translations),
             empty=len(translations) - len(decoded),
             exact_percent=100.0 * sum(t.exact for t in decoded) / n,
-            single_percent=100.0 * sum(t.n_nonzero == 1 for t in decoded) / n,
+            # a single hypothesis is known only when certified: exact and n_nonzero == 1
+            single_percent=100.0 * sum(t.exact and t.n_nonzero == 1 for t in decoded) / n,
             mean_support=float(np.mean(sizes)) if sizes else None,
         )
 
