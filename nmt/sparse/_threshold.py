@@ -4,20 +4,30 @@ Here ``z = (alpha - 1) * x`` and ``q = 1 / (alpha - 1)`` (sparsemax: ``q = 1``;
 1.5-entmax: ``q = 2``). Two solvers, both batched over rows without Python loops per row:
 
 * :func:`sort_threshold` (``q`` in {1, 2}): exact, on the sorted row (Peters et al. 2019).
-* :func:`root_threshold` (any ``q > 0``): safeguarded Newton on ``f(tau) = sum p_i - 1``
-  (convex and decreasing for ``q >= 1``, so Newton from a lower bound such as
-  ``max - 1`` increases monotonically to the root; bisection safeguards ``q < 1``). For
-  ``q`` in {1, 2} every step also solves the closed form on the current support ``S`` and
-  accepts it once it is *verified* (every element of ``S`` stays at or above the new
-  threshold, the rest is below it): the result is then exact, not approximate.
-  Long rows are first pruned: a Newton lower bound of the threshold of the vector of
-  block maxima is a lower bound of ``tau`` (a sub-vector has a smaller ``f``), so only
-  entries above it (found by reading the blocks whose maximum exceeds it) can be in the
-  support. The threshold of the pruned row equals that of the full row; it is found by
-  sorting (few candidates) or Newton. Near-uniform rows (many candidates) skip pruning.
+* :func:`root_threshold` (any ``q > 0``): Newton from below on a convex decreasing function
+  of ``tau``, which increases monotonically to the root.
+
+  - Float ``q > 1`` (1.5-entmax, entmax_bisect with a float alpha in (1, 2)):
+    :func:`_newton_norm`, Newton on ``||[z - tau]_+||_q - 1`` with one in-place buffer
+    (two passes and two reductions per step). For ``q = 2`` it ends *exactly*: the closed
+    form on the support of the last iterate is accepted once *verified* (the entries at or
+    above it are exactly that support); rows failing it (ties within rounding) are sorted.
+    Otherwise it stops when the step is below ``tol``.
+  - ``q = 1`` (exact), ``q <= 1`` and per-row ``q`` tensors: :func:`_newton`, safeguarded
+    Newton on ``f(tau) = sum p_i - 1`` (bisection safeguards ``q < 1``), for ``q = 1`` with
+    the same verified closed-form finish at every step.
+
+  Long rows are first pruned: a Newton lower bound of the threshold of the vector of block
+  maxima is a lower bound of ``tau`` (a sub-vector has a smaller ``f``), so only entries
+  above it (found by reading the blocks whose maximum exceeds it) can be in the support.
+  The threshold of the pruned row equals that of the full row; it is found by sorting (few
+  candidates) or Newton. Rows where that bound keeps more than half of the blocks (broad
+  rows, e.g. output layers early in training) are solved on the full row instead; the
+  split is per row.
 
 Host synchronisations: the convergence test of the Newton loop (one per step, a few
-steps) and sizing the pruned candidate set (three, once per call on long rows).
+steps; one more at the exact finish of ``q = 2``), on long rows the row split (one) and
+sizing the pruned candidate set (three, if some row is pruned).
 """
 from __future__ import annotations
 
@@ -37,7 +47,7 @@ LOWER_BOUND_STEPS = 3
 """Newton steps on the block maxima giving the pruning bound."""
 
 WARM_STEPS = 3
-"""Unchecked (sync-free) Newton steps before the checked loop of the root finder."""
+"""Unchecked (sync-free) Newton steps before the checked loop of :func:`_newton`."""
 
 
 Power = Union[float, Tensor]
@@ -122,6 +132,68 @@ def _newton(z: Tensor, q: Power, lo: Tensor, max_iter: int, tol: Optional[float]
     return tau
 
 
+def _count(mask: Tensor) -> Tensor:
+    """Per-row number of ``True`` in a bool ``(R, m)`` tensor (as int32; faster than a bool sum)."""
+    return mask.view(torch.uint8).sum(dim=-1, dtype=torch.int32)
+
+
+def _newton_norm(z: Tensor, q: float, tau: Tensor, max_iter: int, tol: Optional[float],
+                 empty: Tensor) -> Tensor:
+    """Threshold for a float ``q > 1`` of the rows of ``z: (R, m)`` (max 0, ``-inf`` allowed).
+
+    ``tau: (R,)`` is a lower bound, ``empty: (R,)`` marks rows without finite entries. Newton on
+    the convex ``h(tau) = ||d||_q - 1``, ``d = [z - tau]_+`` (a norm of a convex, nonnegative
+    function of ``tau``): from below the iterates increase monotonically to the root, and they
+    are exact in one step on flat rows, so near-uniform rows need a handful of steps. ``d`` is
+    updated in place (``[d - step]_+ = [z - tau - step]_+`` for ``step >= 0``): one buffer, two
+    passes and two reductions per step, no temporaries. The loop ends when every step is below
+    ``tol * max(1, |tau|)`` (``tol=None``: rounding, ``2 * eps``).
+
+    ``tol=None`` (``q = 2`` only) then finishes *exactly*: the closed form ``t`` on the support
+    ``S = {d > 0}`` (smaller root of ``sum_S (d - t)^2 = 1``) is accepted if *verified*: the
+    entries ``>= t`` are exactly those of ``S`` (``t`` may lie below the last iterate, which
+    rounding can put a hair above the root). Rows failing it (ties within rounding of the
+    threshold; rare) are solved by sorting. Host syncs: the convergence test, one per step;
+    one more if some row needs sorting. ``max_iter`` reached: the last (lower) iterate.
+    """
+    exact = tol is None
+    eps = torch.finfo(z.dtype).eps
+    rtol = 2 * eps if exact else tol
+    d = (z - tau[:, None]).clamp_(min=0)
+    work = torch.empty_like(d) if q != 2.0 else None
+    finished = empty.clone()
+    for _ in range(max_iter):
+        if q == 2.0:
+            s1 = d.sum(dim=-1)
+            h = torch.linalg.vector_norm(d, dim=-1)
+            step = h * (h - 1) / s1
+        else:  # h' = -h^(1 - q) sum d^(q - 1); one pow per step: h^q = <d^(q - 1), d>
+            w = torch.pow(d, q - 1, out=work)
+            hq = torch.linalg.vecdot(w, d)
+            h = hq.pow(1 / q)
+            step = (h - 1) * (hq / h) / w.sum(dim=-1)
+        finished = finished | (step <= rtol * tau.abs().clamp(min=1))  # rows stop once settled
+        if bool(finished.all()):  # host sync: the convergence test
+            break
+        # >= 0 (rounding may put an iterate a hair above the root): keeps [d - step]_+ exact
+        step = torch.where(finished, 0, step).clamp_(min=0)
+        tau = tau + step
+        d.sub_(step[:, None]).clamp_(min=0)
+    else:
+        return tau
+    if not exact:
+        return tau
+    mask = torch.empty_like(d, dtype=torch.bool)
+    k = _count(torch.gt(d, 0, out=mask))
+    disc = s1 * s1 - k * (torch.linalg.vecdot(d, d) - 1)
+    tau = torch.where(empty, tau, tau + (s1 - disc.clamp(min=0).sqrt()) / k)
+    ok = empty | ((disc >= 0) & (_count(torch.ge(z, tau[:, None], out=mask)) == k))
+    if not bool(ok.all()):  # host sync; rare: ties within rounding of the threshold
+        bad = (~ok).nonzero()[:, 0]
+        tau[bad] = sort_threshold(z[bad], 2.0)[:, 0]
+    return tau
+
+
 def _newton_lower_bound(z: Tensor, q: Power, steps: int) -> Tensor:
     """A lower bound ``(R, 1)`` of the threshold of ``z: (R, m)`` (row max 0), without host sync.
 
@@ -170,8 +242,9 @@ def _gather_candidates(z: Tensor, bmax: Tensor, lo: Tensor, block: int) -> Tenso
     """Entries ``> lo`` of each row, left-aligned in a ``(R, K)`` tensor padded with ``-inf``.
 
     ``z: (R, n)`` contiguous, ``bmax: (R, nb)`` its block maxima (a shorter last block
-    included), ``lo: (R, 1)``. Only blocks whose maximum exceeds ``lo`` are read. Host
-    syncs: the sizes of the selections.
+    included), ``lo: (R, 1)``. Only blocks whose maximum exceeds ``lo`` are read. The
+    candidates of the full blocks come row-major from ``nonzero``; those of the shorter last
+    block go after them in their row (no sort). Host syncs: the sizes of the selections.
     """
     n_rows, n = z.shape
     nb = n // block
@@ -179,17 +252,19 @@ def _gather_candidates(z: Tensor, bmax: Tensor, lo: Tensor, block: int) -> Tenso
     vals = z[:, : nb * block].reshape(n_rows, nb, block)[rows, blocks]  # (M, block)
     blk, off = (vals > lo[rows]).nonzero().unbind(1)
     crow, cval = rows[blk], vals[blk, off]
-    if nb * block < n:  # the shorter last block: filter it for every row
+    counts = torch.bincount(crow, minlength=n_rows)
+    pos = torch.arange(crow.numel(), device=z.device) - (counts.cumsum(0) - counts)[crow]
+    if nb * block < n:  # the shorter last block: filter it for every row, append per row
         tail = z[:, nb * block:]
         trow, toff = (tail > lo).nonzero().unbind(1)
+        tcounts = torch.bincount(trow, minlength=n_rows)
+        tpos = torch.arange(trow.numel(), device=z.device) - (tcounts.cumsum(0) - tcounts)[trow]
         crow, cval = torch.cat([crow, trow]), torch.cat([cval, tail[trow, toff]])
-        order = torch.argsort(crow, stable=True)
-        crow, cval = crow[order], cval[order]
-    counts = torch.bincount(crow, minlength=n_rows)
+        pos = torch.cat([pos, tpos + counts[trow]])
+        counts = counts + tcounts
     width = int(counts.max()) if crow.numel() else 0
     out = z.new_full((n_rows, max(width, 1)), float("-inf"))
-    start = counts.cumsum(0) - counts
-    out[crow, torch.arange(crow.numel(), device=z.device) - start[crow]] = cval
+    out[crow, pos] = cval
     return out
 
 
@@ -199,9 +274,10 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
 
     ``+inf`` for rows without finite entries. ``q``: float, or a tensor broadcastable to
     ``(..., 1)`` (per-row power). ``tol=None``: exact (``q`` in {1, 2}); else relative
-    tolerance of the Newton/bisection loop. ``scale > 0`` is applied to the (few) pruned
-    entries only, saving a pass over ``z``. Long rows are pruned to the entries above the
-    block-maxima threshold first.
+    tolerance of the Newton/bisection loop. ``scale > 0`` is applied within the pass that
+    shifts the rows by their maximum (or to the few pruned entries). Long rows are pruned to the entries above the
+    block-maxima threshold first; rows where that bound keeps more than half of the blocks
+    (broad rows, e.g. early in training) are solved on the full row instead.
     """
     exact = tol is None
     if exact and not _is_exact_q(q):
@@ -218,23 +294,34 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
     eps = torch.finfo(z.dtype).eps
     sub_tol = None if exact else tol
 
-    def solve(rows_z: Tensor, lo: Optional[Tensor]) -> Tensor:
-        """Root for the rows of ``rows_z: (R, m)`` given a lower bound ``lo: (R, 1)``."""
-        zmax = rows_z.amax(dim=-1, keepdim=True)
+    def solve(rows_z: Tensor, lo: Optional[Tensor], q: Power, scale: float = 1.0,
+              owned: bool = False) -> Tensor:
+        """Root for the rows of ``scale * rows_z: (R, m)`` given a lower bound ``lo: (R, 1)``
+        (``owned``: ``rows_z`` is a temporary, overwritten here)."""
+        zmax = rows_z.amax(dim=-1, keepdim=True).mul_(scale)
         empty = zmax == float("-inf")
         zmax = torch.where(empty, 0, zmax)
-        zs = rows_z - zmax
-        # a few sync-free Newton steps first: the checked loop then ends after one or two steps
-        start = _newton_lower_bound(zs, q, WARM_STEPS)
-        start = start - 4 * (sub_tol or eps) * start.abs().clamp(min=1)
+        if owned:  # in place: no second large temporary
+            zs = rows_z.mul_(scale).sub_(zmax) if scale != 1 else rows_z.sub_(zmax)
+        else:
+            zs = torch.add(-zmax, rows_z, alpha=scale)  # one pass
+        norm = not isinstance(q, Tensor) and (q == 2.0 or (q > 1 and not exact))
+        if norm:  # Newton from -1 (or lo) directly: no separate warm steps
+            start = torch.full_like(zmax, -1.0)
+        else:  # a few sync-free Newton steps first: the checked loop then ends after one or two
+            start = _newton_lower_bound(zs, q, WARM_STEPS)
+            start = start - 4 * (sub_tol or eps) * start.abs().clamp(min=1)
         if lo is not None:
             start = torch.maximum(start, torch.where(empty, -1, lo - zmax))
-        tau = _newton(zs, q, start[:, 0], max_iter, sub_tol, empty[:, 0])
+        if norm:
+            tau = _newton_norm(zs, q, start[:, 0], max_iter, sub_tol, empty[:, 0])
+        else:
+            tau = _newton(zs, q, start[:, 0], max_iter, sub_tol, empty[:, 0])
         return torch.where(empty, float("inf"), tau[:, None] + zmax)
 
     block = BLOCK if n >= 64 * BLOCK else BLOCK // 2
     if n < 8 * block:
-        return solve(z2 * scale, None).reshape(*lead, 1)
+        return solve(z2, None, q, scale).reshape(*lead, 1)
     bmax = _block_max(z2, block)
     # a lower bound of the threshold of a sub-vector (the block maxima) bounds the row's
     sub = bmax * scale
@@ -242,12 +329,25 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
     smax = torch.where(smax == float("-inf"), 0, smax)
     lo = _newton_lower_bound(sub - smax, q, LOWER_BOUND_STEPS) + smax
     lo = lo - 4 * (sub_tol or eps) * lo.abs().clamp(min=1)
-    cand = _gather_candidates(z2, bmax, lo / scale, block) * scale
-    if cand.shape[-1] * 2 > n:  # near-uniform rows: solve on the full rows
-        return solve(z2 * scale, lo).reshape(*lead, 1)
-    if exact and cand.shape[-1] <= SORT_MAX_N:
-        return sort_threshold(cand, q).reshape(*lead, 1)
-    return solve(cand, lo).reshape(*lead, 1)
+    broad = (sub > lo).sum(dim=-1) * 2 > bmax.shape[-1]
+    n_broad = int(broad.sum())  # host sync: how to split the rows
+    if n_broad == n_rows:
+        return solve(z2, lo, q, scale).reshape(*lead, 1)
+
+    def pruned(rows_z: Tensor, rows_bmax: Tensor, rows_lo: Tensor, q: Power) -> Tensor:
+        cand = _gather_candidates(rows_z, rows_bmax, rows_lo / scale, block).mul_(scale)
+        if exact and cand.shape[-1] <= SORT_MAX_N:
+            return sort_threshold(cand, q)
+        return solve(cand, rows_lo, q, owned=True)
+
+    if n_broad == 0:
+        return pruned(z2, bmax, lo, q).reshape(*lead, 1)
+    tau = torch.empty_like(lo)
+    idx_b, idx_n = broad.nonzero()[:, 0], (~broad).nonzero()[:, 0]
+    q_b, q_n = (q[idx_b], q[idx_n]) if isinstance(q, Tensor) else (q, q)
+    tau[idx_b] = solve(z2.index_select(0, idx_b), lo[idx_b], q_b, scale, owned=True)
+    tau[idx_n] = pruned(z2.index_select(0, idx_n), bmax[idx_n], lo[idx_n], q_n)
+    return tau.reshape(*lead, 1)
 
 
 def _is_exact_q(q: Power) -> bool:

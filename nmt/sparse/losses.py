@@ -159,14 +159,13 @@ class _FenchelYoungFunction(torch.autograd.Function):
         loss = conj - zy + omega_y
         loss = torch.where(impossible, float("inf"), loss)
         loss = torch.where(valid, loss, 0)
-        grad = grad.masked_fill_(~valid[:, None], 0)
-        ctx.save_for_backward(grad)
+        ctx.save_for_backward(grad, valid)  # ignored rows: zeroed in backward (no extra pass here)
         return loss
 
     @staticmethod
     def backward(ctx, g: Tensor):  # type: ignore[override]
-        (grad,) = ctx.saved_tensors
-        return grad * g[:, None], None, None, None, None, None
+        grad, valid = ctx.saved_tensors
+        return grad * torch.where(valid, g, 0)[:, None], None, None, None, None, None
 
 
 class _CrossEntropyFunction(torch.autograd.Function):

@@ -150,3 +150,58 @@ def test_near_uniform_long_rows_match_sort(scale, q):
     its verified closed-form finish must equal the sort-based threshold."""
     z = torch.randn(6, 5000, dtype=torch.float64) * scale
     assert torch.allclose(root_threshold(z, q), sort_threshold(z, q), rtol=0, atol=1e-12)
+
+
+def _mixed_rows(dtype: torch.dtype, n: int = 3963) -> torch.Tensor:
+    """Output-layer-like rows of a length that is not a multiple of the pruning block: broad
+    (near-uniform, as early in training: full-row path), peaked (pruned path, sort or Newton),
+    the maximum in the shorter last block, ``-inf`` entries, an empty row, exact ties at the
+    threshold."""
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(10, n, generator=g, dtype=dtype)
+    z[0] *= 0.05
+    z[1] *= 0.02
+    z[2] *= 0.3
+    z[3] *= 20.0
+    z[4, -1] = 30.0  # the maximum in the shorter last block
+    z[5, ::3] = float("-inf")
+    z[6] = float("-inf")  # empty row
+    z[7] = 0.0
+    z[7, :2] = 4.0  # two winners, the rest exactly at the threshold (q = 2: tau = 2 - 1/sqrt(2) ...)
+    z[8] = 0.0
+    z[8, 5] = 2.0  # 1.5-entmax of z / 2 = [1, 0, ...]: threshold exactly 0, all ties
+    z[9, :2000] *= 0.01  # half broad, half peaked
+    return z
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("q", [1.0, 2.0])
+def test_root_matches_sort_on_broad_and_pruned_rows(dtype, q):
+    """Broad rows (full-row Newton) and narrow rows (pruned) in one call, split per row: the
+    verified closed form equals the sort-based threshold; -inf entries and empty rows."""
+    z = _mixed_rows(dtype)
+    for rows in (z, z[[0, 1, 9]], z[[2, 3, 4, 6]]):  # mixed, all broad, all narrow
+        got, want = root_threshold(rows, q), sort_threshold(rows, q)
+        assert torch.equal(torch.isinf(got), torch.isinf(want))
+        fin = torch.isfinite(want)
+        atol = 1e-12 if dtype == F64 else 2e-6
+        assert torch.allclose(got[fin], want[fin], rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_entmax15_long_rows_match_reference(dtype, ref):
+    x = _mixed_rows(dtype)
+    x = x[torch.isfinite(x).any(-1)]  # the reference package returns NaN on empty rows
+    atol = 1e-10 if dtype == F64 else 1e-4  # float32: scores up to 60, tau to ~1e-6 relative
+    assert torch.allclose(entmax15(x), ref.entmax15(x, dim=-1), atol=atol)
+    assert torch.allclose(entmax_bisect(x, 1.5), ref.entmax15(x, dim=-1), atol=atol)
+    assert torch.allclose(entmax_bisect(x, 1.3), ref.entmax_bisect(x, 1.3, dim=-1, n_iter=100), atol=10 * atol)
+    p = entmax15(x)
+    assert torch.allclose(p.sum(-1), torch.ones(len(x), dtype=dtype), atol=10 * atol)
+
+
+@pytest.mark.parametrize("alpha", [1.2, 1.3, 1.7])
+def test_bisect_long_rows_kkt(alpha, kkt):
+    """General alpha on long broad / narrow rows (the in-place Newton on ||d||_q - 1)."""
+    x = _mixed_rows(F64)[[0, 1, 2, 3, 4, 5, 9]]
+    assert kkt(entmax_bisect(x, alpha), x, alpha) < 1e-9

@@ -134,6 +134,36 @@ def test_reference_package(ref):
                           ref.EntmaxBisectLoss(1.7, n_iter=200, reduction="none")(x, t), atol=1e-10)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_long_broad_rows_match_reference(dtype, ref):
+    """Output-layer rows (vocab 3963, not a multiple of the pruning block) as early in training:
+    broad rows (full-row path) and peaked ones (pruned path) in one batch, -inf entries,
+    ignored targets; value and gradient against the reference package."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 3963, generator=g, dtype=dtype) * torch.tensor([0.02, 0.1, 0.3, 1, 3, 10, 0.05, 1],
+                                                                      dtype=dtype)[:, None]
+    x[6, 1::2] = float("-inf")
+    t = torch.randint(0, 3963, (8,), generator=g)
+    t[6] = 0
+    t[7] = -100
+    xr = x.detach().clone().requires_grad_()
+    x = x.requires_grad_()
+    loss = entmax15_loss(x, t, reduction="none")
+    loss.sum().backward()
+    keep = torch.arange(6)  # the reference has no -inf support: row 6 on its finite entries
+    want = ref.Entmax15Loss(reduction="none")(xr[keep], t[keep])
+    xf = xr.detach()[6, 0::2].clone().requires_grad_()
+    want6 = ref.Entmax15Loss(reduction="none")(xf[None], t[6:7])
+    (want.sum() + want6.sum()).backward()
+    atol = 1e-10 if dtype == F64 else 2e-4
+    assert torch.allclose(loss[keep], want, atol=atol) and torch.allclose(loss[6], want6[0], atol=atol)
+    assert torch.allclose(x.grad[keep], xr.grad[keep], atol=atol)
+    assert torch.allclose(x.grad[6, 0::2], xf.grad, atol=atol) and not x.grad[6, 1::2].any()
+    assert loss[7] == 0 and not x.grad[7].any()
+    bis = entmax_bisect_loss(x.detach(), t, alpha=1.5, reduction="none")
+    assert torch.allclose(bis, loss.detach(), atol=atol)
+
+
 @pytest.mark.parametrize("name", list(LOSSES))
 def test_ignore_index_negative_and_masked_vocab(name):
     loss_fn = LOSSES[name][0]
