@@ -47,10 +47,11 @@ def ordered_fit(keys: Tensor, lengths: Tensor, lam: float) -> tuple[Tensor, Tens
     B, n = keys.shape
     pos = torch.arange(n, device=keys.device)
     valid = pos < lengths[:, None]
-    keys = torch.where(valid, keys, torch.full_like(keys, float("-inf")))    # padding sorts last
+    keys = keys.masked_fill(~valid, float("-inf"))                           # padding sorts last
     keys_sorted, order = keys.sort(dim=-1, descending=True, stable=True)
-    weights = lam * (lengths[:, None] - 1 - pos).clamp(min=0).to(keys.dtype)
-    fit, blocks = isotonic_nonincreasing(keys_sorted - weights, lengths)
+    # w_k = lam (m - k) for k = 1..m (0-based: lam (m - 1 - k)); padding gets -inf - w = -inf
+    weights = torch.sub(lengths[:, None] - 1, pos).to(keys.dtype).mul_(lam)
+    fit, blocks = isotonic_nonincreasing(keys_sorted.sub_(weights), lengths)
     return (torch.empty_like(keys).scatter_(1, order, fit),
             torch.empty_like(order).scatter_(1, order, blocks))
 
@@ -62,9 +63,8 @@ def prox_oscar(x: Tensor, lengths: Tensor, lam: float) -> tuple[Tensor, Tensor, 
     Returns ``(y, groups, coef)``, all (B, n): the prox (0 past the length), the group of every
     position (entries of equal ``|y|``) and ``sign(y)`` (0 where ``y`` is 0), for the backward.
     """
-    fit, groups = ordered_fit(x.abs(), lengths, lam)
-    valid = torch.arange(x.shape[-1], device=x.device) < lengths[:, None]
-    coef = torch.where(valid & (fit > 0), torch.sign(x), torch.zeros_like(x))
+    fit, groups = ordered_fit(x.abs(), lengths, lam)      # 0 past the length (taut_string)
+    coef = torch.sign(x).masked_fill_(fit <= 0, 0.0)
     return coef * fit, groups, coef
 
 

@@ -15,7 +15,10 @@ equal score magnitude, wherever they are. ``oscarmax_exact`` is the exact OSCAR-
 
 Both proxes are exact and batched over rows (see ``_prox_tv`` and ``_prox_oscar``); the backward
 composes their group-averaging Jacobians (Prop. 3) with the sparsemax Jacobian, as
-Jacobian-vector products. Masked positions are removed from the row before the prox (kept
+Jacobian-vector products. The whole map (compaction, prox, projection) is one autograd node:
+its forward records nothing, and on attention-sized rows the cost is the count of small tensor
+ops, so rows that are already a prefix skip the compaction and rows up to ``SORT_MAX_N`` get
+the one-sort simplex threshold. Masked positions are removed from the row before the prox (kept
 entries are moved, in order, to a prefix: TV then fuses positions that are adjacent among the
 kept ones) and get exact zeros. ``lam = 0`` is exactly ``sparsemax(x / gamma)``.
 """
@@ -28,11 +31,10 @@ import torch
 from torch import Tensor, nn
 
 from ._common import apply_mask, check_scores, compute_dtype
-from ._prox_oscar import OrderedFitFunction, ProxOscarFunction
-from ._prox_tv import ProxTVFunction
-from .sparsemax import sparsemax
-
-Prox = Callable[[Tensor, Tensor, float], Tensor]
+from ._groups import group_average
+from ._prox_oscar import ordered_fit, prox_oscar
+from ._prox_tv import prox_tv
+from .sparsemax import sparsemax_backward, sparsemax_threshold
 
 
 def _check_params(name: str, lam: float, gamma: float) -> None:
@@ -42,7 +44,90 @@ def _check_params(name: str, lam: float, gamma: float) -> None:
             raise ValueError(f"{name}: {key} must be a finite number, {low}{key}, got {value!r}")
 
 
-def _structured_map(name: str, prox: Prox, scores: Tensor, lam: float, gamma: float, dim: int,
+def _prox_tv(z: Tensor, lengths: Tensor, lam: float) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    y, groups = prox_tv(z, lengths, lam)
+    return y, groups, None
+
+
+def _prox_ordered(z: Tensor, lengths: Tensor, lam: float) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    y, groups = ordered_fit(z, lengths, lam)
+    return y, groups, None
+
+
+_PROXES: dict[str, Callable[[Tensor, Tensor, float], tuple[Tensor, Tensor, Optional[Tensor]]]] = {
+    "fusedmax": _prox_tv, "oscarmax": prox_oscar, "oscarmax_exact": _prox_ordered}
+
+
+#: Rows up to this length get the sort-based simplex threshold after the prox (cheaper than the
+#: Newton threshold sparsemax uses beyond 32 entries, up to about this length, on CPU).
+SORT_MAX_N = 128
+
+
+def _sort_threshold(z: Tensor) -> Tensor:
+    """Exact simplex-projection threshold ``(R, 1)`` of ``z: (R, n)`` (``-inf`` = masked) by one
+    sort: ``tau = (sum of the k largest - 1) / k`` for the largest ``k`` whose k-th largest exceeds
+    it. A row of ``-inf`` gets ``finfo.min`` (all-zero output, no NaN)."""
+    n = z.shape[-1]
+    zmax = z.amax(dim=-1, keepdim=True).clamp_(min=torch.finfo(z.dtype).min)
+    zs = (z - zmax).sort(dim=-1, descending=True).values
+    taus = zs.nan_to_num(neginf=0.0).cumsum(dim=-1).sub_(1)
+    taus.div_(torch.arange(1, n + 1, dtype=z.dtype, device=z.device))
+    k = (zs > taus).sum(dim=-1, keepdim=True)
+    return taus.gather(-1, k.sub_(1).clamp_(min=0)).add_(zmax)
+
+
+class _StructuredFunction(torch.autograd.Function):
+    """``sparsemax(prox(x / gamma))`` over the kept (finite) entries of every row of a 2-d ``x``
+    (``-inf`` = masked), as one autograd node: the forward runs without recording, the backward
+    is the sparsemax Jacobian-vector product followed by the prox's group averaging."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, name: str, lam: float, gamma: float) -> Tensor:  # type: ignore[override]
+        R, n = x.shape
+        pos = torch.arange(n, device=x.device)
+        keep = x != float("-inf")
+        lengths = keep.sum(dim=-1)
+        prefix = pos < lengths[:, None]
+        slot = None
+        if not torch.equal(keep, prefix):
+            # Kept entries move, in order, to a prefix: ``slot`` is each entry's place in the
+            # compact row (a permutation of the positions).
+            kept = keep.long().cumsum(dim=-1)
+            slot = torch.where(keep, kept - 1, lengths[:, None] + pos - kept)
+            x = torch.full_like(x, float("-inf")).scatter_(-1, slot, x)
+        z = x / gamma if gamma != 1 else x
+        groups = coef = p = None
+        if lam > 0:
+            y, groups, coef = _PROXES[name](z, lengths, float(lam))
+            z = y.masked_fill_(~prefix, float("-inf"))
+            # an empty row gets the threshold finfo.min: all zeros (and zero gradient)
+            p = (z - _sort_threshold(z)).clamp_(min=0) if n <= SORT_MAX_N else None
+        if lam == 0 or p is None:   # lam = 0: bit for bit sparsemax; long rows: its Newton threshold
+            p = (z - sparsemax_threshold(z)).clamp_(min=0)
+        ctx.gamma = gamma
+        ctx.save_for_backward(p, slot, groups, coef, prefix)
+        return p if slot is None else p.gather(-1, slot)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        p, slot, groups, coef, prefix = ctx.saved_tensors
+        if slot is not None:
+            grad = torch.empty_like(grad).scatter_(-1, slot, grad)
+        g = sparsemax_backward(p, grad)
+        if groups is not None:
+            n1 = g.shape[-1] + 1
+            if coef is None:
+                g = group_average(g, groups, prefix, n1)
+            else:
+                g = coef * group_average(coef * g, groups, coef != 0, n1)
+        if ctx.gamma != 1:
+            g = g / ctx.gamma
+        if slot is not None:
+            g = g.gather(-1, slot)
+        return g, None, None, None
+
+
+def _structured_map(name: str, scores: Tensor, lam: float, gamma: float, dim: int,
                     mask: Optional[Tensor]) -> Tensor:
     """sparsemax(prox(scores / gamma)) along ``dim`` over the kept entries of every row."""
     _check_params(name, lam, gamma)
@@ -50,25 +135,9 @@ def _structured_map(name: str, prox: Prox, scores: Tensor, lam: float, gamma: fl
     dtype = scores.dtype
     x = apply_mask(scores, mask).to(compute_dtype(dtype)).movedim(dim, -1)
     shape = x.shape
-    n = shape[-1]
     if x.numel() == 0:
         return torch.zeros_like(scores)
-    x = x.reshape(-1, n)
-    keep = x != float("-inf")
-    # Kept entries move, in order, to a prefix: ``slot`` is each entry's place in the compact row.
-    kept = keep.long().cumsum(dim=-1)
-    lengths = kept[:, -1]
-    pos = torch.arange(n, device=x.device)
-    slot = torch.where(keep, kept - 1, lengths[:, None] + pos - kept)
-    prefix = pos < lengths[:, None]
-    z = torch.zeros_like(x).scatter(-1, slot, torch.where(keep, x, torch.zeros_like(x))) / gamma
-    if lam > 0:
-        z = prox(z, lengths, float(lam))
-    empty = lengths[:, None] == 0
-    # An empty row gets a valid dummy row in sparsemax and is zeroed after (zero gradient).
-    p = sparsemax(z, dim=-1, mask=prefix | empty)
-    p = torch.where(empty, torch.zeros_like(p), p)
-    p = p.gather(-1, slot)
+    p = _StructuredFunction.apply(x.reshape(-1, shape[-1]), name, lam, gamma)
     return p.reshape(shape).movedim(-1, dim).to(dtype)
 
 
@@ -84,7 +153,7 @@ def fusedmax(x: Tensor, lam: float = 0.1, gamma: float = 1.0, dim: int = -1,
     Returns probabilities shaped like ``x``, summing to one along ``dim``, piecewise constant
     over runs of adjacent positions.
     """
-    return _structured_map("fusedmax", ProxTVFunction.apply, x, lam, gamma, dim, mask)
+    return _structured_map("fusedmax", x, lam, gamma, dim, mask)
 
 
 def oscarmax(x: Tensor, lam: float = 0.01, gamma: float = 1.0, dim: int = -1,
@@ -96,7 +165,7 @@ def oscarmax(x: Tensor, lam: float = 0.01, gamma: float = 1.0, dim: int = -1,
     itself. Arguments and masking as :func:`fusedmax`. Returns probabilities shaped like ``x``
     in which positions with scores of close magnitude, anywhere in the row, share one weight.
     """
-    return _structured_map("oscarmax", ProxOscarFunction.apply, x, lam, gamma, dim, mask)
+    return _structured_map("oscarmax", x, lam, gamma, dim, mask)
 
 
 def oscarmax_exact(x: Tensor, lam: float = 0.01, gamma: float = 1.0, dim: int = -1,
@@ -109,7 +178,7 @@ def oscarmax_exact(x: Tensor, lam: float = 0.01, gamma: float = 1.0, dim: int = 
     :func:`oscarmax` when scores have mixed signs: a negative score is never pooled with a
     positive one of the same magnitude. Arguments, masking and returns as :func:`fusedmax`.
     """
-    return _structured_map("oscarmax_exact", OrderedFitFunction.apply, x, lam, gamma, dim, mask)
+    return _structured_map("oscarmax_exact", x, lam, gamma, dim, mask)
 
 
 class _StructuredModule(nn.Module):

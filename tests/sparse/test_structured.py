@@ -381,3 +381,111 @@ def test_cuda_matches_cpu(fn):
     x, lengths = _rows(13, 16, 20, 1.0)
     mask = torch.arange(20) < lengths[:, None]
     torch.testing.assert_close(fn(x.cuda(), 0.3, mask=mask.cuda()).cpu(), fn(x, 0.3, mask=mask))
+
+
+# ---------------------------------------------------------------- the one-node fast path
+
+def _reference_map(name: str, row: torch.Tensor, lam: float, gamma: float) -> torch.Tensor:
+    """The map on one compact float64 row, from independent pieces: the funnel-scan taut string
+    (no active set) for TV, textbook PAV for the OSCAR proxes, and a plain sort-based sparsemax."""
+    z = row.double() / gamma
+    m = z.numel()
+    if m == 0:
+        return z
+    lengths = torch.tensor([m])
+    if lam > 0 and name == "fusedmax":
+        z = taut_string(z[None], lengths, lam, lam, max_iter=0)[0][0]
+    elif lam > 0:
+        keys = z.abs() if name == "oscarmax" else z
+        order = torch.sort(keys, descending=True, stable=True).indices
+        w = lam * (m - 1 - torch.arange(m, dtype=torch.float64))
+        fit = torch.tensor(_pav_nonincreasing((keys[order] - w).tolist()), dtype=torch.float64)
+        fit = torch.empty_like(fit).scatter_(0, order, fit)
+        z = torch.sign(z) * fit.clamp(min=0) if name == "oscarmax" else fit
+    zs = torch.sort(z, descending=True).values
+    ks = torch.arange(1, m + 1, dtype=torch.float64)
+    k = int(((1 + ks * zs) > zs.cumsum(0)).sum())
+    return (z - (zs[:k].sum() - 1) / k).clamp(min=0)
+
+
+@pytest.mark.parametrize("fn", MAPS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("lam", [0.0, 0.04, 0.3, 3.0])
+def test_map_matches_independent_composition(fn, dtype, lam):
+    """Prefix masks (random lengths, empty rows included) and arbitrary masks, n on both sides of
+    the sort/Newton threshold switches, against the per-row composition of independent pieces."""
+    for n, seed in ((9, 20), (45, 21), (150, 22)):
+        x, lengths = _rows(seed, 12, n, 1.5, dtype)
+        lengths[1] = 0
+        gamma = 0.7
+        g = torch.Generator().manual_seed(seed)
+        for mask in (torch.arange(n) < lengths[:, None], torch.rand(12, n, generator=g) > 0.3):
+            p = fn(x, lam, gamma, mask=mask)
+            assert p.dtype == dtype and torch.all(p[~mask] == 0)
+            for b in range(12):
+                ref = _reference_map(fn.__name__, x[b][mask[b]], lam, gamma)
+                tol = 1e-12 if dtype == torch.float64 else 2e-5
+                torch.testing.assert_close(p[b][mask[b]].double(), ref, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("fn", MAPS)
+def test_map_gradient_is_the_composed_jacobian(fn):
+    """Backward = sparsemax Jacobian after the prox's group averaging, checked against the
+    explicit Jacobian matrices built from the forward's groups (arbitrary mask, gamma != 1)."""
+    x, lengths = _rows(23, 6, 40, 1.5)
+    g = torch.Generator().manual_seed(23)
+    mask = torch.rand(6, 40, generator=g) > 0.25
+    lam, gamma = 0.2, 1.3
+    xg = x.clone().requires_grad_()
+    p = fn(xg, lam, gamma, mask=mask)
+    v = torch.randn(6, 40, generator=g, dtype=torch.float64)
+    (p * v).sum().backward()
+    for b in range(6):
+        row = x[b][mask[b]] / gamma
+        m = row.numel()
+        if fn is fusedmax:
+            y, groups = prox_tv(row[None], torch.tensor([m]), lam)
+            sign = torch.ones(m, dtype=torch.float64)
+        elif fn is oscarmax:
+            y, groups, sign = prox_oscar(row[None], torch.tensor([m]), lam)
+            sign = sign[0]
+        else:
+            from nmt.sparse._prox_oscar import ordered_fit
+            y, groups = ordered_fit(row[None], torch.tensor([m]), lam)
+            sign = torch.ones(m, dtype=torch.float64)
+        same = (groups[0][:, None] == groups[0][None, :]).double() * (sign[:, None] * sign[None, :])
+        J_prox = same / same.abs().sum(1, keepdim=True).clamp(min=1)
+        q = sparsemax(y[0])
+        s = (q > 0).double()
+        J_sm = torch.diag(s) - s[:, None] * s[None, :] / s.sum()
+        expected = (J_sm @ J_prox).T @ v[b][mask[b]] / gamma
+        torch.testing.assert_close(xg.grad[b][mask[b]], expected, rtol=0, atol=1e-12)
+        assert torch.all(xg.grad[b][~mask[b]] == 0)
+
+
+def test_sort_threshold_matches_sparsemax():
+    from nmt.sparse.structured import _sort_threshold
+    from nmt.sparse.sparsemax import sparsemax_threshold
+    for n in (1, 7, 33, 128):
+        for dtype, tol in ((torch.float64, 1e-13), (torch.float32, 1e-6)):
+            x, lengths = _rows(24 + n, 20, n, 100.0, dtype)
+            lengths[3] = 0
+            z = x.masked_fill(torch.arange(n) >= lengths[:, None], float("-inf"))
+            p = (z - _sort_threshold(z)).clamp(min=0)
+            ref = (z - sparsemax_threshold(z)).clamp(min=0)
+            assert torch.isfinite(p).all() and torch.all(p[3] == 0)
+            torch.testing.assert_close(p, ref, rtol=0, atol=tol * 100)
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 30.0])
+def test_tv_start_rule_does_not_change_the_prox(scale):
+    """Starting the active set with gates |x_{i+1} - x_i| <= 2 lam free: same prox as the funnel
+    scan, also on rows with many differences of exactly 2 lam (there a zero jump may count as a
+    group boundary or not, before and after this start rule: only the values are compared)."""
+    x, lengths = _rows(25, 40, 30, scale)
+    x[:5] = torch.round(x[:5] / (0.2 * scale)) * (0.2 * scale)        # differences of exactly 2 lam
+    lam = 0.1 * scale
+    y, groups = prox_tv(x, lengths, lam)
+    y2, groups2 = taut_string(x, lengths, lam, lam, max_iter=0)
+    torch.testing.assert_close(y, y2, rtol=0, atol=1e-12 * max(1.0, scale))
+    assert torch.equal(groups[5:], groups2[5:])
