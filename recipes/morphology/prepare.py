@@ -9,7 +9,9 @@ Input files (one per language and setting) have lines ``lemma<TAB>form<TAB>tags`
 
 (space-tokenized; a space inside a lemma becomes the token ``▁``), each target line is the
 inflected form itself (to be char-tokenized). ``SPLIT.lang`` records the language of every
-line, so evaluation can report per-language figures.
+line, so evaluation can report per-language figures. The test split reads the gold test file
+``LANG-test`` (``lemma<TAB>form<TAB>tags``, released after the shared task) where it exists and
+the covered one otherwise; ``test.tgt`` is written when every language has its gold file.
 
 Get the data from the shared task repository (https://github.com/sigmorphon/conll2018,
 ``task1/all`` and ``task1/surprise``) and pass its directory with ``--data-dir``.
@@ -83,19 +85,28 @@ def prepare(data_dir: Path, setting: str, out: Path, languages: list[str] | None
     for split, pattern, covered in (("train", f"{{}}-train-{setting}", False), ("dev", "{}-dev", False),
                                     ("test", "{}-covered-test", True)):
         src, tgt, lang = [], [], []
+        all_gold = True  # the test split has targets only if every language has its gold file
         for language in langs:
             path = data_dir / pattern.format(language)
-            if not path.exists():
-                if split == "train":
-                    raise FileNotFoundError(f"{path}: missing training file for language {language!r}")
+            gold = data_dir / f"{language}-test" if split == "test" else None
+            if gold is not None and gold.exists():  # released gold test: lemma, form, tags
+                rows = read_split(gold, covered=False)
+            elif path.exists():
+                rows = read_split(path, covered)
+                all_gold = all_gold and not covered
+            elif split == "train":
+                raise FileNotFoundError(f"{path}: missing training file for language {language!r}")
+            else:
                 continue
-            for lemma, form, tags in read_split(path, covered):
+            for lemma, form, tags in rows:
                 src.append(source_line(language, lemma, tags))
                 tgt.append(form)
                 lang.append(language)
         write_atomic(out / f"{split}.src", src)
-        if not covered:
+        if all_gold:
             write_atomic(out / f"{split}.tgt", tgt)
+        elif split == "test":
+            (out / "test.tgt").unlink(missing_ok=True)  # never keep targets of another run
         write_atomic(out / f"{split}.lang", lang)
         counts[split] = len(src)
         if split == "dev":
@@ -114,7 +125,7 @@ def prepare(data_dir: Path, setting: str, out: Path, languages: list[str] | None
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, default=Path("../shared/data/sigmorphon2018"),
-                        help="directory with LANG-train-SETTING, LANG-dev, LANG-covered-test files")
+                        help="directory with LANG-train-SETTING, LANG-dev, LANG-covered-test (or gold LANG-test) files")
     parser.add_argument("--setting", choices=SETTINGS, default="medium")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default data/morphology/SETTING)")
     parser.add_argument("--languages", nargs="*", default=None, help="restrict to these languages")

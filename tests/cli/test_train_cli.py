@@ -39,6 +39,8 @@ def test_smoke_generates_data_trains_and_resumes(tmp_path, monkeypatch, capsys):
     record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["step"] == 3 and 0 <= record["valid_exact_match"] <= 100
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["training"]["max_steps"] == 3
+    log = (run_dir / "train.log").read_text()
+    assert "step 2 (epoch 1): train loss" in log and "tokens/s" in log  # log_every=1
     out = capsys.readouterr().out
     assert "training finished (max_steps) at step 3" in out
     # same command, longer: resumes from last.pt

@@ -76,6 +76,14 @@ def test_prepare_pools_languages(tmp_path):
     assert (out / "train.tgt").read_text(encoding="utf-8").splitlines() == ["walked", "ice creams", "b"]
     assert (out / "train.lang").read_text(encoding="utf-8").splitlines() == ["xx", "xx", "yy"]
     assert (out / "test.src").read_text(encoding="utf-8").splitlines() == ["<xx> V PST r u n"]
+    assert not (out / "test.tgt").exists()  # covered test only: no targets
+    _write(data / "yy-test", [("c", "cs", "N;PL")])  # gold for one language: still no test.tgt
+    prepare.prepare(data, "medium", out)
+    assert not (out / "test.tgt").exists()
+    _write(data / "xx-test", [("run", "ran", "V;PST")])  # gold for all: test.tgt, aligned with test.src
+    assert prepare.prepare(data, "medium", out)["test"] == 2
+    assert (out / "test.src").read_text(encoding="utf-8").splitlines() == ["<xx> V PST r u n", "<yy> N PL c"]
+    assert (out / "test.tgt").read_text(encoding="utf-8").splitlines() == ["ran", "cs"]
     _write(data / "zz-train-medium", [("bad line",)])
     rc = subprocess.run([sys.executable, str(ROOT / "recipes/morphology/prepare.py"), "--data-dir", str(data),
                          "--out", str(out)], capture_output=True, text=True)
