@@ -112,6 +112,7 @@ def main() -> None:
 
     from nmt.data.textfiles import read_lines
     from nmt.utils.allocator import keep_freed_memory
+    from nmt.utils.io import atomic_write_text
     from nmt.translate.loading import load_model
     from nmt.translate.translator import Translator, TranslationSummary
 
@@ -168,7 +169,7 @@ def main() -> None:
               f"{r['vs_opennmt']:7.2f}x")
     print(f"start-up (fresh interpreter, imports + model load): {figures['startup_seconds']:.2f} s")
     if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+        atomic_write_text(args.json, json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.sparse import get_mapping
+from nmt.sparse import get_mapping, log_probs_of
 
 
 class Generator(nn.Module):
@@ -39,4 +39,4 @@ class Generator(nn.Module):
             logits = logits.float()
         if self.mapping_name == "softmax":
             return F.log_softmax(logits, dim=-1)
-        return torch.log(self.mapping(logits, dim=-1))
+        return log_probs_of(self.mapping(logits, dim=-1))

@@ -4,6 +4,7 @@
 ``f(scores, dim=-1, mask=None, **params)``: exact where an exact algorithm exists, exact
 zeros where masked, hand-written backward, batched on any device.
 """
+from ._common import log_probs_of
 from ._softmax import softmax
 from .entmax import Entmax15, EntmaxBisect, entmax15, entmax_bisect
 from .losses import (
@@ -30,5 +31,5 @@ __all__ = [
     "cross_entropy_loss", "sparsemax_loss", "entmax15_loss", "entmax_bisect_loss",
     "fenchel_young_loss", "Regularizer", "Shannon", "Tsallis",
     "FenchelYoungLoss", "CrossEntropyLoss", "SparsemaxLoss", "Entmax15Loss", "EntmaxBisectLoss",
-    "get_mapping", "get_loss", "mapping_function", "loss_function", "MAPPING_NAMES", "LOSS_NAMES",
+    "log_probs_of", "get_mapping", "get_loss", "mapping_function", "loss_function", "MAPPING_NAMES", "LOSS_NAMES",
 ]

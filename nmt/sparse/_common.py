@@ -19,6 +19,16 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in _UPCAST else dtype
 
 
+def log_probs_of(probs: Tensor) -> Tensor:
+    """``log(probs)`` with exactly ``-inf`` where ``probs == 0`` (same shape and dtype).
+
+    Never evaluates ``log(0)``: on CPU the vectorised log takes about 5x longer on zeros,
+    which a sparse distribution is mostly made of.
+    """
+    zero = probs <= 0
+    return torch.where(zero, 1, probs).log_().masked_fill_(zero, float("-inf"))
+
+
 def apply_mask(scores: Tensor, mask: Optional[Tensor]) -> Tensor:
     """Return ``scores`` with ``-inf`` where ``mask`` is False (``mask`` broadcasts, True = keep)."""
     if mask is None:

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nmt.sparse import entmax15, entmax_bisect, softmax, sparsemax
+from nmt.sparse import entmax15, entmax_bisect, log_probs_of, softmax, sparsemax
 from nmt.sparse._threshold import SORT_MAX_N
 
 MAPPINGS = {
@@ -96,3 +96,15 @@ def test_backward_is_finite_and_zero_off_support(name, prob):
     # J is symmetric with rows summing to zero: <1, J g> = 0 along dim
     row_sums = x.grad.sum(dim)
     assert torch.allclose(row_sums, torch.zeros_like(row_sums), atol=1e-6 * max(1.0, g.abs().max().item()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_log_probs_of_is_log_with_exact_minus_inf(dtype):
+    tiny = torch.finfo(dtype).tiny
+    probs = torch.tensor([[0.0, 0.25, 0.75, 0.0], [tiny / 8, 1.0 - tiny / 8, 0.0, 0.0]], dtype=dtype)
+    out = log_probs_of(probs)
+    assert out.dtype == dtype and out.shape == probs.shape
+    assert torch.equal(torch.isinf(out), probs == 0)  # a subnormal probability stays finite
+    assert torch.equal(out, torch.log(probs))
+    p = entmax15(torch.randn(64, 500, dtype=dtype) * 4)
+    assert torch.equal(log_probs_of(p), torch.log(p))
