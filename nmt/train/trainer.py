@@ -261,7 +261,7 @@ class Trainer:
                         bar.set_postfix(loss=f"{mean:.4f}", tok_s=f"{speed:.0f}", lr=f"{self.schedule.lr:.2g}")
                         tb.scalars("train", {"loss": mean, "lr": self.schedule.lr, "tokens_per_sec": speed}, p.step)
                         logger.info("step %d (epoch %d): train loss %.4f, lr %.3g, %.0f tokens/s, elapsed %.0fs",
-                                    p.step, p.epoch + 1, mean, self.schedule.lr, speed, p.elapsed)
+                                    p.step, p.epoch, mean, self.schedule.lr, speed, p.elapsed)
                         self._tokens_per_sec = speed
                         window_loss.zero_()
                         window_tokens, window_start = 0, time.perf_counter()
