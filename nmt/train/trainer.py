@@ -136,8 +136,9 @@ class Trainer:
         if checkpoint is not None:
             self._restore(checkpoint)
         n_params = sum(p.numel() for p in self.model.parameters())
-        logger.info("model: %d parameters; attention %s, output %s (loss: its Fenchel-Young loss); device %s",
-                    n_params, config["model"]["attention"]["mapping"], output["mapping"], self.device)
+        loss_name = "cross-entropy" if output["mapping"] == "softmax" else f"{output['mapping']} Fenchel-Young loss"
+        logger.info("model: %d parameters; attention %s, output %s (loss: %s); device %s",
+                    n_params, config["model"]["attention"]["mapping"], output["mapping"], loss_name, self.device)
         save_config(config, self.save_dir / "config.yaml")
 
     # ------------------------------------------------------------------ resume
