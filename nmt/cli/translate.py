@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns 0 on success, 2 on bad input (a one-line error on stderr)."""
     start = _IMPORTED_AT if argv is None else time.perf_counter()
     args = build_parser().parse_args(argv)
-    from nmt.train.checkpoint import CheckpointError
+    from nmt.utils.checkpoint_file import CheckpointError
     from nmt.utils.allocator import keep_freed_memory
 
     keep_freed_memory()

@@ -10,7 +10,7 @@ import torch
 
 from nmt.data.field import Field
 from nmt.models.protocol import StepDecoder
-from nmt.train.checkpoint import CheckpointError, load_checkpoint
+from nmt.utils.checkpoint_file import CheckpointError, load_checkpoint
 from nmt.translate.ensemble import Ensemble
 
 

@@ -79,3 +79,24 @@ def test_rng_state_roundtrip(tmp_path):
     again = (torch.rand(5), random.random(), np.random.rand(3), np.random.randn())
     assert torch.equal(expected[0], again[0]) and expected[1] == again[1]
     assert np.array_equal(expected[2], again[2]) and expected[3] == again[3]
+
+
+def test_format_module_is_shared_and_decoding_does_not_import_training():
+    """One file format (nmt.utils.checkpoint_file) for training and decoding; translate -> train is forbidden."""
+    import subprocess
+    import sys
+
+    import nmt.train.checkpoint as policy
+    import nmt.utils.checkpoint_file as file_format
+
+    assert policy.load_checkpoint is file_format.load_checkpoint
+    assert policy.CheckpointError is file_format.CheckpointError
+    code = ("import sys, nmt.translate, nmt.translate.loading, nmt.cli.translate, nmt.utils.checkpoint_file; "
+            "bad = sorted(m for m in sys.modules if m.startswith('nmt.train')); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    code = ("import sys, nmt.utils.checkpoint_file; "
+            "print(sorted(m for m in sys.modules if m.startswith('nmt.') and not m.startswith('nmt.utils')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

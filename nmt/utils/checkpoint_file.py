@@ -1,0 +1,71 @@
+"""The checkpoint file format: one dict, written atomically, read back safely and checked.
+
+A checkpoint is a dict holding :data:`PAYLOAD_KEYS` (``format_version`` = :data:`FORMAT_VERSION`,
+``nmt_version``, model / optimizer / scheduler states, step, epoch, RNG states, resolved config,
+source / target field states, metrics). It is written with ``torch.save`` to a temporary file
+in the target directory and moved into place with ``os.replace`` (``nmt.utils.io.atomic_open``),
+so a crash never leaves a truncated file, and the file gets the umask's permissions.
+Everything in it is tensors and plain Python values, so it loads with ``weights_only=True``
+(no arbitrary unpickling).
+
+Training (``nmt.train``: where and when checkpoints are written) and decoding
+(``nmt.translate.loading``: rebuilding a model) both use this module; it imports no domain
+part of nmt.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.utils.io import atomic_open
+
+FORMAT_VERSION = 1
+PAYLOAD_KEYS = ("format_version", "nmt_version", "model", "optimizer", "scheduler", "step", "epoch", "rng",
+                "config", "src_field", "tgt_field", "metrics")
+
+
+class CheckpointError(RuntimeError):
+    """A one-line error naming the checkpoint file: missing, unreadable or another format."""
+
+
+def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> None:
+    """Write ``payload`` to ``path`` atomically (temp file in the same dir + os.replace).
+
+    ``format_version`` and ``nmt_version`` are filled in when absent.
+    """
+    from nmt import __version__  # nmt/__init__ imports nothing
+
+    payload = {"format_version": FORMAT_VERSION, "nmt_version": __version__, **payload}
+    with atomic_open(path, "wb") as handle:
+        torch.save(payload, handle)
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save_checkpoint` (``weights_only=True``).
+
+    Raises CheckpointError (one line, names the file) when it is missing, corrupt, not an
+    nmt checkpoint, of another format version, or lacks one of :data:`PAYLOAD_KEYS`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # torch raises many types for corrupt / foreign files
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path}: not a readable nmt checkpoint ({type(exc).__name__}: {detail[:200]})") from None
+    if not isinstance(payload, dict) or "format_version" not in payload:
+        raise CheckpointError(f"{path}: not an nmt checkpoint (no format_version)")
+    if payload["format_version"] != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format version {payload['format_version']} "
+                              f"is not supported (this nmt reads version {FORMAT_VERSION})")
+    missing = [k for k in PAYLOAD_KEYS if k not in payload]
+    if missing:
+        raise CheckpointError(f"{path}: incomplete checkpoint, missing {', '.join(missing)}")
+    return payload
+
+
+__all__ = ["FORMAT_VERSION", "PAYLOAD_KEYS", "CheckpointError", "save_checkpoint", "load_checkpoint"]
