@@ -119,6 +119,7 @@ def main() -> None:
     from nmt.utils.allocator import keep_freed_memory
     from nmt.utils.io import atomic_write_text
     from nmt.translate.loading import load_model
+    from nmt.translate.search_options import SearchOptions
     from nmt.translate.translator import Translator, TranslationSummary
 
     keep_freed_memory()  # as nmt-translate does
@@ -142,10 +143,10 @@ def main() -> None:
             loaded = load_model(path)
             for label, beam in (("greedy", 1), ("beam 5", 5)):
                 # (certificate, support statistics): both = the nmt-translate default
+                options = SearchOptions(beam_size=beam, max_length=args.max_length)
                 translators = {setting: Translator(loaded.model, loaded.src_field, loaded.tgt_field,
-                                                   beam_size=beam, max_length=args.max_length,
-                                                   batch_size=args.batch_size, certify=setting[0],
-                                                   support_stats=setting[1])
+                                                   options.updated(certify=setting[0], support_stats=setting[1]),
+                                                   batch_size=args.batch_size)
                                for setting in ((True, True), (True, False), (False, False))}
                 seconds, outputs = time_settings(translators, lines, args.repeats)
                 speeds = {setting: len(lines) / secs for setting, secs in seconds.items()}

@@ -18,33 +18,48 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from nmt.translate.search_options import SearchOptions
 
 _IMPORTED_AT = time.perf_counter()  # start-up is measured from here when run as a program
 PROG = "nmt-translate"
+SEARCH_FLAGS = ("beam_size", "n_best", "max_length", "min_length", "length_penalty", "length_alpha",
+                "support_topk")
+"""Flags that are ``SearchOptions`` fields of the same name (defaults taken from it)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``nmt-translate`` argument parser; search flag defaults are ``SearchOptions()``'s."""
+    from nmt.translate.length_penalty import LENGTH_PENALTIES
+    from nmt.translate.search_options import SearchOptions
+
+    d = SearchOptions()
     p = argparse.ArgumentParser(prog=PROG, description="Translate with certified beam search.")
     p.add_argument("-model", "--model", nargs="+", required=True, metavar="M.pt",
                    help="checkpoint(s); several are decoded as an ensemble (mean of probabilities)")
     p.add_argument("-src", "--src", required=True, metavar="FILE|-", help="source text, one sentence a line")
     p.add_argument("-output", "--output", default="-", metavar="FILE|-", help="translations (default: stdout)")
-    p.add_argument("-beam_size", "--beam_size", type=int, default=5, help="beam size (1 = greedy)")
-    p.add_argument("-n_best", "--n_best", type=int, default=1, help="hypotheses written per sentence")
+    p.add_argument("-beam_size", "--beam_size", type=int, default=d.beam_size, help="beam size (1 = greedy)")
+    p.add_argument("-n_best", "--n_best", type=int, default=d.n_best, help="hypotheses written per sentence")
     p.add_argument("-batch_size", "--batch_size", type=int, default=64, help="sentences per batch")
-    p.add_argument("-max_length", "--max_length", type=int, default=100, help="max target tokens before EOS")
-    p.add_argument("-min_length", "--min_length", type=int, default=0, help="min target tokens before EOS")
-    p.add_argument("-length_penalty", "--length_penalty", default="none", choices=["none", "average", "gnmt"])
-    p.add_argument("-length_alpha", "--length_alpha", type=float, default=0.6, help="alpha of the gnmt penalty")
+    p.add_argument("-max_length", "--max_length", type=int, default=d.max_length,
+                   help="max target tokens before EOS")
+    p.add_argument("-min_length", "--min_length", type=int, default=d.min_length,
+                   help="min target tokens before EOS")
+    p.add_argument("-length_penalty", "--length_penalty", default=d.length_penalty,
+                   choices=LENGTH_PENALTIES)
+    p.add_argument("-length_alpha", "--length_alpha", type=float, default=d.length_alpha,
+                   help="alpha of the gnmt penalty")
     p.add_argument("-report", "--report", metavar="FILE.jsonl", help="per-sentence certificates and n-best lists")
     p.add_argument("-tgt", "--tgt", metavar="REF", help="references: print BLEU, chrF and exact-match accuracy")
     p.add_argument("-attention", "--attention", metavar="DIR", help="write one attention heatmap PNG per sentence")
-    p.add_argument("-support", "--support", action="store_true",
+    p.add_argument("-support", "--support", action="store_true", default=d.return_support,
                    help="report, per step, the tokens of nonzero probability and their probabilities")
-    p.add_argument("-support_topk", "--support_topk", type=int, default=20,
+    p.add_argument("-support_topk", "--support_topk", type=int, default=d.support_topk,
                    help="at most this many support tokens per step in the report")
-    p.add_argument("-no_certify", "--no_certify", action="store_true",
+    p.add_argument("-no_certify", "--no_certify", action="store_true", default=not d.certify,
                    help="skip the exactness certificate (and its extra search)")
     p.add_argument("-device", "--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("-threads", "--threads", type=int, help="torch CPU threads")
@@ -71,12 +86,21 @@ def _read_source(path: str) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
+def search_options(args: argparse.Namespace) -> SearchOptions:
+    """The ``SearchOptions`` the flags ask for; a bad value is a ValueError naming the flag."""
+    from nmt.translate.search_options import SearchOptions
+
+    try:
+        return SearchOptions(**{name: getattr(args, name) for name in SEARCH_FLAGS},
+                             certify=not args.no_certify, return_support=args.support,
+                             return_attention=args.attention is not None)
+    except ValueError as exc:
+        raise ValueError(f"-{exc}") from None  # every message starts with the field = flag name
+
+
 def _check_arguments(args: argparse.Namespace) -> None:
-    for name in ("beam_size", "n_best", "batch_size", "support_topk"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"-{name} must be >= 1, got {getattr(args, name)}")
-    if args.max_length < 0 or not 0 <= args.min_length <= args.max_length:
-        raise ValueError(f"need 0 <= -min_length <= -max_length, got {args.min_length} and {args.max_length}")
+    if args.batch_size < 1:
+        raise ValueError(f"-batch_size must be >= 1, got {args.batch_size}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"-threads must be >= 1, got {args.threads}")
 
@@ -94,6 +118,7 @@ def run(args: argparse.Namespace, start: float | None = None) -> int:
     from nmt.translate.translator import Translator, TranslationSummary
 
     _check_arguments(args)
+    options = search_options(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -109,13 +134,7 @@ def run(args: argparse.Namespace, start: float | None = None) -> int:
     decoder, src_field, tgt_field, members = load_models(args.model, args.device)
     startup = time.perf_counter() - start
 
-    translator = Translator(
-        decoder, src_field, tgt_field, beam_size=args.beam_size, n_best=args.n_best,
-        max_length=args.max_length, min_length=args.min_length, length_penalty=args.length_penalty,
-        length_alpha=args.length_alpha, batch_size=args.batch_size, device=args.device,
-        return_attention=args.attention is not None, return_support=args.support,
-        support_topk=args.support_topk, certify=not args.no_certify,
-    )
+    translator = Translator(decoder, src_field, tgt_field, options, batch_size=args.batch_size, device=args.device)
     bar = None
     if not args.quiet:
         from tqdm import tqdm

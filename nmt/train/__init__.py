@@ -3,7 +3,7 @@
 - ``trainer``: :class:`~nmt.train.trainer.Trainer` (``Trainer(config).train()``), resume from ``last.pt``
 - ``update``: one optimisation step on a batch (Fenchel-Young loss of the output mapping)
 - ``validation``: loss, token accuracy, perplexity, support sizes, exact match / BLEU / chrF
-- ``checkpoint``: atomic ``save_checkpoint`` / checked ``load_checkpoint``, keep-last-K rotation
+- ``checkpoint``: the run directory (``last.pt``, ``best.pt``, keep-last-K ``step_N.pt``); the file format is ``nmt.utils.checkpoint_file``
 - ``optimizers``, ``schedules``, ``early_stopping``: Adam/SGD, warmup + plateau halving, patience
 - ``rng``, ``interrupt``, ``data_setup``: RNG states, SIGINT/SIGTERM, fields and datasets from ``data:``
 

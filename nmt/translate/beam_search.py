@@ -24,6 +24,7 @@ live hypothesis can still rank above the ``n_best``-th finished one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -38,7 +39,8 @@ from nmt.translate.certificate import (
     support_statistics,
 )
 from nmt.translate.history import SearchHistory, backtrack
-from nmt.translate.length_penalty import check_length_penalty, length_penalty
+from nmt.translate.length_penalty import length_penalty
+from nmt.translate.search_options import SearchOptions
 
 NEG_INF = float("-inf")
 
@@ -81,17 +83,27 @@ class SearchResult:
         return [reason_name(code) for code in self.reason.tolist()]
 
 
-def _check_arguments(beam_size: int, n_best: int, max_length: int, min_length: int, support_topk: int) -> None:
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-    if n_best < 1:
-        raise ValueError(f"n_best must be >= 1, got {n_best}")
-    if max_length < 0:
-        raise ValueError(f"max_length must be >= 0, got {max_length}")
-    if not 0 <= min_length <= max_length:
-        raise ValueError(f"min_length must be in [0, max_length={max_length}], got {min_length}")
-    if support_topk < 1:
-        raise ValueError(f"support_topk must be >= 1, got {support_topk}")
+class Specials(NamedTuple):
+    """Target token ids the search needs: BOS starts, EOS ends, PAD fills."""
+
+    bos: int
+    eos: int
+    pad: int
+
+
+@dataclass
+class _SearchEnd:
+    """State of the search when it stops, for ``_collect`` (B sentences, K = beam size).
+
+    truncated: (B_active, K) bool live hypotheses cut by max_length (EOS of probability 0),
+    or None when the last step was not reached; active: (B_active,) long original index of
+    the rows still searched at the end (None: all, in order); exact, reason: (B,) per sentence.
+    """
+
+    truncated: Tensor | None
+    active: Tensor | None
+    exact: Tensor
+    reason: Tensor
 
 
 def beam_search(
@@ -102,62 +114,55 @@ def beam_search(
     bos: int,
     eos: int,
     pad: int = 0,
-    beam_size: int = 5,
-    n_best: int = 1,
-    max_length: int = 100,
-    min_length: int = 0,
-    length_penalty: str = "none",
-    length_alpha: float = 0.6,
-    return_support: bool = False,
-    support_topk: int = 20,
-    return_attention: bool = True,
-    certify: bool = True,
-    support_stats: bool = True,
+    options: SearchOptions | None = None,
+    **overrides: Any,
 ) -> SearchResult:
     """Decode a batch: src (B, L) long, src_lengths (B,) long, on the model's device.
 
-    At most ``max_length`` tokens are generated before EOS; EOS is forbidden before
-    ``min_length`` tokens. ``length_penalty`` is "none", "average" or "gnmt" (with
-    ``length_alpha``). ``certify=False`` skips the certificate (and its extra search of
-    exact sentences): every ``reason`` is then "not_certified". ``support_stats=False`` skips
-    counting the nonzero-probability tokens of every row at every step (``support_size`` is
-    then None unless ``return_support``). Returns a ``SearchResult``.
+    ``options`` (default ``SearchOptions()``) holds beam size, n-best, lengths, length
+    penalty, certificate and what to return; keyword ``overrides`` (``beam_size=4``, ...,
+    any ``SearchOptions`` field) replace fields of it, so ``beam_search(m, s, l, bos=.., eos=..,
+    beam_size=4)`` equals ``beam_search(m, s, l, bos=.., eos=.., options=SearchOptions(beam_size=4))``.
+    Invalid options raise ValueError naming the field. At most ``max_length`` tokens are
+    generated before EOS; EOS is forbidden before ``min_length`` tokens. ``certify=False``
+    skips the certificate (and its extra search of exact sentences): every ``reason`` is then
+    "not_certified". ``support_stats=False`` skips counting the nonzero-probability tokens of
+    every row at every step (``support_size`` is then None unless ``return_support``).
+    One host sync per step (the stop test). Returns a ``SearchResult``.
     """
-    _check_arguments(beam_size, n_best, max_length, min_length, support_topk)
-    check_length_penalty(length_penalty, length_alpha)
+    options = (options or SearchOptions()).updated(**overrides)
     with torch.no_grad():  # not inference_mode: models may cache tensors reused in training
-        return _search(
-            model, src, src_lengths, bos, eos, pad, beam_size, n_best, max_length, min_length,
-            length_penalty, length_alpha, return_support, support_topk, return_attention, certify,
-            support_stats,
-        )
+        return _search(model, src, src_lengths, Specials(bos, eos, pad), options)
 
 
-def greedy_search(model: StepDecoder, src: Tensor, src_lengths: Tensor, **kwargs) -> SearchResult:
+def greedy_search(model: StepDecoder, src: Tensor, src_lengths: Tensor, **kwargs: Any) -> SearchResult:
     """``beam_search`` with ``beam_size=1``: the most probable token at every step."""
-    return beam_search(model, src, src_lengths, beam_size=1, **kwargs)
+    return beam_search(model, src, src_lengths, **{**kwargs, "beam_size": 1})
 
 
-def _search(
-    model: StepDecoder, src: Tensor, src_lengths: Tensor, bos: int, eos: int, pad: int, k: int,
-    n_best: int, max_length: int, min_length: int, penalty: str, alpha: float,
-    return_support: bool, support_topk: int, return_attention: bool, certify: bool, support_stats: bool,
-) -> SearchResult:
+def _search(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials,
+            options: SearchOptions) -> SearchResult:
+    """The search loop; shapes: B sentences, R rows still searched, S slots per row (1 at the
+    first step, then K = beam size), V target vocabulary, L source length, T steps."""
+    bos, eos, pad = special
+    k, n_best, max_length, min_length = options.beam_size, options.n_best, options.max_length, options.min_length
+    penalty, alpha, certify = options.length_penalty, options.length_alpha, options.certify
+    return_support, return_attention = options.return_support, options.return_attention
     device = src.device
     batch = src.size(0)
     encoder_out, state = model.encode(src, src_lengths)
     # The first step runs one row per sentence (all k slots would hold the same BOS prefix);
     # the state is tiled to k slots by the first reordering.
-    scores = torch.zeros((batch, 1), device=device)
-    tokens = torch.full((batch,), bos, dtype=torch.long, device=device)
-    exact = torch.full((batch,), certify, dtype=torch.bool, device=device)
-    reason = torch.full((batch,), 0 if certify else NOT_CERTIFIED, dtype=torch.long, device=device)
-    best_finished = torch.full((batch, n_best), NEG_INF, device=device)  # ranking scores
-    top_finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    active: Tensor | None = None  # original index of each row; None = all, in order
-    out_exact, out_reason = exact.clone(), reason.clone()
+    scores = torch.zeros((batch, 1), device=device)  # (R, S) log-probability of each live prefix
+    tokens = torch.full((batch,), bos, dtype=torch.long, device=device)  # (R*S,) last token
+    exact = torch.full((batch,), certify, dtype=torch.bool, device=device)  # (R,)
+    reason = torch.full((batch,), 0 if certify else NOT_CERTIFIED, dtype=torch.long, device=device)  # (R,)
+    best_finished = torch.full((batch, n_best), NEG_INF, device=device)  # (R, n_best) ranking scores
+    top_finished = torch.zeros(batch, dtype=torch.bool, device=device)  # (R,)
+    active: Tensor | None = None  # (R,) original index of each row; None = all, in order
+    out_exact, out_reason = exact.clone(), reason.clone()  # (B,), (B,)
 
-    count_support = support_stats or return_support
+    count_support = options.support_stats or return_support
     fills: dict[str, float | int | bool] = {"token": pad, "parent": 0, "score": NEG_INF}
     if return_attention:
         fills["attention"] = 0.0
@@ -167,54 +172,54 @@ def _search(
         fills["support_tokens"] = pad
         fills["support_probs"] = 0.0
     history = SearchHistory(batch, fills)
-    truncated: Tensor | None = None
+    truncated: Tensor | None = None  # (R, K) bool, set at the last step
     bound_penalty = length_penalty(penalty, max_length + 1, alpha)
-    eos_index = torch.tensor([eos], device=device)
+    eos_index = torch.tensor([eos], device=device)  # (1,)
 
     for t in range(max_length + 1):
-        log_probs, attention, state = model.step(tokens, state, encoder_out)
+        log_probs, attention, state = model.step(tokens, state, encoder_out)  # (R*S, V), (R*S, L)
         rows, slots = scores.shape  # slots: 1 at the first step, then k
         vocab = log_probs.size(-1)
         if t == 0:  # half precision is upcast; float32/float64 kept
             dtype = torch.float32 if log_probs.dtype in (torch.float16, torch.bfloat16) else log_probs.dtype
             scores, best_finished = scores.to(dtype), best_finished.to(dtype)
-        log_probs = log_probs.to(scores.dtype).view(rows, slots, vocab)
+        log_probs = log_probs.to(scores.dtype).view(rows, slots, vocab)  # (R, S, V)
         if t < min_length:
             log_probs = log_probs.index_fill(-1, eos_index, NEG_INF)
-        cand = scores.unsqueeze(-1) + log_probs  # (rows, k, V)
+        cand = scores.unsqueeze(-1) + log_probs  # (R, S, V)
         record: dict[str, Tensor] = {}
         if count_support:
-            record["support_size"] = _support_size(log_probs)  # (rows, slots), per parent row
+            record["support_size"] = _support_size(log_probs)  # (R, S), per parent row
         if return_support:
-            top_lp, top_tok = log_probs.topk(min(support_topk, vocab), dim=-1)
+            top_lp, top_tok = log_probs.topk(min(options.support_topk, vocab), dim=-1)  # (R, S, m)
             record["support_tokens"] = top_tok
             record["support_probs"] = top_lp.exp()
         if return_attention:
-            record["attention"] = attention.to(scores.dtype).view(rows, slots, -1)
+            record["attention"] = attention.to(scores.dtype).view(rows, slots, -1)  # (R, S, L)
 
         if t == max_length:  # only EOS may follow: the final step
-            top_scores = cand[..., eos]
-            parent = torch.arange(slots, device=device).expand(rows, slots)
-            chosen = torch.full_like(parent, eos)
-            live_before = torch.isfinite(scores)
-            truncated = _pad_slots(live_before & ~torch.isfinite(top_scores), k, False)
+            top_scores = cand[..., eos]  # (R, S)
+            parent = torch.arange(slots, device=device).expand(rows, slots)  # (R, S)
+            chosen = torch.full_like(parent, eos)  # (R, S)
+            live_before = torch.isfinite(scores)  # (R, S)
+            truncated = _pad_slots(live_before & ~torch.isfinite(top_scores), k, False)  # (R, K)
             if certify:
-                eos_ok = torch.isfinite(log_probs[..., eos]).int()
-                support = record["support_size"] if count_support else _support_size(log_probs)
-                cut = (live_before & (support - eos_ok > 0)).any(1)
+                eos_ok = torch.isfinite(log_probs[..., eos]).int()  # (R, S)
+                support = record["support_size"] if count_support else _support_size(log_probs)  # (R, S)
+                cut = (live_before & (support - eos_ok > 0)).any(1)  # (R,)
                 exact, reason = record_violation(exact, reason, cut, MAX_LENGTH)
         else:
             width = min(k + 1 if certify else k, slots * vocab)
-            top_scores, top_index = cand.view(rows, slots * vocab).topk(width, dim=1)
+            top_scores, top_index = cand.view(rows, slots * vocab).topk(width, dim=1)  # (R, width)
             if certify and width > k:
-                pruned = torch.isfinite(top_scores[:, k])
+                pruned = torch.isfinite(top_scores[:, k])  # (R,) a finite candidate left out
                 exact, reason = record_violation(exact, reason, pruned, PRUNED)
-                top_scores, top_index = top_scores[:, :k], top_index[:, :k]
-            parent = torch.div(top_index, vocab, rounding_mode="floor")
-            chosen = top_index - parent * vocab
+                top_scores, top_index = top_scores[:, :k], top_index[:, :k]  # (R, K)
+            parent = torch.div(top_index, vocab, rounding_mode="floor")  # (R, K) slot extended
+            chosen = top_index - parent * vocab  # (R, K) token appended
         # every step is recorded with k slots (fewer only at the first step, or when k > V)
-        top_scores = _pad_slots(top_scores, k, NEG_INF)
-        parent, chosen = _pad_slots(parent, k, 0), _pad_slots(chosen, k, pad)
+        top_scores = _pad_slots(top_scores, k, NEG_INF)  # (R, K)
+        parent, chosen = _pad_slots(parent, k, 0), _pad_slots(chosen, k, pad)  # (R, K), (R, K)
         if slots < k:  # per-row records: only row 0 exists, and every parent is 0
             record = {name: value.expand((rows, k) + value.shape[2:]) for name, value in record.items()}
         record.update(token=chosen, parent=parent, score=top_scores)
@@ -222,52 +227,51 @@ def _search(
         if t == max_length:
             break
 
-        is_eos = chosen == eos
-        finished = is_eos & torch.isfinite(top_scores)
-        scores = top_scores.masked_fill(is_eos, NEG_INF)
-        new_ranked = torch.where(finished, top_scores / length_penalty(penalty, t + 1, alpha), NEG_INF)
-        best_finished = torch.cat([best_finished, new_ranked], dim=1).topk(n_best, dim=1).values
-        top_finished = top_finished | finished[:, 0]
-        live = torch.isfinite(scores).any(1)
-        worst_kept = best_finished[:, -1]
+        is_eos = chosen == eos  # (R, K)
+        finished = is_eos & torch.isfinite(top_scores)  # (R, K)
+        scores = top_scores.masked_fill(is_eos, NEG_INF)  # (R, K) live prefixes only
+        new_ranked = torch.where(finished, top_scores / length_penalty(penalty, t + 1, alpha), NEG_INF)  # (R, K)
+        best_finished = torch.cat([best_finished, new_ranked], dim=1).topk(n_best, dim=1).values  # (R, n_best)
+        top_finished = top_finished | finished[:, 0]  # (R,)
+        live = torch.isfinite(scores).any(1)  # (R,)
+        worst_kept = best_finished[:, -1]  # (R,)
         settled = torch.isfinite(worst_kept) & (
             top_finished | (worst_kept >= scores.max(1).values / bound_penalty)
-        )
+        )  # (R,)
         if certify:
             settled = settled & ~exact
-        done = ~live | settled
+        done = ~live | settled  # (R,)
         done_host = done.tolist()  # the one host sync of the step
         if all(done_host):
             break
 
-        parent_rows = parent + (torch.arange(rows, device=device) * slots).unsqueeze(1)
-        tokens = chosen
+        parent_rows = parent + (torch.arange(rows, device=device) * slots).unsqueeze(1)  # (R, K) into R*S
+        tokens = chosen  # (R, K)
         if any(done_host):  # drop finished sentences from the batch
-            keep = torch.tensor([i for i, d in enumerate(done_host) if not d], device=device)
-            gone = torch.tensor([i for i, d in enumerate(done_host) if d], device=device)
-            original = torch.arange(batch, device=device) if active is None else active
+            keep = torch.tensor([i for i, d in enumerate(done_host) if not d], device=device)  # (R',)
+            gone = torch.tensor([i for i, d in enumerate(done_host) if d], device=device)  # (R - R',)
+            original = torch.arange(batch, device=device) if active is None else active  # (R,)
             out_exact.index_copy_(0, original.index_select(0, gone), exact.index_select(0, gone))
             out_reason.index_copy_(0, original.index_select(0, gone), reason.index_select(0, gone))
-            active = original.index_select(0, keep)
+            active = original.index_select(0, keep)  # (R',)
             encoder_out = select_state(encoder_out, keep if slots == 1 else
                                        (keep.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1))
-            parent_rows = parent_rows.index_select(0, keep)
-            scores, tokens = scores.index_select(0, keep), tokens.index_select(0, keep)
-            exact, reason = exact.index_select(0, keep), reason.index_select(0, keep)
-            best_finished = best_finished.index_select(0, keep)
-            top_finished = top_finished.index_select(0, keep)
+            parent_rows = parent_rows.index_select(0, keep)  # (R', K)
+            scores, tokens = scores.index_select(0, keep), tokens.index_select(0, keep)  # (R', K), (R', K)
+            exact, reason = exact.index_select(0, keep), reason.index_select(0, keep)  # (R',), (R',)
+            best_finished = best_finished.index_select(0, keep)  # (R', n_best)
+            top_finished = top_finished.index_select(0, keep)  # (R',)
         state = select_state(state, parent_rows.view(-1))
         if slots == 1 and k > 1:
             encoder_out = tile_state(encoder_out, k)
-        tokens = tokens.reshape(-1)
+        tokens = tokens.reshape(-1)  # (R*K,)
 
     if active is None:
         out_exact, out_reason = exact, reason
     else:
         out_exact.index_copy_(0, active, exact)
         out_reason.index_copy_(0, active, reason)
-    return _collect(history, truncated, active, out_exact, out_reason, eos, pad, k, n_best,
-                    max_length, penalty, alpha, return_attention, count_support, return_support)
+    return _collect(history, _SearchEnd(truncated, active, out_exact, out_reason), eos, pad, options)
 
 
 def _support_size(log_probs: Tensor) -> Tensor:
@@ -282,32 +286,34 @@ def _pad_slots(x: Tensor, k: int, value: float | int | bool) -> Tensor:
     return torch.cat([x, x.new_full((x.size(0), k - x.size(1)), value)], dim=1)
 
 
-def _collect(
-    history: SearchHistory, truncated: Tensor | None, active: Tensor | None, exact: Tensor,
-    reason: Tensor, eos: int, pad: int, k: int, n_best: int, max_length: int, penalty: str,
-    alpha: float, return_attention: bool, count_support: bool, return_support: bool,
-) -> SearchResult:
-    """Rank every finished hypothesis of the history and rebuild the n best."""
+def _collect(history: SearchHistory, end: _SearchEnd, eos: int, pad: int, options: SearchOptions) -> SearchResult:
+    """Rank every finished hypothesis of the history and rebuild the n best.
+
+    Shapes: T steps, B sentences, K = beam size, E = T*K (+K) entries per sentence.
+    """
+    k, n_best, max_length = options.beam_size, options.n_best, options.max_length
+    penalty, alpha = options.length_penalty, options.length_alpha
+    truncated, active = end.truncated, end.active
     records = history.materialize()
     token, score = records["token"], records["score"]  # (T, B, K)
     steps, batch = token.size(0), token.size(1)
     device = token.device
-    complete = (token == eos) & torch.isfinite(score)
-    step_index = torch.arange(steps, device=device).view(steps, 1, 1).expand_as(score)
-    slot_index = torch.arange(k, device=device).view(1, 1, k).expand_as(score)
-    ranking = score / length_penalty(penalty, step_index + 1, alpha, score.dtype)
+    complete = (token == eos) & torch.isfinite(score)  # (T, B, K)
+    step_index = torch.arange(steps, device=device).view(steps, 1, 1).expand_as(score)  # (T, B, K)
+    slot_index = torch.arange(k, device=device).view(1, 1, k).expand_as(score)  # (T, B, K)
+    ranking = score / length_penalty(penalty, step_index + 1, alpha, score.dtype)  # (T, B, K)
 
     def flat(x: Tensor) -> Tensor:  # (T, B, K) -> (B, T*K)
         return x.permute(1, 0, 2).reshape(batch, steps * k)
 
-    entry_score, entry_rank, entry_complete = flat(score), flat(ranking), flat(complete)
-    entry_step, entry_slot = flat(step_index), flat(slot_index)
-    entry_valid = entry_complete
+    entry_score, entry_rank, entry_complete = flat(score), flat(ranking), flat(complete)  # (B, E) each
+    entry_step, entry_slot = flat(step_index), flat(slot_index)  # (B, E)
+    entry_valid = entry_complete  # (B, E)
     if truncated is not None and max_length > 0:
         # live hypotheses whose EOS had probability 0 at the last step: returned without EOS
-        trunc = torch.zeros(batch, k, dtype=torch.bool, device=device)
+        trunc = torch.zeros(batch, k, dtype=torch.bool, device=device)  # (B, K)
         trunc = trunc.index_copy_(0, active, truncated) if active is not None else truncated
-        last = score[max_length - 1]
+        last = score[max_length - 1]  # (B, K)
         entry_score = torch.cat([entry_score, last], dim=1)
         entry_rank = torch.cat([entry_rank, last / length_penalty(penalty, max_length, alpha)], dim=1)
         entry_complete = torch.cat([entry_complete, torch.zeros_like(trunc)], dim=1)
@@ -315,16 +321,16 @@ def _collect(
         entry_step = torch.cat([entry_step, torch.full_like(trunc, max_length - 1, dtype=torch.long)], dim=1)
         entry_slot = torch.cat([entry_slot, torch.arange(k, device=device).expand(batch, k)], dim=1)
 
-    n_nonzero, mass = support_statistics(entry_score, entry_complete)
+    n_nonzero, mass = support_statistics(entry_score, entry_complete)  # (B,), (B,)
     # order: complete before truncated before missing, then by ranking score (stable sorts)
-    key = entry_rank.masked_fill(~entry_valid, NEG_INF)
-    order = key.sort(dim=1, descending=True, stable=True).indices
-    category = (~entry_complete).long() + (~entry_valid).long()
-    order = order.gather(1, category.gather(1, order).sort(dim=1, stable=True).indices)
-    take = order[:, :n_best] if order.size(1) >= n_best else order
-    valid = entry_valid.gather(1, take)
-    end_step = torch.where(valid, entry_step.gather(1, take), torch.full_like(take, -1))
-    slot = torch.where(valid, entry_slot.gather(1, take), torch.zeros_like(take))
+    key = entry_rank.masked_fill(~entry_valid, NEG_INF)  # (B, E)
+    order = key.sort(dim=1, descending=True, stable=True).indices  # (B, E)
+    category = (~entry_complete).long() + (~entry_valid).long()  # (B, E) 0 complete, 1 cut, 2 none
+    order = order.gather(1, category.gather(1, order).sort(dim=1, stable=True).indices)  # (B, E)
+    take = order[:, :n_best] if order.size(1) >= n_best else order  # (B, n)
+    valid = entry_valid.gather(1, take)  # (B, n)
+    end_step = torch.where(valid, entry_step.gather(1, take), torch.full_like(take, -1))  # (B, n)
+    slot = torch.where(valid, entry_slot.gather(1, take), torch.zeros_like(take))  # (B, n)
     per_row = tuple(name for name in ("attention", "support_size", "support_tokens", "support_probs")
                     if name in records)
     rebuilt = backtrack(records, end_step, slot, pad, per_row)
@@ -335,10 +341,10 @@ def _collect(
         ranking_scores=key.gather(1, take),
         complete=entry_complete.gather(1, take) & valid,
         attention=rebuilt.get("attention"),
-        exact=exact,
+        exact=end.exact,
         n_nonzero=n_nonzero,
         mass=mass,
-        reason=reason,
+        reason=end.reason,
         support_size=rebuilt.get("support_size"),
         support_tokens=rebuilt.get("support_tokens"),
         support_probs=rebuilt.get("support_probs"),
@@ -364,4 +370,4 @@ def _pad_nbest(result: SearchResult, n_best: int, pad: int) -> SearchResult:
     return result
 
 
-__all__ = ["SearchResult", "beam_search", "greedy_search"]
+__all__ = ["SearchOptions", "SearchResult", "Specials", "beam_search", "greedy_search"]

@@ -13,6 +13,7 @@ from nmt.data.field import Field
 from nmt.models.protocol import StepDecoder
 from nmt.translate.beam_search import SearchResult, beam_search
 from nmt.translate.certificate import reason_name
+from nmt.translate.search_options import SearchOptions
 
 EMPTY_INPUT = "empty_input"
 """``reason`` of an empty input line: it is not decoded and its output is empty."""
@@ -62,29 +63,24 @@ class Translation:
         return record
 
 
-@dataclass
 class Translator:
-    """Batched translation with one model or an ``Ensemble`` (see ``beam_search`` for the
-    search options). ``max_src_length`` truncates long sources (None: keep them whole)."""
+    """Batched translation with one model or an ``Ensemble``.
 
-    model: StepDecoder
-    src_field: Field
-    tgt_field: Field
-    beam_size: int = 5
-    n_best: int = 1
-    max_length: int = 100
-    min_length: int = 0
-    length_penalty: str = "none"
-    length_alpha: float = 0.6
-    batch_size: int = 64
-    device: str | torch.device = "cpu"
-    return_attention: bool = False
-    return_support: bool = False
-    support_topk: int = 20
-    certify: bool = True
-    support_stats: bool = True
-    max_src_length: int | None = None
-    search_seconds: float = 0.0
+    ``options`` (default ``SearchOptions()``) are the search options; keyword
+    ``search_overrides`` (``beam_size=5``, ..., any ``SearchOptions`` field) replace fields of
+    it. ``max_src_length`` truncates long sources (None: keep them whole).
+    ``search_seconds`` accumulates the time spent in ``translate``.
+    """
+
+    def __init__(self, model: StepDecoder, src_field: Field, tgt_field: Field, options: SearchOptions | None = None,
+                 *, batch_size: int = 64, device: str | torch.device = "cpu", max_src_length: int | None = None,
+                 **search_overrides: Any) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model, self.src_field, self.tgt_field = model, src_field, tgt_field
+        self.options = (options or SearchOptions()).updated(**search_overrides)
+        self.batch_size, self.device, self.max_src_length = batch_size, device, max_src_length
+        self.search_seconds = 0.0
 
     def translate(self, lines: Sequence[str], progress: Callable[[int], None] | None = None) -> list[Translation]:
         """Translations of ``lines`` in input order; ``progress(n)`` is called after each batch
@@ -98,15 +94,8 @@ class Translator:
                     results[i] = Translation(i, [], [], [], False, 0, 0.0, EMPTY_INPUT)
             else:
                 batch = batch.to(self.device)
-                result = beam_search(
-                    self.model, batch.src, batch.src_lengths, bos=vocab.bos_index, eos=vocab.eos_index,
-                    pad=vocab.pad_index, beam_size=self.beam_size, n_best=self.n_best,
-                    max_length=self.max_length, min_length=self.min_length,
-                    length_penalty=self.length_penalty, length_alpha=self.length_alpha,
-                    return_support=self.return_support, support_topk=self.support_topk,
-                    return_attention=self.return_attention, certify=self.certify,
-                    support_stats=self.support_stats,
-                )
+                result = beam_search(self.model, batch.src, batch.src_lengths, bos=vocab.bos_index,
+                                     eos=vocab.eos_index, pad=vocab.pad_index, options=self.options)
                 result = _to_cpu(result)  # one transfer per field and batch
                 src_ids = batch.src.cpu().tolist()
                 lengths = batch.src_lengths.cpu().tolist()

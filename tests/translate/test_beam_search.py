@@ -13,6 +13,7 @@ from toy_decoders import BOS, EOS, PAD, MarkovDecoder, TinyAttentionRNN, random_
 
 def search(model, src, lengths, **kw):
     kw.setdefault("max_length", 12)
+    kw.setdefault("return_attention", True)
     return beam_search(model, src, lengths, bos=BOS, eos=EOS, pad=PAD, **kw)
 
 

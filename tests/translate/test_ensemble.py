@@ -15,7 +15,7 @@ from toy_decoders import BOS, EOS, MarkovDecoder, TinyAttentionRNN, enumerate_su
 def test_ensemble_of_one_is_the_model():
     model = TinyAttentionRNN(mapping="entmax15", seed=1)
     src, lengths = random_sources(5, 13, 6, seed=2)
-    kw = dict(bos=BOS, eos=EOS, beam_size=3, n_best=3, max_length=10)
+    kw = dict(bos=BOS, eos=EOS, beam_size=3, n_best=3, max_length=10, return_attention=True)
     single, ens = beam_search(model, src, lengths, **kw), beam_search(Ensemble([model]), src, lengths, **kw)
     assert isinstance(Ensemble([model]), StepDecoder)
     assert torch.equal(single.tokens, ens.tokens)

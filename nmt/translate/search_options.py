@@ -1,0 +1,78 @@
+"""``SearchOptions``: every option of beam search, its default and its checks, in one place.
+
+``beam_search``, ``Translator``, ``nmt-translate`` (its flag defaults are these defaults),
+validation during training and ``tools/bench_translate.py`` all pass a ``SearchOptions``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from nmt.translate.length_penalty import LENGTH_PENALTIES
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """Options of one beam search (checked on construction: ValueError naming the field).
+
+    beam_size: hypotheses kept per step (1 = greedy).
+    n_best: hypotheses returned per sentence; may exceed ``beam_size``, since finished
+        hypotheses are never discarded (an exact search returns its whole support).
+    max_length / min_length: at most / at least this many tokens before EOS.
+    length_penalty / length_alpha: ranking of finished hypotheses ("none", "average" or
+        "gnmt" with ``length_alpha``), see ``nmt.translate.length_penalty``.
+    certify: compute the exactness certificate (and keep searching exact sentences until
+        their support is enumerated); False: every ``reason`` is "not_certified".
+    support_stats: count the nonzero-probability tokens of every step (``support_size``).
+    return_support / support_topk: also return, per step, the ``support_topk`` most probable
+        tokens and their probabilities.
+    return_attention: also return the source attention of every generated token.
+    """
+
+    beam_size: int = 5
+    n_best: int = 1
+    max_length: int = 100
+    min_length: int = 0
+    length_penalty: str = "none"
+    length_alpha: float = 0.6
+    certify: bool = True
+    support_stats: bool = True
+    return_support: bool = False
+    support_topk: int = 20
+    return_attention: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("beam_size", "n_best", "max_length", "min_length", "support_topk"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        for name in ("certify", "support_stats", "return_support", "return_attention"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("beam_size", "n_best", "support_topk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_length < 0:
+            raise ValueError(f"max_length must be >= 0, got {self.max_length}")
+        if not 0 <= self.min_length <= self.max_length:
+            raise ValueError(f"min_length must be in [0, max_length={self.max_length}], got {self.min_length}")
+        if self.length_penalty not in LENGTH_PENALTIES:
+            raise ValueError(f"length_penalty must be one of {', '.join(LENGTH_PENALTIES)}, "
+                             f"got {self.length_penalty!r}")
+        alpha = self.length_alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha < 0:
+            raise ValueError(f"length_alpha must be a finite number >= 0, got {alpha!r}")
+
+    def updated(self, **overrides: Any) -> "SearchOptions":
+        """A copy with ``overrides`` applied (checked again); an unknown name is a TypeError."""
+        if not overrides:
+            return self
+        unknown = sorted(set(overrides) - {f.name for f in fields(self)})
+        if unknown:
+            raise TypeError(f"unknown search option(s) {', '.join(unknown)}; valid: "
+                             f"{', '.join(f.name for f in fields(self))}")
+        return replace(self, **overrides)
+
+
+__all__ = ["SearchOptions"]
