@@ -30,7 +30,7 @@ from nmt.train.optimizers import build_optimizer
 from nmt.train.rng import rng_state, seed_everything, set_rng_state
 from nmt.train.schedules import PlateauWarmupSchedule
 from nmt.train.update import update
-from nmt.train.validation import attention_matrices, decoding_available, validate
+from nmt.train.validation import attention_matrices, validate
 from nmt.utils.config import config_differences, save_config
 from nmt.utils.config_schema import HIGHER_IS_BETTER
 from nmt.utils.metrics_log import MetricsLog
@@ -105,9 +105,9 @@ class Trainer:
         if train_cfg["threads"] is not None:
             torch.set_num_threads(train_cfg["threads"])
         self.metric = valid_cfg["metric"]
-        if self.metric in DECODING_METRICS and not (valid_cfg["decode"] and decoding_available()):
-            reason = "validation.decode is false" if not valid_cfg["decode"] else "beam search is not available"
-            raise ConfigError(source, "validation.metric", f"{self.metric!r} needs decoding, but {reason}")
+        if self.metric in DECODING_METRICS and not valid_cfg["decode"]:
+            raise ConfigError(source, "validation.metric",
+                              f"{self.metric!r} needs decoding, but validation.decode is false")
 
         checkpoint = self._existing_checkpoint()
         generate_if_missing(config["data"])

@@ -2,8 +2,8 @@
 
 Teacher-forced statistics are accumulated as tensors over the whole validation set and
 read once at the end (no per-batch host sync). Decoding uses
-``nmt.translate.beam_search.beam_search`` (beam 1 = greedy) and scores the detokenized
-hypotheses against the raw reference lines.
+``nmt.translate.beam_search.beam_search`` with a ``SearchOptions`` (beam 1 = greedy) and
+scores the detokenized hypotheses against the raw reference lines.
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from torch import Tensor, nn
 from nmt.data.batching import collate, make_batches
 from nmt.data.dataset import ParallelDataset
 from nmt.data.field import Field
+from nmt.translate.beam_search import beam_search
+from nmt.translate.search_options import SearchOptions
 from nmt.utils import metrics as corpus_metrics
 
 
@@ -33,15 +35,6 @@ class ValidationResult:
 
     scalars: dict[str, float]
     hypotheses: list[str] = field(default_factory=list)
-
-
-def decoding_available() -> bool:
-    """True when ``nmt.translate.beam_search`` can be imported."""
-    try:
-        from nmt.translate.beam_search import beam_search  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 @torch.no_grad()
@@ -79,17 +72,16 @@ def teacher_forced_statistics(model: nn.Module, dataset: ParallelDataset, loss_f
 
 @torch.no_grad()
 def decode_dataset(model: nn.Module, dataset: ParallelDataset, tgt_field: Field, batch_size: int,
-                   beam_size: int, max_length: int, device: torch.device) -> tuple[list[str], float]:
-    """Detokenized best hypothesis of every example (dataset order) and the % certified exact."""
-    from nmt.translate.beam_search import beam_search
-
+                   options: SearchOptions, device: torch.device) -> tuple[list[str], float]:
+    """Detokenized best hypothesis of every example (dataset order) and the % certified exact
+    (certified only with ``options.certify``)."""
     vocab = tgt_field.vocab
     hypotheses: list[str] = [""] * len(dataset)
     certified = 0
     for indices in make_batches(dataset, batch_size, "sentences", shuffle=False):
         batch = collate(dataset, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index).to(device)
         result = beam_search(model, batch.src, batch.src_lengths, bos=vocab.bos_index, eos=vocab.eos_index,
-                             beam_size=beam_size, n_best=1, max_length=max_length)
+                             options=options)
         best = result.tokens[:, 0, :].cpu()
         for row, index in enumerate(_positions(batch)):
             hypotheses[index] = tgt_field.decode(best[row])
@@ -103,16 +95,17 @@ def validate(model: nn.Module, dataset: ParallelDataset, references: Sequence[st
     """Full validation of ``model`` (put in eval mode, restored to its previous mode after).
 
     references: raw target line of each ``dataset`` example. Decoding metrics are computed
-    when ``decode`` is True and beam search is available.
+    when ``decode`` is True, with ``SearchOptions(beam_size=beam_size, max_length=max_length)``
+    (one hypothesis, certified).
     """
     was_training = model.training
     model.eval()
     try:
         scalars = teacher_forced_statistics(model, dataset, loss_fn, batch_size, device, is_softmax)
         hypotheses: list[str] = []
-        if decode and decoding_available():
-            hypotheses, certified = decode_dataset(model, dataset, dataset.tgt_field, batch_size, beam_size,
-                                                   max_length, device)
+        if decode:
+            options = SearchOptions(beam_size=beam_size, n_best=1, max_length=max_length)
+            hypotheses, certified = decode_dataset(model, dataset, dataset.tgt_field, batch_size, options, device)
             scalars["exact_match"] = corpus_metrics.exact_match(hypotheses, references)
             scalars["bleu"] = corpus_metrics.bleu(hypotheses, references)
             scalars["chrf"] = corpus_metrics.chrf(hypotheses, references)
@@ -156,5 +149,4 @@ def _positions(batch) -> list[int]:
     return indices.tolist() if isinstance(indices, Tensor) else list(indices)
 
 
-__all__ = ["ValidationResult", "validate", "teacher_forced_statistics", "decode_dataset", "attention_matrices",
-           "decoding_available"]
+__all__ = ["ValidationResult", "validate", "teacher_forced_statistics", "decode_dataset", "attention_matrices"]
