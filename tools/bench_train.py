@@ -47,7 +47,7 @@ from nmt.models import build_model  # noqa: E402
 from nmt.sparse import get_loss  # noqa: E402
 from nmt.train.optimizers import build_optimizer  # noqa: E402
 from nmt.train.update import update  # noqa: E402
-from nmt.utils.config import load_config, registered_mappings  # noqa: E402
+from nmt.config import load_config, registered_mappings  # noqa: E402
 from nmt.utils.io import atomic_write_text  # noqa: E402
 
 CONFIG = ROOT / "configs" / "multi30k_lstm.yaml"

@@ -44,18 +44,18 @@ class ContinuousAttention(nn.Module):
         variance_floor: float = 1e-6,
     ) -> None:
         super().__init__()
-        self.beta = alpha_to_beta(alpha, key="model.attention.continuous.alpha")
+        self.beta = alpha_to_beta(alpha, key="alpha")
         self.alpha = ALPHAS[(0, 3, 2, 1).index(self.beta)]          # canonical float, e.g. 4/3
         if isinstance(num_basis_mu, bool) or not isinstance(num_basis_mu, int) or num_basis_mu < 1:
-            raise ValueError(f"model.attention.continuous.num_basis_mu: expected an int >= 1, got {num_basis_mu!r}")
+            raise ValueError(f"num_basis_mu: expected an int >= 1, got {num_basis_mu!r}")
         if (not isinstance(basis_sigma, (list, tuple)) or not basis_sigma
                 or not all(isinstance(s, (int, float)) and not isinstance(s, bool) and s > 0 for s in basis_sigma)):
-            raise ValueError("model.attention.continuous.basis_sigma: expected a non-empty list of positive floats, "
+            raise ValueError("basis_sigma: expected a non-empty list of positive floats, "
                              f"got {basis_sigma!r}")
         if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or ridge <= 0:
-            raise ValueError(f"model.attention.continuous.ridge: expected a float > 0, got {ridge!r}")
+            raise ValueError(f"ridge: expected a float > 0, got {ridge!r}")
         if isinstance(variance_floor, bool) or not isinstance(variance_floor, (int, float)) or variance_floor <= 0:
-            raise ValueError(f"model.attention.continuous.variance_floor: expected a float > 0, got {variance_floor!r}")
+            raise ValueError(f"variance_floor: expected a float > 0, got {variance_floor!r}")
         self.ridge = float(ridge)
         self.variance_floor = float(variance_floor)
         basis_mu, basis_sig = default_basis(num_basis_mu, [float(s) for s in basis_sigma])

@@ -22,7 +22,20 @@ from .losses import (
     fenchel_young_loss,
     sparsemax_loss,
 )
-from .registry import LOSS_NAMES, MAPPING_NAMES, get_loss, get_mapping, loss_function, mapping_function
+from .registry import (
+    LOSS_NAMES,
+    MAPPING_NAMES,
+    check_loss,
+    check_mapping,
+    get_loss,
+    get_mapping,
+    is_softmax,
+    loss_display_name,
+    loss_function,
+    loss_parameters,
+    mapping_function,
+    mapping_parameters,
+)
 from .sparsemax import Sparsemax, sparsemax
 
 __all__ = [
@@ -32,4 +45,5 @@ __all__ = [
     "fenchel_young_loss", "Regularizer", "Shannon", "Tsallis",
     "FenchelYoungLoss", "CrossEntropyLoss", "SparsemaxLoss", "Entmax15Loss", "EntmaxBisectLoss",
     "log_probs_of", "get_mapping", "get_loss", "mapping_function", "loss_function", "MAPPING_NAMES", "LOSS_NAMES",
+    "check_mapping", "check_loss", "mapping_parameters", "loss_parameters", "is_softmax", "loss_display_name",
 ]

@@ -3,6 +3,15 @@
 ``get_mapping(name, **params)`` returns ``f(scores, dim=-1, mask=None) -> probs`` with the
 parameters bound; ``get_loss(name, **params)`` the matching Fenchel-Young loss.
 "fusedmax" / "oscarmax" live in :mod:`nmt.sparse.structured` and are imported on lookup.
+
+Parameters are checked here and only here, by one rule: the parameters of a mapping (loss) are
+the keyword parameters of its function other than the inputs (the first positional parameter
+of a mapping, whatever its name; the first two of a loss) and the arguments the bound callable
+passes itself (``dim``, ``mask``; ``ignore_index``, ``reduction``, ``label_smoothing``).
+:func:`check_mapping` / :func:`check_loss` raise a plain one-line ValueError naming the name or
+parameter; the config layer calls them and adds the YAML key. Name facts that other code needs
+(is this softmax? what is its loss called?) are answered here too: :func:`is_softmax`,
+:func:`loss_display_name`.
 """
 from __future__ import annotations
 
@@ -12,12 +21,11 @@ from typing import Callable, Optional
 
 from torch import Tensor
 
-from nmt.utils.suggest import did_you_mean
-
 from . import losses
 from ._softmax import softmax
 from .entmax import entmax15, entmax_bisect
 from .sparsemax import sparsemax
+from .suggest import did_you_mean
 
 _MAPPINGS: dict[str, Callable | str] = {
     "softmax": softmax,
@@ -40,8 +48,8 @@ MAPPING_NAMES: tuple[str, ...] = tuple(_MAPPINGS)
 LOSS_NAMES: tuple[str, ...] = tuple(_LOSSES)
 """Every mapping name that has a Fenchel-Young loss."""
 
-_CALL_ARGS = {"scores", "dim", "mask"}
-_LOSS_CALL_ARGS = {"scores", "target", "ignore_index", "reduction", "label_smoothing"}
+_MAPPING_INPUTS, _MAPPING_CALL_ARGS = 1, frozenset({"dim", "mask"})
+_LOSS_INPUTS, _LOSS_CALL_ARGS = 2, frozenset({"ignore_index", "reduction", "label_smoothing"})
 
 
 def _unknown(kind: str, name: object, valid: tuple[str, ...]) -> ValueError:
@@ -62,12 +70,31 @@ def mapping_function(name: str) -> Callable:
     return fn
 
 
-def _check_params(kind: str, name: str, fn: Callable, reserved: set[str], params: dict) -> None:
-    allowed = [p for p in inspect.signature(fn).parameters if p not in reserved]
+def _free_parameters(fn: Callable, n_inputs: int, call_args: frozenset[str]) -> list[str]:
+    """The one signature rule: keyword parameters minus the inputs and the bound call's own arguments."""
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return [p.name for p in params[n_inputs:] if p.name not in call_args]
+
+
+def mapping_parameters(name: str) -> list[str]:
+    """Names of the parameters mapping ``name`` accepts (e.g. ``['alpha', 'n_iter']``)."""
+    return _free_parameters(mapping_function(name), _MAPPING_INPUTS, _MAPPING_CALL_ARGS)
+
+
+def loss_parameters(name: str) -> list[str]:
+    """Names of the parameters the loss of mapping ``name`` accepts."""
+    return _free_parameters(loss_function(name), _LOSS_INPUTS, _LOSS_CALL_ARGS)
+
+
+def _check(kind: str, name: str, allowed: list[str], params: dict) -> None:
     for key in params:
         if key not in allowed:
             valid = ", ".join(allowed) if allowed else "none"
-            raise ValueError(f"unknown parameter {key!r} for {kind} {name!r}; valid: {valid}")
+            raise ValueError(f"unknown parameter {key!r} of {kind} {name!r}{did_you_mean(key, allowed, cutoff=0.5)}; "
+                             f"valid: {valid}")
+    if name == "entmax_bisect":
+        _check_values(kind, name, params)
 
 
 def _check_values(kind: str, name: str, params: dict) -> None:
@@ -83,15 +110,34 @@ def _check_values(kind: str, name: str, params: dict) -> None:
         raise ValueError(f"parameter 'n_iter' of {kind} {name!r} must be a positive int or null, got {n_iter!r}")
 
 
+def check_mapping(name: str, params: dict) -> None:
+    """ValueError (one line, naming the name or parameter) unless ``get_mapping(name, **params)`` is valid."""
+    _check("mapping", name, mapping_parameters(name), params)
+
+
+def check_loss(name: str, params: dict) -> None:
+    """ValueError (one line, naming the name or parameter) unless ``get_loss(name, **params)`` is valid."""
+    _check("loss", name, loss_parameters(name), params)
+
+
+def is_softmax(name: str) -> bool:
+    """Whether mapping ``name`` is softmax: dense (never an exact zero), so its log-probabilities are
+    ``log_softmax`` and its Fenchel-Young loss is the cross-entropy."""
+    return name == "softmax"
+
+
+def loss_display_name(name: str) -> str:
+    """How logs name the loss of mapping ``name``: ``cross-entropy`` or ``<name> Fenchel-Young loss``."""
+    return "cross-entropy" if is_softmax(name) else f"{name} Fenchel-Young loss"
+
+
 def get_mapping(name: str, **params) -> Callable:
     """``f(scores, dim=-1, mask=None) -> probs`` for mapping ``name`` with ``params`` bound.
 
     Unknown names or parameters raise ValueError naming them and listing the valid ones.
     """
     fn = mapping_function(name)
-    _check_params("mapping", name, fn, _CALL_ARGS, params)
-    if name == "entmax_bisect":
-        _check_values("mapping", name, params)
+    check_mapping(name, params)
 
     def mapping(scores: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
         return fn(scores, dim=dim, mask=mask, **params)
@@ -116,9 +162,7 @@ def get_loss(name: str, **params) -> Callable:
     for mapping ``name`` with ``params`` (e.g. ``alpha``) bound. Its gradient is
     ``mapping(scores) - target_distribution``."""
     fn = loss_function(name)
-    _check_params("loss", name, fn, _LOSS_CALL_ARGS, params)
-    if name == "entmax_bisect":
-        _check_values("loss", name, params)
+    check_loss(name, params)
 
     def loss(scores: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean",
              label_smoothing: float = 0.0) -> Tensor:

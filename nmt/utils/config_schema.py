@@ -1,129 +1,20 @@
-"""The schema of an nmt YAML config: every section, key, type and default.
+"""Deprecated: moved to :mod:`nmt.config.options`.
 
-``configs/reference.yaml`` documents the same options with comments; a test checks that
-the two agree (every schema key appears in the reference config and vice versa).
+This alias stays for one release. It resolves names lazily (module ``__getattr__``), so
+``nmt.utils`` itself imports no domain part; use ``from nmt.config.options import SCHEMA``.
 """
 from __future__ import annotations
 
-from nmt.utils.schema import REQUIRED, Option
+import importlib
+from typing import Any
 
-METRICS = ("exact_match", "bleu", "chrf", "loss", "accuracy")
-HIGHER_IS_BETTER = {"exact_match": True, "bleu": True, "chrf": True, "accuracy": True, "loss": False}
-
-
-def _side(default_tokenizer: str) -> dict:
-    return {
-        "tokenizer": Option(dict, {"type": default_tokenizer},
-                            "tokenizer settings: {type: char|space|bpe|sentencepiece, ...type-specific keys}"),
-        "min_freq": Option(int, 1, "drop tokens seen fewer times from the vocabulary", minimum=1),
-        "max_size": Option(int, None, "keep at most this many tokens (plus specials)", nullable=True, minimum=1),
-        "max_length": Option(int, 50, "skip training pairs longer than this (in tokens)", minimum=1),
-    }
+_NAMES = ("SCHEMA", "METRICS", "HIGHER_IS_BETTER")
 
 
-def _files(required: bool) -> dict:
-    default = REQUIRED if required else None
-    return {
-        "src": Option(str, default, "source-side text file, one sentence per line", nullable=not required),
-        "tgt": Option(str, default, "target-side text file, aligned line by line", nullable=not required),
-    }
+def __getattr__(name: str) -> Any:
+    if name in _NAMES:
+        return getattr(importlib.import_module("nmt.config.options"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-DATA = {
-    "generate": Option(str, None, "generate the data files if missing: 'quickstart' (synthetic inflection task)",
-                       choices=("quickstart",), nullable=True),
-    "generate_seed": Option(int, 1234, "seed of the generated data"),
-    "train": _files(required=True),
-    "valid": _files(required=True),
-    "src": _side("space"),
-    "tgt": _side("space"),
-    "shared_vocab": Option(bool, False, "one tokenizer and vocabulary for both sides (built from the src settings)"),
-    "shared_tokenizer": Option(bool, False, "one tokenizer trained on both sides (src settings), a vocabulary "
-                               "per side of the tokens that side uses (a joint sentencepiece/BPE model)"),
-}
-
-MODEL = {
-    "embeddings": {
-        "src_size": Option(int, 256, "source embedding size", minimum=1),
-        "tgt_size": Option(int, 256, "target embedding size", minimum=1),
-        "share": Option(bool, False, "share source and target embeddings (needs data.shared_vocab)"),
-        "tie_output": Option(bool, False, "tie the output layer to the target embeddings"),
-        "dropout": Option(float, 0.3, "dropout on embeddings", minimum=0.0),
-    },
-    "encoder": {
-        "type": Option(str, "lstm", "recurrent cell", choices=("lstm", "gru")),
-        "layers": Option(int, 2, "number of layers", minimum=1),
-        "hidden_size": Option(int, 256, "total hidden size (per direction: hidden_size // 2 when bidirectional)", minimum=1),
-        "bidirectional": Option(bool, True, "bidirectional encoder"),
-        "dropout": Option(float, 0.3, "dropout between layers", minimum=0.0),
-    },
-    "decoder": {
-        "type": Option(str, "lstm", "recurrent cell", choices=("lstm", "gru")),
-        "layers": Option(int, 2, "number of layers", minimum=1),
-        "hidden_size": Option(int, 256, "hidden size", minimum=1),
-        "dropout": Option(float, 0.3, "dropout between layers and on the attentional output", minimum=0.0),
-        "input_feeding": Option(bool, True, "feed the previous attentional vector to the next step"),
-        "bridge": Option(str, "linear", "encoder-to-decoder state bridge", choices=("linear", "copy", "none")),
-    },
-    "attention": {
-        "score": Option(str, "general", "attention score function", choices=("dot", "general", "mlp")),
-        "mapping": Option(str, "entmax15", "attention mapping: any nmt.sparse mapping name"),
-        "params": Option(dict, {}, "parameters of the attention mapping (e.g. {alpha: 1.5} for entmax_bisect)"),
-        "continuous": Option(dict, None, "null, or ContinuousAttention keyword arguments for combined attention",
-                             nullable=True),
-    },
-    "output": {
-        "mapping": Option(str, "entmax15", "output mapping; the loss is its Fenchel-Young loss"),
-        "params": Option(dict, {}, "parameters of the output mapping and its loss"),
-    },
-}
-
-TRAINING = {
-    "save_dir": Option(str, REQUIRED, "run directory: checkpoints, config.yaml, metrics.jsonl, tensorboard/"),
-    "seed": Option(int, 1234, "seed of torch, python and numpy RNGs and of the batch order"),
-    "device": Option(str, "auto", "cpu, cuda, cuda:N, or auto (cuda when available)"),
-    "threads": Option(int, None, "torch CPU threads (null: torch default)", nullable=True, minimum=1),
-    "batch_size": Option(int, 64, "sentences (or tokens, see batch_type) per batch", minimum=1),
-    "batch_type": Option(str, "sentences", "unit of batch_size", choices=("sentences", "tokens")),
-    "max_steps": Option(int, None, "stop after this many updates (null: no step limit)", nullable=True, minimum=1),
-    "max_epochs": Option(int, None, "stop after this many epochs (null: no epoch limit)", nullable=True, minimum=1),
-    "max_minutes": Option(float, None, "stop after this much training time, validation included, over all "
-                          "sessions of the run (null: no time limit)", nullable=True, minimum=0.0),
-    "optimizer": {
-        "name": Option(str, "adam", "optimizer", choices=("adam", "sgd")),
-        "lr": Option(float, 1e-3, "initial learning rate", minimum=0.0),
-        "betas": Option(list, [0.9, 0.999], "Adam betas"),
-        "eps": Option(float, 1e-8, "Adam epsilon", minimum=0.0),
-        "momentum": Option(float, 0.0, "SGD momentum", minimum=0.0),
-        "weight_decay": Option(float, 0.0, "L2 weight decay", minimum=0.0),
-    },
-    "lr_schedule": {
-        "warmup_steps": Option(int, 0, "linear warmup from 0 to lr over this many steps", minimum=0),
-        "decay_factor": Option(float, 0.5, "multiply lr by this when validation loss does not improve", minimum=0.0),
-        "decay_patience": Option(int, 0, "validations without improvement tolerated before a decay", minimum=0),
-        "min_lr": Option(float, 0.0, "never decay below this learning rate", minimum=0.0),
-    },
-    "clip_grad_norm": Option(float, 5.0, "clip the global gradient norm (null: no clipping)", nullable=True, minimum=0.0),
-    "label_smoothing": Option(float, 0.0, "label smoothing of the loss", minimum=0.0),
-    "early_stopping_patience": Option(int, None, "stop after this many validations without improvement of "
-                                      "validation.metric (null: never)", nullable=True, minimum=1),
-    "valid_every": Option(int, 500, "validate (and checkpoint) every this many steps", minimum=1),
-    "log_every": Option(int, 50, "log training loss and tokens/s every this many steps", minimum=1),
-    "keep_last": Option(int, 3, "keep this many step checkpoints besides last.pt and best.pt", minimum=0),
-    "progress": Option(bool, True, "tqdm progress bar"),
-    "tensorboard": Option(bool, True, "write TensorBoard events to save_dir/tensorboard"),
-}
-
-VALIDATION = {
-    "metric": Option(str, "loss", "metric that selects best.pt and drives early stopping", choices=METRICS),
-    "batch_size": Option(int, 64, "validation batch size in sentences", minimum=1),
-    "decode": Option(bool, True, "decode the validation set (exact-match accuracy, BLEU, chrF)"),
-    "beam_size": Option(int, 1, "beam size when decoding (1: greedy)", minimum=1),
-    "max_length": Option(int, 100, "maximum hypothesis length when decoding", minimum=1),
-    "n_heatmaps": Option(int, 3, "attention heatmaps of the first n validation sentences in TensorBoard",
-                         minimum=0),
-}
-
-SCHEMA = {"data": DATA, "model": MODEL, "training": TRAINING, "validation": VALIDATION}
-
-__all__ = ["SCHEMA", "METRICS", "HIGHER_IS_BETTER"]
+__all__ = list(_NAMES)

@@ -1,128 +1,21 @@
-"""A small declarative schema for nested YAML configs: types, defaults, choices.
+"""Deprecated: moved to :mod:`nmt.config.schema` (Option, validate) and :mod:`nmt.config.errors`
+(ConfigError, unknown_name_error).
 
-A schema is a nested ``dict`` whose leaves are :class:`Option` objects and whose inner
-nodes are sub-sections (plain dicts). :func:`validate` checks a user config against it and
-returns a new, fully resolved dict (every default filled in). Every problem raises a
-one-line :class:`ConfigError` naming the source (file), the dotted key, and, for a
-misspelt key or choice, the closest valid name.
+This alias stays for one release. It resolves names lazily (module ``__getattr__``), so
+``nmt.utils`` itself imports no domain part; use ``from nmt.config import ConfigError, Option``.
 """
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
-from typing import Any, Mapping
+import importlib
+from typing import Any
 
-from nmt.utils.suggest import did_you_mean
-
-REQUIRED = object()
-"""Sentinel default: the option must be given."""
+_NAMES = ("REQUIRED", "ConfigError", "Option", "Schema", "validate", "unknown_name_error")
 
 
-class ConfigError(ValueError):
-    """A one-line configuration error: ``<source>: <key>: <problem>`` (``<source>: <problem>``
-    for whole-file problems)."""
-
-    def __init__(self, source: str, key: str, problem: str) -> None:
-        self.source, self.key, self.problem = source, key, problem
-        super().__init__(f"{source}: {key}: {problem}" if key else f"{source}: {problem}")
+def __getattr__(name: str) -> Any:
+    if name in _NAMES:
+        return getattr(importlib.import_module("nmt.config"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def unknown_name_error(source: str, key: str, what: str, name: Any, valid: list[str] | tuple[str, ...],
-                       owner: str = "") -> ConfigError:
-    """The standard error for an unknown key / choice: suggestion first, then the valid names.
-
-    e.g. ``f.yaml: model.attention.params.lamb: unknown parameter 'lamb' of 'fusedmax' (did you
-    mean 'lam'?); valid: lam, gamma``.
-    """
-    of = f" of {owner}" if owner else ""
-    return ConfigError(source, key, f"unknown {what} {name!r}{of}{did_you_mean(name, valid, cutoff=0.5)}; "
-                       f"valid: {', '.join(map(str, valid))}")
-
-
-_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true/false", str: "a string", dict: "a mapping", list: "a list"}
-
-
-@dataclass(frozen=True)
-class Option:
-    """One config value.
-
-    type: int | float | bool | str | dict | list (float accepts integers and numeric strings
-    such as ``1e-3``, which YAML reads as strings); default: a value or REQUIRED;
-    choices: allowed values; nullable: ``null`` allowed; minimum: inclusive lower bound
-    for numbers; doc: one-line description (used by the reference config).
-    """
-
-    type: type
-    default: Any = REQUIRED
-    doc: str = ""
-    choices: tuple | None = None
-    nullable: bool = False
-    minimum: float | None = None
-
-    def check(self, value: Any, source: str, key: str) -> Any:
-        """Return the validated (possibly converted) value or raise ConfigError."""
-        if value is None:
-            if self.nullable:
-                return None
-            raise ConfigError(source, key, f"must be {_TYPE_NAMES[self.type]}, got null")
-        value = self._convert(value, source, key)
-        if self.choices is not None and value not in self.choices:
-            raise unknown_name_error(source, key, "value", value, self.choices)
-        if self.minimum is not None and value < self.minimum:
-            raise ConfigError(source, key, f"must be >= {self.minimum}, got {value!r}")
-        return copy.deepcopy(value)
-
-    def _convert(self, value: Any, source: str, key: str) -> Any:
-        expected = self.type
-        if expected is float:
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value)
-            if isinstance(value, str):
-                try:
-                    return float(value)
-                except ValueError:
-                    pass
-        elif expected is int:
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-        elif isinstance(value, expected):
-            return value
-        raise ConfigError(source, key, f"must be {_TYPE_NAMES[expected]}, got {type(value).__name__} {value!r}")
-
-
-Schema = Mapping[str, "Option | Schema"]
-
-
-def validate(config: Any, schema: Schema, source: str, prefix: str = "") -> dict:
-    """Check ``config`` against ``schema``; return a new dict with every default filled in.
-
-    ``source`` names the file (or other origin) in error messages; ``prefix`` is the dotted
-    path of ``config`` inside the whole document.
-    """
-    if config is None:
-        config = {}
-    if not isinstance(config, dict):
-        raise ConfigError(source, prefix, f"must be a section (a mapping of keys), got {type(config).__name__}")
-    for key in config:
-        if key not in schema:
-            raise unknown_name_error(source, _join(prefix, str(key)), "key", key, sorted(schema))
-    resolved: dict = {}
-    for key, spec in schema.items():
-        path = _join(prefix, key)
-        if isinstance(spec, Option):
-            if key in config:
-                resolved[key] = spec.check(config[key], source, path)
-            elif spec.default is REQUIRED:
-                raise ConfigError(source, path, "is required but missing")
-            else:
-                resolved[key] = copy.deepcopy(spec.default)
-        else:
-            resolved[key] = validate(config.get(key), spec, source, path)
-    return resolved
-
-
-def _join(prefix: str, key: str) -> str:
-    return f"{prefix}.{key}" if prefix else key
-
-
-__all__ = ["REQUIRED", "ConfigError", "Option", "Schema", "validate", "unknown_name_error"]
+__all__ = list(_NAMES)

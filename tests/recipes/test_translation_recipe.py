@@ -133,7 +133,7 @@ def test_recipe_configs_exist():
 
 @pytest.mark.parametrize("path", RECIPE_CONFIGS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
 def test_recipe_config_loads(path):
-    from nmt.utils.config import ConfigError, load_config
+    from nmt.config import ConfigError, load_config
 
     try:
         cfg = load_config(str(path))

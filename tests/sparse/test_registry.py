@@ -6,7 +6,19 @@ import pytest
 import torch
 
 import nmt.sparse as S
-from nmt.sparse import LOSS_NAMES, MAPPING_NAMES, get_loss, get_mapping, mapping_function
+from nmt.sparse import (
+    LOSS_NAMES,
+    MAPPING_NAMES,
+    check_loss,
+    check_mapping,
+    get_loss,
+    get_mapping,
+    is_softmax,
+    loss_display_name,
+    loss_parameters,
+    mapping_function,
+    mapping_parameters,
+)
 
 HAS_STRUCTURED = importlib.util.find_spec("nmt.sparse.structured") is not None
 
@@ -88,3 +100,24 @@ def test_bad_values_fail_at_lookup():
         get_mapping("entmax_bisect", n_iter=0)
     f = get_mapping("entmax_bisect", alpha=torch.tensor([[1.2], [1.7]]))
     assert torch.allclose(f(torch.randn(2, 5)).sum(-1), torch.ones(2))
+
+
+def test_one_signature_rule_for_mappings_and_losses():
+    # the inputs (first positional parameter(s), whatever their names) are never parameters
+    assert mapping_parameters("entmax_bisect") == ["alpha", "n_iter"]
+    assert mapping_parameters("softmax") == []
+    if HAS_STRUCTURED:
+        assert mapping_parameters("fusedmax") == ["lam", "gamma"]
+        with pytest.raises(ValueError, match="unknown parameter 'x' of mapping 'fusedmax'"):
+            check_mapping("fusedmax", {"x": 1.0})
+    assert "alpha" in loss_parameters("entmax_bisect") and "target" not in loss_parameters("entmax_bisect")
+    with pytest.raises(ValueError, match="unknown parameter 'target' of loss 'sparsemax'"):
+        check_loss("sparsemax", {"target": 1})
+    with pytest.raises(ValueError, match="unknown mapping 'spasemax'"):
+        check_mapping("spasemax", {})
+
+
+def test_name_facts():
+    assert is_softmax("softmax") and not any(is_softmax(n) for n in MAPPING_NAMES if n != "softmax")
+    assert loss_display_name("softmax") == "cross-entropy"
+    assert loss_display_name("entmax15") == "entmax15 Fenchel-Young loss"

@@ -14,7 +14,7 @@ from nmt.data.tokenizers.base import Tokenizer
 from nmt.data.tokenizers.bpe import BPETokenizer
 from nmt.data.tokenizers.simple import SPACE_SYMBOL, CharTokenizer, SpaceTokenizer
 from nmt.data.tokenizers.spm import SentencePieceTokenizer
-from nmt.utils.suggest import did_you_mean
+from nmt.sparse.suggest import did_you_mean
 
 TOKENIZERS: dict[str, type[Tokenizer]] = {
     cls.type_name: cls for cls in (CharTokenizer, SpaceTokenizer, BPETokenizer, SentencePieceTokenizer)

@@ -1,4 +1,8 @@
-"""The "did you mean" hint of one-line errors about unknown names (mappings, tokenizers, config keys)."""
+"""The "did you mean" hint of one-line errors about unknown names (mappings, tokenizers, config keys).
+
+It lives here, at the bottom of the import graph (``nmt.sparse`` imports nothing else of nmt), so the
+registry, the tokenizers (``nmt.data``) and the config layer (``nmt.config``) share one implementation.
+"""
 from __future__ import annotations
 
 import difflib

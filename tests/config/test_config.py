@@ -4,10 +4,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nmt.utils.config import (apply_overrides, config_differences, dump_config, load_config, parse_override,
-                              resolve_config, save_config)
-from nmt.utils.config_schema import SCHEMA
-from nmt.utils.schema import ConfigError, Option, validate
+from nmt.config import (ConfigError, Option, apply_overrides, config_differences, dump_config, load_config,
+                        parse_override, resolve_config, save_config, validate)
+from nmt.config.options import SCHEMA
 
 MINIMAL = {
     "data": {"train": {"src": "a.src", "tgt": "a.tgt"}, "valid": {"src": "v.src", "tgt": "v.tgt"}},
@@ -110,7 +109,7 @@ def test_unknown_mapping_parameter(tmp_path):
 def test_structured_mapping_params_and_continuous_kwargs(tmp_path):
     config = {**MINIMAL, "model": {"attention": {"mapping": "fusedmax", "params": {"lamb": 0.1}}}}
     message = error_of(write(tmp_path, config))
-    assert "model.attention.params.lamb: unknown parameter 'lamb' of 'fusedmax' (did you mean 'lam'?)" in message
+    assert "model.attention.params.lamb: unknown parameter 'lamb' of mapping 'fusedmax' (did you mean 'lam'?)" in message
     config["model"]["attention"]["params"] = {"lam": 0.1}
     load_config(write(tmp_path, config))
     config = {**MINIMAL, "model": {"attention": {"continuous": {"nbasis": 3}}}}
@@ -219,3 +218,16 @@ def test_reference_config_documents_every_option():
 def test_shipped_configs_validate(name):
     root = Path(__file__).resolve().parents[2]
     resolve_config(yaml.safe_load((root / "configs" / name).read_text(encoding="utf-8")), name)
+
+
+def test_bad_parameter_values_name_the_key(tmp_path):
+    """Values are checked by the registry (mapping params) or by ContinuousAttention; the config adds the key."""
+    config = {**MINIMAL, "model": {"attention": {"mapping": "entmax_bisect", "params": {"alpha": 0.5}}}}
+    message = error_of(write(tmp_path, config))
+    assert "c.yaml: model.attention.params.alpha: parameter 'alpha' of mapping 'entmax_bisect' must be" in message
+    config = {**MINIMAL, "model": {"output": {"mapping": "entmax_bisect", "params": {"n_iter": 0}}}}
+    assert "c.yaml: model.output.params.n_iter: parameter 'n_iter'" in error_of(write(tmp_path, config))
+    config = {**MINIMAL, "model": {"attention": {"continuous": {"ridge": -1.0}}}}
+    message = error_of(write(tmp_path, config))
+    assert message.endswith("c.yaml: model.attention.continuous: ridge: expected a float > 0, got -1.0")
+    assert "\n" not in message

@@ -1,0 +1,138 @@
+"""Load, override, resolve and save nmt YAML configs.
+
+``load_config(path, overrides)`` reads the YAML file, applies ``-set key.path=value``
+overrides, checks every section against :data:`nmt.config.options.SCHEMA` (unknown key,
+wrong type, bad choice; :mod:`nmt.config.schema`), then runs the cross-checks of
+:mod:`nmt.config.validation`. Every problem is a one-line :class:`ConfigError`
+``<file>: <key>: <problem> (did you mean ...?)``.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from nmt.config.errors import ConfigError, unknown_name_error
+from nmt.config.options import SCHEMA
+from nmt.config.schema import validate
+from nmt.config.validation import check_config
+from nmt.utils.io import atomic_write_text
+
+
+def read_yaml(path: str | Path) -> dict:
+    """Parse a YAML file into a dict; one-line ConfigError for a missing file or bad YAML."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(source, "", "no such config file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(source, "", f"cannot read config: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(source, "", f"invalid YAML: {where}{problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, "", f"the top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def parse_override(item: str, source: str) -> tuple[list[str], Any]:
+    """Split ``'a.b.c=value'`` into ``(['a', 'b', 'c'], value)``; the value is parsed as YAML."""
+    if "=" not in item:
+        raise ConfigError(source, item, "an override must look like key.path=value")
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(source, key, "empty component in the key path")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(config: dict, overrides: Iterable[str], source: str) -> dict:
+    """Return a copy of ``config`` with each ``key.path=value`` override set.
+
+    Keys are checked against the schema as they are walked, so ``-set trainig.lr=1`` fails
+    with the same one-line error (and suggestion) as the misspelt key in a file.
+    """
+    config = copy.deepcopy(config)
+    for item in overrides:
+        where = f"{source} (-set {item})"
+        parts, value = parse_override(item, where)
+        node, spec = config, SCHEMA
+        for depth, part in enumerate(parts):
+            dotted = ".".join(parts[: depth + 1])
+            if isinstance(spec, dict):
+                if part not in spec:
+                    raise unknown_name_error(where, dotted, "key", part, sorted(spec))
+                spec = spec[part]
+            # below an Option (a free-form dict such as mapping params) any key is accepted
+            if depth == len(parts) - 1:
+                node[part] = value
+            else:
+                child = node.get(part)
+                if child is None:
+                    child = node[part] = {}
+                elif not isinstance(child, dict):
+                    raise ConfigError(where, dotted, f"is {type(child).__name__}, not a section")
+                node = child
+    return config
+
+
+def load_config(path: str | Path, overrides: Iterable[str] = ()) -> dict:
+    """Read, override and validate a config file; return the fully resolved dict."""
+    source, overrides = str(path), list(overrides)
+    config = apply_overrides(read_yaml(path), overrides, source)
+    try:
+        return resolve_config(config, source)
+    except ConfigError as exc:  # a bad value that came from -set: name the override
+        for item in reversed(overrides):
+            key = item.split("=", 1)[0].strip()
+            if exc.key == key or exc.key.startswith(key + "."):
+                raise ConfigError(f"{source} (-set {item})", exc.key, exc.problem) from None
+        raise
+
+
+def resolve_config(raw: dict, source: str = "<config>") -> dict:
+    """Validate an already-parsed config dict and fill every default."""
+    config = validate(raw, SCHEMA, source)
+    check_config(config, source)
+    return config
+
+
+def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two resolved configs (``old`` vs ``new``)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        diffs: list[str] = []
+        for key in list(old) + [k for k in new if k not in old]:
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if key not in old or key not in new:
+                diffs.append(path)
+            else:
+                diffs.extend(config_differences(old[key], new[key], path))
+        return diffs
+    return [] if old == new else [prefix]
+
+
+def dump_config(config: dict) -> str:
+    """YAML text of a resolved config (section order preserved)."""
+    return yaml.safe_dump(config, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def save_config(config: dict, path: str | Path) -> None:
+    """Write the resolved config to ``path`` atomically."""
+    atomic_write_text(path, dump_config(config))
+
+
+__all__ = ["load_config", "resolve_config", "apply_overrides", "parse_override", "read_yaml",
+           "config_differences", "save_config", "dump_config"]

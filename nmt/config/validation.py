@@ -1,0 +1,123 @@
+"""Cross-checks of a schema-valid config: what the option schema alone cannot check.
+
+Mapping and loss names and parameters are checked by the ``nmt.sparse`` registry (the one
+checker, :func:`nmt.sparse.check_mapping` / :func:`nmt.sparse.check_loss`); this module only
+adds the YAML key to its plain ``ValueError`` (the name under ``<section>.mapping``, each
+parameter, checked on its own, under ``<section>.params.<name>``). Also checked here:
+continuous-attention keyword arguments (names by signature, values by constructing
+``ContinuousAttention``), tokenizer
+types and keys, and a few cross-key constraints. Every problem is a one-line
+:class:`ConfigError` naming the file and the key.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+from nmt.config.errors import ConfigError, unknown_name_error
+from nmt.sparse import registry
+
+_SIMPLE = (int, float, bool, str, list, type(None))
+
+
+def check_config(config: dict, source: str) -> None:
+    """Checks beyond types: mappings and their parameters, losses, tokenizers, limits."""
+    model = config["model"]
+    check_mapping(model["attention"]["mapping"], model["attention"]["params"], source, "model.attention")
+    check_mapping(model["output"]["mapping"], model["output"]["params"], source, "model.output")
+    check_loss(model["output"]["mapping"], model["output"]["params"], source)
+    if model["attention"]["continuous"] is not None:
+        check_continuous(model["attention"]["continuous"], source)
+    data = config["data"]
+    for side in ("src", "tgt"):
+        check_tokenizer(data[side]["tokenizer"], source, f"data.{side}.tokenizer")
+    if model["embeddings"]["share"] and not data["shared_vocab"]:
+        raise ConfigError(source, "model.embeddings.share", "sharing embeddings needs data.shared_vocab: true")
+    if model["embeddings"]["share"] and model["embeddings"]["src_size"] != model["embeddings"]["tgt_size"]:
+        raise ConfigError(source, "model.embeddings.share", "shared embeddings need src_size == tgt_size")
+    training = config["training"]
+    if training["max_steps"] is None and training["max_epochs"] is None and training["max_minutes"] is None:
+        raise ConfigError(source, "training.max_steps",
+                          "set training.max_steps, training.max_epochs or training.max_minutes")
+    betas = training["optimizer"]["betas"]
+    if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas):
+        raise ConfigError(source, "training.optimizer.betas", f"must be two numbers in [0, 1), got {betas!r}")
+
+
+def check_tokenizer(tokenizer_cfg: dict, source: str, prefix: str) -> None:
+    """Tokenizer type and type-specific keys, checked by constructing the (untrained) tokenizer."""
+    from nmt.data.errors import DataError
+    from nmt.data.tokenizers import build_tokenizer
+
+    try:
+        build_tokenizer(tokenizer_cfg)
+    except (DataError, TypeError, ValueError) as exc:
+        message = _first_line(exc)
+        key, sep, problem = message.partition(": ")
+        if sep and key.startswith("tokenizer"):
+            raise ConfigError(source, prefix + key[len("tokenizer"):], problem) from None
+        raise ConfigError(source, prefix, message) from None
+
+
+def registered_mappings() -> tuple[str, ...]:
+    """Names the nmt.sparse registry accepts (attention and output mappings)."""
+    return tuple(registry.MAPPING_NAMES)
+
+
+def check_mapping(name: str, params: dict, source: str, prefix: str) -> None:
+    """``name`` must be a registered mapping and ``params`` parameters of it (checked by the registry)."""
+    _keyed(source, f"{prefix}.mapping", registry.check_mapping, name, {})
+    for key, value in params.items():
+        _check_simple(value, source, f"{prefix}.params.{key}")
+        _keyed(source, f"{prefix}.params.{key}", registry.check_mapping, name, {key: value})
+
+
+def check_loss(name: str, params: dict, source: str) -> None:
+    """The output mapping must have a Fenchel-Young loss taking ``params`` (checked by the registry)."""
+    try:
+        registry.check_loss(name, {})
+    except ValueError as exc:
+        raise ConfigError(source, "model.output.mapping",
+                          f"{name!r} cannot be an output mapping: {_first_line(exc)}") from None
+    for key, value in params.items():
+        _keyed(source, f"model.output.params.{key}", registry.check_loss, name, {key: value})
+
+
+def check_continuous(kwargs: dict, source: str) -> None:
+    """Continuous-attention kwargs: names from ``ContinuousAttention.__init__``, values by constructing it."""
+    from nmt.models.continuous_attention import ContinuousAttention
+
+    prefix = "model.attention.continuous"
+    parameters = [p for p in inspect.signature(ContinuousAttention.__init__).parameters.values()
+                  if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    accepted = [p.name for p in parameters]
+    for key, value in kwargs.items():
+        if key not in accepted:
+            raise unknown_name_error(source, f"{prefix}.{key}", "argument", key, accepted or ["(none)"],
+                                     "ContinuousAttention")
+        _check_simple(value, source, f"{prefix}.{key}")
+    missing = [p.name for p in parameters if p.default is inspect.Parameter.empty and p.name not in kwargs]
+    if missing:
+        raise ConfigError(source, f"{prefix}.{missing[0]}", "is required but missing")
+    _keyed(source, prefix, ContinuousAttention, **kwargs)  # its message starts with the argument's name
+
+
+def _check_simple(value: Any, source: str, key: str) -> None:
+    if not isinstance(value, _SIMPLE):
+        raise ConfigError(source, key, f"must be a number, string, boolean or list, got {value!r}")
+
+
+def _keyed(source: str, key: str, function: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Call ``function``; its plain ValueError becomes a ConfigError naming ``source`` and ``key``."""
+    try:
+        return function(*args, **kwargs)
+    except ValueError as exc:
+        raise ConfigError(source, key, _first_line(exc)) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+__all__ = ["check_config", "check_tokenizer", "check_mapping", "check_loss", "check_continuous",
+           "registered_mappings"]
