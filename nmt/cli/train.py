@@ -37,8 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from nmt.data.errors import DataError
         from nmt.train.checkpoint import CheckpointError
-        from nmt.utils.config import load_config
-        from nmt.utils.schema import ConfigError
+        from nmt.config import ConfigError, load_config
 
         config = load_config(args.config, args.overrides)
         if args.quiet:
@@ -52,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, DataError, CheckpointError) as exc:
         print(f"nmt-train: error: {exc}", file=sys.stderr)
         return 2
-    except ValueError as exc:  # e.g. impossible model combinations reported by build_model
+    except ValueError as exc:  # any other bad value: still a one-line error
         print(f"nmt-train: error: {str(exc).splitlines()[0] if str(exc) else exc!r}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,6 +1,6 @@
 """Models: embeddings, RNN encoder, global attention, input-feeding decoder, generator, Seq2Seq."""
 from nmt.models.attention import GlobalAttention
-from nmt.models.builder import build_model
+from nmt.models.builder import ModelConfigError, build_model
 from nmt.models.decoder import Bridge, InputFeedingDecoder
 from nmt.models.embeddings import Embeddings
 from nmt.models.encoder import RNNEncoder
@@ -19,6 +19,7 @@ __all__ = [
     "State",
     "StepDecoder",
     "build_model",
+    "ModelConfigError",
     "select_state",
     "tile_state",
 ]

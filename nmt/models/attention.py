@@ -37,18 +37,15 @@ class GlobalAttention(nn.Module):
     ) -> None:
         super().__init__()
         if score not in SCORES:
-            raise ValueError(f"model.attention.score: unknown score {score!r}; valid: {', '.join(SCORES)}")
+            raise ValueError(f"unknown score {score!r}; valid: {', '.join(SCORES)}")
         if score == "dot" and query_size != memory_size:
             raise ValueError(
-                f"model.attention.score: 'dot' needs decoder.hidden_size == encoder.hidden_size, "
+                f"score 'dot' needs query_size == memory_size (decoder and encoder hidden_size), "
                 f"got {query_size} and {memory_size}; use 'general' or 'mlp'"
             )
         self.score = score
         self.mapping_name = mapping
-        try:
-            self.mapping = get_mapping(mapping, **(mapping_params or {}))
-        except ValueError as e:
-            raise ValueError(f"model.attention.mapping: {e}") from None
+        self.mapping = get_mapping(mapping, **(mapping_params or {}))  # the registry checks name and params
         if score == "general":
             self.key_proj = nn.Linear(memory_size, query_size, bias=False)
         elif score == "mlp":

@@ -1,7 +1,14 @@
-"""Build a :class:`Seq2Seq` from the resolved YAML ``model:`` section."""
+"""Build a :class:`Seq2Seq` from the resolved YAML ``model:`` section.
+
+This is where the model code reads the config, so this is where YAML keys enter error
+messages: the model classes raise plain ``ValueError``s about their own arguments, and
+:func:`build_model` re-raises each one once as a :class:`ModelConfigError` carrying the key of
+the section (or option) it built from. Callers that know the file (the trainer) turn it into
+a one-line ``<file>: <key>: <problem>`` from the ``key`` / ``problem`` attributes.
+"""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from torch import nn
 
@@ -16,13 +23,29 @@ PARAM_INIT = 0.1
 """Parameters start uniform in [-0.1, 0.1] (OpenNMT-py's ``param_init``), padding rows at zero."""
 
 
+class ModelConfigError(ValueError):
+    """A model that cannot be built from the config: ``key`` (dotted YAML path) and ``problem``."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key, self.problem = key, problem
+        super().__init__(f"{key}: {problem}")
+
+
+def _keyed(key: str, build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``build(*args, **kwargs)``; a plain ValueError from it becomes a ModelConfigError naming ``key``."""
+    try:
+        return build(*args, **kwargs)
+    except ValueError as exc:
+        raise ModelConfigError(key, str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+
+
 def _section(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     try:
         section = cfg[name]
     except KeyError:
-        raise ValueError(f"model.{name}: missing section") from None
+        raise ModelConfigError(f"model.{name}", "missing section") from None
     if not isinstance(section, dict):
-        raise ValueError(f"model.{name}: expected a mapping, got {type(section).__name__}")
+        raise ModelConfigError(f"model.{name}", f"expected a mapping, got {type(section).__name__}")
     return section
 
 
@@ -30,7 +53,7 @@ def _get(section: dict[str, Any], path: str, key: str) -> Any:
     try:
         return section[key]
     except KeyError:
-        raise ValueError(f"{path}.{key}: missing key") from None
+        raise ModelConfigError(f"{path}.{key}", "missing key") from None
 
 
 def init_parameters(model: nn.Module, scale: float = PARAM_INIT) -> None:
@@ -51,8 +74,8 @@ def init_parameters(model: nn.Module, scale: float = PARAM_INIT) -> None:
 def build_model(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_size: int, pad_index: int = 0) -> Seq2Seq:
     """Build and initialise the model described by the (fully resolved) ``model:`` section.
 
-    Raises ValueError naming the key for impossible combinations: shared embeddings
-    with different vocabulary or embedding sizes, tied output weights with
+    Raises :class:`ModelConfigError` (a ValueError) naming the key for impossible
+    combinations: shared embeddings with different vocabulary or embedding sizes, tied output weights with
     ``embeddings.tgt_size != decoder.hidden_size``, ``dot`` scores with different encoder
     and decoder sizes, ``copy`` bridges between different shapes, unknown names.
     """
@@ -66,20 +89,23 @@ def build_model(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_size: 
     src_size = g(emb_cfg, "model.embeddings", "src_size")
     tgt_size = g(emb_cfg, "model.embeddings", "tgt_size")
     emb_dropout = g(emb_cfg, "model.embeddings", "dropout")
-    src_emb = Embeddings(src_vocab_size, src_size, pad_index, emb_dropout)
+    src_emb = _keyed("model.embeddings", Embeddings, src_vocab_size, src_size, pad_index, emb_dropout)
     if g(emb_cfg, "model.embeddings", "share"):
         if src_vocab_size != tgt_vocab_size:
-            raise ValueError(
-                f"model.embeddings.share: needs one joint vocabulary, got source {src_vocab_size} "
+            raise ModelConfigError(
+                "model.embeddings.share", f"needs one joint vocabulary, got source {src_vocab_size} "
                 f"and target {tgt_vocab_size} types"
             )
         if src_size != tgt_size:
-            raise ValueError(f"model.embeddings.share: needs src_size == tgt_size, got {src_size} and {tgt_size}")
+            raise ModelConfigError("model.embeddings.share",
+                                   f"needs src_size == tgt_size, got {src_size} and {tgt_size}")
         tgt_emb = src_emb
     else:
-        tgt_emb = Embeddings(tgt_vocab_size, tgt_size, pad_index, emb_dropout)
+        tgt_emb = _keyed("model.embeddings", Embeddings, tgt_vocab_size, tgt_size, pad_index, emb_dropout)
 
-    encoder = RNNEncoder(
+    encoder = _keyed(
+        "model.encoder",
+        RNNEncoder,
         g(enc_cfg, "model.encoder", "type"),
         src_size,
         g(enc_cfg, "model.encoder", "hidden_size"),
@@ -90,7 +116,9 @@ def build_model(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_size: 
     dec_type = g(dec_cfg, "model.decoder", "type")
     dec_size = g(dec_cfg, "model.decoder", "hidden_size")
     dec_layers = g(dec_cfg, "model.decoder", "layers")
-    attention = GlobalAttention(
+    attention = _keyed(
+        "model.attention",
+        GlobalAttention,
         dec_size,
         encoder.hidden_size,
         score=g(att_cfg, "model.attention", "score"),
@@ -98,10 +126,11 @@ def build_model(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_size: 
         mapping_params=att_cfg.get("params") or {},
         continuous=att_cfg.get("continuous"),
     )
-    bridge = Bridge(
-        g(dec_cfg, "model.decoder", "bridge"), encoder.layers, encoder.hidden_size, dec_type, dec_layers, dec_size
-    )
-    decoder = InputFeedingDecoder(
+    bridge = _keyed("model.decoder.bridge", Bridge, g(dec_cfg, "model.decoder", "bridge"), encoder.layers,
+                    encoder.hidden_size, dec_type, dec_layers, dec_size)
+    decoder = _keyed(
+        "model.decoder",
+        InputFeedingDecoder,
         dec_type,
         tgt_size,
         dec_size,
@@ -112,15 +141,14 @@ def build_model(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_size: 
         dropout=g(dec_cfg, "model.decoder", "dropout"),
         input_feeding=g(dec_cfg, "model.decoder", "input_feeding"),
     )
-    generator = Generator(
-        dec_size, tgt_vocab_size, g(out_cfg, "model.output", "mapping"), out_cfg.get("params") or {}
-    )
+    generator = _keyed("model.output", Generator, dec_size, tgt_vocab_size, g(out_cfg, "model.output", "mapping"),
+                       out_cfg.get("params") or {})
     model = Seq2Seq(src_emb, tgt_emb, encoder, decoder, generator)
     init_parameters(model)
     if g(emb_cfg, "model.embeddings", "tie_output"):
         if tgt_size != dec_size:
-            raise ValueError(
-                f"model.embeddings.tie_output: needs embeddings.tgt_size == decoder.hidden_size, "
+            raise ModelConfigError(
+                "model.embeddings.tie_output", f"needs embeddings.tgt_size == decoder.hidden_size, "
                 f"got {tgt_size} and {dec_size}"
             )
         generator.proj.weight = tgt_emb.lut.weight

@@ -36,10 +36,10 @@ class Bridge(nn.Module):
     ) -> None:
         super().__init__()
         if kind not in BRIDGES:
-            raise ValueError(f"model.decoder.bridge: unknown bridge {kind!r}; valid: {', '.join(BRIDGES)}")
+            raise ValueError(f"unknown bridge {kind!r}; valid: {', '.join(BRIDGES)}")
         if kind == "copy" and (encoder_layers, encoder_size) != (decoder_layers, decoder_size):
             raise ValueError(
-                "model.decoder.bridge: 'copy' needs encoder and decoder with equal layers and hidden_size, "
+                "bridge 'copy' needs encoder and decoder with equal layers and hidden_size, "
                 f"got {encoder_layers}x{encoder_size} and {decoder_layers}x{decoder_size}; use 'linear'"
             )
         self.kind = kind
@@ -83,7 +83,7 @@ class StackedCells(nn.Module):
     def __init__(self, rnn_type: str, input_size: int, hidden_size: int, layers: int, dropout: float = 0.0) -> None:
         super().__init__()
         if rnn_type not in CELLS:
-            raise ValueError(f"model.decoder.type: unknown rnn type {rnn_type!r}; valid: {', '.join(CELLS)}")
+            raise ValueError(f"unknown rnn type {rnn_type!r}; valid: {', '.join(CELLS)}")
         self.is_lstm = rnn_type == "lstm"
         cell = CELLS[rnn_type]
         self.cells = nn.ModuleList(cell(input_size if i == 0 else hidden_size, hidden_size) for i in range(layers))
@@ -125,7 +125,7 @@ class InputFeedingDecoder(nn.Module):
     ) -> None:
         super().__init__()
         if layers < 1:
-            raise ValueError(f"model.decoder.layers: must be >= 1, got {layers}")
+            raise ValueError(f"layers must be >= 1, got {layers}")
         self.rnn_type = rnn_type
         self.hidden_size = hidden_size
         self.layers = layers

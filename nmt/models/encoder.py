@@ -8,12 +8,12 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 RNN_TYPES: dict[str, type[nn.RNNBase]] = {"lstm": nn.LSTM, "gru": nn.GRU}
 
 
-def rnn_class(name: str, key: str = "type") -> type[nn.RNNBase]:
-    """``"lstm"`` -> ``nn.LSTM``, ``"gru"`` -> ``nn.GRU``; ValueError naming ``key`` otherwise."""
+def rnn_class(name: str) -> type[nn.RNNBase]:
+    """``"lstm"`` -> ``nn.LSTM``, ``"gru"`` -> ``nn.GRU``; ValueError naming the valid types otherwise."""
     try:
         return RNN_TYPES[name]
     except KeyError:
-        raise ValueError(f"{key}: unknown rnn type {name!r}; valid: {', '.join(RNN_TYPES)}") from None
+        raise ValueError(f"unknown rnn type {name!r}; valid: {', '.join(RNN_TYPES)}") from None
 
 
 class RNNEncoder(nn.Module):
@@ -35,15 +35,15 @@ class RNNEncoder(nn.Module):
     ) -> None:
         super().__init__()
         if bidirectional and hidden_size % 2:
-            raise ValueError(f"model.encoder.hidden_size: must be even for a bidirectional encoder, got {hidden_size}")
+            raise ValueError(f"hidden_size must be even for a bidirectional encoder, got {hidden_size}")
         if layers < 1:
-            raise ValueError(f"model.encoder.layers: must be >= 1, got {layers}")
+            raise ValueError(f"layers must be >= 1, got {layers}")
         self.rnn_type = rnn_type
         self.hidden_size = hidden_size
         self.layers = layers
         self.bidirectional = bidirectional
         directions = 2 if bidirectional else 1
-        self.rnn = rnn_class(rnn_type, "model.encoder.type")(
+        self.rnn = rnn_class(rnn_type)(
             input_size,
             hidden_size // directions,
             num_layers=layers,

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.sparse import get_mapping, log_probs_of
+from nmt.sparse import get_mapping, is_softmax, log_probs_of
 
 
 class Generator(nn.Module):
@@ -25,10 +25,7 @@ class Generator(nn.Module):
         self.proj = nn.Linear(hidden_size, vocab_size)
         self.mapping_name = mapping
         self.mapping_params = dict(params or {})
-        try:
-            self.mapping = get_mapping(mapping, **self.mapping_params)
-        except ValueError as e:
-            raise ValueError(f"model.output.mapping: {e}") from None
+        self.mapping = get_mapping(mapping, **self.mapping_params)  # the registry checks name and params
 
     def forward(self, hidden: Tensor) -> Tensor:
         return self.proj(hidden)
@@ -37,6 +34,6 @@ class Generator(nn.Module):
         """logits: (..., V) -> log p (..., V); half/bfloat16 inputs are computed in float32."""
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
-        if self.mapping_name == "softmax":
+        if is_softmax(self.mapping_name):
             return F.log_softmax(logits, dim=-1)
         return log_probs_of(self.mapping(logits, dim=-1))

@@ -1,7 +1,7 @@
 """The training loop: updates, validation, checkpoints, resume, logging.
 
 ``Trainer(config).train()`` runs a whole training from a resolved config (see
-``nmt.utils.config.load_config``). When ``save_dir/last.pt`` exists the run resumes from
+``nmt.config.load_config``). When ``save_dir/last.pt`` exists the run resumes from
 it: weights, optimizer, schedule, early-stopping state, RNG states and the position in the
 data order (epoch and batch index; each epoch's batch order is a function of the seed and
 the epoch) are restored, so on CPU an interrupted and resumed run reaches the same
@@ -18,10 +18,12 @@ from typing import Any, Callable
 
 import torch
 
+from nmt.config import ConfigError, config_differences, save_config
+from nmt.config.options import HIGHER_IS_BETTER
 from nmt.data.batching import collate, make_batches
 from nmt.data.field import Field
-from nmt.models import build_model
-from nmt.sparse import get_loss
+from nmt.models import ModelConfigError, build_model
+from nmt.sparse import get_loss, is_softmax, loss_display_name
 from nmt.train.checkpoint import load_checkpoint, save_run_checkpoint
 from nmt.train.data_setup import generate_if_missing, load_training_data
 from nmt.train.early_stopping import EarlyStopping
@@ -31,10 +33,7 @@ from nmt.train.rng import rng_state, seed_everything, set_rng_state
 from nmt.train.schedules import PlateauWarmupSchedule
 from nmt.train.update import update
 from nmt.train.validation import attention_matrices, validate
-from nmt.utils.config import config_differences, save_config
-from nmt.utils.config_schema import HIGHER_IS_BETTER
 from nmt.utils.metrics_log import MetricsLog
-from nmt.utils.schema import ConfigError
 from nmt.utils.tensorboard import TensorBoardWriter
 
 logger = logging.getLogger(__name__)
@@ -85,9 +84,9 @@ def resolve_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError as exc:
-        raise ValueError(f"training.device: {exc}") from None
+        raise ValueError(str(exc).splitlines()[0]) from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"training.device: {name!r} requested but CUDA is not available")
+        raise ValueError(f"{name!r} requested but CUDA is not available")
     return device
 
 
@@ -101,7 +100,10 @@ class Trainer:
         self.config, self.source = config, source
         train_cfg, valid_cfg = config["training"], config["validation"]
         self.save_dir = Path(train_cfg["save_dir"])
-        self.device = _as_config_error(source, resolve_device, train_cfg["device"])
+        try:
+            self.device = resolve_device(train_cfg["device"])
+        except ValueError as exc:
+            raise ConfigError(source, "training.device", str(exc)) from None
         if train_cfg["threads"] is not None:
             torch.set_num_threads(train_cfg["threads"])
         self.metric = valid_cfg["metric"]
@@ -118,8 +120,11 @@ class Trainer:
         self.data = load_training_data(config["data"], self.save_dir, fields)
         src_vocab, tgt_vocab = self.data.src_field.vocab, self.data.tgt_field.vocab
         self.pad, self.bos, self.eos = tgt_vocab.pad_index, tgt_vocab.bos_index, tgt_vocab.eos_index
-        self.model = _as_config_error(source, build_model, config["model"], len(src_vocab), len(tgt_vocab),
-                                      pad_index=self.pad).to(self.device)
+        try:
+            self.model = build_model(config["model"], len(src_vocab), len(tgt_vocab), pad_index=self.pad)
+        except ModelConfigError as exc:  # the builder names the key; add the file
+            raise ConfigError(source, exc.key, exc.problem) from None
+        self.model.to(self.device)
         output = config["model"]["output"]
         self.loss_fn = get_loss(output["mapping"], **output["params"])
         self.optimizer = build_optimizer(self.model.parameters(), train_cfg["optimizer"])
@@ -136,9 +141,9 @@ class Trainer:
         if checkpoint is not None:
             self._restore(checkpoint)
         n_params = sum(p.numel() for p in self.model.parameters())
-        loss_name = "cross-entropy" if output["mapping"] == "softmax" else f"{output['mapping']} Fenchel-Young loss"
-        logger.info("model: %d parameters; attention %s, output %s (loss: %s); device %s",
-                    n_params, config["model"]["attention"]["mapping"], output["mapping"], loss_name, self.device)
+        logger.info("model: %d parameters; attention %s, output %s (loss: %s); device %s", n_params,
+                    config["model"]["attention"]["mapping"], output["mapping"], loss_display_name(output["mapping"]),
+                    self.device)
         save_config(config, self.save_dir / "config.yaml")
 
     # ------------------------------------------------------------------ resume
@@ -303,7 +308,7 @@ class Trainer:
         cfg, vcfg, p = self.config["training"], self.config["validation"], self.progress
         result = validate(self.model, self.data.valid, self.data.valid_references, self.loss_fn,
                           batch_size=vcfg["batch_size"], device=self.device,
-                          is_softmax=self.config["model"]["output"]["mapping"] == "softmax",
+                          is_softmax=is_softmax(self.config["model"]["output"]["mapping"]),
                           decode=vcfg["decode"], beam_size=vcfg["beam_size"], max_length=vcfg["max_length"])
         scalars = result.scalars
         value = scalars[self.metric]
@@ -335,18 +340,6 @@ class Trainer:
         for i, (matrix, src_tokens, tgt_tokens) in enumerate(
                 attention_matrices(self.model, self.data.valid, list(range(n)), self.device)):
             tb.attention(f"attention/valid_{i}", matrix.numpy(), src_tokens, tgt_tokens, self.progress.step)
-
-
-def _as_config_error(source: str, function: Callable, *args: Any, **kwargs: Any) -> Any:
-    """Call ``function``; a ``ValueError('key.path: problem')`` becomes a ConfigError naming the file."""
-    try:
-        return function(*args, **kwargs)
-    except ValueError as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        key, sep, problem = message.partition(": ")
-        if sep and " " not in key:
-            raise ConfigError(source, key, problem) from None
-        raise ConfigError(source, "", message) from None
 
 
 def _lookup(config: dict, dotted: str) -> Any:

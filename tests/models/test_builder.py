@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny_models import PAD, SRC_VOCAB, TGT_VOCAB, model_cfg, random_batch
 
-from nmt.models import build_model
+from nmt.models import ModelConfigError, build_model
 
 
 def test_share_embeddings_uses_one_table():
@@ -34,23 +34,24 @@ def test_tie_output_uses_target_embedding_as_generator_weight():
         ({"embeddings": {"share": True, "tgt_size": 4}}, 13, 13, r"model\.embeddings\.share: .*src_size == tgt_size"),
         ({"embeddings": {"tie_output": True, "tgt_size": 5}}, 13, 11,
          r"model\.embeddings\.tie_output: .*tgt_size == decoder\.hidden_size.*5 and 6"),
-        ({"attention": {"score": "dot"}}, 13, 11, r"attention\.score: 'dot' needs"),
-        ({"attention": {"score": "cosine"}}, 13, 11, r"attention\.score: unknown score 'cosine'.*dot, general, mlp"),
-        ({"decoder": {"bridge": "copy"}}, 13, 11, r"decoder\.bridge: 'copy' needs.*2x8 and 2x6"),
-        ({"decoder": {"bridge": "dense"}}, 13, 11, r"decoder\.bridge: unknown bridge 'dense'"),
-        ({"encoder": {"type": "transformer"}}, 13, 11, r"encoder\.type: unknown rnn type 'transformer'.*lstm, gru"),
-        ({"decoder": {"type": "rnn"}}, 13, 11, r"decoder\.type: unknown rnn type 'rnn'"),
-        ({"encoder": {"hidden_size": 7}}, 13, 11, r"model\.encoder\.hidden_size: must be even"),
-        ({"attention": {"mapping": "spasemax"}}, 13, 11, r"attention\.mapping: .*'spasemax'.*'sparsemax'"),
+        ({"attention": {"score": "dot"}}, 13, 11, r"^model\.attention: score 'dot' needs"),
+        ({"attention": {"score": "cosine"}}, 13, 11, r"^model\.attention: unknown score 'cosine'.*dot, general, mlp"),
+        ({"decoder": {"bridge": "copy"}}, 13, 11, r"^model\.decoder\.bridge: bridge 'copy' needs.*2x8 and 2x6"),
+        ({"decoder": {"bridge": "dense"}}, 13, 11, r"^model\.decoder\.bridge: unknown bridge 'dense'"),
+        ({"encoder": {"type": "transformer"}}, 13, 11, r"^model\.encoder: unknown rnn type 'transformer'.*lstm, gru"),
+        ({"decoder": {"type": "rnn"}}, 13, 11, r"^model\.decoder: unknown rnn type 'rnn'"),
+        ({"encoder": {"hidden_size": 7}}, 13, 11, r"^model\.encoder: hidden_size must be even"),
+        ({"attention": {"mapping": "spasemax"}}, 13, 11, r"^model\.attention: unknown mapping 'spasemax'.*'sparsemax'"),
         ({"attention": {"mapping": "entmax_bisect", "params": {"beta": 2}}}, 13, 11,
-         r"attention\.mapping: .*'beta'.*alpha"),
-        ({"output": {"mapping": "entmax"}}, 13, 11, r"output\.mapping: .*'entmax'"),
+         r"^model\.attention: unknown parameter 'beta'.*alpha"),
+        ({"output": {"mapping": "entmax"}}, 13, 11, r"^model\.output: unknown mapping 'entmax'"),
     ],
 )
 def test_configuration_errors_name_the_key(sections, src_vocab, tgt_vocab, message):
-    with pytest.raises(ValueError, match=message) as info:
+    with pytest.raises(ModelConfigError, match=message) as info:
         build_model(model_cfg(**sections), src_vocab, tgt_vocab, PAD)
     assert "\n" not in str(info.value)
+    assert str(info.value) == f"{info.value.key}: {info.value.problem}"
 
 
 def test_missing_key_is_named():

@@ -9,8 +9,7 @@ import torch
 from nmt.train.checkpoint import load_checkpoint
 from nmt.train.trainer import Trainer
 from nmt.train.validation import teacher_forced_statistics
-from nmt.utils.config import resolve_config
-from nmt.utils.schema import ConfigError
+from nmt.config import ConfigError, resolve_config
 from tiny_task import tiny_config, write_task
 
 
@@ -81,6 +80,15 @@ def test_model_errors_name_key_and_file(tiny_task, tmp_path):
     config = tiny_config(tiny_task, tmp_path / "run")
     config["model"]["embeddings"]["tie_output"] = True  # tgt_size 8 != decoder hidden 12
     with pytest.raises(ConfigError, match=r"^tiny.yaml: model\.embeddings\.tie_output: "):
+        Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
+
+
+def test_model_construction_errors_name_section_and_file(tiny_task, tmp_path):
+    config = tiny_config(tiny_task, tmp_path / "run")
+    config["model"]["attention"]["score"] = "dot"  # decoder hidden 12 != encoder hidden
+    if config["model"]["decoder"]["hidden_size"] == config["model"]["encoder"]["hidden_size"]:
+        config["model"]["decoder"]["hidden_size"] += 2
+    with pytest.raises(ConfigError, match=r"^tiny.yaml: model\.attention: score 'dot' needs"):
         Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
 
 
