@@ -31,12 +31,3 @@ def test_sparse_imports_nothing_else_of_nmt():
     names = [f"nmt.sparse.{m.name}" for m in pkgutil.iter_modules(nmt.sparse.__path__)]
     loaded = _loaded_after_import(names)
     assert all(m in ("nmt",) or m.startswith("nmt.sparse") for m in loaded), loaded
-
-
-def test_deprecated_config_aliases_resolve_lazily():
-    from nmt.config import ConfigError, load_config
-    from nmt.config.options import SCHEMA
-    from nmt.utils import config, config_schema, schema
-
-    assert config.load_config is load_config and schema.ConfigError is ConfigError
-    assert config_schema.SCHEMA is SCHEMA
