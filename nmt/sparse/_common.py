@@ -62,9 +62,13 @@ def apply_last(kernel: Callable[[Tensor], Tensor], scores: Tensor, dim: int,
     """Run ``kernel`` (on a last-dim, float32/64 tensor) over ``scores`` along ``dim``.
 
     Handles validation, masking, the half-precision upcast and the cast back. All steps
-    are differentiable views/casts, so the kernel's own backward is used.
+    are differentiable views/casts, so the kernel's own backward is used. An empty input
+    (zero rows or a zero-width ``dim``) gives an empty result of the same shape.
     """
     dim = check_scores(scores, dim)
     dtype = scores.dtype
+    if scores.numel() == 0:
+        apply_mask(scores, mask)  # still validates the mask
+        return scores.clone()
     x = apply_mask(scores, mask).to(compute_dtype(dtype)).movedim(dim, -1)
     return kernel(x).movedim(-1, dim).to(dtype)

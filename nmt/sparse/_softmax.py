@@ -1,4 +1,8 @@
-"""Softmax with a mask: exact zeros where masked, all zeros (and zero gradient) for empty rows."""
+"""Softmax with a mask: exact zeros where masked, all zeros (and zero gradient) for empty rows.
+
+A row holding NaN or ``+inf`` maps to all NaN, as in every other mapping (never to a row of
+zeros, which would read as "nothing kept"). No host synchronisation on any device.
+"""
 from __future__ import annotations
 
 from typing import Optional
@@ -10,11 +14,13 @@ from ._common import apply_last
 
 
 class SoftmaxFunction(torch.autograd.Function):
-    """Softmax over the last dim; a row of only ``-inf`` maps to zeros instead of NaN."""
+    """Softmax over the last dim; a row of only ``-inf`` maps to zeros instead of NaN (a row
+    with NaN or ``+inf`` stays NaN)."""
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
-        p = torch.softmax(x, dim=-1).nan_to_num_(0.0)
+        empty = x.amax(dim=-1, keepdim=True) == float("-inf")
+        p = torch.softmax(x, dim=-1).masked_fill_(empty, 0.0)
         ctx.save_for_backward(p)
         return p
 
@@ -27,7 +33,8 @@ class SoftmaxFunction(torch.autograd.Function):
 def softmax(scores: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
     """Softmax of ``scores`` along ``dim``; ``mask`` (bool, broadcastable, True = keep).
 
-    Masked / ``-inf`` entries get exact zeros; rows with nothing kept are all zeros.
+    Masked / ``-inf`` entries get exact zeros; rows with nothing kept are all zeros; rows
+    holding NaN or ``+inf`` are all NaN.
     Half precisions are computed in float32 and returned in the input dtype.
     """
     return apply_last(SoftmaxFunction.apply, scores, dim, mask)

@@ -31,6 +31,7 @@ sizing the pruned candidate set (three, if some row is pruned).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Union
 
 import torch
@@ -91,6 +92,7 @@ def _newton(z: Tensor, q: Power, lo: Tensor, max_iter: int, tol: Optional[float]
     exact = tol is None
     hi = torch.zeros_like(lo)  # f(0) = -1: the row maximum is 0
     tau = lo.clone()
+    dx_old = torch.ones_like(lo)
     finished = empty.clone()
     qc = q[:, None] if isinstance(q, Tensor) else q
     for _ in range(max_iter):
@@ -120,11 +122,18 @@ def _newton(z: Tensor, q: Power, lo: Tensor, max_iter: int, tol: Optional[float]
             df = dq1.sum(dim=-1) * q
             lo = torch.where(f >= 0, tau, lo)
             hi = torch.where(f < 0, tau, hi)
-            new = tau + f / df
-            bad = ~((new >= lo) & (new <= hi)) | (df == 0)
-            new = torch.where(bad, (lo + hi) / 2, new)
+            step = f / df
+            new = tau + step
+            # rtsafe's rule: bisect when Newton leaves the bracket or stalls (for q < 1 a tiny
+            # d_i makes f' huge and the Newton steps tiny far from the root)
+            bad = ~((new >= lo) & (new <= hi)) | (df == 0) | (2 * step.abs() > dx_old.abs())
+            mid = (lo + hi) / 2
+            dx_old = torch.where(bad, mid - tau, step)
+            new = torch.where(bad, mid, new)
             scale = tau.abs().clamp(min=1)
-            done = ((new - tau).abs() <= tol * scale) | ((hi - lo) <= tol * scale) | (f == 0)
+            # a small Newton step means convergence only where f is convex (q >= 1)
+            small = ((new - tau).abs() <= tol * scale) & ~bad & (q >= 1)
+            done = small | ((hi - lo) <= tol * scale) | (f == 0)
         tau = torch.where(finished, tau, new)
         finished = finished | done
         if bool(finished.all()):  # host sync: the convergence test
@@ -269,13 +278,17 @@ def _gather_candidates(z: Tensor, bmax: Tensor, lo: Tensor, block: int) -> Tenso
 
 
 def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
-                   max_iter: Optional[int] = None, scale: float = 1.0) -> Tensor:
+                   max_iter: Optional[int] = None, scale: float = 1.0,
+                   relative: bool = False) -> Union[Tensor, tuple[Tensor, Tensor]]:
     """Threshold of ``scale * z`` for ``z: (..., n)`` (``-inf`` allowed) -> ``tau: (..., 1)``.
 
     ``+inf`` for rows without finite entries. ``q``: float, or a tensor broadcastable to
     ``(..., 1)`` (per-row power). ``tol=None``: exact (``q`` in {1, 2}); else relative
-    tolerance of the Newton/bisection loop. ``scale > 0`` is applied within the pass that
-    shifts the rows by their maximum (or to the few pruned entries). Long rows are pruned to the entries above the
+    tolerance of the Newton/bisection loop. ``scale > 0``. The rows are solved *relative to
+    their maximum*: ``relative=True`` returns ``(tau_rel, zmax)`` (both ``(..., 1)``) with
+    ``p = [scale * (z - zmax) - tau_rel]_+^q``, which keeps float precision for rows with a
+    large offset; otherwise ``scale * zmax + tau_rel``. Rows without finite entries get
+    ``zmax = 0``, ``tau_rel = +inf``. Long rows are pruned to the entries above the
     block-maxima threshold first; rows where that bound keeps more than half of the blocks
     (broad rows, e.g. early in training) are solved on the full row instead.
     """
@@ -285,26 +298,35 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
     lead, n = z.shape[:-1], z.shape[-1]
     z2 = z.reshape(-1, n).contiguous()
     n_rows = z2.shape[0]
-    if n_rows == 0:
-        return z.new_zeros(*lead, 1)
+    if n_rows == 0 or n == 0:
+        tau, zmax = z.new_full((*lead, 1), float("inf")), z.new_zeros(*lead, 1)
+        return (tau, zmax) if relative else tau
     if isinstance(q, Tensor):
         q = q.expand(*lead, 1).reshape(n_rows)
     if max_iter is None:
         max_iter = 4 * n + 60 if exact else 200
     eps = torch.finfo(z.dtype).eps
     sub_tol = None if exact else tol
+    exact_scale = _power_of_two(scale)
 
-    def solve(rows_z: Tensor, lo: Optional[Tensor], q: Power, scale: float = 1.0,
-              owned: bool = False) -> Tensor:
-        """Root for the rows of ``scale * rows_z: (R, m)`` given a lower bound ``lo: (R, 1)``
-        (``owned``: ``rows_z`` is a temporary, overwritten here)."""
-        zmax = rows_z.amax(dim=-1, keepdim=True).mul_(scale)
+    def shift(rows_z: Tensor, owned: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """``(scale * (rows_z - zmax), zmax, empty)``, all rows; ``owned``: overwrite ``rows_z``."""
+        zmax = rows_z.amax(dim=-1, keepdim=True)
         empty = zmax == float("-inf")
         zmax = torch.where(empty, 0, zmax)
-        if owned:  # in place: no second large temporary
-            zs = rows_z.mul_(scale).sub_(zmax) if scale != 1 else rows_z.sub_(zmax)
+        if exact_scale:  # scale * z - scale * zmax is exactly scale * (z - zmax): one pass
+            if owned:
+                zs = rows_z.mul_(scale).sub_(zmax * scale) if scale != 1 else rows_z.sub_(zmax)
+            else:
+                zs = torch.add(-zmax * scale, rows_z, alpha=scale)
         else:
-            zs = torch.add(-zmax, rows_z, alpha=scale)  # one pass
+            zs = (rows_z.sub_(zmax) if owned else rows_z - zmax).mul_(scale)
+        return zs, zmax, empty
+
+    def solve(rows_z: Tensor, lo: Optional[Tensor], q: Power, owned: bool = False) -> tuple[Tensor, Tensor]:
+        """``(tau_rel, zmax)`` for the rows ``rows_z: (R, m)`` given a lower bound ``lo: (R, 1)``
+        of the threshold of ``scale * rows_z`` (``owned``: ``rows_z`` is a temporary)."""
+        zs, zmax, empty = shift(rows_z, owned)
         norm = not isinstance(q, Tensor) and (q == 2.0 or (q > 1 and not exact))
         if norm:  # Newton from -1 (or lo) directly: no separate warm steps
             start = torch.full_like(zmax, -1.0)
@@ -312,16 +334,20 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
             start = _newton_lower_bound(zs, q, WARM_STEPS)
             start = start - 4 * (sub_tol or eps) * start.abs().clamp(min=1)
         if lo is not None:
-            start = torch.maximum(start, torch.where(empty, -1, lo - zmax))
+            start = torch.maximum(start, torch.where(empty, -1, lo - scale * zmax))
         if norm:
             tau = _newton_norm(zs, q, start[:, 0], max_iter, sub_tol, empty[:, 0])
         else:
             tau = _newton(zs, q, start[:, 0], max_iter, sub_tol, empty[:, 0])
-        return torch.where(empty, float("inf"), tau[:, None] + zmax)
+        return torch.where(empty, float("inf"), tau[:, None]), zmax
+
+    def finish(tau: Tensor, zmax: Tensor):
+        tau, zmax = tau.reshape(*lead, 1), zmax.reshape(*lead, 1)
+        return (tau, zmax) if relative else tau + scale * zmax
 
     block = BLOCK if n >= 64 * BLOCK else BLOCK // 2
     if n < 8 * block:
-        return solve(z2, None, q, scale).reshape(*lead, 1)
+        return finish(*solve(z2, None, q))
     bmax = _block_max(z2, block)
     # a lower bound of the threshold of a sub-vector (the block maxima) bounds the row's
     sub = bmax * scale
@@ -332,22 +358,29 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
     broad = (sub > lo).sum(dim=-1) * 2 > bmax.shape[-1]
     n_broad = int(broad.sum())  # host sync: how to split the rows
     if n_broad == n_rows:
-        return solve(z2, lo, q, scale).reshape(*lead, 1)
+        return finish(*solve(z2, lo, q))
 
-    def pruned(rows_z: Tensor, rows_bmax: Tensor, rows_lo: Tensor, q: Power) -> Tensor:
-        cand = _gather_candidates(rows_z, rows_bmax, rows_lo / scale, block).mul_(scale)
+    def pruned(rows_z: Tensor, rows_bmax: Tensor, rows_lo: Tensor, q: Power) -> tuple[Tensor, Tensor]:
+        cand = _gather_candidates(rows_z, rows_bmax, rows_lo / scale, block)
         if exact and cand.shape[-1] <= SORT_MAX_N:
-            return sort_threshold(cand, q)
+            zs, zmax, empty = shift(cand, owned=True)
+            return sort_threshold(zs, q), zmax
         return solve(cand, rows_lo, q, owned=True)
 
     if n_broad == 0:
-        return pruned(z2, bmax, lo, q).reshape(*lead, 1)
-    tau = torch.empty_like(lo)
+        return finish(*pruned(z2, bmax, lo, q))
+    tau, zmax = torch.empty_like(lo), torch.empty_like(lo)
     idx_b, idx_n = broad.nonzero()[:, 0], (~broad).nonzero()[:, 0]
     q_b, q_n = (q[idx_b], q[idx_n]) if isinstance(q, Tensor) else (q, q)
-    tau[idx_b] = solve(z2.index_select(0, idx_b), lo[idx_b], q_b, scale, owned=True)
-    tau[idx_n] = pruned(z2.index_select(0, idx_n), bmax[idx_n], lo[idx_n], q_n)
-    return tau.reshape(*lead, 1)
+    tau[idx_b], zmax[idx_b] = solve(z2.index_select(0, idx_b), lo[idx_b], q_b, owned=True)
+    tau[idx_n], zmax[idx_n] = pruned(z2.index_select(0, idx_n), bmax[idx_n], lo[idx_n], q_n)
+    return finish(tau, zmax)
+
+
+def _power_of_two(scale: float) -> bool:
+    """Whether multiplying by ``scale`` is exact (a power of two)."""
+    m, _ = math.frexp(scale)
+    return m == 0.5
 
 
 def _is_exact_q(q: Power) -> bool:

@@ -19,19 +19,53 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
+from . import _dispatch
 from ._common import apply_last, apply_mask, check_scores, compute_dtype
+from ._dispatch import check_impl, resolve_impl, shifted_threshold
 from ._softmax import softmax
-from ._threshold import SORT_MAX_N, root_threshold, sort_threshold
+
+_NAN = float("nan")
 
 
-def entmax15_threshold(x: Tensor) -> Tensor:
+def entmax15_threshold(x: Tensor, impl: str = "auto") -> Tensor:
     """Exact threshold ``tau: (..., 1)`` of 1.5-entmax, ``p = [x/2 - tau]_+^2``, for ``x: (..., n)``.
 
-    ``+inf`` for rows without finite entries.
+    ``+inf`` for rows without finite entries, NaN for rows holding NaN or ``+inf``. ``impl``:
+    ``"auto" | "pruned" | "static" | "triton"`` (= static here), see :mod:`nmt.sparse._dispatch`.
     """
-    if x.shape[-1] <= SORT_MAX_N:
-        return sort_threshold(x * 0.5, 2.0)
-    return root_threshold(x, 2.0, scale=0.5)
+    tau, zmax = shifted_threshold(x, 2.0, scale=0.5, impl=impl)
+    return tau + 0.5 * zmax
+
+
+def entmax_threshold(x: Tensor, alpha: Union[float, Tensor] = 1.5, impl: str = "auto",
+                     n_iter: Optional[int] = None) -> Tensor:
+    """Threshold ``tau: (..., 1)`` of alpha-entmax, ``p = [(alpha - 1) x - tau]_+^(1/(alpha-1))``
+    summing to one, for ``x: (..., n)`` and ``alpha > 1`` (a float, or a tensor broadcastable
+    to ``(..., 1)``, one alpha per row).
+
+    Exact for a float alpha of 1.5 or 2; otherwise to float precision. ``n_iter``: cap on the
+    pruned path's steps / the static path's number of steps. ``impl`` as in
+    :func:`entmax15_threshold`. ``+inf`` for rows without finite entries.
+    """
+    if not isinstance(alpha, Tensor):
+        if not float(alpha) > 1:
+            raise ValueError(f"entmax_threshold needs alpha > 1, got {alpha}")
+        am1 = float(alpha) - 1
+        q = 1 / am1
+        tol = None if q in (1.0, 2.0) else torch.finfo(x.dtype).eps
+        tau, zmax = shifted_threshold(x, q, am1, impl, tol, n_iter)
+        return tau + am1 * zmax
+    am1 = alpha.to(x.dtype) - 1
+    zmax = _row_max(x)
+    tau, zmax2 = shifted_threshold((x - zmax) * am1, 1 / am1, 1.0, impl, torch.finfo(x.dtype).eps, n_iter)
+    return tau + zmax2 + am1 * zmax
+
+
+def _row_max(x: Tensor) -> Tensor:
+    """Row maxima ``(..., 1)``: 0 for rows without finite entries, NaN for rows with NaN or ``+inf``."""
+    zmax = x.amax(dim=-1, keepdim=True)
+    zmax = torch.where(zmax == float("-inf"), 0, zmax)
+    return torch.where(zmax == float("inf"), _NAN, zmax)
 
 
 def _entmax_backward(s: Tensor, grad: Tensor) -> Tensor:
@@ -49,66 +83,107 @@ def _support_power(p: Tensor, power: Union[float, Tensor]) -> Tensor:
     return torch.where(supp, torch.where(supp, p, 1).pow(power), 0)
 
 
+def _rows(t: Tensor) -> Tensor:
+    return t.reshape(-1, t.shape[-1]).contiguous()
+
+
 class Entmax15Function(torch.autograd.Function):
-    """1.5-entmax over the last dim of a float32/float64 tensor."""
+    """1.5-entmax over the last dim of a float32/float64 tensor; ``impl`` as in
+    :func:`entmax15_threshold` (``"triton"``: the fused kernels)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
-        r = torch.add(-entmax15_threshold(x), x, alpha=0.5).clamp_(min=0)  # [x/2 - tau]_+
+    def forward(ctx, x: Tensor, impl: str = "auto") -> Tensor:  # type: ignore[override]
+        kind = resolve_impl(impl, x)
+        ctx.triton = kind == "triton"
+        if ctx.triton:
+            p = _dispatch._triton.entmax15_forward(_rows(x)).view(x.shape)
+            ctx.save_for_backward(p)
+            return p
+        tau, zmax = shifted_threshold(x, 2.0, scale=0.5, impl=kind)
+        # [x/2 - zmax/2 - tau]_+: relative to the row max (x/2 - zmax/2 is exact: one pass)
+        r = torch.add(-0.5 * zmax, x, alpha=0.5).sub_(tau).clamp_(min=0)
         ctx.save_for_backward(r)  # r = sqrt(p) = p^(2 - alpha): no sqrt needed in backward
         return torch.square(r)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
         (r,) = ctx.saved_tensors
-        return _entmax_backward(r, grad)
+        if ctx.triton:
+            p = _rows(r)
+            a = p.new_full((p.shape[0], 1), 1.5)
+            return _dispatch._triton.entmax_backward(p, _rows(grad), a).view(r.shape), None
+        return _entmax_backward(r, grad), None
 
 
-def entmax15(scores: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
+def entmax15(scores: Tensor, dim: int = -1, mask: Optional[Tensor] = None, impl: str = "auto") -> Tensor:
     """Exact 1.5-entmax of ``scores`` along ``dim``.
 
     scores: any shape, float (half precisions computed in float32, returned in the input
     dtype); mask: bool, broadcastable, True = keep. Masked / ``-inf`` entries get exact
-    zeros; rows with nothing kept are all zeros. Returns probabilities shaped like ``scores``.
+    zeros; rows with nothing kept are all zeros; rows holding NaN or ``+inf`` are all NaN.
+    ``impl``: ``"auto" | "pruned" | "static" | "triton"`` (see :mod:`nmt.sparse._dispatch`;
+    ``"static"`` never synchronises with the host). Returns probabilities shaped like ``scores``.
     """
-    return apply_last(Entmax15Function.apply, scores, dim, mask)
+    check_impl(impl)
+    return apply_last(lambda x: Entmax15Function.apply(x, impl), scores, dim, mask)
 
 
 class EntmaxBisectFunction(torch.autograd.Function):
-    """alpha-entmax over the last dim; ``alpha: (..., 1)`` > 1 per row (same leading dims)."""
+    """alpha-entmax over the last dim; ``alpha: (..., 1)`` >= 1 per row (same leading dims).
+
+    ``alpha_float``: the one alpha of every row as a float (scalar arithmetic), else None.
+    Rows whose tensor alpha is invalid (NaN or < 1; only the static path gets them) are NaN.
+    """
 
     @staticmethod
-    def forward(ctx, x: Tensor, alpha: Tensor, n_iter: Optional[int],
-                alpha_float: Optional[float]) -> Tensor:  # type: ignore[override]
-        ctx.alpha = alpha_float
+    def forward(ctx, x: Tensor, alpha: Tensor, n_iter: Optional[int], alpha_float: Optional[float],
+                impl: str = "auto") -> Tensor:  # type: ignore[override]
+        kind = resolve_impl(impl, x)
+        ctx.alpha, ctx.triton = alpha_float, kind == "triton"
+        tiny = torch.finfo(x.dtype).tiny
+        if ctx.triton:
+            a = alpha.expand(*x.shape[:-1], 1).reshape(-1, 1).contiguous()
+            p = _dispatch._triton.entmax_forward(_rows(x), a).view(x.shape)
+            ctx.save_for_backward(p, alpha)
+            return p
         eps = torch.finfo(x.dtype).eps
         if alpha_float is not None:  # one alpha for all rows: scalar arithmetic on the big tensor
             am1 = alpha_float - 1
-            q = 1 / am1  # q in {1, 2}: Newton with the verified closed-form finish (exact)
+            q = 1 / am1  # q in {1, 2}: exact (verified closed form)
             tol = None if q in (1.0, 2.0) else eps
-            tau = root_threshold(x, q, tol=tol, max_iter=n_iter, scale=am1)
-            r = torch.add(-tau, x, alpha=am1).clamp_(min=0)  # [(alpha - 1) x - tau]_+
+            tau, zmax = shifted_threshold(x, q, am1, kind, tol, n_iter)
+            if am1 in (0.5, 1.0):  # exact products: one pass for the shifted scores
+                r = torch.add(-am1 * zmax, x, alpha=am1)
+            else:
+                r = torch.sub(x, zmax).mul_(am1)
+            r = r.sub_(tau).clamp_(min=0)  # [(alpha - 1)(x - zmax) - tau]_+
             p = torch.square(r) if am1 == 0.5 else r.clone() if am1 == 1 else r.pow(1 / am1)
             # p^(2 - alpha) is proportional to r^((2 - alpha) / (alpha - 1)) per row and the
             # backward is invariant to a per-row scale of s: keep r, skip a pow in backward
             ctx.save_for_backward(r, alpha)
         else:
             am1 = alpha - 1
-            z = x * am1
-            tau = root_threshold(z, 1 / am1, tol=eps, max_iter=n_iter)
-            p = (z - tau).clamp_(min=0).pow_(1 / am1)
-        p = p.div_(p.sum(dim=-1, keepdim=True).clamp_(min=torch.finfo(p.dtype).tiny))
+            z = (x - _row_max(x)) * am1
+            tau, zmax = shifted_threshold(z, 1 / am1, 1.0, kind, eps, n_iter)
+            p = torch.sub(z, zmax).sub_(tau).clamp_(min=0).pow_(1 / am1)
+        p = p.div_(p.sum(dim=-1, keepdim=True).clamp_(min=tiny))
         if alpha_float is None:
+            p = torch.where(alpha >= 1, p, _NAN)  # NaN / < 1 alpha (static path): a NaN row
             ctx.save_for_backward(p, alpha)
         return p
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        if ctx.alpha is not None:  # saved r = [(alpha - 1) x - tau]_+, alpha a float
+        if ctx.triton and not ctx.needs_input_grad[1]:
+            p, alpha = ctx.saved_tensors
+            a = alpha.expand(*p.shape[:-1], 1).reshape(-1, 1).contiguous()
+            gx = _dispatch._triton.entmax_backward(_rows(p), _rows(grad), a).view(p.shape)
+            return gx, None, None, None, None
+        if ctx.alpha is not None and not ctx.triton:  # saved r = [(alpha - 1) x - tau]_+, alpha a float
             r, _ = ctx.saved_tensors
             e = (2 - ctx.alpha) / (ctx.alpha - 1)
             s = r if e == 1 else _support_power(r, e)
-            return _entmax_backward(s, grad), None, None, None
+            return _entmax_backward(s, grad), None, None, None, None
         p, alpha = ctx.saved_tensors
         am1 = alpha - 1
         s = _support_power(p, 2 - alpha)
@@ -121,11 +196,15 @@ class EntmaxBisectFunction(torch.autograd.Function):
             ssum = s.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(s.dtype).tiny)
             dp = w - s * (w.sum(dim=-1, keepdim=True) / ssum)
             galpha = (grad * dp).sum(dim=-1, keepdim=True)
-        return gx, galpha, None, None
+        return gx, galpha, None, None, None
 
 
-def _alpha_rows(alpha: Union[float, Tensor], scores: Tensor, dim: int) -> Tensor:
-    """alpha as a tensor ``(..., 1)`` matching ``scores`` with ``dim`` moved last."""
+def _alpha_rows(alpha: Union[float, Tensor], scores: Tensor, dim: int, check: bool) -> Tensor:
+    """alpha as a tensor ``(..., 1)`` matching ``scores`` with ``dim`` moved last.
+
+    ``check``: refuse a tensor alpha with a value < 1 or NaN (reads the values: only on the
+    host path; the static path gives such rows NaN instead of synchronising).
+    """
     if not isinstance(alpha, Tensor):
         a = float(alpha)
         if not a >= 1:
@@ -143,67 +222,80 @@ def _alpha_rows(alpha: Union[float, Tensor], scores: Tensor, dim: int) -> Tensor
     except RuntimeError:
         raise ValueError(f"alpha of shape {tuple(alpha.shape)} does not broadcast to scores "
                          f"{tuple(scores.shape)}") from None
-    if bool((a.detach() < 1).any()):  # host sync on the small alpha tensor
-        raise ValueError("entmax_bisect needs alpha >= 1 in every row")
+    if check and not bool((a.detach() >= 1).all()):  # host read of the small alpha tensor
+        raise ValueError("entmax_bisect needs alpha >= 1 in every row (got a value < 1 or NaN)")
     return a.movedim(dim, -1)
 
 
 def entmax_bisect(scores: Tensor, alpha: Union[float, Tensor] = 1.5, dim: int = -1,
-                  mask: Optional[Tensor] = None, n_iter: Optional[int] = None) -> Tensor:
+                  mask: Optional[Tensor] = None, n_iter: Optional[int] = None,
+                  impl: str = "auto") -> Tensor:
     """alpha-entmax of ``scores`` along ``dim`` for any ``alpha >= 1``.
 
     alpha: float, or a tensor broadcastable to ``scores`` with size 1 along ``dim`` (one
     alpha per row; gradients flow to it). ``alpha = 1`` is softmax, ``2`` sparsemax.
-    n_iter: cap on root-finding steps (None: until the dtype's precision, which takes
-    few steps; the result is renormalised to sum to one). mask: bool, True = keep.
+    n_iter: cap on root-finding steps (pruned path; None: until the dtype's precision, which
+    takes few steps) or the number of steps (static path; None: enough for the dtype's
+    precision); the result is renormalised to sum to one. mask: bool, True = keep.
+    impl: ``"auto" | "pruned" | "static" | "triton"`` (see :mod:`nmt.sparse._dispatch`).
+    A tensor alpha below 1 or NaN raises ValueError on the host path (``"pruned"``); on the
+    static path (no host synchronisation) its rows are NaN instead.
     Half precisions are computed in float32. Returns probabilities shaped like ``scores``.
     Rows with ``alpha == 1`` (tensor alpha) use softmax and get a zero alpha-gradient.
     """
     d = check_scores(scores, dim)
+    check_impl(impl)
     if not isinstance(alpha, Tensor) and float(alpha) == 1.0:
         return softmax(scores, dim=d, mask=mask)
-    if n_iter is not None and (not isinstance(n_iter, int) or n_iter < 1):
+    if n_iter is not None and (isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1):
         raise ValueError(f"n_iter must be a positive int or None, got {n_iter!r}")
     dtype = scores.dtype
     cdt = compute_dtype(dtype)
+    if scores.numel() == 0:
+        return scores.clone()
     x = apply_mask(scores, mask).to(cdt).movedim(d, -1)
-    a = _alpha_rows(alpha, scores.to(cdt), d)
+    kind = resolve_impl(impl, x)
+    host = kind == "pruned"
+    a = _alpha_rows(alpha, scores.to(cdt), d, check=host)
     a = a.expand(*x.shape[:-1], 1)
-    one = a == 1
-    if isinstance(alpha, Tensor) and bool(one.any()):  # host sync on the small alpha tensor
-        p_soft = softmax(x, dim=-1)
-        p = EntmaxBisectFunction.apply(x, torch.where(one, 2.0, a), n_iter, None)
-        p = torch.where(one, p_soft, p)
+    if isinstance(alpha, Tensor):
+        one = a == 1
+        if host and not bool(one.any()):  # host read of the small alpha tensor
+            p = EntmaxBisectFunction.apply(x, a, n_iter, None, kind)
+        else:  # the rows with alpha = 1 take softmax (selected by a mask: no host read)
+            p = EntmaxBisectFunction.apply(x, torch.where(one, 2.0, a), n_iter, None, kind)
+            p = torch.where(one, softmax(x, dim=-1), p)
     else:
-        alpha_float = None if isinstance(alpha, Tensor) else float(alpha)
-        p = EntmaxBisectFunction.apply(x, a, n_iter, alpha_float)
+        p = EntmaxBisectFunction.apply(x, a, n_iter, float(alpha), kind)
     return p.movedim(-1, d).to(dtype)
 
 
 class Entmax15(nn.Module):
     """Module form of :func:`entmax15` over a fixed ``dim``."""
 
-    def __init__(self, dim: int = -1) -> None:
+    def __init__(self, dim: int = -1, impl: str = "auto") -> None:
         super().__init__()
-        self.dim = dim
+        self.dim, self.impl = dim, check_impl(impl)
 
     def forward(self, scores: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        return entmax15(scores, dim=self.dim, mask=mask)
+        return entmax15(scores, dim=self.dim, mask=mask, impl=self.impl)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}"
+        return f"dim={self.dim}, impl={self.impl!r}"
 
 
 class EntmaxBisect(nn.Module):
     """Module form of :func:`entmax_bisect`; ``alpha`` may be a float or a learnable tensor."""
 
-    def __init__(self, alpha: Union[float, Tensor] = 1.5, dim: int = -1, n_iter: Optional[int] = None) -> None:
+    def __init__(self, alpha: Union[float, Tensor] = 1.5, dim: int = -1, n_iter: Optional[int] = None,
+                 impl: str = "auto") -> None:
         super().__init__()
-        self.alpha, self.dim, self.n_iter = alpha, dim, n_iter
+        self.alpha, self.dim, self.n_iter, self.impl = alpha, dim, n_iter, check_impl(impl)
 
     def forward(self, scores: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        return entmax_bisect(scores, alpha=self.alpha, dim=self.dim, mask=mask, n_iter=self.n_iter)
+        return entmax_bisect(scores, alpha=self.alpha, dim=self.dim, mask=mask, n_iter=self.n_iter,
+                             impl=self.impl)
 
     def extra_repr(self) -> str:
         a = self.alpha if not isinstance(self.alpha, Tensor) else f"tensor{tuple(self.alpha.shape)}"
-        return f"alpha={a}, dim={self.dim}, n_iter={self.n_iter}"
+        return f"alpha={a}, dim={self.dim}, n_iter={self.n_iter}, impl={self.impl!r}"

@@ -3,8 +3,11 @@
 ``sparsemax(z)_i = max(z_i - tau, 0)`` with the threshold ``tau`` chosen so the output sums
 to one. The threshold is exact: found on the sorted scores (small rows), or by Newton
 (Michelot) steps on ``f(tau) = sum_i max(z_i - tau, 0) - 1`` followed by the closed-form
-solve ``tau = (sum_S z - 1) / |S|`` on the found support ``S`` (long rows). The backward
-is the support-restricted Jacobian-vector product ``J^T g = s * (g - mean_S(g))``.
+solve ``tau = (sum_S z - 1) / |S|`` on the found support ``S`` (long rows), verified; on
+accelerators (``impl="static"``) a fixed number of verified Newton steps without host
+synchronisation (see :mod:`nmt.sparse._dispatch`). Scores are taken relative to the row
+maximum. The backward is the support-restricted Jacobian-vector product
+``J^T g = s * (g - mean_S(g))``.
 """
 from __future__ import annotations
 
@@ -13,62 +16,83 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from . import _dispatch
 from ._common import apply_last
-from ._threshold import SORT_MAX_N, root_threshold, sort_threshold
+from ._dispatch import check_impl, resolve_impl, shifted_threshold
 
 
-def sparsemax_threshold(z: Tensor) -> Tensor:
+def sparsemax_threshold(z: Tensor, impl: str = "auto") -> Tensor:
     """Exact sparsemax threshold ``(..., 1)`` of ``z: (..., n)`` (``-inf`` allowed; ``+inf``
-    for a row without finite entries): sort-based on short rows, pruned Newton on long ones."""
-    if z.shape[-1] <= SORT_MAX_N:
-        return sort_threshold(z, 1.0)
-    return root_threshold(z, 1.0)
+    for a row without finite entries; NaN for a row holding NaN or ``+inf``).
+
+    ``impl``: ``"auto"`` (CPU: sort-based on short rows, pruned Newton on long ones; other
+    devices and ``torch.compile``: static), ``"pruned"``, ``"static"`` (no host sync),
+    ``"triton"`` (= static here). See :mod:`nmt.sparse._dispatch`.
+    """
+    tau, zmax = shifted_threshold(z, 1.0, impl=impl)
+    return tau + zmax
 
 
 def sparsemax_backward(p: Tensor, grad: Tensor) -> Tensor:
     """``J^T grad`` of sparsemax at output ``p``, both ``(..., n)``: ``s * (grad - mean_S(grad))``
-    with ``s`` the support indicator; zero off the support and for empty rows."""
+    with ``s`` the support indicator; zero off the support and for empty rows. No host sync."""
     s = p.sign()
     k = s.sum(dim=-1, keepdim=True).clamp_(min=1)
     mean = torch.linalg.vecdot(grad, s).unsqueeze(-1).div_(k)
     return (grad - mean).mul_(s)
 
 
+def _rows(t: Tensor) -> Tensor:
+    return t.reshape(-1, t.shape[-1]).contiguous()
+
+
 class SparsemaxFunction(torch.autograd.Function):
-    """Sparsemax over the last dim of a float32/float64 tensor (``-inf`` entries -> 0)."""
+    """Sparsemax over the last dim of a float32/float64 tensor (``-inf`` entries -> 0);
+    ``impl`` as in :func:`sparsemax_threshold` (``"triton"``: the fused kernels)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
-        p = (x - sparsemax_threshold(x)).clamp_(min=0)
+    def forward(ctx, x: Tensor, impl: str = "auto") -> Tensor:  # type: ignore[override]
+        kind = resolve_impl(impl, x)
+        ctx.triton = kind == "triton"
+        if ctx.triton:
+            p = _dispatch._triton.sparsemax_forward(_rows(x)).view(x.shape)
+        else:
+            tau, zmax = shifted_threshold(x, 1.0, impl=kind)
+            p = torch.sub(x, zmax).sub_(tau).clamp_(min=0)  # relative to the row max: precise
         ctx.save_for_backward(p)
         return p
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
         (p,) = ctx.saved_tensors
-        return sparsemax_backward(p, grad)
+        if ctx.triton:
+            return _dispatch._triton.sparsemax_backward(_rows(p), _rows(grad)).view(p.shape), None
+        return sparsemax_backward(p, grad), None
 
 
-def sparsemax(scores: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
+def sparsemax(scores: Tensor, dim: int = -1, mask: Optional[Tensor] = None, impl: str = "auto") -> Tensor:
     """Exact sparsemax of ``scores`` along ``dim``.
 
     scores: any shape, float (half precisions are computed in float32 and returned in the
     input dtype); mask: bool, broadcastable to ``scores``, True = keep. Masked and ``-inf``
-    entries get exact zeros; a row without any kept finite entry is all zeros (zero gradient).
+    entries get exact zeros; a row without any kept finite entry is all zeros (zero gradient);
+    a row holding NaN or ``+inf`` is all NaN. ``impl``: ``"auto" | "pruned" | "static" |
+    "triton"`` (see :mod:`nmt.sparse._dispatch`; ``"static"`` never synchronises with the host).
     Returns probabilities of the shape and dtype of ``scores``, summing to one along ``dim``.
     """
-    return apply_last(SparsemaxFunction.apply, scores, dim, mask)
+    check_impl(impl)
+    return apply_last(lambda x: SparsemaxFunction.apply(x, impl), scores, dim, mask)
 
 
 class Sparsemax(nn.Module):
     """Module form of :func:`sparsemax` over a fixed ``dim``."""
 
-    def __init__(self, dim: int = -1) -> None:
+    def __init__(self, dim: int = -1, impl: str = "auto") -> None:
         super().__init__()
-        self.dim = dim
+        self.dim, self.impl = dim, check_impl(impl)
 
     def forward(self, scores: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        return sparsemax(scores, dim=self.dim, mask=mask)
+        return sparsemax(scores, dim=self.dim, mask=mask, impl=self.impl)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}"
+        return f"dim={self.dim}, impl={self.impl!r}"
