@@ -63,7 +63,9 @@ def sort_threshold(z: Tensor, q: float) -> Tensor:
     zmax = torch.where(zmax == float("-inf"), torch.zeros_like(zmax), zmax)
     zs = torch.sort(z - zmax, dim=-1, descending=True).values
     finite = zs > float("-inf")
-    zs = torch.where(finite, zs, torch.zeros_like(zs))
+    # entries below -1 (relative to the max) are never in the support (tau >= -1): clamping them
+    # to -2 keeps the threshold and keeps the prefix sums finite for scores near the float max
+    zs = torch.where(finite, zs.clamp(min=-2), torch.zeros_like(zs))
     ks = torch.arange(1, z.shape[-1] + 1, dtype=z.dtype, device=z.device)
     cs = zs.cumsum(dim=-1)
     if q == 1.0:

@@ -22,6 +22,7 @@ from typing import Callable, Optional
 from torch import Tensor
 
 from . import losses
+from ._dispatch import IMPLS
 from ._softmax import softmax
 from .entmax import entmax15, entmax_bisect
 from .sparsemax import sparsemax
@@ -93,6 +94,9 @@ def _check(kind: str, name: str, allowed: list[str], params: dict) -> None:
             valid = ", ".join(allowed) if allowed else "none"
             raise ValueError(f"unknown parameter {key!r} of {kind} {name!r}{did_you_mean(key, allowed, cutoff=0.5)}; "
                              f"valid: {valid}")
+    if "impl" in params and params["impl"] not in IMPLS:
+        raise ValueError(f"parameter 'impl' of {kind} {name!r} must be one of {', '.join(IMPLS)}, "
+                         f"got {params['impl']!r}")
     if name == "entmax_bisect":
         _check_values(kind, name, params)
 

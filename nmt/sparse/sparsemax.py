@@ -33,6 +33,14 @@ def sparsemax_threshold(z: Tensor, impl: str = "auto") -> Tensor:
     return tau + zmax
 
 
+def sparsemax_probs(z: Tensor, impl: str = "auto") -> Tensor:
+    """``sparsemax(z)`` over the last dim of a float32/64 tensor, without autograd: ``[z - tau]_+``
+    computed relative to the row maximum (``-inf`` -> 0; empty rows 0; NaN / ``+inf`` rows NaN).
+    ``impl``: ``"auto" | "pruned" | "static"`` (``"triton"`` = static here)."""
+    tau, zmax = shifted_threshold(z, 1.0, impl=impl)
+    return torch.sub(z, zmax).sub_(tau).clamp_(min=0)
+
+
 def sparsemax_backward(p: Tensor, grad: Tensor) -> Tensor:
     """``J^T grad`` of sparsemax at output ``p``, both ``(..., n)``: ``s * (grad - mean_S(grad))``
     with ``s`` the support indicator; zero off the support and for empty rows. No host sync."""
@@ -57,8 +65,7 @@ class SparsemaxFunction(torch.autograd.Function):
         if ctx.triton:
             p = _dispatch._triton.sparsemax_forward(_rows(x)).view(x.shape)
         else:
-            tau, zmax = shifted_threshold(x, 1.0, impl=kind)
-            p = torch.sub(x, zmax).sub_(tau).clamp_(min=0)  # relative to the row max: precise
+            p = sparsemax_probs(x, impl=kind)
         ctx.save_for_backward(p)
         return p
 

@@ -34,7 +34,7 @@ from ._common import apply_mask, check_scores, compute_dtype
 from ._groups import group_average
 from ._prox_oscar import ordered_fit, prox_oscar
 from ._prox_tv import prox_tv
-from .sparsemax import sparsemax_backward, sparsemax_threshold
+from .sparsemax import sparsemax_backward, sparsemax_probs
 
 
 def _check_params(name: str, lam: float, gamma: float) -> None:
@@ -103,7 +103,7 @@ class _StructuredFunction(torch.autograd.Function):
             # an empty row gets the threshold finfo.min: all zeros (and zero gradient)
             p = (z - _sort_threshold(z)).clamp_(min=0) if n <= SORT_MAX_N else None
         if lam == 0 or p is None:   # lam = 0: bit for bit sparsemax; long rows: its Newton threshold
-            p = (z - sparsemax_threshold(z)).clamp_(min=0)
+            p = sparsemax_probs(z)
         ctx.gamma = gamma
         ctx.save_for_backward(p, slot, groups, coef, prefix)
         return p if slot is None else p.gather(-1, slot)

@@ -104,7 +104,7 @@ def test_bad_values_fail_at_lookup():
 
 def test_one_signature_rule_for_mappings_and_losses():
     # the inputs (first positional parameter(s), whatever their names) are never parameters
-    assert mapping_parameters("entmax_bisect") == ["alpha", "n_iter"]
+    assert mapping_parameters("entmax_bisect") == ["alpha", "n_iter", "impl"]
     assert mapping_parameters("softmax") == []
     if HAS_STRUCTURED:
         assert mapping_parameters("fusedmax") == ["lam", "gamma"]

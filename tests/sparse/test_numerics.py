@@ -1,0 +1,96 @@
+"""Numerics of the mappings on hostile inputs (issue 17), on the CPU (pruned) and static paths alike:
+large row offsets in float32, alpha > 2 in float32, NaN / +inf scores, scores near the float
+maximum, NaN alpha, zero-width inputs."""
+import pytest
+import torch
+
+from nmt.sparse import entmax15, entmax_bisect, softmax, sparsemax
+
+IMPLS = ["pruned", "static"]
+MAPS = {
+    "sparsemax": lambda x, impl: sparsemax(x, impl=impl),
+    "entmax15": lambda x, impl: entmax15(x, impl=impl),
+    "bisect1.5": lambda x, impl: entmax_bisect(x, 1.5, impl=impl),
+    "bisect1.3": lambda x, impl: entmax_bisect(x, 1.3, impl=impl),
+    "bisect2.5": lambda x, impl: entmax_bisect(x, 2.5, impl=impl),
+}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("name", list(MAPS))
+@pytest.mark.parametrize("offset", [1e2, 1e3, 1e4])
+@pytest.mark.parametrize("n", [20, 3000])
+def test_float32_rows_with_a_large_offset(impl, name, offset, n):
+    """randn + c in float32: sums to one and matches float64 within ~1e-6 (computed relative to
+    the row maximum; before, c = 1e4 gave errors of ~1e-3)."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(8, n, generator=g) + offset
+    f = MAPS[name]
+    p = f(x, impl)
+    want = f(x.double(), impl)
+    assert (p.double().sum(-1) - 1).abs().max() < 1e-6
+    assert (p.double() - want).abs().max() < 2e-6
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bisect_alpha_above_two_in_float32(impl):
+    x = torch.tensor([[1.9895422, 1.3246843]])
+    want = entmax_bisect(x.double(), 2.5, impl=impl)
+    assert torch.allclose(want, torch.tensor([[0.9982398, 0.0017602]], dtype=torch.float64), atol=1e-6)
+    assert (entmax_bisect(x, 2.5, impl=impl).double() - want).abs().max() < 1e-6
+    y = torch.randn(50, 40, generator=torch.Generator().manual_seed(0)) * 3
+    for alpha in (2.2, 2.5, 3.0):
+        assert (entmax_bisect(y, alpha, impl=impl).double() - entmax_bisect(y.double(), alpha, impl=impl)).abs().max() < 2e-5
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_and_plus_inf_scores_give_nan_rows(impl, bad):
+    """A row holding NaN or +inf is all NaN in every mapping (softmax used to give all zeros,
+    which reads as a masked row); the other rows are untouched."""
+    x = torch.randn(3, 6)
+    x[1, 2] = bad
+    maps = dict(MAPS, softmax=lambda t, impl: softmax(t))
+    for name, f in maps.items():
+        p = f(x, impl)
+        assert torch.isnan(p[1]).all(), name
+        assert torch.allclose(p[[0, 2]], f(x[[0, 2]], impl)), name
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_scores_near_the_float_maximum_give_finite_rows(impl):
+    big = torch.finfo(torch.float32).max
+    x = torch.tensor([[big, big * 0.5, -big, 0.0], [big, big, 1.0, -1.0]])
+    maps = dict(MAPS, softmax=lambda t, impl: softmax(t))
+    for name, f in maps.items():
+        p = f(x, impl)
+        assert torch.isfinite(p).all(), name
+        assert torch.allclose(p.sum(-1), torch.ones(2)), name
+        assert p[0, 0] == 1 and torch.allclose(p[1, :2], torch.full((2,), 0.5)), name
+
+
+def test_tensor_alpha_nan_or_below_one():
+    x = torch.randn(3, 5)
+    for a in (float("nan"), 0.5):
+        alpha = torch.tensor([[1.5], [a], [2.0]])
+        with pytest.raises(ValueError, match="alpha >= 1 in every row"):
+            entmax_bisect(x, alpha, impl="pruned")
+        p = entmax_bisect(x, alpha, impl="static")  # no host read: the row is NaN instead
+        assert torch.isnan(p[1]).all() and torch.isfinite(p[[0, 2]]).all()
+    with pytest.raises(ValueError, match="alpha >= 1"):
+        entmax_bisect(x, float("nan"))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("shape,dim", [((3, 0), -1), ((0, 5), -1), ((0, 5), 0), ((2, 0, 4), 1)])
+def test_zero_width_inputs_give_empty_results(impl, shape, dim):
+    x = torch.randn(*shape, requires_grad=True)
+    maps = {"softmax": lambda t, impl, **k: softmax(t, **k),
+            "sparsemax": lambda t, impl, **k: sparsemax(t, impl=impl, **k),
+            "entmax15": lambda t, impl, **k: entmax15(t, impl=impl, **k),
+            "bisect": lambda t, impl, **k: entmax_bisect(t, 1.7, impl=impl, **k),
+            "bisect_tensor": lambda t, impl, **k: entmax_bisect(t, torch.tensor(1.7), impl=impl, **k)}
+    for name, f in maps.items():
+        p = f(x, impl, dim=dim)
+        assert p.shape == x.shape and p.dtype == x.dtype, name
+        p.sum().backward()
