@@ -122,7 +122,7 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     tokens = 0
     start = time.perf_counter()
     for batch in batches[warmup:]:
-        _, n = update(model, loss_fn, optimizer, batch, PAD, clip)
+        _, n, _ = update(model, loss_fn, optimizer, batch, PAD, clip)
         tokens += n
     return tokens / (time.perf_counter() - start)
 

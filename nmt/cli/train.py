@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the process exit code (0 done, 2 bad config/data, 128+N on signal N)."""
+    """Entry point; returns the process exit code (0 done, 1 non-finite loss, 2 bad config/data, 128+N on signal N)."""
     args = build_parser().parse_args(argv)
     import logging
 
@@ -38,6 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from nmt.data.errors import DataError
         from nmt.train.checkpoint import CheckpointError
         from nmt.config import ConfigError, load_config
+        from nmt.train.nonfinite import NonFiniteLossError
 
         config = load_config(args.config, args.overrides)
         if args.quiet:
@@ -54,6 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # any other bad value: still a one-line error
         print(f"nmt-train: error: {str(exc).splitlines()[0] if str(exc) else exc!r}", file=sys.stderr)
         return 2
+    except NonFiniteLossError as exc:
+        print(f"nmt-train: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("nmt-train: forced quit; last.pt holds the last saved state", file=sys.stderr)
         return 128 + signal.SIGINT

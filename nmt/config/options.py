@@ -105,6 +105,8 @@ TRAINING = {
     },
     "clip_grad_norm": Option(float, 5.0, "clip the global gradient norm (null: no clipping)", nullable=True, minimum=0.0),
     "label_smoothing": Option(float, 0.0, "label smoothing of the loss", minimum=0.0),
+    "nonfinite": Option(str, "stop", "on a NaN / inf training loss: stop (one-line error naming the step; "
+                        "last.pt keeps the last finite state) or skip the update", choices=("stop", "skip")),
     "early_stopping_patience": Option(int, None, "stop after this many validations without improvement of "
                                       "validation.metric (null: never)", nullable=True, minimum=1),
     "valid_every": Option(int, 500, "validate (and checkpoint) every this many steps", minimum=1),

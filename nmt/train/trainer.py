@@ -28,6 +28,7 @@ from nmt.train.checkpoint import load_checkpoint, save_run_checkpoint
 from nmt.train.data_setup import generate_if_missing, load_training_data
 from nmt.train.early_stopping import EarlyStopping
 from nmt.train.interrupt import GracefulInterrupt
+from nmt.train.nonfinite import NonFiniteGuard, check_parameters_finite
 from nmt.train.optimizers import build_optimizer
 from nmt.train.rng import rng_state, seed_everything, set_rng_state
 from nmt.train.schedules import PlateauWarmupSchedule
@@ -138,8 +139,12 @@ class Trainer:
         self._session_start: float | None = None  # perf_counter() when this session's loop began
         self._session_elapsed0 = 0.0
         self.resumed = checkpoint is not None
+        self.saved_step: int | None = None  # the step last.pt holds (None: none written yet)
         if checkpoint is not None:
             self._restore(checkpoint)
+            self.saved_step = self.progress.step
+        self.nonfinite = NonFiniteGuard(self.device)
+        self.skipped_updates = 0  # updates dropped for a non-finite loss (training.nonfinite: skip)
         n_params = sum(p.numel() for p in self.model.parameters())
         logger.info("model: %d parameters; attention %s, output %s (loss: %s); device %s", n_params,
                     config["model"]["attention"]["mapping"], output["mapping"], loss_display_name(output["mapping"]),
@@ -192,8 +197,15 @@ class Trainer:
         }
 
     def save(self, is_best: bool = False, step_file: bool = True) -> None:
-        """Write last.pt (and step_N.pt / best.pt) to save_dir atomically."""
+        """Write last.pt (and step_N.pt / best.pt) to save_dir atomically.
+
+        Raises NonFiniteLossError instead when a non-finite loss was seen or a parameter is
+        not finite: a checkpoint never holds NaN / inf weights.
+        """
+        self.nonfinite.check(self.saved_step)
+        check_parameters_finite(self.model.parameters(), self.progress.step, self.saved_step)
         save_run_checkpoint(self.save_dir, self._payload(), self.config["training"]["keep_last"], is_best, step_file)
+        self.saved_step = self.progress.step
 
     # ------------------------------------------------------------------ loop
     def _finished(self) -> str | None:
@@ -215,13 +227,28 @@ class Trainer:
         return self._session_elapsed0 + time.perf_counter() - self._session_start
 
     def train_step(self, indices: list[int]) -> tuple[torch.Tensor, int]:
-        """One update on the training examples ``indices``; returns (summed loss, detached; target tokens)."""
+        """One update on the training examples ``indices``; returns (summed loss, detached; target tokens).
+
+        A non-finite loss raises NonFiniteLossError (``training.nonfinite: stop``; on an
+        accelerator at the next logging/validation/save point) or drops the update (``skip``:
+        the returned loss is 0 and the token count 0, so the logged mean covers applied updates).
+        """
         batch = collate(self.data.train, indices, self.pad, self.bos, self.eos).to(self.device)
         cfg = self.config["training"]
-        result = update(self.model, self.loss_fn, self.optimizer, batch, self.pad, cfg["clip_grad_norm"],
-                        cfg["label_smoothing"])
+        skip = cfg["nonfinite"] == "skip"
+        loss, n_tokens, skipped = update(self.model, self.loss_fn, self.optimizer, batch, self.pad,
+                                         cfg["clip_grad_norm"], cfg["label_smoothing"], skip_nonfinite=skip)
         self.schedule.step()
-        return result
+        if skipped:
+            self.skipped_updates += 1
+            logger.warning("step %d: non-finite training loss (%s); update skipped (training.nonfinite: skip; "
+                           "%d skipped so far)", self.progress.step + 1, float(loss), self.skipped_updates)
+            return torch.zeros_like(loss), 0
+        if not skip:
+            self.nonfinite.observe(loss, self.progress.step + 1)
+            if self.nonfinite.sync_each_step:  # CPU: no sync to avoid
+                self.nonfinite.check(self.saved_step)
+        return loss, n_tokens
 
     def train(self, step_hook: Callable[[int], None] | None = None) -> TrainSummary:
         """Train until max_steps / max_epochs / early stopping / SIGINT / SIGTERM; returns the summary.
@@ -260,6 +287,7 @@ class Trainer:
                     bar.update(1)
                     if p.step % cfg["log_every"] == 0 or p.step % cfg["valid_every"] == 0:
                         p.elapsed = session_elapsed0 + time.perf_counter() - session_start
+                        self.nonfinite.check(self.saved_step)  # the window loss is read here anyway
                         mean = window_loss.item() / max(window_tokens, 1)
                         speed = window_tokens / max(time.perf_counter() - window_start, 1e-9)
                         p.valid_loss_sum += mean * window_tokens
@@ -306,6 +334,7 @@ class Trainer:
         finished run gives the same result as running longer in the first place.
         """
         cfg, vcfg, p = self.config["training"], self.config["validation"], self.progress
+        self.nonfinite.check(self.saved_step)  # never validate (or save) a model that met a NaN loss
         result = validate(self.model, self.data.valid, self.data.valid_references, self.loss_fn,
                           batch_size=vcfg["batch_size"], device=self.device,
                           is_softmax=is_softmax(self.config["model"]["output"]["mapping"]),

@@ -1,14 +1,44 @@
 """Atomic file writes: a temporary file in the target's directory, then ``os.replace``.
 
-A reader never sees a half-written file: either the old content or the new one.
+A reader never sees a half-written file: either the old content or the new one. The file
+gets the mode a plain ``open(path, "w")`` would give it (``0o666 & ~umask``, e.g. 0644 under
+umask 022), not ``mkstemp``'s private 0600.
 """
 from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator
+
+
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS tells (Linux ``/proc``).
+
+    Elsewhere it is read by setting and restoring it under a lock (other threads creating
+    files at that instant could see umask 077, never a wider one).
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o077)
+        os.umask(mask)
+    return mask
+
+
+def default_file_mode() -> int:
+    """``0o666 & ~umask``: the mode ``open(path, "w")`` gives a new file."""
+    return 0o666 & ~current_umask()
 
 
 @contextmanager
@@ -16,7 +46,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     """Open a temporary file next to ``path``; on success it replaces ``path`` atomically.
 
     mode: "w" (text) or "wb" (binary). On an exception the temporary file is removed and
-    ``path`` is left untouched.
+    ``path`` is left untouched. The file's mode respects the umask (see the module docstring).
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open: mode must be 'w' or 'wb', got {mode!r}")
@@ -25,6 +55,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as handle:
+            os.fchmod(handle.fileno(), default_file_mode())
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
@@ -49,4 +80,4 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         handle.write(data)
 
 
-__all__ = ["atomic_open", "atomic_write_text", "atomic_write_bytes"]
+__all__ = ["current_umask", "default_file_mode", "atomic_open", "atomic_write_text", "atomic_write_bytes"]

@@ -1,0 +1,67 @@
+"""Non-finite training losses (NaN / inf): stop with a one-line error, or skip the update.
+
+``training.nonfinite: stop`` (default) ends the run at the first update whose loss is not
+finite; nothing is saved after it, so ``last.pt`` keeps the last finite state.
+``training.nonfinite: skip`` drops such an update (no optimizer step) and goes on.
+
+Host synchronisation: on CPU the loss is checked after every update. On an accelerator
+(``stop``) the step of the first non-finite loss is kept in a device tensor and read only
+where the trainer reads the device anyway: at the logging interval, before validating and
+before saving. ``skip`` must decide before the optimizer step, so it reads one flag per
+update on any device.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+POLICIES = ("stop", "skip")
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training met a NaN / inf loss (or parameters) with ``nonfinite: stop``; one line."""
+
+
+class NonFiniteGuard:
+    """Records the first step with a non-finite loss without synchronising (except on CPU).
+
+    device: where losses live; sync_each_step: check after every update (default: CPU only).
+    """
+
+    def __init__(self, device: torch.device, sync_each_step: bool | None = None) -> None:
+        self.sync_each_step = device.type == "cpu" if sync_each_step is None else sync_each_step
+        self._first_bad = torch.full((), -1, dtype=torch.long, device=device)  # 0-d: step or -1
+        self._first_value = torch.zeros((), dtype=torch.float64, device=device)  # 0-d: that loss
+
+    def observe(self, loss: torch.Tensor, step: int) -> None:
+        """Note the (0-d, detached) loss of update ``step`` (no host read; see :meth:`check`)."""
+        bad = ~torch.isfinite(loss) & (self._first_bad < 0)
+        self._first_bad = torch.where(bad, torch.full_like(self._first_bad, step), self._first_bad)
+        self._first_value = torch.where(bad, loss.to(torch.float64), self._first_value)
+
+    def check(self, last_saved_step: int | None = None) -> None:
+        """Raise NonFiniteLossError if a non-finite loss was seen (one host read)."""
+        step = int(self._first_bad)
+        if step >= 0:
+            raise NonFiniteLossError(
+                f"step {step}: training loss is {float(self._first_value)}; stopped "
+                f"({_kept(last_saved_step)}); lower training.optimizer.lr, set training.clip_grad_norm, "
+                "or set training.nonfinite: skip")
+
+
+def check_parameters_finite(parameters: Iterable[torch.Tensor], step: int, last_saved_step: int | None) -> None:
+    """Raise NonFiniteLossError when any parameter holds NaN / inf (one host read); called before saving."""
+    flags = [torch.isfinite(p.detach()).all() for p in parameters]
+    if flags and not bool(torch.stack(flags).all()):
+        raise NonFiniteLossError(f"step {step}: model parameters are not finite; stopped ({_kept(last_saved_step)}); "
+                                 "lower training.optimizer.lr or set training.clip_grad_norm")
+
+
+def _kept(last_saved_step: int | None) -> str:
+    if last_saved_step is None:
+        return "no checkpoint was written"
+    return f"last.pt keeps step {last_saved_step}, the last finite state"
+
+
+__all__ = ["POLICIES", "NonFiniteLossError", "NonFiniteGuard", "check_parameters_finite"]

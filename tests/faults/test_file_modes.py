@@ -1,0 +1,36 @@
+"""Files written atomically get the mode the umask gives (not mkstemp's 0600)."""
+import os
+import stat
+
+import pytest
+
+from nmt.train.checkpoint import save_run_checkpoint
+from nmt.utils.io import atomic_write_text, current_umask
+
+
+@pytest.fixture
+def umask():
+    old = os.umask(0o022)
+    yield lambda mask: os.umask(mask)
+    os.umask(old)
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o002, 0o077])
+def test_atomic_write_respects_the_umask(tmp_path, umask, mask):
+    umask(mask)
+    assert current_umask() == mask
+    atomic_write_text(tmp_path / "out.txt", "x\n")
+    with open(tmp_path / "plain.txt", "w") as handle:  # what open() gives: the independent truth
+        handle.write("x\n")
+    assert mode(tmp_path / "out.txt") == mode(tmp_path / "plain.txt") == 0o666 & ~mask
+
+
+def test_checkpoints_of_a_run_are_0644_under_umask_022(tmp_path, umask):
+    umask(0o022)
+    save_run_checkpoint(tmp_path, {"step": 3, "model": {}}, keep_last=1, is_best=True)
+    for name in ("last.pt", "best.pt", "step_3.pt"):
+        assert mode(tmp_path / name) == 0o644, name

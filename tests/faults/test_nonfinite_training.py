@@ -1,0 +1,101 @@
+"""NaN injection into training: stop naming the step (last.pt keeps finite weights), or skip."""
+import math
+
+import pytest
+import torch
+
+from nmt.cli.train import main as train_main
+from nmt.train.checkpoint import load_checkpoint
+from nmt.train.nonfinite import NonFiniteGuard, NonFiniteLossError
+from nmt.train.trainer import Trainer
+from nmt.utils.config import resolve_config
+from tiny_task import tiny_config, write_task
+
+
+def trainer_with_nan_at(tmp_path, bad_steps, **training) -> Trainer:
+    data = write_task(tmp_path / "data")
+    trainer = Trainer(resolve_config(tiny_config(data, tmp_path / "run", **training), "tiny.yaml"), "tiny.yaml")
+    loss_fn, calls = trainer.loss_fn, []
+
+    def poisoned(*args, **kwargs):  # the loss of update number len(calls) is NaN when asked
+        loss = loss_fn(*args, **kwargs)
+        if not trainer.model.training:  # validation
+            return loss
+        calls.append(None)
+        return loss * math.nan if len(calls) in bad_steps else loss
+
+    trainer.loss_fn = poisoned
+    return trainer
+
+
+def all_finite(state: dict) -> bool:
+    return all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+
+
+def test_nan_loss_stops_naming_the_step_and_last_keeps_finite_weights(tmp_path):
+    trainer = trainer_with_nan_at(tmp_path, {6})  # valid_every 4: last.pt written at step 4
+    with pytest.raises(NonFiniteLossError, match=r"^step 6: training loss is nan; stopped \(last.pt keeps step 4"):
+        trainer.train()
+    last = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert last["step"] == 4 and all_finite(last["model"])
+    assert load_checkpoint(tmp_path / "run" / "best.pt")["step"] == 4
+    assert not (tmp_path / "run" / "step_8.pt").exists()
+
+
+def test_deferred_check_as_on_accelerators_reports_the_first_bad_step(tmp_path):
+    """Without a per-step sync the flag is read at the next log point; the step named is still the first bad one."""
+    trainer = trainer_with_nan_at(tmp_path, {5, 6, 7}, log_every=4)
+    trainer.nonfinite = NonFiniteGuard(trainer.device, sync_each_step=False)
+    with pytest.raises(NonFiniteLossError, match=r"^step 5: training loss is nan"):
+        trainer.train()
+    assert trainer.progress.step == 8  # noticed at the log/validation point, before validating or saving
+    last = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert last["step"] == 4 and all_finite(last["model"])
+
+
+def test_nan_parameters_are_never_saved(tmp_path):
+    data = write_task(tmp_path / "data")
+    trainer = Trainer(resolve_config(tiny_config(data, tmp_path / "run"), "tiny.yaml"), "tiny.yaml")
+
+    def poison(step):
+        if step == 3:  # the loss of step 3 was finite; the weights after it are not
+            with torch.no_grad():
+                next(trainer.model.parameters()).fill_(math.nan)
+
+    with pytest.raises(NonFiniteLossError, match=r"^step 4: (model parameters are not finite|training loss is nan)"):
+        trainer.train(step_hook=poison)
+    assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def test_skip_policy_drops_nan_updates_and_finishes(tmp_path, caplog):
+    trainer = trainer_with_nan_at(tmp_path, {2, 6}, nonfinite="skip")
+    summary = trainer.train()
+    assert summary.step == 12 and trainer.skipped_updates == 2
+    assert "step 6: non-finite training loss (nan); update skipped" in caplog.text
+    last = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert last["step"] == 12 and all_finite(last["model"])
+
+
+def test_cli_one_line_error_and_exit_1(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    import nmt.train.trainer as trainer_module
+
+    real_get_loss = trainer_module.get_loss
+
+    def nan_from_step_3(*args, **kwargs):
+        loss_fn, calls = real_get_loss(*args, **kwargs), []
+
+        def loss(*a, **k):
+            calls.append(None)
+            return loss_fn(*a, **k) * (math.nan if len(calls) == 3 else 1.0)
+        return loss
+
+    monkeypatch.setattr(trainer_module, "get_loss", nan_from_step_3)
+    data = write_task(tmp_path / "data")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_config(data, tmp_path / "run")))
+    assert train_main(["-config", str(tmp_path / "c.yaml"), "-quiet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["nmt-train: error: step 3: training loss is nan; stopped (no checkpoint was written); lower "
+                   "training.optimizer.lr, set training.clip_grad_norm, or set training.nonfinite: skip"]
+    assert not (tmp_path / "run" / "last.pt").exists()
