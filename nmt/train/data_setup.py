@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.data.dataset import ParallelDataset, read_parallel
+from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.data.tokenizers import build_tokenizer
 
@@ -107,14 +108,26 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     """Read train/valid files, build (or reuse) the fields, and encode both datasets.
 
     Training pairs longer than ``max_length`` (per side) or empty are skipped and counted in
-    the log; validation keeps every non-empty pair whatever its length.
+    the log; validation keeps every non-empty pair whatever its length. Raises a one-line
+    ``DataError`` naming the files when no training or no validation pair is left (and why).
     """
     train_pairs = read_parallel(data_cfg["train"]["src"], data_cfg["train"]["tgt"])
     valid_pairs = read_parallel(data_cfg["valid"]["src"], data_cfg["valid"]["tgt"])
+    if not any(src.strip() and tgt.strip() for src, tgt in train_pairs):
+        raise DataError(f"{_files(data_cfg, 'train')}: no training pairs: {len(train_pairs)} lines, "
+                        "none with text on both sides")
     src_field, tgt_field = fields if fields is not None else build_fields(data_cfg, train_pairs, work_dir)
     train = ParallelDataset(train_pairs, src_field, tgt_field,
                             data_cfg["src"]["max_length"], data_cfg["tgt"]["max_length"])
     valid = ParallelDataset(valid_pairs, src_field, tgt_field, None, None)
+    if len(train) == 0:
+        raise DataError(f"{_files(data_cfg, 'train')}: no training pairs left: all {train.n_input} dropped "
+                        f"({train.skipped['empty']} empty, {train.skipped['too_long']} longer than "
+                        f"data.src.max_length={data_cfg['src']['max_length']} or "
+                        f"data.tgt.max_length={data_cfg['tgt']['max_length']} tokens)")
+    if len(valid) == 0:
+        raise DataError(f"{_files(data_cfg, 'valid')}: no validation pairs: {valid.n_input} lines, "
+                        f"{valid.skipped['empty']} of them empty (a pair needs tokens on both sides)")
     for name, dataset in (("train", train), ("valid", valid)):
         logger.info("%s data (%s, %s): %s", name, data_cfg[name]["src"], data_cfg[name]["tgt"], dataset.summary())
     logger.info("vocabulary: source %d types, target %d types%s", len(src_field.vocab), len(tgt_field.vocab),
@@ -122,6 +135,10 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
                 else " (shared tokenizer)" if src_field.tokenizer is tgt_field.tokenizer else "")
     references = [valid_pairs[line - 1][1] for line in valid.line_numbers]
     return TrainingData(src_field, tgt_field, train, valid, references)
+
+
+def _files(data_cfg: dict, split: str) -> str:
+    return f"{data_cfg[split]['src']}, {data_cfg[split]['tgt']}"
 
 
 __all__ = ["TrainingData", "generate_if_missing", "build_fields", "load_training_data"]

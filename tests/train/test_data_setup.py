@@ -39,3 +39,55 @@ def test_separate_tokenizers_learn_from_their_own_side(tmp_path):
     src, tgt = build_fields(_config(), PAIRS, tmp_path)
     assert src.tokenizer is not tgt.tokenizer
     assert not ({"the", "house"} & _types(src))
+
+
+def _cli_run(tmp_path, capsys, edit, **data_changes):
+    """nmt-train on the tiny task after ``edit(data_dir)``; returns (exit code, stderr lines)."""
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_task import tiny_config, write_task
+
+    from nmt.cli.train import main
+
+    data = write_task(tmp_path / "data")
+    edit(tmp_path / "data")
+    config = tiny_config(data, tmp_path / "run", max_steps=None, max_epochs=2)
+    for side, values in data_changes.items():
+        config["data"][side].update(values)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    code = main(["-config", str(tmp_path / "c.yaml"), "-quiet"])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_empty_training_files_are_a_one_line_error(tmp_path, capsys):
+    def empty(d):
+        (d / "train.src").write_text("")
+        (d / "train.tgt").write_text("")
+    code, err = _cli_run(tmp_path, capsys, empty)
+    d = tmp_path / "data"
+    assert code == 2 and err == [f"nmt-train: error: {d}/train.src, {d}/train.tgt: no training pairs: 0 lines, "
+                                 "none with text on both sides"]
+    assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def test_every_pair_too_long_names_the_count_and_the_limit(tmp_path, capsys):
+    code, err = _cli_run(tmp_path, capsys, lambda d: None, src={"max_length": 1})  # sources have 2-5 tokens
+    d = tmp_path / "data"
+    assert code == 2 and err == [f"nmt-train: error: {d}/train.src, {d}/train.tgt: no training pairs left: all 40 "
+                                 "dropped (0 empty, 40 longer than data.src.max_length=1 or "
+                                 "data.tgt.max_length=50 tokens)"]
+
+
+def test_blank_validation_file_is_an_error_before_training(tmp_path, capsys):
+    def blank(d):
+        (d / "valid.src").write_text("\n \n\n")
+        (d / "valid.tgt").write_text("x\n\n\n")
+    code, err = _cli_run(tmp_path, capsys, blank)
+    d = tmp_path / "data"
+    assert code == 2 and err == [f"nmt-train: error: {d}/valid.src, {d}/valid.tgt: no validation pairs: 3 lines, "
+                                 "3 of them empty (a pair needs tokens on both sides)"]
+    assert not (tmp_path / "run" / "last.pt").exists()
