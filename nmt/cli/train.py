@@ -39,17 +39,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         from nmt.train.checkpoint import CheckpointError
         from nmt.config import ConfigError, load_config
         from nmt.train.nonfinite import NonFiniteLossError
+        from nmt.utils.dir_lock import DirectoryLock, DirectoryLockedError
 
         config = load_config(args.config, args.overrides)
         if args.quiet:
             config["training"]["progress"] = False
-        save_dir = Path(config["training"]["save_dir"])
-        setup_logging(save_dir / "train.log", level=logging.WARNING if args.quiet else logging.INFO)
-        from nmt.train.trainer import Trainer
+        from nmt.train.trainer import RUN_LOCK_WHAT, Trainer
 
-        trainer = Trainer(config, source=args.config)
+        save_dir = Path(config["training"]["save_dir"])
+        lock = DirectoryLock(save_dir, RUN_LOCK_WHAT).acquire()  # before train.log: one run per save_dir
+        setup_logging(save_dir / "train.log", level=logging.WARNING if args.quiet else logging.INFO)
+        trainer = Trainer(config, source=args.config, lock=lock)
         summary = trainer.train()
-    except (ConfigError, DataError, CheckpointError) as exc:
+    except (ConfigError, DataError, CheckpointError, DirectoryLockedError) as exc:
         print(f"nmt-train: error: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:  # any other bad value: still a one-line error

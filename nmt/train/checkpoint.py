@@ -33,7 +33,9 @@ def save_run_checkpoint(save_dir: str | os.PathLike, payload: dict[str, Any], ke
     """Save ``last.pt`` (and ``step_N.pt``, ``best.pt``) in ``save_dir``; keep the newest ``keep_last`` step files.
 
     The payload is serialized once; the other names are hard links / copies of it written
-    atomically too.
+    atomically too. ``last.pt`` comes first: after a crash before ``best.pt`` is replaced,
+    ``last.pt`` records (early-stopping state) that it is the best, and :func:`repair_best`
+    restores the pair on resume.
     """
     save_dir = Path(save_dir)
     last = save_dir / "last.pt"
@@ -47,6 +49,43 @@ def save_run_checkpoint(save_dir: str | os.PathLike, payload: dict[str, Any], ke
         _atomic_copy(last, target)
     for old in step_checkpoints(save_dir)[: max(0, len(step_checkpoints(save_dir)) - keep_last)]:
         old.unlink(missing_ok=True)
+
+
+def remove_stale_temporaries(save_dir: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files of interrupted atomic writes (``.NAME.*.tmp``) in ``save_dir``.
+
+    Such a file is never valid (the write it belonged to did not finish); call this only while
+    holding the directory's lock, so no live writer owns one. Returns the removed paths.
+    """
+    removed = []
+    for entry in Path(save_dir).glob(".*.tmp"):
+        if entry.is_file():
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
+
+
+def checkpoint_step(path: str | os.PathLike) -> int | None:
+    """The ``step`` stored in a checkpoint file (None when missing or unreadable); loads lazily (mmap)."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # missing, torn or foreign: callers treat all as "not the expected step"
+        return None
+    return payload.get("step") if isinstance(payload, dict) else None
+
+
+def repair_best(save_dir: str | os.PathLike, last_step: int, best_step: int) -> bool:
+    """Make ``best.pt`` hold ``best_step`` when a crash left it behind ``last.pt``.
+
+    ``save_run_checkpoint`` writes ``last.pt`` before ``best.pt``, so after a crash between the
+    two, ``last.pt`` (whose early-stopping record says best = ``best_step`` = ``last_step``) is
+    the state ``best.pt`` should hold: it is copied over. Returns True when it repaired.
+    """
+    save_dir = Path(save_dir)
+    if best_step < 0 or best_step != last_step or checkpoint_step(save_dir / "best.pt") == best_step:
+        return False
+    _atomic_copy(save_dir / "last.pt", save_dir / "best.pt")
+    return True
 
 
 def _atomic_copy(source: Path, target: Path) -> None:
@@ -63,4 +102,4 @@ def _atomic_copy(source: Path, target: Path) -> None:
 
 
 __all__ = ["FORMAT_VERSION", "PAYLOAD_KEYS", "CheckpointError", "save_checkpoint", "load_checkpoint",
-           "save_run_checkpoint", "step_checkpoints"]
+           "save_run_checkpoint", "step_checkpoints", "remove_stale_temporaries", "checkpoint_step", "repair_best"]

@@ -24,7 +24,7 @@ from nmt.data.batching import collate, make_batches
 from nmt.data.field import Field
 from nmt.models import ModelConfigError, build_model
 from nmt.sparse import get_loss, is_softmax, loss_display_name
-from nmt.train.checkpoint import load_checkpoint, save_run_checkpoint
+from nmt.train.checkpoint import load_checkpoint, remove_stale_temporaries, repair_best, save_run_checkpoint
 from nmt.train.data_setup import generate_if_missing, load_training_data
 from nmt.train.early_stopping import EarlyStopping
 from nmt.train.interrupt import GracefulInterrupt
@@ -34,11 +34,13 @@ from nmt.train.rng import rng_state, seed_everything, set_rng_state
 from nmt.train.schedules import PlateauWarmupSchedule
 from nmt.train.update import update
 from nmt.train.validation import attention_matrices, validate
+from nmt.utils.dir_lock import DirectoryLock
 from nmt.utils.metrics_log import MetricsLog
 from nmt.utils.tensorboard import TensorBoardWriter
 
 logger = logging.getLogger(__name__)
 
+RUN_LOCK_WHAT = "nmt-train run"
 DECODING_METRICS = ("exact_match", "bleu", "chrf")
 RESUME_MUST_MATCH = ("model", "data", "training.seed", "training.batch_size", "training.batch_type")
 
@@ -94,13 +96,15 @@ def resolve_device(name: str) -> torch.device:
 class Trainer:
     """Builds data, model, loss, optimizer and schedule from a resolved config; :meth:`train` runs.
 
-    config: the dict returned by ``load_config``; source: the config file name (errors).
+    config: the dict returned by ``load_config``; source: the config file name (errors);
+    lock: the save_dir's lock when the caller already holds it (else it is taken here;
+    DirectoryLockedError when another run holds it). It is released at the end of :meth:`train`.
     """
 
-    def __init__(self, config: dict, source: str = "<config>") -> None:
+    def __init__(self, config: dict, source: str = "<config>", lock: DirectoryLock | None = None) -> None:
         self.config, self.source = config, source
+        self.save_dir = Path(config["training"]["save_dir"])
         train_cfg, valid_cfg = config["training"], config["validation"]
-        self.save_dir = Path(train_cfg["save_dir"])
         try:
             self.device = resolve_device(train_cfg["device"])
         except ValueError as exc:
@@ -111,6 +115,19 @@ class Trainer:
         if self.metric in DECODING_METRICS and not valid_cfg["decode"]:
             raise ConfigError(source, "validation.metric",
                               f"{self.metric!r} needs decoding, but validation.decode is false")
+        # one run per save_dir: held from here to the end of train() (DirectoryLockedError otherwise)
+        self.lock = (lock or DirectoryLock(self.save_dir, RUN_LOCK_WHAT)).acquire()
+        try:
+            self._setup()
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _setup(self) -> None:
+        config, source = self.config, self.source
+        train_cfg, valid_cfg = config["training"], config["validation"]
+        for stale in remove_stale_temporaries(self.save_dir):
+            logger.info("removed %s (left by an interrupted save)", stale)
 
         checkpoint = self._existing_checkpoint()
         generate_if_missing(config["data"])
@@ -143,13 +160,17 @@ class Trainer:
         if checkpoint is not None:
             self._restore(checkpoint)
             self.saved_step = self.progress.step
+            if repair_best(self.save_dir, self.progress.step, self.stopper.best_step):
+                logger.warning("best.pt repaired: it now holds step %d as last.pt records (a save was interrupted)",
+                               self.stopper.best_step)
         self.nonfinite = NonFiniteGuard(self.device)
         self.skipped_updates = 0  # updates dropped for a non-finite loss (training.nonfinite: skip)
         n_params = sum(p.numel() for p in self.model.parameters())
         logger.info("model: %d parameters; attention %s, output %s (loss: %s); device %s", n_params,
                     config["model"]["attention"]["mapping"], output["mapping"], loss_display_name(output["mapping"]),
                     self.device)
-        save_config(config, self.save_dir / "config.yaml")
+        if not self.resumed:  # on resume config.yaml changes with the first checkpoint written (see save)
+            save_config(config, self.save_dir / "config.yaml")
 
     # ------------------------------------------------------------------ resume
     def _existing_checkpoint(self) -> dict | None:
@@ -205,6 +226,7 @@ class Trainer:
         self.nonfinite.check(self.saved_step)
         check_parameters_finite(self.model.parameters(), self.progress.step, self.saved_step)
         save_run_checkpoint(self.save_dir, self._payload(), self.config["training"]["keep_last"], is_best, step_file)
+        save_config(self.config, self.save_dir / "config.yaml")  # it describes the weights in save_dir
         self.saved_step = self.progress.step
 
     # ------------------------------------------------------------------ loop
@@ -253,8 +275,15 @@ class Trainer:
     def train(self, step_hook: Callable[[int], None] | None = None) -> TrainSummary:
         """Train until max_steps / max_epochs / early stopping / SIGINT / SIGTERM; returns the summary.
 
-        step_hook(step) is called after every update (tests use it to send signals).
+        step_hook(step) is called after every update (tests use it to send signals). The
+        save_dir lock is released at the end (also on an error).
         """
+        try:
+            return self._train(step_hook)
+        finally:
+            self.lock.release()
+
+    def _train(self, step_hook: Callable[[int], None] | None) -> TrainSummary:
         from tqdm import tqdm
 
         cfg = self.config["training"]

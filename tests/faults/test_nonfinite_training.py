@@ -67,7 +67,10 @@ def test_nan_parameters_are_never_saved(tmp_path):
     assert not (tmp_path / "run" / "last.pt").exists()
 
 
-def test_skip_policy_drops_nan_updates_and_finishes(tmp_path, caplog):
+def test_skip_policy_drops_nan_updates_and_finishes(tmp_path, caplog, monkeypatch):
+    import logging
+
+    monkeypatch.setattr(logging.getLogger("nmt"), "propagate", True)  # the CLI's setup_logging turns it off
     trainer = trainer_with_nan_at(tmp_path, {2, 6}, nonfinite="skip")
     summary = trainer.train()
     assert summary.step == 12 and trainer.skipped_updates == 2

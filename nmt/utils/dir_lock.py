@@ -1,0 +1,137 @@
+"""An exclusive lock on a directory: one writer (e.g. one training run) at a time.
+
+The lock is ``DIR/.lock``, held with ``fcntl.flock`` and holding ``pid host`` of its owner
+for the error message. The kernel drops a flock when its owner dies (kill -9 included), so
+a lock file left by a dead process is stale by construction and simply taken over; where
+flock is unavailable (no ``fcntl``), the recorded pid is checked instead (same host only).
+Acquiring never blocks: a held lock raises :class:`DirectoryLockedError` at once.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+logger = logging.getLogger(__name__)
+
+LOCK_NAME = ".lock"
+
+
+class DirectoryLockedError(RuntimeError):
+    """Another live process holds the directory's lock; one line naming the lock file and its owner."""
+
+
+class DirectoryLock:
+    """``with DirectoryLock(path):`` or :meth:`acquire` / :meth:`release`.
+
+    path: the directory (created if missing). ``what`` names the activity in the error
+    (e.g. "training run").
+    """
+
+    def __init__(self, directory: str | os.PathLike, what: str = "process") -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / LOCK_NAME
+        self.what = what
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> "DirectoryLock":
+        """Take the lock or raise DirectoryLockedError (never blocks)."""
+        if self._fd is not None:
+            return self
+        self.directory.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                previous = _read_owner(fd)
+                if not _try_lock(fd, previous):
+                    raise DirectoryLockedError(
+                        f"{self.path}: {self.directory} is in use by another {self.what} "
+                        f"({_describe(previous)}); wait for it to end or use another directory")
+                try:  # the file may have been unlinked by a releasing owner between open and lock
+                    same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+                except FileNotFoundError:
+                    same = False
+            except BaseException:
+                os.close(fd)
+                raise
+            if same:
+                break
+            os.close(fd)
+        if previous is not None and previous[0] != os.getpid():
+            logger.info("%s: took over a stale lock (%s)", self.path, _describe(previous))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Remove the lock file and drop the lock (idempotent)."""
+        if self._fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        finally:
+            os.close(self._fd)  # drops the flock
+            self._fd = None
+
+    def __enter__(self) -> "DirectoryLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:  # an abandoned owner object must not keep the directory locked
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+def _read_owner(fd: int) -> tuple[int, str] | None:
+    try:
+        fields = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
+        return int(fields[0]), fields[1] if len(fields) > 1 else "?"
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _try_lock(fd: int, owner: tuple[int, str] | None) -> bool:
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+    if owner is None or owner[1] != socket.gethostname():  # pragma: no cover - no fcntl
+        return owner is None
+    return not _pid_alive(owner[0])  # pragma: no cover
+
+
+def _pid_alive(pid: int) -> bool:  # pragma: no cover - only without fcntl
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _describe(owner: tuple[int, str] | None) -> str:
+    return "owner unknown" if owner is None else f"pid {owner[0]} on {owner[1]}"
+
+
+__all__ = ["LOCK_NAME", "DirectoryLock", "DirectoryLockedError"]

@@ -1,0 +1,133 @@
+"""The run directory under faults: a crash between checkpoint writes, kill -9 during a save,
+two runs on one save_dir, and config.yaml describing the weights."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+import nmt.train.checkpoint as checkpoint_module
+from nmt.cli.train import main as train_main
+from nmt.train.checkpoint import checkpoint_step, load_checkpoint
+from nmt.train.trainer import Trainer
+from nmt.utils.config import resolve_config
+from nmt.utils.dir_lock import DirectoryLock, DirectoryLockedError
+from tiny_task import tiny_config, write_task
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def task(tmp_path):
+    return write_task(tmp_path / "data")
+
+
+def make_trainer(task, save_dir, **training) -> Trainer:
+    return Trainer(resolve_config(tiny_config(task, save_dir, **training), "tiny.yaml"), "tiny.yaml")
+
+
+class Crash(Exception):
+    pass
+
+
+def test_crash_between_last_and_best_is_repaired_on_resume(task, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    real_copy = checkpoint_module._atomic_copy
+
+    def crash_before_best(source, target):
+        if target.name == "best.pt" and checkpoint_step(source) == 8:
+            raise Crash("power cut between last.pt and best.pt")
+        real_copy(source, target)
+
+    monkeypatch.setattr(checkpoint_module, "_atomic_copy", crash_before_best)
+    with pytest.raises(Crash):
+        make_trainer(task, run).train()
+    last = load_checkpoint(run / "last.pt")
+    assert last["step"] == 8 and last["trainer"]["early_stopping"]["best_step"] == 8  # step 8 was a new best
+    assert checkpoint_step(run / "best.pt") == 4  # the inconsistent pair the crash left
+    monkeypatch.setattr(checkpoint_module, "_atomic_copy", real_copy)
+    resumed = make_trainer(task, run)  # the lock was released by the crashed train()
+    assert checkpoint_step(run / "best.pt") == 8
+    summary = resumed.train()
+    assert checkpoint_step(run / "best.pt") == summary.best_step
+
+
+def test_kill_9_during_a_save_leaves_nothing_that_survives_the_next_start(task, tmp_path):
+    run = tmp_path / "run"
+    config = resolve_config(tiny_config(task, run, max_steps=4, valid_every=2), "tiny.yaml")
+    script = textwrap.dedent(f"""
+        import os, signal, torch
+        from nmt.train.trainer import Trainer
+        real_save = torch.save
+        def dying_save(obj, handle, *args, **kwargs):
+            if isinstance(obj, dict) and obj.get("step") == 4:
+                handle.write(b"half a checkpoint"); handle.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+            real_save(obj, handle, *args, **kwargs)
+        torch.save = dying_save
+        Trainer({config!r}, "tiny.yaml").train()
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    leftovers = sorted(p.name for p in run.glob(".*"))
+    assert ".lock" in leftovers and any(n.startswith(".last.pt.") and n.endswith(".tmp") for n in leftovers)
+    assert load_checkpoint(run / "last.pt")["step"] == 2  # the old file is intact
+    trainer = make_trainer(task, run, max_steps=4, valid_every=2)  # takes over the dead run's lock, removes its temp file
+    assert [p.name for p in run.glob(".*.tmp")] == []
+    assert trainer.progress.step == 2 and trainer.train().step == 4
+
+
+def test_a_second_run_on_the_same_save_dir_is_refused(task, tmp_path):
+    first = make_trainer(task, tmp_path / "run")
+    with pytest.raises(DirectoryLockedError, match=rf"^{tmp_path}/run/.lock: {tmp_path}/run is in use by another "
+                                                   rf"nmt-train run \(pid {os.getpid()} on {socket.gethostname()}\)"):
+        make_trainer(task, tmp_path / "run")
+    first.train()  # unaffected; the lock is released at the end
+    assert not (tmp_path / "run" / ".lock").exists()
+    make_trainer(task, tmp_path / "run", max_steps=14).train()
+
+
+def test_cli_refuses_a_save_dir_locked_by_another_process(task, tmp_path, capsys):
+    run = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from nmt.utils.dir_lock import DirectoryLock; "
+         f"lock = DirectoryLock({str(run)!r}).acquire(); print('held', flush=True); time.sleep(60)"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_config(task, run)))
+        assert train_main(["-config", str(tmp_path / "c.yaml"), "-quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"nmt-train: error: {run}/.lock: {run} is in use by another nmt-train run "
+                       f"(pid {holder.pid} on {socket.gethostname()}); wait for it to end or use another directory"]
+        assert sorted(p.name for p in run.iterdir()) == [".lock"]  # nothing written
+    finally:
+        holder.kill()
+        holder.wait()
+    assert train_main(["-config", str(tmp_path / "c.yaml"), "-quiet"]) == 0  # the dead holder's lock is stale
+
+
+def test_stale_lock_file_of_a_dead_pid_is_taken_over(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / ".lock").write_text(f"{dead.stdout.strip()} {socket.gethostname()}\n")
+    with DirectoryLock(tmp_path) as lock:
+        assert (tmp_path / ".lock").read_text() == f"{os.getpid()} {socket.gethostname()}\n" and lock.held
+
+
+def test_finished_run_rerun_with_a_changed_value_keeps_config_yaml(task, tmp_path, monkeypatch):
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_config(task, tmp_path / "run")))
+    config_yaml = tmp_path / "run" / "config.yaml"
+    assert train_main(["-config", str(tmp_path / "c.yaml"), "-quiet"]) == 0
+    before = config_yaml.read_text()
+    # finished at step 12: a smaller max_steps takes no step, so the weights are still those of max_steps 12
+    assert train_main(["-config", str(tmp_path / "c.yaml"), "-quiet", "-set", "training.max_steps=10"]) == 0
+    assert config_yaml.read_text() == before
+    # a longer run takes steps with the new value: config.yaml follows the weights
+    assert train_main(["-config", str(tmp_path / "c.yaml"), "-quiet", "-set", "training.max_steps=14"]) == 0
+    assert yaml.safe_load(config_yaml.read_text())["training"]["max_steps"] == 14
