@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -68,22 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _read_source(path: str) -> list[str]:
-    from nmt.data.textfiles import read_lines
+    from nmt.data.textfiles import decode_lines, read_lines
 
     if path != "-":
         return read_lines(path)
-    from nmt.data.errors import DataError
-
-    data = sys.stdin.buffer.read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise DataError(f"<stdin>:{line}: not valid UTF-8") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    return decode_lines(sys.stdin.buffer.read(), "<stdin>")  # a BOM is dropped as for files
 
 
 def search_options(args: argparse.Namespace) -> SearchOptions:
@@ -203,24 +194,50 @@ def _write_heatmaps(directory: Path, translations) -> None:
                        title=f"sentence {t.index} ({status})")
 
 
+class Interrupted(Exception):
+    """SIGINT / SIGTERM arrived: stop at once; files not yet completed are never written."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns 0 on success, 2 on bad input (a one-line error on stderr)."""
+    """Entry point; returns 0 on success, 2 on bad input (a one-line error on stderr), 128+N on signal N.
+
+    SIGINT and SIGTERM (SIGINT even where the parent ignored it, as for a background job)
+    stop the run with exit status 128+N; every output (translations, report, heatmaps) is
+    written atomically at the end, so an interrupted or killed run leaves no file, or a
+    partial one, under the final name.
+    """
     start = _IMPORTED_AT if argv is None else time.perf_counter()
     args = build_parser().parse_args(argv)
     from nmt.utils.checkpoint_file import CheckpointError
     from nmt.utils.allocator import keep_freed_memory
 
     keep_freed_memory()
-
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         return run(args, start)
     except (ValueError, CheckpointError, OSError) as exc:  # DataError, bad checkpoints / options, I/O
         text = str(exc).strip()
         print(f"{PROG}: error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
         return 2
+    except Interrupted as exc:
+        print(f"{PROG}: interrupted by {exc}; unfinished outputs were not written", file=sys.stderr)
+        return 128 + exc.signum
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+        print(f"{PROG}: interrupted; unfinished outputs were not written", file=sys.stderr)
+        return 128 + signal.SIGINT
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

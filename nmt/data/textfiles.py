@@ -31,6 +31,14 @@ def read_lines(path: PathLike) -> list[str]:
         raise DataError(f"{path}: is a directory, expected a text file") from None
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror})") from None
+    return decode_lines(data, str(path))
+
+
+def decode_lines(data: bytes, name: str) -> list[str]:
+    """The lines of UTF-8 ``data`` (a file's or stdin's bytes) as :func:`read_lines` splits them.
+
+    A leading byte-order mark is dropped; bad UTF-8 raises ``DataError`` naming ``name`` and the line.
+    """
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     try:
@@ -39,7 +47,7 @@ def read_lines(path: PathLike) -> list[str]:
         line = data.count(b"\n", 0, e.start) + 1
         column = e.start - data.rfind(b"\n", 0, e.start)
         raise DataError(
-            f"{path}:{line}: not valid UTF-8 (byte 0x{data[e.start]:02x} at column {column})"
+            f"{name}:{line}: not valid UTF-8 (byte 0x{data[e.start]:02x} at column {column})"
         ) from None
     if not text:
         return []
@@ -63,4 +71,4 @@ def write_lines_atomic(path: PathLike, lines: Iterable[str]) -> None:
     write_bytes_atomic(path, "".join(line + "\n" for line in lines).encode("utf-8"))
 
 
-__all__ = ["read_lines", "write_bytes_atomic", "write_lines_atomic"]
+__all__ = ["decode_lines", "read_lines", "write_bytes_atomic", "write_lines_atomic"]
