@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the process exit code (0 done, 1 non-finite loss, 2 bad config/data, 128+N on signal N)."""
+    """Entry point; returns the process exit code (0 done, 1 non-finite loss, 2 bad config/data/save_dir, 128+N on signal N)."""
     args = build_parser().parse_args(argv)
     import logging
 
@@ -44,8 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(args.config, args.overrides)
         if args.quiet:
             config["training"]["progress"] = False
-        from nmt.train.trainer import RUN_LOCK_WHAT, Trainer
+        from nmt.train.trainer import RUN_LOCK_WHAT, Trainer, check_run_config
 
+        check_run_config(config, args.config)  # bad values: an error before anything is written
         save_dir = Path(config["training"]["save_dir"])
         lock = DirectoryLock(save_dir, RUN_LOCK_WHAT).acquire()  # before train.log: one run per save_dir
         setup_logging(save_dir / "train.log", level=logging.WARNING if args.quiet else logging.INFO)
@@ -60,6 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NonFiniteLossError as exc:
         print(f"nmt-train: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # save_dir a file, read-only, full disk: one line naming the path
+        from nmt.utils.io import describe_os_error
+
+        print(f"nmt-train: error: {describe_os_error(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("nmt-train: forced quit; last.pt holds the last saved state", file=sys.stderr)
         return 128 + signal.SIGINT

@@ -94,6 +94,21 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"-batch_size must be >= 1, got {args.batch_size}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"-threads must be >= 1, got {args.threads}")
+    if not math.isfinite(args.length_alpha):
+        raise ValueError(f"-length_alpha must be a finite number, got {args.length_alpha}")
+
+
+def _check_device(name: str) -> None:
+    """ValueError (one line) unless ``name`` is a torch device this machine can allocate on."""
+    import torch
+
+    try:
+        if torch.device(name).type == "meta":
+            raise ValueError("the meta device holds no data")
+        torch.empty(0, device=torch.device(name))
+    except Exception as exc:  # RuntimeError, NotImplementedError (no backend), AssertionError (not compiled)
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"-device {name}: not a usable device here (cpu, cuda or cuda:N); {detail[:120]}") from None
 
 
 def _json_number(x: float) -> float | None:
@@ -114,6 +129,7 @@ def run(args: argparse.Namespace, start: float | None = None) -> int:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"-device {args.device}: CUDA is not available on this machine")
+    _check_device(args.device)
     lines = _read_source(args.src)
     references = None
     if args.tgt:
@@ -225,7 +241,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         return run(args, start)
-    except (ValueError, CheckpointError, OSError) as exc:  # DataError, bad checkpoints / options, I/O
+    except OSError as exc:  # an output in a read-only directory, a full disk, ...
+        from nmt.utils.io import describe_os_error
+
+        print(f"{PROG}: error: {describe_os_error(exc)}", file=sys.stderr)
+        return 2
+    except (ValueError, CheckpointError) as exc:  # DataError, bad checkpoints / options
         text = str(exc).strip()
         print(f"{PROG}: error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
         return 2

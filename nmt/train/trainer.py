@@ -90,6 +90,30 @@ def resolve_device(name: str) -> torch.device:
         raise ValueError(str(exc).splitlines()[0]) from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{name!r} requested but CUDA is not available")
+    try:
+        if device.type == "meta":
+            raise ValueError("the meta device holds no data")
+        torch.empty(0, device=device)
+    except Exception as exc:  # RuntimeError, NotImplementedError (no backend), AssertionError (not compiled)
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{name!r} is not usable here ({detail[:120]})") from None
+    return device
+
+
+def check_run_config(config: dict, source: str) -> torch.device:
+    """The checks of a resolved config that need torch (device, decoding metric); returns the device.
+
+    Raises ConfigError naming ``source`` and the key; writes nothing (nmt-train calls it
+    before it creates the run directory).
+    """
+    train_cfg, valid_cfg = config["training"], config["validation"]
+    try:
+        device = resolve_device(train_cfg["device"])
+    except ValueError as exc:
+        raise ConfigError(source, "training.device", str(exc)) from None
+    if valid_cfg["metric"] in DECODING_METRICS and not valid_cfg["decode"]:
+        raise ConfigError(source, "validation.metric",
+                          f"{valid_cfg['metric']!r} needs decoding, but validation.decode is false")
     return device
 
 
@@ -104,17 +128,10 @@ class Trainer:
     def __init__(self, config: dict, source: str = "<config>", lock: DirectoryLock | None = None) -> None:
         self.config, self.source = config, source
         self.save_dir = Path(config["training"]["save_dir"])
-        train_cfg, valid_cfg = config["training"], config["validation"]
-        try:
-            self.device = resolve_device(train_cfg["device"])
-        except ValueError as exc:
-            raise ConfigError(source, "training.device", str(exc)) from None
-        if train_cfg["threads"] is not None:
-            torch.set_num_threads(train_cfg["threads"])
-        self.metric = valid_cfg["metric"]
-        if self.metric in DECODING_METRICS and not valid_cfg["decode"]:
-            raise ConfigError(source, "validation.metric",
-                              f"{self.metric!r} needs decoding, but validation.decode is false")
+        self.device = check_run_config(config, source)
+        if config["training"]["threads"] is not None:
+            torch.set_num_threads(config["training"]["threads"])
+        self.metric = config["validation"]["metric"]
         # one run per save_dir: held from here to the end of train() (DirectoryLockedError otherwise)
         self.lock = (lock or DirectoryLock(self.save_dir, RUN_LOCK_WHAT)).acquire()
         try:
@@ -415,4 +432,4 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
-__all__ = ["Trainer", "TrainSummary", "Progress", "resolve_device"]
+__all__ = ["Trainer", "check_run_config", "TrainSummary", "Progress", "resolve_device"]

@@ -31,7 +31,7 @@ class DirectoryLockedError(RuntimeError):
 class DirectoryLock:
     """``with DirectoryLock(path):`` or :meth:`acquire` / :meth:`release`.
 
-    path: the directory (created if missing). ``what`` names the activity in the error
+    directory: created if missing (and removed again on release when still empty). ``what`` names the activity in the error
     (e.g. "training run").
     """
 
@@ -40,6 +40,7 @@ class DirectoryLock:
         self.path = self.directory / LOCK_NAME
         self.what = what
         self._fd: int | None = None
+        self._created: list[Path] = []  # directories acquire() created, deepest first
 
     @property
     def held(self) -> bool:
@@ -49,6 +50,9 @@ class DirectoryLock:
         """Take the lock or raise DirectoryLockedError (never blocks)."""
         if self._fd is not None:
             return self
+        if self.directory.exists() and not self.directory.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory", str(self.directory))
+        self._created = [d for d in (self.directory, *self.directory.parents) if not d.exists()]
         self.directory.mkdir(parents=True, exist_ok=True)
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -58,6 +62,7 @@ class DirectoryLock:
                     raise DirectoryLockedError(
                         f"{self.path}: {self.directory} is in use by another {self.what} "
                         f"({_describe(previous)}); wait for it to end or use another directory")
+                # (the directory existed: we never remove what another run created)
                 try:  # the file may have been unlinked by a releasing owner between open and lock
                     same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
                 except FileNotFoundError:
@@ -76,7 +81,8 @@ class DirectoryLock:
         return self
 
     def release(self) -> None:
-        """Remove the lock file and drop the lock (idempotent)."""
+        """Remove the lock file and drop the lock (idempotent); directories that acquire()
+        created and that are still empty are removed too (a refused or failed start leaves nothing)."""
         if self._fd is None:
             return
         try:
@@ -84,6 +90,12 @@ class DirectoryLock:
         finally:
             os.close(self._fd)  # drops the flock
             self._fd = None
+        for directory in self._created:
+            try:
+                directory.rmdir()
+            except OSError:  # not empty (the run wrote something), or gone
+                break
+        self._created = []
 
     def __enter__(self) -> "DirectoryLock":
         return self.acquire()

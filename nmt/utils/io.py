@@ -46,13 +46,17 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     """Open a temporary file next to ``path``; on success it replaces ``path`` atomically.
 
     mode: "w" (text) or "wb" (binary). On an exception the temporary file is removed and
-    ``path`` is left untouched. The file's mode respects the umask (see the module docstring).
+    ``path`` is left untouched; an OSError of the write (ENOSPC, EACCES, ...) is re-raised
+    naming ``path`` (not the temporary file). The file's mode respects the umask (see the module docstring).
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open: mode must be 'w' or 'wb', got {mode!r}")
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(target)) from None
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as handle:
             os.fchmod(handle.fileno(), default_file_mode())
@@ -60,12 +64,22 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename in (None, tmp):
+            raise OSError(exc.errno, exc.strerror, str(target)) from None  # name the file being written
         raise
+
+
+def describe_os_error(exc: OSError) -> str:
+    """One line ``PATH: problem`` for an OSError (its first line when it names no path)."""
+    if exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror[0].lower()}{exc.strerror[1:]}"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -80,4 +94,4 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         handle.write(data)
 
 
-__all__ = ["current_umask", "default_file_mode", "atomic_open", "atomic_write_text", "atomic_write_bytes"]
+__all__ = ["current_umask", "default_file_mode", "atomic_open", "describe_os_error", "atomic_write_text", "atomic_write_bytes"]

@@ -73,3 +73,16 @@ def test_bad_override_and_missing_data(tmp_path, monkeypatch, capsys):
     assert run(tmp_path, monkeypatch, config) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "data/quickstart/train.src: no such file" in err
+
+
+@pytest.mark.parametrize("device, expected", [
+    ("tpu", "c.yaml: training.device: "),
+    ("xla", "c.yaml: training.device: 'xla' is not usable here ("),
+    ("meta", "c.yaml: training.device: 'meta' is not usable here (the meta device holds no data)"),
+])
+def test_unusable_device_is_one_line_error(tmp_path, monkeypatch, capsys, device, expected):
+    config = quickstart_like(tmp_path, training={"device": device})
+    assert run(tmp_path, monkeypatch, config) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("nmt-train: error: " + expected) and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()

@@ -181,3 +181,17 @@ def test_ensemble_of_different_vocabularies_is_refused(trained, capsys):
     torch.save(payload, other)
     code, _, err = translate(["-model", trained["model"], str(other), "-src", str(root / "input.txt")], capsys)
     assert code == 2 and err.count("\n") == 1 and str(other) in err and "vocabulary" in err
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["-length_alpha", "nan"], "nmt-translate: error: -length_alpha must be a finite number, got nan\n"),
+    (["-length_alpha", "inf"], "nmt-translate: error: -length_alpha must be a finite number, got inf\n"),
+    (["-device", "tpu"], "nmt-translate: error: -device tpu: not a usable device here (cpu, cuda or cuda:N); "),
+    (["-device", "meta"], "nmt-translate: error: -device meta: not a usable device here (cpu, cuda or cuda:N); "
+                          "the meta device holds no data\n"),
+])
+def test_bad_flag_values_are_one_line_errors(trained, capsys, tmp_path, flags, expected):
+    out = tmp_path / "out.txt"
+    code, _, err = translate(["-model", trained["model"], "-src", str(trained["root"] / "input.txt"),
+                              "-output", str(out), *flags], capsys)
+    assert code == 2 and err.startswith(expected) and err.count("\n") == 1 and not out.exists()

@@ -1,0 +1,85 @@
+"""save_dir that is a file, a read-only directory, a full disk; unwritable translate outputs.
+
+Tests run as root, which read-only modes do not stop, so the refusals are injected with
+monkeypatched ``os`` calls raising the errno the kernel would give."""
+import errno
+import os
+
+import pytest
+import yaml
+
+from nmt.cli.train import main as train_main
+from nmt.cli import translate as translate_cli
+from nmt.train.checkpoint import load_checkpoint
+from tiny_task import tiny_config, write_task
+
+
+@pytest.fixture
+def config_file(tmp_path):
+    def make(**training):
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_config(write_task(tmp_path / "data"), tmp_path / "run",
+                                                                    **training)))
+        return str(tmp_path / "c.yaml")
+    return make
+
+
+def train(config, capsys, *extra) -> tuple[int, list[str]]:
+    code = train_main(["-config", config, "-quiet", *extra])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_save_dir_that_is_a_file(tmp_path, config_file, capsys):
+    (tmp_path / "run").write_text("not a directory")
+    code, err = train(config_file(), capsys)
+    assert (code, err) == (2, [f"nmt-train: error: {tmp_path}/run: exists and is not a directory"])
+    assert (tmp_path / "run").read_text() == "not a directory"
+
+
+def test_read_only_save_dir(tmp_path, config_file, capsys, monkeypatch):
+    (tmp_path / "run").mkdir()
+    real_open = os.open
+
+    def read_only(path, flags, *args, **kwargs):
+        if str(path).startswith(str(tmp_path / "run")) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    code, err = train(config_file(), capsys)
+    assert (code, err) == (2, [f"nmt-train: error: {tmp_path}/run/.lock: permission denied"])
+    assert os.listdir(tmp_path / "run") == []
+
+
+def test_disk_full_during_a_save_keeps_the_previous_checkpoint(tmp_path, config_file, capsys, monkeypatch):
+    config = config_file()
+    assert train(config, capsys)[0] == 0  # 12 steps; last.pt at step 12
+    real_fsync, full = os.fsync, {"on": True}
+
+    def no_space(fd):  # the disk fills while the next checkpoint is written
+        if full["on"] and os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(".last.pt."):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    code, err = train(config, capsys, "-set", "training.max_steps=16")
+    assert (code, err) == (2, [f"nmt-train: error: {tmp_path}/run/last.pt: no space left on device"])
+    run = tmp_path / "run"
+    assert load_checkpoint(run / "last.pt")["step"] == 12
+    assert sorted(p.name for p in run.glob(".*")) == []  # no temporary file, the lock released
+    full["on"] = False
+    assert train(config, capsys, "-set", "training.max_steps=16")[0] == 0  # space again: resumes
+
+
+def test_translate_output_on_a_full_disk(tmp_path, monkeypatch, capsys):
+    from nmt.train.trainer import Trainer
+    from nmt.utils.config import resolve_config
+
+    trainer = Trainer(resolve_config(tiny_config(write_task(tmp_path / "data"), tmp_path / "run"), "t.yaml"), "t.yaml")
+    trainer.save()
+    trainer.lock.release()
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
+    out = tmp_path / "out" / "hyp.txt"
+    code = translate_cli.main(["-model", str(tmp_path / "run" / "last.pt"), "-src", str(tmp_path / "data" / "valid.src"),
+                               "-output", str(out), "-quiet"])
+    assert code == 2 and capsys.readouterr().err == f"nmt-translate: error: {out}: no space left on device\n"
+    assert os.listdir(out.parent) == []
