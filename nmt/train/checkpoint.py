@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from nmt.utils.checkpoint_file import (FORMAT_VERSION, PAYLOAD_KEYS, CheckpointError, load_checkpoint,
                                        save_checkpoint)
 from nmt.utils.io import atomic_open

@@ -8,7 +8,7 @@ from nmt.cli.train import main as train_main
 from nmt.train.checkpoint import load_checkpoint
 from nmt.train.nonfinite import NonFiniteGuard, NonFiniteLossError
 from nmt.train.trainer import Trainer
-from nmt.utils.config import resolve_config
+from nmt.config import resolve_config
 from tiny_task import tiny_config, write_task
 
 

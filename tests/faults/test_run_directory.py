@@ -15,7 +15,7 @@ import nmt.train.checkpoint as checkpoint_module
 from nmt.cli.train import main as train_main
 from nmt.train.checkpoint import checkpoint_step, load_checkpoint
 from nmt.train.trainer import Trainer
-from nmt.utils.config import resolve_config
+from nmt.config import resolve_config
 from nmt.utils.dir_lock import DirectoryLock, DirectoryLockedError
 from tiny_task import tiny_config, write_task
 

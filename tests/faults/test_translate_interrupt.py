@@ -12,7 +12,7 @@ import pytest
 
 from nmt.cli import translate as translate_cli
 from nmt.train.trainer import Trainer
-from nmt.utils.config import resolve_config
+from nmt.config import resolve_config
 from tiny_task import tiny_config, write_task
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -72,7 +72,7 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(tmp_path, config_
 
 def test_translate_output_on_a_full_disk(tmp_path, monkeypatch, capsys):
     from nmt.train.trainer import Trainer
-    from nmt.utils.config import resolve_config
+    from nmt.config import resolve_config
 
     trainer = Trainer(resolve_config(tiny_config(write_task(tmp_path / "data"), tmp_path / "run"), "t.yaml"), "t.yaml")
     trainer.save()
