@@ -42,26 +42,33 @@ DATA = {
                                "per side of the tokens that side uses (a joint sentencepiece/BPE model)"),
 }
 
+MAX_SIZE = 1 << 16
+"""Largest embedding / hidden size accepted (an LSTM layer of this size holds 2^34 weights)."""
+MAX_LAYERS = 256
+"""Most encoder / decoder layers accepted."""
+
 MODEL = {
     "embeddings": {
-        "src_size": Option(int, 256, "source embedding size", minimum=1),
-        "tgt_size": Option(int, 256, "target embedding size", minimum=1),
+        "src_size": Option(int, 256, "source embedding size", minimum=1, maximum=MAX_SIZE),
+        "tgt_size": Option(int, 256, "target embedding size", minimum=1, maximum=MAX_SIZE),
         "share": Option(bool, False, "share source and target embeddings (needs data.shared_vocab)"),
         "tie_output": Option(bool, False, "tie the output layer to the target embeddings"),
-        "dropout": Option(float, 0.3, "dropout on embeddings", minimum=0.0),
+        "dropout": Option(float, 0.3, "dropout on embeddings", minimum=0.0, maximum=1.0, max_inclusive=False),
     },
     "encoder": {
         "type": Option(str, "lstm", "recurrent cell", choices=("lstm", "gru")),
-        "layers": Option(int, 2, "number of layers", minimum=1),
-        "hidden_size": Option(int, 256, "total hidden size (per direction: hidden_size // 2 when bidirectional)", minimum=1),
+        "layers": Option(int, 2, "number of layers", minimum=1, maximum=MAX_LAYERS),
+        "hidden_size": Option(int, 256, "total hidden size (per direction: hidden_size // 2 when bidirectional)",
+                              minimum=1, maximum=MAX_SIZE),
         "bidirectional": Option(bool, True, "bidirectional encoder"),
-        "dropout": Option(float, 0.3, "dropout between layers", minimum=0.0),
+        "dropout": Option(float, 0.3, "dropout between layers", minimum=0.0, maximum=1.0, max_inclusive=False),
     },
     "decoder": {
         "type": Option(str, "lstm", "recurrent cell", choices=("lstm", "gru")),
-        "layers": Option(int, 2, "number of layers", minimum=1),
-        "hidden_size": Option(int, 256, "hidden size", minimum=1),
-        "dropout": Option(float, 0.3, "dropout between layers and on the attentional output", minimum=0.0),
+        "layers": Option(int, 2, "number of layers", minimum=1, maximum=MAX_LAYERS),
+        "hidden_size": Option(int, 256, "hidden size", minimum=1, maximum=MAX_SIZE),
+        "dropout": Option(float, 0.3, "dropout between layers and on the attentional output",
+                          minimum=0.0, maximum=1.0, max_inclusive=False),
         "input_feeding": Option(bool, True, "feed the previous attentional vector to the next step"),
         "bridge": Option(str, "linear", "encoder-to-decoder state bridge", choices=("linear", "copy", "none")),
     },
@@ -91,20 +98,22 @@ TRAINING = {
                           "sessions of the run (null: no time limit)", nullable=True, minimum=0.0),
     "optimizer": {
         "name": Option(str, "adam", "optimizer", choices=("adam", "sgd")),
-        "lr": Option(float, 1e-3, "initial learning rate", minimum=0.0),
+        "lr": Option(float, 1e-3, "initial learning rate", minimum=0.0, min_inclusive=False),
         "betas": Option(list, [0.9, 0.999], "Adam betas"),
         "eps": Option(float, 1e-8, "Adam epsilon", minimum=0.0),
-        "momentum": Option(float, 0.0, "SGD momentum", minimum=0.0),
+        "momentum": Option(float, 0.0, "SGD momentum", minimum=0.0, maximum=1.0, max_inclusive=False),
         "weight_decay": Option(float, 0.0, "L2 weight decay", minimum=0.0),
     },
     "lr_schedule": {
         "warmup_steps": Option(int, 0, "linear warmup from 0 to lr over this many steps", minimum=0),
-        "decay_factor": Option(float, 0.5, "multiply lr by this when validation loss does not improve", minimum=0.0),
+        "decay_factor": Option(float, 0.5, "multiply lr by this when validation loss does not improve",
+                               minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False),
         "decay_patience": Option(int, 0, "validations without improvement tolerated before a decay", minimum=0),
         "min_lr": Option(float, 0.0, "never decay below this learning rate", minimum=0.0),
     },
-    "clip_grad_norm": Option(float, 5.0, "clip the global gradient norm (null: no clipping)", nullable=True, minimum=0.0),
-    "label_smoothing": Option(float, 0.0, "label smoothing of the loss", minimum=0.0),
+    "clip_grad_norm": Option(float, 5.0, "clip the global gradient norm (null: no clipping)", nullable=True,
+                             minimum=0.0, min_inclusive=False),
+    "label_smoothing": Option(float, 0.0, "label smoothing of the loss", minimum=0.0, maximum=1.0, max_inclusive=False),
     "nonfinite": Option(str, "stop", "on a NaN / inf training loss: stop (one-line error naming the step; "
                         "last.pt keeps the last finite state) or skip the update", choices=("stop", "skip")),
     "early_stopping_patience": Option(int, None, "stop after this many validations without improvement of "

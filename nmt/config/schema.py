@@ -9,6 +9,7 @@ misspelt key or choice, the closest valid name.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -27,8 +28,13 @@ class Option:
 
     type: int | float | bool | str | dict | list (float accepts integers and numeric strings
     such as ``1e-3``, which YAML reads as strings); default: a value or REQUIRED;
-    choices: allowed values; nullable: ``null`` allowed; minimum: inclusive lower bound
-    for numbers; doc: one-line description (used by the reference config).
+    choices: allowed values; nullable: ``null`` allowed; doc: one-line description (used
+    by the reference config).
+
+    Bounds for numbers: minimum / maximum (inclusive unless min_inclusive / max_inclusive
+    is False, e.g. dropout ``minimum=0, maximum=1, max_inclusive=False`` is [0, 1)); a
+    float is never NaN and, with ``finite`` (the default), never +-inf. The error names
+    the interval, e.g. ``must be in [0, 1), got 1.5``.
     """
 
     type: type
@@ -37,6 +43,10 @@ class Option:
     choices: tuple | None = None
     nullable: bool = False
     minimum: float | None = None
+    maximum: float | None = None
+    min_inclusive: bool = True
+    max_inclusive: bool = True
+    finite: bool = True
 
     def check(self, value: Any, source: str, key: str) -> Any:
         """Return the validated (possibly converted) value or raise ConfigError."""
@@ -47,9 +57,34 @@ class Option:
         value = self._convert(value, source, key)
         if self.choices is not None and value not in self.choices:
             raise unknown_name_error(source, key, "value", value, self.choices)
-        if self.minimum is not None and value < self.minimum:
-            raise ConfigError(source, key, f"must be >= {self.minimum}, got {value!r}")
+        if self.type in (int, float):
+            self._check_bounds(value, source, key)
         return copy.deepcopy(value)
+
+    def _check_bounds(self, value: float, source: str, key: str) -> None:
+        if value != value:  # NaN: no order, never a meaningful setting
+            raise ConfigError(source, key, f"must be a number, got {value!r}")
+        if self.finite and value in (math.inf, -math.inf):
+            raise ConfigError(source, key, f"must be finite, got {value!r}")
+        low_ok = (self.minimum is None or value > self.minimum
+                  or (self.min_inclusive and value == self.minimum))
+        high_ok = (self.maximum is None or value < self.maximum
+                   or (self.max_inclusive and value == self.maximum))
+        if not (low_ok and high_ok):
+            raise ConfigError(source, key, f"must be {self.range_text()}, got {value!r}")
+
+    def range_text(self) -> str:
+        """The allowed interval in words: ``>= 1``, ``> 0``, ``in [0, 1)``, ``in (0, 1)``."""
+        def number(x: float) -> str:
+            return f"{x:g}" if isinstance(x, float) else str(x)
+        if self.minimum is not None and self.maximum is not None:
+            return (f"in {'[' if self.min_inclusive else '('}{number(self.minimum)}, "
+                    f"{number(self.maximum)}{']' if self.max_inclusive else ')'}")
+        if self.minimum is not None:
+            return f"{'>=' if self.min_inclusive else '>'} {number(self.minimum)}"
+        if self.maximum is not None:
+            return f"{'<=' if self.max_inclusive else '<'} {number(self.maximum)}"
+        return "a number"
 
     def _convert(self, value: Any, source: str, key: str) -> Any:
         expected = self.type

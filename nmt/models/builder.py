@@ -32,11 +32,15 @@ class ModelConfigError(ValueError):
 
 
 def _keyed(key: str, build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``build(*args, **kwargs)``; a plain ValueError from it becomes a ModelConfigError naming ``key``."""
+    """``build(*args, **kwargs)``; a plain ValueError from it becomes a ModelConfigError naming ``key``,
+    and so does a failed allocation (RuntimeError / MemoryError: sizes too large for this machine)."""
     try:
         return build(*args, **kwargs)
     except ValueError as exc:
         raise ModelConfigError(key, str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    except (RuntimeError, MemoryError) as exc:
+        detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise ModelConfigError(key, f"cannot be allocated with these sizes ({detail})") from None
 
 
 def _section(cfg: dict[str, Any], name: str) -> dict[str, Any]:

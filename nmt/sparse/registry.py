@@ -99,6 +99,20 @@ def _check(kind: str, name: str, allowed: list[str], params: dict) -> None:
                          f"got {params['impl']!r}")
     if name == "entmax_bisect":
         _check_values(kind, name, params)
+    elif name in ("fusedmax", "oscarmax"):
+        _check_structured(name, params)
+
+
+def _check_structured(name: str, params: dict) -> None:
+    """lam >= 0 and gamma > 0, finite, checked by the structured maps' own rule (defaults filled in)."""
+    fn = mapping_function(name)
+    defaults = {p.name: p.default for p in inspect.signature(fn).parameters.values()}
+    try:
+        importlib.import_module("nmt.sparse.structured")._check_params(
+            name, params.get("lam", defaults["lam"]), params.get("gamma", defaults["gamma"]))
+    except ValueError as exc:  # "fusedmax: lam must be ..." -> "parameter 'lam' of mapping 'fusedmax' must be ..."
+        key = "lam" if ": lam " in str(exc) else "gamma"
+        raise ValueError(f"parameter {key!r} of mapping {name!r} {str(exc).split(f'{key} ', 1)[1]}") from None
 
 
 def _check_values(kind: str, name: str, params: dict) -> None:

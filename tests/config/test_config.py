@@ -231,3 +231,51 @@ def test_bad_parameter_values_name_the_key(tmp_path):
     message = error_of(write(tmp_path, config))
     assert message.endswith("c.yaml: model.attention.continuous: ridge: expected a float > 0, got -1.0")
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    (("model", "embeddings", "dropout"), 1.5, "model.embeddings.dropout: must be in [0, 1), got 1.5"),
+    (("model", "encoder", "dropout"), 1.0, "model.encoder.dropout: must be in [0, 1), got 1.0"),
+    (("model", "decoder", "dropout"), -0.1, "model.decoder.dropout: must be in [0, 1), got -0.1"),
+    (("training", "label_smoothing"), 1.5, "training.label_smoothing: must be in [0, 1), got 1.5"),
+    (("training", "optimizer", "lr"), ".nan", "training.optimizer.lr: must be a number, got nan"),
+    (("training", "optimizer", "lr"), ".inf", "training.optimizer.lr: must be finite, got inf"),
+    (("training", "optimizer", "lr"), 0, "training.optimizer.lr: must be > 0, got 0.0"),
+    (("training", "clip_grad_norm"), ".nan", "training.clip_grad_norm: must be a number, got nan"),
+    (("training", "clip_grad_norm"), 0, "training.clip_grad_norm: must be > 0, got 0.0"),
+    (("training", "lr_schedule", "decay_factor"), 2, "training.lr_schedule.decay_factor: must be in (0, 1), got 2.0"),
+    (("training", "lr_schedule", "decay_factor"), 1, "training.lr_schedule.decay_factor: must be in (0, 1), got 1.0"),
+    (("training", "max_minutes"), "-.inf", "training.max_minutes: must be finite, got -inf"),
+    (("model", "encoder", "hidden_size"), 10 ** 9, "model.encoder.hidden_size: must be in [1, 65536], got 1000000000"),
+    (("model", "decoder", "layers"), 10 ** 6, "model.decoder.layers: must be in [1, 256], got 1000000"),
+    (("model", "attention", "params"), {"lam": -1.0},
+     "model.attention.params.lam: parameter 'lam' of mapping 'fusedmax' must be a finite number, 0 <= lam, got -1.0"),
+    (("model", "attention", "params"), {"gamma": 0},
+     "model.attention.params.gamma: parameter 'gamma' of mapping 'fusedmax' must be a finite number, 0 < gamma, got 0"),
+])
+def test_out_of_range_and_non_finite_values_name_file_and_key(tmp_path, key, value, expected):
+    config = yaml.safe_load(yaml.safe_dump(MINIMAL))
+    if key[:2] == ("model", "attention"):
+        config.setdefault("model", {})["attention"] = {"mapping": "fusedmax"}
+    node = config
+    for part in key[:-1]:
+        node = node.setdefault(part, {})
+    node[key[-1]] = value
+    text = yaml.safe_dump(config).replace("'.nan'", ".nan").replace("'.inf'", ".inf").replace("'-.inf'", "-.inf")
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    message = error_of(path)
+    assert message == f"{path}: {expected}", message
+
+
+def test_bad_value_through_the_cli_is_exit_2_and_nothing_written(tmp_path, capsys):
+    from nmt.cli.train import main
+
+    config = yaml.safe_load(yaml.safe_dump(MINIMAL))
+    config["training"]["save_dir"] = str(tmp_path / "run")
+    config["training"].setdefault("optimizer", {})["lr"] = float("nan")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    assert main(["-config", str(tmp_path / "c.yaml"), "-quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"nmt-train: error: {tmp_path}/c.yaml: training.optimizer.lr: must be a number, got nan\n"
+    assert not (tmp_path / "run").exists()

@@ -83,3 +83,21 @@ def test_translate_output_on_a_full_disk(tmp_path, monkeypatch, capsys):
                                "-output", str(out), "-quiet"])
     assert code == 2 and capsys.readouterr().err == f"nmt-translate: error: {out}: no space left on device\n"
     assert os.listdir(out.parent) == []
+
+
+def test_a_model_too_large_to_allocate_is_a_one_line_error_naming_the_key(tmp_path, config_file, capsys, monkeypatch):
+    """A size within the schema's bounds that this machine cannot allocate (simulated: allocating
+    4 * 60000^2 LSTM weights for real would invoke the OOM killer rather than fail)."""
+    import nmt.models.builder as builder
+
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: "
+                           "you tried to allocate 115200000000 bytes.")
+
+    monkeypatch.setattr(builder, "RNNEncoder", no_memory)
+    config = config_file()
+    code, err = train(config, capsys, "-set", "model.encoder.hidden_size=60000")
+    assert code == 2 and err == [f"nmt-train: error: {config}: model.encoder: cannot be allocated with these sizes "
+                                 "([enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: "
+                                 "you tried to allocate 115200000000 bytes.)"]
+    assert not (tmp_path / "run" / "last.pt").exists()

@@ -101,10 +101,11 @@ def test_extending_a_finished_run(tiny_task, tmp_path):
 
 
 def test_early_stopping_when_nothing_improves(tiny_task, tmp_path):
-    trainer = make_trainer(tiny_task, tmp_path / "run", optimizer={"lr": 0.0}, early_stopping_patience=2,
+    trainer = make_trainer(tiny_task, tmp_path / "run", optimizer={"lr": 1e-30}, early_stopping_patience=2,
                            max_steps=100)
     summary = trainer.train()
-    # lr 0: the validation loss never improves after the first validation
+    # lr 1e-30 (lr must be > 0): Adam's steps of ~1e-30 are below float32 resolution of the
+    # weights, so they never change and the validation loss never improves after the first validation
     assert summary.stopped_by == "early_stopping" and summary.step == 12 and summary.best_step == 4
 
 
