@@ -12,8 +12,10 @@ hypotheses are never discarded: all of them are recovered from the step history 
 ranked by log-probability / length penalty.
 
 Certificate (``certify=True``): a sentence is exact iff no finite candidate was left outside
-the beam at any step and no live hypothesis with a finite non-EOS continuation was cut by
-``max_length``. Then the finished hypotheses are exactly the sequences of nonzero probability
+the beam at any step, no live hypothesis with a finite non-EOS continuation was cut by
+``max_length``, no live hypothesis got a NaN / +inf score (a NaN is never an exact zero: a
+model with NaN weights certifies nothing) and at least one finished hypothesis has a finite,
+nonzero probability. Then the finished hypotheses are exactly the sequences of nonzero probability
 (with at least ``min_length`` tokens before EOS), ``n_nonzero`` counts them, ``mass`` sums
 their probabilities, and the first hypothesis is the true argmax of the ranking score. A
 sentence stays in the search while it is exact and has live hypotheses (so that the whole
@@ -32,11 +34,15 @@ from torch import Tensor
 from nmt.models.protocol import StepDecoder, select_state, tile_state
 from nmt.translate.certificate import (
     MAX_LENGTH,
+    NONFINITE,
     NOT_CERTIFIED,
     PRUNED,
+    nonfinite_scores,
     reason_name,
     record_violation,
+    require_hypothesis,
     support_statistics,
+    unknown_scores,
 )
 from nmt.translate.history import SearchHistory, backtrack
 from nmt.translate.length_penalty import length_penalty
@@ -79,7 +85,8 @@ class SearchResult:
     steps: int = 0
 
     def reason_names(self) -> list[str | None]:
-        """Per sentence: None when exact, else "pruned", "max_length" or "not_certified"."""
+        """Per sentence: None when exact, else "pruned", "max_length", "not_certified",
+        "nonfinite_scores" or "no_hypothesis"."""
         return [reason_name(code) for code in self.reason.tolist()]
 
 
@@ -184,6 +191,14 @@ def _search(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Speci
             dtype = torch.float32 if log_probs.dtype in (torch.float16, torch.bfloat16) else log_probs.dtype
             scores, best_finished = scores.to(dtype), best_finished.to(dtype)
         log_probs = log_probs.to(scores.dtype).view(rows, slots, vocab)  # (R, S, V)
+        # NaN / +inf is an unknown probability: it breaks the certificate of a live slot and is
+        # never an exact zero there; it never enters the beam either (not even from a dead slot,
+        # where it would push finite candidates out unnoticed)
+        unknown = unknown_scores(log_probs)  # (R, S, V)
+        if certify:
+            exact, reason = record_violation(exact, reason, nonfinite_scores(unknown, torch.isfinite(scores)),
+                                             NONFINITE)
+        log_probs = log_probs.masked_fill(unknown, NEG_INF)  # (R, S, V)
         if t < min_length:
             log_probs = log_probs.index_fill(-1, eos_index, NEG_INF)
         cand = scores.unsqueeze(-1) + log_probs  # (R, S, V)
@@ -322,6 +337,7 @@ def _collect(history: SearchHistory, end: _SearchEnd, eos: int, pad: int, option
         entry_slot = torch.cat([entry_slot, torch.arange(k, device=device).expand(batch, k)], dim=1)
 
     n_nonzero, mass = support_statistics(entry_score, entry_complete)  # (B,), (B,)
+    exact, reason = require_hypothesis(end.exact, end.reason, n_nonzero)  # (B,), (B,)
     # order: complete before truncated before missing, then by ranking score (stable sorts)
     key = entry_rank.masked_fill(~entry_valid, NEG_INF)  # (B, E)
     order = key.sort(dim=1, descending=True, stable=True).indices  # (B, E)
@@ -341,10 +357,10 @@ def _collect(history: SearchHistory, end: _SearchEnd, eos: int, pad: int, option
         ranking_scores=key.gather(1, take),
         complete=entry_complete.gather(1, take) & valid,
         attention=rebuilt.get("attention"),
-        exact=end.exact,
+        exact=exact,
         n_nonzero=n_nonzero,
         mass=mass,
-        reason=end.reason,
+        reason=reason,
         support_size=rebuilt.get("support_size"),
         support_tokens=rebuilt.get("support_tokens"),
         support_probs=rebuilt.get("support_probs"),

@@ -1,8 +1,10 @@
 """Exactness certificates of beam search: reason codes and the per-sentence statistics.
 
 A sentence is *exact* when no candidate of nonzero probability was ever pruned (not kept
-among the ``beam_size`` best at a step) and no live hypothesis of nonzero probability was
-cut by ``max_length``. The set of finished hypotheses is then the whole support of the
+among the ``beam_size`` best at a step), no live hypothesis of nonzero probability was
+cut by ``max_length``, the model gave no live hypothesis a NaN or ``+inf`` log-probability
+(an unknown probability is never taken for an exact zero), and at least one finished
+hypothesis has a finite, nonzero probability (an empty search certifies nothing). The set of finished hypotheses is then the whole support of the
 model's sequence distribution (under the ``min_length`` constraint), so the first
 hypothesis is the true argmax of the ranking score (log-probability divided by the length
 penalty, when one is used).
@@ -19,12 +21,16 @@ EXACT = 0
 PRUNED = 1
 MAX_LENGTH = 2
 NOT_CERTIFIED = 3
+NONFINITE = 4
+NO_HYPOTHESIS = 5
 
 REASONS: dict[int, str | None] = {
     EXACT: None,
     PRUNED: "pruned",
     MAX_LENGTH: "max_length",
     NOT_CERTIFIED: "not_certified",
+    NONFINITE: "nonfinite_scores",
+    NO_HYPOTHESIS: "no_hypothesis",
 }
 """Reason code -> name (``None`` for an exact sentence)."""
 
@@ -47,6 +53,23 @@ def record_violation(exact: Tensor, reason: Tensor, violated: Tensor, code: int)
     return exact & ~violated, torch.where(newly, torch.full_like(reason, code), reason)
 
 
+def unknown_scores(log_probs: Tensor) -> Tensor:
+    """(R, S, V) bool: NaN or ``+inf`` log-probabilities, i.e. probabilities the model did not give."""
+    return torch.isnan(log_probs) | torch.isposinf(log_probs)
+
+
+def nonfinite_scores(unknown: Tensor, live: Tensor) -> Tensor:
+    """(R,) bool: some live slot has an unknown score. unknown: (R, S, V) from :func:`unknown_scores`;
+    live: (R, S) bool, slots whose prefix has nonzero probability."""
+    return (unknown.any(-1) & live).any(-1)
+
+
+def require_hypothesis(exact: Tensor, reason: Tensor, n_nonzero: Tensor) -> tuple[Tensor, Tensor]:
+    """The last certificate condition: a sentence is exact only with >= 1 complete finished
+    hypothesis of finite, nonzero probability (``n_nonzero`` (B,) long); else NO_HYPOTHESIS."""
+    return record_violation(exact, reason, n_nonzero == 0, NO_HYPOTHESIS)
+
+
 def support_statistics(logprobs: Tensor, complete: Tensor) -> tuple[Tensor, Tensor]:
     """Count and total probability of the complete finished hypotheses.
 
@@ -63,6 +86,11 @@ __all__ = [
     "PRUNED",
     "MAX_LENGTH",
     "NOT_CERTIFIED",
+    "NONFINITE",
+    "NO_HYPOTHESIS",
+    "nonfinite_scores",
+    "require_hypothesis",
+    "unknown_scores",
     "REASONS",
     "reason_name",
     "record_violation",

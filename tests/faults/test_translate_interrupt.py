@@ -78,3 +78,23 @@ def test_bom_on_stdin_is_dropped_like_for_files(model, tmp_path, monkeypatch, ca
     from_stdin = capsys.readouterr().out
     assert translate_cli.main(["-model", str(model), "-src", str(tmp_path / "src.txt"), "-quiet"]) == 0
     assert capsys.readouterr().out == from_stdin
+
+
+def test_a_model_with_nan_weights_certifies_no_sentence(model, tmp_path, capsys):
+    import json
+    import math
+
+    import torch
+
+    payload = torch.load(model, weights_only=True)
+    payload["model"] = {k: v.fill_(math.nan) if v.is_floating_point() else v for k, v in payload["model"].items()}
+    nan_model = tmp_path / "nan.pt"
+    torch.save(payload, nan_model)
+    (tmp_path / "src.txt").write_text("a b c\nd e\nf\n")
+    report = tmp_path / "report.jsonl"
+    assert translate_cli.main(["-model", str(nan_model), "-src", str(tmp_path / "src.txt"),
+                               "-output", str(tmp_path / "out.txt"), "-report", str(report)]) == 0
+    records = [json.loads(line) for line in report.read_text().splitlines()]
+    assert [(r["exact"], r["reason"], r["n_nonzero"], r["mass"]) for r in records] == \
+        [(False, "nonfinite_scores", 0, 0.0)] * 3
+    assert "exact 0.0%" in capsys.readouterr().err

@@ -22,12 +22,16 @@ def found_hypotheses(result, b: int) -> dict[tuple[int, ...], float]:
     return out
 
 
-def predicted_certificate(frontier: list[int], cut: bool, beam_size: int) -> tuple[bool, str | None]:
-    """Without pruning, the candidates of step t are all nonzero prefixes of length t+1."""
-    if any(count > beam_size for count in frontier[:MAX_LENGTH]):
+def predicted_certificate(frontier: list[int], cut: bool, beam_size: int, support: dict,
+                          max_length: int = MAX_LENGTH) -> tuple[bool, str | None]:
+    """Without pruning, the candidates of step t are all nonzero prefixes of length t+1; a search
+    that found no sequence of nonzero probability certifies nothing."""
+    if any(count > beam_size for count in frontier[:max_length]):
         return False, "pruned"
     if cut:
         return False, "max_length"
+    if not support:
+        return False, "no_hypothesis"
     return True, None
 
 
@@ -79,7 +83,7 @@ def test_certificate_matches_enumeration(mapping, seed, penalty, min_length):
         names = result.reason_names()
         for b in range(N_SOURCES):
             support, frontier, cut = enumeration(mapping, seed, b, min_length)
-            exact, reason = predicted_certificate(frontier, cut, beam_size)
+            exact, reason = predicted_certificate(frontier, cut, beam_size, support)
             assert bool(result.exact[b]) == exact
             assert names[b] == reason
             found = found_hypotheses(result, b)
@@ -91,16 +95,15 @@ def test_certificate_matches_enumeration(mapping, seed, penalty, min_length):
             mass = math.fsum(math.exp(v) for v in found.values())
             assert float(result.mass[b]) == pytest.approx(mass, abs=1e-9)
             if exact:
-                assert set(found) == set(support)
-                if not support:  # every sequence has probability 0 (e.g. under min_length)
-                    continue
+                assert set(found) == set(support) and support
                 best = max(rank(s, v, penalty) for s, v in support.items())
                 assert float(result.ranking_scores[b, 0]) == pytest.approx(best, abs=1e-9)
                 first = tuple(result.tokens[b, 0, : int(result.lengths[b, 0])].tolist())
                 assert rank(first, support[first], penalty) == pytest.approx(best, abs=1e-9)
             elif set(found) == set(support):
-                # all sequences were found by luck, but a candidate was still dropped or cut
-                assert reason in ("pruned", "max_length")
+                # all sequences were found by luck, but a candidate was still dropped or cut, or
+                # there is no sequence of nonzero probability at all (nothing to certify)
+                assert reason in ("pruned", "max_length") or (reason == "no_hypothesis" and not support)
 
 
 def test_enumeration_cases_are_not_vacuous():
@@ -108,10 +111,10 @@ def test_enumeration_cases_are_not_vacuous():
     seen = set()
     for mapping, seed, _, min_length in CASES:
         for b in range(N_SOURCES):
-            _, frontier, cut = enumeration(mapping, seed, b, min_length)
+            support, frontier, cut = enumeration(mapping, seed, b, min_length)
             for beam_size in (1, 2, 4, 8):
-                seen.add(predicted_certificate(frontier, cut, beam_size)[1])
-    assert seen == {None, "pruned", "max_length"}
+                seen.add(predicted_certificate(frontier, cut, beam_size, support)[1])
+    assert seen == {None, "pruned", "max_length", "no_hypothesis"}
 
 
 def test_nbest_order_is_ranking_order():

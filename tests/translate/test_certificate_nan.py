@@ -1,0 +1,98 @@
+"""NaN scores are never exact zeros: a model with NaN weights certifies nothing, and a model with
+NaN on some paths is certified exactly when brute force says no nonzero-probability prefix meets one."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nmt.translate.beam_search import beam_search
+from toy_decoders import BOS, EOS, MarkovDecoder, TinyAttentionRNN, random_sources
+
+MAX_LENGTH = 5
+
+
+def test_nan_weights_certify_nothing():
+    model = TinyAttentionRNN(vocab=11, mapping="softmax")  # (the toy's entmax package cannot take NaN)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(math.nan)
+    src, lengths = random_sources(4, 13, 6, seed=1)
+    for beam_size in (1, 3):
+        r = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=3, max_length=6)
+        assert not bool(r.exact.any())
+        assert r.reason_names() == ["nonfinite_scores"] * 4
+        assert r.n_nonzero.tolist() == [0] * 4 and r.mass.tolist() == [0.0] * 4
+        assert not bool(r.complete.any())
+        r = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, certify=False, max_length=6)
+        assert r.reason_names() == ["not_certified"] * 4 and not bool(r.exact.any())
+
+
+class NaNAfterToken(MarkovDecoder):
+    """A sparsemax Markov model whose scores after ``bad_token`` are all NaN (as from a NaN row
+    of its transition table; the toy's entmax package cannot take NaN, so it is injected after)."""
+
+    def __init__(self, seed: int, bad_token: int) -> None:
+        super().__init__(vocab=7, mapping="sparsemax", scale=1.0, eos_bonus=0.8, seed=seed)
+        self.bad_token = bad_token
+
+    def step(self, tokens, state, encoder_out):
+        log_probs, attention, state = super().step(tokens, state, encoder_out)
+        log_probs = log_probs.masked_fill((tokens == self.bad_token).unsqueeze(-1), math.nan)
+        return log_probs, attention, state
+
+
+def brute_force(model, src, length, max_length: int):
+    """Depth-first over finite log-probabilities only: (support, frontier, cut, nan_reached) where
+    nan_reached says a prefix of nonzero probability got a NaN score at some step <= max_length."""
+    with torch.no_grad():
+        encoder_out, state = model.encode(src.view(1, -1), length.view(1))
+        support, frontier, flags = {}, [0] * (max_length + 1), {"cut": False, "nan": False}
+
+        def visit(prefix, logprob, state):
+            t = len(prefix)
+            prev = torch.tensor([prefix[-1] if prefix else BOS])
+            log_probs, _, new_state = model.step(prev, state, encoder_out)
+            row = log_probs[0].tolist()
+            flags["nan"] |= any(math.isnan(lp) for lp in row)
+            for tok, lp in enumerate(row):
+                if not math.isfinite(lp):
+                    continue
+                if tok == EOS:
+                    frontier[t] += 1
+                    support[tuple(prefix + [EOS])] = logprob + lp
+                elif t == max_length:
+                    flags["cut"] = True
+                else:
+                    frontier[t] += 1
+                    visit(prefix + [tok], logprob + lp, new_state)
+
+        visit([], 0.0, state)
+    return support, frontier, flags["cut"], flags["nan"]
+
+
+@pytest.mark.parametrize("seed, bad_token", [(0, 3), (1, 4), (2, 5), (6, 5), (4, 3)])
+def test_partial_nan_certificate_matches_brute_force(seed, bad_token):
+    model = NaNAfterToken(seed, bad_token)
+    src, lengths = random_sources(8, 9, 5, seed=seed + 11)
+    seen = set()
+    for beam_size in (1, 2, 4, 16):
+        r = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=300,
+                        max_length=MAX_LENGTH)
+        names = r.reason_names()
+        for b in range(src.size(0)):
+            support, frontier, cut, nan_reached = brute_force(model, src[b], lengths[b], MAX_LENGTH)
+            unpruned = all(count <= beam_size for count in frontier[:MAX_LENGTH])
+            expected = unpruned and not cut and not nan_reached and bool(support)
+            assert bool(r.exact[b]) == expected, (beam_size, b, names[b])
+            if unpruned and not cut and nan_reached:
+                assert names[b] == "nonfinite_scores"
+            found = {tuple(r.tokens[b, i, : int(r.lengths[b, i])].tolist()): float(r.scores[b, i])
+                     for i in range(r.tokens.size(1)) if r.complete[b, i]}
+            for seq, logprob in found.items():  # sound: only finite, enumerated sequences
+                assert logprob == pytest.approx(support[seq], abs=1e-9)
+            if expected:
+                assert set(found) == set(support)
+            seen.add((expected, nan_reached))
+    assert (True, False) in seen and (False, True) in seen  # both kinds of sentence occur
