@@ -280,8 +280,9 @@ class Trainer:
         self.schedule.step()
         if skipped:
             self.skipped_updates += 1
-            logger.warning("step %d: non-finite training loss (%s); update skipped (training.nonfinite: skip; "
-                           "%d skipped so far)", self.progress.step + 1, float(loss), self.skipped_updates)
+            logger.warning("step %d: non-finite training loss (%s) or gradient norm; update skipped "
+                           "(training.nonfinite: skip; %d skipped so far)", self.progress.step + 1, float(loss),
+                           self.skipped_updates)
             return torch.zeros_like(loss), 0
         if not skip:
             self.nonfinite.observe(loss, self.progress.step + 1)

@@ -74,7 +74,7 @@ def test_skip_policy_drops_nan_updates_and_finishes(tmp_path, caplog, monkeypatc
     trainer = trainer_with_nan_at(tmp_path, {2, 6}, nonfinite="skip")
     summary = trainer.train()
     assert summary.step == 12 and trainer.skipped_updates == 2
-    assert "step 6: non-finite training loss (nan); update skipped" in caplog.text
+    assert "step 6: non-finite training loss (nan) or gradient norm; update skipped" in caplog.text
     last = load_checkpoint(tmp_path / "run" / "last.pt")
     assert last["step"] == 12 and all_finite(last["model"])
 
