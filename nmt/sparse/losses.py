@@ -4,16 +4,31 @@ For a regulariser ``Omega`` with mapping ``p = argmax_{p in simplex} <theta, p> 
 
     L(theta; y) = Omega*(theta) - <theta, y> + Omega(y),   grad_theta L = p - y.
 
-Shannon ``Omega(p) = sum p log p`` gives softmax / cross-entropy; Tsallis
+Shannon ``Omega(p) = sum p log p`` gives softmax / cross-entropy (``L = KL(y || p)``); Tsallis
 ``Omega(p) = (sum p^alpha - 1) / (alpha (alpha - 1))`` gives alpha-entmax (alpha = 2:
-sparsemax, 1.5: 1.5-entmax). For the exact mappings the conjugate comes from the threshold:
-``Omega*(theta) = (tau + (1 - 1/alpha) sum p^alpha + 1/alpha) / (alpha - 1)``, so no product
-with ``-inf`` scores is ever formed. All scores are taken relative to the row maximum.
+sparsemax, 1.5: 1.5-entmax). Scores are taken relative to the row maximum (``z' = z - max``),
+so large offsets cost no precision. For the exact mappings the conjugate comes from the
+threshold ``tau'`` of ``z'``, written so that its exact cases cancel exactly::
+
+    Omega*(z') = [(tau' + 1) + (1 - 1/alpha) (sum p^alpha - 1)] / (alpha - 1)
+
+(a prediction that is exactly one-hot on the target has ``tau' = -1``, ``sum p^alpha = 1``,
+``z'_target = 0``: loss exactly 0, in every dtype). For alpha-entmax by root finding
+(renormalised ``p``) it is ``<z', p> - Omega(p)`` directly, exact zero in the same case. A
+Fenchel-Young loss is never negative (Blondel et al., Prop. 2); every loss is clamped at 0,
+which only removes rounding of a few ulps below 0 (``inf`` and NaN pass through).
 
 ``target`` is class indices ``(...)`` (``ignore_index`` rows contribute 0, any value works,
-negative included) or a distribution ``(..., V)``. ``label_smoothing = e`` mixes the target
-with the uniform distribution over the classes whose score is finite. A target on a class
-with score ``-inf`` has an infinite loss (never NaN); its gradient stays ``p - y``.
+negative included) or a distribution ``(..., V)`` on the simplex. ``label_smoothing = e`` mixes
+the target with the uniform distribution over the classes whose score is finite. A target on
+a class with score ``-inf`` has an infinite loss (never NaN); its gradient stays ``p - y``.
+
+Host synchronisation: none, forward or backward, for cross-entropy and for the sparse losses
+with ``impl="static"`` (the thresholds' sync-free path; ``"auto"`` picks it on accelerators).
+Rows to ignore are handled by masks, the token count of ``"mean"`` stays on the device. Target
+checks (class index in range; a distribution non-negative and summing to 1) run through
+``torch._assert_async``: a ``ValueError`` on the CPU (eager), a device-side assertion on an
+accelerator or under ``torch.compile`` (no sync; the error surfaces at the next sync point).
 """
 from __future__ import annotations
 
@@ -22,47 +37,70 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ._common import compute_dtype
-from ._threshold import root_threshold
-from .entmax import entmax15_threshold
+from .entmax import entmax15_threshold, entmax_bisect
 from .sparsemax import sparsemax_threshold
 
 _REDUCTIONS = ("mean", "sum", "none")
+IMPLS = ("auto", "pruned", "static", "triton")
+"""Threshold algorithms the sparse losses pass to the mappings' front doors (cross-entropy
+ignores it): ``auto`` by device and shape, ``pruned`` (CPU Newton with host syncs), ``static``
+(static shapes, no host sync), ``triton`` (fused CUDA kernel)."""
+
+
+def _impl_kwargs(impl: str) -> dict:
+    """Keyword arguments selecting ``impl`` at a threshold front door ("auto" is its default)."""
+    return {} if impl == "auto" else {"impl": impl}
+
+
+def _dead_row_safe(c: Tensor) -> Tensor:
+    """Row maxima with ``-inf`` (rows without a finite score) replaced by 0."""
+    return torch.where(c == float("-inf"), 0, c)
 
 
 class Regularizer:
-    """``Omega(p) = sum_i phi(p_i) + const`` and its mapping / conjugate (subclasses)."""
+    """``Omega`` of a Fenchel-Young loss: its mapping and conjugate (subclasses).
 
-    def phi(self, v: Tensor) -> Tensor:
-        """Elementwise term of ``Omega`` (``phi(0) = 0``)."""
+    ``probs_conj(z, impl)`` gets scores ``z: (N, V)`` with row maximum 0 (``-inf`` allowed; a
+    row of only ``-inf``: anything may come back for it, the loss masks it) and returns
+    ``p (N, V)`` (a fresh tensor, overwritten by the caller) and ``Omega*(z): (N,)``.
+    """
+
+    def omega_of_power_sum(self, s: Tensor) -> Tensor:
+        """``Omega(y)`` from ``s = sum_i y_i^alpha`` (Tsallis) / ``sum_i y_i log y_i`` (Shannon)."""
         raise NotImplementedError
 
-    const: float = 0.0
-    uses_argmax: bool = False
-    """Whether ``probs_conj`` reads ``argmax`` (otherwise it gets ``None``, saving an index pass)."""
+    def power_sum(self, y: Tensor) -> Tensor:
+        """``sum_i phi(y_i)`` per row of ``y: (N, V) -> (N,)`` (``y >= 0``)."""
+        raise NotImplementedError
 
-    def omega(self, p: Tensor) -> Tensor:
-        """``Omega(p)`` per row: ``p (N, V) -> (N,)``."""
-        return self.phi(p).sum(dim=-1) + self.const
+    def phi(self, v: Tensor) -> Tensor:
+        """The elementwise term of :meth:`power_sum` (``phi(0) = 0``)."""
+        raise NotImplementedError
 
-    def probs_conj(self, z: Tensor, c: Tensor, argmax: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-        """``z: (N, V)`` scores, ``c: (N, 1)`` row maxima at ``argmax: (N, 1)`` (if ``uses_argmax``)
-        -> ``(p (N, V), Omega*(z) - c (N,))``."""
+    def omega(self, y: Tensor) -> Tensor:
+        """``Omega(y)`` per row: ``y (N, V) -> (N,)``."""
+        return self.omega_of_power_sum(self.power_sum(y))
+
+    def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
 
 class Shannon(Regularizer):
     """Negative Shannon entropy: softmax, cross-entropy."""
 
-    uses_argmax = True
-
     def phi(self, v: Tensor) -> Tensor:
         return torch.where(v > 0, v * torch.where(v > 0, v, 1).log(), 0)
 
-    def probs_conj(self, z: Tensor, c: Tensor, argmax: Tensor) -> tuple[Tensor, Tensor]:
-        p = torch.softmax(z, dim=-1).nan_to_num_(0.0)
-        # logsumexp(z) - c = -log p(argmax), with p(argmax) >= 1/V: no second pass of exp
-        return p, -p.gather(-1, argmax)[:, 0].log()
+    def power_sum(self, y: Tensor) -> Tensor:
+        return self.phi(y).sum(dim=-1)
+
+    def omega_of_power_sum(self, s: Tensor) -> Tensor:
+        return s
+
+    def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor]:
+        logp = torch.log_softmax(z, dim=-1)
+        conj = -logp.amax(dim=-1)  # logsumexp(z') = -log p(argmax), exactly 0 for a one-hot p
+        return logp.exp_().nan_to_num_(0.0), conj  # rows of only -inf: NaN -> 0
 
 
 class Tsallis(Regularizer):
@@ -73,90 +111,94 @@ class Tsallis(Regularizer):
         if not alpha > 1:
             raise ValueError(f"Tsallis loss needs alpha > 1 (alpha = 1 is cross-entropy), got {alpha}")
         self.alpha, self.n_iter = alpha, n_iter
-        self.const = -1.0 / (alpha * (alpha - 1))
 
     def phi(self, v: Tensor) -> Tensor:
-        return v.clamp(min=0).pow(self.alpha) / (self.alpha * (self.alpha - 1))
+        return v.pow(self.alpha)
 
-    def probs_conj(self, z: Tensor, c: Tensor, argmax: Tensor) -> tuple[Tensor, Tensor]:
-        am1 = self.alpha - 1
-        q = 1 / am1  # q in {1, 2}: exact closed-form finish, else to the dtype's precision
-        tol = None if q in (1.0, 2.0) else torch.finfo(z.dtype).eps
-        tau = root_threshold(z, q, tol=tol, max_iter=self.n_iter, scale=am1)
-        r = torch.add(-tau, z, alpha=am1).clamp_(min=0)  # p = r^(1/(alpha-1)) up to normalisation
-        p = torch.square(r) if am1 == 0.5 else r.clone() if am1 == 1 else r.pow(1 / am1)
-        total = p.sum(dim=-1, keepdim=True).clamp_(min=torch.finfo(p.dtype).tiny)
-        p = p.div_(total)
-        sum_pa = torch.linalg.vecdot(p, r) / total[:, 0].pow(am1)  # sum p^alpha = sum p * r
-        conj = (tau[:, 0] - am1 * c[:, 0] + (1 - 1 / self.alpha) * sum_pa + 1 / self.alpha) / am1
+    def power_sum(self, y: Tensor) -> Tensor:
+        return self.phi(y).sum(dim=-1)
+
+    def omega_of_power_sum(self, s: Tensor) -> Tensor:
+        return (s - 1) / (self.alpha * (self.alpha - 1))  # exactly 0 at a one-hot y
+
+    def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor]:
+        p = entmax_bisect(z, self.alpha, n_iter=self.n_iter, **_impl_kwargs(impl))
+        # Omega*(z) = <z, p> - Omega(p) (p renormalised: no closed form in tau); the -inf
+        # scores carry p = 0: a finite stand-in keeps the products at 0
+        zf = z.clamp(min=torch.finfo(z.dtype).min)
+        conj = torch.linalg.vecdot(zf, p) - self.omega_of_power_sum(self.power_sum(p))
         return p, conj
 
 
 class TsallisSparsemax(Tsallis):
-    """alpha = 2, exact: ``p = [z - tau]_+``, ``Omega* = tau + |p|^2 / 2 + 1/2``."""
+    """alpha = 2, exact: ``p = [z' - tau']_+``, ``Omega* = (tau' + 1) + (|p|^2 - 1) / 2``."""
 
     def __init__(self) -> None:
         super().__init__(2.0)
 
-    def probs_conj(self, z: Tensor, c: Tensor, argmax: Tensor) -> tuple[Tensor, Tensor]:
-        tau = sparsemax_threshold(z)
+    def phi(self, v: Tensor) -> Tensor:
+        return v * v
+
+    def power_sum(self, y: Tensor) -> Tensor:
+        return torch.linalg.vecdot(y, y)
+
+    def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor]:
+        tau = sparsemax_threshold(z, **_impl_kwargs(impl))
         p = (z - tau).clamp_(min=0)
-        return p, (tau - c)[:, 0] + 0.5 * torch.linalg.vecdot(p, p) + 0.5
+        return p, (tau[:, 0] + 1) + 0.5 * (torch.linalg.vecdot(p, p) - 1)
 
 
 class TsallisEntmax15(Tsallis):
-    """alpha = 1.5, exact: ``p = [z/2 - tau]_+^2``, ``Omega* = 2 tau + (2/3) sum p^1.5 + 4/3``."""
+    """alpha = 1.5, exact: ``p = [z'/2 - tau']_+^2``, ``Omega* = 2 (tau' + 1) + (2/3) (sum p^1.5 - 1)``."""
 
     def __init__(self) -> None:
         super().__init__(1.5)
 
-    def probs_conj(self, z: Tensor, c: Tensor, argmax: Tensor) -> tuple[Tensor, Tensor]:
-        tau = entmax15_threshold(z)
+    def phi(self, v: Tensor) -> Tensor:
+        return v * v.sqrt()
+
+    def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor]:
+        tau = entmax15_threshold(z, **_impl_kwargs(impl))
         r = torch.add(-tau, z, alpha=0.5).clamp_(min=0)  # sqrt(p)
         p = torch.square(r)
         sum15 = torch.linalg.vecdot(r, p)  # sum p^1.5
-        return p, (2 * tau - c)[:, 0] + (2.0 / 3.0) * sum15 + 4.0 / 3.0
+        return p, 2 * (tau[:, 0] + 1) + (2.0 / 3.0) * (sum15 - 1)
 
 
 class _FenchelYoungFunction(torch.autograd.Function):
-    """Per-row loss of ``z: (N, V)``; backward ``(p - y) * grad``."""
+    """Per-row loss of ``z: (N, V)`` (any regulariser, any target); backward ``(p - y) * grad``."""
 
     @staticmethod
     def forward(ctx, z: Tensor, reg: Regularizer, index: Optional[Tensor], dist: Optional[Tensor],
-                valid: Tensor, eps: float) -> Tensor:  # type: ignore[override]
-        if reg.uses_argmax:
-            c, argmax = z.max(dim=-1, keepdim=True)
-        else:
-            c, argmax = z.amax(dim=-1, keepdim=True), None
-        c = torch.where(c == float("-inf"), 0, c)  # rows without a finite score
-        p, conj = reg.probs_conj(z, c, argmax)
+                valid: Tensor, eps: float, impl: str) -> Tensor:  # type: ignore[override]
+        zs = z - _dead_row_safe(z.amax(dim=-1, keepdim=True))  # row max 0 (one pass)
+        p, conj = reg.probs_conj(zs, impl)
         if eps > 0 or index is None:
-            finite = z > float("-inf")
+            finite = zs > float("-inf")
         if eps > 0:
-            m = finite.sum(dim=-1, keepdim=True).clamp(min=1).to(z.dtype)
+            m = finite.sum(dim=-1, keepdim=True).clamp_(min=1).to(z.dtype)
             smooth = torch.where(finite, eps / m, 0)
         if index is not None:
             idx = index[:, None]
-            zt = z.gather(-1, idx)[:, 0] - c[:, 0]
+            zt = zs.gather(-1, idx)[:, 0]
             impossible = zt == float("-inf")
-            if eps > 0:
-                zf = torch.where(finite, z - c, 0).sum(dim=-1) / m[:, 0]
+            if eps > 0:  # y = (1 - eps) e_t + eps / m on the m finite classes
+                zf = torch.where(finite, zs, 0).sum(dim=-1) / m[:, 0]
                 zy = (1 - eps) * zt + eps * zf
                 a, b = eps / m[:, 0], 1 - eps + eps / m[:, 0]
-                omega_y = (m[:, 0] - 1) * reg.phi(a) + reg.phi(b) + reg.const
-                grad = (p - smooth).scatter_add_(-1, idx, torch.full_like(zt, eps - 1)[:, None])
+                omega_y = reg.omega_of_power_sum((m[:, 0] - 1) * reg.phi(a) + reg.phi(b))
+                grad = p.sub_(smooth).scatter_add_(-1, idx, torch.full_like(zt, eps - 1)[:, None])
             else:
-                zy = zt
-                omega_y = torch.zeros_like(zt) + (reg.phi(torch.ones_like(zt)) + reg.const)
+                zy, omega_y = zt, 0.0  # Omega(e_t) = 0 for every regulariser
                 grad = p.scatter_add_(-1, idx, torch.full_like(zt, -1.0)[:, None])
         else:
             y = dist if eps == 0 else (1 - eps) * dist + smooth
             on = y > 0
             impossible = (on & ~finite).any(dim=-1)
-            zy = torch.where(on & finite, (z - c) * y, 0).sum(dim=-1)
+            zy = torch.linalg.vecdot(torch.where(finite, zs, 0), y)
             omega_y = reg.omega(y)
-            grad = p - y
-        loss = conj - zy + omega_y
+            grad = p.sub_(y)
+        loss = (conj - zy + omega_y).clamp_(min=0)  # >= 0 in exact arithmetic: rounding only
         loss = torch.where(impossible, float("inf"), loss)
         loss = torch.where(valid, loss, 0)
         ctx.save_for_backward(grad, valid)  # ignored rows: zeroed in backward (no extra pass here)
@@ -165,7 +207,7 @@ class _FenchelYoungFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: Tensor):  # type: ignore[override]
         grad, valid = ctx.saved_tensors
-        return grad * torch.where(valid, g, 0)[:, None], None, None, None, None, None
+        return grad * torch.where(valid, g, 0)[:, None], None, None, None, None, None, None
 
 
 class _CrossEntropyFunction(torch.autograd.Function):
@@ -173,7 +215,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
     :class:`_FenchelYoungFunction` in fewer passes: ``-log_softmax(z)[y]``, gradient
     ``softmax(z) - e_y`` from the same ``log_softmax`` (no row maximum or argmax pass).
     A target with score ``-inf`` (rows of only ``-inf`` included) has loss ``inf``; such rows
-    get gradient ``-e_y``, as in the generic function."""
+    get gradient ``-e_y``, as in the generic function. ``-log_softmax >= 0`` always: no clamp."""
 
     @staticmethod
     def forward(ctx, z: Tensor, index: Tensor, valid: Tensor) -> Tensor:  # type: ignore[override]
@@ -193,31 +235,62 @@ class _CrossEntropyFunction(torch.autograd.Function):
         return grad * torch.where(valid, g, 0)[:, None], None, None
 
 
+def _check(ok: Tensor, message: str) -> None:
+    """Refuse bad input without a host sync: ``ValueError(message)`` when ``ok`` (a bool scalar
+    tensor) is False, raised at once on the CPU in eager mode; on an accelerator (or compiled)
+    a device-side assertion that fails the next synchronising call."""
+    if ok.device.type == "cpu" and not torch.compiler.is_compiling():
+        try:
+            torch._assert_async(ok, message)
+        except RuntimeError:
+            raise ValueError(message) from None
+    else:
+        torch._assert_async(ok, message)
+
+
+def _simplex_tolerance(dtype: torch.dtype) -> float:
+    """How far a distribution target's row sum may be from 1: rounding of its entries."""
+    return max(1e-4, 16 * torch.finfo(dtype).eps)
+
+
 def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_index: int = -100,
-                       reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
+                       reduction: str = "mean", label_smoothing: float = 0.0,
+                       impl: str = "auto") -> Tensor:
     """Fenchel-Young loss of ``reg`` over the last dim of ``scores: (..., V)``.
 
-    target: long ``(...)`` class indices, or a float distribution ``(..., V)``.
+    target: long ``(...)`` class indices in ``[0, V)`` or ``ignore_index``, or a float
+    distribution ``(..., V)`` (entries >= 0, rows summing to 1 within rounding).
     reduction: "mean" (over non-ignored targets; 0 if none), "sum", or "none" (shape ``(...)``).
+    impl: the threshold algorithm of the sparse losses (see :data:`IMPLS`).
     Half precisions are computed in float32; the loss is returned in the scores' dtype.
+    No host synchronisation (with a sync-free ``impl``), see the module docstring.
     """
     if not isinstance(scores, Tensor) or not scores.is_floating_point() or scores.dim() == 0:
         raise ValueError("scores must be a floating point tensor of shape (..., V)")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; valid: {', '.join(_REDUCTIONS)}")
+    if impl not in IMPLS:
+        raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
     eps = float(label_smoothing)
     if not 0.0 <= eps <= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
     dtype, n_classes = scores.dtype, scores.shape[-1]
-    z = scores.to(compute_dtype(dtype)).reshape(-1, n_classes)
-    index = dist = None
+    if n_classes == 0:
+        raise ValueError(f"scores of shape {tuple(scores.shape)} have no classes (last dim is 0)")
     if not isinstance(target, Tensor):
         raise ValueError(f"target must be a tensor, got {type(target).__name__}")
+    z = scores.to(torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)
+    z = z.reshape(-1, n_classes)
+    index = dist = None
     if target.is_floating_point():
         if target.shape != scores.shape:
             raise ValueError(f"distribution target of shape {tuple(target.shape)} must match scores "
                              f"{tuple(scores.shape)}")
+        tol = _simplex_tolerance(target.dtype)
         dist = target.to(z.dtype).reshape(-1, n_classes)
+        ok = (dist >= 0).all() & ((dist.sum(dim=-1) - 1).abs() <= tol).all()  # NaN fails too
+        _check(ok, f"distribution target must lie on the simplex: entries >= 0, rows summing to 1 "
+                   f"(within {tol:g})")
         valid = torch.ones(z.shape[0], dtype=torch.bool, device=z.device)
     else:
         if target.shape != scores.shape[:-1]:
@@ -226,80 +299,93 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
         t = target.reshape(-1)
         valid = t != ignore_index
         index = torch.where(valid, t, 0).long()
-        if bool(((index < 0) | (index >= n_classes)).any()):  # one host sync: a clear error
-            raise ValueError(f"target class index out of range [0, {n_classes}) "
-                             f"(and not ignore_index={ignore_index})")
+        _check(((index >= 0) & (index < n_classes)).all(),
+               f"target class index out of range [0, {n_classes}) (and not ignore_index={ignore_index})")
     if isinstance(reg, Shannon) and index is not None and eps == 0:
         loss = _CrossEntropyFunction.apply(z, index, valid)
     else:
-        loss = _FenchelYoungFunction.apply(z, reg, index, dist, valid, eps)
+        loss = _FenchelYoungFunction.apply(z, reg, index, dist, valid, eps, impl)
     if reduction == "none":
         return loss.reshape(scores.shape[:-1]).to(dtype)
     total = loss.sum()
     if reduction == "mean":
-        total = total / valid.sum().clamp(min=1)
+        total = total / valid.sum().clamp(min=1)  # the token count stays on the device
     return total.to(dtype)
 
 
 def cross_entropy_loss(scores: Tensor, target: Tensor, ignore_index: int = -100,
-                       reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
-    """Cross-entropy (softmax Fenchel-Young loss); gradient ``softmax(scores) - y``."""
-    return fenchel_young_loss(Shannon(), scores, target, ignore_index, reduction, label_smoothing)
+                       reduction: str = "mean", label_smoothing: float = 0.0,
+                       impl: str = "auto") -> Tensor:
+    """Cross-entropy ``KL(y || softmax(scores))`` (softmax Fenchel-Young loss); gradient
+    ``softmax(scores) - y``. Never synchronises; ``impl`` is accepted for uniformity, unused."""
+    return fenchel_young_loss(Shannon(), scores, target, ignore_index, reduction, label_smoothing, impl)
 
 
 def sparsemax_loss(scores: Tensor, target: Tensor, ignore_index: int = -100,
-                   reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
+                   reduction: str = "mean", label_smoothing: float = 0.0,
+                   impl: str = "auto") -> Tensor:
     """Sparsemax loss (exact); gradient ``sparsemax(scores) - y``."""
-    return fenchel_young_loss(TsallisSparsemax(), scores, target, ignore_index, reduction, label_smoothing)
+    return fenchel_young_loss(TsallisSparsemax(), scores, target, ignore_index, reduction,
+                              label_smoothing, impl)
 
 
 def entmax15_loss(scores: Tensor, target: Tensor, ignore_index: int = -100,
-                  reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
+                  reduction: str = "mean", label_smoothing: float = 0.0,
+                  impl: str = "auto") -> Tensor:
     """1.5-entmax loss (exact); gradient ``entmax15(scores) - y``."""
-    return fenchel_young_loss(TsallisEntmax15(), scores, target, ignore_index, reduction, label_smoothing)
+    return fenchel_young_loss(TsallisEntmax15(), scores, target, ignore_index, reduction,
+                              label_smoothing, impl)
+
+
+def _bisect_regularizer(alpha: float, n_iter: Optional[int]) -> Regularizer:
+    return Shannon() if float(alpha) == 1.0 else Tsallis(alpha, n_iter)
 
 
 def entmax_bisect_loss(scores: Tensor, target: Tensor, alpha: float = 1.5, ignore_index: int = -100,
                        reduction: str = "mean", label_smoothing: float = 0.0,
-                       n_iter: Optional[int] = None) -> Tensor:
+                       n_iter: Optional[int] = None, impl: str = "auto") -> Tensor:
     """alpha-entmax loss for a float ``alpha >= 1`` (1: cross-entropy); gradient ``entmax_bisect - y``."""
-    reg: Regularizer = Shannon() if float(alpha) == 1.0 else Tsallis(alpha, n_iter)
-    return fenchel_young_loss(reg, scores, target, ignore_index, reduction, label_smoothing)
+    return fenchel_young_loss(_bisect_regularizer(alpha, n_iter), scores, target, ignore_index,
+                              reduction, label_smoothing, impl)
 
 
 class FenchelYoungLoss(nn.Module):
-    """Module form: ``FenchelYoungLoss(reg, ignore_index, reduction, label_smoothing)(scores, target)``."""
+    """Module form: ``FenchelYoungLoss(reg, ignore_index, reduction, label_smoothing, impl)(scores, target)``."""
 
     def __init__(self, reg: Regularizer, ignore_index: int = -100, reduction: str = "mean",
-                 label_smoothing: float = 0.0) -> None:
+                 label_smoothing: float = 0.0, impl: str = "auto") -> None:
         super().__init__()
         if reduction not in _REDUCTIONS:
             raise ValueError(f"unknown reduction {reduction!r}; valid: {', '.join(_REDUCTIONS)}")
+        if impl not in IMPLS:
+            raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
         self.reg, self.ignore_index = reg, ignore_index
-        self.reduction, self.label_smoothing = reduction, label_smoothing
+        self.reduction, self.label_smoothing, self.impl = reduction, label_smoothing, impl
 
     def forward(self, scores: Tensor, target: Tensor) -> Tensor:
         return fenchel_young_loss(self.reg, scores, target, self.ignore_index, self.reduction,
-                                  self.label_smoothing)
+                                  self.label_smoothing, self.impl)
 
 
 class CrossEntropyLoss(FenchelYoungLoss):
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0) -> None:
-        super().__init__(Shannon(), ignore_index, reduction, label_smoothing)
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
+                 impl: str = "auto") -> None:
+        super().__init__(Shannon(), ignore_index, reduction, label_smoothing, impl)
 
 
 class SparsemaxLoss(FenchelYoungLoss):
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0) -> None:
-        super().__init__(TsallisSparsemax(), ignore_index, reduction, label_smoothing)
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
+                 impl: str = "auto") -> None:
+        super().__init__(TsallisSparsemax(), ignore_index, reduction, label_smoothing, impl)
 
 
 class Entmax15Loss(FenchelYoungLoss):
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0) -> None:
-        super().__init__(TsallisEntmax15(), ignore_index, reduction, label_smoothing)
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
+                 impl: str = "auto") -> None:
+        super().__init__(TsallisEntmax15(), ignore_index, reduction, label_smoothing, impl)
 
 
 class EntmaxBisectLoss(FenchelYoungLoss):
     def __init__(self, alpha: float = 1.5, ignore_index: int = -100, reduction: str = "mean",
-                 label_smoothing: float = 0.0, n_iter: Optional[int] = None) -> None:
-        reg: Regularizer = Shannon() if float(alpha) == 1.0 else Tsallis(alpha, n_iter)
-        super().__init__(reg, ignore_index, reduction, label_smoothing)
+                 label_smoothing: float = 0.0, n_iter: Optional[int] = None, impl: str = "auto") -> None:
+        super().__init__(_bisect_regularizer(alpha, n_iter), ignore_index, reduction, label_smoothing, impl)

@@ -114,7 +114,7 @@ def test_cross_entropy_fast_path_equals_the_generic_function():
     g = torch.rand(9, dtype=F64)
     results = []
     for fn, args in ((_CrossEntropyFunction.apply, (t, valid)),
-                     (_FenchelYoungFunction.apply, (Shannon(), t, None, valid, 0.0))):
+                     (_FenchelYoungFunction.apply, (Shannon(), t, None, valid, 0.0, "auto"))):
         z = x.clone().requires_grad_()
         loss = fn(z, *args)
         (loss * g).sum().backward()
@@ -230,3 +230,179 @@ def test_cuda_matches_cpu():
         assert torch.allclose(mapping(x.cuda()).cpu(), mapping(x), atol=1e-6), name
         assert torch.allclose(loss_fn(x.cuda(), t.cuda()).cpu(), loss_fn(x, t), atol=1e-4), name
     assert torch.equal(sparsemax(x.cuda(), mask=mask.cuda()).cpu() == 0, sparsemax(x, mask=mask) == 0)
+
+
+# --- exact cases, non-negativity, refused targets (issue 17) ----------------------------------
+
+ONE_HOT_CASES = {
+    "softmax": (cross_entropy_loss, softmax, 1000.0),  # exp(-1000) underflows: p exactly one-hot
+    "sparsemax": (sparsemax_loss, sparsemax, 5.0),
+    "entmax15": (entmax15_loss, entmax15, 5.0),
+    "bisect15": (lambda *a, **k: entmax_bisect_loss(*a, alpha=1.5, **k),
+                 lambda x: entmax_bisect(x, 1.5), 5.0),
+    "bisect13": (lambda *a, **k: entmax_bisect_loss(*a, alpha=1.3, **k),
+                 lambda x: entmax_bisect(x, 1.3), 10.0),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("offset", [0.0, 1234.5])
+@pytest.mark.parametrize("n", [7, 300])
+@pytest.mark.parametrize("name", list(ONE_HOT_CASES))
+def test_one_hot_prediction_has_exactly_zero_loss(name, n, offset, dtype):
+    """Scores where the target wins by a margin: the prediction is exactly one-hot on the target,
+    so the loss is exactly 0 (not -2e-16 or +1e-7) whatever the offset of the row."""
+    loss_fn, mapping, margin = ONE_HOT_CASES[name]
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(16, n, generator=g, dtype=F64) * 0.5
+    t = torch.randint(0, n, (16,), generator=g)
+    x[torch.arange(16), t] = x.max() + margin
+    x = (x + offset).to(dtype)
+    assert torch.equal(mapping(x), F.one_hot(t, n).to(dtype))  # the premise
+    for impl in ("auto", "static"):
+        loss = loss_fn(x, t, reduction="none", impl=impl)
+        assert torch.equal(loss, torch.zeros_like(loss)), (impl, loss.abs().max())
+        assert torch.equal(loss_fn(x, F.one_hot(t, n).to(dtype), reduction="none", impl=impl),
+                           torch.zeros_like(loss))
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_loss_is_never_negative(name, dtype):
+    """Near-separated rows (the loss is a rounding error away from 0): never below 0."""
+    loss_fn = LOSSES[name][0]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(400, 20, generator=g, dtype=F64)
+    t = torch.randint(0, 20, (400,), generator=g)
+    x[torch.arange(400), t] = x.max(dim=-1).values + torch.rand(400, generator=g, dtype=F64) * 3
+    x = (x * 10 ** torch.randint(-2, 3, (400, 1), generator=g)).to(dtype)
+    for impl in ("auto", "static"):
+        assert (loss_fn(x, t, reduction="none", impl=impl) >= 0).all()
+        assert (loss_fn(x, t, reduction="none", label_smoothing=0.05, impl=impl) >= 0).all()
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_distribution_target_off_the_simplex_is_refused(name):
+    loss_fn = LOSSES[name][0]
+    x = torch.randn(3, 5, dtype=F64)
+    good = torch.softmax(torch.randn(3, 5, dtype=F64), -1)
+    loss_fn(x, good)  # accepted
+    loss_fn(x, good.float().double())  # rounding of a float32 distribution: accepted
+    negative = good.clone()
+    negative[1, :2] = torch.tensor([-0.5, good[1, 0] + good[1, 1] + 0.5])
+    for bad in (negative, good * 5, good / 2, torch.full_like(good, float("nan"))):
+        with pytest.raises(ValueError, match="simplex"):
+            loss_fn(x, bad)
+        with pytest.raises(ValueError, match="simplex"):
+            loss_fn(x, bad, impl="static", label_smoothing=0.1)
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_zero_width_inputs(name):
+    loss_fn = LOSSES[name][0]
+    with pytest.raises(ValueError, match="no classes"):
+        loss_fn(torch.zeros(3, 0), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="no classes"):
+        loss_fn(torch.zeros(3, 0), torch.zeros(3, 0))
+    x = torch.zeros(0, 6, requires_grad=True)
+    t = torch.zeros(0, dtype=torch.long)
+    for impl in ("auto", "static"):
+        assert loss_fn(x, t, reduction="none", impl=impl).shape == (0,)
+        assert loss_fn(x, t, reduction="sum", impl=impl).item() == 0
+        mean = loss_fn(x, t, impl=impl, label_smoothing=0.1)
+        mean.backward()
+        assert mean.item() == 0 and x.grad.shape == (0, 6)
+
+
+def test_unknown_impl_is_refused():
+    x, t = torch.randn(2, 5), torch.tensor([0, 1])
+    for loss_fn in (cross_entropy_loss, sparsemax_loss, entmax15_loss, entmax_bisect_loss):
+        with pytest.raises(ValueError, match="impl"):
+            loss_fn(x, t, impl="fast")
+    with pytest.raises(ValueError, match="impl"):
+        SparsemaxLoss(impl="fast")
+
+
+# --- the accelerator contract on the CPU: no host sync, fullgraph compile ---------------------
+
+def _targets(n_rows: int, n: int, seed: int = 0):
+    """Index targets with ignored rows (two ignore values), and a distribution target."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randint(0, n, (n_rows,), generator=g)
+    t[::3] = -100
+    dist = torch.softmax(torch.randn(n_rows, n, generator=g, dtype=F64) * 3, -1)
+    dist = torch.where(dist < 0.05, 0, dist)
+    return t, dist / dist.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("n", [9, 300])
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_static_path_never_synchronises(name, n):
+    """Forward + backward of every loss with impl="static" (cross-entropy: any impl): zero calls
+    that would wait for an accelerator, with index targets, ignore_index, label smoothing,
+    distribution targets and a masked vocabulary, every reduction."""
+    from nmt.utils.sync_audit import SyncAudit
+
+    loss_fn = LOSSES[name][0]
+    t, dist = _targets(12, n)
+    x = torch.randn(12, n, dtype=F64) * 2
+    x[2, n // 2:] = float("-inf")
+    impls = ("auto", "static") if name == "softmax" else ("static",)
+    for impl in impls:
+        for target, kw in ((t, {}), (t, {"label_smoothing": 0.1}), (dist.double(), {}),
+                           (dist.double(), {"label_smoothing": 0.2}), (t, {"reduction": "sum"}),
+                           (t, {"reduction": "none"})):
+            xs = x.clone().requires_grad_()
+            with SyncAudit() as audit:
+                loss_fn(xs, target, impl=impl, **kw).sum().backward()
+            assert audit.total == 0, (impl, kw, audit.report())
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_fullgraph_compile_matches_eager(name):
+    """One compiled graph per loss covering index targets (ignored rows), label smoothing and a
+    distribution target: values and gradients equal eager. Graph capture (dynamo + AOT autograd,
+    where a data-dependent shape or a host read would break the graph) is what is tested; the
+    inductor code generation, slow on a small CI machine, runs for cross-entropy only."""
+    loss_fn = LOSSES[name][0]
+    BACKEND = "inductor" if name == "softmax" else "aot_eager"
+    t, dist = _targets(6, 40, seed=1)
+    x = torch.randn(6, 40) * 2
+    x[1, 30:] = float("-inf")
+
+    def total(s, idx, d):
+        return (loss_fn(s, idx, impl="static") + loss_fn(s, idx, label_smoothing=0.1, impl="static", reduction="sum")
+                + loss_fn(s, d, impl="static"))
+
+    compiled = torch.compile(total, fullgraph=True, dynamic=False, backend=BACKEND)
+    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    lc, le = compiled(xc, t, dist.float()), total(xe, t, dist.float())
+    lc.backward()
+    le.backward()
+    assert torch.allclose(lc, le, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(xc.grad, xe.grad, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_static_gradcheck_and_gradient_is_mapping_minus_target(name):
+    loss_fn, mapping, _ = LOSSES[name]
+    x = (torch.randn(3, 40, dtype=F64) * 2).requires_grad_()
+    t = torch.tensor([0, -100, 39])
+    assert torch.autograd.gradcheck(lambda s: loss_fn(s, t, reduction="none", impl="static"), (x,),
+                                    eps=1e-7, atol=1e-6)
+    _, dist = _targets(3, 40, seed=2)
+    loss_fn(x, dist, reduction="sum", impl="static", label_smoothing=0.1).backward()
+    y = 0.9 * dist + 0.1 / 40
+    assert torch.allclose(x.grad, mapping(x.detach()) - y, atol=1e-9)
+
+
+@pytest.mark.parametrize("impl", ["auto", "static"])
+def test_reference_package_static(ref, impl):
+    x = torch.randn(6, 300, dtype=F64) * 2
+    t = torch.randint(0, 300, (6,))
+    assert torch.allclose(sparsemax_loss(x, t, reduction="none", impl=impl),
+                          ref.SparsemaxLoss(reduction="none")(x, t))
+    assert torch.allclose(entmax15_loss(x, t, reduction="none", impl=impl),
+                          ref.Entmax15Loss(reduction="none")(x, t))
+    assert torch.allclose(entmax_bisect_loss(x, t, alpha=1.3, reduction="none", impl=impl),
+                          ref.EntmaxBisectLoss(1.3, n_iter=200, reduction="none")(x, t), atol=1e-9)
