@@ -137,14 +137,15 @@ def test_validation_statistics_match_per_sentence_brute_force(tiny_task, tmp_pat
     config["model"]["output"]["mapping"] = output
     trainer = Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
     model, data = trainer.model.eval(), trainer.data.valid
-    stats = teacher_forced_statistics(model, data, trainer.loss_fn, 4, torch.device("cpu"), output == "softmax")
+    dev = trainer.device  # "auto": the GPU where there is one; the brute force runs there too
+    stats = teacher_forced_statistics(model, data, trainer.loss_fn, 4, dev, output == "softmax")
     vocab = data.tgt_field.vocab
     loss = correct = tokens = att = out = 0.0
     with torch.no_grad():
         for src, tgt in zip(data.src, data.tgt):  # one unpadded sentence at a time
-            logits, attention = model(torch.tensor([src]), torch.tensor([len(src)]),
-                                      torch.tensor([[vocab.bos_index] + tgt]))
-            gold = torch.tensor(tgt + [vocab.eos_index])
+            logits, attention = model(torch.tensor([src], device=dev), torch.tensor([len(src)], device=dev),
+                                      torch.tensor([[vocab.bos_index] + tgt], device=dev))
+            gold = torch.tensor(tgt + [vocab.eos_index], device=dev)
             loss += trainer.loss_fn(logits[0], gold, reduction="sum").item()
             probs = model.output_mapping(logits[0])
             correct += (probs.argmax(-1) == gold).sum().item()
