@@ -25,23 +25,24 @@ from ._groups import group_average
 from ._taut_string import taut_string
 
 
-def isotonic_nonincreasing(v: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+def isotonic_nonincreasing(v: Tensor, lengths: Tensor, static: bool = False) -> tuple[Tensor, Tensor]:
     """Exact least-squares non-increasing fit of each row prefix.
 
     v: (B, n), only the first ``lengths[b]`` entries are used; lengths: (B,) long. The fit is
     the slope of the least concave majorant of the running sums of ``v`` (a taut string with
-    the lower wall only). Returns ``(fit, blocks)``, both (B, n): the fit (0 past the length)
-    and the first position of every position's block of tied values.
+    the lower wall only). ``static``: no host sync (see :func:`taut_string`). Returns
+    ``(fit, blocks)``, both (B, n): the fit (0 past the length) and the first position of every
+    position's block of tied values.
     """
-    return taut_string(v, lengths, 0.0, math.inf)
+    return taut_string(v, lengths, 0.0, math.inf, static=static)
 
 
-def ordered_fit(keys: Tensor, lengths: Tensor, lam: float) -> tuple[Tensor, Tensor]:
+def ordered_fit(keys: Tensor, lengths: Tensor, lam: float, static: bool = False) -> tuple[Tensor, Tensor]:
     """Exact prox of ``lam * sum_{i<j} max(z_i, z_j) = sum_k w_k z_(k)`` (``w_k = lam (m - k)``).
 
     The minimiser is ordered like ``keys``, so it is ``P^T iso(keys_sorted - w)`` with ``P``
     sorting ``keys`` decreasingly. keys: (B, n), positions ``>= lengths[b]`` ignored.
-    Returns ``(fit, groups)``, both (B, n) in the original order: the prox (undefined past the
+    static: no host sync (see :func:`taut_string`). Returns ``(fit, groups)``, both (B, n) in the original order: the prox (undefined past the
     length) and each position's group of tied values.
     """
     B, n = keys.shape
@@ -51,19 +52,20 @@ def ordered_fit(keys: Tensor, lengths: Tensor, lam: float) -> tuple[Tensor, Tens
     keys_sorted, order = keys.sort(dim=-1, descending=True, stable=True)
     # w_k = lam (m - k) for k = 1..m (0-based: lam (m - 1 - k)); padding gets -inf - w = -inf
     weights = torch.sub(lengths[:, None] - 1, pos).to(keys.dtype).mul_(lam)
-    fit, blocks = isotonic_nonincreasing(keys_sorted.sub_(weights), lengths)
+    fit, blocks = isotonic_nonincreasing(keys_sorted.sub_(weights), lengths, static)
     return (torch.empty_like(keys).scatter_(1, order, fit),
             torch.empty_like(order).scatter_(1, order, blocks))
 
 
-def prox_oscar(x: Tensor, lengths: Tensor, lam: float) -> tuple[Tensor, Tensor, Tensor]:
+def prox_oscar(x: Tensor, lengths: Tensor, lam: float, static: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Exact prox of the OSCAR penalty with weight ``lam`` (>= 0) on the prefix of each row.
 
     x: (B, n) float32/float64, positions ``>= lengths[b]`` ignored; lengths: (B,) long.
+    static: no host sync (see :func:`taut_string`).
     Returns ``(y, groups, coef)``, all (B, n): the prox (0 past the length), the group of every
     position (entries of equal ``|y|``) and ``sign(y)`` (0 where ``y`` is 0), for the backward.
     """
-    fit, groups = ordered_fit(x.abs(), lengths, lam)      # 0 past the length (taut_string)
+    fit, groups = ordered_fit(x.abs(), lengths, lam, static)  # 0 past the length (taut_string)
     coef = torch.sign(x).masked_fill_(fit <= 0, 0.0)
     return coef * fit, groups, coef
 

@@ -18,14 +18,15 @@ from ._groups import group_average
 from ._taut_string import taut_string
 
 
-def prox_tv(x: Tensor, lengths: Tensor, lam: float) -> tuple[Tensor, Tensor]:
+def prox_tv(x: Tensor, lengths: Tensor, lam: float, static: bool = False) -> tuple[Tensor, Tensor]:
     """Exact prox of ``lam`` (>= 0) times 1-d total variation on the prefix of each row.
 
     x: (B, n) float32/float64, positions ``>= lengths[b]`` ignored; lengths: (B,) long.
+    static: no host sync (see :func:`taut_string`).
     Returns ``(y, groups)``, both (B, n): the prox (0 past the length) and the fused group of
     every position (the group's first position).
     """
-    return taut_string(x, lengths, lam, lam)
+    return taut_string(x, lengths, lam, lam, static=static)
 
 
 class ProxTVFunction(torch.autograd.Function):

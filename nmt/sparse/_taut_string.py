@@ -30,6 +30,10 @@ Finding the knots, exactly:
    above it, else at the lower node that set ``lo``. The next knot is computed from every
    possible knot at once (``O(m^2)`` work, fixed number of ops) and the path from the origin is read
    off by pointer doubling (``O(log m)`` gathers). No loop over rows or positions in either.
+
+Host synchronisation: the active set's convergence test (one per round, a handful of rounds) and
+selecting the rows left for the funnel. ``static=True`` runs the funnel scan on every row instead:
+exact, static shapes, no host sync (``O(m^2)`` work per row, for accelerators and short rows).
 """
 from __future__ import annotations
 
@@ -184,11 +188,13 @@ def _funnel_rows(r: Tensor, interior: Tensor, lengths: Tensor, lam_low: float,
 
 
 def taut_string(x: Tensor, lengths: Tensor, lam_low: float, lam_up: float,
-                max_iter: int = MAX_ACTIVE_SET_ROUNDS) -> tuple[Tensor, Tensor]:
+                max_iter: int = MAX_ACTIVE_SET_ROUNDS, static: bool = False) -> tuple[Tensor, Tensor]:
     """Slopes of the taut string of each row prefix (see the module docstring).
 
     x: (B, n) float32/float64, positions ``>= lengths[b]`` ignored; lengths: (B,) long;
-    lam_low, lam_up >= 0 (``inf`` allowed). Returns ``(y, groups)``, both (B, n): the slopes
+    lam_low, lam_up >= 0 (``inf`` allowed). ``static``: the funnel scan on every row (no host
+    sync, ``O(n^2)`` per row) instead of the active set (a few synchronising rounds).
+    Returns ``(y, groups)``, both (B, n): the slopes
     (0 past the length) and, for every position, the first position of its straight segment
     (positions sharing it form one group of equal ``y``; padding positions get group ``m``).
     """
@@ -199,7 +205,11 @@ def taut_string(x: Tensor, lengths: Tensor, lam_low: float, lam_up: float,
     x = x.masked_fill(~valid, 0.0)
     r = torch.nn.functional.pad(x.cumsum(dim=-1), (1, 0))
     interior = (node < lengths[:, None]).logical_and_(node >= 1)
-    tau, settled, bounds = _active_set(x, r, interior, lam_low, lam_up, max_iter)
+    if static:
+        tau = _funnel_rows(r, interior, lengths, lam_low, lam_up)
+        bounds = _knot_bounds((tau != 0) | ~interior)
+    else:
+        tau, settled, bounds = _active_set(x, r, interior, lam_low, lam_up, max_iter)
     if bounds is None:
         rows = (~settled).nonzero().squeeze(1)
         tau = tau.index_copy(0, rows, _funnel_rows(r[rows], interior[rows], lengths[rows],

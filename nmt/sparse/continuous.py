@@ -20,6 +20,12 @@ sequence of L vectors ``H = (h_1 .. h_L)`` at positions ``t_l = l / L`` is appro
 by ``V(t) = B psi(t)`` with the ridge solution ``B = H G``,
 ``G = F^T (F F^T + lambda I)^{-1}``, ``F[j, l] = psi_j(t_l)``. The continuous context is
 ``B E_p[psi] = H (G r)``.
+
+Host synchronisation: none in :func:`rbf_expectations` (forward and backward: closed forms and
+a fixed quadrature, branch choices by ``torch.where``) nor in :meth:`RidgeValueCache.gather` once
+the cache covers the batch's padded length (one ``index_select``); tests count 0 calls. Growing
+the cache (the first time a longer padded length is seen, rounded up to 32 lengths) copies the
+basis to the device and solves the ridge systems there: a one-time cost per 32 lengths, not per step.
 """
 from __future__ import annotations
 

@@ -21,6 +21,14 @@ ops, so rows that are already a prefix skip the compaction and rows up to ``SORT
 the one-sort simplex threshold. Masked positions are removed from the row before the prox (kept
 entries are moved, in order, to a prefix: TV then fuses positions that are adjacent among the
 kept ones) and get exact zeros. ``lam = 0`` is exactly ``sparsemax(x / gamma)``.
+
+Host synchronisation (``impl``): ``"static"`` (the default on accelerators, ``"auto"``) has none:
+every row is compacted (no test whether it is a prefix), the taut string is found by the funnel
+scan on every row (``O(n^2)`` per row, exact), the simplex threshold comes from one sort (``lam =
+0``: the sparsemax mapping's static path, bit for bit). ``"pruned"`` (the default on the CPU)
+reads back a few values per call: whether compaction is needed (``torch.equal``), the active
+set's convergence test (one per round, 3-4 rounds on attention rows) and, beyond ``SORT_MAX_N``
+entries, the sparsemax threshold's own checks. ``"triton"`` has no fused kernel here: static.
 """
 from __future__ import annotations
 
@@ -44,17 +52,21 @@ def _check_params(name: str, lam: float, gamma: float) -> None:
             raise ValueError(f"{name}: {key} must be a finite number, {low}{key}, got {value!r}")
 
 
-def _prox_tv(z: Tensor, lengths: Tensor, lam: float) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-    y, groups = prox_tv(z, lengths, lam)
+IMPLS = ("auto", "pruned", "static", "triton")
+"""Accepted ``impl`` values (as for the sparse mappings); see the module docstring."""
+
+
+def _prox_tv(z: Tensor, lengths: Tensor, lam: float, static: bool) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    y, groups = prox_tv(z, lengths, lam, static)
     return y, groups, None
 
 
-def _prox_ordered(z: Tensor, lengths: Tensor, lam: float) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-    y, groups = ordered_fit(z, lengths, lam)
+def _prox_ordered(z: Tensor, lengths: Tensor, lam: float, static: bool) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    y, groups = ordered_fit(z, lengths, lam, static)
     return y, groups, None
 
 
-_PROXES: dict[str, Callable[[Tensor, Tensor, float], tuple[Tensor, Tensor, Optional[Tensor]]]] = {
+_PROXES: dict[str, Callable[[Tensor, Tensor, float, bool], tuple[Tensor, Tensor, Optional[Tensor]]]] = {
     "fusedmax": _prox_tv, "oscarmax": prox_oscar, "oscarmax_exact": _prox_ordered}
 
 
@@ -82,14 +94,15 @@ class _StructuredFunction(torch.autograd.Function):
     is the sparsemax Jacobian-vector product followed by the prox's group averaging."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, name: str, lam: float, gamma: float) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, name: str, lam: float, gamma: float,  # type: ignore[override]
+                static: bool) -> Tensor:
         R, n = x.shape
         pos = torch.arange(n, device=x.device)
         keep = x != float("-inf")
         lengths = keep.sum(dim=-1)
         prefix = pos < lengths[:, None]
         slot = None
-        if not torch.equal(keep, prefix):
+        if static or not torch.equal(keep, prefix):  # host sync (not static): skip the compaction
             # Kept entries move, in order, to a prefix: ``slot`` is each entry's place in the
             # compact row (a permutation of the positions).
             kept = keep.long().cumsum(dim=-1)
@@ -98,12 +111,12 @@ class _StructuredFunction(torch.autograd.Function):
         z = x / gamma if gamma != 1 else x
         groups = coef = p = None
         if lam > 0:
-            y, groups, coef = _PROXES[name](z, lengths, float(lam))
+            y, groups, coef = _PROXES[name](z, lengths, float(lam), static)
             z = y.masked_fill_(~prefix, float("-inf"))
             # an empty row gets the threshold finfo.min: all zeros (and zero gradient)
-            p = (z - _sort_threshold(z)).clamp_(min=0) if n <= SORT_MAX_N else None
-        if lam == 0 or p is None:   # lam = 0: bit for bit sparsemax; long rows: its Newton threshold
-            p = sparsemax_probs(z)
+            p = (z - _sort_threshold(z)).clamp_(min=0) if n <= SORT_MAX_N or static else None
+        if lam == 0 or p is None:   # lam = 0: bit for bit sparsemax; long rows: its threshold
+            p = sparsemax_probs(z, impl="static" if static else "auto")
         ctx.gamma = gamma
         ctx.save_for_backward(p, slot, groups, coef, prefix)
         return p if slot is None else p.gather(-1, slot)
@@ -124,40 +137,44 @@ class _StructuredFunction(torch.autograd.Function):
             g = g / ctx.gamma
         if slot is not None:
             g = g.gather(-1, slot)
-        return g, None, None, None
+        return g, None, None, None, None
 
 
 def _structured_map(name: str, scores: Tensor, lam: float, gamma: float, dim: int,
-                    mask: Optional[Tensor]) -> Tensor:
+                    mask: Optional[Tensor], impl: str) -> Tensor:
     """sparsemax(prox(scores / gamma)) along ``dim`` over the kept entries of every row."""
     _check_params(name, lam, gamma)
+    if impl not in IMPLS:
+        raise ValueError(f"{name}: unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
     dim = check_scores(scores, dim)
     dtype = scores.dtype
     x = apply_mask(scores, mask).to(compute_dtype(dtype)).movedim(dim, -1)
     shape = x.shape
     if x.numel() == 0:
         return torch.zeros_like(scores)
-    p = _StructuredFunction.apply(x.reshape(-1, shape[-1]), name, lam, gamma)
+    static = impl in ("static", "triton") or (impl == "auto" and x.device.type != "cpu")
+    p = _StructuredFunction.apply(x.reshape(-1, shape[-1]), name, lam, gamma, static)
     return p.reshape(shape).movedim(-1, dim).to(dtype)
 
 
 def fusedmax(x: Tensor, lam: float = 0.1, gamma: float = 1.0, dim: int = -1,
-             mask: Optional[Tensor] = None) -> Tensor:
+             mask: Optional[Tensor] = None, impl: str = "auto") -> Tensor:
     """Fusedmax: ``sparsemax(prox_{lam TV}(x / gamma))`` along ``dim``, exact (Prop. 2).
 
     x: scores of any shape (e.g. ``(batch, n)``), float; half precisions are computed in
     float32 and returned in the input dtype. lam >= 0: fused-lasso strength (0 gives
     ``sparsemax(x / gamma)``); gamma > 0: temperature. mask: bool, broadcastable to ``x``,
     True = keep; masked and ``-inf`` entries get exact zeros, and TV fuses entries adjacent among
-    the kept ones. A row with nothing kept is all zeros with zero gradient.
+    the kept ones. A row with nothing kept is all zeros with zero gradient. impl: ``"auto"``
+    (``"static"`` on accelerators: no host sync; ``"pruned"`` on the CPU), see the module docstring.
     Returns probabilities shaped like ``x``, summing to one along ``dim``, piecewise constant
     over runs of adjacent positions.
     """
-    return _structured_map("fusedmax", x, lam, gamma, dim, mask)
+    return _structured_map("fusedmax", x, lam, gamma, dim, mask, impl)
 
 
 def oscarmax(x: Tensor, lam: float = 0.01, gamma: float = 1.0, dim: int = -1,
-             mask: Optional[Tensor] = None) -> Tensor:
+             mask: Optional[Tensor] = None, impl: str = "auto") -> Tensor:
     """Oscarmax: ``sparsemax(prox_{lam OSCAR}(x / gamma))`` along ``dim``.
 
     The prox and the projection are each exact; their composition is the approximation of the
@@ -165,11 +182,11 @@ def oscarmax(x: Tensor, lam: float = 0.01, gamma: float = 1.0, dim: int = -1,
     itself. Arguments and masking as :func:`fusedmax`. Returns probabilities shaped like ``x``
     in which positions with scores of close magnitude, anywhere in the row, share one weight.
     """
-    return _structured_map("oscarmax", x, lam, gamma, dim, mask)
+    return _structured_map("oscarmax", x, lam, gamma, dim, mask, impl)
 
 
 def oscarmax_exact(x: Tensor, lam: float = 0.01, gamma: float = 1.0, dim: int = -1,
-                   mask: Optional[Tensor] = None) -> Tensor:
+                   mask: Optional[Tensor] = None, impl: str = "auto") -> Tensor:
     """The exact OSCAR-regularised map ``argmax_{p in simplex} <p, x> - gamma (1/2 ||p||^2 + OSCAR(p))``.
 
     On the simplex ``|p_i| = p_i``, so the penalty is ``lam * sum_{i<j} max(p_i, p_j)``; its prox
@@ -178,7 +195,7 @@ def oscarmax_exact(x: Tensor, lam: float = 0.01, gamma: float = 1.0, dim: int = 
     :func:`oscarmax` when scores have mixed signs: a negative score is never pooled with a
     positive one of the same magnitude. Arguments, masking and returns as :func:`fusedmax`.
     """
-    return _structured_map("oscarmax_exact", x, lam, gamma, dim, mask)
+    return _structured_map("oscarmax_exact", x, lam, gamma, dim, mask, impl)
 
 
 class _StructuredModule(nn.Module):

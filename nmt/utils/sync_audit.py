@@ -1,9 +1,9 @@
 """Count the tensor operations that synchronise a CUDA device with the host, on any device.
 
 On CUDA, reading a value back to Python (``.item()``, ``.tolist()``, ``bool(t)``, ``int(t)``),
-copying to the host (``.cpu()``, ``.numpy()``, ``.to("cpu")``) or building a tensor whose size
-depends on data (``nonzero``, ``masked_select``, ``unique``, boolean-mask indexing) waits for the
-device. On the CPU these calls are free, so a test cannot see them by timing; this module wraps
+copying to the host (``.cpu()``, ``.numpy()``, ``.to("cpu")``), comparing to a Python bool
+(``torch.equal``, ``torch.allclose``) or building a tensor whose size depends on data (``nonzero``,
+``masked_select``, ``unique``, ``bincount``, boolean-mask indexing) waits for the device. On the CPU these calls are free, so a test cannot see them by timing; this module wraps
 them and counts the calls instead, which works on any device and proves the contract on CPU::
 
     with SyncAudit() as audit:
@@ -26,8 +26,10 @@ import torch
 
 # (owner, attribute) pairs that synchronise on CUDA.
 _TENSOR_METHODS = ("item", "tolist", "numpy", "cpu", "nonzero", "masked_select", "unique",
-                   "unique_consecutive", "__bool__", "__int__", "__float__", "__index__")
-_TORCH_FUNCTIONS = ("nonzero", "masked_select", "unique", "unique_consecutive", "argwhere", "is_nonzero")
+                   "unique_consecutive", "__bool__", "__int__", "__float__", "__index__", "equal",
+                   "allclose", "bincount")
+_TORCH_FUNCTIONS = ("nonzero", "masked_select", "unique", "unique_consecutive", "argwhere", "is_nonzero",
+                    "equal", "allclose", "bincount")
 
 
 def _is_host_device(device: Any) -> bool:

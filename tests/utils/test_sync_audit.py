@@ -57,3 +57,16 @@ def test_counts_inside_custom_backward():
     with SyncAudit() as audit:
         F.apply(x).sum().backward()
     assert audit.counts["Tensor.item"] == 1
+
+
+def test_counts_comparisons_read_back_to_python():
+    """``torch.equal`` / ``allclose`` return a Python bool and ``bincount`` sizes its output from
+    the data: each waits for an accelerator."""
+    x, y = torch.randn(3), torch.randn(3)
+    with SyncAudit() as audit:
+        torch.equal(x, y)
+        x.equal(y)
+        torch.allclose(x, y)
+        torch.bincount(torch.tensor([0, 2]))
+    assert audit.counts == {"torch.equal": 1, "Tensor.equal": 1, "torch.allclose": 1, "torch.bincount": 1}, \
+        audit.report()
