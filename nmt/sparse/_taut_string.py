@@ -140,7 +140,7 @@ def _funnel_next(low: Tensor, up: Tensor, lengths: Tensor) -> Tensor:
     B, N = up.shape
     node = torch.arange(N, device=up.device)
     beyond = node > lengths[:, None]
-    inf = torch.tensor(float("inf"), dtype=up.dtype, device=up.device)
+    inf = torch.full((), float("inf"), dtype=up.dtype, device=up.device)
     up_t = torch.where(beyond, inf, up)[:, None, None, :]           # targets past the end never bind
     low_t = torch.where(beyond, -inf, low)[:, None, None, :]
     start = torch.stack((low, up), dim=1)[..., None]                 # (B, 2, N, 1): knot heights
