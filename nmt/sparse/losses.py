@@ -212,27 +212,42 @@ class _FenchelYoungFunction(torch.autograd.Function):
 
 class _CrossEntropyFunction(torch.autograd.Function):
     """Cross-entropy of ``z: (N, V)`` at class indices, the Shannon case of
-    :class:`_FenchelYoungFunction` in fewer passes: ``-log_softmax(z)[y]``, gradient
-    ``softmax(z) - e_y`` from the same ``log_softmax`` (no row maximum or argmax pass).
+    :class:`_FenchelYoungFunction` in fewer passes, from one ``log_softmax`` (no row maximum or
+    argmax pass): ``-log p_y`` and gradient ``softmax(z) - e_y``; with label smoothing ``eps``
+    (``y = (1 - eps) e_t + eps / m`` on the ``m`` finite classes) the KL form
+    ``Omega(y) - (1 - eps) log p_t - (eps / m) sum_finite log p`` (``Omega(y)`` in closed form).
     A target with score ``-inf`` (rows of only ``-inf`` included) has loss ``inf``; such rows
-    get gradient ``-e_y``, as in the generic function. ``-log_softmax >= 0`` always: no clamp."""
+    get gradient ``p - y`` with ``p = 0``, as in the generic function. The loss is a KL
+    divergence, >= 0 (``-log_softmax >= 0`` without smoothing; clamped at 0 with it)."""
 
     @staticmethod
-    def forward(ctx, z: Tensor, index: Tensor, valid: Tensor) -> Tensor:  # type: ignore[override]
-        p = torch.log_softmax(z, dim=-1)
+    def forward(ctx, z: Tensor, index: Tensor, valid: Tensor, eps: float) -> Tensor:  # type: ignore[override]
+        logp = torch.log_softmax(z, dim=-1)
         idx = index[:, None]
-        logp_t = p.gather(-1, idx)[:, 0]
-        loss = torch.where(z.gather(-1, idx)[:, 0] == float("-inf"), float("inf"), -logp_t)
+        logp_t = logp.gather(-1, idx)[:, 0]
+        if eps > 0:
+            finite = z > float("-inf")
+            m = finite.sum(dim=-1).clamp_(min=1).to(z.dtype)
+            a = eps / m  # the smoothed target: a on the finite classes, b = 1 - eps + a at t
+            b = (1 - eps) + a
+            sum_logp = torch.where(finite, logp, 0).sum(dim=-1)
+            omega_y = (m - 1) * a * a.log() + b * b.log()
+            loss = (omega_y - (1 - eps) * logp_t - a * sum_logp).clamp_(min=0)
+        else:
+            loss = -logp_t
+        loss = torch.where(z.gather(-1, idx)[:, 0] == float("-inf"), float("inf"), loss)
         loss = torch.where(valid, loss, 0)
-        p = p.exp_().nan_to_num_(0.0)  # rows of only -inf: NaN -> 0
-        p.scatter_add_(-1, idx, torch.where(valid, -1.0, 0.0).to(p.dtype)[:, None])
+        p = logp.exp_().nan_to_num_(0.0)  # rows of only -inf: NaN -> 0
+        if eps > 0:
+            p.sub_(finite.to(p.dtype).mul_(a[:, None]))
+        p.scatter_add_(-1, idx, torch.full_like(logp_t, eps - 1.0)[:, None])  # ignored rows: zeroed in backward
         ctx.save_for_backward(p, valid)
         return loss
 
     @staticmethod
     def backward(ctx, g: Tensor):  # type: ignore[override]
         grad, valid = ctx.saved_tensors
-        return grad * torch.where(valid, g, 0)[:, None], None, None
+        return grad * torch.where(valid, g, 0)[:, None], None, None, None
 
 
 def _check(ok: Tensor, message: str) -> None:
@@ -301,8 +316,8 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
         index = torch.where(valid, t, 0).long()
         _check(((index >= 0) & (index < n_classes)).all(),
                f"target class index out of range [0, {n_classes}) (and not ignore_index={ignore_index})")
-    if isinstance(reg, Shannon) and index is not None and eps == 0:
-        loss = _CrossEntropyFunction.apply(z, index, valid)
+    if isinstance(reg, Shannon) and index is not None:
+        loss = _CrossEntropyFunction.apply(z, index, valid, eps)
     else:
         loss = _FenchelYoungFunction.apply(z, reg, index, dist, valid, eps, impl)
     if reduction == "none":
