@@ -107,7 +107,7 @@ def test_one_signature_rule_for_mappings_and_losses():
     assert mapping_parameters("entmax_bisect") == ["alpha", "n_iter", "impl"]
     assert mapping_parameters("softmax") == []
     if HAS_STRUCTURED:
-        assert mapping_parameters("fusedmax") == ["lam", "gamma"]
+        assert mapping_parameters("fusedmax") == ["lam", "gamma", "impl"]
         with pytest.raises(ValueError, match="unknown parameter 'x' of mapping 'fusedmax'"):
             check_mapping("fusedmax", {"x": 1.0})
     assert "alpha" in loss_parameters("entmax_bisect") and "target" not in loss_parameters("entmax_bisect")
