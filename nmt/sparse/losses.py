@@ -119,10 +119,16 @@ class Tsallis(Regularizer):
         self.alpha, self.n_iter = alpha, n_iter
 
     def phi(self, v: Tensor) -> Tensor:
-        return v.pow(self.alpha)
+        if self.alpha == 1.5:
+            return v * v.sqrt()
+        return v * v if self.alpha == 2 else v.pow(self.alpha)
 
     def power_sum(self, y: Tensor) -> Tensor:
-        return self.phi(y).sum(dim=-1)
+        if self.alpha == 2:
+            return torch.linalg.vecdot(y, y)
+        if self.alpha == 1.5:
+            return torch.linalg.vecdot(y, y.sqrt())
+        return y.pow(self.alpha).sum(dim=-1)
 
     def omega_of_power_sum(self, s: Tensor) -> Tensor:
         return (s - 1) / (self.alpha * (self.alpha - 1))  # exactly 0 at a one-hot y
@@ -142,12 +148,6 @@ class TsallisSparsemax(Tsallis):
     def __init__(self) -> None:
         super().__init__(2.0)
 
-    def phi(self, v: Tensor) -> Tensor:
-        return v * v
-
-    def power_sum(self, y: Tensor) -> Tensor:
-        return torch.linalg.vecdot(y, y)
-
     def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor]:
         tau = sparsemax_threshold(z, **_impl_kwargs(impl))
         p = (z - tau).clamp_(min=0)
@@ -159,9 +159,6 @@ class TsallisEntmax15(Tsallis):
 
     def __init__(self) -> None:
         super().__init__(1.5)
-
-    def phi(self, v: Tensor) -> Tensor:
-        return v * v.sqrt()
 
     def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor]:
         tau = entmax15_threshold(z, **_impl_kwargs(impl))
