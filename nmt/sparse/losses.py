@@ -37,19 +37,11 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from ._dispatch import check_impl
 from .entmax import entmax15_threshold, entmax_bisect
 from .sparsemax import sparsemax_threshold
 
 _REDUCTIONS = ("mean", "sum", "none")
-IMPLS = ("auto", "pruned", "static", "triton")
-"""Threshold algorithms the sparse losses pass to the mappings' front doors (cross-entropy
-ignores it): ``auto`` by device and shape, ``pruned`` (CPU Newton with host syncs), ``static``
-(static shapes, no host sync), ``triton`` (fused CUDA kernel)."""
-
-
-def _impl_kwargs(impl: str) -> dict:
-    """Keyword arguments selecting ``impl`` at a threshold front door ("auto" is its default)."""
-    return {} if impl == "auto" else {"impl": impl}
 
 
 def _count(mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -134,7 +126,7 @@ class Tsallis(Regularizer):
         return (s - 1) / (self.alpha * (self.alpha - 1))  # exactly 0 at a one-hot y
 
     def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor]:
-        p = entmax_bisect(z, self.alpha, n_iter=self.n_iter, **_impl_kwargs(impl))
+        p = entmax_bisect(z, self.alpha, n_iter=self.n_iter, impl=impl)
         # Omega*(z) = <z, p> - Omega(p) (p renormalised: no closed form in tau); the -inf
         # scores carry p = 0: a finite stand-in keeps the products at 0
         zf = z.clamp(min=torch.finfo(z.dtype).min)
@@ -149,7 +141,7 @@ class TsallisSparsemax(Tsallis):
         super().__init__(2.0)
 
     def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor]:
-        tau = sparsemax_threshold(z, **_impl_kwargs(impl))
+        tau = sparsemax_threshold(z, impl=impl)
         p = (z - tau).clamp_(min=0)
         return p, (tau[:, 0] + 1) + 0.5 * (torch.linalg.vecdot(p, p) - 1)
 
@@ -161,7 +153,7 @@ class TsallisEntmax15(Tsallis):
         super().__init__(1.5)
 
     def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor]:
-        tau = entmax15_threshold(z, **_impl_kwargs(impl))
+        tau = entmax15_threshold(z, impl=impl)
         r = torch.add(-tau, z, alpha=0.5).clamp_(min=0)  # sqrt(p)
         p = torch.square(r)
         sum15 = torch.linalg.vecdot(r, p)  # sum p^1.5
@@ -280,7 +272,9 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
     target: long ``(...)`` class indices in ``[0, V)`` or ``ignore_index``, or a float
     distribution ``(..., V)`` (entries >= 0, rows summing to 1 within rounding).
     reduction: "mean" (over non-ignored targets; 0 if none), "sum", or "none" (shape ``(...)``).
-    impl: the threshold algorithm of the sparse losses (see :data:`IMPLS`).
+    impl: the threshold algorithm of the sparse losses, passed to the mappings' front doors
+    (``"auto" | "pruned" | "static" | "triton"``, see :mod:`nmt.sparse._dispatch`; unused by
+    cross-entropy).
     Half precisions are computed in float32; the loss is returned in the scores' dtype.
     No host synchronisation (with a sync-free ``impl``), see the module docstring.
     """
@@ -288,8 +282,7 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
         raise ValueError("scores must be a floating point tensor of shape (..., V)")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; valid: {', '.join(_REDUCTIONS)}")
-    if impl not in IMPLS:
-        raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
+    check_impl(impl)
     eps = float(label_smoothing)
     if not 0.0 <= eps <= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
@@ -376,8 +369,7 @@ class FenchelYoungLoss(nn.Module):
         super().__init__()
         if reduction not in _REDUCTIONS:
             raise ValueError(f"unknown reduction {reduction!r}; valid: {', '.join(_REDUCTIONS)}")
-        if impl not in IMPLS:
-            raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
+        check_impl(impl)
         self.reg, self.ignore_index = reg, ignore_index
         self.reduction, self.label_smoothing, self.impl = reduction, label_smoothing, impl
 

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from ._common import apply_mask, check_scores, compute_dtype
+from ._dispatch import check_impl
 from ._groups import group_average
 from ._prox_oscar import ordered_fit, prox_oscar
 from ._prox_tv import prox_tv
@@ -50,10 +51,6 @@ def _check_params(name: str, lam: float, gamma: float) -> None:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if not (ok and (value >= 0 if key == "lam" else value > 0)):
             raise ValueError(f"{name}: {key} must be a finite number, {low}{key}, got {value!r}")
-
-
-IMPLS = ("auto", "pruned", "static", "triton")
-"""Accepted ``impl`` values (as for the sparse mappings); see the module docstring."""
 
 
 def _prox_tv(z: Tensor, lengths: Tensor, lam: float, static: bool) -> tuple[Tensor, Tensor, Optional[Tensor]]:
@@ -144,8 +141,7 @@ def _structured_map(name: str, scores: Tensor, lam: float, gamma: float, dim: in
                     mask: Optional[Tensor], impl: str) -> Tensor:
     """sparsemax(prox(scores / gamma)) along ``dim`` over the kept entries of every row."""
     _check_params(name, lam, gamma)
-    if impl not in IMPLS:
-        raise ValueError(f"{name}: unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
+    check_impl(impl)
     dim = check_scores(scores, dim)
     dtype = scores.dtype
     x = apply_mask(scores, mask).to(compute_dtype(dtype)).movedim(dim, -1)
