@@ -14,7 +14,8 @@ threshold ``tau'`` of ``z'``, written so that its exact cases cancel exactly::
 
 (a prediction that is exactly one-hot on the target has ``tau' = -1``, ``sum p^alpha = 1``,
 ``z'_target = 0``: loss exactly 0, in every dtype). For alpha-entmax by root finding
-(renormalised ``p``) it is ``<z', p> - Omega(p)`` directly, exact zero in the same case. A
+(renormalised ``p``) it is ``<z', p> - Omega(p)`` with ``<z', p> = (tau' sum p + <p, r>) / (alpha -
+1)``, ``r = [(alpha - 1) z' - tau']_+`` (no product with ``-inf`` scores), 0 in the same case. A
 Fenchel-Young loss is never negative (Blondel et al., Prop. 2); every loss is clamped at 0,
 which only removes rounding of a few ulps below 0 (``inf`` and NaN pass through).
 
@@ -37,9 +38,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ._dispatch import check_impl
-from .entmax import entmax15_threshold, entmax_bisect
-from .sparsemax import sparsemax_threshold
+from ._dispatch import check_impl, shifted_threshold
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -58,9 +57,10 @@ def _dead_row_safe(c: Tensor) -> Tensor:
 class Regularizer:
     """``Omega`` of a Fenchel-Young loss: its mapping and conjugate (subclasses).
 
-    ``probs_conj(z, impl)`` gets scores ``z: (N, V)`` with row maximum 0 (``-inf`` allowed; a
-    row of only ``-inf``: anything may come back for it, the loss masks it) and returns
-    ``p (N, V)`` (a fresh tensor, overwritten by the caller) and ``Omega*(z): (N,)``.
+    ``probs_conj(z, impl)`` gets scores ``z: (N, V)`` (``-inf`` allowed; a row of only ``-inf``:
+    anything may come back for it, the loss masks it) and returns ``p (N, V)`` (a fresh tensor,
+    overwritten by the caller), ``Omega*(z - zmax): (N,)`` and the row maxima ``zmax: (N, 1)``
+    (0 for rows without a finite score, NaN for rows holding NaN or ``+inf``).
     """
 
     def omega_of_power_sum(self, s: Tensor) -> Tensor:
@@ -79,7 +79,7 @@ class Regularizer:
         """``Omega(y)`` per row: ``y (N, V) -> (N,)``."""
         return self.omega_of_power_sum(self.power_sum(y))
 
-    def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor]:
+    def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError
 
 
@@ -95,10 +95,11 @@ class Shannon(Regularizer):
     def omega_of_power_sum(self, s: Tensor) -> Tensor:
         return s
 
-    def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor]:
+    def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor, Tensor]:
         logp = torch.log_softmax(z, dim=-1)
         conj = -logp.amax(dim=-1)  # logsumexp(z') = -log p(argmax), exactly 0 for a one-hot p
-        return logp.exp_().nan_to_num_(0.0), conj  # rows of only -inf: NaN -> 0
+        zmax = _dead_row_safe(z.amax(dim=-1, keepdim=True))
+        return logp.exp_().nan_to_num_(0.0), conj, zmax  # rows of only -inf: NaN -> 0
 
 
 class Tsallis(Regularizer):
@@ -125,13 +126,17 @@ class Tsallis(Regularizer):
     def omega_of_power_sum(self, s: Tensor) -> Tensor:
         return (s - 1) / (self.alpha * (self.alpha - 1))  # exactly 0 at a one-hot y
 
-    def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor]:
-        p = entmax_bisect(z, self.alpha, n_iter=self.n_iter, impl=impl)
-        # Omega*(z) = <z, p> - Omega(p) (p renormalised: no closed form in tau); the -inf
-        # scores carry p = 0: a finite stand-in keeps the products at 0
-        zf = z.clamp(min=torch.finfo(z.dtype).min)
-        conj = torch.linalg.vecdot(zf, p) - self.omega_of_power_sum(self.power_sum(p))
-        return p, conj
+    def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor, Tensor]:
+        am1 = self.alpha - 1
+        tau, zmax = shifted_threshold(z, 1 / am1, am1, impl, torch.finfo(z.dtype).eps, self.n_iter)
+        r = torch.sub(z, zmax).mul_(am1).sub_(tau).clamp_(min=0)  # [(alpha - 1) z' - tau']_+
+        p = torch.square(r) if am1 == 0.5 else r.clone() if am1 == 1 else r.pow(1 / am1)
+        p = p.div_(p.sum(dim=-1, keepdim=True).clamp_(min=torch.finfo(p.dtype).tiny))  # renormalised
+        # Omega*(z) = <z, p> - Omega(p), with (alpha - 1) z_i = tau + r_i on the support (no
+        # product with -inf scores): <z, p> = (tau sum p + <p, r>) / (alpha - 1); a one-hot p
+        # has r_t = -tau and sum p^alpha = 1, exactly
+        zp = (tau[:, 0] * p.sum(dim=-1) + torch.linalg.vecdot(p, r)) / am1
+        return p, zp - self.omega_of_power_sum(self.power_sum(p)), zmax
 
 
 class TsallisSparsemax(Tsallis):
@@ -140,10 +145,10 @@ class TsallisSparsemax(Tsallis):
     def __init__(self) -> None:
         super().__init__(2.0)
 
-    def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor]:
-        tau = sparsemax_threshold(z, impl=impl)
-        p = (z - tau).clamp_(min=0)
-        return p, (tau[:, 0] + 1) + 0.5 * (torch.linalg.vecdot(p, p) - 1)
+    def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor, Tensor]:
+        tau, zmax = shifted_threshold(z, 1.0, impl=impl)  # the front door of sparsemax_threshold
+        p = torch.sub(z, zmax).sub_(tau).clamp_(min=0)  # p_t = -tau' at the maximum, exactly
+        return p, (tau[:, 0] + 1) + 0.5 * (torch.linalg.vecdot(p, p) - 1), zmax
 
 
 class TsallisEntmax15(Tsallis):
@@ -152,12 +157,13 @@ class TsallisEntmax15(Tsallis):
     def __init__(self) -> None:
         super().__init__(1.5)
 
-    def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor]:
-        tau = entmax15_threshold(z, impl=impl)
-        r = torch.add(-tau, z, alpha=0.5).clamp_(min=0)  # sqrt(p)
+    def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor, Tensor]:
+        tau, zmax = shifted_threshold(z, 2.0, scale=0.5, impl=impl)  # as entmax15_threshold
+        # sqrt(p) = [z/2 - zmax/2 - tau']_+ (halving is exact): r_t = -tau' at the maximum
+        r = torch.add(-0.5 * zmax, z, alpha=0.5).sub_(tau).clamp_(min=0)
         p = torch.square(r)
         sum15 = torch.linalg.vecdot(r, p)  # sum p^1.5
-        return p, 2 * (tau[:, 0] + 1) + (2.0 / 3.0) * (sum15 - 1)
+        return p, 2 * (tau[:, 0] + 1) + (2.0 / 3.0) * (sum15 - 1), zmax
 
 
 class _FenchelYoungFunction(torch.autograd.Function):
@@ -166,19 +172,19 @@ class _FenchelYoungFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z: Tensor, reg: Regularizer, index: Optional[Tensor], dist: Optional[Tensor],
                 valid: Tensor, eps: float, impl: str) -> Tensor:  # type: ignore[override]
-        zs = z - _dead_row_safe(z.amax(dim=-1, keepdim=True))  # row max 0 (one pass)
-        p, conj = reg.probs_conj(zs, impl)
+        p, conj, zmax = reg.probs_conj(z, impl)  # conj of z' = z - zmax
         if eps > 0 or index is None:
-            finite = zs > float("-inf")
+            finite = z > float("-inf")
+            zs = torch.where(finite, z - zmax, 0)  # z', 0 at the -inf scores
         if eps > 0:
             m = _count(finite, z.dtype).clamp_(min=1)[:, None]
             smooth = torch.where(finite, eps / m, 0)
         if index is not None:
             idx = index[:, None]
-            zt = zs.gather(-1, idx)[:, 0]
+            zt = (z.gather(-1, idx) - zmax)[:, 0]
             impossible = zt == float("-inf")
             if eps > 0:  # y = (1 - eps) e_t + eps / m on the m finite classes
-                zf = torch.where(finite, zs, 0).sum(dim=-1) / m[:, 0]
+                zf = zs.sum(dim=-1) / m[:, 0]
                 zy = (1 - eps) * zt + eps * zf
                 a, b = eps / m[:, 0], 1 - eps + eps / m[:, 0]
                 omega_y = reg.omega_of_power_sum((m[:, 0] - 1) * reg.phi(a) + reg.phi(b))
@@ -190,7 +196,7 @@ class _FenchelYoungFunction(torch.autograd.Function):
             y = dist if eps == 0 else (1 - eps) * dist + smooth
             on = y > 0
             impossible = (on & ~finite).any(dim=-1)
-            zy = torch.linalg.vecdot(torch.where(finite, zs, 0), y)
+            zy = torch.linalg.vecdot(zs, y)
             omega_y = reg.omega(y)
             grad = p.sub_(y)
         loss = (conj - zy + omega_y).clamp_(min=0)  # >= 0 in exact arithmetic: rounding only
