@@ -52,3 +52,28 @@ def sharpen_attention(model: Seq2Seq, factor: float = 10.0) -> None:
         for p in model.parameters():
             p.mul_(factor)
         model.decoder.attention.key_proj.weight.mul_(factor)
+
+
+TRANSFORMER_CFG: dict[str, Any] = {
+    "type": "transformer",
+    "embeddings": {"src_size": 8, "tgt_size": 8, "share": False, "tie_output": False, "dropout": 0.0},
+    "transformer": {
+        "encoder_layers": 2, "decoder_layers": 2, "d_model": 8, "heads": 2, "d_ff": 16, "norm": "pre",
+        "positions": "sinusoidal", "max_positions": 64, "dropout": 0.0, "attention_dropout": 0.0,
+        "activation_dropout": 0.0, "activation": "relu",
+    },
+    "attention": {"score": "general", "mapping": "softmax", "params": {}, "continuous": None,
+                  "encoder_self": None, "decoder_self": None, "cross": None},
+    "output": {"mapping": "softmax", "params": {}},
+}
+
+
+def transformer_cfg(**sections: Any) -> dict[str, Any]:
+    """TRANSFORMER_CFG with some keys overridden, e.g. ``transformer_cfg(transformer={"norm": "post"})``."""
+    cfg = copy.deepcopy(TRANSFORMER_CFG)
+    for name, values in sections.items():
+        if isinstance(values, dict) and isinstance(cfg.get(name), dict):
+            cfg[name].update(values)
+        else:
+            cfg[name] = values
+    return cfg

@@ -1,0 +1,69 @@
+"""The Transformer decoder stack, teacher-forced or incremental (per-layer key/value caches)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from nmt.models.transformer.layers import AttentionSpec, DecoderLayer, LayerSpec
+
+KV = tuple[Tensor, Tensor]
+"""Keys and values, each (B, heads, S, d_head)."""
+
+
+@dataclass
+class DecoderOutput:
+    """hidden (B, T, D); per layer: self probs (B, heads, T, t0+T), cross probs (B, heads, T, L),
+    and the self-attention caches extended by the T new positions."""
+
+    hidden: Tensor
+    self_maps: list[Tensor]
+    cross_maps: list[Tensor]
+    caches: list[KV]
+
+
+class TransformerDecoder(nn.Module):
+    """Target embeddings (B, T, D) -> hidden states (B, T, D) for the generator.
+
+    Input: ``dropout(sqrt(D) * emb + positions[t0:t0+T])``; final LayerNorm with pre-norm.
+    Called with ``caches`` (one (keys, values) per layer holding positions 0..t0-1) it
+    continues from position t0: the step of incremental decoding, the same computation
+    as the teacher-forced pass restricted to the new positions.
+    """
+
+    def __init__(self, spec: LayerSpec, layers: int, self_attention: AttentionSpec,
+                 cross_attention: AttentionSpec, positions: nn.Module, dropout: float = 0.0) -> None:
+        super().__init__()
+        if layers < 1:
+            raise ValueError(f"the decoder needs at least one layer, got {layers}")
+        self.scale = math.sqrt(spec.d_model)
+        self.positions = positions
+        self.dropout = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(DecoderLayer(spec, self_attention, cross_attention) for _ in range(layers))
+        self.final_norm = nn.LayerNorm(spec.d_model) if spec.norm == "pre" else None
+
+    def cross_keys_values(self, memory: Tensor) -> list[KV]:
+        """memory (B, L, D) -> each layer's cross-attention keys/values (computed once per source)."""
+        return [layer.cross_attn.keys_values(memory) for layer in self.layers]
+
+    def forward(self, emb: Tensor, cross_kv: list[KV], src_mask: Tensor,
+                caches: list[KV] | None = None) -> DecoderOutput:
+        """emb: (B, T, D) unscaled target embeddings; cross_kv: from :meth:`cross_keys_values`;
+        src_mask: (B, L) bool; caches: None (teacher forcing from position 0) or per layer."""
+        offset = 0 if caches is None else caches[0][0].size(2)  # a shape: no device sync
+        x = self.dropout(self.positions(emb * self.scale, offset))
+        key_mask = src_mask[:, None, None, :]
+        self_maps, cross_maps, new_caches = [], [], []
+        for i, layer in enumerate(self.layers):
+            x, self_probs, cross_probs, cache = layer(x, cross_kv[i], key_mask,
+                                                      None if caches is None else caches[i])
+            self_maps.append(self_probs)
+            cross_maps.append(cross_probs)
+            new_caches.append(cache)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return DecoderOutput(x, self_maps, cross_maps, new_caches)
+
+
+__all__ = ["DecoderOutput", "TransformerDecoder"]

@@ -1,0 +1,47 @@
+"""The Transformer encoder stack: scaled embeddings + positions, N self-attention layers."""
+from __future__ import annotations
+
+import math
+
+from torch import Tensor, nn
+
+from nmt.models.transformer.layers import AttentionSpec, EncoderLayer, LayerSpec
+
+
+class TransformerEncoder(nn.Module):
+    """emb (B, L, D) -> memory (B, L, D).
+
+    The input is ``dropout(sqrt(D) * emb + positions)``; with pre-norm the output of the last
+    layer goes through a final LayerNorm. Padded positions are masked as keys (exact zeros)
+    and their own outputs are never attended to downstream.
+    """
+
+    def __init__(self, spec: LayerSpec, layers: int, attention: AttentionSpec, positions: nn.Module,
+                 dropout: float = 0.0) -> None:
+        super().__init__()
+        if layers < 1:
+            raise ValueError(f"the encoder needs at least one layer, got {layers}")
+        self.scale = math.sqrt(spec.d_model)
+        self.positions = positions
+        self.dropout = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(EncoderLayer(spec, attention) for _ in range(layers))
+        self.final_norm = nn.LayerNorm(spec.d_model) if spec.norm == "pre" else None
+
+    def forward(self, emb: Tensor, mask: Tensor) -> tuple[Tensor, list[Tensor]]:
+        """emb: (B, L, D) unscaled embeddings; mask: (B, L) bool, True = real token.
+
+        Returns memory (B, L, D) and the self-attention probabilities of each layer,
+        (B, heads, L, L) each.
+        """
+        x = self.dropout(self.positions(emb * self.scale))
+        key_mask = mask[:, None, None, :]
+        maps = []
+        for layer in self.layers:
+            x, probs = layer(x, key_mask)
+            maps.append(probs)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, maps
+
+
+__all__ = ["TransformerEncoder"]

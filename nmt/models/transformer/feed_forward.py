@@ -1,0 +1,31 @@
+"""Position-wise feed-forward block of a Transformer layer."""
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU}
+
+
+class FeedForward(nn.Module):
+    """x (..., D) -> W_2 dropout(act(W_1 x + b_1)) + b_2, inner size ``d_ff``.
+
+    ``activation_dropout`` acts on the inner activations (fairseq's ``activation_dropout``).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", activation_dropout: float = 0.0) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; valid: {', '.join(ACTIVATIONS)}")
+        self.inner = nn.Linear(d_model, d_ff)
+        self.activation = ACTIVATIONS[activation]()
+        self.dropout = nn.Dropout(activation_dropout)
+        self.outer = nn.Linear(d_ff, d_model)
+        for linear in (self.inner, self.outer):
+            nn.init.xavier_uniform_(linear.weight)
+            nn.init.zeros_(linear.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.outer(self.dropout(self.activation(self.inner(x))))
+
+
+__all__ = ["ACTIVATIONS", "FeedForward"]

@@ -1,0 +1,67 @@
+"""The probability mapping of the heads of one multi-head attention module.
+
+Any mapping of the ``nmt.sparse`` registry, with its parameters bound, or -- for
+``entmax_bisect`` with ``alpha: learned`` -- one trainable alpha per head (Correia, Niculae
+& Martins 2019, "Adaptively Sparse Transformers"): ``alpha = max(1 + sigmoid(a), 1.01)``,
+in [1.01, 2] (the paper's clamp: near 1 the exponent 1/(alpha - 1) of alpha-entmax
+overflows, and ``sigmoid`` underflows to 0 for very negative ``a``), starting at 1.5
+(``a = 0``). The gradient reaches ``a`` through the alpha-gradient of
+:func:`nmt.sparse.entmax_bisect` (zero while clamped at 1.01).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from nmt.sparse import get_mapping
+from nmt.sparse.registry import mapping_function
+
+LEARNED = "learned"
+ALPHA_MIN = 1.01
+"""Lower clamp of a learned alpha (Correia et al. 2019)."""
+
+
+class HeadMapping(nn.Module):
+    """scores (B, heads, T, S) -> probabilities over S, exact zeros where ``mask`` is False.
+
+    ``params`` are the mapping's keyword parameters (checked against the registry: unknown
+    names raise ValueError); ``{"alpha": "learned"}`` is accepted for ``entmax_bisect`` only.
+    With a learned alpha the registry's ``entmax_bisect`` checks alpha >= 1 on the host (a
+    sync on the tiny alpha tensor per call).
+    """
+
+    def __init__(self, heads: int, mapping: str = "softmax", params: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        params = dict(params or {})
+        self.name = mapping
+        self.heads = heads
+        self.learned_alpha = params.get("alpha") == LEARNED
+        if self.learned_alpha:
+            if mapping != "entmax_bisect":
+                raise ValueError(f"alpha: 'learned' needs mapping entmax_bisect, got {mapping!r}")
+            del params["alpha"]
+            self.alpha_logit = nn.Parameter(torch.zeros(heads))
+        self.params = params
+        self.function = get_mapping(mapping, **params)  # validates the name and parameters
+        self._bisect = mapping_function("entmax_bisect") if self.learned_alpha else None
+
+    def alpha(self) -> Tensor | None:
+        """(heads,) the learned alphas ``max(1 + sigmoid(a), 1.01)`` in [1.01, 2], or None without one."""
+        if not self.learned_alpha:
+            return None
+        return (1 + torch.sigmoid(self.alpha_logit)).clamp(min=ALPHA_MIN)
+
+    def forward(self, scores: Tensor, mask: Tensor | None = None) -> Tensor:
+        """scores: (B, heads, T, S); mask: bool broadcastable to it (True = keep) or None."""
+        if self._bisect is not None:
+            alpha = self.alpha().to(scores.dtype).view(1, self.heads, 1, 1)
+            return self._bisect(scores, alpha=alpha, dim=-1, mask=mask, **self.params)
+        return self.function(scores, dim=-1, mask=mask)
+
+    def extra_repr(self) -> str:
+        return f"{self.name}, heads={self.heads}{', alpha=learned' if self.learned_alpha else ''}"
+
+
+__all__ = ["ALPHA_MIN", "HeadMapping", "LEARNED"]

@@ -1,0 +1,134 @@
+"""Transformer encoder and decoder layers, pre-norm (default) or post-norm.
+
+Pre-norm (Wang et al. 2019; Xiong et al. 2020): ``x + dropout(f(LayerNorm(x)))``; the
+stack ends with a final LayerNorm. Post-norm (Vaswani et al. 2017):
+``LayerNorm(x + dropout(f(x)))``. ``dropout`` is the residual dropout.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from nmt.models.transformer.feed_forward import FeedForward
+from nmt.models.transformer.multihead_attention import MultiHeadAttention
+
+NORMS = ("pre", "post")
+
+
+@dataclass
+class LayerSpec:
+    """Sizes, dropouts and normalisation shared by every layer of a stack."""
+
+    d_model: int
+    heads: int
+    d_ff: int
+    norm: str = "pre"
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation: str = "relu"
+
+    def __post_init__(self) -> None:
+        if self.norm not in NORMS:
+            raise ValueError(f"unknown norm {self.norm!r}; valid: {', '.join(NORMS)}")
+
+
+@dataclass
+class AttentionSpec:
+    """A mapping name and its parameters (``{"alpha": "learned"}`` for a learned entmax_bisect alpha)."""
+
+    mapping: str = "softmax"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def causal_mask(queries: int, offset: int, device: torch.device) -> Tensor:
+    """(queries, offset + queries) bool: query i (at position offset + i) may see keys 0..offset + i."""
+    keys = torch.arange(offset + queries, device=device)
+    return keys.unsqueeze(0) <= (offset + torch.arange(queries, device=device)).unsqueeze(1)
+
+
+class _Residual(nn.Module):
+    """One residual sub-layer's LayerNorm placement and dropout."""
+
+    def __init__(self, d_model: int, pre_norm: bool, dropout: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.pre_norm = pre_norm
+        self.dropout = nn.Dropout(dropout)
+
+    def inputs(self, x: Tensor) -> Tensor:
+        """What the sub-layer reads: LayerNorm(x) in pre-norm, x in post-norm."""
+        return self.norm(x) if self.pre_norm else x
+
+    def add(self, x: Tensor, y: Tensor) -> Tensor:
+        """Residual connection of the sub-layer output ``y`` to its input ``x``."""
+        out = x + self.dropout(y)
+        return out if self.pre_norm else self.norm(out)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention and feed-forward, each in a residual block."""
+
+    def __init__(self, spec: LayerSpec, attention: AttentionSpec) -> None:
+        super().__init__()
+        pre = spec.norm == "pre"
+        self.self_attn = MultiHeadAttention(spec.d_model, spec.heads, attention.mapping, attention.params,
+                                            spec.attention_dropout)
+        self.attn_block = _Residual(spec.d_model, pre, spec.dropout)
+        self.feed_forward = FeedForward(spec.d_model, spec.d_ff, spec.activation, spec.activation_dropout)
+        self.ff_block = _Residual(spec.d_model, pre, spec.dropout)
+
+    def forward(self, x: Tensor, key_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """x: (B, L, D); key_mask: (B, 1, 1, L) bool. Returns x (B, L, D) and probs (B, heads, L, L)."""
+        h = self.attn_block.inputs(x)
+        keys, values = self.self_attn.keys_values(h)
+        out, probs = self.self_attn(h, keys, values, key_mask)
+        x = self.attn_block.add(x, out)
+        x = self.ff_block.add(x, self.feed_forward(self.ff_block.inputs(x)))
+        return x, probs
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention (with a key/value cache), cross-attention and feed-forward."""
+
+    def __init__(self, spec: LayerSpec, self_attention: AttentionSpec, cross_attention: AttentionSpec) -> None:
+        super().__init__()
+        pre = spec.norm == "pre"
+        self.self_attn = MultiHeadAttention(spec.d_model, spec.heads, self_attention.mapping,
+                                            self_attention.params, spec.attention_dropout)
+        self.self_block = _Residual(spec.d_model, pre, spec.dropout)
+        self.cross_attn = MultiHeadAttention(spec.d_model, spec.heads, cross_attention.mapping,
+                                             cross_attention.params, spec.attention_dropout)
+        self.cross_block = _Residual(spec.d_model, pre, spec.dropout)
+        self.feed_forward = FeedForward(spec.d_model, spec.d_ff, spec.activation, spec.activation_dropout)
+        self.ff_block = _Residual(spec.d_model, pre, spec.dropout)
+
+    def forward(self, x: Tensor, cross_kv: tuple[Tensor, Tensor], src_mask: Tensor,
+                cache: tuple[Tensor, Tensor] | None = None
+                ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor]]:
+        """x: (B, T, D) the targets at positions t0..t0+T-1, t0 = the cache length (0 without one);
+        cross_kv: the cross-attention keys/values (B, heads, L, d_head); src_mask: (B, 1, 1, L);
+        cache: self-attention keys/values of the earlier positions (B, heads, t0, d_head).
+
+        Returns x (B, T, D), self probs (B, heads, T, t0+T), cross probs (B, heads, T, L) and
+        the cache extended by these T positions.
+        """
+        h = self.self_block.inputs(x)
+        keys, values = self.self_attn.keys_values(h)
+        offset = 0
+        if cache is not None:
+            offset = cache[0].size(2)
+            keys, values = torch.cat([cache[0], keys], dim=2), torch.cat([cache[1], values], dim=2)
+        mask = None if x.size(1) == 1 else causal_mask(x.size(1), offset, x.device)  # one query sees all
+        out, self_probs = self.self_attn(h, keys, values, mask)
+        x = self.self_block.add(x, out)
+        out, cross_probs = self.cross_attn(self.cross_block.inputs(x), cross_kv[0], cross_kv[1], src_mask)
+        x = self.cross_block.add(x, out)
+        x = self.ff_block.add(x, self.feed_forward(self.ff_block.inputs(x)))
+        return x, self_probs, cross_probs, (keys, values)
+
+
+__all__ = ["AttentionSpec", "DecoderLayer", "EncoderLayer", "LayerSpec", "NORMS", "causal_mask"]

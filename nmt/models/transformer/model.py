@@ -1,0 +1,118 @@
+"""The Transformer encoder-decoder: teacher-forced ``forward`` and the ``StepDecoder`` protocol."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from nmt.models.embeddings import Embeddings
+from nmt.models.generator import Generator
+from nmt.models.protocol import State
+from nmt.models.transformer.decoder import KV, TransformerDecoder
+from nmt.models.transformer.encoder import TransformerEncoder
+
+ATTENTION_KINDS = ("encoder_self", "decoder_self", "cross")
+
+AttentionMaps = dict[str, list[Tensor]]
+"""Per attention kind, one (B, heads, T_query, T_key) probability tensor per layer."""
+
+
+def _length_mask(lengths: Tensor, max_len: int, device: torch.device) -> Tensor:
+    return torch.arange(max_len, device=device).unsqueeze(0) < lengths.to(device).unsqueeze(1)
+
+
+class TransformerSeq2Seq(nn.Module):
+    """Transformer encoder-decoder (Vaswani et al. 2017) with a mapping per attention kind.
+
+    Decoding state (flat, batch-first, so ``select_state`` / ``tile_state`` reorder it):
+    ``"self.{i}.k"`` / ``"self.{i}.v"`` (N, heads, t, d_head), the self-attention keys and
+    values of layer i for the t tokens fed so far (t grows by one per step). ``encoder_out``
+    holds ``"memory"`` (B, L, D), ``"src_mask"`` (B, L) and ``"cross.{i}.k"`` / ``"cross.{i}.v"``
+    (B, heads, L, d_head), the cross-attention keys/values computed once by :meth:`encode`.
+
+    The attention returned by ``forward`` / ``step`` (for heatmaps, ``attention_matrices``
+    and beam search's ``attention``) is the cross-attention of the LAST decoder layer
+    averaged over its heads: rows still sum to one and are zero wherever every head is
+    zero (always on padding). ``forward(..., return_maps=True)`` also gives every layer's
+    and head's probabilities of every kind.
+    """
+
+    attention_kinds = ATTENTION_KINDS
+
+    def __init__(self, src_embeddings: Embeddings, tgt_embeddings: Embeddings, encoder: TransformerEncoder,
+                 decoder: TransformerDecoder, generator: Generator) -> None:
+        super().__init__()
+        self.src_embeddings = src_embeddings
+        self.tgt_embeddings = tgt_embeddings
+        self.encoder = encoder
+        self.decoder = decoder
+        self.generator = generator
+
+    @property
+    def output_mapping(self) -> Callable[..., Tensor]:
+        """The bound output mapping ``f(logits, dim=-1, mask=None) -> probs``."""
+        return self.generator.mapping
+
+    def log_probs(self, logits: Tensor) -> Tensor:
+        """logits (..., V) -> log of the output mapping's probabilities (-inf at exact zeros)."""
+        return self.generator.log_probs(logits)
+
+    def learned_alphas(self) -> dict[str, Tensor]:
+        """Per attention kind with a learned alpha: (layers, heads) alphas in (1, 2] (detached)."""
+        out = {}
+        for kind, modules in (("encoder_self", [l.self_attn for l in self.encoder.layers]),
+                              ("decoder_self", [l.self_attn for l in self.decoder.layers]),
+                              ("cross", [l.cross_attn for l in self.decoder.layers])):
+            if modules[0].mapping.learned_alpha:
+                out[kind] = torch.stack([m.mapping.alpha().detach() for m in modules])
+        return out
+
+    # ---- StepDecoder ------------------------------------------------------------------
+    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[State, State]:
+        """src: (B, L) ids; src_lengths: (B,). Returns encoder_out and the empty caches (t = 0)."""
+        mask = _length_mask(src_lengths, src.size(1), src.device)
+        memory, _ = self.encoder(self.src_embeddings(src), mask)
+        encoder_out: State = {"memory": memory, "src_mask": mask}
+        state: State = {}
+        for i, (keys, values) in enumerate(self.decoder.cross_keys_values(memory)):
+            encoder_out[f"cross.{i}.k"], encoder_out[f"cross.{i}.v"] = keys, values
+            empty = keys.new_zeros(keys.size(0), keys.size(1), 0, keys.size(3))
+            state[f"self.{i}.k"], state[f"self.{i}.v"] = empty, empty
+        return encoder_out, state
+
+    def _cross(self, encoder_out: State) -> list[KV]:
+        return [(encoder_out[f"cross.{i}.k"], encoder_out[f"cross.{i}.v"]) for i in range(len(self.decoder.layers))]
+
+    def step(self, tokens: Tensor, state: State, encoder_out: State) -> tuple[Tensor, Tensor, State]:
+        """tokens: (N,) previous ids. Returns log_probs (N, V), attention (N, L), the extended caches."""
+        caches = [(state[f"self.{i}.k"], state[f"self.{i}.v"]) for i in range(len(self.decoder.layers))]
+        out = self.decoder(self.tgt_embeddings(tokens.unsqueeze(1)), self._cross(encoder_out),
+                           encoder_out["src_mask"], caches)
+        new_state: State = {}
+        for i, (keys, values) in enumerate(out.caches):
+            new_state[f"self.{i}.k"], new_state[f"self.{i}.v"] = keys, values
+        attention = out.cross_maps[-1][:, :, 0].mean(1)
+        return self.log_probs(self.generator(out.hidden[:, 0])), attention, new_state
+
+    # ---- teacher forcing --------------------------------------------------------------
+    def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, return_maps: bool = False
+                ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, AttentionMaps]:
+        """Teacher forcing. src: (B, L); src_lengths: (B,); tgt_in: (B, T) = BOS + y.
+
+        Returns ``(logits (B, T, V), attention (B, T, L))`` -- raw scores before the output
+        mapping, and the last layer's head-averaged cross-attention -- plus, with
+        ``return_maps``, the :data:`AttentionMaps` of every kind, layer and head.
+        """
+        mask = _length_mask(src_lengths, src.size(1), src.device)
+        memory, encoder_maps = self.encoder(self.src_embeddings(src), mask)
+        out = self.decoder(self.tgt_embeddings(tgt_in), self.decoder.cross_keys_values(memory), mask)
+        logits = self.generator(out.hidden)
+        attention = out.cross_maps[-1].mean(1)
+        if return_maps:
+            return logits, attention, {"encoder_self": encoder_maps, "decoder_self": out.self_maps,
+                                       "cross": out.cross_maps}
+        return logits, attention
+
+
+__all__ = ["ATTENTION_KINDS", "AttentionMaps", "TransformerSeq2Seq"]

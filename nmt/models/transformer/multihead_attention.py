@@ -1,0 +1,63 @@
+"""Multi-head scaled dot-product attention with any registered probability mapping per module."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torch import Tensor, nn
+
+from nmt.models.transformer.head_mapping import HeadMapping
+
+
+class MultiHeadAttention(nn.Module):
+    """``heads`` parallel attentions of size ``d_model // heads`` (Vaswani et al. 2017).
+
+    scores = (q W_q)(k W_k)^T / sqrt(d_head) per head; probabilities = ``HeadMapping`` of the
+    scores (softmax, sparsemax, entmax15, entmax_bisect -- fixed or learned alpha per head --,
+    fusedmax, oscarmax); masked positions get exact zeros; dropout on the probabilities (it
+    keeps zeros zero); output = concat_heads(p v) W_o.
+
+    Keys and values are projected by :meth:`keys_values` so that callers can cache them
+    (the decoder's self-attention cache, the cross-attention keys computed once per source).
+    """
+
+    def __init__(self, d_model: int, heads: int, mapping: str = "softmax",
+                 params: dict[str, Any] | None = None, dropout: float = 0.0) -> None:
+        super().__init__()
+        if heads < 1 or d_model % heads:
+            raise ValueError(f"d_model ({d_model}) must be a positive multiple of heads ({heads})")
+        self.d_model, self.heads, self.d_head = d_model, heads, d_model // heads
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.mapping = HeadMapping(heads, mapping, params)
+        self.dropout = nn.Dropout(dropout)
+        for linear in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            nn.init.xavier_uniform_(linear.weight)
+            nn.init.zeros_(linear.bias)
+
+    def _split(self, x: Tensor) -> Tensor:
+        """(B, T, D) -> (B, heads, T, d_head)."""
+        return x.view(x.size(0), x.size(1), self.heads, self.d_head).transpose(1, 2)
+
+    def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x: (B, S, D) -> keys, values: each (B, heads, S, d_head)."""
+        return self._split(self.k_proj(x)), self._split(self.v_proj(x))
+
+    def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """query: (B, T, D); keys, values: (B, heads, S, d_head) from :meth:`keys_values`;
+        mask: bool broadcastable to (B, heads, T, S), True = may attend (None: everything).
+
+        Returns ``(output (B, T, D), probs (B, heads, T, S))``; each row of ``probs`` sums to
+        one with exact zeros at masked positions (and wherever a sparse mapping puts them).
+        """
+        q = self._split(self.q_proj(query)) * (1.0 / math.sqrt(self.d_head))
+        scores = q @ keys.transpose(-1, -2)
+        probs = self.mapping(scores, mask).to(values.dtype)
+        context = self.dropout(probs) @ values  # (B, heads, T, d_head)
+        context = context.transpose(1, 2).reshape(query.size(0), query.size(1), self.d_model)
+        return self.out_proj(context), probs
+
+
+__all__ = ["MultiHeadAttention"]

@@ -1,0 +1,71 @@
+"""Position encodings of the Transformer: fixed sinusoids or a learned table.
+
+Both map ``(x (B, T, D), offset)`` to ``x + P[offset : offset + T]`` (broadcast over the
+batch). ``offset`` is a Python int: during incremental decoding it is the length of the
+self-attention cache, a shape, so reading it never synchronises with the device.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+POSITIONS = ("sinusoidal", "learned")
+
+
+def sinusoid_table(length: int, dim: int) -> Tensor:
+    """(length, dim) float32: ``sin(p / 10000^(2i/dim))`` at even, ``cos`` at odd columns (Vaswani et al. 2017)."""
+    position = torch.arange(length, dtype=torch.float64).unsqueeze(1)
+    frequency = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency[: dim // 2])
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal encodings, computed for any length (the table grows on demand, outside autograd)."""
+
+    def __init__(self, dim: int, initial_length: int = 256) -> None:
+        super().__init__()
+        self.dim = dim
+        self.register_buffer("table", sinusoid_table(initial_length, dim), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """x: (B, T, D) -> x + P[offset:offset+T] in x's dtype."""
+        end = offset + x.size(1)
+        if end > self.table.size(0):  # shapes only: no device sync
+            self.table = sinusoid_table(max(end, 2 * self.table.size(0)), self.dim).to(self.table.device)
+        return x + self.table[offset:end].to(x.dtype)
+
+
+class LearnedPositions(nn.Module):
+    """A learned (max_positions, D) table; longer inputs raise ValueError."""
+
+    def __init__(self, dim: int, max_positions: int) -> None:
+        super().__init__()
+        if max_positions < 1:
+            raise ValueError(f"learned positions need max_positions >= 1, got {max_positions}")
+        self.max_positions = max_positions
+        self.table = nn.Embedding(max_positions, dim)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """x: (B, T, D) -> x + P[offset:offset+T]."""
+        end = offset + x.size(1)
+        if end > self.max_positions:
+            raise ValueError(f"a sequence of {end} positions exceeds max_positions={self.max_positions} "
+                             "of the learned position table")
+        return x + self.table.weight[offset:end].to(x.dtype)
+
+
+def build_positions(kind: str, dim: int, max_positions: int) -> nn.Module:
+    """``"sinusoidal"`` or ``"learned"`` position encodings of size ``dim``."""
+    if kind == "sinusoidal":
+        return SinusoidalPositions(dim, max_positions)
+    if kind == "learned":
+        return LearnedPositions(dim, max_positions)
+    raise ValueError(f"unknown positions {kind!r}; valid: {', '.join(POSITIONS)}")
+
+
+__all__ = ["POSITIONS", "LearnedPositions", "SinusoidalPositions", "build_positions", "sinusoid_table"]

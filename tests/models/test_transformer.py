@@ -1,0 +1,170 @@
+"""The Transformer: incremental decoding == teacher forcing, exact-zero masks, learned alphas, builder errors."""
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import PAD, SRC_VOCAB, TGT_VOCAB, random_batch, transformer_cfg
+
+from nmt.models.protocol import select_state
+from nmt.models.transformer import build_transformer
+
+MAPPINGS = {  # name -> model.attention section (all three kinds inherit it)
+    "softmax": {"mapping": "softmax", "params": {}},
+    "sparsemax": {"mapping": "sparsemax", "params": {}},
+    "entmax15": {"mapping": "entmax15", "params": {}},
+    "entmax_bisect": {"mapping": "entmax_bisect", "params": {"alpha": 1.3}},
+    "adaptive": {"mapping": "entmax_bisect", "params": {"alpha": "learned"}},
+    "fusedmax": {"mapping": "fusedmax", "params": {"lam": 0.2}},
+    "oscarmax": {"mapping": "oscarmax", "params": {"lam": 0.05}},
+}
+
+
+def make(dtype=torch.float64, src_vocab=SRC_VOCAB, tgt_vocab=TGT_VOCAB, scale: float = 1.0, **sections):
+    torch.manual_seed(0)
+    model = build_transformer(transformer_cfg(**sections), src_vocab, tgt_vocab, PAD).to(dtype).eval()
+    if scale != 1.0:  # sharper scores: sparse mappings give exact zeros inside rows too
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "proj.weight" in name and "generator" not in name:
+                    p.mul_(scale)
+    return model
+
+
+def incremental(model, src, src_lengths, tgt_in, permutation=None):
+    """Step through tgt_in; optionally reorder the batch (state and encoder_out) after step 1."""
+    encoder_out, state = model.encode(src, src_lengths)
+    log_probs, attention = [], []
+    order = torch.arange(src.size(0))
+    for t in range(tgt_in.size(1)):
+        lp, att, state = model.step(tgt_in[order, t], state, encoder_out)
+        log_probs.append(lp[order.argsort()])
+        attention.append(att[order.argsort()])
+        if t == 0 and permutation is not None:
+            state, encoder_out = select_state(state, permutation), select_state(encoder_out, permutation)
+            order = permutation
+    return torch.stack(log_probs, 1), torch.stack(attention, 1)
+
+
+@pytest.mark.parametrize("name", list(MAPPINGS))
+@pytest.mark.parametrize("norm,positions", [("pre", "sinusoidal"), ("post", "learned")])
+def test_incremental_steps_equal_teacher_forcing(name, norm, positions):
+    model = make(scale=3.0, attention=MAPPINGS[name], output={"mapping": "entmax15", "params": {}},
+                 transformer={"norm": norm, "positions": positions})
+    src, src_lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=6, seed=1)
+    logits, attention = model(src, src_lengths, tgt_in)
+    expected = model.log_probs(logits)
+    got, got_attention = incremental(model, src, src_lengths, tgt_in, permutation=torch.tensor([2, 0, 1]))
+    assert torch.equal(torch.isinf(got), torch.isinf(expected))  # the same exact zeros
+    finite = torch.isfinite(expected)
+    assert (got[finite] - expected[finite]).abs().max() <= 1e-10
+    assert (got_attention - attention).abs().max() <= 1e-10
+
+
+def test_sparse_attention_is_sparse_inside_rows():
+    """Not vacuous: with sharp scores the sparse kinds have zeros at unmasked positions."""
+    model = make(scale=3.0, attention=MAPPINGS["entmax15"])
+    src, src_lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=6, seed=1)
+    _, _, maps = model(src, src_lengths, tgt_in, return_maps=True)
+    cross = maps["cross"][0]
+    real = torch.arange(7)[None, None, None, :] < src_lengths[:, None, None, None]
+    assert bool(((cross == 0) & real).any())
+
+
+@pytest.mark.parametrize("name", list(MAPPINGS))
+def test_masks_give_exact_zeros(name):
+    model = make(attention=MAPPINGS[name])
+    src, src_lengths, tgt_in = random_batch(batch=4, src_len=7, tgt_len=5, lengths=[7, 3, 1, 5], seed=2)
+    _, attention, maps = model(src, src_lengths, tgt_in, return_maps=True)
+    pad_key = torch.arange(7)[None, :] >= src_lengths[:, None]  # (B, L)
+    for probs in maps["encoder_self"] + maps["cross"]:
+        assert bool((probs.masked_select(pad_key[:, None, None, :].expand_as(probs)) == 0).all())
+        torch.testing.assert_close(probs.sum(-1), torch.ones_like(probs.sum(-1)))
+    future = torch.ones(5, 5, dtype=torch.bool).triu(1)
+    for probs in maps["decoder_self"]:
+        assert bool((probs[..., future] == 0).all())
+    assert bool((attention.masked_select(pad_key[:, None, :].expand_as(attention)) == 0).all())
+
+
+def test_padding_does_not_change_a_sentence():
+    model = make(attention=MAPPINGS["entmax15"])
+    src, src_lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=5, lengths=[7, 3, 5], seed=3)
+    logits, _ = model(src, src_lengths, tgt_in)
+    alone, _ = model(src[1:2, :3], src_lengths[1:2], tgt_in[1:2])
+    assert (alone[0] - logits[1]).abs().max() <= 1e-12
+
+
+def test_learned_alpha_gets_a_gradient_and_stays_in_range():
+    model = make(attention=MAPPINGS["adaptive"], scale=2.0).train()
+    alphas = model.learned_alphas()
+    assert set(alphas) == {"encoder_self", "decoder_self", "cross"}
+    for value in alphas.values():
+        assert value.shape == (2, 2)
+        assert torch.equal(value, torch.full_like(value, 1.5))
+    src, src_lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=5, seed=4)
+    logits, _ = model(src, src_lengths, tgt_in)
+    logits.pow(2).sum().backward()
+    logit_params = [p for n, p in model.named_parameters() if n.endswith("alpha_logit")]
+    assert len(logit_params) == 2 + 2 + 2
+    assert all(p.grad is not None and bool((p.grad != 0).any()) for p in logit_params)
+    # the gradient matches a finite difference of the loss in one alpha
+    p = logit_params[0]
+    analytic = p.grad[0].item()
+    with torch.no_grad():
+        values = []
+        for h in (1e-6, -1e-6):
+            p[0] += h
+            values.append(model(src, src_lengths, tgt_in)[0].pow(2).sum().item())
+            p[0] -= h
+    assert analytic == pytest.approx((values[0] - values[1]) / 2e-6, rel=1e-5, abs=1e-8)
+    # large steps push alphas to both ends; they stay in [1.01, 2] (within (1, 2])
+    optimizer = torch.optim.SGD(logit_params, lr=1e3)
+    seen = torch.cat([v.flatten() for v in model.learned_alphas().values()])
+    for sign in (1.0, -1.0):
+        for _ in range(3):
+            optimizer.zero_grad()
+            (sign * model(src, src_lengths, tgt_in)[0].pow(2).sum()).backward()
+            optimizer.step()
+            values = torch.cat([v.flatten() for v in model.learned_alphas().values()])
+            assert bool(((values >= 1.01) & (values <= 2)).all())
+            seen = torch.cat([seen, values])
+    assert float(seen.min()) < 1.1 and float(seen.max()) > 1.9
+
+
+def test_kinds_take_their_own_mapping():
+    model = make(attention={"mapping": "softmax", "params": {},
+                            "encoder_self": {"mapping": "sparsemax", "params": None},
+                            "cross": {"mapping": "entmax_bisect", "params": {"alpha": "learned"}}})
+    assert model.encoder.layers[0].self_attn.mapping.name == "sparsemax"
+    assert model.decoder.layers[0].self_attn.mapping.name == "softmax"
+    assert model.decoder.layers[1].cross_attn.mapping.learned_alpha
+    assert set(model.learned_alphas()) == {"cross"}
+
+
+def test_shared_and_tied_embeddings():
+    model = make(src_vocab=11, tgt_vocab=11, embeddings={"share": True, "tie_output": True})
+    assert model.src_embeddings is model.tgt_embeddings
+    assert model.generator.proj.weight is model.tgt_embeddings.lut.weight
+    assert bool((model.src_embeddings.lut.weight[PAD] == 0).all())
+
+
+@pytest.mark.parametrize("sections,message", [
+    ({"embeddings": {"share": True}}, "model.embeddings.share: needs one shared vocabulary"),
+    ({"transformer": {"heads": 3}}, "model.transformer.heads: d_model (8) must be a multiple of heads (3)"),
+    ({"transformer": {"norm": "sandwich"}}, "model.transformer.norm: unknown norm 'sandwich'"),
+    ({"transformer": {"positions": "rotary"}}, "model.transformer.positions: unknown positions 'rotary'"),
+    ({"attention": {"cross": {"mapping": "softmax", "params": {"alpha": "learned"}}}},
+     "model.attention.cross: alpha: 'learned' needs mapping entmax_bisect"),
+    ({"attention": {"decoder_self": {"mapping": "sparsemx", "params": None}}},
+     "model.attention.decoder_self: unknown mapping 'sparsemx'"),
+])
+def test_builder_errors_name_the_key(sections, message):
+    with pytest.raises(ValueError) as info:
+        build_transformer(transformer_cfg(**sections), SRC_VOCAB, TGT_VOCAB, PAD)
+    assert str(info.value).startswith(message)
+
+
+def test_learned_positions_reject_too_long_inputs():
+    model = make(transformer={"positions": "learned", "max_positions": 6})
+    src, src_lengths, tgt_in = random_batch(batch=2, src_len=7, tgt_len=3, seed=5)
+    with pytest.raises(ValueError, match="exceeds max_positions=6"):
+        model(src, src_lengths, tgt_in)
