@@ -8,7 +8,8 @@ import torch
 
 from nmt.translate.beam_search import beam_search
 from nmt.translate.length_penalty import length_penalty
-from toy_decoders import BOS, EOS, MarkovDecoder, TinyAttentionRNN, enumerate_support, random_sources
+from toy_decoders import (BOS, EOS, MarkovDecoder, TinyAttentionRNN, enumerate_support, random_sources,
+                          tiny_transformer)
 
 MAX_LENGTH = 6
 
@@ -83,27 +84,58 @@ def test_certificate_matches_enumeration(mapping, seed, penalty, min_length):
         names = result.reason_names()
         for b in range(N_SOURCES):
             support, frontier, cut = enumeration(mapping, seed, b, min_length)
-            exact, reason = predicted_certificate(frontier, cut, beam_size, support)
-            assert bool(result.exact[b]) == exact
-            assert names[b] == reason
-            found = found_hypotheses(result, b)
-            # sound in every case: what is found has the enumerated probability
-            for seq, logprob in found.items():
-                assert seq in support
-                assert logprob == pytest.approx(support[seq], abs=1e-9)
-            assert int(result.n_nonzero[b]) == len(found) <= len(support)
-            mass = math.fsum(math.exp(v) for v in found.values())
-            assert float(result.mass[b]) == pytest.approx(mass, abs=1e-9)
-            if exact:
-                assert set(found) == set(support) and support
-                best = max(rank(s, v, penalty) for s, v in support.items())
-                assert float(result.ranking_scores[b, 0]) == pytest.approx(best, abs=1e-9)
-                first = tuple(result.tokens[b, 0, : int(result.lengths[b, 0])].tolist())
-                assert rank(first, support[first], penalty) == pytest.approx(best, abs=1e-9)
-            elif set(found) == set(support):
-                # all sequences were found by luck, but a candidate was still dropped or cut, or
-                # there is no sequence of nonzero probability at all (nothing to certify)
-                assert reason in ("pruned", "max_length") or (reason == "no_hypothesis" and not support)
+            check_against_enumeration(result, names, b, support, frontier, cut, beam_size, penalty)
+
+
+def check_against_enumeration(result, names, b, support, frontier, cut, beam_size, penalty) -> None:
+    """Sentence b of a beam search result against the brute-force support of its model."""
+    exact, reason = predicted_certificate(frontier, cut, beam_size, support)
+    assert bool(result.exact[b]) == exact
+    assert names[b] == reason
+    found = found_hypotheses(result, b)
+    # sound in every case: what is found has the enumerated probability
+    for seq, logprob in found.items():
+        assert seq in support
+        assert logprob == pytest.approx(support[seq], abs=1e-9)
+    assert int(result.n_nonzero[b]) == len(found) <= len(support)
+    mass = math.fsum(math.exp(v) for v in found.values())
+    assert float(result.mass[b]) == pytest.approx(mass, abs=1e-9)
+    if exact:
+        assert set(found) == set(support) and support
+        best = max(rank(s, v, penalty) for s, v in support.items())
+        assert float(result.ranking_scores[b, 0]) == pytest.approx(best, abs=1e-9)
+        first = tuple(result.tokens[b, 0, : int(result.lengths[b, 0])].tolist())
+        assert rank(first, support[first], penalty) == pytest.approx(best, abs=1e-9)
+    elif set(found) == set(support):
+        # all sequences were found by luck, but a candidate was still dropped or cut, or
+        # there is no sequence of nonzero probability at all (nothing to certify)
+        assert reason in ("pruned", "max_length") or (reason == "no_hypothesis" and not support)
+
+
+TRANSFORMER_CASES = [  # (output mapping, attention mapping + params, eos bias, seed, length penalty)
+    ("sparsemax", ("entmax15", {}), 1.0, 0, "none"),
+    ("entmax15", ("softmax", {}), 1.5, 1, "average"),
+    ("entmax15", ("entmax_bisect", {"alpha": "learned"}), 1.5, 2, "gnmt"),
+    ("sparsemax", ("sparsemax", {}), 0.0, 1, "none"),
+]
+
+
+@pytest.mark.parametrize("output,attention,eos_bias,seed,penalty", TRANSFORMER_CASES)
+def test_certificate_on_a_tiny_transformer(output, attention, eos_bias, seed, penalty):
+    """The same brute-force check on nmt's Transformer (incremental decoding with kv caches)."""
+    model = tiny_transformer(output=output, attention=attention[0], attention_params=attention[1],
+                             eos_bias=eos_bias, seed=seed)
+    src, lengths = random_sources(N_SOURCES, 9, 5, seed=seed + 7)
+    enumerations = [enumerate_support(model, src[b], lengths[b], MAX_LENGTH) for b in range(N_SOURCES)]
+    reasons = set()
+    for beam_size in (1, 2, 4):
+        result = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=200,
+                             max_length=MAX_LENGTH, length_penalty=penalty)
+        names = result.reason_names()
+        reasons.update(names)
+        for b, (support, frontier, cut) in enumerate(enumerations):
+            check_against_enumeration(result, names, b, support, frontier, cut, beam_size, penalty)
+    assert None in reasons  # some sentences are certified exact
 
 
 def test_enumeration_cases_are_not_vacuous():

@@ -9,7 +9,7 @@ import torch
 from nmt.models.protocol import StepDecoder
 from nmt.translate.beam_search import beam_search
 from nmt.translate.ensemble import Ensemble
-from toy_decoders import BOS, EOS, MarkovDecoder, TinyAttentionRNN, enumerate_support, random_sources
+from toy_decoders import BOS, EOS, MarkovDecoder, TinyAttentionRNN, enumerate_support, random_sources, tiny_transformer
 
 
 def test_ensemble_of_one_is_the_model():
@@ -61,3 +61,47 @@ def test_ensemble_certificate_against_enumeration():
 def test_empty_ensemble_is_an_error():
     with pytest.raises(ValueError, match="at least one"):
         Ensemble([])
+
+
+def test_ensemble_of_an_rnn_and_a_transformer():
+    """Different architectures with the same vocabularies: per-member states side by side,
+    certificates still agree with brute-force enumeration of the ensemble's support."""
+    from nmt.models import build_model
+
+    rnn_cfg = {
+        "type": "rnn",
+        "embeddings": {"src_size": 6, "tgt_size": 6, "share": False, "tie_output": False, "dropout": 0.0},
+        "encoder": {"type": "lstm", "layers": 1, "hidden_size": 8, "bidirectional": True, "dropout": 0.0},
+        "decoder": {"type": "gru", "layers": 1, "hidden_size": 8, "dropout": 0.0, "input_feeding": True,
+                    "bridge": "linear"},
+        "attention": {"score": "general", "mapping": "sparsemax", "params": {}, "continuous": None},
+        "output": {"mapping": "sparsemax", "params": {}},
+    }
+    torch.manual_seed(3)
+    rnn = build_model(rnn_cfg, 9, 7, 0).double().eval()
+    with torch.no_grad():
+        rnn.generator.proj.weight.mul_(30.0)
+        rnn.generator.proj.bias[EOS] = 1.0
+        rnn.generator.proj.bias[BOS] = rnn.generator.proj.bias[0] = -1e4
+    transformer = tiny_transformer(output="sparsemax", attention="entmax_bisect",
+                                   attention_params={"alpha": "learned"}, eos_bias=1.0, seed=1)
+    ens = Ensemble([rnn, transformer])
+    src, lengths = random_sources(5, 9, 5, seed=6)
+    enc, state = ens.encode(src, lengths)
+    assert {k.split(".")[0] for k in state} == {"0", "1"}
+    assert any(k.startswith("1.self.") for k in state) and "0.h" in state
+    r = beam_search(ens, src, lengths, bos=BOS, eos=EOS, beam_size=6, n_best=100, max_length=5)
+    assert r.attention is not None and r.attention.size(-1) == src.size(1)
+    checked_exact = 0
+    for b in range(5):
+        support, frontier, cut = enumerate_support(ens, src[b], lengths[b], 5)
+        exact = all(c <= 6 for c in frontier[:5]) and not cut and bool(support)  # nothing found: not certified
+        assert bool(r.exact[b]) == exact
+        found = {tuple(r.tokens[b, i, : int(r.lengths[b, i])].tolist()): float(r.scores[b, i])
+                 for i in range(r.tokens.size(1)) if r.complete[b, i]}
+        for seq, logprob in found.items():
+            assert logprob == pytest.approx(support[seq], abs=1e-9)
+        if exact:
+            checked_exact += 1
+            assert set(found) == set(support)
+    assert checked_exact > 0
