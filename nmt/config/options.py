@@ -47,13 +47,44 @@ MAX_SIZE = 1 << 16
 MAX_LAYERS = 256
 """Most encoder / decoder layers accepted."""
 
+
+def _attention_kind(kind: str) -> dict:
+    return {
+        "mapping": Option(str, None, f"{kind} mapping of the Transformer (null: model.attention.mapping)",
+                          nullable=True),
+        "params": Option(dict, None, f"{kind} mapping parameters, e.g. {{alpha: learned}} for entmax_bisect "
+                         "(null: model.attention.params when the mapping is inherited, else none)", nullable=True),
+    }
+
+
 MODEL = {
+    "type": Option(str, "rnn", "model architecture: rnn (encoder/decoder sections) or transformer (transformer "
+                   "section)", choices=("rnn", "transformer")),
     "embeddings": {
         "src_size": Option(int, 256, "source embedding size", minimum=1, maximum=MAX_SIZE),
         "tgt_size": Option(int, 256, "target embedding size", minimum=1, maximum=MAX_SIZE),
         "share": Option(bool, False, "share source and target embeddings (needs data.shared_vocab)"),
         "tie_output": Option(bool, False, "tie the output layer to the target embeddings"),
         "dropout": Option(float, 0.3, "dropout on embeddings", minimum=0.0, maximum=1.0, max_inclusive=False),
+    },
+    "transformer": {
+        "encoder_layers": Option(int, 6, "encoder layers", minimum=1, maximum=MAX_LAYERS),
+        "decoder_layers": Option(int, 6, "decoder layers", minimum=1, maximum=MAX_LAYERS),
+        "d_model": Option(int, 512, "model (and embedding) size", minimum=1, maximum=MAX_SIZE),
+        "heads": Option(int, 8, "attention heads (d_model must be a multiple)", minimum=1, maximum=MAX_SIZE),
+        "d_ff": Option(int, 2048, "inner size of the feed-forward blocks", minimum=1, maximum=MAX_SIZE),
+        "norm": Option(str, "pre", "LayerNorm placement: pre (before each sub-layer, a final norm) or post",
+                       choices=("pre", "post")),
+        "positions": Option(str, "sinusoidal", "position encodings", choices=("sinusoidal", "learned")),
+        "max_positions": Option(int, 1024, "size of the learned position table (longest sequence)", minimum=1,
+                                maximum=MAX_SIZE),
+        "dropout": Option(float, 0.1, "residual dropout (on each sub-layer's output)", minimum=0.0, maximum=1.0,
+                          max_inclusive=False),
+        "attention_dropout": Option(float, 0.1, "dropout on attention probabilities", minimum=0.0, maximum=1.0,
+                                    max_inclusive=False),
+        "activation_dropout": Option(float, 0.0, "dropout on the feed-forward inner activations", minimum=0.0,
+                                     maximum=1.0, max_inclusive=False),
+        "activation": Option(str, "relu", "feed-forward activation", choices=("relu", "gelu")),
     },
     "encoder": {
         "type": Option(str, "lstm", "recurrent cell", choices=("lstm", "gru")),
@@ -78,6 +109,9 @@ MODEL = {
         "params": Option(dict, {}, "parameters of the attention mapping (e.g. {alpha: 1.5} for entmax_bisect)"),
         "continuous": Option(dict, None, "null, or ContinuousAttention keyword arguments for combined attention",
                              nullable=True),
+        "encoder_self": _attention_kind("encoder self-attention"),
+        "decoder_self": _attention_kind("decoder self-attention"),
+        "cross": _attention_kind("cross-attention"),
     },
     "output": {
         "mapping": Option(str, "entmax15", "output mapping; the loss is its Fenchel-Young loss"),
@@ -91,7 +125,8 @@ TRAINING = {
     "device": Option(str, "auto", "cpu, cuda, cuda:N, or auto (cuda when available)"),
     "threads": Option(int, None, "torch CPU threads (null: torch default)", nullable=True, minimum=1),
     "batch_size": Option(int, 64, "sentences (or tokens, see batch_type) per batch", minimum=1),
-    "batch_type": Option(str, "sentences", "unit of batch_size", choices=("sentences", "tokens")),
+    "batch_type": Option(str, "sentences", "unit of batch_size: sentences, or tokens = sentences x the longest "
+                         "side (source, or target + EOS) in the batch, padding included", choices=("sentences", "tokens")),
     "max_steps": Option(int, None, "stop after this many updates (null: no step limit)", nullable=True, minimum=1),
     "max_epochs": Option(int, None, "stop after this many epochs (null: no epoch limit)", nullable=True, minimum=1),
     "max_minutes": Option(float, None, "stop after this much training time, validation included, over all "
@@ -104,7 +139,11 @@ TRAINING = {
         "momentum": Option(float, 0.0, "SGD momentum", minimum=0.0, maximum=1.0, max_inclusive=False),
         "weight_decay": Option(float, 0.0, "L2 weight decay", minimum=0.0),
     },
+    "accumulate": Option(int, 1, "batches per update (gradient accumulation; the loss is normalised by the "
+                         "target tokens of all of them)", minimum=1),
     "lr_schedule": {
+        "type": Option(str, "plateau", "plateau: warmup, then halving on validation-loss plateaus; noam: warmup, "
+                       "then inverse square root decay", choices=("plateau", "noam")),
         "warmup_steps": Option(int, 0, "linear warmup from 0 to lr over this many steps", minimum=0),
         "decay_factor": Option(float, 0.5, "multiply lr by this when validation loss does not improve",
                                minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False),

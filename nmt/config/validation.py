@@ -23,17 +23,26 @@ _SIMPLE = (int, float, bool, str, list, type(None))
 def check_config(config: dict, source: str) -> None:
     """Checks beyond types: mappings and their parameters, losses, tokenizers, limits."""
     model = config["model"]
-    check_mapping(model["attention"]["mapping"], model["attention"]["params"], source, "model.attention")
+    if model["type"] == "transformer":
+        check_head_mapping(model["attention"]["mapping"], model["attention"]["params"], source, "model.attention")
+    else:
+        check_mapping(model["attention"]["mapping"], model["attention"]["params"], source, "model.attention")
     check_mapping(model["output"]["mapping"], model["output"]["params"], source, "model.output")
     check_loss(model["output"]["mapping"], model["output"]["params"], source)
     if model["attention"]["continuous"] is not None:
+        if model["type"] == "transformer":
+            raise ConfigError(source, "model.attention.continuous", "continuous attention is for model.type: rnn")
         check_continuous(model["attention"]["continuous"], source)
+    if model["type"] == "transformer":
+        for kind in ("encoder_self", "decoder_self", "cross"):
+            check_attention_kind(model["attention"], kind, source)
     data = config["data"]
     for side in ("src", "tgt"):
         check_tokenizer(data[side]["tokenizer"], source, f"data.{side}.tokenizer")
     if model["embeddings"]["share"] and not data["shared_vocab"]:
         raise ConfigError(source, "model.embeddings.share", "sharing embeddings needs data.shared_vocab: true")
-    if model["embeddings"]["share"] and model["embeddings"]["src_size"] != model["embeddings"]["tgt_size"]:
+    if (model["type"] == "rnn" and model["embeddings"]["share"]
+            and model["embeddings"]["src_size"] != model["embeddings"]["tgt_size"]):
         raise ConfigError(source, "model.embeddings.share", "shared embeddings need src_size == tgt_size")
     training = config["training"]
     if training["max_steps"] is None and training["max_epochs"] is None and training["max_minutes"] is None:
@@ -70,6 +79,26 @@ def check_mapping(name: str, params: dict, source: str, prefix: str) -> None:
     for key, value in params.items():
         _check_simple(value, source, f"{prefix}.params.{key}")
         _keyed(source, f"{prefix}.params.{key}", registry.check_mapping, name, {key: value})
+
+
+def check_attention_kind(attention: dict, kind: str, source: str) -> None:
+    """``model.attention.<kind>`` of a Transformer: a registered mapping and its parameters, where
+    ``alpha: learned`` (one trainable alpha per head) is accepted for entmax_bisect."""
+    section = attention[kind]
+    if section["mapping"] is None and section["params"] is None:
+        return  # inherits model.attention, checked on its own
+    name = section["mapping"] if section["mapping"] is not None else attention["mapping"]
+    check_head_mapping(name, section["params"] or {}, source, f"model.attention.{kind}")
+
+
+def check_head_mapping(name: str, params: dict, source: str, prefix: str) -> None:
+    """:func:`check_mapping`, where ``alpha: learned`` is accepted for entmax_bisect."""
+    params = dict(params)
+    if params.get("alpha") == "learned":
+        if name != "entmax_bisect":
+            raise ConfigError(source, f"{prefix}.params.alpha", f"'learned' needs mapping entmax_bisect, got {name!r}")
+        del params["alpha"]
+    check_mapping(name, params, source, prefix)
 
 
 def check_loss(name: str, params: dict, source: str) -> None:
@@ -119,5 +148,5 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-__all__ = ["check_config", "check_tokenizer", "check_mapping", "check_loss", "check_continuous",
+__all__ = ["check_config", "check_tokenizer", "check_mapping", "check_attention_kind", "check_loss", "check_continuous",
            "registered_mappings"]

@@ -8,7 +8,7 @@ a one-line ``<file>: <key>: <problem>`` from the ``key`` / ``problem`` attribute
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from torch import nn
 
@@ -16,6 +16,7 @@ from nmt.models.attention import GlobalAttention
 from nmt.models.decoder import Bridge, InputFeedingDecoder
 from nmt.models.embeddings import Embeddings
 from nmt.models.encoder import RNNEncoder
+from nmt.models.errors import ModelConfigError, keyed
 from nmt.models.generator import Generator
 from nmt.models.seq2seq import Seq2Seq
 
@@ -23,24 +24,7 @@ PARAM_INIT = 0.1
 """Parameters start uniform in [-0.1, 0.1] (OpenNMT-py's ``param_init``), padding rows at zero."""
 
 
-class ModelConfigError(ValueError):
-    """A model that cannot be built from the config: ``key`` (dotted YAML path) and ``problem``."""
-
-    def __init__(self, key: str, problem: str) -> None:
-        self.key, self.problem = key, problem
-        super().__init__(f"{key}: {problem}")
-
-
-def _keyed(key: str, build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``build(*args, **kwargs)``; a plain ValueError from it becomes a ModelConfigError naming ``key``,
-    and so does a failed allocation (RuntimeError / MemoryError: sizes too large for this machine)."""
-    try:
-        return build(*args, **kwargs)
-    except ValueError as exc:
-        raise ModelConfigError(key, str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
-    except (RuntimeError, MemoryError) as exc:
-        detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
-        raise ModelConfigError(key, f"cannot be allocated with these sizes ({detail})") from None
+_keyed = keyed
 
 
 def _section(cfg: dict[str, Any], name: str) -> dict[str, Any]:
@@ -75,8 +59,26 @@ def init_parameters(model: nn.Module, scale: float = PARAM_INIT) -> None:
             module.lut.weight.data[module.pad_index].zero_()
 
 
-def build_model(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_size: int, pad_index: int = 0) -> Seq2Seq:
-    """Build and initialise the model described by the (fully resolved) ``model:`` section.
+MODEL_TYPES = ("rnn", "transformer")
+
+
+def build_model(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_size: int,
+                pad_index: int = 0) -> nn.Module:
+    """Build the model of ``model.type``: the RNN :class:`Seq2Seq` (default, below) or the
+    Transformer (:func:`nmt.models.transformer.build_transformer`). Both implement ``forward``
+    (teacher forcing) and the ``StepDecoder`` protocol."""
+    model_type = model_cfg.get("type", "rnn")
+    if model_type == "transformer":
+        from nmt.models.transformer.build import build_transformer
+
+        return build_transformer(model_cfg, src_vocab_size, tgt_vocab_size, pad_index)
+    if model_type != "rnn":
+        raise ModelConfigError("model.type", f"unknown model type {model_type!r}; valid: {', '.join(MODEL_TYPES)}")
+    return build_rnn(model_cfg, src_vocab_size, tgt_vocab_size, pad_index)
+
+
+def build_rnn(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_size: int, pad_index: int = 0) -> Seq2Seq:
+    """Build and initialise the RNN model described by the (fully resolved) ``model:`` section.
 
     Raises :class:`ModelConfigError` (a ValueError) naming the key for impossible
     combinations: shared embeddings with different vocabulary or embedding sizes, tied output weights with

@@ -1,6 +1,7 @@
-"""Learning-rate schedule: linear warmup and halving on a validation-loss plateau.
+"""Learning-rate schedules: ``plateau`` (linear warmup, halving on a validation-loss plateau)
+and ``noam`` (linear warmup, inverse-square-root decay; Vaswani et al. 2017).
 
-The learning rate at step ``s`` is ``base_lr * decay * min(1, s / warmup_steps)`` where
+Plateau: the learning rate at step ``s`` is ``base_lr * decay * min(1, s / warmup_steps)`` where
 ``decay`` is multiplied by ``decay_factor`` (0.5 in Peters et al. 2019) every time the
 validation loss fails to improve for more than ``decay_patience`` consecutive validations,
 and never drops the rate below ``min_lr``.
@@ -73,4 +74,72 @@ class PlateauWarmupSchedule:
         self._apply()
 
 
-__all__ = ["PlateauWarmupSchedule"]
+class NoamSchedule:
+    """Linear warmup to ``base_lr``, then inverse-square-root decay: for update ``s`` (1-based)
+    ``lr = base_lr * min(s / warmup_steps, sqrt(warmup_steps / s))``, never below ``min_lr`` after
+    the warmup. The peak, ``base_lr``, is reached at ``s = warmup_steps`` (the Transformer paper's
+    ``d_model^-0.5 * min(s^-0.5, s * w^-1.5)`` is this with ``base_lr = (d_model * w)^-0.5``).
+    Validations do not change it. Same interface as :class:`PlateauWarmupSchedule`.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, base_lr: float, warmup_steps: int,
+                 min_lr: float = 0.0) -> None:
+        if warmup_steps < 1:
+            raise ValueError(f"the noam schedule needs warmup_steps >= 1, got {warmup_steps}")
+        self.optimizer = optimizer
+        self.base_lr = base_lr
+        self.warmup_steps = warmup_steps
+        self.min_lr = min_lr
+        self.step_count = 0
+        self._apply()
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the next update."""
+        s = self.step_count + 1
+        if s < self.warmup_steps:
+            return self.base_lr * s / self.warmup_steps
+        return max(self.base_lr * math.sqrt(self.warmup_steps / s), min(self.min_lr, self.base_lr))
+
+    def step(self) -> None:
+        """Advance one update."""
+        self.step_count += 1
+        self._apply()
+
+    def on_validation(self, valid_loss: float) -> bool:
+        """Validations do not change the noam schedule: always False."""
+        return False
+
+    def _apply(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+
+    def state_dict(self) -> dict:
+        return {"step_count": self.step_count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step_count = state["step_count"]
+        self._apply()
+
+
+SCHEDULES = ("plateau", "noam")
+
+
+def build_schedule(optimizer: torch.optim.Optimizer, base_lr: float,
+                   cfg: dict) -> PlateauWarmupSchedule | NoamSchedule:
+    """The schedule of the ``training.lr_schedule`` section (``type``: plateau | noam).
+
+    ValueError prefixed with the key for an impossible setting (noam without warmup).
+    """
+    kind = cfg.get("type", "plateau")
+    if kind == "noam":
+        if cfg["warmup_steps"] < 1:
+            raise ValueError("training.lr_schedule.warmup_steps: the noam schedule needs warmup_steps >= 1")
+        return NoamSchedule(optimizer, base_lr, cfg["warmup_steps"], cfg["min_lr"])
+    if kind != "plateau":
+        raise ValueError(f"training.lr_schedule.type: unknown schedule {kind!r}; valid: {', '.join(SCHEDULES)}")
+    return PlateauWarmupSchedule(optimizer, base_lr, cfg["warmup_steps"], cfg["decay_factor"],
+                                 cfg["decay_patience"], cfg["min_lr"])
+
+
+__all__ = ["NoamSchedule", "PlateauWarmupSchedule", "SCHEDULES", "build_schedule"]

@@ -31,7 +31,7 @@ from nmt.train.interrupt import GracefulInterrupt
 from nmt.train.nonfinite import NonFiniteGuard, check_parameters_finite
 from nmt.train.optimizers import build_optimizer
 from nmt.train.rng import rng_state, seed_everything, set_rng_state
-from nmt.train.schedules import PlateauWarmupSchedule
+from nmt.train.schedules import build_schedule
 from nmt.train.update import update
 from nmt.train.validation import attention_matrices, validate
 from nmt.utils.dir_lock import DirectoryLock
@@ -163,9 +163,11 @@ class Trainer:
         output = config["model"]["output"]
         self.loss_fn = get_loss(output["mapping"], **output["params"])
         self.optimizer = build_optimizer(self.model.parameters(), train_cfg["optimizer"])
-        schedule = train_cfg["lr_schedule"]
-        self.schedule = PlateauWarmupSchedule(self.optimizer, train_cfg["optimizer"]["lr"], schedule["warmup_steps"],
-                                              schedule["decay_factor"], schedule["decay_patience"], schedule["min_lr"])
+        try:
+            self.schedule = build_schedule(self.optimizer, train_cfg["optimizer"]["lr"], train_cfg["lr_schedule"])
+        except ValueError as exc:
+            key, _, problem = str(exc).partition(": ")
+            raise ConfigError(source, key, problem) from None
         self.stopper = EarlyStopping(HIGHER_IS_BETTER[self.metric], train_cfg["early_stopping_patience"])
         self.progress = Progress()
         self.last_metrics: dict[str, Any] = {}
@@ -265,17 +267,19 @@ class Trainer:
             return self.progress.elapsed
         return self._session_elapsed0 + time.perf_counter() - self._session_start
 
-    def train_step(self, indices: list[int]) -> tuple[torch.Tensor, int]:
-        """One update on the training examples ``indices``; returns (summed loss, detached; target tokens).
+    def train_step(self, indices: list[int] | list[list[int]]) -> tuple[torch.Tensor, int]:
+        """One update on the training examples ``indices`` (one batch, or a list of batches whose
+        gradients are accumulated: ``training.accumulate``); returns (summed loss, detached; target tokens).
 
         A non-finite loss raises NonFiniteLossError (``training.nonfinite: stop``; on an
         accelerator at the next logging/validation/save point) or drops the update (``skip``:
         the returned loss is 0 and the token count 0, so the logged mean covers applied updates).
         """
-        batch = collate(self.data.train, indices, self.pad, self.bos, self.eos).to(self.device)
+        groups = indices if indices and isinstance(indices[0], list) else [indices]
+        batches = [collate(self.data.train, group, self.pad, self.bos, self.eos).to(self.device) for group in groups]
         cfg = self.config["training"]
         skip = cfg["nonfinite"] == "skip"
-        loss, n_tokens, skipped = update(self.model, self.loss_fn, self.optimizer, batch, self.pad,
+        loss, n_tokens, skipped = update(self.model, self.loss_fn, self.optimizer, batches, self.pad,
                                          cfg["clip_grad_norm"], cfg["label_smoothing"], skip_nonfinite=skip)
         self.schedule.step()
         if skipped:
@@ -326,8 +330,9 @@ class Trainer:
                 order = make_batches(self.data.train, cfg["batch_size"], cfg["batch_type"], shuffle=True,
                                      seed=cfg["seed"], epoch=p.epoch)
                 while p.batch_in_epoch < len(order):
-                    loss, n_tokens = self.train_step(order[p.batch_in_epoch])
-                    p.batch_in_epoch += 1
+                    groups = order[p.batch_in_epoch:p.batch_in_epoch + cfg["accumulate"]]
+                    loss, n_tokens = self.train_step(groups)
+                    p.batch_in_epoch += len(groups)
                     p.step += 1
                     window_loss += loss
                     window_tokens += n_tokens

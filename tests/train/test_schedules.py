@@ -83,3 +83,41 @@ def test_graceful_interrupt_sets_flag_and_restores_handler():
         os.kill(os.getpid(), signal.SIGTERM)
         assert interrupt.requested == "SIGTERM"
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_noam_warms_up_linearly_then_decays_as_inverse_square_root():
+    from nmt.train.schedules import NoamSchedule
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
+    schedule = NoamSchedule(optimizer, 0.004, warmup_steps=4, min_lr=0.0)
+    seen = []
+    for _ in range(16):
+        seen.append(optimizer.param_groups[0]["lr"])
+        schedule.step()
+    expected = [0.004 * min(s / 4, math.sqrt(4 / s)) for s in range(1, 17)]
+    assert seen == pytest.approx(expected, rel=1e-12)
+    assert max(seen) == pytest.approx(0.004) and seen.index(max(seen)) == 3
+    # the Transformer paper's formula with base_lr = (d_model * warmup)^-0.5
+    d_model, w = 512, 4
+    paper = [d_model ** -0.5 * min(s ** -0.5, s * w ** -1.5) for s in range(1, 17)]
+    ratio = [a / b for a, b in zip(expected, paper)]
+    assert ratio == pytest.approx([0.004 / (d_model * w) ** -0.5] * 16)
+    assert schedule.on_validation(1.0) is False and schedule.on_validation(2.0) is False  # no plateau decay
+    state = schedule.state_dict()
+    again = NoamSchedule(optimizer, 0.004, warmup_steps=4)
+    again.load_state_dict(state)
+    assert again.lr == schedule.lr
+
+
+def test_noam_floor_and_config_errors():
+    from nmt.train.schedules import NoamSchedule, build_schedule
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
+    schedule = NoamSchedule(optimizer, 0.01, warmup_steps=1, min_lr=0.004)
+    for _ in range(100):
+        schedule.step()
+    assert schedule.lr == pytest.approx(0.004)
+    cfg = {"type": "noam", "warmup_steps": 0, "decay_factor": 0.5, "decay_patience": 0, "min_lr": 0.0}
+    with pytest.raises(ValueError, match="training.lr_schedule.warmup_steps: the noam schedule needs"):
+        build_schedule(optimizer, 0.01, cfg)
+    assert isinstance(build_schedule(optimizer, 0.01, {**cfg, "type": "plateau"}), PlateauWarmupSchedule)

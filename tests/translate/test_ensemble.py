@@ -90,7 +90,8 @@ def test_ensemble_of_an_rnn_and_a_transformer():
     enc, state = ens.encode(src, lengths)
     assert {k.split(".")[0] for k in state} == {"0", "1"}
     assert any(k.startswith("1.self.") for k in state) and "0.h" in state
-    r = beam_search(ens, src, lengths, bos=BOS, eos=EOS, beam_size=6, n_best=100, max_length=5)
+    r = beam_search(ens, src, lengths, bos=BOS, eos=EOS, beam_size=6, n_best=100, max_length=5,
+                    return_attention=True)
     assert r.attention is not None and r.attention.size(-1) == src.size(1)
     checked_exact = 0
     for b in range(5):

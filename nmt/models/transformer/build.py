@@ -6,6 +6,7 @@ from typing import Any
 from torch import nn
 
 from nmt.models.embeddings import Embeddings
+from nmt.models.errors import ModelConfigError, keyed
 from nmt.models.generator import Generator
 from nmt.models.transformer.decoder import TransformerDecoder
 from nmt.models.transformer.encoder import TransformerEncoder
@@ -13,14 +14,6 @@ from nmt.models.transformer.head_mapping import HeadMapping
 from nmt.models.transformer.layers import AttentionSpec, LayerSpec
 from nmt.models.transformer.model import ATTENTION_KINDS, TransformerSeq2Seq
 from nmt.models.transformer.positions import build_positions
-
-
-def _keyed(key: str, function, *args, **kwargs):
-    """Call ``function``; a plain ValueError gets the config key ``key`` in front."""
-    try:
-        return function(*args, **kwargs)
-    except ValueError as exc:
-        raise ValueError(f"{key}: {exc}") from None
 
 
 def attention_spec(attention_cfg: dict[str, Any], kind: str) -> AttentionSpec:
@@ -44,25 +37,26 @@ def build_transformer(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_
     Embeddings have size ``transformer.d_model`` (``embeddings.src_size`` / ``tgt_size`` are
     for the RNN) and start N(0, d_model^-1/2) with a zero padding row (scaled by sqrt(d_model)
     in the forward pass); linear layers start Xavier-uniform with zero biases; learned alphas
-    at 1.5. Raises ValueError naming the key for impossible combinations (shared embeddings
+    at 1.5. Raises :class:`ModelConfigError` (a ValueError) naming the key for impossible combinations (shared embeddings
     without a shared vocabulary, d_model not divisible by heads, unknown names).
     """
     t = model_cfg["transformer"]
     emb_cfg, att_cfg, out_cfg = model_cfg["embeddings"], model_cfg["attention"], model_cfg["output"]
     d_model = t["d_model"]
     if d_model % t["heads"]:
-        raise ValueError(f"model.transformer.heads: d_model ({d_model}) must be a multiple of heads ({t['heads']})")
-    spec = _keyed("model.transformer.norm", LayerSpec, d_model, t["heads"], t["d_ff"], t["norm"], t["dropout"],
+        raise ModelConfigError("model.transformer.heads",
+                               f"d_model ({d_model}) must be a multiple of heads ({t['heads']})")
+    spec = keyed("model.transformer.norm", LayerSpec, d_model, t["heads"], t["d_ff"], t["norm"], t["dropout"],
                   t["attention_dropout"], t["activation_dropout"], t["activation"])
     specs = {kind: attention_spec(att_cfg, kind) for kind in ATTENTION_KINDS}
     for kind, attention in specs.items():  # check names and parameters up front, naming the key
-        _keyed(f"model.attention.{kind}", HeadMapping, t["heads"], attention.mapping, attention.params)
+        keyed(f"model.attention.{kind}", HeadMapping, t["heads"], attention.mapping, attention.params)
 
     src_emb = Embeddings(src_vocab_size, d_model, pad_index, 0.0)
     if emb_cfg["share"]:
         if src_vocab_size != tgt_vocab_size:
-            raise ValueError(f"model.embeddings.share: needs one shared vocabulary (data.shared_vocab: true), "
-                             f"got source {src_vocab_size} and target {tgt_vocab_size} types")
+            raise ModelConfigError("model.embeddings.share", "needs one shared vocabulary (data.shared_vocab: "
+                                   f"true), got source {src_vocab_size} and target {tgt_vocab_size} types")
         tgt_emb = src_emb
     else:
         tgt_emb = Embeddings(tgt_vocab_size, d_model, pad_index, 0.0)
@@ -71,12 +65,12 @@ def build_transformer(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_
         emb.lut.weight.data[pad_index].zero_()
 
     def positions() -> nn.Module:
-        return _keyed("model.transformer.positions", build_positions, t["positions"], d_model, t["max_positions"])
+        return keyed("model.transformer.positions", build_positions, t["positions"], d_model, t["max_positions"])
 
     encoder = TransformerEncoder(spec, t["encoder_layers"], specs["encoder_self"], positions(), emb_cfg["dropout"])
     decoder = TransformerDecoder(spec, t["decoder_layers"], specs["decoder_self"], specs["cross"], positions(),
                                  emb_cfg["dropout"])
-    generator = _keyed("model.output.mapping", Generator, d_model, tgt_vocab_size, out_cfg["mapping"],
+    generator = keyed("model.output.mapping", Generator, d_model, tgt_vocab_size, out_cfg["mapping"],
                        out_cfg.get("params") or {})
     nn.init.xavier_uniform_(generator.proj.weight)
     nn.init.zeros_(generator.proj.bias)

@@ -1,0 +1,34 @@
+"""The builders' error: a model that cannot be built from the config, with the YAML key.
+
+Model classes raise plain ``ValueError``s about their own arguments; the builders
+(:func:`nmt.models.build_model`, :func:`nmt.models.transformer.build_transformer`) re-raise each
+one once, through :func:`keyed`, as a :class:`ModelConfigError` naming the key.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+class ModelConfigError(ValueError):
+    """A model that cannot be built from the config: ``key`` (dotted YAML path) and ``problem``."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key, self.problem = key, problem
+        super().__init__(f"{key}: {problem}")
+
+
+def keyed(key: str, build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``build(*args, **kwargs)``; a plain ValueError from it becomes a ModelConfigError naming ``key``,
+    and so does a failed allocation (RuntimeError / MemoryError: sizes too large for this machine)."""
+    try:
+        return build(*args, **kwargs)
+    except ModelConfigError:
+        raise
+    except ValueError as exc:
+        raise ModelConfigError(key, str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    except (RuntimeError, MemoryError) as exc:
+        detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise ModelConfigError(key, f"cannot be allocated with these sizes ({detail})") from None
+
+
+__all__ = ["ModelConfigError", "keyed"]
