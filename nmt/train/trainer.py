@@ -33,7 +33,7 @@ from nmt.train.optimizers import build_optimizer
 from nmt.train.rng import rng_state, seed_everything, set_rng_state
 from nmt.train.schedules import build_schedule
 from nmt.train.update import update
-from nmt.train.validation import attention_matrices, validate
+from nmt.train.validation import attention_grids, attention_matrices, validate
 from nmt.utils.dir_lock import DirectoryLock
 from nmt.utils.metrics_log import MetricsLog
 from nmt.utils.tensorboard import TensorBoardWriter
@@ -400,6 +400,9 @@ class Trainer:
                   **{f"valid_{k}": v for k, v in scalars.items()},
                   "tokens_per_sec": self._tokens_per_sec, "elapsed": round(p.elapsed, 3),
                   "best": is_best}
+        alphas = self._learned_alphas(tb)
+        if alphas:
+            record["alphas"] = alphas
         metrics_log.append(record)
         tb.scalars("valid", scalars, p.step)
         self._heatmaps(tb)
@@ -414,6 +417,21 @@ class Trainer:
         self.last_metrics = {k: v for k, v in record.items()}
         self.save(is_best=is_best)
 
+    def _learned_alphas(self, tb: TensorBoardWriter) -> dict[str, list[list[float]]]:
+        """Learned entmax alphas per attention kind, [layer][head]: logged, and in TensorBoard as
+        ``alpha/<kind>/layer<i>/head<h>`` scalars and an ``alpha/<kind>/layer<i>`` histogram."""
+        learned = getattr(self.model, "learned_alphas", None)
+        if learned is None:
+            return {}
+        out = {kind: values.cpu().tolist() for kind, values in learned().items()}
+        for kind, layers in out.items():
+            for i, heads in enumerate(layers):
+                tb.scalars(f"alpha/{kind}/layer{i}", {f"head{h}": a for h, a in enumerate(heads)}, self.progress.step)
+                tb.histogram(f"alpha/{kind}/layer{i}", heads, self.progress.step)
+            logger.info("  learned alphas, %s: %s", kind,
+                        " | ".join(" ".join(f"{a:.2f}" for a in heads) for heads in layers))
+        return out
+
     def _heatmaps(self, tb: TensorBoardWriter) -> None:
         n = min(self.config["validation"]["n_heatmaps"], len(self.data.valid))
         if tb.writer is None or n == 0:
@@ -421,6 +439,10 @@ class Trainer:
         for i, (matrix, src_tokens, tgt_tokens) in enumerate(
                 attention_matrices(self.model, self.data.valid, list(range(n)), self.device)):
             tb.attention(f"attention/valid_{i}", matrix.numpy(), src_tokens, tgt_tokens, self.progress.step)
+        for i, (grid, src_tokens, tgt_tokens) in enumerate(
+                attention_grids(self.model, self.data.valid, list(range(n)), self.device)):
+            tb.attention_grid(f"attention_layers_heads/valid_{i}", grid.numpy(), src_tokens, tgt_tokens,
+                              self.progress.step)
 
 
 def _lookup(config: dict, dotted: str) -> Any:

@@ -40,14 +40,30 @@ class ValidationResult:
 @torch.no_grad()
 def teacher_forced_statistics(model: nn.Module, dataset: ParallelDataset, loss_fn: Callable, batch_size: int,
                               device: torch.device, is_softmax: bool) -> dict[str, float]:
-    """Loss, token accuracy, perplexity and support sizes of ``model`` on ``dataset`` (eval mode)."""
+    """Loss, token accuracy, perplexity and support sizes of ``model`` on ``dataset`` (eval mode).
+
+    For a model with several attention kinds (``model.attention_kinds``, the Transformer) also
+    ``attention_support_<kind>``: the mean number of nonzero weights of one head's row, over
+    the real (non-padding) query positions, the heads and the layers of that kind.
+    """
     vocab = dataset.tgt_field.vocab
     totals = torch.zeros(5, dtype=torch.float64, device=device)  # loss, correct, tokens, att support, out support
+    kinds = tuple(getattr(model, "attention_kinds", ()))
+    kind_totals = torch.zeros(len(kinds), 2, dtype=torch.float64, device=device)  # support sum, rows
     for indices in make_batches(dataset, batch_size, "sentences", shuffle=False):
         batch = collate(dataset, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index).to(device)
-        logits, attention = model(batch.src, batch.src_lengths, batch.tgt_in)
         gold = batch.tgt_out
         mask = gold != vocab.pad_index
+        if kinds:
+            logits, attention, maps = model(batch.src, batch.src_lengths, batch.tgt_in, return_maps=True)
+            src_mask = torch.arange(batch.src.size(1), device=device)[None] < batch.src_lengths[:, None]
+            for j, kind in enumerate(kinds):
+                rows = (src_mask if kind == "encoder_self" else mask)[:, None, :].double()  # (B, 1, T_query)
+                for probs in maps[kind]:  # (B, heads, T_query, T_key)
+                    kind_totals[j, 0] += ((probs > 0).sum(-1).double() * rows).sum()
+                    kind_totals[j, 1] += rows.sum() * probs.size(1)
+        else:
+            logits, attention = model(batch.src, batch.src_lengths, batch.tgt_in)
         loss = loss_fn(logits.reshape(-1, logits.size(-1)), gold.reshape(-1), ignore_index=vocab.pad_index,
                        reduction="sum")
         probs = model.output_mapping(logits.float(), dim=-1)
@@ -65,6 +81,8 @@ def teacher_forced_statistics(model: nn.Module, dataset: ParallelDataset, loss_f
         "output_support": out_support / tokens,
         "tokens": tokens,
     }
+    for kind, (support, rows) in zip(kinds, kind_totals.tolist()):
+        scalars[f"attention_support_{kind}"] = support / max(rows, 1.0)
     if is_softmax:
         scalars["ppl"] = math.exp(min(loss_sum / tokens, 700.0))
     return scalars
@@ -143,10 +161,37 @@ def attention_matrices(model: nn.Module, dataset: ParallelDataset, indices: Sequ
     return out
 
 
+@torch.no_grad()
+def attention_grids(model: nn.Module, dataset: ParallelDataset, indices: Sequence[int],
+                    device: torch.device) -> list[tuple[Tensor, list[str], list[str]]]:
+    """Teacher-forced cross-attention of every layer and head of a model with attention maps
+    (the Transformer): ``(grid (layers, heads, T, L), src tokens, tgt tokens)`` per example, with
+    the axes of :func:`attention_matrices`. [] for a model without ``attention_kinds``."""
+    if not indices or not getattr(model, "attention_kinds", ()):
+        return []
+    src_vocab, tgt_vocab = dataset.src_field.vocab, dataset.tgt_field.vocab
+    was_training = model.training
+    model.eval()
+    try:
+        batch = collate(dataset, list(indices), tgt_vocab.pad_index, tgt_vocab.bos_index,
+                        tgt_vocab.eos_index).to(device)
+        _, _, maps = model(batch.src, batch.src_lengths, batch.tgt_in, return_maps=True)
+    finally:
+        model.train(was_training)
+    cross = torch.stack(maps["cross"], dim=1).float().cpu()  # (B, layers, heads, T, L)
+    out = []
+    for row, index in enumerate(_positions(batch)):
+        src_ids, tgt_ids = dataset.src[index], dataset.tgt[index]
+        grid = cross[row, :, :, : len(tgt_ids) + 1, : len(src_ids)]
+        out.append((grid, src_vocab.tokens(src_ids), tgt_vocab.tokens(tgt_ids) + ["<eos>"]))
+    return out
+
+
 def _positions(batch) -> list[int]:
     """Dataset positions of the batch rows, in row order."""
     indices = batch.indices
     return indices.tolist() if isinstance(indices, Tensor) else list(indices)
 
 
-__all__ = ["ValidationResult", "validate", "teacher_forced_statistics", "decode_dataset", "attention_matrices"]
+__all__ = ["ValidationResult", "validate", "teacher_forced_statistics", "decode_dataset", "attention_matrices",
+           "attention_grids"]

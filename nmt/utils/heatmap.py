@@ -61,6 +61,54 @@ def plot_attention(
     return figure
 
 
+def plot_attention_grid(
+    grid: np.ndarray,
+    src_tokens: Sequence[str],
+    tgt_tokens: Sequence[str],
+    path: str | os.PathLike | None = None,
+    row_label: str = "layer",
+    column_label: str = "head",
+):
+    """A grid of heatmaps: ``grid`` (R, C, T, L), one panel per (row, column), e.g. per layer
+    (rows) and head (columns) of a Transformer's cross-attention. Panels as in
+    :func:`plot_attention` (zeros blank, a fixed [0, 1] scale, target tokens labelling the
+    first column, source tokens the last row). Saved atomically to ``path`` when given.
+    Returns the ``matplotlib.figure.Figure``.
+    """
+    from matplotlib.figure import Figure
+
+    grid = np.asarray(grid, dtype=np.float64)
+    if grid.ndim != 4:
+        raise ValueError(f"plot_attention_grid: expected an (R, C, T, L) array, got shape {grid.shape}")
+    n_rows, n_cols, rows, cols = grid.shape
+    if len(tgt_tokens) != rows or len(src_tokens) != cols:
+        raise ValueError(
+            f"plot_attention_grid: panels are {rows}x{cols} but got {len(tgt_tokens)} target and "
+            f"{len(src_tokens)} source tokens"
+        )
+    width = min(1.5 + n_cols * (1.0 + 0.25 * cols), 60.0)
+    height = min(1.0 + n_rows * (1.0 + 0.22 * rows), 60.0)
+    figure = Figure(figsize=(width, height), dpi=100)
+    axes = figure.subplots(n_rows, n_cols, squeeze=False)
+    image = None
+    for r in range(n_rows):
+        for c in range(n_cols):
+            ax = axes[r][c]
+            masked = np.ma.masked_where(grid[r, c] == 0.0, grid[r, c])
+            image = ax.imshow(masked, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+            ax.set_facecolor("white")
+            ax.set_xticks(range(cols))
+            ax.set_xticklabels(list(src_tokens) if r == n_rows - 1 else [], rotation=90, fontsize=6)
+            ax.set_yticks(range(rows))
+            ax.set_yticklabels(list(tgt_tokens) if c == 0 else [], fontsize=6)
+            ax.set_title(f"{row_label} {r} {column_label} {c}", fontsize=7)
+    if image is not None:
+        figure.colorbar(image, ax=axes, fraction=0.02, pad=0.02)
+    if path is not None:
+        _save_atomic(figure, Path(path))
+    return figure
+
+
 def _save_atomic(figure, path: Path) -> None:
     """figure.savefig into a temporary file next to ``path``, then os.replace."""
     from nmt.utils.io import atomic_open
@@ -70,4 +118,4 @@ def _save_atomic(figure, path: Path) -> None:
         figure.savefig(handle, format=fmt)
 
 
-__all__ = ["plot_attention"]
+__all__ = ["plot_attention", "plot_attention_grid"]

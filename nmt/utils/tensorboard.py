@@ -1,4 +1,4 @@
-"""TensorBoard writer for training: scalars and attention heatmaps."""
+"""TensorBoard writer for training: scalars, histograms and attention heatmaps (single and grids)."""
 from __future__ import annotations
 
 import logging
@@ -49,6 +49,23 @@ class TensorBoardWriter:
         figure = plot_attention(matrix, list(src_tokens), list(tgt_tokens))
         self.writer.add_figure(tag, figure, step, close=True)
         plt.close(figure)
+
+    def attention_grid(self, tag: str, grid: np.ndarray, src_tokens: Sequence[str], tgt_tokens: Sequence[str],
+                       step: int) -> None:
+        """A grid of heatmaps (R, C, T, L), e.g. every layer (rows) and head (columns) of a cross-attention."""
+        if self.writer is None:
+            return
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        from nmt.utils.heatmap import plot_attention_grid
+
+        self.writer.add_figure(tag, plot_attention_grid(grid, list(src_tokens), list(tgt_tokens)), step, close=True)
+
+    def histogram(self, tag: str, values: np.ndarray, step: int) -> None:
+        """A histogram of ``values`` (any shape)."""
+        if self.writer is not None:
+            self.writer.add_histogram(tag, np.asarray(values, dtype=np.float64).ravel(), step)
 
     def flush(self) -> None:
         if self.writer is not None:

@@ -1,0 +1,76 @@
+"""Training a Transformer end to end: reports (support per attention kind, learned alphas,
+per-layer/head heatmap grids), the noam schedule and gradient accumulation from the config."""
+import json
+
+import pytest
+import torch
+
+from nmt.config import resolve_config
+from nmt.train.trainer import Trainer
+from nmt.train.validation import teacher_forced_statistics
+from tiny_task import tiny_config, write_task
+
+TRANSFORMER = {
+    "type": "transformer",
+    "embeddings": {"dropout": 0.1},
+    "transformer": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 8, "heads": 2, "d_ff": 16,
+                    "dropout": 0.1, "attention_dropout": 0.1},
+    "attention": {"mapping": "entmax15", "cross": {"mapping": "entmax_bisect", "params": {"alpha": "learned"}}},
+    "output": {"mapping": "entmax15"},
+}
+
+
+@pytest.fixture
+def tiny_task(tmp_path):
+    return write_task(tmp_path / "data")
+
+
+def transformer_config(tiny_task, save_dir, model=None, **training):
+    config = tiny_config(tiny_task, save_dir, **training)
+    config["model"] = model or TRANSFORMER
+    return config
+
+
+def test_softmax_support_per_kind_is_the_number_of_visible_positions(tiny_task, tmp_path):
+    """Softmax weights are all positive: the mean support is the mean count of visible keys."""
+    model_cfg = {**TRANSFORMER, "attention": {"mapping": "softmax"}, "output": {"mapping": "softmax"}}
+    trainer = Trainer(resolve_config(transformer_config(tiny_task, tmp_path / "run", model_cfg), "t.yaml"), "t.yaml")
+    data = trainer.data.valid
+    stats = teacher_forced_statistics(trainer.model.eval(), data, trainer.loss_fn, 4, torch.device("cpu"), True)
+    n = [len(s) for s in data.src]
+    m = [len(t) + 1 for t in data.tgt]  # target + EOS rows
+    assert stats["attention_support_encoder_self"] == pytest.approx(sum(x * x for x in n) / sum(n))
+    assert stats["attention_support_decoder_self"] == pytest.approx(sum(y * (y + 1) / 2 for y in m) / sum(m))
+    assert stats["attention_support_cross"] == pytest.approx(sum(x * y for x, y in zip(n, m)) / sum(m))
+
+
+def test_transformer_run_reports_alphas_support_and_grids(tiny_task, tmp_path):
+    save_dir = tmp_path / "run"
+    config = transformer_config(tiny_task, save_dir, tensorboard=True, accumulate=2,
+                                lr_schedule={"type": "noam", "warmup_steps": 3}, max_steps=6, valid_every=3)
+    config["validation"]["n_heatmaps"] = 1
+    summary = Trainer(resolve_config(config, "t.yaml"), "t.yaml").train()
+    assert summary.step == 6
+    records = [json.loads(line) for line in (save_dir / "metrics.jsonl").read_text().splitlines()]
+    last = records[-1]
+    for kind in ("encoder_self", "decoder_self", "cross"):
+        assert last[f"valid_attention_support_{kind}"] >= 1
+    assert set(last["alphas"]) == {"cross"}
+    alphas = last["alphas"]["cross"]
+    assert len(alphas) == 2 and all(len(heads) == 2 for heads in alphas)
+    assert all(1 < a <= 2 for heads in alphas for a in heads)
+    assert any(a != 1.5 for heads in alphas for a in heads)  # trained
+    # noam: at step 3 the lr of the next (4th) update: peak * sqrt(3 / 4)
+    assert records[0]["step"] == 3 and records[0]["lr"] == pytest.approx(1e-3 * (3 / 4) ** 0.5)
+    # 5 batches of 8 per epoch, 2 per update: the 3rd update of an epoch uses its last (odd) batch
+    assert [r["epoch"] for r in records] == [0, 1] and summary.epoch == 2
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(save_dir / "tensorboard"), size_guidance={"images": 0, "histograms": 0})
+    events.Reload()
+    tags = events.Tags()
+    assert "attention_layers_heads/valid_0" in tags["images"] and "attention/valid_0" in tags["images"]
+    assert {"alpha/cross/layer0", "alpha/cross/layer1"} <= set(tags["histograms"])
+    assert "alpha/cross/layer1/head1" in tags["scalars"]
+    assert "valid/attention_support_cross" in tags["scalars"]
