@@ -1,6 +1,7 @@
-"""Models: embeddings, RNN encoder, global attention, input-feeding decoder, generator, Seq2Seq."""
+"""Models: embeddings, RNN encoder, global attention, input-feeding decoder, generator, Seq2Seq;
+the Transformer in :mod:`nmt.models.transformer`; ``build_model`` picks by ``model.type``."""
 from nmt.models.attention import GlobalAttention
-from nmt.models.builder import ModelConfigError, build_model
+from nmt.models.builder import ModelConfigError, build_model, describe_attention
 from nmt.models.decoder import Bridge, InputFeedingDecoder
 from nmt.models.embeddings import Embeddings
 from nmt.models.encoder import RNNEncoder
@@ -19,6 +20,7 @@ __all__ = [
     "State",
     "StepDecoder",
     "build_model",
+    "describe_attention",
     "ModelConfigError",
     "select_state",
     "tile_state",

@@ -77,6 +77,22 @@ def build_model(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_size: 
     return build_rnn(model_cfg, src_vocab_size, tgt_vocab_size, pad_index)
 
 
+def describe_attention(model_cfg: dict[str, Any]) -> str:
+    """The attention mapping(s) of a ``model:`` section in words, e.g. ``entmax15`` or, for a
+    Transformer, ``encoder_self entmax_bisect(alpha=learned), decoder_self softmax, cross entmax15``."""
+    if model_cfg.get("type", "rnn") != "transformer":
+        return str(model_cfg["attention"]["mapping"])
+    from nmt.models.transformer.build import attention_spec
+    from nmt.models.transformer.model import ATTENTION_KINDS
+
+    parts = []
+    for kind in ATTENTION_KINDS:
+        spec = attention_spec(model_cfg["attention"], kind)
+        params = ", ".join(f"{k}={v}" for k, v in spec.params.items())
+        parts.append(f"{kind} {spec.mapping}" + (f"({params})" if params else ""))
+    return ", ".join(parts)
+
+
 def build_rnn(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_size: int, pad_index: int = 0) -> Seq2Seq:
     """Build and initialise the RNN model described by the (fully resolved) ``model:`` section.
 

@@ -22,7 +22,7 @@ from nmt.config import ConfigError, config_differences, save_config
 from nmt.config.options import HIGHER_IS_BETTER
 from nmt.data.batching import collate, make_batches
 from nmt.data.field import Field
-from nmt.models import ModelConfigError, build_model
+from nmt.models import ModelConfigError, build_model, describe_attention
 from nmt.sparse import get_loss, is_softmax, loss_display_name
 from nmt.train.checkpoint import load_checkpoint, remove_stale_temporaries, repair_best, save_run_checkpoint
 from nmt.train.data_setup import generate_if_missing, load_training_data
@@ -185,9 +185,9 @@ class Trainer:
         self.nonfinite = NonFiniteGuard(self.device)
         self.skipped_updates = 0  # updates dropped for a non-finite loss (training.nonfinite: skip)
         n_params = sum(p.numel() for p in self.model.parameters())
-        logger.info("model: %d parameters; attention %s, output %s (loss: %s); device %s", n_params,
-                    config["model"]["attention"]["mapping"], output["mapping"], loss_display_name(output["mapping"]),
-                    self.device)
+        logger.info("model: %s, %d parameters; attention %s, output %s (loss: %s); device %s",
+                    config["model"]["type"], n_params, describe_attention(config["model"]), output["mapping"],
+                    loss_display_name(output["mapping"]), self.device)
         if not self.resumed:  # on resume config.yaml changes with the first checkpoint written (see save)
             save_config(config, self.save_dir / "config.yaml")
 

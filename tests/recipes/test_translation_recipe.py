@@ -129,6 +129,8 @@ def test_recipe_configs_exist():
     assert {f"morphology/{kind}_{a}_{o}" for kind in ("paper", "cpu") for a in maps for o in maps} <= names
     assert {f"translation/multi30k_{m}" for m in (*maps, "continuous", "fusedmax", "bpe")} <= names
     assert "translation/iwslt17_entmax15" in names
+    assert {f"translation/multi30k_transformer_{m}" for m in ("softmax", "entmax15", "adaptive")} <= names
+    assert "translation/iwslt17_transformer_adaptive" in names
 
 
 @pytest.mark.parametrize("path", RECIPE_CONFIGS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
@@ -144,5 +146,35 @@ def test_recipe_config_loads(path):
     assert cfg["training"]["save_dir"].endswith(path.stem)
     if path.parent.parent.name == "translation":
         assert cfg["validation"]["metric"] == "bleu" and cfg["validation"]["beam_size"] == 5
-        assert cfg["data"]["shared_tokenizer"] and not cfg["data"]["shared_vocab"]
+        # one joint subword model; one vocabulary only where embeddings are shared
+        assert cfg["data"]["shared_tokenizer"]
+        assert cfg["data"]["shared_vocab"] == cfg["model"]["embeddings"]["share"]
         assert cfg["training"]["max_minutes"] == (None if path.stem.startswith("iwslt") else 25)
+
+
+TRANSFORMER_CONFIGS = [p for p in RECIPE_CONFIGS if "transformer" in p.stem]
+
+
+@pytest.mark.parametrize("path", TRANSFORMER_CONFIGS, ids=lambda p: p.stem)
+def test_transformer_recipe_trains_a_few_steps(path, tmp_path):
+    """The recipe's model, schedule and batching as configured, on a tiny stand-in corpus
+    (space tokens instead of a subword model, two updates, CPU)."""
+    from nmt.config import load_config
+    from nmt.train.trainer import Trainer
+
+    words = ["ein", "Hund", "läuft", "zwei", "Kinder", "spielen", "im", "Park", "a", "dog", "runs"]
+    for split, n in (("train", 24), ("valid", 3)):
+        lines = [" ".join(words[(i * 3 + j) % len(words)] for j in range(2 + i % 5)) for i in range(n)]
+        (tmp_path / f"{split}.de").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (tmp_path / f"{split}.en").write_text("\n".join(reversed(lines)) + "\n", encoding="utf-8")
+    overrides = [f"data.train.src={tmp_path / 'train.de'}", f"data.train.tgt={tmp_path / 'train.en'}",
+                 f"data.valid.src={tmp_path / 'valid.de'}", f"data.valid.tgt={tmp_path / 'valid.en'}",
+                 "data.src.tokenizer={type: space}", "data.tgt.tokenizer={type: space}",
+                 f"training.save_dir={tmp_path / 'run'}", "training.max_steps=2", "training.max_minutes=null",
+                 "training.max_epochs=null", "training.valid_every=2", "training.device=cpu",
+                 "training.threads=1", "training.batch_size=200", "training.tensorboard=false",
+                 "validation.max_length=4", "validation.n_heatmaps=0"]
+    cfg = load_config(str(path), overrides)
+    assert cfg["model"]["type"] == "transformer"
+    summary = Trainer(cfg, str(path)).train()
+    assert summary.step == 2 and summary.stopped_by == "max_steps"
