@@ -16,13 +16,18 @@ any real training run. ``--quick`` times the first steps and is a smoke run only
 
 Settings: softmax/softmax; output sparsemax, entmax15, entmax_bisect(1.5) with softmax
 attention; attention sparsemax, entmax15, entmax_bisect(1.5) (and fusedmax when registered)
-with softmax output; entmax15/entmax15 (Peters et al. 2019). Goals: entmax15 output
+with softmax output; entmax15/entmax15 (Peters et al. 2019). With ``--transformer``, also the
+Transformer of recipes/translation/configs/multi30k_transformer_*.yaml (3+3 layers, d_model 256,
+4 heads) on the same batches: softmax, entmax15 and learned-alpha entmax attention with softmax
+output, its ratio to the LSTM's softmax / softmax (issue 18 goal: entmax15 attention >= 0.8x the
+Transformer's softmax attention). Goals: entmax15 output
 >= 0.85x softmax, entmax_bisect output >= 0.7x, entmax15 attention >= 0.9x; softmax >= 1.2x
 the peer's 2,400 target tokens/s (OpenNMT-py 3.5.1, same setting, same machines).
 
     python tools/bench_train.py                      # Multi30k de-en (../shared/data/multi30k)
     python tools/bench_train.py --quick              # synthetic Multi30k-like batches, few steps
     python tools/bench_train.py --steps 200 --repeats 3 --json bench_train.json
+    python tools/bench_train.py --transformer --only "softmax / softmax" "transformer: softmax / softmax"
 """
 from __future__ import annotations
 
@@ -51,6 +56,7 @@ from nmt.config import load_config, registered_mappings  # noqa: E402
 from nmt.utils.io import atomic_write_text  # noqa: E402
 
 CONFIG = ROOT / "configs" / "multi30k_lstm.yaml"
+TRANSFORMER_CONFIG = ROOT / "recipes" / "translation" / "configs" / "multi30k_transformer_softmax.yaml"
 PEER_TOKENS_PER_SEC = 2400.0  # OpenNMT-py 3.5.1, this model on Multi30k de-en, 2 threads
 PAD, BOS, EOS = 0, 2, 3
 BISECT = ("entmax_bisect", {"alpha": 1.5})
@@ -69,6 +75,14 @@ def settings() -> list[tuple[str, tuple[str, dict], tuple[str, dict]]]:
         out.append((f"{name} / softmax", (name, params), soft))
     out.append(("entmax15 / entmax15", ("entmax15", {}), ("entmax15", {})))
     return out
+
+
+def transformer_settings() -> list[tuple[str, tuple[str, dict], tuple[str, dict]]]:
+    """The Transformer rows: softmax, entmax15 and learned-alpha attention, softmax output."""
+    soft = ("softmax", {})
+    return [(f"transformer: {label} / softmax", attention, soft) for label, attention in
+            (("softmax", soft), ("entmax15", ("entmax15", {})),
+             ("adaptive", ("entmax_bisect", {"alpha": "learned"})))]
 
 
 def multi30k_batches(config: dict, n: int, work: Path):
@@ -106,9 +120,10 @@ def synthetic_batches(n: int, batch_size: int = 64, vocab: int = 8000, seed: int
     return [collate(data, idx, PAD, BOS, EOS) for idx in order[:n]], vocab, vocab
 
 
-def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab: int, warmup: int) -> float:
+def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab: int, warmup: int,
+            model_section: dict | None = None) -> float:
     """Target tokens per second of full updates over ``batches`` (after ``warmup`` untimed ones)."""
-    model_cfg = json.loads(json.dumps(config["model"]))
+    model_cfg = json.loads(json.dumps(model_section or config["model"]))
     model_cfg["attention"].update(mapping=attention[0], params=attention[1])
     model_cfg["output"].update(mapping=output[0], params=output[1])
     torch.manual_seed(config["training"]["seed"])
@@ -138,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (peer setting: 2)")
     parser.add_argument("--only", nargs="+", default=None, help="labels to run, e.g. 'softmax / entmax15'")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here (atomically)")
+    parser.add_argument("--transformer", action="store_true",
+                        help="also the Multi30k Transformer recipe's model (ratios to the LSTM softmax / softmax)")
     args = parser.parse_args(argv)
     keep_freed_memory()  # as nmt-train / nmt-translate do
     steps = args.steps if args.steps is not None else (3 if args.quick else 100)
@@ -151,20 +168,26 @@ def main(argv: list[str] | None = None) -> int:
             batches, src_vocab, tgt_vocab = multi30k_batches(config, warmup + steps, Path(work))
     else:
         batches, src_vocab, tgt_vocab = synthetic_batches(warmup + steps)
-    runs = [s for s in settings() if args.only is None or s[0] in args.only or s[0] == "softmax / softmax"]
+    transformer_model = None
+    every = settings()
+    if args.transformer:
+        transformer_model = load_config(TRANSFORMER_CONFIG, ["training.save_dir=unused"])["model"]
+        every += transformer_settings()
+    runs = [s for s in every if args.only is None or s[0] in args.only or s[0] == "softmax / softmax"]
     print(f"# bench_train: {source} batches of {config['training']['batch_size']} sentences, vocab "
           f"{src_vocab}/{tgt_vocab}, {warmup} warmup + {steps} timed steps, {args.threads} threads, "
           f"torch {torch.__version__}, {platform.processor() or platform.machine()}")
-    print(f"{'attention / output':<28} {'tokens/s':>10} {'vs softmax':>10}")
+    print(f"{'attention / output':<34} {'tokens/s':>10} {'vs softmax':>10}")
     results = []
     baseline = None
     for label, attention, output in runs:
-        speed = statistics.median(measure(config, attention, output, batches, src_vocab, tgt_vocab, warmup)
+        section = transformer_model if label.startswith("transformer:") else None
+        speed = statistics.median(measure(config, attention, output, batches, src_vocab, tgt_vocab, warmup, section)
                                   for _ in range(args.repeats))
         baseline = baseline or speed
         results.append({"setting": label, "attention": attention[0], "output": output[0],
                         "tokens_per_sec": speed, "ratio_to_softmax": speed / baseline})
-        print(f"{label:<28} {speed:>10.0f} {speed / baseline:>9.2f}x", flush=True)
+        print(f"{label:<34} {speed:>10.0f} {speed / baseline:>9.2f}x", flush=True)
     print(f"softmax / softmax vs OpenNMT-py peer ({PEER_TOKENS_PER_SEC:.0f} tok/s): "
           f"{baseline / PEER_TOKENS_PER_SEC:.2f}x (goal >= 1.2x; compare on an idle machine, real data)")
     if args.json is not None:

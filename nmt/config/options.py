@@ -126,7 +126,8 @@ TRAINING = {
     "threads": Option(int, None, "torch CPU threads (null: torch default)", nullable=True, minimum=1),
     "batch_size": Option(int, 64, "sentences (or tokens, see batch_type) per batch", minimum=1),
     "batch_type": Option(str, "sentences", "unit of batch_size: sentences, or tokens = sentences x the longest "
-                         "side (source, or target + EOS) in the batch, padding included", choices=("sentences", "tokens")),
+                         "side (source, or target + EOS) in the batch, padding included",
+                         choices=("sentences", "tokens")),
     "max_steps": Option(int, None, "stop after this many updates (null: no step limit)", nullable=True, minimum=1),
     "max_epochs": Option(int, None, "stop after this many epochs (null: no epoch limit)", nullable=True, minimum=1),
     "max_minutes": Option(float, None, "stop after this much training time, validation included, over all "

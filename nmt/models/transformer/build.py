@@ -37,8 +37,9 @@ def build_transformer(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_
     Embeddings have size ``transformer.d_model`` (``embeddings.src_size`` / ``tgt_size`` are
     for the RNN) and start N(0, d_model^-1/2) with a zero padding row (scaled by sqrt(d_model)
     in the forward pass); linear layers start Xavier-uniform with zero biases; learned alphas
-    at 1.5. Raises :class:`ModelConfigError` (a ValueError) naming the key for impossible combinations (shared embeddings
-    without a shared vocabulary, d_model not divisible by heads, unknown names).
+    at 1.5. Raises :class:`ModelConfigError` (a ValueError) naming the key for impossible
+    combinations (shared embeddings without a shared vocabulary, d_model not divisible by heads,
+    unknown names).
     """
     t = model_cfg["transformer"]
     emb_cfg, att_cfg, out_cfg = model_cfg["embeddings"], model_cfg["attention"], model_cfg["output"]
