@@ -214,7 +214,7 @@ def test_reference_config_documents_every_option():
     keys(SCHEMA, reference)
 
 
-@pytest.mark.parametrize("name", ["quickstart.yaml", "reference.yaml", "multi30k_lstm.yaml"])
+@pytest.mark.parametrize("name", ["quickstart.yaml", "quickstart_transformer.yaml", "reference.yaml", "multi30k_lstm.yaml"])
 def test_shipped_configs_validate(name):
     root = Path(__file__).resolve().parents[2]
     resolve_config(yaml.safe_load((root / "configs" / name).read_text(encoding="utf-8")), name)
@@ -279,3 +279,38 @@ def test_bad_value_through_the_cli_is_exit_2_and_nothing_written(tmp_path, capsy
     err = capsys.readouterr().err
     assert err == f"nmt-train: error: {tmp_path}/c.yaml: training.optimizer.lr: must be a number, got nan\n"
     assert not (tmp_path / "run").exists()
+
+
+def _transformer(attention: dict, **model) -> dict:
+    return {**MINIMAL, "model": {"type": "transformer", "attention": attention, **model}}
+
+
+@pytest.mark.parametrize("model, expected", [
+    ({"type": "transfomer"}, "model.type: unknown value 'transfomer' (did you mean 'transformer'?)"),
+    ({"type": "transformer", "attention": {"cross": {"mapping": "softmax", "params": {"alpha": "learned"}}}},
+     "model.attention.cross.params.alpha: 'learned' needs mapping entmax_bisect, got 'softmax'"),
+    ({"type": "transformer", "attention": {"mapping": "entmax15", "params": {"alpha": "learned"}}},
+     "model.attention.params.alpha: 'learned' needs mapping entmax_bisect, got 'entmax15'"),
+    ({"type": "transformer", "attention": {"encoder_self": {"mapping": "sparsemx"}}},
+     "model.attention.encoder_self.mapping: unknown mapping 'sparsemx' (did you mean 'sparsemax'?)"),
+    ({"type": "transformer", "attention": {"decoder_self": {"mapping": "entmax_bisect", "params": {"alfa": 1.2}}}},
+     "model.attention.decoder_self.params.alfa: unknown parameter 'alfa'"),
+    ({"type": "transformer", "attention": {"continuous": {"family": "gaussian"}}},
+     "model.attention.continuous: continuous attention is for model.type: rnn"),
+    ({"type": "transformer", "transformer": {"norm": "sandwich"}}, "model.transformer.norm: unknown value"),
+    ({"type": "rnn", "attention": {"params": {"alpha": "learned"}}}, "model.attention.params.alpha:"),
+])
+def test_transformer_config_errors_name_the_key(tmp_path, model, expected):
+    message = error_of(write(tmp_path, {**MINIMAL, "model": model}))
+    assert f"c.yaml: {expected}" in message
+
+
+def test_transformer_config_resolves_kinds(tmp_path):
+    config = load_config(write(tmp_path, _transformer(
+        {"mapping": "entmax_bisect", "params": {"alpha": "learned"}, "cross": {"mapping": "sparsemax"}})))
+    assert config["model"]["transformer"]["d_model"] == 512 and config["model"]["type"] == "transformer"
+    assert config["model"]["attention"]["encoder_self"] == {"mapping": None, "params": None}
+    from nmt.models import describe_attention
+
+    assert describe_attention(config["model"]) == ("encoder_self entmax_bisect(alpha=learned), "
+                                                   "decoder_self entmax_bisect(alpha=learned), cross sparsemax")
