@@ -168,3 +168,22 @@ def test_learned_positions_reject_too_long_inputs():
     src, src_lengths, tgt_in = random_batch(batch=2, src_len=7, tgt_len=3, seed=5)
     with pytest.raises(ValueError, match="exceeds max_positions=6"):
         model(src, src_lengths, tgt_in)
+
+
+@pytest.mark.parametrize("name", ["softmax", "sparsemax", "entmax15"])
+def test_forward_backward_and_step_do_not_synchronise(name):
+    """The Transformer itself reads nothing back from the device (masks, positions and caches
+    are built from shapes); whatever syncs is the mapping's own business (none for these)."""
+    from nmt.utils.sync_audit import SyncAudit
+
+    model = make(attention=MAPPINGS[name]).train()
+    src, src_lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=5, seed=6)
+    model(src, src_lengths, tgt_in)  # warm up lazy initialisations
+    with SyncAudit() as audit:
+        logits, _ = model(src, src_lengths, tgt_in)
+        logits.pow(2).sum().backward()
+        with torch.no_grad():
+            encoder_out, state = model.encode(src, src_lengths)
+            for t in range(3):
+                _, _, state = model.step(tgt_in[:, t], state, encoder_out)
+    assert audit.total == 0, audit.report()
