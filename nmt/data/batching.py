@@ -74,20 +74,105 @@ class Batch:
         return replace(self, **moved)
 
 
-def _cut_tokens(order: np.ndarray, widths: np.ndarray, budget: int) -> list[list[int]]:
-    batches: list[list[int]] = []
-    current: list[int] = []
+def _cut_tokens(order: np.ndarray, widths: np.ndarray, budget: int) -> list[int]:
+    """Sizes of the greedy token-budget batches cutting ``order`` (in order)."""
+    sizes: list[int] = []
+    size = 0
     widest = 0
-    for i, w in zip(order.tolist(), widths[order].tolist()):
+    for w in widths[order].tolist():
         new_widest = max(widest, w)
-        if current and (len(current) + 1) * new_widest > budget:
-            batches.append(current)
-            current, new_widest = [], w
-        current.append(i)
+        if size and (size + 1) * new_widest > budget:
+            sizes.append(size)
+            size, new_widest = 0, w
+        size += 1
         widest = new_widest
-    if current:
-        batches.append(current)
-    return batches
+    if size:
+        sizes.append(size)
+    return sizes
+
+
+class BatchOrder:
+    """A sequence of batches held in two arrays: ``positions`` (every example once, batch after
+    batch) and ``starts``/``ends`` (batch ``k`` is ``positions[starts[k]:ends[k]]``).
+
+    ``order[k]`` is a 1-d int64 numpy array (a view, no copy); ``list(order)`` / :meth:`lists`
+    give Python lists. Holding the order of tens of millions of examples costs 8 bytes per
+    example instead of a Python int object each.
+    """
+
+    def __init__(self, positions: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.positions, self.starts, self.ends = positions, starts, ends
+
+    def __len__(self) -> int:
+        return int(self.starts.size)
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        if not -len(self) <= k < len(self):
+            raise IndexError(f"batch {k} out of range ({len(self)} batches)")
+        return self.positions[self.starts[k] : self.ends[k]]
+
+    def __iter__(self):
+        for k in range(len(self)):
+            yield self[k]
+
+    def lists(self) -> list[list[int]]:
+        """Every batch as a list of ints."""
+        return [self[k].tolist() for k in range(len(self))]
+
+
+def make_batch_order(
+    dataset: _Lengths,
+    batch_size: int,
+    batch_type: str = "sentences",
+    shuffle: bool = True,
+    seed: int = 0,
+    epoch: int = 0,
+    indices: Sequence[int] | None = None,
+) -> BatchOrder:
+    """:func:`make_batches` as a :class:`BatchOrder` (arrays only; the same batches in the same order).
+
+    Reads only ``len(dataset)`` and the ``src_lengths``/``tgt_lengths`` arrays, so an
+    array-backed dataset (``nmt.data.id_arrays``) is batched without materialising lists.
+    """
+    if batch_type not in ("sentences", "tokens"):
+        raise DataError(f"batch_type: expected 'sentences' or 'tokens', got {batch_type!r}")
+    if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise DataError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    if seed < 0 or epoch < 0:
+        raise DataError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
+    # a copy: sorted in place below
+    positions = np.arange(len(dataset)) if indices is None else np.array(indices, dtype=np.int64)
+    empty = np.zeros(0, dtype=np.int64)
+    if positions.size == 0:
+        return BatchOrder(empty, empty, empty)
+    src_len = np.asarray(dataset.src_lengths, dtype=np.int64)
+    tgt_len = np.asarray(dataset.tgt_lengths, dtype=np.int64)
+    widths = np.maximum(src_len, tgt_len + 1)
+    rng = np.random.default_rng([seed, epoch])
+    if shuffle:
+        positions = positions[rng.permutation(positions.size)]
+        per_batch = batch_size if batch_type == "sentences" else max(1, batch_size // int(widths[positions].mean()))
+        pool = per_batch * POOL_BATCHES
+    else:
+        pool = positions.size
+    sizes: list[np.ndarray] = []
+    for start in range(0, positions.size, pool):
+        chunk = positions[start : start + pool]
+        # stable: ties keep order; sorted in place so ``positions`` becomes batch after batch
+        positions[start : start + pool] = chunk[np.lexsort((tgt_len[chunk], src_len[chunk]))]
+        if batch_type == "sentences":
+            n = chunk.size
+            sizes.append(np.full(n // batch_size, batch_size, dtype=np.int64))
+            if n % batch_size:
+                sizes.append(np.array([n % batch_size], dtype=np.int64))
+        else:
+            sizes.append(np.asarray(_cut_tokens(positions[start : start + pool], widths, batch_size), dtype=np.int64))
+    ends = np.cumsum(np.concatenate(sizes))
+    starts = ends - np.concatenate(sizes)
+    if shuffle:
+        permutation = rng.permutation(starts.size)
+        starts, ends = starts[permutation], ends[permutation]
+    return BatchOrder(positions, starts, ends)
 
 
 def make_batches(
@@ -107,37 +192,9 @@ def make_batches(
     within pools of ~``POOL_BATCHES`` batches, cut, and the batches shuffled: the same
     ``(seed, epoch)`` gives the same batches. Without it, all examples are sorted by length
     (ties in dataset order). ``indices`` restricts batching to those positions.
+    :func:`make_batch_order` gives the same batches as arrays.
     """
-    if batch_type not in ("sentences", "tokens"):
-        raise DataError(f"batch_type: expected 'sentences' or 'tokens', got {batch_type!r}")
-    if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise DataError(f"batch_size: expected a positive integer, got {batch_size!r}")
-    if seed < 0 or epoch < 0:
-        raise DataError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
-    positions = np.arange(len(dataset)) if indices is None else np.asarray(indices, dtype=np.int64)
-    if positions.size == 0:
-        return []
-    src_len = np.asarray(dataset.src_lengths, dtype=np.int64)
-    tgt_len = np.asarray(dataset.tgt_lengths, dtype=np.int64)
-    widths = np.maximum(src_len, tgt_len + 1)
-    rng = np.random.default_rng([seed, epoch])
-    if shuffle:
-        positions = positions[rng.permutation(positions.size)]
-        per_batch = batch_size if batch_type == "sentences" else max(1, batch_size // int(widths[positions].mean()))
-        pool = per_batch * POOL_BATCHES
-    else:
-        pool = positions.size
-    batches: list[list[int]] = []
-    for start in range(0, positions.size, pool):
-        chunk = positions[start : start + pool]
-        chunk = chunk[np.lexsort((tgt_len[chunk], src_len[chunk]))]  # stable: ties keep order
-        if batch_type == "sentences":
-            batches.extend(chunk[i : i + batch_size].tolist() for i in range(0, chunk.size, batch_size))
-        else:
-            batches.extend(_cut_tokens(chunk, widths, batch_size))
-    if shuffle:
-        batches = [batches[i] for i in rng.permutation(len(batches)).tolist()]
-    return batches
+    return make_batch_order(dataset, batch_size, batch_type, shuffle, seed, epoch, indices).lists()
 
 
 def _pad(rows: list[list[int]], width: int, pad: int) -> Tensor:
@@ -207,4 +264,4 @@ def encode_sources(
     return [collate(data, g, v.pad_index, v.bos_index, v.eos_index) for g in groups]
 
 
-__all__ = ["POOL_BATCHES", "Batch", "collate", "encode_sources", "make_batches"]
+__all__ = ["POOL_BATCHES", "Batch", "BatchOrder", "collate", "encode_sources", "make_batch_order", "make_batches"]

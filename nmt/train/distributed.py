@@ -1,0 +1,187 @@
+"""Data-parallel training helpers (torchrun / DistributedDataParallel); no-ops in one process.
+
+``torchrun --nproc_per_node=N -m nmt.cli.train -config C.yaml`` starts N processes with
+``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and a rendezvous (``MASTER_ADDR``/``MASTER_PORT``) in
+their environment; :func:`init_distributed` joins them into one process group (NCCL when the
+training device is CUDA, Gloo otherwise) plus a Gloo group for host-side control values, so
+agreeing on token counts and stop decisions never touches, or waits for, the accelerator.
+Without that environment every helper here returns at once (``world_size == 1``).
+
+Batching contract (see :func:`shard_batch`): all ranks cut the *same* seeded batch order with
+the effective batch size ``N x batch_size``; rank ``r`` takes the ``r``-th of N contiguous,
+nearly equal parts of every global batch. With the loss of each rank divided by the global
+number of target tokens over ``N`` (:func:`loss_normalizer`, DDP averages gradients over ranks),
+N processes with batch B make exactly the update of one process with batch ``N x B``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+TIMEOUT = timedelta(minutes=60)  # a rank waits this long at a collective (e.g. while rank 0 validates)
+
+STOP_REASONS = ("SIGINT", "SIGTERM", "nan_loss", "max_minutes", "early_stopping", "max_steps", "max_epochs")
+"""Stop reasons, most urgent first; the ranks agree on the most urgent reason any of them has."""
+
+
+@dataclass
+class DistributedContext:
+    """Where this process is in the job. ``world_size == 1``: a plain single-process run.
+
+    rank: global rank (0 writes checkpoints, logs, metrics, TensorBoard and validates);
+    local_rank: rank on this node (selects ``cuda:local_rank``); control: the Gloo group for
+    host-side values (None in one process).
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    control: Any = field(default=None, repr=False)
+
+    @property
+    def enabled(self) -> bool:
+        """True when more than one process trains."""
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0 (the rank that writes files and validates)."""
+        return self.rank == 0
+
+    # ----------------------------------------------------------- collectives
+    def barrier(self) -> None:
+        """Wait for every rank (host side, Gloo); no-op in one process."""
+        if self.enabled:
+            dist.barrier(group=self.control)
+
+    def sum_ints(self, values: Sequence[int]) -> list[int]:
+        """Element-wise sum of host integers over ranks (Gloo, no device sync)."""
+        if not self.enabled:
+            return [int(v) for v in values]
+        tensor = torch.tensor([int(v) for v in values], dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.control)
+        return tensor.tolist()  # a CPU tensor: no accelerator involved
+
+    def sum_tensor_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """In-place sum of ``tensor`` over ranks on the default group (its device); returns it."""
+        if self.enabled:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def agree_stop(self, reason: str | None) -> str | None:
+        """The stop reason every rank uses: the most urgent of :data:`STOP_REASONS` any rank has.
+
+        Called at the same point of the loop on every rank (one Gloo all-reduce of one int),
+        so a signal, the time budget or a NaN seen by one rank stops all of them at the same
+        step. Returns None when no rank wants to stop.
+        """
+        if not self.enabled:
+            return reason
+        code = STOP_REASONS.index(reason) if reason is not None else len(STOP_REASONS)
+        tensor = torch.tensor([code], dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self.control)
+        agreed = int(tensor[0])
+        return STOP_REASONS[agreed] if agreed < len(STOP_REASONS) else None
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's ``value`` (any picklable object) on every rank."""
+        if not self.enabled:
+            return value
+        box = [value if self.is_main else None]
+        dist.broadcast_object_list(box, src=0, group=self.control)
+        return box[0]
+
+    def gather(self, value: Any) -> list[Any] | None:
+        """``[value of rank 0, ..., value of rank N-1]`` on rank 0, None elsewhere."""
+        if not self.enabled:
+            return [value]
+        out: list[Any] | None = [None] * self.world_size if self.is_main else None
+        dist.gather_object(value, out, dst=0, group=self.control)
+        return out
+
+    def close(self) -> None:
+        """Leave the process group (idempotent)."""
+        if self.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def torchrun_environment(environ: dict | None = None) -> bool:
+    """True when the process was started by torchrun (RANK, WORLD_SIZE and LOCAL_RANK set)."""
+    environ = os.environ if environ is None else environ
+    return all(name in environ for name in TORCHRUN_VARIABLES)
+
+
+def init_distributed(device_type: str) -> DistributedContext:
+    """Join the torchrun job described by the environment; a single-process context otherwise.
+
+    device_type: "cuda" or "cpu", the training device; selects the backend (NCCL / Gloo) and,
+    for CUDA, sets the current device to ``cuda:LOCAL_RANK``. Raises ValueError (one line)
+    for an inconsistent environment.
+    """
+    if not torchrun_environment():
+        return DistributedContext()
+    try:
+        rank, world, local = (int(os.environ[name]) for name in TORCHRUN_VARIABLES)
+    except ValueError:
+        raise ValueError("torchrun environment: RANK, WORLD_SIZE and LOCAL_RANK must be integers") from None
+    if not 0 <= rank < world:
+        raise ValueError(f"torchrun environment: RANK={rank} is not in [0, WORLD_SIZE={world})")
+    if world == 1:
+        return DistributedContext(0, 1, local)
+    if not dist.is_available():
+        raise ValueError("torch.distributed is not available in this torch build")
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=TIMEOUT)
+    control = dist.new_group(backend="gloo", timeout=TIMEOUT) if backend != "gloo" else dist.group.WORLD
+    logger.info("distributed training: rank %d of %d (local rank %d), backend %s", rank, world, local, backend)
+    return DistributedContext(rank, world, local, control)
+
+
+def rank_device(context: DistributedContext, device: torch.device) -> torch.device:
+    """The device of this rank: ``cuda:local_rank`` for a CUDA run with several processes."""
+    if context.enabled and device.type == "cuda":
+        return torch.device("cuda", context.local_rank)
+    return device
+
+
+def shard_batch(indices: Sequence[int], rank: int, world_size: int) -> tuple[np.ndarray, bool]:
+    """This rank's part of a global batch: ``(positions, real)``.
+
+    The global batch (positions in length order) is split into ``world_size`` contiguous
+    parts of nearly equal size (``np.array_split``). A rank whose part is empty (a global
+    batch of fewer examples than ranks) gets the first example with ``real=False``: it must
+    still run forward and backward (DDP all-reduces every gradient), but with weight 0.
+    """
+    indices = np.asarray(indices, dtype=np.int64)
+    if world_size == 1:
+        return indices, True
+    part = np.array_split(indices, world_size)[rank]
+    if part.size == 0:
+        return indices[:1], False
+    return part, True
+
+
+def loss_normalizer(global_tokens: int, world_size: int) -> float:
+    """What each rank divides its summed loss by: ``global_tokens / world_size``.
+
+    DDP averages gradients over ranks, so dividing by the global token count over N makes
+    the averaged gradient that of the summed loss of all ranks over all their tokens.
+    """
+    return max(global_tokens, 1) / world_size
+
+
+__all__ = ["DistributedContext", "STOP_REASONS", "init_distributed", "loss_normalizer", "rank_device",
+           "shard_batch", "torchrun_environment"]
