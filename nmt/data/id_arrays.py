@@ -1,0 +1,284 @@
+"""Parallel training data as flat token-id arrays, cached next to the data and memory-mapped.
+
+For corpora of tens of millions of pairs, ``ParallelDataset``'s Python lists cost ~100 bytes
+per token in every process. Here each side is two numpy arrays, ``ids`` (int32, all kept
+sentences one after the other) and ``offsets`` (int64, ``n + 1``): sentence ``i`` is
+``ids[offsets[i]:offsets[i + 1]]``. They are built once by streaming the text files (the
+corpus is never held as a list), written as ``.npy`` files into a cache directory and opened
+with ``mmap_mode="r"``: the operating system pages them in on demand and shares the pages
+between the processes of a node.
+
+Cache directory: ``<directory of the source file>/.nmt_id_cache/<key>`` (or
+``<fallback>/id_cache/<key>`` when that directory is not writable), where ``key`` hashes the
+absolute paths, sizes and modification times of both files, both fields (tokenizer and
+vocabulary state) and the length limits; any change gives a new key and a rebuild. The
+directory is filled under a temporary name and renamed into place (atomic), so concurrent
+builders and crashes never leave a partial cache.
+
+``ArrayParallelDataset`` keeps the pairs ``ParallelDataset`` keeps (same skipping rules, same
+order), so batching and collating give the same batches.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nmt.data.errors import DataError
+from nmt.data.field import Field
+from nmt.data.textfiles import PathLike
+
+logger = logging.getLogger(__name__)
+
+CACHE_VERSION = 1
+CACHE_DIRNAME = ".nmt_id_cache"
+ARRAYS = ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets", "src_lengths", "tgt_lengths", "line_numbers")
+
+
+class RaggedIds:
+    """Sentences of one side as ``ids`` + ``offsets``; ``view[i]`` is sentence ``i`` as a list of ints."""
+
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray) -> None:
+        self.ids, self.offsets = ids, offsets
+
+    def __len__(self) -> int:
+        return int(self.offsets.size) - 1
+
+    def __getitem__(self, i: int) -> list[int]:
+        return self.ids[self.offsets[i] : self.offsets[i + 1]].tolist()
+
+
+class ArrayParallelDataset:
+    """Encoded parallel data held in (memory-mapped) numpy arrays.
+
+    Same interface as ``ParallelDataset`` for the trainer, batching and collation: ``src`` /
+    ``tgt`` (indexable: ``src[i]`` is a list of ids), ``src_lengths`` / ``tgt_lengths``
+    (int64 arrays), ``line_numbers`` (1-based input line of each kept pair, int64 array),
+    ``skipped``, ``n_input``, ``summary()``.
+    """
+
+    def __init__(self, arrays: dict[str, np.ndarray], meta: dict[str, Any], src_field: Field,
+                 tgt_field: Field) -> None:
+        self.src_field, self.tgt_field = src_field, tgt_field
+        self.src = RaggedIds(arrays["src_ids"], arrays["src_offsets"])
+        self.tgt = RaggedIds(arrays["tgt_ids"], arrays["tgt_offsets"])
+        self.src_lengths, self.tgt_lengths = arrays["src_lengths"], arrays["tgt_lengths"]
+        self.line_numbers = arrays["line_numbers"]
+        self.skipped = {"empty": int(meta["skipped_empty"]), "too_long": int(meta["skipped_too_long"])}
+        self.n_input = int(meta["n_input"])
+        self.max_src_length, self.max_tgt_length = meta["max_src_length"], meta["max_tgt_length"]
+
+    def __len__(self) -> int:
+        return int(self.src_lengths.size)
+
+    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
+        return self.src[i], self.tgt[i]
+
+    def summary(self) -> str:
+        """One log line, e.g. ``kept 5990 of 6000 pairs (skipped 2 empty, 8 too long)``."""
+        return (f"kept {len(self)} of {self.n_input} pairs (skipped {self.skipped['empty']} empty, "
+                f"{self.skipped['too_long']} too long)")
+
+
+def iter_lines(path: PathLike) -> Iterator[str]:
+    """The lines of a UTF-8 file one at a time, with ``read_lines``' rules (split on ``\\n``
+    only, a trailing ``\\r`` and a leading byte-order mark removed); DataError names file:line."""
+    path = Path(path)
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, expected a text file") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+    with handle:
+        for number, raw in enumerate(handle, 1):
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            if raw.endswith(b"\n"):
+                raw = raw[:-1]
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{number}: not valid UTF-8 (byte 0x{raw[e.start]:02x} "
+                                f"at column {e.start + 1})") from None
+
+
+def cache_key(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_field: Field,
+              max_src_length: int | None, max_tgt_length: int | None) -> str:
+    """Hex digest naming the cache of these files (path, size, mtime), fields and length limits."""
+    digest = hashlib.sha256()
+    files = []
+    for path in (src_path, tgt_path):
+        path = Path(path).resolve()
+        try:
+            stat = path.stat()
+        except OSError:
+            raise DataError(f"{path}: no such file") from None
+        files.append([str(path), stat.st_size, stat.st_mtime_ns])
+    digest.update(json.dumps({"version": CACHE_VERSION, "files": files, "max": [max_src_length, max_tgt_length]},
+                             sort_keys=True).encode())
+    for field in (src_field, tgt_field):
+        _digest(field.state_dict(), digest)
+    return digest.hexdigest()[:24]
+
+
+def _digest(value: Any, digest: "hashlib._Hash") -> None:
+    """Feed a canonical encoding of nested dicts / lists / scalars / bytes / arrays into ``digest``."""
+    if isinstance(value, dict):
+        digest.update(b"{")
+        for key in sorted(value, key=str):
+            _digest(str(key), digest)
+            _digest(value[key], digest)
+        digest.update(b"}")
+    elif isinstance(value, (list, tuple)):
+        digest.update(b"[")
+        for item in value:
+            _digest(item, digest)
+        digest.update(b"]")
+    elif isinstance(value, (bytes, bytearray)):
+        digest.update(b"b%d:" % len(value) + bytes(value))
+    elif hasattr(value, "numpy") and hasattr(value, "dtype"):  # a tensor
+        _digest(value.detach().cpu().numpy(), digest)
+    elif isinstance(value, np.ndarray):
+        digest.update(f"a{value.dtype}{value.shape}:".encode() + np.ascontiguousarray(value).tobytes())
+    else:
+        text = repr(value).encode()
+        digest.update(b"s%d:" % len(text) + text)
+
+
+def encode_to_arrays(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_field: Field,
+                     max_src_length: int | None, max_tgt_length: int | None) -> tuple[dict[str, np.ndarray], dict]:
+    """Stream both files, encode every pair and keep it by ``ParallelDataset``'s rules.
+
+    Returns ``(arrays, meta)``: the arrays of :data:`ARRAYS` and the counts. Memory: the
+    arrays (4 bytes per token id) plus one line at a time.
+    """
+    for name, limit in (("max_src_length", max_src_length), ("max_tgt_length", max_tgt_length)):
+        if limit is not None and limit < 1:
+            raise DataError(f"data.{name}: expected a positive integer or null, got {limit}")
+    src_max = max_src_length if max_src_length is not None else float("inf")
+    tgt_max = max_tgt_length if max_tgt_length is not None else float("inf")
+    ids = {"src": array("i"), "tgt": array("i")}
+    lengths = {"src": array("q"), "tgt": array("q")}
+    line_numbers = array("q")
+    empty = too_long = 0
+    n = 0
+    src_lines, tgt_lines = iter_lines(src_path), iter_lines(tgt_path)
+    while True:
+        s = next(src_lines, None)
+        t = next(tgt_lines, None)
+        if s is None or t is None:
+            if s is not None or t is not None:
+                n_src = n + (s is not None) + sum(1 for _ in src_lines)
+                n_tgt = n + (t is not None) + sum(1 for _ in tgt_lines)
+                raise DataError(f"{Path(src_path)} has {n_src} lines but {Path(tgt_path)} has {n_tgt}")
+            break
+        n += 1
+        s_ids = src_field.encode(s) if s.strip() else []
+        t_ids = tgt_field.encode(t) if t.strip() else []
+        if not s_ids or not t_ids:
+            empty += 1
+        elif len(s_ids) > src_max or len(t_ids) > tgt_max:
+            too_long += 1
+        else:
+            ids["src"].extend(s_ids)
+            ids["tgt"].extend(t_ids)
+            lengths["src"].append(len(s_ids))
+            lengths["tgt"].append(len(t_ids))
+            line_numbers.append(n)
+    arrays: dict[str, np.ndarray] = {}
+    for side in ("src", "tgt"):
+        arrays[f"{side}_ids"] = np.frombuffer(ids[side], dtype=np.int32).copy() if ids[side] else np.zeros(0, np.int32)
+        side_lengths = np.frombuffer(lengths[side], dtype=np.int64).copy() if lengths[side] else np.zeros(0, np.int64)
+        arrays[f"{side}_lengths"] = side_lengths
+        arrays[f"{side}_offsets"] = np.concatenate([np.zeros(1, np.int64), np.cumsum(side_lengths)])
+        ids[side] = lengths[side] = array("i")  # free as we go
+    arrays["line_numbers"] = np.frombuffer(line_numbers, dtype=np.int64).copy() if line_numbers else np.zeros(0, np.int64)
+    meta = {"version": CACHE_VERSION, "n_input": n, "skipped_empty": empty, "skipped_too_long": too_long,
+            "max_src_length": max_src_length, "max_tgt_length": max_tgt_length,
+            "src": str(Path(src_path)), "tgt": str(Path(tgt_path))}
+    return arrays, meta
+
+
+def cache_directory(src_path: PathLike, key: str, fallback_dir: PathLike | None) -> Path:
+    """Where the cache of ``key`` lives: next to the source file, else under ``fallback_dir``."""
+    beside = Path(src_path).resolve().parent / CACHE_DIRNAME / key
+    if beside.is_dir() or fallback_dir is None or os.access(Path(src_path).resolve().parent, os.W_OK):
+        return beside
+    return Path(fallback_dir) / "id_cache" / key
+
+
+def _read_cache(directory: Path) -> tuple[dict[str, np.ndarray], dict] | None:
+    meta_path = directory / "meta.json"
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        if meta.get("version") != CACHE_VERSION:
+            return None
+        arrays = {name: np.load(directory / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{directory}: unreadable token-id cache ({exc}); delete the directory to rebuild it") from None
+    return arrays, meta
+
+
+def _write_cache(directory: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; respect the umask like any directory
+        for name in ARRAYS:
+            np.save(tmp / f"{name}.npy", arrays[name])
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+        try:
+            os.rename(tmp, directory)  # atomic; fails when another process was faster
+        except OSError:
+            if not (directory / "meta.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_id_dataset(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_field: Field,
+                    max_src_length: int | None = None, max_tgt_length: int | None = None,
+                    fallback_dir: PathLike | None = None, build: bool = True) -> ArrayParallelDataset | None:
+    """The array dataset of these files and fields, memory-mapped from its cache.
+
+    A missing cache is built (streaming the files) when ``build`` is True; with ``build``
+    False a missing cache returns None (other ranks wait for the one that builds).
+    """
+    key = cache_key(src_path, tgt_path, src_field, tgt_field, max_src_length, max_tgt_length)
+    directory = cache_directory(src_path, key, fallback_dir)
+    cached = _read_cache(directory)
+    if cached is None:
+        if not build:
+            return None
+        arrays, meta = encode_to_arrays(src_path, tgt_path, src_field, tgt_field, max_src_length, max_tgt_length)
+        _write_cache(directory, arrays, meta)
+        del arrays
+        cached = _read_cache(directory)
+        if cached is None:
+            raise DataError(f"{directory}: token-id cache missing right after it was written")
+        logger.info("token-id cache written: %s", directory)
+    else:
+        logger.info("token-id cache: %s", directory)
+    arrays, meta = cached
+    return ArrayParallelDataset(arrays, meta, src_field, tgt_field)
+
+
+__all__ = ["ArrayParallelDataset", "RaggedIds", "cache_key", "encode_to_arrays", "iter_lines", "load_id_dataset"]

@@ -1,0 +1,84 @@
+"""The array-backed (memory-mapped) dataset against the list dataset it replaces."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from nmt.data.batching import collate, make_batch_order, make_batches
+from nmt.data.dataset import ParallelDataset, read_parallel
+from nmt.data.errors import DataError
+from nmt.data.field import Field
+from nmt.data.id_arrays import CACHE_DIRNAME, load_id_dataset
+from nmt.data.tokenizers import build_tokenizer
+
+
+def _corpus(tmp_path, n=300, seed=0):
+    rng = np.random.default_rng(seed)
+    words = ["a", "b", "c", "dd", "ee", "f"]
+    src, tgt = [], []
+    for i in range(n):
+        if i % 37 == 0:
+            src.append("")  # empty pair: skipped
+        else:
+            src.append(" ".join(rng.choice(words, rng.integers(1, 14))))
+        tgt.append(" ".join(rng.choice(words, rng.integers(1, 12))))
+    (tmp_path / "c.src").write_text("\ufeff" + "\n".join(src) + "\n", encoding="utf-8")
+    (tmp_path / "c.tgt").write_text("\r\n".join(tgt), encoding="utf-8")  # CRLF, no final newline
+    return tmp_path / "c.src", tmp_path / "c.tgt"
+
+
+def _fields(src, tgt):
+    pairs = read_parallel(src, tgt)
+    tok = build_tokenizer({"type": "space"})
+    return (Field.build(tok, [s for s, _ in pairs]), Field.build(build_tokenizer({"type": "char"}),
+                                                                 [t for _, t in pairs]))
+
+
+@pytest.mark.parametrize("batch_type,batch_size", [("sentences", 7), ("tokens", 60)])
+def test_same_batches_and_tensors_as_list_dataset(tmp_path, batch_type, batch_size):
+    src, tgt = _corpus(tmp_path)
+    sf, tf = _fields(src, tgt)
+    lists = ParallelDataset(read_parallel(src, tgt), sf, tf, 10, 20)
+    arrays = load_id_dataset(src, tgt, sf, tf, 10, 20)
+    assert len(arrays) == len(lists) and arrays.skipped == lists.skipped and arrays.n_input == lists.n_input
+    assert arrays.skipped["empty"] > 0 and arrays.skipped["too_long"] > 0
+    assert arrays.line_numbers.tolist() == lists.line_numbers
+    assert arrays.summary() == lists.summary()
+    for epoch in (0, 1):
+        expected = make_batches(lists, batch_size, batch_type, seed=5, epoch=epoch)
+        order = make_batch_order(arrays, batch_size, batch_type, seed=5, epoch=epoch)
+        assert order.lists() == expected
+        for k in (0, len(order) - 1):
+            a, b = collate(arrays, order[k], 0, 2, 3), collate(lists, expected[k], 0, 2, 3)
+            for name in ("src", "src_lengths", "tgt_in", "tgt_out", "tgt_lengths"):
+                assert torch.equal(getattr(a, name), getattr(b, name))
+            assert a.n_tokens == b.n_tokens and a.indices == b.indices
+
+
+def test_cache_is_reused_memory_mapped_and_keyed_by_file_state(tmp_path):
+    src, tgt = _corpus(tmp_path)
+    sf, tf = _fields(src, tgt)
+    first = load_id_dataset(src, tgt, sf, tf, 10, 20)
+    cache_dirs = list((tmp_path / CACHE_DIRNAME).iterdir())
+    assert len(cache_dirs) == 1
+    assert isinstance(first.src.ids, np.memmap)
+    assert load_id_dataset(src, tgt, sf, tf, 10, 20, build=False) is not None  # cache hit
+    assert load_id_dataset(src, tgt, sf, tf, 10, 19, build=False) is None  # other limits: other key
+    stat = os.stat(src)
+    os.utime(src, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched file: other key
+    assert load_id_dataset(src, tgt, sf, tf, 10, 20, build=False) is None
+    load_id_dataset(src, tgt, sf, tf, 10, 20)
+    assert len(list((tmp_path / CACHE_DIRNAME).iterdir())) == 2
+    assert not [p for p in (tmp_path / CACHE_DIRNAME).iterdir() if p.name.endswith(".tmp")]
+
+
+def test_bad_input_is_one_line_error(tmp_path):
+    src, tgt = _corpus(tmp_path, n=20)
+    sf, tf = _fields(src, tgt)
+    (tmp_path / "short.tgt").write_text("a\nb\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"c.src has 20 lines but .*short.tgt has 2$"):
+        load_id_dataset(src, tmp_path / "short.tgt", sf, tf)
+    (tmp_path / "bad.src").write_bytes(b"a\n" * 19 + b"b \xff\n")
+    with pytest.raises(DataError, match=r"bad.src:20: not valid UTF-8"):
+        load_id_dataset(tmp_path / "bad.src", tgt, sf, tf)
