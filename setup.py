@@ -36,6 +36,8 @@ setup(
         "console_scripts": [
             "nmt-train=nmt.cli.train:main",
             "nmt-translate=nmt.cli.translate:main",
+            "nmt-average=nmt.cli.average:main",
+            "nmt-release=nmt.cli.release:main",
         ]
     },
 )

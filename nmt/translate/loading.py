@@ -40,7 +40,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> L
     from nmt.models import build_model
 
     path = Path(path)
-    ckpt = load_checkpoint(path, map_location="cpu")
+    ckpt = load_checkpoint(path, map_location="cpu", training=False)
     try:
         src_field = Field.from_state_dict(ckpt["src_field"])
         tgt_field = Field.from_state_dict(ckpt["tgt_field"])

@@ -25,6 +25,9 @@ from nmt.utils.io import atomic_open
 FORMAT_VERSION = 1
 PAYLOAD_KEYS = ("format_version", "nmt_version", "model", "optimizer", "scheduler", "step", "epoch", "rng",
                 "config", "src_field", "tgt_field", "metrics")
+MODEL_KEYS = ("format_version", "nmt_version", "kind", "model", "config", "src_field", "tgt_field")
+"""A released model (``kind: "model"``, written by ``nmt-release`` / ``nmt-average``): weights,
+fields and config, what translation needs; training checkpoints have no ``kind`` (or ``"training"``)."""
 
 
 class CheckpointError(RuntimeError):
@@ -43,11 +46,14 @@ def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> None:
         torch.save(payload, handle)
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
+                    training: bool = True) -> dict[str, Any]:
     """Load a checkpoint written by :func:`save_checkpoint` (``weights_only=True``).
 
-    Raises CheckpointError (one line, names the file) when it is missing, corrupt, not an
-    nmt checkpoint, of another format version, or lacks one of :data:`PAYLOAD_KEYS`.
+    training=True (resume) needs a training checkpoint; training=False (decoding, averaging)
+    also accepts a released model (:data:`MODEL_KEYS`). Raises CheckpointError (one line,
+    names the file) when it is missing, corrupt, not an nmt checkpoint, of another format
+    version, a released model where training state is needed, or lacks one of its keys.
     """
     path = Path(path)
     if not path.is_file():
@@ -62,10 +68,15 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if payload["format_version"] != FORMAT_VERSION:
         raise CheckpointError(f"{path}: checkpoint format version {payload['format_version']} "
                               f"is not supported (this nmt reads version {FORMAT_VERSION})")
-    missing = [k for k in PAYLOAD_KEYS if k not in payload]
+    kind = payload.get("kind", "training")
+    if kind not in ("training", "model"):
+        raise CheckpointError(f"{path}: unknown checkpoint kind {kind!r}")
+    if kind == "model" and training:
+        raise CheckpointError(f"{path}: a released model (no optimizer state), not a training checkpoint")
+    missing = [k for k in (PAYLOAD_KEYS if kind == "training" else MODEL_KEYS) if k not in payload]
     if missing:
         raise CheckpointError(f"{path}: incomplete checkpoint, missing {', '.join(missing)}")
     return payload
 
 
-__all__ = ["FORMAT_VERSION", "PAYLOAD_KEYS", "CheckpointError", "save_checkpoint", "load_checkpoint"]
+__all__ = ["FORMAT_VERSION", "PAYLOAD_KEYS", "MODEL_KEYS", "CheckpointError", "save_checkpoint", "load_checkpoint"]

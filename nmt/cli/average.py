@@ -1,0 +1,57 @@
+"""``nmt-average``: average the weights of several checkpoints into one released model.
+
+    nmt-average -models a.pt b.pt ... -output avg.pt
+    nmt-average -last N -run RUN_DIR -output avg.pt     # the newest N step_*.pt of a run
+
+All checkpoints must share the architecture (``model`` config), both vocabularies and
+tokenizers, and weight shapes; the output holds the mean weights, the fields and config of
+the last (newest) checkpoint and no optimizer state. It loads in ``nmt-translate``. Step
+checkpoints are kept by ``training.keep_last`` (the newest N of them).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+PROG = "nmt-average"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Average checkpoint weights into a released model.")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("-models", "--models", nargs="+", metavar="M.pt", help="checkpoints to average")
+    source.add_argument("-last", "--last", type=int, metavar="N", help="the newest N step checkpoints of -run")
+    p.add_argument("-run", "--run", metavar="RUN_DIR", help="run directory (training.save_dir) for -last")
+    p.add_argument("-output", "--output", required=True, metavar="AVG.pt", help="averaged model (written atomically)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; 0 on success, 2 on bad input (one line on stderr)."""
+    args = build_parser().parse_args(argv)
+    from nmt.train.checkpoint import CheckpointError, save_checkpoint
+    from nmt.train.model_release import average_checkpoints, last_step_checkpoints
+
+    try:
+        if args.last is not None:
+            if args.run is None:
+                raise CheckpointError("-last N needs -run RUN_DIR")
+            paths = last_step_checkpoints(args.run, args.last)
+        else:
+            if args.run is not None:
+                raise CheckpointError("-run is for -last N; with -models name the files")
+            paths = args.models
+        payload = average_checkpoints(paths)
+        save_checkpoint(args.output, payload)
+    except (CheckpointError, OSError) as exc:
+        text = str(exc).strip()
+        print(f"{PROG}: error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
+        return 2
+    print(f"{PROG}: averaged {len(paths)} checkpoints ({', '.join(str(p) for p in paths)}) into {args.output}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
