@@ -1,7 +1,12 @@
-"""``nmt-train -config FILE.yaml [-set key.path=value ...]``: train (or resume) a model."""
+"""``nmt-train -config FILE.yaml [-set key.path=value ...]``: train (or resume) a model.
+
+Started by ``torchrun --nproc_per_node=N -m nmt.cli.train -config FILE.yaml`` (or
+``torchrun ... $(which nmt-train) ...``) it trains data-parallel: see ``nmt.train.distributed``.
+"""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -48,10 +53,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         check_run_config(config, args.config)  # bad values: an error before anything is written
         save_dir = Path(config["training"]["save_dir"])
-        lock = DirectoryLock(save_dir, RUN_LOCK_WHAT).acquire()  # before train.log: one run per save_dir
-        setup_logging(save_dir / "train.log", level=logging.WARNING if args.quiet else logging.INFO)
+        from nmt.train.distributed import torchrun_environment
+
+        if torchrun_environment() and os.environ["RANK"] != "0":  # rank 0 locks and logs for the job
+            config["training"]["progress"] = False
+            setup_logging(level=logging.WARNING)
+            lock = None
+        else:
+            lock = DirectoryLock(save_dir, RUN_LOCK_WHAT).acquire()  # before train.log: one run per save_dir
+            setup_logging(save_dir / "train.log", level=logging.WARNING if args.quiet else logging.INFO)
         trainer = Trainer(config, source=args.config, lock=lock)
-        summary = trainer.train()
+        try:
+            summary = trainer.train()
+        finally:
+            trainer.dist.close()
     except (ConfigError, DataError, CheckpointError, DirectoryLockedError) as exc:
         print(f"nmt-train: error: {exc}", file=sys.stderr)
         return 2

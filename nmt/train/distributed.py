@@ -19,7 +19,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -78,6 +78,14 @@ class DistributedContext:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 
+    def all_true(self, flag: torch.Tensor) -> torch.Tensor:
+        """A 0-d bool tensor: ``flag`` of every rank AND-ed (an all-reduce on its device, no host sync)."""
+        if not self.enabled:
+            return flag
+        as_int = flag.to(torch.int32)
+        dist.all_reduce(as_int, op=dist.ReduceOp.MIN)
+        return as_int.bool()
+
     def agree_stop(self, reason: str | None) -> str | None:
         """The stop reason every rank uses: the most urgent of :data:`STOP_REASONS` any rank has.
 
@@ -113,6 +121,13 @@ class DistributedContext:
         """Leave the process group (idempotent)."""
         if self.enabled and dist.is_initialized():
             dist.destroy_process_group()
+
+
+class NullLock:
+    """The save_dir lock of ranks > 0 in a data-parallel job: rank 0 holds the real one."""
+
+    def release(self) -> None:
+        """Nothing to release."""
 
 
 def torchrun_environment(environ: dict | None = None) -> bool:
@@ -157,6 +172,89 @@ def rank_device(context: DistributedContext, device: torch.device) -> torch.devi
     return device
 
 
+def wrap_model(model: torch.nn.Module, context: DistributedContext) -> torch.nn.Module:
+    """``DistributedDataParallel(model)`` with several processes (parameters broadcast from
+    rank 0, gradients averaged over ranks in backward); ``model`` itself in one process."""
+    if not context.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    device = next(model.parameters()).device
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def in_rank_order(context: DistributedContext, load: Callable[[], Any]) -> Any:
+    """Run ``load()`` on rank 0 first, then on the first rank of every other node, then on the
+    rest (barriers between), so whatever ``load`` builds once and caches (tokenizers, token-id
+    arrays, generated data) is built by one process per node and read by the others."""
+    if not context.enabled:
+        return load()
+    result = None
+    for stage in range(3):
+        mine = 0 if context.is_main else 1 if context.local_rank == 0 else 2
+        if mine == stage:
+            result = load()
+        context.barrier()
+    return result
+
+
+def distributed_state(context: DistributedContext, config: dict, rng_states: list[dict] | None) -> dict:
+    """What a checkpoint records about the processes: their number, the per-process batch
+    size and (several processes) the RNG states of every rank, rank order."""
+    state: dict[str, Any] = {"world_size": context.world_size, "batch_size": config["training"]["batch_size"]}
+    if context.enabled and rng_states is not None:
+        state["rng"] = rng_states
+    return state
+
+
+def resume_check(checkpoint: dict, config: dict, context: DistributedContext, source: str) -> set[str]:
+    """Check that this job can resume ``checkpoint``; returns config keys it vets (may differ).
+
+    The same number of processes resumes exactly (every rank restores its own RNG states).
+    Another number is accepted when the effective batch ``processes x batch_size`` is the
+    same (so the global batch order, and the data position stored as a global batch index, is
+    unchanged); training.batch_size may then differ from the run's. Rank 0 continues rank 0's
+    random streams, the others start new ones (dropout masks differ from an uninterrupted
+    run). Raises ConfigError (one line) otherwise.
+    """
+    from nmt.config import ConfigError
+
+    saved = checkpoint.get("trainer", {}).get("distributed") or {
+        "world_size": 1, "batch_size": checkpoint["config"]["training"]["batch_size"]}
+    world, batch = context.world_size, config["training"]["batch_size"]
+    effective = saved["world_size"] * saved["batch_size"]
+    if world == saved["world_size"]:
+        return set()
+    if world * batch != effective:
+        hint = (f"set training.batch_size to {effective // world}" if effective % world == 0
+                else f"resume with {saved['world_size']} process(es)")
+        raise ConfigError(source, "training.batch_size",
+                          f"the run was trained with {saved['world_size']} process(es) x batch_size "
+                          f"{saved['batch_size']} = {effective}; {world} x {batch} differs ({hint})")
+    logger.info("resuming a %d-process run with %d processes (effective batch %d unchanged); "
+                "random streams of ranks > 0 restart", saved["world_size"], world, effective)
+    return {"training.batch_size"}
+
+
+def rank_rng_state(checkpoint: dict, context: DistributedContext) -> dict:
+    """The RNG states this rank resumes with (see :func:`resume_check`)."""
+    saved = checkpoint.get("trainer", {}).get("distributed") or {}
+    states = saved.get("rng")
+    if states is not None and len(states) == context.world_size:
+        return states[context.rank]
+    if context.rank == 0:
+        return checkpoint["rng"]
+    from nmt.train.rng import rng_state, seed_everything
+
+    seed_everything(config_seed(checkpoint) + context.rank + 7919 * int(checkpoint["step"]))
+    return rng_state()
+
+
+def config_seed(checkpoint: dict) -> int:
+    """training.seed of the run a checkpoint belongs to."""
+    return int(checkpoint["config"]["training"]["seed"])
+
+
 def shard_batch(indices: Sequence[int], rank: int, world_size: int) -> tuple[np.ndarray, bool]:
     """This rank's part of a global batch: ``(positions, real)``.
 
@@ -183,5 +281,6 @@ def loss_normalizer(global_tokens: int, world_size: int) -> float:
     return max(global_tokens, 1) / world_size
 
 
-__all__ = ["DistributedContext", "STOP_REASONS", "init_distributed", "loss_normalizer", "rank_device",
-           "shard_batch", "torchrun_environment"]
+__all__ = ["DistributedContext", "NullLock", "STOP_REASONS", "distributed_state", "in_rank_order", "rank_rng_state",
+           "resume_check", "init_distributed", "loss_normalizer",
+           "rank_device", "shard_batch", "torchrun_environment", "wrap_model"]

@@ -16,16 +16,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from nmt.config import ConfigError, config_differences, save_config
 from nmt.config.options import HIGHER_IS_BETTER
-from nmt.data.batching import collate, make_batches
+from nmt.data.batching import collate, make_batch_order
 from nmt.data.field import Field
 from nmt.models import ModelConfigError, build_model, describe_attention
 from nmt.sparse import get_loss, is_softmax, loss_display_name
 from nmt.train.checkpoint import load_checkpoint, remove_stale_temporaries, repair_best, save_run_checkpoint
 from nmt.train.data_setup import generate_if_missing, load_training_data
+from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, init_distributed, rank_device,
+                                   rank_rng_state, resume_check, shard_batch, wrap_model)
 from nmt.train.early_stopping import EarlyStopping
 from nmt.train.interrupt import GracefulInterrupt
 from nmt.train.nonfinite import NonFiniteGuard, check_parameters_finite
@@ -129,11 +132,14 @@ class Trainer:
         self.config, self.source = config, source
         self.save_dir = Path(config["training"]["save_dir"])
         self.device = check_run_config(config, source)
+        self.dist = init_distributed(self.device.type)  # one process unless started by torchrun
+        self.device = rank_device(self.dist, self.device)
         if config["training"]["threads"] is not None:
             torch.set_num_threads(config["training"]["threads"])
         self.metric = config["validation"]["metric"]
-        # one run per save_dir: held from here to the end of train() (DirectoryLockedError otherwise)
-        self.lock = (lock or DirectoryLock(self.save_dir, RUN_LOCK_WHAT)).acquire()
+        # one run per save_dir: held from here to the end of train() (DirectoryLockedError otherwise);
+        # in a data-parallel job by rank 0 for all ranks
+        self.lock = (lock or DirectoryLock(self.save_dir, RUN_LOCK_WHAT)).acquire() if self.dist.is_main else NullLock()
         try:
             self._setup()
         except BaseException:
@@ -143,16 +149,16 @@ class Trainer:
     def _setup(self) -> None:
         config, source = self.config, self.source
         train_cfg, valid_cfg = config["training"], config["validation"]
-        for stale in remove_stale_temporaries(self.save_dir):
+        for stale in remove_stale_temporaries(self.save_dir) if self.dist.is_main else ():
             logger.info("removed %s (left by an interrupted save)", stale)
 
         checkpoint = self._existing_checkpoint()
-        generate_if_missing(config["data"])
+        in_rank_order(self.dist, lambda: generate_if_missing(config["data"]))
         seed_everything(train_cfg["seed"])
         fields = None
         if checkpoint is not None:
             fields = (Field.from_state_dict(checkpoint["src_field"]), Field.from_state_dict(checkpoint["tgt_field"]))
-        self.data = load_training_data(config["data"], self.save_dir, fields)
+        self.data = self._load_data(fields)
         src_vocab, tgt_vocab = self.data.src_field.vocab, self.data.tgt_field.vocab
         self.pad, self.bos, self.eos = tgt_vocab.pad_index, tgt_vocab.bos_index, tgt_vocab.eos_index
         try:
@@ -160,6 +166,8 @@ class Trainer:
         except ModelConfigError as exc:  # the builder names the key; add the file
             raise ConfigError(source, exc.key, exc.problem) from None
         self.model.to(self.device)
+        if self.dist.rank > 0:  # same initial weights on every rank, other dropout masks
+            seed_everything(train_cfg["seed"] + self.dist.rank)
         output = config["model"]["output"]
         self.loss_fn = get_loss(output["mapping"], **output["params"])
         self.optimizer = build_optimizer(self.model.parameters(), train_cfg["optimizer"])
@@ -179,17 +187,34 @@ class Trainer:
         if checkpoint is not None:
             self._restore(checkpoint)
             self.saved_step = self.progress.step
-            if repair_best(self.save_dir, self.progress.step, self.stopper.best_step):
+            if self.dist.is_main and repair_best(self.save_dir, self.progress.step, self.stopper.best_step):
                 logger.warning("best.pt repaired: it now holds step %d as last.pt records (a save was interrupted)",
                                self.stopper.best_step)
         self.nonfinite = NonFiniteGuard(self.device)
+        self.train_model = wrap_model(self.model, self.dist)  # DistributedDataParallel with several processes
+        if self.dist.enabled:
+            logger.info("data parallel: %d processes x batch_size %d = effective batch %d %s", self.dist.world_size,
+                        train_cfg["batch_size"], self.dist.world_size * train_cfg["batch_size"], train_cfg["batch_type"])
         self.skipped_updates = 0  # updates dropped for a non-finite loss (training.nonfinite: skip)
         n_params = sum(p.numel() for p in self.model.parameters())
         logger.info("model: %s, %d parameters; attention %s, output %s (loss: %s); device %s",
                     config["model"]["type"], n_params, describe_attention(config["model"]), output["mapping"],
                     loss_display_name(output["mapping"]), self.device)
-        if not self.resumed:  # on resume config.yaml changes with the first checkpoint written (see save)
+        if not self.resumed and self.dist.is_main:  # on resume config.yaml changes with the first checkpoint
             save_config(config, self.save_dir / "config.yaml")
+
+    def _load_data(self, fields: tuple[Field, Field] | None):
+        """Training data; with several processes rank 0 builds the fields (and caches) first and
+        the other ranks reuse its fields (a broadcast), so every rank encodes with the same ids."""
+        data = in_rank_order(self.dist, lambda: load_training_data(self.config["data"], self.save_dir, fields)
+                             if self.dist.is_main or fields is not None else None)
+        if fields is None and self.dist.enabled:
+            states = self.dist.broadcast((data.src_field.state_dict(), data.tgt_field.state_dict())
+                                         if self.dist.is_main else None)
+            shared = (Field.from_state_dict(states[0]), Field.from_state_dict(states[1]))
+            data = in_rank_order(self.dist, lambda: data if self.dist.is_main
+                                 else load_training_data(self.config["data"], self.save_dir, shared))
+        return data
 
     # ------------------------------------------------------------------ resume
     def _existing_checkpoint(self) -> dict | None:
@@ -199,7 +224,9 @@ class Trainer:
             return None
         checkpoint = load_checkpoint(last)
         differences = config_differences(checkpoint["config"], self.config)
-        blocking = [d for d in differences if any(d == k or d.startswith(k + ".") for k in RESUME_MUST_MATCH)]
+        vetted = resume_check(checkpoint, self.config, self.dist, self.source)  # number of processes
+        blocking = [d for d in differences
+                    if any(d == k or d.startswith(k + ".") for k in RESUME_MUST_MATCH) and d not in vetted]
         if blocking:
             key = blocking[0]
             raise ConfigError(self.source, key, f"differs from the run in {self.save_dir} "
@@ -217,7 +244,7 @@ class Trainer:
         self.stopper.load_state_dict(trainer_state["early_stopping"])
         self.progress = Progress(**trainer_state["progress"])
         self.last_metrics = dict(checkpoint["metrics"])
-        set_rng_state(checkpoint["rng"])  # last: building the model above consumed random numbers
+        set_rng_state(rank_rng_state(checkpoint, self.dist))  # last: building the model consumed random numbers
         logger.info("resumed from %s at step %d (epoch %d, batch %d)", self.save_dir / "last.pt",
                     self.progress.step, self.progress.epoch, self.progress.batch_in_epoch)
 
@@ -237,15 +264,20 @@ class Trainer:
         }
 
     def save(self, is_best: bool = False, step_file: bool = True) -> None:
-        """Write last.pt (and step_N.pt / best.pt) to save_dir atomically.
+        """Write last.pt (and step_N.pt / best.pt) to save_dir atomically (rank 0; every rank
+        calls it: the RNG states of all ranks are gathered into the checkpoint).
 
         Raises NonFiniteLossError instead when a non-finite loss was seen or a parameter is
         not finite: a checkpoint never holds NaN / inf weights.
         """
         self.nonfinite.check(self.saved_step)
         check_parameters_finite(self.model.parameters(), self.progress.step, self.saved_step)
-        save_run_checkpoint(self.save_dir, self._payload(), self.config["training"]["keep_last"], is_best, step_file)
-        save_config(self.config, self.save_dir / "config.yaml")  # it describes the weights in save_dir
+        states = self.dist.gather(rng_state())
+        if self.dist.is_main:
+            payload = self._payload()
+            payload["trainer"]["distributed"] = distributed_state(self.dist, self.config, states)
+            save_run_checkpoint(self.save_dir, payload, self.config["training"]["keep_last"], is_best, step_file)
+            save_config(self.config, self.save_dir / "config.yaml")  # it describes the weights in save_dir
         self.saved_step = self.progress.step
 
     # ------------------------------------------------------------------ loop
@@ -271,17 +303,29 @@ class Trainer:
         """One update on the training examples ``indices`` (one batch, or a list of batches whose
         gradients are accumulated: ``training.accumulate``); returns (summed loss, detached; target tokens).
 
+        With several processes ``indices`` is the global batch: each rank takes its part, the
+        loss is normalised by the target tokens of all ranks, and the returned loss and token
+        count are those of all ranks (so every rank sees, and stops on, the same non-finite loss).
+
         A non-finite loss raises NonFiniteLossError (``training.nonfinite: stop``; on an
         accelerator at the next logging/validation/save point) or drops the update (``skip``:
         the returned loss is 0 and the token count 0, so the logged mean covers applied updates).
         """
-        groups = indices if indices and isinstance(indices[0], list) else [indices]
-        batches = [collate(self.data.train, group, self.pad, self.bos, self.eos).to(self.device) for group in groups]
+        groups = [indices] if len(indices) and np.isscalar(indices[0]) else list(indices)  # accumulated batches
+        parts = [shard_batch(group, self.dist.rank, self.dist.world_size) for group in groups]
+        batches = [collate(self.data.train, part, self.pad, self.bos, self.eos).to(self.device) for part, _ in parts]
         cfg = self.config["training"]
         skip = cfg["nonfinite"] == "skip"
-        loss, n_tokens, skipped = update(self.model, self.loss_fn, self.optimizer, batches, self.pad,
-                                         cfg["clip_grad_norm"], cfg["label_smoothing"], skip_nonfinite=skip)
+        # target tokens of all batches of all ranks: host ints over Gloo, no device sync
+        n_tokens = self.dist.sum_ints([sum(b.n_tokens for b, (_, real) in zip(batches, parts) if real)])[0]
+        scales = None if not self.dist.enabled else [self.dist.world_size / max(n_tokens, 1) if real else 0.0
+                                                     for _, real in parts]
+        loss, _, skipped = update(self.train_model, self.loss_fn, self.optimizer, batches, self.pad,
+                                  cfg["clip_grad_norm"], cfg["label_smoothing"], skip_nonfinite=skip,
+                                  loss_scale=scales, all_ranks=self.dist.all_true if self.dist.enabled else None)
         self.schedule.step()
+        if self.dist.enabled:  # the summed loss of all ranks (an all-reduce on the device, no host sync)
+            loss = self.dist.sum_tensor_(loss.clone())
         if skipped:
             self.skipped_updates += 1
             logger.warning("step %d: non-finite training loss (%s) or gradient norm; update skipped "
@@ -310,25 +354,27 @@ class Trainer:
 
         cfg = self.config["training"]
         p = self.progress
-        tb = TensorBoardWriter(self.save_dir / "tensorboard", cfg["tensorboard"],
+        main = self.dist.is_main  # only rank 0 writes logs, metrics and TensorBoard
+        tb = TensorBoardWriter(self.save_dir / "tensorboard", cfg["tensorboard"] and main,
                                purge_step=p.step + 1 if self.resumed else None)
         metrics_log = MetricsLog(self.save_dir / "metrics.jsonl")
-        if self.resumed:
+        if main and self.resumed:
             metrics_log.truncate_after(p.step)
-        else:
+        elif main:
             metrics_log.path.unlink(missing_ok=True)
         self.model.train()
         window_loss = torch.zeros((), dtype=torch.float64, device=self.device)
         window_tokens, window_start = 0, time.perf_counter()
         session_start, session_elapsed0 = time.perf_counter(), p.elapsed
         self._session_start, self._session_elapsed0 = session_start, session_elapsed0
-        bar = tqdm(total=cfg["max_steps"], initial=p.step, disable=not cfg["progress"], unit="step",
+        bar = tqdm(total=cfg["max_steps"], initial=p.step, disable=not (cfg["progress"] and main), unit="step",
                    dynamic_ncols=True, desc="train")
-        stopped_by = self._finished()
+        stopped_by = self.dist.agree_stop(self._finished())
         with GracefulInterrupt() as interrupt:
             while stopped_by is None:
-                order = make_batches(self.data.train, cfg["batch_size"], cfg["batch_type"], shuffle=True,
-                                     seed=cfg["seed"], epoch=p.epoch)
+                # the global batches of all ranks: batch_size x processes (see nmt.train.distributed)
+                order = make_batch_order(self.data.train, cfg["batch_size"] * self.dist.world_size,
+                                         cfg["batch_type"], shuffle=True, seed=cfg["seed"], epoch=p.epoch)
                 while p.batch_in_epoch < len(order):
                     groups = order[p.batch_in_epoch:p.batch_in_epoch + cfg["accumulate"]]
                     loss, n_tokens = self.train_step(groups)
@@ -357,13 +403,13 @@ class Trainer:
                         window_start = time.perf_counter()
                     if step_hook is not None:
                         step_hook(p.step)
-                    stopped_by = interrupt.requested or self._finished()
+                    stopped_by = self.dist.agree_stop(interrupt.requested or self._finished())
                     if stopped_by is not None:
                         break
                 if p.batch_in_epoch >= len(order):
                     p.epoch += 1
                     p.batch_in_epoch = 0
-                    stopped_by = stopped_by or self._finished()
+                    stopped_by = stopped_by or self.dist.agree_stop(self._finished())
             bar.close()
             p.elapsed = session_elapsed0 + time.perf_counter() - session_start
             p.valid_loss_sum += window_loss.item()  # the unlogged tail of the training-loss window
@@ -387,11 +433,13 @@ class Trainer:
         """
         cfg, vcfg, p = self.config["training"], self.config["validation"], self.progress
         self.nonfinite.check(self.saved_step)  # never validate (or save) a model that met a NaN loss
-        result = validate(self.model, self.data.valid, self.data.valid_references, self.loss_fn,
-                          batch_size=vcfg["batch_size"], device=self.device,
-                          is_softmax=is_softmax(self.config["model"]["output"]["mapping"]),
-                          decode=vcfg["decode"], beam_size=vcfg["beam_size"], max_length=vcfg["max_length"])
-        scalars = result.scalars
+        result = None
+        if self.dist.is_main:  # the other ranks wait for its scalars (lr decay and early stopping use them)
+            result = validate(self.model, self.data.valid, self.data.valid_references, self.loss_fn,
+                              batch_size=vcfg["batch_size"], device=self.device,
+                              is_softmax=is_softmax(self.config["model"]["output"]["mapping"]),
+                              decode=vcfg["decode"], beam_size=vcfg["beam_size"], max_length=vcfg["max_length"])
+        scalars = self.dist.broadcast(result.scalars if result is not None else None)
         value = scalars[self.metric]
         is_best = self.stopper.update(value, p.step, count=regular)
         decayed = self.schedule.on_validation(scalars["loss"]) if regular else False
@@ -400,18 +448,19 @@ class Trainer:
                   **{f"valid_{k}": v for k, v in scalars.items()},
                   "tokens_per_sec": self._tokens_per_sec, "elapsed": round(p.elapsed, 3),
                   "best": is_best}
-        alphas = self._learned_alphas(tb)
-        if alphas:
-            record["alphas"] = alphas
-        metrics_log.append(record)
-        tb.scalars("valid", scalars, p.step)
-        self._heatmaps(tb)
-        tb.flush()
-        shown = " ".join(f"{k}={v:.4g}" for k, v in scalars.items() if k != "tokens")
-        logger.info("step %d valid: %s%s%s", p.step, shown, " (new best)" if is_best else "",
-                    f"; lr decayed to {self.schedule.lr:.3g}" if decayed else "")
-        for i, hyp in enumerate(result.hypotheses[: min(2, len(result.hypotheses))]):
-            logger.info("  example %d: hyp %r ref %r", i, hyp, self.data.valid_references[i])
+        if self.dist.is_main:
+            alphas = self._learned_alphas(tb)
+            if alphas:
+                record["alphas"] = alphas
+            metrics_log.append(record)
+            tb.scalars("valid", scalars, p.step)
+            self._heatmaps(tb)
+            tb.flush()
+            shown = " ".join(f"{k}={v:.4g}" for k, v in scalars.items() if k != "tokens")
+            logger.info("step %d valid: %s%s%s", p.step, shown, " (new best)" if is_best else "",
+                        f"; lr decayed to {self.schedule.lr:.3g}" if decayed else "")
+            for i, hyp in enumerate(result.hypotheses[: min(2, len(result.hypotheses))]):
+                logger.info("  example %d: hyp %r ref %r", i, hyp, self.data.valid_references[i])
         p.last_validation_step = p.step
         p.valid_loss_sum, p.valid_tokens = 0.0, 0
         self.last_metrics = {k: v for k, v in record.items()}

@@ -9,7 +9,7 @@ from nmt.cli import release as release_cli
 from nmt.cli import translate as translate_cli
 from nmt.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from nmt.train.trainer import Trainer
-from nmt.utils.config import resolve_config
+from nmt.config import resolve_config
 from tiny_task import tiny_config, write_task
 
 

@@ -1,0 +1,103 @@
+"""Run a Trainer in N processes joined as a torchrun job would be (env://, Gloo, CPU).
+
+A :class:`RankPool` spawns its N processes once (importing torch takes seconds on a busy
+machine) and runs one training job after another in them; each job joins a fresh process
+group on a free port and leaves it at the end. Every wait is bounded: a rank that dies or
+hangs fails the test with its rank, exit code or a stack dump (faulthandler), never a hang.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue as queue_module
+import signal
+import socket
+import time
+import traceback
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(rank: int, world: int, tasks, results) -> None:
+    import faulthandler
+    import sys
+
+    import torch
+
+    torch.set_num_threads(1)
+    from nmt.train.trainer import Trainer
+    from nmt.config import resolve_config
+
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        port, config, signal_at, timeout = task
+        faulthandler.dump_traceback_later(timeout, exit=True, file=sys.stderr)  # a hang shows where
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                          LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        trainer = None
+        try:
+            def hook(step: int) -> None:
+                if signal_at.get(rank) == step:
+                    os.kill(os.getpid(), signal.SIGTERM)
+
+            trainer = Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
+            summary = trainer.train(step_hook=hook)
+            results.put((rank, "ok", summary.stopped_by, summary.step))
+        except BaseException as exc:  # reported to the test
+            results.put((rank, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        finally:
+            if trainer is not None:
+                trainer.dist.close()
+            faulthandler.cancel_dump_traceback_later()
+
+
+class RankPool:
+    """``world`` spawned processes that train jobs together (see the module docstring)."""
+
+    def __init__(self, world: int = 2) -> None:
+        ctx = mp.get_context("spawn")
+        self.world = world
+        self.tasks = [ctx.Queue() for _ in range(world)]
+        self.results = ctx.Queue()
+        self.procs = [ctx.Process(target=_serve, args=(r, world, self.tasks[r], self.results), daemon=True)
+                      for r in range(world)]
+        for p in self.procs:
+            p.start()
+
+    def run(self, config: dict, signal_at: dict | None = None, timeout: float = 90.0) -> list[tuple]:
+        """Train ``config`` on every rank; [(rank, 'ok', stopped_by, step), ...] in rank order."""
+        port = free_port()
+        for q in self.tasks:
+            q.put((port, config, signal_at or {}, timeout))
+        results: list[tuple] = []
+        deadline = time.monotonic() + timeout + 60  # the first job also waits for the imports
+        while len(results) < self.world:
+            try:
+                results.append(self.results.get(timeout=0.5))
+                continue
+            except queue_module.Empty:
+                pass
+            dead = [(r, p.exitcode) for r, p in enumerate(self.procs) if p.exitcode is not None]
+            if dead:
+                raise AssertionError(f"rank {dead[0][0]} exited with code {dead[0][1]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no result from ranks {sorted(set(range(self.world)) - {r[0] for r in results})}")
+        errors = [r for r in results if r[1] != "ok"]
+        if errors:
+            raise AssertionError(f"rank {errors[0][0]} failed: {errors[0][2]}\n{errors[0][3]}")
+        return sorted(results)
+
+    def close(self) -> None:
+        for q in self.tasks:
+            q.put(None)
+        for p in self.procs:
+            p.join(timeout=2)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)

@@ -1,0 +1,82 @@
+"""Data-parallel training (2 processes, Gloo, CPU) against one process: same parameters.
+
+N processes with batch B take the same global batches as one process with batch N x B, each
+rank its part, the loss normalised by the global token count: the parameters after K steps
+agree up to float32 summation order (DDP sums gradients in another order; tolerance below).
+A 2-process run stopped by SIGTERM on one rank stops on both, and resumes to the parameters of
+an uninterrupted 2-process run exactly (every rank restores its own RNG states).
+"""
+import numpy as np
+import pytest
+import torch
+
+from nmt.train.checkpoint import load_checkpoint
+from nmt.train.distributed import loss_normalizer, shard_batch
+from nmt.train.trainer import Trainer
+from nmt.config import resolve_config
+from ddp_workers import RankPool
+from tiny_task import tiny_config, write_task
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    pool = RankPool(2)
+    yield pool
+    pool.close()
+
+
+def _config(data, save_dir, batch_size, dropout=0.0, **training):
+    config = tiny_config(data, save_dir, batch_size=batch_size, clip_grad_norm=0.5, **training)
+    config["model"]["embeddings"]["dropout"] = dropout
+    config["model"]["decoder"]["dropout"] = dropout
+    return config
+
+
+def _weights(path):
+    return load_checkpoint(path)["model"]
+
+
+def test_shard_batch_splits_and_pads_with_a_zero_weight_example():
+    parts = [shard_batch([5, 6, 7, 8, 9], r, 2) for r in range(2)]
+    assert [p.tolist() for p, _ in parts] == [[5, 6, 7], [8, 9]] and all(real for _, real in parts)
+    part, real = shard_batch([4], 1, 2)
+    assert part.tolist() == [4] and not real
+    assert loss_normalizer(120, 2) == 60.0
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, ranks):
+    data = write_task(tmp_path / "data", n_train=36)
+    one = Trainer(resolve_config(_config(data, tmp_path / "one", 8, max_steps=6, valid_every=3), "t"), "t")
+    one_summary = one.train()
+    results = ranks.run(_config(data, tmp_path / "two", 4, max_steps=6, valid_every=3))
+    assert [r[2:] for r in results] == [("max_steps", 6)] * 2
+    a, b = _weights(tmp_path / "one" / "last.pt"), _weights(tmp_path / "two" / "last.pt")
+    moved = max((a[k] - load_checkpoint(tmp_path / "one" / "step_3.pt")["model"][k]).abs().max() for k in a)
+    assert moved > 1e-3  # the steps changed the weights, so equality below means something
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=2e-6, msg=name)
+    # only rank 0 wrote: one metrics line per validation, the same validation loss as one process
+    import json
+    lines = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    ref = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [3, 6]
+    assert np.allclose([r["valid_loss"] for r in lines], [r["valid_loss"] for r in ref], rtol=1e-5)
+    assert np.allclose([r["train_loss"] for r in lines], [r["train_loss"] for r in ref], rtol=1e-5)
+    assert one_summary.step == 6
+
+
+@pytest.mark.slow
+def test_sigterm_on_one_rank_stops_both_and_resume_is_exact(tmp_path, ranks):
+    data = write_task(tmp_path / "data", n_train=36)
+    # dropout on: the resumed ranks must restore their own random streams
+    full = ranks.run(_config(data, tmp_path / "full", 4, dropout=0.3, max_steps=10, valid_every=4))
+    assert [r[2:] for r in full] == [("max_steps", 10)] * 2
+    cut = ranks.run(_config(data, tmp_path / "cut", 4, dropout=0.3, max_steps=10, valid_every=4), signal_at={1: 6})
+    assert [r[2:] for r in cut] == [("SIGTERM", 6)] * 2  # agreed: rank 0 stops at the same step
+    assert load_checkpoint(tmp_path / "cut" / "last.pt")["step"] == 6
+    resumed = ranks.run(_config(data, tmp_path / "cut", 4, dropout=0.3, max_steps=10, valid_every=4))
+    assert [r[2:] for r in resumed] == [("max_steps", 10)] * 2
+    a, b = _weights(tmp_path / "full" / "last.pt"), _weights(tmp_path / "cut" / "last.pt")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
