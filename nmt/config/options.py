@@ -40,6 +40,8 @@ DATA = {
     "shared_vocab": Option(bool, False, "one tokenizer and vocabulary for both sides (built from the src settings)"),
     "shared_tokenizer": Option(bool, False, "one tokenizer trained on both sides (src settings), a vocabulary "
                                "per side of the tokens that side uses (a joint sentencepiece/BPE model)"),
+    "id_cache": Option(bool, False, "keep the encoded training data as flat token-id arrays cached next to the "
+                       "data and memory-mapped (large corpora; shared by the processes of a node)"),
 }
 
 MAX_SIZE = 1 << 16

@@ -15,6 +15,7 @@ from pathlib import Path
 from nmt.data.dataset import ParallelDataset, read_parallel
 from nmt.data.errors import DataError
 from nmt.data.field import Field
+from nmt.data.id_arrays import ArrayParallelDataset, load_id_dataset
 from nmt.data.tokenizers import build_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class TrainingData:
 
     src_field: Field
     tgt_field: Field
-    train: ParallelDataset
+    train: ParallelDataset | ArrayParallelDataset
     valid: ParallelDataset
     valid_references: list[str]
 
@@ -110,15 +111,27 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     Training pairs longer than ``max_length`` (per side) or empty are skipped and counted in
     the log; validation keeps every non-empty pair whatever its length. Raises a one-line
     ``DataError`` naming the files when no training or no validation pair is left (and why).
+    With ``data.id_cache`` the training set is an ``ArrayParallelDataset``
+    (``nmt.data.id_arrays``, memory-mapped), and the training text is not read at all when
+    ``fields`` are given (a resumed run, or ranks > 0 of a data-parallel job).
     """
-    train_pairs = read_parallel(data_cfg["train"]["src"], data_cfg["train"]["tgt"])
     valid_pairs = read_parallel(data_cfg["valid"]["src"], data_cfg["valid"]["tgt"])
-    if not any(src.strip() and tgt.strip() for src, tgt in train_pairs):
-        raise DataError(f"{_files(data_cfg, 'train')}: no training pairs: {len(train_pairs)} lines, "
-                        "none with text on both sides")
-    src_field, tgt_field = fields if fields is not None else build_fields(data_cfg, train_pairs, work_dir)
-    train = ParallelDataset(train_pairs, src_field, tgt_field,
-                            data_cfg["src"]["max_length"], data_cfg["tgt"]["max_length"])
+    train_files, limits = data_cfg["train"], (data_cfg["src"]["max_length"], data_cfg["tgt"]["max_length"])
+    train_pairs = None
+    if data_cfg["id_cache"] and fields is not None:  # never holds the corpus as Python lists
+        src_field, tgt_field = fields
+    else:
+        train_pairs = read_parallel(train_files["src"], train_files["tgt"])
+        if not any(src.strip() and tgt.strip() for src, tgt in train_pairs):
+            raise DataError(f"{_files(data_cfg, 'train')}: no training pairs: {len(train_pairs)} lines, "
+                            "none with text on both sides")
+        src_field, tgt_field = fields if fields is not None else build_fields(data_cfg, train_pairs, work_dir)
+    if data_cfg["id_cache"]:
+        train_pairs = None
+        train = load_id_dataset(train_files["src"], train_files["tgt"], src_field, tgt_field, *limits,
+                                fallback_dir=work_dir)
+    else:
+        train = ParallelDataset(train_pairs, src_field, tgt_field, *limits)
     valid = ParallelDataset(valid_pairs, src_field, tgt_field, None, None)
     if len(train) == 0:
         raise DataError(f"{_files(data_cfg, 'train')}: no training pairs left: all {train.n_input} dropped "

@@ -91,3 +91,29 @@ def test_blank_validation_file_is_an_error_before_training(tmp_path, capsys):
     assert code == 2 and err == [f"nmt-train: error: {d}/valid.src, {d}/valid.tgt: no validation pairs: 3 lines, "
                                  "3 of them empty (a pair needs tokens on both sides)"]
     assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def test_id_cache_trains_exactly_like_the_list_dataset(tmp_path):
+    import torch
+
+    from nmt.config import resolve_config
+    from nmt.train.checkpoint import load_checkpoint
+    from nmt.train.trainer import Trainer
+    from tiny_task import tiny_config, write_task
+
+    data = write_task(tmp_path / "data", n_train=30)
+    weights = {}
+    for cached in (False, True):
+        config = tiny_config(data, tmp_path / f"run_{cached}", max_steps=5, valid_every=5)
+        config["data"]["id_cache"] = cached
+        trainer = Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
+        assert type(trainer.data.train).__name__ == ("ArrayParallelDataset" if cached else "ParallelDataset")
+        trainer.train()
+        weights[cached] = load_checkpoint(tmp_path / f"run_{cached}" / "last.pt")["model"]
+    assert (tmp_path / "data" / ".nmt_id_cache").is_dir()
+    for name, value in weights[False].items():
+        assert torch.equal(value, weights[True][name]), name
+    # resumed (fields from the checkpoint): the cache is reused, the text not re-encoded
+    config["training"]["max_steps"] = 6
+    assert Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml").train().step == 6
+    assert len(list((tmp_path / "data" / ".nmt_id_cache").iterdir())) == 1

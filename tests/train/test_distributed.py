@@ -49,7 +49,9 @@ def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, ranks):
     data = write_task(tmp_path / "data", n_train=36)
     one = Trainer(resolve_config(_config(data, tmp_path / "one", 8, max_steps=6, valid_every=3), "t"), "t")
     one_summary = one.train()
-    results = ranks.run(_config(data, tmp_path / "two", 4, max_steps=6, valid_every=3))
+    two = _config(data, tmp_path / "two", 4, max_steps=6, valid_every=3)
+    two["data"]["id_cache"] = True  # the memory-mapped dataset, built by rank 0, read by rank 1
+    results = ranks.run(two)
     assert [r[2:] for r in results] == [("max_steps", 6)] * 2
     a, b = _weights(tmp_path / "one" / "last.pt"), _weights(tmp_path / "two" / "last.pt")
     moved = max((a[k] - load_checkpoint(tmp_path / "one" / "step_3.pt")["model"][k]).abs().max() for k in a)
