@@ -87,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quiet:  # otherwise the trainer has logged it already
         print(summary.line())
     if summary.stopped_by.startswith("SIG"):
-        logger.warning("resume with the same command")
+        if trainer.dist.is_main:
+            logger.warning("resume with the same command")
         return 128 + getattr(signal, summary.stopped_by)
     return 0
 

@@ -66,6 +66,19 @@ def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, ranks):
     assert np.allclose([r["valid_loss"] for r in lines], [r["valid_loss"] for r in ref], rtol=1e-5)
     assert np.allclose([r["train_loss"] for r in lines], [r["train_loss"] for r in ref], rtol=1e-5)
     assert one_summary.step == 6
+    # a different number of processes resumes when the effective batch is the same: 2 x 4 -> 1 x 8
+    for run in ("one", "two"):
+        config = _config(data, tmp_path / run, 8, max_steps=8, valid_every=3)
+        config["data"]["id_cache"] = run == "two"
+        assert Trainer(resolve_config(config, "t"), "t").train().step == 8
+    a, b = _weights(tmp_path / "one" / "last.pt"), _weights(tmp_path / "two" / "last.pt")
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=2e-6, msg=name)
+    config = _config(data, tmp_path / "two", 3, max_steps=9, valid_every=3)  # 2 x 3 != 8: refused
+    config["data"]["id_cache"] = True
+    with pytest.raises(AssertionError, match=r"training.batch_size: the run was trained with 1 process\(es\) x "
+                       r"batch_size 8 = 8; 2 x 3 differs \(set training.batch_size to 4\)"):
+        ranks.run(config)
 
 
 @pytest.mark.slow
