@@ -6,6 +6,7 @@ from the checkpoint on a resumed run, so a resumed run sees exactly the same ids
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import shutil
 import tempfile
@@ -15,8 +16,9 @@ from pathlib import Path
 from nmt.data.dataset import ParallelDataset, read_parallel
 from nmt.data.errors import DataError
 from nmt.data.field import Field
-from nmt.data.id_arrays import ArrayParallelDataset, load_id_dataset
+from nmt.data.id_arrays import ArrayParallelDataset, iter_lines, load_id_dataset
 from nmt.data.tokenizers import build_tokenizer
+from nmt.utils.allocator import release_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +93,24 @@ def build_fields(data_cfg: dict, train_pairs: list[tuple[str, str]], work_dir: s
     return src, tgt
 
 
+def streamed_fields(data_cfg: dict) -> tuple[Field, Field] | None:
+    """The fields of :func:`build_fields`, built by streaming the training files line by line
+    (never a list of the corpus), when no tokenizer learns a model; None otherwise."""
+    side_cfgs = (data_cfg["src"],) if data_cfg["shared_vocab"] or data_cfg["shared_tokenizer"] else (
+        data_cfg["src"], data_cfg["tgt"])
+    tokenizers = [build_tokenizer(side["tokenizer"]) for side in side_cfgs]
+    if any(t.needs_training for t in tokenizers):
+        return None
+    src_path, tgt_path = data_cfg["train"]["src"], data_cfg["train"]["tgt"]
+    src, tgt = data_cfg["src"], data_cfg["tgt"]
+    if data_cfg["shared_vocab"]:
+        field = Field.build(tokenizers[0], itertools.chain(iter_lines(src_path), iter_lines(tgt_path)),
+                            min_freq=src["min_freq"], max_size=src["max_size"])
+        return field, field
+    return (Field.build(tokenizers[0], iter_lines(src_path), min_freq=src["min_freq"], max_size=src["max_size"]),
+            Field.build(tokenizers[-1], iter_lines(tgt_path), min_freq=tgt["min_freq"], max_size=tgt["max_size"]))
+
+
 def _trained_tokenizer(side_cfg: dict, lines: list[str], work_dir: Path):
     tokenizer = build_tokenizer(side_cfg["tokenizer"])
     if tokenizer.needs_training:
@@ -115,8 +135,9 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     (``nmt.data.id_arrays``, memory-mapped), and the training text is not read at all when
     ``fields`` are given (a resumed run, or ranks > 0 of a data-parallel job).
     """
-    valid_pairs = read_parallel(data_cfg["valid"]["src"], data_cfg["valid"]["tgt"])
     train_files, limits = data_cfg["train"], (data_cfg["src"]["max_length"], data_cfg["tgt"]["max_length"])
+    if data_cfg["id_cache"] and fields is None:
+        fields = streamed_fields(data_cfg)  # None when a tokenizer must be trained on the text
     train_pairs = None
     if data_cfg["id_cache"] and fields is not None:  # never holds the corpus as Python lists
         src_field, tgt_field = fields
@@ -126,8 +147,11 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
             raise DataError(f"{_files(data_cfg, 'train')}: no training pairs: {len(train_pairs)} lines, "
                             "none with text on both sides")
         src_field, tgt_field = fields if fields is not None else build_fields(data_cfg, train_pairs, work_dir)
+    valid_pairs = read_parallel(data_cfg["valid"]["src"], data_cfg["valid"]["tgt"])
     if data_cfg["id_cache"]:
-        train_pairs = None
+        if train_pairs is not None:  # read to train a tokenizer: drop the lines, give the memory back
+            train_pairs = None
+            release_freed_memory()
         train = load_id_dataset(train_files["src"], train_files["tgt"], src_field, tgt_field, *limits,
                                 fallback_dir=work_dir)
     else:
@@ -154,4 +178,4 @@ def _files(data_cfg: dict, split: str) -> str:
     return f"{data_cfg[split]['src']}, {data_cfg[split]['tgt']}"
 
 
-__all__ = ["TrainingData", "generate_if_missing", "build_fields", "load_training_data"]
+__all__ = ["TrainingData", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]

@@ -1,4 +1,6 @@
 """Fields built from training pairs: separate, shared vocabulary, shared tokenizer."""
+import pytest
+
 from nmt.data.tokenizers import build_tokenizer
 from nmt.train.data_setup import build_fields
 
@@ -117,3 +119,21 @@ def test_id_cache_trains_exactly_like_the_list_dataset(tmp_path):
     config["training"]["max_steps"] = 6
     assert Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml").train().step == 6
     assert len(list((tmp_path / "data" / ".nmt_id_cache").iterdir())) == 1
+
+
+@pytest.mark.parametrize("shared", ["none", "shared_vocab", "shared_tokenizer"])
+def test_streamed_fields_equal_the_list_built_ones(tmp_path, shared):
+    from nmt.data.dataset import read_parallel
+    from nmt.train.data_setup import streamed_fields
+    from tiny_task import write_task
+
+    data = write_task(tmp_path / "data", n_train=50)
+    config = _config(train=data["train"], valid=data["valid"], src={"tokenizer": {"type": "space"}, "min_freq": 2,
+                                                                 "max_size": None, "max_length": 50},
+                     tgt={"tokenizer": {"type": "char"}, "min_freq": 1, "max_size": 4, "max_length": 50})
+    config["shared_vocab"] = shared == "shared_vocab"
+    config["shared_tokenizer"] = shared == "shared_tokenizer"
+    expected = build_fields(config, read_parallel(data["train"]["src"], data["train"]["tgt"]), tmp_path / "w")
+    streamed = streamed_fields(config)
+    for a, b in zip(expected, streamed):
+        assert a.state_dict() == b.state_dict()
