@@ -95,7 +95,8 @@ class BatchOrder:
     """A sequence of batches held in two arrays: ``positions`` (every example once, batch after
     batch) and ``starts``/``ends`` (batch ``k`` is ``positions[starts[k]:ends[k]]``).
 
-    ``order[k]`` is a 1-d int64 numpy array (a view, no copy); ``list(order)`` / :meth:`lists`
+    ``order[k]`` is a 1-d int64 numpy array (a view, no copy), ``order[a:b]`` a list of them;
+    ``list(order)`` / :meth:`lists`
     give Python lists. Holding the order of tens of millions of examples costs 8 bytes per
     example instead of a Python int object each.
     """
@@ -106,7 +107,9 @@ class BatchOrder:
     def __len__(self) -> int:
         return int(self.starts.size)
 
-    def __getitem__(self, k: int) -> np.ndarray:
+    def __getitem__(self, k: int | slice) -> np.ndarray | list[np.ndarray]:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
         if not -len(self) <= k < len(self):
             raise IndexError(f"batch {k} out of range ({len(self)} batches)")
         return self.positions[self.starts[k] : self.ends[k]]
