@@ -11,7 +11,8 @@ Batching contract (see :func:`shard_batch`): all ranks cut the *same* seeded bat
 the effective batch size ``N x batch_size``; rank ``r`` takes the ``r``-th of N contiguous,
 nearly equal parts of every global batch. With the loss of each rank divided by the global
 number of target tokens over ``N`` (:func:`loss_normalizer`, DDP averages gradients over ranks),
-N processes with batch B make exactly the update of one process with batch ``N x B``.
+N processes with batch B make the update of one process with batch ``N x B`` (up to the order
+of floating-point sums).
 """
 from __future__ import annotations
 
