@@ -36,6 +36,7 @@ import numpy as np
 from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.data.textfiles import PathLike
+from nmt.utils.allocator import release_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -199,14 +200,13 @@ def encode_to_arrays(src_path: PathLike, tgt_path: PathLike, src_field: Field, t
             lengths["src"].append(len(s_ids))
             lengths["tgt"].append(len(t_ids))
             line_numbers.append(n)
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, np.ndarray] = {}  # views of the array buffers (no copy): written, then dropped
     for side in ("src", "tgt"):
-        arrays[f"{side}_ids"] = np.frombuffer(ids[side], dtype=np.int32).copy() if ids[side] else np.zeros(0, np.int32)
-        side_lengths = np.frombuffer(lengths[side], dtype=np.int64).copy() if lengths[side] else np.zeros(0, np.int64)
+        arrays[f"{side}_ids"] = np.frombuffer(ids[side], dtype=np.int32) if ids[side] else np.zeros(0, np.int32)
+        side_lengths = np.frombuffer(lengths[side], dtype=np.int64) if lengths[side] else np.zeros(0, np.int64)
         arrays[f"{side}_lengths"] = side_lengths
         arrays[f"{side}_offsets"] = np.concatenate([np.zeros(1, np.int64), np.cumsum(side_lengths)])
-        ids[side] = lengths[side] = array("i")  # free as we go
-    arrays["line_numbers"] = np.frombuffer(line_numbers, dtype=np.int64).copy() if line_numbers else np.zeros(0, np.int64)
+    arrays["line_numbers"] = np.frombuffer(line_numbers, dtype=np.int64) if line_numbers else np.zeros(0, np.int64)
     meta = {"version": CACHE_VERSION, "n_input": n, "skipped_empty": empty, "skipped_too_long": too_long,
             "max_src_length": max_src_length, "max_tgt_length": max_tgt_length,
             "src": str(Path(src_path)), "tgt": str(Path(tgt_path))}
@@ -271,6 +271,7 @@ def load_id_dataset(src_path: PathLike, tgt_path: PathLike, src_field: Field, tg
         arrays, meta = encode_to_arrays(src_path, tgt_path, src_field, tgt_field, max_src_length, max_tgt_length)
         _write_cache(directory, arrays, meta)
         del arrays
+        release_freed_memory()  # the build's buffers: back to the system, not kept for this process
         cached = _read_cache(directory)
         if cached is None:
             raise DataError(f"{directory}: token-id cache missing right after it was written")

@@ -40,4 +40,21 @@ def keep_freed_memory() -> bool:
     return _done
 
 
-__all__ = ["keep_freed_memory"]
+def release_freed_memory() -> bool:
+    """Return the heap's free memory to the system now (glibc ``malloc_trim(0)``).
+
+    For after a one-off peak (building a token-id cache) in a process that
+    :func:`keep_freed_memory` told never to trim. Returns True when glibc released something.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))
+
+
+__all__ = ["keep_freed_memory", "release_freed_memory"]
