@@ -3,7 +3,7 @@
 N processes with batch B take the same global batches as one process with batch N x B, each
 rank its part, the loss normalised by the global token count: the parameters after K steps
 agree up to float32 summation order (DDP sums gradients in another order; tolerance below).
-A 2-process run stopped by SIGTERM on one rank stops on both, and resumes to the parameters of
+A 2-process run stopped by SIGTERM (or a NaN loss) on one rank stops on both, and resumes to the parameters of
 an uninterrupted 2-process run exactly (every rank restores its own RNG states).
 """
 import numpy as np
@@ -52,7 +52,7 @@ def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, ranks):
     two = _config(data, tmp_path / "two", 4, max_steps=6, valid_every=3)
     two["data"]["id_cache"] = True  # the memory-mapped dataset, built by rank 0, read by rank 1
     results = ranks.run(two)
-    assert [r[2:] for r in results] == [("max_steps", 6)] * 2
+    assert [r[2:4] for r in results] == [("max_steps", 6)] * 2
     a, b = _weights(tmp_path / "one" / "last.pt"), _weights(tmp_path / "two" / "last.pt")
     moved = max((a[k] - load_checkpoint(tmp_path / "one" / "step_3.pt")["model"][k]).abs().max() for k in a)
     assert moved > 1e-3  # the steps changed the weights, so equality below means something
@@ -86,12 +86,26 @@ def test_sigterm_on_one_rank_stops_both_and_resume_is_exact(tmp_path, ranks):
     data = write_task(tmp_path / "data", n_train=36)
     # dropout on: the resumed ranks must restore their own random streams
     full = ranks.run(_config(data, tmp_path / "full", 4, dropout=0.3, max_steps=10, valid_every=4))
-    assert [r[2:] for r in full] == [("max_steps", 10)] * 2
+    assert [r[2:4] for r in full] == [("max_steps", 10)] * 2
     cut = ranks.run(_config(data, tmp_path / "cut", 4, dropout=0.3, max_steps=10, valid_every=4), signal_at={1: 6})
-    assert [r[2:] for r in cut] == [("SIGTERM", 6)] * 2  # agreed: rank 0 stops at the same step
+    assert [r[2:4] for r in cut] == [("SIGTERM", 6)] * 2  # agreed: rank 0 stops at the same step
     assert load_checkpoint(tmp_path / "cut" / "last.pt")["step"] == 6
     resumed = ranks.run(_config(data, tmp_path / "cut", 4, dropout=0.3, max_steps=10, valid_every=4))
-    assert [r[2:] for r in resumed] == [("max_steps", 10)] * 2
+    assert [r[2:4] for r in resumed] == [("max_steps", 10)] * 2
     a, b = _weights(tmp_path / "full" / "last.pt"), _weights(tmp_path / "cut" / "last.pt")
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+@pytest.mark.slow
+def test_a_nan_loss_on_one_rank_is_handled_by_all(tmp_path, ranks):
+    data = write_task(tmp_path / "data", n_train=36)
+    # skip: both ranks drop the same update and stay identical
+    skip = ranks.run(_config(data, tmp_path / "skip", 4, max_steps=5, valid_every=5, nonfinite="skip"), nan_at={1: 3})
+    assert [r[2:4] for r in skip] == [("max_steps", 5)] * 2
+    assert np.isfinite(skip[0][4]) and skip[0][4] == skip[1][4]  # finite: no rank stepped on NaN gradients
+    # stop: both ranks stop with the non-finite-loss error at the same step, nothing saved after it
+    stop = ranks.run(_config(data, tmp_path / "stop", 4, max_steps=5, valid_every=2), nan_at={1: 3}, errors_ok=True)
+    assert [r[1] for r in stop] == ["error", "error"]
+    assert all("NonFiniteLossError" in r[2] and "step 3" in r[2] for r in stop), stop
+    assert load_checkpoint(tmp_path / "stop" / "last.pt")["step"] == 2
