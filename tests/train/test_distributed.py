@@ -3,8 +3,9 @@
 N processes with batch B take the same global batches as one process with batch N x B, each
 rank its part, the loss normalised by the global token count: the parameters after K steps
 agree up to float32 summation order (DDP sums gradients in another order; tolerance below).
-A 2-process run stopped by SIGTERM (or a NaN loss) on one rank stops on both, and resumes to the parameters of
-an uninterrupted 2-process run exactly (every rank restores its own RNG states).
+A 2-process run stopped by SIGTERM on one rank stops on both, and resumes to the parameters
+of an uninterrupted 2-process run exactly (every rank restores its own RNG states); a NaN loss
+on one rank is skipped, or stops the run, on both.
 """
 import numpy as np
 import pytest
