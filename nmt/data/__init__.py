@@ -9,8 +9,11 @@ Typical use (training)::
     data = ParallelDataset(pairs, src_field, tgt_field, max_src_length=50, max_tgt_length=50)
     for idx in make_batches(data, 64, shuffle=True, seed=1, epoch=0):
         batch = collate(data, idx, pad_index=0, bos_index=2, eos_index=3)
+
+Large corpora: ``nmt.data.id_arrays.load_id_dataset`` (token-id arrays, cached and memory-mapped)
+with ``make_batch_order`` (the same batches, held in arrays).
 """
-from nmt.data.batching import Batch, collate, encode_sources, make_batches
+from nmt.data.batching import Batch, BatchOrder, collate, encode_sources, make_batch_order, make_batches
 from nmt.data.dataset import ParallelDataset, SourceDataset, read_lines, read_parallel
 from nmt.data.errors import DataError
 from nmt.data.field import Field
@@ -19,6 +22,7 @@ from nmt.data.vocabulary import Vocabulary
 
 __all__ = [
     "Batch",
+    "BatchOrder",
     "DataError",
     "Field",
     "ParallelDataset",
@@ -28,6 +32,7 @@ __all__ = [
     "build_tokenizer",
     "collate",
     "encode_sources",
+    "make_batch_order",
     "make_batches",
     "read_lines",
     "read_parallel",

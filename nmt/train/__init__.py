@@ -6,6 +6,9 @@
 - ``checkpoint``: the run directory (``last.pt``, ``best.pt``, keep-last-K ``step_N.pt``); the file format is ``nmt.utils.checkpoint_file``
 - ``optimizers``, ``schedules``, ``early_stopping``: Adam/SGD, warmup + plateau halving, patience
 - ``rng``, ``interrupt``, ``data_setup``: RNG states, SIGINT/SIGTERM, fields and datasets from ``data:``
+- ``distributed``: torchrun / DistributedDataParallel helpers (batch sharding, global token counts,
+  agreed stops, rank 0 writes); no-ops in one process
+- ``model_release``: released models (no training state) and checkpoint averaging (``nmt-release``, ``nmt-average``)
 
 Submodules are imported explicitly (``from nmt.train.checkpoint import load_checkpoint``) so
 that loading a checkpoint does not import the whole training stack.
