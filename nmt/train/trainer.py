@@ -193,8 +193,9 @@ class Trainer:
         self.nonfinite = NonFiniteGuard(self.device)
         self.train_model = wrap_model(self.model, self.dist)  # DistributedDataParallel with several processes
         if self.dist.enabled:
-            logger.info("data parallel: %d processes x batch_size %d = effective batch %d %s", self.dist.world_size,
-                        train_cfg["batch_size"], self.dist.world_size * train_cfg["batch_size"], train_cfg["batch_type"])
+            logger.info("data parallel: %d processes x batch_size %d x accumulate %d = effective batch %d %s",
+                        self.dist.world_size, train_cfg["batch_size"], train_cfg["accumulate"],
+                        self.dist.world_size * train_cfg["batch_size"] * train_cfg["accumulate"], train_cfg["batch_type"])
         self.skipped_updates = 0  # updates dropped for a non-finite loss (training.nonfinite: skip)
         n_params = sum(p.numel() for p in self.model.parameters())
         logger.info("model: %s, %d parameters; attention %s, output %s (loss: %s); device %s",

@@ -83,6 +83,20 @@ def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, ranks):
 
 
 @pytest.mark.slow
+def test_accumulation_two_processes_equal_one_process(tmp_path, ranks):
+    """2 processes x batch 3 x accumulate 2 == 1 process x batch 6 x accumulate 2 (no_sync on the first
+    micro-batch; the loss over the tokens of all micro-batches of all ranks)."""
+    data = write_task(tmp_path / "data", n_train=30)
+    Trainer(resolve_config(_config(data, tmp_path / "one", 6, max_steps=4, valid_every=4, accumulate=2), "t"),
+            "t").train()
+    results = ranks.run(_config(data, tmp_path / "two", 3, max_steps=4, valid_every=4, accumulate=2))
+    assert [r[2:4] for r in results] == [("max_steps", 4)] * 2 and results[0][4] == results[1][4]
+    a, b = _weights(tmp_path / "one" / "last.pt"), _weights(tmp_path / "two" / "last.pt")
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=2e-6, msg=name)
+
+
+@pytest.mark.slow
 def test_sigterm_on_one_rank_stops_both_and_resume_is_exact(tmp_path, ranks):
     data = write_task(tmp_path / "data", n_train=36)
     # dropout on: the resumed ranks must restore their own random streams
