@@ -1,13 +1,18 @@
 #!/usr/bin/env python
-"""Benchmark the nmt.sparse mappings and losses (median milliseconds, float32, CPU threads = 2).
+"""Benchmark the nmt.sparse mappings and losses: median ms, ratios measured in the same run, host syncs.
 
-Prints, for forward and forward+backward, each mapping's time and its ratio to softmax
-(losses: to cross-entropy) and, when the reference package ``entmax`` is installed, the
-ratio to that package's fastest setting measured in the same run (sort or top-k k=100 for
-sparsemax / entmax15, its default n_iter=50 for bisection).
+For each shape and dtype, forward and forward+backward: each mapping's time, its ratio to
+softmax (losses: to ``torch.nn.functional.cross_entropy``), the ratio to the reference package
+``entmax``'s fastest setting when it is installed (sort or top-k k=100 for sparsemax / entmax15,
+its default ``n_iter=50`` bisection for entmax_bisect), and the host synchronisations per call
+(CPU: :class:`nmt.utils.sync_audit.SyncAudit` counts the calls that would synchronise on an
+accelerator; CUDA: ``torch.cuda.set_sync_debug_mode`` counts the real ones). CUDA times come from
+CUDA events.
 
-    python tools/bench_sparse.py            # full: (320, 50) (64, 200) (1024, 8000) (256, 32000)
-    python tools/bench_sparse.py --quick    # small shapes, few repetitions (smoke run)
+    python tools/bench_sparse.py --device cpu            # (320, 50) (4096, 50) (1024, 8000) (256, 32000) (4096, 32000)
+    python tools/bench_sparse.py --device cuda --impl static
+    python tools/bench_sparse.py --quick                 # small shapes, few repetitions (smoke run)
+    python tools/bench_sparse.py --shapes 1024x8000,256x32000 --dtypes float32 --no-losses
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import argparse
 import platform
 import statistics
 import time
+import warnings
 from typing import Callable, Optional
 
 import torch
@@ -29,9 +35,12 @@ from nmt.sparse import (
     sparsemax,
     sparsemax_loss,
 )
+from nmt.utils.sync_audit import SyncAudit
 
-ATTENTION = [(320, 50), (64, 200)]
-OUTPUT = [(1024, 8000), (256, 32000)]
+SHAPES = [(320, 50), (4096, 50), (1024, 8000), (256, 32000), (4096, 32000)]
+QUICK_SHAPES = [(320, 50), (64, 2000)]
+LOSS_MIN_WIDTH = 1000
+"""Loss tables are printed for the output-layer shapes (rows at least this long)."""
 
 try:
     import entmax as ref
@@ -39,16 +48,50 @@ except ImportError:  # the comparison columns are left empty
     ref = None
 
 
-def median_ms(fn: Callable[[], object], reps: int, warmup: int = 2) -> float:
-    """Median wall time of ``fn()`` in milliseconds."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+class Timer:
+    """Median (or minimum) time of a callable in milliseconds (CUDA events on a CUDA device)."""
+
+    def __init__(self, device: torch.device, reps: int, warmup: int = 2, stat: str = "median") -> None:
+        self.device, self.reps, self.warmup = device, reps, warmup
+        self.stat = statistics.median if stat == "median" else min
+
+    def __call__(self, fn: Callable[[], object]) -> float:
+        for _ in range(self.warmup):
+            fn()
+        times = []
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            for _ in range(self.reps):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            return self.stat(times)
+        for _ in range(self.reps):
+            start = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - start))
+        return self.stat(times)
+
+
+def host_syncs(fn: Callable[[], object], device: torch.device) -> int:
+    """Host synchronisations of one call of ``fn`` (see the module docstring)."""
+    if device.type != "cuda":
+        with SyncAudit() as audit:
+            fn()
+        return audit.total
+    fn()  # warm: lazy initialisations are not the call's syncs
+    torch.cuda.synchronize(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def mapping_runner(f: Callable, x: torch.Tensor, g: torch.Tensor, backward: bool) -> Callable[[], object]:
@@ -78,15 +121,27 @@ def loss_runner(f: Callable, x: torch.Tensor, t: torch.Tensor, backward: bool) -
     return run
 
 
-def mapping_table(shape: tuple[int, int], reps: int) -> list[tuple[str, str, float, float, Optional[float]]]:
-    x = torch.randn(*shape)
-    g = torch.randn(*shape)
+def _safe(timer: Timer, fn: Callable[[], object]) -> Optional[float]:
+    """Time ``fn`` or None if it fails (e.g. the reference package on a dtype it does not take)."""
+    try:
+        return timer(fn)
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
+Row = tuple[str, str, float, float, Optional[float], int]
+
+
+def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.device, impl: str,
+                  timer: Timer) -> list[Row]:
+    x = torch.randn(*shape, device=device).to(dtype)
+    g = torch.randn(*shape, device=device).to(dtype)
     n = shape[-1]
     ours = {
         "softmax": lambda s: torch.softmax(s, -1),
-        "sparsemax": sparsemax,
-        "entmax15": entmax15,
-        "entmax_bisect(1.5)": lambda s: entmax_bisect(s, 1.5),
+        "sparsemax": lambda s: sparsemax(s, impl=impl),
+        "entmax15": lambda s: entmax15(s, impl=impl),
+        "entmax_bisect(1.5)": lambda s: entmax_bisect(s, 1.5, impl=impl),
     }
     refs: dict[str, list[Callable]] = {}
     if ref is not None:
@@ -98,17 +153,20 @@ def mapping_table(shape: tuple[int, int], reps: int) -> list[tuple[str, str, flo
         }
     rows = []
     for backward in (False, True):
-        base = median_ms(mapping_runner(ours["softmax"], x, g, backward), reps)
+        kind = "fwd+bwd" if backward else "fwd"
+        base = timer(mapping_runner(ours["softmax"], x, g, backward))
         for name, f in ours.items():
-            t = base if name == "softmax" else median_ms(mapping_runner(f, x, g, backward), reps)
-            best = min((median_ms(mapping_runner(r, x, g, backward), reps) for r in refs.get(name, [])), default=None)
-            rows.append((name, "fwd+bwd" if backward else "fwd", t, t / base, None if best is None else t / best))
+            run = mapping_runner(f, x, g, backward)
+            t = base if name == "softmax" else timer(run)
+            ref_times = [_safe(timer, mapping_runner(r, x, g, backward)) for r in refs.get(name, [])]
+            best = min((r for r in ref_times if r is not None), default=None)
+            rows.append((name, kind, t, t / base, None if best is None else t / best, host_syncs(run, device)))
     return rows
 
 
-def loss_table(shape: tuple[int, int], reps: int) -> list[tuple[str, str, float, float, Optional[float]]]:
-    x = torch.randn(*shape)
-    t = torch.randint(0, shape[-1], shape[:1])
+def loss_table(shape: tuple[int, int], device: torch.device, timer: Timer) -> list[Row]:
+    x = torch.randn(*shape, device=device)
+    t = torch.randint(0, shape[-1], shape[:1], device=device)
     n = shape[-1]
     ours = {
         "cross_entropy": cross_entropy_loss,
@@ -125,42 +183,74 @@ def loss_table(shape: tuple[int, int], reps: int) -> list[tuple[str, str, float,
         }
     rows = []
     for backward in (False, True):
-        base = median_ms(loss_runner(F.cross_entropy, x, t, backward), reps)
-        rows.append(("torch cross_entropy", "fwd+bwd" if backward else "fwd", base, 1.0, None))
+        kind = "fwd+bwd" if backward else "fwd"
+        base_run = loss_runner(F.cross_entropy, x, t, backward)
+        base = timer(base_run)
+        rows.append(("torch cross_entropy", kind, base, 1.0, None, host_syncs(base_run, device)))
         for name, f in ours.items():
-            ms = median_ms(loss_runner(f, x, t, backward), reps)
-            best = min((median_ms(loss_runner(r, x, t, backward), reps) for r in refs.get(name, [])), default=None)
-            rows.append((name, "fwd+bwd" if backward else "fwd", ms, ms / base, None if best is None else ms / best))
+            run = loss_runner(f, x, t, backward)
+            ms = timer(run)
+            ref_times = [_safe(timer, loss_runner(r, x, t, backward)) for r in refs.get(name, [])]
+            best = min((r for r in ref_times if r is not None), default=None)
+            rows.append((name, kind, ms, ms / base, None if best is None else ms / best, host_syncs(run, device)))
     return rows
 
 
-def print_table(title: str, rows, baseline: str) -> None:
+def print_table(title: str, rows: list[Row], baseline: str) -> None:
     print(f"\n### {title}\n")
-    print(f"| function | pass | median ms | x {baseline} | x entmax pkg (best) |")
-    print("|---|---|---:|---:|---:|")
-    for name, kind, ms, ratio, vs_ref in rows:
+    print(f"| function | pass | median ms | x {baseline} | x entmax pkg (best) | host syncs / call |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name, kind, ms, ratio, vs_ref, syncs in rows:
         r = "-" if vs_ref is None else f"{vs_ref:.2f}"
-        print(f"| {name} | {kind} | {ms:.3f} | {ratio:.2f} | {r} |")
+        print(f"| {name} | {kind} | {ms:.3f} | {ratio:.2f} | {r} | {syncs} |")
+
+
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        rows, cols = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a shape is ROWSxCOLS, e.g. 1024x8000; got {text!r}") from None
+    return rows, cols
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small shapes and 3 repetitions (smoke run)")
-    ap.add_argument("--reps", type=int, default=None, help="timed repetitions per measurement")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    ap.add_argument("--impl", default="auto", choices=["auto", "pruned", "static", "triton"],
+                    help="algorithm of the exact mappings (default auto: pruned on CPU, static/triton on CUDA)")
+    ap.add_argument("--quick", action="store_true", help="small shapes, float32, 3 repetitions (smoke run)")
+    ap.add_argument("--shapes", type=lambda s: [_shape(v) for v in s.split(",")], default=None,
+                    help="comma-separated ROWSxCOLS (default: the five shapes of the issue)")
+    ap.add_argument("--dtypes", default=None, help="comma-separated, default float32,bfloat16")
+    ap.add_argument("--no-losses", action="store_true", help="skip the loss tables")
+    ap.add_argument("--reps", type=int, default=None, help="timed repetitions (default: by size, 3 to 15)")
+    ap.add_argument("--stat", default="median", choices=["median", "min"],
+                    help="statistic over the repetitions (min: steadier on a shared, loaded machine)")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: CUDA is not available")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    attention, output = (ATTENTION, [(64, 2000)]) if args.quick else (ATTENTION, OUTPUT)
-    reps = args.reps or (3 if args.quick else 15)
-    print(f"# nmt.sparse benchmark: torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"threads={torch.get_num_threads()}, float32, reps={reps}, "
-          f"entmax package: {'yes' if ref is not None else 'not installed'}")
-    for shape in attention + output:
-        print_table(f"mappings {shape}", mapping_table(shape, reps), "softmax")
-    for shape in output:
-        print_table(f"losses {shape}", loss_table(shape, reps), "cross-entropy")
+    shapes = args.shapes or (QUICK_SHAPES if args.quick else SHAPES)
+    dtypes = [getattr(torch, d) for d in (args.dtypes or ("float32" if args.quick else "float32,bfloat16")).split(",")]
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    print(f"# nmt.sparse benchmark: torch {torch.__version__}, {device} ({where}), threads={torch.get_num_threads()}, "
+          f"impl={args.impl}, {args.stat} of reps, entmax package: {'yes' if ref is not None else 'not installed'}")
+    for shape in shapes:
+        reps = args.reps or (3 if args.quick else max(3, min(15, int(4e7 // (shape[0] * shape[1])))))
+        timer = Timer(device, reps, stat=args.stat)
+        for dtype in dtypes:
+            rows = mapping_table(shape, dtype, device, args.impl, timer)
+            print_table(f"mappings {shape} {str(dtype).replace('torch.', '')}, reps={reps}", rows, "softmax")
+    if not args.no_losses:
+        for shape in shapes:
+            if shape[1] >= LOSS_MIN_WIDTH:
+                reps = args.reps or (3 if args.quick else max(3, min(15, int(4e7 // (shape[0] * shape[1])))))
+                print_table(f"losses {shape} float32, reps={reps}", loss_table(shape, device, Timer(device, reps, stat=args.stat)),
+                            "cross-entropy")
 
 
 if __name__ == "__main__":
