@@ -102,8 +102,10 @@ class Entmax15Function(torch.autograd.Function):
         tau, zmax = shifted_threshold(x, 2.0, scale=0.5, impl=kind)
         # [x/2 - zmax/2 - tau]_+: relative to the row max (x/2 - zmax/2 is exact: one pass)
         r = torch.add(-0.5 * zmax, x, alpha=0.5).sub_(tau).clamp_(min=0)
+        if not ctx.needs_input_grad[0]:  # inference: square in place, no second large buffer
+            return r.square_()
         ctx.save_for_backward(r)  # r = sqrt(p) = p^(2 - alpha): no sqrt needed in backward
-        return torch.square(r)
+        return r * r
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
@@ -157,7 +159,12 @@ class EntmaxBisectFunction(torch.autograd.Function):
             else:
                 r = torch.sub(x, zmax).mul_(am1)
             r = r.sub_(tau).clamp_(min=0)  # [(alpha - 1)(x - zmax) - tau]_+
-            p = torch.square(r) if am1 == 0.5 else r.clone() if am1 == 1 else r.pow(1 / am1)
+            if not any(ctx.needs_input_grad[:2]):  # inference: in place, no second large buffer
+                p = r.square_() if am1 == 0.5 else r if am1 == 1 else r.pow_(1 / am1)
+                if tol is None and n_iter is None:  # the exact threshold: sums to one already
+                    return p
+                return p.div_(p.sum(dim=-1, keepdim=True).clamp_(min=tiny))
+            p = r * r if am1 == 0.5 else r.clone() if am1 == 1 else r.pow(1 / am1)
             # p^(2 - alpha) is proportional to r^((2 - alpha) / (alpha - 1)) per row and the
             # backward is invariant to a per-row scale of s: keep r, skip a pow in backward
             ctx.save_for_backward(r, alpha)
