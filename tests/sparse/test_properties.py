@@ -13,6 +13,11 @@ MAPPINGS = {
     "sparsemax": (sparsemax, 2.0),
     "entmax15": (entmax15, 1.5),
     "bisect": (lambda x, **k: entmax_bisect(x, 1.8, **k), 1.8),
+    # the static (sync-free) path: same properties, any shape, dim, mask, ties and magnitude
+    "sparsemax_static": (lambda x, **k: sparsemax(x, impl="static", **k), 2.0),
+    "entmax15_static": (lambda x, **k: entmax15(x, impl="static", **k), 1.5),
+    "bisect_static": (lambda x, **k: entmax_bisect(x, 1.8, impl="static", **k), 1.8),
+    "bisect_static_2.6": (lambda x, **k: entmax_bisect(x, 2.6, impl="static", **k), 2.6),
 }
 SETTINGS = settings(max_examples=25, deadline=None)
 
