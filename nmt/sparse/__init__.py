@@ -6,7 +6,8 @@ zeros where masked, hand-written backward, batched on any device.
 """
 from ._common import log_probs_of
 from ._softmax import softmax
-from .entmax import Entmax15, EntmaxBisect, entmax15, entmax_bisect
+from ._dispatch import IMPLS
+from .entmax import Entmax15, EntmaxBisect, entmax15, entmax15_threshold, entmax_bisect, entmax_threshold
 from .losses import (
     CrossEntropyLoss,
     Entmax15Loss,
@@ -36,11 +37,12 @@ from .registry import (
     mapping_function,
     mapping_parameters,
 )
-from .sparsemax import Sparsemax, sparsemax
+from .sparsemax import Sparsemax, sparsemax, sparsemax_threshold
 
 __all__ = [
     "softmax", "sparsemax", "entmax15", "entmax_bisect",
     "Sparsemax", "Entmax15", "EntmaxBisect",
+    "sparsemax_threshold", "entmax15_threshold", "entmax_threshold", "IMPLS",
     "cross_entropy_loss", "sparsemax_loss", "entmax15_loss", "entmax_bisect_loss",
     "fenchel_young_loss", "Regularizer", "Shannon", "Tsallis",
     "FenchelYoungLoss", "CrossEntropyLoss", "SparsemaxLoss", "Entmax15Loss", "EntmaxBisectLoss",

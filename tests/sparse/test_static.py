@@ -237,3 +237,21 @@ def test_triton_dispatch_contract(monkeypatch):
         want = {"sparsemax": sparsemax, "entmax15": entmax15}.get(name, lambda t, **k: entmax_bisect(t, 1.7, **k))
         (want(xr, dim=1, impl="static") * g).sum().backward()
         assert torch.allclose(x.grad, xr.grad, atol=1e-10)
+
+
+@pytest.mark.parametrize("impl", ["pruned", "static"])
+def test_entmax_threshold_front_door(impl):
+    """entmax_threshold(x, alpha): p = [(alpha - 1) x - tau]_+^(1/(alpha-1)) sums to one and is
+    alpha-entmax, for float and per-row tensor alpha; 1.5 and 2 agree with the exact front doors."""
+    x = torch.randn(4, 300, dtype=F64) * 3 + 50
+    for alpha in (1.3, 1.5, 2.0, 2.5):
+        tau = entmax_threshold(x, alpha, impl=impl)
+        p = ((alpha - 1) * x - tau).clamp(min=0) ** (1 / (alpha - 1))
+        assert torch.allclose(p.sum(-1), torch.ones(4, dtype=F64), atol=1e-9)
+        assert torch.allclose(p, entmax_bisect(x, alpha, impl="pruned"), atol=1e-9)
+    assert torch.allclose(entmax_threshold(x, 1.5, impl=impl), entmax15_threshold(x, impl=impl), atol=1e-12)
+    assert torch.allclose(entmax_threshold(x, 2.0, impl=impl), sparsemax_threshold(x, impl=impl), atol=1e-12)
+    a = torch.tensor([[1.3], [1.5], [2.0], [2.5]], dtype=F64)
+    tau = entmax_threshold(x, a, impl=impl)
+    p = ((a - 1) * x - tau).clamp(min=0) ** (1 / (a - 1))
+    assert torch.allclose(p, entmax_bisect(x, a, impl="pruned"), atol=1e-9)
