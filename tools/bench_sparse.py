@@ -51,9 +51,12 @@ except ImportError:  # the comparison columns are left empty
 class Timer:
     """Median (or minimum) time of a callable in milliseconds (CUDA events on a CUDA device)."""
 
-    def __init__(self, device: torch.device, reps: int, warmup: int = 2, stat: str = "median") -> None:
+    def __init__(self, device: torch.device, reps: int, warmup: int = 2, stat: str = "median",
+                 clock: str = "wall") -> None:
         self.device, self.reps, self.warmup = device, reps, warmup
         self.stat = statistics.median if stat == "median" else min
+        # "cpu": CPU time of the process (all its threads), insensitive to other processes' load
+        self.now = time.process_time if clock == "cpu" else time.perf_counter
 
     def __call__(self, fn: Callable[[], object]) -> float:
         for _ in range(self.warmup):
@@ -70,9 +73,9 @@ class Timer:
                 times.append(start.elapsed_time(end))
             return self.stat(times)
         for _ in range(self.reps):
-            start = time.perf_counter()
+            start = self.now()
             fn()
-            times.append(1e3 * (time.perf_counter() - start))
+            times.append(1e3 * (self.now() - start))
         return self.stat(times)
 
 
@@ -137,11 +140,12 @@ def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
     x = torch.randn(*shape, device=device).to(dtype)
     g = torch.randn(*shape, device=device).to(dtype)
     n = shape[-1]
+    kw = {} if impl == "auto" else {"impl": impl}  # (auto: also runs against versions without impl)
     ours = {
         "softmax": lambda s: torch.softmax(s, -1),
-        "sparsemax": lambda s: sparsemax(s, impl=impl),
-        "entmax15": lambda s: entmax15(s, impl=impl),
-        "entmax_bisect(1.5)": lambda s: entmax_bisect(s, 1.5, impl=impl),
+        "sparsemax": lambda s: sparsemax(s, **kw),
+        "entmax15": lambda s: entmax15(s, **kw),
+        "entmax_bisect(1.5)": lambda s: entmax_bisect(s, 1.5, **kw),
     }
     refs: dict[str, list[Callable]] = {}
     if ref is not None:
@@ -196,9 +200,9 @@ def loss_table(shape: tuple[int, int], device: torch.device, timer: Timer) -> li
     return rows
 
 
-def print_table(title: str, rows: list[Row], baseline: str) -> None:
+def print_table(title: str, rows: list[Row], baseline: str, stat: str = "median") -> None:
     print(f"\n### {title}\n")
-    print(f"| function | pass | median ms | x {baseline} | x entmax pkg (best) | host syncs / call |")
+    print(f"| function | pass | {stat} ms | x {baseline} | x entmax pkg (best) | host syncs / call |")
     print("|---|---|---:|---:|---:|---:|")
     for name, kind, ms, ratio, vs_ref, syncs in rows:
         r = "-" if vs_ref is None else f"{vs_ref:.2f}"
@@ -226,6 +230,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions (default: by size, 3 to 15)")
     ap.add_argument("--stat", default="median", choices=["median", "min"],
                     help="statistic over the repetitions (min: steadier on a shared, loaded machine)")
+    ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                    help="CPU device: wall time, or the process's CPU time (cpu: steadier under other load; "
+                         "with --threads 1 it equals the wall time of an idle machine)")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -238,19 +245,19 @@ def main(argv: Optional[list[str]] = None) -> None:
     dtypes = [getattr(torch, d) for d in (args.dtypes or ("float32" if args.quick else "float32,bfloat16")).split(",")]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
     print(f"# nmt.sparse benchmark: torch {torch.__version__}, {device} ({where}), threads={torch.get_num_threads()}, "
-          f"impl={args.impl}, {args.stat} of reps, entmax package: {'yes' if ref is not None else 'not installed'}")
+          f"impl={args.impl}, {args.stat} of reps, {args.clock} clock, entmax package: {'yes' if ref is not None else 'not installed'}")
     for shape in shapes:
         reps = args.reps or (3 if args.quick else max(3, min(15, int(4e7 // (shape[0] * shape[1])))))
-        timer = Timer(device, reps, stat=args.stat)
+        timer = Timer(device, reps, stat=args.stat, clock=args.clock)
         for dtype in dtypes:
             rows = mapping_table(shape, dtype, device, args.impl, timer)
-            print_table(f"mappings {shape} {str(dtype).replace('torch.', '')}, reps={reps}", rows, "softmax")
+            print_table(f"mappings {shape} {str(dtype).replace('torch.', '')}, reps={reps}", rows, "softmax", args.stat)
     if not args.no_losses:
         for shape in shapes:
             if shape[1] >= LOSS_MIN_WIDTH:
                 reps = args.reps or (3 if args.quick else max(3, min(15, int(4e7 // (shape[0] * shape[1])))))
-                print_table(f"losses {shape} float32, reps={reps}", loss_table(shape, device, Timer(device, reps, stat=args.stat)),
-                            "cross-entropy")
+                print_table(f"losses {shape} float32, reps={reps}", loss_table(shape, device, Timer(device, reps, stat=args.stat, clock=args.clock)),
+                            "cross-entropy", args.stat)
 
 
 if __name__ == "__main__":
