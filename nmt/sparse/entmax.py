@@ -149,6 +149,7 @@ class EntmaxBisectFunction(torch.autograd.Function):
             ctx.save_for_backward(p, alpha)
             return p
         eps = torch.finfo(x.dtype).eps
+        tol = eps
         if alpha_float is not None:  # one alpha for all rows: scalar arithmetic on the big tensor
             am1 = alpha_float - 1
             q = 1 / am1  # q in {1, 2}: exact (verified closed form)
@@ -173,7 +174,8 @@ class EntmaxBisectFunction(torch.autograd.Function):
             z = (x - _row_max(x)) * am1
             tau, zmax = shifted_threshold(z, 1 / am1, 1.0, kind, eps, n_iter)
             p = torch.sub(z, zmax).sub_(tau).clamp_(min=0).pow_(1 / am1)
-        p = p.div_(p.sum(dim=-1, keepdim=True).clamp_(min=tiny))
+        if alpha_float is None or tol is not None or n_iter is not None:  # not an exact threshold
+            p = p.div_(p.sum(dim=-1, keepdim=True).clamp_(min=tiny))
         if alpha_float is None:
             p = torch.where(alpha >= 1, p, _NAN)  # NaN / < 1 alpha (static path): a NaN row
             ctx.save_for_backward(p, alpha)
