@@ -1,0 +1,366 @@
+"""Fused Triton kernels for sparsemax, 1.5-entmax and alpha-entmax (forward and backward).
+
+Optional: ``triton`` is imported lazily, on the first kernel launch, and this module imports
+without it (:func:`is_available` then says False). Kernels run on CUDA tensors, or on CPU
+tensors under the Triton interpreter (``TRITON_INTERPRET=1``, how the tests check them without
+a GPU). The kernels are built on first use for the interpreter setting in force at that time.
+
+Layout: 2-D ``(R, n)`` tensors, normalised along the last dim (made contiguous). Inputs of any
+float dtype are computed in float32 and returned in the input dtype (so float64 inputs lose
+precision: callers wanting float64 results use the torch path).
+
+Design: one program per row; the row is loaded once into registers (``BLOCK`` = the next
+power of two >= n, at most :data:`MAX_N` = 65536 entries) and every pass below reads it there
+(ptxas for sm_90 reports no spills up to 16384 entries; longer rows spill a little to local
+memory with 32 warps).
+With ``z = (alpha - 1) x - max((alpha - 1) x)`` the threshold ``tau`` of
+``p = [z - tau]_+^q``, ``q = 1 / (alpha - 1)``, lies in ``[-1, -k^(1 - alpha)]`` (``k`` the
+number of finite entries). The kernel
+
+1. bisects that bracket a fixed number of times (``f(tau) = sum p - 1`` is decreasing);
+2. refines from the lower end (``f >= 0``) by Newton steps, safeguarded by the bracket (for
+   ``q >= 1`` ``f`` is convex and the iterates increase monotonically to the root; for
+   ``q < 1``, i.e. alpha > 2, ``f`` is concave with unbounded slope at the kinks, and plain
+   bisection continues instead);
+3. for ``q`` in {1, 2} (sparsemax, 1.5-entmax, and alpha-entmax rows with alpha 2 or 1.5)
+   takes at every iterate the closed form on the support ``S = {z > tau}`` (sparsemax: the
+   mean, ``t = (sum_S z - 1) / |S|``; 1.5-entmax: the smaller root of
+   ``sum_S (z - t)^2 = 1``) and accepts it once *verified*: every entry of ``S`` is ``>= t``
+   and every other ``<= t``, which makes ``t`` a root of ``f`` and so the exact threshold.
+   Other ``q``: stop once a Newton step or the bracket is below ``2 eps`` (relative), then
+   renormalise ``p`` to sum to one (as the torch path does).
+
+The refinement loop runs on the device with a data-dependent trip count capped at
+``MAX_ITER`` (64); rows that reach the cap unverified (ties within rounding of the threshold;
+not seen in the tests) keep the last iterate and are renormalised. Grid sizes and launch
+parameters depend on shapes only: the wrappers never synchronise with the host.
+
+``-inf`` entries (masks) get exact zeros; a row without finite entries maps to all zeros (and
+a zero gradient), as in the torch implementation. alpha-entmax rows with ``alpha == 1`` are
+computed as softmax (supported range of ``alpha_rows``: ``[1, inf)``; values ``< 1`` are not
+checked here and give unspecified results).
+
+Backward: ``dx = s * g - s * (<s, g> / sum s)`` with ``s = p^(2 - alpha)`` on the support
+(sparsemax: the support indicator; 1.5-entmax: ``sqrt(p)``; alpha = 1: ``p``, softmax's
+Jacobian), one program per row.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional
+
+import torch
+from torch import Tensor
+
+MAX_N = 65536
+"""Longest row the kernels take (the row is held on chip as one block)."""
+
+N_BISECT = 8
+"""Bisection steps before the Newton refinement (fixed)."""
+
+N_BISECT_CONCAVE = 24
+"""Extra bisection budget hint for alpha > 2 rows: they keep bisecting in the refinement loop."""
+
+MAX_ITER = 64
+"""Cap on the in-kernel refinement loop (data-dependent trip count on the device only)."""
+
+_SPARSEMAX, _ENTMAX15, _ALPHA = 0, 1, 2
+
+_KERNELS: Dict[bool, Any] = {}
+_TRITON: Optional[Any] = None
+_IMPORT_ERROR: Optional[BaseException] = None
+tl: Any = None  # triton.language, bound on first use (the kernels resolve it from the module globals)
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _import_triton() -> Optional[Any]:
+    """``triton`` or None (cached; never raises)."""
+    global _TRITON, _IMPORT_ERROR, tl
+    if _TRITON is None and _IMPORT_ERROR is None:
+        try:
+            import triton
+            import triton.language as language
+        except Exception as e:  # ImportError, or a broken install
+            _IMPORT_ERROR = e
+        else:
+            _TRITON, tl = triton, language
+    return _TRITON
+
+
+def is_available(x: Tensor) -> bool:
+    """True if the kernels can run on ``x``: triton importable, ``x`` on CUDA (or on CPU with
+    ``TRITON_INTERPRET=1`` set), floating point, at least 1-D with rows of at most
+    :data:`MAX_N` entries. No host sync (shape, dtype and device only)."""
+    if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() == 0:
+        return False
+    if x.shape[-1] > MAX_N:
+        return False
+    if not (x.is_cuda or (x.device.type == "cpu" and _interpret())):
+        return False
+    return _import_triton() is not None
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels (plain functions, decorated with triton.jit on first use; see _kernels)
+# --------------------------------------------------------------------------------------------
+
+def _forward_kernel(X, Y, A, OK, n, MODE: tl.constexpr, HAS_OK: tl.constexpr,
+                    BLOCK: tl.constexpr, N_BISECT: tl.constexpr, MAX_ITER: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    inb = cols < n
+    x = tl.load(X + row * n + cols, mask=inb, other=float("-inf")).to(tl.float32)
+    neg_inf = float("-inf")
+    finite = x > neg_inf
+    if MODE == 0:
+        am1 = 1.0
+        q = 1.0
+        z = x
+    elif MODE == 1:
+        am1 = 0.5
+        q = 2.0
+        z = x * 0.5
+    else:
+        am1 = tl.load(A + row).to(tl.float32) - 1.0
+        q = 1.0 / tl.maximum(am1, 1e-30)
+        z = tl.where(finite, x * am1, neg_inf)
+    m = tl.max(z, axis=0)
+    nonempty = m > neg_inf
+    z = z - tl.where(nonempty, m, 0.0)
+    cnt = tl.maximum(tl.sum(finite.to(tl.float32), axis=0), 1.0)
+    eps = 1.1920928955078125e-07
+    # bracket: f(-1) >= 0 (the maximum alone gives 1), f(-cnt^(1 - alpha)) <= 0
+    lo = 0.0 * cnt - 1.0
+    hi = -tl.exp2(-am1 * tl.log2(cnt))
+    for _ in range(N_BISECT):
+        mid = 0.5 * (lo + hi)
+        d = tl.maximum(z - mid, 0.0)
+        if MODE == 0:
+            f = tl.sum(d, axis=0) - 1.0
+        elif MODE == 1:
+            f = tl.sum(d * d, axis=0) - 1.0
+        else:
+            pos = d > 0.0
+            f = tl.sum(tl.where(pos, tl.exp2(q * tl.log2(tl.where(pos, d, 1.0))), 0.0), axis=0) - 1.0
+        up = f >= 0.0
+        lo = tl.where(up, mid, lo)
+        hi = tl.where(up, hi, mid)
+    if MODE == 2:
+        exact_q = (q == 1.0) | (q == 2.0)
+        go = (nonempty & (am1 > 0.0)).to(tl.int32)
+    else:
+        exact_q = True
+        go = nonempty.to(tl.int32)
+    tau = lo
+    ok = 0 * go
+    it = 0 * go
+    while go != 0:
+        d = tl.maximum(z - tau, 0.0)
+        s_mask = d > 0.0
+        s = s_mask.to(tl.float32)
+        k = tl.sum(s, axis=0)
+        s1 = tl.sum(d, axis=0)
+        s2 = tl.sum(d * d, axis=0)
+        if MODE == 0:
+            f = s1 - 1.0
+            df = k
+        elif MODE == 1:
+            f = s2 - 1.0
+            df = 2.0 * s1
+        else:
+            dq1 = tl.where(s_mask, tl.exp2((q - 1.0) * tl.log2(tl.where(s_mask, d, 1.0))), 0.0)
+            f = tl.sum(dq1 * d, axis=0) - 1.0
+            df = q * tl.sum(dq1, axis=0)
+        up = f >= 0.0
+        lo = tl.where(up, tau, lo)
+        hi = tl.where(up, hi, tau)
+        # the closed form on the support S = {z > tau}, verified (q in {1, 2})
+        kk = tl.maximum(k, 1.0)
+        t1 = tau + (s1 - 1.0) / kk
+        disc = s1 * s1 - k * (s2 - 1.0)
+        t2 = tau + (s1 - tl.sqrt(tl.maximum(disc, 0.0))) / kk
+        if MODE == 0:
+            t = t1
+            valid = k > 0.0
+        elif MODE == 1:
+            t = t2
+            valid = (k > 0.0) & (disc >= 0.0)
+        else:
+            t = tl.where(q == 1.0, t1, t2)
+            valid = exact_q & (k > 0.0) & ((q == 1.0) | (disc >= 0.0))
+        zmin_in = tl.min(tl.where(s_mask, z, float("inf")), axis=0)
+        zmax_out = tl.max(tl.where(s_mask, neg_inf, z), axis=0)
+        verified = valid & (zmin_in >= t) & (zmax_out <= t)
+        # next iterate: Newton (q >= 1) inside the bracket, else bisection
+        newton = tau + f / tl.maximum(df, 1e-30)
+        mid = 0.5 * (lo + hi)
+        if MODE == 2:
+            use_newton = (q >= 1.0) & (df > 0.0) & (newton > lo) & (newton < hi)
+        else:
+            use_newton = (df > 0.0) & (newton > lo) & (newton < hi)
+        new = tl.where(use_newton, newton, mid)
+        tol = 2.0 * eps * tl.maximum(tl.abs(tau), 1.0)
+        if MODE == 2:
+            settled = (~exact_q) & ((f == 0.0) | (hi - lo <= tol)
+                                    | (use_newton & (tl.abs(new - tau) <= tol)))
+        else:
+            settled = f != f  # False: exact modes end by verification (or the cap)
+        tau = tl.where(verified, t, tl.where(settled, tau, new))
+        ok = verified.to(tl.int32)
+        it += 1
+        go = ((~verified) & (~settled) & (it < MAX_ITER)).to(tl.int32)
+    d = tl.maximum(z - tau, 0.0)
+    if MODE == 0:
+        p = d
+    elif MODE == 1:
+        p = d * d
+    else:
+        pos = d > 0.0
+        p = tl.where(pos, tl.exp2(q * tl.log2(tl.where(pos, d, 1.0))), 0.0)
+    total = tl.sum(p, axis=0)
+    renorm = (ok == 0) & (total > 0.0)
+    p = p * tl.where(renorm, 1.0 / tl.where(renorm, total, 1.0), 1.0)
+    if MODE == 2:  # alpha == 1: softmax
+        e = tl.where(finite, tl.exp(x - tl.where(nonempty, tl.max(x, axis=0), 0.0)), 0.0)
+        esum = tl.sum(e, axis=0)
+        e = e / tl.where(esum > 0.0, esum, 1.0)
+        p = tl.where(am1 > 0.0, p, e)
+    p = tl.where(nonempty, p, 0.0)
+    tl.store(Y + row * n + cols, p.to(Y.dtype.element_ty), mask=inb)
+    if HAS_OK:
+        tl.store(OK + row, ok)
+
+
+def _backward_kernel(P, G, DX, A, n, MODE: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    inb = cols < n
+    p = tl.load(P + row * n + cols, mask=inb, other=0.0).to(tl.float32)
+    g = tl.load(G + row * n + cols, mask=inb, other=0.0).to(tl.float32)
+    pos = p > 0.0
+    if MODE == 0:
+        s = pos.to(tl.float32)
+    elif MODE == 1:
+        s = tl.sqrt(p)
+    else:
+        e = 1.0 - tl.load(A + row).to(tl.float32)  # 2 - alpha
+        s = tl.where(pos, tl.exp2(e * tl.log2(tl.where(pos, p, 1.0))), 0.0)
+    ssum = tl.sum(s, axis=0)
+    c = tl.sum(s * g, axis=0) / tl.maximum(ssum, 1.1754943508222875e-38)
+    tl.store(DX + row * n + cols, (s * (g - c)).to(DX.dtype.element_ty), mask=inb)
+
+
+def _kernels() -> Any:
+    """The jitted kernels for the current ``TRITON_INTERPRET`` setting (built once per setting)."""
+    interpret = _interpret()
+    kernels = _KERNELS.get(interpret)
+    if kernels is None:
+        triton = _import_triton()
+        if triton is None:
+            raise RuntimeError(f"nmt.sparse._triton needs triton: {_IMPORT_ERROR}")
+        if interpret:
+            from triton.runtime.interpreter import InterpretedFunction as wrap
+        else:
+            from triton.runtime.jit import JITFunction as wrap
+        kernels = type("Kernels", (), {})()
+        kernels.forward = wrap(_forward_kernel)
+        kernels.backward = wrap(_backward_kernel)
+        _KERNELS[interpret] = kernels
+    return kernels
+
+
+# --------------------------------------------------------------------------------------------
+# Wrappers (shapes decide everything: no host synchronisation)
+# --------------------------------------------------------------------------------------------
+
+def _block(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def _num_warps(block: int) -> int:
+    return 4 if block <= 2048 else 8 if block <= 8192 else 16 if block <= 16384 else 32
+
+
+def _check(name: str, t: Tensor) -> Tensor:
+    if not isinstance(t, Tensor) or t.dim() != 2 or not t.is_floating_point():
+        raise ValueError(f"{name}: expected a 2-D float tensor, got "
+                         f"{getattr(t, 'dtype', type(t).__name__)} of shape {tuple(getattr(t, 'shape', ()))}")
+    if t.shape[1] > MAX_N:
+        raise ValueError(f"{name}: rows of {t.shape[1]} entries exceed the kernels' limit of {MAX_N}")
+    if not (t.is_cuda or (t.device.type == "cpu" and _interpret())):
+        raise ValueError(f"{name}: the Triton kernels need a CUDA tensor (or TRITON_INTERPRET=1 "
+                         f"on CPU), got a tensor on {t.device}")
+    return t.contiguous()
+
+
+def _alpha(alpha_rows: Tensor, x: Tensor) -> Tensor:
+    if not isinstance(alpha_rows, Tensor) or alpha_rows.numel() != x.shape[0]:
+        raise ValueError(f"alpha_rows must be a tensor with one alpha per row ({x.shape[0]}), got "
+                         f"shape {tuple(getattr(alpha_rows, 'shape', ()))}")
+    return alpha_rows.reshape(-1).to(device=x.device, dtype=torch.float32).contiguous()
+
+
+def _forward(x: Tensor, mode: int, alpha_rows: Optional[Tensor] = None,
+             with_ok: bool = False) -> Any:
+    x = _check("x", x)
+    a = _alpha(alpha_rows, x) if mode == _ALPHA else x
+    n_rows, n = x.shape
+    y = torch.empty_like(x)
+    ok = torch.zeros(n_rows if with_ok else 1, dtype=torch.int32, device=x.device)
+    if n_rows and n:
+        block = _block(n)
+        _kernels().forward[(n_rows,)](x, y, a, ok, n, MODE=mode, HAS_OK=with_ok, BLOCK=block,
+                                      N_BISECT=N_BISECT, MAX_ITER=MAX_ITER,
+                                      num_warps=_num_warps(block))
+    return (y, ok) if with_ok else y
+
+
+def _backward(p: Tensor, g: Tensor, mode: int, alpha_rows: Optional[Tensor] = None) -> Tensor:
+    p, g = _check("p", p), _check("g", g)
+    if p.shape != g.shape:
+        raise ValueError(f"p {tuple(p.shape)} and g {tuple(g.shape)} must have the same shape")
+    a = _alpha(alpha_rows, p) if mode == _ALPHA else p
+    n_rows, n = p.shape
+    dx = torch.empty_like(g, dtype=torch.promote_types(p.dtype, g.dtype))
+    if n_rows and n:
+        block = _block(n)
+        _kernels().backward[(n_rows,)](p, g, dx, a, n, MODE=mode, BLOCK=block,
+                                       num_warps=_num_warps(block))
+    return dx
+
+
+def sparsemax_forward(x2d: Tensor) -> Tensor:
+    """Exact sparsemax of the rows of ``x2d: (R, n)`` (``-inf`` -> 0; empty rows -> 0).
+    Returns ``(R, n)`` in ``x2d``'s dtype (computed in float32)."""
+    return _forward(x2d, _SPARSEMAX)
+
+
+def entmax15_forward(x2d: Tensor) -> Tensor:
+    """Exact 1.5-entmax of the rows of ``x2d: (R, n)``; returns ``(R, n)`` in its dtype."""
+    return _forward(x2d, _ENTMAX15)
+
+
+def entmax_forward(x2d: Tensor, alpha_rows: Tensor) -> Tensor:
+    """alpha-entmax of the rows of ``x2d: (R, n)`` with ``alpha_rows: (R,)`` in ``[1, inf)``
+    (1: softmax; 1.5 and 2: exact closed-form finish; otherwise Newton/bisection to float32
+    precision, renormalised). Returns ``(R, n)`` in ``x2d``'s dtype."""
+    return _forward(x2d, _ALPHA, alpha_rows)
+
+
+def sparsemax_backward(p: Tensor, g: Tensor) -> Tensor:
+    """``J^T g`` of sparsemax at output ``p``, both ``(R, n)``: ``s * (g - mean_S g)``."""
+    return _backward(p, g, _SPARSEMAX)
+
+
+def entmax15_backward(p: Tensor, g: Tensor) -> Tensor:
+    """``J^T g`` of 1.5-entmax at output ``p`` (``s = sqrt(p)``), both ``(R, n)``."""
+    return _backward(p, g, _ENTMAX15)
+
+
+def entmax_backward(p: Tensor, g: Tensor, alpha_rows: Tensor) -> Tensor:
+    """``J^T g`` of alpha-entmax at output ``p: (R, n)``, ``alpha_rows: (R,)``:
+    ``s * g - s * (<s, g> / sum s)`` with ``s = p^(2 - alpha)`` on the support."""
+    return _backward(p, g, _ALPHA, alpha_rows)
