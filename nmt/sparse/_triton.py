@@ -3,7 +3,8 @@
 Optional: ``triton`` is imported lazily, on the first kernel launch, and this module imports
 without it (:func:`is_available` then says False). Kernels run on CUDA tensors, or on CPU
 tensors under the Triton interpreter (``TRITON_INTERPRET=1``, how the tests check them without
-a GPU). The kernels are built on first use for the interpreter setting in force at that time.
+a GPU; it must be set before ``triton`` is first imported, which builds its library functions
+for the interpreter or the compiler). The kernels are built on first use, for that setting.
 
 Layout: 2-D ``(R, n)`` tensors, normalised along the last dim (made contiguous). Inputs of any
 float dtype are computed in float32 and returned in the input dtype (so float64 inputs lose
@@ -58,9 +59,6 @@ MAX_N = 65536
 N_BISECT = 8
 """Bisection steps before the Newton refinement (fixed)."""
 
-N_BISECT_CONCAVE = 24
-"""Extra bisection budget hint for alpha > 2 rows: they keep bisecting in the refinement loop."""
-
 MAX_ITER = 64
 """Cap on the in-kernel refinement loop (data-dependent trip count on the device only)."""
 
@@ -90,17 +88,26 @@ def _import_triton() -> Optional[Any]:
     return _TRITON
 
 
+def _runs_here(x: Tensor) -> bool:
+    """Whether a kernel can run on ``x``'s device in this process: CUDA with compiled kernels, or
+    CPU with ``TRITON_INTERPRET=1``, which must also have been set when ``triton.language`` was
+    first imported (its library functions are built for the interpreter or the compiler then)."""
+    interpret = _interpret()
+    if not (x.is_cuda or (x.device.type == "cpu" and interpret)):
+        return False
+    if _import_triton() is None:
+        return False
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(tl.standard.max, InterpretedFunction) == interpret
+
+
 def is_available(x: Tensor) -> bool:
     """True if the kernels can run on ``x``: triton importable, ``x`` on CUDA (or on CPU with
-    ``TRITON_INTERPRET=1`` set), floating point, at least 1-D with rows of at most
-    :data:`MAX_N` entries. No host sync (shape, dtype and device only)."""
+    ``TRITON_INTERPRET=1`` set, also when triton was first imported), floating point, at least
+    1-D with rows of at most :data:`MAX_N` entries. No host sync (shape, dtype, device only)."""
     if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() == 0:
         return False
-    if x.shape[-1] > MAX_N:
-        return False
-    if not (x.is_cuda or (x.device.type == "cpu" and _interpret())):
-        return False
-    return _import_triton() is not None
+    return x.shape[-1] <= MAX_N and _runs_here(x)
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,8 +142,13 @@ def _forward_kernel(X, Y, A, OK, n, MODE: tl.constexpr, HAS_OK: tl.constexpr,
     # bracket: f(-1) >= 0 (the maximum alone gives 1), f(-cnt^(1 - alpha)) <= 0
     lo = 0.0 * cnt - 1.0
     hi = -tl.exp2(-am1 * tl.log2(cnt))
+    if MODE == 2:  # the threshold may be tiny (alpha > 2): split the bracket geometrically
+        hi = tl.minimum(hi, -1e-30)
     for _ in range(N_BISECT):
-        mid = 0.5 * (lo + hi)
+        if MODE == 2:
+            mid = -tl.sqrt(lo * hi)
+        else:
+            mid = 0.5 * (lo + hi)
         d = tl.maximum(z - mid, 0.0)
         if MODE == 0:
             f = tl.sum(d, axis=0) - 1.0
@@ -196,16 +208,19 @@ def _forward_kernel(X, Y, A, OK, n, MODE: tl.constexpr, HAS_OK: tl.constexpr,
         verified = valid & (zmin_in >= t) & (zmax_out <= t)
         # next iterate: Newton (q >= 1) inside the bracket, else bisection
         newton = tau + f / tl.maximum(df, 1e-30)
-        mid = 0.5 * (lo + hi)
+        if MODE == 2:
+            mid = -tl.sqrt(lo * hi)
+        else:
+            mid = 0.5 * (lo + hi)
         if MODE == 2:
             use_newton = (q >= 1.0) & (df > 0.0) & (newton > lo) & (newton < hi)
         else:
             use_newton = (df > 0.0) & (newton > lo) & (newton < hi)
         new = tl.where(use_newton, newton, mid)
-        tol = 2.0 * eps * tl.maximum(tl.abs(tau), 1.0)
+        tol = 2.0 * eps * tl.abs(tau)  # tau < 0 (at most the bracket's upper end)
         if MODE == 2:
-            settled = (~exact_q) & ((f == 0.0) | (hi - lo <= tol)
-                                    | (use_newton & (tl.abs(new - tau) <= tol)))
+            step_small = (q >= 1.0) & (df > 0.0) & (tl.abs(newton - tau) <= tol)
+            settled = (~exact_q) & ((f == 0.0) | (hi - lo <= tol) | step_small)
         else:
             settled = f != f  # False: exact modes end by verification (or the cap)
         tau = tl.where(verified, t, tl.where(settled, tau, new))
@@ -246,7 +261,7 @@ def _backward_kernel(P, G, DX, A, n, MODE: tl.constexpr, BLOCK: tl.constexpr):
     elif MODE == 1:
         s = tl.sqrt(p)
     else:
-        e = 1.0 - tl.load(A + row).to(tl.float32)  # 2 - alpha
+        e = 2.0 - tl.load(A + row).to(tl.float32)  # 2 - alpha
         s = tl.where(pos, tl.exp2(e * tl.log2(tl.where(pos, p, 1.0))), 0.0)
     ssum = tl.sum(s, axis=0)
     c = tl.sum(s * g, axis=0) / tl.maximum(ssum, 1.1754943508222875e-38)
@@ -290,9 +305,12 @@ def _check(name: str, t: Tensor) -> Tensor:
                          f"{getattr(t, 'dtype', type(t).__name__)} of shape {tuple(getattr(t, 'shape', ()))}")
     if t.shape[1] > MAX_N:
         raise ValueError(f"{name}: rows of {t.shape[1]} entries exceed the kernels' limit of {MAX_N}")
-    if not (t.is_cuda or (t.device.type == "cpu" and _interpret())):
-        raise ValueError(f"{name}: the Triton kernels need a CUDA tensor (or TRITON_INTERPRET=1 "
-                         f"on CPU), got a tensor on {t.device}")
+    if _import_triton() is None:
+        raise RuntimeError(f"nmt.sparse._triton needs triton: {_IMPORT_ERROR}")
+    if not _runs_here(t):
+        raise ValueError(f"{name}: the Triton kernels need a CUDA tensor, or a CPU tensor with "
+                         f"TRITON_INTERPRET=1 set before triton was imported; got a tensor on "
+                         f"{t.device} (TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')})")
     return t.contiguous()
 
 
