@@ -37,9 +37,10 @@ not seen in the tests) keep the last iterate and are renormalised. Grid sizes an
 parameters depend on shapes only: the wrappers never synchronise with the host.
 
 ``-inf`` entries (masks) get exact zeros; a row without finite entries maps to all zeros (and
-a zero gradient), as in the torch implementation. alpha-entmax rows with ``alpha == 1`` are
-computed as softmax (supported range of ``alpha_rows``: ``[1, inf)``; values ``< 1`` are not
-checked here and give unspecified results).
+a zero gradient), as in the torch implementation; a row holding NaN or ``+inf`` maps to all
+NaN. alpha-entmax rows with ``alpha == 1`` are computed as softmax; the supported range of
+``alpha_rows`` is ``[1, inf)`` (tested up to 3; beyond about 7 the threshold of long rows
+underflows float32); rows with ``alpha < 1`` or NaN are all NaN.
 
 Backward: ``dx = s * g - s * (<s, g> / sum s)`` with ``s = p^(2 - alpha)`` on the support
 (sparsemax: the support indicator; 1.5-entmax: ``sqrt(p)``; alpha = 1: ``p``, softmax's
@@ -134,6 +135,11 @@ def _forward_kernel(X, Y, A, OK, n, MODE: tl.constexpr, HAS_OK: tl.constexpr,
         am1 = tl.load(A + row).to(tl.float32) - 1.0
         q = 1.0 / tl.maximum(am1, 1e-30)
         z = tl.where(finite, x * am1, neg_inf)
+    # a NaN or +inf score (or, alpha-entmax, an alpha < 1 or NaN) makes the row NaN
+    bad = tl.max(((x != x) | (x == float("inf"))).to(tl.int32), axis=0) > 0
+    if MODE == 2:
+        bad = bad | (~(am1 >= 0.0))
+    z = tl.where(finite & (x < float("inf")), z, neg_inf)
     m = tl.max(z, axis=0)
     nonempty = m > neg_inf
     z = z - tl.where(nonempty, m, 0.0)
@@ -162,10 +168,10 @@ def _forward_kernel(X, Y, A, OK, n, MODE: tl.constexpr, HAS_OK: tl.constexpr,
         hi = tl.where(up, hi, mid)
     if MODE == 2:
         exact_q = (q == 1.0) | (q == 2.0)
-        go = (nonempty & (am1 > 0.0)).to(tl.int32)
+        go = (nonempty & (am1 > 0.0) & (~bad)).to(tl.int32)
     else:
         exact_q = True
-        go = nonempty.to(tl.int32)
+        go = (nonempty & (~bad)).to(tl.int32)
     tau = lo
     ok = 0 * go
     it = 0 * go
@@ -244,6 +250,7 @@ def _forward_kernel(X, Y, A, OK, n, MODE: tl.constexpr, HAS_OK: tl.constexpr,
         e = e / tl.where(esum > 0.0, esum, 1.0)
         p = tl.where(am1 > 0.0, p, e)
     p = tl.where(nonempty, p, 0.0)
+    p = tl.where(bad, float("nan"), p)
     tl.store(Y + row * n + cols, p.to(Y.dtype.element_ty), mask=inb)
     if HAS_OK:
         tl.store(OK + row, ok)

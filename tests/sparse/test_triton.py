@@ -43,6 +43,10 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from nmt.sparse import _triton as T  # noqa: E402
 from nmt.sparse import entmax15, entmax_bisect, sparsemax  # noqa: E402
 
+# numpy's warnings from the interpreter evaluating masked-out lanes (e.g. log2(0) under a where)
+pytestmark = [pytest.mark.filterwarnings(f"ignore:{m}:RuntimeWarning")
+              for m in ("invalid value encountered", "divide by zero", "overflow encountered")]
+
 INTERPRETED = isinstance(triton.language.standard.max, InterpretedFunction)
 RUNNABLE = ON_CUDA != INTERPRETED  # CUDA with compiled kernels, or CPU with the interpreter
 DEVICE = "cuda" if ON_CUDA else "cpu"
@@ -271,6 +275,20 @@ def test_alpha_backward(alpha):
         fd = _fd_vjp_dot("bisect", x, g, v, alpha)[SMOOTH]
         got = (dx.double() * v.double()).sum(-1)[SMOOTH]
         assert torch.allclose(got, fd, rtol=1e-4, atol=1e-4), (got, fd)
+
+
+def test_nan_rows():
+    """A NaN or +inf score, or an alpha < 1 or NaN, makes its row NaN (as the static torch path);
+    the other rows are unaffected."""
+    x = rows(7)
+    x[0, 2], x[1, 3] = float("nan"), float("inf")
+    for fwd in (T.sparsemax_forward, T.entmax15_forward):
+        p = run(fwd, x)
+        assert p[:2].isnan().all() and not p[2:].isnan().any()
+        assert torch.equal(p[2:], run(fwd, x[2:]))
+    a = torch.tensor([1.5, 1.5, 0.5, float("nan"), 1.5, 1.0, 2.0, 3.0])
+    p = run(T.entmax_forward, x, a)
+    assert p[:4].isnan().all() and not p[4:].isnan().any()
 
 
 def test_empty_shapes_and_bad_input():
