@@ -303,7 +303,12 @@ def _block(n: int) -> int:
 
 
 def _num_warps(block: int) -> int:
-    return 4 if block <= 2048 else 8 if block <= 8192 else 16 if block <= 16384 else 32
+    """Warps per row: one warp (shuffle-only reductions) for attention-sized rows, up to 32
+    (64 registers a thread) for the longest."""
+    for warps, top in ((1, 128), (2, 512), (4, 2048), (8, 8192), (16, 16384)):
+        if block <= top:
+            return warps
+    return 32
 
 
 def _check(name: str, t: Tensor) -> Tensor:
