@@ -11,8 +11,8 @@
   Triton installed) for the mappings; thresholds themselves use ``"static"``.
 * ``"auto"`` (default): ``"pruned"`` on the CPU in eager mode, ``"static"`` while
   ``torch.compile`` traces (the pruned path's data-dependent shapes cannot be traced), and on
-  other devices ``"triton"`` where :func:`nmt.sparse._triton.is_available` accepts the input,
-  else ``"static"``.
+  other devices ``"triton"`` where :func:`nmt.sparse._triton.is_available` accepts the input
+  and it is not float64 (the kernels compute in float32), else ``"static"``.
 
 Both paths work *relative to the row maximum*: :func:`shifted_threshold` returns
 ``(tau_rel, zmax)`` with ``p = [scale * (x - zmax) - tau_rel]_+^q``, which keeps the float
@@ -63,7 +63,8 @@ def resolve_impl(impl: str, x: Tensor, triton_ok: bool = True) -> str:
             return "static"
         if x.device.type == "cpu":
             return "pruned"
-        return "triton" if triton_ok and triton_available(x) else "static"
+        # the kernels compute in float32: float64 keeps the static path's precision
+        return "triton" if triton_ok and x.dtype != torch.float64 and triton_available(x) else "static"
     if impl == "triton":
         if not triton_ok:
             return "static"

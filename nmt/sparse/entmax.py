@@ -110,10 +110,8 @@ class Entmax15Function(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         (r,) = ctx.saved_tensors
-        if ctx.triton:
-            p = _rows(r)
-            a = p.new_full((p.shape[0], 1), 1.5)
-            return _dispatch._triton.entmax_backward(p, _rows(grad), a).view(r.shape), None
+        if ctx.triton:  # saved p: the kernel takes s = sqrt(p)
+            return _dispatch._triton.entmax15_backward(_rows(r), _rows(grad)).view(r.shape), None
         return _entmax_backward(r, grad), None
 
 
@@ -143,9 +141,15 @@ class EntmaxBisectFunction(torch.autograd.Function):
         kind = resolve_impl(impl, x)
         ctx.alpha, ctx.triton = alpha_float, kind == "triton"
         tiny = torch.finfo(x.dtype).tiny
-        if ctx.triton:
-            a = alpha.expand(*x.shape[:-1], 1).reshape(-1, 1).contiguous()
-            p = _dispatch._triton.entmax_forward(_rows(x), a).view(x.shape)
+        if ctx.triton:  # float alpha 2 / 1.5: the dedicated exact kernels
+            kernels = _dispatch._triton
+            if alpha_float == 2.0:
+                p = kernels.sparsemax_forward(_rows(x))
+            elif alpha_float == 1.5:
+                p = kernels.entmax15_forward(_rows(x))
+            else:
+                p = kernels.entmax_forward(_rows(x), alpha.expand(*x.shape[:-1], 1).reshape(-1))
+            p = p.view(x.shape)
             ctx.save_for_backward(p, alpha)
             return p
         eps = torch.finfo(x.dtype).eps
@@ -183,29 +187,45 @@ class EntmaxBisectFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        if ctx.triton and not ctx.needs_input_grad[1]:
+        if ctx.triton:  # the kernel for x; the alpha-gradient (learnable alpha) in torch below
             p, alpha = ctx.saved_tensors
-            a = alpha.expand(*p.shape[:-1], 1).reshape(-1, 1).contiguous()
-            gx = _dispatch._triton.entmax_backward(_rows(p), _rows(grad), a).view(p.shape)
-            return gx, None, None, None, None
+            kernels, gx = _dispatch._triton, None
+            if ctx.needs_input_grad[0]:
+                if ctx.alpha == 2.0:
+                    gx = kernels.sparsemax_backward(_rows(p), _rows(grad))
+                elif ctx.alpha == 1.5:
+                    gx = kernels.entmax15_backward(_rows(p), _rows(grad))
+                else:
+                    a = alpha.expand(*p.shape[:-1], 1).reshape(-1)
+                    gx = kernels.entmax_backward(_rows(p), _rows(grad), a)
+                gx = gx.view(p.shape)
+            if not ctx.needs_input_grad[1]:
+                return gx, None, None, None, None
+            return gx, _alpha_grad(p, alpha, grad), None, None, None
         if ctx.alpha is not None and not ctx.triton:  # saved r = [(alpha - 1) x - tau]_+, alpha a float
             r, _ = ctx.saved_tensors
             e = (2 - ctx.alpha) / (ctx.alpha - 1)
             s = r if e == 1 else _support_power(r, e)
             return _entmax_backward(s, grad), None, None, None, None
         p, alpha = ctx.saved_tensors
-        am1 = alpha - 1
         s = _support_power(p, 2 - alpha)
         gx = _entmax_backward(s, grad) if ctx.needs_input_grad[0] else None
-        galpha = None
-        if ctx.needs_input_grad[1]:
-            supp = p > 0
-            logp = torch.where(supp, p, 1).log()
-            w = p * (1 - am1 * logp) / (am1 * am1)
-            ssum = s.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(s.dtype).tiny)
-            dp = w - s * (w.sum(dim=-1, keepdim=True) / ssum)
-            galpha = (grad * dp).sum(dim=-1, keepdim=True)
+        galpha = _alpha_grad(p, alpha, grad, s) if ctx.needs_input_grad[1] else None
         return gx, galpha, None, None, None
+
+
+def _alpha_grad(p: Tensor, alpha: Tensor, grad: Tensor, s: Optional[Tensor] = None) -> Tensor:
+    """``<grad, dp/dalpha>`` per row ``(..., 1)`` at output ``p``; ``s = p^(2 - alpha)`` on the
+    support (computed if not given). No host sync."""
+    am1 = alpha - 1
+    if s is None:
+        s = _support_power(p, 2 - alpha)
+    supp = p > 0
+    logp = torch.where(supp, p, 1).log()
+    w = p * (1 - am1 * logp) / (am1 * am1)
+    ssum = s.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(s.dtype).tiny)
+    dp = w - s * (w.sum(dim=-1, keepdim=True) / ssum)
+    return (grad * dp).sum(dim=-1, keepdim=True)
 
 
 def _alpha_rows(alpha: Union[float, Tensor], scores: Tensor, dim: int, check: bool) -> Tensor:

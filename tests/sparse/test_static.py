@@ -211,7 +211,7 @@ def test_triton_dispatch_contract(monkeypatch):
     def bwd(p, g, alpha_rows=None):
         assert p.dim() == 2 and g.dim() == 2 and p.is_contiguous()
         calls.append("backward")
-        a = 2.0 if alpha_rows is None else alpha_rows
+        a = 2.0 if alpha_rows is None else alpha_rows.reshape(-1, 1)  # alpha_rows: (R,)
         s = torch.where(p > 0, torch.where(p > 0, p, 1) ** (2 - a), 0)
         return s * (g - (s * g).sum(-1, keepdim=True) / s.sum(-1, keepdim=True))
 
@@ -219,8 +219,9 @@ def test_triton_dispatch_contract(monkeypatch):
         is_available=lambda x: True,
         sparsemax_forward=fwd("sparsemax", lambda x: sparsemax(x, impl="static")),
         entmax15_forward=fwd("entmax15", lambda x: entmax15(x, impl="static")),
-        entmax_forward=fwd("entmax", lambda x, a: entmax_bisect(x, a, impl="static")),
+        entmax_forward=fwd("entmax", lambda x, a: entmax_bisect(x, a.reshape(-1, 1), impl="static")),
         sparsemax_backward=lambda p, g: bwd(p, g),
+        entmax15_backward=lambda p, g: bwd(p, g, torch.full((p.shape[0],), 1.5, dtype=p.dtype)),
         entmax_backward=bwd,
     )
     monkeypatch.setattr(_dispatch, "_triton", fake)

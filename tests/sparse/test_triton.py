@@ -351,6 +351,68 @@ def test_wrappers_do_not_sync(monkeypatch):
     assert launches == [((6,), 512)] * 5
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_front_doors_with_impl_triton_equal_static(dtype):
+    """sparsemax / entmax15 / entmax_bisect(impl="triton") run the kernels (forward and backward)
+    and agree with impl="static": 3-D input along dim=1, a mask with an all-masked row."""
+    from nmt.sparse import _dispatch
+
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(2, 9, 3, generator=g) * 2).to(dtype)
+    mask = torch.rand(2, 9, 3, generator=g) < 0.7
+    mask[0, :, 1] = False
+    mask[1, 4, 2] = True
+    grad = torch.randn(2, 9, 3, generator=g).to(dtype)
+    fronts = {"sparsemax": lambda t, **k: sparsemax(t, dim=1, mask=mask.to(t.device), **k),
+              "entmax15": lambda t, **k: entmax15(t, dim=1, mask=mask.to(t.device), **k),
+              "bisect1.3": lambda t, **k: entmax_bisect(t, 1.3, dim=1, mask=mask.to(t.device), **k),
+              "bisect1.5": lambda t, **k: entmax_bisect(t, 1.5, dim=1, mask=mask.to(t.device), **k),
+              "bisect2": lambda t, **k: entmax_bisect(t, 2.0, dim=1, mask=mask.to(t.device), **k)}
+    atol = 1e-6 if dtype == torch.float32 else 1e-2
+    for name, f in fronts.items():
+        out = {}
+        for impl in ("static", "triton"):
+            xi = x.to(DEVICE).requires_grad_()
+            p = f(xi, impl=impl)
+            p.backward(grad.to(DEVICE))
+            out[impl] = (p.detach().cpu(), xi.grad.cpu())
+        (ps, gs), (pt, gt) = out["static"], out["triton"]
+        assert pt.dtype == dtype
+        assert torch.allclose(pt.float(), ps.float(), atol=atol), name
+        assert torch.equal(pt > 0, ps > 0), name
+        assert torch.allclose(gt.float(), gs.float(), atol=10 * atol), name
+        assert (pt[0, :, 1] == 0).all() and (gt[0, :, 1] == 0).all()
+    assert _dispatch.resolve_impl("triton", x.to(DEVICE)) == "triton"
+
+
+def test_learnable_alpha_with_impl_triton():
+    """A per-row tensor alpha (rows at 1: softmax): the kernels for the scores' gradient, torch
+    for alpha's; both equal the static path's."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(4, 30, generator=g)
+    grad = torch.randn(4, 30, generator=g)
+    out = {}
+    for impl in ("static", "triton"):
+        alpha = torch.tensor([[1.0], [1.3], [1.5], [2.5]], device=DEVICE, requires_grad=True)
+        xi = x.to(DEVICE).requires_grad_()
+        p = entmax_bisect(xi, alpha, impl=impl)
+        p.backward(grad.to(DEVICE))
+        out[impl] = (p.detach().cpu(), xi.grad.cpu(), alpha.grad.cpu())
+    for a, b in zip(out["static"], out["triton"]):
+        assert torch.allclose(a, b, atol=2e-5), (a, b)
+
+
+def test_auto_prefers_kernels_off_cpu_except_float64(monkeypatch):
+    """impl="auto" off the CPU takes the kernels where they accept the input, but not for
+    float64 (the kernels compute in float32)."""
+    from nmt.sparse import _dispatch
+
+    monkeypatch.setattr(_dispatch, "triton_available", lambda x: True)
+    assert _dispatch.resolve_impl("auto", torch.empty(2, 3, device="meta")) == "triton"
+    assert _dispatch.resolve_impl("auto", torch.empty(2, 3, device="meta", dtype=torch.float64)) == "static"
+    assert _dispatch.resolve_impl("auto", torch.empty(2, 3)) == "pruned"
+
+
 _COMPILE_SCRIPT = """
 import triton
 from triton.backends import backends
