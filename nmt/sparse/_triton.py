@@ -199,7 +199,7 @@ def _forward_kernel(X, Y, A, OK, n, MODE: tl.constexpr, HAS_OK: tl.constexpr,
         kk = tl.maximum(k, 1.0)
         t1 = tau + (s1 - 1.0) / kk
         disc = s1 * s1 - k * (s2 - 1.0)
-        t2 = tau + (s1 - tl.sqrt(tl.maximum(disc, 0.0))) / kk
+        t2 = tau + (s1 - tl.sqrt_rn(tl.maximum(disc, 0.0))) / kk
         if MODE == 0:
             t = t1
             valid = k > 0.0
@@ -266,7 +266,7 @@ def _backward_kernel(P, G, DX, A, n, MODE: tl.constexpr, BLOCK: tl.constexpr):
     if MODE == 0:
         s = pos.to(tl.float32)
     elif MODE == 1:
-        s = tl.sqrt(p)
+        s = tl.sqrt_rn(p)  # IEEE-rounded (tl.sqrt is approximate on GPUs)
     else:
         e = 2.0 - tl.load(A + row).to(tl.float32)  # 2 - alpha
         s = tl.where(pos, tl.exp2(e * tl.log2(tl.where(pos, p, 1.0))), 0.0)

@@ -125,10 +125,14 @@ def ref_forward(kind: str, x: torch.Tensor, alpha: float = 1.5) -> torch.Tensor:
     return entmax_bisect(x, alpha=alpha)
 
 
-def assert_matches(p: torch.Tensor, ref: torch.Tensor, atol: float = 1e-6) -> None:
+def assert_matches(p: torch.Tensor, ref: torch.Tensor, atol: float = 1e-6, tiny: float = 0.0) -> None:
+    """Values within ``atol``; zeros at the same positions, except entries below ``tiny`` in the
+    reference (alpha-entmax: GPUs flush float32 denormals to zero in the kernel's exp2)."""
     err = (p.double() - ref).abs().max().item() if p.numel() else 0.0
     assert err <= atol, f"max abs error {err:.3g} > {atol}"
-    assert torch.equal(p > 0, ref > 0), "zeros at different positions"
+    assert torch.equal(p > 0, ref > 0) if tiny == 0 else (
+        torch.equal(p[ref == 0] > 0, ref[ref == 0] > 0) and (p[ref > tiny] > 0).all()), \
+        "zeros at different positions"
 
 
 def forward_ok(x: torch.Tensor, mode: int, alpha=None):
@@ -181,7 +185,8 @@ def test_alpha_forward_per_row_alphas(n):
             assert (p[blk] - ref).abs().max() <= 1e-6
             assert torch.equal(p[blk] == 0, (ref == 0) | ((p[blk] == 0) & (ref < 1e-30)))
         else:
-            assert_matches(p[blk], ref_forward("bisect", x[blk], alpha))
+            assert_matches(p[blk], ref_forward("bisect", x[blk], alpha),
+                           tiny=0.0 if alpha in (1.5, 2.0) else 1e-30)
         if alpha in (1.5, 2.0):  # exact finish, verified in the kernel
             assert ok[blk].tolist() == nonempty
     # alpha = 1.5 / 2 rows agree with the dedicated exact kernels (up to float32 rounding: the
@@ -196,7 +201,7 @@ def test_alpha_forward_matches_entmax_package():
     for alpha in (1.25, 1.5, 2.0, 3.0):
         p = run(T.entmax_forward, x, torch.full((x.shape[0],), alpha))
         ref = entmax.entmax_bisect(x.double(), alpha=alpha, dim=-1, n_iter=100)
-        assert_matches(p, ref / ref.sum(-1, keepdim=True))
+        assert_matches(p, ref / ref.sum(-1, keepdim=True), tiny=0.0 if alpha in (1.5, 2.0) else 1e-30)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
@@ -383,8 +388,7 @@ def test_front_doors_with_impl_triton_equal_static(dtype):
             out[impl] = (p.detach().cpu(), xi.grad.cpu())
         (ps, gs), (pt, gt) = out["static"], out["triton"]
         assert pt.dtype == dtype
-        assert torch.allclose(pt.float(), ps.float(), atol=atol), name
-        assert torch.equal(pt > 0, ps > 0), name
+        assert_matches(pt.float(), ps.double(), atol, tiny=1e-30 if name == "bisect1.3" else 0.0)
         assert torch.allclose(gt.float(), gs.float(), atol=10 * atol), name
         assert (pt[0, :, 1] == 0).all() and (gt[0, :, 1] == 0).all()
     assert _dispatch.resolve_impl("triton", x.to(DEVICE)) == "triton"
