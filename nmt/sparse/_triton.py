@@ -68,6 +68,7 @@ _SPARSEMAX, _ENTMAX15, _ALPHA = 0, 1, 2
 _KERNELS: Dict[bool, Any] = {}
 _TRITON: Optional[Any] = None
 _IMPORT_ERROR: Optional[BaseException] = None
+_LIBRARY_INTERPRETED: Optional[bool] = None
 tl: Any = None  # triton.language, bound on first use (the kernels resolve it from the module globals)
 
 
@@ -98,8 +99,17 @@ def _runs_here(x: Tensor) -> bool:
         return False
     if _import_triton() is None:
         return False
-    from triton.runtime.interpreter import InterpretedFunction
-    return isinstance(tl.standard.max, InterpretedFunction) == interpret
+    return _library_interpreted() == interpret
+
+
+def _library_interpreted() -> bool:
+    """Whether triton.language's library functions were built for the interpreter (fixed at
+    its import; cached)."""
+    global _LIBRARY_INTERPRETED
+    if _LIBRARY_INTERPRETED is None:
+        from triton.runtime.interpreter import InterpretedFunction
+        _LIBRARY_INTERPRETED = isinstance(tl.standard.max, InterpretedFunction)
+    return _LIBRARY_INTERPRETED
 
 
 def is_available(x: Tensor) -> bool:
