@@ -11,6 +11,7 @@ CUDA events.
 
     python tools/bench_sparse.py --device cpu            # (320, 50) (4096, 50) (1024, 8000) (256, 32000) (4096, 32000)
     python tools/bench_sparse.py --device cuda --impl static
+    python tools/bench_sparse.py --device cuda --impl triton --vs static   # kernels vs static path
     python tools/bench_sparse.py --quick                 # small shapes, few repetitions (smoke run)
     python tools/bench_sparse.py --shapes 1024x8000,256x32000 --dtypes float32 --no-losses
 """
@@ -136,7 +137,7 @@ Row = tuple[str, str, float, float, Optional[float], int]
 
 
 def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.device, impl: str,
-                  timer: Timer) -> list[Row]:
+                  timer: Timer, vs: Optional[str] = None) -> list[Row]:
     x = torch.randn(*shape, device=device).to(dtype)
     g = torch.randn(*shape, device=device).to(dtype)
     n = shape[-1]
@@ -147,6 +148,10 @@ def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
         "entmax15": lambda s: entmax15(s, **kw),
         "entmax_bisect(1.5)": lambda s: entmax_bisect(s, 1.5, **kw),
     }
+    if vs is not None:  # the same mappings with another impl, measured in the same run
+        ours.update({f"sparsemax [{vs}]": lambda s: sparsemax(s, impl=vs),
+                     f"entmax15 [{vs}]": lambda s: entmax15(s, impl=vs),
+                     f"entmax_bisect(1.5) [{vs}]": lambda s: entmax_bisect(s, 1.5, impl=vs)})
     refs: dict[str, list[Callable]] = {}
     if ref is not None:
         top_k = n > 100  # the package's top-k setting only makes sense on long rows
@@ -162,7 +167,7 @@ def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
         for name, f in ours.items():
             run = mapping_runner(f, x, g, backward)
             t = base if name == "softmax" else timer(run)
-            ref_times = [_safe(timer, mapping_runner(r, x, g, backward)) for r in refs.get(name, [])]
+            ref_times = [_safe(timer, mapping_runner(r, x, g, backward)) for r in refs.get(name.split(" [")[0], [])]
             best = min((r for r in ref_times if r is not None), default=None)
             rows.append((name, kind, t, t / base, None if best is None else t / best, host_syncs(run, device)))
     return rows
@@ -220,6 +225,9 @@ def _shape(text: str) -> tuple[int, int]:
 def main(argv: Optional[list[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    ap.add_argument("--vs", default=None, choices=["auto", "pruned", "static", "triton"],
+                    help="also time the exact mappings with this impl in the same run (rows marked [impl]), "
+                         "e.g. --impl triton --vs static")
     ap.add_argument("--impl", default="auto", choices=["auto", "pruned", "static", "triton"],
                     help="algorithm of the exact mappings (default auto: pruned on CPU, static/triton on CUDA)")
     ap.add_argument("--quick", action="store_true", help="small shapes, float32, 3 repetitions (smoke run)")
@@ -250,7 +258,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         reps = args.reps or (3 if args.quick else max(3, min(15, int(4e7 // (shape[0] * shape[1])))))
         timer = Timer(device, reps, stat=args.stat, clock=args.clock)
         for dtype in dtypes:
-            rows = mapping_table(shape, dtype, device, args.impl, timer)
+            rows = mapping_table(shape, dtype, device, args.impl, timer, args.vs)
             print_table(f"mappings {shape} {str(dtype).replace('torch.', '')}, reps={reps}", rows, "softmax", args.stat)
     if not args.no_losses:
         for shape in shapes:
