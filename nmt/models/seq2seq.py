@@ -69,10 +69,18 @@ class Seq2Seq(nn.Module):
 
     def step(self, tokens: Tensor, state: State, encoder_out: State) -> tuple[Tensor, Tensor, State]:
         """tokens: (N,) previous ids. Returns log_probs (N, V), attention (N, L), new state."""
+        _, log_probs, attention, state = self.step_with_scores(tokens, state, encoder_out)
+        return log_probs, attention, state
+
+    def step_with_scores(self, tokens: Tensor, state: State,
+                         encoder_out: State) -> tuple[Tensor, Tensor, Tensor, State]:
+        """``step`` that also returns the raw output scores: (logits (N, V), log_probs (N, V),
+        attention (N, L), new state); scoring ranks tokens outside the support by the logits."""
         out, attention, state = self.decoder.step(
             self.tgt_embeddings(tokens), state, encoder_out["memory"], encoder_out["src_mask"], encoder_out["keys"]
         )
-        return self.log_probs(self.generator(out)), attention, state
+        logits = self.generator(out)
+        return logits, self.log_probs(logits), attention, state
 
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
         """Teacher forcing. src: (B, L); src_lengths: (B,); tgt_in: (B, T) = BOS + y.

@@ -1,0 +1,162 @@
+"""Score text pairs (source, reference) with a model: batching, detokenised records, a summary."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from nmt.data.batching import collate, make_batches
+from nmt.data.field import Field
+from nmt.models.protocol import StepDecoder
+from nmt.translate.scoring import BatchScores, score_batch
+
+EMPTY_SOURCE = "empty_source"
+"""``reason`` of a pair whose source line is empty: it is not scored."""
+
+
+@dataclass
+class PairScore:
+    """The score of one (source, reference) pair (``index``: 0-based line number).
+
+    logprob: total log-probability of the reference and EOS (``-inf``: probability 0; None:
+    not scored, see ``reason``); tokens / token_logprobs: the reference tokens (EOS included)
+    and their log-probabilities; zero_probability: the model gives the reference probability
+    exactly 0; first_zero: where it first leaves the support, ``{"position", "token", "rank",
+    "support_size", "rank_by"}`` (None when the probability is not 0).
+    """
+
+    index: int
+    logprob: float | None
+    tokens: list[str]
+    token_logprobs: list[float]
+    zero_probability: bool
+    first_zero: dict[str, Any] | None = None
+    reason: str | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        """Reference tokens scored, EOS included."""
+        return len(self.tokens)
+
+    def report(self) -> dict[str, Any]:
+        """The JSON-lines record (``-inf`` written as null: JSON has no infinity)."""
+        def number(x: float | None) -> float | None:
+            return x if x is not None and math.isfinite(x) else None
+
+        return {
+            "id": self.index,
+            "logprob": number(self.logprob),
+            "n_tokens": self.n_tokens,
+            "logprob_per_token": number(self.logprob / self.n_tokens) if self.logprob is not None
+            and self.n_tokens else None,
+            "zero_probability": self.zero_probability,
+            "first_zero": self.first_zero,
+            "tokens": self.tokens,
+            "token_logprobs": [number(x) for x in self.token_logprobs],
+            "reason": self.reason,
+        }
+
+
+class _PairIds:
+    """Token ids of the scored pairs, in the layout ``make_batches``/``collate`` read."""
+
+    def __init__(self, src: list[list[int]], tgt: list[list[int]]) -> None:
+        self.src, self.tgt = src, tgt
+        self.src_lengths = [len(x) for x in src]
+        self.tgt_lengths = [len(x) for x in tgt]
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+class Scorer:
+    """Batched teacher-forced scoring with one model or an ``Ensemble`` (``score_batch``)."""
+
+    def __init__(self, model: StepDecoder, src_field: Field, tgt_field: Field, *, batch_size: int = 64,
+                 device: str | torch.device = "cpu") -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model, self.src_field, self.tgt_field = model, src_field, tgt_field
+        self.batch_size, self.device = batch_size, device
+        self.seconds = 0.0
+
+    def score(self, sources: Sequence[str], references: Sequence[str],
+              progress: Callable[[int], None] | None = None) -> list[PairScore]:
+        """Scores of the pairs in input order; ``progress(n)`` after each batch of n pairs."""
+        if len(sources) != len(references):
+            raise ValueError(f"{len(sources)} sources but {len(references)} references")
+        start = time.perf_counter()
+        src = [self.src_field.encode(s) if s.strip() else [] for s in sources]
+        tgt = [self.tgt_field.encode(t) if t.strip() else [] for t in references]
+        data = _PairIds(src, tgt)
+        results: list[PairScore | None] = [None] * len(sources)
+        for i, ids in enumerate(src):
+            if not ids:
+                results[i] = PairScore(i, None, [], [], False, reason=EMPTY_SOURCE)
+                if progress is not None:
+                    progress(1)
+        vocab = self.tgt_field.vocab
+        nonempty = [i for i, ids in enumerate(src) if ids]
+        for indices in make_batches(data, self.batch_size, shuffle=False, indices=nonempty):
+            batch = collate(data, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index).to(self.device)
+            scores = score_batch(self.model, batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out,
+                                 batch.tgt_lengths).cpu()
+            tgt_out = batch.tgt_out.cpu().tolist()
+            for row, i in enumerate(batch.indices):
+                results[i] = self._unpack(scores, row, i, tgt_out[row])
+            if progress is not None:
+                progress(len(batch))
+        self.seconds += time.perf_counter() - start
+        return results  # type: ignore[return-value]
+
+    def _unpack(self, scores: BatchScores, row: int, index: int, tgt_out: list[int]) -> PairScore:
+        n = int(scores.lengths[row])
+        tokens = self.tgt_field.vocab.tokens(tgt_out[:n])
+        first_zero = None
+        zero = bool(scores.zero[row])
+        if zero:
+            position = int(scores.first_zero[row])
+            first_zero = {"position": position, "token": tokens[position], "rank": int(scores.zero_rank[row]),
+                          "support_size": int(scores.zero_support[row]), "rank_by": scores.rank_by}
+        return PairScore(index, float(scores.total[row]), tokens, scores.token_logprobs[row, :n].tolist(),
+                         zero, first_zero)
+
+
+@dataclass
+class ScoreSummary:
+    """Corpus statistics of a list of pair scores (pairs with an empty source are not scored)."""
+
+    pairs: int
+    scored: int
+    zero_percent: float
+    mean_logprob: float | None
+    mean_token_logprob: float | None
+
+    @classmethod
+    def of(cls, scores: Sequence[PairScore]) -> "ScoreSummary":
+        scored = [s for s in scores if s.logprob is not None]
+        finite = [s for s in scored if not s.zero_probability]
+        tokens = sum(s.n_tokens for s in finite)
+        return cls(
+            pairs=len(scores),
+            scored=len(scored),
+            zero_percent=100.0 * sum(s.zero_probability for s in scored) / max(len(scored), 1),
+            mean_logprob=sum(s.logprob for s in finite) / len(finite) if finite else None,  # type: ignore[misc]
+            mean_token_logprob=sum(s.logprob for s in finite) / tokens if tokens else None,  # type: ignore[misc]
+        )
+
+    def line(self) -> str:
+        """One human-readable line, e.g. ``8 pairs; zero probability 12.5%; mean log-prob ...``."""
+        skipped = f" ({self.pairs - self.scored} with an empty source, not scored)" if self.pairs > self.scored else ""
+        if self.mean_logprob is None:
+            mean = "mean log-prob n/a (no reference of nonzero probability)"
+        else:
+            mean = (f"mean log-prob {self.mean_logprob:.4f} per sentence, {self.mean_token_logprob:.4f} per token "
+                    f"(over references of nonzero probability)")
+        return f"{self.pairs} pairs{skipped}; zero probability {self.zero_percent:.1f}%; {mean}"
+
+
+__all__ = ["EMPTY_SOURCE", "PairScore", "ScoreSummary", "Scorer"]
