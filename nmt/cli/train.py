@@ -14,11 +14,19 @@ from typing import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``nmt-train`` argument parser (``--help`` shows defaults; config defaults are listed in
+    ``configs/reference.yaml``)."""
+    from nmt import __version__
+    from nmt.cli.help_format import DefaultsHelpFormatter
+
     parser = argparse.ArgumentParser(
         prog="nmt-train",
         description="Train a sequence-to-sequence model from a YAML config. If training.save_dir already "
                     "holds last.pt, training resumes from it.",
+        epilog="Every config option, with its default and meaning, is listed in configs/reference.yaml.",
+        formatter_class=DefaultsHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-config", "--config", required=True, metavar="FILE.yaml", help="YAML config file")
     parser.add_argument("-set", "--set", dest="overrides", action="extend", nargs="+", default=[],
                         metavar="KEY=VALUE", help="override a config value, e.g. -set training.max_steps=500 "

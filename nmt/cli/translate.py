@@ -1,35 +1,33 @@
-"""``nmt-translate``: translate a file (or stdin) with one checkpoint or an ensemble.
+"""``nmt-translate``: translate (or score) with one checkpoint or an ensemble.
 
     nmt-translate -model M.pt [M2.pt ...] -src FILE|- -output FILE|- -beam_size 5 -n_best 1
                   -batch_size 64 -max_length 100 -length_penalty none -report FILE.jsonl
-                  [-tgt REF] [-attention DIR] [-support] [-device cpu|cuda]
+                  [-tgt REF] [-attention DIR] [-support] [-device cpu|cuda|auto]
+    nmt-translate -model M.pt -src SRC -tgt REF -score_output scores.jsonl      (scoring)
 
-Output: the detokenized best hypothesis per input line (``n_best`` lines per input line with
-``-n_best N``, padded with empty lines), written atomically; empty input lines give empty
+Modes (one module each): a source file is translated whole and every output written
+atomically (``translate_file``); ``-src - -output -`` streams, translating lines as they
+arrive (``translate_stream``); ``-mode score`` / ``-score_output`` scores the references
+(``translate_score``). Output: the detokenized best hypothesis per input line (``n_best``
+lines per input line with ``-n_best N``, padded with empty lines); empty input lines give empty
 output lines. ``-report``: one JSON line per input sentence with its certificate and n-best
-list. A summary goes to stderr. Heavy modules (matplotlib, sacrebleu) are imported only when
-needed.
+list. A summary goes to stderr (not with ``-quiet``); the metric line of ``-tgt`` always.
+Heavy modules (torch, matplotlib, sacrebleu) are imported only when needed.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import signal
 import sys
 import threading
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
-if TYPE_CHECKING:
-    from nmt.translate.search_options import SearchOptions
+from nmt.cli.translate_common import PROG, SEARCH_FLAGS, search_options  # noqa: F401 (SEARCH_FLAGS re-exported)
 
 _IMPORTED_AT = time.perf_counter()  # start-up is measured from here when run as a program
-PROG = "nmt-translate"
-SEARCH_FLAGS = ("beam_size", "n_best", "max_length", "min_length", "length_penalty", "length_alpha",
-                "support_topk")
-"""Flags that are ``SearchOptions`` fields of the same name (defaults taken from it)."""
+MODES = ("translate", "score")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,12 +35,25 @@ def build_parser() -> argparse.ArgumentParser:
     from nmt.translate.length_penalty import LENGTH_PENALTIES
     from nmt.translate.search_options import SearchOptions
 
+    from nmt import __version__
+    from nmt.cli.help_format import DefaultsHelpFormatter
+    from nmt.utils.heatmap import FORMATS
+
     d = SearchOptions()
-    p = argparse.ArgumentParser(prog=PROG, description="Translate with certified beam search.")
+    p = argparse.ArgumentParser(prog=PROG, description="Translate with certified beam search, or score references.",
+                                formatter_class=DefaultsHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("-model", "--model", nargs="+", required=True, metavar="M.pt",
                    help="checkpoint(s); several are decoded as an ensemble (mean of probabilities)")
-    p.add_argument("-src", "--src", required=True, metavar="FILE|-", help="source text, one sentence a line")
-    p.add_argument("-output", "--output", default="-", metavar="FILE|-", help="translations (default: stdout)")
+    p.add_argument("-src", "--src", required=True, metavar="FILE|-", help="source text, one sentence a line; - reads stdin (with -output -: "
+                   "streamed, each line translated as it arrives; interactive on a terminal)")
+    p.add_argument("-mode", "--mode", choices=MODES, default="translate",
+                   help="translate the source, or score the references of -tgt (teacher forcing)")
+    p.add_argument("-score_output", "--score_output", metavar="FILE.jsonl|-",
+                   help="score mode: one JSON line per pair (log-probabilities, zero-probability "
+                   "references and where they leave the support); implies -mode score "
+                   "(default: -output)")
+    p.add_argument("-output", "--output", default="-", metavar="FILE|-", help="translations (- = stdout)")
     p.add_argument("-beam_size", "--beam_size", type=int, default=d.beam_size, help="beam size (1 = greedy)")
     p.add_argument("-n_best", "--n_best", type=int, default=d.n_best, help="hypotheses written per sentence")
     p.add_argument("-batch_size", "--batch_size", type=int, default=64, help="sentences per batch")
@@ -51,42 +62,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-min_length", "--min_length", type=int, default=d.min_length,
                    help="min target tokens before EOS")
     p.add_argument("-length_penalty", "--length_penalty", default=d.length_penalty,
-                   choices=LENGTH_PENALTIES)
+                   choices=LENGTH_PENALTIES, help="ranking of finished hypotheses")
     p.add_argument("-length_alpha", "--length_alpha", type=float, default=d.length_alpha,
                    help="alpha of the gnmt penalty")
     p.add_argument("-report", "--report", metavar="FILE.jsonl", help="per-sentence certificates and n-best lists")
-    p.add_argument("-tgt", "--tgt", metavar="REF", help="references: print BLEU, chrF and exact-match accuracy")
-    p.add_argument("-attention", "--attention", metavar="DIR", help="write one attention heatmap PNG per sentence")
+    p.add_argument("-tgt", "--tgt", metavar="REF", help="references: print BLEU, chrF (with sacrebleu signatures) and exact-match "
+                   "accuracy; in score mode, the targets to score")
+    p.add_argument("-attention", "--attention", metavar="DIR", help="write one attention heatmap per sentence (best hypothesis)")
+    p.add_argument("-attention_format", "--attention_format", choices=FORMATS, default="png",
+                   help="file format of the heatmaps")
     p.add_argument("-support", "--support", action="store_true", default=d.return_support,
                    help="report, per step, the tokens of nonzero probability and their probabilities")
     p.add_argument("-support_topk", "--support_topk", type=int, default=d.support_topk,
                    help="at most this many support tokens per step in the report")
     p.add_argument("-no_certify", "--no_certify", action="store_true", default=not d.certify,
-                   help="skip the exactness certificate (and its extra search)")
-    p.add_argument("-device", "--device", default="cpu", help="cpu, cuda or cuda:N")
+                   help="skip the certificate (and its extra search); the summary says certified n/a")
+    p.add_argument("-device", "--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when available)")
     p.add_argument("-threads", "--threads", type=int, help="torch CPU threads")
-    p.add_argument("-quiet", "--quiet", action="store_true", help="no progress bar and no summary")
+    p.add_argument("-quiet", "--quiet", action="store_true",
+                   help="no progress bar and no summary (the metric line of -tgt is kept)")
     return p
-
-
-def _read_source(path: str) -> list[str]:
-    from nmt.data.textfiles import decode_lines, read_lines
-
-    if path != "-":
-        return read_lines(path)
-    return decode_lines(sys.stdin.buffer.read(), "<stdin>")  # a BOM is dropped as for files
-
-
-def search_options(args: argparse.Namespace) -> SearchOptions:
-    """The ``SearchOptions`` the flags ask for; a bad value is a ValueError naming the flag."""
-    from nmt.translate.search_options import SearchOptions
-
-    try:
-        return SearchOptions(**{name: getattr(args, name) for name in SEARCH_FLAGS},
-                             certify=not args.no_certify, return_support=args.support,
-                             return_attention=args.attention is not None)
-    except ValueError as exc:
-        raise ValueError(f"-{exc}") from None  # every message starts with the field = flag name
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
@@ -111,103 +106,30 @@ def _check_device(name: str) -> None:
         raise ValueError(f"-device {name}: not a usable device here (cpu, cuda or cuda:N); {detail[:120]}") from None
 
 
-def _json_number(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
 def run(args: argparse.Namespace, start: float | None = None) -> int:
-    """Translate as ``args`` say; ``start``: perf_counter() time the program started."""
+    """Run the mode ``args`` ask for; ``start``: perf_counter() time the program started."""
     start = time.perf_counter() if start is None else start
     import torch
 
-    from nmt.translate.loading import load_models
-    from nmt.translate.translator import Translator, TranslationSummary
+    from nmt.translate.loading import resolve_device
 
     _check_arguments(args)
-    options = search_options(args)
+    search_options(args)  # bad search flags fail before any input is read
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"-device {args.device}: CUDA is not available on this machine")
+    args.device = resolve_device(args.device)
     _check_device(args.device)
-    lines = _read_source(args.src)
-    references = None
-    if args.tgt:
-        from nmt.data.textfiles import read_lines
+    if args.score_output or args.mode == "score":
+        from nmt.cli.translate_score import run_score
 
-        references = read_lines(args.tgt)
-        if len(references) != len(lines):
-            raise ValueError(f"{args.tgt} has {len(references)} lines but {args.src} has {len(lines)}")
-    decoder, src_field, tgt_field, members = load_models(args.model, args.device)
-    startup = time.perf_counter() - start
+        return run_score(args, start)
+    if args.src == "-" and args.output == "-":
+        from nmt.cli.translate_stream import run_stream
 
-    translator = Translator(decoder, src_field, tgt_field, options, batch_size=args.batch_size, device=args.device)
-    bar = None
-    if not args.quiet:
-        from tqdm import tqdm
+        return run_stream(args, start)
+    from nmt.cli.translate_file import run_file
 
-        bar = tqdm(total=len(lines), unit="sent", file=sys.stderr, desc=PROG, leave=False, disable=None)
-    try:
-        translations = translator.translate(lines, progress=bar.update if bar is not None else None)
-    finally:
-        if bar is not None:
-            bar.close()
-
-    out_lines = []
-    for t in translations:
-        texts = [text for text, _ in t.hypotheses][: args.n_best]
-        out_lines.extend(texts + [""] * (args.n_best - len(texts)))
-    _write_lines(args.output, out_lines)
-    if args.report:
-        from nmt.utils.io import atomic_open
-
-        with atomic_open(args.report, "w") as handle:
-            for t in translations:
-                record = t.report()
-                record["nbest"] = [{"text": h["text"], "logprob": _json_number(h["logprob"])} for h in record["nbest"]]
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-    if args.attention:
-        _write_heatmaps(Path(args.attention), translations)
-
-    if not args.quiet:
-        summary = TranslationSummary.of(translations)
-        seconds = translator.search_seconds
-        speed = len(lines) / seconds if seconds > 0 else float("inf")
-        ensemble = f" (ensemble of {len(members)})" if len(members) > 1 else ""
-        overall = len(lines) / (seconds + startup) if seconds + startup > 0 else float("inf")
-        print(f"{PROG}: {summary.line()}; {speed:.1f} sentences/s ({overall:.1f} with start-up); "
-              f"start-up {startup:.2f} s{ensemble}", file=sys.stderr)
-        if references is not None:
-            from nmt.utils.metrics import bleu, chrf, exact_match
-
-            best = [t.text for t in translations]
-            print(f"{PROG}: BLEU {bleu(best, references):.2f}; chrF {chrf(best, references):.2f}; "
-                  f"exact match {exact_match(best, references):.2f}%", file=sys.stderr)
-    return 0
-
-
-def _write_lines(path: str, lines: Sequence[str]) -> None:
-    text = "".join(line + "\n" for line in lines)
-    if path == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    from nmt.utils.io import atomic_write_text
-
-    atomic_write_text(path, text)
-
-
-def _write_heatmaps(directory: Path, translations) -> None:
-    from nmt.utils.heatmap import plot_attention
-
-    directory.mkdir(parents=True, exist_ok=True)
-    width = len(str(max(len(translations) - 1, 0)))
-    for t in translations:
-        if t.attention is None or not t.tokens:
-            continue
-        status = "exact" if t.exact else f"not exact: {t.reason}"
-        plot_attention(t.attention, t.src_tokens, t.tokens[0], directory / f"{t.index:0{width}d}.png",
-                       title=f"sentence {t.index} ({status})")
+    return run_file(args, start)
 
 
 class Interrupted(Exception):

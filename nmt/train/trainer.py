@@ -38,6 +38,7 @@ from nmt.train.schedules import build_schedule
 from nmt.train.update import update
 from nmt.train.validation import attention_grids, attention_matrices, validate
 from nmt.utils.dir_lock import DirectoryLock
+from nmt.utils.heatmap import attention_title
 from nmt.utils.metrics_log import MetricsLog
 from nmt.utils.tensorboard import TensorBoardWriter
 
@@ -488,11 +489,13 @@ class Trainer:
             return
         for i, (matrix, src_tokens, tgt_tokens) in enumerate(
                 attention_matrices(self.model, self.data.valid, list(range(n)), self.device)):
-            tb.attention(f"attention/valid_{i}", matrix.numpy(), src_tokens, tgt_tokens, self.progress.step)
+            title = attention_title(i, f"training step {self.progress.step}", teacher_forced=True)
+            tb.attention(f"attention/valid_{i}", matrix.numpy(), src_tokens, tgt_tokens, self.progress.step, title)
         for i, (grid, src_tokens, tgt_tokens) in enumerate(
                 attention_grids(self.model, self.data.valid, list(range(n)), self.device)):
+            title = attention_title(i, f"training step {self.progress.step}", teacher_forced=True)
             tb.attention_grid(f"attention_layers_heads/valid_{i}", grid.numpy(), src_tokens, tgt_tokens,
-                              self.progress.step)
+                              self.progress.step, title)
 
 
 def _lookup(config: dict, dotted: str) -> Any:

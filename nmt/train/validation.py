@@ -30,7 +30,7 @@ class ValidationResult:
     type is the gold one), ppl (softmax output only), attention_support / output_support
     (mean number of nonzero attention weights / output probabilities per target token), and
     when decoding: exact_match, bleu, chrf (0-100) and certified (% of sentences whose
-    search is certified exact).
+    search is certified: every sequence of nonzero probability found).
     """
 
     scalars: dict[str, float]
@@ -91,7 +91,7 @@ def teacher_forced_statistics(model: nn.Module, dataset: ParallelDataset, loss_f
 @torch.no_grad()
 def decode_dataset(model: nn.Module, dataset: ParallelDataset, tgt_field: Field, batch_size: int,
                    options: SearchOptions, device: torch.device) -> tuple[list[str], float]:
-    """Detokenized best hypothesis of every example (dataset order) and the % certified exact
+    """Detokenized best hypothesis of every example (dataset order) and the % certified
     (certified only with ``options.certify``)."""
     vocab = tgt_field.vocab
     hypotheses: list[str] = [""] * len(dataset)

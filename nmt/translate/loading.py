@@ -31,6 +31,17 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def resolve_device(device: str | torch.device) -> str:
+    """The device name to use: ``"auto"`` is ``"cuda"`` when CUDA is available, else ``"cpu"``;
+    a CUDA device on a machine without CUDA is a ValueError."""
+    name = str(device)
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {name}: CUDA is not available on this machine")
+    return name
+
+
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedModel:
     """Load one checkpoint written by the trainer and rebuild its model for inference.
 
@@ -79,4 +90,4 @@ def load_models(
     return decoder, first.src_field, first.tgt_field, members
 
 
-__all__ = ["LoadedModel", "load_model", "load_models"]
+__all__ = ["LoadedModel", "load_model", "load_models", "resolve_device"]

@@ -12,11 +12,38 @@ from nmt.data.batching import encode_sources
 from nmt.data.field import Field
 from nmt.models.protocol import StepDecoder
 from nmt.translate.beam_search import SearchResult, beam_search
-from nmt.translate.certificate import reason_name
+from nmt.translate.certificate import NOT_CERTIFIED, reason_name
 from nmt.translate.search_options import SearchOptions
 
 EMPTY_INPUT = "empty_input"
 """``reason`` of an empty input line: it is not decoded and its output is empty."""
+NOT_CERTIFIED_REASON = reason_name(NOT_CERTIFIED)
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One entry of an n-best list: detokenized ``text``, total log-probability ``score`` (EOS
+    included) and the target ``tokens`` (one label per generated id)."""
+
+    text: str
+    score: float
+    tokens: list[str]
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """The certificate of one sentence's search.
+
+    certified: the search provably found every sequence of nonzero probability, so the first
+    hypothesis is the true argmax; reason: why not (``"pruned"``, ``"max_length"``,
+    ``"not_certified"`` when certificates were off, ``"empty_input"``), None when certified;
+    n_nonzero: hypotheses of nonzero probability found; mass: their total probability.
+    """
+
+    certified: bool
+    reason: str | None
+    n_nonzero: int
+    mass: float
 
 
 @dataclass
@@ -25,6 +52,7 @@ class Translation:
 
     hypotheses: n-best list of ``(text, logprob)`` (only hypotheses that exist);
     tokens: target tokens of each hypothesis, one per generated id (EOS included when generated);
+    certified: the certificate (``reason`` says why not; see ``Certificate``);
     attention: (T, L) numpy matrix of the best hypothesis (with ``return_attention``);
     support: per step of the best hypothesis, ``{"size": n, "tokens": [[token, prob], ...]}``
     (the most probable tokens of nonzero probability; with ``return_support``);
@@ -35,7 +63,7 @@ class Translation:
     src_tokens: list[str]
     hypotheses: list[tuple[str, float]]
     tokens: list[list[str]]
-    exact: bool
+    certified: bool
     n_nonzero: int
     mass: float
     reason: str | None
@@ -48,11 +76,33 @@ class Translation:
         """The best hypothesis ('' when there is none)."""
         return self.hypotheses[0][0] if self.hypotheses else ""
 
+    @property
+    def score(self) -> float:
+        """Log-probability of the best hypothesis (-inf when there is none)."""
+        return self.hypotheses[0][1] if self.hypotheses else float("-inf")
+
+    @property
+    def nbest(self) -> list[Hypothesis]:
+        """The n-best list as ``Hypothesis`` objects."""
+        return [Hypothesis(text, score, tokens) for (text, score), tokens in zip(self.hypotheses, self.tokens)]
+
+    @property
+    def certificate(self) -> Certificate:
+        """The certificate as one object."""
+        return Certificate(self.certified, self.reason, self.n_nonzero, self.mass)
+
+    @property
+    def exact(self) -> bool:
+        """Deprecated name of ``certified`` (kept for one release)."""
+        return self.certified
+
     def report(self) -> dict[str, Any]:
-        """The JSON-lines record of this sentence."""
+        """The JSON-lines record of this sentence (``exact``: deprecated alias of ``certified``,
+        kept for one release)."""
         record: dict[str, Any] = {
             "id": self.index,
-            "exact": self.exact,
+            "certified": self.certified,
+            "exact": self.certified,
             "n_nonzero": self.n_nonzero,
             "mass": self.mass,
             "reason": self.reason,
@@ -138,7 +188,7 @@ class Translator:
             src_tokens=src_tokens,
             hypotheses=hypotheses,
             tokens=tokens,
-            exact=bool(result.exact[row]),
+            certified=bool(result.exact[row]),
             n_nonzero=int(result.n_nonzero[row]),
             mass=float(result.mass[row]),
             reason=reason_name(int(result.reason[row])),
@@ -155,13 +205,14 @@ def _to_cpu(result: SearchResult) -> SearchResult:
 
 @dataclass
 class TranslationSummary:
-    """Corpus statistics of a list of translations. ``single_percent``: sentences certified to
-    have exactly one sequence of nonzero probability (exact and ``n_nonzero == 1``)."""
+    """Corpus statistics of a list of translations. ``certified_percent``: sentences whose
+    search was certified (None when certificates were off); ``single_percent``: sentences
+    certified to have exactly one sequence of nonzero probability (``n_nonzero == 1``)."""
 
     sentences: int
     empty: int
-    exact_percent: float
-    single_percent: float
+    certified_percent: float | None
+    single_percent: float | None
     mean_support: float | None
 
     @classmethod
@@ -169,21 +220,25 @@ class TranslationSummary:
         decoded = [t for t in translations if t.reason != EMPTY_INPUT]
         n = max(len(decoded), 1)
         sizes = [s for t in decoded for s in t.support_sizes]
+        off = any(t.reason == NOT_CERTIFIED_REASON for t in decoded)
         return cls(
             sentences=len(translations),
             empty=len(translations) - len(decoded),
-            exact_percent=100.0 * sum(t.exact for t in decoded) / n,
-            # a single hypothesis is known only when certified: exact and n_nonzero == 1
-            single_percent=100.0 * sum(t.exact and t.n_nonzero == 1 for t in decoded) / n,
+            certified_percent=None if off else 100.0 * sum(t.certified for t in decoded) / n,
+            # a single hypothesis is known only when certified: certified and n_nonzero == 1
+            single_percent=None if off else 100.0 * sum(t.certified and t.n_nonzero == 1 for t in decoded) / n,
             mean_support=float(np.mean(sizes)) if sizes else None,
         )
 
     def line(self) -> str:
-        """One human-readable line."""
+        """One human-readable line (``certified n/a`` when certificates were off)."""
         support = "n/a" if self.mean_support is None else f"{self.mean_support:.2f}"
         empty = f" ({self.empty} empty)" if self.empty else ""
-        return (f"{self.sentences} sentences{empty}; exact {self.exact_percent:.1f}%; "
-                f"single hypothesis {self.single_percent:.1f}%; mean output support {support}")
+        if self.certified_percent is None:
+            certified = "certified n/a"
+        else:
+            certified = f"certified {self.certified_percent:.1f}%; single hypothesis {self.single_percent:.1f}%"
+        return f"{self.sentences} sentences{empty}; {certified}; mean output support {support}"
 
 
-__all__ = ["EMPTY_INPUT", "Translation", "TranslationSummary", "Translator"]
+__all__ = ["EMPTY_INPUT", "Certificate", "Hypothesis", "Translation", "TranslationSummary", "Translator"]

@@ -34,4 +34,33 @@ def chrf(hypotheses: Sequence[str], references: Sequence[str]) -> float:
     return float(sacrebleu.corpus_chrf(list(hypotheses), [list(references)]).score)
 
 
-__all__ = ["exact_match", "bleu", "chrf"]
+def _scored(metric, hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
+    _check_lengths(hypotheses, references)
+    score = float(metric.corpus_score(list(hypotheses), [list(references)]).score)
+    return score, str(metric.get_signature())
+
+
+def bleu_with_signature(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
+    """``(bleu, signature)``: the score and sacrebleu's signature of its settings, e.g.
+    ``nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0``."""
+    from sacrebleu.metrics import BLEU
+
+    return _scored(BLEU(), hypotheses, references)
+
+
+def chrf_with_signature(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
+    """``(chrf, signature)`` as ``bleu_with_signature``."""
+    from sacrebleu.metrics import CHRF
+
+    return _scored(CHRF(), hypotheses, references)
+
+
+def metrics_line(hypotheses: Sequence[str], references: Sequence[str]) -> str:
+    """One line: BLEU and chrF, each with its sacrebleu signature, and exact-match accuracy."""
+    bleu_score, bleu_sig = bleu_with_signature(hypotheses, references)
+    chrf_score, chrf_sig = chrf_with_signature(hypotheses, references)
+    return (f"BLEU {bleu_score:.2f} ({bleu_sig}); chrF {chrf_score:.2f} ({chrf_sig}); "
+            f"exact match {exact_match(hypotheses, references):.2f}%")
+
+
+__all__ = ["exact_match", "bleu", "bleu_with_signature", "chrf", "chrf_with_signature", "metrics_line"]

@@ -32,8 +32,8 @@ class TensorBoardWriter:
                 self.writer.add_scalar(f"{prefix}/{name}", value, step)
 
     def attention(self, tag: str, matrix: np.ndarray, src_tokens: Sequence[str], tgt_tokens: Sequence[str],
-                  step: int) -> None:
-        """Attention heatmap (T, L): source tokens on x, target tokens on y (exact zeros blank)."""
+                  step: int, title: str | None = None) -> None:
+        """Attention heatmap (T, L): source tokens on x, target tokens on y (exact zeros hatched)."""
         if self.writer is None:
             return
         try:
@@ -46,12 +46,12 @@ class TensorBoardWriter:
         matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
 
-        figure = plot_attention(matrix, list(src_tokens), list(tgt_tokens))
+        figure = plot_attention(matrix, list(src_tokens), list(tgt_tokens), title=title)
         self.writer.add_figure(tag, figure, step, close=True)
         plt.close(figure)
 
     def attention_grid(self, tag: str, grid: np.ndarray, src_tokens: Sequence[str], tgt_tokens: Sequence[str],
-                       step: int) -> None:
+                       step: int, title: str | None = None) -> None:
         """A grid of heatmaps (R, C, T, L), e.g. every layer (rows) and head (columns) of a cross-attention."""
         if self.writer is None:
             return
@@ -60,7 +60,8 @@ class TensorBoardWriter:
         matplotlib.use("Agg", force=False)
         from nmt.utils.heatmap import plot_attention_grid
 
-        self.writer.add_figure(tag, plot_attention_grid(grid, list(src_tokens), list(tgt_tokens)), step, close=True)
+        self.writer.add_figure(tag, plot_attention_grid(grid, list(src_tokens), list(tgt_tokens), title=title), step,
+                               close=True)
 
     def histogram(self, tag: str, values: np.ndarray, step: int) -> None:
         """A histogram of ``values`` (any shape)."""

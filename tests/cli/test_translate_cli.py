@@ -76,14 +76,15 @@ def test_outputs_report_heatmaps_and_summary(trained, capsys):
     records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
     assert [r["id"] for r in records] == list(range(len(trained["inputs"])))
     for i, r in enumerate(records):
-        assert set(r) >= {"id", "exact", "n_nonzero", "mass", "reason", "nbest"}
+        assert set(r) >= {"id", "certified", "exact", "n_nonzero", "mass", "reason", "nbest"}
+        assert r["exact"] == r["certified"]  # the deprecated name, kept for one release
         if i == 3:
             assert r["nbest"] == [] and r["reason"] == "empty_input"
             continue
         assert r["nbest"][0]["text"] == lines[i]
-        assert (r["reason"] is None) == r["exact"]
+        assert (r["reason"] is None) == r["certified"]
         assert 0.0 < r["mass"] <= 1.0 + 1e-5
-        if r["exact"]:  # all sequences of nonzero probability found: their mass is 1
+        if r["certified"]:  # all sequences of nonzero probability found: their mass is 1
             assert r["mass"] == pytest.approx(1.0, abs=1e-4)
             assert r["n_nonzero"] >= 1
         assert len(r["support"]) == len(lines[i]) + 1  # one step per character, and EOS
@@ -92,7 +93,8 @@ def test_outputs_report_heatmaps_and_summary(trained, capsys):
     pngs = sorted(p.name for p in att.iterdir())
     assert len(pngs) == len(trained["inputs"]) - 1 and "3.png" not in pngs
     assert (att / "0.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "exact" in err and "sentences/s" in err and "BLEU" in err and "exact match" in err
+    assert "certified" in err and "sentences/s" in err and "BLEU" in err and "exact match" in err
+    assert "tok:13a" in err and "version:" in err  # sacrebleu signatures
 
 
 def test_cli_equals_direct_search(trained, capsys):

@@ -1,0 +1,132 @@
+"""Pieces shared by the modes of ``nmt-translate`` (file, stream, score): reading, writing,
+reports, heatmaps and the summary / metric lines. Heavy modules are imported when needed."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from nmt.translate.search_options import SearchOptions
+    from nmt.translate.translator import Translation
+
+PROG = "nmt-translate"
+SEARCH_FLAGS = ("beam_size", "n_best", "max_length", "min_length", "length_penalty", "length_alpha",
+                "support_topk")
+"""Flags that are ``SearchOptions`` fields of the same name (defaults taken from it)."""
+
+
+def say(message: str) -> None:
+    """One line on stderr, prefixed with the program name."""
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+def read_stdin() -> list[str]:
+    """All of stdin as lines (UTF-8, a leading BOM dropped as for files; a bad byte is a
+    DataError naming the line)."""
+    from nmt.data.textfiles import decode_lines
+
+    return decode_lines(sys.stdin.buffer.read(), "<stdin>")
+
+
+def read_source(path: str) -> list[str]:
+    """The lines of ``path`` (``-``: all of stdin)."""
+    from nmt.data.textfiles import read_lines
+
+    return read_stdin() if path == "-" else read_lines(path)
+
+
+def read_references(path: str, expected: int | None, src: str) -> list[str]:
+    """The reference lines; ValueError when their count differs from ``expected``."""
+    from nmt.data.textfiles import read_lines
+
+    references = read_lines(path)
+    if expected is not None and len(references) != expected:
+        raise ValueError(f"{path} has {len(references)} lines but {src} has {expected}")
+    return references
+
+
+def search_options(args: argparse.Namespace) -> SearchOptions:
+    """The ``SearchOptions`` the flags ask for; a bad value is a ValueError naming the flag."""
+    from nmt.translate.search_options import SearchOptions
+
+    try:
+        return SearchOptions(**{name: getattr(args, name) for name in SEARCH_FLAGS},
+                             certify=not args.no_certify, return_support=args.support,
+                             return_attention=args.attention is not None)
+    except ValueError as exc:
+        raise ValueError(f"-{exc}") from None  # every message starts with the field = flag name
+
+
+def json_number(x: float | None) -> float | None:
+    """``x``, or None where JSON has no number (inf, nan)."""
+    return x if x is not None and math.isfinite(x) else None
+
+
+def report_line(t: Translation) -> str:
+    """The ``-report`` JSON line of one translation (non-finite log-probabilities are null)."""
+    record = t.report()
+    record["nbest"] = [{"text": h["text"], "logprob": json_number(h["logprob"])} for h in record["nbest"]]
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+def output_lines(t: Translation, n_best: int) -> list[str]:
+    """The ``n_best`` output lines of one translation (padded with empty lines)."""
+    texts = [text for text, _ in t.hypotheses][:n_best]
+    return texts + [""] * (n_best - len(texts))
+
+
+def write_lines(path: str, lines: Sequence[str]) -> None:
+    """``lines`` to ``path`` atomically, or to stdout for ``-``."""
+    text = "".join(line + "\n" for line in lines)
+    if path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    from nmt.utils.io import atomic_write_text
+
+    atomic_write_text(path, text)
+
+
+def write_heatmap(directory: Path, t: Translation, width: int, fmt: str) -> None:
+    """The attention heatmap of one translation's best hypothesis, ``<index>.<fmt>``."""
+    from nmt.utils.heatmap import attention_title, plot_attention
+
+    if t.attention is None or not t.tokens:
+        return
+    status = "certified" if t.certified else f"not certified: {t.reason}"
+    steps = len(t.tokens[0])
+    title = attention_title(t.index, f"decoding steps 1-{steps}", teacher_forced=False, note=status)
+    directory.mkdir(parents=True, exist_ok=True)
+    plot_attention(t.attention, t.src_tokens, t.tokens[0], directory / f"{t.index:0{width}d}.{fmt}",
+                   title=title, fmt=fmt)
+
+
+def print_metrics(hypotheses: Sequence[str], references: Sequence[str]) -> None:
+    """The metric line of ``-tgt`` (printed even with ``-quiet``)."""
+    from nmt.utils.metrics import metrics_line
+
+    say(metrics_line(hypotheses, references))
+
+
+def open_stream(path: str) -> IO[str]:
+    """A text stream written line by line (stdout for ``-``), for the streaming mode."""
+    if path == "-":
+        return sys.stdout
+    return open(path, "w", encoding="utf-8")
+
+
+def summary_suffix(startup: float, seconds: float, sentences: int, members: Sequence[Any]) -> str:
+    """``; X sentences/s (Y with start-up); start-up Z s[ (ensemble of N)]``."""
+    speed = sentences / seconds if seconds > 0 else float("inf")
+    overall = sentences / (seconds + startup) if seconds + startup > 0 else float("inf")
+    ensemble = f" (ensemble of {len(members)})" if len(members) > 1 else ""
+    return f"; {speed:.1f} sentences/s ({overall:.1f} with start-up); start-up {startup:.2f} s{ensemble}"
+
+
+__all__ = ["PROG", "SEARCH_FLAGS", "json_number", "open_stream", "output_lines", "print_metrics", "read_references",
+           "read_source", "read_stdin", "report_line", "say", "search_options", "summary_suffix", "write_heatmap",
+           "write_lines"]

@@ -1,0 +1,67 @@
+"""``nmt-translate`` on a whole input file: translate, then write every output atomically."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from nmt.cli.translate_common import (
+    PROG,
+    output_lines,
+    print_metrics,
+    read_references,
+    read_source,
+    report_line,
+    say,
+    search_options,
+    summary_suffix,
+    write_heatmap,
+    write_lines,
+)
+
+
+def run_file(args: argparse.Namespace, start: float) -> int:
+    """Translate ``args.src`` (a file, or all of stdin when not streaming) as ``args`` say."""
+    from nmt.translate.loading import load_models
+    from nmt.translate.translator import TranslationSummary, Translator
+
+    options = search_options(args)
+    lines = read_source(args.src)
+    references = read_references(args.tgt, len(lines), args.src) if args.tgt else None
+    decoder, src_field, tgt_field, members = load_models(args.model, args.device)
+    startup = time.perf_counter() - start
+
+    translator = Translator(decoder, src_field, tgt_field, options, batch_size=args.batch_size, device=args.device)
+    bar = None
+    if not args.quiet:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(lines), unit="sent", file=sys.stderr, desc=PROG, leave=False, disable=None)
+    try:
+        translations = translator.translate(lines, progress=bar.update if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+
+    write_lines(args.output, [line for t in translations for line in output_lines(t, args.n_best)])
+    if args.report:
+        from nmt.utils.io import atomic_open
+
+        with atomic_open(args.report, "w") as handle:
+            for t in translations:
+                handle.write(report_line(t))
+    if args.attention:
+        width = len(str(max(len(translations) - 1, 0)))
+        for t in translations:
+            write_heatmap(Path(args.attention), t, width, args.attention_format)
+
+    if not args.quiet:
+        summary = TranslationSummary.of(translations)
+        say(summary.line() + summary_suffix(startup, translator.search_seconds, len(lines), members))
+    if references is not None:
+        print_metrics([t.text for t in translations], references)
+    return 0
+
+
+__all__ = ["run_file"]

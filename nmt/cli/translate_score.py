@@ -1,0 +1,50 @@
+"""``nmt-translate -mode score`` (or ``-score_output FILE``): score given references.
+
+One JSON line per (source, reference) pair: its total and per-token log-probabilities under
+the model (or ensemble), the token count, whether the model gives it probability exactly 0 and
+where it first leaves the support (see ``nmt.translate.scorer.PairScore``). The summary line
+(mean log-prob, % of references of probability 0) goes to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from nmt.cli.translate_common import PROG, read_references, read_source, say, summary_suffix, write_lines
+
+
+def run_score(args: argparse.Namespace, start: float) -> int:
+    """Score ``args.tgt`` given ``args.src``; JSON lines to ``-score_output`` (else ``-output``)."""
+    from nmt.translate.loading import load_models
+    from nmt.translate.scorer import ScoreSummary, Scorer
+
+    if not args.tgt:
+        raise ValueError("-mode score needs the references: -tgt FILE")
+    sources = read_source(args.src)
+    references = read_references(args.tgt, len(sources), args.src)
+    decoder, src_field, tgt_field, members = load_models(args.model, args.device)
+    startup = time.perf_counter() - start
+
+    scorer = Scorer(decoder, src_field, tgt_field, batch_size=args.batch_size, device=args.device)
+    bar = None
+    if not args.quiet:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(sources), unit="pair", file=sys.stderr, desc=PROG, leave=False, disable=None)
+    try:
+        scores = scorer.score(sources, references, progress=bar.update if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    write_lines(args.score_output or args.output, [json.dumps(s.report(), ensure_ascii=False) for s in scores])
+    summary = ScoreSummary.of(scores)
+    line = summary.line()
+    if not args.quiet:
+        line += summary_suffix(startup, scorer.seconds, len(sources), members).replace("sentences/s", "pairs/s")
+    say(line)  # the metric line of scoring: kept with -quiet
+    return 0
+
+
+__all__ = ["run_score"]

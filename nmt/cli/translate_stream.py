@@ -1,0 +1,126 @@
+"""``nmt-translate -src - -output -``: translate lines as they arrive, so it can sit behind a pipe.
+
+A reader thread puts stdin's lines on a queue as they arrive. The main thread waits for one
+line, takes whatever else is already queued (up to ``-batch_size`` lines), translates that
+batch and writes and flushes its output lines before waiting again: it never waits for more
+input (nor for EOF) to translate what it has. When stdin is a terminal the mode is
+interactive: a prompt on stderr, one line at a time, Ctrl-D to end. ``-report`` is written
+atomically at the end (with ``-tgt``, the metric line too); heatmaps as sentences come.
+"""
+from __future__ import annotations
+
+import argparse
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import BinaryIO, Union
+
+from nmt.cli.translate_common import (
+    output_lines,
+    print_metrics,
+    read_references,
+    report_line,
+    say,
+    search_options,
+    summary_suffix,
+    write_heatmap,
+)
+
+PROMPT = "> "
+_Item = Union[str, BaseException, None]  # a line, a reading error, or None at EOF
+
+
+def _read_lines(stream: BinaryIO, lines: "queue.Queue[_Item]") -> None:
+    """Reader thread: each line of ``stream`` (UTF-8, newline stripped) onto ``lines``, then None."""
+    from nmt.data.errors import DataError
+
+    try:
+        for number, raw in enumerate(iter(stream.readline, b""), 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                lines.put(DataError(f"<stdin>:{number}: not valid UTF-8"))
+                return
+            if number == 1:
+                text = text.removeprefix("\ufeff")  # a byte-order mark is dropped, as for files
+            lines.put(text.rstrip("\n").removesuffix("\r"))
+    except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+        lines.put(exc)
+        return
+    lines.put(None)
+
+
+def _next_batch(lines: "queue.Queue[_Item]", size: int) -> tuple[list[str], bool]:
+    """Wait for one line, then take what is already queued (at most ``size`` lines in all).
+
+    Returns ``(lines, ended)``; a reading error is raised here, in the main thread."""
+    batch: list[str] = []
+    item = lines.get()
+    while True:
+        if isinstance(item, BaseException):
+            raise item
+        if item is None:
+            return batch, True
+        batch.append(item)
+        if len(batch) >= size:
+            return batch, False
+        try:
+            item = lines.get_nowait()
+        except queue.Empty:
+            return batch, False
+
+
+def run_stream(args: argparse.Namespace, start: float) -> int:
+    """Translate stdin to stdout line by line as ``args`` say (see the module docstring)."""
+    from nmt.translate.loading import load_models
+    from nmt.translate.translator import TranslationSummary, Translator
+
+    options = search_options(args)
+    references = read_references(args.tgt, None, "-") if args.tgt else None
+    decoder, src_field, tgt_field, members = load_models(args.model, args.device)
+    startup = time.perf_counter() - start
+    interactive = sys.stdin.isatty()
+    translator = Translator(decoder, src_field, tgt_field, options,
+                            batch_size=1 if interactive else args.batch_size, device=args.device)
+    lines: "queue.Queue[_Item]" = queue.Queue()
+    threading.Thread(target=_read_lines, args=(sys.stdin.buffer, lines), daemon=True, name="stdin").start()
+    if interactive and not args.quiet:
+        say("type a sentence and press Enter; Ctrl-D ends")
+
+    translations = []
+    ended = False
+    while not ended:
+        if interactive:
+            print(PROMPT, end="", file=sys.stderr, flush=True)
+        batch, ended = _next_batch(lines, translator.batch_size)
+        if not batch:
+            break
+        done = translator.translate(batch)
+        for t in done:
+            t.index += len(translations)
+        translations.extend(done)
+        sys.stdout.write("".join(line + "\n" for t in done for line in output_lines(t, args.n_best)))
+        sys.stdout.flush()
+        if args.attention:
+            for t in done:
+                write_heatmap(Path(args.attention), t, 1, args.attention_format)
+    if interactive:
+        print(file=sys.stderr)
+
+    if args.report:
+        from nmt.utils.io import atomic_write_text
+
+        atomic_write_text(args.report, "".join(report_line(t) for t in translations))
+    if not args.quiet:
+        summary = TranslationSummary.of(translations)
+        say(summary.line() + summary_suffix(startup, translator.search_seconds, len(translations), members))
+    if references is not None:
+        if len(references) != len(translations):
+            raise ValueError(f"{args.tgt} has {len(references)} lines but stdin had {len(translations)}")
+        print_metrics([t.text for t in translations], references)
+    return 0
+
+
+__all__ = ["PROMPT", "run_stream"]
