@@ -11,6 +11,7 @@ global figure state leaks and no display is needed.
 from __future__ import annotations
 
 import os
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -69,8 +70,8 @@ def plot_attention(
     axes.set_yticklabels(list(tgt_tokens))
     axes.set_xlabel("source")
     axes.set_ylabel("target")
-    if title:
-        axes.set_title(title, pad=22)
+    if title:  # wrapped to the figure's width
+        axes.set_title(textwrap.fill(title, width=max(30, int(11 * width))), fontsize="small", pad=22)
     figure.colorbar(image, ax=axes, fraction=0.046, pad=0.04)
     figure.tight_layout()
     if path is not None:

@@ -197,3 +197,93 @@ def test_bad_flag_values_are_one_line_errors(trained, capsys, tmp_path, flags, e
     code, _, err = translate(["-model", trained["model"], "-src", str(trained["root"] / "input.txt"),
                               "-output", str(out), *flags], capsys)
     assert code == 2 and err.startswith(expected) and err.count("\n") == 1 and not out.exists()
+
+
+def test_scoring_own_translations_equals_their_search_logprob_and_flags_zero_references(trained, capsys):
+    root = trained["root"]
+    out, report, scores = root / "for_scoring.txt", root / "for_scoring.jsonl", root / "scores.jsonl"
+    code, _, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-output", str(out),
+                              "-report", str(report), "-beam_size", "3", "-quiet"], capsys)
+    assert code == 0, err
+    # the model's own translations as references: the score is the beam-search log-probability
+    code, _, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-tgt", str(out),
+                              "-score_output", str(scores), "-batch_size", "3", "-quiet"], capsys)
+    assert code == 0, err
+    assert err.count("\n") == 1 and "zero probability 0.0%" in err and "mean log-prob" in err  # kept by -quiet
+    searched = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+    scored = [json.loads(line) for line in scores.read_text(encoding="utf-8").splitlines()]
+    assert [s["id"] for s in scored] == list(range(len(trained["inputs"])))
+    for i, (r, s) in enumerate(zip(searched, scored)):
+        if i == 3:
+            assert s["reason"] == "empty_source" and s["logprob"] is None
+            continue
+        assert not s["zero_probability"] and s["first_zero"] is None
+        assert s["logprob"] == pytest.approx(r["nbest"][0]["logprob"], abs=1e-4)
+        assert s["n_tokens"] == len(s["tokens"]) == len(s["token_logprobs"]) and s["tokens"][-1] == "<eos>"
+        assert sum(s["token_logprobs"]) == pytest.approx(s["logprob"], abs=1e-4)
+
+    # references the entmax15 output gives probability 0: where they leave the support
+    wrong = root / "wrong.txt"
+    wrong.write_text("".join(("aaaaaaaaaa" if line else "") + "\n" for line in trained["inputs"]), encoding="utf-8")
+    code, out_text, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-tgt",
+                                     str(wrong), "-mode", "score"], capsys)
+    assert code == 0, err
+    records = [json.loads(line) for line in out_text.splitlines()]
+    zero = [r for r in records if r["zero_probability"]]
+    assert zero and f"zero probability {100.0 * len(zero) / (len(records) - 1):.1f}%" in err
+    for r in zero:
+        z = r["first_zero"]
+        assert r["logprob"] is None and r["token_logprobs"][z["position"]] is None
+        assert all(x is not None for x in r["token_logprobs"][: z["position"]])
+        assert z["token"] == r["tokens"][z["position"]] and z["rank_by"] == "score"
+        assert z["rank"] > z["support_size"] >= 1
+
+
+def test_stream_translates_each_line_before_stdin_closes(trained):
+    """Behind a pipe: the translation of a line comes back while stdin is still open."""
+    import select
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt.cli.translate", "-model", trained["model"], "-src", "-", "-output", "-",
+         "-beam_size", "2", "-threads", "1", "-quiet"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+    )
+    try:
+        answers = []
+        for line in ("a b c", "", "f e"):
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            assert ready, "no translation while stdin is open"
+            answers.append(proc.stdout.readline())
+        proc.stdin.close()
+        rest = proc.stdout.read()
+        assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    finally:
+        proc.kill()
+    assert rest == "" and answers[1] == "\n" and all(a.endswith("\n") for a in answers)
+    same = trained["root"] / "stream_in.txt"
+    same.write_text("a b c\n\nf e\n", encoding="utf-8")
+    assert translate_cli.main(["-model", trained["model"], "-src", str(same), "-output", str(same) + ".out",
+                               "-beam_size", "2", "-quiet"]) == 0
+    assert "".join(answers) == (trained["root"] / "stream_in.txt.out").read_text(encoding="utf-8")
+
+
+def test_quiet_no_certify_formats_and_version(trained, capsys):
+    root = trained["root"]
+    att = root / "att_svg"
+    code, _, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-output",
+                              str(root / "q.txt"), "-tgt", str(root / "refs.txt"), "-quiet"], capsys)
+    assert code == 0 and err.count("\n") == 1 and err.startswith("nmt-translate: BLEU ")  # the metric line only
+    code, _, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-output",
+                              str(root / "nc.txt"), "-no_certify", "-attention", str(att), "-attention_format",
+                              "svg"], capsys)
+    assert code == 0 and "certified n/a" in err and "exact" not in err
+    assert sorted(p.suffix for p in att.iterdir()) == [".svg"] * (len(trained["inputs"]) - 1)
+    assert (att / "0.svg").read_text(encoding="utf-8").lstrip().startswith("<?xml")
+    for cli, prog in ((translate_cli, "nmt-translate"), (train_cli, "nmt-train")):
+        with pytest.raises(SystemExit) as stop:
+            cli.main(["--version"])
+        assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"{prog} 0.1.0"
+    help_text = translate_cli.build_parser().format_help()
+    assert "(default: 5)" in help_text and "(default: png)" in help_text and "(default: None)" not in help_text

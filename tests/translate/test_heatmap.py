@@ -24,3 +24,23 @@ def test_zeros_are_blank_and_labels_follow_tokens(tmp_path):
 def test_label_count_mismatch_is_an_error():
     with pytest.raises(ValueError, match="2 target and 3 source"):
         plot_attention(np.ones((2, 2)), ["a", "b", "c"], ["x", "y"])
+
+
+def test_exact_zeros_have_their_own_hatched_legend_entry_and_titles_say_what_is_shown(tmp_path):
+    from nmt.utils.heatmap import attention_title
+
+    matrix = np.array([[1e-6, 0.0], [0.5, 0.5]])  # a tiny weight is coloured, a zero is not
+    title = attention_title(4, "decoding steps 1-2", teacher_forced=False, note="certified")
+    figure = plot_attention(matrix, ["a", "b"], ["x", "<eos>"], path=tmp_path / "z.pdf", title=title)
+    axes = figure.axes[0]
+    legend = axes.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["exact zero"]
+    hatched = [p for p in axes.patches if p.get_hatch()]
+    assert len(hatched) == 1 and hatched[0].get_zorder() < axes.images[0].get_zorder()
+    assert np.ma.getmaskarray(axes.images[0].get_array()).tolist() == [[False, True], [False, False]]
+    assert axes.get_title().replace("\n", " ") == title
+    assert title == "sentence 4, decoding steps 1-2, model's own output (best hypothesis), certified"
+    assert "teacher-forced on the reference" in attention_title(0, "training step 7", teacher_forced=True)
+    assert (tmp_path / "z.pdf").read_bytes()[:4] == b"%PDF"
+    with pytest.raises(ValueError, match="png, pdf, svg"):
+        plot_attention(matrix, ["a", "b"], ["x", "y"], path=tmp_path / "z.gif")
