@@ -1,0 +1,107 @@
+"""The Python API: ``m = nmt.load("best.pt"); m.translate(["ein Satz"], beam_size=5)``.
+
+``load`` rebuilds one checkpoint (or an ensemble of several) for inference; ``Model.translate``
+returns ``Translation`` objects (``.text``, ``.score``, ``.certificate`` with ``.certified``
+and ``.reason``, ``.nbest``) and ``Model.score`` returns ``PairScore`` objects (teacher-forced
+log-probabilities, zero-probability references). Search options are ``SearchOptions`` fields,
+given to ``load`` (the model's defaults) or per call. Passing one string where a list of
+sentences is expected is a TypeError, never a translation of its characters.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Sequence, Union
+
+if TYPE_CHECKING:
+    from nmt.models.protocol import StepDecoder
+    from nmt.translate.loading import LoadedModel
+    from nmt.translate.scorer import PairScore
+    from nmt.translate.search_options import SearchOptions
+    from nmt.translate.translator import Translation
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _sentences(name: str, value: Any) -> list[str]:
+    """``value`` as a list of strings; TypeError for a single string or a non-string item."""
+    if isinstance(value, (str, bytes)):
+        preview = value[:40] if isinstance(value, str) else value[:40].decode("utf-8", "replace")
+        raise TypeError(f"{name} must be a list of sentences, not a single string; wrap it: [{preview!r}]")
+    try:
+        items = list(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a list of sentences, got {type(value).__name__}") from None
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise TypeError(f"{name}[{i}] must be a str, got {type(item).__name__}")
+    return items
+
+
+class Model:
+    """A loaded model (or ensemble) ready to translate and score; see ``load``.
+
+    Attributes: ``decoder`` (the ``StepDecoder``: the model or an ``Ensemble``), ``options`` (the
+    default ``SearchOptions``), ``device``, ``batch_size``, ``members`` (the ``LoadedModel`` of each checkpoint: config, training step, path).
+    """
+
+    def __init__(self, decoder: StepDecoder, members: list[LoadedModel], device: str, options: SearchOptions,
+                 batch_size: int) -> None:
+        self.decoder, self.members = decoder, members
+        self.src_field, self.tgt_field = members[0].src_field, members[0].tgt_field
+        self.device, self.options, self.batch_size = device, options, batch_size
+
+    def __repr__(self) -> str:
+        paths = ", ".join(str(m.path) for m in self.members)
+        return f"nmt.Model({paths}; device={self.device}; {self.options})"
+
+    def translate(self, sentences: Sequence[str], options: SearchOptions | None = None,
+                  **search: Any) -> list[Translation]:
+        """Translate a list of sentences (one ``Translation`` each, in order).
+
+        ``options`` replaces the model's default ``SearchOptions``; keywords (``beam_size=5``,
+        ``n_best=3``, ``return_attention=True``, any ``SearchOptions`` field) override fields of
+        it for this call. An unknown keyword is a TypeError naming the valid ones.
+        """
+        from nmt.translate.translator import Translator
+
+        lines = _sentences("sentences", sentences)
+        chosen = (options or self.options).updated(**search)
+        translator = Translator(self.decoder, self.src_field, self.tgt_field, chosen,
+                                batch_size=self.batch_size, device=self.device)
+        return translator.translate(lines)
+
+    def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[PairScore]:
+        """Teacher-forced scores of ``targets`` given ``sources`` (one ``PairScore`` per pair:
+        ``.logprob``, ``.token_logprobs``, ``.zero_probability``, ``.first_zero``)."""
+        from nmt.translate.scorer import Scorer
+
+        src, tgt = _sentences("sources", sources), _sentences("targets", targets)
+        if len(src) != len(tgt):
+            raise ValueError(f"{len(src)} sources but {len(tgt)} targets")
+        scorer = Scorer(self.decoder, self.src_field, self.tgt_field, batch_size=self.batch_size, device=self.device)
+        return scorer.score(src, tgt)
+
+
+def load(checkpoint: PathLike | Sequence[PathLike], device: str = "auto", *, batch_size: int = 64,
+         options: SearchOptions | None = None, **search: Any) -> Model:
+    """Load a checkpoint (several: an ensemble, mean of probabilities) for translation.
+
+    device: "auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N". Search
+    defaults: ``options`` (default ``SearchOptions()``) with keyword overrides, e.g.
+    ``load("best.pt", beam_size=8)``. Raises ``CheckpointError`` for an unreadable file.
+    """
+    from nmt.translate.loading import load_models, resolve_device
+    from nmt.translate.search_options import SearchOptions
+
+    paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
+    if not paths:
+        raise ValueError("load: no checkpoint given")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    chosen = (options or SearchOptions()).updated(**search)
+    name = resolve_device(device)
+    decoder, _, _, members = load_models(paths, name)
+    return Model(decoder, members, name, chosen, batch_size)
+
+
+__all__ = ["Model", "load"]

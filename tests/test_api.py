@@ -1,0 +1,96 @@
+"""The one-line Python API: nmt.load(...).translate / .score, against the CLI and beam search."""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+import nmt
+from nmt.cli import train as train_cli
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    """A tiny copy model trained for a few steps (the API is tested, not the model's quality)."""
+    root = tmp_path_factory.mktemp("api")
+    words = ["a b c", "b c", "c a", "a a b", "c b a", "b"]
+    for split in ("train", "valid"):
+        (root / f"{split}.src").write_text("".join(w + "\n" for w in words), encoding="utf-8")
+        (root / f"{split}.tgt").write_text("".join(w.replace(" ", "") + "\n" for w in words), encoding="utf-8")
+    config = {
+        "data": {"train": {"src": str(root / "train.src"), "tgt": str(root / "train.tgt")},
+                 "valid": {"src": str(root / "valid.src"), "tgt": str(root / "valid.tgt")},
+                 "src": {"tokenizer": {"type": "space"}}, "tgt": {"tokenizer": {"type": "char"}}},
+        "model": {"embeddings": {"src_size": 8, "tgt_size": 8, "dropout": 0.0},
+                  "encoder": {"layers": 1, "hidden_size": 8, "dropout": 0.0},
+                  "decoder": {"layers": 1, "hidden_size": 8, "dropout": 0.0},
+                  "attention": {"mapping": "sparsemax"}, "output": {"mapping": "entmax15"}},
+        "training": {"save_dir": str(root / "run"), "batch_size": 6, "max_steps": 4, "valid_every": 4,
+                     "log_every": 4, "keep_last": 1, "progress": False, "threads": 1,
+                     "optimizer": {"name": "adam", "lr": 0.01}},
+        "validation": {"metric": "loss", "batch_size": 6, "max_length": 6, "n_heatmaps": 0},
+    }
+    (root / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    threads = torch.get_num_threads()
+    try:
+        assert train_cli.main(["-config", str(root / "config.yaml"), "-quiet"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return str(root / "run" / "best.pt")
+
+
+def test_import_nmt_is_light():
+    code = "import sys, nmt; assert callable(nmt.load); print(sorted(m for m in ('torch', 'numpy', 'nmt.api') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_translate_returns_text_score_certificate_and_nbest(checkpoint):
+    from nmt.translate.beam_search import beam_search
+
+    m = nmt.load(checkpoint, device="auto", beam_size=3, max_length=8)
+    assert m.device in ("cpu", "cuda") and m.options.beam_size == 3
+    out = m.translate(["a b c", "", "c a"], n_best=3)
+    assert len(out) == 3 and out[1].text == "" and out[1].certificate.reason == "empty_input"
+    for sentence, t in zip(["a b c", "", "c a"], out):
+        if not sentence:
+            continue
+        ids = torch.tensor([m.src_field.encode(sentence)], device=m.device)
+        vocab = m.tgt_field.vocab
+        r = beam_search(m.decoder, ids, torch.tensor([ids.size(1)], device=m.device), bos=vocab.bos_index,
+                        eos=vocab.eos_index, pad=vocab.pad_index, beam_size=3, n_best=3, max_length=8)
+        assert t.text == m.tgt_field.decode(r.tokens[0, 0]) and t.score == pytest.approx(float(r.scores[0, 0]))
+        assert t.certificate.certified == bool(r.exact[0]) and t.certificate.certified == (t.certificate.reason is None)
+        assert 1 <= len(t.nbest) <= 3 and t.nbest[0].text == t.text and t.nbest[0].score == t.score
+        assert [h.score for h in t.nbest] == sorted((h.score for h in t.nbest), reverse=True)
+    # the call's keywords do not change the model's defaults
+    assert m.options.n_best == 1 and len(m.translate(["a"])[0].nbest) == 1
+
+
+def test_score_agrees_with_translation_and_flags_zero_probability(checkpoint):
+    m = nmt.load(checkpoint, device="cpu", beam_size=4, max_length=8)
+    best = m.translate(["a b c", "b"])
+    scores = m.score(["a b c", "b"], [t.text for t in best])
+    for t, s in zip(best, scores):
+        assert s.logprob == pytest.approx(t.score, abs=1e-4) and not s.zero_probability
+    zero = [s for s in m.score(["a b c"] * 3, ["cccccccc", "aaaaaaaa", "bbbbbbbb"]) if s.zero_probability]
+    for s in zero:
+        assert s.logprob == -math.inf and s.first_zero["support_size"] < s.first_zero["rank"]
+
+
+def test_a_string_where_a_list_is_expected_is_a_type_error(checkpoint):
+    m = nmt.load(checkpoint, device="cpu")
+    with pytest.raises(TypeError, match="list of sentences, not a single string"):
+        m.translate("ein Satz")
+    with pytest.raises(TypeError, match="targets must be a list of sentences"):
+        m.score(["a b"], "ab")
+    with pytest.raises(TypeError, match=r"sentences\[1\] must be a str"):
+        m.translate(["a", 3])
+    with pytest.raises(TypeError, match="unknown search option"):
+        m.translate(["a"], beam=3)
+    with pytest.raises(ValueError, match="beam_size must be >= 1"):
+        m.translate(["a"], beam_size=0)
