@@ -24,7 +24,7 @@ Transformer's softmax attention). Goals: entmax15 output
 >= 0.85x softmax, entmax_bisect output >= 0.7x, entmax15 attention >= 0.9x; softmax >= 1.2x
 the peer's 2,400 target tokens/s (OpenNMT-py 3.5.1, same setting, same machines).
 
-    python tools/bench_train.py                      # Multi30k de-en (../shared/data/multi30k)
+    python tools/bench_train.py                      # Multi30k de-en (--data-dir, default data/multi30k)
     python tools/bench_train.py --quick              # synthetic Multi30k-like batches, few steps
     python tools/bench_train.py --steps 200 --repeats 3 --json bench_train.json
     python tools/bench_train.py --transformer --only "softmax / softmax" "transformer: softmax / softmax"
@@ -155,13 +155,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the results here (atomically)")
     parser.add_argument("--transformer", action="store_true",
                         help="also the Multi30k Transformer recipe's model (ratios to the LSTM softmax / softmax)")
+    parser.add_argument("--data-dir", type=Path, default=ROOT / "data" / "multi30k",
+                        help="Multi30k train/val .de/.en (recipes/translation/prepare.py multi30k writes them)")
     args = parser.parse_args(argv)
     keep_freed_memory()  # as nmt-train / nmt-translate do
     steps = args.steps if args.steps is not None else (3 if args.quick else 100)
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 100)
     source = args.data or ("synthetic" if args.quick else "multi30k")
     torch.set_num_threads(args.threads)
-    config = load_config(CONFIG, ["training.save_dir=unused"])
+    config = load_config(CONFIG, ["training.save_dir=unused"] + [
+        f"data.{split}.{side}={args.data_dir / f'{name}.{lang}'}"
+        for split, name in (("train", "train"), ("valid", "val")) for side, lang in (("src", "de"), ("tgt", "en"))])
 
     if source == "multi30k":
         with tempfile.TemporaryDirectory() as work:

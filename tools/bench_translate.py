@@ -8,7 +8,7 @@ configs/multi30k_lstm.yaml), or, without them, the Multi30k LSTM of configs/mult
 (2x256 bi-LSTM encoder, 2x256 decoder, sentencepiece 8000) trained here for
 ``--train_steps`` steps with each output mapping (a briefly trained model still produces
 sentences of realistic length; the per-step cost is that of the real architecture).
-Source: Multi30k test_2016_flickr.de (1,000 sentences) from ../shared/data when present.
+Source: Multi30k test_2016_flickr.de (1,000 sentences) from ``--data-dir`` (default data/multi30k).
 Peer reference (OpenNMT-py 3.5.1, same model size, batch 64, 2 threads, idle machine):
 123 sentences/s beam 5 and 303 greedy, translation only.
 
@@ -32,11 +32,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "multi30k_lstm.yaml"
-TEST_SRC = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.de"
+DATA_DIR = ROOT / "data" / "multi30k"  # what recipes/translation/prepare.py multi30k writes
 OPENNMT = {"beam 5": 123.0, "greedy": 303.0}
 
 
-def train_model(mapping: str, work: Path, steps: int, valid_lines: int | None) -> Path:
+def train_model(mapping: str, work: Path, steps: int, valid_lines: int | None, data_dir: Path = DATA_DIR) -> Path:
     """Train the Multi30k LSTM with ``mapping`` outputs for ``steps`` steps; returns best.pt
     (reused when ``work/mapping/best.pt`` exists). ``valid_lines`` shortens validation."""
     from nmt.cli import train as train_cli
@@ -45,9 +45,10 @@ def train_model(mapping: str, work: Path, steps: int, valid_lines: int | None) -
     if (save_dir / "best.pt").is_file():
         return save_dir / "best.pt"
     print(f"training the {mapping} model for {steps} steps ...", file=sys.stderr)
-    overrides = []
+    overrides = [f"data.train.src={data_dir / 'train.de'}", f"data.train.tgt={data_dir / 'train.en'}",
+                 f"data.valid.src={data_dir / 'val.de'}", f"data.valid.tgt={data_dir / 'val.en'}"]
     if valid_lines:
-        valid = ROOT.parent / "shared" / "data" / "multi30k"
+        valid = data_dir
         for side in ("de", "en"):
             head = (valid / f"val.{side}").read_text(encoding="utf-8").split("\n")[:valid_lines]
             (work / f"val.{side}").write_text("\n".join(head) + "\n", encoding="utf-8")
@@ -99,7 +100,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smoke run: 5 training steps, 48 sentences, max_length 30")
     parser.add_argument("--checkpoint", action="append", default=[], metavar="MAPPING=PATH")
-    parser.add_argument("--src", type=Path, default=TEST_SRC, help="source sentences")
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR,
+                        help="Multi30k files (recipes/translation/prepare.py multi30k writes them)")
+    parser.add_argument("--src", type=Path, default=None, help="source sentences (default: DATA_DIR/test_2016_flickr.de)")
     parser.add_argument("--sentences", type=int, help="use the first N sentences (default: all; quick: 48)")
     parser.add_argument("--train_steps", type=int, default=400, help="training steps per model without --checkpoint")
     parser.add_argument("--threads", type=int, default=2)
@@ -124,6 +127,7 @@ def main() -> None:
 
     keep_freed_memory()  # as nmt-translate does
     torch.set_num_threads(args.threads)
+    args.src = args.src or args.data_dir / "test_2016_flickr.de"
     if not args.src.is_file():
         raise SystemExit(f"bench_translate: {args.src}: no such file (give --src)")
     lines = [line for line in read_lines(args.src)]
@@ -135,7 +139,8 @@ def main() -> None:
         checkpoints = dict(item.split("=", 1) for item in args.checkpoint)
         for mapping in ("softmax", "entmax15"):
             if mapping not in checkpoints:
-                checkpoints[mapping] = str(train_model(mapping, work, args.train_steps, 32 if args.quick else None))
+                checkpoints[mapping] = str(train_model(mapping, work, args.train_steps, 32 if args.quick else None,
+                                                       args.data_dir))
             torch.set_num_threads(args.threads)  # training may have changed it
         rows, figures = [], {"sentences": len(lines), "threads": args.threads, "batch_size": args.batch_size,
                              "machine": platform.processor() or platform.machine(), "results": []}

@@ -4,7 +4,8 @@
 Per language: exact-match accuracy (%) and mean Levenshtein distance between hypothesis and
 gold form; then their macro average over languages. With ``--report`` (the JSON lines of
 ``nmt-translate -report``) it adds the share of sentences whose beam search was certified
-exact and the share with a single nonzero-probability hypothesis.
+(``certified``; ``exact`` in reports of nmt 0.1.0 and earlier) and the share with a single
+nonzero-probability hypothesis.
 
 Usage: python recipes/morphology/evaluate.py --hyp dev.hyp --gold data/morphology/medium/dev.tgt \
            --lang data/morphology/medium/dev.lang [--report dev.report.jsonl] [--json out.json]
@@ -42,24 +43,25 @@ def evaluate(hyps: list[str], golds: list[str], langs: list[str], reports: list[
         raise ValueError(f"line counts differ: hyp {len(hyps)}, gold {len(golds)}, lang {len(langs)}")
     if reports is not None and len(reports) != len(hyps):
         raise ValueError(f"report has {len(reports)} lines, hypotheses {len(hyps)}")
-    per = defaultdict(lambda: {"n": 0, "correct": 0, "distance": 0, "exact": 0, "single": 0})
+    per = defaultdict(lambda: {"n": 0, "correct": 0, "distance": 0, "certified": 0, "single": 0})
     for i, (h, g, lang) in enumerate(zip(hyps, golds, langs)):
         row = per[lang]
         row["n"] += 1
         row["correct"] += h == g
         row["distance"] += levenshtein(h, g)
         if reports is not None:
-            row["exact"] += bool(reports[i]["exact"])
-            row["single"] += bool(reports[i]["exact"]) and reports[i]["n_nonzero"] == 1
+            certified = bool(reports[i]["certified"] if "certified" in reports[i] else reports[i]["exact"])
+            row["certified"] += certified
+            row["single"] += certified and reports[i]["n_nonzero"] == 1
     languages = {}
     for lang, row in sorted(per.items()):
         entry = {"n": row["n"], "accuracy": 100.0 * row["correct"] / row["n"],
                  "levenshtein": row["distance"] / row["n"]}
         if reports is not None:
-            entry["exact"] = 100.0 * row["exact"] / row["n"]
+            entry["certified"] = 100.0 * row["certified"] / row["n"]
             entry["single"] = 100.0 * row["single"] / row["n"]
         languages[lang] = entry
-    keys = ["accuracy", "levenshtein"] + (["exact", "single"] if reports is not None else [])
+    keys = ["accuracy", "levenshtein"] + (["certified", "single"] if reports is not None else [])
     macro = {k: sum(e[k] for e in languages.values()) / len(languages) for k in keys}
     return {"languages": languages, "macro": macro, "sentences": len(hyps)}
 

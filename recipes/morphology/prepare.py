@@ -124,8 +124,9 @@ def prepare(data_dir: Path, setting: str, out: Path, languages: list[str] | None
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", type=Path, default=Path("../shared/data/sigmorphon2018"),
-                        help="directory with LANG-train-SETTING, LANG-dev, LANG-covered-test (or gold LANG-test) files")
+    parser.add_argument("--data-dir", type=Path, required=True,
+                        help="directory with LANG-train-SETTING, LANG-dev, LANG-covered-test (or gold LANG-test) "
+                        "files (the shared task's task1/all)")
     parser.add_argument("--setting", choices=SETTINGS, default="medium")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default data/morphology/SETTING)")
     parser.add_argument("--languages", nargs="*", default=None, help="restrict to these languages")

@@ -5,7 +5,9 @@ The hypotheses are the detokenized lines written by ``nmt-translate -output`` (o
 line, i.e. ``-n_best 1``), the references the raw target file (e.g. Multi30k's
 ``test_2016_flickr.en``); BLEU and chrF are sacrebleu's corpus scores with its defaults (13a
 tokenization). With ``--report`` (the JSON lines of ``nmt-translate -report``) it adds, over
-the non-empty input lines: the share of sentences whose beam search was certified exact, the
+the non-empty input lines: the share of sentences whose beam search was certified (every
+sequence of nonzero probability found; read from ``certified``, or from ``exact``, its name in
+reports of nmt 0.1.0 and earlier), the
 share with a single hypothesis (``n_nonzero == 1``, as nmt-translate's own summary counts it),
 the mean ``n_nonzero``, and, when the report was written with ``-support``, the mean output
 support size per decoding step.
@@ -46,7 +48,7 @@ def read_report(path: Path) -> list[dict]:
             continue
         try:
             record = json.loads(line)
-            record["id"], record["exact"], record["n_nonzero"]
+            record["id"], record["n_nonzero"], _certified(record)
         except (json.JSONDecodeError, TypeError, KeyError) as e:
             raise EvaluationError(f"{path}:{n}: not an nmt-translate report record ({e})") from None
         records.append(record)
@@ -62,15 +64,20 @@ def scores(hyps: list[str], refs: list[str]) -> dict[str, float]:
             "chrf": float(sacrebleu.corpus_chrf(hyps, [refs]).score)}
 
 
+def _certified(record: dict) -> bool:
+    """The certificate of a report record (``exact``: its name in nmt 0.1.0 reports and earlier)."""
+    return bool(record["certified"] if "certified" in record else record["exact"])
+
+
 def certificate_stats(reports: list[dict]) -> dict[str, float | int | None]:
-    """% exact, % single hypothesis, mean n_nonzero (and mean output support) over decoded sentences."""
+    """% certified, % single hypothesis, mean n_nonzero (and mean output support) over decoded sentences."""
     decoded = [r for r in reports if r.get("reason") != EMPTY_INPUT]
     n = max(len(decoded), 1)
     sizes = [step["size"] for r in decoded for step in (r.get("support") or [])]
     return {
         "sentences": len(decoded),
-        "exact": 100.0 * sum(bool(r["exact"]) for r in decoded) / n,
-        "single": 100.0 * sum(bool(r["exact"]) and r["n_nonzero"] == 1 for r in decoded) / n,
+        "certified": 100.0 * sum(_certified(r) for r in decoded) / n,
+        "single": 100.0 * sum(_certified(r) and r["n_nonzero"] == 1 for r in decoded) / n,
         "mean_n_nonzero": sum(r["n_nonzero"] for r in decoded) / n,
         "mean_support": sum(sizes) / len(sizes) if sizes else None,
     }
@@ -106,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     c = result.get("certificates")
     if c is not None:
         support = "n/a (no -support)" if c["mean_support"] is None else f"{c['mean_support']:.2f}"
-        line += (f"; exact {c['exact']:.1f}%, single hypothesis {c['single']:.1f}%, "
+        line += (f"; certified {c['certified']:.1f}%, single hypothesis {c['single']:.1f}%, "
                  f"mean n_nonzero {c['mean_n_nonzero']:.2f}, mean output support {support}")
     print(line)
     if args.json:

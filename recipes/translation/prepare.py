@@ -2,8 +2,7 @@
 """Prepare German-English translation data for nmt: Multi30k (task 1) and IWSLT 2017 de-en.
 
 Multi30k: raw, untokenized ``train``/``val``/``test_2016_flickr`` ``.de``/``.en`` files. With
-``--data-dir`` they are copied from a local copy (on the project's machines
-``../shared/data/multi30k``); otherwise they are downloaded from the Multi30k repository
+``--data-dir`` they are copied from a local copy; otherwise they are downloaded from the Multi30k repository
 (github.com/multi30k/dataset, ``data/task1/raw``). Subword segmentation (joint sentencepiece or
 BPE) is learned by ``nmt-train`` from the training files, as the recipe's configs say, and
 stored inside every checkpoint.
@@ -14,7 +13,7 @@ dataset); the XML/tag files are converted to plain ``train``/``valid`` (dev2010)
 (tst2010-2015 concatenated) text.
 
 Usage:
-  python recipes/translation/prepare.py multi30k [--data-dir ../shared/data/multi30k] [--out data/multi30k]
+  python recipes/translation/prepare.py multi30k [--data-dir A_LOCAL_COPY] [--out data/multi30k]
   python recipes/translation/prepare.py iwslt17 [--archive de-en.tgz] [--out data/iwslt17]
 """
 from __future__ import annotations

@@ -49,7 +49,7 @@ def test_evaluate_macro_average_and_certificates():
     assert result["languages"]["l1"]["accuracy"] == 50.0
     assert result["macro"]["accuracy"] == 75.0
     assert result["macro"]["levenshtein"] == 0.25
-    assert result["macro"]["exact"] == 75.0
+    assert result["macro"]["certified"] == 75.0
     assert result["macro"]["single"] == 50.0
     with pytest.raises(ValueError, match="line counts differ"):
         evaluate.evaluate(["a"], [], ["l"])

@@ -94,14 +94,14 @@ def test_report_statistics(tmp_path):
     hyp, ref = _write_lines(tmp_path / "h", HYPS), _write_lines(tmp_path / "r", REFS)
     c = evaluate.evaluate(hyp, ref, report)["certificates"]
     assert c["sentences"] == 3                      # the empty input line is left out
-    assert c["exact"] == pytest.approx(200 / 3)
+    assert c["certified"] == pytest.approx(200 / 3)
     assert c["single"] == pytest.approx(100 / 3)    # certified single: exact and n_nonzero == 1
     assert c["mean_n_nonzero"] == pytest.approx(2.0)
     assert c["mean_support"] == pytest.approx(2.0)  # per step, over the steps of -support records
     assert evaluate.certificate_stats(records[:1])["mean_support"] is None
     out = tmp_path / "out.json"
     assert evaluate.main(["--hyp", str(hyp), "--ref", str(ref), "--report", str(report), "--json", str(out)]) == 0
-    assert json.loads(out.read_text(encoding="utf-8"))["certificates"]["exact"] == pytest.approx(200 / 3)
+    assert json.loads(out.read_text(encoding="utf-8"))["certificates"]["certified"] == pytest.approx(200 / 3)
 
 
 def test_one_line_errors_name_the_file(tmp_path, capsys):
