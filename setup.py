@@ -15,6 +15,7 @@ setup(
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="MIT",
+    license_files=["LICENSE"],
     python_requires=">=3.10",
     packages=find_packages(include=["nmt", "nmt.*"]),
     install_requires=[

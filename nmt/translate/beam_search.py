@@ -84,6 +84,11 @@ class SearchResult:
     support_probs: Tensor | None = None
     steps: int = 0
 
+    @property
+    def certified(self) -> Tensor:
+        """(B,) bool, the certificate (the same tensor as ``exact``, its older name)."""
+        return self.exact
+
     def reason_names(self) -> list[str | None]:
         """Per sentence: None when exact, else "pruned", "max_length", "not_certified",
         "nonfinite_scores" or "no_hypothesis"."""
