@@ -180,6 +180,7 @@ class Trainer:
         self.stopper = EarlyStopping(HIGHER_IS_BETTER[self.metric], train_cfg["early_stopping_patience"])
         self.progress = Progress()
         self.last_metrics: dict[str, Any] = {}
+        self._signatures_logged = False  # the sacrebleu signatures are logged once per session
         self._tokens_per_sec = math.nan  # of the last logging window
         self._session_start: float | None = None  # perf_counter() when this session's loop began
         self._session_elapsed0 = 0.0
@@ -461,6 +462,9 @@ class Trainer:
             shown = " ".join(f"{k}={v:.4g}" for k, v in scalars.items() if k != "tokens")
             logger.info("step %d valid: %s%s%s", p.step, shown, " (new best)" if is_best else "",
                         f"; lr decayed to {self.schedule.lr:.3g}" if decayed else "")
+            if result.signatures and not self._signatures_logged:
+                logger.info("valid bleu / chrf: sacrebleu %s", " / ".join(result.signatures.values()))
+                self._signatures_logged = True
             for i, hyp in enumerate(result.hypotheses[: min(2, len(result.hypotheses))]):
                 logger.info("  example %d: hyp %r ref %r", i, hyp, self.data.valid_references[i])
         p.last_validation_step = p.step

@@ -35,6 +35,8 @@ class ValidationResult:
 
     scalars: dict[str, float]
     hypotheses: list[str] = field(default_factory=list)
+    signatures: dict[str, str] = field(default_factory=dict)
+    """sacrebleu signatures of the ``bleu`` and ``chrf`` scalars (when decoding)."""
 
 
 @torch.no_grad()
@@ -121,16 +123,17 @@ def validate(model: nn.Module, dataset: ParallelDataset, references: Sequence[st
     try:
         scalars = teacher_forced_statistics(model, dataset, loss_fn, batch_size, device, is_softmax)
         hypotheses: list[str] = []
+        signatures: dict[str, str] = {}
         if decode:
             options = SearchOptions(beam_size=beam_size, n_best=1, max_length=max_length)
             hypotheses, certified = decode_dataset(model, dataset, dataset.tgt_field, batch_size, options, device)
             scalars["exact_match"] = corpus_metrics.exact_match(hypotheses, references)
-            scalars["bleu"] = corpus_metrics.bleu(hypotheses, references)
-            scalars["chrf"] = corpus_metrics.chrf(hypotheses, references)
+            scalars["bleu"], signatures["bleu"] = corpus_metrics.bleu_with_signature(hypotheses, references)
+            scalars["chrf"], signatures["chrf"] = corpus_metrics.chrf_with_signature(hypotheses, references)
             scalars["certified"] = certified
     finally:
         model.train(was_training)
-    return ValidationResult(scalars, hypotheses)
+    return ValidationResult(scalars, hypotheses, signatures)
 
 
 @torch.no_grad()

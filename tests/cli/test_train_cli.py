@@ -41,6 +41,7 @@ def test_smoke_generates_data_trains_and_resumes(tmp_path, monkeypatch, capsys):
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["training"]["max_steps"] == 3
     log = (run_dir / "train.log").read_text()
     assert "step 2 (epoch 0): train loss" in log and "tokens/s" in log  # log_every=1; epoch as in the summary
+    assert "certified=" in log and "valid bleu / chrf: sacrebleu nrefs:1|" in log  # certified, BLEU signature
     out = capsys.readouterr().out
     assert "training finished (max_steps) at step 3" in out
     # same command, longer: resumes from last.pt
