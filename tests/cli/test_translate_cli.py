@@ -287,3 +287,42 @@ def test_quiet_no_certify_formats_and_version(trained, capsys):
         assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"{prog} 0.1.0"
     help_text = translate_cli.build_parser().format_help()
     assert "(default: 5)" in help_text and "(default: png)" in help_text and "(default: None)" not in help_text
+
+
+def test_interactive_mode_on_a_terminal_prompts_and_answers_each_line(trained):
+    """stdin a terminal (a pseudo-terminal here): a prompt on stderr, one answer per line, Ctrl-D ends."""
+    import pty
+    import select
+
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt.cli.translate", "-model", trained["model"], "-src", "-", "-output", "-",
+         "-beam_size", "2", "-threads", "1"],
+        stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+    )
+    os.close(terminal)
+    try:
+        def read_until_prompt() -> str:
+            seen = ""
+            while not seen.endswith("> "):
+                ready, _, _ = select.select([proc.stderr], [], [], 120)
+                assert ready, f"no prompt; stderr so far {seen!r}"
+                seen += os.read(proc.stderr.fileno(), 4096).decode()
+            return seen
+
+        assert "Ctrl-D ends" in read_until_prompt()
+        os.write(controller, b"a b c\n")
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        assert ready
+        answer = proc.stdout.readline()
+        read_until_prompt()  # asks for the next line
+        os.write(controller, b"\x04")  # Ctrl-D: end of input
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+        os.close(controller)
+    same = trained["root"] / "interactive_in.txt"
+    same.write_text("a b c\n", encoding="utf-8")
+    assert translate_cli.main(["-model", trained["model"], "-src", str(same), "-output", str(same) + ".out",
+                               "-beam_size", "2", "-quiet"]) == 0
+    assert answer == (trained["root"] / "interactive_in.txt.out").read_text(encoding="utf-8")
