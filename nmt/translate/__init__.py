@@ -1,20 +1,29 @@
-"""Decoding: batched beam search with exactness certificates, ensembles, file translation.
+"""Decoding: batched beam search with certificates, scoring of given targets, ensembles,
+file translation.
 
-    from nmt.translate import beam_search, load_models, SearchOptions, Translator
+    from nmt.translate import beam_search, load_models, SearchOptions, Translator, Scorer
 """
 from nmt.translate.beam_search import SearchResult, beam_search, greedy_search
 from nmt.translate.certificate import REASONS, reason_name
 from nmt.translate.ensemble import Ensemble
 from nmt.translate.length_penalty import LENGTH_PENALTIES, length_penalty
-from nmt.translate.loading import LoadedModel, load_model, load_models
+from nmt.translate.loading import LoadedModel, load_model, load_models, resolve_device
+from nmt.translate.scorer import PairScore, Scorer, ScoreSummary
+from nmt.translate.scoring import BatchScores, score_batch
 from nmt.translate.search_options import SearchOptions
-from nmt.translate.translator import Translation, TranslationSummary, Translator
+from nmt.translate.translator import Certificate, Hypothesis, Translation, TranslationSummary, Translator
 
 __all__ = [
+    "BatchScores",
+    "Certificate",
     "Ensemble",
+    "Hypothesis",
     "LENGTH_PENALTIES",
     "LoadedModel",
+    "PairScore",
     "REASONS",
+    "ScoreSummary",
+    "Scorer",
     "SearchOptions",
     "SearchResult",
     "Translation",
@@ -26,4 +35,6 @@ __all__ = [
     "load_model",
     "load_models",
     "reason_name",
+    "resolve_device",
+    "score_batch",
 ]
