@@ -7,7 +7,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from nmt.translate.search_options import SearchOptions
@@ -112,13 +112,6 @@ def print_metrics(hypotheses: Sequence[str], references: Sequence[str]) -> None:
     say(metrics_line(hypotheses, references))
 
 
-def open_stream(path: str) -> IO[str]:
-    """A text stream written line by line (stdout for ``-``), for the streaming mode."""
-    if path == "-":
-        return sys.stdout
-    return open(path, "w", encoding="utf-8")
-
-
 def summary_suffix(startup: float, seconds: float, sentences: int, members: Sequence[Any]) -> str:
     """``; X sentences/s (Y with start-up); start-up Z s[ (ensemble of N)]``."""
     speed = sentences / seconds if seconds > 0 else float("inf")
@@ -127,6 +120,6 @@ def summary_suffix(startup: float, seconds: float, sentences: int, members: Sequ
     return f"; {speed:.1f} sentences/s ({overall:.1f} with start-up); start-up {startup:.2f} s{ensemble}"
 
 
-__all__ = ["PROG", "SEARCH_FLAGS", "json_number", "open_stream", "output_lines", "print_metrics", "read_references",
+__all__ = ["PROG", "SEARCH_FLAGS", "json_number", "output_lines", "print_metrics", "read_references",
            "read_source", "read_stdin", "report_line", "say", "search_options", "summary_suffix", "write_heatmap",
            "write_lines"]
