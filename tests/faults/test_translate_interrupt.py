@@ -71,10 +71,12 @@ def test_interrupted_translation_exits_nonzero_and_writes_no_output(model, tmp_p
 def test_bom_on_stdin_is_dropped_like_for_files(model, tmp_path, monkeypatch, capsys):
     text = "a b c\nd e\n"
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\xef\xbb\xbf" + text.encode())))
-    assert translate_cli._read_source("-") == ["a b c", "d e"]
+    from nmt.cli.translate_common import read_source
+
+    assert read_source("-") == ["a b c", "d e"]
     (tmp_path / "src.txt").write_bytes(b"\xef\xbb\xbf" + text.encode())
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\xef\xbb\xbf" + text.encode())))
-    assert translate_cli.main(["-model", str(model), "-src", "-", "-quiet"]) == 0
+    assert translate_cli.main(["-model", str(model), "-src", "-", "-quiet"]) == 0  # streamed
     from_stdin = capsys.readouterr().out
     assert translate_cli.main(["-model", str(model), "-src", str(tmp_path / "src.txt"), "-quiet"]) == 0
     assert capsys.readouterr().out == from_stdin
@@ -95,6 +97,6 @@ def test_a_model_with_nan_weights_certifies_no_sentence(model, tmp_path, capsys)
     assert translate_cli.main(["-model", str(nan_model), "-src", str(tmp_path / "src.txt"),
                                "-output", str(tmp_path / "out.txt"), "-report", str(report)]) == 0
     records = [json.loads(line) for line in report.read_text().splitlines()]
-    assert [(r["exact"], r["reason"], r["n_nonzero"], r["mass"]) for r in records] == \
+    assert [(r["certified"], r["reason"], r["n_nonzero"], r["mass"]) for r in records] == \
         [(False, "nonfinite_scores", 0, 0.0)] * 3
-    assert "exact 0.0%" in capsys.readouterr().err
+    assert "certified 0.0%" in capsys.readouterr().err
