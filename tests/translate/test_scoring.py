@@ -117,15 +117,28 @@ def test_ensemble_scores_match_ensemble_beam_search():
         assert scores.total.tolist() == pytest.approx(totals, abs=1e-9)
 
 
-def test_seq2seq_scores_equal_its_teacher_forced_forward_and_rank_by_logits():
-    from nmt.models import build_model
-
-    cfg = {"embeddings": {"src_size": 6, "tgt_size": 6, "share": False, "tie_output": False, "dropout": 0.0},
+RNN_CFG = {"embeddings": {"src_size": 6, "tgt_size": 6, "share": False, "tie_output": False, "dropout": 0.0},
            "encoder": {"type": "lstm", "layers": 1, "hidden_size": 8, "bidirectional": True, "dropout": 0.0},
            "decoder": {"type": "lstm", "layers": 1, "hidden_size": 8, "dropout": 0.0, "input_feeding": True,
                        "bridge": "linear"},
            "attention": {"score": "general", "mapping": "softmax", "params": {}, "continuous": None},
            "output": {"mapping": "sparsemax", "params": {}}}
+TRANSFORMER_CFG = {
+    "type": "transformer",
+    "embeddings": {"src_size": 8, "tgt_size": 8, "share": False, "tie_output": False, "dropout": 0.0},
+    "transformer": {"encoder_layers": 1, "decoder_layers": 2, "d_model": 8, "heads": 2, "d_ff": 16, "norm": "pre",
+                    "positions": "sinusoidal", "max_positions": 64, "dropout": 0.0, "attention_dropout": 0.0,
+                    "activation_dropout": 0.0, "activation": "relu"},
+    "attention": {"score": "general", "mapping": "entmax15", "params": {}, "continuous": None,
+                  "encoder_self": None, "decoder_self": None, "cross": None},
+    "output": {"mapping": "sparsemax", "params": {}},
+}
+
+
+@pytest.mark.parametrize("cfg", [RNN_CFG, TRANSFORMER_CFG], ids=["rnn", "transformer"])
+def test_models_score_their_teacher_forced_forward_and_rank_by_logits(cfg):
+    from nmt.models import build_model
+
     torch.manual_seed(0)
     model = build_model(cfg, 13, 11, PAD).double().eval()
     with torch.no_grad():

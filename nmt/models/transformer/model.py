@@ -86,6 +86,13 @@ class TransformerSeq2Seq(nn.Module):
 
     def step(self, tokens: Tensor, state: State, encoder_out: State) -> tuple[Tensor, Tensor, State]:
         """tokens: (N,) previous ids. Returns log_probs (N, V), attention (N, L), the extended caches."""
+        _, log_probs, attention, new_state = self.step_with_scores(tokens, state, encoder_out)
+        return log_probs, attention, new_state
+
+    def step_with_scores(self, tokens: Tensor, state: State,
+                         encoder_out: State) -> tuple[Tensor, Tensor, Tensor, State]:
+        """``step`` that also returns the raw output scores: (logits (N, V), log_probs (N, V),
+        attention (N, L), caches); scoring ranks tokens outside the support by the logits."""
         caches = [(state[f"self.{i}.k"], state[f"self.{i}.v"]) for i in range(len(self.decoder.layers))]
         out = self.decoder(self.tgt_embeddings(tokens.unsqueeze(1)), self._cross(encoder_out),
                            encoder_out["src_mask"], caches)
@@ -93,7 +100,8 @@ class TransformerSeq2Seq(nn.Module):
         for i, (keys, values) in enumerate(out.caches):
             new_state[f"self.{i}.k"], new_state[f"self.{i}.v"] = keys, values
         attention = out.cross_maps[-1][:, :, 0].mean(1)
-        return self.log_probs(self.generator(out.hidden[:, 0])), attention, new_state
+        logits = self.generator(out.hidden[:, 0])
+        return logits, self.log_probs(logits), attention, new_state
 
     # ---- teacher forcing --------------------------------------------------------------
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, return_maps: bool = False
