@@ -19,7 +19,7 @@ from nmt.models import build_model
 from nmt.sparse import get_loss
 from nmt.translate.beam_search import beam_search
 from nmt.translate.search_options import SearchOptions
-from nmt.translate.search_step import RowState, Specials
+from nmt.translate.search_step import RowState, Specials, select_step
 from nmt.translate.static_search import static_step
 from nmt.utils.sync_audit import SyncAudit
 from toy_decoders import BOS, EOS, PAD, MarkovDecoder, TinyAttentionRNN, random_sources
@@ -158,3 +158,20 @@ def test_static_search_syncs_at_most_once_per_stop_every_steps(stop_every, certi
     assert r.steps >= 4
     assert set(audit.counts) <= {"Tensor.__bool__", "Tensor.__int__"}, audit.report()
     assert audit.total <= math.ceil(r.steps / stop_every) + 1, audit.report()
+
+
+def test_search_step_compiles_as_one_graph():
+    """``torch.compile(fullgraph=True)`` fails on any graph break, e.g. a host read of a tensor."""
+    options, special = SearchOptions(beam_size=4, n_best=2, max_length=10), Specials(BOS, EOS, PAD)
+    g = torch.Generator().manual_seed(0)
+    rows = RowState(torch.randn(6, 4, generator=g, dtype=torch.float64), torch.ones(6, dtype=torch.bool),
+                    torch.zeros(6, dtype=torch.long), torch.full((6, 2), -5.0, dtype=torch.float64),
+                    torch.zeros(6, dtype=torch.bool))
+    log_probs = torch.log_softmax(torch.randn(24, 11, generator=g, dtype=torch.float64), -1)
+    attention = torch.rand(24, 5, generator=g, dtype=torch.float64)
+    compiled = torch.compile(select_step, fullgraph=True)(log_probs, attention, rows, 3, options, special)
+    eager = select_step(log_probs, attention, rows, 3, options, special)
+    for name in ("chosen", "parent", "done"):
+        assert torch.equal(getattr(compiled, name), getattr(eager, name)), name
+    assert torch.equal(compiled.rows.scores, eager.rows.scores)
+    assert torch.equal(compiled.rows.exact, eager.rows.exact)
