@@ -2,7 +2,9 @@
 
     nmt-translate -model M.pt [M2.pt ...] -src FILE|- -output FILE|- -beam_size 5 -n_best 1
                   -batch_size 64 -max_length 100 -length_penalty none -report FILE.jsonl
-                  [-tgt REF] [-attention DIR] [-support] [-device cpu|cuda]
+                  [-tgt REF] [-attention DIR] [-support] [-device auto|cpu|cuda]
+                  [-batch_type sentences|tokens] [-precision fp32|bf16|fp16]
+                  [-search_mode auto|dynamic|static] [-stop_every K]
 
 Output: the detokenized best hypothesis per input line (``n_best`` lines per input line with
 ``-n_best N``, padded with empty lines), written atomically; empty input lines give empty
@@ -28,14 +30,15 @@ if TYPE_CHECKING:
 _IMPORTED_AT = time.perf_counter()  # start-up is measured from here when run as a program
 PROG = "nmt-translate"
 SEARCH_FLAGS = ("beam_size", "n_best", "max_length", "min_length", "length_penalty", "length_alpha",
-                "support_topk")
+                "support_topk", "stop_every")
 """Flags that are ``SearchOptions`` fields of the same name (defaults taken from it)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``nmt-translate`` argument parser; search flag defaults are ``SearchOptions()``'s."""
     from nmt.translate.length_penalty import LENGTH_PENALTIES
-    from nmt.translate.search_options import SearchOptions
+    from nmt.translate.search_options import SEARCH_MODES, SearchOptions
+    from nmt.utils.precision import PRECISIONS
 
     d = SearchOptions()
     p = argparse.ArgumentParser(prog=PROG, description="Translate with certified beam search.")
@@ -45,7 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-output", "--output", default="-", metavar="FILE|-", help="translations (default: stdout)")
     p.add_argument("-beam_size", "--beam_size", type=int, default=d.beam_size, help="beam size (1 = greedy)")
     p.add_argument("-n_best", "--n_best", type=int, default=d.n_best, help="hypotheses written per sentence")
-    p.add_argument("-batch_size", "--batch_size", type=int, default=64, help="sentences per batch")
+    p.add_argument("-batch_size", "--batch_size", type=int, default=64,
+                   help="sentences (or padded source tokens, see -batch_type) per batch")
+    p.add_argument("-batch_type", "--batch_type", default="sentences", choices=("sentences", "tokens"),
+                   help="unit of -batch_size; sources are sorted by length either way")
     p.add_argument("-max_length", "--max_length", type=int, default=d.max_length,
                    help="max target tokens before EOS")
     p.add_argument("-min_length", "--min_length", type=int, default=d.min_length,
@@ -63,7 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="at most this many support tokens per step in the report")
     p.add_argument("-no_certify", "--no_certify", action="store_true", default=not d.certify,
                    help="skip the exactness certificate (and its extra search)")
-    p.add_argument("-device", "--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("-device", "--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
+    p.add_argument("-precision", "--precision", default="fp32", choices=PRECISIONS,
+                   help="fp32, or bf16/fp16 autocast of the model (the search stays in float32)")
+    p.add_argument("-search_mode", "--search_mode", default=d.mode, choices=SEARCH_MODES,
+                   help="static: fixed shapes, no per-step host sync (GPU); dynamic: finished sentences "
+                        "leave the batch (CPU); auto: static on CUDA")
+    p.add_argument("-stop_every", "--stop_every", type=int, default=d.stop_every,
+                   help="static search reads its stop flag every K steps")
     p.add_argument("-threads", "--threads", type=int, help="torch CPU threads")
     p.add_argument("-quiet", "--quiet", action="store_true", help="no progress bar and no summary")
     return p
@@ -83,7 +96,7 @@ def search_options(args: argparse.Namespace) -> SearchOptions:
 
     try:
         return SearchOptions(**{name: getattr(args, name) for name in SEARCH_FLAGS},
-                             certify=not args.no_certify, return_support=args.support,
+                             certify=not args.no_certify, return_support=args.support, mode=args.search_mode,
                              return_attention=args.attention is not None)
     except ValueError as exc:
         raise ValueError(f"-{exc}") from None  # every message starts with the field = flag name
@@ -127,6 +140,8 @@ def run(args: argparse.Namespace, start: float | None = None) -> int:
     options = search_options(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"-device {args.device}: CUDA is not available on this machine")
     _check_device(args.device)
@@ -141,7 +156,8 @@ def run(args: argparse.Namespace, start: float | None = None) -> int:
     decoder, src_field, tgt_field, members = load_models(args.model, args.device)
     startup = time.perf_counter() - start
 
-    translator = Translator(decoder, src_field, tgt_field, options, batch_size=args.batch_size, device=args.device)
+    translator = Translator(decoder, src_field, tgt_field, options, batch_size=args.batch_size,
+                            batch_type=args.batch_type, device=args.device, precision=args.precision)
     bar = None
     if not args.quiet:
         from tqdm import tqdm
