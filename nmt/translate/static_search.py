@@ -11,7 +11,8 @@ Host synchronisation: ``static_step`` (model step, selection, masking, reorderin
 The loop reads one flag, "every sentence has stopped", every ``stop_every`` steps, and reads
 once at the end the step at which that happened (to drop the idle tail of at most
 ``stop_every - 1`` steps, so that results equal the dynamic loop's, ``steps`` included): at most
-``floor(T / stop_every) + 1`` host syncs for T steps run, besides the model's own ``encode``.
+``ceil(T / stop_every) + 1`` host syncs for a result of T steps, besides the model's own (an RNN
+encoder copies device lengths to the host once; a mapping's CPU path may sync).
 The first step runs one row per sentence (B rows) like the dynamic loop; every later step
 runs B*K rows, so a compiled or captured step sees one shape.
 """
