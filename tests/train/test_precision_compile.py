@@ -92,10 +92,15 @@ def test_padding_to_a_multiple_changes_neither_loss_nor_gradients():
     assert pad_to_multiple(batch, 1, PAD) is batch
 
 
+STATIC_ENTMAX = {"mapping": "entmax15", "params": {"impl": "static"}}
+
+
+@pytest.mark.parametrize("attention", [None, STATIC_ENTMAX], ids=["softmax", "entmax15-static"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_update_step_makes_no_host_sync(precision):
-    """Forward, loss, backward, clipping, fused Adam: no synchronising call (lengths on the host)."""
-    m = model(torch.float32)
+def test_update_step_makes_no_host_sync(precision, attention):
+    """Forward, loss, backward, clipping, fused Adam: no synchronising call (lengths on the host;
+    attention softmax or the sync-free static path of 1.5-entmax)."""
+    m = model(torch.float32, **({"attention": attention} if attention else {}))
     optimizer = torch.optim.Adam(m.parameters(), lr=1e-3, fused=True)
     for step in range(2):
         batch = copy_batch(step)

@@ -82,20 +82,23 @@ def test_auto_mode_is_dynamic_on_cpu_and_static_on_cuda():
         SearchOptions(stop_every=0)
 
 
+TRAINED_VOCAB = 9
+TRAINED_CFG = {
+    "embeddings": {"src_size": 8, "tgt_size": 8, "share": False, "tie_output": False, "dropout": 0.0},
+    "encoder": {"type": "lstm", "layers": 1, "hidden_size": 12, "bidirectional": True, "dropout": 0.0},
+    "decoder": {"type": "lstm", "layers": 1, "hidden_size": 12, "dropout": 0.0, "input_feeding": True,
+                "bridge": "linear"},
+    "attention": {"score": "general", "mapping": "entmax15", "params": {}, "continuous": None},
+    "output": {"mapping": "entmax15", "params": {}},
+}
+
+
 @pytest.fixture(scope="module")
 def trained_model():
     """A tiny LSTM (entmax15 attention and output) trained 80 steps on a copy task."""
     torch.manual_seed(0)
-    cfg = {
-        "embeddings": {"src_size": 8, "tgt_size": 8, "share": False, "tie_output": False, "dropout": 0.0},
-        "encoder": {"type": "lstm", "layers": 1, "hidden_size": 12, "bidirectional": True, "dropout": 0.0},
-        "decoder": {"type": "lstm", "layers": 1, "hidden_size": 12, "dropout": 0.0, "input_feeding": True,
-                    "bridge": "linear"},
-        "attention": {"score": "general", "mapping": "entmax15", "params": {}, "continuous": None},
-        "output": {"mapping": "entmax15", "params": {}},
-    }
-    vocab = 9
-    model = build_model(cfg, vocab, vocab, PAD)
+    model = build_model(TRAINED_CFG, TRAINED_VOCAB, TRAINED_VOCAB, PAD)
+    vocab = TRAINED_VOCAB
     loss_fn = get_loss("entmax15")
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(0)
@@ -113,6 +116,31 @@ def trained_model():
         loss.backward()
         optimizer.step()
     return model.eval()
+
+
+def static_impl_copy(model):
+    """The same trained weights with the sync-free (impl="static") 1.5-entmax attention and output."""
+    cfg = {**TRAINED_CFG, "attention": {**TRAINED_CFG["attention"], "params": {"impl": "static"}},
+           "output": {"mapping": "entmax15", "params": {"impl": "static"}}}
+    twin = build_model(cfg, TRAINED_VOCAB, TRAINED_VOCAB, PAD)
+    twin.load_state_dict(model.state_dict())
+    return twin.eval()
+
+
+@pytest.mark.parametrize("stop_every", [1, 4])
+def test_static_search_of_a_trained_model_with_sync_free_mappings(trained_model, stop_every):
+    """With impl="static" mappings the whole search of an nmt model syncs only for its stop flags
+    (ceil(T / stop_every)) and the final read; results equal the default mappings' search."""
+    twin = static_impl_copy(trained_model)
+    src, lengths = random_sources(12, 9, 5, seed=11)
+    kw = dict(bos=BOS, eos=EOS, pad=PAD, beam_size=4, n_best=3, max_length=8)
+    with SyncAudit() as audit:
+        static = beam_search(twin, src, lengths, mode="static", stop_every=stop_every, **kw)
+    assert audit.total <= math.ceil(static.steps / stop_every) + 1, audit.report()
+    dynamic = beam_search(trained_model, src, lengths, mode="dynamic", **kw)
+    assert torch.equal(static.tokens, dynamic.tokens) and torch.equal(static.exact, dynamic.exact)
+    assert torch.equal(static.n_nonzero, dynamic.n_nonzero)
+    torch.testing.assert_close(static.scores, dynamic.scores, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("beam_size,stop_every", [(1, 3), (4, 1), (4, 4)])
