@@ -197,6 +197,11 @@ def test_bad_flag_values_are_one_line_errors(trained, capsys, tmp_path, flags, e
     assert code == 2 and err.startswith(expected) and err.count("\n") == 1 and not out.exists()
 
 
+def test_device_defaults_to_auto_and_resolves_on_this_machine():
+    args = translate_cli.build_parser().parse_args(["-model", "m.pt", "-src", "in.txt"])
+    assert args.device == "auto" and args.batch_type == "sentences" and args.precision == "fp32"
+
+
 def test_token_batches_and_static_search_give_the_same_translations(trained, capsys):
     """-batch_type tokens (other batches, still sorted by length) and -search_mode static change
     neither the outputs nor the certificates, in input order."""
