@@ -30,7 +30,9 @@ the peer's 2,400 target tokens/s (OpenNMT-py 3.5.1, same setting, same machines)
     python tools/bench_train.py --transformer --only "softmax / softmax" "transformer: softmax / softmax"
     python tools/bench_train.py --device cuda --compile --only "entmax15 / entmax15"   # GPU section
 
-Every row also gives ms per step and host syncs per step (SyncAudit's count on the CPU, CUDA's
+Before timing, every setting runs one untimed step per distinct batch shape (compiling each
+shape once: "warm-up s", start-up rather than steady-state time). Every row also gives ms per
+step and host syncs per step (SyncAudit's count on the CPU, CUDA's
 sync debug mode on CUDA); ``--compile`` adds training.compile rows (torch.compile of forward and
 loss, lengths padded to ``--pad_to_multiple``); ``--precision bf16|fp16`` autocasts.
 """
@@ -159,6 +161,14 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
 
     for batch in batches[:warmup]:
         step(batch)
+    # one untimed step per distinct batch shape of the timed steps: a compiled step compiles
+    # (or captures) each shape once, which is start-up, not steady-state, time
+    shapes = {(tuple(b.src.shape), tuple(b.tgt_in.shape)): b for b in batches[warmup:]}
+    start = time.perf_counter()
+    for batch in shapes.values():
+        step(batch)
+    _synchronize(device)
+    shape_warmup = time.perf_counter() - start
     _, syncs = count_host_syncs_on(device, lambda: step(batches[0]))
     _synchronize(device)
     tokens = 0
@@ -169,7 +179,8 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     _synchronize(device)
     seconds = time.perf_counter() - start
     timed = max(len(batches) - warmup, 1)
-    return {"tokens_per_sec": tokens / seconds, "ms_per_step": 1000.0 * seconds / timed, "syncs_per_step": syncs}
+    return {"tokens_per_sec": tokens / seconds, "ms_per_step": 1000.0 * seconds / timed, "syncs_per_step": syncs,
+            "shapes": len(shapes), "shape_warmup_seconds": shape_warmup}
 
 
 def _synchronize(device: torch.device) -> None:
@@ -223,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.threads} threads, precision {args.precision}, torch {torch.__version__}"
           + (f"; load: {args.load}" if args.load else ""))
     print(f"{'attention / output':<34} {'step':<9} {'tokens/s':>10} {'ms/step':>8} {'syncs/step':>10} "
-          f"{'vs softmax':>10} {'vs eager':>8}")
+          f"{'vs softmax':>10} {'vs eager':>8} {'shapes':>6} {'warm-up s':>9}")
     results = []
     baseline = None
     for label, attention, output in runs:
@@ -236,13 +247,15 @@ def main(argv: list[str] | None = None) -> int:
             speed = statistics.median(f["tokens_per_sec"] for f in figures)
             ms = statistics.median(f["ms_per_step"] for f in figures)
             syncs = figures[0]["syncs_per_step"]
+            shapes, warm = figures[0]["shapes"], statistics.median(f["shape_warmup_seconds"] for f in figures)
             baseline = baseline or speed
             eager_speed = eager_speed or speed
             results.append({"setting": label, "attention": attention[0], "output": output[0], "step": mode,
                             "tokens_per_sec": speed, "ms_per_step": ms, "syncs_per_step": syncs,
-                            "ratio_to_softmax": speed / baseline, "ratio_to_eager": speed / eager_speed})
+                            "ratio_to_softmax": speed / baseline, "ratio_to_eager": speed / eager_speed,
+                            "shapes": shapes, "shape_warmup_seconds": warm})
             print(f"{label:<34} {mode:<9} {speed:>10.0f} {ms:>8.1f} {syncs:>10d} {speed / baseline:>9.2f}x "
-                  f"{speed / eager_speed:>7.2f}x", flush=True)
+                  f"{speed / eager_speed:>7.2f}x {shapes:>6d} {warm:>9.1f}", flush=True)
     if device.type == "cpu":
         print(f"softmax / softmax vs OpenNMT-py peer ({PEER_TOKENS_PER_SEC:.0f} tok/s): "
               f"{baseline / PEER_TOKENS_PER_SEC:.2f}x (goal >= 1.2x; compare on an idle machine, real data)")
