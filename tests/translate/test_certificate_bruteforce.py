@@ -123,8 +123,9 @@ TRANSFORMER_CASES = [  # (output mapping, attention mapping + params, eos bias, 
 ]
 
 
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("output,attention,eos_bias,seed,penalty", TRANSFORMER_CASES)
-def test_certificate_on_a_tiny_transformer(output, attention, eos_bias, seed, penalty):
+def test_certificate_on_a_tiny_transformer(output, attention, eos_bias, seed, penalty, mode):
     """The same brute-force check on nmt's Transformer (incremental decoding with kv caches)."""
     model = tiny_transformer(output=output, attention=attention[0], attention_params=attention[1],
                              eos_bias=eos_bias, seed=seed)
@@ -133,7 +134,7 @@ def test_certificate_on_a_tiny_transformer(output, attention, eos_bias, seed, pe
     reasons = set()
     for beam_size in (1, 2, 4):
         result = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=200,
-                             max_length=MAX_LENGTH, length_penalty=penalty)
+                             max_length=MAX_LENGTH, length_penalty=penalty, **mode)
         names = result.reason_names()
         reasons.update(names)
         for b, (support, frontier, cut) in enumerate(enumerations):

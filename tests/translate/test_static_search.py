@@ -22,7 +22,7 @@ from nmt.translate.search_options import SearchOptions
 from nmt.translate.search_step import RowState, Specials, select_step
 from nmt.translate.static_search import static_step
 from nmt.utils.sync_audit import SyncAudit
-from toy_decoders import BOS, EOS, PAD, MarkovDecoder, TinyAttentionRNN, random_sources
+from toy_decoders import BOS, EOS, PAD, MarkovDecoder, TinyAttentionRNN, random_sources, tiny_transformer
 
 
 def assert_same_result(a, b) -> None:
@@ -54,6 +54,8 @@ CASES = [  # (model, search options)
      dict(beam_size=8, n_best=50, max_length=3)),
     (lambda: MarkovDecoder(vocab=7, mapping="entmax15", seed=8, eos_bonus=0.3, scale=2.0),
      dict(beam_size=3, n_best=4, support_stats=False, max_length=5)),
+    (lambda: tiny_transformer(output="entmax15", attention="softmax", eos_bias=1.5, seed=1),  # kv caches
+     dict(beam_size=4, n_best=3, length_penalty="average", return_attention=True)),
 ]
 
 
