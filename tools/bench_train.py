@@ -28,6 +28,13 @@ the peer's 2,400 target tokens/s (OpenNMT-py 3.5.1, same setting, same machines)
     python tools/bench_train.py --quick              # synthetic Multi30k-like batches, few steps
     python tools/bench_train.py --steps 200 --repeats 3 --json bench_train.json
     python tools/bench_train.py --transformer --only "softmax / softmax" "transformer: softmax / softmax"
+    python tools/bench_train.py --device cuda --compile --only "entmax15 / entmax15"   # GPU section
+
+Before timing, every setting runs one untimed step per distinct batch shape (compiling each
+shape once: "warm-up s", start-up rather than steady-state time). Every row also gives ms per
+step and host syncs per step (SyncAudit's count on the CPU, CUDA's
+sync debug mode on CUDA); ``--compile`` adds training.compile rows (torch.compile of forward and
+loss, lengths padded to ``--pad_to_multiple``); ``--precision bf16|fp16`` autocasts.
 """
 from __future__ import annotations
 
@@ -39,6 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,7 +59,10 @@ from nmt.data.batching import collate, make_batches  # noqa: E402
 from nmt.models import build_model  # noqa: E402
 from nmt.sparse import get_loss  # noqa: E402
 from nmt.train.optimizers import build_optimizer  # noqa: E402
-from nmt.train.update import update  # noqa: E402
+from nmt.train.compile import compile_loss_forward, pad_to_multiple  # noqa: E402
+from nmt.train.precision import TrainPrecision  # noqa: E402
+from nmt.train.update import loss_forward, update  # noqa: E402
+from nmt.utils.host_syncs import count_host_syncs_on  # noqa: E402
 from nmt.config import load_config, registered_mappings  # noqa: E402
 from nmt.utils.io import atomic_write_text  # noqa: E402
 
@@ -120,26 +131,61 @@ def synthetic_batches(n: int, batch_size: int = 64, vocab: int = 8000, seed: int
     return [collate(data, idx, PAD, BOS, EOS) for idx in order[:n]], vocab, vocab
 
 
+def to_device(batch, device: torch.device):
+    """The batch on ``device`` with its source lengths left on the host, as the trainer does."""
+    return replace(batch.to(device), src_lengths=batch.src_lengths)
+
+
 def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab: int, warmup: int,
-            model_section: dict | None = None) -> float:
-    """Target tokens per second of full updates over ``batches`` (after ``warmup`` untimed ones)."""
+            device: torch.device = torch.device("cpu"), compiled: bool = False, precision: str = "fp32",
+            pad_to: int = 1, model_section: dict | None = None) -> dict:
+    """Full updates over ``batches`` (after ``warmup`` untimed ones) on ``device``: target tokens
+    per second, ms per step, and host syncs of one extra step (SyncAudit on the CPU,
+    CUDA's sync debug mode on CUDA). ``compiled``: torch.compile of forward+loss (with
+    ``pad_to``: lengths padded to a multiple, few shapes); ``model_section``: another model."""
     model_cfg = json.loads(json.dumps(model_section or config["model"]))
     model_cfg["attention"].update(mapping=attention[0], params=attention[1])
     model_cfg["output"].update(mapping=output[0], params=output[1])
     torch.manual_seed(config["training"]["seed"])
-    model = build_model(model_cfg, src_vocab, tgt_vocab, PAD)
+    model = build_model(model_cfg, src_vocab, tgt_vocab, PAD).to(device)
     model.train()
     loss_fn = get_loss(output[0], **output[1])
     optimizer = build_optimizer(model.parameters(), config["training"]["optimizer"])
     clip = config["training"]["clip_grad_norm"]
+    forward = compile_loss_forward(device) if compiled else loss_forward
+    train = TrainPrecision(precision, device)
+    batches = [to_device(pad_to_multiple(b, pad_to if compiled else 1, PAD), device) for b in batches]
+
+    def step(batch):
+        return update(model, loss_fn, optimizer, batch, PAD, clip, precision=train, forward=forward)
+
     for batch in batches[:warmup]:
-        update(model, loss_fn, optimizer, batch, PAD, clip)
+        step(batch)
+    # one untimed step per distinct batch shape of the timed steps: a compiled step compiles
+    # (or captures) each shape once, which is start-up, not steady-state, time
+    shapes = {(tuple(b.src.shape), tuple(b.tgt_in.shape)): b for b in batches[warmup:]}
+    start = time.perf_counter()
+    for batch in shapes.values():
+        step(batch)
+    _synchronize(device)
+    shape_warmup = time.perf_counter() - start
+    _, syncs = count_host_syncs_on(device, lambda: step(batches[0]))
+    _synchronize(device)
     tokens = 0
     start = time.perf_counter()
     for batch in batches[warmup:]:
-        _, n, _ = update(model, loss_fn, optimizer, batch, PAD, clip)
+        _, n, _ = step(batch)
         tokens += n
-    return tokens / (time.perf_counter() - start)
+    _synchronize(device)
+    seconds = time.perf_counter() - start
+    timed = max(len(batches) - warmup, 1)
+    return {"tokens_per_sec": tokens / seconds, "ms_per_step": 1000.0 * seconds / timed, "syncs_per_step": syncs,
+            "shapes": len(shapes), "shape_warmup_seconds": shape_warmup}
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,11 +203,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="also the Multi30k Transformer recipe's model (ratios to the LSTM softmax / softmax)")
     parser.add_argument("--data-dir", type=Path, default=ROOT / "data" / "multi30k",
                         help="Multi30k train/val .de/.en (recipes/translation/prepare.py multi30k writes them)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--compile", action="store_true", help="also time training.compile (torch.compile)")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
+    parser.add_argument("--pad_to_multiple", type=int, default=8, help="length bucket of the compiled runs")
+    parser.add_argument("--load", default=None, help="label printed with the figures, e.g. 'idle' or "
+                        "'loaded: 8 jobs on 2 cores' (figures under load are not speed claims)")
     args = parser.parse_args(argv)
     keep_freed_memory()  # as nmt-train / nmt-translate do
     steps = args.steps if args.steps is not None else (3 if args.quick else 100)
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 100)
     source = args.data or ("synthetic" if args.quick else "multi30k")
+    device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     config = load_config(CONFIG, ["training.save_dir=unused"] + [
         f"data.{split}.{side}={args.data_dir / f'{name}.{lang}'}"
@@ -178,25 +231,43 @@ def main(argv: list[str] | None = None) -> int:
         transformer_model = load_config(TRANSFORMER_CONFIG, ["training.save_dir=unused"])["model"]
         every += transformer_settings()
     runs = [s for s in every if args.only is None or s[0] in args.only or s[0] == "softmax / softmax"]
+    modes = ["eager", "compiled"] if args.compile else ["eager"]
+    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     print(f"# bench_train: {source} batches of {config['training']['batch_size']} sentences, vocab "
-          f"{src_vocab}/{tgt_vocab}, {warmup} warmup + {steps} timed steps, {args.threads} threads, "
-          f"torch {torch.__version__}, {platform.processor() or platform.machine()}")
-    print(f"{'attention / output':<34} {'tokens/s':>10} {'vs softmax':>10}")
+          f"{src_vocab}/{tgt_vocab}, {warmup} warmup + {steps} timed steps, device {device} ({machine}), "
+          f"{args.threads} threads, precision {args.precision}, torch {torch.__version__}"
+          + (f"; load: {args.load}" if args.load else ""))
+    print(f"{'attention / output':<34} {'step':<9} {'tokens/s':>10} {'ms/step':>8} {'syncs/step':>10} "
+          f"{'vs softmax':>10} {'vs eager':>8} {'shapes':>6} {'warm-up s':>9}")
     results = []
     baseline = None
     for label, attention, output in runs:
+        eager_speed = None
         section = transformer_model if label.startswith("transformer:") else None
-        speed = statistics.median(measure(config, attention, output, batches, src_vocab, tgt_vocab, warmup, section)
-                                  for _ in range(args.repeats))
-        baseline = baseline or speed
-        results.append({"setting": label, "attention": attention[0], "output": output[0],
-                        "tokens_per_sec": speed, "ratio_to_softmax": speed / baseline})
-        print(f"{label:<34} {speed:>10.0f} {speed / baseline:>9.2f}x", flush=True)
-    print(f"softmax / softmax vs OpenNMT-py peer ({PEER_TOKENS_PER_SEC:.0f} tok/s): "
-          f"{baseline / PEER_TOKENS_PER_SEC:.2f}x (goal >= 1.2x; compare on an idle machine, real data)")
+        for mode in modes:
+            figures = [measure(config, attention, output, batches, src_vocab, tgt_vocab, warmup, device,
+                               mode == "compiled", args.precision, args.pad_to_multiple, section)
+                       for _ in range(args.repeats)]
+            speed = statistics.median(f["tokens_per_sec"] for f in figures)
+            ms = statistics.median(f["ms_per_step"] for f in figures)
+            syncs = figures[0]["syncs_per_step"]
+            shapes, warm = figures[0]["shapes"], statistics.median(f["shape_warmup_seconds"] for f in figures)
+            baseline = baseline or speed
+            eager_speed = eager_speed or speed
+            results.append({"setting": label, "attention": attention[0], "output": output[0], "step": mode,
+                            "tokens_per_sec": speed, "ms_per_step": ms, "syncs_per_step": syncs,
+                            "ratio_to_softmax": speed / baseline, "ratio_to_eager": speed / eager_speed,
+                            "shapes": shapes, "shape_warmup_seconds": warm})
+            print(f"{label:<34} {mode:<9} {speed:>10.0f} {ms:>8.1f} {syncs:>10d} {speed / baseline:>9.2f}x "
+                  f"{speed / eager_speed:>7.2f}x {shapes:>6d} {warm:>9.1f}", flush=True)
+    if device.type == "cpu":
+        print(f"softmax / softmax vs OpenNMT-py peer ({PEER_TOKENS_PER_SEC:.0f} tok/s): "
+              f"{baseline / PEER_TOKENS_PER_SEC:.2f}x (goal >= 1.2x; compare on an idle machine, real data)")
     if args.json is not None:
         atomic_write_text(args.json, json.dumps({"data": source, "steps": steps, "warmup": warmup,
                                                  "threads": args.threads, "peer_tokens_per_sec": PEER_TOKENS_PER_SEC,
+                                                 "device": str(device), "precision": args.precision,
+                                                 "load": args.load,
                                                  "results": results}, indent=2) + "\n")
     return 0
 

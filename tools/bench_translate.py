@@ -16,6 +16,13 @@ Peer reference (OpenNMT-py 3.5.1, same model size, batch 64, 2 threads, idle mac
     python tools/bench_translate.py --quick         # smoke run: 5 steps, 48 sentences, max_length 30
     python tools/bench_translate.py --work runs/bench  # keep (and reuse) the trained models
     python tools/bench_translate.py --checkpoint softmax=s.pt --checkpoint entmax15=e.pt
+    python tools/bench_translate.py --device cuda --checkpoint ...   # GPU section
+
+A second table compares the search loops (``SearchOptions.mode``): dynamic (finished sentences
+leave the batch, one host sync per step) and static (fixed shapes, finished sentences masked,
+a stop flag read every ``--stop_every`` steps): sentences/s, ms per step and host syncs per step
+of one batch (SyncAudit's count on the CPU, CUDA's sync debug mode on CUDA), and whether the
+outputs and certificates are identical. ``--load`` labels figures taken on a busy machine.
 """
 from __future__ import annotations
 
@@ -96,6 +103,51 @@ def time_settings(translators: dict, lines: list[str], repeats: int) -> tuple[di
     return best, outputs
 
 
+def search_mode_rows(checkpoints: dict, lines: list[str], args: argparse.Namespace) -> list[dict]:
+    """Dynamic vs static search per output mapping and beam size (see the module docstring)."""
+    from nmt.data.batching import encode_sources
+    from nmt.translate.beam_search import beam_search
+    from nmt.translate.loading import load_model
+    from nmt.translate.search_options import SearchOptions
+    from nmt.translate.translator import Translator
+    from nmt.utils.host_syncs import count_host_syncs_on
+    from nmt.utils.precision import autocast
+
+    rows = []
+    for mapping, path in checkpoints.items():
+        loaded = load_model(path, args.device)
+        vocab = loaded.tgt_field.vocab
+        batch = next(b for b in encode_sources(loaded.src_field, lines, args.batch_size) if not b.empty)
+        batch = batch.to(args.device)
+        for label, beam in (("greedy", 1), ("beam 5", 5)):
+            modes = {mode: SearchOptions(beam_size=beam, max_length=args.max_length, mode=mode,
+                                         stop_every=args.stop_every) for mode in ("dynamic", "static")}
+            translators = {mode: Translator(loaded.model, loaded.src_field, loaded.tgt_field, options,
+                                            batch_size=args.batch_size, device=args.device, precision=args.precision)
+                           for mode, options in modes.items()}
+            seconds, outputs = time_settings(translators, lines, args.repeats)
+            same = [(t.hypotheses, t.exact, t.reason, t.n_nonzero) for t in outputs["dynamic"]] == \
+                [(t.hypotheses, t.exact, t.reason, t.n_nonzero) for t in outputs["static"]]
+            for mode, options in modes.items():
+                def one_batch():
+                    with autocast(args.device, args.precision):
+                        return beam_search(loaded.model, batch.src, batch.src_lengths, bos=vocab.bos_index,
+                                           eos=vocab.eos_index, pad=vocab.pad_index, options=options)
+                start = time.perf_counter()
+                result = one_batch()
+                if args.device.startswith("cuda"):
+                    import torch
+
+                    torch.cuda.synchronize()
+                batch_seconds = time.perf_counter() - start
+                _, syncs = count_host_syncs_on(args.device, one_batch)
+                rows.append({"mapping": mapping, "search": label, "mode": mode,
+                             "sent_per_s": len(lines) / seconds[mode], "ms_per_step": 1000 * batch_seconds / result.steps,
+                             "syncs_per_step": syncs / result.steps, "vs_dynamic": seconds["dynamic"] / seconds[mode],
+                             "same_output": same})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smoke run: 5 training steps, 48 sentences, max_length 30")
@@ -111,6 +163,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats per setting (best of)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--work", type=Path, help="keep trained models here and reuse them (default: temporary)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
+    parser.add_argument("--stop_every", type=int, default=4, help="static search: stop flag read every K steps")
+    parser.add_argument("--load", default=None, help="label printed with the figures, e.g. 'idle' or "
+                        "'loaded: 8 jobs on 2 cores' (figures under load are not speed claims)")
     args = parser.parse_args()
     if args.quick:
         args.train_steps, args.repeats, args.max_length = 5, 1, 30
@@ -145,13 +202,14 @@ def main() -> None:
         rows, figures = [], {"sentences": len(lines), "threads": args.threads, "batch_size": args.batch_size,
                              "machine": platform.processor() or platform.machine(), "results": []}
         for mapping, path in checkpoints.items():
-            loaded = load_model(path)
+            loaded = load_model(path, args.device)
             for label, beam in (("greedy", 1), ("beam 5", 5)):
                 # (certificate, support statistics): both = the nmt-translate default
                 options = SearchOptions(beam_size=beam, max_length=args.max_length)
                 translators = {setting: Translator(loaded.model, loaded.src_field, loaded.tgt_field,
                                                    options.updated(certify=setting[0], support_stats=setting[1]),
-                                                   batch_size=args.batch_size)
+                                                   batch_size=args.batch_size, device=args.device,
+                                                   precision=args.precision)
                                for setting in ((True, True), (True, False), (False, False))}
                 seconds, outputs = time_settings(translators, lines, args.repeats)
                 speeds = {setting: len(lines) / secs for setting, secs in seconds.items()}
@@ -165,9 +223,11 @@ def main() -> None:
                           "vs_opennmt": full / OPENNMT[label]}
                 figures["results"].append(result)
                 rows.append(result)
+        figures["search_modes"] = search_mode_rows(checkpoints, lines, args)
         figures["startup_seconds"] = startup_seconds(Path(checkpoints["entmax15"]), 1 if args.quick else 3)
 
-    print(f"{len(lines)} sentences, batch {args.batch_size}, {args.threads} threads, max_length {args.max_length}")
+    print(f"{len(lines)} sentences, batch {args.batch_size}, {args.threads} threads, max_length {args.max_length}, "
+          f"device {args.device}, precision {args.precision}" + (f"; load: {args.load}" if args.load else ""))
     print("sent/s: default (certificate + support statistics); cert: certificate only; bare: neither")
     print(f"{'output':10s} {'search':8s} {'sent/s':>8s} {'cert':>8s} {'bare':>8s} {'cert cost':>9s} "
           f"{'all cost':>9s} {'certified':>9s} {'support':>8s} {'vs ONMT':>8s}")
@@ -178,6 +238,13 @@ def main() -> None:
               f"{r['certificate_and_stats_overhead_percent']:8.1f}% {r['certified_percent']:8.1f}% {support:>8s} "
               f"{r['vs_opennmt']:7.2f}x")
     print(f"start-up (fresh interpreter, imports + model load): {figures['startup_seconds']:.2f} s")
+    print(f"search loops (certificate on; static reads its stop flag every {args.stop_every} steps; ms and syncs "
+          "per step of one batch)")
+    print(f"{'output':10s} {'search':8s} {'loop':8s} {'sent/s':>8s} {'ms/step':>8s} {'syncs/step':>10s} "
+          f"{'vs dynamic':>10s} {'same output':>11s}")
+    for r in figures["search_modes"]:
+        print(f"{r['mapping']:10s} {r['search']:8s} {r['mode']:8s} {r['sent_per_s']:8.1f} {r['ms_per_step']:8.2f} "
+              f"{r['syncs_per_step']:10.2f} {r['vs_dynamic']:9.2f}x {str(r['same_output']):>11s}")
     if args.json:
         atomic_write_text(args.json, json.dumps(figures, indent=2) + "\n")
 

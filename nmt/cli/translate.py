@@ -2,7 +2,9 @@
 
     nmt-translate -model M.pt [M2.pt ...] -src FILE|- -output FILE|- -beam_size 5 -n_best 1
                   -batch_size 64 -max_length 100 -length_penalty none -report FILE.jsonl
-                  [-tgt REF] [-attention DIR] [-support] [-device cpu|cuda|auto]
+                  [-tgt REF] [-attention DIR] [-support] [-device auto|cpu|cuda]
+                  [-batch_type sentences|tokens] [-precision fp32|bf16|fp16]
+                  [-search_mode auto|dynamic|static] [-stop_every K]
     nmt-translate -model M.pt -src SRC -tgt REF -score_output scores.jsonl      (scoring)
 
 Modes (one module each): a source file is translated whole and every output written
@@ -33,7 +35,8 @@ MODES = ("translate", "score")
 def build_parser() -> argparse.ArgumentParser:
     """The ``nmt-translate`` argument parser; search flag defaults are ``SearchOptions()``'s."""
     from nmt.translate.length_penalty import LENGTH_PENALTIES
-    from nmt.translate.search_options import SearchOptions
+    from nmt.translate.search_options import SEARCH_MODES, SearchOptions
+    from nmt.utils.precision import PRECISIONS
 
     from nmt import __version__
     from nmt.cli.help_format import DefaultsHelpFormatter
@@ -56,7 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-output", "--output", default="-", metavar="FILE|-", help="translations (- = stdout)")
     p.add_argument("-beam_size", "--beam_size", type=int, default=d.beam_size, help="beam size (1 = greedy)")
     p.add_argument("-n_best", "--n_best", type=int, default=d.n_best, help="hypotheses written per sentence")
-    p.add_argument("-batch_size", "--batch_size", type=int, default=64, help="sentences per batch")
+    p.add_argument("-batch_size", "--batch_size", type=int, default=64,
+                   help="sentences (or padded source tokens, see -batch_type) per batch")
+    p.add_argument("-batch_type", "--batch_type", default="sentences", choices=("sentences", "tokens"),
+                   help="unit of -batch_size; sources are sorted by length either way")
     p.add_argument("-max_length", "--max_length", type=int, default=d.max_length,
                    help="max target tokens before EOS")
     p.add_argument("-min_length", "--min_length", type=int, default=d.min_length,
@@ -77,7 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="at most this many support tokens per step in the report")
     p.add_argument("-no_certify", "--no_certify", action="store_true", default=not d.certify,
                    help="skip the certificate (and its extra search); the summary says certified n/a")
-    p.add_argument("-device", "--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when available)")
+    p.add_argument("-device", "--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
+    p.add_argument("-precision", "--precision", default="fp32", choices=PRECISIONS,
+                   help="fp32, or bf16/fp16 autocast of the model (the search stays in float32)")
+    p.add_argument("-search_mode", "--search_mode", default=d.mode, choices=SEARCH_MODES,
+                   help="static: fixed shapes, no per-step host sync (GPU); dynamic: finished sentences "
+                        "leave the batch (CPU); auto: static on CUDA")
+    p.add_argument("-stop_every", "--stop_every", type=int, default=d.stop_every,
+                   help="static search reads its stop flag every K steps")
     p.add_argument("-threads", "--threads", type=int, help="torch CPU threads")
     p.add_argument("-quiet", "--quiet", action="store_true",
                    help="no progress bar and no summary (the metric line of -tgt is kept)")

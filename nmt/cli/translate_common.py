@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 PROG = "nmt-translate"
 SEARCH_FLAGS = ("beam_size", "n_best", "max_length", "min_length", "length_penalty", "length_alpha",
-                "support_topk")
+                "support_topk", "stop_every")
 """Flags that are ``SearchOptions`` fields of the same name (defaults taken from it)."""
 
 
@@ -55,7 +55,7 @@ def search_options(args: argparse.Namespace) -> SearchOptions:
 
     try:
         return SearchOptions(**{name: getattr(args, name) for name in SEARCH_FLAGS},
-                             certify=not args.no_certify, return_support=args.support,
+                             certify=not args.no_certify, return_support=args.support, mode=args.search_mode,
                              return_attention=args.attention is not None)
     except ValueError as exc:
         raise ValueError(f"-{exc}") from None  # every message starts with the field = flag name

@@ -32,7 +32,8 @@ def run_file(args: argparse.Namespace, start: float) -> int:
     decoder, src_field, tgt_field, members = load_models(args.model, args.device)
     startup = time.perf_counter() - start
 
-    translator = Translator(decoder, src_field, tgt_field, options, batch_size=args.batch_size, device=args.device)
+    translator = Translator(decoder, src_field, tgt_field, options, batch_size=args.batch_size,
+                            batch_type=args.batch_type, device=args.device, precision=args.precision)
     bar = None
     if not args.quiet:
         from tqdm import tqdm

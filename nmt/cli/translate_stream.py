@@ -83,7 +83,8 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
     startup = time.perf_counter() - start
     interactive = sys.stdin.isatty()
     translator = Translator(decoder, src_field, tgt_field, options,
-                            batch_size=1 if interactive else args.batch_size, device=args.device)
+                            batch_size=1 if interactive else args.batch_size, batch_type=args.batch_type,
+                            device=args.device, precision=args.precision)
     lines: "queue.Queue[_Item]" = queue.Queue()
     threading.Thread(target=_read_lines, args=(sys.stdin.buffer, lines), daemon=True, name="stdin").start()
     if interactive and not args.quiet:

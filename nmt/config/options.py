@@ -158,6 +158,10 @@ TRAINING = {
     "label_smoothing": Option(float, 0.0, "label smoothing of the loss", minimum=0.0, maximum=1.0, max_inclusive=False),
     "nonfinite": Option(str, "stop", "on a NaN / inf training loss: stop (one-line error naming the step; "
                         "last.pt keeps the last finite state) or skip the update", choices=("stop", "skip")),
+    "precision": Option(str, "fp32", "fp32, bf16 (autocast) or fp16 (autocast and loss scaling)",
+                        choices=("fp32", "bf16", "fp16")),
+    "compile": Option(bool, False, "torch.compile the forward and loss (CUDA graphs on CUDA)"),
+    "pad_to_multiple": Option(int, 1, "pad batch lengths to a multiple of this (with compile, e.g. 8: few compiled shapes)", minimum=1),
     "early_stopping_patience": Option(int, None, "stop after this many validations without improvement of "
                                       "validation.metric (null: never)", nullable=True, minimum=1),
     "valid_every": Option(int, 500, "validate (and checkpoint) every this many steps", minimum=1),

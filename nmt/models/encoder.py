@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 RNN_TYPES: dict[str, type[nn.RNNBase]] = {"lstm": nn.LSTM, "gru": nn.GRU}
 
@@ -59,15 +59,20 @@ class RNNEncoder(nn.Module):
         Returns ``memory`` (B, L, hidden_size), exactly zero beyond each length, and the
         final states, a tuple ((h,) for GRU, (h, c) for LSTM) of (layers, B, hidden_size).
         """
-        # pack_padded_sequence needs the lengths on the host: the one unavoidable sync.
+        # pack_padded_sequence needs the lengths on the host: a device-to-host copy (a sync)
+        # unless they are there already (the trainer keeps them there).
         lengths_cpu = lengths.detach().to("cpu", dtype=torch.long)
-        if lengths_cpu.numel() and int(lengths_cpu.min()) < 1:
-            raise ValueError("src_lengths: every source sentence needs at least one token")
-        if lengths_cpu.numel() and int(lengths_cpu.max()) > emb.size(1):
-            raise ValueError(f"src_lengths: a length exceeds the padded source length {emb.size(1)}")
-        packed = pack_padded_sequence(emb, lengths_cpu, batch_first=True, enforce_sorted=False)
-        out, final = self.rnn(packed)
-        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=emb.size(1))
+        try:
+            packed = pack_padded_sequence(emb, lengths_cpu, batch_first=True, enforce_sorted=False)
+            out, final = self.rnn(packed)
+            # pad in sorted order, then unsort on the device (pad_packed_sequence would also
+            # move the sort indices to the host)
+            padded, _ = pad_packed_sequence(PackedSequence(out.data, out.batch_sizes), batch_first=True,
+                                            total_length=emb.size(1))
+        except (RuntimeError, ValueError):
+            _check_lengths(lengths_cpu, emb.size(1))  # bad lengths: say which; else torch's error
+            raise
+        memory = padded.index_select(0, packed.unsorted_indices.to(padded.device))
         states = final if isinstance(final, tuple) else (final,)
         if self.bidirectional:
             states = tuple(self._merge_directions(s) for s in states)
@@ -78,3 +83,10 @@ class RNNEncoder(nn.Module):
         _, batch, half = state.shape
         return state.view(self.layers, 2, batch, half).permute(0, 2, 1, 3).reshape(self.layers, batch, 2 * half)
 
+
+def _check_lengths(lengths: Tensor, width: int) -> None:
+    """ValueError for source lengths (host tensor) below 1 or above the padded width."""
+    if lengths.numel() and int(lengths.min()) < 1:
+        raise ValueError("src_lengths: every source sentence needs at least one token")
+    if lengths.numel() and int(lengths.max()) > width:
+        raise ValueError(f"src_lengths: a length exceeds the padded source length {width}")

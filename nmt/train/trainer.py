@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,8 +34,10 @@ from nmt.train.interrupt import GracefulInterrupt
 from nmt.train.nonfinite import NonFiniteGuard, check_parameters_finite
 from nmt.train.optimizers import build_optimizer
 from nmt.train.rng import rng_state, seed_everything, set_rng_state
+from nmt.train.compile import compile_loss_forward, pad_to_multiple
+from nmt.train.precision import TrainPrecision
 from nmt.train.schedules import build_schedule
-from nmt.train.update import update
+from nmt.train.update import loss_forward, update
 from nmt.train.validation import attention_grids, attention_matrices, validate
 from nmt.utils.dir_lock import DirectoryLock
 from nmt.utils.heatmap import attention_title
@@ -172,6 +174,8 @@ class Trainer:
         output = config["model"]["output"]
         self.loss_fn = get_loss(output["mapping"], **output["params"])
         self.optimizer = build_optimizer(self.model.parameters(), train_cfg["optimizer"])
+        self.precision = TrainPrecision(train_cfg["precision"], self.device)
+        self.loss_forward = compile_loss_forward(self.device) if train_cfg["compile"] else loss_forward
         try:
             self.schedule = build_schedule(self.optimizer, train_cfg["optimizer"]["lr"], train_cfg["lr_schedule"])
         except ValueError as exc:
@@ -243,6 +247,7 @@ class Trainer:
         self.model.load_state_dict(checkpoint["model"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.schedule.load_state_dict(checkpoint["scheduler"])
+        self.precision.load_state_dict(checkpoint.get("grad_scaler", {}))
         trainer_state = checkpoint["trainer"]
         self.stopper.load_state_dict(trainer_state["early_stopping"])
         self.progress = Progress(**trainer_state["progress"])
@@ -256,6 +261,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.schedule.state_dict(),
+            "grad_scaler": self.precision.state_dict(),
             "step": self.progress.step,
             "epoch": self.progress.epoch,
             "rng": rng_state(),
@@ -314,10 +320,15 @@ class Trainer:
         accelerator at the next logging/validation/save point) or drops the update (``skip``:
         the returned loss is 0 and the token count 0, so the logged mean covers applied updates).
         """
+        cfg = self.config["training"]
         groups = [indices] if len(indices) and np.isscalar(indices[0]) else list(indices)  # accumulated batches
         parts = [shard_batch(group, self.dist.rank, self.dist.world_size) for group in groups]
-        batches = [collate(self.data.train, part, self.pad, self.bos, self.eos).to(self.device) for part, _ in parts]
-        cfg = self.config["training"]
+        batches = []
+        for part, _ in parts:
+            host = pad_to_multiple(collate(self.data.train, part, self.pad, self.bos, self.eos),
+                                   cfg["pad_to_multiple"], self.pad)
+            # the lengths stay on the host: the encoder packs with them (no device-to-host copy)
+            batches.append(replace(host.to(self.device), src_lengths=host.src_lengths))
         skip = cfg["nonfinite"] == "skip"
         # target tokens of all batches of all ranks: host ints over Gloo, no device sync
         n_tokens = self.dist.sum_ints([sum(b.n_tokens for b, (_, real) in zip(batches, parts) if real)])[0]
@@ -325,7 +336,8 @@ class Trainer:
                                                      for _, real in parts]
         loss, _, skipped = update(self.train_model, self.loss_fn, self.optimizer, batches, self.pad,
                                   cfg["clip_grad_norm"], cfg["label_smoothing"], skip_nonfinite=skip,
-                                  loss_scale=scales, all_ranks=self.dist.all_true if self.dist.enabled else None)
+                                  loss_scale=scales, all_ranks=self.dist.all_true if self.dist.enabled else None,
+                                  precision=self.precision, forward=self.loss_forward)
         self.schedule.step()
         if self.dist.enabled:  # the summed loss of all ranks (an all-reduce on the device, no host sync)
             loss = self.dist.sum_tensor_(loss.clone())

@@ -7,26 +7,45 @@ from contextlib import nullcontext
 from typing import Callable
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from nmt.data.batching import Batch
-from nmt.train.optimizers import clip_gradients
+from nmt.train.precision import TrainPrecision
+
+LossForward = Callable[[nn.Module, Callable, Tensor, Tensor, Tensor, Tensor, int, float], Tensor]
+
+
+def loss_forward(model: nn.Module, loss_fn: Callable, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
+                 tgt_out: Tensor, pad_index: int, label_smoothing: float) -> Tensor:
+    """Teacher-forced forward and summed Fenchel-Young loss (a 0-d tensor, float32 or wider
+    under autocast too); what ``training.compile`` compiles. src: (B, L); src_lengths: (B,);
+    tgt_in, tgt_out: (B, T)."""
+    logits, _ = model(src, src_lengths, tgt_in)
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits  # a float32 sum
+    return loss_fn(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1), ignore_index=pad_index,
+                   reduction="sum", label_smoothing=label_smoothing)
 
 
 def update(model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer, batch: Batch | Sequence[Batch],
            pad_index: int, clip_grad_norm: float | None = None, label_smoothing: float = 0.0,
            skip_nonfinite: bool = False, loss_scale: float | Sequence[float] | None = None,
-           all_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, int, bool]:
-    """Forward, Fenchel-Young loss, backward (per batch), clip, step (once).
+           all_ranks: Callable[[Tensor], Tensor] | None = None, *, precision: TrainPrecision | None = None,
+           forward: LossForward = loss_forward) -> tuple[Tensor, int, bool]:
+    """Forward (under ``precision``'s autocast), Fenchel-Young loss, backward (per batch), clip,
+    step (once).
 
     ``batch`` is one batch or a sequence of N batches whose gradients are accumulated. The
     loss is summed over target tokens and divided by the number of target tokens of ALL the
     batches before each backward, so N batches give exactly the gradient of one batch
-    holding all their sentences (a per-token mean). Returns ``(summed loss, detached 0-d
-    tensor; number of target tokens; skipped)``. With ``skip_nonfinite`` an update whose loss
-    (or clipped gradient norm) is NaN / inf is dropped: no optimizer step, ``skipped`` True;
-    deciding that reads one flag from the device. Otherwise nothing here synchronises with the
-    device besides reading the batches' ``n_tokens`` (ints), and ``skipped`` is False.
+    holding all their sentences (a per-token mean). ``forward`` computes the summed loss
+    (``loss_forward``, or its compiled form). Returns ``(summed loss, a detached 0-d tensor
+    left on the device; number of target tokens, a host int known from the batches;
+    skipped)``: the caller reads the loss only when it logs. With ``skip_nonfinite`` an update
+    whose loss (or clipped gradient norm) is NaN / inf is dropped: no optimizer step,
+    ``skipped`` True; deciding that reads one flag from the device. Otherwise no host sync
+    here (``skipped`` False); the model's encoder needs the source lengths on the host (keep
+    ``batch.src_lengths`` there, as the trainer does), and the loss and optimizer must be
+    sync-free (the losses are; fused Adam or SGD).
 
     Data-parallel training (``nmt.train.distributed``) passes ``model`` wrapped in
     DistributedDataParallel (gradients are all-reduced only in the last batch's backward, the
@@ -38,29 +57,31 @@ def update(model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer
     batches = [batch] if isinstance(batch, Batch) else list(batch)
     if not batches:
         raise ValueError("update needs at least one batch")
+    precision = precision or TrainPrecision("fp32", batches[0].src.device)
     n_tokens = sum(int(b.n_tokens) for b in batches)
     scales = (list(loss_scale) if isinstance(loss_scale, Sequence) else [loss_scale] * len(batches))
-    total: torch.Tensor | None = None
+    total: Tensor | None = None
     for i, (b, scale) in enumerate(zip(batches, scales)):
         last = i == len(batches) - 1
         with nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync():
-            logits, _ = model(b.src, b.src_lengths, b.tgt_in)
-            loss = loss_fn(logits.reshape(-1, logits.size(-1)), b.tgt_out.reshape(-1), ignore_index=pad_index,
-                           reduction="sum", label_smoothing=label_smoothing)
-            (loss / max(n_tokens, 1) if scale is None else loss * scale).backward()
+            with precision.autocast():
+                loss = forward(model, loss_fn, b.src, b.src_lengths, b.tgt_in, b.tgt_out, pad_index,
+                               label_smoothing)
+            precision.backward(loss / max(n_tokens, 1) if scale is None else loss * scale)
         loss = loss.detach() if scale != 0 else torch.zeros_like(loss.detach())
         total = loss if total is None else total + loss
-    norm = clip_gradients(model.parameters(), clip_grad_norm)
+    norm = precision.clip(optimizer, model.parameters(), clip_grad_norm)
     if skip_nonfinite:
         finite = torch.isfinite(total) if norm is None else torch.isfinite(total) & torch.isfinite(norm)
         if all_ranks is not None:
             finite = all_ranks(finite)
         if not bool(finite):  # the one host read of skip mode
+            precision.skip(optimizer)
             optimizer.zero_grad(set_to_none=True)
             return total, n_tokens, True
-    optimizer.step()
+    precision.step(optimizer)
     optimizer.zero_grad(set_to_none=True)
     return total, n_tokens, False
 
 
-__all__ = ["update"]
+__all__ = ["loss_forward", "update"]

@@ -1,8 +1,11 @@
 """Batched beam search over batch x beam with exactness certificates.
 
-All state lives in tensors on the model's device: no per-hypothesis Python objects, and one
-host synchronisation per step (the stop test, ``done.tolist()``), which also tells which
-sentences leave the batch. Greedy decoding is ``beam_size=1``.
+All state lives in tensors on the model's device: no per-hypothesis Python objects. Two loops
+run the same step (``nmt.translate.search_step``) and give the same results: the dynamic loop
+(here) makes one host synchronisation per step (the stop test, ``done.tolist()``), which also
+tells which sentences leave the batch; the static-shape loop (``nmt.translate.static_search``,
+``mode="static"``, the default on CUDA) masks finished sentences instead and reads a stop flag
+every ``stop_every`` steps. Greedy decoding is ``beam_size=1``.
 
 At step t every live hypothesis (a slot of the beam) is extended by every token; a candidate
 scores its total log-probability (log 0 = -inf: such candidates are never kept, counted nor
@@ -26,27 +29,18 @@ live hypothesis can still rank above the ``n_best``-th finished one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from nmt.models.protocol import StepDecoder, select_state, tile_state
-from nmt.translate.certificate import (
-    MAX_LENGTH,
-    NONFINITE,
-    NOT_CERTIFIED,
-    PRUNED,
-    nonfinite_scores,
-    reason_name,
-    record_violation,
-    require_hypothesis,
-    support_statistics,
-    unknown_scores,
-)
+from nmt.translate.certificate import reason_name, require_hypothesis, support_statistics
 from nmt.translate.history import SearchHistory, backtrack
 from nmt.translate.length_penalty import length_penalty
 from nmt.translate.search_options import SearchOptions
+from nmt.translate.search_step import RowState, SearchEnd, Specials, flat_parents, history_fills, select_step
+from nmt.translate.static_search import static_loop
 
 NEG_INF = float("-inf")
 
@@ -95,29 +89,6 @@ class SearchResult:
         return [reason_name(code) for code in self.reason.tolist()]
 
 
-class Specials(NamedTuple):
-    """Target token ids the search needs: BOS starts, EOS ends, PAD fills."""
-
-    bos: int
-    eos: int
-    pad: int
-
-
-@dataclass
-class _SearchEnd:
-    """State of the search when it stops, for ``_collect`` (B sentences, K = beam size).
-
-    truncated: (B_active, K) bool live hypotheses cut by max_length (EOS of probability 0),
-    or None when the last step was not reached; active: (B_active,) long original index of
-    the rows still searched at the end (None: all, in order); exact, reason: (B,) per sentence.
-    """
-
-    truncated: Tensor | None
-    active: Tensor | None
-    exact: Tensor
-    reason: Tensor
-
-
 def beam_search(
     model: StepDecoder,
     src: Tensor,
@@ -140,7 +111,9 @@ def beam_search(
     skips the certificate (and its extra search of exact sentences): every ``reason`` is then
     "not_certified". ``support_stats=False`` skips counting the nonzero-probability tokens of
     every row at every step (``support_size`` is then None unless ``return_support``).
-    One host sync per step (the stop test). Returns a ``SearchResult``.
+    ``mode`` picks the loop ("auto": static on CUDA, dynamic elsewhere): dynamic makes one host
+    sync per step; static at most one per ``stop_every`` steps, plus one at the end.
+    Returns a ``SearchResult``.
     """
     options = (options or SearchOptions()).updated(**overrides)
     with torch.no_grad():  # not inference_mode: models may cache tensors reused in training
@@ -154,159 +127,72 @@ def greedy_search(model: StepDecoder, src: Tensor, src_lengths: Tensor, **kwargs
 
 def _search(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials,
             options: SearchOptions) -> SearchResult:
-    """The search loop; shapes: B sentences, R rows still searched, S slots per row (1 at the
-    first step, then K = beam size), V target vocabulary, L source length, T steps."""
-    bos, eos, pad = special
-    k, n_best, max_length, min_length = options.beam_size, options.n_best, options.max_length, options.min_length
-    penalty, alpha, certify = options.length_penalty, options.length_alpha, options.certify
-    return_support, return_attention = options.return_support, options.return_attention
+    """Run the loop of the resolved mode, then collect the n-best lists."""
+    if options.resolved_mode(src.device) == "static":
+        history, end = static_loop(model, src, src_lengths, special, options)
+    else:
+        history, end = _dynamic_loop(model, src, src_lengths, special, options)
+    return _collect(history, end, special.eos, special.pad, options)
+
+
+def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials,
+                  options: SearchOptions) -> tuple[SearchHistory, SearchEnd]:
+    """The dynamic loop: finished sentences leave the batch. Shapes: B sentences, R rows still
+    searched, S slots per row (1 at the first step, then K = beam size), T steps."""
+    k, max_length = options.beam_size, options.max_length
     device = src.device
     batch = src.size(0)
     encoder_out, state = model.encode(src, src_lengths)
     # The first step runs one row per sentence (all k slots would hold the same BOS prefix);
     # the state is tiled to k slots by the first reordering.
-    scores = torch.zeros((batch, 1), device=device)  # (R, S) log-probability of each live prefix
-    tokens = torch.full((batch,), bos, dtype=torch.long, device=device)  # (R*S,) last token
-    exact = torch.full((batch,), certify, dtype=torch.bool, device=device)  # (R,)
-    reason = torch.full((batch,), 0 if certify else NOT_CERTIFIED, dtype=torch.long, device=device)  # (R,)
-    best_finished = torch.full((batch, n_best), NEG_INF, device=device)  # (R, n_best) ranking scores
-    top_finished = torch.zeros(batch, dtype=torch.bool, device=device)  # (R,)
+    tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (R*S,) last token
+    rows = RowState.start(batch, options.n_best, options.certify, device)
     active: Tensor | None = None  # (R,) original index of each row; None = all, in order
-    out_exact, out_reason = exact.clone(), reason.clone()  # (B,), (B,)
-
-    count_support = options.support_stats or return_support
-    fills: dict[str, float | int | bool] = {"token": pad, "parent": 0, "score": NEG_INF}
-    if return_attention:
-        fills["attention"] = 0.0
-    if count_support:
-        fills["support_size"] = 0
-    if return_support:
-        fills["support_tokens"] = pad
-        fills["support_probs"] = 0.0
-    history = SearchHistory(batch, fills)
+    out_exact, out_reason = rows.exact.clone(), rows.reason.clone()  # (B,), (B,)
+    history = SearchHistory(batch, history_fills(options, special.pad))
     truncated: Tensor | None = None  # (R, K) bool, set at the last step
-    bound_penalty = length_penalty(penalty, max_length + 1, alpha)
-    eos_index = torch.tensor([eos], device=device)  # (1,)
 
     for t in range(max_length + 1):
         log_probs, attention, state = model.step(tokens, state, encoder_out)  # (R*S, V), (R*S, L)
-        rows, slots = scores.shape  # slots: 1 at the first step, then k
-        vocab = log_probs.size(-1)
-        if t == 0:  # half precision is upcast; float32/float64 kept
-            dtype = torch.float32 if log_probs.dtype in (torch.float16, torch.bfloat16) else log_probs.dtype
-            scores, best_finished = scores.to(dtype), best_finished.to(dtype)
-        log_probs = log_probs.to(scores.dtype).view(rows, slots, vocab)  # (R, S, V)
-        # NaN / +inf is an unknown probability: it breaks the certificate of a live slot and is
-        # never an exact zero there; it never enters the beam either (not even from a dead slot,
-        # where it would push finite candidates out unnoticed)
-        unknown = unknown_scores(log_probs)  # (R, S, V)
-        if certify:
-            exact, reason = record_violation(exact, reason, nonfinite_scores(unknown, torch.isfinite(scores)),
-                                             NONFINITE)
-        log_probs = log_probs.masked_fill(unknown, NEG_INF)  # (R, S, V)
-        if t < min_length:
-            log_probs = log_probs.index_fill(-1, eos_index, NEG_INF)
-        cand = scores.unsqueeze(-1) + log_probs  # (R, S, V)
-        record: dict[str, Tensor] = {}
-        if count_support:
-            record["support_size"] = _support_size(log_probs)  # (R, S), per parent row
-        if return_support:
-            top_lp, top_tok = log_probs.topk(min(options.support_topk, vocab), dim=-1)  # (R, S, m)
-            record["support_tokens"] = top_tok
-            record["support_probs"] = top_lp.exp()
-        if return_attention:
-            record["attention"] = attention.to(scores.dtype).view(rows, slots, -1)  # (R, S, L)
-
-        if t == max_length:  # only EOS may follow: the final step
-            top_scores = cand[..., eos]  # (R, S)
-            parent = torch.arange(slots, device=device).expand(rows, slots)  # (R, S)
-            chosen = torch.full_like(parent, eos)  # (R, S)
-            live_before = torch.isfinite(scores)  # (R, S)
-            truncated = _pad_slots(live_before & ~torch.isfinite(top_scores), k, False)  # (R, K)
-            if certify:
-                eos_ok = torch.isfinite(log_probs[..., eos]).int()  # (R, S)
-                support = record["support_size"] if count_support else _support_size(log_probs)  # (R, S)
-                cut = (live_before & (support - eos_ok > 0)).any(1)  # (R,)
-                exact, reason = record_violation(exact, reason, cut, MAX_LENGTH)
-        else:
-            width = min(k + 1 if certify else k, slots * vocab)
-            top_scores, top_index = cand.view(rows, slots * vocab).topk(width, dim=1)  # (R, width)
-            if certify and width > k:
-                pruned = torch.isfinite(top_scores[:, k])  # (R,) a finite candidate left out
-                exact, reason = record_violation(exact, reason, pruned, PRUNED)
-                top_scores, top_index = top_scores[:, :k], top_index[:, :k]  # (R, K)
-            parent = torch.div(top_index, vocab, rounding_mode="floor")  # (R, K) slot extended
-            chosen = top_index - parent * vocab  # (R, K) token appended
-        # every step is recorded with k slots (fewer only at the first step, or when k > V)
-        top_scores = _pad_slots(top_scores, k, NEG_INF)  # (R, K)
-        parent, chosen = _pad_slots(parent, k, 0), _pad_slots(chosen, k, pad)  # (R, K), (R, K)
-        if slots < k:  # per-row records: only row 0 exists, and every parent is 0
-            record = {name: value.expand((rows, k) + value.shape[2:]) for name, value in record.items()}
-        record.update(token=chosen, parent=parent, score=top_scores)
-        history.append(active, record)
-        if t == max_length:
+        slots = rows.scores.size(1)  # 1 at the first step, then k
+        step = select_step(log_probs, attention, rows, t, options, special)
+        rows = step.rows
+        history.append(active, step.record)
+        if step.done is None:  # the final step
+            truncated = step.truncated
             break
-
-        is_eos = chosen == eos  # (R, K)
-        finished = is_eos & torch.isfinite(top_scores)  # (R, K)
-        scores = top_scores.masked_fill(is_eos, NEG_INF)  # (R, K) live prefixes only
-        new_ranked = torch.where(finished, top_scores / length_penalty(penalty, t + 1, alpha), NEG_INF)  # (R, K)
-        best_finished = torch.cat([best_finished, new_ranked], dim=1).topk(n_best, dim=1).values  # (R, n_best)
-        top_finished = top_finished | finished[:, 0]  # (R,)
-        live = torch.isfinite(scores).any(1)  # (R,)
-        worst_kept = best_finished[:, -1]  # (R,)
-        settled = torch.isfinite(worst_kept) & (
-            top_finished | (worst_kept >= scores.max(1).values / bound_penalty)
-        )  # (R,)
-        if certify:
-            settled = settled & ~exact
-        done = ~live | settled  # (R,)
-        done_host = done.tolist()  # the one host sync of the step
+        done_host = step.done.tolist()  # the one host sync of the step
         if all(done_host):
             break
 
-        parent_rows = parent + (torch.arange(rows, device=device) * slots).unsqueeze(1)  # (R, K) into R*S
-        tokens = chosen  # (R, K)
+        flat_rows = flat_parents(step.parent, slots)  # (R, K) into R*S
+        tokens = step.chosen  # (R, K)
         if any(done_host):  # drop finished sentences from the batch
             keep = torch.tensor([i for i, d in enumerate(done_host) if not d], device=device)  # (R',)
             gone = torch.tensor([i for i, d in enumerate(done_host) if d], device=device)  # (R - R',)
             original = torch.arange(batch, device=device) if active is None else active  # (R,)
-            out_exact.index_copy_(0, original.index_select(0, gone), exact.index_select(0, gone))
-            out_reason.index_copy_(0, original.index_select(0, gone), reason.index_select(0, gone))
+            out_exact.index_copy_(0, original.index_select(0, gone), rows.exact.index_select(0, gone))
+            out_reason.index_copy_(0, original.index_select(0, gone), rows.reason.index_select(0, gone))
             active = original.index_select(0, keep)  # (R',)
             encoder_out = select_state(encoder_out, keep if slots == 1 else
                                        (keep.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1))
-            parent_rows = parent_rows.index_select(0, keep)  # (R', K)
-            scores, tokens = scores.index_select(0, keep), tokens.index_select(0, keep)  # (R', K), (R', K)
-            exact, reason = exact.index_select(0, keep), reason.index_select(0, keep)  # (R',), (R',)
-            best_finished = best_finished.index_select(0, keep)  # (R', n_best)
-            top_finished = top_finished.index_select(0, keep)  # (R',)
-        state = select_state(state, parent_rows.view(-1))
+            flat_rows = flat_rows.index_select(0, keep)  # (R', K)
+            tokens = tokens.index_select(0, keep)  # (R', K)
+            rows = rows.select(keep)
+        state = select_state(state, flat_rows.view(-1))
         if slots == 1 and k > 1:
             encoder_out = tile_state(encoder_out, k)
         tokens = tokens.reshape(-1)  # (R*K,)
 
     if active is None:
-        out_exact, out_reason = exact, reason
+        out_exact, out_reason = rows.exact, rows.reason
     else:
-        out_exact.index_copy_(0, active, exact)
-        out_reason.index_copy_(0, active, reason)
-    return _collect(history, _SearchEnd(truncated, active, out_exact, out_reason), eos, pad, options)
+        out_exact.index_copy_(0, active, rows.exact)
+        out_reason.index_copy_(0, active, rows.reason)
+    return history, SearchEnd(truncated, active, out_exact, out_reason)
 
 
-def _support_size(log_probs: Tensor) -> Tensor:
-    """Number of finite entries (nonzero probabilities) along the last dim, as int32."""
-    return (log_probs > NEG_INF).sum(-1, dtype=torch.int32)
-
-
-def _pad_slots(x: Tensor, k: int, value: float | int | bool) -> Tensor:
-    """Extend dim 1 of ``x`` (rows, s) to k slots with ``value``."""
-    if x.size(1) >= k:
-        return x
-    return torch.cat([x, x.new_full((x.size(0), k - x.size(1)), value)], dim=1)
-
-
-def _collect(history: SearchHistory, end: _SearchEnd, eos: int, pad: int, options: SearchOptions) -> SearchResult:
+def _collect(history: SearchHistory, end: SearchEnd, eos: int, pad: int, options: SearchOptions) -> SearchResult:
     """Rank every finished hypothesis of the history and rebuild the n best.
 
     Shapes: T steps, B sentences, K = beam size, E = T*K (+K) entries per sentence.

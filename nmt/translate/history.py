@@ -36,6 +36,21 @@ class SearchHistory:
             records[name].append(fields[name])
         self.steps += 1
 
+    def keep_steps(self, steps: int) -> None:
+        """Forget every step after the first ``steps`` (the static search's idle tail)."""
+        drop = self.steps - steps
+        while drop > 0:
+            active, records = self._segments[-1]
+            n = len(next(iter(records.values())))
+            if n <= drop:
+                self._segments.pop()
+                drop -= n
+            else:
+                for name in records:
+                    del records[name][n - drop:]
+                drop = 0
+        self.steps = min(self.steps, steps)
+
     def materialize(self) -> dict[str, Tensor]:
         """All steps as full-batch tensors: field -> (T, batch_size, K, ...)."""
         out: dict[str, list[Tensor]] = {name: [] for name in self.fills}

@@ -9,7 +9,11 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+import torch
+
 from nmt.translate.length_penalty import LENGTH_PENALTIES
+
+SEARCH_MODES = ("auto", "dynamic", "static")
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,11 @@ class SearchOptions:
     return_support / support_topk: also return, per step, the ``support_topk`` most probable
         tokens and their probabilities.
     return_attention: also return the source attention of every generated token.
+    mode: "dynamic" (finished sentences leave the batch; one host sync per step, the stop
+        test), "static" (fixed (B, K) shapes, finished sentences are masked; the step never
+        syncs and the stop flag is read every ``stop_every`` steps, for GPUs and compiled
+        steps) or "auto" (static on CUDA, dynamic elsewhere). Same outputs and certificates.
+    stop_every: static mode reads its stop flag every this many steps (>= 1).
     """
 
     beam_size: int = 5
@@ -41,16 +50,18 @@ class SearchOptions:
     return_support: bool = False
     support_topk: int = 20
     return_attention: bool = False
+    mode: str = "auto"
+    stop_every: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("beam_size", "n_best", "max_length", "min_length", "support_topk"):
+        for name in ("beam_size", "n_best", "max_length", "min_length", "support_topk", "stop_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
         for name in ("certify", "support_stats", "return_support", "return_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        for name in ("beam_size", "n_best", "support_topk"):
+        for name in ("beam_size", "n_best", "support_topk", "stop_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_length < 0:
@@ -60,9 +71,17 @@ class SearchOptions:
         if self.length_penalty not in LENGTH_PENALTIES:
             raise ValueError(f"length_penalty must be one of {', '.join(LENGTH_PENALTIES)}, "
                              f"got {self.length_penalty!r}")
+        if self.mode not in SEARCH_MODES:
+            raise ValueError(f"mode must be one of {', '.join(SEARCH_MODES)}, got {self.mode!r}")
         alpha = self.length_alpha
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha < 0:
             raise ValueError(f"length_alpha must be a finite number >= 0, got {alpha!r}")
+
+    def resolved_mode(self, device: torch.device | str) -> str:
+        """"static" or "dynamic": ``mode``, with "auto" = static on CUDA, dynamic elsewhere."""
+        if self.mode != "auto":
+            return self.mode
+        return "static" if torch.device(device).type == "cuda" else "dynamic"
 
     def updated(self, **overrides: Any) -> "SearchOptions":
         """A copy with ``overrides`` applied (checked again); an unknown name is a TypeError."""
@@ -75,4 +94,4 @@ class SearchOptions:
         return replace(self, **overrides)
 
 
-__all__ = ["SearchOptions"]
+__all__ = ["SEARCH_MODES", "SearchOptions"]

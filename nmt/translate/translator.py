@@ -14,6 +14,7 @@ from nmt.models.protocol import StepDecoder
 from nmt.translate.beam_search import SearchResult, beam_search
 from nmt.translate.certificate import NOT_CERTIFIED, reason_name
 from nmt.translate.search_options import SearchOptions
+from nmt.utils.precision import autocast, check_precision
 
 EMPTY_INPUT = "empty_input"
 """``reason`` of an empty input line: it is not decoded and its output is empty."""
@@ -118,15 +119,21 @@ class Translator:
 
     ``options`` (default ``SearchOptions()``) are the search options; keyword
     ``search_overrides`` (``beam_size=5``, ..., any ``SearchOptions`` field) replace fields of
-    it. ``max_src_length`` truncates long sources (None: keep them whole).
+    it. ``max_src_length`` truncates long sources (None: keep them whole). Sources are sorted
+    by length into batches of ``batch_size`` sentences (``batch_type="sentences"``) or padded
+    source tokens (``"tokens"``); outputs come back in input order. ``precision`` "bf16" or
+    "fp16" runs the model under autocast (the search itself stays in float32).
     ``search_seconds`` accumulates the time spent in ``translate``.
     """
 
     def __init__(self, model: StepDecoder, src_field: Field, tgt_field: Field, options: SearchOptions | None = None,
-                 *, batch_size: int = 64, device: str | torch.device = "cpu", max_src_length: int | None = None,
-                 **search_overrides: Any) -> None:
+                 *, batch_size: int = 64, batch_type: str = "sentences", device: str | torch.device = "cpu",
+                 max_src_length: int | None = None, precision: str = "fp32", **search_overrides: Any) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if batch_type not in ("sentences", "tokens"):
+            raise ValueError(f"batch_type must be sentences or tokens, got {batch_type!r}")
+        self.batch_type, self.precision = batch_type, check_precision(precision)
         self.model, self.src_field, self.tgt_field = model, src_field, tgt_field
         self.options = (options or SearchOptions()).updated(**search_overrides)
         self.batch_size, self.device, self.max_src_length = batch_size, device, max_src_length
@@ -138,14 +145,16 @@ class Translator:
         vocab = self.tgt_field.vocab
         results: list[Translation | None] = [None] * len(lines)
         start = time.perf_counter()
-        for batch in encode_sources(self.src_field, lines, self.batch_size, max_length=self.max_src_length):
+        for batch in encode_sources(self.src_field, lines, self.batch_size, self.batch_type,
+                                    max_length=self.max_src_length):
             if batch.empty:
                 for i in batch.indices:
                     results[i] = Translation(i, [], [], [], False, 0, 0.0, EMPTY_INPUT)
             else:
                 batch = batch.to(self.device)
-                result = beam_search(self.model, batch.src, batch.src_lengths, bos=vocab.bos_index,
-                                     eos=vocab.eos_index, pad=vocab.pad_index, options=self.options)
+                with autocast(self.device, self.precision):
+                    result = beam_search(self.model, batch.src, batch.src_lengths, bos=vocab.bos_index,
+                                         eos=vocab.eos_index, pad=vocab.pad_index, options=self.options)
                 result = _to_cpu(result)  # one transfer per field and batch
                 src_ids = batch.src.cpu().tolist()
                 lengths = batch.src_lengths.cpu().tolist()

@@ -315,3 +315,48 @@ def test_interactive_mode_on_a_terminal_prompts_and_answers_each_line(trained):
     assert translate_cli.main(["-model", trained["model"], "-src", str(same), "-output", str(same) + ".out",
                                "-beam_size", "2", "-quiet"]) == 0
     assert answer == (trained["root"] / "interactive_in.txt.out").read_text(encoding="utf-8")
+
+
+def test_device_defaults_to_auto_and_resolves_on_this_machine():
+    args = translate_cli.build_parser().parse_args(["-model", "m.pt", "-src", "in.txt"])
+    assert args.device == "auto" and args.batch_type == "sentences" and args.precision == "fp32"
+
+
+def test_token_batches_and_static_search_give_the_same_translations(trained, capsys):
+    """-batch_type tokens (other batches, still sorted by length) and -search_mode static change
+    neither the outputs nor the certificates, in input order."""
+    root = trained["root"]
+    runs = {}
+    for name, extra in (("default", []), ("tokens", ["-batch_type", "tokens", "-batch_size", "12"]),
+                        ("static", ["-search_mode", "static", "-stop_every", "3", "-batch_size", "5"])):
+        out, report = root / f"out_{name}.txt", root / f"report_{name}.jsonl"
+        code, _, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-output", str(out),
+                                  "-report", str(report), "-beam_size", "3", "-max_length", "10", "-quiet"] + extra,
+                                 capsys)
+        assert code == 0, err
+        records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+        runs[name] = (out.read_text(encoding="utf-8"), [(r["exact"], r["reason"], r["n_nonzero"],
+                                                          [h["text"] for h in r["nbest"]]) for r in records])
+    assert runs["tokens"] == runs["default"]
+    assert runs["static"] == runs["default"]
+
+
+def test_bf16_precision_runs_the_model_under_autocast(trained):
+    """-precision bf16: the model's products run in bfloat16 (scores move by rounding only)."""
+    from nmt.translate.loading import load_models
+    from nmt.translate.translator import Translator
+
+    decoder, src_field, tgt_field, _ = load_models([trained["model"]], "cpu")
+    lines = [line for line in trained["inputs"] if line]
+    out = {p: Translator(decoder, src_field, tgt_field, batch_size=4, precision=p, beam_size=3,
+                         max_length=10).translate(lines) for p in ("fp32", "bf16")}
+    fp32 = [t.hypotheses[0][1] for t in out["fp32"]]
+    bf16 = [t.hypotheses[0][1] for t in out["bf16"]]
+    assert fp32 != bf16  # autocast took effect
+    same = [a for a, b in zip(out["fp32"], out["bf16"]) if a.text == b.text]
+    assert len(same) >= len(lines) // 2
+    for a, b in zip(out["fp32"], out["bf16"]):
+        if a.text == b.text:
+            assert b.hypotheses[0][1] == pytest.approx(a.hypotheses[0][1], abs=0.1 + 0.05 * abs(a.hypotheses[0][1]))
+    with pytest.raises(ValueError, match=r"^precision must be one of fp32, bf16, fp16, got 'fp8'$"):
+        Translator(decoder, src_field, tgt_field, precision="fp8")

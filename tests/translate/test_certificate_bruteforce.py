@@ -12,6 +12,8 @@ from toy_decoders import (BOS, EOS, MarkovDecoder, TinyAttentionRNN, enumerate_s
                           tiny_transformer)
 
 MAX_LENGTH = 6
+MODES = [dict(mode="dynamic"), dict(mode="static", stop_every=3)]  # both loops obey the certificate
+MODE_IDS = ["dynamic", "static"]
 
 
 def found_hypotheses(result, b: int) -> dict[tuple[int, ...], float]:
@@ -75,12 +77,13 @@ def enumeration(mapping: str, seed: int, b: int, min_length: int):
     return _ENUMERATIONS[key]
 
 
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("mapping,seed,penalty,min_length", CASES)
-def test_certificate_matches_enumeration(mapping, seed, penalty, min_length):
+def test_certificate_matches_enumeration(mapping, seed, penalty, min_length, mode):
     model, src, lengths = model_and_sources(mapping, seed)
     for beam_size in (1, 2, 4, 8):
         result = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=200,
-                             max_length=MAX_LENGTH, min_length=min_length, length_penalty=penalty)
+                             max_length=MAX_LENGTH, min_length=min_length, length_penalty=penalty, **mode)
         names = result.reason_names()
         for b in range(N_SOURCES):
             support, frontier, cut = enumeration(mapping, seed, b, min_length)
@@ -120,8 +123,9 @@ TRANSFORMER_CASES = [  # (output mapping, attention mapping + params, eos bias, 
 ]
 
 
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("output,attention,eos_bias,seed,penalty", TRANSFORMER_CASES)
-def test_certificate_on_a_tiny_transformer(output, attention, eos_bias, seed, penalty):
+def test_certificate_on_a_tiny_transformer(output, attention, eos_bias, seed, penalty, mode):
     """The same brute-force check on nmt's Transformer (incremental decoding with kv caches)."""
     model = tiny_transformer(output=output, attention=attention[0], attention_params=attention[1],
                              eos_bias=eos_bias, seed=seed)
@@ -130,7 +134,7 @@ def test_certificate_on_a_tiny_transformer(output, attention, eos_bias, seed, pe
     reasons = set()
     for beam_size in (1, 2, 4):
         result = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=200,
-                             max_length=MAX_LENGTH, length_penalty=penalty)
+                             max_length=MAX_LENGTH, length_penalty=penalty, **mode)
         names = result.reason_names()
         reasons.update(names)
         for b, (support, frontier, cut) in enumerate(enumerations):
@@ -149,11 +153,12 @@ def test_enumeration_cases_are_not_vacuous():
     assert seen == {None, "pruned", "max_length", "no_hypothesis"}
 
 
-def test_nbest_order_is_ranking_order():
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_nbest_order_is_ranking_order(mode):
     model, src, lengths = model_and_sources("entmax15", 0)
     for penalty in ("none", "average", "gnmt"):
         r = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=4, n_best=10, max_length=MAX_LENGTH,
-                        length_penalty=penalty)
+                        length_penalty=penalty, **mode)
         valid = torch.isfinite(r.ranking_scores)
         diffs = r.ranking_scores[:, :-1] - r.ranking_scores[:, 1:]
         assert bool((diffs[valid[:, 1:]] >= 0).all())
@@ -161,22 +166,24 @@ def test_nbest_order_is_ranking_order():
         assert torch.allclose(r.ranking_scores[valid], expected[valid])
 
 
-def test_softmax_output_is_never_exact_when_vocabulary_exceeds_beam():
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_softmax_output_is_never_exact_when_vocabulary_exceeds_beam(mode):
     model = TinyAttentionRNN(vocab=11, mapping="softmax")
     src, lengths = random_sources(5, 13, 6, seed=2)
-    result = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=5, max_length=8)
+    result = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=5, max_length=8, **mode)
     assert not bool(result.exact.any())
     assert result.reason_names() == ["pruned"] * 5
     # every returned hypothesis is complete or cut, and has a finite log-probability
     assert bool(torch.isfinite(result.scores[:, 0]).all())
 
 
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("max_length", [0, 1, 3])
-def test_beam_wider_than_vocabulary_and_short_limits(max_length):
+def test_beam_wider_than_vocabulary_and_short_limits(max_length, mode):
     """k > V (fewer candidates than slots) and max_length 0: still exact and complete."""
     model = MarkovDecoder(vocab=4, mapping="entmax15", scale=0.5, eos_bonus=0.3, seed=5)
     src, lengths = random_sources(4, 9, 5, seed=5)
-    r = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=8, n_best=50, max_length=max_length)
+    r = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=8, n_best=50, max_length=max_length, **mode)
     for b in range(4):
         support, frontier, cut = enumerate_support(model, src[b], lengths[b], max_length)
         assert bool(r.exact[b]) == (not cut)

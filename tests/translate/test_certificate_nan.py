@@ -13,19 +13,26 @@ from toy_decoders import BOS, EOS, MarkovDecoder, TinyAttentionRNN, random_sourc
 MAX_LENGTH = 5
 
 
-def test_nan_weights_certify_nothing():
+MODES = [dict(mode="dynamic"), dict(mode="static", stop_every=2)]  # both loops follow the same rule
+MODE_IDS = ["dynamic", "static"]
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_nan_weights_certify_nothing(mode):
     model = TinyAttentionRNN(vocab=11, mapping="softmax")  # (the toy's entmax package cannot take NaN)
     with torch.no_grad():
         for p in model.parameters():
             p.fill_(math.nan)
     src, lengths = random_sources(4, 13, 6, seed=1)
     for beam_size in (1, 3):
-        r = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=3, max_length=6)
+        r = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=3, max_length=6,
+                        **mode)
         assert not bool(r.exact.any())
         assert r.reason_names() == ["nonfinite_scores"] * 4
         assert r.n_nonzero.tolist() == [0] * 4 and r.mass.tolist() == [0.0] * 4
         assert not bool(r.complete.any())
-        r = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, certify=False, max_length=6)
+        r = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, certify=False, max_length=6,
+                        **mode)
         assert r.reason_names() == ["not_certified"] * 4 and not bool(r.exact.any())
 
 
@@ -72,14 +79,15 @@ def brute_force(model, src, length, max_length: int):
     return support, frontier, flags["cut"], flags["nan"]
 
 
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("seed, bad_token", [(0, 3), (1, 4), (2, 5), (6, 5), (4, 3)])
-def test_partial_nan_certificate_matches_brute_force(seed, bad_token):
+def test_partial_nan_certificate_matches_brute_force(seed, bad_token, mode):
     model = NaNAfterToken(seed, bad_token)
     src, lengths = random_sources(8, 9, 5, seed=seed + 11)
     seen = set()
     for beam_size in (1, 2, 4, 16):
         r = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=300,
-                        max_length=MAX_LENGTH)
+                        max_length=MAX_LENGTH, **mode)
         names = r.reason_names()
         for b in range(src.size(0)):
             support, frontier, cut, nan_reached = brute_force(model, src[b], lengths[b], MAX_LENGTH)

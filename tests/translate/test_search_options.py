@@ -25,10 +25,10 @@ def test_cli_flags_reach_the_options():
     args = translate_cli.build_parser().parse_args(
         ["-model", "m.pt", "-src", "in.txt", "-beam_size", "3", "-n_best", "7", "-max_length", "9", "-min_length",
          "2", "-length_penalty", "gnmt", "-length_alpha", "1.5", "-support", "-support_topk", "4", "-no_certify",
-         "-attention", "dir"])
+         "-attention", "dir", "-search_mode", "static", "-stop_every", "2"])
     assert translate_cli.search_options(args) == SearchOptions(
         beam_size=3, n_best=7, max_length=9, min_length=2, length_penalty="gnmt", length_alpha=1.5,
-        return_support=True, support_topk=4, certify=False, return_attention=True)
+        return_support=True, support_topk=4, certify=False, return_attention=True, mode="static", stop_every=2)
 
 
 @pytest.mark.parametrize(

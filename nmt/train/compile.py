@@ -1,0 +1,50 @@
+"""``training.compile`` and ``training.pad_to_multiple``: a captured training step with few shapes.
+
+``compile_loss_forward(device)`` wraps ``nmt.train.update.loss_forward`` (model forward and
+summed loss) in ``torch.compile``: on CUDA ``mode="reduce-overhead"`` (CUDA graphs: the
+decoder's many small kernels are replayed as one graph) with static shapes, on CPU inductor's
+default mode. The packed-sequence encoder runs eagerly between graphs (cuDNN's one call per
+layer; its lengths stay on the host). Every distinct batch shape is a graph of its own, so
+``pad_to_multiple`` pads source and target lengths up to a multiple of k (padding is masked
+in attention and ignored by the loss: same loss, same gradients).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+
+from nmt.data.batching import Batch
+from nmt.train.update import LossForward, loss_forward
+
+MAX_GRAPHS = 64
+"""Recompilation limit raised to this many shapes (buckets x batch sizes) per compiled step."""
+
+
+def compile_loss_forward(device: torch.device | str, backend: str = "inductor") -> LossForward:
+    """``loss_forward`` compiled for ``device`` (CUDA graphs on CUDA, inductor default on CPU);
+    ``backend`` another ``torch.compile`` backend (tests use "aot_eager": same capture and
+    autograd, no code generation)."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MAX_GRAPHS)
+    if torch.device(device).type == "cuda" and backend == "inductor":
+        return torch.compile(loss_forward, mode="reduce-overhead", dynamic=False)
+    return torch.compile(loss_forward, backend=backend)
+
+
+def pad_to_multiple(batch: Batch, multiple: int, pad_index: int) -> Batch:
+    """``batch`` with src (B, L) and tgt_in/tgt_out (B, T) padded with ``pad_index`` to lengths
+    that are multiples of ``multiple`` (1: unchanged). Lengths and token counts are unchanged."""
+    if multiple <= 1 or batch.tgt_in is None:
+        return batch
+
+    def widen(x: torch.Tensor) -> torch.Tensor:
+        extra = -x.size(1) % multiple
+        return F.pad(x, (0, extra), value=pad_index) if extra else x
+
+    return replace(batch, src=widen(batch.src), tgt_in=widen(batch.tgt_in), tgt_out=widen(batch.tgt_out))
+
+
+__all__ = ["MAX_GRAPHS", "compile_loss_forward", "pad_to_multiple"]

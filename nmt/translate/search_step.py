@@ -1,0 +1,232 @@
+"""One step of batched beam search, shared by the dynamic and the static-shape loops.
+
+``select_step`` turns the model's log-probabilities of one step into the kept candidates, the
+step record (for ``SearchHistory``), the certificate updates and the per-row stop test. It is
+pure tensor code: it never synchronises with the host (no ``.item()``, ``.tolist()``,
+``bool(t)``, ``nonzero`` or boolean-mask indexing), so both loops share it unchanged and the
+static loop stays sync-free. What a loop does with ``done`` is its own business: the dynamic
+loop removes finished sentences from the batch, the static loop masks them.
+
+Shapes: R rows (sentences still in the batch), S slots per row (1 at the first step, then
+K = beam size), V target vocabulary, L source length.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from nmt.translate.certificate import (
+    MAX_LENGTH,
+    NONFINITE,
+    NOT_CERTIFIED,
+    PRUNED,
+    nonfinite_scores,
+    record_violation,
+    unknown_scores,
+)
+from nmt.translate.length_penalty import length_penalty
+from nmt.translate.search_options import SearchOptions
+
+NEG_INF = float("-inf")
+
+
+class Specials(NamedTuple):
+    """Target token ids the search needs: BOS starts, EOS ends, PAD fills."""
+
+    bos: int
+    eos: int
+    pad: int
+
+
+@dataclass
+class SearchEnd:
+    """State of the search when it stops, for collecting the n-best (B sentences, K = beam size).
+
+    truncated: (B_active, K) bool live hypotheses cut by max_length (EOS of probability 0),
+    or None when the last step was not reached; active: (B_active,) long original index of
+    the rows still searched at the end (None: all, in order); exact, reason: (B,) per sentence.
+    """
+
+    truncated: Tensor | None
+    active: Tensor | None
+    exact: Tensor
+    reason: Tensor
+
+
+@dataclass
+class RowState:
+    """Per-row search state carried from step to step (R rows, S slots).
+
+    scores: (R, S) log-probability of each live prefix (-inf: no live prefix in that slot);
+    exact: (R,) bool certificate so far; reason: (R,) long first violation;
+    best_finished: (R, n_best) ranking scores of the best finished hypotheses;
+    top_finished: (R,) bool the best candidate of some step was a finished hypothesis.
+    """
+
+    scores: Tensor
+    exact: Tensor
+    reason: Tensor
+    best_finished: Tensor
+    top_finished: Tensor
+
+    @classmethod
+    def start(cls, batch: int, n_best: int, certify: bool, device: torch.device) -> "RowState":
+        """The state before the first step: one live (empty) prefix per sentence."""
+        return cls(
+            scores=torch.zeros((batch, 1), device=device),
+            exact=torch.full((batch,), certify, dtype=torch.bool, device=device),
+            reason=torch.full((batch,), 0 if certify else NOT_CERTIFIED, dtype=torch.long, device=device),
+            best_finished=torch.full((batch, n_best), NEG_INF, device=device),
+            top_finished=torch.zeros(batch, dtype=torch.bool, device=device),
+        )
+
+    def select(self, index: Tensor) -> "RowState":
+        """Rows ``index`` (R',) of every field."""
+        return RowState(*(x.index_select(0, index) for x in
+                          (self.scores, self.exact, self.reason, self.best_finished, self.top_finished)))
+
+
+@dataclass
+class StepOutcome:
+    """What one step decided (R rows, K slots).
+
+    record: field -> (R, K, ...) for ``SearchHistory`` (token, parent, score, and the per-row
+    extras the options ask for); parent: (R, K) slot of the previous step each kept candidate
+    extends; chosen: (R, K) token appended; rows: the updated ``RowState`` (scores hold live
+    prefixes only); done: (R,) bool the sentence may stop (None at the final step);
+    truncated: (R, K) bool live hypotheses cut by max_length (only at the final step).
+    """
+
+    record: dict[str, Tensor]
+    parent: Tensor
+    chosen: Tensor
+    rows: RowState
+    done: Tensor | None
+    truncated: Tensor | None
+
+
+def history_fills(options: SearchOptions, pad: int) -> dict[str, float | int | bool]:
+    """The fields a search records at every step, with their value for absent rows."""
+    fills: dict[str, float | int | bool] = {"token": pad, "parent": 0, "score": NEG_INF}
+    if options.return_attention:
+        fills["attention"] = 0.0
+    if options.support_stats or options.return_support:
+        fills["support_size"] = 0
+    if options.return_support:
+        fills["support_tokens"] = pad
+        fills["support_probs"] = 0.0
+    return fills
+
+
+def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, options: SearchOptions,
+                special: Specials) -> StepOutcome:
+    """Keep the ``beam_size`` best extensions of the live prefixes at step ``t``.
+
+    log_probs: (R*S, V) from the model (-inf = probability 0); attention: (R*S, L).
+    Half-precision log-probabilities are upcast (float32/float64 kept). No host sync.
+    """
+    k, n_best, max_length = options.beam_size, options.n_best, options.max_length
+    certify, eos, pad = options.certify, special.eos, special.pad
+    count_support = options.support_stats or options.return_support
+    scores, best_finished = rows.scores, rows.best_finished
+    exact, reason = rows.exact, rows.reason
+    device = scores.device
+    row_count, slots = scores.shape
+    vocab = log_probs.size(-1)
+    if t == 0:
+        dtype = torch.float32 if log_probs.dtype in (torch.float16, torch.bfloat16) else log_probs.dtype
+        scores, best_finished = scores.to(dtype), best_finished.to(dtype)
+    log_probs = log_probs.to(scores.dtype).view(row_count, slots, vocab)  # (R, S, V)
+    # NaN / +inf is an unknown probability: it breaks the certificate of a live slot and is
+    # never an exact zero there; it never enters the beam either (not even from a dead slot,
+    # where it would push finite candidates out unnoticed)
+    unknown = unknown_scores(log_probs)  # (R, S, V)
+    if certify:
+        exact, reason = record_violation(exact, reason, nonfinite_scores(unknown, torch.isfinite(scores)), NONFINITE)
+    log_probs = log_probs.masked_fill(unknown, NEG_INF)  # (R, S, V)
+    if t < options.min_length:
+        is_eos_column = torch.arange(vocab, device=device) == eos  # (V,) no host-to-device copy
+        log_probs = log_probs.masked_fill(is_eos_column, NEG_INF)
+    cand = scores.unsqueeze(-1) + log_probs  # (R, S, V)
+    record: dict[str, Tensor] = {}
+    if count_support:
+        record["support_size"] = support_size(log_probs)  # (R, S), per parent row
+    if options.return_support:
+        top_lp, top_tok = log_probs.topk(min(options.support_topk, vocab), dim=-1)  # (R, S, m)
+        record["support_tokens"] = top_tok
+        record["support_probs"] = top_lp.exp()
+    if options.return_attention:
+        record["attention"] = attention.to(scores.dtype).view(row_count, slots, -1)  # (R, S, L)
+
+    truncated = None
+    if t == max_length:  # only EOS may follow: the final step
+        top_scores = cand[..., eos]  # (R, S)
+        parent = torch.arange(slots, device=device).expand(row_count, slots)  # (R, S)
+        chosen = torch.full_like(parent, eos)  # (R, S)
+        live_before = torch.isfinite(scores)  # (R, S)
+        truncated = pad_slots(live_before & ~torch.isfinite(top_scores), k, False)  # (R, K)
+        if certify:
+            eos_ok = torch.isfinite(log_probs[..., eos]).int()  # (R, S)
+            support = record["support_size"] if count_support else support_size(log_probs)  # (R, S)
+            cut = (live_before & (support - eos_ok > 0)).any(1)  # (R,)
+            exact, reason = record_violation(exact, reason, cut, MAX_LENGTH)
+    else:
+        width = min(k + 1 if certify else k, slots * vocab)
+        top_scores, top_index = cand.view(row_count, slots * vocab).topk(width, dim=1)  # (R, width)
+        if certify and width > k:
+            pruned = torch.isfinite(top_scores[:, k])  # (R,) a finite candidate left out
+            exact, reason = record_violation(exact, reason, pruned, PRUNED)
+            top_scores, top_index = top_scores[:, :k], top_index[:, :k]  # (R, K)
+        parent = torch.div(top_index, vocab, rounding_mode="floor")  # (R, K) slot extended
+        chosen = top_index - parent * vocab  # (R, K) token appended
+    # every step is recorded with k slots (fewer only at the first step, or when k > V)
+    top_scores = pad_slots(top_scores, k, NEG_INF)  # (R, K)
+    parent, chosen = pad_slots(parent, k, 0), pad_slots(chosen, k, pad)  # (R, K), (R, K)
+    if slots < k:  # per-row records: only row 0 exists, and every parent is 0
+        record = {name: value.expand((row_count, k) + value.shape[2:]) for name, value in record.items()}
+    record.update(token=chosen, parent=parent, score=top_scores)
+    if t == max_length:
+        return StepOutcome(record, parent, chosen, replace(rows, exact=exact, reason=reason), None, truncated)
+
+    is_eos = chosen == eos  # (R, K)
+    finished = is_eos & torch.isfinite(top_scores)  # (R, K)
+    scores = top_scores.masked_fill(is_eos, NEG_INF)  # (R, K) live prefixes only
+    new_ranked = torch.where(finished, top_scores / length_penalty(options.length_penalty, t + 1,
+                                                                   options.length_alpha), NEG_INF)  # (R, K)
+    best_finished = torch.cat([best_finished, new_ranked], dim=1).topk(n_best, dim=1).values  # (R, n_best)
+    top_finished = rows.top_finished | finished[:, 0]  # (R,)
+    live = torch.isfinite(scores).any(1)  # (R,)
+    worst_kept = best_finished[:, -1]  # (R,)
+    bound_penalty = length_penalty(options.length_penalty, max_length + 1, options.length_alpha)
+    settled = torch.isfinite(worst_kept) & (
+        top_finished | (worst_kept >= scores.max(1).values / bound_penalty)
+    )  # (R,)
+    if certify:
+        settled = settled & ~exact
+    done = ~live | settled  # (R,)
+    rows = RowState(scores, exact, reason, best_finished, top_finished)
+    return StepOutcome(record, parent, chosen, rows, done, None)
+
+
+def flat_parents(parent: Tensor, slots: int) -> Tensor:
+    """Row index (R, K) into the R*S rows of the previous step, from ``parent`` (R, K) slots."""
+    return parent + (torch.arange(parent.size(0), device=parent.device) * slots).unsqueeze(1)
+
+
+def support_size(log_probs: Tensor) -> Tensor:
+    """Number of finite entries (nonzero probabilities) along the last dim, as int32."""
+    return (log_probs > NEG_INF).sum(-1, dtype=torch.int32)
+
+
+def pad_slots(x: Tensor, k: int, value: float | int | bool) -> Tensor:
+    """Extend dim 1 of ``x`` (rows, s) to k slots with ``value``."""
+    if x.size(1) >= k:
+        return x
+    return torch.cat([x, x.new_full((x.size(0), k - x.size(1)), value)], dim=1)
+
+
+__all__ = ["RowState", "SearchEnd", "Specials", "StepOutcome", "flat_parents", "history_fills", "pad_slots", "select_step",
+           "support_size"]

@@ -1,0 +1,146 @@
+"""Training step: compiled == eager, padding to a multiple changes nothing, no host sync,
+bf16/fp16 autocast trains; the YAML keys reach the trainer."""
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.data.batching import Batch
+from nmt.models import build_model
+from nmt.sparse import get_loss
+from nmt.train.compile import compile_loss_forward, pad_to_multiple
+from nmt.train.precision import TrainPrecision
+from nmt.train.update import loss_forward, update
+from nmt.utils.sync_audit import SyncAudit
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_task import tiny_config, write_task  # noqa: E402
+
+PAD, BOS, EOS, VOCAB = 0, 1, 2, 9
+CFG = {
+    "embeddings": {"src_size": 8, "tgt_size": 8, "share": False, "tie_output": False, "dropout": 0.0},
+    "encoder": {"type": "lstm", "layers": 1, "hidden_size": 12, "bidirectional": True, "dropout": 0.0},
+    "decoder": {"type": "lstm", "layers": 1, "hidden_size": 12, "dropout": 0.0, "input_feeding": True,
+                "bridge": "linear"},
+    "attention": {"score": "general", "mapping": "softmax", "params": {}, "continuous": None},
+    "output": {"mapping": "softmax", "params": {}},
+}
+
+
+def copy_batch(seed: int, batch: int = 8, width: int = 5) -> Batch:
+    """A copy-task batch (target = source), built on the host like ``collate``'s."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, width + 1, (batch,), generator=g)
+    src = torch.randint(3, VOCAB, (batch, width), generator=g)
+    src = src.masked_fill(torch.arange(width) >= lengths.unsqueeze(1), PAD)
+    tgt_out = torch.cat([src, torch.full((batch, 1), PAD)], dim=1)
+    tgt_out[torch.arange(batch), lengths] = EOS
+    tgt_in = torch.cat([torch.full((batch, 1), BOS), src], dim=1)
+    return Batch(src=src, src_lengths=lengths, tgt_in=tgt_in, tgt_out=tgt_out, tgt_lengths=lengths + 1,
+                 n_tokens=int((lengths + 1).sum()), indices=list(range(batch)), n_src_tokens=int(lengths.sum()))
+
+
+def model(dtype=torch.float64, **changes):
+    torch.manual_seed(0)
+    cfg = copy.deepcopy(CFG)
+    for section, values in changes.items():
+        cfg[section].update(values)
+    return build_model(cfg, VOCAB, VOCAB, PAD).to(dtype)
+
+
+def test_compiled_training_equals_eager():
+    """Three SGD steps, float64: parameters equal to 1e-10 (compile: dynamo capture and AOT autograd,
+    backend aot_eager; inductor's C++ code generation takes minutes on a loaded 2-core machine)."""
+    runs = {}
+    for name, forward in (("eager", loss_forward), ("compiled", compile_loss_forward("cpu", backend="aot_eager"))):
+        m = model()
+        optimizer = torch.optim.SGD(m.parameters(), lr=0.5)
+        losses = [float(update(m, get_loss("softmax"), optimizer, copy_batch(s), PAD, 1.0, forward=forward)[0])
+                  for s in range(3)]
+        runs[name] = (losses, [p.detach().clone() for p in m.parameters()])
+    assert runs["compiled"][0] == pytest.approx(runs["eager"][0], rel=1e-12)
+    for a, b in zip(runs["compiled"][1], runs["eager"][1]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    assert runs["eager"][0][0] != runs["eager"][0][2]  # the steps did change the model
+
+
+def test_padding_to_a_multiple_changes_neither_loss_nor_gradients():
+    batch = copy_batch(3, width=5)
+    padded = pad_to_multiple(batch, 4, PAD)
+    assert padded.src.shape == (8, 8) and padded.tgt_in.shape == (8, 8) and padded.n_tokens == batch.n_tokens
+    assert torch.equal(padded.src[:, :5], batch.src) and bool((padded.src[:, 5:] == PAD).all())
+    grads = []
+    for b in (batch, padded):
+        m = model()
+        loss = loss_forward(m, get_loss("softmax"), b.src, b.src_lengths, b.tgt_in, b.tgt_out, PAD, 0.0)
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in m.parameters()]))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-12, atol=1e-12)
+    for a, b in zip(grads[0][1], grads[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert pad_to_multiple(batch, 1, PAD) is batch
+
+
+STATIC_ENTMAX = {"mapping": "entmax15", "params": {"impl": "static"}}
+
+
+@pytest.mark.parametrize("mapping", ["softmax", "entmax15-static"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_update_step_makes_no_host_sync(precision, mapping):
+    """Forward, loss, backward, clipping, fused Adam: no synchronising call (lengths on the host;
+    softmax attention, output and cross-entropy, or 1.5-entmax attention, output and loss on
+    their sync-free static path)."""
+    if mapping == "softmax":
+        m, loss_fn = model(torch.float32), get_loss("softmax")
+    else:
+        m = model(torch.float32, attention=STATIC_ENTMAX, output=STATIC_ENTMAX)
+        loss_fn = get_loss("entmax15", impl="static")
+    optimizer = torch.optim.Adam(m.parameters(), lr=1e-3, fused=True)
+    for step in range(2):
+        batch = copy_batch(step)
+        with SyncAudit() as audit:
+            loss, n_tokens, skipped = update(m, loss_fn, optimizer, batch, PAD, 1.0,
+                                             precision=TrainPrecision(precision, "cpu"))
+        assert audit.total == 0, audit.report()
+        assert isinstance(n_tokens, int) and loss.dim() == 0 and not skipped
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precision_trains(precision):
+    """Autocast runs the model's products in half precision; the loss still falls."""
+    m = model(torch.float32)
+    train = TrainPrecision(precision, "cpu")
+    with train.autocast():
+        logits, _ = m(copy_batch(0).src, copy_batch(0).src_lengths, copy_batch(0).tgt_in)
+    assert logits.dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    assert (train.scaler is not None) == (precision == "fp16")
+    optimizer = torch.optim.Adam(m.parameters(), lr=0.02, fused=True)
+    losses = []
+    for step in range(40):
+        batch = copy_batch(step % 4)
+        loss, n, _ = update(m, get_loss("softmax"), optimizer, batch, PAD, 5.0, precision=train)
+        losses.append(float(loss) / n)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert sum(losses[-4:]) < 0.8 * sum(losses[:4])
+
+
+def test_yaml_keys_reach_the_trainer(tmp_path):
+    from nmt.config import load_config
+    from nmt.train.trainer import Trainer
+    import yaml
+
+    data = write_task(tmp_path / "data", n_train=24, n_valid=4)
+    cfg = tiny_config(data, tmp_path / "run", precision="bf16", pad_to_multiple=4, max_steps=4, valid_every=4)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    trainer = Trainer(load_config(tmp_path / "c.yaml"), str(tmp_path / "c.yaml"))
+    assert trainer.precision.name == "bf16" and trainer.loss_forward is loss_forward
+    summary = trainer.train()
+    assert summary.step == 4
+    bad = tiny_config(data, tmp_path / "run2", precision="fp8")
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad), encoding="utf-8")
+    with pytest.raises(Exception, match="training.precision"):
+        load_config(tmp_path / "bad.yaml")
