@@ -27,7 +27,6 @@ import os
 import shutil
 import tempfile
 from array import array
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ import numpy as np
 
 from nmt.data.errors import DataError
 from nmt.data.field import Field
-from nmt.data.textfiles import PathLike
+from nmt.data.textfiles import PathLike, iter_lines
 from nmt.utils.allocator import release_freed_memory
 
 logger = logging.getLogger(__name__)
@@ -88,33 +87,6 @@ class ArrayParallelDataset:
         """One log line, e.g. ``kept 5990 of 6000 pairs (skipped 2 empty, 8 too long)``."""
         return (f"kept {len(self)} of {self.n_input} pairs (skipped {self.skipped['empty']} empty, "
                 f"{self.skipped['too_long']} too long)")
-
-
-def iter_lines(path: PathLike) -> Iterator[str]:
-    """The lines of a UTF-8 file one at a time, with ``read_lines``' rules (split on ``\\n``
-    only, a trailing ``\\r`` and a leading byte-order mark removed); DataError names file:line."""
-    path = Path(path)
-    try:
-        handle = open(path, "rb")
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise DataError(f"{path}: is a directory, expected a text file") from None
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror})") from None
-    with handle:
-        for number, raw in enumerate(handle, 1):
-            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            if raw.endswith(b"\n"):
-                raw = raw[:-1]
-            if raw.endswith(b"\r"):
-                raw = raw[:-1]
-            try:
-                yield raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{number}: not valid UTF-8 (byte 0x{raw[e.start]:02x} "
-                                f"at column {e.start + 1})") from None
 
 
 def cache_key(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_field: Field,
@@ -282,4 +254,4 @@ def load_id_dataset(src_path: PathLike, tgt_path: PathLike, src_field: Field, tg
     return ArrayParallelDataset(arrays, meta, src_field, tgt_field)
 
 
-__all__ = ["ArrayParallelDataset", "RaggedIds", "cache_key", "encode_to_arrays", "iter_lines", "load_id_dataset"]
+__all__ = ["ArrayParallelDataset", "RaggedIds", "cache_key", "encode_to_arrays", "load_id_dataset"]

@@ -7,7 +7,7 @@ Lines are split on ``\\n`` only (never on Unicode line separators such as U+2028
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from nmt.data.errors import DataError
@@ -23,15 +23,42 @@ def read_lines(path: PathLike) -> list[str]:
     when the file is missing, is a directory, cannot be read, or is not valid UTF-8.
     """
     path = Path(path)
+    with _open_text_file(path) as handle:
+        data = handle.read()
+    return decode_lines(data, str(path))
+
+
+def _open_text_file(path: Path):
+    """``open(path, "rb")``; DataError naming the file when it is missing, a directory or unreadable."""
     try:
-        data = path.read_bytes()
+        return open(path, "rb")
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise DataError(f"{path}: is a directory, expected a text file") from None
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror})") from None
-    return decode_lines(data, str(path))
+
+
+def iter_lines(path: PathLike) -> Iterator[str]:
+    """The lines of a UTF-8 file one at a time, with ``read_lines``' rules (split on ``\\n``
+    only, a trailing ``\\r`` and a leading byte-order mark removed); DataError names file:line."""
+    path = Path(path)
+    with _open_text_file(path) as handle:
+        for number, raw in enumerate(handle, 1):
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            if raw.endswith(b"\n"):
+                raw = raw[:-1]
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{number}: not valid UTF-8 (byte 0x{raw[e.start]:02x} "
+                                f"at column {e.start + 1})") from None
+
+
 
 
 def decode_lines(data: bytes, name: str) -> list[str]:
@@ -71,4 +98,4 @@ def write_lines_atomic(path: PathLike, lines: Iterable[str]) -> None:
     write_bytes_atomic(path, "".join(line + "\n" for line in lines).encode("utf-8"))
 
 
-__all__ = ["decode_lines", "read_lines", "write_bytes_atomic", "write_lines_atomic"]
+__all__ = ["decode_lines", "iter_lines", "read_lines", "write_bytes_atomic", "write_lines_atomic"]

@@ -16,7 +16,8 @@ from pathlib import Path
 from nmt.data.dataset import ParallelDataset, read_parallel
 from nmt.data.errors import DataError
 from nmt.data.field import Field
-from nmt.data.id_arrays import ArrayParallelDataset, iter_lines, load_id_dataset
+from nmt.data.id_arrays import ArrayParallelDataset, load_id_dataset
+from nmt.data.textfiles import iter_lines
 from nmt.data.tokenizers import build_tokenizer
 from nmt.utils.allocator import release_freed_memory
 

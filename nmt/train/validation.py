@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -147,14 +147,7 @@ def attention_matrices(model: nn.Module, dataset: ParallelDataset, indices: Sequ
     if not indices:
         return []
     src_vocab, tgt_vocab = dataset.src_field.vocab, dataset.tgt_field.vocab
-    was_training = model.training
-    model.eval()
-    try:
-        batch = collate(dataset, list(indices), tgt_vocab.pad_index, tgt_vocab.bos_index,
-                        tgt_vocab.eos_index).to(device)
-        _, attention = model(batch.src, batch.src_lengths, batch.tgt_in)
-    finally:
-        model.train(was_training)
+    batch, (_, attention) = _teacher_forced(model, dataset, indices, device)
     attention = attention.float().cpu()
     out = []
     for row, index in enumerate(_positions(batch)):
@@ -173,14 +166,7 @@ def attention_grids(model: nn.Module, dataset: ParallelDataset, indices: Sequenc
     if not indices or not getattr(model, "attention_kinds", ()):
         return []
     src_vocab, tgt_vocab = dataset.src_field.vocab, dataset.tgt_field.vocab
-    was_training = model.training
-    model.eval()
-    try:
-        batch = collate(dataset, list(indices), tgt_vocab.pad_index, tgt_vocab.bos_index,
-                        tgt_vocab.eos_index).to(device)
-        _, _, maps = model(batch.src, batch.src_lengths, batch.tgt_in, return_maps=True)
-    finally:
-        model.train(was_training)
+    batch, (_, _, maps) = _teacher_forced(model, dataset, indices, device, return_maps=True)
     cross = torch.stack(maps["cross"], dim=1).float().cpu()  # (B, layers, heads, T, L)
     out = []
     for row, index in enumerate(_positions(batch)):
@@ -188,6 +174,20 @@ def attention_grids(model: nn.Module, dataset: ParallelDataset, indices: Sequenc
         grid = cross[row, :, :, : len(tgt_ids) + 1, : len(src_ids)]
         out.append((grid, src_vocab.tokens(src_ids), tgt_vocab.tokens(tgt_ids) + ["<eos>"]))
     return out
+
+
+def _teacher_forced(model: nn.Module, dataset: ParallelDataset, indices: Sequence[int], device: torch.device,
+                    **kwargs: Any) -> tuple[Any, Any]:
+    """``(batch, model(src, src_lengths, tgt_in, **kwargs))`` for the given examples, in eval mode."""
+    tgt_vocab = dataset.tgt_field.vocab
+    was_training = model.training
+    model.eval()
+    try:
+        batch = collate(dataset, list(indices), tgt_vocab.pad_index, tgt_vocab.bos_index,
+                        tgt_vocab.eos_index).to(device)
+        return batch, model(batch.src, batch.src_lengths, batch.tgt_in, **kwargs)
+    finally:
+        model.train(was_training)
 
 
 def _positions(batch) -> list[int]:
