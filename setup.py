@@ -1,4 +1,5 @@
 """nmt: sequence-to-sequence learning with sparse and structured probability mappings."""
+import re
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -7,7 +8,7 @@ HERE = Path(__file__).parent
 
 setup(
     name="nmt",
-    version="0.1.0",
+    version=re.search(r'__version__ = "([^"]+)"', (HERE / "nmt" / "_version.py").read_text()).group(1),
     description=(
         "Sequence-to-sequence toolkit with sparse and structured attention/output "
         "mappings, Fenchel-Young losses and certified beam search"

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from nmt.api import Model
 
-__version__ = "0.1.0"
+from nmt._version import __version__
 
 
 def load(checkpoint: Any, device: str = "auto", **kwargs: Any) -> "Model":

@@ -16,7 +16,7 @@ from typing import Sequence
 def build_parser() -> argparse.ArgumentParser:
     """The ``nmt-train`` argument parser (``--help`` shows defaults; config defaults are listed in
     ``configs/reference.yaml``)."""
-    from nmt import __version__
+    from nmt._version import __version__
     from nmt.cli.help_format import DefaultsHelpFormatter
 
     parser = argparse.ArgumentParser(

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     from nmt.translate.search_options import SEARCH_MODES, SearchOptions
     from nmt.utils.precision import PRECISIONS
 
-    from nmt import __version__
+    from nmt._version import __version__
     from nmt.cli.help_format import DefaultsHelpFormatter
     from nmt.utils.heatmap import FORMATS
 

@@ -39,7 +39,7 @@ def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> None:
 
     ``format_version`` and ``nmt_version`` are filled in when absent.
     """
-    from nmt import __version__  # nmt/__init__ imports nothing
+    from nmt._version import __version__
 
     payload = {"format_version": FORMAT_VERSION, "nmt_version": __version__, **payload}
     with atomic_open(path, "wb") as handle:
