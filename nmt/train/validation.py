@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from nmt.data.batching import collate, make_batches
 from nmt.data.dataset import ParallelDataset
 from nmt.data.field import Field
+from nmt.models.seq2seq import length_mask
 from nmt.translate.beam_search import beam_search
 from nmt.translate.search_options import SearchOptions
 from nmt.utils import metrics as corpus_metrics
@@ -58,7 +59,7 @@ def teacher_forced_statistics(model: nn.Module, dataset: ParallelDataset, loss_f
         mask = gold != vocab.pad_index
         if kinds:
             logits, attention, maps = model(batch.src, batch.src_lengths, batch.tgt_in, return_maps=True)
-            src_mask = torch.arange(batch.src.size(1), device=device)[None] < batch.src_lengths[:, None]
+            src_mask = length_mask(batch.src_lengths, batch.src.size(1), device)
             for j, kind in enumerate(kinds):
                 rows = (src_mask if kind == "encoder_self" else mask)[:, None, :].double()  # (B, 1, T_query)
                 for probs in maps[kind]:  # (B, heads, T_query, T_key)

@@ -13,14 +13,13 @@ from typing import Any, Callable
 
 import torch
 
-from nmt.utils.sync_audit import SyncAudit
+from nmt.utils.sync_audit import count_host_syncs
 
 
 def count_host_syncs_on(device: torch.device | str, fn: Callable[[], Any]) -> tuple[Any, int]:
     """Run ``fn()``; return ``(its result, host syncs counted)`` (see the module docstring)."""
     if torch.device(device).type != "cuda":
-        with SyncAudit() as audit:
-            result = fn()
+        result, audit = count_host_syncs(fn)
         return result, audit.total
     previous = torch.cuda.get_sync_debug_mode()
     with warnings.catch_warnings(record=True) as caught:

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from nmt.models.embeddings import Embeddings
 from nmt.models.generator import Generator
 from nmt.models.protocol import State
+from nmt.models.seq2seq import length_mask
 from nmt.models.transformer.decoder import KV, TransformerDecoder
 from nmt.models.transformer.encoder import TransformerEncoder
 
@@ -16,10 +17,6 @@ ATTENTION_KINDS = ("encoder_self", "decoder_self", "cross")
 
 AttentionMaps = dict[str, list[Tensor]]
 """Per attention kind, one (B, heads, T_query, T_key) probability tensor per layer."""
-
-
-def _length_mask(lengths: Tensor, max_len: int, device: torch.device) -> Tensor:
-    return torch.arange(max_len, device=device).unsqueeze(0) < lengths.to(device).unsqueeze(1)
 
 
 class TransformerSeq2Seq(nn.Module):
@@ -71,7 +68,7 @@ class TransformerSeq2Seq(nn.Module):
     # ---- StepDecoder ------------------------------------------------------------------
     def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[State, State]:
         """src: (B, L) ids; src_lengths: (B,). Returns encoder_out and the empty caches (t = 0)."""
-        mask = _length_mask(src_lengths, src.size(1), src.device)
+        mask = length_mask(src_lengths, src.size(1), src.device)
         memory, _ = self.encoder(self.src_embeddings(src), mask)
         encoder_out: State = {"memory": memory, "src_mask": mask}
         state: State = {}
@@ -112,7 +109,7 @@ class TransformerSeq2Seq(nn.Module):
         mapping, and the last layer's head-averaged cross-attention -- plus, with
         ``return_maps``, the :data:`AttentionMaps` of every kind, layer and head.
         """
-        mask = _length_mask(src_lengths, src.size(1), src.device)
+        mask = length_mask(src_lengths, src.size(1), src.device)
         memory, encoder_maps = self.encoder(self.src_embeddings(src), mask)
         out = self.decoder(self.tgt_embeddings(tgt_in), self.decoder.cross_keys_values(memory), mask)
         logits = self.generator(out.hidden)
