@@ -108,15 +108,11 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 def _check_device(name: str) -> None:
     """ValueError (one line) unless ``name`` is a torch device this machine can allocate on."""
-    import torch
+    from nmt.utils.device import device_problem
 
-    try:
-        if torch.device(name).type == "meta":
-            raise ValueError("the meta device holds no data")
-        torch.empty(0, device=torch.device(name))
-    except Exception as exc:  # RuntimeError, NotImplementedError (no backend), AssertionError (not compiled)
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"-device {name}: not a usable device here (cpu, cuda or cuda:N); {detail[:120]}") from None
+    problem = device_problem(name)
+    if problem is not None:
+        raise ValueError(f"-device {name}: not a usable device here (cpu, cuda or cuda:N); {problem[:120]}")
 
 
 def run(args: argparse.Namespace, start: float | None = None) -> int:

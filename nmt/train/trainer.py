@@ -41,6 +41,7 @@ from nmt.train.update import loss_forward, update
 from nmt.train.validation import attention_grids, attention_matrices, validate
 from nmt.utils.dir_lock import DirectoryLock
 from nmt.utils.heatmap import attention_title
+from nmt.utils.device import auto_device, device_problem
 from nmt.utils.metrics_log import MetricsLog
 from nmt.utils.tensorboard import TensorBoardWriter
 
@@ -89,20 +90,16 @@ class TrainSummary:
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> cuda when available else cpu; otherwise ``torch.device(name)``."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(auto_device(name))
     try:
         device = torch.device(name)
     except RuntimeError as exc:
         raise ValueError(str(exc).splitlines()[0]) from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{name!r} requested but CUDA is not available")
-    try:
-        if device.type == "meta":
-            raise ValueError("the meta device holds no data")
-        torch.empty(0, device=device)
-    except Exception as exc:  # RuntimeError, NotImplementedError (no backend), AssertionError (not compiled)
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"{name!r} is not usable here ({detail[:120]})") from None
+    problem = device_problem(device)
+    if problem is not None:
+        raise ValueError(f"{name!r} is not usable here ({problem[:120]})")
     return device
 
 
@@ -151,7 +148,7 @@ class Trainer:
 
     def _setup(self) -> None:
         config, source = self.config, self.source
-        train_cfg, valid_cfg = config["training"], config["validation"]
+        train_cfg = config["training"]
         for stale in remove_stale_temporaries(self.save_dir) if self.dist.is_main else ():
             logger.info("removed %s (left by an interrupted save)", stale)
 
@@ -446,7 +443,7 @@ class Trainer:
         update best.pt but leaves the lr schedule and the patience alone, so extending a
         finished run gives the same result as running longer in the first place.
         """
-        cfg, vcfg, p = self.config["training"], self.config["validation"], self.progress
+        vcfg, p = self.config["validation"], self.progress
         self.nonfinite.check(self.saved_step)  # never validate (or save) a model that met a NaN loss
         result = None
         if self.dist.is_main:  # the other ranks wait for its scalars (lr decay and early stopping use them)

@@ -11,6 +11,7 @@ import torch
 from nmt.data.field import Field
 from nmt.models.protocol import StepDecoder
 from nmt.utils.checkpoint_file import CheckpointError, load_checkpoint
+from nmt.utils.device import auto_device
 from nmt.translate.ensemble import Ensemble
 
 
@@ -34,9 +35,7 @@ def _first_line(exc: BaseException) -> str:
 def resolve_device(device: str | torch.device) -> str:
     """The device name to use: ``"auto"`` is ``"cuda"`` when CUDA is available, else ``"cpu"``;
     a CUDA device on a machine without CUDA is a ValueError."""
-    name = str(device)
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+    name = auto_device(device)
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {name}: CUDA is not available on this machine")
     return name
