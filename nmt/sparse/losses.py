@@ -39,14 +39,9 @@ import torch
 from torch import Tensor, nn
 
 from ._dispatch import check_impl, shifted_threshold
+from ._threshold import count_true
 
 _REDUCTIONS = ("mean", "sum", "none")
-
-
-def _count(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """Per-row number of True in a bool ``(N, V)`` mask, as ``dtype`` (a byte sum: on the CPU
-    several times faster than summing bools)."""
-    return mask.view(torch.uint8).sum(dim=-1, dtype=dtype)
 
 
 def _dead_row_safe(c: Tensor) -> Tensor:
@@ -177,7 +172,7 @@ class _FenchelYoungFunction(torch.autograd.Function):
             finite = z > float("-inf")
             zs = torch.where(finite, z - zmax, 0)  # z', 0 at the -inf scores
         if eps > 0:
-            m = _count(finite, z.dtype).clamp_(min=1)[:, None]
+            m = count_true(finite, z.dtype).clamp_(min=1)[:, None]
             smooth = torch.where(finite, eps / m, 0)
         if index is not None:
             idx = index[:, None]
@@ -228,7 +223,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
         logp_t = logp.gather(-1, idx)[:, 0]
         if eps > 0:
             finite = z > float("-inf")
-            m = _count(finite, z.dtype).clamp_(min=1)
+            m = count_true(finite, z.dtype).clamp_(min=1)
             a = eps / m  # the smoothed target: a on the finite classes, b = 1 - eps + a at t
             b = (1 - eps) + a
             sum_logp = torch.where(finite, logp, 0).sum(dim=-1)
