@@ -130,6 +130,9 @@ TRAINING = {
     "batch_type": Option(str, "sentences", "unit of batch_size: sentences, or tokens = sentences x the longest "
                          "side (source, or target + EOS) in the batch, padding included",
                          choices=("sentences", "tokens")),
+    "bucket_size": Option(int, None, "examples per length-sorted pool from which batches are cut (sorted by "
+                          "target, then source length; the batches are then shuffled); null: 100 batches' worth",
+                          nullable=True, minimum=1),
     "max_steps": Option(int, None, "stop after this many updates (null: no step limit)", nullable=True, minimum=1),
     "max_epochs": Option(int, None, "stop after this many epochs (null: no epoch limit)", nullable=True, minimum=1),
     "max_minutes": Option(float, None, "stop after this much training time, validation included, over all "

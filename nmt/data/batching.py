@@ -21,7 +21,8 @@ from nmt.data.errors import DataError
 from nmt.data.field import Field
 
 POOL_BATCHES = 100
-"""Shuffled batching sorts pools of about this many batches by length, then shuffles batches."""
+"""Shuffled batching sorts pools of about this many batches by length (unless a ``bucket_size``
+in examples is given), then shuffles batches."""
 
 
 class _Lengths(Protocol):
@@ -131,6 +132,7 @@ def make_batch_order(
     seed: int = 0,
     epoch: int = 0,
     indices: Sequence[int] | None = None,
+    bucket_size: int | None = None,
 ) -> BatchOrder:
     """:func:`make_batches` as a :class:`BatchOrder` (arrays only; the same batches in the same order).
 
@@ -143,6 +145,8 @@ def make_batch_order(
         raise DataError(f"batch_size: expected a positive integer, got {batch_size!r}")
     if seed < 0 or epoch < 0:
         raise DataError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
+    if bucket_size is not None and (not isinstance(bucket_size, (int, np.integer)) or bucket_size < 1):
+        raise DataError(f"bucket_size: expected a positive integer, got {bucket_size!r}")
     # a copy: sorted in place below
     positions = np.arange(len(dataset)) if indices is None else np.array(indices, dtype=np.int64)
     empty = np.zeros(0, dtype=np.int64)
@@ -154,15 +158,22 @@ def make_batch_order(
     rng = np.random.default_rng([seed, epoch])
     if shuffle:
         positions = positions[rng.permutation(positions.size)]
-        per_batch = batch_size if batch_type == "sentences" else max(1, batch_size // int(widths[positions].mean()))
-        pool = per_batch * POOL_BATCHES
+        if bucket_size is None:
+            per_batch = batch_size if batch_type == "sentences" else max(1, batch_size // int(widths[positions].mean()))
+            pool = per_batch * POOL_BATCHES
+        else:
+            pool = int(bucket_size)
+        # training pools sort by target length first: the decoder's steps, the output layer and
+        # the loss run over padded target positions, while the encoder packs its sources
+        first, second = tgt_len, src_len
     else:
         pool = positions.size
+        first, second = src_len, tgt_len
     sizes: list[np.ndarray] = []
     for start in range(0, positions.size, pool):
         chunk = positions[start : start + pool]
         # stable: ties keep order; sorted in place so ``positions`` becomes batch after batch
-        positions[start : start + pool] = chunk[np.lexsort((tgt_len[chunk], src_len[chunk]))]
+        positions[start : start + pool] = chunk[np.lexsort((second[chunk], first[chunk]))]
         if batch_type == "sentences":
             n = chunk.size
             sizes.append(np.full(n // batch_size, batch_size, dtype=np.int64))
@@ -186,18 +197,20 @@ def make_batches(
     seed: int = 0,
     epoch: int = 0,
     indices: Sequence[int] | None = None,
+    bucket_size: int | None = None,
 ) -> list[list[int]]:
     """Length-bucketed batches of dataset positions; every position appears exactly once.
 
     ``batch_type="sentences"``: at most ``batch_size`` examples per batch; ``"tokens"``: at most
     ``batch_size`` padded tokens (see the module docstring). With ``shuffle``, the examples are
-    permuted by a generator seeded with ``(seed, epoch)``, sorted by (source, target) length
-    within pools of ~``POOL_BATCHES`` batches, cut, and the batches shuffled: the same
-    ``(seed, epoch)`` gives the same batches. Without it, all examples are sorted by length
-    (ties in dataset order). ``indices`` restricts batching to those positions.
+    permuted by a generator seeded with ``(seed, epoch)``, sorted by (target, source) length
+    within pools of ``bucket_size`` examples (default: ~``POOL_BATCHES`` batches), cut, and the
+    batches shuffled: the same ``(seed, epoch)`` gives the same batches. Without it, all examples
+    are sorted by (source, target) length (ties in dataset order), the order translation wants.
+    ``indices`` restricts batching to those positions.
     :func:`make_batch_order` gives the same batches as arrays.
     """
-    return make_batch_order(dataset, batch_size, batch_type, shuffle, seed, epoch, indices).lists()
+    return make_batch_order(dataset, batch_size, batch_type, shuffle, seed, epoch, indices, bucket_size).lists()
 
 
 def _pad(rows: list[list[int]], width: int, pad: int) -> Tensor:

@@ -386,7 +386,8 @@ class Trainer:
             while stopped_by is None:
                 # the global batches of all ranks: batch_size x processes (see nmt.train.distributed)
                 order = make_batch_order(self.data.train, cfg["batch_size"] * self.dist.world_size,
-                                         cfg["batch_type"], shuffle=True, seed=cfg["seed"], epoch=p.epoch)
+                                         cfg["batch_type"], shuffle=True, seed=cfg["seed"], epoch=p.epoch,
+                                         bucket_size=cfg["bucket_size"])
                 while p.batch_in_epoch < len(order):
                     groups = order[p.batch_in_epoch:p.batch_in_epoch + cfg["accumulate"]]
                     loss, n_tokens = self.train_step(groups)

@@ -132,3 +132,37 @@ def test_encode_sources_keeps_every_line_and_isolates_empty_ones() -> None:
     assert [b.empty for b in batches] == [False, False, True]  # 4 non-empty lines, then 2 empty
     truncated = encode_sources(field, lines, batch_size=8, max_length=2)
     assert max(int(b.src_lengths.max()) for b in truncated if not b.empty) == 2
+
+
+def test_training_pools_sort_by_target_length_first() -> None:
+    # sources and targets of uncorrelated lengths: sorting pools by target length first leaves
+    # almost no target padding (the decoder's steps, the output layer and the loss run over it)
+    rng = random.Random(3)
+    ds = Lengths([rng.randint(1, 40) for _ in range(4000)], [rng.randint(1, 40) for _ in range(4000)])
+
+    def tgt_padding(batches):
+        return sum(len(b) * max(ds.tgt_lengths[i] for i in b) for b in batches) / sum(ds.tgt_lengths)
+    batches = make_batches(ds, 50, shuffle=True, seed=0)
+    assert sorted(i for b in batches for i in b) == list(range(len(ds)))
+    assert tgt_padding(batches) < 1.05
+    # within each batch the target lengths span at most a few values (a sorted pool, cut)
+    assert max(max(ds.tgt_lengths[i] for i in b) - min(ds.tgt_lengths[i] for i in b) for b in batches) <= 2
+
+
+def test_bucket_size_sets_the_sorted_pool() -> None:
+    rng = random.Random(4)
+    ds = Lengths([rng.randint(1, 60) for _ in range(3000)], [rng.randint(1, 60) for _ in range(3000)])
+
+    def tgt_cells(batches):
+        return sum(len(b) * max(ds.tgt_lengths[i] for i in b) for b in batches)
+    whole = make_batches(ds, 30, shuffle=True, seed=1, bucket_size=len(ds))
+    small = make_batches(ds, 30, shuffle=True, seed=1, bucket_size=90)
+    assert sorted(i for b in whole for i in b) == sorted(i for b in small for i in b) == list(range(len(ds)))
+    # one pool holding everything: batches are cut from one sorted list, the least padding
+    assert tgt_cells(whole) < tgt_cells(small)
+    order = sorted(range(len(ds)), key=lambda i: (ds.tgt_lengths[i], ds.src_lengths[i]))
+    assert sorted(max(ds.tgt_lengths[i] for i in b) for b in whole) == \
+        sorted(max(ds.tgt_lengths[i] for i in order[k:k + 30]) for k in range(0, len(ds), 30))
+    assert whole == make_batches(ds, 30, shuffle=True, seed=1, bucket_size=len(ds))
+    with pytest.raises(DataError, match="bucket_size"):
+        make_batches(ds, 30, bucket_size=0)
