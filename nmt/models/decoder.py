@@ -6,6 +6,7 @@ from torch import Tensor, nn
 
 from nmt.models.attention import GlobalAttention
 from nmt.models.protocol import State
+from nmt.models.recurrent_product import RecurrentWeight, deferred_enabled
 
 BRIDGES = ("linear", "copy", "none")
 
@@ -187,9 +188,61 @@ class InputFeedingDecoder(nn.Module):
         applied T times.
         """
         hidden, input_feed = self._from_state(state)
+        if self.rnn.is_lstm:
+            return self._forward_lstm(emb, hidden, input_feed, memory, mask, keys)
         outs, attns = [], []
-        for t in range(emb.size(1)):
-            input_feed, probs, hidden = self._step(emb[:, t], hidden, input_feed, memory, mask, keys)
+        for emb_t in emb.unbind(1):  # unbind: one backward node, not T zero-filled (B, T, E) gradients
+            input_feed, probs, hidden = self._step(emb_t, hidden, input_feed, memory, mask, keys)
+            outs.append(input_feed)
+            attns.append(probs)
+        return torch.stack(outs, dim=1), torch.stack(attns, dim=1)
+
+    def _forward_lstm(self, emb: Tensor, hidden: list[tuple[Tensor, ...]], input_feed: Tensor | None,
+                      memory: Tensor, mask: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+        """``forward`` for LSTM cells, the same function computed with fewer, larger products.
+
+        The embedding part of the first layer's input product (and both biases) is one
+        (B*T, E) x (E, 4H) product for all steps; at each step every layer then takes one product
+        of its concatenated [input; h] with its concatenated [W_ih | W_hh], instead of two (the
+        cells' ``lstm_cell`` does two per layer). In eager training the gradients of these
+        weights and of the combining layer are one product each after the last step
+        (:class:`~nmt.models.recurrent_product.RecurrentWeight`), not T thin ones. Same gate
+        order (i, f, g, o), dropout calls in the same order as ``step``; equal to ``step`` applied
+        T times up to rounding.
+        """
+        cells = self.rnn.cells
+        n_emb = emb.size(-1)
+        first = cells[0]
+        feed_w = first.weight_ih[:, n_emb:]  # (4H, H) with input feeding, (4H, 0) without
+        weights = [torch.cat([feed_w, first.weight_hh], dim=1) if self.input_feeding else first.weight_hh]
+        biases: list[Tensor | None] = [None]
+        for cell in cells[1:]:
+            weights.append(torch.cat([cell.weight_ih, cell.weight_hh], dim=1))
+            biases.append(None if cell.bias_ih is None else cell.bias_ih + cell.bias_hh)
+        bias0 = None if first.bias_ih is None else first.bias_ih + first.bias_hh
+        pre = nn.functional.linear(emb, first.weight_ih[:, :n_emb], bias0)  # (B, T, 4H)
+        if deferred_enabled(emb):
+            products = [RecurrentWeight(w).product for w in weights]
+            combine = RecurrentWeight(self.combine.weight).product
+        else:
+            products = [lambda x, w=w: x.mm(w.t()) for w in weights]
+            combine = self.combine
+        h = [state[0] for state in hidden]
+        c = [state[1] for state in hidden]
+        outs, attns = [], []
+        for pre_t in pre.unbind(1):
+            x = None
+            for i, product in enumerate(products):
+                if i == 0:
+                    gates = pre_t + product(torch.cat([input_feed, h[0]], dim=-1) if self.input_feeding else h[0])
+                else:
+                    gates = product(torch.cat([self.rnn.dropout(x), h[i]], dim=-1))
+                    gates = gates if biases[i] is None else gates + biases[i]
+                in_gate, forget_gate, cell_gate, out_gate = gates.chunk(4, dim=1)
+                c[i] = torch.sigmoid(forget_gate) * c[i] + torch.sigmoid(in_gate) * torch.tanh(cell_gate)
+                h[i] = x = torch.sigmoid(out_gate) * torch.tanh(c[i])
+            context, probs = self.attention(x, memory, mask, keys)
+            input_feed = self.dropout(torch.tanh(combine(torch.cat([context, x], dim=-1))))
             outs.append(input_feed)
             attns.append(probs)
         return torch.stack(outs, dim=1), torch.stack(attns, dim=1)

@@ -134,3 +134,47 @@ def test_padding_embedding_gets_no_gradient(make_model):
     logits.sum().backward()
     assert torch.all(model.src_embeddings.weight.grad[PAD] == 0)
     assert torch.all(model.src_embeddings.weight[PAD] == 0)
+
+
+@pytest.mark.parametrize("sections", [
+    pytest.param({"decoder": {"layers": 3, "dropout": 0.3}}, id="lstm-3-layers-dropout"),
+    pytest.param({"decoder": {"input_feeding": False, "dropout": 0.3}}, id="lstm-nofeed-dropout"),
+    pytest.param({"encoder": {"bidirectional": False, "layers": 1}, "decoder": {"bridge": "none", "layers": 1}},
+                 id="lstm-1-layer"),
+])
+def test_lstm_teacher_forcing_equals_cell_loop_with_dropout_and_gradients(make_model, sections):
+    """The LSTM's batched teacher-forced path == the cells' step function applied T times, in training
+    mode: the same dropout masks (same RNG order), outputs and parameter gradients."""
+    model = make_model(**sections)
+    model.train()
+    dec = model.decoder
+    src, src_lengths, tgt_in = random_batch(batch=4, src_len=6, tgt_len=5, seed=3)
+    encoder_out, state = model.encode(src, src_lengths)
+    emb = model.tgt_embeddings(tgt_in)
+
+    def run(loop: bool):
+        torch.manual_seed(11)
+        keys = dec.attention.keys(encoder_out["memory"])
+        if not loop:
+            return dec(emb, state, encoder_out["memory"], encoder_out["src_mask"], keys)
+        hidden, feed = dec._from_state(state)
+        outs, attns = [], []
+        for t in range(emb.size(1)):
+            feed, probs, hidden = dec._step(emb[:, t], hidden, feed, encoder_out["memory"], encoder_out["src_mask"],
+                                            keys)
+            outs.append(feed)
+            attns.append(probs)
+        return torch.stack(outs, 1), torch.stack(attns, 1)
+
+    grads = []
+    for loop in (False, True):
+        model.zero_grad()
+        out, attention = run(loop)
+        (out.square().sum() + attention[..., 0].sum()).backward(retain_graph=True)
+        grads.append(({n: p.grad.clone() for n, p in dec.named_parameters() if p.grad is not None}, out, attention))
+    (fast, out_fast, att_fast), (ref, out_ref, att_ref) = grads
+    torch.testing.assert_close(out_fast, out_ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(att_fast, att_ref, rtol=0, atol=1e-12)
+    assert fast.keys() == ref.keys() and any("weight_ih" in n for n in fast)
+    for name in ref:
+        torch.testing.assert_close(fast[name], ref[name], rtol=0, atol=1e-10, msg=name)

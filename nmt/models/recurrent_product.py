@@ -1,0 +1,94 @@
+"""A weight used at every step of a recurrence, whose gradient is one product after the last step.
+
+Plain autograd computes, at every step t of a recurrence ``y_t = x_t W^T``, the weight's share
+``g_t^T x_t`` (a (out, B) x (B, in) product: its inner size is only the batch) and adds it to
+the weight's gradient: T thin products and T full-size additions. The gradient is the same
+single product of the stacked steps, ``dW = [g_1; ...; g_T]^T [x_1; ...; x_T]`` (inner size
+T * B), which is what :class:`RecurrentWeight` computes: each step's backward only records
+``(x_t, g_t)`` and gives the input gradient ``g_t W``; the weight's node, which autograd runs
+after every step that used it, makes the one product.
+
+Exact: the same sums as plain autograd up to the order of the additions. No host
+synchronisation. Meant for eager training; under ``torch.compile`` or autocast the caller uses
+plain products (:func:`deferred_enabled`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+class _Records:
+    """The (x_t, g_t) pairs of one forward pass, filled during backward."""
+
+    def __init__(self) -> None:
+        self.inputs: list[Tensor] = []
+        self.grads: list[Tensor] = []
+
+
+class _WeightNode(torch.autograd.Function):
+    """An alias of the weight whose backward makes the weight gradient of all steps at once."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: Tensor, records: _Records) -> Tensor:
+        ctx.set_materialize_grads(False)  # the steps pass no gradient here: None, not zeros
+        ctx.records = records
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor | None) -> tuple[Tensor | None, None]:
+        records = ctx.records
+        if not records.grads:
+            return grad, None
+        g = torch.cat(records.grads, dim=0)  # (T*B, out)
+        x = torch.cat(records.inputs, dim=0)  # (T*B, in)
+        records.inputs, records.grads = [], []  # a second backward (retain_graph) records anew
+        dw = g.t().mm(x)
+        return (dw if grad is None else dw + grad), None
+
+
+class _StepProduct(torch.autograd.Function):
+    """x_t W^T whose backward gives the input gradient and records (x_t, g_t) for the weight."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, records: _Records) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.records = records
+        return x.mm(weight.t())
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
+        x, weight = ctx.saved_tensors
+        if ctx.needs_input_grad[1]:
+            ctx.records.inputs.append(x)
+            ctx.records.grads.append(grad)
+        return (grad.mm(weight) if ctx.needs_input_grad[0] else None), None, None
+
+
+class RecurrentWeight:
+    """A weight (out, in) shared by the steps of one forward pass.
+
+    ``product(x)`` is ``x @ weight.T`` for x (B, in) -> (B, out). Create one per forward pass
+    (it holds that pass's records); when the weight needs no gradient it is a plain product.
+    """
+
+    def __init__(self, weight: Tensor) -> None:
+        self.weight = weight
+        self.records = _Records()
+        self.alias = _WeightNode.apply(weight, self.records) if weight.requires_grad else weight
+
+    def product(self, x: Tensor) -> Tensor:
+        if not self.weight.requires_grad:
+            return x.mm(self.weight.t())
+        return _StepProduct.apply(x, self.alias, self.records)
+
+
+def deferred_enabled(x: Tensor) -> bool:
+    """True when the deferred weight gradient applies: gradients on, no autocast, not compiling."""
+    return (torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            and not torch.is_autocast_enabled(x.device.type))
+
+
+__all__ = ["RecurrentWeight", "deferred_enabled"]
