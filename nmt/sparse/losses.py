@@ -351,7 +351,14 @@ def entmax15_loss(scores: Tensor, target: Tensor, ignore_index: int = -100,
 
 
 def _bisect_regularizer(alpha: float, n_iter: Optional[int]) -> Regularizer:
-    return Shannon() if float(alpha) == 1.0 else Tsallis(alpha, n_iter)
+    """The regulariser of a float alpha: the exact closed forms at 1 (Shannon), 1.5 and 2 (the
+    same loss as root finding gives, without its iterations), else root finding."""
+    alpha = float(alpha)
+    if alpha == 1.0:
+        return Shannon()
+    if alpha == 1.5:
+        return TsallisEntmax15()
+    return TsallisSparsemax() if alpha == 2.0 else Tsallis(alpha, n_iter)
 
 
 def entmax_bisect_loss(scores: Tensor, target: Tensor, alpha: float = 1.5, ignore_index: int = -100,

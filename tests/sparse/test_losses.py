@@ -407,3 +407,22 @@ def test_reference_package_static(ref, impl):
                           ref.Entmax15Loss(reduction="none")(x, t))
     assert torch.allclose(entmax_bisect_loss(x, t, alpha=1.3, reduction="none", impl=impl),
                           ref.EntmaxBisectLoss(1.3, n_iter=200, reduction="none")(x, t), atol=1e-9)
+
+
+@pytest.mark.parametrize("alpha", [1.5, 2.0])
+def test_bisect_loss_at_closed_form_alphas(ref, alpha):
+    """entmax_bisect_loss at alpha 1.5 / 2 takes the exact closed forms: the same values and
+    gradients as root finding (the generic Tsallis regulariser) and the reference package."""
+    from nmt.sparse.losses import Tsallis, fenchel_young_loss
+
+    x = (torch.randn(7, 40, dtype=F64) * 3).requires_grad_()
+    t = torch.randint(0, 40, (7,))
+    got = entmax_bisect_loss(x, t, alpha=alpha, reduction="none")
+    (g_got,) = torch.autograd.grad(got.sum(), x)
+    rooted = fenchel_young_loss(Tsallis(alpha), x, t, -100, "none", 0.0, "auto")
+    (g_root,) = torch.autograd.grad(rooted.sum(), x)
+    torch.testing.assert_close(got, rooted, rtol=0, atol=1e-12)
+    torch.testing.assert_close(g_got, g_root, rtol=0, atol=1e-12)
+    want = ref.EntmaxBisectLoss(alpha, n_iter=200, reduction="none")(x.detach(), t)
+    torch.testing.assert_close(got.detach(), want, rtol=0, atol=1e-10)
+    assert type(EntmaxBisectLoss(alpha=alpha).reg).__name__ == ("TsallisEntmax15" if alpha == 1.5 else "TsallisSparsemax")
