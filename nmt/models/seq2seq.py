@@ -4,12 +4,11 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from nmt.models.decoder import InputFeedingDecoder
-from nmt.models.embeddings import Embeddings
 from nmt.models.encoder import RNNEncoder
-from nmt.models.generator import Generator
+from nmt.models.encoder_decoder import EncoderDecoder
 from nmt.models.protocol import State
 
 
@@ -18,7 +17,7 @@ def length_mask(lengths: Tensor, max_len: int, device: torch.device) -> Tensor:
     return torch.arange(max_len, device=device).unsqueeze(0) < lengths.to(device).unsqueeze(1)
 
 
-class Seq2Seq(nn.Module):
+class Seq2Seq(EncoderDecoder):
     """RNN encoder-decoder with global attention (Luong et al. 2015; Peters et al. 2019).
 
     ``forward`` runs teacher forcing for training; ``encode`` / ``step`` implement
@@ -26,34 +25,13 @@ class Seq2Seq(nn.Module):
     :func:`nmt.models.build_model`.
     """
 
-    def __init__(
-        self,
-        src_embeddings: Embeddings,
-        tgt_embeddings: Embeddings,
-        encoder: RNNEncoder,
-        decoder: InputFeedingDecoder,
-        generator: Generator,
-    ) -> None:
-        super().__init__()
-        self.src_embeddings = src_embeddings
-        self.tgt_embeddings = tgt_embeddings
-        self.encoder = encoder
-        self.decoder = decoder
-        self.generator = generator
-
-    @property
-    def output_mapping(self) -> Callable[..., Tensor]:
-        """The bound output mapping ``f(logits, dim=-1, mask=None) -> probs``."""
-        return self.generator.mapping
+    encoder: RNNEncoder
+    decoder: InputFeedingDecoder
 
     @property
     def attention_mapping(self) -> Callable[..., Tensor]:
         """The bound attention mapping ``f(scores, dim=-1, mask=None) -> probs``."""
         return self.decoder.attention.mapping
-
-    def log_probs(self, logits: Tensor) -> Tensor:
-        """logits (..., V) -> log of the output mapping's probabilities (-inf at exact zeros)."""
-        return self.generator.log_probs(logits)
 
     def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[State, State]:
         """src: (B, L) ids; src_lengths: (B,).

@@ -1,13 +1,10 @@
 """The Transformer encoder-decoder: teacher-forced ``forward`` and the ``StepDecoder`` protocol."""
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from nmt.models.embeddings import Embeddings
-from nmt.models.generator import Generator
+from nmt.models.encoder_decoder import EncoderDecoder
 from nmt.models.protocol import State
 from nmt.models.seq2seq import length_mask
 from nmt.models.transformer.decoder import KV, TransformerDecoder
@@ -19,7 +16,7 @@ AttentionMaps = dict[str, list[Tensor]]
 """Per attention kind, one (B, heads, T_query, T_key) probability tensor per layer."""
 
 
-class TransformerSeq2Seq(nn.Module):
+class TransformerSeq2Seq(EncoderDecoder):
     """Transformer encoder-decoder (Vaswani et al. 2017) with a mapping per attention kind.
 
     Decoding state (flat, batch-first, so ``select_state`` / ``tile_state`` reorder it):
@@ -37,23 +34,8 @@ class TransformerSeq2Seq(nn.Module):
 
     attention_kinds = ATTENTION_KINDS
 
-    def __init__(self, src_embeddings: Embeddings, tgt_embeddings: Embeddings, encoder: TransformerEncoder,
-                 decoder: TransformerDecoder, generator: Generator) -> None:
-        super().__init__()
-        self.src_embeddings = src_embeddings
-        self.tgt_embeddings = tgt_embeddings
-        self.encoder = encoder
-        self.decoder = decoder
-        self.generator = generator
-
-    @property
-    def output_mapping(self) -> Callable[..., Tensor]:
-        """The bound output mapping ``f(logits, dim=-1, mask=None) -> probs``."""
-        return self.generator.mapping
-
-    def log_probs(self, logits: Tensor) -> Tensor:
-        """logits (..., V) -> log of the output mapping's probabilities (-inf at exact zeros)."""
-        return self.generator.log_probs(logits)
+    encoder: TransformerEncoder
+    decoder: TransformerDecoder
 
     def learned_alphas(self) -> dict[str, Tensor]:
         """Per attention kind with a learned alpha: (layers, heads) alphas in (1, 2] (detached)."""
