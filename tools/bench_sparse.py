@@ -36,6 +36,7 @@ from nmt.sparse import (
     sparsemax,
     sparsemax_loss,
 )
+from nmt.utils.allocator import keep_freed_memory
 from nmt.utils.sync_audit import SyncAudit
 
 SHAPES = [(320, 50), (4096, 50), (1024, 8000), (256, 32000), (4096, 32000)]
@@ -243,7 +244,10 @@ def main(argv: Optional[list[str]] = None) -> None:
                          "with --threads 1 it equals the wall time of an idle machine)")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-malloc-tuning", action="store_true",
+                    help="leave glibc's malloc as it is (default: tuned as nmt-train / nmt-translate tune it)")
     args = ap.parse_args(argv)
+    tuned = False if args.no_malloc_tuning else keep_freed_memory()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: CUDA is not available")
@@ -253,7 +257,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     dtypes = [getattr(torch, d) for d in (args.dtypes or ("float32" if args.quick else "float32,bfloat16")).split(",")]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
     print(f"# nmt.sparse benchmark: torch {torch.__version__}, {device} ({where}), threads={torch.get_num_threads()}, "
-          f"impl={args.impl}, {args.stat} of reps, {args.clock} clock, entmax package: {'yes' if ref is not None else 'not installed'}")
+          f"impl={args.impl}, {args.stat} of reps, {args.clock} clock, malloc tuned: {'yes' if tuned else 'no'}, entmax package: {'yes' if ref is not None else 'not installed'}")
     for shape in shapes:
         reps = args.reps or (3 if args.quick else max(3, min(15, int(4e7 // (shape[0] * shape[1])))))
         timer = Timer(device, reps, stat=args.stat, clock=args.clock)

@@ -72,5 +72,7 @@ def apply_last(kernel: Callable[[Tensor], Tensor], scores: Tensor, dim: int,
     if scores.numel() == 0:
         apply_mask(scores, mask)  # still validates the mask
         return scores.clone()
-    x = apply_mask(scores, mask).to(compute_dtype(dtype)).movedim(dim, -1)
-    return kernel(x).movedim(-1, dim).to(dtype)
+    x = apply_mask(scores, mask).to(compute_dtype(dtype))
+    if dim == scores.dim() - 1:  # already last: no permute (nor its autograd node)
+        return kernel(x).to(dtype)
+    return kernel(x.movedim(dim, -1)).movedim(-1, dim).to(dtype)

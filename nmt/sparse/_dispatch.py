@@ -2,9 +2,11 @@
 
 ``impl`` (every exact mapping, its threshold and its autograd Function take it):
 
-* ``"pruned"``: the CPU algorithm (:func:`nmt.sparse._threshold.root_threshold`): pruned Newton
-  with a checked loop and the verified closed-form finish. Fast on CPU; synchronises with the
-  host a few times per call (loop tests, sizing the pruned candidates).
+* ``"pruned"``: the CPU algorithms. Exact thresholds of attention-sized inputs
+  (:func:`nmt.sparse._threshold.prefer_sort`) by one NumPy sort and prefix sums; the others by
+  :func:`nmt.sparse._threshold.root_threshold`: pruned Newton with a checked loop and the
+  verified closed-form finish. Fast on CPU; hands rows to NumPy or synchronises with the host
+  a few times per call (loop tests, sizing the pruned candidates).
 * ``"static"``: :mod:`nmt.sparse._static`: fixed passes, static shapes, no host synchronisation
   (forward and backward); traces under ``torch.compile(fullgraph=True)``.
 * ``"triton"``: fused row-resident kernels (:mod:`nmt.sparse._triton`, optional: CUDA with
@@ -28,7 +30,7 @@ import torch
 from torch import Tensor
 
 from . import _static
-from ._threshold import SORT_MAX_N, root_threshold, sort_threshold
+from ._threshold import prefer_sort, root_threshold, sorted_shifted_threshold
 
 try:  # optional fused kernels (CUDA + Triton)
     from . import _triton
@@ -89,10 +91,8 @@ def shifted_threshold(x: Tensor, q: Union[float, Tensor], scale: float = 1.0, im
     lead, n = x.shape[:-1], x.shape[-1]
     exact = tol is None
     if kind == "pruned":
-        if exact and n <= SORT_MAX_N and not isinstance(q, Tensor):
-            zmax = x.amax(dim=-1, keepdim=True)
-            zmax = torch.where(zmax == float("-inf"), 0, zmax)
-            tau = sort_threshold((x - zmax) * scale, q) if n else x.new_full((*lead, 1), float("inf"))
+        if exact and not isinstance(q, Tensor) and prefer_sort(x.numel() // max(n, 1), n):
+            return sorted_shifted_threshold(x, q, scale)  # NaN / +inf rows: zmax NaN already
         else:
             tau, zmax = root_threshold(x, q, tol=tol, max_iter=n_iter, scale=scale, relative=True)
     else:

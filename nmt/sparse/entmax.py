@@ -282,7 +282,9 @@ def entmax_bisect(scores: Tensor, alpha: Union[float, Tensor] = 1.5, dim: int = 
     cdt = compute_dtype(dtype)
     if scores.numel() == 0:
         return scores.clone()
-    x = apply_mask(scores, mask).to(cdt).movedim(d, -1)
+    last = d == scores.dim() - 1
+    x = apply_mask(scores, mask).to(cdt)
+    x = x if last else x.movedim(d, -1)
     kind = resolve_impl(impl, x)
     host = kind == "pruned"
     a = _alpha_rows(alpha, scores.to(cdt), d, check=host)
@@ -296,7 +298,7 @@ def entmax_bisect(scores: Tensor, alpha: Union[float, Tensor] = 1.5, dim: int = 
             p = torch.where(one, softmax(x, dim=-1), p)
     else:
         p = EntmaxBisectFunction.apply(x, a, n_iter, float(alpha), kind)
-    return p.movedim(-1, d).to(dtype)
+    return (p if last else p.movedim(-1, d)).to(dtype)
 
 
 class Entmax15(nn.Module):

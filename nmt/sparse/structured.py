@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from ._common import apply_mask, check_scores, compute_dtype
 from ._dispatch import check_impl
 from ._groups import group_average
+from ._threshold import sort_threshold
 from ._prox_oscar import ordered_fit, prox_oscar
 from ._prox_tv import prox_tv
 from .sparsemax import sparsemax_backward, sparsemax_probs
@@ -72,19 +73,6 @@ _PROXES: dict[str, Callable[[Tensor, Tensor, float, bool], tuple[Tensor, Tensor,
 SORT_MAX_N = 128
 
 
-def _sort_threshold(z: Tensor) -> Tensor:
-    """Exact simplex-projection threshold ``(R, 1)`` of ``z: (R, n)`` (``-inf`` = masked) by one
-    sort: ``tau = (sum of the k largest - 1) / k`` for the largest ``k`` whose k-th largest exceeds
-    it. A row of ``-inf`` gets ``finfo.min`` (all-zero output, no NaN)."""
-    n = z.shape[-1]
-    zmax = z.amax(dim=-1, keepdim=True).clamp_(min=torch.finfo(z.dtype).min)
-    zs = (z - zmax).sort(dim=-1, descending=True).values
-    taus = zs.nan_to_num(neginf=0.0).cumsum(dim=-1).sub_(1)
-    taus.div_(torch.arange(1, n + 1, dtype=z.dtype, device=z.device))
-    k = (zs > taus).sum(dim=-1, keepdim=True)
-    return taus.gather(-1, k.sub_(1).clamp_(min=0)).add_(zmax)
-
-
 class _StructuredFunction(torch.autograd.Function):
     """``sparsemax(prox(x / gamma))`` over the kept (finite) entries of every row of a 2-d ``x``
     (``-inf`` = masked), as one autograd node: the forward runs without recording, the backward
@@ -110,8 +98,8 @@ class _StructuredFunction(torch.autograd.Function):
         if lam > 0:
             y, groups, coef = _PROXES[name](z, lengths, float(lam), static)
             z = y.masked_fill_(~prefix, float("-inf"))
-            # an empty row gets the threshold finfo.min: all zeros (and zero gradient)
-            p = (z - _sort_threshold(z)).clamp_(min=0) if n <= SORT_MAX_N or static else None
+            # an empty row gets the threshold +inf: all zeros (and zero gradient)
+            p = (z - sort_threshold(z, 1.0, host=not static)).clamp_(min=0) if n <= SORT_MAX_N or static else None
         if lam == 0 or p is None:   # lam = 0: bit for bit sparsemax; long rows: its threshold
             p = sparsemax_probs(z, impl="static" if static else "auto")
         ctx.gamma = gamma

@@ -37,6 +37,54 @@ def test_sort_and_root_paths_agree(n):
     assert torch.allclose(sort_threshold(x, 1.0), root_threshold(x, 1.0), atol=1e-12)
 
 
+def _enumerated_threshold(row: list, q: float) -> float:
+    """The threshold by trying every support size on the sorted row (float64, plain Python):
+    the closed form on the top ``k`` that lies below its ``k``-th entry and not below the next."""
+    z = sorted((v for v in row if v > float("-inf")), reverse=True)
+    if not z:
+        return float("inf")
+    for k in range(1, len(z) + 1):
+        top = z[:k]
+        if q == 1.0:
+            tau = (sum(top) - 1) / k
+        else:
+            mean = sum(top) / k
+            tau = mean - max(0.0, (1 - sum((v - mean) ** 2 for v in top)) / k) ** 0.5
+        if top[-1] > tau and (k == len(z) or z[k] <= tau):
+            return tau
+    raise AssertionError("no support size fits")
+
+
+@pytest.mark.parametrize("q", [1.0, 2.0])
+@pytest.mark.parametrize("n", [1, 3, 16, 50, 200])
+def test_sort_threshold_matches_enumeration(q, n):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(8, n, dtype=torch.float64, generator=g) * 2
+    x[1] = 0.5                                    # all tied
+    x[2, : (n + 1) // 2] = 1.0                    # tied at the top
+    x[3, ::2] = float("-inf")                     # masked entries
+    x[4] = x[4] * 1e-4 + 1e6                      # a large common offset
+    x[5] = float("-inf")                          # nothing kept
+    got = sort_threshold(x, q)[:, 0]
+    for r in range(8):
+        want = _enumerated_threshold(x[r].tolist(), q)
+        assert got[r].item() == pytest.approx(want, rel=1e-12, abs=1e-9), (r, q)
+
+
+def test_sort_negated_matches_torch_sort_and_flags_bad_rows():
+    from nmt.sparse._threshold import sort_negated, sorted_shifted_threshold
+    x = torch.randn(6, 40)
+    x[1, 7] = float("nan")
+    x[2, 3] = float("inf")
+    x[3, 5:] = float("-inf")
+    want = torch.sort(-x, dim=-1).values            # torch: NaN last in ascending order
+    assert torch.equal(sort_negated(x).nan_to_num(), want.nan_to_num())
+    assert sort_negated(x)[1, -1].isnan()
+    tau, zmax = sorted_shifted_threshold(x, 1.0)
+    assert zmax[1].isnan() and zmax[2].isnan() and zmax[[0, 3, 4, 5]].isfinite().all()
+    assert torch.allclose(tau[[0, 3]] + zmax[[0, 3]], root_threshold(x[[0, 3]], 1.0), atol=1e-6)
+
+
 def test_known_values_and_exact_zeros():
     x = torch.tensor([[0.0, -1.0, 5.0, 4.5], [1.0, 1.0, 1.0, 1.0]], dtype=torch.float64)
     p = sparsemax(x)

@@ -463,16 +463,16 @@ def test_map_gradient_is_the_composed_jacobian(fn):
         assert torch.all(xg.grad[b][~mask[b]] == 0)
 
 
-def test_sort_threshold_matches_sparsemax():
-    from nmt.sparse.structured import _sort_threshold
-    from nmt.sparse.sparsemax import sparsemax_threshold
+def test_sort_threshold_matches_newton_on_prox_rows():
+    """The sort threshold used after the prox agrees with the Newton solver on masked rows."""
+    from nmt.sparse._threshold import root_threshold, sort_threshold
     for n in (1, 7, 33, 128):
         for dtype, tol in ((torch.float64, 1e-13), (torch.float32, 1e-6)):
             x, lengths = _rows(24 + n, 20, n, 100.0, dtype)
             lengths[3] = 0
             z = x.masked_fill(torch.arange(n) >= lengths[:, None], float("-inf"))
-            p = (z - _sort_threshold(z)).clamp(min=0)
-            ref = (z - sparsemax_threshold(z)).clamp(min=0)
+            p = (z - sort_threshold(z, 1.0)).clamp(min=0)
+            ref = (z - root_threshold(z, 1.0)).clamp(min=0)
             assert torch.isfinite(p).all() and torch.all(p[3] == 0)
             torch.testing.assert_close(p, ref, rtol=0, atol=tol * 100)
 
