@@ -7,6 +7,7 @@ from torch import Tensor, nn
 from nmt.models.attention import GlobalAttention
 from nmt.models.protocol import State
 from nmt.models.recurrent_product import RecurrentWeight, deferred_enabled
+from nmt.utils import packed_linear
 
 BRIDGES = ("linear", "copy", "none")
 
@@ -95,13 +96,25 @@ class StackedCells(nn.Module):
         for i, (cell, state) in enumerate(zip(self.cells, layers)):
             if i > 0:
                 x = self.dropout(x)
-            if self.is_lstm:
+            if self.is_lstm and packed_linear.usable(x, cell.weight_ih):
+                state = _lstm_cell_packed(cell, x, state)
+            elif self.is_lstm:
                 state = cell(x, state)
             else:
                 state = (cell(x, state[0]),)
             new.append(state)
             x = state[0]
         return x, new
+
+
+def _lstm_cell_packed(cell: nn.LSTMCell, x: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+    """``cell(x, (h, c))`` without gradients: one packed product of ``[x; h]`` with
+    ``[W_ih | W_hh]`` (:func:`nmt.utils.packed_linear.linear_concat`), then the gates (i, f, g, o)."""
+    h, c = state
+    gates = packed_linear.linear_concat((x, h), (cell.weight_ih, cell.weight_hh), (cell.bias_ih, cell.bias_hh))
+    i, f, g, o = gates.chunk(4, dim=1)
+    c = torch.addcmul(f.sigmoid_() * c, i.sigmoid_(), g.tanh_())
+    return o.sigmoid_() * torch.tanh(c), c
 
 
 class InputFeedingDecoder(nn.Module):
@@ -167,7 +180,7 @@ class InputFeedingDecoder(nn.Module):
         x = torch.cat([emb, input_feed], dim=-1) if self.input_feeding else emb
         rnn_out, hidden = self.rnn(x, hidden)
         context, probs = self.attention(rnn_out, memory, mask, keys)
-        out = self.dropout(torch.tanh(self.combine(torch.cat([context, rnn_out], dim=-1))))
+        out = self.dropout(torch.tanh(packed_linear.linear(torch.cat([context, rnn_out], dim=-1), self.combine.weight)))
         return out, probs, hidden
 
     def step(

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.sparse import get_mapping, is_softmax, log_probs_of
+from nmt.utils import packed_linear
 
 
 class Generator(nn.Module):
@@ -28,7 +29,9 @@ class Generator(nn.Module):
         self.mapping = get_mapping(mapping, **self.mapping_params)  # the registry checks name and params
 
     def forward(self, hidden: Tensor) -> Tensor:
-        return self.proj(hidden)
+        """hidden (..., H) -> logits (..., V); without gradients on the CPU through packed oneDNN
+        weights (:mod:`nmt.utils.packed_linear`), else ``self.proj``."""
+        return packed_linear.linear(hidden, self.proj.weight, self.proj.bias)
 
     def log_probs(self, logits: Tensor) -> Tensor:
         """logits: (..., V) -> log p (..., V); half/bfloat16 inputs are computed in float32."""

@@ -21,6 +21,7 @@ from nmt.models.seq2seq import length_mask
 from nmt.translate.beam_search import beam_search
 from nmt.translate.search_options import SearchOptions
 from nmt.utils import metrics as corpus_metrics
+from nmt.utils.packed_linear import frozen_weights
 
 
 @dataclass
@@ -110,6 +111,7 @@ def decode_dataset(model: nn.Module, dataset: ParallelDataset, tgt_field: Field,
     return hypotheses, 100.0 * certified / max(len(dataset), 1)
 
 
+@frozen_weights()  # the weights stay fixed while validating: packed CPU products (nmt.utils.packed_linear)
 def validate(model: nn.Module, dataset: ParallelDataset, references: Sequence[str], loss_fn: Callable, *,
              batch_size: int, device: torch.device, is_softmax: bool, decode: bool, beam_size: int = 1,
              max_length: int = 100) -> ValidationResult:

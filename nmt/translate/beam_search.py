@@ -41,6 +41,7 @@ from nmt.translate.length_penalty import length_penalty
 from nmt.translate.search_options import SearchOptions
 from nmt.translate.search_step import RowState, SearchEnd, Specials, flat_parents, history_fills, select_step
 from nmt.translate.static_search import static_loop
+from nmt.utils.packed_linear import frozen_weights
 
 NEG_INF = float("-inf")
 
@@ -116,7 +117,8 @@ def beam_search(
     Returns a ``SearchResult``.
     """
     options = (options or SearchOptions()).updated(**overrides)
-    with torch.no_grad():  # not inference_mode: models may cache tensors reused in training
+    # not inference_mode: models may cache tensors reused in training; the weights stay fixed
+    with torch.no_grad(), frozen_weights():
         return _search(model, src, src_lengths, Specials(bos, eos, pad), options)
 
 

@@ -14,6 +14,7 @@ from nmt.models.protocol import StepDecoder
 from nmt.translate.beam_search import SearchResult, beam_search
 from nmt.translate.certificate import NOT_CERTIFIED, reason_name
 from nmt.translate.search_options import SearchOptions
+from nmt.utils.packed_linear import frozen_weights
 from nmt.utils.precision import autocast, check_precision
 
 EMPTY_INPUT = "empty_input"
@@ -145,24 +146,25 @@ class Translator:
         vocab = self.tgt_field.vocab
         results: list[Translation | None] = [None] * len(lines)
         start = time.perf_counter()
-        for batch in encode_sources(self.src_field, lines, self.batch_size, self.batch_type,
-                                    max_length=self.max_src_length):
-            if batch.empty:
-                for i in batch.indices:
-                    results[i] = Translation(i, [], [], [], False, 0, 0.0, EMPTY_INPUT)
-            else:
-                batch = batch.to(self.device)
-                with autocast(self.device, self.precision):
-                    result = beam_search(self.model, batch.src, batch.src_lengths, bos=vocab.bos_index,
-                                         eos=vocab.eos_index, pad=vocab.pad_index, options=self.options)
-                result = _to_cpu(result)  # one transfer per field and batch
-                src_ids = batch.src.cpu().tolist()
-                lengths = batch.src_lengths.cpu().tolist()
-                for row, i in enumerate(batch.indices):
-                    src_tokens = self.src_field.vocab.tokens(src_ids[row][: lengths[row]])
-                    results[i] = self._unpack(result, row, i, src_tokens)
-            if progress is not None:
-                progress(len(batch))
+        with frozen_weights():  # the weights stay fixed while decoding: packed CPU products
+            for batch in encode_sources(self.src_field, lines, self.batch_size, self.batch_type,
+                                        max_length=self.max_src_length):
+                if batch.empty:
+                    for i in batch.indices:
+                        results[i] = Translation(i, [], [], [], False, 0, 0.0, EMPTY_INPUT)
+                else:
+                    batch = batch.to(self.device)
+                    with autocast(self.device, self.precision):
+                        result = beam_search(self.model, batch.src, batch.src_lengths, bos=vocab.bos_index,
+                                             eos=vocab.eos_index, pad=vocab.pad_index, options=self.options)
+                    result = _to_cpu(result)  # one transfer per field and batch
+                    src_ids = batch.src.cpu().tolist()
+                    lengths = batch.src_lengths.cpu().tolist()
+                    for row, i in enumerate(batch.indices):
+                        src_tokens = self.src_field.vocab.tokens(src_ids[row][: lengths[row]])
+                        results[i] = self._unpack(result, row, i, src_tokens)
+                if progress is not None:
+                    progress(len(batch))
         self.search_seconds += time.perf_counter() - start
         return results  # type: ignore[return-value]
 

@@ -178,3 +178,28 @@ def test_lstm_teacher_forcing_equals_cell_loop_with_dropout_and_gradients(make_m
     assert fast.keys() == ref.keys() and any("weight_ih" in n for n in fast)
     for name in ref:
         torch.testing.assert_close(fast[name], ref[name], rtol=0, atol=1e-10, msg=name)
+
+
+def test_packed_cpu_inference_matches_the_plain_path(make_model, monkeypatch):
+    """float32 decoding (no gradients) through packed oneDNN weights (nmt.utils.packed_linear: the
+    generator, the combining layer and the decoder's LSTM cells) gives the log-probabilities and
+    attention of F.linear and nn.LSTMCell, up to rounding."""
+    from nmt.utils import packed_linear
+    if not packed_linear._BUILT:
+        pytest.skip("torch without oneDNN (or NMT_ONEDNN=0)")
+    torch.manual_seed(3)
+    model = make_model(dtype=torch.float32)
+    src, lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=5, seed=4)
+
+    def run():
+        with torch.no_grad(), packed_linear.frozen_weights():
+            enc, state = model.encode(src, lengths)
+            lp, att, state = model.step(tgt_in[:, 0], state, enc)
+            lp2, att2, _ = model.step(tgt_in[:, 1], state, enc)
+            logits, _ = model(src, lengths, tgt_in)
+        return lp, att, lp2, att2, logits
+
+    packed = run()
+    monkeypatch.setattr(packed_linear, "_BUILT", False)
+    for a, b in zip(packed, run()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,112 @@
+"""The packed oneDNN linear path for CPU inference: equal to F.linear up to rounding, used only
+without gradients on float32 CPU tensors, and rebuilt whenever a weight changes."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nmt.utils import packed_linear
+
+needs_onednn = pytest.mark.skipif(not packed_linear._BUILT, reason="torch without oneDNN (or NMT_ONEDNN=0)")
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape", [(5, 16), (3, 4, 16), (0, 16), (64, 16)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_equals_functional_linear(shape, with_bias):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(*shape, generator=g)
+    w = torch.randn(37, 16, generator=g)
+    b = torch.randn(37, generator=g) if with_bias else None
+    with torch.no_grad(), packed_linear.frozen_weights():
+        got = packed_linear.linear(x, w, b)
+        assert packed_linear.usable(x, w, b)
+    assert not packed_linear.usable(x, w, b) and not packed_linear._CACHE  # outside a region: plain
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert got.layout == torch.strided and got.shape == (*shape[:-1], 37)
+
+
+@needs_onednn
+def test_concat_equals_sum_of_products():
+    g = torch.Generator().manual_seed(1)
+    x, h = torch.randn(6, 10, generator=g), torch.randn(6, 7, generator=g)
+    wx, wh = torch.randn(12, 10, generator=g), torch.randn(12, 7, generator=g)
+    bx, bh = torch.randn(12, generator=g), torch.randn(12, generator=g)
+    want = F.linear(x, wx, bx) + F.linear(h, wh, bh)
+    with torch.no_grad(), packed_linear.frozen_weights():
+        torch.testing.assert_close(packed_linear.linear_concat((x, h), (wx, wh), (bx, bh)), want,
+                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(packed_linear.linear_concat((x, h), (wx, wh), (None, bh)),
+                                   want - bx, rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_float64_and_autocast_take_the_plain_path():
+    lin = nn.Linear(8, 5)
+    x = torch.randn(3, 8)
+    y = packed_linear.linear(x, lin.weight, lin.bias)  # the weight needs a gradient
+    assert y.grad_fn is not None
+    y.sum().backward()
+    assert lin.weight.grad is not None
+    x64, w64 = torch.randn(3, 8, dtype=torch.float64), torch.randn(5, 8, dtype=torch.float64)
+    with torch.no_grad(), packed_linear.frozen_weights():
+        assert not packed_linear.usable(x64, w64)
+        assert torch.equal(packed_linear.linear(x64, w64), F.linear(x64, w64))  # bit for bit: F.linear
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert not packed_linear.usable(x, lin.weight)
+
+
+@needs_onednn
+def test_rebuilt_after_in_place_updates_and_loads_and_dropped_after_the_region():
+    lin = nn.Linear(8, 5)
+    x = torch.randn(4, 8)
+    with torch.no_grad(), packed_linear.frozen_weights():
+        first = packed_linear.linear(x, lin.weight, lin.bias)
+        lin.weight.mul_(2)  # in place: a new version
+        torch.testing.assert_close(packed_linear.linear(x, lin.weight, lin.bias), lin(x), rtol=1e-5, atol=1e-5)
+        other = nn.Linear(8, 5)
+        lin.load_state_dict(other.state_dict())
+        torch.testing.assert_close(packed_linear.linear(x, lin.weight, lin.bias), other(x), rtol=1e-5, atol=1e-5)
+    assert not packed_linear._CACHE
+    # a fused optimiser updates in place without a new version: the next region packs afresh
+    opt = torch.optim.Adam(lin.parameters(), lr=0.5, fused=True)
+    lin(x).pow(2).sum().backward()
+    opt.step()
+    with torch.no_grad(), packed_linear.frozen_weights():
+        after = packed_linear.linear(x, lin.weight, lin.bias)
+    torch.testing.assert_close(after, F.linear(x, lin.weight, lin.bias).detach(), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(after, first)
+
+
+@needs_onednn
+def test_cache_entry_leaves_with_its_weight():
+    w = torch.randn(5, 8)
+    with torch.no_grad(), packed_linear.frozen_weights():
+        packed_linear.linear(torch.randn(2, 8), w)
+        key = id(w)
+        assert key in packed_linear._CACHE
+        del w
+        assert key not in packed_linear._CACHE and key not in packed_linear._WATCHED
+
+
+@needs_onednn
+def test_packed_lstm_cell_equals_lstm_cell():
+    from nmt.models.decoder import StackedCells
+    torch.manual_seed(2)
+    cells = StackedCells("lstm", 12, 9, layers=2).eval()
+    x = torch.randn(5, 12)
+    layers = [(torch.randn(5, 9), torch.randn(5, 9)) for _ in range(2)]
+    with torch.no_grad(), packed_linear.frozen_weights():
+        out, new = cells(x, layers)
+    # the reference: the cells themselves, one layer after the other (grad on: the plain path)
+    ref_x, ref = x, []
+    for cell, state in zip(cells.cells, layers):
+        h, c = cell(ref_x, state)
+        ref.append((h, c))
+        ref_x = h
+    torch.testing.assert_close(out, ref_x.detach(), rtol=1e-5, atol=1e-6)
+    for (h, c), (rh, rc) in zip(new, ref):
+        torch.testing.assert_close(h, rh.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(c, rc.detach(), rtol=1e-5, atol=1e-6)
+
