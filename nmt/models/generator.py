@@ -29,9 +29,9 @@ class Generator(nn.Module):
         self.mapping = get_mapping(mapping, **self.mapping_params)  # the registry checks name and params
 
     def forward(self, hidden: Tensor) -> Tensor:
-        """hidden (..., H) -> logits (..., V); without gradients on the CPU through packed oneDNN
-        weights (:mod:`nmt.utils.packed_linear`), else ``self.proj``."""
-        return packed_linear.linear(hidden, self.proj.weight, self.proj.bias)
+        """hidden (..., H) -> logits (..., V); on float32 CPU tensors through oneDNN's packed
+        products (:func:`nmt.utils.packed_linear.train_linear`), else ``self.proj``."""
+        return packed_linear.train_linear(hidden, self.proj.weight, self.proj.bias)
 
     def log_probs(self, logits: Tensor) -> Tensor:
         """logits: (..., V) -> log p (..., V); half/bfloat16 inputs are computed in float32."""

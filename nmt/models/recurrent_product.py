@@ -8,7 +8,9 @@ T * B), which is what :class:`RecurrentWeight` computes: each step's backward on
 ``(x_t, g_t)`` and gives the input gradient ``g_t W``; the weight's node, which autograd runs
 after every step that used it, makes the one product.
 
-Exact: the same sums as plain autograd up to the order of the additions. No host
+Exact: the same sums as plain autograd up to the order of the additions. On float32 CPU tensors
+the step products (forward and input gradient) run through oneDNN with the weight packed once per
+pass (:mod:`nmt.utils.packed_linear`; MKL's sgemm is slower on these products). No host
 synchronisation. Meant for eager training; under ``torch.compile`` or autocast the caller uses
 plain products (:func:`deferred_enabled`).
 """
@@ -19,13 +21,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nmt.utils import packed_linear
+
 
 class _Records:
     """The (x_t, g_t) pairs of one forward pass, filled during backward."""
 
-    def __init__(self) -> None:
+    def __init__(self, packed: Tensor | None = None) -> None:
         self.inputs: list[Tensor] = []
         self.grads: list[Tensor] = []
+        self.packed = packed  # the weight packed for oneDNN (nmt.utils.packed_linear), or None
+        self.packed_t: Tensor | None = None  # its transpose, packed at the first backward step
 
 
 class _WeightNode(torch.autograd.Function):
@@ -56,15 +62,24 @@ class _StepProduct(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, weight: Tensor, records: _Records) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.records = records
+        if records.packed is not None:
+            return packed_linear.product(x, records.packed)
         return x.mm(weight.t())
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
         x, weight = ctx.saved_tensors
+        records = ctx.records
         if ctx.needs_input_grad[1]:
-            ctx.records.inputs.append(x)
-            ctx.records.grads.append(grad)
-        return (grad.mm(weight) if ctx.needs_input_grad[0] else None), None, None
+            records.inputs.append(x)
+            records.grads.append(grad)
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
+        if records.packed is not None:
+            if records.packed_t is None:  # W^T packed once, at the first step's backward
+                records.packed_t = packed_linear.pack(weight.t())
+            return packed_linear.product(grad, records.packed_t), None, None
+        return grad.mm(weight), None, None
 
 
 class RecurrentWeight:
@@ -76,11 +91,15 @@ class RecurrentWeight:
 
     def __init__(self, weight: Tensor) -> None:
         self.weight = weight
-        self.records = _Records()
+        # float32 on the CPU: the step products through oneDNN with the weight packed once per pass
+        packed = packed_linear.pack(weight) if packed_linear.trainable(weight, weight) else None
+        self.records = _Records(packed)
         self.alias = _WeightNode.apply(weight, self.records) if weight.requires_grad else weight
 
     def product(self, x: Tensor) -> Tensor:
         if not self.weight.requires_grad:
+            if self.records.packed is not None:
+                return packed_linear.product(x, self.records.packed)
             return x.mm(self.weight.t())
         return _StepProduct.apply(x, self.alias, self.records)
 

@@ -75,6 +75,59 @@ def usable(x: Tensor, *params: Optional[Tensor]) -> bool:
     return all(p is None or (p.device.type == "cpu" and p.dtype == torch.float32) for p in params)
 
 
+def trainable(x: Tensor, weight: Tensor) -> bool:
+    """Whether :func:`pack` / :func:`product` and :class:`PackedLinearFunction` serve ``x`` and
+    ``weight`` when gradients are needed (training): float32 CPU tensors, oneDNN built in,
+    ``torch.compile`` not tracing, CPU autocast off. The caller packs once per forward pass."""
+    return (_BUILT and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and weight.device.type == "cpu" and not torch.compiler.is_compiling()
+            and not torch.is_autocast_enabled("cpu"))
+
+
+def pack(weight: Tensor) -> Tensor:
+    """``weight`` (O, I) reordered for oneDNN's products (an opaque tensor; no gradient)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
+
+
+def product(x: Tensor, packed: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """``x @ W^T (+ bias)`` for x (..., I) and ``packed = pack(W)``: (..., O). No autograd."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+class PackedLinearFunction(torch.autograd.Function):
+    """``F.linear(x, weight, bias)`` for training through oneDNN: the forward and the input
+    gradient ``g W`` are packed products (the weight packed once in each direction), the weight
+    gradient ``g^T x`` and the bias gradient are plain (MKL's ``g^T x`` is the faster one here).
+    Measured at (900, 256) x (256, 3963): forward 20 -> 12 ms, input gradient 13 -> 11 ms."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return product(x, pack(weight), None if bias is None else bias.detach())
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = product(grad, pack(weight.t()))
+        g2 = grad.reshape(-1, grad.shape[-1])
+        if ctx.needs_input_grad[1]:
+            gw = g2.t().mm(x.reshape(-1, x.shape[-1]))
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g2.sum(0)
+        return gx, gw, gb
+
+
+def train_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """``F.linear`` for any mode: the packed region path without gradients (:func:`linear`),
+    :class:`PackedLinearFunction` with gradients where :func:`trainable` allows, else ``F.linear``."""
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad) and trainable(x, weight):
+        return PackedLinearFunction.apply(x, weight, bias)
+    return linear(x, weight, bias)
+
+
 def _signature(tensors: Sequence[Optional[Tensor]]) -> tuple:
     return tuple(None if t is None else (id(t), t.data_ptr(), t._version, tuple(t.shape)) for t in tensors)
 
@@ -122,4 +175,5 @@ def linear_concat(xs: Sequence[Tensor], weights: Sequence[Tensor], biases: Seque
     return torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
 
 
-__all__ = ["frozen_weights", "linear", "linear_concat", "usable"]
+__all__ = ["PackedLinearFunction", "frozen_weights", "linear", "linear_concat", "pack", "product", "train_linear",
+           "trainable", "usable"]

@@ -110,3 +110,18 @@ def test_packed_lstm_cell_equals_lstm_cell():
         torch.testing.assert_close(h, rh.detach(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(c, rc.detach(), rtol=1e-5, atol=1e-6)
 
+
+
+@needs_onednn
+def test_packed_linear_function_gradients():
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 5, 16, generator=g, requires_grad=True)
+    w = torch.randn(40, 16, generator=g, requires_grad=True)
+    b = torch.randn(40, generator=g, requires_grad=True)
+    up = torch.randn(3, 5, 40, generator=g)
+    y = packed_linear.train_linear(x, w, b)
+    assert y.grad_fn is not None and "PackedLinear" in type(y.grad_fn).__name__
+    got = torch.autograd.grad(y, (x, w, b), up)
+    want = torch.autograd.grad(F.linear(x, w, b), (x, w, b), up)
+    for a, c in zip(got, want):
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
