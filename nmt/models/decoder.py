@@ -5,6 +5,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.models.attention import GlobalAttention
+from nmt.models.dropout import Dropout
 from nmt.models.protocol import State
 from nmt.models.recurrent_product import RecurrentWeight, deferred_enabled
 from nmt.utils import packed_linear
@@ -89,7 +90,7 @@ class StackedCells(nn.Module):
         self.is_lstm = rnn_type == "lstm"
         cell = CELLS[rnn_type]
         self.cells = nn.ModuleList(cell(input_size if i == 0 else hidden_size, hidden_size) for i in range(layers))
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor, layers: list[tuple[Tensor, ...]]) -> tuple[Tensor, list[tuple[Tensor, ...]]]:
         new = []
@@ -149,7 +150,7 @@ class InputFeedingDecoder(nn.Module):
         self.attention = attention
         self.bridge = bridge
         self.combine = nn.Linear(memory_size + hidden_size, hidden_size, bias=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     # ---- states -------------------------------------------------------------------
     def init_state(self, encoder_final: tuple[Tensor, ...]) -> State:

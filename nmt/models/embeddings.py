@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from nmt.models.dropout import Dropout
+
 
 class Embeddings(nn.Module):
     """Lookup table followed by dropout.
@@ -19,7 +21,7 @@ class Embeddings(nn.Module):
         self.dim = dim
         self.pad_index = pad_index
         self.lut = nn.Embedding(vocab_size, dim, padding_idx=pad_index)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     @property
     def weight(self) -> nn.Parameter:

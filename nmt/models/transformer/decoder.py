@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from nmt.models.dropout import Dropout
 from nmt.models.transformer.layers import AttentionSpec, DecoderLayer, LayerSpec
 
 KV = tuple[Tensor, Tensor]
@@ -39,7 +40,7 @@ class TransformerDecoder(nn.Module):
             raise ValueError(f"the decoder needs at least one layer, got {layers}")
         self.scale = math.sqrt(spec.d_model)
         self.positions = positions
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.layers = nn.ModuleList(DecoderLayer(spec, self_attention, cross_attention) for _ in range(layers))
         self.final_norm = nn.LayerNorm(spec.d_model) if spec.norm == "pre" else None
 

@@ -5,6 +5,7 @@ import math
 
 from torch import Tensor, nn
 
+from nmt.models.dropout import Dropout
 from nmt.models.transformer.layers import AttentionSpec, EncoderLayer, LayerSpec
 
 
@@ -23,7 +24,7 @@ class TransformerEncoder(nn.Module):
             raise ValueError(f"the encoder needs at least one layer, got {layers}")
         self.scale = math.sqrt(spec.d_model)
         self.positions = positions
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.layers = nn.ModuleList(EncoderLayer(spec, attention) for _ in range(layers))
         self.final_norm = nn.LayerNorm(spec.d_model) if spec.norm == "pre" else None
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from nmt.models.dropout import Dropout
+
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU}
 
 
@@ -18,7 +20,7 @@ class FeedForward(nn.Module):
             raise ValueError(f"unknown activation {activation!r}; valid: {', '.join(ACTIVATIONS)}")
         self.inner = nn.Linear(d_model, d_ff)
         self.activation = ACTIVATIONS[activation]()
-        self.dropout = nn.Dropout(activation_dropout)
+        self.dropout = Dropout(activation_dropout)
         self.outer = nn.Linear(d_ff, d_model)
         for linear in (self.inner, self.outer):
             nn.init.xavier_uniform_(linear.weight)

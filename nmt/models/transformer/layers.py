@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from nmt.models.dropout import Dropout
 from nmt.models.transformer.feed_forward import FeedForward
 from nmt.models.transformer.multihead_attention import MultiHeadAttention
 
@@ -57,7 +58,7 @@ class _Residual(nn.Module):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
         self.pre_norm = pre_norm
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def inputs(self, x: Tensor) -> Tensor:
         """What the sub-layer reads: LayerNorm(x) in pre-norm, x in post-norm."""

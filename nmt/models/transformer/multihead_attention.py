@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from nmt.models.dropout import Dropout
 from nmt.models.transformer.head_mapping import HeadMapping
 
 
@@ -32,7 +33,7 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.mapping = HeadMapping(heads, mapping, params)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         for linear in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
             nn.init.xavier_uniform_(linear.weight)
             nn.init.zeros_(linear.bias)
