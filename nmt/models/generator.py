@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.models.linear import Linear
 from nmt.sparse import get_mapping, is_softmax, log_probs_of
-from nmt.utils import packed_linear
 
 
 class Generator(nn.Module):
@@ -23,15 +23,14 @@ class Generator(nn.Module):
         self, hidden_size: int, vocab_size: int, mapping: str = "softmax", params: dict[str, Any] | None = None
     ) -> None:
         super().__init__()
-        self.proj = nn.Linear(hidden_size, vocab_size)
+        self.proj = Linear(hidden_size, vocab_size)
         self.mapping_name = mapping
         self.mapping_params = dict(params or {})
         self.mapping = get_mapping(mapping, **self.mapping_params)  # the registry checks name and params
 
     def forward(self, hidden: Tensor) -> Tensor:
-        """hidden (..., H) -> logits (..., V); on float32 CPU tensors through oneDNN's packed
-        products (:func:`nmt.utils.packed_linear.train_linear`), else ``self.proj``."""
-        return packed_linear.train_linear(hidden, self.proj.weight, self.proj.bias)
+        """hidden (..., H) -> logits (..., V) (float32 CPU products through oneDNN: :class:`Linear`)."""
+        return self.proj(hidden)
 
     def log_probs(self, logits: Tensor) -> Tensor:
         """logits: (..., V) -> log p (..., V); half/bfloat16 inputs are computed in float32."""

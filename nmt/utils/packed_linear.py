@@ -120,11 +120,19 @@ class PackedLinearFunction(torch.autograd.Function):
         return gx, gw, gb
 
 
+TRAIN_MIN_NUMEL = 1 << 18
+"""Smallest weight that :func:`train_linear` packs when training (it packs at every call): measured
+fwd+bwd at 900 rows, (256, 1024) 1.34x faster, (1024, 256) 1.04x, (256, 256) 0.87x (slower)."""
+
+
 def train_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """``F.linear`` for any mode: the packed region path without gradients (:func:`linear`),
-    :class:`PackedLinearFunction` with gradients where :func:`trainable` allows, else ``F.linear``."""
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad) and trainable(x, weight):
-        return PackedLinearFunction.apply(x, weight, bias)
+    :class:`PackedLinearFunction` with gradients where :func:`trainable` allows and the weight has
+    at least ``TRAIN_MIN_NUMEL`` entries, else ``F.linear``."""
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        if weight.numel() >= TRAIN_MIN_NUMEL and trainable(x, weight):
+            return PackedLinearFunction.apply(x, weight, bias)
+        return F.linear(x, weight, bias)
     return linear(x, weight, bias)
 
 

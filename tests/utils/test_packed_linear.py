@@ -116,12 +116,12 @@ def test_packed_lstm_cell_equals_lstm_cell():
 def test_packed_linear_function_gradients():
     g = torch.Generator().manual_seed(6)
     x = torch.randn(3, 5, 16, generator=g, requires_grad=True)
-    w = torch.randn(40, 16, generator=g, requires_grad=True)
-    b = torch.randn(40, generator=g, requires_grad=True)
-    up = torch.randn(3, 5, 40, generator=g)
+    w = torch.randn(packed_linear.TRAIN_MIN_NUMEL // 16, 16, generator=g, requires_grad=True)
+    b = torch.randn(w.shape[0], generator=g, requires_grad=True)
+    up = torch.randn(3, 5, w.shape[0], generator=g)
     y = packed_linear.train_linear(x, w, b)
     assert y.grad_fn is not None and "PackedLinear" in type(y.grad_fn).__name__
     got = torch.autograd.grad(y, (x, w, b), up)
     want = torch.autograd.grad(F.linear(x, w, b), (x, w, b), up)
-    for a, c in zip(got, want):
-        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
+    for a, c in zip(got, want):  # sums of up to 16,384 float32 terms in another order
+        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-6 * c.abs().max().item())

@@ -6,6 +6,8 @@ usage: python run_pss.py PHASE [--smoke]
          | seeds (softmax throughput runs with seeds 2 and 3: other batch orders)
          | throughput (training throughput only: peer, nmt softmax, nmt entmax15, 350 steps, twice)
          | throughput3 (a third repetition of the same three)
+         | decode350 (decoding only, 3 repetitions, with the 350-step models copied to
+           WORK/models350/{peer,nmt}.pt from a throughput run: no 1,500-step models needed)
 Every run waits for the go file ($PSS_GO (optional), polled every 30 s), then for an idle machine
 (1-minute load average < 1.0 and under 10% of the machine busy over 5 s; `uptime` and the top of
 `ps aux --sort=-%cpu` are saved next to the run's log), then runs alone with
@@ -285,6 +287,11 @@ def main() -> None:
         peer_train(f"peer_sm_{TRAIN_STEPS}_r3", TRAIN_STEPS)
         nmt_train(f"nmt_ent_{TRAIN_STEPS}_r3", TRAIN_STEPS, entmax=True)
         nmt_train(f"nmt_sm_{TRAIN_STEPS}_r3", TRAIN_STEPS)
+    if phase == "decode350":  # decoding only, with the 350-step models of a throughput run (no 1,500-step models)
+        PEER_MODEL, NMT_MODEL = str(WORK / "models350" / "peer.pt"), str(WORK / "models350" / "nmt.pt")
+        for rep in (1, 2, 3):
+            for name in DEC:
+                decode(name, rep)
     if phase in ("decode", "all"):
         for rep in (1, 2, 3):
             for name in DEC:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from nmt.models.dropout import Dropout
+from nmt.models.linear import Linear
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -18,10 +19,10 @@ class FeedForward(nn.Module):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; valid: {', '.join(ACTIVATIONS)}")
-        self.inner = nn.Linear(d_model, d_ff)
+        self.inner = Linear(d_model, d_ff)
         self.activation = ACTIVATIONS[activation]()
         self.dropout = Dropout(activation_dropout)
-        self.outer = nn.Linear(d_ff, d_model)
+        self.outer = Linear(d_ff, d_model)
         for linear in (self.inner, self.outer):
             nn.init.xavier_uniform_(linear.weight)
             nn.init.zeros_(linear.bias)

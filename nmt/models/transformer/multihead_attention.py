@@ -7,6 +7,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from nmt.models.dropout import Dropout
+from nmt.models.linear import Linear
 from nmt.models.transformer.head_mapping import HeadMapping
 
 
@@ -28,10 +29,10 @@ class MultiHeadAttention(nn.Module):
         if heads < 1 or d_model % heads:
             raise ValueError(f"d_model ({d_model}) must be a positive multiple of heads ({heads})")
         self.d_model, self.heads, self.d_head = d_model, heads, d_model // heads
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.q_proj = Linear(d_model, d_model)
+        self.k_proj = Linear(d_model, d_model)
+        self.v_proj = Linear(d_model, d_model)
+        self.out_proj = Linear(d_model, d_model)
         self.mapping = HeadMapping(heads, mapping, params)
         self.dropout = Dropout(dropout)
         for linear in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
