@@ -6,6 +6,7 @@ from torch import Tensor, nn
 
 from nmt.models.attention import GlobalAttention
 from nmt.models.dropout import Dropout
+from nmt.models.linear import Linear
 from nmt.models.protocol import State
 from nmt.models.recurrent_product import RecurrentWeight, deferred_enabled
 from nmt.utils import packed_linear
@@ -149,7 +150,7 @@ class InputFeedingDecoder(nn.Module):
         self.rnn = StackedCells(rnn_type, input_size, hidden_size, layers, dropout)
         self.attention = attention
         self.bridge = bridge
-        self.combine = nn.Linear(memory_size + hidden_size, hidden_size, bias=False)
+        self.combine = Linear(memory_size + hidden_size, hidden_size, bias=False)
         self.dropout = Dropout(dropout)
 
     # ---- states -------------------------------------------------------------------
@@ -181,7 +182,7 @@ class InputFeedingDecoder(nn.Module):
         x = torch.cat([emb, input_feed], dim=-1) if self.input_feeding else emb
         rnn_out, hidden = self.rnn(x, hidden)
         context, probs = self.attention(rnn_out, memory, mask, keys)
-        out = self.dropout(torch.tanh(packed_linear.linear(torch.cat([context, rnn_out], dim=-1), self.combine.weight)))
+        out = self.dropout(torch.tanh(self.combine(torch.cat([context, rnn_out], dim=-1))))
         return out, probs, hidden
 
     def step(

@@ -92,7 +92,7 @@ class RecurrentWeight:
     def __init__(self, weight: Tensor) -> None:
         self.weight = weight
         # float32 on the CPU: the step products through oneDNN with the weight packed once per pass
-        packed = packed_linear.pack(weight) if packed_linear.trainable(weight, weight) else None
+        packed = packed_linear.pack(weight) if packed_linear.trainable(weight) else None
         self.records = _Records(packed)
         self.alias = _WeightNode.apply(weight, self.records) if weight.requires_grad else weight
 

@@ -93,8 +93,7 @@ def shifted_threshold(x: Tensor, q: Union[float, Tensor], scale: float = 1.0, im
     if kind == "pruned":
         if exact and not isinstance(q, Tensor) and prefer_sort(x.numel() // max(n, 1), n):
             return sorted_shifted_threshold(x, q, scale)  # NaN / +inf rows: zmax NaN already
-        else:
-            tau, zmax = root_threshold(x, q, tol=tol, max_iter=n_iter, scale=scale, relative=True)
+        tau, zmax = root_threshold(x, q, tol=tol, max_iter=n_iter, scale=scale, relative=True)
     else:
         tau, zmax = static_shifted_threshold(x, q, scale, exact, n_iter)
     bad = zmax.isnan() | (zmax == float("inf"))  # a NaN or +inf score: a NaN row

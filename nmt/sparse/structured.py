@@ -41,9 +41,9 @@ from torch import Tensor, nn
 from ._common import apply_mask, check_scores, compute_dtype
 from ._dispatch import check_impl
 from ._groups import group_average
-from ._threshold import sort_threshold
 from ._prox_oscar import ordered_fit, prox_oscar
 from ._prox_tv import prox_tv
+from ._threshold import sort_threshold
 from .sparsemax import sparsemax_backward, sparsemax_probs
 
 

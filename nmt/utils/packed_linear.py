@@ -64,24 +64,23 @@ def frozen_weights() -> Iterator[None]:
             _CACHE.clear()
 
 
+def trainable(*tensors: Optional[Tensor]) -> bool:
+    """Whether oneDNN's products may serve these tensors at all (with or without gradients):
+    oneDNN built in, every given tensor float32 on the CPU, ``torch.compile`` not tracing, CPU
+    autocast off. Training callers pack once per forward pass (:func:`pack`, :func:`product`,
+    :class:`PackedLinearFunction`)."""
+    return (_BUILT and all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32) for t in tensors)
+            and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu"))
+
+
 def usable(x: Tensor, *params: Optional[Tensor]) -> bool:
-    """Whether the packed path serves ``x`` with these weights/biases (see the module docstring)."""
-    if not _BUILT or not getattr(_REGION, "depth", 0) or x.device.type != "cpu" or x.dtype != torch.float32:
+    """Whether the cached packed path serves ``x`` with these weights/biases: inside a
+    :func:`frozen_weights` region, nothing needing a gradient, and :func:`trainable`."""
+    if not getattr(_REGION, "depth", 0):
         return False
-    if torch.is_grad_enabled() and (x.requires_grad or any(p is not None and p.requires_grad for p in params)):
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, *params)):
         return False
-    if torch.compiler.is_compiling() or torch.is_autocast_enabled("cpu"):
-        return False
-    return all(p is None or (p.device.type == "cpu" and p.dtype == torch.float32) for p in params)
-
-
-def trainable(x: Tensor, weight: Tensor) -> bool:
-    """Whether :func:`pack` / :func:`product` and :class:`PackedLinearFunction` serve ``x`` and
-    ``weight`` when gradients are needed (training): float32 CPU tensors, oneDNN built in,
-    ``torch.compile`` not tracing, CPU autocast off. The caller packs once per forward pass."""
-    return (_BUILT and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and weight.device.type == "cpu" and not torch.compiler.is_compiling()
-            and not torch.is_autocast_enabled("cpu"))
+    return trainable(x, *params)
 
 
 def pack(weight: Tensor) -> Tensor:

@@ -6,15 +6,11 @@ source tokens and padded source positions appended to the JSON file
 named by $PSS_STEPLOG when the process exits.
 usage: PSS_STEPLOG=steps.json python nmt_train_wrap.py -config ... (nmt-train arguments)
 """
-import atexit
-import json
-import os
 import sys
-import time
 
 import nmt.train.trainer
+import steplog  # this folder: the step log shared with the other wrapper
 
-_records = []
 _orig = nmt.train.trainer.Trainer.train_step
 
 
@@ -27,21 +23,13 @@ def _timed(self, groups):
     src_n = sum(src_lengths[i] for i in indices)
     src_cells = len(indices) * max(src_lengths[i] for i in indices)
     out = _orig(self, groups)
-    _records.append((time.perf_counter(), n, tgt_cells, src_n, src_cells))
+    steplog.record(n, tgt_cells, src_n, src_cells)
     if out[1] != n:
         raise AssertionError(f"token count mismatch: trainer {out[1]}, mine {n}")
     return out
 
 
 nmt.train.trainer.Trainer.train_step = _timed
-
-
-@atexit.register
-def _dump():
-    with open(os.environ["PSS_STEPLOG"], "w") as f:
-        json.dump({"t": [r[0] for r in _records], "tokens": [r[1] for r in _records],
-                   "tgt_cells": [r[2] for r in _records], "src_tokens": [r[3] for r in _records],
-                   "src_cells": [r[4] for r in _records]}, f)
 
 
 if __name__ == "__main__":
