@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _dispatch
-from ._common import apply_last, apply_mask, check_scores, compute_dtype
+from ._common import apply_last, apply_mask, broadcasts_to, check_scores, compute_dtype
 from ._dispatch import check_impl, resolve_impl, shifted_threshold
 from ._softmax import softmax
 
@@ -246,11 +246,9 @@ def _alpha_rows(alpha: Union[float, Tensor], scores: Tensor, dim: int, check: bo
     if a.shape[dim] != 1:
         raise ValueError(f"alpha of shape {tuple(alpha.shape)} must have size 1 along dim={dim} "
                          f"of scores {tuple(scores.shape)} (one alpha per row)")
-    try:
-        torch.broadcast_shapes(a.shape, scores.shape)
-    except RuntimeError:
+    if not broadcasts_to(a.shape, scores.shape):
         raise ValueError(f"alpha of shape {tuple(alpha.shape)} does not broadcast to scores "
-                         f"{tuple(scores.shape)}") from None
+                         f"{tuple(scores.shape)}")
     if check and not bool((a.detach() >= 1).all()):  # host read of the small alpha tensor
         raise ValueError("entmax_bisect needs alpha >= 1 in every row (got a value < 1 or NaN)")
     return a.movedim(dim, -1)

@@ -53,15 +53,19 @@ def record_violation(exact: Tensor, reason: Tensor, violated: Tensor, code: int)
     return exact & ~violated, torch.where(newly, torch.full_like(reason, code), reason)
 
 
-def unknown_scores(log_probs: Tensor) -> Tensor:
-    """(R, S, V) bool: NaN or ``+inf`` log-probabilities, i.e. probabilities the model did not give."""
-    return torch.isnan(log_probs) | torch.isposinf(log_probs)
+def unknown_slots(log_probs: Tensor) -> Tensor:
+    """(R, S) bool: the row of a slot holds a NaN or ``+inf`` log-probability (a probability the
+    model did not give). log_probs: (R, S, V). One float reduction: the row maximum is NaN when
+    the row holds a NaN (max reductions propagate NaN) and ``+inf`` when it holds ``+inf``; a
+    per-entry test and a bool reduction cost 10x as much on the CPU at beam x vocabulary size."""
+    row_max = log_probs.amax(dim=-1)  # (R, S)
+    return torch.isnan(row_max) | (row_max == float("inf"))
 
 
 def nonfinite_scores(unknown: Tensor, live: Tensor) -> Tensor:
-    """(R,) bool: some live slot has an unknown score. unknown: (R, S, V) from :func:`unknown_scores`;
+    """(R,) bool: some live slot has an unknown score. unknown: (R, S) from :func:`unknown_slots`;
     live: (R, S) bool, slots whose prefix has nonzero probability."""
-    return (unknown.any(-1) & live).any(-1)
+    return (unknown & live).any(-1)
 
 
 def require_hypothesis(exact: Tensor, reason: Tensor, n_nonzero: Tensor) -> tuple[Tensor, Tensor]:
@@ -90,7 +94,7 @@ __all__ = [
     "NO_HYPOTHESIS",
     "nonfinite_scores",
     "require_hypothesis",
-    "unknown_scores",
+    "unknown_slots",
     "REASONS",
     "reason_name",
     "record_violation",

@@ -163,3 +163,15 @@ def test_module_and_errors():
         sparsemax(x, dim=2)
     with pytest.raises(ValueError, match="floating"):
         sparsemax(torch.ones(3, dtype=torch.long))
+
+
+def test_broadcasts_to_matches_torch():
+    from nmt.sparse._common import broadcasts_to
+
+    target = (4, 1, 5)
+    for shape in [(), (5,), (1,), (1, 5), (4, 1, 5), (4, 1, 1), (3, 5), (2, 4, 1, 5), (4, 2, 5), (1, 1, 1, 5)]:
+        try:
+            ok = torch.broadcast_shapes(shape, target) == torch.Size(target)
+        except RuntimeError:
+            ok = False
+        assert broadcasts_to(shape, target) == ok, shape

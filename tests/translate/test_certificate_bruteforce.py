@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+import nmt.utils.topk as topk_module
 from nmt.translate.beam_search import beam_search
 from nmt.translate.length_penalty import length_penalty
 from toy_decoders import (BOS, EOS, MarkovDecoder, TinyAttentionRNN, enumerate_support, random_sources,
@@ -80,6 +81,26 @@ def enumeration(mapping: str, seed: int, b: int, min_length: int):
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("mapping,seed,penalty,min_length", CASES)
 def test_certificate_matches_enumeration(mapping, seed, penalty, min_length, mode):
+    model, src, lengths = model_and_sources(mapping, seed)
+    for beam_size in (1, 2, 4, 8):
+        result = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=200,
+                             max_length=MAX_LENGTH, min_length=min_length, length_penalty=penalty, **mode)
+        names = result.reason_names()
+        for b in range(N_SOURCES):
+            support, frontier, cut = enumeration(mapping, seed, b, min_length)
+            check_against_enumeration(result, names, b, support, frontier, cut, beam_size, penalty)
+
+
+@pytest.mark.parametrize("block", [2, 3])
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("mapping,seed,penalty,min_length", CASES[::2])
+def test_certificate_matches_enumeration_with_blocked_topk(mapping, seed, penalty, min_length, mode, block,
+                                                           monkeypatch):
+    """The candidate selection through block maxima (``nmt.utils.topk``, used on real vocabularies)
+    forced onto the toy vocabulary with blocks of 2 and 3 entries (a shorter last block included):
+    the same certificates and hypotheses as the brute force."""
+    monkeypatch.setattr(topk_module, "BLOCK", block)
+    monkeypatch.setattr(topk_module, "MIN_BLOCKS_PER_K", 1)
     model, src, lengths = model_and_sources(mapping, seed)
     for beam_size in (1, 2, 4, 8):
         result = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=200,

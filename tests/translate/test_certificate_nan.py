@@ -104,3 +104,25 @@ def test_partial_nan_certificate_matches_brute_force(seed, bad_token, mode):
                 assert set(found) == set(support)
             seen.add((expected, nan_reached))
     assert (True, False) in seen and (False, True) in seen  # both kinds of sentence occur
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_slot_flags_and_support_counts_match_per_entry_tests(dtype):
+    """unknown_slots (a row maximum) and support_size (a float count) against per-entry tests, with
+    NaN and +inf at every position of a vectorised row (the reductions' lanes and tails)."""
+    from nmt.translate.certificate import unknown_slots
+    from nmt.translate.search_step import support_size
+
+    n = 37
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3 * n + 1, n, generator=g).to(dtype).log_softmax(-1)
+    x[:, ::3] = -math.inf
+    for i in range(n):
+        x[i, i] = math.nan
+        x[n + i, i] = math.inf
+        x[2 * n + i, : i + 1] = -math.inf  # rows up to all -inf
+    x[3 * n] = -math.inf
+    lp = x.view(3 * n + 1, 1, n)
+    expected_unknown = (torch.isnan(lp) | torch.isposinf(lp)).any(-1)
+    assert torch.equal(unknown_slots(lp), expected_unknown)
+    assert torch.equal(support_size(lp), torch.isfinite(lp).sum(-1, dtype=torch.int32))
