@@ -7,6 +7,10 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 RNN_TYPES: dict[str, type[nn.RNNBase]] = {"lstm": nn.LSTM, "gru": nn.GRU}
 
+MAX_LENGTH_GROUPS = 8
+"""At most this many distinct source lengths in a batch are run one length at a time (CPU, no
+gradients); more stay one packed run (see :meth:`RNNEncoder._length_groups`)."""
+
 
 def rnn_class(name: str) -> type[nn.RNNBase]:
     """``"lstm"`` -> ``nn.LSTM``, ``"gru"`` -> ``nn.GRU``; ValueError naming the valid types otherwise."""
@@ -62,6 +66,9 @@ class RNNEncoder(nn.Module):
         # pack_padded_sequence needs the lengths on the host: a device-to-host copy (a sync)
         # unless they are there already (the trainer keeps them there).
         lengths_cpu = lengths.detach().to("cpu", dtype=torch.long)
+        groups = self._length_groups(emb, lengths_cpu)
+        if groups is not None:
+            return self._forward_by_length(emb, groups)
         try:
             packed = pack_padded_sequence(emb, lengths_cpu, batch_first=True, enforce_sorted=False)
             out, final = self.rnn(packed)
@@ -77,6 +84,43 @@ class RNNEncoder(nn.Module):
         if self.bidirectional:
             states = tuple(self._merge_directions(s) for s in states)
         return memory, states
+
+    def _length_groups(self, emb: Tensor, lengths: Tensor) -> list[tuple[int, Tensor]] | None:
+        """``[(length, rows), ...]`` when the batch is better run one length at a time, else None.
+
+        On the CPU without gradients (decoding, validation) a packed sequence takes torch's
+        step-by-step RNN (one small product per time step and direction), while a batch of equal
+        lengths runs oneDNN's fused RNN: 12.6 vs 4.9 ms for 64 sources of 12-20 tokens, with 0.4 ms
+        per extra call. Length-sorted decoding batches hold 1-4 lengths; a batch with more than
+        ``MAX_LENGTH_GROUPS`` lengths stays packed. rows: (n,) host long indices into the batch.
+        """
+        if emb.device.type != "cpu" or torch.is_grad_enabled() or lengths.numel() == 0:
+            return None
+        if int(lengths.min()) < 1 or int(lengths.max()) > emb.size(1):
+            return None  # the packed path names the bad length
+        values = torch.unique(lengths)
+        if values.numel() > MAX_LENGTH_GROUPS:
+            return None
+        return [(int(v), (lengths == v).nonzero()[:, 0]) for v in values]
+
+    def _forward_by_length(self, emb: Tensor, groups: list[tuple[int, Tensor]]) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """``forward`` run once per source length (no padding inside a run: the same function as
+        the packed run, up to the rounding of another kernel). emb: (B, L, E) on the CPU."""
+        batch, width = emb.shape[:2]
+        memory = emb.new_zeros(batch, width, self.hidden_size)
+        states: list[Tensor] = []
+        for length, rows in groups:
+            out, final = self.rnn(emb.index_select(0, rows)[:, :length])  # (n, length, H)
+            final = final if isinstance(final, tuple) else (final,)
+            if not states:
+                states = [s.new_empty(s.size(0), batch, s.size(2)) for s in final]
+            for full, part in zip(states, final):
+                full.index_copy_(1, rows, part)
+            memory[rows, :length] = out
+        merged = tuple(states)
+        if self.bidirectional:
+            merged = tuple(self._merge_directions(s) for s in merged)
+        return memory, merged
 
     def _merge_directions(self, state: Tensor) -> Tensor:
         """(layers * 2, B, H/2) -> (layers, B, H): [forward; backward] per layer."""

@@ -234,3 +234,34 @@ def test_packed_training_products_give_the_plain_gradients(monkeypatch):
     assert g_p.keys() == g_q.keys()
     for name in g_p:
         torch.testing.assert_close(g_p[name], g_q[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("sections", VARIANTS)
+@pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_encoder_by_length_equals_the_packed_run(make_model, sections, dtype, atol):
+    """Without gradients on the CPU the encoder runs one source length at a time (oneDNN's RNN in
+    float32); memory and final states equal the packed run with gradients, also when more lengths
+    than MAX_LENGTH_GROUPS send the batch back to the packed run."""
+    from nmt.models import encoder as encoder_module
+
+    model = make_model(dtype=dtype, **sections)
+    for lengths, seed in (([7, 2, 7, 4, 2, 1], 5), ([7, 6, 5, 4, 3, 2, 1, 7, 6, 5, 4, 3, 2, 1], 6)):
+        src, src_lengths, _ = random_batch(batch=len(lengths), lengths=lengths, seed=seed)
+        emb = model.src_embeddings(src)
+        memory, states = model.encoder(emb, src_lengths)  # gradients on: packed
+        with torch.no_grad():
+            groups = model.encoder._length_groups(emb, src_lengths)
+            assert (groups is None) == (len(set(lengths)) > encoder_module.MAX_LENGTH_GROUPS)
+            memory2, states2 = model.encoder(emb, src_lengths)
+        torch.testing.assert_close(memory2, memory.detach(), rtol=0, atol=atol)
+        assert len(states2) == len(states)
+        for s2, s in zip(states2, states):
+            torch.testing.assert_close(s2, s.detach(), rtol=0, atol=atol)
+        assert torch.all(memory2[torch.arange(7)[None] >= src_lengths[:, None]] == 0)
+
+
+def test_bad_source_lengths_are_clear_errors_without_gradients(make_model):
+    model = make_model()
+    src, _, _ = random_batch(batch=2)
+    with torch.no_grad(), pytest.raises(ValueError, match="src_lengths: every source sentence"):
+        model.encode(src, torch.tensor([3, 0]))
