@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -60,6 +61,7 @@ CASES = [  # (model, seed, length penalty, min_length)
     ("entmax15-loop", 4, "average", 1),
 ]
 N_SOURCES = 8
+beam_search_module = sys.modules["nmt.translate.beam_search"]  # the package exports a function of that name
 _ENUMERATIONS: dict = {}
 
 
@@ -109,6 +111,28 @@ def test_certificate_matches_enumeration_with_blocked_topk(mapping, seed, penalt
         for b in range(N_SOURCES):
             support, frontier, cut = enumeration(mapping, seed, b, min_length)
             check_against_enumeration(result, names, b, support, frontier, cut, beam_size, penalty)
+
+
+@pytest.mark.parametrize("buckets", [1, 3])
+@pytest.mark.parametrize("mapping,seed,penalty,min_length", CASES[1::2])
+def test_certificate_matches_enumeration_with_coarse_compaction(mapping, seed, penalty, min_length, buckets,
+                                                                monkeypatch):
+    """The dynamic loop keeps finished sentences in the batch (stopped: probability-0 prefixes)
+    until the live ones fit a smaller multiple of ceil(B / buckets) rows; with 1 bucket it never
+    shrinks the batch. Certificates and hypotheses as the brute force, and as the static loop."""
+    monkeypatch.setattr(beam_search_module, "COMPACTION_BUCKETS", buckets)
+    model, src, lengths = model_and_sources(mapping, seed)
+    for beam_size in (1, 2, 4, 8):
+        kw = dict(bos=BOS, eos=EOS, beam_size=beam_size, n_best=200, max_length=MAX_LENGTH,
+                  min_length=min_length, length_penalty=penalty)
+        result = beam_search(model, src, lengths, mode="dynamic", **kw)
+        names = result.reason_names()
+        for b in range(N_SOURCES):
+            support, frontier, cut = enumeration(mapping, seed, b, min_length)
+            check_against_enumeration(result, names, b, support, frontier, cut, beam_size, penalty)
+        static = beam_search(model, src, lengths, mode="static", **kw)
+        for name in ("tokens", "lengths", "exact", "reason", "n_nonzero"):
+            assert torch.equal(getattr(result, name), getattr(static, name)), name
 
 
 def check_against_enumeration(result, names, b, support, frontier, cut, beam_size, penalty) -> None:

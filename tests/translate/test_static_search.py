@@ -15,7 +15,9 @@ import math
 import pytest
 import torch
 
+import nmt.utils.topk as topk_module
 from nmt.models import build_model
+from nmt.models import encoder as encoder_module
 from nmt.sparse import get_loss
 from nmt.translate.beam_search import beam_search
 from nmt.translate.search_options import SearchOptions
@@ -130,10 +132,12 @@ def static_impl_copy(model):
 
 
 @pytest.mark.parametrize("stop_every", [1, 4])
-def test_static_search_of_a_trained_model_with_sync_free_mappings(trained_model, stop_every):
+def test_static_search_of_a_trained_model_with_sync_free_mappings(trained_model, stop_every, monkeypatch):
     """With impl="static" mappings the whole search of an nmt model syncs only for its stop flags
     (ceil(T / stop_every)) and the final read; results equal the default mappings' search."""
     twin = static_impl_copy(trained_model)
+    # the encoder's CPU-only runs by source length read the (host) lengths; never on accelerators
+    monkeypatch.setattr(encoder_module, "BY_LENGTH", False)
     src, lengths = random_sources(12, 9, 5, seed=11)
     kw = dict(bos=BOS, eos=EOS, pad=PAD, beam_size=4, n_best=3, max_length=8)
     with SyncAudit() as audit:
@@ -190,14 +194,22 @@ def test_static_search_syncs_at_most_once_per_stop_every_steps(stop_every, certi
     assert audit.total <= math.ceil(r.steps / stop_every) + 1, audit.report()
 
 
-def test_search_step_compiles_as_one_graph():
-    """``torch.compile(fullgraph=True)`` fails on any graph break, e.g. a host read of a tensor."""
+@pytest.mark.parametrize("blocked", [False, True], ids=["topk", "blocked-topk"])
+def test_search_step_compiles_as_one_graph(blocked, monkeypatch):
+    """``torch.compile(fullgraph=True)`` fails on any graph break, e.g. a host read of a tensor;
+    ``blocked``: the candidates chosen through block maxima (forced onto the toy vocabulary), with
+    a NaN and a +inf score among them."""
+    if blocked:
+        monkeypatch.setattr(topk_module, "BLOCK", 3)
+        monkeypatch.setattr(topk_module, "MIN_BLOCKS_PER_K", 1)
     options, special = SearchOptions(beam_size=4, n_best=2, max_length=10), Specials(BOS, EOS, PAD)
     g = torch.Generator().manual_seed(0)
     rows = RowState(torch.randn(6, 4, generator=g, dtype=torch.float64), torch.ones(6, dtype=torch.bool),
                     torch.zeros(6, dtype=torch.long), torch.full((6, 2), -5.0, dtype=torch.float64),
                     torch.zeros(6, dtype=torch.bool))
     log_probs = torch.log_softmax(torch.randn(24, 11, generator=g, dtype=torch.float64), -1)
+    if blocked:
+        log_probs[3, 4], log_probs[9, 2] = math.nan, math.inf
     attention = torch.rand(24, 5, generator=g, dtype=torch.float64)
     compiled = torch.compile(select_step, fullgraph=True)(log_probs, attention, rows, 3, options, special)
     eager = select_step(log_probs, attention, rows, 3, options, special)
@@ -205,3 +217,9 @@ def test_search_step_compiles_as_one_graph():
         assert torch.equal(getattr(compiled, name), getattr(eager, name)), name
     assert torch.equal(compiled.rows.scores, eager.rows.scores)
     assert torch.equal(compiled.rows.exact, eager.rows.exact)
+    assert torch.equal(compiled.rows.reason, eager.rows.reason)
+    if blocked:  # rows 0 and 2 met an unknown score in a live slot first; every row prunes candidates
+        from nmt.translate.certificate import NONFINITE, PRUNED
+        assert eager.rows.reason.tolist() == [NONFINITE, PRUNED, NONFINITE, PRUNED, PRUNED, PRUNED]
+        scores = eager.rows.scores  # neither NaN nor +inf entered the beam (-inf: finished slots)
+        assert not torch.isnan(scores).any() and (scores < math.inf).all()
