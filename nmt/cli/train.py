@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import logging
 
-    from nmt.utils.allocator import keep_freed_memory
+    from nmt.utils.allocator import freeze_live_objects, keep_freed_memory, thaw_live_objects
 
     keep_freed_memory()
 
@@ -71,9 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             lock = DirectoryLock(save_dir, RUN_LOCK_WHAT).acquire()  # before train.log: one run per save_dir
             setup_logging(save_dir / "train.log", level=logging.WARNING if args.quiet else logging.INFO)
         trainer = Trainer(config, source=args.config, lock=lock)
+        freeze_live_objects()  # model, vocabularies and data: keep full collections short
         try:
             summary = trainer.train()
         finally:
+            thaw_live_objects()
             trainer.dist.close()
     except (ConfigError, DataError, CheckpointError, DirectoryLockedError) as exc:
         print(f"nmt-train: error: {exc}", file=sys.stderr)

@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = _IMPORTED_AT if argv is None else time.perf_counter()
     args = build_parser().parse_args(argv)
     from nmt.utils.checkpoint_file import CheckpointError
-    from nmt.utils.allocator import keep_freed_memory
+    from nmt.utils.allocator import keep_freed_memory, thaw_live_objects
 
     keep_freed_memory()
     previous = {}
@@ -188,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: interrupted; unfinished outputs were not written", file=sys.stderr)
         return 128 + signal.SIGINT
     finally:
+        thaw_live_objects()  # frozen after loading the model (run_file, run_stream, run_score)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

@@ -24,12 +24,14 @@ from nmt.cli.translate_common import (
 def run_file(args: argparse.Namespace, start: float) -> int:
     """Translate ``args.src`` (a file, or all of stdin when not streaming) as ``args`` say."""
     from nmt.translate.loading import load_models
+    from nmt.utils.allocator import freeze_live_objects
     from nmt.translate.translator import TranslationSummary, Translator
 
     options = search_options(args)
     lines = read_source(args.src)
     references = read_references(args.tgt, len(lines), args.src) if args.tgt else None
     decoder, src_field, tgt_field, members = load_models(args.model, args.device)
+    freeze_live_objects()  # the loaded objects are never garbage: keep full collections short
     startup = time.perf_counter() - start
 
     translator = Translator(decoder, src_field, tgt_field, options, batch_size=args.batch_size,

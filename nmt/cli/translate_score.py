@@ -18,6 +18,7 @@ from nmt.cli.translate_common import PROG, read_references, read_source, say, su
 def run_score(args: argparse.Namespace, start: float) -> int:
     """Score ``args.tgt`` given ``args.src``; JSON lines to ``-score_output`` (else ``-output``)."""
     from nmt.translate.loading import load_models
+    from nmt.utils.allocator import freeze_live_objects
     from nmt.translate.scorer import ScoreSummary, Scorer
 
     if not args.tgt:
@@ -25,6 +26,7 @@ def run_score(args: argparse.Namespace, start: float) -> int:
     sources = read_source(args.src)
     references = read_references(args.tgt, len(sources), args.src)
     decoder, src_field, tgt_field, members = load_models(args.model, args.device)
+    freeze_live_objects()  # the loaded objects are never garbage: keep full collections short
     startup = time.perf_counter() - start
 
     scorer = Scorer(decoder, src_field, tgt_field, batch_size=args.batch_size, device=args.device)

@@ -75,11 +75,13 @@ def _next_batch(lines: "queue.Queue[_Item]", size: int) -> tuple[list[str], bool
 def run_stream(args: argparse.Namespace, start: float) -> int:
     """Translate stdin to stdout line by line as ``args`` say (see the module docstring)."""
     from nmt.translate.loading import load_models
+    from nmt.utils.allocator import freeze_live_objects
     from nmt.translate.translator import TranslationSummary, Translator
 
     options = search_options(args)
     references = read_references(args.tgt, None, "-") if args.tgt else None
     decoder, src_field, tgt_field, members = load_models(args.model, args.device)
+    freeze_live_objects()  # the loaded objects are never garbage: keep full collections short
     startup = time.perf_counter() - start
     interactive = sys.stdin.isatty()
     translator = Translator(decoder, src_field, tgt_field, options,

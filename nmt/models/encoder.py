@@ -112,16 +112,18 @@ class RNNEncoder(nn.Module):
         """``forward`` run once per source length (no padding inside a run: the same function as
         the packed run, up to the rounding of another kernel). emb: (B, L, E) on the CPU."""
         batch, width = emb.shape[:2]
-        memory = emb.new_zeros(batch, width, self.hidden_size)
+        memory: Tensor | None = None
         states: list[Tensor] = []
         for length, rows in groups:
             out, final = self.rnn(emb.index_select(0, rows)[:, :length])  # (n, length, H)
             final = final if isinstance(final, tuple) else (final,)
-            if not states:
+            if memory is None:  # the RNN's dtype (under autocast not the embeddings')
+                memory = out.new_zeros(batch, width, self.hidden_size)
                 states = [s.new_empty(s.size(0), batch, s.size(2)) for s in final]
             for full, part in zip(states, final):
                 full.index_copy_(1, rows, part)
             memory[rows, :length] = out
+        assert memory is not None  # at least one group
         merged = tuple(states)
         if self.bidirectional:
             merged = tuple(self._merge_directions(s) for s in merged)

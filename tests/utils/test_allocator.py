@@ -18,3 +18,18 @@ def _run(**env):
 def test_tuning_is_on_by_default_and_can_be_switched_off():
     assert _run() == ["True", "True"]
     assert _run(NMT_MALLOC_TUNING="0") == ["False", "False"]
+
+
+def test_freeze_and_thaw_live_objects():
+    import gc
+
+    from nmt.utils.allocator import freeze_live_objects, thaw_live_objects
+
+    thaw_live_objects()
+    assert gc.get_freeze_count() == 0
+    freeze_live_objects()
+    try:
+        assert gc.get_freeze_count() > 1000  # the interpreter, torch and pytest are out of the scans
+    finally:
+        thaw_live_objects()
+    assert gc.get_freeze_count() == 0
