@@ -115,8 +115,9 @@ def sorted_threshold(zs: Tensor, q: float) -> Tensor:
     if q != 2.0:
         raise ValueError(f"sorted_threshold needs q in {{1, 2}}, got {q}")
     c2 = (zs * zs).cumsum(dim=-1)
-    gap = torch.addcmul(cs, ks, zs, value=-0.5).mul_(zs)  # zs_k cs_k - k zs_k^2 / 2
-    k = (torch.sub(c2, gap, alpha=2) < 1).sum(dim=-1, keepdim=True).clamp_(min=1)
+    # c2_k - 2 zs_k cs_k + k zs_k^2 = c2_k - 2 zs_k (cs_k - k zs_k / 2)
+    test = torch.addcmul(c2, torch.addcmul(cs, ks, zs, value=-0.5), zs, value=-2)
+    k = (test < 1).sum(dim=-1, keepdim=True).clamp_(min=1)
     last = k - 1
     kf = k.to(zs.dtype)
     mean = cs.gather(-1, last).div_(kf)
