@@ -205,3 +205,27 @@ def test_bisect_long_rows_kkt(alpha, kkt):
     """General alpha on long broad / narrow rows (the in-place Newton on ||d||_q - 1)."""
     x = _mixed_rows(F64)[[0, 1, 2, 3, 4, 5, 9]]
     assert kkt(entmax_bisect(x, alpha), x, alpha) < 1e-9
+
+
+@pytest.mark.parametrize("n", [12, 50, 3000])
+@pytest.mark.parametrize("top", [1.95, 2.6])  # all alphas in (1, 2): the norm Newton; one >= 2: the safeguarded loop
+def test_per_row_alpha_equals_each_row_alone(n, top, kkt):
+    """A tensor alpha (one per row, as learned per head) gives each row its own float-alpha result
+    and satisfies that alpha's optimality conditions, on short and pruned long rows, with -inf
+    entries and a row without finite entries."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(6, n, generator=g, dtype=F64) * 3
+    x[1, ::2] = -torch.inf
+    x[4] = -torch.inf
+    alphas = [1.01, 1.3, 1.5, 1.75, 1.6, top]
+    a = torch.tensor(alphas, dtype=F64)[:, None]
+    p = entmax_bisect(x, a)
+    assert torch.all(p[4] == 0)
+    for r, alpha in enumerate(alphas):
+        if r == 4:
+            continue
+        alone = entmax_bisect(x[r:r + 1], alpha)
+        assert torch.allclose(p[r:r + 1], alone, atol=1e-10, rtol=0), (r, alpha)
+        assert kkt(p[r:r + 1], x[r:r + 1], alpha) < 1e-9
+    p32 = entmax_bisect(x.float(), a.float())
+    assert torch.allclose(p32.double(), p, atol=2e-6)
