@@ -80,17 +80,26 @@ def enumeration(mapping: str, seed: int, b: int, min_length: int):
     return _ENUMERATIONS[key]
 
 
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
-@pytest.mark.parametrize("mapping,seed,penalty,min_length", CASES)
-def test_certificate_matches_enumeration(mapping, seed, penalty, min_length, mode):
+def search_against_enumeration(mapping: str, seed: int, penalty: str, min_length: int, **search):
+    """Beam search every toy source with beam sizes 1, 2, 4, 8 and check each sentence against the
+    brute force; yields ``(beam_size, keywords, result)`` for further checks."""
     model, src, lengths = model_and_sources(mapping, seed)
     for beam_size in (1, 2, 4, 8):
-        result = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=200,
-                             max_length=MAX_LENGTH, min_length=min_length, length_penalty=penalty, **mode)
+        kw = dict(bos=BOS, eos=EOS, beam_size=beam_size, n_best=200, max_length=MAX_LENGTH,
+                  min_length=min_length, length_penalty=penalty)
+        result = beam_search(model, src, lengths, **kw, **search)
         names = result.reason_names()
         for b in range(N_SOURCES):
             support, frontier, cut = enumeration(mapping, seed, b, min_length)
             check_against_enumeration(result, names, b, support, frontier, cut, beam_size, penalty)
+        yield (model, src, lengths), kw, result
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("mapping,seed,penalty,min_length", CASES)
+def test_certificate_matches_enumeration(mapping, seed, penalty, min_length, mode):
+    for _ in search_against_enumeration(mapping, seed, penalty, min_length, **mode):
+        pass
 
 
 @pytest.mark.parametrize("block", [2, 3])
@@ -103,14 +112,8 @@ def test_certificate_matches_enumeration_with_blocked_topk(mapping, seed, penalt
     the same certificates and hypotheses as the brute force."""
     monkeypatch.setattr(topk_module, "BLOCK", block)
     monkeypatch.setattr(topk_module, "MIN_BLOCKS_PER_K", 1)
-    model, src, lengths = model_and_sources(mapping, seed)
-    for beam_size in (1, 2, 4, 8):
-        result = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=200,
-                             max_length=MAX_LENGTH, min_length=min_length, length_penalty=penalty, **mode)
-        names = result.reason_names()
-        for b in range(N_SOURCES):
-            support, frontier, cut = enumeration(mapping, seed, b, min_length)
-            check_against_enumeration(result, names, b, support, frontier, cut, beam_size, penalty)
+    for _ in search_against_enumeration(mapping, seed, penalty, min_length, **mode):
+        pass
 
 
 @pytest.mark.parametrize("buckets", [1, 3])
@@ -121,15 +124,8 @@ def test_certificate_matches_enumeration_with_coarse_compaction(mapping, seed, p
     until the live ones fit a smaller multiple of ceil(B / buckets) rows; with 1 bucket it never
     shrinks the batch. Certificates and hypotheses as the brute force, and as the static loop."""
     monkeypatch.setattr(beam_search_module, "COMPACTION_BUCKETS", buckets)
-    model, src, lengths = model_and_sources(mapping, seed)
-    for beam_size in (1, 2, 4, 8):
-        kw = dict(bos=BOS, eos=EOS, beam_size=beam_size, n_best=200, max_length=MAX_LENGTH,
-                  min_length=min_length, length_penalty=penalty)
-        result = beam_search(model, src, lengths, mode="dynamic", **kw)
-        names = result.reason_names()
-        for b in range(N_SOURCES):
-            support, frontier, cut = enumeration(mapping, seed, b, min_length)
-            check_against_enumeration(result, names, b, support, frontier, cut, beam_size, penalty)
+    for (model, src, lengths), kw, result in search_against_enumeration(mapping, seed, penalty, min_length,
+                                                                         mode="dynamic"):
         static = beam_search(model, src, lengths, mode="static", **kw)
         for name in ("tokens", "lengths", "exact", "reason", "n_nonzero"):
             assert torch.equal(getattr(result, name), getattr(static, name)), name
