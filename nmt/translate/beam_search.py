@@ -3,7 +3,8 @@
 All state lives in tensors on the model's device: no per-hypothesis Python objects. Two loops
 run the same step (``nmt.translate.search_step``) and give the same results: the dynamic loop
 (here) makes one host synchronisation per step (the stop test, ``done.tolist()``), which also
-tells which sentences leave the batch; the static-shape loop (``nmt.translate.static_search``,
+tells which sentences stop (their prefixes get probability 0) and when they leave the batch (once
+the live ones fit the next multiple of 1/8 of the batch: ``_rows_to_keep``); the static-shape loop (``nmt.translate.static_search``,
 ``mode="static"``, the default on CUDA) masks finished sentences instead and reads a stop flag
 every ``stop_every`` steps. Greedy decoding is ``beam_size=1``.
 
@@ -169,14 +170,14 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
 
         flat_rows = flat_parents(step.parent, slots)  # (R, K) into R*S
         tokens = step.chosen  # (R, K)
-        keep = None
+        keep, compaction = None, None
         if any(done_host):
             # finished sentences stop: their prefixes get probability 0 (nothing is extended,
             # recorded as finished or counted against the certificate any more) ...
             rows = replace(rows, scores=rows.scores.masked_fill(step.done.unsqueeze(1), NEG_INF))
-            keep = _rows_to_keep(done_host, batch)
-        if keep is not None:  # ... and leave the batch once the live ones fit a smaller bucket
-            keep_rows, gone_rows = keep
+            compaction = _rows_to_keep(done_host, batch)
+        if compaction is not None:  # ... and leave the batch once the live ones fit a smaller bucket
+            keep_rows, gone_rows = compaction
             keep = torch.tensor(keep_rows, device=device)  # (R',)
             gone = torch.tensor(gone_rows, device=device)  # (R - R',)
             original = torch.arange(batch, device=device) if active is None else active  # (R,)
