@@ -29,9 +29,7 @@ def check_config(config: dict, source: str) -> None:
         check_mapping(model["attention"]["mapping"], model["attention"]["params"], source, "model.attention")
     check_mapping(model["output"]["mapping"], model["output"]["params"], source, "model.output")
     check_loss(model["output"]["mapping"], model["output"]["params"], source)
-    if model["attention"]["continuous"] is not None:
-        if model["type"] == "transformer":
-            raise ConfigError(source, "model.attention.continuous", "continuous attention is for model.type: rnn")
+    if model["attention"]["continuous"] is not None:  # the RNN's attention, a Transformer's cross-attention
         check_continuous(model["attention"]["continuous"], source)
     if model["type"] == "transformer":
         for kind in ("encoder_self", "decoder_self", "cross"):

@@ -296,7 +296,7 @@ def _transformer(attention: dict, **model) -> dict:
     ({"type": "transformer", "attention": {"decoder_self": {"mapping": "entmax_bisect", "params": {"alfa": 1.2}}}},
      "model.attention.decoder_self.params.alfa: unknown parameter 'alfa'"),
     ({"type": "transformer", "attention": {"continuous": {"family": "gaussian"}}},
-     "model.attention.continuous: continuous attention is for model.type: rnn"),
+     "model.attention.continuous.family: unknown argument 'family' of ContinuousAttention"),
     ({"type": "transformer", "transformer": {"norm": "sandwich"}}, "model.transformer.norm: unknown value"),
     ({"type": "rnn", "attention": {"params": {"alpha": "learned"}}}, "model.attention.params.alpha:"),
 ])

@@ -16,6 +16,9 @@ MAPPINGS = {  # name -> model.attention section (all three kinds inherit it)
     "adaptive": {"mapping": "entmax_bisect", "params": {"alpha": "learned"}},
     "fusedmax": {"mapping": "fusedmax", "params": {"lam": 0.2}},
     "oscarmax": {"mapping": "oscarmax", "params": {"lam": 0.05}},
+    # combined discrete + continuous cross-attention (Martins et al. 2020), per head
+    "continuous": {"mapping": "entmax15", "params": {}, "continuous": {"alpha": 2, "num_basis_mu": 4}},
+    "continuous-gaussian": {"mapping": "softmax", "params": {}, "continuous": {}},
 }
 
 
@@ -85,8 +88,9 @@ def test_masks_give_exact_zeros(name):
     assert bool((attention.masked_select(pad_key[:, None, :].expand_as(attention)) == 0).all())
 
 
-def test_padding_does_not_change_a_sentence():
-    model = make(attention=MAPPINGS["entmax15"])
+@pytest.mark.parametrize("name", ["entmax15", "continuous"])
+def test_padding_does_not_change_a_sentence(name):
+    model = make(attention=MAPPINGS[name])
     src, src_lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=5, lengths=[7, 3, 5], seed=3)
     logits, _ = model(src, src_lengths, tgt_in)
     alone, _ = model(src[1:2, :3], src_lengths[1:2], tgt_in[1:2])
@@ -170,7 +174,7 @@ def test_learned_positions_reject_too_long_inputs():
         model(src, src_lengths, tgt_in)
 
 
-@pytest.mark.parametrize("name", ["softmax", "sparsemax", "entmax15"])
+@pytest.mark.parametrize("name", ["softmax", "sparsemax", "entmax15", "continuous"])
 def test_forward_backward_and_step_do_not_synchronise(name):
     """The Transformer itself reads nothing back from the device (masks, positions and caches
     are built from shapes). The mappings run their accelerator path (``impl: static``, what
@@ -191,3 +195,43 @@ def test_forward_backward_and_step_do_not_synchronise(name):
             for t in range(3):
                 _, _, state = model.step(tgt_in[:, t], state, encoder_out)
     assert audit.total == 0, audit.report()
+
+
+def test_continuous_cross_attention_adds_the_density_context():
+    """Combined cross-attention: each head's context is (p + w) v with w the source weights of the
+    continuous density matched to that head's p (zero on padding); the returned probabilities stay
+    the discrete ones, self-attention is unchanged, no parameter is added, and gradients reach the
+    source embeddings."""
+    plain = make(attention=MAPPINGS["entmax15"])
+    combined = make(attention=MAPPINGS["continuous"])
+    assert all(layer.cross_attn.continuous is not None and layer.self_attn.continuous is None
+               for layer in combined.decoder.layers)
+    assert all(layer.self_attn.continuous is None for layer in combined.encoder.layers)
+    combined.load_state_dict(plain.state_dict())  # the same parameters, none added
+    src, src_lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=5, lengths=[7, 3, 5], seed=3)
+    logits_plain, _ = plain(src, src_lengths, tgt_in)
+    logits, _ = combined(src, src_lengths, tgt_in)
+    assert (logits - logits_plain).abs().max() > 1e-6  # the continuous context changes the output
+
+    layer, reference = combined.decoder.layers[0].cross_attn, plain.decoder.layers[0].cross_attn
+    g = torch.Generator().manual_seed(5)
+    memory = torch.randn(3, 7, layer.d_model, generator=g, dtype=torch.float64)
+    query = torch.randn(3, 2, layer.d_model, generator=g, dtype=torch.float64)
+    source = torch.arange(7)[None] < src_lengths[:, None]  # (B, S)
+    mask = source[:, None, None, :]
+    keys, values = layer.keys_values(memory)
+    out, probs = layer(query, keys, values, mask)
+    _, discrete = reference(query, keys, values, mask)
+    assert torch.equal(probs, discrete)
+    manual = []
+    for h in range(layer.heads):
+        w = layer.continuous.source_weights(probs[:, h], source)  # (B, T, S)
+        assert torch.all(w.masked_select(~source[:, None, :].expand_as(w)) == 0)
+        manual.append((probs[:, h] + w) @ values[:, h])
+    torch.testing.assert_close(out, layer.out_proj(torch.cat(manual, dim=-1)), rtol=0, atol=1e-12)
+
+    logits.sum().backward()
+    grad = combined.src_embeddings.lut.weight.grad
+    assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="source key mask"):
+        layer(query, keys, values, None)

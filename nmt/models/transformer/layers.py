@@ -39,10 +39,12 @@ class LayerSpec:
 
 @dataclass
 class AttentionSpec:
-    """A mapping name and its parameters (``{"alpha": "learned"}`` for a learned entmax_bisect alpha)."""
+    """A mapping name and its parameters (``{"alpha": "learned"}`` for a learned entmax_bisect alpha),
+    and for cross-attention optional continuous combined attention (``ContinuousAttention`` kwargs)."""
 
     mapping: str = "softmax"
     params: dict[str, Any] = field(default_factory=dict)
+    continuous: dict[str, Any] | None = None
 
 
 def causal_mask(queries: int, offset: int, device: torch.device) -> Tensor:
@@ -102,7 +104,8 @@ class DecoderLayer(nn.Module):
                                             self_attention.params, spec.attention_dropout)
         self.self_block = _Residual(spec.d_model, pre, spec.dropout)
         self.cross_attn = MultiHeadAttention(spec.d_model, spec.heads, cross_attention.mapping,
-                                             cross_attention.params, spec.attention_dropout)
+                                             cross_attention.params, spec.attention_dropout,
+                                             cross_attention.continuous)
         self.cross_block = _Residual(spec.d_model, pre, spec.dropout)
         self.feed_forward = FeedForward(spec.d_model, spec.d_ff, spec.activation, spec.activation_dropout)
         self.ff_block = _Residual(spec.d_model, pre, spec.dropout)

@@ -21,10 +21,16 @@ class MultiHeadAttention(nn.Module):
 
     Keys and values are projected by :meth:`keys_values` so that callers can cache them
     (the decoder's self-attention cache, the cross-attention keys computed once per source).
+
+    ``continuous`` (cross-attention; ``ContinuousAttention`` keyword arguments): combined attention
+    (Martins et al. 2020) per head, ``output = concat_heads((p + w) v) W_o`` where ``w`` are the
+    source weights of the continuous density matched to that head's ``p`` (its mean and variance
+    over the source positions); ``probs`` stay the discrete ones.
     """
 
     def __init__(self, d_model: int, heads: int, mapping: str = "softmax",
-                 params: dict[str, Any] | None = None, dropout: float = 0.0) -> None:
+                 params: dict[str, Any] | None = None, dropout: float = 0.0,
+                 continuous: dict[str, Any] | None = None) -> None:
         super().__init__()
         if heads < 1 or d_model % heads:
             raise ValueError(f"d_model ({d_model}) must be a positive multiple of heads ({heads})")
@@ -35,6 +41,11 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = Linear(d_model, d_model)
         self.mapping = HeadMapping(heads, mapping, params)
         self.dropout = Dropout(dropout)
+        self.continuous: nn.Module | None = None
+        if continuous is not None:
+            from nmt.models.continuous_attention import ContinuousAttention  # only when asked for
+
+            self.continuous = ContinuousAttention(**continuous)
         for linear in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
             nn.init.xavier_uniform_(linear.weight)
             nn.init.zeros_(linear.bias)
@@ -51,15 +62,30 @@ class MultiHeadAttention(nn.Module):
         """query: (B, T, D); keys, values: (B, heads, S, d_head) from :meth:`keys_values`;
         mask: bool broadcastable to (B, heads, T, S), True = may attend (None: everything).
 
+        With ``continuous`` the mask must be the source key mask (B, 1, 1, S), right-padded.
+
         Returns ``(output (B, T, D), probs (B, heads, T, S))``; each row of ``probs`` sums to
         one with exact zeros at masked positions (and wherever a sparse mapping puts them).
         """
         q = self._split(self.q_proj(query)) * (1.0 / math.sqrt(self.d_head))
         scores = q @ keys.transpose(-1, -2)
         probs = self.mapping(scores, mask).to(values.dtype)
-        context = self.dropout(probs) @ values  # (B, heads, T, d_head)
+        weights = self.dropout(probs)
+        if self.continuous is not None:
+            weights = weights + self._continuous_weights(probs, mask)
+        context = weights @ values  # (B, heads, T, d_head)
         context = context.transpose(1, 2).reshape(query.size(0), query.size(1), self.d_model)
         return self.out_proj(context), probs
+
+    def _continuous_weights(self, probs: Tensor, mask: Tensor | None) -> Tensor:
+        """Source weights (B, heads, T, S) of each head's continuous density (see the class docstring)."""
+        batch, heads, queries, width = probs.shape
+        if mask is None or mask.dim() != 4 or mask.shape[1:3] != (1, 1) or mask.size(0) != batch:
+            raise ValueError("continuous attention needs the source key mask of shape (B, 1, 1, S) "
+                             f"(cross-attention), got {None if mask is None else tuple(mask.shape)}")
+        source = mask.reshape(batch, 1, width).expand(batch, heads, width).reshape(batch * heads, width)
+        weights = self.continuous.source_weights(probs.reshape(batch * heads, queries, width), source)
+        return weights.view(batch, heads, queries, width).to(probs.dtype)
 
 
 __all__ = ["MultiHeadAttention"]
