@@ -23,6 +23,7 @@ from . import _dispatch
 from ._common import apply_last, apply_mask, broadcasts_to, check_scores, compute_dtype
 from ._dispatch import check_impl, resolve_impl, shifted_threshold
 from ._softmax import softmax
+from .sparsemax import sparsemax
 
 _NAN = float("nan")
 
@@ -274,6 +275,10 @@ def entmax_bisect(scores: Tensor, alpha: Union[float, Tensor] = 1.5, dim: int = 
     check_impl(impl)
     if not isinstance(alpha, Tensor) and float(alpha) == 1.0:
         return softmax(scores, dim=d, mask=mask)
+    if not isinstance(alpha, Tensor) and n_iter is None and float(alpha) in (1.5, 2.0):
+        # the exact closed forms: the same values and gradients as below, without the alpha plumbing
+        exact = entmax15 if float(alpha) == 1.5 else sparsemax
+        return exact(scores, dim=d, mask=mask, impl=impl)
     if n_iter is not None and (isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1):
         raise ValueError(f"n_iter must be a positive int or None, got {n_iter!r}")
     dtype = scores.dtype

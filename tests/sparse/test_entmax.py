@@ -229,3 +229,19 @@ def test_per_row_alpha_equals_each_row_alone(n, top, kkt):
         assert kkt(p[r:r + 1], x[r:r + 1], alpha) < 1e-9
     p32 = entmax_bisect(x.float(), a.float())
     assert torch.allclose(p32.double(), p, atol=2e-6)
+
+
+@pytest.mark.parametrize("alpha,exact", [(1.5, entmax15), (2.0, sparsemax)])
+def test_bisect_at_the_closed_form_alphas_is_the_closed_form(alpha, exact):
+    """A float alpha of 1.5 or 2 (n_iter None) is served by entmax15 / sparsemax: bit-identical
+    values and gradients, masks and half precision included; with n_iter it stays the bisection."""
+    x = (torch.randn(5, 30) * 3).requires_grad_()
+    mask = torch.rand(5, 30) > 0.3
+    g = torch.randn(5, 30)
+    p = entmax_bisect(x, alpha, mask=mask)
+    (gx,) = torch.autograd.grad(p, x, g)
+    q = exact(x, mask=mask)
+    (gq,) = torch.autograd.grad(q, x, g)
+    assert torch.equal(p, q) and torch.equal(gx, gq)
+    assert torch.equal(entmax_bisect(x.detach().half(), alpha), exact(x.detach().half()))
+    assert torch.allclose(entmax_bisect(x.detach(), alpha, mask=mask, n_iter=60), q.detach(), atol=1e-5)
