@@ -4,7 +4,7 @@ All state lives in tensors on the model's device: no per-hypothesis Python objec
 run the same step (``nmt.translate.search_step``) and give the same results: the dynamic loop
 (here) makes one host synchronisation per step (the stop test, ``done.tolist()``), which also
 tells which sentences stop (their prefixes get probability 0) and when they leave the batch (once
-the live ones fit the next multiple of 1/8 of the batch: ``_rows_to_keep``); the static-shape loop (``nmt.translate.static_search``,
+the live ones fit a smaller size among 1, 2, 3, 4, 6, 8, 12, ...: ``bucket_size``); the static-shape loop (``nmt.translate.static_search``,
 ``mode="static"``, the default on CUDA) masks finished sentences instead and reads a stop flag
 every ``stop_every`` steps. Greedy decoding is ``beam_size=1``.
 
@@ -175,7 +175,7 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
             # finished sentences stop: their prefixes get probability 0 (nothing is extended,
             # recorded as finished or counted against the certificate any more) ...
             rows = replace(rows, scores=rows.scores.masked_fill(step.done.unsqueeze(1), NEG_INF))
-            compaction = _rows_to_keep(done_host, batch)
+            compaction = _rows_to_keep(done_host)
         if compaction is not None:  # ... and leave the batch once the live ones fit a smaller bucket
             keep_rows, gone_rows = compaction
             keep = torch.tensor(keep_rows, device=device)  # (R',)
@@ -205,23 +205,27 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     return history, SearchEnd(truncated, active, out_exact, out_reason)
 
 
-COMPACTION_BUCKETS = 8
-"""The dynamic loop shrinks a batch of B sentences only to multiples of ``ceil(B / 8)`` rows."""
+def bucket_size(rows: int) -> int:
+    """The smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (2^k and 3 * 2^k) that holds ``rows``:
+    the batch sizes the dynamic loop shrinks to (at most 1.5x the live rows; logarithmically many)."""
+    if rows <= 2:
+        return max(rows, 1)
+    power = 1 << (rows - 1).bit_length()  # the smallest power of two >= rows
+    return power * 3 // 4 if power * 3 // 4 >= rows else power
 
 
-def _rows_to_keep(done: list[bool], batch: int) -> tuple[list[int], list[int]] | None:
+def _rows_to_keep(done: list[bool]) -> tuple[list[int], list[int]] | None:
     """``(keep, gone)`` row indices when finished sentences should leave the batch, else None.
 
     The live rows stay, padded with finished ones (already stopped: their prefixes have
-    probability 0) up to the next multiple of ``ceil(batch / COMPACTION_BUCKETS)``: the batch
-    takes a handful of sizes instead of one per finishing step, so fewer reorderings are made and
-    the CPU's oneDNN products and RNN kernels create a handful of primitives per weight, not one
-    per size (0.3-1.4 ms each).
+    probability 0) up to :func:`bucket_size`: a batch takes a handful of sizes instead of one per
+    finishing step, so fewer reorderings are made and the CPU's oneDNN products and RNN kernels
+    create a handful of primitives per weight, not one per size (0.3-1.4 ms each), while a long
+    tail of a big batch still shrinks to its few live sentences.
     """
     rows = len(done)
     live = [i for i, d in enumerate(done) if not d]
-    step = -(-batch // COMPACTION_BUCKETS)
-    target = -(-len(live) // step) * step
+    target = bucket_size(len(live))
     if target >= rows:
         return None
     finished = [i for i, d in enumerate(done) if d]

@@ -116,19 +116,28 @@ def test_certificate_matches_enumeration_with_blocked_topk(mapping, seed, penalt
         pass
 
 
-@pytest.mark.parametrize("buckets", [1, 3])
+@pytest.mark.parametrize("buckets", ["default", "never", "threes"])
 @pytest.mark.parametrize("mapping,seed,penalty,min_length", CASES[1::2])
 def test_certificate_matches_enumeration_with_coarse_compaction(mapping, seed, penalty, min_length, buckets,
                                                                 monkeypatch):
     """The dynamic loop keeps finished sentences in the batch (stopped: probability-0 prefixes)
-    until the live ones fit a smaller multiple of ceil(B / buckets) rows; with 1 bucket it never
-    shrinks the batch. Certificates and hypotheses as the brute force, and as the static loop."""
-    monkeypatch.setattr(beam_search_module, "COMPACTION_BUCKETS", buckets)
+    until the live ones fit a smaller batch size: its own sizes (1, 2, 3, 4, 6, 8), none (the batch
+    never shrinks) or multiples of 3. Certificates and hypotheses as the brute force, and as the
+    static loop."""
+    if buckets != "default":
+        size = (lambda rows: 10 ** 9) if buckets == "never" else (lambda rows: -(-rows // 3) * 3)
+        monkeypatch.setattr(beam_search_module, "bucket_size", size)
     for (model, src, lengths), kw, result in search_against_enumeration(mapping, seed, penalty, min_length,
                                                                          mode="dynamic"):
         static = beam_search(model, src, lengths, mode="static", **kw)
         for name in ("tokens", "lengths", "exact", "reason", "n_nonzero"):
             assert torch.equal(getattr(result, name), getattr(static, name)), name
+
+
+def test_bucket_sizes():
+    sizes = [beam_search_module.bucket_size(n) for n in range(0, 50)]
+    assert sizes[:10] == [1, 1, 2, 3, 4, 6, 6, 8, 8, 12] and sizes[33] == 48 and sizes[49] == 64
+    assert all(n <= s <= max(1.5 * n, 1) for n, s in enumerate(sizes))
 
 
 def check_against_enumeration(result, names, b, support, frontier, cut, beam_size, penalty) -> None:
