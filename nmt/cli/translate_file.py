@@ -24,8 +24,8 @@ from nmt.cli.translate_common import (
 def run_file(args: argparse.Namespace, start: float) -> int:
     """Translate ``args.src`` (a file, or all of stdin when not streaming) as ``args`` say."""
     from nmt.translate.loading import load_models
-    from nmt.utils.allocator import freeze_live_objects
     from nmt.translate.translator import TranslationSummary, Translator
+    from nmt.utils.allocator import freeze_live_objects
 
     options = search_options(args)
     lines = read_source(args.src)

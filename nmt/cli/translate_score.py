@@ -18,8 +18,8 @@ from nmt.cli.translate_common import PROG, read_references, read_source, say, su
 def run_score(args: argparse.Namespace, start: float) -> int:
     """Score ``args.tgt`` given ``args.src``; JSON lines to ``-score_output`` (else ``-output``)."""
     from nmt.translate.loading import load_models
-    from nmt.utils.allocator import freeze_live_objects
     from nmt.translate.scorer import ScoreSummary, Scorer
+    from nmt.utils.allocator import freeze_live_objects
 
     if not args.tgt:
         raise ValueError("-mode score needs the references: -tgt FILE")

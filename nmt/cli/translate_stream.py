@@ -75,8 +75,8 @@ def _next_batch(lines: "queue.Queue[_Item]", size: int) -> tuple[list[str], bool
 def run_stream(args: argparse.Namespace, start: float) -> int:
     """Translate stdin to stdout line by line as ``args`` say (see the module docstring)."""
     from nmt.translate.loading import load_models
-    from nmt.utils.allocator import freeze_live_objects
     from nmt.translate.translator import TranslationSummary, Translator
+    from nmt.utils.allocator import freeze_live_objects
 
     options = search_options(args)
     references = read_references(args.tgt, None, "-") if args.tgt else None
