@@ -16,9 +16,9 @@ Here ``z = (alpha - 1) * x`` and ``q = 1 / (alpha - 1)`` (sparsemax: ``q = 1``;
     form on the support of the last iterate is accepted once *verified* (the entries at or
     above it are exactly that support); rows failing it (ties within rounding) are sorted.
     Otherwise it stops when the step is below ``tol``.
-  - ``q = 1`` (exact), ``q <= 1`` and per-row ``q`` tensors with some ``q <= 1``: :func:`_newton`, safeguarded
-    Newton on ``f(tau) = sum p_i - 1`` (bisection safeguards ``q < 1``), for ``q = 1`` with
-    the same verified closed-form finish at every step.
+  - ``q = 1`` (exact), ``q <= 1`` and per-row ``q`` tensors with some ``q <= 1``:
+    :func:`_newton`, safeguarded Newton on ``f(tau) = sum p_i - 1`` (bisection safeguards
+    ``q < 1``), for ``q = 1`` with the same verified closed-form finish at every step.
 
   Long rows are first pruned: a Newton lower bound of the threshold of the vector of block
   maxima is a lower bound of ``tau`` (a sub-vector has a smaller ``f``), so only entries
@@ -29,8 +29,9 @@ Here ``z = (alpha - 1) * x`` and ``q = 1 / (alpha - 1)`` (sparsemax: ``q = 1``;
   split is per row.
 
 Host synchronisations: the convergence test of the Newton loop (one per step, a few
-steps; one more at the exact finish of ``q = 2``; one reading whether per-row powers all exceed 1), on long rows the row split (one) and
-sizing the pruned candidate set (three, if some row is pruned).
+steps; one more at the exact finish of ``q = 2``; one reading whether per-row powers all
+exceed 1), on long rows the row split (one) and sizing the pruned candidate set (three, if
+some row is pruned).
 """
 from __future__ import annotations
 
