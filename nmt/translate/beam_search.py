@@ -3,10 +3,11 @@
 All state lives in tensors on the model's device: no per-hypothesis Python objects. Two loops
 run the same step (``nmt.translate.search_step``) and give the same results: the dynamic loop
 (here) makes one host synchronisation per step (the stop test, ``done.tolist()``), which also
-tells which sentences stop (their prefixes get probability 0) and when they leave the batch (once
-the live ones fit a smaller size among 1, 2, 3, 4, 6, 8, 12, ...: ``bucket_size``); the static-shape loop (``nmt.translate.static_search``,
-``mode="static"``, the default on CUDA) masks finished sentences instead and reads a stop flag
-every ``stop_every`` steps. Greedy decoding is ``beam_size=1``.
+tells which sentences stop (their prefixes get probability 0) and when they leave the batch
+(once the live ones fit a smaller size among 1, 2, 3, 4, 6, 8, 12, ...: ``bucket_size``); the
+static-shape loop (``nmt.translate.static_search``, ``mode="static"``, the default on CUDA)
+masks finished sentences instead and reads a stop flag every ``stop_every`` steps. Greedy
+decoding is ``beam_size=1``.
 
 At step t every live hypothesis (a slot of the beam) is extended by every token; a candidate
 scores its total log-probability (log 0 = -inf: such candidates are never kept, counted nor
