@@ -1,6 +1,7 @@
 """End to end: train a tiny model with the real nmt-train, then translate with nmt-translate."""
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -71,6 +72,7 @@ def test_outputs_report_heatmaps_and_summary(trained, capsys):
                               "-report", str(report), "-tgt", str(root / "refs.txt"), "-attention", str(att),
                               "-support", "-beam_size", "3", "-max_length", "10"], capsys)
     assert code == 0, err
+    assert gc.get_freeze_count() == 0  # frozen after loading, thawed when main returned
     lines = out.read_text(encoding="utf-8").split("\n")[:-1]
     assert len(lines) == len(trained["inputs"]) and lines[3] == ""
     records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
