@@ -256,3 +256,25 @@ def test_entmax_threshold_front_door(impl):
     tau = entmax_threshold(x, a, impl=impl)
     p = ((a - 1) * x - tau).clamp(min=0) ** (1 / (a - 1))
     assert torch.allclose(p, entmax_bisect(x, a, impl="pruned"), atol=1e-9)
+
+
+@pytest.mark.parametrize("n", [50, 3000])
+def test_learned_alphas_pruned_norm_newton_equals_static(n):
+    """Per-row alphas all in (1, 2) (learned per head): the CPU path's norm Newton and the static
+    (accelerator) path give the same probabilities (1e-10) with exact zeros at the same places, and
+    the same gradients, masks and a row with nothing kept included (what the CUDA test checks)."""
+    g = torch.Generator().manual_seed(n)
+    x = (torch.randn(12, n, generator=g, dtype=F64) * 3).requires_grad_()
+    mask = torch.rand(12, n, generator=g) > 0.2
+    mask[2] = False
+    alpha = torch.linspace(1.2, 1.8, 12, dtype=F64)[:, None]
+    grad = torch.randn(12, n, generator=g, dtype=F64)
+    out = {}
+    for impl in ("pruned", "static"):
+        p = entmax_bisect(x, alpha, mask=mask, impl=impl)
+        (gx,) = torch.autograd.grad(p, x, grad)
+        out[impl] = (p.detach(), gx)
+    (p, gp), (s, gs) = out["pruned"], out["static"]
+    assert torch.allclose(p, s, atol=1e-10) and torch.equal(p == 0, s == 0)
+    assert torch.allclose(gp, gs, atol=1e-9)
+    assert not p[2].any()
