@@ -158,6 +158,10 @@ def init_distributed(device_type: str) -> DistributedContext:
         raise ValueError("torch.distributed is not available in this torch build")
     backend = "nccl" if device_type == "cuda" else "gloo"
     if backend == "nccl":
+        if local >= torch.cuda.device_count():
+            raise ValueError(f"torchrun environment: LOCAL_RANK={local} but this machine has "
+                             f"{torch.cuda.device_count()} CUDA device(s); start at most one process per GPU "
+                             f"(--nproc_per_node) or set training.device: cpu")
         torch.cuda.set_device(local)
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=TIMEOUT)

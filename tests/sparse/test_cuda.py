@@ -129,7 +129,7 @@ def test_learnable_alpha_on_cuda_matches_cpu():
     for device in ("cpu", "cuda"):
         for impl in (("auto",) if device == "cpu" else IMPLS):
             alpha = torch.linspace(1.1, 1.9, 12, dtype=F64, device=device)[:, None].requires_grad_()
-            xs = x.to(device).requires_grad_()
+            xs = x.detach().clone().to(device).requires_grad_()  # a fresh leaf on each device
             p = entmax_bisect(xs, alpha, mask=mask.to(device), impl=impl)
             (p * grad.to(device)).sum().backward()
             results.append((p.detach().cpu(), xs.grad.cpu(), alpha.grad.cpu()))

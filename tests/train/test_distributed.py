@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nmt.train.checkpoint import load_checkpoint
-from nmt.train.distributed import loss_normalizer, shard_batch
+from nmt.train.distributed import init_distributed, loss_normalizer, shard_batch
 from nmt.train.trainer import Trainer
 from nmt.config import resolve_config
 from ddp_workers import RankPool
@@ -27,7 +27,8 @@ def ranks():
 
 
 def _config(data, save_dir, batch_size, dropout=0.0, **training):
-    config = tiny_config(data, save_dir, batch_size=batch_size, clip_grad_norm=0.5, **training)
+    # Gloo on the CPU in every process (also on a CUDA machine, whose ranks would need a GPU each)
+    config = tiny_config(data, save_dir, batch_size=batch_size, clip_grad_norm=0.5, device="cpu", **training)
     config["model"]["embeddings"]["dropout"] = dropout
     config["model"]["decoder"]["dropout"] = dropout
     return config
@@ -43,6 +44,16 @@ def test_shard_batch_splits_and_pads_with_a_zero_weight_example():
     part, real = shard_batch([4], 1, 2)
     assert part.tolist() == [4] and not real
     assert loss_normalizer(120, 2) == 60.0
+
+
+def test_more_cuda_ranks_than_gpus_is_a_one_line_error(monkeypatch):
+    """A second CUDA process on a one-GPU machine is refused before any process group is made."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"LOCAL_RANK=1 but this machine has 1 CUDA device\(s\).*training.device: cpu"):
+        init_distributed("cuda")
 
 
 @pytest.mark.slow

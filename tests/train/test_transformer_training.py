@@ -36,7 +36,7 @@ def test_softmax_support_per_kind_is_the_number_of_visible_positions(tiny_task, 
     model_cfg = {**TRANSFORMER, "attention": {"mapping": "softmax"}, "output": {"mapping": "softmax"}}
     trainer = Trainer(resolve_config(transformer_config(tiny_task, tmp_path / "run", model_cfg), "t.yaml"), "t.yaml")
     data = trainer.data.valid
-    stats = teacher_forced_statistics(trainer.model.eval(), data, trainer.loss_fn, 4, torch.device("cpu"), True)
+    stats = teacher_forced_statistics(trainer.model.eval(), data, trainer.loss_fn, 4, trainer.device, True)
     n = [len(s) for s in data.src]
     m = [len(t) + 1 for t in data.tgt]  # target + EOS rows
     assert stats["attention_support_encoder_self"] == pytest.approx(sum(x * x for x in n) / sum(n))
