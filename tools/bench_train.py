@@ -131,6 +131,22 @@ def synthetic_batches(n: int, batch_size: int = 64, vocab: int = 8000, seed: int
     return [collate(data, idx, PAD, BOS, EOS) for idx in order[:n]], vocab, vocab
 
 
+def most_common_shapes(batches: list, n: int, k: int, multiple: int) -> list:
+    """The first ``n`` of ``batches`` whose lengths, padded to ``multiple``, are among the ``k``
+    most frequent padded shapes (order kept): few shapes, so that a compiled run's start-up
+    (one compilation or CUDA-graph capture per shape) stays short."""
+    def key(b):
+        return tuple(-(-d // multiple) * multiple for d in (b.src.shape[1], b.tgt_in.shape[1]))
+    counts: dict = {}
+    for b in batches:
+        counts[key(b)] = counts.get(key(b), 0) + 1
+    keep = set(sorted(counts, key=counts.get, reverse=True)[:k])
+    chosen = [b for b in batches if key(b) in keep][:n]
+    if len(chosen) < n:
+        raise SystemExit(f"bench_train: --max-shapes {k}: only {len(chosen)} of the {n} batches needed")
+    return chosen
+
+
 def to_device(batch, device: torch.device):
     """The batch on ``device`` with its source lengths left on the host, as the trainer does."""
     return replace(batch.to(device), src_lengths=batch.src_lengths)
@@ -207,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile", action="store_true", help="also time training.compile (torch.compile)")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     parser.add_argument("--pad_to_multiple", type=int, default=8, help="length bucket of the compiled runs")
+    parser.add_argument("--max-shapes", type=int, default=None,
+                        help="only batches of the K most frequent shapes (lengths padded to --pad_to_multiple), "
+                             "for every setting: compiled runs then compile K shapes")
     parser.add_argument("--load", default=None, help="label printed with the figures, e.g. 'idle' or "
                         "'loaded: 8 jobs on 2 cores' (figures under load are not speed claims)")
     args = parser.parse_args(argv)
@@ -220,11 +239,16 @@ def main(argv: list[str] | None = None) -> int:
         f"data.{split}.{side}={args.data_dir / f'{name}.{lang}'}"
         for split, name in (("train", "train"), ("valid", "val")) for side, lang in (("src", "de"), ("tgt", "en"))])
 
+    wanted = warmup + steps
+    drawn = wanted if args.max_shapes is None else 12 * wanted  # filtered below
     if source == "multi30k":
         with tempfile.TemporaryDirectory() as work:
-            batches, src_vocab, tgt_vocab = multi30k_batches(config, warmup + steps, Path(work))
+            batches, src_vocab, tgt_vocab = multi30k_batches(config, drawn, Path(work))
     else:
-        batches, src_vocab, tgt_vocab = synthetic_batches(warmup + steps)
+        batches, src_vocab, tgt_vocab = synthetic_batches(drawn)
+    if args.max_shapes is not None:
+        batches = [pad_to_multiple(b, args.pad_to_multiple, PAD)
+                   for b in most_common_shapes(batches, wanted, args.max_shapes, args.pad_to_multiple)]
     transformer_model = None
     every = settings()
     if args.transformer:
@@ -236,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# bench_train: {source} batches of {config['training']['batch_size']} sentences, vocab "
           f"{src_vocab}/{tgt_vocab}, {warmup} warmup + {steps} timed steps, device {device} ({machine}), "
           f"{args.threads} threads, precision {args.precision}, torch {torch.__version__}"
+          + (f"; the {args.max_shapes} most frequent shapes only" if args.max_shapes else "")
           + (f"; load: {args.load}" if args.load else ""))
     print(f"{'attention / output':<34} {'step':<9} {'tokens/s':>10} {'ms/step':>8} {'syncs/step':>10} "
           f"{'vs softmax':>10} {'vs eager':>8} {'shapes':>6} {'warm-up s':>9}")

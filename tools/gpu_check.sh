@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Run the test suite and the GPU benchmarks on a CUDA machine, one stage after another.
+#
+#   bash tools/gpu_check.sh [STAGE ...]     # stages: env tests sparse train train_compile transformer translate
+#                                         (default: env tests sparse train translate)
+#
+# Every stage has its own time limit (GPU_CHECK_<STAGE>_S, seconds) and writes its full log to
+# $OUT/<stage>.log (default OUT=runs/gpu_check), so a stage that hangs or fails leaves the others'
+# figures. Needs the Multi30k files in data/multi30k (recipes/translation/prepare.py multi30k) for
+# the train and translate stages, and the test extras (pytest, hypothesis, scipy, entmax). Wheels in
+# .whl/ (a machine without a package index) are installed into /tmp/site first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs/gpu_check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+if compgen -G ".whl/*.whl" >/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+STAGES=${*:-env tests sparse train translate}
+
+stage() {  # stage NAME DEFAULT_SECONDS COMMAND...
+    local name=$1 limit=$2; shift 2
+    local var="GPU_CHECK_${name^^}_S"
+    limit=${!var:-$limit}
+    echo "=== $name (limit ${limit}s): $*"
+    local t0=$SECONDS
+    timeout -s INT -k 15 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "=== $name: exit $rc after $((SECONDS - t0)) s"
+    tail -n "${TAIL:-25}" "$OUT/$name.log"
+}
+
+for s in $STAGES; do
+    case $s in
+        env) stage env 60 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; \
+              $PY -c 'import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.get_device_name()); import triton; print(\"triton\", triton.__version__)'" ;;
+        tests) stage tests 180 $PY -m pytest -q -p no:cacheprovider -n "${GPU_CHECK_WORKERS:-8}" -rfE --durations=5 ${GPU_CHECK_TESTS:-} ;;
+        sparse) stage sparse 120 $PY tools/bench_sparse.py --device cuda ${GPU_CHECK_SPARSE_ARGS:-} ;;
+        train) stage train 100 $PY tools/bench_train.py --device cuda --steps 100 --warmup 30 --only \
+              "softmax / softmax" "entmax15 / entmax15" "softmax / entmax15" "entmax15 / softmax" ;;
+        train_compile) stage train_compile 240 $PY tools/bench_train.py --device cuda --steps 60 --warmup 10 \
+              --compile --max-shapes 1 --only "softmax / softmax" "entmax15 / entmax15" ;;
+        transformer) stage transformer 150 $PY tools/bench_train.py --device cuda --steps 100 --warmup 30 \
+              --transformer --only "transformer: softmax / softmax" "transformer: entmax15 / softmax" \
+              "transformer: adaptive / softmax" ;;
+        translate) stage translate 180 $PY tools/bench_translate.py --device cuda --work runs/gpu_models --repeats 3 \
+              ${GPU_CHECK_TRANSLATE_ARGS:-} ;;
+        *) echo "unknown stage $s (env tests sparse train train_compile transformer translate)"; exit 2 ;;
+    esac
+done
