@@ -8,7 +8,7 @@
 # $OUT/<stage>.log (default OUT=runs/gpu_check), so a stage that hangs or fails leaves the others'
 # figures. Needs the Multi30k files in data/multi30k (recipes/translation/prepare.py multi30k) for
 # the train and translate stages, and the test extras (pytest, hypothesis, scipy, entmax). Wheels in
-# .whl/ (a machine without a package index) are installed into /tmp/site first.
+# .whl/ (a machine without a package index) are installed first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_check}
@@ -16,8 +16,11 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 if compgen -G ".whl/*.whl" >/dev/null; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+    # into the interpreter's own site-packages (the tests' subprocesses set PYTHONPATH themselves);
+    # where that is not allowed, into /tmp/site on PYTHONPATH
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl 2>/dev/null \
+        || { $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+             .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}; }
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 STAGES=${*:-env tests sparse train translate}
