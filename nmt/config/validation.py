@@ -90,12 +90,20 @@ def check_attention_kind(attention: dict, kind: str, source: str) -> None:
 
 
 def check_head_mapping(name: str, params: dict, source: str, prefix: str) -> None:
-    """:func:`check_mapping`, where ``alpha: learned`` is accepted for entmax_bisect."""
+    """:func:`check_mapping`, where ``alpha: learned`` (with an optional ``alpha_init`` in
+    [1.01, 2)) is accepted for entmax_bisect."""
     params = dict(params)
     if params.get("alpha") == "learned":
         if name != "entmax_bisect":
             raise ConfigError(source, f"{prefix}.params.alpha", f"'learned' needs mapping entmax_bisect, got {name!r}")
         del params["alpha"]
+        if "alpha_init" in params:
+            start = params.pop("alpha_init")
+            if isinstance(start, bool) or not isinstance(start, (int, float)) or not 1.01 <= start < 2:
+                raise ConfigError(source, f"{prefix}.params.alpha_init",
+                                  f"the starting value of a learned alpha must be a number in [1.01, 2), got {start!r}")
+    elif "alpha_init" in params:
+        raise ConfigError(source, f"{prefix}.params.alpha_init", "needs alpha: learned (a trainable alpha per head)")
     check_mapping(name, params, source, prefix)
 
 

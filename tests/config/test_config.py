@@ -299,6 +299,10 @@ def _transformer(attention: dict, **model) -> dict:
      "model.attention.continuous.family: unknown argument 'family' of ContinuousAttention"),
     ({"type": "transformer", "transformer": {"norm": "sandwich"}}, "model.transformer.norm: unknown value"),
     ({"type": "rnn", "attention": {"params": {"alpha": "learned"}}}, "model.attention.params.alpha:"),
+    ({"type": "transformer", "attention": {"mapping": "entmax_bisect", "params": {"alpha": "learned", "alpha_init": 2}}},
+     "model.attention.params.alpha_init: the starting value of a learned alpha must be a number in [1.01, 2), got 2"),
+    ({"type": "transformer", "attention": {"mapping": "entmax_bisect", "params": {"alpha": 1.5, "alpha_init": 1.2}}},
+     "model.attention.params.alpha_init: needs alpha: learned"),
 ])
 def test_transformer_config_errors_name_the_key(tmp_path, model, expected):
     message = error_of(write(tmp_path, {**MINIMAL, "model": model}))

@@ -151,6 +151,13 @@ def test_shared_and_tied_embeddings():
     assert bool((model.src_embeddings.lut.weight[PAD] == 0).all())
 
 
+def test_learned_alpha_starts_at_alpha_init():
+    """alpha_init sets every head's starting alpha (1 + sigmoid of the logit; a float32 logit)."""
+    model = make(attention={"mapping": "entmax_bisect", "params": {"alpha": "learned", "alpha_init": 1.1}})
+    for value in model.learned_alphas().values():
+        torch.testing.assert_close(value, torch.full_like(value, 1.1), rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("sections,message", [
     ({"embeddings": {"share": True}}, "model.embeddings.share: needs one shared vocabulary"),
     ({"transformer": {"heads": 3}}, "model.transformer.heads: d_model (8) must be a multiple of heads (3)"),
@@ -158,6 +165,8 @@ def test_shared_and_tied_embeddings():
     ({"transformer": {"positions": "rotary"}}, "model.transformer.positions: unknown positions 'rotary'"),
     ({"attention": {"cross": {"mapping": "softmax", "params": {"alpha": "learned"}}}},
      "model.attention.cross: alpha: 'learned' needs mapping entmax_bisect"),
+    ({"attention": {"cross": {"mapping": "entmax_bisect", "params": {"alpha": "learned", "alpha_init": 1.0}}}},
+     "model.attention.cross: alpha_init must lie in [1.01, 2), got 1.0"),
     ({"attention": {"decoder_self": {"mapping": "sparsemx", "params": None}}},
      "model.attention.decoder_self: unknown mapping 'sparsemx'"),
 ])

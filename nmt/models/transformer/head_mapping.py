@@ -5,11 +5,13 @@ Any mapping of the ``nmt.sparse`` registry, with its parameters bound, or -- for
 & Martins 2019, "Adaptively Sparse Transformers"): ``alpha = max(1 + sigmoid(a), 1.01)``,
 in [1.01, 2] (the paper's clamp: near 1 the exponent 1/(alpha - 1) of alpha-entmax
 overflows, and ``sigmoid`` underflows to 0 for very negative ``a``), starting at 1.5
-(``a = 0``). The gradient reaches ``a`` through the alpha-gradient of
-:func:`nmt.sparse.entmax_bisect` (zero while clamped at 1.01).
+(``a = 0``, the paper's choice) or at ``alpha_init`` in [1.01, 2) (``a = logit(alpha_init - 1)``;
+near 1 the heads start close to softmax). The gradient reaches ``a`` through the alpha-gradient
+of :func:`nmt.sparse.entmax_bisect` (zero while clamped at 1.01).
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -19,6 +21,8 @@ from nmt.sparse import get_mapping
 from nmt.sparse.registry import mapping_function
 
 LEARNED = "learned"
+ALPHA_INIT = "alpha_init"
+"""Parameter of a learned alpha: its starting value (default 1.5)."""
 ALPHA_MIN = 1.01
 """Lower clamp of a learned alpha (Correia et al. 2019)."""
 
@@ -27,7 +31,8 @@ class HeadMapping(nn.Module):
     """scores (B, heads, T, S) -> probabilities over S, exact zeros where ``mask`` is False.
 
     ``params`` are the mapping's keyword parameters (checked against the registry: unknown
-    names raise ValueError); ``{"alpha": "learned"}`` is accepted for ``entmax_bisect`` only.
+    names raise ValueError); ``{"alpha": "learned"}`` is accepted for ``entmax_bisect`` only,
+    with an optional ``alpha_init`` in [1.01, 2) (default 1.5).
     With a learned alpha the registry's ``entmax_bisect`` checks alpha >= 1 on the host (a
     sync on the tiny alpha tensor per call).
     """
@@ -42,7 +47,12 @@ class HeadMapping(nn.Module):
             if mapping != "entmax_bisect":
                 raise ValueError(f"alpha: 'learned' needs mapping entmax_bisect, got {mapping!r}")
             del params["alpha"]
-            self.alpha_logit = nn.Parameter(torch.zeros(heads))
+            start = float(params.pop(ALPHA_INIT, 1.5))
+            if not ALPHA_MIN <= start < 2:
+                raise ValueError(f"alpha_init must lie in [{ALPHA_MIN}, 2), got {start}")
+            self.alpha_logit = nn.Parameter(torch.full((heads,), math.log((start - 1) / (2 - start))))
+        elif ALPHA_INIT in params:
+            raise ValueError("alpha_init needs alpha: learned")
         self.params = params
         self.function = get_mapping(mapping, **params)  # validates the name and parameters
         self._bisect = mapping_function("entmax_bisect") if self.learned_alpha else None
@@ -64,4 +74,4 @@ class HeadMapping(nn.Module):
         return f"{self.name}, heads={self.heads}{', alpha=learned' if self.learned_alpha else ''}"
 
 
-__all__ = ["ALPHA_MIN", "HeadMapping", "LEARNED"]
+__all__ = ["ALPHA_INIT", "ALPHA_MIN", "HeadMapping", "LEARNED"]
