@@ -21,6 +21,7 @@ import math
 import torch
 from torch import Tensor
 
+from ._common import fresh_output
 from ._groups import group_average
 from ._taut_string import taut_string
 
@@ -77,7 +78,7 @@ class ProxOscarFunction(torch.autograd.Function):
     def forward(ctx, x: Tensor, lengths: Tensor, lam: float) -> Tensor:  # type: ignore[override]
         y, groups, coef = prox_oscar(x, lengths, lam)
         ctx.save_for_backward(groups, coef)
-        return y
+        return fresh_output(y)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._common import fresh_output
 from ._groups import group_average
 from ._taut_string import taut_string
 
@@ -36,7 +37,7 @@ class ProxTVFunction(torch.autograd.Function):
     def forward(ctx, x: Tensor, lengths: Tensor, lam: float) -> Tensor:  # type: ignore[override]
         y, groups = prox_tv(x, lengths, lam)
         ctx.save_for_backward(groups, lengths)
-        return y
+        return fresh_output(y)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import apply_last
+from ._common import apply_last, fresh_output
 
 
 class SoftmaxFunction(torch.autograd.Function):
@@ -20,7 +20,7 @@ class SoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
         empty = x.amax(dim=-1, keepdim=True) == float("-inf")
-        p = torch.softmax(x, dim=-1).masked_fill_(empty, 0.0)
+        p = fresh_output(torch.softmax(x, dim=-1).masked_fill_(empty, 0.0))
         ctx.save_for_backward(p)
         return p
 

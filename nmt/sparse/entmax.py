@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _dispatch
-from ._common import apply_last, apply_mask, broadcasts_to, check_scores, compute_dtype
+from ._common import apply_last, apply_mask, broadcasts_to, check_scores, compute_dtype, fresh_output
 from ._dispatch import check_impl, resolve_impl, shifted_threshold
 from ._softmax import softmax
 from .sparsemax import sparsemax
@@ -184,7 +184,7 @@ class EntmaxBisectFunction(torch.autograd.Function):
         if alpha_float is None:
             p = torch.where(alpha >= 1, p, _NAN)  # NaN / < 1 alpha (static path): a NaN row
             ctx.save_for_backward(p, alpha)
-        return p
+        return fresh_output(p)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _dispatch
-from ._common import apply_last
+from ._common import apply_last, fresh_output
 from ._dispatch import check_impl, resolve_impl, shifted_threshold
 
 
@@ -65,7 +65,7 @@ class SparsemaxFunction(torch.autograd.Function):
         if ctx.triton:
             p = _dispatch._triton.sparsemax_forward(_rows(x)).view(x.shape)
         else:
-            p = sparsemax_probs(x, impl=kind)
+            p = fresh_output(sparsemax_probs(x, impl=kind))
         ctx.save_for_backward(p)
         return p
 

@@ -38,7 +38,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from ._common import apply_mask, check_scores, compute_dtype
+from ._common import apply_mask, check_scores, compute_dtype, fresh_output
 from ._dispatch import check_impl
 from ._groups import group_average
 from ._prox_oscar import ordered_fit, prox_oscar
@@ -103,6 +103,7 @@ class _StructuredFunction(torch.autograd.Function):
         if lam == 0 or p is None:   # lam = 0: bit for bit sparsemax; long rows: its threshold
             p = sparsemax_probs(z, impl="static" if static else "auto")
         ctx.gamma = gamma
+        p = fresh_output(p)
         ctx.save_for_backward(p, slot, groups, coef, prefix)
         return p if slot is None else p.gather(-1, slot)
 

@@ -278,3 +278,15 @@ def test_learned_alphas_pruned_norm_newton_equals_static(n):
     assert torch.allclose(p, s, atol=1e-10) and torch.equal(p == 0, s == 0)
     assert torch.allclose(gp, gs, atol=1e-9)
     assert not p[2].any()
+
+
+def test_fresh_output_copies_only_while_compiling(monkeypatch):
+    """The workaround for pytorch/pytorch#180642 (torch 2.11: wrong gradients under compile when a
+    Function returns a tensor it changed in place): a copy while tracing, the tensor itself eagerly."""
+    from nmt.sparse._common import fresh_output
+
+    t = torch.randn(3)
+    assert fresh_output(t) is t
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    copy = fresh_output(t)
+    assert copy is not t and copy.data_ptr() != t.data_ptr() and torch.equal(copy, t)
