@@ -25,7 +25,10 @@ the target with the uniform distribution over the classes whose score is finite.
 a class with score ``-inf`` has an infinite loss (never NaN); its gradient stays ``p - y``.
 
 Host synchronisation: none, forward or backward, for cross-entropy and for the sparse losses
-with ``impl="static"`` (the thresholds' sync-free path; ``"auto"`` picks it on accelerators).
+with ``impl="static"`` or ``"triton"`` (``"auto"`` picks the Triton mapping on CUDA where it is
+installed, else the static path, on accelerators). With ``"triton"`` the sparse losses take ``p``
+from the fused mapping kernel and ``Omega*(z') = <z', p> - Omega(p)`` from it (exact as the kernel
+is; float32 inputs); the thresholds' static path remains the reference and the fallback.
 Rows to ignore are handled by masks, the token count of ``"mean"`` stays on the device. Target
 checks (class index in range; a distribution non-negative and summing to 1) run through
 ``torch._assert_async``: a ``ValueError`` on the CPU (eager), a device-side assertion on an
@@ -38,7 +41,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ._dispatch import check_impl, shifted_threshold
+from . import _dispatch
+from ._dispatch import check_impl, resolve_impl, shifted_threshold
 from ._threshold import count_true
 
 _REDUCTIONS = ("mean", "sum", "none")
@@ -121,7 +125,33 @@ class Tsallis(Regularizer):
     def omega_of_power_sum(self, s: Tensor) -> Tensor:
         return (s - 1) / (self.alpha * (self.alpha - 1))  # exactly 0 at a one-hot y
 
+    def kernel_probs(self, z: Tensor) -> Tensor:
+        """``p`` of ``z: (N, V)`` from the fused Triton mapping (exact support, closed form for
+        alpha 1.5 / 2, float32 precision otherwise)."""
+        kernels = _dispatch._triton
+        if self.alpha == 2:
+            return kernels.sparsemax_forward(z)
+        if self.alpha == 1.5:
+            return kernels.entmax15_forward(z)
+        return kernels.entmax_forward(z, torch.full((z.shape[0],), self.alpha, device=z.device))
+
+    def kernel_probs_conj(self, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`probs_conj` from the Triton mapping's ``p`` (CUDA; CPU in Triton's interpreter):
+        ``Omega*(z') = <z', p> - Omega(p)`` over the support, a handful of elementwise passes and
+        row sums after the kernel, no host synchronisation. A one-hot ``p`` gives exactly 0."""
+        p = self.kernel_probs(z)
+        zmax = z.amax(dim=-1, keepdim=True)
+        zmax = torch.where(zmax.isnan() | (zmax == float("inf")), float("nan"), _dead_row_safe(zmax))
+        zp = torch.linalg.vecdot(p, torch.where(p > 0, z - zmax, 0))  # no product with -inf scores
+        return p, zp - self.omega_of_power_sum(self.power_sum(p)), zmax
+
+    def uses_kernel(self, z: Tensor, impl: str) -> bool:
+        """Whether ``impl`` means the Triton mapping for ``z`` (never with an ``n_iter`` cap)."""
+        return self.n_iter is None and resolve_impl(impl, z) == "triton"
+
     def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor, Tensor]:
+        if self.uses_kernel(z, impl):
+            return self.kernel_probs_conj(z)
         am1 = self.alpha - 1
         tau, zmax = shifted_threshold(z, 1 / am1, am1, impl, torch.finfo(z.dtype).eps, self.n_iter)
         r = torch.sub(z, zmax).mul_(am1).sub_(tau).clamp_(min=0)  # [(alpha - 1) z' - tau']_+
@@ -141,6 +171,8 @@ class TsallisSparsemax(Tsallis):
         super().__init__(2.0)
 
     def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor, Tensor]:
+        if self.uses_kernel(z, impl):
+            return self.kernel_probs_conj(z)
         tau, zmax = shifted_threshold(z, 1.0, impl=impl)  # the front door of sparsemax_threshold
         p = torch.sub(z, zmax).sub_(tau).clamp_(min=0)  # p_t = -tau' at the maximum, exactly
         return p, (tau[:, 0] + 1) + 0.5 * (torch.linalg.vecdot(p, p) - 1), zmax
@@ -153,6 +185,8 @@ class TsallisEntmax15(Tsallis):
         super().__init__(1.5)
 
     def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor, Tensor]:
+        if self.uses_kernel(z, impl):
+            return self.kernel_probs_conj(z)
         tau, zmax = shifted_threshold(z, 2.0, scale=0.5, impl=impl)  # as entmax15_threshold
         # sqrt(p) = [z/2 - zmax/2 - tau']_+ (halving is exact): r_t = -tau' at the maximum
         r = torch.add(-0.5 * zmax, z, alpha=0.5).sub_(tau).clamp_(min=0)

@@ -192,26 +192,28 @@ def test_loss_half_precision_on_cuda(name, dtype):
 
 
 @pytest.mark.parametrize("n", [50, 3000])
-def test_static_path_never_synchronises_on_cuda(n):
-    """Every mapping (forward + backward) and every loss with impl="static": zero host syncs."""
+@pytest.mark.parametrize("impl", IMPLS)
+def test_static_path_never_synchronises_on_cuda(n, impl):
+    """Every mapping (forward + backward) and every loss with impl="static" and with impl="auto"
+    (the Triton kernels where installed): zero host syncs."""
     x, mask, grad = _inputs(n, torch.float32)
     x, mask, grad = x.cuda(), mask.cuda(), grad.cuda()
     for name, fn in MAPPINGS.items():
-        if name in ("fusedmax", "oscarmax") and n > 500:
-            continue
-        _run(fn, x, mask, grad, "static")  # warm-up: lazy initialisation may synchronise once
+        if name in ("fusedmax", "oscarmax") and (n > 500 or impl != "static"):
+            continue  # their "auto" on CUDA is the static path already
+        _run(fn, x, mask, grad, impl)  # warm-up: lazy initialisation may synchronise once
         xs = x.clone().requires_grad_()
         with _no_host_sync():
-            (fn(xs, mask, "static") * grad).sum().backward()
+            (fn(xs, mask, impl) * grad).sum().backward()
     alpha = torch.full((12, 1), 1.4, device="cuda", requires_grad=True)  # learnable alpha
     with _no_host_sync():
-        (entmax_bisect(x.clone().requires_grad_(), alpha, mask=mask, impl="static") * grad).sum().backward()
+        (entmax_bisect(x.clone().requires_grad_(), alpha, mask=mask, impl=impl) * grad).sum().backward()
     scores, cases = _loss_cases(n)
     scores = scores.cuda()
     for name, loss_fn in LOSSES.items():
         for target, kw in cases:
             target = target.cuda()
-            loss_fn(scores.clone().requires_grad_(), target, impl="static", **kw).sum().backward()  # warm-up
+            loss_fn(scores.clone().requires_grad_(), target, impl=impl, **kw).sum().backward()  # warm-up
             xs = scores.clone().requires_grad_()
             with _no_host_sync():
-                loss_fn(xs, target, impl="static", **kw).sum().backward()
+                loss_fn(xs, target, impl=impl, **kw).sum().backward()

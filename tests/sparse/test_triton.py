@@ -411,6 +411,50 @@ def test_learnable_alpha_with_impl_triton():
         assert torch.allclose(a, b, atol=2e-5), (a, b)
 
 
+@pytest.mark.parametrize("n", [7, 300])
+def test_losses_with_impl_triton_equal_static(n):
+    """The sparse Fenchel-Young losses with impl="triton" (p from the mapping kernel, the conjugate
+    from p) equal impl="static" (the thresholds): values and gradients, index targets with
+    ignored rows, label smoothing, a distribution target, -inf scores, an all -inf row; a one-hot
+    prediction on its target gives exactly 0. (Host syncs: tests/sparse/test_cuda.py on CUDA.)"""
+    from nmt.sparse import entmax15_loss, entmax_bisect_loss, sparsemax_loss
+
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(12, n, generator=g) * 3
+    x[5, n // 2:] = NINF
+    x[7] = NINF  # only -inf: an infinite loss for an index target
+    x[9] = NINF
+    x[9, 1] = 0.0  # exactly one-hot on class 1
+    t = torch.randint(0, max(n // 2, 1), (12,), generator=g)
+    t[::4] = -100
+    t[9] = 1
+    dist = torch.softmax(torch.randn(12, n, generator=g), -1)
+    dist[5, n // 2:] = 0
+    dist[7] = dist[9] = 0
+    dist[7, 0] = dist[9, 1] = 1.0
+    dist = dist / dist.sum(-1, keepdim=True)
+    losses = {"sparsemax": sparsemax_loss, "entmax15": entmax15_loss,
+              "bisect1.3": lambda *a, **k: entmax_bisect_loss(*a, alpha=1.3, **k),
+              "bisect1.5": lambda *a, **k: entmax_bisect_loss(*a, alpha=1.5, **k)}
+    cases = [(t, {"reduction": "none"}), (t, {"reduction": "none", "label_smoothing": 0.1}),
+             (dist, {"reduction": "none"}), (t, {})]
+    for name, loss_fn in losses.items():
+        for target, kw in cases:
+            out = {}
+            for impl in ("static", "triton"):
+                xi = x.to(DEVICE).requires_grad_()
+                loss = loss_fn(xi, target.to(DEVICE), impl=impl, **kw)
+                torch.where(loss.isfinite(), loss, 0).sum().backward()
+                out[impl] = (loss.detach().cpu(), xi.grad.cpu())
+            (ls, gs), (lt, gt) = out["static"], out["triton"]
+            assert torch.equal(ls.isinf(), lt.isinf()), (name, kw)
+            fin = ls.isfinite()
+            assert torch.allclose(lt[fin], ls[fin], atol=1e-5, rtol=1e-5), (name, kw, lt, ls)
+            assert torch.allclose(gt, gs, atol=1e-5), (name, kw)
+            if loss.dim() and "label_smoothing" not in kw:
+                assert lt[9] == 0 and ls[9] == 0, (name, kw)  # one-hot on the target: exactly 0
+
+
 def test_auto_prefers_kernels_off_cpu_except_float64(monkeypatch):
     """impl="auto" off the CPU takes the kernels where they accept the input, but not for
     float64 (the kernels compute in float32)."""
