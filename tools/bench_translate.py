@@ -21,8 +21,10 @@ harness in tools/peer_bench (``run_pss.py decode350``).
 A second table compares the search loops (``SearchOptions.mode``): dynamic (finished sentences
 leave the batch, one host sync per step) and static (fixed shapes, finished sentences masked,
 a stop flag read every ``--stop_every`` steps): sentences/s, ms per step and host syncs per step
-of one batch (SyncAudit's count on the CPU, CUDA's sync debug mode on CUDA), and whether the
-outputs and certificates are identical. ``--load`` labels figures taken on a busy machine.
+of one batch (SyncAudit's count on the CPU, CUDA's sync debug mode on CUDA), and how many sentences'
+outputs or certificates differ. A third table times nmt-translate's default options for the
+device (on a GPU: batches of 8,192 source tokens) and, with ``--compare-cpu`` (default on a
+GPU), counts the sentences whose hypotheses, certificates or n_nonzero differ from the CPU's. ``--load`` labels figures taken on a busy machine.
 """
 from __future__ import annotations
 
@@ -126,8 +128,7 @@ def search_mode_rows(checkpoints: dict, lines: list[str], args: argparse.Namespa
                                             batch_size=args.batch_size, device=args.device, precision=args.precision)
                            for mode, options in modes.items()}
             seconds, outputs = time_settings(translators, lines, args.repeats)
-            same = [(t.hypotheses, t.exact, t.reason, t.n_nonzero) for t in outputs["dynamic"]] == \
-                [(t.hypotheses, t.exact, t.reason, t.n_nonzero) for t in outputs["static"]]
+            differ = count_differences(outputs["dynamic"], outputs["static"])["any"]
             for mode, options in modes.items():
                 def one_batch():
                     with autocast(args.device, args.precision):
@@ -150,7 +151,46 @@ def search_mode_rows(checkpoints: dict, lines: list[str], args: argparse.Namespa
                 rows.append({"mapping": mapping, "search": label, "mode": mode,
                              "sent_per_s": len(lines) / seconds[mode], "ms_per_step": 1000 * batch_seconds / result.steps,
                              "syncs_per_step": syncs / result.steps, "vs_dynamic": seconds["dynamic"] / seconds[mode],
-                             "same_output": same})
+                             "differ": differ})
+    return rows
+
+
+def count_differences(a: list, b: list) -> dict:
+    """Sentences whose translations differ between two runs: in their hypotheses, in their
+    certificates (exact flag or reason), in ``n_nonzero``, and in any of these."""
+    keys = {"hypotheses": lambda t: t.hypotheses, "certificate": lambda t: (t.exact, t.reason),
+            "n_nonzero": lambda t: t.n_nonzero}
+    out = {name: sum(key(x) != key(y) for x, y in zip(a, b)) for name, key in keys.items()}
+    out["any"] = sum(any(key(x) != key(y) for key in keys.values()) for x, y in zip(a, b))
+    return out
+
+
+def default_batching_rows(checkpoints: dict, lines: list[str], args: argparse.Namespace) -> list[dict]:
+    """nmt-translate's defaults for the device (its batching, certificates and statistics on):
+    sentences/s (best of ``--repeats``), and with ``--compare-cpu`` the sentences whose outputs
+    or certificates differ from the same search on the CPU."""
+    from nmt.translate.loading import load_model
+    from nmt.translate.search_options import SearchOptions
+    from nmt.translate.translator import Translator, default_batching
+
+    batch_size, batch_type = default_batching(args.device)
+    rows = []
+    for mapping, path in checkpoints.items():
+        loaded = load_model(path, args.device)
+        cpu = load_model(path, "cpu") if args.compare_cpu else None
+        for label, beam in (("greedy", 1), ("beam 5", 5)):
+            options = SearchOptions(beam_size=beam, max_length=args.max_length)
+            translator = Translator(loaded.model, loaded.src_field, loaded.tgt_field, options, batch_size=batch_size,
+                                    batch_type=batch_type, device=args.device, precision=args.precision)
+            seconds, outputs = time_settings({"default": translator}, lines, args.repeats)
+            row = {"mapping": mapping, "search": label, "batch": f"{batch_size} {batch_type}",
+                   "sent_per_s": len(lines) / seconds["default"]}
+            if cpu is not None:
+                cpu_batch, cpu_type = default_batching("cpu")
+                reference = Translator(cpu.model, cpu.src_field, cpu.tgt_field, options, batch_size=cpu_batch,
+                                       batch_type=cpu_type, device="cpu").translate(lines)
+                row["vs_cpu"] = count_differences(outputs["default"], reference)
+            rows.append(row)
     return rows
 
 
@@ -171,10 +211,15 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="keep trained models here and reuse them (default: temporary)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
+    parser.add_argument("--compare-cpu", action=argparse.BooleanOptionalAction, default=None,
+                        help="also translate on the CPU and count the sentences whose outputs or certificates "
+                             "differ (default: on with --device cuda)")
     parser.add_argument("--stop_every", type=int, default=4, help="static search: stop flag read every K steps")
     parser.add_argument("--load", default=None, help="label printed with the figures, e.g. 'idle' or "
                         "'loaded: 8 jobs on 2 cores' (figures under load are not speed claims)")
     args = parser.parse_args()
+    if args.compare_cpu is None:
+        args.compare_cpu = not str(args.device).startswith("cpu")
     if args.quick:
         args.train_steps, args.repeats, args.max_length = 5, 1, 30
         args.sentences = args.sentences or 48
@@ -229,6 +274,7 @@ def main() -> None:
                 figures["results"].append(result)
                 rows.append(result)
         figures["search_modes"] = search_mode_rows(checkpoints, lines, args)
+        figures["default_batching"] = default_batching_rows(checkpoints, lines, args)
         figures["startup_seconds"] = startup_seconds(Path(checkpoints["entmax15"]), 1 if args.quick else 3)
 
     print(f"{len(lines)} sentences, batch {args.batch_size}, {args.threads} threads, max_length {args.max_length}, "
@@ -245,10 +291,18 @@ def main() -> None:
     print(f"search loops (certificate on; static reads its stop flag every {args.stop_every} steps; ms and syncs "
           "per step of one batch)")
     print(f"{'output':10s} {'search':8s} {'loop':8s} {'sent/s':>8s} {'ms/step':>8s} {'syncs/step':>10s} "
-          f"{'vs dynamic':>10s} {'same output':>11s}")
+          f"{'vs dynamic':>10s} {'differ':>10s}")
     for r in figures["search_modes"]:
         print(f"{r['mapping']:10s} {r['search']:8s} {r['mode']:8s} {r['sent_per_s']:8.1f} {r['ms_per_step']:8.2f} "
-              f"{r['syncs_per_step']:10.2f} {r['vs_dynamic']:9.2f}x {str(r['same_output']):>11s}")
+              f"{r['syncs_per_step']:10.2f} {r['vs_dynamic']:9.2f}x {r['differ']:>5d}/{len(lines)}")
+    print(f"nmt-translate's default options on {args.device} (certificate and statistics on)"
+          + ("; sentences differing from the CPU: in hypotheses / certificates / n_nonzero / any"
+             if args.compare_cpu else ""))
+    for r in figures["default_batching"]:
+        vs = r.get("vs_cpu")
+        cmp = "" if vs is None else (f"   vs CPU {vs['hypotheses']}/{vs['certificate']}/{vs['n_nonzero']}/"
+                                     f"{vs['any']} of {len(lines)}")
+        print(f"{r['mapping']:10s} {r['search']:8s} batch {r['batch']:16s} {r['sent_per_s']:8.1f} sent/s{cmp}")
     if args.json:
         atomic_write_text(args.json, json.dumps(figures, indent=2) + "\n")
 

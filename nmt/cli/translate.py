@@ -1,7 +1,7 @@
 """``nmt-translate``: translate (or score) with one checkpoint or an ensemble.
 
     nmt-translate -model M.pt [M2.pt ...] -src FILE|- -output FILE|- -beam_size 5 -n_best 1
-                  -batch_size 64 -max_length 100 -length_penalty none -report FILE.jsonl
+                  [-batch_size N] -max_length 100 -length_penalty none -report FILE.jsonl
                   [-tgt REF] [-attention DIR] [-support] [-device auto|cpu|cuda]
                   [-batch_type sentences|tokens] [-precision fp32|bf16|fp16]
                   [-search_mode auto|dynamic|static] [-stop_every K]
@@ -59,10 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-output", "--output", default="-", metavar="FILE|-", help="translations (- = stdout)")
     p.add_argument("-beam_size", "--beam_size", type=int, default=d.beam_size, help="beam size (1 = greedy)")
     p.add_argument("-n_best", "--n_best", type=int, default=d.n_best, help="hypotheses written per sentence")
-    p.add_argument("-batch_size", "--batch_size", type=int, default=64,
-                   help="sentences (or padded source tokens, see -batch_type) per batch")
-    p.add_argument("-batch_type", "--batch_type", default="sentences", choices=("sentences", "tokens"),
-                   help="unit of -batch_size; sources are sorted by length either way")
+    p.add_argument("-batch_size", "--batch_size", type=int, default=None,
+                   help="sentences (or padded source tokens, see -batch_type) per batch (default: 64 "
+                   "sentences on the CPU, 8192 tokens on a GPU; score and stdin modes: 64 sentences)")
+    p.add_argument("-batch_type", "--batch_type", default=None, choices=("sentences", "tokens"),
+                   help="unit of -batch_size (default: sentences, or tokens when neither is given on a GPU); "
+                   "sources are sorted by length either way")
     p.add_argument("-max_length", "--max_length", type=int, default=d.max_length,
                    help="max target tokens before EOS")
     p.add_argument("-min_length", "--min_length", type=int, default=d.min_length,
@@ -98,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
-    if args.batch_size < 1:
+    if args.batch_size is not None and args.batch_size < 1:
         raise ValueError(f"-batch_size must be >= 1, got {args.batch_size}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"-threads must be >= 1, got {args.threads}")
@@ -128,6 +130,12 @@ def run(args: argparse.Namespace, start: float | None = None) -> int:
         torch.set_num_threads(args.threads)
     args.device = resolve_device(args.device)
     _check_device(args.device)
+    from nmt.translate.translator import default_batching
+
+    file_mode = not (args.score_output or args.mode == "score" or (args.src == "-" and args.output == "-"))
+    # files: batches by tokens on a GPU; scoring and streaming count sentences on every device
+    args.batch_size, args.batch_type = default_batching(args.device if file_mode else "cpu",
+                                                        args.batch_size, args.batch_type)
     if args.score_output or args.mode == "score":
         from nmt.cli.translate_score import run_score
 

@@ -321,7 +321,43 @@ def test_interactive_mode_on_a_terminal_prompts_and_answers_each_line(trained):
 
 def test_device_defaults_to_auto_and_resolves_on_this_machine():
     args = translate_cli.build_parser().parse_args(["-model", "m.pt", "-src", "in.txt"])
-    assert args.device == "auto" and args.batch_type == "sentences" and args.precision == "fp32"
+    assert args.device == "auto" and args.batch_type is None and args.batch_size is None
+    assert args.precision == "fp32"
+
+
+def test_default_batching_depends_on_the_device_and_keeps_given_values():
+    from nmt.translate.translator import default_batching
+
+    assert default_batching("cpu") == (64, "sentences")
+    assert default_batching("cuda") == default_batching("cuda:1") == (8192, "tokens")
+    assert default_batching("cuda", batch_type="sentences") == (64, "sentences")
+    assert default_batching("cuda", batch_type="tokens") == (8192, "tokens")
+    assert default_batching("cpu", batch_type="tokens") == (2048, "tokens")
+    assert default_batching("cuda", batch_size=100) == (100, "sentences")
+    assert default_batching("cpu", 500, "tokens") == (500, "tokens")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([], (8192, "tokens")),  # a file on a GPU: token batches
+    (["-batch_size", "32"], (32, "sentences")),
+    (["-score_output", "s.jsonl", "-tgt", "ref.txt"], (64, "sentences")),  # scoring counts sentences
+])
+def test_cli_picks_the_device_default_batching(monkeypatch, argv, expected):
+    """With the device resolved to CUDA (faked: no GPU needed), nmt-translate fills in the GPU's
+    default batching for file translation only."""
+    import nmt.cli.translate_file as translate_file
+    import nmt.cli.translate_score as translate_score
+    import nmt.translate.loading as loading
+
+    seen = {}
+    monkeypatch.setattr(loading, "resolve_device", lambda name: "cuda")
+    monkeypatch.setattr(translate_cli, "_check_device", lambda name: None)
+    for module, name in ((translate_file, "run_file"), (translate_score, "run_score")):
+        monkeypatch.setattr(module, name, lambda args, start: seen.setdefault("batching", (args.batch_size,
+                                                                                          args.batch_type)) and 0)
+    args = translate_cli.build_parser().parse_args(["-model", "m.pt", "-src", "in.txt"] + argv)
+    translate_cli.run(args)
+    assert seen["batching"] == expected
 
 
 def test_token_batches_and_static_search_give_the_same_translations(trained, capsys):
