@@ -156,12 +156,16 @@ def search_mode_rows(checkpoints: dict, lines: list[str], args: argparse.Namespa
 
 
 def count_differences(a: list, b: list) -> dict:
-    """Sentences whose translations differ between two runs: in their hypotheses, in their
-    certificates (exact flag or reason), in ``n_nonzero``, and in any of these."""
-    keys = {"hypotheses": lambda t: t.hypotheses, "certificate": lambda t: (t.exact, t.reason),
+    """Sentences whose translations differ between two runs: in their hypotheses' texts (the
+    n-best list in order), in their certificates (exact flag or reason), in ``n_nonzero``, and in
+    any of these; ``max_score_diff``: the largest difference of a hypothesis' log-probability
+    where the texts agree (float rounding: batch shapes and devices sum in other orders)."""
+    keys = {"hypotheses": lambda t: [text for text, _ in t.hypotheses], "certificate": lambda t: (t.exact, t.reason),
             "n_nonzero": lambda t: t.n_nonzero}
-    out = {name: sum(key(x) != key(y) for x, y in zip(a, b)) for name, key in keys.items()}
+    out: dict = {name: sum(key(x) != key(y) for x, y in zip(a, b)) for name, key in keys.items()}
     out["any"] = sum(any(key(x) != key(y) for key in keys.values()) for x, y in zip(a, b))
+    out["max_score_diff"] = max((abs(sx - sy) for x, y in zip(a, b) if keys["hypotheses"](x) == keys["hypotheses"](y)
+                                 for (_, sx), (_, sy) in zip(x.hypotheses, y.hypotheses)), default=0.0)
     return out
 
 
@@ -296,12 +300,12 @@ def main() -> None:
         print(f"{r['mapping']:10s} {r['search']:8s} {r['mode']:8s} {r['sent_per_s']:8.1f} {r['ms_per_step']:8.2f} "
               f"{r['syncs_per_step']:10.2f} {r['vs_dynamic']:9.2f}x {r['differ']:>5d}/{len(lines)}")
     print(f"nmt-translate's default options on {args.device} (certificate and statistics on)"
-          + ("; sentences differing from the CPU: in hypotheses / certificates / n_nonzero / any"
+          + ("; sentences differing from the CPU: in hypothesis texts / certificates / n_nonzero / any"
              if args.compare_cpu else ""))
     for r in figures["default_batching"]:
         vs = r.get("vs_cpu")
         cmp = "" if vs is None else (f"   vs CPU {vs['hypotheses']}/{vs['certificate']}/{vs['n_nonzero']}/"
-                                     f"{vs['any']} of {len(lines)}")
+                                     f"{vs['any']} of {len(lines)}, scores within {vs['max_score_diff']:.1e}")
         print(f"{r['mapping']:10s} {r['search']:8s} batch {r['batch']:16s} {r['sent_per_s']:8.1f} sent/s{cmp}")
     if args.json:
         atomic_write_text(args.json, json.dumps(figures, indent=2) + "\n")
