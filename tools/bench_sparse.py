@@ -184,15 +184,17 @@ def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
     return rows
 
 
-def loss_table(shape: tuple[int, int], device: torch.device, timer: Timer) -> list[Row]:
+def loss_table(shape: tuple[int, int], device: torch.device, timer: Timer, impl: str = "auto") -> list[Row]:
     x = torch.randn(*shape, device=device)
     t = torch.randint(0, shape[-1], shape[:1], device=device)
     n = shape[-1]
+    kw = {} if impl == "auto" else {"impl": impl}  # (auto: also runs against versions without impl)
     ours = {
-        "cross_entropy": cross_entropy_loss,
-        "sparsemax_loss": sparsemax_loss,
-        "entmax15_loss": entmax15_loss,
-        "entmax_bisect_loss(1.5)": lambda s, y: entmax_bisect_loss(s, y, alpha=1.5),
+        "cross_entropy": lambda s, y: cross_entropy_loss(s, y, **kw),
+        "sparsemax_loss": lambda s, y: sparsemax_loss(s, y, **kw),
+        "entmax15_loss": lambda s, y: entmax15_loss(s, y, **kw),
+        "entmax_bisect_loss(1.5)": lambda s, y: entmax_bisect_loss(s, y, alpha=1.5, **kw),
+        "entmax_bisect_loss(1.3)": lambda s, y: entmax_bisect_loss(s, y, alpha=1.3, **kw),
     }
     refs: dict[str, list[Callable]] = {}
     if ref is not None:
@@ -200,6 +202,7 @@ def loss_table(shape: tuple[int, int], device: torch.device, timer: Timer) -> li
             "sparsemax_loss": [ref.SparsemaxLoss()] + ([ref.SparsemaxLoss(k=100)] if n > 100 else []),
             "entmax15_loss": [ref.Entmax15Loss()] + ([ref.Entmax15Loss(k=100)] if n > 100 else []),
             "entmax_bisect_loss(1.5)": [ref.EntmaxBisectLoss(1.5, n_iter=50)],
+            "entmax_bisect_loss(1.3)": [ref.EntmaxBisectLoss(1.3, n_iter=50)],
         }
     rows = []
     for backward in (False, True):
@@ -278,7 +281,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         for shape in shapes:
             if shape[1] >= LOSS_MIN_WIDTH:
                 reps = args.reps or default_reps(shape, device, args.quick)
-                print_table(f"losses {shape} float32, reps={reps}", loss_table(shape, device, Timer(device, reps, warmup=5 if device.type == "cuda" else 2, stat=args.stat, clock=args.clock)),
+                print_table(f"losses {shape} float32, reps={reps}", loss_table(shape, device, Timer(device, reps, warmup=5 if device.type == "cuda" else 2, stat=args.stat, clock=args.clock), args.impl),
                             "cross-entropy", args.stat)
 
 

@@ -45,6 +45,16 @@ underflows float32); rows with ``alpha < 1`` or NaN are all NaN.
 Backward: ``dx = s * g - s * (<s, g> / sum s)`` with ``s = p^(2 - alpha)`` on the support
 (sparsemax: the support indicator; 1.5-entmax: ``sqrt(p)``; alpha = 1: ``p``, softmax's
 Jacobian), one program per row.
+
+Fenchel-Young losses (:mod:`nmt.sparse.losses`) reuse the forward kernel with an epilogue
+(``LOSS_MODE``): the Tsallis conjugate ``Omega*(x - max x)`` (:func:`tsallis_probs_conj`; for
+sparsemax / 1.5-entmax from the threshold and row sums, the closed form the static torch path
+uses) and, for class-index targets, the loss and its gradient ``p - y`` in place of ``p``
+(:func:`tsallis_index_loss`). Cross-entropy has its own two small kernels
+(:func:`cross_entropy_forward`: one read of the row, per-row outputs only;
+:func:`cross_entropy_backward`: ``(softmax - y) * g`` recomputed from the scores). Index-target
+kernels count the rows not ignored and the indices out of range with integer atomics (exact,
+deterministic) for the caller's mean and check. None of them synchronises with the host.
 """
 from __future__ import annotations
 
@@ -125,8 +135,10 @@ def is_available(x: Tensor) -> bool:
 # Kernels (plain functions, decorated with triton.jit on first use; see _kernels)
 # --------------------------------------------------------------------------------------------
 
-def _forward_kernel(X, Y, A, OK, n, MODE: tl.constexpr, HAS_OK: tl.constexpr,
-                    BLOCK: tl.constexpr, N_BISECT: tl.constexpr, MAX_ITER: tl.constexpr):
+def _forward_kernel(X, Y, A, OK, CONJ, ZMAX, T, LOSS, STATS, n, ignore_index, smoothing,
+                    MODE: tl.constexpr, HAS_OK: tl.constexpr, LOSS_MODE: tl.constexpr,
+                    SMOOTH: tl.constexpr, BLOCK: tl.constexpr, N_BISECT: tl.constexpr,
+                    MAX_ITER: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inb = cols < n
@@ -153,6 +165,19 @@ def _forward_kernel(X, Y, A, OK, n, MODE: tl.constexpr, HAS_OK: tl.constexpr,
     m = tl.max(z, axis=0)
     nonempty = m > neg_inf
     z = z - tl.where(nonempty, m, 0.0)
+    if LOSS_MODE > 0:  # max x (0 for a row without a finite score) and, smoothing, sum_finite x'
+        if MODE == 0:
+            xm = tl.where(nonempty, m, 0.0)
+            if SMOOTH:
+                sz = tl.sum(tl.where(z > neg_inf, z, 0.0), axis=0)
+        elif MODE == 1:
+            xm = tl.where(nonempty, 2.0 * m, 0.0)  # m = max(x / 2): halving is exact
+            if SMOOTH:
+                sz = 2.0 * tl.sum(tl.where(z > neg_inf, z, 0.0), axis=0)
+        else:
+            xm = tl.where(nonempty, tl.max(tl.where(x < float("inf"), x, neg_inf), axis=0), 0.0)
+            if SMOOTH:
+                sz = tl.sum(tl.where(finite & (x < float("inf")), x - xm, 0.0), axis=0)
     cnt = tl.maximum(tl.sum(finite.to(tl.float32), axis=0), 1.0)
     eps = 1.1920928955078125e-07
     # bracket: f(-1) >= 0 (the maximum alone gives 1), f(-cnt^(1 - alpha)) <= 0
@@ -253,7 +278,25 @@ def _forward_kernel(X, Y, A, OK, n, MODE: tl.constexpr, HAS_OK: tl.constexpr,
         p = tl.where(pos, tl.exp2(q * tl.log2(tl.where(pos, d, 1.0))), 0.0)
     total = tl.sum(p, axis=0)
     renorm = (ok == 0) & (total > 0.0)
-    p = p * tl.where(renorm, 1.0 / tl.where(renorm, total, 1.0), 1.0)
+    c = tl.where(renorm, 1.0 / tl.where(renorm, total, 1.0), 1.0)
+    if LOSS_MODE > 0:
+        # Fenchel-Young losses: Omega*(x') = <x', p> - Omega(p) at x' = x - max x. alpha 2 /
+        # 1.5 from the threshold and row sums of the (unnormalised) p alone, as the static torch
+        # path (no second (n,) array on chip): on the support (alpha - 1) x' = tau + d, so with
+        # s = sum d^(q + 1) = sum p^alpha and sum p = 1 a verified row has the closed form
+        # Omega* = [(tau + 1) + (1 - 1/alpha)(s - 1)] / (alpha - 1) (one-hot: tau = -1, s = 1:
+        # exactly 0); an unverified row (renormalised by c) <x', p> = c (s + tau total) / (alpha - 1)
+        if MODE == 0:
+            s_next = tl.sum(p * p, axis=0)
+            closed = (tau + 1.0) + 0.5 * (s_next - 1.0)
+            general = c * (s_next + tau * total) - 0.5 * (c * c * s_next - 1.0)
+            conj = tl.where(ok != 0, closed, general)
+        elif MODE == 1:
+            s_next = tl.sum(p * tl.sqrt_rn(p), axis=0)  # sqrt_rn(d * d) = d: sum d^3
+            closed = 2.0 * (tau + 1.0) + (2.0 / 3.0) * (s_next - 1.0)
+            general = 2.0 * c * (s_next + tau * total) - (4.0 / 3.0) * (c * tl.sqrt_rn(c) * s_next - 1.0)
+            conj = tl.where(ok != 0, closed, general)
+    p = p * c
     if MODE == 2:  # alpha == 1: softmax
         e = tl.where(finite, tl.exp(x - tl.where(nonempty, tl.max(x, axis=0), 0.0)), 0.0)
         esum = tl.sum(e, axis=0)
@@ -261,9 +304,55 @@ def _forward_kernel(X, Y, A, OK, n, MODE: tl.constexpr, HAS_OK: tl.constexpr,
         p = tl.where(am1 > 0.0, p, e)
     p = tl.where(nonempty, p, 0.0)
     p = tl.where(bad, float("nan"), p)
+    if LOSS_MODE > 0:
+        if MODE == 2:  # x is on chip anyway (the softmax rows): the sums over the support of p
+            supp = p > 0.0  # finite scores only: no product with -inf
+            zp = tl.sum(tl.where(supp, p * (x - xm), 0.0), axis=0)
+            pa = tl.where(supp, tl.exp2((am1 + 1.0) * tl.log2(tl.where(supp, p, 1.0))), 0.0)
+            conj = zp - (tl.sum(pa, axis=0) - 1.0) / ((am1 + 1.0) * am1)  # one-hot p: exactly 0
+        conj = tl.where(bad, float("nan"), conj)
+    if LOSS_MODE == 2:  # the loss at a class index t (ignore_index: 0) and its gradient p - y
+        t = tl.load(T + row).to(tl.int64)
+        valid = t != ignore_index
+        in_range = (t >= 0) & (t < n)
+        t = tl.where(valid & in_range, t, 0)  # an index out of range: counted, never read
+        tl.atomic_add(STATS, 1, mask=valid)  # the rows counted by "mean"
+        tl.atomic_add(STATS + 1, 1, mask=valid & (~in_range))  # only for refused indices
+        zt = tl.load(X + row * n + t).to(tl.float32) - tl.where(bad, float("nan"), xm)
+        on_t = cols == t
+        if SMOOTH:  # y = (1 - eps) e_t + eps / k on the k classes with score > -inf
+            if MODE == 2:
+                fin = finite
+            else:  # reloaded (cached) rather than kept on chip through the threshold loop
+                fin = tl.load(X + row * n + cols, mask=inb, other=neg_inf) > neg_inf
+            a = smoothing / cnt
+            b = (1.0 - smoothing) + a
+            if MODE == 0:
+                phi = (cnt - 1.0) * (a * a) + b * b
+                omega_y = 0.5 * (phi - 1.0)
+            elif MODE == 1:
+                phi = (cnt - 1.0) * (a * tl.sqrt_rn(a)) + b * tl.sqrt_rn(b)
+                omega_y = (4.0 / 3.0) * (phi - 1.0)
+            else:
+                alpha = am1 + 1.0
+                phi = (cnt - 1.0) * tl.exp2(alpha * tl.log2(a)) + tl.exp2(alpha * tl.log2(b))
+                omega_y = (phi - 1.0) / (alpha * am1)
+            loss = conj - ((1.0 - smoothing) * zt + smoothing * (sz / cnt)) + omega_y
+            p = tl.where(fin, p - a, p)
+            p = tl.where(on_t, p + (smoothing - 1.0), p)
+        else:
+            loss = conj - zt
+            p = tl.where(on_t, p - 1.0, p)
+        loss = tl.where(loss < 0.0, 0.0, loss)  # >= 0 in exact arithmetic (NaN stays NaN)
+        loss = tl.where(zt == neg_inf, float("inf"), loss)  # a target with score -inf
+        tl.store(LOSS + row, tl.where(valid, loss, 0.0).to(LOSS.dtype.element_ty))
+        p = tl.where(valid, p, 0.0)  # ignored rows: zero gradient
     tl.store(Y + row * n + cols, p.to(Y.dtype.element_ty), mask=inb)
     if HAS_OK:
         tl.store(OK + row, ok)
+    if LOSS_MODE == 1:
+        tl.store(CONJ + row, conj.to(CONJ.dtype.element_ty))
+        tl.store(ZMAX + row, tl.where(bad, float("nan"), xm).to(ZMAX.dtype.element_ty))
 
 
 def _backward_kernel(P, G, DX, A, n, MODE: tl.constexpr, BLOCK: tl.constexpr):
@@ -285,6 +374,70 @@ def _backward_kernel(P, G, DX, A, n, MODE: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(DX + row * n + cols, (s * (g - c)).to(DX.dtype.element_ty), mask=inb)
 
 
+def _ce_forward_kernel(X, T, LOSS, LSE, STATS, n, ignore_index, eps, SMOOTH: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    inb = cols < n
+    neg_inf = float("-inf")
+    x = tl.load(X + row * n + cols, mask=inb, other=neg_inf).to(tl.float32)
+    bad = tl.max(((x != x) | (x == float("inf"))).to(tl.int32), axis=0) > 0  # a NaN row
+    m = tl.max(tl.where(x < float("inf"), x, neg_inf), axis=0)
+    ms = tl.where(m > neg_inf, m, 0.0)  # the row maximum, 0 for a row without a finite score
+    xs = x - ms
+    lse = tl.log(tl.sum(tl.where(xs > neg_inf, tl.exp(xs), 0.0), axis=0))  # of x - ms
+    t = tl.load(T + row).to(tl.int64)
+    valid = t != ignore_index
+    in_range = (t >= 0) & (t < n)
+    t = tl.where(valid & in_range, t, 0)  # an index out of range: counted, never read
+    tl.atomic_add(STATS, 1, mask=valid)  # the rows counted by "mean"
+    tl.atomic_add(STATS + 1, 1, mask=valid & (~in_range))  # only for refused indices
+    xt = tl.load(X + row * n + t).to(tl.float32)
+    logp_t = (xt - ms) - lse
+    loss = -logp_t
+    if SMOOTH:  # y = (1 - eps) e_t + eps / k on the k classes with score > -inf
+        finite = x > neg_inf
+        cnt = tl.maximum(tl.sum(finite.to(tl.float32), axis=0), 1.0)
+        a = eps / cnt
+        b = (1.0 - eps) + a
+        sum_logp = tl.sum(tl.where(finite, xs - lse, 0.0), axis=0)
+        omega_y = (cnt - 1.0) * a * tl.log(a) + b * tl.log(b)
+        loss = omega_y - (1.0 - eps) * logp_t - a * sum_logp
+        loss = tl.where(loss < 0.0, 0.0, loss)  # a KL divergence: rounding only below 0
+    loss = tl.where(bad, float("nan"), loss)
+    loss = tl.where(xt == neg_inf, float("inf"), loss)  # an impossible target (or empty row)
+    tl.store(LOSS + row, tl.where(valid, loss, 0.0).to(LOSS.dtype.element_ty))
+    tl.store(LSE + row, lse)
+
+
+def _ce_backward_kernel(X, T, LSE, G, DX, n, g_stride, ignore_index, eps, SMOOTH: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    inb = cols < n
+    neg_inf = float("-inf")
+    x = tl.load(X + row * n + cols, mask=inb, other=neg_inf).to(tl.float32)
+    bad = tl.max(((x != x) | (x == float("inf"))).to(tl.int32), axis=0) > 0
+    m = tl.max(tl.where(x < float("inf"), x, neg_inf), axis=0)
+    nonempty = m > neg_inf
+    xs = x - tl.where(nonempty, m, 0.0)
+    lse = tl.load(LSE + row)
+    t = tl.load(T + row).to(tl.int64)
+    valid = t != ignore_index
+    t = tl.where(valid & (t >= 0) & (t < n), t, 0)
+    g = tl.where(valid, tl.load(G + row * g_stride).to(tl.float32), 0.0)
+    p = tl.where(xs > neg_inf, tl.exp(xs - lse), 0.0)
+    p = tl.where(nonempty & (~bad), p, 0.0)  # rows without a finite score, or with NaN/+inf: 0
+    if SMOOTH:
+        finite = x > neg_inf
+        cnt = tl.maximum(tl.sum(finite.to(tl.float32), axis=0), 1.0)
+        d = tl.where(finite, p - eps / cnt, 0.0)
+        d = tl.where(cols == t, d + (eps - 1.0), d)
+    else:
+        d = tl.where(cols == t, p - 1.0, p)
+    tl.store(DX + row * n + cols, tl.where(valid, d * g, 0.0).to(DX.dtype.element_ty), mask=inb)
+
+
 def _kernels() -> Any:
     """The jitted kernels for the current ``TRITON_INTERPRET`` setting (built once per setting)."""
     interpret = _interpret()
@@ -300,6 +453,8 @@ def _kernels() -> Any:
         kernels = type("Kernels", (), {})()
         kernels.forward = wrap(_forward_kernel)
         kernels.backward = wrap(_backward_kernel)
+        kernels.ce_forward = wrap(_ce_forward_kernel)
+        kernels.ce_backward = wrap(_ce_backward_kernel)
         _KERNELS[interpret] = kernels
     return kernels
 
@@ -344,18 +499,33 @@ def _alpha(alpha_rows: Tensor, x: Tensor) -> Tensor:
 
 
 def _forward(x: Tensor, mode: int, alpha_rows: Optional[Tensor] = None,
-             with_ok: bool = False) -> Any:
+             with_ok: bool = False, with_conj: bool = False) -> Any:
+    """``p``; with ``with_ok`` also the per-row verification flags; with ``with_conj`` instead
+    ``(p, conj (R,), zmax (R,))`` (see :func:`tsallis_probs_conj`)."""
     x = _check("x", x)
     a = _alpha(alpha_rows, x) if mode == _ALPHA else x
     n_rows, n = x.shape
     y = torch.empty_like(x)
-    ok = torch.zeros(n_rows if with_ok else 1, dtype=torch.int32, device=x.device)
+    # unused pointers get a dummy (no allocation kernel): the flags', the conjugate's
+    ok = torch.zeros(n_rows, dtype=torch.int32, device=x.device) if with_ok else y
+    conj = torch.empty(n_rows, dtype=x.dtype, device=x.device) if with_conj else y
+    zmax = torch.empty(n_rows, dtype=x.dtype, device=x.device) if with_conj else y
+    _launch_forward(x, y, a, ok, conj, zmax, y, y, y, 0, 0.0, mode, with_ok, 1 if with_conj else 0)
+    if with_conj:
+        return y, conj, zmax
+    return (y, ok) if with_ok else y
+
+
+def _launch_forward(x: Tensor, y: Tensor, a: Tensor, ok: Tensor, conj: Tensor, zmax: Tensor,
+                    t: Tensor, loss: Tensor, stats: Tensor, ignore_index: int, eps: float,
+                    mode: int, with_ok: bool, loss_mode: int) -> None:
+    n_rows, n = x.shape
     if n_rows and n:
         block = _block(n)
-        _kernels().forward[(n_rows,)](x, y, a, ok, n, MODE=mode, HAS_OK=with_ok, BLOCK=block,
-                                      N_BISECT=N_BISECT, MAX_ITER=MAX_ITER,
-                                      num_warps=_num_warps(block))
-    return (y, ok) if with_ok else y
+        _kernels().forward[(n_rows,)](x, y, a, ok, conj, zmax, t, loss, stats, n, ignore_index,
+                                      float(eps), MODE=mode, HAS_OK=with_ok, LOSS_MODE=loss_mode,
+                                      SMOOTH=eps > 0, BLOCK=block, N_BISECT=N_BISECT,
+                                      MAX_ITER=MAX_ITER, num_warps=_num_warps(block))
 
 
 def _backward(p: Tensor, g: Tensor, mode: int, alpha_rows: Optional[Tensor] = None) -> Tensor:
@@ -404,3 +574,107 @@ def entmax_backward(p: Tensor, g: Tensor, alpha_rows: Tensor) -> Tensor:
     """``J^T g`` of alpha-entmax at output ``p: (R, n)``, ``alpha_rows: (R,)``:
     ``s * g - s * (<s, g> / sum s)`` with ``s = p^(2 - alpha)`` on the support."""
     return _backward(p, g, _ALPHA, alpha_rows)
+
+
+def _tsallis_mode(x: Tensor, alpha: float) -> tuple[int, Optional[Tensor]]:
+    alpha = float(alpha)
+    if not alpha > 1:
+        raise ValueError(f"the Tsallis losses need alpha > 1, got {alpha}")
+    if alpha == 2.0:
+        return _SPARSEMAX, None
+    if alpha == 1.5:
+        return _ENTMAX15, None
+    return _ALPHA, torch.full((x.shape[0],), alpha, dtype=torch.float32, device=x.device)
+
+
+def tsallis_probs_conj(x2d: Tensor, alpha: float) -> tuple[Tensor, Tensor, Tensor]:
+    """alpha-entmax ``p`` of the rows of ``x2d: (R, n)`` (float ``alpha > 1``; 2 and 1.5: the exact
+    sparsemax / 1.5-entmax kernels, else the alpha kernel) and, from the same launch, what a
+    Fenchel-Young loss needs: the Tsallis conjugate at ``x' = x - max x``,
+    ``conj = <x', p> - Omega(p)``, ``Omega(p) = (sum p^alpha - 1) / (alpha (alpha - 1))``, over the
+    support only (no product with ``-inf`` scores; a one-hot ``p`` gives exactly 0), and the row
+    maximum ``zmax``. Returns ``p (R, n)``, ``conj (R,)``, ``zmax (R,)`` in ``x2d``'s dtype,
+    computed in float32; rows without a finite score: ``p = 0``, ``zmax = 0``; rows holding NaN
+    or ``+inf``: all NaN. No host synchronisation."""
+    mode, rows = _tsallis_mode(x2d, alpha)
+    return _forward(x2d, mode, rows, with_conj=True)
+
+
+def _target(target: Tensor, x: Tensor) -> Tensor:
+    if not isinstance(target, Tensor) or target.shape != x.shape[:1] or target.is_floating_point():
+        raise ValueError(f"target must be an integer tensor of shape ({x.shape[0]},), got "
+                         f"{getattr(target, 'dtype', type(target).__name__)} of shape "
+                         f"{tuple(getattr(target, 'shape', ()))}")
+    if target.dtype not in (torch.int32, torch.int64):
+        target = target.long()
+    return target.to(x.device).contiguous()
+
+
+def tsallis_index_loss(x2d: Tensor, target: Tensor, ignore_index: int = -100, eps: float = 0.0,
+                       alpha: float = 1.5) -> tuple[Tensor, Tensor, Tensor]:
+    """The Tsallis (alpha-entmax) Fenchel-Young loss of the rows of ``x2d: (R, n)`` at class
+    indices ``target: (R,)`` in one launch: the mapping kernel of :func:`tsallis_probs_conj`,
+    then, with the row still on chip, ``loss = Omega*(x') - <x', y> + Omega(y)`` (``>= 0``; ``inf``
+    where the target's score is ``-inf``, rows without a finite score included; NaN for rows
+    holding NaN or ``+inf``) and the gradient ``p - y``, for ``y = e_t`` or with label smoothing
+    ``eps`` ``y = (1 - eps) e_t + eps / k`` on the ``k`` classes with score ``> -inf``. Rows whose
+    target is ``ignore_index``: loss 0, gradient 0.
+
+    Returns ``grad (R, n)`` in ``x2d``'s dtype, ``loss (R,)`` (float32, float64 for float64
+    input) and ``stats`` int32 ``(2,)``: the number of rows not ignored, and the number of those
+    whose index lies outside ``[0, n)`` (their values are meaningless; the caller refuses them).
+    Exact as the mapping kernel is (float32); grid and launch depend on shapes only (no host
+    synchronisation)."""
+    x = _check("x", x2d)
+    t = _target(target, x)
+    mode, rows = _tsallis_mode(x, alpha)
+    a = rows if rows is not None else x
+    grad = torch.empty_like(x)
+    loss = torch.empty(x.shape[0], dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
+    stats = torch.zeros(2, dtype=torch.int32, device=x.device)
+    _launch_forward(x, grad, a, grad, grad, grad, t, loss, stats, int(ignore_index), eps, mode,
+                    False, 2)
+    return grad, loss, stats
+
+
+def cross_entropy_forward(x2d: Tensor, target: Tensor, ignore_index: int = -100,
+                          eps: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+    """Cross-entropy ``KL(y || softmax(x))`` of the rows of ``x2d: (R, n)`` at class indices
+    ``target: (R,)``, ``y = e_t`` or with label smoothing ``eps`` ``(1 - eps) e_t + eps / k`` on
+    the ``k`` classes with score ``> -inf``, in one pass over each row (``eps = 0``:
+    ``-log softmax(x)_t``). Returns ``loss (R,)`` (float32, float64 for float64 input; 0 where the
+    target is ``ignore_index``; ``inf`` where the target's score is ``-inf``, rows without a finite
+    score included; NaN for rows holding NaN or ``+inf``), ``lse (R,)`` float32 =
+    ``log sum exp(x - max x)`` for :func:`cross_entropy_backward`, and ``stats`` as in
+    :func:`tsallis_index_loss`. No ``(R, n)`` output; computed in float32; no host sync."""
+    x = _check("x", x2d)
+    t = _target(target, x)
+    n_rows, n = x.shape
+    loss = torch.empty(n_rows, dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
+    lse = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    stats = torch.zeros(2, dtype=torch.int32, device=x.device)
+    if n_rows and n:
+        block = _block(n)
+        _kernels().ce_forward[(n_rows,)](x, t, loss, lse, stats, n, int(ignore_index), float(eps),
+                                         SMOOTH=eps > 0, BLOCK=block, num_warps=_num_warps(block))
+    return loss, lse, stats
+
+
+def cross_entropy_backward(x2d: Tensor, target: Tensor, lse: Tensor, g: Tensor,
+                           ignore_index: int = -100, eps: float = 0.0) -> Tensor:
+    """Gradient of :func:`cross_entropy_forward` (``lse`` from it): ``(softmax(x) - y) * g`` with
+    ``g: (R,)`` per row (any stride, e.g. expanded), ``softmax`` recomputed from ``x2d`` and
+    ``lse`` (0 on rows without a finite score or holding NaN / ``+inf``); rows whose target is
+    ``ignore_index``: 0. ``(R, n)`` in ``x2d``'s dtype; no host synchronisation."""
+    x = _check("x", x2d)
+    t = _target(target, x)
+    n_rows, n = x.shape
+    if not isinstance(g, Tensor) or g.dim() != 1 or g.shape[0] != n_rows or lse.shape != (n_rows,):
+        raise ValueError(f"g and lse must have shape ({n_rows},)")
+    dx = torch.empty_like(x)
+    if n_rows and n:
+        block = _block(n)
+        _kernels().ce_backward[(n_rows,)](x, t, lse, g, dx, n, g.stride(0), int(ignore_index),
+                                          float(eps), SMOOTH=eps > 0, BLOCK=block,
+                                          num_warps=_num_warps(block))
+    return dx

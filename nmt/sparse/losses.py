@@ -25,10 +25,22 @@ the target with the uniform distribution over the classes whose score is finite.
 a class with score ``-inf`` has an infinite loss (never NaN); its gradient stays ``p - y``.
 
 Host synchronisation: none, forward or backward, for cross-entropy and for the sparse losses
-with ``impl="static"`` or ``"triton"`` (``"auto"`` picks the Triton mapping on CUDA where it is
-installed, else the static path, on accelerators). With ``"triton"`` the sparse losses take ``p``
-from the fused mapping kernel and ``Omega*(z') = <z', p> - Omega(p)`` from it (exact as the kernel
-is; float32 inputs); the thresholds' static path remains the reference and the fallback.
+with ``impl="static"`` or ``"triton"`` (``"auto"`` picks the Triton kernels on CUDA where they
+are installed, else the static path, on accelerators). With the kernels:
+
+* index targets take one launch per loss: the sparse losses' mapping kernel finds ``p`` (exact
+  support and closed form for sparsemax / 1.5-entmax, float32 precision for other alphas) and,
+  with the row still on chip, the conjugate ``Omega*(z')``, the loss and the gradient ``p - y``
+  (label smoothing, ``ignore_index``, the count of targets for ``"mean"`` and the range check
+  included); cross-entropy's forward kernel reads the scores once and writes only per-row values,
+  its backward kernel recomputes ``softmax - y`` from them (nothing ``(N, V)`` saved);
+* distribution targets take ``p`` and ``Omega*(z') = <z', p> - Omega(p)`` from the mapping kernel
+  (:meth:`Tsallis.kernel_probs_conj`) into the generic function.
+
+They compute in float32 (float64 scores keep the torch paths under ``"auto"``); the static
+path remains the reference and the fallback. The torch cross-entropy (CPU, float64, compiled
+graphs) is one ``log_softmax`` forward, ``softmax - y`` in backward from it: exact as
+``log_softmax`` is, equal to ``F.cross_entropy`` (up to ``H(y)`` with smoothing).
 Rows to ignore are handled by masks, the token count of ``"mean"`` stays on the device. Target
 checks (class index in range; a distribution non-negative and summing to 1) run through
 ``torch._assert_async``: a ``ValueError`` on the CPU (eager), a device-side assertion on an
@@ -125,25 +137,14 @@ class Tsallis(Regularizer):
     def omega_of_power_sum(self, s: Tensor) -> Tensor:
         return (s - 1) / (self.alpha * (self.alpha - 1))  # exactly 0 at a one-hot y
 
-    def kernel_probs(self, z: Tensor) -> Tensor:
-        """``p`` of ``z: (N, V)`` from the fused Triton mapping (exact support, closed form for
-        alpha 1.5 / 2, float32 precision otherwise)."""
-        kernels = _dispatch._triton
-        if self.alpha == 2:
-            return kernels.sparsemax_forward(z)
-        if self.alpha == 1.5:
-            return kernels.entmax15_forward(z)
-        return kernels.entmax_forward(z, torch.full((z.shape[0],), self.alpha, device=z.device))
-
     def kernel_probs_conj(self, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """:meth:`probs_conj` from the Triton mapping's ``p`` (CUDA; CPU in Triton's interpreter):
-        ``Omega*(z') = <z', p> - Omega(p)`` over the support, a handful of elementwise passes and
-        row sums after the kernel, no host synchronisation. A one-hot ``p`` gives exactly 0."""
-        p = self.kernel_probs(z)
-        zmax = z.amax(dim=-1, keepdim=True)
-        zmax = torch.where(zmax.isnan() | (zmax == float("inf")), float("nan"), _dead_row_safe(zmax))
-        zp = torch.linalg.vecdot(p, torch.where(p > 0, z - zmax, 0))  # no product with -inf scores
-        return p, zp - self.omega_of_power_sum(self.power_sum(p)), zmax
+        """:meth:`probs_conj` from one launch of the Triton mapping kernel (CUDA; CPU in Triton's
+        interpreter), :func:`nmt.sparse._triton.tsallis_probs_conj`: ``p`` (exact support, closed
+        form for alpha 2 / 1.5, float32 precision otherwise) and, reduced in the same kernel while
+        the row is on chip, ``Omega*(z') = <z', p> - Omega(p)`` over the support and the row
+        maximum. No threshold passes, no host synchronisation; a one-hot ``p`` gives exactly 0."""
+        p, conj, zmax = _dispatch._triton.tsallis_probs_conj(z, self.alpha)
+        return p, conj, zmax[:, None]
 
     def uses_kernel(self, z: Tensor, impl: str) -> bool:
         """Whether ``impl`` means the Triton mapping for ``z`` (never with an ``n_iter`` cap)."""
@@ -228,7 +229,8 @@ class _FenchelYoungFunction(torch.autograd.Function):
             zy = torch.linalg.vecdot(zs, y)
             omega_y = reg.omega(y)
             grad = p.sub_(y)
-        loss = (conj - zy + omega_y).clamp_(min=0)  # >= 0 in exact arithmetic: rounding only
+        loss = conj - zy if isinstance(omega_y, float) else conj - zy + omega_y
+        loss = loss.clamp_(min=0)  # >= 0 in exact arithmetic: rounding only
         loss = torch.where(impossible, float("inf"), loss)
         loss = torch.where(valid, loss, 0)
         ctx.save_for_backward(grad, valid)  # ignored rows: zeroed in backward (no extra pass here)
@@ -242,19 +244,24 @@ class _FenchelYoungFunction(torch.autograd.Function):
 
 class _CrossEntropyFunction(torch.autograd.Function):
     """Cross-entropy of ``z: (N, V)`` at class indices, the Shannon case of
-    :class:`_FenchelYoungFunction` in fewer passes, from one ``log_softmax`` (no row maximum or
-    argmax pass): ``-log p_y`` and gradient ``softmax(z) - e_y``; with label smoothing ``eps``
+    :class:`_FenchelYoungFunction` in fewer passes (the torch path: CPU, float64, compiled
+    graphs, devices without the Triton kernels). Forward: one ``log_softmax`` and gathers (no
+    row maximum, argmax or probability pass), ``-log p_y``; with label smoothing ``eps``
     (``y = (1 - eps) e_t + eps / m`` on the ``m`` finite classes) the KL form
     ``Omega(y) - (1 - eps) log p_t - (eps / m) sum_finite log p`` (``Omega(y)`` in closed form).
-    A target with score ``-inf`` (rows of only ``-inf`` included) has loss ``inf``; such rows
-    get gradient ``p - y`` with ``p = 0``, as in the generic function. The loss is a KL
-    divergence, >= 0 (``-log_softmax >= 0`` without smoothing; clamped at 0 with it)."""
+    Backward: ``(softmax(z) - y) * grad`` with ``softmax = exp(log_softmax)`` from the saved
+    ``log_softmax`` (so an evaluation forward never computes ``p``). A target with score ``-inf``
+    (rows of only ``-inf`` included) has loss ``inf``; rows whose ``log_softmax`` is NaN (no
+    finite score, or a NaN / ``+inf`` score) get gradient ``p - y`` with ``p = 0``, as in the
+    generic function. The loss is a KL divergence, >= 0 (``-log_softmax >= 0`` without
+    smoothing; clamped at 0 with it). Exact as ``log_softmax`` is; no host synchronisation."""
 
     @staticmethod
     def forward(ctx, z: Tensor, index: Tensor, valid: Tensor, eps: float) -> Tensor:  # type: ignore[override]
         logp = torch.log_softmax(z, dim=-1)
         idx = index[:, None]
         logp_t = logp.gather(-1, idx)[:, 0]
+        ctx.eps = eps
         if eps > 0:
             finite = z > float("-inf")
             m = count_true(finite, z.dtype).clamp_(min=1)
@@ -263,22 +270,85 @@ class _CrossEntropyFunction(torch.autograd.Function):
             sum_logp = torch.where(finite, logp, 0).sum(dim=-1)
             omega_y = (m - 1) * a * a.log() + b * b.log()
             loss = (omega_y - (1 - eps) * logp_t - a * sum_logp).clamp_(min=0)
+            ctx.save_for_backward(logp, index, valid, finite, a)
         else:
             loss = -logp_t
+            ctx.save_for_backward(logp, index, valid)
         loss = torch.where(z.gather(-1, idx)[:, 0] == float("-inf"), float("inf"), loss)
-        loss = torch.where(valid, loss, 0)
-        if eps > 0:  # p - smoothing mass; rows of only -inf (NaN): 0
-            p = torch.where(finite, logp.exp_().sub_(a[:, None]), 0)
-        else:
-            p = logp.exp_().nan_to_num_(0.0)  # rows of only -inf: NaN -> 0
-        p.scatter_add_(-1, idx, torch.full_like(logp_t, eps - 1.0)[:, None])  # ignored rows: zeroed in backward
-        ctx.save_for_backward(p, valid)
-        return loss
+        return torch.where(valid, loss, 0)
 
     @staticmethod
     def backward(ctx, g: Tensor):  # type: ignore[override]
-        grad, valid = ctx.saved_tensors
-        return grad * torch.where(valid, g, 0)[:, None], None, None, None
+        logp, index, valid = ctx.saved_tensors[:3]
+        eps = ctx.eps
+        p = logp.exp().nan_to_num_(0.0)  # rows whose log_softmax is NaN: p = 0
+        if eps > 0:  # p - smoothing mass
+            finite, a = ctx.saved_tensors[3:]
+            p = torch.where(finite, p.sub_(a[:, None]), 0)
+        p.scatter_add_(-1, index[:, None], torch.full_like(p[:, :1], eps - 1.0))
+        return p.mul_(torch.where(valid, g, 0)[:, None]), None, None, None  # ignored rows: 0
+
+
+class _CrossEntropyKernelFunction(torch.autograd.Function):
+    """:class:`_CrossEntropyFunction` by the fused Triton kernels (CUDA; CPU in Triton's
+    interpreter), :func:`nmt.sparse._triton.cross_entropy_forward` / ``_backward``, from the raw
+    targets: the forward reads the scores once and writes only per-row values (the loss, 0 at
+    ``ignore_index``; ``log sum exp``; and the ``stats`` of :func:`fenchel_young_loss`'s target
+    check and mean), nothing ``(N, V)`` saved but the scores themselves; the backward reads them
+    once more and writes ``(softmax - y) * grad``. Same values and conventions (``-inf``
+    targets, empty / NaN rows, smoothing), computed in float32; no host synchronisation."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, target: Tensor, ignore_index: int, eps: float):  # type: ignore[override]
+        loss, lse, stats = _dispatch._triton.cross_entropy_forward(z, target, ignore_index, eps)
+        ctx.ignore_index, ctx.eps = ignore_index, eps
+        ctx.save_for_backward(z, target, lse)
+        ctx.mark_non_differentiable(stats)
+        ctx.set_materialize_grads(False)  # no zeros for the stats' gradient
+        return loss, stats
+
+    @staticmethod
+    def backward(ctx, g: Optional[Tensor], _g_stats: Optional[Tensor]):  # type: ignore[override]
+        if g is None:
+            return None, None, None, None
+        z, target, lse = ctx.saved_tensors
+        gz = _dispatch._triton.cross_entropy_backward(z, target, lse, g, ctx.ignore_index, ctx.eps)
+        return gz, None, None, None
+
+
+class _TsallisKernelFunction(torch.autograd.Function):
+    """The Tsallis losses at class indices in one launch of the mapping kernel
+    (:func:`nmt.sparse._triton.tsallis_index_loss`): ``p``, the conjugate, the loss (0 at
+    ``ignore_index``) and the gradient ``p - y`` (0 on ignored rows), the same values as
+    :class:`_FenchelYoungFunction` with the kernel's ``p``; backward ``(p - y) * grad``, one
+    product. No host synchronisation."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, target: Tensor, ignore_index: int, eps: float, alpha: float):  # type: ignore[override]
+        grad, loss, stats = _dispatch._triton.tsallis_index_loss(z, target, ignore_index, eps, alpha)
+        ctx.save_for_backward(grad)
+        ctx.mark_non_differentiable(stats)
+        ctx.set_materialize_grads(False)  # no zeros for the stats' gradient
+        return loss, stats
+
+    @staticmethod
+    def backward(ctx, g: Optional[Tensor], _g_stats: Optional[Tensor]):  # type: ignore[override]
+        if g is None:
+            return None, None, None, None, None
+        (grad,) = ctx.saved_tensors
+        return grad * g[:, None].to(grad.dtype), None, None, None, None
+
+
+def _cross_entropy_uses_kernel(z: Tensor, impl: str) -> bool:
+    """Whether the index-target cross-entropy takes the fused kernels: ``impl`` ``"auto"`` off the
+    CPU or ``"triton"``, where the kernels accept ``z``, not float64 (the torch path keeps its
+    precision), not while ``torch.compile`` traces. Otherwise, ``"triton"`` included, the torch
+    path (cross-entropy never refuses an ``impl``)."""
+    if impl not in ("auto", "triton") or z.dtype == torch.float64 or torch.compiler.is_compiling():
+        return False
+    if impl == "auto" and z.device.type == "cpu":
+        return False
+    return _dispatch.triton_available(z)
 
 
 def _check(ok: Tensor, message: str) -> None:
@@ -307,9 +377,13 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
     target: long ``(...)`` class indices in ``[0, V)`` or ``ignore_index``, or a float
     distribution ``(..., V)`` (entries >= 0, rows summing to 1 within rounding).
     reduction: "mean" (over non-ignored targets; 0 if none), "sum", or "none" (shape ``(...)``).
-    impl: the threshold algorithm of the sparse losses, passed to the mappings' front doors
-    (``"auto" | "pruned" | "static" | "triton"``, see :mod:`nmt.sparse._dispatch`; unused by
-    cross-entropy).
+    impl: the algorithm (``"auto" | "pruned" | "static" | "triton"``, see
+    :mod:`nmt.sparse._dispatch`). Where it means the Triton kernels (``"auto"`` on CUDA), index
+    targets take one fused kernel (loss, gradient, target count and check) and distribution
+    targets the mapping kernel's ``p`` and conjugate; otherwise the sparse losses pass it to the
+    thresholds. Cross-entropy takes its kernels for ``"auto"`` off the CPU and ``"triton"``
+    where they run (not float64, not while compiling), else the torch path; it never refuses an
+    ``impl`` that :func:`check_impl` accepts.
     Half precisions are computed in float32; the loss is returned in the scores' dtype.
     No host synchronisation (with a sync-free ``impl``), see the module docstring.
     """
@@ -329,6 +403,7 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
     z = scores.to(torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)
     z = z.reshape(-1, n_classes)
     index = dist = None
+    out_of_range = f"target class index out of range [0, {n_classes}) (and not ignore_index={ignore_index})"
     if target.is_floating_point():
         if target.shape != scores.shape:
             raise ValueError(f"distribution target of shape {tuple(target.shape)} must match scores "
@@ -344,19 +419,41 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
             raise ValueError(f"index target of shape {tuple(target.shape)} must match scores without "
                              f"the class dim {tuple(scores.shape[:-1])}")
         t = target.reshape(-1)
+        fused = _fused_index_function(reg, z, impl)
+        if fused is not None:  # one kernel: loss, gradient, the count of targets, the check
+            args = (reg.alpha,) if fused is _TsallisKernelFunction else ()
+            loss, stats = fused.apply(z, t.to(z.device), int(ignore_index), eps, *args)
+            _check(stats[1] == 0, out_of_range)
+            return _reduce(loss, reduction, stats[0], scores.shape[:-1], dtype)
         valid = t != ignore_index
         index = torch.where(valid, t, 0).long()
-        _check(((index >= 0) & (index < n_classes)).all(),
-               f"target class index out of range [0, {n_classes}) (and not ignore_index={ignore_index})")
+        _check(((index >= 0) & (index < n_classes)).all(), out_of_range)
     if isinstance(reg, Shannon) and index is not None:
         loss = _CrossEntropyFunction.apply(z, index, valid, eps)
     else:
         loss = _FenchelYoungFunction.apply(z, reg, index, dist, valid, eps, impl)
+    return _reduce(loss, reduction, valid, scores.shape[:-1], dtype)
+
+
+def _fused_index_function(reg: Regularizer, z: Tensor, impl: str) -> Optional[type]:
+    """The one-kernel Function for index targets where ``impl`` means the Triton kernels for
+    ``z`` (cross-entropy: see :func:`_cross_entropy_uses_kernel`), else None (the torch paths)."""
+    if isinstance(reg, Shannon):
+        return _CrossEntropyKernelFunction if _cross_entropy_uses_kernel(z, impl) else None
+    if isinstance(reg, Tsallis) and reg.uses_kernel(z, impl):
+        return _TsallisKernelFunction
+    return None
+
+
+def _reduce(loss: Tensor, reduction: str, count: Tensor, shape: torch.Size, dtype: torch.dtype) -> Tensor:
+    """Per-row ``loss`` reduced: "none" (``shape``), "sum", or "mean" over ``count`` targets (a
+    count, or the bool mask of the rows to count; 0 if none; the count stays on the device); in
+    ``dtype``."""
     if reduction == "none":
-        return loss.reshape(scores.shape[:-1]).to(dtype)
+        return loss.reshape(shape).to(dtype)
     total = loss.sum()
     if reduction == "mean":
-        total = total / valid.sum().clamp(min=1)  # the token count stays on the device
+        total = total / (count.sum() if count.dtype == torch.bool else count).clamp(min=1)
     return total.to(dtype)
 
 

@@ -426,3 +426,80 @@ def test_bisect_loss_at_closed_form_alphas(ref, alpha):
     want = ref.EntmaxBisectLoss(alpha, n_iter=200, reduction="none")(x.detach(), t)
     torch.testing.assert_close(got.detach(), want, rtol=0, atol=1e-10)
     assert type(EntmaxBisectLoss(alpha=alpha).reg).__name__ == ("TsallisEntmax15" if alpha == 1.5 else "TsallisSparsemax")
+
+
+@pytest.mark.parametrize("ignore_index", [-100, -1, 3])
+def test_cross_entropy_values_and_gradients_match_torch(ignore_index):
+    """The torch path of cross-entropy (CPU, float64) equals F.cross_entropy up to the constant
+    H(y) of a smoothed target: values for every reduction and gradients for any incoming gradient,
+    ignored rows (several ignore values, one of them a class) included, to 1e-10."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(6, 5, 13, generator=g, dtype=F64) * 3
+    t = torch.randint(0, 13, (6, 5), generator=g)
+    t[0, :2] = ignore_index
+    t[4, 4] = ignore_index
+    n_valid = (t != ignore_index).sum()
+    for eps in (0.0, 0.1, 1.0):
+        ys = torch.tensor([1 - eps + eps / 13] + [eps / 13] * 12, dtype=F64)
+        entropy = -(ys * ys.log()).sum() if eps > 0 else 0.0
+        for red in ("mean", "sum", "none"):
+            xo, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+            ours = cross_entropy_loss(xo, t, ignore_index=ignore_index, reduction=red, label_smoothing=eps)
+            ref = F.cross_entropy(xr.reshape(-1, 13), t.reshape(-1), ignore_index=ignore_index,
+                                  reduction=red, label_smoothing=eps)
+            if red == "none":
+                ref = torch.where(t.reshape(-1) == ignore_index, 0, ref - entropy).reshape(6, 5)
+            else:
+                ref = ref - entropy * (1 if red == "mean" else n_valid)
+            torch.testing.assert_close(ours, ref, rtol=0, atol=1e-10)
+            w = torch.rand(ours.shape, generator=g, dtype=F64)
+            (ours * w).sum().backward()
+            (ref * w).sum().backward()
+            torch.testing.assert_close(xo.grad, xr.grad, rtol=0, atol=1e-10)
+
+
+def test_cross_entropy_torch_path_nan_and_dead_rows():
+    """Rows whose log_softmax is NaN (a NaN score; only -inf scores) get p = 0 in the gradient,
+    with and without smoothing, as the generic Fenchel-Young function; the NaN row's loss is NaN,
+    the dead row's inf; the evaluation forward (no grad) gives the same values."""
+    from nmt.sparse.losses import Shannon, _CrossEntropyFunction, _FenchelYoungFunction
+
+    x = torch.randn(5, 7, dtype=F64)
+    x[1, 2] = float("nan")
+    x[2] = float("-inf")
+    x[3, 4:] = float("-inf")
+    t = torch.tensor([0, 1, 3, 2, 6])
+    valid = torch.tensor([True, True, True, True, False])
+    for eps in (0.0, 0.2):
+        res = []
+        for fn, args in ((_CrossEntropyFunction.apply, (t, valid, eps)),
+                         (_FenchelYoungFunction.apply, (Shannon(), t, None, valid, eps, "auto"))):
+            z = x.clone().requires_grad_()
+            loss = fn(z, *args)
+            loss.sum().backward()
+            res.append((loss.detach(), z.grad))
+        (l1, g1), (l2, g2) = res
+        assert l1[1].isnan() and l1[2] == float("inf") and l1[4] == 0
+        assert torch.allclose(l1[[0, 3]], l2[[0, 3]], atol=1e-12)
+        assert torch.allclose(g1, g2, atol=1e-12) and g1.isfinite().all() and not g1[4].any()
+        assert torch.isclose(g1[1, 1], torch.tensor(eps - 1 - eps / 6, dtype=F64))  # 6 scores > -inf
+        with torch.no_grad():
+            l3 = _CrossEntropyFunction.apply(x, t, valid, eps)
+        assert torch.equal(l3.isnan(), l1.isnan()) and torch.equal(l3[~l3.isnan()], l1[~l1.isnan()])
+
+
+def test_cross_entropy_never_synchronises_any_impl():
+    """Cross-entropy forward + backward, index and distribution targets, smoothing and every
+    reduction: zero host-synchronising calls with each impl (the CPU: the torch path)."""
+    from nmt.utils.sync_audit import SyncAudit
+
+    t, dist = _targets(10, 30)
+    x = torch.randn(10, 30, dtype=F64)
+    x[3, 20:] = float("-inf")
+    for impl in ("auto", "pruned", "static", "triton"):
+        for target, kw in ((t, {}), (t, {"label_smoothing": 0.1}), (t, {"reduction": "none"}),
+                           (dist, {}), (torch.where(t == -100, 5, t), {"reduction": "sum", "ignore_index": 5})):
+            xs = x.clone().requires_grad_()
+            with SyncAudit() as audit:
+                cross_entropy_loss(xs, target, impl=impl, **kw).sum().backward()
+            assert audit.total == 0, (impl, kw, audit.report())

@@ -382,7 +382,7 @@ def test_front_doors_with_impl_triton_equal_static(dtype):
     for name, f in fronts.items():
         out = {}
         for impl in ("static", "triton"):
-            xi = x.to(DEVICE).requires_grad_()
+            xi = x.to(DEVICE).clone().requires_grad_()
             p = f(xi, impl=impl)
             p.backward(grad.to(DEVICE))
             out[impl] = (p.detach().cpu(), xi.grad.cpu())
@@ -403,7 +403,7 @@ def test_learnable_alpha_with_impl_triton():
     out = {}
     for impl in ("static", "triton"):
         alpha = torch.tensor([[1.0], [1.3], [1.5], [2.5]], device=DEVICE, requires_grad=True)
-        xi = x.to(DEVICE).requires_grad_()
+        xi = x.to(DEVICE).clone().requires_grad_()
         p = entmax_bisect(xi, alpha, impl=impl)
         p.backward(grad.to(DEVICE))
         out[impl] = (p.detach().cpu(), xi.grad.cpu(), alpha.grad.cpu())
@@ -442,7 +442,7 @@ def test_losses_with_impl_triton_equal_static(n):
         for target, kw in cases:
             out = {}
             for impl in ("static", "triton"):
-                xi = x.to(DEVICE).requires_grad_()
+                xi = x.to(DEVICE).clone().requires_grad_()
                 loss = loss_fn(xi, target.to(DEVICE), impl=impl, **kw)
                 torch.where(loss.isfinite(), loss, 0).sum().backward()
                 out[impl] = (loss.detach().cpu(), xi.grad.cpu())
@@ -477,16 +477,31 @@ from nmt.sparse import _triton as T
 T._import_triton()
 k = T._kernels()
 target = GPUTarget("cuda", 90, 32)
-ptr = {"X": "*bf16", "Y": "*bf16", "A": "*fp32", "OK": "*i32", "n": "i32"}
-const = ("MODE", "HAS_OK", "BLOCK", "N_BISECT", "MAX_ITER")
+ptr = {"X": "*bf16", "Y": "*bf16", "A": "*fp32", "OK": "*i32", "CONJ": "*fp32", "ZMAX": "*fp32",
+       "T": "*i64", "LOSS": "*fp32", "STATS": "*i32", "n": "i32", "ignore_index": "i32",
+       "smoothing": "fp32"}
+const = ("MODE", "HAS_OK", "LOSS_MODE", "SMOOTH", "BLOCK", "N_BISECT", "MAX_ITER")
 for mode in (T._SPARSEMAX, T._ENTMAX15, T._ALPHA):
-    values = {"MODE": mode, "HAS_OK": True, "BLOCK": 64, "N_BISECT": T.N_BISECT, "MAX_ITER": T.MAX_ITER}
-    src = ASTSource(k.forward, {**ptr, **{c: "constexpr" for c in const}}, constexprs=values)
-    assert triton.compile(src, target=target, options={"num_warps": T._num_warps(64)}).asm["cubin"]
+    # the mapping (with its flags), the conjugate outputs, the index-target loss without / with smoothing
+    for loss_mode, smooth in ((0, False), (1, False), (2, False), (2, True)):
+        values = {"MODE": mode, "HAS_OK": loss_mode == 0, "LOSS_MODE": loss_mode, "SMOOTH": smooth,
+                  "BLOCK": 64, "N_BISECT": T.N_BISECT, "MAX_ITER": T.MAX_ITER}
+        src = ASTSource(k.forward, {**ptr, **{c: "constexpr" for c in const}}, constexprs=values)
+        assert triton.compile(src, target=target, options={"num_warps": T._num_warps(64)}).asm["cubin"]
     sig = {"P": "*fp16", "G": "*fp16", "DX": "*fp16", "A": "*fp32", "n": "i32", "MODE": "constexpr",
            "BLOCK": "constexpr"}
     src = ASTSource(k.backward, sig, constexprs={"MODE": mode, "BLOCK": 64})
     assert triton.compile(src, target=target, options={"num_warps": T._num_warps(64)}).asm["cubin"]
+for smooth in (False, True):  # the cross-entropy kernels
+    sig = {"X": "*fp32", "T": "*i64", "LOSS": "*fp32", "LSE": "*fp32", "STATS": "*i32", "n": "i32",
+           "ignore_index": "i32", "eps": "fp32", "SMOOTH": "constexpr", "BLOCK": "constexpr"}
+    src = ASTSource(k.ce_forward, sig, constexprs={"SMOOTH": smooth, "BLOCK": 1024})
+    assert triton.compile(src, target=target, options={"num_warps": T._num_warps(1024)}).asm["cubin"]
+    sig = {"X": "*bf16", "T": "*i32", "LSE": "*fp32", "G": "*fp32", "DX": "*bf16", "n": "i32",
+           "g_stride": "i32", "ignore_index": "i64", "eps": "fp32", "SMOOTH": "constexpr",
+           "BLOCK": "constexpr"}
+    src = ASTSource(k.ce_backward, sig, constexprs={"SMOOTH": smooth, "BLOCK": 1024})
+    assert triton.compile(src, target=target, options={"num_warps": T._num_warps(1024)}).asm["cubin"]
 print("OK")
 """
 
@@ -500,3 +515,250 @@ def test_kernels_compile_for_sm90():
     if out.stdout.startswith("SKIP"):
         pytest.skip(out.stdout.strip())
     assert out.stdout.strip().endswith("OK")
+
+
+# --- the losses' fused kernels: index targets in one launch, cross-entropy, the conjugate ------
+
+def _loss_rows(n: int, seed: int = 0):
+    """(12, n) float32 scores and index targets: ignored rows, -inf scores, a row of only -inf,
+    a row exactly one-hot on its target, a target whose score is -inf, a near-uniform row."""
+    g = torch.Generator().manual_seed(seed * 100 + n)
+    x = torch.randn(12, n, generator=g) * 3
+    x[5, n // 2:] = NINF
+    x[7] = NINF  # only -inf: an infinite loss for an index target
+    x[9] = NINF
+    x[9, 1] = 0.0  # exactly one-hot on class 1
+    x[10] *= 1e-3
+    t = torch.randint(0, max(n // 2, 1), (12,), generator=g)
+    t[::4] = -100
+    t[9] = 1
+    if n > 3:
+        x[11, 3] = NINF
+        t[11] = 3  # an impossible target
+    return x, t
+
+
+def _tsallis_and_ce():
+    from nmt.sparse import cross_entropy_loss, entmax15_loss, entmax_bisect_loss, sparsemax_loss
+
+    return {"cross_entropy": cross_entropy_loss, "sparsemax": sparsemax_loss, "entmax15": entmax15_loss,
+            "bisect1.3": lambda *a, **k: entmax_bisect_loss(*a, alpha=1.3, **k),
+            "bisect2.5": lambda *a, **k: entmax_bisect_loss(*a, alpha=2.5, **k)}
+
+
+@pytest.mark.parametrize("n", [2, 7, 300])
+def test_fused_index_losses_equal_static(n):
+    """Index targets with impl="triton" take one kernel per loss (cross-entropy: its forward and
+    backward kernels; Tsallis: the mapping kernel with the loss and gradient p - y in its
+    epilogue): values and gradients equal impl="static" (the torch paths) for every reduction,
+    ignore_index (default and custom, int32 targets), label smoothing (0.1 and 1), -inf scores,
+    a row of only -inf, impossible targets; a one-hot prediction on its target is exactly 0."""
+    from nmt.sparse import losses as L
+
+    x, t = _loss_rows(n)
+    t_custom = torch.where(t == -100, -1, t).to(torch.int32)
+    cases = [(t, {"reduction": "none"}), (t, {"reduction": "none", "label_smoothing": 0.1}),
+             (t, {"reduction": "none", "label_smoothing": 1.0}), (t, {}), (t, {"reduction": "sum"}),
+             (t_custom, {"ignore_index": -1, "label_smoothing": 0.2})]
+    for name, loss_fn in _tsallis_and_ce().items():
+        for target, kw in cases:
+            out = {}
+            for impl in ("static", "triton"):
+                xi = x.to(DEVICE).clone().requires_grad_()
+                loss = loss_fn(xi, target.to(DEVICE), impl=impl, **kw)
+                g = torch.linspace(0.5, 1.5, loss.numel(), device=DEVICE).reshape(loss.shape)
+                (loss * g).sum().backward()  # (inf values: the gradient is still p - y)
+                out[impl] = (loss.detach().cpu(), xi.grad.cpu())
+            (ls, gs), (lt, gt) = out["static"], out["triton"]
+            assert lt.dtype == ls.dtype == torch.float32
+            assert torch.equal(ls.isinf(), lt.isinf()) and torch.equal(ls.isnan(), lt.isnan()), (name, kw)
+            fin = ls.isfinite()
+            assert torch.allclose(lt[fin], ls[fin], atol=1e-5, rtol=1e-5), (name, kw, lt, ls)
+            assert torch.allclose(gt, gs, atol=1e-5), (name, kw, (gt - gs).abs().max())
+            if loss.dim():
+                assert lt[7] == float("inf") and (n <= 3 or lt[11] == float("inf")), (name, kw)
+                assert lt[4] == 0 and lt[8] == 0 and not gt[4].any() and not gt[8].any()  # ignored
+                if "label_smoothing" not in kw:
+                    assert lt[9] == 0 and not gt[9].any(), (name, kw)  # one-hot on the target
+                assert gt[7, t[7]] == -(1 - kw.get("label_smoothing", 0.0)) * g[7].item()
+    assert L._fused_index_function(L.Shannon(), x.to(DEVICE), "triton") is L._CrossEntropyKernelFunction
+    assert L._fused_index_function(L.TsallisEntmax15(), x.to(DEVICE), "triton") is L._TsallisKernelFunction
+    assert L._fused_index_function(L.Tsallis(1.3, n_iter=5), x.to(DEVICE), "triton") is None
+
+
+def test_fused_losses_nan_rows():
+    """A NaN or +inf score: the row's loss is NaN (cross-entropy: inf where the target's score is
+    -inf), as on the torch paths; the other rows are unaffected."""
+    x, t = _loss_rows(50)
+    x[1, 2], x[2, 3] = float("nan"), float("inf")
+    for name, loss_fn in _tsallis_and_ce().items():
+        for kw in ({}, {"label_smoothing": 0.1}):
+            ls = loss_fn(x.to(DEVICE), t.to(DEVICE), reduction="none", impl="static", **kw).cpu()
+            lt = loss_fn(x.to(DEVICE), t.to(DEVICE), reduction="none", impl="triton", **kw).cpu()
+            assert lt[1:3].isnan().all() and ls[1:3].isnan().all(), (name, kw)
+            assert torch.equal(lt[3:].isinf(), ls[3:].isinf())
+            fin = ls[3:].isfinite()
+            assert torch.allclose(lt[3:][fin], ls[3:][fin], atol=1e-5, rtol=1e-5), name
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.15])
+def test_cross_entropy_kernels_equal_torch_cross_entropy(eps):
+    """The cross-entropy kernels against torch.nn.functional.cross_entropy (float32): values for
+    every reduction (label smoothing: ours is KL(y || p) = H(y, p) - H(y)) and gradients, ignored
+    rows included; the gradient is softmax - y for any incoming per-row gradient."""
+    import torch.nn.functional as F
+
+    from nmt.sparse import cross_entropy_loss
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(33, 257, generator=g) * 4
+    t = torch.randint(0, 257, (33,), generator=g)
+    t[::5] = -100
+    n_valid = (t != -100).sum()
+    ys = torch.tensor([1 - eps + eps / 257] + [eps / 257] * 256, dtype=torch.float64)
+    entropy = float(-(ys * ys.log()).sum()) if eps > 0 else 0.0
+    for red in ("mean", "sum", "none"):
+        xo, xr = x.to(DEVICE).clone().requires_grad_(), x.clone().requires_grad_()
+        ours = cross_entropy_loss(xo, t.to(DEVICE), reduction=red, label_smoothing=eps, impl="triton")
+        ref = F.cross_entropy(xr, t, reduction=red, label_smoothing=eps)
+        if red == "none":
+            ref = torch.where(t == -100, 0, ref - entropy)
+        else:
+            ref = ref - entropy * (1 if red == "mean" else n_valid)
+        torch.testing.assert_close(ours.detach().cpu(), ref.detach(), rtol=1e-5, atol=1e-4)
+        w = torch.rand(ours.shape, generator=g)
+        (ours * w.to(DEVICE)).sum().backward()
+        (ref * w).sum().backward()
+        torch.testing.assert_close(xo.grad.cpu(), xr.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_cross_entropy_kernels_direct():
+    """The wrappers: the forward writes the loss, log sum exp and the target statistics (rows
+    counted, indices out of range counted and never read); the backward takes an expanded
+    per-row gradient."""
+    x, t = _loss_rows(40)
+    t[2] = 40  # out of range
+    t[3] = -7  # out of range (not the ignore value)
+    loss, lse, stats = run(lambda a, b: T.cross_entropy_forward(a, b, -100, 0.0), x, t)
+    assert stats.tolist() == [9, 2]
+    ref = torch.logsumexp(x[0] - x[0].max(), 0)
+    assert torch.allclose(lse[0], ref) and loss[0] == 0  # row 0 is ignored
+    xs, ts = x.to(DEVICE), t.clamp(0, 39).to(DEVICE)
+    loss, lse, _ = T.cross_entropy_forward(xs, ts)
+    g = torch.full((1,), 0.5, device=DEVICE).expand(12)
+    dx = T.cross_entropy_backward(xs, ts, lse, g).cpu()
+    expected = 0.5 * (torch.softmax(x, -1).nan_to_num(0) - F_one_hot(ts.cpu(), 40))
+    assert torch.allclose(dx, expected, atol=1e-6)
+    with pytest.raises(ValueError, match="shape"):
+        T.cross_entropy_backward(xs, ts, lse, g[:3])
+
+
+def F_one_hot(t: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.nn.functional.one_hot(t, n).float()
+
+
+def test_fused_losses_refuse_out_of_range_targets():
+    """An index outside [0, V) that is not ignore_index is refused (the kernels count it; eager
+    on the CPU: ValueError, as the torch paths)."""
+    from nmt.sparse import cross_entropy_loss, entmax15_loss
+
+    x = torch.randn(4, 9, device=DEVICE)
+    for loss_fn in (cross_entropy_loss, entmax15_loss):
+        for bad in (9, -1):
+            t = torch.tensor([0, bad, 2, -100], device=DEVICE)
+            with pytest.raises(ValueError, match="out of range"):
+                loss_fn(x, t, impl="triton")
+        assert loss_fn(x, torch.tensor([0, -1, 2, 3], device=DEVICE), ignore_index=-1, impl="triton").isfinite()
+
+
+@pytest.mark.parametrize("max_iter", [None, 1])
+@pytest.mark.parametrize("alpha", [2.0, 1.5, 1.3, 2.5])
+def test_tsallis_probs_conj_matches_definition(alpha, max_iter, monkeypatch):
+    """The conjugate from the mapping kernel equals <x', p> - Omega(p) computed in float64 from the
+    kernel's own p (x' = x - max x); zmax is the row maximum (0 for a row without a finite score,
+    NaN for a NaN row); exactly 0 for a one-hot row. With the refinement capped at one step most
+    rows stay unverified and renormalised: the general form of the conjugate, still equal."""
+    x, _ = _loss_rows(300)
+    if max_iter is not None:  # no bisection, one refinement step
+        monkeypatch.setattr(T, "MAX_ITER", max_iter)
+        monkeypatch.setattr(T, "N_BISECT", 0)
+        mode, rows = T._tsallis_mode(x, alpha)
+        _, ok = run(lambda a: T._forward(a, mode, None if rows is None else rows.to(a.device), with_ok=True), x)
+        assert (ok[:5] == 0).any()  # some rows unverified
+    x[6, 4] = float("nan")
+    p, conj, zmax = run(lambda a: T.tsallis_probs_conj(a, alpha), x)
+    xm = x.masked_fill(x.isnan(), NINF).amax(-1, keepdim=True)
+    xm = torch.where(xm == NINF, 0, xm)
+    pd = p.double()
+    zs = torch.where(pd > 0, (x - xm).double(), 0)
+    want = (pd * zs).sum(-1) - (pd.pow(alpha).sum(-1) - 1) / (alpha * (alpha - 1))
+    ok = torch.ones(12, dtype=torch.bool)
+    ok[[6, 7]] = False  # NaN row; the empty row's conjugate is never used
+    assert torch.allclose(conj[ok].double(), want[ok], atol=2e-5), (conj, want)
+    assert conj[9] == 0 and conj[6].isnan() and zmax[6].isnan() and zmax[7] == 0
+    assert torch.equal(zmax[ok], xm[ok, 0])
+
+
+def test_fused_loss_paths_do_not_sync(monkeypatch):
+    """Forward and backward of every loss with impl="triton" (the fused index kernels, and the
+    mapping kernel's conjugate for distribution targets), every reduction, smoothing: no
+    host-synchronising call around the launches (which are replaced: the interpreter copies to
+    the host by design)."""
+    from nmt.utils.sync_audit import SyncAudit
+
+    class Launcher:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+
+    fake = type("K", (), {"forward": Launcher(), "backward": Launcher(), "ce_forward": Launcher(),
+                          "ce_backward": Launcher()})()
+    monkeypatch.setattr(T, "_kernels", lambda: fake)
+    x, t = _loss_rows(60)
+    dist = torch.softmax(torch.randn(12, 60), -1).to(DEVICE)
+    x, t = x.to(DEVICE), t.to(DEVICE)
+    for name, loss_fn in _tsallis_and_ce().items():
+        for target, kw in ((t, {}), (t, {"label_smoothing": 0.1}), (t, {"reduction": "sum"}),
+                           (t, {"reduction": "none"}), (dist, {})):
+            xs = x.clone().requires_grad_()
+            with SyncAudit() as audit:
+                loss_fn(xs, target, impl="triton", **kw).sum().backward()
+            assert audit.total == 0, (name, kw, audit.report())
+
+
+def test_cross_entropy_kernel_dispatch(monkeypatch):
+    """Cross-entropy takes its kernels for impl="auto" off the CPU and for "triton" where they
+    run, never for float64, "static" / "pruned" or while compiling; an impl the kernels cannot
+    serve falls back to torch instead of raising."""
+    from nmt.sparse import _dispatch, cross_entropy_loss
+    from nmt.sparse.losses import _cross_entropy_uses_kernel as uses
+
+    meta = torch.empty(2, 3, device="meta")
+    monkeypatch.setattr(_dispatch, "triton_available", lambda x: True)
+    assert uses(meta, "auto") and uses(meta, "triton") and not uses(meta, "static")
+    assert not uses(meta, "pruned") and not uses(meta.double(), "auto")
+    assert not uses(torch.empty(2, 3), "auto")  # CPU: the torch path
+    monkeypatch.setattr(_dispatch, "triton_available", lambda x: False)
+    assert not uses(meta, "triton")
+    x, t = torch.randn(3, 5), torch.tensor([0, 4, -100])
+    assert torch.allclose(cross_entropy_loss(x, t, impl="triton"), cross_entropy_loss(x, t))
+
+
+def test_cross_entropy_compiles_fullgraph_with_impl_triton():
+    """While torch.compile traces, cross-entropy takes the torch path whatever the impl (one graph,
+    values and gradients equal eager's kernel path)."""
+    from nmt.sparse import cross_entropy_loss
+
+    x, t = _loss_rows(40)
+    x[7, 0] = 0.0
+    x[11, 3] = 0.0  # finite losses only
+
+    def total(s, idx):
+        return cross_entropy_loss(s, idx, label_smoothing=0.1, impl="triton") + cross_entropy_loss(s, idx, impl="triton")
+
+    compiled = torch.compile(total, fullgraph=True, dynamic=False, backend="aot_eager")
+    xc, xe = x.to(DEVICE).clone().requires_grad_(), x.to(DEVICE).clone().requires_grad_()
+    lc, le = compiled(xc, t.to(DEVICE)), total(xe, t.to(DEVICE))
+    lc.backward()
+    le.backward()
+    assert torch.allclose(lc, le, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(xc.grad, xe.grad, atol=1e-6)
