@@ -48,7 +48,7 @@ accelerator or under ``torch.compile`` (no sync; the error surfaces at the next 
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
@@ -289,6 +289,14 @@ class _CrossEntropyFunction(torch.autograd.Function):
         return p.mul_(torch.where(valid, g, 0)[:, None]), None, None, None  # ignored rows: 0
 
 
+def _with_stats(ctx: Any, loss: Tensor, stats: Tensor) -> tuple[Tensor, Tensor]:
+    """The outputs of a kernel-backed loss Function: the per-row ``loss`` and the kernel's
+    ``stats`` (target count, refused indices), the latter without a gradient (none materialised)."""
+    ctx.mark_non_differentiable(stats)
+    ctx.set_materialize_grads(False)
+    return loss, stats
+
+
 class _CrossEntropyKernelFunction(torch.autograd.Function):
     """:class:`_CrossEntropyFunction` by the fused Triton kernels (CUDA; CPU in Triton's
     interpreter), :func:`nmt.sparse._triton.cross_entropy_forward` / ``_backward``, from the raw
@@ -303,9 +311,7 @@ class _CrossEntropyKernelFunction(torch.autograd.Function):
         loss, lse, stats = _dispatch._triton.cross_entropy_forward(z, target, ignore_index, eps)
         ctx.ignore_index, ctx.eps = ignore_index, eps
         ctx.save_for_backward(z, target, lse)
-        ctx.mark_non_differentiable(stats)
-        ctx.set_materialize_grads(False)  # no zeros for the stats' gradient
-        return loss, stats
+        return _with_stats(ctx, loss, stats)
 
     @staticmethod
     def backward(ctx, g: Optional[Tensor], _g_stats: Optional[Tensor]):  # type: ignore[override]
@@ -327,9 +333,7 @@ class _TsallisKernelFunction(torch.autograd.Function):
     def forward(ctx, z: Tensor, target: Tensor, ignore_index: int, eps: float, alpha: float):  # type: ignore[override]
         grad, loss, stats = _dispatch._triton.tsallis_index_loss(z, target, ignore_index, eps, alpha)
         ctx.save_for_backward(grad)
-        ctx.mark_non_differentiable(stats)
-        ctx.set_materialize_grads(False)  # no zeros for the stats' gradient
-        return loss, stats
+        return _with_stats(ctx, loss, stats)
 
     @staticmethod
     def backward(ctx, g: Optional[Tensor], _g_stats: Optional[Tensor]):  # type: ignore[override]
