@@ -1,6 +1,8 @@
 """(Bi)directional LSTM/GRU encoder on packed sequences."""
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
@@ -22,6 +24,20 @@ def rnn_class(name: str) -> type[nn.RNNBase]:
         return RNN_TYPES[name]
     except KeyError:
         raise ValueError(f"unknown rnn type {name!r}; valid: {', '.join(RNN_TYPES)}") from None
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_autocast_rnn_supported(rnn_type: str, dtype: torch.dtype) -> bool:
+    """Whether this processor's oneDNN runs ``rnn_type`` under CPU autocast to ``dtype`` (probed
+    once with a 1-unit RNN, cached). Processors without half-precision instructions (e.g. AVX2
+    only) refuse the fused LSTM primitive ("could not create a primitive descriptor")."""
+    rnn = rnn_class(rnn_type)(1, 1, batch_first=True)
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+            rnn(torch.zeros(1, 1, 1))
+    except RuntimeError:
+        return False
+    return True
 
 
 class RNNEncoder(nn.Module):
@@ -75,7 +91,7 @@ class RNNEncoder(nn.Module):
             return self._forward_by_length(emb, groups)
         try:
             packed = pack_padded_sequence(emb, lengths_cpu, batch_first=True, enforce_sorted=False)
-            out, final = self.rnn(packed)
+            out, final = self._run(packed)
             # pad in sorted order, then unsort on the device (pad_packed_sequence would also
             # move the sort indices to the host)
             padded, _ = pad_packed_sequence(PackedSequence(out.data, out.batch_sizes), batch_first=True,
@@ -115,7 +131,7 @@ class RNNEncoder(nn.Module):
         memory: Tensor | None = None
         states: list[Tensor] = []
         for length, rows in groups:
-            out, final = self.rnn(emb.index_select(0, rows)[:, :length])  # (n, length, H)
+            out, final = self._run(emb.index_select(0, rows)[:, :length])  # (n, length, H)
             final = final if isinstance(final, tuple) else (final,)
             if memory is None:  # the RNN's dtype (under autocast not the embeddings')
                 memory = out.new_zeros(batch, width, self.hidden_size)
@@ -128,6 +144,16 @@ class RNNEncoder(nn.Module):
         if self.bidirectional:
             merged = tuple(self._merge_directions(s) for s in merged)
         return memory, merged
+
+    def _run(self, x: Tensor | PackedSequence) -> tuple[Tensor | PackedSequence, Tensor | tuple[Tensor, Tensor]]:
+        """``self.rnn(x)``; under CPU autocast on a processor that cannot run the RNN in the
+        autocast dtype (:func:`cpu_autocast_rnn_supported`), in float32 instead."""
+        data = x.data if isinstance(x, PackedSequence) else x
+        if (data.device.type == "cpu" and torch.is_autocast_enabled("cpu")
+                and not cpu_autocast_rnn_supported(self.rnn_type, torch.get_autocast_dtype("cpu"))):
+            with torch.autocast("cpu", enabled=False):
+                return self.rnn(x)
+        return self.rnn(x)
 
     def _merge_directions(self, state: Tensor) -> Tensor:
         """(layers * 2, B, H/2) -> (layers, B, H): [forward; backward] per layer."""

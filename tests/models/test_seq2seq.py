@@ -265,3 +265,42 @@ def test_bad_source_lengths_are_clear_errors_without_gradients(make_model):
     src, _, _ = random_batch(batch=2)
     with torch.no_grad(), pytest.raises(ValueError, match="src_lengths: every source sentence"):
         model.encode(src, torch.tensor([3, 0]))
+
+
+@pytest.mark.parametrize("supported", [True, False])
+def test_encoder_under_cpu_autocast_where_the_processor_has_no_half_lstm(make_model, monkeypatch, supported):
+    """CPU autocast to bfloat16 with equal source lengths (oneDNN's fused LSTM, which AVX2-only
+    processors refuse in bfloat16): where the probe says the processor cannot, the encoder runs
+    in float32 and gives the float32 result exactly; where it can, the RNN runs under autocast."""
+    from nmt.models import encoder as encoder_module
+
+    assert isinstance(encoder_module.cpu_autocast_rnn_supported("lstm", torch.bfloat16), bool)
+    model = make_model(dtype=torch.float32)
+    src, src_lengths, _ = random_batch(batch=4, lengths=[5, 5, 5, 5], seed=3)
+    emb = model.src_embeddings(src)
+    memory, _ = model.encoder(emb, src_lengths)
+    calls = []
+
+    def probe(rnn_type, dtype):
+        calls.append((rnn_type, dtype))
+        return supported
+
+    monkeypatch.setattr(encoder_module, "cpu_autocast_rnn_supported", probe)
+    seen = []
+    if supported:  # the RNN is called under autocast (recorded; then run in float32, as any CPU can)
+        forward = model.encoder.rnn.forward
+
+        def recording(x, *args):
+            seen.append(torch.is_autocast_enabled("cpu"))
+            with torch.autocast("cpu", enabled=False):
+                return forward(x, *args)
+
+        monkeypatch.setattr(model.encoder.rnn, "forward", recording)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        memory_ac, _ = model.encoder(emb, src_lengths)
+    assert calls == [(model.encoder.rnn_type, torch.bfloat16)]
+    if supported:
+        assert seen == [True]
+    else:
+        assert memory_ac.dtype == torch.float32
+        torch.testing.assert_close(memory_ac, memory, rtol=0, atol=0)
