@@ -11,10 +11,11 @@
   (forward and backward); traces under ``torch.compile(fullgraph=True)``.
 * ``"triton"``: fused row-resident kernels (:mod:`nmt.sparse._triton`, optional: CUDA with
   Triton installed) for the mappings; thresholds themselves use ``"static"``.
-* ``"auto"`` (default): ``"pruned"`` on the CPU in eager mode, ``"static"`` while
-  ``torch.compile`` traces (the pruned path's data-dependent shapes cannot be traced), and on
-  other devices ``"triton"`` where :func:`nmt.sparse._triton.is_available` accepts the input
-  and it is not float64 (the kernels compute in float32), else ``"static"``.
+* ``"auto"`` (default): ``"pruned"`` on the CPU, and on other devices ``"triton"`` where
+  :func:`nmt.sparse._triton.is_available` accepts the input and it is not float64 (the kernels
+  compute in float32), else ``"static"``. The same choice while ``torch.compile`` traces: the
+  CPU algorithm and the kernels then enter the graph as custom operators
+  (:mod:`nmt.sparse._compiled_ops`), one opaque call each; the static path is traced.
 
 Both paths work *relative to the row maximum*: :func:`shifted_threshold` returns
 ``(tau_rel, zmax)`` with ``p = [scale * (x - zmax) - tau_rel]_+^q``, which keeps the float
@@ -24,13 +25,13 @@ precision of rows with a large common offset. A row holding NaN or ``+inf`` gets
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor
 
-from . import _static
-from ._threshold import prefer_sort, root_threshold, sorted_shifted_threshold
+from . import _compiled_ops, _static
+from ._threshold import nan_rows, pruned_shifted_threshold
 
 try:  # optional fused kernels (CUDA + Triton)
     from . import _triton
@@ -48,6 +49,13 @@ def check_impl(impl: str) -> str:
     return impl
 
 
+def kernels() -> Any:
+    """The Triton kernel wrappers to call: :mod:`nmt.sparse._triton`'s functions, or while
+    ``torch.compile`` traces the same names as custom operators
+    (:data:`nmt.sparse._compiled_ops.KERNEL_OPERATORS`: one opaque node of the graph each)."""
+    return _compiled_ops.KERNEL_OPERATORS if torch.compiler.is_compiling() else _triton
+
+
 def triton_available(x: Tensor) -> bool:
     """Whether the fused Triton kernels accept ``x`` (False when :mod:`nmt.sparse._triton` is absent)."""
     return _triton is not None and bool(_triton.is_available(x))
@@ -61,8 +69,6 @@ def resolve_impl(impl: str, x: Tensor, triton_ok: bool = True) -> str:
     """
     check_impl(impl)
     if impl == "auto":
-        if torch.compiler.is_compiling():
-            return "static"
         if x.device.type == "cpu":
             return "pruned"
         # the kernels compute in float32: float64 keeps the static path's precision
@@ -88,16 +94,12 @@ def shifted_threshold(x: Tensor, q: Union[float, Tensor], scale: float = 1.0, im
     static path's number of steps. ``impl``: see the module docstring. Shapes ``(..., 1)``.
     """
     kind = resolve_impl(impl, x, triton_ok=False)
-    lead, n = x.shape[:-1], x.shape[-1]
-    exact = tol is None
     if kind == "pruned":
-        if exact and not isinstance(q, Tensor) and prefer_sort(x.numel() // max(n, 1), n):
-            return sorted_shifted_threshold(x, q, scale)  # NaN / +inf rows: zmax NaN already
-        tau, zmax = root_threshold(x, q, tol=tol, max_iter=n_iter, scale=scale, relative=True)
-    else:
-        tau, zmax = static_shifted_threshold(x, q, scale, exact, n_iter)
-    bad = zmax.isnan() | (zmax == float("inf"))  # a NaN or +inf score: a NaN row
-    return tau, torch.where(bad, float("nan"), zmax)
+        if torch.compiler.is_compiling():  # one opaque operator of the graph
+            return _compiled_ops.pruned_shifted_threshold(x, q, scale, tol, n_iter)
+        return pruned_shifted_threshold(x, q, scale, tol, n_iter)
+    tau, zmax = static_shifted_threshold(x, q, scale, tol is None, n_iter)
+    return tau, nan_rows(zmax)  # a NaN or +inf score: a NaN row
 
 
 def static_shifted_threshold(x: Tensor, q: Union[float, Tensor], scale: float, exact: bool,

@@ -36,7 +36,7 @@ some row is pruned).
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import numpy as np
 import torch
@@ -322,18 +322,38 @@ def _newton_lower_bound(z: Tensor, q: Power, steps: int) -> Tensor:
     return lo
 
 
+def _whole_blocks(z: Tensor, block: int) -> Tensor:
+    """The whole blocks of the rows of ``z: (R, n)`` as a ``(R, n // block, block)`` view (no copy:
+    a shorter last block is left out by the strides; ``z`` has unit stride along its rows)."""
+    n_rows, n = z.shape
+    return z.as_strided((n_rows, n // block, block), (z.stride(0), block, 1))
+
+
 def _block_max(z: Tensor, block: int) -> Tensor:
     """Maxima of consecutive blocks of ``block`` entries: ``(R, n) -> (R, ceil(n / block))``."""
     n_rows, n = z.shape
     nb = n // block
-    bmax = z[:, : nb * block].reshape(n_rows, nb, block).amax(dim=-1)
+    bmax = _whole_blocks(z, block).amax(dim=-1)
     if nb * block < n:
         bmax = torch.cat([bmax, z[:, nb * block:].amax(dim=-1, keepdim=True)], dim=-1)
     return bmax
 
 
-def _gather_candidates(z: Tensor, bmax: Tensor, lo: Tensor, block: int) -> Tensor:
-    """Entries ``> lo`` of each row, left-aligned in a ``(R, K)`` tensor padded with ``-inf``.
+class Candidates(NamedTuple):
+    """The entries of rows ``(R, n)`` that can be in the support (all others are certainly below
+    the threshold), as flat lists of equal length ``M``."""
+
+    rows: Tensor
+    """``(M,)`` long: the row of each candidate."""
+    index: Tensor
+    """``(M,)`` long: its position in the flattened rows, ``row * n + column``."""
+    values: Tensor
+    """``(M,)``: its score."""
+
+
+def _gather_candidates(z: Tensor, bmax: Tensor, lo: Tensor, block: int) -> tuple[Tensor, Candidates]:
+    """Entries ``> lo`` of each row, left-aligned in a ``(R, K)`` tensor padded with ``-inf``,
+    and the same entries as :class:`Candidates` (their rows and flat positions in ``z``).
 
     ``z: (R, n)`` contiguous, ``bmax: (R, nb)`` its block maxima (a shorter last block
     included), ``lo: (R, 1)``. Only blocks whose maximum exceeds ``lo`` are read. The
@@ -346,9 +366,10 @@ def _gather_candidates(z: Tensor, bmax: Tensor, lo: Tensor, block: int) -> Tenso
     if nb * block == n:  # index_select of whole blocks: much cheaper than 2-D advanced indexing
         vals = z.view(n_rows * nb, block).index_select(0, rows * nb + blocks)  # (M, block)
     else:
-        vals = z[:, : nb * block].reshape(n_rows, nb, block)[rows, blocks]
+        vals = _whole_blocks(z, block)[rows, blocks]
     blk, off = (vals > lo.index_select(0, rows)).nonzero().unbind(1)
     crow, cval = rows.index_select(0, blk), vals.view(-1).index_select(0, blk * block + off)
+    ccol = blocks.index_select(0, blk).mul_(block).add_(off)
     counts = torch.bincount(crow, minlength=n_rows)
     pos = torch.arange(crow.numel(), device=z.device) - (counts.cumsum(0) - counts)[crow]
     if nb * block < n:  # the shorter last block: filter it for every row, append per row
@@ -357,17 +378,18 @@ def _gather_candidates(z: Tensor, bmax: Tensor, lo: Tensor, block: int) -> Tenso
         tcounts = torch.bincount(trow, minlength=n_rows)
         tpos = torch.arange(trow.numel(), device=z.device) - (tcounts.cumsum(0) - tcounts)[trow]
         crow, cval = torch.cat([crow, trow]), torch.cat([cval, tail[trow, toff]])
+        ccol = torch.cat([ccol, toff + nb * block])
         pos = torch.cat([pos, tpos + counts[trow]])
         counts = counts + tcounts
     width = int(counts.max()) if crow.numel() else 0
     out = z.new_full((n_rows, max(width, 1)), float("-inf"))
     out[crow, pos] = cval
-    return out
+    return out, Candidates(crow, crow * n + ccol, cval)
 
 
 def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
                    max_iter: Optional[int] = None, scale: float = 1.0,
-                   relative: bool = False) -> Union[Tensor, tuple[Tensor, Tensor]]:
+                   relative: bool = False, candidates: bool = False) -> Union[Tensor, tuple]:
     """Threshold of ``scale * z`` for ``z: (..., n)`` (``-inf`` allowed) -> ``tau: (..., 1)``.
 
     ``+inf`` for rows without finite entries. ``q``: float, or a tensor broadcastable to
@@ -379,7 +401,12 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
     ``zmax = 0``, ``tau_rel = +inf``. Long rows are pruned to the entries above the
     block-maxima threshold first; rows where that bound keeps more than half of the blocks
     (broad rows, e.g. early in training) are solved on the full row instead.
+    ``candidates=True`` returns ``(tau_rel, zmax, cand)``: ``cand`` the :class:`Candidates` of
+    the rows ``z.reshape(-1, n)`` when every row was pruned (every entry outside them is below
+    the threshold: the output is zero there), else None.
     """
+    if candidates:
+        relative = True
     exact = tol is None
     if exact and not _is_exact_q(q):
         raise ValueError(f"the exact threshold needs q in {{1, 2}}, got {q}")
@@ -434,8 +461,10 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
             tau = _newton(zs, q, start[:, 0], max_iter, sub_tol, empty[:, 0])
         return torch.where(empty, float("inf"), tau[:, None]), zmax
 
-    def finish(tau: Tensor, zmax: Tensor):
+    def finish(tau: Tensor, zmax: Tensor, cand: Optional[Candidates] = None):
         tau, zmax = tau.reshape(*lead, 1), zmax.reshape(*lead, 1)
+        if candidates:
+            return tau, zmax, cand
         return (tau, zmax) if relative else tau + scale * zmax
 
     block = BLOCK if n >= 64 * BLOCK else BLOCK // 2
@@ -445,6 +474,8 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
     # a lower bound of the threshold of a sub-vector (the block maxima) bounds the row's
     sub = bmax * scale
     smax = sub.amax(dim=-1, keepdim=True)
+    # a NaN or +inf score reaches the block maxima (amax propagates NaN) but not the candidates
+    nan_row = smax.isnan() | (smax == float("inf"))
     smax = torch.where(smax == float("-inf"), 0, smax)
     lo = _newton_lower_bound(sub - smax, q, LOWER_BOUND_STEPS) + smax
     lo = lo - 4 * (sub_tol or eps) * lo.abs().clamp(min=1)
@@ -454,19 +485,21 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
         return finish(*solve(z2, lo, q))
 
     def pruned(rows_z: Tensor, rows_bmax: Tensor, rows_lo: Tensor, q: Power) -> tuple[Tensor, Tensor]:
-        cand = _gather_candidates(rows_z, rows_bmax, rows_lo / scale, block)
+        cand, found[0] = _gather_candidates(rows_z, rows_bmax, rows_lo / scale, block)
         if exact and prefer_sort(*cand.shape):
             return sorted_shifted_threshold(cand, q, scale)
         return solve(cand, rows_lo, q, owned=True)
 
+    found: list[Optional[Candidates]] = [None]
     if n_broad == 0:
-        return finish(*pruned(z2, bmax, lo, q))
+        tau, zmax = pruned(z2, bmax, lo, q)
+        return finish(tau, torch.where(nan_row, float("nan"), zmax), found[0])
     tau, zmax = torch.empty_like(lo), torch.empty_like(lo)
     idx_b, idx_n = broad.nonzero()[:, 0], (~broad).nonzero()[:, 0]
     q_b, q_n = (q[idx_b], q[idx_n]) if isinstance(q, Tensor) else (q, q)
     tau[idx_b], zmax[idx_b] = solve(z2.index_select(0, idx_b), lo[idx_b], q_b, owned=True)
     tau[idx_n], zmax[idx_n] = pruned(z2.index_select(0, idx_n), bmax[idx_n], lo[idx_n], q_n)
-    return finish(tau, zmax)
+    return finish(tau, torch.where(nan_row, float("nan"), zmax))
 
 
 def _power_of_two(scale: float) -> bool:
@@ -477,3 +510,29 @@ def _power_of_two(scale: float) -> bool:
 
 def _is_exact_q(q: Power) -> bool:
     return not isinstance(q, Tensor) and q in (1.0, 2.0)
+
+
+def pruned_shifted_threshold(x: Tensor, q: Power, scale: float = 1.0, tol: Optional[float] = None,
+                             n_iter: Optional[int] = None, candidates: bool = False) -> tuple:
+    """The CPU algorithm of the threshold front door: ``(tau_rel, zmax)``, both ``(..., 1)``, of
+    ``scale * x`` for ``x: (..., n)``, with ``p = [scale * (x - zmax) - tau_rel]_+^q``.
+
+    Exact thresholds (``tol=None``, ``q`` in {1, 2}) of attention-sized inputs by one sort
+    (:func:`prefer_sort`), the others by :func:`root_threshold`. Rows holding NaN or ``+inf``
+    get ``zmax = NaN``; rows without finite entries ``zmax = 0``, ``tau_rel = +inf``. Host
+    synchronisations: see the module docstring (a NumPy hand-over on the CPU).
+    ``candidates=True`` adds a third result, the :class:`Candidates` of :func:`root_threshold`
+    (None where not every row was pruned: short rows, broad rows).
+    """
+    n = x.shape[-1]
+    if tol is None and not isinstance(q, Tensor) and prefer_sort(x.numel() // max(n, 1), n):
+        found = sorted_shifted_threshold(x, q, scale)  # NaN / +inf rows: zmax NaN already
+        return (*found, None) if candidates else found
+    tau, zmax, *cand = root_threshold(x, q, tol=tol, max_iter=n_iter, scale=scale, relative=True,
+                                      candidates=candidates)
+    return (tau, nan_rows(zmax), *cand)
+
+
+def nan_rows(zmax: Tensor) -> Tensor:
+    """Row maxima with NaN where a row holds NaN or ``+inf`` (its output is all NaN)."""
+    return torch.where(zmax.isnan() | (zmax == float("inf")), float("nan"), zmax)

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from . import _dispatch
 from ._common import apply_last, apply_mask, broadcasts_to, check_scores, compute_dtype, fresh_output
 from ._dispatch import check_impl, resolve_impl, shifted_threshold
+from ._threshold import Candidates, pruned_shifted_threshold
 from ._softmax import softmax
 from .sparsemax import sparsemax
 
@@ -69,6 +70,32 @@ def _row_max(x: Tensor) -> Tensor:
     return torch.where(zmax == float("inf"), _NAN, zmax)
 
 
+def _sqrt_probs(out: Tensor, x: Tensor, zmax: Tensor, tau: Tensor, index: Optional[Tensor] = None) -> Tensor:
+    """``sqrt(p) = [x/2 - zmax/2 - tau]_+`` of 1.5-entmax, relative to the row maximum (``x/2 -
+    zmax/2`` is exact: one pass). ``index=None``: of the scores ``x: (..., n)`` with ``zmax, tau:
+    (..., 1)``, a new tensor (``out`` only gives the type). Otherwise of the candidates ``x: (M,)``
+    with their rows' ``zmax, tau: (M, 1)``, written at the flat positions ``index`` of the zero
+    tensor ``out`` (returned): the same values, bit for bit, as the dense formula there."""
+    if index is None:
+        return torch.add(-0.5 * zmax, x, alpha=0.5).sub_(tau).clamp_(min=0)
+    r = torch.add(-0.5 * zmax[:, 0], x, alpha=0.5).sub_(tau[:, 0]).clamp_(min=0)
+    out.view(-1).index_copy_(0, index, r)
+    return out
+
+
+def sparse_output_pays(cand: Optional[Candidates], zmax: Tensor, x: Tensor) -> bool:
+    """Whether a mapping's output is written at the candidates only (zeros elsewhere) instead of
+    computed over every entry: every row was pruned (``cand`` given), the candidates are at most
+    :data:`SPARSE_OUTPUT_SHARE` of the entries, and no row is NaN (whose output is all NaN). One
+    host read of the row maxima (the CPU path's)."""
+    return (cand is not None and cand.index.numel() <= SPARSE_OUTPUT_SHARE * x.numel()
+            and not bool(zmax.isnan().any()))
+
+
+SPARSE_OUTPUT_SHARE = 0.25
+"""Largest share of candidates among the entries for which :func:`sparse_output_pays`."""
+
+
 def _entmax_backward(s: Tensor, grad: Tensor) -> Tensor:
     """``J^T grad`` given ``s = p^(2 - alpha)`` on the support (0 elsewhere): ``s * (grad - <s, grad> / sum(s))``."""
     ssum = s.sum(dim=-1, keepdim=True).clamp_(min=torch.finfo(s.dtype).tiny)
@@ -97,12 +124,21 @@ class Entmax15Function(torch.autograd.Function):
         kind = resolve_impl(impl, x)
         ctx.triton = kind == "triton"
         if ctx.triton:
-            p = _dispatch._triton.entmax15_forward(_rows(x)).view(x.shape)
+            p = _dispatch.kernels().entmax15_forward(_rows(x)).view(x.shape)
             ctx.save_for_backward(p)
             return p
-        tau, zmax = shifted_threshold(x, 2.0, scale=0.5, impl=kind)
-        # [x/2 - zmax/2 - tau]_+: relative to the row max (x/2 - zmax/2 is exact: one pass)
-        r = torch.add(-0.5 * zmax, x, alpha=0.5).sub_(tau).clamp_(min=0)
+        if kind == "pruned" and not torch.compiler.is_compiling():
+            tau, zmax, cand = pruned_shifted_threshold(x, 2.0, 0.5, candidates=True)
+            if sparse_output_pays(cand, zmax, x):  # zeros but at the candidates
+                r = _sqrt_probs(x.new_zeros(x.shape), cand.values, zmax.reshape(-1, 1)[cand.rows],
+                                tau.reshape(-1, 1)[cand.rows], cand.index)
+                if not ctx.needs_input_grad[0]:
+                    return r.square_()
+                ctx.save_for_backward(r)
+                return r * r
+        else:
+            tau, zmax = shifted_threshold(x, 2.0, scale=0.5, impl=kind)
+        r = _sqrt_probs(x, x, zmax, tau)
         if not ctx.needs_input_grad[0]:  # inference: square in place, no second large buffer
             return r.square_()
         ctx.save_for_backward(r)  # r = sqrt(p) = p^(2 - alpha): no sqrt needed in backward
@@ -112,7 +148,7 @@ class Entmax15Function(torch.autograd.Function):
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         (r,) = ctx.saved_tensors
         if ctx.triton:  # saved p: the kernel takes s = sqrt(p)
-            return _dispatch._triton.entmax15_backward(_rows(r), _rows(grad)).view(r.shape), None
+            return _dispatch.kernels().entmax15_backward(_rows(r), _rows(grad)).view(r.shape), None
         return _entmax_backward(r, grad), None
 
 
@@ -143,7 +179,7 @@ class EntmaxBisectFunction(torch.autograd.Function):
         ctx.alpha, ctx.triton = alpha_float, kind == "triton"
         tiny = torch.finfo(x.dtype).tiny
         if ctx.triton:  # float alpha 2 / 1.5: the dedicated exact kernels
-            kernels = _dispatch._triton
+            kernels = _dispatch.kernels()
             if alpha_float == 2.0:
                 p = kernels.sparsemax_forward(_rows(x))
             elif alpha_float == 1.5:
@@ -190,7 +226,7 @@ class EntmaxBisectFunction(torch.autograd.Function):
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         if ctx.triton:  # the kernel for x; the alpha-gradient (learnable alpha) in torch below
             p, alpha = ctx.saved_tensors
-            kernels, gx = _dispatch._triton, None
+            kernels, gx = _dispatch.kernels(), None
             if ctx.needs_input_grad[0]:
                 if ctx.alpha == 2.0:
                     gx = kernels.sparsemax_backward(_rows(p), _rows(grad))
@@ -266,8 +302,9 @@ def entmax_bisect(scores: Tensor, alpha: Union[float, Tensor] = 1.5, dim: int = 
     takes few steps) or the number of steps (static path; None: enough for the dtype's
     precision); the result is renormalised to sum to one. mask: bool, True = keep.
     impl: ``"auto" | "pruned" | "static" | "triton"`` (see :mod:`nmt.sparse._dispatch`).
-    A tensor alpha below 1 or NaN raises ValueError on the host path (``"pruned"``); on the
-    static path (no host synchronisation) its rows are NaN instead.
+    A tensor alpha below 1 or NaN raises ValueError on the host path (``"pruned"`` in eager
+    mode); on the static path (no host synchronisation) and in compiled graphs its rows are NaN
+    instead.
     Half precisions are computed in float32. Returns probabilities shaped like ``scores``.
     Rows with ``alpha == 1`` (tensor alpha) use softmax and get a zero alpha-gradient.
     """
@@ -289,7 +326,7 @@ def entmax_bisect(scores: Tensor, alpha: Union[float, Tensor] = 1.5, dim: int = 
     x = apply_mask(scores, mask).to(cdt)
     x = x if last else x.movedim(d, -1)
     kind = resolve_impl(impl, x)
-    host = kind == "pruned"
+    host = kind == "pruned" and not torch.compiler.is_compiling()  # host reads only in eager mode
     a = _alpha_rows(alpha, scores.to(cdt), d, check=host)
     a = a.expand(*x.shape[:-1], 1)
     if isinstance(alpha, Tensor):

@@ -143,7 +143,7 @@ class Tsallis(Regularizer):
         form for alpha 2 / 1.5, float32 precision otherwise) and, reduced in the same kernel while
         the row is on chip, ``Omega*(z') = <z', p> - Omega(p)`` over the support and the row
         maximum. No threshold passes, no host synchronisation; a one-hot ``p`` gives exactly 0."""
-        p, conj, zmax = _dispatch._triton.tsallis_probs_conj(z, self.alpha)
+        p, conj, zmax = _dispatch.kernels().tsallis_probs_conj(z, self.alpha)
         return p, conj, zmax[:, None]
 
     def uses_kernel(self, z: Tensor, impl: str) -> bool:
@@ -308,7 +308,7 @@ class _CrossEntropyKernelFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z: Tensor, target: Tensor, ignore_index: int, eps: float):  # type: ignore[override]
-        loss, lse, stats = _dispatch._triton.cross_entropy_forward(z, target, ignore_index, eps)
+        loss, lse, stats = _dispatch.kernels().cross_entropy_forward(z, target, ignore_index, eps)
         ctx.ignore_index, ctx.eps = ignore_index, eps
         ctx.save_for_backward(z, target, lse)
         return _with_stats(ctx, loss, stats)
@@ -318,7 +318,7 @@ class _CrossEntropyKernelFunction(torch.autograd.Function):
         if g is None:
             return None, None, None, None
         z, target, lse = ctx.saved_tensors
-        gz = _dispatch._triton.cross_entropy_backward(z, target, lse, g, ctx.ignore_index, ctx.eps)
+        gz = _dispatch.kernels().cross_entropy_backward(z, target, lse, g, ctx.ignore_index, ctx.eps)
         return gz, None, None, None
 
 
@@ -331,7 +331,7 @@ class _TsallisKernelFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z: Tensor, target: Tensor, ignore_index: int, eps: float, alpha: float):  # type: ignore[override]
-        grad, loss, stats = _dispatch._triton.tsallis_index_loss(z, target, ignore_index, eps, alpha)
+        grad, loss, stats = _dispatch.kernels().tsallis_index_loss(z, target, ignore_index, eps, alpha)
         ctx.save_for_backward(grad)
         return _with_stats(ctx, loss, stats)
 
@@ -346,9 +346,9 @@ class _TsallisKernelFunction(torch.autograd.Function):
 def _cross_entropy_uses_kernel(z: Tensor, impl: str) -> bool:
     """Whether the index-target cross-entropy takes the fused kernels: ``impl`` ``"auto"`` off the
     CPU or ``"triton"``, where the kernels accept ``z``, not float64 (the torch path keeps its
-    precision), not while ``torch.compile`` traces. Otherwise, ``"triton"`` included, the torch
+    precision; while ``torch.compile`` traces too, as custom operators). Otherwise, ``"triton"`` included, the torch
     path (cross-entropy never refuses an ``impl``)."""
-    if impl not in ("auto", "triton") or z.dtype == torch.float64 or torch.compiler.is_compiling():
+    if impl not in ("auto", "triton") or z.dtype == torch.float64:
         return False
     if impl == "auto" and z.device.type == "cpu":
         return False
@@ -386,7 +386,7 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
     targets take one fused kernel (loss, gradient, target count and check) and distribution
     targets the mapping kernel's ``p`` and conjugate; otherwise the sparse losses pass it to the
     thresholds. Cross-entropy takes its kernels for ``"auto"`` off the CPU and ``"triton"``
-    where they run (not float64, not while compiling), else the torch path; it never refuses an
+    where they run (not float64), else the torch path; it never refuses an
     ``impl`` that :func:`check_impl` accepts.
     Half precisions are computed in float32; the loss is returned in the scores' dtype.
     No host synchronisation (with a sync-free ``impl``), see the module docstring.
@@ -425,7 +425,7 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
         t = target.reshape(-1)
         fused = _fused_index_function(reg, z, impl)
         if fused is not None:  # one kernel: loss, gradient, the count of targets, the check
-            args = (reg.alpha,) if fused is _TsallisKernelFunction else ()
+            args = (reg.alpha,) if isinstance(reg, Tsallis) else ()  # the Tsallis kernel takes alpha
             loss, stats = fused.apply(z, t.to(z.device), int(ignore_index), eps, *args)
             _check(stats[1] == 0, out_of_range)
             return _reduce(loss, reduction, stats[0], scores.shape[:-1], dtype)

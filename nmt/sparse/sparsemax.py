@@ -63,7 +63,7 @@ class SparsemaxFunction(torch.autograd.Function):
         kind = resolve_impl(impl, x)
         ctx.triton = kind == "triton"
         if ctx.triton:
-            p = _dispatch._triton.sparsemax_forward(_rows(x)).view(x.shape)
+            p = _dispatch.kernels().sparsemax_forward(_rows(x)).view(x.shape)
         else:
             p = fresh_output(sparsemax_probs(x, impl=kind))
         ctx.save_for_backward(p)
@@ -73,7 +73,7 @@ class SparsemaxFunction(torch.autograd.Function):
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         (p,) = ctx.saved_tensors
         if ctx.triton:
-            return _dispatch._triton.sparsemax_backward(_rows(p), _rows(grad)).view(p.shape), None
+            return _dispatch.kernels().sparsemax_backward(_rows(p), _rows(grad)).view(p.shape), None
         return sparsemax_backward(p, grad), None
 
 

@@ -245,3 +245,66 @@ def test_bisect_at_the_closed_form_alphas_is_the_closed_form(alpha, exact):
     assert torch.equal(p, q) and torch.equal(gx, gq)
     assert torch.equal(entmax_bisect(x.detach().half(), alpha), exact(x.detach().half()))
     assert torch.allclose(entmax_bisect(x.detach(), alpha, mask=mask, n_iter=60), q.detach(), atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1000, 3963, 8192])  # short last blocks; whole blocks of 64
+def test_entmax15_output_at_the_candidates_equals_the_dense_output(monkeypatch, dtype, n):
+    """Where every row is pruned (CPU), 1.5-entmax writes its output at the pruning's candidates
+    only (zeros elsewhere): the same values, bit for bit, as the formula over every entry, in
+    inference and training (gradients too); rows tied within rounding, shifted by 1e3, with -inf
+    runs, a few dominant entries; with a near-uniform row (broad: the dense output for the batch)
+    or a NaN row (all NaN)."""
+    import nmt.sparse.entmax as E
+
+    sparse_calls = []
+    write = E._sqrt_probs
+
+    def counting(out, x, zmax, tau, index=None):
+        sparse_calls.append(index is not None)
+        return write(out, x, zmax, tau, index)
+
+    monkeypatch.setattr(E, "_sqrt_probs", counting)
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(7, n, generator=g, dtype=dtype) * 3
+    x[1] = (x[1] * 4).round() / 4  # many ties, some at the threshold's neighbourhood
+    x[2] += 1e3
+    x[3, n // 3: n // 2] = float("-inf")
+    x[4, :40:3] += 6.0  # a few dominant entries
+    cases = {"pruned": x, "broad": torch.cat([x, torch.randn(1, n, generator=g, dtype=dtype) * 1e-3]),
+             "nan": torch.cat([x, torch.full((1, n), float("nan"), dtype=dtype)])}
+    shares = (E.SPARSE_OUTPUT_SHARE, -1.0)  # -1: never sparse (the dense formula)
+    for name, scores in cases.items():
+        w = torch.randn(scores.shape, generator=g, dtype=dtype)
+        results = []
+        for share in shares:
+            monkeypatch.setattr(E, "SPARSE_OUTPUT_SHARE", share)
+            sparse_calls.clear()
+            with torch.no_grad():
+                p_inf = entmax15(scores)
+            xs = scores.clone().requires_grad_()
+            p = entmax15(xs)
+            (p * w).nan_to_num().sum().backward()
+            results.append((p_inf, p.detach(), xs.grad, list(sparse_calls)))
+        (a_inf, a, ga, calls), (b_inf, b, gb, dense_calls) = results
+        assert not any(dense_calls)
+        assert all(calls) == (name == "pruned") and calls, (name, calls)
+        for u, v in ((a_inf, b_inf), (a, b), (ga, gb)):
+            assert torch.equal(u.nan_to_num(-7.0), v.nan_to_num(-7.0)), name
+        if name == "nan":
+            assert bool(a[-1].isnan().all())
+        assert torch.allclose(a[:7].sum(-1), torch.ones(7, dtype=dtype))
+
+
+@pytest.mark.parametrize("impl", ["pruned", "static"])
+@pytest.mark.parametrize("fn", [sparsemax, entmax15, lambda t, impl: entmax_bisect(t, 1.3, impl=impl)])
+def test_long_rows_with_one_nan_or_inf_score_are_all_nan(fn, impl):
+    """The contract of short rows holds for long (pruned) rows too: one NaN or +inf score makes
+    the whole row NaN (the candidates skip that block, the block maxima do not); other rows
+    are untouched."""
+    x = torch.randn(4, 3000)
+    x[1, 5], x[2, 2999], x[3, 700] = float("nan"), float("inf"), float("nan")
+    x[3, 701] = float("inf")
+    p = fn(x, impl=impl)
+    assert bool(p[1:].isnan().all())
+    assert not bool(p[0].isnan().any()) and abs(float(p[0].sum()) - 1) < 1e-5

@@ -743,22 +743,73 @@ def test_cross_entropy_kernel_dispatch(monkeypatch):
     assert torch.allclose(cross_entropy_loss(x, t, impl="triton"), cross_entropy_loss(x, t))
 
 
-def test_cross_entropy_compiles_fullgraph_with_impl_triton():
-    """While torch.compile traces, cross-entropy takes the torch path whatever the impl (one graph,
-    values and gradients equal eager's kernel path)."""
-    from nmt.sparse import cross_entropy_loss
+def _graph_targets(graphs) -> set:
+    """The ``nmt::`` operators called by dynamo's graphs (autograd Functions' subgraphs included)."""
+    return {str(n.target) for gm in graphs for mod in gm.modules() if hasattr(mod, "graph")
+            for n in mod.graph.nodes if str(n.target).startswith("nmt.")}
 
+
+def test_compiled_graphs_call_the_kernels_as_operators():
+    """While torch.compile traces, impl="triton" (on CUDA: "auto") keeps the kernels: each mapping,
+    backward and loss is one ``nmt::triton_*`` operator of a single graph (fullgraph), with the
+    values and gradients of the eager kernel calls (the same kernels run: equal to rounding)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from nmt.sparse import cross_entropy_loss, entmax15_loss, entmax_bisect_loss, sparsemax_loss
+
+    impl = "auto" if ON_CUDA else "triton"
     x, t = _loss_rows(40)
     x[7, 0] = 0.0
     x[11, 3] = 0.0  # finite losses only
+    x, t = x.to(DEVICE), t.to(DEVICE)
+    alpha = torch.full((x.shape[0], 1), 1.3, device=DEVICE, requires_grad=True)
+    w = torch.randn(x.shape, device=DEVICE)
 
-    def total(s, idx):
-        return cross_entropy_loss(s, idx, label_smoothing=0.1, impl="triton") + cross_entropy_loss(s, idx, impl="triton")
+    def total(s):
+        maps = (sparsemax(s, impl=impl) + entmax15(s, impl=impl) + entmax_bisect(s, 1.2, impl=impl)
+                + entmax_bisect(s, alpha, impl=impl))
+        losses = (sparsemax_loss(s, t, impl=impl) + entmax15_loss(s, t, label_smoothing=0.1, impl=impl)
+                  + entmax_bisect_loss(s, t, alpha=1.3, impl=impl) + cross_entropy_loss(s, t, impl=impl)
+                  + cross_entropy_loss(s, t, label_smoothing=0.1, impl=impl))
+        return (maps * w).sum() + losses
 
-    compiled = torch.compile(total, fullgraph=True, dynamic=False, backend="aot_eager")
-    xc, xe = x.to(DEVICE).clone().requires_grad_(), x.to(DEVICE).clone().requires_grad_()
-    lc, le = compiled(xc, t.to(DEVICE)), total(xe, t.to(DEVICE))
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(total, fullgraph=True, dynamic=False, backend=counter)
+    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    lc = compiled(xc)
     lc.backward()
+    gc, alpha.grad = alpha.grad.clone(), None
+    le = total(xe)
     le.backward()
-    assert torch.allclose(lc, le, rtol=1e-5, atol=1e-5)
-    assert torch.allclose(xc.grad, xe.grad, atol=1e-6)
+    assert counter.frame_count == 1
+    names = {n.split(".")[1] for n in _graph_targets(counter.graphs)}
+    assert names == {f"triton_{k}" for k in (
+        "sparsemax_forward", "entmax15_forward", "entmax_forward", "sparsemax_backward",
+        "entmax15_backward", "entmax_backward", "tsallis_index_loss", "cross_entropy_forward",
+        "cross_entropy_backward")}
+    torch.testing.assert_close(lc, le, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(xc.grad, xe.grad, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(gc, alpha.grad, rtol=1e-6, atol=1e-6)
+    torch._dynamo.reset()
+
+
+def test_kernel_operators_pass_opcheck():
+    """Each kernel operator's schema and fake (shape-only) implementation agree with what it
+    returns (``torch.library.opcheck``), for float32 and bfloat16 rows."""
+    from nmt.sparse._compiled_ops import KERNEL_OPERATORS as K
+
+    for dtype in (torch.float32, torch.bfloat16):
+        x = rows(50).to(DEVICE, dtype)
+        x[5] = 0.0  # an empty row gives infinite losses; fine, but keep values finite here
+        p, g = K.entmax15_forward(x), torch.randn(x.shape, device=DEVICE).to(dtype)
+        a = torch.full((x.shape[0],), 1.3, device=DEVICE)
+        t = torch.tensor([0, 3, -100, 49, 7, 1, 2, 8], device=DEVICE)
+        lse = K.cross_entropy_forward(x, t, -100, 0.1)[1]
+        cases = [(K.sparsemax_forward, (x,)), (K.entmax15_forward, (x,)), (K.entmax_forward, (x, a)),
+                 (K.sparsemax_backward, (p, g)), (K.entmax15_backward, (p, g)), (K.entmax_backward, (p, g, a)),
+                 (K.tsallis_probs_conj, (x, 1.3)), (K.tsallis_index_loss, (x, t, -100, 0.1, 1.5)),
+                 (K.cross_entropy_forward, (x, t, -100, 0.1)),
+                 (K.cross_entropy_backward, (x, t, lse, torch.ones(8, device=DEVICE), -100, 0.1))]
+        for op, args in cases:
+            torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
