@@ -154,11 +154,13 @@ def to_device(batch, device: torch.device):
 
 def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab: int, warmup: int,
             device: torch.device = torch.device("cpu"), compiled: bool = False, precision: str = "fp32",
-            pad_to: int = 1, model_section: dict | None = None) -> dict:
+            pad_to: int = 1, model_section: dict | None = None, backend: str = "inductor") -> dict:
     """Full updates over ``batches`` (after ``warmup`` untimed ones) on ``device``: target tokens
     per second, ms per step, and host syncs of one extra step (SyncAudit on the CPU,
     CUDA's sync debug mode on CUDA). ``compiled``: torch.compile of forward+loss (with
-    ``pad_to``: lengths padded to a multiple, few shapes); ``model_section``: another model."""
+    ``pad_to``: lengths padded to a multiple, few shapes; ``backend``: torch.compile's backend);
+    ``model_section``: another model. ``first_step_seconds``: the first update (a compiled run's
+    compilation), which is always taken (one extra untimed step when ``warmup`` is 0)."""
     model_cfg = json.loads(json.dumps(model_section or config["model"]))
     model_cfg["attention"].update(mapping=attention[0], params=attention[1])
     model_cfg["output"].update(mapping=output[0], params=output[1])
@@ -168,14 +170,18 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     loss_fn = get_loss(output[0], **output[1])
     optimizer = build_optimizer(model.parameters(), config["training"]["optimizer"])
     clip = config["training"]["clip_grad_norm"]
-    forward = compile_loss_forward(device) if compiled else loss_forward
+    forward = compile_loss_forward(device, backend=backend) if compiled else loss_forward
     train = TrainPrecision(precision, device)
     batches = [to_device(pad_to_multiple(b, pad_to if compiled else 1, PAD), device) for b in batches]
 
     def step(batch):
         return update(model, loss_fn, optimizer, batch, PAD, clip, precision=train, forward=forward)
 
-    for batch in batches[:warmup]:
+    start = time.perf_counter()
+    step(batches[0])
+    _synchronize(device)
+    first_step = time.perf_counter() - start
+    for batch in batches[1:warmup]:
         step(batch)
     # one untimed step per distinct batch shape of the timed steps: a compiled step compiles
     # (or captures) each shape once, which is start-up, not steady-state, time
@@ -196,7 +202,7 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     seconds = time.perf_counter() - start
     timed = max(len(batches) - warmup, 1)
     return {"tokens_per_sec": tokens / seconds, "ms_per_step": 1000.0 * seconds / timed, "syncs_per_step": syncs,
-            "shapes": len(shapes), "shape_warmup_seconds": shape_warmup}
+            "shapes": len(shapes), "shape_warmup_seconds": shape_warmup, "first_step_seconds": first_step}
 
 
 def _synchronize(device: torch.device) -> None:
@@ -221,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="Multi30k train/val .de/.en (recipes/translation/prepare.py multi30k writes them)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--compile", action="store_true", help="also time training.compile (torch.compile)")
+    parser.add_argument("--backend", default="inductor",
+                        help="torch.compile backend of the compiled rows (default inductor, what training.compile "
+                             "uses; aot_eager: capture and autograd without code generation)")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     parser.add_argument("--pad_to_multiple", type=int, default=8, help="length bucket of the compiled runs")
     parser.add_argument("--max-shapes", type=int, default=None,
@@ -263,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
           + (f"; the {args.max_shapes} most frequent shapes only" if args.max_shapes else "")
           + (f"; load: {args.load}" if args.load else ""))
     print(f"{'attention / output':<34} {'step':<9} {'tokens/s':>10} {'ms/step':>8} {'syncs/step':>10} "
-          f"{'vs softmax':>10} {'vs eager':>8} {'shapes':>6} {'warm-up s':>9}")
+          f"{'vs softmax':>10} {'vs eager':>8} {'shapes':>6} {'warm-up s':>9} {'first step s':>12}")
     results = []
     baseline = None
     for label, attention, output in runs:
@@ -271,20 +280,22 @@ def main(argv: list[str] | None = None) -> int:
         section = transformer_model if label.startswith("transformer:") else None
         for mode in modes:
             figures = [measure(config, attention, output, batches, src_vocab, tgt_vocab, warmup, device,
-                               mode == "compiled", args.precision, args.pad_to_multiple, section)
+                               mode == "compiled", args.precision, args.pad_to_multiple, section, args.backend)
                        for _ in range(args.repeats)]
             speed = statistics.median(f["tokens_per_sec"] for f in figures)
             ms = statistics.median(f["ms_per_step"] for f in figures)
             syncs = figures[0]["syncs_per_step"]
             shapes, warm = figures[0]["shapes"], statistics.median(f["shape_warmup_seconds"] for f in figures)
+            first = statistics.median(f["first_step_seconds"] for f in figures)
             baseline = baseline or speed
             eager_speed = eager_speed or speed
             results.append({"setting": label, "attention": attention[0], "output": output[0], "step": mode,
                             "tokens_per_sec": speed, "ms_per_step": ms, "syncs_per_step": syncs,
                             "ratio_to_softmax": speed / baseline, "ratio_to_eager": speed / eager_speed,
-                            "shapes": shapes, "shape_warmup_seconds": warm})
+                            "shapes": shapes, "shape_warmup_seconds": warm, "first_step_seconds": first,
+                            "backend": args.backend if mode == "compiled" else None})
             print(f"{label:<34} {mode:<9} {speed:>10.0f} {ms:>8.1f} {syncs:>10d} {speed / baseline:>9.2f}x "
-                  f"{speed / eager_speed:>7.2f}x {shapes:>6d} {warm:>9.1f}", flush=True)
+                  f"{speed / eager_speed:>7.2f}x {shapes:>6d} {warm:>9.1f} {first:>12.1f}", flush=True)
     if args.json is not None:
         atomic_write_text(args.json, json.dumps({"data": source, "steps": steps, "warmup": warmup,
                                                  "threads": args.threads,

@@ -62,3 +62,33 @@ def generic_solver():
     """``solve(x: np.ndarray, alpha) -> np.ndarray``: alpha-entmax by scipy SLSQP."""
     pytest.importorskip("scipy")
     return solve_generic
+
+
+@pytest.fixture
+def compiled_vs_eager():
+    """``run(total, x, alpha) -> (operators, (compiled, eager) losses, x-gradients, alpha-gradients)``:
+    ``total`` (a scalar function of the scores that also uses the leaf ``alpha``) compiled with
+    ``fullgraph=True`` (aot_eager: dynamo and AOT autograd, no code generation), run forward and
+    backward next to eager mode; ``operators`` are the ``nmt::`` custom operators its dynamo
+    graphs call (autograd Functions' subgraphs included), in order. torch._dynamo is imported
+    here, not at collection: it imports triton, which test_triton.py must import first (in the
+    interpreter's mode)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def run(total, x, alpha):
+        torch._dynamo.reset()
+        counter = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(total, fullgraph=True, dynamic=False, backend=counter)
+        xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+        lc = compiled(xc)
+        lc.backward()
+        gc, alpha.grad = alpha.grad.clone(), None
+        le = total(xe)
+        le.backward()
+        assert counter.frame_count == 1
+        ops = [str(n.target) for gm in counter.graphs for mod in gm.modules() if hasattr(mod, "graph")
+               for n in mod.graph.nodes if str(n.target).startswith("nmt.")]
+        torch._dynamo.reset()
+        return ops, (lc, le), (xc.grad, xe.grad), (gc, alpha.grad)
+
+    return run

@@ -21,21 +21,6 @@ from nmt.sparse._threshold import pruned_shifted_threshold as eager_threshold
 F64 = torch.float64
 
 
-def _counter():
-    """A compile backend counting frames and keeping dynamo's graphs (aot_eager behind it). Imported
-    here, not at collection: torch._dynamo imports triton, which test_triton.py must import first
-    (in the interpreter's mode)."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    return CompileCounterWithBackend("aot_eager")
-
-
-def _operators(graphs) -> list[str]:
-    """The ``nmt::`` operators called by dynamo's graphs (autograd Functions' subgraphs included)."""
-    return [str(n.target) for gm in graphs for mod in gm.modules() if hasattr(mod, "graph")
-            for n in mod.graph.nodes if str(n.target).startswith("nmt.")]
-
-
 def _scores(n_rows: int, n: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(n)
     x = torch.randn(n_rows, n, generator=g, dtype=F64) * 2
@@ -46,7 +31,7 @@ def _scores(n_rows: int, n: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("n", [12, 3000])  # sorted rows; pruned Newton on long rows
-def test_compiled_cpu_mappings_and_losses_use_the_cpu_algorithm(n):
+def test_compiled_cpu_mappings_and_losses_use_the_cpu_algorithm(n, compiled_vs_eager):
     """fullgraph compile (aot_eager) of every exact mapping, a per-row (learnable) alpha and the
     sparse losses: one graph whose thresholds are the pruned operator (none of the static path's
     solver steps traced), values and gradients equal to eager mode's (float64, 1e-12)."""
@@ -61,34 +46,22 @@ def test_compiled_cpu_mappings_and_losses_use_the_cpu_algorithm(n):
                   + entmax_bisect_loss(s, t, alpha=1.3))
         return (maps * w).sum() + losses
 
-    torch._dynamo.reset()
-    counter = _counter()
-    compiled = torch.compile(total, fullgraph=True, dynamic=False, backend=counter)
-    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
-    lc = compiled(xc)
-    lc.backward()
-    gc, alpha.grad = alpha.grad.clone(), None
-    le = total(xe)
-    le.backward()
-    assert counter.frame_count == 1
-    ops = _operators(counter.graphs)
+    ops, losses, x_grads, alpha_grads = compiled_vs_eager(total, x, alpha)
     assert ops and set(ops) == {"nmt.pruned_shifted_threshold.default"}, ops
     assert len(ops) == 7  # four mappings, three losses
-    torch.testing.assert_close(lc, le, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(xc.grad, xe.grad, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(gc, alpha.grad, rtol=1e-12, atol=1e-12)
-    torch._dynamo.reset()
+    for compiled, eager in (losses, x_grads, alpha_grads):
+        torch.testing.assert_close(compiled, eager, rtol=1e-12, atol=1e-12)
 
 
-def test_static_impl_traces_no_operator():
+def test_static_impl_traces_no_operator(compiled_vs_eager):
     """impl="static" is traced op by op (no custom operator): the sync-free path of accelerators."""
-    torch._dynamo.reset()
-    counter = _counter()
-    compiled = torch.compile(lambda s: entmax15(s, impl="static"), fullgraph=True, backend=counter)
-    x = torch.randn(3, 20)
-    torch.testing.assert_close(compiled(x), entmax15(x), rtol=1e-6, atol=1e-7)
-    assert _operators(counter.graphs) == []
-    torch._dynamo.reset()
+    alpha = torch.tensor([[1.4]], requires_grad=True)
+    ops, losses, x_grads, _ = compiled_vs_eager(
+        lambda s: (entmax15(s, impl="static") + entmax_bisect(s, alpha, impl="static")).pow(2).sum(),
+        torch.randn(3, 20), alpha)
+    assert ops == []
+    for compiled, eager in (losses, x_grads):
+        torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=1e-7)
 
 
 def test_pruned_operator_equals_the_function_and_passes_opcheck():

@@ -743,18 +743,10 @@ def test_cross_entropy_kernel_dispatch(monkeypatch):
     assert torch.allclose(cross_entropy_loss(x, t, impl="triton"), cross_entropy_loss(x, t))
 
 
-def _graph_targets(graphs) -> set:
-    """The ``nmt::`` operators called by dynamo's graphs (autograd Functions' subgraphs included)."""
-    return {str(n.target) for gm in graphs for mod in gm.modules() if hasattr(mod, "graph")
-            for n in mod.graph.nodes if str(n.target).startswith("nmt.")}
-
-
-def test_compiled_graphs_call_the_kernels_as_operators():
+def test_compiled_graphs_call_the_kernels_as_operators(compiled_vs_eager):
     """While torch.compile traces, impl="triton" (on CUDA: "auto") keeps the kernels: each mapping,
     backward and loss is one ``nmt::triton_*`` operator of a single graph (fullgraph), with the
     values and gradients of the eager kernel calls (the same kernels run: equal to rounding)."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-
     from nmt.sparse import cross_entropy_loss, entmax15_loss, entmax_bisect_loss, sparsemax_loss
 
     impl = "auto" if ON_CUDA else "triton"
@@ -773,25 +765,14 @@ def test_compiled_graphs_call_the_kernels_as_operators():
                   + cross_entropy_loss(s, t, label_smoothing=0.1, impl=impl))
         return (maps * w).sum() + losses
 
-    torch._dynamo.reset()
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(total, fullgraph=True, dynamic=False, backend=counter)
-    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
-    lc = compiled(xc)
-    lc.backward()
-    gc, alpha.grad = alpha.grad.clone(), None
-    le = total(xe)
-    le.backward()
-    assert counter.frame_count == 1
-    names = {n.split(".")[1] for n in _graph_targets(counter.graphs)}
+    ops, losses, x_grads, alpha_grads = compiled_vs_eager(total, x, alpha)
+    names = {n.split(".")[1] for n in ops}
     assert names == {f"triton_{k}" for k in (
         "sparsemax_forward", "entmax15_forward", "entmax_forward", "sparsemax_backward",
         "entmax15_backward", "entmax_backward", "tsallis_index_loss", "cross_entropy_forward",
         "cross_entropy_backward")}
-    torch.testing.assert_close(lc, le, rtol=1e-6, atol=1e-5)
-    torch.testing.assert_close(xc.grad, xe.grad, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(gc, alpha.grad, rtol=1e-6, atol=1e-6)
-    torch._dynamo.reset()
+    for (compiled, eager), atol in zip((losses, x_grads, alpha_grads), (1e-5, 1e-6, 1e-6)):
+        torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=atol)
 
 
 def test_kernel_operators_pass_opcheck():
