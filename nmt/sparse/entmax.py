@@ -22,8 +22,8 @@ from torch import Tensor, nn
 from . import _dispatch
 from ._common import apply_last, apply_mask, broadcasts_to, check_scores, compute_dtype, fresh_output
 from ._dispatch import check_impl, resolve_impl, shifted_threshold
-from ._threshold import Candidates, pruned_shifted_threshold
 from ._softmax import softmax
+from ._threshold import Candidates, pruned_shifted_threshold
 from .sparsemax import sparsemax
 
 _NAN = float("nan")
