@@ -484,21 +484,20 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
     if n_broad == n_rows:
         return finish(*solve(z2, lo, q))
 
-    def pruned(rows_z: Tensor, rows_bmax: Tensor, rows_lo: Tensor, q: Power) -> tuple[Tensor, Tensor]:
-        cand, found[0] = _gather_candidates(rows_z, rows_bmax, rows_lo / scale, block)
+    def pruned(rows_z: Tensor, rows_bmax: Tensor, rows_lo: Tensor, q: Power) -> tuple[Tensor, Tensor, Candidates]:
+        cand, found = _gather_candidates(rows_z, rows_bmax, rows_lo / scale, block)
         if exact and prefer_sort(*cand.shape):
-            return sorted_shifted_threshold(cand, q, scale)
-        return solve(cand, rows_lo, q, owned=True)
+            return (*sorted_shifted_threshold(cand, q, scale), found)
+        return (*solve(cand, rows_lo, q, owned=True), found)
 
-    found: list[Optional[Candidates]] = [None]
     if n_broad == 0:
-        tau, zmax = pruned(z2, bmax, lo, q)
-        return finish(tau, torch.where(nan_row, float("nan"), zmax), found[0])
+        tau, zmax, found = pruned(z2, bmax, lo, q)
+        return finish(tau, torch.where(nan_row, float("nan"), zmax), found)
     tau, zmax = torch.empty_like(lo), torch.empty_like(lo)
     idx_b, idx_n = broad.nonzero()[:, 0], (~broad).nonzero()[:, 0]
     q_b, q_n = (q[idx_b], q[idx_n]) if isinstance(q, Tensor) else (q, q)
     tau[idx_b], zmax[idx_b] = solve(z2.index_select(0, idx_b), lo[idx_b], q_b, owned=True)
-    tau[idx_n], zmax[idx_n] = pruned(z2.index_select(0, idx_n), bmax[idx_n], lo[idx_n], q_n)
+    tau[idx_n], zmax[idx_n], _ = pruned(z2.index_select(0, idx_n), bmax[idx_n], lo[idx_n], q_n)
     return finish(tau, torch.where(nan_row, float("nan"), zmax))
 
 

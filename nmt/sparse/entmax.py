@@ -70,16 +70,14 @@ def _row_max(x: Tensor) -> Tensor:
     return torch.where(zmax == float("inf"), _NAN, zmax)
 
 
-def _sqrt_probs(out: Tensor, x: Tensor, zmax: Tensor, tau: Tensor, index: Optional[Tensor] = None) -> Tensor:
-    """``sqrt(p) = [x/2 - zmax/2 - tau]_+`` of 1.5-entmax, relative to the row maximum (``x/2 -
-    zmax/2`` is exact: one pass). ``index=None``: of the scores ``x: (..., n)`` with ``zmax, tau:
-    (..., 1)``, a new tensor (``out`` only gives the type). Otherwise of the candidates ``x: (M,)``
-    with their rows' ``zmax, tau: (M, 1)``, written at the flat positions ``index`` of the zero
-    tensor ``out`` (returned): the same values, bit for bit, as the dense formula there."""
-    if index is None:
-        return torch.add(-0.5 * zmax, x, alpha=0.5).sub_(tau).clamp_(min=0)
-    r = torch.add(-0.5 * zmax[:, 0], x, alpha=0.5).sub_(tau[:, 0]).clamp_(min=0)
-    out.view(-1).index_copy_(0, index, r)
+def _sqrt_probs_at(cand: Candidates, zmax: Tensor, tau: Tensor, shape: torch.Size) -> Tensor:
+    """``sqrt(p) = [x/2 - zmax/2 - tau]_+`` of 1.5-entmax at the candidates ``cand`` of the rows
+    (``zmax, tau: (..., 1)``), zeros elsewhere: a new tensor of ``shape`` with, at the candidates,
+    the values of the dense formula of :class:`Entmax15Function`, bit for bit."""
+    rows = cand.rows
+    r = torch.add(-0.5 * zmax.reshape(-1)[rows], cand.values, alpha=0.5).sub_(tau.reshape(-1)[rows]).clamp_(min=0)
+    out = r.new_zeros(shape)
+    out.view(-1).index_copy_(0, cand.index, r)
     return out
 
 
@@ -127,18 +125,15 @@ class Entmax15Function(torch.autograd.Function):
             p = _dispatch.kernels().entmax15_forward(_rows(x)).view(x.shape)
             ctx.save_for_backward(p)
             return p
+        r = None
         if kind == "pruned" and not torch.compiler.is_compiling():
             tau, zmax, cand = pruned_shifted_threshold(x, 2.0, 0.5, candidates=True)
             if sparse_output_pays(cand, zmax, x):  # zeros but at the candidates
-                r = _sqrt_probs(x.new_zeros(x.shape), cand.values, zmax.reshape(-1, 1)[cand.rows],
-                                tau.reshape(-1, 1)[cand.rows], cand.index)
-                if not ctx.needs_input_grad[0]:
-                    return r.square_()
-                ctx.save_for_backward(r)
-                return r * r
+                r = _sqrt_probs_at(cand, zmax, tau, x.shape)
         else:
             tau, zmax = shifted_threshold(x, 2.0, scale=0.5, impl=kind)
-        r = _sqrt_probs(x, x, zmax, tau)
+        if r is None:  # [x/2 - zmax/2 - tau]_+: relative to the row max (x/2 - zmax/2 is exact: one pass)
+            r = torch.add(-0.5 * zmax, x, alpha=0.5).sub_(tau).clamp_(min=0)
         if not ctx.needs_input_grad[0]:  # inference: square in place, no second large buffer
             return r.square_()
         ctx.save_for_backward(r)  # r = sqrt(p) = p^(2 - alpha): no sqrt needed in backward

@@ -346,8 +346,8 @@ class _TsallisKernelFunction(torch.autograd.Function):
 def _cross_entropy_uses_kernel(z: Tensor, impl: str) -> bool:
     """Whether the index-target cross-entropy takes the fused kernels: ``impl`` ``"auto"`` off the
     CPU or ``"triton"``, where the kernels accept ``z``, not float64 (the torch path keeps its
-    precision; while ``torch.compile`` traces too, as custom operators). Otherwise, ``"triton"`` included, the torch
-    path (cross-entropy never refuses an ``impl``)."""
+    precision); while ``torch.compile`` traces too, as custom operators. Otherwise, ``"triton"``
+    included, the torch path (cross-entropy never refuses an ``impl``)."""
     if impl not in ("auto", "triton") or z.dtype == torch.float64:
         return False
     if impl == "auto" and z.device.type == "cpu":
