@@ -5,7 +5,9 @@ Here ``z = (alpha - 1) * x`` and ``q = 1 / (alpha - 1)`` (sparsemax: ``q = 1``;
 
 * :func:`sort_threshold` (``q`` in {1, 2}): exact, on the sorted row (Peters et al. 2019);
   the support size is counted with one comparison per entry (:func:`sorted_threshold`). On
-  the CPU NumPy sorts (:func:`sort_negated`); :func:`prefer_sort` says where this beats Newton
+  the CPU NumPy sorts, and small inputs are solved wholly in NumPy
+  (:func:`_numpy_sorted_shifted_threshold`: they are bound by per-operation overhead);
+  :func:`prefer_sort` says where this beats Newton
   (attention-sized inputs, and the pruned candidates of long rows).
 * :func:`root_threshold` (any ``q > 0``): Newton from below on a convex decreasing function
   of ``tau``, which increases monotonically to the root.
@@ -54,8 +56,8 @@ SORT_ALWAYS_N = 16
 
 
 def prefer_sort(n_rows: int, n: int) -> bool:
-    """Whether the exact threshold of ``n_rows`` rows of length ``n`` is cheaper by sorting (NumPy's
-    sort on the CPU, :func:`sort_negated`) than by pruned Newton. Measured on 2 CPU threads
+    """Whether the exact threshold of ``n_rows`` rows of length ``n`` is cheaper by sorting (in NumPy
+    on the CPU, :func:`_numpy_sorted_shifted_threshold`) than by pruned Newton. Measured on 2 CPU threads
     (glibc tuned as by :func:`nmt.utils.allocator.keep_freed_memory`): the sort path is 1.3-3x
     faster on attention-sized inputs ((64, 16) to (320, 256), (64, 512), (5120, 16)), about even
     at (5120, 32) and (320, 512), and slower beyond ((5120, 64): 1.7x; output layers)."""
@@ -73,24 +75,6 @@ WARM_STEPS = 3
 
 
 Power = Union[float, Tensor]
-
-
-def sort_negated(z: Tensor, host: bool = True) -> Tensor:
-    """``-z`` with its rows sorted in ascending order, i.e. the rows of ``z: (R, n)`` sorted in
-    descending order and negated (values only), NaN last.
-
-    On the CPU outside ``torch.compile`` (float32/float64), NumPy's vectorised sort runs in place
-    on the negated copy: several times faster than ``torch.sort`` (e.g. 27 vs 500 us at (320, 50),
-    0.4 vs 4.7 ms at (5120, 64)). Elsewhere ``torch.sort`` (NaN sorts last in ascending order
-    there too). A sort is a permutation: the values are exact either way. ``host=False``
-    (the static paths' contract): ``torch.sort`` always, no NumPy hand-over.
-    """
-    w = torch.neg(z)
-    if (host and z.device.type == "cpu" and z.dtype in (torch.float32, torch.float64)
-            and not torch.compiler.is_compiling()):
-        w.numpy().sort(axis=-1)  # in place on w's memory
-        return w
-    return torch.sort(w, dim=-1).values
 
 
 def sorted_threshold(zs: Tensor, q: float) -> Tensor:
@@ -130,7 +114,7 @@ def sort_threshold(z: Tensor, q: float, host: bool = True) -> Tensor:
     """Exact threshold for ``q`` in {1, 2}. ``z: (..., n)`` (``-inf`` allowed) -> ``tau: (..., 1)``.
 
     A row without finite entries gets ``tau = +inf`` (all-zero output); a row holding NaN or
-    ``+inf`` gets NaN. See :func:`sorted_threshold`; ``host`` as in :func:`sort_negated`.
+    ``+inf`` gets NaN. See :func:`sorted_threshold`; ``host`` as in :func:`sorted_shifted_threshold`.
     """
     tau, zmax = sorted_shifted_threshold(z, q, host=host)
     return tau + zmax
@@ -142,15 +126,26 @@ def sorted_shifted_threshold(z: Tensor, q: float, scale: float = 1.0,
     ``p = [scale * (z - zmax) - tau_rel]_+^q``. ``q`` in {1, 2}, ``scale > 0``.
 
     The row maximum comes with the sort. Rows without finite entries: ``zmax = 0``,
-    ``tau_rel = +inf``; rows holding NaN or ``+inf``: ``zmax = NaN``. No host synchronisation
-    (on the CPU with ``host=True``, the NumPy sort's hand-over, see :func:`sort_negated`).
+    ``tau_rel = +inf``; rows holding NaN or ``+inf``: ``zmax = NaN``. No host synchronisation:
+    on the CPU (eager, float32/64, not recorded by autograd) with ``host=True`` the whole solve
+    of small inputs runs in NumPy (:func:`_numpy_sorted_shifted_threshold`), larger ones are
+    sorted by NumPy; elsewhere, and with ``host=False`` (the static paths' contract),
+    ``torch.sort`` and torch operators.
     """
     if q not in (1.0, 2.0):
         raise ValueError(f"sort_threshold needs q in {{1, 2}}, got {q}")
     lead, n = z.shape[:-1], z.shape[-1]
     if n == 0 or z.numel() == 0:
         return z.new_full((*lead, 1), float("inf")), z.new_zeros(*lead, 1)
-    w = sort_negated(z.reshape(-1, n), host)  # -z, ascending: w[:, 0] = -zmax
+    numpy = host and _numpy_solves(z)
+    if numpy and z.numel() <= NUMPY_SOLVE_MAX_NUMEL:
+        tau, zmax = _numpy_sorted_shifted_threshold(z.detach().reshape(-1, n).numpy(), q, scale)
+        return torch.from_numpy(tau).reshape(*lead, 1), torch.from_numpy(zmax).reshape(*lead, 1)
+    w = torch.neg(z.reshape(-1, n))  # -z ascending (NaN last): w[:, 0] = -zmax
+    if numpy:  # NumPy's sort in place: several times faster than torch.sort on the CPU
+        w.detach().numpy().sort(axis=-1)
+    else:
+        w = torch.sort(w, dim=-1).values
     empty = w[:, :1] == float("inf")
     neg_max = torch.where(empty, 0, w[:, :1])
     # scale * (z - zmax) = -scale * (w - w_0): the same rounding as z - zmax, negated
@@ -159,6 +154,71 @@ def sorted_shifted_threshold(z: Tensor, q: float, scale: float = 1.0,
     bad = w[:, -1:].isnan() | (neg_max == float("-inf"))  # NaN sorts last, +inf (-w = -inf) first
     zmax = torch.where(bad, float("nan"), -neg_max)
     return tau.reshape(*lead, 1), zmax.reshape(*lead, 1)
+
+
+NUMPY_SOLVE_MAX_NUMEL = 4096
+"""Largest input the sorted threshold solves wholly in NumPy on the CPU (single-threaded ufuncs with
+little per-call overhead); larger ones sort in NumPy and finish with torch operators (two threads).
+Measured on 2 threads: (64, 20) forward+backward 0.63-0.72 -> 0.45 ms, but (3840, 16) 1.7-1.9 ->
+2.1-2.2 ms and (320, 50) mixed."""
+
+
+def _numpy_solves(z: Tensor) -> bool:
+    """Whether :func:`sorted_shifted_threshold` may hand ``z`` to NumPy: float32/float64 on the CPU,
+    in eager mode, outside autograd's recording (the thresholds are not differentiated)."""
+    return (z.device.type == "cpu" and z.dtype in (torch.float32, torch.float64)
+            and not (z.requires_grad and torch.is_grad_enabled()) and not torch.compiler.is_compiling())
+
+
+def _numpy_sorted_shifted_threshold(a: np.ndarray, q: float, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`sorted_shifted_threshold` of the rows ``a: (R, n)`` in NumPy: ``(tau_rel, zmax)``, each
+    ``(R, 1)`` of ``a``'s dtype.
+
+    The same computation as the torch path (sort, the support count on prefix sums, the closed
+    form; :func:`sorted_threshold`), in place on one sorted copy. NumPy's vectorised sort is
+    several times faster than ``torch.sort`` on the CPU (27 vs 500 us at (320, 50), 0.4 vs 4.7 ms
+    at (5120, 64)), and attention-sized rows are bound by per-operation overhead, which is 2-5x
+    smaller for NumPy's ufuncs than for torch operators. The thresholds agree with the torch path
+    to the last bit or two (an FMA in ``addcmul``); NaN sorts last in both.
+    """
+    n_rows, n = a.shape
+    w = np.negative(a)
+    w.sort(axis=-1)  # -z ascending: NaN last, +inf scores (-inf here) first
+    neg_max = w[:, :1]
+    with np.errstate(invalid="ignore", over="ignore"):
+        empty = neg_max == np.inf
+        neg_max = np.where(empty, w.dtype.type(0), neg_max)
+        bad = np.isnan(w[:, -1:]) | (neg_max == -np.inf)
+        np.subtract(w, neg_max, out=w)  # scale * (z - zmax) = -scale * (w - w_0), as on the torch path
+        np.multiply(w, -scale, out=w)
+        np.maximum(w, w.dtype.type(-2), out=w)  # never in the support (tau >= -1); finite prefix sums
+        cs = _cumsum(w)
+        test = np.arange(1, n + 1, dtype=w.dtype) * w
+        if q == 1.0:  # cs_k - k zs_k < 1
+            np.subtract(cs, test, out=test)
+            k = np.maximum(np.count_nonzero(test < 1, axis=-1), 1).reshape(n_rows, 1)
+            tau = (np.take_along_axis(cs, k - 1, -1) - 1) / k.astype(w.dtype)
+        else:  # c2_k - 2 zs_k (cs_k - k zs_k / 2) < 1
+            c2 = _cumsum(np.square(w))
+            test *= -0.5
+            test += cs
+            test *= w
+            test *= -2
+            test += c2
+            k = np.maximum(np.count_nonzero(test < 1, axis=-1), 1).reshape(n_rows, 1)
+            kf = k.astype(w.dtype)
+            mean = np.take_along_axis(cs, k - 1, -1) / kf
+            rad = (1 - np.take_along_axis(c2, k - 1, -1)) / kf + mean * mean
+            tau = mean - np.sqrt(np.maximum(rad, 0))
+        tau = np.where(empty, np.inf, tau).astype(w.dtype, copy=False)
+        zmax = np.where(bad, np.nan, -neg_max).astype(w.dtype, copy=False)
+    return tau, zmax
+
+
+def _cumsum(a: np.ndarray) -> np.ndarray:
+    """Prefix sums along the rows, accumulated in float64 as ``torch.cumsum`` does on the CPU
+    (float32 rows: the same values as the torch path, not float32 running sums)."""
+    return np.cumsum(a, axis=-1, dtype=np.float64).astype(a.dtype, copy=False)
 
 
 def _newton(z: Tensor, q: Power, lo: Tensor, max_iter: int, tol: Optional[float],

@@ -55,9 +55,10 @@ def _enumerated_threshold(row: list, q: float) -> float:
     raise AssertionError("no support size fits")
 
 
+@pytest.mark.parametrize("host", [True, False], ids=["numpy", "torch"])
 @pytest.mark.parametrize("q", [1.0, 2.0])
 @pytest.mark.parametrize("n", [1, 3, 16, 50, 200])
-def test_sort_threshold_matches_enumeration(q, n):
+def test_sort_threshold_matches_enumeration(q, n, host):
     g = torch.Generator().manual_seed(n)
     x = torch.randn(8, n, dtype=torch.float64, generator=g) * 2
     x[1] = 0.5                                    # all tied
@@ -65,22 +66,49 @@ def test_sort_threshold_matches_enumeration(q, n):
     x[3, ::2] = float("-inf")                     # masked entries
     x[4] = x[4] * 1e-4 + 1e6                      # a large common offset
     x[5] = float("-inf")                          # nothing kept
-    got = sort_threshold(x, q)[:, 0]
+    got = sort_threshold(x, q, host=host)[:, 0]
     for r in range(8):
         want = _enumerated_threshold(x[r].tolist(), q)
         assert got[r].item() == pytest.approx(want, rel=1e-12, abs=1e-9), (r, q)
 
 
-def test_sort_negated_matches_torch_sort_and_flags_bad_rows():
-    from nmt.sparse._threshold import sort_negated, sorted_shifted_threshold
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("q,scale", [(1.0, 1.0), (2.0, 0.5), (2.0, 0.3)])
+def test_numpy_solve_agrees_with_the_torch_solve(q, scale, dtype):
+    """The CPU's NumPy solve and the torch path (graphs, autograd) of the sorted threshold: the
+    same support everywhere, thresholds within two units in the last place, the same flags for
+    rows without finite entries (+inf) and rows holding NaN or +inf (zmax NaN); any layout."""
+    from nmt.sparse._threshold import NUMPY_SOLVE_MAX_NUMEL, _numpy_solves, sorted_shifted_threshold
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(150, 24, generator=g) * 3).to(dtype)                # solved wholly in NumPy
+    x[0, 3], x[1], x[2, 1], x[3, 2], x[4] = float("-inf"), float("-inf"), float("nan"), float("inf"), 1.0
+    x[5, ::3] = x[5, 0]                                  # ties
+    x[6] = x[6] * 1e-5 + 1e4                             # a large offset
+    for z in (x, x.t().contiguous().t(), x[:, ::2]):    # strided layouts reach NumPy as views
+        assert _numpy_solves(z) and z.numel() <= NUMPY_SOLVE_MAX_NUMEL
+        got = sorted_shifted_threshold(z, q, scale)
+        want = sorted_shifted_threshold(z, q, scale, host=False)
+        assert got[0].dtype == want[0].dtype == dtype and got[0].shape == want[0].shape == (150, 1)
+        assert torch.equal(got[1].isnan(), want[1].isnan())
+        assert torch.equal(got[1].nan_to_num(), want[1].nan_to_num())
+        assert torch.equal(got[0].isinf(), want[0].isinf())
+        fin = want[0].isfinite()
+        assert torch.equal(fin, got[0].isfinite())
+        ulp = torch.finfo(dtype).eps * want[0][fin].abs().clamp(min=1)
+        assert ((got[0][fin] - want[0][fin]).abs() <= 2 * ulp).all()
+        zs = scale * (z - want[1].nan_to_num())           # the same support on the rows
+        assert torch.equal(zs > got[0], zs > want[0])
+    assert not _numpy_solves(x.clone().requires_grad_())  # autograd records: the torch path
+
+
+@pytest.mark.parametrize("host", [True, False], ids=["numpy", "torch"])
+def test_sorted_threshold_flags_bad_rows(host):
+    from nmt.sparse._threshold import sorted_shifted_threshold
     x = torch.randn(6, 40)
     x[1, 7] = float("nan")
     x[2, 3] = float("inf")
     x[3, 5:] = float("-inf")
-    want = torch.sort(-x, dim=-1).values            # torch: NaN last in ascending order
-    assert torch.equal(sort_negated(x).nan_to_num(), want.nan_to_num())
-    assert sort_negated(x)[1, -1].isnan()
-    tau, zmax = sorted_shifted_threshold(x, 1.0)
+    tau, zmax = sorted_shifted_threshold(x, 1.0, host=host)
     assert zmax[1].isnan() and zmax[2].isnan() and zmax[[0, 3, 4, 5]].isfinite().all()
     assert torch.allclose(tau[[0, 3]] + zmax[[0, 3]], root_threshold(x[[0, 3]], 1.0), atol=1e-6)
 
