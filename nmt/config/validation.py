@@ -91,8 +91,16 @@ def check_attention_kind(attention: dict, kind: str, source: str) -> None:
 
 def check_head_mapping(name: str, params: dict, source: str, prefix: str) -> None:
     """:func:`check_mapping`, where ``alpha: learned`` (with an optional ``alpha_init`` in
-    [1.01, 2)) is accepted for entmax_bisect."""
+    [1.01, 2)) is accepted for entmax_bisect, and ``temperature`` (> 0) for any mapping."""
+    from nmt.models.transformer.head_mapping import TEMPERATURE, head_temperature
+
     params = dict(params)
+    if TEMPERATURE in params:
+        try:
+            head_temperature(params)
+        except ValueError as err:
+            raise ConfigError(source, f"{prefix}.params.{TEMPERATURE}", str(err)) from None
+        del params[TEMPERATURE]
     if params.get("alpha") == "learned":
         if name != "entmax_bisect":
             raise ConfigError(source, f"{prefix}.params.alpha", f"'learned' needs mapping entmax_bisect, got {name!r}")

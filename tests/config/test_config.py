@@ -301,6 +301,10 @@ def _transformer(attention: dict, **model) -> dict:
     ({"type": "rnn", "attention": {"params": {"alpha": "learned"}}}, "model.attention.params.alpha:"),
     ({"type": "transformer", "attention": {"mapping": "entmax_bisect", "params": {"alpha": "learned", "alpha_init": 2}}},
      "model.attention.params.alpha_init: the starting value of a learned alpha must be a number in [1.01, 2), got 2"),
+    ({"type": "transformer", "attention": {"mapping": "entmax15", "params": {"temperature": "warm"}}},
+     "model.attention.params.temperature: temperature must be a positive number, got 'warm'"),
+    ({"type": "transformer", "attention": {"decoder_self": {"mapping": "softmax", "params": {"temperature": -1}}}},
+     "model.attention.decoder_self.params.temperature: temperature must be a positive number, got -1"),
     ({"type": "transformer", "attention": {"mapping": "entmax_bisect", "params": {"alpha": 1.5, "alpha_init": 1.2}}},
      "model.attention.params.alpha_init: needs alpha: learned"),
 ])

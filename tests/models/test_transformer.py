@@ -14,6 +14,7 @@ MAPPINGS = {  # name -> model.attention section (all three kinds inherit it)
     "entmax15": {"mapping": "entmax15", "params": {}},
     "entmax_bisect": {"mapping": "entmax_bisect", "params": {"alpha": 1.3}},
     "adaptive": {"mapping": "entmax_bisect", "params": {"alpha": "learned"}},
+    "entmax15-warm": {"mapping": "entmax15", "params": {"temperature": 2.5}},
     "fusedmax": {"mapping": "fusedmax", "params": {"lam": 0.2}},
     "oscarmax": {"mapping": "oscarmax", "params": {"lam": 0.05}},
     # combined discrete + continuous cross-attention (Martins et al. 2020), per head
@@ -158,8 +159,33 @@ def test_learned_alpha_starts_at_alpha_init():
         torch.testing.assert_close(value, torch.full_like(value, 1.1), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("params", [{"temperature": 2.5}, {"alpha": "learned", "alpha_init": 1.2, "temperature": 0.5}])
+def test_temperature_divides_the_scores(params):
+    """A head mapping with a temperature maps scores / temperature: the mapping's own values
+    (entmax15 and learned-alpha entmax_bisect, in float64), exact zeros and all."""
+    from nmt.models.transformer.head_mapping import HeadMapping
+    from nmt.sparse import entmax15, entmax_bisect
+    torch.manual_seed(0)
+    scores = torch.randn(2, 3, 4, 6, dtype=torch.float64) * 3
+    mask = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    mask[1, ..., 4:] = False
+    name = "entmax_bisect" if "alpha" in params else "entmax15"
+    mapping = HeadMapping(3, name, params).double()
+    got = mapping(scores, mask)
+    t = params["temperature"]
+    if "alpha" in params:
+        want = entmax_bisect(scores / t, alpha=mapping.alpha().view(1, 3, 1, 1), dim=-1, mask=mask)
+    else:
+        want = entmax15(scores / t, dim=-1, mask=mask)
+    assert torch.equal(got, want) and "temperature=" in repr(mapping)
+    untempered = {k: v for k, v in params.items() if k != "temperature"}
+    assert bool((got == 0).any()) and not torch.equal(got, HeadMapping(3, name, untempered).double()(scores, mask))
+
+
 @pytest.mark.parametrize("sections,message", [
     ({"embeddings": {"share": True}}, "model.embeddings.share: needs one shared vocabulary"),
+    ({"attention": {"cross": {"mapping": "entmax15", "params": {"temperature": 0}}}},
+     "model.attention.cross: temperature must be a positive number, got 0"),
     ({"transformer": {"heads": 3}}, "model.transformer.heads: d_model (8) must be a multiple of heads (3)"),
     ({"transformer": {"norm": "sandwich"}}, "model.transformer.norm: unknown norm 'sandwich'"),
     ({"transformer": {"positions": "rotary"}}, "model.transformer.positions: unknown positions 'rotary'"),

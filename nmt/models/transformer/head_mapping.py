@@ -8,6 +8,13 @@ overflows, and ``sigmoid`` underflows to 0 for very negative ``a``), starting at
 (``a = 0``, the paper's choice) or at ``alpha_init`` in [1.01, 2) (``a = logit(alpha_init - 1)``;
 near 1 the heads start close to softmax). The gradient reaches ``a`` through the alpha-gradient
 of :func:`nmt.sparse.entmax_bisect` (zero while clamped at 1.01).
+
+``temperature`` (any mapping, default 1): the heads map ``scores / temperature``. Near a
+uniform row of ``n`` keys alpha-entmax reacts ``n^(alpha - 1)`` times more strongly to a score
+difference than softmax (Jacobians ``n^(alpha - 2) (I - 11^T / n)`` and ``n^-1 (I - 11^T / n)``):
+with softmax's ``1 / sqrt(d_head)`` scaling, 1.5-entmax heads start about ``sqrt(n)`` times
+"colder", sparse from the first update, and keys outside the support get no gradient. A
+temperature above 1 starts them closer to softmax's regime.
 """
 from __future__ import annotations
 
@@ -25,6 +32,16 @@ ALPHA_INIT = "alpha_init"
 """Parameter of a learned alpha: its starting value (default 1.5)."""
 ALPHA_MIN = 1.01
 """Lower clamp of a learned alpha (Correia et al. 2019)."""
+TEMPERATURE = "temperature"
+"""Parameter of any head mapping: the scores are divided by it (default 1)."""
+
+
+def head_temperature(params: dict[str, Any]) -> float:
+    """The ``temperature`` of head-mapping ``params`` (1 when absent); ValueError unless a positive number."""
+    value = params.get(TEMPERATURE, 1.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"temperature must be a positive number, got {value!r}")
+    return float(value)
 
 
 class HeadMapping(nn.Module):
@@ -32,7 +49,8 @@ class HeadMapping(nn.Module):
 
     ``params`` are the mapping's keyword parameters (checked against the registry: unknown
     names raise ValueError); ``{"alpha": "learned"}`` is accepted for ``entmax_bisect`` only,
-    with an optional ``alpha_init`` in [1.01, 2) (default 1.5).
+    with an optional ``alpha_init`` in [1.01, 2) (default 1.5); ``temperature`` (any mapping)
+    divides the scores.
     With a learned alpha the registry's ``entmax_bisect`` checks alpha >= 1 on the host (a
     sync on the tiny alpha tensor per call).
     """
@@ -42,6 +60,8 @@ class HeadMapping(nn.Module):
         params = dict(params or {})
         self.name = mapping
         self.heads = heads
+        self.temperature = head_temperature(params)
+        params.pop(TEMPERATURE, None)
         self.learned_alpha = params.get("alpha") == LEARNED
         if self.learned_alpha:
             if mapping != "entmax_bisect":
@@ -65,13 +85,16 @@ class HeadMapping(nn.Module):
 
     def forward(self, scores: Tensor, mask: Tensor | None = None) -> Tensor:
         """scores: (B, heads, T, S); mask: bool broadcastable to it (True = keep) or None."""
+        if self.temperature != 1.0:
+            scores = scores / self.temperature
         if self._bisect is not None:
             alpha = self.alpha().to(scores.dtype).view(1, self.heads, 1, 1)
             return self._bisect(scores, alpha=alpha, dim=-1, mask=mask, **self.params)
         return self.function(scores, dim=-1, mask=mask)
 
     def extra_repr(self) -> str:
-        return f"{self.name}, heads={self.heads}{', alpha=learned' if self.learned_alpha else ''}"
+        temperature = f", temperature={self.temperature:g}" if self.temperature != 1.0 else ""
+        return f"{self.name}, heads={self.heads}{', alpha=learned' if self.learned_alpha else ''}{temperature}"
 
 
-__all__ = ["ALPHA_INIT", "ALPHA_MIN", "HeadMapping", "LEARNED"]
+__all__ = ["ALPHA_INIT", "ALPHA_MIN", "HeadMapping", "LEARNED", "TEMPERATURE", "head_temperature"]
