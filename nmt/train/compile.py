@@ -1,9 +1,11 @@
-"""``training.compile`` and ``training.pad_to_multiple``: a captured training step with few shapes.
+"""``training.compile`` and ``training.pad_to_multiple``: captured training and validation steps
+with few shapes.
 
-``compile_loss_forward(device)`` wraps ``nmt.train.update.loss_forward`` (model forward and
-summed loss) in ``torch.compile``: on CUDA ``mode="reduce-overhead"`` (CUDA graphs: the
-decoder's many small kernels are replayed as one graph) with static shapes, on CPU inductor's
-default mode. The packed-sequence encoder runs eagerly between graphs (cuDNN's one call per
+``compile_for_device(fn, device)`` wraps a step function in ``torch.compile``: on CUDA
+``mode="reduce-overhead"`` (CUDA graphs: the decoder's many small kernels are replayed as one
+graph) with static shapes, on CPU inductor's default mode. ``compile_loss_forward(device)`` is
+that of ``nmt.train.update.loss_forward`` (model forward and summed loss); the trainer compiles
+``nmt.train.validation.batch_statistics`` (teacher-forced validation sums) the same way. The packed-sequence encoder runs eagerly between graphs (cuDNN's one call per
 layer; its lengths stay on the host). Every distinct batch shape is a graph of its own, so
 ``pad_to_multiple`` pads source and target lengths up to a multiple of k (padding is masked
 in attention and ignored by the loss: same loss, same gradients).
@@ -11,6 +13,7 @@ in attention and ignored by the loss: same loss, same gradients).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -18,20 +21,27 @@ import torch.nn.functional as F
 from nmt.data.batching import Batch
 from nmt.train.update import LossForward, loss_forward
 
+F_ = TypeVar("F_", bound=Callable)
+
 MAX_GRAPHS = 64
 """Recompilation limit raised to this many shapes (buckets x batch sizes) per compiled step."""
 
 
-def compile_loss_forward(device: torch.device | str, backend: str = "inductor") -> LossForward:
-    """``loss_forward`` compiled for ``device`` (CUDA graphs on CUDA, inductor default on CPU);
-    ``backend`` another ``torch.compile`` backend (tests use "aot_eager": same capture and
-    autograd, no code generation)."""
+def compile_for_device(fn: F_, device: torch.device | str, backend: str = "inductor") -> F_:
+    """``fn`` compiled for ``device`` (CUDA graphs on CUDA, inductor default on CPU); ``backend``
+    another ``torch.compile`` backend (tests use "aot_eager": same capture and autograd, no code
+    generation). Compilation happens at the first call of each new shape."""
     import torch._dynamo
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MAX_GRAPHS)
     if torch.device(device).type == "cuda" and backend == "inductor":
-        return torch.compile(loss_forward, mode="reduce-overhead", dynamic=False)
-    return torch.compile(loss_forward, backend=backend)
+        return torch.compile(fn, mode="reduce-overhead", dynamic=False)
+    return torch.compile(fn, backend=backend)
+
+
+def compile_loss_forward(device: torch.device | str, backend: str = "inductor") -> LossForward:
+    """``loss_forward`` compiled for ``device`` (see ``compile_for_device``)."""
+    return compile_for_device(loss_forward, device, backend)
 
 
 def pad_to_multiple(batch: Batch, multiple: int, pad_index: int) -> Batch:
@@ -47,4 +57,4 @@ def pad_to_multiple(batch: Batch, multiple: int, pad_index: int) -> Batch:
     return replace(batch, src=widen(batch.src), tgt_in=widen(batch.tgt_in), tgt_out=widen(batch.tgt_out))
 
 
-__all__ = ["MAX_GRAPHS", "compile_loss_forward", "pad_to_multiple"]
+__all__ = ["MAX_GRAPHS", "compile_for_device", "compile_loss_forward", "pad_to_multiple"]

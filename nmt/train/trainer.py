@@ -34,11 +34,11 @@ from nmt.train.interrupt import GracefulInterrupt
 from nmt.train.nonfinite import NonFiniteGuard, check_parameters_finite
 from nmt.train.optimizers import build_optimizer
 from nmt.train.rng import rng_state, seed_everything, set_rng_state
-from nmt.train.compile import compile_loss_forward, pad_to_multiple
+from nmt.train.compile import compile_for_device, compile_loss_forward, pad_to_multiple
 from nmt.train.precision import TrainPrecision
 from nmt.train.schedules import build_schedule
 from nmt.train.update import loss_forward, update
-from nmt.train.validation import attention_grids, attention_matrices, validate
+from nmt.train.validation import attention_grids, attention_matrices, batch_statistics, validate
 from nmt.utils.dir_lock import DirectoryLock
 from nmt.utils.heatmap import attention_title
 from nmt.utils.device import auto_device, device_problem
@@ -173,6 +173,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.model.parameters(), train_cfg["optimizer"])
         self.precision = TrainPrecision(train_cfg["precision"], self.device)
         self.loss_forward = compile_loss_forward(self.device) if train_cfg["compile"] else loss_forward
+        self.batch_statistics = (compile_for_device(batch_statistics, self.device) if train_cfg["compile"]
+                                 else batch_statistics)
         try:
             self.schedule = build_schedule(self.optimizer, train_cfg["optimizer"]["lr"], train_cfg["lr_schedule"])
         except ValueError as exc:
@@ -451,7 +453,9 @@ class Trainer:
             result = validate(self.model, self.data.valid, self.data.valid_references, self.loss_fn,
                               batch_size=vcfg["batch_size"], device=self.device,
                               is_softmax=is_softmax(self.config["model"]["output"]["mapping"]),
-                              decode=vcfg["decode"], beam_size=vcfg["beam_size"], max_length=vcfg["max_length"])
+                              decode=vcfg["decode"], beam_size=vcfg["beam_size"], max_length=vcfg["max_length"],
+                              statistics=self.batch_statistics,
+                              pad_multiple=self.config["training"]["pad_to_multiple"])
         scalars = self.dist.broadcast(result.scalars if result is not None else None)
         value = scalars[self.metric]
         is_best = self.stopper.update(value, p.step, count=regular)

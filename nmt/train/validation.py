@@ -8,7 +8,7 @@ scores the detokenized hypotheses against the raw reference lines.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -18,6 +18,7 @@ from nmt.data.batching import collate, make_batches
 from nmt.data.dataset import ParallelDataset
 from nmt.data.field import Field
 from nmt.models.seq2seq import length_mask
+from nmt.train.compile import pad_to_multiple
 from nmt.translate.beam_search import beam_search
 from nmt.translate.search_options import SearchOptions
 from nmt.utils import metrics as corpus_metrics
@@ -41,41 +42,69 @@ class ValidationResult:
     """sacrebleu signatures of the ``bleu`` and ``chrf`` scalars (when decoding)."""
 
 
+StatisticsFn = Callable[..., tuple[Tensor, Tensor]]
+
+
+def batch_statistics(model: nn.Module, loss_fn: Callable, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
+                     tgt_out: Tensor, pad_index: int, kinds: tuple[str, ...]) -> tuple[Tensor, Tensor]:
+    """Teacher-forced sums of one batch (call under ``torch.no_grad()``, model in eval mode).
+
+    src: (B, L); src_lengths: (B,) (on the host for the RNN encoder's packing); tgt_in, tgt_out:
+    (B, T). Returns ``totals`` (5,) float64: summed loss, correct tokens (the most probable type
+    is the gold one), target tokens, nonzero attention weights and nonzero output probabilities
+    over the real target positions; and ``kind_totals`` (len(kinds), 2) float64: per attention kind
+    of a model with attention maps (the Transformer), the nonzero weights of the real query rows
+    of every head and layer, and the number of those rows. Padding positions count nowhere, so
+    padding a batch to longer lengths changes nothing. No host synchronisation here (masks
+    multiply, they never index); what ``training.compile`` compiles for validation.
+    """
+    mask = tgt_out != pad_index  # (B, T)
+    kind_totals = torch.zeros(len(kinds), 2, dtype=torch.float64, device=src.device)
+    if kinds:
+        logits, attention, maps = model(src, src_lengths, tgt_in, return_maps=True)
+        src_mask = length_mask(src_lengths, src.size(1), src.device)  # (B, L)
+        for j, kind in enumerate(kinds):
+            rows = (src_mask if kind == "encoder_self" else mask)[:, None, :].double()  # (B, 1, T_query)
+            for probs in maps[kind]:  # (B, heads, T_query, T_key)
+                kind_totals[j, 0] += ((probs > 0).sum(-1).double() * rows).sum()
+                kind_totals[j, 1] += rows.sum() * probs.size(1)
+    else:
+        logits, attention = model(src, src_lengths, tgt_in)
+    loss = loss_fn(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1), ignore_index=pad_index,
+                   reduction="sum")
+    probs = model.output_mapping(logits.float(), dim=-1)  # (B, T, V)
+    weights = mask.double()  # (B, T)
+    totals = torch.stack([loss.double(), ((probs.argmax(-1) == tgt_out).double() * weights).sum(), weights.sum(),
+                          ((attention > 0).sum(-1).double() * weights).sum(),
+                          ((probs > 0).sum(-1).double() * weights).sum()])
+    return totals, kind_totals
+
+
 @torch.no_grad()
 def teacher_forced_statistics(model: nn.Module, dataset: ParallelDataset, loss_fn: Callable, batch_size: int,
-                              device: torch.device, is_softmax: bool) -> dict[str, float]:
+                              device: torch.device, is_softmax: bool, *, statistics: StatisticsFn = batch_statistics,
+                              pad_multiple: int = 1) -> dict[str, float]:
     """Loss, token accuracy, perplexity and support sizes of ``model`` on ``dataset`` (eval mode).
 
     For a model with several attention kinds (``model.attention_kinds``, the Transformer) also
     ``attention_support_<kind>``: the mean number of nonzero weights of one head's row, over
     the real (non-padding) query positions, the heads and the layers of that kind.
+    ``statistics``: ``batch_statistics`` or its compiled form; ``pad_multiple``: batch lengths
+    padded to multiples of it (fewer shapes for a compiled ``statistics``; same figures).
+    The sums stay on ``device`` and are read once at the end (source lengths stay on the host).
     """
     vocab = dataset.tgt_field.vocab
     totals = torch.zeros(5, dtype=torch.float64, device=device)  # loss, correct, tokens, att support, out support
     kinds = tuple(getattr(model, "attention_kinds", ()))
     kind_totals = torch.zeros(len(kinds), 2, dtype=torch.float64, device=device)  # support sum, rows
     for indices in make_batches(dataset, batch_size, "sentences", shuffle=False):
-        batch = collate(dataset, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index).to(device)
-        gold = batch.tgt_out
-        mask = gold != vocab.pad_index
-        if kinds:
-            logits, attention, maps = model(batch.src, batch.src_lengths, batch.tgt_in, return_maps=True)
-            src_mask = length_mask(batch.src_lengths, batch.src.size(1), device)
-            for j, kind in enumerate(kinds):
-                rows = (src_mask if kind == "encoder_self" else mask)[:, None, :].double()  # (B, 1, T_query)
-                for probs in maps[kind]:  # (B, heads, T_query, T_key)
-                    kind_totals[j, 0] += ((probs > 0).sum(-1).double() * rows).sum()
-                    kind_totals[j, 1] += rows.sum() * probs.size(1)
-        else:
-            logits, attention = model(batch.src, batch.src_lengths, batch.tgt_in)
-        loss = loss_fn(logits.reshape(-1, logits.size(-1)), gold.reshape(-1), ignore_index=vocab.pad_index,
-                       reduction="sum")
-        probs = model.output_mapping(logits.float(), dim=-1)
-        correct = (probs.argmax(-1) == gold) & mask
-        att_support = (attention > 0).sum(-1)
-        out_support = (probs > 0).sum(-1)
-        totals += torch.stack([loss.double(), correct.sum().double(), mask.sum().double(),
-                               att_support[mask].sum().double(), out_support[mask].sum().double()])
+        host = pad_to_multiple(collate(dataset, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index),
+                               pad_multiple, vocab.pad_index)
+        batch = replace(host.to(device), src_lengths=host.src_lengths)
+        batch_totals, batch_kind_totals = statistics(model, loss_fn, batch.src, batch.src_lengths, batch.tgt_in,
+                                                     batch.tgt_out, vocab.pad_index, kinds)
+        totals += batch_totals
+        kind_totals += batch_kind_totals
     loss_sum, correct, tokens, att_support, out_support = totals.tolist()
     tokens = max(tokens, 1.0)
     scalars = {
@@ -114,17 +143,20 @@ def decode_dataset(model: nn.Module, dataset: ParallelDataset, tgt_field: Field,
 @frozen_weights()  # the weights stay fixed while validating: packed CPU products (nmt.utils.packed_linear)
 def validate(model: nn.Module, dataset: ParallelDataset, references: Sequence[str], loss_fn: Callable, *,
              batch_size: int, device: torch.device, is_softmax: bool, decode: bool, beam_size: int = 1,
-             max_length: int = 100) -> ValidationResult:
+             max_length: int = 100, statistics: StatisticsFn = batch_statistics,
+             pad_multiple: int = 1) -> ValidationResult:
     """Full validation of ``model`` (put in eval mode, restored to its previous mode after).
 
     references: raw target line of each ``dataset`` example. Decoding metrics are computed
     when ``decode`` is True, with ``SearchOptions(beam_size=beam_size, max_length=max_length)``
-    (one hypothesis, certified).
+    (one hypothesis, certified). ``statistics`` and ``pad_multiple``: see
+    ``teacher_forced_statistics`` (the trainer passes the compiled form under ``training.compile``).
     """
     was_training = model.training
     model.eval()
     try:
-        scalars = teacher_forced_statistics(model, dataset, loss_fn, batch_size, device, is_softmax)
+        scalars = teacher_forced_statistics(model, dataset, loss_fn, batch_size, device, is_softmax,
+                                            statistics=statistics, pad_multiple=pad_multiple)
         hypotheses: list[str] = []
         signatures: dict[str, str] = {}
         if decode:
@@ -199,5 +231,5 @@ def _positions(batch) -> list[int]:
     return indices.tolist() if isinstance(indices, Tensor) else list(indices)
 
 
-__all__ = ["ValidationResult", "validate", "teacher_forced_statistics", "decode_dataset", "attention_matrices",
+__all__ = ["StatisticsFn", "ValidationResult", "batch_statistics", "validate", "teacher_forced_statistics", "decode_dataset", "attention_matrices",
            "attention_grids"]
