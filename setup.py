@@ -19,6 +19,8 @@ setup(
     license_files=["LICENSE"],
     python_requires=">=3.10",
     packages=find_packages(include=["nmt", "nmt.*"]),
+    # the native sorted threshold, compiled on first use where a C compiler is (nmt/sparse/_native.py)
+    package_data={"nmt.sparse": ["_sorted_threshold.c"]},
     install_requires=[
         "torch>=2.1",
         "numpy",

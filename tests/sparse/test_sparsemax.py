@@ -74,18 +74,25 @@ def test_sort_threshold_matches_enumeration(q, n, host):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("q,scale", [(1.0, 1.0), (2.0, 0.5), (2.0, 0.3)])
-def test_numpy_solve_agrees_with_the_torch_solve(q, scale, dtype):
-    """The CPU's NumPy solve and the torch path (graphs, autograd) of the sorted threshold: the
-    same support everywhere, thresholds within two units in the last place, the same flags for
-    rows without finite entries (+inf) and rows holding NaN or +inf (zmax NaN); any layout."""
-    from nmt.sparse._threshold import NUMPY_SOLVE_MAX_NUMEL, _numpy_solves, sorted_shifted_threshold
+@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
+def test_host_solve_agrees_with_the_torch_solve(q, scale, dtype, native, monkeypatch):
+    """The CPU's host solve (the native loop, or NumPy where it is not built) and the torch path
+    (graphs, autograd) of the sorted threshold: the same support everywhere, thresholds within two
+    units in the last place, the same flags for rows without finite entries (+inf) and rows
+    holding NaN or +inf (zmax NaN); any layout."""
+    from nmt.sparse import _native
+    from nmt.sparse._threshold import NUMPY_SOLVE_MAX_NUMEL, _host_solves, sorted_shifted_threshold
+    if not native:
+        monkeypatch.setattr(_native, "_state", {"lib": None})
+    elif _native.library() is None:
+        pytest.skip("no C compiler: the NumPy path serves")
     g = torch.Generator().manual_seed(7)
     x = (torch.randn(150, 24, generator=g) * 3).to(dtype)                # solved wholly in NumPy
     x[0, 3], x[1], x[2, 1], x[3, 2], x[4] = float("-inf"), float("-inf"), float("nan"), float("inf"), 1.0
     x[5, ::3] = x[5, 0]                                  # ties
     x[6] = x[6] * 1e-5 + 1e4                             # a large offset
     for z in (x, x.t().contiguous().t(), x[:, ::2]):    # strided layouts reach NumPy as views
-        assert _numpy_solves(z) and z.numel() <= NUMPY_SOLVE_MAX_NUMEL
+        assert _host_solves(z) and z.numel() <= NUMPY_SOLVE_MAX_NUMEL
         got = sorted_shifted_threshold(z, q, scale)
         want = sorted_shifted_threshold(z, q, scale, host=False)
         assert got[0].dtype == want[0].dtype == dtype and got[0].shape == want[0].shape == (150, 1)
@@ -98,7 +105,7 @@ def test_numpy_solve_agrees_with_the_torch_solve(q, scale, dtype):
         assert ((got[0][fin] - want[0][fin]).abs() <= 2 * ulp).all()
         zs = scale * (z - want[1].nan_to_num())           # the same support on the rows
         assert torch.equal(zs > got[0], zs > want[0])
-    assert not _numpy_solves(x.clone().requires_grad_())  # autograd records: the torch path
+    assert not _host_solves(x.clone().requires_grad_())  # autograd records: the torch path
 
 
 @pytest.mark.parametrize("host", [True, False], ids=["numpy", "torch"])

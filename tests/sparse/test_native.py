@@ -1,0 +1,144 @@
+"""The native sorted threshold (``nmt/sparse/_sorted_threshold.c`` through ``nmt.sparse._native``):
+the same bits as the NumPy solve (itself checked against the torch path and by enumeration in
+test_sparsemax.py) on every kind of row and layout; the build (atomic, cached,
+the umask's file mode) and the fallback where no library can be had."""
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import torch
+
+from nmt.sparse import _native
+from nmt.sparse._threshold import _numpy_sorted_shifted_threshold, sorted_shifted_threshold
+
+needs_library = pytest.mark.skipif(_native.library() is None, reason="no C compiler: the NumPy path serves")
+
+
+def _rows(n_rows: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Scores of every kind: broad, peaked and near-uniform rows, ties, large offsets, tiny
+    differences, -inf entries, rows of only -inf, NaN, +inf, only NaN, NaN with -inf."""
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.tensor([0.05, 0.3, 1.0, 4.0, 30.0]).repeat(n_rows // 5 + 1)[:n_rows, None]
+    x = (torch.randn(n_rows, n, generator=g, dtype=torch.float64) * scale).to(dtype)
+    x[0, 0] = float("nan")
+    x[1] = float("-inf")
+    x[2, n // 2] = float("inf")
+    x[3] = float("nan")
+    x[4] = float("-inf")
+    x[4, -1] = float("nan")
+    if n > 3:
+        x[5, ::2] = x[5, 0]                      # ties at the top
+        x[6] = x[6] * 1e-3 + 1e4                 # a large offset
+        x[7, 1:] = float("-inf")                 # one finite entry
+        x[8] = x[8, 0]                           # all equal
+        x[9] = x[9] * 1e-30                      # differences far below one ulp of the bound
+        x[10, : n // 2] = float("-inf")
+    return x
+
+
+def _assert_same_bits(got, want):
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a.isnan(), b.isnan())
+        assert torch.equal(a.nan_to_num(0.0, 1e300, -1e300), b.nan_to_num(0.0, 1e300, -1e300))
+        assert torch.equal(torch.signbit(a) & ~a.isnan(), torch.signbit(b) & ~b.isnan())  # -0.0 too
+
+
+@needs_library
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("q,scale", [(1.0, 1.0), (2.0, 0.5), (2.0, 0.3), (1.0, 2.0)])
+@pytest.mark.parametrize("n", [1, 2, 7, 16, 50, 300])
+def test_native_equals_the_numpy_solve_bit_for_bit(n, q, scale, dtype):
+    x = _rows(40, n, dtype, seed=n)
+    got = _native.native_sorted_shifted_threshold(x, q, scale)
+    want = tuple(torch.from_numpy(a) for a in _numpy_sorted_shifted_threshold(x.numpy(), q, scale))
+    _assert_same_bits(got, want)
+
+
+@needs_library
+def test_strided_input_is_read_through_a_contiguous_copy():
+    x = _rows(103, 24, torch.float32, seed=3)
+    for z in (x.t().contiguous().t(), x[:, ::2]):
+        got = _native.native_sorted_shifted_threshold(z, 2.0, 0.5)
+        want = tuple(torch.from_numpy(a) for a in _numpy_sorted_shifted_threshold(z.numpy(), 2.0, 0.5))
+        _assert_same_bits(got, want)
+
+
+@needs_library
+def test_sorted_shifted_threshold_takes_the_native_path(monkeypatch):
+    """The front door hands eligible CPU inputs to the native loop, and the mapping's output equals
+    the torch path's support (its own bit-level test is above)."""
+    calls = []
+    real = _native.native_sorted_shifted_threshold
+
+    def counting(*args):
+        calls.append(args[0].shape)
+        return real(*args)
+
+    monkeypatch.setattr("nmt.sparse._threshold.native_sorted_shifted_threshold", counting)
+    x = torch.randn(320, 50)  # above the NumPy solve's size: NumPy sort + torch finish without it
+    tau, zmax = sorted_shifted_threshold(x, 2.0, 0.5)
+    assert calls == [(320, 50)]
+    sorted_shifted_threshold(torch.randn(3840, 16), 2.0, 0.5)  # above the native loop's size
+    assert len(calls) == 1
+    tau_t, zmax_t = sorted_shifted_threshold(x, 2.0, 0.5, host=False)
+    assert torch.equal(zmax, zmax_t)
+    assert torch.equal(0.5 * (x - zmax) > tau, 0.5 * (x - zmax) > tau_t)
+    torch.testing.assert_close(tau, tau_t, rtol=0, atol=4e-7)
+
+
+def test_disabled_or_unbuildable_means_the_numpy_path(monkeypatch):
+    """``NMT_NATIVE=0``, or no compiler: no library (decided once, logged once at INFO), and the
+    thresholds still come (from NumPy)."""
+    x = torch.randn(64, 20)
+    want = sorted_shifted_threshold(x, 1.0, 1.0, host=False)
+    monkeypatch.setattr(_native, "_state", {})
+    monkeypatch.setenv("NMT_NATIVE", "0")
+    assert _native.library() is None and _native.native_sorted_shifted_threshold(x, 1.0, 1.0) is None
+    got = sorted_shifted_threshold(x, 1.0, 1.0)
+    assert torch.equal(got[1], want[1]) and torch.equal(x - got[1] > got[0], x - want[1] > want[0])
+
+    monkeypatch.setattr(_native, "_state", {})
+    monkeypatch.delenv("NMT_NATIVE")
+    monkeypatch.setattr(_native, "_compiler", lambda: None)
+    messages = []
+    monkeypatch.setattr(_native.logger, "info", lambda msg, *args: messages.append(msg % args))
+    assert _native.library() is None
+    assert _native.library() is None
+    assert len(messages) == 1 and "no C compiler" in messages[0]
+    assert sorted_shifted_threshold(x, 1.0, 1.0)[1].shape == (64, 1)
+
+
+@pytest.mark.skipif(_native._compiler() is None, reason="no C compiler")
+def test_build_is_atomic_cached_and_follows_the_umask(tmp_path, monkeypatch):
+    old = os.umask(0o027)
+    try:
+        path = _native.build(tmp_path / "cache")
+    finally:
+        os.umask(old)
+    assert path.is_file() and path.parent == tmp_path / "cache"
+    assert stat.S_IMODE(path.stat().st_mode) & 0o777 == 0o750  # rwx for the owner, r-x for the group
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no partial file left
+    mtime = path.stat().st_mtime_ns
+    assert _native.build(tmp_path / "cache") == path and path.stat().st_mtime_ns == mtime  # cached
+    monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert _native.cache_dir() == tmp_path / "elsewhere"
+    lib = __import__("ctypes").CDLL(str(path))  # loads, exports both entry points
+    assert lib.nmt_sorted_threshold_f32 and lib.nmt_sorted_threshold_f64
+
+
+def test_a_failing_compiler_leaves_nothing_behind(tmp_path, monkeypatch):
+    """A compiler that fails: the error propagates from build() (library() logs it and serves
+    None), and no partial file stays in the cache directory."""
+    fake = tmp_path / "cc"
+    fake.write_text("#!/bin/sh\necho 'cc: broken' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(_native, "_compiler", lambda: str(fake))
+    with pytest.raises(Exception):
+        _native.build(tmp_path / "cache")
+    assert list((tmp_path / "cache").iterdir()) == []
+    monkeypatch.setattr(_native, "_state", {})
+    monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))
+    assert _native.library() is None
