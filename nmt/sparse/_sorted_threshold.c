@@ -14,8 +14,9 @@
  * Only entries that may pass the test are sorted: v > -1.5 (q = 1; below it the test value is at
  * least 1.5) or v > -1.25 (q = 2; at least 1.5625), found in one pass (narrowing them further
  * by a Newton lower bound of tau cost more than it saved on 16-50 entries).
- * Rows without a finite entry: tau = +inf, zmax = -0.0 (as the other paths negate 0). Rows holding NaN: zmax = NaN, tau of the
- * other entries (NaN sorts last there); rows holding +inf, and rows of only NaN: both NaN.
+ * Rows without a finite entry: tau = +inf, zmax = -0.0 (the other paths negate 0). Rows holding
+ * NaN: zmax = NaN, tau of the other entries (NaN sorts last there); rows holding +inf, and rows
+ * of only NaN: both NaN.
  * Rows are independent; nothing is allocated but the caller's scratch (2 n entries). One thread:
  * the inputs it serves are small (splitting (3840, 16) over two threads gained nothing while
  * torch's OpenMP workers still spin after the surrounding operators).
