@@ -65,12 +65,15 @@ class Batch:
         """(B, L) bool, True at real source tokens."""
         return self.src != self.pad_index
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
-        """A copy with every tensor moved to ``device``."""
+    def to(self, device: torch.device | str, non_blocking: bool = False,
+           lengths_on_host: bool = False) -> "Batch":
+        """A copy with every tensor moved to ``device``; with ``lengths_on_host`` the source
+        lengths stay where they are (the RNN encoder packs with host lengths: no device-to-host
+        copy; what training and validation do)."""
         moved = {
             f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
             for f in fields(self)
-            if isinstance(getattr(self, f.name), Tensor)
+            if isinstance(getattr(self, f.name), Tensor) and not (lengths_on_host and f.name == "src_lengths")
         }
         return replace(self, **moved)
 

@@ -169,8 +169,8 @@ def sorted_shifted_threshold(z: Tensor, q: float, scale: float = 1.0,
 
 NATIVE_SOLVE_MAX_NUMEL = 16384
 """Largest input the native loop solves (one thread, the same bits as the NumPy solve). Measured on
-2 threads, forward+backward against the NumPy path in the same session: (64, 20) 0.37-0.54 ->
-0.27-0.33 ms, (320, 50) sparsemax 0.52-0.84 -> 0.37-0.51 ms (1.5-entmax even); (3840, 16) 0.9-2.2 ->
+2 threads, forward+backward against the NumPy path in the same session: (64, 20) 0.35-0.69 ->
+0.21-0.33 ms, (320, 50) sparsemax 0.52-0.85 -> 0.37-0.51 ms (1.5-entmax even); (3840, 16) 0.9-2.2 ->
 1.6-2.2 ms, slower (per-row sorting of broad rows, even split over two threads, against NumPy's
 vectorised sort and torch's two threads), hence the gate."""
 

@@ -5,8 +5,9 @@ with few shapes.
 ``mode="reduce-overhead"`` (CUDA graphs: the decoder's many small kernels are replayed as one
 graph) with static shapes, on CPU inductor's default mode. ``compile_loss_forward(device)`` is
 that of ``nmt.train.update.loss_forward`` (model forward and summed loss); the trainer compiles
-``nmt.train.validation.batch_statistics`` (teacher-forced validation sums) the same way. The packed-sequence encoder runs eagerly between graphs (cuDNN's one call per
-layer; its lengths stay on the host). Every distinct batch shape is a graph of its own, so
+``nmt.train.validation.batch_statistics`` (teacher-forced validation sums) the same way. The
+packed-sequence encoder runs eagerly between graphs (cuDNN's one call per layer; its lengths
+stay on the host). Every distinct batch shape is a graph of its own, so
 ``pad_to_multiple`` pads source and target lengths up to a multiple of k (padding is masked
 in attention and ignored by the loss: same loss, same gradients).
 """

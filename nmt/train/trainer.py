@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -326,8 +326,7 @@ class Trainer:
         for part, _ in parts:
             host = pad_to_multiple(collate(self.data.train, part, self.pad, self.bos, self.eos),
                                    cfg["pad_to_multiple"], self.pad)
-            # the lengths stay on the host: the encoder packs with them (no device-to-host copy)
-            batches.append(replace(host.to(self.device), src_lengths=host.src_lengths))
+            batches.append(host.to(self.device, lengths_on_host=True))
         skip = cfg["nonfinite"] == "skip"
         # target tokens of all batches of all ranks: host ints over Gloo, no device sync
         n_tokens = self.dist.sum_ints([sum(b.n_tokens for b, (_, real) in zip(batches, parts) if real)])[0]

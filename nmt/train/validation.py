@@ -8,7 +8,7 @@ scores the detokenized hypotheses against the raw reference lines.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -98,9 +98,8 @@ def teacher_forced_statistics(model: nn.Module, dataset: ParallelDataset, loss_f
     kinds = tuple(getattr(model, "attention_kinds", ()))
     kind_totals = torch.zeros(len(kinds), 2, dtype=torch.float64, device=device)  # support sum, rows
     for indices in make_batches(dataset, batch_size, "sentences", shuffle=False):
-        host = pad_to_multiple(collate(dataset, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index),
-                               pad_multiple, vocab.pad_index)
-        batch = replace(host.to(device), src_lengths=host.src_lengths)
+        batch = pad_to_multiple(collate(dataset, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index),
+                                pad_multiple, vocab.pad_index).to(device, lengths_on_host=True)
         batch_totals, batch_kind_totals = statistics(model, loss_fn, batch.src, batch.src_lengths, batch.tgt_in,
                                                      batch.tgt_out, vocab.pad_index, kinds)
         totals += batch_totals

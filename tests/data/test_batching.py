@@ -111,6 +111,9 @@ def test_collate_layout() -> None:
         assert b.tgt_in[r, 1:n].tolist() == b.tgt_out[r, : n - 1].tolist()
     moved = b.to("cpu")
     assert moved.src.device.type == "cpu" and moved.indices == b.indices
+    # lengths_on_host: every tensor is moved but the source lengths (the same tensor object)
+    moved = b.to("meta", lengths_on_host=True)  # the meta device: a move seen without a GPU
+    assert moved.src.device.type == moved.tgt_out.device.type == "meta" and moved.src_lengths is b.src_lengths
 
 
 def test_encode_sources_keeps_every_line_and_isolates_empty_ones() -> None:
