@@ -3,7 +3,9 @@
 ``impl`` (every exact mapping, its threshold and its autograd Function take it):
 
 * ``"pruned"``: the CPU algorithms. Exact thresholds of attention-sized inputs
-  (:func:`nmt.sparse._threshold.prefer_sort`) by one NumPy sort and prefix sums; the others by
+  (:func:`nmt.sparse._threshold.prefer_sort`) by one sort and prefix sums (native code where a C
+  compiler built it, :mod:`nmt.sparse._native`, with the mapping's output and backward in one
+  call each on small inputs; else NumPy); the others by
   :func:`nmt.sparse._threshold.root_threshold`: pruned Newton with a checked loop and the
   verified closed-form finish. Fast on CPU; hands rows to NumPy or synchronises with the host
   a few times per call (loop tests, sizing the pruned candidates).

@@ -1,9 +1,13 @@
 """The native sorted threshold (``_sorted_threshold.c``): built on first use, called through ctypes.
 
 Attention-sized inputs are bound by per-operation overhead: the NumPy solve of
-:func:`nmt.sparse._threshold._numpy_sorted_shifted_threshold` makes some twenty array operations,
-the C loop one pass per row that sorts only the entries that can be in the support. Same
-arithmetic, same bits (tested against the NumPy and torch paths).
+:func:`nmt.sparse._threshold._numpy_sorted_shifted_threshold` makes some twenty array operations.
+The C code solves four rows side by side in vectors (the compiler's vector extensions: SSE, NEON,
+whatever the target has without flags), keeping only the entries that can be in the support and
+sorting them by a bitonic network (no data-dependent branch); rows holding NaN or ``+inf``, rows
+without a finite entry and rows with more than 64 candidates are solved one by one (an insertion
+and merge sort of the candidates). Same arithmetic, same bits (tested against the NumPy and torch
+paths, and the two C paths against each other).
 
 The library is compiled once per source version with the system's C compiler (``$CC``, else
 ``cc`` or ``gcc``; ``-O2 -ffp-contract=off``, no other dependency) into
@@ -23,7 +27,7 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -34,8 +38,12 @@ CFLAGS = ("-O2", "-shared", "-fPIC", "-ffp-contract=off", "-std=c99")
 operation), no fast-math."""
 
 _FUNCTIONS = {torch.float32: "nmt_sorted_threshold_f32", torch.float64: "nmt_sorted_threshold_f64"}
-_ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_double,
-             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+_P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_SIGNATURES = {  # suffix of the entry point -> argument types
+    "": [_P, _I64, _I64, _INT, ctypes.c_double, _P, _P, _P],
+    "_probs": [_P, _I64, _I64, _INT, _P, _P, _P, _P, _P],
+    "_backward": [_P, _P, _I64, _I64, _INT, _P],
+}
 
 logger = logging.getLogger(__name__)
 _state: dict[str, object] = {}  # "lib": the loaded CDLL or None once decided
@@ -62,15 +70,17 @@ def _compiler() -> Optional[str]:
     return None
 
 
-def build(directory: Optional[Path] = None) -> Path:
+def build(directory: Optional[Path] = None, defines: Sequence[str] = ()) -> Path:
     """Compile the library into ``directory`` (default :func:`cache_dir`) unless a build of this
-    source with this compiler is there; returns its path. Raises OSError / CalledProcessError /
-    RuntimeError (no compiler) on failure."""
+    source with this compiler and these ``defines`` (preprocessor names; ``NMT_ROWS_ONLY``: no
+    vector path, for the tests) is there; returns its path. Raises OSError /
+    CalledProcessError / RuntimeError (no compiler) on failure."""
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C compiler found ($CC, cc, gcc)")
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, compiler.encode(), " ".join(CFLAGS).encode(),
+    flags = (*CFLAGS, *(f"-D{name}" for name in defines))
+    key = hashlib.sha256(b"\0".join([source, compiler.encode(), " ".join(flags).encode(),
                                      platform.machine().encode()])).hexdigest()[:16]
     directory = Path(directory) if directory is not None else cache_dir()
     target = directory / f"sorted_threshold-{key}.so"
@@ -79,12 +89,22 @@ def build(directory: Optional[Path] = None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     partial = directory / f".{target.name}.{os.getpid()}.partial"
     try:
-        subprocess.run([compiler, *CFLAGS, "-o", str(partial), str(SOURCE), "-lm"], check=True,
+        subprocess.run([compiler, *flags, "-o", str(partial), str(SOURCE), "-lm"], check=True,
                        capture_output=True, timeout=120)
         os.replace(partial, target)  # atomic: another process may have renamed its own build there
     finally:
         partial.unlink(missing_ok=True)
     return target
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """The built library at ``path``, its entry points typed for :func:`solve`."""
+    lib = ctypes.CDLL(str(path))
+    for name in _FUNCTIONS.values():
+        for suffix, argtypes in _SIGNATURES.items():
+            getattr(lib, name + suffix).argtypes = argtypes
+            getattr(lib, name + suffix).restype = None
+    return lib
 
 
 def library() -> Optional[ctypes.CDLL]:
@@ -95,10 +115,7 @@ def library() -> Optional[ctypes.CDLL]:
     lib = None
     if enabled():
         try:
-            lib = ctypes.CDLL(str(build()))
-            for name in _FUNCTIONS.values():
-                getattr(lib, name).argtypes = _ARGTYPES
-                getattr(lib, name).restype = None
+            lib = load(build())
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             detail = getattr(exc, "stderr", b"") or b""
             logger.info("native sorted threshold unavailable (the NumPy path is used): %s %s", exc,
@@ -106,6 +123,11 @@ def library() -> Optional[ctypes.CDLL]:
             lib = None
     _state["lib"] = lib
     return lib
+
+
+def available() -> bool:
+    """Whether the library is built and loaded (:func:`library` is not None)."""
+    return library() is not None
 
 
 def native_sorted_shifted_threshold(z: Tensor, q: float, scale: float) -> Optional[tuple[Tensor, Tensor]]:
@@ -116,8 +138,13 @@ def native_sorted_shifted_threshold(z: Tensor, q: float, scale: float) -> Option
     lib = library()
     if lib is None or q not in (1.0, 2.0) or z.dtype not in _FUNCTIONS:
         return None
+    return solve(lib, z, q, scale)
+
+
+def solve(lib: ctypes.CDLL, z: Tensor, q: float, scale: float) -> tuple[Tensor, Tensor]:
+    """``(tau_rel, zmax)`` of the rows ``z: (R, n)`` (CPU, float32/64) by the loaded ``lib``."""
     rows, n = z.shape
-    z = z.contiguous()
+    z = z.detach().contiguous()
     # separate storages: the results may leave a custom operator, whose outputs must not alias
     tau, zmax = torch.empty(rows, 1, dtype=z.dtype), torch.empty(rows, 1, dtype=z.dtype)
     scratch = torch.empty(2 * n, dtype=z.dtype)
@@ -126,4 +153,41 @@ def native_sorted_shifted_threshold(z: Tensor, q: float, scale: float) -> Option
     return tau, zmax
 
 
-__all__ = ["CFLAGS", "SOURCE", "build", "cache_dir", "enabled", "library", "native_sorted_shifted_threshold"]
+def sorted_probs(x: Tensor, q: float, root: bool) -> Optional[tuple[Tensor, Optional[Tensor]]]:
+    """The mapping of the rows ``x: (R, n)`` (CPU, float32/64, any strides) on the native threshold,
+    in one call: ``q = 1`` sparsemax ``p = [(x - zmax) - tau]_+``; ``q = 2`` 1.5-entmax
+    ``r = [(x/2 - zmax/2) - tau]_+`` and ``p = r^2`` (``r`` returned where ``root``, else None),
+    bit for bit the torch forward on :func:`native_sorted_shifted_threshold`'s threshold.
+    Returns ``(p, r)``, new ``(R, n)`` tensors; None when the library is unavailable."""
+    lib = library()
+    if lib is None or q not in (1.0, 2.0) or x.dtype not in _FUNCTIONS:
+        return None
+    rows, n = x.shape
+    x = x.detach().contiguous()
+    p = torch.empty_like(x)
+    r = torch.empty_like(x) if root and q == 2.0 else None
+    tau, zmax = torch.empty(rows, dtype=x.dtype), torch.empty(rows, dtype=x.dtype)
+    scratch = torch.empty(2 * n, dtype=x.dtype)
+    getattr(lib, _FUNCTIONS[x.dtype] + "_probs")(
+        x.data_ptr(), rows, n, int(q), tau.data_ptr(), zmax.data_ptr(), scratch.data_ptr(),
+        p.data_ptr(), r.data_ptr() if r is not None else None)
+    return p, r
+
+
+def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
+    """``J^T grad`` of sparsemax / 1.5-entmax per row of ``s, grad: (R, n)`` (CPU, one float dtype):
+    ``w * (grad - <w, grad> / sum w)`` with ``w = s`` (1.5-entmax: ``s = sqrt(p)``) or, where
+    ``indicator``, ``w = sign(s)`` (sparsemax: ``s = p``, the sum clamped at 1); sums in double.
+    The library must be loaded (:func:`available`)."""
+    lib = library()
+    assert lib is not None, "support_backward needs the native library"
+    rows, n = s.shape
+    s, grad = s.contiguous(), grad.to(s.dtype).contiguous()
+    out = torch.empty_like(s)
+    getattr(lib, _FUNCTIONS[s.dtype] + "_backward")(s.data_ptr(), grad.data_ptr(), rows, n,
+                                                     int(indicator), out.data_ptr())
+    return out
+
+
+__all__ = ["CFLAGS", "SOURCE", "available", "build", "cache_dir", "enabled", "library", "load", "native_sorted_shifted_threshold",
+           "solve", "sorted_probs", "support_backward"]

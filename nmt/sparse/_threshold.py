@@ -5,10 +5,11 @@ Here ``z = (alpha - 1) * x`` and ``q = 1 / (alpha - 1)`` (sparsemax: ``q = 1``;
 
 * :func:`sort_threshold` (``q`` in {1, 2}): exact, on the sorted row (Peters et al. 2019);
   the support size is counted with one comparison per entry (:func:`sorted_threshold`). On
-  the CPU a native loop solves small inputs (``_sorted_threshold.c``, built on first use by
-  :mod:`nmt.sparse._native`; attention-sized inputs are bound by per-operation overhead), else
-  (larger inputs, or no C compiler at hand) NumPy (:func:`_numpy_sorted_shifted_threshold`), the
-  same bits;
+  the CPU native code solves short rows at any size and other small inputs
+  (``_sorted_threshold.c``, built on first use by :mod:`nmt.sparse._native`: rows side by side
+  in vectors, a sorting network; attention-sized inputs are bound by per-operation overhead),
+  else (larger inputs, or no C compiler at hand) NumPy (:func:`_numpy_sorted_shifted_threshold`),
+  the same bits;
   :func:`prefer_sort` says where this beats Newton
   (attention-sized inputs, and the pruned candidates of long rows).
 * :func:`root_threshold` (any ``q > 0``): Newton from below on a convex decreasing function
@@ -46,7 +47,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._native import native_sorted_shifted_threshold
+from ._native import available as native_available
+from ._native import native_sorted_shifted_threshold, sorted_probs
 
 SORT_MAX_N = 512
 """Longest rows the exact mappings solve by sorting (see :func:`prefer_sort`)."""
@@ -58,14 +60,23 @@ full-size temporaries cost more than the pruned Newton passes (measured on CPU).
 SORT_ALWAYS_N = 16
 """Rows up to this length are sorted however many there are."""
 
+NATIVE_SORT_ALWAYS_N = 32
+"""Rows up to this length are sorted however many there are where the native code is built (its
+vector path): measured on 2 threads against the pruned Newton path, random rows of standard
+deviation 1 and 4, 1.5-entmax / sparsemax: (5120, 20) 0.31-0.84 vs 1.0-1.4 ms, (20480, 20) 1.2-3.4
+vs 4.9-8.2 ms, (8192, 32) 0.7-1.7 vs 2.6-4.5 ms; at (4096, 40) even for broad 1.5-entmax rows."""
+
 
 def prefer_sort(n_rows: int, n: int) -> bool:
     """Whether the exact threshold of ``n_rows`` rows of length ``n`` is cheaper by sorting (in NumPy
     on the CPU, :func:`_numpy_sorted_shifted_threshold`) than by pruned Newton. Measured on 2 CPU threads
     (glibc tuned as by :func:`nmt.utils.allocator.keep_freed_memory`): the sort path is 1.3-3x
     faster on attention-sized inputs ((64, 16) to (320, 256), (64, 512), (5120, 16)), about even
-    at (5120, 32) and (320, 512), and slower beyond ((5120, 64): 1.7x; output layers)."""
-    return n <= SORT_ALWAYS_N or (n <= SORT_MAX_N and n_rows * n <= SORT_MAX_NUMEL)
+    at (5120, 32) and (320, 512), and slower beyond ((5120, 64): 1.7x; output layers). Where the
+    native code is built, rows up to ``NATIVE_SORT_ALWAYS_N`` entries are sorted at any size."""
+    if n <= SORT_ALWAYS_N or (n <= NATIVE_SORT_ALWAYS_N and native_available()):
+        return True
+    return n <= SORT_MAX_N and n_rows * n <= SORT_MAX_NUMEL
 
 
 BLOCK = 64
@@ -131,13 +142,13 @@ def sorted_shifted_threshold(z: Tensor, q: float, scale: float = 1.0,
 
     The row maximum comes with the sort. Rows without finite entries: ``zmax = 0``,
     ``tau_rel = +inf``; rows holding NaN or ``+inf``: ``zmax = NaN``. No host synchronisation:
-    on the CPU (eager, float32/64, not recorded by autograd) with ``host=True`` inputs up to
-    ``NATIVE_SOLVE_MAX_NUMEL`` entries are solved by the native loop (:mod:`nmt.sparse._native`,
-    one pass per row, sorting only the entries that can be in the support) where it could be
-    built, else by NumPy (:func:`_numpy_sorted_shifted_threshold` up to
-    ``NUMPY_SOLVE_MAX_NUMEL``; larger ones are sorted by NumPy and finished by torch), the same bits;
-    elsewhere, and with ``host=False`` (the static paths' contract), ``torch.sort`` and torch
-    operators.
+    on the CPU (eager, float32/64, not recorded by autograd) with ``host=True`` inputs of rows up
+    to ``NATIVE_SOLVE_ANY_N`` entries, or up to ``NATIVE_SOLVE_MAX_NUMEL`` entries in all, are
+    solved by the native code (:mod:`nmt.sparse._native`: rows side by side in vectors, sorting
+    only the entries that can be in the support by a branch-free network) where it could be
+    built, else by NumPy (:func:`_numpy_sorted_shifted_threshold` up to ``NUMPY_SOLVE_MAX_NUMEL``;
+    larger ones are sorted by NumPy and finished by torch), the same bits; elsewhere, and with
+    ``host=False`` (the static paths' contract), ``torch.sort`` and torch operators.
     """
     if q not in (1.0, 2.0):
         raise ValueError(f"sort_threshold needs q in {{1, 2}}, got {q}")
@@ -145,7 +156,7 @@ def sorted_shifted_threshold(z: Tensor, q: float, scale: float = 1.0,
     if n == 0 or z.numel() == 0:
         return z.new_full((*lead, 1), float("inf")), z.new_zeros(*lead, 1)
     numpy = host and _host_solves(z)
-    if numpy and z.numel() <= NATIVE_SOLVE_MAX_NUMEL:  # the native loop where it is built
+    if numpy and (n <= NATIVE_SOLVE_ANY_N or z.numel() <= NATIVE_SOLVE_MAX_NUMEL):  # where built
         solved = native_sorted_shifted_threshold(z.detach().reshape(-1, n), q, scale)
         if solved is not None:
             return solved[0].reshape(*lead, 1), solved[1].reshape(*lead, 1)
@@ -167,12 +178,48 @@ def sorted_shifted_threshold(z: Tensor, q: float, scale: float = 1.0,
     return tau.reshape(*lead, 1), zmax.reshape(*lead, 1)
 
 
+def native_sorted_probs(x: Tensor, q: float, root: bool) -> Optional[tuple[Tensor, Optional[Tensor]]]:
+    """Sparsemax (``q = 1``) or 1.5-entmax (``q = 2``) of ``x: (..., n)`` in one native call
+    (:func:`nmt.sparse._native.sorted_probs`: the threshold and the output, the same bits as the
+    torch forward on :func:`sorted_shifted_threshold`) where that threshold would be solved
+    natively, up to ``NATIVE_MAPPING_MAX_NUMEL`` entries: CPU, float32/64, eager, outside
+    autograd's recording, :func:`prefer_sort`. Returns ``(p, r)`` shaped like ``x``
+    (``r = sqrt(p)`` for ``q = 2`` where ``root``, else None), or None (the caller takes the torch
+    path). No host synchronisation."""
+    n = x.shape[-1]
+    if n == 0 or x.numel() == 0 or x.numel() > NATIVE_MAPPING_MAX_NUMEL or not _host_solves(x):
+        return None
+    rows = x.numel() // n
+    if not prefer_sort(rows, n):
+        return None
+    found = sorted_probs(x.reshape(rows, n), q, root)
+    if found is None:
+        return None
+    p, r = found
+    return p.view(x.shape), None if r is None else r.view(x.shape)
+
+
+NATIVE_MAPPING_MAX_NUMEL = 16384
+"""Largest input whose sparsemax / 1.5-entmax (forward and backward) the native code computes in
+one call each (:func:`native_sorted_probs`, :func:`nmt.sparse._native.support_backward`): there
+the handful of tensor operations around the threshold cost more than their arithmetic. Measured on
+2 threads, forward+backward of random rows against the torch operations on the same native
+threshold: (64, 20) 214 -> 157 us (1.5-entmax), 194 -> 149 us (sparsemax); (320, 50) 372 -> 331 and
+287 -> 265 us; but (3840, 16) 713 -> 743 and 643 -> 724 us, (5120, 20) slower too (torch's
+vectorised two-thread passes win on larger inputs)."""
+
+NATIVE_SOLVE_ANY_N = 64
+"""Rows up to this length are solved by the native code at any size (its vector path sorts up to
+64 candidates a row by a network). Measured on 2 threads against the NumPy / torch sort of the same
+inputs (random rows of standard deviation 1 and 4, sparsemax and 1.5-entmax): 1.1-4.4x faster from
+(2048, 8) to (1024, 64) and (32768, 8); beyond the sort path's sizes (:func:`prefer_sort`) the
+pruned Newton path serves rows longer than 16 anyway."""
+
 NATIVE_SOLVE_MAX_NUMEL = 16384
-"""Largest input the native loop solves (one thread, the same bits as the NumPy solve). Measured on
-2 threads, forward+backward against the NumPy path in the same session: (64, 20) 0.35-0.69 ->
-0.21-0.33 ms, (320, 50) sparsemax 0.52-0.85 -> 0.37-0.51 ms (1.5-entmax even); (3840, 16) 0.9-2.2 ->
-1.6-2.2 ms, slower (per-row sorting of broad rows, even split over two threads, against NumPy's
-vectorised sort and torch's two threads), hence the gate."""
+"""Largest input with rows longer than ``NATIVE_SOLVE_ANY_N`` that the native code solves: broad
+1.5-entmax rows of 128-512 entries have more candidates than the network takes, and the row-by-row
+sort lost to NumPy's vectorised sort beyond this size (0.29 vs 0.32 ms at (128, 128), 1.39 vs
+0.53 ms at (512, 128))."""
 
 NUMPY_SOLVE_MAX_NUMEL = 4096
 """Largest input the sorted threshold solves wholly in NumPy on the CPU (single-threaded ufuncs with

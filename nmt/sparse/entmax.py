@@ -23,7 +23,8 @@ from . import _dispatch
 from ._common import apply_last, apply_mask, broadcasts_to, check_scores, compute_dtype, fresh_output
 from ._dispatch import check_impl, resolve_impl, shifted_threshold
 from ._softmax import softmax
-from ._threshold import Candidates, pruned_shifted_threshold
+from ._native import support_backward
+from ._threshold import Candidates, native_sorted_probs, pruned_shifted_threshold
 from .sparsemax import sparsemax
 
 _NAN = float("nan")
@@ -120,13 +121,19 @@ class Entmax15Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, impl: str = "auto") -> Tensor:  # type: ignore[override]
         kind = resolve_impl(impl, x)
-        ctx.triton = kind == "triton"
+        ctx.triton, ctx.native = kind == "triton", False
         if ctx.triton:
             p = _dispatch.kernels().entmax15_forward(_rows(x)).view(x.shape)
             ctx.save_for_backward(p)
             return p
         r = None
         if kind == "pruned" and not torch.compiler.is_compiling():
+            fused = native_sorted_probs(x, 2.0, root=ctx.needs_input_grad[0])
+            if fused is not None:  # threshold, r and p in one native call
+                p, r = fused
+                ctx.native = True
+                ctx.save_for_backward(r)
+                return p
             tau, zmax, cand = pruned_shifted_threshold(x, 2.0, 0.5, candidates=True)
             if sparse_output_pays(cand, zmax, x):  # zeros but at the candidates
                 r = _sqrt_probs_at(cand, zmax, tau, x.shape)
@@ -144,6 +151,8 @@ class Entmax15Function(torch.autograd.Function):
         (r,) = ctx.saved_tensors
         if ctx.triton:  # saved p: the kernel takes s = sqrt(p)
             return _dispatch.kernels().entmax15_backward(_rows(r), _rows(grad)).view(r.shape), None
+        if ctx.native:  # one native pass
+            return support_backward(_rows(r), _rows(grad), indicator=False).view(r.shape), None
         return _entmax_backward(r, grad), None
 
 

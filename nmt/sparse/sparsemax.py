@@ -19,6 +19,8 @@ from torch import Tensor, nn
 from . import _dispatch
 from ._common import apply_last, fresh_output
 from ._dispatch import check_impl, resolve_impl, shifted_threshold
+from ._native import support_backward
+from ._threshold import native_sorted_probs
 
 
 def sparsemax_threshold(z: Tensor, impl: str = "auto") -> Tensor:
@@ -61,9 +63,14 @@ class SparsemaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, impl: str = "auto") -> Tensor:  # type: ignore[override]
         kind = resolve_impl(impl, x)
-        ctx.triton = kind == "triton"
+        fused = None
+        if kind == "pruned" and not torch.compiler.is_compiling():  # one native call where it serves
+            fused = native_sorted_probs(x, 1.0, root=False)
+        ctx.triton, ctx.native = kind == "triton", fused is not None
         if ctx.triton:
             p = _dispatch.kernels().sparsemax_forward(_rows(x)).view(x.shape)
+        elif fused is not None:
+            p = fused[0]
         else:
             p = fresh_output(sparsemax_probs(x, impl=kind))
         ctx.save_for_backward(p)
@@ -74,6 +81,8 @@ class SparsemaxFunction(torch.autograd.Function):
         (p,) = ctx.saved_tensors
         if ctx.triton:
             return _dispatch.kernels().sparsemax_backward(_rows(p), _rows(grad)).view(p.shape), None
+        if ctx.native:  # one native pass
+            return support_backward(_rows(p), _rows(grad), indicator=True).view(p.shape), None
         return sparsemax_backward(p, grad), None
 
 

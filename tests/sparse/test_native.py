@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nmt.sparse import _native
-from nmt.sparse._threshold import _numpy_sorted_shifted_threshold, sorted_shifted_threshold
+from nmt.sparse._threshold import _numpy_sorted_shifted_threshold, prefer_sort, sorted_shifted_threshold
 
 needs_library = pytest.mark.skipif(_native.library() is None, reason="no C compiler: the NumPy path serves")
 
@@ -57,6 +57,31 @@ def test_native_equals_the_numpy_solve_bit_for_bit(n, q, scale, dtype):
     _assert_same_bits(got, want)
 
 
+@pytest.fixture(scope="module")
+def rows_only_library(tmp_path_factory):
+    """The library built without its vector path (every row solved by itself)."""
+    if _native._compiler() is None:
+        pytest.skip("no C compiler")
+    return _native.load(_native.build(tmp_path_factory.mktemp("rows_only"), defines=["NMT_ROWS_ONLY"]))
+
+
+@needs_library
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 3, 8, 16, 20, 33, 50, 64, 65, 130])
+def test_vector_groups_equal_the_rows_and_numpy_bit_for_bit(n, dtype, rows_only_library):
+    """Four rows side by side (the vector path) against each row by itself and the NumPy solve:
+    special rows scattered among the groups (a group holding one is solved row by row), a
+    remainder of three rows, broad rows whose candidates overflow the network (n > 64)."""
+    x = _rows(203, n, dtype, seed=100 + n)
+    x = x[torch.randperm(203, generator=torch.Generator().manual_seed(n))]
+    for q, scale in [(1.0, 1.0), (2.0, 0.5), (2.0, 0.3), (1.0, 2.0)]:
+        got = _native.native_sorted_shifted_threshold(x, q, scale)
+        rows = _native.solve(rows_only_library, x, q, scale)
+        want = tuple(torch.from_numpy(a) for a in _numpy_sorted_shifted_threshold(x.numpy(), q, scale))
+        _assert_same_bits(got, want)
+        _assert_same_bits(rows, want)
+
+
 @needs_library
 def test_strided_input_is_read_through_a_contiguous_copy():
     x = _rows(103, 24, torch.float32, seed=3)
@@ -81,8 +106,12 @@ def test_sorted_shifted_threshold_takes_the_native_path(monkeypatch):
     x = torch.randn(320, 50)  # above the NumPy solve's size: NumPy sort + torch finish without it
     tau, zmax = sorted_shifted_threshold(x, 2.0, 0.5)
     assert calls == [(320, 50)]
-    sorted_shifted_threshold(torch.randn(3840, 16), 2.0, 0.5)  # above the native loop's size
-    assert len(calls) == 1
+    sorted_shifted_threshold(torch.randn(3840, 16), 2.0, 0.5)  # rows up to 64 entries: any size
+    assert calls == [(320, 50), (3840, 16)]
+    sorted_shifted_threshold(torch.randn(200, 100), 2.0, 0.5)  # longer rows above 16,384 entries
+    assert len(calls) == 2
+    assert prefer_sort(20480, 20) and prefer_sort(5120, 32)  # the native sort beats pruned Newton
+    assert not prefer_sort(5120, 33)
     tau_t, zmax_t = sorted_shifted_threshold(x, 2.0, 0.5, host=False)
     assert torch.equal(zmax, zmax_t)
     assert torch.equal(0.5 * (x - zmax) > tau, 0.5 * (x - zmax) > tau_t)
@@ -97,6 +126,7 @@ def test_disabled_or_unbuildable_means_the_numpy_path(monkeypatch):
     monkeypatch.setattr(_native, "_state", {})
     monkeypatch.setenv("NMT_NATIVE", "0")
     assert _native.library() is None and _native.native_sorted_shifted_threshold(x, 1.0, 1.0) is None
+    assert prefer_sort(1000, 16) and not prefer_sort(20480, 20)  # NumPy's sort: not at this size
     got = sorted_shifted_threshold(x, 1.0, 1.0)
     assert torch.equal(got[1], want[1]) and torch.equal(x - got[1] > got[0], x - want[1] > want[0])
 
@@ -142,3 +172,78 @@ def test_a_failing_compiler_leaves_nothing_behind(tmp_path, monkeypatch):
     monkeypatch.setattr(_native, "_state", {})
     monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))
     assert _native.library() is None
+
+
+@needs_library
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 7, 16, 50, 130])
+def test_native_mapping_equals_the_torch_forward_bit_for_bit(n, dtype):
+    """``sorted_probs``: sparsemax ``[(x - zmax) - tau]_+`` and 1.5-entmax ``r = [(x/2 - zmax/2) - tau]_+``,
+    ``p = r^2``, the operations of SparsemaxFunction / Entmax15Function's torch forward on the native
+    threshold: the same values, NaN rows NaN, rows without a finite entry zero."""
+    x = _rows(43, n, dtype, seed=7 * n)
+    for q, scale in [(1.0, 1.0), (2.0, 0.5)]:
+        tau, zmax = _native.native_sorted_shifted_threshold(x, q, scale)
+        p, r = _native.sorted_probs(x, q, root=True)
+        if q == 1.0:
+            want_p, want_r = torch.sub(x, zmax).sub_(tau).clamp_(min=0), None
+        else:
+            want_r = torch.add(-0.5 * zmax, x, alpha=0.5).sub_(tau).clamp_(min=0)
+            want_p = want_r * want_r
+        for got, want in ((p, want_p), (r, want_r)):
+            if want is None:
+                assert got is None
+                continue
+            assert got.dtype == dtype and got.shape == x.shape
+            assert torch.equal(got.isnan(), want.isnan())
+            assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))
+        assert _native.sorted_probs(x, q, root=False)[1] is None
+
+
+@needs_library
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float64, 1e-13)])
+def test_native_backward_equals_the_torch_backward(dtype, tol):
+    """``support_backward``: ``J^T g`` of 1.5-entmax (from ``r = sqrt(p)``) and sparsemax (from ``p``)
+    equal the torch backward passes (sums in another order: to rounding), NaN rows NaN, rows
+    without support zero (sparsemax: NaN rows too, as torch's ``sign`` of NaN is 0)."""
+    from nmt.sparse.entmax import _entmax_backward
+    from nmt.sparse.sparsemax import sparsemax_backward
+    x = _rows(61, 23, dtype, seed=5)
+    g = torch.randn(61, 23, dtype=dtype, generator=torch.Generator().manual_seed(6))
+    p15, r = _native.sorted_probs(x, 2.0, root=True)
+    p2, _ = _native.sorted_probs(x, 1.0, root=False)
+    for got, want in ((_native.support_backward(r, g, indicator=False), _entmax_backward(r, g)),
+                      (_native.support_backward(p2, g, indicator=True), sparsemax_backward(p2, g))):
+        assert torch.equal(got.isnan(), want.isnan())
+        torch.testing.assert_close(got.nan_to_num(0.0), want.nan_to_num(0.0), rtol=tol, atol=tol)
+        assert torch.equal(got[1], torch.zeros(23, dtype=dtype))  # a row of only -inf
+
+
+@needs_library
+def test_small_mappings_take_one_native_call_each_way(monkeypatch):
+    """Sparsemax and 1.5-entmax of small CPU inputs: one native call forward (threshold and output),
+    one backward; their gradients pass gradcheck (float64, finite differences); larger inputs keep
+    the torch operations around the native threshold."""
+    from nmt.sparse import entmax15, sparsemax
+    import sys
+    calls = []
+
+    def counting(name, real):
+        def wrapped(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(sys.modules["nmt.sparse._threshold"], "sorted_probs",
+                        counting("sorted_probs", _native.sorted_probs))
+    for module in ("nmt.sparse.entmax", "nmt.sparse.sparsemax"):
+        monkeypatch.setattr(sys.modules[module], "support_backward",
+                            counting("support_backward", _native.support_backward))
+    x = torch.randn(6, 9, dtype=torch.float64, requires_grad=True)
+    for f in (entmax15, sparsemax):
+        calls.clear()
+        assert torch.autograd.gradcheck(lambda v: f(v, dim=-1), (x,))
+        assert "sorted_probs" in calls and "support_backward" in calls
+    calls.clear()
+    entmax15(torch.randn(400, 50, requires_grad=True)).sum().backward()  # above 16,384 entries
+    assert calls == []
