@@ -157,12 +157,17 @@ class Tsallis(Regularizer):
         tau, zmax = shifted_threshold(z, 1 / am1, am1, impl, torch.finfo(z.dtype).eps, self.n_iter)
         r = torch.sub(z, zmax).mul_(am1).sub_(tau).clamp_(min=0)  # [(alpha - 1) z' - tau']_+
         p = torch.square(r) if am1 == 0.5 else r.clone() if am1 == 1 else r.pow(1 / am1)
-        p = p.div_(p.sum(dim=-1, keepdim=True).clamp_(min=torch.finfo(p.dtype).tiny))  # renormalised
+        total = p.sum(dim=-1, keepdim=True).clamp_(min=torch.finfo(p.dtype).tiny)
+        p = p.div_(total)  # renormalised
         # Omega*(z) = <z, p> - Omega(p), with (alpha - 1) z_i = tau + r_i on the support (no
         # product with -inf scores): <z, p> = (tau sum p + <p, r>) / (alpha - 1); a one-hot p
         # has r_t = -tau and sum p^alpha = 1, exactly
-        zp = (tau[:, 0] * p.sum(dim=-1) + torch.linalg.vecdot(p, r)) / am1
-        return p, zp - self.omega_of_power_sum(self.power_sum(p)), zmax
+        pr = torch.linalg.vecdot(p, r)
+        zp = (tau[:, 0] * p.sum(dim=-1) + pr) / am1
+        # sum p^alpha without a second power: before renormalising p^alpha = p r (alpha / (alpha
+        # - 1) = 1 / (alpha - 1) + 1), so sum (p / S)^alpha = <p / S, r> / S^(alpha - 1)
+        power_sum = pr / total[:, 0].pow(am1)
+        return p, zp - self.omega_of_power_sum(power_sum), zmax
 
 
 class TsallisSparsemax(Tsallis):

@@ -200,6 +200,27 @@ def test_entmax15_long_rows_match_reference(dtype, ref):
     assert torch.allclose(p.sum(-1), torch.ones(len(x), dtype=dtype), atol=10 * atol)
 
 
+@pytest.mark.parametrize("alpha", [1.25, 1.3])
+def test_rows_broad_by_blocks_but_sparse_by_entries_are_pruned(alpha, kkt):
+    """Random output-sized rows at alpha 1.25 / 1.3: most blocks' maxima lie above the block-maxima
+    bound of the threshold, yet only a few percent of the entries do. Such rows are pruned to
+    those entries (candidates returned for every row) instead of solved on the full row, with
+    the static path's result (another algorithm: fixed Newton steps on the full row) and the
+    optimality conditions."""
+    from nmt.sparse._threshold import BLOCK, _block_max, _newton_lower_bound
+    x = torch.randn(6, 8000, generator=torch.Generator().manual_seed(3), dtype=F64)
+    am1 = alpha - 1
+    zs = (x - x.amax(dim=-1, keepdim=True)) * am1
+    bmax = _block_max(zs, BLOCK // 2)
+    lo = _newton_lower_bound(bmax, 1 / am1, 3)
+    assert (bmax > lo).double().mean() > 0.5 and (zs > lo).double().mean() < 0.25  # the premise
+    tau, zmax, cand = root_threshold(x, 1 / am1, tol=torch.finfo(F64).eps, scale=am1, candidates=True)
+    assert cand is not None and cand.index.numel() < 0.25 * x.numel()
+    p = entmax_bisect(x, alpha)
+    assert torch.allclose(p, entmax_bisect(x, alpha, impl="static"), rtol=0, atol=1e-12)
+    assert kkt(p, x, alpha) < 1e-9
+
+
 @pytest.mark.parametrize("alpha", [1.2, 1.3, 1.7])
 def test_bisect_long_rows_kkt(alpha, kkt):
     """General alpha on long broad / narrow rows (the in-place Newton on ||d||_q - 1)."""
