@@ -116,7 +116,8 @@ def library() -> Optional[ctypes.CDLL]:
     if enabled():
         try:
             lib = load(build())
-        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        # AttributeError: a library without one of the entry points
+        except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as exc:
             detail = getattr(exc, "stderr", b"") or b""
             logger.info("native sorted threshold unavailable (the NumPy path is used): %s %s", exc,
                         detail.decode(errors="replace")[:200])
@@ -189,5 +190,5 @@ def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
     return out
 
 
-__all__ = ["CFLAGS", "SOURCE", "available", "build", "cache_dir", "enabled", "library", "load", "native_sorted_shifted_threshold",
-           "solve", "sorted_probs", "support_backward"]
+__all__ = ["CFLAGS", "SOURCE", "available", "build", "cache_dir", "enabled", "library", "load",
+           "native_sorted_shifted_threshold", "solve", "sorted_probs", "support_backward"]

@@ -247,3 +247,15 @@ def test_small_mappings_take_one_native_call_each_way(monkeypatch):
     calls.clear()
     entmax15(torch.randn(400, 50, requires_grad=True)).sum().backward()  # above 16,384 entries
     assert calls == []
+
+
+def test_a_library_missing_an_entry_point_means_the_numpy_path(monkeypatch):
+    """A loaded library without one of the entry points (ctypes: AttributeError) is refused like a
+    failed build: no library, and the thresholds still come."""
+    def missing(path):
+        raise AttributeError("undefined symbol: nmt_sorted_threshold_f32_probs")
+
+    monkeypatch.setattr(_native, "_state", {})
+    monkeypatch.setattr(_native, "load", missing)
+    assert _native.library() is None and not _native.available()
+    assert sorted_shifted_threshold(torch.randn(8, 5), 1.0, 1.0)[1].shape == (8, 1)
