@@ -11,15 +11,16 @@
  *   q = 2: k = #{k : c2_k - 2 v_k (cs_k - k v_k / 2) < 1},
  *          tau = mean - sqrt(max((1 - c2_k) / k + mean^2, 0)),  mean = cs_k / k;  (k >= 1)
  *
- * Two ways, the same bits:
- * - Groups of LANES rows of at most NET_MAX entries, none holding NaN or +inf and none without a
- *   finite entry (the attention shapes): the rows side by side in vectors (GCC / Clang vector
- *   extensions: SSE / AVX / NEON as the target has them, no flags needed), sorted by a bitonic
- *   network of compare-exchanges (no data-dependent branch: per-row sorting of random rows was
- *   bound by mispredicted branches, ~200-850 ns a row of 16-50 entries), then the prefix sums and
- *   the count over all n entries, exactly the NumPy solve's steps.
- * - Any other row: one at a time, sorting only the entries that may pass the test: v > -1.5
- *   (q = 1; below it the test value is at least 1.5) or v > -1.25 (q = 2; at least 1.5625).
+ * Only entries that may pass the test are sorted and counted: v > -1.5 (q = 1; below it the test
+ * value is at least 1.5) or v > -1.25 (q = 2; at least 1.5625). Two ways, the same bits:
+ * - Groups of LANES rows with at most NET_MAX such candidates each, none holding NaN or +inf and
+ *   none without a finite entry (the attention shapes): the rows side by side in vectors (GCC /
+ *   Clang vector extensions: SSE / AVX / NEON as the target has them, no flags needed), each
+ *   row's candidates compacted without a branch and sorted by a bitonic network of
+ *   compare-exchanges (no data-dependent branch: per-row sorting of random rows was bound by
+ *   mispredicted branches, ~200-850 ns a row of 16-50 entries), then the prefix sums and the
+ *   count, the NumPy solve's steps.
+ * - Any other row: one at a time, an insertion and merge sort of its candidates.
  * Rows without a finite entry: tau = +inf, zmax = -0.0 (the other paths negate 0). Rows holding
  * NaN: zmax = NaN, tau of the other entries (NaN sorts last there); rows holding +inf, and rows
  * of only NaN: both NaN.
@@ -39,6 +40,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #define LANES 4
 #define NET_MAX 64
@@ -262,7 +264,6 @@ static int nmt_sorted_threshold_f64_group(const double *z, int64_t n, int q, dou
 DEFINE_SOLVE(nmt_sorted_threshold_f32, float)
 DEFINE_SOLVE(nmt_sorted_threshold_f64, double)
 
-#include <string.h>
 /* clamp at 0 keeping NaN (as torch's clamp_(min=0)), without a branch (a comparison and a jump
    per entry were mispredicted half of the time): the bits of x cleared where 0 > x */
 #define DEFINE_CLAMP0(T, U)                                                                     \
@@ -292,12 +293,12 @@ void NAME##_probs(const T *z, int64_t rows, int64_t n, int q, T *tau, T *zmax, T
         if (q == 1) {                                                                           \
             for (int64_t i = 0; i < n; i++) {                                                   \
                 T v = (T)((T)(x[i] - m) - t);                                                   \
-                out[i] = clamp0_##T(v);                                                             \
+                out[i] = clamp0_##T(v);                                                         \
             }                                                                                   \
         } else {                                                                                \
             for (int64_t i = 0; i < n; i++) {                                                   \
                 T v = (T)((T)(half_m + (T)(0.5 * x[i])) - t);                                   \
-                v = clamp0_##T(v);                                                                  \
+                v = clamp0_##T(v);                                                              \
                 out[i] = (T)(v * v);                                                            \
                 if (root) root[i] = v;                                                          \
             }                                                                                   \
