@@ -509,6 +509,29 @@ def _gather_candidates(z: Tensor, bmax: Tensor, lo: Tensor, block: int) -> tuple
         ccol = torch.cat([ccol, toff + nb * block])
         pos = torch.cat([pos, tpos + counts[trow]])
         counts = counts + tcounts
+    return _left_aligned(z, crow, ccol, cval, counts, pos)
+
+
+def _mask_candidates(z: Tensor, above: Tensor) -> tuple[Tensor, Candidates]:
+    """What :func:`_gather_candidates` returns, from the entries' mask ``above = z > lo: (R, n)``
+    (already computed) instead of the block maxima: one selection over every entry, cheaper where
+    most blocks would be read anyway (broad rows, alphas below 1.5). The same candidates, in the
+    same order within each row (ascending columns; the flat lists hold a short last block's
+    candidates in their row's place, not after all others). Host syncs: the selections' sizes."""
+    n_rows, n = z.shape
+    crow, ccol = above.nonzero().unbind(1)
+    cval = z.view(-1).index_select(0, crow * n + ccol)
+    counts = torch.bincount(crow, minlength=n_rows)
+    pos = torch.arange(crow.numel(), device=z.device) - (counts.cumsum(0) - counts)[crow]
+    return _left_aligned(z, crow, ccol, cval, counts, pos)
+
+
+def _left_aligned(z: Tensor, crow: Tensor, ccol: Tensor, cval: Tensor, counts: Tensor,
+                  pos: Tensor) -> tuple[Tensor, Candidates]:
+    """The candidates (rows ``crow``, columns ``ccol``, values ``cval``; ``counts`` per row, ``pos``
+    the place of each in its row) left-aligned in an ``(R, K)`` tensor padded with ``-inf``, and as
+    :class:`Candidates`."""
+    n_rows, n = z.shape
     width = int(counts.max()) if crow.numel() else 0
     out = z.new_full((n_rows, max(width, 1)), float("-inf"))
     out[crow, pos] = cval
@@ -543,7 +566,7 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
     n_rows = z2.shape[0]
     if n_rows == 0 or n == 0:
         tau, zmax = z.new_full((*lead, 1), float("inf")), z.new_zeros(*lead, 1)
-        return (tau, zmax) if relative else tau
+        return (tau, zmax, None) if candidates else (tau, zmax) if relative else tau
     if isinstance(q, Tensor):
         q = q.expand(*lead, 1).reshape(n_rows)
     if max_iter is None:
@@ -609,26 +632,35 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
     lo = lo - 4 * (sub_tol or eps) * lo.abs().clamp(min=1)
     broad = (sub > lo).sum(dim=-1) * 2 > bmax.shape[-1]
     n_broad = int(broad.sum())  # host sync: how to split the rows
+    above = None  # the entries above lo, where computed
     if n_broad:  # rows broad by their blocks may hold few entries above lo: one comparison pass
-        broad = broad & (count_true(z2 > lo / scale) * 2 > n)
+        above = z2 > lo / scale
+        broad = broad & (count_true(above) * 2 > n)
+        # most rows broad by their blocks: select the candidates from the entries, not the blocks
+        above = above if n_broad * 2 > n_rows else None
         n_broad = int(broad.sum())  # host sync
     if n_broad == n_rows:
         return finish(*solve(z2, lo, q))
 
-    def pruned(rows_z: Tensor, rows_bmax: Tensor, rows_lo: Tensor, q: Power) -> tuple[Tensor, Tensor, Candidates]:
-        cand, found = _gather_candidates(rows_z, rows_bmax, rows_lo / scale, block)
+    def pruned(rows_z: Tensor, rows_bmax: Tensor, rows_lo: Tensor, q: Power,
+               rows_above: Optional[Tensor]) -> tuple[Tensor, Tensor, Candidates]:
+        if rows_above is not None:
+            cand, found = _mask_candidates(rows_z, rows_above)
+        else:
+            cand, found = _gather_candidates(rows_z, rows_bmax, rows_lo / scale, block)
         if exact and prefer_sort(*cand.shape):
             return (*sorted_shifted_threshold(cand, q, scale), found)
         return (*solve(cand, rows_lo, q, owned=True), found)
 
     if n_broad == 0:
-        tau, zmax, found = pruned(z2, bmax, lo, q)
+        tau, zmax, found = pruned(z2, bmax, lo, q, above)
         return finish(tau, torch.where(nan_row, float("nan"), zmax), found)
     tau, zmax = torch.empty_like(lo), torch.empty_like(lo)
     idx_b, idx_n = broad.nonzero()[:, 0], (~broad).nonzero()[:, 0]
     q_b, q_n = (q[idx_b], q[idx_n]) if isinstance(q, Tensor) else (q, q)
     tau[idx_b], zmax[idx_b] = solve(z2.index_select(0, idx_b), lo[idx_b], q_b, owned=True)
-    tau[idx_n], zmax[idx_n], _ = pruned(z2.index_select(0, idx_n), bmax[idx_n], lo[idx_n], q_n)
+    tau[idx_n], zmax[idx_n], _ = pruned(z2.index_select(0, idx_n), bmax[idx_n], lo[idx_n], q_n,
+                                        None if above is None else above.index_select(0, idx_n))
     return finish(tau, torch.where(nan_row, float("nan"), zmax))
 
 

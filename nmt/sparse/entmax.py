@@ -77,9 +77,7 @@ def _sqrt_probs_at(cand: Candidates, zmax: Tensor, tau: Tensor, shape: torch.Siz
     the values of the dense formula of :class:`Entmax15Function`, bit for bit."""
     rows = cand.rows
     r = torch.add(-0.5 * zmax.reshape(-1)[rows], cand.values, alpha=0.5).sub_(tau.reshape(-1)[rows]).clamp_(min=0)
-    out = r.new_zeros(shape)
-    out.view(-1).index_copy_(0, cand.index, r)
-    return out
+    return scatter_candidates(r, cand, shape)
 
 
 def sparse_output_pays(cand: Optional[Candidates], zmax: Tensor, x: Tensor) -> bool:
@@ -93,6 +91,33 @@ def sparse_output_pays(cand: Optional[Candidates], zmax: Tensor, x: Tensor) -> b
 
 SPARSE_OUTPUT_SHARE = 0.25
 """Largest share of candidates among the entries for which :func:`sparse_output_pays`."""
+
+
+def entmax_at_candidates(cand: Candidates, zmax: Tensor, tau: Tensor, am1: float,
+                         renormalise: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """alpha-entmax (float ``am1 = alpha - 1``) at the candidates ``cand`` of the rows (every
+    other entry is 0): ``r = [(alpha - 1)(x - zmax) - tau]_+`` and ``p = r^(1 / (alpha - 1))``
+    as :class:`EntmaxBisectFunction`'s dense formula computes them (the same operations on the
+    same values; a power may differ by an ulp between torch's vectorised and scalar loops), and
+    ``p`` divided by its row sum where ``renormalise`` (summed over the candidates: other
+    rounding than a dense sum). Only the candidates, a few percent of an output row, take the
+    power. ``zmax, tau: (R, 1)``. Returns ``(r, p, total)``: ``(M,)``, ``(M,)`` and the row sums
+    of the unnormalised ``p``, ``(R,)`` (clamped at the smallest normal number)."""
+    rows = cand.rows
+    r = torch.sub(cand.values, zmax.reshape(-1).index_select(0, rows)).mul_(am1)
+    r = r.sub_(tau.reshape(-1).index_select(0, rows)).clamp_(min=0)
+    p = r * r if am1 == 0.5 else r.clone() if am1 == 1 else r.pow(1 / am1)
+    total = p.new_zeros(zmax.numel()).index_add_(0, rows, p).clamp_(min=torch.finfo(p.dtype).tiny)
+    if renormalise:
+        p = p.div_(total.index_select(0, rows))
+    return r, p, total
+
+
+def scatter_candidates(values: Tensor, cand: Candidates, shape: torch.Size) -> Tensor:
+    """A new tensor of ``shape`` holding ``values: (M,)`` at the candidates' positions, 0 elsewhere."""
+    out = values.new_zeros(shape)
+    out.view(-1).index_copy_(0, cand.index, values)
+    return out
 
 
 def _entmax_backward(s: Tensor, grad: Tensor) -> Tensor:
@@ -194,20 +219,29 @@ class EntmaxBisectFunction(torch.autograd.Function):
             ctx.save_for_backward(p, alpha)
             return p
         eps = torch.finfo(x.dtype).eps
-        tol = eps
         if alpha_float is not None:  # one alpha for all rows: scalar arithmetic on the big tensor
             am1 = alpha_float - 1
             q = 1 / am1  # q in {1, 2}: exact (verified closed form)
             tol = None if q in (1.0, 2.0) else eps
-            tau, zmax = shifted_threshold(x, q, am1, kind, tol, n_iter)
+            renormalise = tol is not None or n_iter is not None  # not an exact threshold
+            grads = any(ctx.needs_input_grad[:2])
+            if kind == "pruned" and not torch.compiler.is_compiling():
+                tau, zmax, cand = pruned_shifted_threshold(x, q, am1, tol, n_iter, candidates=True)
+                if sparse_output_pays(cand, zmax, x):  # the powers at the candidates only
+                    r, p, _ = entmax_at_candidates(cand, zmax, tau, am1, renormalise)
+                    if grads:
+                        ctx.save_for_backward(scatter_candidates(r, cand, x.shape), alpha)
+                    return scatter_candidates(p, cand, x.shape)
+            else:
+                tau, zmax = shifted_threshold(x, q, am1, kind, tol, n_iter)
             if am1 in (0.5, 1.0):  # exact products: one pass for the shifted scores
                 r = torch.add(-am1 * zmax, x, alpha=am1)
             else:
                 r = torch.sub(x, zmax).mul_(am1)
             r = r.sub_(tau).clamp_(min=0)  # [(alpha - 1)(x - zmax) - tau]_+
-            if not any(ctx.needs_input_grad[:2]):  # inference: in place, no second large buffer
+            if not grads:  # inference: in place, no second large buffer
                 p = r.square_() if am1 == 0.5 else r if am1 == 1 else r.pow_(1 / am1)
-                if tol is None and n_iter is None:  # the exact threshold: sums to one already
+                if not renormalise:  # the exact threshold: sums to one already
                     return p
                 return p.div_(p.sum(dim=-1, keepdim=True).clamp_(min=tiny))
             p = r * r if am1 == 0.5 else r.clone() if am1 == 1 else r.pow(1 / am1)
@@ -219,7 +253,8 @@ class EntmaxBisectFunction(torch.autograd.Function):
             z = (x - _row_max(x)) * am1
             tau, zmax = shifted_threshold(z, 1 / am1, 1.0, kind, eps, n_iter)
             p = torch.sub(z, zmax).sub_(tau).clamp_(min=0).pow_(1 / am1)
-        if alpha_float is None or tol is not None or n_iter is not None:  # not an exact threshold
+            renormalise = True
+        if renormalise:
             p = p.div_(p.sum(dim=-1, keepdim=True).clamp_(min=tiny))
         if alpha_float is None:
             p = torch.where(alpha >= 1, p, _NAN)  # NaN / < 1 alpha (static path): a NaN row

@@ -55,7 +55,8 @@ from torch import Tensor, nn
 
 from . import _dispatch
 from ._dispatch import check_impl, resolve_impl, shifted_threshold
-from ._threshold import count_true
+from ._threshold import Candidates, count_true, pruned_shifted_threshold
+from .entmax import entmax_at_candidates, scatter_candidates, sparse_output_pays
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -154,7 +155,13 @@ class Tsallis(Regularizer):
         if self.uses_kernel(z, impl):
             return self.kernel_probs_conj(z)
         am1 = self.alpha - 1
-        tau, zmax = shifted_threshold(z, 1 / am1, am1, impl, torch.finfo(z.dtype).eps, self.n_iter)
+        eps = torch.finfo(z.dtype).eps
+        if resolve_impl(impl, z, triton_ok=False) == "pruned" and not torch.compiler.is_compiling():
+            tau, zmax, cand = pruned_shifted_threshold(z, 1 / am1, am1, eps, self.n_iter, candidates=True)
+            if sparse_output_pays(cand, zmax, z):  # the powers at the candidates only
+                return self._probs_conj_at(cand, zmax, tau, z.shape)
+        else:
+            tau, zmax = shifted_threshold(z, 1 / am1, am1, impl, eps, self.n_iter)
         r = torch.sub(z, zmax).mul_(am1).sub_(tau).clamp_(min=0)  # [(alpha - 1) z' - tau']_+
         p = torch.square(r) if am1 == 0.5 else r.clone() if am1 == 1 else r.pow(1 / am1)
         total = p.sum(dim=-1, keepdim=True).clamp_(min=torch.finfo(p.dtype).tiny)
@@ -168,6 +175,17 @@ class Tsallis(Regularizer):
         # - 1) = 1 / (alpha - 1) + 1), so sum (p / S)^alpha = <p / S, r> / S^(alpha - 1)
         power_sum = pr / total[:, 0].pow(am1)
         return p, zp - self.omega_of_power_sum(power_sum), zmax
+
+    def _probs_conj_at(self, cand: Candidates, zmax: Tensor, tau: Tensor,
+                       shape: torch.Size) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`probs_conj` from the candidates of pruned rows ``(N, V)`` (every other entry has
+        ``p = 0``): the same sums over the candidates alone (other rounding than dense sums)."""
+        am1 = self.alpha - 1
+        r, p, total = entmax_at_candidates(cand, zmax, tau, am1, renormalise=True)
+        pr = total.new_zeros(total.shape).index_add_(0, cand.rows, p * r)
+        zp = (tau[:, 0] * total.new_zeros(total.shape).index_add_(0, cand.rows, p) + pr) / am1
+        power_sum = pr / total.pow(am1)
+        return scatter_candidates(p, cand, shape), zp - self.omega_of_power_sum(power_sum), zmax
 
 
 class TsallisSparsemax(Tsallis):

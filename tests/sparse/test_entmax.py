@@ -329,3 +329,54 @@ def test_long_rows_with_one_nan_or_inf_score_are_all_nan(fn, impl):
     p = fn(x, impl=impl)
     assert bool(p[1:].isnan().all())
     assert not bool(p[0].isnan().any()) and abs(float(p[0].sum()) - 1) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("alpha", [1.25, 1.3, 1.7, 3.0])
+def test_bisect_output_at_the_candidates_equals_the_dense_output(monkeypatch, kkt, dtype, alpha):
+    """Where every row is pruned (CPU), alpha-entmax at a float alpha (not 1.5 / 2) takes the
+    power at the pruning's candidates only and renormalises over them: the same support (exact
+    zeros at the same places) and values within rounding of the formula over every entry, in
+    inference and training (gradients too); an n_iter cap too; a NaN row keeps the dense formula
+    (all NaN). KKT conditions hold independently."""
+    import nmt.sparse.entmax as E
+
+    calls = []
+    at = E.entmax_at_candidates
+
+    def counting(*args):
+        calls.append(True)
+        return at(*args)
+
+    monkeypatch.setattr(E, "entmax_at_candidates", counting)
+    g = torch.Generator().manual_seed(int(alpha * 100))
+    n = 3963  # a short last block
+    x = torch.randn(6, n, generator=g, dtype=dtype) * 3
+    x[1] += 1e3
+    x[2, n // 3: n // 2] = float("-inf")
+    x[3, :40:3] += 6.0
+    tol = dict(rtol=1e-5, atol=1e-7) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-15)
+    shares = (E.SPARSE_OUTPUT_SHARE, -1.0)  # -1: never sparse (the dense formula)
+    for scores, n_iter, sparse in ((x, None, True), (x, 30, True),
+                                   (torch.cat([x, torch.full((1, n), float("nan"), dtype=dtype)]), None, False)):
+        w = torch.randn(scores.shape, generator=g, dtype=dtype)
+        results = []
+        for share in shares:
+            monkeypatch.setattr(E, "SPARSE_OUTPUT_SHARE", share)
+            calls.clear()
+            with torch.no_grad():
+                p_inf = entmax_bisect(scores, alpha, n_iter=n_iter)
+            xs = scores.clone().requires_grad_()
+            p = entmax_bisect(xs, alpha, n_iter=n_iter)
+            (p * w).nan_to_num().sum().backward()
+            results.append((p_inf, p.detach(), xs.grad, len(calls)))
+        (a_inf, a, ga, n_sparse), (b_inf, b, gb, n_dense) = results
+        assert (n_sparse, n_dense) == ((2, 0) if sparse else (0, 0))
+        for u, v in ((a_inf, b_inf), (a, b), (ga, gb)):
+            assert torch.equal(u == 0, v == 0)
+            assert torch.allclose(u.nan_to_num(-7.0), v.nan_to_num(-7.0), **tol)
+        assert torch.equal(a_inf.nan_to_num(-7.0), a.nan_to_num(-7.0))  # inference == training
+        if not sparse:
+            assert bool(a[-1].isnan().all())
+        elif n_iter is None:  # converged (a cap of 30 steps need not be)
+            assert kkt(a, scores, alpha) < (1e-5 if dtype == torch.float32 else 1e-12)

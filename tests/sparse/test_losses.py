@@ -503,3 +503,54 @@ def test_cross_entropy_never_synchronises_any_impl():
             with SyncAudit() as audit:
                 cross_entropy_loss(xs, target, impl=impl, **kw).sum().backward()
             assert audit.total == 0, (impl, kw, audit.report())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("alpha", [1.25, 1.3, 1.7])
+def test_bisect_loss_at_the_candidates_equals_the_dense_loss(monkeypatch, dtype, alpha):
+    """Where every row is pruned (CPU), the alpha-entmax loss (float alpha, not 1.5 / 2) takes
+    ``p`` and the conjugate from the pruning's candidates only: the same losses and gradients,
+    within rounding, as over every entry, and the definition's value (independent); label
+    smoothing and ignored rows too."""
+    import nmt.sparse.entmax as E
+    from nmt.sparse.losses import Tsallis
+
+    calls = []
+    at = Tsallis._probs_conj_at
+
+    def counting(*args):
+        calls.append(True)
+        return at(*args)
+
+    monkeypatch.setattr(Tsallis, "_probs_conj_at", counting)
+    g = torch.Generator().manual_seed(7)
+    n = 8000
+    x = torch.randn(12, n, generator=g, dtype=dtype) * 4
+    x[1] += 500.0
+    x[2, 100:3000] = float("-inf")
+    t = torch.randint(0, n, (12,), generator=g)
+    t[2], t[5] = 50, -100
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-11, atol=1e-12)
+    shares = (E.SPARSE_OUTPUT_SHARE, -1.0)  # -1: never sparse (the dense formula)
+    for eps in (0.0, 0.1):
+        results = []
+        for share in shares:
+            monkeypatch.setattr(E, "SPARSE_OUTPUT_SHARE", share)
+            calls.clear()
+            xs = x.clone().requires_grad_()
+            loss = entmax_bisect_loss(xs, t, alpha=alpha, reduction="none", label_smoothing=eps)
+            loss.sum().backward()
+            results.append((loss.detach(), xs.grad))
+            assert len(calls) == (1 if share > 0 else 0)
+        (la, ga), (lb, gb) = results
+        assert torch.allclose(la, lb, **tol) and torch.allclose(ga, gb, **tol)
+        assert torch.equal(ga == 0, gb == 0)
+        if eps == 0:
+            keep = t != -100
+            y = torch.zeros_like(x[keep]).scatter_(-1, t[keep, None], 1.0)
+            fin = x[keep].isfinite()
+            xd = torch.where(fin, x[keep], 0).double()
+            p = entmax_bisect(x[keep].double(), alpha)
+            definition = ((xd * p).sum(-1) - omega(p, alpha) - (xd * y.double()).sum(-1))
+            assert torch.allclose(la[keep].double(), definition, rtol=1e-4 if dtype == torch.float32 else 1e-9,
+                                  atol=1e-4 if dtype == torch.float32 else 1e-9)

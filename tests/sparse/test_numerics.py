@@ -94,3 +94,26 @@ def test_zero_width_inputs_give_empty_results(impl, shape, dim):
         p = f(x, impl, dim=dim)
         assert p.shape == x.shape and p.dtype == x.dtype, name
         p.sum().backward()
+
+
+@pytest.mark.parametrize("n", [640, 1000, 4096])  # whole blocks, a short last block
+def test_candidates_by_entries_equal_candidates_by_blocks(n):
+    """Selecting the pruning's candidates from the entries' mask (rows broad by their blocks)
+    gives the same candidates as reading the kept blocks, in the same order within each row,
+    and both are exactly the entries above the bound (brute force)."""
+    from nmt.sparse._threshold import _block_max, _gather_candidates, _mask_candidates
+
+    g = torch.Generator().manual_seed(n)
+    z = torch.randn(9, n, generator=g)
+    z[2, n // 3:] = float("-inf")
+    z[4] = (z[4] * 2).round()  # ties at the bound
+    block = 32
+    lo = torch.quantile(z.clamp(min=-10), 0.9, dim=-1, keepdim=True)
+    by_blocks, cand_b = _gather_candidates(z, _block_max(z, block), lo, block)
+    by_entries, cand_e = _mask_candidates(z, z > lo)
+    assert torch.equal(by_blocks, by_entries)  # what the threshold is solved on: the same bits
+    order = cand_b.index.argsort()  # the flat lists: the short last block's after the others
+    for a, b in zip(cand_b, cand_e):
+        assert torch.equal(a[order], b)
+    rows, cols = (z > lo).nonzero().unbind(1)
+    assert torch.equal(cand_e.index, rows * n + cols) and torch.equal(cand_e.values, z[rows, cols])
