@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -186,23 +186,21 @@ class Translator:
                     with autocast(self.device, self.precision):
                         result = beam_search(self.model, batch.src, batch.src_lengths, bos=vocab.bos_index,
                                              eos=vocab.eos_index, pad=vocab.pad_index, options=self.options)
-                    result = _to_cpu(result)  # one transfer per field and batch
+                    host = _HostResult.of(result)  # one transfer and conversion per field and batch
                     src_ids = batch.src.cpu().tolist()
                     lengths = batch.src_lengths.cpu().tolist()
                     for row, i in enumerate(batch.indices):
                         src_tokens = self.src_field.vocab.tokens(src_ids[row][: lengths[row]])
-                        results[i] = self._unpack(result, row, i, src_tokens)
+                        results[i] = self._unpack(host, row, i, src_tokens)
                 if progress is not None:
                     progress(len(batch))
         self.search_seconds += time.perf_counter() - start
         return results  # type: ignore[return-value]
 
-    def _unpack(self, result: SearchResult, row: int, index: int, src_tokens: list[str]) -> Translation:
-        """Host-side view of sentence ``row`` of a batched result (one transfer per field)."""
+    def _unpack(self, result: "_HostResult", row: int, index: int, src_tokens: list[str]) -> Translation:
+        """Sentence ``row`` of a batched result already on the host (Python lists, NumPy arrays)."""
         field_ = self.tgt_field
-        lengths = result.lengths[row].tolist()
-        scores = result.scores[row].tolist()
-        token_rows = result.tokens[row].tolist()
+        lengths, scores, token_rows = result.lengths[row], result.scores[row], result.tokens[row]
         hypotheses, tokens = [], []
         for n, length in enumerate(lengths):
             if length == 0:
@@ -213,13 +211,13 @@ class Translator:
         best_len = lengths[0]
         attention = None
         if result.attention is not None and best_len > 0:
-            attention = result.attention[row, 0, :best_len, : len(src_tokens)].numpy()
-        sizes = result.support_size[row, 0, :best_len].tolist() if result.support_size is not None else []
+            attention = result.attention[row, 0, :best_len, : len(src_tokens)]
+        sizes = result.support_size[row][0][:best_len] if result.support_size is not None else []
         support = None
         if result.support_tokens is not None:
             support = []
-            probs = result.support_probs[row, 0, :best_len].tolist()
-            toks = result.support_tokens[row, 0, :best_len].tolist()
+            probs = result.support_probs[row][0][:best_len]
+            toks = result.support_tokens[row][0][:best_len]
             for t in range(best_len):
                 pairs = [[field_.vocab.tokens([tok])[0], p] for tok, p in zip(toks[t], probs[t]) if p > 0.0]
                 support.append({"size": sizes[t] if sizes else len(pairs), "tokens": pairs})
@@ -238,9 +236,36 @@ class Translator:
         )
 
 
-def _to_cpu(result: SearchResult) -> SearchResult:
-    moved = {name: value.cpu() for name, value in vars(result).items() if isinstance(value, torch.Tensor)}
-    return replace(result, **moved)
+@dataclass
+class _HostResult:
+    """A batch's :class:`SearchResult` on the host, each field converted once (``tolist``; the
+    attention as one NumPy array): unpacking sentence by sentence then indexes Python lists
+    instead of making a few tensor operations per sentence (4 per sentence cost ~4% of greedy
+    decoding on the CPU)."""
+
+    lengths: list
+    scores: list
+    tokens: list
+    exact: list
+    n_nonzero: list
+    mass: list
+    reason: list
+    attention: Any
+    support_size: Any
+    support_tokens: Any
+    support_probs: Any
+
+    @classmethod
+    def of(cls, result: SearchResult) -> "_HostResult":
+        def lists(value: Any) -> Any:
+            return None if value is None else value.cpu().tolist()
+
+        return cls(lengths=lists(result.lengths), scores=lists(result.scores), tokens=lists(result.tokens),
+                   exact=lists(result.exact), n_nonzero=lists(result.n_nonzero), mass=lists(result.mass),
+                   reason=lists(result.reason),
+                   attention=None if result.attention is None else result.attention.cpu().numpy(),
+                   support_size=lists(result.support_size), support_tokens=lists(result.support_tokens),
+                   support_probs=lists(result.support_probs))
 
 
 @dataclass
