@@ -92,3 +92,22 @@ def compiled_vs_eager():
         return ops, (lc, le), (xc.grad, xe.grad), (gc, alpha.grad)
 
     return run
+
+
+@pytest.fixture
+def count_calls(monkeypatch):
+    """``count_calls(owner, name) -> list``: replaces ``owner.name`` (a module's function or a
+    class's method) by a wrapper that appends to the returned list at every call, then calls the
+    original; undone after the test."""
+    def patch(owner, name: str) -> list:
+        calls: list = []
+        original = getattr(owner, name)
+
+        def counting(*args, **kwargs):
+            calls.append(True)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counting)
+        return calls
+
+    return patch

@@ -268,9 +268,28 @@ def test_bisect_at_the_closed_form_alphas_is_the_closed_form(alpha, exact):
     assert torch.allclose(entmax_bisect(x.detach(), alpha, mask=mask, n_iter=60), q.detach(), atol=1e-5)
 
 
+def _by_output_share(monkeypatch, shares, calls: list, fn, scores, w) -> list:
+    """For each ``nmt.sparse.entmax.SPARSE_OUTPUT_SHARE`` in ``shares``: ``fn(scores)`` in
+    inference, in training, the gradient of ``<fn(scores), w>`` and how many ``calls`` the two
+    calls added (a :func:`count_calls` list)."""
+    import nmt.sparse.entmax as E
+
+    results = []
+    for share in shares:
+        monkeypatch.setattr(E, "SPARSE_OUTPUT_SHARE", share)
+        calls.clear()
+        with torch.no_grad():
+            p_inf = fn(scores)
+        xs = scores.clone().requires_grad_()
+        p = fn(xs)
+        (p * w).nan_to_num().sum().backward()
+        results.append((p_inf, p.detach(), xs.grad, len(calls)))
+    return results
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n", [1000, 3963, 8192])  # short last blocks; whole blocks of 64
-def test_entmax15_output_at_the_candidates_equals_the_dense_output(monkeypatch, dtype, n):
+def test_entmax15_output_at_the_candidates_equals_the_dense_output(monkeypatch, count_calls, dtype, n):
     """Where every row is pruned (CPU), 1.5-entmax writes its output at the pruning's candidates
     only (zeros elsewhere): the same values, bit for bit, as the formula over every entry, in
     inference and training (gradients too); rows tied within rounding, shifted by 1e3, with -inf
@@ -278,14 +297,7 @@ def test_entmax15_output_at_the_candidates_equals_the_dense_output(monkeypatch, 
     or a NaN row (all NaN)."""
     import nmt.sparse.entmax as E
 
-    sparse_calls = []
-    write = E._sqrt_probs_at
-
-    def counting(*args):
-        sparse_calls.append(True)
-        return write(*args)
-
-    monkeypatch.setattr(E, "_sqrt_probs_at", counting)
+    sparse_calls = count_calls(E, "_sqrt_probs_at")
     g = torch.Generator().manual_seed(n)
     x = torch.randn(7, n, generator=g, dtype=dtype) * 3
     x[1] = (x[1] * 4).round() / 4  # many ties, some at the threshold's neighbourhood
@@ -297,19 +309,10 @@ def test_entmax15_output_at_the_candidates_equals_the_dense_output(monkeypatch, 
     shares = (E.SPARSE_OUTPUT_SHARE, -1.0)  # -1: never sparse (the dense formula)
     for name, scores in cases.items():
         w = torch.randn(scores.shape, generator=g, dtype=dtype)
-        results = []
-        for share in shares:
-            monkeypatch.setattr(E, "SPARSE_OUTPUT_SHARE", share)
-            sparse_calls.clear()
-            with torch.no_grad():
-                p_inf = entmax15(scores)
-            xs = scores.clone().requires_grad_()
-            p = entmax15(xs)
-            (p * w).nan_to_num().sum().backward()
-            results.append((p_inf, p.detach(), xs.grad, list(sparse_calls)))
-        (a_inf, a, ga, calls), (b_inf, b, gb, dense_calls) = results
-        assert dense_calls == []
-        assert len(calls) == (2 if name == "pruned" else 0), (name, calls)  # inference, training
+        (a_inf, a, ga, calls), (b_inf, b, gb, dense_calls) = _by_output_share(
+            monkeypatch, shares, sparse_calls, entmax15, scores, w)
+        assert dense_calls == 0
+        assert calls == (2 if name == "pruned" else 0), (name, calls)  # inference, training
         for u, v in ((a_inf, b_inf), (a, b), (ga, gb)):
             assert torch.equal(u.nan_to_num(-7.0), v.nan_to_num(-7.0)), name
         if name == "nan":
@@ -333,7 +336,7 @@ def test_long_rows_with_one_nan_or_inf_score_are_all_nan(fn, impl):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("alpha", [1.25, 1.3, 1.7, 3.0])
-def test_bisect_output_at_the_candidates_equals_the_dense_output(monkeypatch, kkt, dtype, alpha):
+def test_bisect_output_at_the_candidates_equals_the_dense_output(monkeypatch, count_calls, kkt, dtype, alpha):
     """Where every row is pruned (CPU), alpha-entmax at a float alpha (not 1.5 / 2) takes the
     power at the pruning's candidates only and renormalises over them: the same support (exact
     zeros at the same places) and values within rounding of the formula over every entry, in
@@ -341,14 +344,7 @@ def test_bisect_output_at_the_candidates_equals_the_dense_output(monkeypatch, kk
     (all NaN). KKT conditions hold independently."""
     import nmt.sparse.entmax as E
 
-    calls = []
-    at = E.entmax_at_candidates
-
-    def counting(*args):
-        calls.append(True)
-        return at(*args)
-
-    monkeypatch.setattr(E, "entmax_at_candidates", counting)
+    calls = count_calls(E, "entmax_at_candidates")
     g = torch.Generator().manual_seed(int(alpha * 100))
     n = 3963  # a short last block
     x = torch.randn(6, n, generator=g, dtype=dtype) * 3
@@ -360,17 +356,8 @@ def test_bisect_output_at_the_candidates_equals_the_dense_output(monkeypatch, kk
     for scores, n_iter, sparse in ((x, None, True), (x, 30, True),
                                    (torch.cat([x, torch.full((1, n), float("nan"), dtype=dtype)]), None, False)):
         w = torch.randn(scores.shape, generator=g, dtype=dtype)
-        results = []
-        for share in shares:
-            monkeypatch.setattr(E, "SPARSE_OUTPUT_SHARE", share)
-            calls.clear()
-            with torch.no_grad():
-                p_inf = entmax_bisect(scores, alpha, n_iter=n_iter)
-            xs = scores.clone().requires_grad_()
-            p = entmax_bisect(xs, alpha, n_iter=n_iter)
-            (p * w).nan_to_num().sum().backward()
-            results.append((p_inf, p.detach(), xs.grad, len(calls)))
-        (a_inf, a, ga, n_sparse), (b_inf, b, gb, n_dense) = results
+        (a_inf, a, ga, n_sparse), (b_inf, b, gb, n_dense) = _by_output_share(
+            monkeypatch, shares, calls, lambda t: entmax_bisect(t, alpha, n_iter=n_iter), scores, w)
         assert (n_sparse, n_dense) == ((2, 0) if sparse else (0, 0))
         for u, v in ((a_inf, b_inf), (a, b), (ga, gb)):
             assert torch.equal(u == 0, v == 0)

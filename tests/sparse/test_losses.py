@@ -507,7 +507,7 @@ def test_cross_entropy_never_synchronises_any_impl():
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 @pytest.mark.parametrize("alpha", [1.25, 1.3, 1.7])
-def test_bisect_loss_at_the_candidates_equals_the_dense_loss(monkeypatch, dtype, alpha):
+def test_bisect_loss_at_the_candidates_equals_the_dense_loss(monkeypatch, count_calls, dtype, alpha):
     """Where every row is pruned (CPU), the alpha-entmax loss (float alpha, not 1.5 / 2) takes
     ``p`` and the conjugate from the pruning's candidates only: the same losses and gradients,
     within rounding, as over every entry, and the definition's value (independent); label
@@ -515,14 +515,7 @@ def test_bisect_loss_at_the_candidates_equals_the_dense_loss(monkeypatch, dtype,
     import nmt.sparse.entmax as E
     from nmt.sparse.losses import Tsallis
 
-    calls = []
-    at = Tsallis._probs_conj_at
-
-    def counting(*args):
-        calls.append(True)
-        return at(*args)
-
-    monkeypatch.setattr(Tsallis, "_probs_conj_at", counting)
+    calls = count_calls(Tsallis, "_probs_conj_at")
     g = torch.Generator().manual_seed(7)
     n = 8000
     x = torch.randn(12, n, generator=g, dtype=dtype) * 4
