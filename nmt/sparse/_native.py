@@ -1,4 +1,5 @@
-"""The native sorted threshold (``_sorted_threshold.c``): built on first use, called through ctypes.
+"""The native sorted threshold (``_sorted_threshold.c``) and support statistics of log-probability
+rows (``_row_stats.c``): built on first use into one library, called through ctypes.
 
 Attention-sized inputs are bound by per-operation overhead: the NumPy solve of
 :func:`nmt.sparse._threshold._numpy_sorted_shifted_threshold` makes some twenty array operations.
@@ -33,17 +34,23 @@ import torch
 from torch import Tensor
 
 SOURCE = Path(__file__).with_name("_sorted_threshold.c")
+ROW_STATS_SOURCE = Path(__file__).with_name("_row_stats.c")
+SOURCES = (SOURCE, ROW_STATS_SOURCE)
+"""The C files built into the one library: the sorted threshold (with the mappings around it) and
+the support statistics of log-probability rows (:func:`row_stats`)."""
 CFLAGS = ("-O2", "-shared", "-fPIC", "-ffp-contract=off", "-std=c99")
 """Compiler flags: no contraction of products and sums into FMAs (the other paths round each
 operation), no fast-math."""
 
 _FUNCTIONS = {torch.float32: "nmt_sorted_threshold_f32", torch.float64: "nmt_sorted_threshold_f64"}
+_ROW_STATS = {torch.float32: "nmt_row_stats_f32", torch.float64: "nmt_row_stats_f64"}
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES = {  # suffix of the entry point -> argument types
     "": [_P, _I64, _I64, _INT, ctypes.c_double, _P, _P, _P],
     "_probs": [_P, _I64, _I64, _INT, _P, _P, _P, _P, _P],
     "_backward": [_P, _P, _I64, _I64, _INT, _P],
 }
+_ROW_STATS_SIGNATURE = [_P, _P, _I64, _I64, _I64, _I64, _P, _P, _P]
 
 logger = logging.getLogger(__name__)
 _state: dict[str, object] = {}  # "lib": the loaded CDLL or None once decided
@@ -78,10 +85,9 @@ def build(directory: Optional[Path] = None, defines: Sequence[str] = ()) -> Path
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C compiler found ($CC, cc, gcc)")
-    source = SOURCE.read_bytes()
     flags = (*CFLAGS, *(f"-D{name}" for name in defines))
-    key = hashlib.sha256(b"\0".join([source, compiler.encode(), " ".join(flags).encode(),
-                                     platform.machine().encode()])).hexdigest()[:16]
+    key = hashlib.sha256(b"\0".join([*(path.read_bytes() for path in SOURCES), compiler.encode(),
+                                     " ".join(flags).encode(), platform.machine().encode()])).hexdigest()[:16]
     directory = Path(directory) if directory is not None else cache_dir()
     target = directory / f"sorted_threshold-{key}.so"
     if target.is_file():
@@ -89,7 +95,7 @@ def build(directory: Optional[Path] = None, defines: Sequence[str] = ()) -> Path
     directory.mkdir(parents=True, exist_ok=True)
     partial = directory / f".{target.name}.{os.getpid()}.partial"
     try:
-        subprocess.run([compiler, *flags, "-o", str(partial), str(SOURCE), "-lm"], check=True,
+        subprocess.run([compiler, *flags, "-o", str(partial), *map(str, SOURCES), "-lm"], check=True,
                        capture_output=True, timeout=120)
         os.replace(partial, target)  # atomic: another process may have renamed its own build there
     finally:
@@ -104,6 +110,9 @@ def load(path: Path) -> ctypes.CDLL:
         for suffix, argtypes in _SIGNATURES.items():
             getattr(lib, name + suffix).argtypes = argtypes
             getattr(lib, name + suffix).restype = None
+    for name in _ROW_STATS.values():
+        getattr(lib, name).argtypes = _ROW_STATS_SIGNATURE
+        getattr(lib, name).restype = None
     return lib
 
 
@@ -175,6 +184,31 @@ def sorted_probs(x: Tensor, q: float, root: bool) -> Optional[tuple[Tensor, Opti
     return p, r
 
 
+def row_stats(log_probs: Tensor, offsets: Tensor, slots: int,
+              block: int) -> Optional[tuple[Tensor, Tensor, Tensor]]:
+    """One pass over the rows ``log_probs: (G * slots, V)`` (CPU, float32/64; ``offsets: (G * slots,)``
+    of the same dtype; detached): per row the number of finite entries (int32) and whether it holds
+    a NaN or ``+inf`` (bool), and per group of ``slots`` rows, concatenated (``slots * V`` entries),
+    the maxima of its blocks of ``block`` entries (the last one may be shorter) of
+    ``c = offsets + log_probs`` with every non-finite ``c`` as ``-inf`` (``(G, ceil(slots * V /
+    block))``): what a beam search step's selection reads (see ``_row_stats.c``). The same values
+    as torch's ``nansum(0 * x + 1)``, ``amax`` tests and ``add`` + ``nan_to_num`` + block ``amax``.
+    None when the library is unavailable or the dtype is not float32/64. One thread, no device."""
+    lib = library()
+    if lib is None or log_probs.dtype not in _ROW_STATS:
+        return None
+    n, v = log_probs.shape
+    groups = n // slots
+    log_probs = log_probs.detach().contiguous()
+    offsets = offsets.detach().to(log_probs.dtype).contiguous()
+    support = torch.empty(n, dtype=torch.int32)
+    unknown = torch.empty(n, dtype=torch.uint8)
+    block_max = torch.empty(groups, -(-slots * v // block), dtype=log_probs.dtype)
+    getattr(lib, _ROW_STATS[log_probs.dtype])(log_probs.data_ptr(), offsets.data_ptr(), groups, slots, v, block,
+                                              support.data_ptr(), unknown.data_ptr(), block_max.data_ptr())
+    return support, unknown.bool(), block_max
+
+
 def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
     """``J^T grad`` of sparsemax / 1.5-entmax per row of ``s, grad: (R, n)`` (CPU, one float dtype):
     ``w * (grad - <w, grad> / sum w)`` with ``w = s`` (1.5-entmax: ``s = sqrt(p)``) or, where
@@ -190,5 +224,6 @@ def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
     return out
 
 
-__all__ = ["CFLAGS", "SOURCE", "available", "build", "cache_dir", "enabled", "library", "load",
-           "native_sorted_shifted_threshold", "solve", "sorted_probs", "support_backward"]
+__all__ = ["CFLAGS", "ROW_STATS_SOURCE", "SOURCE", "SOURCES", "available", "build", "cache_dir", "enabled",
+           "library", "load", "native_sorted_shifted_threshold", "row_stats", "solve", "sorted_probs",
+           "support_backward"]

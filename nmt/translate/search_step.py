@@ -13,6 +13,7 @@ K = beam size), V target vocabulary, L source length.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -29,7 +30,9 @@ from nmt.translate.certificate import (
 )
 from nmt.translate.length_penalty import length_penalty
 from nmt.translate.search_options import SearchOptions
-from nmt.utils.topk import blocked_topk
+from nmt.sparse._native import row_stats
+from nmt.utils import topk
+from nmt.utils.topk import blocked_topk, top_from_blocks
 
 NEG_INF = float("-inf")
 
@@ -145,18 +148,22 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     # never an exact zero there; it never enters the beam either (not even from a dead slot,
     # where it would push finite candidates out unnoticed). Only (R, S) flags and one in-place
     # pass over the candidates: per-entry bool masks cost 5-10x a float pass on the CPU.
+    width = min(k + 1 if certify else k, slots * vocab)  # candidates kept (one more: the certificate)
+    stats = _native_stats(log_probs, scores, t, width, options)
     if certify:
         live = torch.isfinite(scores)  # (R, S)
-        exact, reason = record_violation(exact, reason, nonfinite_scores(unknown_slots(log_probs), live), NONFINITE)
+        unknown = unknown_slots(log_probs) if stats is None else stats.unknown
+        exact, reason = record_violation(exact, reason, nonfinite_scores(unknown, live), NONFINITE)
     if t < options.min_length:
         is_eos_column = torch.arange(vocab, device=device) == eos  # (V,) no host-to-device copy
         log_probs = log_probs.masked_fill(is_eos_column, NEG_INF)
-    # unknown candidates (NaN, +inf, and a dead slot's -inf + inf = NaN) become -inf, in place
-    cand = torch.add(scores.unsqueeze(-1), log_probs).nan_to_num_(
-        nan=NEG_INF, posinf=NEG_INF, neginf=NEG_INF)  # (R, S, V)
+    cand = None
+    if stats is None:  # unknown candidates (NaN, +inf, a dead slot's -inf + inf = NaN): -inf, in place
+        cand = torch.add(scores.unsqueeze(-1), log_probs).nan_to_num_(
+            nan=NEG_INF, posinf=NEG_INF, neginf=NEG_INF)  # (R, S, V)
     record: dict[str, Tensor] = {}
     if count_support:
-        record["support_size"] = support_size(log_probs)  # (R, S), per parent row
+        record["support_size"] = support_size(log_probs) if stats is None else stats.support  # (R, S)
     if options.return_support:
         known = log_probs.nan_to_num(nan=NEG_INF, posinf=NEG_INF, neginf=NEG_INF)  # (R, S, V)
         top_lp, top_tok = known.topk(min(options.support_topk, vocab), dim=-1)  # (R, S, m)
@@ -167,6 +174,7 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
 
     truncated = None
     if t == max_length:  # only EOS may follow: the final step
+        assert cand is not None  # the native statistics serve the other steps
         top_scores = cand[..., eos]  # (R, S)
         parent = torch.arange(slots, device=device).expand(row_count, slots)  # (R, S)
         chosen = torch.full_like(parent, eos)  # (R, S)
@@ -178,8 +186,11 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
             cut = (live_before & (support - eos_ok > 0)).any(1)  # (R,)
             exact, reason = record_violation(exact, reason, cut, MAX_LENGTH)
     else:
-        width = min(k + 1 if certify else k, slots * vocab)
-        top_scores, top_index = blocked_topk(cand.view(row_count, slots * vocab), width)  # (R, width)
+        if stats is None:
+            top_scores, top_index = blocked_topk(cand.view(row_count, slots * vocab), width)  # (R, width)
+        else:  # the same values from the native block maxima, reading only the chosen blocks
+            top_scores, top_index = top_from_blocks(stats.block_max, partial(_candidates_at, scores, log_probs),
+                                                    slots * vocab, width, stats.block)
         if certify and width > k:
             pruned = torch.isfinite(top_scores[:, k])  # (R,) a finite candidate left out
             exact, reason = record_violation(exact, reason, pruned, PRUNED)
@@ -213,6 +224,44 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     done = ~live | settled  # (R,)
     rows = RowState(scores, exact, reason, best_finished, top_finished)
     return StepOutcome(record, parent, chosen, rows, done, None)
+
+
+class _Stats(NamedTuple):
+    """What the native pass over a step's log-probabilities gives (:func:`_native_stats`)."""
+
+    unknown: Tensor  # (R, S) bool: the slot's row holds a NaN or +inf
+    support: Tensor  # (R, S) int32: finite entries of the slot's row
+    block_max: Tensor  # (R, ceil(S * V / block)) maxima of the candidates' blocks
+    block: int
+
+
+def _native_stats(log_probs: Tensor, scores: Tensor, t: int, width: int, options: SearchOptions) -> _Stats | None:
+    """The per-slot flags and support sizes and the candidates' block maxima of one step in one
+    native pass over ``log_probs: (R, S, V)`` (:func:`nmt.sparse._native.row_stats`; ``scores: (R,
+    S)``), where the blocked top-k would read the candidates (CPU, eager, rows long enough) and
+    the step is neither the last nor masks EOS; else None (the torch passes: unknown_slots, the
+    candidates with ``nan_to_num_``, support_size and blocked_topk, which give the same values).
+    On the CPU the torch passes cost 5-7 reads and writes of the (R, S, V) scores: 0.38 vs 0.19 ms
+    at (64, 1, 8000), 2.2 vs 0.95 ms at (64, 5, 8000) (2 threads, AVX2). No device is involved."""
+    rows, slots, vocab = log_probs.shape
+    block = topk.BLOCK
+    if (t == options.max_length or t < options.min_length or torch.compiler.is_compiling()
+            or not topk.uses_blocks(log_probs, slots * vocab, width, block)):
+        return None
+    found = row_stats(log_probs.view(rows * slots, vocab), scores.reshape(-1), slots, block)
+    if found is None:
+        return None
+    support, unknown, block_max = found
+    return _Stats(unknown.view(rows, slots), support.view(rows, slots), block_max, block)
+
+
+def _candidates_at(scores: Tensor, log_probs: Tensor, index: Tensor) -> Tensor:
+    """The candidates' values ``scores[r, s] + log_probs[r, s, v]`` at flat indices ``s * V + v``
+    ``(R, m)``, non-finite ones as ``-inf`` (what the torch passes' ``cand`` holds there)."""
+    rows, slots, vocab = log_probs.shape
+    slot = torch.div(index, vocab, rounding_mode="floor")
+    values = torch.add(scores.gather(1, slot), log_probs.view(rows, slots * vocab).gather(1, index))
+    return values.nan_to_num_(nan=NEG_INF, posinf=NEG_INF, neginf=NEG_INF)
 
 
 def flat_parents(parent: Tensor, slots: int) -> Tensor:

@@ -17,6 +17,8 @@ unspecified too). Static shapes, no host synchronisation: usable in captured / c
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
@@ -26,6 +28,12 @@ BLOCK = 64
 MIN_BLOCKS_PER_K = 8
 """Rows with fewer than ``MIN_BLOCKS_PER_K * k`` full blocks go to ``torch.topk`` directly (the
 blocked passes cost more than they save there; measured on CPU: (64, 3963), k = 2 is about even)."""
+
+
+def uses_blocks(x: Tensor, n: int, k: int, block: int | None = None) -> bool:
+    """Whether :func:`blocked_topk` takes the blocked passes for rows of ``n`` entries of ``x``'s
+    device (else ``torch.topk``): CPU tensors with at least ``MIN_BLOCKS_PER_K * k`` full blocks."""
+    return x.device.type == "cpu" and n // (block or BLOCK) >= MIN_BLOCKS_PER_K * k
 
 
 def blocked_topk(x: Tensor, k: int, block: int | None = None) -> tuple[Tensor, Tensor]:
@@ -40,25 +48,35 @@ def blocked_topk(x: Tensor, k: int, block: int | None = None) -> tuple[Tensor, T
     """
     block = block or BLOCK
     rows, n = x.shape
-    full = n // block
-    if x.device.type != "cpu" or full < MIN_BLOCKS_PER_K * k:
+    if not uses_blocks(x, n, k, block):
         return x.topk(k, dim=1)
     x = x.contiguous()
-    tail = n - full * block
+    full = n // block
     block_max = x[:, : full * block].view(rows, full, block).amax(dim=-1)  # (R, full)
-    if tail:
+    if n > full * block:
         block_max = torch.cat([block_max, x[:, full * block:].amax(dim=-1, keepdim=True)], dim=1)  # (R, nb)
+    return top_from_blocks(block_max, lambda index: x.gather(1, index), n, k, block)
+
+
+def top_from_blocks(block_max: Tensor, values_at: Callable[[Tensor], Tensor], n: int, k: int,
+                    block: int) -> tuple[Tensor, Tensor]:
+    """The second half of :func:`blocked_topk`, for rows of ``n`` entries given their block maxima
+    ``block_max: (R, ceil(n / block))`` (the last block may be shorter; no NaN) and
+    ``values_at(index)``, the entries at long indices ``(R, m)`` (all ``< n``): the ``k`` best blocks by
+    their maxima, then the ``k`` largest of their entries. Returns ``(R, k)`` values and indices.
+    No host synchronisation."""
+    rows = block_max.shape[0]
     best_blocks = block_max.topk(k, dim=1).indices  # (R, k)
-    offsets = torch.arange(block, device=x.device)  # (block,)
+    offsets = torch.arange(block, device=block_max.device)  # (block,)
     index = (best_blocks.unsqueeze(-1) * block + offsets).view(rows, k * block)  # (R, k * block)
-    if tail:  # the shorter last block reads past the row: those reads are clamped and set to -inf
+    if n % block:  # the shorter last block reads past the row: those reads are clamped and set to -inf
         past_end = index >= n
-        values = x.gather(1, index.clamp(max=n - 1)).masked_fill_(past_end, float("-inf"))
+        values = values_at(index.clamp(max=n - 1)).masked_fill_(past_end, float("-inf"))
         index = index.clamp_(max=n - 1)
     else:
-        values = x.gather(1, index)  # (R, k * block)
+        values = values_at(index)  # (R, k * block)
     top_values, position = values.topk(k, dim=1)  # (R, k)
     return top_values, index.gather(1, position)
 
 
-__all__ = ["BLOCK", "blocked_topk"]
+__all__ = ["BLOCK", "blocked_topk", "top_from_blocks", "uses_blocks"]
