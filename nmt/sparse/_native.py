@@ -1,5 +1,6 @@
-"""The native sorted threshold (``_sorted_threshold.c``) and support statistics of log-probability
-rows (``_row_stats.c``): built on first use into one library, called through ctypes.
+"""The native sorted threshold (``_sorted_threshold.c``), the Newton threshold of whole rows
+(``_newton_threshold.c``) and support statistics of log-probability rows (``_row_stats.c``): built
+on first use into one library, called through ctypes.
 
 Attention-sized inputs are bound by per-operation overhead: the NumPy solve of
 :func:`nmt.sparse._threshold._numpy_sorted_shifted_threshold` makes some twenty array operations.
@@ -27,6 +28,7 @@ import os
 import platform
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -35,9 +37,11 @@ from torch import Tensor
 
 SOURCE = Path(__file__).with_name("_sorted_threshold.c")
 ROW_STATS_SOURCE = Path(__file__).with_name("_row_stats.c")
-SOURCES = (SOURCE, ROW_STATS_SOURCE)
-"""The C files built into the one library: the sorted threshold (with the mappings around it) and
-the support statistics of log-probability rows (:func:`row_stats`)."""
+NEWTON_SOURCE = Path(__file__).with_name("_newton_threshold.c")
+SOURCES = (SOURCE, ROW_STATS_SOURCE, NEWTON_SOURCE)
+"""The C files built into the one library: the sorted threshold (with the mappings around it), the
+support statistics of log-probability rows (:func:`row_stats`) and the Newton threshold of whole
+rows (:func:`newton_threshold`)."""
 CFLAGS = ("-O2", "-shared", "-fPIC", "-ffp-contract=off", "-std=c99")
 """Compiler flags: no contraction of products and sums into FMAs (the other paths round each
 operation), no fast-math."""
@@ -51,6 +55,8 @@ _SIGNATURES = {  # suffix of the entry point -> argument types
     "_backward": [_P, _P, _I64, _I64, _INT, _P],
 }
 _ROW_STATS_SIGNATURE = [_P, _P, _I64, _I64, _I64, _I64, _P, _P, _P]
+_NEWTON = {torch.float32: "nmt_newton_threshold_f32", torch.float64: "nmt_newton_threshold_f64"}
+_NEWTON_SIGNATURE = [_P, _I64, _I64, _INT, _P, _I64, _P, _P]
 
 logger = logging.getLogger(__name__)
 _state: dict[str, object] = {}  # "lib": the loaded CDLL or None once decided
@@ -110,9 +116,10 @@ def load(path: Path) -> ctypes.CDLL:
         for suffix, argtypes in _SIGNATURES.items():
             getattr(lib, name + suffix).argtypes = argtypes
             getattr(lib, name + suffix).restype = None
-    for name in _ROW_STATS.values():
-        getattr(lib, name).argtypes = _ROW_STATS_SIGNATURE
-        getattr(lib, name).restype = None
+    for names, argtypes in ((_ROW_STATS, _ROW_STATS_SIGNATURE), (_NEWTON, _NEWTON_SIGNATURE)):
+        for name in names.values():
+            getattr(lib, name).argtypes = argtypes
+            getattr(lib, name).restype = None
     return lib
 
 
@@ -209,6 +216,44 @@ def row_stats(log_probs: Tensor, offsets: Tensor, slots: int,
     return support, unknown.bool(), block_max
 
 
+NEWTON_SPLIT_MIN_NUMEL = 1 << 16
+"""Inputs of at least this many entries are split into two halves of rows, solved at once by two
+threads (each call releases the GIL); smaller ones are not worth a thread's start (~50 us)."""
+
+
+def newton_threshold(z: Tensor, q: float, lo: Tensor, max_iter: int) -> Optional[tuple[Tensor, Tensor]]:
+    """Exact threshold of the rows ``z: (R, n)`` (CPU, float32/64, row maximum 0, ``-inf``
+    allowed; detached) for ``q`` in {1, 2}, by Newton steps from the lower bound ``lo: (R,)``,
+    each step one pass over a row held in cache (sums in doubles, in vectors), finished by the
+    verified closed form (see ``_newton_threshold.c``). Returns ``(tau (R,), ok (R,) bool)``:
+    ``ok`` False for rows whose closed form failed the check or that reached ``max_iter`` (the
+    caller solves them otherwise); None when the library is unavailable. Large inputs run on two
+    threads where torch has two (:data:`NEWTON_SPLIT_MIN_NUMEL`); no device is involved."""
+    lib = library()
+    if lib is None or q not in (1.0, 2.0) or z.dtype not in _NEWTON:
+        return None
+    rows, n = z.shape
+    z = z.detach().contiguous()
+    lo = lo.detach().to(z.dtype).contiguous()
+    tau = torch.empty(rows, dtype=z.dtype)
+    ok = torch.empty(rows, dtype=torch.int32)
+    solve_rows = getattr(lib, _NEWTON[z.dtype])
+
+    def part(start: int, stop: int) -> None:
+        solve_rows(z[start].data_ptr(), stop - start, n, int(q), lo[start].data_ptr(), int(max_iter),
+                   tau[start].data_ptr(), ok[start].data_ptr())
+
+    if z.numel() >= NEWTON_SPLIT_MIN_NUMEL and rows > 1 and torch.get_num_threads() > 1:
+        half = rows // 2
+        other = threading.Thread(target=part, args=(half, rows))
+        other.start()
+        part(0, half)
+        other.join()
+    elif rows:
+        part(0, rows)
+    return tau, ok.bool()
+
+
 def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
     """``J^T grad`` of sparsemax / 1.5-entmax per row of ``s, grad: (R, n)`` (CPU, one float dtype):
     ``w * (grad - <w, grad> / sum w)`` with ``w = s`` (1.5-entmax: ``s = sqrt(p)``) or, where
@@ -224,6 +269,6 @@ def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
     return out
 
 
-__all__ = ["CFLAGS", "ROW_STATS_SOURCE", "SOURCE", "SOURCES", "available", "build", "cache_dir", "enabled",
-           "library", "load", "native_sorted_shifted_threshold", "row_stats", "solve", "sorted_probs",
-           "support_backward"]
+__all__ = ["CFLAGS", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL", "ROW_STATS_SOURCE", "SOURCE", "SOURCES",
+           "available", "build", "cache_dir", "enabled", "library", "load", "native_sorted_shifted_threshold",
+           "newton_threshold", "row_stats", "solve", "sorted_probs", "support_backward"]

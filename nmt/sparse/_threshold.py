@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 
 from ._native import available as native_available
-from ._native import native_sorted_shifted_threshold, sorted_probs
+from ._native import native_sorted_shifted_threshold, newton_threshold, sorted_probs
 
 SORT_MAX_N = 512
 """Longest rows the exact mappings solve by sorting (see :func:`prefer_sort`)."""
@@ -416,6 +416,20 @@ def _newton_norm(z: Tensor, q: Power, tau: Tensor, max_iter: int, tol: Optional[
     return tau
 
 
+def _native_exact_newton(z: Tensor, q: float, tau: Tensor, max_iter: int) -> Tensor:
+    """The exact threshold (``q`` in {1, 2}) of the rows of ``z: (R, m)`` (max 0, ``-inf``
+    allowed; CPU, float32/64) from the lower bound ``tau: (R,)`` by the native Newton loop
+    (:func:`nmt.sparse._native.newton_threshold`: the iteration and the verified closed-form finish
+    of :func:`_newton_norm` / :func:`_newton`, each step one pass over a row in cache, sums in
+    doubles). Rows it could not verify (ties within rounding of the threshold; rare) are solved
+    by sorting. Host syncs: none beyond the CPU's (the check of the flags reads them)."""
+    tau, ok = newton_threshold(z, q, tau, max_iter)
+    if not bool(ok.all()):
+        bad = (~ok).nonzero()[:, 0]
+        tau[bad] = sort_threshold(z[bad], q)[:, 0]
+    return tau
+
+
 def _newton_lower_bound(z: Tensor, q: Power, steps: int) -> Tensor:
     """A lower bound ``(R, 1)`` of the threshold of ``z: (R, m)`` (row max 0), without host sync.
 
@@ -593,6 +607,12 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
         """``(tau_rel, zmax)`` for the rows ``rows_z: (R, m)`` given a lower bound ``lo: (R, 1)``
         of the threshold of ``scale * rows_z`` (``owned``: ``rows_z`` is a temporary)."""
         zs, zmax, empty = shift(rows_z, owned)
+        if exact and _host_solves(zs) and native_available():  # one pass a step, row by row in cache
+            start = torch.full_like(zmax, -1.0)
+            if lo is not None:
+                start = torch.maximum(start, torch.where(empty, -1, lo - scale * zmax))
+            tau = _native_exact_newton(zs, q, start[:, 0], max_iter)
+            return torch.where(empty, float("inf"), tau[:, None]), zmax
         # per-row powers take the norm Newton too when all exceed 1 (learned alphas in (1, 2): a
         # host read of the small q, on this CPU path; 3x fewer passes than the safeguarded loop)
         if isinstance(q, Tensor):
