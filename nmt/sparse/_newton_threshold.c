@@ -57,6 +57,11 @@
             r2 += a2[l];                                                                        \
             rk += ak[l];                                                                        \
         }                                                                                       \
+        TAIL_SUMS;                                                                              \
+    } while (0)
+/* the entries x[i_ .. n) one at a time into r1, r2, rk, then the step's sums s1, s2, k */
+#define TAIL_SUMS                                                                               \
+    do {                                                                                        \
         for (; i_ < n; i_++) {                                                                  \
             double d = (double)x[i_] - tau;                                                     \
             d = d > 0.0 ? d : 0.0;                                                              \
@@ -71,17 +76,8 @@
 #define SCALAR_SUMS(T)                                                                          \
     do {                                                                                        \
         double r1 = 0.0, r2 = 0.0;                                                              \
-        int64_t rk = 0;                                                                         \
-        for (int64_t i_ = 0; i_ < n; i_++) {                                                    \
-            double d = (double)x[i_] - tau;                                                     \
-            d = d > 0.0 ? d : 0.0;                                                              \
-            r1 += d;                                                                            \
-            r2 += d * d;                                                                        \
-            rk += d > 0.0;                                                                      \
-        }                                                                                       \
-        s1 = r1;                                                                                \
-        s2 = r2;                                                                                \
-        k = (double)rk;                                                                         \
+        int64_t rk = 0, i_ = 0;                                                                 \
+        TAIL_SUMS;                                                                              \
     } while (0)
 
 #if !defined(NMT_ROWS_ONLY) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 9))

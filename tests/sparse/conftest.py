@@ -111,3 +111,16 @@ def count_calls(monkeypatch):
         return calls
 
     return patch
+
+
+@pytest.fixture(scope="module", params=["default", "NMT_NO_AVX2", "NMT_ROWS_ONLY"])
+def native_build(request, tmp_path_factory):
+    """The native library as built for this machine, then built without its 256-bit vector paths
+    (``NMT_NO_AVX2``) and without vectors (``NMT_ROWS_ONLY``): every path the C code can take."""
+    from nmt.sparse import _native
+
+    if not _native.available():
+        pytest.skip("native library not built")
+    if request.param == "default":
+        return _native.library()
+    return _native.load(_native.build(tmp_path_factory.mktemp(request.param), defines=[request.param]))

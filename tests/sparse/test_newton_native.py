@@ -10,16 +10,6 @@ from nmt.sparse._threshold import sort_threshold
 NEG_INF = float("-inf")
 
 
-@pytest.fixture(scope="module", params=["default", "NMT_NO_AVX2", "NMT_ROWS_ONLY"])
-def library(request, tmp_path_factory):
-    """The library as built for this machine, without its 256-bit path, without vectors."""
-    if not _native.available():
-        pytest.skip("native library not built")
-    if request.param == "default":
-        return _native.library()
-    return _native.load(_native.build(tmp_path_factory.mktemp(request.param), defines=[request.param]))
-
-
 def broad_rows(n_rows: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     """Rows with maximum 0: broad (near-uniform), peaked, tied, with -inf runs, one of only -inf."""
     g = torch.Generator().manual_seed(seed)
@@ -36,8 +26,8 @@ def broad_rows(n_rows: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tens
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float64, 1e-13)])
 @pytest.mark.parametrize("q", [1.0, 2.0])
 @pytest.mark.parametrize("n", [5, 130, 3963])
-def test_native_newton_equals_the_sorted_threshold(library, monkeypatch, dtype, tol, q, n):
-    monkeypatch.setitem(_native._state, "lib", library)
+def test_native_newton_equals_the_sorted_threshold(native_build, monkeypatch, dtype, tol, q, n):
+    monkeypatch.setitem(_native._state, "lib", native_build)
     z = broad_rows(8, n, dtype, seed=n + int(q))
     tau, ok = _native.newton_threshold(z, q, torch.full((8,), -1.0, dtype=dtype), 4 * n + 60)
     want = sort_threshold(z, q)[:, 0]

@@ -42,21 +42,11 @@ def special_rows(groups: int, slots: int, v: int, dtype: torch.dtype, seed: int)
     return lp, offsets
 
 
-@pytest.fixture(scope="module", params=["default", "NMT_NO_AVX2", "NMT_ROWS_ONLY"])
-def library(request, tmp_path_factory):
-    """The library as built for this machine, without its 256-bit path, without vectors."""
-    if not _native.available():
-        pytest.skip("native library not built")
-    if request.param == "default":
-        return _native.library()
-    return _native.load(_native.build(tmp_path_factory.mktemp(request.param), defines=[request.param]))
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("groups,slots,v,block", [(7, 1, 100, 64), (5, 5, 3963, 64), (3, 3, 130, 32),
                                                   (2, 2, 7, 64), (4, 5, 8000, 64), (3, 4, 9, 4)])
-def test_row_stats_equal_the_torch_passes(library, monkeypatch, dtype, groups, slots, v, block):
-    monkeypatch.setitem(_native._state, "lib", library)
+def test_row_stats_equal_the_torch_passes(native_build, monkeypatch, dtype, groups, slots, v, block):
+    monkeypatch.setitem(_native._state, "lib", native_build)
     lp, offsets = special_rows(groups, slots, v, dtype, seed=v + slots)
     got = _native.row_stats(lp, offsets, slots, block)
     want = reference(lp, offsets, slots, block)
