@@ -607,26 +607,24 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
         """``(tau_rel, zmax)`` for the rows ``rows_z: (R, m)`` given a lower bound ``lo: (R, 1)``
         of the threshold of ``scale * rows_z`` (``owned``: ``rows_z`` is a temporary)."""
         zs, zmax, empty = shift(rows_z, owned)
-        if exact and _host_solves(zs) and native_available():  # one pass a step, row by row in cache
-            start = torch.full_like(zmax, -1.0)
-            if lo is not None:
-                start = torch.maximum(start, torch.where(empty, -1, lo - scale * zmax))
-            tau = _native_exact_newton(zs, q, start[:, 0], max_iter)
-            return torch.where(empty, float("inf"), tau[:, None]), zmax
+        # exact thresholds by the native loop where built: one pass a step, row by row in cache
+        native = exact and _host_solves(zs) and native_available()
         # per-row powers take the norm Newton too when all exceed 1 (learned alphas in (1, 2): a
         # host read of the small q, on this CPU path; 3x fewer passes than the safeguarded loop)
         if isinstance(q, Tensor):
             norm = not exact and bool((q > 1).all())
         else:
             norm = q == 2.0 or (q > 1 and not exact)
-        if norm:  # Newton from -1 (or lo) directly: no separate warm steps
+        if native or norm:  # Newton from -1 (or lo) directly: no separate warm steps
             start = torch.full_like(zmax, -1.0)
         else:  # a few sync-free Newton steps first: the checked loop then ends after one or two
             start = _newton_lower_bound(zs, q, WARM_STEPS)
             start = start - 4 * (sub_tol or eps) * start.abs().clamp(min=1)
         if lo is not None:
             start = torch.maximum(start, torch.where(empty, -1, lo - scale * zmax))
-        if norm:
+        if native:
+            tau = _native_exact_newton(zs, q, start[:, 0], max_iter)
+        elif norm:
             tau = _newton_norm(zs, q, start[:, 0], max_iter, sub_tol, empty[:, 0])
         else:
             tau = _newton(zs, q, start[:, 0], max_iter, sub_tol, empty[:, 0])

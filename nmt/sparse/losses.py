@@ -166,26 +166,32 @@ class Tsallis(Regularizer):
         p = torch.square(r) if am1 == 0.5 else r.clone() if am1 == 1 else r.pow(1 / am1)
         total = p.sum(dim=-1, keepdim=True).clamp_(min=torch.finfo(p.dtype).tiny)
         p = p.div_(total)  # renormalised
-        # Omega*(z) = <z, p> - Omega(p), with (alpha - 1) z_i = tau + r_i on the support (no
-        # product with -inf scores): <z, p> = (tau sum p + <p, r>) / (alpha - 1); a one-hot p
-        # has r_t = -tau and sum p^alpha = 1, exactly
-        pr = torch.linalg.vecdot(p, r)
-        zp = (tau[:, 0] * p.sum(dim=-1) + pr) / am1
-        # sum p^alpha without a second power: before renormalising p^alpha = p r (alpha / (alpha
-        # - 1) = 1 / (alpha - 1) + 1), so sum (p / S)^alpha = <p / S, r> / S^(alpha - 1)
-        power_sum = pr / total[:, 0].pow(am1)
-        return p, zp - self.omega_of_power_sum(power_sum), zmax
+        conj = self._conjugate(tau[:, 0], p.sum(dim=-1), torch.linalg.vecdot(p, r), total[:, 0])
+        return p, conj, zmax
 
     def _probs_conj_at(self, cand: Candidates, zmax: Tensor, tau: Tensor,
                        shape: torch.Size) -> tuple[Tensor, Tensor, Tensor]:
         """:meth:`probs_conj` from the candidates of pruned rows ``(N, V)`` (every other entry has
         ``p = 0``): the same sums over the candidates alone (other rounding than dense sums)."""
+        r, p, total = entmax_at_candidates(cand, zmax, tau, self.alpha - 1, renormalise=True)
+
+        def row_sums(values: Tensor) -> Tensor:
+            return total.new_zeros(total.shape).index_add_(0, cand.rows, values)
+
+        conj = self._conjugate(tau[:, 0], row_sums(p), row_sums(p * r), total)
+        return scatter_candidates(p, cand, shape), conj, zmax
+
+    def _conjugate(self, tau: Tensor, p_sum: Tensor, pr: Tensor, total: Tensor) -> Tensor:
+        """``Omega*(z') = <z', p> - Omega(p)`` per row ``(N,)`` of the renormalised ``p = p_raw /
+        total`` from the row sums ``p_sum = sum p`` and ``pr = <p, r>``, ``r = [(alpha - 1) z' -
+        tau']_+``: with ``(alpha - 1) z'_i = tau' + r_i`` on the support (no product with ``-inf``
+        scores) ``<z', p> = (tau' sum p + <p, r>) / (alpha - 1)``, and ``sum p^alpha`` without a
+        second power: before renormalising ``p_raw^alpha = p_raw r`` (``alpha / (alpha - 1) = 1 /
+        (alpha - 1) + 1``), so ``sum (p_raw / S)^alpha = <p, r> / S^(alpha - 1)``. A one-hot ``p``
+        has ``r_t = -tau'`` and ``sum p^alpha = 1``: exactly 0."""
         am1 = self.alpha - 1
-        r, p, total = entmax_at_candidates(cand, zmax, tau, am1, renormalise=True)
-        pr = total.new_zeros(total.shape).index_add_(0, cand.rows, p * r)
-        zp = (tau[:, 0] * total.new_zeros(total.shape).index_add_(0, cand.rows, p) + pr) / am1
-        power_sum = pr / total.pow(am1)
-        return scatter_candidates(p, cand, shape), zp - self.omega_of_power_sum(power_sum), zmax
+        zp = (tau * p_sum + pr) / am1
+        return zp - self.omega_of_power_sum(pr / total.pow(am1))
 
 
 class TsallisSparsemax(Tsallis):
