@@ -113,10 +113,12 @@ def count_calls(monkeypatch):
     return patch
 
 
-@pytest.fixture(scope="module", params=["default", "NMT_NO_AVX2", "NMT_ROWS_ONLY"])
+@pytest.fixture(scope="module", params=["default", "NMT_NO_AVX512", "NMT_NO_AVX2", "NMT_ROWS_ONLY"])
 def native_build(request, tmp_path_factory):
-    """The native library as built for this machine, then built without its 256-bit vector paths
-    (``NMT_NO_AVX2``) and without vectors (``NMT_ROWS_ONLY``): every path the C code can take."""
+    """The native library as built for this machine, then built without its 512-bit vector paths
+    (``NMT_NO_AVX512``), without its 256- and 512-bit ones (``NMT_NO_AVX2``) and without vectors
+    (``NMT_ROWS_ONLY``): every path the C code can take (the wide ones where this processor has
+    them)."""
     from nmt.sparse import _native
 
     if not _native.available():

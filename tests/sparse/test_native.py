@@ -68,18 +68,40 @@ def rows_only_library(tmp_path_factory):
 @needs_library
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n", [1, 3, 8, 16, 20, 33, 50, 64, 65, 130])
-def test_vector_groups_equal_the_rows_and_numpy_bit_for_bit(n, dtype, rows_only_library):
-    """Four rows side by side (the vector path) against each row by itself and the NumPy solve:
-    special rows scattered among the groups (a group holding one is solved row by row), a
-    remainder of three rows, broad rows whose candidates overflow the network (n > 64)."""
+def test_vector_groups_equal_the_rows_and_numpy_bit_for_bit(n, dtype, native_build, rows_only_library):
+    """Rows side by side (groups of 16 / 8 / 4 in the vector paths of each build) against each row
+    by itself and the NumPy solve: special rows scattered among the groups (a group holding one is
+    solved in smaller groups, then row by row), remainders of every size, broad rows whose
+    candidates overflow the network (n > 64)."""
     x = _rows(203, n, dtype, seed=100 + n)
     x = x[torch.randperm(203, generator=torch.Generator().manual_seed(n))]
     for q, scale in [(1.0, 1.0), (2.0, 0.5), (2.0, 0.3), (1.0, 2.0)]:
-        got = _native.native_sorted_shifted_threshold(x, q, scale)
+        got = _native.solve(native_build, x, q, scale)
         rows = _native.solve(rows_only_library, x, q, scale)
         want = tuple(torch.from_numpy(a) for a in _numpy_sorted_shifted_threshold(x.numpy(), q, scale))
         _assert_same_bits(got, want)
         _assert_same_bits(rows, want)
+
+
+@needs_library
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_zero_maximum_keeps_the_sign_of_the_rows_first_zero(dtype, native_build, rows_only_library):
+    """Rows whose maximum is 0 held as both -0.0 and 0.0, in every order and position: the vector
+    groups (four running maxima) return the first zero's sign, as the row-by-row solve does."""
+    n = 16
+    x = torch.full((64, n), -1.0, dtype=dtype) - torch.rand(64, n, generator=torch.Generator().manual_seed(0),
+                                                             dtype=dtype)
+    for r in range(64):
+        i, j = r % n, (r * 7 + 3) % n
+        if i == j:
+            j = (j + 1) % n
+        x[r, i], x[r, j] = (-0.0, 0.0) if r % 2 else (0.0, -0.0)
+    for q, scale in [(1.0, 1.0), (2.0, 0.5)]:
+        got = _native.solve(native_build, x, q, scale)
+        rows = _native.solve(rows_only_library, x, q, scale)
+        _assert_same_bits(got, rows)
+        first = torch.stack([x[r, int((x[r] == 0).nonzero()[0])] for r in range(64)])
+        assert torch.equal(torch.signbit(got[1][:, 0]), torch.signbit(first))
 
 
 @needs_library
