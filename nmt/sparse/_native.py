@@ -11,8 +11,15 @@ without a finite entry and rows with more than 64 candidates are solved one by o
 and merge sort of the candidates). Same arithmetic, same bits (tested against the NumPy and torch
 paths, and the two C paths against each other).
 
+The Newton loops (whole rows, :func:`newton_threshold`; long rows from the maximum's bound,
+:func:`bound_threshold` and :func:`bound_entmax15`) split large inputs' rows over torch's threads
+through OpenMP: built with ``-fopenmp`` the library links ``libgomp.so.1``, the copy torch has
+loaded, and runs in torch's own thread pool, whose workers wait spinning for the next parallel
+region (a thread of our own had to compete with them for a core: 2-3x slower in training).
+
 The library is compiled once per source version with the system's C compiler (``$CC``, else
-``cc`` or ``gcc``; ``-O2 -ffp-contract=off``, no other dependency) into
+``cc`` or ``gcc``; ``-O2 -ffp-contract=off`` and ``-fopenmp`` where it builds, no other
+dependency) into
 ``$NMT_CACHE_DIR`` (default ``$XDG_CACHE_HOME/nmt`` or ``~/.cache/nmt``), written atomically
 (a temporary name, then a rename; the file mode follows the umask) so that concurrent processes
 (data-parallel ranks) may build it at once. Without a compiler, or with ``NMT_NATIVE=0``, nothing
@@ -28,7 +35,6 @@ import os
 import platform
 import shutil
 import subprocess
-import threading
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -45,6 +51,10 @@ rows (:func:`newton_threshold`)."""
 CFLAGS = ("-O2", "-shared", "-fPIC", "-ffp-contract=off", "-std=c99")
 """Compiler flags: no contraction of products and sums into FMAs (the other paths round each
 operation), no fast-math."""
+OPENMP_FLAGS = ("-fopenmp",)
+"""Tried first: the Newton loops split their rows over the OpenMP team of the process (linked to
+``libgomp.so.1``, the copy torch has loaded: torch's own pool). A compiler without OpenMP builds
+the library without them (one thread)."""
 
 _FUNCTIONS = {torch.float32: "nmt_sorted_threshold_f32", torch.float64: "nmt_sorted_threshold_f64"}
 _ROW_STATS = {torch.float32: "nmt_row_stats_f32", torch.float64: "nmt_row_stats_f64"}
@@ -56,7 +66,9 @@ _SIGNATURES = {  # suffix of the entry point -> argument types
 }
 _ROW_STATS_SIGNATURE = [_P, _P, _I64, _I64, _I64, _I64, _P, _P, _P]
 _NEWTON = {torch.float32: "nmt_newton_threshold_f32", torch.float64: "nmt_newton_threshold_f64"}
-_NEWTON_SIGNATURE = [_P, _I64, _I64, _INT, _P, _I64, _P, _P]
+_NEWTON_SIGNATURE = [_P, _I64, _I64, _INT, _P, _I64, _P, _P, _INT]
+_BOUND = {torch.float32: "nmt_bound_threshold_f32", torch.float64: "nmt_bound_threshold_f64"}
+_BOUND_SIGNATURE = [_P, _I64, _I64, _INT, ctypes.c_double, _INT, _I64, _P, _P, _P, _P, _P, _P, _P, _INT]
 
 logger = logging.getLogger(__name__)
 _state: dict[str, object] = {}  # "lib": the loaded CDLL or None once decided
@@ -83,15 +95,26 @@ def _compiler() -> Optional[str]:
     return None
 
 
-def build(directory: Optional[Path] = None, defines: Sequence[str] = ()) -> Path:
+def build(directory: Optional[Path] = None, defines: Sequence[str] = (), openmp: bool = True) -> Path:
     """Compile the library into ``directory`` (default :func:`cache_dir`) unless a build of this
     source with this compiler and these ``defines`` (preprocessor names; ``NMT_ROWS_ONLY``: no
-    vector path, for the tests) is there; returns its path. Raises OSError /
-    CalledProcessError / RuntimeError (no compiler) on failure."""
+    vector path, for the tests) is there; returns its path. With ``openmp``, first with
+    :data:`OPENMP_FLAGS`, then (if that fails) without. Raises OSError / CalledProcessError /
+    RuntimeError (no compiler) on failure."""
+    if openmp:
+        try:
+            return _build(directory, defines, OPENMP_FLAGS)
+        except subprocess.CalledProcessError:
+            logger.info("native library: no OpenMP with this compiler; built for one thread")
+    return _build(directory, defines, ())
+
+
+def _build(directory: Optional[Path], defines: Sequence[str], extra: Sequence[str]) -> Path:
+    """:func:`build` with the extra compiler flags ``extra``."""
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C compiler found ($CC, cc, gcc)")
-    flags = (*CFLAGS, *(f"-D{name}" for name in defines))
+    flags = (*CFLAGS, *extra, *(f"-D{name}" for name in defines))
     key = hashlib.sha256(b"\0".join([*(path.read_bytes() for path in SOURCES), compiler.encode(),
                                      " ".join(flags).encode(), platform.machine().encode()])).hexdigest()[:16]
     directory = Path(directory) if directory is not None else cache_dir()
@@ -116,7 +139,8 @@ def load(path: Path) -> ctypes.CDLL:
         for suffix, argtypes in _SIGNATURES.items():
             getattr(lib, name + suffix).argtypes = argtypes
             getattr(lib, name + suffix).restype = None
-    for names, argtypes in ((_ROW_STATS, _ROW_STATS_SIGNATURE), (_NEWTON, _NEWTON_SIGNATURE)):
+    for names, argtypes in ((_ROW_STATS, _ROW_STATS_SIGNATURE), (_NEWTON, _NEWTON_SIGNATURE),
+                            (_BOUND, _BOUND_SIGNATURE)):
         for name in names.values():
             getattr(lib, name).argtypes = argtypes
             getattr(lib, name).restype = None
@@ -217,8 +241,8 @@ def row_stats(log_probs: Tensor, offsets: Tensor, slots: int,
 
 
 NEWTON_SPLIT_MIN_NUMEL = 1 << 16
-"""Inputs of at least this many entries are split into two halves of rows, solved at once by two
-threads (each call releases the GIL); smaller ones are not worth a thread's start (~50 us)."""
+"""Inputs of at least this many entries split their rows over torch's number of threads (the
+OpenMP team); smaller ones run on one."""
 
 
 def newton_threshold(z: Tensor, q: float, lo: Tensor, max_iter: int) -> Optional[tuple[Tensor, Tensor]]:
@@ -239,19 +263,75 @@ def newton_threshold(z: Tensor, q: float, lo: Tensor, max_iter: int) -> Optional
     ok = torch.empty(rows, dtype=torch.int32)
     solve_rows = getattr(lib, _NEWTON[z.dtype])
 
-    def part(start: int, stop: int) -> None:
-        solve_rows(z[start].data_ptr(), stop - start, n, int(q), lo[start].data_ptr(), int(max_iter),
-                   tau[start].data_ptr(), ok[start].data_ptr())
-
-    if z.numel() >= NEWTON_SPLIT_MIN_NUMEL and rows > 1 and torch.get_num_threads() > 1:
-        half = rows // 2
-        other = threading.Thread(target=part, args=(half, rows))
-        other.start()
-        part(0, half)
-        other.join()
-    elif rows:
-        part(0, rows)
+    if rows:
+        solve_rows(z.data_ptr(), rows, n, int(q), lo.data_ptr(), int(max_iter), tau.data_ptr(), ok.data_ptr(),
+                   _threads(z.numel()))
     return tau, ok.bool()
+
+
+def bound_threshold(z: Tensor, q: float, scale: float, exact_scale: bool,
+                    max_iter: int) -> Optional[tuple[Tensor, Tensor, Tensor]]:
+    """Exact threshold of ``scale * z`` for the rows ``z: (R, n)`` (CPU, float32/64, any values;
+    detached), ``q`` in {1, 2}, relative to the row maximum as ``root_threshold(relative=True)``
+    returns it: per row the maximum, the entries ``v = scale (z - max) > -1 - 2^-10`` (no other
+    can reach the threshold, which is at least -1), and the Newton loop of
+    :func:`newton_threshold` from -1 on those alone, its closed form verified (see
+    ``_newton_threshold.c``). ``exact_scale``: ``scale`` is a power of two (``v`` is then rounded
+    as ``torch.add(-zmax * scale, z, alpha=scale)``, else as ``(z - zmax) * scale``). Returns
+    ``(tau (R,), zmax (R,), ok (R,) bool)``: rows holding NaN or ``+inf`` get ``zmax`` NaN (``tau`` -1), rows
+    without a finite entry ``tau = +inf`` and ``zmax = 0``; ``ok`` False for rows left unverified
+    (the caller solves them otherwise). None when the library is unavailable. Large inputs on two
+    threads as :func:`newton_threshold`; no device is involved."""
+    found = _bound(z, q, scale, exact_scale, max_iter, None)
+    return None if found is None else found[:3]
+
+
+def bound_entmax15(z: Tensor, max_iter: int, root: bool,
+                   cube: bool) -> Optional[tuple[Tensor, Tensor, Tensor, Tensor, Optional[Tensor], Optional[Tensor]]]:
+    """1.5-entmax of the rows ``z: (R, n)`` (CPU, float32/64; detached) in one native call:
+    :func:`bound_threshold` (``q = 2``, scale 1/2), then, per row while it is in cache,
+    ``r = [(-zmax/2 + z/2) - tau]_+`` and ``p = r * r`` as the torch forward rounds them (bit
+    for bit on the same threshold). Returns ``(tau, zmax, ok, p, r, cube)``: ``p: (R, n)``,
+    ``r`` (where ``root``, else None), ``cube: (R,)`` the row sums of ``r p = p^1.5`` taken in
+    double (where ``cube``, else None); rows with ``ok`` False are not written (the caller fixes
+    their threshold and computes them). None when the library is unavailable."""
+    return _bound(z, 2.0, 0.5, True, max_iter, (root, cube))
+
+
+def _bound(z: Tensor, q: float, scale: float, exact_scale: bool, max_iter: int,
+           outputs: Optional[tuple[bool, bool]]) -> Optional[tuple]:
+    """The native bound threshold (``outputs=None``), or with 1.5-entmax's outputs
+    (``outputs = (root, cube)``): see :func:`bound_threshold` and :func:`bound_entmax15`."""
+    lib = library()
+    if lib is None or q not in (1.0, 2.0) or z.dtype not in _BOUND:
+        return None
+    rows, n = z.shape
+    z = z.detach().contiguous()
+    tau, zmax = torch.empty(rows, dtype=z.dtype), torch.empty(rows, dtype=z.dtype)
+    ok = torch.empty(rows, dtype=torch.int32)
+    p = r = cube = None
+    if outputs is not None:
+        p = torch.empty_like(z)
+        r = torch.empty_like(z) if outputs[0] else None
+        cube = torch.empty(rows, dtype=z.dtype) if outputs[1] else None
+    threads = _threads(z.numel())
+    scratch = torch.empty(threads * max(n, 1), dtype=z.dtype)  # per thread: the compacted candidates
+
+    def ptr(t: Optional[Tensor]) -> Optional[int]:
+        return None if t is None else t.data_ptr()
+
+    if rows:
+        getattr(lib, _BOUND[z.dtype])(
+            z.data_ptr(), rows, n, int(q), float(scale), int(exact_scale), int(max_iter), tau.data_ptr(),
+            zmax.data_ptr(), ok.data_ptr(), scratch.data_ptr(), ptr(p), ptr(r), ptr(cube), threads)
+    return tau, zmax, ok.bool(), p, r, cube
+
+
+def _threads(numel: int) -> int:
+    """Threads for a Newton call on ``numel`` entries: torch's count from
+    :data:`NEWTON_SPLIT_MIN_NUMEL` entries on (the library's OpenMP team; one where it was built
+    without OpenMP), else one."""
+    return torch.get_num_threads() if numel >= NEWTON_SPLIT_MIN_NUMEL else 1
 
 
 def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
@@ -269,6 +349,6 @@ def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
     return out
 
 
-__all__ = ["CFLAGS", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL", "ROW_STATS_SOURCE", "SOURCE", "SOURCES",
+__all__ = ["CFLAGS", "bound_entmax15", "bound_threshold", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL", "ROW_STATS_SOURCE", "SOURCE", "SOURCES",
            "available", "build", "cache_dir", "enabled", "library", "load", "native_sorted_shifted_threshold",
            "newton_threshold", "row_stats", "solve", "sorted_probs", "support_backward"]

@@ -20,16 +20,21 @@
  * sorting. Rows without a positive d (no finite entry) or holding NaN: tau is returned as found
  * (the caller masks such rows), ok = 1.
  * The sums of a step are taken in vectors of doubles (GCC / Clang vector extensions: two lanes
- * everywhere, four where an x86-64 processor has AVX2, chosen at run time, no -m flags; a plain
+ * everywhere, four where an x86-64 processor has AVX2, eight where it has AVX-512, chosen at run
+ * time, no -m flags; -DNMT_NO_AVX512 / -DNMT_NO_AVX2 leave the wide ones out; a plain
  * loop where they are missing or with -DNMT_ROWS_ONLY), without a branch: a comparison per entry
  * was mispredicted on broad rows and left the loop scalar (70 ms where torch takes 25 for 896 rows
  * of 3,963 entries; 13 ms with AVX2, 5 ms on two threads, which the caller runs).
- * Rows are independent; nothing is allocated. One thread per call.
+ * Rows are independent; nothing is allocated. Built with OpenMP, a call splits its rows over the
+ * threads it is given (FOR_THREADS below).
  */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h> /* AVX-512 compressing stores, used only in functions built for AVX-512 */
+#endif
 
 /* s1, s2, k of d = [x - tau]_+ over the row x[0 .. n), LANES entries at a time in vectors of doubles */
 #define VECTOR_SUMS(T, VT, DT, IT, LANES)                                                       \
@@ -88,6 +93,13 @@ typedef int64_t nmt_nt_i64x2 __attribute__((vector_size(16)));
 typedef float nmt_nt_f32x4 __attribute__((vector_size(16)));
 typedef double nmt_nt_f64x4 __attribute__((vector_size(32)));
 typedef int64_t nmt_nt_i64x4 __attribute__((vector_size(32)));
+typedef float nmt_nt_f32x8 __attribute__((vector_size(32)));
+typedef double nmt_nt_f64x8 __attribute__((vector_size(64)));
+typedef int64_t nmt_nt_i64x8 __attribute__((vector_size(64)));
+typedef int32_t nmt_nt_i32x4 __attribute__((vector_size(16)));
+typedef int32_t nmt_nt_i32x8 __attribute__((vector_size(32)));
+typedef float nmt_nt_f32x16 __attribute__((vector_size(64)));
+typedef int32_t nmt_nt_i32x16 __attribute__((vector_size(64)));
 #else
 #define NMT_NT_VECTORS 0
 #endif
@@ -156,21 +168,265 @@ DEFINE_NEWTON(newton_f64_v, double, DBL_EPSILON, NO_ATTR, SCALAR_SUMS(double))
 DEFINE_NEWTON(newton_f32_avx2, float, (double)FLT_EPSILON, AVX2, VECTOR_SUMS(float, nmt_nt_f32x4, nmt_nt_f64x4, nmt_nt_i64x4, 4))
 DEFINE_NEWTON(newton_f64_avx2, double, DBL_EPSILON, AVX2, VECTOR_SUMS(double, nmt_nt_f64x4, nmt_nt_f64x4, nmt_nt_i64x4, 4))
 #define HAVE_AVX2() __builtin_cpu_supports("avx2")
+#if !defined(NMT_NO_AVX512)
+/* 512-bit vectors (eight doubles) where the processor has AVX-512 */
+#define AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
+DEFINE_NEWTON(newton_f32_avx512, float, (double)FLT_EPSILON, AVX512, VECTOR_SUMS(float, nmt_nt_f32x8, nmt_nt_f64x8, nmt_nt_i64x8, 8))
+DEFINE_NEWTON(newton_f64_avx512, double, DBL_EPSILON, AVX512, VECTOR_SUMS(double, nmt_nt_f64x8, nmt_nt_f64x8, nmt_nt_i64x8, 8))
+#define HAVE_AVX512() (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")    \
+                       && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+#endif
 #else
 #define newton_f32_avx2 newton_f32_v
 #define newton_f64_avx2 newton_f64_v
 #define HAVE_AVX2() 0
 #endif
+#ifndef HAVE_AVX512
+#define newton_f32_avx512 newton_f32_v
+#define newton_f64_avx512 newton_f64_v
+#define HAVE_AVX512() 0
+#endif
+
+/* Long rows: the candidates above the maximum's bound, then the Newton loop on them alone.
+ * For v = scale (z - max) (rounded as the torch shift rounds it) the threshold is at least -1 (the
+ * maximum's p = (-tau)^q <= 1), so every entry with v <= BOUND_V = -1 - 2^-10 is zero whatever the
+ * threshold: one pass finds the maximum, one compacts the others into the caller's scratch (n
+ * entries), and the Newton loop above runs from -1 on those alone (the iterates stay above -1:
+ * the entries left out add nothing to its sums), its closed form verified on them; a threshold
+ * at most BOUND_V (rounding only) is flagged like an unverified one. Instead of the block
+ * maxima, masks, selections and counts of the torch pruning (several passes over the whole
+ * input): two passes over each row, in cache. Rows holding NaN or +inf: zmax NaN, tau -1 (where
+ * the loop starts); rows without a finite entry: tau +inf, zmax 0; both ok. */
+#define BOUND_V (-1.0 - 1.0 / 1024.0)
+/* the maximum and the bad entries (NaN, +inf) of x[0 .. n), L lanes at a time, into top and bad */\
+#define MAXPASS_LANES(T, VT, IT, L)                                                             \
+    do {                                                                                        \
+        VT mx, xv;                                                                              \
+        IT flags = {0};                                                                         \
+        for (int l = 0; l < L; l++) mx[l] = -INFINITY;                                          \
+        for (; i_ + L <= n; i_ += L) {                                                          \
+            memcpy(&xv, x + i_, sizeof xv);                                                     \
+            flags |= (xv != xv) | (xv == (T)INFINITY);                                          \
+            IT gt = xv > mx;                                                                    \
+            mx = (VT)(((IT)xv & gt) | ((IT)mx & ~gt));                                          \
+        }                                                                                       \
+        for (int l = 0; l < L; l++) {                                                           \
+            bad |= flags[l] != 0;                                                               \
+            top = mx[l] > top ? mx[l] : top;                                                    \
+        }                                                                                       \
+    } while (0)
+/* the candidates of x[i_ .. n): L entries at a time, a chunk without one skipped; v as the torch\
+   shift rounds it (one multiplication of x, exact for a power-of-two scale, then the shift) */ \
+#define COMPACT_LANES(T, VT, IT, L)                                                             \
+    do {                                                                                        \
+        for (; i_ + L <= n; i_ += L) {                                                          \
+            VT xv, v;                                                                           \
+            memcpy(&xv, x + i_, sizeof xv);                                                     \
+            v = exact_scale ? m + s * xv : (xv - top) * s;                                      \
+            IT c = v > bound;                                                                   \
+            IT any = c;                                                                         \
+            for (int l = 1; l < L; l++) any[0] |= c[l];                                         \
+            if (any[0])                                                                         \
+                for (int l = 0; l < L; l++) {                                                   \
+                    cand[k] = v[l];                                                             \
+                    k += c[l] != 0;                                                             \
+                }                                                                               \
+        }                                                                                       \
+    } while (0)
+/* the same with AVX-512's compressing stores: the candidates of 16 (8) entries in one instruction */\
+#define COMPACT_512(T, VEC, MASK, SUF, L)                                                       \
+    do {                                                                                        \
+        const VEC sv = _mm512_set1_##SUF(s), mv = _mm512_set1_##SUF(m), tv = _mm512_set1_##SUF(top);\
+        const VEC bv = _mm512_set1_##SUF(bound);                                                \
+        for (; i_ + L <= n; i_ += L) {                                                          \
+            const VEC xv = _mm512_loadu_##SUF(x + i_);                                          \
+            const VEC v = exact_scale ? _mm512_add_##SUF(mv, _mm512_mul_##SUF(sv, xv))          \
+                                      : _mm512_mul_##SUF(_mm512_sub_##SUF(xv, tv), sv);         \
+            const MASK c = _mm512_cmp_##SUF##_mask(v, bv, _CMP_GT_OQ);                          \
+            _mm512_mask_compressstoreu_##SUF(cand + k, c, v);                                   \
+            k += __builtin_popcount((unsigned)c);                                               \
+        }                                                                                       \
+    } while (0)
+/* 1.5-entmax's output of row r (scale 1/2), operation by operation as the torch forward computes\
+   it: r = [(-zmax/2 + x/2) - tau]_+ (NaN kept), p = r * r; root (if given) r, cube (if given) the\
+   row's sum of r p = sum p^1.5 in double. L lanes at a time, then one by one. */               \
+#define OUTPUT_LANES(T, VT, IT, L)                                                              \
+    do {                                                                                        \
+        const T hm = (T)(-0.5 * zmax_out[r]), t = tau_out[r];                                   \
+        const T *xr = z + r * n;                                                                \
+        T *pr = p + r * n, *rr = root ? root + r * n : 0;                                       \
+        VT acc = {0};                                                                           \
+        double sum = 0.0;                                                                       \
+        int64_t j = 0;                                                                          \
+        for (; j + L <= n; j += L) {                                                            \
+            VT xv;                                                                              \
+            memcpy(&xv, xr + j, sizeof xv);                                                     \
+            VT v = (hm + (T)0.5 * xv) - t;                                                      \
+            v = (VT)((IT)v & ~(IT)(v < 0)); /* clamp at 0, NaN kept */                          \
+            VT pv = v * v;                                                                      \
+            memcpy(pr + j, &pv, sizeof pv);                                                     \
+            if (rr) memcpy(rr + j, &v, sizeof v);                                               \
+            acc += v * pv;                                                                      \
+        }                                                                                       \
+        for (int l = 0; l < L; l++) sum += (double)acc[l];                                      \
+        for (; j < n; j++) {                                                                    \
+            T v = (T)((T)(hm + (T)(0.5 * xr[j])) - t);                                          \
+            v = v < 0 ? (T)0 : v;                                                               \
+            pr[j] = (T)(v * v);                                                                 \
+            if (rr) rr[j] = v;                                                                  \
+            sum += (double)(T)(v * pr[j]);                                                      \
+        }                                                                                       \
+        if (cube) cube[r] = (T)sum;                                                             \
+    } while (0)
+#define OUTPUT_ROWS(T)                                                                          \
+    do {                                                                                        \
+        const T hm = (T)(-0.5 * zmax_out[r]), t = tau_out[r];                                   \
+        const T *xr = z + r * n;                                                                \
+        T *pr = p + r * n, *rr = root ? root + r * n : 0;                                       \
+        double sum = 0.0;                                                                       \
+        for (int64_t j = 0; j < n; j++) {                                                       \
+            T v = (T)((T)(hm + (T)(0.5 * xr[j])) - t);                                          \
+            v = v < 0 ? (T)0 : v;                                                               \
+            pr[j] = (T)(v * v);                                                                 \
+            if (rr) rr[j] = v;                                                                  \
+            sum += (double)(T)(v * pr[j]);                                                      \
+        }                                                                                       \
+        if (cube) cube[r] = (T)sum;                                                             \
+    } while (0)
+#define DEFINE_BOUND(NAME, T, ATTR, NEWTON, MAXPASS, COMPACT, OUTPUT)                                   \
+ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, int exact_scale,\
+                      int64_t max_iter, T *tau_out, T *zmax_out, int32_t *ok, T *cand, T *p,    \
+                      T *root, T *cube)                                                         \
+{                                                                                               \
+    const T s = (T)scale, bound = (T)BOUND_V, lo = (T)-1;                                       \
+    for (int64_t r = 0; r < rows; r++) {                                                        \
+        const T *x = z + r * n;                                                                 \
+        T top = -INFINITY;                                                                      \
+        int bad = 0;                                                                            \
+        int64_t i_ = 0;                                                                         \
+        MAXPASS;                                                                                \
+        for (; i_ < n; i_++) {                                                                  \
+            const T xi = x[i_];                                                                 \
+            bad |= (xi != xi) | (xi == INFINITY);                                               \
+            top = xi > top ? xi : top;                                                          \
+        }                                                                                       \
+        if (bad || top == -INFINITY) { /* NaN or +inf: all NaN (the row maximum NaN, tau as it  \
+                                          starts); no finite entry: all zeros (tau +inf, zmax 0) */\
+            tau_out[r] = bad ? lo : (T)INFINITY;                                                \
+            zmax_out[r] = bad ? (T)NAN : (T)0;                                                  \
+            ok[r] = 1;                                                                          \
+            if (p) OUTPUT;                                                                      \
+            continue;                                                                           \
+        }                                                                                       \
+        /* the candidates v = scale (z - max) > BOUND_V, compacted into cand */                 \
+        const T m = (T)(-top * s);                                                              \
+        int64_t k = 0;                                                                          \
+        i_ = 0;                                                                                 \
+        COMPACT;                                                                                \
+        for (; i_ < n; i_++) {                                                                  \
+            const T v = exact_scale ? (T)(m + (T)(s * x[i_])) : (T)((T)(x[i_] - top) * s);      \
+            cand[k] = v;                                                                        \
+            k += v > bound;                                                                     \
+        }                                                                                       \
+        T tau;                                                                                  \
+        int32_t verified;                                                                       \
+        NEWTON(cand, 1, k, q, &lo, max_iter, &tau, &verified);                                  \
+        tau_out[r] = tau;                                                                       \
+        zmax_out[r] = top;                                                                      \
+        ok[r] = verified && tau > bound; /* then no entry left out reaches the threshold */     \
+        if (p && ok[r]) OUTPUT;                                                                 \
+    }                                                                                           \
+}
+
+#if NMT_NT_VECTORS
+DEFINE_BOUND(bound_f32_v, float, NO_ATTR, newton_f32_v, MAXPASS_LANES(float, nmt_nt_f32x4, nmt_nt_i32x4, 4),
+             COMPACT_LANES(float, nmt_nt_f32x4, nmt_nt_i32x4, 4),
+             OUTPUT_LANES(float, nmt_nt_f32x4, nmt_nt_i32x4, 4))
+DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, MAXPASS_LANES(double, nmt_nt_f64x2, nmt_nt_i64x2, 2),
+             COMPACT_LANES(double, nmt_nt_f64x2, nmt_nt_i64x2, 2),
+             OUTPUT_LANES(double, nmt_nt_f64x2, nmt_nt_i64x2, 2))
+#else /* no vectors: entry by entry */
+DEFINE_BOUND(bound_f32_v, float, NO_ATTR, newton_f32_v, (void)0, (void)0, OUTPUT_ROWS(float))
+DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, (void)0, (void)0, OUTPUT_ROWS(double))
+#endif
+#if defined(AVX2)
+DEFINE_BOUND(bound_f32_avx2, float, AVX2, newton_f32_avx2, MAXPASS_LANES(float, nmt_nt_f32x8, nmt_nt_i32x8, 8),
+             COMPACT_LANES(float, nmt_nt_f32x8, nmt_nt_i32x8, 8),
+             OUTPUT_LANES(float, nmt_nt_f32x8, nmt_nt_i32x8, 8))
+DEFINE_BOUND(bound_f64_avx2, double, AVX2, newton_f64_avx2, MAXPASS_LANES(double, nmt_nt_f64x4, nmt_nt_i64x4, 4),
+             COMPACT_LANES(double, nmt_nt_f64x4, nmt_nt_i64x4, 4),
+             OUTPUT_LANES(double, nmt_nt_f64x4, nmt_nt_i64x4, 4))
+#else
+#define bound_f32_avx2 bound_f32_v
+#define bound_f64_avx2 bound_f64_v
+#endif
+#if defined(AVX512)
+DEFINE_BOUND(bound_f32_avx512, float, AVX512, newton_f32_avx512, MAXPASS_LANES(float, nmt_nt_f32x16, nmt_nt_i32x16, 16),
+             COMPACT_512(float, __m512, __mmask16, ps, 16),
+             OUTPUT_LANES(float, nmt_nt_f32x16, nmt_nt_i32x16, 16))
+DEFINE_BOUND(bound_f64_avx512, double, AVX512, newton_f64_avx512, MAXPASS_LANES(double, nmt_nt_f64x8, nmt_nt_i64x8, 8),
+             COMPACT_512(double, __m512d, __mmask8, pd, 8),
+             OUTPUT_LANES(double, nmt_nt_f64x8, nmt_nt_i64x8, 8))
+#else
+#define bound_f32_avx512 bound_f32_v
+#define bound_f64_avx512 bound_f64_v
+#endif
+
+/* Rows split over `threads` threads of the OpenMP team where the library was built with OpenMP
+   (the process's one libgomp: torch's own pool, whose workers wait spinning for the next region;
+   a thread of our own had to compete with them for a core), else all rows on this thread. Thread t
+   runs rows [FIRST, LAST) and its scratch slot t. */
+#ifdef _OPENMP
+#include <omp.h>
+#define FOR_THREADS(threads, rows, BODY)                                                        \
+    do {                                                                                        \
+        _Pragma("omp parallel num_threads(threads)")                                            \
+        {                                                                                       \
+            const int64_t t_ = omp_get_thread_num(), nt_ = omp_get_num_threads();              \
+            const int64_t FIRST = (rows) * t_ / nt_, LAST = (rows) * (t_ + 1) / nt_;            \
+            BODY;                                                                               \
+        }                                                                                       \
+    } while (0)
+#else
+#define FOR_THREADS(threads, rows, BODY)                                                        \
+    do {                                                                                        \
+        (void)(threads);                                                                        \
+        const int64_t t_ = 0, FIRST = 0, LAST = (rows);                                         \
+        (void)t_;                                                                               \
+        BODY;                                                                                   \
+    } while (0)
+#endif
 
 #define DEFINE_ENTRY(NAME, T, SUFFIX)                                                           \
 void NAME(const T *z, int64_t rows, int64_t n, int q, const T *lo, int64_t max_iter,          \
-          T *tau_out, int32_t *ok)                                                              \
+          T *tau_out, int32_t *ok, int threads)                                                 \
 {                                                                                               \
-    if (HAVE_AVX2())                                                                            \
-        newton_##SUFFIX##_avx2(z, rows, n, q, lo, max_iter, tau_out, ok);                       \
-    else                                                                                        \
-        newton_##SUFFIX##_v(z, rows, n, q, lo, max_iter, tau_out, ok);                          \
+    void (*solve)(const T *, int64_t, int64_t, int, const T *, int64_t, T *, int32_t *) =      \
+        HAVE_AVX512() ? newton_##SUFFIX##_avx512 : HAVE_AVX2() ? newton_##SUFFIX##_avx2         \
+                                                               : newton_##SUFFIX##_v;           \
+    FOR_THREADS(threads, rows,                                                                  \
+                solve(z + FIRST * n, LAST - FIRST, n, q, lo + FIRST, max_iter, tau_out + FIRST, \
+                      ok + FIRST));                                                             \
 }
 
 DEFINE_ENTRY(nmt_newton_threshold_f32, float, f32)
 DEFINE_ENTRY(nmt_newton_threshold_f64, double, f64)
+
+#define AT(ptr, row) ((ptr) ? (ptr) + (row) : 0)
+#define DEFINE_BOUND_ENTRY(NAME, T, SUFFIX)                                                     \
+void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, int exact_scale,            \
+          int64_t max_iter, T *tau_out, T *zmax_out, int32_t *ok, T *scratch, T *p, T *root,    \
+          T *cube, int threads)                                                                 \
+{                                                                                               \
+    void (*solve)(const T *, int64_t, int64_t, int, double, int, int64_t, T *, T *, int32_t *,  \
+                  T *, T *, T *, T *) =                                                         \
+        HAVE_AVX512() ? bound_##SUFFIX##_avx512 : HAVE_AVX2() ? bound_##SUFFIX##_avx2           \
+                                                              : bound_##SUFFIX##_v;             \
+    FOR_THREADS(threads, rows,                                                                  \
+                solve(z + FIRST * n, LAST - FIRST, n, q, scale, exact_scale, max_iter,          \
+                      tau_out + FIRST, zmax_out + FIRST, ok + FIRST, scratch + t_ * n,          \
+                      AT(p, FIRST * n), AT(root, FIRST * n), AT(cube, FIRST)));                 \
+}
+
+DEFINE_BOUND_ENTRY(nmt_bound_threshold_f32, float, f32)
+DEFINE_BOUND_ENTRY(nmt_bound_threshold_f64, double, f64)

@@ -35,6 +35,15 @@ Here ``z = (alpha - 1) * x`` and ``q = 1 / (alpha - 1)`` (sparsemax: ``q = 1``;
   is loose: random rows of 8,000 entries keep ~90% of their blocks but ~4% of their entries,
   which one comparison pass finds.)
 
+  Where the native library is built, exact 1.5-entmax thresholds (``q = 2``) of long rows on the
+  CPU skip that pruning: one native pass a row (:func:`nmt.sparse._native.bound_threshold`)
+  takes its maximum, keeps the entries above the maximum's bound (``v > -1 - 2^-10``: the
+  threshold is at least -1) and runs the Newton loop on those alone, its closed form verified
+  there; rows it leaves unverified are sorted. 1.5-entmax and its loss take their outputs from
+  the same pass (:func:`native_long_entmax15`: ``p``, ``sqrt(p)`` and ``sum p^1.5`` written
+  while the row is in cache), several times fewer passes over a batch of output rows. The rows
+  are split over torch's OpenMP threads.
+
 Host synchronisations: the convergence test of the Newton loop (one per step, a few
 steps; one more at the exact finish of ``q = 2``; one reading whether per-row powers all
 exceed 1), on long rows the row split (one) and sizing the pruned candidate set (three, if
@@ -50,7 +59,7 @@ import torch
 from torch import Tensor
 
 from ._native import available as native_available
-from ._native import native_sorted_shifted_threshold, newton_threshold, sorted_probs
+from ._native import bound_entmax15, bound_threshold, native_sorted_shifted_threshold, newton_threshold, sorted_probs
 
 SORT_MAX_N = 512
 """Longest rows the exact mappings solve by sorting (see :func:`prefer_sort`)."""
@@ -199,6 +208,45 @@ def native_sorted_probs(x: Tensor, q: float, root: bool) -> Optional[tuple[Tenso
         return None
     p, r = found
     return p.view(x.shape), None if r is None else r.view(x.shape)
+
+
+def long_rows(n_rows: int, n: int) -> bool:
+    """Whether rows of length ``n`` are long for the exact thresholds of the CPU: not sorted
+    (:func:`prefer_sort`) and long enough for :func:`root_threshold` to prune them."""
+    block = BLOCK if n >= 64 * BLOCK else BLOCK // 2
+    return n >= 8 * block and not prefer_sort(n_rows, n)
+
+
+def native_long_entmax15(x: Tensor, root: bool, cube: bool) -> Optional[tuple]:
+    """1.5-entmax of the long rows of ``x: (..., n)`` (:func:`long_rows`) in one native call
+    (:func:`nmt.sparse._native.bound_entmax15`): the exact threshold found from the entries
+    above the maximum's bound, then ``r = [x/2 - zmax/2 - tau]_+`` and ``p = r^2`` as the torch
+    forward rounds them, written while each row is in cache. CPU, float32/64, eager, outside
+    autograd's recording, the native library built; else None (the caller's torch path). Rows
+    the native loop left unverified are solved by sorting. Returns ``(p, r, cube, tau, zmax)``:
+    ``p`` (and ``r`` where ``root``, else None) shaped like ``x``, ``cube`` the row sums of
+    ``p^1.5`` (where ``cube``, else None), ``tau, zmax: (R,)`` for the ``R`` rows. Host syncs:
+    the check of the verification flags (a CPU read)."""
+    n = x.shape[-1]
+    rows = x.numel() // max(n, 1)
+    if x.numel() == 0 or not long_rows(rows, n) or not _host_solves(x) or not native_available():
+        return None
+    z = x.reshape(rows, n)
+    found = bound_entmax15(z, 4 * n + 60, root, cube)
+    if found is None:
+        return None
+    tau, zmax, ok, p, r, sums = found
+    if not bool(ok.all()):  # ties within rounding of the threshold (rare): sort, then the formula
+        bad = (~ok).nonzero()[:, 0]
+        half_max = -0.5 * zmax.index_select(0, bad)[:, None]
+        tau[bad] = sort_threshold(torch.add(half_max, z.index_select(0, bad), alpha=0.5), 2.0)[:, 0]
+        r_bad = torch.add(half_max, z.index_select(0, bad), alpha=0.5).sub_(tau[bad, None]).clamp_(min=0)
+        p[bad] = r_bad * r_bad
+        if r is not None:
+            r[bad] = r_bad
+        if sums is not None:
+            sums[bad] = torch.linalg.vecdot(r_bad, r_bad * r_bad)
+    return p.view(x.shape), None if r is None else r.view(x.shape), sums, tau, zmax
 
 
 NATIVE_MAPPING_MAX_NUMEL = 16384
@@ -563,7 +611,8 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
     their maximum*: ``relative=True`` returns ``(tau_rel, zmax)`` (both ``(..., 1)``) with
     ``p = [scale * (z - zmax) - tau_rel]_+^q``, which keeps float precision for rows with a
     large offset; otherwise ``scale * zmax + tau_rel``. Rows without finite entries get
-    ``zmax = 0``, ``tau_rel = +inf``. Long rows are pruned to the entries above the
+    ``zmax = 0``, ``tau_rel = +inf``. Exact ``q = 2`` on the CPU with the native library: the
+    native pass of long rows (module docstring; ``cand`` None). Otherwise long rows are pruned to the entries above the
     block-maxima threshold first; rows where that bound keeps more than half of the blocks and
     of the entries (broad rows, e.g. early in training) are solved on the full row instead.
     ``candidates=True`` returns ``(tau_rel, zmax, cand)``: ``cand`` the :class:`Candidates` of
@@ -639,6 +688,16 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
     block = BLOCK if n >= 64 * BLOCK else BLOCK // 2
     if n < 8 * block:
         return finish(*solve(z2, None, q))
+    if exact and q == 2.0 and _host_solves(z2) and native_available():
+        # the native pass per row: its maximum, the entries above the maximum's bound, Newton on
+        # them (no block maxima, masks or selections over the whole input)
+        found = bound_threshold(z2, q, scale, exact_scale, max_iter)
+        if found is not None:
+            tau, zmax, ok = found
+            if not bool(ok.all()):  # rows left unverified (ties within rounding; rare): by sorting
+                bad = (~ok).nonzero()[:, 0]
+                tau[bad] = sort_threshold(shift(z2.index_select(0, bad), owned=True)[0], q)[:, 0]
+            return finish(tau[:, None], zmax[:, None])
     bmax = _block_max(z2, block)
     # a lower bound of the threshold of a sub-vector (the block maxima) bounds the row's
     sub = bmax * scale

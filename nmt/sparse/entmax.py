@@ -24,7 +24,7 @@ from ._common import apply_last, apply_mask, broadcasts_to, check_scores, comput
 from ._dispatch import check_impl, resolve_impl, shifted_threshold
 from ._softmax import softmax
 from ._native import support_backward
-from ._threshold import Candidates, native_sorted_probs, pruned_shifted_threshold
+from ._threshold import Candidates, native_long_entmax15, native_sorted_probs, pruned_shifted_threshold
 from .sparsemax import sparsemax
 
 _NAN = float("nan")
@@ -158,6 +158,12 @@ class Entmax15Function(torch.autograd.Function):
                 p, r = fused
                 ctx.native = True
                 ctx.save_for_backward(r)
+                return p
+            long = native_long_entmax15(x, root=ctx.needs_input_grad[0], cube=False)
+            if long is not None:  # long rows: the same in one native pass a row (torch backward)
+                p, r = long[0], long[1]
+                if r is not None:
+                    ctx.save_for_backward(r)
                 return p
             tau, zmax, cand = pruned_shifted_threshold(x, 2.0, 0.5, candidates=True)
             if sparse_output_pays(cand, zmax, x):  # zeros but at the candidates

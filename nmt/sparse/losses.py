@@ -55,7 +55,7 @@ from torch import Tensor, nn
 
 from . import _dispatch
 from ._dispatch import check_impl, resolve_impl, shifted_threshold
-from ._threshold import Candidates, count_true, pruned_shifted_threshold
+from ._threshold import Candidates, count_true, native_long_entmax15, pruned_shifted_threshold
 from .entmax import entmax_at_candidates, scatter_candidates, sparse_output_pays
 
 _REDUCTIONS = ("mean", "sum", "none")
@@ -217,6 +217,10 @@ class TsallisEntmax15(Tsallis):
     def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor, Tensor]:
         if self.uses_kernel(z, impl):
             return self.kernel_probs_conj(z)
+        long = native_long_entmax15(z, root=False, cube=True) if resolve_impl(impl, z) == "pruned" else None
+        if long is not None:  # long rows on the CPU: threshold, p and sum p^1.5 in one native pass a row
+            p, _, sum15, tau, zmax = long
+            return p, 2 * (tau + 1) + (2.0 / 3.0) * (sum15 - 1), zmax[:, None]
         tau, zmax = shifted_threshold(z, 2.0, scale=0.5, impl=impl)  # as entmax15_threshold
         # sqrt(p) = [z/2 - zmax/2 - tau']_+ (halving is exact): r_t = -tau' at the maximum
         r = torch.add(-0.5 * zmax, z, alpha=0.5).sub_(tau).clamp_(min=0)

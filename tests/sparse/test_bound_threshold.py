@@ -1,0 +1,158 @@
+"""The native threshold of long rows from the maximum's bound (``nmt.sparse._native.bound_threshold``
+and ``bound_entmax15``, ``nmt/sparse/_newton_threshold.c``): exact thresholds against a float64
+sort on every vector path and with one or two threads; 1.5-entmax's outputs bit for bit the torch
+formula on the same threshold; rows it leaves unverified solved by sorting; the mapping and the
+loss on long rows against the torch pruning path they replace."""
+import pytest
+import torch
+
+from nmt.sparse import _native, entmax15
+from nmt.sparse._threshold import native_long_entmax15, sort_threshold
+from nmt.sparse.losses import entmax15_loss
+
+NEG_INF = float("-inf")
+
+needs_library = pytest.mark.skipif(not _native.available(), reason="native library not built")
+
+
+def long_rows(n_rows: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Raw scores of every kind: broad (near-uniform), random, peaked, one-hot, tied, offset by
+    1e3, with -inf runs, of only -inf, with a NaN, with +inf."""
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.tensor([0.01, 0.3, 1.0, 3.0, 30.0]).repeat(n_rows // 5 + 1)[:n_rows, None]
+    x = (torch.randn(n_rows, n, generator=g, dtype=torch.float64) * scale).to(dtype)
+    x[1, 7] += 50.0  # one-hot: threshold -1 exactly
+    x[2] = (x[2] * 4).round() / 4  # ties
+    x[3] += 1e3
+    x[4, : n // 2] = NEG_INF
+    x[5] = NEG_INF
+    x[6, 3] = float("nan")
+    x[7, n // 3] = float("inf")
+    return x
+
+
+def _reference(x: torch.Tensor, q: float, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tau, zmax) by the float64 sort of the shifted rows, relative to the maximum."""
+    zmax = x.double().amax(dim=-1, keepdim=True)
+    zmax = torch.where(zmax == NEG_INF, 0, zmax)
+    return sort_threshold((x.double() - zmax) * scale, q)[:, 0], zmax[:, 0]
+
+
+@needs_library
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.float64, 1e-13)])
+@pytest.mark.parametrize("q,scale", [(2.0, 0.5), (1.0, 1.0), (2.0, 0.3)])
+@pytest.mark.parametrize("n", [256, 1000, 3963])
+def test_bound_threshold_equals_the_sorted_threshold(native_build, monkeypatch, dtype, tol, q, scale, n):
+    monkeypatch.setitem(_native._state, "lib", native_build)
+    x = long_rows(40, n, dtype, seed=n)
+    exact_scale = scale in (0.5, 1.0)
+    tau, zmax, ok = _native.bound_threshold(x, q, scale, exact_scale, 4 * n + 60)
+    want_tau, want_zmax = _reference(x, q, scale)
+    bad = torch.zeros(40, dtype=torch.bool)
+    bad[6] = bad[7] = True  # NaN, +inf: zmax NaN (an all-NaN output)
+    assert bool(zmax[bad].isnan().all()) and bool(ok.all())
+    assert torch.equal(zmax[~bad].double(), want_zmax[~bad])
+    assert tau[5] == float("inf") and zmax[5] == 0  # no finite entry: all zeros
+    live = ~bad
+    live[5] = False
+    assert torch.allclose(tau[live].double(), want_tau[live], rtol=0, atol=tol)
+    # the same supports as the exact threshold (entries tied at it within rounding aside)
+    v = (x[live].double() - want_zmax[live, None]) * scale
+    margin = (v - want_tau[live, None]).abs() > 10 * tol
+    assert torch.equal((v > tau[live, None].double()) & margin, (v > want_tau[live, None]) & margin)
+
+
+@needs_library
+def test_one_and_two_threads_give_the_same_results(monkeypatch):
+    x = long_rows(64, 3000, torch.float32, seed=5)
+    one = _native.bound_entmax15(x, 20000, True, True)
+    monkeypatch.setattr(_native, "NEWTON_SPLIT_MIN_NUMEL", 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        two = _native.bound_entmax15(x, 20000, True, True)
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(one, two):
+        assert torch.equal(a.nan_to_num(-7.0), b.nan_to_num(-7.0))
+
+
+@needs_library
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_entmax15_outputs_are_the_torch_formula_bit_for_bit(native_build, monkeypatch, dtype):
+    """p and r written by the native pass equal ``[x/2 - zmax/2 - tau]_+`` and its square as the
+    torch forward rounds them, on the native threshold; the row sums of p^1.5 agree."""
+    monkeypatch.setitem(_native._state, "lib", native_build)
+    x = long_rows(30, 1003, dtype, seed=11)  # a tail after the vector chunks
+    tau, zmax, ok, p, r, cube = _native.bound_entmax15(x, 20000, True, True)
+    assert bool(ok.all())
+    want_r = torch.add(-0.5 * zmax[:, None], x, alpha=0.5).sub_(tau[:, None]).clamp_(min=0)
+    assert torch.equal(r.nan_to_num(-7.0), want_r.nan_to_num(-7.0))
+    assert torch.equal(p.nan_to_num(-7.0), (want_r * want_r).nan_to_num(-7.0))
+    fine = ~torch.isnan(zmax)
+    assert torch.allclose(cube[fine].double(), (want_r * want_r * want_r).double().sum(-1)[fine], rtol=1e-5)
+    assert torch.allclose(p[fine].sum(-1).double()[torch.arange(30)[fine] != 5],
+                          torch.ones(int(fine.sum()) - 1, dtype=torch.float64), atol=1e-5)
+
+
+@needs_library
+def test_unverified_rows_are_solved_by_sorting(monkeypatch):
+    """Rows the native loop flags (here: forced) get the sorted threshold and the torch formula."""
+    x = long_rows(20, 700, torch.float64, seed=2)[8:]  # finite rows
+    real = _native.bound_entmax15
+
+    def flag_some(z, max_iter, root, cube):
+        tau, zmax, ok, p, r, c = real(z, max_iter, root, cube)
+        ok[::3] = False
+        p[::3], tau[::3] = float("nan"), 0.0  # what the native pass left unwritten
+        if r is not None:
+            r[::3] = float("nan")
+        if c is not None:
+            c[::3] = float("nan")
+        return tau, zmax, ok, p, r, c
+
+    monkeypatch.setattr("nmt.sparse._threshold.bound_entmax15", flag_some)
+    p, r, cube, tau, zmax = native_long_entmax15(x, root=True, cube=True)
+    want_tau, _ = _reference(x, 2.0, 0.5)
+    assert torch.allclose(tau, want_tau, atol=1e-13)
+    want_r = torch.add(-0.5 * zmax[:, None], x, alpha=0.5).sub_(tau[:, None]).clamp_(min=0)
+    assert torch.equal(r, want_r) and torch.equal(p, want_r * want_r)
+    assert torch.allclose(cube, (want_r ** 3).sum(-1), rtol=1e-12)
+
+
+@needs_library
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float64, 1e-12)])
+def test_mapping_and_loss_on_long_rows_equal_the_torch_pruning_path(monkeypatch, count_calls, dtype, tol):
+    """entmax15 (forward, gradient) and the 1.5-entmax loss (value, gradient) on long rows by the
+    native pass against the torch pruning path they replace (the native long-row path switched
+    off); the native pass is the one taken."""
+    import nmt.sparse._threshold as T
+    import nmt.sparse.entmax as E
+    import nmt.sparse.losses as L
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(48, 3963, generator=g, dtype=dtype) * torch.tensor([0.05, 1.0, 6.0], dtype=dtype).repeat(16)[:, None]
+    target = torch.randint(0, 3963, (48,), generator=g)
+    w = torch.randn(48, 3963, generator=g, dtype=dtype)
+
+    def run():
+        xs = x.clone().requires_grad_()
+        p = entmax15(xs)
+        (p * w).sum().backward()
+        xl = x.clone().requires_grad_()
+        loss = entmax15_loss(xl, target, reduction="none")
+        loss.sum().backward()
+        with torch.no_grad():
+            p_inf = entmax15(x)
+        return p.detach(), xs.grad, loss.detach(), xl.grad, p_inf
+
+    calls = count_calls(T, "bound_entmax15")
+    native = run()
+    assert len(calls) == 3  # training forward, loss, inference forward
+    monkeypatch.setattr(E, "native_long_entmax15", lambda *args, **kwargs: None)
+    monkeypatch.setattr(L, "native_long_entmax15", lambda *args, **kwargs: None)
+    monkeypatch.setattr(T, "bound_threshold", lambda *args, **kwargs: None)
+    torch_path = run()
+    for a, b in zip(native, torch_path):
+        assert torch.allclose(a, b, rtol=1e-4, atol=tol)
+    assert torch.equal(native[0] > 0, torch_path[0] > 0)
