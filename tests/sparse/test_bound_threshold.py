@@ -156,3 +156,18 @@ def test_mapping_and_loss_on_long_rows_equal_the_torch_pruning_path(monkeypatch,
     for a, b in zip(native, torch_path):
         assert torch.allclose(a, b, rtol=1e-4, atol=tol)
     assert torch.equal(native[0] > 0, torch_path[0] > 0)
+
+
+@needs_library
+def test_a_compiler_without_openmp_builds_the_library_for_one_thread(monkeypatch, tmp_path):
+    """The OpenMP flags refused (here: a flag the compiler does not know): the library is built
+    without them, and its long-row threshold gives the same results on one thread."""
+    monkeypatch.setattr(_native, "OPENMP_FLAGS", ("-fno-such-option-for-nmt",))
+    lib = _native.load(_native.build(tmp_path))
+    x = long_rows(24, 2000, torch.float32, seed=9)
+    want = _native.bound_entmax15(x, 20000, True, True)
+    monkeypatch.setitem(_native._state, "lib", lib)
+    monkeypatch.setattr(_native, "NEWTON_SPLIT_MIN_NUMEL", 1)
+    got = _native.bound_entmax15(x, 20000, True, True)
+    for a, b in zip(got, want):
+        assert torch.equal(a.nan_to_num(-7.0), b.nan_to_num(-7.0))
