@@ -249,15 +249,27 @@ DEFINE_NEWTON(newton_f64_avx512, double, DBL_EPSILON, AVX512, VECTOR_SUMS(double
     } while (0)
 /* 1.5-entmax's output of row r (scale 1/2), operation by operation as the torch forward computes\
    it: r = [(-zmax/2 + x/2) - tau]_+ (NaN kept), p = r * r; root (if given) r, cube (if given) the\
-   row's sum of r p = sum p^1.5 in double. L lanes at a time, then one by one. */               \
-#define OUTPUT_LANES(T, VT, IT, L)                                                              \
+   row's sum of r p = sum p^1.5 in double. VECTORS first (L lanes at a time), then one by one. */\
+#define OUTPUT_ROW(T, VECTORS)                                                                  \
     do {                                                                                        \
         const T hm = (T)(-0.5 * zmax_out[r]), t = tau_out[r];                                   \
         const T *xr = z + r * n;                                                                \
         T *pr = p + r * n, *rr = root ? root + r * n : 0;                                       \
-        VT acc = {0};                                                                           \
         double sum = 0.0;                                                                       \
         int64_t j = 0;                                                                          \
+        VECTORS;                                                                                \
+        for (; j < n; j++) {                                                                    \
+            T v = (T)((T)(hm + (T)(0.5 * xr[j])) - t);                                          \
+            v = v < 0 ? (T)0 : v;                                                               \
+            pr[j] = (T)(v * v);                                                                 \
+            if (rr) rr[j] = v;                                                                  \
+            sum += (double)(T)(v * pr[j]);                                                      \
+        }                                                                                       \
+        if (cube) cube[r] = (T)sum;                                                             \
+    } while (0)
+#define OUTPUT_VECTORS(T, VT, IT, L)                                                            \
+    do {                                                                                        \
+        VT acc = {0};                                                                           \
         for (; j + L <= n; j += L) {                                                            \
             VT xv;                                                                              \
             memcpy(&xv, xr + j, sizeof xv);                                                     \
@@ -269,31 +281,8 @@ DEFINE_NEWTON(newton_f64_avx512, double, DBL_EPSILON, AVX512, VECTOR_SUMS(double
             acc += v * pv;                                                                      \
         }                                                                                       \
         for (int l = 0; l < L; l++) sum += (double)acc[l];                                      \
-        for (; j < n; j++) {                                                                    \
-            T v = (T)((T)(hm + (T)(0.5 * xr[j])) - t);                                          \
-            v = v < 0 ? (T)0 : v;                                                               \
-            pr[j] = (T)(v * v);                                                                 \
-            if (rr) rr[j] = v;                                                                  \
-            sum += (double)(T)(v * pr[j]);                                                      \
-        }                                                                                       \
-        if (cube) cube[r] = (T)sum;                                                             \
     } while (0)
-#define OUTPUT_ROWS(T)                                                                          \
-    do {                                                                                        \
-        const T hm = (T)(-0.5 * zmax_out[r]), t = tau_out[r];                                   \
-        const T *xr = z + r * n;                                                                \
-        T *pr = p + r * n, *rr = root ? root + r * n : 0;                                       \
-        double sum = 0.0;                                                                       \
-        for (int64_t j = 0; j < n; j++) {                                                       \
-            T v = (T)((T)(hm + (T)(0.5 * xr[j])) - t);                                          \
-            v = v < 0 ? (T)0 : v;                                                               \
-            pr[j] = (T)(v * v);                                                                 \
-            if (rr) rr[j] = v;                                                                  \
-            sum += (double)(T)(v * pr[j]);                                                      \
-        }                                                                                       \
-        if (cube) cube[r] = (T)sum;                                                             \
-    } while (0)
-#define DEFINE_BOUND(NAME, T, ATTR, NEWTON, MAXPASS, COMPACT, OUTPUT)                                   \
+#define DEFINE_BOUND(NAME, T, ATTR, NEWTON, VT, IT, L, MAXPASS, COMPACT, VECTORS)            \
 ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, int exact_scale,\
                       int64_t max_iter, T *tau_out, T *zmax_out, int32_t *ok, T *cand, T *p,    \
                       T *root, T *cube)                                                         \
@@ -304,7 +293,7 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, 
         T top = -INFINITY;                                                                      \
         int bad = 0;                                                                            \
         int64_t i_ = 0;                                                                         \
-        MAXPASS;                                                                                \
+        MAXPASS(T, VT, IT, L);                                                                  \
         for (; i_ < n; i_++) {                                                                  \
             const T xi = x[i_];                                                                 \
             bad |= (xi != xi) | (xi == INFINITY);                                               \
@@ -315,14 +304,14 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, 
             tau_out[r] = bad ? lo : (T)INFINITY;                                                \
             zmax_out[r] = bad ? (T)NAN : (T)0;                                                  \
             ok[r] = 1;                                                                          \
-            if (p) OUTPUT;                                                                      \
+            if (p) OUTPUT_ROW(T, VECTORS(T, VT, IT, L));                                                                      \
             continue;                                                                           \
         }                                                                                       \
         /* the candidates v = scale (z - max) > BOUND_V, compacted into cand */                 \
         const T m = (T)(-top * s);                                                              \
         int64_t k = 0;                                                                          \
         i_ = 0;                                                                                 \
-        COMPACT;                                                                                \
+        COMPACT(T, VT, IT, L);                                                                  \
         for (; i_ < n; i_++) {                                                                  \
             const T v = exact_scale ? (T)(m + (T)(s * x[i_])) : (T)((T)(x[i_] - top) * s);      \
             cand[k] = v;                                                                        \
@@ -334,39 +323,30 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, 
         tau_out[r] = tau;                                                                       \
         zmax_out[r] = top;                                                                      \
         ok[r] = verified && tau > bound; /* then no entry left out reaches the threshold */     \
-        if (p && ok[r]) OUTPUT;                                                                 \
+        if (p && ok[r]) OUTPUT_ROW(T, VECTORS(T, VT, IT, L));                                                                 \
     }                                                                                           \
 }
 
+#define NOTHING(T, VT, IT, L) ((void)0)
 #if NMT_NT_VECTORS
-DEFINE_BOUND(bound_f32_v, float, NO_ATTR, newton_f32_v, MAXPASS_LANES(float, nmt_nt_f32x4, nmt_nt_i32x4, 4),
-             COMPACT_LANES(float, nmt_nt_f32x4, nmt_nt_i32x4, 4),
-             OUTPUT_LANES(float, nmt_nt_f32x4, nmt_nt_i32x4, 4))
-DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, MAXPASS_LANES(double, nmt_nt_f64x2, nmt_nt_i64x2, 2),
-             COMPACT_LANES(double, nmt_nt_f64x2, nmt_nt_i64x2, 2),
-             OUTPUT_LANES(double, nmt_nt_f64x2, nmt_nt_i64x2, 2))
+DEFINE_BOUND(bound_f32_v, float, NO_ATTR, newton_f32_v, nmt_nt_f32x4, nmt_nt_i32x4, 4, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
+DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, nmt_nt_f64x2, nmt_nt_i64x2, 2, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
 #else /* no vectors: entry by entry */
-DEFINE_BOUND(bound_f32_v, float, NO_ATTR, newton_f32_v, (void)0, (void)0, OUTPUT_ROWS(float))
-DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, (void)0, (void)0, OUTPUT_ROWS(double))
+DEFINE_BOUND(bound_f32_v, float, NO_ATTR, newton_f32_v, float, int32_t, 1, NOTHING, NOTHING, NOTHING)
+DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, double, int64_t, 1, NOTHING, NOTHING, NOTHING)
 #endif
 #if defined(AVX2)
-DEFINE_BOUND(bound_f32_avx2, float, AVX2, newton_f32_avx2, MAXPASS_LANES(float, nmt_nt_f32x8, nmt_nt_i32x8, 8),
-             COMPACT_LANES(float, nmt_nt_f32x8, nmt_nt_i32x8, 8),
-             OUTPUT_LANES(float, nmt_nt_f32x8, nmt_nt_i32x8, 8))
-DEFINE_BOUND(bound_f64_avx2, double, AVX2, newton_f64_avx2, MAXPASS_LANES(double, nmt_nt_f64x4, nmt_nt_i64x4, 4),
-             COMPACT_LANES(double, nmt_nt_f64x4, nmt_nt_i64x4, 4),
-             OUTPUT_LANES(double, nmt_nt_f64x4, nmt_nt_i64x4, 4))
+DEFINE_BOUND(bound_f32_avx2, float, AVX2, newton_f32_avx2, nmt_nt_f32x8, nmt_nt_i32x8, 8, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
+DEFINE_BOUND(bound_f64_avx2, double, AVX2, newton_f64_avx2, nmt_nt_f64x4, nmt_nt_i64x4, 4, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
 #else
 #define bound_f32_avx2 bound_f32_v
 #define bound_f64_avx2 bound_f64_v
 #endif
 #if defined(AVX512)
-DEFINE_BOUND(bound_f32_avx512, float, AVX512, newton_f32_avx512, MAXPASS_LANES(float, nmt_nt_f32x16, nmt_nt_i32x16, 16),
-             COMPACT_512(float, __m512, __mmask16, ps, 16),
-             OUTPUT_LANES(float, nmt_nt_f32x16, nmt_nt_i32x16, 16))
-DEFINE_BOUND(bound_f64_avx512, double, AVX512, newton_f64_avx512, MAXPASS_LANES(double, nmt_nt_f64x8, nmt_nt_i64x8, 8),
-             COMPACT_512(double, __m512d, __mmask8, pd, 8),
-             OUTPUT_LANES(double, nmt_nt_f64x8, nmt_nt_i64x8, 8))
+#define COMPACT_512_F32(T, VT, IT, L) COMPACT_512(float, __m512, __mmask16, ps, 16)
+#define COMPACT_512_F64(T, VT, IT, L) COMPACT_512(double, __m512d, __mmask8, pd, 8)
+DEFINE_BOUND(bound_f32_avx512, float, AVX512, newton_f32_avx512, nmt_nt_f32x16, nmt_nt_i32x16, 16, MAXPASS_LANES, COMPACT_512_F32, OUTPUT_VECTORS)
+DEFINE_BOUND(bound_f64_avx512, double, AVX512, newton_f64_avx512, nmt_nt_f64x8, nmt_nt_i64x8, 8, MAXPASS_LANES, COMPACT_512_F64, OUTPUT_VECTORS)
 #else
 #define bound_f32_avx512 bound_f32_v
 #define bound_f64_avx512 bound_f64_v
