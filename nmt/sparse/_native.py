@@ -251,8 +251,9 @@ def newton_threshold(z: Tensor, q: float, lo: Tensor, max_iter: int) -> Optional
     each step one pass over a row held in cache (sums in doubles, in vectors), finished by the
     verified closed form (see ``_newton_threshold.c``). Returns ``(tau (R,), ok (R,) bool)``:
     ``ok`` False for rows whose closed form failed the check or that reached ``max_iter`` (the
-    caller solves them otherwise); None when the library is unavailable. Large inputs run on two
-    threads where torch has two (:data:`NEWTON_SPLIT_MIN_NUMEL`); no device is involved."""
+    caller solves them otherwise); None when the library is unavailable. Large inputs
+    (:data:`NEWTON_SPLIT_MIN_NUMEL`) split their rows over torch's threads, in the OpenMP team the
+    library shares with torch; no device is involved."""
     lib = library()
     if lib is None or q not in (1.0, 2.0) or z.dtype not in _NEWTON:
         return None
@@ -280,8 +281,8 @@ def bound_threshold(z: Tensor, q: float, scale: float, exact_scale: bool,
     as ``torch.add(-zmax * scale, z, alpha=scale)``, else as ``(z - zmax) * scale``). Returns
     ``(tau (R,), zmax (R,), ok (R,) bool)``: rows holding NaN or ``+inf`` get ``zmax`` NaN (``tau`` -1), rows
     without a finite entry ``tau = +inf`` and ``zmax = 0``; ``ok`` False for rows left unverified
-    (the caller solves them otherwise). None when the library is unavailable. Large inputs on two
-    threads as :func:`newton_threshold`; no device is involved."""
+    (the caller solves them otherwise). None when the library is unavailable. Large inputs split
+    their rows over torch's threads as :func:`newton_threshold`; no device is involved."""
     found = _bound(z, q, scale, exact_scale, max_iter, None)
     return None if found is None else found[:3]
 
@@ -349,6 +350,7 @@ def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
     return out
 
 
-__all__ = ["CFLAGS", "bound_entmax15", "bound_threshold", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL", "ROW_STATS_SOURCE", "SOURCE", "SOURCES",
+__all__ = ["CFLAGS", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL", "OPENMP_FLAGS", "ROW_STATS_SOURCE", "SOURCE", "SOURCES",
+           "bound_entmax15", "bound_threshold",
            "available", "build", "cache_dir", "enabled", "library", "load", "native_sorted_shifted_threshold",
            "newton_threshold", "row_stats", "solve", "sorted_probs", "support_backward"]
