@@ -52,7 +52,7 @@ some row is pruned).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional, Union
+from typing import Callable, NamedTuple, Optional, Union
 
 import numpy as np
 import torch
@@ -210,11 +210,16 @@ def native_sorted_probs(x: Tensor, q: float, root: bool) -> Optional[tuple[Tenso
     return p.view(x.shape), None if r is None else r.view(x.shape)
 
 
+def _block_length(n: int) -> int:
+    """Block length of the pruning of rows of ``n`` entries (:data:`BLOCK`, half of it below
+    4096 entries); rows shorter than eight blocks are not pruned."""
+    return BLOCK if n >= 64 * BLOCK else BLOCK // 2
+
+
 def long_rows(n_rows: int, n: int) -> bool:
     """Whether rows of length ``n`` are long for the exact thresholds of the CPU: not sorted
     (:func:`prefer_sort`) and long enough for :func:`root_threshold` to prune them."""
-    block = BLOCK if n >= 64 * BLOCK else BLOCK // 2
-    return n >= 8 * block and not prefer_sort(n_rows, n)
+    return n >= 8 * _block_length(n) and not prefer_sort(n_rows, n)
 
 
 def native_long_entmax15(x: Tensor, root: bool, cube: bool) -> Optional[tuple]:
@@ -238,9 +243,10 @@ def native_long_entmax15(x: Tensor, root: bool, cube: bool) -> Optional[tuple]:
     tau, zmax, ok, p, r, sums = found
     if not bool(ok.all()):  # ties within rounding of the threshold (rare): sort, then the formula
         bad = (~ok).nonzero()[:, 0]
-        half_max = -0.5 * zmax.index_select(0, bad)[:, None]
-        tau[bad] = sort_threshold(torch.add(half_max, z.index_select(0, bad), alpha=0.5), 2.0)[:, 0]
-        r_bad = torch.add(half_max, z.index_select(0, bad), alpha=0.5).sub_(tau[bad, None]).clamp_(min=0)
+        # [x/2 - zmax/2] as the forward rounds it: the rows the sort solves and the formula reads
+        shifted = torch.add(-0.5 * zmax.index_select(0, bad)[:, None], z.index_select(0, bad), alpha=0.5)
+        tau[bad] = sort_threshold(shifted, 2.0)[:, 0]
+        r_bad = shifted.sub_(tau[bad, None]).clamp_(min=0)
         p[bad] = r_bad * r_bad
         if r is not None:
             r[bad] = r_bad
@@ -472,9 +478,16 @@ def _native_exact_newton(z: Tensor, q: float, tau: Tensor, max_iter: int) -> Ten
     doubles). Rows it could not verify (ties within rounding of the threshold; rare) are solved
     by sorting. Host syncs: none beyond the CPU's (the check of the flags reads them)."""
     tau, ok = newton_threshold(z, q, tau, max_iter)
+    return _sort_unverified(tau, ok, q, lambda bad: z[bad])
+
+
+def _sort_unverified(tau: Tensor, ok: Tensor, q: float, shifted_rows: Callable[[Tensor], Tensor]) -> Tensor:
+    """``tau: (R,)`` with the rows a native loop left unverified (``ok`` False: ties within
+    rounding of the threshold; rare) solved by sorting ``shifted_rows(bad)``, those rows shifted
+    to maximum 0 and scaled as the loop saw them. Host sync: reading ``ok`` (a CPU tensor)."""
     if not bool(ok.all()):
         bad = (~ok).nonzero()[:, 0]
-        tau[bad] = sort_threshold(z[bad], q)[:, 0]
+        tau[bad] = sort_threshold(shifted_rows(bad), q)[:, 0]
     return tau
 
 
@@ -685,7 +698,7 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
             return tau, zmax, cand
         return (tau, zmax) if relative else tau + scale * zmax
 
-    block = BLOCK if n >= 64 * BLOCK else BLOCK // 2
+    block = _block_length(n)
     if n < 8 * block:
         return finish(*solve(z2, None, q))
     if exact and q == 2.0 and _host_solves(z2) and native_available():
@@ -694,9 +707,7 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
         found = bound_threshold(z2, q, scale, exact_scale, max_iter)
         if found is not None:
             tau, zmax, ok = found
-            if not bool(ok.all()):  # rows left unverified (ties within rounding; rare): by sorting
-                bad = (~ok).nonzero()[:, 0]
-                tau[bad] = sort_threshold(shift(z2.index_select(0, bad), owned=True)[0], q)[:, 0]
+            tau = _sort_unverified(tau, ok, q, lambda bad: shift(z2.index_select(0, bad), owned=True)[0])
             return finish(tau[:, None], zmax[:, None])
     bmax = _block_max(z2, block)
     # a lower bound of the threshold of a sub-vector (the block maxima) bounds the row's
