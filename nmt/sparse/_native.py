@@ -48,6 +48,9 @@ SOURCES = (SOURCE, ROW_STATS_SOURCE, NEWTON_SOURCE)
 """The C files built into the one library: the sorted threshold (with the mappings around it), the
 support statistics of log-probability rows (:func:`row_stats`) and the Newton threshold of whole
 rows (:func:`newton_threshold`)."""
+HEADERS = (Path(__file__).with_name("_cpu_dispatch.h"),)
+"""The header they include (the run-time choice of AVX2 / AVX-512 functions): part of a build's
+identity, not compiled by itself."""
 CFLAGS = ("-O2", "-shared", "-fPIC", "-ffp-contract=off", "-std=c99")
 """Compiler flags: no contraction of products and sums into FMAs (the other paths round each
 operation), no fast-math."""
@@ -115,7 +118,7 @@ def _build(directory: Optional[Path], defines: Sequence[str], extra: Sequence[st
     if compiler is None:
         raise RuntimeError("no C compiler found ($CC, cc, gcc)")
     flags = (*CFLAGS, *extra, *(f"-D{name}" for name in defines))
-    key = hashlib.sha256(b"\0".join([*(path.read_bytes() for path in SOURCES), compiler.encode(),
+    key = hashlib.sha256(b"\0".join([*(path.read_bytes() for path in (*SOURCES, *HEADERS)), compiler.encode(),
                                      " ".join(flags).encode(), platform.machine().encode()])).hexdigest()[:16]
     directory = Path(directory) if directory is not None else cache_dir()
     target = directory / f"sorted_threshold-{key}.so"
@@ -350,7 +353,7 @@ def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
     return out
 
 
-__all__ = ["CFLAGS", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL", "OPENMP_FLAGS", "ROW_STATS_SOURCE", "SOURCE", "SOURCES",
+__all__ = ["CFLAGS", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL", "HEADERS", "OPENMP_FLAGS", "ROW_STATS_SOURCE", "SOURCE", "SOURCES",
            "bound_entmax15", "bound_threshold",
            "available", "build", "cache_dir", "enabled", "library", "load", "native_sorted_shifted_threshold",
            "newton_threshold", "row_stats", "solve", "sorted_probs", "support_backward"]

@@ -32,9 +32,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h> /* AVX-512 compressing stores, used only in functions built for AVX-512 */
-#endif
+
+#include "_cpu_dispatch.h"
 
 /* s1, s2, k of d = [x - tau]_+ over the row x[0 .. n), LANES entries at a time in vectors of doubles */
 #define VECTOR_SUMS(T, VT, DT, IT, LANES)                                                       \
@@ -85,7 +84,7 @@
         TAIL_SUMS;                                                                              \
     } while (0)
 
-#if !defined(NMT_ROWS_ONLY) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 9))
+#if NMT_VECTORS
 #define NMT_NT_VECTORS 1
 typedef float nmt_nt_f32x2 __attribute__((vector_size(8)));
 typedef double nmt_nt_f64x2 __attribute__((vector_size(16)));
@@ -162,19 +161,16 @@ DEFINE_NEWTON(newton_f32_v, float, (double)FLT_EPSILON, NO_ATTR, SCALAR_SUMS(flo
 DEFINE_NEWTON(newton_f64_v, double, DBL_EPSILON, NO_ATTR, SCALAR_SUMS(double))
 #endif
 
-#if NMT_NT_VECTORS && defined(__x86_64__) && defined(__GNUC__) && !defined(NMT_NO_AVX2)
-/* 256-bit vectors where the processor has AVX2 (checked at run time; built without -m flags) */
-#define AVX2 __attribute__((target("avx2")))
+#if NMT_NT_VECTORS && defined(NMT_WIDE_AVX2)
+/* 256-bit vectors where the processor has AVX2 (_cpu_dispatch.h) */
 DEFINE_NEWTON(newton_f32_avx2, float, (double)FLT_EPSILON, AVX2, VECTOR_SUMS(float, nmt_nt_f32x4, nmt_nt_f64x4, nmt_nt_i64x4, 4))
 DEFINE_NEWTON(newton_f64_avx2, double, DBL_EPSILON, AVX2, VECTOR_SUMS(double, nmt_nt_f64x4, nmt_nt_f64x4, nmt_nt_i64x4, 4))
-#define HAVE_AVX2() __builtin_cpu_supports("avx2")
-#if !defined(NMT_NO_AVX512)
+#define HAVE_AVX2() CPU_HAS_AVX2()
+#if defined(NMT_WIDE_AVX512)
 /* 512-bit vectors (eight doubles) where the processor has AVX-512 */
-#define AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
 DEFINE_NEWTON(newton_f32_avx512, float, (double)FLT_EPSILON, AVX512, VECTOR_SUMS(float, nmt_nt_f32x8, nmt_nt_f64x8, nmt_nt_i64x8, 8))
 DEFINE_NEWTON(newton_f64_avx512, double, DBL_EPSILON, AVX512, VECTOR_SUMS(double, nmt_nt_f64x8, nmt_nt_f64x8, nmt_nt_i64x8, 8))
-#define HAVE_AVX512() (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")    \
-                       && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+#define HAVE_AVX512() CPU_HAS_AVX512()
 #endif
 #else
 #define newton_f32_avx2 newton_f32_v
@@ -335,21 +331,21 @@ DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, nmt_nt_f64x2, nmt_nt_i6
 DEFINE_BOUND(bound_f32_v, float, NO_ATTR, newton_f32_v, float, int32_t, 1, NOTHING, NOTHING, NOTHING)
 DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, double, int64_t, 1, NOTHING, NOTHING, NOTHING)
 #endif
-#if defined(AVX2)
-DEFINE_BOUND(bound_f32_avx2, float, AVX2, newton_f32_avx2, nmt_nt_f32x8, nmt_nt_i32x8, 8, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
-DEFINE_BOUND(bound_f64_avx2, double, AVX2, newton_f64_avx2, nmt_nt_f64x4, nmt_nt_i64x4, 4, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
-#else
+#ifdef newton_f32_avx2 /* no AVX2 build: the aliases */
 #define bound_f32_avx2 bound_f32_v
 #define bound_f64_avx2 bound_f64_v
+#else
+DEFINE_BOUND(bound_f32_avx2, float, AVX2, newton_f32_avx2, nmt_nt_f32x8, nmt_nt_i32x8, 8, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
+DEFINE_BOUND(bound_f64_avx2, double, AVX2, newton_f64_avx2, nmt_nt_f64x4, nmt_nt_i64x4, 4, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
 #endif
-#if defined(AVX512)
+#ifdef newton_f32_avx512 /* no AVX-512 build: the aliases */
+#define bound_f32_avx512 bound_f32_v
+#define bound_f64_avx512 bound_f64_v
+#else
 #define COMPACT_512_F32(T, VT, IT, L) COMPACT_512(float, __m512, __mmask16, ps, 16)
 #define COMPACT_512_F64(T, VT, IT, L) COMPACT_512(double, __m512d, __mmask8, pd, 8)
 DEFINE_BOUND(bound_f32_avx512, float, AVX512, newton_f32_avx512, nmt_nt_f32x16, nmt_nt_i32x16, 16, MAXPASS_LANES, COMPACT_512_F32, OUTPUT_VECTORS)
 DEFINE_BOUND(bound_f64_avx512, double, AVX512, newton_f64_avx512, nmt_nt_f64x8, nmt_nt_i64x8, 8, MAXPASS_LANES, COMPACT_512_F64, OUTPUT_VECTORS)
-#else
-#define bound_f32_avx512 bound_f32_v
-#define bound_f64_avx512 bound_f64_v
 #endif
 
 /* Rows split over `threads` threads of the OpenMP team where the library was built with OpenMP

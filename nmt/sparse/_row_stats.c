@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_cpu_dispatch.h"
+
 #define SCALAR_STEP(T)                                                                          \
     do {                                                                                        \
         const T e = x[i];                                                                       \
@@ -29,7 +31,7 @@
         m = c > m ? c : m;                                                                      \
     } while (0)
 
-#if !defined(NMT_ROWS_ONLY) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 9))
+#if NMT_VECTORS
 #define NMT_RS_VECTORS 1
 typedef float nmt_rs_f32x4 __attribute__((vector_size(16)));
 typedef int32_t nmt_rs_i32x4 __attribute__((vector_size(16)));
@@ -121,12 +123,11 @@ DEFINE_ROW_STATS(row_stats_f32_v, float, NO_ATTR, NO_STEPS)
 DEFINE_ROW_STATS(row_stats_f64_v, double, NO_ATTR, NO_STEPS)
 #endif
 
-#if NMT_RS_VECTORS && defined(__x86_64__) && defined(__GNUC__) && !defined(NMT_NO_AVX2)
-/* 256-bit vectors where the processor has AVX2 (checked at run time; built without -m flags) */
-#define AVX2 __attribute__((target("avx2")))
+#if NMT_RS_VECTORS && defined(NMT_WIDE_AVX2)
+/* 256-bit vectors where the processor has AVX2 (_cpu_dispatch.h) */
 DEFINE_ROW_STATS(row_stats_f32_avx2, float, AVX2, VECTOR_STEPS(float, nmt_rs_f32x8, nmt_rs_i32x8, 8))
 DEFINE_ROW_STATS(row_stats_f64_avx2, double, AVX2, VECTOR_STEPS(double, nmt_rs_f64x4, nmt_rs_i64x4, 4))
-#define HAVE_AVX2() __builtin_cpu_supports("avx2")
+#define HAVE_AVX2() CPU_HAS_AVX2()
 #else
 #define row_stats_f32_avx2 row_stats_f32_v
 #define row_stats_f64_avx2 row_stats_f64_v

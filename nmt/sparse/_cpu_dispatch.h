@@ -1,0 +1,35 @@
+/* Vector extensions, and wider vectors chosen at run time on x86-64 (GCC / Clang): shared by the
+ * library's C files.
+ *
+ * The library is built without -m flags, so it runs on any x86-64 processor; the functions built
+ * for wider vectors carry a target attribute (AVX2, AVX512 below) and are called only where the
+ * processor has those instructions (CPU_HAS_AVX2(), CPU_HAS_AVX512(): the same feature lists as
+ * the attributes). NMT_WIDE_AVX2 / NMT_WIDE_AVX512 say whether they are built: -DNMT_NO_AVX2
+ * leaves both out, -DNMT_NO_AVX512 the 512-bit ones (the tests build every path). Each file
+ * guards its wide functions with these and its own vector path, and dispatches on the checks.
+ */
+#ifndef NMT_CPU_DISPATCH_H
+#define NMT_CPU_DISPATCH_H
+
+/* GCC / Clang vector extensions (SSE, AVX, NEON: whatever the target has without flags), unless
+   -DNMT_ROWS_ONLY (every row by itself, for the tests) */
+#if !defined(NMT_ROWS_ONLY) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 9))
+#define NMT_VECTORS 1
+#else
+#define NMT_VECTORS 0
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(NMT_NO_AVX2)
+#define NMT_WIDE_AVX2 1
+#define AVX2 __attribute__((target("avx2")))
+#define CPU_HAS_AVX2() __builtin_cpu_supports("avx2")
+#if !defined(NMT_NO_AVX512)
+#define NMT_WIDE_AVX512 1
+#include <immintrin.h> /* AVX-512 intrinsics, used only in functions built for AVX-512 */
+#define AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
+#define CPU_HAS_AVX512() (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")    \
+                          && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+#endif
+#endif
+
+#endif
