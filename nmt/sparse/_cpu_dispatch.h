@@ -1,5 +1,5 @@
-/* Vector extensions, and wider vectors chosen at run time on x86-64 (GCC / Clang): shared by the
- * library's C files.
+/* Vector extensions, wider vectors chosen at run time on x86-64 (GCC / Clang), and rows split
+ * over OpenMP threads: shared by the library's C files.
  *
  * The library is built without -m flags, so it runs on any x86-64 processor; the functions built
  * for wider vectors carry a target attribute (AVX2, AVX512 below) and are called only where the
@@ -11,6 +11,8 @@
 #ifndef NMT_CPU_DISPATCH_H
 #define NMT_CPU_DISPATCH_H
 
+#include <stdint.h>
+
 /* GCC / Clang vector extensions (SSE, AVX, NEON: whatever the target has without flags), unless
    -DNMT_ROWS_ONLY (every row by itself, for the tests) */
 #if !defined(NMT_ROWS_ONLY) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 9))
@@ -21,15 +23,40 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(NMT_NO_AVX2)
 #define NMT_WIDE_AVX2 1
+#include <immintrin.h> /* AVX2 / AVX-512 intrinsics, used only in functions built for them */
 #define AVX2 __attribute__((target("avx2")))
 #define CPU_HAS_AVX2() __builtin_cpu_supports("avx2")
 #if !defined(NMT_NO_AVX512)
 #define NMT_WIDE_AVX512 1
-#include <immintrin.h> /* AVX-512 intrinsics, used only in functions built for AVX-512 */
 #define AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
 #define CPU_HAS_AVX512() (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")    \
                           && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
 #endif
+#endif
+
+/* Rows (or groups of rows) split over `threads` threads of the OpenMP team where the library was
+   built with OpenMP (the process's one libgomp: torch's own pool, whose workers wait spinning for
+   the next region; a thread of our own had to compete with them for a core), else all rows on
+   this thread. Thread t_ runs rows [FIRST, LAST) and its scratch slot t_. */
+#ifdef _OPENMP
+#include <omp.h>
+#define FOR_THREADS(threads, rows, BODY)                                                        \
+    do {                                                                                        \
+        _Pragma("omp parallel num_threads(threads)")                                            \
+        {                                                                                       \
+            const int64_t t_ = omp_get_thread_num(), nt_ = omp_get_num_threads();              \
+            const int64_t FIRST = (rows) * t_ / nt_, LAST = (rows) * (t_ + 1) / nt_;            \
+            BODY;                                                                               \
+        }                                                                                       \
+    } while (0)
+#else
+#define FOR_THREADS(threads, rows, BODY)                                                        \
+    do {                                                                                        \
+        (void)(threads);                                                                        \
+        const int64_t t_ = 0, FIRST = 0, LAST = (rows);                                         \
+        (void)t_;                                                                               \
+        BODY;                                                                                   \
+    } while (0)
 #endif
 
 #endif

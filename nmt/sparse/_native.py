@@ -1,6 +1,7 @@
 """The native sorted threshold (``_sorted_threshold.c``), the Newton threshold of whole rows
-(``_newton_threshold.c``) and support statistics of log-probability rows (``_row_stats.c``): built
-on first use into one library, called through ctypes.
+(``_newton_threshold.c``) and a beam search step's reading of its log-probabilities
+(``_step_candidates.c``: support statistics and best candidates): built on first use into one
+library, called through ctypes.
 
 Attention-sized inputs are bound by per-operation overhead: the NumPy solve of
 :func:`nmt.sparse._threshold._numpy_sorted_shifted_threshold` makes some twenty array operations.
@@ -42,12 +43,12 @@ import torch
 from torch import Tensor
 
 SOURCE = Path(__file__).with_name("_sorted_threshold.c")
-ROW_STATS_SOURCE = Path(__file__).with_name("_row_stats.c")
+CANDIDATES_SOURCE = Path(__file__).with_name("_step_candidates.c")
 NEWTON_SOURCE = Path(__file__).with_name("_newton_threshold.c")
-SOURCES = (SOURCE, ROW_STATS_SOURCE, NEWTON_SOURCE)
-"""The C files built into the one library: the sorted threshold (with the mappings around it), the
-support statistics of log-probability rows (:func:`row_stats`) and the Newton threshold of whole
-rows (:func:`newton_threshold`)."""
+SOURCES = (SOURCE, CANDIDATES_SOURCE, NEWTON_SOURCE)
+"""The C files built into the one library: the sorted threshold (with the mappings around it), a
+search step's support statistics and best candidates (:func:`step_candidates`) and the Newton
+thresholds (:func:`newton_threshold`, :func:`bound_threshold`)."""
 HEADERS = (Path(__file__).with_name("_cpu_dispatch.h"),)
 """The header they include (the run-time choice of AVX2 / AVX-512 functions): part of a build's
 identity, not compiled by itself."""
@@ -60,14 +61,14 @@ OPENMP_FLAGS = ("-fopenmp",)
 the library without them (one thread)."""
 
 _FUNCTIONS = {torch.float32: "nmt_sorted_threshold_f32", torch.float64: "nmt_sorted_threshold_f64"}
-_ROW_STATS = {torch.float32: "nmt_row_stats_f32", torch.float64: "nmt_row_stats_f64"}
+_CANDIDATES = {torch.float32: "nmt_step_candidates_f32", torch.float64: "nmt_step_candidates_f64"}
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES = {  # suffix of the entry point -> argument types
     "": [_P, _I64, _I64, _INT, ctypes.c_double, _P, _P, _P],
     "_probs": [_P, _I64, _I64, _INT, _P, _P, _P, _P, _P],
     "_backward": [_P, _P, _I64, _I64, _INT, _P],
 }
-_ROW_STATS_SIGNATURE = [_P, _P, _I64, _I64, _I64, _I64, _P, _P, _P]
+_CANDIDATES_SIGNATURE = [_P, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _INT]
 _NEWTON = {torch.float32: "nmt_newton_threshold_f32", torch.float64: "nmt_newton_threshold_f64"}
 _NEWTON_SIGNATURE = [_P, _I64, _I64, _INT, _P, _I64, _P, _P, _INT]
 _BOUND = {torch.float32: "nmt_bound_threshold_f32", torch.float64: "nmt_bound_threshold_f64"}
@@ -142,11 +143,11 @@ def load(path: Path) -> ctypes.CDLL:
         for suffix, argtypes in _SIGNATURES.items():
             getattr(lib, name + suffix).argtypes = argtypes
             getattr(lib, name + suffix).restype = None
-    for names, argtypes in ((_ROW_STATS, _ROW_STATS_SIGNATURE), (_NEWTON, _NEWTON_SIGNATURE),
+    for names, argtypes in ((_CANDIDATES, _CANDIDATES_SIGNATURE), (_NEWTON, _NEWTON_SIGNATURE),
                             (_BOUND, _BOUND_SIGNATURE)):
         for name in names.values():
             getattr(lib, name).argtypes = argtypes
-            getattr(lib, name).restype = None
+            getattr(lib, name).restype = ctypes.c_int if names is _CANDIDATES else None
     return lib
 
 
@@ -218,29 +219,38 @@ def sorted_probs(x: Tensor, q: float, root: bool) -> Optional[tuple[Tensor, Opti
     return p, r
 
 
-def row_stats(log_probs: Tensor, offsets: Tensor, slots: int,
-              block: int) -> Optional[tuple[Tensor, Tensor, Tensor]]:
+MAX_CANDIDATES = 256
+"""The most candidates :func:`step_candidates` keeps per group (``NMT_MAX_WIDTH`` in the C file)."""
+
+
+def step_candidates(log_probs: Tensor, offsets: Tensor, slots: int,
+                    width: int) -> Optional[tuple[Tensor, Tensor, Tensor, Tensor]]:
     """One pass over the rows ``log_probs: (G * slots, V)`` (CPU, float32/64; ``offsets: (G * slots,)``
     of the same dtype; detached): per row the number of finite entries (int32) and whether it holds
     a NaN or ``+inf`` (bool), and per group of ``slots`` rows, concatenated (``slots * V`` entries),
-    the maxima of its blocks of ``block`` entries (the last one may be shorter) of
-    ``c = offsets + log_probs`` with every non-finite ``c`` as ``-inf`` (``(G, ceil(slots * V /
-    block))``): what a beam search step's selection reads (see ``_row_stats.c``). The same values
-    as torch's ``nansum(0 * x + 1)``, ``amax`` tests and ``add`` + ``nan_to_num`` + block ``amax``.
-    None when the library is unavailable or the dtype is not float32/64. One thread, no device."""
+    its ``width`` largest candidates ``c = offsets + log_probs`` with every non-finite ``c`` as
+    ``-inf``: values ``(G, width)`` in descending order, ties in index order (the lower first), and
+    long indices ``(G, width)`` into the concatenated rows (see ``_step_candidates.c``). The same
+    values as torch's ``nansum(0 * x + 1)``, ``amax`` tests and ``add`` + ``nan_to_num`` + a stable
+    descending sort. None when the library is unavailable, the dtype is not float32/64 or ``width``
+    is not in ``[1, min(slots * V, MAX_CANDIDATES)]``. Large inputs (:data:`NEWTON_SPLIT_MIN_NUMEL`)
+    split their groups over torch's threads; no device is involved."""
     lib = library()
-    if lib is None or log_probs.dtype not in _ROW_STATS:
-        return None
     n, v = log_probs.shape
+    if lib is None or log_probs.dtype not in _CANDIDATES or not 1 <= width <= min(slots * v, MAX_CANDIDATES):
+        return None
     groups = n // slots
     log_probs = log_probs.detach().contiguous()
     offsets = offsets.detach().to(log_probs.dtype).contiguous()
     support = torch.empty(n, dtype=torch.int32)
     unknown = torch.empty(n, dtype=torch.uint8)
-    block_max = torch.empty(groups, -(-slots * v // block), dtype=log_probs.dtype)
-    getattr(lib, _ROW_STATS[log_probs.dtype])(log_probs.data_ptr(), offsets.data_ptr(), groups, slots, v, block,
-                                              support.data_ptr(), unknown.data_ptr(), block_max.data_ptr())
-    return support, unknown.bool(), block_max
+    values = torch.empty(groups, width, dtype=log_probs.dtype)
+    index = torch.empty(groups, width, dtype=torch.long)
+    if groups:
+        getattr(lib, _CANDIDATES[log_probs.dtype])(log_probs.data_ptr(), offsets.data_ptr(), groups, slots, v, width,
+                                                   support.data_ptr(), unknown.data_ptr(), values.data_ptr(),
+                                                   index.data_ptr(), _threads(log_probs.numel()))
+    return support, unknown.bool(), values, index
 
 
 NEWTON_SPLIT_MIN_NUMEL = 1 << 16
@@ -353,7 +363,7 @@ def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
     return out
 
 
-__all__ = ["CFLAGS", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL", "HEADERS", "OPENMP_FLAGS", "ROW_STATS_SOURCE", "SOURCE", "SOURCES",
-           "bound_entmax15", "bound_threshold",
-           "available", "build", "cache_dir", "enabled", "library", "load", "native_sorted_shifted_threshold",
-           "newton_threshold", "row_stats", "solve", "sorted_probs", "support_backward"]
+__all__ = ["CANDIDATES_SOURCE", "CFLAGS", "HEADERS", "MAX_CANDIDATES", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL",
+           "OPENMP_FLAGS", "SOURCE", "SOURCES", "available", "bound_entmax15", "bound_threshold", "build", "cache_dir",
+           "enabled", "library", "load", "native_sorted_shifted_threshold", "newton_threshold", "solve", "sorted_probs",
+           "step_candidates", "support_backward"]

@@ -348,31 +348,6 @@ DEFINE_BOUND(bound_f32_avx512, float, AVX512, newton_f32_avx512, nmt_nt_f32x16, 
 DEFINE_BOUND(bound_f64_avx512, double, AVX512, newton_f64_avx512, nmt_nt_f64x8, nmt_nt_i64x8, 8, MAXPASS_LANES, COMPACT_512_F64, OUTPUT_VECTORS)
 #endif
 
-/* Rows split over `threads` threads of the OpenMP team where the library was built with OpenMP
-   (the process's one libgomp: torch's own pool, whose workers wait spinning for the next region;
-   a thread of our own had to compete with them for a core), else all rows on this thread. Thread t
-   runs rows [FIRST, LAST) and its scratch slot t. */
-#ifdef _OPENMP
-#include <omp.h>
-#define FOR_THREADS(threads, rows, BODY)                                                        \
-    do {                                                                                        \
-        _Pragma("omp parallel num_threads(threads)")                                            \
-        {                                                                                       \
-            const int64_t t_ = omp_get_thread_num(), nt_ = omp_get_num_threads();              \
-            const int64_t FIRST = (rows) * t_ / nt_, LAST = (rows) * (t_ + 1) / nt_;            \
-            BODY;                                                                               \
-        }                                                                                       \
-    } while (0)
-#else
-#define FOR_THREADS(threads, rows, BODY)                                                        \
-    do {                                                                                        \
-        (void)(threads);                                                                        \
-        const int64_t t_ = 0, FIRST = 0, LAST = (rows);                                         \
-        (void)t_;                                                                               \
-        BODY;                                                                                   \
-    } while (0)
-#endif
-
 #define DEFINE_ENTRY(NAME, T, SUFFIX)                                                           \
 void NAME(const T *z, int64_t rows, int64_t n, int q, const T *lo, int64_t max_iter,          \
           T *tau_out, int32_t *ok, int threads)                                                 \

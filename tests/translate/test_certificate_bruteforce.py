@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+import nmt.translate.search_step as step_module
 import nmt.utils.topk as topk_module
 from nmt.translate.beam_search import beam_search
 from nmt.translate.length_penalty import length_penalty
@@ -95,9 +96,14 @@ def search_against_enumeration(mapping: str, seed: int, penalty: str, min_length
         yield (model, src, lengths), kw, result
 
 
+@pytest.mark.parametrize("selection", ["native", "torch"])
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("mapping,seed,penalty,min_length", CASES)
-def test_certificate_matches_enumeration(mapping, seed, penalty, min_length, mode):
+def test_certificate_matches_enumeration(mapping, seed, penalty, min_length, mode, selection, monkeypatch):
+    """Candidates selected by the native pass (the CPU's) and by torch.topk (accelerators,
+    compiled steps, no native library)."""
+    if selection == "torch":
+        monkeypatch.setattr(step_module, "step_candidates", lambda *args: None)
     for _ in search_against_enumeration(mapping, seed, penalty, min_length, **mode):
         pass
 
@@ -107,9 +113,11 @@ def test_certificate_matches_enumeration(mapping, seed, penalty, min_length, mod
 @pytest.mark.parametrize("mapping,seed,penalty,min_length", CASES[::2])
 def test_certificate_matches_enumeration_with_blocked_topk(mapping, seed, penalty, min_length, mode, block,
                                                            monkeypatch):
-    """The candidate selection through block maxima (``nmt.utils.topk``, used on real vocabularies)
-    forced onto the toy vocabulary with blocks of 2 and 3 entries (a shorter last block included):
-    the same certificates and hypotheses as the brute force."""
+    """The torch candidate selection through block maxima (``nmt.utils.topk``, used on real
+    vocabularies where the native pass is not: accelerators, compiled steps) forced onto the toy
+    vocabulary with blocks of 2 and 3 entries (a shorter last block included): the same
+    certificates and hypotheses as the brute force."""
+    monkeypatch.setattr(step_module, "step_candidates", lambda *args: None)
     monkeypatch.setattr(topk_module, "BLOCK", block)
     monkeypatch.setattr(topk_module, "MIN_BLOCKS_PER_K", 1)
     for _ in search_against_enumeration(mapping, seed, penalty, min_length, **mode):

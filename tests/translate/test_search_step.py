@@ -14,7 +14,7 @@ from nmt.translate.search_step import RowState, Specials, select_step
 def test_native_statistics_give_the_same_step(monkeypatch, dtype, beam, certify, t):
     """Scores with NaN / +inf rows, dead slots and exact zeros, a vocabulary that splits blocks
     across slots: the records, parents, tokens, scores, certificates and stop flags are identical
-    with the native pass and with the torch passes (``row_stats`` unavailable)."""
+    with the native pass and with the torch passes (``step_candidates`` unavailable)."""
     g = torch.Generator().manual_seed(beam * 10 + t)
     batch, vocab = 6, 3963
     slots = 1 if t == 0 else beam
@@ -31,16 +31,16 @@ def test_native_statistics_give_the_same_step(monkeypatch, dtype, beam, certify,
     attention = torch.rand(batch * slots, 11, generator=g)
     special = Specials(bos=2, eos=3, pad=0)
     calls = []
-    real = step_module.row_stats
+    real = step_module.step_candidates
 
     def counting(*args):
         calls.append(True)
         return real(*args)
 
-    monkeypatch.setattr(step_module, "row_stats", counting)
+    monkeypatch.setattr(step_module, "step_candidates", counting)
     native = select_step(log_probs, attention, rows, t, options, special)
     assert calls == [True]
-    monkeypatch.setattr(step_module, "row_stats", lambda *args: None)
+    monkeypatch.setattr(step_module, "step_candidates", lambda *args: None)
     torch_passes = select_step(log_probs, attention, rows, t, options, special)
     for name in native.record:
         assert torch.equal(native.record[name], torch_passes.record[name]), name
