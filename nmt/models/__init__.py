@@ -6,7 +6,7 @@ from nmt.models.decoder import Bridge, InputFeedingDecoder
 from nmt.models.embeddings import Embeddings
 from nmt.models.encoder import RNNEncoder
 from nmt.models.generator import Generator
-from nmt.models.protocol import State, StepDecoder, select_state, tile_state
+from nmt.models.protocol import State, StepDecoder, select_state, shares_encoder_out, tile_state
 from nmt.models.seq2seq import Seq2Seq
 
 __all__ = [
@@ -23,5 +23,6 @@ __all__ = [
     "describe_attention",
     "ModelConfigError",
     "select_state",
+    "shares_encoder_out",
     "tile_state",
 ]

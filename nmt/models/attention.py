@@ -74,14 +74,17 @@ class GlobalAttention(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Attend.
 
-        query: (B, T, Hq) or (B, Hq); memory: (B, L, Hm); mask: (B, L) bool, True = real
-        token; keys: ``self.keys(memory)`` if already computed.
-        Returns ``(context, probs)``: context (B, T, Hm) or (B, Hm), probs (B, T, L) or
-        (B, L), rows summing to one with exact zeros on padding.
+        query: (B, T, Hq), or one step's (N, Hq) with N = B x S: S consecutive query rows per
+        memory row (S = 1, or the beam slots of a sentence, whose memory beam search then keeps
+        once instead of S times); memory: (B, L, Hm); mask: (B, L) bool, True = real token;
+        keys: ``self.keys(memory)`` if already computed.
+        Returns ``(context, probs)``: context (B, T, Hm) or (N, Hm), probs (B, T, L) or
+        (N, L), rows summing to one with exact zeros on padding. A step's S rows per memory row
+        are one (S, L) product per sentence, not S products of one row.
         """
         single = query.dim() == 2
         if single:
-            query = query.unsqueeze(1)
+            query = query.view(memory.size(0), -1, query.size(-1))  # (B, S, Hq)
         if keys is None:
             keys = self.keys(memory)
         scores = self.scores(query, keys)
@@ -92,5 +95,5 @@ class GlobalAttention(nn.Module):
             weights = probs + self.continuous.source_weights(probs, mask).to(probs.dtype)
         context = torch.bmm(weights, memory)
         if single:
-            return context.squeeze(1), probs.squeeze(1)
+            return context.view(-1, context.size(-1)), probs.view(-1, probs.size(-1))
         return context, probs

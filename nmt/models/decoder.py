@@ -190,7 +190,9 @@ class InputFeedingDecoder(nn.Module):
     def step(
         self, emb: Tensor, state: State, memory: Tensor, mask: Tensor, keys: Tensor
     ) -> tuple[Tensor, Tensor, State]:
-        """One step. emb: (N, E); memory: (N, L, Hm); mask: (N, L); keys: (N, L, K).
+        """One step. emb: (N, E); memory: (B, L, Hm); mask: (B, L); keys: (B, L, K) with
+        N = B x S: S consecutive rows per source (S = 1, or beam slots sharing their sentence's
+        memory; see :meth:`GlobalAttention.forward`).
 
         Returns h~ (N, H), attention (N, L) and the new batch-first state.
         """

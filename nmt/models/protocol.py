@@ -33,12 +33,22 @@ class StepDecoder(Protocol):
     def step(self, tokens: Tensor, state: State, encoder_out: State) -> tuple[Tensor, Tensor, State]:
         """One decoding step for N = batch x beam rows.
 
-        tokens: (N,) previous target token ids (BOS at the first step).
+        tokens: (N,) previous target token ids (BOS at the first step); state: N rows;
+        encoder_out: N rows (tiled by the caller), or B rows where the model
+        :func:`shares_encoder_out`.
         Returns ``(log_probs, attention, new_state)``: log_probs (N, V) is the log of the
         output mapping's probabilities, ``-inf`` exactly where the probability is 0;
         attention (N, L) the source attention distribution of this step.
         """
         ...
+
+
+def shares_encoder_out(model: object) -> bool:
+    """Whether ``model.step`` also takes an ``encoder_out`` of B rows for its N = B x S rows, S
+    consecutive rows per sentence (the optional attribute ``shares_encoder_out``; False where
+    absent): beam search then keeps the encoder output once per sentence instead of tiling it
+    to every slot (a model's attention reads each sentence's memory once for its S rows)."""
+    return bool(getattr(model, "shares_encoder_out", False))
 
 
 def select_state(state: State, index: Tensor) -> State:
@@ -51,4 +61,4 @@ def tile_state(state: State, times: int) -> State:
     return {k: v.repeat_interleave(times, dim=0) for k, v in state.items()}
 
 
-__all__ = ["State", "StepDecoder", "select_state", "tile_state"]
+__all__ = ["State", "StepDecoder", "select_state", "shares_encoder_out", "tile_state"]

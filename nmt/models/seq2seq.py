@@ -27,6 +27,10 @@ class Seq2Seq(EncoderDecoder):
 
     encoder: RNNEncoder
     decoder: InputFeedingDecoder
+    shares_encoder_out = True
+    """``step`` takes an ``encoder_out`` of B rows for N = B x S step rows (S consecutive rows per
+    sentence): beam search keeps it once per sentence, not once per slot
+    (:data:`nmt.models.protocol.shares_encoder_out`)."""
 
     @property
     def attention_mapping(self) -> Callable[..., Tensor]:
@@ -46,7 +50,8 @@ class Seq2Seq(EncoderDecoder):
         return encoder_out, self.decoder.init_state(final)
 
     def step(self, tokens: Tensor, state: State, encoder_out: State) -> tuple[Tensor, Tensor, State]:
-        """tokens: (N,) previous ids. Returns log_probs (N, V), attention (N, L), new state."""
+        """tokens: (N,) previous ids; state: N rows; encoder_out: N rows, or B rows with N = B x S
+        (S consecutive step rows per sentence). Returns log_probs (N, V), attention (N, L), new state."""
         _, log_probs, attention, state = self.step_with_scores(tokens, state, encoder_out)
         return log_probs, attention, state
 

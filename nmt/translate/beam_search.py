@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nmt.models.protocol import StepDecoder, select_state, tile_state
+from nmt.models.protocol import StepDecoder, select_state, shares_encoder_out, tile_state
 from nmt.translate.certificate import reason_name, require_hypothesis, support_statistics
 from nmt.translate.history import SearchHistory, backtrack
 from nmt.translate.length_penalty import length_penalty
@@ -147,6 +147,7 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     device = src.device
     batch = src.size(0)
     encoder_out, state = model.encode(src, src_lengths)
+    shared = shares_encoder_out(model)  # encoder_out stays one row per sentence (R rows), else R*S
     # The first step runs one row per sentence (all k slots would hold the same BOS prefix);
     # the state is tiled to k slots by the first reordering.
     tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (R*S,) last token
@@ -185,7 +186,7 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
             out_exact.index_copy_(0, original.index_select(0, gone), rows.exact.index_select(0, gone))
             out_reason.index_copy_(0, original.index_select(0, gone), rows.reason.index_select(0, gone))
             active = original.index_select(0, keep)  # (R',)
-            encoder_out = select_state(encoder_out, keep if slots == 1 else
+            encoder_out = select_state(encoder_out, keep if slots == 1 or shared else
                                        (keep.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1))
             flat_rows = flat_rows.index_select(0, keep)  # (R', K)
             tokens = tokens.index_select(0, keep)  # (R', K)
@@ -194,7 +195,7 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
             state = select_state(state, flat_rows.view(-1))
         elif keep is not None:  # greedy: each row extends its only slot; reorder when rows leave
             state = select_state(state, keep)
-        if slots == 1 and k > 1:
+        if slots == 1 and k > 1 and not shared:
             encoder_out = tile_state(encoder_out, k)
         tokens = tokens.reshape(-1)  # (R*K,)
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from nmt.models.protocol import State, StepDecoder
+from nmt.models.protocol import State, StepDecoder, shares_encoder_out
 
 
 class Ensemble:
@@ -28,6 +28,12 @@ class Ensemble:
 
     def __len__(self) -> int:
         return len(self.models)
+
+    @property
+    def shares_encoder_out(self) -> bool:
+        """Every member's ``step`` takes one encoder row per sentence
+        (:func:`nmt.models.protocol.shares_encoder_out`), so the ensemble's does."""
+        return all(shares_encoder_out(model) for model in self.models)
 
     @staticmethod
     def _split(state: State, i: int) -> State:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nmt.models.protocol import State, StepDecoder, select_state, tile_state
+from nmt.models.protocol import State, StepDecoder, select_state, shares_encoder_out, tile_state
 from nmt.translate.history import SearchHistory
 from nmt.translate.search_options import SearchOptions
 from nmt.translate.search_step import (
@@ -89,7 +89,7 @@ def static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: S
         if truncated is not None:
             break
         all_stopped_at = torch.where((all_stopped_at < 0) & stopped.all(), t, all_stopped_at)
-        if t == 0 and k > 1:
+        if t == 0 and k > 1 and not shares_encoder_out(model):
             encoder_out = tile_state(encoder_out, k)
         if (t + 1) % every == 0 and bool(stopped.all()):  # the one host sync per stop_every steps
             break

@@ -118,6 +118,26 @@ def test_tiled_and_reordered_states_step_like_the_original(make_model):
     torch.testing.assert_close(lp2, ref.repeat_interleave(k, 0)[order], rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("sections", VARIANTS)
+def test_step_rows_share_their_sentence_encoder_out(make_model, sections):
+    """``shares_encoder_out``: a step of k rows per sentence with the untiled encoder output (one
+    row per sentence) gives what the tiled one gives, to rounding (the attention's products have
+    other shapes)."""
+    model = make_model(**sections)
+    assert model.shares_encoder_out
+    src, src_lengths, tgt_in = random_batch(batch=3, seed=5)
+    with torch.no_grad():
+        encoder_out, state = model.encode(src, src_lengths)
+        k = 3
+        state_k, tokens = tile_state(state, k), tgt_in[:, 0].repeat_interleave(k)
+        shared = model.step(tokens, state_k, encoder_out)
+        tiled = model.step(tokens, state_k, tile_state(encoder_out, k))
+    torch.testing.assert_close(shared[0], tiled[0])
+    torch.testing.assert_close(shared[1], tiled[1])
+    for name in tiled[2]:
+        torch.testing.assert_close(shared[2][name], tiled[2][name])
+
+
 def test_bad_source_lengths_are_clear_errors(make_model):
     model = make_model()
     src, _, tgt_in = random_batch(batch=2)

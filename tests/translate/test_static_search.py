@@ -223,3 +223,44 @@ def test_search_step_compiles_as_one_graph(blocked, monkeypatch):
         assert eager.rows.reason.tolist() == [NONFINITE, PRUNED, NONFINITE, PRUNED, PRUNED, PRUNED]
         scores = eager.rows.scores  # neither NaN nor +inf entered the beam (-inf: finished slots)
         assert not torch.isnan(scores).any() and (scores < math.inf).all()
+
+
+SHARED_ATTENTION = [  # attention configurations of the nmt LSTM, whose step shares encoder_out
+    {"score": "general", "mapping": "entmax15", "params": {}, "continuous": None},
+    {"score": "dot", "mapping": "sparsemax", "params": {}, "continuous": None},
+    {"score": "mlp", "mapping": "softmax", "params": {}, "continuous": None},
+    {"score": "general", "mapping": "entmax15", "params": {}, "continuous": {"alpha": 2.0}},
+]
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+@pytest.mark.parametrize("attention", range(len(SHARED_ATTENTION)))
+def test_shared_encoder_out_equals_tiled(attention, mode):
+    """The nmt LSTM takes one encoder row per sentence for its beam slots (beam search does not
+    tile ``encoder_out``): the same search as with the encoder output tiled to every slot,
+    hypotheses, certificates and supports exactly, scores to rounding (products of other shapes)."""
+    torch.manual_seed(attention)
+    cfg = {**TRAINED_CFG, "attention": SHARED_ATTENTION[attention], "output": {"mapping": "entmax15", "params": {}}}
+    model = build_model(cfg, TRAINED_VOCAB, TRAINED_VOCAB, PAD).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(6.0)  # sparse outputs: finished hypotheses and certificates
+    assert model.shares_encoder_out
+    src, lengths = random_sources(6, TRAINED_VOCAB, 7, seed=attention)
+    options = dict(beam_size=4, n_best=3, max_length=8, length_penalty="average", return_attention=True)
+    shared = beam_search(model, src, lengths, bos=BOS, eos=EOS, pad=PAD, mode=mode, **options)
+    model.shares_encoder_out = False
+    tiled = beam_search(model, src, lengths, bos=BOS, eos=EOS, pad=PAD, mode=mode, **options)
+    assert_same_result(shared, tiled)
+    assert (shared.lengths > 0).all()
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+def test_shared_encoder_out_equals_tiled_on_the_trained_model(trained_model, mode, monkeypatch):
+    src, lengths = random_sources(12, 9, 5, seed=11)
+    options = dict(beam_size=4, n_best=3, max_length=8, return_attention=True)
+    shared = beam_search(trained_model, src, lengths, bos=BOS, eos=EOS, pad=PAD, mode=mode, **options)
+    monkeypatch.setattr(trained_model, "shares_encoder_out", False, raising=False)
+    tiled = beam_search(trained_model, src, lengths, bos=BOS, eos=EOS, pad=PAD, mode=mode, **options)
+    assert_same_result(shared, tiled)
+    assert shared.exact.any()
