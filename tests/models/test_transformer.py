@@ -5,7 +5,7 @@ import pytest
 import torch
 from tiny_models import PAD, SRC_VOCAB, TGT_VOCAB, random_batch, transformer_cfg
 
-from nmt.models.protocol import select_state
+from nmt.models.protocol import select_state, tile_state
 from nmt.models.transformer import build_transformer
 
 MAPPINGS = {  # name -> model.attention section (all three kinds inherit it)
@@ -62,6 +62,31 @@ def test_incremental_steps_equal_teacher_forcing(name, norm, positions):
     finite = torch.isfinite(expected)
     assert (got[finite] - expected[finite]).abs().max() <= 1e-10
     assert (got_attention - attention).abs().max() <= 1e-10
+
+
+@pytest.mark.parametrize("name", list(MAPPINGS))
+def test_steps_of_beam_rows_share_the_encoder_out(name):
+    """``shares_encoder_out``: k step rows per sentence with the untiled cross keys/values give the
+    tiled steps' log-probabilities, attention and caches (float64, to rounding)."""
+    model = make(scale=3.0, attention=MAPPINGS[name], output={"mapping": "entmax15", "params": {}})
+    assert model.shares_encoder_out
+    src, src_lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=4, seed=2)
+    k = 3
+    with torch.no_grad():
+        encoder_out, state = model.encode(src, src_lengths)
+        state = tile_state(state, k)
+        shared_state, tiled_state = state, state
+        for t in range(tgt_in.size(1)):
+            tokens = tgt_in[:, t].repeat_interleave(k)
+            shared = model.step(tokens, shared_state, encoder_out)
+            tiled = model.step(tokens, tiled_state, tile_state(encoder_out, k))
+            finite = torch.isfinite(tiled[0])
+            assert torch.equal(finite, torch.isfinite(shared[0]))
+            torch.testing.assert_close(shared[0][finite], tiled[0][finite], rtol=0, atol=1e-10)
+            torch.testing.assert_close(shared[1], tiled[1], rtol=0, atol=1e-10)
+            shared_state, tiled_state = shared[2], tiled[2]
+    for name_ in tiled_state:
+        torch.testing.assert_close(shared_state[name_], tiled_state[name_], rtol=0, atol=1e-10)
 
 
 def test_sparse_attention_is_sparse_inside_rows():

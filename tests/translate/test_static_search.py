@@ -264,3 +264,26 @@ def test_shared_encoder_out_equals_tiled_on_the_trained_model(trained_model, mod
     tiled = beam_search(trained_model, src, lengths, bos=BOS, eos=EOS, pad=PAD, mode=mode, **options)
     assert_same_result(shared, tiled)
     assert shared.exact.any()
+
+
+TRANSFORMERS = [
+    lambda: tiny_transformer(output="entmax15", attention="softmax", eos_bias=1.5, seed=1),
+    lambda: tiny_transformer(output="sparsemax", attention="entmax15", seed=2),
+    lambda: tiny_transformer(output="entmax15", attention="entmax15", seed=3, continuous={"alpha": 2}),
+]
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+@pytest.mark.parametrize("case", range(len(TRANSFORMERS)))
+def test_shared_cross_keys_values_equal_tiled(case, mode):
+    """The Transformer keeps its cross-attention keys/values once per sentence in beam search:
+    the same search as with them tiled to every slot (kv caches reordered as before)."""
+    model = TRANSFORMERS[case]()
+    assert model.shares_encoder_out
+    src, lengths = random_sources(7, 9, 6, seed=case)
+    options = dict(beam_size=4, n_best=3, max_length=10, length_penalty="average", return_attention=True)
+    shared = beam_search(model, src, lengths, bos=BOS, eos=EOS, pad=PAD, mode=mode, **options)
+    model.shares_encoder_out = False
+    tiled = beam_search(model, src, lengths, bos=BOS, eos=EOS, pad=PAD, mode=mode, **options)
+    assert_same_result(shared, tiled)
+    assert shared.exact.any()

@@ -116,6 +116,9 @@ class DecoderLayer(nn.Module):
         """x: (B, T, D) the targets at positions t0..t0+T-1, t0 = the cache length (0 without one);
         cross_kv: the cross-attention keys/values (B, heads, L, d_head); src_mask: (B, 1, 1, L);
         cache: self-attention keys/values of the earlier positions (B, heads, t0, d_head).
+        One step (T = 1) may also run N = B x S rows, S consecutive rows per source sharing its
+        cross keys/values (beam slots): x (N, 1, D) and the cache have N rows, cross_kv and
+        src_mask B, and the cross-attention takes each source's S queries together.
 
         Returns x (B, T, D), self probs (B, heads, T, t0+T), cross probs (B, heads, T, L) and
         the cache extended by these T positions.
@@ -129,7 +132,14 @@ class DecoderLayer(nn.Module):
         mask = None if x.size(1) == 1 else causal_mask(x.size(1), offset, x.device)  # one query sees all
         out, self_probs = self.self_attn(h, keys, values, mask)
         x = self.self_block.add(x, out)
-        out, cross_probs = self.cross_attn(self.cross_block.inputs(x), cross_kv[0], cross_kv[1], src_mask)
+        query, sources = self.cross_block.inputs(x), cross_kv[0].size(0)
+        if sources != x.size(0):  # a step's S rows per source: (N, 1, D) -> (B, S, D)
+            out, cross_probs = self.cross_attn(query.view(sources, -1, query.size(-1)), cross_kv[0], cross_kv[1],
+                                               src_mask)  # (B, S, D), (B, heads, S, L)
+            out = out.view(x.shape)
+            cross_probs = cross_probs.transpose(1, 2).reshape(x.size(0), cross_probs.size(1), 1, -1)
+        else:
+            out, cross_probs = self.cross_attn(query, cross_kv[0], cross_kv[1], src_mask)
         x = self.cross_block.add(x, out)
         x = self.ff_block.add(x, self.feed_forward(self.ff_block.inputs(x)))
         return x, self_probs, cross_probs, (keys, values)

@@ -33,6 +33,10 @@ class TransformerSeq2Seq(EncoderDecoder):
     """
 
     attention_kinds = ATTENTION_KINDS
+    shares_encoder_out = True
+    """``step`` takes an ``encoder_out`` of B rows for N = B x S step rows (S consecutive rows per
+    sentence): beam search keeps the cross keys/values once per sentence, not once per slot
+    (:func:`nmt.models.protocol.shares_encoder_out`)."""
 
     encoder: TransformerEncoder
     decoder: TransformerDecoder
@@ -64,7 +68,9 @@ class TransformerSeq2Seq(EncoderDecoder):
         return [(encoder_out[f"cross.{i}.k"], encoder_out[f"cross.{i}.v"]) for i in range(len(self.decoder.layers))]
 
     def step(self, tokens: Tensor, state: State, encoder_out: State) -> tuple[Tensor, Tensor, State]:
-        """tokens: (N,) previous ids. Returns log_probs (N, V), attention (N, L), the extended caches."""
+        """tokens: (N,) previous ids; state: N rows; encoder_out: N rows, or B rows with N = B x S
+        (S consecutive step rows per sentence). Returns log_probs (N, V), attention (N, L), the
+        extended caches."""
         _, log_probs, attention, new_state = self.step_with_scores(tokens, state, encoder_out)
         return log_probs, attention, new_state
 
