@@ -21,6 +21,25 @@
 #define NMT_VECTORS 0
 #endif
 
+#if NMT_VECTORS
+/* nmt_<type>x<lanes>: the vector types the files use (8 to 128 bytes; the wider ones only in the
+   functions built for AVX2 / AVX-512, or split by the compiler) */
+typedef float nmt_f32x2 __attribute__((vector_size(8)));
+typedef float nmt_f32x4 __attribute__((vector_size(16)));
+typedef float nmt_f32x8 __attribute__((vector_size(32)));
+typedef float nmt_f32x16 __attribute__((vector_size(64)));
+typedef double nmt_f64x2 __attribute__((vector_size(16)));
+typedef double nmt_f64x4 __attribute__((vector_size(32)));
+typedef double nmt_f64x8 __attribute__((vector_size(64)));
+typedef double nmt_f64x16 __attribute__((vector_size(128)));
+typedef int32_t nmt_i32x4 __attribute__((vector_size(16)));
+typedef int32_t nmt_i32x8 __attribute__((vector_size(32)));
+typedef int32_t nmt_i32x16 __attribute__((vector_size(64)));
+typedef int64_t nmt_i64x2 __attribute__((vector_size(16)));
+typedef int64_t nmt_i64x4 __attribute__((vector_size(32)));
+typedef int64_t nmt_i64x8 __attribute__((vector_size(64)));
+#endif
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(NMT_NO_AVX2)
 #define NMT_WIDE_AVX2 1
 #include <immintrin.h> /* AVX2 / AVX-512 intrinsics, used only in functions built for them */

@@ -86,19 +86,6 @@
 
 #if NMT_VECTORS
 #define NMT_NT_VECTORS 1
-typedef float nmt_nt_f32x2 __attribute__((vector_size(8)));
-typedef double nmt_nt_f64x2 __attribute__((vector_size(16)));
-typedef int64_t nmt_nt_i64x2 __attribute__((vector_size(16)));
-typedef float nmt_nt_f32x4 __attribute__((vector_size(16)));
-typedef double nmt_nt_f64x4 __attribute__((vector_size(32)));
-typedef int64_t nmt_nt_i64x4 __attribute__((vector_size(32)));
-typedef float nmt_nt_f32x8 __attribute__((vector_size(32)));
-typedef double nmt_nt_f64x8 __attribute__((vector_size(64)));
-typedef int64_t nmt_nt_i64x8 __attribute__((vector_size(64)));
-typedef int32_t nmt_nt_i32x4 __attribute__((vector_size(16)));
-typedef int32_t nmt_nt_i32x8 __attribute__((vector_size(32)));
-typedef float nmt_nt_f32x16 __attribute__((vector_size(64)));
-typedef int32_t nmt_nt_i32x16 __attribute__((vector_size(64)));
 #else
 #define NMT_NT_VECTORS 0
 #endif
@@ -154,8 +141,8 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, const T *lo, i
 
 #define NO_ATTR
 #if NMT_NT_VECTORS
-DEFINE_NEWTON(newton_f32_v, float, (double)FLT_EPSILON, NO_ATTR, VECTOR_SUMS(float, nmt_nt_f32x2, nmt_nt_f64x2, nmt_nt_i64x2, 2))
-DEFINE_NEWTON(newton_f64_v, double, DBL_EPSILON, NO_ATTR, VECTOR_SUMS(double, nmt_nt_f64x2, nmt_nt_f64x2, nmt_nt_i64x2, 2))
+DEFINE_NEWTON(newton_f32_v, float, (double)FLT_EPSILON, NO_ATTR, VECTOR_SUMS(float, nmt_f32x2, nmt_f64x2, nmt_i64x2, 2))
+DEFINE_NEWTON(newton_f64_v, double, DBL_EPSILON, NO_ATTR, VECTOR_SUMS(double, nmt_f64x2, nmt_f64x2, nmt_i64x2, 2))
 #else
 DEFINE_NEWTON(newton_f32_v, float, (double)FLT_EPSILON, NO_ATTR, SCALAR_SUMS(float))
 DEFINE_NEWTON(newton_f64_v, double, DBL_EPSILON, NO_ATTR, SCALAR_SUMS(double))
@@ -163,13 +150,13 @@ DEFINE_NEWTON(newton_f64_v, double, DBL_EPSILON, NO_ATTR, SCALAR_SUMS(double))
 
 #if NMT_NT_VECTORS && defined(NMT_WIDE_AVX2)
 /* 256-bit vectors where the processor has AVX2 (_cpu_dispatch.h) */
-DEFINE_NEWTON(newton_f32_avx2, float, (double)FLT_EPSILON, AVX2, VECTOR_SUMS(float, nmt_nt_f32x4, nmt_nt_f64x4, nmt_nt_i64x4, 4))
-DEFINE_NEWTON(newton_f64_avx2, double, DBL_EPSILON, AVX2, VECTOR_SUMS(double, nmt_nt_f64x4, nmt_nt_f64x4, nmt_nt_i64x4, 4))
+DEFINE_NEWTON(newton_f32_avx2, float, (double)FLT_EPSILON, AVX2, VECTOR_SUMS(float, nmt_f32x4, nmt_f64x4, nmt_i64x4, 4))
+DEFINE_NEWTON(newton_f64_avx2, double, DBL_EPSILON, AVX2, VECTOR_SUMS(double, nmt_f64x4, nmt_f64x4, nmt_i64x4, 4))
 #define HAVE_AVX2() CPU_HAS_AVX2()
 #if defined(NMT_WIDE_AVX512)
 /* 512-bit vectors (eight doubles) where the processor has AVX-512 */
-DEFINE_NEWTON(newton_f32_avx512, float, (double)FLT_EPSILON, AVX512, VECTOR_SUMS(float, nmt_nt_f32x8, nmt_nt_f64x8, nmt_nt_i64x8, 8))
-DEFINE_NEWTON(newton_f64_avx512, double, DBL_EPSILON, AVX512, VECTOR_SUMS(double, nmt_nt_f64x8, nmt_nt_f64x8, nmt_nt_i64x8, 8))
+DEFINE_NEWTON(newton_f32_avx512, float, (double)FLT_EPSILON, AVX512, VECTOR_SUMS(float, nmt_f32x8, nmt_f64x8, nmt_i64x8, 8))
+DEFINE_NEWTON(newton_f64_avx512, double, DBL_EPSILON, AVX512, VECTOR_SUMS(double, nmt_f64x8, nmt_f64x8, nmt_i64x8, 8))
 #define HAVE_AVX512() CPU_HAS_AVX512()
 #endif
 #else
@@ -325,8 +312,8 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, 
 
 #define NOTHING(T, VT, IT, L) ((void)0)
 #if NMT_NT_VECTORS
-DEFINE_BOUND(bound_f32_v, float, NO_ATTR, newton_f32_v, nmt_nt_f32x4, nmt_nt_i32x4, 4, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
-DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, nmt_nt_f64x2, nmt_nt_i64x2, 2, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
+DEFINE_BOUND(bound_f32_v, float, NO_ATTR, newton_f32_v, nmt_f32x4, nmt_i32x4, 4, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
+DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, nmt_f64x2, nmt_i64x2, 2, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
 #else /* no vectors: entry by entry */
 DEFINE_BOUND(bound_f32_v, float, NO_ATTR, newton_f32_v, float, int32_t, 1, NOTHING, NOTHING, NOTHING)
 DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, double, int64_t, 1, NOTHING, NOTHING, NOTHING)
@@ -335,8 +322,8 @@ DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, double, int64_t, 1, NOT
 #define bound_f32_avx2 bound_f32_v
 #define bound_f64_avx2 bound_f64_v
 #else
-DEFINE_BOUND(bound_f32_avx2, float, AVX2, newton_f32_avx2, nmt_nt_f32x8, nmt_nt_i32x8, 8, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
-DEFINE_BOUND(bound_f64_avx2, double, AVX2, newton_f64_avx2, nmt_nt_f64x4, nmt_nt_i64x4, 4, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
+DEFINE_BOUND(bound_f32_avx2, float, AVX2, newton_f32_avx2, nmt_f32x8, nmt_i32x8, 8, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
+DEFINE_BOUND(bound_f64_avx2, double, AVX2, newton_f64_avx2, nmt_f64x4, nmt_i64x4, 4, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
 #endif
 #ifdef newton_f32_avx512 /* no AVX-512 build: the aliases */
 #define bound_f32_avx512 bound_f32_v
@@ -344,8 +331,8 @@ DEFINE_BOUND(bound_f64_avx2, double, AVX2, newton_f64_avx2, nmt_nt_f64x4, nmt_nt
 #else
 #define COMPACT_512_F32(T, VT, IT, L) COMPACT_512(float, __m512, __mmask16, ps, 16)
 #define COMPACT_512_F64(T, VT, IT, L) COMPACT_512(double, __m512d, __mmask8, pd, 8)
-DEFINE_BOUND(bound_f32_avx512, float, AVX512, newton_f32_avx512, nmt_nt_f32x16, nmt_nt_i32x16, 16, MAXPASS_LANES, COMPACT_512_F32, OUTPUT_VECTORS)
-DEFINE_BOUND(bound_f64_avx512, double, AVX512, newton_f64_avx512, nmt_nt_f64x8, nmt_nt_i64x8, 8, MAXPASS_LANES, COMPACT_512_F64, OUTPUT_VECTORS)
+DEFINE_BOUND(bound_f32_avx512, float, AVX512, newton_f32_avx512, nmt_f32x16, nmt_i32x16, 16, MAXPASS_LANES, COMPACT_512_F32, OUTPUT_VECTORS)
+DEFINE_BOUND(bound_f64_avx512, double, AVX512, newton_f64_avx512, nmt_f64x8, nmt_i64x8, 8, MAXPASS_LANES, COMPACT_512_F64, OUTPUT_VECTORS)
 #endif
 
 #define DEFINE_ENTRY(NAME, T, SUFFIX)                                                           \

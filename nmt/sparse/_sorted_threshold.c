@@ -320,18 +320,11 @@ static int nmt_sorted_threshold_f64_group(const double *z, int64_t n, int q, dou
 #endif
 
 #if NMT_VECTOR_PATH && defined(NMT_WIDE_AVX2)
-/* wider vectors where the processor has them (_cpu_dispatch.h) */
-typedef float nmt_f32x8 __attribute__((vector_size(8 * sizeof(float))));
-typedef int32_t nmt_i32x8 __attribute__((vector_size(8 * sizeof(int32_t))));
-typedef double nmt_f64x8 __attribute__((vector_size(8 * sizeof(double))));
-typedef int64_t nmt_i64x8 __attribute__((vector_size(8 * sizeof(int64_t))));
+/* wider vectors where the processor has them (_cpu_dispatch.h, which has their types) */
 DEFINE_GROUP(nmt_sorted_threshold_f32, f32_group_avx2, 8, AVX2, float, nmt_f32x8, nmt_i32x8, nmt_f64x8)
 DEFINE_GROUP(nmt_sorted_threshold_f64, f64_group_avx2, 4, AVX2, double, nmt_f64v, nmt_i64v, nmt_f64v)
 #define HAVE_AVX2() CPU_HAS_AVX2()
 #if defined(NMT_WIDE_AVX512)
-typedef float nmt_f32x16 __attribute__((vector_size(16 * sizeof(float))));
-typedef int32_t nmt_i32x16 __attribute__((vector_size(16 * sizeof(int32_t))));
-typedef double nmt_f64x16 __attribute__((vector_size(16 * sizeof(double))));
 DEFINE_GROUP(nmt_sorted_threshold_f32, f32_group_avx512, 16, AVX512, float, nmt_f32x16, nmt_i32x16, nmt_f64x16)
 DEFINE_GROUP(nmt_sorted_threshold_f64, f64_group_avx512, 8, AVX512, double, nmt_f64x8, nmt_i64x8, nmt_f64x8)
 #define HAVE_AVX512() CPU_HAS_AVX512()

@@ -73,14 +73,6 @@ DEFINE_INSERT(insert_f64, double)
 
 #if NMT_VECTORS
 #define NMT_SC_VECTORS 1
-typedef float nmt_sc_f32x4 __attribute__((vector_size(16)));
-typedef int32_t nmt_sc_i32x4 __attribute__((vector_size(16)));
-typedef double nmt_sc_f64x2 __attribute__((vector_size(16)));
-typedef int64_t nmt_sc_i64x2 __attribute__((vector_size(16)));
-typedef float nmt_sc_f32x8 __attribute__((vector_size(32)));
-typedef int32_t nmt_sc_i32x8 __attribute__((vector_size(32)));
-typedef double nmt_sc_f64x4 __attribute__((vector_size(32)));
-typedef int64_t nmt_sc_i64x4 __attribute__((vector_size(32)));
 /* LANES entries at a time once the list is full: counts and flags in vectors, the candidates
    compared with the list's last value (broadcast again after each insertion) */
 #define VECTOR_ENTRIES(T, VT, IT, LANES, INSERT, ANY)                                           \
@@ -163,8 +155,8 @@ ATTR static void NAME(const T *lp, const T *offset, int64_t groups, int64_t slot
 
 #if NMT_SC_VECTORS
 /* 128-bit vectors: every target with vector extensions (SSE2 on x86-64, NEON) */
-DEFINE_CANDIDATES(candidates_f32_v, float, NO_ATTR, insert_f32, VECTOR_ENTRIES(float, nmt_sc_f32x4, nmt_sc_i32x4, 4, insert_f32, ANY_128))
-DEFINE_CANDIDATES(candidates_f64_v, double, NO_ATTR, insert_f64, VECTOR_ENTRIES(double, nmt_sc_f64x2, nmt_sc_i64x2, 2, insert_f64, ANY_128))
+DEFINE_CANDIDATES(candidates_f32_v, float, NO_ATTR, insert_f32, VECTOR_ENTRIES(float, nmt_f32x4, nmt_i32x4, 4, insert_f32, ANY_128))
+DEFINE_CANDIDATES(candidates_f64_v, double, NO_ATTR, insert_f64, VECTOR_ENTRIES(double, nmt_f64x2, nmt_i64x2, 2, insert_f64, ANY_128))
 #else
 DEFINE_CANDIDATES(candidates_f32_v, float, NO_ATTR, insert_f32, NO_STEPS)
 DEFINE_CANDIDATES(candidates_f64_v, double, NO_ATTR, insert_f64, NO_STEPS)
@@ -173,8 +165,8 @@ DEFINE_CANDIDATES(candidates_f64_v, double, NO_ATTR, insert_f64, NO_STEPS)
 #if NMT_SC_VECTORS && defined(NMT_WIDE_AVX2)
 /* 256-bit vectors where the processor has AVX2 (_cpu_dispatch.h); a true lane found by vptest */
 #define ANY_256(gt) (!_mm256_testz_si256((__m256i)(gt), (__m256i)(gt)))
-DEFINE_CANDIDATES(candidates_f32_avx2, float, AVX2, insert_f32, VECTOR_ENTRIES(float, nmt_sc_f32x8, nmt_sc_i32x8, 8, insert_f32, ANY_256))
-DEFINE_CANDIDATES(candidates_f64_avx2, double, AVX2, insert_f64, VECTOR_ENTRIES(double, nmt_sc_f64x4, nmt_sc_i64x4, 4, insert_f64, ANY_256))
+DEFINE_CANDIDATES(candidates_f32_avx2, float, AVX2, insert_f32, VECTOR_ENTRIES(float, nmt_f32x8, nmt_i32x8, 8, insert_f32, ANY_256))
+DEFINE_CANDIDATES(candidates_f64_avx2, double, AVX2, insert_f64, VECTOR_ENTRIES(double, nmt_f64x4, nmt_i64x4, 4, insert_f64, ANY_256))
 #define HAVE_AVX2() CPU_HAS_AVX2()
 #else
 #define candidates_f32_avx2 candidates_f32_v
