@@ -287,3 +287,21 @@ def test_shared_cross_keys_values_equal_tiled(case, mode):
     tiled = beam_search(model, src, lengths, bos=BOS, eos=EOS, pad=PAD, mode=mode, **options)
     assert_same_result(shared, tiled)
     assert shared.exact.any()
+
+
+def test_step_with_shared_encoder_rows_compiles_as_one_graph(trained_model):
+    """The LSTM step of k beam rows per sentence over the untiled encoder output (the attention's
+    grouping reads only shapes) under ``torch.compile(fullgraph=True)``, sync-free mappings."""
+    twin = static_impl_copy(trained_model)
+    src, lengths = random_sources(5, 9, 5, seed=3)
+    k = 3
+    with torch.no_grad():
+        encoder_out, state = twin.encode(src, lengths)
+        state = {name: value.repeat_interleave(k, dim=0) for name, value in state.items()}
+        tokens = torch.randint(3, TRAINED_VOCAB, (5 * k,), generator=torch.Generator().manual_seed(0))
+        eager = twin.step(tokens, state, encoder_out)
+        compiled = torch.compile(twin.step, fullgraph=True)(tokens, state, encoder_out)
+    for a, b in zip(compiled[:2], eager[:2]):
+        finite = torch.isfinite(b)
+        assert torch.equal(torch.isfinite(a), finite)
+        torch.testing.assert_close(a[finite], b[finite], rtol=1e-5, atol=1e-6)
