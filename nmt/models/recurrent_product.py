@@ -10,7 +10,8 @@ after every step that used it, makes the one product.
 
 Exact: the same sums as plain autograd up to the order of the additions. On float32 CPU tensors
 the step products (forward and input gradient) run through oneDNN with the weight packed once per
-pass (:mod:`nmt.utils.packed_linear`; MKL's sgemm is slower on these products). No host
+pass where training packs (:data:`nmt.utils.packed_linear.TRAIN_PACKING`: on AMD processors MKL's
+sgemm is slower on these products; on Intel's it is faster than packing twice per step). No host
 synchronisation. Meant for eager training; under ``torch.compile`` or autocast the caller uses
 plain products (:func:`deferred_enabled`).
 """

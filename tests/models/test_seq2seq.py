@@ -236,6 +236,7 @@ def test_packed_training_products_give_the_plain_gradients(monkeypatch):
     from nmt.utils import packed_linear
     if not packed_linear._BUILT:
         pytest.skip("torch without oneDNN (or NMT_ONEDNN=0)")
+    monkeypatch.setattr(packed_linear, "TRAIN_PACKING", True)  # whatever this processor's default
     torch.manual_seed(5)
     model = build_model(model_cfg(), SRC_VOCAB, TGT_VOCAB, PAD).train()
     src, lengths, tgt_in = random_batch(batch=4, src_len=7, tgt_len=6, seed=7)

@@ -113,7 +113,8 @@ def test_packed_lstm_cell_equals_lstm_cell():
 
 
 @needs_onednn
-def test_packed_linear_function_gradients():
+def test_packed_linear_function_gradients(monkeypatch):
+    monkeypatch.setattr(packed_linear, "TRAIN_PACKING", True)  # whatever this processor's default
     g = torch.Generator().manual_seed(6)
     x = torch.randn(3, 5, 16, generator=g, requires_grad=True)
     w = torch.randn(packed_linear.TRAIN_MIN_NUMEL // 16, 16, generator=g, requires_grad=True)
@@ -125,3 +126,31 @@ def test_packed_linear_function_gradients():
     want = torch.autograd.grad(F.linear(x, w, b), (x, w, b), up)
     for a, c in zip(got, want):  # sums of up to 16,384 float32 terms in another order
         torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-6 * c.abs().max().item())
+
+
+def test_training_packs_except_on_intel_processors_unless_told():
+    """The default of TRAIN_PACKING: off on Intel processors, on elsewhere (an unknown vendor
+    included); NMT_ONEDNN_TRAIN=0 / 1 decides where set."""
+    choose = packed_linear._train_packing
+    assert not choose({}, "GenuineIntel")
+    assert choose({}, "AuthenticAMD") and choose({}, "")
+    assert choose({"NMT_ONEDNN_TRAIN": "1"}, "GenuineIntel")
+    assert not choose({"NMT_ONEDNN_TRAIN": "0"}, "AuthenticAMD")
+    assert packed_linear.TRAIN_PACKING == choose()
+    assert isinstance(packed_linear.cpu_vendor(), str)
+
+
+def test_no_packing_in_training_when_off(monkeypatch):
+    """With TRAIN_PACKING off, training's products are plain F.linear (no PackedLinear node) and
+    the recurrent weights are not packed; decoding's region path is unchanged."""
+    from nmt.models.recurrent_product import RecurrentWeight
+
+    monkeypatch.setattr(packed_linear, "TRAIN_PACKING", False)
+    w = torch.randn(packed_linear.TRAIN_MIN_NUMEL // 16, 16, requires_grad=True)
+    x = torch.randn(4, 16, requires_grad=True)
+    y = packed_linear.train_linear(x, w)
+    assert "PackedLinear" not in type(y.grad_fn).__name__
+    assert RecurrentWeight(w).records.packed is None
+    if packed_linear._BUILT:
+        with torch.no_grad(), packed_linear.frozen_weights():
+            assert packed_linear.usable(x, w)
