@@ -20,7 +20,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["nmt", "nmt.*"]),
     # the native sorted threshold, compiled on first use where a C compiler is (nmt/sparse/_native.py)
-    package_data={"nmt.sparse": ["_sorted_threshold.c", "_step_candidates.c", "_newton_threshold.c", "_cpu_dispatch.h"]},
+    package_data={"nmt.sparse": ["_sorted_threshold.c", "_step_candidates.c", "_newton_threshold.c",
+                                 "_cpu_dispatch.h"]},
     install_requires=[
         "torch>=2.1",
         "numpy",

@@ -30,7 +30,7 @@ class Seq2Seq(EncoderDecoder):
     shares_encoder_out = True
     """``step`` takes an ``encoder_out`` of B rows for N = B x S step rows (S consecutive rows per
     sentence): beam search keeps it once per sentence, not once per slot
-    (:data:`nmt.models.protocol.shares_encoder_out`)."""
+    (:func:`nmt.models.protocol.shares_encoder_out`)."""
 
     @property
     def attention_mapping(self) -> Callable[..., Tensor]:
