@@ -246,10 +246,10 @@ def step_candidates(log_probs: Tensor, offsets: Tensor, slots: int,
     unknown = torch.empty(n, dtype=torch.uint8)
     values = torch.empty(groups, width, dtype=log_probs.dtype)
     index = torch.empty(groups, width, dtype=torch.long)
-    if groups:
-        getattr(lib, _CANDIDATES[log_probs.dtype])(log_probs.data_ptr(), offsets.data_ptr(), groups, slots, v, width,
-                                                   support.data_ptr(), unknown.data_ptr(), values.data_ptr(),
-                                                   index.data_ptr(), _threads(log_probs.numel()))
+    if groups and getattr(lib, _CANDIDATES[log_probs.dtype])(
+            log_probs.data_ptr(), offsets.data_ptr(), groups, slots, v, width, support.data_ptr(), unknown.data_ptr(),
+            values.data_ptr(), index.data_ptr(), _threads(log_probs.numel())) != 0:
+        return None  # the library refused the width (its own bound): nothing was written
     return support, unknown.bool(), values, index
 
 

@@ -84,12 +84,6 @@
         TAIL_SUMS;                                                                              \
     } while (0)
 
-#if NMT_VECTORS
-#define NMT_NT_VECTORS 1
-#else
-#define NMT_NT_VECTORS 0
-#endif
-
 #define DEFINE_NEWTON(NAME, T, EPS, ATTR, SUMS)                                                 \
 ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, const T *lo, int64_t max_iter, \
                       T *tau_out, int32_t *ok)                                                  \
@@ -140,7 +134,7 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, const T *lo, i
 }
 
 #define NO_ATTR
-#if NMT_NT_VECTORS
+#if NMT_VECTORS
 DEFINE_NEWTON(newton_f32_v, float, (double)FLT_EPSILON, NO_ATTR, VECTOR_SUMS(float, nmt_f32x2, nmt_f64x2, nmt_i64x2, 2))
 DEFINE_NEWTON(newton_f64_v, double, DBL_EPSILON, NO_ATTR, VECTOR_SUMS(double, nmt_f64x2, nmt_f64x2, nmt_i64x2, 2))
 #else
@@ -148,7 +142,7 @@ DEFINE_NEWTON(newton_f32_v, float, (double)FLT_EPSILON, NO_ATTR, SCALAR_SUMS(flo
 DEFINE_NEWTON(newton_f64_v, double, DBL_EPSILON, NO_ATTR, SCALAR_SUMS(double))
 #endif
 
-#if NMT_NT_VECTORS && defined(NMT_WIDE_AVX2)
+#if NMT_VECTORS && defined(NMT_WIDE_AVX2)
 /* 256-bit vectors where the processor has AVX2 (_cpu_dispatch.h) */
 DEFINE_NEWTON(newton_f32_avx2, float, (double)FLT_EPSILON, AVX2, VECTOR_SUMS(float, nmt_f32x4, nmt_f64x4, nmt_i64x4, 4))
 DEFINE_NEWTON(newton_f64_avx2, double, DBL_EPSILON, AVX2, VECTOR_SUMS(double, nmt_f64x4, nmt_f64x4, nmt_i64x4, 4))
@@ -311,7 +305,7 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, 
 }
 
 #define NOTHING(T, VT, IT, L) ((void)0)
-#if NMT_NT_VECTORS
+#if NMT_VECTORS
 DEFINE_BOUND(bound_f32_v, float, NO_ATTR, newton_f32_v, nmt_f32x4, nmt_i32x4, 4, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
 DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, nmt_f64x2, nmt_i64x2, 2, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
 #else /* no vectors: entry by entry */

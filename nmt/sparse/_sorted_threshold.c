@@ -53,12 +53,6 @@
 #define LANES 4
 #define NET_MAX 64
 
-#if NMT_VECTORS
-#define NMT_VECTOR_PATH 1
-#else
-#define NMT_VECTOR_PATH 0
-#endif
-
 #define DEFINE_ROW(NAME, T)                                                                     \
 static void NAME##_sort_desc(T *a, T *tmp, int64_t m)                                           \
 {                                                                                               \
@@ -303,7 +297,7 @@ DEFINE_ROW(nmt_sorted_threshold_f32, float)
 DEFINE_ROW(nmt_sorted_threshold_f64, double)
 
 #define NO_ATTR
-#if NMT_VECTOR_PATH
+#if NMT_VECTORS
 typedef float nmt_f32v __attribute__((vector_size(LANES * sizeof(float))));
 typedef int32_t nmt_i32v __attribute__((vector_size(LANES * sizeof(int32_t))));
 typedef double nmt_f64v __attribute__((vector_size(LANES * sizeof(double))));
@@ -319,7 +313,7 @@ static int nmt_sorted_threshold_f64_group(const double *z, int64_t n, int q, dou
 { (void)z; (void)n; (void)q; (void)s; (void)t; (void)m; return 0; }
 #endif
 
-#if NMT_VECTOR_PATH && defined(NMT_WIDE_AVX2)
+#if NMT_VECTORS && defined(NMT_WIDE_AVX2)
 /* wider vectors where the processor has them (_cpu_dispatch.h, which has their types) */
 DEFINE_GROUP(nmt_sorted_threshold_f32, f32_group_avx2, 8, AVX2, float, nmt_f32x8, nmt_i32x8, nmt_f64x8)
 DEFINE_GROUP(nmt_sorted_threshold_f64, f64_group_avx2, 4, AVX2, double, nmt_f64v, nmt_i64v, nmt_f64v)

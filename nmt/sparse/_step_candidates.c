@@ -72,7 +72,6 @@ DEFINE_INSERT(insert_f64, double)
     } while (0)
 
 #if NMT_VECTORS
-#define NMT_SC_VECTORS 1
 /* LANES entries at a time once the list is full: counts and flags in vectors, the candidates
    compared with the list's last value (broadcast again after each insertion) */
 #define VECTOR_ENTRIES(T, VT, IT, LANES, INSERT, ANY)                                           \
@@ -117,8 +116,6 @@ static inline int any_128(const void *mask)
     return (w[0] | w[1]) != 0;
 }
 #define ANY_128(gt) any_128(&(gt))
-#else
-#define NMT_SC_VECTORS 0
 #endif
 
 /* The groups [0, groups) of the arguments (the caller offsets the pointers to its share). */
@@ -153,7 +150,7 @@ ATTR static void NAME(const T *lp, const T *offset, int64_t groups, int64_t slot
 #define NO_STEPS do { } while (0)
 #define NO_ATTR
 
-#if NMT_SC_VECTORS
+#if NMT_VECTORS
 /* 128-bit vectors: every target with vector extensions (SSE2 on x86-64, NEON) */
 DEFINE_CANDIDATES(candidates_f32_v, float, NO_ATTR, insert_f32, VECTOR_ENTRIES(float, nmt_f32x4, nmt_i32x4, 4, insert_f32, ANY_128))
 DEFINE_CANDIDATES(candidates_f64_v, double, NO_ATTR, insert_f64, VECTOR_ENTRIES(double, nmt_f64x2, nmt_i64x2, 2, insert_f64, ANY_128))
@@ -162,7 +159,7 @@ DEFINE_CANDIDATES(candidates_f32_v, float, NO_ATTR, insert_f32, NO_STEPS)
 DEFINE_CANDIDATES(candidates_f64_v, double, NO_ATTR, insert_f64, NO_STEPS)
 #endif
 
-#if NMT_SC_VECTORS && defined(NMT_WIDE_AVX2)
+#if NMT_VECTORS && defined(NMT_WIDE_AVX2)
 /* 256-bit vectors where the processor has AVX2 (_cpu_dispatch.h); a true lane found by vptest */
 #define ANY_256(gt) (!_mm256_testz_si256((__m256i)(gt), (__m256i)(gt)))
 DEFINE_CANDIDATES(candidates_f32_avx2, float, AVX2, insert_f32, VECTOR_ENTRIES(float, nmt_f32x8, nmt_i32x8, 8, insert_f32, ANY_256))
@@ -174,10 +171,10 @@ DEFINE_CANDIDATES(candidates_f64_avx2, double, AVX2, insert_f64, VECTOR_ENTRIES(
 #define HAVE_AVX2() 0
 #endif
 
-#if NMT_SC_VECTORS && defined(NMT_WIDE_AVX512)
+#if NMT_VECTORS && defined(NMT_WIDE_AVX512)
 /* 512-bit vectors where the processor has AVX-512: the class tests (AVX512DQ's fpclass: 0x99 =
    NaN or +-inf, 0x89 = NaN or +inf) and the comparison give masks, the count a popcount */
-#define VECTOR_512(T, VEC, MASK, SUF, LANES, INSERT)                                            \
+#define VECTOR_512(T, VEC, SUF, LANES, INSERT)                                            \
     do {                                                                                        \
         if (filled == width && i + LANES <= v) {                                                \
             const VEC voff = _mm512_set1_##SUF(off), vneg = _mm512_set1_##SUF(neg_inf);         \
@@ -200,8 +197,8 @@ DEFINE_CANDIDATES(candidates_f64_avx2, double, AVX2, insert_f64, VECTOR_ENTRIES(
             bad |= badm != 0;                                                                   \
         }                                                                                       \
     } while (0)
-DEFINE_CANDIDATES(candidates_f32_avx512, float, AVX512, insert_f32, VECTOR_512(float, __m512, __mmask16, ps, 16, insert_f32))
-DEFINE_CANDIDATES(candidates_f64_avx512, double, AVX512, insert_f64, VECTOR_512(double, __m512d, __mmask8, pd, 8, insert_f64))
+DEFINE_CANDIDATES(candidates_f32_avx512, float, AVX512, insert_f32, VECTOR_512(float, __m512, ps, 16, insert_f32))
+DEFINE_CANDIDATES(candidates_f64_avx512, double, AVX512, insert_f64, VECTOR_512(double, __m512d, pd, 8, insert_f64))
 #define HAVE_AVX512() CPU_HAS_AVX512()
 #else
 #define candidates_f32_avx512 candidates_f32_avx2
