@@ -7,11 +7,14 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
+from nmt.models import padded_lstm
+
 RNN_TYPES: dict[str, type[nn.RNNBase]] = {"lstm": nn.LSTM, "gru": nn.GRU}
 
-BY_LENGTH = True
-"""Run CPU batches without gradients one source length at a time (see
-:meth:`RNNEncoder._length_groups`); False: always one packed run."""
+CPU_INFERENCE_RUNS = True
+"""CPU batches without gradients take the faster runs that read the (host-held) source lengths:
+float32 LSTMs :func:`~nmt.models.padded_lstm.padded_lstm`, other RNNs one source length at a
+time (:meth:`RNNEncoder._length_groups`); False: always one packed run (sync counting)."""
 
 MAX_LENGTH_GROUPS = 8
 """At most this many distinct source lengths in a batch are run one length at a time (CPU, no
@@ -86,6 +89,9 @@ class RNNEncoder(nn.Module):
         # pack_padded_sequence needs the lengths on the host: a device-to-host copy (a sync)
         # unless they are there already (the trainer keeps them there).
         lengths_cpu = lengths.detach().to("cpu", dtype=torch.long)
+        if self._padded_run(emb, lengths_cpu):
+            memory, final = padded_lstm.padded_lstm(self.rnn, emb, lengths_cpu)  # type: ignore[arg-type]
+            return memory, tuple(self._merge_directions(s) for s in final) if self.bidirectional else final
         groups = self._length_groups(emb, lengths_cpu)
         if groups is not None:
             return self._forward_by_length(emb, groups)
@@ -105,8 +111,16 @@ class RNNEncoder(nn.Module):
             states = tuple(self._merge_directions(s) for s in states)
         return memory, states
 
+    def _padded_run(self, emb: Tensor, lengths: Tensor) -> bool:
+        """Whether the batch runs as :func:`~nmt.models.padded_lstm.padded_lstm` (see
+        :data:`CPU_INFERENCE_RUNS`): valid host lengths, and the LSTM and input it serves."""
+        return (CPU_INFERENCE_RUNS and emb.device.type == "cpu" and lengths.numel() > 0
+                and padded_lstm.servable(self.rnn, emb)
+                and int(lengths.min()) >= 1 and int(lengths.max()) <= emb.size(1))
+
     def _length_groups(self, emb: Tensor, lengths: Tensor) -> list[tuple[int, Tensor]] | None:
-        """``[(length, rows), ...]`` when the batch is better run one length at a time, else None.
+        """``[(length, rows), ...]`` when the batch is better run one length at a time, else None
+        (GRUs, and LSTMs that :func:`~nmt.models.padded_lstm.padded_lstm` does not serve).
 
         On the CPU without gradients (decoding, validation) a packed sequence takes torch's
         step-by-step RNN (one small product per time step and direction), while a batch of equal
@@ -115,7 +129,7 @@ class RNNEncoder(nn.Module):
         ``MAX_LENGTH_GROUPS`` lengths stays packed. rows: (n,) host long indices into the batch.
         The decision reads the lengths, which are on the host here (CPU batches only): no device sync.
         """
-        if not BY_LENGTH or emb.device.type != "cpu" or torch.is_grad_enabled() or lengths.numel() == 0:
+        if not CPU_INFERENCE_RUNS or emb.device.type != "cpu" or torch.is_grad_enabled() or lengths.numel() == 0:
             return None
         if int(lengths.min()) < 1 or int(lengths.max()) > emb.size(1):
             return None  # the packed path names the bad length

@@ -31,14 +31,14 @@ import contextlib
 import os
 import threading
 import weakref
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-_CACHE: dict[int, tuple[tuple, Tensor, Optional[Tensor]]] = {}
-"""id(first weight) -> (signature, packed weight, summed bias); an entry leaves with its weight."""
+_CACHE: dict[int, dict[str, tuple[tuple, Any]]] = {}
+"""id(first weight) -> {tag: (signature, value)} (:func:`frozen_cached`); entries leave with their weight."""
 _WATCHED: set[int] = set()
 """ids of the weights with a finalizer that forgets them."""
 
@@ -179,24 +179,41 @@ def _signature(tensors: Sequence[Optional[Tensor]]) -> tuple:
     return tuple(None if t is None else (id(t), t.data_ptr(), t._version, tuple(t.shape)) for t in tensors)
 
 
+Value = TypeVar("Value")
+
+
+def frozen_cached(tag: str, tensors: Sequence[Optional[Tensor]], build: Callable[[], Value]) -> Value:
+    """``build()``, a value derived from ``tensors`` (weights), computed once per version of them
+    while the outermost :func:`frozen_weights` region lasts, kept under ``tag`` and the first
+    tensor; outside a region computed at every call."""
+    if not getattr(_REGION, "depth", 0):
+        return build()
+    key = id(tensors[0])
+    sig = _signature(tensors)
+    entries = _CACHE.setdefault(key, {})
+    hit = entries.get(tag)
+    if hit is not None and hit[0] == sig:
+        return hit[1]
+    value = build()
+    if key not in _WATCHED:  # a new weight: drop its entries when it is freed (ids are reused)
+        _WATCHED.add(key)
+        weakref.finalize(tensors[0], _forget, key)
+    entries[tag] = (sig, value)
+    return value
+
+
 def _packed(weights: Sequence[Tensor], biases: Sequence[Optional[Tensor]]) -> tuple[Tensor, Optional[Tensor]]:
     """The packed concatenation ``[W_1 | W_2 | ...]`` (along the input dim) and the summed biases,
     built once per version of the parameters (cached under the first weight)."""
-    key = id(weights[0])
-    sig = _signature(list(weights) + list(biases))
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0] == sig:
-        return hit[1], hit[2]
-    with torch.no_grad():
-        w = weights[0].detach() if len(weights) == 1 else torch.cat([t.detach() for t in weights], dim=1)
-        present = [b.detach() for b in biases if b is not None]
-        bias = None if not present else present[0].clone() if len(present) == 1 else torch.stack(present).sum(0)
-        packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
-    if key not in _WATCHED:  # a new weight: drop its entry when it is freed (ids are reused)
-        _WATCHED.add(key)
-        weakref.finalize(weights[0], _forget, key)
-    _CACHE[key] = (sig, packed, bias)
-    return packed, bias
+
+    def build() -> tuple[Tensor, Optional[Tensor]]:
+        with torch.no_grad():
+            w = weights[0].detach() if len(weights) == 1 else torch.cat([t.detach() for t in weights], dim=1)
+            present = [b.detach() for b in biases if b is not None]
+            bias = None if not present else present[0].clone() if len(present) == 1 else torch.stack(present).sum(0)
+            return torch.ops.mkldnn._reorder_linear_weight(w.contiguous()), bias
+
+    return frozen_cached("linear", list(weights) + list(biases), build)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
@@ -222,5 +239,5 @@ def linear_concat(xs: Sequence[Tensor], weights: Sequence[Tensor], biases: Seque
     return torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
 
 
-__all__ = ["PackedLinearFunction", "TRAIN_PACKING", "cpu_vendor", "frozen_weights", "linear", "linear_concat", "pack",
-           "product", "train_linear", "trainable", "usable"]
+__all__ = ["PackedLinearFunction", "TRAIN_PACKING", "cpu_vendor", "frozen_cached", "frozen_weights", "linear",
+           "linear_concat", "pack", "product", "train_linear", "trainable", "usable"]

@@ -1,0 +1,122 @@
+"""A multi-layer (bi)LSTM over a padded batch for CPU inference, time step by time step.
+
+oneDNN's fused RNN (what ``nn.LSTM`` runs on an unpacked CPU batch) builds a primitive for every
+new (length, batch) shape, ~1.5-3 ms each, and cannot run sources of different lengths at once;
+torch's packed run makes two products per time step and direction. Here one product per layer
+and direction takes the inputs of all time steps, and each time step is then one batched product
+of both directions' states with their hidden weights and six element-wise operations, in
+buffers of fixed shape, for any mix of lengths: the backward direction reads every source
+reversed within its own length, so that padding always comes after a row's last token and
+never reaches its outputs or its final states (read at its own last step). Measured on the 64-
+sentence batches of test_2016_flickr (2-layer bi-LSTM, 128 units per direction, Intel Xeon, 2
+threads): 138 ms for the test set, cold or warm, against 174 ms cold and 133-138 ms warm for
+oneDNN by source length.
+
+The same function as ``nn.LSTM`` up to rounding: tanh(x) is taken as 2 sigmoid(2x) - 1 on the
+cell input gate (its weight rows doubled once, exactly), products summed in another order;
+float32 differences ~1e-6 (tests compare with the packed run). No host synchronisation beyond
+what the caller already holds: ``lengths`` must be a host tensor.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from nmt.utils.packed_linear import frozen_cached
+
+Prepared = list[tuple[list[Tensor], list[Tensor], Tensor]]
+"""Per layer: per direction the input weight (I, 4H) transposed and the summed bias (4H,), both in
+gate order (i, f, o, g) with the g rows doubled; the hidden weights (D, H, 4H) likewise."""
+
+
+def servable(rnn: nn.Module, x: Tensor) -> bool:
+    """Whether :func:`padded_lstm` computes ``rnn(x)``: a batch-first ``nn.LSTM`` without
+    projections, not dropping out (eval mode or no dropout), a float32 CPU input, no gradient
+    wanted, CPU autocast off, ``torch.compile`` not tracing."""
+    return (isinstance(rnn, nn.LSTM) and rnn.batch_first and rnn.proj_size == 0
+            and (not rnn.training or rnn.dropout == 0.0 or rnn.num_layers == 1)
+            and x.device.type == "cpu" and x.dtype == torch.float32
+            and all(p.dtype == torch.float32 for p in rnn.parameters())
+            and not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in rnn.parameters())))
+            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
+
+
+def _prepare(rnn: nn.LSTM) -> Prepared:
+    hidden = rnn.hidden_size
+    order = torch.cat([torch.arange(0, 2 * hidden), torch.arange(3 * hidden, 4 * hidden),
+                       torch.arange(2 * hidden, 3 * hidden)])  # (i, f, g, o) -> (i, f, o, g)
+    scale = torch.ones(4 * hidden)
+    scale[3 * hidden:] = 2.0  # tanh(x) = 2 sigmoid(2x) - 1: doubling is exact
+    suffixes = ("", "_reverse") if rnn.bidirectional else ("",)
+    layers: Prepared = []
+    with torch.no_grad():
+        for layer in range(rnn.num_layers):
+            inputs, biases, hiddens = [], [], []
+            for sfx in suffixes:
+                w_ih = getattr(rnn, f"weight_ih_l{layer}{sfx}")
+                w_hh = getattr(rnn, f"weight_hh_l{layer}{sfx}")
+                inputs.append((w_ih[order] * scale[:, None]).t().contiguous())
+                hiddens.append((w_hh[order] * scale[:, None]).t())
+                if rnn.bias:
+                    bias = getattr(rnn, f"bias_ih_l{layer}{sfx}") + getattr(rnn, f"bias_hh_l{layer}{sfx}")
+                    biases.append(bias[order] * scale)
+                else:
+                    biases.append(w_ih.new_zeros(4 * hidden))
+            layers.append((inputs, biases, torch.stack(hiddens).contiguous()))
+    return layers
+
+
+def padded_lstm(rnn: nn.LSTM, x: Tensor, lengths: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """``rnn`` over the padded batch ``x`` (B, L, I) with true lengths ``lengths`` (B,) (a host
+    long tensor, each in [1, L]), as the packed run computes it (where :func:`servable`).
+
+    Returns the outputs (B, L, D*H), exactly zero beyond each length, and the final states
+    (h_n, c_n), each (layers * D, B, H) in torch's layout (D = 2 for a bidirectional LSTM).
+    The prepared weights are kept while a :func:`~nmt.utils.packed_linear.frozen_weights`
+    region lasts (else prepared per call).
+    """
+    prepared = frozen_cached("padded_lstm", list(rnn.parameters()), lambda: _prepare(rnn))
+    batch, width = x.shape[:2]
+    hidden, directions = rnn.hidden_size, 2 if rnn.bidirectional else 1
+    steps = torch.arange(width)
+    valid = (steps[:, None] < lengths[None, :]).to(x.dtype)  # (L, B)
+    # flat row t * B + b of a time-major buffer that holds step t of the reversed row b
+    reverse = torch.where(steps[:, None] < lengths[None, :], lengths[None, :] - 1 - steps[:, None], steps[:, None])
+    reverse = (reverse * batch + torch.arange(batch)[None, :]).reshape(-1)
+    last = (lengths - 1).view(1, 1, batch, 1).expand(1, directions, batch, hidden)
+    inputs = x.transpose(0, 1).reshape(width * batch, -1)  # time-major (L*B, I)
+    finals_h, finals_c = [], []
+    for weights, biases, hidden_weights in prepared:
+        gates_in = x.new_empty(directions, width * batch, 4 * hidden)
+        torch.addmm(biases[0], inputs, weights[0], out=gates_in[0])
+        if directions == 2:
+            torch.addmm(biases[1], inputs.index_select(0, reverse), weights[1], out=gates_in[1])
+        gates_in = gates_in.view(directions, width, batch, 4 * hidden)
+        h_all = x.new_empty(width, directions, batch, hidden)
+        c_all = x.new_empty(width, directions, batch, hidden)
+        h = x.new_zeros(directions, batch, hidden)
+        c = x.new_zeros(directions, batch, hidden)
+        gates = x.new_empty(directions, batch, 4 * hidden)
+        tanh_c = x.new_empty(directions, batch, hidden)
+        in_gate, forget_gate = gates[..., :hidden], gates[..., hidden:2 * hidden]
+        out_gate, cell_gate = gates[..., 2 * hidden:3 * hidden], gates[..., 3 * hidden:]
+        for t in range(width):
+            torch.baddbmm(gates_in[:, t], h, hidden_weights, out=gates)
+            gates.sigmoid_()
+            # c = f c + i tanh(g) = f c - i + 2 i sigmoid(2g)
+            c = torch.addcmul(torch.mul(forget_gate, c).sub_(in_gate), in_gate, cell_gate, value=2.0, out=c_all[t])
+            torch.tanh(c, out=tanh_c)
+            h = torch.mul(out_gate, tanh_c, out=h_all[t])
+        finals_h.append(h_all.gather(0, last)[0])
+        finals_c.append(c_all.gather(0, last)[0])
+        outputs = h_all.view(width, directions * batch, hidden)
+        if directions == 2:  # the backward direction back in time order
+            backward = h_all[:, 1].reshape(width * batch, hidden).index_select(0, reverse)
+            outputs = torch.cat([h_all[:, 0], backward.view(width, batch, hidden)], dim=-1)
+        inputs = outputs.reshape(width * batch, directions * hidden)
+    memory = x.new_empty(batch, width, directions * hidden)
+    torch.mul(inputs.view(width, batch, -1).transpose(0, 1), valid.t()[:, :, None], out=memory)
+    return memory, (torch.cat(finals_h), torch.cat(finals_c))
+
+
+__all__ = ["padded_lstm", "servable"]
