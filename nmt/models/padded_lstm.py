@@ -12,8 +12,8 @@ sentence batches of test_2016_flickr (2-layer bi-LSTM, 128 units per direction, 
 threads): 138 ms for the test set, cold or warm, against 174 ms cold and 133-138 ms warm for
 oneDNN by source length.
 
-The same function as ``nn.LSTM`` up to rounding: tanh(x) is taken as 2 sigmoid(2x) - 1 on the
-cell input gate (its weight rows doubled once, exactly), products summed in another order;
+The same function as ``nn.LSTM`` up to rounding: the gates in
+:func:`~nmt.models.lstm_gates.sigmoid_form` (one sigmoid for all four), products summed in another order;
 float32 differences ~1e-6 (tests compare with the packed run). No host synchronisation beyond
 what the caller already holds: ``lengths`` must be a host tensor.
 """
@@ -22,11 +22,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from nmt.models.lstm_gates import cell_update, sigmoid_form
 from nmt.utils.packed_linear import frozen_cached
 
 Prepared = list[tuple[list[Tensor], list[Tensor], Tensor]]
 """Per layer: per direction the input weight (I, 4H) transposed and the summed bias (4H,), both in
-gate order (i, f, o, g) with the g rows doubled; the hidden weights (D, H, 4H) likewise."""
+:func:`~nmt.models.lstm_gates.sigmoid_form`; the hidden weights (D, H, 4H) likewise."""
 
 
 def servable(rnn: nn.Module, x: Tensor) -> bool:
@@ -43,10 +44,6 @@ def servable(rnn: nn.Module, x: Tensor) -> bool:
 
 def _prepare(rnn: nn.LSTM) -> Prepared:
     hidden = rnn.hidden_size
-    order = torch.cat([torch.arange(0, 2 * hidden), torch.arange(3 * hidden, 4 * hidden),
-                       torch.arange(2 * hidden, 3 * hidden)])  # (i, f, g, o) -> (i, f, o, g)
-    scale = torch.ones(4 * hidden)
-    scale[3 * hidden:] = 2.0  # tanh(x) = 2 sigmoid(2x) - 1: doubling is exact
     suffixes = ("", "_reverse") if rnn.bidirectional else ("",)
     layers: Prepared = []
     with torch.no_grad():
@@ -54,14 +51,12 @@ def _prepare(rnn: nn.LSTM) -> Prepared:
             inputs, biases, hiddens = [], [], []
             for sfx in suffixes:
                 w_ih = getattr(rnn, f"weight_ih_l{layer}{sfx}")
-                w_hh = getattr(rnn, f"weight_hh_l{layer}{sfx}")
-                inputs.append((w_ih[order] * scale[:, None]).t().contiguous())
-                hiddens.append((w_hh[order] * scale[:, None]).t())
-                if rnn.bias:
-                    bias = getattr(rnn, f"bias_ih_l{layer}{sfx}") + getattr(rnn, f"bias_hh_l{layer}{sfx}")
-                    biases.append(bias[order] * scale)
-                else:
-                    biases.append(w_ih.new_zeros(4 * hidden))
+                bias = (getattr(rnn, f"bias_ih_l{layer}{sfx}") + getattr(rnn, f"bias_hh_l{layer}{sfx}")
+                        if rnn.bias else w_ih.new_zeros(4 * hidden))
+                w_ih, bias = sigmoid_form(w_ih, bias)
+                inputs.append(w_ih.t().contiguous())
+                biases.append(bias)
+                hiddens.append(sigmoid_form(getattr(rnn, f"weight_hh_l{layer}{sfx}"))[0].t())
             layers.append((inputs, biases, torch.stack(hiddens).contiguous()))
     return layers
 
@@ -97,16 +92,9 @@ def padded_lstm(rnn: nn.LSTM, x: Tensor, lengths: Tensor) -> tuple[Tensor, tuple
         h = x.new_zeros(directions, batch, hidden)
         c = x.new_zeros(directions, batch, hidden)
         gates = x.new_empty(directions, batch, 4 * hidden)
-        tanh_c = x.new_empty(directions, batch, hidden)
-        in_gate, forget_gate = gates[..., :hidden], gates[..., hidden:2 * hidden]
-        out_gate, cell_gate = gates[..., 2 * hidden:3 * hidden], gates[..., 3 * hidden:]
         for t in range(width):
             torch.baddbmm(gates_in[:, t], h, hidden_weights, out=gates)
-            gates.sigmoid_()
-            # c = f c + i tanh(g) = f c - i + 2 i sigmoid(2g)
-            c = torch.addcmul(torch.mul(forget_gate, c).sub_(in_gate), in_gate, cell_gate, value=2.0, out=c_all[t])
-            torch.tanh(c, out=tanh_c)
-            h = torch.mul(out_gate, tanh_c, out=h_all[t])
+            h, c = cell_update(gates, c, c_out=c_all[t], h_out=h_all[t])
         finals_h.append(h_all.gather(0, last)[0])
         finals_c.append(c_all.gather(0, last)[0])
         outputs = h_all.view(width, directions * batch, hidden)

@@ -7,11 +7,12 @@ on the project's 2-core AMD EPYC machines (float32, 2 threads; ``tools/bench_tra
 the decoder's products take 0.55-0.65x the time, e.g. (64, 256) x (256, 3963) 1.12 -> 0.70 ms and
 (900, 256) x (256, 3963) 20 -> 11.8 ms.
 
-:func:`linear` and :func:`linear_concat` use it inside :func:`frozen_weights` (a region where the
-caller promises the weights do not change: a search, a validation pass) when nothing needs a
-gradient, the input is a float32 CPU tensor, oneDNN is built in, ``torch.compile`` is not tracing
-and CPU autocast is off; otherwise they are ``F.linear``. Results equal ``F.linear`` up to
-rounding (a different summation order: relative differences around 1e-6 in float32). The packed
+:func:`linear` (and the decoder's LSTM cells, through :func:`frozen_cached`) use it inside
+:func:`frozen_weights` (a region where the caller promises the weights do not change: a search, a
+validation pass) when nothing needs a gradient, the input is a float32 CPU tensor, oneDNN is
+built in, ``torch.compile`` is not tracing and CPU autocast is off; otherwise they are
+``F.linear``. Results equal ``F.linear`` up to rounding (a different summation order: relative
+differences around 1e-6 in float32). The packed
 weights (one extra copy of each) live while the outermost region lasts; a weight that changes in
 place inside it is repacked when its version moves (``load_state_dict`` and the plain optimisers
 bump it; the fused ones do not, hence the region). They never enter a ``state_dict``.
@@ -202,18 +203,9 @@ def frozen_cached(tag: str, tensors: Sequence[Optional[Tensor]], build: Callable
     return value
 
 
-def _packed(weights: Sequence[Tensor], biases: Sequence[Optional[Tensor]]) -> tuple[Tensor, Optional[Tensor]]:
-    """The packed concatenation ``[W_1 | W_2 | ...]`` (along the input dim) and the summed biases,
-    built once per version of the parameters (cached under the first weight)."""
-
-    def build() -> tuple[Tensor, Optional[Tensor]]:
-        with torch.no_grad():
-            w = weights[0].detach() if len(weights) == 1 else torch.cat([t.detach() for t in weights], dim=1)
-            present = [b.detach() for b in biases if b is not None]
-            bias = None if not present else present[0].clone() if len(present) == 1 else torch.stack(present).sum(0)
-            return torch.ops.mkldnn._reorder_linear_weight(w.contiguous()), bias
-
-    return frozen_cached("linear", list(weights) + list(biases), build)
+def _packed(weight: Tensor, bias: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+    """``weight`` packed and ``bias`` detached, built once per version of them (in a region)."""
+    return frozen_cached("linear", [weight, bias], lambda: (pack(weight), None if bias is None else bias.detach()))
 
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
@@ -221,23 +213,9 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     packed oneDNN path where :func:`usable` allows."""
     if not usable(x, weight, bias):
         return F.linear(x, weight, bias)
-    packed, b = _packed((weight,), (bias,))
+    packed, b = _packed(weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
 
 
-def linear_concat(xs: Sequence[Tensor], weights: Sequence[Tensor], biases: Sequence[Optional[Tensor]]) -> Tensor:
-    """``sum_i F.linear(xs[i], weights[i], biases[i])`` as one product of ``[x_1; x_2; ...]`` (last
-    dim) with ``[W_1 | W_2 | ...]`` (e.g. an LSTM cell's input and hidden products with both biases).
-    xs: (N, I_i); weights: (O, I_i); biases: (O,) or None. Returns (N, O)."""
-    if not usable(xs[0], *xs[1:], *weights, *biases):
-        out = F.linear(xs[0], weights[0], biases[0])
-        for x, w, b in zip(xs[1:], weights[1:], biases[1:]):
-            out = out + F.linear(x, w, b)
-        return out
-    packed, b = _packed(tuple(weights), tuple(biases))
-    x = xs[0] if len(xs) == 1 else torch.cat(list(xs), dim=-1)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
-
-
-__all__ = ["PackedLinearFunction", "TRAIN_PACKING", "cpu_vendor", "frozen_cached", "frozen_weights", "linear",
-           "linear_concat", "pack", "product", "train_linear", "trainable", "usable"]
+__all__ = ["PackedLinearFunction", "TRAIN_PACKING", "cpu_vendor", "frozen_cached", "frozen_weights", "linear", "pack",
+           "product", "train_linear", "trainable", "usable"]

@@ -28,20 +28,6 @@ def test_equals_functional_linear(shape, with_bias):
     assert got.layout == torch.strided and got.shape == (*shape[:-1], 37)
 
 
-@needs_onednn
-def test_concat_equals_sum_of_products():
-    g = torch.Generator().manual_seed(1)
-    x, h = torch.randn(6, 10, generator=g), torch.randn(6, 7, generator=g)
-    wx, wh = torch.randn(12, 10, generator=g), torch.randn(12, 7, generator=g)
-    bx, bh = torch.randn(12, generator=g), torch.randn(12, generator=g)
-    want = F.linear(x, wx, bx) + F.linear(h, wh, bh)
-    with torch.no_grad(), packed_linear.frozen_weights():
-        torch.testing.assert_close(packed_linear.linear_concat((x, h), (wx, wh), (bx, bh)), want,
-                                   rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(packed_linear.linear_concat((x, h), (wx, wh), (None, bh)),
-                                   want - bx, rtol=1e-5, atol=1e-5)
-
-
 def test_gradients_float64_and_autocast_take_the_plain_path():
     lin = nn.Linear(8, 5)
     x = torch.randn(3, 8)
