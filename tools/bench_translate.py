@@ -143,11 +143,11 @@ def search_mode_rows(checkpoints: dict, lines: list[str], args: argparse.Namespa
                 batch_seconds = time.perf_counter() - start
                 # the RNN encoder's runs by length read CPU-held lengths (never on accelerators):
                 # off while counting, so that the CPU count stands for the accelerator's
-                by_length, encoder_module.CPU_INFERENCE_RUNS = encoder_module.CPU_INFERENCE_RUNS, False
+                by_length, encoder_module.CPU_RUNS = encoder_module.CPU_RUNS, False
                 try:
                     _, syncs = count_host_syncs_on(args.device, one_batch)
                 finally:
-                    encoder_module.CPU_INFERENCE_RUNS = by_length
+                    encoder_module.CPU_RUNS = by_length
                 rows.append({"mapping": mapping, "search": label, "mode": mode,
                              "sent_per_s": len(lines) / seconds[mode], "ms_per_step": 1000 * batch_seconds / result.steps,
                              "syncs_per_step": syncs / result.steps, "vs_dynamic": seconds["dynamic"] / seconds[mode],

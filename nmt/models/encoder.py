@@ -7,14 +7,17 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from nmt.models import padded_lstm
+from nmt.models import inert_padding_lstm, padded_lstm
+from nmt.models.dropout import Dropout
 
 RNN_TYPES: dict[str, type[nn.RNNBase]] = {"lstm": nn.LSTM, "gru": nn.GRU}
 
-CPU_INFERENCE_RUNS = True
-"""CPU batches without gradients take the faster runs that read the (host-held) source lengths:
-float32 LSTMs :func:`~nmt.models.padded_lstm.padded_lstm`, other RNNs one source length at a
-time (:meth:`RNNEncoder._length_groups`); False: always one packed run (sync counting)."""
+CPU_RUNS = True
+"""CPU batches take the faster runs that read the (host-held) source lengths: float32 LSTMs
+:func:`~nmt.models.padded_lstm.padded_lstm` without gradients and
+:func:`~nmt.models.inert_padding_lstm.inert_padding_lstm` with them, other RNNs without gradients
+one source length at a time (:meth:`RNNEncoder._length_groups`); False: always one packed run
+(sync counting)."""
 
 MAX_LENGTH_GROUPS = 8
 """At most this many distinct source lengths in a batch are run one length at a time (CPU, no
@@ -78,6 +81,7 @@ class RNNEncoder(nn.Module):
             bidirectional=bidirectional,
             batch_first=True,
         )
+        self.layer_dropout = Dropout(dropout if layers > 1 else 0.0)  # between layers in runs by layer
 
     def forward(self, emb: Tensor, lengths: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         """Encode embedded sources.
@@ -89,8 +93,17 @@ class RNNEncoder(nn.Module):
         # pack_padded_sequence needs the lengths on the host: a device-to-host copy (a sync)
         # unless they are there already (the trainer keeps them there).
         lengths_cpu = lengths.detach().to("cpu", dtype=torch.long)
-        if self._padded_run(emb, lengths_cpu):
-            memory, final = padded_lstm.padded_lstm(self.rnn, emb, lengths_cpu)  # type: ignore[arg-type]
+        if self._cpu_run(emb):
+            try:
+                if padded_lstm.servable(self.rnn, emb):  # no gradient wanted
+                    memory, final = padded_lstm.padded_lstm(self.rnn, emb, lengths_cpu)  # type: ignore[arg-type]
+                else:
+                    dropout = self.layer_dropout if self.rnn.training else None
+                    memory, final = inert_padding_lstm.inert_padding_lstm(
+                        self.rnn, emb, lengths_cpu, dropout)  # type: ignore[arg-type]
+            except (RuntimeError, IndexError):  # a length out of range indexes out of range
+                _check_lengths(lengths_cpu, emb.size(1))  # say which; else torch's error
+                raise
             return memory, tuple(self._merge_directions(s) for s in final) if self.bidirectional else final
         groups = self._length_groups(emb, lengths_cpu)
         if groups is not None:
@@ -111,12 +124,13 @@ class RNNEncoder(nn.Module):
             states = tuple(self._merge_directions(s) for s in states)
         return memory, states
 
-    def _padded_run(self, emb: Tensor, lengths: Tensor) -> bool:
-        """Whether the batch runs as :func:`~nmt.models.padded_lstm.padded_lstm` (see
-        :data:`CPU_INFERENCE_RUNS`): valid host lengths, and the LSTM and input it serves."""
-        return (CPU_INFERENCE_RUNS and emb.device.type == "cpu" and lengths.numel() > 0
-                and padded_lstm.servable(self.rnn, emb)
-                and int(lengths.min()) >= 1 and int(lengths.max()) <= emb.size(1))
+    def _cpu_run(self, emb: Tensor) -> bool:
+        """Whether the batch runs as :func:`~nmt.models.padded_lstm.padded_lstm` or
+        :func:`~nmt.models.inert_padding_lstm.inert_padding_lstm` (see :data:`CPU_RUNS`): an LSTM
+        and input one of them serves. Decided without reading the lengths (a length out of range
+        makes them index out of range: the caller then names it)."""
+        return (CPU_RUNS and emb.device.type == "cpu" and emb.size(0) > 0
+                and (padded_lstm.servable(self.rnn, emb) or inert_padding_lstm.servable(self.rnn, emb)))
 
     def _length_groups(self, emb: Tensor, lengths: Tensor) -> list[tuple[int, Tensor]] | None:
         """``[(length, rows), ...]`` when the batch is better run one length at a time, else None
@@ -129,7 +143,7 @@ class RNNEncoder(nn.Module):
         ``MAX_LENGTH_GROUPS`` lengths stays packed. rows: (n,) host long indices into the batch.
         The decision reads the lengths, which are on the host here (CPU batches only): no device sync.
         """
-        if not CPU_INFERENCE_RUNS or emb.device.type != "cpu" or torch.is_grad_enabled() or lengths.numel() == 0:
+        if not CPU_RUNS or emb.device.type != "cpu" or torch.is_grad_enabled() or lengths.numel() == 0:
             return None
         if int(lengths.min()) < 1 or int(lengths.max()) > emb.size(1):
             return None  # the packed path names the bad length

@@ -99,7 +99,7 @@ def test_prepared_weights_are_kept_in_a_frozen_region_and_follow_changes(monkeyp
 
 def test_the_encoder_takes_the_padded_run_without_gradients_on_the_cpu(monkeypatch):
     """RNNEncoder (float32 LSTM, eval) runs padded_lstm without gradients, the packed run with
-    them or with CPU_INFERENCE_RUNS off; all three agree."""
+    them or with CPU_RUNS off; all three agree."""
     torch.manual_seed(5)
     encoder = RNNEncoder("lstm", 6, 8, layers=2, bidirectional=True, dropout=0.2).eval()
     calls = []
@@ -112,7 +112,7 @@ def test_the_encoder_takes_the_padded_run_without_gradients_on_the_cpu(monkeypat
     with torch.no_grad():
         memory2, states2 = encoder(emb, lengths)
         assert len(calls) == 1
-        monkeypatch.setattr(encoder_module, "CPU_INFERENCE_RUNS", False)
+        monkeypatch.setattr(encoder_module, "CPU_RUNS", False)
         memory3, states3 = encoder(emb, lengths)
         assert len(calls) == 1
     torch.testing.assert_close(memory2, memory.detach(), rtol=0, atol=2e-6)

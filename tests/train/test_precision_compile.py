@@ -155,7 +155,7 @@ def test_validation_statistics_make_no_host_sync(mapping, monkeypatch):
     grouping by source length reads the host lengths (no device there): turned off to count."""
     from nmt.models import encoder
 
-    monkeypatch.setattr(encoder, "CPU_INFERENCE_RUNS", False)
+    monkeypatch.setattr(encoder, "CPU_RUNS", False)
     if mapping == "softmax":
         m, loss_fn = model(torch.float32), get_loss("softmax")
     else:

@@ -137,7 +137,7 @@ def test_static_search_of_a_trained_model_with_sync_free_mappings(trained_model,
     (ceil(T / stop_every)) and the final read; results equal the default mappings' search."""
     twin = static_impl_copy(trained_model)
     # the encoder's CPU-only runs by source length read the (host) lengths; never on accelerators
-    monkeypatch.setattr(encoder_module, "CPU_INFERENCE_RUNS", False)
+    monkeypatch.setattr(encoder_module, "CPU_RUNS", False)
     src, lengths = random_sources(12, 9, 5, seed=11)
     kw = dict(bos=BOS, eos=EOS, pad=PAD, beam_size=4, n_best=3, max_length=8)
     with SyncAudit() as audit:

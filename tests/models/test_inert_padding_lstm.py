@@ -1,0 +1,126 @@
+"""The fused training LSTM with inert padding against torch's packed run (an independent
+implementation): outputs, final states and every gradient."""
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from nmt.models import encoder as encoder_module
+from nmt.models import inert_padding_lstm as inert_module
+from nmt.models.encoder import RNNEncoder
+from nmt.models.inert_padding_lstm import inert_padding_lstm, servable
+
+LENGTHS = [[7, 2, 7, 4, 2, 1], [5], [3, 3, 3], [9, 8, 6, 6, 5, 3, 3, 2, 1, 9]]
+
+
+def packed_run(rnn: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor):
+    packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    out, (h, c) = rnn(packed)
+    out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.size(1))
+    return out, h, c
+
+
+def flat_inert_run(rnn: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor):
+    out, (h, c) = inert_padding_lstm(rnn, x, lengths)
+    return out, h, c
+
+
+def outputs_and_gradients(run, rnn, x, lengths):
+    """The run's (outputs, h_n, c_n) and the gradients of a fixed random projection of all three
+    with respect to the input and every parameter."""
+    x = x.detach().requires_grad_()
+    values = run(rnn, x, lengths)
+    weights = [torch.randn(v.shape, generator=torch.Generator().manual_seed(i)) for i, v in enumerate(values)]
+    total = sum((v * w).sum() for v, w in zip(values, weights))
+    grads = torch.autograd.grad(total, [x, *rnn.parameters()])
+    return [v.detach() for v in values], grads
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("layers", [1, 2, 3])
+@pytest.mark.parametrize("bias", [True, False])
+def test_inert_padding_equals_the_packed_run_with_gradients(bidirectional, layers, bias):
+    torch.manual_seed(layers * 10 + bidirectional * 2 + bias)
+    rnn = nn.LSTM(6, 5, num_layers=layers, bidirectional=bidirectional, bias=bias, batch_first=True)
+    for lengths in LENGTHS:
+        lengths_t = torch.tensor(lengths)
+        x = torch.randn(len(lengths), max(lengths) + 1, 6) * 2  # a column of padding beyond the longest
+        assert servable(rnn, x)
+        (out, h, c), grads = outputs_and_gradients(flat_inert_run, rnn, x, lengths_t)
+        (ref_out, ref_h, ref_c), ref_grads = outputs_and_gradients(packed_run, rnn, x, lengths_t)
+        torch.testing.assert_close(out, ref_out, rtol=0, atol=2e-6)
+        torch.testing.assert_close(h, ref_h, rtol=0, atol=2e-6)
+        torch.testing.assert_close(c, ref_c, rtol=0, atol=4e-6)
+        assert torch.all(out[torch.arange(x.size(1))[None, :] >= lengths_t[:, None]] == 0)
+        for g, ref in zip(grads, ref_grads):
+            torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_between_layers_only():
+    """With a dropout that zeroes everything, the second layer reads zeros: its outputs are those
+    of a 1-layer LSTM with its weights on a zero input, while the first layer's final states are
+    those of a 1-layer LSTM with the first layer's weights on the input."""
+    torch.manual_seed(7)
+    rnn = nn.LSTM(4, 3, num_layers=2, batch_first=True)
+    x, lengths = torch.randn(3, 5, 4), torch.tensor([5, 2, 4])
+
+    def one_layer(layer: int, input_size: int) -> nn.LSTM:
+        single = nn.LSTM(input_size, 3, batch_first=True)
+        with torch.no_grad():
+            for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                getattr(single, f"{name}_l0").copy_(getattr(rnn, f"{name}_l{layer}"))
+        return single
+
+    with torch.no_grad():
+        out, (h, c) = inert_padding_lstm(rnn, x, lengths, dropout=torch.zeros_like)
+        ref_out, ref_h, ref_c = packed_run(one_layer(1, 3), torch.zeros(3, 5, 3), lengths)
+        _, first_h, first_c = packed_run(one_layer(0, 4), x, lengths)
+    torch.testing.assert_close(out, ref_out, rtol=0, atol=2e-6)
+    torch.testing.assert_close(h[1], ref_h[0], rtol=0, atol=2e-6)
+    torch.testing.assert_close(c[1], ref_c[0], rtol=0, atol=4e-6)
+    torch.testing.assert_close(h[0], first_h[0], rtol=0, atol=2e-6)
+    torch.testing.assert_close(c[0], first_c[0], rtol=0, atol=4e-6)
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration")  # torch's note when the flags are set
+def test_servable_conditions():
+    rnn = nn.LSTM(4, 3, batch_first=True)
+    x = torch.randn(2, 3, 4)
+    assert servable(rnn, x)
+    assert not servable(rnn, x.double())
+    assert not servable(nn.GRU(4, 3, batch_first=True), x)
+    assert not servable(nn.LSTM(4, 3, batch_first=False), x)
+    assert not servable(nn.LSTM(4, 3, batch_first=True, proj_size=2), x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not servable(rnn, x)
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert not servable(rnn, x)
+
+
+def test_the_training_encoder_takes_it_and_names_bad_lengths(monkeypatch):
+    """RNNEncoder with gradients on the CPU runs inert_padding_lstm (dropout between layers in
+    training mode), equal to the packed run (CPU_RUNS off); a bad length is a clear error."""
+    torch.manual_seed(8)
+    encoder = RNNEncoder("lstm", 6, 8, layers=2, bidirectional=True, dropout=0.0)
+    calls = []
+    run = inert_module.inert_padding_lstm
+    monkeypatch.setattr(inert_module, "inert_padding_lstm", lambda *a: calls.append(a[3]) or run(*a))
+    emb = torch.randn(4, 5, 6, requires_grad=True)
+    lengths = torch.tensor([5, 2, 4, 1])
+    memory, states = encoder(emb, lengths)
+    assert len(calls) == 1 and calls[0] is encoder.layer_dropout  # training mode: dropout passed
+    grads = torch.autograd.grad(memory.sum() + states[1].sum(), [emb, *encoder.parameters()])
+    monkeypatch.setattr(encoder_module, "CPU_RUNS", False)
+    memory2, states2 = encoder(emb, lengths)
+    grads2 = torch.autograd.grad(memory2.sum() + states2[1].sum(), [emb, *encoder.parameters()])
+    monkeypatch.setattr(encoder_module, "CPU_RUNS", True)
+    assert len(calls) == 1
+    torch.testing.assert_close(memory, memory2, rtol=0, atol=2e-6)
+    for a, b in zip(states, states2):
+        torch.testing.assert_close(a, b, rtol=0, atol=4e-6)
+    for a, b in zip(grads, grads2):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="every source sentence needs at least one token"):
+        encoder(emb, torch.tensor([5, 0, 4, 1]))
+    with pytest.raises(ValueError, match="exceeds the padded source length"):
+        encoder(emb, torch.tensor([6, 2, 4, 1]))
