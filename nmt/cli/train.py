@@ -36,7 +36,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the process exit code (0 done, 1 non-finite loss, 2 bad config/data/save_dir, 128+N on signal N)."""
+    """Entry point; returns the process exit code (0 done, 1 non-finite loss, 2 bad config/data/save_dir, 128+N on signal N).
+
+    Subnormal floats are flushed to zero while it runs (:mod:`nmt.utils.denormals`): set before
+    torch's thread pool starts, so that its workers inherit the mode."""
+    from nmt.utils.denormals import flush_denormals, restore_denormals
+
+    flush_denormals()
+    try:
+        return _run(argv)
+    finally:
+        restore_denormals()
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    """``main`` once the floating-point mode is set."""
     args = build_parser().parse_args(argv)
     import logging
 
