@@ -1,4 +1,4 @@
-"""(Bi)directional LSTM/GRU encoder on packed sequences."""
+"""(Bi)directional LSTM/GRU encoder over padded batches (packed sequences, or the CPU runs)."""
 from __future__ import annotations
 
 import functools
@@ -47,7 +47,8 @@ def cpu_autocast_rnn_supported(rnn_type: str, dtype: torch.dtype) -> bool:
 
 
 class RNNEncoder(nn.Module):
-    """Multi-layer (bi)RNN over padded batches, run as packed sequences.
+    """Multi-layer (bi)RNN over padded batches: torch's packed run, or on the CPU the runs of
+    :data:`CPU_RUNS` (the same function up to rounding).
 
     ``hidden_size`` is the total size of an output vector: with ``bidirectional`` each
     direction has ``hidden_size // 2`` units and the two are concatenated (forward first),
