@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -82,7 +83,7 @@ class RNNEncoder(nn.Module):
             bidirectional=bidirectional,
             batch_first=True,
         )
-        self.layer_dropout = Dropout(dropout if layers > 1 else 0.0)  # between layers in runs by layer
+        self.layer_dropout = Dropout(self.rnn.dropout)  # between layers in the runs layer by layer
 
     def forward(self, emb: Tensor, lengths: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         """Encode embedded sources.
@@ -94,14 +95,10 @@ class RNNEncoder(nn.Module):
         # pack_padded_sequence needs the lengths on the host: a device-to-host copy (a sync)
         # unless they are there already (the trainer keeps them there).
         lengths_cpu = lengths.detach().to("cpu", dtype=torch.long)
-        if self._cpu_run(emb):
+        cpu_run = self._cpu_run(emb)
+        if cpu_run is not None:
             try:
-                if padded_lstm.servable(self.rnn, emb):  # no gradient wanted
-                    memory, final = padded_lstm.padded_lstm(self.rnn, emb, lengths_cpu)  # type: ignore[arg-type]
-                else:
-                    dropout = self.layer_dropout if self.rnn.training else None
-                    memory, final = inert_padding_lstm.inert_padding_lstm(
-                        self.rnn, emb, lengths_cpu, dropout)  # type: ignore[arg-type]
+                memory, final = cpu_run(emb, lengths_cpu)
             except (RuntimeError, IndexError):  # a length out of range indexes out of range
                 _check_lengths(lengths_cpu, emb.size(1))  # say which; else torch's error
                 raise
@@ -125,13 +122,22 @@ class RNNEncoder(nn.Module):
             states = tuple(self._merge_directions(s) for s in states)
         return memory, states
 
-    def _cpu_run(self, emb: Tensor) -> bool:
-        """Whether the batch runs as :func:`~nmt.models.padded_lstm.padded_lstm` or
-        :func:`~nmt.models.inert_padding_lstm.inert_padding_lstm` (see :data:`CPU_RUNS`): an LSTM
-        and input one of them serves. Decided without reading the lengths (a length out of range
-        makes them index out of range: the caller then names it)."""
-        return (CPU_RUNS and emb.device.type == "cpu" and emb.size(0) > 0
-                and (padded_lstm.servable(self.rnn, emb) or inert_padding_lstm.servable(self.rnn, emb)))
+    def _cpu_run(self, emb: Tensor) -> Callable[[Tensor, Tensor], tuple[Tensor, tuple[Tensor, Tensor]]] | None:
+        """The run of :data:`CPU_RUNS` that serves this batch's LSTM and input, called as
+        ``run(emb, lengths)``: :func:`~nmt.models.padded_lstm.padded_lstm` where no gradient is
+        wanted, else :func:`~nmt.models.inert_padding_lstm.inert_padding_lstm`; None for neither.
+        Decided without reading the lengths (a length out of range makes the runs index out of
+        range: the caller then names it)."""
+        if not (CPU_RUNS and emb.device.type == "cpu" and emb.size(0) > 0):
+            return None
+        rnn = self.rnn
+        if padded_lstm.servable(rnn, emb):
+            return lambda x, lengths: padded_lstm.padded_lstm(rnn, x, lengths)  # type: ignore[arg-type]
+        if inert_padding_lstm.servable(rnn, emb):
+            dropout = self.layer_dropout if rnn.training else None
+            return lambda x, lengths: inert_padding_lstm.inert_padding_lstm(
+                rnn, x, lengths, dropout)  # type: ignore[arg-type]
+        return None
 
     def _length_groups(self, emb: Tensor, lengths: Tensor) -> list[tuple[int, Tensor]] | None:
         """``[(length, rows), ...]`` when the batch is better run one length at a time, else None

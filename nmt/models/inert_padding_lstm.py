@@ -27,20 +27,18 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
+from nmt.models.padded_lstm import cpu_float32_lstm
+
 BIG = 1e30
 """The padding feature's weight on the forget (+) and input (-) gates: any pre-activation of a
 trained LSTM is negligible beside it, so the gates are exactly 1 and 0 at padded positions."""
 
 
 def servable(rnn: nn.Module, x: Tensor) -> bool:
-    """Whether :func:`inert_padding_lstm` runs ``rnn`` on ``x``: a batch-first ``nn.LSTM`` without
-    projections, a float32 CPU input, oneDNN built in and enabled, CPU autocast off,
-    ``torch.compile`` not tracing."""
-    return (isinstance(rnn, nn.LSTM) and rnn.batch_first and rnn.proj_size == 0
-            and x.device.type == "cpu" and x.dtype == torch.float32
-            and all(p.dtype == torch.float32 for p in rnn.parameters())
-            and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
-            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
+    """Whether :func:`inert_padding_lstm` runs ``rnn`` on ``x``:
+    :func:`~nmt.models.padded_lstm.cpu_float32_lstm`, oneDNN built in and enabled."""
+    return (cpu_float32_lstm(rnn, x) and torch.backends.mkldnn.is_available()
+            and torch.backends.mkldnn.enabled)
 
 
 def inert_padding_lstm(rnn: nn.LSTM, x: Tensor, lengths: Tensor,
@@ -62,18 +60,14 @@ def inert_padding_lstm(rnn: nn.LSTM, x: Tensor, lengths: Tensor,
     column[hidden:2 * hidden] = BIG  # forget gate -> 1
     last = (lengths - 1).view(batch, 1, 1).expand(batch, 1, hidden)
     zeros = x.new_zeros(directions, batch, hidden)
-    suffixes = ("", "_reverse")[:directions]
     h_n, c_n = [], []
     inputs = x
     for layer in range(rnn.num_layers):
         if layer > 0 and dropout is not None:
             inputs = dropout(inputs)
-        params = []
-        for sfx in suffixes:
-            params.append(torch.cat([getattr(rnn, f"weight_ih_l{layer}{sfx}"), column], dim=1))
-            params.append(getattr(rnn, f"weight_hh_l{layer}{sfx}"))
-            if rnn.bias:
-                params += [getattr(rnn, f"bias_ih_l{layer}{sfx}"), getattr(rnn, f"bias_hh_l{layer}{sfx}")]
+        params = []  # per direction [w_ih | column], w_hh (and b_ih, b_hh with biases)
+        for weights in rnn.all_weights[layer * directions:(layer + 1) * directions]:
+            params += [torch.cat([weights[0], column], dim=1), *weights[1:]]
         # train=True keeps oneDNN's workspace for the backward pass (no dropout inside the call)
         out, h, c = torch._VF.lstm(torch.cat([inputs, padding], dim=-1), (zeros, zeros), params, rnn.bias, 1,
                                    0.0, torch.is_grad_enabled(), rnn.bidirectional, True)

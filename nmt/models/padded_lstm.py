@@ -30,33 +30,37 @@ Prepared = list[tuple[list[Tensor], list[Tensor], Tensor]]
 :func:`~nmt.models.lstm_gates.sigmoid_form`; the hidden weights (D, H, 4H) likewise."""
 
 
-def servable(rnn: nn.Module, x: Tensor) -> bool:
-    """Whether :func:`padded_lstm` computes ``rnn(x)``: a batch-first ``nn.LSTM`` without
-    projections, not dropping out (eval mode or no dropout), a float32 CPU input, no gradient
-    wanted, CPU autocast off, ``torch.compile`` not tracing."""
+def cpu_float32_lstm(rnn: nn.Module, x: Tensor) -> bool:
+    """What the encoder's CPU runs (:func:`padded_lstm`,
+    :func:`~nmt.models.inert_padding_lstm.inert_padding_lstm`) both need: a batch-first
+    ``nn.LSTM`` without projections, float32 weights and a float32 CPU input, CPU autocast off,
+    ``torch.compile`` not tracing."""
     return (isinstance(rnn, nn.LSTM) and rnn.batch_first and rnn.proj_size == 0
-            and (not rnn.training or rnn.dropout == 0.0 or rnn.num_layers == 1)
             and x.device.type == "cpu" and x.dtype == torch.float32
             and all(p.dtype == torch.float32 for p in rnn.parameters())
-            and not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in rnn.parameters())))
             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
 
 
+def servable(rnn: nn.Module, x: Tensor) -> bool:
+    """Whether :func:`padded_lstm` computes ``rnn(x)``: :func:`cpu_float32_lstm`, not dropping out
+    (eval mode or no dropout), no gradient wanted."""
+    return (cpu_float32_lstm(rnn, x) and (not rnn.training or rnn.dropout == 0.0 or rnn.num_layers == 1)
+            and not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in rnn.parameters()))))
+
+
 def _prepare(rnn: nn.LSTM) -> Prepared:
-    hidden = rnn.hidden_size
-    suffixes = ("", "_reverse") if rnn.bidirectional else ("",)
+    hidden, directions = rnn.hidden_size, 2 if rnn.bidirectional else 1
     layers: Prepared = []
     with torch.no_grad():
         for layer in range(rnn.num_layers):
             inputs, biases, hiddens = [], [], []
-            for sfx in suffixes:
-                w_ih = getattr(rnn, f"weight_ih_l{layer}{sfx}")
-                bias = (getattr(rnn, f"bias_ih_l{layer}{sfx}") + getattr(rnn, f"bias_hh_l{layer}{sfx}")
-                        if rnn.bias else w_ih.new_zeros(4 * hidden))
-                w_ih, bias = sigmoid_form(w_ih, bias)
+            # per direction [w_ih, w_hh] (+ [b_ih, b_hh] with biases)
+            for weights in rnn.all_weights[layer * directions:(layer + 1) * directions]:
+                bias = weights[2] + weights[3] if rnn.bias else weights[0].new_zeros(4 * hidden)
+                w_ih, bias = sigmoid_form(weights[0], bias)
                 inputs.append(w_ih.t().contiguous())
                 biases.append(bias)
-                hiddens.append(sigmoid_form(getattr(rnn, f"weight_hh_l{layer}{sfx}"))[0].t())
+                hiddens.append(sigmoid_form(weights[1])[0].t())
             layers.append((inputs, biases, torch.stack(hiddens).contiguous()))
     return layers
 
@@ -74,9 +78,9 @@ def padded_lstm(rnn: nn.LSTM, x: Tensor, lengths: Tensor) -> tuple[Tensor, tuple
     batch, width = x.shape[:2]
     hidden, directions = rnn.hidden_size, 2 if rnn.bidirectional else 1
     steps = torch.arange(width)
-    valid = (steps[:, None] < lengths[None, :]).to(x.dtype)  # (L, B)
+    inside = steps[:, None] < lengths[None, :]  # (L, B)
     # flat row t * B + b of a time-major buffer that holds step t of the reversed row b
-    reverse = torch.where(steps[:, None] < lengths[None, :], lengths[None, :] - 1 - steps[:, None], steps[:, None])
+    reverse = torch.where(inside, lengths[None, :] - 1 - steps[:, None], steps[:, None])
     reverse = (reverse * batch + torch.arange(batch)[None, :]).reshape(-1)
     last = (lengths - 1).view(1, 1, batch, 1).expand(1, directions, batch, hidden)
     inputs = x.transpose(0, 1).reshape(width * batch, -1)  # time-major (L*B, I)
@@ -103,8 +107,8 @@ def padded_lstm(rnn: nn.LSTM, x: Tensor, lengths: Tensor) -> tuple[Tensor, tuple
             outputs = torch.cat([h_all[:, 0], backward.view(width, batch, hidden)], dim=-1)
         inputs = outputs.reshape(width * batch, directions * hidden)
     memory = x.new_empty(batch, width, directions * hidden)
-    torch.mul(inputs.view(width, batch, -1).transpose(0, 1), valid.t()[:, :, None], out=memory)
+    torch.mul(inputs.view(width, batch, -1).transpose(0, 1), inside.t().to(x.dtype)[:, :, None], out=memory)
     return memory, (torch.cat(finals_h), torch.cat(finals_c))
 
 
-__all__ = ["padded_lstm", "servable"]
+__all__ = ["cpu_float32_lstm", "padded_lstm", "servable"]
