@@ -1,0 +1,125 @@
+"""The input-feeding LSTM decoder's CPU inference step (nmt.models.packed_decoder_step) against the
+module path: bit for bit against the packed cells it replaces, up to rounding against nn.LSTMCell
+and F.linear (torch's own modules, outside any packed region)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import random_batch, sharpen_attention
+
+from nmt.models import packed_decoder_step
+from nmt.utils import packed_linear
+
+pytestmark = pytest.mark.skipif(not packed_linear._BUILT, reason="torch without oneDNN (or NMT_ONEDNN=0)")
+
+SERVED = [
+    pytest.param({}, id="general-feed-softmax"),
+    pytest.param({"decoder": {"input_feeding": False, "layers": 1}}, id="nofeed-1layer"),
+    pytest.param({"decoder": {"layers": 3, "hidden_size": 8}, "attention": {"score": "dot"}}, id="dot-3layers"),
+    pytest.param({"attention": {"mapping": "entmax15"}}, id="entmax15"),
+    pytest.param({"attention": {"mapping": "sparsemax"}, "output": {"mapping": "sparsemax"}}, id="sparsemax"),
+]
+
+
+def _steps(model, src, lengths, tokens, slots=1):
+    """Three steps from the encoder's state, with ``slots`` rows per sentence sharing its encoder
+    output (as beam search runs them): [(log_probs, attention, state)] per step."""
+    enc, state = model.encode(src, lengths)
+    state = {k: v.repeat_interleave(slots, dim=0) for k, v in state.items()}
+    out = []
+    for t in range(tokens.size(1)):
+        lp, att, state = model.step(tokens[:, t].repeat_interleave(slots), state, enc)
+        out.append((lp, att, state))
+    return out
+
+
+def _run(model, src, lengths, tokens, *, packed_step: bool, slots: int = 1):
+    with torch.no_grad(), packed_linear.frozen_weights():
+        if not packed_step:  # the module path, still through the packed cells and products
+            serve = packed_decoder_step.servable
+            packed_decoder_step.servable = lambda decoder, emb: False
+            try:
+                return _steps(model, src, lengths, tokens, slots)
+            finally:
+                packed_decoder_step.servable = serve
+        return _steps(model, src, lengths, tokens, slots)
+
+
+@pytest.mark.parametrize("sections", SERVED)
+@pytest.mark.parametrize("slots", [1, 3])
+def test_the_step_equals_the_packed_module_path_bit_for_bit(make_model, sections, slots):
+    torch.manual_seed(5)
+    model = make_model(dtype=torch.float32, **sections)
+    if hasattr(model.decoder.attention, "key_proj"):  # (dot scores have none)
+        sharpen_attention(model)
+    src, lengths, tokens = random_batch(batch=4, src_len=7, tgt_len=3, lengths=[7, 3, 1, 5], seed=6)
+    with torch.no_grad():
+        emb = model.tgt_embeddings(tokens[:, 0])
+        assert packed_decoder_step.servable(model.decoder, emb) is False  # outside a region
+        with packed_linear.frozen_weights():
+            assert packed_decoder_step.servable(model.decoder, emb)
+    fast = _run(model, src, lengths, tokens, packed_step=True, slots=slots)
+    ref = _run(model, src, lengths, tokens, packed_step=False, slots=slots)
+    for (lp, att, state), (lp_ref, att_ref, state_ref) in zip(fast, ref):
+        assert torch.equal(lp, lp_ref) and torch.equal(att, att_ref)
+        assert state.keys() == state_ref.keys()
+        for name in state:
+            assert torch.equal(state[name], state_ref[name]), name
+    if sections.get("attention", {}).get("mapping") in ("entmax15", "sparsemax"):
+        assert (fast[-1][1] == 0).any()  # the sparse mapping's exact zeros came through
+
+
+@pytest.mark.parametrize("sections", SERVED[:2])
+def test_the_step_equals_torch_modules_up_to_rounding(make_model, sections):
+    """Against nn.LSTMCell, F.linear and the attention module with no packed weights at all."""
+    torch.manual_seed(7)
+    model = make_model(dtype=torch.float32, **sections)
+    src, lengths, tokens = random_batch(batch=3, src_len=6, tgt_len=4, seed=8)
+    fast = _run(model, src, lengths, tokens, packed_step=True)
+    with torch.no_grad():  # no frozen region: every product is F.linear, every cell nn.LSTMCell
+        ref = _steps(model, src, lengths, tokens)
+    for (lp, att, state), (lp_ref, att_ref, state_ref) in zip(fast, ref):
+        torch.testing.assert_close(lp, lp_ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(att, att_ref, rtol=1e-5, atol=1e-6)
+        for name in state:
+            torch.testing.assert_close(state[name], state_ref[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_source_without_tokens_gets_no_attention(make_model):
+    """An all-padding source row: zero attention and a zero context (the mapping's empty row), as
+    the module path gives, while the other sentences take torch's softmax."""
+    torch.manual_seed(9)
+    model = make_model(dtype=torch.float32)
+    src, lengths, tokens = random_batch(batch=3, src_len=5, tgt_len=2, lengths=[5, 2, 4], seed=10)
+    with torch.no_grad(), packed_linear.frozen_weights():
+        enc, state = model.encode(src, lengths)
+        enc = dict(enc, src_mask=enc["src_mask"].clone())
+        enc["src_mask"][1] = False
+        lp, att, _ = model.step(tokens[:, 0], state, enc)
+        packed_decoder_step.servable, serve = (lambda decoder, emb: False), packed_decoder_step.servable
+        try:
+            lp_ref, att_ref, _ = model.step(tokens[:, 0], state, enc)
+        finally:
+            packed_decoder_step.servable = serve
+    assert torch.equal(att[1], torch.zeros_like(att[1])) and torch.isfinite(lp).all()
+    assert torch.equal(att, att_ref) and torch.equal(lp, lp_ref)
+
+
+@pytest.mark.parametrize("sections", [
+    pytest.param({"attention": {"score": "mlp"}}, id="mlp"),
+    pytest.param({"decoder": {"type": "gru"}, "encoder": {"type": "gru"}}, id="gru"),
+    pytest.param({"attention": {"mapping": "entmax15", "continuous": {"num_basis_mu": 4}}}, id="continuous"),
+])
+def test_other_decoders_keep_the_module_path(make_model, sections):
+    model = make_model(dtype=torch.float32, **sections)
+    with torch.no_grad(), packed_linear.frozen_weights():
+        assert not packed_decoder_step.servable(model.decoder, torch.zeros(2, 6))
+
+
+def test_float64_and_gradients_keep_the_module_path(make_model):
+    model = make_model(dtype=torch.float64)
+    with torch.no_grad(), packed_linear.frozen_weights():
+        assert not packed_decoder_step.servable(model.decoder, torch.zeros(2, 6, dtype=torch.float64))
+    model = make_model(dtype=torch.float32)
+    with packed_linear.frozen_weights():  # gradients wanted
+        assert not packed_decoder_step.servable(model.decoder, torch.zeros(2, 6))
