@@ -99,36 +99,40 @@ def _compiler() -> Optional[str]:
     return None
 
 
-def build(directory: Optional[Path] = None, defines: Sequence[str] = (), openmp: bool = True) -> Path:
+def build(directory: Optional[Path] = None, defines: Sequence[str] = (), openmp: bool = True,
+          sources: Sequence[Path] = SOURCES, stem: str = "sorted_threshold") -> Path:
     """Compile the library into ``directory`` (default :func:`cache_dir`) unless a build of this
     source with this compiler and these ``defines`` (preprocessor names; ``NMT_ROWS_ONLY``: no
     vector path, for the tests) is there; returns its path. With ``openmp``, first with
-    :data:`OPENMP_FLAGS`, then (if that fails) without. Raises OSError / CalledProcessError /
-    RuntimeError (no compiler) on failure."""
+    :data:`OPENMP_FLAGS`, then (if that fails) without. ``sources`` and ``stem`` (the file name's
+    start) build another library the same way (decoding's native search bookkeeping:
+    :mod:`nmt.translate.native_step`). Raises OSError / CalledProcessError / RuntimeError (no
+    compiler) on failure."""
     if openmp:
         try:
-            return _build(directory, defines, OPENMP_FLAGS)
+            return _build(directory, defines, OPENMP_FLAGS, sources, stem)
         except subprocess.CalledProcessError:
             logger.info("native library: no OpenMP with this compiler; built for one thread")
-    return _build(directory, defines, ())
+    return _build(directory, defines, (), sources, stem)
 
 
-def _build(directory: Optional[Path], defines: Sequence[str], extra: Sequence[str]) -> Path:
+def _build(directory: Optional[Path], defines: Sequence[str], extra: Sequence[str],
+           sources: Sequence[Path] = SOURCES, stem: str = "sorted_threshold") -> Path:
     """:func:`build` with the extra compiler flags ``extra``."""
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C compiler found ($CC, cc, gcc)")
     flags = (*CFLAGS, *extra, *(f"-D{name}" for name in defines))
-    key = hashlib.sha256(b"\0".join([*(path.read_bytes() for path in (*SOURCES, *HEADERS)), compiler.encode(),
+    key = hashlib.sha256(b"\0".join([*(path.read_bytes() for path in (*sources, *HEADERS)), compiler.encode(),
                                      " ".join(flags).encode(), platform.machine().encode()])).hexdigest()[:16]
     directory = Path(directory) if directory is not None else cache_dir()
-    target = directory / f"sorted_threshold-{key}.so"
+    target = directory / f"{stem}-{key}.so"
     if target.is_file():
         return target
     directory.mkdir(parents=True, exist_ok=True)
     partial = directory / f".{target.name}.{os.getpid()}.partial"
     try:
-        subprocess.run([compiler, *flags, "-o", str(partial), *map(str, SOURCES), "-lm"], check=True,
+        subprocess.run([compiler, *flags, "-o", str(partial), *map(str, sources), "-lm"], check=True,
                        capture_output=True, timeout=120)
         os.replace(partial, target)  # atomic: another process may have renamed its own build there
     finally:

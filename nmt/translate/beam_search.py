@@ -170,7 +170,8 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
         if all(done_host):
             break
 
-        flat_rows = flat_parents(step.parent, slots)  # (R, K) into R*S
+        # (R, K) rows of R*S that the kept candidates extend (greedy: each row its own)
+        flat_rows = flat_parents(step.parent, slots) if k > 1 else None
         tokens = step.chosen  # (R, K)
         keep, compaction = None, None
         if any(done_host):
@@ -188,10 +189,10 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
             active = original.index_select(0, keep)  # (R',)
             encoder_out = select_state(encoder_out, keep if slots == 1 or shared else
                                        (keep.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1))
-            flat_rows = flat_rows.index_select(0, keep)  # (R', K)
+            flat_rows = None if flat_rows is None else flat_rows.index_select(0, keep)  # (R', K)
             tokens = tokens.index_select(0, keep)  # (R', K)
             rows = rows.select(keep)
-        if k > 1:
+        if flat_rows is not None:
             state = select_state(state, flat_rows.view(-1))
         elif keep is not None:  # greedy: each row extends its only slot; reorder when rows leave
             state = select_state(state, keep)

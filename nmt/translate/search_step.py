@@ -28,6 +28,7 @@ from nmt.translate.certificate import (
     unknown_slots,
 )
 from nmt.translate.length_penalty import length_penalty
+from nmt.translate.native_step import step_update
 from nmt.translate.search_options import SearchOptions
 from nmt.sparse._native import step_candidates
 from nmt.utils.topk import blocked_topk
@@ -148,6 +149,10 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     # pass over the candidates: per-entry bool masks cost 5-10x a float pass on the CPU.
     width = min(k + 1 if certify else k, slots * vocab)  # candidates kept (one more: the certificate)
     stats = _native_stats(log_probs, scores, t, width, options)
+    if stats is not None and width >= k:  # the rest in one native call, where its library is built
+        outcome = _native_outcome(stats, log_probs, attention, rows, scores, best_finished, t, options, special)
+        if outcome is not None:
+            return outcome
     if certify:
         live = _alive(scores)  # (R, S)
         unknown = unknown_slots(log_probs) if stats is None else stats.unknown
@@ -159,16 +164,7 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     if stats is None:  # unknown candidates (NaN, +inf, a dead slot's -inf + inf = NaN): -inf, in place
         cand = torch.add(scores.unsqueeze(-1), log_probs).nan_to_num_(
             nan=NEG_INF, posinf=NEG_INF, neginf=NEG_INF)  # (R, S, V)
-    record: dict[str, Tensor] = {}
-    if count_support:
-        record["support_size"] = support_size(log_probs) if stats is None else stats.support  # (R, S)
-    if options.return_support:
-        known = log_probs.nan_to_num(nan=NEG_INF, posinf=NEG_INF, neginf=NEG_INF)  # (R, S, V)
-        top_lp, top_tok = known.topk(min(options.support_topk, vocab), dim=-1)  # (R, S, m)
-        record["support_tokens"] = top_tok
-        record["support_probs"] = top_lp.exp()
-    if options.return_attention:
-        record["attention"] = attention.to(scores.dtype).view(row_count, slots, -1)  # (R, S, L)
+    record = _row_records(log_probs, attention, None if stats is None else stats.support, options)
 
     truncated = None
     if t == max_length:  # only EOS may follow: the final step
@@ -197,8 +193,7 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     # every step is recorded with k slots (fewer only at the first step, or when k > V)
     top_scores = pad_slots(top_scores, k, NEG_INF)  # (R, K)
     parent, chosen = pad_slots(parent, k, 0), pad_slots(chosen, k, pad)  # (R, K), (R, K)
-    if slots < k:  # per-row records: only row 0 exists, and every parent is 0
-        record = {name: value.expand((row_count, k) + value.shape[2:]) for name, value in record.items()}
+    record = _per_slot(record, k)
     record.update(token=chosen, parent=parent, score=top_scores)
     if t == max_length:
         return StepOutcome(record, parent, chosen, replace(rows, exact=exact, reason=reason), None, truncated)
@@ -221,6 +216,53 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     done = ~live | settled  # (R,)
     rows = RowState(scores, exact, reason, best_finished, top_finished)
     return StepOutcome(record, parent, chosen, rows, done, None)
+
+
+def _row_records(log_probs: Tensor, attention: Tensor, support: Tensor | None,
+                 options: SearchOptions) -> dict[str, Tensor]:
+    """The per-row records the options ask for, read from the rows that produced the step's
+    candidates: ``log_probs`` (R, S, V) (the scores' dtype), ``attention`` (R*S, L), ``support``
+    (R, S) int32 from the native pass (None: counted here)."""
+    record: dict[str, Tensor] = {}
+    row_count, slots, vocab = log_probs.shape
+    if options.support_stats or options.return_support:
+        record["support_size"] = support_size(log_probs) if support is None else support  # (R, S)
+    if options.return_support:
+        known = log_probs.nan_to_num(nan=NEG_INF, posinf=NEG_INF, neginf=NEG_INF)  # (R, S, V)
+        top_lp, top_tok = known.topk(min(options.support_topk, vocab), dim=-1)  # (R, S, m)
+        record["support_tokens"] = top_tok
+        record["support_probs"] = top_lp.exp()
+    if options.return_attention:
+        record["attention"] = attention.to(log_probs.dtype).view(row_count, slots, -1)  # (R, S, L)
+    return record
+
+
+def _per_slot(record: dict[str, Tensor], k: int) -> dict[str, Tensor]:
+    """Per-row records (R, S, ...) as k slots: at the first step (S = 1 < k) only row 0 exists,
+    and every parent is 0."""
+    return {name: value.expand((value.size(0), k) + value.shape[2:]) if value.size(1) < k else value
+            for name, value in record.items()}
+
+
+def _native_outcome(stats: _Stats, log_probs: Tensor, attention: Tensor, rows: RowState, scores: Tensor,
+                    best_finished: Tensor, t: int, options: SearchOptions, special: Specials) -> StepOutcome | None:
+    """The step from the native pass's candidates (``stats``) by one native call
+    (:func:`nmt.translate.native_step.step_update`: the same values as the torch code of
+    :func:`select_step`); None where its library is unavailable. ``scores`` (R, S) and
+    ``best_finished`` are the rows' in the step's dtype."""
+    k = options.beam_size
+    update = step_update(
+        stats.top_scores, stats.top_index, scores, stats.unknown, rows.exact, rows.reason, best_finished,
+        rows.top_finished, beam_size=k, vocab=log_probs.size(-1), eos=special.eos, certify=options.certify,
+        penalty=length_penalty(options.length_penalty, t + 1, options.length_alpha),
+        bound_penalty=length_penalty(options.length_penalty, options.max_length + 1, options.length_alpha),
+        nonfinite_code=NONFINITE, pruned_code=PRUNED)
+    if update is None:
+        return None
+    record = _per_slot(_row_records(log_probs, attention, stats.support, options), k)
+    record.update(token=update.token, parent=update.parent, score=update.score)
+    new_rows = RowState(update.live, update.exact, update.reason, update.best_finished, update.top_finished)
+    return StepOutcome(record, update.parent, update.token, new_rows, update.done, None)
 
 
 class _Stats(NamedTuple):

@@ -47,3 +47,101 @@ def test_native_statistics_give_the_same_step(monkeypatch, dtype, beam, certify,
     for a, b in ((native.parent, torch_passes.parent), (native.chosen, torch_passes.chosen),
                  (native.done, torch_passes.done), *zip(vars(native.rows).values(), vars(torch_passes.rows).values())):
         assert torch.equal(a, b)
+
+
+def _random_rows(g, batch, slots, n_best, dtype, certify):
+    """Rows mid-search: live and dead slots, finished hypotheses kept (descending, some -inf),
+    certificates already broken on some rows, best candidates finished on others."""
+    scores = torch.randn(batch, slots, generator=g, dtype=dtype) - 3
+    scores[torch.rand(batch, slots, generator=g) < 0.25] = float("-inf")
+    best = (torch.randn(batch, n_best, generator=g, dtype=dtype) - 4).sort(dim=1, descending=True).values
+    best[torch.rand(batch, n_best, generator=g) < 0.4] = float("-inf")
+    best = best.sort(dim=1, descending=True).values
+    exact = (torch.rand(batch, generator=g) < 0.6) & certify
+    reason = torch.where(exact, 0, torch.randint(1, 5, (batch,), generator=g)) if certify else torch.full((batch,), 3)
+    top = torch.rand(batch, generator=g) < 0.2
+    return RowState(scores, exact, reason, best, top)
+
+
+@pytest.mark.skipif(not _native.available(), reason="native library not built")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("beam,n_best", [(1, 1), (2, 1), (3, 3), (5, 2)])
+@pytest.mark.parametrize("penalty", ["none", "average", "gnmt"])
+@pytest.mark.parametrize("certify", [True, False])
+def test_the_native_bookkeeping_gives_the_torch_step(monkeypatch, dtype, beam, n_best, penalty, certify):
+    """The one native call after the candidates (nmt.translate.native_step) against the torch code
+    it replaces, from the same candidates: a 5-token vocabulary in which EOS is often chosen,
+    finished hypotheses entering the n best, NaN and +inf rows in live and dead slots, the length
+    penalties (GNMT's divisions are inexact), the first step (one slot) and later ones; every
+    record, parent, token, score, certificate and stop flag bit for bit."""
+    from nmt.translate import native_step
+    if native_step.library() is None:
+        pytest.skip("native search step not built")
+    calls = []
+    real = step_module.step_update
+
+    def counting(*args, **kwargs):
+        calls.append(True)
+        return real(*args, **kwargs)
+
+    outcomes = set()
+    for seed in range(12):
+        g = torch.Generator().manual_seed(seed)
+        batch, vocab, t = 9, 5, seed % 4
+        slots = 1 if t == 0 else beam
+        options = SearchOptions(beam_size=beam, n_best=n_best, certify=certify, length_penalty=penalty,
+                                length_alpha=0.7, max_length=12)
+        log_probs = torch.log_softmax(torch.randn(batch * slots, vocab, generator=g, dtype=dtype) * 2, -1)
+        log_probs[torch.rand(batch * slots, vocab, generator=g) < 0.2] = float("-inf")
+        log_probs[seed % (batch * slots), 1] = float("nan")
+        log_probs[(seed + 4) % (batch * slots), 2] = float("inf")
+        rows = _random_rows(g, batch, slots, n_best, dtype, certify)
+        attention = torch.rand(batch * slots, 4, generator=g)
+        special = Specials(bos=0, eos=3, pad=4)
+        monkeypatch.setattr(step_module, "step_update", counting)
+        native = select_step(log_probs, attention, rows, t, options, special)
+        monkeypatch.setattr(step_module, "step_update", lambda *args, **kwargs: None)
+        reference = select_step(log_probs, attention, rows, t, options, special)
+        assert native.record.keys() == reference.record.keys()
+        for name in native.record:
+            assert torch.equal(native.record[name], reference.record[name]), name
+        pairs = [(native.parent, reference.parent), (native.chosen, reference.chosen), (native.done, reference.done),
+                 *zip(vars(native.rows).values(), vars(reference.rows).values())]
+        for a, b in pairs:
+            assert a.dtype == b.dtype and torch.equal(a, b)
+        outcomes.update(reference.done.tolist())
+        outcomes.update(f"finished {x}" for x in torch.isfinite(reference.rows.best_finished).flatten().tolist())
+    assert len(calls) == 12
+    assert outcomes == {True, False, "finished True", "finished False"}  # stops and finished hypotheses met
+
+
+@pytest.mark.skipif(not _native.available(), reason="native library not built")
+def test_the_native_bookkeeping_declines_what_it_does_not_hold():
+    from nmt.translate import native_step
+    if native_step.library() is None:
+        pytest.skip("native search step not built")
+    rows = RowState.start(2, 1, True, torch.device("cpu"))
+    args = (rows.scores, rows.exact.view(2, 1), rows.exact, rows.reason, rows.best_finished, rows.top_finished)
+    common = dict(vocab=5, eos=3, certify=True, penalty=1.0, bound_penalty=1.0, nonfinite_code=4, pruned_code=1)
+    top, index = torch.zeros(2, 2), torch.zeros(2, 2, dtype=torch.long)
+    assert native_step.step_update(top, index, *args, beam_size=1, **common) is not None
+    assert native_step.step_update(top, index, *args, beam_size=3, **common) is None  # fewer candidates than slots
+    assert native_step.step_update(top[:, :1], index[:, :1], *args[:5], rows.top_finished.int(), beam_size=1,
+                                   **common) is None  # not bool flags
+    assert native_step.step_update(top.half(), index, *args, beam_size=1, **common) is None
+
+
+@pytest.mark.skipif(not _native.available(), reason="native library not built")
+@pytest.mark.parametrize("use_native", [True, False])
+def test_a_finished_score_equal_to_the_live_bound_stops_the_row(monkeypatch, use_native):
+    """The stop test's tie: the worst kept finished score equals the best live score (no length
+    penalty): the row is settled (>=), in the native call and in the torch code alike."""
+    if not use_native:
+        monkeypatch.setattr(step_module, "step_update", lambda *args, **kwargs: None)
+    options = SearchOptions(beam_size=1, certify=False, max_length=12)
+    log_probs = torch.tensor([[-1.0, -5.0, -3.0, -6.0, -7.0]])  # token 0 extends the prefix to -2
+    rows = RowState(torch.tensor([[-1.0]]), torch.tensor([False]), torch.tensor([3]), torch.tensor([[-2.0]]),
+                    torch.tensor([False]))
+    step = select_step(log_probs, torch.ones(1, 2), rows, 2, options, Specials(bos=0, eos=3, pad=4))
+    assert step.chosen.tolist() == [[0]] and step.rows.scores.tolist() == [[-2.0]]
+    assert step.done.tolist() == [True]
