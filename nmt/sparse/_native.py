@@ -105,8 +105,9 @@ def build(directory: Optional[Path] = None, defines: Sequence[str] = (), openmp:
     source with this compiler and these ``defines`` (preprocessor names; ``NMT_ROWS_ONLY``: no
     vector path, for the tests) is there; returns its path. With ``openmp``, first with
     :data:`OPENMP_FLAGS`, then (if that fails) without. ``sources`` and ``stem`` (the file name's
-    start) build another library the same way (decoding's native search bookkeeping:
-    :mod:`nmt.translate.native_step`). Raises OSError / CalledProcessError / RuntimeError (no
+    start) build another library the same way, :data:`HEADERS` on its include path (decoding's
+    native search bookkeeping, :mod:`nmt.translate.native_step`; the LSTM cell of CPU inference,
+    :mod:`nmt.models.native_lstm_cell`). Raises OSError / CalledProcessError / RuntimeError (no
     compiler) on failure."""
     if openmp:
         try:
@@ -132,7 +133,8 @@ def _build(directory: Optional[Path], defines: Sequence[str], extra: Sequence[st
     directory.mkdir(parents=True, exist_ok=True)
     partial = directory / f".{target.name}.{os.getpid()}.partial"
     try:
-        subprocess.run([compiler, *flags, "-o", str(partial), *map(str, sources), "-lm"], check=True,
+        include = f"-I{HEADERS[0].parent}"  # the header, for sources kept elsewhere
+        subprocess.run([compiler, *flags, include, "-o", str(partial), *map(str, sources), "-lm"], check=True,
                        capture_output=True, timeout=120)
         os.replace(partial, target)  # atomic: another process may have renamed its own build there
     finally:
