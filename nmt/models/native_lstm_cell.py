@@ -16,8 +16,6 @@ operations run). No device is involved; rows split over torch's threads from
 from __future__ import annotations
 
 import ctypes
-import logging
-import subprocess
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -33,7 +31,6 @@ THREADS_MIN_NUMEL = 1 << 14
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURE = [_P, _P, _I64, _I64, _I64, _P, _I64, _P, _I64, _INT]
 
-logger = logging.getLogger(__name__)
 _state: dict[str, object] = {}
 
 
@@ -55,18 +52,7 @@ def load(path: Path) -> ctypes.CDLL:
 def library() -> Optional[ctypes.CDLL]:
     """The loaded library, built on first use; None when disabled or where it cannot be built or
     loaded (decided once per process)."""
-    if "lib" in _state:
-        return _state["lib"]  # type: ignore[return-value]
-    lib = None
-    if _native.enabled():
-        try:
-            lib = load(build())
-        except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as exc:
-            detail = getattr(exc, "stderr", b"") or b""
-            logger.info("native LSTM cell unavailable (torch's operations are used): %s %s", exc,
-                        detail.decode(errors="replace")[:200])
-    _state["lib"] = lib
-    return lib
+    return _native.load_once(_state, build, load, "LSTM cell")
 
 
 def _rows(t: Tensor, width: int) -> int:

@@ -21,9 +21,10 @@ prepared weights live as long as the region. No host synchronisation (CPU only).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.models.lstm_gates import cell_update, sigmoid_form
@@ -34,10 +35,30 @@ State = dict[str, Tensor]
 
 
 def servable(decoder: Any, emb: Tensor) -> bool:
-    """Whether :func:`packed_step` serves this ``InputFeedingDecoder`` for embeddings ``emb`` (N, E)."""
+    """Whether :func:`packed_step` serves this ``InputFeedingDecoder`` for embeddings ``emb`` (N, E):
+    LSTM cells, ``dot`` / ``general`` scores without continuous attention, no dropout active (eval
+    mode), the packed products usable."""
     attention = decoder.attention
-    return (decoder.rnn.is_lstm and attention.continuous is None and attention.score in ("dot", "general")
+    return (decoder.rnn.is_lstm and not decoder.training and attention.continuous is None
+            and attention.score in ("dot", "general")
             and packed_linear.usable(emb, decoder.combine.weight, decoder.rnn.cells[0].weight_ih))
+
+
+def model_step(model: Any, tokens: Tensor, state: State, encoder_out: State) -> Optional[tuple[Tensor, Tensor, Tensor, State]]:
+    """``Seq2Seq.step_with_scores`` where :func:`servable` (and the target embeddings drop nothing,
+    the output layer is packable): the embedding lookup, :func:`packed_step` and the output layer
+    as one packed product, without the modules' calls between them. tokens: (N,). Returns
+    (logits (N, V), log_probs (N, V), attention (N, L), new state), or None (not served)."""
+    embeddings = model.tgt_embeddings
+    proj = model.generator.proj
+    if embeddings.training or not servable(model.decoder, embeddings.weight) or not packed_linear.usable(
+            embeddings.weight, proj.weight, proj.bias):
+        return None
+    emb = F.embedding(tokens, embeddings.weight)  # (N, E); eval mode: the embeddings' dropout is the identity
+    out, attention, state = packed_step(model.decoder, emb, state, encoder_out["memory"], encoder_out["src_mask"],
+                                        encoder_out["keys"])
+    logits = packed_linear.linear(out, proj.weight, proj.bias)  # (N, V)
+    return logits, model.log_probs(logits), attention, state
 
 
 def _parameters(decoder: Any) -> list[Tensor | None]:
@@ -71,11 +92,12 @@ def packed_step(decoder: Any, emb: Tensor, state: State, memory: Tensor, mask: T
                                                  lambda: _prepare(decoder))
     h, c = state["h"], state["c"]  # (N, layers, H)
     h_new, c_new = torch.empty_like(h), torch.empty_like(c)
-    first = [emb, state["input_feed"]] if decoder.input_feeding else [emb]
-    x = h_new  # (N, H) rows of the layer below, set by the first layer
-    for i, (weight, bias) in enumerate(cells):
-        inputs = torch.cat([*first, h[:, i]] if i == 0 else [x, h[:, i]], dim=1)
-        x, _ = cell_update(packed_linear.product(inputs, weight, bias), c[:, i], c_out=c_new[:, i], h_out=h_new[:, i])
+    layers = zip(cells, h.unbind(1), c.unbind(1), h_new.unbind(1), c_new.unbind(1))  # per layer (N, H) views
+    inputs = [emb, state["input_feed"]] if decoder.input_feeding else [emb]  # the first layer's, then x
+    for (weight, bias), h_i, c_i, h_out, c_out in layers:
+        gates = packed_linear.product(torch.cat([*inputs, h_i], dim=1), weight, bias)
+        x, _ = cell_update(gates, c_i, c_out=c_out, h_out=h_out)
+        inputs = [x]
     rows, batch = x.size(0), memory.size(0)
     scores = torch.bmm(x.view(batch, rows // batch, -1), keys.transpose(1, 2))  # (B, S, L)
     scores.masked_fill_(~mask.unsqueeze(1), float("-inf"))
@@ -94,4 +116,4 @@ def packed_step(decoder: Any, emb: Tensor, state: State, memory: Tensor, mask: T
     return out, probs.view(rows, -1), new
 
 
-__all__ = ["packed_step", "servable"]
+__all__ = ["model_step", "packed_step", "servable"]

@@ -6,6 +6,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from nmt.models import packed_decoder_step
 from nmt.models.decoder import InputFeedingDecoder
 from nmt.models.encoder import RNNEncoder
 from nmt.models.encoder_decoder import EncoderDecoder
@@ -59,6 +60,9 @@ class Seq2Seq(EncoderDecoder):
                          encoder_out: State) -> tuple[Tensor, Tensor, Tensor, State]:
         """``step`` that also returns the raw output scores: (logits (N, V), log_probs (N, V),
         attention (N, L), new state); scoring ranks tokens outside the support by the logits."""
+        served = packed_decoder_step.model_step(self, tokens, state, encoder_out)  # CPU inference, LSTM
+        if served is not None:
+            return served
         out, attention, state = self.decoder.step(
             self.tgt_embeddings(tokens), state, encoder_out["memory"], encoder_out["src_mask"], encoder_out["keys"]
         )

@@ -37,7 +37,7 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -176,6 +176,26 @@ def library() -> Optional[ctypes.CDLL]:
     return lib
 
 
+def load_once(state: dict, build_library: Callable[[], Path], load_library: Callable[[Path], ctypes.CDLL],
+              what: str) -> Optional[ctypes.CDLL]:
+    """``state["lib"]``: the library ``load_library(build_library())`` built and loaded on first use
+    (another library of this builder: decoding's search step, the LSTM cell);
+    None when disabled (:func:`enabled`) or where it cannot be built or loaded, logged once (INFO,
+    naming ``what``) and decided once per process."""
+    if "lib" in state:
+        return state["lib"]
+    lib = None
+    if enabled():
+        try:
+            lib = load_library(build_library())
+        except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as exc:
+            detail = getattr(exc, "stderr", b"") or b""
+            logger.info("native %s unavailable (the torch operations are used): %s %s", what, exc,
+                        detail.decode(errors="replace")[:200])
+    state["lib"] = lib
+    return lib
+
+
 def available() -> bool:
     """Whether the library is built and loaded (:func:`library` is not None)."""
     return library() is not None
@@ -246,17 +266,19 @@ def step_candidates(log_probs: Tensor, offsets: Tensor, slots: int,
     if lib is None or log_probs.dtype not in _CANDIDATES or not 1 <= width <= min(slots * v, MAX_CANDIDATES):
         return None
     groups = n // slots
-    log_probs = log_probs.detach().contiguous()
-    offsets = offsets.detach().to(log_probs.dtype).contiguous()
+    log_probs = log_probs.contiguous()  # only read through its pointer: no gradient is involved
+    if offsets.dtype != log_probs.dtype:
+        offsets = offsets.to(log_probs.dtype)
+    offsets = offsets.contiguous()
     support = torch.empty(n, dtype=torch.int32)
-    unknown = torch.empty(n, dtype=torch.uint8)
+    unknown = torch.empty(n, dtype=torch.bool)  # written as bytes 0 / 1
     values = torch.empty(groups, width, dtype=log_probs.dtype)
     index = torch.empty(groups, width, dtype=torch.long)
     if groups and getattr(lib, _CANDIDATES[log_probs.dtype])(
             log_probs.data_ptr(), offsets.data_ptr(), groups, slots, v, width, support.data_ptr(), unknown.data_ptr(),
             values.data_ptr(), index.data_ptr(), _threads(log_probs.numel())) != 0:
         return None  # the library refused the width (its own bound): nothing was written
-    return support, unknown.bool(), values, index
+    return support, unknown, values, index
 
 
 NEWTON_SPLIT_MIN_NUMEL = 1 << 16
@@ -370,6 +392,6 @@ def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
 
 
 __all__ = ["CANDIDATES_SOURCE", "CFLAGS", "HEADERS", "MAX_CANDIDATES", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL",
-           "OPENMP_FLAGS", "SOURCE", "SOURCES", "available", "bound_entmax15", "bound_threshold", "build", "cache_dir",
+           "OPENMP_FLAGS", "SOURCE", "SOURCES", "available", "bound_entmax15", "bound_threshold", "build", "cache_dir", "load_once",
            "enabled", "library", "load", "native_sorted_shifted_threshold", "newton_threshold", "solve", "sorted_probs",
            "step_candidates", "support_backward"]

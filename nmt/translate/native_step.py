@@ -18,8 +18,6 @@ the torch code runs). No device is involved.
 from __future__ import annotations
 
 import ctypes
-import logging
-import subprocess
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -36,7 +34,6 @@ _FUNCTIONS = {torch.float32: "nmt_step_update_f32", torch.float64: "nmt_step_upd
 _P, _I64, _INT, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
 _SIGNATURE = [_I64, _I64, _I64, _I64, _I64, _I64, _I64, _INT, _D, _D, _I64, _I64, *([_P] * 17)]
 
-logger = logging.getLogger(__name__)
 _state: dict[str, object] = {}
 
 
@@ -57,18 +54,7 @@ def load(path: Path) -> ctypes.CDLL:
 def library() -> Optional[ctypes.CDLL]:
     """The loaded library, built on first use; None when disabled or where it cannot be built or
     loaded (decided once per process)."""
-    if "lib" in _state:
-        return _state["lib"]  # type: ignore[return-value]
-    lib = None
-    if _native.enabled():
-        try:
-            lib = load(build())
-        except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as exc:
-            detail = getattr(exc, "stderr", b"") or b""
-            logger.info("native search step unavailable (the torch code is used): %s %s", exc,
-                        detail.decode(errors="replace")[:200])
-    _state["lib"] = lib
-    return lib
+    return _native.load_once(_state, build, load, "search step")
 
 
 class StepUpdate(NamedTuple):

@@ -123,3 +123,20 @@ def test_float64_and_gradients_keep_the_module_path(make_model):
     model = make_model(dtype=torch.float32)
     with packed_linear.frozen_weights():  # gradients wanted
         assert not packed_decoder_step.servable(model.decoder, torch.zeros(2, 6))
+
+
+def test_the_model_step_serves_eval_mode_only(make_model, monkeypatch):
+    """Seq2Seq.step takes the packed step in eval mode; in training mode (dropout active in the
+    embeddings, between the layers and after the combining layer) it keeps the modules."""
+    model = make_model(dtype=torch.float32, embeddings={"dropout": 0.3}, decoder={"dropout": 0.3})
+    calls = []
+    real = packed_decoder_step.packed_step
+    monkeypatch.setattr(packed_decoder_step, "packed_step", lambda *a: calls.append(True) or real(*a))
+    src, lengths, tokens = random_batch(batch=2, src_len=5, tgt_len=1, seed=11)
+    with torch.no_grad(), packed_linear.frozen_weights():
+        enc, state = model.encode(src, lengths)
+        model.step(tokens[:, 0], state, enc)
+        assert calls == [True]
+        model.train()
+        model.step(tokens[:, 0], state, enc)
+        assert calls == [True]
