@@ -79,7 +79,7 @@ static void cell_rows_1(const float *gates, const float *c, int64_t c_stride, in
 /* The same arithmetic, LANES entries at a time (VT: float lanes, IT: int32 lanes of the same size).
    Lanes are selected by masks (vector ?: is C++ only). */
 #define DEFINE_CELL_ROWS(NAME, VT, IT, LANES, ATTR)                                             \
-ATTR static inline VT NAME##_exp(VT x)                                                          \
+ATTR static inline __attribute__((always_inline)) VT NAME##_exp(VT x)                                                          \
 {                                                                                               \
     const VT lo = (VT){0} + EXP_LO, hi = (VT){0} + EXP_HI;                                      \
     IT m = x < lo;                                                                              \
@@ -93,8 +93,8 @@ ATTR static inline VT NAME##_exp(VT x)                                          
     const IT bits = (__builtin_convertvector(n, IT) + 127) << 23;                               \
     return y * (VT)bits;                                                                        \
 }                                                                                               \
-ATTR static inline VT NAME##_sigmoid(VT x) { return 1.0f / (1.0f + NAME##_exp(-x)); }          \
-ATTR static inline void NAME##_lanes(const float *g, const float *cr, int64_t hidden,                \
+ATTR static inline __attribute__((always_inline)) VT NAME##_sigmoid(VT x) { return 1.0f / (1.0f + NAME##_exp(-x)); }          \
+ATTR static inline __attribute__((always_inline)) void NAME##_lanes(const float *g, const float *cr, int64_t hidden,                \
                                     int64_t j, int64_t n_, float *co, float *ho)                \
 {                                                                                               \
     VT x[4], cv = {0}, cn, h;                                                                   \
