@@ -3,11 +3,14 @@
  * Gates in sigmoid form (nmt/models/lstm_gates.py): per row the pre-activations of the four gates
  * (i, f, o, g), each `hidden` wide, the cell gate's rows doubled so that tanh(g) = 2 sigmoid(2g) - 1.
  * For row r (of `rows`) and unit j:
- *   a_k = gates[r, k H + j], k = 0..3;   i, f, o, s = sigmoid(a_0..a_3);
+ *   a_k = gates[r, k H + j] (+ add[r, k H + j] where `add` is given), k = 0..3;
+ *   i, f, o, s = sigmoid(a_0..a_3);
  *   c' = f c[r, j] + i (2 s - 1);   h' = o tanh(c')
  * with sigmoid(x) = 1 / (1 + exp(-x)) and tanh(x) = 2 sigmoid(2x) - 1, written to c_out[r, j] and
  * h_out[r, j]. Rows of `gates` are contiguous (4 H entries); rows of c, c_out and h_out start
- * every c_stride, c_out_stride and h_out_stride entries (their `hidden` entries contiguous).
+ * every c_stride, c_out_stride and h_out_stride entries (their `hidden` entries contiguous); row r
+ * of `add` at add + (r / add_block) * add_outer + (r % add_block) * add_inner (one time step of the
+ * encoder's input products, both directions: blocks of add_block rows).
  *
  * exp is computed here (Cody-Waite reduction by ln 2, a degree-6 polynomial, the power of two
  * from the exponent bits; arguments clamped to [-87, 88], so every result is a normal float):
@@ -63,14 +66,20 @@ static inline void cell_1(float a0, float a1, float a2, float a3, float c, float
 }
 
 #if !NMT_VECTORS
-static void cell_rows_1(const float *gates, const float *c, int64_t c_stride, int64_t first, int64_t last,
+static void cell_rows_1(const float *gates, const float *add, int64_t add_block, int64_t add_outer,
+                        int64_t add_inner, const float *c, int64_t c_stride, int64_t first, int64_t last,
                         int64_t hidden, float *c_out, int64_t c_out_stride, float *h_out, int64_t h_out_stride)
 {
     for (int64_t r = first; r < last; r++) {
         const float *g = gates + r * 4 * hidden;
-        for (int64_t j = 0; j < hidden; j++)
-            cell_1(g[j], g[hidden + j], g[2 * hidden + j], g[3 * hidden + j], c[r * c_stride + j],
-                   c_out + r * c_out_stride + j, h_out + r * h_out_stride + j);
+        const float *a = add ? add + (r / add_block) * add_outer + (r % add_block) * add_inner : 0;
+        for (int64_t j = 0; j < hidden; j++) {
+            float x[4];
+            for (int k = 0; k < 4; k++)
+                x[k] = a ? g[k * hidden + j] + a[k * hidden + j] : g[k * hidden + j];
+            cell_1(x[0], x[1], x[2], x[3], c[r * c_stride + j], c_out + r * c_out_stride + j,
+                   h_out + r * h_out_stride + j);
+        }
     }
 }
 #endif
@@ -94,8 +103,8 @@ ATTR static inline __attribute__((always_inline)) VT NAME##_exp(VT x)           
     return y * (VT)bits;                                                                        \
 }                                                                                               \
 ATTR static inline __attribute__((always_inline)) VT NAME##_sigmoid(VT x) { return 1.0f / (1.0f + NAME##_exp(-x)); }          \
-ATTR static inline __attribute__((always_inline)) void NAME##_lanes(const float *g, const float *cr, int64_t hidden,                \
-                                    int64_t j, int64_t n_, float *co, float *ho)                \
+ATTR static inline __attribute__((always_inline)) void NAME##_lanes(const float *g, const float *a, const float *cr,                  \
+                                    int64_t hidden, int64_t j, int64_t n_, float *co, float *ho) \
 {                                                                                               \
     VT x[4], cv = {0}, cn, h;                                                                   \
     for (int k = 0; k < 4; k++) {                                                               \
@@ -104,6 +113,14 @@ ATTR static inline __attribute__((always_inline)) void NAME##_lanes(const float 
             memcpy(&x[k], g + k * hidden + j, sizeof(VT));                                      \
         else                                                                                    \
             memcpy(&x[k], g + k * hidden + j, n_ * sizeof(float));                              \
+        if (a) {                                                                                \
+            VT b = {0};                                                                         \
+            if (n_ == LANES)                                                                    \
+                memcpy(&b, a + k * hidden + j, sizeof(VT));                                     \
+            else                                                                                \
+                memcpy(&b, a + k * hidden + j, n_ * sizeof(float));                             \
+            x[k] = x[k] + b;                                                                    \
+        }                                                                                       \
     }                                                                                           \
     if (n_ == LANES)                                                                            \
         memcpy(&cv, cr + j, sizeof(VT));                                                        \
@@ -121,19 +138,21 @@ ATTR static inline __attribute__((always_inline)) void NAME##_lanes(const float 
         memcpy(ho + j, &h, n_ * sizeof(float));                                                 \
     }                                                                                           \
 }                                                                                               \
-ATTR static void NAME(const float *gates, const float *c, int64_t c_stride, int64_t first, int64_t last, \
-                      int64_t hidden, float *c_out, int64_t c_out_stride, float *h_out,        \
-                      int64_t h_out_stride)                                                     \
+ATTR static void NAME(const float *gates, const float *add, int64_t add_block, int64_t add_outer, \
+                      int64_t add_inner, const float *c, int64_t c_stride, int64_t first,       \
+                      int64_t last, int64_t hidden, float *c_out, int64_t c_out_stride,         \
+                      float *h_out, int64_t h_out_stride)                                       \
 {                                                                                               \
     for (int64_t r = first; r < last; r++) {                                                    \
         const float *g = gates + r * 4 * hidden;                                                \
+        const float *a = add ? add + (r / add_block) * add_outer + (r % add_block) * add_inner : 0; \
         const float *cr = c + r * c_stride;                                                     \
         float *co = c_out + r * c_out_stride, *ho = h_out + r * h_out_stride;                   \
         int64_t j = 0;                                                                          \
         for (; j + LANES <= hidden; j += LANES) /* whole vectors: constant-size copies */       \
-            NAME##_lanes(g, cr, hidden, j, LANES, co, ho);                                      \
+            NAME##_lanes(g, a, cr, hidden, j, LANES, co, ho);                                   \
         if (j < hidden) /* the row's last entries in a zero-padded vector */                    \
-            NAME##_lanes(g, cr, hidden, j, hidden - j, co, ho);                                 \
+            NAME##_lanes(g, a, cr, hidden, j, hidden - j, co, ho);                              \
     }                                                                                           \
 }
 #define NO_ATTR
@@ -159,11 +178,13 @@ DEFINE_CELL_ROWS(cell_rows_avx512, nmt_f32x16, nmt_i32x16, 16, AVX512)
 #endif
 
 /* rows split over `threads` threads (FOR_THREADS, _cpu_dispatch.h) */
-void nmt_lstm_cell_f32(const float *gates, const float *c, int64_t c_stride, int64_t rows, int64_t hidden,
-                       float *c_out, int64_t c_out_stride, float *h_out, int64_t h_out_stride, int threads)
+void nmt_lstm_cell_f32(const float *gates, const float *add, int64_t add_block, int64_t add_outer, int64_t add_inner,
+                       const float *c, int64_t c_stride, int64_t rows, int64_t hidden, float *c_out,
+                       int64_t c_out_stride, float *h_out, int64_t h_out_stride, int threads)
 {
-    void (*run)(const float *, const float *, int64_t, int64_t, int64_t, int64_t, float *, int64_t, float *,
-                int64_t) = HAVE_AVX512() ? cell_rows_avx512 : HAVE_AVX2() ? cell_rows_avx2 : cell_rows_v;
-    FOR_THREADS(threads, rows, run(gates, c, c_stride, FIRST, LAST, hidden, c_out, c_out_stride, h_out,
-                                   h_out_stride));
+    void (*run)(const float *, const float *, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, int64_t,
+                int64_t, float *, int64_t, float *, int64_t) =
+        HAVE_AVX512() ? cell_rows_avx512 : HAVE_AVX2() ? cell_rows_avx2 : cell_rows_v;
+    FOR_THREADS(threads, rows, run(gates, add, add_block, add_outer, add_inner, c, c_stride, FIRST, LAST, hidden,
+                                   c_out, c_out_stride, h_out, h_out_stride));
 }

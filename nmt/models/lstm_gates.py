@@ -33,18 +33,20 @@ def sigmoid_form(weight: Tensor, bias: Optional[Tensor] = None) -> tuple[Tensor,
 
 
 def cell_update(gates: Tensor, c: Tensor, c_out: Optional[Tensor] = None,
-                h_out: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                h_out: Optional[Tensor] = None, add: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """The new (h, c) from pre-activation ``gates`` (..., 4H) in :func:`sigmoid_form`'s order
-    (which may be overwritten) and the cell ``c`` (..., H); written into ``c_out`` / ``h_out``
-    where given (same shape as ``c``), else new tensors. Without gradients, float32 CPU tensors
-    take one native pass (:func:`nmt.models.native_lstm_cell.lstm_cell`, ~1e-7 from the torch
-    operations below) where its library is built."""
+    (which may be overwritten), plus ``add`` (same shape) where given, and the cell ``c`` (..., H);
+    written into ``c_out`` / ``h_out`` where given (same shape as ``c``), else new tensors. Without
+    gradients, float32 CPU tensors take one native pass (:func:`nmt.models.native_lstm_cell.lstm_cell`,
+    ~1e-7 from the torch operations below) where its library is built."""
     if not (torch.is_grad_enabled() and (gates.requires_grad or c.requires_grad)) \
             and not torch.compiler.is_compiling() and gates.device.type == "cpu":
         new_c = torch.empty_like(c, memory_format=torch.contiguous_format) if c_out is None else c_out
         new_h = torch.empty_like(c, memory_format=torch.contiguous_format) if h_out is None else h_out
-        if lstm_cell(gates, c, new_c, new_h):
+        if lstm_cell(gates, c, new_c, new_h, add):
             return new_h, new_c
+    if add is not None:
+        gates.add_(add)
     hidden = c.size(-1)
     gates.sigmoid_()
     in_gate, forget_gate = gates[..., :hidden], gates[..., hidden:2 * hidden]

@@ -109,3 +109,30 @@ def test_cell_update_takes_the_native_pass_without_gradients_only(monkeypatch):
     h, _ = cell_update(gates.clone().requires_grad_().clone(), c)  # a non-leaf: its sigmoid is taken in place
     assert calls == [True] and h.requires_grad
     torch.testing.assert_close(h.detach().double(), h_ref, rtol=1e-6, atol=1e-6)
+
+
+@needs_library
+def test_an_added_strided_time_step_is_part_of_the_gates(narrower_library, monkeypatch):
+    """``add``: one time step (2, B, 4H) of a (2, T, B, 4H) buffer of input products, as the padded
+    encoder passes it; the same as adding it to the gates first, on every vector path."""
+    g = torch.Generator().manual_seed(12)
+    batch, hidden = 9, 21
+    buffer = torch.randn(2, 5, batch, 4 * hidden, generator=g) * 3
+    add = buffer[:, 3]  # (2, B, 4H), blocks of B rows 5 B apart
+    gates = torch.randn(2, batch, 4 * hidden, generator=g) * 3
+    c = torch.randn(2, batch, hidden, generator=g)
+    summed = [torch.empty(2, batch, hidden), torch.empty(2, batch, hidden)]
+    assert native_lstm_cell.lstm_cell(gates + add, c, *summed)
+    h_ref, c_ref = _torch_cell(gates + add, c)
+    torch.testing.assert_close(summed[1].double(), h_ref, rtol=1e-6, atol=1e-6)
+    outs = []
+    for lib in (native_lstm_cell.library(), narrower_library):
+        monkeypatch.setitem(native_lstm_cell._state, "lib", lib)
+        out = [torch.empty(2, batch, hidden), torch.empty(2, batch, hidden)]
+        assert native_lstm_cell.lstm_cell(gates, c, *out, add=add)
+        outs.append(out)
+    for out in outs:  # one rounding of the sum, as in gates + add: the same bits
+        assert torch.equal(out[0], summed[0]) and torch.equal(out[1], summed[1])
+    with torch.no_grad():
+        h, c_new = cell_update(gates.clone(), c, add=add)
+    assert torch.equal(h, summed[1]) and torch.equal(c_new, summed[0])
