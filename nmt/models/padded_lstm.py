@@ -96,9 +96,10 @@ def padded_lstm(rnn: nn.LSTM, x: Tensor, lengths: Tensor) -> tuple[Tensor, tuple
         h = x.new_zeros(directions, batch, hidden)
         c = x.new_zeros(directions, batch, hidden)
         gates = x.new_empty(directions, batch, 4 * hidden)
-        for t in range(width):  # the step's input products are added by the cell update (no copy)
+        steps = zip(gates_in.unbind(1), c_all.unbind(0), h_all.unbind(0))  # per time step views
+        for step_in, c_out, h_out in steps:  # the step's input products are added by the cell update (no copy)
             torch.bmm(h, hidden_weights, out=gates)
-            h, c = cell_update(gates, c, c_out=c_all[t], h_out=h_all[t], add=gates_in[:, t])
+            h, c = cell_update(gates, c, c_out=c_out, h_out=h_out, add=step_in)
         finals_h.append(h_all.gather(0, last)[0])
         finals_c.append(c_all.gather(0, last)[0])
         outputs = h_all.view(width, directions * batch, hidden)
