@@ -14,3 +14,22 @@ def _seed_and_one_thread():
     torch.manual_seed(0)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def count_calls(monkeypatch):
+    """``count_calls(owner, name) -> list``: replaces ``owner.name`` (a module's function or a
+    class's method) by a wrapper that appends to the returned list at every call, then calls the
+    original; undone after the test."""
+    def patch(owner, name: str) -> list:
+        calls: list = []
+        original = getattr(owner, name)
+
+        def counting(*args, **kwargs):
+            calls.append(True)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counting)
+        return calls
+
+    return patch

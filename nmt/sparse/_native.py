@@ -160,28 +160,16 @@ def load(path: Path) -> ctypes.CDLL:
 def library() -> Optional[ctypes.CDLL]:
     """The loaded library, building it on first use; None when disabled or where it cannot be
     built or loaded (decided once per process)."""
-    if "lib" in _state:
-        return _state["lib"]  # type: ignore[return-value]
-    lib = None
-    if enabled():
-        try:
-            lib = load(build())
-        # AttributeError: a library without one of the entry points
-        except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as exc:
-            detail = getattr(exc, "stderr", b"") or b""
-            logger.info("native sorted threshold unavailable (the NumPy path is used): %s %s", exc,
-                        detail.decode(errors="replace")[:200])
-            lib = None
-    _state["lib"] = lib
-    return lib
+    return load_once(_state, build, load, "sorted threshold", "the NumPy path")
 
 
 def load_once(state: dict, build_library: Callable[[], Path], load_library: Callable[[Path], ctypes.CDLL],
-              what: str) -> Optional[ctypes.CDLL]:
+              what: str, fallback: str = "the torch operations") -> Optional[ctypes.CDLL]:
     """``state["lib"]``: the library ``load_library(build_library())`` built and loaded on first use
-    (another library of this builder: decoding's search step, the LSTM cell);
-    None when disabled (:func:`enabled`) or where it cannot be built or loaded, logged once (INFO,
-    naming ``what``) and decided once per process."""
+    (this one, and the others of this builder: decoding's search step, the LSTM cell); None when
+    disabled (:func:`enabled`) or where it cannot be built or loaded (AttributeError: a library
+    without one of its entry points), logged once (INFO, naming ``what`` and the ``fallback`` used)
+    and decided once per process."""
     if "lib" in state:
         return state["lib"]
     lib = None
@@ -190,7 +178,7 @@ def load_once(state: dict, build_library: Callable[[], Path], load_library: Call
             lib = load_library(build_library())
         except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as exc:
             detail = getattr(exc, "stderr", b"") or b""
-            logger.info("native %s unavailable (the torch operations are used): %s %s", what, exc,
+            logger.info("native %s unavailable (%s is used): %s %s", what, fallback, exc,
                         detail.decode(errors="replace")[:200])
     state["lib"] = lib
     return lib

@@ -87,19 +87,12 @@ def test_layouts_it_does_not_hold_are_declined():
     assert not native_lstm_cell.lstm_cell(gates[:, :16], c, *out)  # not 4 x hidden
 
 
-def test_cell_update_takes_the_native_pass_without_gradients_only(monkeypatch):
+def test_cell_update_takes_the_native_pass_without_gradients_only(count_calls):
     """cell_update equals the definition either way; with gradients wanted it keeps torch's
     operations."""
     gates, c = _inputs(6, 10, 2.0, seed=4)
-    calls = []
-    real = native_lstm_cell.lstm_cell
-
-    def counting(*args):
-        calls.append(True)
-        return real(*args)
-
     import nmt.models.lstm_gates as lstm_gates
-    monkeypatch.setattr(lstm_gates, "lstm_cell", counting)
+    calls = count_calls(lstm_gates, "lstm_cell")
     with torch.no_grad():
         h, c_new = cell_update(gates.clone(), c)
     h_ref, c_ref = _torch_cell(gates, c)

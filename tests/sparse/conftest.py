@@ -94,25 +94,6 @@ def compiled_vs_eager():
     return run
 
 
-@pytest.fixture
-def count_calls(monkeypatch):
-    """``count_calls(owner, name) -> list``: replaces ``owner.name`` (a module's function or a
-    class's method) by a wrapper that appends to the returned list at every call, then calls the
-    original; undone after the test."""
-    def patch(owner, name: str) -> list:
-        calls: list = []
-        original = getattr(owner, name)
-
-        def counting(*args, **kwargs):
-            calls.append(True)
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(owner, name, counting)
-        return calls
-
-    return patch
-
-
 @pytest.fixture(scope="module", params=["default", "NMT_NO_AVX512", "NMT_NO_AVX2", "NMT_ROWS_ONLY"])
 def native_build(request, tmp_path_factory):
     """The native library as built for this machine, then built without its 512-bit vector paths

@@ -11,7 +11,7 @@ from nmt.translate.search_step import RowState, Specials, select_step
 @pytest.mark.skipif(not _native.available(), reason="native library not built")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("beam,certify,t", [(1, True, 3), (5, True, 3), (5, False, 0), (4, True, 7)])
-def test_native_statistics_give_the_same_step(monkeypatch, dtype, beam, certify, t):
+def test_native_statistics_give_the_same_step(monkeypatch, count_calls, dtype, beam, certify, t):
     """Scores with NaN / +inf rows, dead slots and exact zeros, a vocabulary that splits blocks
     across slots: the records, parents, tokens, scores, certificates and stop flags are identical
     with the native pass and with the torch passes (``step_candidates`` unavailable)."""
@@ -30,14 +30,7 @@ def test_native_statistics_give_the_same_step(monkeypatch, dtype, beam, certify,
     rows = RowState(scores, start.exact, start.reason, start.best_finished.to(dtype), start.top_finished)
     attention = torch.rand(batch * slots, 11, generator=g)
     special = Specials(bos=2, eos=3, pad=0)
-    calls = []
-    real = step_module.step_candidates
-
-    def counting(*args):
-        calls.append(True)
-        return real(*args)
-
-    monkeypatch.setattr(step_module, "step_candidates", counting)
+    calls = count_calls(step_module, "step_candidates")
     native = select_step(log_probs, attention, rows, t, options, special)
     assert calls == [True]
     monkeypatch.setattr(step_module, "step_candidates", lambda *args: None)
@@ -77,10 +70,10 @@ def test_the_native_bookkeeping_gives_the_torch_step(monkeypatch, dtype, beam, n
     from nmt.translate import native_step
     if native_step.library() is None:
         pytest.skip("native search step not built")
-    calls = []
     real = step_module.step_update
+    calls: list = []
 
-    def counting(*args, **kwargs):
+    def counting(*args, **kwargs):  # put back before every native step (the reference removes it)
         calls.append(True)
         return real(*args, **kwargs)
 
