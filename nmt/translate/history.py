@@ -76,6 +76,8 @@ def backtrack(
     after ``end_step``).
     """
     token, parent = records["token"], records["parent"]
+    if token.size(2) == 1:  # one slot (greedy): every parent is slot 0, no chain to follow
+        return _backtrack_one_slot(records, end_step, pad, per_row)
     steps = token.size(0)
     tokens = torch.full(end_step.shape + (steps,), pad, dtype=token.dtype, device=token.device)
     rows: dict[str, list[Tensor]] = {name: [] for name in per_row}
@@ -96,6 +98,22 @@ def backtrack(
     out = {"tokens": tokens}
     for name in per_row:
         out[name] = torch.stack(rows[name][::-1], dim=2)
+    return out
+
+
+def _backtrack_one_slot(records: dict[str, Tensor], end_step: Tensor, pad: int,
+                        per_row: tuple[str, ...]) -> dict[str, Tensor]:
+    """:func:`backtrack` of a search with one slot (K = 1): the hypotheses are the records
+    themselves, cut at ``end_step``; a few whole-tensor operations instead of a few per step."""
+    token = records["token"]  # (T, B, 1)
+    steps = token.size(0)
+    on = torch.arange(steps, device=token.device) <= end_step.unsqueeze(-1)  # (B, n, T)
+    sequence = token[:, :, 0].t().unsqueeze(1)  # (B, 1, T)
+    out = {"tokens": torch.where(on, sequence, torch.full_like(sequence, pad))}  # (B, n, T)
+    for name in per_row:
+        data = records[name][:, :, 0].movedim(0, 1).unsqueeze(1)  # (B, 1, T, ...)
+        mask = on.view(on.shape + (1,) * (data.dim() - 3))
+        out[name] = torch.where(mask, data, torch.zeros_like(data))  # (B, n, T, ...)
     return out
 
 
