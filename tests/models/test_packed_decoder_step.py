@@ -69,9 +69,14 @@ def test_the_step_equals_the_packed_module_path_bit_for_bit(make_model, sections
         assert (fast[-1][1] == 0).any()  # the sparse mapping's exact zeros came through
 
 
+@pytest.mark.parametrize("cell", ["native", "torch"])
 @pytest.mark.parametrize("sections", SERVED[:2])
-def test_the_step_equals_torch_modules_up_to_rounding(make_model, sections):
-    """Against nn.LSTMCell, F.linear and the attention module with no packed weights at all."""
+def test_the_step_equals_torch_modules_up_to_rounding(make_model, monkeypatch, sections, cell):
+    """Against nn.LSTMCell, F.linear and the attention module with no packed weights at all; the
+    cell update native (where built) or torch's operations (its fallback)."""
+    from nmt.models import native_lstm_cell
+    if cell == "torch":
+        monkeypatch.setitem(native_lstm_cell._state, "lib", None)
     torch.manual_seed(7)
     model = make_model(dtype=torch.float32, **sections)
     src, lengths, tokens = random_batch(batch=3, src_len=6, tgt_len=4, seed=8)

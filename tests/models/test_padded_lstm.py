@@ -21,10 +21,17 @@ def reference(rnn: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor):
     return out, h, c
 
 
+@pytest.mark.parametrize("cell", ["native", "torch"])
 @pytest.mark.parametrize("bidirectional", [True, False])
 @pytest.mark.parametrize("layers", [1, 2, 3])
 @pytest.mark.parametrize("bias", [True, False])
-def test_padded_lstm_equals_the_packed_run(bidirectional, layers, bias):
+def test_padded_lstm_equals_the_packed_run(monkeypatch, cell, bidirectional, layers, bias):
+    """With the native cell update (where built) and with torch's operations (its fallback)."""
+    from nmt.models import native_lstm_cell
+    if cell == "torch":
+        monkeypatch.setitem(native_lstm_cell._state, "lib", None)
+    elif native_lstm_cell.library() is None:
+        pytest.skip("native LSTM cell not built")
     torch.manual_seed(layers * 10 + bidirectional * 2 + bias)
     rnn = nn.LSTM(6, 5, num_layers=layers, bidirectional=bidirectional, bias=bias, batch_first=True,
                   dropout=0.3 if layers > 1 else 0.0).eval()
