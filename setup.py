@@ -19,9 +19,12 @@ setup(
     license_files=["LICENSE"],
     python_requires=">=3.10",
     packages=find_packages(include=["nmt", "nmt.*"]),
-    # the native sorted threshold, compiled on first use where a C compiler is (nmt/sparse/_native.py)
+    # the native kernels, compiled on first use where a C compiler is (nmt/sparse/_native.py): the
+    # mappings' and the search step's candidates, decoding's search bookkeeping, the LSTM cell
     package_data={"nmt.sparse": ["_sorted_threshold.c", "_step_candidates.c", "_newton_threshold.c",
-                                 "_cpu_dispatch.h"]},
+                                 "_cpu_dispatch.h"],
+                  "nmt.translate": ["_step_update.c"],
+                  "nmt.models": ["_lstm_cell.c"]},
     install_requires=[
         "torch>=2.1",
         "numpy",
