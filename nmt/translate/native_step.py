@@ -6,7 +6,8 @@ still turns them into parents and tokens, records the certificate's violations, 
 finished hypotheses and decides which sentences may stop: some forty operations on (R,) and
 (R, K) tensors, each costing its dispatch rather than its arithmetic, and more in the middle of a
 decoding step, whose weights have just streamed through the caches (measured on greedy
-test_2016_flickr, Intel Xeon, 2 threads: ~0.25 ms per step against ~0.05 ms here).
+test_2016_flickr, Intel Xeon, 2 threads: ``select_step`` 77 -> 41 ms over its 235 steps, the native
+candidates pass included).
 :func:`step_update` makes the same computation row by row in C: the same values in the same
 type, bit for bit (the tests run both on random steps with every option). CPU tensors only;
 the torch code stays the reference and serves every other case.
