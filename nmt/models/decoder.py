@@ -8,7 +8,7 @@ from nmt.models.attention import GlobalAttention
 from nmt.models.dropout import Dropout
 from nmt.models import packed_decoder_step
 from nmt.models.linear import Linear
-from nmt.models.lstm_gates import cell_update, sigmoid_form
+from nmt.models.lstm_gates import cell_update, packed_sigmoid_form
 from nmt.models.protocol import State
 from nmt.models.recurrent_product import RecurrentWeight, deferred_enabled
 from nmt.utils import packed_linear
@@ -117,16 +117,9 @@ def _lstm_cell_packed(cell: nn.LSTMCell, x: Tensor, state: tuple[Tensor, ...]) -
     per search), then one sigmoid and four element-wise operations (:func:`cell_update`)."""
     h, c = state
     params = [cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh]
-    packed, bias = packed_linear.frozen_cached("lstm_cell", params, lambda: _packed_sigmoid_form(cell))
+    packed, bias = packed_linear.frozen_cached("lstm_cell", params, lambda: packed_sigmoid_form(cell))
     gates = packed_linear.product(torch.cat([x, h], dim=1), packed, bias)
     return cell_update(gates, c)
-
-
-def _packed_sigmoid_form(cell: nn.LSTMCell) -> tuple[Tensor, Tensor | None]:
-    """``[W_ih | W_hh]`` packed for oneDNN and ``b_ih + b_hh``, in :func:`sigmoid_form`."""
-    bias = None if cell.bias_ih is None else cell.bias_ih.detach() + cell.bias_hh.detach()
-    weight, bias = sigmoid_form(torch.cat([cell.weight_ih.detach(), cell.weight_hh.detach()], dim=1), bias)
-    return packed_linear.pack(weight), bias
 
 
 class InputFeedingDecoder(nn.Module):

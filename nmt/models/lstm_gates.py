@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from nmt.models.native_lstm_cell import lstm_cell
+from nmt.utils import packed_linear
 
 
 def sigmoid_form(weight: Tensor, bias: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
@@ -30,6 +31,15 @@ def sigmoid_form(weight: Tensor, bias: Optional[Tensor] = None) -> tuple[Tensor,
         w = weight.detach()[order] * scale.view(-1, *([1] * (weight.dim() - 1)))
         b = None if bias is None else bias.detach()[order] * scale
     return w, b
+
+
+def packed_sigmoid_form(cell: nn.LSTMCell) -> tuple[Tensor, Optional[Tensor]]:
+    """An ``nn.LSTMCell``'s ``[W_ih | W_hh]`` in :func:`sigmoid_form`, packed for oneDNN's products
+    (:func:`nmt.utils.packed_linear.pack`; its input is ``[x; h]``), and ``b_ih + b_hh`` (None
+    without biases) likewise: what the decoder's packed cells take."""
+    bias = None if cell.bias_ih is None else cell.bias_ih.detach() + cell.bias_hh.detach()
+    weight, bias = sigmoid_form(torch.cat([cell.weight_ih.detach(), cell.weight_hh.detach()], dim=1), bias)
+    return packed_linear.pack(weight), bias
 
 
 def cell_update(gates: Tensor, c: Tensor, c_out: Optional[Tensor] = None,
@@ -60,4 +70,4 @@ def cell_update(gates: Tensor, c: Tensor, c_out: Optional[Tensor] = None,
     return h_new, c_new
 
 
-__all__ = ["cell_update", "sigmoid_form"]
+__all__ = ["cell_update", "packed_sigmoid_form", "sigmoid_form"]

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.models.lstm_gates import cell_update, sigmoid_form
+from nmt.models.lstm_gates import cell_update, packed_sigmoid_form
 from nmt.sparse import is_softmax
 from nmt.utils import packed_linear
 
@@ -70,12 +70,7 @@ def _parameters(decoder: Any) -> list[Tensor | None]:
 def _prepare(decoder: Any) -> tuple[list[tuple[Tensor, Tensor | None]], Tensor]:
     """Per layer ``[W_ih | W_hh]`` packed in sigmoid form with ``b_ih + b_hh``; the combining layer
     packed."""
-    cells = []
-    for cell in decoder.rnn.cells:
-        bias = None if cell.bias_ih is None else cell.bias_ih.detach() + cell.bias_hh.detach()
-        weight, bias = sigmoid_form(torch.cat([cell.weight_ih.detach(), cell.weight_hh.detach()], dim=1), bias)
-        cells.append((packed_linear.pack(weight), bias))
-    return cells, packed_linear.pack(decoder.combine.weight)
+    return [packed_sigmoid_form(cell) for cell in decoder.rnn.cells], packed_linear.pack(decoder.combine.weight)
 
 
 def _has_empty_row(mask: Tensor) -> bool:

@@ -149,7 +149,7 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     # pass over the candidates: per-entry bool masks cost 5-10x a float pass on the CPU.
     width = min(k + 1 if certify else k, slots * vocab)  # candidates kept (one more: the certificate)
     stats = _native_stats(log_probs, scores, t, width, options)
-    if stats is not None and width >= k:  # the rest in one native call, where its library is built
+    if stats is not None:  # the rest in one native call, where its library is built (and holds the sizes)
         outcome = _native_outcome(stats, log_probs, attention, rows, scores, best_finished, t, options, special)
         if outcome is not None:
             return outcome
