@@ -85,17 +85,21 @@ class RNNEncoder(nn.Module):
         )
         self.layer_dropout = Dropout(self.rnn.dropout)  # between layers in the runs layer by layer
 
-    def forward(self, emb: Tensor, lengths: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+    def forward(self, emb: Tensor, lengths: Tensor,
+                lookup: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
         """Encode embedded sources.
 
-        emb: (B, L, E); lengths: (B,) true lengths (>= 1, any order, any device).
+        emb: (B, L, E); lengths: (B,) true lengths (>= 1, any order, any device); ``lookup =
+        (ids (B, L), table (V, E))`` where ``emb`` is ``table[ids]`` (embeddings without dropout):
+        the CPU decoding run then computes the first layer's input products once per token
+        (:func:`~nmt.models.padded_lstm.padded_lstm`).
         Returns ``memory`` (B, L, hidden_size), exactly zero beyond each length, and the
         final states, a tuple ((h,) for GRU, (h, c) for LSTM) of (layers, B, hidden_size).
         """
         # pack_padded_sequence needs the lengths on the host: a device-to-host copy (a sync)
         # unless they are there already (the trainer keeps them there).
         lengths_cpu = lengths.detach().to("cpu", dtype=torch.long)
-        cpu_run = self._cpu_run(emb)
+        cpu_run = self._cpu_run(emb, lookup)
         if cpu_run is not None:
             try:
                 memory, final = cpu_run(emb, lengths_cpu)
@@ -122,7 +126,8 @@ class RNNEncoder(nn.Module):
             states = tuple(self._merge_directions(s) for s in states)
         return memory, states
 
-    def _cpu_run(self, emb: Tensor) -> Callable[[Tensor, Tensor], tuple[Tensor, tuple[Tensor, Tensor]]] | None:
+    def _cpu_run(self, emb: Tensor, lookup: tuple[Tensor, Tensor] | None = None,
+                 ) -> Callable[[Tensor, Tensor], tuple[Tensor, tuple[Tensor, Tensor]]] | None:
         """The run of :data:`CPU_RUNS` that serves this batch's LSTM and input, called as
         ``run(emb, lengths)``: :func:`~nmt.models.padded_lstm.padded_lstm` where no gradient is
         wanted, else :func:`~nmt.models.inert_padding_lstm.inert_padding_lstm`; None for neither.
@@ -132,7 +137,7 @@ class RNNEncoder(nn.Module):
             return None
         rnn = self.rnn
         if padded_lstm.servable(rnn, emb):
-            return lambda x, lengths: padded_lstm.padded_lstm(rnn, x, lengths)  # type: ignore[arg-type]
+            return lambda x, lengths: padded_lstm.padded_lstm(rnn, x, lengths, lookup)  # type: ignore[arg-type]
         if inert_padding_lstm.servable(rnn, emb):
             dropout = self.layer_dropout if rnn.training else None
             return lambda x, lengths: inert_padding_lstm.inert_padding_lstm(

@@ -12,12 +12,16 @@ straight into the new batch-first state, the attention's padding masked in place
 scores, the combining layer's ``tanh`` in place. The same operations in the same order as the
 packed cells of :class:`~nmt.models.decoder.StackedCells` and :class:`GlobalAttention`: equal
 outputs, bit for bit (tests). Measured there (medians of 15 alternating rounds of 100 steps): 2.02-2.09 ->
-1.81-1.85 ms per step.
+1.81-1.85 ms per step. :func:`model_step` also splits the first layer's product at the embedding
+(:data:`TOKEN_PRODUCTS`): the embedding's part is kept per target token, gathered and added by the
+cell update, the rest ``[input feed; h]`` is one product (equal up to rounding; on
+test_2016_flickr the same translations, greedy and beam 5, byte for byte).
 
 Used where :func:`servable`: LSTM cells, no continuous attention, ``dot`` or ``general`` scores and
 the packed oneDNN path usable (:func:`nmt.utils.packed_linear.usable`: a
 :func:`~nmt.utils.packed_linear.frozen_weights` region, no gradient, float32 CPU tensors). The
-prepared weights live as long as the region. No host synchronisation (CPU only).
+prepared weights live as long as the region. No host synchronisation (CPU only) but the token
+products' check for new tokens.
 """
 from __future__ import annotations
 
@@ -27,11 +31,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.models.lstm_gates import cell_update, packed_sigmoid_form
+from nmt.models.lstm_gates import cell_update, packed_sigmoid_form, sigmoid_form
+from nmt.models.token_products import TokenProducts
 from nmt.sparse import is_softmax
 from nmt.utils import packed_linear
 
 State = dict[str, Tensor]
+
+TOKEN_PRODUCTS = True
+""":func:`model_step` takes the first layer's products of the target embeddings per token
+(:class:`~nmt.models.token_products.TokenProducts`, which reads the tokens on the host: this step
+is CPU-only); False: the embeddings enter the first layer's one product (sync counting, bit-for-bit
+comparisons with the module path). Measured on the Multi30k LSTM (64 rows, Intel Xeon AVX-512,
+2 threads): 1.83 -> 1.70 ms per step."""
 
 
 def servable(decoder: Any, emb: Tensor) -> bool:
@@ -54,9 +66,11 @@ def model_step(model: Any, tokens: Tensor, state: State, encoder_out: State) -> 
     if embeddings.training or not servable(model.decoder, embeddings.weight) or not packed_linear.usable(
             embeddings.weight, proj.weight, proj.bias):
         return None
-    emb = F.embedding(tokens, embeddings.weight)  # (N, E); eval mode: the embeddings' dropout is the identity
+    # eval mode: the embeddings' dropout is the identity (the embeddings are their table's rows)
+    lookup = (tokens, embeddings.weight) if TOKEN_PRODUCTS else None
+    emb = None if lookup is not None else F.embedding(tokens, embeddings.weight)  # (N, E)
     out, attention, state = packed_step(model.decoder, emb, state, encoder_out["memory"], encoder_out["src_mask"],
-                                        encoder_out["keys"])
+                                        encoder_out["keys"], lookup=lookup)
     logits = packed_linear.linear(out, proj.weight, proj.bias)  # (N, V)
     return logits, model.log_probs(logits), attention, state
 
@@ -73,26 +87,52 @@ def _prepare(decoder: Any) -> tuple[list[tuple[Tensor, Tensor | None]], Tensor]:
     return [packed_sigmoid_form(cell) for cell in decoder.rnn.cells], packed_linear.pack(decoder.combine.weight)
 
 
+def _prepare_tokens(cell: Any, table: Tensor) -> tuple[tuple[Tensor, None], TokenProducts]:
+    """The first layer split at the embedding: ``[W_feed | W_hh]`` packed in sigmoid form (no bias),
+    and the embedding's columns with ``b_ih + b_hh`` as products per token of ``table``."""
+    bias = None if cell.bias_ih is None else cell.bias_ih.detach() + cell.bias_hh.detach()
+    weight, bias = sigmoid_form(torch.cat([cell.weight_ih.detach(), cell.weight_hh.detach()], dim=1), bias)
+    width = table.size(1)
+    products = TokenProducts(table, [weight[:, :width].t().contiguous()], [bias])
+    return (packed_linear.pack(weight[:, width:].contiguous()), None), products
+
+
 def _has_empty_row(mask: Tensor) -> bool:
     """Whether some source of ``mask`` (B, L) has no token (its attention row is all zeros)."""
     return not bool(mask.any(dim=-1).all())
 
 
-def packed_step(decoder: Any, emb: Tensor, state: State, memory: Tensor, mask: Tensor,
-                keys: Tensor) -> tuple[Tensor, Tensor, State]:
+def packed_step(decoder: Any, emb: Optional[Tensor], state: State, memory: Tensor, mask: Tensor, keys: Tensor,
+                lookup: Optional[tuple[Tensor, Tensor]] = None) -> tuple[Tensor, Tensor, State]:
     """``decoder.step`` where :func:`servable`. emb: (N, E); state: "h", "c" (N, layers, H)
     and "input_feed" (N, H) with input feeding; memory: (B, L, Hm); mask: (B, L) bool; keys: (B, L, K);
-    N = B x S (S consecutive rows per source). Returns h~ (N, H), attention (N, L) and the new state."""
+    N = B x S (S consecutive rows per source). ``lookup = (tokens (N,), table (V, E))`` in place
+    of ``emb = table[tokens]``: the first layer's products of the embeddings are then taken per
+    token (:class:`~nmt.models.token_products.TokenProducts`, kept with the prepared weights)
+    and added by the cell update, and the rest of its input is one product (equal to the
+    ``emb`` step up to rounding). Returns h~ (N, H), attention (N, L) and the new state."""
     cells, combine = packed_linear.frozen_cached("packed_decoder_step", _parameters(decoder),
                                                  lambda: _prepare(decoder))
     h, c = state["h"], state["c"]  # (N, layers, H)
     h_new, c_new = torch.empty_like(h), torch.empty_like(c)
+    add = None
+    if lookup is not None:  # the first layer: the embedding's products by token, the rest by one product
+        tokens, table = lookup
+        first, products = packed_linear.frozen_cached(
+            "packed_decoder_step_tokens", [*_parameters(decoder), table],
+            lambda: _prepare_tokens(decoder.rnn.cells[0], table))
+        products.ensure(tokens)
+        add = products.gather(tokens)  # (N, 4H)
+        cells = [first] + cells[1:]
+        inputs = [state["input_feed"]] if decoder.input_feeding else []
+    else:
+        assert emb is not None
+        inputs = [emb, state["input_feed"]] if decoder.input_feeding else [emb]  # the first layer's, then x
     layers = zip(cells, h.unbind(1), c.unbind(1), h_new.unbind(1), c_new.unbind(1))  # per layer (N, H) views
-    inputs = [emb, state["input_feed"]] if decoder.input_feeding else [emb]  # the first layer's, then x
     for (weight, bias), h_i, c_i, h_out, c_out in layers:
-        gates = packed_linear.product(torch.cat([*inputs, h_i], dim=1), weight, bias)
-        x, _ = cell_update(gates, c_i, c_out=c_out, h_out=h_out)
-        inputs = [x]
+        gates = packed_linear.product(torch.cat([*inputs, h_i], dim=1) if inputs else h_i, weight, bias)
+        x, _ = cell_update(gates, c_i, c_out=c_out, h_out=h_out, add=add)
+        inputs, add = [x], None
     rows, batch = x.size(0), memory.size(0)
     scores = torch.bmm(x.view(batch, rows // batch, -1), keys.transpose(1, 2))  # (B, S, L)
     scores.masked_fill_(~mask.unsqueeze(1), float("-inf"))

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.models.lstm_gates import cell_update, sigmoid_form
+from nmt.models.token_products import TokenProducts
 from nmt.utils.packed_linear import frozen_cached
 
 Prepared = list[tuple[list[Tensor], list[Tensor], Tensor]]
@@ -65,16 +66,23 @@ def _prepare(rnn: nn.LSTM) -> Prepared:
     return layers
 
 
-def padded_lstm(rnn: nn.LSTM, x: Tensor, lengths: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+def padded_lstm(rnn: nn.LSTM, x: Tensor, lengths: Tensor,
+                lookup: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """``rnn`` over the padded batch ``x`` (B, L, I) with true lengths ``lengths`` (B,) (a host
     long tensor, each in [1, L]), as the packed run computes it (where :func:`servable`).
 
+    ``lookup = (ids, table)``: ``x`` is ``table[ids]`` (ids (B, L) long, table (V, I), e.g. the
+    embeddings in eval mode); the first layer's input products are then computed once per
+    distinct token (:class:`~nmt.models.token_products.TokenProducts`) instead of once per position.
     Returns the outputs (B, L, D*H), exactly zero beyond each length, and the final states
     (h_n, c_n), each (layers * D, B, H) in torch's layout (D = 2 for a bidirectional LSTM).
-    The prepared weights are kept while a :func:`~nmt.utils.packed_linear.frozen_weights`
-    region lasts (else prepared per call).
+    The prepared weights (and the token products) are kept while a
+    :func:`~nmt.utils.packed_linear.frozen_weights` region lasts (else prepared per call).
     """
-    prepared = frozen_cached("padded_lstm", list(rnn.parameters()), lambda: _prepare(rnn))
+    parameters = list(rnn.parameters())
+    prepared = frozen_cached("padded_lstm", parameters, lambda: _prepare(rnn))
+    tokens = None if lookup is None else frozen_cached(
+        "padded_lstm_tokens", [*parameters, lookup[1]], lambda: TokenProducts(lookup[1], *prepared[0][:2]))
     batch, width = x.shape[:2]
     hidden, directions = rnn.hidden_size, 2 if rnn.bidirectional else 1
     steps = torch.arange(width)
@@ -85,11 +93,18 @@ def padded_lstm(rnn: nn.LSTM, x: Tensor, lengths: Tensor) -> tuple[Tensor, tuple
     last = (lengths - 1).view(1, 1, batch, 1).expand(1, directions, batch, hidden)
     inputs = x.transpose(0, 1).reshape(width * batch, -1)  # time-major (L*B, I)
     finals_h, finals_c = [], []
-    for weights, biases, hidden_weights in prepared:
+    for layer, (weights, biases, hidden_weights) in enumerate(prepared):
         gates_in = x.new_empty(directions, width * batch, 4 * hidden)
-        torch.addmm(biases[0], inputs, weights[0], out=gates_in[0])
-        if directions == 2:
-            torch.addmm(biases[1], inputs.index_select(0, reverse), weights[1], out=gates_in[1])
+        if layer == 0 and tokens is not None and lookup is not None:
+            ids = lookup[0].t().reshape(-1)  # time-major (L*B,)
+            tokens.ensure(ids)
+            tokens.gather(ids, 0, out=gates_in[0])
+            if directions == 2:  # the same tokens, each source reversed
+                tokens.gather(ids.index_select(0, reverse), 1, out=gates_in[1])
+        else:
+            torch.addmm(biases[0], inputs, weights[0], out=gates_in[0])
+            if directions == 2:
+                torch.addmm(biases[1], inputs.index_select(0, reverse), weights[1], out=gates_in[1])
         gates_in = gates_in.view(directions, width, batch, 4 * hidden)
         h_all = x.new_empty(width, directions, batch, hidden)
         c_all = x.new_empty(width, directions, batch, hidden)

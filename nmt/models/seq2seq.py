@@ -45,7 +45,10 @@ class Seq2Seq(EncoderDecoder):
         "keys" (B, L, K) the memory-side attention projection} and the initial decoder
         state {"h", ["c"] (B, layers, H), ["input_feed"] (B, H)}.
         """
-        memory, final = self.encoder(self.src_embeddings(src), src_lengths)
+        embeddings = self.src_embeddings
+        # in eval mode the embeddings are their table's rows: the encoder may compute per token
+        lookup = None if embeddings.training else (src, embeddings.weight)
+        memory, final = self.encoder(embeddings(src), src_lengths, lookup)
         mask = length_mask(src_lengths, src.size(1), src.device)
         encoder_out = {"memory": memory, "src_mask": mask, "keys": self.decoder.attention.keys(memory)}
         return encoder_out, self.decoder.init_state(final)

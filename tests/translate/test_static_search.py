@@ -18,6 +18,7 @@ import torch
 import nmt.utils.topk as topk_module
 from nmt.models import build_model
 from nmt.models import encoder as encoder_module
+from nmt.models import packed_decoder_step
 from nmt.sparse import get_loss
 from nmt.translate.beam_search import beam_search
 from nmt.translate.search_options import SearchOptions
@@ -137,8 +138,10 @@ def test_static_search_of_a_trained_model_with_sync_free_mappings(trained_model,
     """With impl="static" mappings the whole search of an nmt model syncs only for its stop flags
     (ceil(T / stop_every)) and the final read; results equal the default mappings' search."""
     twin = static_impl_copy(trained_model)
-    # the encoder's CPU-only runs by source length read the (host) lengths; never on accelerators
+    # the encoder's CPU-only runs by source length read the (host) lengths, the CPU decoder step's
+    # token products the (host) tokens; never on accelerators
     monkeypatch.setattr(encoder_module, "CPU_RUNS", False)
+    monkeypatch.setattr(packed_decoder_step, "TOKEN_PRODUCTS", False)
     src, lengths = random_sources(12, 9, 5, seed=11)
     kw = dict(bos=BOS, eos=EOS, pad=PAD, beam_size=4, n_best=3, max_length=8)
     with SyncAudit() as audit:
