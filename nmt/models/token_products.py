@@ -21,7 +21,8 @@ class TokenProducts:
     """``table[v] @ weights[p] + biases[p]`` for every token ``v`` seen so far and every part ``p``.
 
     table: (V, I); weights: per part (I, O); biases: per part (O,) or None. The products live in
-    a (P, V, O) buffer filled as tokens arrive (``known`` (V,) bool on the host)."""
+    a (P, V, O) buffer filled as tokens arrive (``known`` (V,) bool on the host): reserved whole,
+    its memory is touched (made resident) only for the tokens seen, P * O floats each."""
 
     def __init__(self, table: Tensor, weights: list[Tensor], biases: list[Tensor | None]) -> None:
         self.table, self.weights, self.biases = table.detach(), weights, biases
