@@ -33,12 +33,17 @@ def sigmoid_form(weight: Tensor, bias: Optional[Tensor] = None) -> tuple[Tensor,
     return w, b
 
 
-def packed_sigmoid_form(cell: nn.LSTMCell) -> tuple[Tensor, Optional[Tensor]]:
-    """An ``nn.LSTMCell``'s ``[W_ih | W_hh]`` in :func:`sigmoid_form`, packed for oneDNN's products
-    (:func:`nmt.utils.packed_linear.pack`; its input is ``[x; h]``), and ``b_ih + b_hh`` (None
-    without biases) likewise: what the decoder's packed cells take."""
+def cell_sigmoid_form(cell: nn.LSTMCell) -> tuple[Tensor, Optional[Tensor]]:
+    """An ``nn.LSTMCell``'s ``[W_ih | W_hh]`` (its input is ``[x; h]``) and ``b_ih + b_hh`` (None
+    without biases) in :func:`sigmoid_form`, detached."""
     bias = None if cell.bias_ih is None else cell.bias_ih.detach() + cell.bias_hh.detach()
-    weight, bias = sigmoid_form(torch.cat([cell.weight_ih.detach(), cell.weight_hh.detach()], dim=1), bias)
+    return sigmoid_form(torch.cat([cell.weight_ih.detach(), cell.weight_hh.detach()], dim=1), bias)
+
+
+def packed_sigmoid_form(cell: nn.LSTMCell) -> tuple[Tensor, Optional[Tensor]]:
+    """:func:`cell_sigmoid_form` with the weight packed for oneDNN's products
+    (:func:`nmt.utils.packed_linear.pack`): what the decoder's packed cells take."""
+    weight, bias = cell_sigmoid_form(cell)
     return packed_linear.pack(weight), bias
 
 
@@ -70,4 +75,4 @@ def cell_update(gates: Tensor, c: Tensor, c_out: Optional[Tensor] = None,
     return h_new, c_new
 
 
-__all__ = ["cell_update", "packed_sigmoid_form", "sigmoid_form"]
+__all__ = ["cell_sigmoid_form", "cell_update", "packed_sigmoid_form", "sigmoid_form"]

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.models.lstm_gates import cell_update, packed_sigmoid_form, sigmoid_form
+from nmt.models.lstm_gates import cell_sigmoid_form, cell_update, packed_sigmoid_form
 from nmt.models.token_products import TokenProducts
 from nmt.sparse import is_softmax
 from nmt.utils import packed_linear
@@ -90,8 +90,7 @@ def _prepare(decoder: Any) -> tuple[list[tuple[Tensor, Tensor | None]], Tensor]:
 def _prepare_tokens(cell: Any, table: Tensor) -> tuple[tuple[Tensor, None], TokenProducts]:
     """The first layer split at the embedding: ``[W_feed | W_hh]`` packed in sigmoid form (no bias),
     and the embedding's columns with ``b_ih + b_hh`` as products per token of ``table``."""
-    bias = None if cell.bias_ih is None else cell.bias_ih.detach() + cell.bias_hh.detach()
-    weight, bias = sigmoid_form(torch.cat([cell.weight_ih.detach(), cell.weight_hh.detach()], dim=1), bias)
+    weight, bias = cell_sigmoid_form(cell)
     width = table.size(1)
     products = TokenProducts(table, [weight[:, :width].t().contiguous()], [bias])
     return (packed_linear.pack(weight[:, width:].contiguous()), None), products
