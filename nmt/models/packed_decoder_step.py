@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.models.lstm_gates import cell_sigmoid_form, cell_update, packed_sigmoid_form
+from nmt.models import token_products
 from nmt.models.token_products import TokenProducts
 from nmt.sparse import is_softmax
 from nmt.utils import packed_linear
@@ -67,7 +68,8 @@ def model_step(model: Any, tokens: Tensor, state: State, encoder_out: State) -> 
             embeddings.weight, proj.weight, proj.bias):
         return None
     # eval mode: the embeddings' dropout is the identity (the embeddings are their table's rows)
-    lookup = (tokens, embeddings.weight) if TOKEN_PRODUCTS else None
+    use = TOKEN_PRODUCTS and token_products.fits(embeddings.weight, [4 * model.decoder.rnn.cells[0].hidden_size])
+    lookup = (tokens, embeddings.weight) if use else None
     emb = None if lookup is not None else F.embedding(tokens, embeddings.weight)  # (N, E)
     out, attention, state = packed_step(model.decoder, emb, state, encoder_out["memory"], encoder_out["src_mask"],
                                         encoder_out["keys"], lookup=lookup)

@@ -17,6 +17,17 @@ import torch
 from torch import Tensor
 
 
+MAX_BYTES = 1 << 28
+"""The largest products buffer (P x V x O float32 entries: 256 MiB) that :func:`fits`; a larger
+vocabulary or layer keeps its products per position."""
+
+
+def fits(table: Tensor, widths: list[int]) -> bool:
+    """Whether products of ``table`` (V, I) with weights of ``widths`` output columns (one per
+    part) stay within :data:`MAX_BYTES`."""
+    return table.size(0) * sum(widths) * table.element_size() <= MAX_BYTES
+
+
 class TokenProducts:
     """``table[v] @ weights[p] + biases[p]`` for every token ``v`` seen so far and every part ``p``.
 
@@ -49,4 +60,4 @@ class TokenProducts:
         return torch.index_select(self.products[part], 0, ids, out=out)
 
 
-__all__ = ["TokenProducts"]
+__all__ = ["MAX_BYTES", "TokenProducts", "fits"]

@@ -152,3 +152,17 @@ def test_the_model_step_serves_eval_mode_only(make_model, monkeypatch):
         model.train()
         model.step(tokens[:, 0], state, enc)
         assert calls == [True]
+
+
+def test_the_decoder_keeps_one_product_where_the_token_buffer_would_not_fit(make_model, monkeypatch):
+    """A target vocabulary whose products would exceed token_products.MAX_BYTES: the model step
+    takes the embeddings in the first layer's one product, bit for bit the module path."""
+    from nmt.models import token_products
+    monkeypatch.setattr(token_products, "MAX_BYTES", 0)
+    torch.manual_seed(12)
+    model = make_model(dtype=torch.float32)
+    src, lengths, tokens = random_batch(batch=3, src_len=5, tgt_len=2, seed=13)
+    fast = _run(model, src, lengths, tokens, packed_step=True)
+    ref = _run(model, src, lengths, tokens, packed_step=False)
+    for (lp, att, _), (lp_ref, att_ref, _) in zip(fast, ref):
+        assert torch.equal(lp, lp_ref) and torch.equal(att, att_ref)

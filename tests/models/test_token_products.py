@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from nmt.models import padded_lstm as padded_module
+from nmt.models import token_products as token_products_module
 from nmt.models.encoder import RNNEncoder
 from nmt.models.padded_lstm import padded_lstm
 from nmt.models.token_products import TokenProducts
@@ -72,8 +73,8 @@ def test_the_token_products_are_built_once_per_region(monkeypatch):
     rnn = nn.LSTM(4, 3, num_layers=2, bidirectional=True, batch_first=True).eval()
     table = torch.randn(8, 4)
     builds = []
-    real = padded_module.TokenProducts
-    monkeypatch.setattr(padded_module, "TokenProducts", lambda *a: builds.append(1) or real(*a))
+    real = token_products_module.TokenProducts
+    monkeypatch.setattr(token_products_module, "TokenProducts", lambda *a: builds.append(1) or real(*a))
     ids, lengths = torch.tensor([[1, 2, 3], [4, 5, 0]]), torch.tensor([3, 2])
     with torch.no_grad():
         with frozen_weights():
@@ -100,3 +101,22 @@ def test_the_encoder_passes_the_lookup_to_its_cpu_run(monkeypatch):
     torch.testing.assert_close(memory, ref_memory, rtol=0, atol=2e-6)
     for a, b in zip(states, ref_states):
         torch.testing.assert_close(a, b, rtol=0, atol=4e-6)
+
+
+def test_a_buffer_beyond_the_limit_keeps_the_products_per_position(monkeypatch):
+    """Where the products' buffer would exceed MAX_BYTES, the run computes per position (the
+    same outputs) and builds no TokenProducts."""
+    token_products = token_products_module
+    torch.manual_seed(5)
+    rnn = nn.LSTM(4, 3, batch_first=True, bidirectional=True).eval()
+    table = torch.randn(9, 4)
+    ids, lengths = torch.tensor([[1, 2, 8], [4, 4, 0]]), torch.tensor([3, 2])
+    assert token_products.fits(table, [12, 12])
+    monkeypatch.setattr(token_products, "MAX_BYTES", 9 * 24 * 4 - 1)
+    assert not token_products.fits(table, [12, 12])
+    builds = []
+    monkeypatch.setattr(token_products, "TokenProducts", lambda *a: builds.append(1))
+    with torch.no_grad(), frozen_weights():
+        out, _ = padded_lstm(rnn, table[ids], lengths, (ids, table))
+        ref, _ = padded_lstm(rnn, table[ids], lengths)
+    assert not builds and torch.equal(out, ref)
