@@ -31,9 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.models.lstm_gates import cell_sigmoid_form, cell_update, packed_sigmoid_form
 from nmt.models import token_products
-from nmt.models.token_products import TokenProducts
+from nmt.models.lstm_gates import cell_sigmoid_form, cell_update, packed_sigmoid_form
 from nmt.sparse import is_softmax
 from nmt.utils import packed_linear
 
@@ -89,12 +88,12 @@ def _prepare(decoder: Any) -> tuple[list[tuple[Tensor, Tensor | None]], Tensor]:
     return [packed_sigmoid_form(cell) for cell in decoder.rnn.cells], packed_linear.pack(decoder.combine.weight)
 
 
-def _prepare_tokens(cell: Any, table: Tensor) -> tuple[tuple[Tensor, None], TokenProducts]:
+def _prepare_tokens(cell: Any, table: Tensor) -> tuple[tuple[Tensor, None], token_products.TokenProducts]:
     """The first layer split at the embedding: ``[W_feed | W_hh]`` packed in sigmoid form (no bias),
     and the embedding's columns with ``b_ih + b_hh`` as products per token of ``table``."""
     weight, bias = cell_sigmoid_form(cell)
     width = table.size(1)
-    products = TokenProducts(table, [weight[:, :width].t().contiguous()], [bias])
+    products = token_products.TokenProducts(table, [weight[:, :width].t().contiguous()], [bias])
     return (packed_linear.pack(weight[:, width:].contiguous()), None), products
 
 

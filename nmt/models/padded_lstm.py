@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from nmt.models.lstm_gates import cell_update, sigmoid_form
 from nmt.models import token_products
+from nmt.models.lstm_gates import cell_update, sigmoid_form
 from nmt.utils.packed_linear import frozen_cached
 
 Prepared = list[tuple[list[Tensor], list[Tensor], Tensor]]
