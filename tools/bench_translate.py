@@ -21,7 +21,9 @@ harness in tools/peer_bench (``run_pss.py decode350``).
 A second table compares the search loops (``SearchOptions.mode``): dynamic (finished sentences
 leave the batch, one host sync per step) and static (fixed shapes, finished sentences masked,
 a stop flag read every ``--stop_every`` steps): sentences/s, ms per step and host syncs per step
-of one batch (SyncAudit's count on the CPU, CUDA's sync debug mode on CUDA), and how many sentences'
+of one batch (SyncAudit's count on the CPU, CUDA's sync debug mode on CUDA; on the CPU the count
+includes the host reads of CPU-only paths, which never run on an accelerator: the encoder's lengths,
+the decoder step's check for new tokens of its per-token products), and how many sentences'
 outputs or certificates differ. A third table times nmt-translate's default options for the
 device (on a GPU: batches of 8,192 source tokens) and, with ``--compare-cpu`` (default on a
 GPU), counts the sentences whose hypotheses, certificates or n_nonzero differ from the CPU's. ``--load`` labels figures taken on a busy machine.
@@ -244,6 +246,11 @@ def main() -> None:
         raise SystemExit(f"bench_translate: {args.src}: no such file (give --src)")
     lines = [line for line in read_lines(args.src)]
     lines = lines[: args.sentences] if args.sentences else lines
+    needed = {"softmax", "entmax15"} - {item.split("=", 1)[0] for item in args.checkpoint}
+    for name in ("train.de", "train.en", "val.de", "val.en") if needed else ():
+        if not (args.data_dir / name).is_file():  # the models to train read them
+            raise SystemExit(f"bench_translate: {args.data_dir / name}: no such file (give --data-dir, "
+                             f"or --checkpoint softmax=PATH and entmax15=PATH)")
 
     with tempfile.TemporaryDirectory(prefix="bench_translate_") as tmp:
         work = args.work or Path(tmp)
@@ -293,7 +300,7 @@ def main() -> None:
               f"{r['certificate_and_stats_overhead_percent']:8.1f}% {r['certified_percent']:8.1f}% {support:>8s}")
     print(f"start-up (fresh interpreter, imports + model load): {figures['startup_seconds']:.2f} s")
     print(f"search loops (certificate on; static reads its stop flag every {args.stop_every} steps; ms and syncs "
-          "per step of one batch)")
+          "per step of one batch; on the CPU the syncs include CPU-only paths' host reads)")
     print(f"{'output':10s} {'search':8s} {'loop':8s} {'sent/s':>8s} {'ms/step':>8s} {'syncs/step':>10s} "
           f"{'vs dynamic':>10s} {'differ':>10s}")
     for r in figures["search_modes"]:
