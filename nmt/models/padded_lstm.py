@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from nmt.models import token_products
 from nmt.models.lstm_gates import cell_update, sigmoid_form
-from nmt.utils.packed_linear import frozen_cached
+from nmt.utils.packed_linear import frozen_cached, in_frozen_region
 
 Prepared = list[tuple[list[Tensor], list[Tensor], Tensor]]
 """Per layer: per direction the input weight (I, 4H) transposed and the summed bias (4H,), both in
@@ -74,17 +74,19 @@ def padded_lstm(rnn: nn.LSTM, x: Tensor, lengths: Tensor,
 
     ``lookup = (ids, table)``: ``x`` is ``table[ids]`` (ids (B, L) long, table (V, I), e.g. the
     embeddings in eval mode); the first layer's input products are then computed once per
-    distinct token (:class:`~nmt.models.token_products.TokenProducts`, where their buffer
-    :func:`~nmt.models.token_products.fits`) instead of once per position.
+    distinct token (:class:`~nmt.models.token_products.TokenProducts`, kept for the frozen region:
+    inside one, where their buffer :func:`~nmt.models.token_products.fits`) instead of once per
+    position.
     Returns the outputs (B, L, D*H), exactly zero beyond each length, and the final states
     (h_n, c_n), each (layers * D, B, H) in torch's layout (D = 2 for a bidirectional LSTM).
-    The prepared weights (and the token products) are kept while a
-    :func:`~nmt.utils.packed_linear.frozen_weights` region lasts (else prepared per call).
+    The prepared weights are kept while a :func:`~nmt.utils.packed_linear.frozen_weights`
+    region lasts (else prepared per call).
     """
     parameters = list(rnn.parameters())
     prepared = frozen_cached("padded_lstm", parameters, lambda: _prepare(rnn))
     widths = [4 * rnn.hidden_size] * (2 if rnn.bidirectional else 1)  # the first layer's, per direction
-    tokens = None if lookup is None or not token_products.fits(lookup[1], widths) else frozen_cached(
+    per_token = lookup is not None and in_frozen_region() and token_products.fits(lookup[1], widths)
+    tokens = None if not per_token or lookup is None else frozen_cached(
         "padded_lstm_tokens", [*parameters, lookup[1]],
         lambda: token_products.TokenProducts(lookup[1], *prepared[0][:2]))
     batch, width = x.shape[:2]

@@ -100,6 +100,11 @@ def frozen_weights() -> Iterator[None]:
             _CACHE.clear()
 
 
+def in_frozen_region() -> bool:
+    """Whether a :func:`frozen_weights` region is open (its :func:`frozen_cached` values persist)."""
+    return bool(getattr(_REGION, "depth", 0))
+
+
 def _servable(*tensors: Optional[Tensor]) -> bool:
     """Whether oneDNN's products may serve these tensors at all: oneDNN built in, every given
     tensor float32 on the CPU, ``torch.compile`` not tracing, CPU autocast off."""
@@ -117,7 +122,7 @@ def trainable(*tensors: Optional[Tensor]) -> bool:
 def usable(x: Tensor, *params: Optional[Tensor]) -> bool:
     """Whether the cached packed path serves ``x`` with these weights/biases: inside a
     :func:`frozen_weights` region, nothing needing a gradient, and oneDNN may serve them."""
-    if not getattr(_REGION, "depth", 0):
+    if not in_frozen_region():
         return False
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, *params)):
         return False
@@ -187,7 +192,7 @@ def frozen_cached(tag: str, tensors: Sequence[Optional[Tensor]], build: Callable
     """``build()``, a value derived from ``tensors`` (weights), computed once per version of them
     while the outermost :func:`frozen_weights` region lasts, kept under ``tag`` and the first
     tensor; outside a region computed at every call."""
-    if not getattr(_REGION, "depth", 0):
+    if not in_frozen_region():
         return build()
     key = id(tensors[0])
     sig = _signature(tensors)
@@ -217,5 +222,5 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
 
 
-__all__ = ["PackedLinearFunction", "TRAIN_PACKING", "cpu_vendor", "frozen_cached", "frozen_weights", "linear", "pack",
-           "product", "train_linear", "trainable", "usable"]
+__all__ = ["PackedLinearFunction", "TRAIN_PACKING", "cpu_vendor", "frozen_cached", "frozen_weights", "in_frozen_region",
+           "linear", "pack", "product", "train_linear", "trainable", "usable"]
