@@ -82,19 +82,23 @@ def _parameters(decoder: Any) -> list[Tensor | None]:
                                                                       cell.bias_hh)]
 
 
-def _prepare(decoder: Any) -> tuple[list[tuple[Tensor, Tensor | None]], Tensor]:
+def _prepare(decoder: Any, table: Optional[Tensor] = None,
+             ) -> tuple[list[tuple[Tensor, Tensor | None]], Tensor, Optional[token_products.TokenProducts]]:
     """Per layer ``[W_ih | W_hh]`` packed in sigmoid form with ``b_ih + b_hh``; the combining layer
-    packed."""
-    return [packed_sigmoid_form(cell) for cell in decoder.rnn.cells], packed_linear.pack(decoder.combine.weight)
-
-
-def _prepare_tokens(cell: Any, table: Tensor) -> tuple[tuple[Tensor, None], token_products.TokenProducts]:
-    """The first layer split at the embedding: ``[W_feed | W_hh]`` packed in sigmoid form (no bias),
-    and the embedding's columns with ``b_ih + b_hh`` as products per token of ``table``."""
-    weight, bias = cell_sigmoid_form(cell)
-    width = table.size(1)
-    products = token_products.TokenProducts(table, [weight[:, :width].t().contiguous()], [bias])
-    return (packed_linear.pack(weight[:, width:].contiguous()), None), products
+    packed; with ``table`` (the target embeddings, (V, E)) the first layer split at the embedding:
+    ``[W_feed | W_hh]`` packed without bias, and the embedding's columns with the bias as products
+    per token of ``table`` (else None)."""
+    cells = decoder.rnn.cells
+    products = None
+    if table is None:
+        first = packed_sigmoid_form(cells[0])
+    else:
+        weight, bias = cell_sigmoid_form(cells[0])
+        width = table.size(1)
+        products = token_products.TokenProducts(table, [weight[:, :width].t().contiguous()], [bias])
+        first = packed_linear.pack(weight[:, width:].contiguous()), None
+    rest = [packed_sigmoid_form(cell) for cell in cells[1:]]
+    return [first, *rest], packed_linear.pack(decoder.combine.weight), products
 
 
 def _has_empty_row(mask: Tensor) -> bool:
@@ -111,20 +115,18 @@ def packed_step(decoder: Any, emb: Optional[Tensor], state: State, memory: Tenso
     token (:class:`~nmt.models.token_products.TokenProducts`, kept with the prepared weights)
     and added by the cell update, and the rest of its input is one product (equal to the
     ``emb`` step up to rounding). Returns h~ (N, H), attention (N, L) and the new state."""
-    cells, combine = packed_linear.frozen_cached("packed_decoder_step", _parameters(decoder),
-                                                 lambda: _prepare(decoder))
+    table = None if lookup is None else lookup[1]
+    tag, parameters = ("packed_decoder_step", _parameters(decoder)) if table is None else (
+        "packed_decoder_step_tokens", [*_parameters(decoder), table])
+    cells, combine, products = packed_linear.frozen_cached(tag, parameters, lambda: _prepare(decoder, table))
     h, c = state["h"], state["c"]  # (N, layers, H)
     h_new, c_new = torch.empty_like(h), torch.empty_like(c)
     add = None
-    if lookup is not None:  # the first layer: the embedding's products by token, the rest by one product
-        tokens, table = lookup
-        first, products = packed_linear.frozen_cached(
-            "packed_decoder_step_tokens", [*_parameters(decoder), table],
-            lambda: _prepare_tokens(decoder.rnn.cells[0], table))
+    if lookup is not None and products is not None:  # the first layer: the embedding's products by token
+        tokens = lookup[0]
         products.ensure(tokens)
         add = products.gather(tokens)  # (N, 4H)
-        cells = [first] + cells[1:]
-        inputs = [state["input_feed"]] if decoder.input_feeding else []
+        inputs = [state["input_feed"]] if decoder.input_feeding else []  # the rest: one product
     else:
         assert emb is not None
         inputs = [emb, state["input_feed"]] if decoder.input_feeding else [emb]  # the first layer's, then x

@@ -85,10 +85,11 @@ def padded_lstm(rnn: nn.LSTM, x: Tensor, lengths: Tensor,
     parameters = list(rnn.parameters())
     prepared = frozen_cached("padded_lstm", parameters, lambda: _prepare(rnn))
     widths = [4 * rnn.hidden_size] * (2 if rnn.bidirectional else 1)  # the first layer's, per direction
-    per_token = lookup is not None and in_frozen_region() and token_products.fits(lookup[1], widths)
-    tokens = None if not per_token or lookup is None else frozen_cached(
-        "padded_lstm_tokens", [*parameters, lookup[1]],
-        lambda: token_products.TokenProducts(lookup[1], *prepared[0][:2]))
+    tokens = None
+    if lookup is not None and in_frozen_region() and token_products.fits(lookup[1], widths):
+        ids, table = lookup
+        tokens = frozen_cached("padded_lstm_tokens", [*parameters, table],
+                               lambda: token_products.TokenProducts(table, *prepared[0][:2]))
     batch, width = x.shape[:2]
     hidden, directions = rnn.hidden_size, 2 if rnn.bidirectional else 1
     steps = torch.arange(width)
@@ -101,12 +102,12 @@ def padded_lstm(rnn: nn.LSTM, x: Tensor, lengths: Tensor,
     finals_h, finals_c = [], []
     for layer, (weights, biases, hidden_weights) in enumerate(prepared):
         gates_in = x.new_empty(directions, width * batch, 4 * hidden)
-        if layer == 0 and tokens is not None and lookup is not None:
-            ids = lookup[0].t().reshape(-1)  # time-major (L*B,)
-            tokens.ensure(ids)
-            tokens.gather(ids, 0, out=gates_in[0])
+        if layer == 0 and tokens is not None:
+            flat_ids = ids.t().reshape(-1)  # time-major (L*B,)
+            tokens.ensure(flat_ids)
+            tokens.gather(flat_ids, 0, out=gates_in[0])
             if directions == 2:  # the same tokens, each source reversed
-                tokens.gather(ids.index_select(0, reverse), 1, out=gates_in[1])
+                tokens.gather(flat_ids.index_select(0, reverse), 1, out=gates_in[1])
         else:
             torch.addmm(biases[0], inputs, weights[0], out=gates_in[0])
             if directions == 2:
