@@ -299,6 +299,10 @@ def test_encoder_under_cpu_autocast_where_the_processor_has_no_half_lstm(make_mo
     model = make_model(dtype=torch.float32)
     src, src_lengths, _ = random_batch(batch=4, lengths=[5, 5, 5, 5], seed=3)
     emb = model.src_embeddings(src)
+    # the reference takes the route the autocast call takes (torch's RNN on the packed batch), not
+    # the CPU runs of training and decoding, whose float32 rounding may differ from torch's kernel
+    # on another processor (1 ulp on the H200 machine's host, 2026-11-26)
+    monkeypatch.setattr(encoder_module, "CPU_RUNS", False)
     memory, _ = model.encoder(emb, src_lengths)
     calls = []
 

@@ -657,17 +657,38 @@ def F_one_hot(t: torch.Tensor, n: int) -> torch.Tensor:
     return torch.nn.functional.one_hot(t, n).float()
 
 
+_OUT_OF_RANGE_SCRIPT = """
+import sys, torch
+from nmt.sparse import cross_entropy_loss, entmax15_loss
+loss_fn = {"cross_entropy": cross_entropy_loss, "entmax15": entmax15_loss}[sys.argv[1]]
+x = torch.randn(4, 9, device="cuda")
+loss = loss_fn(x, torch.tensor([0, int(sys.argv[2]), 2, -100], device="cuda"), impl="triton")
+torch.cuda.synchronize()
+print("not refused:", float(loss))
+"""
+
+
 def test_fused_losses_refuse_out_of_range_targets():
-    """An index outside [0, V) that is not ignore_index is refused (the kernels count it; eager
-    on the CPU: ValueError, as the torch paths)."""
+    """An index outside [0, V) that is not ignore_index is refused (the kernels count it): eager
+    on the CPU a ValueError, as the torch paths; on CUDA, where reading the count back would
+    synchronise, a device-side assertion that fails the next synchronising call (as
+    ``F.cross_entropy`` does there). It leaves the CUDA context unusable, so it runs in a fresh
+    process per case."""
     from nmt.sparse import cross_entropy_loss, entmax15_loss
 
     x = torch.randn(4, 9, device=DEVICE)
-    for loss_fn in (cross_entropy_loss, entmax15_loss):
+    for name, loss_fn in (("cross_entropy", cross_entropy_loss), ("entmax15", entmax15_loss)):
         for bad in (9, -1):
-            t = torch.tensor([0, bad, 2, -100], device=DEVICE)
-            with pytest.raises(ValueError, match="out of range"):
-                loss_fn(x, t, impl="triton")
+            if DEVICE == "cpu":
+                t = torch.tensor([0, bad, 2, -100])
+                with pytest.raises(ValueError, match="out of range"):
+                    loss_fn(x, t, impl="triton")
+                continue
+            out = subprocess.run([sys.executable, "-c", _OUT_OF_RANGE_SCRIPT, name, str(bad)], cwd=ROOT,
+                                 env=_env(), capture_output=True, text=True, timeout=300)
+            assert out.returncode != 0 and "not refused" not in out.stdout, (name, bad, out.stdout)
+            said = out.stdout + out.stderr  # the device's assertion message goes to stdout or stderr
+            assert "target class index out of range [0, 9)" in said, (name, bad, said[-2000:])
         assert loss_fn(x, torch.tensor([0, -1, 2, 3], device=DEVICE), ignore_index=-1, impl="triton").isfinite()
 
 
