@@ -19,6 +19,7 @@ from torch import Tensor
 from nmt.data.dataset import SourceDataset
 from nmt.data.errors import DataError
 from nmt.data.field import Field
+from nmt.utils.device import host_to_device
 
 POOL_BATCHES = 100
 """Shuffled batching sorts pools of about this many batches by length (unless a ``bucket_size``
@@ -69,9 +70,16 @@ class Batch:
            lengths_on_host: bool = False) -> "Batch":
         """A copy with every tensor moved to ``device``; with ``lengths_on_host`` the source
         lengths stay where they are (the RNN encoder packs with host lengths: no device-to-host
-        copy; what training and validation do)."""
+        copy; what training and validation do). Host tensors bound for CUDA are copied through
+        pinned memory without a host sync (:func:`~nmt.utils.device.host_to_device`), whatever
+        ``non_blocking`` says; other moves pass ``non_blocking`` to ``Tensor.to``."""
+        def move(t: Tensor) -> Tensor:
+            if t.device.type == "cpu" and torch.device(device).type == "cuda":
+                return host_to_device(t, device)
+            return t.to(device, non_blocking=non_blocking)
+
         moved = {
-            f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
+            f.name: move(getattr(self, f.name))
             for f in fields(self)
             if isinstance(getattr(self, f.name), Tensor) and not (lengths_on_host and f.name == "src_lengths")
         }

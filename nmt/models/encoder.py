@@ -6,10 +6,11 @@ from typing import Callable
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from nmt.models import inert_padding_lstm, padded_lstm
 from nmt.models.dropout import Dropout
+from nmt.utils.device import host_to_device
 
 RNN_TYPES: dict[str, type[nn.RNNBase]] = {"lstm": nn.LSTM, "gru": nn.GRU}
 
@@ -111,7 +112,7 @@ class RNNEncoder(nn.Module):
         if groups is not None:
             return self._forward_by_length(emb, groups)
         try:
-            packed = pack_padded_sequence(emb, lengths_cpu, batch_first=True, enforce_sorted=False)
+            packed = _pack(emb, lengths_cpu)
             out, final = self._run(packed)
             # pad in sorted order, then unsort on the device (pad_packed_sequence would also
             # move the sort indices to the host)
@@ -199,6 +200,19 @@ class RNNEncoder(nn.Module):
         """(layers * 2, B, H/2) -> (layers, B, H): [forward; backward] per layer."""
         _, batch, half = state.shape
         return state.view(self.layers, 2, batch, half).permute(0, 2, 1, 3).reshape(self.layers, batch, 2 * half)
+
+
+def _pack(emb: Tensor, lengths: Tensor) -> PackedSequence:
+    """``pack_padded_sequence(emb, lengths, batch_first=True, enforce_sorted=False)``, the same
+    packed sequence, with the sort order moved to the device by
+    :func:`~nmt.utils.device.host_to_device` (torch's function copies it from pageable memory,
+    which on CUDA makes the host wait for the stream once per batch). emb: (B, L, E); lengths:
+    (B,) host long."""
+    lengths, order = torch.sort(lengths, descending=True)
+    order = host_to_device(order, emb.device)
+    data, batch_sizes = torch._pack_padded_sequence(emb.index_select(0, order), lengths, True)
+    unsorted = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+    return PackedSequence(data, batch_sizes, order, unsorted)
 
 
 def _check_lengths(lengths: Tensor, width: int) -> None:

@@ -11,11 +11,12 @@ from nmt.models.decoder import InputFeedingDecoder
 from nmt.models.encoder import RNNEncoder
 from nmt.models.encoder_decoder import EncoderDecoder
 from nmt.models.protocol import State
+from nmt.utils.device import host_to_device
 
 
 def length_mask(lengths: Tensor, max_len: int, device: torch.device) -> Tensor:
     """lengths: (B,) -> (B, max_len) bool, True at real tokens."""
-    return torch.arange(max_len, device=device).unsqueeze(0) < lengths.to(device).unsqueeze(1)
+    return torch.arange(max_len, device=device).unsqueeze(0) < host_to_device(lengths, device).unsqueeze(1)
 
 
 class Seq2Seq(EncoderDecoder):

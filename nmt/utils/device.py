@@ -30,4 +30,21 @@ def device_problem(device: str | torch.device) -> str | None:
     return None
 
 
-__all__ = ["auto_device", "device_problem"]
+def host_to_device(tensor: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """``tensor.to(device)`` without making the host wait where that is possible.
+
+    A host tensor bound for CUDA is staged in pinned memory and copied with ``non_blocking``: a
+    plain copy from pageable memory synchronises the host with the stream after it (torch waits
+    for the copy, hence for all queued work), which drains the GPU's queue once per call. The
+    copy is ordered on the current stream like any kernel, so later kernels see the data; torch's
+    caching host allocator keeps the pinned stage until the copy has run. Any other pair of
+    devices, and while ``torch.compile`` traces (the graph copies its host inputs itself):
+    ``tensor.to(device)``. Returns the tensor on ``device``.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and tensor.device.type == "cpu" and not torch.compiler.is_compiling():
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+__all__ = ["auto_device", "device_problem", "host_to_device"]

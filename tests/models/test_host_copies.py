@@ -1,0 +1,79 @@
+"""Host-to-device copies of training and decoding: the same values, and on CUDA no host sync
+(pinned staging, ``non_blocking``; a copy from pageable memory makes torch wait for the stream).
+
+The CPU tests check the values against torch's own functions; the CUDA tests count real syncs
+with CUDA's sync debug mode (skipped without CUDA)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence
+
+from nmt.data.batching import Batch
+from nmt.models.encoder import _pack
+from nmt.models.seq2seq import length_mask
+from nmt.utils.device import host_to_device
+from nmt.utils.host_syncs import host_sync_sites_on
+
+from tiny_models import random_batch
+
+ON_CUDA = torch.cuda.is_available()
+cuda_only = pytest.mark.skipif(not ON_CUDA, reason="needs CUDA")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pack_equals_torch_pack_padded_sequence(seed):
+    """Lengths with ties, in any order: the same data, batch sizes and (un)sort indices."""
+    g = torch.Generator().manual_seed(seed)
+    batch, width = 9, 7
+    lengths = torch.randint(1, width + 1, (batch,), generator=g)
+    lengths[seed % batch] = width
+    emb = torch.randn(batch, width, 5, generator=g, dtype=torch.float64)
+    ours = _pack(emb, lengths)
+    theirs = pack_padded_sequence(emb, lengths, batch_first=True, enforce_sorted=False)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a, b)
+
+
+def test_host_to_device_on_the_cpu_is_to():
+    x = torch.arange(5)
+    assert host_to_device(x, "cpu") is x
+    assert torch.equal(host_to_device(x, "cpu"), x)
+
+
+@cuda_only
+def test_copies_to_cuda_make_no_host_sync():
+    """Batch.to, length_mask with host lengths and the packed encoder's sort order: no sync,
+    the values of the CPU."""
+    src, lengths, tgt_in = random_batch(batch=6, src_len=9, seed=1)
+    batch = Batch(src=src, src_lengths=lengths, tgt_in=tgt_in, tgt_out=tgt_in.roll(-1, 1),
+                  tgt_lengths=torch.full((6,), tgt_in.size(1)), n_tokens=6 * tgt_in.size(1),
+                  indices=list(range(6)))
+    torch.cuda.synchronize()
+    moved, sites = host_sync_sites_on("cuda", lambda: batch.to("cuda", lengths_on_host=True))
+    assert not sites, sites
+    assert moved.src.is_cuda and not moved.src_lengths.is_cuda and torch.equal(moved.src.cpu(), src)
+    mask, sites = host_sync_sites_on("cuda", lambda: length_mask(lengths, 9, torch.device("cuda")))
+    assert not sites, sites
+    assert torch.equal(mask.cpu(), length_mask(lengths, 9, torch.device("cpu")))
+    emb = torch.randn(6, 9, 4)
+    packed, sites = host_sync_sites_on("cuda", lambda: _pack(emb.cuda(), lengths))
+    assert not sites, sites
+    for a, b in zip(packed, pack_padded_sequence(emb, lengths, batch_first=True, enforce_sorted=False)):
+        assert torch.equal(a.cpu(), b)
+
+
+@cuda_only
+def test_lstm_encoder_on_cuda_makes_no_host_sync(make_model):
+    """The packed encoder with host lengths (what training does): no sync, the CPU's values."""
+    model = make_model(dtype=torch.float32)
+    src, lengths, _ = random_batch(batch=5, src_len=8, seed=2)
+    with torch.no_grad():
+        emb = model.src_embeddings(src)
+        expected, _ = model.encoder(emb, lengths)
+        model.cuda()
+        emb = emb.cuda()
+        torch.cuda.synchronize()
+        (memory, _), sites = host_sync_sites_on("cuda", lambda: model.encoder(emb, lengths))
+    assert not sites, sites
+    torch.testing.assert_close(memory.cpu(), expected, rtol=1e-5, atol=1e-6)
