@@ -7,7 +7,8 @@ of 256 with general global attention and input feeding, embeddings 256, dropout 
 sentencepiece vocabulary of 8000, batches of 64 sentences, Adam 1e-3, gradient norm 5,
 2 threads. Every setting trains on the same batches from the same initial seed; the
 throughput is target tokens (with EOS) per second of full update (forward, Fenchel-Young
-loss, backward, clipping, Adam step), and each ratio is to softmax/softmax of the same run.
+loss, backward, clipping, Adam step; the batch's move to the device included, as in the trainer),
+and each ratio is to softmax/softmax of the same run.
 
 Every setting first trains ``--warmup`` untimed steps (default 100) from its initialisation:
 right after initialisation the scores are nearly uniform, so sparse mappings have full
@@ -62,7 +63,7 @@ from nmt.train.optimizers import build_optimizer  # noqa: E402
 from nmt.train.compile import compile_loss_forward, pad_to_multiple  # noqa: E402
 from nmt.train.precision import TrainPrecision  # noqa: E402
 from nmt.train.update import loss_forward, update  # noqa: E402
-from nmt.utils.host_syncs import count_host_syncs_on  # noqa: E402
+from nmt.utils.host_syncs import count_host_syncs_on, host_sync_sites_on  # noqa: E402
 from nmt.config import load_config, registered_mappings  # noqa: E402
 from nmt.utils.io import atomic_write_text  # noqa: E402
 
@@ -153,13 +154,16 @@ def to_device(batch, device: torch.device):
 
 def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab: int, warmup: int,
             device: torch.device = torch.device("cpu"), compiled: bool = False, precision: str = "fp32",
-            pad_to: int = 1, model_section: dict | None = None, backend: str = "inductor") -> dict:
+            pad_to: int = 1, model_section: dict | None = None, backend: str = "inductor",
+            profile: int = 0) -> dict:
     """Full updates over ``batches`` (after ``warmup`` untimed ones) on ``device``: target tokens
     per second, ms per step, and host syncs of one extra step (SyncAudit on the CPU,
     CUDA's sync debug mode on CUDA). ``compiled``: torch.compile of forward+loss (with
     ``pad_to``: lengths padded to a multiple, few shapes; ``backend``: torch.compile's backend);
     ``model_section``: another model. ``first_step_seconds``: the first update (a compiled run's
-    compilation), which is always taken (one extra untimed step when ``warmup`` is 0)."""
+    compilation), which is always taken (one extra untimed step when ``warmup`` is 0).
+    ``profile``: after timing, where the host syncs of one step are (``sync_sites``) and
+    :func:`profile_steps` over that many steps (``profile``)."""
     model_cfg = json.loads(json.dumps(model_section or config["model"]))
     model_cfg["attention"].update(mapping=attention[0], params=attention[1])
     model_cfg["output"].update(mapping=output[0], params=output[1])
@@ -171,10 +175,11 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     clip = config["training"]["clip_grad_norm"]
     forward = compile_loss_forward(device, backend=backend) if compiled else loss_forward
     train = TrainPrecision(precision, device)
-    batches = [to_device(pad_to_multiple(b, pad_to if compiled else 1, PAD), device) for b in batches]
+    batches = [pad_to_multiple(b, pad_to if compiled else 1, PAD) for b in batches]
 
-    def step(batch):
-        return update(model, loss_fn, optimizer, batch, PAD, clip, precision=train, forward=forward)
+    def step(batch):  # the host batch moved to the device inside the step, as the trainer does
+        return update(model, loss_fn, optimizer, to_device(batch, device), PAD, clip, precision=train,
+                      forward=forward)
 
     start = time.perf_counter()
     step(batches[0])
@@ -200,13 +205,65 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     _synchronize(device)
     seconds = time.perf_counter() - start
     timed = max(len(batches) - warmup, 1)
-    return {"tokens_per_sec": tokens / seconds, "ms_per_step": 1000.0 * seconds / timed, "syncs_per_step": syncs,
-            "shapes": len(shapes), "shape_warmup_seconds": shape_warmup, "first_step_seconds": first_step}
+    figures = {"tokens_per_sec": tokens / seconds, "ms_per_step": 1000.0 * seconds / timed, "syncs_per_step": syncs,
+               "shapes": len(shapes), "shape_warmup_seconds": shape_warmup, "first_step_seconds": first_step}
+    if profile:
+        _, sites = host_sync_sites_on(device, lambda: step(batches[0]))
+        _synchronize(device)
+        figures["sync_sites"] = dict(sites.most_common())
+        try:  # the timing above stands even where the profiler fails (e.g. with CUDA graphs)
+            figures["profile"] = profile_steps(device, step, batches[warmup:][:profile])
+        except Exception as exc:  # noqa: BLE001 - reported in the output, not fatal
+            figures["profile"] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+    return figures
+
+
+def profile_steps(device: torch.device, step, batches: list) -> dict:
+    """``step`` over ``batches`` under ``torch.profiler``. On CUDA: GPU kernels per step, the
+    kernels' time per step (ms; with the step's wall time, how busy the GPU is) and the kernels
+    taking most of it; on the CPU: the operators with the most self time per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    _synchronize(device)
+    with profile(activities=activities) as prof:
+        for batch in batches:
+            step(batch)
+        _synchronize(device)
+    n = max(len(batches), 1)
+    rows = []
+    for e in prof.key_averages():
+        if on_cuda:
+            if "cuda" not in str(getattr(e, "device_type", "")).lower():
+                continue
+            us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+        else:
+            us = e.self_cpu_time_total
+        rows.append((us / n / 1000.0, e.count / n, e.key))
+    rows.sort(reverse=True)
+    return {"device_ms_per_step": sum(r[0] for r in rows), "calls_per_step": sum(r[1] for r in rows),
+            "top": [{"ms_per_step": ms, "calls_per_step": c, "name": name[:90]} for ms, c, name in rows[:10]],
+            "what": "GPU kernels" if on_cuda else "CPU operators (self time)"}
 
 
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def print_profile(figures: dict, ms_per_step: float) -> None:
+    """The ``--profile`` lines under a row: host sync sites, then the profile's summary."""
+    for site, n in figures["sync_sites"].items():
+        print(f"    host sync x{n}: {site}")
+    prof = figures["profile"]
+    if "error" in prof:
+        print(f"    profile failed: {prof['error']}")
+        return
+    print(f"    profile: {prof['what']}: {prof['calls_per_step']:.0f} per step, {prof['device_ms_per_step']:.2f} ms "
+          f"per step ({prof['device_ms_per_step'] / ms_per_step:.0%} of the timed step's {ms_per_step:.1f} ms)")
+    for row in prof["top"]:
+        print(f"      {row['ms_per_step']:7.3f} ms {row['calls_per_step']:6.1f}x  {row['name']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-shapes", type=int, default=None,
                         help="only batches of the K most frequent shapes (lengths padded to --pad_to_multiple), "
                              "for every setting: compiled runs then compile K shapes")
+    parser.add_argument("--profile", type=int, default=0, metavar="K",
+                        help="after timing each row: where one step's host syncs are, and K steps under "
+                             "torch.profiler (CUDA: kernels per step, their ms per step, the top kernels)")
     parser.add_argument("--load", default=None, help="label printed with the figures, e.g. 'idle' or "
                         "'loaded: 8 jobs on 2 cores' (figures under load are not speed claims)")
     args = parser.parse_args(argv)
@@ -279,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         section = transformer_model if label.startswith("transformer:") else None
         for mode in modes:
             figures = [measure(config, attention, output, batches, src_vocab, tgt_vocab, warmup, device,
-                               mode == "compiled", args.precision, args.pad_to_multiple, section, args.backend)
+                               mode == "compiled", args.precision, args.pad_to_multiple, section, args.backend,
+                               args.profile)
                        for _ in range(args.repeats)]
             speed = statistics.median(f["tokens_per_sec"] for f in figures)
             ms = statistics.median(f["ms_per_step"] for f in figures)
@@ -295,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
                             "backend": args.backend if mode == "compiled" else None})
             print(f"{label:<34} {mode:<9} {speed:>10.0f} {ms:>8.1f} {syncs:>10d} {speed / baseline:>9.2f}x "
                   f"{speed / eager_speed:>7.2f}x {shapes:>6d} {warm:>9.1f} {first:>12.1f}", flush=True)
+            if args.profile:
+                print_profile(figures[0], ms)
+                results[-1].update(sync_sites=figures[0]["sync_sites"], profile=figures[0]["profile"])
     if args.json is not None:
         atomic_write_text(args.json, json.dumps({"data": source, "steps": steps, "warmup": warmup,
                                                  "threads": args.threads,

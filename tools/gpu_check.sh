@@ -8,7 +8,9 @@
 # $OUT/<stage>.log (default OUT=runs/gpu_check), so a stage that hangs or fails leaves the others'
 # figures. Needs the Multi30k files in data/multi30k (recipes/translation/prepare.py multi30k) for
 # the train and translate stages, and the test extras (pytest, hypothesis, scipy, entmax). Wheels in
-# .whl/ (a machine without a package index) are installed first.
+# .whl/ (a machine without a package index) are installed first. GPU_CHECK_TRAIN_ARGS adds options to
+# the training stages (e.g. "--profile 3": host sync sites and the kernels per step), GPU_CHECK_TESTS
+# selects tests, GPU_CHECK_SPARSE_ARGS and GPU_CHECK_TRANSLATE_ARGS those benchmarks' options.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_check}
@@ -43,10 +45,10 @@ for s in $STAGES; do
               $PY -c 'import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.get_device_name()); import triton; print(\"triton\", triton.__version__)'" ;;
         tests) stage tests 180 $PY -m pytest -q -p no:cacheprovider -n "${GPU_CHECK_WORKERS:-8}" -rfE --durations=5 ${GPU_CHECK_TESTS:-} ;;
         sparse) stage sparse 120 $PY tools/bench_sparse.py --device cuda ${GPU_CHECK_SPARSE_ARGS:-} ;;
-        train) stage train 100 $PY tools/bench_train.py --device cuda --steps 100 --warmup 30 --only \
-              "softmax / softmax" "entmax15 / entmax15" "softmax / entmax15" "entmax15 / softmax" ;;
+        train) stage train 100 $PY tools/bench_train.py --device cuda --steps 100 --warmup 30 ${GPU_CHECK_TRAIN_ARGS:-} \
+              --only "softmax / softmax" "entmax15 / entmax15" "softmax / entmax15" "entmax15 / softmax" ;;
         train_compile) stage train_compile 240 $PY tools/bench_train.py --device cuda --steps 60 --warmup 10 \
-              --compile --max-shapes 1 --only "softmax / softmax" "entmax15 / entmax15" ;;
+              --compile --max-shapes 1 ${GPU_CHECK_TRAIN_ARGS:-} --only "softmax / softmax" "entmax15 / entmax15" ;;
         transformer) stage transformer 150 $PY tools/bench_train.py --device cuda --steps 100 --warmup 30 \
               --transformer --only "transformer: softmax / softmax" "transformer: entmax15 / softmax" \
               "transformer: adaptive / softmax" ;;

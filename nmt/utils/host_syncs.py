@@ -9,6 +9,7 @@ benchmarks report both as "host syncs"; the CPU count is an upper bound of the C
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from typing import Any, Callable
 
 import torch
@@ -18,9 +19,18 @@ from nmt.utils.sync_audit import count_host_syncs
 
 def count_host_syncs_on(device: torch.device | str, fn: Callable[[], Any]) -> tuple[Any, int]:
     """Run ``fn()``; return ``(its result, host syncs counted)`` (see the module docstring)."""
+    result, sites = host_sync_sites_on(device, fn)
+    return result, sum(sites.values())
+
+
+def host_sync_sites_on(device: torch.device | str, fn: Callable[[], Any]) -> tuple[Any, Counter[str]]:
+    """Run ``fn()``; return ``(its result, {call site: host syncs there})``. A site is the Python
+    line that made the call (``file:line``; on CUDA the line the sync debug mode's warning names,
+    on the CPU the first frame outside the audit of each kind of call, with the call's name); the
+    counts sum to :func:`count_host_syncs_on`'s."""
     if torch.device(device).type != "cuda":
         result, audit = count_host_syncs(fn)
-        return result, audit.total
+        return result, Counter({f"{audit.sites[name]} ({name})": n for name, n in audit.counts.items()})
     previous = torch.cuda.get_sync_debug_mode()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -29,7 +39,7 @@ def count_host_syncs_on(device: torch.device | str, fn: Callable[[], Any]) -> tu
             result = fn()
         finally:
             torch.cuda.set_sync_debug_mode(previous)
-    return result, sum("synchronizing" in str(w.message) for w in caught)
+    return result, Counter(f"{w.filename}:{w.lineno}" for w in caught if "synchronizing" in str(w.message))
 
 
-__all__ = ["count_host_syncs_on"]
+__all__ = ["count_host_syncs_on", "host_sync_sites_on"]

@@ -66,7 +66,7 @@ class SyncAudit:
     def _hit(self, name: str) -> None:
         self.counts[name] += 1
         if name not in self.sites:
-            frames = [f for f in traceback.extract_stack() if not f.filename.endswith("sync_audit.py")]
+            frames = [f for f in traceback.extract_stack() if f.filename != __file__]
             where = frames[-1] if frames else None
             self.sites[name] = f"{where.filename}:{where.lineno}" if where else "?"
 

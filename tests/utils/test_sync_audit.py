@@ -70,3 +70,24 @@ def test_counts_comparisons_read_back_to_python():
         torch.bincount(torch.tensor([0, 2]))
     assert audit.counts == {"torch.equal": 1, "Tensor.equal": 1, "torch.allclose": 1, "torch.bincount": 1}, \
         audit.report()
+
+
+def test_sync_sites_name_the_calling_lines():
+    """host_sync_sites_on: each kind of synchronising call with the line that first made it; the
+    counts sum to count_host_syncs_on's."""
+    import inspect
+
+    from nmt.utils.host_syncs import count_host_syncs_on, host_sync_sites_on
+
+    x = torch.randn(3)
+
+    def work():
+        a = x.sum().item()
+        b = x.sum().item()
+        return a + b + len(x.tolist())
+
+    first = inspect.getsourcelines(work)[1] + 1  # the line of the first .item()
+    result, sites = host_sync_sites_on("cpu", work)
+    assert result == work()
+    assert sites == {f"{__file__}:{first} (Tensor.item)": 2, f"{__file__}:{first + 2} (Tensor.tolist)": 1}
+    assert count_host_syncs_on("cpu", work)[1] == 3
