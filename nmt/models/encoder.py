@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from nmt.models import inert_padding_lstm, padded_lstm
 from nmt.models.dropout import Dropout
@@ -207,7 +207,15 @@ def _pack(emb: Tensor, lengths: Tensor) -> PackedSequence:
     packed sequence, with the sort order moved to the device by
     :func:`~nmt.utils.device.host_to_device` (torch's function copies it from pageable memory,
     which on CUDA makes the host wait for the stream once per batch). emb: (B, L, E); lengths:
-    (B,) host long."""
+    (B,) host long.
+
+    While ``torch.compile`` traces, torch's function itself, which dynamo skips: the packing then
+    runs eagerly between graphs (with torch's copy). Traced, this function's data-dependent packing
+    split the step into more graphs, and the compiled CUDA training step ran 10-17x slower (H200,
+    2026-11-26); ``torch.compiler.disable`` on it would import dynamo (and Triton) with the model,
+    doubling the import time."""
+    if torch.compiler.is_compiling():
+        return pack_padded_sequence(emb, lengths, batch_first=True, enforce_sorted=False)
     lengths, order = torch.sort(lengths, descending=True)
     order = host_to_device(order, emb.device)
     data, batch_sizes = torch._pack_padded_sequence(emb.index_select(0, order), lengths, True)
