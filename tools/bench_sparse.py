@@ -21,7 +21,6 @@ import argparse
 import platform
 import statistics
 import time
-import warnings
 from typing import Callable, Optional
 
 import torch
@@ -37,7 +36,7 @@ from nmt.sparse import (
     sparsemax_loss,
 )
 from nmt.utils.allocator import keep_freed_memory
-from nmt.utils.sync_audit import SyncAudit
+from nmt.utils.host_syncs import count_host_syncs_on
 
 SHAPES = [(320, 50), (4096, 50), (1024, 8000), (256, 32000), (4096, 32000)]
 QUICK_SHAPES = [(320, 50), (64, 2000)]
@@ -93,20 +92,10 @@ class Timer:
 
 def host_syncs(fn: Callable[[], object], device: torch.device) -> int:
     """Host synchronisations of one call of ``fn`` (see the module docstring)."""
-    if device.type != "cuda":
-        with SyncAudit() as audit:
-            fn()
-        return audit.total
-    fn()  # warm: lazy initialisations are not the call's syncs
-    torch.cuda.synchronize(device)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return sum("synchroniz" in str(w.message) for w in caught)
+    if device.type == "cuda":
+        fn()  # warm: lazy initialisations are not the call's syncs
+        torch.cuda.synchronize(device)
+    return count_host_syncs_on(device, fn)[1]
 
 
 def mapping_runner(f: Callable, x: torch.Tensor, g: torch.Tensor, backward: bool) -> Callable[[], object]:
