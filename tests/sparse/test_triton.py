@@ -673,7 +673,7 @@ def test_fused_losses_refuse_out_of_range_targets():
     on the CPU a ValueError, as the torch paths; on CUDA, where reading the count back would
     synchronise, a device-side assertion that fails the next synchronising call (as
     ``F.cross_entropy`` does there). It leaves the CUDA context unusable, so it runs in a fresh
-    process per case."""
+    process per case (on CUDA one case per kernel: 11 s each)."""
     from nmt.sparse import cross_entropy_loss, entmax15_loss
 
     x = torch.randn(4, 9, device=DEVICE)
@@ -683,6 +683,8 @@ def test_fused_losses_refuse_out_of_range_targets():
                 t = torch.tensor([0, bad, 2, -100])
                 with pytest.raises(ValueError, match="out of range"):
                     loss_fn(x, t, impl="triton")
+                continue
+            if (name, bad) not in (("cross_entropy", 9), ("entmax15", -1)):
                 continue
             out = subprocess.run([sys.executable, "-c", _OUT_OF_RANGE_SCRIPT, name, str(bad)], cwd=ROOT,
                                  env=_env(), capture_output=True, text=True, timeout=300)
