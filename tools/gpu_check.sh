@@ -11,6 +11,11 @@
 # .whl/ (a machine without a package index) are installed first. GPU_CHECK_TRAIN_ARGS adds options to
 # the training stages (e.g. "--profile 3": host sync sites and the kernels per step), GPU_CHECK_TESTS
 # selects tests, GPU_CHECK_SPARSE_ARGS and GPU_CHECK_TRANSLATE_ARGS those benchmarks' options.
+#
+# Stage times on one H200 (2026-11-26; plan a lease of 15 device minutes, a start included, by them):
+# env 6 s; tests about 150 s with 15 workers (GPU_CHECK_WORKERS=15); sparse 69 s; train_compile 87 s
+# (112 s with --profile 3); translate more than 110 s (two models trained in 19 s each, then the CPU
+# comparison): give it its default 180 s. The first call of a lease starts the machine (about 30 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_check}

@@ -101,10 +101,11 @@ class Scorer:
         vocab = self.tgt_field.vocab
         nonempty = [i for i, ids in enumerate(src) if ids]
         for indices in make_batches(data, self.batch_size, shuffle=False, indices=nonempty):
-            batch = collate(data, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index).to(self.device)
-            scores = score_batch(self.model, batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out,
-                                 batch.tgt_lengths).cpu()
-            tgt_out = batch.tgt_out.cpu().tolist()
+            batch = collate(data, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index)
+            on_device = batch.to(self.device, lengths_on_host=True)  # source lengths read on the host
+            scores = score_batch(self.model, on_device.src, on_device.src_lengths, on_device.tgt_in,
+                                 on_device.tgt_out, on_device.tgt_lengths).cpu()
+            tgt_out = batch.tgt_out.tolist()
             for row, i in enumerate(batch.indices):
                 results[i] = self._unpack(scores, row, i, tgt_out[row])
             if progress is not None:

@@ -182,13 +182,16 @@ class Translator:
                     for i in batch.indices:
                         results[i] = Translation(i, [], [], [], False, 0, 0.0, EMPTY_INPUT)
                 else:
-                    batch = batch.to(self.device)
+                    # the source lengths stay on the host: the encoders read them there (an RNN packs
+                    # with them) and masks copy them without a sync (nmt.utils.device.host_to_device)
+                    on_device = batch.to(self.device, lengths_on_host=True)
                     with autocast(self.device, self.precision):
-                        result = beam_search(self.model, batch.src, batch.src_lengths, bos=vocab.bos_index,
-                                             eos=vocab.eos_index, pad=vocab.pad_index, options=self.options)
+                        result = beam_search(self.model, on_device.src, on_device.src_lengths,
+                                             bos=vocab.bos_index, eos=vocab.eos_index, pad=vocab.pad_index,
+                                             options=self.options)
                     host = _HostResult.of(result)  # one transfer and conversion per field and batch
-                    src_ids = batch.src.cpu().tolist()
-                    lengths = batch.src_lengths.cpu().tolist()
+                    src_ids = batch.src.tolist()
+                    lengths = batch.src_lengths.tolist()
                     for row, i in enumerate(batch.indices):
                         src_tokens = self.src_field.vocab.tokens(src_ids[row][: lengths[row]])
                         results[i] = self._unpack(host, row, i, src_tokens)

@@ -398,3 +398,27 @@ def test_bf16_precision_runs_the_model_under_autocast(trained):
             assert b.hypotheses[0][1] == pytest.approx(a.hypotheses[0][1], abs=0.1 + 0.05 * abs(a.hypotheses[0][1]))
     with pytest.raises(ValueError, match=r"^precision must be one of fp32, bf16, fp16, got 'fp8'$"):
         Translator(decoder, src_field, tgt_field, precision="fp8")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_translation_and_scoring_on_cuda_equal_the_cpu(trained):
+    """On CUDA (source lengths kept on the host, batches copied through pinned memory): the
+    CPU's hypotheses and certificates, log-probabilities within rounding; scoring likewise."""
+    from nmt.translate.loading import load_models
+    from nmt.translate.scorer import Scorer
+    from nmt.translate.translator import Translator
+
+    lines = [line for line in trained["inputs"] if line]
+    refs = (trained["root"] / "valid.tgt").read_text(encoding="utf-8").splitlines()
+    out, scored = {}, {}
+    for device in ("cpu", "cuda"):
+        decoder, src_field, tgt_field, _ = load_models([trained["model"]], device)
+        out[device] = Translator(decoder, src_field, tgt_field, batch_size=3, device=device, beam_size=3,
+                                 max_length=10).translate(lines)
+        scored[device] = Scorer(decoder, src_field, tgt_field, batch_size=3, device=device).score(lines, refs)
+    for a, b in zip(out["cpu"], out["cuda"]):
+        assert (a.text, a.certified, a.reason, a.src_tokens) == (b.text, b.certified, b.reason, b.src_tokens)
+        assert b.hypotheses[0][1] == pytest.approx(a.hypotheses[0][1], abs=1e-4)
+    for a, b in zip(scored["cpu"], scored["cuda"]):
+        assert (a.tokens, a.zero_probability) == (b.tokens, b.zero_probability)
+        assert b.logprob == pytest.approx(a.logprob, abs=1e-4)
