@@ -44,6 +44,7 @@ import argparse
 import json
 import platform
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -242,9 +243,15 @@ def profile_steps(device: torch.device, step, batches: list) -> dict:
             us = e.self_cpu_time_total
         rows.append((us / n / 1000.0, e.count / n, e.key))
     rows.sort(reverse=True)
+    ours = [r for r in rows if NMT_KERNELS.match(r[2])]  # nmt.sparse's Triton kernels (CUDA only)
     return {"device_ms_per_step": sum(r[0] for r in rows), "calls_per_step": sum(r[1] for r in rows),
             "top": [{"ms_per_step": ms, "calls_per_step": c, "name": name[:90]} for ms, c, name in rows[:10]],
+            "nmt_kernels": {"ms_per_step": sum(r[0] for r in ours), "calls_per_step": sum(r[1] for r in ours)},
             "what": "GPU kernels" if on_cuda else "CPU operators (self time)"}
+
+
+NMT_KERNELS = re.compile(r"_(ce_)?(forward|backward)_kernel\b")
+"""Names of the Triton kernels of :mod:`nmt.sparse._triton` (the mappings, their backward, the losses)."""
 
 
 def _synchronize(device: torch.device) -> None:
@@ -262,6 +269,9 @@ def print_profile(figures: dict, ms_per_step: float) -> None:
         return
     print(f"    profile: {prof['what']}: {prof['calls_per_step']:.0f} per step, {prof['device_ms_per_step']:.2f} ms "
           f"per step ({prof['device_ms_per_step'] / ms_per_step:.0%} of the timed step's {ms_per_step:.1f} ms)")
+    if prof["nmt_kernels"]["calls_per_step"]:
+        print(f"    nmt's Triton kernels: {prof['nmt_kernels']['calls_per_step']:.0f} per step, "
+              f"{prof['nmt_kernels']['ms_per_step']:.3f} ms per step")
     for row in prof["top"]:
         print(f"      {row['ms_per_step']:7.3f} ms {row['calls_per_step']:6.1f}x  {row['name']}")
 
