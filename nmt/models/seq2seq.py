@@ -39,8 +39,9 @@ class Seq2Seq(EncoderDecoder):
         """The bound attention mapping ``f(scores, dim=-1, mask=None) -> probs``."""
         return self.decoder.attention.mapping
 
-    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[State, State]:
-        """src: (B, L) ids; src_lengths: (B,).
+    def encode(self, src: Tensor, src_lengths: Tensor, src_mask: Tensor | None = None) -> tuple[State, State]:
+        """src: (B, L) ids; src_lengths: (B,); ``src_mask``: :func:`length_mask` of them when the
+        caller made it already (training makes it before a compiled step: see ``forward``).
 
         Returns ``encoder_out`` = {"memory" (B, L, H), "src_mask" (B, L) bool,
         "keys" (B, L, K) the memory-side attention projection} and the initial decoder
@@ -50,7 +51,7 @@ class Seq2Seq(EncoderDecoder):
         # in eval mode the embeddings are their table's rows: the encoder may compute per token
         lookup = None if embeddings.training else (src, embeddings.weight)
         memory, final = self.encoder(embeddings(src), src_lengths, lookup)
-        mask = length_mask(src_lengths, src.size(1), src.device)
+        mask = length_mask(src_lengths, src.size(1), src.device) if src_mask is None else src_mask
         encoder_out = {"memory": memory, "src_mask": mask, "keys": self.decoder.attention.keys(memory)}
         return encoder_out, self.decoder.init_state(final)
 
@@ -73,13 +74,17 @@ class Seq2Seq(EncoderDecoder):
         logits = self.generator(out)
         return logits, self.log_probs(logits), attention, state
 
-    def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
-        """Teacher forcing. src: (B, L); src_lengths: (B,); tgt_in: (B, T) = BOS + y.
+    def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
+                src_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Teacher forcing. src: (B, L); src_lengths: (B,); tgt_in: (B, T) = BOS + y;
+        ``src_mask``: (B, L) bool, :func:`length_mask` of the lengths, where the caller made it
+        (training does, outside its compiled step: with host lengths a graph would copy them to
+        the device itself, with a sync, and a graph with a host input is not captured).
 
         Returns ``(logits (B, T, V), attention (B, T, L))``; the logits are raw scores
         before the output mapping (what the Fenchel-Young loss takes).
         """
-        encoder_out, state = self.encode(src, src_lengths)
+        encoder_out, state = self.encode(src, src_lengths, src_mask)
         out, attention = self.decoder(
             self.tgt_embeddings(tgt_in), state, encoder_out["memory"], encoder_out["src_mask"], encoder_out["keys"]
         )

@@ -10,17 +10,21 @@ import torch
 from torch import Tensor, nn
 
 from nmt.data.batching import Batch
+from nmt.models.seq2seq import length_mask
 from nmt.train.precision import TrainPrecision
 
-LossForward = Callable[[nn.Module, Callable, Tensor, Tensor, Tensor, Tensor, int, float], Tensor]
+LossForward = Callable[[nn.Module, Callable, Tensor, Tensor, Tensor, Tensor, int, float, Tensor | None], Tensor]
 
 
 def loss_forward(model: nn.Module, loss_fn: Callable, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
-                 tgt_out: Tensor, pad_index: int, label_smoothing: float) -> Tensor:
+                 tgt_out: Tensor, pad_index: int, label_smoothing: float,
+                 src_mask: Tensor | None = None) -> Tensor:
     """Teacher-forced forward and summed Fenchel-Young loss (a 0-d tensor, float32 or wider
     under autocast too); what ``training.compile`` compiles. src: (B, L); src_lengths: (B,);
-    tgt_in, tgt_out: (B, T)."""
-    logits, _ = model(src, src_lengths, tgt_in)
+    tgt_in, tgt_out: (B, T); ``src_mask``: the lengths' mask (B, L) on src's device, made by the
+    caller (see :func:`update`), or None (the model makes it)."""
+    logits, _ = model(src, src_lengths, tgt_in) if src_mask is None else model(
+        src, src_lengths, tgt_in, src_mask=src_mask)
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits  # a float32 sum
     return loss_fn(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1), ignore_index=pad_index,
                    reduction="sum", label_smoothing=label_smoothing)
@@ -64,9 +68,12 @@ def update(model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer
     for i, (b, scale) in enumerate(zip(batches, scales)):
         last = i == len(batches) - 1
         with nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync():
+            # the source mask made here, outside a compiled forward: from host lengths a graph
+            # would copy them itself (a sync), and CUDA graphs skip a graph with a host input
+            src_mask = length_mask(b.src_lengths, b.src.size(1), b.src.device)
             with precision.autocast():
                 loss = forward(model, loss_fn, b.src, b.src_lengths, b.tgt_in, b.tgt_out, pad_index,
-                               label_smoothing)
+                               label_smoothing, src_mask)
             precision.backward(loss / max(n_tokens, 1) if scale is None else loss * scale)
         loss = loss.detach() if scale != 0 else torch.zeros_like(loss.detach())
         total = loss if total is None else total + loss

@@ -105,3 +105,42 @@ def test_pack_is_not_traced_by_torch_compile(monkeypatch):
     monkeypatch.setattr(encoder, "_pack", lambda emb, lengths: pack_padded_sequence(
         emb, lengths, batch_first=True, enforce_sorted=False))
     assert ours == graphs()
+
+
+@pytest.mark.parametrize("model_type", ["lstm", "transformer"])
+def test_compiled_forward_takes_no_host_lengths_beside_the_encoders(monkeypatch, model_type):
+    """With the source mask made by ``update`` (outside the compiled forward), the host lengths
+    enter no graph except the RNN encoder's own host-side conversion (a graph whose only input
+    they are): on CUDA a graph with a host input copies it with a sync and is not captured by
+    CUDA graphs. Without the mask, the graph that builds it takes the lengths (the check fails)."""
+    from nmt.models import build_model, encoder
+    from nmt.models.seq2seq import length_mask
+    from nmt.models.transformer import build_transformer
+    from nmt.sparse import get_loss
+    from nmt.train.update import loss_forward
+    from tiny_models import model_cfg, transformer_cfg
+
+    monkeypatch.setattr(encoder, "CPU_RUNS", False)  # the packed path, which CUDA takes
+    torch.manual_seed(0)
+    if model_type == "lstm":
+        model = build_model(model_cfg(), 13, 11, 0).train()
+    else:
+        model = build_transformer(transformer_cfg(), 13, 11, 0).train()
+    src, lengths, tgt_in = random_batch(batch=4, src_len=7, seed=1)
+
+    def graphs_taking_lengths(mask):
+        torch._dynamo.reset()
+        inputs: list[list[str]] = []
+
+        def backend(gm, example_inputs):
+            inputs.append([n.name for n in gm.graph.nodes if n.op == "placeholder"])
+            return gm
+
+        torch.compile(loss_forward, backend=backend)(model, get_loss("softmax"), src, lengths, tgt_in,
+                                                     tgt_in.roll(-1, 1), 0, 0.0, mask)
+        assert len(inputs) >= 1
+        return [names for names in inputs if any("lengths" in n for n in names)]
+
+    taking = graphs_taking_lengths(length_mask(lengths, src.size(1), src.device))
+    assert all(len(names) == 1 for names in taking), taking  # the encoder's conversion alone
+    assert any(len(names) > 1 for names in graphs_taking_lengths(None))

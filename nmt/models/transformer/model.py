@@ -89,15 +89,17 @@ class TransformerSeq2Seq(EncoderDecoder):
         return logits, self.log_probs(logits), attention, new_state
 
     # ---- teacher forcing --------------------------------------------------------------
-    def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, return_maps: bool = False
-                ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, AttentionMaps]:
-        """Teacher forcing. src: (B, L); src_lengths: (B,); tgt_in: (B, T) = BOS + y.
+    def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, return_maps: bool = False,
+                src_mask: Tensor | None = None) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, AttentionMaps]:
+        """Teacher forcing. src: (B, L); src_lengths: (B,); tgt_in: (B, T) = BOS + y; ``src_mask``:
+        (B, L) bool, the lengths' :func:`length_mask` where the caller made it (see
+        :meth:`nmt.models.seq2seq.Seq2Seq.forward`).
 
         Returns ``(logits (B, T, V), attention (B, T, L))`` -- raw scores before the output
         mapping, and the last layer's head-averaged cross-attention -- plus, with
         ``return_maps``, the :data:`AttentionMaps` of every kind, layer and head.
         """
-        mask = length_mask(src_lengths, src.size(1), src.device)
+        mask = length_mask(src_lengths, src.size(1), src.device) if src_mask is None else src_mask
         memory, encoder_maps = self.encoder(self.src_embeddings(src), mask)
         out = self.decoder(self.tgt_embeddings(tgt_in), self.decoder.cross_keys_values(memory), mask)
         logits = self.generator(out.hidden)
