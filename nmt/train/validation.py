@@ -46,7 +46,8 @@ StatisticsFn = Callable[..., tuple[Tensor, Tensor]]
 
 
 def batch_statistics(model: nn.Module, loss_fn: Callable, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
-                     tgt_out: Tensor, pad_index: int, kinds: tuple[str, ...]) -> tuple[Tensor, Tensor]:
+                     tgt_out: Tensor, pad_index: int, kinds: tuple[str, ...],
+                     src_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Teacher-forced sums of one batch (call under ``torch.no_grad()``, model in eval mode).
 
     src: (B, L); src_lengths: (B,) (on the host for the RNN encoder's packing); tgt_in, tgt_out:
@@ -56,20 +57,23 @@ def batch_statistics(model: nn.Module, loss_fn: Callable, src: Tensor, src_lengt
     of a model with attention maps (the Transformer), the nonzero weights of the real query rows
     of every head and layer, and the number of those rows. Padding positions count nowhere, so
     padding a batch to longer lengths changes nothing. No host synchronisation here (masks
-    multiply, they never index); what ``training.compile`` compiles for validation.
+    multiply, they never index); what ``training.compile`` compiles for validation. ``src_mask``:
+    the lengths' :func:`length_mask` (B, L), made by the caller outside a compiled call (a graph
+    taking the host lengths would copy them with a sync and not be captured), or None.
     """
     mask = tgt_out != pad_index  # (B, T)
     kind_totals = torch.zeros(len(kinds), 2, dtype=torch.float64, device=src.device)
-    if kinds:
-        logits, attention, maps = model(src, src_lengths, tgt_in, return_maps=True)
+    if src_mask is None:
         src_mask = length_mask(src_lengths, src.size(1), src.device)  # (B, L)
+    if kinds:
+        logits, attention, maps = model(src, src_lengths, tgt_in, return_maps=True, src_mask=src_mask)
         for j, kind in enumerate(kinds):
             rows = (src_mask if kind == "encoder_self" else mask)[:, None, :].double()  # (B, 1, T_query)
             for probs in maps[kind]:  # (B, heads, T_query, T_key)
                 kind_totals[j, 0] += ((probs > 0).sum(-1).double() * rows).sum()
                 kind_totals[j, 1] += rows.sum() * probs.size(1)
     else:
-        logits, attention = model(src, src_lengths, tgt_in)
+        logits, attention = model(src, src_lengths, tgt_in, src_mask=src_mask)
     loss = loss_fn(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1), ignore_index=pad_index,
                    reduction="sum")
     probs = model.output_mapping(logits.float(), dim=-1)  # (B, T, V)
@@ -100,8 +104,9 @@ def teacher_forced_statistics(model: nn.Module, dataset: ParallelDataset, loss_f
     for indices in make_batches(dataset, batch_size, "sentences", shuffle=False):
         batch = pad_to_multiple(collate(dataset, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index),
                                 pad_multiple, vocab.pad_index).to(device, lengths_on_host=True)
+        src_mask = length_mask(batch.src_lengths, batch.src.size(1), batch.src.device)  # outside a compiled call
         batch_totals, batch_kind_totals = statistics(model, loss_fn, batch.src, batch.src_lengths, batch.tgt_in,
-                                                     batch.tgt_out, vocab.pad_index, kinds)
+                                                     batch.tgt_out, vocab.pad_index, kinds, src_mask)
         totals += batch_totals
         kind_totals += batch_kind_totals
     loss_sum, correct, tokens, att_support, out_support = totals.tolist()

@@ -113,6 +113,8 @@ def test_compiled_forward_takes_no_host_lengths_beside_the_encoders(monkeypatch,
     enter no graph except the RNN encoder's own host-side conversion (a graph whose only input
     they are): on CUDA a graph with a host input copies it with a sync and is not captured by
     CUDA graphs. Without the mask, the graph that builds it takes the lengths (the check fails)."""
+    import torch._dynamo
+
     from nmt.models import build_model, encoder
     from nmt.models.seq2seq import length_mask
     from nmt.models.transformer import build_transformer
@@ -144,3 +146,34 @@ def test_compiled_forward_takes_no_host_lengths_beside_the_encoders(monkeypatch,
     taking = graphs_taking_lengths(length_mask(lengths, src.size(1), src.device))
     assert all(len(names) == 1 for names in taking), taking  # the encoder's conversion alone
     assert any(len(names) > 1 for names in graphs_taking_lengths(None))
+
+
+def test_compiled_validation_takes_no_host_lengths():
+    """Validation's compiled batch statistics, given the source mask as teacher_forced_statistics
+    gives it: no graph takes the host lengths (the Transformer, attention kinds included)."""
+    import torch._dynamo
+
+    from nmt.models.seq2seq import length_mask
+    from nmt.models.transformer import build_transformer
+    from nmt.sparse import get_loss
+    from nmt.train.validation import batch_statistics
+    from tiny_models import transformer_cfg
+
+    torch.manual_seed(0)
+    model = build_transformer(transformer_cfg(), 13, 11, 0).eval()
+    src, lengths, tgt_in = random_batch(batch=4, src_len=7, seed=1)
+    kinds = tuple(model.attention_kinds)
+    inputs: list[list[str]] = []
+
+    def backend(gm, example_inputs):
+        inputs.append([n.name for n in gm.graph.nodes if n.op == "placeholder"])
+        return gm
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(batch_statistics, backend=backend)
+        totals, _ = compiled(model, get_loss("softmax"), src, lengths, tgt_in, tgt_in.roll(-1, 1), 0, kinds,
+                             length_mask(lengths, src.size(1), src.device))
+        expected, _ = batch_statistics(model, get_loss("softmax"), src, lengths, tgt_in, tgt_in.roll(-1, 1), 0, kinds)
+    assert inputs and not any("lengths" in n for names in inputs for n in names), inputs
+    torch.testing.assert_close(totals, expected)
