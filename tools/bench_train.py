@@ -64,7 +64,7 @@ from nmt.train.optimizers import build_optimizer  # noqa: E402
 from nmt.train.compile import compile_loss_forward, pad_to_multiple  # noqa: E402
 from nmt.train.precision import TrainPrecision  # noqa: E402
 from nmt.train.update import loss_forward, update  # noqa: E402
-from nmt.utils.host_syncs import count_host_syncs_on, host_sync_sites_on  # noqa: E402
+from nmt.utils.host_syncs import host_sync_sites_on  # noqa: E402
 from nmt.config import load_config, registered_mappings  # noqa: E402
 from nmt.utils.io import atomic_write_text  # noqa: E402
 
@@ -163,7 +163,7 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     ``pad_to``: lengths padded to a multiple, few shapes; ``backend``: torch.compile's backend);
     ``model_section``: another model. ``first_step_seconds``: the first update (a compiled run's
     compilation), which is always taken (one extra untimed step when ``warmup`` is 0).
-    ``profile``: after timing, where the host syncs of one step are (``sync_sites``) and
+    ``profile``: also where the counted step's host syncs are (``sync_sites``) and, after timing,
     :func:`profile_steps` over that many steps (``profile``)."""
     model_cfg = json.loads(json.dumps(model_section or config["model"]))
     model_cfg["attention"].update(mapping=attention[0], params=attention[1])
@@ -196,7 +196,8 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
         step(batch)
     _synchronize(device)
     shape_warmup = time.perf_counter() - start
-    _, syncs = count_host_syncs_on(device, lambda: step(batches[0]))
+    _, sites = host_sync_sites_on(device, lambda: step(batches[0]))
+    syncs = sum(sites.values())
     _synchronize(device)
     tokens = 0
     start = time.perf_counter()
@@ -209,8 +210,6 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     figures = {"tokens_per_sec": tokens / seconds, "ms_per_step": 1000.0 * seconds / timed, "syncs_per_step": syncs,
                "shapes": len(shapes), "shape_warmup_seconds": shape_warmup, "first_step_seconds": first_step}
     if profile:
-        _, sites = host_sync_sites_on(device, lambda: step(batches[0]))
-        _synchronize(device)
         figures["sync_sites"] = dict(sites.most_common())
         try:  # the timing above stands even where the profiler fails (e.g. with CUDA graphs)
             figures["profile"] = profile_steps(device, step, batches[warmup:][:profile])

@@ -73,13 +73,8 @@ class Batch:
         copy; what training and validation do). Host tensors bound for CUDA are copied through
         pinned memory without a host sync (:func:`~nmt.utils.device.host_to_device`), whatever
         ``non_blocking`` says; other moves pass ``non_blocking`` to ``Tensor.to``."""
-        def move(t: Tensor) -> Tensor:
-            if t.device.type == "cpu" and torch.device(device).type == "cuda":
-                return host_to_device(t, device)
-            return t.to(device, non_blocking=non_blocking)
-
         moved = {
-            f.name: move(getattr(self, f.name))
+            f.name: host_to_device(getattr(self, f.name), device, non_blocking)
             for f in fields(self)
             if isinstance(getattr(self, f.name), Tensor) and not (lengths_on_host and f.name == "src_lengths")
         }

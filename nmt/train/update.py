@@ -23,8 +23,7 @@ def loss_forward(model: nn.Module, loss_fn: Callable, src: Tensor, src_lengths: 
     under autocast too); what ``training.compile`` compiles. src: (B, L); src_lengths: (B,);
     tgt_in, tgt_out: (B, T); ``src_mask``: the lengths' mask (B, L) on src's device, made by the
     caller (see :func:`update`), or None (the model makes it)."""
-    logits, _ = model(src, src_lengths, tgt_in) if src_mask is None else model(
-        src, src_lengths, tgt_in, src_mask=src_mask)
+    logits, _ = model(src, src_lengths, tgt_in, src_mask=src_mask)
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits  # a float32 sum
     return loss_fn(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1), ignore_index=pad_index,
                    reduction="sum", label_smoothing=label_smoothing)

@@ -30,7 +30,7 @@ def device_problem(device: str | torch.device) -> str | None:
     return None
 
 
-def host_to_device(tensor: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+def host_to_device(tensor: torch.Tensor, device: str | torch.device, non_blocking: bool = False) -> torch.Tensor:
     """``tensor.to(device)`` without making the host wait where that is possible.
 
     A host tensor bound for CUDA is staged in pinned memory and copied with ``non_blocking``: a
@@ -39,12 +39,12 @@ def host_to_device(tensor: torch.Tensor, device: str | torch.device) -> torch.Te
     copy is ordered on the current stream like any kernel, so later kernels see the data; torch's
     caching host allocator keeps the pinned stage until the copy has run. Any other pair of
     devices, and while ``torch.compile`` traces (the graph copies its host inputs itself):
-    ``tensor.to(device)``. Returns the tensor on ``device``.
+    ``tensor.to(device, non_blocking=non_blocking)``. Returns the tensor on ``device``.
     """
     device = torch.device(device)
     if device.type == "cuda" and tensor.device.type == "cpu" and not torch.compiler.is_compiling():
         return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
+    return tensor.to(device, non_blocking=non_blocking)
 
 
 __all__ = ["auto_device", "device_problem", "host_to_device"]
