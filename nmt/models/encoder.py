@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from nmt.models import inert_padding_lstm, padded_lstm
 from nmt.models.dropout import Dropout
@@ -209,13 +209,14 @@ def _pack(emb: Tensor, lengths: Tensor) -> PackedSequence:
     which on CUDA makes the host wait for the stream once per batch). emb: (B, L, E); lengths:
     (B,) host long.
 
-    While ``torch.compile`` traces, torch's function itself, which dynamo skips: the packing then
-    runs eagerly between graphs (with torch's copy). Traced, this function's data-dependent packing
-    split the step into more graphs, and the compiled CUDA training step ran 10-17x slower (H200,
-    2026-11-26); ``torch.compiler.disable`` on it would import dynamo (and Triton) with the model,
-    doubling the import time."""
+    While ``torch.compile`` traces, this function runs eagerly between graphs (a graph break, as
+    at torch's function, which dynamo skips), so a compiled step packs without a sync as well.
+    Traced instead, its data-dependent packing split the step into more graphs, and the compiled
+    CUDA training step ran 10-17x slower (H200, 2026-11-26). The ``torch.compiler.disable``
+    wrapper is made only while dynamo traces (dynamo is imported then; importing it with the
+    model would double the import time)."""
     if torch.compiler.is_compiling():
-        return pack_padded_sequence(emb, lengths, batch_first=True, enforce_sorted=False)
+        return torch.compiler.disable(_pack)(emb, lengths)
     lengths, order = torch.sort(lengths, descending=True)
     order = host_to_device(order, emb.device)
     data, batch_sizes = torch._pack_padded_sequence(emb.index_select(0, order), lengths, True)

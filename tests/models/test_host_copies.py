@@ -80,9 +80,9 @@ def test_lstm_encoder_on_cuda_makes_no_host_sync(make_model):
 
 
 def test_pack_is_not_traced_by_torch_compile(monkeypatch):
-    """Under torch.compile the packing runs eagerly between graphs, as torch's
-    pack_padded_sequence does (dynamo skips it): the same graphs and breaks as with torch's
-    function. Traced, its data-dependent packing split the step into more graphs, and the
+    """Under torch.compile our packing runs eagerly between graphs (with its sync-free copy of
+    the sort order), as torch's pack_padded_sequence does (dynamo skips it): the same graphs and
+    breaks as with torch's function. Traced, its data-dependent packing split the step into more graphs, and the
     compiled CUDA training step ran 10-17x slower (H200, 2026-11-26)."""
     import torch._dynamo
 
@@ -101,10 +101,15 @@ def test_pack_is_not_traced_by_torch_compile(monkeypatch):
         explained = torch._dynamo.explain(loss_forward)(*args)
         return explained.graph_count, explained.graph_break_count
 
+    copies: list[bool] = []  # our packing's sort-order copy, and whether dynamo traced it
+    monkeypatch.setattr(encoder, "host_to_device", lambda tensor, device: copies.append(
+        torch.compiler.is_compiling()) or tensor.to(device))
     ours = graphs()
+    assert copies == [False]  # run eagerly between graphs, with our sync-free copy
     monkeypatch.setattr(encoder, "_pack", lambda emb, lengths: pack_padded_sequence(
         emb, lengths, batch_first=True, enforce_sorted=False))
     assert ours == graphs()
+    assert copies == [False]
 
 
 @pytest.mark.parametrize("model_type", ["lstm", "transformer"])
@@ -210,6 +215,50 @@ def test_training_update_on_cuda_makes_no_host_sync(model_type):
         return update(model, loss_fn, optimizer, host.to("cuda", lengths_on_host=True), 0, 5.0)
 
     step()  # lazy initialisations (kernels, cuDNN, the pinned pool) are not the step's syncs
+    torch.cuda.synchronize()
+    (loss, n_tokens, skipped), sites = host_sync_sites_on("cuda", step)
+    assert not sites, sites
+    assert torch.isfinite(loss).item() and n_tokens == host.n_tokens and not skipped
+
+
+@cuda_only
+@pytest.mark.parametrize("model_type", ["lstm", "transformer"])
+def test_compiled_training_update_on_cuda_makes_no_host_sync(model_type):
+    """The compiled update (``training.compile``'s graphs, here with the "aot_eager" backend: the
+    same graphs and graph breaks as inductor's, without its code generation) on CUDA: after the
+    compiling step, no host sync. The source mask comes from ``update``, and the LSTM's packing
+    runs between graphs with its pinned copy (torch's packing, run there before, copied the sort
+    order from pageable memory: a sync per step)."""
+    from nmt.models import build_model
+    from nmt.models.transformer import build_transformer
+    from nmt.sparse import get_loss
+    from nmt.train.compile import compile_loss_forward
+    from nmt.train.optimizers import build_optimizer
+    from nmt.train.update import update
+    from tiny_models import model_cfg, transformer_cfg
+
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    if model_type == "lstm":
+        model = build_model(model_cfg(attention={"mapping": "entmax15"}, output={"mapping": "entmax15"}), 13, 11, 0)
+    else:
+        model = build_transformer(transformer_cfg(), 13, 11, 0)
+    model = model.float().cuda().train()
+    optimizer = build_optimizer(model.parameters(), {"name": "adam", "lr": 1e-3, "betas": (0.9, 0.98),
+                                                     "eps": 1e-9, "weight_decay": 0.0})
+    src, lengths, tgt_in = random_batch(batch=6, src_len=9, seed=1)
+    host = Batch(src=src, src_lengths=lengths, tgt_in=tgt_in, tgt_out=tgt_in.roll(-1, 1),
+                 tgt_lengths=torch.full((6,), tgt_in.size(1)), n_tokens=6 * tgt_in.size(1), indices=list(range(6)))
+    loss_fn = get_loss("entmax15")
+    forward = compile_loss_forward("cuda", backend="aot_eager")
+
+    def step():
+        return update(model, loss_fn, optimizer, host.to("cuda", lengths_on_host=True), 0, 5.0, forward=forward)
+
+    step()  # compiles
+    step()
     torch.cuda.synchronize()
     (loss, n_tokens, skipped), sites = host_sync_sites_on("cuda", step)
     assert not sites, sites
