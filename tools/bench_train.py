@@ -182,6 +182,7 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
         return update(model, loss_fn, optimizer, to_device(batch, device), PAD, clip, precision=train,
                       forward=forward)
 
+    skips = cudagraph_skips()
     start = time.perf_counter()
     step(batches[0])
     _synchronize(device)
@@ -208,7 +209,8 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     seconds = time.perf_counter() - start
     timed = max(len(batches) - warmup, 1)
     figures = {"tokens_per_sec": tokens / seconds, "ms_per_step": 1000.0 * seconds / timed, "syncs_per_step": syncs,
-               "shapes": len(shapes), "shape_warmup_seconds": shape_warmup, "first_step_seconds": first_step}
+               "shapes": len(shapes), "shape_warmup_seconds": shape_warmup, "first_step_seconds": first_step,
+               "cudagraph_skips": cudagraph_skips() - skips}
     if profile:
         figures["sync_sites"] = dict(sites.most_common())
         try:  # the timing above stands even where the profiler fails (e.g. with CUDA graphs)
@@ -243,10 +245,25 @@ def profile_steps(device: torch.device, step, batches: list) -> dict:
         rows.append((us / n / 1000.0, e.count / n, e.key))
     rows.sort(reverse=True)
     ours = [r for r in rows if NMT_KERNELS.match(r[2])]  # nmt.sparse's Triton kernels (CUDA only)
-    return {"device_ms_per_step": sum(r[0] for r in rows), "calls_per_step": sum(r[1] for r in rows),
-            "top": [{"ms_per_step": ms, "calls_per_step": c, "name": name[:90]} for ms, c, name in rows[:10]],
-            "nmt_kernels": {"ms_per_step": sum(r[0] for r in ours), "calls_per_step": sum(r[1] for r in ours)},
-            "what": "GPU kernels" if on_cuda else "CPU operators (self time)"}
+    figures = {"device_ms_per_step": sum(r[0] for r in rows), "calls_per_step": sum(r[1] for r in rows),
+               "top": [{"ms_per_step": ms, "calls_per_step": c, "name": name[:90]} for ms, c, name in rows[:10]],
+               "nmt_kernels": {"ms_per_step": sum(r[0] for r in ours), "calls_per_step": sum(r[1] for r in ours)},
+               "what": "GPU kernels" if on_cuda else "CPU operators (self time)"}
+    if on_cuda:  # where the host's time goes (a host-bound step: launches, graph replays, Python)
+        host = sorted(((e.self_cpu_time_total / n / 1000.0, e.count / n, e.key) for e in prof.key_averages()
+                       if "cuda" not in str(getattr(e, "device_type", "")).lower()), reverse=True)
+        figures["host_top"] = [{"ms_per_step": ms, "calls_per_step": c, "name": name[:90]} for ms, c, name in host[:12]]
+        figures["host_ms_per_step"] = sum(r[0] for r in host)
+    return figures
+
+
+def cudagraph_skips() -> int:
+    """How many times inductor has declined CUDA graphs for a graph in this process (its
+    counter; the reasons are logged with ``TORCH_LOGS=cudagraphs``); 0 before dynamo is used."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.utils import counters
+    return int(counters["inductor"]["cudagraph_skips"])
 
 
 NMT_KERNELS = re.compile(r"_(ce_)?(forward|backward)_kernel\b")
@@ -273,6 +290,10 @@ def print_profile(figures: dict, ms_per_step: float) -> None:
               f"{prof['nmt_kernels']['ms_per_step']:.3f} ms per step")
     for row in prof["top"]:
         print(f"      {row['ms_per_step']:7.3f} ms {row['calls_per_step']:6.1f}x  {row['name']}")
+    if "host_top" in prof:
+        print(f"    host: operators' self CPU time {prof['host_ms_per_step']:.2f} ms per step (profiled); the most:")
+        for row in prof["host_top"]:
+            print(f"      {row['ms_per_step']:7.3f} ms {row['calls_per_step']:6.1f}x  {row['name']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -365,6 +386,10 @@ def main(argv: list[str] | None = None) -> int:
                             "backend": args.backend if mode == "compiled" else None})
             print(f"{label:<34} {mode:<9} {speed:>10.0f} {ms:>8.1f} {syncs:>10d} {speed / baseline:>9.2f}x "
                   f"{speed / eager_speed:>7.2f}x {shapes:>6d} {warm:>9.1f} {first:>12.1f}", flush=True)
+            if figures[0]["cudagraph_skips"]:
+                print(f"    inductor declined CUDA graphs {figures[0]['cudagraph_skips']} times in this run "
+                      f"(reasons: TORCH_LOGS=cudagraphs)")
+            results[-1]["cudagraph_skips"] = figures[0]["cudagraph_skips"]
             if args.profile:
                 print_profile(figures[0], ms)
                 results[-1].update(sync_sites=figures[0]["sync_sites"], profile=figures[0]["profile"])

@@ -18,7 +18,8 @@
 # env 6 s; tests about 150 s with 15 workers (GPU_CHECK_WORKERS=15); sparse 69 s; train_compile 87 s
 # (112 s with --profile 3); translate more than 110 s (two models trained in 19 s each, then the CPU
 # comparison): give it its default 180 s. The first call of a lease starts the machine (about 30 s).
-# train_compile runs with TORCH_LOGS=perf_hints: inductor says there when it skips CUDA graphs.
+# train_compile runs with TORCH_LOGS=perf_hints,cudagraphs: inductor says there when (and why) it skips CUDA graphs;
+# bench_train also counts the skips per row, and with --profile prints where the host time goes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_check}
@@ -55,7 +56,7 @@ for s in $STAGES; do
         sparse) stage sparse 120 $PY tools/bench_sparse.py --device cuda ${GPU_CHECK_SPARSE_ARGS:-} ;;
         train) stage train 100 $PY tools/bench_train.py --device cuda --steps 100 --warmup 30 ${GPU_CHECK_TRAIN_ARGS:-} \
               --only "softmax / softmax" "entmax15 / entmax15" "softmax / entmax15" "entmax15 / softmax" ;;
-        train_compile) stage train_compile 240 env TORCH_LOGS="${TORCH_LOGS:-perf_hints}" $PY tools/bench_train.py --device cuda --steps 60 --warmup 10 \
+        train_compile) stage train_compile 240 env TORCH_LOGS="${TORCH_LOGS:-perf_hints,cudagraphs}" $PY tools/bench_train.py --device cuda --steps 60 --warmup 10 \
               --compile --max-shapes 1 ${GPU_CHECK_TRAIN_ARGS:-} --only "softmax / softmax" "entmax15 / entmax15" ;;
         transformer) stage transformer 150 $PY tools/bench_train.py --device cuda --steps 100 --warmup 30 \
               --transformer --only "transformer: softmax / softmax" "transformer: entmax15 / softmax" \
