@@ -41,6 +41,7 @@ loss, lengths padded to ``--pad_to_multiple``); ``--precision bf16|fp16`` autoca
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import random
@@ -229,7 +230,7 @@ def profile_steps(device: torch.device, step, batches: list) -> dict:
     on_cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     _synchronize(device)
-    with profile(activities=activities) as prof:
+    with profile(activities=activities) as prof, labelled_triton_launches():
         for batch in batches:
             step(batch)
         _synchronize(device)
@@ -255,6 +256,42 @@ def profile_steps(device: torch.device, step, batches: list) -> dict:
         figures["host_top"] = [{"ms_per_step": ms, "calls_per_step": c, "name": name[:90]} for ms, c, name in host[:12]]
         figures["host_ms_per_step"] = sum(r[0] for r in host)
     return figures
+
+
+@contextlib.contextmanager
+def labelled_triton_launches():
+    """While profiling: each launch of nmt's Triton kernels (eager steps; a compiled step calls
+    them inside its graphs) inside a ``record_function("nmt triton launch: <kernel>")``, so
+    that the host's time in Triton's launcher shows among the host operators."""
+    try:
+        from nmt.sparse import _triton
+    except ImportError:
+        yield
+        return
+    original = _triton._kernels
+
+    class Labelled:
+        def __init__(self, name: str, kernel) -> None:
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            launch = self.kernel[grid]
+
+            def run(*args, **kwargs):
+                with torch.profiler.record_function(f"nmt triton launch: {self.name}"):
+                    return launch(*args, **kwargs)
+            return run
+
+    def kernels():
+        k = original()
+        return type("Kernels", (), {name: Labelled(name, getattr(k, name))
+                                    for name in ("forward", "backward", "ce_forward", "ce_backward")})()
+
+    _triton._kernels = kernels
+    try:
+        yield
+    finally:
+        _triton._kernels = original
 
 
 def cudagraph_skips() -> int:
