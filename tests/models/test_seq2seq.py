@@ -200,6 +200,85 @@ def test_lstm_teacher_forcing_equals_cell_loop_with_dropout_and_gradients(make_m
         torch.testing.assert_close(fast[name], ref[name], rtol=0, atol=1e-10, msg=name)
 
 
+def _fused_cell_by_definition(input_gates, hidden_gates, c, bias):
+    """aten::_thnn_fused_lstm_cell's function (CUDA only) from the LSTM's definition: gates
+    (i, f, g, o) = input_gates + hidden_gates (+ bias); returns (h', c')."""
+    gates = input_gates + hidden_gates + (0 if bias is None else bias)
+    i, f, g, o = gates.chunk(4, dim=-1)
+    c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c_new), c_new
+
+
+@pytest.mark.parametrize("sections", [
+    pytest.param({"decoder": {"dropout": 0.3}}, id="lstm-2-layers-dropout"),
+    pytest.param({"decoder": {"layers": 3, "input_feeding": False}}, id="lstm-3-layers-nofeed"),
+    pytest.param({"encoder": {"bidirectional": False, "layers": 1}, "decoder": {"bridge": "none", "layers": 1}},
+                 id="lstm-1-layer"),
+])
+def test_lstm_teacher_forcing_with_the_fused_cuda_cell(make_model, monkeypatch, sections):
+    """The teacher-forced LSTM loop's CUDA route (one fused cell call per layer and step, fed the
+    gates and biases as torch's fused kernel takes them), checked on the CPU with the kernel's
+    function written from the definition: the outputs and parameter gradients of the plain loop."""
+    from nmt.models import decoder
+
+    model = make_model(**sections)
+    model.train()
+    dec = model.decoder
+    src, src_lengths, tgt_in = random_batch(batch=4, src_len=6, tgt_len=5, seed=3)
+    calls = []
+
+    def fused(*args):
+        calls.append(args[1].shape)
+        return _fused_cell_by_definition(*args)
+
+    def run(use_fused: bool):
+        monkeypatch.setattr(decoder, "fused_cell_usable", lambda like, tensors: use_fused)
+        monkeypatch.setattr(decoder, "fused_lstm_cell", fused)
+        torch.manual_seed(11)
+        model.zero_grad()
+        logits, attention = model(src, src_lengths, tgt_in)
+        (logits.square().sum() + attention[..., 0].sum()).backward()
+        return logits, attention, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    logits, attention, grads = run(True)
+    assert len(calls) == dec.layers * tgt_in.size(1)
+    ref_logits, ref_attention, ref_grads = run(False)
+    assert len(calls) == dec.layers * tgt_in.size(1)  # the plain loop calls none
+    torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-12)
+    torch.testing.assert_close(attention, ref_attention, rtol=0, atol=1e-12)
+    assert grads.keys() == ref_grads.keys()
+    for name in ref_grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=0, atol=1e-10, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_cuda_cell_equals_the_definition():
+    """torch's fused CUDA cell, called as the teacher-forced loop calls it (with and without a
+    bias), equals the LSTM's definition in float64 on the CPU, forward and backward."""
+    from nmt.models.decoder import fused_cell_usable, fused_lstm_cell
+
+    g = torch.Generator().manual_seed(0)
+    n, hidden = 5, 7
+    for with_bias in (False, True):
+        cpu = [torch.randn(n, 4 * hidden, generator=g, dtype=torch.float64), torch.randn(n, 4 * hidden, generator=g,
+               dtype=torch.float64), torch.randn(n, hidden, generator=g, dtype=torch.float64),
+               torch.randn(4 * hidden, generator=g, dtype=torch.float64) if with_bias else None]
+        cuda = [None if t is None else t.float().cuda().requires_grad_() for t in cpu]
+        cpu = [None if t is None else t.requires_grad_() for t in cpu]
+        assert fused_cell_usable(cuda[0], [t for t in cuda[1:] if t is not None])
+        h, c = fused_lstm_cell(*cuda)
+        h_ref, c_ref = _fused_cell_by_definition(*cpu)
+        torch.testing.assert_close(h.double().cpu(), h_ref.detach(), rtol=0, atol=2e-6)
+        torch.testing.assert_close(c.double().cpu(), c_ref.detach(), rtol=0, atol=2e-6)
+        w_h, w_c = torch.randn(n, hidden, generator=g, dtype=torch.float64), torch.randn(n, hidden, generator=g,
+                                                                                        dtype=torch.float64)
+        ((h * w_h.float().cuda()).sum() + (c * w_c.float().cuda()).sum()).backward()
+        ((h_ref * w_h).sum() + (c_ref * w_c).sum()).backward()
+        for ours, ref in zip(cuda, cpu):
+            if ref is not None:
+                torch.testing.assert_close(ours.grad.double().cpu(), ref.grad, rtol=0, atol=1e-5)
+
+
 def test_packed_cpu_inference_matches_the_plain_path(make_model, monkeypatch):
     """float32 decoding (no gradients) through packed oneDNN weights (nmt.utils.packed_linear: the
     generator, the combining layer and the decoder's LSTM cells) gives the log-probabilities and
