@@ -1,14 +1,23 @@
 """Luong/Bahdanau global attention with any registered probability mapping."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
+from nmt.models.recurrent_product import RecurrentWeight
 from nmt.sparse import get_mapping
 
 SCORES = ("dot", "general", "mlp")
+
+
+class Products(NamedTuple):
+    """:meth:`GlobalAttention.step_products`: ``scores(query (B, S, K)) -> (B, S, L)`` (None:
+    the score's own computation) and ``context(weights (B, S, L)) -> (B, S, Hm)``."""
+
+    scores: Callable[[Tensor], Tensor] | None
+    context: Callable[[Tensor], Tensor]
 
 
 class GlobalAttention(nn.Module):
@@ -58,6 +67,16 @@ class GlobalAttention(nn.Module):
 
             self.continuous = ContinuousAttention(**continuous)
 
+    def step_products(self, memory: Tensor, keys: Tensor) -> Products:
+        """The two batched products that every step of one forward pass takes with the same
+        source-side operand, as :class:`~nmt.models.recurrent_product.RecurrentWeight` products:
+        the scores ``q K^T`` (``dot`` and ``general``; None for ``mlp``, whose scores are no
+        product) and the context ``p M``. Their values are ``torch.bmm``'s; the gradients of
+        ``keys`` and ``memory`` are one ``bmm`` over all steps after the last (instead of an
+        outer product and an addition per step). memory: (B, L, Hm); keys: ``self.keys(memory)``."""
+        scores = None if self.score == "mlp" else RecurrentWeight(keys).product
+        return Products(scores, RecurrentWeight(memory.transpose(1, 2)).product)
+
     def keys(self, memory: Tensor) -> Tensor:
         """Source-side part of the score. memory: (B, L, Hm) -> keys (B, L, K)."""
         return memory if self.score == "dot" else self.key_proj(memory)
@@ -70,14 +89,16 @@ class GlobalAttention(nn.Module):
         return torch.bmm(query, keys.transpose(1, 2))
 
     def forward(
-        self, query: Tensor, memory: Tensor, mask: Tensor, keys: Tensor | None = None
+        self, query: Tensor, memory: Tensor, mask: Tensor, keys: Tensor | None = None,
+        products: Products | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Attend.
 
         query: (B, T, Hq), or one step's (N, Hq) with N = B x S: S consecutive query rows per
         memory row (S = 1, or the beam slots of a sentence, whose memory beam search then keeps
         once instead of S times); memory: (B, L, Hm); mask: (B, L) bool, True = real token;
-        keys: ``self.keys(memory)`` if already computed.
+        keys: ``self.keys(memory)`` if already computed; ``products``: this forward pass's
+        :meth:`step_products` of ``memory`` and ``keys`` (a step of a teacher-forced loop), or None.
         Returns ``(context, probs)``: context (B, T, Hm) or (N, Hm), probs (B, T, L) or
         (N, L), rows summing to one with exact zeros on padding. A step's S rows per memory row
         are one (S, L) product per sentence, not S products of one row.
@@ -87,13 +108,16 @@ class GlobalAttention(nn.Module):
             query = query.view(memory.size(0), -1, query.size(-1))  # (B, S, Hq)
         if keys is None:
             keys = self.keys(memory)
-        scores = self.scores(query, keys)
+        if products is not None and products.scores is not None:
+            scores = products.scores(query)
+        else:
+            scores = self.scores(query, keys)
         probs = self.mapping(scores, dim=-1, mask=mask.unsqueeze(1).expand_as(scores))
         probs = probs.to(memory.dtype)
         weights = probs
         if self.continuous is not None:  # combined: (p + w) @ memory, one product for both contexts
             weights = probs + self.continuous.source_weights(probs, mask).to(probs.dtype)
-        context = torch.bmm(weights, memory)
+        context = products.context(weights) if products is not None else torch.bmm(weights, memory)
         if single:
             return context.view(-1, context.size(-1)), probs.view(-1, probs.size(-1))
         return context, probs

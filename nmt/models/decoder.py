@@ -248,7 +248,8 @@ class InputFeedingDecoder(nn.Module):
         of its concatenated [input; h] with its concatenated [W_ih | W_hh], instead of two (the
         cells' ``lstm_cell`` does two per layer). In eager training the gradients of these
         weights and of the combining layer are one product each after the last step
-        (:class:`~nmt.models.recurrent_product.RecurrentWeight`), not T thin ones. Same gate
+        (:class:`~nmt.models.recurrent_product.RecurrentWeight`), not T thin ones, and so are those
+        of the attention's keys and memory (:meth:`GlobalAttention.step_products`). Same gate
         order (i, f, g, o), dropout calls in the same order as ``step``; equal to ``step`` applied
         T times up to rounding. On CUDA in eager mode each cell update is torch's fused kernel
         (:func:`fused_lstm_cell`): one kernel forward and one backward instead of about nine and
@@ -268,9 +269,11 @@ class InputFeedingDecoder(nn.Module):
         if deferred_enabled(emb):
             products = [RecurrentWeight(w).product for w in weights]
             combine = RecurrentWeight(self.combine.weight).product
+            attention_products = self.attention.step_products(memory, keys)
         else:
             products = [lambda x, w=w: x.mm(w.t()) for w in weights]
             combine = self.combine
+            attention_products = None
         h = [state[0] for state in hidden]
         c = [state[1] for state in hidden]
         fused = fused_cell_usable(pre, h + c + [b for b in biases if b is not None])
@@ -296,7 +299,7 @@ class InputFeedingDecoder(nn.Module):
                 in_gate, forget_gate, cell_gate, out_gate = gates.chunk(4, dim=1)
                 c[i] = torch.sigmoid(forget_gate) * c[i] + torch.sigmoid(in_gate) * torch.tanh(cell_gate)
                 h[i] = x = torch.sigmoid(out_gate) * torch.tanh(c[i])
-            context, probs = self.attention(x, memory, mask, keys)
+            context, probs = self.attention(x, memory, mask, keys, attention_products)
             input_feed = self.dropout(torch.tanh(combine(torch.cat([context, x], dim=-1))))
             outs.append(input_feed)
             attns.append(probs)

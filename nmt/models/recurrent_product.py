@@ -49,10 +49,11 @@ class _WeightNode(torch.autograd.Function):
         records = ctx.records
         if not records.grads:
             return grad, None
-        g = torch.cat(records.grads, dim=0)  # (T*B, out)
-        x = torch.cat(records.inputs, dim=0)  # (T*B, in)
+        steps = records.grads[0].dim() - 2  # the steps' axis: 0 for (B, out), 1 for (N, S, out)
+        g = torch.cat(records.grads, dim=steps)  # (T*B, out) or (N, T*S, out)
+        x = torch.cat(records.inputs, dim=steps)  # (T*B, in) or (N, T*S, in)
         records.inputs, records.grads = [], []  # a second backward (retain_graph) records anew
-        dw = g.t().mm(x)
+        dw = g.t().mm(x) if steps == 0 else torch.bmm(g.transpose(1, 2), x)
         return (dw if grad is None else dw + grad), None
 
 
@@ -65,7 +66,7 @@ class _StepProduct(torch.autograd.Function):
         ctx.records = records
         if records.packed is not None:
             return packed_linear.product(x, records.packed)
-        return x.mm(weight.t())
+        return _product(x, weight)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
@@ -80,20 +81,30 @@ class _StepProduct(torch.autograd.Function):
             if records.packed_t is None:  # W^T packed once, at the first step's backward
                 records.packed_t = packed_linear.pack(weight.t())
             return packed_linear.product(grad, records.packed_t), None, None
-        return grad.mm(weight), None, None
+        return (grad.mm(weight) if weight.dim() == 2 else torch.bmm(grad, weight)), None, None
+
+
+def _product(x: Tensor, weight: Tensor) -> Tensor:
+    """``x W^T``: (B, in) x (out, in) -> (B, out), or batched (N, S, in) x (N, out, in) -> (N, S, out)."""
+    return x.mm(weight.t()) if weight.dim() == 2 else torch.bmm(x, weight.transpose(1, 2))
 
 
 class RecurrentWeight:
-    """A weight (out, in) shared by the steps of one forward pass.
+    """A weight (out, in) shared by the steps of one forward pass, or a batch of them (N, out, in).
 
-    ``product(x)`` is ``x @ weight.T`` for x (B, in) -> (B, out). Create one per forward pass
-    (it holds that pass's records); when the weight needs no gradient it is a plain product.
+    ``product(x)`` is ``x @ weight.T`` for x (B, in) -> (B, out), or per batch entry
+    ``torch.bmm(x, weight.transpose(1, 2))`` for x (N, S, in) -> (N, S, out): e.g. attention's
+    source-side operands, the keys (N, L, K) of the scores ``q K^T`` and the transposed memory
+    (N, H, L) of the contexts ``p M``, which every decoder step multiplies; their gradient is then
+    one ``bmm`` over all steps instead of an outer product and an addition per step. Create one
+    per forward pass (it holds that pass's records); when the weight needs no gradient it is a
+    plain product.
     """
 
     def __init__(self, weight: Tensor) -> None:
         self.weight = weight
         # float32 on the CPU: the step products through oneDNN with the weight packed once per pass
-        packed = packed_linear.pack(weight) if packed_linear.trainable(weight) else None
+        packed = packed_linear.pack(weight) if weight.dim() == 2 and packed_linear.trainable(weight) else None
         self.records = _Records(packed)
         self.alias = _WeightNode.apply(weight, self.records) if weight.requires_grad else weight
 
@@ -101,7 +112,7 @@ class RecurrentWeight:
         if not self.weight.requires_grad:
             if self.records.packed is not None:
                 return packed_linear.product(x, self.records.packed)
-            return x.mm(self.weight.t())
+            return _product(x, self.weight)
         return _StepProduct.apply(x, self.alias, self.records)
 
 

@@ -59,3 +59,24 @@ def test_enabled_only_for_eager_full_precision_training() -> None:
         assert not deferred_enabled(x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not deferred_enabled(x)
+
+
+def test_batched_operand_gradient_equals_autograd() -> None:
+    """A batch of weights (N, out, in), each step's product ``bmm(x_t, W^T)`` with x_t (N, S, in)
+    (attention's keys and transposed memory): the operand's gradient, one bmm after the last
+    step, and the inputs' equal plain autograd's (float64), with a plain use of W beside."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(3, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)  # (N, out, in)
+    xs = torch.randn(6, 3, 2, 4, generator=g, dtype=torch.float64, requires_grad=True)  # T steps of (N, S, in)
+    u = torch.randn(3, 2, 5, generator=g, dtype=torch.float64)
+    grads = []
+    for deferred in (False, True):
+        w.grad = xs.grad = None
+        product = RecurrentWeight(w).product if deferred else (lambda x: torch.bmm(x, w.transpose(1, 2)))
+        total = w.square().sum()
+        for x in xs.unbind(0):
+            total = total + (torch.tanh(product(x)) * u).sum()
+        total.backward()
+        grads.append((w.grad.clone(), xs.grad.clone()))
+    torch.testing.assert_close(grads[1][0], grads[0][0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(grads[1][1], grads[0][1], rtol=0, atol=1e-12)

@@ -200,6 +200,47 @@ def test_lstm_teacher_forcing_equals_cell_loop_with_dropout_and_gradients(make_m
         torch.testing.assert_close(fast[name], ref[name], rtol=0, atol=1e-10, msg=name)
 
 
+@pytest.mark.parametrize("sections", [
+    pytest.param({}, id="general"),
+    pytest.param({"attention": {"score": "dot"}, "decoder": {"hidden_size": 8}}, id="dot"),
+    pytest.param({"attention": {"score": "mlp"}}, id="mlp"),
+    pytest.param({"attention": {"mapping": "entmax15", "continuous": {"num_basis_mu": 4}}}, id="continuous"),
+])
+def test_teacher_forcing_with_the_attention_step_products(make_model, monkeypatch, sections):
+    """The teacher-forced loop's attention products with the keys' and memory's gradients made
+    once after the last step (GlobalAttention.step_products) give the loss and every parameter
+    gradient (encoder included) of plain products (float64)."""
+    from nmt.models.attention import GlobalAttention
+
+    model = make_model(**sections)
+    model.train()
+    src, src_lengths, tgt_in = random_batch(batch=4, src_len=6, tgt_len=5, seed=3)
+
+    def run():
+        torch.manual_seed(11)
+        model.zero_grad()
+        logits, attention = model(src, src_lengths, tgt_in)
+        (logits.square().sum() + attention[..., 0].sum()).backward()
+        return logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    calls = []
+    step_products = GlobalAttention.step_products
+
+    def counted(self, memory, keys):
+        calls.append(1)
+        return step_products(self, memory, keys)
+
+    monkeypatch.setattr(GlobalAttention, "step_products", counted)
+    logits, grads = run()
+    assert calls == [1]
+    monkeypatch.setattr(GlobalAttention, "step_products", lambda self, memory, keys: None)
+    ref_logits, ref_grads = run()
+    torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-12)
+    assert grads.keys() == ref_grads.keys() and any(n.startswith("encoder") for n in grads)
+    for name in ref_grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=0, atol=1e-10, msg=name)
+
+
 def _fused_cell_by_definition(input_gates, hidden_gates, c, bias):
     """aten::_thnn_fused_lstm_cell's function (CUDA only) from the LSTM's definition: gates
     (i, f, g, o) = input_gates + hidden_gates (+ bias); returns (h', c')."""
