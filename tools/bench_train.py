@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from nmt.utils.allocator import keep_freed_memory  # noqa: E402
+from nmt.utils.allocator import freeze_live_objects, keep_freed_memory, thaw_live_objects  # noqa: E402
 from nmt.data.batching import collate, make_batches  # noqa: E402
 from nmt.models import build_model  # noqa: E402
 from nmt.sparse import get_loss  # noqa: E402
@@ -399,37 +399,41 @@ def main(argv: list[str] | None = None) -> int:
           + (f"; load: {args.load}" if args.load else ""))
     print(f"{'attention / output':<34} {'step':<9} {'tokens/s':>10} {'ms/step':>8} {'syncs/step':>10} "
           f"{'vs softmax':>10} {'vs eager':>8} {'shapes':>6} {'warm-up s':>9} {'first step s':>12}")
-    results = []
-    baseline = None
-    for label, attention, output in runs:
-        eager_speed = None
-        section = transformer_model if label.startswith("transformer:") else None
-        for mode in modes:
-            figures = [measure(config, attention, output, batches, src_vocab, tgt_vocab, warmup, device,
-                               mode == "compiled", args.precision, args.pad_to_multiple, section, args.backend,
-                               args.profile)
-                       for _ in range(args.repeats)]
-            speed = statistics.median(f["tokens_per_sec"] for f in figures)
-            ms = statistics.median(f["ms_per_step"] for f in figures)
-            syncs = figures[0]["syncs_per_step"]
-            shapes, warm = figures[0]["shapes"], statistics.median(f["shape_warmup_seconds"] for f in figures)
-            first = statistics.median(f["first_step_seconds"] for f in figures)
-            baseline = baseline or speed
-            eager_speed = eager_speed or speed
-            results.append({"setting": label, "attention": attention[0], "output": output[0], "step": mode,
-                            "tokens_per_sec": speed, "ms_per_step": ms, "syncs_per_step": syncs,
-                            "ratio_to_softmax": speed / baseline, "ratio_to_eager": speed / eager_speed,
-                            "shapes": shapes, "shape_warmup_seconds": warm, "first_step_seconds": first,
-                            "backend": args.backend if mode == "compiled" else None})
-            print(f"{label:<34} {mode:<9} {speed:>10.0f} {ms:>8.1f} {syncs:>10d} {speed / baseline:>9.2f}x "
-                  f"{speed / eager_speed:>7.2f}x {shapes:>6d} {warm:>9.1f} {first:>12.1f}", flush=True)
-            if figures[0]["cudagraph_skips"]:
-                print(f"    inductor declined CUDA graphs {figures[0]['cudagraph_skips']} times in this run "
-                      f"(reasons: TORCH_LOGS=cudagraphs)")
-            results[-1]["cudagraph_skips"] = figures[0]["cudagraph_skips"]
-            if args.profile:
-                print_profile(figures[0], ms)
-                results[-1].update(sync_sites=figures[0]["sync_sites"], profile=figures[0]["profile"])
+    freeze_live_objects()  # as nmt-train does once loaded: full collections skip torch's and the data's objects
+    try:
+        results = []
+        baseline = None
+        for label, attention, output in runs:
+            eager_speed = None
+            section = transformer_model if label.startswith("transformer:") else None
+            for mode in modes:
+                figures = [measure(config, attention, output, batches, src_vocab, tgt_vocab, warmup, device,
+                                   mode == "compiled", args.precision, args.pad_to_multiple, section, args.backend,
+                                   args.profile)
+                           for _ in range(args.repeats)]
+                speed = statistics.median(f["tokens_per_sec"] for f in figures)
+                ms = statistics.median(f["ms_per_step"] for f in figures)
+                syncs = figures[0]["syncs_per_step"]
+                shapes, warm = figures[0]["shapes"], statistics.median(f["shape_warmup_seconds"] for f in figures)
+                first = statistics.median(f["first_step_seconds"] for f in figures)
+                baseline = baseline or speed
+                eager_speed = eager_speed or speed
+                results.append({"setting": label, "attention": attention[0], "output": output[0], "step": mode,
+                                "tokens_per_sec": speed, "ms_per_step": ms, "syncs_per_step": syncs,
+                                "ratio_to_softmax": speed / baseline, "ratio_to_eager": speed / eager_speed,
+                                "shapes": shapes, "shape_warmup_seconds": warm, "first_step_seconds": first,
+                                "backend": args.backend if mode == "compiled" else None})
+                print(f"{label:<34} {mode:<9} {speed:>10.0f} {ms:>8.1f} {syncs:>10d} {speed / baseline:>9.2f}x "
+                      f"{speed / eager_speed:>7.2f}x {shapes:>6d} {warm:>9.1f} {first:>12.1f}", flush=True)
+                if figures[0]["cudagraph_skips"]:
+                    print(f"    inductor declined CUDA graphs {figures[0]['cudagraph_skips']} times in this run "
+                          f"(reasons: TORCH_LOGS=cudagraphs)")
+                results[-1]["cudagraph_skips"] = figures[0]["cudagraph_skips"]
+                if args.profile:
+                    print_profile(figures[0], ms)
+                    results[-1].update(sync_sites=figures[0]["sync_sites"], profile=figures[0]["profile"])
+    finally:
+        thaw_live_objects()
     if args.json is not None:
         atomic_write_text(args.json, json.dumps({"data": source, "steps": steps, "warmup": warmup,
                                                  "threads": args.threads,
