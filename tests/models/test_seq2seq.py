@@ -320,6 +320,31 @@ def test_fused_cuda_cell_equals_the_definition():
                 torch.testing.assert_close(ours.grad.double().cpu(), ref.grad, rtol=0, atol=1e-5)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("sections", [
+    pytest.param({}, id="lstm-2-layers-feed"),
+    pytest.param({"decoder": {"layers": 3, "input_feeding": False}, "attention": {"score": "dot", "mapping": "entmax15"},
+                  "encoder": {"hidden_size": 6}}, id="lstm-3-layers-dot-entmax15"),
+])
+def test_teacher_forced_training_pass_on_cuda_equals_the_cpu(make_model, sections):
+    """The eager teacher-forced forward and backward on CUDA (the fused cell kernel, the attention
+    products, the Triton or static mappings) equal the CPU's in float64: logits and every
+    parameter gradient."""
+    cpu = make_model(**sections).train()
+    cuda = make_model(**sections).train().cuda()
+    cuda.load_state_dict(cpu.state_dict())
+    src, src_lengths, tgt_in = random_batch(batch=4, src_len=6, tgt_len=5, seed=5)
+    results = []
+    for model, device in ((cpu, "cpu"), (cuda, "cuda")):
+        logits, attention = model(src.to(device), src_lengths, tgt_in.to(device))
+        (logits.square().sum() + attention[..., 0].sum()).backward()
+        results.append((logits.detach().cpu(), {n: p.grad.detach().cpu() for n, p in model.named_parameters()}))
+    (ref, ref_grads), (ours, grads) = results
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-9)
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=0, atol=1e-8, msg=name)
+
+
 def test_packed_cpu_inference_matches_the_plain_path(make_model, monkeypatch):
     """float32 decoding (no gradients) through packed oneDNN weights (nmt.utils.packed_linear: the
     generator, the combining layer and the decoder's LSTM cells) gives the log-probabilities and
