@@ -1,0 +1,58 @@
+"""Smoke runs of the benchmarks that tools/gpu_check.sh drives: they run and report figures.
+
+Timing is never asserted (speed goals live in the benchmarks' output, not in tests); these check
+that the scripts still run end to end on the CPU with their diagnostics on."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look the module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads():
+    """The benchmarks set torch's thread count (2, the peer setting): restore the suite's."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_bench_train_quick_with_profile(tmp_path, capsys):
+    """``bench_train --quick --profile 1``: a row per setting with its speed, host syncs, CUDA-graph
+    skips (0 off CUDA) and the profile's operator table, written to --json as well."""
+    bench = _load("bench_train")
+    out = tmp_path / "train.json"
+    assert bench.main(["--quick", "--only", "softmax / softmax", "entmax15 / entmax15", "--profile", "1",
+                       "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert [r["setting"] for r in results] == ["softmax / softmax", "entmax15 / entmax15"]
+    for row in results:
+        assert row["tokens_per_sec"] > 0 and row["ms_per_step"] > 0 and row["cudagraph_skips"] == 0
+        assert row["profile"]["calls_per_step"] > 0 and row["profile"]["top"]
+    printed = capsys.readouterr().out
+    assert "profile: CPU operators (self time)" in printed
+
+
+def test_bench_sparse_quick(capsys):
+    """``bench_sparse --quick``: the mapping and loss tables with their host sync counts."""
+    bench = _load("bench_sparse")
+    try:
+        bench.main(["--quick"])
+    except SystemExit as exit_:  # argparse-style exits: only success is fine
+        assert exit_.code in (0, None)
+    printed = capsys.readouterr().out
+    assert "softmax" in printed and "entmax15" in printed
