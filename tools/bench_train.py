@@ -157,7 +157,7 @@ def to_device(batch, device: torch.device):
 def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab: int, warmup: int,
             device: torch.device = torch.device("cpu"), compiled: bool = False, precision: str = "fp32",
             pad_to: int = 1, model_section: dict | None = None, backend: str = "inductor",
-            profile: int = 0) -> dict:
+            profile: int = 0, encoder_in_graph: bool = False) -> dict:
     """Full updates over ``batches`` (after ``warmup`` untimed ones) on ``device``: target tokens
     per second, ms per step, and host syncs of one extra step (SyncAudit on the CPU,
     CUDA's sync debug mode on CUDA). ``compiled``: torch.compile of forward+loss (with
@@ -165,7 +165,8 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     ``model_section``: another model. ``first_step_seconds``: the first update (a compiled run's
     compilation), which is always taken (one extra untimed step when ``warmup`` is 0).
     ``profile``: also where the counted step's host syncs are (``sync_sites``) and, after timing,
-    :func:`profile_steps` over that many steps (``profile``)."""
+    :func:`profile_steps` over that many steps (``profile``). ``encoder_in_graph``: compiled with
+    ``training.compile_encoder`` (an LSTM encoder inside the graph)."""
     model_cfg = json.loads(json.dumps(model_section or config["model"]))
     model_cfg["attention"].update(mapping=attention[0], params=attention[1])
     model_cfg["output"].update(mapping=output[0], params=output[1])
@@ -175,7 +176,8 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     loss_fn = get_loss(output[0], **output[1])
     optimizer = build_optimizer(model.parameters(), config["training"]["optimizer"])
     clip = config["training"]["clip_grad_norm"]
-    forward = compile_loss_forward(device, backend=backend) if compiled else loss_forward
+    forward = compile_loss_forward(device, backend=backend, encoder_in_graph=encoder_in_graph) if compiled \
+        else loss_forward
     train = TrainPrecision(precision, device)
     batches = [pad_to_multiple(b, pad_to if compiled else 1, PAD) for b in batches]
 
@@ -350,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Multi30k train/val .de/.en (recipes/translation/prepare.py multi30k writes them)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--compile", action="store_true", help="also time training.compile (torch.compile)")
+    parser.add_argument("--compile-encoder", action="store_true",
+                        help="the compiled rows with training.compile_encoder (an LSTM encoder inside the graph)")
     parser.add_argument("--backend", default="inductor",
                         help="torch.compile backend of the compiled rows (default inductor, what training.compile "
                              "uses; aot_eager: capture and autograd without code generation)")
@@ -396,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{src_vocab}/{tgt_vocab}, {warmup} warmup + {steps} timed steps, device {device} ({machine}), "
           f"{args.threads} threads, precision {args.precision}, torch {torch.__version__}"
           + (f"; the {args.max_shapes} most frequent shapes only" if args.max_shapes else "")
-          + (f"; load: {args.load}" if args.load else ""))
+          + (f"; load: {args.load}" if args.load else "")
+          + ("; compiled with training.compile_encoder" if args.compile and args.compile_encoder else ""))
     print(f"{'attention / output':<34} {'step':<9} {'tokens/s':>10} {'ms/step':>8} {'syncs/step':>10} "
           f"{'vs softmax':>10} {'vs eager':>8} {'shapes':>6} {'warm-up s':>9} {'first step s':>12}")
     freeze_live_objects()  # as nmt-train does once loaded: full collections skip torch's and the data's objects
@@ -409,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             for mode in modes:
                 figures = [measure(config, attention, output, batches, src_vocab, tgt_vocab, warmup, device,
                                    mode == "compiled", args.precision, args.pad_to_multiple, section, args.backend,
-                                   args.profile)
+                                   args.profile, args.compile_encoder)
                            for _ in range(args.repeats)]
                 speed = statistics.median(f["tokens_per_sec"] for f in figures)
                 ms = statistics.median(f["ms_per_step"] for f in figures)
@@ -422,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "tokens_per_sec": speed, "ms_per_step": ms, "syncs_per_step": syncs,
                                 "ratio_to_softmax": speed / baseline, "ratio_to_eager": speed / eager_speed,
                                 "shapes": shapes, "shape_warmup_seconds": warm, "first_step_seconds": first,
-                                "backend": args.backend if mode == "compiled" else None})
+                                "backend": args.backend if mode == "compiled" else None,
+                                "encoder_in_graph": mode == "compiled" and args.compile_encoder})
                 print(f"{label:<34} {mode:<9} {speed:>10.0f} {ms:>8.1f} {syncs:>10d} {speed / baseline:>9.2f}x "
                       f"{speed / eager_speed:>7.2f}x {shapes:>6d} {warm:>9.1f} {first:>12.1f}", flush=True)
                 if figures[0]["cudagraph_skips"]:

@@ -20,6 +20,8 @@
 # comparison): give it its default 180 s. The first call of a lease starts the machine (about 30 s).
 # train_compile runs with TORCH_LOGS=perf_hints,cudagraphs: inductor says there when (and why) it skips CUDA graphs;
 # bench_train also counts the skips per row, and with --profile prints where the host time goes.
+# training.compile_encoder (the LSTM encoder inside the compiled graph, one graph per step) is timed
+# by a second train_compile call: GPU_CHECK_TRAIN_ARGS="--compile-encoder" bash tools/gpu_check.sh train_compile
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_check}

@@ -86,17 +86,24 @@ class RNNEncoder(nn.Module):
         )
         self.layer_dropout = Dropout(self.rnn.dropout)  # between layers in the runs layer by layer
 
-    def forward(self, emb: Tensor, lengths: Tensor,
-                lookup: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+    def forward(self, emb: Tensor, lengths: Tensor, lookup: tuple[Tensor, Tensor] | None = None,
+                mask: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
         """Encode embedded sources.
 
         emb: (B, L, E); lengths: (B,) true lengths (>= 1, any order, any device); ``lookup =
         (ids (B, L), table (V, E))`` where ``emb`` is ``table[ids]`` (embeddings without dropout):
         the CPU decoding run then computes the first layer's input products once per token
-        (:func:`~nmt.models.padded_lstm.padded_lstm`).
+        (:func:`~nmt.models.padded_lstm.padded_lstm`); ``mask``: the lengths' mask (B, L) on
+        ``emb``'s device where the caller has it: a compiled step then runs an LSTM over the padded
+        batch with its padding made inert (:func:`~nmt.models.inert_padding_lstm.traceable`), in the
+        step's graph, instead of packing between graphs.
         Returns ``memory`` (B, L, hidden_size), exactly zero beyond each length, and the
         final states, a tuple ((h,) for GRU, (h, c) for LSTM) of (layers, B, hidden_size).
         """
+        if mask is not None and inert_padding_lstm.traceable(self.rnn, emb):  # a compiled step
+            dropout = self.layer_dropout if self.rnn.training else None
+            memory, final = inert_padding_lstm.inert_padding_lstm(self.rnn, emb, None, dropout, valid=mask)
+            return memory, tuple(self._merge_directions(s) for s in final) if self.bidirectional else final
         # pack_padded_sequence needs the lengths on the host: a device-to-host copy (a sync)
         # unless they are there already (the trainer keeps them there).
         lengths_cpu = lengths.detach().to("cpu", dtype=torch.long)

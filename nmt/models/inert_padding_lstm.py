@@ -22,6 +22,7 @@ host-held lengths.
 """
 from __future__ import annotations
 
+import sys
 from typing import Callable, Optional
 
 import torch
@@ -41,19 +42,44 @@ def servable(rnn: nn.Module, x: Tensor) -> bool:
             and torch.backends.mkldnn.enabled)
 
 
-def inert_padding_lstm(rnn: nn.LSTM, x: Tensor, lengths: Tensor,
-                       dropout: Optional[Callable[[Tensor], Tensor]] = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+def traceable(rnn: nn.Module, x: Tensor) -> bool:
+    """Whether a compiled step runs ``rnn`` by :func:`inert_padding_lstm` from the source mask
+    (``valid``), one graph with the rest of the step (no packing between graphs): a batch-first
+    ``nn.LSTM`` without projections while ``torch.compile`` traces with dynamo's ``allow_rnn`` on
+    (``training.compile_encoder``), not in float16 (whose range cannot hold :data:`BIG`: a padding
+    weight of inf would make 0 * inf = NaN at real positions)."""
+    return (isinstance(rnn, nn.LSTM) and rnn.batch_first and rnn.proj_size == 0
+            and torch.compiler.is_compiling() and _dynamo_traces_rnns() and x.dtype != torch.float16
+            and all(p.dtype != torch.float16 for p in rnn.parameters())
+            and not (torch.is_autocast_enabled(x.device.type)
+                     and torch.get_autocast_dtype(x.device.type) == torch.float16))
+
+
+def _dynamo_traces_rnns() -> bool:
+    """dynamo's ``allow_rnn`` (read only while it traces, when it is imported)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    return dynamo is not None and bool(dynamo.config.allow_rnn)
+
+
+def inert_padding_lstm(rnn: nn.LSTM, x: Tensor, lengths: Optional[Tensor],
+                       dropout: Optional[Callable[[Tensor], Tensor]] = None,
+                       valid: Optional[Tensor] = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """``rnn`` over the padded batch ``x`` (B, L, I) with true lengths ``lengths`` (B,) (a host
     long tensor, each in [1, L]) as its packed run computes it, differentiable (where
-    :func:`servable`). ``dropout``: applied to each layer's outputs but the last (``nn.LSTM``'s
-    inter-layer dropout, e.g. an ``nn.Dropout`` module in training mode); None: none.
+    :func:`servable`; in a compiled step where :func:`traceable`). ``dropout``: applied to each
+    layer's outputs but the last (``nn.LSTM``'s inter-layer dropout, e.g. an ``nn.Dropout`` module
+    in training mode); None: none. ``valid``: instead of ``lengths``, the lengths' mask (B, L)
+    bool on ``x``'s device (True at the real positions, a prefix of each row): no host tensor.
 
     Returns the outputs (B, L, D*H), exactly zero beyond each length, and the final states
     (h_n, c_n), each (layers * D, B, H) in torch's layout (D = 2 for a bidirectional LSTM).
     """
     batch, width = x.shape[:2]
     hidden, directions = rnn.hidden_size, 2 if rnn.bidirectional else 1
-    valid = torch.arange(width)[None, :] < lengths[:, None]  # (B, L)
+    if valid is None:
+        valid = torch.arange(width)[None, :] < lengths[:, None]  # (B, L)
+    else:
+        lengths = valid.sum(dim=1)
     padding = (~valid).to(x.dtype).unsqueeze(-1)  # (B, L, 1) the inert-padding feature
     column = x.new_zeros(4 * hidden, 1)
     column[:hidden] = -BIG  # input gate -> 0
@@ -80,4 +106,4 @@ def inert_padding_lstm(rnn: nn.LSTM, x: Tensor, lengths: Tensor,
     return inputs * valid.unsqueeze(-1).to(x.dtype), (torch.stack(h_n), torch.stack(c_n))
 
 
-__all__ = ["BIG", "inert_padding_lstm", "servable"]
+__all__ = ["BIG", "inert_padding_lstm", "servable", "traceable"]

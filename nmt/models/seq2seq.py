@@ -50,7 +50,7 @@ class Seq2Seq(EncoderDecoder):
         embeddings = self.src_embeddings
         # in eval mode the embeddings are their table's rows: the encoder may compute per token
         lookup = None if embeddings.training else (src, embeddings.weight)
-        memory, final = self.encoder(embeddings(src), src_lengths, lookup)
+        memory, final = self.encoder(embeddings(src), src_lengths, lookup, src_mask)
         mask = length_mask(src_lengths, src.size(1), src.device) if src_mask is None else src_mask
         encoder_out = {"memory": memory, "src_mask": mask, "keys": self.decoder.attention.keys(memory)}
         return encoder_out, self.decoder.init_state(final)

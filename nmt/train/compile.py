@@ -6,8 +6,12 @@ with few shapes.
 graph) with static shapes, on CPU inductor's default mode. ``compile_loss_forward(device)`` is
 that of ``nmt.train.update.loss_forward`` (model forward and summed loss); the trainer compiles
 ``nmt.train.validation.batch_statistics`` (teacher-forced validation sums) the same way. The
-packed-sequence encoder runs eagerly between graphs (cuDNN's one call per layer; its lengths
-stay on the host). Every distinct batch shape is a graph of its own, so
+RNN encoder packs its batch and runs eagerly between graphs (cuDNN's call per layer, its lengths
+on the host); with ``training.compile_encoder`` an LSTM encoder instead runs inside the graph over
+the padded batch with its padding made inert (given the source mask, which the update step and
+validation make): one graph for the whole forward pass, on CUDA one CUDA graph, at the cost of a
+longer compilation (the LSTM is unrolled over time). Every distinct batch shape is a graph of
+its own, so
 ``pad_to_multiple`` pads source and target lengths up to a multiple of k (padding is masked
 in attention and ignored by the loss: same loss, same gradients).
 """
@@ -28,21 +32,27 @@ MAX_GRAPHS = 64
 """Recompilation limit raised to this many shapes (buckets x batch sizes) per compiled step."""
 
 
-def compile_for_device(fn: F_, device: torch.device | str, backend: str = "inductor") -> F_:
+def compile_for_device(fn: F_, device: torch.device | str, backend: str = "inductor",
+                       encoder_in_graph: bool = False) -> F_:
     """``fn`` compiled for ``device`` (CUDA graphs on CUDA, inductor default on CPU); ``backend``
     another ``torch.compile`` backend (tests use "aot_eager": same capture and autograd, no code
-    generation). Compilation happens at the first call of each new shape."""
+    generation). ``encoder_in_graph`` (``training.compile_encoder``): an LSTM encoder given the
+    source mask runs inside the graph (dynamo's ``allow_rnn``, a process-wide setting, switched
+    on; see :func:`nmt.models.inert_padding_lstm.traceable`); otherwise it packs between graphs.
+    Compilation happens at the first call of each new shape."""
     import torch._dynamo
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MAX_GRAPHS)
+    torch._dynamo.config.allow_rnn = encoder_in_graph
     if torch.device(device).type == "cuda" and backend == "inductor":
         return torch.compile(fn, mode="reduce-overhead", dynamic=False)
     return torch.compile(fn, backend=backend)
 
 
-def compile_loss_forward(device: torch.device | str, backend: str = "inductor") -> LossForward:
+def compile_loss_forward(device: torch.device | str, backend: str = "inductor",
+                         encoder_in_graph: bool = False) -> LossForward:
     """``loss_forward`` compiled for ``device`` (see ``compile_for_device``)."""
-    return compile_for_device(loss_forward, device, backend)
+    return compile_for_device(loss_forward, device, backend, encoder_in_graph)
 
 
 def pad_to_multiple(batch: Batch, multiple: int, pad_index: int) -> Batch:

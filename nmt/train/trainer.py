@@ -172,8 +172,11 @@ class Trainer:
         self.loss_fn = get_loss(output["mapping"], **output["params"])
         self.optimizer = build_optimizer(self.model.parameters(), train_cfg["optimizer"])
         self.precision = TrainPrecision(train_cfg["precision"], self.device)
-        self.loss_forward = compile_loss_forward(self.device) if train_cfg["compile"] else loss_forward
-        self.batch_statistics = (compile_for_device(batch_statistics, self.device) if train_cfg["compile"]
+        in_graph = train_cfg["compile_encoder"]
+        self.loss_forward = (compile_loss_forward(self.device, encoder_in_graph=in_graph) if train_cfg["compile"]
+                             else loss_forward)
+        self.batch_statistics = (compile_for_device(batch_statistics, self.device, encoder_in_graph=in_graph)
+                                 if train_cfg["compile"]
                                  else batch_statistics)
         try:
             self.schedule = build_schedule(self.optimizer, train_cfg["optimizer"]["lr"], train_cfg["lr_schedule"])

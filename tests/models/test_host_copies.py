@@ -222,13 +222,14 @@ def test_training_update_on_cuda_makes_no_host_sync(model_type):
 
 
 @cuda_only
-@pytest.mark.parametrize("model_type", ["lstm", "transformer"])
-def test_compiled_training_update_on_cuda_makes_no_host_sync(model_type):
+@pytest.mark.parametrize("model_type,encoder_in_graph", [("lstm", False), ("lstm", True), ("transformer", False)])
+def test_compiled_training_update_on_cuda_makes_no_host_sync(model_type, encoder_in_graph):
     """The compiled update (``training.compile``'s graphs, here with the "aot_eager" backend: the
     same graphs and graph breaks as inductor's, without its code generation) on CUDA: after the
-    compiling step, no host sync. The source mask comes from ``update``, and the LSTM's packing
-    runs between graphs with its pinned copy (torch's packing, run there before, copied the sort
-    order from pageable memory: a sync per step)."""
+    compiling step, no host sync. The source mask comes from ``update``; the LSTM's packing runs
+    between graphs with its pinned copy (torch's packing, run there before, copied the sort order
+    from pageable memory: a sync per step), or with ``training.compile_encoder`` the LSTM runs in
+    the graph from the mask."""
     from nmt.models import build_model
     from nmt.models.transformer import build_transformer
     from nmt.sparse import get_loss
@@ -252,14 +253,18 @@ def test_compiled_training_update_on_cuda_makes_no_host_sync(model_type):
     host = Batch(src=src, src_lengths=lengths, tgt_in=tgt_in, tgt_out=tgt_in.roll(-1, 1),
                  tgt_lengths=torch.full((6,), tgt_in.size(1)), n_tokens=6 * tgt_in.size(1), indices=list(range(6)))
     loss_fn = get_loss("entmax15")
-    forward = compile_loss_forward("cuda", backend="aot_eager")
+    before = torch._dynamo.config.allow_rnn
+    forward = compile_loss_forward("cuda", backend="aot_eager", encoder_in_graph=encoder_in_graph)
 
     def step():
         return update(model, loss_fn, optimizer, host.to("cuda", lengths_on_host=True), 0, 5.0, forward=forward)
 
-    step()  # compiles
-    step()
-    torch.cuda.synchronize()
-    (loss, n_tokens, skipped), sites = host_sync_sites_on("cuda", step)
+    try:
+        step()  # compiles
+        step()
+        torch.cuda.synchronize()
+        (loss, n_tokens, skipped), sites = host_sync_sites_on("cuda", step)
+    finally:
+        torch._dynamo.config.allow_rnn = before
     assert not sites, sites
     assert torch.isfinite(loss).item() and n_tokens == host.n_tokens and not skipped

@@ -69,6 +69,39 @@ def test_compiled_training_equals_eager():
     assert runs["eager"][0][0] != runs["eager"][0][2]  # the steps did change the model
 
 
+@pytest.mark.parametrize("encoder", ["lstm", "gru"])
+def test_compiled_lstm_step_is_one_graph(encoder):
+    """With ``training.compile_encoder`` and the source mask (as ``update`` gives it), a compiled
+    forward pass with an LSTM encoder is one graph: the encoder runs over the padded batch with its padding made inert, no packing
+    between graphs (a GRU encoder still packs between graphs); loss and every gradient equal the
+    eager step's (float64, 2-layer encoder)."""
+    import torch._dynamo
+
+    from nmt.models.seq2seq import length_mask
+
+    graphs: list[int] = []
+
+    def counting(gm, example_inputs):
+        graphs.append(len(gm.graph.nodes))
+        return gm
+
+    m = model(encoder={"type": encoder, "layers": 2})
+    batch = copy_batch(4)
+    mask = length_mask(batch.src_lengths, batch.src.size(1), batch.src.device)
+    args = (m, get_loss("softmax"), batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, PAD, 0.0, mask)
+    results = []
+    for forward in (compile_for_device(loss_forward, "cpu", backend=counting, encoder_in_graph=True), loss_forward):
+        torch._dynamo.reset()
+        m.zero_grad()
+        loss = forward(*args)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in m.parameters()]))
+    assert (len(graphs) == 1) == (encoder == "lstm"), graphs
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-12, atol=0)
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
 def test_padding_to_a_multiple_changes_neither_loss_nor_gradients():
     batch = copy_batch(3, width=5)
     padded = pad_to_multiple(batch, 4, PAD)
@@ -146,6 +179,29 @@ def test_yaml_keys_reach_the_trainer(tmp_path):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad), encoding="utf-8")
     with pytest.raises(Exception, match="training.precision"):
         load_config(tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize("in_graph", [False, True])
+def test_compile_encoder_key_reaches_dynamo(tmp_path, in_graph):
+    """``training.compile_encoder`` sets dynamo's ``allow_rnn`` when the trainer compiles its steps
+    (what lets the LSTM encoder into the graph); the compiled steps are built lazily."""
+    import torch._dynamo
+    import yaml
+
+    from nmt.config import load_config
+    from nmt.train.trainer import Trainer
+
+    before = torch._dynamo.config.allow_rnn
+    try:
+        data = write_task(tmp_path / "data", n_train=24, n_valid=4)
+        cfg = tiny_config(data, tmp_path / "run", compile=True, compile_encoder=in_graph, max_steps=1)
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
+        trainer = Trainer(load_config(tmp_path / "c.yaml"), str(tmp_path / "c.yaml"))
+        assert trainer.loss_forward is not loss_forward
+        assert torch._dynamo.config.allow_rnn is in_graph
+        trainer.lock.release()
+    finally:
+        torch._dynamo.config.allow_rnn = before
 
 
 @pytest.mark.parametrize("mapping", ["softmax", "entmax15-static"])
