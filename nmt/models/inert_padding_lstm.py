@@ -13,6 +13,10 @@ one. The backward direction meets the padding first, from the zero initial state
 h = o tanh(0) = 0, and the row starts from zeros at its own last token, as in the packed run. One
 fused call per layer (both directions), dropout between layers as ``nn.LSTM`` applies it.
 
+The same construction serves a compiled step with ``training.compile_encoder`` (:func:`traceable`,
+any device): traced from the source mask, the encoder then belongs to the step's graph instead of
+running packed between graphs.
+
 The same function as the packed run up to rounding (float32: outputs ~1e-7, gradients ~1e-6
 relative; tests compare both, with and without biases, 1-3 layers, uni- and bidirectional).
 Measured (2-layer bi-LSTM, 128 units per direction, batch 64, 2 threads, Intel Xeon): forward and
