@@ -56,6 +56,23 @@ def test_inert_padding_equals_the_packed_run_with_gradients(bidirectional, layer
             torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_the_mask_route_equals_the_lengths_route(bidirectional):
+    """``valid`` (the lengths' mask, what a compiled step passes) gives the outputs, final states
+    and gradients of the host lengths, bit for bit."""
+    torch.manual_seed(3)
+    rnn = nn.LSTM(6, 5, num_layers=2, bidirectional=bidirectional, batch_first=True)
+    for lengths in LENGTHS:
+        lengths_t = torch.tensor(lengths)
+        x = torch.randn(len(lengths), max(lengths) + 1, 6)
+        valid = torch.arange(x.size(1))[None, :] < lengths_t[:, None]
+        by_mask = outputs_and_gradients(lambda r, v, _: tuple(
+            [(out := inert_padding_lstm(r, v, None, valid=valid))[0], *out[1]]), rnn, x, lengths_t)
+        by_lengths = outputs_and_gradients(flat_inert_run, rnn, x, lengths_t)
+        for a, b in zip(by_mask[0] + list(by_mask[1]), by_lengths[0] + list(by_lengths[1])):
+            assert torch.equal(a, b)
+
+
 def test_dropout_between_layers_only():
     """With a dropout that zeroes everything, the second layer reads zeros: its outputs are those
     of a 1-layer LSTM with its weights on a zero input, while the first layer's final states are
