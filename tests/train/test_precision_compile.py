@@ -90,12 +90,17 @@ def test_compiled_lstm_step_is_one_graph(encoder):
     mask = length_mask(batch.src_lengths, batch.src.size(1), batch.src.device)
     args = (m, get_loss("softmax"), batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, PAD, 0.0, mask)
     results = []
-    for forward in (compile_for_device(loss_forward, "cpu", backend=counting, encoder_in_graph=True), loss_forward):
-        torch._dynamo.reset()
-        m.zero_grad()
-        loss = forward(*args)
-        loss.backward()
-        results.append((loss.detach(), [p.grad.clone() for p in m.parameters()]))
+    before = torch._dynamo.config.allow_rnn  # process-wide: restored for the tests after this one
+    try:
+        for forward in (compile_for_device(loss_forward, "cpu", backend=counting, encoder_in_graph=True),
+                        loss_forward):
+            torch._dynamo.reset()
+            m.zero_grad()
+            loss = forward(*args)
+            loss.backward()
+            results.append((loss.detach(), [p.grad.clone() for p in m.parameters()]))
+    finally:
+        torch._dynamo.config.allow_rnn = before
     assert (len(graphs) == 1) == (encoder == "lstm"), graphs
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-12, atol=0)
     for a, b in zip(results[0][1], results[1][1]):
