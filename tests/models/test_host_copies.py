@@ -41,14 +41,39 @@ def test_host_to_device_on_the_cpu_is_to():
     assert torch.equal(host_to_device(x, "cpu"), x)
 
 
+def _host_batch() -> Batch:
+    """Six sentences padded on the host, as ``collate`` leaves a training batch."""
+    src, lengths, tgt_in = random_batch(batch=6, src_len=9, seed=1)
+    return Batch(src=src, src_lengths=lengths, tgt_in=tgt_in, tgt_out=tgt_in.roll(-1, 1),
+                 tgt_lengths=torch.full((6,), tgt_in.size(1)), n_tokens=6 * tgt_in.size(1), indices=list(range(6)))
+
+
+def _cuda_training_setup(model_type: str):
+    """(model on CUDA in training mode, fused Adam, the host batch, the 1.5-entmax loss): the LSTM
+    with 1.5-entmax attention and output, or the Transformer with its default mappings."""
+    from nmt.models import build_model
+    from nmt.models.transformer import build_transformer
+    from nmt.sparse import get_loss
+    from nmt.train.optimizers import build_optimizer
+    from tiny_models import model_cfg, transformer_cfg
+
+    torch.manual_seed(0)
+    if model_type == "lstm":
+        model = build_model(model_cfg(attention={"mapping": "entmax15"}, output={"mapping": "entmax15"}), 13, 11, 0)
+    else:
+        model = build_transformer(transformer_cfg(), 13, 11, 0)
+    model = model.float().cuda().train()
+    optimizer = build_optimizer(model.parameters(), {"name": "adam", "lr": 1e-3, "betas": (0.9, 0.98),
+                                                     "eps": 1e-9, "weight_decay": 0.0})
+    return model, optimizer, _host_batch(), get_loss("entmax15")
+
+
 @cuda_only
 def test_copies_to_cuda_make_no_host_sync():
     """Batch.to, length_mask with host lengths and the packed encoder's sort order: no sync,
     the values of the CPU."""
-    src, lengths, tgt_in = random_batch(batch=6, src_len=9, seed=1)
-    batch = Batch(src=src, src_lengths=lengths, tgt_in=tgt_in, tgt_out=tgt_in.roll(-1, 1),
-                  tgt_lengths=torch.full((6,), tgt_in.size(1)), n_tokens=6 * tgt_in.size(1),
-                  indices=list(range(6)))
+    batch = _host_batch()
+    src, lengths = batch.src, batch.src_lengths
     torch.cuda.synchronize()
     moved, sites = host_sync_sites_on("cuda", lambda: batch.to("cuda", lengths_on_host=True))
     assert not sites, sites
@@ -191,25 +216,9 @@ def test_training_update_on_cuda_makes_no_host_sync(model_type):
     LSTM with 1.5-entmax attention and output, the Transformer with its default mappings; the
     1.5-entmax loss, clipping, fused Adam): no host sync (the sync debug mode), as measured on an
     H200 for the Multi30k LSTM (2026-11-26)."""
-    from nmt.models import build_model
-    from nmt.models.transformer import build_transformer
-    from nmt.sparse import get_loss
-    from nmt.train.optimizers import build_optimizer
     from nmt.train.update import update
-    from tiny_models import model_cfg, transformer_cfg
 
-    torch.manual_seed(0)
-    if model_type == "lstm":
-        model = build_model(model_cfg(attention={"mapping": "entmax15"}, output={"mapping": "entmax15"}), 13, 11, 0)
-    else:
-        model = build_transformer(transformer_cfg(), 13, 11, 0)
-    model = model.float().cuda().train()
-    optimizer = build_optimizer(model.parameters(), {"name": "adam", "lr": 1e-3, "betas": (0.9, 0.98),
-                                                     "eps": 1e-9, "weight_decay": 0.0})
-    src, lengths, tgt_in = random_batch(batch=6, src_len=9, seed=1)
-    host = Batch(src=src, src_lengths=lengths, tgt_in=tgt_in, tgt_out=tgt_in.roll(-1, 1),
-                 tgt_lengths=torch.full((6,), tgt_in.size(1)), n_tokens=6 * tgt_in.size(1), indices=list(range(6)))
-    loss_fn = get_loss("entmax15")
+    model, optimizer, host, loss_fn = _cuda_training_setup(model_type)
 
     def step():
         return update(model, loss_fn, optimizer, host.to("cuda", lengths_on_host=True), 0, 5.0)
@@ -230,29 +239,13 @@ def test_compiled_training_update_on_cuda_makes_no_host_sync(model_type, encoder
     between graphs with its pinned copy (torch's packing, run there before, copied the sort order
     from pageable memory: a sync per step), or with ``training.compile_encoder`` the LSTM runs in
     the graph from the mask."""
-    from nmt.models import build_model
-    from nmt.models.transformer import build_transformer
-    from nmt.sparse import get_loss
-    from nmt.train.compile import compile_loss_forward
-    from nmt.train.optimizers import build_optimizer
-    from nmt.train.update import update
-    from tiny_models import model_cfg, transformer_cfg
-
     import torch._dynamo
 
+    from nmt.train.compile import compile_loss_forward
+    from nmt.train.update import update
+
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    if model_type == "lstm":
-        model = build_model(model_cfg(attention={"mapping": "entmax15"}, output={"mapping": "entmax15"}), 13, 11, 0)
-    else:
-        model = build_transformer(transformer_cfg(), 13, 11, 0)
-    model = model.float().cuda().train()
-    optimizer = build_optimizer(model.parameters(), {"name": "adam", "lr": 1e-3, "betas": (0.9, 0.98),
-                                                     "eps": 1e-9, "weight_decay": 0.0})
-    src, lengths, tgt_in = random_batch(batch=6, src_len=9, seed=1)
-    host = Batch(src=src, src_lengths=lengths, tgt_in=tgt_in, tgt_out=tgt_in.roll(-1, 1),
-                 tgt_lengths=torch.full((6,), tgt_in.size(1)), n_tokens=6 * tgt_in.size(1), indices=list(range(6)))
-    loss_fn = get_loss("entmax15")
+    model, optimizer, host, loss_fn = _cuda_training_setup(model_type)
     before = torch._dynamo.config.allow_rnn
     forward = compile_loss_forward("cuda", backend="aot_eager", encoder_in_graph=encoder_in_graph)
 
