@@ -101,9 +101,9 @@ class RNNEncoder(nn.Module):
         final states, a tuple ((h,) for GRU, (h, c) for LSTM) of (layers, B, hidden_size).
         """
         if mask is not None and inert_padding_lstm.traceable(self.rnn, emb):  # a compiled step
-            dropout = self.layer_dropout if self.rnn.training else None
-            memory, final = inert_padding_lstm.inert_padding_lstm(self.rnn, emb, None, dropout, valid=mask)
-            return memory, tuple(self._merge_directions(s) for s in final) if self.bidirectional else final
+            memory, final = inert_padding_lstm.inert_padding_lstm(self.rnn, emb, None, self._between_layers(),
+                                                                  valid=mask)
+            return memory, self._final_states(final)
         # pack_padded_sequence needs the lengths on the host: a device-to-host copy (a sync)
         # unless they are there already (the trainer keeps them there).
         lengths_cpu = lengths.detach().to("cpu", dtype=torch.long)
@@ -114,7 +114,7 @@ class RNNEncoder(nn.Module):
             except (RuntimeError, IndexError):  # a length out of range indexes out of range
                 _check_lengths(lengths_cpu, emb.size(1))  # say which; else torch's error
                 raise
-            return memory, tuple(self._merge_directions(s) for s in final) if self.bidirectional else final
+            return memory, self._final_states(final)
         groups = self._length_groups(emb, lengths_cpu)
         if groups is not None:
             return self._forward_by_length(emb, groups)
@@ -129,10 +129,17 @@ class RNNEncoder(nn.Module):
             _check_lengths(lengths_cpu, emb.size(1))  # bad lengths: say which; else torch's error
             raise
         memory = padded.index_select(0, packed.unsorted_indices.to(padded.device))
+        return memory, self._final_states(final)
+
+    def _final_states(self, final: Tensor | tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        """The RNN's final state(s) in torch's layout -> a tuple of (layers, B, hidden_size),
+        the directions merged."""
         states = final if isinstance(final, tuple) else (final,)
-        if self.bidirectional:
-            states = tuple(self._merge_directions(s) for s in states)
-        return memory, states
+        return tuple(self._merge_directions(s) for s in states) if self.bidirectional else states
+
+    def _between_layers(self) -> Callable[[Tensor], Tensor] | None:
+        """The dropout between layers that the layer-by-layer runs apply (None in eval mode)."""
+        return self.layer_dropout if self.rnn.training else None
 
     def _cpu_run(self, emb: Tensor, lookup: tuple[Tensor, Tensor] | None = None,
                  ) -> Callable[[Tensor, Tensor], tuple[Tensor, tuple[Tensor, Tensor]]] | None:
@@ -147,7 +154,7 @@ class RNNEncoder(nn.Module):
         if padded_lstm.servable(rnn, emb):
             return lambda x, lengths: padded_lstm.padded_lstm(rnn, x, lengths, lookup)  # type: ignore[arg-type]
         if inert_padding_lstm.servable(rnn, emb):
-            dropout = self.layer_dropout if rnn.training else None
+            dropout = self._between_layers()
             return lambda x, lengths: inert_padding_lstm.inert_padding_lstm(
                 rnn, x, lengths, dropout)  # type: ignore[arg-type]
         return None
@@ -188,10 +195,7 @@ class RNNEncoder(nn.Module):
                 full.index_copy_(1, rows, part)
             memory[rows, :length] = out
         assert memory is not None  # at least one group
-        merged = tuple(states)
-        if self.bidirectional:
-            merged = tuple(self._merge_directions(s) for s in merged)
-        return memory, merged
+        return memory, self._final_states(tuple(states))
 
     def _run(self, x: Tensor | PackedSequence) -> tuple[Tensor | PackedSequence, Tensor | tuple[Tensor, Tensor]]:
         """``self.rnn(x)``; under CPU autocast on a processor that cannot run the RNN in the
