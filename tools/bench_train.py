@@ -237,27 +237,28 @@ def profile_steps(device: torch.device, step, batches: list) -> dict:
             step(batch)
         _synchronize(device)
     n = max(len(batches), 1)
-    rows = []
+    kernels, host = [], []  # (ms per step, calls per step, name), GPU kernels and host operators
     for e in prof.key_averages():
-        if on_cuda:
-            if "cuda" not in str(getattr(e, "device_type", "")).lower():
-                continue
+        if "cuda" in str(getattr(e, "device_type", "")).lower():
             us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+            kernels.append((us / n / 1000.0, e.count / n, e.key))
         else:
-            us = e.self_cpu_time_total
-        rows.append((us / n / 1000.0, e.count / n, e.key))
-    rows.sort(reverse=True)
+            host.append((e.self_cpu_time_total / n / 1000.0, e.count / n, e.key))
+    rows = sorted(kernels if on_cuda else host, reverse=True)
     ours = [r for r in rows if NMT_KERNELS.match(r[2])]  # nmt.sparse's Triton kernels (CUDA only)
     figures = {"device_ms_per_step": sum(r[0] for r in rows), "calls_per_step": sum(r[1] for r in rows),
-               "top": [{"ms_per_step": ms, "calls_per_step": c, "name": name[:90]} for ms, c, name in rows[:10]],
+               "top": _top(rows, 10),
                "nmt_kernels": {"ms_per_step": sum(r[0] for r in ours), "calls_per_step": sum(r[1] for r in ours)},
                "what": "GPU kernels" if on_cuda else "CPU operators (self time)"}
     if on_cuda:  # where the host's time goes (a host-bound step: launches, graph replays, Python)
-        host = sorted(((e.self_cpu_time_total / n / 1000.0, e.count / n, e.key) for e in prof.key_averages()
-                       if "cuda" not in str(getattr(e, "device_type", "")).lower()), reverse=True)
-        figures["host_top"] = [{"ms_per_step": ms, "calls_per_step": c, "name": name[:90]} for ms, c, name in host[:12]]
+        figures["host_top"] = _top(sorted(host, reverse=True), 12)
         figures["host_ms_per_step"] = sum(r[0] for r in host)
     return figures
+
+
+def _top(rows: list, k: int) -> list[dict]:
+    """The first ``k`` of sorted (ms per step, calls per step, name) rows, as the JSON holds them."""
+    return [{"ms_per_step": ms, "calls_per_step": c, "name": name[:90]} for ms, c, name in rows[:k]]
 
 
 @contextlib.contextmanager
