@@ -200,6 +200,17 @@ def test_lstm_teacher_forcing_equals_cell_loop_with_dropout_and_gradients(make_m
         torch.testing.assert_close(fast[name], ref[name], rtol=0, atol=1e-10, msg=name)
 
 
+def _training_pass(model, src, src_lengths, tgt_in):
+    """One teacher-forced forward and backward of a fixed loss of the logits and the attention
+    (seed 11, gradients zeroed first): ``(logits, attention, {name: gradient})`` on the host."""
+    torch.manual_seed(11)
+    model.zero_grad()
+    logits, attention = model(src, src_lengths, tgt_in)
+    (logits.square().sum() + attention[..., 0].sum()).backward()
+    return (logits.detach().cpu(), attention.detach().cpu(),
+            {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None})
+
+
 @pytest.mark.parametrize("sections", [
     pytest.param({}, id="general"),
     pytest.param({"attention": {"score": "dot"}, "decoder": {"hidden_size": 8}}, id="dot"),
@@ -216,13 +227,6 @@ def test_teacher_forcing_with_the_attention_step_products(make_model, monkeypatc
     model.train()
     src, src_lengths, tgt_in = random_batch(batch=4, src_len=6, tgt_len=5, seed=3)
 
-    def run():
-        torch.manual_seed(11)
-        model.zero_grad()
-        logits, attention = model(src, src_lengths, tgt_in)
-        (logits.square().sum() + attention[..., 0].sum()).backward()
-        return logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
     calls = []
     step_products = GlobalAttention.step_products
 
@@ -231,10 +235,10 @@ def test_teacher_forcing_with_the_attention_step_products(make_model, monkeypatc
         return step_products(self, memory, keys)
 
     monkeypatch.setattr(GlobalAttention, "step_products", counted)
-    logits, grads = run()
+    logits, _, grads = _training_pass(model, src, src_lengths, tgt_in)
     assert calls == [1]
     monkeypatch.setattr(GlobalAttention, "step_products", lambda self, memory, keys: None)
-    ref_logits, ref_grads = run()
+    ref_logits, _, ref_grads = _training_pass(model, src, src_lengths, tgt_in)
     torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-12)
     assert grads.keys() == ref_grads.keys() and any(n.startswith("encoder") for n in grads)
     for name in ref_grads:
@@ -275,11 +279,7 @@ def test_lstm_teacher_forcing_with_the_fused_cuda_cell(make_model, monkeypatch, 
     def run(use_fused: bool):
         monkeypatch.setattr(decoder, "fused_cell_usable", lambda like, tensors: use_fused)
         monkeypatch.setattr(decoder, "fused_lstm_cell", fused)
-        torch.manual_seed(11)
-        model.zero_grad()
-        logits, attention = model(src, src_lengths, tgt_in)
-        (logits.square().sum() + attention[..., 0].sum()).backward()
-        return logits, attention, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return _training_pass(model, src, src_lengths, tgt_in)
 
     logits, attention, grads = run(True)
     assert len(calls) == dec.layers * tgt_in.size(1)
@@ -334,12 +334,9 @@ def test_teacher_forced_training_pass_on_cuda_equals_the_cpu(make_model, section
     cuda = make_model(**sections).train().cuda()
     cuda.load_state_dict(cpu.state_dict())
     src, src_lengths, tgt_in = random_batch(batch=4, src_len=6, tgt_len=5, seed=5)
-    results = []
-    for model, device in ((cpu, "cpu"), (cuda, "cuda")):
-        logits, attention = model(src.to(device), src_lengths, tgt_in.to(device))
-        (logits.square().sum() + attention[..., 0].sum()).backward()
-        results.append((logits.detach().cpu(), {n: p.grad.detach().cpu() for n, p in model.named_parameters()}))
-    (ref, ref_grads), (ours, grads) = results
+    ref, _, ref_grads = _training_pass(cpu, src, src_lengths, tgt_in)
+    ours, _, grads = _training_pass(cuda, src.cuda(), src_lengths, tgt_in.cuda())
+    assert grads.keys() == ref_grads.keys() == {n for n, _ in cpu.named_parameters()}
     torch.testing.assert_close(ours, ref, rtol=0, atol=1e-9)
     for name, grad in ref_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=0, atol=1e-8, msg=name)
