@@ -288,7 +288,7 @@ def labelled_triton_launches():
     def kernels():
         k = original()
         return type("Kernels", (), {name: Labelled(name, getattr(k, name))
-                                    for name in ("forward", "backward", "ce_forward", "ce_backward")})()
+                                    for name in _triton.KERNEL_NAMES})()
 
     _triton._kernels = kernels
     try:

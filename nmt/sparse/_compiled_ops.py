@@ -84,11 +84,12 @@ def _kernel_operators() -> Optional[SimpleNamespace]:
     def per_row(x: Tensor, dtype: torch.dtype) -> Tensor:
         return x.new_empty((x.shape[0],), dtype=dtype)
 
-    def stats(x: Tensor) -> Tensor:
-        return x.new_empty((2,), dtype=torch.int32)
+    def finish(x: Tensor) -> Tensor:
+        return x.new_empty((2,), dtype=torch.float32)
 
-    def loss_dtype(x: Tensor) -> torch.dtype:
-        return torch.promote_types(x.dtype, torch.float32)
+    def loss(x: Tensor, reduction: str) -> Tensor:
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        return per_row(x, dtype) if reduction == "none" else x.new_empty((), dtype=dtype)
 
     def grad_like(p: Tensor, g: Tensor) -> Tensor:
         return like(g, torch.promote_types(p.dtype, g.dtype))
@@ -105,16 +106,18 @@ def _kernel_operators() -> Optional[SimpleNamespace]:
         "tsallis_probs_conj": ("(Tensor x2d, float alpha) -> (Tensor, Tensor, Tensor)", t.tsallis_probs_conj,
                                lambda x, alpha: (like(x), per_row(x, x.dtype), per_row(x, x.dtype))),
         "tsallis_index_loss": (
-            "(Tensor x2d, Tensor target, int ignore_index, float eps, float alpha) -> (Tensor, Tensor, Tensor)",
+            "(Tensor x2d, Tensor target, int ignore_index, float eps, float alpha, str reduction)"
+            " -> (Tensor, Tensor, Tensor)",
             t.tsallis_index_loss,
-            lambda x, tg, ii, eps, alpha: (like(x), per_row(x, loss_dtype(x)), stats(x))),
+            lambda x, tg, ii, eps, alpha, red: (like(x), loss(x, red), finish(x))),
         "cross_entropy_forward": (
-            "(Tensor x2d, Tensor target, int ignore_index, float eps) -> (Tensor, Tensor, Tensor)",
+            "(Tensor x2d, Tensor target, int ignore_index, float eps, str reduction) -> (Tensor, Tensor, Tensor)",
             t.cross_entropy_forward,
-            lambda x, tg, ii, eps: (per_row(x, loss_dtype(x)), per_row(x, torch.float32), stats(x))),
+            lambda x, tg, ii, eps, red: (loss(x, red), per_row(x, torch.float32), finish(x))),
         "cross_entropy_backward": (
-            "(Tensor x2d, Tensor target, Tensor lse, Tensor g, int ignore_index, float eps) -> Tensor",
-            t.cross_entropy_backward, lambda x, tg, lse, g, ii, eps: like(x)),
+            "(Tensor x2d, Tensor target, Tensor lse, Tensor g, int ignore_index, float eps, Tensor? scale)"
+            " -> Tensor",
+            t.cross_entropy_backward, lambda x, tg, lse, g, ii, eps, scale: like(x)),
     }
     return SimpleNamespace(**{name: _operator(f"triton_{name}", schema, impl, fake)
                               for name, (schema, impl, fake) in ops.items()})

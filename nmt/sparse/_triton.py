@@ -53,8 +53,10 @@ uses) and, for class-index targets, the loss and its gradient ``p - y`` in place
 (:func:`tsallis_index_loss`). Cross-entropy has its own two small kernels
 (:func:`cross_entropy_forward`: one read of the row, per-row outputs only;
 :func:`cross_entropy_backward`: ``(softmax - y) * g`` recomputed from the scores). Index-target
-kernels count the rows not ignored and the indices out of range with integer atomics (exact,
-deterministic) for the caller's mean and check. None of them synchronises with the host.
+kernels write a status per row (counted, refused), which one program of :func:`_finish_kernel`
+reads with the rows' losses: the sum or mean in row order (deterministic), the factor of the
+mean for the backward and the flag of the caller's range check. None of them synchronises with
+the host.
 """
 from __future__ import annotations
 
@@ -135,7 +137,7 @@ def is_available(x: Tensor) -> bool:
 # Kernels (plain functions, decorated with triton.jit on first use; see _kernels)
 # --------------------------------------------------------------------------------------------
 
-def _forward_kernel(X, Y, A, OK, CONJ, ZMAX, T, LOSS, STATS, n, ignore_index, smoothing,
+def _forward_kernel(X, Y, A, OK, CONJ, ZMAX, T, LOSS, STATUS, n, ignore_index, smoothing,
                     MODE: tl.constexpr, HAS_OK: tl.constexpr, LOSS_MODE: tl.constexpr,
                     SMOOTH: tl.constexpr, BLOCK: tl.constexpr, N_BISECT: tl.constexpr,
                     MAX_ITER: tl.constexpr):
@@ -316,8 +318,8 @@ def _forward_kernel(X, Y, A, OK, CONJ, ZMAX, T, LOSS, STATS, n, ignore_index, sm
         valid = t != ignore_index
         in_range = (t >= 0) & (t < n)
         t = tl.where(valid & in_range, t, 0)  # an index out of range: counted, never read
-        tl.atomic_add(STATS, 1, mask=valid)  # the rows counted by "mean"
-        tl.atomic_add(STATS + 1, 1, mask=valid & (~in_range))  # only for refused indices
+        tl.store(STATUS + row,  # 1: counted by "mean"; 3: counted and refused (out of range)
+                 (valid.to(tl.int32) + 2 * (valid & (~in_range)).to(tl.int32)).to(tl.int8))
         zt = tl.load(X + row * n + t).to(tl.float32) - tl.where(bad, float("nan"), xm)
         on_t = cols == t
         if SMOOTH:  # y = (1 - eps) e_t + eps / k on the k classes with score > -inf
@@ -374,7 +376,7 @@ def _backward_kernel(P, G, DX, A, n, MODE: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(DX + row * n + cols, (s * (g - c)).to(DX.dtype.element_ty), mask=inb)
 
 
-def _ce_forward_kernel(X, T, LOSS, LSE, STATS, n, ignore_index, eps, SMOOTH: tl.constexpr,
+def _ce_forward_kernel(X, T, LOSS, LSE, STATUS, n, ignore_index, eps, SMOOTH: tl.constexpr,
                        BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -390,8 +392,8 @@ def _ce_forward_kernel(X, T, LOSS, LSE, STATS, n, ignore_index, eps, SMOOTH: tl.
     valid = t != ignore_index
     in_range = (t >= 0) & (t < n)
     t = tl.where(valid & in_range, t, 0)  # an index out of range: counted, never read
-    tl.atomic_add(STATS, 1, mask=valid)  # the rows counted by "mean"
-    tl.atomic_add(STATS + 1, 1, mask=valid & (~in_range))  # only for refused indices
+    tl.store(STATUS + row,  # 1: counted by "mean"; 3: counted and refused (out of range)
+             (valid.to(tl.int32) + 2 * (valid & (~in_range)).to(tl.int32)).to(tl.int8))
     xt = tl.load(X + row * n + t).to(tl.float32)
     logp_t = (xt - ms) - lse
     loss = -logp_t
@@ -410,8 +412,36 @@ def _ce_forward_kernel(X, T, LOSS, LSE, STATS, n, ignore_index, eps, SMOOTH: tl.
     tl.store(LSE + row, lse)
 
 
-def _ce_backward_kernel(X, T, LSE, G, DX, n, g_stride, ignore_index, eps, SMOOTH: tl.constexpr,
-                        BLOCK: tl.constexpr):
+def _finish_kernel(LOSS, STATUS, OUT, FIN, n_rows, REDUCE: tl.constexpr, BLOCK: tl.constexpr):
+    # one program over the per-row losses and statuses of an index-target loss: the reduced
+    # loss OUT (REDUCE 1: sum, 2: mean over the counted rows; 0, none: not written), FIN[0] the
+    # factor of "mean" (1 / max(count, 1), else 1) and FIN[1] 1 if no index was refused, else 0.
+    # Sums in row order, in blocks: deterministic.
+    cols = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=LOSS.dtype.element_ty)
+    count = tl.zeros([BLOCK], dtype=tl.int32)
+    refused = tl.zeros([BLOCK], dtype=tl.int32)
+    for start in range(0, n_rows, BLOCK):
+        idx = start + cols
+        inb = idx < n_rows
+        status = tl.load(STATUS + idx, mask=inb, other=0).to(tl.int32)
+        count += status & 1
+        refused += status >> 1
+        if REDUCE > 0:
+            acc += tl.load(LOSS + idx, mask=inb, other=0.0)
+    denom = tl.maximum(tl.sum(count, axis=0), 1).to(tl.float32)
+    if REDUCE == 2:
+        tl.store(OUT, (tl.sum(acc, axis=0) / denom).to(OUT.dtype.element_ty))
+        tl.store(FIN, 1.0 / denom)
+    else:
+        if REDUCE == 1:
+            tl.store(OUT, tl.sum(acc, axis=0).to(OUT.dtype.element_ty))
+        tl.store(FIN, denom * 0.0 + 1.0)
+    tl.store(FIN + 1, (tl.sum(refused, axis=0) == 0).to(tl.float32))
+
+
+def _ce_backward_kernel(X, T, LSE, G, SCALE, DX, n, g_stride, ignore_index, eps, SMOOTH: tl.constexpr,
+                        HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inb = cols < n
@@ -426,6 +456,8 @@ def _ce_backward_kernel(X, T, LSE, G, DX, n, g_stride, ignore_index, eps, SMOOTH
     valid = t != ignore_index
     t = tl.where(valid & (t >= 0) & (t < n), t, 0)
     g = tl.where(valid, tl.load(G + row * g_stride).to(tl.float32), 0.0)
+    if HAS_SCALE:  # the factor of "mean"
+        g = g * tl.load(SCALE)
     p = tl.where(xs > neg_inf, tl.exp(xs - lse), 0.0)
     p = tl.where(nonempty & (~bad), p, 0.0)  # rows without a finite score, or with NaN/+inf: 0
     if SMOOTH:
@@ -436,6 +468,11 @@ def _ce_backward_kernel(X, T, LSE, G, DX, n, g_stride, ignore_index, eps, SMOOTH
     else:
         d = tl.where(cols == t, p - 1.0, p)
     tl.store(DX + row * n + cols, tl.where(valid, d * g, 0.0).to(DX.dtype.element_ty), mask=inb)
+
+
+KERNEL_NAMES = ("forward", "backward", "ce_forward", "ce_backward", "finish")
+"""The attributes of :func:`_kernels`' namespace: the jitted mapping forward (and losses' main
+kernel), mapping backward, cross-entropy forward and backward, and the index losses' reduction."""
 
 
 def _kernels() -> Any:
@@ -450,11 +487,8 @@ def _kernels() -> Any:
             from triton.runtime.interpreter import InterpretedFunction as wrap
         else:
             from triton.runtime.jit import JITFunction as wrap
-        kernels = type("Kernels", (), {})()
-        kernels.forward = wrap(_forward_kernel)
-        kernels.backward = wrap(_backward_kernel)
-        kernels.ce_forward = wrap(_ce_forward_kernel)
-        kernels.ce_backward = wrap(_ce_backward_kernel)
+        functions = (_forward_kernel, _backward_kernel, _ce_forward_kernel, _ce_backward_kernel, _finish_kernel)
+        kernels = type("Kernels", (), {name: wrap(f) for name, f in zip(KERNEL_NAMES, functions)})()
         _KERNELS[interpret] = kernels
     return kernels
 
@@ -517,12 +551,12 @@ def _forward(x: Tensor, mode: int, alpha_rows: Optional[Tensor] = None,
 
 
 def _launch_forward(x: Tensor, y: Tensor, a: Tensor, ok: Tensor, conj: Tensor, zmax: Tensor,
-                    t: Tensor, loss: Tensor, stats: Tensor, ignore_index: int, eps: float,
+                    t: Tensor, loss: Tensor, status: Tensor, ignore_index: int, eps: float,
                     mode: int, with_ok: bool, loss_mode: int) -> None:
     n_rows, n = x.shape
     if n_rows and n:
         block = _block(n)
-        _kernels().forward[(n_rows,)](x, y, a, ok, conj, zmax, t, loss, stats, n, ignore_index,
+        _kernels().forward[(n_rows,)](x, y, a, ok, conj, zmax, t, loss, status, n, ignore_index,
                                       float(eps), MODE=mode, HAS_OK=with_ok, LOSS_MODE=loss_mode,
                                       SMOOTH=eps > 0, BLOCK=block, N_BISECT=N_BISECT,
                                       MAX_ITER=MAX_ITER, num_warps=_num_warps(block))
@@ -605,76 +639,111 @@ def _target(target: Tensor, x: Tensor) -> Tensor:
         raise ValueError(f"target must be an integer tensor of shape ({x.shape[0]},), got "
                          f"{getattr(target, 'dtype', type(target).__name__)} of shape "
                          f"{tuple(getattr(target, 'shape', ()))}")
+    if x.shape[1] == 0:
+        raise ValueError("index targets need rows with at least one class")
     if target.dtype not in (torch.int32, torch.int64):
         target = target.long()
     return target.to(x.device).contiguous()
 
 
+REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
+"""The index-target losses' reductions and their codes in :func:`_finish_kernel`."""
+
+
+def _index_loss_outputs(x: Tensor, reduction: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Empty outputs of an index-target loss of ``x: (R, n)``: the per-row losses ``(R,)``, the
+    rows' status ``(R,)`` int8, the reduced loss ``()`` (the per-row losses for "none") and the
+    finish ``(2,)`` float32 (see :func:`cross_entropy_forward`)."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; valid: {', '.join(REDUCTIONS)}")
+    loss_dtype = torch.promote_types(x.dtype, torch.float32)
+    rows = torch.empty(x.shape[0], dtype=loss_dtype, device=x.device)
+    status = torch.empty(x.shape[0], dtype=torch.int8, device=x.device)
+    out = rows if reduction == "none" else torch.empty((), dtype=loss_dtype, device=x.device)
+    return rows, status, out, torch.empty(2, dtype=torch.float32, device=x.device)
+
+
+def _finish(rows: Tensor, status: Tensor, out: Tensor, finish: Tensor, reduction: str) -> None:
+    """Launch :func:`_finish_kernel`: one program reduces ``rows`` into ``out`` and writes ``finish``."""
+    _kernels().finish[(1,)](rows, status, out, finish, rows.shape[0], REDUCE=REDUCTIONS[reduction],
+                            BLOCK=1024, num_warps=4)
+
+
 def tsallis_index_loss(x2d: Tensor, target: Tensor, ignore_index: int = -100, eps: float = 0.0,
-                       alpha: float = 1.5) -> tuple[Tensor, Tensor, Tensor]:
+                       alpha: float = 1.5, reduction: str = "none") -> tuple[Tensor, Tensor, Tensor]:
     """The Tsallis (alpha-entmax) Fenchel-Young loss of the rows of ``x2d: (R, n)`` at class
-    indices ``target: (R,)`` in one launch: the mapping kernel of :func:`tsallis_probs_conj`,
+    indices ``target: (R,)`` in two launches: the mapping kernel of :func:`tsallis_probs_conj`,
     then, with the row still on chip, ``loss = Omega*(x') - <x', y> + Omega(y)`` (``>= 0``; ``inf``
     where the target's score is ``-inf``, rows without a finite score included; NaN for rows
     holding NaN or ``+inf``) and the gradient ``p - y``, for ``y = e_t`` or with label smoothing
     ``eps`` ``y = (1 - eps) e_t + eps / k`` on the ``k`` classes with score ``> -inf``. Rows whose
-    target is ``ignore_index``: loss 0, gradient 0.
+    target is ``ignore_index``: loss 0, gradient 0. Then one program reduces the rows.
 
-    Returns ``grad (R, n)`` in ``x2d``'s dtype, ``loss (R,)`` (float32, float64 for float64
-    input) and ``stats`` int32 ``(2,)``: the number of rows not ignored, and the number of those
-    whose index lies outside ``[0, n)`` (their values are meaningless; the caller refuses them).
-    Exact as the mapping kernel is (float32); grid and launch depend on shapes only (no host
-    synchronisation)."""
+    Returns ``grad (R, n)`` in ``x2d``'s dtype, ``loss`` and ``finish`` as
+    :func:`cross_entropy_forward` does. Exact as the mapping kernel is (float32); grids and
+    launches depend on shapes only (no host synchronisation)."""
     x = _check("x", x2d)
     t = _target(target, x)
-    mode, rows = _tsallis_mode(x, alpha)
-    a = rows if rows is not None else x
+    mode, rows_alpha = _tsallis_mode(x, alpha)
+    a = rows_alpha if rows_alpha is not None else x
     grad = torch.empty_like(x)
-    loss = torch.empty(x.shape[0], dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
-    stats = torch.zeros(2, dtype=torch.int32, device=x.device)
-    _launch_forward(x, grad, a, grad, grad, grad, t, loss, stats, int(ignore_index), eps, mode,
+    rows, status, out, finish = _index_loss_outputs(x, reduction)
+    _launch_forward(x, grad, a, grad, grad, grad, t, rows, status, int(ignore_index), eps, mode,
                     False, 2)
-    return grad, loss, stats
+    _finish(rows, status, out, finish, reduction)
+    return grad, out, finish
 
 
 def cross_entropy_forward(x2d: Tensor, target: Tensor, ignore_index: int = -100,
-                          eps: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+                          eps: float = 0.0, reduction: str = "none") -> tuple[Tensor, Tensor, Tensor]:
     """Cross-entropy ``KL(y || softmax(x))`` of the rows of ``x2d: (R, n)`` at class indices
     ``target: (R,)``, ``y = e_t`` or with label smoothing ``eps`` ``(1 - eps) e_t + eps / k`` on
     the ``k`` classes with score ``> -inf``, in one pass over each row (``eps = 0``:
-    ``-log softmax(x)_t``). Returns ``loss (R,)`` (float32, float64 for float64 input; 0 where the
-    target is ``ignore_index``; ``inf`` where the target's score is ``-inf``, rows without a finite
-    score included; NaN for rows holding NaN or ``+inf``), ``lse (R,)`` float32 =
-    ``log sum exp(x - max x)`` for :func:`cross_entropy_backward`, and ``stats`` as in
-    :func:`tsallis_index_loss`. No ``(R, n)`` output; computed in float32; no host sync."""
+    ``-log softmax(x)_t``), then one program that reduces the rows. Per row: 0 where the target
+    is ``ignore_index``; ``inf`` where the target's score is ``-inf``, rows without a finite score
+    included; NaN for rows holding NaN or ``+inf``.
+
+    Returns ``loss``: the rows' losses ``(R,)`` for ``reduction="none"``, else their sum or their
+    mean over the rows not ignored (0 if none) ``()``, in float32 (float64 for float64 input);
+    ``lse (R,)`` float32 = ``log sum exp(x - max x)`` for :func:`cross_entropy_backward`; and
+    ``finish (2,)`` float32: the factor of "mean" (``1 / max(count, 1)``, else 1; the backward's
+    ``scale``) and 1 if every target is ``ignore_index`` or in ``[0, n)``, else 0 (an index out of
+    range is never read; the caller refuses it). The sums run in row order (deterministic). No
+    ``(R, n)`` output; computed in float32; no host sync."""
     x = _check("x", x2d)
     t = _target(target, x)
     n_rows, n = x.shape
-    loss = torch.empty(n_rows, dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
+    rows, status, out, finish = _index_loss_outputs(x, reduction)
     lse = torch.empty(n_rows, dtype=torch.float32, device=x.device)
-    stats = torch.zeros(2, dtype=torch.int32, device=x.device)
-    if n_rows and n:
+    if n_rows:
         block = _block(n)
-        _kernels().ce_forward[(n_rows,)](x, t, loss, lse, stats, n, int(ignore_index), float(eps),
+        _kernels().ce_forward[(n_rows,)](x, t, rows, lse, status, n, int(ignore_index), float(eps),
                                          SMOOTH=eps > 0, BLOCK=block, num_warps=_num_warps(block))
-    return loss, lse, stats
+    _finish(rows, status, out, finish, reduction)
+    return out, lse, finish
 
 
 def cross_entropy_backward(x2d: Tensor, target: Tensor, lse: Tensor, g: Tensor,
-                           ignore_index: int = -100, eps: float = 0.0) -> Tensor:
+                           ignore_index: int = -100, eps: float = 0.0,
+                           scale: Optional[Tensor] = None) -> Tensor:
     """Gradient of :func:`cross_entropy_forward` (``lse`` from it): ``(softmax(x) - y) * g`` with
-    ``g: (R,)`` per row (any stride, e.g. expanded), ``softmax`` recomputed from ``x2d`` and
-    ``lse`` (0 on rows without a finite score or holding NaN / ``+inf``); rows whose target is
-    ``ignore_index``: 0. ``(R, n)`` in ``x2d``'s dtype; no host synchronisation."""
+    ``g`` per row ``(R,)`` (any stride, e.g. expanded) or one value ``()`` for every row, times
+    ``scale[0]`` when given (the forward's ``finish``: the factor of "mean"), ``softmax``
+    recomputed from ``x2d`` and ``lse`` (0 on rows without a finite score or holding NaN /
+    ``+inf``); rows whose target is ``ignore_index``: 0. ``(R, n)`` in ``x2d``'s dtype; no host
+    synchronisation."""
     x = _check("x", x2d)
     t = _target(target, x)
     n_rows, n = x.shape
+    if isinstance(g, Tensor) and g.dim() == 0:
+        g = g.expand(n_rows)
     if not isinstance(g, Tensor) or g.dim() != 1 or g.shape[0] != n_rows or lse.shape != (n_rows,):
         raise ValueError(f"g and lse must have shape ({n_rows},)")
     dx = torch.empty_like(x)
-    if n_rows and n:
+    if n_rows:
         block = _block(n)
-        _kernels().ce_backward[(n_rows,)](x, t, lse, g, dx, n, g.stride(0), int(ignore_index),
-                                          float(eps), SMOOTH=eps > 0, BLOCK=block,
+        _kernels().ce_backward[(n_rows,)](x, t, lse, g, g if scale is None else scale, dx, n, g.stride(0),
+                                          int(ignore_index), float(eps), SMOOTH=eps > 0,
+                                          HAS_SCALE=scale is not None, BLOCK=block,
                                           num_warps=_num_warps(block))
     return dx

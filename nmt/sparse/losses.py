@@ -28,12 +28,16 @@ Host synchronisation: none, forward or backward, for cross-entropy and for the s
 with ``impl="static"`` or ``"triton"`` (``"auto"`` picks the Triton kernels on CUDA where they
 are installed, else the static path, on accelerators). With the kernels:
 
-* index targets take one launch per loss: the sparse losses' mapping kernel finds ``p`` (exact
-  support and closed form for sparsemax / 1.5-entmax, float32 precision for other alphas) and,
-  with the row still on chip, the conjugate ``Omega*(z')``, the loss and the gradient ``p - y``
-  (label smoothing, ``ignore_index``, the count of targets for ``"mean"`` and the range check
-  included); cross-entropy's forward kernel reads the scores once and writes only per-row values,
-  its backward kernel recomputes ``softmax - y`` from them (nothing ``(N, V)`` saved);
+* index targets take two launches per loss forward: the sparse losses' mapping kernel finds
+  ``p`` (exact support and closed form for sparsemax / 1.5-entmax, float32 precision for other
+  alphas) and, with the row still on chip, the conjugate ``Omega*(z')``, the loss and the
+  gradient ``p - y`` (label smoothing and ``ignore_index`` included); cross-entropy's forward
+  kernel reads the scores once and writes only per-row values, its backward kernel recomputes
+  ``softmax - y`` from them (nothing ``(N, V)`` saved); then one program reduces the rows
+  ("sum", "mean": the count of targets) and checks the indices' range. With the range check's
+  ``torch._assert_async``, a forward is three launches (seven with the reduction and check in
+  torch ops) and a backward one (cross-entropy) or at most two (``grad * g`` and, for "mean",
+  its factor);
 * distribution targets take ``p`` and ``Omega*(z') = <z', p> - Omega(p)`` from the mapping kernel
   (:meth:`Tsallis.kernel_probs_conj`) into the generic function.
 
@@ -322,58 +326,67 @@ class _CrossEntropyFunction(torch.autograd.Function):
         return p.mul_(torch.where(valid, g, 0)[:, None]), None, None, None  # ignored rows: 0
 
 
-def _with_stats(ctx: Any, loss: Tensor, stats: Tensor) -> tuple[Tensor, Tensor]:
-    """The outputs of a kernel-backed loss Function: the per-row ``loss`` and the kernel's
-    ``stats`` (target count, refused indices), the latter without a gradient (none materialised)."""
-    ctx.mark_non_differentiable(stats)
+def _with_finish(ctx: Any, loss: Tensor, finish: Tensor) -> tuple[Tensor, Tensor]:
+    """The outputs of a kernel-backed loss Function: the (reduced) ``loss`` and the kernels'
+    ``finish`` (the factor of "mean", whether every target index was accepted), the latter
+    without a gradient (none materialised)."""
+    ctx.mark_non_differentiable(finish)
     ctx.set_materialize_grads(False)
-    return loss, stats
+    return loss, finish
 
 
 class _CrossEntropyKernelFunction(torch.autograd.Function):
     """:class:`_CrossEntropyFunction` by the fused Triton kernels (CUDA; CPU in Triton's
     interpreter), :func:`nmt.sparse._triton.cross_entropy_forward` / ``_backward``, from the raw
-    targets: the forward reads the scores once and writes only per-row values (the loss, 0 at
-    ``ignore_index``; ``log sum exp``; and the ``stats`` of :func:`fenchel_young_loss`'s target
-    check and mean), nothing ``(N, V)`` saved but the scores themselves; the backward reads them
-    once more and writes ``(softmax - y) * grad``. Same values and conventions (``-inf``
-    targets, empty / NaN rows, smoothing), computed in float32; no host synchronisation."""
+    targets, reduced in the forward's second launch: the forward reads the scores once and writes
+    only per-row values and the reduced loss (with ``finish``: the factor of "mean" and the target
+    check of :func:`fenchel_young_loss`), nothing ``(N, V)`` saved but the scores themselves; the
+    backward reads them once more and writes ``(softmax - y) * grad``, the factor of "mean"
+    included. Same values and conventions (``-inf`` targets, empty / NaN rows, smoothing),
+    computed in float32; no host synchronisation."""
 
     @staticmethod
-    def forward(ctx, z: Tensor, target: Tensor, ignore_index: int, eps: float):  # type: ignore[override]
-        loss, lse, stats = _dispatch.kernels().cross_entropy_forward(z, target, ignore_index, eps)
+    def forward(ctx, z: Tensor, target: Tensor, ignore_index: int, eps: float,  # type: ignore[override]
+                reduction: str):
+        loss, lse, finish = _dispatch.kernels().cross_entropy_forward(z, target, ignore_index, eps, reduction)
         ctx.ignore_index, ctx.eps = ignore_index, eps
-        ctx.save_for_backward(z, target, lse)
-        return _with_stats(ctx, loss, stats)
+        ctx.save_for_backward(z, target, lse, finish)
+        return _with_finish(ctx, loss, finish)
 
     @staticmethod
-    def backward(ctx, g: Optional[Tensor], _g_stats: Optional[Tensor]):  # type: ignore[override]
+    def backward(ctx, g: Optional[Tensor], _g_finish: Optional[Tensor]):  # type: ignore[override]
         if g is None:
-            return None, None, None, None
-        z, target, lse = ctx.saved_tensors
-        gz = _dispatch.kernels().cross_entropy_backward(z, target, lse, g, ctx.ignore_index, ctx.eps)
-        return gz, None, None, None
+            return None, None, None, None, None
+        z, target, lse, finish = ctx.saved_tensors
+        gz = _dispatch.kernels().cross_entropy_backward(z, target, lse, g, ctx.ignore_index, ctx.eps, finish)
+        return gz, None, None, None, None
 
 
 class _TsallisKernelFunction(torch.autograd.Function):
-    """The Tsallis losses at class indices in one launch of the mapping kernel
+    """The Tsallis losses at class indices in the mapping kernel's launch and the reduction's
     (:func:`nmt.sparse._triton.tsallis_index_loss`): ``p``, the conjugate, the loss (0 at
     ``ignore_index``) and the gradient ``p - y`` (0 on ignored rows), the same values as
-    :class:`_FenchelYoungFunction` with the kernel's ``p``; backward ``(p - y) * grad``, one
-    product. No host synchronisation."""
+    :class:`_FenchelYoungFunction` with the kernel's ``p``, reduced; backward ``(p - y) * grad``
+    (times the factor of "mean"). No host synchronisation."""
 
     @staticmethod
-    def forward(ctx, z: Tensor, target: Tensor, ignore_index: int, eps: float, alpha: float):  # type: ignore[override]
-        grad, loss, stats = _dispatch.kernels().tsallis_index_loss(z, target, ignore_index, eps, alpha)
-        ctx.save_for_backward(grad)
-        return _with_stats(ctx, loss, stats)
+    def forward(ctx, z: Tensor, target: Tensor, ignore_index: int, eps: float, alpha: float,  # type: ignore[override]
+                reduction: str):
+        grad, loss, finish = _dispatch.kernels().tsallis_index_loss(z, target, ignore_index, eps, alpha, reduction)
+        ctx.reduction = reduction
+        ctx.save_for_backward(grad, finish)
+        return _with_finish(ctx, loss, finish)
 
     @staticmethod
-    def backward(ctx, g: Optional[Tensor], _g_stats: Optional[Tensor]):  # type: ignore[override]
+    def backward(ctx, g: Optional[Tensor], _g_finish: Optional[Tensor]):  # type: ignore[override]
         if g is None:
-            return None, None, None, None, None
-        (grad,) = ctx.saved_tensors
-        return grad * g[:, None].to(grad.dtype), None, None, None, None
+            return None, None, None, None, None, None
+        grad, finish = ctx.saved_tensors
+        if ctx.reduction == "none":
+            g = g[:, None]
+        elif ctx.reduction == "mean":
+            g = g * finish[0]
+        return grad * g.to(grad.dtype), None, None, None, None, None
 
 
 def _cross_entropy_uses_kernel(z: Tensor, impl: str) -> bool:
@@ -389,8 +402,8 @@ def _cross_entropy_uses_kernel(z: Tensor, impl: str) -> bool:
 
 
 def _check(ok: Tensor, message: str) -> None:
-    """Refuse bad input without a host sync: ``ValueError(message)`` when ``ok`` (a bool scalar
-    tensor) is False, raised at once on the CPU in eager mode; on an accelerator (or compiled)
+    """Refuse bad input without a host sync: ``ValueError(message)`` when ``ok`` (a scalar tensor:
+    False or 0 refuses) is, raised at once on the CPU in eager mode; on an accelerator (or compiled)
     a device-side assertion that fails the next synchronising call."""
     if ok.device.type == "cpu" and not torch.compiler.is_compiling():
         try:
@@ -416,7 +429,8 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
     reduction: "mean" (over non-ignored targets; 0 if none), "sum", or "none" (shape ``(...)``).
     impl: the algorithm (``"auto" | "pruned" | "static" | "triton"``, see
     :mod:`nmt.sparse._dispatch`). Where it means the Triton kernels (``"auto"`` on CUDA), index
-    targets take one fused kernel (loss, gradient, target count and check) and distribution
+    targets take one fused kernel (loss, gradient) and one reduction (the reduced loss, the
+    target count and check) and distribution
     targets the mapping kernel's ``p`` and conjugate; otherwise the sparse losses pass it to the
     thresholds. Cross-entropy takes its kernels for ``"auto"`` off the CPU and ``"triton"``
     where they run (not float64), else the torch path; it never refuses an
@@ -457,11 +471,11 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
                              f"the class dim {tuple(scores.shape[:-1])}")
         t = target.reshape(-1)
         fused = _fused_index_function(reg, z, impl)
-        if fused is not None:  # one kernel: loss, gradient, the count of targets, the check
+        if fused is not None:  # two launches: loss, gradient, the reduction, the check
             args = (reg.alpha,) if isinstance(reg, Tsallis) else ()  # the Tsallis kernel takes alpha
-            loss, stats = fused.apply(z, t.to(z.device), int(ignore_index), eps, *args)
-            _check(stats[1] == 0, out_of_range)
-            return _reduce(loss, reduction, stats[0], scores.shape[:-1], dtype)
+            loss, finish = fused.apply(z, t.to(z.device), int(ignore_index), eps, *args, reduction)
+            _check(finish[1], out_of_range)  # 1: every index accepted
+            return (loss.reshape(scores.shape[:-1]) if reduction == "none" else loss).to(dtype)
         valid = t != ignore_index
         index = torch.where(valid, t, 0).long()
         _check(((index >= 0) & (index < n_classes)).all(), out_of_range)

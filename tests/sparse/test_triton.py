@@ -478,7 +478,7 @@ T._import_triton()
 k = T._kernels()
 target = GPUTarget("cuda", 90, 32)
 ptr = {"X": "*bf16", "Y": "*bf16", "A": "*fp32", "OK": "*i32", "CONJ": "*fp32", "ZMAX": "*fp32",
-       "T": "*i64", "LOSS": "*fp32", "STATS": "*i32", "n": "i32", "ignore_index": "i32",
+       "T": "*i64", "LOSS": "*fp32", "STATUS": "*i8", "n": "i32", "ignore_index": "i32",
        "smoothing": "fp32"}
 const = ("MODE", "HAS_OK", "LOSS_MODE", "SMOOTH", "BLOCK", "N_BISECT", "MAX_ITER")
 for mode in (T._SPARSEMAX, T._ENTMAX15, T._ALPHA):
@@ -493,15 +493,20 @@ for mode in (T._SPARSEMAX, T._ENTMAX15, T._ALPHA):
     src = ASTSource(k.backward, sig, constexprs={"MODE": mode, "BLOCK": 64})
     assert triton.compile(src, target=target, options={"num_warps": T._num_warps(64)}).asm["cubin"]
 for smooth in (False, True):  # the cross-entropy kernels
-    sig = {"X": "*fp32", "T": "*i64", "LOSS": "*fp32", "LSE": "*fp32", "STATS": "*i32", "n": "i32",
+    sig = {"X": "*fp32", "T": "*i64", "LOSS": "*fp32", "LSE": "*fp32", "STATUS": "*i8", "n": "i32",
            "ignore_index": "i32", "eps": "fp32", "SMOOTH": "constexpr", "BLOCK": "constexpr"}
     src = ASTSource(k.ce_forward, sig, constexprs={"SMOOTH": smooth, "BLOCK": 1024})
     assert triton.compile(src, target=target, options={"num_warps": T._num_warps(1024)}).asm["cubin"]
-    sig = {"X": "*bf16", "T": "*i32", "LSE": "*fp32", "G": "*fp32", "DX": "*bf16", "n": "i32",
-           "g_stride": "i32", "ignore_index": "i64", "eps": "fp32", "SMOOTH": "constexpr",
-           "BLOCK": "constexpr"}
-    src = ASTSource(k.ce_backward, sig, constexprs={"SMOOTH": smooth, "BLOCK": 1024})
+    sig = {"X": "*bf16", "T": "*i32", "LSE": "*fp32", "G": "*fp32", "SCALE": "*fp32", "DX": "*bf16",
+           "n": "i32", "g_stride": "i32", "ignore_index": "i64", "eps": "fp32", "SMOOTH": "constexpr",
+           "HAS_SCALE": "constexpr", "BLOCK": "constexpr"}
+    src = ASTSource(k.ce_backward, sig, constexprs={"SMOOTH": smooth, "HAS_SCALE": smooth, "BLOCK": 1024})
     assert triton.compile(src, target=target, options={"num_warps": T._num_warps(1024)}).asm["cubin"]
+for reduce in T.REDUCTIONS.values():  # the index losses' reduction and check
+    sig = {"LOSS": "*fp32", "STATUS": "*i8", "OUT": "*fp32", "FIN": "*fp32", "n_rows": "i32",
+           "REDUCE": "constexpr", "BLOCK": "constexpr"}
+    src = ASTSource(k.finish, sig, constexprs={"REDUCE": reduce, "BLOCK": 1024})
+    assert triton.compile(src, target=target, options={"num_warps": 4}).asm["cubin"]
 print("OK")
 """
 
@@ -639,15 +644,24 @@ def test_cross_entropy_kernels_direct():
     x, t = _loss_rows(40)
     t[2] = 40  # out of range
     t[3] = -7  # out of range (not the ignore value)
-    loss, lse, stats = run(lambda a, b: T.cross_entropy_forward(a, b, -100, 0.0), x, t)
-    assert stats.tolist() == [9, 2]
+    loss, lse, finish = run(lambda a, b: T.cross_entropy_forward(a, b, -100, 0.0), x, t)
+    assert finish.tolist() == [1.0, 0.0]  # "none": factor 1; refused indices
     ref = torch.logsumexp(x[0] - x[0].max(), 0)
     assert torch.allclose(lse[0], ref) and loss[0] == 0  # row 0 is ignored
+    total, _, finish = run(lambda a, b: T.cross_entropy_forward(a, b, -100, 0.0, "mean"), x, t)
+    assert finish[0] == torch.tensor(1 / 9) and finish[1] == 0  # 9 rows counted (refused included)
+    counted = (t != -100) & (torch.arange(12) != 2) & (torch.arange(12) != 3) & loss.isfinite()
+    ok, _, finish = run(lambda a, b: T.cross_entropy_forward(a, b, -100, 0.0, "sum"),
+                        x[counted], t[counted])
+    assert finish.tolist() == [1.0, 1.0] and torch.allclose(ok, loss[counted].sum())
     xs, ts = x.to(DEVICE), t.clamp(0, 39).to(DEVICE)
     loss, lse, _ = T.cross_entropy_forward(xs, ts)
     g = torch.full((1,), 0.5, device=DEVICE).expand(12)
     dx = T.cross_entropy_backward(xs, ts, lse, g).cpu()
     expected = 0.5 * (torch.softmax(x, -1).nan_to_num(0) - F_one_hot(ts.cpu(), 40))
+    assert torch.allclose(dx, expected, atol=1e-6)
+    scale = torch.tensor([0.25, 1.0], device=DEVICE)  # one value for every row, times a factor
+    dx = T.cross_entropy_backward(xs, ts, lse, torch.tensor(2.0, device=DEVICE), scale=scale).cpu()
     assert torch.allclose(dx, expected, atol=1e-6)
     with pytest.raises(ValueError, match="shape"):
         T.cross_entropy_backward(xs, ts, lse, g[:3])
@@ -733,8 +747,7 @@ def test_fused_loss_paths_do_not_sync(monkeypatch):
         def __getitem__(self, grid):
             return lambda *args, **kwargs: None
 
-    fake = type("K", (), {"forward": Launcher(), "backward": Launcher(), "ce_forward": Launcher(),
-                          "ce_backward": Launcher()})()
+    fake = type("K", (), {name: Launcher() for name in T.KERNEL_NAMES})()
     monkeypatch.setattr(T, "_kernels", lambda: fake)
     x, t = _loss_rows(60)
     dist = torch.softmax(torch.randn(12, 60), -1).to(DEVICE)
@@ -809,11 +822,14 @@ def test_kernel_operators_pass_opcheck():
         p, g = K.entmax15_forward(x), torch.randn(x.shape, device=DEVICE).to(dtype)
         a = torch.full((x.shape[0],), 1.3, device=DEVICE)
         t = torch.tensor([0, 3, -100, 49, 7, 1, 2, 8], device=DEVICE)
-        lse = K.cross_entropy_forward(x, t, -100, 0.1)[1]
+        lse, finish = K.cross_entropy_forward(x, t, -100, 0.1, "mean")[1:]
         cases = [(K.sparsemax_forward, (x,)), (K.entmax15_forward, (x,)), (K.entmax_forward, (x, a)),
                  (K.sparsemax_backward, (p, g)), (K.entmax15_backward, (p, g)), (K.entmax_backward, (p, g, a)),
-                 (K.tsallis_probs_conj, (x, 1.3)), (K.tsallis_index_loss, (x, t, -100, 0.1, 1.5)),
-                 (K.cross_entropy_forward, (x, t, -100, 0.1)),
-                 (K.cross_entropy_backward, (x, t, lse, torch.ones(8, device=DEVICE), -100, 0.1))]
+                 (K.tsallis_probs_conj, (x, 1.3)), (K.tsallis_index_loss, (x, t, -100, 0.1, 1.5, "none")),
+                 (K.tsallis_index_loss, (x, t, -100, 0.0, 1.5, "mean")),
+                 (K.cross_entropy_forward, (x, t, -100, 0.1, "none")),
+                 (K.cross_entropy_forward, (x, t, -100, 0.1, "sum")),
+                 (K.cross_entropy_backward, (x, t, lse, torch.ones(8, device=DEVICE), -100, 0.1, None)),
+                 (K.cross_entropy_backward, (x, t, lse, torch.ones((), device=DEVICE), -100, 0.1, finish))]
         for op, args in cases:
             torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
