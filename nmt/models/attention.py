@@ -13,11 +13,14 @@ SCORES = ("dot", "general", "mlp")
 
 
 class Products(NamedTuple):
-    """:meth:`GlobalAttention.step_products`: ``scores(query (B, S, K)) -> (B, S, L)`` (None:
-    the score's own computation) and ``context(weights (B, S, L)) -> (B, S, Hm)``."""
+    """:meth:`GlobalAttention.step_products`: ``scores(query (B, S, K), bias) -> (B, S, L)``
+    (None: the score's own computation), ``context(weights (B, S, L)) -> (B, S, Hm)`` and the
+    padding as an additive ``bias (B, 1, L)``: 0 on real tokens, ``-inf`` on padding (None: the
+    mask goes to the mapping)."""
 
-    scores: Callable[[Tensor], Tensor] | None
+    scores: Callable[..., Tensor] | None
     context: Callable[[Tensor], Tensor]
+    bias: Tensor | None = None
 
 
 class GlobalAttention(nn.Module):
@@ -67,15 +70,23 @@ class GlobalAttention(nn.Module):
 
             self.continuous = ContinuousAttention(**continuous)
 
-    def step_products(self, memory: Tensor, keys: Tensor) -> Products:
-        """The two batched products that every step of one forward pass takes with the same
-        source-side operand, as :class:`~nmt.models.recurrent_product.RecurrentWeight` products:
-        the scores ``q K^T`` (``dot`` and ``general``; None for ``mlp``, whose scores are no
-        product) and the context ``p M``. Their values are ``torch.bmm``'s; the gradients of
-        ``keys`` and ``memory`` are one ``bmm`` over all steps after the last (instead of an
-        outer product and an addition per step). memory: (B, L, Hm); keys: ``self.keys(memory)``."""
+    def step_products(self, memory: Tensor, keys: Tensor, mask: Tensor | None = None) -> Products:
+        """What every step of one forward pass shares on the source side: the two batched
+        products with the same operand, as :class:`~nmt.models.recurrent_product.RecurrentWeight`
+        products, the scores ``q K^T`` (``dot`` and ``general``; None for ``mlp``, whose scores
+        are no product) and the context ``p M``; and, given the ``mask`` (B, L), the padding as
+        an additive bias made once. Their values are ``torch.bmm``'s; the gradients of ``keys``
+        and ``memory`` are one ``bmm`` over all steps after the last (instead of an outer product
+        and an addition per step). With the bias a step adds it to its scores (``-inf`` on
+        padding: exact zeros from every mapping, whose gradients are zero there) instead of
+        inverting the mask and filling the scores, whose backward fills the gradient again: for
+        ``dot`` and ``general`` inside the scores' product (``baddbmm``), no operation per step
+        instead of three. memory: (B, L, Hm); keys: ``self.keys(memory)``."""
         scores = None if self.score == "mlp" else RecurrentWeight(keys).product
-        return Products(scores, RecurrentWeight(memory.transpose(1, 2)).product)
+        bias = None
+        if mask is not None:
+            bias = torch.where(mask, 0.0, float("-inf")).to(keys.dtype).unsqueeze(1)
+        return Products(scores, RecurrentWeight(memory.transpose(1, 2)).product, bias)
 
     def keys(self, memory: Tensor) -> Tensor:
         """Source-side part of the score. memory: (B, L, Hm) -> keys (B, L, K)."""
@@ -108,11 +119,16 @@ class GlobalAttention(nn.Module):
             query = query.view(memory.size(0), -1, query.size(-1))  # (B, S, Hq)
         if keys is None:
             keys = self.keys(memory)
+        bias = None if products is None else products.bias  # the padding, made once per pass
         if products is not None and products.scores is not None:
-            scores = products.scores(query)
+            scores = products.scores(query, bias)  # q K^T + bias: one product
         else:
             scores = self.scores(query, keys)
-        probs = self.mapping(scores, dim=-1, mask=mask.unsqueeze(1).expand_as(scores))
+            scores = scores if bias is None else scores + bias
+        if bias is not None:
+            probs = self.mapping(scores, dim=-1)
+        else:
+            probs = self.mapping(scores, dim=-1, mask=mask.unsqueeze(1).expand_as(scores))
         probs = probs.to(memory.dtype)
         weights = probs
         if self.continuous is not None:  # combined: (p + w) @ memory, one product for both contexts

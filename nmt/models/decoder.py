@@ -269,7 +269,7 @@ class InputFeedingDecoder(nn.Module):
         if deferred_enabled(emb):
             products = [RecurrentWeight(w).product for w in weights]
             combine = RecurrentWeight(self.combine.weight).product
-            attention_products = self.attention.step_products(memory, keys)
+            attention_products = self.attention.step_products(memory, keys, mask)
         else:
             products = [lambda x, w=w: x.mm(w.t()) for w in weights]
             combine = self.combine

@@ -61,32 +61,36 @@ class _StepProduct(torch.autograd.Function):
     """x_t W^T whose backward gives the input gradient and records (x_t, g_t) for the weight."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, records: _Records) -> Tensor:
+    def forward(ctx: Any, x: Tensor, weight: Tensor, records: _Records, bias: Tensor | None) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.records = records
         if records.packed is not None:
-            return packed_linear.product(x, records.packed)
-        return _product(x, weight)
+            y = packed_linear.product(x, records.packed)
+            return y if bias is None else y.add_(bias)
+        return _product(x, weight, bias)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None]:
         x, weight = ctx.saved_tensors
         records = ctx.records
         if ctx.needs_input_grad[1]:
             records.inputs.append(x)
             records.grads.append(grad)
         if not ctx.needs_input_grad[0]:
-            return None, None, None
+            return None, None, None, None
         if records.packed is not None:
             if records.packed_t is None:  # W^T packed once, at the first step's backward
                 records.packed_t = packed_linear.pack(weight.t())
-            return packed_linear.product(grad, records.packed_t), None, None
-        return (grad.mm(weight) if weight.dim() == 2 else torch.bmm(grad, weight)), None, None
+            return packed_linear.product(grad, records.packed_t), None, None, None
+        return (grad.mm(weight) if weight.dim() == 2 else torch.bmm(grad, weight)), None, None, None
 
 
-def _product(x: Tensor, weight: Tensor) -> Tensor:
-    """``x W^T``: (B, in) x (out, in) -> (B, out), or batched (N, S, in) x (N, out, in) -> (N, S, out)."""
-    return x.mm(weight.t()) if weight.dim() == 2 else torch.bmm(x, weight.transpose(1, 2))
+def _product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x W^T (+ bias)``: (B, in) x (out, in) -> (B, out), or batched (N, S, in) x (N, out, in)
+    -> (N, S, out); ``bias`` broadcasts to the result (one ``addmm`` / ``baddbmm``)."""
+    if weight.dim() == 2:
+        return x.mm(weight.t()) if bias is None else torch.addmm(bias, x, weight.t())
+    return torch.bmm(x, weight.transpose(1, 2)) if bias is None else torch.baddbmm(bias, x, weight.transpose(1, 2))
 
 
 class RecurrentWeight:
@@ -108,12 +112,15 @@ class RecurrentWeight:
         self.records = _Records(packed)
         self.alias = _WeightNode.apply(weight, self.records) if weight.requires_grad else weight
 
-    def product(self, x: Tensor) -> Tensor:
+    def product(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        """``x @ weight.T`` (batched: ``torch.bmm(x, weight.transpose(1, 2))``), plus ``bias``
+        (no gradient; broadcast to the result) in the same product where given."""
         if not self.weight.requires_grad:
             if self.records.packed is not None:
-                return packed_linear.product(x, self.records.packed)
-            return _product(x, self.weight)
-        return _StepProduct.apply(x, self.alias, self.records)
+                y = packed_linear.product(x, self.records.packed)
+                return y if bias is None else y.add_(bias)
+            return _product(x, self.weight, bias)
+        return _StepProduct.apply(x, self.alias, self.records, bias)
 
 
 def deferred_enabled(x: Tensor) -> bool:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import PAD, TGT_VOCAB, random_batch
+from tiny_models import PAD, TGT_VOCAB, random_batch, sharpen_attention
 
 from nmt.models import StepDecoder, select_state, tile_state
 
@@ -221,28 +221,65 @@ def test_teacher_forcing_with_the_attention_step_products(make_model, monkeypatc
     """The teacher-forced loop's attention products with the keys' and memory's gradients made
     once after the last step (GlobalAttention.step_products) give the loss and every parameter
     gradient (encoder included) of plain products (float64)."""
-    from nmt.models.attention import GlobalAttention
-
     model = make_model(**sections)
     model.train()
-    src, src_lengths, tgt_in = random_batch(batch=4, src_len=6, tgt_len=5, seed=3)
 
+    _assert_step_products_equal_plain(model, monkeypatch, *random_batch(batch=4, src_len=6, tgt_len=5, seed=3))
+
+
+def _assert_step_products_equal_plain(model, monkeypatch, src, src_lengths, tgt_in):
+    """A training pass with GlobalAttention.step_products (made once, with the padding bias)
+    against one with plain products and the mask given to the mapping: the same logits,
+    attention and parameter gradients (float64)."""
+    from nmt.models.attention import GlobalAttention
+
+    assert (src_lengths < src.size(1)).any()  # padding present
     calls = []
     step_products = GlobalAttention.step_products
 
-    def counted(self, memory, keys):
-        calls.append(1)
-        return step_products(self, memory, keys)
+    def counted(self, memory, keys, mask=None):
+        calls.append(mask is not None)
+        return step_products(self, memory, keys, mask)
 
     monkeypatch.setattr(GlobalAttention, "step_products", counted)
-    logits, _, grads = _training_pass(model, src, src_lengths, tgt_in)
-    assert calls == [1]
-    monkeypatch.setattr(GlobalAttention, "step_products", lambda self, memory, keys: None)
-    ref_logits, _, ref_grads = _training_pass(model, src, src_lengths, tgt_in)
+    logits, attention, grads = _training_pass(model, src, src_lengths, tgt_in)
+    assert calls == [True]
+    monkeypatch.setattr(GlobalAttention, "step_products", lambda self, memory, keys, mask=None: None)
+    ref_logits, ref_attention, ref_grads = _training_pass(model, src, src_lengths, tgt_in)
     torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-12)
+    torch.testing.assert_close(attention, ref_attention, rtol=0, atol=1e-12)
     assert grads.keys() == ref_grads.keys() and any(n.startswith("encoder") for n in grads)
     for name in ref_grads:
         torch.testing.assert_close(grads[name], ref_grads[name], rtol=0, atol=1e-10, msg=name)
+    return attention
+
+
+@pytest.mark.parametrize("mapping,params", [
+    ("softmax", {}), ("sparsemax", {}), ("entmax15", {}), ("entmax_bisect", {"alpha": 1.3}),
+    ("entmax_bisect", {"alpha": 2.5}), ("fusedmax", {}), ("oscarmax", {}),
+])
+def test_padding_bias_of_the_step_products_for_every_mapping(make_model, monkeypatch, mapping, params):
+    """The padding as an additive -inf bias (made once per pass) instead of the mask given to the
+    mapping at every step: for every mapping, with scores sharp enough that the sparse mappings
+    give exact zeros besides the padding, the same attention (exact zeros on padding) and every
+    parameter gradient: each mapping's gradient is zero at -inf scores, as the mask's fill made
+    it."""
+    from nmt.sparse.registry import MAPPING_NAMES
+
+    assert {m for m, _ in _BIAS_MAPPINGS} == set(MAPPING_NAMES)
+    model = make_model(attention={"mapping": mapping, "params": params})
+    sharpen_attention(model)
+    model.train()
+    batch = random_batch(batch=4, src_len=6, tgt_len=5, lengths=[6, 2, 4, 1], seed=5)
+    attention = _assert_step_products_equal_plain(model, monkeypatch, *batch)
+    padding = torch.arange(6)[None] >= batch[1][:, None]
+    assert torch.all(attention.masked_select(padding[:, None].expand_as(attention)) == 0)
+    if mapping != "softmax" and params.get("alpha", 2.0) >= 1.5:  # sparse besides the padding
+        assert (attention.masked_select(~padding[:, None].expand_as(attention)) == 0).any()
+
+
+_BIAS_MAPPINGS = [("softmax", {}), ("sparsemax", {}), ("entmax15", {}), ("entmax_bisect", {"alpha": 1.3}),
+                  ("fusedmax", {}), ("oscarmax", {})]
 
 
 def _fused_cell_by_definition(input_gates, hidden_gates, c, bias):
