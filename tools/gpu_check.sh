@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run the test suite and the GPU benchmarks on a CUDA machine, one stage after another.
 #
-#   bash tools/gpu_check.sh [STAGE ...]     # stages: env tests sparse train train_compile transformer translate
-#                                         (default: env tests train_compile sparse translate, about
+#   bash tools/gpu_check.sh [STAGE ...]     # stages: env launch tests sparse train train_compile transformer translate
+#                                         (default: env launch tests train_compile sparse translate, about
 #                                         9 minutes on an H200: one call of a 15-minute lease)
 #
 # Every stage has its own time limit (GPU_CHECK_<STAGE>_S, seconds) and writes its full log to
@@ -15,7 +15,8 @@
 # selects tests, GPU_CHECK_SPARSE_ARGS and GPU_CHECK_TRANSLATE_ARGS those benchmarks' options.
 #
 # Stage times on one H200 (2026-11-26; plan a lease of 15 device minutes, a start included, by them):
-# env 6 s; tests about 150 s with 15 workers (GPU_CHECK_WORKERS=15); sparse 69 s; train_compile 87 s
+# env 6 s; launch (host microseconds per call, layer by layer: tools/bench_launch.py) about 20 s
+# (not yet timed on a GPU); tests about 150 s with 15 workers (GPU_CHECK_WORKERS=15); sparse 69 s; train_compile 87 s
 # (112 s with --profile 3); translate more than 110 s (two models trained in 19 s each, then the CPU
 # comparison): give it its default 180 s. The first call of a lease starts the machine (about 30 s).
 # train_compile runs with TORCH_LOGS=perf_hints,cudagraphs: inductor says there when (and why) it skips CUDA graphs;
@@ -36,7 +37,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
              .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}; }
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
-STAGES=${*:-env tests train_compile sparse translate}  # train_compile has the eager rows too
+STAGES=${*:-env launch tests train_compile sparse translate}  # train_compile has the eager rows too
 
 stage() {  # stage NAME DEFAULT_SECONDS COMMAND...
     local name=$1 limit=$2; shift 2
@@ -55,6 +56,7 @@ for s in $STAGES; do
         env) stage env 60 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; \
               $PY -c 'import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.get_device_name()); import triton; print(\"triton\", triton.__version__)'" ;;
         tests) stage tests 180 $PY -m pytest -q -p no:cacheprovider -n "${GPU_CHECK_WORKERS:-$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))}" -rfE --durations=5 ${GPU_CHECK_TESTS:-} ;;
+        launch) stage launch 60 $PY tools/bench_launch.py --device cuda ;;
         sparse) stage sparse 120 $PY tools/bench_sparse.py --device cuda ${GPU_CHECK_SPARSE_ARGS:-} ;;
         train) stage train 100 $PY tools/bench_train.py --device cuda --steps 100 --warmup 30 ${GPU_CHECK_TRAIN_ARGS:-} \
               --only "softmax / softmax" "entmax15 / entmax15" "softmax / entmax15" "entmax15 / softmax" ;;
@@ -65,6 +67,6 @@ for s in $STAGES; do
               "transformer: adaptive / softmax" ;;
         translate) stage translate 180 $PY tools/bench_translate.py --device cuda --work runs/gpu_models --repeats 3 \
               ${GPU_CHECK_TRANSLATE_ARGS:-} ;;
-        *) echo "unknown stage $s (env tests sparse train train_compile transformer translate)"; exit 2 ;;
+        *) echo "unknown stage $s (env launch tests sparse train train_compile transformer translate)"; exit 2 ;;
     esac
 done

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -56,3 +58,23 @@ def test_bench_sparse_quick(capsys):
         assert exit_.code in (0, None)
     printed = capsys.readouterr().out
     assert "softmax" in printed and "entmax15" in printed
+
+
+def test_bench_launch_quick():
+    """``bench_launch --quick --device cpu``: every layer's host time per call through Triton's real
+    launch path with the stand-in driver (kernels compiled for sm_90, no GPU), each launch reaching
+    the stand-in launcher. In a fresh process: this one may have imported triton for its
+    interpreter, whose library functions do not compile."""
+    pytest.importorskip("triton")
+    from triton.backends import backends
+
+    if "nvidia" not in backends:
+        pytest.skip("triton without its NVIDIA backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    out = subprocess.run([sys.executable, str(TOOLS / "bench_launch.py"), "--quick", "--device", "cpu"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    for label in ("Triton launch", "entmax15 forward+backward", "cross_entropy_loss forward+backward"):
+        assert label in out.stdout
+    assert int(out.stdout.split("# ")[-1].split()[0]) > 0  # launches reached the stand-in launcher

@@ -1,0 +1,217 @@
+"""Host time per call of nmt's Triton route, layer by layer: what a host-bound GPU step pays.
+
+The eager GPU training step is bound by the host (BENCHMARKS.md, *GPU*): what counts there is how
+long the host takes to issue a call, not the kernel's time. This prints host microseconds per call,
+next to torch's own operation, for each layer of nmt's route to the kernels:
+
+* the Triton launch as nmt issues it (``_triton._launch_forward``: the 1.5-entmax forward kernel),
+* the wrapper (``_triton.entmax15_forward``: checks, output allocation, the launch),
+* the front door ``entmax15(x)`` without gradient, and forward+backward with one,
+* the losses, forward+backward: ``cross_entropy_loss`` and ``entmax15_loss`` against
+  ``F.cross_entropy``.
+
+``--device cuda``: the calls are issued back to back and timed without a synchronisation inside the
+loop (``host us``); ``wall us`` adds the wait for the GPU at the end (equal when the host is the
+bottleneck, as with these small shapes). ``--device cpu`` (no GPU needed): the same calls through
+Triton's real launch path with a stand-in CUDA driver, the kernels compiled for an H100 (sm_90) by
+Triton's compiler and the final C launch replaced by nothing, so the Python side of each launch
+(argument binding, specialization key, cache lookup) is timed; the torch operations around it run
+on the CPU, whose small operations cost less host time than CUDA's. Needs Triton with its NVIDIA
+backend. Medians of ``--repeats`` runs of ``--calls`` calls; measure on an idle machine.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from nmt.sparse import _triton, entmax15, losses  # noqa: E402
+
+
+@contextlib.contextmanager
+def stand_in_driver() -> Iterator[list[int]]:
+    """Triton's active driver replaced by a CUDA stand-in for an H100: kernels compile for sm_90,
+    loading a binary and launching do nothing; nmt's route accepts CPU tensors as if on CUDA and
+    its loss range check is skipped (the stubbed kernels write nothing). Yields a one-element list
+    counting the launches that reached the stand-in launcher."""
+    triton = _triton._import_triton()
+    if triton is None:
+        raise SystemExit(f"bench_launch: needs triton ({_triton._IMPORT_ERROR})")
+    from triton.backends import backends
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    if "nvidia" not in backends:
+        raise SystemExit("bench_launch: --device cpu needs triton's NVIDIA backend (to compile for sm_90)")
+    if _triton._library_interpreted():
+        raise SystemExit("bench_launch: triton was imported for its interpreter (TRITON_INTERPRET=1): "
+                         "run --device cpu in a process without it")
+    launched = [0]
+
+    class Utils:
+        def get_device_properties(self, device: int) -> dict:
+            return {"max_shared_mem": 232448, "multiprocessor_count": 132}
+
+        def load_binary(self, name, kernel, shared, device):  # module, function, registers, spills, threads
+            return 1, 2, 64, 0, 1024
+
+        def unload_module(self, module) -> None:
+            pass
+
+    class StandIn:
+        utils = Utils()
+
+        def get_current_device(self) -> int:
+            return 0
+
+        def get_current_stream(self, device: int) -> int:
+            return 0
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_active_torch_device(self) -> torch.device:
+            return torch.device("cpu")
+
+        def is_active(self) -> bool:
+            return True
+
+        def launcher_cls(self, src, metadata):
+            def launch(*args) -> None:
+                launched[0] += 1
+            return launch
+
+    previous = getattr(driver, "_active", None)  # None where no driver is active (no GPU)
+    runs_here, check = _triton._runs_here, losses._check
+    driver.set_active(StandIn())
+    _triton._runs_here = lambda x: True
+    losses._check = lambda ok, message: None
+    saved_kernels = dict(_triton._KERNELS)
+    _triton._KERNELS.clear()  # jitted anew, for the stand-in's target
+    try:
+        yield launched
+    finally:
+        driver._active = previous
+        _triton._runs_here, losses._check = runs_here, check
+        _triton._KERNELS.clear()
+        _triton._KERNELS.update(saved_kernels)
+
+
+def host_microseconds(fn: Callable[[], object], calls: int, repeats: int,
+                      device: torch.device) -> tuple[float, float]:
+    """Median host and wall microseconds per call of ``fn`` over ``repeats`` runs of ``calls``
+    calls issued back to back (a warm-up run first). Host: until the last call returned; wall:
+    after waiting for the device too."""
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(max(calls // 10, 10)):
+        fn()
+    synchronize()
+    host, wall = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        issued = time.perf_counter()
+        synchronize()
+        done = time.perf_counter()
+        host.append(1e6 * (issued - start) / calls)
+        wall.append(1e6 * (done - start) / calls)
+    return statistics.median(host), statistics.median(wall)
+
+
+def cases(rows: int, cols: int, device: torch.device) -> list[tuple[str, Callable[[], object], str]]:
+    """(label, call, label of the torch call it is compared with) for every layer."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, cols, generator=g).to(device)
+    xg = x.clone().requires_grad_()
+    grad = torch.randn(rows, cols, generator=g).to(device)
+    target = torch.randint(0, cols, (rows,), generator=g).to(device)
+    y = torch.empty_like(x)
+
+    def launch() -> None:
+        _triton._launch_forward(x, y, x, y, y, y, y, y, y, 0, 0.0, _triton._ENTMAX15, False, 0)
+
+    def no_grad(f: Callable[[], object]) -> Callable[[], object]:
+        def run() -> object:
+            with torch.no_grad():
+                return f()
+        return run
+
+    def backward(f: Callable[[Tensor], Tensor], *extra: Tensor) -> Callable[[], object]:
+        return lambda: torch.autograd.grad(f(xg), xg, *extra)
+
+    softmax = "softmax forward"
+    return [
+        (softmax, no_grad(lambda: F.softmax(x, -1)), softmax),
+        ("Triton launch (1.5-entmax forward kernel)", launch, softmax),
+        ("_triton.entmax15_forward (wrapper)", no_grad(lambda: _triton.entmax15_forward(x)), softmax),
+        ("entmax15 forward (front door)", no_grad(lambda: entmax15(x, impl="triton")), softmax),
+        ("softmax forward+backward", backward(lambda t: F.softmax(t, -1), grad), "softmax forward+backward"),
+        ("entmax15 forward+backward", backward(lambda t: entmax15(t, impl="triton"), grad),
+         "softmax forward+backward"),
+        ("F.cross_entropy forward+backward", backward(lambda t: F.cross_entropy(t, target)),
+         "F.cross_entropy forward+backward"),
+        ("cross_entropy_loss forward+backward",
+         backward(lambda t: losses.cross_entropy_loss(t, target, impl="triton")), "F.cross_entropy forward+backward"),
+        ("entmax15_loss forward+backward", backward(lambda t: losses.entmax15_loss(t, target, impl="triton")),
+         "F.cross_entropy forward+backward"),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cuda (real launches) or cpu (Triton's launch path with a stand-in driver)")
+    parser.add_argument("--rows", type=int, default=64, help="rows of the input (default 64: a decoder step)")
+    parser.add_argument("--cols", type=int, default=50, help="entries per row (default 50: a source sentence)")
+    parser.add_argument("--calls", type=int, default=2000, help="calls per timed run")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs; the median is reported")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 50 calls, 1 repeat")
+    args = parser.parse_args(argv)
+    calls, repeats = (50, 1) if args.quick else (args.calls, args.repeats)
+    device = torch.device(args.device)
+    torch.set_num_threads(args.threads)
+    if device.type == "cuda":
+        if not _triton.is_available(torch.empty(1, 1, device=device)):
+            raise SystemExit("bench_launch: the Triton kernels do not run on this CUDA device (triton missing?)")
+        driver = contextlib.nullcontext([0])
+        where = f"{torch.cuda.get_device_name(device)}, real launches"
+    elif device.type == "cpu":
+        driver = stand_in_driver()
+        where = "CPU, Triton's launch path with a stand-in sm_90 driver (launches do nothing)"
+    else:
+        raise SystemExit(f"bench_launch: --device must be cuda or cpu, got {args.device!r}")
+    triton = _triton._import_triton()
+    print(f"# bench_launch: ({args.rows}, {args.cols}) float32, {where}; torch {torch.__version__}, "
+          f"triton {getattr(triton, '__version__', '?')}, {args.threads} threads; median of {repeats} x {calls} calls")
+    print(f"{'call':<44} {'host us':>8} {'wall us':>8} {'vs torch':>9}")
+    with driver as launched:
+        reference: dict[str, float] = {}
+        for label, fn, versus in cases(args.rows, args.cols, device):
+            host, wall = host_microseconds(fn, calls, repeats, device)
+            reference.setdefault(label, host)
+            ratio = host / reference[versus] if versus in reference else float("nan")
+            print(f"{label:<44} {host:>8.1f} {wall:>8.1f} {ratio:>8.2f}x", flush=True)
+        if device.type == "cpu":
+            print(f"# {launched[0]} launches reached the stand-in launcher")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
