@@ -220,6 +220,7 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
             figures["profile"] = profile_steps(device, step, batches[warmup:][:profile])
         except Exception as exc:  # noqa: BLE001 - reported in the output, not fatal
             figures["profile"] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        figures["python"] = python_profile(device, step, batches[warmup:][:profile])
     return figures
 
 
@@ -254,6 +255,32 @@ def profile_steps(device: torch.device, step, batches: list) -> dict:
         figures["host_top"] = _top(sorted(host, reverse=True), 12)
         figures["host_ms_per_step"] = sum(r[0] for r in host)
     return figures
+
+
+def python_profile(device: torch.device, step, batches: list, k: int = 12) -> dict:
+    """``step`` over ``batches`` under ``cProfile``: the Python functions (and the C functions they
+    call: torch operators, launches) with the most own time per step, to find host time that no
+    operator accounts for (a host-bound step: Python in nmt, Triton's launcher, autograd). cProfile
+    slows small functions down, so the figures rank rather than measure."""
+    import cProfile
+    import pstats
+
+    n = max(len(batches), 1)
+    _synchronize(device)
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    for batch in batches:
+        step(batch)
+    _synchronize(device)
+    profiler.disable()
+    wall = time.perf_counter() - start
+    rows = []
+    for (file, line, func), (_, calls, own, _, _) in pstats.Stats(profiler).stats.items():
+        where = file.split("site-packages/")[-1].replace(str(ROOT) + "/", "")
+        rows.append((1000.0 * own / n, calls / n, f"{where}:{line}({func})"))
+    rows.sort(reverse=True)
+    return {"ms_per_step": 1000.0 * wall / n, "top": _top(rows, k)}
 
 
 def _top(rows: list, k: int) -> list[dict]:
@@ -334,6 +361,11 @@ def print_profile(figures: dict, ms_per_step: float) -> None:
         print(f"    host: operators' self CPU time {prof['host_ms_per_step']:.2f} ms per step (profiled); the most:")
         for row in prof["host_top"]:
             print(f"      {row['ms_per_step']:7.3f} ms {row['calls_per_step']:6.1f}x  {row['name']}")
+    python = figures.get("python")
+    if python:
+        print(f"    python: own time per step under cProfile ({python['ms_per_step']:.1f} ms a step there); the most:")
+        for row in python["top"]:
+            print(f"      {row['ms_per_step']:7.3f} ms {row['calls_per_step']:6.1f}x  {row['name']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -364,8 +396,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="only batches of the K most frequent shapes (lengths padded to --pad_to_multiple), "
                              "for every setting: compiled runs then compile K shapes")
     parser.add_argument("--profile", type=int, default=0, metavar="K",
-                        help="after timing each row: where one step's host syncs are, and K steps under "
-                             "torch.profiler (CUDA: kernels per step, their ms per step, the top kernels)")
+                        help="after timing each row: where one step's host syncs are, K steps under "
+                             "torch.profiler (CUDA: kernels per step, their ms per step, the top kernels, the "
+                             "host's operators) and K more under cProfile (the Python functions' own time)")
     parser.add_argument("--load", default=None, help="label printed with the figures, e.g. 'idle' or "
                         "'loaded: 8 jobs on 2 cores' (figures under load are not speed claims)")
     args = parser.parse_args(argv)
@@ -438,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
                 results[-1]["cudagraph_skips"] = figures[0]["cudagraph_skips"]
                 if args.profile:
                     print_profile(figures[0], ms)
-                    results[-1].update(sync_sites=figures[0]["sync_sites"], profile=figures[0]["profile"])
+                    results[-1].update(sync_sites=figures[0]["sync_sites"], profile=figures[0]["profile"],
+                                       python=figures[0]["python"])
     finally:
         thaw_live_objects()
     if args.json is not None:

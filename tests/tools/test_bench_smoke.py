@@ -45,8 +45,9 @@ def test_bench_train_quick_with_profile(tmp_path, capsys):
     for row in results:
         assert row["tokens_per_sec"] > 0 and row["ms_per_step"] > 0 and row["cudagraph_skips"] == 0
         assert row["profile"]["calls_per_step"] > 0 and row["profile"]["top"]
+        assert row["python"]["top"] and row["python"]["ms_per_step"] > 0  # cProfile's ranking
     printed = capsys.readouterr().out
-    assert "profile: CPU operators (self time)" in printed
+    assert "profile: CPU operators (self time)" in printed and "python: own time per step" in printed
 
 
 def test_bench_sparse_quick(capsys):
