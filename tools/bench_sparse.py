@@ -12,6 +12,7 @@ CUDA events.
     python tools/bench_sparse.py --device cpu            # (320, 50) (4096, 50) (1024, 8000) (256, 32000) (4096, 32000)
     python tools/bench_sparse.py --device cuda --impl static
     python tools/bench_sparse.py --device cuda --impl triton --vs static   # kernels vs static path
+    python tools/bench_sparse.py --device cuda --graphs  # CUDA-graph replays: the kernels alone
     python tools/bench_sparse.py --quick                 # small shapes, few repetitions (smoke run)
     python tools/bench_sparse.py --shapes 1024x8000,256x32000 --dtypes float32 --no-losses
 """
@@ -90,6 +91,25 @@ class Timer:
         return self.stat(times)
 
 
+class GraphTimer(Timer):
+    """Time of a CUDA-graph replay of the callable (captured once after warm-up on a side stream):
+    its kernels alone, without the host's Python and launches, as a step compiled with
+    ``mode="reduce-overhead"`` replays them. The callable must not synchronise (nmt's mappings
+    and losses do not)."""
+
+    def __call__(self, fn: Callable[[], object]) -> float:
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(max(self.warmup, 3)):
+                fn()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return super().__call__(graph.replay)
+
+
 def host_syncs(fn: Callable[[], object], device: torch.device) -> int:
     """Host synchronisations of one call of ``fn`` (see the module docstring)."""
     if device.type == "cuda":
@@ -153,7 +173,7 @@ def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
                      f"entmax15 [{vs}]": lambda s: entmax15(s, impl=vs),
                      f"entmax_bisect(1.5) [{vs}]": lambda s: entmax_bisect(s, 1.5, impl=vs)})
     refs: dict[str, list[Callable]] = {}
-    if ref is not None:
+    if ref is not None and not isinstance(timer, GraphTimer):  # (the package may synchronise)
         top_k = n > 100  # the package's top-k setting only makes sense on long rows
         refs = {
             "sparsemax": [lambda s: ref.sparsemax(s, -1)] + ([lambda s: ref.sparsemax(s, -1, k=100)] if top_k else []),
@@ -186,7 +206,7 @@ def loss_table(shape: tuple[int, int], device: torch.device, timer: Timer, impl:
         "entmax_bisect_loss(1.3)": lambda s, y: entmax_bisect_loss(s, y, alpha=1.3, **kw),
     }
     refs: dict[str, list[Callable]] = {}
-    if ref is not None:
+    if ref is not None and not isinstance(timer, GraphTimer):
         refs = {
             "sparsemax_loss": [ref.SparsemaxLoss()] + ([ref.SparsemaxLoss(k=100)] if n > 100 else []),
             "entmax15_loss": [ref.Entmax15Loss()] + ([ref.Entmax15Loss(k=100)] if n > 100 else []),
@@ -246,6 +266,9 @@ def main(argv: Optional[list[str]] = None) -> None:
                          "with --threads 1 it equals the wall time of an idle machine)")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--graphs", action="store_true",
+                    help="CUDA: time CUDA-graph replays (the kernels alone, as a compiled step with "
+                         "mode='reduce-overhead' runs them) instead of eager calls; no entmax-package column")
     ap.add_argument("--no-malloc-tuning", action="store_true",
                     help="leave glibc's malloc as it is (default: tuned as nmt-train / nmt-translate tune it)")
     args = ap.parse_args(argv)
@@ -253,16 +276,19 @@ def main(argv: Optional[list[str]] = None) -> None:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: CUDA is not available")
+    if args.graphs and device.type != "cuda":
+        ap.error("--graphs needs --device cuda (CUDA graphs)")
+    timer_class = GraphTimer if args.graphs else Timer
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     shapes = args.shapes or (QUICK_SHAPES if args.quick else SHAPES)
     dtypes = [getattr(torch, d) for d in (args.dtypes or ("float32" if args.quick else "float32,bfloat16")).split(",")]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
     print(f"# nmt.sparse benchmark: torch {torch.__version__}, {device} ({where}), threads={torch.get_num_threads()}, "
-          f"impl={args.impl}, {args.stat} of reps, {args.clock} clock, malloc tuned: {'yes' if tuned else 'no'}, entmax package: {'yes' if ref is not None else 'not installed'}")
+          f"impl={args.impl}, {args.stat} of reps, {'CUDA-graph replays' if args.graphs else 'eager calls'}, {args.clock} clock, malloc tuned: {'yes' if tuned else 'no'}, entmax package: {'yes' if ref is not None else 'not installed'}")
     for shape in shapes:
         reps = args.reps or default_reps(shape, device, args.quick)
-        timer = Timer(device, reps, warmup=5 if device.type == "cuda" else 2, stat=args.stat, clock=args.clock)
+        timer = timer_class(device, reps, warmup=5 if device.type == "cuda" else 2, stat=args.stat, clock=args.clock)
         for dtype in dtypes:
             rows = mapping_table(shape, dtype, device, args.impl, timer, args.vs)
             print_table(f"mappings {shape} {str(dtype).replace('torch.', '')}, reps={reps}", rows, "softmax", args.stat)
@@ -270,7 +296,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         for shape in shapes:
             if shape[1] >= LOSS_MIN_WIDTH:
                 reps = args.reps or default_reps(shape, device, args.quick)
-                print_table(f"losses {shape} float32, reps={reps}", loss_table(shape, device, Timer(device, reps, warmup=5 if device.type == "cuda" else 2, stat=args.stat, clock=args.clock), args.impl),
+                print_table(f"losses {shape} float32, reps={reps}", loss_table(shape, device, timer_class(device, reps, warmup=5 if device.type == "cuda" else 2, stat=args.stat, clock=args.clock), args.impl),
                             "cross-entropy", args.stat)
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the test suite and the GPU benchmarks on a CUDA machine, one stage after another.
 #
-#   bash tools/gpu_check.sh [STAGE ...]     # stages: env launch tests sparse train train_compile transformer translate
+#   bash tools/gpu_check.sh [STAGE ...]     # stages: env launch tests sparse sparse_graphs train train_compile
+#                                         transformer translate
 #                                         (default: env launch tests train_compile sparse translate, about
 #                                         9 minutes on an H200: one call of a 15-minute lease)
 #
@@ -16,7 +17,9 @@
 #
 # Stage times on one H200 (2026-11-26; plan a lease of 15 device minutes, a start included, by them):
 # env 6 s; launch (host microseconds per call, layer by layer: tools/bench_launch.py) about 20 s
-# (not yet timed on a GPU); tests about 150 s with 15 workers (GPU_CHECK_WORKERS=15); sparse 69 s; train_compile 87 s
+# (not yet timed on a GPU); tests about 150 s with 15 workers (GPU_CHECK_WORKERS=15); sparse 69 s;
+# sparse_graphs (the mappings and losses as CUDA-graph replays: the kernels alone, as a compiled
+# step runs them; not in the default list) not yet timed, about as long; train_compile 87 s
 # (112 s with --profile 3); translate more than 110 s (two models trained in 19 s each, then the CPU
 # comparison): give it its default 180 s. The first call of a lease starts the machine (about 30 s).
 # train_compile runs with TORCH_LOGS=perf_hints,cudagraphs: inductor says there when (and why) it skips CUDA graphs;
@@ -58,6 +61,7 @@ for s in $STAGES; do
         tests) stage tests 180 $PY -m pytest -q -p no:cacheprovider -n "${GPU_CHECK_WORKERS:-$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))}" -rfE --durations=5 ${GPU_CHECK_TESTS:-} ;;
         launch) stage launch 60 $PY tools/bench_launch.py --device cuda ;;
         sparse) stage sparse 120 $PY tools/bench_sparse.py --device cuda ${GPU_CHECK_SPARSE_ARGS:-} ;;
+        sparse_graphs) stage sparse_graphs 120 $PY tools/bench_sparse.py --device cuda --graphs --dtypes float32 ;;
         train) stage train 100 $PY tools/bench_train.py --device cuda --steps 100 --warmup 30 ${GPU_CHECK_TRAIN_ARGS:-} \
               --only "softmax / softmax" "entmax15 / entmax15" "softmax / entmax15" "entmax15 / softmax" ;;
         train_compile) stage train_compile 240 env TORCH_LOGS="${TORCH_LOGS:-perf_hints,cudagraphs}" $PY tools/bench_train.py --device cuda --steps 60 --warmup 10 \
@@ -67,6 +71,6 @@ for s in $STAGES; do
               "transformer: adaptive / softmax" ;;
         translate) stage translate 180 $PY tools/bench_translate.py --device cuda --work runs/gpu_models --repeats 3 \
               ${GPU_CHECK_TRANSLATE_ARGS:-} ;;
-        *) echo "unknown stage $s (env launch tests sparse train train_compile transformer translate)"; exit 2 ;;
+        *) echo "unknown stage $s (env launch tests sparse sparse_graphs train train_compile transformer translate)"; exit 2 ;;
     esac
 done

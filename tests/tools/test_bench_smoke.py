@@ -79,3 +79,18 @@ def test_bench_launch_quick():
     for label in ("Triton launch", "entmax15 forward+backward", "cross_entropy_loss forward+backward"):
         assert label in out.stdout
     assert int(out.stdout.split("# ")[-1].split()[0]) > 0  # launches reached the stand-in launcher
+
+
+def test_bench_sparse_graphs(capsys):
+    """``bench_sparse --graphs``: on CUDA the mappings and losses captured in CUDA graphs and timed
+    as replays (no host sync may happen inside a capture, so this also checks that); elsewhere a
+    one-line refusal."""
+    bench = _load("bench_sparse")
+    if torch.cuda.is_available():
+        bench.main(["--device", "cuda", "--graphs", "--quick"])
+        printed = capsys.readouterr().out
+        assert "CUDA-graph replays" in printed and "entmax15_loss" in printed
+        return
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--graphs", "--quick"])
+    assert exit_.value.code == 2 and "--graphs needs --device cuda" in capsys.readouterr().err
