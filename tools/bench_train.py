@@ -333,8 +333,9 @@ def cudagraph_skips() -> int:
     return int(counters["inductor"]["cudagraph_skips"])
 
 
-NMT_KERNELS = re.compile(r"_(ce_)?(forward|backward)_kernel\b")
-"""Names of the Triton kernels of :mod:`nmt.sparse._triton` (the mappings, their backward, the losses)."""
+NMT_KERNELS = re.compile(r"_((ce_)?(forward|backward)|finish)_kernel\b")
+"""Names of the Triton kernels of :mod:`nmt.sparse._triton` (the mappings, their backward, the
+losses, the index losses' reduction)."""
 
 
 def _synchronize(device: torch.device) -> None:

@@ -487,8 +487,9 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
 
 
 def _fused_index_function(reg: Regularizer, z: Tensor, impl: str) -> Optional[type]:
-    """The one-kernel Function for index targets where ``impl`` means the Triton kernels for
-    ``z`` (cross-entropy: see :func:`_cross_entropy_uses_kernel`), else None (the torch paths)."""
+    """The kernel-backed Function for index targets (loss and gradient in one kernel, reduced and
+    checked in one more program) where ``impl`` means the Triton kernels for ``z``
+    (cross-entropy: see :func:`_cross_entropy_uses_kernel`), else None (the torch paths)."""
     if isinstance(reg, Shannon):
         return _CrossEntropyKernelFunction if _cross_entropy_uses_kernel(z, impl) else None
     if isinstance(reg, Tsallis) and reg.uses_kernel(z, impl):
@@ -496,15 +497,14 @@ def _fused_index_function(reg: Regularizer, z: Tensor, impl: str) -> Optional[ty
     return None
 
 
-def _reduce(loss: Tensor, reduction: str, count: Tensor, shape: torch.Size, dtype: torch.dtype) -> Tensor:
-    """Per-row ``loss`` reduced: "none" (``shape``), "sum", or "mean" over ``count`` targets (a
-    count, or the bool mask of the rows to count; 0 if none; the count stays on the device); in
-    ``dtype``."""
+def _reduce(loss: Tensor, reduction: str, valid: Tensor, shape: torch.Size, dtype: torch.dtype) -> Tensor:
+    """Per-row ``loss`` reduced: "none" (``shape``), "sum", or "mean" over the rows ``valid``
+    (bool) marks (0 if none; the count stays on the device); in ``dtype``."""
     if reduction == "none":
         return loss.reshape(shape).to(dtype)
     total = loss.sum()
     if reduction == "mean":
-        total = total / (count.sum() if count.dtype == torch.bool else count).clamp(min=1)
+        total = total / valid.sum().clamp(min=1)
     return total.to(dtype)
 
 
