@@ -181,9 +181,14 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     train = TrainPrecision(precision, device)
     batches = [pad_to_multiple(b, pad_to if compiled else 1, PAD) for b in batches]
 
-    def step(batch):  # the host batch moved to the device inside the step, as the trainer does
-        return update(model, loss_fn, optimizer, to_device(batch, device), PAD, clip, precision=train,
-                      forward=forward)
+    def step(batch, phases: PhaseTimer | None = None):
+        # the host batch moved to the device inside the step, as the trainer does
+        if phases is None:
+            return update(model, loss_fn, optimizer, to_device(batch, device), PAD, clip, precision=train,
+                          forward=forward)
+        moved = phases.run("batch to device", to_device, batch, device)
+        return update(model, loss_fn, optimizer, moved, PAD, clip, precision=phases.precision(train),
+                      forward=phases.wrap("forward + loss", forward))
 
     skips = cudagraph_skips()
     start = time.perf_counter()
@@ -221,7 +226,63 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
         except Exception as exc:  # noqa: BLE001 - reported in the output, not fatal
             figures["profile"] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
         figures["python"] = python_profile(device, step, batches[warmup:][:profile])
+        figures["phases"] = phase_profile(device, step, batches[warmup:][:profile])
     return figures
+
+
+class PhaseTimer:
+    """Wall time of a step's phases, the device synchronised at every boundary so that each
+    phase's time is its own (on a host-bound step, the host's). A phase is a call wrapped by
+    :meth:`run` / :meth:`wrap`, or a :class:`~nmt.train.precision.TrainPrecision` method
+    (backward, clip, optimizer step) of the proxy :meth:`precision` returns."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.seconds: dict[str, float] = {}
+
+    def run(self, name: str, fn, *args, **kwargs):
+        _synchronize(self.device)
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _synchronize(self.device)
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def wrap(self, name: str, fn):
+        return lambda *args, **kwargs: self.run(name, fn, *args, **kwargs)
+
+    def precision(self, train: TrainPrecision):
+        timer = self
+
+        class Timed:  # the timed methods as instance attributes; everything else is train's
+            def __init__(self) -> None:
+                self.backward = timer.wrap("backward", train.backward)
+                self.clip = timer.wrap("clip", train.clip)
+                self.step = timer.wrap("optimizer step", train.step)
+
+            def __getattr__(self, name: str):
+                return getattr(train, name)
+        return Timed()
+
+
+def phase_profile(device: torch.device, step, batches: list) -> dict:
+    """``step(batch, phases)`` over ``batches`` with a :class:`PhaseTimer`: ms per step of each
+    phase (batch to device, forward + loss, backward, clip, optimizer step) and of the rest
+    (the source mask, zero_grad, Python between the phases), and the synchronised step's total.
+    Tells which phase a step's time over another's is in (on CUDA the backward runs on
+    autograd's device thread, which cProfile does not see)."""
+    n = max(len(batches), 1)
+    timer = PhaseTimer(device)
+    _synchronize(device)
+    start = time.perf_counter()
+    for batch in batches:
+        step(batch, timer)
+    _synchronize(device)
+    total = 1000.0 * (time.perf_counter() - start) / n
+    ms = {name: 1000.0 * s / n for name, s in timer.seconds.items()}
+    ms["rest"] = max(total - sum(ms.values()), 0.0)
+    return {"ms_per_step": ms, "total_ms_per_step": total}
 
 
 def profile_steps(device: torch.device, step, batches: list) -> dict:
@@ -362,6 +423,10 @@ def print_profile(figures: dict, ms_per_step: float) -> None:
         print(f"    host: operators' self CPU time {prof['host_ms_per_step']:.2f} ms per step (profiled); the most:")
         for row in prof["host_top"]:
             print(f"      {row['ms_per_step']:7.3f} ms {row['calls_per_step']:6.1f}x  {row['name']}")
+    phases = figures.get("phases")
+    if phases:
+        print(f"    phases (synchronised at each boundary; {phases['total_ms_per_step']:.1f} ms a step there): "
+              + ", ".join(f"{name} {ms:.2f} ms" for name, ms in phases["ms_per_step"].items()))
     python = figures.get("python")
     if python:
         print(f"    python: own time per step under cProfile ({python['ms_per_step']:.1f} ms a step there); the most:")
@@ -399,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=int, default=0, metavar="K",
                         help="after timing each row: where one step's host syncs are, K steps under "
                              "torch.profiler (CUDA: kernels per step, their ms per step, the top kernels, the "
-                             "host's operators) and K more under cProfile (the Python functions' own time)")
+                             "host's operators), K more under cProfile (the Python functions' own time) and K "
+                             "more with the phases timed (forward, backward, clip, optimizer step)")
     parser.add_argument("--load", default=None, help="label printed with the figures, e.g. 'idle' or "
                         "'loaded: 8 jobs on 2 cores' (figures under load are not speed claims)")
     args = parser.parse_args(argv)
@@ -473,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.profile:
                     print_profile(figures[0], ms)
                     results[-1].update(sync_sites=figures[0]["sync_sites"], profile=figures[0]["profile"],
-                                       python=figures[0]["python"])
+                                       python=figures[0]["python"], phases=figures[0]["phases"])
     finally:
         thaw_live_objects()
     if args.json is not None:

@@ -46,8 +46,13 @@ def test_bench_train_quick_with_profile(tmp_path, capsys):
         assert row["tokens_per_sec"] > 0 and row["ms_per_step"] > 0 and row["cudagraph_skips"] == 0
         assert row["profile"]["calls_per_step"] > 0 and row["profile"]["top"]
         assert row["python"]["top"] and row["python"]["ms_per_step"] > 0  # cProfile's ranking
+        phases = row["phases"]["ms_per_step"]  # every phase of update() reached, the rest what is left
+        assert set(phases) == {"batch to device", "forward + loss", "backward", "clip", "optimizer step", "rest"}
+        assert phases["forward + loss"] > 0 and phases["backward"] > 0
+        assert sum(phases.values()) == pytest.approx(row["phases"]["total_ms_per_step"], rel=1e-6)
     printed = capsys.readouterr().out
     assert "profile: CPU operators (self time)" in printed and "python: own time per step" in printed
+    assert "phases (synchronised at each boundary" in printed
 
 
 def test_bench_sparse_quick(capsys):
