@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import statistics
 import sys
 import time
@@ -41,11 +42,11 @@ from nmt.sparse import _triton, entmax15, losses  # noqa: E402
 
 
 @contextlib.contextmanager
-def stand_in_driver() -> Iterator[list[int]]:
+def stand_in_driver() -> Iterator[list]:
     """Triton's active driver replaced by a CUDA stand-in for an H100: kernels compile for sm_90,
     loading a binary and launching do nothing; nmt's route accepts CPU tensors as if on CUDA and
-    its loss range check is skipped (the stubbed kernels write nothing). Yields a one-element list
-    counting the launches that reached the stand-in launcher."""
+    its loss range check is skipped (the stubbed kernels write nothing). Yields a list: the count
+    of launches that reached the stand-in launcher, then the last launch's arguments (a tuple)."""
     triton = _triton._import_triton()
     if triton is None:
         raise SystemExit(f"bench_launch: needs triton ({_triton._IMPORT_ERROR})")
@@ -58,7 +59,7 @@ def stand_in_driver() -> Iterator[list[int]]:
     if _triton._library_interpreted():
         raise SystemExit("bench_launch: triton was imported for its interpreter (TRITON_INTERPRET=1): "
                          "run --device cpu in a process without it")
-    launched = [0]
+    launched: list = [0, None]
 
     class Utils:
         def get_device_properties(self, device: int) -> dict:
@@ -91,6 +92,7 @@ def stand_in_driver() -> Iterator[list[int]]:
         def launcher_cls(self, src, metadata):
             def launch(*args) -> None:
                 launched[0] += 1
+                launched[1] = args
             return launch
 
     previous = getattr(driver, "_active", None)  # None where no driver is active (no GPU)
@@ -103,9 +105,10 @@ def stand_in_driver() -> Iterator[list[int]]:
     try:
         yield launched
     finally:
+        _triton._KERNELS.clear()  # the stand-in's kernels unload through it: before it goes
+        gc.collect()
         driver._active = previous
         _triton._runs_here, losses._check = runs_here, check
-        _triton._KERNELS.clear()
         _triton._KERNELS.update(saved_kernels)
 
 

@@ -476,7 +476,8 @@ kernel), mapping backward, cross-entropy forward and backward, and the index los
 
 
 def _kernels() -> Any:
-    """The jitted kernels for the current ``TRITON_INTERPRET`` setting (built once per setting)."""
+    """The jitted kernels for the current ``TRITON_INTERPRET`` setting (built once per setting),
+    compiled ones launched through :class:`nmt.sparse._triton_launch.CachedLaunch`."""
     interpret = _interpret()
     kernels = _KERNELS.get(interpret)
     if kernels is None:
@@ -488,7 +489,14 @@ def _kernels() -> Any:
         else:
             from triton.runtime.jit import JITFunction as wrap
         functions = (_forward_kernel, _backward_kernel, _ce_forward_kernel, _ce_backward_kernel, _finish_kernel)
-        kernels = type("Kernels", (), {name: wrap(f) for name, f in zip(KERNEL_NAMES, functions)})()
+        jitted = {name: wrap(f) for name, f in zip(KERNEL_NAMES, functions)}
+        if not interpret:  # launched through a cheaper key where this Triton allows (see _triton_launch)
+            try:
+                from ._triton_launch import CachedLaunch
+                jitted = {name: CachedLaunch(f) for name, f in jitted.items()}
+            except ImportError:  # Triton < 3.3: its own launch path
+                pass
+        kernels = type("Kernels", (), jitted)()
         _KERNELS[interpret] = kernels
     return kernels
 

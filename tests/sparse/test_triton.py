@@ -474,8 +474,11 @@ if "nvidia" not in backends:
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from nmt.sparse import _triton as T
+from nmt.sparse._triton_launch import CachedLaunch
 T._import_triton()
-k = T._kernels()
+k = T._kernels()  # the triton.jit functions (CachedLaunch holds one as .fn)
+k = type("Jitted", (), {name: f.fn if isinstance(f, CachedLaunch) else f
+                        for name in T.KERNEL_NAMES for f in [getattr(k, name)]})
 target = GPUTarget("cuda", 90, 32)
 ptr = {"X": "*bf16", "Y": "*bf16", "A": "*fp32", "OK": "*i32", "CONJ": "*fp32", "ZMAX": "*fp32",
        "T": "*i64", "LOSS": "*fp32", "STATUS": "*i8", "n": "i32", "ignore_index": "i32",

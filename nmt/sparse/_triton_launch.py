@@ -1,0 +1,163 @@
+"""A faster launch for nmt's Triton kernels: Triton's own compiled kernel, found by a cheaper key.
+
+``kernel[grid](*args, **kwargs)`` on a ``triton.jit`` function spends most of a launch's host
+time before the launch: binding the arguments, specialising each one, building the cache key as a
+string, checking the globals (about 9.5 of 11 us a launch with Triton 3.9; the compiled kernel's
+launcher takes about 1.5). An eager GPU step that calls the mappings at every decoder step is
+host-bound, and pays that at every launch. :class:`CachedLaunch` keeps, per key of its own, the
+kernel Triton chose at the first launch of that key and launches it as Triton does.
+
+**The key** holds, per positional argument, what Triton specialises on (the device, a tensor's
+dtype and whether its data pointer is 16-byte aligned; an int's width, its divisibility by 16
+and whether it is 1; the type of a float or a bool), and the keyword arguments (constexprs and
+compile options) as given. That is at least as fine as Triton's specialisation, so two calls
+with one key get the same compiled kernel from Triton as well; the tests check it call by call
+(``NMT_TRITON_LAUNCH_CACHE=verify``, below) over every kernel variant the wrappers launch.
+
+**The launch** passes the launcher what ``JITFunction.run`` passes it (Triton >= 3.3): the grid,
+the current stream, the kernel's function and packed metadata, the launch metadata and the
+launch hooks (profilers keep working), and every bound argument: the call's positional
+arguments, then the tail the binder adds (constexprs and defaults), learnt from Triton's binder
+at the first launch of the key. Where that cannot be learnt (another Triton's layout, a failing
+binder) the key keeps Triton's own path.
+
+Not redone per launch, unlike ``JITFunction.run``: the pre-run hooks (nmt's kernels have none)
+and the check that the globals a kernel read have not changed (nmt's read none). The debug and
+instrumentation knobs are read when a key is first launched.
+
+``NMT_TRITON_LAUNCH_CACHE``: ``1`` (default) on, ``0`` off (every launch through Triton's
+``kernel[grid]``), ``verify``: on, and every launch also asks Triton which kernel it would
+choose and what it would pass, and raises if that differs (for tests; slower than either).
+
+Nothing here synchronises with the host (data pointers, dtypes and Python values only).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from torch import Tensor
+
+_I32 = (-(1 << 31), 1 << 31)
+_U64 = 1 << 63
+
+
+def _arg_key(a: Any) -> Any:
+    """What Triton specialises a positional argument on (or finer)."""
+    if isinstance(a, Tensor):
+        return a.dtype, a.data_ptr() & 15 == 0
+    if isinstance(a, bool):
+        return "u1"
+    if isinstance(a, int):
+        width = "i32" if _I32[0] <= a < _I32[1] else ("u64" if a >= _U64 else "i64")
+        return width, a & 15 == 0, a == 1
+    if isinstance(a, float):
+        return "fp32"
+    if a is None:
+        return None
+    raise TypeError(f"no launch key for an argument of type {type(a).__name__}")
+
+
+def launch_key(device: int, args: tuple, kwargs: dict) -> tuple:
+    """The cache key of a launch: the device, the keyword arguments as given, and per positional
+    argument :func:`_arg_key`'s information, flattened and inlined for the common types (a
+    tensor: its dtype, then whether it is aligned; an int: divisible by 16, equal to 1, in the
+    int32 range, at least 2**63). Raises TypeError for an argument of an unknown type."""
+    key = [device, *kwargs.items()]
+    for a in args:
+        if type(a) is Tensor:
+            key.append(a.dtype)
+            key.append(not a.data_ptr() & 15)
+        elif type(a) is int:
+            key.append((a & 15 == 0, a == 1, _I32[0] <= a < _I32[1], a >= _U64))
+        else:
+            key.append(_arg_key(a))
+    return tuple(key)
+
+
+def mode() -> str:
+    """``NMT_TRITON_LAUNCH_CACHE``: "1" (default), "0" or "verify"."""
+    value = os.environ.get("NMT_TRITON_LAUNCH_CACHE", "1").strip().lower()
+    if value in ("0", "off", "false", "no"):
+        return "0"
+    return "verify" if value == "verify" else "1"
+
+
+class CachedLaunch:
+    """``CachedLaunch(jit_function)[grid](*args, **kwargs)`` launches as
+    ``jit_function[grid](*args, **kwargs)`` does (see the module's docstring). ``grid``: a tuple
+    of 1-3 ints. ``kwargs``: constexprs and options, in one order per call site (another order
+    is another key, not an error)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self._cache: Dict[tuple, Optional[Tuple[Any, tuple]]] = {}
+        from triton import knobs  # Triton >= 3.3 (the launcher layout below); else ImportError
+        from triton.runtime.driver import driver
+        self._knobs, self._driver = knobs.runtime, driver
+        self._mode = mode()
+
+    def __getitem__(self, grid: tuple) -> Callable[..., Any]:
+        if self._mode == "0":
+            return self.fn[grid]
+        return lambda *args, **kwargs: self.launch(grid, args, kwargs)
+
+    def launch(self, grid: tuple, args: tuple, kwargs: dict) -> Any:
+        """Launch on the current device and stream; returns the compiled kernel."""
+        active = self._driver.active
+        device = active.get_current_device()
+        try:
+            key = launch_key(device, args, kwargs)
+        except TypeError:  # an argument of a type the key does not know: Triton's path
+            return self.fn[grid](*args, **kwargs)
+        entry = self._cache.get(key, False)
+        if entry is False:  # the key's first launch: Triton's own path, then learn from it
+            kernel = self.fn[grid](*args, **kwargs)
+            self._cache[key] = self._learn(device, kernel, args, kwargs)
+            return kernel
+        if entry is None:  # not learnable: Triton's path
+            return self.fn[grid](*args, **kwargs)
+        kernel, tail = entry
+        if self._mode == "verify":
+            self._verify(device, kernel, tail, args, kwargs)
+        stream = active.get_current_stream(device)
+        values = args + tail
+        grid_1 = grid[1] if len(grid) > 1 else 1
+        grid_2 = grid[2] if len(grid) > 2 else 1
+        knobs = self._knobs
+        kernel.run(grid[0], grid_1, grid_2, stream, kernel.function, kernel.packed_metadata,
+                   kernel.launch_metadata(grid, stream, *values), knobs.launch_enter_hook,
+                   knobs.launch_exit_hook, *values)
+        return kernel
+
+    def _bound(self, device: int, args: tuple, kwargs: dict) -> tuple:
+        """Triton's binder on the call: (bound values, its specialisation, its options)."""
+        binder = self.fn.device_caches[device][-1]
+        bound, specialization, options = binder(*args, **kwargs)
+        return tuple(bound.values()), specialization, options
+
+    def _learn(self, device: int, kernel: Any, args: tuple, kwargs: dict) -> Optional[Tuple[Any, tuple]]:
+        """(kernel, the bound arguments' tail) where the binder's values start with ``args``
+        themselves and the kernel is initialised; None otherwise."""
+        try:
+            values, _, _ = self._bound(device, args, kwargs)
+            if len(values) < len(args) or any(v is not a for v, a in zip(values, args)):
+                return None
+            if kernel is None or kernel.function is None or not callable(kernel.run):
+                return None
+            return kernel, values[len(args):]
+        except Exception:  # another Triton's internals: keep its own path for this key
+            return None
+
+    def _verify(self, device: int, kernel: Any, tail: tuple, args: tuple, kwargs: dict) -> None:
+        """Raise unless Triton would launch ``kernel`` with ``args + tail`` for this call."""
+        chosen = self.fn.run(*args, grid=(1,), warmup=True, **kwargs)  # Triton's choice, no launch
+        values, _, _ = self._bound(device, args, kwargs)
+        if chosen is not kernel or len(values) != len(args) + len(tail) or \
+                any(v is not a and not (type(v) is type(a) and v == a) for v, a in zip(values, args + tail)):
+            raise AssertionError(f"CachedLaunch({getattr(self.fn, '__name__', self.fn)}): Triton would launch "
+                                 f"{getattr(chosen, 'hash', chosen)} with {len(values)} arguments; the "
+                                 f"cache has {getattr(kernel, 'hash', kernel)} with {len(args) + len(tail)}")
+
+
+__all__ = ["CachedLaunch", "launch_key", "mode"]

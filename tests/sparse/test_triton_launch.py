@@ -1,0 +1,207 @@
+"""CachedLaunch (nmt.sparse._triton_launch): the compiled kernel Triton would choose, launched with
+what Triton would pass, at every launch of every kernel variant the wrappers make.
+
+Checked on the CPU through Triton's real launch path with a stand-in CUDA driver (the kernels
+compiled for sm_90 by Triton's own compiler, launches recorded, nothing run: the bench_launch
+tool's driver), in a fresh process without ``TRITON_INTERPRET`` (an interpreted Triton cannot
+compile). On CUDA, a second test checks the cached launches against Triton's on the GPU."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_SCRIPT = r"""
+import os, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+import bench_launch
+from nmt.sparse import _triton as T, _triton_launch as L
+
+verified = [0]
+original_verify = L.CachedLaunch._verify
+def counting_verify(self, *args, **kwargs):
+    verified[0] += 1
+    return original_verify(self, *args, **kwargs)
+L.CachedLaunch._verify = counting_verify
+
+
+def inputs():
+    # two float dtypes; one-column, 16-aligned-length and odd rows; 16-byte aligned and not
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in (1, 16, 50):
+            for offset in (0, 1):
+                flat = torch.randn(5 * n + offset).to(dtype)
+                yield flat[offset:].view(5, n)
+
+
+def calls(x):
+    n_rows = x.shape[0]
+    t = torch.randint(0, x.shape[1], (n_rows,))
+    t[0] = -100
+    g = torch.randn_like(x)
+    alpha = torch.full((n_rows,), 1.3)
+    yield lambda: T.sparsemax_forward(x)
+    yield lambda: T.entmax15_forward(x)
+    yield lambda: T.entmax_forward(x, alpha)
+    yield lambda: T.sparsemax_backward(x, g)
+    yield lambda: T.entmax15_backward(x, g)
+    yield lambda: T.entmax_backward(x, g, alpha)
+    for a in (2.0, 1.5, 1.25):
+        yield lambda: T.tsallis_probs_conj(x, a)
+    for reduction in T.REDUCTIONS:
+        for eps in (0.0, 0.1):
+            yield lambda: T.tsallis_index_loss(x, t, -100, eps, 1.5, reduction)
+            yield lambda: T.tsallis_index_loss(x, t.int(), 7, eps, 1.25, reduction)
+            yield lambda: T.cross_entropy_forward(x, t, -100, eps, reduction)
+    lse = torch.zeros(n_rows)
+    scale = torch.ones(2)
+    for eps in (0.0, 0.1):
+        yield lambda: T.cross_entropy_backward(x, t, lse, torch.ones(n_rows), -100, eps)  # g stride 1
+        yield lambda: T.cross_entropy_backward(x, t, lse, torch.ones(()), -100, eps, scale)  # stride 0
+
+
+def describe(args):
+    # a launch's arguments, tensors by dtype and shape (outputs are allocated anew each call)
+    return tuple((str(a.dtype), tuple(a.shape)) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def record(mode):
+    # every call twice (its key's first launch: Triton's path; then, cache on, a cached one):
+    # what each launch passed the launcher after its first four (grid, stream) and the hooks
+    os.environ["NMT_TRITON_LAUNCH_CACHE"] = mode
+    seen = []
+    with bench_launch.stand_in_driver() as launched:
+        for x in inputs():
+            for call in calls(x):
+                for _ in range(2):
+                    before = launched[0]
+                    call()
+                    assert launched[0] > before, "a wrapper launched nothing"
+                    args = launched[1]
+                    seen.append((args[:3], args[5]) + describe(args[9:]))
+        kernels = T._kernels()  # keys learnt per kernel (None: Triton's own path)
+        learnt = {name: sum(v is not None for v in getattr(kernels, name)._cache.values())
+                  for name in T.KERNEL_NAMES if mode != "0"}
+        del kernels
+    return seen, learnt
+
+
+plain, _ = record("0")
+fast, learnt = record("verify")
+assert verified[0] > 0, "no launch took the cached path"
+assert all(learnt.values()), learnt
+assert len(plain) == len(fast) and plain == fast, "the cached launches differ from Triton's"
+print("OK", verified[0], learnt)
+"""
+
+
+def _env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    env.update(extra)
+    return env
+
+
+def test_cached_launches_are_tritons_on_a_stand_in_gpu():
+    """Every kernel variant (dtypes, aligned and unaligned pointers, rows of 1 / 16 / 50,
+    every loss reduction, smoothing, alpha, index widths, g strides 0 and 1): with the cache in
+    ``verify`` mode every cached launch picks Triton's compiled kernel and passes what its binder
+    binds (else it raises), and the launcher receives the same arguments, in the same order, as
+    with the cache off."""
+    pytest.importorskip("triton")
+    from triton.backends import backends
+
+    if "nvidia" not in backends:
+        pytest.skip("triton without its NVIDIA backend")
+    try:
+        import triton.knobs  # noqa: F401  (Triton >= 3.3: the cache's launcher layout)
+    except ImportError:
+        pytest.skip("Triton < 3.3: the kernels keep Triton's own launch")
+    out = subprocess.run([sys.executable, "-c", _SCRIPT, str(ROOT / "tools")], cwd=ROOT,
+                         env=_env(TRITON_DEFAULT_FP_FUSION="1"), capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.startswith("OK"), out.stdout[-2000:]
+
+
+_KEY_SCRIPT = r"""
+import torch
+try:
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import native_specialize_impl
+except ImportError:
+    print("SKIP: this Triton has no native_specialize_impl"); raise SystemExit(0)
+from nmt.sparse._triton_launch import launch_key
+
+flat = torch.zeros(64)
+samples = [0, 1, 2, 15, 16, 17, 32, -1, -16, -100, 2**31 - 16, 2**31, 2**32 + 1, 2**63, 2**64 - 16, True, False,
+           0.0, 1.0, 0.1, None]
+samples += [flat[i:] for i in range(6)] + [torch.nn.Parameter(flat[i:]) for i in range(2)]
+samples += [flat.to(d)[i:] for d in (torch.bfloat16, torch.float16, torch.int8, torch.int32, torch.int64)
+            for i in range(9)]
+by_key = {}
+for a in samples:
+    spec = native_specialize_impl(BaseBackend, a, False, True, True)
+    by_key.setdefault(launch_key(0, (a,), {}), set()).add(spec)
+assert all(len(specs) == 1 for specs in by_key.values()), by_key
+print("OK", len(by_key))
+"""
+
+
+def test_launch_key_is_at_least_as_fine_as_tritons_specialisation():
+    """The key of one argument against Triton's own specialisation of it (what its binder calls):
+    two arguments with one key never get two specialisations. Ints around 16's multiples, 1, the
+    int32 / int64 / uint64 bounds; bools; floats; None; tensors of five dtypes at every alignment,
+    parameters among them. In a fresh process (Triton's specialisation imports modules that an
+    interpreted Triton cannot)."""
+    pytest.importorskip("triton")
+    out = subprocess.run([sys.executable, "-c", _KEY_SCRIPT], cwd=ROOT, env=_env(), capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    if out.stdout.startswith("SKIP"):
+        pytest.skip(out.stdout.strip())
+    assert out.stdout.startswith("OK"), out.stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cached_launches_match_tritons_on_cuda():
+    """On a GPU: the wrappers' results with the cache on, in ``verify`` mode (every cached launch
+    checked against Triton's choice) and off are bitwise equal (in a fresh process: the mode is
+    read when the kernels are built)."""
+    pytest.importorskip("triton")
+    script = r"""
+import os, sys, torch
+from nmt.sparse import _triton as T
+torch.manual_seed(0)
+results = {}
+for mode in ("0", "verify", "1"):
+    os.environ["NMT_TRITON_LAUNCH_CACHE"] = mode
+    T._KERNELS.clear()
+    out = []
+    for n in (1, 50, 8000):
+        for dtype in (torch.float32, torch.bfloat16):
+            g = torch.Generator(device="cuda").manual_seed(n)
+            x = (torch.randn(33, n, device="cuda", generator=g) * 3).to(dtype)
+            t = torch.randint(0, n, (33,), device="cuda", generator=g)
+            for _ in range(2):
+                p = T.entmax15_forward(x)
+                out += [p, T.entmax15_backward(p, x), T.sparsemax_forward(x)]
+                out += list(T.tsallis_index_loss(x, t, -100, 0.1, 1.5, "mean"))
+                loss, lse, fin = T.cross_entropy_forward(x, t, -100, 0.0, "sum")
+                out += [loss, lse, fin, T.cross_entropy_backward(x, t, lse, torch.ones(33, device="cuda"))]
+    torch.cuda.synchronize()
+    results[mode] = [o.float().cpu() for o in out]
+for mode in ("verify", "1"):
+    for a, b in zip(results["0"], results[mode]):
+        assert torch.equal(a.nan_to_num(), b.nan_to_num()), mode
+print("OK")
+"""
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout[-2000:] + out.stderr[-3000:]
