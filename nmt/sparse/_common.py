@@ -80,19 +80,25 @@ def check_scores(scores: Tensor, dim: int) -> int:
 
 
 def apply_last(kernel: Callable[[Tensor], Tensor], scores: Tensor, dim: int,
-               mask: Optional[Tensor]) -> Tensor:
+               mask: Optional[Tensor], takes_half: Optional[Callable[[Tensor], bool]] = None) -> Tensor:
     """Run ``kernel`` (on a last-dim, float32/64 tensor) over ``scores`` along ``dim``.
 
     Handles validation, masking, the half-precision upcast and the cast back. All steps
     are differentiable views/casts, so the kernel's own backward is used. An empty input
     (zero rows or a zero-width ``dim``) gives an empty result of the same shape.
+    ``takes_half(x)``: True where ``kernel`` takes the float16 / bfloat16 last-dim tensor ``x``
+    itself (the Triton kernels: they compute in float32 and store the input dtype, as the
+    upcast would round), saving the two casts' passes, launches and autograd nodes.
     """
     dim = check_scores(scores, dim)
     dtype = scores.dtype
     if scores.numel() == 0:
         apply_mask(scores, mask)  # still validates the mask
         return scores.clone()
-    x = apply_mask(scores, mask).to(compute_dtype(dtype))
-    if dim == scores.dim() - 1:  # already last: no permute (nor its autograd node)
-        return kernel(x).to(dtype)
-    return kernel(x.movedim(dim, -1)).movedim(-1, dim).to(dtype)
+    x = apply_mask(scores, mask)
+    last = dim == scores.dim() - 1  # already last: no permute (nor its autograd node)
+    x = x if last else x.movedim(dim, -1)
+    if not (dtype in _UPCAST and takes_half is not None and takes_half(x)):
+        x = x.to(compute_dtype(dtype))
+    y = kernel(x)
+    return (y if last else y.movedim(-1, dim)).to(dtype)

@@ -27,7 +27,7 @@ precision of rows with a large common offset. A row holding NaN or ``+inf`` gets
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import Tensor
@@ -83,6 +83,12 @@ def resolve_impl(impl: str, x: Tensor, triton_ok: bool = True) -> str:
                              f"{x.dtype} tensor of shape {tuple(x.shape)} on {x.device} "
                              f"(use impl='auto' or 'static')")
     return impl
+
+
+def takes_half(impl: str) -> Callable[[Tensor], bool]:
+    """For :func:`nmt.sparse._common.apply_last`: whether the mapping's algorithm for a (last-dim)
+    float16 / bfloat16 tensor is the Triton kernels, which take it as it is (no upcast)."""
+    return lambda x: resolve_impl(impl, x) == "triton"
 
 
 def shifted_threshold(x: Tensor, q: Union[float, Tensor], scale: float = 1.0, impl: str = "auto",

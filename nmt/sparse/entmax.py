@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from . import _dispatch
 from ._common import apply_last, apply_mask, broadcasts_to, check_scores, compute_dtype, fresh_output
-from ._dispatch import check_impl, resolve_impl, shifted_threshold
+from ._dispatch import check_impl, resolve_impl, shifted_threshold, takes_half
 from ._softmax import softmax
 from ._native import support_backward
 from ._threshold import Candidates, native_long_entmax15, native_sorted_probs, pruned_shifted_threshold
@@ -197,7 +197,7 @@ def entmax15(scores: Tensor, dim: int = -1, mask: Optional[Tensor] = None, impl:
     ``"static"`` never synchronises with the host). Returns probabilities shaped like ``scores``.
     """
     check_impl(impl)
-    return apply_last(lambda x: Entmax15Function.apply(x, impl), scores, dim, mask)
+    return apply_last(lambda x: Entmax15Function.apply(x, impl), scores, dim, mask, takes_half(impl))
 
 
 class EntmaxBisectFunction(torch.autograd.Function):
@@ -283,7 +283,8 @@ class EntmaxBisectFunction(torch.autograd.Function):
                 gx = gx.view(p.shape)
             if not ctx.needs_input_grad[1]:
                 return gx, None, None, None, None
-            return gx, _alpha_grad(p, alpha, grad), None, None, None
+            wide = torch.promote_types(p.dtype, alpha.dtype)  # half p: alpha's sums in float32
+            return gx, _alpha_grad(p.to(wide), alpha, grad.to(wide)).to(alpha.dtype), None, None, None
         if ctx.alpha is not None and not ctx.triton:  # saved r = [(alpha - 1) x - tau]_+, alpha a float
             r, _ = ctx.saved_tensors
             e = (2 - ctx.alpha) / (ctx.alpha - 1)
@@ -368,9 +369,11 @@ def entmax_bisect(scores: Tensor, alpha: Union[float, Tensor] = 1.5, dim: int = 
     if scores.numel() == 0:
         return scores.clone()
     last = d == scores.dim() - 1
-    x = apply_mask(scores, mask).to(cdt)
+    x = apply_mask(scores, mask)
     x = x if last else x.movedim(d, -1)
     kind = resolve_impl(impl, x)
+    if kind != "triton":  # the kernels take half precisions themselves (computed in float32)
+        x = x.to(cdt)
     host = kind == "pruned" and not torch.compiler.is_compiling()  # host reads only in eager mode
     a = _alpha_rows(alpha, scores.to(cdt), d, check=host)
     a = a.expand(*x.shape[:-1], 1)

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from . import _dispatch
 from ._common import apply_last, fresh_output
-from ._dispatch import check_impl, resolve_impl, shifted_threshold
+from ._dispatch import check_impl, resolve_impl, shifted_threshold, takes_half
 from ._native import support_backward
 from ._threshold import native_sorted_probs
 
@@ -97,7 +97,7 @@ def sparsemax(scores: Tensor, dim: int = -1, mask: Optional[Tensor] = None, impl
     Returns probabilities of the shape and dtype of ``scores``, summing to one along ``dim``.
     """
     check_impl(impl)
-    return apply_last(lambda x: SparsemaxFunction.apply(x, impl), scores, dim, mask)
+    return apply_last(lambda x: SparsemaxFunction.apply(x, impl), scores, dim, mask, takes_half(impl))
 
 
 class Sparsemax(nn.Module):

@@ -394,6 +394,50 @@ def test_front_doors_with_impl_triton_equal_static(dtype):
     assert _dispatch.resolve_impl("triton", x.to(DEVICE)) == "triton"
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_reach_the_kernels_without_casts(dtype, monkeypatch):
+    """impl="triton" with float16 / bfloat16 scores: the kernels get the half tensor itself (no
+    upcast before, no downcast after: the mapping's own node is the output's grad_fn), and
+    the result is the float32 route's rounded to the input dtype (one ulp apart at most: the
+    interpreter's cast may round otherwise); gradients within the half dtype's rounding of the
+    float32 route's; a learnable alpha's gradient is summed in float32."""
+    from nmt.sparse import _dispatch
+
+    seen = []
+    for name in ("sparsemax_forward", "entmax15_forward", "entmax_forward"):
+        original = getattr(T, name)
+        monkeypatch.setattr(T, name, lambda *a, _f=original: seen.append(a[0].dtype) or _f(*a))
+    g = torch.Generator().manual_seed(11)
+    x32 = torch.randn(6, 40, generator=g) * 2
+    grad32 = torch.randn(6, 40, generator=g)
+    fronts = {"sparsemax": lambda t: sparsemax(t, impl="triton"),
+              "entmax15": lambda t: entmax15(t, impl="triton"),
+              "bisect1.3": lambda t: entmax_bisect(t, 1.3, impl="triton")}
+    ulp = torch.finfo(dtype).eps
+    for name, f in fronts.items():
+        seen.clear()
+        xh = x32.to(dtype).to(DEVICE).requires_grad_()
+        ph = f(xh)
+        assert seen == [dtype] and ph.dtype == dtype, (name, seen)
+        assert "ToCopy" not in ph.grad_fn.name(), ph.grad_fn.name()
+        xf = x32.to(dtype).float().to(DEVICE).requires_grad_()  # the same scores, upcast
+        pf = f(xf)
+        assert torch.allclose(ph.float(), pf.to(dtype).float(), rtol=ulp, atol=0), name
+        assert ((ph == 0) == (pf == 0)).all(), name  # the same support
+        ph.backward(grad32.to(dtype).to(DEVICE))
+        pf.backward(grad32.to(dtype).float().to(DEVICE))
+        assert torch.allclose(xh.grad.float(), xf.grad, rtol=4 * ulp, atol=4 * ulp * xf.grad.abs().max()), name
+    alpha = torch.tensor([[1.2], [1.5], [2.0], [1.0], [1.7], [3.0]], device=DEVICE, requires_grad=True)
+    alpha32 = alpha.detach().clone().requires_grad_()
+    ph = entmax_bisect(x32.to(dtype).to(DEVICE), alpha, impl="triton")
+    pf = entmax_bisect(x32.to(dtype).float().to(DEVICE), alpha32, impl="triton")
+    (ph.float() * grad32.to(DEVICE)).sum().backward()
+    (pf * grad32.to(DEVICE)).sum().backward()
+    assert alpha.grad.dtype == torch.float32
+    assert torch.allclose(alpha.grad, alpha32.grad, rtol=0.01, atol=0.01), (alpha.grad, alpha32.grad)
+    assert _dispatch.resolve_impl("triton", x32.to(dtype).to(DEVICE)) == "triton"
+
+
 def test_learnable_alpha_with_impl_triton():
     """A per-row tensor alpha (rows at 1: softmax): the kernels for the scores' gradient, torch
     for alpha's; both equal the static path's."""
