@@ -158,6 +158,12 @@ def cases(rows: int, cols: int, device: torch.device) -> list[tuple[str, Callabl
     def backward(f: Callable[[Tensor], Tensor], *extra: Tensor) -> Callable[[], object]:
         return lambda: torch.autograd.grad(f(xg), xg, *extra)
 
+    xh, gradh = x.to(torch.bfloat16), grad.to(torch.bfloat16)
+    xhg = xh.clone().requires_grad_()
+
+    def backward_half(f: Callable[[Tensor], Tensor]) -> Callable[[], object]:
+        return lambda: torch.autograd.grad(f(xhg), xhg, gradh)
+
     softmax = "softmax forward"
     return [
         (softmax, no_grad(lambda: F.softmax(x, -1)), softmax),
@@ -167,6 +173,10 @@ def cases(rows: int, cols: int, device: torch.device) -> list[tuple[str, Callabl
         ("softmax forward+backward", backward(lambda t: F.softmax(t, -1), grad), "softmax forward+backward"),
         ("entmax15 forward+backward", backward(lambda t: entmax15(t, impl="triton"), grad),
          "softmax forward+backward"),
+        ("softmax forward+backward, bfloat16", backward_half(lambda t: F.softmax(t, -1)),
+         "softmax forward+backward, bfloat16"),
+        ("entmax15 forward+backward, bfloat16", backward_half(lambda t: entmax15(t, impl="triton")),
+         "softmax forward+backward, bfloat16"),
         ("F.cross_entropy forward+backward", backward(lambda t: F.cross_entropy(t, target)),
          "F.cross_entropy forward+backward"),
         ("cross_entropy_loss forward+backward",
