@@ -421,7 +421,10 @@ def _finish_kernel(LOSS, STATUS, OUT, FIN, n_rows, REDUCE: tl.constexpr, BLOCK: 
     acc = tl.zeros([BLOCK], dtype=LOSS.dtype.element_ty)
     count = tl.zeros([BLOCK], dtype=tl.int32)
     refused = tl.zeros([BLOCK], dtype=tl.int32)
-    for start in range(0, n_rows, BLOCK):
+    # a while loop over the blocks (Triton 3.6's interpreter cannot range() over an argument);
+    # start a tensor even where n_rows is specialised to the constant 1
+    start = tl.program_id(0) * 0
+    while start < n_rows:
         idx = start + cols
         inb = idx < n_rows
         status = tl.load(STATUS + idx, mask=inb, other=0).to(tl.int32)
@@ -429,6 +432,7 @@ def _finish_kernel(LOSS, STATUS, OUT, FIN, n_rows, REDUCE: tl.constexpr, BLOCK: 
         refused += status >> 1
         if REDUCE > 0:
             acc += tl.load(LOSS + idx, mask=inb, other=0.0)
+        start += BLOCK
     denom = tl.maximum(tl.sum(count, axis=0), 1).to(tl.float32)
     if REDUCE == 2:
         tl.store(OUT, (tl.sum(acc, axis=0) / denom).to(OUT.dtype.element_ty))

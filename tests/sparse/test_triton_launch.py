@@ -39,6 +39,7 @@ def inputs():
             for offset in (0, 1):
                 flat = torch.randn(5 * n + offset).to(dtype)
                 yield flat[offset:].view(5, n)
+    yield torch.randn(1, 50)  # one row: Triton specialises the row count 1 to a constant
 
 
 def calls(x):
