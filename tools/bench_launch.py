@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from nmt.sparse import _triton, entmax15, losses  # noqa: E402
+from nmt.sparse._triton_launch import mode as _launch_mode  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -212,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"bench_launch: --device must be cuda or cpu, got {args.device!r}")
     triton = _triton._import_triton()
     print(f"# bench_launch: ({args.rows}, {args.cols}) float32, {where}; torch {torch.__version__}, "
-          f"triton {getattr(triton, '__version__', '?')}, {args.threads} threads; median of {repeats} x {calls} calls")
+          f"triton {getattr(triton, '__version__', '?')}, {args.threads} threads; median of {repeats} x {calls} calls; "
+          f"launch cache {({'0': 'off', '1': 'on'}).get(_launch_mode(), _launch_mode())} (NMT_TRITON_LAUNCH_CACHE)")
     print(f"{'call':<44} {'host us':>8} {'wall us':>8} {'vs torch':>9}")
     with driver as launched:
         reference: dict[str, float] = {}

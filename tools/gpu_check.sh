@@ -16,8 +16,8 @@
 # selects tests, GPU_CHECK_SPARSE_ARGS and GPU_CHECK_TRANSLATE_ARGS those benchmarks' options.
 #
 # Stage times on one H200 (2026-11-26; plan a lease of 15 device minutes, a start included, by them):
-# env 6 s; launch (host microseconds per call, layer by layer: tools/bench_launch.py) about 20 s
-# (not yet timed on a GPU); tests about 150 s with 15 workers (GPU_CHECK_WORKERS=15); sparse 69 s;
+# env 6 s; launch (host microseconds per call, layer by layer: tools/bench_launch.py, with Triton's
+# own launch path and with nmt's launch cache) about 40 s (not yet timed on a GPU); tests about 150 s with 15 workers (GPU_CHECK_WORKERS=15); sparse 69 s;
 # sparse_graphs (the mappings and losses as CUDA-graph replays: the kernels alone, as a compiled
 # step runs them; not in the default list) not yet timed, about as long; train_compile 87 s
 # (112 s with --profile 3); translate more than 110 s (two models trained in 19 s each, then the CPU
@@ -59,7 +59,8 @@ for s in $STAGES; do
         env) stage env 60 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; \
               $PY -c 'import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.get_device_name()); import triton; print(\"triton\", triton.__version__)'" ;;
         tests) stage tests 180 $PY -m pytest -q -p no:cacheprovider -n "${GPU_CHECK_WORKERS:-$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))}" -rfE --durations=5 ${GPU_CHECK_TESTS:-} ;;
-        launch) stage launch 60 $PY tools/bench_launch.py --device cuda ;;
+        launch) stage launch 90 bash -c "NMT_TRITON_LAUNCH_CACHE=0 $PY tools/bench_launch.py --device cuda; \
+              $PY tools/bench_launch.py --device cuda" ;;  # Triton's own launch, then nmt's launch cache
         sparse) stage sparse 120 $PY tools/bench_sparse.py --device cuda ${GPU_CHECK_SPARSE_ARGS:-} ;;
         sparse_graphs) stage sparse_graphs 120 $PY tools/bench_sparse.py --device cuda --graphs --dtypes float32 ;;
         train) stage train 100 $PY tools/bench_train.py --device cuda --steps 100 --warmup 30 ${GPU_CHECK_TRAIN_ARGS:-} \
