@@ -43,6 +43,19 @@ def fresh_output(t: Tensor) -> Tensor:
     return t.clone() if torch.compiler.is_compiling() else t
 
 
+def rows(t: Tensor) -> Tensor:
+    """``t: (..., n)`` as a contiguous ``(R, n)`` tensor: ``t`` itself where it is one already (no
+    view operation, nor its autograd node: host time of every eager kernel call)."""
+    if t.dim() == 2 and t.is_contiguous():
+        return t
+    return t.reshape(-1, t.shape[-1]).contiguous()
+
+
+def shaped(t: Tensor, shape: Sequence[int]) -> Tensor:
+    """``t.view(shape)``, or ``t`` itself where it has that shape already."""
+    return t if t.shape == shape else t.view(shape)
+
+
 def apply_mask(scores: Tensor, mask: Optional[Tensor]) -> Tensor:
     """Return ``scores`` with ``-inf`` where ``mask`` is False (``mask`` broadcasts, True = keep)."""
     if mask is None:
@@ -98,7 +111,8 @@ def apply_last(kernel: Callable[[Tensor], Tensor], scores: Tensor, dim: int,
     x = apply_mask(scores, mask)
     last = dim == scores.dim() - 1  # already last: no permute (nor its autograd node)
     x = x if last else x.movedim(dim, -1)
-    if not (dtype in _UPCAST and takes_half is not None and takes_half(x)):
-        x = x.to(compute_dtype(dtype))
+    if dtype in _UPCAST and not (takes_half is not None and takes_half(x)):
+        x = x.to(torch.float32)
     y = kernel(x)
-    return (y if last else y.movedim(-1, dim)).to(dtype)
+    y = y if last else y.movedim(-1, dim)
+    return y if y.dtype == dtype else y.to(dtype)

@@ -20,7 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from . import _dispatch
-from ._common import apply_last, apply_mask, broadcasts_to, check_scores, compute_dtype, fresh_output
+from ._common import (apply_last, apply_mask, broadcasts_to, check_scores, compute_dtype, fresh_output, rows,
+                      shaped)
 from ._dispatch import check_impl, resolve_impl, shifted_threshold, takes_half
 from ._softmax import softmax
 from ._native import support_backward
@@ -135,10 +136,6 @@ def _support_power(p: Tensor, power: Union[float, Tensor]) -> Tensor:
     return torch.where(supp, torch.where(supp, p, 1).pow(power), 0)
 
 
-def _rows(t: Tensor) -> Tensor:
-    return t.reshape(-1, t.shape[-1]).contiguous()
-
-
 class Entmax15Function(torch.autograd.Function):
     """1.5-entmax over the last dim of a float32/float64 tensor; ``impl`` as in
     :func:`entmax15_threshold` (``"triton"``: the fused kernels)."""
@@ -148,7 +145,7 @@ class Entmax15Function(torch.autograd.Function):
         kind = resolve_impl(impl, x)
         ctx.triton, ctx.native = kind == "triton", False
         if ctx.triton:
-            p = _dispatch.kernels().entmax15_forward(_rows(x)).view(x.shape)
+            p = shaped(_dispatch.kernels().entmax15_forward(rows(x)), x.shape)
             ctx.save_for_backward(p)
             return p
         r = None
@@ -181,9 +178,9 @@ class Entmax15Function(torch.autograd.Function):
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         (r,) = ctx.saved_tensors
         if ctx.triton:  # saved p: the kernel takes s = sqrt(p)
-            return _dispatch.kernels().entmax15_backward(_rows(r), _rows(grad)).view(r.shape), None
+            return shaped(_dispatch.kernels().entmax15_backward(rows(r), rows(grad)), r.shape), None
         if ctx.native:  # one native pass
-            return support_backward(_rows(r), _rows(grad), indicator=False).view(r.shape), None
+            return shaped(support_backward(rows(r), rows(grad), indicator=False), r.shape), None
         return _entmax_backward(r, grad), None
 
 
@@ -216,12 +213,12 @@ class EntmaxBisectFunction(torch.autograd.Function):
         if ctx.triton:  # float alpha 2 / 1.5: the dedicated exact kernels
             kernels = _dispatch.kernels()
             if alpha_float == 2.0:
-                p = kernels.sparsemax_forward(_rows(x))
+                p = kernels.sparsemax_forward(rows(x))
             elif alpha_float == 1.5:
-                p = kernels.entmax15_forward(_rows(x))
+                p = kernels.entmax15_forward(rows(x))
             else:
-                p = kernels.entmax_forward(_rows(x), alpha.expand(*x.shape[:-1], 1).reshape(-1))
-            p = p.view(x.shape)
+                p = kernels.entmax_forward(rows(x), alpha.expand(*x.shape[:-1], 1).reshape(-1))
+            p = shaped(p, x.shape)
             ctx.save_for_backward(p, alpha)
             return p
         eps = torch.finfo(x.dtype).eps
@@ -274,13 +271,13 @@ class EntmaxBisectFunction(torch.autograd.Function):
             kernels, gx = _dispatch.kernels(), None
             if ctx.needs_input_grad[0]:
                 if ctx.alpha == 2.0:
-                    gx = kernels.sparsemax_backward(_rows(p), _rows(grad))
+                    gx = kernels.sparsemax_backward(rows(p), rows(grad))
                 elif ctx.alpha == 1.5:
-                    gx = kernels.entmax15_backward(_rows(p), _rows(grad))
+                    gx = kernels.entmax15_backward(rows(p), rows(grad))
                 else:
                     a = alpha.expand(*p.shape[:-1], 1).reshape(-1)
-                    gx = kernels.entmax_backward(_rows(p), _rows(grad), a)
-                gx = gx.view(p.shape)
+                    gx = kernels.entmax_backward(rows(p), rows(grad), a)
+                gx = shaped(gx, p.shape)
             if not ctx.needs_input_grad[1]:
                 return gx, None, None, None, None
             wide = torch.promote_types(p.dtype, alpha.dtype)  # half p: alpha's sums in float32

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _dispatch
-from ._common import apply_last, fresh_output
+from ._common import apply_last, fresh_output, rows, shaped
 from ._dispatch import check_impl, resolve_impl, shifted_threshold, takes_half
 from ._native import support_backward
 from ._threshold import native_sorted_probs
@@ -52,10 +52,6 @@ def sparsemax_backward(p: Tensor, grad: Tensor) -> Tensor:
     return (grad - mean).mul_(s)
 
 
-def _rows(t: Tensor) -> Tensor:
-    return t.reshape(-1, t.shape[-1]).contiguous()
-
-
 class SparsemaxFunction(torch.autograd.Function):
     """Sparsemax over the last dim of a float32/float64 tensor (``-inf`` entries -> 0);
     ``impl`` as in :func:`sparsemax_threshold` (``"triton"``: the fused kernels)."""
@@ -68,7 +64,7 @@ class SparsemaxFunction(torch.autograd.Function):
             fused = native_sorted_probs(x, 1.0, root=False)
         ctx.triton, ctx.native = kind == "triton", fused is not None
         if ctx.triton:
-            p = _dispatch.kernels().sparsemax_forward(_rows(x)).view(x.shape)
+            p = shaped(_dispatch.kernels().sparsemax_forward(rows(x)), x.shape)
         elif fused is not None:
             p = fused[0]
         else:
@@ -80,9 +76,9 @@ class SparsemaxFunction(torch.autograd.Function):
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         (p,) = ctx.saved_tensors
         if ctx.triton:
-            return _dispatch.kernels().sparsemax_backward(_rows(p), _rows(grad)).view(p.shape), None
+            return shaped(_dispatch.kernels().sparsemax_backward(rows(p), rows(grad)), p.shape), None
         if ctx.native:  # one native pass
-            return support_backward(_rows(p), _rows(grad), indicator=True).view(p.shape), None
+            return shaped(support_backward(rows(p), rows(grad), indicator=True), p.shape), None
         return sparsemax_backward(p, grad), None
 
 
