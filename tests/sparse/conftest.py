@@ -1,9 +1,14 @@
 """Independent oracles for the mapping tests: KKT certificates and a generic convex solver."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parents[2]
 
 def kkt_violation(p: torch.Tensor, x: torch.Tensor, alpha: float) -> float:
     """Largest violation of the optimality conditions of alpha-entmax (alpha > 1), last dim.
@@ -107,3 +112,16 @@ def native_build(request, tmp_path_factory):
     if request.param == "default":
         return _native.library()
     return _native.load(_native.build(tmp_path_factory.mktemp(request.param), defines=[request.param]))
+
+
+@pytest.fixture
+def subprocess_env():
+    """``env(**extra)``: this process's environment for a fresh Python subprocess, without
+    ``TRITON_INTERPRET`` (a compiling Triton unless ``extra`` sets it), the repository first on
+    ``PYTHONPATH``, then ``extra``."""
+    def env(**extra: str) -> dict:
+        out = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        out["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [out.get("PYTHONPATH")] if p])
+        out.update(extra)
+        return out
+    return env

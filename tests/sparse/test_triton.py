@@ -74,20 +74,13 @@ def device_mode(request):
         os.environ["TRITON_INTERPRET"] = old
 
 
-def _env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
-    env.update(extra)
-    return env
-
-
-def test_module_in_fresh_process():
+def test_module_in_fresh_process(subprocess_env):
     """Where this process cannot run the kernels (triton imported before without the
     interpreter, and no CUDA), run this file in a fresh process with ``TRITON_INTERPRET=1``."""
     if RUNNABLE:
         pytest.skip("the kernels run in this process")
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                          __file__], cwd=ROOT, env=_env(TRITON_INTERPRET="1"),
+                          __file__], cwd=ROOT, env=subprocess_env(TRITON_INTERPRET="1"),
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
 
@@ -558,10 +551,10 @@ print("OK")
 """
 
 
-def test_kernels_compile_for_sm90():
+def test_kernels_compile_for_sm90(subprocess_env):
     """Compile every kernel variant for an H100 in a fresh process (no GPU needed)."""
     out = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], cwd=ROOT,
-                         env=_env(TRITON_DEFAULT_FP_FUSION="1"), capture_output=True, text=True,
+                         env=subprocess_env(TRITON_DEFAULT_FP_FUSION="1"), capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     if out.stdout.startswith("SKIP"):
@@ -729,7 +722,7 @@ print("not refused:", float(loss))
 """
 
 
-def test_fused_losses_refuse_out_of_range_targets():
+def test_fused_losses_refuse_out_of_range_targets(subprocess_env):
     """An index outside [0, V) that is not ignore_index is refused (the kernels count it): eager
     on the CPU a ValueError, as the torch paths; on CUDA, where reading the count back would
     synchronise, a device-side assertion that fails the next synchronising call (as
@@ -748,7 +741,7 @@ def test_fused_losses_refuse_out_of_range_targets():
             if (name, bad) not in (("cross_entropy", 9), ("entmax15", -1)):
                 continue
             out = subprocess.run([sys.executable, "-c", _OUT_OF_RANGE_SCRIPT, name, str(bad)], cwd=ROOT,
-                                 env=_env(), capture_output=True, text=True, timeout=300)
+                                 env=subprocess_env(), capture_output=True, text=True, timeout=300)
             assert out.returncode != 0 and "not refused" not in out.stdout, (name, bad, out.stdout)
             said = out.stdout + out.stderr  # the device's assertion message goes to stdout or stderr
             assert "target class index out of range [0, 9)" in said, (name, bad, said[-2000:])

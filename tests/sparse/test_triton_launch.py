@@ -7,7 +7,6 @@ tool's driver), in a fresh process without ``TRITON_INTERPRET`` (an interpreted 
 compile). On CUDA, a second test checks the cached launches against Triton's on the GPU."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -103,14 +102,7 @@ print("OK", verified[0], learnt)
 """
 
 
-def _env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
-    env.update(extra)
-    return env
-
-
-def test_cached_launches_are_tritons_on_a_stand_in_gpu():
+def test_cached_launches_are_tritons_on_a_stand_in_gpu(subprocess_env):
     """Every kernel variant (dtypes, aligned and unaligned pointers, rows of 1 / 16 / 50,
     every loss reduction, smoothing, alpha, index widths, g strides 0 and 1): with the cache in
     ``verify`` mode every cached launch picks Triton's compiled kernel and passes what its binder
@@ -126,7 +118,7 @@ def test_cached_launches_are_tritons_on_a_stand_in_gpu():
     except ImportError:
         pytest.skip("Triton < 3.3: the kernels keep Triton's own launch")
     out = subprocess.run([sys.executable, "-c", _SCRIPT, str(ROOT / "tools")], cwd=ROOT,
-                         env=_env(TRITON_DEFAULT_FP_FUSION="1"), capture_output=True, text=True, timeout=900)
+                         env=subprocess_env(TRITON_DEFAULT_FP_FUSION="1"), capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert out.stdout.startswith("OK"), out.stdout[-2000:]
 
@@ -155,14 +147,14 @@ print("OK", len(by_key))
 """
 
 
-def test_launch_key_is_at_least_as_fine_as_tritons_specialisation():
+def test_launch_key_is_at_least_as_fine_as_tritons_specialisation(subprocess_env):
     """The key of one argument against Triton's own specialisation of it (what its binder calls):
     two arguments with one key never get two specialisations. Ints around 16's multiples, 1, the
     int32 / int64 / uint64 bounds; bools; floats; None; tensors of five dtypes at every alignment,
     parameters among them. In a fresh process (Triton's specialisation imports modules that an
     interpreted Triton cannot)."""
     pytest.importorskip("triton")
-    out = subprocess.run([sys.executable, "-c", _KEY_SCRIPT], cwd=ROOT, env=_env(), capture_output=True,
+    out = subprocess.run([sys.executable, "-c", _KEY_SCRIPT], cwd=ROOT, env=subprocess_env(), capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     if out.stdout.startswith("SKIP"):
@@ -171,7 +163,7 @@ def test_launch_key_is_at_least_as_fine_as_tritons_specialisation():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cached_launches_match_tritons_on_cuda():
+def test_cached_launches_match_tritons_on_cuda(subprocess_env):
     """On a GPU: the wrappers' results with the cache on, in ``verify`` mode (every cached launch
     checked against Triton's choice) and off are bitwise equal (in a fresh process: the mode is
     read when the kernels are built)."""
@@ -203,6 +195,6 @@ for mode in ("verify", "1"):
         assert torch.equal(a.nan_to_num(), b.nan_to_num()), mode
 print("OK")
 """
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=_env(), capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout[-2000:] + out.stderr[-3000:]
