@@ -451,8 +451,8 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
         raise ValueError(f"scores of shape {tuple(scores.shape)} have no classes (last dim is 0)")
     if not isinstance(target, Tensor):
         raise ValueError(f"target must be a tensor, got {type(target).__name__}")
-    z = scores.to(torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)
-    z = z.reshape(-1, n_classes)
+    z = scores.to(torch.float32) if dtype in (torch.float16, torch.bfloat16) else scores
+    z = z if z.dim() == 2 else z.reshape(-1, n_classes)  # no view (nor its node) for 2-D scores
     index = dist = None
     out_of_range = f"target class index out of range [0, {n_classes}) (and not ignore_index={ignore_index})"
     if target.is_floating_point():
@@ -469,13 +469,16 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
         if target.shape != scores.shape[:-1]:
             raise ValueError(f"index target of shape {tuple(target.shape)} must match scores without "
                              f"the class dim {tuple(scores.shape[:-1])}")
-        t = target.reshape(-1)
+        t = target if target.dim() == 1 else target.reshape(-1)
         fused = _fused_index_function(reg, z, impl)
         if fused is not None:  # two launches: loss, gradient, the reduction, the check
             args = (reg.alpha,) if isinstance(reg, Tsallis) else ()  # the Tsallis kernel takes alpha
-            loss, finish = fused.apply(z, t.to(z.device), int(ignore_index), eps, *args, reduction)
+            loss, finish = fused.apply(z, t if t.device == z.device else t.to(z.device), int(ignore_index), eps,
+                                       *args, reduction)
             _check(finish[1], out_of_range)  # 1: every index accepted
-            return (loss.reshape(scores.shape[:-1]) if reduction == "none" else loss).to(dtype)
+            if reduction == "none" and scores.dim() != 2:
+                loss = loss.reshape(scores.shape[:-1])
+            return loss if loss.dtype == dtype else loss.to(dtype)
         valid = t != ignore_index
         index = torch.where(valid, t, 0).long()
         _check(((index >= 0) & (index < n_classes)).all(), out_of_range)
@@ -501,11 +504,12 @@ def _reduce(loss: Tensor, reduction: str, valid: Tensor, shape: torch.Size, dtyp
     """Per-row ``loss`` reduced: "none" (``shape``), "sum", or "mean" over the rows ``valid``
     (bool) marks (0 if none; the count stays on the device); in ``dtype``."""
     if reduction == "none":
-        return loss.reshape(shape).to(dtype)
+        loss = loss if loss.shape == shape else loss.reshape(shape)
+        return loss if loss.dtype == dtype else loss.to(dtype)
     total = loss.sum()
     if reduction == "mean":
         total = total / valid.sum().clamp(min=1)
-    return total.to(dtype)
+    return total if total.dtype == dtype else total.to(dtype)
 
 
 def cross_entropy_loss(scores: Tensor, target: Tensor, ignore_index: int = -100,
