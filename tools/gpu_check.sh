@@ -26,6 +26,9 @@
 # bench_train also counts the skips per row, and with --profile prints where the host time goes.
 # training.compile_encoder (the LSTM encoder inside the compiled graph, one graph per step) is timed
 # by a second train_compile call: GPU_CHECK_TRAIN_ARGS="--compile-encoder" bash tools/gpu_check.sh train_compile
+# A device call may run 10 minutes at most, so a lease of 15 device minutes is best spent in two:
+#   OUT=$OUT GPU_CHECK_WORKERS=15 bash tools/gpu_check.sh env launch tests sparse      # about 5 min
+#   OUT=$OUT GPU_CHECK_TRAIN_ARGS="--profile 3" bash tools/gpu_check.sh train_compile translate  # about 5 min
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_check}
