@@ -8,7 +8,10 @@ next to torch's own operation, for each layer of nmt's route to the kernels:
 * the wrapper (``_triton.entmax15_forward``: checks, output allocation, the launch),
 * the front door ``entmax15(x)`` without gradient, and forward+backward with one,
 * the losses, forward+backward: ``cross_entropy_loss`` and ``entmax15_loss`` against
-  ``F.cross_entropy``.
+  ``F.cross_entropy``;
+* two diagnostics of the backward, which autograd runs on a device thread on CUDA: the Triton
+  launch issued from another Python thread, and the backward alone (a retained graph's backward,
+  again and again) of softmax and 1.5-entmax.
 
 ``--device cuda``: the calls are issued back to back and timed without a synchronisation inside the
 loop (``host us``); ``wall us`` adds the wait for the GPU at the end (equal when the host is the
@@ -127,6 +130,14 @@ def host_microseconds(fn: Callable[[], object], calls: int, repeats: int,
     synchronize()
     host, wall = [], []
     for _ in range(repeats):
+        if isinstance(fn, in_thread):  # issued and timed in another thread
+            start = time.perf_counter()
+            issuing = fn.timed(calls)
+            synchronize()
+            done = time.perf_counter()
+            host.append(1e6 * issuing / calls)
+            wall.append(1e6 * (done - start) / calls)
+            continue
         start = time.perf_counter()
         for _ in range(calls):
             fn()
@@ -136,6 +147,39 @@ def host_microseconds(fn: Callable[[], object], calls: int, repeats: int,
         host.append(1e6 * (issued - start) / calls)
         wall.append(1e6 * (done - start) / calls)
     return statistics.median(host), statistics.median(wall)
+
+
+class in_thread:
+    """``fn`` run from another Python thread (as autograd's device thread runs a backward on
+    CUDA): :func:`host_microseconds` hands each timed run of calls over whole and times it in that
+    thread, so the hand-over is not counted."""
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self.fn = fn
+
+    def timed(self, calls: int) -> float:
+        """Seconds for ``calls`` calls of ``fn`` issued back to back in a new thread (on the
+        current CUDA device, if any)."""
+        import threading
+
+        device = torch.cuda.current_device() if torch.cuda.is_available() else None
+        seconds: list[float] = []
+
+        def work() -> None:
+            if device is not None:
+                torch.cuda.set_device(device)
+            start = time.perf_counter()
+            for _ in range(calls):
+                self.fn()
+            seconds.append(time.perf_counter() - start)
+
+        thread = threading.Thread(target=work, name="bench_launch")
+        thread.start()
+        thread.join()
+        return seconds[0]
+
+    def __call__(self) -> None:
+        self.fn()
 
 
 def cases(rows: int, cols: int, device: torch.device) -> list[tuple[str, Callable[[], object], str]]:
@@ -165,13 +209,22 @@ def cases(rows: int, cols: int, device: torch.device) -> list[tuple[str, Callabl
     def backward_half(f: Callable[[Tensor], Tensor]) -> Callable[[], object]:
         return lambda: torch.autograd.grad(f(xhg), xhg, gradh)
 
+    def retained_backward(f: Callable[[Tensor], Tensor]) -> Callable[[], object]:
+        y = f(xg)  # one graph, its backward run again and again: the backward's host time alone
+        return lambda: torch.autograd.grad(y, xg, grad, retain_graph=True)
+
     softmax = "softmax forward"
     return [
         (softmax, no_grad(lambda: F.softmax(x, -1)), softmax),
         ("Triton launch (1.5-entmax forward kernel)", launch, softmax),
         ("_triton.entmax15_forward (wrapper)", no_grad(lambda: _triton.entmax15_forward(x)), softmax),
         ("entmax15 forward (front door)", no_grad(lambda: entmax15(x, impl="triton")), softmax),
+        ("Triton launch, from a second thread", in_thread(launch), softmax),
         ("softmax forward+backward", backward(lambda t: F.softmax(t, -1), grad), "softmax forward+backward"),
+        ("softmax backward (retained graph)", retained_backward(lambda t: F.softmax(t, -1)),
+         "softmax backward (retained graph)"),
+        ("entmax15 backward (retained graph)", retained_backward(lambda t: entmax15(t, impl="triton")),
+         "softmax backward (retained graph)"),
         ("entmax15 forward+backward", backward(lambda t: entmax15(t, impl="triton"), grad),
          "softmax forward+backward"),
         ("softmax forward+backward, bfloat16", backward_half(lambda t: F.softmax(t, -1)),
