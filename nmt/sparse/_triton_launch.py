@@ -75,12 +75,17 @@ def launch_key(device: int, args: tuple, kwargs: dict) -> tuple:
     return tuple(key)
 
 
+_MODES = {"1": "1", "on": "1", "true": "1", "yes": "1", "": "1",
+          "0": "0", "off": "0", "false": "0", "no": "0", "verify": "verify"}
+
+
 def mode() -> str:
-    """``NMT_TRITON_LAUNCH_CACHE``: "1" (default), "0" or "verify"."""
-    value = os.environ.get("NMT_TRITON_LAUNCH_CACHE", "1").strip().lower()
-    if value in ("0", "off", "false", "no"):
-        return "0"
-    return "verify" if value == "verify" else "1"
+    """``NMT_TRITON_LAUNCH_CACHE``: "1" (default; also on / true / yes), "0" (off / false / no) or
+    "verify". Any other value raises ValueError naming the variable."""
+    value = os.environ.get("NMT_TRITON_LAUNCH_CACHE", "1")
+    if value.strip().lower() not in _MODES:
+        raise ValueError(f"NMT_TRITON_LAUNCH_CACHE must be 1, 0 or verify (or on / off), got {value!r}")
+    return _MODES[value.strip().lower()]
 
 
 class CachedLaunch:

@@ -147,6 +147,21 @@ print("OK", len(by_key))
 """
 
 
+def test_launch_cache_mode_from_the_environment(monkeypatch):
+    """NMT_TRITON_LAUNCH_CACHE: on by default, the documented spellings, and a one-line error
+    naming the variable for anything else."""
+    from nmt.sparse._triton_launch import mode
+
+    monkeypatch.delenv("NMT_TRITON_LAUNCH_CACHE", raising=False)
+    assert mode() == "1"
+    for value, expected in (("0", "0"), ("off", "0"), ("1", "1"), ("ON", "1"), (" verify ", "verify")):
+        monkeypatch.setenv("NMT_TRITON_LAUNCH_CACHE", value)
+        assert mode() == expected, value
+    monkeypatch.setenv("NMT_TRITON_LAUNCH_CACHE", "flase")
+    with pytest.raises(ValueError, match="NMT_TRITON_LAUNCH_CACHE must be 1, 0 or verify.*'flase'"):
+        mode()
+
+
 def test_launch_key_is_at_least_as_fine_as_tritons_specialisation(subprocess_env):
     """The key of one argument against Triton's own specialisation of it (what its binder calls):
     two arguments with one key never get two specialisations. Ints around 16's multiples, 1, the
