@@ -308,8 +308,10 @@ def _alpha_grad(p: Tensor, alpha: Tensor, grad: Tensor, s: Optional[Tensor] = No
     return (grad * dp).sum(dim=-1, keepdim=True)
 
 
-def _alpha_rows(alpha: Union[float, Tensor], scores: Tensor, dim: int, check: bool) -> Tensor:
-    """alpha as a tensor ``(..., 1)`` matching ``scores`` with ``dim`` moved last.
+def _alpha_rows(alpha: Union[float, Tensor], scores: Tensor, dim: int, check: bool,
+                dtype: torch.dtype) -> Tensor:
+    """alpha as a ``dtype`` tensor ``(..., 1)`` matching ``scores`` (its shape and device only)
+    with ``dim`` moved last.
 
     ``check``: refuse a tensor alpha with a value < 1 or NaN (reads the values: only on the
     host path; the static path gives such rows NaN instead of synchronising).
@@ -318,8 +320,8 @@ def _alpha_rows(alpha: Union[float, Tensor], scores: Tensor, dim: int, check: bo
         a = float(alpha)
         if not a >= 1:
             raise ValueError(f"entmax_bisect needs alpha >= 1, got alpha={alpha}")
-        return scores.new_full((1,) * scores.dim(), a).movedim(dim, -1)
-    a = alpha.to(scores.dtype)
+        return scores.new_full((1,) * scores.dim(), a, dtype=dtype).movedim(dim, -1)
+    a = alpha.to(dtype)
     if a.dim() > scores.dim():
         raise ValueError(f"alpha of shape {tuple(alpha.shape)} has more dims than scores {tuple(scores.shape)}")
     a = a.reshape((1,) * (scores.dim() - a.dim()) + tuple(a.shape))
@@ -372,7 +374,7 @@ def entmax_bisect(scores: Tensor, alpha: Union[float, Tensor] = 1.5, dim: int = 
     if kind != "triton":  # the kernels take half precisions themselves (computed in float32)
         x = x.to(cdt)
     host = kind == "pruned" and not torch.compiler.is_compiling()  # host reads only in eager mode
-    a = _alpha_rows(alpha, scores.to(cdt), d, check=host)
+    a = _alpha_rows(alpha, scores, d, check=host, dtype=cdt)
     a = a.expand(*x.shape[:-1], 1)
     if isinstance(alpha, Tensor):
         one = a == 1
