@@ -200,14 +200,10 @@ def cases(rows: int, cols: int, device: torch.device) -> list[tuple[str, Callabl
                 return f()
         return run
 
-    def backward(f: Callable[[Tensor], Tensor], *extra: Tensor) -> Callable[[], object]:
-        return lambda: torch.autograd.grad(f(xg), xg, *extra)
+    def backward(f: Callable[[Tensor], Tensor], *extra: Tensor, leaf: Tensor = xg) -> Callable[[], object]:
+        return lambda: torch.autograd.grad(f(leaf), leaf, *extra)
 
-    xh, gradh = x.to(torch.bfloat16), grad.to(torch.bfloat16)
-    xhg = xh.clone().requires_grad_()
-
-    def backward_half(f: Callable[[Tensor], Tensor]) -> Callable[[], object]:
-        return lambda: torch.autograd.grad(f(xhg), xhg, gradh)
+    xhg, gradh = x.to(torch.bfloat16).requires_grad_(), grad.to(torch.bfloat16)
 
     def retained_backward(f: Callable[[Tensor], Tensor]) -> Callable[[], object]:
         y = f(xg)  # one graph, its backward run again and again: the backward's host time alone
@@ -227,9 +223,9 @@ def cases(rows: int, cols: int, device: torch.device) -> list[tuple[str, Callabl
          "softmax backward (retained graph)"),
         ("entmax15 forward+backward", backward(lambda t: entmax15(t, impl="triton"), grad),
          "softmax forward+backward"),
-        ("softmax forward+backward, bfloat16", backward_half(lambda t: F.softmax(t, -1)),
+        ("softmax forward+backward, bfloat16", backward(lambda t: F.softmax(t, -1), gradh, leaf=xhg),
          "softmax forward+backward, bfloat16"),
-        ("entmax15 forward+backward, bfloat16", backward_half(lambda t: entmax15(t, impl="triton")),
+        ("entmax15 forward+backward, bfloat16", backward(lambda t: entmax15(t, impl="triton"), gradh, leaf=xhg),
          "softmax forward+backward, bfloat16"),
         ("F.cross_entropy forward+backward", backward(lambda t: F.cross_entropy(t, target)),
          "F.cross_entropy forward+backward"),
