@@ -225,8 +225,13 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
             figures["profile"] = profile_steps(device, step, batches[warmup:][:profile])
         except Exception as exc:  # noqa: BLE001 - reported in the output, not fatal
             figures["profile"] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
-        figures["python"] = python_profile(device, step, batches[warmup:][:profile])
+        # on CUDA with the backward on the calling thread: cProfile then sees the backward's Python
+        figures["python"] = python_profile(device, step, batches[warmup:][:profile],
+                                           caller_backward=device.type == "cuda")
         figures["phases"] = phase_profile(device, step, batches[warmup:][:profile])
+        if device.type == "cuda":  # the A/B of autograd's device thread (no such thread on the CPU)
+            figures["phases_caller_backward"] = phase_profile(device, step, batches[warmup:][:profile],
+                                                              caller_backward=True)
     return figures
 
 
@@ -266,19 +271,23 @@ class PhaseTimer:
         return Timed()
 
 
-def phase_profile(device: torch.device, step, batches: list) -> dict:
+def phase_profile(device: torch.device, step, batches: list, caller_backward: bool = False) -> dict:
     """``step(batch, phases)`` over ``batches`` with a :class:`PhaseTimer`: ms per step of each
     phase (batch to device, forward + loss, backward, clip, optimizer step) and of the rest
     (the source mask, zero_grad, Python between the phases), and the synchronised step's total.
     Tells which phase a step's time over another's is in (on CUDA the backward runs on
-    autograd's device thread, which cProfile does not see)."""
+    autograd's device thread, which cProfile does not see). ``caller_backward``: autograd's
+    multithreading off (``torch.autograd.set_multithreading_enabled(False)``), so that the
+    backward runs on the calling thread: the A/B of the device thread, whose Python nodes (the
+    mappings' and losses' backward) each take the GIL there."""
     n = max(len(batches), 1)
     timer = PhaseTimer(device)
     _synchronize(device)
     start = time.perf_counter()
-    for batch in batches:
-        step(batch, timer)
-    _synchronize(device)
+    with torch.autograd.set_multithreading_enabled(not caller_backward):
+        for batch in batches:
+            step(batch, timer)
+        _synchronize(device)
     total = 1000.0 * (time.perf_counter() - start) / n
     ms = {name: 1000.0 * s / n for name, s in timer.seconds.items()}
     ms["rest"] = max(total - sum(ms.values()), 0.0)
@@ -318,11 +327,12 @@ def profile_steps(device: torch.device, step, batches: list) -> dict:
     return figures
 
 
-def python_profile(device: torch.device, step, batches: list, k: int = 12) -> dict:
+def python_profile(device: torch.device, step, batches: list, k: int = 12, caller_backward: bool = False) -> dict:
     """``step`` over ``batches`` under ``cProfile``: the Python functions (and the C functions they
     call: torch operators, launches) with the most own time per step, to find host time that no
     operator accounts for (a host-bound step: Python in nmt, Triton's launcher, autograd). cProfile
-    slows small functions down, so the figures rank rather than measure."""
+    slows small functions down, so the figures rank rather than measure. ``caller_backward``: the
+    backward on the calling thread (see :func:`phase_profile`), where cProfile sees it."""
     import cProfile
     import pstats
 
@@ -330,18 +340,19 @@ def python_profile(device: torch.device, step, batches: list, k: int = 12) -> di
     _synchronize(device)
     profiler = cProfile.Profile()
     start = time.perf_counter()
-    profiler.enable()
-    for batch in batches:
-        step(batch)
-    _synchronize(device)
-    profiler.disable()
+    with torch.autograd.set_multithreading_enabled(not caller_backward):
+        profiler.enable()
+        for batch in batches:
+            step(batch)
+        _synchronize(device)
+        profiler.disable()
     wall = time.perf_counter() - start
     rows = []
     for (file, line, func), (_, calls, own, _, _) in pstats.Stats(profiler).stats.items():
         where = file.split("site-packages/")[-1].replace(str(ROOT) + "/", "")
         rows.append((1000.0 * own / n, calls / n, f"{where}:{line}({func})"))
     rows.sort(reverse=True)
-    return {"ms_per_step": 1000.0 * wall / n, "top": _top(rows, k)}
+    return {"ms_per_step": 1000.0 * wall / n, "top": _top(rows, k), "caller_backward": caller_backward}
 
 
 def _top(rows: list, k: int) -> list[dict]:
@@ -423,13 +434,16 @@ def print_profile(figures: dict, ms_per_step: float) -> None:
         print(f"    host: operators' self CPU time {prof['host_ms_per_step']:.2f} ms per step (profiled); the most:")
         for row in prof["host_top"]:
             print(f"      {row['ms_per_step']:7.3f} ms {row['calls_per_step']:6.1f}x  {row['name']}")
-    phases = figures.get("phases")
-    if phases:
-        print(f"    phases (synchronised at each boundary; {phases['total_ms_per_step']:.1f} ms a step there): "
-              + ", ".join(f"{name} {ms:.2f} ms" for name, ms in phases["ms_per_step"].items()))
+    for key, what in (("phases", ""), ("phases_caller_backward", ", backward on the calling thread")):
+        phases = figures.get(key)
+        if phases:
+            print(f"    phases (synchronised at each boundary{what}; {phases['total_ms_per_step']:.1f} ms a step "
+                  "there): " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in phases["ms_per_step"].items()))
     python = figures.get("python")
     if python:
-        print(f"    python: own time per step under cProfile ({python['ms_per_step']:.1f} ms a step there); the most:")
+        where = ", backward on the calling thread" if python.get("caller_backward") else ""
+        print(f"    python: own time per step under cProfile{where} ({python['ms_per_step']:.1f} ms a step there); "
+              "the most:")
         for row in python["top"]:
             print(f"      {row['ms_per_step']:7.3f} ms {row['calls_per_step']:6.1f}x  {row['name']}")
 
@@ -539,7 +553,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.profile:
                     print_profile(figures[0], ms)
                     results[-1].update(sync_sites=figures[0]["sync_sites"], profile=figures[0]["profile"],
-                                       python=figures[0]["python"], phases=figures[0]["phases"])
+                                       python=figures[0]["python"], phases=figures[0]["phases"],
+                                       phases_caller_backward=figures[0].get("phases_caller_backward"))
     finally:
         thaw_live_objects()
     if args.json is not None:

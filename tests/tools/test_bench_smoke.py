@@ -55,6 +55,21 @@ def test_bench_train_quick_with_profile(tmp_path, capsys):
     assert "phases (synchronised at each boundary" in printed
 
 
+def test_phase_profile_runs_the_backward_on_the_calling_thread_when_asked():
+    """The device thread's A/B: ``caller_backward`` turns autograd's multithreading off for the
+    profiled steps (on CUDA the backward then runs on the calling thread) and back on after."""
+    bench = _load("bench_train")
+    seen = []
+
+    def step(batch, timer):
+        timer.run("backward", lambda: seen.append(torch._C._is_multithreading_enabled()))
+
+    for caller in (False, True):
+        phases = bench.phase_profile(torch.device("cpu"), step, [None, None], caller_backward=caller)
+        assert set(phases["ms_per_step"]) == {"backward", "rest"}
+    assert seen == [True, True, False, False] and torch._C._is_multithreading_enabled()
+
+
 def test_bench_sparse_quick(capsys):
     """``bench_sparse --quick``: the mapping and loss tables with their host sync counts."""
     bench = _load("bench_sparse")
