@@ -479,7 +479,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="after timing each row: where one step's host syncs are, K steps under "
                              "torch.profiler (CUDA: kernels per step, their ms per step, the top kernels, the "
                              "host's operators), K more under cProfile (the Python functions' own time) and K "
-                             "more with the phases timed (forward, backward, clip, optimizer step)")
+                             "more with the phases timed (forward, backward, clip, optimizer step); on CUDA "
+                             "K more phases with the backward on the calling thread instead of autograd's "
+                             "device thread (cProfile too runs the backward there)")
     parser.add_argument("--load", default=None, help="label printed with the figures, e.g. 'idle' or "
                         "'loaded: 8 jobs on 2 cores' (figures under load are not speed claims)")
     args = parser.parse_args(argv)
