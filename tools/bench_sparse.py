@@ -157,7 +157,7 @@ Row = tuple[str, str, float, float, Optional[float], int]
 
 
 def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.device, impl: str,
-                  timer: Timer, vs: Optional[str] = None) -> list[Row]:
+                  timer: Timer, vs: Optional[str] = None, package: bool = True) -> list[Row]:
     x = torch.randn(*shape, device=device).to(dtype)
     g = torch.randn(*shape, device=device).to(dtype)
     n = shape[-1]
@@ -173,7 +173,7 @@ def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
                      f"entmax15 [{vs}]": lambda s: entmax15(s, impl=vs),
                      f"entmax_bisect(1.5) [{vs}]": lambda s: entmax_bisect(s, 1.5, impl=vs)})
     refs: dict[str, list[Callable]] = {}
-    if ref is not None and not isinstance(timer, GraphTimer):  # (the package may synchronise)
+    if package and ref is not None and not isinstance(timer, GraphTimer):  # (the package may synchronise)
         top_k = n > 100  # the package's top-k setting only makes sense on long rows
         refs = {
             "sparsemax": [lambda s: ref.sparsemax(s, -1)] + ([lambda s: ref.sparsemax(s, -1, k=100)] if top_k else []),
@@ -193,7 +193,8 @@ def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
     return rows
 
 
-def loss_table(shape: tuple[int, int], device: torch.device, timer: Timer, impl: str = "auto") -> list[Row]:
+def loss_table(shape: tuple[int, int], device: torch.device, timer: Timer, impl: str = "auto",
+               package: bool = True) -> list[Row]:
     x = torch.randn(*shape, device=device)
     t = torch.randint(0, shape[-1], shape[:1], device=device)
     n = shape[-1]
@@ -206,7 +207,7 @@ def loss_table(shape: tuple[int, int], device: torch.device, timer: Timer, impl:
         "entmax_bisect_loss(1.3)": lambda s, y: entmax_bisect_loss(s, y, alpha=1.3, **kw),
     }
     refs: dict[str, list[Callable]] = {}
-    if ref is not None and not isinstance(timer, GraphTimer):
+    if package and ref is not None and not isinstance(timer, GraphTimer):
         refs = {
             "sparsemax_loss": [ref.SparsemaxLoss()] + ([ref.SparsemaxLoss(k=100)] if n > 100 else []),
             "entmax15_loss": [ref.Entmax15Loss()] + ([ref.Entmax15Loss(k=100)] if n > 100 else []),
@@ -269,6 +270,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--graphs", action="store_true",
                     help="CUDA: time CUDA-graph replays (the kernels alone, as a compiled step with "
                          "mode='reduce-overhead' runs them) instead of eager calls; no entmax-package column")
+    ap.add_argument("--no-package", action="store_true",
+                    help="leave out the entmax package's columns (its CPU bisection takes minutes a call at "
+                         "(4096, 32000))")
     ap.add_argument("--no-malloc-tuning", action="store_true",
                     help="leave glibc's malloc as it is (default: tuned as nmt-train / nmt-translate tune it)")
     args = ap.parse_args(argv)
@@ -285,19 +289,21 @@ def main(argv: Optional[list[str]] = None) -> None:
     dtypes = [getattr(torch, d) for d in (args.dtypes or ("float32" if args.quick else "float32,bfloat16")).split(",")]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
     print(f"# nmt.sparse benchmark: torch {torch.__version__}, {device} ({where}), threads={torch.get_num_threads()}, "
-          f"impl={args.impl}, {args.stat} of reps, {'CUDA-graph replays' if args.graphs else 'eager calls'}, {args.clock} clock, malloc tuned: {'yes' if tuned else 'no'}, entmax package: {'yes' if ref is not None else 'not installed'}")
+          f"impl={args.impl}, {args.stat} of reps, {'CUDA-graph replays' if args.graphs else 'eager calls'}, {args.clock} clock, malloc tuned: {'yes' if tuned else 'no'}, entmax package: {'left out' if args.no_package else 'yes' if ref is not None else 'not installed'}")
     for shape in shapes:
         reps = args.reps or default_reps(shape, device, args.quick)
         timer = timer_class(device, reps, warmup=5 if device.type == "cuda" else 2, stat=args.stat, clock=args.clock)
         for dtype in dtypes:
-            rows = mapping_table(shape, dtype, device, args.impl, timer, args.vs)
+            rows = mapping_table(shape, dtype, device, args.impl, timer, args.vs, not args.no_package)
             print_table(f"mappings {shape} {str(dtype).replace('torch.', '')}, reps={reps}", rows, "softmax", args.stat)
     if not args.no_losses:
         for shape in shapes:
             if shape[1] >= LOSS_MIN_WIDTH:
                 reps = args.reps or default_reps(shape, device, args.quick)
-                print_table(f"losses {shape} float32, reps={reps}", loss_table(shape, device, timer_class(device, reps, warmup=5 if device.type == "cuda" else 2, stat=args.stat, clock=args.clock), args.impl),
-                            "cross-entropy", args.stat)
+                timer = timer_class(device, reps, warmup=5 if device.type == "cuda" else 2, stat=args.stat,
+                                    clock=args.clock)
+                print_table(f"losses {shape} float32, reps={reps}",
+                            loss_table(shape, device, timer, args.impl, not args.no_package), "cross-entropy", args.stat)
 
 
 if __name__ == "__main__":

@@ -70,15 +70,18 @@ def test_phase_profile_runs_the_backward_on_the_calling_thread_when_asked():
     assert seen == [True, True, False, False] and torch._C._is_multithreading_enabled()
 
 
-def test_bench_sparse_quick(capsys):
-    """``bench_sparse --quick``: the mapping and loss tables with their host sync counts."""
+@pytest.mark.parametrize("extra", [[], ["--no-package"]])
+def test_bench_sparse_quick(capsys, extra):
+    """``bench_sparse --quick``: the mapping and loss tables with their host sync counts; with
+    ``--no-package`` the header says the package's columns are left out."""
     bench = _load("bench_sparse")
     try:
-        bench.main(["--quick"])
+        bench.main(["--quick", *extra])
     except SystemExit as exit_:  # argparse-style exits: only success is fine
         assert exit_.code in (0, None)
     printed = capsys.readouterr().out
     assert "softmax" in printed and "entmax15" in printed
+    assert ("entmax package: left out" in printed) == bool(extra)
 
 
 def test_bench_launch_quick():
