@@ -40,11 +40,11 @@ def cell_sigmoid_form(cell: nn.LSTMCell) -> tuple[Tensor, Optional[Tensor]]:
     return sigmoid_form(torch.cat([cell.weight_ih.detach(), cell.weight_hh.detach()], dim=1), bias)
 
 
-def packed_sigmoid_form(cell: nn.LSTMCell) -> tuple[Tensor, Optional[Tensor]]:
-    """:func:`cell_sigmoid_form` with the weight packed for oneDNN's products
-    (:func:`nmt.utils.packed_linear.pack`): what the decoder's packed cells take."""
+def packed_sigmoid_form(cell: nn.LSTMCell) -> tuple[packed_linear.FrozenWeight, Optional[Tensor]]:
+    """:func:`cell_sigmoid_form` with the weight prepared for a frozen region's products
+    (:class:`nmt.utils.packed_linear.FrozenWeight`): what the decoder's packed cells take."""
     weight, bias = cell_sigmoid_form(cell)
-    return packed_linear.pack(weight), bias
+    return packed_linear.FrozenWeight(weight), bias
 
 
 def cell_update(gates: Tensor, c: Tensor, c_out: Optional[Tensor] = None,

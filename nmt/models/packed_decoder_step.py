@@ -83,11 +83,12 @@ def _parameters(decoder: Any) -> list[Tensor | None]:
 
 
 def _prepare(decoder: Any, table: Optional[Tensor] = None,
-             ) -> tuple[list[tuple[Tensor, Tensor | None]], Tensor, Optional[token_products.TokenProducts]]:
-    """Per layer ``[W_ih | W_hh]`` packed in sigmoid form with ``b_ih + b_hh``; the combining layer
-    packed; with ``table`` (the target embeddings, (V, E)) the first layer split at the embedding:
-    ``[W_feed | W_hh]`` packed without bias, and the embedding's columns with the bias as products
-    per token of ``table`` (else None)."""
+             ) -> tuple[list[tuple[packed_linear.FrozenWeight, Tensor | None]], packed_linear.FrozenWeight,
+                        Optional[token_products.TokenProducts]]:
+    """Per layer ``[W_ih | W_hh]`` in sigmoid form with ``b_ih + b_hh``; the combining layer; each
+    weight a :class:`~nmt.utils.packed_linear.FrozenWeight`; with ``table`` (the target
+    embeddings, (V, E)) the first layer split at the embedding: ``[W_feed | W_hh]`` without bias,
+    and the embedding's columns with the bias as products per token of ``table`` (else None)."""
     cells = decoder.rnn.cells
     products = None
     if table is None:
@@ -96,9 +97,9 @@ def _prepare(decoder: Any, table: Optional[Tensor] = None,
         weight, bias = cell_sigmoid_form(cells[0])
         width = table.size(1)
         products = token_products.TokenProducts(table, [weight[:, :width].t().contiguous()], [bias])
-        first = packed_linear.pack(weight[:, width:].contiguous()), None
+        first = packed_linear.FrozenWeight(weight[:, width:]), None
     rest = [packed_sigmoid_form(cell) for cell in cells[1:]]
-    return [first, *rest], packed_linear.pack(decoder.combine.weight), products
+    return [first, *rest], packed_linear.FrozenWeight(decoder.combine.weight), products
 
 
 def _has_empty_row(mask: Tensor) -> bool:

@@ -22,9 +22,12 @@ Training packs its weights once per forward pass (:func:`trainable`, :class:`Pac
 the recurrent step products) where that pays: on the AMD machines above, and not on Intel
 processors, where MKL runs its own widest kernels and the packing (twice per weight and step)
 costs more than it saves: the LSTM of ``configs/multi30k_lstm.yaml`` trained at 6,263 target
-tokens/s without the packing and 5,776 with it on an Intel Xeon (AVX-512, 2 threads). Decoding
-packs once per search and keeps the packed path there (beam 5 is faster with it).
-``NMT_ONEDNN_TRAIN=1`` / ``0`` overrides the choice (:data:`TRAIN_PACKING`).
+tokens/s without the packing and 5,776 with it on an Intel Xeon (AVX-512, 2 threads).
+``NMT_ONEDNN_TRAIN=1`` / ``0`` overrides the choice (:data:`TRAIN_PACKING`). Decoding prepares its
+weights once per search (:class:`FrozenWeight`) and sends to oneDNN the products of at least
+:data:`DECODE_MIN_ROWS` rows: all of them on AMD processors, from 128 rows on Intel's, where
+oneDNN's kernel creation for each new number of rows costs more than it saves below that
+(``NMT_ONEDNN_MIN_ROWS`` overrides).
 """
 from __future__ import annotations
 
@@ -84,6 +87,61 @@ def _train_packing(environ: Optional[Mapping[str, str]] = None, vendor: Optional
 TRAIN_PACKING = _train_packing()
 """Training's products pack their weights for oneDNN (:func:`trainable`); decided once per process."""
 
+INTEL_MIN_ROWS = 128
+""":data:`DECODE_MIN_ROWS` on Intel processors (see :class:`FrozenWeight`)."""
+
+
+def _decode_min_rows(environ: Optional[Mapping[str, str]] = None, vendor: Optional[str] = None) -> int:
+    """The fewest rows for which a frozen region's product runs on oneDNN (:class:`FrozenWeight`):
+    ``NMT_ONEDNN_MIN_ROWS`` (a positive integer) where set in ``environ`` (default ``os.environ``),
+    else :data:`INTEL_MIN_ROWS` on Intel processors (``vendor``, default :func:`cpu_vendor`) and 1
+    (always oneDNN) on the others. Any other value of the variable is a ValueError naming it."""
+    environ = os.environ if environ is None else environ
+    if "NMT_ONEDNN_MIN_ROWS" in environ:
+        text = environ["NMT_ONEDNN_MIN_ROWS"]
+        value = int(text) if text.strip().isdigit() else 0
+        if value < 1:
+            raise ValueError(f"NMT_ONEDNN_MIN_ROWS must be a positive integer, got {text!r}")
+        return value
+    return INTEL_MIN_ROWS if (cpu_vendor() if vendor is None else vendor) == "GenuineIntel" else 1
+
+
+DECODE_MIN_ROWS = _decode_min_rows()
+"""A frozen region's products (:class:`FrozenWeight`) of at least this many rows run on oneDNN,
+smaller ones on MKL; decided once per process."""
+
+
+class FrozenWeight:
+    """A weight ``W`` (O, I) for the products of a :func:`frozen_weights` region, called as
+    ``frozen(x, bias)`` = ``x @ W^T (+ bias)`` for x (..., I): oneDNN's inner product on a copy
+    packed when first needed, for inputs of at least :data:`DECODE_MIN_ROWS` rows; below that,
+    MKL's ``addmm`` on a transposed copy (I, O).
+
+    oneDNN creates a primitive for every new number of rows: on an Intel Xeon (AVX-512, 2 threads)
+    0.7-5 ms for a shape's first call and often as much again for its second, at the decoder's
+    (256, 3963) and (512, 1024) weights; a decoding loop's shrinking batches meet a dozen row
+    counts per weight. Once created, oneDNN is 8-22% faster from 32 rows, while MKL, which
+    creates nothing, is as fast at 16 rows and 14-26% faster at 1-8. On AMD processors oneDNN
+    takes 0.55-0.65x MKL's time at every size (hence 1 there). Results equal ``F.linear`` up to
+    rounding on either path. No autograd, no host synchronisation."""
+
+    __slots__ = ("weight_t", "_packed", "_weight")
+
+    def __init__(self, weight: Tensor) -> None:
+        self._weight = weight.detach()
+        self.weight_t = self._weight.t().contiguous()  # (I, O): MKL's sgemm without a transpose
+        self._packed: Optional[Tensor] = None
+
+    def __call__(self, x: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+        width = x.shape[-1]
+        if (x.numel() // width if width else 0) >= DECODE_MIN_ROWS:
+            if self._packed is None:
+                self._packed = pack(self._weight)
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")
+        x2 = x.reshape(-1, width)
+        out = torch.mm(x2, self.weight_t) if bias is None else torch.addmm(bias, x2, self.weight_t)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
+
 
 @contextlib.contextmanager
 def frozen_weights() -> Iterator[None]:
@@ -134,8 +192,11 @@ def pack(weight: Tensor) -> Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
 
 
-def product(x: Tensor, packed: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-    """``x @ W^T (+ bias)`` for x (..., I) and ``packed = pack(W)``: (..., O). No autograd."""
+def product(x: Tensor, packed: "Tensor | FrozenWeight", bias: Optional[Tensor] = None) -> Tensor:
+    """``x @ W^T (+ bias)`` for x (..., I) and ``packed = pack(W)`` (training's products) or a
+    :class:`FrozenWeight` of W (a frozen region's): (..., O). No autograd."""
+    if type(packed) is FrozenWeight:
+        return packed(x, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
@@ -208,19 +269,21 @@ def frozen_cached(tag: str, tensors: Sequence[Optional[Tensor]], build: Callable
     return value
 
 
-def _packed(weight: Tensor, bias: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
-    """``weight`` packed and ``bias`` detached, built once per version of them (in a region)."""
-    return frozen_cached("linear", [weight, bias], lambda: (pack(weight), None if bias is None else bias.detach()))
+def _frozen(weight: Tensor, bias: Optional[Tensor]) -> tuple[FrozenWeight, Optional[Tensor]]:
+    """``weight`` as a :class:`FrozenWeight` and ``bias`` detached, built once per version of them
+    (in a region)."""
+    return frozen_cached("linear", [weight, bias],
+                         lambda: (FrozenWeight(weight), None if bias is None else bias.detach()))
 
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-    """``F.linear(x, weight, bias)``: x (..., I), weight (O, I), bias (O,) -> (..., O); through the
-    packed oneDNN path where :func:`usable` allows."""
+    """``F.linear(x, weight, bias)``: x (..., I), weight (O, I), bias (O,) -> (..., O); through a
+    :class:`FrozenWeight` (oneDNN or MKL by the rows) where :func:`usable` allows."""
     if not usable(x, weight, bias):
         return F.linear(x, weight, bias)
-    packed, b = _packed(weight, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+    frozen, b = _frozen(weight, bias)
+    return frozen(x, b)
 
 
-__all__ = ["PackedLinearFunction", "TRAIN_PACKING", "cpu_vendor", "frozen_cached", "frozen_weights", "in_frozen_region",
-           "linear", "pack", "product", "train_linear", "trainable", "usable"]
+__all__ = ["DECODE_MIN_ROWS", "FrozenWeight", "PackedLinearFunction", "TRAIN_PACKING", "cpu_vendor", "frozen_cached",
+           "frozen_weights", "in_frozen_region", "linear", "pack", "product", "train_linear", "trainable", "usable"]

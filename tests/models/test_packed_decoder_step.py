@@ -48,10 +48,12 @@ def _run(model, src, lengths, tokens, *, packed_step: bool, slots: int = 1):
 @pytest.mark.parametrize("sections", SERVED)
 @pytest.mark.parametrize("slots", [1, 3])
 @pytest.mark.parametrize("token_products", [False, True])
-def test_the_step_equals_the_packed_module_path(make_model, monkeypatch, sections, slots, token_products):
+@pytest.mark.parametrize("min_rows", [1, 10**9])  # the products on oneDNN, on MKL
+def test_the_step_equals_the_packed_module_path(make_model, monkeypatch, sections, slots, token_products, min_rows):
     """Bit for bit with the embeddings in the first layer's product; up to rounding with that
     product split at the embeddings (token_products), whose part is then gathered per token."""
     monkeypatch.setattr(packed_decoder_step, "TOKEN_PRODUCTS", token_products)
+    monkeypatch.setattr(packed_linear, "DECODE_MIN_ROWS", min_rows)
     torch.manual_seed(5)
     model = make_model(dtype=torch.float32, **sections)
     if hasattr(model.decoder.attention, "key_proj"):  # (dot scores have none)
@@ -78,10 +80,12 @@ def test_the_step_equals_the_packed_module_path(make_model, monkeypatch, section
 
 @pytest.mark.parametrize("cell", ["native", "torch"])
 @pytest.mark.parametrize("sections", SERVED[:2])
-def test_the_step_equals_torch_modules_up_to_rounding(make_model, monkeypatch, sections, cell):
+@pytest.mark.parametrize("min_rows", [1, 10**9])  # the products on oneDNN, on MKL
+def test_the_step_equals_torch_modules_up_to_rounding(make_model, monkeypatch, sections, cell, min_rows):
     """Against nn.LSTMCell, F.linear and the attention module with no packed weights at all; the
     cell update native (where built) or torch's operations (its fallback)."""
     from nmt.models import native_lstm_cell
+    monkeypatch.setattr(packed_linear, "DECODE_MIN_ROWS", min_rows)
     if cell == "torch":
         monkeypatch.setitem(native_lstm_cell._state, "lib", None)
     torch.manual_seed(7)

@@ -15,7 +15,9 @@ needs_onednn = pytest.mark.skipif(not packed_linear._BUILT, reason="torch withou
 @needs_onednn
 @pytest.mark.parametrize("shape", [(5, 16), (3, 4, 16), (0, 16), (64, 16)])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_equals_functional_linear(shape, with_bias):
+@pytest.mark.parametrize("min_rows", [1, 10, 10**9])  # oneDNN always, by the rows, MKL always
+def test_equals_functional_linear(shape, with_bias, min_rows, monkeypatch):
+    monkeypatch.setattr(packed_linear, "DECODE_MIN_ROWS", min_rows)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, generator=g)
     w = torch.randn(37, 16, generator=g)
@@ -112,6 +114,38 @@ def test_packed_linear_function_gradients(monkeypatch):
     want = torch.autograd.grad(F.linear(x, w, b), (x, w, b), up)
     for a, c in zip(got, want):  # sums of up to 16,384 float32 terms in another order
         torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-6 * c.abs().max().item())
+
+
+@needs_onednn
+def test_frozen_weight_sends_few_rows_to_mkl_and_many_to_onednn(monkeypatch):
+    """A FrozenWeight packs its oneDNN copy only when an input of DECODE_MIN_ROWS rows or more
+    comes (rows counted over every dim but the last); both routes give F.linear up to rounding."""
+    monkeypatch.setattr(packed_linear, "DECODE_MIN_ROWS", 6)
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(9, 4, generator=g), torch.randn(9, generator=g)
+    frozen = packed_linear.FrozenWeight(w)
+    for x in (torch.randn(5, 4, generator=g), torch.randn(1, 5, 4, generator=g)):  # 5 rows: MKL
+        torch.testing.assert_close(frozen(x, b), F.linear(x, w, b), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(packed_linear.product(x, frozen), F.linear(x, w), rtol=1e-5, atol=1e-6)
+    assert frozen._packed is None
+    x = torch.randn(2, 3, 4, generator=g)  # 6 rows: oneDNN
+    torch.testing.assert_close(frozen(x, b), F.linear(x, w, b), rtol=1e-5, atol=1e-6)
+    assert frozen._packed is not None and frozen(x, b).shape == (2, 3, 9)
+
+
+def test_decode_products_leave_onednn_for_few_rows_on_intel_processors_unless_told():
+    """The default of DECODE_MIN_ROWS: INTEL_MIN_ROWS on Intel processors, 1 (oneDNN for every
+    product) elsewhere; NMT_ONEDNN_MIN_ROWS decides where set, and anything but a positive integer
+    there is an error naming it."""
+    choose = packed_linear._decode_min_rows
+    assert choose({}, "GenuineIntel") == packed_linear.INTEL_MIN_ROWS > 1
+    assert choose({}, "AuthenticAMD") == 1 and choose({}, "") == 1
+    assert choose({"NMT_ONEDNN_MIN_ROWS": "32"}, "GenuineIntel") == 32
+    assert choose({"NMT_ONEDNN_MIN_ROWS": " 1 "}, "GenuineIntel") == 1
+    for bad in ("0", "-3", "many", ""):
+        with pytest.raises(ValueError, match=r"^NMT_ONEDNN_MIN_ROWS must be a positive integer, got "):
+            choose({"NMT_ONEDNN_MIN_ROWS": bad}, "AuthenticAMD")
+    assert packed_linear.DECODE_MIN_ROWS == choose()
 
 
 def test_training_packs_except_on_intel_processors_unless_told():
