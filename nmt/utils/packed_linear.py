@@ -120,8 +120,8 @@ class FrozenWeight:
     oneDNN creates a primitive for every new number of rows: on an Intel Xeon (AVX-512, 2 threads)
     0.7-5 ms for a shape's first call and often as much again for its second, at the decoder's
     (256, 3963) and (512, 1024) weights; a decoding loop's shrinking batches meet a dozen row
-    counts per weight. Once created, oneDNN is 8-22% faster from 32 rows, while MKL, which
-    creates nothing, is as fast at 16 rows and 14-26% faster at 1-8. On AMD processors oneDNN
+    counts per weight. Once created, oneDNN is 6-22% faster from 32 rows, while MKL, which
+    creates nothing, is as fast or up to 26% faster at 1-16 rows. On AMD processors oneDNN
     takes 0.55-0.65x MKL's time at every size (hence 1 there). Results equal ``F.linear`` up to
     rounding on either path. No autograd, no host synchronisation."""
 
