@@ -95,7 +95,8 @@ def _run(argv: Sequence[str] | None) -> int:
         print(f"nmt-train: error: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:  # any other bad value: still a one-line error
-        print(f"nmt-train: error: {str(exc).splitlines()[0] if str(exc) else exc!r}", file=sys.stderr)
+        text = str(exc).strip()  # (``!r`` in the f-string would quote the whole line)
+        print(f"nmt-train: error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
         return 2
     except NonFiniteLossError as exc:
         print(f"nmt-train: error: {exc}", file=sys.stderr)

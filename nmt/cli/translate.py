@@ -170,7 +170,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     partial one, under the final name.
     """
     start = _IMPORTED_AT if argv is None else time.perf_counter()
-    args = build_parser().parse_args(argv)
+    try:
+        parser = build_parser()  # imports the toolkit, which reads its NMT_* variables
+    except ValueError as exc:  # e.g. NMT_ONEDNN_MIN_ROWS=abc
+        print(f"{PROG}: error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     from nmt.utils.checkpoint_file import CheckpointError
     from nmt.utils.allocator import keep_freed_memory, thaw_live_objects
 

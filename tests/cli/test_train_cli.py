@@ -87,3 +87,17 @@ def test_unusable_device_is_one_line_error(tmp_path, monkeypatch, capsys, device
     err = capsys.readouterr().err
     assert err.startswith("nmt-train: error: " + expected) and err.count("\n") == 1
     assert not (tmp_path / "runs").exists()
+
+
+def test_any_other_bad_value_is_one_unquoted_line(tmp_path, monkeypatch, capsys):
+    """A ValueError that is not a ConfigError (from anywhere in the run) prints its first line as
+    it is, not its repr."""
+    import nmt.train.trainer as trainer
+
+    def refuse(config, source):
+        raise ValueError("a 'bad' value\nsecond line")
+
+    monkeypatch.setattr(trainer, "check_run_config", refuse)
+    assert run(tmp_path, monkeypatch, quickstart_like(tmp_path)) == 2
+    assert capsys.readouterr().err == "nmt-train: error: a 'bad' value\n"
+

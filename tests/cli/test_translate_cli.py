@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -422,3 +423,20 @@ def test_translation_and_scoring_on_cuda_equal_the_cpu(trained):
     for a, b in zip(scored["cpu"], scored["cuda"]):
         assert (a.tokens, a.zero_probability) == (b.tokens, b.zero_probability)
         assert b.logprob == pytest.approx(a.logprob, abs=1e-4)
+
+
+@pytest.mark.parametrize("value", ["abc", "0"])
+def test_a_bad_nmt_variable_is_a_one_line_error_of_both_programs(tmp_path, value):
+    """``NMT_ONEDNN_MIN_ROWS`` is read when the toolkit is imported: a bad value stops
+    nmt-translate and nmt-train with one line naming it (fresh processes: this one has read it)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "NMT_ONEDNN_MIN_ROWS": value, "PYTHONPATH": str(root)}
+    for args in (["-m", "nmt.cli.translate", "-model", str(tmp_path / "m.pt"), "-src", str(tmp_path / "s.txt")],
+                 ["-m", "nmt.cli.train", "-config", str(root / "configs" / "quickstart.yaml")]):
+        out = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=120)
+        prog = "nmt-translate" if "translate" in args[1] else "nmt-train"
+        assert out.returncode == 2, out.stderr
+        assert out.stderr == f"{prog}: error: NMT_ONEDNN_MIN_ROWS must be a positive integer, got {value!r}\n"
+    assert not (tmp_path / "runs").exists()
+
