@@ -25,7 +25,7 @@ costs more than it saves: the LSTM of ``configs/multi30k_lstm.yaml`` trained at 
 tokens/s without the packing and 5,776 with it on an Intel Xeon (AVX-512, 2 threads).
 ``NMT_ONEDNN_TRAIN=1`` / ``0`` overrides the choice (:data:`TRAIN_PACKING`). Decoding prepares its
 weights once per search (:class:`FrozenWeight`) and sends to oneDNN the products of at least
-:data:`DECODE_MIN_ROWS` rows: all of them on AMD processors, from 128 rows on Intel's, where
+:data:`DECODE_MIN_ROWS` rows: all of them on AMD processors, from 256 rows on Intel's, where
 oneDNN's kernel creation for each new number of rows costs more than it saves below that
 (``NMT_ONEDNN_MIN_ROWS`` overrides).
 """
@@ -87,7 +87,7 @@ def _train_packing(environ: Optional[Mapping[str, str]] = None, vendor: Optional
 TRAIN_PACKING = _train_packing()
 """Training's products pack their weights for oneDNN (:func:`trainable`); decided once per process."""
 
-INTEL_MIN_ROWS = 128
+INTEL_MIN_ROWS = 256
 """:data:`DECODE_MIN_ROWS` on Intel processors (see :class:`FrozenWeight`)."""
 
 
