@@ -1,4 +1,4 @@
-"""Linear layers for CPU inference through oneDNN with weights packed once.
+"""Linear layers for CPU inference through oneDNN with weights packed once (or MKL, by the rows).
 
 ``torch.nn.functional.linear`` on the CPU calls MKL's ``sgemm``, which repacks the weight at every
 call and, on AMD processors, runs its AVX2 kernels. oneDNN's inner-product primitive takes a
@@ -115,7 +115,8 @@ class FrozenWeight:
     """A weight ``W`` (O, I) for the products of a :func:`frozen_weights` region, called as
     ``frozen(x, bias)`` = ``x @ W^T (+ bias)`` for x (..., I): oneDNN's inner product on a copy
     packed when first needed, for inputs of at least :data:`DECODE_MIN_ROWS` rows; below that,
-    MKL's ``addmm`` on a transposed copy (I, O).
+    MKL's ``addmm`` on a transposed copy (I, O), likewise made when first needed (so a weight
+    holds one extra copy where one route serves it, as on AMD processors).
 
     oneDNN creates a primitive for every new number of rows: on an Intel Xeon (AVX-512, 2 threads)
     0.7-5 ms for a shape's first call and often as much again for its second, at the decoder's
@@ -125,12 +126,12 @@ class FrozenWeight:
     takes 0.55-0.65x MKL's time at every size (hence 1 there). Results equal ``F.linear`` up to
     rounding on either path. No autograd, no host synchronisation."""
 
-    __slots__ = ("weight_t", "_packed", "_weight")
+    __slots__ = ("_weight", "_packed", "_transposed")
 
     def __init__(self, weight: Tensor) -> None:
         self._weight = weight.detach()
-        self.weight_t = self._weight.t().contiguous()  # (I, O): MKL's sgemm without a transpose
-        self._packed: Optional[Tensor] = None
+        self._packed: Optional[Tensor] = None  # oneDNN's layout
+        self._transposed: Optional[Tensor] = None  # (I, O): MKL's sgemm without a transpose
 
     def __call__(self, x: Tensor, bias: Optional[Tensor] = None) -> Tensor:
         width = x.shape[-1]
@@ -138,8 +139,10 @@ class FrozenWeight:
             if self._packed is None:
                 self._packed = pack(self._weight)
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")
+        if self._transposed is None:
+            self._transposed = self._weight.t().contiguous()
         x2 = x.reshape(-1, width)
-        out = torch.mm(x2, self.weight_t) if bias is None else torch.addmm(bias, x2, self.weight_t)
+        out = torch.mm(x2, self._transposed) if bias is None else torch.addmm(bias, x2, self._transposed)
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
 
 

@@ -118,8 +118,9 @@ def test_packed_linear_function_gradients(monkeypatch):
 
 @needs_onednn
 def test_frozen_weight_sends_few_rows_to_mkl_and_many_to_onednn(monkeypatch):
-    """A FrozenWeight packs its oneDNN copy only when an input of DECODE_MIN_ROWS rows or more
-    comes (rows counted over every dim but the last); both routes give F.linear up to rounding."""
+    """A FrozenWeight makes its oneDNN copy only when an input of DECODE_MIN_ROWS rows or more
+    comes (rows counted over every dim but the last), its MKL copy only for fewer; both routes
+    give F.linear up to rounding."""
     monkeypatch.setattr(packed_linear, "DECODE_MIN_ROWS", 6)
     g = torch.Generator().manual_seed(3)
     w, b = torch.randn(9, 4, generator=g), torch.randn(9, generator=g)
@@ -127,10 +128,12 @@ def test_frozen_weight_sends_few_rows_to_mkl_and_many_to_onednn(monkeypatch):
     for x in (torch.randn(5, 4, generator=g), torch.randn(1, 5, 4, generator=g)):  # 5 rows: MKL
         torch.testing.assert_close(frozen(x, b), F.linear(x, w, b), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(packed_linear.product(x, frozen), F.linear(x, w), rtol=1e-5, atol=1e-6)
-    assert frozen._packed is None
+    assert frozen._packed is None and frozen._transposed is not None
     x = torch.randn(2, 3, 4, generator=g)  # 6 rows: oneDNN
-    torch.testing.assert_close(frozen(x, b), F.linear(x, w, b), rtol=1e-5, atol=1e-6)
-    assert frozen._packed is not None and frozen(x, b).shape == (2, 3, 9)
+    many = packed_linear.FrozenWeight(w)
+    torch.testing.assert_close(many(x, b), F.linear(x, w, b), rtol=1e-5, atol=1e-6)
+    assert many._packed is not None and many._transposed is None  # one copy: the route it took
+    assert many(x, b).shape == (2, 3, 9)
 
 
 def test_decode_products_leave_onednn_for_few_rows_on_intel_processors_unless_told():
