@@ -23,7 +23,8 @@
 # (112 s with --profile 3); translate more than 110 s (two models trained in 19 s each, then the CPU
 # comparison): give it its default 180 s. The first call of a lease starts the machine (about 30 s).
 # train_compile runs with TORCH_LOGS=perf_hints,cudagraphs: inductor says there when (and why) it skips CUDA graphs;
-# bench_train also counts the skips per row, and with --profile prints where the host time goes.
+# bench_train also counts the skips per row, and with --profile prints where the host time goes
+# (the phases twice: the backward on autograd's device thread, then on the calling thread).
 # training.compile_encoder (the LSTM encoder inside the compiled graph, one graph per step) is timed
 # by a second train_compile call: GPU_CHECK_TRAIN_ARGS="--compile-encoder" bash tools/gpu_check.sh train_compile
 # A device call may run 10 minutes at most, so a lease of 15 device minutes is best spent in two:
