@@ -170,12 +170,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     partial one, under the final name.
     """
     start = _IMPORTED_AT if argv is None else time.perf_counter()
-    try:
-        parser = build_parser()  # imports the toolkit, which reads its NMT_* variables
-    except ValueError as exc:  # e.g. NMT_ONEDNN_MIN_ROWS=abc
-        print(f"{PROG}: error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
-        return 2
-    args = parser.parse_args(argv)
     from nmt.utils.checkpoint_file import CheckpointError
     from nmt.utils.allocator import keep_freed_memory, thaw_live_objects
 
@@ -184,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        # the parser imports the toolkit, which reads its NMT_* variables (a bad one: a ValueError)
+        args = build_parser().parse_args(argv)
         return run(args, start)
     except OSError as exc:  # an output in a read-only directory, a full disk, ...
         from nmt.utils.io import describe_os_error
