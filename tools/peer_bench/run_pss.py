@@ -8,6 +8,9 @@ usage: python run_pss.py PHASE [--smoke]
          | throughput3 (a third repetition of the same three)
          | decode350 (decoding only, 3 repetitions, with the 350-step models copied to
            WORK/models350/{peer,nmt}.pt from a throughput run: no 1,500-step models needed)
+         | tf_train (the Transformer of peer_transformer.yaml / nmt_transformer.yaml: 1,500-step
+           runs, whose steps 51-350 give the throughput and whose models decode, then a 350-step
+           run each) | tf_decode (its beam 5 and greedy searches, 3 repetitions)
 Every run waits for the go file ($PSS_GO (optional), polled every 30 s), then for an idle machine
 (1-minute load average < 1.0 and under 10% of the machine busy over 5 s; `uptime` and the top of
 `ps aux --sort=-%cpu` are saved next to the run's log), then runs alone with
@@ -196,10 +199,10 @@ def window_others(name: str, rec: dict, lo: int = 50, hi: int = 350) -> float:
 
 
 # ------------------------------------------------------------------ commands
-def peer_train(name: str, steps: int, seed: int | None = None) -> None:
+def peer_train(name: str, steps: int, seed: int | None = None, config: str = "peer/rnn.yaml") -> None:
     save = WORK / "peer" / "runs" / name
     valid = steps if steps == MODEL_STEPS else 100000
-    cmd = [str(PEER_PY), str(LIB / "peer_train_wrap.py"), "-config", "peer/rnn.yaml",
+    cmd = [str(PEER_PY), str(LIB / "peer_train_wrap.py"), "-config", config,
            "-save_model", f"peer/runs/{name}/model", "-train_steps", str(steps),
            "-valid_steps", str(valid), "-save_checkpoint_steps", str(steps)]
     if seed is not None:
@@ -208,7 +211,8 @@ def peer_train(name: str, steps: int, seed: int | None = None) -> None:
         window=window_others)
 
 
-def nmt_train(name: str, steps: int, entmax: bool = False, seed: int | None = None) -> None:
+def nmt_train(name: str, steps: int, entmax: bool = False, seed: int | None = None,
+              config: str = "pss_softmax.yaml") -> None:
     nmt = WORK / "nmt"
     sets = [f"training.save_dir=runs/pss/{name}", f"training.max_steps={steps}",
             f"training.valid_every={steps if steps == MODEL_STEPS else 100000}"]
@@ -216,7 +220,7 @@ def nmt_train(name: str, steps: int, entmax: bool = False, seed: int | None = No
         sets += ["model.attention.mapping=entmax15", "model.output.mapping=entmax15"]
     if seed is not None:
         sets += [f"training.seed={seed}"]
-    cmd = [str(NMT_V / "bin" / "python"), str(LIB / "nmt_train_wrap.py"), "-config", "pss_softmax.yaml",
+    cmd = [str(NMT_V / "bin" / "python"), str(LIB / "nmt_train_wrap.py"), "-config", config,
            "-set", *sets]
     run(name, cmd, nmt, {"PSS_STEPLOG": str(LOGS / f"{name}.steps.json"), "PYTHONPATH": str(nmt)},
         fresh=nmt / "runs" / "pss" / name, attempts=2, window=window_others)
@@ -235,22 +239,32 @@ DEC = {
     "peer_greedy_topk1": ("peer", ["-beam_size", "1", "-random_sampling_topk", "1"]),
     "nmt_beam5_none": ("nmt", ["-beam_size", "5"]),
 }
+# the Transformer (peer_transformer.yaml, nmt_transformer.yaml): the same searches, its own models
+TF_DEC = {
+    "peer_tf_beam5": ("peer", ["-beam_size", "5", "-length_penalty", "avg"]),
+    "nmt_tf_beam5_avg": ("nmt", ["-beam_size", "5", "-length_penalty", "average"]),
+    "peer_tf_greedy": ("peer", ["-beam_size", "1"]),
+    "nmt_tf_greedy": ("nmt", ["-beam_size", "1"]),
+    "peer_tf_greedy_topk1": ("peer", ["-beam_size", "1", "-random_sampling_topk", "1"]),
+}
+TF_STEPS = 1500  # the Transformer's decoding models (its throughput: steps 51-350 of these runs too)
 
 
-def decode(name: str, rep: int) -> None:
-    kit, extra = DEC[name]
+def decode(name: str, rep: int, peer_model: str | None = None, nmt_model: str | None = None) -> None:
+    kit, extra = {**DEC, **TF_DEC}[name]
+    peer_model, nmt_model = peer_model or PEER_MODEL, nmt_model or NMT_MODEL
     (WORK / "dec").mkdir(exist_ok=True)
     tag = f"{name}_r{rep}"
     src_n = "" if not SMOKE else "_smoke"
     if kit == "peer":
-        cmd = [str(PEER_PY), str(LIB / "peer_translate_wrap.py"), "-model", PEER_MODEL,
+        cmd = [str(PEER_PY), str(LIB / "peer_translate_wrap.py"), "-model", peer_model,
                "-src", f"data/test_2016_flickr.sp.de{src_n}", "-output", f"dec/{tag}.sp.hyp",
                "-batch_size", "64", "-batch_type", "sents", "-max_length", "100", "-gpu", "-1",
                "-report_time", *extra]
         run(tag, cmd, WORK, {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
     else:
         nmt = WORK / "nmt"
-        cmd = [str(NMT_V / "bin" / "nmt-translate"), "-model", NMT_MODEL,
+        cmd = [str(NMT_V / "bin" / "nmt-translate"), "-model", nmt_model,
                "-src", f"data/multi30k/test_2016_flickr.de{src_n}", "-output", str(WORK / "dec" / f"{tag}.hyp"),
                "-batch_size", "64", "-max_length", "100", "-threads", "2", *extra]
         run(tag, cmd, nmt, {"PYTHONPATH": str(nmt)})
@@ -261,6 +275,8 @@ def main() -> None:
     phase = sys.argv[1]
     LOGS.mkdir(parents=True, exist_ok=True)
     shutil.copy(LIB / "nmt_softmax.yaml", WORK / "nmt" / "pss_softmax.yaml")
+    shutil.copy(LIB / "nmt_transformer.yaml", WORK / "nmt" / "pss_transformer.yaml")
+    shutil.copy(LIB / "peer_transformer.yaml", WORK / "peer" / "transformer.yaml")
     if SMOKE:  # a quick functional check of every command (not timed, not in results)
         global RESULTS
         RESULTS = WORK / "smoke.jsonl"
@@ -296,6 +312,18 @@ def main() -> None:
         for rep in (1, 2, 3):
             for name in DEC:
                 decode(name, rep)
+    tf_steps = MODEL_STEPS if SMOKE else TF_STEPS
+    peer_tf = f"peer/runs/peer_tf_{tf_steps}/model_step_{tf_steps}.pt"
+    nmt_tf = f"runs/pss/nmt_tf_{tf_steps}/last.pt"
+    if phase == "tf_train":  # the Transformer: throughput (steps 51-350 of the 1,500-step runs, then a 350-step run each)
+        peer_train(f"peer_tf_{tf_steps}", tf_steps, config="peer/transformer.yaml")
+        nmt_train(f"nmt_tf_{tf_steps}", tf_steps, config="pss_transformer.yaml")
+        peer_train(f"peer_tf_{TRAIN_STEPS}_r2", TRAIN_STEPS, config="peer/transformer.yaml")
+        nmt_train(f"nmt_tf_{TRAIN_STEPS}_r2", TRAIN_STEPS, config="pss_transformer.yaml")
+    if phase == "tf_decode":  # the Transformer's searches, 3 repetitions, with the models of tf_train
+        for rep in (1, 2, 3):
+            for name in TF_DEC:
+                decode(name, rep, peer_tf, nmt_tf)
     if phase == "seeds":  # other batch orders (and initialisations): seeds 2 and 3, softmax, 350 steps
         for seed in (2, 3):
             peer_train(f"peer_sm_{TRAIN_STEPS}_seed{seed}", TRAIN_STEPS, seed=seed)

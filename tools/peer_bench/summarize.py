@@ -228,6 +228,52 @@ def dec_tables() -> None:
                 print(f"- {n}: nmt-translate's own start-up figure, median {S[n]['startup']:.2f} s")
 
 
+def tf_tables() -> None:
+    """The Transformer (run_pss.py tf_train / tf_decode): throughput over steps 51-350, the searches."""
+    groups = {"OpenNMT-py 3.5.1": ["peer_tf_1500", "peer_tf_350_r2"], "nmt": ["nmt_tf_1500", "nmt_tf_350_r2"]}
+    if not any(n in R for names in groups.values() for n in names):
+        return
+    print("\n### Transformer (3+3 layers, d_model 256): training throughput, steps 51-350\n")
+    print("| toolkit | run | target tokens/s | steps/s | others' CPU (cores) | padded/real positions, target; source |")
+    print("|---|---|---:|---:|---:|---|")
+    means = {}
+    for label, names in groups.items():
+        speeds = []
+        for name in names:
+            if name not in R or not (LOGS / f"{name}.steps.json").exists():
+                continue
+            w = window(name, 50, 350)
+            speeds.append(w["tok_s"])
+            flag = " (contended)" if w["others"] > CONTENDED else ""
+            print(f"| {label} | {name} | {fmt(w['tok_s'])} | {w['steps_s']:.3f} | {w['others']:.2f}{flag} | "
+                  + (f"{w['tgt_pad']:.3f}; {w['src_pad']:.3f} |" if "tgt_pad" in w else "(not recorded) |"))
+        if speeds:
+            means[label] = statistics.mean(speeds)
+            print(f"| {label} | **mean** | **{fmt(means[label])}** | | | |")
+    if len(means) == 2:
+        print(f"\nnmt / OpenNMT-py, target tokens/s: **{means['nmt'] / means['OpenNMT-py 3.5.1']:.2f}x**")
+    names = ["peer_tf_beam5", "nmt_tf_beam5_avg", "peer_tf_greedy", "nmt_tf_greedy", "peer_tf_greedy_topk1"]
+    S = {n: dec_summary(n) for n in names}
+    if not any(S.values()):
+        return
+    print("\n### Transformer: decoding test_2016_flickr, batch 64, medians of 3 runs\n")
+    print("| run | BLEU | translate-only s (3 runs) | sent/s | wall s | peak RSS GB | identical output |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for n in names:
+        if S[n]:
+            x = S[n]
+            print(f"| {n} | {x['bleu']:.2f} | {x['trans']:.2f} ({', '.join(f'{v:.2f}' for v in x['trans_all'])}) | "
+                  f"{1000 / x['trans']:.0f} | {x['wall']:.2f} | {x['rss']:.2f} | {'yes' if x['same_output'] else 'NO'} |")
+    print()
+    for label, p, m in (("beam 5, length penalty avg", "peer_tf_beam5", "nmt_tf_beam5_avg"),
+                        ("greedy", "peer_tf_greedy", "nmt_tf_greedy"),
+                        ("greedy, peer GreedySearch", "peer_tf_greedy_topk1", "nmt_tf_greedy")):
+        if S.get(p) and S.get(m):
+            print(f"- {label}: nmt {S[p]['trans'] / S[m]['trans']:.2f}x the peer (translate-only), "
+                  f"{S[p]['wall'] / S[m]['wall']:.2f}x with start-up; BLEU {S[m]['bleu'] - S[p]['bleu']:+.2f}")
+
+
 if __name__ == "__main__":
     train_tables()
     dec_tables()
+    tf_tables()
