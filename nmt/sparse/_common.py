@@ -66,7 +66,7 @@ def apply_mask(scores: Tensor, mask: Optional[Tensor]) -> Tensor:
     if not broadcasts_to(mask.shape, scores.shape):
         raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to scores of "
                          f"shape {tuple(scores.shape)}")
-    return scores.masked_fill(~mask, float("-inf"))
+    return torch.where(mask, scores, float("-inf"))  # one operation where masked_fill(~mask) takes two
 
 
 def broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:

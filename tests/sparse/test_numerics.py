@@ -117,3 +117,26 @@ def test_candidates_by_entries_equal_candidates_by_blocks(n):
         assert torch.equal(a[order], b)
     rows, cols = (z > lo).nonzero().unbind(1)
     assert torch.equal(cand_e.index, rows * n + cols) and torch.equal(cand_e.values, z[rows, cols])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_softmax_without_autograd_equals_the_recorded_path(dtype):
+    """Softmax outside autograd's recording (decoding) skips the autograd Function: the same bits
+    as the recorded path, for plain, masked, all-masked (zeros), -inf-only (zeros) and NaN / +inf
+    rows (NaN)."""
+    x = torch.randn(6, 2, 7, dtype=torch.float64).to(dtype)
+    x[1, 0] = float("-inf")
+    x[2, 1, 3] = float("nan")
+    x[3, 0, 0] = float("inf")
+    mask = torch.rand(6, 1, 7) > 0.3
+    mask[4] = False
+    mask[2, 0, 3] = mask[3, 0, 0] = True  # a masked NaN or +inf would be a masked entry (-inf)
+    for m in (None, mask):
+        with torch.no_grad():
+            plain = softmax(x, mask=m)
+        recorded = softmax(x.clone().requires_grad_(), mask=m)
+        assert recorded.requires_grad and not plain.requires_grad
+        assert torch.equal(plain.isnan(), recorded.detach().isnan())
+        assert torch.equal(plain.nan_to_num(), recorded.detach().nan_to_num())
+    assert (plain[4] == 0).all() and (plain[1, 0] == 0).all()
+    assert plain[2, 1].isnan().all() and plain[3, 0].isnan().all()
