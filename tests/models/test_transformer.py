@@ -295,3 +295,96 @@ def test_continuous_cross_attention_adds_the_density_context():
     assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
     with pytest.raises(ValueError, match="source key mask"):
         layer(query, keys, values, None)
+
+
+@pytest.mark.parametrize("name", ["softmax", "entmax15", "adaptive"])
+def test_frozen_region_steps_equal_module_steps(name):
+    """Decoding's frozen region (float32: the scale folded into the query projection, the
+    self-attention's three projections as one product, cached contiguous cross keys/values) gives
+    the steps of the plain modules, to float32 rounding, with the same exact zeros."""
+    from nmt.utils.packed_linear import frozen_weights
+
+    model = make(dtype=torch.float32, scale=3.0, attention=MAPPINGS[name], output={"mapping": "entmax15", "params": {}})
+    src, src_lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=6, seed=2)
+    with torch.no_grad():
+        expected, expected_attention = incremental(model, src, src_lengths, tgt_in, permutation=torch.tensor([1, 2, 0]))
+        with frozen_weights():
+            got, got_attention = incremental(model, src, src_lengths, tgt_in, permutation=torch.tensor([1, 2, 0]))
+    assert torch.equal(torch.isinf(got), torch.isinf(expected))
+    finite = torch.isfinite(expected)
+    torch.testing.assert_close(got[finite], expected[finite], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_attention, expected_attention, rtol=1e-5, atol=1e-6)
+
+
+def test_frozen_self_projections_are_one_product_of_the_scaled_weights():
+    """In a frozen region ``self_projections`` makes one product (queries, keys and values) and
+    equals ``queries`` and ``keys_values`` outside it (to rounding: the products may take other
+    kernels); ``queries`` folds the scale 1/sqrt(d_head). A weight changed between regions is read
+    again."""
+    from nmt.models.transformer.multihead_attention import MultiHeadAttention
+    from nmt.utils import packed_linear
+
+    torch.manual_seed(3)
+    attention = MultiHeadAttention(d_model=32, heads=2).eval()  # d_head 16: scale 1/4
+    with torch.no_grad():
+        for proj in (attention.q_proj, attention.k_proj, attention.v_proj):
+            proj.bias.normal_()
+    x = torch.randn(5, 3, 32)
+    calls = []
+    original = packed_linear.FrozenWeight.__call__
+
+    def counted(self, inputs, bias=None):
+        calls.append(tuple(self._weight.shape))
+        return original(self, inputs, bias)
+
+    with torch.no_grad():
+        expected = (attention.queries(x), *attention.keys_values(x))
+        packed_linear.FrozenWeight.__call__ = counted
+        try:
+            with packed_linear.frozen_weights():
+                got = attention.self_projections(x)
+                query = attention.queries(x)
+            assert calls == [(96, 32), (32, 32)]
+            for a, b in zip(got, expected):
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(query, expected[0], rtol=1e-6, atol=1e-6)
+            attention.k_proj.weight.mul_(2.0)
+            with packed_linear.frozen_weights():
+                changed = attention.self_projections(x)
+        finally:
+            packed_linear.FrozenWeight.__call__ = original
+        torch.testing.assert_close(changed[1], attention.keys_values(x)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_cross_keys_values_are_contiguous_and_equal_the_projection():
+    model = make(dtype=torch.float32, attention=MAPPINGS["softmax"])
+    memory = torch.randn(4, 6, model.decoder.layers[0].cross_attn.d_model)
+    with torch.no_grad():
+        for layer, (keys, values) in zip(model.decoder.layers, model.decoder.cross_keys_values(memory)):
+            assert keys.is_contiguous() and values.is_contiguous()
+            k, v = layer.cross_attn.keys_values(memory)
+            assert torch.equal(keys, k) and torch.equal(values, v)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_feed_forward_gradients_equal_the_plain_composition(activation):
+    """The in-place ReLU on the inner product's output: the value and the gradients of
+    ``W2 act(W1 x + b1) + b2`` computed with torch's functions."""
+    from nmt.models.transformer.feed_forward import FeedForward
+
+    torch.manual_seed(4)
+    block = FeedForward(8, 16, activation).double()
+    x = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    out = block(x)
+    act = torch.relu if activation == "relu" else torch.nn.functional.gelu
+    x2 = x.detach().clone().requires_grad_()
+    w1, b1, w2, b2 = (p.detach().clone().requires_grad_() for p in
+                      (block.inner.weight, block.inner.bias, block.outer.weight, block.outer.bias))
+    expected = torch.nn.functional.linear(act(torch.nn.functional.linear(x2, w1, b1)), w2, b2)
+    assert torch.allclose(out, expected, atol=1e-12)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    expected.backward(grad)
+    assert torch.allclose(x.grad, x2.grad, atol=1e-12)
+    assert torch.allclose(block.inner.weight.grad, w1.grad, atol=1e-12)
+    assert torch.allclose(block.outer.bias.grad, b2.grad, atol=1e-12)

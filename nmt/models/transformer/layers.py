@@ -86,9 +86,8 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, key_mask: Tensor) -> tuple[Tensor, Tensor]:
         """x: (B, L, D); key_mask: (B, 1, 1, L) bool. Returns x (B, L, D) and probs (B, heads, L, L)."""
-        h = self.attn_block.inputs(x)
-        keys, values = self.self_attn.keys_values(h)
-        out, probs = self.self_attn(h, keys, values, key_mask)
+        q, keys, values = self.self_attn.self_projections(self.attn_block.inputs(x))
+        out, probs = self.self_attn.attend(q, keys, values, key_mask)
         x = self.attn_block.add(x, out)
         x = self.ff_block.add(x, self.feed_forward(self.ff_block.inputs(x)))
         return x, probs
@@ -123,14 +122,13 @@ class DecoderLayer(nn.Module):
         Returns x (B, T, D), self probs (B, heads, T, t0+T), cross probs (B, heads, T, L) and
         the cache extended by these T positions.
         """
-        h = self.self_block.inputs(x)
-        keys, values = self.self_attn.keys_values(h)
+        q, keys, values = self.self_attn.self_projections(self.self_block.inputs(x))
         offset = 0
         if cache is not None:
             offset = cache[0].size(2)
             keys, values = torch.cat([cache[0], keys], dim=2), torch.cat([cache[1], values], dim=2)
         mask = None if x.size(1) == 1 else causal_mask(x.size(1), offset, x.device)  # one query sees all
-        out, self_probs = self.self_attn(h, keys, values, mask)
+        out, self_probs = self.self_attn.attend(q, keys, values, mask)
         x = self.self_block.add(x, out)
         query, sources = self.cross_block.inputs(x), cross_kv[0].size(0)
         if sources != x.size(0):  # a step's S rows per source: (N, 1, D) -> (B, S, D)
