@@ -279,6 +279,29 @@ def _frozen(weight: Tensor, bias: Optional[Tensor]) -> tuple[FrozenWeight, Optio
                          lambda: (FrozenWeight(weight), None if bias is None else bias.detach()))
 
 
+def frozen_linear(tag: str, x: Tensor, params: Sequence[Tensor],
+                  build: Callable[[], tuple[Tensor, Optional[Tensor]]]) -> Optional[Tensor]:
+    """``x @ W^T (+ b)`` for a weight and bias ``(W, b) = build()`` derived from ``params`` (e.g.
+    concatenated or rescaled weights), built once per version of ``params`` while the outermost
+    :func:`frozen_weights` region lasts (under ``tag``); through a :class:`FrozenWeight` where
+    oneDNN / MKL may serve it (float32 on the CPU), else ``F.linear`` (any device and dtype).
+    Returns None where no frozen region serves ``x``: outside a region, under ``torch.compile``, or
+    where autograd records (``x`` or a parameter needs a gradient). x: (..., I) -> (..., O)."""
+    if not in_frozen_region() or torch.compiler.is_compiling():
+        return None
+    if torch.is_grad_enabled() and (x.requires_grad or any(t.requires_grad for t in params)):
+        return None
+    if _servable(x, *params):
+        def packed() -> tuple[FrozenWeight, Optional[Tensor]]:
+            weight, bias = build()
+            return FrozenWeight(weight), bias
+
+        frozen, bias = frozen_cached(tag + "/frozen", params, packed)
+        return frozen(x, bias)
+    weight, bias = frozen_cached(tag, params, build)
+    return F.linear(x, weight, bias)
+
+
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """``F.linear(x, weight, bias)``: x (..., I), weight (O, I), bias (O,) -> (..., O); through a
     :class:`FrozenWeight` (oneDNN or MKL by the rows) where :func:`usable` allows."""
@@ -289,4 +312,4 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
 
 
 __all__ = ["DECODE_MIN_ROWS", "FrozenWeight", "PackedLinearFunction", "TRAIN_PACKING", "cpu_vendor", "frozen_cached",
-           "frozen_weights", "in_frozen_region", "linear", "pack", "product", "train_linear", "trainable", "usable"]
+           "frozen_linear", "frozen_weights", "in_frozen_region", "linear", "pack", "product", "train_linear", "trainable", "usable"]

@@ -316,44 +316,52 @@ def test_frozen_region_steps_equal_module_steps(name):
     torch.testing.assert_close(got_attention, expected_attention, rtol=1e-5, atol=1e-6)
 
 
-def test_frozen_self_projections_are_one_product_of_the_scaled_weights():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_frozen_self_projections_are_one_product_of_the_scaled_weights(dtype, monkeypatch):
     """In a frozen region ``self_projections`` makes one product (queries, keys and values) and
     equals ``queries`` and ``keys_values`` outside it (to rounding: the products may take other
-    kernels); ``queries`` folds the scale 1/sqrt(d_head). A weight changed between regions is read
-    again."""
+    kernels); ``queries`` folds the scale 1/sqrt(d_head). float32 on the CPU goes through a
+    FrozenWeight, other dtypes (and devices) through ``F.linear`` on the same cached weights. A
+    weight changed between regions is read again."""
     from nmt.models.transformer.multihead_attention import MultiHeadAttention
     from nmt.utils import packed_linear
 
     torch.manual_seed(3)
-    attention = MultiHeadAttention(d_model=32, heads=2).eval()  # d_head 16: scale 1/4
+    attention = MultiHeadAttention(d_model=32, heads=2).to(dtype).eval()  # d_head 16: scale 1/4
     with torch.no_grad():
         for proj in (attention.q_proj, attention.k_proj, attention.v_proj):
             proj.bias.normal_()
-    x = torch.randn(5, 3, 32)
+    x = torch.randn(5, 3, 32, dtype=dtype)
     calls = []
-    original = packed_linear.FrozenWeight.__call__
+    frozen_call, f_linear = packed_linear.FrozenWeight.__call__, packed_linear.F.linear
 
-    def counted(self, inputs, bias=None):
+    def counted_frozen(self, inputs, bias=None):
         calls.append(tuple(self._weight.shape))
-        return original(self, inputs, bias)
+        return frozen_call(self, inputs, bias)
 
+    def counted_linear(inputs, weight, bias=None):
+        calls.append(tuple(weight.shape))
+        return f_linear(inputs, weight, bias)
+
+    tol = {"rtol": 1e-6, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-12}
     with torch.no_grad():
         expected = (attention.queries(x), *attention.keys_values(x))
-        packed_linear.FrozenWeight.__call__ = counted
-        try:
-            with packed_linear.frozen_weights():
-                got = attention.self_projections(x)
-                query = attention.queries(x)
-            assert calls == [(96, 32), (32, 32)]
-            for a, b in zip(got, expected):
-                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
-            torch.testing.assert_close(query, expected[0], rtol=1e-6, atol=1e-6)
-            attention.k_proj.weight.mul_(2.0)
-            with packed_linear.frozen_weights():
-                changed = attention.self_projections(x)
-        finally:
-            packed_linear.FrozenWeight.__call__ = original
-        torch.testing.assert_close(changed[1], attention.keys_values(x)[0], rtol=1e-6, atol=1e-6)
+        monkeypatch.setattr(packed_linear.FrozenWeight, "__call__", counted_frozen)
+        monkeypatch.setattr(packed_linear.F, "linear", counted_linear)
+        with packed_linear.frozen_weights():
+            got = attention.self_projections(x)
+            query = attention.queries(x)
+        monkeypatch.undo()
+        assert calls == [(96, 32), (32, 32)]
+        for a, b in zip((*got, query), (*expected, expected[0])):
+            torch.testing.assert_close(a, b, **tol)
+        attention.k_proj.weight.mul_(2.0)
+        with packed_linear.frozen_weights():
+            changed = attention.self_projections(x)
+        torch.testing.assert_close(changed[1], attention.keys_values(x)[0], **tol)
+    x.requires_grad_()
+    with packed_linear.frozen_weights():  # autograd records: the modules' products
+        assert packed_linear.frozen_linear("t", x, [attention.q_proj.weight], lambda: (attention.q_proj.weight, None)) is None
 
 
 def test_cross_keys_values_are_contiguous_and_equal_the_projection():

@@ -10,7 +10,9 @@ usage: python run_pss.py PHASE [--smoke]
            WORK/models350/{peer,nmt}.pt from a throughput run: no 1,500-step models needed)
          | tf_train (the Transformer of peer_transformer.yaml / nmt_transformer.yaml: 1,500-step
            runs, whose steps 51-350 give the throughput and whose models decode, then a 350-step
-           run each) | tf_decode (its beam 5 and greedy searches, 3 repetitions)
+           run each) | tf_decode (its beam 5 and greedy searches, 3 repetitions) | tf_entmax
+           (nmt's Transformer with 1.5-entmax attention and output: a 1,500-step run, its searches)
+         | tf_throughput3 (a 350-step run each of the peer, nmt softmax and nmt 1.5-entmax Transformers)
 Every run waits for the go file ($PSS_GO (optional), polled every 30 s), then for an idle machine
 (1-minute load average < 1.0 and under 10% of the machine busy over 5 s; `uptime` and the top of
 `ps aux --sort=-%cpu` are saved next to the run's log), then runs alone with
@@ -247,11 +249,16 @@ TF_DEC = {
     "nmt_tf_greedy": ("nmt", ["-beam_size", "1"]),
     "peer_tf_greedy_topk1": ("peer", ["-beam_size", "1", "-random_sampling_topk", "1"]),
 }
+# nmt's Transformer with 1.5-entmax attention (all three kinds) and output (no peer counterpart)
+TF_ENT_DEC = {
+    "nmt_tf_ent_beam5_avg": ("nmt", ["-beam_size", "5", "-length_penalty", "average"]),
+    "nmt_tf_ent_greedy": ("nmt", ["-beam_size", "1"]),
+}
 TF_STEPS = 1500  # the Transformer's decoding models (its throughput: steps 51-350 of these runs too)
 
 
 def decode(name: str, rep: int, peer_model: str | None = None, nmt_model: str | None = None) -> None:
-    kit, extra = {**DEC, **TF_DEC}[name]
+    kit, extra = {**DEC, **TF_DEC, **TF_ENT_DEC}[name]
     peer_model, nmt_model = peer_model or PEER_MODEL, nmt_model or NMT_MODEL
     (WORK / "dec").mkdir(exist_ok=True)
     tag = f"{name}_r{rep}"
@@ -324,6 +331,16 @@ def main() -> None:
         for rep in (1, 2, 3):
             for name in TF_DEC:
                 decode(name, rep, peer_tf, nmt_tf)
+    nmt_tf_ent = f"runs/pss/nmt_tf_ent_{tf_steps}/last.pt"
+    if phase == "tf_entmax":  # nmt's Transformer with 1.5-entmax attention and output: training, then decoding
+        nmt_train(f"nmt_tf_ent_{tf_steps}", tf_steps, entmax=True, config="pss_transformer.yaml")
+        for rep in (1, 2, 3):
+            for name in TF_ENT_DEC:
+                decode(name, rep, peer_tf, nmt_tf_ent)
+    if phase == "tf_throughput3":  # one more 350-step run each, alternating: the peer, nmt softmax, nmt 1.5-entmax
+        peer_train(f"peer_tf_{TRAIN_STEPS}_r3", TRAIN_STEPS, config="peer/transformer.yaml")
+        nmt_train(f"nmt_tf_{TRAIN_STEPS}_r3", TRAIN_STEPS, config="pss_transformer.yaml")
+        nmt_train(f"nmt_tf_ent_{TRAIN_STEPS}_r3", TRAIN_STEPS, entmax=True, config="pss_transformer.yaml")
     if phase == "seeds":  # other batch orders (and initialisations): seeds 2 and 3, softmax, 350 steps
         for seed in (2, 3):
             peer_train(f"peer_sm_{TRAIN_STEPS}_seed{seed}", TRAIN_STEPS, seed=seed)

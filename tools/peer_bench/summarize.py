@@ -164,6 +164,8 @@ def dec_rep(name: str, rep: int) -> dict | None:
         d["reported"] = sps
         d["startup"] = start
         d["hyp"] = WORK / "dec" / f"{tag}.hyp"
+        c = re.search(r"certified ([\d.]+)%", t)
+        d["certified"] = float(c.group(1)) if c else None
     return d
 
 
@@ -194,7 +196,8 @@ def dec_summary(name: str) -> dict | None:
             "wall_all": [d["wall"] for d in reps], "other_max": max(d["other"] for d in reps),
             "rss": max(d["rss"] for d in reps) / 1e6, "bleu": bleu.score, "chrf": chrf.score,
             "same_output": len(digests) == 1, "sig": f"BLEU {bleu_metric.get_signature()}, chrF {chrf_metric.get_signature()}",
-            "startup": statistics.median(d["startup"] for d in reps) if "startup" in reps[0] else None}
+            "startup": statistics.median(d["startup"] for d in reps) if "startup" in reps[0] else None,
+            "certified": reps[0].get("certified")}
 
 
 def dec_tables() -> None:
@@ -230,7 +233,9 @@ def dec_tables() -> None:
 
 def tf_tables() -> None:
     """The Transformer (run_pss.py tf_train / tf_decode): throughput over steps 51-350, the searches."""
-    groups = {"OpenNMT-py 3.5.1": ["peer_tf_1500", "peer_tf_350_r2"], "nmt": ["nmt_tf_1500", "nmt_tf_350_r2"]}
+    groups = {"OpenNMT-py 3.5.1": ["peer_tf_1500", "peer_tf_350_r2", "peer_tf_350_r3"],
+              "nmt": ["nmt_tf_1500", "nmt_tf_350_r2", "nmt_tf_350_r3"],
+              "nmt, 1.5-entmax attention and output": ["nmt_tf_ent_1500", "nmt_tf_ent_350_r3"]}
     if not any(n in R for names in groups.values() for n in names):
         return
     print("\n### Transformer (3+3 layers, d_model 256): training throughput, steps 51-350\n")
@@ -250,20 +255,25 @@ def tf_tables() -> None:
         if speeds:
             means[label] = statistics.mean(speeds)
             print(f"| {label} | **mean** | **{fmt(means[label])}** | | | |")
-    if len(means) == 2:
+    if "nmt" in means and "OpenNMT-py 3.5.1" in means:
         print(f"\nnmt / OpenNMT-py, target tokens/s: **{means['nmt'] / means['OpenNMT-py 3.5.1']:.2f}x**")
-    names = ["peer_tf_beam5", "nmt_tf_beam5_avg", "peer_tf_greedy", "nmt_tf_greedy", "peer_tf_greedy_topk1"]
+    ent = "nmt, 1.5-entmax attention and output"
+    if ent in means and "nmt" in means:
+        print(f"\n{ent} / nmt softmax, target tokens/s: **{means[ent] / means['nmt']:.2f}x**")
+    names = ["peer_tf_beam5", "nmt_tf_beam5_avg", "peer_tf_greedy", "nmt_tf_greedy", "peer_tf_greedy_topk1",
+             "nmt_tf_ent_beam5_avg", "nmt_tf_ent_greedy"]
     S = {n: dec_summary(n) for n in names}
     if not any(S.values()):
         return
     print("\n### Transformer: decoding test_2016_flickr, batch 64, medians of 3 runs\n")
-    print("| run | BLEU | translate-only s (3 runs) | sent/s | wall s | peak RSS GB | identical output |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+    print("| run | BLEU | translate-only s (3 runs) | sent/s | wall s | peak RSS GB | identical output | certified |")
+    print("|---|---:|---:|---:|---:|---:|---|---:|")
     for n in names:
         if S[n]:
             x = S[n]
+            cert = "" if x["certified"] is None else f"{x['certified']:.1f}%"
             print(f"| {n} | {x['bleu']:.2f} | {x['trans']:.2f} ({', '.join(f'{v:.2f}' for v in x['trans_all'])}) | "
-                  f"{1000 / x['trans']:.0f} | {x['wall']:.2f} | {x['rss']:.2f} | {'yes' if x['same_output'] else 'NO'} |")
+                  f"{1000 / x['trans']:.0f} | {x['wall']:.2f} | {x['rss']:.2f} | {'yes' if x['same_output'] else 'NO'} | {cert} |")
     print()
     for label, p, m in (("beam 5, length penalty avg", "peer_tf_beam5", "nmt_tf_beam5_avg"),
                         ("greedy", "peer_tf_greedy", "nmt_tf_greedy"),

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from nmt.models.dropout import Dropout
 from nmt.models.linear import Linear
 from nmt.models.transformer.head_mapping import HeadMapping
-from nmt.utils.packed_linear import FrozenWeight, frozen_cached, usable
+from nmt.utils.packed_linear import frozen_linear
 
 
 class MultiHeadAttention(nn.Module):
@@ -26,10 +26,10 @@ class MultiHeadAttention(nn.Module):
     :meth:`self_projections` gives a self-attention's queries, keys and values together.
 
     In a :func:`~nmt.utils.packed_linear.frozen_weights` region without gradients (decoding,
-    validation) the query scale is folded into a copy of the query projection (exact where
-    ``d_head`` is a power of 4, the scale then being a power of two) and a self-attention's three
-    projections run as one product on the concatenated weights: on the CPU each product of a
-    decoder step costs about 25 us of calls beyond its arithmetic.
+    validation; any device) the query scale is folded into a copy of the query projection (exact
+    where ``d_head`` is a power of 4, the scale then being a power of two) and a self-attention's
+    three projections run as one product on the concatenated weights: on the CPU each product of
+    a decoder step costs about 25 us of calls beyond its arithmetic; on a GPU, a launch.
 
     ``continuous`` (cross-attention; ``ContinuousAttention`` keyword arguments): combined attention
     (Martins et al. 2020) per head, ``output = concat_heads((p + w) v) W_o`` where ``w`` are the
@@ -67,33 +67,31 @@ class MultiHeadAttention(nn.Module):
         """x: (B, S, D) -> keys, values: each (B, heads, S, d_head)."""
         return self._split(self.k_proj(x)), self._split(self.v_proj(x))
 
-    def _frozen_params(self) -> list[Tensor]:
+    def _projection_params(self) -> list[Tensor]:
         return [self.q_proj.weight, self.q_proj.bias, self.k_proj.weight, self.k_proj.bias,
                 self.v_proj.weight, self.v_proj.bias]
 
     def queries(self, x: Tensor) -> Tensor:
         """x: (B, T, D) -> the scaled queries ``(x W_q + b_q) / sqrt(d_head)``: (B, heads, T, d_head)."""
         scale = 1.0 / math.sqrt(self.d_head)
-        if usable(x, self.q_proj.weight, self.q_proj.bias):
-            weight, bias = frozen_cached("scaled_query", self._frozen_params()[:2], lambda: (
-                FrozenWeight(self.q_proj.weight.detach() * scale), self.q_proj.bias.detach() * scale))
-            return self._split(weight(x, bias))
-        return self._split(self.q_proj(x)) * scale
+        q = frozen_linear("scaled_query", x, self._projection_params()[:2], lambda: (
+            self.q_proj.weight.detach() * scale, self.q_proj.bias.detach() * scale))
+        return self._split(q) if q is not None else self._split(self.q_proj(x)) * scale
 
     def self_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x: (B, T, D) -> (scaled queries, keys, values) of a self-attention, each (B, heads, T, d_head):
         :meth:`queries` and :meth:`keys_values` of ``x``, in a frozen region one product."""
-        params = self._frozen_params()
-        if not usable(x, *params):
-            return (self.queries(x), *self.keys_values(x))
+        params = self._projection_params()
 
-        def build() -> tuple[FrozenWeight, Tensor]:
+        def build() -> tuple[Tensor, Tensor]:
             scale = 1.0 / math.sqrt(self.d_head)
-            weight = torch.cat([params[0].detach() * scale, params[2].detach(), params[4].detach()])
-            return FrozenWeight(weight), torch.cat([params[1].detach() * scale, params[3].detach(), params[5].detach()])
+            return (torch.cat([params[0].detach() * scale, params[2].detach(), params[4].detach()]),
+                    torch.cat([params[1].detach() * scale, params[3].detach(), params[5].detach()]))
 
-        weight, bias = frozen_cached("scaled_qkv", params, build)
-        q, k, v = weight(x, bias).split(self.d_model, dim=-1)
+        qkv = frozen_linear("scaled_qkv", x, params, build)
+        if qkv is None:
+            return (self.queries(x), *self.keys_values(x))
+        q, k, v = qkv.split(self.d_model, dim=-1)
         return self._split(q), self._split(k), self._split(v)
 
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
