@@ -180,14 +180,18 @@ def trainable(*tensors: Optional[Tensor]) -> bool:
     return TRAIN_PACKING and _servable(*tensors)
 
 
+def _frozen_unrecorded(x: Tensor, *params: Optional[Tensor]) -> bool:
+    """Whether a :func:`frozen_weights` region is open and autograd records nothing of ``x`` and
+    these weights/biases (no gradient enabled, or none of them needs one)."""
+    if not in_frozen_region():
+        return False
+    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, *params)))
+
+
 def usable(x: Tensor, *params: Optional[Tensor]) -> bool:
     """Whether the cached packed path serves ``x`` with these weights/biases: inside a
     :func:`frozen_weights` region, nothing needing a gradient, and oneDNN may serve them."""
-    if not in_frozen_region():
-        return False
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, *params)):
-        return False
-    return _servable(x, *params)
+    return _frozen_unrecorded(x, *params) and _servable(x, *params)
 
 
 def pack(weight: Tensor) -> Tensor:
@@ -287,9 +291,7 @@ def frozen_linear(tag: str, x: Tensor, params: Sequence[Tensor],
     oneDNN / MKL may serve it (float32 on the CPU), else ``F.linear`` (any device and dtype).
     Returns None where no frozen region serves ``x``: outside a region, under ``torch.compile``, or
     where autograd records (``x`` or a parameter needs a gradient). x: (..., I) -> (..., O)."""
-    if not in_frozen_region() or torch.compiler.is_compiling():
-        return None
-    if torch.is_grad_enabled() and (x.requires_grad or any(t.requires_grad for t in params)):
+    if torch.compiler.is_compiling() or not _frozen_unrecorded(x, *params):
         return None
     if _servable(x, *params):
         def packed() -> tuple[FrozenWeight, Optional[Tensor]]:
