@@ -241,10 +241,15 @@ fwd+bwd at 900 rows, (256, 1024) 1.34x faster, (1024, 256) 1.04x, (256, 256) 0.8
 def train_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """``F.linear`` for any mode: the packed region path without gradients (:func:`linear`),
     :class:`PackedLinearFunction` with gradients where :func:`trainable` allows and the weight has
-    at least ``TRAIN_MIN_NUMEL`` entries, else ``F.linear``."""
+    at least ``TRAIN_MIN_NUMEL`` entries (over the rows of ``x``, its output an ordinary view that
+    in-place operations may modify), else ``F.linear``."""
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         if weight.numel() >= TRAIN_MIN_NUMEL and trainable(x, weight):
-            return PackedLinearFunction.apply(x, weight, bias)
+            # the Function sees rows (N, I) -> (N, O) and the reshape stays outside it: oneDNN's
+            # output for (..., I) is a view of its 2-D result, and a view made inside a custom
+            # Function may not be modified in place (the feed-forward's in-place ReLU)
+            out = PackedLinearFunction.apply(x.reshape(-1, x.size(-1)), weight, bias)
+            return out.view(*x.shape[:-1], weight.size(0))
         return F.linear(x, weight, bias)
     return linear(x, weight, bias)
 

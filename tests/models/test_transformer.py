@@ -311,9 +311,12 @@ def test_frozen_region_steps_equal_module_steps(name):
         with frozen_weights():
             got, got_attention = incremental(model, src, src_lengths, tgt_in, permutation=torch.tensor([1, 2, 0]))
     assert torch.equal(torch.isinf(got), torch.isinf(expected))
-    finite = torch.isfinite(expected)
-    torch.testing.assert_close(got[finite], expected[finite], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got_attention, expected_attention, rtol=1e-5, atol=1e-6)
+    # compared as probabilities (a 1.5-entmax log-probability, 2 log(z - tau) + const, turns any
+    # rounding into large relative errors at the support's edge). This scaled-up model's scores
+    # reach tens, so their float32 rounding (oneDNN's kernels against MKL's: 1e-6 relative) moves
+    # sparse probabilities by up to 2e-5 (seen on an AMD EPYC); a folded scale 1% off changes supports
+    torch.testing.assert_close(got.exp(), expected.exp(), rtol=1e-5, atol=5e-5)
+    torch.testing.assert_close(got_attention, expected_attention, rtol=1e-5, atol=5e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -109,10 +109,29 @@ def test_packed_linear_function_gradients(monkeypatch):
     b = torch.randn(w.shape[0], generator=g, requires_grad=True)
     up = torch.randn(3, 5, w.shape[0], generator=g)
     y = packed_linear.train_linear(x, w, b)
-    assert y.grad_fn is not None and "PackedLinear" in type(y.grad_fn).__name__
+    assert "PackedLinear" in type(y.grad_fn.next_functions[0][0]).__name__  # rows in, then a view
     got = torch.autograd.grad(y, (x, w, b), up)
     want = torch.autograd.grad(F.linear(x, w, b), (x, w, b), up)
     for a, c in zip(got, want):  # sums of up to 16,384 float32 terms in another order
+        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-6 * c.abs().max().item())
+
+
+@needs_onednn
+def test_packed_linear_output_may_be_modified_in_place(monkeypatch):
+    """The training product's output takes in-place operations (the Transformer feed-forward's
+    in-place ReLU): autograd forbids them on a view made inside a custom Function, and oneDNN's
+    output for a 3-D input is such a view unless the Function sees rows. Gradients equal the plain
+    path's (``F.linear`` then an out-of-place ReLU)."""
+    monkeypatch.setattr(packed_linear, "TRAIN_PACKING", True)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 3, 4, 64, generator=g, requires_grad=True)
+    w = torch.randn(packed_linear.TRAIN_MIN_NUMEL // 64, 64, generator=g, requires_grad=True)
+    b = torch.randn(w.shape[0], generator=g, requires_grad=True)
+    up = torch.randn(2, 3, 4, w.shape[0], generator=g)
+    y = torch.relu_(packed_linear.train_linear(x, w, b))
+    got = torch.autograd.grad(y, (x, w, b), up)
+    want = torch.autograd.grad(torch.relu(F.linear(x, w, b)), (x, w, b), up)
+    for a, c in zip(got, want):
         torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-6 * c.abs().max().item())
 
 
