@@ -399,3 +399,37 @@ def test_feed_forward_gradients_equal_the_plain_composition(activation):
     assert torch.allclose(x.grad, x2.grad, atol=1e-12)
     assert torch.allclose(block.inner.weight.grad, w1.grad, atol=1e-12)
     assert torch.allclose(block.outer.bias.grad, b2.grad, atol=1e-12)
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_feed_forward_trains_through_the_packed_training_products(packing, monkeypatch):
+    """float32 at the Transformer's usual sizes, where training's products go through oneDNN on
+    processors that pack them (AMD's; forced here either way): the in-place ReLU is allowed on
+    that output (it was refused there: "a view ... modified inplace") and the gradients equal
+    torch's composition to float32 rounding."""
+    from nmt.models.transformer.feed_forward import FeedForward
+    from nmt.utils import packed_linear
+
+    monkeypatch.setattr(packed_linear, "TRAIN_PACKING", packing)
+    torch.manual_seed(5)
+    block = FeedForward(256, 1024, "relu")
+    x = torch.randn(4, 7, 256, requires_grad=True)
+    out = block(x)
+    nodes, seen = [out.grad_fn], set()
+    while nodes:  # the graph's node types
+        node = nodes.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            nodes.extend(n for n, _ in node.next_functions)
+    assert packing == (packed_linear._BUILT and any("PackedLinear" in type(n).__name__ for n in seen))
+    x2 = x.detach().clone().requires_grad_()
+    w1, b1, w2, b2 = (p.detach().clone().requires_grad_() for p in
+                      (block.inner.weight, block.inner.bias, block.outer.weight, block.outer.bias))
+    expected = torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(x2, w1, b1)), w2, b2)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    expected.backward(grad)
+    for got, want in ((x.grad, x2.grad), (block.inner.weight.grad, w1.grad), (block.outer.weight.grad, w2.grad),
+                      (block.inner.bias.grad, b1.grad)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
