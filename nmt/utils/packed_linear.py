@@ -27,7 +27,8 @@ tokens/s without the packing and 5,776 with it on an Intel Xeon (AVX-512, 2 thre
 weights once per search (:class:`FrozenWeight`) and sends to oneDNN the products of at least
 :data:`DECODE_MIN_ROWS` rows: all of them on AMD processors, from 256 rows on Intel's, where
 oneDNN's kernel creation for each new number of rows costs more than it saves below that
-(``NMT_ONEDNN_MIN_ROWS`` overrides).
+(``NMT_ONEDNN_MIN_ROWS`` overrides); and on any processor only products of at least
+:data:`DECODE_MIN_MACS` multiply-adds (below that oneDNN's per-call cost exceeds MKL's).
 """
 from __future__ import annotations
 
@@ -107,8 +108,16 @@ def _decode_min_rows(environ: Optional[Mapping[str, str]] = None, vendor: Option
 
 
 DECODE_MIN_ROWS = _decode_min_rows()
-"""A frozen region's products (:class:`FrozenWeight`) of at least this many rows run on oneDNN,
-smaller ones on MKL; decided once per process."""
+"""A frozen region's products (:class:`FrozenWeight`) of at least this many rows (and
+:data:`DECODE_MIN_MACS` multiply-adds) run on oneDNN, smaller ones on MKL; decided once per process."""
+
+DECODE_MIN_MACS = 1 << 19
+"""A frozen region's products of fewer multiply-adds (rows x O x I) run on MKL on any processor:
+oneDNN's inner product costs about 17-22 us a call whatever its size below that, MKL's ``addmm``
+4 us for one row of (256, 256) and 10-13 us for one row of (768, 256), (1024, 256) or (256, 1024)
+(AMD EPYC, 2 threads; the two are even near 2^18.5 multiply-adds, and oneDNN ahead from 2^19: one
+row of a (3963, 256) output layer 44 against 56 us). A decoder's single-sentence tail steps are
+made of such products."""
 
 
 class FrozenWeight:
@@ -116,7 +125,8 @@ class FrozenWeight:
     ``frozen(x, bias)`` = ``x @ W^T (+ bias)`` for x (..., I): oneDNN's inner product on a copy
     packed when first needed, for inputs of at least :data:`DECODE_MIN_ROWS` rows; below that,
     MKL's ``addmm`` on a transposed copy (I, O), likewise made when first needed (so a weight
-    holds one extra copy where one route serves it, as on AMD processors).
+    holds one extra copy where one route serves it). Products of fewer than
+    :data:`DECODE_MIN_MACS` multiply-adds take MKL on any processor.
 
     oneDNN creates a primitive for every new number of rows: on an Intel Xeon (AVX-512, 2 threads)
     0.7-5 ms for a shape's first call and often as much again for its second, at the decoder's
@@ -126,16 +136,18 @@ class FrozenWeight:
     takes 0.55-0.65x MKL's time at every size (hence 1 there). Results equal ``F.linear`` up to
     rounding on either path. No autograd, no host synchronisation."""
 
-    __slots__ = ("_weight", "_packed", "_transposed")
+    __slots__ = ("_weight", "_packed", "_transposed", "_row_macs")
 
     def __init__(self, weight: Tensor) -> None:
         self._weight = weight.detach()
         self._packed: Optional[Tensor] = None  # oneDNN's layout
         self._transposed: Optional[Tensor] = None  # (I, O): MKL's sgemm without a transpose
+        self._row_macs = weight.numel()  # multiply-adds per row of input
 
     def __call__(self, x: Tensor, bias: Optional[Tensor] = None) -> Tensor:
         width = x.shape[-1]
-        if (x.numel() // width if width else 0) >= DECODE_MIN_ROWS:
+        rows = x.numel() // width if width else 0
+        if rows >= DECODE_MIN_ROWS and rows * self._row_macs >= DECODE_MIN_MACS:
             if self._packed is None:
                 self._packed = pack(self._weight)
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")
@@ -318,5 +330,5 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     return frozen(x, b)
 
 
-__all__ = ["DECODE_MIN_ROWS", "FrozenWeight", "PackedLinearFunction", "TRAIN_PACKING", "cpu_vendor", "frozen_cached",
+__all__ = ["DECODE_MIN_MACS", "DECODE_MIN_ROWS", "FrozenWeight", "PackedLinearFunction", "TRAIN_PACKING", "cpu_vendor", "frozen_cached",
            "frozen_linear", "frozen_weights", "in_frozen_region", "linear", "pack", "product", "train_linear", "trainable", "usable"]

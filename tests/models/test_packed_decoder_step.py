@@ -54,6 +54,7 @@ def test_the_step_equals_the_packed_module_path(make_model, monkeypatch, section
     product split at the embeddings (token_products), whose part is then gathered per token."""
     monkeypatch.setattr(packed_decoder_step, "TOKEN_PRODUCTS", token_products)
     monkeypatch.setattr(packed_linear, "DECODE_MIN_ROWS", min_rows)
+    monkeypatch.setattr(packed_linear, "DECODE_MIN_MACS", 0)  # the rows alone decide
     torch.manual_seed(5)
     model = make_model(dtype=torch.float32, **sections)
     if hasattr(model.decoder.attention, "key_proj"):  # (dot scores have none)
@@ -86,6 +87,7 @@ def test_the_step_equals_torch_modules_up_to_rounding(make_model, monkeypatch, s
     cell update native (where built) or torch's operations (its fallback)."""
     from nmt.models import native_lstm_cell
     monkeypatch.setattr(packed_linear, "DECODE_MIN_ROWS", min_rows)
+    monkeypatch.setattr(packed_linear, "DECODE_MIN_MACS", 0)  # the rows alone decide
     if cell == "torch":
         monkeypatch.setitem(native_lstm_cell._state, "lib", None)
     torch.manual_seed(7)

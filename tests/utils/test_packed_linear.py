@@ -18,6 +18,7 @@ needs_onednn = pytest.mark.skipif(not packed_linear._BUILT, reason="torch withou
 @pytest.mark.parametrize("min_rows", [1, 10, 10**9])  # oneDNN always, by the rows, MKL always
 def test_equals_functional_linear(shape, with_bias, min_rows, monkeypatch):
     monkeypatch.setattr(packed_linear, "DECODE_MIN_ROWS", min_rows)
+    monkeypatch.setattr(packed_linear, "DECODE_MIN_MACS", 0)  # the rows alone decide
     g = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, generator=g)
     w = torch.randn(37, 16, generator=g)
@@ -141,6 +142,7 @@ def test_frozen_weight_sends_few_rows_to_mkl_and_many_to_onednn(monkeypatch):
     comes (rows counted over every dim but the last), its MKL copy only for fewer; both routes
     give F.linear up to rounding."""
     monkeypatch.setattr(packed_linear, "DECODE_MIN_ROWS", 6)
+    monkeypatch.setattr(packed_linear, "DECODE_MIN_MACS", 0)
     g = torch.Generator().manual_seed(3)
     w, b = torch.randn(9, 4, generator=g), torch.randn(9, generator=g)
     frozen = packed_linear.FrozenWeight(w)
@@ -153,6 +155,22 @@ def test_frozen_weight_sends_few_rows_to_mkl_and_many_to_onednn(monkeypatch):
     torch.testing.assert_close(many(x, b), F.linear(x, w, b), rtol=1e-5, atol=1e-6)
     assert many._packed is not None and many._transposed is None  # one copy: the route it took
     assert many(x, b).shape == (2, 3, 9)
+
+
+@needs_onednn
+def test_frozen_weight_sends_small_products_to_mkl_on_any_processor(monkeypatch):
+    """Below DECODE_MIN_MACS multiply-adds (rows x O x I) a product takes MKL even where every row
+    count would take oneDNN (DECODE_MIN_ROWS 1, as on AMD processors): one row of a (256, 256)
+    weight (65,536) stays on MKL, eight rows (2^19) and one row of a (3963, 256) output layer go to
+    oneDNN; each equals F.linear up to rounding."""
+    monkeypatch.setattr(packed_linear, "DECODE_MIN_ROWS", 1)
+    g = torch.Generator().manual_seed(8)
+    for (out, rows), route in (((256, 1), "mkl"), ((256, 8), "onednn"), ((3963, 1), "onednn")):
+        w, b = torch.randn(out, 256, generator=g), torch.randn(out, generator=g)
+        frozen = packed_linear.FrozenWeight(w)
+        x = torch.randn(rows, 1, 256, generator=g)
+        torch.testing.assert_close(frozen(x, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+        assert (frozen._packed is None, frozen._transposed is None) == (route == "mkl", route == "onednn")
 
 
 def test_decode_products_leave_onednn_for_few_rows_on_intel_processors_unless_told():
