@@ -133,8 +133,10 @@ class FrozenWeight:
     (256, 3963) and (512, 1024) weights; a decoding loop's shrinking batches meet a dozen row
     counts per weight. Once created, oneDNN is 6-22% faster from 32 rows, while MKL, which
     creates nothing, is as fast or up to 26% faster at 1-16 rows. On AMD processors oneDNN
-    takes 0.55-0.65x MKL's time at every size (hence 1 there). Results equal ``F.linear`` up to
-    rounding on either path. No autograd, no host synchronisation."""
+    takes 0.55-0.65x MKL's time at every number of rows (hence 1 there) once a product reaches
+    :data:`DECODE_MIN_MACS` multiply-adds; below that its per-call cost makes MKL faster.
+    Results equal ``F.linear`` up to rounding on either path. No autograd, no host
+    synchronisation."""
 
     __slots__ = ("_weight", "_packed", "_transposed", "_row_macs")
 
