@@ -1,7 +1,8 @@
 """``nmt-translate``: translate (or score) with one checkpoint or an ensemble.
 
     nmt-translate -model M.pt [M2.pt ...] -src FILE|- -output FILE|- -beam_size 5 -n_best 1
-                  [-batch_size N] -max_length 100 -length_penalty none -report FILE.jsonl
+                  [-batch_size N] -max_length 100 [-max_length_ratio R] -length_penalty none
+                  -report FILE.jsonl
                   [-tgt REF] [-attention DIR] [-support] [-device auto|cpu|cuda]
                   [-batch_type sentences|tokens] [-precision fp32|bf16|fp16]
                   [-search_mode auto|dynamic|static] [-stop_every K]
@@ -69,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="max target tokens before EOS")
     p.add_argument("-min_length", "--min_length", type=int, default=d.min_length,
                    help="min target tokens before EOS")
+    p.add_argument("-max_length_ratio", "--max_length_ratio", type=float, default=d.max_length_ratio,
+                   help="with R > 0, each sentence also stops at floor(R x its source tokens) + "
+                   "-max_length_offset target tokens (OpenNMT-py's rule, default 1.25 there; 0 = off)")
+    p.add_argument("-max_length_offset", "--max_length_offset", type=int, default=d.max_length_offset,
+                   help="tokens added to the -max_length_ratio limit")
     p.add_argument("-length_penalty", "--length_penalty", default=d.length_penalty,
                    choices=LENGTH_PENALTIES, help="ranking of finished hypotheses")
     p.add_argument("-length_alpha", "--length_alpha", type=float, default=d.length_alpha,
@@ -104,8 +110,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"-batch_size must be >= 1, got {args.batch_size}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"-threads must be >= 1, got {args.threads}")
-    if not math.isfinite(args.length_alpha):
-        raise ValueError(f"-length_alpha must be a finite number, got {args.length_alpha}")
+    for name in ("length_alpha", "max_length_ratio"):
+        if not math.isfinite(getattr(args, name)):
+            raise ValueError(f"-{name} must be a finite number, got {getattr(args, name)}")
 
 
 def _check_device(name: str) -> None:

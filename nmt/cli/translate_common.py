@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from nmt.translate.translator import Translation
 
 PROG = "nmt-translate"
-SEARCH_FLAGS = ("beam_size", "n_best", "max_length", "min_length", "length_penalty", "length_alpha",
-                "support_topk", "stop_every")
+SEARCH_FLAGS = ("beam_size", "n_best", "max_length", "min_length", "max_length_ratio", "max_length_offset",
+                "length_penalty", "length_alpha", "support_topk", "stop_every")
 """Flags that are ``SearchOptions`` fields of the same name (defaults taken from it)."""
 
 

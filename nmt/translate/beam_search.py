@@ -41,7 +41,15 @@ from nmt.translate.certificate import reason_name, require_hypothesis, support_s
 from nmt.translate.history import SearchHistory, backtrack
 from nmt.translate.length_penalty import length_penalty
 from nmt.translate.search_options import SearchOptions
-from nmt.translate.search_step import RowState, SearchEnd, Specials, flat_parents, history_fills, select_step
+from nmt.translate.search_step import (
+    RowState,
+    SearchEnd,
+    Specials,
+    Truncations,
+    flat_parents,
+    history_fills,
+    select_step,
+)
 from nmt.translate.static_search import static_loop
 from nmt.utils.packed_linear import frozen_weights
 
@@ -151,20 +159,23 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     # The first step runs one row per sentence (all k slots would hold the same BOS prefix);
     # the state is tiled to k slots by the first reordering.
     tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (R*S,) last token
-    rows = RowState.start(batch, options.n_best, options.certify, device)
+    limits = options.length_limits(src_lengths)  # (B,) each sentence's own limit, or None
+    limit_steps = set() if limits is None else set(limits.tolist())  # the steps where a row may end
+    rows = RowState.start(batch, options.n_best, options.certify, device, limits)
     active: Tensor | None = None  # (R,) original index of each row; None = all, in order
     out_exact, out_reason = rows.exact.clone(), rows.reason.clone()  # (B,), (B,)
     history = SearchHistory(batch, history_fills(options, special.pad))
-    truncated: Tensor | None = None  # (R, K) bool, set at the last step
+    cuts = Truncations.start(batch, k, device)
 
     for t in range(max_length + 1):
         log_probs, attention, state = model.step(tokens, state, encoder_out)  # (R*S, V), (R*S, L)
         slots = rows.scores.size(1)  # 1 at the first step, then k
-        step = select_step(log_probs, attention, rows, t, options, special)
+        step = select_step(log_probs, attention, rows, t, options, special, limit_due=t in limit_steps)
         rows = step.rows
         history.append(active, step.record)
+        if step.truncated is not None:
+            cuts.add(active, step.truncated, t)
         if step.done is None:  # the final step
-            truncated = step.truncated
             break
         done_host = step.done.tolist()  # the one host sync of the step
         if all(done_host):
@@ -205,7 +216,7 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     else:
         out_exact.index_copy_(0, active, rows.exact)
         out_reason.index_copy_(0, active, rows.reason)
-    return history, SearchEnd(truncated, active, out_exact, out_reason)
+    return history, SearchEnd(cuts, out_exact, out_reason)
 
 
 def bucket_size(rows: int) -> int:
@@ -242,9 +253,9 @@ def _collect(history: SearchHistory, end: SearchEnd, eos: int, pad: int, options
 
     Shapes: T steps, B sentences, K = beam size, E = T*K (+K) entries per sentence.
     """
-    k, n_best, max_length = options.beam_size, options.n_best, options.max_length
+    k, n_best = options.beam_size, options.n_best
     penalty, alpha = options.length_penalty, options.length_alpha
-    truncated, active = end.truncated, end.active
+    cuts = end.cuts
     records = history.materialize()
     token, score = records["token"], records["score"]  # (T, B, K)
     steps, batch = token.size(0), token.size(1)
@@ -260,16 +271,18 @@ def _collect(history: SearchHistory, end: SearchEnd, eos: int, pad: int, options
     entry_score, entry_rank, entry_complete = flat(score), flat(ranking), flat(complete)  # (B, E) each
     entry_step, entry_slot = flat(step_index), flat(slot_index)  # (B, E)
     entry_valid = entry_complete  # (B, E)
-    if truncated is not None and max_length > 0:
-        # live hypotheses whose EOS had probability 0 at the last step: returned without EOS
-        trunc = torch.zeros(batch, k, dtype=torch.bool, device=device)  # (B, K)
-        trunc = trunc.index_copy_(0, active, truncated) if active is not None else truncated
-        last = score[max_length - 1]  # (B, K)
+    if cuts.recorded:
+        # live hypotheses whose EOS had probability 0 at their sentence's last step: returned
+        # without EOS (their prefixes, recorded at the step before; none when cut at step 0)
+        trunc = cuts.slots & (cuts.length > 0).unsqueeze(1)  # (B, K)
+        prefix_step = (cuts.length - 1).clamp(min=0)  # (B,)
+        last = score.gather(0, prefix_step.view(1, batch, 1).expand(1, batch, k)).squeeze(0)  # (B, K)
+        lengths = cuts.length.clamp(min=1).unsqueeze(1)  # (B, 1)
         entry_score = torch.cat([entry_score, last], dim=1)
-        entry_rank = torch.cat([entry_rank, last / length_penalty(penalty, max_length, alpha)], dim=1)
+        entry_rank = torch.cat([entry_rank, last / length_penalty(penalty, lengths, alpha, score.dtype)], dim=1)
         entry_complete = torch.cat([entry_complete, torch.zeros_like(trunc)], dim=1)
         entry_valid = torch.cat([entry_valid, trunc], dim=1)
-        entry_step = torch.cat([entry_step, torch.full_like(trunc, max_length - 1, dtype=torch.long)], dim=1)
+        entry_step = torch.cat([entry_step, prefix_step.unsqueeze(1).expand(batch, k)], dim=1)
         entry_slot = torch.cat([entry_slot, torch.arange(k, device=device).expand(batch, k)], dim=1)
 
     n_nonzero, mass = support_statistics(entry_score, entry_complete)  # (B,), (B,)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from nmt.translate.length_penalty import LENGTH_PENALTIES
 
@@ -24,6 +25,13 @@ class SearchOptions:
     n_best: hypotheses returned per sentence; may exceed ``beam_size``, since finished
         hypotheses are never discarded (an exact search returns its whole support).
     max_length / min_length: at most / at least this many tokens before EOS.
+    max_length_ratio / max_length_offset: with a ratio > 0, sentence b also stops at
+        ``floor(max_length_ratio * src_length_b) + max_length_offset`` tokens before EOS (kept
+        within [min_length, max_length]; src_length_b counts the source's tokens, which carry no
+        BOS/EOS): OpenNMT-py's ``-max_length_ratio`` (default 1.25 there, with an offset of 5
+        on the batch's longest source), per sentence here so that a sentence's output never
+        depends on its batch. Hypotheses cut by that limit count as cut by ``max_length`` (the
+        certificate's reason "max_length"). 0 (the default): ``max_length`` alone.
     length_penalty / length_alpha: ranking of finished hypotheses ("none", "average" or
         "gnmt" with ``length_alpha``), see ``nmt.translate.length_penalty``.
     certify: compute the exactness certificate (and keep searching exact sentences until
@@ -43,6 +51,8 @@ class SearchOptions:
     n_best: int = 1
     max_length: int = 100
     min_length: int = 0
+    max_length_ratio: float = 0.0
+    max_length_offset: int = 5
     length_penalty: str = "none"
     length_alpha: float = 0.6
     certify: bool = True
@@ -54,7 +64,8 @@ class SearchOptions:
     stop_every: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("beam_size", "n_best", "max_length", "min_length", "support_topk", "stop_every"):
+        for name in ("beam_size", "n_best", "max_length", "min_length", "max_length_offset", "support_topk",
+                     "stop_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -73,15 +84,27 @@ class SearchOptions:
                              f"got {self.length_penalty!r}")
         if self.mode not in SEARCH_MODES:
             raise ValueError(f"mode must be one of {', '.join(SEARCH_MODES)}, got {self.mode!r}")
-        alpha = self.length_alpha
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha < 0:
-            raise ValueError(f"length_alpha must be a finite number >= 0, got {alpha!r}")
+        for name in ("length_alpha", "max_length_ratio"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.max_length_offset < 0:
+            raise ValueError(f"max_length_offset must be >= 0, got {self.max_length_offset}")
 
     def resolved_mode(self, device: torch.device | str) -> str:
         """"static" or "dynamic": ``mode``, with "auto" = static on CUDA, dynamic elsewhere."""
         if self.mode != "auto":
             return self.mode
         return "static" if torch.device(device).type == "cuda" else "dynamic"
+
+    def length_limits(self, src_lengths: Tensor) -> Tensor | None:
+        """(B,) long: each sentence's own maximum number of tokens before EOS, from the source
+        lengths (B,) (see ``max_length_ratio``); None without a ratio. Computed on the lengths'
+        device, no host sync; the floor of the float64 product, as Python's ``int(ratio * length)``."""
+        if self.max_length_ratio == 0:
+            return None
+        limit = torch.floor(src_lengths.to(torch.float64) * self.max_length_ratio).long() + self.max_length_offset
+        return limit.clamp(self.min_length, self.max_length)
 
     def updated(self, **overrides: Any) -> "SearchOptions":
         """A copy with ``overrides`` applied (checked again); an unknown name is a TypeError."""

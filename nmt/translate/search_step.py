@@ -45,16 +45,44 @@ class Specials(NamedTuple):
 
 
 @dataclass
+class Truncations:
+    """Live hypotheses cut by a length limit (``max_length``, or a sentence's own limit of
+    ``SearchOptions.max_length_ratio``) because their EOS had probability 0, per sentence
+    (B sentences, K slots): ``slots`` (B, K) bool the cut slots, ``length`` (B,) long the tokens
+    of their prefixes (the step that cut them); ``recorded``: whether any step was a cutting
+    step (known on the host, no sync). A sentence is cut at most once: it stops there."""
+
+    slots: Tensor
+    length: Tensor
+    recorded: bool = False
+
+    @classmethod
+    def start(cls, batch: int, k: int, device: torch.device) -> "Truncations":
+        """Nothing cut yet."""
+        return cls(torch.zeros(batch, k, dtype=torch.bool, device=device),
+                   torch.zeros(batch, dtype=torch.long, device=device))
+
+    def add(self, sentences: Tensor | None, truncated: Tensor, t: int) -> None:
+        """Record ``truncated`` (R, K), the slots a step ``t`` cut, of the rows whose original
+        sentence indices are ``sentences`` (R,) (None: all B, in order). No host sync."""
+        hit = truncated.any(1)  # (R,)
+        if sentences is None:
+            self.slots = self.slots | truncated
+            self.length = torch.where(hit, t, self.length)
+        else:
+            self.slots.index_copy_(0, sentences, self.slots.index_select(0, sentences) | truncated)
+            self.length.index_copy_(0, sentences, torch.where(hit, t, self.length.index_select(0, sentences)))
+        self.recorded = True
+
+
+@dataclass
 class SearchEnd:
     """State of the search when it stops, for collecting the n-best (B sentences, K = beam size).
 
-    truncated: (B_active, K) bool live hypotheses cut by max_length (EOS of probability 0),
-    or None when the last step was not reached; active: (B_active,) long original index of
-    the rows still searched at the end (None: all, in order); exact, reason: (B,) per sentence.
+    cuts: the live hypotheses cut by a length limit; exact, reason: (B,) per sentence.
     """
 
-    truncated: Tensor | None
-    active: Tensor | None
+    cuts: Truncations
     exact: Tensor
     reason: Tensor
 
@@ -66,7 +94,9 @@ class RowState:
     scores: (R, S) log-probability of each live prefix (-inf: no live prefix in that slot);
     exact: (R,) bool certificate so far; reason: (R,) long first violation;
     best_finished: (R, n_best) ranking scores of the best finished hypotheses;
-    top_finished: (R,) bool the best candidate of some step was a finished hypothesis.
+    top_finished: (R,) bool the best candidate of some step was a finished hypothesis;
+    limit: (R,) long each row's own maximum of tokens before EOS (``SearchOptions.length_limits``),
+    or None (``max_length`` for every row).
     """
 
     scores: Tensor
@@ -74,9 +104,11 @@ class RowState:
     reason: Tensor
     best_finished: Tensor
     top_finished: Tensor
+    limit: Tensor | None = None
 
     @classmethod
-    def start(cls, batch: int, n_best: int, certify: bool, device: torch.device) -> "RowState":
+    def start(cls, batch: int, n_best: int, certify: bool, device: torch.device,
+              limit: Tensor | None = None) -> "RowState":
         """The state before the first step: one live (empty) prefix per sentence."""
         return cls(
             scores=torch.zeros((batch, 1), device=device),
@@ -84,12 +116,14 @@ class RowState:
             reason=torch.full((batch,), 0 if certify else NOT_CERTIFIED, dtype=torch.long, device=device),
             best_finished=torch.full((batch, n_best), NEG_INF, device=device),
             top_finished=torch.zeros(batch, dtype=torch.bool, device=device),
+            limit=limit,
         )
 
     def select(self, index: Tensor) -> "RowState":
         """Rows ``index`` (R',) of every field."""
-        return RowState(*(x.index_select(0, index) for x in
-                          (self.scores, self.exact, self.reason, self.best_finished, self.top_finished)))
+        return RowState(*(None if x is None else x.index_select(0, index) for x in
+                          (self.scores, self.exact, self.reason, self.best_finished, self.top_finished,
+                           self.limit)))
 
 
 @dataclass
@@ -100,7 +134,8 @@ class StepOutcome:
     extras the options ask for); parent: (R, K) slot of the previous step each kept candidate
     extends; chosen: (R, K) token appended; rows: the updated ``RowState`` (scores hold live
     prefixes only); done: (R,) bool the sentence may stop (None at the final step);
-    truncated: (R, K) bool live hypotheses cut by max_length (only at the final step).
+    truncated: (R, K) bool live hypotheses cut by a length limit: by max_length at the final
+    step, by the rows' own limits at a step where some may end (else None).
     """
 
     record: dict[str, Tensor]
@@ -125,11 +160,14 @@ def history_fills(options: SearchOptions, pad: int) -> dict[str, float | int | b
 
 
 def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, options: SearchOptions,
-                special: Specials) -> StepOutcome:
+                special: Specials, limit_due: bool = True) -> StepOutcome:
     """Keep the ``beam_size`` best extensions of the live prefixes at step ``t``.
 
     log_probs: (R*S, V) from the model (-inf = probability 0); attention: (R*S, L).
     Half-precision log-probabilities are upcast (float32/float64 kept). No host sync.
+    Rows with their own ``limit`` equal to ``t`` take their last step (only EOS may follow, as
+    for every row at ``t = max_length``); ``limit_due=False`` (a host-side hint of the caller:
+    no row's limit is ``t``) skips that test.
     """
     k, n_best, max_length = options.beam_size, options.n_best, options.max_length
     certify, eos, pad = options.certify, special.eos, special.pad
@@ -148,7 +186,10 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     # where it would push finite candidates out unnoticed). Only (R, S) flags and one in-place
     # pass over the candidates: per-entry bool masks cost 5-10x a float pass on the CPU.
     width = min(k + 1 if certify else k, slots * vocab)  # candidates kept (one more: the certificate)
-    stats = _native_stats(log_probs, scores, t, width, options)
+    ending = None  # (R,) bool rows at the last step of their own limit (before max_length)
+    if rows.limit is not None and limit_due and t < max_length:
+        ending = rows.limit == t
+    stats = None if ending is not None else _native_stats(log_probs, scores, t, width, options)
     if stats is not None:  # the rest in one native call, where its library is built (and holds the sizes)
         outcome = _native_outcome(stats, log_probs, attention, rows, scores, best_finished, t, options, special)
         if outcome is not None:
@@ -167,18 +208,26 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     record = _row_records(log_probs, attention, None if stats is None else stats.support, options)
 
     truncated = None
-    if t == max_length:  # only EOS may follow: the final step
+    if t == max_length or ending is not None:  # only EOS may follow (ending: in some rows)
         assert cand is not None  # the native statistics serve the other steps
-        top_scores = cand[..., eos]  # (R, S)
-        parent = torch.arange(slots, device=device).expand(row_count, slots)  # (R, S)
-        chosen = torch.full_like(parent, eos)  # (R, S)
         live_before = _alive(scores)  # (R, S)
-        truncated = pad_slots(live_before & ~_alive(top_scores), k, False)  # (R, K)
-        if certify:
+        eos_scores = cand[..., eos]  # (R, S)
+        cut_slots = live_before & ~_alive(eos_scores)  # (R, S) live, but EOS has probability 0
+        if certify:  # a live slot with a token of nonzero probability besides EOS loses its sequences
             eos_ok = torch.isfinite(log_probs[..., eos]).int()  # (R, S)
             support = record["support_size"] if count_support else support_size(log_probs)  # (R, S)
             cut = (live_before & (support - eos_ok > 0)).any(1)  # (R,)
-            exact, reason = record_violation(exact, reason, cut, MAX_LENGTH)
+            exact, reason = record_violation(exact, reason, cut if ending is None else cut & ending, MAX_LENGTH)
+        if ending is not None:
+            truncated = pad_slots(cut_slots & ending.unsqueeze(1), k, False)  # (R, K)
+            is_eos_column = torch.arange(vocab, device=device) == eos  # (V,)
+            cand = cand.masked_fill(ending.view(row_count, 1, 1) & ~is_eos_column, NEG_INF)  # (R, S, V)
+        else:
+            truncated = pad_slots(cut_slots, k, False)  # (R, K)
+    if t == max_length:  # the final step
+        top_scores = eos_scores  # (R, S)
+        parent = torch.arange(slots, device=device).expand(row_count, slots)  # (R, S)
+        chosen = torch.full_like(parent, eos)  # (R, S)
     else:
         if stats is None:
             top_scores, top_index = blocked_topk(cand.view(row_count, slots * vocab), width)  # (R, width)
@@ -214,8 +263,8 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     if certify:
         settled = settled & ~exact
     done = ~live | settled  # (R,)
-    rows = RowState(scores, exact, reason, best_finished, top_finished)
-    return StepOutcome(record, parent, chosen, rows, done, None)
+    rows = RowState(scores, exact, reason, best_finished, top_finished, rows.limit)
+    return StepOutcome(record, parent, chosen, rows, done, truncated)
 
 
 def _row_records(log_probs: Tensor, attention: Tensor, support: Tensor | None,
@@ -261,7 +310,8 @@ def _native_outcome(stats: _Stats, log_probs: Tensor, attention: Tensor, rows: R
         return None
     record = _per_slot(_row_records(log_probs, attention, stats.support, options), k)
     record.update(token=update.token, parent=update.parent, score=update.score)
-    new_rows = RowState(update.live, update.exact, update.reason, update.best_finished, update.top_finished)
+    new_rows = RowState(update.live, update.exact, update.reason, update.best_finished, update.top_finished,
+                        rows.limit)
     return StepOutcome(record, update.parent, update.token, new_rows, update.done, None)
 
 
@@ -323,5 +373,5 @@ def pad_slots(x: Tensor, k: int, value: float | int | bool) -> Tensor:
     return torch.cat([x, x.new_full((x.size(0), k - x.size(1)), value)], dim=1)
 
 
-__all__ = ["RowState", "SearchEnd", "Specials", "StepOutcome", "flat_parents", "history_fills", "pad_slots", "select_step",
+__all__ = ["RowState", "SearchEnd", "Specials", "StepOutcome", "Truncations", "flat_parents", "history_fills", "pad_slots", "select_step",
            "support_size"]

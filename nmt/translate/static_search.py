@@ -29,6 +29,7 @@ from nmt.translate.search_step import (
     RowState,
     SearchEnd,
     Specials,
+    Truncations,
     flat_parents,
     history_fills,
     select_step,
@@ -45,11 +46,13 @@ def static_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: S
     Returns ``(record, tokens, state, rows, stopped, truncated)``: the step record (B, K, ...)
     with fill values for sentences stopped before this step, the (B*K,) next tokens, the
     reordered (B*K, ...) state, the updated rows (stopped ones masked), the updated ``stopped``
-    and, at the final step (t = max_length), the (B, K) cut hypotheses (else None).
+    and the (B, K) hypotheses cut by a length limit: at the final step (t = max_length), and
+    at a step where some row's own limit may be ``t`` (else None).
     """
     log_probs, attention, state = model.step(tokens, state, encoder_out)  # (B*S, V), (B*S, L)
     slots = rows.scores.size(1)
     step = select_step(log_probs, attention, rows, t, options, special)
+    truncated = None if step.truncated is None else step.truncated & ~stopped.unsqueeze(1)  # (B, K)
     fills = history_fills(options, special.pad)
     record = {name: _masked(value, stopped, fills[name]) for name, value in step.record.items()}
     # a stopped sentence keeps the certificate it had when it stopped
@@ -57,14 +60,13 @@ def static_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: S
     exact = torch.where(stopped, rows.exact, new.exact)  # (B,)
     reason = torch.where(stopped, rows.reason, new.reason)  # (B,)
     if step.done is None:  # the final step
-        truncated = step.truncated & ~stopped.unsqueeze(1)  # (B, K)
-        return record, tokens, state, RowState(new.scores, exact, reason, new.best_finished, new.top_finished), \
-            stopped, truncated
+        return record, tokens, state, RowState(new.scores, exact, reason, new.best_finished, new.top_finished,
+                                               new.limit), stopped, truncated
     stopped = stopped | step.done  # (B,)
     scores = new.scores.masked_fill(stopped.unsqueeze(1), NEG_INF)  # (B, K) masked, not removed
-    rows = RowState(scores, exact, reason, new.best_finished, new.top_finished)
+    rows = RowState(scores, exact, reason, new.best_finished, new.top_finished, new.limit)
     state = select_state(state, flat_parents(step.parent, slots).view(-1))  # (B*K, ...)
-    return record, step.chosen.reshape(-1), state, rows, stopped, None
+    return record, step.chosen.reshape(-1), state, rows, stopped, truncated
 
 
 def static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials,
@@ -76,17 +78,19 @@ def static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: S
     batch = src.size(0)
     encoder_out, state = model.encode(src, src_lengths)
     tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (B*S,)
-    rows = RowState.start(batch, options.n_best, options.certify, device)
+    rows = RowState.start(batch, options.n_best, options.certify, device, options.length_limits(src_lengths))
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)  # (B,)
     all_stopped_at = torch.full((), -1, dtype=torch.long, device=device)  # step when all had stopped
     history = SearchHistory(batch, history_fills(options, special.pad))
-    truncated: Tensor | None = None
+    cuts = Truncations.start(batch, k, device)
 
     for t in range(max_length + 1):
         record, tokens, state, rows, stopped, truncated = static_step(
             model, tokens, state, encoder_out, rows, stopped, t, options, special)
         history.append(None, record)
         if truncated is not None:
+            cuts.add(None, truncated, t)
+        if t == max_length:
             break
         all_stopped_at = torch.where((all_stopped_at < 0) & stopped.all(), t, all_stopped_at)
         if t == 0 and k > 1 and not shares_encoder_out(model):
@@ -95,10 +99,9 @@ def static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: S
             break
 
     first = int(all_stopped_at)  # one host sync: where the dynamic loop would have stopped
-    if 0 <= first < history.steps - 1:
+    if 0 <= first < history.steps - 1:  # idle steps (no cut there: every sentence had stopped)
         history.keep_steps(first + 1)
-        truncated = None
-    return history, SearchEnd(truncated, None, rows.exact, rows.reason)
+    return history, SearchEnd(cuts, rows.exact, rows.reason)
 
 
 def _masked(value: Tensor, stopped: Tensor, fill: float | int | bool) -> Tensor:

@@ -174,7 +174,34 @@ def test_ensemble_of_different_vocabularies_is_refused(trained, capsys):
     assert code == 2 and err.count("\n") == 1 and str(other) in err and "vocabulary" in err
 
 
+def test_max_length_ratio_limits_each_sentence_by_its_source(trained, capsys):
+    """The reversal model writes one character per source token: with ``-max_length_ratio 0.5
+    -max_length_offset 0`` every output stops at floor(n / 2) characters, cut (not certified); with
+    ratio 1 it has room and equals the unlimited search."""
+    root, inputs = trained["root"], trained["inputs"]
+    outputs = {}
+    for ratio in ("0", "0.5", "1"):
+        out, report = root / f"ratio{ratio}.txt", root / f"ratio{ratio}.jsonl"
+        code, _, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-output", str(out),
+                                  "-report", str(report), "-beam_size", "8", "-max_length_ratio", ratio,
+                                  "-max_length_offset", "0", "-quiet"], capsys)
+        assert code == 0, err
+        outputs[ratio] = out.read_text(encoding="utf-8").split("\n")[:-1]
+        if ratio == "0.5":
+            records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+            reasons = set()
+            for src, line, record in zip(inputs, outputs[ratio], records):
+                if src:  # cut, unless a candidate was pruned before (the first violation is reported)
+                    assert len(line) <= len(src.split()) // 2 and not record["certified"]
+                    reasons.add(record["reason"])
+            assert "max_length" in reasons and reasons <= {"max_length", "pruned"}
+    assert outputs["1"] == outputs["0"] and outputs["0.5"] != outputs["0"]
+
+
 @pytest.mark.parametrize("flags, expected", [
+    (["-max_length_ratio", "nan"], "nmt-translate: error: -max_length_ratio must be a finite number, got nan\n"),
+    (["-max_length_ratio", "-1"], "nmt-translate: error: -max_length_ratio must be a finite number >= 0, got -1.0\n"),
+    (["-max_length_offset", "-1"], "nmt-translate: error: -max_length_offset must be >= 0, got -1\n"),
     (["-length_alpha", "nan"], "nmt-translate: error: -length_alpha must be a finite number, got nan\n"),
     (["-length_alpha", "inf"], "nmt-translate: error: -length_alpha must be a finite number, got inf\n"),
     (["-device", "tpu"], "nmt-translate: error: -device tpu: not a usable device here (cpu, cuda or cuda:N); "),

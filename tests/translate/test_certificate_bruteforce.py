@@ -148,9 +148,11 @@ def test_bucket_sizes():
     assert all(n <= s <= max(1.5 * n, 1) for n, s in enumerate(sizes))
 
 
-def check_against_enumeration(result, names, b, support, frontier, cut, beam_size, penalty) -> None:
-    """Sentence b of a beam search result against the brute-force support of its model."""
-    exact, reason = predicted_certificate(frontier, cut, beam_size, support)
+def check_against_enumeration(result, names, b, support, frontier, cut, beam_size, penalty,
+                              max_length: int = MAX_LENGTH) -> None:
+    """Sentence b of a beam search result against the brute-force support of its model, enumerated
+    up to ``max_length`` tokens before EOS."""
+    exact, reason = predicted_certificate(frontier, cut, beam_size, support, max_length)
     assert bool(result.exact[b]) == exact
     assert names[b] == reason
     found = found_hypotheses(result, b)

@@ -13,6 +13,8 @@ usage: python run_pss.py PHASE [--smoke]
            run each) | tf_decode (its beam 5 and greedy searches, 3 repetitions) | tf_entmax
            (nmt's Transformer with 1.5-entmax attention and output: a 1,500-step run, its searches)
          | tf_throughput3 (a 350-step run each of the peer, nmt softmax and nmt 1.5-entmax Transformers)
+         | tf_decode_ratio / decode_ratio (the Transformer's / the LSTM's searches with one length
+           rule on both sides: the peer without its default -max_length_ratio 1.25, nmt with it)
 Every run waits for the go file ($PSS_GO (optional), polled every 30 s), then for an idle machine
 (1-minute load average < 1.0 and under 10% of the machine busy over 5 s; `uptime` and the top of
 `ps aux --sort=-%cpu` are saved next to the run's log), then runs alone with
@@ -249,6 +251,25 @@ TF_DEC = {
     "nmt_tf_greedy": ("nmt", ["-beam_size", "1"]),
     "peer_tf_greedy_topk1": ("peer", ["-beam_size", "1", "-random_sampling_topk", "1"]),
 }
+# The same length rule on both sides. OpenNMT-py stops every sentence of a batch at
+# min(max_length, int(1.25 x the batch's longest source + 5)) by default (-max_length_ratio 1.25);
+# nmt at max_length alone unless -max_length_ratio is given (then per sentence: floor(1.25 x its
+# source) + 5). A model that loops runs 100 steps in nmt and ~1.25 x L + 5 in the peer, so the
+# default pairs compare different work: these runs give both toolkits the same rule, either way.
+RATIO = ["-max_length_ratio", "1.25", "-max_length_offset", "5"]
+NO_RATIO = ["-max_length_ratio", "0"]
+TF_RATIO_DEC = {
+    "peer_tf_beam5_noratio": ("peer", TF_DEC["peer_tf_beam5"][1] + NO_RATIO),
+    "nmt_tf_beam5_avg_ratio": ("nmt", TF_DEC["nmt_tf_beam5_avg"][1] + RATIO),
+    "peer_tf_greedy_noratio": ("peer", TF_DEC["peer_tf_greedy"][1] + NO_RATIO),
+    "nmt_tf_greedy_ratio": ("nmt", TF_DEC["nmt_tf_greedy"][1] + RATIO),
+}
+RATIO_DEC = {  # the LSTM's
+    "peer_beam5_noratio": ("peer", DEC["peer_beam5"][1] + NO_RATIO),
+    "nmt_beam5_avg_ratio": ("nmt", DEC["nmt_beam5_avg"][1] + RATIO),
+    "peer_greedy_noratio": ("peer", DEC["peer_greedy"][1] + NO_RATIO),
+    "nmt_greedy_ratio": ("nmt", DEC["nmt_greedy"][1] + RATIO),
+}
 # nmt's Transformer with 1.5-entmax attention (all three kinds) and output (no peer counterpart)
 TF_ENT_DEC = {
     "nmt_tf_ent_beam5_avg": ("nmt", ["-beam_size", "5", "-length_penalty", "average"]),
@@ -258,7 +279,7 @@ TF_STEPS = 1500  # the Transformer's decoding models (its throughput: steps 51-3
 
 
 def decode(name: str, rep: int, peer_model: str | None = None, nmt_model: str | None = None) -> None:
-    kit, extra = {**DEC, **TF_DEC, **TF_ENT_DEC}[name]
+    kit, extra = {**DEC, **TF_DEC, **TF_ENT_DEC, **TF_RATIO_DEC, **RATIO_DEC}[name]
     peer_model, nmt_model = peer_model or PEER_MODEL, nmt_model or NMT_MODEL
     (WORK / "dec").mkdir(exist_ok=True)
     tag = f"{name}_r{rep}"
@@ -331,6 +352,14 @@ def main() -> None:
         for rep in (1, 2, 3):
             for name in TF_DEC:
                 decode(name, rep, peer_tf, nmt_tf)
+    if phase == "tf_decode_ratio":  # the Transformer's searches under one length rule (see RATIO), 3 repetitions
+        for rep in (1, 2, 3):
+            for name in TF_RATIO_DEC:
+                decode(name, rep, peer_tf, nmt_tf)
+    if phase == "decode_ratio":  # the LSTM's, likewise, with the models of train
+        for rep in (1, 2, 3):
+            for name in RATIO_DEC:
+                decode(name, rep)
     nmt_tf_ent = f"runs/pss/nmt_tf_ent_{tf_steps}/last.pt"
     if phase == "tf_entmax":  # nmt's Transformer with 1.5-entmax attention and output: training, then decoding
         nmt_train(f"nmt_tf_ent_{tf_steps}", tf_steps, entmax=True, config="pss_transformer.yaml")

@@ -141,6 +141,10 @@ DEC = [
     ("greedy (beam 1), nmt -no_certify", "peer_greedy", "nmt_greedy_nocert"),
     ("greedy, peer GreedySearch (-random_sampling_topk 1)", "peer_greedy_topk1", "nmt_greedy_nocert"),
     ("beam 5, nmt's default length penalty (none) vs peer's default (avg)", "peer_beam5", "nmt_beam5_none"),
+    ("beam 5, both -max_length_ratio 1.25 (+5)", "peer_beam5", "nmt_beam5_avg_ratio"),
+    ("beam 5, neither length ratio", "peer_beam5_noratio", "nmt_beam5_avg"),
+    ("greedy, both -max_length_ratio 1.25 (+5)", "peer_greedy", "nmt_greedy_ratio"),
+    ("greedy, neither length ratio", "peer_greedy_noratio", "nmt_greedy"),
 ]
 
 
@@ -202,7 +206,8 @@ def dec_summary(name: str) -> dict | None:
 
 def dec_tables() -> None:
     names = ["peer_beam5", "peer_greedy", "peer_greedy_topk1", "nmt_beam5_avg", "nmt_beam5_avg_nocert",
-             "nmt_beam5_none", "nmt_greedy", "nmt_greedy_nocert"]
+             "nmt_beam5_none", "nmt_greedy", "nmt_greedy_nocert", "peer_beam5_noratio", "nmt_beam5_avg_ratio",
+             "peer_greedy_noratio", "nmt_greedy_ratio"]
     S = {n: dec_summary(n) for n in names}
     print("\n### Decoding test_2016_flickr (1,000 sentences), batch 64 sentences, max_length 100, "
           "medians of 3 runs\n")
@@ -261,7 +266,8 @@ def tf_tables() -> None:
     if ent in means and "nmt" in means:
         print(f"\n{ent} / nmt softmax, target tokens/s: **{means[ent] / means['nmt']:.2f}x**")
     names = ["peer_tf_beam5", "nmt_tf_beam5_avg", "peer_tf_greedy", "nmt_tf_greedy", "peer_tf_greedy_topk1",
-             "nmt_tf_ent_beam5_avg", "nmt_tf_ent_greedy"]
+             "nmt_tf_ent_beam5_avg", "nmt_tf_ent_greedy", "peer_tf_beam5_noratio", "nmt_tf_beam5_avg_ratio",
+             "peer_tf_greedy_noratio", "nmt_tf_greedy_ratio"]
     S = {n: dec_summary(n) for n in names}
     if not any(S.values()):
         return
@@ -277,7 +283,11 @@ def tf_tables() -> None:
     print()
     for label, p, m in (("beam 5, length penalty avg", "peer_tf_beam5", "nmt_tf_beam5_avg"),
                         ("greedy", "peer_tf_greedy", "nmt_tf_greedy"),
-                        ("greedy, peer GreedySearch", "peer_tf_greedy_topk1", "nmt_tf_greedy")):
+                        ("greedy, peer GreedySearch", "peer_tf_greedy_topk1", "nmt_tf_greedy"),
+                        ("beam 5, both -max_length_ratio 1.25 (+5)", "peer_tf_beam5", "nmt_tf_beam5_avg_ratio"),
+                        ("beam 5, neither length ratio", "peer_tf_beam5_noratio", "nmt_tf_beam5_avg"),
+                        ("greedy, both -max_length_ratio 1.25 (+5)", "peer_tf_greedy", "nmt_tf_greedy_ratio"),
+                        ("greedy, neither length ratio", "peer_tf_greedy_noratio", "nmt_tf_greedy")):
         if S.get(p) and S.get(m):
             print(f"- {label}: nmt {S[p]['trans'] / S[m]['trans']:.2f}x the peer (translate-only), "
                   f"{S[p]['wall'] / S[m]['wall']:.2f}x with start-up; BLEU {S[m]['bleu'] - S[p]['bleu']:+.2f}")
