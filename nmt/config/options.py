@@ -181,6 +181,10 @@ VALIDATION = {
     "decode": Option(bool, True, "decode the validation set (exact-match accuracy, BLEU, chrF)"),
     "beam_size": Option(int, 1, "beam size when decoding (1: greedy)", minimum=1),
     "max_length": Option(int, 100, "maximum hypothesis length when decoding", minimum=1),
+    "max_length_ratio": Option(float, 0.0, "when > 0, each validation sentence also stops at floor(ratio x its "
+                               "source tokens) + max_length_offset tokens (nmt-translate -max_length_ratio)",
+                               minimum=0.0),
+    "max_length_offset": Option(int, 5, "tokens added to the max_length_ratio limit", minimum=0),
     "n_heatmaps": Option(int, 3, "attention heatmaps of the first n validation sentences in TensorBoard",
                          minimum=0),
 }

@@ -159,3 +159,36 @@ def test_validation_statistics_match_per_sentence_brute_force(tiny_task, tmp_pat
     assert ("ppl" in stats) == (output == "softmax")
     if output == "softmax":
         assert stats["ppl"] == pytest.approx(torch.tensor(loss / tokens).exp().item(), rel=1e-5)
+
+
+def test_validation_decoding_obeys_the_configured_length_ratio(tiny_task, tmp_path, monkeypatch):
+    """``validation.max_length_ratio`` / ``max_length_offset`` reach the validation search: with
+    ratio 0.5 and offset 0 no hypothesis is longer than half its source (the untrained model would
+    run to ``validation.max_length``)."""
+    import nmt.train.trainer as trainer_module
+
+    seen, real_validate = [], trainer_module.validate
+
+    def recording_validate(*args, **kwargs):
+        result = real_validate(*args, **kwargs)
+        seen.append((kwargs, result))
+        return result
+
+    monkeypatch.setattr(trainer_module, "validate", recording_validate)
+    config = tiny_config(tiny_task, tmp_path / "run", max_steps=4)
+    config["validation"].update(decode=True, max_length_ratio=0.5, max_length_offset=0)
+    trainer = Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
+    trainer.train()
+    kwargs, result = seen[0]
+    assert kwargs["max_length_ratio"] == 0.5 and kwargs["max_length_offset"] == 0
+    data = trainer.data.valid
+    assert len(result.hypotheses) == len(data.src)
+    for src, hypothesis in zip(data.src, result.hypotheses):
+        assert len(data.tgt_field.tokenize(hypothesis)) <= len(src) // 2
+
+
+def test_a_negative_validation_length_ratio_is_a_config_error(tiny_task, tmp_path):
+    config = tiny_config(tiny_task, tmp_path / "run")
+    config["validation"]["max_length_ratio"] = -1.0
+    with pytest.raises(ConfigError, match="validation.max_length_ratio"):
+        resolve_config(config, "tiny.yaml")
