@@ -164,15 +164,21 @@ def test_static_equals_dynamic_on_a_trained_model(trained_model, beam_size, stop
         assert bool(dynamic.exact.any()) and not bool(dynamic.exact.all())
 
 
-def test_static_step_makes_no_host_sync():
+@pytest.mark.parametrize("ratio", [0.0, 0.5])
+def test_static_step_makes_no_host_sync(ratio):
+    """Every step, the last included; with per-sentence limits (``max_length_ratio``) every step
+    may end some rows (and returns their cut hypotheses), and every sentence has ended by the last."""
     model = TinyAttentionRNN(mapping="entmax15", seed=7)
     src, lengths = random_sources(6, 13, 6, seed=8)
-    options = SearchOptions(beam_size=4, n_best=2, max_length=5, return_support=True, return_attention=True,
-                            length_penalty="gnmt", min_length=2)
+    options = SearchOptions(beam_size=4, n_best=2, max_length=5 if ratio == 0 else 8, return_support=True,
+                            return_attention=True, length_penalty="gnmt", min_length=2 if ratio == 0 else 1,
+                            max_length_ratio=ratio, max_length_offset=1)
     special = Specials(BOS, EOS, PAD)
+    limits = options.length_limits(lengths)
+    assert limits is None or len(set(limits.tolist())) > 1
     with torch.no_grad():
         encoder_out, state = model.encode(src, src_lengths=lengths)
-        rows = RowState.start(6, options.n_best, options.certify, src.device)
+        rows = RowState.start(6, options.n_best, options.certify, src.device, limits)
         stopped = torch.zeros(6, dtype=torch.bool)
         tokens = torch.full((6,), BOS)
         for t in range(options.max_length + 1):
@@ -180,9 +186,10 @@ def test_static_step_makes_no_host_sync():
                 _, tokens, state, rows, stopped, truncated = static_step(
                     model, tokens, state, encoder_out, rows, stopped, t, options, special)
             assert audit.total == 0, f"step {t}: {audit.report()}"
+            assert (truncated is not None) == (t == options.max_length or limits is not None)
             if t == 0:
                 encoder_out = {k: v.repeat_interleave(4, dim=0) for k, v in encoder_out.items()}
-        assert truncated is not None
+    assert limits is None or bool(stopped.all())
 
 
 @pytest.mark.parametrize("stop_every", [1, 3, 4])
