@@ -441,12 +441,14 @@ def test_translation_and_scoring_on_cuda_equal_the_cpu(trained):
     out, scored = {}, {}
     for device in ("cpu", "cuda"):
         decoder, src_field, tgt_field, _ = load_models([trained["model"]], device)
-        out[device] = Translator(decoder, src_field, tgt_field, batch_size=3, device=device, beam_size=3,
-                                 max_length=10).translate(lines)
+        for ratio in (0.0, 0.7):  # with per-sentence limits too (the static loop's masks on CUDA)
+            out[device, ratio] = Translator(decoder, src_field, tgt_field, batch_size=3, device=device, beam_size=3,
+                                            max_length=10, max_length_ratio=ratio, max_length_offset=0).translate(lines)
         scored[device] = Scorer(decoder, src_field, tgt_field, batch_size=3, device=device).score(lines, refs)
-    for a, b in zip(out["cpu"], out["cuda"]):
-        assert (a.text, a.certified, a.reason, a.src_tokens) == (b.text, b.certified, b.reason, b.src_tokens)
-        assert b.hypotheses[0][1] == pytest.approx(a.hypotheses[0][1], abs=1e-4)
+    for ratio in (0.0, 0.7):
+        for a, b in zip(out["cpu", ratio], out["cuda", ratio]):
+            assert (a.text, a.certified, a.reason, a.src_tokens) == (b.text, b.certified, b.reason, b.src_tokens)
+            assert b.hypotheses[0][1] == pytest.approx(a.hypotheses[0][1], abs=1e-4)
     for a, b in zip(scored["cpu"], scored["cuda"]):
         assert (a.tokens, a.zero_probability) == (b.tokens, b.zero_probability)
         assert b.logprob == pytest.approx(a.logprob, abs=1e-4)
