@@ -183,6 +183,19 @@ def detok(name: str, path: Path) -> list[str]:
     return [sp.decode_pieces(line.split()) for line in lines]
 
 
+def output_pieces(name: str, path: Path) -> list[int]:
+    """Pieces per output line, counted with the harness's sentencepiece model for both toolkits
+    (the peer writes pieces; nmt's detokenized lines are encoded again): decoding ratios compare
+    the same work only where both wrote about as many pieces, and as few at max_length."""
+    import sentencepiece as spm
+
+    lines = path.read_text(encoding="utf-8").split("\n")[:-1]
+    if name.startswith("peer"):
+        return [len(line.split()) for line in lines]
+    sp = spm.SentencePieceProcessor(model_file=str(WORK / "data" / "spm8000.model"))
+    return [len(sp.encode(line)) for line in lines]
+
+
 def dec_summary(name: str) -> dict | None:
     reps = [d for d in (dec_rep(name, i) for i in (1, 2, 3)) if d is not None]
     if not reps:
@@ -193,6 +206,7 @@ def dec_summary(name: str) -> dict | None:
     hyps = detok(name, reps[0]["hyp"])
     digests = {hashlib.md5(d["hyp"].read_bytes()).hexdigest() for d in reps}
     bleu_metric, chrf_metric = sacrebleu.BLEU(), sacrebleu.CHRF()
+    pieces = output_pieces(name, reps[0]["hyp"])
     bleu = bleu_metric.corpus_score(hyps, [refs])
     chrf = chrf_metric.corpus_score(hyps, [refs])
     return {"n": len(reps), "trans": statistics.median(d["trans"] for d in reps),
@@ -201,7 +215,12 @@ def dec_summary(name: str) -> dict | None:
             "rss": max(d["rss"] for d in reps) / 1e6, "bleu": bleu.score, "chrf": chrf.score,
             "same_output": len(digests) == 1, "sig": f"BLEU {bleu_metric.get_signature()}, chrF {chrf_metric.get_signature()}",
             "startup": statistics.median(d["startup"] for d in reps) if "startup" in reps[0] else None,
-            "certified": reps[0].get("certified")}
+            "certified": reps[0].get("certified"), "pieces": sum(pieces),
+            "long": sum(n >= LONG_OUTPUT for n in pieces)}
+
+
+LONG_OUTPUT = 50
+"""Outputs of at least this many pieces (the test set's references have at most 40-odd): loops."""
 
 
 def dec_tables() -> None:
@@ -212,15 +231,17 @@ def dec_tables() -> None:
     print("\n### Decoding test_2016_flickr (1,000 sentences), batch 64 sentences, max_length 100, "
           "medians of 3 runs\n")
     print("| toolkit, decoding | BLEU | chrF | translate-only s (3 runs) | translate-only sent/s | wall s incl. "
-          "start-up (3 runs) | wall sent/s | peak RSS GB | others' CPU max (cores) | identical output |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          f"start-up (3 runs) | wall sent/s | peak RSS GB | others' CPU max (cores) | identical output | output pieces "
+          f"(outputs of {LONG_OUTPUT}+) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for n in names:
         s = S[n]
         if s is None:
             continue
         print(f"| {n} | {s['bleu']:.2f} | {s['chrf']:.2f} | {s['trans']:.2f} ({', '.join(f'{x:.2f}' for x in s['trans_all'])}) | "
               f"{1000 / s['trans']:.0f} | {s['wall']:.2f} ({', '.join(f'{x:.2f}' for x in s['wall_all'])}) | "
-              f"{1000 / s['wall']:.0f} | {s['rss']:.2f} | {s['other_max']:.2f} | {'yes' if s['same_output'] else 'NO'} |")
+              f"{1000 / s['wall']:.0f} | {s['rss']:.2f} | {s['other_max']:.2f} | {'yes' if s['same_output'] else 'NO'} | "
+              f"{s['pieces']:,} ({s['long']}) |")
     print("\nRatios nmt/peer (speed = sentences/s; > 1: nmt faster):\n")
     print("| comparison | translate-only | wall incl. start-up | BLEU difference (nmt - peer) |")
     print("|---|---:|---:|---:|")
@@ -272,14 +293,16 @@ def tf_tables() -> None:
     if not any(S.values()):
         return
     print("\n### Transformer: decoding test_2016_flickr, batch 64, medians of 3 runs\n")
-    print("| run | BLEU | translate-only s (3 runs) | sent/s | wall s | peak RSS GB | identical output | certified |")
-    print("|---|---:|---:|---:|---:|---:|---|---:|")
+    print(f"| run | BLEU | translate-only s (3 runs) | sent/s | wall s | peak RSS GB | identical output | certified | "
+          f"output pieces (outputs of {LONG_OUTPUT}+) |")
+    print("|---|---:|---:|---:|---:|---:|---|---:|---:|")
     for n in names:
         if S[n]:
             x = S[n]
             cert = "" if x["certified"] is None else f"{x['certified']:.1f}%"
             print(f"| {n} | {x['bleu']:.2f} | {x['trans']:.2f} ({', '.join(f'{v:.2f}' for v in x['trans_all'])}) | "
-                  f"{1000 / x['trans']:.0f} | {x['wall']:.2f} | {x['rss']:.2f} | {'yes' if x['same_output'] else 'NO'} | {cert} |")
+                  f"{1000 / x['trans']:.0f} | {x['wall']:.2f} | {x['rss']:.2f} | {'yes' if x['same_output'] else 'NO'} | {cert} | "
+                  f"{x['pieces']:,} ({x['long']}) |")
     print()
     for label, p, m in (("beam 5, length penalty avg", "peer_tf_beam5", "nmt_tf_beam5_avg"),
                         ("greedy", "peer_tf_greedy", "nmt_tf_greedy"),
