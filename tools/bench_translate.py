@@ -5,8 +5,9 @@ imports and model load, measured in a fresh process).
 
 Models: ``--checkpoint softmax=A.pt --checkpoint entmax15=B.pt`` (e.g. trained with
 configs/multi30k_lstm.yaml), or, without them, the Multi30k LSTM of configs/multi30k_lstm.yaml
-(2x256 bi-LSTM encoder, 2x256 decoder, sentencepiece 8000) trained here for
-``--train_steps`` steps with each output mapping (a briefly trained model still produces
+(2x256 bi-LSTM encoder, 2x256 decoder, sentencepiece 8000), or with ``--model transformer`` the
+Transformer of recipes/translation/configs/multi30k_transformer_softmax.yaml (3+3 layers, d_model
+256), trained here for ``--train_steps`` steps with each output mapping (a briefly trained model still produces
 sentences of realistic length; the per-step cost is that of the real architecture).
 Source: Multi30k test_2016_flickr.de (1,000 sentences) from ``--data-dir`` (default data/multi30k).
 No peer figure is printed here: OpenNMT-py is timed side by side, in the same session, by the
@@ -17,6 +18,7 @@ harness in tools/peer_bench (``run_pss.py decode350``).
     python tools/bench_translate.py --work runs/bench  # keep (and reuse) the trained models
     python tools/bench_translate.py --checkpoint softmax=s.pt --checkpoint entmax15=e.pt
     python tools/bench_translate.py --device cuda --checkpoint ...   # GPU section
+    python tools/bench_translate.py --model transformer --max_length_ratio 1.25   # the Transformer
 
 A second table compares the search loops (``SearchOptions.mode``): dynamic (finished sentences
 leave the batch, one host sync per step) and static (fixed shapes, finished sentences masked,
@@ -42,19 +44,23 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG = ROOT / "configs" / "multi30k_lstm.yaml"
+CONFIGS = {"lstm": ROOT / "configs" / "multi30k_lstm.yaml",
+           "transformer": ROOT / "recipes" / "translation" / "configs" / "multi30k_transformer_softmax.yaml"}
 DATA_DIR = ROOT / "data" / "multi30k"  # what recipes/translation/prepare.py multi30k writes
 
 
-def train_model(mapping: str, work: Path, steps: int, valid_lines: int | None, data_dir: Path = DATA_DIR) -> Path:
-    """Train the Multi30k LSTM with ``mapping`` outputs for ``steps`` steps; returns best.pt
-    (reused when ``work/mapping/best.pt`` exists). ``valid_lines`` shortens validation."""
+def train_model(mapping: str, work: Path, steps: int, valid_lines: int | None, data_dir: Path = DATA_DIR,
+                model: str = "lstm") -> Path:
+    """Train the Multi30k ``model`` (the LSTM of configs/multi30k_lstm.yaml, or the Transformer of
+    the Multi30k Transformer recipe) with ``mapping`` outputs for ``steps`` steps; returns best.pt
+    (reused when ``work/mapping/best.pt``, the Transformer's ``work/transformer_mapping/best.pt``,
+    exists). ``valid_lines`` shortens validation."""
     from nmt.cli import train as train_cli
 
-    save_dir = work / mapping
+    save_dir = work / (mapping if model == "lstm" else f"{model}_{mapping}")
     if (save_dir / "best.pt").is_file():
         return save_dir / "best.pt"
-    print(f"training the {mapping} model for {steps} steps ...", file=sys.stderr)
+    print(f"training the {model} with {mapping} outputs for {steps} steps ...", file=sys.stderr)
     overrides = [f"data.train.src={data_dir / 'train.de'}", f"data.train.tgt={data_dir / 'train.en'}",
                  f"data.valid.src={data_dir / 'val.de'}", f"data.valid.tgt={data_dir / 'val.en'}"]
     if valid_lines:
@@ -66,11 +72,11 @@ def train_model(mapping: str, work: Path, steps: int, valid_lines: int | None, d
     overrides += [f"model.output.mapping={mapping}", f"training.save_dir={save_dir}",
                  f"training.max_steps={steps}", f"training.valid_every={steps}", "training.keep_last=1",
                  "training.progress=false", "validation.decode=false", "validation.metric=loss",
-                 "validation.n_heatmaps=0", "training.log_every=1000"]
+                 "validation.n_heatmaps=0", "training.log_every=1000", "training.max_minutes=null"]
     cwd = os.getcwd()
     os.chdir(ROOT)  # the config's data paths are relative to the project root
     try:
-        code = train_cli.main(["-config", str(CONFIG), "-quiet", "-set", *overrides])
+        code = train_cli.main(["-config", str(CONFIGS[model]), "-quiet", "-set", *overrides])
     finally:
         os.chdir(cwd)
     if code != 0:
@@ -125,7 +131,8 @@ def search_mode_rows(checkpoints: dict, lines: list[str], args: argparse.Namespa
         batch = batch.to(args.device)
         for label, beam in (("greedy", 1), ("beam 5", 5)):
             modes = {mode: SearchOptions(beam_size=beam, max_length=args.max_length, mode=mode,
-                                         stop_every=args.stop_every) for mode in ("dynamic", "static")}
+                                         stop_every=args.stop_every, max_length_ratio=args.max_length_ratio)
+                     for mode in ("dynamic", "static")}
             translators = {mode: Translator(loaded.model, loaded.src_field, loaded.tgt_field, options,
                                             batch_size=args.batch_size, device=args.device, precision=args.precision)
                            for mode, options in modes.items()}
@@ -185,7 +192,7 @@ def default_batching_rows(checkpoints: dict, lines: list[str], args: argparse.Na
         loaded = load_model(path, args.device)
         cpu = load_model(path, "cpu") if args.compare_cpu else None
         for label, beam in (("greedy", 1), ("beam 5", 5)):
-            options = SearchOptions(beam_size=beam, max_length=args.max_length)
+            options = SearchOptions(beam_size=beam, max_length=args.max_length, max_length_ratio=args.max_length_ratio)
             translator = Translator(loaded.model, loaded.src_field, loaded.tgt_field, options, batch_size=batch_size,
                                     batch_type=batch_type, device=args.device, precision=args.precision)
             seconds, outputs = time_settings({"default": translator}, lines, args.repeats)
@@ -212,6 +219,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--max_length", type=int, default=100)
+    parser.add_argument("--max_length_ratio", type=float, default=0.0,
+                        help="per-sentence limit of every search (nmt-translate -max_length_ratio; 0: max_length alone)")
+    parser.add_argument("--model", choices=tuple(CONFIGS), default="lstm",
+                        help="the architecture trained without --checkpoint (default: the LSTM)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats per setting (best of)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--work", type=Path, help="keep trained models here and reuse them (default: temporary)")
@@ -259,7 +270,7 @@ def main() -> None:
         for mapping in ("softmax", "entmax15"):
             if mapping not in checkpoints:
                 checkpoints[mapping] = str(train_model(mapping, work, args.train_steps, 32 if args.quick else None,
-                                                       args.data_dir))
+                                                       args.data_dir, args.model))
             torch.set_num_threads(args.threads)  # training may have changed it
         rows, figures = [], {"sentences": len(lines), "threads": args.threads, "batch_size": args.batch_size,
                              "machine": platform.processor() or platform.machine(), "results": []}
@@ -267,7 +278,7 @@ def main() -> None:
             loaded = load_model(path, args.device)
             for label, beam in (("greedy", 1), ("beam 5", 5)):
                 # (certificate, support statistics): both = the nmt-translate default
-                options = SearchOptions(beam_size=beam, max_length=args.max_length)
+                options = SearchOptions(beam_size=beam, max_length=args.max_length, max_length_ratio=args.max_length_ratio)
                 translators = {setting: Translator(loaded.model, loaded.src_field, loaded.tgt_field,
                                                    options.updated(certify=setting[0], support_stats=setting[1]),
                                                    batch_size=args.batch_size, device=args.device,
@@ -288,7 +299,10 @@ def main() -> None:
         figures["default_batching"] = default_batching_rows(checkpoints, lines, args)
         figures["startup_seconds"] = startup_seconds(Path(checkpoints["entmax15"]), 1 if args.quick else 3)
 
-    print(f"{len(lines)} sentences, batch {args.batch_size}, {args.threads} threads, max_length {args.max_length}, "
+    models = "checkpoints" if len(args.checkpoint) == 2 else f"{args.model}, {args.train_steps} steps"
+    print(f"{len(lines)} sentences ({models}), batch {args.batch_size}, {args.threads} threads, "
+          f"max_length {args.max_length}" + (f", max_length_ratio {args.max_length_ratio}" if args.max_length_ratio else "")
+          + ", "
           f"device {args.device}, precision {args.precision}" + (f"; load: {args.load}" if args.load else ""))
     print("sent/s: default (certificate + support statistics); cert: certificate only; bare: neither")
     print(f"{'output':10s} {'search':8s} {'sent/s':>8s} {'cert':>8s} {'bare':>8s} {'cert cost':>9s} "
