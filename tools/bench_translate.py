@@ -42,6 +42,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nmt.translate.search_options import SearchOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = {"lstm": ROOT / "configs" / "multi30k_lstm.yaml",
@@ -84,6 +88,15 @@ def train_model(mapping: str, work: Path, steps: int, valid_lines: int | None, d
     return save_dir / "best.pt"
 
 
+def search_options(args: argparse.Namespace, beam_size: int, **fields) -> SearchOptions:
+    """The ``SearchOptions`` of every timed search: ``beam_size``, the length flags (``--max_length``,
+    ``--max_length_ratio``) and ``fields``."""
+    from nmt.translate.search_options import SearchOptions
+
+    return SearchOptions(beam_size=beam_size, max_length=args.max_length, max_length_ratio=args.max_length_ratio,
+                         **fields)
+
+
 def startup_seconds(checkpoint: Path, repeats: int) -> float:
     """Median wall time of a fresh interpreter that imports nmt-translate and loads the model."""
     code = ("import nmt.cli.translate; from nmt.translate.loading import load_models; "
@@ -118,7 +131,6 @@ def search_mode_rows(checkpoints: dict, lines: list[str], args: argparse.Namespa
     from nmt.models import encoder as encoder_module
     from nmt.translate.beam_search import beam_search
     from nmt.translate.loading import load_model
-    from nmt.translate.search_options import SearchOptions
     from nmt.translate.translator import Translator
     from nmt.utils.host_syncs import count_host_syncs_on
     from nmt.utils.precision import autocast
@@ -130,8 +142,7 @@ def search_mode_rows(checkpoints: dict, lines: list[str], args: argparse.Namespa
         batch = next(b for b in encode_sources(loaded.src_field, lines, args.batch_size) if not b.empty)
         batch = batch.to(args.device)
         for label, beam in (("greedy", 1), ("beam 5", 5)):
-            modes = {mode: SearchOptions(beam_size=beam, max_length=args.max_length, mode=mode,
-                                         stop_every=args.stop_every, max_length_ratio=args.max_length_ratio)
+            modes = {mode: search_options(args, beam, mode=mode, stop_every=args.stop_every)
                      for mode in ("dynamic", "static")}
             translators = {mode: Translator(loaded.model, loaded.src_field, loaded.tgt_field, options,
                                             batch_size=args.batch_size, device=args.device, precision=args.precision)
@@ -183,7 +194,6 @@ def default_batching_rows(checkpoints: dict, lines: list[str], args: argparse.Na
     sentences/s (best of ``--repeats``), and with ``--compare-cpu`` the sentences whose outputs
     or certificates differ from the same search on the CPU."""
     from nmt.translate.loading import load_model
-    from nmt.translate.search_options import SearchOptions
     from nmt.translate.translator import Translator, default_batching
 
     batch_size, batch_type = default_batching(args.device)
@@ -192,7 +202,7 @@ def default_batching_rows(checkpoints: dict, lines: list[str], args: argparse.Na
         loaded = load_model(path, args.device)
         cpu = load_model(path, "cpu") if args.compare_cpu else None
         for label, beam in (("greedy", 1), ("beam 5", 5)):
-            options = SearchOptions(beam_size=beam, max_length=args.max_length, max_length_ratio=args.max_length_ratio)
+            options = search_options(args, beam)
             translator = Translator(loaded.model, loaded.src_field, loaded.tgt_field, options, batch_size=batch_size,
                                     batch_type=batch_type, device=args.device, precision=args.precision)
             seconds, outputs = time_settings({"default": translator}, lines, args.repeats)
@@ -247,7 +257,6 @@ def main() -> None:
     from nmt.utils.allocator import keep_freed_memory
     from nmt.utils.io import atomic_write_text
     from nmt.translate.loading import load_model
-    from nmt.translate.search_options import SearchOptions
     from nmt.translate.translator import Translator, TranslationSummary
 
     keep_freed_memory()  # as nmt-translate does
@@ -278,7 +287,7 @@ def main() -> None:
             loaded = load_model(path, args.device)
             for label, beam in (("greedy", 1), ("beam 5", 5)):
                 # (certificate, support statistics): both = the nmt-translate default
-                options = SearchOptions(beam_size=beam, max_length=args.max_length, max_length_ratio=args.max_length_ratio)
+                options = search_options(args, beam)
                 translators = {setting: Translator(loaded.model, loaded.src_field, loaded.tgt_field,
                                                    options.updated(certify=setting[0], support_stats=setting[1]),
                                                    batch_size=args.batch_size, device=args.device,

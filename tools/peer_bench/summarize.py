@@ -6,6 +6,7 @@ e.g. the peer venv's python). Prints markdown.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -173,27 +174,28 @@ def dec_rep(name: str, rep: int) -> dict | None:
     return d
 
 
-def detok(name: str, path: Path) -> list[str]:
-    lines = path.read_text(encoding="utf-8").split("\n")[:-1]
-    if not name.startswith("peer"):
-        return lines
+@functools.lru_cache(maxsize=1)
+def pieces_model():
+    """The harness's sentencepiece model (WORK/data/spm8000.model), loaded once."""
     import sentencepiece as spm
 
-    sp = spm.SentencePieceProcessor(model_file=str(WORK / "data" / "spm8000.model"))
-    return [sp.decode_pieces(line.split()) for line in lines]
+    return spm.SentencePieceProcessor(model_file=str(WORK / "data" / "spm8000.model"))
 
 
-def output_pieces(name: str, path: Path) -> list[int]:
+def detok(name: str, lines: list[str]) -> list[str]:
+    """A run's output lines as text (the peer writes pieces)."""
+    if not name.startswith("peer"):
+        return lines
+    return [pieces_model().decode_pieces(line.split()) for line in lines]
+
+
+def output_pieces(name: str, lines: list[str]) -> list[int]:
     """Pieces per output line, counted with the harness's sentencepiece model for both toolkits
     (the peer writes pieces; nmt's detokenized lines are encoded again): decoding ratios compare
     the same work only where both wrote about as many pieces, and as few at max_length."""
-    import sentencepiece as spm
-
-    lines = path.read_text(encoding="utf-8").split("\n")[:-1]
     if name.startswith("peer"):
         return [len(line.split()) for line in lines]
-    sp = spm.SentencePieceProcessor(model_file=str(WORK / "data" / "spm8000.model"))
-    return [len(sp.encode(line)) for line in lines]
+    return [len(pieces_model().encode(line)) for line in lines]
 
 
 def dec_summary(name: str) -> dict | None:
@@ -203,10 +205,11 @@ def dec_summary(name: str) -> dict | None:
     import sacrebleu
 
     refs = (WORK / "nmt" / "data" / "multi30k" / "test_2016_flickr.en").read_text(encoding="utf-8").split("\n")[:-1]
-    hyps = detok(name, reps[0]["hyp"])
+    outputs = reps[0]["hyp"].read_text(encoding="utf-8").split("\n")[:-1]
+    hyps = detok(name, outputs)
     digests = {hashlib.md5(d["hyp"].read_bytes()).hexdigest() for d in reps}
     bleu_metric, chrf_metric = sacrebleu.BLEU(), sacrebleu.CHRF()
-    pieces = output_pieces(name, reps[0]["hyp"])
+    pieces = output_pieces(name, outputs)
     bleu = bleu_metric.corpus_score(hyps, [refs])
     chrf = chrf_metric.corpus_score(hyps, [refs])
     return {"n": len(reps), "trans": statistics.median(d["trans"] for d in reps),
