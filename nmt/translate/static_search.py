@@ -65,7 +65,8 @@ def static_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: S
     stopped = stopped | step.done  # (B,)
     scores = new.scores.masked_fill(stopped.unsqueeze(1), NEG_INF)  # (B, K) masked, not removed
     rows = RowState(scores, exact, reason, new.best_finished, new.top_finished, new.limit)
-    state = select_state(state, flat_parents(step.parent, slots).view(-1))  # (B*K, ...)
+    if options.beam_size > 1:  # greedy: one slot whose parent is itself, the state stays in order
+        state = select_state(state, flat_parents(step.parent, slots).view(-1))  # (B*K, ...)
     return record, step.chosen.reshape(-1), state, rows, stopped, truncated
 
 

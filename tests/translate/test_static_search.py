@@ -60,6 +60,8 @@ CASES = [  # (model, search options)
      dict(beam_size=3, n_best=4, support_stats=False, max_length=5)),
     (lambda: tiny_transformer(output="entmax15", attention="softmax", eos_bias=1.5, seed=1),  # kv caches
      dict(beam_size=4, n_best=3, length_penalty="average", return_attention=True)),
+    (lambda: tiny_transformer(output="sparsemax", attention="entmax15", eos_bias=0.5, seed=2),  # greedy: the
+     dict(beam_size=1, return_attention=True, max_length_ratio=0.8, max_length_offset=2)),  # caches stay in order
 ]
 
 
