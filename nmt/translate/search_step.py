@@ -31,6 +31,7 @@ from nmt.translate.length_penalty import length_penalty
 from nmt.translate.native_step import step_update
 from nmt.translate.search_options import SearchOptions
 from nmt.sparse._native import step_candidates
+from nmt.utils.device import host_to_device
 from nmt.utils.topk import blocked_topk
 
 NEG_INF = float("-inf")
@@ -109,7 +110,11 @@ class RowState:
     @classmethod
     def start(cls, batch: int, n_best: int, certify: bool, device: torch.device,
               limit: Tensor | None = None) -> "RowState":
-        """The state before the first step: one live (empty) prefix per sentence."""
+        """The state before the first step: one live (empty) prefix per sentence. ``limit`` (B,)
+        may come from the host (limits of host-side source lengths): it is copied to ``device``
+        with every other field (from the host to CUDA through pinned memory, without a sync)."""
+        if limit is not None and limit.device != torch.device(device):
+            limit = host_to_device(limit, device)
         return cls(
             scores=torch.zeros((batch, 1), device=device),
             exact=torch.full((batch,), certify, dtype=torch.bool, device=device),

@@ -12,7 +12,10 @@ The loop reads one flag, "every sentence has stopped", every ``stop_every`` step
 once at the end the step at which that happened (to drop the idle tail of at most
 ``stop_every - 1`` steps, so that results equal the dynamic loop's, ``steps`` included): at most
 ``ceil(T / stop_every) + 1`` host syncs for a result of T steps, besides the model's own (an RNN
-encoder copies device lengths to the host once; a mapping's CPU path may sync).
+encoder copies device lengths to the host once; a mapping's CPU path may sync). Per-sentence
+limits (``max_length_ratio``) computed from host-side lengths (as nmt-translate keeps them) tell
+the loop on the host at which steps some row may end, and go to the device with the search's state
+(no sync); computed from lengths on a device, every step tests them there.
 The first step runs one row per sentence (B rows) like the dynamic loop; every later step
 runs B*K rows, so a compiled or captured step sees one shape.
 """
@@ -37,12 +40,13 @@ from nmt.translate.search_step import (
 
 
 def static_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: State, rows: RowState,
-                stopped: Tensor, t: int, options: SearchOptions, special: Specials,
+                stopped: Tensor, t: int, options: SearchOptions, special: Specials, limit_due: bool = True,
                 ) -> tuple[dict[str, Tensor], Tensor, State, RowState, Tensor, Tensor | None]:
     """One static-shape step; no host sync.
 
     tokens: (B*S,) last tokens (S = 1 at t = 0, else K); state: the model's (B*S, ...) state;
-    rows: ``RowState`` of B rows; stopped: (B,) bool sentences already masked.
+    rows: ``RowState`` of B rows; stopped: (B,) bool sentences already masked; ``limit_due``: False
+    where the caller knows on the host that no row's own limit is ``t`` (see ``select_step``).
     Returns ``(record, tokens, state, rows, stopped, truncated)``: the step record (B, K, ...)
     with fill values for sentences stopped before this step, the (B*K,) next tokens, the
     reordered (B*K, ...) state, the updated rows (stopped ones masked), the updated ``stopped``
@@ -51,7 +55,7 @@ def static_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: S
     """
     log_probs, attention, state = model.step(tokens, state, encoder_out)  # (B*S, V), (B*S, L)
     slots = rows.scores.size(1)
-    step = select_step(log_probs, attention, rows, t, options, special)
+    step = select_step(log_probs, attention, rows, t, options, special, limit_due)
     truncated = None if step.truncated is None else step.truncated & ~stopped.unsqueeze(1)  # (B, K)
     fills = history_fills(options, special.pad)
     record = {name: _masked(value, stopped, fills[name]) for name, value in step.record.items()}
@@ -79,7 +83,11 @@ def static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: S
     batch = src.size(0)
     encoder_out, state = model.encode(src, src_lengths)
     tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (B*S,)
-    rows = RowState.start(batch, options.n_best, options.certify, device, options.length_limits(src_lengths))
+    limits = options.length_limits(src_lengths)  # (B,) on the lengths' device, or None
+    # the steps where a row may end, known without a sync where the lengths are on the host (as
+    # nmt-translate keeps them); else every step tests the limits on the device
+    limit_steps = set(limits.tolist()) if limits is not None and limits.device.type == "cpu" else None
+    rows = RowState.start(batch, options.n_best, options.certify, device, limits)
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)  # (B,)
     all_stopped_at = torch.full((), -1, dtype=torch.long, device=device)  # step when all had stopped
     history = SearchHistory(batch, history_fills(options, special.pad))
@@ -87,7 +95,8 @@ def static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: S
 
     for t in range(max_length + 1):
         record, tokens, state, rows, stopped, truncated = static_step(
-            model, tokens, state, encoder_out, rows, stopped, t, options, special)
+            model, tokens, state, encoder_out, rows, stopped, t, options, special,
+            limit_due=limit_steps is None or t in limit_steps)
         history.append(None, record)
         if truncated is not None:
             cuts.add(None, truncated, t)

@@ -15,10 +15,12 @@ import pytest
 import torch
 
 import nmt.translate.search_step as step_module
+import nmt.translate.static_search as static_search
 from nmt.translate.beam_search import beam_search
 from nmt.translate.length_penalty import length_penalty
 from nmt.translate.search_options import SearchOptions
 from nmt.translate.search_step import RowState, Specials, select_step
+from nmt.translate.static_search import static_step
 from test_certificate_bruteforce import check_against_enumeration
 from toy_decoders import BOS, EOS, PAD, MarkovDecoder, TinyAttentionRNN, enumerate_support, random_sources, \
     tiny_transformer
@@ -184,3 +186,57 @@ def test_a_step_where_some_rows_end_compiles_as_one_graph():
     ending = step_rows.limit == 3
     assert bool((eager.chosen[ending] == EOS).all()) and bool(eager.done[ending].all())
     assert not bool(eager.truncated[~ending].any())
+
+
+def test_limits_of_host_lengths_follow_the_model_to_its_device():
+    """nmt-translate keeps the source lengths on the host while the model runs on an accelerator:
+    the limits (computed from those lengths) go to the search's device with the rest of its state.
+    The meta device stands in for the accelerator (an operation mixing a host tensor of several
+    entries with a tensor of another device raises there as on CUDA); the static step runs every
+    step, the ones where rows end and the last included."""
+    meta = torch.device("meta")
+    model = tiny_transformer(output="softmax", attention="softmax", seed=1).to(meta)
+    src, lengths = random_sources(6, 9, 6, seed=8)
+    options = SearchOptions(beam_size=3, max_length=8, max_length_ratio=0.8, max_length_offset=1, mode="static")
+    limits = options.length_limits(lengths)  # on the host, as the lengths
+    assert limits.device.type == "cpu" and len(set(limits.tolist())) > 1
+    rows = RowState.start(6, options.n_best, options.certify, meta, limits)
+    assert {x.device for x in (rows.scores, rows.exact, rows.reason, rows.best_finished, rows.limit)} == {meta}
+    with torch.no_grad():
+        encoder_out, state = model.encode(src.to(meta), lengths)
+        stopped = torch.zeros(6, dtype=torch.bool, device=meta)
+        tokens = torch.full((6,), BOS, device=meta)
+        for t in range(options.max_length + 1):
+            _, tokens, state, rows, stopped, truncated = static_step(
+                model, tokens, state, encoder_out, rows, stopped, t, options, Specials(BOS, EOS, PAD))
+            assert truncated is not None and truncated.device == meta and tokens.device == meta
+
+
+@pytest.mark.parametrize("case", range(len(SAME_AS_ALONE)))
+def test_the_static_loop_tests_the_limits_only_where_they_fall(case, monkeypatch):
+    """With host lengths the static loop knows the steps where some row's limit falls and tests
+    the limits only there (elsewhere the native candidates may serve the step on the CPU); the
+    same results as testing them at every step, as it does with lengths on a device."""
+    make, options = SAME_AS_ALONE[case]
+    model = make()
+    src, lengths = random_sources(9, 9, 6, seed=case + 3)
+    known = beam_search(model, src, lengths, bos=BOS, eos=EOS, pad=PAD, max_length=12, mode="static", **options)
+    due = []
+    real_step = static_search.static_step
+
+    def every_step(*args, limit_due=True, **kwargs):
+        due.append(limit_due)
+        return real_step(*args, limit_due=True, **kwargs)
+
+    monkeypatch.setattr(static_search, "static_step", every_step)
+    tested = beam_search(model, src, lengths, bos=BOS, eos=EOS, pad=PAD, max_length=12, mode="static", **options)
+    limits = set(SearchOptions(max_length=12, **options).length_limits(lengths).tolist())
+    assert due == [t in limits for t in range(len(due))]
+    assert not all(due)
+    for name in ("tokens", "lengths", "complete", "exact", "reason", "n_nonzero", "steps"):
+        x, y = getattr(known, name), getattr(tested, name)
+        assert (torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y), name
+    for name in ("scores", "ranking_scores", "mass", "attention", "support_size"):
+        x, y = getattr(known, name), getattr(tested, name)
+        if x is not None:
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)

@@ -51,8 +51,9 @@ class HeadMapping(nn.Module):
     names raise ValueError); ``{"alpha": "learned"}`` is accepted for ``entmax_bisect`` only,
     with an optional ``alpha_init`` in [1.01, 2) (default 1.5); ``temperature`` (any mapping)
     divides the scores.
-    With a learned alpha the registry's ``entmax_bisect`` checks alpha >= 1 on the host (a
-    sync on the tiny alpha tensor per call).
+    With a learned alpha, ``entmax_bisect`` reads the tiny alpha tensor on the host (its check
+    and the choice of the softmax rows) only on the CPU's eager path; on an accelerator and in
+    compiled graphs the alphas stay on the device (no host synchronisation).
     """
 
     def __init__(self, heads: int, mapping: str = "softmax", params: dict[str, Any] | None = None) -> None:
