@@ -15,12 +15,13 @@ KV = tuple[Tensor, Tensor]
 
 @dataclass
 class DecoderOutput:
-    """hidden (B, T, D); per layer: self probs (B, heads, T, t0+T), cross probs (B, heads, T, L),
-    and the self-attention caches extended by the T new positions."""
+    """hidden (B, T, D); per layer: self probs (B, heads, T, t0+T), cross probs (B, heads, T, L)
+    (without ``need_maps``, None where a fused kernel served the heads: the last layer's cross
+    probs are always there), and the self-attention caches extended by the T new positions."""
 
     hidden: Tensor
-    self_maps: list[Tensor]
-    cross_maps: list[Tensor]
+    self_maps: list[Tensor | None]
+    cross_maps: list[Tensor | None]
     caches: list[KV]
 
 
@@ -52,16 +53,19 @@ class TransformerDecoder(nn.Module):
         return [tuple(t.contiguous() for t in layer.cross_attn.keys_values(memory)) for layer in self.layers]
 
     def forward(self, emb: Tensor, cross_kv: list[KV], src_mask: Tensor,
-                caches: list[KV] | None = None) -> DecoderOutput:
+                caches: list[KV] | None = None, need_maps: bool = True) -> DecoderOutput:
         """emb: (B, T, D) unscaled target embeddings; cross_kv: from :meth:`cross_keys_values`;
-        src_mask: (B, L) bool; caches: None (teacher forcing from position 0) or per layer."""
+        src_mask: (B, L) bool; caches: None (teacher forcing from position 0) or per layer;
+        ``need_maps=False``: the caller reads only the last layer's cross probs."""
         offset = 0 if caches is None else caches[0][0].size(2)  # a shape: no device sync
         x = self.dropout(self.positions(emb * self.scale, offset))
         key_mask = src_mask[:, None, None, :]
         self_maps, cross_maps, new_caches = [], [], []
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             x, self_probs, cross_probs, cache = layer(x, cross_kv[i], key_mask,
-                                                      None if caches is None else caches[i])
+                                                      None if caches is None else caches[i],
+                                                      need_maps, need_maps or i == last)
             self_maps.append(self_probs)
             cross_maps.append(cross_probs)
             new_caches.append(cache)

@@ -28,17 +28,18 @@ class TransformerEncoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(spec, attention) for _ in range(layers))
         self.final_norm = nn.LayerNorm(spec.d_model) if spec.norm == "pre" else None
 
-    def forward(self, emb: Tensor, mask: Tensor) -> tuple[Tensor, list[Tensor]]:
+    def forward(self, emb: Tensor, mask: Tensor, need_maps: bool = True) -> tuple[Tensor, list[Tensor | None]]:
         """emb: (B, L, D) unscaled embeddings; mask: (B, L) bool, True = real token.
 
         Returns memory (B, L, D) and the self-attention probabilities of each layer,
-        (B, heads, L, L) each.
+        (B, heads, L, L) each; ``need_maps=False``: the caller reads none of them, and a layer's
+        may be None (a fused kernel served its heads).
         """
         x = self.dropout(self.positions(emb * self.scale))
         key_mask = mask[:, None, None, :]
         maps = []
         for layer in self.layers:
-            x, probs = layer(x, key_mask)
+            x, probs = layer(x, key_mask, need_maps)
             maps.append(probs)
         if self.final_norm is not None:
             x = self.final_norm(x)

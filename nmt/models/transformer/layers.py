@@ -84,10 +84,11 @@ class EncoderLayer(nn.Module):
         self.feed_forward = FeedForward(spec.d_model, spec.d_ff, spec.activation, spec.activation_dropout)
         self.ff_block = _Residual(spec.d_model, pre, spec.dropout)
 
-    def forward(self, x: Tensor, key_mask: Tensor) -> tuple[Tensor, Tensor]:
-        """x: (B, L, D); key_mask: (B, 1, 1, L) bool. Returns x (B, L, D) and probs (B, heads, L, L)."""
+    def forward(self, x: Tensor, key_mask: Tensor, need_probs: bool = True) -> tuple[Tensor, Tensor | None]:
+        """x: (B, L, D); key_mask: (B, 1, 1, L) bool. Returns x (B, L, D) and probs (B, heads, L, L)
+        (None where ``need_probs`` is False and a fused kernel served the heads)."""
         q, keys, values = self.self_attn.self_projections(self.attn_block.inputs(x))
-        out, probs = self.self_attn.attend(q, keys, values, key_mask)
+        out, probs = self.self_attn.attend(q, keys, values, key_mask, need_probs)
         x = self.attn_block.add(x, out)
         x = self.ff_block.add(x, self.feed_forward(self.ff_block.inputs(x)))
         return x, probs
@@ -110,8 +111,9 @@ class DecoderLayer(nn.Module):
         self.ff_block = _Residual(spec.d_model, pre, spec.dropout)
 
     def forward(self, x: Tensor, cross_kv: tuple[Tensor, Tensor], src_mask: Tensor,
-                cache: tuple[Tensor, Tensor] | None = None
-                ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor]]:
+                cache: tuple[Tensor, Tensor] | None = None, need_self_probs: bool = True,
+                need_cross_probs: bool = True
+                ) -> tuple[Tensor, Tensor | None, Tensor | None, tuple[Tensor, Tensor]]:
         """x: (B, T, D) the targets at positions t0..t0+T-1, t0 = the cache length (0 without one);
         cross_kv: the cross-attention keys/values (B, heads, L, d_head); src_mask: (B, 1, 1, L);
         cache: self-attention keys/values of the earlier positions (B, heads, t0, d_head).
@@ -120,7 +122,8 @@ class DecoderLayer(nn.Module):
         src_mask B, and the cross-attention takes each source's S queries together.
 
         Returns x (B, T, D), self probs (B, heads, T, t0+T), cross probs (B, heads, T, L) and
-        the cache extended by these T positions.
+        the cache extended by these T positions; ``need_self_probs`` / ``need_cross_probs`` False:
+        that attention's probabilities may be None (a fused kernel served its heads).
         """
         q, keys, values = self.self_attn.self_projections(self.self_block.inputs(x))
         offset = 0
@@ -128,16 +131,17 @@ class DecoderLayer(nn.Module):
             offset = cache[0].size(2)
             keys, values = torch.cat([cache[0], keys], dim=2), torch.cat([cache[1], values], dim=2)
         mask = None if x.size(1) == 1 else causal_mask(x.size(1), offset, x.device)  # one query sees all
-        out, self_probs = self.self_attn.attend(q, keys, values, mask)
+        out, self_probs = self.self_attn.attend(q, keys, values, mask, need_self_probs)
         x = self.self_block.add(x, out)
         query, sources = self.cross_block.inputs(x), cross_kv[0].size(0)
         if sources != x.size(0):  # a step's S rows per source: (N, 1, D) -> (B, S, D)
             out, cross_probs = self.cross_attn(query.view(sources, -1, query.size(-1)), cross_kv[0], cross_kv[1],
-                                               src_mask)  # (B, S, D), (B, heads, S, L)
+                                               src_mask, need_cross_probs)  # (B, S, D), (B, heads, S, L)
             out = out.view(x.shape)
-            cross_probs = cross_probs.transpose(1, 2).reshape(x.size(0), cross_probs.size(1), 1, -1)
+            if cross_probs is not None:
+                cross_probs = cross_probs.transpose(1, 2).reshape(x.size(0), cross_probs.size(1), 1, -1)
         else:
-            out, cross_probs = self.cross_attn(query, cross_kv[0], cross_kv[1], src_mask)
+            out, cross_probs = self.cross_attn(query, cross_kv[0], cross_kv[1], src_mask, need_cross_probs)
         x = self.cross_block.add(x, out)
         x = self.ff_block.add(x, self.feed_forward(self.ff_block.inputs(x)))
         return x, self_probs, cross_probs, (keys, values)

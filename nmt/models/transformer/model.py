@@ -29,7 +29,9 @@ class TransformerSeq2Seq(EncoderDecoder):
     and beam search's ``attention``) is the cross-attention of the LAST decoder layer
     averaged over its heads: rows still sum to one and are zero wherever every head is
     zero (always on padding). ``forward(..., return_maps=True)`` also gives every layer's
-    and head's probabilities of every kind.
+    and head's probabilities of every kind. The probabilities nobody reads (the other maps, without
+    ``return_maps`` and in ``step``) may come from a fused kernel that returns none (softmax heads
+    on CUDA: :func:`nmt.models.transformer.multihead_attention.fused_attention_serves`).
     """
 
     attention_kinds = ATTENTION_KINDS
@@ -55,7 +57,7 @@ class TransformerSeq2Seq(EncoderDecoder):
     def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[State, State]:
         """src: (B, L) ids; src_lengths: (B,). Returns encoder_out and the empty caches (t = 0)."""
         mask = length_mask(src_lengths, src.size(1), src.device)
-        memory, _ = self.encoder(self.src_embeddings(src), mask)
+        memory, _ = self.encoder(self.src_embeddings(src), mask, need_maps=False)
         encoder_out: State = {"memory": memory, "src_mask": mask}
         state: State = {}
         for i, (keys, values) in enumerate(self.decoder.cross_keys_values(memory)):
@@ -80,7 +82,7 @@ class TransformerSeq2Seq(EncoderDecoder):
         attention (N, L), caches); scoring ranks tokens outside the support by the logits."""
         caches = [(state[f"self.{i}.k"], state[f"self.{i}.v"]) for i in range(len(self.decoder.layers))]
         out = self.decoder(self.tgt_embeddings(tokens.unsqueeze(1)), self._cross(encoder_out),
-                           encoder_out["src_mask"], caches)
+                           encoder_out["src_mask"], caches, need_maps=False)
         new_state: State = {}
         for i, (keys, values) in enumerate(out.caches):
             new_state[f"self.{i}.k"], new_state[f"self.{i}.v"] = keys, values
@@ -100,8 +102,9 @@ class TransformerSeq2Seq(EncoderDecoder):
         ``return_maps``, the :data:`AttentionMaps` of every kind, layer and head.
         """
         mask = length_mask(src_lengths, src.size(1), src.device) if src_mask is None else src_mask
-        memory, encoder_maps = self.encoder(self.src_embeddings(src), mask)
-        out = self.decoder(self.tgt_embeddings(tgt_in), self.decoder.cross_keys_values(memory), mask)
+        memory, encoder_maps = self.encoder(self.src_embeddings(src), mask, need_maps=return_maps)
+        out = self.decoder(self.tgt_embeddings(tgt_in), self.decoder.cross_keys_values(memory), mask,
+                           need_maps=return_maps)
         logits = self.generator(out.hidden)
         attention = out.cross_maps[-1].mean(1)
         if return_maps:
