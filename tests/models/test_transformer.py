@@ -234,13 +234,22 @@ def test_learned_positions_reject_too_long_inputs():
         model(src, src_lengths, tgt_in)
 
 
-@pytest.mark.parametrize("name", ["softmax", "sparsemax", "entmax15", "continuous"])
-def test_forward_backward_and_step_do_not_synchronise(name):
+@pytest.mark.parametrize("name", ["softmax", "softmax-fused", "sparsemax", "entmax15", "continuous"])
+def test_forward_backward_and_step_do_not_synchronise(name, monkeypatch):
     """The Transformer itself reads nothing back from the device (masks, positions and caches
     are built from shapes). The mappings run their accelerator path (``impl: static``, what
-    CUDA runs): the CPU path hands rows to NumPy's sort, which the audit counts."""
+    CUDA runs): the CPU path hands rows to NumPy's sort, which the audit counts. "softmax-fused":
+    the heads whose probabilities nobody reads through the fused kernel, as on CUDA."""
+    import nmt.models.transformer.multihead_attention as mha
     from nmt.utils.sync_audit import SyncAudit
 
+    fused_calls, fused = [], name == "softmax-fused"
+    if fused:
+        real = mha.F.scaled_dot_product_attention
+        monkeypatch.setattr(mha, "fused_attention_serves", lambda x: True)
+        monkeypatch.setattr(mha.F, "scaled_dot_product_attention",
+                            lambda *args, **kwargs: fused_calls.append(1) or real(*args, **kwargs))
+        name = "softmax"
     section = dict(MAPPINGS[name])
     if name != "softmax":
         section["params"] = {**section["params"], "impl": "static"}
@@ -255,6 +264,7 @@ def test_forward_backward_and_step_do_not_synchronise(name):
             for t in range(3):
                 _, _, state = model.step(tgt_in[:, t], state, encoder_out)
     assert audit.total == 0, audit.report()
+    assert bool(fused_calls) == fused
 
 
 def test_continuous_cross_attention_adds_the_density_context():
