@@ -23,9 +23,9 @@ FUSED_ATTENTION = os.environ.get("NMT_FUSED_ATTENTION", "1") != "0"
 def fused_attention_serves(x: Tensor) -> bool:
     """Whether the fused attention serves the tensors of ``x``'s device: CUDA (one kernel where the
     step's products, mask, softmax and products launch eight; flash or memory-efficient attention
-    in training), while :data:`FUSED_ATTENTION` allows it. Not on the CPU, where it was measured no
-    faster: decoding steps 1.2-1.6x slower from 64 rows, the Transformer's training step within the
-    noise (2 threads)."""
+    in training), while :data:`FUSED_ATTENTION` allows it. Not on the CPU, where it was measured
+    no faster: decoding steps slower from 64 rows (up to 1.7x), the Transformer's training step
+    within the noise (2 threads)."""
     return FUSED_ATTENTION and x.device.type == "cuda"
 
 
