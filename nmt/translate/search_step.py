@@ -31,6 +31,7 @@ from nmt.translate.length_penalty import length_penalty
 from nmt.translate.native_step import step_update
 from nmt.translate.search_options import SearchOptions
 from nmt.sparse._native import step_candidates
+from nmt.sparse._triton_candidates import step_candidates as triton_step_candidates
 from nmt.utils.device import host_to_device
 from nmt.utils.topk import blocked_topk
 
@@ -194,9 +195,10 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     ending = None  # (R,) bool rows at the last step of their own limit (before max_length)
     if rows.limit is not None and limit_due and t < max_length:
         ending = rows.limit == t
-    stats = None if ending is not None else _native_stats(log_probs, scores, t, width, options)
-    if stats is not None:  # the rest in one native call, where its library is built (and holds the sizes)
-        outcome = _native_outcome(stats, log_probs, attention, rows, scores, best_finished, t, options, special)
+    stats = None if ending is not None else _candidate_stats(log_probs, scores, t, width, options)
+    if stats is not None and device.type == "cpu":  # the rest in one native call, where its library is
+        outcome = _native_outcome(stats, log_probs, attention, rows, scores, best_finished, t, options,
+                                  special)  # built (and holds the sizes)
         if outcome is not None:
             return outcome
     if certify:
@@ -321,7 +323,7 @@ def _native_outcome(stats: _Stats, log_probs: Tensor, attention: Tensor, rows: R
 
 
 class _Stats(NamedTuple):
-    """What the native pass over a step's log-probabilities gives (:func:`_native_stats`)."""
+    """What one pass over a step's log-probabilities gives (:func:`_candidate_stats`)."""
 
     unknown: Tensor  # (R, S) bool: the slot's row holds a NaN or +inf
     support: Tensor  # (R, S) int32: finite entries of the slot's row
@@ -329,21 +331,29 @@ class _Stats(NamedTuple):
     top_index: Tensor  # (R, width) long: their indices s * V + v
 
 
-def _native_stats(log_probs: Tensor, scores: Tensor, t: int, width: int, options: SearchOptions) -> _Stats | None:
+def _candidate_stats(log_probs: Tensor, scores: Tensor, t: int, width: int,
+                     options: SearchOptions) -> _Stats | None:
     """The per-slot flags and support sizes and the ``width`` best candidates of one step in one
-    native pass over ``log_probs: (R, S, V)`` (:func:`nmt.sparse._native.step_candidates`;
-    ``scores: (R, S)``) on the CPU in eager mode, when the step is neither the last nor masks EOS;
-    else None (the torch passes: unknown_slots, the candidates with ``nan_to_num_``, support_size
-    and blocked_topk, which give the same values; among equal candidates the native pass takes the
-    lower index, blocked_topk any). Measured on 2 threads (AVX-512): the pass takes 64 us at
-    (64, 1, 8000) and 287 us at (64, 5, 8000), the whole step 0.21 and 0.48 ms, against 0.51 and
-    1.43 ms with the earlier native block maxima and the torch top-k of the chosen blocks. No
-    device is involved."""
+    pass over ``log_probs: (R, S, V)`` (``scores: (R, S)``), in eager mode, when the step is
+    neither the last nor masks EOS; else None (the torch passes: unknown_slots, the candidates
+    with ``nan_to_num_``, support_size and blocked_topk, which give the same values; among equal
+    candidates the pass takes the lower index, the torch passes any).
+
+    On the CPU the native pass (:func:`nmt.sparse._native.step_candidates`): measured on 2
+    threads (AVX-512), 64 us at (64, 1, 8000) and 287 us at (64, 5, 8000), the whole step 0.21
+    and 0.48 ms, against 0.51 and 1.43 ms with the earlier native block maxima and the torch
+    top-k of the chosen blocks. On CUDA the Triton kernel
+    (:func:`nmt.sparse._triton_candidates.step_candidates`, float32): one launch and one read
+    of the candidates where the torch passes launch about a dozen (GPU time unmeasured). No
+    host sync on either."""
     rows, slots, vocab = log_probs.shape
-    if (t == options.max_length or t < options.min_length or torch.compiler.is_compiling()
-            or log_probs.device.type != "cpu"):
+    if t == options.max_length or t < options.min_length or torch.compiler.is_compiling():
         return None
-    found = step_candidates(log_probs.view(rows * slots, vocab), scores.reshape(-1), slots, width)
+    flat, offsets = log_probs.view(rows * slots, vocab), scores.reshape(-1)
+    if log_probs.device.type == "cpu":
+        found = step_candidates(flat, offsets, slots, width)
+    else:
+        found = triton_step_candidates(flat, offsets, slots, width)
     if found is None:
         return None
     support, unknown, top_scores, top_index = found

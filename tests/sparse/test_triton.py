@@ -547,12 +547,21 @@ for reduce in T.REDUCTIONS.values():  # the index losses' reduction and check
            "REDUCE": "constexpr", "BLOCK": "constexpr"}
     src = ASTSource(k.finish, sig, constexprs={"REDUCE": reduce, "BLOCK": 1024})
     assert triton.compile(src, target=target, options={"num_warps": 4}).asm["cubin"]
+from nmt.sparse import _triton_candidates as TC  # the search step's candidates
+c = TC._kernel()
+c = c.fn if isinstance(c, CachedLaunch) else c
+sig = {"LP": "*fp32", "OFF": "*fp32", "SUP": "*i32", "UNK": "*i8", "TV": "*fp32", "TI": "*i64", "slots": "i32",
+       "V": "i32", "W": "constexpr", "W_PAD": "constexpr", "BLOCK": "constexpr"}
+for w, block in ((1, 16), (6, 1024), (17, 1024)):
+    src = ASTSource(c, sig, constexprs={"W": w, "W_PAD": max(2, 1 << (w - 1).bit_length()), "BLOCK": block})
+    assert triton.compile(src, target=target, options={"num_warps": 4 if block >= 512 else 1}).asm["cubin"]
 print("OK")
 """
 
 
 def test_kernels_compile_for_sm90(subprocess_env):
-    """Compile every kernel variant for an H100 in a fresh process (no GPU needed)."""
+    """Compile every kernel variant for an H100 in a fresh process (no GPU needed), the search
+    step's candidates kernel (nmt.sparse._triton_candidates) included."""
     out = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], cwd=ROOT,
                          env=subprocess_env(TRITON_DEFAULT_FP_FUSION="1"), capture_output=True, text=True,
                          timeout=600)
@@ -878,3 +887,119 @@ def test_kernel_operators_pass_opcheck():
                  (K.cross_entropy_backward, (x, t, lse, torch.ones((), device=DEVICE), -100, 0.1, finish))]
         for op, args in cases:
             torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+# --- the search step's candidates (nmt.sparse._triton_candidates) -------------------------------
+
+def _step_rows(groups: int, slots: int, vocab: int, seed: int):
+    """Log-probabilities (groups * slots, vocab) with exact zeros (-inf), exact ties, a NaN and a
+    +inf row entry, and prefix scores with a dead slot (-inf)."""
+    g = torch.Generator().manual_seed(seed)
+    lp = torch.log_softmax(torch.randn(groups * slots, vocab, generator=g) * 3, -1)
+    lp = lp.masked_fill(lp < -6, NINF)
+    lp[0] = (lp[0] * 2).round() / 2  # ties inside a row
+    off = torch.randn(groups * slots, generator=g).round() - 3  # ties across rows
+    if slots > 1:
+        off[1] = NINF  # a slot without a live prefix
+    if groups * slots > 3:
+        lp[2, vocab // 2] = float("nan")
+        lp[3, 0] = float("inf")
+    return lp, off
+
+
+@pytest.mark.parametrize("groups,slots,vocab,width", [(3, 1, 10, 2), (4, 5, 37, 6), (2, 3, 1500, 4),
+                                                      (5, 2, 7, 14), (1, 4, 3, 12), (2, 1, 2049, 1)])
+def test_step_candidates_kernel_equals_the_torch_passes(groups, slots, vocab, width):
+    """The flags, support sizes and best candidates of one pass equal torch's passes: the row
+    maximum's NaN / +inf test, the count of finite entries, and a stable descending sort of
+    ``offset + log_prob`` with every non-finite candidate -inf (ties in index order)."""
+    from nmt.sparse import _triton_candidates as TC
+
+    lp, off = _step_rows(groups, slots, vocab, seed=groups * 7 + vocab)
+    support, unknown, values, index = TC.step_candidates(lp.to(DEVICE), off.to(DEVICE), slots, width)
+    row_max = lp.amax(-1)
+    assert torch.equal(unknown.cpu(), torch.isnan(row_max) | (row_max == float("inf")))
+    assert torch.equal(support.cpu(), torch.isfinite(lp).sum(-1).to(torch.int32))
+    cand = (off[:, None] + lp).nan_to_num(nan=NINF, posinf=NINF, neginf=NINF).view(groups, slots * vocab)
+    expected_values, expected_index = cand.sort(dim=1, descending=True, stable=True)
+    assert torch.equal(values.cpu(), expected_values[:, :width])
+    assert torch.equal(index.cpu(), expected_index[:, :width])
+
+
+def test_step_candidates_kernel_declines_what_it_does_not_take():
+    from nmt.sparse import _triton_candidates as TC
+
+    lp, off = _step_rows(2, 3, 5, seed=1)
+    assert TC.step_candidates(lp.double().to(DEVICE), off.to(DEVICE), 3, 4) is None  # float64: torch's passes
+    assert TC.step_candidates(lp.to(DEVICE), off.to(DEVICE), 3, 16) is None  # wider than slots * V
+    assert TC.step_candidates(lp.to(DEVICE), off.to(DEVICE), 4, 2) is None  # rows not in groups of slots
+    assert TC.step_candidates(lp.to(DEVICE), off.to(DEVICE), 3, TC.MAX_WIDTH + 1) is None
+
+
+def test_step_candidates_wrapper_does_not_sync(monkeypatch):
+    """Around the launch (replaced: the interpreter copies to the host by design) nothing
+    synchronises, and the grid (one program per group) and block follow the shapes only."""
+    from nmt.sparse import _triton_candidates as TC
+    from nmt.utils.sync_audit import SyncAudit
+
+    launches = []
+
+    class Launcher:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append((grid, kwargs["W"], kwargs["W_PAD"], kwargs["BLOCK"]))
+
+    monkeypatch.setattr(TC, "_kernel", lambda: Launcher())
+    lp, off = _step_rows(4, 5, 3000, seed=2)
+    lp, off = lp.to(DEVICE), off.to(DEVICE)
+    with SyncAudit() as audit:
+        TC.step_candidates(lp, off, 5, 6)
+        TC.step_candidates(lp[:5, :40], off[:5], 5, 3)
+    assert audit.total == 0, audit.report()
+    assert launches == [((4,), 6, 8, 1024), ((1,), 3, 4, 64)]
+
+
+def test_step_candidates_kernel_can_be_turned_off(monkeypatch):
+    from nmt.sparse import _triton_candidates as TC
+
+    lp, off = _step_rows(2, 3, 5, seed=1)
+    assert TC.step_candidates(lp.to(DEVICE), off.to(DEVICE), 3, 4) is not None
+    monkeypatch.setenv("NMT_TRITON_CANDIDATES", "0")
+    assert TC.step_candidates(lp.to(DEVICE), off.to(DEVICE), 3, 4) is None
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+def test_beam_search_with_the_candidates_kernel_equals_the_torch_passes(mode, monkeypatch):
+    """What a GPU search runs (the kernel's candidates, the step's bookkeeping in torch): the same
+    hypotheses, scores, certificates and support statistics as the torch passes alone, for a
+    sparse and a softmax output, with a certificate (width K + 1) and without."""
+    import nmt.translate.search_step as step_module
+    from nmt.sparse import _triton_candidates as TC
+    from nmt.translate.beam_search import beam_search
+
+    sys.path.insert(0, str(ROOT / "tests" / "translate"))
+    from toy_decoders import BOS, EOS, PAD, TinyAttentionRNN, random_sources
+
+    src, lengths = random_sources(4, 9, 5, seed=3)
+    calls = []
+
+    def kernel(*args):
+        calls.append(1)
+        return TC.step_candidates(*args)
+
+    for mapping, certify in (("sparsemax", True), ("softmax", False)):
+        model = TinyAttentionRNN(mapping=mapping, seed=2, dtype=torch.float32).to(DEVICE)
+        kw = dict(bos=BOS, eos=EOS, pad=PAD, beam_size=3, n_best=2, max_length=6, certify=certify,
+                  return_support=True, length_penalty="average", mode=mode)
+        monkeypatch.setattr(step_module, "step_candidates", lambda *args: None)
+        monkeypatch.setattr(step_module, "triton_step_candidates", lambda *args: None)
+        torch_passes = beam_search(model, src.to(DEVICE), lengths.to(DEVICE), **kw)
+        monkeypatch.setattr(step_module, "step_candidates", kernel)  # the CPU (interpreter) takes the kernel
+        monkeypatch.setattr(step_module, "triton_step_candidates", kernel)  # as would CUDA
+        monkeypatch.setattr(step_module, "step_update", lambda *args, **kwargs: None)  # the torch bookkeeping
+        with_kernel = beam_search(model, src.to(DEVICE), lengths.to(DEVICE), **kw)
+        for name in ("tokens", "lengths", "complete", "exact", "reason", "n_nonzero", "support_size",
+                     "support_tokens"):
+            assert torch.equal(getattr(with_kernel, name), getattr(torch_passes, name)), (mapping, name)
+        for name in ("scores", "ranking_scores", "mass", "support_probs"):
+            torch.testing.assert_close(getattr(with_kernel, name), getattr(torch_passes, name))
+    assert calls
