@@ -29,6 +29,7 @@ from nmt.translate.certificate import (
 )
 from nmt.translate.length_penalty import length_penalty
 from nmt.translate.native_step import step_update
+from nmt.translate.triton_step import step_update as triton_step_update
 from nmt.translate.search_options import SearchOptions
 from nmt.sparse._native import step_candidates
 from nmt.sparse._triton_candidates import step_candidates as triton_step_candidates
@@ -196,9 +197,8 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     if rows.limit is not None and limit_due and t < max_length:
         ending = rows.limit == t
     stats = None if ending is not None else _candidate_stats(log_probs, scores, t, width, options)
-    if stats is not None and device.type == "cpu":  # the rest in one native call, where its library is
-        outcome = _native_outcome(stats, log_probs, attention, rows, scores, best_finished, t, options,
-                                  special)  # built (and holds the sizes)
+    if stats is not None:  # the rest in one call (native on the CPU, a Triton launch on CUDA) where it runs
+        outcome = _fused_outcome(stats, log_probs, attention, rows, scores, best_finished, t, options, special)
         if outcome is not None:
             return outcome
     if certify:
@@ -238,7 +238,7 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     else:
         if stats is None:
             top_scores, top_index = blocked_topk(cand.view(row_count, slots * vocab), width)  # (R, width)
-        else:  # the same values, found by the native pass
+        else:  # the same values, found by the one pass (native or Triton)
             top_scores, top_index = stats.top_scores, stats.top_index
         if certify and width > k:
             pruned = _alive(top_scores[:, k])  # (R,) a finite candidate left out
@@ -278,7 +278,7 @@ def _row_records(log_probs: Tensor, attention: Tensor, support: Tensor | None,
                  options: SearchOptions) -> dict[str, Tensor]:
     """The per-row records the options ask for, read from the rows that produced the step's
     candidates: ``log_probs`` (R, S, V) (the scores' dtype), ``attention`` (R*S, L), ``support``
-    (R, S) int32 from the native pass (None: counted here)."""
+    (R, S) int32 from the one pass of the candidates (None: counted here)."""
     record: dict[str, Tensor] = {}
     row_count, slots, vocab = log_probs.shape
     if options.support_stats or options.return_support:
@@ -300,14 +300,15 @@ def _per_slot(record: dict[str, Tensor], k: int) -> dict[str, Tensor]:
             for name, value in record.items()}
 
 
-def _native_outcome(stats: _Stats, log_probs: Tensor, attention: Tensor, rows: RowState, scores: Tensor,
-                    best_finished: Tensor, t: int, options: SearchOptions, special: Specials) -> StepOutcome | None:
-    """The step from the native pass's candidates (``stats``) by one native call
-    (:func:`nmt.translate.native_step.step_update`: the same values as the torch code of
-    :func:`select_step`); None where its library is unavailable. ``scores`` (R, S) and
-    ``best_finished`` are the rows' in the step's dtype."""
+def _fused_outcome(stats: _Stats, log_probs: Tensor, attention: Tensor, rows: RowState, scores: Tensor,
+                   best_finished: Tensor, t: int, options: SearchOptions, special: Specials) -> StepOutcome | None:
+    """The step from the candidates of one pass (``stats``) by one call: on the CPU the native
+    one (:func:`nmt.translate.native_step.step_update`), elsewhere one Triton launch
+    (:func:`nmt.translate.triton_step.step_update`); the same values as the torch code of
+    :func:`select_step`. None where that call is unavailable (no library, no Triton, float64).
+    ``scores`` (R, S) and ``best_finished`` are the rows' in the step's dtype."""
     k = options.beam_size
-    update = step_update(
+    update = (step_update if log_probs.device.type == "cpu" else triton_step_update)(
         stats.top_scores, stats.top_index, scores, stats.unknown, rows.exact, rows.reason, best_finished,
         rows.top_finished, beam_size=k, vocab=log_probs.size(-1), eos=special.eos, certify=options.certify,
         penalty=length_penalty(options.length_penalty, t + 1, options.length_alpha),

@@ -555,13 +555,26 @@ sig = {"LP": "*fp32", "OFF": "*fp32", "SUP": "*i32", "UNK": "*i8", "TV": "*fp32"
 for w, block in ((1, 16), (6, 1024), (17, 1024)):
     src = ASTSource(c, sig, constexprs={"W": w, "W_PAD": max(2, 1 << (w - 1).bit_length()), "BLOCK": block})
     assert triton.compile(src, target=target, options={"num_warps": 4 if block >= 512 else 1}).asm["cubin"]
+from nmt.translate import triton_step as TS  # the search step's bookkeeping
+u = TS._kernel()
+u = u.fn if isinstance(u, CachedLaunch) else u
+sig = {"PREV": "*fp32", "UNK": "*i8", "TV": "*fp32", "TI": "*i64", "EX_IN": "*i8", "WHY_IN": "*i64",
+       "BEST_IN": "*fp32", "TOP_IN": "*i8", "SCORE": "*fp32", "LIVE": "*fp32", "PARENT": "*i64", "TOKEN": "*i64",
+       "EX": "*i8", "WHY": "*i64", "BEST": "*fp32", "TOP": "*i8", "DONE": "*i8", "slots": "i32", "width": "i32",
+       "vocab": "i32", "eos": "i32", "penalty": "fp32", "bound": "fp32", "code_nonfinite": "i32",
+       "code_pruned": "i32", "K": "constexpr", "K_PAD": "constexpr", "NB": "constexpr", "NB_PAD": "constexpr",
+       "S_PAD": "constexpr", "CERTIFY": "constexpr"}
+for k_, nb, certify in ((1, 1, True), (5, 2, True), (5, 5, False)):
+    values = {"K": k_, "K_PAD": TS._pow2(k_), "NB": nb, "NB_PAD": TS._pow2(nb), "S_PAD": TS._pow2(k_),
+              "CERTIFY": certify}
+    assert triton.compile(ASTSource(u, sig, constexprs=values), target=target, options={"num_warps": 1}).asm["cubin"]
 print("OK")
 """
 
 
 def test_kernels_compile_for_sm90(subprocess_env):
     """Compile every kernel variant for an H100 in a fresh process (no GPU needed), the search
-    step's candidates kernel (nmt.sparse._triton_candidates) included."""
+    step's kernels (nmt.sparse._triton_candidates, nmt.translate.triton_step) included."""
     out = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], cwd=ROOT,
                          env=subprocess_env(TRITON_DEFAULT_FP_FUSION="1"), capture_output=True, text=True,
                          timeout=600)
@@ -967,13 +980,84 @@ def test_step_candidates_kernel_can_be_turned_off(monkeypatch):
     assert TC.step_candidates(lp.to(DEVICE), off.to(DEVICE), 3, 4) is None
 
 
+@pytest.mark.parametrize("beam,n_best", [(1, 1), (3, 3), (5, 2)])
+@pytest.mark.parametrize("penalty", ["none", "gnmt"])
+@pytest.mark.parametrize("certify", [True, False])
+def test_the_step_kernel_gives_the_torch_step(beam, n_best, penalty, certify, monkeypatch):
+    """The step's bookkeeping in one launch (nmt.translate.triton_step) against the torch code it
+    replaces, from the same candidates (the cases of the native call's test: EOS often chosen,
+    finished hypotheses entering the n best, NaN and +inf rows in live and dead slots, GNMT's
+    inexact divisions, the first step and later ones): every record, parent, token, score,
+    certificate and stop flag bit for bit."""
+    import nmt.translate.search_step as step_module
+    from nmt.translate import triton_step
+    from nmt.translate.search_options import SearchOptions
+    from nmt.translate.search_step import Specials, select_step
+
+    sys.path.insert(0, str(ROOT / "tests" / "translate"))
+    from test_search_step import _random_rows
+
+    launched = []
+
+    def kernel(*args, **kwargs):
+        out = triton_step.step_update(*args, **kwargs)
+        launched.append(out is not None)
+        return out
+
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        batch, vocab, t = 9, 5, seed % 4
+        slots = 1 if t == 0 else beam
+        options = SearchOptions(beam_size=beam, n_best=n_best, certify=certify, length_penalty=penalty,
+                                length_alpha=0.7, max_length=12)
+        log_probs = torch.log_softmax(torch.randn(batch * slots, vocab, generator=g) * 2, -1)
+        log_probs[torch.rand(batch * slots, vocab, generator=g) < 0.2] = NINF
+        log_probs[seed % (batch * slots), 1] = float("nan")
+        log_probs[(seed + 4) % (batch * slots), 2] = float("inf")
+        rows = _random_rows(g, batch, slots, n_best, torch.float32, certify)
+        rows = type(rows)(*(x.to(DEVICE) for x in (rows.scores, rows.exact, rows.reason, rows.best_finished,
+                                                     rows.top_finished)))
+        log_probs, attention = log_probs.to(DEVICE), torch.rand(batch * slots, 4, generator=g).to(DEVICE)
+        special = Specials(bos=0, eos=3, pad=4)
+        monkeypatch.setattr(step_module, "step_update", kernel)  # the CPU (interpreter) takes the kernel
+        monkeypatch.setattr(step_module, "triton_step_update", kernel)  # as does CUDA
+        fused = select_step(log_probs, attention, rows, t, options, special)
+        monkeypatch.setattr(step_module, "step_update", lambda *args, **kwargs: None)
+        monkeypatch.setattr(step_module, "triton_step_update", lambda *args, **kwargs: None)
+        reference = select_step(log_probs, attention, rows, t, options, special)
+        assert fused.record.keys() == reference.record.keys()
+        for name in fused.record:
+            assert torch.equal(fused.record[name], reference.record[name]), name
+        pairs = [(fused.parent, reference.parent), (fused.chosen, reference.chosen), (fused.done, reference.done),
+                 *zip(vars(fused.rows).values(), vars(reference.rows).values())]
+        for a, b in pairs:
+            assert (a is None and b is None) or (a.dtype == b.dtype and torch.equal(a, b))
+    assert launched == [True] * 3
+
+
+def test_the_step_kernel_declines_what_it_does_not_hold(monkeypatch):
+    from nmt.translate import triton_step
+    from nmt.translate.search_step import RowState
+
+    rows = RowState.start(2, 1, True, torch.device(DEVICE))
+    args = (rows.scores, rows.exact.view(2, 1), rows.exact, rows.reason, rows.best_finished, rows.top_finished)
+    common = dict(vocab=5, eos=3, certify=True, penalty=1.0, bound_penalty=1.0, nonfinite_code=4, pruned_code=1)
+    top, index = torch.zeros(2, 2, device=DEVICE), torch.zeros(2, 2, dtype=torch.long, device=DEVICE)
+    assert triton_step.step_update(top, index, *args, beam_size=1, **common) is not None
+    assert triton_step.step_update(top, index, *args, beam_size=3, **common) is None  # fewer candidates than slots
+    assert triton_step.step_update(top.double(), index, *args, beam_size=1, **common) is None  # float64: torch's
+    monkeypatch.setenv("NMT_TRITON_STEP", "0")
+    assert triton_step.step_update(top, index, *args, beam_size=1, **common) is None
+
+
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
 def test_beam_search_with_the_candidates_kernel_equals_the_torch_passes(mode, monkeypatch):
-    """What a GPU search runs (the kernel's candidates, the step's bookkeeping in torch): the same
-    hypotheses, scores, certificates and support statistics as the torch passes alone, for a
-    sparse and a softmax output, with a certificate (width K + 1) and without."""
+    """What a GPU search runs (the kernel's candidates, then the step's bookkeeping in torch or by
+    its kernel): the same hypotheses, scores, certificates and support statistics as the torch
+    passes alone, for a sparse and a softmax output, with a certificate (width K + 1) and without."""
     import nmt.translate.search_step as step_module
     from nmt.sparse import _triton_candidates as TC
+    from nmt.translate import triton_step
     from nmt.translate.beam_search import beam_search
 
     sys.path.insert(0, str(ROOT / "tests" / "translate"))
@@ -993,13 +1077,16 @@ def test_beam_search_with_the_candidates_kernel_equals_the_torch_passes(mode, mo
         monkeypatch.setattr(step_module, "step_candidates", lambda *args: None)
         monkeypatch.setattr(step_module, "triton_step_candidates", lambda *args: None)
         torch_passes = beam_search(model, src.to(DEVICE), lengths.to(DEVICE), **kw)
-        monkeypatch.setattr(step_module, "step_candidates", kernel)  # the CPU (interpreter) takes the kernel
+        monkeypatch.setattr(step_module, "step_candidates", kernel)  # the CPU (interpreter) takes the kernels
         monkeypatch.setattr(step_module, "triton_step_candidates", kernel)  # as would CUDA
         monkeypatch.setattr(step_module, "step_update", lambda *args, **kwargs: None)  # the torch bookkeeping
         with_kernel = beam_search(model, src.to(DEVICE), lengths.to(DEVICE), **kw)
-        for name in ("tokens", "lengths", "complete", "exact", "reason", "n_nonzero", "support_size",
-                     "support_tokens"):
-            assert torch.equal(getattr(with_kernel, name), getattr(torch_passes, name)), (mapping, name)
-        for name in ("scores", "ranking_scores", "mass", "support_probs"):
-            torch.testing.assert_close(getattr(with_kernel, name), getattr(torch_passes, name))
+        monkeypatch.setattr(step_module, "step_update", triton_step.step_update)  # and the step's kernel
+        both = beam_search(model, src.to(DEVICE), lengths.to(DEVICE), **kw)
+        for result in (with_kernel, both):
+            for name in ("tokens", "lengths", "complete", "exact", "reason", "n_nonzero", "support_size",
+                         "support_tokens"):
+                assert torch.equal(getattr(result, name), getattr(torch_passes, name)), (mapping, name)
+            for name in ("scores", "ranking_scores", "mass", "support_probs"):
+                torch.testing.assert_close(getattr(result, name), getattr(torch_passes, name))
     assert calls
