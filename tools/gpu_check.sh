@@ -2,7 +2,7 @@
 # Run the test suite and the GPU benchmarks on a CUDA machine, one stage after another.
 #
 #   bash tools/gpu_check.sh [STAGE ...]     # stages: env launch tests sparse sparse_graphs train train_compile
-#                                         transformer transformer_unfused translate translate_torch_candidates
+#                                         transformer transformer_unfused translate translate_torch_search
 #                                         translate_transformer
 #                                         (default: env launch tests train_compile sparse translate, about
 #                                         9 minutes on an H200: one call of a 15-minute lease)
@@ -26,9 +26,10 @@
 # model trained 1,000 steps per output mapping, then the same tables with -max_length_ratio 1.25; not
 # in the default list) not yet timed, 300 s allowed; transformer (the Transformer's training rows, its
 # softmax heads fused where their probabilities are not read) and transformer_unfused (the softmax row
-# with NMT_FUSED_ATTENTION=0: the A/B of the fused heads) not yet timed; translate_torch_candidates (after
-# translate, whose models it reuses: the search's candidates by torch's passes, NMT_TRITON_CANDIDATES=0,
-# the A/B of the candidates kernel) not yet timed. The first call of a lease starts the machine (about 30 s).
+# with NMT_FUSED_ATTENTION=0: the A/B of the fused heads) not yet timed; translate_torch_search (after
+# translate, whose models it reuses: the search step's candidates and bookkeeping by torch's operations,
+# NMT_TRITON_CANDIDATES=0 NMT_TRITON_STEP=0, the A/B of the search step's two kernels) not yet timed.
+# The first call of a lease starts the machine (about 30 s).
 # train_compile runs with TORCH_LOGS=perf_hints,cudagraphs: inductor says there when (and why) it skips CUDA graphs;
 # bench_train also counts the skips per row, and with --profile prints where the host time goes
 # (the phases twice: the backward on autograd's device thread, then on the calling thread).
@@ -85,11 +86,12 @@ for s in $STAGES; do
               --steps 100 --warmup 30 --transformer --only "transformer: softmax / softmax" ;;  # the A/B of fused heads
         translate) stage translate 180 $PY tools/bench_translate.py --device cuda --work runs/gpu_models --repeats 3 \
               ${GPU_CHECK_TRANSLATE_ARGS:-} ;;
-        translate_torch_candidates) stage translate_torch_candidates 120 env NMT_TRITON_CANDIDATES=0 $PY tools/bench_translate.py \
-              --device cuda --work runs/gpu_models --repeats 3 --no-compare-cpu ${GPU_CHECK_TRANSLATE_ARGS:-} ;;  # the A/B
+        translate_torch_search) stage translate_torch_search 120 env NMT_TRITON_CANDIDATES=0 NMT_TRITON_STEP=0 \
+              $PY tools/bench_translate.py --device cuda --work runs/gpu_models --repeats 3 --no-compare-cpu \
+              ${GPU_CHECK_TRANSLATE_ARGS:-} ;;  # the A/B of the search step's kernels
         translate_transformer) stage translate_transformer 300 $PY tools/bench_translate.py --device cuda --model transformer \
               --train_steps 1000 --max_length_ratio 1.25 --work runs/gpu_models --repeats 3 ${GPU_CHECK_TRANSLATE_ARGS:-} ;;
         *) echo "unknown stage $s (env launch tests sparse sparse_graphs train train_compile transformer" \
-                "transformer_unfused translate translate_torch_candidates translate_transformer)"; exit 2 ;;
+                "transformer_unfused translate translate_torch_search translate_transformer)"; exit 2 ;;
     esac
 done
