@@ -505,6 +505,36 @@ def _kernels() -> Any:
     return kernels
 
 
+_JITTED: Dict[Any, Any] = {}
+
+
+def jitted(fn: Any, label: str) -> Any:
+    """The kernel function ``fn`` of another nmt module (the search step's kernels; its module
+    names ``tl`` as a global, bound here) jitted for the current ``TRITON_INTERPRET`` setting,
+    built once per function and setting, compiled ones launched through
+    :class:`nmt.sparse._triton_launch.CachedLaunch`, as :func:`_kernels` builds this module's.
+    ``label`` names the caller in the error raised without triton."""
+    interpret = _interpret()
+    kernel = _JITTED.get((fn, interpret))
+    if kernel is None:
+        if _import_triton() is None:
+            raise RuntimeError(f"{label} needs triton: {_IMPORT_ERROR}")
+        fn.__globals__["tl"] = tl
+        if interpret:
+            from triton.runtime.interpreter import InterpretedFunction as wrap
+        else:
+            from triton.runtime.jit import JITFunction as wrap
+        kernel = wrap(fn)
+        if not interpret:
+            try:
+                from ._triton_launch import CachedLaunch
+                kernel = CachedLaunch(kernel)
+            except ImportError:  # Triton < 3.3: its own launch path
+                pass
+        _JITTED[(fn, interpret)] = kernel
+    return kernel
+
+
 # --------------------------------------------------------------------------------------------
 # Wrappers (shapes decide everything: no host synchronisation)
 # --------------------------------------------------------------------------------------------

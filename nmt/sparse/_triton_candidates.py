@@ -26,7 +26,7 @@ GPU benchmark).
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -42,8 +42,7 @@ BLOCK = 1024
 _SENTINEL = 1 << 62
 """Indices of the kept set's starting entries (``_SENTINEL + j``): above any real index."""
 
-_KERNELS: Dict[bool, Any] = {}
-tl: Any = None  # triton.language, bound on first use (the kernel resolves it from the module globals)
+tl: Any = None  # triton.language, bound by nmt.sparse._triton.jitted (the kernel resolves it here)
 
 
 def _candidates_kernel(LP, OFF, SUP, UNK, TV, TI, slots, V, W: tl.constexpr, W_PAD: tl.constexpr,
@@ -96,28 +95,8 @@ def _candidates_kernel(LP, OFF, SUP, UNK, TV, TI, slots, V, W: tl.constexpr, W_P
 
 
 def _kernel() -> Any:
-    """The jitted kernel for the current ``TRITON_INTERPRET`` setting (built once per setting),
-    compiled ones launched through :class:`nmt.sparse._triton_launch.CachedLaunch`."""
-    global tl
-    interpret = _triton._interpret()
-    kernel = _KERNELS.get(interpret)
-    if kernel is None:
-        if _triton._import_triton() is None:
-            raise RuntimeError(f"nmt.sparse._triton_candidates needs triton: {_triton._IMPORT_ERROR}")
-        tl = _triton.tl
-        if interpret:
-            from triton.runtime.interpreter import InterpretedFunction as wrap
-        else:
-            from triton.runtime.jit import JITFunction as wrap
-        kernel = wrap(_candidates_kernel)
-        if not interpret:
-            try:
-                from ._triton_launch import CachedLaunch
-                kernel = CachedLaunch(kernel)
-            except ImportError:  # Triton < 3.3: its own launch path
-                pass
-        _KERNELS[interpret] = kernel
-    return kernel
+    """The jitted kernel for the current ``TRITON_INTERPRET`` setting (:func:`nmt.sparse._triton.jitted`)."""
+    return _triton.jitted(_candidates_kernel, "nmt.sparse._triton_candidates")
 
 
 def _pow2(n: int) -> int:

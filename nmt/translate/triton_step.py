@@ -14,7 +14,7 @@ it off (the torch code serves: the A/B of a GPU benchmark).
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -22,8 +22,7 @@ from torch import Tensor
 from nmt.sparse import _triton
 from nmt.translate.native_step import MAX_BEST, StepUpdate
 
-_KERNELS: Dict[bool, Any] = {}
-tl: Any = None  # triton.language, bound on first use (the kernel resolves it from the module globals)
+tl: Any = None  # triton.language, bound by nmt.sparse._triton.jitted (the kernel resolves it here)
 
 
 def _step_update_kernel(PREV, UNK, TV, TI, EX_IN, WHY_IN, BEST_IN, TOP_IN, SCORE, LIVE, PARENT, TOKEN, EX, WHY,
@@ -90,28 +89,8 @@ def _step_update_kernel(PREV, UNK, TV, TI, EX_IN, WHY_IN, BEST_IN, TOP_IN, SCORE
 
 
 def _kernel() -> Any:
-    """The jitted kernel for the current ``TRITON_INTERPRET`` setting (built once per setting),
-    compiled ones launched through :class:`nmt.sparse._triton_launch.CachedLaunch`."""
-    global tl
-    interpret = _triton._interpret()
-    kernel = _KERNELS.get(interpret)
-    if kernel is None:
-        if _triton._import_triton() is None:
-            raise RuntimeError(f"nmt.translate.triton_step needs triton: {_triton._IMPORT_ERROR}")
-        tl = _triton.tl
-        if interpret:
-            from triton.runtime.interpreter import InterpretedFunction as wrap
-        else:
-            from triton.runtime.jit import JITFunction as wrap
-        kernel = wrap(_step_update_kernel)
-        if not interpret:
-            try:
-                from nmt.sparse._triton_launch import CachedLaunch
-                kernel = CachedLaunch(kernel)
-            except ImportError:  # Triton < 3.3: its own launch path
-                pass
-        _KERNELS[interpret] = kernel
-    return kernel
+    """The jitted kernel for the current ``TRITON_INTERPRET`` setting (:func:`nmt.sparse._triton.jitted`)."""
+    return _triton.jitted(_step_update_kernel, "nmt.translate.triton_step")
 
 
 def _pow2(n: int) -> int:

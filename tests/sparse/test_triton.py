@@ -991,11 +991,10 @@ def test_the_step_kernel_gives_the_torch_step(beam, n_best, penalty, certify, mo
     certificate and stop flag bit for bit."""
     import nmt.translate.search_step as step_module
     from nmt.translate import triton_step
-    from nmt.translate.search_options import SearchOptions
-    from nmt.translate.search_step import Specials, select_step
+    from nmt.translate.search_step import select_step
 
     sys.path.insert(0, str(ROOT / "tests" / "translate"))
-    from test_search_step import _random_rows
+    from test_search_step import assert_same_step, bookkeeping_case
 
     launched = []
 
@@ -1005,33 +1004,13 @@ def test_the_step_kernel_gives_the_torch_step(beam, n_best, penalty, certify, mo
         return out
 
     for seed in range(3):
-        g = torch.Generator().manual_seed(seed)
-        batch, vocab, t = 9, 5, seed % 4
-        slots = 1 if t == 0 else beam
-        options = SearchOptions(beam_size=beam, n_best=n_best, certify=certify, length_penalty=penalty,
-                                length_alpha=0.7, max_length=12)
-        log_probs = torch.log_softmax(torch.randn(batch * slots, vocab, generator=g) * 2, -1)
-        log_probs[torch.rand(batch * slots, vocab, generator=g) < 0.2] = NINF
-        log_probs[seed % (batch * slots), 1] = float("nan")
-        log_probs[(seed + 4) % (batch * slots), 2] = float("inf")
-        rows = _random_rows(g, batch, slots, n_best, torch.float32, certify)
-        rows = type(rows)(*(x.to(DEVICE) for x in (rows.scores, rows.exact, rows.reason, rows.best_finished,
-                                                     rows.top_finished)))
-        log_probs, attention = log_probs.to(DEVICE), torch.rand(batch * slots, 4, generator=g).to(DEVICE)
-        special = Specials(bos=0, eos=3, pad=4)
+        case = bookkeeping_case(seed, beam, n_best, penalty, certify, torch.float32, DEVICE)
         monkeypatch.setattr(step_module, "step_update", kernel)  # the CPU (interpreter) takes the kernel
         monkeypatch.setattr(step_module, "triton_step_update", kernel)  # as does CUDA
-        fused = select_step(log_probs, attention, rows, t, options, special)
+        fused = select_step(*case)
         monkeypatch.setattr(step_module, "step_update", lambda *args, **kwargs: None)
         monkeypatch.setattr(step_module, "triton_step_update", lambda *args, **kwargs: None)
-        reference = select_step(log_probs, attention, rows, t, options, special)
-        assert fused.record.keys() == reference.record.keys()
-        for name in fused.record:
-            assert torch.equal(fused.record[name], reference.record[name]), name
-        pairs = [(fused.parent, reference.parent), (fused.chosen, reference.chosen), (fused.done, reference.done),
-                 *zip(vars(fused.rows).values(), vars(reference.rows).values())]
-        for a, b in pairs:
-            assert (a is None and b is None) or (a.dtype == b.dtype and torch.equal(a, b))
+        assert_same_step(fused, select_step(*case))
     assert launched == [True] * 3
 
 

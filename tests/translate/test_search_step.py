@@ -42,6 +42,38 @@ def test_native_statistics_give_the_same_step(monkeypatch, count_calls, dtype, b
         assert (a is None and b is None) or torch.equal(a, b)
 
 
+def bookkeeping_case(seed: int, beam: int, n_best: int, penalty: str, certify: bool, dtype: torch.dtype,
+                     device: str = "cpu") -> tuple:
+    """``select_step``'s arguments for a test of the step's bookkeeping: a 5-token vocabulary in
+    which EOS is often chosen, NaN and +inf entries, the first step (one slot, seed % 4 == 0) or a
+    later one, rows mid-search (:func:`_random_rows`)."""
+    g = torch.Generator().manual_seed(seed)
+    batch, vocab, t = 9, 5, seed % 4
+    slots = 1 if t == 0 else beam
+    options = SearchOptions(beam_size=beam, n_best=n_best, certify=certify, length_penalty=penalty,
+                            length_alpha=0.7, max_length=12)
+    log_probs = torch.log_softmax(torch.randn(batch * slots, vocab, generator=g, dtype=dtype) * 2, -1)
+    log_probs[torch.rand(batch * slots, vocab, generator=g) < 0.2] = float("-inf")
+    log_probs[seed % (batch * slots), 1] = float("nan")
+    log_probs[(seed + 4) % (batch * slots), 2] = float("inf")
+    rows = _random_rows(g, batch, slots, n_best, dtype, certify)
+    rows = RowState(*(x.to(device) for x in (rows.scores, rows.exact, rows.reason, rows.best_finished,
+                                              rows.top_finished)))
+    attention = torch.rand(batch * slots, 4, generator=g)
+    return log_probs.to(device), attention.to(device), rows, t, options, Specials(bos=0, eos=3, pad=4)
+
+
+def assert_same_step(a, b) -> None:
+    """Two StepOutcomes equal bit for bit: records, parents, tokens, stop flags, every row field."""
+    assert a.record.keys() == b.record.keys()
+    for name in a.record:
+        assert torch.equal(a.record[name], b.record[name]), name
+    pairs = [(a.parent, b.parent), (a.chosen, b.chosen), (a.done, b.done), *zip(vars(a.rows).values(),
+                                                                                 vars(b.rows).values())]
+    for x, y in pairs:
+        assert (x is None and y is None) or (x.dtype == y.dtype and torch.equal(x, y))
+
+
 def _random_rows(g, batch, slots, n_best, dtype, certify):
     """Rows mid-search: live and dead slots, finished hypotheses kept (descending, some -inf),
     certificates already broken on some rows, best candidates finished on others."""
@@ -79,29 +111,12 @@ def test_the_native_bookkeeping_gives_the_torch_step(monkeypatch, dtype, beam, n
 
     outcomes = set()
     for seed in range(12):
-        g = torch.Generator().manual_seed(seed)
-        batch, vocab, t = 9, 5, seed % 4
-        slots = 1 if t == 0 else beam
-        options = SearchOptions(beam_size=beam, n_best=n_best, certify=certify, length_penalty=penalty,
-                                length_alpha=0.7, max_length=12)
-        log_probs = torch.log_softmax(torch.randn(batch * slots, vocab, generator=g, dtype=dtype) * 2, -1)
-        log_probs[torch.rand(batch * slots, vocab, generator=g) < 0.2] = float("-inf")
-        log_probs[seed % (batch * slots), 1] = float("nan")
-        log_probs[(seed + 4) % (batch * slots), 2] = float("inf")
-        rows = _random_rows(g, batch, slots, n_best, dtype, certify)
-        attention = torch.rand(batch * slots, 4, generator=g)
-        special = Specials(bos=0, eos=3, pad=4)
+        case = bookkeeping_case(seed, beam, n_best, penalty, certify, dtype)
         monkeypatch.setattr(step_module, "step_update", counting)
-        native = select_step(log_probs, attention, rows, t, options, special)
+        native = select_step(*case)
         monkeypatch.setattr(step_module, "step_update", lambda *args, **kwargs: None)
-        reference = select_step(log_probs, attention, rows, t, options, special)
-        assert native.record.keys() == reference.record.keys()
-        for name in native.record:
-            assert torch.equal(native.record[name], reference.record[name]), name
-        pairs = [(native.parent, reference.parent), (native.chosen, reference.chosen), (native.done, reference.done),
-                 *zip(vars(native.rows).values(), vars(reference.rows).values())]
-        for a, b in pairs:
-            assert (a is None and b is None) or (a.dtype == b.dtype and torch.equal(a, b))
+        reference = select_step(*case)
+        assert_same_step(native, reference)
         outcomes.update(reference.done.tolist())
         outcomes.update(f"finished {x}" for x in torch.isfinite(reference.rows.best_finished).flatten().tolist())
     assert len(calls) == 12
