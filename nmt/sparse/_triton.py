@@ -506,6 +506,26 @@ def _kernels() -> Any:
 
 
 _JITTED: Dict[Any, Any] = {}
+_FAILED: Dict[str, str] = {}
+
+
+def launched(label: str, launch: Any) -> bool:
+    """Run ``launch()`` (an optional kernel's launch): True, or False where it raises (a kernel
+    this Triton or device cannot compile), with one ``RuntimeWarning`` per ``label`` and process;
+    after that, False at once (the caller's torch code serves). For the search step's kernels,
+    whose GPU runs are not established yet: an acceleration must not stop a translation. Errors the
+    device reports later (asynchronously) are not caught here."""
+    if label in _FAILED:
+        return False
+    try:
+        launch()
+    except Exception as exc:  # noqa: BLE001 - reported once, then the torch code serves
+        _FAILED[label] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        import warnings
+        warnings.warn(f"{label}: the Triton kernel failed ({_FAILED[label]}); torch's operations serve instead",
+                      RuntimeWarning, stacklevel=3)
+        return False
+    return True
 
 
 def jitted(fn: Any, label: str) -> Any:

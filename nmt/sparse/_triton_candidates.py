@@ -118,7 +118,9 @@ def step_candidates(log_probs: Tensor, offsets: Tensor, slots: int,
                     width: int) -> Optional[tuple[Tensor, Tensor, Tensor, Tensor]]:
     """``(support (G * slots,) int32, unknown (G * slots,) bool, values (G, width), index (G, width)
     long)`` of the rows ``log_probs: (G * slots, V)`` and ``offsets: (G * slots,)`` (see the module
-    docstring), on their device; None where :func:`available` says no. No host synchronisation."""
+    docstring), on their device; None where :func:`available` says no, or where the kernel fails to
+    build (:func:`nmt.sparse._triton.launched`: warned once, torch's passes serve). No host
+    synchronisation."""
     if not available(log_probs, slots, width):
         return None
     n, v = log_probs.shape
@@ -132,8 +134,10 @@ def step_candidates(log_probs: Tensor, offsets: Tensor, slots: int,
     index = torch.empty(groups, width, dtype=torch.long, device=device)
     if groups:
         block = min(BLOCK, max(16, _pow2(v)))
-        _kernel()[(groups,)](log_probs, offsets, support, unknown, values, index, slots, v, W=width,
-                             W_PAD=max(2, _pow2(width)), BLOCK=block, num_warps=4 if block >= 512 else 1)
+        if not _triton.launched("nmt.sparse._triton_candidates", lambda: _kernel()[(groups,)](
+                log_probs, offsets, support, unknown, values, index, slots, v, W=width,
+                W_PAD=max(2, _pow2(width)), BLOCK=block, num_warps=4 if block >= 512 else 1)):
+            return None
     return support, unknown.view(torch.bool), values, index
 
 

@@ -104,7 +104,9 @@ def step_update(top_scores: Tensor, top_index: Tensor, prev_scores: Tensor, unkn
     """:func:`nmt.translate.native_step.step_update` (same arguments and outputs) in one Triton
     launch, for float32 tensors where the kernels run (CUDA; the CPU under ``TRITON_INTERPRET=1``);
     None elsewhere, for other sizes than the native call takes (W < K, W > K + 1, n_best + K >
-    :data:`MAX_BEST`) or with ``NMT_TRITON_STEP=0``. New tensors; no host synchronisation."""
+    :data:`MAX_BEST`), with ``NMT_TRITON_STEP=0``, or where the kernel fails to build
+    (:func:`nmt.sparse._triton.launched`: warned once, the torch code serves). New tensors; no host
+    synchronisation."""
     rows, width = top_scores.shape
     slots = prev_scores.size(1)
     n_best = best_finished.size(1)
@@ -126,10 +128,12 @@ def step_update(top_scores: Tensor, top_index: Tensor, prev_scores: Tensor, unkn
         inputs = [t.contiguous() for t in (prev_scores, unknown.view(torch.int8), top_scores, top_index,
                                            exact.view(torch.int8), reason, best_finished,
                                            top_finished.view(torch.int8))]
-        _kernel()[(rows,)](*inputs, score, live, parent, token, flags[0], new_reason, new_best, flags[1], flags[2],
-                           slots, width, vocab, eos, float(penalty), float(bound_penalty), nonfinite_code,
-                           pruned_code, K=beam_size, K_PAD=_pow2(beam_size), NB=n_best, NB_PAD=_pow2(n_best),
-                           S_PAD=_pow2(slots), CERTIFY=bool(certify), num_warps=1)
+        if not _triton.launched("nmt.translate.triton_step", lambda: _kernel()[(rows,)](
+                *inputs, score, live, parent, token, flags[0], new_reason, new_best, flags[1], flags[2], slots,
+                width, vocab, eos, float(penalty), float(bound_penalty), nonfinite_code, pruned_code, K=beam_size,
+                K_PAD=_pow2(beam_size), NB=n_best, NB_PAD=_pow2(n_best), S_PAD=_pow2(slots),
+                CERTIFY=bool(certify), num_warps=1)):
+            return None
     new_exact, new_top, done = flags.view(torch.bool).unbind(0)
     return StepUpdate(score, live, parent, token, new_exact, new_reason, new_best, new_top, done)
 

@@ -971,6 +971,35 @@ def test_step_candidates_wrapper_does_not_sync(monkeypatch):
     assert launches == [((4,), 6, 8, 1024), ((1,), 3, 4, 64)]
 
 
+def test_a_search_kernel_that_fails_to_build_leaves_the_search_to_torch(monkeypatch):
+    """A kernel this Triton or device cannot build: one warning, then None at once (the search's
+    torch code serves), for each of the search step's two kernels."""
+    from nmt.sparse import _triton_candidates as TC
+    from nmt.translate import triton_step
+    from nmt.translate.search_step import RowState
+
+    def broken():
+        raise RuntimeError("PassManager::run failed\nmore lines")
+
+    monkeypatch.setattr(T, "_FAILED", {})
+    monkeypatch.setattr(TC, "_kernel", broken)
+    monkeypatch.setattr(triton_step, "_kernel", broken)
+    lp, off = _step_rows(2, 3, 5, seed=1)
+    rows = RowState.start(2, 1, True, torch.device(DEVICE))
+    args = (rows.scores, rows.exact.view(2, 1), rows.exact, rows.reason, rows.best_finished, rows.top_finished)
+    common = dict(beam_size=1, vocab=5, eos=3, certify=True, penalty=1.0, bound_penalty=1.0, nonfinite_code=4,
+                  pruned_code=1)
+    top, index = torch.zeros(2, 2, device=DEVICE), torch.zeros(2, 2, dtype=torch.long, device=DEVICE)
+    with pytest.warns(RuntimeWarning, match="PassManager::run failed") as warned:
+        assert TC.step_candidates(lp.to(DEVICE), off.to(DEVICE), 3, 4) is None
+        assert triton_step.step_update(top, index, *args, **common) is None
+    assert len(warned) == 2
+    monkeypatch.setattr(TC, "_kernel", lambda: pytest.fail("launched again"))
+    monkeypatch.setattr(triton_step, "_kernel", lambda: pytest.fail("launched again"))
+    assert TC.step_candidates(lp.to(DEVICE), off.to(DEVICE), 3, 4) is None
+    assert triton_step.step_update(top, index, *args, **common) is None
+
+
 def test_step_candidates_kernel_can_be_turned_off(monkeypatch):
     from nmt.sparse import _triton_candidates as TC
 
