@@ -38,9 +38,26 @@ class StepDecoder(Protocol):
         :func:`shares_encoder_out`.
         Returns ``(log_probs, attention, new_state)``: log_probs (N, V) is the log of the
         output mapping's probabilities, ``-inf`` exactly where the probability is 0;
-        attention (N, L) the source attention distribution of this step.
+        attention (N, L) the source attention distribution of this step. A model with
+        :func:`attention_optional` also takes ``need_attention=False`` and may then return None.
         """
         ...
+
+
+def attention_optional(model: object) -> bool:
+    """Whether ``model.step`` also takes ``need_attention=False`` (the optional attribute
+    ``attention_optional``; False where absent) and may then return None for the attention:
+    searches ask so where they do not record the attention (``return_attention`` off) and
+    scoring always, so that a model whose attention is a by-product (a Transformer's last
+    cross-attention, averaged over its heads) need not compute it."""
+    return bool(getattr(model, "attention_optional", False))
+
+
+def attention_request(model: object, needed: bool) -> dict[str, bool]:
+    """Keyword arguments for ``model.step`` (and ``step_with_scores``): ``{"need_attention":
+    False}`` where the caller does not need the attention and the model takes that
+    (:func:`attention_optional`), else none."""
+    return {} if needed or not attention_optional(model) else {"need_attention": False}
 
 
 def shares_encoder_out(model: object) -> bool:
@@ -61,4 +78,5 @@ def tile_state(state: State, times: int) -> State:
     return {k: v.repeat_interleave(times, dim=0) for k, v in state.items()}
 
 
-__all__ = ["State", "StepDecoder", "select_state", "shares_encoder_out", "tile_state"]
+__all__ = ["State", "StepDecoder", "attention_optional", "attention_request", "select_state",
+           "shares_encoder_out", "tile_state"]

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nmt.models.protocol import StepDecoder, select_state, shares_encoder_out, tile_state
+from nmt.models.protocol import StepDecoder, attention_request, select_state, shares_encoder_out, tile_state
 from nmt.translate.certificate import reason_name, require_hypothesis, support_statistics
 from nmt.translate.history import SearchHistory, backtrack
 from nmt.translate.length_penalty import length_penalty
@@ -167,8 +167,9 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     history = SearchHistory(batch, history_fills(options, special.pad))
     cuts = Truncations.start(batch, k, device)
 
+    ask = attention_request(model, options.return_attention)  # attention only where it is recorded
     for t in range(max_length + 1):
-        log_probs, attention, state = model.step(tokens, state, encoder_out)  # (R*S, V), (R*S, L)
+        log_probs, attention, state = model.step(tokens, state, encoder_out, **ask)  # (R*S, V), (R*S, L)
         slots = rows.scores.size(1)  # 1 at the first step, then k
         step = select_step(log_probs, attention, rows, t, options, special, limit_due=t in limit_steps)
         rows = step.rows

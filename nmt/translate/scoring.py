@@ -25,7 +25,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from nmt.models.protocol import State, StepDecoder
+from nmt.models.protocol import State, StepDecoder, attention_request
 
 NEG_INF = float("-inf")
 
@@ -75,10 +75,12 @@ class BatchScores:
 def _step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: State,
           by_score: bool) -> tuple[Tensor, Tensor, State]:
     """(preference (N, V), log_probs (N, V), state): preference is what ranks are taken over."""
+    ask = attention_request(model, False)  # scoring reads no attention
     if by_score:
-        scores, log_probs, _, state = model.step_with_scores(tokens, state, encoder_out)  # type: ignore[attr-defined]
+        step_with_scores = model.step_with_scores  # type: ignore[attr-defined]
+        scores, log_probs, _, state = step_with_scores(tokens, state, encoder_out, **ask)
         return scores, log_probs, state
-    log_probs, _, state = model.step(tokens, state, encoder_out)
+    log_probs, _, state = model.step(tokens, state, encoder_out, **ask)
     return log_probs, log_probs, state
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nmt.models.protocol import State, StepDecoder, select_state, shares_encoder_out, tile_state
+from nmt.models.protocol import State, StepDecoder, attention_request, select_state, shares_encoder_out, tile_state
 from nmt.translate.history import SearchHistory
 from nmt.translate.search_options import SearchOptions
 from nmt.translate.search_step import (
@@ -53,7 +53,8 @@ def static_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: S
     and the (B, K) hypotheses cut by a length limit: at the final step (t = max_length), and
     at a step where some row's own limit may be ``t`` (else None).
     """
-    log_probs, attention, state = model.step(tokens, state, encoder_out)  # (B*S, V), (B*S, L)
+    log_probs, attention, state = model.step(tokens, state, encoder_out, **attention_request(
+        model, options.return_attention))  # (B*S, V), (B*S, L): the attention only where it is recorded
     slots = rows.scores.size(1)
     step = select_step(log_probs, attention, rows, t, options, special, limit_due)
     truncated = None if step.truncated is None else step.truncated & ~stopped.unsqueeze(1)  # (B, K)

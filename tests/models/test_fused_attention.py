@@ -100,6 +100,50 @@ def test_which_heads_are_fused(fused_calls):
         assert len(fused_calls) == 2 * layers - 1
 
 
+def test_a_step_without_attention_fuses_the_last_cross_attention_too(fused_calls):
+    model = make().eval()
+    layers = len(model.decoder.layers)
+    src, lengths, _ = random_batch(batch=3, src_len=6, seed=1)
+    with torch.no_grad():
+        encoder_out, state = model.encode(src, lengths)
+        fused_calls.clear()
+        with_attention = model.step(torch.full((3,), 2), state, encoder_out)
+        assert len(fused_calls) == 2 * layers - 1 and with_attention[1].shape == (3, 6)
+        fused_calls.clear()
+        without = model.step(torch.full((3,), 2), state, encoder_out, need_attention=False)
+        assert len(fused_calls) == 2 * layers and without[1] is None
+    torch.testing.assert_close(without[0], with_attention[0], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+def test_searches_ask_for_the_attention_only_where_they_record_it(mode, monkeypatch):
+    """Without ``return_attention`` a search steps the Transformer with ``need_attention=False``
+    (its attention None), with it as before; the same hypotheses, scores and certificates."""
+    from nmt.models.transformer.model import TransformerSeq2Seq
+
+    asked = []
+    real = TransformerSeq2Seq.step
+
+    def spy(self, *args, **kwargs):
+        asked.append(kwargs.get("need_attention", True))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(TransformerSeq2Seq, "step", spy)
+    model = make(seed=2).eval()
+    with torch.no_grad():
+        model.generator.proj.weight.mul_(4.0)
+    src, lengths, _ = random_batch(batch=5, src_len=8, seed=4)
+    kw = dict(bos=2, eos=3, pad=PAD, beam_size=3, n_best=2, max_length=9, mode=mode)
+    plain = beam_search(model, src, lengths, **kw)
+    assert asked and not any(asked)
+    asked.clear()
+    recorded = beam_search(model, src, lengths, return_attention=True, **kw)
+    assert asked and all(asked) and plain.attention is None and recorded.attention is not None
+    for name in ("tokens", "lengths", "complete", "exact", "reason", "n_nonzero"):
+        assert torch.equal(getattr(plain, name), getattr(recorded, name)), name
+    torch.testing.assert_close(plain.scores, recorded.scores, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("name", NOT_FUSABLE)
 def test_other_heads_never_take_the_fused_kernel(name, fused_calls):
     model = make(NOT_FUSABLE[name]).eval()

@@ -17,7 +17,8 @@ KV = tuple[Tensor, Tensor]
 class DecoderOutput:
     """hidden (B, T, D); per layer: self probs (B, heads, T, t0+T), cross probs (B, heads, T, L)
     (without ``need_maps``, None where a fused kernel served the heads: the last layer's cross
-    probs are always there), and the self-attention caches extended by the T new positions."""
+    probs are there unless ``need_attention`` is False too), and the self-attention caches extended
+    by the T new positions."""
 
     hidden: Tensor
     self_maps: list[Tensor | None]
@@ -53,10 +54,12 @@ class TransformerDecoder(nn.Module):
         return [tuple(t.contiguous() for t in layer.cross_attn.keys_values(memory)) for layer in self.layers]
 
     def forward(self, emb: Tensor, cross_kv: list[KV], src_mask: Tensor,
-                caches: list[KV] | None = None, need_maps: bool = True) -> DecoderOutput:
+                caches: list[KV] | None = None, need_maps: bool = True,
+                need_attention: bool = True) -> DecoderOutput:
         """emb: (B, T, D) unscaled target embeddings; cross_kv: from :meth:`cross_keys_values`;
         src_mask: (B, L) bool; caches: None (teacher forcing from position 0) or per layer;
-        ``need_maps=False``: the caller reads only the last layer's cross probs."""
+        ``need_maps=False``: the caller reads only the last layer's cross probs, and with
+        ``need_attention=False`` not even those."""
         offset = 0 if caches is None else caches[0][0].size(2)  # a shape: no device sync
         x = self.dropout(self.positions(emb * self.scale, offset))
         key_mask = src_mask[:, None, None, :]
@@ -65,7 +68,7 @@ class TransformerDecoder(nn.Module):
         for i, layer in enumerate(self.layers):
             x, self_probs, cross_probs, cache = layer(x, cross_kv[i], key_mask,
                                                       None if caches is None else caches[i],
-                                                      need_maps, need_maps or i == last)
+                                                      need_maps, need_maps or (need_attention and i == last))
             self_maps.append(self_probs)
             cross_maps.append(cross_probs)
             new_caches.append(cache)

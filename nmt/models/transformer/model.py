@@ -35,6 +35,9 @@ class TransformerSeq2Seq(EncoderDecoder):
     """
 
     attention_kinds = ATTENTION_KINDS
+    attention_optional = True
+    """``step(..., need_attention=False)`` returns no attention (None): the last layer's
+    cross-attention may then run fused too (:func:`nmt.models.protocol.attention_optional`)."""
     shares_encoder_out = True
     """``step`` takes an ``encoder_out`` of B rows for N = B x S step rows (S consecutive rows per
     sentence): beam search keeps the cross keys/values once per sentence, not once per slot
@@ -69,24 +72,25 @@ class TransformerSeq2Seq(EncoderDecoder):
     def _cross(self, encoder_out: State) -> list[KV]:
         return [(encoder_out[f"cross.{i}.k"], encoder_out[f"cross.{i}.v"]) for i in range(len(self.decoder.layers))]
 
-    def step(self, tokens: Tensor, state: State, encoder_out: State) -> tuple[Tensor, Tensor, State]:
+    def step(self, tokens: Tensor, state: State, encoder_out: State,
+             need_attention: bool = True) -> tuple[Tensor, Tensor | None, State]:
         """tokens: (N,) previous ids; state: N rows; encoder_out: N rows, or B rows with N = B x S
-        (S consecutive step rows per sentence). Returns log_probs (N, V), attention (N, L), the
-        extended caches."""
-        _, log_probs, attention, new_state = self.step_with_scores(tokens, state, encoder_out)
+        (S consecutive step rows per sentence). Returns log_probs (N, V), attention (N, L) (None
+        with ``need_attention=False``), the extended caches."""
+        _, log_probs, attention, new_state = self.step_with_scores(tokens, state, encoder_out, need_attention)
         return log_probs, attention, new_state
 
-    def step_with_scores(self, tokens: Tensor, state: State,
-                         encoder_out: State) -> tuple[Tensor, Tensor, Tensor, State]:
+    def step_with_scores(self, tokens: Tensor, state: State, encoder_out: State,
+                         need_attention: bool = True) -> tuple[Tensor, Tensor, Tensor | None, State]:
         """``step`` that also returns the raw output scores: (logits (N, V), log_probs (N, V),
-        attention (N, L), caches); scoring ranks tokens outside the support by the logits."""
+        attention (N, L) or None, caches); scoring ranks tokens outside the support by the logits."""
         caches = [(state[f"self.{i}.k"], state[f"self.{i}.v"]) for i in range(len(self.decoder.layers))]
         out = self.decoder(self.tgt_embeddings(tokens.unsqueeze(1)), self._cross(encoder_out),
-                           encoder_out["src_mask"], caches, need_maps=False)
+                           encoder_out["src_mask"], caches, need_maps=False, need_attention=need_attention)
         new_state: State = {}
         for i, (keys, values) in enumerate(out.caches):
             new_state[f"self.{i}.k"], new_state[f"self.{i}.v"] = keys, values
-        attention = out.cross_maps[-1][:, :, 0].mean(1)
+        attention = out.cross_maps[-1][:, :, 0].mean(1) if need_attention else None
         logits = self.generator(out.hidden[:, 0])
         return logits, self.log_probs(logits), attention, new_state
 
