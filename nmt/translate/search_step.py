@@ -29,8 +29,8 @@ from nmt.translate.certificate import (
 )
 from nmt.translate.length_penalty import length_penalty
 from nmt.translate.native_step import step_update
-from nmt.translate.triton_step import step_update as triton_step_update
 from nmt.translate.search_options import SearchOptions
+from nmt.translate.triton_step import step_update as triton_step_update
 from nmt.sparse._native import step_candidates
 from nmt.sparse._triton_candidates import step_candidates as triton_step_candidates
 from nmt.utils.device import host_to_device
@@ -170,7 +170,8 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
                 special: Specials, limit_due: bool = True) -> StepOutcome:
     """Keep the ``beam_size`` best extensions of the live prefixes at step ``t``.
 
-    log_probs: (R*S, V) from the model (-inf = probability 0); attention: (R*S, L).
+    log_probs: (R*S, V) from the model (-inf = probability 0); attention: (R*S, L), or None where
+    the options record no attention (``return_attention`` off).
     Half-precision log-probabilities are upcast (float32/float64 kept). No host sync.
     Rows with their own ``limit`` equal to ``t`` take their last step (only EOS may follow, as
     for every row at ``t = max_length``); ``limit_due=False`` (a host-side hint of the caller:
