@@ -77,7 +77,9 @@ MAX_ITER = 64
 
 _SPARSEMAX, _ENTMAX15, _ALPHA = 0, 1, 2
 
-_KERNELS: Dict[bool, Any] = {}
+_KERNELS: Dict[Any, Any] = {}
+"""Every jitted kernel, per (function, ``TRITON_INTERPRET`` setting) (:func:`jitted`), and this
+module's namespace of them per setting (:func:`_kernels`): clearing it builds them all anew."""
 _TRITON: Optional[Any] = None
 _IMPORT_ERROR: Optional[BaseException] = None
 _LIBRARY_INTERPRETED: Optional[bool] = None
@@ -480,32 +482,18 @@ kernel), mapping backward, cross-entropy forward and backward, and the index los
 
 
 def _kernels() -> Any:
-    """The jitted kernels for the current ``TRITON_INTERPRET`` setting (built once per setting),
-    compiled ones launched through :class:`nmt.sparse._triton_launch.CachedLaunch`."""
+    """The jitted kernels for the current ``TRITON_INTERPRET`` setting (built once per setting by
+    :func:`jitted`: compiled ones launched through :class:`nmt.sparse._triton_launch.CachedLaunch`)."""
     interpret = _interpret()
     kernels = _KERNELS.get(interpret)
     if kernels is None:
-        triton = _import_triton()
-        if triton is None:
-            raise RuntimeError(f"nmt.sparse._triton needs triton: {_IMPORT_ERROR}")
-        if interpret:
-            from triton.runtime.interpreter import InterpretedFunction as wrap
-        else:
-            from triton.runtime.jit import JITFunction as wrap
         functions = (_forward_kernel, _backward_kernel, _ce_forward_kernel, _ce_backward_kernel, _finish_kernel)
-        jitted = {name: wrap(f) for name, f in zip(KERNEL_NAMES, functions)}
-        if not interpret:  # launched through a cheaper key where this Triton allows (see _triton_launch)
-            try:
-                from ._triton_launch import CachedLaunch
-                jitted = {name: CachedLaunch(f) for name, f in jitted.items()}
-            except ImportError:  # Triton < 3.3: its own launch path
-                pass
-        kernels = type("Kernels", (), jitted)()
+        kernels = type("Kernels", (), {name: jitted(f, "nmt.sparse._triton")
+                                       for name, f in zip(KERNEL_NAMES, functions)})()
         _KERNELS[interpret] = kernels
     return kernels
 
 
-_JITTED: Dict[Any, Any] = {}
 _FAILED: Dict[str, str] = {}
 
 
@@ -529,13 +517,13 @@ def launched(label: str, launch: Any) -> bool:
 
 
 def jitted(fn: Any, label: str) -> Any:
-    """The kernel function ``fn`` of another nmt module (the search step's kernels; its module
-    names ``tl`` as a global, bound here) jitted for the current ``TRITON_INTERPRET`` setting,
-    built once per function and setting, compiled ones launched through
-    :class:`nmt.sparse._triton_launch.CachedLaunch`, as :func:`_kernels` builds this module's.
+    """The kernel function ``fn`` (this module's, or another nmt module's that names ``tl`` as a
+    global, bound here: the search step's kernels) jitted for the current ``TRITON_INTERPRET``
+    setting, built once per function and setting; compiled ones are launched through
+    :class:`nmt.sparse._triton_launch.CachedLaunch` where this Triton allows (>= 3.3).
     ``label`` names the caller in the error raised without triton."""
     interpret = _interpret()
-    kernel = _JITTED.get((fn, interpret))
+    kernel = _KERNELS.get((fn, interpret))
     if kernel is None:
         if _import_triton() is None:
             raise RuntimeError(f"{label} needs triton: {_IMPORT_ERROR}")
@@ -551,7 +539,7 @@ def jitted(fn: Any, label: str) -> Any:
                 kernel = CachedLaunch(kernel)
             except ImportError:  # Triton < 3.3: its own launch path
                 pass
-        _JITTED[(fn, interpret)] = kernel
+        _KERNELS[(fn, interpret)] = kernel
     return kernel
 
 
@@ -559,8 +547,14 @@ def jitted(fn: Any, label: str) -> Any:
 # Wrappers (shapes decide everything: no host synchronisation)
 # --------------------------------------------------------------------------------------------
 
+def pad_pow2(n: int, least: int) -> int:
+    """The smallest power of two that is at least ``n`` and at least ``least`` (a power of two):
+    a kernel's block or padded vector size for ``n`` entries."""
+    return max(least, 1 << max(n - 1, 0).bit_length())
+
+
 def _block(n: int) -> int:
-    return max(16, 1 << (n - 1).bit_length())
+    return pad_pow2(n, 16)
 
 
 def _num_warps(block: int) -> int:

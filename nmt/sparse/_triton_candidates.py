@@ -99,10 +99,6 @@ def _kernel() -> Any:
     return _triton.jitted(_candidates_kernel, "nmt.sparse._triton_candidates")
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
 def available(log_probs: Tensor, slots: int, width: int) -> bool:
     """Whether :func:`step_candidates` takes ``log_probs: (G * slots, V)`` with this ``width``:
     float32 where the kernels run (CUDA; the CPU under ``TRITON_INTERPRET=1``), ``width`` in
@@ -133,10 +129,10 @@ def step_candidates(log_probs: Tensor, offsets: Tensor, slots: int,
     values = torch.empty(groups, width, dtype=torch.float32, device=device)
     index = torch.empty(groups, width, dtype=torch.long, device=device)
     if groups:
-        block = min(BLOCK, max(16, _pow2(v)))
+        block = min(BLOCK, _triton.pad_pow2(v, 16))
         if not _triton.launched("nmt.sparse._triton_candidates", lambda: _kernel()[(groups,)](
                 log_probs, offsets, support, unknown, values, index, slots, v, W=width,
-                W_PAD=max(2, _pow2(width)), BLOCK=block, num_warps=4 if block >= 512 else 1)):
+                W_PAD=_triton.pad_pow2(width, 2), BLOCK=block, num_warps=4 if block >= 512 else 1)):
             return None
     return support, unknown.view(torch.bool), values, index
 

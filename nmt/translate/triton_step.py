@@ -93,10 +93,6 @@ def _kernel() -> Any:
     return _triton.jitted(_step_update_kernel, "nmt.translate.triton_step")
 
 
-def _pow2(n: int) -> int:
-    return max(2, 1 << max(n - 1, 0).bit_length())
-
-
 def step_update(top_scores: Tensor, top_index: Tensor, prev_scores: Tensor, unknown: Tensor, exact: Tensor,
                 reason: Tensor, best_finished: Tensor, top_finished: Tensor, *, beam_size: int, vocab: int,
                 eos: int, certify: bool, penalty: float, bound_penalty: float, nonfinite_code: int,
@@ -131,8 +127,8 @@ def step_update(top_scores: Tensor, top_index: Tensor, prev_scores: Tensor, unkn
         if not _triton.launched("nmt.translate.triton_step", lambda: _kernel()[(rows,)](
                 *inputs, score, live, parent, token, flags[0], new_reason, new_best, flags[1], flags[2], slots,
                 width, vocab, eos, float(penalty), float(bound_penalty), nonfinite_code, pruned_code, K=beam_size,
-                K_PAD=_pow2(beam_size), NB=n_best, NB_PAD=_pow2(n_best), S_PAD=_pow2(slots),
-                CERTIFY=bool(certify), num_warps=1)):
+                K_PAD=_triton.pad_pow2(beam_size, 2), NB=n_best, NB_PAD=_triton.pad_pow2(n_best, 2),
+                S_PAD=_triton.pad_pow2(slots, 2), CERTIFY=bool(certify), num_warps=1)):
             return None
     new_exact, new_top, done = flags.view(torch.bool).unbind(0)
     return StepUpdate(score, live, parent, token, new_exact, new_reason, new_best, new_top, done)

@@ -565,8 +565,8 @@ sig = {"PREV": "*fp32", "UNK": "*i8", "TV": "*fp32", "TI": "*i64", "EX_IN": "*i8
        "code_pruned": "i32", "K": "constexpr", "K_PAD": "constexpr", "NB": "constexpr", "NB_PAD": "constexpr",
        "S_PAD": "constexpr", "CERTIFY": "constexpr"}
 for k_, nb, certify in ((1, 1, True), (5, 2, True), (5, 5, False)):
-    values = {"K": k_, "K_PAD": TS._pow2(k_), "NB": nb, "NB_PAD": TS._pow2(nb), "S_PAD": TS._pow2(k_),
-              "CERTIFY": certify}
+    values = {"K": k_, "K_PAD": T.pad_pow2(k_, 2), "NB": nb, "NB_PAD": T.pad_pow2(nb, 2),
+              "S_PAD": T.pad_pow2(k_, 2), "CERTIFY": certify}
     assert triton.compile(ASTSource(u, sig, constexprs=values), target=target, options={"num_warps": 1}).asm["cubin"]
 print("OK")
 """
