@@ -28,7 +28,7 @@
 # softmax heads fused where their probabilities are not read) and transformer_unfused (the softmax row
 # with NMT_FUSED_ATTENTION=0: the A/B of the fused heads) not yet timed; translate_torch_search (after
 # translate, whose models it reuses: the search step's candidates and bookkeeping by torch's operations,
-# NMT_TRITON_CANDIDATES=0 NMT_TRITON_STEP=0, the A/B of the search step's two kernels) not yet timed.
+# NMT_TRITON_CANDIDATES=0 NMT_TRITON_STEP=0 NMT_TRITON_MASK=0, the A/B of the search's three kernels) not yet timed.
 # The first call of a lease starts the machine (about 30 s).
 # train_compile runs with TORCH_LOGS=perf_hints,cudagraphs: inductor says there when (and why) it skips CUDA graphs;
 # bench_train also counts the skips per row, and with --profile prints where the host time goes
@@ -86,7 +86,7 @@ for s in $STAGES; do
               --steps 100 --warmup 30 --transformer --only "transformer: softmax / softmax" ;;  # the A/B of fused heads
         translate) stage translate 180 $PY tools/bench_translate.py --device cuda --work runs/gpu_models --repeats 3 \
               ${GPU_CHECK_TRANSLATE_ARGS:-} ;;
-        translate_torch_search) stage translate_torch_search 120 env NMT_TRITON_CANDIDATES=0 NMT_TRITON_STEP=0 \
+        translate_torch_search) stage translate_torch_search 120 env NMT_TRITON_CANDIDATES=0 NMT_TRITON_STEP=0 NMT_TRITON_MASK=0 \
               $PY tools/bench_translate.py --device cuda --work runs/gpu_models --repeats 3 --no-compare-cpu \
               ${GPU_CHECK_TRANSLATE_ARGS:-} ;;  # the A/B of the search step's kernels
         translate_transformer) stage translate_transformer 300 $PY tools/bench_translate.py --device cuda --model transformer \

@@ -18,8 +18,15 @@ the loop on the host at which steps some row may end, and go to the device with 
 (no sync); computed from lengths on a device, every step tests them there.
 The first step runs one row per sentence (B rows) like the dynamic loop; every later step
 runs B*K rows, so a compiled or captured step sees one shape.
+
+Launches: besides the model's and the step's (two Triton kernels on CUDA, see ``search_step``),
+the masking of stopped sentences is one more (:mod:`nmt.translate.triton_static_mask`) and the
+loop itself launches nothing per step (it keeps each step's (B,) flags and finds the step where
+all had stopped once, at the end).
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -37,6 +44,8 @@ from nmt.translate.search_step import (
     history_fills,
     select_step,
 )
+from nmt.translate.triton_static_mask import StoppedMask
+from nmt.translate.triton_static_mask import mask_stopped as triton_mask_stopped
 
 
 def static_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: State, rows: RowState,
@@ -51,7 +60,8 @@ def static_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: S
     with fill values for sentences stopped before this step, the (B*K,) next tokens, the
     reordered (B*K, ...) state, the updated rows (stopped ones masked), the updated ``stopped``
     and the (B, K) hypotheses cut by a length limit: at the final step (t = max_length), and
-    at a step where some row's own limit may be ``t`` (else None).
+    at a step where some row's own limit may be ``t`` (else None). The masking
+    (:func:`mask_stopped`) is one Triton launch on an accelerator in eager mode.
     """
     log_probs, attention, state = model.step(tokens, state, encoder_out, **attention_request(
         model, options.return_attention))  # (B*S, V), (B*S, L): the attention only where it is recorded
@@ -59,20 +69,62 @@ def static_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: S
     step = select_step(log_probs, attention, rows, t, options, special, limit_due)
     truncated = None if step.truncated is None else step.truncated & ~stopped.unsqueeze(1)  # (B, K)
     fills = history_fills(options, special.pad)
-    record = {name: _masked(value, stopped, fills[name]) for name, value in step.record.items()}
-    # a stopped sentence keeps the certificate it had when it stopped
     new = step.rows
-    exact = torch.where(stopped, rows.exact, new.exact)  # (B,)
-    reason = torch.where(stopped, rows.reason, new.reason)  # (B,)
-    if step.done is None:  # the final step
+    if step.done is None:  # the final step: records and the certificate (a stopped sentence keeps its own)
+        record = {name: _masked(value, stopped, fills[name]) for name, value in step.record.items()}
+        exact = torch.where(stopped, rows.exact, new.exact)  # (B,)
+        reason = torch.where(stopped, rows.reason, new.reason)  # (B,)
         return record, tokens, state, RowState(new.scores, exact, reason, new.best_finished, new.top_finished,
                                                new.limit), stopped, truncated
-    stopped = stopped | step.done  # (B,)
-    scores = new.scores.masked_fill(stopped.unsqueeze(1), NEG_INF)  # (B, K) masked, not removed
-    rows = RowState(scores, exact, reason, new.best_finished, new.top_finished, new.limit)
+    support = step.record.get("support_size")
+    args = (stopped, step.done, step.record["token"], step.record["parent"], step.record["score"], support,
+            new.scores, new.exact, new.reason, rows.exact, rows.reason)
+    one_launch = _masking(new.scores.device)
+    masked = None if one_launch is None else one_launch(*args, slots=slots, pad=special.pad)
+    if masked is None:
+        masked = mask_stopped(*args, slots=slots if options.beam_size > 1 else None, pad=special.pad)
+    record = {name: _masked(value, stopped, fills[name]) for name, value in step.record.items()
+              if name not in _MASKED}  # what the options add (attention, support lists)
+    record.update(token=masked.token, parent=masked.parent, score=masked.score)
+    if masked.support is not None:
+        record["support_size"] = masked.support
+    rows = RowState(masked.live, masked.exact, masked.reason, new.best_finished, new.top_finished, new.limit)
     if options.beam_size > 1:  # greedy: one slot whose parent is itself, the state stays in order
-        state = select_state(state, flat_parents(step.parent, slots).view(-1))  # (B*K, ...)
-    return record, step.chosen.reshape(-1), state, rows, stopped, truncated
+        state = select_state(state, masked.flat_parent)  # (B*K, ...)
+    return record, step.chosen.reshape(-1), state, rows, masked.stopped, truncated
+
+
+_MASKED = ("token", "parent", "score", "support_size")
+"""The records :func:`mask_stopped` masks."""
+
+
+def mask_stopped(stopped: Tensor, done: Tensor, token: Tensor, parent: Tensor, score: Tensor,
+                 support: Tensor | None, live: Tensor, exact: Tensor, reason: Tensor, old_exact: Tensor,
+                 old_reason: Tensor, *, slots: int | None, pad: int) -> StoppedMask:
+    """A static step's records and rows with its stopped sentences masked (B sentences, K slots):
+    ``stopped`` (B,) bool the sentences stopped before the step, ``done`` (B,) bool those that may
+    stop now; ``token``, ``parent``, ``score``, ``support`` (or None) (B, K) the step's records
+    (history fill values where the sentence had stopped: PAD, 0, -inf, 0); ``live`` (B, K) the live
+    prefixes after it (-inf where the sentence has stopped, before or now); ``exact``, ``reason``
+    (B,) the certificate after the step (``old_exact``, ``old_reason``: before it, kept where the
+    sentence had stopped); ``slots``: the previous step's slots per sentence, for the flat parent
+    rows that gather the state (None: not needed, greedy). Torch's operations, no host sync: the
+    reference of :func:`nmt.translate.triton_static_mask.mask_stopped`, the one launch that serves
+    accelerators."""
+    was = stopped.unsqueeze(1)  # (B, 1)
+    now = stopped | done  # (B,)
+    return StoppedMask(token.masked_fill(was, pad), parent.masked_fill(was, 0), score.masked_fill(was, NEG_INF),
+                       None if support is None else support.masked_fill(was, 0),
+                       live.masked_fill(now.unsqueeze(1), NEG_INF), torch.where(stopped, old_exact, exact),
+                       torch.where(stopped, old_reason, reason), now,
+                       None if slots is None else flat_parents(parent, slots).view(-1))
+
+
+def _masking(device: torch.device) -> Callable[..., StoppedMask | None] | None:
+    """The one-launch masking where it serves (accelerators in eager mode:
+    :func:`nmt.translate.triton_static_mask.mask_stopped`, which declines what it does not take),
+    else None: torch's operations (the CPU; a compiled step, whose graph fuses them)."""
+    return None if device.type == "cpu" or torch.compiler.is_compiling() else triton_mask_stopped
 
 
 def static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials,
@@ -90,7 +142,7 @@ def static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: S
     limit_steps = set(limits.tolist()) if limits is not None and limits.device.type == "cpu" else None
     rows = RowState.start(batch, options.n_best, options.certify, device, limits)
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)  # (B,)
-    all_stopped_at = torch.full((), -1, dtype=torch.long, device=device)  # step when all had stopped
+    stopped_after: list[Tensor] = []  # (B,) stopped after each step: kept, not reduced (no launch a step)
     history = SearchHistory(batch, history_fills(options, special.pad))
     cuts = Truncations.start(batch, k, device)
 
@@ -103,16 +155,25 @@ def static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: S
             cuts.add(None, truncated, t)
         if t == max_length:
             break
-        all_stopped_at = torch.where((all_stopped_at < 0) & stopped.all(), t, all_stopped_at)
+        stopped_after.append(stopped)
         if t == 0 and k > 1 and not shares_encoder_out(model):
             encoder_out = tile_state(encoder_out, k)
         if (t + 1) % every == 0 and bool(stopped.all()):  # the one host sync per stop_every steps
             break
 
-    first = int(all_stopped_at)  # one host sync: where the dynamic loop would have stopped
+    first = _first_all_stopped(stopped_after)  # one host sync: where the dynamic loop would have stopped
     if 0 <= first < history.steps - 1:  # idle steps (no cut there: every sentence had stopped)
         history.keep_steps(first + 1)
     return history, SearchEnd(cuts, rows.exact, rows.reason)
+
+
+def _first_all_stopped(stopped_after: list[Tensor]) -> int:
+    """The first step after which every sentence had stopped (-1: none), from the (B,) flags of
+    each step: three launches and one host sync for the whole search."""
+    if not stopped_after:
+        return -1
+    every = torch.stack(stopped_after).all(1)  # (T,)
+    return int(torch.where(every.any(), every.to(torch.uint8).argmax(), -1))
 
 
 def _masked(value: Tensor, stopped: Tensor, fill: float | int | bool) -> Tensor:

@@ -568,13 +568,26 @@ for k_, nb, certify in ((1, 1, True), (5, 2, True), (5, 5, False)):
     values = {"K": k_, "K_PAD": T.pad_pow2(k_, 2), "NB": nb, "NB_PAD": T.pad_pow2(nb, 2),
               "S_PAD": T.pad_pow2(k_, 2), "CERTIFY": certify}
     assert triton.compile(ASTSource(u, sig, constexprs=values), target=target, options={"num_warps": 1}).asm["cubin"]
+from nmt.translate import triton_static_mask as TM
+u = T.jitted(TM._static_mask_kernel, "t")
+u = u.fn if isinstance(u, CachedLaunch) else u
+sig = {**{name: "*i8" for name in ("STOPPED", "DONE", "EX_NEW", "EX_OLD", "EX_O", "STOPPED_O")},
+       **{name: "*i64" for name in ("TOKEN", "PARENT", "WHY_NEW", "WHY_OLD", "TOKEN_O", "PARENT_O", "WHY_O",
+                                     "FLAT_O")},
+       **{name: "*fp32" for name in ("SCORE", "LIVE", "SCORE_O", "LIVE_O")}, "SUPPORT": "*i32",
+       "SUPPORT_O": "*i32", "rows": "i32", "slots": "i32", "pad": "i32", "K": "constexpr", "K_PAD": "constexpr",
+       "BLOCK_R": "constexpr", "HAS_SUPPORT": "constexpr"}
+for k_, has_support in ((1, True), (5, True), (5, False)):
+    values = {"K": k_, "K_PAD": T.pad_pow2(k_, 2), "BLOCK_R": TM.BLOCK_ROWS, "HAS_SUPPORT": has_support}
+    assert triton.compile(ASTSource(u, sig, constexprs=values), target=target, options={"num_warps": 1}).asm["cubin"]
 print("OK")
 """
 
 
 def test_kernels_compile_for_sm90(subprocess_env):
     """Compile every kernel variant for an H100 in a fresh process (no GPU needed), the search
-    step's kernels (nmt.sparse._triton_candidates, nmt.translate.triton_step) included."""
+    step's kernels (nmt.sparse._triton_candidates, nmt.translate.triton_step) and the static
+    loop's masking (nmt.translate.triton_static_mask) included."""
     out = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], cwd=ROOT,
                          env=subprocess_env(TRITON_DEFAULT_FP_FUSION="1"), capture_output=True, text=True,
                          timeout=600)
@@ -973,8 +986,9 @@ def test_step_candidates_wrapper_does_not_sync(monkeypatch):
 
 def test_a_search_kernel_that_fails_to_build_leaves_the_search_to_torch(monkeypatch):
     """A kernel this Triton or device cannot build: one warning, then None at once (the search's
-    torch code serves), for each of the search step's two kernels."""
+    torch code serves), for each of the search step's two kernels and the static loop's masking."""
     from nmt.sparse import _triton_candidates as TC
+    from nmt.translate import triton_static_mask as TM
     from nmt.translate import triton_step
     from nmt.translate.search_step import RowState
 
@@ -984,6 +998,7 @@ def test_a_search_kernel_that_fails_to_build_leaves_the_search_to_torch(monkeypa
     monkeypatch.setattr(T, "_FAILED", {})
     monkeypatch.setattr(TC, "_kernel", broken)
     monkeypatch.setattr(triton_step, "_kernel", broken)
+    monkeypatch.setattr(TM, "_kernel", broken)
     lp, off = _step_rows(2, 3, 5, seed=1)
     rows = RowState.start(2, 1, True, torch.device(DEVICE))
     args = (rows.scores, rows.exact.view(2, 1), rows.exact, rows.reason, rows.best_finished, rows.top_finished)
@@ -993,11 +1008,14 @@ def test_a_search_kernel_that_fails_to_build_leaves_the_search_to_torch(monkeypa
     with pytest.warns(RuntimeWarning, match="PassManager::run failed") as warned:
         assert TC.step_candidates(lp.to(DEVICE), off.to(DEVICE), 3, 4) is None
         assert triton_step.step_update(top, index, *args, **common) is None
-    assert len(warned) == 2
+        assert TM.mask_stopped(*_mask_case(4, 2, 2, True, seed=0), slots=2, pad=0) is None
+    assert len(warned) == 3
     monkeypatch.setattr(TC, "_kernel", lambda: pytest.fail("launched again"))
     monkeypatch.setattr(triton_step, "_kernel", lambda: pytest.fail("launched again"))
+    monkeypatch.setattr(TM, "_kernel", lambda: pytest.fail("launched again"))
     assert TC.step_candidates(lp.to(DEVICE), off.to(DEVICE), 3, 4) is None
     assert triton_step.step_update(top, index, *args, **common) is None
+    assert TM.mask_stopped(*_mask_case(4, 2, 2, True, seed=0), slots=2, pad=0) is None
 
 
 def test_step_candidates_kernel_can_be_turned_off(monkeypatch):
@@ -1058,21 +1076,101 @@ def test_the_step_kernel_declines_what_it_does_not_hold(monkeypatch):
     assert triton_step.step_update(top, index, *args, beam_size=1, **common) is None
 
 
+def _mask_case(rows: int, k: int, slots: int, support: bool, seed: int):
+    """A static step's (B, K) records and (B,) flags with stopped sentences, ones stopping now, both
+    and neither; NaN-free scores with -inf entries; the certificate before and after the step."""
+    g = torch.Generator().manual_seed(seed)
+    stopped = torch.rand(rows, generator=g) < 0.4
+    done = torch.rand(rows, generator=g) < 0.4
+    token = torch.randint(0, 50, (rows, k), generator=g)
+    parent = torch.randint(0, slots, (rows, k), generator=g)
+    score = torch.randn(rows, k, generator=g).masked_fill(torch.rand(rows, k, generator=g) < 0.2, NINF)
+    sizes = torch.randint(1, 40, (rows, k), generator=g, dtype=torch.int32) if support else None
+    live = score.masked_fill(torch.rand(rows, k, generator=g) < 0.3, NINF)
+    exact, old_exact = torch.rand(rows, generator=g) < 0.5, torch.rand(rows, generator=g) < 0.5
+    reason, old_reason = torch.randint(0, 5, (rows,), generator=g), torch.randint(0, 5, (rows,), generator=g)
+    return [None if t is None else t.to(DEVICE) for t in (stopped, done, token, parent, score, sizes, live, exact,
+                                                           reason, old_exact, old_reason)]
+
+
+@pytest.mark.parametrize("rows,k,slots,support", [(1, 1, 1, True), (7, 1, 1, False), (33, 5, 5, True),
+                                                  (64, 5, 1, True), (70, 3, 3, False), (5, 12, 12, True)])
+def test_the_static_mask_kernel_equals_the_torch_masking(rows, k, slots, support):
+    """The static loop's masking in one launch (nmt.translate.triton_static_mask) against the torch
+    code it replaces (static_search.mask_stopped), bit for bit: records with the history's fill
+    values where a sentence had stopped, live prefixes cut where it stops now, the certificate
+    kept where it had stopped, the flags and the flat parent rows of the state's gather; rows in
+    several programs and one partial program, beams of 1 to 12."""
+    from nmt.translate import triton_static_mask as TM
+    from nmt.translate.static_search import mask_stopped
+
+    for seed in range(3):
+        case = _mask_case(rows, k, slots, support, seed)
+        fused = TM.mask_stopped(*case, slots=slots, pad=1)
+        expected = mask_stopped(*case, slots=slots, pad=1)
+        assert fused is not None
+        for name in fused._fields:
+            a, b = getattr(fused, name), getattr(expected, name)
+            assert (a is None) == (b is None), name
+            if a is not None:
+                assert a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu()), (name, seed)
+
+
+def test_the_static_mask_kernel_declines_what_it_does_not_take(monkeypatch):
+    from nmt.translate import triton_static_mask as TM
+
+    case = _mask_case(6, 3, 3, True, seed=0)
+    assert TM.mask_stopped(*case, slots=3, pad=0) is not None
+    as_double = list(case)
+    as_double[4], as_double[6] = case[4].double(), case[6].double()
+    assert TM.mask_stopped(*as_double, slots=3, pad=0) is None  # float64: torch's
+    strided = list(case)
+    strided[2] = case[2].t().contiguous().t()  # (B, K) but not contiguous
+    assert TM.mask_stopped(*strided, slots=3, pad=0) is None
+    monkeypatch.setenv("NMT_TRITON_MASK", "0")
+    assert TM.mask_stopped(*case, slots=3, pad=0) is None
+
+
+def test_the_static_mask_wrapper_does_not_sync(monkeypatch):
+    """Around the launch (replaced) nothing synchronises; the grid follows the rows only."""
+    from nmt.translate import triton_static_mask as TM
+    from nmt.utils.sync_audit import SyncAudit
+
+    grids = []
+
+    class Launcher:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: grids.append((grid, kwargs["K"], kwargs["HAS_SUPPORT"]))
+
+    monkeypatch.setattr(TM, "_kernel", lambda: Launcher())
+    case = _mask_case(70, 5, 5, True, seed=1)
+    with SyncAudit() as audit:
+        TM.mask_stopped(*case, slots=5, pad=0)
+        TM.mask_stopped(*case[:5], None, *case[6:], slots=5, pad=0)
+    assert audit.total == 0, audit.report()
+    assert grids == [((3,), 5, True), ((3,), 5, False)]
+
+
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
 def test_beam_search_with_the_candidates_kernel_equals_the_torch_passes(mode, monkeypatch):
     """What a GPU search runs (the kernel's candidates, then the step's bookkeeping in torch or by
-    its kernel): the same hypotheses, scores, certificates and support statistics as the torch
+    its kernel, then, static, the masking of stopped sentences by its kernel): the same hypotheses, scores, certificates and support statistics as the torch
     passes alone, for a sparse and a softmax output, with a certificate (width K + 1) and without."""
     import nmt.translate.search_step as step_module
     from nmt.sparse import _triton_candidates as TC
-    from nmt.translate import triton_step
+    from nmt.translate import static_search, triton_step
     from nmt.translate.beam_search import beam_search
+    from nmt.translate.triton_static_mask import mask_stopped
 
     sys.path.insert(0, str(ROOT / "tests" / "translate"))
     from toy_decoders import BOS, EOS, PAD, TinyAttentionRNN, random_sources
 
     src, lengths = random_sources(4, 9, 5, seed=3)
-    calls = []
+    calls, masked = [], []
+
+    def masking(*args, **kwargs):
+        masked.append(1)
+        return mask_stopped(*args, **kwargs)
 
     def kernel(*args):
         calls.append(1)
@@ -1084,6 +1182,7 @@ def test_beam_search_with_the_candidates_kernel_equals_the_torch_passes(mode, mo
                   return_support=True, length_penalty="average", mode=mode)
         monkeypatch.setattr(step_module, "step_candidates", lambda *args: None)
         monkeypatch.setattr(step_module, "triton_step_candidates", lambda *args: None)
+        monkeypatch.setattr(static_search, "_masking", lambda device: None)
         torch_passes = beam_search(model, src.to(DEVICE), lengths.to(DEVICE), **kw)
         monkeypatch.setattr(step_module, "step_candidates", kernel)  # the CPU (interpreter) takes the kernels
         monkeypatch.setattr(step_module, "triton_step_candidates", kernel)  # as would CUDA
@@ -1091,10 +1190,12 @@ def test_beam_search_with_the_candidates_kernel_equals_the_torch_passes(mode, mo
         with_kernel = beam_search(model, src.to(DEVICE), lengths.to(DEVICE), **kw)
         monkeypatch.setattr(step_module, "step_update", triton_step.step_update)  # and the step's kernel
         both = beam_search(model, src.to(DEVICE), lengths.to(DEVICE), **kw)
-        for result in (with_kernel, both):
+        monkeypatch.setattr(static_search, "_masking", lambda device: masking)  # and the static loop's masking
+        every = beam_search(model, src.to(DEVICE), lengths.to(DEVICE), **kw)
+        for result in (with_kernel, both, every):
             for name in ("tokens", "lengths", "complete", "exact", "reason", "n_nonzero", "support_size",
                          "support_tokens"):
                 assert torch.equal(getattr(result, name), getattr(torch_passes, name)), (mapping, name)
             for name in ("scores", "ranking_scores", "mass", "support_probs"):
                 torch.testing.assert_close(getattr(result, name), getattr(torch_passes, name))
-    assert calls
+    assert calls and (masked if mode == "static" else not masked)
