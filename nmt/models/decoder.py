@@ -29,15 +29,18 @@ def fused_cell_usable(like: Tensor, tensors: list[Tensor]) -> bool:
             and all(t.dtype == like.dtype for t in tensors))
 
 
-def fused_lstm_cell(input_gates: Tensor, hidden_gates: Tensor, c: Tensor,
-                    bias: Tensor | None) -> tuple[Tensor, Tensor]:
-    """``(h', c')`` of an LSTM cell from pre-activation gates ``input_gates + hidden_gates (+ bias)``,
-    (N, 4H) in torch's gate order (i, f, g, o), and the cell ``c`` (N, H): ``c' = sigmoid(f) c +
-    sigmoid(i) tanh(g)``, ``h' = sigmoid(o) tanh(c')``, by torch's fused CUDA kernel
-    (``aten::_thnn_fused_lstm_cell``, what ``nn.LSTMCell`` runs on CUDA; differentiable, one
-    kernel forward and one backward). CUDA tensors of one dtype only (:func:`fused_cell_usable`);
-    no host synchronisation."""
-    h_new, c_new, _ = torch.ops.aten._thnn_fused_lstm_cell(input_gates, hidden_gates, c, bias, None)
+def fused_lstm_cell(input_gates: Tensor, hidden_gates: Tensor, c: Tensor, input_bias: Tensor | None,
+                    hidden_bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    """``(h', c')`` of an LSTM cell from pre-activation gates ``input_gates + hidden_gates (+
+    input_bias + hidden_bias)``, (N, 4H) in torch's gate order (i, f, g, o), and the cell ``c``
+    (N, H): ``c' = sigmoid(f) c + sigmoid(i) tanh(g)``, ``h' = sigmoid(o) tanh(c')``, by torch's
+    fused CUDA kernel (``aten::_thnn_fused_lstm_cell``, what ``nn.LSTMCell`` runs on CUDA;
+    differentiable, one kernel forward and one backward). The biases come both or neither, each
+    (4H,): the kernel checks that they have the same size (``checkSizes``), and one alone fails
+    there. CUDA tensors of one dtype only (:func:`fused_cell_usable`); no host synchronisation."""
+    if (input_bias is None) != (hidden_bias is None):
+        raise ValueError("fused_lstm_cell takes both biases or neither")
+    h_new, c_new, _ = torch.ops.aten._thnn_fused_lstm_cell(input_gates, hidden_gates, c, input_bias, hidden_bias)
     return h_new, c_new
 
 
@@ -263,7 +266,7 @@ class InputFeedingDecoder(nn.Module):
         biases: list[Tensor | None] = [None]
         for cell in cells[1:]:
             weights.append(torch.cat([cell.weight_ih, cell.weight_hh], dim=1))
-            biases.append(None if cell.bias_ih is None else cell.bias_ih + cell.bias_hh)
+            biases.append(None if cell.bias_ih is None else cell.bias_ih + cell.bias_hh)  # the plain loop's
         bias0 = None if first.bias_ih is None else first.bias_ih + first.bias_hh
         pre = nn.functional.linear(emb, first.weight_ih[:, :n_emb], bias0)  # (B, T, 4H)
         if deferred_enabled(emb):
@@ -276,7 +279,8 @@ class InputFeedingDecoder(nn.Module):
             attention_products = None
         h = [state[0] for state in hidden]
         c = [state[1] for state in hidden]
-        fused = fused_cell_usable(pre, h + c + [b for b in biases if b is not None])
+        fused = fused_cell_usable(pre, h + c + [b for cell in cells[1:] for b in (cell.bias_ih, cell.bias_hh)
+                                                if b is not None])
         zeros = pre.new_zeros(pre.size(0), pre.size(-1)) if fused and len(cells) > 1 else None
         outs, attns = [], []
         for pre_t in pre.unbind(1):
@@ -285,14 +289,14 @@ class InputFeedingDecoder(nn.Module):
                 if i == 0:
                     recurrent = product(torch.cat([input_feed, h[0]], dim=-1) if self.input_feeding else h[0])
                     if fused:  # pre_t holds both biases
-                        h[0], c[0] = fused_lstm_cell(pre_t, recurrent, c[0], None)
+                        h[0], c[0] = fused_lstm_cell(pre_t, recurrent, c[0], None, None)
                         x = h[0]
                         continue
                     gates = pre_t + recurrent
                 else:
                     gates = product(torch.cat([self.rnn.dropout(x), h[i]], dim=-1))
-                    if fused:
-                        h[i], c[i] = fused_lstm_cell(gates, zeros, c[i], biases[i])
+                    if fused:  # the cell's two biases, as the kernel takes them
+                        h[i], c[i] = fused_lstm_cell(gates, zeros, c[i], cells[i].bias_ih, cells[i].bias_hh)
                         x = h[i]
                         continue
                     gates = gates if biases[i] is None else gates + biases[i]

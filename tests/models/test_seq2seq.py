@@ -282,10 +282,18 @@ _BIAS_MAPPINGS = [("softmax", {}), ("sparsemax", {}), ("entmax15", {}), ("entmax
                   ("fusedmax", {}), ("oscarmax", {})]
 
 
-def _fused_cell_by_definition(input_gates, hidden_gates, c, bias):
+def _fused_cell_by_definition(input_gates, hidden_gates, c, input_bias, hidden_bias):
     """aten::_thnn_fused_lstm_cell's function (CUDA only) from the LSTM's definition: gates
-    (i, f, g, o) = input_gates + hidden_gates (+ bias); returns (h', c')."""
-    gates = input_gates + hidden_gates + (0 if bias is None else bias)
+    (i, f, g, o) = input_gates + hidden_gates (+ input_bias + hidden_bias); returns (h', c').
+    Refuses what the CUDA kernel refuses (its checkSizes): gates of other shapes, biases that are
+    not both given (of 4H entries each) or both None."""
+    assert input_gates.dim() == 2 and input_gates.shape == hidden_gates.shape
+    assert (input_bias is None) == (hidden_bias is None), "the kernel takes both biases or neither"
+    if input_bias is not None:
+        assert input_bias.shape == hidden_bias.shape == (input_gates.size(1),)
+    assert c.shape == (input_gates.size(0), input_gates.size(1) // 4)
+    bias = 0 if input_bias is None else input_bias + hidden_bias
+    gates = input_gates + hidden_gates + bias
     i, f, g, o = gates.chunk(4, dim=-1)
     c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
     return torch.sigmoid(o) * torch.tanh(c_new), c_new
@@ -340,7 +348,8 @@ def test_fused_cuda_cell_equals_the_definition():
     for with_bias in (False, True):
         cpu = [torch.randn(n, 4 * hidden, generator=g, dtype=torch.float64), torch.randn(n, 4 * hidden, generator=g,
                dtype=torch.float64), torch.randn(n, hidden, generator=g, dtype=torch.float64),
-               torch.randn(4 * hidden, generator=g, dtype=torch.float64) if with_bias else None]
+               *([torch.randn(4 * hidden, generator=g, dtype=torch.float64) for _ in range(2)] if with_bias
+                 else [None, None])]
         cuda = [None if t is None else t.float().cuda().requires_grad_() for t in cpu]
         cpu = [None if t is None else t.requires_grad_() for t in cpu]
         assert fused_cell_usable(cuda[0], [t for t in cuda[1:] if t is not None])
