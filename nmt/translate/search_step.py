@@ -258,15 +258,15 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     is_eos = chosen == eos  # (R, K)
     finished = is_eos & _alive(top_scores)  # (R, K)
     scores = top_scores.masked_fill(is_eos, NEG_INF)  # (R, K) live prefixes only
-    new_ranked = torch.where(finished, top_scores / length_penalty(options.length_penalty, t + 1,
-                                                                   options.length_alpha), NEG_INF)  # (R, K)
+    new_ranked = torch.where(finished, divided(top_scores, length_penalty(options.length_penalty, t + 1,
+                                                                          options.length_alpha)), NEG_INF)  # (R, K)
     best_finished = torch.cat([best_finished, new_ranked], dim=1).topk(n_best, dim=1).values  # (R, n_best)
     top_finished = rows.top_finished | finished[:, 0]  # (R,)
     live = _alive(scores).any(1)  # (R,)
     worst_kept = best_finished[:, -1]  # (R,)
     bound_penalty = length_penalty(options.length_penalty, max_length + 1, options.length_alpha)
     settled = _alive(worst_kept) & (
-        top_finished | (worst_kept >= scores.max(1).values / bound_penalty)
+        top_finished | (worst_kept >= divided(scores.max(1).values, bound_penalty))
     )  # (R,)
     if certify:
         settled = settled & ~exact
@@ -362,6 +362,16 @@ def _candidate_stats(log_probs: Tensor, scores: Tensor, t: int, width: int,
     return _Stats(unknown.view(rows, slots), support.view(rows, slots), top_scores, top_index)
 
 
+def divided(x: Tensor, value: float) -> Tensor:
+    """``x / value`` as IEEE division on every device, the quotient of the CPU and of the search's
+    kernels (``_step_update.c``, ``tl.math.div_rn``): CUDA divides a tensor by a host number as a
+    product with its reciprocal, up to 1 ulp away, so off the CPU the divisor is a 0-dim tensor on
+    ``x``'s device (one fill launch, no host sync)."""
+    if x.device.type == "cpu":
+        return x / value
+    return x / torch.full((), value, dtype=x.dtype, device=x.device)
+
+
 def _alive(x: Tensor) -> Tensor:
     """``x > -inf``: ``isfinite(x)`` for the search's scores, which are never NaN or ``+inf`` (the
     candidates pass ``nan_to_num`` or the native pass, which make every non-finite one ``-inf``; the
@@ -390,5 +400,5 @@ def pad_slots(x: Tensor, k: int, value: float | int | bool) -> Tensor:
     return torch.cat([x, x.new_full((x.size(0), k - x.size(1)), value)], dim=1)
 
 
-__all__ = ["RowState", "SearchEnd", "Specials", "StepOutcome", "Truncations", "flat_parents", "history_fills", "pad_slots", "select_step",
-           "support_size"]
+__all__ = ["RowState", "SearchEnd", "Specials", "StepOutcome", "Truncations", "divided", "flat_parents", "history_fills",
+           "pad_slots", "select_step", "support_size"]

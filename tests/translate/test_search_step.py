@@ -153,3 +153,43 @@ def test_a_finished_score_equal_to_the_live_bound_stops_the_row(monkeypatch, use
     step = select_step(log_probs, torch.ones(1, 2), rows, 2, options, Specials(bos=0, eos=3, pad=4))
     assert step.chosen.tolist() == [[0]] and step.rows.scores.tolist() == [[-2.0]]
     assert step.done.tolist() == [True]
+
+
+def test_divided_divides_by_a_device_scalar_off_the_cpu():
+    """``divided`` (the length penalty's divisions of a step) divides by the number on the CPU and
+    by a 0-dim tensor of the same device elsewhere (meta here): CUDA turns a division by a host
+    number into a product with its reciprocal, which the CPU and the search's kernels do not."""
+    from nmt.translate.search_step import divided
+
+    x = torch.tensor([-3.0, -7.25, float("-inf")])
+    assert torch.equal(divided(x, 2.5), x / 2.5)
+    seen = []
+    real = torch.Tensor.__truediv__
+
+    def spy(self, other):
+        seen.append(other)
+        return real(self, other)
+
+    torch.Tensor.__truediv__ = spy
+    try:
+        out = divided(torch.empty(3, device="meta"), 1.7)
+    finally:
+        torch.Tensor.__truediv__ = real
+    assert out.device.type == "meta" and out.shape == (3,)
+    assert len(seen) == 1 and isinstance(seen[0], torch.Tensor) and seen[0].dim() == 0
+    assert seen[0].device.type == "meta" and seen[0].dtype == torch.float32
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_divided_on_cuda_is_the_cpu_quotient():
+    """The GNMT penalties of 100 steps divide random scores on CUDA exactly as on the CPU (and as
+    the step's kernels, which divide IEEE-rounded), in float32 and float64."""
+    from nmt.translate.length_penalty import length_penalty
+    from nmt.translate.search_step import divided
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        x = (torch.randn(4096, generator=g) * 20).to(dtype)
+        for t in range(1, 101):
+            value = length_penalty("gnmt", t, 0.6)
+            assert torch.equal(divided(x.cuda(), value).cpu(), x / value), (dtype, t)
