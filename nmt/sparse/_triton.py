@@ -437,8 +437,14 @@ def _finish_kernel(LOSS, STATUS, OUT, FIN, n_rows, REDUCE: tl.constexpr, BLOCK: 
         start += BLOCK
     denom = tl.maximum(tl.sum(count, axis=0), 1).to(tl.float32)
     if REDUCE == 2:
-        tl.store(OUT, (tl.sum(acc, axis=0) / denom).to(OUT.dtype.element_ty))
-        tl.store(FIN, 1.0 / denom)
+        # IEEE-rounded divisions (a float32 "/" compiles to an approximate one on GPUs), as torch's
+        total = tl.sum(acc, axis=0)
+        if LOSS.dtype.element_ty == tl.float32:
+            mean = tl.math.div_rn(total, denom)
+        else:  # float64: "/" is IEEE-rounded there
+            mean = total / denom.to(total.dtype)
+        tl.store(OUT, mean.to(OUT.dtype.element_ty))
+        tl.store(FIN, tl.math.div_rn(denom * 0.0 + 1.0, denom))
     else:
         if REDUCE == 1:
             tl.store(OUT, tl.sum(acc, axis=0).to(OUT.dtype.element_ty))

@@ -46,6 +46,7 @@ from nmt.sparse import entmax15, entmax_bisect, sparsemax  # noqa: E402
 # numpy's warnings from the interpreter evaluating masked-out lanes (e.g. log2(0) under a where)
 pytestmark = [pytest.mark.filterwarnings(f"ignore:{m}:RuntimeWarning")
               for m in ("invalid value encountered", "divide by zero", "overflow encountered")]
+pytestmark.append(pytest.mark.cuda)  # on CUDA the kernels run compiled
 
 INTERPRETED = isinstance(triton.language.standard.max, InterpretedFunction)
 RUNNABLE = ON_CUDA != INTERPRETED  # CUDA with compiled kernels, or CPU with the interpreter
@@ -542,11 +543,12 @@ for smooth in (False, True):  # the cross-entropy kernels
            "HAS_SCALE": "constexpr", "BLOCK": "constexpr"}
     src = ASTSource(k.ce_backward, sig, constexprs={"SMOOTH": smooth, "HAS_SCALE": smooth, "BLOCK": 1024})
     assert triton.compile(src, target=target, options={"num_warps": T._num_warps(1024)}).asm["cubin"]
-for reduce in T.REDUCTIONS.values():  # the index losses' reduction and check
-    sig = {"LOSS": "*fp32", "STATUS": "*i8", "OUT": "*fp32", "FIN": "*fp32", "n_rows": "i32",
-           "REDUCE": "constexpr", "BLOCK": "constexpr"}
-    src = ASTSource(k.finish, sig, constexprs={"REDUCE": reduce, "BLOCK": 1024})
-    assert triton.compile(src, target=target, options={"num_warps": 4}).asm["cubin"]
+for reduce in T.REDUCTIONS.values():  # the index losses' reduction and check (float32 and float64 losses)
+    for loss in ("*fp32", "*fp64"):
+        sig = {"LOSS": loss, "STATUS": "*i8", "OUT": loss, "FIN": "*fp32", "n_rows": "i32",
+               "REDUCE": "constexpr", "BLOCK": "constexpr"}
+        src = ASTSource(k.finish, sig, constexprs={"REDUCE": reduce, "BLOCK": 1024})
+        assert triton.compile(src, target=target, options={"num_warps": 4}).asm["cubin"]
 from nmt.sparse import _triton_candidates as TC  # the search step's candidates
 c = TC._kernel()
 c = c.fn if isinstance(c, CachedLaunch) else c
