@@ -7,6 +7,15 @@ import pytest
 import torch
 
 
+def pytest_collection_modifyitems(config, items):
+    """Mark ``cuda`` every test skipped without CUDA ("needs CUDA"), besides those marked by hand
+    (tests whose CUDA path runs only where CUDA is): ``pytest -m cuda`` runs them first on a GPU
+    machine (``tools/gpu_check.sh tests_cuda``)."""
+    for item in items:
+        if any(mark.kwargs.get("reason") == "needs CUDA" for mark in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.cuda)
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_one_thread():
     threads = torch.get_num_threads()

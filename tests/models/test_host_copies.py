@@ -82,7 +82,9 @@ def test_copies_to_cuda_make_no_host_sync():
     assert not sites, sites
     assert torch.equal(mask.cpu(), length_mask(lengths, 9, torch.device("cpu")))
     emb = torch.randn(6, 9, 4)
-    packed, sites = host_sync_sites_on("cuda", lambda: _pack(emb.cuda(), lengths))
+    emb_cuda = emb.cuda()  # a blocking copy from pageable memory: outside the audited call
+    torch.cuda.synchronize()
+    packed, sites = host_sync_sites_on("cuda", lambda: _pack(emb_cuda, lengths))
     assert not sites, sites
     for a, b in zip(packed, pack_padded_sequence(emb, lengths, batch_first=True, enforce_sorted=False)):
         assert torch.equal(a.cpu(), b)

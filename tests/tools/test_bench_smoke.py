@@ -105,6 +105,7 @@ def test_bench_launch_quick():
     assert int(out.stdout.split("# ")[-1].split()[0]) > 0  # launches reached the stand-in launcher
 
 
+@pytest.mark.cuda
 def test_bench_sparse_graphs(capsys):
     """``bench_sparse --graphs``: on CUDA the mappings and losses captured in CUDA graphs and timed
     as replays (no host sync may happen inside a capture, so this also checks that); elsewhere a
