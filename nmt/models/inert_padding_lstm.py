@@ -101,6 +101,9 @@ def inert_padding_lstm(rnn: nn.LSTM, x: Tensor, lengths: Optional[Tensor],
         # train=True keeps oneDNN's workspace for the backward pass (no dropout inside the call)
         out, h, c = torch._VF.lstm(torch.cat([inputs, padding], dim=-1), (zeros, zeros), params, rnn.bias, 1,
                                    0.0, torch.is_grad_enabled(), rnn.bidirectional, True)
+        # (directions, B, H): torch <= 2.11's traced decomposition returns (directions, 1, B, H)
+        # (pytorch #151200, fixed since), which stacks wrongly or mixes rows in the bridge
+        h, c = h.reshape(directions, -1, rnn.hidden_size), c.reshape(directions, -1, rnn.hidden_size)
         h_n.append(out[:, :, :hidden].gather(1, last)[:, 0])  # forward: at each row's last token
         c_n.append(c[0])  # forward: frozen since each row's last token
         if directions == 2:  # backward: ends at position 0, the padding was inert

@@ -33,26 +33,28 @@ MAX_GRAPHS = 64
 
 
 def compile_for_device(fn: F_, device: torch.device | str, backend: str = "inductor",
-                       encoder_in_graph: bool = False) -> F_:
+                       encoder_in_graph: bool = False, cuda_graphs: bool = True) -> F_:
     """``fn`` compiled for ``device`` (CUDA graphs on CUDA, inductor default on CPU); ``backend``
     another ``torch.compile`` backend (tests use "aot_eager": same capture and autograd, no code
     generation). ``encoder_in_graph`` (``training.compile_encoder``): an LSTM encoder given the
     source mask runs inside the graph (dynamo's ``allow_rnn``, a process-wide setting, switched
     on; see :func:`nmt.models.inert_padding_lstm.traceable`); otherwise it packs between graphs.
-    Compilation happens at the first call of each new shape."""
+    Compilation happens at the first call of each new shape. ``cuda_graphs=False``: inductor's
+    default mode on CUDA too. Accumulated batches need it (measured on an H200): a replay
+    overwrites the outputs of the batch before, whose loss and first gradients are still held."""
     import torch._dynamo
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MAX_GRAPHS)
     torch._dynamo.config.allow_rnn = encoder_in_graph
-    if torch.device(device).type == "cuda" and backend == "inductor":
+    if torch.device(device).type == "cuda" and backend == "inductor" and cuda_graphs:
         return torch.compile(fn, mode="reduce-overhead", dynamic=False)
     return torch.compile(fn, backend=backend)
 
 
 def compile_loss_forward(device: torch.device | str, backend: str = "inductor",
-                         encoder_in_graph: bool = False) -> LossForward:
+                         encoder_in_graph: bool = False, cuda_graphs: bool = True) -> LossForward:
     """``loss_forward`` compiled for ``device`` (see ``compile_for_device``)."""
-    return compile_for_device(loss_forward, device, backend, encoder_in_graph)
+    return compile_for_device(loss_forward, device, backend, encoder_in_graph, cuda_graphs)
 
 
 def pad_to_multiple(batch: Batch, multiple: int, pad_index: int) -> Batch:

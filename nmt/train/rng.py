@@ -42,8 +42,8 @@ def set_rng_state(state: dict) -> None:
     npy = state["numpy"]
     np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"],
                          npy["has_gauss"], npy["cached"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+    if "cuda" in state and torch.cuda.is_available():  # the devices this machine has (a resume may see fewer)
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"][:torch.cuda.device_count()]])
 
 
 __all__ = ["seed_everything", "rng_state", "set_rng_state"]

@@ -173,7 +173,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.model.parameters(), train_cfg["optimizer"])
         self.precision = TrainPrecision(train_cfg["precision"], self.device)
         in_graph = train_cfg["compile_encoder"]
-        self.loss_forward = (compile_loss_forward(self.device, encoder_in_graph=in_graph) if train_cfg["compile"]
+        self.loss_forward = (compile_loss_forward(self.device, encoder_in_graph=in_graph,
+                                                  cuda_graphs=train_cfg["accumulate"] == 1) if train_cfg["compile"]
                              else loss_forward)
         self.batch_statistics = (compile_for_device(batch_statistics, self.device, encoder_in_graph=in_graph)
                                  if train_cfg["compile"]

@@ -50,7 +50,9 @@ class MultiHeadAttention(nn.Module):
     Softmax heads whose probabilities the caller does not need (``need_probs=False``: training's
     self-attentions, every cross-attention but the last layer's, a decoding step's self-attentions)
     run on CUDA as torch's ``scaled_dot_product_attention`` (:func:`fused_attention_serves`): the
-    same function up to rounding, rows with every key masked give zeros as here, and
+    same function up to rounding, rows with every key masked give zeros as here in float32 (not in
+    bfloat16 / float16, where the kernel returns other values: measured on an H200; nmt's masks never
+    mask every key of a row: sources hold a token, the causal mask keeps the diagonal), and
     ``attention_dropout`` becomes the kernel's own dropout (another random stream).
 
     ``continuous`` (cross-attention; ``ContinuousAttention`` keyword arguments): combined attention
