@@ -263,10 +263,8 @@ class InputFeedingDecoder(nn.Module):
         first = cells[0]
         feed_w = first.weight_ih[:, n_emb:]  # (4H, H) with input feeding, (4H, 0) without
         weights = [torch.cat([feed_w, first.weight_hh], dim=1) if self.input_feeding else first.weight_hh]
-        biases: list[Tensor | None] = [None]
         for cell in cells[1:]:
             weights.append(torch.cat([cell.weight_ih, cell.weight_hh], dim=1))
-            biases.append(None if cell.bias_ih is None else cell.bias_ih + cell.bias_hh)  # the plain loop's
         bias0 = None if first.bias_ih is None else first.bias_ih + first.bias_hh
         pre = nn.functional.linear(emb, first.weight_ih[:, :n_emb], bias0)  # (B, T, 4H)
         if deferred_enabled(emb):
@@ -281,6 +279,10 @@ class InputFeedingDecoder(nn.Module):
         c = [state[1] for state in hidden]
         fused = fused_cell_usable(pre, h + c + [b for cell in cells[1:] for b in (cell.bias_ih, cell.bias_hh)
                                                 if b is not None])
+        # the plain loop's summed biases of the layers after the first (the fused cell takes the two)
+        biases: list[Tensor | None] = [None]
+        for cell in cells[1:]:
+            biases.append(None if fused or cell.bias_ih is None else cell.bias_ih + cell.bias_hh)
         zeros = pre.new_zeros(pre.size(0), pre.size(-1)) if fused and len(cells) > 1 else None
         outs, attns = [], []
         for pre_t in pre.unbind(1):

@@ -102,7 +102,7 @@ def mask_stopped(stopped: Tensor, done: Tensor, token: Tensor, parent: Tensor, s
     out_reason = torch.empty_like(reason)
     if rows:
         as_bytes = [t.contiguous().view(torch.int8) for t in (stopped, done)]
-        if not _triton.launched("nmt.translate.triton_static_mask", lambda: _kernel()[(triton_cdiv(rows),)](
+        if not _triton.launched("nmt.translate.triton_static_mask", lambda: _kernel()[((rows + BLOCK_ROWS - 1) // BLOCK_ROWS,)](
                 *as_bytes, token, parent, score, score if support is None else support, live,
                 exact.contiguous().view(torch.int8), reason.contiguous(), old_exact.contiguous().view(torch.int8),
                 old_reason.contiguous(), out_token, out_parent, out_score,
@@ -113,11 +113,6 @@ def mask_stopped(stopped: Tensor, done: Tensor, token: Tensor, parent: Tensor, s
     new_exact, new_stopped = flags.view(torch.bool).unbind(0)
     return StoppedMask(out_token, out_parent, out_score, out_support, out_live, new_exact, out_reason, new_stopped,
                        flat.view(-1))
-
-
-def triton_cdiv(rows: int) -> int:
-    """Programs for ``rows`` sentences."""
-    return (rows + BLOCK_ROWS - 1) // BLOCK_ROWS
 
 
 __all__ = ["BLOCK_ROWS", "StoppedMask", "mask_stopped"]
