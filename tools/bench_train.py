@@ -164,7 +164,8 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     ``pad_to``: lengths padded to a multiple, few shapes; ``backend``: torch.compile's backend);
     ``model_section``: another model. ``first_step_seconds``: the first update (a compiled run's
     compilation), which is always taken (one extra untimed step when ``warmup`` is 0).
-    ``profile``: also where the counted step's host syncs are (``sync_sites``) and, after timing,
+    ``graphs_compiled``: the graphs dynamo compiled for this row (a compiled row starts from a
+    reset: its own graphs, not an earlier row's). ``profile``: also where the counted step's host syncs are (``sync_sites``) and, after timing,
     :func:`profile_steps` over that many steps (``profile``). ``encoder_in_graph``: compiled with
     ``training.compile_encoder`` (an LSTM encoder inside the graph)."""
     model_cfg = json.loads(json.dumps(model_section or config["model"]))
@@ -176,6 +177,15 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     loss_fn = get_loss(output[0], **output[1])
     optimizer = build_optimizer(model.parameters(), config["training"]["optimizer"])
     clip = config["training"]["clip_grad_norm"]
+    if compiled:
+        # this row's own graphs: dynamo inlines nn modules (parameters are graph inputs, guarded by
+        # their properties, not by the model's identity), so a later row's model would run the graphs
+        # compiled for an earlier row's wherever they agree (the encoder's and the bridge's), and on
+        # CUDA the CUDA-graph trees would first try, at every step, the earlier model's recording
+        # (logged as re-recording, "static input data pointer changed", under TORCH_LOGS=cudagraphs:
+        # 72 times in the H200's run of 2026-11-27). The reset also frees the earlier graphs' memory.
+        torch._dynamo.reset()
+    graphs_before = _graphs_compiled()
     forward = compile_loss_forward(device, backend=backend, encoder_in_graph=encoder_in_graph) if compiled \
         else loss_forward
     train = TrainPrecision(precision, device)
@@ -205,6 +215,7 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
         step(batch)
     _synchronize(device)
     shape_warmup = time.perf_counter() - start
+    graphs = _graphs_compiled() - graphs_before  # (before the sync count: on the CPU its wrappers compile too)
     _, sites = host_sync_sites_on(device, lambda: step(batches[0]))
     syncs = sum(sites.values())
     _synchronize(device)
@@ -218,7 +229,7 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     timed = max(len(batches) - warmup, 1)
     figures = {"tokens_per_sec": tokens / seconds, "ms_per_step": 1000.0 * seconds / timed, "syncs_per_step": syncs,
                "shapes": len(shapes), "shape_warmup_seconds": shape_warmup, "first_step_seconds": first_step,
-               "cudagraph_skips": cudagraph_skips() - skips}
+               "cudagraph_skips": cudagraph_skips() - skips, "graphs_compiled": graphs}
     if profile:
         figures["sync_sites"] = dict(sites.most_common())
         try:  # the timing above stands even where the profiler fails (e.g. with CUDA graphs)
@@ -410,6 +421,13 @@ NMT_KERNELS = re.compile(r"_((ce_)?(forward|backward)|finish)_kernel\b")
 losses, the index losses' reduction)."""
 
 
+def _graphs_compiled() -> int:
+    """Graphs dynamo has compiled in this process (its ``unique_graphs`` counter; 0 before dynamo
+    is used)."""
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -552,6 +570,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"    inductor declined CUDA graphs {figures[0]['cudagraph_skips']} times in this run "
                           f"(reasons: TORCH_LOGS=cudagraphs)")
                 results[-1]["cudagraph_skips"] = figures[0]["cudagraph_skips"]
+                if mode == "compiled":  # per step: one graph per piece between graph breaks (and per shape)
+                    results[-1]["graphs_compiled"] = figures[0]["graphs_compiled"]
+                    print(f"    {figures[0]['graphs_compiled']} graphs compiled for this row")
                 if args.profile:
                     print_profile(figures[0], ms)
                     results[-1].update(sync_sites=figures[0]["sync_sites"], profile=figures[0]["profile"],

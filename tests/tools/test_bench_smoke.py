@@ -119,3 +119,24 @@ def test_bench_sparse_graphs(capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.main(["--graphs", "--quick"])
     assert exit_.value.code == 2 and "--graphs needs --device cuda" in capsys.readouterr().err
+
+
+
+def test_bench_train_compiled_rows_compile_their_own_graphs():
+    """Each compiled row starts from a dynamo reset: without it the second model ran the graphs
+    compiled for the first wherever they agree (parameters are graph inputs, not guarded by the
+    model's identity), and on CUDA the CUDA-graph trees tried the first model's recording at every
+    step. Both rows compile the same graphs: one per piece between the LSTM encoder's graph breaks."""
+    bench = _load("bench_train")
+    config = bench.load_config(bench.CONFIG, ["training.save_dir=unused"])
+    small = json.loads(json.dumps(config["model"]))
+    small["embeddings"].update(src_size=8, tgt_size=8)
+    small["encoder"].update(layers=1, hidden_size=8)
+    small["decoder"].update(layers=1, hidden_size=8)
+    batches, src_vocab, tgt_vocab = bench.synthetic_batches(200, batch_size=1, vocab=30)
+    shape = min((b.src.shape, b.tgt_in.shape) for b in batches)  # short: a short decoder to trace
+    batches = [b for b in batches if (b.src.shape, b.tgt_in.shape) == shape][:2]
+    graphs = [bench.measure(config, (mapping, {}), (mapping, {}), batches, src_vocab, tgt_vocab, 1, compiled=True,
+                            model_section=small, backend="aot_eager")["graphs_compiled"]
+              for mapping in ("softmax", "entmax15")]
+    assert graphs[0] == graphs[1] >= 5
