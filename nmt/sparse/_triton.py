@@ -526,7 +526,9 @@ def jitted(fn: Any, label: str) -> Any:
     """The kernel function ``fn`` (this module's, or another nmt module's that names ``tl`` as a
     global, bound here: the search step's kernels) jitted for the current ``TRITON_INTERPRET``
     setting, built once per function and setting; compiled ones are launched through
-    :class:`nmt.sparse._triton_launch.CachedLaunch` where this Triton allows (>= 3.3).
+    :class:`nmt.sparse._triton_launch.CachedLaunch` where this Triton allows (>= 3.3), else
+    :class:`~nmt.sparse._triton_launch.DeviceLaunch`: either way on the device of the launch's
+    first tensor, not the current device.
     ``label`` names the caller in the error raised without triton."""
     interpret = _interpret()
     kernel = _KERNELS.get((fn, interpret))
@@ -539,12 +541,12 @@ def jitted(fn: Any, label: str) -> Any:
         else:
             from triton.runtime.jit import JITFunction as wrap
         kernel = wrap(fn)
-        if not interpret:
+        if not interpret:  # launched on the device of the tensors (Triton: on the current one)
+            from ._triton_launch import CachedLaunch, DeviceLaunch
             try:
-                from ._triton_launch import CachedLaunch
                 kernel = CachedLaunch(kernel)
             except ImportError:  # Triton < 3.3: its own launch path
-                pass
+                kernel = DeviceLaunch(kernel)
         _KERNELS[(fn, interpret)] = kernel
     return kernel
 

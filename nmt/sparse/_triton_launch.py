@@ -29,6 +29,14 @@ instrumentation knobs are read when a key is first launched.
 ``kernel[grid]``), ``verify``: on, and every launch also asks Triton which kernel it would
 choose and what it would pass, and raises if that differs (for tests; slower than either).
 
+**The device.** Triton launches on the *current* CUDA device, whatever device the tensors are
+on: a kernel given tensors on ``cuda:1`` while the current device is ``cuda:0`` fails ("Pointer
+argument cannot be accessed from Triton") or reads another GPU's memory. Every launch here
+(cached or not, and :class:`DeviceLaunch` where the cache is unavailable) runs on the device of
+its first tensor argument, entering it for the launch where it is not the current one (torch's
+device guard; nothing else changes), so ``-device cuda:1`` and ``training.device: cuda:1`` work
+like any torch operation.
+
 Nothing here synchronises with the host (data pointers, dtypes and Python values only).
 """
 from __future__ import annotations
@@ -36,6 +44,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, Optional, Tuple
 
+import torch
 from torch import Tensor
 
 _I32 = (-(1 << 31), 1 << 31)
@@ -75,6 +84,49 @@ def launch_key(device: int, args: tuple, kwargs: dict) -> tuple:
     return tuple(key)
 
 
+def launch_device(args: tuple) -> Optional[int]:
+    """The CUDA device a launch belongs on: that of its first tensor argument (None where that
+    tensor is not on a CUDA device, or there is none). Reads the tensor's device only."""
+    for a in args:
+        if isinstance(a, Tensor):
+            index = a.get_device()
+            return index if index >= 0 else None
+    return None
+
+
+def on_device(index: int) -> Any:
+    """The context in which ``index`` is the current CUDA device (torch's device guard)."""
+    return torch.cuda.device(index)
+
+
+def current_device() -> int:
+    """torch's current CUDA device."""
+    return torch.cuda.current_device()
+
+
+def launch_on_device(launch: Callable[..., Any], args: tuple, kwargs: dict,
+                     current: Optional[Callable[[], int]] = None) -> Any:
+    """``launch(*args, **kwargs)`` on the device of its tensors (:func:`launch_device`), entered
+    for the call where it is not the current device (``current()``, default
+    :func:`current_device`; asked only for CUDA tensors)."""
+    wanted = launch_device(args)
+    if wanted is not None and wanted != (current or current_device)():
+        with on_device(wanted):
+            return launch(*args, **kwargs)
+    return launch(*args, **kwargs)
+
+
+class DeviceLaunch:
+    """``DeviceLaunch(jit_function)[grid](*args, **kwargs)``: Triton's own launch, on the device of
+    the tensors (see the module's docstring); for a Triton without :class:`CachedLaunch`."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __getitem__(self, grid: tuple) -> Callable[..., Any]:
+        return lambda *args, **kwargs: launch_on_device(self.fn[grid], args, kwargs)
+
+
 _MODES = {"1": "1", "on": "1", "true": "1", "yes": "1", "": "1",
           "0": "0", "off": "0", "false": "0", "no": "0", "verify": "verify"}
 
@@ -104,13 +156,23 @@ class CachedLaunch:
 
     def __getitem__(self, grid: tuple) -> Callable[..., Any]:
         if self._mode == "0":
-            return self.fn[grid]
+            return lambda *args, **kwargs: launch_on_device(self.fn[grid], args, kwargs,
+                                                            self._driver.active.get_current_device)
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
     def launch(self, grid: tuple, args: tuple, kwargs: dict) -> Any:
-        """Launch on the current device and stream; returns the compiled kernel."""
+        """Launch on the device of the tensors (entered where it is not the current one) and its
+        current stream; returns the compiled kernel."""
         active = self._driver.active
         device = active.get_current_device()
+        wanted = launch_device(args)
+        if wanted is not None and wanted != device:
+            with on_device(wanted):
+                return self._launch(active, wanted, grid, args, kwargs)
+        return self._launch(active, device, grid, args, kwargs)
+
+    def _launch(self, active: Any, device: int, grid: tuple, args: tuple, kwargs: dict) -> Any:
+        """The launch on ``device``, the current device."""
         try:
             key = launch_key(device, args, kwargs)
         except TypeError:  # an argument of a type the key does not know: Triton's path
@@ -165,4 +227,5 @@ class CachedLaunch:
                                  f"cache has {getattr(kernel, 'hash', kernel)} with {len(args) + len(tail)}")
 
 
-__all__ = ["CachedLaunch", "launch_key", "mode"]
+__all__ = ["CachedLaunch", "DeviceLaunch", "launch_device", "launch_key", "launch_on_device", "mode",
+           "current_device", "on_device"]

@@ -212,3 +212,133 @@ print("OK")
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout[-2000:] + out.stderr[-3000:]
+
+
+def test_launch_device_is_the_first_tensors():
+    """A launch belongs on its first tensor argument's CUDA device; CPU tensors (the interpreter)
+    and launches without a tensor leave the current device alone."""
+    from nmt.sparse._triton_launch import launch_device
+
+    assert launch_device(()) is None and launch_device((3, 0.5, None)) is None
+    assert launch_device((7, torch.zeros(2), torch.zeros(2))) is None
+    if torch.cuda.is_available():
+        last = torch.cuda.device_count() - 1
+        assert launch_device((7, torch.zeros(2, device=f"cuda:{last}"), torch.zeros(2))) == last
+
+
+_DEVICE_SCRIPT = r"""
+import contextlib, os, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+import bench_launch
+from triton.runtime.driver import driver
+from nmt.sparse import _triton as T, _triton_launch as L
+
+current = [0]
+streams, at_launch = [], []
+
+
+@contextlib.contextmanager
+def on_device(index):  # torch's device guard, for the stand-in's notion of the current device
+    before, current[0] = current[0], index
+    try:
+        yield
+    finally:
+        current[0] = before
+
+
+L.on_device = on_device
+L.current_device = lambda: current[0]
+on_gpu_1 = [False]
+real_launch_device = L.launch_device
+L.launch_device = lambda args: 1 if on_gpu_1[0] else real_launch_device(args)
+
+for mode in ("1", "verify", "0"):
+    os.environ["NMT_TRITON_LAUNCH_CACHE"] = mode
+    with bench_launch.stand_in_driver() as launched:
+        active = driver.active
+        active.get_current_device = lambda: current[0]
+        active.get_current_stream = lambda device: streams.append(device) or 0
+        launcher_cls = active.launcher_cls
+
+        def recording_launcher(src, metadata):
+            launch = launcher_cls(src, metadata)
+            def run(*args):
+                at_launch.append(current[0])
+                return launch(*args)
+            return run
+        active.launcher_cls = recording_launcher
+        x, g = torch.randn(5, 50), torch.randn(5, 50)
+        for gpu_1 in (False, True, True):  # on the current device; on another, twice (the cached path)
+            on_gpu_1[0] = gpu_1
+            del at_launch[:], streams[:]
+            T.entmax15_forward(x)
+            T.entmax15_backward(x, g)
+            assert at_launch == [1 if gpu_1 else 0] * 2, (mode, gpu_1, at_launch)
+            assert set(streams) <= {1 if gpu_1 else 0}, (mode, gpu_1, streams)
+            assert current[0] == 0, (mode, "the current device was not restored")
+        if mode != "0":
+            devices = {key[0] for key in T._kernels().forward._cache}
+            assert devices == {0, 1}, (mode, devices)
+
+# without the launch cache (a Triton older than 3.3): DeviceLaunch
+seen = []
+class Kernel:
+    def __getitem__(self, grid):
+        return lambda *args: seen.append((grid, current[0], len(args)))
+for gpu_1 in (False, True):
+    on_gpu_1[0] = gpu_1
+    L.DeviceLaunch(Kernel())[(4,)](torch.zeros(1), 3)
+    assert seen[-1] == ((4,), 1 if gpu_1 else 0, 2) and current[0] == 0, seen
+print("OK")
+"""
+
+
+def test_launches_run_on_the_device_of_their_tensors(subprocess_env):
+    """Triton launches on the current device; nmt's launches enter the tensors' device instead
+    (``-device cuda:1`` with ``cuda:0`` current). Through Triton's real launch path with the
+    stand-in driver, a second GPU simulated: with the cache on, in ``verify`` mode and off, a
+    kernel given tensors of device 1 is compiled, keyed, given its stream and launched there, on
+    the current device as before, and the current device is restored after; likewise
+    DeviceLaunch, the launch of a Triton without the cache."""
+    pytest.importorskip("triton")
+    from triton.backends import backends
+
+    if "nvidia" not in backends:
+        pytest.skip("triton without its NVIDIA backend")
+    try:
+        import triton.knobs  # noqa: F401
+    except ImportError:
+        pytest.skip("Triton < 3.3: no launch cache")
+    out = subprocess.run([sys.executable, "-c", _DEVICE_SCRIPT, str(ROOT / "tools")], cwd=ROOT,
+                         env=subprocess_env(TRITON_DEFAULT_FP_FUSION="1"), capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.strip().endswith("OK"), out.stdout[-2000:]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_kernels_on_a_second_gpu_equal_the_first(subprocess_env):
+    """With ``cuda:0`` current, the mappings, losses and search kernels on tensors of ``cuda:1``
+    give what they give on ``cuda:0`` (Triton alone would launch them on ``cuda:0``)."""
+    pytest.importorskip("triton")
+    script = r"""
+import torch
+from nmt.sparse import entmax15, sparsemax, entmax_bisect, entmax15_loss, cross_entropy_loss
+torch.cuda.set_device(0)
+results = []
+for device in ("cuda:0", "cuda:1"):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(33, 50, generator=g) * 3).to(device).requires_grad_()
+    t = torch.randint(0, 50, (33,), generator=g).to(device)
+    out = [entmax15(x), sparsemax(x), entmax_bisect(x, 1.3)]
+    loss = entmax15_loss(x, t) + cross_entropy_loss(x, t)
+    grad, = torch.autograd.grad(loss + sum((o * o).sum() for o in out), x)
+    assert torch.cuda.current_device() == 0
+    results.append([o.detach().cpu() for o in out] + [loss.detach().cpu(), grad.cpu()])
+for a, b in zip(*results):
+    assert torch.equal(a, b)
+print("OK")
+"""
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout[-2000:] + out.stderr[-3000:]
