@@ -312,6 +312,7 @@ def test_launches_run_on_the_device_of_their_tensors(subprocess_env):
     _run_on_the_stand_in(_DEVICE_SCRIPT, subprocess_env)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_kernels_on_a_second_gpu_equal_the_first(subprocess_env):
     """With ``cuda:0`` current, the mappings, losses and search kernels on tensors of ``cuda:1``
