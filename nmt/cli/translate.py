@@ -115,28 +115,20 @@ def _check_arguments(args: argparse.Namespace) -> None:
             raise ValueError(f"-{name} must be a finite number, got {getattr(args, name)}")
 
 
-def _check_device(name: str) -> None:
-    """ValueError (one line) unless ``name`` is a torch device this machine can allocate on."""
-    from nmt.utils.device import device_problem
-
-    problem = device_problem(name)
-    if problem is not None:
-        raise ValueError(f"-device {name}: not a usable device here (cpu, cuda or cuda:N); {problem[:120]}")
-
-
 def run(args: argparse.Namespace, start: float | None = None) -> int:
     """Run the mode ``args`` ask for; ``start``: perf_counter() time the program started."""
     start = time.perf_counter() if start is None else start
     import torch
 
     from nmt.translate.loading import resolve_device
+    from nmt.utils.device import make_current
 
     _check_arguments(args)
     search_options(args)  # bad search flags fail before any input is read
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    args.device = resolve_device(args.device)
-    _check_device(args.device)
+    args.device = resolve_device(args.device, what="-device")
+    make_current(args.device)  # one device: Triton's launches need no switch, nothing reaches cuda:0
     from nmt.translate.translator import default_batching
 
     file_mode = not (args.score_output or args.mode == "score" or (args.src == "-" and args.output == "-"))

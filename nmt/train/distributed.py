@@ -40,14 +40,17 @@ class DistributedContext:
     """Where this process is in the job. ``world_size == 1``: a plain single-process run.
 
     rank: global rank (0 writes checkpoints, logs, metrics, TensorBoard and validates);
-    local_rank: rank on this node (selects ``cuda:local_rank``); control: the Gloo group for
-    host-side values (None in one process).
+    local_rank: rank on this node (selects ``cuda:local_rank``, or ``cuda:0`` where a process sees
+    one GPU only: see :func:`init_distributed`); control: the Gloo group for host-side values
+    (None in one process).
     """
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     control: Any = field(default=None, repr=False)
+    cuda_index: int | None = None
+    """The CUDA device this process trains on (None: LOCAL_RANK's, see :func:`rank_device`)."""
 
     @property
     def enabled(self) -> bool:
@@ -137,12 +140,37 @@ def torchrun_environment(environ: dict | None = None) -> bool:
     return all(name in environ for name in TORCHRUN_VARIABLES)
 
 
+def several_processes(environ: dict | None = None) -> bool:
+    """True when torchrun started this process as one of several (WORLD_SIZE > 1)."""
+    environ = os.environ if environ is None else environ
+    try:
+        return torchrun_environment(environ) and int(environ["WORLD_SIZE"]) > 1
+    except ValueError:  # not an integer: init_distributed says so
+        return True
+
+
+def rank_cuda_index(local: int, count: int, environ: dict | None = None) -> int:
+    """The CUDA device of the process of local rank ``local`` among ``count`` visible devices:
+    ``local``; or 0 where the launcher gave each process its own GPU, the only one it sees
+    (``CUDA_VISIBLE_DEVICES`` naming one device, as SLURM's per-task GPU binding does). ValueError
+    (one line) where there are fewer GPUs than processes on the node."""
+    environ = os.environ if environ is None else environ
+    if local < count:
+        return local
+    visible = [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if count == 1 and len(visible) == 1:
+        return 0
+    raise ValueError(f"torchrun environment: LOCAL_RANK={local} but this machine has "
+                     f"{count} CUDA device(s); start at most one process per GPU "
+                     f"(--nproc_per_node) or set training.device: cpu")
+
+
 def init_distributed(device_type: str) -> DistributedContext:
     """Join the torchrun job described by the environment; a single-process context otherwise.
 
     device_type: "cuda" or "cpu", the training device; selects the backend (NCCL / Gloo) and,
-    for CUDA, sets the current device to ``cuda:LOCAL_RANK``. Raises ValueError (one line)
-    for an inconsistent environment.
+    for CUDA, sets the current device to the process's GPU (:func:`rank_cuda_index`). Raises
+    ValueError (one line) for an inconsistent environment.
     """
     if not torchrun_environment():
         return DistributedContext()
@@ -157,23 +185,22 @@ def init_distributed(device_type: str) -> DistributedContext:
     if not dist.is_available():
         raise ValueError("torch.distributed is not available in this torch build")
     backend = "nccl" if device_type == "cuda" else "gloo"
+    index = None
     if backend == "nccl":
-        if local >= torch.cuda.device_count():
-            raise ValueError(f"torchrun environment: LOCAL_RANK={local} but this machine has "
-                             f"{torch.cuda.device_count()} CUDA device(s); start at most one process per GPU "
-                             f"(--nproc_per_node) or set training.device: cpu")
-        torch.cuda.set_device(local)
+        index = rank_cuda_index(local, torch.cuda.device_count())
+        torch.cuda.set_device(index)
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=TIMEOUT)
     control = dist.new_group(backend="gloo", timeout=TIMEOUT) if backend != "gloo" else dist.group.WORLD
     logger.info("distributed training: rank %d of %d (local rank %d), backend %s", rank, world, local, backend)
-    return DistributedContext(rank, world, local, control)
+    return DistributedContext(rank, world, local, control, index)
 
 
 def rank_device(context: DistributedContext, device: torch.device) -> torch.device:
-    """The device of this rank: ``cuda:local_rank`` for a CUDA run with several processes."""
+    """The device of this rank: its own GPU (``cuda:local_rank``, or the one it sees) for a CUDA
+    run with several processes; ``device`` otherwise."""
     if context.enabled and device.type == "cuda":
-        return torch.device("cuda", context.local_rank)
+        return torch.device("cuda", context.local_rank if context.cuda_index is None else context.cuda_index)
     return device
 
 
@@ -288,4 +315,5 @@ def loss_normalizer(global_tokens: int, world_size: int) -> float:
 
 __all__ = ["DistributedContext", "NullLock", "STOP_REASONS", "distributed_state", "in_rank_order", "rank_rng_state",
            "resume_check", "init_distributed", "loss_normalizer",
-           "rank_device", "shard_batch", "torchrun_environment", "wrap_model"]
+           "rank_cuda_index", "rank_device", "several_processes", "shard_batch", "torchrun_environment",
+           "wrap_model"]

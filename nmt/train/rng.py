@@ -19,8 +19,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def rng_state() -> dict:
-    """The current state of every generator (a dict of tensors / ints / lists)."""
+def rng_state(device: torch.device | str | None = None) -> dict:
+    """The current state of every generator (a dict of tensors / ints / lists). With a CUDA
+    ``device`` (the training device) also its own generator's state (``cuda_device``), which a
+    resume restores onto its training device, whatever that device's index (see
+    :func:`set_rng_state`)."""
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
@@ -31,19 +34,26 @@ def rng_state() -> dict:
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
+        if device is not None and torch.device(device).type == "cuda":
+            state["cuda_device"] = torch.cuda.get_rng_state(torch.device(device))
     return state
 
 
-def set_rng_state(state: dict) -> None:
-    """Restore generators saved by :func:`rng_state`."""
+def set_rng_state(state: dict, device: torch.device | str | None = None) -> None:
+    """Restore generators saved by :func:`rng_state`: the CUDA ones by index (those this machine
+    has; a resume may see fewer), then, with a CUDA ``device``, the saved training device's state
+    onto ``device``: a run resumed on another GPU (cuda:1 -> cuda:0, fewer GPUs) continues its
+    random stream instead of restarting it from the seed."""
     torch.set_rng_state(state["torch"].cpu())
     py = state["python"]
     random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
     npy = state["numpy"]
     np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"],
                          npy["has_gauss"], npy["cached"]))
-    if "cuda" in state and torch.cuda.is_available():  # the devices this machine has (a resume may see fewer)
+    if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"][:torch.cuda.device_count()]])
+    if "cuda_device" in state and device is not None and torch.device(device).type == "cuda":
+        torch.cuda.set_rng_state(state["cuda_device"].cpu(), torch.device(device))
 
 
 __all__ = ["seed_everything", "rng_state", "set_rng_state"]

@@ -28,7 +28,7 @@ from nmt.sparse import get_loss, is_softmax, loss_display_name
 from nmt.train.checkpoint import load_checkpoint, remove_stale_temporaries, repair_best, save_run_checkpoint
 from nmt.train.data_setup import generate_if_missing, load_training_data
 from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, init_distributed, rank_device,
-                                   rank_rng_state, resume_check, shard_batch, wrap_model)
+                                   rank_rng_state, resume_check, several_processes, shard_batch, wrap_model)
 from nmt.train.early_stopping import EarlyStopping
 from nmt.train.interrupt import GracefulInterrupt
 from nmt.train.nonfinite import NonFiniteGuard, check_parameters_finite
@@ -41,7 +41,7 @@ from nmt.train.update import loss_forward, update
 from nmt.train.validation import attention_grids, attention_matrices, batch_statistics, validate
 from nmt.utils.dir_lock import DirectoryLock
 from nmt.utils.heatmap import attention_title
-from nmt.utils.device import auto_device, device_problem
+from nmt.utils.device import auto_device, device_problem, make_current
 from nmt.utils.metrics_log import MetricsLog
 from nmt.utils.tensorboard import TensorBoardWriter
 
@@ -88,18 +88,27 @@ class TrainSummary:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda when available else cpu; otherwise ``torch.device(name)``."""
-    if name == "auto":
-        return torch.device(auto_device(name))
+    """The training device by an explicit name: ``auto`` -> CUDA when available, else the CPU;
+    ``cuda`` -> the current CUDA device by its index. Under torchrun with several processes a
+    CUDA run's index is each process's own (:func:`nmt.train.distributed.rank_device`): only
+    CUDA itself is checked here, and a configured index is ignored (logged). ValueError (one line)
+    for a device this machine cannot allocate on."""
     try:
-        device = torch.device(name)
+        device = torch.device(auto_device(name))
     except RuntimeError as exc:
         raise ValueError(str(exc).splitlines()[0]) from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{name!r} requested but CUDA is not available")
-    problem = device_problem(device)
-    if problem is not None:
-        raise ValueError(f"{name!r} is not usable here ({problem[:120]})")
+    if device.type == "cuda" and several_processes():  # no GPU touched before the rank's own is set
+        if device.index is not None:
+            logger.warning("training.device %s: under torchrun each process trains on its own GPU", name)
+        return torch.device("cuda")
+    if name != "auto":
+        problem = device_problem(device)
+        if problem is not None:
+            raise ValueError(f"{name!r} is not usable here ({problem[:120]})")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 
@@ -134,6 +143,7 @@ class Trainer:
         self.device = check_run_config(config, source)
         self.dist = init_distributed(self.device.type)  # one process unless started by torchrun
         self.device = rank_device(self.dist, self.device)
+        make_current(self.device)  # one device per process (several processes: set already)
         if config["training"]["threads"] is not None:
             torch.set_num_threads(config["training"]["threads"])
         self.metric = config["validation"]["metric"]
@@ -255,7 +265,8 @@ class Trainer:
         self.stopper.load_state_dict(trainer_state["early_stopping"])
         self.progress = Progress(**trainer_state["progress"])
         self.last_metrics = dict(checkpoint["metrics"])
-        set_rng_state(rank_rng_state(checkpoint, self.dist))  # last: building the model consumed random numbers
+        # last: building the model consumed random numbers
+        set_rng_state(rank_rng_state(checkpoint, self.dist), self.device)
         logger.info("resumed from %s at step %d (epoch %d, batch %d)", self.save_dir / "last.pt",
                     self.progress.step, self.progress.epoch, self.progress.batch_in_epoch)
 
@@ -267,7 +278,7 @@ class Trainer:
             "grad_scaler": self.precision.state_dict(),
             "step": self.progress.step,
             "epoch": self.progress.epoch,
-            "rng": rng_state(),
+            "rng": rng_state(self.device),
             "config": self.config,
             "src_field": self.data.src_field.state_dict(),
             "tgt_field": self.data.tgt_field.state_dict(),
@@ -284,7 +295,7 @@ class Trainer:
         """
         self.nonfinite.check(self.saved_step)
         check_parameters_finite(self.model.parameters(), self.progress.step, self.saved_step)
-        states = self.dist.gather(rng_state())
+        states = self.dist.gather(rng_state(self.device))
         if self.dist.is_main:
             payload = self._payload()
             payload["trainer"]["distributed"] = distributed_state(self.dist, self.config, states)

@@ -11,7 +11,7 @@ import torch
 from nmt.data.field import Field
 from nmt.models.protocol import StepDecoder
 from nmt.utils.checkpoint_file import CheckpointError, load_checkpoint
-from nmt.utils.device import auto_device
+from nmt.utils.device import auto_device, device_problem
 from nmt.translate.ensemble import Ensemble
 
 
@@ -32,13 +32,21 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def resolve_device(device: str | torch.device) -> str:
-    """The device name to use: ``"auto"`` is ``"cuda"`` when CUDA is available, else ``"cpu"``;
-    a CUDA device on a machine without CUDA is a ValueError."""
+def resolve_device(device: str | torch.device, what: str = "device") -> str:
+    """The device to use, by an explicit name: ``"auto"`` is CUDA when available, else ``"cpu"``;
+    ``"cuda"`` is the current CUDA device by its index (``"cuda:0"``), fixed here: a name without
+    an index would mean, at each later use, the current device of the thread using it. ValueError
+    (one line, naming the option ``what``) for a device this machine cannot allocate on."""
     name = auto_device(device)
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {name}: CUDA is not available on this machine")
-    return name
+        raise ValueError(f"{what} {name}: CUDA is not available on this machine")
+    problem = device_problem(name)
+    if problem is not None:
+        raise ValueError(f"{what} {name}: not a usable device here (cpu, cuda or cuda:N); {problem[:120]}")
+    chosen = torch.device(name)
+    if chosen.type == "cuda" and chosen.index is None:
+        chosen = torch.device("cuda", torch.cuda.current_device())
+    return str(chosen)
 
 
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedModel:

@@ -30,6 +30,16 @@ def device_problem(device: str | torch.device) -> str | None:
     return None
 
 
+def make_current(device: str | torch.device) -> None:
+    """Make a CUDA ``device`` the process's current device (other devices: nothing). For the
+    programs that run on one device (nmt-train, nmt-translate, the benchmarks): code that reads
+    the current device (Triton launches, CUDA events, streams and graphs, ``synchronize()``) then
+    works on it, not on ``cuda:0``. Not for the library API, where it would be a side effect."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
 def host_to_device(tensor: torch.Tensor, device: str | torch.device, non_blocking: bool = False) -> torch.Tensor:
     """``tensor.to(device)`` without making the host wait where that is possible.
 
@@ -47,4 +57,4 @@ def host_to_device(tensor: torch.Tensor, device: str | torch.device, non_blockin
     return tensor.to(device, non_blocking=non_blocking)
 
 
-__all__ = ["auto_device", "device_problem", "host_to_device"]
+__all__ = ["auto_device", "device_problem", "host_to_device", "make_current"]

@@ -376,10 +376,11 @@ def test_cli_picks_the_device_default_batching(monkeypatch, argv, expected):
     import nmt.cli.translate_file as translate_file
     import nmt.cli.translate_score as translate_score
     import nmt.translate.loading as loading
+    import nmt.utils.device as device_utils
 
     seen = {}
-    monkeypatch.setattr(loading, "resolve_device", lambda name: "cuda")
-    monkeypatch.setattr(translate_cli, "_check_device", lambda name: None)
+    monkeypatch.setattr(loading, "resolve_device", lambda name, what: "cuda:0")
+    monkeypatch.setattr(device_utils, "make_current", lambda name: None)
     for module, name in ((translate_file, "run_file"), (translate_score, "run_score")):
         monkeypatch.setattr(module, name, lambda args, start: seen.setdefault("batching", (args.batch_size,
                                                                                           args.batch_type)) and 0)
