@@ -43,6 +43,7 @@ if str(ROOT) not in sys.path:
 
 from nmt.sparse import _triton, entmax15, losses  # noqa: E402
 from nmt.sparse._triton_launch import mode as _launch_mode  # noqa: E402
+from nmt.utils.device import make_current  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -251,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     if device.type == "cuda":
+        make_current(device)  # the launches (and the second thread's) without a device switch
         if not _triton.is_available(torch.empty(1, 1, device=device)):
             raise SystemExit("bench_launch: the Triton kernels do not run on this CUDA device (triton missing?)")
         driver = contextlib.nullcontext([0])

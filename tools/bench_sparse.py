@@ -37,6 +37,7 @@ from nmt.sparse import (
     sparsemax_loss,
 )
 from nmt.utils.allocator import keep_freed_memory
+from nmt.utils.device import make_current
 from nmt.utils.host_syncs import count_host_syncs_on
 
 SHAPES = [(320, 50), (4096, 50), (1024, 8000), (256, 32000), (4096, 32000)]
@@ -280,6 +281,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: CUDA is not available")
+    make_current(device)  # CUDA events, graphs and streams below take the current device's
     if args.graphs and device.type != "cuda":
         ap.error("--graphs needs --device cuda (CUDA graphs)")
     timer_class = GraphTimer if args.graphs else Timer

@@ -68,6 +68,7 @@ from nmt.train.update import loss_forward, update  # noqa: E402
 from nmt.utils.host_syncs import host_sync_sites_on  # noqa: E402
 from nmt.config import load_config, registered_mappings  # noqa: E402
 from nmt.utils.io import atomic_write_text  # noqa: E402
+from nmt.utils.device import make_current  # noqa: E402
 
 CONFIG = ROOT / "configs" / "multi30k_lstm.yaml"
 TRANSFORMER_CONFIG = ROOT / "recipes" / "translation" / "configs" / "multi30k_transformer_softmax.yaml"
@@ -508,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 100)
     source = args.data or ("synthetic" if args.quick else "multi30k")
     device = torch.device(args.device)
+    make_current(device)  # CUDA events and synchronisation below take the current device's
     torch.set_num_threads(args.threads)
     config = load_config(CONFIG, ["training.save_dir=unused"] + [
         f"data.{split}.{side}={args.data_dir / f'{name}.{lang}'}"

@@ -159,7 +159,7 @@ def search_mode_rows(checkpoints: dict, lines: list[str], args: argparse.Namespa
                 if args.device.startswith("cuda"):
                     import torch
 
-                    torch.cuda.synchronize()
+                    torch.cuda.synchronize(args.device)
                 batch_seconds = time.perf_counter() - start
                 # the RNN encoder's runs by length read CPU-held lengths (never on accelerators):
                 # off while counting, so that the CPU count stands for the accelerator's
@@ -255,11 +255,13 @@ def main() -> None:
 
     from nmt.data.textfiles import read_lines
     from nmt.utils.allocator import keep_freed_memory
+    from nmt.utils.device import make_current
     from nmt.utils.io import atomic_write_text
     from nmt.translate.loading import load_model
     from nmt.translate.translator import Translator, TranslationSummary
 
     keep_freed_memory()  # as nmt-translate does
+    make_current(args.device)  # as nmt-translate does: synchronize() below waits for that device
     torch.set_num_threads(args.threads)
     args.src = args.src or args.data_dir / "test_2016_flickr.de"
     if not args.src.is_file():
