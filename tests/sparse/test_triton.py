@@ -49,6 +49,33 @@ pytestmark = [pytest.mark.filterwarnings(f"ignore:{m}:RuntimeWarning")
 pytestmark.append(pytest.mark.cuda)  # on CUDA the kernels run compiled
 
 INTERPRETED = isinstance(triton.language.standard.max, InterpretedFunction)
+
+
+def _interpreter_takes_numpy_24_indices() -> None:
+    """Triton < 3.7's interpreter turns a scalar kernel argument used as an index (``range(0,
+    slots)``) into an int by ``int()`` of its one-element array, which NumPy >= 2.4 refuses
+    (triton-lang/triton#9171, fixed in 3.7 by taking ``.squeeze()``); torch 2.11 pins Triton 3.6.
+    Only the interpreter is affected (the compiled kernels take the int as it is): the tests give
+    the interpreter the fixed conversion. Idempotent; nothing where the interpreter has the fix."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    newer = tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 7)
+    numpy_24 = tuple(int(v) for v in np.__version__.split(".")[:2]) >= (2, 4)
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if newer or not numpy_24 or patch is None or getattr(patch, "nmt_index", False):
+        return
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched.nmt_index = True
+    interpreter._patch_lang_tensor = patched
+
+
+if INTERPRETED:
+    _interpreter_takes_numpy_24_indices()
 RUNNABLE = ON_CUDA != INTERPRETED  # CUDA with compiled kernels, or CPU with the interpreter
 DEVICE = "cuda" if ON_CUDA else "cpu"
 NINF = float("-inf")
@@ -68,6 +95,7 @@ def device_mode(request):
     old = os.environ.get("TRITON_INTERPRET")
     if not ON_CUDA:
         os.environ["TRITON_INTERPRET"] = "1"
+    T._FAILED.clear()  # a kernel's failure (one warning, then torch's code) is its own test's
     yield
     if old is None:
         os.environ.pop("TRITON_INTERPRET", None)
