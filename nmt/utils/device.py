@@ -36,8 +36,8 @@ def make_current(device: str | torch.device) -> None:
     the current device (Triton launches, CUDA events, streams and graphs, ``synchronize()``) then
     works on it, not on ``cuda:0``. Not for the library API, where it would be a side effect."""
     device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    if device.type == "cuda" and device.index is not None:  # a bare "cuda" is the current device already
+        torch.cuda.set_device(device)  # (torch.cuda.set_device refuses a device without an index)
 
 
 def host_to_device(tensor: torch.Tensor, device: str | torch.device, non_blocking: bool = False) -> torch.Tensor:

@@ -37,6 +37,8 @@ class StandInGPUs:
         return self.current if index is None else index
 
     def set_device(self, device) -> None:
+        if not isinstance(device, int) and torch.device(device).index is None:  # as torch.cuda.set_device
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
         self.current = device if isinstance(device, int) else self.index(device)
 
     def set_all(self, states) -> None:
@@ -162,4 +164,7 @@ def test_make_current_sets_a_cuda_device_only(monkeypatch):
     device_utils.make_current("cpu")
     assert gpus.current == 0
     device_utils.make_current("cuda:1")
+    assert gpus.current == 1
+    device_utils.make_current("cuda")  # the benchmarks' --device cuda: the current device, kept
+    device_utils.make_current(torch.device("cuda"))
     assert gpus.current == 1
