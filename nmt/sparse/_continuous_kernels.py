@@ -35,6 +35,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ._common import own_precision
+
 _SQRT2 = math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _QUAD_NODES = 12  # error < 1e-11 in the regime it is used for (s > a), vs 200 nodes
@@ -135,7 +137,8 @@ def _quadrature(mu: Tensor, a: Tensor, basis_mu: Tensor, s: Tensor, beta: int,
     r = g.sum(-1)
     if not grads:
         return (r,)
-    moments = (z * g) @ torch.stack([torch.ones_like(nodes), nodes], -1)             # (..., N, 2)
+    with own_precision(z):  # in mu's dtype: autocast would lower the product
+        moments = (z * g) @ torch.stack([torch.ones_like(nodes), nodes], -1)         # (..., N, 2)
     return r, -moments[..., 0] / s.squeeze(-1), -moments[..., 1] / s.squeeze(-1)
 
 

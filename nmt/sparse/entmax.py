@@ -20,8 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from . import _dispatch
-from ._common import (apply_last, apply_mask, broadcasts_to, check_scores, compute_dtype, fresh_output, rows,
-                      shaped)
+from ._common import (apply_last, apply_mask, broadcasts_to, check_scores, compute_dtype, fresh_output,
+                      own_precision, rows, shaped)
 from ._dispatch import check_impl, resolve_impl, shifted_threshold, takes_half
 from ._softmax import softmax
 from ._native import support_backward
@@ -376,15 +376,16 @@ def entmax_bisect(scores: Tensor, alpha: Union[float, Tensor] = 1.5, dim: int = 
     host = kind == "pruned" and not torch.compiler.is_compiling()  # host reads only in eager mode
     a = _alpha_rows(alpha, scores, d, check=host, dtype=cdt)
     a = a.expand(*x.shape[:-1], 1)
-    if isinstance(alpha, Tensor):
-        one = a == 1
-        if host and not bool(one.any()):  # host read of the small alpha tensor
-            p = EntmaxBisectFunction.apply(x, a, n_iter, None, kind)
-        else:  # the rows with alpha = 1 take softmax (selected by a mask: no host read)
-            p = EntmaxBisectFunction.apply(x, torch.where(one, 2.0, a), n_iter, None, kind)
-            p = torch.where(one, softmax(x, dim=-1), p)
-    else:
-        p = EntmaxBisectFunction.apply(x, a, n_iter, float(alpha), kind)
+    with own_precision(x):
+        if isinstance(alpha, Tensor):
+            one = a == 1
+            if host and not bool(one.any()):  # host read of the small alpha tensor
+                p = EntmaxBisectFunction.apply(x, a, n_iter, None, kind)
+            else:  # the rows with alpha = 1 take softmax (selected by a mask: no host read)
+                p = EntmaxBisectFunction.apply(x, torch.where(one, 2.0, a), n_iter, None, kind)
+                p = torch.where(one, softmax(x, dim=-1), p)
+        else:
+            p = EntmaxBisectFunction.apply(x, a, n_iter, float(alpha), kind)
     return (p if last else p.movedim(-1, d)).to(dtype)
 
 

@@ -58,6 +58,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _dispatch
+from ._common import own_precision
 from ._dispatch import check_impl, resolve_impl, shifted_threshold
 from ._threshold import Candidates, count_true, native_long_entmax15, pruned_shifted_threshold
 from .entmax import entmax_at_candidates, scatter_candidates, sparse_output_pays
@@ -482,10 +483,11 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
         valid = t != ignore_index
         index = torch.where(valid, t, 0).long()
         _check(((index >= 0) & (index < n_classes)).all(), out_of_range)
-    if isinstance(reg, Shannon) and index is not None:
-        loss = _CrossEntropyFunction.apply(z, index, valid, eps)
-    else:
-        loss = _FenchelYoungFunction.apply(z, reg, index, dist, valid, eps, impl)
+    with own_precision(z):  # the conjugates' products in z's dtype, not autocast's
+        if isinstance(reg, Shannon) and index is not None:
+            loss = _CrossEntropyFunction.apply(z, index, valid, eps)
+        else:
+            loss = _FenchelYoungFunction.apply(z, reg, index, dist, valid, eps, impl)
     return _reduce(loss, reduction, valid, scores.shape[:-1], dtype)
 
 

@@ -443,3 +443,23 @@ def test_feed_forward_trains_through_the_packed_training_products(packing, monke
     for got, want in ((x.grad, x2.grad), (block.inner.weight.grad, w1.grad), (block.outer.weight.grad, w2.grad),
                       (block.inner.bias.grad, b1.grad)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
+
+
+def test_a_learned_alpha_is_not_rounded_under_autocast(monkeypatch):
+    """Under bfloat16 autocast the scores are bfloat16; the heads' learned alphas reach
+    entmax_bisect as they are (float32), not rounded to the scores' dtype (steps of 2^-7 there:
+    the documented minimum 1.01 became 1.0078, and training saw another alpha than evaluation)."""
+    from nmt.models.transformer.head_mapping import HeadMapping
+    import nmt.sparse.entmax as entmax
+
+    mapping = HeadMapping(4, "entmax_bisect", {"alpha": "learned"})
+    with torch.no_grad():
+        mapping.alpha_logit.copy_(torch.tensor([-2.0, -0.5, 0.3, -6.0]))
+    seen = []
+    real = entmax.EntmaxBisectFunction.apply
+    monkeypatch.setattr(entmax.EntmaxBisectFunction, "apply", lambda x, a, *rest: (seen.append(a), real(x, a, *rest))[1])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        scores = torch.randn(2, 4, 3, 6) @ torch.eye(6)  # bfloat16 under autocast
+        assert scores.dtype == torch.bfloat16
+        mapping(scores)
+    assert torch.equal(seen[0][0, :, 0, 0], mapping.alpha().detach())

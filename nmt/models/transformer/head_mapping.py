@@ -89,7 +89,9 @@ class HeadMapping(nn.Module):
         if self.temperature != 1.0:
             scores = scores / self.temperature
         if self._bisect is not None:
-            alpha = self.alpha().to(scores.dtype).view(1, self.heads, 1, 1)
+            # not cast to half scores' dtype: entmax_bisect takes alpha in its compute dtype (float32
+            # for half scores); bfloat16 would round it to steps of 2^-7 (1.01 -> 1.0078)
+            alpha = self.alpha().view(1, self.heads, 1, 1)
             return self._bisect(scores, alpha=alpha, dim=-1, mask=mask, **self.params)
         return self.function(scores, dim=-1, mask=mask)
 
