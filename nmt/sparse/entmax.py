@@ -351,8 +351,23 @@ def entmax_bisect(scores: Tensor, alpha: Union[float, Tensor] = 1.5, dim: int = 
     mode); on the static path (no host synchronisation) and in compiled graphs its rows are NaN
     instead.
     Half precisions are computed in float32. Returns probabilities shaped like ``scores``.
-    Rows with ``alpha == 1`` (tensor alpha) use softmax and get a zero alpha-gradient.
+    Rows with ``alpha == 1`` (tensor alpha) use softmax and get a zero alpha-gradient (off the
+    host path: a softmax of every row, selected by a mask; see :func:`entmax_bisect_above_one`).
     """
+    return _entmax_bisect(scores, alpha, dim, mask, n_iter, impl, above_one=False)
+
+
+def entmax_bisect_above_one(scores: Tensor, alpha: Tensor, dim: int = -1, mask: Optional[Tensor] = None,
+                            n_iter: Optional[int] = None, impl: str = "auto") -> Tensor:
+    """:func:`entmax_bisect` for a tensor ``alpha`` the caller keeps above 1 (the learned heads,
+    clamped at 1.01): no rows take softmax, so none is computed (off the host path
+    :func:`entmax_bisect` computes a softmax of every row to select those with ``alpha == 1``).
+    Rows with ``alpha == 1`` would get 2-entmax here."""
+    return _entmax_bisect(scores, alpha, dim, mask, n_iter, impl, above_one=True)
+
+
+def _entmax_bisect(scores: Tensor, alpha: Union[float, Tensor], dim: int, mask: Optional[Tensor],
+                   n_iter: Optional[int], impl: str, above_one: bool) -> Tensor:
     d = check_scores(scores, dim)
     check_impl(impl)
     if not isinstance(alpha, Tensor) and float(alpha) == 1.0:
@@ -377,7 +392,9 @@ def entmax_bisect(scores: Tensor, alpha: Union[float, Tensor] = 1.5, dim: int = 
     a = _alpha_rows(alpha, scores, d, check=host, dtype=cdt)
     a = a.expand(*x.shape[:-1], 1)
     with own_precision(x):
-        if isinstance(alpha, Tensor):
+        if isinstance(alpha, Tensor) and above_one:
+            p = EntmaxBisectFunction.apply(x, a, n_iter, None, kind)
+        elif isinstance(alpha, Tensor):
             one = a == 1
             if host and not bool(one.any()):  # host read of the small alpha tensor
                 p = EntmaxBisectFunction.apply(x, a, n_iter, None, kind)

@@ -463,3 +463,31 @@ def test_a_learned_alpha_is_not_rounded_under_autocast(monkeypatch):
         assert scores.dtype == torch.bfloat16
         mapping(scores)
     assert torch.equal(seen[0][0, :, 0, 0], mapping.alpha().detach())
+
+
+def test_learned_alpha_heads_compute_no_softmax_rows(monkeypatch):
+    """Off the host path (the static path an accelerator takes) entmax_bisect with a tensor alpha
+    selects softmax for rows with alpha = 1 by a mask, computing a softmax of every row. The learned
+    heads' alphas are at least 1.01: they skip it, with the same probabilities and gradients
+    (scores and alphas) as through the masked selection."""
+    from nmt.models.transformer.head_mapping import HeadMapping
+    import nmt.sparse.entmax as entmax
+
+    mapping = HeadMapping(3, "entmax_bisect", {"alpha": "learned", "impl": "static"})
+    with torch.no_grad():
+        mapping.alpha_logit.copy_(torch.tensor([-6.0, 0.0, 2.0]))  # alpha 1.01 (clamped), 1.5, 1.88
+    scores = torch.randn(2, 3, 4, 7, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    grad = torch.randn(2, 3, 4, 7, generator=torch.Generator().manual_seed(1))
+    softmaxes = []
+    real_softmax = entmax.softmax
+    monkeypatch.setattr(entmax, "softmax", lambda *a, **k: (softmaxes.append(1), real_softmax(*a, **k))[1])
+    p = mapping(scores)
+    got = torch.autograd.grad(p, [scores, mapping.alpha_logit], grad)
+    assert softmaxes == []
+    alpha = mapping.alpha().view(1, 3, 1, 1)
+    q = entmax.entmax_bisect(scores, alpha=alpha, dim=-1, impl="static")  # the masked selection
+    want = torch.autograd.grad(q, [scores, mapping.alpha_logit], grad)
+    assert softmaxes == [1]
+    torch.testing.assert_close(p, q, rtol=0, atol=0)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.sparse import get_mapping
-from nmt.sparse.registry import mapping_function
+from nmt.sparse.entmax import entmax_bisect_above_one
 
 LEARNED = "learned"
 ALPHA_INIT = "alpha_init"
@@ -76,7 +76,7 @@ class HeadMapping(nn.Module):
             raise ValueError("alpha_init needs alpha: learned")
         self.params = params
         self.function = get_mapping(mapping, **params)  # validates the name and parameters
-        self._bisect = mapping_function("entmax_bisect") if self.learned_alpha else None
+        self._bisect = entmax_bisect_above_one if self.learned_alpha else None
 
     def alpha(self) -> Tensor | None:
         """(heads,) the learned alphas ``max(1 + sigmoid(a), 1.01)`` in [1.01, 2], or None without one."""
@@ -92,6 +92,7 @@ class HeadMapping(nn.Module):
             # not cast to half scores' dtype: entmax_bisect takes alpha in its compute dtype (float32
             # for half scores); bfloat16 would round it to steps of 2^-7 (1.01 -> 1.0078)
             alpha = self.alpha().view(1, self.heads, 1, 1)
+            # alpha >= ALPHA_MIN > 1: no softmax rows to select (off the CPU, a softmax of every row)
             return self._bisect(scores, alpha=alpha, dim=-1, mask=mask, **self.params)
         return self.function(scores, dim=-1, mask=mask)
 
