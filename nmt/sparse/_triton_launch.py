@@ -156,8 +156,7 @@ class CachedLaunch:
 
     def __getitem__(self, grid: tuple) -> Callable[..., Any]:
         if self._mode == "0":
-            return lambda *args, **kwargs: launch_on_device(self.fn[grid], args, kwargs,
-                                                            self._driver.active.get_current_device)
+            return DeviceLaunch(self.fn)[grid]
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
     def launch(self, grid: tuple, args: tuple, kwargs: dict) -> Any:

@@ -41,7 +41,7 @@ from nmt.train.update import loss_forward, update
 from nmt.train.validation import attention_grids, attention_matrices, batch_statistics, validate
 from nmt.utils.dir_lock import DirectoryLock
 from nmt.utils.heatmap import attention_title
-from nmt.utils.device import auto_device, device_problem, make_current
+from nmt.utils.device import auto_device, device_problem, indexed, make_current
 from nmt.utils.metrics_log import MetricsLog
 from nmt.utils.tensorboard import TensorBoardWriter
 
@@ -107,9 +107,7 @@ def resolve_device(name: str) -> torch.device:
         problem = device_problem(device)
         if problem is not None:
             raise ValueError(f"{name!r} is not usable here ({problem[:120]})")
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
+    return indexed(device)
 
 
 def check_run_config(config: dict, source: str) -> torch.device:

@@ -11,7 +11,7 @@ import torch
 from nmt.data.field import Field
 from nmt.models.protocol import StepDecoder
 from nmt.utils.checkpoint_file import CheckpointError, load_checkpoint
-from nmt.utils.device import auto_device, device_problem
+from nmt.utils.device import auto_device, device_problem, indexed
 from nmt.translate.ensemble import Ensemble
 
 
@@ -43,10 +43,7 @@ def resolve_device(device: str | torch.device, what: str = "device") -> str:
     problem = device_problem(name)
     if problem is not None:
         raise ValueError(f"{what} {name}: not a usable device here (cpu, cuda or cuda:N); {problem[:120]}")
-    chosen = torch.device(name)
-    if chosen.type == "cuda" and chosen.index is None:
-        chosen = torch.device("cuda", torch.cuda.current_device())
-    return str(chosen)
+    return str(indexed(name))
 
 
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedModel:

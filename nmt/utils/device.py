@@ -16,6 +16,15 @@ def auto_device(name: str | torch.device) -> str:
     return name
 
 
+def indexed(device: str | torch.device) -> torch.device:
+    """``device`` by an explicit index: a bare ``cuda`` (the current device of whichever thread
+    uses it, at each use) as the current CUDA device now (``cuda:0``); other devices unchanged."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def device_problem(device: str | torch.device) -> str | None:
     """Why no tensor can be allocated on ``device`` (one line), or None when it can.
 
@@ -57,4 +66,4 @@ def host_to_device(tensor: torch.Tensor, device: str | torch.device, non_blockin
     return tensor.to(device, non_blocking=non_blocking)
 
 
-__all__ = ["auto_device", "device_problem", "host_to_device", "make_current"]
+__all__ = ["auto_device", "device_problem", "host_to_device", "indexed", "make_current"]

@@ -76,6 +76,8 @@ class HeadMapping(nn.Module):
             raise ValueError("alpha_init needs alpha: learned")
         self.params = params
         self.function = get_mapping(mapping, **params)  # validates the name and parameters
+        # alpha >= ALPHA_MIN > 1: no softmax rows to select (entmax_bisect, off the CPU, computes a
+        # softmax of every row to select those with alpha = 1)
         self._bisect = entmax_bisect_above_one if self.learned_alpha else None
 
     def alpha(self) -> Tensor | None:
@@ -92,7 +94,6 @@ class HeadMapping(nn.Module):
             # not cast to half scores' dtype: entmax_bisect takes alpha in its compute dtype (float32
             # for half scores); bfloat16 would round it to steps of 2^-7 (1.01 -> 1.0078)
             alpha = self.alpha().view(1, self.heads, 1, 1)
-            # alpha >= ALPHA_MIN > 1: no softmax rows to select (off the CPU, a softmax of every row)
             return self._bisect(scores, alpha=alpha, dim=-1, mask=mask, **self.params)
         return self.function(scores, dim=-1, mask=mask)
 
