@@ -328,10 +328,24 @@ def bound_entmax15(z: Tensor, max_iter: int, root: bool,
     return _bound(z, 2.0, 0.5, True, max_iter, (root, cube))
 
 
+def bound_sparsemax(z: Tensor, max_iter: int,
+                    squares: bool) -> Optional[tuple[Tensor, Tensor, Tensor, Tensor, Optional[Tensor]]]:
+    """Sparsemax of the rows ``z: (R, n)`` (CPU, float32/64; detached) in one native call:
+    :func:`bound_threshold` (``q = 1``, scale 1), then, per row while it is in cache,
+    ``p = [(z - zmax) - tau]_+`` as the torch forward rounds it (bit for bit on the same
+    threshold). Returns ``(tau, zmax, ok, p, squares)``: ``p: (R, n)``, ``squares: (R,)`` the row
+    sums of ``p^2`` taken in double (where ``squares``, else None); rows with ``ok`` False are not
+    written (the caller fixes their threshold and computes them). None when the library is
+    unavailable."""
+    found = _bound(z, 1.0, 1.0, True, max_iter, (False, squares))
+    return None if found is None else (*found[:4], found[5])
+
+
 def _bound(z: Tensor, q: float, scale: float, exact_scale: bool, max_iter: int,
            outputs: Optional[tuple[bool, bool]]) -> Optional[tuple]:
-    """The native bound threshold (``outputs=None``), or with 1.5-entmax's outputs
-    (``outputs = (root, cube)``): see :func:`bound_threshold` and :func:`bound_entmax15`."""
+    """The native bound threshold (``outputs=None``), or with the mapping's outputs
+    (``outputs = (root, power_sum)``, ``q = 2`` at scale 1/2 or ``q = 1`` at scale 1): see
+    :func:`bound_threshold`, :func:`bound_entmax15` and :func:`bound_sparsemax`."""
     lib = library()
     if lib is None or q not in (1.0, 2.0) or z.dtype not in _BOUND:
         return None
@@ -339,11 +353,11 @@ def _bound(z: Tensor, q: float, scale: float, exact_scale: bool, max_iter: int,
     z = z.detach().contiguous()
     tau, zmax = torch.empty(rows, dtype=z.dtype), torch.empty(rows, dtype=z.dtype)
     ok = torch.empty(rows, dtype=torch.int32)
-    p = r = cube = None
+    p = r = power_sum = None
     if outputs is not None:
         p = torch.empty_like(z)
-        r = torch.empty_like(z) if outputs[0] else None
-        cube = torch.empty(rows, dtype=z.dtype) if outputs[1] else None
+        r = torch.empty_like(z) if outputs[0] and q == 2.0 else None
+        power_sum = torch.empty(rows, dtype=z.dtype) if outputs[1] else None
     threads = _threads(z.numel())
     scratch = torch.empty(threads * max(n, 1), dtype=z.dtype)  # per thread: the compacted candidates
 
@@ -353,8 +367,8 @@ def _bound(z: Tensor, q: float, scale: float, exact_scale: bool, max_iter: int,
     if rows:
         getattr(lib, _BOUND[z.dtype])(
             z.data_ptr(), rows, n, int(q), float(scale), int(exact_scale), int(max_iter), tau.data_ptr(),
-            zmax.data_ptr(), ok.data_ptr(), scratch.data_ptr(), ptr(p), ptr(r), ptr(cube), threads)
-    return tau, zmax, ok.bool(), p, r, cube
+            zmax.data_ptr(), ok.data_ptr(), scratch.data_ptr(), ptr(p), ptr(r), ptr(power_sum), threads)
+    return tau, zmax, ok.bool(), p, r, power_sum
 
 
 def _threads(numel: int) -> int:
@@ -380,6 +394,6 @@ def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
 
 
 __all__ = ["CANDIDATES_SOURCE", "CFLAGS", "HEADERS", "MAX_CANDIDATES", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL",
-           "OPENMP_FLAGS", "SOURCE", "SOURCES", "available", "bound_entmax15", "bound_threshold", "build", "cache_dir", "load_once",
+           "OPENMP_FLAGS", "SOURCE", "SOURCES", "available", "bound_entmax15", "bound_sparsemax", "bound_threshold", "build", "cache_dir", "load_once",
            "enabled", "library", "load", "native_sorted_shifted_threshold", "newton_threshold", "solve", "sorted_probs",
            "step_candidates", "support_backward"]

@@ -224,45 +224,65 @@ DEFINE_NEWTON(newton_f64_avx512, double, DBL_EPSILON, AVX512, VECTOR_SUMS(double
             k += __builtin_popcount((unsigned)c);                                               \
         }                                                                                       \
     } while (0)
-/* 1.5-entmax's output of row r (scale 1/2), operation by operation as the torch forward computes\
-   it: r = [(-zmax/2 + x/2) - tau]_+ (NaN kept), p = r * r; root (if given) r, cube (if given) the\
-   row's sum of r p = sum p^1.5 in double. VECTORS first (L lanes at a time), then one by one. */\
+/* The mapping's output of row r, operation by operation as the torch forward computes it:
+   q = 2, 1.5-entmax (scale 1/2): r = [(-zmax/2 + x/2) - tau]_+ (NaN kept), p = r * r, root (if
+   given) r; q = 1, sparsemax (scale 1): p = [(x - zmax) - tau]_+. psum (if given): the row's sum
+   of p^alpha, alpha = 1 + 1/q (r p = p^1.5; p p = p^2), in double. VECTORS first (L lanes at a
+   time), then one by one. */                                                                   \
 #define OUTPUT_ROW(T, VECTORS)                                                                  \
     do {                                                                                        \
-        const T hm = (T)(-0.5 * zmax_out[r]), t = tau_out[r];                                   \
+        const T zm = zmax_out[r], hm = (T)(-0.5 * zm), t = tau_out[r];                          \
         const T *xr = z + r * n;                                                                \
         T *pr = p + r * n, *rr = root ? root + r * n : 0;                                       \
         double sum = 0.0;                                                                       \
         int64_t j = 0;                                                                          \
         VECTORS;                                                                                \
-        for (; j < n; j++) {                                                                    \
-            T v = (T)((T)(hm + (T)(0.5 * xr[j])) - t);                                          \
-            v = v < 0 ? (T)0 : v;                                                               \
-            pr[j] = (T)(v * v);                                                                 \
-            if (rr) rr[j] = v;                                                                  \
-            sum += (double)(T)(v * pr[j]);                                                      \
-        }                                                                                       \
-        if (cube) cube[r] = (T)sum;                                                             \
+        if (q == 2)                                                                             \
+            for (; j < n; j++) {                                                                \
+                T v = (T)((T)(hm + (T)(0.5 * xr[j])) - t);                                      \
+                v = v < 0 ? (T)0 : v;                                                           \
+                pr[j] = (T)(v * v);                                                             \
+                if (rr) rr[j] = v;                                                              \
+                sum += (double)(T)(v * pr[j]);                                                  \
+            }                                                                                   \
+        else                                                                                    \
+            for (; j < n; j++) {                                                                \
+                T v = (T)((T)(xr[j] - zm) - t);                                                 \
+                v = v < 0 ? (T)0 : v;                                                           \
+                pr[j] = v;                                                                      \
+                sum += (double)(T)(v * v);                                                      \
+            }                                                                                   \
+        if (psum) psum[r] = (T)sum;                                                             \
     } while (0)
 #define OUTPUT_VECTORS(T, VT, IT, L)                                                            \
     do {                                                                                        \
         VT acc = {0};                                                                           \
-        for (; j + L <= n; j += L) {                                                            \
-            VT xv;                                                                              \
-            memcpy(&xv, xr + j, sizeof xv);                                                     \
-            VT v = (hm + (T)0.5 * xv) - t;                                                      \
-            v = (VT)((IT)v & ~(IT)(v < 0)); /* clamp at 0, NaN kept */                          \
-            VT pv = v * v;                                                                      \
-            memcpy(pr + j, &pv, sizeof pv);                                                     \
-            if (rr) memcpy(rr + j, &v, sizeof v);                                               \
-            acc += v * pv;                                                                      \
-        }                                                                                       \
+        if (q == 2)                                                                             \
+            for (; j + L <= n; j += L) {                                                        \
+                VT xv;                                                                          \
+                memcpy(&xv, xr + j, sizeof xv);                                                 \
+                VT v = (hm + (T)0.5 * xv) - t;                                                  \
+                v = (VT)((IT)v & ~(IT)(v < 0)); /* clamp at 0, NaN kept */                      \
+                VT pv = v * v;                                                                  \
+                memcpy(pr + j, &pv, sizeof pv);                                                 \
+                if (rr) memcpy(rr + j, &v, sizeof v);                                           \
+                acc += v * pv;                                                                  \
+            }                                                                                   \
+        else                                                                                    \
+            for (; j + L <= n; j += L) {                                                        \
+                VT xv;                                                                          \
+                memcpy(&xv, xr + j, sizeof xv);                                                 \
+                VT v = (xv - zm) - t;                                                           \
+                v = (VT)((IT)v & ~(IT)(v < 0)); /* clamp at 0, NaN kept */                      \
+                memcpy(pr + j, &v, sizeof v);                                                   \
+                acc += v * v;                                                                   \
+            }                                                                                   \
         for (int l = 0; l < L; l++) sum += (double)acc[l];                                      \
     } while (0)
 #define DEFINE_BOUND(NAME, T, ATTR, NEWTON, VT, IT, L, MAXPASS, COMPACT, VECTORS)            \
 ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, int exact_scale,\
                       int64_t max_iter, T *tau_out, T *zmax_out, int32_t *ok, T *cand, T *p,    \
-                      T *root, T *cube)                                                         \
+                      T *root, T *psum)                                                         \
 {                                                                                               \
     const T s = (T)scale, bound = (T)BOUND_V, lo = (T)-1;                                       \
     for (int64_t r = 0; r < rows; r++) {                                                        \
@@ -348,7 +368,7 @@ DEFINE_ENTRY(nmt_newton_threshold_f64, double, f64)
 #define DEFINE_BOUND_ENTRY(NAME, T, SUFFIX)                                                     \
 void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, int exact_scale,            \
           int64_t max_iter, T *tau_out, T *zmax_out, int32_t *ok, T *scratch, T *p, T *root,    \
-          T *cube, int threads)                                                                 \
+          T *psum, int threads)                                                                 \
 {                                                                                               \
     void (*solve)(const T *, int64_t, int64_t, int, double, int, int64_t, T *, T *, int32_t *,  \
                   T *, T *, T *, T *) =                                                         \
@@ -357,7 +377,7 @@ void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, int exact_sc
     FOR_THREADS(threads, rows,                                                                  \
                 solve(z + FIRST * n, LAST - FIRST, n, q, scale, exact_scale, max_iter,          \
                       tau_out + FIRST, zmax_out + FIRST, ok + FIRST, scratch + t_ * n,          \
-                      AT(p, FIRST * n), AT(root, FIRST * n), AT(cube, FIRST)));                 \
+                      AT(p, FIRST * n), AT(root, FIRST * n), AT(psum, FIRST)));                 \
 }
 
 DEFINE_BOUND_ENTRY(nmt_bound_threshold_f32, float, f32)

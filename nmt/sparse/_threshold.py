@@ -35,14 +35,15 @@ Here ``z = (alpha - 1) * x`` and ``q = 1 / (alpha - 1)`` (sparsemax: ``q = 1``;
   is loose: random rows of 8,000 entries keep ~90% of their blocks but ~4% of their entries,
   which one comparison pass finds.)
 
-  Where the native library is built, exact 1.5-entmax thresholds (``q = 2``) of long rows on the
-  CPU skip that pruning: one native pass a row (:func:`nmt.sparse._native.bound_threshold`)
-  takes its maximum, keeps the entries above the maximum's bound (``v > -1 - 2^-10``: the
+  Where the native library is built, exact sparsemax and 1.5-entmax thresholds (``q`` in
+  {1, 2}) of long rows on the CPU skip that pruning: one native pass a row
+  (:func:`nmt.sparse._native.bound_threshold`) takes its maximum, keeps the entries above the maximum's bound (``v > -1 - 2^-10``: the
   threshold is at least -1) and runs the Newton loop on those alone, its closed form verified
-  there; rows it leaves unverified are sorted. 1.5-entmax and its loss take their outputs from
-  the same pass (:func:`native_long_entmax15`: ``p``, ``sqrt(p)`` and ``sum p^1.5`` written
-  while the row is in cache), several times fewer passes over a batch of output rows. The rows
-  are split over torch's OpenMP threads.
+  there; rows it leaves unverified are sorted. Sparsemax, 1.5-entmax and their losses take their
+  outputs from the same pass (:func:`native_long_sparsemax`: ``p`` and ``sum p^2``;
+  :func:`native_long_entmax15`: ``p``, ``sqrt(p)`` and ``sum p^1.5``; written while the row is in
+  cache), several times fewer passes over a batch of output rows. The rows are split over
+  torch's OpenMP threads.
 
 Host synchronisations: the convergence test of the Newton loop (one per step, a few
 steps; one more at the exact finish of ``q = 2``; one reading whether per-row powers all
@@ -59,7 +60,8 @@ import torch
 from torch import Tensor
 
 from ._native import available as native_available
-from ._native import bound_entmax15, bound_threshold, native_sorted_shifted_threshold, newton_threshold, sorted_probs
+from ._native import (bound_entmax15, bound_sparsemax, bound_threshold, native_sorted_shifted_threshold,
+                      newton_threshold, sorted_probs)
 
 SORT_MAX_N = 512
 """Longest rows the exact mappings solve by sorting (see :func:`prefer_sort`)."""
@@ -232,26 +234,53 @@ def native_long_entmax15(x: Tensor, root: bool, cube: bool) -> Optional[tuple]:
     ``p`` (and ``r`` where ``root``, else None) shaped like ``x``, ``cube`` the row sums of
     ``p^1.5`` (where ``cube``, else None), ``tau, zmax: (R,)`` for the ``R`` rows. Host syncs:
     the check of the verification flags (a CPU read)."""
+    return _native_long(x, 2.0, root, cube)
+
+
+def native_long_sparsemax(x: Tensor, squares: bool) -> Optional[tuple]:
+    """Sparsemax of the long rows of ``x: (..., n)`` (:func:`long_rows`) in one native call
+    (:func:`nmt.sparse._native.bound_sparsemax`), as :func:`native_long_entmax15` computes
+    1.5-entmax: ``p = [(x - zmax) - tau]_+`` as the torch forward rounds it, written while each row
+    is in cache. Returns ``(p, squares, tau, zmax)``: ``p`` shaped like ``x``, ``squares`` the row
+    sums of ``p^2`` (where ``squares``, else None), ``tau, zmax: (R,)``; None where
+    :func:`native_long_entmax15` is. Host syncs: the check of the verification flags (a CPU read)."""
+    found = _native_long(x, 1.0, False, squares)
+    return None if found is None else (found[0], *found[2:])
+
+
+def _native_long(x: Tensor, q: float, root: bool, power_sum: bool) -> Optional[tuple]:
+    """:func:`native_long_entmax15` (``q = 2``) or :func:`native_long_sparsemax` (``q = 1``):
+    ``(p, r, power_sum, tau, zmax)`` (``r``: 1.5-entmax's ``sqrt(p)`` where ``root``; the row sums of
+    ``p^alpha``, alpha = 1 + 1/q, where ``power_sum``), or None."""
     n = x.shape[-1]
     rows = x.numel() // max(n, 1)
     if x.numel() == 0 or not long_rows(rows, n) or not _host_solves(x) or not native_available():
         return None
     z = x.reshape(rows, n)
-    found = bound_entmax15(z, 4 * n + 60, root, cube)
+    if q == 2.0:
+        found = bound_entmax15(z, 4 * n + 60, root, power_sum)
+    else:
+        found = bound_sparsemax(z, 4 * n + 60, power_sum)
+        found = None if found is None else (*found[:4], None, found[4])
     if found is None:
         return None
     tau, zmax, ok, p, r, sums = found
     if not bool(ok.all()):  # ties within rounding of the threshold (rare): sort, then the formula
         bad = (~ok).nonzero()[:, 0]
-        # [x/2 - zmax/2] as the forward rounds it: the rows the sort solves and the formula reads
-        shifted = torch.add(-0.5 * zmax.index_select(0, bad)[:, None], z.index_select(0, bad), alpha=0.5)
-        tau[bad] = sort_threshold(shifted, 2.0)[:, 0]
+        zmax_bad, z_bad = zmax.index_select(0, bad)[:, None], z.index_select(0, bad)
+        # the shifted rows as the forward rounds them: what the sort solves and the formula reads
+        if q == 2.0:  # [x/2 - zmax/2]
+            shifted = torch.add(-0.5 * zmax_bad, z_bad, alpha=0.5)
+        else:  # [x - zmax]
+            shifted = torch.sub(z_bad, zmax_bad)
+        tau[bad] = sort_threshold(shifted, q)[:, 0]
         r_bad = shifted.sub_(tau[bad, None]).clamp_(min=0)
-        p[bad] = r_bad * r_bad
+        p_bad = r_bad * r_bad if q == 2.0 else r_bad
+        p[bad] = p_bad
         if r is not None:
             r[bad] = r_bad
         if sums is not None:
-            sums[bad] = torch.linalg.vecdot(r_bad, r_bad * r_bad)
+            sums[bad] = torch.linalg.vecdot(r_bad, p_bad)  # sum p^1.5 = <r, p>; sum p^2 = <p, p>
     return p.view(x.shape), None if r is None else r.view(x.shape), sums, tau, zmax
 
 
@@ -701,7 +730,7 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
     block = _block_length(n)
     if n < 8 * block:
         return finish(*solve(z2, None, q))
-    if exact and q == 2.0 and _host_solves(z2) and native_available():
+    if exact and q in (1.0, 2.0) and _host_solves(z2) and native_available():
         # the native pass per row: its maximum, the entries above the maximum's bound, Newton on
         # them (no block maxima, masks or selections over the whole input)
         found = bound_threshold(z2, q, scale, exact_scale, max_iter)

@@ -60,7 +60,8 @@ from torch import Tensor, nn
 from . import _dispatch
 from ._common import own_precision
 from ._dispatch import check_impl, resolve_impl, shifted_threshold
-from ._threshold import Candidates, count_true, native_long_entmax15, pruned_shifted_threshold
+from ._threshold import (Candidates, count_true, native_long_entmax15, native_long_sparsemax,
+                         pruned_shifted_threshold)
 from .entmax import entmax_at_candidates, scatter_candidates, sparse_output_pays
 
 _REDUCTIONS = ("mean", "sum", "none")
@@ -208,6 +209,10 @@ class TsallisSparsemax(Tsallis):
     def probs_conj(self, z: Tensor, impl: str) -> tuple[Tensor, Tensor, Tensor]:
         if self.uses_kernel(z, impl):
             return self.kernel_probs_conj(z)
+        long = native_long_sparsemax(z, squares=True) if resolve_impl(impl, z) == "pruned" else None
+        if long is not None:  # long rows on the CPU: threshold, p and |p|^2 in one native pass a row
+            p, squares, tau, zmax = long
+            return p, (tau + 1) + 0.5 * (squares - 1), zmax[:, None]
         tau, zmax = shifted_threshold(z, 1.0, impl=impl)  # the front door of sparsemax_threshold
         p = torch.sub(z, zmax).sub_(tau).clamp_(min=0)  # p_t = -tau' at the maximum, exactly
         return p, (tau[:, 0] + 1) + 0.5 * (torch.linalg.vecdot(p, p) - 1), zmax

@@ -20,7 +20,7 @@ from . import _dispatch
 from ._common import apply_last, fresh_output, rows, shaped
 from ._dispatch import check_impl, resolve_impl, shifted_threshold, takes_half
 from ._native import support_backward
-from ._threshold import native_sorted_probs
+from ._threshold import native_long_sparsemax, native_sorted_probs
 
 
 def sparsemax_threshold(z: Tensor, impl: str = "auto") -> Tensor:
@@ -60,13 +60,18 @@ class SparsemaxFunction(torch.autograd.Function):
     def forward(ctx, x: Tensor, impl: str = "auto") -> Tensor:  # type: ignore[override]
         kind = resolve_impl(impl, x)
         fused = None
+        long = None
         if kind == "pruned" and not torch.compiler.is_compiling():  # one native call where it serves
             fused = native_sorted_probs(x, 1.0, root=False)
+            if fused is None:  # long rows: threshold and p in one native pass a row (torch backward)
+                long = native_long_sparsemax(x, squares=False)
         ctx.triton, ctx.native = kind == "triton", fused is not None
         if ctx.triton:
             p = shaped(_dispatch.kernels().sparsemax_forward(rows(x)), x.shape)
         elif fused is not None:
             p = fused[0]
+        elif long is not None:
+            p = long[0]
         else:
             p = fresh_output(sparsemax_probs(x, impl=kind))
         ctx.save_for_backward(p)

@@ -1,14 +1,15 @@
-"""The native threshold of long rows from the maximum's bound (``nmt.sparse._native.bound_threshold``
-and ``bound_entmax15``, ``nmt/sparse/_newton_threshold.c``): exact thresholds against a float64
-sort on every vector path and with one or two threads; 1.5-entmax's outputs bit for bit the torch
-formula on the same threshold; rows it leaves unverified solved by sorting; the mapping and the
-loss on long rows against the torch pruning path they replace."""
+"""The native threshold of long rows from the maximum's bound (``nmt.sparse._native.bound_threshold``,
+``bound_entmax15`` and ``bound_sparsemax``, ``nmt/sparse/_newton_threshold.c``): exact thresholds
+against a float64 sort on every vector path and with one or two threads; 1.5-entmax's and
+sparsemax's outputs bit for bit the torch formula on the same threshold; rows it leaves unverified
+solved by sorting; the mappings and their losses on long rows against the torch pruning path they
+replace."""
 import pytest
 import torch
 
-from nmt.sparse import _native, entmax15
-from nmt.sparse._threshold import native_long_entmax15, sort_threshold
-from nmt.sparse.losses import entmax15_loss
+from nmt.sparse import _native, entmax15, sparsemax
+from nmt.sparse._threshold import native_long_entmax15, native_long_sparsemax, sort_threshold
+from nmt.sparse.losses import entmax15_loss, sparsemax_loss
 
 NEG_INF = float("-inf")
 
@@ -63,14 +64,21 @@ def test_bound_threshold_equals_the_sorted_threshold(native_build, monkeypatch, 
 
 
 @needs_library
-def test_one_and_two_threads_give_the_same_results(monkeypatch):
+@pytest.mark.parametrize("mapping", ["entmax15", "sparsemax"])
+def test_one_and_two_threads_give_the_same_results(monkeypatch, mapping):
     x = long_rows(64, 3000, torch.float32, seed=5)
-    one = _native.bound_entmax15(x, 20000, True, True)
+
+    def run():
+        if mapping == "entmax15":
+            return _native.bound_entmax15(x, 20000, True, True)
+        return _native.bound_sparsemax(x, 20000, True)
+
+    one = run()
     monkeypatch.setattr(_native, "NEWTON_SPLIT_MIN_NUMEL", 1)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        two = _native.bound_entmax15(x, 20000, True, True)
+        two = run()
     finally:
         torch.set_num_threads(threads)
     for a, b in zip(one, two):
@@ -96,40 +104,72 @@ def test_entmax15_outputs_are_the_torch_formula_bit_for_bit(native_build, monkey
 
 
 @needs_library
-def test_unverified_rows_are_solved_by_sorting(monkeypatch):
-    """Rows the native loop flags (here: forced) get the sorted threshold and the torch formula."""
-    x = long_rows(20, 700, torch.float64, seed=2)[8:]  # finite rows
-    real = _native.bound_entmax15
-
-    def flag_some(z, max_iter, root, cube):
-        tau, zmax, ok, p, r, c = real(z, max_iter, root, cube)
-        ok[::3] = False
-        p[::3], tau[::3] = float("nan"), 0.0  # what the native pass left unwritten
-        if r is not None:
-            r[::3] = float("nan")
-        if c is not None:
-            c[::3] = float("nan")
-        return tau, zmax, ok, p, r, c
-
-    monkeypatch.setattr("nmt.sparse._threshold.bound_entmax15", flag_some)
-    p, r, cube, tau, zmax = native_long_entmax15(x, root=True, cube=True)
-    want_tau, _ = _reference(x, 2.0, 0.5)
-    assert torch.allclose(tau, want_tau, atol=1e-13)
-    want_r = torch.add(-0.5 * zmax[:, None], x, alpha=0.5).sub_(tau[:, None]).clamp_(min=0)
-    assert torch.equal(r, want_r) and torch.equal(p, want_r * want_r)
-    assert torch.allclose(cube, (want_r ** 3).sum(-1), rtol=1e-12)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sparsemax_outputs_are_the_torch_formula_bit_for_bit(native_build, monkeypatch, dtype):
+    """p written by the native pass equals ``[(x - zmax) - tau]_+`` as the torch forward rounds it,
+    on the native threshold (sparsemax's, against a float64 sort); the row sums of p^2 agree."""
+    monkeypatch.setitem(_native._state, "lib", native_build)
+    x = long_rows(30, 1003, dtype, seed=11)  # a tail after the vector chunks
+    tau, zmax, ok, p, squares = _native.bound_sparsemax(x, 20000, True)
+    assert bool(ok.all())
+    want = torch.sub(x, zmax[:, None]).sub_(tau[:, None]).clamp_(min=0)
+    assert torch.equal(p.nan_to_num(-7.0), want.nan_to_num(-7.0))
+    fine = ~torch.isnan(zmax)
+    assert bool(p[~fine].isnan().all())  # NaN / +inf rows: all NaN
+    assert torch.allclose(squares[fine].double(), (want * want).double().sum(-1)[fine], rtol=1e-5)
+    live = fine & (torch.arange(30) != 5)  # row 5 has no finite entry: all zeros
+    assert torch.equal(p[5], torch.zeros(1003, dtype=dtype))
+    assert torch.allclose(p[live].sum(-1).double(), torch.ones(int(live.sum()), dtype=torch.float64), atol=1e-5)
+    want_tau, _ = _reference(x, 1.0, 1.0)
+    assert torch.allclose(tau[live].double(), want_tau[live], atol=2e-6 if dtype == torch.float32 else 1e-13)
+    assert _native.bound_sparsemax(x, 20000, False)[4] is None
 
 
 @needs_library
+@pytest.mark.parametrize("mapping", ["entmax15", "sparsemax"])
+def test_unverified_rows_are_solved_by_sorting(monkeypatch, mapping):
+    """Rows the native loop flags (here: forced) get the sorted threshold and the torch formula."""
+    x = long_rows(20, 700, torch.float64, seed=2)[8:]  # finite rows
+    real = getattr(_native, f"bound_{mapping}")
+
+    def flag_some(*args):
+        tau, zmax, ok, p, *rest = real(*args)
+        ok[::3] = False
+        p[::3], tau[::3] = float("nan"), 0.0  # what the native pass left unwritten
+        for t in rest:
+            if t is not None:
+                t[::3] = float("nan")
+        return (tau, zmax, ok, p, *rest)
+
+    monkeypatch.setattr(f"nmt.sparse._threshold.bound_{mapping}", flag_some)
+    if mapping == "entmax15":
+        p, r, cube, tau, zmax = native_long_entmax15(x, root=True, cube=True)
+        want_tau, _ = _reference(x, 2.0, 0.5)
+        want_r = torch.add(-0.5 * zmax[:, None], x, alpha=0.5).sub_(tau[:, None]).clamp_(min=0)
+        assert torch.equal(r, want_r) and torch.equal(p, want_r * want_r)
+        assert torch.allclose(cube, (want_r ** 3).sum(-1), rtol=1e-12)
+    else:
+        p, squares, tau, zmax = native_long_sparsemax(x, squares=True)
+        want_tau, _ = _reference(x, 1.0, 1.0)
+        want_p = torch.sub(x, zmax[:, None]).sub_(tau[:, None]).clamp_(min=0)
+        assert torch.equal(p, want_p)
+        assert torch.allclose(squares, (want_p ** 2).sum(-1), rtol=1e-12)
+    assert torch.allclose(tau, want_tau, atol=1e-13)
+
+
+@needs_library
+@pytest.mark.parametrize("mapping", ["entmax15", "sparsemax"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float64, 1e-12)])
-def test_mapping_and_loss_on_long_rows_equal_the_torch_pruning_path(monkeypatch, count_calls, dtype, tol):
-    """entmax15 (forward, gradient) and the 1.5-entmax loss (value, gradient) on long rows by the
-    native pass against the torch pruning path they replace (the native long-row path switched
-    off); the native pass is the one taken."""
+def test_mapping_and_loss_on_long_rows_equal_the_torch_pruning_path(monkeypatch, count_calls, dtype, tol, mapping):
+    """The mapping (forward, gradient) and its loss (value, gradient) on long rows by the native
+    pass against the torch pruning path they replace (the native long-row path switched off); the
+    native pass is the one taken."""
     import nmt.sparse._threshold as T
     import nmt.sparse.entmax as E
     import nmt.sparse.losses as L
+    import nmt.sparse.sparsemax as S
 
+    f, loss_f = (entmax15, entmax15_loss) if mapping == "entmax15" else (sparsemax, sparsemax_loss)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(48, 3963, generator=g, dtype=dtype) * torch.tensor([0.05, 1.0, 6.0], dtype=dtype).repeat(16)[:, None]
     target = torch.randint(0, 3963, (48,), generator=g)
@@ -137,20 +177,22 @@ def test_mapping_and_loss_on_long_rows_equal_the_torch_pruning_path(monkeypatch,
 
     def run():
         xs = x.clone().requires_grad_()
-        p = entmax15(xs)
+        p = f(xs)
         (p * w).sum().backward()
         xl = x.clone().requires_grad_()
-        loss = entmax15_loss(xl, target, reduction="none")
+        loss = loss_f(xl, target, reduction="none")
         loss.sum().backward()
         with torch.no_grad():
-            p_inf = entmax15(x)
+            p_inf = f(x)
         return p.detach(), xs.grad, loss.detach(), xl.grad, p_inf
 
-    calls = count_calls(T, "bound_entmax15")
+    calls = count_calls(T, f"bound_{mapping}")
     native = run()
     assert len(calls) == 3  # training forward, loss, inference forward
-    monkeypatch.setattr(E, "native_long_entmax15", lambda *args, **kwargs: None)
-    monkeypatch.setattr(L, "native_long_entmax15", lambda *args, **kwargs: None)
+    for module in (E, L, S):
+        for name in ("native_long_entmax15", "native_long_sparsemax"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, lambda *args, **kwargs: None)
     monkeypatch.setattr(T, "bound_threshold", lambda *args, **kwargs: None)
     torch_path = run()
     for a, b in zip(native, torch_path):
