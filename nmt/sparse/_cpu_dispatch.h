@@ -56,16 +56,23 @@ typedef int64_t nmt_i64x8 __attribute__((vector_size(64)));
 /* Rows (or groups of rows) split over `threads` threads of the OpenMP team where the library was
    built with OpenMP (the process's one libgomp: torch's own pool, whose workers wait spinning for
    the next region; a thread of our own had to compete with them for a core), else all rows on
-   this thread. Thread t_ runs rows [FIRST, LAST) and its scratch slot t_. */
+   this thread. Thread t_ runs rows [FIRST, LAST) and its scratch slot t_. One thread asked for:
+   no parallel region (entering one costs microseconds, a small call's whole time). */
 #ifdef _OPENMP
 #include <omp.h>
 #define FOR_THREADS(threads, rows, BODY)                                                        \
     do {                                                                                        \
-        _Pragma("omp parallel num_threads(threads)")                                            \
-        {                                                                                       \
-            const int64_t t_ = omp_get_thread_num(), nt_ = omp_get_num_threads();              \
-            const int64_t FIRST = (rows) * t_ / nt_, LAST = (rows) * (t_ + 1) / nt_;            \
+        if ((threads) <= 1) {                                                                   \
+            const int64_t t_ = 0, FIRST = 0, LAST = (rows);                                     \
+            (void)t_;                                                                           \
             BODY;                                                                               \
+        } else {                                                                                \
+            _Pragma("omp parallel num_threads(threads)")                                        \
+            {                                                                                   \
+                const int64_t t_ = omp_get_thread_num(), nt_ = omp_get_num_threads();          \
+                const int64_t FIRST = (rows) * t_ / nt_, LAST = (rows) * (t_ + 1) / nt_;        \
+                BODY;                                                                           \
+            }                                                                                   \
         }                                                                                       \
     } while (0)
 #else

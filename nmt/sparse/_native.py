@@ -64,7 +64,7 @@ _FUNCTIONS = {torch.float32: "nmt_sorted_threshold_f32", torch.float64: "nmt_sor
 _CANDIDATES = {torch.float32: "nmt_step_candidates_f32", torch.float64: "nmt_step_candidates_f64"}
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES = {  # suffix of the entry point -> argument types
-    "": [_P, _I64, _I64, _INT, ctypes.c_double, _P, _P, _P],
+    "": [_P, _I64, _I64, _INT, ctypes.c_double, _P, _P, _P, _INT],
     "_probs": [_P, _I64, _I64, _INT, _P, _P, _P, _P, _P],
     "_backward": [_P, _P, _I64, _I64, _INT, _P],
 }
@@ -193,7 +193,8 @@ def native_sorted_shifted_threshold(z: Tensor, q: float, scale: float) -> Option
     """``(tau_rel, zmax)``, each ``(R, 1)`` of ``z``'s dtype, for the rows ``z: (R, n)`` (CPU,
     float32 or float64, any strides; detached), exactly as
     :func:`nmt.sparse._threshold._numpy_sorted_shifted_threshold` computes them; None when the
-    library is unavailable. Reads ``z`` on the host (a CPU tensor: no device involved), one thread."""
+    library is unavailable. Reads ``z`` on the host (a CPU tensor: no device involved); large inputs
+    (:data:`NEWTON_SPLIT_MIN_NUMEL`) split their rows over torch's threads."""
     lib = library()
     if lib is None or q not in (1.0, 2.0) or z.dtype not in _FUNCTIONS:
         return None
@@ -206,9 +207,10 @@ def solve(lib: ctypes.CDLL, z: Tensor, q: float, scale: float) -> tuple[Tensor, 
     z = z.detach().contiguous()
     # separate storages: the results may leave a custom operator, whose outputs must not alias
     tau, zmax = torch.empty(rows, 1, dtype=z.dtype), torch.empty(rows, 1, dtype=z.dtype)
-    scratch = torch.empty(2 * n, dtype=z.dtype)
+    threads = _threads(z.numel())
+    scratch = torch.empty(threads * 2 * n, dtype=z.dtype)  # per thread
     getattr(lib, _FUNCTIONS[z.dtype])(z.data_ptr(), rows, n, int(q), float(scale), tau.data_ptr(),
-                                      zmax.data_ptr(), scratch.data_ptr())
+                                      zmax.data_ptr(), scratch.data_ptr(), threads)
     return tau, zmax
 
 

@@ -30,8 +30,9 @@
  * Rows without a finite entry: tau = +inf, zmax = -0.0 (the other paths negate 0). Rows holding
  * NaN: zmax = NaN, tau of the other entries (NaN sorts last there); rows holding +inf, and rows
  * of only NaN: both NaN.
- * Rows are independent; nothing is allocated but the caller's scratch (2 n entries) and the
- * vector path's stack buffers. One thread.
+ * Rows are independent; nothing is allocated but the caller's scratch (2 n entries a thread) and
+ * the vector path's stack buffers. The threshold's entry splits its rows over `threads` threads
+ * (FOR_THREADS: large batches of attention rows); the mappings below run on one.
  *
  * Also the mappings around the threshold, for the inputs the threshold serves (one call instead of
  * a handful of tensor operations, which cost more than the arithmetic on attention-sized rows):
@@ -279,7 +280,8 @@ static void NAME##_groups_of_4(const T *z, int64_t rows, int64_t n, int q, T neg
    512-bit (256-bit) vectors first: the same operations lane by lane, the same bits, a quarter (a
    half) of the network's instructions per row. A wide group that fails goes to groups of four. */
 #define DEFINE_SOLVE(NAME, T, SUFFIX, L512, L2)                                                 \
-void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, T *tau, T *zmax, T *scratch)\
+static void NAME##_range(const T *z, int64_t rows, int64_t n, int q, double scale, T *tau,       \
+                         T *zmax, T *scratch)                                                   \
 {                                                                                               \
     const T neg_scale = (T)(-scale);                                                            \
     int (*wide)(const T *, int64_t, int, T, T *, T *) = 0;                                      \
@@ -291,6 +293,13 @@ void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, T *tau, T *z
             if (!wide(z + r * n, n, q, neg_scale, tau + r, zmax + r))                           \
                 NAME##_groups_of_4(z + r * n, lanes, n, q, neg_scale, tau + r, zmax + r, scratch); \
     NAME##_groups_of_4(z + r * n, rows - r, n, q, neg_scale, tau + r, zmax + r, scratch);       \
+}                                                                                               \
+                                                                                                \
+void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, T *tau, T *zmax, T *scratch,\
+          int threads)                                                                          \
+{                                                                                               \
+    FOR_THREADS(threads, rows, NAME##_range(z + FIRST * n, LAST - FIRST, n, q, scale, tau + FIRST, \
+                                            zmax + FIRST, scratch + t_ * 2 * n));              \
 }
 
 DEFINE_ROW(nmt_sorted_threshold_f32, float)
@@ -361,7 +370,7 @@ DEFINE_CLAMP0(double, uint64_t)
 void NAME##_probs(const T *z, int64_t rows, int64_t n, int q, T *tau, T *zmax, T *scratch,      \
                   T *p, T *r)                                                                   \
 {                                                                                               \
-    NAME(z, rows, n, q, q == 1 ? 1.0 : 0.5, tau, zmax, scratch);                                \
+    NAME(z, rows, n, q, q == 1 ? 1.0 : 0.5, tau, zmax, scratch, 1);                             \
     for (int64_t row = 0; row < rows; row++) {                                                  \
         const T *x = z + row * n;                                                               \
         T *out = p + row * n, *root = r ? r + row * n : 0;                                      \

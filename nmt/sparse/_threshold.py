@@ -73,11 +73,15 @@ full-size temporaries cost more than the pruned Newton passes (measured on CPU).
 SORT_ALWAYS_N = 16
 """Rows up to this length are sorted however many there are."""
 
-NATIVE_SORT_ALWAYS_N = 32
+NATIVE_SORT_ALWAYS_N = 64
 """Rows up to this length are sorted however many there are where the native code is built (its
-vector path): measured on 2 threads against the pruned Newton path, random rows of standard
-deviation 1 and 4, 1.5-entmax / sparsemax: (5120, 20) 0.31-0.84 vs 1.0-1.4 ms, (20480, 20) 1.2-3.4
-vs 4.9-8.2 ms, (8192, 32) 0.7-1.7 vs 2.6-4.5 ms; at (4096, 40) even for broad 1.5-entmax rows."""
+vector path, :data:`NATIVE_SOLVE_ANY_N`; large inputs on torch's threads): measured on 2 threads
+against the pruned Newton path, random rows of standard deviation 1 and 4, 1.5-entmax / sparsemax:
+(5120, 20) 0.31-0.84 vs 1.0-1.4 ms, (20480, 20) 1.2-3.4 vs 4.9-8.2 ms, (8192, 32) 0.7-1.7 vs
+2.6-4.5 ms; at (4096, 40) even for broad 1.5-entmax rows. Up to 64 since the native solve splits
+its rows over the threads (AMD EPYC, standard deviations 0.05 to 4, forward): (4096, 50)
+0.38-0.48 -> 0.20-0.42 ms, (5120, 64) 0.44-0.57 -> 0.29-0.42 ms, (1600, 64) 0.18-0.22 -> 0.11-0.17
+ms; forward+backward likewise but for broad (5120, 64) rows, 0.68 -> 0.79 ms."""
 
 
 def prefer_sort(n_rows: int, n: int) -> bool:

@@ -57,6 +57,25 @@ def test_native_equals_the_numpy_solve_bit_for_bit(n, q, scale, dtype):
     _assert_same_bits(got, want)
 
 
+@needs_library
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("q,scale", [(1.0, 1.0), (2.0, 0.5)])
+def test_rows_split_over_threads_give_the_same_bits(monkeypatch, dtype, q, scale):
+    """A large batch of attention rows split over two threads (each with its scratch, rows split
+    inside vector groups too: 203 rows) solves to the bits of one thread."""
+    x = _rows(203, 50, dtype, seed=3)
+    one = _native.native_sorted_shifted_threshold(x, q, scale)
+    monkeypatch.setattr(_native, "NEWTON_SPLIT_MIN_NUMEL", 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert _native._threads(x.numel()) == 2
+        two = _native.native_sorted_shifted_threshold(x, q, scale)
+    finally:
+        torch.set_num_threads(threads)
+    _assert_same_bits(two, one)
+
+
 @pytest.fixture(scope="module")
 def rows_only_library(tmp_path_factory):
     """The library built without its vector path (every row solved by itself)."""
@@ -133,7 +152,8 @@ def test_sorted_shifted_threshold_takes_the_native_path(monkeypatch):
     sorted_shifted_threshold(torch.randn(200, 100), 2.0, 0.5)  # longer rows above 16,384 entries
     assert len(calls) == 2
     assert prefer_sort(20480, 20) and prefer_sort(5120, 32)  # the native sort beats pruned Newton
-    assert not prefer_sort(5120, 33)
+    assert prefer_sort(4096, 50) and prefer_sort(5120, 64)  # up to the native solve's rows of any size
+    assert not prefer_sort(5120, 65)
     tau_t, zmax_t = sorted_shifted_threshold(x, 2.0, 0.5, host=False)
     assert torch.equal(zmax, zmax_t)
     assert torch.equal(0.5 * (x - zmax) > tau, 0.5 * (x - zmax) > tau_t)
