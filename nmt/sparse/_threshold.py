@@ -37,9 +37,9 @@ Here ``z = (alpha - 1) * x`` and ``q = 1 / (alpha - 1)`` (sparsemax: ``q = 1``;
 
   Where the native library is built, exact sparsemax and 1.5-entmax thresholds (``q`` in
   {1, 2}) of long rows on the CPU skip that pruning: one native pass a row
-  (:func:`nmt.sparse._native.bound_threshold`) takes its maximum, keeps the entries above the maximum's bound (``v > -1 - 2^-10``: the
-  threshold is at least -1) and runs the Newton loop on those alone, its closed form verified
-  there; rows it leaves unverified are sorted. Sparsemax, 1.5-entmax and their losses take their
+  (:func:`nmt.sparse._native.bound_threshold`) takes its maximum, keeps the entries above the
+  maximum's bound (``v > -1 - 2^-10``: the threshold is at least -1) and runs the Newton loop on
+  those alone, its closed form verified there; rows it leaves unverified are sorted. Sparsemax, 1.5-entmax and their losses take their
   outputs from the same pass (:func:`native_long_sparsemax`: ``p`` and ``sum p^2``;
   :func:`native_long_entmax15`: ``p``, ``sqrt(p)`` and ``sum p^1.5``; written while the row is in
   cache), several times fewer passes over a batch of output rows. The rows are split over
