@@ -168,8 +168,9 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     ``model_section``: another model. ``first_step_seconds``: the first update (a compiled run's
     compilation), which is always taken (one extra untimed step when ``warmup`` is 0).
     ``graphs_compiled``: the graphs dynamo compiled for this row (a compiled row starts from a
-    reset: its own graphs, not an earlier row's). ``profile``: also where the counted step's host syncs are (``sync_sites``) and, after timing,
-    :func:`profile_steps` over that many steps (``profile``). ``encoder_in_graph``: compiled with
+    reset: its own graphs, not an earlier row's). ``profile``: also where the counted step's host
+    syncs are (``sync_sites``) and, after timing, :func:`profile_steps` over that many steps
+    (``profile``). ``encoder_in_graph``: compiled with
     ``training.compile_encoder`` (an LSTM encoder inside the graph)."""
     model_cfg = json.loads(json.dumps(model_section or config["model"]))
     model_cfg["attention"].update(mapping=attention[0], params=attention[1])

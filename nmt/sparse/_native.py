@@ -396,6 +396,7 @@ def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
 
 
 __all__ = ["CANDIDATES_SOURCE", "CFLAGS", "HEADERS", "MAX_CANDIDATES", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL",
-           "OPENMP_FLAGS", "SOURCE", "SOURCES", "available", "bound_entmax15", "bound_sparsemax", "bound_threshold", "build", "cache_dir", "load_once",
+           "OPENMP_FLAGS", "SOURCE", "SOURCES", "available", "bound_entmax15", "bound_sparsemax", "bound_threshold",
+           "build", "cache_dir", "load_once",
            "enabled", "library", "load", "native_sorted_shifted_threshold", "newton_threshold", "solve", "sorted_probs",
            "step_candidates", "support_backward"]

@@ -39,11 +39,11 @@ Here ``z = (alpha - 1) * x`` and ``q = 1 / (alpha - 1)`` (sparsemax: ``q = 1``;
   {1, 2}) of long rows on the CPU skip that pruning: one native pass a row
   (:func:`nmt.sparse._native.bound_threshold`) takes its maximum, keeps the entries above the
   maximum's bound (``v > -1 - 2^-10``: the threshold is at least -1) and runs the Newton loop on
-  those alone, its closed form verified there; rows it leaves unverified are sorted. Sparsemax, 1.5-entmax and their losses take their
-  outputs from the same pass (:func:`native_long_sparsemax`: ``p`` and ``sum p^2``;
-  :func:`native_long_entmax15`: ``p``, ``sqrt(p)`` and ``sum p^1.5``; written while the row is in
-  cache), several times fewer passes over a batch of output rows. The rows are split over
-  torch's OpenMP threads.
+  those alone, its closed form verified there; rows it leaves unverified are sorted. Sparsemax,
+  1.5-entmax and their losses take their outputs from the same pass (:func:`native_long_sparsemax`:
+  ``p`` and ``sum p^2``; :func:`native_long_entmax15`: ``p``, ``sqrt(p)`` and ``sum p^1.5``;
+  written while the row is in cache), several times fewer passes over a batch of output rows. The
+  rows are split over torch's OpenMP threads.
 
 Host synchronisations: the convergence test of the Newton loop (one per step, a few
 steps; one more at the exact finish of ``q = 2``; one reading whether per-row powers all
@@ -261,14 +261,12 @@ def _native_long(x: Tensor, q: float, root: bool, power_sum: bool) -> Optional[t
     if x.numel() == 0 or not long_rows(rows, n) or not _host_solves(x) or not native_available():
         return None
     z = x.reshape(rows, n)
-    if q == 2.0:
-        found = bound_entmax15(z, 4 * n + 60, root, power_sum)
-    else:
-        found = bound_sparsemax(z, 4 * n + 60, power_sum)
-        found = None if found is None else (*found[:4], None, found[4])
+    max_iter = 4 * n + 60
+    found = bound_entmax15(z, max_iter, root, power_sum) if q == 2.0 else bound_sparsemax(z, max_iter, power_sum)
     if found is None:
         return None
-    tau, zmax, ok, p, r, sums = found
+    tau, zmax, ok, p, *rest = found
+    r, sums = rest if q == 2.0 else (None, rest[0])  # sparsemax: no root
     if not bool(ok.all()):  # ties within rounding of the threshold (rare): sort, then the formula
         bad = (~ok).nonzero()[:, 0]
         zmax_bad, z_bad = zmax.index_select(0, bad)[:, None], z.index_select(0, bad)
