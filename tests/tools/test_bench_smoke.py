@@ -140,3 +140,24 @@ def test_bench_train_compiled_rows_compile_their_own_graphs():
                             model_section=small, backend="aot_eager")["graphs_compiled"]
               for mapping in ("softmax", "entmax15")]
     assert graphs[0] == graphs[1] >= 5
+
+
+def test_bench_train_ratios_are_to_each_models_own_softmax_row(monkeypatch, tmp_path):
+    """A Transformer row's "vs softmax" is to the Transformer's softmax / softmax row, not the
+    LSTM's (the first row of the run); a Transformer row asked for alone brings that row along."""
+    bench = _load("bench_train")
+    speeds = {"softmax": 100.0, "entmax15": 80.0}
+
+    def measure(config, attention, output, batches, *args, **kwargs):
+        transformer = args[7] is not None if len(args) > 7 else kwargs.get("model_section") is not None
+        speed = speeds[attention[0]] * (0.5 if transformer else 1.0)
+        return {"tokens_per_sec": speed, "ms_per_step": 1.0, "syncs_per_step": 0, "shapes": 1,
+                "shape_warmup_seconds": 0.0, "first_step_seconds": 0.0, "cudagraph_skips": 0}
+
+    monkeypatch.setattr(bench, "measure", measure)
+    out = tmp_path / "train.json"
+    assert bench.main(["--quick", "--transformer", "--only", "entmax15 / softmax", "transformer: entmax15 / softmax",
+                       "--json", str(out)]) == 0
+    ratios = {r["setting"]: r["ratio_to_softmax"] for r in json.loads(out.read_text())["results"]}
+    assert ratios == {"softmax / softmax": 1.0, "entmax15 / softmax": 0.8,
+                      "transformer: softmax / softmax": 1.0, "transformer: entmax15 / softmax": 0.8}
