@@ -101,9 +101,10 @@ def stand_in_driver() -> Iterator[list]:
             return launch
 
     previous = getattr(driver, "_active", None)  # None where no driver is active (no GPU)
-    runs_here, check = _triton._runs_here, losses._check
+    runs_here, interpreted, check = _triton._runs_here, _triton._interpreted, losses._check
     driver.set_active(StandIn())
     _triton._runs_here = lambda x: True
+    _triton._interpreted = lambda x: False  # the compiled kernels for CPU tensors too
     losses._check = lambda ok, message: None
     saved_kernels = dict(_triton._KERNELS)
     _triton._KERNELS.clear()  # jitted anew, for the stand-in's target
@@ -113,7 +114,7 @@ def stand_in_driver() -> Iterator[list]:
         _triton._KERNELS.clear()  # the stand-in's kernels unload through it: before it goes
         gc.collect()
         driver._active = previous
-        _triton._runs_here, losses._check = runs_here, check
+        _triton._runs_here, _triton._interpreted, losses._check = runs_here, interpreted, check
         _triton._KERNELS.update(saved_kernels)
 
 

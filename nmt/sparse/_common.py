@@ -54,7 +54,7 @@ def own_precision(t: Tensor) -> Any:
     scores: their solvers' sums need it); autocast would lower their matrix and vector products
     (``matmul``, ``linalg.vecdot``) to half precision again (measured: 1.5-entmax rows summing to
     1 +- 8e-3 under bfloat16 autocast). No host synchronisation; traced by ``torch.compile``."""
-    device_type = t.device.type
+    device_type = "cuda" if t.is_cuda else "cpu" if t.is_cpu else t.device.type  # no device object
     if device_type in _AUTOCAST_DEVICES and torch.is_autocast_enabled(device_type):
         return torch.autocast(device_type, enabled=False)
     return contextlib.nullcontext()

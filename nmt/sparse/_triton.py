@@ -105,15 +105,22 @@ def _import_triton() -> Optional[Any]:
 
 
 def _runs_here(x: Tensor) -> bool:
-    """Whether a kernel can run on ``x``'s device in this process: CUDA with compiled kernels, or
-    CPU with ``TRITON_INTERPRET=1``, which must also have been set when ``triton.language`` was
-    first imported (its library functions are built for the interpreter or the compiler then)."""
-    interpret = _interpret()
-    if not (x.is_cuda or (x.device.type == "cpu" and interpret)):
+    """Whether a kernel can run on ``x``'s device in this process: CUDA with compiled kernels
+    (``triton.language`` imported for the compiler), or CPU with ``TRITON_INTERPRET=1``, which must
+    also have been set when ``triton.language`` was first imported (its library functions are built
+    for the interpreter or the compiler then). The environment is read for CPU tensors only: a
+    CUDA call, at every decoder step of a host-bound GPU step, does not pay for it."""
+    if x.is_cuda:
+        return _import_triton() is not None and not _library_interpreted()
+    if not (x.is_cpu and _interpret()) or _import_triton() is None:
         return False
-    if _import_triton() is None:
-        return False
-    return _library_interpreted() == interpret
+    return _library_interpreted()
+
+
+def _interpreted(x: Tensor) -> bool:
+    """Which kernels run on ``x`` where :func:`_runs_here` accepts it: the interpreter's on the CPU,
+    the compiled ones on CUDA. The tensor's device only (no environment read)."""
+    return not x.is_cuda
 
 
 def _library_interpreted() -> bool:
@@ -487,14 +494,15 @@ KERNEL_NAMES = ("forward", "backward", "ce_forward", "ce_backward", "finish")
 kernel), mapping backward, cross-entropy forward and backward, and the index losses' reduction."""
 
 
-def _kernels() -> Any:
-    """The jitted kernels for the current ``TRITON_INTERPRET`` setting (built once per setting by
-    :func:`jitted`: compiled ones launched through :class:`nmt.sparse._triton_launch.CachedLaunch`)."""
-    interpret = _interpret()
+def _kernels(x: Optional[Tensor] = None) -> Any:
+    """The jitted kernels for launches on ``x`` (:func:`_interpreted`; without ``x``, for the
+    current ``TRITON_INTERPRET`` setting), built once per flavour by :func:`jitted`: compiled ones
+    launched through :class:`nmt.sparse._triton_launch.CachedLaunch`."""
+    interpret = _interpret() if x is None else _interpreted(x)
     kernels = _KERNELS.get(interpret)
     if kernels is None:
         functions = (_forward_kernel, _backward_kernel, _ce_forward_kernel, _ce_backward_kernel, _finish_kernel)
-        kernels = type("Kernels", (), {name: jitted(f, "nmt.sparse._triton")
+        kernels = type("Kernels", (), {name: jitted(f, "nmt.sparse._triton", interpret)
                                        for name, f in zip(KERNEL_NAMES, functions)})()
         _KERNELS[interpret] = kernels
     return kernels
@@ -522,15 +530,16 @@ def launched(label: str, launch: Any) -> bool:
     return True
 
 
-def jitted(fn: Any, label: str) -> Any:
+def jitted(fn: Any, label: str, interpret: Optional[bool] = None) -> Any:
     """The kernel function ``fn`` (this module's, or another nmt module's that names ``tl`` as a
     global, bound here: the search step's kernels) jitted for the current ``TRITON_INTERPRET``
     setting, built once per function and setting; compiled ones are launched through
     :class:`nmt.sparse._triton_launch.CachedLaunch` where this Triton allows (>= 3.3), else
     :class:`~nmt.sparse._triton_launch.DeviceLaunch`: either way on the device of the launch's
     first tensor, not the current device.
-    ``label`` names the caller in the error raised without triton."""
-    interpret = _interpret()
+    ``label`` names the caller in the error raised without triton. ``interpret``: the flavour
+    (default: the current ``TRITON_INTERPRET`` setting)."""
+    interpret = _interpret() if interpret is None else interpret
     kernel = _KERNELS.get((fn, interpret))
     if kernel is None:
         if _import_triton() is None:
@@ -572,6 +581,19 @@ def _num_warps(block: int) -> int:
         if block <= top:
             return warps
     return 32
+
+
+_ROW_LAUNCH: Dict[int, tuple[int, int]] = {}
+
+
+def _row_launch(n: int) -> tuple[int, int]:
+    """``(BLOCK, num_warps)`` of the one-program-a-row kernels for rows of ``n`` entries
+    (:func:`_block`, :func:`_num_warps`), remembered per ``n``: a launch's host time counts."""
+    launch = _ROW_LAUNCH.get(n)
+    if launch is None:
+        block = _block(n)
+        launch = _ROW_LAUNCH[n] = (block, _num_warps(block))
+    return launch
 
 
 def _check(name: str, t: Tensor) -> Tensor:
@@ -619,11 +641,11 @@ def _launch_forward(x: Tensor, y: Tensor, a: Tensor, ok: Tensor, conj: Tensor, z
                     mode: int, with_ok: bool, loss_mode: int) -> None:
     n_rows, n = x.shape
     if n_rows and n:
-        block = _block(n)
-        _kernels().forward[(n_rows,)](x, y, a, ok, conj, zmax, t, loss, status, n, ignore_index,
-                                      float(eps), MODE=mode, HAS_OK=with_ok, LOSS_MODE=loss_mode,
-                                      SMOOTH=eps > 0, BLOCK=block, N_BISECT=N_BISECT,
-                                      MAX_ITER=MAX_ITER, num_warps=_num_warps(block))
+        block, warps = _row_launch(n)
+        _kernels(x).forward[(n_rows,)](x, y, a, ok, conj, zmax, t, loss, status, n, ignore_index,
+                                       float(eps), MODE=mode, HAS_OK=with_ok, LOSS_MODE=loss_mode,
+                                       SMOOTH=eps > 0, BLOCK=block, N_BISECT=N_BISECT,
+                                       MAX_ITER=MAX_ITER, num_warps=warps)
 
 
 def _backward(p: Tensor, g: Tensor, mode: int, alpha_rows: Optional[Tensor] = None) -> Tensor:
@@ -632,11 +654,11 @@ def _backward(p: Tensor, g: Tensor, mode: int, alpha_rows: Optional[Tensor] = No
         raise ValueError(f"p {tuple(p.shape)} and g {tuple(g.shape)} must have the same shape")
     a = _alpha(alpha_rows, p) if mode == _ALPHA else p
     n_rows, n = p.shape
-    dx = torch.empty_like(g, dtype=torch.promote_types(p.dtype, g.dtype))
+    same = p.dtype is g.dtype  # (a dtype keyword costs empty_like a third more host time)
+    dx = torch.empty_like(g) if same else torch.empty_like(g, dtype=torch.promote_types(p.dtype, g.dtype))
     if n_rows and n:
-        block = _block(n)
-        _kernels().backward[(n_rows,)](p, g, dx, a, n, MODE=mode, BLOCK=block,
-                                       num_warps=_num_warps(block))
+        block, warps = _row_launch(n)
+        _kernels(p).backward[(n_rows,)](p, g, dx, a, n, MODE=mode, BLOCK=block, num_warps=warps)
     return dx
 
 
@@ -729,7 +751,7 @@ def _index_loss_outputs(x: Tensor, reduction: str) -> tuple[Tensor, Tensor, Tens
 
 def _finish(rows: Tensor, status: Tensor, out: Tensor, finish: Tensor, reduction: str) -> None:
     """Launch :func:`_finish_kernel`: one program reduces ``rows`` into ``out`` and writes ``finish``."""
-    _kernels().finish[(1,)](rows, status, out, finish, rows.shape[0], REDUCE=REDUCTIONS[reduction],
+    _kernels(rows).finish[(1,)](rows, status, out, finish, rows.shape[0], REDUCE=REDUCTIONS[reduction],
                             BLOCK=1024, num_warps=4)
 
 
@@ -780,9 +802,9 @@ def cross_entropy_forward(x2d: Tensor, target: Tensor, ignore_index: int = -100,
     rows, status, out, finish = _index_loss_outputs(x, reduction)
     lse = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     if n_rows:
-        block = _block(n)
-        _kernels().ce_forward[(n_rows,)](x, t, rows, lse, status, n, int(ignore_index), float(eps),
-                                         SMOOTH=eps > 0, BLOCK=block, num_warps=_num_warps(block))
+        block, warps = _row_launch(n)
+        _kernels(x).ce_forward[(n_rows,)](x, t, rows, lse, status, n, int(ignore_index), float(eps),
+                                          SMOOTH=eps > 0, BLOCK=block, num_warps=warps)
     _finish(rows, status, out, finish, reduction)
     return out, lse, finish
 
@@ -805,9 +827,8 @@ def cross_entropy_backward(x2d: Tensor, target: Tensor, lse: Tensor, g: Tensor,
         raise ValueError(f"g and lse must have shape ({n_rows},)")
     dx = torch.empty_like(x)
     if n_rows:
-        block = _block(n)
-        _kernels().ce_backward[(n_rows,)](x, t, lse, g, g if scale is None else scale, dx, n, g.stride(0),
-                                          int(ignore_index), float(eps), SMOOTH=eps > 0,
-                                          HAS_SCALE=scale is not None, BLOCK=block,
-                                          num_warps=_num_warps(block))
+        block, warps = _row_launch(n)
+        _kernels(x).ce_backward[(n_rows,)](x, t, lse, g, g if scale is None else scale, dx, n, g.stride(0),
+                                           int(ignore_index), float(eps), SMOOTH=eps > 0,
+                                           HAS_SCALE=scale is not None, BLOCK=block, num_warps=warps)
     return dx

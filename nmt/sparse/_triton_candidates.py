@@ -94,9 +94,11 @@ def _candidates_kernel(LP, OFF, SUP, UNK, TV, TI, slots, V, W: tl.constexpr, W_P
         taken = taken | (best_i == mi)
 
 
-def _kernel() -> Any:
-    """The jitted kernel for the current ``TRITON_INTERPRET`` setting (:func:`nmt.sparse._triton.jitted`)."""
-    return _triton.jitted(_candidates_kernel, "nmt.sparse._triton_candidates")
+def _kernel(x: Optional[Tensor] = None) -> Any:
+    """The jitted kernel for launches on ``x`` (the compiled one on CUDA, the interpreter's on the CPU;
+    without ``x``, for the current ``TRITON_INTERPRET`` setting: :func:`nmt.sparse._triton.jitted`)."""
+    return _triton.jitted(_candidates_kernel, "nmt.sparse._triton_candidates",
+                          None if x is None else _triton._interpreted(x))
 
 
 def available(log_probs: Tensor, slots: int, width: int) -> bool:
@@ -130,7 +132,7 @@ def step_candidates(log_probs: Tensor, offsets: Tensor, slots: int,
     index = torch.empty(groups, width, dtype=torch.long, device=device)
     if groups:
         block = min(BLOCK, _triton.pad_pow2(v, 16))
-        if not _triton.launched("nmt.sparse._triton_candidates", lambda: _kernel()[(groups,)](
+        if not _triton.launched("nmt.sparse._triton_candidates", lambda: _kernel(log_probs)[(groups,)](
                 log_probs, offsets, support, unknown, values, index, slots, v, W=width,
                 W_PAD=_triton.pad_pow2(width, 2), BLOCK=block, num_warps=4 if block >= 512 else 1)):
             return None

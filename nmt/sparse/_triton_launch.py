@@ -69,19 +69,38 @@ def _arg_key(a: Any) -> Any:
 
 def launch_key(device: int, args: tuple, kwargs: dict) -> tuple:
     """The cache key of a launch: the device, the keyword arguments as given, and per positional
-    argument :func:`_arg_key`'s information, flattened and inlined for the common types (a
-    tensor: its dtype, then whether it is aligned; an int: divisible by 16, equal to 1, in the
-    int32 range, at least 2**63). Raises TypeError for an argument of an unknown type."""
+    argument :func:`_arg_key`'s information, inlined for the common types (a tensor: its dtype,
+    whether it is aligned and its device index, -1 off CUDA; an int: divisible by 16, equal to 1,
+    in the int32 range, at least 2**63). Raises TypeError for an argument of an
+    unknown type."""
+    return keyed_launch(device, args, kwargs)[0]
+
+
+def keyed_launch(device: int, args: tuple, kwargs: dict) -> Tuple[tuple, tuple]:
+    """``(launch_key(...), values)``: ``values`` are ``args`` with every CUDA tensor replaced by
+    its data pointer, an int, which Triton's launcher takes as the pointer itself. A tensor costs
+    it a ``data_ptr()`` call and a driver query (``cuPointerGetAttribute``, its check that the
+    memory is the device's) at every launch; the key, which holds each tensor's device index,
+    leaves that check to the key's first launch, through Triton's own path. Tensors off CUDA stay
+    tensors (Triton checks them at every launch). Raises TypeError as :func:`launch_key`."""
     key = [device, *kwargs.items()]
+    values: list = []
+    push, keep = key.append, values.append
+    last = part = value = None
     for a in args:
         if type(a) is Tensor:
-            key.append(a.dtype)
-            key.append(not a.data_ptr() & 15)
-        elif type(a) is int:
-            key.append((a & 15 == 0, a == 1, _I32[0] <= a < _I32[1], a >= _U64))
+            if a is not last:  # a tensor passed again at once (the kernels' unused outputs): as read
+                last, pointer, index = a, a.data_ptr(), a.get_device()
+                part, value = (a.dtype, not pointer & 15, index), (pointer if index >= 0 else a)
+            push(part)
+            keep(value)
+            continue
+        if type(a) is int:
+            push((a & 15 == 0, a == 1, _I32[0] <= a < _I32[1], a >= _U64))
         else:
-            key.append(_arg_key(a))
-    return tuple(key)
+            push(_arg_key(a))
+        keep(a)
+    return tuple(key), tuple(values)
 
 
 def launch_device(args: tuple) -> Optional[int]:
@@ -140,6 +159,13 @@ def mode() -> str:
     return _MODES[value.strip().lower()]
 
 
+def _hook(hook: Any) -> Any:
+    """A launch hook as the launcher needs it: None where there is none to call (Triton >= 3.7
+    keeps an empty chain of hooks, ``HookChain``, which the launcher would call for nothing, and
+    whose launch metadata would be built for nothing), else the hook itself."""
+    return None if hook is None or getattr(hook, "calls", True) == [] else hook
+
+
 class CachedLaunch:
     """``CachedLaunch(jit_function)[grid](*args, **kwargs)`` launches as
     ``jit_function[grid](*args, **kwargs)`` does (see the module's docstring). ``grid``: a tuple
@@ -173,7 +199,7 @@ class CachedLaunch:
     def _launch(self, active: Any, device: int, grid: tuple, args: tuple, kwargs: dict) -> Any:
         """The launch on ``device``, the current device."""
         try:
-            key = launch_key(device, args, kwargs)
+            key, pointers = keyed_launch(device, args, kwargs)
         except TypeError:  # an argument of a type the key does not know: Triton's path
             return self.fn[grid](*args, **kwargs)
         entry = self._cache.get(key, False)
@@ -187,13 +213,15 @@ class CachedLaunch:
         if self._mode == "verify":
             self._verify(device, kernel, tail, args, kwargs)
         stream = active.get_current_stream(device)
-        values = args + tail
+        values = pointers + tail
         grid_1 = grid[1] if len(grid) > 1 else 1
         grid_2 = grid[2] if len(grid) > 2 else 1
         knobs = self._knobs
-        kernel.run(grid[0], grid_1, grid_2, stream, kernel.function, kernel.packed_metadata,
-                   kernel.launch_metadata(grid, stream, *values), knobs.launch_enter_hook,
-                   knobs.launch_exit_hook, *values)
+        enter, leave = _hook(knobs.launch_enter_hook), _hook(knobs.launch_exit_hook)
+        # Triton's launch metadata is for the enter hook alone (None without one): not built then
+        metadata = None if enter is None else kernel.launch_metadata(grid, stream, *(args + tail))
+        kernel.run(grid[0], grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, metadata, enter,
+                   leave, *values)
         return kernel
 
     def _bound(self, device: int, args: tuple, kwargs: dict) -> tuple:
@@ -219,12 +247,15 @@ class CachedLaunch:
         """Raise unless Triton would launch ``kernel`` with ``args + tail`` for this call."""
         chosen = self.fn.run(*args, grid=(1,), warmup=True, **kwargs)  # Triton's choice, no launch
         values, _, _ = self._bound(device, args, kwargs)
-        if chosen is not kernel or len(values) != len(args) + len(tail) or \
-                any(v is not a and not (type(v) is type(a) and v == a) for v, a in zip(values, args + tail)):
+        passed = keyed_launch(device, args, kwargs)[1] + tail  # CUDA tensors by their pointers
+        if chosen is not kernel or len(values) != len(passed) or \
+                any(v is not a and not (type(v) is type(a) and v == a) and
+                    not (type(v) is Tensor and type(a) is int and v.is_cuda and v.data_ptr() == a)
+                    for v, a in zip(values, passed)):
             raise AssertionError(f"CachedLaunch({getattr(self.fn, '__name__', self.fn)}): Triton would launch "
                                  f"{getattr(chosen, 'hash', chosen)} with {len(values)} arguments; the "
                                  f"cache has {getattr(kernel, 'hash', kernel)} with {len(args) + len(tail)}")
 
 
-__all__ = ["CachedLaunch", "DeviceLaunch", "launch_device", "launch_key", "launch_on_device", "mode",
-           "current_device", "on_device"]
+__all__ = ["CachedLaunch", "DeviceLaunch", "keyed_launch", "launch_device", "launch_key", "launch_on_device",
+           "mode", "current_device", "on_device"]

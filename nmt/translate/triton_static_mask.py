@@ -68,9 +68,11 @@ def _static_mask_kernel(STOPPED, DONE, TOKEN, PARENT, SCORE, SUPPORT, LIVE, EX_N
     tl.store(LIVE_O + at, tl.where(now[:, None], neg_inf, tl.load(LIVE + at, mask=m, other=0.0)), mask=m)
 
 
-def _kernel() -> Any:
-    """The jitted kernel for the current ``TRITON_INTERPRET`` setting (:func:`nmt.sparse._triton.jitted`)."""
-    return _triton.jitted(_static_mask_kernel, "nmt.translate.triton_static_mask")
+def _kernel(x: Optional[Tensor] = None) -> Any:
+    """The jitted kernel for launches on ``x`` (the compiled one on CUDA, the interpreter's on the CPU;
+    without ``x``, for the current ``TRITON_INTERPRET`` setting: :func:`nmt.sparse._triton.jitted`)."""
+    return _triton.jitted(_static_mask_kernel, "nmt.translate.triton_static_mask",
+                          None if x is None else _triton._interpreted(x))
 
 
 def mask_stopped(stopped: Tensor, done: Tensor, token: Tensor, parent: Tensor, score: Tensor,
@@ -102,7 +104,8 @@ def mask_stopped(stopped: Tensor, done: Tensor, token: Tensor, parent: Tensor, s
     out_reason = torch.empty_like(reason)
     if rows:
         as_bytes = [t.contiguous().view(torch.int8) for t in (stopped, done)]
-        if not _triton.launched("nmt.translate.triton_static_mask", lambda: _kernel()[((rows + BLOCK_ROWS - 1) // BLOCK_ROWS,)](
+        grid = ((rows + BLOCK_ROWS - 1) // BLOCK_ROWS,)
+        if not _triton.launched("nmt.translate.triton_static_mask", lambda: _kernel(score)[grid](
                 *as_bytes, token, parent, score, score if support is None else support, live,
                 exact.contiguous().view(torch.int8), reason.contiguous(), old_exact.contiguous().view(torch.int8),
                 old_reason.contiguous(), out_token, out_parent, out_score,

@@ -88,9 +88,11 @@ def _step_update_kernel(PREV, UNK, TV, TI, EX_IN, WHY_IN, BEST_IN, TOP_IN, SCORE
     tl.store(DONE + r, ((~any_live) | settled).to(tl.int8))
 
 
-def _kernel() -> Any:
-    """The jitted kernel for the current ``TRITON_INTERPRET`` setting (:func:`nmt.sparse._triton.jitted`)."""
-    return _triton.jitted(_step_update_kernel, "nmt.translate.triton_step")
+def _kernel(x: Optional[Tensor] = None) -> Any:
+    """The jitted kernel for launches on ``x`` (the compiled one on CUDA, the interpreter's on the CPU;
+    without ``x``, for the current ``TRITON_INTERPRET`` setting: :func:`nmt.sparse._triton.jitted`)."""
+    return _triton.jitted(_step_update_kernel, "nmt.translate.triton_step",
+                          None if x is None else _triton._interpreted(x))
 
 
 def step_update(top_scores: Tensor, top_index: Tensor, prev_scores: Tensor, unknown: Tensor, exact: Tensor,
@@ -124,7 +126,7 @@ def step_update(top_scores: Tensor, top_index: Tensor, prev_scores: Tensor, unkn
         inputs = [t.contiguous() for t in (prev_scores, unknown.view(torch.int8), top_scores, top_index,
                                            exact.view(torch.int8), reason, best_finished,
                                            top_finished.view(torch.int8))]
-        if not _triton.launched("nmt.translate.triton_step", lambda: _kernel()[(rows,)](
+        if not _triton.launched("nmt.translate.triton_step", lambda: _kernel(top_scores)[(rows,)](
                 *inputs, score, live, parent, token, flags[0], new_reason, new_best, flags[1], flags[2], slots,
                 width, vocab, eos, float(penalty), float(bound_penalty), nonfinite_code, pruned_code, K=beam_size,
                 K_PAD=_triton.pad_pow2(beam_size, 2), NB=n_best, NB_PAD=_triton.pad_pow2(n_best, 2),

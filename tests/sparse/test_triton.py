@@ -374,7 +374,7 @@ def test_wrappers_do_not_sync(monkeypatch):
             return launch
 
     fake = type("K", (), {"forward": Launcher(), "backward": Launcher()})()
-    monkeypatch.setattr(T, "_kernels", lambda: fake)
+    monkeypatch.setattr(T, "_kernels", lambda x=None: fake)
     x, a = torch.randn(6, 300, device=DEVICE), torch.full((6,), 1.3, device=DEVICE)
     with SyncAudit() as audit:
         T.sparsemax_forward(x), T.entmax15_forward(x), T.entmax_forward(x, a)
@@ -858,7 +858,7 @@ def test_fused_loss_paths_do_not_sync(monkeypatch):
             return lambda *args, **kwargs: None
 
     fake = type("K", (), {name: Launcher(name) for name in T.KERNEL_NAMES})()
-    monkeypatch.setattr(T, "_kernels", lambda: fake)
+    monkeypatch.setattr(T, "_kernels", lambda x=None: fake)
     x, t = _loss_rows(60)
     dist = torch.softmax(torch.randn(12, 60), -1).to(DEVICE)
     x, t = x.to(DEVICE), t.to(DEVICE)
@@ -1004,7 +1004,7 @@ def test_step_candidates_wrapper_does_not_sync(monkeypatch):
         def __getitem__(self, grid):
             return lambda *args, **kwargs: launches.append((grid, kwargs["W"], kwargs["W_PAD"], kwargs["BLOCK"]))
 
-    monkeypatch.setattr(TC, "_kernel", lambda: Launcher())
+    monkeypatch.setattr(TC, "_kernel", lambda x=None: Launcher())
     lp, off = _step_rows(4, 5, 3000, seed=2)
     lp, off = lp.to(DEVICE), off.to(DEVICE)
     with SyncAudit() as audit:
@@ -1022,7 +1022,7 @@ def test_a_search_kernel_that_fails_to_build_leaves_the_search_to_torch(monkeypa
     from nmt.translate import triton_step
     from nmt.translate.search_step import RowState
 
-    def broken():
+    def broken(x=None):
         raise RuntimeError("PassManager::run failed\nmore lines")
 
     monkeypatch.setattr(T, "_FAILED", {})
@@ -1040,9 +1040,9 @@ def test_a_search_kernel_that_fails_to_build_leaves_the_search_to_torch(monkeypa
         assert triton_step.step_update(top, index, *args, **common) is None
         assert TM.mask_stopped(*_mask_case(4, 2, 2, True, seed=0), slots=2, pad=0) is None
     assert len(warned) == 3
-    monkeypatch.setattr(TC, "_kernel", lambda: pytest.fail("launched again"))
-    monkeypatch.setattr(triton_step, "_kernel", lambda: pytest.fail("launched again"))
-    monkeypatch.setattr(TM, "_kernel", lambda: pytest.fail("launched again"))
+    monkeypatch.setattr(TC, "_kernel", lambda x=None: pytest.fail("launched again"))
+    monkeypatch.setattr(triton_step, "_kernel", lambda x=None: pytest.fail("launched again"))
+    monkeypatch.setattr(TM, "_kernel", lambda x=None: pytest.fail("launched again"))
     assert TC.step_candidates(lp.to(DEVICE), off.to(DEVICE), 3, 4) is None
     assert triton_step.step_update(top, index, *args, **common) is None
     assert TM.mask_stopped(*_mask_case(4, 2, 2, True, seed=0), slots=2, pad=0) is None
@@ -1172,7 +1172,7 @@ def test_the_static_mask_wrapper_does_not_sync(monkeypatch):
         def __getitem__(self, grid):
             return lambda *args, **kwargs: grids.append((grid, kwargs["K"], kwargs["HAS_SUPPORT"]))
 
-    monkeypatch.setattr(TM, "_kernel", lambda: Launcher())
+    monkeypatch.setattr(TM, "_kernel", lambda x=None: Launcher())
     case = _mask_case(70, 5, 5, True, seed=1)
     with SyncAudit() as audit:
         TM.mask_stopped(*case, slots=5, pad=0)

@@ -155,6 +155,63 @@ print("OK", len(by_key))
 """
 
 
+def test_keyed_launch_passes_cuda_tensors_by_pointer(monkeypatch):
+    """``keyed_launch``: a tensor on a GPU (``get_device() >= 0``, stood in for on the CPU) goes to
+    the launcher as its data pointer, an int (Triton's launcher then neither calls ``data_ptr()``
+    nor asks the driver about it); its device index is in the key, so a tensor of another device
+    (or off CUDA) is another key, whose first launch takes Triton's checked path. Tensors off CUDA
+    and parameters stay tensors; a tensor passed again at once gets the same key part and value."""
+    from nmt.sparse._triton_launch import keyed_launch, launch_key
+
+    x, y = torch.zeros(4, 8), torch.zeros(4, 8)
+    kwargs = {"BLOCK": 16, "num_warps": 1}
+    key_cpu, values_cpu = keyed_launch(0, (x, y, y, 8, 0.5), kwargs)
+    assert values_cpu[0] is x and values_cpu[1] is y and values_cpu[2] is y and values_cpu[3:] == (8, 0.5)
+    assert key_cpu == launch_key(0, (x, y, y, 8, 0.5), kwargs) and key_cpu[3] == key_cpu[4]
+    on = {"gpu": 1}
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: on["gpu"], raising=False)
+    key_gpu1, values = keyed_launch(0, (x, y, y, 8, 0.5), kwargs)
+    assert values == (x.data_ptr(), y.data_ptr(), y.data_ptr(), 8, 0.5)
+    assert all(type(v) is int for v in values[:3])
+    on["gpu"] = 0
+    key_gpu0, _ = keyed_launch(0, (x, y, y, 8, 0.5), kwargs)
+    assert len({key_cpu, key_gpu0, key_gpu1}) == 3  # the device index is part of the key
+    parameter = torch.nn.Parameter(torch.zeros(4, 8))
+    assert keyed_launch(0, (parameter,), {})[1][0] is parameter  # not a plain tensor: Triton checks it
+
+
+def test_launch_hooks_are_none_where_there_is_nothing_to_call():
+    """Triton >= 3.7 keeps an empty ``HookChain`` for the launch hooks: the launcher gets None
+    then (no call, no launch metadata built); a chain with hooks, or another hook, is passed on."""
+    from nmt.sparse._triton_launch import _hook
+
+    class Chain:
+        def __init__(self, calls):
+            self.calls = calls
+
+    def hook(metadata):
+        return None
+
+    assert _hook(None) is None and _hook(Chain([])) is None
+    chain = Chain([hook])
+    assert _hook(chain) is chain and _hook(hook) is hook
+
+
+def test_cuda_tensors_do_not_read_the_environment(monkeypatch):
+    """Whether the kernels run on a CUDA tensor (at every attention step of an eager GPU step)
+    depends on how Triton was imported, not on reading ``TRITON_INTERPRET`` again (0.6 us a read):
+    CUDA stood in for on the CPU, the environment read made to fail."""
+    from nmt.sparse import _triton as T
+
+    if T._import_triton() is None:
+        pytest.skip("triton is not installed")
+    monkeypatch.setattr(T, "_interpret", lambda: pytest.fail("TRITON_INTERPRET read for a CUDA tensor"))
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True), raising=False)
+    x = torch.zeros(2, 3)
+    assert T._runs_here(x) is (not T._library_interpreted())
+    assert T._interpreted(x) is False  # the compiled kernels for it
+
+
 def test_launch_cache_mode_from_the_environment(monkeypatch):
     """NMT_TRITON_LAUNCH_CACHE: on by default, the documented spellings, and a one-line error
     naming the variable for anything else."""
