@@ -71,7 +71,7 @@ def resolve_impl(impl: str, x: Tensor, triton_ok: bool = True) -> str:
     """
     check_impl(impl)
     if impl == "auto":
-        if x.device.type == "cpu":
+        if x.is_cpu:
             return "pruned"
         # the kernels compute in float32: float64 keeps the static path's precision
         return "triton" if triton_ok and x.dtype != torch.float64 and triton_available(x) else "static"

@@ -3,8 +3,8 @@
 ``kernel[grid](*args, **kwargs)`` on a ``triton.jit`` function spends most of a launch's host
 time before the launch: binding the arguments, specialising each one, building the cache key as a
 string, checking the globals (about 9.5 of 11 us a launch with Triton 3.9; the compiled kernel's
-launcher takes about 1.5). An eager GPU step that calls the mappings at every decoder step is
-host-bound, and pays that at every launch. :class:`CachedLaunch` keeps, per key of its own, the
+launcher takes about 1.5, plus its work per pointer argument on a GPU). An eager GPU step that
+calls the mappings at every decoder step is host-bound, and pays that at every launch. :class:`CachedLaunch` keeps, per key of its own, the
 kernel Triton chose at the first launch of that key and launches it as Triton does.
 
 **The key** holds, per positional argument, what Triton specialises on (the device, a tensor's
@@ -19,7 +19,12 @@ the current stream, the kernel's function and packed metadata, the launch metada
 launch hooks (profilers keep working), and every bound argument: the call's positional
 arguments, then the tail the binder adds (constexprs and defaults), learnt from Triton's binder
 at the first launch of the key. Where that cannot be learnt (another Triton's layout, a failing
-binder) the key keeps Triton's own path.
+binder) the key keeps Triton's own path. Two things differ, for the same effect: a CUDA tensor
+is passed as its data pointer, an int, which the launcher takes as the pointer itself (given a
+tensor it calls ``data_ptr()`` and asks the driver whether the device can reach the memory, at
+every launch; here the key holds every tensor's device index, and each key's first launch goes
+through Triton's own path with those checks); and launch hooks that are an empty chain (Triton
+3.6 and 3.9 keep one where none is set) are passed as None, with no launch metadata built for them.
 
 Not redone per launch, unlike ``JITFunction.run``: the pre-run hooks (nmt's kernels have none)
 and the check that the globals a kernel read have not changed (nmt's read none). The debug and
@@ -160,8 +165,8 @@ def mode() -> str:
 
 
 def _hook(hook: Any) -> Any:
-    """A launch hook as the launcher needs it: None where there is none to call (Triton >= 3.7
-    keeps an empty chain of hooks, ``HookChain``, which the launcher would call for nothing, and
+    """A launch hook as the launcher needs it: None where there is none to call (Triton 3.6 and 3.9
+    keep an empty chain of hooks, ``HookChain``, which the launcher would call for nothing, and
     whose launch metadata would be built for nothing), else the hook itself."""
     return None if hook is None or getattr(hook, "calls", True) == [] else hook
 

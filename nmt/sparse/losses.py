@@ -402,7 +402,7 @@ def _cross_entropy_uses_kernel(z: Tensor, impl: str) -> bool:
     included, the torch path (cross-entropy never refuses an ``impl``)."""
     if impl not in ("auto", "triton") or z.dtype == torch.float64:
         return False
-    if impl == "auto" and z.device.type == "cpu":
+    if impl == "auto" and z.is_cpu:
         return False
     return _dispatch.triton_available(z)
 
@@ -411,7 +411,7 @@ def _check(ok: Tensor, message: str) -> None:
     """Refuse bad input without a host sync: ``ValueError(message)`` when ``ok`` (a scalar tensor:
     False or 0 refuses) is, raised at once on the CPU in eager mode; on an accelerator (or compiled)
     a device-side assertion that fails the next synchronising call."""
-    if ok.device.type == "cpu" and not torch.compiler.is_compiling():
+    if ok.is_cpu and not torch.compiler.is_compiling():
         try:
             torch._assert_async(ok, message)
         except RuntimeError:

@@ -181,7 +181,7 @@ def test_keyed_launch_passes_cuda_tensors_by_pointer(monkeypatch):
 
 
 def test_launch_hooks_are_none_where_there_is_nothing_to_call():
-    """Triton >= 3.7 keeps an empty ``HookChain`` for the launch hooks: the launcher gets None
+    """Triton 3.6 and 3.9 keep an empty ``HookChain`` for the launch hooks: the launcher gets None
     then (no call, no launch metadata built); a chain with hooks, or another hook, is passed on."""
     from nmt.sparse._triton_launch import _hook
 
