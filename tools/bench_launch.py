@@ -5,6 +5,9 @@ long the host takes to issue a call, not the kernel's time. This prints host mic
 next to torch's own operation, for each layer of nmt's route to the kernels:
 
 * the Triton launch as nmt issues it (``_triton._launch_forward``: the 1.5-entmax forward kernel),
+  and the same with its nine tensors handed to Triton's launcher as tensors rather than as data
+  pointers (each then costs the launcher a ``data_ptr()`` call and a driver query on a GPU; the
+  stand-in driver runs no launcher, so the two rows differ on a GPU only),
 * the wrapper (``_triton.entmax15_forward``: checks, output allocation, the launch),
 * the front door ``entmax15(x)`` without gradient, and forward+backward with one,
 * the losses, forward+backward: ``cross_entropy_loss`` and ``entmax15_loss`` against
@@ -196,6 +199,14 @@ def cases(rows: int, cols: int, device: torch.device) -> list[tuple[str, Callabl
     def launch() -> None:
         _triton._launch_forward(x, y, x, y, y, y, y, y, y, 0, 0.0, _triton._ENTMAX15, False, 0)
 
+    def launch_tensors() -> None:  # the launcher given tensors: per pointer data_ptr() and a driver query
+        kernel = _triton._kernels(x).forward
+        kernel.pointers = False
+        try:
+            launch()
+        finally:
+            kernel.pointers = True
+
     def no_grad(f: Callable[[], object]) -> Callable[[], object]:
         def run() -> object:
             with torch.no_grad():
@@ -215,6 +226,7 @@ def cases(rows: int, cols: int, device: torch.device) -> list[tuple[str, Callabl
     return [
         (softmax, no_grad(lambda: F.softmax(x, -1)), softmax),
         ("Triton launch (1.5-entmax forward kernel)", launch, softmax),
+        ("Triton launch, tensors to the launcher", launch_tensors, softmax),
         ("_triton.entmax15_forward (wrapper)", no_grad(lambda: _triton.entmax15_forward(x)), softmax),
         ("entmax15 forward (front door)", no_grad(lambda: entmax15(x, impl="triton")), softmax),
         ("Triton launch, from a second thread", in_thread(launch), softmax),

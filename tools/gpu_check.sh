@@ -51,9 +51,10 @@
 # Unmeasured since 2026-11-27 (planned by an audit of the stages; each call at most 10 minutes):
 #   OUT=$OUT GPU_CHECK_WORKERS=15 GPU_CHECK_TRAIN_ARGS="--profile 3" GPU_CHECK_TESTS_REST_S=300 \
 #       bash tools/gpu_check.sh env train_compile launch tests_rest
-# (launch: a real Triton launch's host cost next to a torch operation's; on the CPU's stand-in the
-# eager 1.5-entmax step makes 39 more Triton launches and 50% more Python calls than softmax's for
-# 3% more host time, where the H200 measured 22%: see BENCHMARKS.md, 2026-11-27, a twelfth session)
+# (launch: a real Triton launch's host cost next to a torch operation's, with its tensors handed to
+# the launcher as pointers and as tensors; on the CPU's stand-in the eager 1.5-entmax step now takes
+# 0.90-0.97x softmax's host time, where the H200 measured 1.22x its step time: see BENCHMARKS.md,
+# 2026-11-27, a thirteenth session)
 #   OUT=$OUT bash tools/gpu_check.sh translate translate_torch_search transformer transformer_unfused
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -184,6 +184,7 @@ class CachedLaunch:
         from triton.runtime.driver import driver
         self._knobs, self._driver = knobs.runtime, driver
         self._mode = mode()
+        self.pointers = True  # CUDA tensors to the launcher as pointers (False: as tensors, for A/B timing)
 
     def __getitem__(self, grid: tuple) -> Callable[..., Any]:
         if self._mode == "0":
@@ -218,7 +219,7 @@ class CachedLaunch:
         if self._mode == "verify":
             self._verify(device, kernel, tail, args, kwargs)
         stream = active.get_current_stream(device)
-        values = pointers + tail
+        values = (pointers if self.pointers else args) + tail
         grid_1 = grid[1] if len(grid) > 1 else 1
         grid_2 = grid[2] if len(grid) > 2 else 1
         knobs = self._knobs
