@@ -752,7 +752,7 @@ def _index_loss_outputs(x: Tensor, reduction: str) -> tuple[Tensor, Tensor, Tens
 def _finish(rows: Tensor, status: Tensor, out: Tensor, finish: Tensor, reduction: str) -> None:
     """Launch :func:`_finish_kernel`: one program reduces ``rows`` into ``out`` and writes ``finish``."""
     _kernels(rows).finish[(1,)](rows, status, out, finish, rows.shape[0], REDUCE=REDUCTIONS[reduction],
-                            BLOCK=1024, num_warps=4)
+                                BLOCK=1024, num_warps=4)
 
 
 def tsallis_index_loss(x2d: Tensor, target: Tensor, ignore_index: int = -100, eps: float = 0.0,

@@ -4,8 +4,9 @@
 time before the launch: binding the arguments, specialising each one, building the cache key as a
 string, checking the globals (about 9.5 of 11 us a launch with Triton 3.9; the compiled kernel's
 launcher takes about 1.5, plus its work per pointer argument on a GPU). An eager GPU step that
-calls the mappings at every decoder step is host-bound, and pays that at every launch. :class:`CachedLaunch` keeps, per key of its own, the
-kernel Triton chose at the first launch of that key and launches it as Triton does.
+calls the mappings at every decoder step is host-bound, and pays that at every launch.
+:class:`CachedLaunch` keeps, per key of its own, the kernel Triton chose at the first launch of
+that key and launches it as Triton does.
 
 **The key** holds, per positional argument, what Triton specialises on (the device, a tensor's
 dtype and whether its data pointer is 16-byte aligned; an int's width, its divisibility by 16
@@ -76,8 +77,7 @@ def launch_key(device: int, args: tuple, kwargs: dict) -> tuple:
     """The cache key of a launch: the device, the keyword arguments as given, and per positional
     argument :func:`_arg_key`'s information, inlined for the common types (a tensor: its dtype,
     whether it is aligned and its device index, -1 off CUDA; an int: divisible by 16, equal to 1,
-    in the int32 range, at least 2**63). Raises TypeError for an argument of an
-    unknown type."""
+    in the int32 range, at least 2**63). Raises TypeError for an argument of an unknown type."""
     return keyed_launch(device, args, kwargs)[0]
 
 
