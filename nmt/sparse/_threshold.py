@@ -59,6 +59,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ._common import row_exponent
 from ._native import available as native_available
 from ._native import (bound_entmax15, bound_sparsemax, bound_threshold, native_sorted_shifted_threshold,
                       newton_threshold, sorted_probs)
@@ -389,6 +390,7 @@ def _newton(z: Tensor, q: Power, lo: Tensor, max_iter: int, tol: Optional[float]
     dx_old = torch.ones_like(lo)
     finished = empty.clone()
     qc = q[:, None] if isinstance(q, Tensor) else q
+    qm1 = row_exponent(qc - 1, z) if isinstance(q, Tensor) else q - 1  # the powers' exponent, once
     for _ in range(max_iter):
         d = (z - tau[:, None]).clamp_(min=0)
         if exact:
@@ -411,7 +413,7 @@ def _newton(z: Tensor, q: Power, lo: Tensor, max_iter: int, tol: Optional[float]
                 new = tau + torch.where(done, closed, h * (h - 1) / s1)
         else:
             pos = d > 0
-            dq1 = torch.where(pos, torch.where(pos, d, 1).pow(qc - 1), 0)  # d^(q-1) on the support
+            dq1 = torch.where(pos, torch.where(pos, d, 1).pow(qm1), 0)  # d^(q-1) on the support
             f = torch.linalg.vecdot(dq1, d) - 1
             df = dq1.sum(dim=-1) * q
             lo = torch.where(f >= 0, tau, lo)
@@ -467,7 +469,7 @@ def _newton_norm(z: Tensor, q: Power, tau: Tensor, max_iter: int, tol: Optional[
     d = (z - tau[:, None]).clamp_(min=0)
     square = not isinstance(q, Tensor) and q == 2.0
     work = None if square else torch.empty_like(d)
-    qm1 = q[:, None] - 1 if isinstance(q, Tensor) else q - 1
+    qm1 = row_exponent(q[:, None] - 1, d) if isinstance(q, Tensor) else q - 1
     finished = empty.clone()
     for _ in range(max_iter):
         if square:
@@ -546,9 +548,10 @@ def _newton_lower_bound(z: Tensor, q: Power, steps: int) -> Tensor:
             lo = lo + (f / df.clamp(min=tiny)).clamp(min=0)  # empty rows (f = -1) stay put
         return lo
     qc = q[:, None]
+    qm1 = row_exponent(qc - 1, z)
     for _ in range(steps):
         d = (z - lo).clamp_(min=0)
-        dq1 = torch.where(d > 0, torch.where(d > 0, d, 1).pow(qc - 1), 0)
+        dq1 = torch.where(d > 0, torch.where(d > 0, d, 1).pow(qm1), 0)
         f = torch.linalg.vecdot(dq1, d)[:, None] - 1
         df = dq1.sum(dim=-1, keepdim=True) * qc
         ok = (df > 0) & (f > 0) & (qc >= 1)

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from . import _dispatch
 from ._common import (apply_last, apply_mask, broadcasts_to, check_scores, compute_dtype, fresh_output,
-                      own_precision, rows, shaped)
+                      own_precision, row_exponent, rows, shaped)
 from ._dispatch import check_impl, resolve_impl, shifted_threshold, takes_half
 from ._softmax import softmax
 from ._native import support_backward
@@ -133,6 +133,7 @@ def _support_power(p: Tensor, power: Union[float, Tensor]) -> Tensor:
     if not isinstance(power, Tensor) and power > 0:
         return p.pow(power)
     supp = p > 0
+    power = row_exponent(power, p) if isinstance(power, Tensor) else power
     return torch.where(supp, torch.where(supp, p, 1).pow(power), 0)
 
 
@@ -255,7 +256,7 @@ class EntmaxBisectFunction(torch.autograd.Function):
             am1 = alpha - 1
             z = (x - _row_max(x)) * am1
             tau, zmax = shifted_threshold(z, 1 / am1, 1.0, kind, eps, n_iter)
-            p = torch.sub(z, zmax).sub_(tau).clamp_(min=0).pow_(1 / am1)
+            p = torch.sub(z, zmax).sub_(tau).clamp_(min=0).pow_(row_exponent(1 / am1, z))
             renormalise = True
         if renormalise:
             p = p.div_(p.sum(dim=-1, keepdim=True).clamp_(min=tiny))
