@@ -103,6 +103,9 @@ def _kernel_operators() -> Optional[SimpleNamespace]:
         "entmax15_backward": ("(Tensor p, Tensor g) -> Tensor", t.entmax15_backward, grad_like),
         "entmax_backward": ("(Tensor p, Tensor g, Tensor alpha_rows) -> Tensor", t.entmax_backward,
                             lambda p, g, a: grad_like(p, g)),
+        "entmax_backward_alpha": ("(Tensor p, Tensor g, Tensor alpha_rows) -> (Tensor, Tensor)",
+                                  t.entmax_backward_alpha,
+                                  lambda p, g, a: (grad_like(p, g), per_row(p, torch.float32))),
         "tsallis_probs_conj": ("(Tensor x2d, float alpha) -> (Tensor, Tensor, Tensor)", t.tsallis_probs_conj,
                                lambda x, alpha: (like(x), per_row(x, x.dtype), per_row(x, x.dtype))),
         "tsallis_index_loss": (

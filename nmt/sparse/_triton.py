@@ -366,7 +366,7 @@ def _forward_kernel(X, Y, A, OK, CONJ, ZMAX, T, LOSS, STATUS, n, ignore_index, s
         tl.store(ZMAX + row, tl.where(bad, float("nan"), xm).to(ZMAX.dtype.element_ty))
 
 
-def _backward_kernel(P, G, DX, A, n, MODE: tl.constexpr, BLOCK: tl.constexpr):
+def _backward_kernel(P, G, DX, A, GA, n, MODE: tl.constexpr, ALPHA_GRAD: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inb = cols < n
@@ -378,11 +378,19 @@ def _backward_kernel(P, G, DX, A, n, MODE: tl.constexpr, BLOCK: tl.constexpr):
     elif MODE == 1:
         s = tl.sqrt_rn(p)  # IEEE-rounded (tl.sqrt is approximate on GPUs)
     else:
-        e = 2.0 - tl.load(A + row).to(tl.float32)  # 2 - alpha
-        s = tl.where(pos, tl.exp2(e * tl.log2(tl.where(pos, p, 1.0))), 0.0)
+        alpha = tl.load(A + row).to(tl.float32)
+        lp = tl.log2(tl.where(pos, p, 1.0))  # log2 p on the support, 0 elsewhere
+        s = tl.where(pos, tl.exp2((2.0 - alpha) * lp), 0.0)
     ssum = tl.sum(s, axis=0)
     c = tl.sum(s * g, axis=0) / tl.maximum(ssum, 1.1754943508222875e-38)
     tl.store(DX + row * n + cols, (s * (g - c)).to(DX.dtype.element_ty), mask=inb)
+    if MODE == 2:
+        if ALPHA_GRAD:
+            # <g, dp/dalpha> = <g, w> - <g, s> <1, w> / <1, s>, w = p (1 - (alpha - 1) ln p) / (alpha - 1)^2
+            # on the support (p * 0 elsewhere: a NaN entry stays NaN, as in torch's formula)
+            am1 = alpha - 1.0
+            w = tl.where(pos, p * (1.0 - am1 * (lp * 0.6931471805599453)) / (am1 * am1), p * 0.0)
+            tl.store(GA + row, tl.sum(g * w, axis=0) - c * tl.sum(w, axis=0))
 
 
 def _ce_forward_kernel(X, T, LOSS, LSE, STATUS, n, ignore_index, eps, SMOOTH: tl.constexpr,
@@ -648,7 +656,9 @@ def _launch_forward(x: Tensor, y: Tensor, a: Tensor, ok: Tensor, conj: Tensor, z
                                        MAX_ITER=MAX_ITER, num_warps=warps)
 
 
-def _backward(p: Tensor, g: Tensor, mode: int, alpha_rows: Optional[Tensor] = None) -> Tensor:
+def _backward(p: Tensor, g: Tensor, mode: int, alpha_rows: Optional[Tensor] = None,
+              alpha_grad: bool = False) -> Any:
+    """``dx``; with ``alpha_grad`` (alpha-entmax) ``(dx, galpha (R,) float32)``."""
     p, g = _check("p", p), _check("g", g)
     if p.shape != g.shape:
         raise ValueError(f"p {tuple(p.shape)} and g {tuple(g.shape)} must have the same shape")
@@ -656,10 +666,14 @@ def _backward(p: Tensor, g: Tensor, mode: int, alpha_rows: Optional[Tensor] = No
     n_rows, n = p.shape
     same = p.dtype is g.dtype  # (a dtype keyword costs empty_like a third more host time)
     dx = torch.empty_like(g) if same else torch.empty_like(g, dtype=torch.promote_types(p.dtype, g.dtype))
+    ga = dx  # a dummy pointer where no alpha-gradient is asked for
+    if alpha_grad:  # (rows without entries: 0)
+        ga = (torch.empty if n else torch.zeros)(n_rows, dtype=torch.float32, device=p.device)
     if n_rows and n:
         block, warps = _row_launch(n)
-        _kernels(p).backward[(n_rows,)](p, g, dx, a, n, MODE=mode, BLOCK=block, num_warps=warps)
-    return dx
+        _kernels(p).backward[(n_rows,)](p, g, dx, a, ga, n, MODE=mode, ALPHA_GRAD=alpha_grad, BLOCK=block,
+                                        num_warps=warps)
+    return (dx, ga) if alpha_grad else dx
 
 
 def sparsemax_forward(x2d: Tensor) -> Tensor:
@@ -694,6 +708,15 @@ def entmax_backward(p: Tensor, g: Tensor, alpha_rows: Tensor) -> Tensor:
     """``J^T g`` of alpha-entmax at output ``p: (R, n)``, ``alpha_rows: (R,)``:
     ``s * g - s * (<s, g> / sum s)`` with ``s = p^(2 - alpha)`` on the support."""
     return _backward(p, g, _ALPHA, alpha_rows)
+
+
+def entmax_backward_alpha(p: Tensor, g: Tensor, alpha_rows: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`entmax_backward` and, in the same launch, the gradient of a learnable alpha per row:
+    ``<g, dp/dalpha> = <g, w> - <g, s> <1, w> / <1, s>`` with ``w = p (1 - (alpha - 1) ln p) /
+    (alpha - 1)^2`` on the support (0 elsewhere; a row holding NaN gets NaN), as
+    :func:`nmt.sparse.entmax._alpha_grad` computes it in torch. ``alpha_rows: (R,)`` above 1.
+    Returns ``(dx (R, n), galpha (R,) float32)``; no host synchronisation."""
+    return _backward(p, g, _ALPHA, alpha_rows, alpha_grad=True)
 
 
 def _tsallis_mode(x: Tensor, alpha: float) -> tuple[int, Optional[Tensor]]:

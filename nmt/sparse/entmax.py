@@ -267,9 +267,14 @@ class EntmaxBisectFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        if ctx.triton:  # the kernel for x; the alpha-gradient (learnable alpha) in torch below
+        if ctx.triton:  # the kernels for x and, in the same launch, a learnable alpha's gradient
             p, alpha = ctx.saved_tensors
             kernels, gx = _dispatch.kernels(), None
+            if ctx.alpha is None and ctx.needs_input_grad[1]:  # tensor alpha: both gradients in one launch
+                a = alpha.expand(*p.shape[:-1], 1).reshape(-1)
+                gx, ga = kernels.entmax_backward_alpha(rows(p), rows(grad), a)
+                gx = shaped(gx, p.shape) if ctx.needs_input_grad[0] else None
+                return gx, ga.view(*p.shape[:-1], 1).to(alpha.dtype), None, None, None
             if ctx.needs_input_grad[0]:
                 if ctx.alpha == 2.0:
                     gx = kernels.sparsemax_backward(rows(p), rows(grad))

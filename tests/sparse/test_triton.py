@@ -309,6 +309,38 @@ def test_alpha_backward(alpha):
         assert torch.allclose(got, fd, rtol=1e-4, atol=1e-4), (got, fd)
 
 
+@pytest.mark.parametrize("n", [7, 50, 300])
+def test_alpha_backward_with_the_alpha_gradient(n):
+    """``entmax_backward_alpha``: the scores' gradient equals ``entmax_backward``'s (the same
+    code), and the alpha-gradient per row, computed in the same launch, equals torch's formula
+    (``_alpha_grad``) in float64 at the same ``p``, and finite differences of the forward kernel
+    in alpha on smooth rows; a row holding NaN gives NaN, an all-masked row 0."""
+    from nmt.sparse.entmax import _alpha_grad
+
+    x = rows(n, seed=5)
+    x[1, 0] = float("nan")  # the tied row: its alpha-gradient is NaN
+    gen = torch.Generator().manual_seed(9)
+    g = torch.randn(x.shape, generator=gen)
+    a = 1.05 + 1.9 * torch.rand(x.shape[0], generator=gen)  # alphas in (1.05, 2.95)
+    p = run(T.entmax_forward, x, a)
+    dx, ga = run(T.entmax_backward_alpha, p, g, a)
+    assert ga.shape == (x.shape[0],) and ga.dtype == torch.float32
+    assert torch.equal(dx, run(T.entmax_backward, p, g, a))
+    ref = _alpha_grad(p.double(), a.double()[:, None], g.double())[:, 0]
+    assert torch.isnan(ga[1]) and torch.isnan(ref[1]) and ga[5] == 0
+    finite = [i for i in range(x.shape[0]) if i != 1]
+    assert torch.allclose(ga[finite].double(), ref[finite], rtol=1e-4, atol=1e-5), (ga, ref)
+    h = 1e-5  # central differences of <g, p(alpha)> in alpha, float64 reference mapping (near-flat rows
+    # change support quickly with alpha: 1e-3 is 6% off on the near-uniform row)
+    for i in SMOOTH:
+        if i == 5:
+            continue
+        up = ref_forward("bisect", x[i:i + 1].double(), float(a[i]) + h)
+        down = ref_forward("bisect", x[i:i + 1].double(), float(a[i]) - h)
+        fd = float(((up - down) * g[i].double()).sum() / (2 * h))
+        assert abs(float(ga[i]) - fd) <= 2e-3 * max(1.0, abs(fd)), (i, float(ga[i]), fd)
+
+
 def test_nan_rows():
     """A NaN or +inf score, or an alpha < 1 or NaN, makes its row NaN (as the static torch path);
     the other rows are unaffected."""
@@ -557,10 +589,11 @@ for mode in (T._SPARSEMAX, T._ENTMAX15, T._ALPHA):
                   "BLOCK": 64, "N_BISECT": T.N_BISECT, "MAX_ITER": T.MAX_ITER}
         src = ASTSource(k.forward, {**ptr, **{c: "constexpr" for c in const}}, constexprs=values)
         assert triton.compile(src, target=target, options={"num_warps": T._num_warps(64)}).asm["cubin"]
-    sig = {"P": "*fp16", "G": "*fp16", "DX": "*fp16", "A": "*fp32", "n": "i32", "MODE": "constexpr",
-           "BLOCK": "constexpr"}
-    src = ASTSource(k.backward, sig, constexprs={"MODE": mode, "BLOCK": 64})
-    assert triton.compile(src, target=target, options={"num_warps": T._num_warps(64)}).asm["cubin"]
+    for alpha_grad in ((False, True) if mode == T._ALPHA else (False,)):  # with the alpha-gradient
+        sig = {"P": "*fp16", "G": "*fp16", "DX": "*fp16", "A": "*fp32", "GA": "*fp32", "n": "i32",
+               "MODE": "constexpr", "ALPHA_GRAD": "constexpr", "BLOCK": "constexpr"}
+        src = ASTSource(k.backward, sig, constexprs={"MODE": mode, "ALPHA_GRAD": alpha_grad, "BLOCK": 64})
+        assert triton.compile(src, target=target, options={"num_warps": T._num_warps(64)}).asm["cubin"]
 for smooth in (False, True):  # the cross-entropy kernels
     sig = {"X": "*fp32", "T": "*i64", "LOSS": "*fp32", "LSE": "*fp32", "STATUS": "*i8", "n": "i32",
            "ignore_index": "i32", "eps": "fp32", "SMOOTH": "constexpr", "BLOCK": "constexpr"}
@@ -915,8 +948,8 @@ def test_compiled_graphs_call_the_kernels_as_operators(compiled_vs_eager):
     names = {n.split(".")[1] for n in ops}
     assert names == {f"triton_{k}" for k in (
         "sparsemax_forward", "entmax15_forward", "entmax_forward", "sparsemax_backward",
-        "entmax15_backward", "entmax_backward", "tsallis_index_loss", "cross_entropy_forward",
-        "cross_entropy_backward")}
+        "entmax15_backward", "entmax_backward", "entmax_backward_alpha", "tsallis_index_loss",
+        "cross_entropy_forward", "cross_entropy_backward")}
     for (compiled, eager), atol in zip((losses, x_grads, alpha_grads), (1e-5, 1e-6, 1e-6)):
         torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=atol)
 
@@ -935,6 +968,7 @@ def test_kernel_operators_pass_opcheck():
         lse, finish = K.cross_entropy_forward(x, t, -100, 0.1, "mean")[1:]
         cases = [(K.sparsemax_forward, (x,)), (K.entmax15_forward, (x,)), (K.entmax_forward, (x, a)),
                  (K.sparsemax_backward, (p, g)), (K.entmax15_backward, (p, g)), (K.entmax_backward, (p, g, a)),
+                 (K.entmax_backward_alpha, (p, g, a)),
                  (K.tsallis_probs_conj, (x, 1.3)), (K.tsallis_index_loss, (x, t, -100, 0.1, 1.5, "none")),
                  (K.tsallis_index_loss, (x, t, -100, 0.0, 1.5, "mean")),
                  (K.cross_entropy_forward, (x, t, -100, 0.1, "none")),

@@ -53,6 +53,7 @@ def calls(x):
     yield lambda: T.sparsemax_backward(x, g)
     yield lambda: T.entmax15_backward(x, g)
     yield lambda: T.entmax_backward(x, g, alpha)
+    yield lambda: T.entmax_backward_alpha(x, g, alpha)
     for a in (2.0, 1.5, 1.25):
         yield lambda: T.tsallis_probs_conj(x, a)
     for reduction in T.REDUCTIONS:
