@@ -9,7 +9,8 @@ next to torch's own operation, for each layer of nmt's route to the kernels:
   pointers (each then costs the launcher a ``data_ptr()`` call and a driver query on a GPU; the
   stand-in driver runs no launcher, so the two rows differ on a GPU only),
 * the wrapper (``_triton.entmax15_forward``: checks, output allocation, the launch),
-* the front door ``entmax15(x)`` without gradient, and forward+backward with one,
+* the front door ``entmax15(x)`` without gradient, and forward+backward with one; alpha-entmax with
+  a learnable alpha per row (an adaptive head), forward and both gradients,
 * the losses, forward+backward: ``cross_entropy_loss`` and ``entmax15_loss`` against
   ``F.cross_entropy``;
 * two diagnostics of the backward, which autograd runs on a device thread on CUDA: the Triton
@@ -45,6 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from nmt.sparse import _triton, entmax15, losses  # noqa: E402
+from nmt.sparse.entmax import entmax_bisect_above_one  # noqa: E402
 from nmt.sparse._triton_launch import mode as _launch_mode  # noqa: E402
 from nmt.utils.device import make_current  # noqa: E402
 
@@ -222,6 +224,12 @@ def cases(rows: int, cols: int, device: torch.device) -> list[tuple[str, Callabl
         y = f(xg)  # one graph, its backward run again and again: the backward's host time alone
         return lambda: torch.autograd.grad(y, xg, grad, retain_graph=True)
 
+    # a learnable alpha per row (an adaptive head's): both gradients, the alpha's from the same kernel
+    alpha = torch.full((rows, 1), 1.4, device=device, requires_grad=True)
+
+    def learned_alpha() -> object:
+        return torch.autograd.grad(entmax_bisect_above_one(xg, alpha, impl="triton"), (xg, alpha), grad)
+
     softmax = "softmax forward"
     return [
         (softmax, no_grad(lambda: F.softmax(x, -1)), softmax),
@@ -237,6 +245,7 @@ def cases(rows: int, cols: int, device: torch.device) -> list[tuple[str, Callabl
          "softmax backward (retained graph)"),
         ("entmax15 forward+backward", backward(lambda t: entmax15(t, impl="triton"), grad),
          "softmax forward+backward"),
+        ("entmax_bisect, learned alpha, fwd+bwd", learned_alpha, "softmax forward+backward"),
         ("softmax forward+backward, bfloat16", backward(lambda t: F.softmax(t, -1), gradh, leaf=xhg),
          "softmax forward+backward, bfloat16"),
         ("entmax15 forward+backward, bfloat16", backward(lambda t: entmax15(t, impl="triton"), gradh, leaf=xhg),

@@ -100,7 +100,7 @@ def test_bench_launch_quick():
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     for label in ("Triton launch", "Triton launch, tensors to the launcher", "entmax15 forward+backward",
-                  "cross_entropy_loss forward+backward",
+                  "cross_entropy_loss forward+backward", "entmax_bisect, learned alpha, fwd+bwd",
                   "Triton launch, from a second thread", "entmax15 backward (retained graph)"):
         assert label in out.stdout
     assert int(out.stdout.split("# ")[-1].split()[0]) > 0  # launches reached the stand-in launcher
