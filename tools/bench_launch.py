@@ -109,7 +109,7 @@ def stand_in_driver() -> Iterator[list]:
     runs_here, interpreted, check = _triton._runs_here, _triton._interpreted, losses._check
     driver.set_active(StandIn())
     _triton._runs_here = lambda x: True
-    _triton._interpreted = lambda x: False  # the compiled kernels for CPU tensors too
+    _triton._interpreted = lambda x=None: False  # the compiled kernels for CPU tensors too
     losses._check = lambda ok, message: None
     saved_kernels = dict(_triton._KERNELS)
     _triton._KERNELS.clear()  # jitted anew, for the stand-in's target

@@ -117,10 +117,11 @@ def _runs_here(x: Tensor) -> bool:
     return _library_interpreted()
 
 
-def _interpreted(x: Tensor) -> bool:
+def _interpreted(x: Optional[Tensor] = None) -> bool:
     """Which kernels run on ``x`` where :func:`_runs_here` accepts it: the interpreter's on the CPU,
-    the compiled ones on CUDA. The tensor's device only (no environment read)."""
-    return not x.is_cuda
+    the compiled ones on CUDA (the tensor's device only: no environment read). Without ``x``, the
+    current ``TRITON_INTERPRET`` setting."""
+    return _interpret() if x is None else not x.is_cuda
 
 
 def _library_interpreted() -> bool:
@@ -506,11 +507,11 @@ def _kernels(x: Optional[Tensor] = None) -> Any:
     """The jitted kernels for launches on ``x`` (:func:`_interpreted`; without ``x``, for the
     current ``TRITON_INTERPRET`` setting), built once per flavour by :func:`jitted`: compiled ones
     launched through :class:`nmt.sparse._triton_launch.CachedLaunch`."""
-    interpret = _interpret() if x is None else _interpreted(x)
+    interpret = _interpreted(x)
     kernels = _KERNELS.get(interpret)
     if kernels is None:
         functions = (_forward_kernel, _backward_kernel, _ce_forward_kernel, _ce_backward_kernel, _finish_kernel)
-        kernels = type("Kernels", (), {name: jitted(f, "nmt.sparse._triton", interpret)
+        kernels = type("Kernels", (), {name: jitted(f, "nmt.sparse._triton", x)
                                        for name, f in zip(KERNEL_NAMES, functions)})()
         _KERNELS[interpret] = kernels
     return kernels
@@ -538,16 +539,17 @@ def launched(label: str, launch: Any) -> bool:
     return True
 
 
-def jitted(fn: Any, label: str, interpret: Optional[bool] = None) -> Any:
+def jitted(fn: Any, label: str, on: Optional[Tensor] = None) -> Any:
     """The kernel function ``fn`` (this module's, or another nmt module's that names ``tl`` as a
     global, bound here: the search step's kernels) jitted for the current ``TRITON_INTERPRET``
     setting, built once per function and setting; compiled ones are launched through
     :class:`nmt.sparse._triton_launch.CachedLaunch` where this Triton allows (>= 3.3), else
     :class:`~nmt.sparse._triton_launch.DeviceLaunch`: either way on the device of the launch's
     first tensor, not the current device.
-    ``label`` names the caller in the error raised without triton. ``interpret``: the flavour
-    (default: the current ``TRITON_INTERPRET`` setting)."""
-    interpret = _interpret() if interpret is None else interpret
+    ``label`` names the caller in the error raised without triton. ``on``: a tensor the kernel
+    will launch on, whose device picks the flavour (:func:`_interpreted`; without it, the current
+    ``TRITON_INTERPRET`` setting)."""
+    interpret = _interpreted(on)
     kernel = _KERNELS.get((fn, interpret))
     if kernel is None:
         if _import_triton() is None:

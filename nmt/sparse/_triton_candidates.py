@@ -97,8 +97,7 @@ def _candidates_kernel(LP, OFF, SUP, UNK, TV, TI, slots, V, W: tl.constexpr, W_P
 def _kernel(x: Optional[Tensor] = None) -> Any:
     """The jitted kernel for launches on ``x`` (the compiled one on CUDA, the interpreter's on the CPU;
     without ``x``, for the current ``TRITON_INTERPRET`` setting: :func:`nmt.sparse._triton.jitted`)."""
-    return _triton.jitted(_candidates_kernel, "nmt.sparse._triton_candidates",
-                          None if x is None else _triton._interpreted(x))
+    return _triton.jitted(_candidates_kernel, "nmt.sparse._triton_candidates", x)
 
 
 def available(log_probs: Tensor, slots: int, width: int) -> bool:

@@ -269,25 +269,19 @@ class EntmaxBisectFunction(torch.autograd.Function):
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         if ctx.triton:  # the kernels for x and, in the same launch, a learnable alpha's gradient
             p, alpha = ctx.saved_tensors
-            kernels, gx = _dispatch.kernels(), None
-            if ctx.alpha is None and ctx.needs_input_grad[1]:  # tensor alpha: both gradients in one launch
+            kernels = _dispatch.kernels()
+            if ctx.needs_input_grad[1]:  # a learnable (tensor) alpha: both gradients in one launch
                 a = alpha.expand(*p.shape[:-1], 1).reshape(-1)
                 gx, ga = kernels.entmax_backward_alpha(rows(p), rows(grad), a)
                 gx = shaped(gx, p.shape) if ctx.needs_input_grad[0] else None
                 return gx, ga.view(*p.shape[:-1], 1).to(alpha.dtype), None, None, None
-            if ctx.needs_input_grad[0]:
-                if ctx.alpha == 2.0:
-                    gx = kernels.sparsemax_backward(rows(p), rows(grad))
-                elif ctx.alpha == 1.5:
-                    gx = kernels.entmax15_backward(rows(p), rows(grad))
-                else:
-                    a = alpha.expand(*p.shape[:-1], 1).reshape(-1)
-                    gx = kernels.entmax_backward(rows(p), rows(grad), a)
-                gx = shaped(gx, p.shape)
-            if not ctx.needs_input_grad[1]:
-                return gx, None, None, None, None
-            wide = torch.promote_types(p.dtype, alpha.dtype)  # half p: alpha's sums in float32
-            return gx, _alpha_grad(p.to(wide), alpha, grad.to(wide)).to(alpha.dtype), None, None, None
+            if ctx.alpha == 2.0:
+                gx = kernels.sparsemax_backward(rows(p), rows(grad))
+            elif ctx.alpha == 1.5:
+                gx = kernels.entmax15_backward(rows(p), rows(grad))
+            else:
+                gx = kernels.entmax_backward(rows(p), rows(grad), alpha.expand(*p.shape[:-1], 1).reshape(-1))
+            return shaped(gx, p.shape), None, None, None, None
         if ctx.alpha is not None and not ctx.triton:  # saved r = [(alpha - 1) x - tau]_+, alpha a float
             r, _ = ctx.saved_tensors
             e = (2 - ctx.alpha) / (ctx.alpha - 1)

@@ -71,8 +71,7 @@ def _static_mask_kernel(STOPPED, DONE, TOKEN, PARENT, SCORE, SUPPORT, LIVE, EX_N
 def _kernel(x: Optional[Tensor] = None) -> Any:
     """The jitted kernel for launches on ``x`` (the compiled one on CUDA, the interpreter's on the CPU;
     without ``x``, for the current ``TRITON_INTERPRET`` setting: :func:`nmt.sparse._triton.jitted`)."""
-    return _triton.jitted(_static_mask_kernel, "nmt.translate.triton_static_mask",
-                          None if x is None else _triton._interpreted(x))
+    return _triton.jitted(_static_mask_kernel, "nmt.translate.triton_static_mask", x)
 
 
 def mask_stopped(stopped: Tensor, done: Tensor, token: Tensor, parent: Tensor, score: Tensor,

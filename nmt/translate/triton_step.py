@@ -91,8 +91,7 @@ def _step_update_kernel(PREV, UNK, TV, TI, EX_IN, WHY_IN, BEST_IN, TOP_IN, SCORE
 def _kernel(x: Optional[Tensor] = None) -> Any:
     """The jitted kernel for launches on ``x`` (the compiled one on CUDA, the interpreter's on the CPU;
     without ``x``, for the current ``TRITON_INTERPRET`` setting: :func:`nmt.sparse._triton.jitted`)."""
-    return _triton.jitted(_step_update_kernel, "nmt.translate.triton_step",
-                          None if x is None else _triton._interpreted(x))
+    return _triton.jitted(_step_update_kernel, "nmt.translate.triton_step", x)
 
 
 def step_update(top_scores: Tensor, top_index: Tensor, prev_scores: Tensor, unknown: Tensor, exact: Tensor,
