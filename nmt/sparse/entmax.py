@@ -145,10 +145,11 @@ class Entmax15Function(torch.autograd.Function):
     def forward(ctx, x: Tensor, impl: str = "auto") -> Tensor:  # type: ignore[override]
         kind = resolve_impl(impl, x)
         ctx.triton, ctx.native = kind == "triton", False
-        if ctx.triton:
-            p = shaped(_dispatch.kernels().entmax15_forward(rows(x)), x.shape)
+        if ctx.triton:  # the rows saved (R, n): the backward reshapes nothing more
+            p = _dispatch.kernels().entmax15_forward(rows(x))
             ctx.save_for_backward(p)
-            return p
+            ctx.shape = x.shape
+            return shaped(p, x.shape)
         r = None
         if kind == "pruned" and not torch.compiler.is_compiling():
             fused = native_sorted_probs(x, 2.0, root=ctx.needs_input_grad[0])
@@ -178,8 +179,8 @@ class Entmax15Function(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         (r,) = ctx.saved_tensors
-        if ctx.triton:  # saved p: the kernel takes s = sqrt(p)
-            return shaped(_dispatch.kernels().entmax15_backward(rows(r), rows(grad)), r.shape), None
+        if ctx.triton:  # saved p (R, n): the kernel takes s = sqrt(p)
+            return shaped(_dispatch.kernels().entmax15_backward(r, rows(grad)), ctx.shape), None
         if ctx.native:  # one native pass
             return shaped(support_backward(rows(r), rows(grad), indicator=False), r.shape), None
         return _entmax_backward(r, grad), None
@@ -210,19 +211,22 @@ class EntmaxBisectFunction(torch.autograd.Function):
                 impl: str = "auto") -> Tensor:  # type: ignore[override]
         kind = resolve_impl(impl, x)
         ctx.alpha, ctx.triton = alpha_float, kind == "triton"
-        tiny = torch.finfo(x.dtype).tiny
         if ctx.triton:  # float alpha 2 / 1.5: the dedicated exact kernels
             kernels = _dispatch.kernels()
+            ctx.shape = x.shape  # the rows are saved (R, n): the backward reshapes nothing more
             if alpha_float == 2.0:
                 p = kernels.sparsemax_forward(rows(x))
+                ctx.save_for_backward(p)
             elif alpha_float == 1.5:
                 p = kernels.entmax15_forward(rows(x))
-            else:
-                p = kernels.entmax_forward(rows(x), alpha.expand(*x.shape[:-1], 1).reshape(-1))
-            p = shaped(p, x.shape)
-            ctx.save_for_backward(p, alpha)
-            return p
-        eps = torch.finfo(x.dtype).eps
+                ctx.save_for_backward(p)
+            else:  # the kernels' alpha per row, flat: made once, kept for the backward
+                a = _kernel_alphas(alpha, x)
+                p = kernels.entmax_forward(rows(x), a)
+                ctx.save_for_backward(p, a)
+                ctx.alpha_dtype = alpha.dtype
+            return shaped(p, x.shape)
+        tiny, eps = torch.finfo(x.dtype).tiny, torch.finfo(x.dtype).eps
         if alpha_float is not None:  # one alpha for all rows: scalar arithmetic on the big tensor
             am1 = alpha_float - 1
             q = 1 / am1  # q in {1, 2}: exact (verified closed form)
@@ -268,20 +272,20 @@ class EntmaxBisectFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         if ctx.triton:  # the kernels for x and, in the same launch, a learnable alpha's gradient
-            p, alpha = ctx.saved_tensors
+            p, *a = ctx.saved_tensors  # p: (R, n)
             kernels = _dispatch.kernels()
             if ctx.needs_input_grad[1]:  # a learnable (tensor) alpha: both gradients in one launch
-                a = alpha.expand(*p.shape[:-1], 1).reshape(-1)
-                gx, ga = kernels.entmax_backward_alpha(rows(p), rows(grad), a)
-                gx = shaped(gx, p.shape) if ctx.needs_input_grad[0] else None
-                return gx, ga.view(*p.shape[:-1], 1).to(alpha.dtype), None, None, None
+                gx, ga = kernels.entmax_backward_alpha(p, rows(grad), a[0])
+                gx = shaped(gx, ctx.shape) if ctx.needs_input_grad[0] else None
+                ga = ga.view(*ctx.shape[:-1], 1)
+                return gx, ga if ga.dtype is ctx.alpha_dtype else ga.to(ctx.alpha_dtype), None, None, None
             if ctx.alpha == 2.0:
-                gx = kernels.sparsemax_backward(rows(p), rows(grad))
+                gx = kernels.sparsemax_backward(p, rows(grad))
             elif ctx.alpha == 1.5:
-                gx = kernels.entmax15_backward(rows(p), rows(grad))
+                gx = kernels.entmax15_backward(p, rows(grad))
             else:
-                gx = kernels.entmax_backward(rows(p), rows(grad), alpha.expand(*p.shape[:-1], 1).reshape(-1))
-            return shaped(gx, p.shape), None, None, None, None
+                gx = kernels.entmax_backward(p, rows(grad), a[0])
+            return shaped(gx, ctx.shape), None, None, None, None
         if ctx.alpha is not None and not ctx.triton:  # saved r = [(alpha - 1) x - tau]_+, alpha a float
             r, _ = ctx.saved_tensors
             e = (2 - ctx.alpha) / (ctx.alpha - 1)
@@ -292,6 +296,14 @@ class EntmaxBisectFunction(torch.autograd.Function):
         gx = _entmax_backward(s, grad) if ctx.needs_input_grad[0] else None
         galpha = _alpha_grad(p, alpha, grad, s) if ctx.needs_input_grad[1] else None
         return gx, galpha, None, None, None
+
+
+def _kernel_alphas(alpha: Tensor, x: Tensor) -> Tensor:
+    """``alpha: (..., 1)`` (broadcastable to ``x: (..., n)``'s rows) as the Triton kernels take it:
+    one float32 per row of ``x``, flat and contiguous (a copy where ``alpha`` is broadcast)."""
+    a = alpha.expand(*x.shape[:-1], 1) if alpha.shape[:-1] != x.shape[:-1] else alpha
+    a = a.reshape(-1)
+    return a if a.dtype is torch.float32 and a.is_contiguous() else a.to(torch.float32).contiguous()
 
 
 def _alpha_grad(p: Tensor, alpha: Tensor, grad: Tensor, s: Optional[Tensor] = None) -> Tensor:
@@ -321,10 +333,12 @@ def _alpha_rows(alpha: Union[float, Tensor], scores: Tensor, dim: int, check: bo
         if not a >= 1:
             raise ValueError(f"entmax_bisect needs alpha >= 1, got alpha={alpha}")
         return scores.new_full((1,) * scores.dim(), a, dtype=dtype).movedim(dim, -1)
-    a = alpha.to(dtype)
+    # no-op conversions skipped: each costs a dispatch (and a view its autograd node in backward)
+    a = alpha if alpha.dtype is dtype else alpha.to(dtype)
     if a.dim() > scores.dim():
         raise ValueError(f"alpha of shape {tuple(alpha.shape)} has more dims than scores {tuple(scores.shape)}")
-    a = a.reshape((1,) * (scores.dim() - a.dim()) + tuple(a.shape))
+    if a.dim() < scores.dim():
+        a = a.reshape((1,) * (scores.dim() - a.dim()) + tuple(a.shape))
     if a.shape[dim] != 1:
         raise ValueError(f"alpha of shape {tuple(alpha.shape)} must have size 1 along dim={dim} "
                          f"of scores {tuple(scores.shape)} (one alpha per row)")
@@ -333,7 +347,7 @@ def _alpha_rows(alpha: Union[float, Tensor], scores: Tensor, dim: int, check: bo
                          f"{tuple(scores.shape)}")
     if check and not bool((a.detach() >= 1).all()):  # host read of the small alpha tensor
         raise ValueError("entmax_bisect needs alpha >= 1 in every row (got a value < 1 or NaN)")
-    return a.movedim(dim, -1)
+    return a if dim == a.dim() - 1 else a.movedim(dim, -1)
 
 
 def entmax_bisect(scores: Tensor, alpha: Union[float, Tensor] = 1.5, dim: int = -1,
@@ -403,7 +417,8 @@ def _entmax_bisect(scores: Tensor, alpha: Union[float, Tensor], dim: int, mask: 
                 p = torch.where(one, softmax(x, dim=-1), p)
         else:
             p = EntmaxBisectFunction.apply(x, a, n_iter, float(alpha), kind)
-    return (p if last else p.movedim(-1, d)).to(dtype)
+    p = p if last else p.movedim(-1, d)
+    return p if p.dtype is dtype else p.to(dtype)
 
 
 class Entmax15(nn.Module):

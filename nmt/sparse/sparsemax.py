@@ -66,9 +66,12 @@ class SparsemaxFunction(torch.autograd.Function):
             if fused is None:  # long rows: threshold and p in one native pass a row (torch backward)
                 long = native_long_sparsemax(x, squares=False)
         ctx.triton, ctx.native = kind == "triton", fused is not None
-        if ctx.triton:
-            p = shaped(_dispatch.kernels().sparsemax_forward(rows(x)), x.shape)
-        elif fused is not None:
+        if ctx.triton:  # the rows saved (R, n): the backward reshapes nothing more
+            p = _dispatch.kernels().sparsemax_forward(rows(x))
+            ctx.save_for_backward(p)
+            ctx.shape = x.shape
+            return shaped(p, x.shape)
+        if fused is not None:
             p = fused[0]
         elif long is not None:
             p = long[0]
@@ -81,7 +84,7 @@ class SparsemaxFunction(torch.autograd.Function):
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         (p,) = ctx.saved_tensors
         if ctx.triton:
-            return shaped(_dispatch.kernels().sparsemax_backward(rows(p), rows(grad)), p.shape), None
+            return shaped(_dispatch.kernels().sparsemax_backward(p, rows(grad)), ctx.shape), None
         if ctx.native:  # one native pass
             return shaped(support_backward(rows(p), rows(grad), indicator=True), p.shape), None
         return sparsemax_backward(p, grad), None

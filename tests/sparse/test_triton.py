@@ -42,6 +42,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from nmt.sparse import _triton as T  # noqa: E402
 from nmt.sparse import entmax15, entmax_bisect, sparsemax  # noqa: E402
+from nmt.sparse.entmax import entmax_bisect_above_one  # noqa: E402
 
 # numpy's warnings from the interpreter evaluating masked-out lanes (e.g. log2(0) under a where)
 pytestmark = [pytest.mark.filterwarnings(f"ignore:{m}:RuntimeWarning")
@@ -507,6 +508,38 @@ def test_learnable_alpha_with_impl_triton():
         out[impl] = (p.detach().cpu(), xi.grad.cpu(), alpha.grad.cpu())
     for a, b in zip(out["static"], out["triton"]):
         assert torch.allclose(a, b, atol=2e-5), (a, b)
+
+
+def test_learnable_head_alphas_with_impl_triton_take_no_extra_graph_nodes():
+    """The adaptive heads' layout: scores (B, H, T, S), one learnable alpha per head (1, H, 1, 1),
+    a key mask. The kernels' values and both gradients equal the static path's, and between the
+    mapping's node and alpha the graph holds only the broadcast's (an Expand: the per-row alpha
+    gradients summed over B and T), no view, permute or cast of the already-last, already-float32
+    alpha (each an operation and an autograd node: host time on an accelerator)."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(3, 2, 5, 9, generator=g) * 2
+    grad = torch.randn(3, 2, 5, 9, generator=g)
+    mask = torch.ones(3, 1, 1, 9, dtype=torch.bool)
+    mask[1, ..., 6:] = False
+    out = {}
+    for impl in ("static", "triton"):
+        alpha = torch.tensor([1.25, 1.8], device=DEVICE, requires_grad=True)
+        xi = x.to(DEVICE).clone().requires_grad_()
+        p = entmax_bisect_above_one(xi, alpha.view(1, 2, 1, 1), mask=mask.to(DEVICE), impl=impl)
+        if impl == "triton":
+            node = p.grad_fn
+            assert node.name() == "EntmaxBisectFunctionBackward", node.name()
+            to_alpha = node.next_functions[1][0]  # the alpha input's side
+            chain = []
+            while to_alpha is not None and not hasattr(to_alpha, "variable"):
+                chain.append(to_alpha.name())
+                to_alpha = to_alpha.next_functions[0][0]
+            assert chain == ["ExpandBackward0", "ViewBackward0"], chain  # the broadcast, then the caller's view
+        p.backward(grad.to(DEVICE))
+        out[impl] = (p.detach().cpu(), xi.grad.cpu(), alpha.grad.cpu())
+    for a, b in zip(out["static"], out["triton"]):
+        assert torch.allclose(a, b, atol=2e-5), (a, b)
+    assert (out["triton"][0][1, ..., 6:] == 0).all() and (out["triton"][1][1, ..., 6:] == 0).all()
 
 
 @pytest.mark.parametrize("n", [7, 300])
