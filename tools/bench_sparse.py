@@ -168,6 +168,7 @@ def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
         "sparsemax": lambda s: sparsemax(s, **kw),
         "entmax15": lambda s: entmax15(s, **kw),
         "entmax_bisect(1.5)": lambda s: entmax_bisect(s, 1.5, **kw),
+        "entmax_bisect(1.3)": lambda s: entmax_bisect(s, 1.3, **kw),  # any alpha: no closed form
     }
     if vs is not None:  # the same mappings with another impl, measured in the same run
         ours.update({f"sparsemax [{vs}]": lambda s: sparsemax(s, impl=vs),
@@ -180,6 +181,7 @@ def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
             "sparsemax": [lambda s: ref.sparsemax(s, -1)] + ([lambda s: ref.sparsemax(s, -1, k=100)] if top_k else []),
             "entmax15": [lambda s: ref.entmax15(s, -1)] + ([lambda s: ref.entmax15(s, -1, k=100)] if top_k else []),
             "entmax_bisect(1.5)": [lambda s: ref.entmax_bisect(s, 1.5, -1, n_iter=50)],
+            "entmax_bisect(1.3)": [lambda s: ref.entmax_bisect(s, 1.3, -1, n_iter=50)],
         }
     rows = []
     for backward in (False, True):

@@ -37,7 +37,7 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -45,10 +45,12 @@ from torch import Tensor
 SOURCE = Path(__file__).with_name("_sorted_threshold.c")
 CANDIDATES_SOURCE = Path(__file__).with_name("_step_candidates.c")
 NEWTON_SOURCE = Path(__file__).with_name("_newton_threshold.c")
-SOURCES = (SOURCE, CANDIDATES_SOURCE, NEWTON_SOURCE)
+POWER_SOURCE = Path(__file__).with_name("_power_threshold.c")
+SOURCES = (SOURCE, CANDIDATES_SOURCE, NEWTON_SOURCE, POWER_SOURCE)
 """The C files built into the one library: the sorted threshold (with the mappings around it), a
 search step's support statistics and best candidates (:func:`step_candidates`) and the Newton
-thresholds (:func:`newton_threshold`, :func:`bound_threshold`)."""
+thresholds (:func:`newton_threshold`, :func:`bound_threshold`) and those of any power
+(:func:`power_threshold`)."""
 HEADERS = (Path(__file__).with_name("_cpu_dispatch.h"),)
 """The header they include (the run-time choice of AVX2 / AVX-512 functions): part of a build's
 identity, not compiled by itself."""
@@ -73,6 +75,8 @@ _NEWTON = {torch.float32: "nmt_newton_threshold_f32", torch.float64: "nmt_newton
 _NEWTON_SIGNATURE = [_P, _I64, _I64, _INT, _P, _I64, _P, _P, _INT]
 _BOUND = {torch.float32: "nmt_bound_threshold_f32", torch.float64: "nmt_bound_threshold_f64"}
 _BOUND_SIGNATURE = [_P, _I64, _I64, _INT, ctypes.c_double, _INT, _I64, _P, _P, _P, _P, _P, _P, _P, _INT]
+_POWER = {torch.float32: "nmt_power_threshold_f32"}
+_POWER_SIGNATURE = [_P, _I64, _I64, _P, _I64, _P, _I64, ctypes.c_double, _P, _INT, _INT]
 
 logger = logging.getLogger(__name__)
 _state: dict[str, object] = {}  # "lib": the loaded CDLL or None once decided
@@ -150,7 +154,7 @@ def load(path: Path) -> ctypes.CDLL:
             getattr(lib, name + suffix).argtypes = argtypes
             getattr(lib, name + suffix).restype = None
     for names, argtypes in ((_CANDIDATES, _CANDIDATES_SIGNATURE), (_NEWTON, _NEWTON_SIGNATURE),
-                            (_BOUND, _BOUND_SIGNATURE)):
+                            (_BOUND, _BOUND_SIGNATURE), (_POWER, _POWER_SIGNATURE)):
         for name in names.values():
             getattr(lib, name).argtypes = argtypes
             getattr(lib, name).restype = ctypes.c_int if names is _CANDIDATES else None
@@ -301,6 +305,44 @@ def newton_threshold(z: Tensor, q: float, lo: Tensor, max_iter: int) -> Optional
     return tau, ok.bool()
 
 
+def power_threshold(z: Tensor, q: Union[float, Tensor], lo: Tensor, max_iter: int,
+                    tol: float, blocks: bool = True) -> Optional[Tensor]:
+    """Threshold of the rows ``z: (R, n)`` (CPU, float32, row maximum 0, ``-inf`` allowed;
+    detached) for a power ``q > 1`` (alpha-entmax with alpha in (1, 2): a float, or an ``(R,)``
+    tensor, one per row), by Newton steps on the q-norm from the lower bound ``lo: (R,)``, each
+    step one pass over a row held in cache, the powers by polynomials in doubles (see
+    ``_power_threshold.c``), until a step is at most ``tol * max(1, |tau|)`` or after ``max_iter``
+    steps: the loop of :func:`nmt.sparse._threshold._newton_norm` (inexact) without its twenty
+    operations a step. Short rows go a block of rows at a time, one a lane (``blocks=False``: row
+    by row, as longer rows go; the tests compare the two). Returns ``tau (R,)`` (rows without a
+    finite entry or holding NaN: ``lo``);
+    None when the library is unavailable or ``z`` is not float32. Inputs of
+    :data:`POWER_SPLIT_MIN_NUMEL` entries or more split their rows over torch's threads; no device
+    is involved."""
+    lib = library()
+    if lib is None or z.dtype not in _POWER:
+        return None
+    rows, n = z.shape
+    z = z.detach().contiguous()
+    lo = lo.detach().to(z.dtype).contiguous()
+    if isinstance(q, Tensor):
+        qs, stride = q.detach().to(torch.float64).reshape(rows).contiguous(), 1
+    else:
+        qs, stride = torch.tensor([float(q)], dtype=torch.float64), 0
+    tau = torch.empty(rows, dtype=z.dtype)
+    if rows:
+        getattr(lib, _POWER[z.dtype])(z.data_ptr(), rows, n, qs.data_ptr(), stride, lo.data_ptr(), int(max_iter),
+                                      float(tol), tau.data_ptr(), int(blocks),
+                                      torch.get_num_threads() if z.numel() >= POWER_SPLIT_MIN_NUMEL else 1)
+    return tau
+
+
+POWER_SPLIT_MIN_NUMEL = 1 << 12
+"""Inputs of :func:`power_threshold` of at least this many entries split their rows over torch's
+threads: a step's powers cost some 30 operations an entry, so smaller inputs than the other Newton
+loops' (:data:`NEWTON_SPLIT_MIN_NUMEL`) pay for the parallel region."""
+
+
 def bound_threshold(z: Tensor, q: float, scale: float, exact_scale: bool,
                     max_iter: int) -> Optional[tuple[Tensor, Tensor, Tensor]]:
     """Exact threshold of ``scale * z`` for the rows ``z: (R, n)`` (CPU, float32/64, any values;
@@ -396,7 +438,7 @@ def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
 
 
 __all__ = ["CANDIDATES_SOURCE", "CFLAGS", "HEADERS", "MAX_CANDIDATES", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL",
-           "OPENMP_FLAGS", "SOURCE", "SOURCES", "available", "bound_entmax15", "bound_sparsemax", "bound_threshold",
-           "build", "cache_dir", "load_once",
-           "enabled", "library", "load", "native_sorted_shifted_threshold", "newton_threshold", "solve", "sorted_probs",
-           "step_candidates", "support_backward"]
+           "OPENMP_FLAGS", "POWER_SOURCE", "POWER_SPLIT_MIN_NUMEL", "SOURCE", "SOURCES", "available", "bound_entmax15",
+           "bound_sparsemax", "bound_threshold", "build", "cache_dir", "load_once",
+           "enabled", "library", "load", "native_sorted_shifted_threshold", "newton_threshold", "power_threshold",
+           "solve", "sorted_probs", "step_candidates", "support_backward"]

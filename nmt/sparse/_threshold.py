@@ -20,7 +20,11 @@ Here ``z = (alpha - 1) * x`` and ``q = 1 / (alpha - 1)`` (sparsemax: ``q = 1``;
     (two passes and two reductions per step). For ``q = 2`` it ends *exactly*: the closed
     form on the support of the last iterate is accepted once *verified* (the entries at or
     above it are exactly that support); rows failing it (ties within rounding) are sorted.
-    Otherwise it stops when the step is below ``tol``.
+    Otherwise it stops when the step is below ``tol``; there, for float32 rows on the CPU where
+    the native library is built, the same loop runs natively
+    (:func:`nmt.sparse._native.power_threshold`, ``_power_threshold.c``: one pass a step over a row
+    in cache, the powers by polynomials in doubles, short rows a block of rows at a time): the
+    torch loop's twenty operations a step and its per-step host read are gone.
   - ``q = 1`` (exact), ``q <= 1`` and per-row ``q`` tensors with some ``q <= 1``:
     :func:`_newton`, safeguarded Newton on ``f(tau) = sum p_i - 1`` (bisection safeguards
     ``q < 1``), for ``q = 1`` with the same verified closed-form finish at every step.
@@ -46,8 +50,8 @@ Here ``z = (alpha - 1) * x`` and ``q = 1 / (alpha - 1)`` (sparsemax: ``q = 1``;
   rows are split over torch's OpenMP threads.
 
 Host synchronisations: the convergence test of the Newton loop (one per step, a few
-steps; one more at the exact finish of ``q = 2``; one reading whether per-row powers all
-exceed 1), on long rows the row split (one) and sizing the pruned candidate set (three, if
+steps, none in the native loops; one more at the exact finish of ``q = 2``; one reading whether
+per-row powers all exceed 1), on long rows the row split (one) and sizing the pruned candidate set (three, if
 some row is pruned).
 """
 from __future__ import annotations
@@ -62,7 +66,7 @@ from torch import Tensor
 from ._common import row_exponent
 from ._native import available as native_available
 from ._native import (bound_entmax15, bound_sparsemax, bound_threshold, native_sorted_shifted_threshold,
-                      newton_threshold, sorted_probs)
+                      newton_threshold, power_threshold, sorted_probs)
 
 SORT_MAX_N = 512
 """Longest rows the exact mappings solve by sorting (see :func:`prefer_sort`)."""
@@ -721,7 +725,10 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
         if native:
             tau = _native_exact_newton(zs, q, start[:, 0], max_iter)
         elif norm:
-            tau = _newton_norm(zs, q, start[:, 0], max_iter, sub_tol, empty[:, 0])
+            # any power above 1, float32: the native loop (one pass a step, no torch operations)
+            tau = None if exact or not _host_solves(zs) else power_threshold(zs, q, start[:, 0], max_iter, sub_tol)
+            if tau is None:
+                tau = _newton_norm(zs, q, start[:, 0], max_iter, sub_tol, empty[:, 0])
         else:
             tau = _newton(zs, q, start[:, 0], max_iter, sub_tol, empty[:, 0])
         return torch.where(empty, float("inf"), tau[:, None]), zmax
