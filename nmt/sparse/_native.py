@@ -1,7 +1,8 @@
 """The native sorted threshold (``_sorted_threshold.c``), the Newton threshold of whole rows
-(``_newton_threshold.c``) and a beam search step's reading of its log-probabilities
-(``_step_candidates.c``: support statistics and best candidates): built on first use into one
-library, called through ctypes.
+(``_newton_threshold.c``), alpha-entmax's threshold and mapping at any alpha in (1, 2)
+(``_power_threshold.c``: :func:`power_threshold`, :func:`power_probs`) and a beam search step's
+reading of its log-probabilities (``_step_candidates.c``: support statistics and best candidates):
+built on first use into one library, called through ctypes.
 
 Attention-sized inputs are bound by per-operation overhead: the NumPy solve of
 :func:`nmt.sparse._threshold._numpy_sorted_shifted_threshold` makes some twenty array operations.
@@ -77,6 +78,8 @@ _BOUND = {torch.float32: "nmt_bound_threshold_f32", torch.float64: "nmt_bound_th
 _BOUND_SIGNATURE = [_P, _I64, _I64, _INT, ctypes.c_double, _INT, _I64, _P, _P, _P, _P, _P, _P, _P, _INT]
 _POWER = {torch.float32: "nmt_power_threshold_f32"}
 _POWER_SIGNATURE = [_P, _I64, _I64, _P, _I64, _P, _I64, ctypes.c_double, _P, _INT, _INT]
+_POWER_PROBS = {torch.float32: "nmt_power_probs_f32"}
+_POWER_PROBS_SIGNATURE = [_P, _I64, _I64, _P, _I64, _I64, ctypes.c_double, _P, _P, _INT]
 
 logger = logging.getLogger(__name__)
 _state: dict[str, object] = {}  # "lib": the loaded CDLL or None once decided
@@ -154,10 +157,11 @@ def load(path: Path) -> ctypes.CDLL:
             getattr(lib, name + suffix).argtypes = argtypes
             getattr(lib, name + suffix).restype = None
     for names, argtypes in ((_CANDIDATES, _CANDIDATES_SIGNATURE), (_NEWTON, _NEWTON_SIGNATURE),
-                            (_BOUND, _BOUND_SIGNATURE), (_POWER, _POWER_SIGNATURE)):
+                            (_BOUND, _BOUND_SIGNATURE), (_POWER, _POWER_SIGNATURE),
+                            (_POWER_PROBS, _POWER_PROBS_SIGNATURE)):
         for name in names.values():
             getattr(lib, name).argtypes = argtypes
-            getattr(lib, name).restype = ctypes.c_int if names is _CANDIDATES else None
+            getattr(lib, name).restype = ctypes.c_int if names in (_CANDIDATES, _POWER_PROBS) else None
     return lib
 
 
@@ -337,6 +341,36 @@ def power_threshold(z: Tensor, q: Union[float, Tensor], lo: Tensor, max_iter: in
     return tau
 
 
+def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
+                root: bool) -> Optional[tuple[Tensor, Optional[Tensor]]]:
+    """alpha-entmax of the rows ``x: (R, n)`` (CPU, float32, any values; detached) for
+    ``alpha - 1 = am1`` in (0, 1) (a float, or an ``(R,)`` tensor, one per row), in one native call
+    (``_power_threshold.c``): per row its maximum, ``z = (alpha - 1) (x - max)`` in doubles, the
+    threshold by :func:`power_threshold`'s loop from -1 (``tol``, ``max_iter`` as there), then
+    ``r = [z - tau]_+`` and ``p = r^q / sum r^q``. Rows holding NaN or ``+inf``: all NaN; rows
+    without a finite entry: all zeros. Returns ``(p, r)`` (``r`` None unless ``root``), new
+    ``(R, n)`` float32 tensors; None where it does not serve (no library, not float32, rows of more
+    than 256 entries, a build without vector extensions). Rows split over torch's threads from
+    :data:`POWER_SPLIT_MIN_NUMEL` entries; no device is involved."""
+    lib = library()
+    if lib is None or x.dtype not in _POWER_PROBS or x.shape[-1] > 256:
+        return None
+    rows, n = x.shape
+    x = x.detach().contiguous()
+    if isinstance(am1, Tensor):
+        a, stride = am1.detach().to(torch.float64).reshape(rows).contiguous(), 1
+    else:
+        a, stride = torch.tensor([float(am1)], dtype=torch.float64), 0
+    p = torch.empty_like(x)
+    r = torch.empty_like(x) if root else None
+    if rows and not getattr(lib, _POWER_PROBS[x.dtype])(
+            x.data_ptr(), rows, n, a.data_ptr(), stride, int(max_iter), float(tol), p.data_ptr(),
+            r.data_ptr() if r is not None else None,
+            torch.get_num_threads() if x.numel() >= POWER_SPLIT_MIN_NUMEL else 1):
+        return None
+    return p, r
+
+
 POWER_SPLIT_MIN_NUMEL = 1 << 12
 """Inputs of :func:`power_threshold` of at least this many entries split their rows over torch's
 threads: a step's powers cost some 30 operations an entry, so smaller inputs than the other Newton
@@ -440,5 +474,5 @@ def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
 __all__ = ["CANDIDATES_SOURCE", "CFLAGS", "HEADERS", "MAX_CANDIDATES", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL",
            "OPENMP_FLAGS", "POWER_SOURCE", "POWER_SPLIT_MIN_NUMEL", "SOURCE", "SOURCES", "available", "bound_entmax15",
            "bound_sparsemax", "bound_threshold", "build", "cache_dir", "load_once",
-           "enabled", "library", "load", "native_sorted_shifted_threshold", "newton_threshold", "power_threshold",
+           "enabled", "library", "load", "native_sorted_shifted_threshold", "newton_threshold", "power_probs", "power_threshold",
            "solve", "sorted_probs", "step_candidates", "support_backward"]

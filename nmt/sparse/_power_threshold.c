@@ -29,7 +29,10 @@
  * Short rows (at most POWER_BLOCK_MAX_N entries) are solved a block of rows at a time, one row a
  * lane: a row's pass is one polynomial chain after another, each waiting on the last, where the
  * lanes of a block are independent (3-4x faster at 20 entries); longer rows are vectorised along the
- * row. No branch per entry. Nothing is allocated (a short-row block sits on the stack). Built with
+ * row. For short rows nmt_power_probs_f32 also does what the torch forward does around the
+ * threshold: the row maxima, the shift z = (alpha - 1) (x - max), and the output p = r^q / sum r^q
+ * with r = [z - tau]_+ (r too where the backward needs it), all in one call.
+ * No branch per entry. Nothing is allocated (a short-row block sits on the stack). Built with
  * OpenMP, a call splits its rows over the threads it is given.
  */
 #include <float.h>
@@ -238,10 +241,105 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
 }
 #endif
 
+/* The mapping itself for rows of at most POWER_BLOCK_MAX_N entries, L at a time, one a lane: per
+   row its maximum m (a NaN or +inf entry: the row is all NaN; no finite entry: all zeros),
+   z = (alpha - 1) (x - m) in doubles, the threshold by the loop above from -1, then
+   r = [z - tau]_+ and p = r^q / sum r^q, written as floats (r where asked for: the backward's). */
+#define DEFINE_POWER_PROBS(NAME, ATTR, DT, IT, L)                                               \
+ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1, int64_t a_stride, \
+                      int64_t max_iter, double rtol, float *p, float *root)                     \
+{                                                                                               \
+    double col[POWER_BLOCK_MAX_N * L], rcol[POWER_BLOCK_MAX_N * L]; /* scores, then p; r */    \
+    const DT zero = {0}, one = zero + 1.0;                                                      \
+    const IT none = {0}, magnitude = none + 0x7FFFFFFFFFFFFFFFLL;                               \
+    for (int64_t r0 = 0; r0 < rows; r0 += L) {                                                  \
+        DT vt, ve, vq, vi;                                                                      \
+        IT live, nanrow = none;                                                                 \
+        for (int l = 0; l < L; l++) {                                                           \
+            const int real = r0 + l < rows;                                                     \
+            const int64_t r = real ? r0 + l : r0;                                               \
+            const double a = am1[r * a_stride], qr = 1.0 / a;                                   \
+            const float *xr = x + r * n;                                                        \
+            float top = -INFINITY;                                                              \
+            int bad = 0;                                                                        \
+            for (int64_t j = 0; j < n; j++) {                                                   \
+                bad |= (xr[j] != xr[j]) | (xr[j] == INFINITY);                                  \
+                top = xr[j] > top ? xr[j] : top;                                                \
+            }                                                                                   \
+            const int empty = top == -INFINITY;                                                 \
+            for (int64_t j = 0; j < n; j++) /* -inf past the last row and for rows without a     \
+                                               finite entry or with a NaN / +inf one */          \
+                col[j * L + l] = real && !bad && !empty ? ((double)xr[j] - top) * a : -INFINITY; \
+            vt[l] = -1.0;                                                                       \
+            ve[l] = qr - 1.0;                                                                   \
+            vq[l] = qr;                                                                         \
+            vi[l] = a;                                                                          \
+            live[l] = real && !bad && !empty ? -1 : 0;                                          \
+            nanrow[l] = real && bad ? -1 : 0;                                                   \
+        }                                                                                       \
+        for (int64_t it = 0;; it++) {                                                           \
+            DT aq = zero, aw = zero;                                                            \
+            for (int64_t j = 0; j < n; j++) {                                                   \
+                DT xv, lg, w;                                                                   \
+                memcpy(&xv, col + j * L, sizeof xv);                                            \
+                const DT d = xv - vt;                                                           \
+                const IT m = d > zero;                                                          \
+                VLOG2(DT, IT, SEL(IT, DT, m, d, one), lg);                                      \
+                VEXP2(DT, IT, ve * lg, w);                                                      \
+                w = (DT)((IT)w & m);                                                            \
+                aw += w;                                                                        \
+                aq += w * (DT)((IT)d & m);                                                      \
+            }                                                                                   \
+            live &= (IT)(aw > zero);                                                            \
+            if (it >= max_iter)                                                                 \
+                break;                                                                          \
+            const DT hq = SEL(IT, DT, live, aq, one), ws = SEL(IT, DT, live, aw, one);          \
+            DT lg, h;                                                                           \
+            VLOG2(DT, IT, hq, lg);                                                              \
+            VEXP2(DT, IT, vi * lg, h);                                                          \
+            const DT step = (h - 1.0) * (hq / h) / ws;                                          \
+            const DT at = (DT)((IT)vt & magnitude);                                             \
+            live &= (IT)(step > rtol * SEL(IT, DT, (IT)(at > one), at, one));                   \
+            vt += (DT)((IT)step & live);                                                        \
+            int64_t any = 0;                                                                    \
+            for (int l = 0; l < L; l++)                                                         \
+                any |= live[l];                                                                 \
+            if (!any)                                                                           \
+                break;                                                                          \
+        }                                                                                       \
+        DT total = zero;                                                                        \
+        for (int64_t j = 0; j < n; j++) { /* the powers in place of the scores: r^q, then r */  \
+            DT xv, lg, w;                                                                       \
+            memcpy(&xv, col + j * L, sizeof xv);                                                \
+            const DT d = xv - vt;                                                               \
+            const IT m = d > zero;                                                              \
+            VLOG2(DT, IT, SEL(IT, DT, m, d, one), lg);                                          \
+            VEXP2(DT, IT, vq * lg, w);                                                          \
+            w = (DT)((IT)w & m);                                                                \
+            total += w;                                                                         \
+            if (root) {                                                                         \
+                const DT rv = (DT)((IT)d & m);                                                  \
+                memcpy(rcol + j * L, &rv, sizeof rv);                                           \
+            }                                                                                   \
+            memcpy(col + j * L, &w, sizeof w);                                                  \
+        }                                                                                       \
+        const DT inv = one / SEL(IT, DT, (IT)(total > zero), total, one);                       \
+        for (int l = 0; l < L && r0 + l < rows; l++) { /* each row's entries in order */        \
+            float *pr = p + (r0 + l) * n, *rr = root ? root + (r0 + l) * n : 0;                 \
+            for (int64_t j = 0; j < n; j++)                                                     \
+                pr[j] = nanrow[l] ? NAN : (float)(col[j * L + l] * inv[l]);                     \
+            if (rr)                                                                             \
+                for (int64_t j = 0; j < n; j++)                                                 \
+                    rr[j] = nanrow[l] ? NAN : (float)rcol[j * L + l];                           \
+        }                                                                                       \
+    }                                                                                           \
+}
+
 #define NO_ATTR
 #if NMT_VECTORS
 DEFINE_POWER(power_f32_v, float, NO_ATTR, nmt_i64x2, POWER_SUMS(float, nmt_f32x2, nmt_f64x2, nmt_i64x2, 2), vpow_2)
 DEFINE_POWER_BLOCK(power_block_f32_v, float, NO_ATTR, nmt_f64x2, nmt_i64x2, 2)
+DEFINE_POWER_PROBS(power_probs_v, NO_ATTR, nmt_f64x2, nmt_i64x2, 2)
 #else
 DEFINE_POWER(power_f32_v, float, NO_ATTR, int64_t, SCALAR_POWER_SUMS(float), pow)
 #define POWER_BLOCK_MAX_N 0 /* no vectors: every row by itself */
@@ -251,20 +349,24 @@ DEFINE_POWER(power_f32_v, float, NO_ATTR, int64_t, SCALAR_POWER_SUMS(float), pow
 #if NMT_VECTORS && defined(NMT_WIDE_AVX2)
 DEFINE_POWER(power_f32_avx2, float, AVX2, nmt_i64x4, POWER_SUMS(float, nmt_f32x4, nmt_f64x4, nmt_i64x4, 4), vpow_2)
 DEFINE_POWER_BLOCK(power_block_f32_avx2, float, AVX2, nmt_f64x4, nmt_i64x4, 4)
+DEFINE_POWER_PROBS(power_probs_avx2, AVX2, nmt_f64x4, nmt_i64x4, 4)
 #define POWER_HAVE_AVX2() CPU_HAS_AVX2()
 #if defined(NMT_WIDE_AVX512)
 DEFINE_POWER(power_f32_avx512, float, AVX512, nmt_i64x8, POWER_SUMS(float, nmt_f32x8, nmt_f64x8, nmt_i64x8, 8), vpow_2)
 DEFINE_POWER_BLOCK(power_block_f32_avx512, float, AVX512, nmt_f64x8, nmt_i64x8, 8)
+DEFINE_POWER_PROBS(power_probs_avx512, AVX512, nmt_f64x8, nmt_i64x8, 8)
 #define POWER_HAVE_AVX512() CPU_HAS_AVX512()
 #endif
 #else
 #define power_f32_avx2 power_f32_v
 #define power_block_f32_avx2 power_block_f32_v
+#define power_probs_avx2 power_probs_v
 #define POWER_HAVE_AVX2() 0
 #endif
 #ifndef POWER_HAVE_AVX512
 #define power_f32_avx512 power_f32_v
 #define power_block_f32_avx512 power_block_f32_v
+#define power_probs_avx512 power_probs_v
 #define POWER_HAVE_AVX512() 0
 #endif
 
@@ -296,4 +398,42 @@ void nmt_power_threshold_f32(const float *z, int64_t rows, int64_t n, const doub
     const power_solver solve = blocks && n <= POWER_BLOCK_MAX_N ? by_block : by_row;
     FOR_THREADS(threads, (rows + 7) / 8,
                 solve_groups(solve, z, rows, n, q, q_stride, lo, max_iter, rtol, tau_out, FIRST, LAST));
+}
+
+#if NMT_VECTORS
+typedef void (*probs_solver)(const float *, int64_t, int64_t, const double *, int64_t, int64_t, double, float *,
+                             float *);
+
+static void probs_groups(probs_solver solve, const float *x, int64_t rows, int64_t n, const double *am1,
+                         int64_t a_stride, int64_t max_iter, double rtol, float *p, float *root, int64_t first,
+                         int64_t last)
+{
+    first *= 8;
+    last = last * 8 < rows ? last * 8 : rows;
+    if (last > first)
+        solve(x + first * n, last - first, n, am1 + first * a_stride, a_stride, max_iter, rtol, p + first * n,
+              root ? root + first * n : 0);
+}
+#endif
+
+/* alpha-entmax of the rows x (float32, any values; n <= POWER_BLOCK_MAX_N) with alpha - 1 = am1 in
+   (0, 1) per row (a_stride 1) or for all (0): p, and where root is given r = [z - tau]_+ (see
+   DEFINE_POWER_PROBS). Returns 0 without writing anything where it does not serve (longer rows, a
+   build without vectors): the caller computes them otherwise. */
+int nmt_power_probs_f32(const float *x, int64_t rows, int64_t n, const double *am1, int64_t a_stride,
+                        int64_t max_iter, double rtol, float *p, float *root, int threads)
+{
+#if NMT_VECTORS
+    if (n > POWER_BLOCK_MAX_N)
+        return 0;
+    const probs_solver solve = POWER_HAVE_AVX512() ? power_probs_avx512
+                               : POWER_HAVE_AVX2() ? power_probs_avx2 : power_probs_v;
+    FOR_THREADS(threads, (rows + 7) / 8,
+                probs_groups(solve, x, rows, n, am1, a_stride, max_iter, rtol, p, root, FIRST, LAST));
+    return 1;
+#else
+    (void)x; (void)rows; (void)n; (void)am1; (void)a_stride; (void)max_iter; (void)rtol; (void)p; (void)root;
+    (void)threads;
+    return 0;
+#endif
 }

@@ -24,7 +24,7 @@ from ._common import (apply_last, apply_mask, broadcasts_to, check_scores, compu
                       own_precision, row_exponent, rows, shaped)
 from ._dispatch import check_impl, resolve_impl, shifted_threshold, takes_half
 from ._softmax import softmax
-from ._native import support_backward
+from ._native import power_probs, support_backward
 from ._threshold import Candidates, native_long_entmax15, native_sorted_probs, pruned_shifted_threshold
 from .sparsemax import sparsemax
 
@@ -233,6 +233,12 @@ class EntmaxBisectFunction(torch.autograd.Function):
             tol = None if q in (1.0, 2.0) else eps
             renormalise = tol is not None or n_iter is not None  # not an exact threshold
             grads = any(ctx.needs_input_grad[:2])
+            fused = _native_probs(x, am1, n_iter, eps, grads) if kind == "pruned" and 0 < am1 < 1 else None
+            if fused is not None:  # short float32 rows: threshold, r and p in one native call
+                p, r = fused
+                if grads:
+                    ctx.save_for_backward(r, alpha)
+                return p
             if kind == "pruned" and not torch.compiler.is_compiling():
                 tau, zmax, cand = pruned_shifted_threshold(x, q, am1, tol, n_iter, candidates=True)
                 if sparse_output_pays(cand, zmax, x):  # the powers at the candidates only
@@ -258,6 +264,14 @@ class EntmaxBisectFunction(torch.autograd.Function):
             ctx.save_for_backward(r, alpha)
         else:
             am1 = alpha - 1
+            # alphas in (1, 2), short float32 rows: one native call (a host read of the small alpha,
+            # on this CPU path only)
+            if (kind == "pruned" and x.dtype is torch.float32 and not torch.compiler.is_compiling()
+                    and bool(((am1 > 0) & (am1 < 1)).all())):
+                fused = _native_probs(x, am1, n_iter, eps, False)
+                if fused is not None:
+                    ctx.save_for_backward(fused[0], alpha)
+                    return fused[0]
             z = (x - _row_max(x)) * am1
             tau, zmax = shifted_threshold(z, 1 / am1, 1.0, kind, eps, n_iter)
             p = torch.sub(z, zmax).sub_(tau).clamp_(min=0).pow_(row_exponent(1 / am1, z))
@@ -296,6 +310,23 @@ class EntmaxBisectFunction(torch.autograd.Function):
         gx = _entmax_backward(s, grad) if ctx.needs_input_grad[0] else None
         galpha = _alpha_grad(p, alpha, grad, s) if ctx.needs_input_grad[1] else None
         return gx, galpha, None, None, None
+
+
+def _native_probs(x: Tensor, am1: Union[float, Tensor], n_iter: Optional[int], eps: float,
+                  root: bool) -> Optional[tuple[Tensor, Optional[Tensor]]]:
+    """``(p, r)`` of alpha-entmax over the last dim of ``x`` with ``alpha - 1 = am1`` in (0, 1) (a
+    float, or a tensor ``(..., 1)``), by :func:`nmt.sparse._native.power_probs` (``r`` where
+    ``root``), shaped like ``x``; None where it does not serve: not float32 on the CPU in eager mode,
+    rows of more than 256 entries, or no native library (the torch path then runs)."""
+    if x.dtype is not torch.float32 or x.device.type != "cpu" or torch.compiler.is_compiling():
+        return None
+    if isinstance(am1, Tensor):
+        am1 = am1.expand(*x.shape[:-1], 1)
+    found = power_probs(rows(x), am1, 200 if n_iter is None else n_iter, eps, root)
+    if found is None:
+        return None
+    p, r = found
+    return shaped(p, x.shape), None if r is None else shaped(r, x.shape)
 
 
 def _kernel_alphas(alpha: Tensor, x: Tensor) -> Tensor:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from nmt.sparse import _native, _threshold, entmax_bisect
+from nmt.sparse import entmax as entmax_module
 from nmt.sparse.entmax import entmax_bisect_above_one
 
 NEG_INF = float("-inf")
@@ -116,35 +117,83 @@ def test_float64_rows_and_a_missing_library_keep_the_torch_loop(monkeypatch):
 
 def test_the_front_door_takes_the_native_loop_for_float32_rows(monkeypatch, kkt, ref):
     """entmax_bisect with a float alpha outside {1.5, 2} and with learned per-head alphas, CPU
-    float32, forward and backward: the native loop serves the threshold (and not the torch loop),
-    and the result satisfies alpha-entmax's optimality conditions, equals the reference package's
-    bisection and, with the library disabled, the torch loop's result."""
+    float32, forward and backward: short rows take the fused native call, longer ones the native
+    threshold (not the torch loop), and the result satisfies alpha-entmax's optimality conditions,
+    equals the reference package's bisection and, with the library disabled, the torch loop's
+    result, gradients included."""
     if not _native.available():
         pytest.skip("native library not built")
     calls = []
-    real = _native.power_threshold
-    monkeypatch.setattr(_threshold, "power_threshold", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    real_threshold, real_probs = _native.power_threshold, _native.power_probs
+    monkeypatch.setattr(_threshold, "power_threshold",
+                        lambda *a, **k: calls.append("threshold") or real_threshold(*a, **k))
+    monkeypatch.setattr(entmax_module, "power_probs", lambda *a, **k: calls.append("probs") or real_probs(*a, **k))
     g = torch.Generator().manual_seed(4)
+    for n, kind in ((20, "probs"), (300, "threshold")):
+        x = torch.randn(64, n, generator=g) * 2
+        for alpha in (1.2, 1.7):
+            calls.clear()
+            p = entmax_bisect(x, alpha)
+            assert kind in calls, (n, alpha, calls)
+            assert kkt(p, x, alpha) < 1e-5
+            want = ref.entmax_bisect(x.double(), alpha, n_iter=100).float()
+            assert torch.allclose(p, want, atol=2e-6)
+    # gradients through the native calls, then the same through the torch loop (library disabled)
     x = torch.randn(64, 20, generator=g) * 2
-    for alpha in (1.2, 1.7):
-        p = entmax_bisect(x, alpha)
-        assert calls, alpha
-        assert kkt(p, x, alpha) < 1e-5
-        want = ref.entmax_bisect(x.double(), alpha, n_iter=100).float()
-        assert torch.allclose(p, want, atol=2e-6)
-        calls.clear()
     heads = torch.randn(3, 4, 5, 9, generator=g) * 2
-    alphas = torch.tensor([1.1, 1.35, 1.6, 1.95]).view(1, 4, 1, 1).requires_grad_()
-    xh = heads.clone().requires_grad_()
-    p = entmax_bisect_above_one(xh, alphas)
-    assert calls
-    grad = torch.randn(p.shape, generator=g)
-    p.backward(grad)
-    monkeypatch.setitem(_native._state, "lib", None)  # the torch loop
-    calls.clear()
-    alphas_t = alphas.detach().clone().requires_grad_()
-    xt = heads.clone().requires_grad_()
-    pt = entmax_bisect_above_one(xt, alphas_t)
-    pt.backward(grad)
-    assert torch.allclose(p, pt, atol=2e-6)
-    assert torch.allclose(xh.grad, xt.grad, atol=1e-5) and torch.allclose(alphas.grad, alphas_t.grad, atol=1e-4)
+    grad, grad_heads = torch.randn(64, 20, generator=g), torch.randn(3, 4, 5, 9, generator=g)
+    alphas = torch.tensor([1.1, 1.35, 1.6, 1.95]).view(1, 4, 1, 1)
+    out = {}
+    for native in (True, False):
+        if not native:
+            monkeypatch.setitem(_native._state, "lib", None)
+        calls.clear()
+        xi, hi, ai = x.clone().requires_grad_(), heads.clone().requires_grad_(), alphas.clone().requires_grad_()
+        p, ph = entmax_bisect(xi, 1.3), entmax_bisect_above_one(hi, ai)
+        torch.autograd.backward((p, ph), (grad, grad_heads))
+        assert (calls == ["probs", "probs"]) == native, calls
+        out[native] = (p, ph, xi.grad, hi.grad, ai.grad)
+    for a, b in zip(out[True], out[False]):
+        assert torch.allclose(a, b, atol=2e-5), (a - b).abs().max()
+
+
+@pytest.mark.parametrize("n", [1, 3, 20, 256])
+def test_power_probs_equal_the_static_mapping(native_build, monkeypatch, n):
+    """The fused call (maximum, shift, threshold, r and p) on every vector path, float and per-row
+    alphas, against the static torch path (fixed bisection steps, float32) and a float64
+    bisection: NaN / +inf rows all NaN, rows without a finite entry all zeros, partly masked rows;
+    r = [z - tau]_+ with p = r^q / sum r^q."""
+    monkeypatch.setitem(_native._state, "lib", native_build)
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(13, n, generator=g) * 3
+    x[2] = NEG_INF
+    x[4, n // 2] = float("nan")
+    x[5, n - 1] = float("inf")
+    if n > 2:
+        x[6, : n // 2] = NEG_INF
+    bad = torch.zeros(13, dtype=torch.bool)
+    bad[4] = bad[5] = True
+    alphas = torch.linspace(1.05, 1.95, 13)
+    for am1 in (0.3, alphas - 1):
+        found = _native.power_probs(x, am1, 200, EPS, root=True)
+        if native_build is None or found is None:
+            assert found is None or native_build is None
+            continue
+        p, r = found
+        alpha = am1 + 1 if isinstance(am1, float) else alphas[:, None]
+        want = entmax_bisect(x, alpha, impl="static")
+        assert torch.equal(p.isnan(), want.isnan()) and bool(p[bad].isnan().all()) and bool(r[bad].isnan().all())
+        assert torch.equal(p[2], torch.zeros(n)) and torch.equal(r[2], torch.zeros(n))
+        ok = ~bad
+        assert torch.allclose(p[ok], want[ok], atol=4e-7), (p[ok] - want[ok]).abs().max()
+        q = 1 / (am1 if isinstance(am1, float) else am1[:, None])
+        rq = r[ok].double().pow(q if isinstance(q, float) else q[ok].double())
+        assert torch.allclose(p[ok].double(), rq / rq.sum(dim=-1, keepdim=True).clamp(min=1e-300), atol=1e-7)
+
+
+def test_power_probs_leave_longer_rows_and_other_dtypes_to_the_torch_path():
+    if not _native.available():
+        pytest.skip("native library not built")
+    assert _native.power_probs(torch.randn(3, 257), 0.3, 200, EPS, root=False) is None
+    assert _native.power_probs(torch.randn(3, 20).double(), 0.3, 200, EPS, root=False) is None
+    assert _native.power_probs(torch.randn(3, 256), 0.3, 200, EPS, root=False) is not None
