@@ -178,6 +178,56 @@ static inline double vpow_2(double a, double b)
 }
 
 #define POWER_BLOCK_MAX_N 256
+/* Entry j of a block's lanes (col[j * L + l]): d = col - vt, m = d > 0 and w = d^e on m (0 off it),
+   declared here */
+#define COLUMN_POWER(DT, IT, L, e, d, m, w)                                                     \
+    DT d, w;                                                                                    \
+    IT m;                                                                                       \
+    do {                                                                                        \
+        DT xv_, lg_;                                                                            \
+        memcpy(&xv_, col + j * L, sizeof xv_);                                                  \
+        d = xv_ - vt;                                                                           \
+        m = d > zero;                                                                           \
+        VLOG2(DT, IT, SEL(IT, DT, m, d, one), lg_);                                             \
+        VEXP2(DT, IT, (e) * lg_, w);                                                            \
+        w = (DT)((IT)w & m);                                                                    \
+    } while (0)
+
+/* The Newton loop on a block's entries col[j * L + l] (one row a lane, vectors DT of doubles with
+   integer lanes IT): from vt, a lane steps until it settles (a step at most rtol max(1, |tau|)),
+   stops before a step on NaN, without an entry above tau or at max_iter steps, as a row alone
+   does; ve = q - 1, vi = 1 / q per lane; zero, one, none and magnitude from the caller. */
+#define BLOCK_NEWTON(DT, IT, L)                                                                 \
+    do {                                                                                        \
+        for (int64_t it = 0;; it++) {                                                           \
+            DT aq = zero, aw = zero;                                                            \
+            IT nan = none;                                                                      \
+            for (int64_t j = 0; j < n; j++) {                                                   \
+                COLUMN_POWER(DT, IT, L, ve, d, m, w);                                           \
+                aw += w;                                                                        \
+                aq += w * (DT)((IT)d & m);                                                      \
+                nan |= (IT)(d != d);                                                            \
+            }                                                                                   \
+            /* a lane stops before a step on NaN, without an entry above tau, or at the cap */  \
+            live &= ~nan & (IT)(aw > zero);                                                     \
+            if (it >= max_iter)                                                                 \
+                break;                                                                          \
+            const DT hq = SEL(IT, DT, live, aq, one), ws = SEL(IT, DT, live, aw, one);          \
+            DT lg, h;                                                                           \
+            VLOG2(DT, IT, hq, lg);                                                              \
+            VEXP2(DT, IT, vi * lg, h);                                                          \
+            const DT step = (h - 1.0) * (hq / h) / ws;                                          \
+            const DT at = (DT)((IT)vt & magnitude);                                             \
+            live &= (IT)(step > rtol * SEL(IT, DT, (IT)(at > one), at, one));                   \
+            vt += (DT)((IT)step & live);                                                        \
+            int64_t any = 0;                                                                    \
+            for (int l = 0; l < L; l++)                                                         \
+                any |= live[l];                                                                 \
+            if (!any)                                                                           \
+                break;                                                                          \
+        }                                                                                       \
+    } while (0)
+
 /* Rows of at most POWER_BLOCK_MAX_N entries, L at a time, one a lane (vectors of doubles DT with
    integer lanes IT): the block's entries copied entry-major (col[j * L + l], -inf past the last
    row), then the loop above in every lane at once; a lane stops as a row does, the others go on. */
@@ -202,39 +252,7 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
             for (int64_t j = 0; j < n; j++)                                                     \
                 col[j * L + l] = real ? (double)z[r * n + j] : -INFINITY;                       \
         }                                                                                       \
-        for (int64_t it = 0;; it++) {                                                           \
-            DT aq = zero, aw = zero;                                                            \
-            IT nan = none;                                                                      \
-            for (int64_t j = 0; j < n; j++) {                                                   \
-                DT xv, lg, w;                                                                   \
-                memcpy(&xv, col + j * L, sizeof xv);                                            \
-                const DT d = xv - vt;                                                           \
-                const IT m = d > zero;                                                          \
-                VLOG2(DT, IT, SEL(IT, DT, m, d, one), lg);                                      \
-                VEXP2(DT, IT, ve * lg, w);                                                      \
-                w = (DT)((IT)w & m);                                                            \
-                aw += w;                                                                        \
-                aq += w * (DT)((IT)d & m);                                                      \
-                nan |= (IT)(d != d);                                                            \
-            }                                                                                   \
-            /* a lane stops before a step on NaN, without an entry above tau, or at the cap */  \
-            live &= ~nan & (IT)(aw > zero);                                                     \
-            if (it >= max_iter)                                                                 \
-                break;                                                                          \
-            const DT hq = SEL(IT, DT, live, aq, one), ws = SEL(IT, DT, live, aw, one);          \
-            DT lg, h;                                                                           \
-            VLOG2(DT, IT, hq, lg);                                                              \
-            VEXP2(DT, IT, vi * lg, h);                                                          \
-            const DT step = (h - 1.0) * (hq / h) / ws;                                          \
-            const DT at = (DT)((IT)vt & magnitude);                                             \
-            live &= (IT)(step > rtol * SEL(IT, DT, (IT)(at > one), at, one));                   \
-            vt += (DT)((IT)step & live);                                                        \
-            int64_t any = 0;                                                                    \
-            for (int l = 0; l < L; l++)                                                         \
-                any |= live[l];                                                                 \
-            if (!any)                                                                           \
-                break;                                                                          \
-        }                                                                                       \
+        BLOCK_NEWTON(DT, IT, L);                                                                \
         for (int l = 0; l < L && r0 + l < rows; l++)                                            \
             tau_out[r0 + l] = (T)vt[l];                                                         \
     }                                                                                           \
@@ -277,45 +295,10 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             live[l] = real && !bad && !empty ? -1 : 0;                                          \
             nanrow[l] = real && bad ? -1 : 0;                                                   \
         }                                                                                       \
-        for (int64_t it = 0;; it++) {                                                           \
-            DT aq = zero, aw = zero;                                                            \
-            for (int64_t j = 0; j < n; j++) {                                                   \
-                DT xv, lg, w;                                                                   \
-                memcpy(&xv, col + j * L, sizeof xv);                                            \
-                const DT d = xv - vt;                                                           \
-                const IT m = d > zero;                                                          \
-                VLOG2(DT, IT, SEL(IT, DT, m, d, one), lg);                                      \
-                VEXP2(DT, IT, ve * lg, w);                                                      \
-                w = (DT)((IT)w & m);                                                            \
-                aw += w;                                                                        \
-                aq += w * (DT)((IT)d & m);                                                      \
-            }                                                                                   \
-            live &= (IT)(aw > zero);                                                            \
-            if (it >= max_iter)                                                                 \
-                break;                                                                          \
-            const DT hq = SEL(IT, DT, live, aq, one), ws = SEL(IT, DT, live, aw, one);          \
-            DT lg, h;                                                                           \
-            VLOG2(DT, IT, hq, lg);                                                              \
-            VEXP2(DT, IT, vi * lg, h);                                                          \
-            const DT step = (h - 1.0) * (hq / h) / ws;                                          \
-            const DT at = (DT)((IT)vt & magnitude);                                             \
-            live &= (IT)(step > rtol * SEL(IT, DT, (IT)(at > one), at, one));                   \
-            vt += (DT)((IT)step & live);                                                        \
-            int64_t any = 0;                                                                    \
-            for (int l = 0; l < L; l++)                                                         \
-                any |= live[l];                                                                 \
-            if (!any)                                                                           \
-                break;                                                                          \
-        }                                                                                       \
+        BLOCK_NEWTON(DT, IT, L);                                                                \
         DT total = zero;                                                                        \
         for (int64_t j = 0; j < n; j++) { /* the powers in place of the scores: r^q, then r */  \
-            DT xv, lg, w;                                                                       \
-            memcpy(&xv, col + j * L, sizeof xv);                                                \
-            const DT d = xv - vt;                                                               \
-            const IT m = d > zero;                                                              \
-            VLOG2(DT, IT, SEL(IT, DT, m, d, one), lg);                                          \
-            VEXP2(DT, IT, vq * lg, w);                                                          \
-            w = (DT)((IT)w & m);                                                                \
+            COLUMN_POWER(DT, IT, L, vq, d, m, w);                                               \
             total += w;                                                                         \
             if (root) {                                                                         \
                 const DT rv = (DT)((IT)d & m);                                                  \
