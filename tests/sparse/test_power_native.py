@@ -197,3 +197,29 @@ def test_power_probs_leave_longer_rows_and_other_dtypes_to_the_torch_path():
     assert _native.power_probs(torch.randn(3, 257), 0.3, 200, EPS, root=False) is None
     assert _native.power_probs(torch.randn(3, 20).double(), 0.3, 200, EPS, root=False) is None
     assert _native.power_probs(torch.randn(3, 256), 0.3, 200, EPS, root=False) is not None
+
+
+def test_power_probs_over_two_threads_and_with_a_step_cap_match(monkeypatch):
+    """The fused call's rows split over two threads give the same bits; with ``n_iter`` (a cap on
+    the Newton steps, the output renormalised) the front door's native result equals the torch
+    loop's at the same cap."""
+    if not _native.available():
+        pytest.skip("native library not built")
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(203, 30, generator=g) * 2
+    one = _native.power_probs(x, 0.3, 200, EPS, root=True)
+    monkeypatch.setattr(_native, "POWER_SPLIT_MIN_NUMEL", 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        two = _native.power_probs(x, 0.3, 200, EPS, root=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+    for n_iter in (1, 2):
+        native = entmax_bisect(x, 1.3, n_iter=n_iter)
+        monkeypatch.setitem(_native._state, "lib", None)
+        torch_loop = entmax_bisect(x, 1.3, n_iter=n_iter)
+        monkeypatch.undo()
+        assert torch.allclose(native, torch_loop, atol=1e-6), (n_iter, (native - torch_loop).abs().max())
+        assert torch.allclose(native.sum(-1), torch.ones(203), atol=1e-6)
