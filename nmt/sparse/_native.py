@@ -79,7 +79,7 @@ _BOUND_SIGNATURE = [_P, _I64, _I64, _INT, ctypes.c_double, _INT, _I64, _P, _P, _
 _POWER = {torch.float32: "nmt_power_threshold_f32"}
 _POWER_SIGNATURE = [_P, _I64, _I64, _P, _I64, _P, _I64, ctypes.c_double, _P, _INT, _INT]
 _POWER_PROBS = {torch.float32: "nmt_power_probs_f32"}
-_POWER_PROBS_SIGNATURE = [_P, _I64, _I64, _P, _I64, _I64, ctypes.c_double, _P, _P, _INT]
+_POWER_PROBS_SIGNATURE = [_P, _I64, _I64, _P, _I64, _I64, ctypes.c_double, _P, _P, _P, _INT]
 
 logger = logging.getLogger(__name__)
 _state: dict[str, object] = {}  # "lib": the loaded CDLL or None once decided
@@ -342,7 +342,7 @@ def power_threshold(z: Tensor, q: Union[float, Tensor], lo: Tensor, max_iter: in
 
 
 def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
-                root: bool) -> Optional[tuple[Tensor, Optional[Tensor]]]:
+                root: bool, stats: bool = False) -> Optional[tuple]:
     """alpha-entmax of the rows ``x: (R, n)`` (CPU, float32, any values; detached) for
     ``alpha - 1 = am1`` in (0, 1) (a float, or an ``(R,)`` tensor, one per row), in one native call
     (``_power_threshold.c``): per row its maximum, ``z = (alpha - 1) (x - max)`` in doubles, the
@@ -350,7 +350,10 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     ``r = [z - tau]_+`` and ``p = r^q / sum r^q``. Rows holding NaN or ``+inf``: all NaN; rows
     without a finite entry: all zeros. Returns ``(p, r)`` (``r`` None unless ``root``), new
     ``(R, n)`` float32 tensors; None where it does not serve (no library, not float32, rows of more
-    than 256 entries, a build without vector extensions). Rows split over torch's threads from
+    than 256 entries, a build without vector extensions). ``stats`` adds ``(tau, zmax, total)``,
+    each ``(R,)`` float32: the threshold of ``z``, the row maximum and ``sum r^q`` before the
+    normalisation (what the Tsallis losses' conjugate needs; rows holding NaN or ``+inf``: -1, NaN,
+    NaN; rows without a finite entry: ``+inf``, 0, 0). Rows split over torch's threads from
     :data:`POWER_SPLIT_MIN_NUMEL` entries; no device is involved."""
     lib = library()
     if lib is None or x.dtype not in _POWER_PROBS or x.shape[-1] > 256:
@@ -363,11 +366,14 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
         a, stride = torch.tensor([float(am1)], dtype=torch.float64), 0
     p = torch.empty_like(x)
     r = torch.empty_like(x) if root else None
+    st = torch.empty(rows, 3, dtype=torch.float32) if stats else None
     if rows and not getattr(lib, _POWER_PROBS[x.dtype])(
             x.data_ptr(), rows, n, a.data_ptr(), stride, int(max_iter), float(tol), p.data_ptr(),
-            r.data_ptr() if r is not None else None,
+            r.data_ptr() if r is not None else None, st.data_ptr() if st is not None else None,
             torch.get_num_threads() if x.numel() >= POWER_SPLIT_MIN_NUMEL else 1):
         return None
+    if st is not None:
+        return p, r, st[:, 0], st[:, 1], st[:, 2]
     return p, r
 
 

@@ -265,14 +265,14 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
    r = [z - tau]_+ and p = r^q / sum r^q, written as floats (r where asked for: the backward's). */
 #define DEFINE_POWER_PROBS(NAME, ATTR, DT, IT, L)                                               \
 ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1, int64_t a_stride, \
-                      int64_t max_iter, double rtol, float *p, float *root)                     \
+                      int64_t max_iter, double rtol, float *p, float *root, float *stats)       \
 {                                                                                               \
     double col[POWER_BLOCK_MAX_N * L], rcol[POWER_BLOCK_MAX_N * L]; /* scores, then p; r */    \
     const DT zero = {0}, one = zero + 1.0;                                                      \
     const IT none = {0}, magnitude = none + 0x7FFFFFFFFFFFFFFFLL;                               \
     for (int64_t r0 = 0; r0 < rows; r0 += L) {                                                  \
-        DT vt, ve, vq, vi;                                                                      \
-        IT live, nanrow = none;                                                                 \
+        DT vt, ve, vq, vi, vtop;                                                                \
+        IT live, nanrow = none, emptyrow = none;                                                \
         for (int l = 0; l < L; l++) {                                                           \
             const int real = r0 + l < rows;                                                     \
             const int64_t r = real ? r0 + l : r0;                                               \
@@ -294,6 +294,8 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             vi[l] = a;                                                                          \
             live[l] = real && !bad && !empty ? -1 : 0;                                          \
             nanrow[l] = real && bad ? -1 : 0;                                                   \
+            emptyrow[l] = real && !bad && empty ? -1 : 0;                                       \
+            vtop[l] = top;                                                                      \
         }                                                                                       \
         BLOCK_NEWTON(DT, IT, L);                                                                \
         DT total = zero;                                                                        \
@@ -314,6 +316,12 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             if (rr)                                                                             \
                 for (int64_t j = 0; j < n; j++)                                                 \
                     rr[j] = nanrow[l] ? NAN : (float)rcol[j * L + l];                           \
+            if (stats) { /* tau, the row maximum, sum r^q (the losses' conjugate) */             \
+                float *st = stats + 3 * (r0 + l);                                               \
+                st[0] = nanrow[l] ? -1.0f : emptyrow[l] ? INFINITY : (float)vt[l];              \
+                st[1] = nanrow[l] ? NAN : emptyrow[l] ? 0.0f : (float)vtop[l];                  \
+                st[2] = nanrow[l] ? NAN : (float)total[l];                                      \
+            }                                                                                   \
         }                                                                                       \
     }                                                                                           \
 }
@@ -385,26 +393,28 @@ void nmt_power_threshold_f32(const float *z, int64_t rows, int64_t n, const doub
 
 #if NMT_VECTORS
 typedef void (*probs_solver)(const float *, int64_t, int64_t, const double *, int64_t, int64_t, double, float *,
-                             float *);
+                             float *, float *);
 
 static void probs_groups(probs_solver solve, const float *x, int64_t rows, int64_t n, const double *am1,
-                         int64_t a_stride, int64_t max_iter, double rtol, float *p, float *root, int64_t first,
-                         int64_t last)
+                         int64_t a_stride, int64_t max_iter, double rtol, float *p, float *root, float *stats,
+                         int64_t first, int64_t last)
 {
     first *= 8;
     last = last * 8 < rows ? last * 8 : rows;
     if (last > first)
         solve(x + first * n, last - first, n, am1 + first * a_stride, a_stride, max_iter, rtol, p + first * n,
-              root ? root + first * n : 0);
+              root ? root + first * n : 0, stats ? stats + 3 * first : 0);
 }
 #endif
 
 /* alpha-entmax of the rows x (float32, any values; n <= POWER_BLOCK_MAX_N) with alpha - 1 = am1 in
-   (0, 1) per row (a_stride 1) or for all (0): p, and where root is given r = [z - tau]_+ (see
-   DEFINE_POWER_PROBS). Returns 0 without writing anything where it does not serve (longer rows, a
-   build without vectors): the caller computes them otherwise. */
+   (0, 1) per row (a_stride 1) or for all (0): p, where root is given r = [z - tau]_+, and where
+   stats is given three floats a row: tau, the row maximum and sum r^q (rows holding NaN or +inf:
+   -1, NaN, NaN; rows without a finite entry: +inf, 0, 0) (see DEFINE_POWER_PROBS). Returns 0
+   without writing anything where it does not serve (longer rows, a build without vectors): the
+   caller computes them otherwise. */
 int nmt_power_probs_f32(const float *x, int64_t rows, int64_t n, const double *am1, int64_t a_stride,
-                        int64_t max_iter, double rtol, float *p, float *root, int threads)
+                        int64_t max_iter, double rtol, float *p, float *root, float *stats, int threads)
 {
 #if NMT_VECTORS
     if (n > POWER_BLOCK_MAX_N)
@@ -412,11 +422,11 @@ int nmt_power_probs_f32(const float *x, int64_t rows, int64_t n, const double *a
     const probs_solver solve = POWER_HAVE_AVX512() ? power_probs_avx512
                                : POWER_HAVE_AVX2() ? power_probs_avx2 : power_probs_v;
     FOR_THREADS(threads, (rows + 7) / 8,
-                probs_groups(solve, x, rows, n, am1, a_stride, max_iter, rtol, p, root, FIRST, LAST));
+                probs_groups(solve, x, rows, n, am1, a_stride, max_iter, rtol, p, root, stats, FIRST, LAST));
     return 1;
 #else
     (void)x; (void)rows; (void)n; (void)am1; (void)a_stride; (void)max_iter; (void)rtol; (void)p; (void)root;
-    (void)threads;
+    (void)stats; (void)threads;
     return 0;
 #endif
 }

@@ -59,6 +59,7 @@ from torch import Tensor, nn
 
 from . import _dispatch
 from ._common import own_precision
+from ._native import power_probs
 from ._dispatch import check_impl, resolve_impl, shifted_threshold
 from ._threshold import (Candidates, count_true, native_long_entmax15, native_long_sparsemax,
                          pruned_shifted_threshold)
@@ -163,6 +164,11 @@ class Tsallis(Regularizer):
         am1 = self.alpha - 1
         eps = torch.finfo(z.dtype).eps
         if resolve_impl(impl, z, triton_ok=False) == "pruned" and not torch.compiler.is_compiling():
+            if 0 < am1 < 1 and z.dtype is torch.float32:  # short float32 rows: one native call
+                found = power_probs(z, am1, 200 if self.n_iter is None else self.n_iter, eps, root=True, stats=True)
+                if found is not None:
+                    p, r, tau, zmax, total = found
+                    return p, self._conjugate(tau, p.sum(dim=-1), torch.linalg.vecdot(p, r), total), zmax[:, None]
             tau, zmax, cand = pruned_shifted_threshold(z, 1 / am1, am1, eps, self.n_iter, candidates=True)
             if sparse_output_pays(cand, zmax, z):  # the powers at the candidates only
                 return self._probs_conj_at(cand, zmax, tau, z.shape)

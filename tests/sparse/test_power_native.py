@@ -223,3 +223,50 @@ def test_power_probs_over_two_threads_and_with_a_step_cap_match(monkeypatch):
         monkeypatch.undo()
         assert torch.allclose(native, torch_loop, atol=1e-6), (n_iter, (native - torch_loop).abs().max())
         assert torch.allclose(native.sum(-1), torch.ones(203), atol=1e-6)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_the_tsallis_loss_of_short_rows_takes_the_fused_call(monkeypatch, smoothing, ref):
+    """entmax_bisect_loss at alpha 1.3 / 1.8 on short float32 rows (index and distribution targets,
+    rows with -inf scores, ignored targets): the fused native call serves it, and the losses and
+    gradients equal those of the torch loop (library disabled) and the reference package's loss."""
+    if not _native.available():
+        pytest.skip("native library not built")
+    from nmt.sparse import entmax_bisect_loss, losses
+
+    calls = []
+    real = _native.power_probs
+
+    def served(*a, **k):  # records whether the native call served the loss
+        found = real(*a, **k)
+        calls.append(k.get("stats") and found is not None)
+        return found
+
+    monkeypatch.setattr(losses, "power_probs", served)
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(40, 30, generator=g) * 2
+    x[3, :10] = NEG_INF
+    target = torch.randint(10, 30, (40,), generator=g)
+    target[5] = -100
+    dist = torch.softmax(torch.randn(40, 30, generator=g), dim=-1)
+    for alpha in (1.3, 1.8):
+        out = {}
+        for native in (True, False):
+            if not native:
+                monkeypatch.setitem(_native._state, "lib", None)
+            calls.clear()
+            xi, xd = x.clone().requires_grad_(), x.clone().requires_grad_()
+            li = entmax_bisect_loss(xi, target, alpha=alpha, label_smoothing=smoothing, reduction="none")
+            ld = entmax_bisect_loss(xd, dist, alpha=alpha, reduction="none")
+            (li.sum() + ld.sum()).backward()
+            assert calls == [native, native], calls
+            out[native] = (li, ld, xi.grad, xd.grad)
+            monkeypatch.undo()
+            monkeypatch.setattr(losses, "power_probs", served)
+        for a, b in zip(out[True], out[False]):
+            assert torch.allclose(a, b, atol=3e-6), (alpha, (a - b).abs().max())
+        if smoothing == 0.0:
+            keep = target != -100
+            keep[3] = False  # the package's loss is NaN on a row with -inf scores
+            want = ref.EntmaxBisectLoss(alpha, n_iter=100, reduction="none")(x[keep].double(), target[keep])
+            assert torch.allclose(out[True][0][keep].double(), want, atol=2e-5)
