@@ -304,7 +304,10 @@ def _forward_kernel(X, Y, A, OK, CONJ, ZMAX, T, LOSS, STATUS, n, ignore_index, s
             general = c * (s_next + tau * total) - 0.5 * (c * c * s_next - 1.0)
             conj = tl.where(ok != 0, closed, general)
         elif MODE == 1:
-            s_next = tl.sum(p * tl.sqrt_rn(p), axis=0)  # sqrt_rn(d * d) = d: sum d^3
+            # sqrt_rn(d * d) = d: sum d^3 (the zeros take sqrt(1): sqrt_rn's slow path, a call on
+            # GPUs, serves zeros, subnormals and NaN, and most entries of a sparse row are zeros)
+            sq = p > 0.0
+            s_next = tl.sum(tl.where(sq, p * tl.sqrt_rn(tl.where(sq, p, 1.0)), p * 0.0), axis=0)
             closed = 2.0 * (tau + 1.0) + (2.0 / 3.0) * (s_next - 1.0)
             general = 2.0 * c * (s_next + tau * total) - (4.0 / 3.0) * (c * tl.sqrt_rn(c) * s_next - 1.0)
             conj = tl.where(ok != 0, closed, general)
@@ -377,7 +380,9 @@ def _backward_kernel(P, G, DX, A, GA, n, MODE: tl.constexpr, ALPHA_GRAD: tl.cons
     if MODE == 0:
         s = pos.to(tl.float32)
     elif MODE == 1:
-        s = tl.sqrt_rn(p)  # IEEE-rounded (tl.sqrt is approximate on GPUs)
+        # IEEE-rounded (tl.sqrt is approximate on GPUs); zeros take sqrt(1), then 0 (p * 0: NaN kept):
+        # sqrt_rn's slow path, a call on GPUs, serves zeros too, most entries of a sparse row
+        s = tl.where(pos, tl.sqrt_rn(tl.where(pos, p, 1.0)), p * 0.0)
     else:
         alpha = tl.load(A + row).to(tl.float32)
         lp = tl.log2(tl.where(pos, p, 1.0))  # log2 p on the support, 0 elsewhere
