@@ -309,6 +309,16 @@ def newton_threshold(z: Tensor, q: float, lo: Tensor, max_iter: int) -> Optional
     return tau, ok.bool()
 
 
+POWER_SPLIT_MIN_NUMEL = 1 << 12
+"""Inputs of :func:`power_threshold` and :func:`power_probs` of at least this many entries split
+their rows over torch's threads: a step's powers cost some 30 operations an entry, so smaller
+inputs than the other Newton loops' (:data:`NEWTON_SPLIT_MIN_NUMEL`) pay for the parallel region."""
+
+POWER_PROBS_MAX_N = 256
+"""Longest rows :func:`power_probs` takes (``POWER_BLOCK_MAX_N`` in ``_power_threshold.c``: a block
+of rows on the stack)."""
+
+
 def power_threshold(z: Tensor, q: Union[float, Tensor], lo: Tensor, max_iter: int,
                     tol: float, blocks: bool = True) -> Optional[Tensor]:
     """Threshold of the rows ``z: (R, n)`` (CPU, float32, row maximum 0, ``-inf`` allowed;
@@ -329,15 +339,11 @@ def power_threshold(z: Tensor, q: Union[float, Tensor], lo: Tensor, max_iter: in
     rows, n = z.shape
     z = z.detach().contiguous()
     lo = lo.detach().to(z.dtype).contiguous()
-    if isinstance(q, Tensor):
-        qs, stride = q.detach().to(torch.float64).reshape(rows).contiguous(), 1
-    else:
-        qs, stride = torch.tensor([float(q)], dtype=torch.float64), 0
+    qs, stride = _row_values(q, rows)
     tau = torch.empty(rows, dtype=z.dtype)
     if rows:
         getattr(lib, _POWER[z.dtype])(z.data_ptr(), rows, n, qs.data_ptr(), stride, lo.data_ptr(), int(max_iter),
-                                      float(tol), tau.data_ptr(), int(blocks),
-                                      torch.get_num_threads() if z.numel() >= POWER_SPLIT_MIN_NUMEL else 1)
+                                      float(tol), tau.data_ptr(), int(blocks), _threads(z.numel(), POWER_SPLIT_MIN_NUMEL))
     return tau
 
 
@@ -350,37 +356,28 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     ``r = [z - tau]_+`` and ``p = r^q / sum r^q``. Rows holding NaN or ``+inf``: all NaN; rows
     without a finite entry: all zeros. Returns ``(p, r)`` (``r`` None unless ``root``), new
     ``(R, n)`` float32 tensors; None where it does not serve (no library, not float32, rows of more
-    than 256 entries, a build without vector extensions). ``stats`` adds ``(tau, zmax, total)``,
+    than :data:`POWER_PROBS_MAX_N` entries, a build without vector extensions). ``stats`` adds ``(tau, zmax, total)``,
     each ``(R,)`` float32: the threshold of ``z``, the row maximum and ``sum r^q`` before the
     normalisation (what the Tsallis losses' conjugate needs; rows holding NaN or ``+inf``: -1, NaN,
     NaN; rows without a finite entry: ``+inf``, 0, 0). Rows split over torch's threads from
     :data:`POWER_SPLIT_MIN_NUMEL` entries; no device is involved."""
     lib = library()
-    if lib is None or x.dtype not in _POWER_PROBS or x.shape[-1] > 256:
+    if lib is None or x.dtype not in _POWER_PROBS or x.shape[-1] > POWER_PROBS_MAX_N:
         return None
     rows, n = x.shape
     x = x.detach().contiguous()
-    if isinstance(am1, Tensor):
-        a, stride = am1.detach().to(torch.float64).reshape(rows).contiguous(), 1
-    else:
-        a, stride = torch.tensor([float(am1)], dtype=torch.float64), 0
+    a, stride = _row_values(am1, rows)
     p = torch.empty_like(x)
     r = torch.empty_like(x) if root else None
     st = torch.empty(rows, 3, dtype=torch.float32) if stats else None
     if rows and not getattr(lib, _POWER_PROBS[x.dtype])(
             x.data_ptr(), rows, n, a.data_ptr(), stride, int(max_iter), float(tol), p.data_ptr(),
             r.data_ptr() if r is not None else None, st.data_ptr() if st is not None else None,
-            torch.get_num_threads() if x.numel() >= POWER_SPLIT_MIN_NUMEL else 1):
+            _threads(x.numel(), POWER_SPLIT_MIN_NUMEL)):
         return None
     if st is not None:
         return p, r, st[:, 0], st[:, 1], st[:, 2]
     return p, r
-
-
-POWER_SPLIT_MIN_NUMEL = 1 << 12
-"""Inputs of :func:`power_threshold` of at least this many entries split their rows over torch's
-threads: a step's powers cost some 30 operations an entry, so smaller inputs than the other Newton
-loops' (:data:`NEWTON_SPLIT_MIN_NUMEL`) pay for the parallel region."""
 
 
 def bound_threshold(z: Tensor, q: float, scale: float, exact_scale: bool,
@@ -455,11 +452,19 @@ def _bound(z: Tensor, q: float, scale: float, exact_scale: bool, max_iter: int,
     return tau, zmax, ok.bool(), p, r, power_sum
 
 
-def _threads(numel: int) -> int:
-    """Threads for a Newton call on ``numel`` entries: torch's count from
-    :data:`NEWTON_SPLIT_MIN_NUMEL` entries on (the library's OpenMP team; one where it was built
+def _threads(numel: int, split_min: Optional[int] = None) -> int:
+    """Threads for a native call on ``numel`` entries: torch's count from ``split_min`` entries on
+    (default :data:`NEWTON_SPLIT_MIN_NUMEL`; the library's OpenMP team, one where it was built
     without OpenMP), else one."""
-    return torch.get_num_threads() if numel >= NEWTON_SPLIT_MIN_NUMEL else 1
+    return torch.get_num_threads() if numel >= (NEWTON_SPLIT_MIN_NUMEL if split_min is None else split_min) else 1
+
+
+def _row_values(v: Union[float, Tensor], rows: int) -> tuple[Tensor, int]:
+    """A per-row parameter as the power loops take it: ``(float64 values, stride)``, one value a row
+    (stride 1) for a tensor of ``rows`` values, else the float's one value (stride 0)."""
+    if isinstance(v, Tensor):
+        return v.detach().to(torch.float64).reshape(rows).contiguous(), 1
+    return torch.tensor([float(v)], dtype=torch.float64), 0
 
 
 def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
@@ -478,7 +483,7 @@ def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
 
 
 __all__ = ["CANDIDATES_SOURCE", "CFLAGS", "HEADERS", "MAX_CANDIDATES", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL",
-           "OPENMP_FLAGS", "POWER_SOURCE", "POWER_SPLIT_MIN_NUMEL", "SOURCE", "SOURCES", "available", "bound_entmax15",
+           "OPENMP_FLAGS", "POWER_PROBS_MAX_N", "POWER_SOURCE", "POWER_SPLIT_MIN_NUMEL", "SOURCE", "SOURCES", "available", "bound_entmax15",
            "bound_sparsemax", "bound_threshold", "build", "cache_dir", "load_once",
            "enabled", "library", "load", "native_sorted_shifted_threshold", "newton_threshold", "power_probs", "power_threshold",
            "solve", "sorted_probs", "step_candidates", "support_backward"]

@@ -177,7 +177,7 @@ static inline double vpow_2(double a, double b)
     return out[0];
 }
 
-#define POWER_BLOCK_MAX_N 256
+#define POWER_BLOCK_MAX_N 256 /* _native.POWER_PROBS_MAX_N */
 /* Entry j of a block's lanes (col[j * L + l]): d = col - vt, m = d > 0 and w = d^e on m (0 off it),
    declared here */
 #define COLUMN_POWER(DT, IT, L, e, d, m, w)                                                     \

@@ -71,6 +71,10 @@ from ._native import (bound_entmax15, bound_sparsemax, bound_threshold, native_s
 SORT_MAX_N = 512
 """Longest rows the exact mappings solve by sorting (see :func:`prefer_sort`)."""
 
+ROOT_MAX_ITER = 200
+"""Newton steps of an inexact threshold (alphas other than 1.5 / 2) when the caller sets no cap,
+in the torch loop and the native ones alike."""
+
 SORT_MAX_NUMEL = 98304
 """Largest ``rows * n`` solved by sorting when ``n > SORT_ALWAYS_N``: beyond it the sort path's
 full-size temporaries cost more than the pruned Newton passes (measured on CPU)."""
@@ -684,7 +688,7 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
     if isinstance(q, Tensor):
         q = q.expand(*lead, 1).reshape(n_rows)
     if max_iter is None:
-        max_iter = 4 * n + 60 if exact else 200
+        max_iter = 4 * n + 60 if exact else ROOT_MAX_ITER
     eps = torch.finfo(z.dtype).eps
     sub_tol = None if exact else tol
     exact_scale = _power_of_two(scale)

@@ -25,7 +25,8 @@ from ._common import (apply_last, apply_mask, broadcasts_to, check_scores, compu
 from ._dispatch import check_impl, resolve_impl, shifted_threshold, takes_half
 from ._softmax import softmax
 from ._native import power_probs, support_backward
-from ._threshold import Candidates, native_long_entmax15, native_sorted_probs, pruned_shifted_threshold
+from ._threshold import (ROOT_MAX_ITER, Candidates, native_long_entmax15, native_sorted_probs,
+                         pruned_shifted_threshold)
 from .sparsemax import sparsemax
 
 _NAN = float("nan")
@@ -317,12 +318,13 @@ def _native_probs(x: Tensor, am1: Union[float, Tensor], n_iter: Optional[int], e
     """``(p, r)`` of alpha-entmax over the last dim of ``x`` with ``alpha - 1 = am1`` in (0, 1) (a
     float, or a tensor ``(..., 1)``), by :func:`nmt.sparse._native.power_probs` (``r`` where
     ``root``), shaped like ``x``; None where it does not serve: not float32 on the CPU in eager mode,
-    rows of more than 256 entries, or no native library (the torch path then runs)."""
+    rows longer than :data:`nmt.sparse._native.POWER_PROBS_MAX_N`, or no native library (the torch
+    path then runs)."""
     if x.dtype is not torch.float32 or x.device.type != "cpu" or torch.compiler.is_compiling():
         return None
     if isinstance(am1, Tensor):
         am1 = am1.expand(*x.shape[:-1], 1)
-    found = power_probs(rows(x), am1, 200 if n_iter is None else n_iter, eps, root)
+    found = power_probs(rows(x), am1, ROOT_MAX_ITER if n_iter is None else n_iter, eps, root)
     if found is None:
         return None
     p, r = found

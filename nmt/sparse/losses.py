@@ -61,7 +61,7 @@ from . import _dispatch
 from ._common import own_precision
 from ._native import power_probs
 from ._dispatch import check_impl, resolve_impl, shifted_threshold
-from ._threshold import (Candidates, count_true, native_long_entmax15, native_long_sparsemax,
+from ._threshold import (ROOT_MAX_ITER, Candidates, count_true, native_long_entmax15, native_long_sparsemax,
                          pruned_shifted_threshold)
 from .entmax import entmax_at_candidates, scatter_candidates, sparse_output_pays
 
@@ -165,7 +165,8 @@ class Tsallis(Regularizer):
         eps = torch.finfo(z.dtype).eps
         if resolve_impl(impl, z, triton_ok=False) == "pruned" and not torch.compiler.is_compiling():
             if 0 < am1 < 1 and z.dtype is torch.float32:  # short float32 rows: one native call
-                found = power_probs(z, am1, 200 if self.n_iter is None else self.n_iter, eps, root=True, stats=True)
+                cap = ROOT_MAX_ITER if self.n_iter is None else self.n_iter
+                found = power_probs(z, am1, cap, eps, root=True, stats=True)
                 if found is not None:
                     p, r, tau, zmax, total = found
                     return p, self._conjugate(tau, p.sum(dim=-1), torch.linalg.vecdot(p, r), total), zmax[:, None]
