@@ -32,6 +32,7 @@ typedef double nmt_f64x2 __attribute__((vector_size(16)));
 typedef double nmt_f64x4 __attribute__((vector_size(32)));
 typedef double nmt_f64x8 __attribute__((vector_size(64)));
 typedef double nmt_f64x16 __attribute__((vector_size(128)));
+typedef int32_t nmt_i32x2 __attribute__((vector_size(8)));
 typedef int32_t nmt_i32x4 __attribute__((vector_size(16)));
 typedef int32_t nmt_i32x8 __attribute__((vector_size(32)));
 typedef int32_t nmt_i32x16 __attribute__((vector_size(64)));

@@ -79,7 +79,9 @@ _BOUND_SIGNATURE = [_P, _I64, _I64, _INT, ctypes.c_double, _INT, _I64, _P, _P, _
 _POWER = {torch.float32: "nmt_power_threshold_f32"}
 _POWER_SIGNATURE = [_P, _I64, _I64, _P, _I64, _P, _I64, ctypes.c_double, _P, _INT, _INT]
 _POWER_PROBS = {torch.float32: "nmt_power_probs_f32"}
-_POWER_PROBS_SIGNATURE = [_P, _I64, _I64, _P, _I64, _I64, ctypes.c_double, _P, _P, _P, _INT]
+_POWER_PROBS_SIGNATURE = [_P, _I64, _I64, _P, _I64, _I64, ctypes.c_double, _P, _P, _P, _P, _INT]
+_POWER_BACKWARD = {torch.float32: "nmt_power_backward_f32"}
+_POWER_BACKWARD_SIGNATURE = [_P, _P, _I64, _I64, _P, _I64, _P, _INT]
 
 logger = logging.getLogger(__name__)
 _state: dict[str, object] = {}  # "lib": the loaded CDLL or None once decided
@@ -158,10 +160,10 @@ def load(path: Path) -> ctypes.CDLL:
             getattr(lib, name + suffix).restype = None
     for names, argtypes in ((_CANDIDATES, _CANDIDATES_SIGNATURE), (_NEWTON, _NEWTON_SIGNATURE),
                             (_BOUND, _BOUND_SIGNATURE), (_POWER, _POWER_SIGNATURE),
-                            (_POWER_PROBS, _POWER_PROBS_SIGNATURE)):
+                            (_POWER_PROBS, _POWER_PROBS_SIGNATURE), (_POWER_BACKWARD, _POWER_BACKWARD_SIGNATURE)):
         for name in names.values():
             getattr(lib, name).argtypes = argtypes
-            getattr(lib, name).restype = ctypes.c_int if names in (_CANDIDATES, _POWER_PROBS) else None
+            getattr(lib, name).restype = ctypes.c_int if names in (_CANDIDATES, _POWER_PROBS, _POWER_BACKWARD) else None
     return lib
 
 
@@ -315,8 +317,13 @@ their rows over torch's threads: a step's powers cost some 30 operations an entr
 inputs than the other Newton loops' (:data:`NEWTON_SPLIT_MIN_NUMEL`) pay for the parallel region."""
 
 POWER_PROBS_MAX_N = 256
-"""Longest rows :func:`power_probs` takes (``POWER_BLOCK_MAX_N`` in ``_power_threshold.c``: a block
-of rows on the stack)."""
+"""Longest rows :func:`power_probs` solves a block of rows at a time, one a vector lane
+(``POWER_BLOCK_MAX_N`` in ``_power_threshold.c``: a block on the stack); longer rows go one by one,
+pruned."""
+
+POWER_LONG_SCRATCH = 32 * 8
+"""Doubles of scratch a thread needs beyond a long row's ``n`` in :func:`power_probs` (the block
+maxima: ``POWER_LONG_MAX_ACC`` accumulators of up to 8 lanes in ``_power_threshold.c``)."""
 
 
 def power_threshold(z: Tensor, q: Union[float, Tensor], lo: Tensor, max_iter: int,
@@ -352,17 +359,20 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     """alpha-entmax of the rows ``x: (R, n)`` (CPU, float32, any values; detached) for
     ``alpha - 1 = am1`` in (0, 1) (a float, or an ``(R,)`` tensor, one per row), in one native call
     (``_power_threshold.c``): per row its maximum, ``z = (alpha - 1) (x - max)`` in doubles, the
-    threshold by :func:`power_threshold`'s loop from -1 (``tol``, ``max_iter`` as there), then
-    ``r = [z - tau]_+`` and ``p = r^q / sum r^q``. Rows holding NaN or ``+inf``: all NaN; rows
-    without a finite entry: all zeros. Returns ``(p, r)`` (``r`` None unless ``root``), new
-    ``(R, n)`` float32 tensors; None where it does not serve (no library, not float32, rows of more
-    than :data:`POWER_PROBS_MAX_N` entries, a build without vector extensions). ``stats`` adds ``(tau, zmax, total)``,
-    each ``(R,)`` float32: the threshold of ``z``, the row maximum and ``sum r^q`` before the
-    normalisation (what the Tsallis losses' conjugate needs; rows holding NaN or ``+inf``: -1, NaN,
-    NaN; rows without a finite entry: ``+inf``, 0, 0). Rows split over torch's threads from
-    :data:`POWER_SPLIT_MIN_NUMEL` entries; no device is involved."""
+    threshold by :func:`power_threshold`'s loop (``tol``, ``max_iter`` as there), then
+    ``r = [z - tau]_+`` and ``p = r^q / sum r^q``. Rows of at most :data:`POWER_PROBS_MAX_N`
+    entries go a block of rows at a time and start the loop from -1; longer rows go one by one:
+    the loop starts from the threshold of some block maxima (a lower bound) and runs on the entries
+    above it alone, dropping after every step those below tau, and the output pass skips chunks
+    without a support entry. Rows holding NaN or ``+inf``: all NaN; rows without a finite entry:
+    all zeros. Returns ``(p, r)`` (``r`` None unless ``root``), new ``(R, n)`` float32 tensors;
+    None where it does not serve (no library, not float32, a build without vector extensions).
+    ``stats`` adds ``(tau, zmax, total)``, each ``(R,)`` float32: the threshold of ``z``, the row
+    maximum and ``sum r^q`` before the normalisation (what the Tsallis losses' conjugate needs;
+    rows holding NaN or ``+inf``: -1, NaN, NaN; rows without a finite entry: ``+inf``, 0, 0). Rows
+    split over torch's threads from :data:`POWER_SPLIT_MIN_NUMEL` entries; no device is involved."""
     lib = library()
-    if lib is None or x.dtype not in _POWER_PROBS or x.shape[-1] > POWER_PROBS_MAX_N:
+    if lib is None or x.dtype not in _POWER_PROBS:
         return None
     rows, n = x.shape
     x = x.detach().contiguous()
@@ -370,14 +380,39 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     p = torch.empty_like(x)
     r = torch.empty_like(x) if root else None
     st = torch.empty(rows, 3, dtype=torch.float32) if stats else None
+    threads = _threads(x.numel(), POWER_SPLIT_MIN_NUMEL)
+    scratch = torch.empty(threads * (n + POWER_LONG_SCRATCH), dtype=torch.float64) if n > POWER_PROBS_MAX_N else None
     if rows and not getattr(lib, _POWER_PROBS[x.dtype])(
             x.data_ptr(), rows, n, a.data_ptr(), stride, int(max_iter), float(tol), p.data_ptr(),
             r.data_ptr() if r is not None else None, st.data_ptr() if st is not None else None,
-            _threads(x.numel(), POWER_SPLIT_MIN_NUMEL)):
+            scratch.data_ptr() if scratch is not None else None, threads):
         return None
     if st is not None:
         return p, r, st[:, 0], st[:, 1], st[:, 2]
     return p, r
+
+
+def power_backward(r: Tensor, grad: Tensor, e: Union[float, Tensor]) -> Optional[Tensor]:
+    """``J^T grad`` of alpha-entmax per row of ``r, grad: (R, n)`` (CPU, float32; ``r`` the
+    forward's ``[z - tau]_+`` as :func:`power_probs` returns it) in one native call: ``s = r^e`` on
+    the support (``e = (2 - alpha) / (alpha - 1)``, a float or an ``(R,)`` tensor; ``s`` is
+    ``p^(2 - alpha)`` up to the row's scale, which cancels), ``s * (grad - <s, grad> / sum s)``,
+    sums in double, the powers by the polynomials of ``_power_threshold.c`` (chunks without a
+    support entry skipped). A NaN in ``r`` makes its row's gradient NaN. Returns a new ``(R, n)``
+    float32 tensor; None where it does not serve (no library, not float32, a build without vector
+    extensions). Rows split over torch's threads from :data:`POWER_SPLIT_MIN_NUMEL` entries."""
+    lib = library()
+    if lib is None or r.dtype not in _POWER_BACKWARD:
+        return None
+    rows, n = r.shape
+    r, grad = r.contiguous(), grad.to(r.dtype).contiguous()
+    es, stride = _row_values(e, rows)
+    out = torch.empty_like(r)
+    if rows and not getattr(lib, _POWER_BACKWARD[r.dtype])(
+            r.data_ptr(), grad.data_ptr(), rows, n, es.data_ptr(), stride, out.data_ptr(),
+            _threads(r.numel(), POWER_SPLIT_MIN_NUMEL)):
+        return None
+    return out
 
 
 def bound_threshold(z: Tensor, q: float, scale: float, exact_scale: bool,
@@ -483,7 +518,7 @@ def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
 
 
 __all__ = ["CANDIDATES_SOURCE", "CFLAGS", "HEADERS", "MAX_CANDIDATES", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL",
-           "OPENMP_FLAGS", "POWER_PROBS_MAX_N", "POWER_SOURCE", "POWER_SPLIT_MIN_NUMEL", "SOURCE", "SOURCES", "available", "bound_entmax15",
+           "OPENMP_FLAGS", "POWER_LONG_SCRATCH", "POWER_PROBS_MAX_N", "POWER_SOURCE", "POWER_SPLIT_MIN_NUMEL", "SOURCE", "SOURCES", "available", "bound_entmax15",
            "bound_sparsemax", "bound_threshold", "build", "cache_dir", "load_once",
-           "enabled", "library", "load", "native_sorted_shifted_threshold", "newton_threshold", "power_probs", "power_threshold",
+           "enabled", "library", "load", "native_sorted_shifted_threshold", "newton_threshold", "power_backward", "power_probs", "power_threshold",
            "solve", "sorted_probs", "step_candidates", "support_backward"]

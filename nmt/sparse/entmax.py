@@ -24,7 +24,7 @@ from ._common import (apply_last, apply_mask, broadcasts_to, check_scores, compu
                       own_precision, row_exponent, rows, shaped)
 from ._dispatch import check_impl, resolve_impl, shifted_threshold, takes_half
 from ._softmax import softmax
-from ._native import power_probs, support_backward
+from ._native import power_backward, power_probs, support_backward
 from ._threshold import (ROOT_MAX_ITER, Candidates, native_long_entmax15, native_sorted_probs,
                          pruned_shifted_threshold)
 from .sparsemax import sparsemax
@@ -235,7 +235,7 @@ class EntmaxBisectFunction(torch.autograd.Function):
             renormalise = tol is not None or n_iter is not None  # not an exact threshold
             grads = any(ctx.needs_input_grad[:2])
             fused = _native_probs(x, am1, n_iter, eps, grads) if kind == "pruned" and 0 < am1 < 1 else None
-            if fused is not None:  # short float32 rows: threshold, r and p in one native call
+            if fused is not None:  # float32 rows: threshold, r and p in one native call
                 p, r = fused
                 if grads:
                     ctx.save_for_backward(r, alpha)
@@ -265,7 +265,7 @@ class EntmaxBisectFunction(torch.autograd.Function):
             ctx.save_for_backward(r, alpha)
         else:
             am1 = alpha - 1
-            # alphas in (1, 2), short float32 rows: one native call (a host read of the small alpha,
+            # alphas in (1, 2), float32 rows: one native call (a host read of the small alpha,
             # on this CPU path only)
             if (kind == "pruned" and x.dtype is torch.float32 and not torch.compiler.is_compiling()
                     and bool(((am1 > 0) & (am1 < 1)).all())):
@@ -304,6 +304,10 @@ class EntmaxBisectFunction(torch.autograd.Function):
         if ctx.alpha is not None and not ctx.triton:  # saved r = [(alpha - 1) x - tau]_+, alpha a float
             r, _ = ctx.saved_tensors
             e = (2 - ctx.alpha) / (ctx.alpha - 1)
+            if e != 1 and r.dtype is torch.float32 and r.device.type == "cpu" and not torch.compiler.is_compiling():
+                gx = power_backward(rows(r), rows(grad), e)  # s = r^e and J^T grad in one native call
+                if gx is not None:
+                    return shaped(gx, r.shape), None, None, None, None
             s = r if e == 1 else _support_power(r, e)
             return _entmax_backward(s, grad), None, None, None, None
         p, alpha = ctx.saved_tensors
@@ -318,8 +322,7 @@ def _native_probs(x: Tensor, am1: Union[float, Tensor], n_iter: Optional[int], e
     """``(p, r)`` of alpha-entmax over the last dim of ``x`` with ``alpha - 1 = am1`` in (0, 1) (a
     float, or a tensor ``(..., 1)``), by :func:`nmt.sparse._native.power_probs` (``r`` where
     ``root``), shaped like ``x``; None where it does not serve: not float32 on the CPU in eager mode,
-    rows longer than :data:`nmt.sparse._native.POWER_PROBS_MAX_N`, or no native library (the torch
-    path then runs)."""
+    or no native library (the torch path then runs)."""
     if x.dtype is not torch.float32 or x.device.type != "cpu" or torch.compiler.is_compiling():
         return None
     if isinstance(am1, Tensor):

@@ -164,7 +164,7 @@ class Tsallis(Regularizer):
         am1 = self.alpha - 1
         eps = torch.finfo(z.dtype).eps
         if resolve_impl(impl, z, triton_ok=False) == "pruned" and not torch.compiler.is_compiling():
-            if 0 < am1 < 1 and z.dtype is torch.float32:  # short float32 rows: one native call
+            if 0 < am1 < 1 and z.dtype is torch.float32:  # float32 rows: one native call
                 cap = ROOT_MAX_ITER if self.n_iter is None else self.n_iter
                 found = power_probs(z, am1, cap, eps, root=True, stats=True)
                 if found is not None:

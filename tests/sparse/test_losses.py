@@ -511,9 +511,13 @@ def test_bisect_loss_at_the_candidates_equals_the_dense_loss(monkeypatch, count_
     """Where every row is pruned (CPU), the alpha-entmax loss (float alpha, not 1.5 / 2) takes
     ``p`` and the conjugate from the pruning's candidates only: the same losses and gradients,
     within rounding, as over every entry, and the definition's value (independent); label
-    smoothing and ignored rows too."""
+    smoothing and ignored rows too. The torch pruning is what float64 rows and machines without
+    the native library take: float32 rows take it here with the fused native call off."""
     import nmt.sparse.entmax as E
+    from nmt.sparse import losses
     from nmt.sparse.losses import Tsallis
+
+    monkeypatch.setattr(losses, "power_probs", lambda *args, **kwargs: None)
 
     calls = count_calls(Tsallis, "_probs_conj_at")
     g = torch.Generator().manual_seed(7)

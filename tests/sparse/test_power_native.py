@@ -1,7 +1,8 @@
 """The native Newton threshold for any power q > 1 (alpha-entmax, alpha in (1, 2);
-``nmt/sparse/_power_threshold.c`` through ``nmt.sparse._native.power_threshold``): thresholds
-checked against a float64 bisection on every vector path, short rows by blocks equal to row by row,
-the step cap, NaN and empty rows, threads; the front door takes it for float32 rows."""
+``nmt/sparse/_power_threshold.c`` through ``nmt.sparse._native.power_threshold``, the fused
+mapping ``power_probs`` and its backward ``power_backward``): thresholds checked against a float64
+bisection on every vector path, short rows by blocks equal to row by row, long rows pruned, the step
+cap, NaN and empty rows, threads; the front door and the Tsallis loss take it for float32 rows."""
 import pytest
 import torch
 
@@ -117,8 +118,8 @@ def test_float64_rows_and_a_missing_library_keep_the_torch_loop(monkeypatch):
 
 def test_the_front_door_takes_the_native_loop_for_float32_rows(monkeypatch, kkt, ref):
     """entmax_bisect with a float alpha outside {1.5, 2} and with learned per-head alphas, CPU
-    float32, forward and backward: short rows take the fused native call, longer ones the native
-    threshold (not the torch loop), and the result satisfies alpha-entmax's optimality conditions,
+    float32, forward and backward: short rows take the fused native call (by blocks), longer ones
+    the fused call too (pruned row by row), and the result satisfies alpha-entmax's optimality conditions,
     equals the reference package's bisection and, with the library disabled, the torch loop's
     result, gradients included."""
     if not _native.available():
@@ -129,7 +130,7 @@ def test_the_front_door_takes_the_native_loop_for_float32_rows(monkeypatch, kkt,
                         lambda *a, **k: calls.append("threshold") or real_threshold(*a, **k))
     monkeypatch.setattr(entmax_module, "power_probs", lambda *a, **k: calls.append("probs") or real_probs(*a, **k))
     g = torch.Generator().manual_seed(4)
-    for n, kind in ((20, "probs"), (300, "threshold")):
+    for n, kind in ((20, "probs"), (300, "probs"), (3000, "probs")):
         x = torch.randn(64, n, generator=g) * 2
         for alpha in (1.2, 1.7):
             calls.clear()
@@ -140,8 +141,10 @@ def test_the_front_door_takes_the_native_loop_for_float32_rows(monkeypatch, kkt,
             assert torch.allclose(p, want, atol=2e-6)
     # gradients through the native calls, then the same through the torch loop (library disabled)
     x = torch.randn(64, 20, generator=g) * 2
+    long_x = torch.randn(16, 700, generator=g) * 2
     heads = torch.randn(3, 4, 5, 9, generator=g) * 2
     grad, grad_heads = torch.randn(64, 20, generator=g), torch.randn(3, 4, 5, 9, generator=g)
+    grad_long = torch.randn(16, 700, generator=g)
     alphas = torch.tensor([1.1, 1.35, 1.6, 1.95]).view(1, 4, 1, 1)
     out = {}
     for native in (True, False):
@@ -149,20 +152,22 @@ def test_the_front_door_takes_the_native_loop_for_float32_rows(monkeypatch, kkt,
             monkeypatch.setitem(_native._state, "lib", None)
         calls.clear()
         xi, hi, ai = x.clone().requires_grad_(), heads.clone().requires_grad_(), alphas.clone().requires_grad_()
-        p, ph = entmax_bisect(xi, 1.3), entmax_bisect_above_one(hi, ai)
-        torch.autograd.backward((p, ph), (grad, grad_heads))
-        assert (calls == ["probs", "probs"]) == native, calls
-        out[native] = (p, ph, xi.grad, hi.grad, ai.grad)
+        li = long_x.clone().requires_grad_()
+        p, ph, pl = entmax_bisect(xi, 1.3), entmax_bisect_above_one(hi, ai), entmax_bisect(li, 1.3)
+        torch.autograd.backward((p, ph, pl), (grad, grad_heads, grad_long))
+        assert (calls == ["probs", "probs", "probs"]) == native, calls
+        out[native] = (p, ph, pl, xi.grad, hi.grad, ai.grad, li.grad)
     for a, b in zip(out[True], out[False]):
         assert torch.allclose(a, b, atol=2e-5), (a - b).abs().max()
 
 
-@pytest.mark.parametrize("n", [1, 3, 20, 256])
+@pytest.mark.parametrize("n", [1, 3, 20, 256, 257, 1000, 4103])
 def test_power_probs_equal_the_static_mapping(native_build, monkeypatch, n):
     """The fused call (maximum, shift, threshold, r and p) on every vector path, float and per-row
-    alphas, against the static torch path (fixed bisection steps, float32) and a float64
-    bisection: NaN / +inf rows all NaN, rows without a finite entry all zeros, partly masked rows;
-    r = [z - tau]_+ with p = r^q / sum r^q."""
+    alphas, short rows (by blocks) and long ones (pruned, row by row; a partial last chunk), against
+    the static torch path (fixed bisection steps, float32) and a float64 bisection: NaN / +inf rows
+    all NaN, rows without a finite entry all zeros, partly masked rows; r = [z - tau]_+ with
+    p = r^q / sum r^q; the stats (threshold, maximum, sum r^q) against their definitions."""
     monkeypatch.setitem(_native._state, "lib", native_build)
     g = torch.Generator().manual_seed(n)
     x = torch.randn(13, n, generator=g) * 3
@@ -189,14 +194,30 @@ def test_power_probs_equal_the_static_mapping(native_build, monkeypatch, n):
         q = 1 / (am1 if isinstance(am1, float) else am1[:, None])
         rq = r[ok].double().pow(q if isinstance(q, float) else q[ok].double())
         assert torch.allclose(p[ok].double(), rq / rq.sum(dim=-1, keepdim=True).clamp(min=1e-300), atol=1e-7)
+        _, _, tau, zmax, total = _native.power_probs(x, am1, 200, EPS, root=True, stats=True)
+        am1_rows = torch.full((13,), am1, dtype=torch.float64) if isinstance(am1, float) else am1.double()
+        live = ok.clone()
+        live[2] = False  # no finite entry
+        z = (x.double() - x.double().amax(dim=-1, keepdim=True)) * am1_rows[:, None]
+        want_tau = bisection(z[live], 1 / am1_rows[live])
+        assert torch.allclose(tau[live].double(), want_tau, rtol=0, atol=8 * EPS)
+        assert torch.equal(zmax[live], x[live].amax(dim=-1))
+        assert torch.allclose(total[live].double(), rq[live[ok]].sum(dim=-1), rtol=1e-5)
+        assert (float(tau[2]), float(zmax[2]), float(total[2])) == (float("inf"), 0.0, 0.0)
+        assert bool(zmax[bad].isnan().all()) and bool(total[bad].isnan().all()) and bool((tau[bad] == -1).all())
 
 
-def test_power_probs_leave_longer_rows_and_other_dtypes_to_the_torch_path():
+def test_power_probs_leave_other_dtypes_and_a_missing_library_to_the_torch_path(monkeypatch):
     if not _native.available():
         pytest.skip("native library not built")
-    assert _native.power_probs(torch.randn(3, 257), 0.3, 200, EPS, root=False) is None
-    assert _native.power_probs(torch.randn(3, 20).double(), 0.3, 200, EPS, root=False) is None
-    assert _native.power_probs(torch.randn(3, 256), 0.3, 200, EPS, root=False) is not None
+    for n in (20, 256, 257, 3000):
+        assert _native.power_probs(torch.randn(3, n), 0.3, 200, EPS, root=False) is not None
+        assert _native.power_probs(torch.randn(3, n).double(), 0.3, 200, EPS, root=False) is None
+        assert _native.power_backward(torch.rand(3, n), torch.randn(3, n), 1.5) is not None
+        assert _native.power_backward(torch.rand(3, n).double(), torch.randn(3, n), 1.5) is None
+    monkeypatch.setitem(_native._state, "lib", None)
+    assert _native.power_probs(torch.randn(3, 20), 0.3, 200, EPS, root=False) is None
+    assert _native.power_backward(torch.rand(3, 20), torch.randn(3, 20), 1.5) is None
 
 
 def test_power_probs_over_two_threads_and_with_a_step_cap_match(monkeypatch):
@@ -206,28 +227,36 @@ def test_power_probs_over_two_threads_and_with_a_step_cap_match(monkeypatch):
     if not _native.available():
         pytest.skip("native library not built")
     g = torch.Generator().manual_seed(9)
-    x = torch.randn(203, 30, generator=g) * 2
-    one = _native.power_probs(x, 0.3, 200, EPS, root=True)
-    monkeypatch.setattr(_native, "POWER_SPLIT_MIN_NUMEL", 1)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        two = _native.power_probs(x, 0.3, 200, EPS, root=True)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
-    for n_iter in (1, 2):
-        native = entmax_bisect(x, 1.3, n_iter=n_iter)
-        monkeypatch.setitem(_native._state, "lib", None)
-        torch_loop = entmax_bisect(x, 1.3, n_iter=n_iter)
-        monkeypatch.undo()
-        assert torch.allclose(native, torch_loop, atol=1e-6), (n_iter, (native - torch_loop).abs().max())
-        assert torch.allclose(native.sum(-1), torch.ones(203), atol=1e-6)
+    for n in (30, 900):
+        x = torch.randn(203, n, generator=g) * 2
+        grad = torch.randn(203, n, generator=g)
+        one = _native.power_probs(x, 0.3, 200, EPS, root=True)
+        back_one = _native.power_backward(one[1], grad, 7 / 3)
+        with monkeypatch.context() as m:
+            m.setattr(_native, "POWER_SPLIT_MIN_NUMEL", 1)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(2)
+            try:
+                two = _native.power_probs(x, 0.3, 200, EPS, root=True)
+                back_two = _native.power_backward(one[1], grad, 7 / 3)
+            finally:
+                torch.set_num_threads(threads)
+        assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1]) and torch.equal(back_one, back_two)
+        for n_iter in (1, 2):
+            native = entmax_bisect(x, 1.3, n_iter=n_iter)
+            with monkeypatch.context() as m:
+                m.setitem(_native._state, "lib", None)
+                torch_loop = entmax_bisect(x, 1.3, n_iter=n_iter)
+            # long rows: both loops start from a lower bound of block maxima (not the same blocks)
+            if n < 256:
+                assert torch.allclose(native, torch_loop, atol=1e-6), (n_iter, (native - torch_loop).abs().max())
+            assert torch.allclose(native.sum(-1), torch.ones(203), atol=1e-6)
 
 
+@pytest.mark.parametrize("n", [30, 600])
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_the_tsallis_loss_of_short_rows_takes_the_fused_call(monkeypatch, smoothing, ref):
-    """entmax_bisect_loss at alpha 1.3 / 1.8 on short float32 rows (index and distribution targets,
+def test_the_tsallis_loss_takes_the_fused_call(monkeypatch, smoothing, n, ref):
+    """entmax_bisect_loss at alpha 1.3 / 1.8 on float32 rows, short and long (index and distribution targets,
     rows with -inf scores, ignored targets): the fused native call serves it, and the losses and
     gradients equal those of the torch loop (library disabled) and the reference package's loss."""
     if not _native.available():
@@ -244,11 +273,11 @@ def test_the_tsallis_loss_of_short_rows_takes_the_fused_call(monkeypatch, smooth
 
     monkeypatch.setattr(losses, "power_probs", served)
     g = torch.Generator().manual_seed(12)
-    x = torch.randn(40, 30, generator=g) * 2
+    x = torch.randn(40, n, generator=g) * 2
     x[3, :10] = NEG_INF
-    target = torch.randint(10, 30, (40,), generator=g)
+    target = torch.randint(10, n, (40,), generator=g)
     target[5] = -100
-    dist = torch.softmax(torch.randn(40, 30, generator=g), dim=-1)
+    dist = torch.softmax(torch.randn(40, n, generator=g), dim=-1)
     for alpha in (1.3, 1.8):
         out = {}
         for native in (True, False):
@@ -270,3 +299,38 @@ def test_the_tsallis_loss_of_short_rows_takes_the_fused_call(monkeypatch, smooth
             keep[3] = False  # the package's loss is NaN on a row with -inf scores
             want = ref.EntmaxBisectLoss(alpha, n_iter=100, reduction="none")(x[keep].double(), target[keep])
             assert torch.allclose(out[True][0][keep].double(), want, atol=2e-5)
+
+
+@pytest.mark.parametrize("n", [5, 20, 300, 2001])
+def test_power_backward_equals_the_jacobian_product(native_build, monkeypatch, n):
+    """The native backward on every vector path, a float exponent and one per row: from the forward's
+    r, ``J^T g`` equals the float64 formula ``s (g - <s, g> / sum s)``, ``s = r^e`` (e = (2 - alpha) /
+    (alpha - 1)), and the float64 autograd gradient of the torch mapping (an independent route); a NaN
+    row gives NaN, a row without support zeros."""
+    monkeypatch.setitem(_native._state, "lib", native_build)
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(9, n, generator=g, dtype=torch.float64) * 2
+    grad = torch.randn(9, n, generator=g, dtype=torch.float64)
+    alphas = torch.linspace(1.1, 1.9, 9, dtype=torch.float64)
+    for alpha in (1.3, alphas):
+        am1 = alpha - 1
+        e = (2 - alpha) / am1
+        found = _native.power_probs(x.float(), am1, 200, EPS, root=True)
+        gx = _native.power_backward(found[1], grad.float(), e) if found is not None else None
+        if native_build is None or gx is None:
+            assert gx is None or native_build is None
+            continue
+        r = found[1].double()
+        s = r.pow(e if isinstance(e, float) else e[:, None])
+        want = s * (grad - (s * grad).sum(-1, keepdim=True) / s.sum(-1, keepdim=True))
+        assert torch.allclose(gx.double(), want, atol=2e-6), (gx.double() - want).abs().max()
+        xs = x.clone().requires_grad_()
+        a = alpha if isinstance(alpha, float) else alpha[:, None]
+        (auto,) = torch.autograd.grad(entmax_bisect(xs, a, impl="static"), xs, grad)
+        assert torch.allclose(gx.double(), auto, atol=2e-5), (gx.double() - auto).abs().max()
+    r = torch.rand(3, n)
+    r[0, n // 2] = float("nan")
+    r[1] = 0.0
+    out = _native.power_backward(r, torch.randn(3, n), 7 / 3)
+    if out is not None:
+        assert bool(out[0].isnan().all()) and torch.equal(out[1], torch.zeros(n))
