@@ -321,6 +321,9 @@ POWER_PROBS_MAX_N = 256
 (``POWER_BLOCK_MAX_N`` in ``_power_threshold.c``: a block on the stack); longer rows go one by one,
 pruned."""
 
+POWER_STATS = 5
+"""Floats a row of :func:`power_probs`' stats (``POWER_STATS`` in ``_power_threshold.c``)."""
+
 POWER_LONG_SCRATCH = 32 * 8
 """Doubles of scratch a thread needs beyond a long row's ``n`` in :func:`power_probs` (the block
 maxima: ``POWER_LONG_MAX_ACC`` accumulators of up to 8 lanes in ``_power_threshold.c``)."""
@@ -367,9 +370,10 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     without a support entry. Rows holding NaN or ``+inf``: all NaN; rows without a finite entry:
     all zeros. Returns ``(p, r)`` (``r`` None unless ``root``), new ``(R, n)`` float32 tensors;
     None where it does not serve (no library, not float32, a build without vector extensions).
-    ``stats`` adds ``(tau, zmax, total)``, each ``(R,)`` float32: the threshold of ``z``, the row
-    maximum and ``sum r^q`` before the normalisation (what the Tsallis losses' conjugate needs;
-    rows holding NaN or ``+inf``: -1, NaN, NaN; rows without a finite entry: ``+inf``, 0, 0). Rows
+    ``stats`` adds ``(tau, zmax, total, p_sum, pr)``, each ``(R,)`` float32: the threshold of
+    ``z``, the row maximum, ``sum r^q`` before the normalisation, and the row sums of the written
+    ``p`` and of ``p r`` taken in double (what the Tsallis losses' conjugate needs; rows holding NaN
+    or ``+inf``: -1 then NaNs; rows without a finite entry: ``+inf`` then zeros). Rows
     split over torch's threads from :data:`POWER_SPLIT_MIN_NUMEL` entries; no device is involved."""
     lib = library()
     if lib is None or x.dtype not in _POWER_PROBS:
@@ -379,7 +383,7 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     a, stride = _row_values(am1, rows)
     p = torch.empty_like(x)
     r = torch.empty_like(x) if root else None
-    st = torch.empty(rows, 3, dtype=torch.float32) if stats else None
+    st = torch.empty(rows, POWER_STATS, dtype=torch.float32) if stats else None
     threads = _threads(x.numel(), POWER_SPLIT_MIN_NUMEL)
     scratch = torch.empty(threads * (n + POWER_LONG_SCRATCH), dtype=torch.float64) if n > POWER_PROBS_MAX_N else None
     if rows and not getattr(lib, _POWER_PROBS[x.dtype])(
@@ -388,7 +392,7 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
             scratch.data_ptr() if scratch is not None else None, threads):
         return None
     if st is not None:
-        return p, r, st[:, 0], st[:, 1], st[:, 2]
+        return (p, r, *st.unbind(1))
     return p, r
 
 
@@ -518,7 +522,7 @@ def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
 
 
 __all__ = ["CANDIDATES_SOURCE", "CFLAGS", "HEADERS", "MAX_CANDIDATES", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL",
-           "OPENMP_FLAGS", "POWER_LONG_SCRATCH", "POWER_PROBS_MAX_N", "POWER_SOURCE", "POWER_SPLIT_MIN_NUMEL", "SOURCE", "SOURCES", "available", "bound_entmax15",
+           "OPENMP_FLAGS", "POWER_LONG_SCRATCH", "POWER_PROBS_MAX_N", "POWER_STATS", "POWER_SOURCE", "POWER_SPLIT_MIN_NUMEL", "SOURCE", "SOURCES", "available", "bound_entmax15",
            "bound_sparsemax", "bound_threshold", "build", "cache_dir", "load_once",
            "enabled", "library", "load", "native_sorted_shifted_threshold", "newton_threshold", "power_backward", "power_probs", "power_threshold",
            "solve", "sorted_probs", "step_candidates", "support_backward"]

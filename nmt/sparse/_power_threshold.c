@@ -178,6 +178,7 @@ static inline double vpow_2(double a, double b)
 }
 
 #define POWER_BLOCK_MAX_N 256 /* _native.POWER_PROBS_MAX_N */
+#define POWER_STATS 5          /* _native.POWER_STATS: the floats a row of nmt_power_probs_f32's stats */
 /* Entry j of a block's lanes (col[j * L + l]): d = col - vt, m = d > 0 and w = d^e on m (0 off it),
    declared here */
 #define COLUMN_POWER(DT, IT, L, e, d, m, w)                                                     \
@@ -302,7 +303,7 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
         for (int64_t j = 0; j < n; j++) { /* the powers in place of the scores: r^q, then r */  \
             COLUMN_POWER(DT, IT, L, vq, d, m, w);                                               \
             total += w;                                                                         \
-            if (root) {                                                                         \
+            if (root || stats) {                                                                \
                 const DT rv = (DT)((IT)d & m);                                                  \
                 memcpy(rcol + j * L, &rv, sizeof rv);                                           \
             }                                                                                   \
@@ -311,16 +312,23 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
         const DT inv = one / SEL(IT, DT, (IT)(total > zero), total, one);                       \
         for (int l = 0; l < L && r0 + l < rows; l++) { /* each row's entries in order */        \
             float *pr = p + (r0 + l) * n, *rr = root ? root + (r0 + l) * n : 0;                 \
+            double psum = 0.0, prsum = 0.0;                                                     \
             for (int64_t j = 0; j < n; j++)                                                     \
                 pr[j] = nanrow[l] ? NAN : (float)(col[j * L + l] * inv[l]);                     \
             if (rr)                                                                             \
                 for (int64_t j = 0; j < n; j++)                                                 \
                     rr[j] = nanrow[l] ? NAN : (float)rcol[j * L + l];                           \
-            if (stats) { /* tau, the row maximum, sum r^q (the losses' conjugate) */             \
-                float *st = stats + 3 * (r0 + l);                                               \
+            if (stats) { /* tau, the row maximum, sum r^q, sum p, sum p r (the losses' conjugate) */ \
+                for (int64_t j = 0; j < n; j++) {                                               \
+                    psum += (double)pr[j];                                                      \
+                    prsum += (double)pr[j] * (double)(float)rcol[j * L + l];                    \
+                }                                                                               \
+                float *st = stats + POWER_STATS * (r0 + l);                                     \
                 st[0] = nanrow[l] ? -1.0f : emptyrow[l] ? INFINITY : (float)vt[l];              \
                 st[1] = nanrow[l] ? NAN : emptyrow[l] ? 0.0f : (float)vtop[l];                  \
                 st[2] = nanrow[l] ? NAN : (float)total[l];                                      \
+                st[3] = nanrow[l] ? NAN : (float)psum;                                          \
+                st[4] = nanrow[l] ? NAN : (float)prsum;                                         \
             }                                                                                   \
         }                                                                                       \
     }                                                                                           \
@@ -414,7 +422,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
     for (int64_t r = 0; r < rows; r++) {                                                        \
         const float *xr = xs + r * len;                                                         \
         float *pr = p + r * len, *rr = root ? root + r * len : 0;                               \
-        float *st = stats ? stats + 3 * r : 0;                                                  \
+        float *st = stats ? stats + POWER_STATS * r : 0;                                        \
         const double a = am1[r * a_stride], qr = 1.0 / a, e = qr - 1.0;                         \
         FT acc[POWER_LONG_MAX_ACC], xv;                                                         \
         IT32 flags = {0};                                                                       \
@@ -450,8 +458,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
                     rr[i] = fill;                                                               \
             if (st) {                                                                           \
                 st[0] = bad ? -1.0f : INFINITY;                                                 \
-                st[1] = bad ? NAN : 0.0f;                                                       \
-                st[2] = bad ? NAN : 0.0f;                                                       \
+                st[1] = st[2] = st[3] = st[4] = bad ? NAN : 0.0f;                               \
             }                                                                                   \
             continue;                                                                           \
         }                                                                                       \
@@ -490,7 +497,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         /* 5. the output: chunks without an entry above tau (their float, lowered) are zeros */ \
         const double inv = hq > 0.0 ? 1.0 / hq : 1.0;                                           \
         const float cut = power_float_below((double)top + tau / a);                             \
-        DT vt, vq;                                                                              \
+        DT vt, vq, psv = zero, prv = zero;                                                      \
         FT cv, fz = {0};                                                                        \
         for (int l = 0; l < L; l++) {                                                           \
             vt[l] = tau;                                                                        \
@@ -512,22 +519,34 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
             VLOG2(DT, IT, SEL(IT, DT, m, d, one), lg);                                          \
             VEXP2(DT, IT, vq * lg, w);                                                          \
             const FT pv = __builtin_convertvector((DT)((IT)(w * inv) & m), FT);                 \
+            const FT rv = __builtin_convertvector((DT)((IT)d & m), FT);                         \
             memcpy(pr + j, &pv, sizeof pv);                                                     \
-            if (rr) {                                                                           \
-                const FT rv = __builtin_convertvector((DT)((IT)d & m), FT);                     \
+            if (rr)                                                                             \
                 memcpy(rr + j, &rv, sizeof rv);                                                 \
-            }                                                                                   \
+            const DT pd = __builtin_convertvector(pv, DT);                                      \
+            psv += pd;                                                                          \
+            prv += pd * __builtin_convertvector(rv, DT);                                        \
+        }                                                                                       \
+        double psum = 0.0, prsum = 0.0;                                                         \
+        for (int l = 0; l < L; l++) {                                                           \
+            psum += psv[l];                                                                     \
+            prsum += prv[l];                                                                    \
         }                                                                                       \
         for (; j < len; j++) {                                                                  \
             const double d = ((double)xr[j] - top) * a - tau;                                   \
-            pr[j] = d > 0.0 ? (float)(vpow_2(d, qr) * inv) : 0.0f;                              \
+            const float pf = d > 0.0 ? (float)(vpow_2(d, qr) * inv) : 0.0f, rf = d > 0.0 ? (float)d : 0.0f; \
+            pr[j] = pf;                                                                         \
             if (rr)                                                                             \
-                rr[j] = d > 0.0 ? (float)d : 0.0f;                                              \
+                rr[j] = rf;                                                                     \
+            psum += (double)pf;                                                                 \
+            prsum += (double)pf * (double)rf;                                                   \
         }                                                                                       \
         if (st) {                                                                               \
             st[0] = (float)tau;                                                                 \
             st[1] = top;                                                                        \
             st[2] = (float)hq;                                                                  \
+            st[3] = (float)psum;                                                                \
+            st[4] = (float)prsum;                                                               \
         }                                                                                       \
     }                                                                                           \
 }
@@ -537,6 +556,28 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
  * which the formula cancels), J^T g = s (g - <s, g> / sum s), sums in double. One pass forms s
  * (written to out; chunks of L entries without a support entry are zeros after one comparison)
  * and both sums, a second scales out in place. A NaN r gives NaN (as torch's r^e would). */
+/* one chunk of L entries of the backward's first pass: rp, gp, op point at L floats */
+#define POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, rp, gp, op)                                                        \
+    do {                                                                                        \
+        FT rv, gv;                                                                              \
+        memcpy(&rv, rp, sizeof rv);                                                             \
+        const IT32 c = ~(rv <= fz); /* the support, and NaN */                                  \
+        if (!ANY(c)) {                                                                          \
+            memcpy(op, &fz, sizeof fz);                                                         \
+            break;                                                                              \
+        }                                                                                       \
+        memcpy(&gv, gp, sizeof gv);                                                             \
+        const DT d = __builtin_convertvector(rv, DT);                                           \
+        const IT m = d > zero;                                                                  \
+        DT lg, w;                                                                               \
+        VLOG2(DT, IT, SEL(IT, DT, m, d, one), lg);                                              \
+        VEXP2(DT, IT, ve * lg, w);                                                              \
+        w = SEL(IT, DT, m, w, d * 0.0); /* 0 off the support, NaN for NaN */                    \
+        as += w;                                                                                \
+        ag += w * __builtin_convertvector(gv, DT);                                              \
+        const FT sv = __builtin_convertvector(w, FT);                                           \
+        memcpy(op, &sv, sizeof sv);                                                             \
+    } while (0)
 #define DEFINE_POWER_BACKWARD(NAME, ATTR, FT, IT32, DT, IT, L, ANY)                                  \
 ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, const double *e, \
                       int64_t e_stride, float *out)                                             \
@@ -551,37 +592,21 @@ ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, c
         for (int l = 0; l < L; l++)                                                             \
             ve[l] = er;                                                                         \
         int64_t j = 0;                                                                          \
-        for (; j + L <= n; j += L) {                                                            \
-            FT rv, gv;                                                                          \
-            memcpy(&rv, rr + j, sizeof rv);                                                     \
-            const IT32 c = ~(rv <= fz); /* the support, and NaN */                              \
-            if (!ANY(c)) {                                                                      \
-                memcpy(o + j, &fz, sizeof fz);                                                  \
-                continue;                                                                       \
-            }                                                                                   \
-            memcpy(&gv, gr + j, sizeof gv);                                                     \
-            const DT d = __builtin_convertvector(rv, DT);                                       \
-            const IT m = d > zero;                                                              \
-            DT lg, w;                                                                           \
-            VLOG2(DT, IT, SEL(IT, DT, m, d, one), lg);                                          \
-            VEXP2(DT, IT, ve * lg, w);                                                          \
-            w = SEL(IT, DT, m, w, d * 0.0); /* 0 off the support, NaN for NaN */                \
-            as += w;                                                                            \
-            ag += w * __builtin_convertvector(gv, DT);                                          \
-            const FT sv = __builtin_convertvector(w, FT);                                       \
-            memcpy(o + j, &sv, sizeof sv);                                                      \
+        for (; j + L <= n; j += L)                                                              \
+            POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, rr + j, gr + j, o + j);                                        \
+        if (j < n) { /* the last entries, padded with zeros */                                  \
+            float rt[L], gt[L], ot[L];                                                          \
+            memset(rt, 0, sizeof rt);                                                           \
+            memset(gt, 0, sizeof gt);                                                           \
+            memcpy(rt, rr + j, (size_t)(n - j) * sizeof(float));                                \
+            memcpy(gt, gr + j, (size_t)(n - j) * sizeof(float));                                \
+            POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, rt, gt, ot);                                                 \
+            memcpy(o + j, ot, (size_t)(n - j) * sizeof(float));                                 \
         }                                                                                       \
         double total = 0.0, dot = 0.0;                                                          \
         for (int l = 0; l < L; l++) {                                                           \
             total += as[l];                                                                     \
             dot += ag[l];                                                                       \
-        }                                                                                       \
-        for (; j < n; j++) {                                                                    \
-            const double d = rr[j];                                                             \
-            const double w = d > 0.0 ? vpow_2(d, er) : d * 0.0;                                 \
-            total += w;                                                                         \
-            dot += w * (double)gr[j];                                                           \
-            o[j] = (float)w;                                                                    \
         }                                                                                       \
         const float coef = (float)(dot / (total > (double)FLT_MIN || total != total ? total : (double)FLT_MIN)); \
         FT cv;                                                                                  \
@@ -686,7 +711,7 @@ static void probs_groups(probs_solver solve, const float *x, int64_t rows, int64
     last = last * 8 < rows ? last * 8 : rows;
     if (last > first)
         solve(x + first * n, last - first, n, am1 + first * a_stride, a_stride, max_iter, rtol, p + first * n,
-              root ? root + first * n : 0, stats ? stats + 3 * first : 0);
+              root ? root + first * n : 0, stats ? stats + POWER_STATS * first : 0);
 }
 
 typedef void (*long_solver)(const float *, int64_t, int64_t, const double *, int64_t, int64_t, double, float *,
@@ -695,9 +720,9 @@ typedef void (*power_backward_rows)(const float *, const float *, int64_t, int64
 #endif
 
 /* alpha-entmax of the rows x (float32, any values) with alpha - 1 = am1 in (0, 1) per row (a_stride 1)
-   or for all (0): p, where root is given r = [z - tau]_+, and where stats is given three floats a
-   row: tau, the row maximum and sum r^q (rows holding NaN or +inf: -1, NaN, NaN; rows without a
-   finite entry: +inf, 0, 0). Rows of at most POWER_BLOCK_MAX_N entries by blocks (see
+   or for all (0): p, where root is given r = [z - tau]_+, and where stats is given POWER_STATS floats
+   a row: tau, the row maximum, sum r^q, and the sums of the written p and p r in double (rows
+   holding NaN or +inf: -1 then NaNs; rows without a finite entry: +inf then zeros). Rows of at most POWER_BLOCK_MAX_N entries by blocks (see
    DEFINE_POWER_PROBS), longer ones row by row, pruned (DEFINE_POWER_LONG; scratch: n +
    POWER_LONG_MAX_ACC * 8 doubles for each of the threads). Returns 0 without writing anything where
    it does not serve (a build without vectors, long rows without scratch): the caller computes them
@@ -714,7 +739,7 @@ int nmt_power_probs_f32(const float *x, int64_t rows, int64_t n, const double *a
                                   : POWER_HAVE_AVX2() ? power_long_avx2 : power_long_v;
         FOR_THREADS(threads, rows,
                     solve(x + FIRST * n, LAST - FIRST, n, am1 + FIRST * a_stride, a_stride, max_iter, rtol,
-                          p + FIRST * n, root ? root + FIRST * n : 0, stats ? stats + 3 * FIRST : 0,
+                          p + FIRST * n, root ? root + FIRST * n : 0, stats ? stats + POWER_STATS * FIRST : 0,
                           scratch + t_ * (n + POWER_LONG_MAX_ACC * 8)));
         return 1;
     }

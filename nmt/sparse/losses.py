@@ -166,10 +166,10 @@ class Tsallis(Regularizer):
         if resolve_impl(impl, z, triton_ok=False) == "pruned" and not torch.compiler.is_compiling():
             if 0 < am1 < 1 and z.dtype is torch.float32:  # float32 rows: one native call
                 cap = ROOT_MAX_ITER if self.n_iter is None else self.n_iter
-                found = power_probs(z, am1, cap, eps, root=True, stats=True)
-                if found is not None:
-                    p, r, tau, zmax, total = found
-                    return p, self._conjugate(tau, p.sum(dim=-1), torch.linalg.vecdot(p, r), total), zmax[:, None]
+                found = power_probs(z, am1, cap, eps, root=False, stats=True)
+                if found is not None:  # the row sums too: no pass over p here
+                    p, _, tau, zmax, total, p_sum, pr = found
+                    return p, self._conjugate(tau, p_sum, pr, total), zmax[:, None]
             tau, zmax, cand = pruned_shifted_threshold(z, 1 / am1, am1, eps, self.n_iter, candidates=True)
             if sparse_output_pays(cand, zmax, z):  # the powers at the candidates only
                 return self._probs_conj_at(cand, zmax, tau, z.shape)

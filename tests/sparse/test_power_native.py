@@ -194,7 +194,9 @@ def test_power_probs_equal_the_static_mapping(native_build, monkeypatch, n):
         q = 1 / (am1 if isinstance(am1, float) else am1[:, None])
         rq = r[ok].double().pow(q if isinstance(q, float) else q[ok].double())
         assert torch.allclose(p[ok].double(), rq / rq.sum(dim=-1, keepdim=True).clamp(min=1e-300), atol=1e-7)
-        _, _, tau, zmax, total = _native.power_probs(x, am1, 200, EPS, root=True, stats=True)
+        p2, r2, tau, zmax, total, p_sum, pr = _native.power_probs(x, am1, 200, EPS, root=True, stats=True)
+        p3 = _native.power_probs(x, am1, 200, EPS, root=False, stats=True)[0]
+        assert all(torch.equal(u.nan_to_num(7.0), v.nan_to_num(7.0)) for u, v in ((p2, p), (r2, r), (p3, p)))
         am1_rows = torch.full((13,), am1, dtype=torch.float64) if isinstance(am1, float) else am1.double()
         live = ok.clone()
         live[2] = False  # no finite entry
@@ -203,8 +205,10 @@ def test_power_probs_equal_the_static_mapping(native_build, monkeypatch, n):
         assert torch.allclose(tau[live].double(), want_tau, rtol=0, atol=8 * EPS)
         assert torch.equal(zmax[live], x[live].amax(dim=-1))
         assert torch.allclose(total[live].double(), rq[live[ok]].sum(dim=-1), rtol=1e-5)
-        assert (float(tau[2]), float(zmax[2]), float(total[2])) == (float("inf"), 0.0, 0.0)
-        assert bool(zmax[bad].isnan().all()) and bool(total[bad].isnan().all()) and bool((tau[bad] == -1).all())
+        assert torch.allclose(p_sum[live].double(), p[live].double().sum(dim=-1), rtol=0, atol=1e-6)
+        assert torch.allclose(pr[live].double(), (p[live].double() * r[live].double()).sum(dim=-1), rtol=1e-6, atol=1e-9)
+        assert [float(v[2]) for v in (tau, zmax, total, p_sum, pr)] == [float("inf"), 0.0, 0.0, 0.0, 0.0]
+        assert bool((tau[bad] == -1).all()) and all(bool(v[bad].isnan().all()) for v in (zmax, total, p_sum, pr))
 
 
 def test_power_probs_leave_other_dtypes_and_a_missing_library_to_the_torch_path(monkeypatch):
