@@ -1,5 +1,6 @@
-"""The CPU dropout drawn by torch.rand: Bernoulli(1 - p) masks, the usual scaling and gradient,
-nn.Dropout in eval mode and where it is not used."""
+"""The CPU dropout, by the native counter-based mask (float32, where the library is built) and by
+torch.rand (elsewhere; here with the library off): Bernoulli(1 - p) masks, the usual scaling and
+gradient, nn.Dropout in eval mode and where it is not used."""
 from __future__ import annotations
 
 import math
@@ -8,7 +9,20 @@ import pytest
 import torch
 from torch import nn
 
+from nmt.models import native_dropout
 from nmt.models.dropout import Dropout
+
+
+@pytest.fixture(params=["native", "torch.rand"], autouse=True)
+def mask_path(request, monkeypatch):
+    """Each test on both mask paths: the native one (skipped where the library is not built) and
+    torch.rand's (the library off)."""
+    if request.param == "native":
+        if native_dropout.library() is None:
+            pytest.skip("native dropout library not built")
+    else:
+        monkeypatch.setitem(native_dropout._state, "lib", None)
+    return request.param
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])

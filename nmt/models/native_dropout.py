@@ -1,0 +1,109 @@
+"""Dropout of float32 CPU tensors with a counter-based mask in one native pass (``_dropout_mask.c``).
+
+On the CPU ``torch.rand`` draws about 1.8 ns an entry on one thread (its Mersenne twister; 0.95 ms
+at (64, 16, 512), 3.8 ms at (64, 16, 2048), 2 threads), and the mask then takes three more passes
+(compare, convert, multiply): dropout is 5-8% of a CPU Transformer training step. Here each
+entry's keep bit is a word of SplitMix64 at its index from a seed drawn from torch's generator
+(so ``torch.manual_seed``, ``torch.random.fork_rng`` and a checkpoint's RNG state govern it as
+they govern ``torch.rand``), and the mask and the product are made in one pass over the tensor,
+split over torch's threads (the same bits for any split). The backward replays the mask from the
+seed (nothing is kept but the seed). A dropped entry is 0 whatever its value (NaN included).
+
+The library is built on first use like the mappings' (:func:`nmt.sparse._native.build`: the
+system's C compiler, ``$NMT_CACHE_DIR``, atomic writes; ``NMT_NATIVE=0`` or no compiler: the
+caller's torch path runs). No device is involved.
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from nmt.sparse import _native
+
+SOURCE = Path(__file__).with_name("_dropout_mask.c")
+THREADS_MIN_NUMEL = 1 << 15
+"""Tensors of at least this many entries split their pairs over torch's threads."""
+
+_P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_SIGNATURE = [_P, _I64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_float, _P, _INT]
+
+_state: dict[str, object] = {}
+
+
+def build(directory: Optional[Path] = None, defines: Sequence[str] = ()) -> Path:
+    """Compile the library into ``directory`` (default the cache) unless built; ``defines`` as for
+    :func:`nmt.sparse._native.build` (``NMT_ROWS_ONLY``, ``NMT_NO_AVX2``, ``NMT_NO_AVX512``: the
+    narrower paths, for the tests)."""
+    return _native.build(directory, defines, sources=(SOURCE,), stem="dropout_mask")
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """The built library at ``path`` with its entry point typed."""
+    lib = ctypes.CDLL(str(path))
+    lib.nmt_dropout_f32.argtypes = _SIGNATURE
+    lib.nmt_dropout_f32.restype = None
+    return lib
+
+
+def library() -> Optional[ctypes.CDLL]:
+    """The loaded library, built on first use; None when disabled or where it cannot be built or
+    loaded (decided once per process)."""
+    return _native.load_once(_state, build, load, "dropout mask")
+
+
+def threshold(p: float) -> int:
+    """The 32-bit word below which an entry is dropped: ``round(p 2^32)`` (``0 < p < 1``)."""
+    return min(max(round(p * 2.0 ** 32), 0), 2 ** 32 - 1)
+
+
+def masked(x: Tensor, seed: int, p: float, scale: float, out: Optional[Tensor] = None) -> Tensor:
+    """``x * mask * scale`` for the mask of ``seed`` and drop probability ``p`` (see the module
+    docstring): ``x`` a contiguous float32 CPU tensor; written to ``out`` (a new tensor by default;
+    ``x`` itself allowed). The library must be loaded (:func:`library`)."""
+    lib = library()
+    assert lib is not None, "masked needs the native library"
+    out = torch.empty_like(x) if out is None else out
+    n = x.numel()
+    if n:
+        lib.nmt_dropout_f32(x.data_ptr(), n, seed, threshold(p), scale, out.data_ptr(),
+                            torch.get_num_threads() if n >= THREADS_MIN_NUMEL else 1)
+    return out
+
+
+def draw_seed() -> int:
+    """A 64-bit seed from torch's default CPU generator (one draw, as ``torch.rand`` would make)."""
+    return int(torch.randint(-2 ** 63, 2 ** 63 - 1, (), dtype=torch.int64)) % 2 ** 64
+
+
+class NativeDropoutFunction(torch.autograd.Function):
+    """Dropout with the counter-based mask: forward ``x * mask / (1 - p)``, backward the same
+    product of the gradient, the mask replayed from the seed."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, p: float) -> Tensor:  # type: ignore[override]
+        ctx.seed, ctx.p = draw_seed(), p
+        return masked(x.contiguous(), ctx.seed, p, 1.0 / (1.0 - p))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return masked(grad.contiguous(), ctx.seed, ctx.p, 1.0 / (1.0 - ctx.p)), None
+
+
+def dropout(x: Tensor, p: float) -> Optional[Tensor]:
+    """Training-mode dropout of ``x`` (CPU, float32, eager; ``0 < p < 1``) by the native mask, or
+    None where it does not serve (another device or dtype, compiling, no library): the caller's
+    torch path then runs."""
+    if (x.device.type != "cpu" or x.dtype is not torch.float32 or torch.compiler.is_compiling()
+            or library() is None):
+        return None
+    return NativeDropoutFunction.apply(x, p)
+
+
+__all__ = ["NativeDropoutFunction", "SOURCE", "THREADS_MIN_NUMEL", "build", "draw_seed", "dropout", "library",
+           "load", "masked", "threshold"]
