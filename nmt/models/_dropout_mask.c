@@ -124,11 +124,13 @@ static void dropout_chunks(dropout_pairs run, const float *x, int64_t n, uint64_
 }
 
 /* out[i] = x[i] * scale where u(i) >= threshold, else 0 (NaN and infinite x included), for i < n
-   (x and out contiguous; out may be x): see the top of the file. Pairs split over `threads`
+   (x and out contiguous; out may be x), the seed read from *seed_at (a tensor's memory: the caller
+   never reads it on the host): see the top of the file. Pairs split over `threads`
    threads in whole chunks of eight. */
-void nmt_dropout_f32(const float *x, int64_t n, uint64_t seed, uint32_t threshold, float scale, float *out,
-                     int threads)
+void nmt_dropout_f32(const float *x, int64_t n, const uint64_t *seed_at, uint32_t threshold, float scale,
+                     float *out, int threads)
 {
+    const uint64_t seed = *seed_at;
     const dropout_pairs run = DROPOUT_HAVE_AVX512() ? dropout_avx512 : DROPOUT_HAVE_AVX2() ? dropout_avx2 : dropout_v;
     FOR_THREADS(threads, ((n + 1) / 2 + 7) / 8,
                 dropout_chunks(run, x, n, seed, threshold, scale, out, FIRST, LAST));

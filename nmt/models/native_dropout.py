@@ -30,7 +30,7 @@ THREADS_MIN_NUMEL = 1 << 15
 """Tensors of at least this many entries split their pairs over torch's threads."""
 
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-_SIGNATURE = [_P, _I64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_float, _P, _INT]
+_SIGNATURE = [_P, _I64, _P, ctypes.c_uint32, ctypes.c_float, _P, _INT]
 
 _state: dict[str, object] = {}
 
@@ -61,23 +61,32 @@ def threshold(p: float) -> int:
     return min(max(round(p * 2.0 ** 32), 0), 2 ** 32 - 1)
 
 
-def masked(x: Tensor, seed: int, p: float, scale: float, out: Optional[Tensor] = None) -> Tensor:
-    """``x * mask * scale`` for the mask of ``seed`` and drop probability ``p`` (see the module
+def masked(x: Tensor, seed: Tensor, p: float, scale: float, out: Optional[Tensor] = None) -> Tensor:
+    """``x * mask * scale`` for the mask of ``seed`` (a one-entry int64 CPU tensor, its bits the
+    64-bit seed; the C code reads it: no host read here) and drop probability ``p`` (see the module
     docstring): ``x`` a contiguous float32 CPU tensor; written to ``out`` (a new tensor by default;
     ``x`` itself allowed). The library must be loaded (:func:`library`)."""
     lib = library()
     assert lib is not None, "masked needs the native library"
+    assert seed.dtype is torch.int64 and seed.numel() == 1 and seed.device.type == "cpu"
     out = torch.empty_like(x) if out is None else out
     n = x.numel()
     if n:
-        lib.nmt_dropout_f32(x.data_ptr(), n, seed, threshold(p), scale, out.data_ptr(),
+        lib.nmt_dropout_f32(x.data_ptr(), n, seed.data_ptr(), threshold(p), scale, out.data_ptr(),
                             torch.get_num_threads() if n >= THREADS_MIN_NUMEL else 1)
     return out
 
 
-def draw_seed() -> int:
-    """A 64-bit seed from torch's default CPU generator (one draw, as ``torch.rand`` would make)."""
-    return int(torch.randint(-2 ** 63, 2 ** 63 - 1, (), dtype=torch.int64)) % 2 ** 64
+def seed_tensor(value: int) -> Tensor:
+    """A seed of :func:`masked` from a Python integer (its low 64 bits)."""
+    value %= 2 ** 64
+    return torch.tensor([value - 2 ** 64 if value >= 2 ** 63 else value], dtype=torch.int64)
+
+
+def draw_seed() -> Tensor:
+    """A 64-bit seed from torch's default CPU generator (one draw, as ``torch.rand`` would make), as
+    the one-entry tensor :func:`masked` takes (never read on the host)."""
+    return torch.randint(-2 ** 63, 2 ** 63 - 1, (1,), dtype=torch.int64)
 
 
 class NativeDropoutFunction(torch.autograd.Function):
@@ -106,4 +115,4 @@ def dropout(x: Tensor, p: float) -> Optional[Tensor]:
 
 
 __all__ = ["NativeDropoutFunction", "SOURCE", "THREADS_MIN_NUMEL", "build", "draw_seed", "dropout", "library",
-           "load", "masked", "threshold"]
+           "load", "masked", "seed_tensor", "threshold"]

@@ -48,9 +48,9 @@ def library_path(request, tmp_path_factory):
 @pytest.mark.parametrize("p", [0.1, 0.5])
 def test_keep_bits_equal_splitmix64_on_every_path(library_path, monkeypatch, n, p):
     monkeypatch.setitem(native_dropout._state, "lib", library_path)
-    seed = 0xDEADBEEF12345678 + n
+    seed = 0xDEADBEEF12345678 + n * 0x1000000000000000  # above 2^63 for most n: the sign bit
     x = torch.randn(n)
-    out = native_dropout.masked(x, seed, p, 2.0)
+    out = native_dropout.masked(x, native_dropout.seed_tensor(seed), p, 2.0)
     keep = splitmix_words(seed, n) >= native_dropout.threshold(p)
     assert torch.equal(out != 0, torch.from_numpy(keep) & (x != 0))
     assert torch.equal(out[torch.from_numpy(keep)], x[torch.from_numpy(keep)] * 2.0)
@@ -59,14 +59,15 @@ def test_keep_bits_equal_splitmix64_on_every_path(library_path, monkeypatch, n, 
 @needs_library
 def test_threads_and_in_place_give_the_same_bits(monkeypatch):
     x = torch.randn(10_007)
-    one = native_dropout.masked(x, 42, 0.3, 1 / 0.7)
+    seed = native_dropout.seed_tensor(42)
+    one = native_dropout.masked(x, seed, 0.3, 1 / 0.7)
     monkeypatch.setattr(native_dropout, "THREADS_MIN_NUMEL", 1)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        two = native_dropout.masked(x, 42, 0.3, 1 / 0.7)
+        two = native_dropout.masked(x, seed, 0.3, 1 / 0.7)
         same = x.clone()
-        native_dropout.masked(same, 42, 0.3, 1 / 0.7, out=same)
+        native_dropout.masked(same, seed, 0.3, 1 / 0.7, out=same)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, two) and torch.equal(one, same)
@@ -80,12 +81,12 @@ def test_masks_pass_statistical_checks(p):
     two seeds' masks as often both kept as independence says; at p = 0.5 the 256 patterns of eight
     consecutive entries uniform by a chi-square test."""
     n = 1 << 20
-    keep = native_dropout.masked(torch.ones(n), 7, p, 1.0) != 0
+    keep = native_dropout.masked(torch.ones(n), native_dropout.seed_tensor(7), p, 1.0) != 0
     rate, q = keep.double().mean().item(), 1 - p
     assert abs(rate - q) < 5 * math.sqrt(p * q / n)
     k = keep.double()
     for a, b in ((k[0::2], k[1::2]), (k[1:-1:2], k[2::2]), (k[:-8], k[8:]),
-                 (k, (native_dropout.masked(torch.ones(n), 8, p, 1.0) != 0).double())):
+                 (k, (native_dropout.masked(torch.ones(n), native_dropout.seed_tensor(8), p, 1.0) != 0).double())):
         both = (a * b).mean().item()
         assert abs(both - q * q) < 5 * math.sqrt(q * q * (1 - q * q) / a.numel()), both
     if p == 0.5:
@@ -122,10 +123,22 @@ def test_backward_replays_the_mask_and_torch_seeds_it():
 @needs_library
 def test_dropped_entries_are_zero_and_other_inputs_take_torch():
     x = torch.full((4, 1000), float("nan"))
-    out = native_dropout.masked(x, 5, 0.5, 2.0)
+    out = native_dropout.masked(x, native_dropout.seed_tensor(-5), 0.5, 2.0)
     assert bool((out == 0).any()) and bool(out[out == out].eq(0).all())
     assert native_dropout.dropout(torch.randn(3, 3).double(), 0.5) is None
     assert native_dropout.dropout(torch.randn(3, 3, dtype=torch.bfloat16), 0.5) is None
     assert native_dropout.dropout(torch.randn(3, 3), 0.5) is not None
     assert native_dropout.threshold(0.5) == 2 ** 31 and native_dropout.threshold(1e-12) == 0
     assert _native.enabled() or native_dropout.library() is None
+
+
+@needs_library
+def test_no_host_read_forward_or_backward():
+    """The seed stays a tensor (the C code reads it): no synchronising tensor method is called."""
+    from nmt.utils.sync_audit import SyncAudit
+
+    drop = Dropout(0.3).train()
+    x = torch.randn(64, 300, requires_grad=True)
+    with SyncAudit() as audit:
+        drop(x).sum().backward()
+    assert audit.total == 0, audit.report()
