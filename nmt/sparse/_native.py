@@ -81,7 +81,7 @@ _POWER_SIGNATURE = [_P, _I64, _I64, _P, _I64, _P, _I64, ctypes.c_double, _P, _IN
 _POWER_PROBS = {torch.float32: "nmt_power_probs_f32"}
 _POWER_PROBS_SIGNATURE = [_P, _I64, _I64, _P, _I64, _I64, ctypes.c_double, _P, _P, _P, _P, _INT]
 _POWER_BACKWARD = {torch.float32: "nmt_power_backward_f32"}
-_POWER_BACKWARD_SIGNATURE = [_P, _P, _I64, _I64, _P, _I64, _P, _INT]
+_POWER_BACKWARD_SIGNATURE = [_P, _P, _I64, _I64, _P, _I64, _P, _I64, _P, _P, _INT]
 
 logger = logging.getLogger(__name__)
 _state: dict[str, object] = {}  # "lib": the loaded CDLL or None once decided
@@ -396,14 +396,18 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     return p, r
 
 
-def power_backward(r: Tensor, grad: Tensor, e: Union[float, Tensor]) -> Optional[Tensor]:
-    """``J^T grad`` of alpha-entmax per row of ``r, grad: (R, n)`` (CPU, float32; ``r`` the
-    forward's ``[z - tau]_+`` as :func:`power_probs` returns it) in one native call: ``s = r^e`` on
-    the support (``e = (2 - alpha) / (alpha - 1)``, a float or an ``(R,)`` tensor; ``s`` is
-    ``p^(2 - alpha)`` up to the row's scale, which cancels), ``s * (grad - <s, grad> / sum s)``,
-    sums in double, the powers by the polynomials of ``_power_threshold.c`` (chunks without a
-    support entry skipped). A NaN in ``r`` makes its row's gradient NaN. Returns a new ``(R, n)``
-    float32 tensor; None where it does not serve (no library, not float32, a build without vector
+def power_backward(r: Tensor, grad: Tensor, e: Union[float, Tensor],
+                   am1: Optional[Union[float, Tensor]] = None) -> Optional[tuple[Tensor, Optional[Tensor]]]:
+    """``J^T grad`` of alpha-entmax per row of ``r, grad: (R, n)`` (CPU, float32) in one native call:
+    ``s = r^e`` on the support, ``s * (grad - <s, grad> / sum s)``, sums in double, the powers by
+    the polynomials of ``_power_threshold.c`` (chunks without a support entry skipped). ``r`` is the
+    forward's ``[z - tau]_+`` (as :func:`power_probs` returns it) with ``e = (2 - alpha) / (alpha -
+    1)``, or the output ``p`` with ``e = 2 - alpha`` (``s`` is ``p^(2 - alpha)`` up to the row's
+    scale, which cancels); ``e`` a float or an ``(R,)`` tensor. ``am1`` (``alpha - 1``, a float or
+    ``(R,)``; ``r`` must then be ``p``): also alpha's gradient ``<grad, dp/dalpha>`` per row, from
+    the same pass (see the C file). A NaN in ``r`` makes its row's gradients NaN. Returns ``(gx,
+    galpha)``: ``gx`` a new ``(R, n)`` float32 tensor, ``galpha`` ``(R,)`` float32 (None without
+    ``am1``); None where it does not serve (no library, not float32, a build without vector
     extensions). Rows split over torch's threads from :data:`POWER_SPLIT_MIN_NUMEL` entries."""
     lib = library()
     if lib is None or r.dtype not in _POWER_BACKWARD:
@@ -411,12 +415,15 @@ def power_backward(r: Tensor, grad: Tensor, e: Union[float, Tensor]) -> Optional
     rows, n = r.shape
     r, grad = r.contiguous(), grad.to(r.dtype).contiguous()
     es, stride = _row_values(e, rows)
+    a, a_stride = _row_values(am1, rows) if am1 is not None else (None, 0)
     out = torch.empty_like(r)
+    ga = torch.empty(rows, dtype=torch.float32) if am1 is not None else None
     if rows and not getattr(lib, _POWER_BACKWARD[r.dtype])(
-            r.data_ptr(), grad.data_ptr(), rows, n, es.data_ptr(), stride, out.data_ptr(),
+            r.data_ptr(), grad.data_ptr(), rows, n, es.data_ptr(), stride, None if a is None else a.data_ptr(),
+            a_stride, out.data_ptr(), None if ga is None else ga.data_ptr(),
             _threads(r.numel(), POWER_SPLIT_MIN_NUMEL)):
         return None
-    return out
+    return out, ga
 
 
 def bound_threshold(z: Tensor, q: float, scale: float, exact_scale: bool,

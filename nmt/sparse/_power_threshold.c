@@ -555,8 +555,14 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
  * s = r^e on the support (e = (2 - alpha) / (alpha - 1): s is p^(2 - alpha) up to the row's scale,
  * which the formula cancels), J^T g = s (g - <s, g> / sum s), sums in double. One pass forms s
  * (written to out; chunks of L entries without a support entry are zeros after one comparison)
- * and both sums, a second scales out in place. A NaN r gives NaN (as torch's r^e would). */
-/* one chunk of L entries of the backward's first pass: rp, gp, op point at L floats */
+ * and both sums, a second scales out in place. A NaN r gives NaN (as torch's r^e would).
+ * A learnable alpha's gradient (ga given; r is then the output p, e = 2 - alpha, am1 = alpha - 1):
+ * dp/dalpha = w - s sum w / sum s with w = p (1 - (alpha - 1) ln p) / (alpha - 1)^2 on the support
+ * (the derivative of the fixed point; ln p from the same logarithm as the power), so <g, dp/dalpha>
+ * = <g, w> - <g, s> sum w / sum s, sums taken in the same pass. */
+/* one chunk of L entries of the backward's first pass: rp, gp, op point at L floats; where alpha's
+   gradient is asked for (va: alpha - 1; rp holds p), w = p (1 - (alpha - 1) ln p) / (alpha - 1)^2 and
+   its sums too */
 #define POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, rp, gp, op)                                                        \
     do {                                                                                        \
         FT rv, gv;                                                                              \
@@ -573,24 +579,32 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         VLOG2(DT, IT, SEL(IT, DT, m, d, one), lg);                                              \
         VEXP2(DT, IT, ve * lg, w);                                                              \
         w = SEL(IT, DT, m, w, d * 0.0); /* 0 off the support, NaN for NaN */                    \
+        const DT gd = __builtin_convertvector(gv, DT);                                          \
         as += w;                                                                                \
-        ag += w * __builtin_convertvector(gv, DT);                                              \
+        ag += w * gd;                                                                           \
+        if (ga) { /* ln p = log2 p ln 2, from the logarithm above */                           \
+            const DT wa = SEL(IT, DT, m, d * (one - va * (lg * POW_LN2)) / (va * va), d * 0.0); \
+            aw += wa;                                                                           \
+            agw += wa * gd;                                                                     \
+        }                                                                                       \
         const FT sv = __builtin_convertvector(w, FT);                                           \
         memcpy(op, &sv, sizeof sv);                                                             \
     } while (0)
 #define DEFINE_POWER_BACKWARD(NAME, ATTR, FT, IT32, DT, IT, L, ANY)                                  \
 ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, const double *e, \
-                      int64_t e_stride, float *out)                                             \
+                      int64_t e_stride, const double *am1, int64_t a_stride, float *out, float *ga) \
 {                                                                                               \
     const DT zero = {0}, one = zero + 1.0;                                                      \
     const FT fz = {0};                                                                          \
     for (int64_t row = 0; row < rows; row++) {                                                  \
         const float *rr = r + row * n, *gr = g + row * n;                                       \
         float *o = out + row * n;                                                               \
-        const double er = e[row * e_stride];                                                    \
-        DT ve, as = zero, ag = zero;                                                            \
-        for (int l = 0; l < L; l++)                                                             \
+        const double er = e[row * e_stride], ar = ga ? am1[row * a_stride] : 0.0;               \
+        DT ve, va, as = zero, ag = zero, aw = zero, agw = zero;                                 \
+        for (int l = 0; l < L; l++) {                                                           \
             ve[l] = er;                                                                         \
+            va[l] = ar;                                                                         \
+        }                                                                                       \
         int64_t j = 0;                                                                          \
         for (; j + L <= n; j += L)                                                              \
             POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, rr + j, gr + j, o + j);                                        \
@@ -603,12 +617,17 @@ ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, c
             POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, rt, gt, ot);                                                 \
             memcpy(o + j, ot, (size_t)(n - j) * sizeof(float));                                 \
         }                                                                                       \
-        double total = 0.0, dot = 0.0;                                                          \
+        double total = 0.0, dot = 0.0, wsum = 0.0, wdot = 0.0;                                  \
         for (int l = 0; l < L; l++) {                                                           \
             total += as[l];                                                                     \
             dot += ag[l];                                                                       \
+            wsum += aw[l];                                                                      \
+            wdot += agw[l];                                                                     \
         }                                                                                       \
-        const float coef = (float)(dot / (total > (double)FLT_MIN || total != total ? total : (double)FLT_MIN)); \
+        const double floor_ = total > (double)FLT_MIN || total != total ? total : (double)FLT_MIN; \
+        const float coef = (float)(dot / floor_);                                               \
+        if (ga) /* <g, w> - <g, s> sum w / sum s */                                             \
+            ga[row] = (float)(wdot - dot * (wsum / floor_));                                    \
         FT cv;                                                                                  \
         for (int l = 0; l < L; l++)                                                             \
             cv[l] = coef;                                                                       \
@@ -716,7 +735,8 @@ static void probs_groups(probs_solver solve, const float *x, int64_t rows, int64
 
 typedef void (*long_solver)(const float *, int64_t, int64_t, const double *, int64_t, int64_t, double, float *,
                             float *, float *, double *);
-typedef void (*power_backward_rows)(const float *, const float *, int64_t, int64_t, const double *, int64_t, float *);
+typedef void (*power_backward_rows)(const float *, const float *, int64_t, int64_t, const double *, int64_t,
+                                    const double *, int64_t, float *, float *);
 #endif
 
 /* alpha-entmax of the rows x (float32, any values) with alpha - 1 = am1 in (0, 1) per row (a_stride 1)
@@ -755,21 +775,25 @@ int nmt_power_probs_f32(const float *x, int64_t rows, int64_t n, const double *a
 #endif
 }
 
-/* J^T g of alpha-entmax per row from the forward's r (float32 rows r, g, out of n entries), s = r^e,
-   e one per row (e_stride 1) or for all (0): see DEFINE_POWER_BACKWARD. Rows split over `threads`
-   threads. Returns 0 without writing anything in a build without vectors (the caller computes it
-   otherwise). */
+/* J^T g of alpha-entmax per row (float32 rows r, g, out of n entries), s = r^e, e one per row
+   (e_stride 1) or for all (0): see DEFINE_POWER_BACKWARD. Where ga is given, r holds the output p
+   itself (e = 2 - alpha) and ga[row] gets alpha's gradient <g, dp/dalpha> from am1 = alpha - 1 (one
+   per row, a_stride 1, or for all). Rows split over `threads` threads. Returns 0 without writing
+   anything in a build without vectors (the caller computes it otherwise). */
 int nmt_power_backward_f32(const float *r, const float *g, int64_t rows, int64_t n, const double *e,
-                           int64_t e_stride, float *out, int threads)
+                           int64_t e_stride, const double *am1, int64_t a_stride, float *out, float *ga,
+                           int threads)
 {
 #if NMT_VECTORS
     const power_backward_rows solve = POWER_HAVE_AVX512() ? power_backward_avx512
                                       : POWER_HAVE_AVX2() ? power_backward_avx2 : power_backward_v;
     FOR_THREADS(threads, rows,
-                solve(r + FIRST * n, g + FIRST * n, LAST - FIRST, n, e + FIRST * e_stride, e_stride, out + FIRST * n));
+                solve(r + FIRST * n, g + FIRST * n, LAST - FIRST, n, e + FIRST * e_stride, e_stride,
+                      am1 ? am1 + FIRST * a_stride : 0, a_stride, out + FIRST * n, ga ? ga + FIRST : 0));
     return 1;
 #else
-    (void)r; (void)g; (void)rows; (void)n; (void)e; (void)e_stride; (void)out; (void)threads;
+    (void)r; (void)g; (void)rows; (void)n; (void)e; (void)e_stride; (void)am1; (void)a_stride; (void)out;
+    (void)ga; (void)threads;
     return 0;
 #endif
 }

@@ -314,12 +314,20 @@ class EntmaxBisectFunction(torch.autograd.Function):
             e = (2 - ctx.alpha) / (ctx.alpha - 1)
             if (e != 1 and r.dtype is torch.float32 and r.device.type == "cpu" and not torch.compiler.is_compiling()
                     and (r.shape[-1] > POWER_PROBS_MAX_N or r.numel() <= NATIVE_BACKWARD_MAX_SHORT)):
-                gx = power_backward(rows(r), rows(grad), e)  # s = r^e and J^T grad in one native call
-                if gx is not None:
-                    return shaped(gx, r.shape), None, None, None, None
+                found = power_backward(rows(r), rows(grad), e)  # s = r^e and J^T grad in one native call
+                if found is not None:
+                    return shaped(found[0], r.shape), None, None, None, None
             s = r if e == 1 else _support_power(r, e)
             return _entmax_backward(s, grad), None, None, None, None
         p, alpha = ctx.saved_tensors
+        if p.dtype is torch.float32 and p.device.type == "cpu" and not torch.compiler.is_compiling():
+            # one native call: s = p^(2 - alpha), J^T grad and, in the same pass, alpha's gradient
+            a = alpha.detach().expand(*p.shape[:-1], 1).reshape(-1)
+            found = power_backward(rows(p), rows(grad), 2 - a, a - 1 if ctx.needs_input_grad[1] else None)
+            if found is not None:
+                gx = shaped(found[0], p.shape) if ctx.needs_input_grad[0] else None
+                galpha = found[1].view(*p.shape[:-1], 1).to(alpha.dtype) if ctx.needs_input_grad[1] else None
+                return gx, galpha, None, None, None
         s = _support_power(p, 2 - alpha)
         gx = _entmax_backward(s, grad) if ctx.needs_input_grad[0] else None
         galpha = _alpha_grad(p, alpha, grad, s) if ctx.needs_input_grad[1] else None
