@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -32,28 +32,11 @@ THREADS_MIN_NUMEL = 1 << 15
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURE = [_P, _I64, _P, ctypes.c_uint32, ctypes.c_float, _P, _INT]
 
-_state: dict[str, object] = {}
-
-
-def build(directory: Optional[Path] = None, defines: Sequence[str] = ()) -> Path:
-    """Compile the library into ``directory`` (default the cache) unless built; ``defines`` as for
-    :func:`nmt.sparse._native.build` (``NMT_ROWS_ONLY``, ``NMT_NO_AVX2``, ``NMT_NO_AVX512``: the
-    narrower paths, for the tests)."""
-    return _native.build(directory, defines, sources=(SOURCE,), stem="dropout_mask")
-
-
-def load(path: Path) -> ctypes.CDLL:
-    """The built library at ``path`` with its entry point typed."""
-    lib = ctypes.CDLL(str(path))
-    lib.nmt_dropout_f32.argtypes = _SIGNATURE
-    lib.nmt_dropout_f32.restype = None
-    return lib
-
-
-def library() -> Optional[ctypes.CDLL]:
-    """The loaded library, built on first use; None when disabled or where it cannot be built or
-    loaded (decided once per process)."""
-    return _native.load_once(_state, build, load, "dropout mask")
+_LIBRARY = _native.NativeLibrary((SOURCE,), "dropout_mask", {"nmt_dropout_f32": (_SIGNATURE, None)},
+                                "dropout mask")
+build, load, library, _state = _LIBRARY.build, _LIBRARY.load, _LIBRARY.library, _LIBRARY.state
+"""The library's :class:`~nmt.sparse._native.NativeLibrary` methods: ``build(directory, defines)``,
+``load(path)``, ``library()`` (built on first use; None when disabled or where it cannot be built)."""
 
 
 def threshold(p: float) -> int:

@@ -38,7 +38,7 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -192,6 +192,40 @@ def load_once(state: dict, build_library: Callable[[], Path], load_library: Call
                         detail.decode(errors="replace")[:200])
     state["lib"] = lib
     return lib
+
+
+class NativeLibrary:
+    """A library of other C sources, compiled and loaded as this module's is: :func:`build` (the
+    system's C compiler, :func:`cache_dir`, atomic writes, OpenMP where it builds unless ``openmp``
+    is False) on first use, :func:`load_once` (once per process; None when disabled or where it
+    cannot be built), ``entry_points`` typed (name -> ``(argtypes, restype)``). The modules that own
+    one export its ``build``, ``load``, ``library`` and ``state`` (decoding's search step, the LSTM
+    cell, the dropout mask)."""
+
+    def __init__(self, sources: Sequence[Path], stem: str, entry_points: dict[str, tuple[list, Any]],
+                 what: str, openmp: bool = True) -> None:
+        self.sources, self.stem, self.entry_points = tuple(sources), stem, dict(entry_points)
+        self.what, self.openmp = what, openmp
+        self.state: dict[str, object] = {}  # "lib": the loaded CDLL or None once decided
+
+    def build(self, directory: Optional[Path] = None, defines: Sequence[str] = ()) -> Path:
+        """Compile the library into ``directory`` (default the cache) unless built; ``defines`` as
+        for :func:`build` (``NMT_ROWS_ONLY``, ``NMT_NO_AVX2``, ``NMT_NO_AVX512``: the narrower
+        paths, for the tests)."""
+        return build(directory, defines, openmp=self.openmp, sources=self.sources, stem=self.stem)
+
+    def load(self, path: Path) -> ctypes.CDLL:
+        """The built library at ``path`` with its entry points typed."""
+        lib = ctypes.CDLL(str(path))
+        for name, (argtypes, restype) in self.entry_points.items():
+            getattr(lib, name).argtypes = argtypes
+            getattr(lib, name).restype = restype
+        return lib
+
+    def library(self) -> Optional[ctypes.CDLL]:
+        """The loaded library, built on first use; None when disabled or where it cannot be built or
+        loaded (decided once per process)."""
+        return load_once(self.state, self.build, self.load, self.what)
 
 
 def available() -> bool:
@@ -528,7 +562,7 @@ def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
     return out
 
 
-__all__ = ["CANDIDATES_SOURCE", "CFLAGS", "HEADERS", "MAX_CANDIDATES", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL",
+__all__ = ["CANDIDATES_SOURCE", "CFLAGS", "HEADERS", "MAX_CANDIDATES", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL", "NativeLibrary",
            "OPENMP_FLAGS", "POWER_LONG_SCRATCH", "POWER_PROBS_MAX_N", "POWER_STATS", "POWER_SOURCE", "POWER_SPLIT_MIN_NUMEL", "SOURCE", "SOURCES", "available", "bound_entmax15",
            "bound_sparsemax", "bound_threshold", "build", "cache_dir", "load_once",
            "enabled", "library", "load", "native_sorted_shifted_threshold", "newton_threshold", "power_backward", "power_probs", "power_threshold",

@@ -35,27 +35,13 @@ _FUNCTIONS = {torch.float32: "nmt_step_update_f32", torch.float64: "nmt_step_upd
 _P, _I64, _INT, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
 _SIGNATURE = [_I64, _I64, _I64, _I64, _I64, _I64, _I64, _INT, _D, _D, _I64, _I64, *([_P] * 17)]
 
-_state: dict[str, object] = {}
-
-
-def build(directory: Optional[Path] = None) -> Path:
-    """Compile the library (one thread, no OpenMP) into ``directory`` (default the cache) unless built."""
-    return _native.build(directory, openmp=False, sources=(SOURCE,), stem="step_update")
-
-
-def load(path: Path) -> ctypes.CDLL:
-    """The built library at ``path`` with its entry points typed."""
-    lib = ctypes.CDLL(str(path))
-    for name in _FUNCTIONS.values():
-        getattr(lib, name).argtypes = _SIGNATURE
-        getattr(lib, name).restype = ctypes.c_int
-    return lib
-
-
-def library() -> Optional[ctypes.CDLL]:
-    """The loaded library, built on first use; None when disabled or where it cannot be built or
-    loaded (decided once per process)."""
-    return _native.load_once(_state, build, load, "search step")
+_LIBRARY = _native.NativeLibrary((SOURCE,), "step_update",
+                                {name: (_SIGNATURE, ctypes.c_int) for name in _FUNCTIONS.values()},
+                                "search step", openmp=False)
+build, load, library, _state = _LIBRARY.build, _LIBRARY.load, _LIBRARY.library, _LIBRARY.state
+"""The library's :class:`~nmt.sparse._native.NativeLibrary` methods (one thread, no OpenMP):
+``build(directory)``, ``load(path)``, ``library()`` (built on first use; None when disabled or where
+it cannot be built)."""
 
 
 class StepUpdate(NamedTuple):
