@@ -54,6 +54,10 @@ MODELS = {
 def stand_in(monkeypatch):
     """The meta device's gaps patched (see the module docstring)."""
     monkeypatch.setattr(dispatch, "triton_available", lambda x: False)
+    # dynamo lists torch.is_autocast_enabled among its constant-folded functions when it is first
+    # imported: import it before the patch, or a later compiled test in this process finds the
+    # patch's lambda there and breaks its graph at the real function
+    import torch._dynamo.variables.torch  # noqa: F401
     real_autocast = torch.is_autocast_enabled
     monkeypatch.setattr(torch, "is_autocast_enabled",
                         lambda *args: False if args and args[0] == "meta" else real_autocast(*args))
