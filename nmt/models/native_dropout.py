@@ -21,7 +21,6 @@ from typing import Optional
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from nmt.sparse import _native
 
@@ -72,30 +71,32 @@ def draw_seed() -> Tensor:
     return torch.randint(-2 ** 63, 2 ** 63 - 1, (1,), dtype=torch.int64)
 
 
-class NativeDropoutFunction(torch.autograd.Function):
-    """Dropout with the counter-based mask: forward ``x * mask / (1 - p)``, backward the same
-    product of the gradient, the mask replayed from the seed."""
+class SeededMaskFunction(torch.autograd.Function):
+    """``x * mask(seed) * scale``: linear in ``x`` for a given seed, so its backward is the same
+    product of the gradient (the mask replayed from the seed), itself differentiable (double
+    backward works as through ``x * mask``)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, p: float) -> Tensor:  # type: ignore[override]
-        ctx.seed, ctx.p = draw_seed(), p
-        return masked(x.contiguous(), ctx.seed, p, 1.0 / (1.0 - p))
+    def forward(ctx, x: Tensor, seed: Tensor, p: float, scale: float) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(seed)
+        ctx.p, ctx.scale = p, scale
+        return masked(x.contiguous(), seed, p, scale)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        return masked(grad.contiguous(), ctx.seed, ctx.p, 1.0 / (1.0 - ctx.p)), None
+        (seed,) = ctx.saved_tensors
+        return SeededMaskFunction.apply(grad, seed, ctx.p, ctx.scale), None, None, None
 
 
 def dropout(x: Tensor, p: float) -> Optional[Tensor]:
     """Training-mode dropout of ``x`` (CPU, float32, eager; ``0 < p < 1``) by the native mask, or
     None where it does not serve (another device or dtype, compiling, no library): the caller's
-    torch path then runs."""
+    torch path then runs. The seed is one draw of torch's generator (:func:`draw_seed`)."""
     if (x.device.type != "cpu" or x.dtype is not torch.float32 or torch.compiler.is_compiling()
             or library() is None):
         return None
-    return NativeDropoutFunction.apply(x, p)
+    return SeededMaskFunction.apply(x, draw_seed(), p, 1.0 / (1.0 - p))
 
 
-__all__ = ["NativeDropoutFunction", "SOURCE", "THREADS_MIN_NUMEL", "build", "draw_seed", "dropout", "library",
+__all__ = ["SeededMaskFunction", "SOURCE", "THREADS_MIN_NUMEL", "build", "draw_seed", "dropout", "library",
            "load", "masked", "seed_tensor", "threshold"]

@@ -142,3 +142,18 @@ def test_no_host_read_forward_or_backward():
     with SyncAudit() as audit:
         drop(x).sum().backward()
     assert audit.total == 0, audit.report()
+
+
+@needs_library
+def test_double_backward_goes_through_the_same_mask():
+    """The op is linear in x for its seed: the gradient of a function of the gradient (a gradient
+    penalty) flows through the replayed mask, as through ``x * mask``."""
+    drop = Dropout(0.4).train()
+    x = torch.randn(50, 40, requires_grad=True)
+    w = torch.randn(50, 40, requires_grad=True)
+    y = drop(x)
+    kept = (y != 0).float() / 0.6
+    (gx,) = torch.autograd.grad((y * w).sum(), x, create_graph=True)
+    assert torch.allclose(gx, w * kept)
+    (gw,) = torch.autograd.grad((gx ** 2).sum(), w)
+    assert torch.allclose(gw, 2 * w * kept * kept)
