@@ -197,8 +197,12 @@ static inline double vpow_2(double a, double b)
 /* The Newton loop on a block's entries col[j * L + l] (one row a lane, vectors DT of doubles with
    integer lanes IT): from vt, a lane steps until it settles (a step at most rtol max(1, |tau|)),
    stops before a step on NaN, without an entry above tau or at max_iter steps, as a row alone
-   does; ve = q - 1, vi = 1 / q per lane; zero, one, none and magnitude from the caller. */
-#define BLOCK_NEWTON(DT, IT, L)                                                                 \
+   does; ve = q - 1, vi = 1 / q per lane; zero, one, none and magnitude from the caller. KEEP(j, w)
+   runs on every entry's w of every pass (the last pass's are at every lane's final tau: a lane
+   stops before a step, and the loop ends after a pass in which none stepped). */
+#define KEEP_NOTHING(j, w, L) ((void)0)
+#define KEEP_W(j, w, L) memcpy(wcol + (j) * (L), &(w), sizeof(w))
+#define BLOCK_NEWTON(DT, IT, L, KEEP)                                                           \
     do {                                                                                        \
         for (int64_t it = 0;; it++) {                                                           \
             DT aq = zero, aw = zero;                                                            \
@@ -208,6 +212,7 @@ static inline double vpow_2(double a, double b)
                 aw += w;                                                                        \
                 aq += w * (DT)((IT)d & m);                                                      \
                 nan |= (IT)(d != d);                                                            \
+                KEEP(j, w, L);                                                                  \
             }                                                                                   \
             /* a lane stops before a step on NaN, without an entry above tau, or at the cap */  \
             live &= ~nan & (IT)(aw > zero);                                                     \
@@ -253,7 +258,7 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
             for (int64_t j = 0; j < n; j++)                                                     \
                 col[j * L + l] = real ? (double)z[r * n + j] : -INFINITY;                       \
         }                                                                                       \
-        BLOCK_NEWTON(DT, IT, L);                                                                \
+        BLOCK_NEWTON(DT, IT, L, KEEP_NOTHING);                                                  \
         for (int l = 0; l < L && r0 + l < rows; l++)                                            \
             tau_out[r0 + l] = (T)vt[l];                                                         \
     }                                                                                           \
@@ -269,10 +274,11 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
                       int64_t max_iter, double rtol, float *p, float *root, float *stats)       \
 {                                                                                               \
     double col[POWER_BLOCK_MAX_N * L], rcol[POWER_BLOCK_MAX_N * L]; /* scores, then p; r */    \
+    double wcol[POWER_BLOCK_MAX_N * L]; /* the last pass's d^(q - 1) */                         \
     const DT zero = {0}, one = zero + 1.0;                                                      \
     const IT none = {0}, magnitude = none + 0x7FFFFFFFFFFFFFFFLL;                               \
     for (int64_t r0 = 0; r0 < rows; r0 += L) {                                                  \
-        DT vt, ve, vq, vi, vtop;                                                                \
+        DT vt, ve, vi, vtop;                                                                    \
         IT live, nanrow = none, emptyrow = none;                                                \
         for (int l = 0; l < L; l++) {                                                           \
             const int real = r0 + l < rows;                                                     \
@@ -291,17 +297,21 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
                 col[j * L + l] = real && !bad && !empty ? ((double)xr[j] - top) * a : -INFINITY; \
             vt[l] = -1.0;                                                                       \
             ve[l] = qr - 1.0;                                                                   \
-            vq[l] = qr;                                                                         \
             vi[l] = a;                                                                          \
             live[l] = real && !bad && !empty ? -1 : 0;                                          \
             nanrow[l] = real && bad ? -1 : 0;                                                   \
             emptyrow[l] = real && !bad && empty ? -1 : 0;                                       \
             vtop[l] = top;                                                                      \
         }                                                                                       \
-        BLOCK_NEWTON(DT, IT, L);                                                                \
+        BLOCK_NEWTON(DT, IT, L, KEEP_W);                                                        \
         DT total = zero;                                                                        \
-        for (int64_t j = 0; j < n; j++) { /* the powers in place of the scores: r^q, then r */  \
-            COLUMN_POWER(DT, IT, L, vq, d, m, w);                                               \
+        for (int64_t j = 0; j < n; j++) { /* r^q = d^(q - 1) d in place of the scores, then r */ \
+            DT xv_, wq;                                                                         \
+            memcpy(&xv_, col + j * L, sizeof xv_);                                              \
+            memcpy(&wq, wcol + j * L, sizeof wq);                                               \
+            const DT d = xv_ - vt;                                                              \
+            const IT m = d > zero;                                                              \
+            const DT w = (DT)((IT)(wq * d) & m);                                                \
             total += w;                                                                         \
             if (root || stats) {                                                                \
                 const DT rv = (DT)((IT)d & m);                                                  \
