@@ -654,12 +654,17 @@ ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, c
 }
 
 #define NO_ATTR
+/* every function of one vector width: L lanes of doubles (and of floats, int32 and int64 beside
+   them), built with ATTR, a comparison's any-lane test ANY; named power_*_SUFFIX */
+#define DEFINE_POWER_WIDTH(SUFFIX, ATTR, L, ANY)                                                \
+    DEFINE_POWER(power_f32_##SUFFIX, float, ATTR, nmt_i64x##L,                                 \
+                 POWER_SUMS(float, nmt_f32x##L, nmt_f64x##L, nmt_i64x##L, L), vpow_2)          \
+    DEFINE_POWER_BLOCK(power_block_f32_##SUFFIX, float, ATTR, nmt_f64x##L, nmt_i64x##L, L)     \
+    DEFINE_POWER_PROBS(power_probs_##SUFFIX, ATTR, nmt_f64x##L, nmt_i64x##L, L)                \
+    DEFINE_POWER_LONG(power_long_##SUFFIX, ATTR, nmt_f32x##L, nmt_i32x##L, nmt_f64x##L, nmt_i64x##L, L, ANY) \
+    DEFINE_POWER_BACKWARD(power_backward_##SUFFIX, ATTR, nmt_f32x##L, nmt_i32x##L, nmt_f64x##L, nmt_i64x##L, L, ANY)
 #if NMT_VECTORS
-DEFINE_POWER(power_f32_v, float, NO_ATTR, nmt_i64x2, POWER_SUMS(float, nmt_f32x2, nmt_f64x2, nmt_i64x2, 2), vpow_2)
-DEFINE_POWER_BLOCK(power_block_f32_v, float, NO_ATTR, nmt_f64x2, nmt_i64x2, 2)
-DEFINE_POWER_PROBS(power_probs_v, NO_ATTR, nmt_f64x2, nmt_i64x2, 2)
-DEFINE_POWER_LONG(power_long_v, NO_ATTR, nmt_f32x2, nmt_i32x2, nmt_f64x2, nmt_i64x2, 2, ANY_WORDS)
-DEFINE_POWER_BACKWARD(power_backward_v, NO_ATTR, nmt_f32x2, nmt_i32x2, nmt_f64x2, nmt_i64x2, 2, ANY_WORDS)
+DEFINE_POWER_WIDTH(v, NO_ATTR, 2, ANY_WORDS)
 #else
 DEFINE_POWER(power_f32_v, float, NO_ATTR, int64_t, SCALAR_POWER_SUMS(float), pow)
 #define POWER_BLOCK_MAX_N 0 /* no vectors: every row by itself */
@@ -667,18 +672,10 @@ DEFINE_POWER(power_f32_v, float, NO_ATTR, int64_t, SCALAR_POWER_SUMS(float), pow
 #endif
 
 #if NMT_VECTORS && defined(NMT_WIDE_AVX2)
-DEFINE_POWER(power_f32_avx2, float, AVX2, nmt_i64x4, POWER_SUMS(float, nmt_f32x4, nmt_f64x4, nmt_i64x4, 4), vpow_2)
-DEFINE_POWER_BLOCK(power_block_f32_avx2, float, AVX2, nmt_f64x4, nmt_i64x4, 4)
-DEFINE_POWER_PROBS(power_probs_avx2, AVX2, nmt_f64x4, nmt_i64x4, 4)
-DEFINE_POWER_LONG(power_long_avx2, AVX2, nmt_f32x4, nmt_i32x4, nmt_f64x4, nmt_i64x4, 4, ANY_128)
-DEFINE_POWER_BACKWARD(power_backward_avx2, AVX2, nmt_f32x4, nmt_i32x4, nmt_f64x4, nmt_i64x4, 4, ANY_128)
+DEFINE_POWER_WIDTH(avx2, AVX2, 4, ANY_128)
 #define POWER_HAVE_AVX2() CPU_HAS_AVX2()
 #if defined(NMT_WIDE_AVX512)
-DEFINE_POWER(power_f32_avx512, float, AVX512, nmt_i64x8, POWER_SUMS(float, nmt_f32x8, nmt_f64x8, nmt_i64x8, 8), vpow_2)
-DEFINE_POWER_BLOCK(power_block_f32_avx512, float, AVX512, nmt_f64x8, nmt_i64x8, 8)
-DEFINE_POWER_PROBS(power_probs_avx512, AVX512, nmt_f64x8, nmt_i64x8, 8)
-DEFINE_POWER_LONG(power_long_avx512, AVX512, nmt_f32x8, nmt_i32x8, nmt_f64x8, nmt_i64x8, 8, ANY_256)
-DEFINE_POWER_BACKWARD(power_backward_avx512, AVX512, nmt_f32x8, nmt_i32x8, nmt_f64x8, nmt_i64x8, 8, ANY_256)
+DEFINE_POWER_WIDTH(avx512, AVX512, 8, ANY_256)
 #define POWER_HAVE_AVX512() CPU_HAS_AVX512()
 #endif
 #else
