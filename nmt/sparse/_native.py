@@ -359,8 +359,15 @@ POWER_STATS = 5
 """Floats a row of :func:`power_probs`' stats (``POWER_STATS`` in ``_power_threshold.c``)."""
 
 POWER_LONG_SCRATCH = 32 * 8
-"""Doubles of scratch a thread needs beyond a long row's ``n`` in :func:`power_probs` (the block
-maxima: ``POWER_LONG_MAX_ACC`` accumulators of up to 8 lanes in ``_power_threshold.c``)."""
+"""Doubles of scratch a thread of :func:`power_probs` needs for the block maxima of long rows
+(``POWER_LONG_MAX_ACC`` accumulators of up to 8 lanes in ``_power_threshold.c``)."""
+
+
+def power_long_scratch(n: int) -> int:
+    """Doubles of scratch a thread of :func:`power_probs` takes for rows of ``n`` entries longer than
+    :data:`POWER_PROBS_MAX_N` (``POWER_LONG_THREAD_SCRATCH`` in ``_power_threshold.c``): the
+    candidates and their powers (``n + 8`` each), the block maxima, the candidates' int32 places."""
+    return 2 * (n + 8) + POWER_LONG_SCRATCH + (n + 1) // 2
 
 
 def power_threshold(z: Tensor, q: Union[float, Tensor], lo: Tensor, max_iter: int,
@@ -419,7 +426,9 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     r = torch.empty_like(x) if root else None
     st = torch.empty(rows, POWER_STATS, dtype=torch.float32) if stats else None
     threads = _threads(x.numel(), POWER_SPLIT_MIN_NUMEL)
-    scratch = torch.empty(threads * (n + POWER_LONG_SCRATCH), dtype=torch.float64) if n > POWER_PROBS_MAX_N else None
+    if n >= 2 ** 31 - 16:  # the long rows' candidates are kept by int32 places
+        return None
+    scratch = torch.empty(threads * power_long_scratch(n), dtype=torch.float64) if n > POWER_PROBS_MAX_N else None
     if rows and not getattr(lib, _POWER_PROBS[x.dtype])(
             x.data_ptr(), rows, n, a.data_ptr(), stride, int(max_iter), float(tol), p.data_ptr(),
             r.data_ptr() if r is not None else None, st.data_ptr() if st is not None else None,
@@ -563,7 +572,7 @@ def support_backward(s: Tensor, grad: Tensor, indicator: bool) -> Tensor:
 
 
 __all__ = ["CANDIDATES_SOURCE", "CFLAGS", "HEADERS", "MAX_CANDIDATES", "NEWTON_SOURCE", "NEWTON_SPLIT_MIN_NUMEL", "NativeLibrary",
-           "OPENMP_FLAGS", "POWER_LONG_SCRATCH", "POWER_PROBS_MAX_N", "POWER_STATS", "POWER_SOURCE", "POWER_SPLIT_MIN_NUMEL", "SOURCE", "SOURCES", "available", "bound_entmax15",
+           "OPENMP_FLAGS", "POWER_LONG_SCRATCH", "power_long_scratch", "POWER_PROBS_MAX_N", "POWER_STATS", "POWER_SOURCE", "POWER_SPLIT_MIN_NUMEL", "SOURCE", "SOURCES", "available", "bound_entmax15",
            "bound_sparsemax", "bound_threshold", "build", "cache_dir", "load_once",
            "enabled", "library", "load", "native_sorted_shifted_threshold", "newton_threshold", "power_backward", "power_probs", "power_threshold",
            "solve", "sorted_probs", "step_candidates", "support_backward"]

@@ -84,8 +84,10 @@
     } while (0)
 
 /* hq = sum w d and ws = sum w, w = d^e on d = [x - tau]_+ > 0, over the row x[0 .. n): LANES entries
-   at a time (float rows VT converted to doubles DT), the last ones padded with -inf */
-#define POWER_SUMS(T, VT, DT, IT, LANES)                                                        \
+   at a time (float rows VT converted to doubles DT), the last ones padded with -inf; KEEP(i, w) runs
+   on each vector's w (0 off the support) from entry i */
+#define SUMS_KEEP_NOTHING(i, w) ((void)0)
+#define POWER_SUMS(T, VT, DT, IT, LANES, KEEP)                                                  \
     do {                                                                                        \
         DT aq = {0}, aw = {0}, vt, ve, zero = {0}, one = zero + 1.0;                            \
         for (int l = 0; l < LANES; l++) {                                                       \
@@ -110,6 +112,7 @@
             aw += w;                                                                            \
             aq += w * (DT)((IT)d & m);                                                          \
             nan_ |= (IT)(d != d);                                                               \
+            KEEP(i_, w);                                                                        \
         }                                                                                       \
         hq = 0.0;                                                                               \
         ws = 0.0;                                                                               \
@@ -353,16 +356,19 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
  *    POWER_LONG_BOUND_RTOL: any iterate from below is a lower bound), less a margin for the
  *    polynomials' rounding, and at least -1;
  * 3. one pass compacts the entries with z above the bound (the only ones that can be in the
- *    support) into the caller's scratch: a chunk of L floats with none above the bound's float
- *    (two ulps lower) is skipped after one comparison;
+ *    support) and their places into the caller's scratch: a chunk of L floats with none above the
+ *    bound's float (two ulps lower) is skipped after one comparison;
  * 4. the Newton loop on the candidates from the bound; after every step the candidates at or below
  *    the new tau are dropped (the iterates only grow: they add nothing again). The same iterates
- *    as the loop on the whole row (other summation order);
- * 5. one pass writes p = r^q / sum r^q (sum r^q: the loop's last hq = sum r^(q - 1) r, at the tau
- *    it returns) and r, chunks without a support entry as zeros.
- * A row of 8,000 standard normal scores at alpha 1.3 (about 220 in the support) takes some 1,400
- * powers for its threshold where the loop on the whole row takes 6,300; broad rows (most entries
- * in the support) take three or four passes of powers over the row either way. */
+ *    as the loop on the whole row (other summation order). Every pass keeps its d^(q - 1) per
+ *    candidate; the last pass's are at the tau returned;
+ * 5. the output: zeros, then at the candidates' places p = r^q / sum r^q with r^q = d^(q - 1) d
+ *    from that last pass (no power: sum r^q is the loop's last hq at that tau) and r.
+ * A row of 8,000 standard normal scores at alpha 1.3 (about 210 in the support) takes some 1,000
+ * powers for its threshold (blocks of 64, the bound to 1e-2; 1,400 with blocks of 32 and 1e-3)
+ * where the loop on the whole row takes 6,300, and none for its output (a pass of powers over the
+ * chunks holding a support entry took 1,550); broad rows (most entries in the support) take three
+ * or four passes of powers over the row either way. */
 /* whether a comparison's result (all-ones / zero lanes) has a true lane: ANY_WORDS or's its 64-bit
    words (a lane-by-lane test compiles to one extraction per lane), ANY_128 / ANY_256 test it in
    one instruction (in the functions built for AVX2 / AVX-512) */
@@ -380,14 +386,23 @@ static inline int power_any_words(const void *mask, size_t bytes)
 #define ANY_256(c) (!_mm256_testz_si256((__m256i)(c), (__m256i)(c)))
 #endif
 
-#define POWER_LONG_BLOCK 32
-#define POWER_LONG_MAX_ACC 32 /* _native.POWER_LONG_SCRATCH: n + POWER_LONG_MAX_ACC * 8 doubles a thread */
-#define POWER_LONG_BOUND_RTOL 1e-3
+#define POWER_LONG_BLOCK 64
+#define POWER_LONG_MAX_ACC 32
+/* the scratch doubles a thread takes for rows of n entries (_native.power_long_scratch): the
+   candidates and their powers (n + 8 each: a vector's store past the last), the block maxima, the
+   candidates' indices (int32) */
+#define POWER_LONG_THREAD_SCRATCH(n) (2 * ((n) + 8) + POWER_LONG_MAX_ACC * 8 + ((n) + 1) / 2)
+#define POWER_LONG_BOUND_RTOL 1e-2
 
 /* Newton on the q-norm over the candidates c[0 .. k) (doubles, z - max scaled) from tau (a lower
    bound), as DEFINE_POWER's loop (its stop, its last tau), dropping the candidates at or below tau
-   after every step. Sets tau, hq (sum r^q at it), bad (NaN met). */
-#define LONG_NEWTON(DT, IT, L, c, k, rtol_)                                                     \
+   after every step. Sets tau, hq (sum r^q at it), bad (NaN met). KEEP(i, w) as in POWER_SUMS (the
+   last pass's are at the tau returned, for the c[0 .. k) left); MOVE(to, from) runs where a
+   candidate moves down in the dropping (for what the caller keeps beside c). */
+#define LONG_KEEP_W(i, w) memcpy(wk + (i), &(w), sizeof(w))
+#define LONG_MOVE_NOTHING(to, from) ((void)0)
+#define LONG_MOVE_INDEX(to, from) (idx[to] = idx[from])
+#define LONG_NEWTON(DT, IT, L, c, k, rtol_, KEEP, MOVE)                                         \
     do {                                                                                        \
         for (int64_t it_ = 0;; it_++) {                                                         \
             double ws;                                                                          \
@@ -395,7 +410,7 @@ static inline int power_any_words(const void *mask, size_t bytes)
                 const double *x = (c);                                                          \
                 const int64_t n = (k);                                                          \
                 IT nan_ = {0};                                                                  \
-                POWER_SUMS(double, DT, DT, IT, L);                                              \
+                POWER_SUMS(double, DT, DT, IT, L, KEEP);                                        \
             }                                                                                   \
             if (bad || !(ws > 0.0) || it_ >= max_iter)                                          \
                 break;                                                                          \
@@ -408,6 +423,7 @@ static inline int power_any_words(const void *mask, size_t bytes)
             int64_t kept_ = 0;                                                                  \
             for (int64_t i_ = 0; i_ < (k); i_++) {                                              \
                 (c)[kept_] = (c)[i_];                                                           \
+                MOVE(kept_, i_);                                                                \
                 kept_ += (c)[i_] > tau;                                                         \
             }                                                                                   \
             (k) = kept_;                                                                        \
@@ -427,8 +443,9 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
     int64_t m_acc = len / (POWER_LONG_BLOCK * L);                                               \
     m_acc = m_acc < 1 ? 1 : m_acc > POWER_LONG_MAX_ACC ? POWER_LONG_MAX_ACC : m_acc;            \
     const int64_t round = m_acc * L; /* entries a round of the accumulators */                  \
-    double *bz = cand + len;         /* the block maxima after the candidates */                \
-    const DT zero = {0}, one = zero + 1.0;                                                      \
+    double *wk = cand + len + 8;     /* the candidates' d^(q - 1) at the last pass */           \
+    double *bz = wk + len + 8;       /* the block maxima */                                     \
+    int32_t *idx = (int32_t *)(bz + POWER_LONG_MAX_ACC * 8); /* the candidates' places */       \
     for (int64_t r = 0; r < rows; r++) {                                                        \
         const float *xr = xs + r * len;                                                         \
         float *pr = p + r * len, *rr = root ? root + r * len : 0;                               \
@@ -479,7 +496,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
                 bz[k] = ((double)acc[b][l] - top) * a;                                          \
                 k += bz[k] > -1.0;                                                              \
             }                                                                                   \
-        LONG_NEWTON(DT, IT, L, bz, k, POWER_LONG_BOUND_RTOL);                                   \
+        LONG_NEWTON(DT, IT, L, bz, k, POWER_LONG_BOUND_RTOL, SUMS_KEEP_NOTHING, LONG_MOVE_NOTHING); \
         tau -= 1e-9 * (fabs(tau) > 1.0 ? fabs(tau) : 1.0); /* the polynomials' rounding */      \
         tau = tau > -1.0 ? tau : -1.0;                                                          \
         const double lo = tau;                                                                  \
@@ -495,59 +512,31 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
                 if (ANY(c))                                                                     \
                     for (int l = 0; l < L; l++) {                                               \
                         cand[k] = ((double)xv[l] - top) * a;                                    \
+                        idx[k] = (int32_t)(j + l);                                              \
                         k += cand[k] > lo;                                                      \
                     }                                                                           \
             }                                                                                   \
             for (; j < len; j++) {                                                              \
                 cand[k] = ((double)xr[j] - top) * a;                                            \
+                idx[k] = (int32_t)j;                                                            \
                 k += cand[k] > lo;                                                              \
             }                                                                                   \
         }                                                                                       \
-        LONG_NEWTON(DT, IT, L, cand, k, rtol); /* 4. the threshold */                           \
-        /* 5. the output: chunks without an entry above tau (their float, lowered) are zeros */ \
+        LONG_NEWTON(DT, IT, L, cand, k, rtol, LONG_KEEP_W, LONG_MOVE_INDEX); /* 4. the threshold */ \
+        /* 5. the output: zeros, then r^q = d^(q - 1) d from the last pass at the candidates left */ \
         const double inv = hq > 0.0 ? 1.0 / hq : 1.0;                                           \
-        const float cut = power_float_below((double)top + tau / a);                             \
-        DT vt, vq, psv = zero, prv = zero;                                                      \
-        FT cv, fz = {0};                                                                        \
-        for (int l = 0; l < L; l++) {                                                           \
-            vt[l] = tau;                                                                        \
-            vq[l] = qr;                                                                         \
-            cv[l] = cut;                                                                        \
-        }                                                                                       \
-        for (j = 0; j + L <= len; j += L) {                                                     \
-            memcpy(&xv, xr + j, sizeof xv);                                                     \
-            const IT32 c = xv > cv;                                                             \
-            if (!ANY(c)) {                                                                      \
-                memcpy(pr + j, &fz, sizeof fz);                                                 \
-                if (rr)                                                                         \
-                    memcpy(rr + j, &fz, sizeof fz);                                             \
-                continue;                                                                       \
-            }                                                                                   \
-            const DT d = (__builtin_convertvector(xv, DT) - top) * a - vt;                      \
-            const IT m = d > zero;                                                              \
-            DT lg, w;                                                                           \
-            VLOG2(DT, IT, SEL(IT, DT, m, d, one), lg);                                          \
-            VEXP2(DT, IT, vq * lg, w);                                                          \
-            const FT pv = __builtin_convertvector((DT)((IT)(w * inv) & m), FT);                 \
-            const FT rv = __builtin_convertvector((DT)((IT)d & m), FT);                         \
-            memcpy(pr + j, &pv, sizeof pv);                                                     \
-            if (rr)                                                                             \
-                memcpy(rr + j, &rv, sizeof rv);                                                 \
-            const DT pd = __builtin_convertvector(pv, DT);                                      \
-            psv += pd;                                                                          \
-            prv += pd * __builtin_convertvector(rv, DT);                                        \
-        }                                                                                       \
+        memset(pr, 0, (size_t)len * sizeof(float));                                             \
+        if (rr)                                                                                 \
+            memset(rr, 0, (size_t)len * sizeof(float));                                         \
         double psum = 0.0, prsum = 0.0;                                                         \
-        for (int l = 0; l < L; l++) {                                                           \
-            psum += psv[l];                                                                     \
-            prsum += prv[l];                                                                    \
-        }                                                                                       \
-        for (; j < len; j++) {                                                                  \
-            const double d = ((double)xr[j] - top) * a - tau;                                   \
-            const float pf = d > 0.0 ? (float)(vpow_2(d, qr) * inv) : 0.0f, rf = d > 0.0 ? (float)d : 0.0f; \
-            pr[j] = pf;                                                                         \
+        for (int64_t i = 0; i < k; i++) {                                                       \
+            const double d = cand[i] - tau;                                                     \
+            if (!(d > 0.0))                                                                     \
+                continue;                                                                       \
+            const float pf = (float)(wk[i] * d * inv), rf = (float)d;                           \
+            pr[idx[i]] = pf;                                                                    \
             if (rr)                                                                             \
-                rr[j] = rf;                                                                     \
+                rr[idx[i]] = rf;                                                                \
             psum += (double)pf;                                                                 \
             prsum += (double)pf * (double)rf;                                                   \
         }                                                                                       \
@@ -658,7 +647,7 @@ ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, c
    them), built with ATTR, a comparison's any-lane test ANY; named power_*_SUFFIX */
 #define DEFINE_POWER_WIDTH(SUFFIX, ATTR, L, ANY)                                                \
     DEFINE_POWER(power_f32_##SUFFIX, float, ATTR, nmt_i64x##L,                                 \
-                 POWER_SUMS(float, nmt_f32x##L, nmt_f64x##L, nmt_i64x##L, L), vpow_2)          \
+                 POWER_SUMS(float, nmt_f32x##L, nmt_f64x##L, nmt_i64x##L, L, SUMS_KEEP_NOTHING), vpow_2)          \
     DEFINE_POWER_BLOCK(power_block_f32_##SUFFIX, float, ATTR, nmt_f64x##L, nmt_i64x##L, L)     \
     DEFINE_POWER_PROBS(power_probs_##SUFFIX, ATTR, nmt_f64x##L, nmt_i64x##L, L)                \
     DEFINE_POWER_LONG(power_long_##SUFFIX, ATTR, nmt_f32x##L, nmt_i32x##L, nmt_f64x##L, nmt_i64x##L, L, ANY) \
@@ -767,7 +756,7 @@ int nmt_power_probs_f32(const float *x, int64_t rows, int64_t n, const double *a
         FOR_THREADS(threads, rows,
                     solve(x + FIRST * n, LAST - FIRST, n, am1 + FIRST * a_stride, a_stride, max_iter, rtol,
                           p + FIRST * n, root ? root + FIRST * n : 0, stats ? stats + POWER_STATS * FIRST : 0,
-                          scratch + t_ * (n + POWER_LONG_MAX_ACC * 8)));
+                          scratch + t_ * POWER_LONG_THREAD_SCRATCH(n)));
         return 1;
     }
     const probs_solver solve = POWER_HAVE_AVX512() ? power_probs_avx512

@@ -215,6 +215,36 @@ def test_power_probs_equal_the_static_mapping(native_build, monkeypatch, n):
         assert bool((tau[bad] == -1).all()) and all(bool(v[bad].isnan().all()) for v in (zmax, total, p_sum, pr))
 
 
+@pytest.mark.parametrize("n", [257, 1003, 8000])
+def test_long_rows_write_the_output_at_their_candidates_places(native_build, monkeypatch, n):
+    """Long rows take their output from the Newton loop's last pass at the candidates it kept (their
+    places carried through every drop), not from a pass over the row: on every vector path, rows
+    from peaked (one entry in the support) to broad (every entry in it), tied and -inf runs, the
+    support is the float64 bisection's entry for entry (away from its boundary), and p and r match
+    the float64 mapping at that threshold."""
+    monkeypatch.setitem(_native._state, "lib", native_build)
+    rows = 9
+    alphas = torch.linspace(1.1, 1.9, rows, dtype=torch.float64)
+    x = shifted_rows(rows, n, torch.ones(rows, dtype=torch.float64), seed=3 * n) / 0.3  # spreads 0.17 to 20
+    found = _native.power_probs(x, alphas - 1, 200, EPS, root=True)
+    if native_build is None or found is None:
+        assert found is None or native_build is None
+        return
+    p, r = found
+    z = (x.double() - x.double().amax(dim=-1, keepdim=True)) * (alphas - 1)[:, None]
+    q = 1 / (alphas - 1)
+    tau = bisection(z, q)[:, None]
+    d = z - tau
+    clear = d.abs() > 1e-5  # entries whose side of the threshold float32 rounding cannot change
+    assert torch.equal((p > 0)[clear], (d > 0)[clear]) and torch.equal((r > 0)[clear], (d > 0)[clear])
+    rq = d.clamp(min=0).pow(q[:, None])
+    assert torch.allclose(p.double(), rq / rq.sum(dim=-1, keepdim=True), rtol=0, atol=4e-7)
+    assert torch.allclose(r.double(), d.clamp(min=0), rtol=0, atol=4e-6)
+    assert bool((p[:, : n // 2][1] == 0).all())  # the -inf run
+    sizes = (p > 0).sum(dim=-1)
+    assert int(sizes.min()) <= 3 and int(sizes.max()) >= n // 2  # peaked and broad rows both met
+
+
 def test_power_probs_leave_other_dtypes_and_a_missing_library_to_the_torch_path(monkeypatch):
     if not _native.available():
         pytest.skip("native library not built")
