@@ -79,7 +79,7 @@ _BOUND_SIGNATURE = [_P, _I64, _I64, _INT, ctypes.c_double, _INT, _I64, _P, _P, _
 _POWER = {torch.float32: "nmt_power_threshold_f32"}
 _POWER_SIGNATURE = [_P, _I64, _I64, _P, _I64, _P, _I64, ctypes.c_double, _P, _INT, _INT]
 _POWER_PROBS = {torch.float32: "nmt_power_probs_f32"}
-_POWER_PROBS_SIGNATURE = [_P, _I64, _I64, _P, _I64, _I64, ctypes.c_double, _P, _P, _P, _P, _INT]
+_POWER_PROBS_SIGNATURE = [_P, _I64, _I64, _P, _I64, _I64, ctypes.c_double, _P, _P, _P, _P, _P, _INT]
 _POWER_BACKWARD = {torch.float32: "nmt_power_backward_f32"}
 _POWER_BACKWARD_SIGNATURE = [_P, _P, _I64, _I64, _P, _I64, _P, _I64, _P, _P, _INT]
 
@@ -399,7 +399,7 @@ def power_threshold(z: Tensor, q: Union[float, Tensor], lo: Tensor, max_iter: in
 
 
 def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
-                root: bool, stats: bool = False) -> Optional[tuple]:
+                root: bool, stats: bool = False, weights: bool = False) -> Optional[tuple]:
     """alpha-entmax of the rows ``x: (R, n)`` (CPU, float32, any values; detached) for
     ``alpha - 1 = am1`` in (0, 1) (a float, or an ``(R,)`` tensor, one per row), in one native call
     (``_power_threshold.c``): per row its maximum, ``z = (alpha - 1) (x - max)`` in doubles, the
@@ -411,7 +411,10 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     without a support entry. Rows holding NaN or ``+inf``: all NaN; rows without a finite entry:
     all zeros. Returns ``(p, r)`` (``r`` None unless ``root``), new ``(R, n)`` float32 tensors;
     None where it does not serve (no library, not float32, a build without vector extensions).
-    ``stats`` adds ``(tau, zmax, total, p_sum, pr)``, each ``(R,)`` float32: the threshold of
+    ``weights`` adds ``s = r^(q - 1)`` (third; ``(R, n)`` float32): the backward's ``s`` (proportional
+    to ``p^(2 - alpha)``), the Newton loop's last powers taken at the threshold returned, so
+    :func:`power_backward` ``(s, grad, 1.0)`` needs no power (NaN rows NaN, rows without a finite
+    entry zeros). ``stats`` adds (after it) ``(tau, zmax, total, p_sum, pr)``, each ``(R,)`` float32: the threshold of
     ``z``, the row maximum, ``sum r^q`` before the normalisation, and the row sums of the written
     ``p`` and of ``p r`` taken in double (what the Tsallis losses' conjugate needs; rows holding NaN
     or ``+inf``: -1 then NaNs; rows without a finite entry: ``+inf`` then zeros). Rows
@@ -424,6 +427,7 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     a, stride = _row_values(am1, rows)
     p = torch.empty_like(x)
     r = torch.empty_like(x) if root else None
+    s = torch.empty_like(x) if weights else None
     st = torch.empty(rows, POWER_STATS, dtype=torch.float32) if stats else None
     threads = _threads(x.numel(), POWER_SPLIT_MIN_NUMEL)
     if n >= 2 ** 31 - 16:  # the long rows' candidates are kept by int32 places
@@ -431,12 +435,11 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     scratch = torch.empty(threads * power_long_scratch(n), dtype=torch.float64) if n > POWER_PROBS_MAX_N else None
     if rows and not getattr(lib, _POWER_PROBS[x.dtype])(
             x.data_ptr(), rows, n, a.data_ptr(), stride, int(max_iter), float(tol), p.data_ptr(),
-            r.data_ptr() if r is not None else None, st.data_ptr() if st is not None else None,
-            scratch.data_ptr() if scratch is not None else None, threads):
+            r.data_ptr() if r is not None else None, s.data_ptr() if s is not None else None,
+            st.data_ptr() if st is not None else None, scratch.data_ptr() if scratch is not None else None,
+            threads):
         return None
-    if st is not None:
-        return (p, r, *st.unbind(1))
-    return p, r
+    return (p, r) + ((s,) if weights else ()) + (tuple(st.unbind(1)) if st is not None else ())
 
 
 def power_backward(r: Tensor, grad: Tensor, e: Union[float, Tensor],
@@ -448,7 +451,8 @@ def power_backward(r: Tensor, grad: Tensor, e: Union[float, Tensor],
     1)``, or the output ``p`` with ``e = 2 - alpha`` (``s`` is ``p^(2 - alpha)`` up to the row's
     scale, which cancels); ``e`` a float or an ``(R,)`` tensor. ``am1`` (``alpha - 1``, a float or
     ``(R,)``; ``r`` must then be ``p``): also alpha's gradient ``<grad, dp/dalpha>`` per row, from
-    the same pass (see the C file). A NaN in ``r`` makes its row's gradients NaN. Returns ``(gx,
+    the same pass (see the C file). ``e = 1`` (without ``am1``) takes no power: ``r`` is then ``s``
+    itself, as :func:`power_probs`' ``weights`` give it. A NaN in ``r`` makes its row's gradients NaN. Returns ``(gx,
     galpha)``: ``gx`` a new ``(R, n)`` float32 tensor, ``galpha`` ``(R,)`` float32 (None without
     ``am1``); None where it does not serve (no library, not float32, a build without vector
     extensions). Rows split over torch's threads from :data:`POWER_SPLIT_MIN_NUMEL` entries."""

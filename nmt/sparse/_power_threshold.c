@@ -274,7 +274,8 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
    r = [z - tau]_+ and p = r^q / sum r^q, written as floats (r where asked for: the backward's). */
 #define DEFINE_POWER_PROBS(NAME, ATTR, DT, IT, L)                                               \
 ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1, int64_t a_stride, \
-                      int64_t max_iter, double rtol, float *p, float *root, float *stats)       \
+                      int64_t max_iter, double rtol, float *p, float *root, float *weights,     \
+                      float *stats)                                                             \
 {                                                                                               \
     double col[POWER_BLOCK_MAX_N * L], rcol[POWER_BLOCK_MAX_N * L]; /* scores, then p; r */    \
     double wcol[POWER_BLOCK_MAX_N * L]; /* the last pass's d^(q - 1) */                         \
@@ -325,12 +326,16 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
         const DT inv = one / SEL(IT, DT, (IT)(total > zero), total, one);                       \
         for (int l = 0; l < L && r0 + l < rows; l++) { /* each row's entries in order */        \
             float *pr = p + (r0 + l) * n, *rr = root ? root + (r0 + l) * n : 0;                 \
+            float *wr = weights ? weights + (r0 + l) * n : 0;                                   \
             double psum = 0.0, prsum = 0.0;                                                     \
             for (int64_t j = 0; j < n; j++)                                                     \
                 pr[j] = nanrow[l] ? NAN : (float)(col[j * L + l] * inv[l]);                     \
             if (rr)                                                                             \
                 for (int64_t j = 0; j < n; j++)                                                 \
                     rr[j] = nanrow[l] ? NAN : (float)rcol[j * L + l];                           \
+            if (wr) /* the last pass's d^(q - 1): 0 off the support */                          \
+                for (int64_t j = 0; j < n; j++)                                                 \
+                    wr[j] = nanrow[l] ? NAN : (float)wcol[j * L + l];                           \
             if (stats) { /* tau, the row maximum, sum r^q, sum p, sum p r (the losses' conjugate) */ \
                 for (int64_t j = 0; j < n; j++) {                                               \
                     psum += (double)pr[j];                                                      \
@@ -438,7 +443,8 @@ static inline float power_float_below(double v)
 
 #define DEFINE_POWER_LONG(NAME, ATTR, FT, IT32, DT, IT, L, ANY)                                      \
 ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *am1, int64_t a_stride, \
-                      int64_t max_iter, double rtol, float *p, float *root, float *stats, double *cand) \
+                      int64_t max_iter, double rtol, float *p, float *root, float *weights,     \
+                      float *stats, double *cand)                                               \
 {                                                                                               \
     int64_t m_acc = len / (POWER_LONG_BLOCK * L);                                               \
     m_acc = m_acc < 1 ? 1 : m_acc > POWER_LONG_MAX_ACC ? POWER_LONG_MAX_ACC : m_acc;            \
@@ -449,6 +455,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
     for (int64_t r = 0; r < rows; r++) {                                                        \
         const float *xr = xs + r * len;                                                         \
         float *pr = p + r * len, *rr = root ? root + r * len : 0;                               \
+        float *wr = weights ? weights + r * len : 0;                                            \
         float *st = stats ? stats + POWER_STATS * r : 0;                                        \
         const double a = am1[r * a_stride], qr = 1.0 / a, e = qr - 1.0;                         \
         FT acc[POWER_LONG_MAX_ACC], xv;                                                         \
@@ -483,6 +490,9 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
             if (rr)                                                                             \
                 for (int64_t i = 0; i < len; i++)                                               \
                     rr[i] = fill;                                                               \
+            if (wr)                                                                             \
+                for (int64_t i = 0; i < len; i++)                                               \
+                    wr[i] = fill;                                                               \
             if (st) {                                                                           \
                 st[0] = bad ? -1.0f : INFINITY;                                                 \
                 st[1] = st[2] = st[3] = st[4] = bad ? NAN : 0.0f;                               \
@@ -528,6 +538,8 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         memset(pr, 0, (size_t)len * sizeof(float));                                             \
         if (rr)                                                                                 \
             memset(rr, 0, (size_t)len * sizeof(float));                                         \
+        if (wr)                                                                                 \
+            memset(wr, 0, (size_t)len * sizeof(float));                                         \
         double psum = 0.0, prsum = 0.0;                                                         \
         for (int64_t i = 0; i < k; i++) {                                                       \
             const double d = cand[i] - tau;                                                     \
@@ -537,6 +549,8 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
             pr[idx[i]] = pf;                                                                    \
             if (rr)                                                                             \
                 rr[idx[i]] = rf;                                                                \
+            if (wr)                                                                             \
+                wr[idx[i]] = (float)wk[i];                                                      \
             psum += (double)pf;                                                                 \
             prsum += (double)pf * (double)rf;                                                   \
         }                                                                                       \
@@ -567,16 +581,18 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         FT rv, gv;                                                                              \
         memcpy(&rv, rp, sizeof rv);                                                             \
         const IT32 c = ~(rv <= fz); /* the support, and NaN */                                  \
-        if (!ANY(c)) {                                                                          \
+        if (raise && !ANY(c)) { /* (without powers, no test: its branch mispredicts on sparse rows) */ \
             memcpy(op, &fz, sizeof fz);                                                         \
             break;                                                                              \
         }                                                                                       \
         memcpy(&gv, gp, sizeof gv);                                                             \
         const DT d = __builtin_convertvector(rv, DT);                                           \
         const IT m = d > zero;                                                                  \
-        DT lg, w;                                                                               \
-        VLOG2(DT, IT, SEL(IT, DT, m, d, one), lg);                                              \
-        VEXP2(DT, IT, ve * lg, w);                                                              \
+        DT lg, w = d; /* e = 1 (s given): no power */                                           \
+        if (raise) {                                                                            \
+            VLOG2(DT, IT, SEL(IT, DT, m, d, one), lg);                                          \
+            VEXP2(DT, IT, ve * lg, w);                                                          \
+        }                                                                                       \
         w = SEL(IT, DT, m, w, d * 0.0); /* 0 off the support, NaN for NaN */                    \
         const DT gd = __builtin_convertvector(gv, DT);                                          \
         as += w;                                                                                \
@@ -599,6 +615,7 @@ ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, c
         const float *rr = r + row * n, *gr = g + row * n;                                       \
         float *o = out + row * n;                                                               \
         const double er = e[row * e_stride], ar = ga ? am1[row * a_stride] : 0.0;               \
+        const int raise = er != 1.0 || ga; /* alpha's gradient takes the logarithm */          \
         DT ve, va, as = zero, ag = zero, aw = zero, agw = zero;                                 \
         for (int l = 0; l < L; l++) {                                                           \
             ve[l] = er;                                                                         \
@@ -716,36 +733,38 @@ void nmt_power_threshold_f32(const float *z, int64_t rows, int64_t n, const doub
 
 #if NMT_VECTORS
 typedef void (*probs_solver)(const float *, int64_t, int64_t, const double *, int64_t, int64_t, double, float *,
-                             float *, float *);
+                             float *, float *, float *);
 
 static void probs_groups(probs_solver solve, const float *x, int64_t rows, int64_t n, const double *am1,
-                         int64_t a_stride, int64_t max_iter, double rtol, float *p, float *root, float *stats,
-                         int64_t first, int64_t last)
+                         int64_t a_stride, int64_t max_iter, double rtol, float *p, float *root, float *weights,
+                         float *stats, int64_t first, int64_t last)
 {
     first *= 8;
     last = last * 8 < rows ? last * 8 : rows;
     if (last > first)
         solve(x + first * n, last - first, n, am1 + first * a_stride, a_stride, max_iter, rtol, p + first * n,
-              root ? root + first * n : 0, stats ? stats + POWER_STATS * first : 0);
+              root ? root + first * n : 0, weights ? weights + first * n : 0, stats ? stats + POWER_STATS * first : 0);
 }
 
 typedef void (*long_solver)(const float *, int64_t, int64_t, const double *, int64_t, int64_t, double, float *,
-                            float *, float *, double *);
+                            float *, float *, float *, double *);
 typedef void (*power_backward_rows)(const float *, const float *, int64_t, int64_t, const double *, int64_t,
                                     const double *, int64_t, float *, float *);
 #endif
 
 /* alpha-entmax of the rows x (float32, any values) with alpha - 1 = am1 in (0, 1) per row (a_stride 1)
-   or for all (0): p, where root is given r = [z - tau]_+, and where stats is given POWER_STATS floats
+   or for all (0): p, where root is given r = [z - tau]_+, where weights is given s = r^(q - 1) (the
+   Newton loop's last powers, taken at the tau returned: the backward's s, proportional to
+   p^(2 - alpha), with no power of its own), and where stats is given POWER_STATS floats
    a row: tau, the row maximum, sum r^q, and the sums of the written p and p r in double (rows
    holding NaN or +inf: -1 then NaNs; rows without a finite entry: +inf then zeros). Rows of at most POWER_BLOCK_MAX_N entries by blocks (see
-   DEFINE_POWER_PROBS), longer ones row by row, pruned (DEFINE_POWER_LONG; scratch: n +
-   POWER_LONG_MAX_ACC * 8 doubles for each of the threads). Returns 0 without writing anything where
+   DEFINE_POWER_PROBS), longer ones row by row, pruned (DEFINE_POWER_LONG; scratch:
+   POWER_LONG_THREAD_SCRATCH(n) doubles for each of the threads). Returns 0 without writing anything where
    it does not serve (a build without vectors, long rows without scratch): the caller computes them
    otherwise. */
 int nmt_power_probs_f32(const float *x, int64_t rows, int64_t n, const double *am1, int64_t a_stride,
-                        int64_t max_iter, double rtol, float *p, float *root, float *stats, double *scratch,
-                        int threads)
+                        int64_t max_iter, double rtol, float *p, float *root, float *weights, float *stats,
+                        double *scratch, int threads)
 {
 #if NMT_VECTORS
     if (n > POWER_BLOCK_MAX_N) {
@@ -755,18 +774,20 @@ int nmt_power_probs_f32(const float *x, int64_t rows, int64_t n, const double *a
                                   : POWER_HAVE_AVX2() ? power_long_avx2 : power_long_v;
         FOR_THREADS(threads, rows,
                     solve(x + FIRST * n, LAST - FIRST, n, am1 + FIRST * a_stride, a_stride, max_iter, rtol,
-                          p + FIRST * n, root ? root + FIRST * n : 0, stats ? stats + POWER_STATS * FIRST : 0,
+                          p + FIRST * n, root ? root + FIRST * n : 0, weights ? weights + FIRST * n : 0,
+                          stats ? stats + POWER_STATS * FIRST : 0,
                           scratch + t_ * POWER_LONG_THREAD_SCRATCH(n)));
         return 1;
     }
     const probs_solver solve = POWER_HAVE_AVX512() ? power_probs_avx512
                                : POWER_HAVE_AVX2() ? power_probs_avx2 : power_probs_v;
     FOR_THREADS(threads, (rows + 7) / 8,
-                probs_groups(solve, x, rows, n, am1, a_stride, max_iter, rtol, p, root, stats, FIRST, LAST));
+                probs_groups(solve, x, rows, n, am1, a_stride, max_iter, rtol, p, root, weights, stats, FIRST,
+                             LAST));
     return 1;
 #else
     (void)x; (void)rows; (void)n; (void)am1; (void)a_stride; (void)max_iter; (void)rtol; (void)p; (void)root;
-    (void)stats; (void)scratch; (void)threads;
+    (void)weights; (void)stats; (void)scratch; (void)threads;
     return 0;
 #endif
 }

@@ -219,7 +219,7 @@ class EntmaxBisectFunction(torch.autograd.Function):
     def forward(ctx, x: Tensor, alpha: Tensor, n_iter: Optional[int], alpha_float: Optional[float],
                 impl: str = "auto") -> Tensor:  # type: ignore[override]
         kind = resolve_impl(impl, x)
-        ctx.alpha, ctx.triton = alpha_float, kind == "triton"
+        ctx.alpha, ctx.triton, ctx.weights = alpha_float, kind == "triton", False
         if ctx.triton:  # float alpha 2 / 1.5: the dedicated exact kernels
             kernels = _dispatch.kernels()
             ctx.shape = x.shape  # the rows are saved (R, n): the backward reshapes nothing more
@@ -242,11 +242,12 @@ class EntmaxBisectFunction(torch.autograd.Function):
             tol = None if q in (1.0, 2.0) else eps
             renormalise = tol is not None or n_iter is not None  # not an exact threshold
             grads = any(ctx.needs_input_grad[:2])
-            fused = _native_probs(x, am1, n_iter, eps, grads) if kind == "pruned" and 0 < am1 < 1 else None
-            if fused is not None:  # float32 rows: threshold, r and p in one native call
-                p, r = fused
+            fused = _native_probs(x, am1, n_iter, eps, weights=grads) if kind == "pruned" and 0 < am1 < 1 else None
+            if fused is not None:  # float32 rows: threshold, p and the backward's s = r^(q - 1) in one native call
+                p, s = fused
                 if grads:
-                    ctx.save_for_backward(r, alpha)
+                    ctx.save_for_backward(s, alpha)
+                    ctx.weights = True
                 return p
             if kind == "pruned" and not torch.compiler.is_compiling():
                 tau, zmax, cand = pruned_shifted_threshold(x, q, am1, tol, n_iter, candidates=True)
@@ -309,6 +310,11 @@ class EntmaxBisectFunction(torch.autograd.Function):
             else:
                 gx = kernels.entmax_backward(p, rows(grad), a[0])
             return shaped(gx, ctx.shape), None, None, None, None
+        if ctx.weights:  # saved s = r^(q - 1) (the native forward's last powers): no power here
+            s, _ = ctx.saved_tensors
+            found = power_backward(rows(s), rows(grad), 1.0) if not torch.compiler.is_compiling() else None
+            gx = shaped(found[0], s.shape) if found is not None else _entmax_backward(s, grad)
+            return gx, None, None, None, None
         if ctx.alpha is not None and not ctx.triton:  # saved r = [(alpha - 1) x - tau]_+, alpha a float
             r, _ = ctx.saved_tensors
             e = (2 - ctx.alpha) / (ctx.alpha - 1)
@@ -335,20 +341,20 @@ class EntmaxBisectFunction(torch.autograd.Function):
 
 
 def _native_probs(x: Tensor, am1: Union[float, Tensor], n_iter: Optional[int], eps: float,
-                  root: bool) -> Optional[tuple[Tensor, Optional[Tensor]]]:
-    """``(p, r)`` of alpha-entmax over the last dim of ``x`` with ``alpha - 1 = am1`` in (0, 1) (a
-    float, or a tensor ``(..., 1)``), by :func:`nmt.sparse._native.power_probs` (``r`` where
-    ``root``), shaped like ``x``; None where it does not serve: not float32 on the CPU in eager mode,
-    or no native library (the torch path then runs)."""
+                  weights: bool) -> Optional[tuple[Tensor, Optional[Tensor]]]:
+    """``(p, s)`` of alpha-entmax over the last dim of ``x`` with ``alpha - 1 = am1`` in (0, 1) (a
+    float, or a tensor ``(..., 1)``), by :func:`nmt.sparse._native.power_probs` (where ``weights``,
+    ``s = r^(q - 1)``, the backward's weights, else None), shaped like ``x``; None where it does not
+    serve: not float32 on the CPU in eager mode, or no native library (the torch path then runs)."""
     if x.dtype is not torch.float32 or x.device.type != "cpu" or torch.compiler.is_compiling():
         return None
     if isinstance(am1, Tensor):
         am1 = am1.expand(*x.shape[:-1], 1)
-    found = power_probs(rows(x), am1, ROOT_MAX_ITER if n_iter is None else n_iter, eps, root)
+    found = power_probs(rows(x), am1, ROOT_MAX_ITER if n_iter is None else n_iter, eps, False, weights=weights)
     if found is None:
         return None
-    p, r = found
-    return shaped(p, x.shape), None if r is None else shaped(r, x.shape)
+    p, s = found[0], found[2] if weights else None
+    return shaped(p, x.shape), None if s is None else shaped(s, x.shape)
 
 
 def _kernel_alphas(alpha: Tensor, x: Tensor) -> Tensor:

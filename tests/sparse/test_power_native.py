@@ -375,6 +375,54 @@ def test_power_backward_equals_the_jacobian_product(native_build, monkeypatch, n
         assert bool(out[0].isnan().all()) and torch.equal(out[1], torch.zeros(n))
 
 
+@pytest.mark.parametrize("n", [5, 20, 256, 300, 4103])
+def test_the_forward_weights_give_the_backward_without_powers(native_build, monkeypatch, n):
+    """``power_probs(weights=True)`` returns the Newton loop's last powers ``s = r^(q - 1)``: on every
+    vector path, short rows (blocks) and long ones (pruned), float and per-row alphas, s equals the
+    float64 power of the returned r, 0 off the support, NaN rows NaN, rows without a finite entry
+    zeros; ``power_backward(s, grad, 1.0)`` (no power) equals the float64 formula and the float64
+    autograd gradient of the torch mapping; the front door's float-alpha backward takes it."""
+    monkeypatch.setitem(_native._state, "lib", native_build)
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(9, n, generator=g, dtype=torch.float64) * 2
+    grad = torch.randn(9, n, generator=g, dtype=torch.float64)
+    alphas = torch.linspace(1.1, 1.9, 9, dtype=torch.float64)
+    for alpha in (1.3, alphas):
+        am1 = alpha - 1
+        xf = x.float()
+        xf[7] = NEG_INF
+        xf[8, n // 2] = float("nan")
+        found = _native.power_probs(xf, am1, 200, EPS, root=True, weights=True)
+        if native_build is None or found is None:
+            assert found is None or native_build is None
+            continue
+        p, r, s = found
+        e = 1 / am1 - 1 if isinstance(am1, float) else (1 / am1 - 1)[:7, None]
+        assert torch.allclose(s[:7].double(), r[:7].double().pow(e), rtol=2e-6, atol=1e-30)
+        rs = r[:7].double().pow(e)  # (s of a support entry can underflow float32: r^e below 1e-45)
+        assert bool((r[:7] > 0)[s[:7] > 0].all()) and bool((s[:7] > 0)[rs > 1e-30].all())
+        assert torch.equal(s[7], torch.zeros(n)) and bool(s[8].isnan().all())
+        gx = _native.power_backward(s, grad.float(), 1.0)[0]
+        sd = s[:7].double()
+        want = sd * (grad[:7] - (sd * grad[:7]).sum(-1, keepdim=True) / sd.sum(-1, keepdim=True))
+        assert torch.allclose(gx[:7].double(), want, atol=2e-6), (gx[:7].double() - want).abs().max()
+        assert torch.equal(gx[7], torch.zeros(n)) and bool(gx[8].isnan().all())
+        xs = x[:7].clone().requires_grad_()
+        a = alpha if isinstance(alpha, float) else alpha[:7, None]
+        (auto,) = torch.autograd.grad(entmax_bisect(xs, a, impl="static"), xs, grad[:7])
+        assert torch.allclose(gx[:7].double(), auto, atol=2e-5), (gx[:7].double() - auto).abs().max()
+    calls = []
+    real = _native.power_backward
+    monkeypatch.setattr(entmax_module, "power_backward", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    xs = x.float().requires_grad_()
+    entmax_bisect(xs, 1.3).backward(grad.float())
+    if _native.power_probs(x[:1].float(), 0.3, 200, EPS, root=False) is not None:  # (not in a build without vectors)
+        assert calls == [1.0]
+    xd = x.clone().requires_grad_()
+    (want,) = torch.autograd.grad(entmax_bisect(xd, 1.3, impl="static"), xd, grad)
+    assert torch.allclose(xs.grad.double(), want, atol=2e-5), (xs.grad.double() - want).abs().max()
+
+
 @pytest.mark.parametrize("n", [5, 20, 300])
 def test_power_backward_of_a_learned_alpha_equals_its_formulas(native_build, monkeypatch, n):
     """From the output p (e = 2 - alpha) with alpha - 1 given, the native backward's two gradients on
