@@ -29,9 +29,10 @@
  * Short rows (at most POWER_BLOCK_MAX_N entries) are solved a block of rows at a time, one row a
  * lane: a row's pass is one polynomial chain after another, each waiting on the last, where the
  * lanes of a block are independent (3-4x faster at 20 entries); longer rows are vectorised along the
- * row. For short rows nmt_power_probs_f32 also does what the torch forward does around the
- * threshold: the row maxima, the shift z = (alpha - 1) (x - max), and the output p = r^q / sum r^q
- * with r = [z - tau]_+ (r too where the backward needs it), all in one call.
+ * row. nmt_power_probs_f32 also does what the torch forward does around the threshold: the row
+ * maxima, the shift z = (alpha - 1) (x - max), and the output p = r^q / sum r^q with
+ * r = [z - tau]_+ (r, or the backward's s = r^(q - 1), where asked for), all in one call, the
+ * output's powers those of the loop's last pass.
  * No branch per entry. Nothing is allocated (a short-row block sits on the stack). Built with
  * OpenMP, a call splits its rows over the threads it is given.
  */
@@ -271,7 +272,8 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
 /* The mapping itself for rows of at most POWER_BLOCK_MAX_N entries, L at a time, one a lane: per
    row its maximum m (a NaN or +inf entry: the row is all NaN; no finite entry: all zeros),
    z = (alpha - 1) (x - m) in doubles, the threshold by the loop above from -1, then
-   r = [z - tau]_+ and p = r^q / sum r^q, written as floats (r where asked for: the backward's). */
+   r = [z - tau]_+ and p = r^q / sum r^q, written as floats (r, and the last pass's s = r^(q - 1), where
+   asked for: the backward's). */
 #define DEFINE_POWER_PROBS(NAME, ATTR, DT, IT, L)                                               \
 ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1, int64_t a_stride, \
                       int64_t max_iter, double rtol, float *p, float *root, float *weights,     \
