@@ -339,6 +339,26 @@ def test_the_tsallis_loss_takes_the_fused_call(monkeypatch, smoothing, n, ref):
             assert torch.allclose(out[True][0][keep].double(), want, atol=2e-5)
 
 
+def backward_case(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float64 scores and gradients ``(9, n)`` and nine alphas from 1.1 to 1.9 (seeded by ``n``)."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(9, n, generator=g, dtype=torch.float64) * 2
+    grad = torch.randn(9, n, generator=g, dtype=torch.float64)
+    return x, grad, torch.linspace(1.1, 1.9, 9, dtype=torch.float64)
+
+
+def jacobian_product(s: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """``J^T grad = s (grad - <s, grad> / sum s)`` per row, for ``s`` proportional to ``p^(2 - alpha)``."""
+    return s * (grad - (s * grad).sum(-1, keepdim=True) / s.sum(-1, keepdim=True))
+
+
+def autograd_of_the_torch_mapping(x: torch.Tensor, alpha, grad: torch.Tensor) -> torch.Tensor:
+    """The gradient of the static torch mapping by autograd (float64): an independent route."""
+    xs = x.clone().requires_grad_()
+    (auto,) = torch.autograd.grad(entmax_bisect(xs, alpha, impl="static"), xs, grad)
+    return auto
+
+
 @pytest.mark.parametrize("n", [5, 20, 300, 2001])
 def test_power_backward_equals_the_jacobian_product(native_build, monkeypatch, n):
     """The native backward on every vector path, a float exponent and one per row: from the forward's
@@ -346,10 +366,7 @@ def test_power_backward_equals_the_jacobian_product(native_build, monkeypatch, n
     (alpha - 1)), and the float64 autograd gradient of the torch mapping (an independent route); a NaN
     row gives NaN, a row without support zeros."""
     monkeypatch.setitem(_native._state, "lib", native_build)
-    g = torch.Generator().manual_seed(n)
-    x = torch.randn(9, n, generator=g, dtype=torch.float64) * 2
-    grad = torch.randn(9, n, generator=g, dtype=torch.float64)
-    alphas = torch.linspace(1.1, 1.9, 9, dtype=torch.float64)
+    x, grad, alphas = backward_case(n)
     for alpha in (1.3, alphas):
         am1 = alpha - 1
         e = (2 - alpha) / am1
@@ -359,12 +376,9 @@ def test_power_backward_equals_the_jacobian_product(native_build, monkeypatch, n
             assert gx is None or native_build is None
             continue
         r = found[1].double()
-        s = r.pow(e if isinstance(e, float) else e[:, None])
-        want = s * (grad - (s * grad).sum(-1, keepdim=True) / s.sum(-1, keepdim=True))
+        want = jacobian_product(r.pow(e if isinstance(e, float) else e[:, None]), grad)
         assert torch.allclose(gx.double(), want, atol=2e-6), (gx.double() - want).abs().max()
-        xs = x.clone().requires_grad_()
-        a = alpha if isinstance(alpha, float) else alpha[:, None]
-        (auto,) = torch.autograd.grad(entmax_bisect(xs, a, impl="static"), xs, grad)
+        auto = autograd_of_the_torch_mapping(x, alpha if isinstance(alpha, float) else alpha[:, None], grad)
         assert torch.allclose(gx.double(), auto, atol=2e-5), (gx.double() - auto).abs().max()
     r = torch.rand(3, n)
     r[0, n // 2] = float("nan")
@@ -383,10 +397,7 @@ def test_the_forward_weights_give_the_backward_without_powers(native_build, monk
     zeros; ``power_backward(s, grad, 1.0)`` (no power) equals the float64 formula and the float64
     autograd gradient of the torch mapping; the front door's float-alpha backward takes it."""
     monkeypatch.setitem(_native._state, "lib", native_build)
-    g = torch.Generator().manual_seed(n)
-    x = torch.randn(9, n, generator=g, dtype=torch.float64) * 2
-    grad = torch.randn(9, n, generator=g, dtype=torch.float64)
-    alphas = torch.linspace(1.1, 1.9, 9, dtype=torch.float64)
+    x, grad, alphas = backward_case(n)
     for alpha in (1.3, alphas):
         am1 = alpha - 1
         xf = x.float()
@@ -403,13 +414,10 @@ def test_the_forward_weights_give_the_backward_without_powers(native_build, monk
         assert bool((r[:7] > 0)[s[:7] > 0].all()) and bool((s[:7] > 0)[rs > 1e-30].all())
         assert torch.equal(s[7], torch.zeros(n)) and bool(s[8].isnan().all())
         gx = _native.power_backward(s, grad.float(), 1.0)[0]
-        sd = s[:7].double()
-        want = sd * (grad[:7] - (sd * grad[:7]).sum(-1, keepdim=True) / sd.sum(-1, keepdim=True))
+        want = jacobian_product(s[:7].double(), grad[:7])
         assert torch.allclose(gx[:7].double(), want, atol=2e-6), (gx[:7].double() - want).abs().max()
         assert torch.equal(gx[7], torch.zeros(n)) and bool(gx[8].isnan().all())
-        xs = x[:7].clone().requires_grad_()
-        a = alpha if isinstance(alpha, float) else alpha[:7, None]
-        (auto,) = torch.autograd.grad(entmax_bisect(xs, a, impl="static"), xs, grad[:7])
+        auto = autograd_of_the_torch_mapping(x[:7], alpha if isinstance(alpha, float) else alpha[:7, None], grad[:7])
         assert torch.allclose(gx[:7].double(), auto, atol=2e-5), (gx[:7].double() - auto).abs().max()
     calls = []
     real = _native.power_backward
@@ -418,8 +426,7 @@ def test_the_forward_weights_give_the_backward_without_powers(native_build, monk
     entmax_bisect(xs, 1.3).backward(grad.float())
     if _native.power_probs(x[:1].float(), 0.3, 200, EPS, root=False) is not None:  # (not in a build without vectors)
         assert calls == [1.0]
-    xd = x.clone().requires_grad_()
-    (want,) = torch.autograd.grad(entmax_bisect(xd, 1.3, impl="static"), xd, grad)
+    want = autograd_of_the_torch_mapping(x, 1.3, grad)
     assert torch.allclose(xs.grad.double(), want, atol=2e-5), (xs.grad.double() - want).abs().max()
 
 
