@@ -571,6 +571,9 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
  * which the formula cancels), J^T g = s (g - <s, g> / sum s), sums in double. One pass forms s
  * (written to out; chunks of L entries without a support entry are zeros after one comparison)
  * and both sums, a second scales out in place. A NaN r gives NaN (as torch's r^e would).
+ * e = 1 (s given: the forward's last powers, or 1.5-entmax's r = sqrt(p)) and e = 0 (s = 1 on the
+ * support: sparsemax, r = p; a NaN is outside it, as torch's sign(NaN) = 0 has it) take no power, so their first pass tests no chunk (that branch
+ * mispredicts on sparse rows) and takes a short row's last entries one by one, without copies.
  * A learnable alpha's gradient (ga given; r is then the output p, e = 2 - alpha, am1 = alpha - 1):
  * dp/dalpha = w - s sum w / sum s with w = p (1 - (alpha - 1) ln p) / (alpha - 1)^2 on the support
  * (the derivative of the fixed point; ln p from the same logarithm as the power), so <g, dp/dalpha>
@@ -590,12 +593,12 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         memcpy(&gv, gp, sizeof gv);                                                             \
         const DT d = __builtin_convertvector(rv, DT);                                           \
         const IT m = d > zero;                                                                  \
-        DT lg, w = d; /* e = 1 (s given): no power */                                           \
+        DT lg = zero, w = e0 ? one : d; /* e = 0 (the support's indicator), 1 (s given): no power */ \
         if (raise) {                                                                            \
             VLOG2(DT, IT, SEL(IT, DT, m, d, one), lg);                                          \
             VEXP2(DT, IT, ve * lg, w);                                                          \
         }                                                                                       \
-        w = SEL(IT, DT, m, w, d * 0.0); /* 0 off the support, NaN for NaN */                    \
+        w = SEL(IT, DT, m, w, e0 ? zero : d * 0.0); /* 0 off the support, NaN for NaN (e = 0: 0) */ \
         const DT gd = __builtin_convertvector(gv, DT);                                          \
         as += w;                                                                                \
         ag += w * gd;                                                                           \
@@ -617,7 +620,8 @@ ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, c
         const float *rr = r + row * n, *gr = g + row * n;                                       \
         float *o = out + row * n;                                                               \
         const double er = e[row * e_stride], ar = ga ? am1[row * a_stride] : 0.0;               \
-        const int raise = er != 1.0 || ga; /* alpha's gradient takes the logarithm */          \
+        const int raise = (er != 1.0 && er != 0.0) || ga; /* alpha's gradient takes the logarithm */ \
+        const int e0 = er == 0.0;                                                               \
         DT ve, va, as = zero, ag = zero, aw = zero, agw = zero;                                 \
         for (int l = 0; l < L; l++) {                                                           \
             ve[l] = er;                                                                         \
@@ -626,6 +630,15 @@ ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, c
         int64_t j = 0;                                                                          \
         for (; j + L <= n; j += L)                                                              \
             POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, rr + j, gr + j, o + j);                                        \
+        if (j < n && !raise) { /* the last entries one by one (short rows: no copies) */       \
+            for (; j < n; j++) {                                                                \
+                const double d = rr[j];                                                         \
+                const double w = d > 0.0 ? (e0 ? 1.0 : d) : e0 ? 0.0 : d * 0.0;                 \
+                as[0] += w;                                                                     \
+                ag[0] += w * (double)gr[j];                                                     \
+                o[j] = (float)w;                                                                \
+            }                                                                                   \
+        }                                                                                       \
         if (j < n) { /* the last entries, padded with zeros */                                  \
             float rt[L], gt[L], ot[L];                                                          \
             memset(rt, 0, sizeof rt);                                                           \

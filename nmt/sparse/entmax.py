@@ -24,7 +24,7 @@ from ._common import (apply_last, apply_mask, broadcasts_to, check_scores, compu
                       own_precision, row_exponent, rows, shaped)
 from ._dispatch import check_impl, resolve_impl, shifted_threshold, takes_half
 from ._softmax import softmax
-from ._native import POWER_PROBS_MAX_N, power_backward, power_probs, support_backward
+from ._native import POWER_PROBS_MAX_N, power_backward, power_probs, support_backward, support_backward_serves
 from ._threshold import (ROOT_MAX_ITER, Candidates, native_long_entmax15, native_sorted_probs,
                          pruned_shifted_threshold)
 from .sparsemax import sparsemax
@@ -153,7 +153,7 @@ class Entmax15Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, impl: str = "auto") -> Tensor:  # type: ignore[override]
         kind = resolve_impl(impl, x)
-        ctx.triton, ctx.native = kind == "triton", False
+        ctx.triton, ctx.native, ctx.pruned = kind == "triton", False, kind == "pruned"
         if ctx.triton:  # the rows saved (R, n): the backward reshapes nothing more
             p = _dispatch.kernels().entmax15_forward(rows(x))
             ctx.save_for_backward(p)
@@ -168,7 +168,7 @@ class Entmax15Function(torch.autograd.Function):
                 ctx.save_for_backward(r)
                 return p
             long = native_long_entmax15(x, root=ctx.needs_input_grad[0], cube=False)
-            if long is not None:  # long rows: the same in one native pass a row (torch backward)
+            if long is not None:  # long rows: the same in one native pass a row
                 p, r = long[0], long[1]
                 if r is not None:
                     ctx.save_for_backward(r)
@@ -190,7 +190,7 @@ class Entmax15Function(torch.autograd.Function):
         (r,) = ctx.saved_tensors
         if ctx.triton:  # saved p (R, n): the kernel takes s = sqrt(p)
             return shaped(_dispatch.kernels().entmax15_backward(r, rows(grad)), ctx.shape), None
-        if ctx.native:  # one native pass
+        if ctx.native or (ctx.pruned and support_backward_serves(r)):  # one native pass (the static path: torch's)
             return shaped(support_backward(rows(r), rows(grad), indicator=False), r.shape), None
         return _entmax_backward(r, grad), None
 

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from . import _dispatch
 from ._common import apply_last, fresh_output, rows, shaped
 from ._dispatch import check_impl, resolve_impl, shifted_threshold, takes_half
-from ._native import support_backward
+from ._native import support_backward, support_backward_serves
 from ._threshold import native_long_sparsemax, native_sorted_probs
 
 
@@ -63,9 +63,9 @@ class SparsemaxFunction(torch.autograd.Function):
         long = None
         if kind == "pruned" and not torch.compiler.is_compiling():  # one native call where it serves
             fused = native_sorted_probs(x, 1.0, root=False)
-            if fused is None:  # long rows: threshold and p in one native pass a row (torch backward)
+            if fused is None:  # long rows: threshold and p in one native pass a row
                 long = native_long_sparsemax(x, squares=False)
-        ctx.triton, ctx.native = kind == "triton", fused is not None
+        ctx.triton, ctx.native, ctx.pruned = kind == "triton", fused is not None, kind == "pruned"
         if ctx.triton:  # the rows saved (R, n): the backward reshapes nothing more
             p = _dispatch.kernels().sparsemax_forward(rows(x))
             ctx.save_for_backward(p)
@@ -85,7 +85,7 @@ class SparsemaxFunction(torch.autograd.Function):
         (p,) = ctx.saved_tensors
         if ctx.triton:
             return shaped(_dispatch.kernels().sparsemax_backward(p, rows(grad)), ctx.shape), None
-        if ctx.native:  # one native pass
+        if ctx.native or (ctx.pruned and support_backward_serves(p)):  # one native pass (the static path: torch's)
             return shaped(support_backward(rows(p), rows(grad), indicator=True), p.shape), None
         return sparsemax_backward(p, grad), None
 

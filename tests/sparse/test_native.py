@@ -265,7 +265,8 @@ def test_native_backward_equals_the_torch_backward(dtype, tol):
 def test_small_mappings_take_one_native_call_each_way(monkeypatch):
     """Sparsemax and 1.5-entmax of small CPU inputs: one native call forward (threshold and output),
     one backward; their gradients pass gradcheck (float64, finite differences); larger inputs keep
-    the torch operations around the native threshold."""
+    the torch operations around the native threshold, and their backward is the native pass for
+    float32 rows (vectors, two threads), torch's for float64 ones."""
     from nmt.sparse import entmax15, sparsemax
     import sys
     calls = []
@@ -288,6 +289,9 @@ def test_small_mappings_take_one_native_call_each_way(monkeypatch):
         assert "sorted_probs" in calls and "support_backward" in calls
     calls.clear()
     entmax15(torch.randn(400, 50, requires_grad=True)).sum().backward()  # above 16,384 entries
+    assert calls == ["support_backward"]
+    calls.clear()
+    entmax15(torch.randn(400, 50, dtype=torch.float64, requires_grad=True)).sum().backward()
     assert calls == []
 
 

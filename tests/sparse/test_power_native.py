@@ -430,6 +430,47 @@ def test_the_forward_weights_give_the_backward_without_powers(native_build, monk
     assert torch.allclose(xs.grad.double(), want, atol=2e-5), (xs.grad.double() - want).abs().max()
 
 
+@pytest.mark.parametrize("n", [5, 23, 64, 300, 4103])
+def test_sparsemax_and_entmax15_backward_without_powers(native_build, monkeypatch, n):
+    """``support_backward`` of float32 rows is ``power_backward`` at ``e = 1`` (1.5-entmax, from ``r =
+    sqrt(p)``) and ``e = 0`` (sparsemax, from ``p``: its support's indicator): on every vector path,
+    short rows (a last partial chunk taken entry by entry) and long ones, equal to torch's backward
+    passes, NaN rows NaN (sparsemax: zeros, as torch's ``sign`` of NaN), rows without support zeros;
+    the front doors' float32 backward of long rows takes it and equals torch's float64 autograd."""
+    from nmt.sparse import entmax15, sparsemax
+    from nmt.sparse.entmax import _entmax_backward
+    from nmt.sparse.sparsemax import sparsemax_backward
+    import sys
+    sparsemax_module = sys.modules["nmt.sparse.sparsemax"]  # (the package's name is the function)
+
+    monkeypatch.setitem(_native._state, "lib", native_build)
+    x, grad, _ = backward_case(n)
+    x[1] = NEG_INF
+    x[2, n // 2] = float("nan")
+    xf, gf = x.float(), grad.float()
+    with torch.no_grad():
+        r = entmax15(xf, impl="static").sqrt()
+        p = sparsemax(xf, impl="static")
+    served = _native.power_backward(r, gf, 1.0) is not None
+    for got, want in ((_native.support_backward(r, gf, indicator=False), _entmax_backward(r, gf)),
+                      (_native.support_backward(p, gf, indicator=True), sparsemax_backward(p, gf))):
+        assert torch.equal(got.isnan(), want.isnan())
+        torch.testing.assert_close(got.nan_to_num(0.0), want.nan_to_num(0.0), rtol=1e-5, atol=2e-6)
+        assert torch.equal(got[1], torch.zeros(n))
+    calls = []
+    real = _native.support_backward
+    for module in (entmax_module, sparsemax_module):
+        monkeypatch.setattr(module, "support_backward", lambda *a, **k: calls.append(k["indicator"]) or real(*a, **k))
+    for mapping in (entmax15, sparsemax):
+        xs = xf[3:].clone().requires_grad_()
+        mapping(xs).backward(gf[3:])
+        xd = x[3:].clone().requires_grad_()
+        mapping(xd, impl="static").backward(grad[3:])
+        torch.testing.assert_close(xs.grad.double(), xd.grad, rtol=1e-4, atol=2e-5)
+    if served:  # short rows take the one-call native path anyway; long float32 rows now too
+        assert calls == [False, True]
+
+
 @pytest.mark.parametrize("n", [5, 20, 300])
 def test_power_backward_of_a_learned_alpha_equals_its_formulas(native_build, monkeypatch, n):
     """From the output p (e = 2 - alpha) with alpha - 1 given, the native backward's two gradients on
