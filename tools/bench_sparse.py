@@ -92,6 +92,12 @@ class Timer:
         return self.stat(times)
 
 
+def median_ms(fn: Callable[[], object], reps: int, warmup: int = 2) -> float:
+    """Median wall-clock milliseconds of ``fn`` on the CPU over ``reps`` calls after ``warmup``
+    (the timing helper of ``bench_structured`` and ``bench_continuous``)."""
+    return Timer(torch.device("cpu"), reps, warmup=warmup)(fn)
+
+
 class GraphTimer(Timer):
     """Time of a CUDA-graph replay of the callable (captured once after warm-up on a side stream):
     its kernels alone, without the host's Python and launches, as a step compiled with

@@ -84,6 +84,21 @@ def test_bench_sparse_quick(capsys, extra):
     assert ("entmax package: left out" in printed) == bool(extra)
 
 
+@pytest.mark.parametrize("name,expect", [("bench_structured", ("fusedmax", "oscarmax", "training step")),
+                                         ("bench_continuous", ("entmax15", "softmax"))])
+def test_the_attention_benchmarks_run(capsys, name, expect):
+    """``bench_structured --quick`` and ``bench_continuous --quick`` (their timing helper lives in
+    bench_sparse: they failed to import once it was renamed, unnoticed until this test) print
+    their tables."""
+    bench = _load(name)
+    try:
+        bench.main(["--quick"])
+    except SystemExit as exit_:
+        assert exit_.code in (0, None)
+    printed = capsys.readouterr().out
+    assert all(word in printed for word in expect), printed[-2000:]
+
+
 def test_bench_launch_quick():
     """``bench_launch --quick --device cpu``: every layer's host time per call through Triton's real
     launch path with the stand-in driver (kernels compiled for sm_90, no GPU), each launch reaching
