@@ -47,7 +47,8 @@ SOURCE = Path(__file__).with_name("_sorted_threshold.c")
 CANDIDATES_SOURCE = Path(__file__).with_name("_step_candidates.c")
 NEWTON_SOURCE = Path(__file__).with_name("_newton_threshold.c")
 POWER_SOURCE = Path(__file__).with_name("_power_threshold.c")
-SOURCES = (SOURCE, CANDIDATES_SOURCE, NEWTON_SOURCE, POWER_SOURCE)
+TAUT_SOURCE = Path(__file__).with_name("_taut_string.c")
+SOURCES = (SOURCE, CANDIDATES_SOURCE, NEWTON_SOURCE, POWER_SOURCE, TAUT_SOURCE)
 """The C files built into the one library: the sorted threshold (with the mappings around it), a
 search step's support statistics and best candidates (:func:`step_candidates`) and the Newton
 thresholds (:func:`newton_threshold`, :func:`bound_threshold`) and those of any power
@@ -82,6 +83,8 @@ _POWER_PROBS = {torch.float32: "nmt_power_probs_f32"}
 _POWER_PROBS_SIGNATURE = [_P, _I64, _I64, _P, _I64, _I64, ctypes.c_double, _P, _P, _P, _P, _P, _INT]
 _POWER_BACKWARD = {torch.float32: "nmt_power_backward_f32"}
 _POWER_BACKWARD_SIGNATURE = [_P, _P, _I64, _I64, _P, _I64, _P, _I64, _P, _P, _INT]
+_TAUT = {torch.float32: "nmt_taut_string_f32", torch.float64: "nmt_taut_string_f64"}
+_TAUT_SIGNATURE = [_P, _I64, _I64, _P, ctypes.c_double, ctypes.c_double, _P, _P, _P, _INT]
 
 logger = logging.getLogger(__name__)
 _state: dict[str, object] = {}  # "lib": the loaded CDLL or None once decided
@@ -160,7 +163,8 @@ def load(path: Path) -> ctypes.CDLL:
             getattr(lib, name + suffix).restype = None
     for names, argtypes in ((_CANDIDATES, _CANDIDATES_SIGNATURE), (_NEWTON, _NEWTON_SIGNATURE),
                             (_BOUND, _BOUND_SIGNATURE), (_POWER, _POWER_SIGNATURE),
-                            (_POWER_PROBS, _POWER_PROBS_SIGNATURE), (_POWER_BACKWARD, _POWER_BACKWARD_SIGNATURE)):
+                            (_POWER_PROBS, _POWER_PROBS_SIGNATURE), (_POWER_BACKWARD, _POWER_BACKWARD_SIGNATURE),
+                            (_TAUT, _TAUT_SIGNATURE)):
         for name in names.values():
             getattr(lib, name).argtypes = argtypes
             getattr(lib, name).restype = ctypes.c_int if names in (_CANDIDATES, _POWER_PROBS, _POWER_BACKWARD) else None
@@ -553,6 +557,32 @@ def _threads(numel: int, split_min: Optional[int] = None) -> int:
     return torch.get_num_threads() if numel >= (NEWTON_SPLIT_MIN_NUMEL if split_min is None else split_min) else 1
 
 
+def taut_string(x: Tensor, lengths: Tensor, lam_low: float, lam_up: float) -> Optional[tuple[Tensor, Tensor]]:
+    """Taut strings of the row prefixes of ``x: (R, n)`` (CPU, float32/64; the first ``lengths[r]``
+    entries of row ``r``, ``lengths: (R,)`` integers) through the gates ``r_k - lam_low <= s_k <=
+    r_k + lam_up`` around the running sums, in one native call (``_taut_string.c``: the funnel
+    scan a row at a time, pool-adjacent-violators for the isotonic fit ``lam_low = 0, lam_up =
+    inf``; rows split over torch's threads): what :func:`nmt.sparse._taut_string.taut_string`
+    computes, exact (sums and slopes in double). Returns ``(y, groups)``: the slopes (0 past the
+    length), ``x``'s dtype, and each position's group, the first position of its straight segment
+    (``m`` past the length), int64; None when the library is unavailable or the dtype is another.
+    No device is involved."""
+    lib = library()
+    if lib is None or x.dtype not in _TAUT:
+        return None
+    rows, n = x.shape
+    x = x.detach().contiguous()
+    lengths = lengths.to(torch.int64).contiguous()
+    y = torch.empty_like(x)
+    groups = torch.empty(rows, n, dtype=torch.int64)
+    threads = _threads(x.numel(), POWER_SPLIT_MIN_NUMEL)
+    scratch = torch.empty(threads * (n + 1), dtype=torch.float64)
+    if rows and n:
+        getattr(lib, _TAUT[x.dtype])(x.data_ptr(), rows, n, lengths.data_ptr(), float(lam_low), float(lam_up),
+                                     y.data_ptr(), groups.data_ptr(), scratch.data_ptr(), threads)
+    return y, groups
+
+
 class _RowValues:
     """A per-row parameter as the power loops take it: ``ptr`` (the address of float64 values) and
     ``stride``: one value a row (stride 1) for a tensor of ``rows`` values, else the float's one value
@@ -607,4 +637,4 @@ __all__ = ["CANDIDATES_SOURCE", "CFLAGS", "HEADERS", "MAX_CANDIDATES", "NEWTON_S
            "OPENMP_FLAGS", "POWER_LONG_SCRATCH", "power_long_scratch", "POWER_PROBS_MAX_N", "POWER_STATS", "POWER_SOURCE", "POWER_SPLIT_MIN_NUMEL", "SOURCE", "SOURCES", "available", "bound_entmax15",
            "bound_sparsemax", "bound_threshold", "build", "cache_dir", "load_once",
            "enabled", "library", "load", "native_sorted_shifted_threshold", "newton_threshold", "power_backward", "power_probs", "power_threshold",
-           "solve", "sorted_probs", "step_candidates", "support_backward", "support_backward_serves", "SUPPORT_BACKWARD_MIN_N"]
+           "solve", "sorted_probs", "step_candidates", "taut_string", "TAUT_SOURCE", "support_backward", "support_backward_serves", "SUPPORT_BACKWARD_MIN_N"]

@@ -187,11 +187,16 @@ def test_isotonic_matches_pool_adjacent_violators():
 
 @pytest.mark.parametrize("lams", [(0.3, 0.3), (0.0, math.inf), (0.05, 2.0), (4.0, 4.0)])
 def test_active_set_agrees_with_funnel_scan(lams):
-    """The two exact knot finders (active set; funnel scan after 0 / 2 rounds) agree."""
+    """The exact knot finders agree: the torch active set; the torch funnel scan after 0 / 2 rounds
+    and on every row (``static``); the native scan (pool-adjacent-violators for the isotonic fit)."""
     x, lengths = _rows(4, 50, 25, 2.0)
-    y, groups = taut_string(x, lengths, *lams)
+    y, groups = taut_string(x, lengths, *lams, native=False)
     for rounds in (0, 2):
-        y2, groups2 = taut_string(x, lengths, *lams, max_iter=rounds)
+        y2, groups2 = taut_string(x, lengths, *lams, max_iter=rounds, native=False)
+        torch.testing.assert_close(y2, y, rtol=0, atol=1e-12)
+        assert torch.equal(groups2, groups)
+    for kw in ({"static": True}, {}):  # {}: the native scan where the library is built
+        y2, groups2 = taut_string(x, lengths, *lams, **kw)
         torch.testing.assert_close(y2, y, rtol=0, atol=1e-12)
         assert torch.equal(groups2, groups)
 

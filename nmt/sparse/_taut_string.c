@@ -1,0 +1,125 @@
+/* Taut strings of row prefixes, row by row: the native CPU form of nmt.sparse._taut_string.
+ *
+ * For a row x of length m with running sums r_0 = 0, r_k = x_1 + .. + x_k (in double), the taut
+ * string is the shortest path from (0, 0) to (m, r_m) through the gates
+ * r_k - lam_low <= s_k <= r_k + lam_up (k = 1 .. m - 1); its slopes y_i = s_{i+1} - s_i are the
+ * prox of lam times 1-d total variation (lam_low = lam_up = lam) or, with lam_low = 0 and
+ * lam_up = inf, the least-squares non-increasing (isotonic) fit of x.
+ *
+ * The funnel scan (the torch module's static algorithm, one start at a time): from a knot a at
+ * height h, walk j = a + 1 .. m keeping the smallest slope to the upper walls (hi, and the node that
+ * set it, the last on ties) and the largest to the lower walls (lo, likewise); at the first j with
+ * lo > hi the string bends: down at the upper node that set hi when the lower wall at j rose above
+ * the previous hi, else up at the lower node that set lo. That node is the next knot (height
+ * r + lam_up or r - lam_low); without a crossing the string runs straight to (m, r_m). Every
+ * position of the segment between two knots gets the slope
+ * (sum of x over it + offset(end) - offset(start)) / length (offset +lam_up at an upper knot,
+ * -lam_low at a lower one, 0 at the ends) and the segment's first position as its group.
+ * The isotonic fit takes pool-adjacent-violators instead (the same blocks: adjacent blocks of
+ * equal means merge, as collinear points lie on one segment of the majorant), O(m) where the scan
+ * from every vertex to the end would be O(m^2).
+ *
+ * Positions at or past the length: y = 0, group m. Work per row: the scan's walks, each from a knot
+ * to just past the next (O(m) for the short segments of attention rows, O(m^2) at worst); sums and
+ * slopes in double. Scratch: n + 1 doubles a thread (the running sums; the isotonic blocks reuse
+ * it with the groups' array). Rows split over the threads. */
+#include <math.h>
+#include <stdint.h>
+
+#include "_cpu_dispatch.h"
+
+#define DEFINE_TAUT(NAME, T)                                                                    \
+static void NAME##_row(const T *x, int64_t n, int64_t m, double lam_low, double lam_up, T *y,  \
+                       int64_t *groups, double *r)                                              \
+{                                                                                               \
+    m = m < 0 ? 0 : m > n ? n : m;                                                              \
+    for (int64_t i = m; i < n; i++) {                                                           \
+        y[i] = (T)0;                                                                            \
+        groups[i] = m;                                                                          \
+    }                                                                                           \
+    if (m == 0)                                                                                 \
+        return;                                                                                 \
+    if (lam_low == 0.0 && lam_up == INFINITY) { /* pool adjacent violators: blocks on a stack */ \
+        double *sum = r;    /* a block's sum; its first position in groups[top], its count next */ \
+        int64_t top = -1, *start = groups;                                                      \
+        for (int64_t i = 0; i < m; i++) {                                                       \
+            double s = (double)x[i];                                                            \
+            int64_t first = i;                                                                  \
+            /* merge while the block below has a mean at most this one's (non-increasing fit) */ \
+            while (top >= 0 && sum[top] * (double)(i + 1 - first) <= s * (double)(first - start[top])) { \
+                s += sum[top];                                                                  \
+                first = start[top];                                                             \
+                top--;                                                                          \
+            }                                                                                   \
+            sum[++top] = s;                                                                     \
+            start[top] = first;                                                                 \
+        }                                                                                       \
+        for (int64_t b = top, end = m; b >= 0; end = start[b], b--) { /* from the last block */ \
+            const int64_t first = start[b];                                                     \
+            const T v = (T)(sum[b] / (double)(end - first));                                    \
+            for (int64_t i = first; i < end; i++) {                                             \
+                y[i] = v;                                                                       \
+                groups[i] = first; /* (overwrites start[] from the top: start[b] <= first) */    \
+            }                                                                                   \
+        }                                                                                       \
+        return;                                                                                 \
+    }                                                                                           \
+    r[0] = 0.0;                                                                                 \
+    for (int64_t k = 0; k < m; k++)                                                             \
+        r[k + 1] = r[k] + (double)x[k];                                                         \
+    int64_t a = 0;                                                                              \
+    double h = 0.0, off_a = 0.0; /* the knot's height and offset (0 at the start) */            \
+    while (a < m) {                                                                             \
+        double hi = INFINITY, lo = -INFINITY;                                                   \
+        int64_t hi_at = -1, lo_at = -1, b = m;                                                  \
+        double off_b = 0.0;                                                                     \
+        for (int64_t j = a + 1; j <= m; j++) {                                                  \
+            const int inner = j < m;                                                            \
+            const double up = inner ? r[j] + lam_up : r[j], low = inner ? r[j] - lam_low : r[j];  \
+            const double len = (double)(j - a), su = (up - h) / len, sl = (low - h) / len;      \
+            const double prev_hi = hi;                                                          \
+            const int64_t prev_hi_at = hi_at, prev_lo_at = lo_at;                               \
+            if (su <= hi) {                                                                     \
+                hi = su;                                                                        \
+                hi_at = j;                                                                      \
+            }                                                                                   \
+            if (sl >= lo) {                                                                     \
+                lo = sl;                                                                        \
+                lo_at = j;                                                                      \
+            }                                                                                   \
+            if (lo > hi) { /* the funnel closed at j: bend at the node of the side crossed */  \
+                if (sl > prev_hi) {                                                             \
+                    b = prev_hi_at;                                                             \
+                    off_b = lam_up;                                                             \
+                } else {                                                                        \
+                    b = prev_lo_at;                                                             \
+                    off_b = -lam_low;                                                           \
+                }                                                                               \
+                break;                                                                          \
+            }                                                                                   \
+        }                                                                                       \
+        double seg = 0.0;                                                                       \
+        for (int64_t i = a; i < b; i++)                                                         \
+            seg += (double)x[i];                                                                \
+        const T v = (T)((seg + off_b - off_a) / (double)(b - a));                               \
+        for (int64_t i = a; i < b; i++) {                                                       \
+            y[i] = v;                                                                           \
+            groups[i] = a;                                                                      \
+        }                                                                                       \
+        h = b < m ? r[b] + off_b : r[m];                                                        \
+        off_a = off_b;                                                                          \
+        a = b;                                                                                  \
+    }                                                                                           \
+}                                                                                               \
+                                                                                                \
+void NAME(const T *x, int64_t rows, int64_t n, const int64_t *lengths, double lam_low, double lam_up, \
+          T *y, int64_t *groups, double *scratch, int threads)                                  \
+{                                                                                               \
+    FOR_THREADS(threads, rows,                                                                  \
+                for (int64_t row = FIRST; row < LAST; row++)                                    \
+                    NAME##_row(x + row * n, n, lengths[row], lam_low, lam_up, y + row * n,      \
+                               groups + row * n, scratch + t_ * (n + 1)));                      \
+}
+
+DEFINE_TAUT(nmt_taut_string_f32, float)
+DEFINE_TAUT(nmt_taut_string_f64, double)

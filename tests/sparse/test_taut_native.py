@@ -1,0 +1,118 @@
+"""The native taut string (``nmt/sparse/_taut_string.c`` through ``nmt.sparse._native.taut_string``):
+the funnel scan one start at a time and pool-adjacent-violators for the isotonic fit, against the torch
+funnel scan (``static``, an independent implementation) and a brute-force isotonic fit, on every build
+of the library; ties, lengths, padding, threads; the structured mappings' CPU path takes it."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nmt.sparse import _native
+from nmt.sparse import _taut_string as taut_module
+from nmt.sparse._taut_string import taut_string
+
+WALLS = [(0.1, 0.1), (0.5, 0.5), (2.0, 2.0), (0.0, math.inf), (0.0, 0.3), (0.2, math.inf), (0.05, 2.0)]
+
+
+def rows(n_rows: int, n: int, seed: int, dtype: torch.dtype, ties: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of varied spreads and prefix lengths (one full, one empty); ``ties``: values on a grid."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_rows, n, generator=g, dtype=torch.float64) * torch.linspace(0.1, 4.0, n_rows, dtype=torch.float64)[:, None]
+    if ties:
+        x = (x * 2).round() / 2
+    lengths = torch.randint(0, n + 1, (n_rows,), generator=g)
+    lengths[0], lengths[-1] = n, 0
+    return x.to(dtype), lengths
+
+
+def isotonic_brute_force(v: list[float]) -> list[float]:
+    """Least-squares non-increasing fit by repeated pooling of the first violating pair of blocks."""
+    blocks = [[x] for x in v]
+    merged = True
+    while merged:
+        merged = False
+        for i in range(len(blocks) - 1):
+            if sum(blocks[i]) / len(blocks[i]) < sum(blocks[i + 1]) / len(blocks[i + 1]):
+                blocks[i:i + 2] = [blocks[i] + blocks[i + 1]]
+                merged = True
+                break
+    return [sum(b) / len(b) for b in blocks for _ in b]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 2, 7, 50, 300])
+def test_native_taut_string_equals_the_torch_funnel_scan(native_build, monkeypatch, dtype, n):
+    """Slopes within rounding of the torch funnel scan for TV, asymmetric and one-sided walls and the
+    isotonic fit, on every build; the groups equal on untied rows, the slopes on tied ones; past the
+    length slope 0 and group m; an empty row all padding."""
+    monkeypatch.setitem(_native._state, "lib", native_build)
+    tol = 1e-5 if dtype is torch.float32 else 1e-11
+    for ties in (False, True):
+        x, lengths = rows(9, n, seed=n + ties, dtype=dtype, ties=ties)
+        for lam_low, lam_up in WALLS:
+            found = _native.taut_string(x, lengths, lam_low, lam_up)
+            assert found is not None
+            y, groups = found
+            want_y, want_groups = taut_string(x, lengths, lam_low, lam_up, static=True)
+            assert y.dtype is dtype and groups.dtype is torch.int64
+            torch.testing.assert_close(y, want_y, rtol=tol, atol=tol * (1 + float(x.abs().max())))
+            if not ties:
+                assert torch.equal(groups, want_groups), (lam_low, lam_up)
+            pad = torch.arange(n) >= lengths[:, None]
+            assert bool((y[pad] == 0).all()) and torch.equal(groups[pad], lengths[:, None].expand(-1, n)[pad])
+
+
+def test_native_isotonic_fit_equals_brute_force_pooling():
+    """The pool-adjacent-violators path against the definition (pool while a block's mean is below the
+    next one's), float64, rows with ties."""
+    if not _native.available():
+        pytest.skip("native library not built")
+    x, lengths = rows(12, 40, seed=3, dtype=torch.float64, ties=True)
+    y, groups = _native.taut_string(x, lengths, 0.0, math.inf)
+    for b in range(12):
+        m = int(lengths[b])
+        want = isotonic_brute_force(x[b, :m].tolist())
+        torch.testing.assert_close(y[b, :m], torch.tensor(want, dtype=torch.float64), rtol=0, atol=1e-12)
+        starts = groups[b, :m]
+        assert bool((starts <= torch.arange(m)).all())  # a position's group starts at or before it
+        assert bool((y[b, :m] == y[b, starts]).all())  # one value per group
+
+
+def test_native_taut_string_over_two_threads_gives_the_same_bits(monkeypatch):
+    if not _native.available():
+        pytest.skip("native library not built")
+    x, lengths = rows(401, 60, seed=8, dtype=torch.float32)
+    one = _native.taut_string(x, lengths, 0.3, 0.3)
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(_native, "POWER_SPLIT_MIN_NUMEL", 1)
+    torch.set_num_threads(2)
+    try:
+        two = _native.taut_string(x, lengths, 0.3, 0.3)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+
+
+def test_the_cpu_path_takes_the_native_scan_and_falls_back(monkeypatch):
+    """CPU, eager, not ``static``: one native call (fusedmax's prox and oscarmax's isotonic fit go
+    through it); half precision or no library: the torch active set, the same result."""
+    from nmt.sparse.structured import fusedmax, oscarmax
+
+    if not _native.available():
+        pytest.skip("native library not built")
+    calls = []
+    real = _native.taut_string
+    monkeypatch.setattr(taut_module, "native_taut_string", lambda *a: calls.append(a[2:]) or real(*a))
+    x = torch.randn(6, 15, dtype=torch.float64, requires_grad=True)
+    p = fusedmax(x, lam=0.2)
+    q = oscarmax(x, lam=0.05)
+    assert calls == [(0.2, 0.2), (0.0, math.inf)]
+    (gp,) = torch.autograd.grad(p, x, torch.randn(6, 15, dtype=torch.float64))
+    with monkeypatch.context() as m:
+        m.setitem(_native._state, "lib", None)
+        torch.testing.assert_close(fusedmax(x, lam=0.2), p, rtol=0, atol=1e-12)
+        torch.testing.assert_close(oscarmax(x, lam=0.05), q, rtol=0, atol=1e-12)
+    assert _native.taut_string(x.detach().half(), torch.full((6,), 15), 0.1, 0.1) is None
+    assert torch.isfinite(gp).all()
