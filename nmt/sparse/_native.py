@@ -85,6 +85,8 @@ _POWER_BACKWARD = {torch.float32: "nmt_power_backward_f32"}
 _POWER_BACKWARD_SIGNATURE = [_P, _P, _I64, _I64, _P, _I64, _P, _I64, _P, _P, _INT]
 _TAUT = {torch.float32: "nmt_taut_string_f32", torch.float64: "nmt_taut_string_f64"}
 _TAUT_SIGNATURE = [_P, _I64, _I64, _P, ctypes.c_double, ctypes.c_double, _P, _P, _P, _INT]
+_ORDERED = {torch.float32: "nmt_taut_string_f32_ordered", torch.float64: "nmt_taut_string_f64_ordered"}
+_ORDERED_SIGNATURE = [_P, _I64, _I64, _P, ctypes.c_double, _P, _P, _P, _INT]
 
 logger = logging.getLogger(__name__)
 _state: dict[str, object] = {}  # "lib": the loaded CDLL or None once decided
@@ -164,7 +166,7 @@ def load(path: Path) -> ctypes.CDLL:
     for names, argtypes in ((_CANDIDATES, _CANDIDATES_SIGNATURE), (_NEWTON, _NEWTON_SIGNATURE),
                             (_BOUND, _BOUND_SIGNATURE), (_POWER, _POWER_SIGNATURE),
                             (_POWER_PROBS, _POWER_PROBS_SIGNATURE), (_POWER_BACKWARD, _POWER_BACKWARD_SIGNATURE),
-                            (_TAUT, _TAUT_SIGNATURE)):
+                            (_TAUT, _TAUT_SIGNATURE), (_ORDERED, _ORDERED_SIGNATURE)):
         for name in names.values():
             getattr(lib, name).argtypes = argtypes
             getattr(lib, name).restype = ctypes.c_int if names in (_CANDIDATES, _POWER_PROBS, _POWER_BACKWARD) else None
@@ -576,11 +578,35 @@ def taut_string(x: Tensor, lengths: Tensor, lam_low: float, lam_up: float) -> Op
     y = torch.empty_like(x)
     groups = torch.empty(rows, n, dtype=torch.int64)
     threads = _threads(x.numel(), POWER_SPLIT_MIN_NUMEL)
-    scratch = torch.empty(threads * (n + 1), dtype=torch.float64)
+    scratch = torch.empty(threads * (2 * n + 1), dtype=torch.float64)
     if rows and n:
         getattr(lib, _TAUT[x.dtype])(x.data_ptr(), rows, n, lengths.data_ptr(), float(lam_low), float(lam_up),
                                      y.data_ptr(), groups.data_ptr(), scratch.data_ptr(), threads)
     return y, groups
+
+
+def ordered_fit(keys: Tensor, lengths: Tensor, lam: float) -> Optional[tuple[Tensor, Tensor]]:
+    """OSCAR's ordered fit of the row prefixes of ``keys: (R, n)`` (CPU, float32/64; ``lengths: (R,)``),
+    the prox of ``lam * sum_{i<j} max(z_i, z_j)``, in one native call (``_taut_string.c``: a stable
+    decreasing sort, the sorted keys less ``lam (m - 1 - k)``, pool-adjacent-violators, back in
+    place; rows split over torch's threads): what :func:`nmt.sparse._prox_oscar.ordered_fit` computes.
+    Returns ``(fit, groups)``: the fit (0 past the length; a row holding NaN: NaN), ``keys``' dtype,
+    and each position's group, its block's first sorted position (``m`` past the length), int64;
+    None when the library is unavailable or the dtype is another. No device is involved."""
+    lib = library()
+    if lib is None or keys.dtype not in _ORDERED:
+        return None
+    rows, n = keys.shape
+    keys = keys.detach().contiguous()
+    lengths = lengths.to(torch.int64).contiguous()
+    fit = torch.empty_like(keys)
+    groups = torch.empty(rows, n, dtype=torch.int64)
+    threads = _threads(keys.numel(), POWER_SPLIT_MIN_NUMEL)
+    scratch = torch.empty(threads * 4 * n, dtype=torch.float64)
+    if rows and n:
+        getattr(lib, _ORDERED[keys.dtype])(keys.data_ptr(), rows, n, lengths.data_ptr(), float(lam), fit.data_ptr(),
+                                           groups.data_ptr(), scratch.data_ptr(), threads)
+    return fit, groups
 
 
 class _RowValues:
@@ -637,4 +663,4 @@ __all__ = ["CANDIDATES_SOURCE", "CFLAGS", "HEADERS", "MAX_CANDIDATES", "NEWTON_S
            "OPENMP_FLAGS", "POWER_LONG_SCRATCH", "power_long_scratch", "POWER_PROBS_MAX_N", "POWER_STATS", "POWER_SOURCE", "POWER_SPLIT_MIN_NUMEL", "SOURCE", "SOURCES", "available", "bound_entmax15",
            "bound_sparsemax", "bound_threshold", "build", "cache_dir", "load_once",
            "enabled", "library", "load", "native_sorted_shifted_threshold", "newton_threshold", "power_backward", "power_probs", "power_threshold",
-           "solve", "sorted_probs", "step_candidates", "taut_string", "TAUT_SOURCE", "support_backward", "support_backward_serves", "SUPPORT_BACKWARD_MIN_N"]
+           "solve", "sorted_probs", "step_candidates", "taut_string", "ordered_fit", "TAUT_SOURCE", "support_backward", "support_backward_serves", "SUPPORT_BACKWARD_MIN_N"]

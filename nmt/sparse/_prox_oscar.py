@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ._common import fresh_output
 from ._groups import group_average
+from ._native import ordered_fit as native_ordered_fit
 from ._taut_string import taut_string
 
 
@@ -38,14 +39,22 @@ def isotonic_nonincreasing(v: Tensor, lengths: Tensor, static: bool = False) -> 
     return taut_string(v, lengths, 0.0, math.inf, static=static)
 
 
-def ordered_fit(keys: Tensor, lengths: Tensor, lam: float, static: bool = False) -> tuple[Tensor, Tensor]:
+def ordered_fit(keys: Tensor, lengths: Tensor, lam: float, static: bool = False,
+                native: bool = True) -> tuple[Tensor, Tensor]:
     """Exact prox of ``lam * sum_{i<j} max(z_i, z_j) = sum_k w_k z_(k)`` (``w_k = lam (m - k)``).
 
     The minimiser is ordered like ``keys``, so it is ``P^T iso(keys_sorted - w)`` with ``P``
     sorting ``keys`` decreasingly. keys: (B, n), positions ``>= lengths[b]`` ignored.
-    static: no host sync (see :func:`taut_string`). Returns ``(fit, groups)``, both (B, n) in the original order: the prox (undefined past the
+    static: no host sync (see :func:`taut_string`). ``native`` (CPU, eager, not ``static``): the
+    whole fit in one native call (:func:`nmt.sparse._native.ordered_fit`: sort, weights, pool
+    adjacent violators, scatter) where the library is built; False: the torch operations around
+    the taut string. Returns ``(fit, groups)``, both (B, n) in the original order: the prox (undefined past the
     length) and each position's group of tied values.
     """
+    if native and not static and keys.device.type == "cpu" and not torch.compiler.is_compiling():
+        found = native_ordered_fit(keys, lengths, lam)
+        if found is not None:  # (None: no native library, or another dtype)
+            return found
     B, n = keys.shape
     pos = torch.arange(n, device=keys.device)
     valid = pos < lengths[:, None]

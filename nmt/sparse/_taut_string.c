@@ -21,12 +21,38 @@
  *
  * Positions at or past the length: y = 0, group m. Work per row: the scan's walks, each from a knot
  * to just past the next (O(m) for the short segments of attention rows, O(m^2) at worst); sums and
- * slopes in double. Scratch: n + 1 doubles a thread (the running sums; the isotonic blocks reuse
- * it with the groups' array). Rows split over the threads. */
+ * slopes in double. Scratch: 2 n + 1 doubles a thread (the running sums, or the isotonic fit's
+ * values and block sums with the groups' array for their starts). Rows split over the threads.
+ *
+ * NAME_ordered: the ordered fit of OSCAR (nmt.sparse._prox_oscar.ordered_fit), the prox of
+ * lam sum_{i<j} max(z_i, z_j): sort the keys decreasingly (stable), subtract lam (m - 1 - k) from
+ * the k-th, fit them non-increasing (pool adjacent violators), put the fit back in place; groups are
+ * the blocks' first sorted positions. Scratch: 4 n words a thread. */
 #include <math.h>
 #include <stdint.h>
 
 #include "_cpu_dispatch.h"
+
+/* Pool adjacent violators on v[0 .. m): the blocks of the least-squares non-increasing fit, as a
+   stack (sum[b], start[b] its first position; a block ends where the next starts, the last at m);
+   a block merges into the one below while that one's mean is at most its own (equal means merge:
+   collinear points lie on one segment of the majorant). Returns the number of blocks. */
+static int64_t pav_blocks(const double *v, int64_t m, double *sum, int64_t *start)
+{
+    int64_t top = -1;
+    for (int64_t i = 0; i < m; i++) {
+        double s = v[i];
+        int64_t first = i;
+        while (top >= 0 && sum[top] * (double)(i + 1 - first) <= s * (double)(first - start[top])) {
+            s += sum[top];
+            first = start[top];
+            top--;
+        }
+        sum[++top] = s;
+        start[top] = first;
+    }
+    return top + 1;
+}
 
 #define DEFINE_TAUT(NAME, T)                                                                    \
 static void NAME##_row(const T *x, int64_t n, int64_t m, double lam_low, double lam_up, T *y,  \
@@ -39,27 +65,17 @@ static void NAME##_row(const T *x, int64_t n, int64_t m, double lam_low, double 
     }                                                                                           \
     if (m == 0)                                                                                 \
         return;                                                                                 \
-    if (lam_low == 0.0 && lam_up == INFINITY) { /* pool adjacent violators: blocks on a stack */ \
-        double *sum = r;    /* a block's sum; its first position in groups[top], its count next */ \
-        int64_t top = -1, *start = groups;                                                      \
-        for (int64_t i = 0; i < m; i++) {                                                       \
-            double s = (double)x[i];                                                            \
-            int64_t first = i;                                                                  \
-            /* merge while the block below has a mean at most this one's (non-increasing fit) */ \
-            while (top >= 0 && sum[top] * (double)(i + 1 - first) <= s * (double)(first - start[top])) { \
-                s += sum[top];                                                                  \
-                first = start[top];                                                             \
-                top--;                                                                          \
-            }                                                                                   \
-            sum[++top] = s;                                                                     \
-            start[top] = first;                                                                 \
-        }                                                                                       \
-        for (int64_t b = top, end = m; b >= 0; end = start[b], b--) { /* from the last block */ \
+    if (lam_low == 0.0 && lam_up == INFINITY) { /* pool adjacent violators */                  \
+        double *v = r, *sum = r + n; /* (scratch: 2 n + 1 doubles) */                           \
+        for (int64_t i = 0; i < m; i++)                                                         \
+            v[i] = (double)x[i];                                                                \
+        int64_t *start = groups; /* the blocks' starts, overwritten from the top below */       \
+        for (int64_t b = pav_blocks(v, m, sum, start) - 1, end = m; b >= 0; end = start[b], b--) { \
             const int64_t first = start[b];                                                     \
-            const T v = (T)(sum[b] / (double)(end - first));                                    \
-            for (int64_t i = first; i < end; i++) {                                             \
-                y[i] = v;                                                                       \
-                groups[i] = first; /* (overwrites start[] from the top: start[b] <= first) */    \
+            const T val = (T)(sum[b] / (double)(end - first));                                  \
+            for (int64_t i = first; i < end; i++) { /* (start[b] <= first: no unread start lost) */ \
+                y[i] = val;                                                                     \
+                groups[i] = first;                                                              \
             }                                                                                   \
         }                                                                                       \
         return;                                                                                 \
@@ -118,7 +134,79 @@ void NAME(const T *x, int64_t rows, int64_t n, const int64_t *lengths, double la
     FOR_THREADS(threads, rows,                                                                  \
                 for (int64_t row = FIRST; row < LAST; row++)                                    \
                     NAME##_row(x + row * n, n, lengths[row], lam_low, lam_up, y + row * n,      \
-                               groups + row * n, scratch + t_ * (n + 1)));                      \
+                               groups + row * n, scratch + t_ * (2 * n + 1)));                  \
+}                                                                                               \
+                                                                                                \
+/* the ordered fit of a row (keys of length n, the first m used): positions sorted by key,       \
+   decreasing and stable (insertion sort into idx, merges of runs of 16 above), v = the sorted keys \
+   less lam (m - 1 - k), its non-increasing fit by pool adjacent violators, written back at the    \
+   positions; groups: the first sorted position of each block. A NaN key: the row's fit NaN. */   \
+static void NAME##_ordered_row(const T *keys, int64_t n, int64_t m, double lam, T *fit,        \
+                               int64_t *groups, double *scratch)                                \
+{                                                                                               \
+    m = m < 0 ? 0 : m > n ? n : m;                                                              \
+    for (int64_t i = m; i < n; i++) {                                                           \
+        fit[i] = (T)0;                                                                          \
+        groups[i] = m;                                                                          \
+    }                                                                                           \
+    int64_t *idx = (int64_t *)scratch, *tmp = idx + n;                                          \
+    double *v = scratch + 2 * n, *sum = scratch + 3 * n;                                        \
+    int nan = 0;                                                                                \
+    for (int64_t i = 0; i < m; i++) {                                                           \
+        nan |= keys[i] != keys[i];                                                              \
+        idx[i] = i;                                                                             \
+    }                                                                                           \
+    if (nan) {                                                                                  \
+        for (int64_t i = 0; i < m; i++) {                                                       \
+            fit[i] = (T)NAN;                                                                    \
+            groups[i] = 0;                                                                      \
+        }                                                                                       \
+        return;                                                                                 \
+    }                                                                                           \
+    for (int64_t lo = 0; lo < m; lo += 16) { /* runs of 16 by insertion (stable) */             \
+        const int64_t hi = lo + 16 < m ? lo + 16 : m;                                           \
+        for (int64_t i = lo + 1; i < hi; i++) {                                                 \
+            const int64_t cur = idx[i];                                                         \
+            int64_t j = i;                                                                      \
+            for (; j > lo && keys[idx[j - 1]] < keys[cur]; j--)                                 \
+                idx[j] = idx[j - 1];                                                            \
+            idx[j] = cur;                                                                       \
+        }                                                                                       \
+    }                                                                                           \
+    for (int64_t width = 16; width < m; width *= 2) { /* stable merges: the left run first on ties */ \
+        for (int64_t lo = 0; lo < m; lo += 2 * width) {                                         \
+            const int64_t mid = lo + width < m ? lo + width : m, hi = lo + 2 * width < m ? lo + 2 * width : m; \
+            int64_t a = lo, b = mid, k = lo;                                                    \
+            while (a < mid && b < hi)                                                           \
+                tmp[k++] = keys[idx[b]] > keys[idx[a]] ? idx[b++] : idx[a++];                   \
+            while (a < mid)                                                                     \
+                tmp[k++] = idx[a++];                                                            \
+            while (b < hi)                                                                      \
+                tmp[k++] = idx[b++];                                                            \
+        }                                                                                       \
+        for (int64_t i = 0; i < m; i++)                                                         \
+            idx[i] = tmp[i];                                                                    \
+    }                                                                                           \
+    for (int64_t k = 0; k < m; k++)                                                             \
+        v[k] = (double)keys[idx[k]] - lam * (double)(m - 1 - k);                                \
+    int64_t *start = tmp;                                                                       \
+    for (int64_t b = pav_blocks(v, m, sum, start) - 1, end = m; b >= 0; end = start[b], b--) { \
+        const int64_t first = start[b];                                                         \
+        const T val = (T)(sum[b] / (double)(end - first));                                      \
+        for (int64_t k = first; k < end; k++) {                                                 \
+            fit[idx[k]] = val;                                                                  \
+            groups[idx[k]] = first;                                                             \
+        }                                                                                       \
+    }                                                                                           \
+}                                                                                               \
+                                                                                                \
+void NAME##_ordered(const T *keys, int64_t rows, int64_t n, const int64_t *lengths, double lam, T *fit, \
+                    int64_t *groups, double *scratch, int threads)                              \
+{                                                                                               \
+    FOR_THREADS(threads, rows,                                                                  \
+                for (int64_t row = FIRST; row < LAST; row++)                                    \
+                    NAME##_ordered_row(keys + row * n, n, lengths[row], lam, fit + row * n,     \
+                                       groups + row * n, scratch + t_ * 4 * n));                \
 }
 
 DEFINE_TAUT(nmt_taut_string_f32, float)

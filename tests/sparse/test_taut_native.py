@@ -1,7 +1,8 @@
 """The native taut string (``nmt/sparse/_taut_string.c`` through ``nmt.sparse._native.taut_string``):
 the funnel scan one start at a time and pool-adjacent-violators for the isotonic fit, against the torch
 funnel scan (``static``, an independent implementation) and a brute-force isotonic fit, on every build
-of the library; ties, lengths, padding, threads; the structured mappings' CPU path takes it."""
+of the library; ties, lengths, padding, threads; OSCAR's ordered fit (``_native.ordered_fit``) against
+the torch one; the structured mappings' CPU path takes them."""
 from __future__ import annotations
 
 import math
@@ -10,7 +11,9 @@ import pytest
 import torch
 
 from nmt.sparse import _native
+from nmt.sparse import _prox_oscar as oscar_module
 from nmt.sparse import _taut_string as taut_module
+from nmt.sparse._prox_oscar import ordered_fit
 from nmt.sparse._taut_string import taut_string
 
 WALLS = [(0.1, 0.1), (0.5, 0.5), (2.0, 2.0), (0.0, math.inf), (0.0, 0.3), (0.2, math.inf), (0.05, 2.0)]
@@ -64,6 +67,34 @@ def test_native_taut_string_equals_the_torch_funnel_scan(native_build, monkeypat
             assert bool((y[pad] == 0).all()) and torch.equal(groups[pad], lengths[:, None].expand(-1, n)[pad])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 33, 90])
+def test_native_ordered_fit_equals_the_torch_one(native_build, monkeypatch, dtype, n):
+    """OSCAR's ordered fit in one native call (stable sort by insertion in runs of 16 and merges, the
+    sorted keys less lam (m - 1 - k), pool-adjacent-violators, back in place) against the torch
+    operations around the torch funnel scan, on every build, keys of both signs (oscarmax_exact's)
+    and magnitudes (oscarmax's), lambdas 0 to 0.3: fits within rounding, groups equal on untied
+    float64 rows; past the length fit 0 and group m; a row holding NaN all NaN."""
+    monkeypatch.setitem(_native._state, "lib", native_build)
+    tol = 1e-5 if dtype is torch.float32 else 1e-11
+    for ties in (False, True):
+        x, lengths = rows(9, n, seed=2 * n + ties, dtype=dtype, ties=ties)
+        for keys in (x, x.abs()):
+            for lam in (0.0, 0.01, 0.3):
+                fit, groups = _native.ordered_fit(keys, lengths, lam)
+                want_fit, want_groups = ordered_fit(keys, lengths, lam, static=True)
+                valid = torch.arange(n) < lengths[:, None]
+                torch.testing.assert_close(fit[valid], want_fit[valid], rtol=tol, atol=tol * (1 + float(keys.abs().max())))
+                if not ties and dtype is torch.float64:
+                    assert torch.equal(groups[valid], want_groups[valid]), lam
+                assert bool((fit[~valid] == 0).all())
+                assert torch.equal(groups[~valid], lengths[:, None].expand(-1, n)[~valid])
+    keys = torch.randn(2, n, dtype=dtype)
+    keys[0, n // 2] = float("nan")
+    fit = _native.ordered_fit(keys, torch.tensor([n, n]), 0.1)[0]
+    assert bool(fit[0].isnan().all()) and not bool(fit[1].isnan().any())
+
+
 def test_native_isotonic_fit_equals_brute_force_pooling():
     """The pool-adjacent-violators path against the definition (pool while a block's mean is below the
     next one's), float64, rows with ties."""
@@ -96,8 +127,8 @@ def test_native_taut_string_over_two_threads_gives_the_same_bits(monkeypatch):
 
 
 def test_the_cpu_path_takes_the_native_scan_and_falls_back(monkeypatch):
-    """CPU, eager, not ``static``: one native call (fusedmax's prox and oscarmax's isotonic fit go
-    through it); half precision or no library: the torch active set, the same result."""
+    """CPU, eager, not ``static``: one native call each (fusedmax's prox the taut string, oscarmax's
+    the ordered fit); half precision or no library: the torch paths, the same result."""
     from nmt.sparse.structured import fusedmax, oscarmax
 
     if not _native.available():
@@ -105,14 +136,17 @@ def test_the_cpu_path_takes_the_native_scan_and_falls_back(monkeypatch):
     calls = []
     real = _native.taut_string
     monkeypatch.setattr(taut_module, "native_taut_string", lambda *a: calls.append(a[2:]) or real(*a))
+    real_fit = _native.ordered_fit
+    monkeypatch.setattr(oscar_module, "native_ordered_fit", lambda *a: calls.append(a[2:]) or real_fit(*a))
     x = torch.randn(6, 15, dtype=torch.float64, requires_grad=True)
     p = fusedmax(x, lam=0.2)
     q = oscarmax(x, lam=0.05)
-    assert calls == [(0.2, 0.2), (0.0, math.inf)]
+    assert calls == [(0.2, 0.2), (0.05,)]
     (gp,) = torch.autograd.grad(p, x, torch.randn(6, 15, dtype=torch.float64))
     with monkeypatch.context() as m:
         m.setitem(_native._state, "lib", None)
         torch.testing.assert_close(fusedmax(x, lam=0.2), p, rtol=0, atol=1e-12)
         torch.testing.assert_close(oscarmax(x, lam=0.05), q, rtol=0, atol=1e-12)
     assert _native.taut_string(x.detach().half(), torch.full((6,), 15), 0.1, 0.1) is None
+    assert _native.ordered_fit(x.detach().half(), torch.full((6,), 15), 0.1) is None
     assert torch.isfinite(gp).all()
