@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._native import group_average as native_group_average
+
 
 def group_average(grad: Tensor, groups: Tensor, member: Tensor, n_groups: int) -> Tensor:
     """Average ``grad`` within groups.
@@ -17,7 +19,13 @@ def group_average(grad: Tensor, groups: Tensor, member: Tensor, n_groups: int) -
     grad: (B, n); groups: (B, n) long ids in ``[0, n_groups)``; member: (B, n) bool, the
     entries that belong to a group (others get 0 and do not count).
     Returns (B, n): entry i holds the mean of ``grad`` over the members sharing its group id.
+    On the CPU in eager mode one native call where the library is built (sums in double);
+    elsewhere scatter-adds and a gather, no host sync.
     """
+    if grad.device.type == "cpu" and grad.dim() == 2 and not torch.compiler.is_compiling():
+        found = native_group_average(grad, groups, member, n_groups)
+        if found is not None:  # (None: no native library, or another dtype)
+            return found
     g = torch.where(member, grad, torch.zeros_like(grad))
     shape = (grad.shape[0], n_groups)
     sums = grad.new_zeros(shape).scatter_add_(1, groups, g)

@@ -48,7 +48,8 @@ CANDIDATES_SOURCE = Path(__file__).with_name("_step_candidates.c")
 NEWTON_SOURCE = Path(__file__).with_name("_newton_threshold.c")
 POWER_SOURCE = Path(__file__).with_name("_power_threshold.c")
 TAUT_SOURCE = Path(__file__).with_name("_taut_string.c")
-SOURCES = (SOURCE, CANDIDATES_SOURCE, NEWTON_SOURCE, POWER_SOURCE, TAUT_SOURCE)
+GROUP_SOURCE = Path(__file__).with_name("_group_average.c")
+SOURCES = (SOURCE, CANDIDATES_SOURCE, NEWTON_SOURCE, POWER_SOURCE, TAUT_SOURCE, GROUP_SOURCE)
 """The C files built into the one library: the sorted threshold (with the mappings around it), a
 search step's support statistics and best candidates (:func:`step_candidates`) and the Newton
 thresholds (:func:`newton_threshold`, :func:`bound_threshold`) and those of any power
@@ -87,6 +88,8 @@ _TAUT = {torch.float32: "nmt_taut_string_f32", torch.float64: "nmt_taut_string_f
 _TAUT_SIGNATURE = [_P, _I64, _I64, _P, ctypes.c_double, ctypes.c_double, _P, _P, _P, _INT]
 _ORDERED = {torch.float32: "nmt_taut_string_f32_ordered", torch.float64: "nmt_taut_string_f64_ordered"}
 _ORDERED_SIGNATURE = [_P, _I64, _I64, _P, ctypes.c_double, _P, _P, _P, _INT]
+_GROUP = {torch.float32: "nmt_group_average_f32", torch.float64: "nmt_group_average_f64"}
+_GROUP_SIGNATURE = [_P, _P, _P, _I64, _I64, _I64, _P, _P, _INT]
 
 logger = logging.getLogger(__name__)
 _state: dict[str, object] = {}  # "lib": the loaded CDLL or None once decided
@@ -166,7 +169,7 @@ def load(path: Path) -> ctypes.CDLL:
     for names, argtypes in ((_CANDIDATES, _CANDIDATES_SIGNATURE), (_NEWTON, _NEWTON_SIGNATURE),
                             (_BOUND, _BOUND_SIGNATURE), (_POWER, _POWER_SIGNATURE),
                             (_POWER_PROBS, _POWER_PROBS_SIGNATURE), (_POWER_BACKWARD, _POWER_BACKWARD_SIGNATURE),
-                            (_TAUT, _TAUT_SIGNATURE), (_ORDERED, _ORDERED_SIGNATURE)):
+                            (_TAUT, _TAUT_SIGNATURE), (_ORDERED, _ORDERED_SIGNATURE), (_GROUP, _GROUP_SIGNATURE)):
         for name in names.values():
             getattr(lib, name).argtypes = argtypes
             getattr(lib, name).restype = ctypes.c_int if names in (_CANDIDATES, _POWER_PROBS, _POWER_BACKWARD) else None
@@ -609,6 +612,29 @@ def ordered_fit(keys: Tensor, lengths: Tensor, lam: float) -> Optional[tuple[Ten
     return fit, groups
 
 
+def group_average(grad: Tensor, groups: Tensor, member: Tensor, n_groups: int) -> Optional[Tensor]:
+    """:func:`nmt.sparse._groups.group_average` of ``grad: (R, n)`` (CPU, float32/64) in one native
+    call (``_group_average.c``: per row the sums and counts over the ids ``groups: (R, n)`` int64 in
+    ``[0, n_groups)``, in double, of the entries where ``member: (R, n)`` bool; rows split over
+    torch's threads): every member entry gets its group's mean, the others 0. Returns a new
+    ``(R, n)`` tensor of ``grad``'s dtype; None when the library is unavailable or the dtype is
+    another. No device is involved."""
+    lib = library()
+    if lib is None or grad.dtype not in _GROUP:
+        return None
+    rows, n = grad.shape
+    grad = grad.detach().contiguous()
+    groups = groups.to(torch.int64).contiguous()
+    member = member.to(torch.bool).contiguous().view(torch.uint8)
+    out = torch.empty_like(grad)
+    threads = _threads(grad.numel(), POWER_SPLIT_MIN_NUMEL)
+    scratch = torch.empty(threads * 2 * max(1, n_groups), dtype=torch.float64)
+    if rows and n:
+        getattr(lib, _GROUP[grad.dtype])(grad.data_ptr(), groups.data_ptr(), member.data_ptr(), rows, n, int(n_groups),
+                                         out.data_ptr(), scratch.data_ptr(), threads)
+    return out
+
+
 class _RowValues:
     """A per-row parameter as the power loops take it: ``ptr`` (the address of float64 values) and
     ``stride``: one value a row (stride 1) for a tensor of ``rows`` values, else the float's one value
@@ -663,4 +689,4 @@ __all__ = ["CANDIDATES_SOURCE", "CFLAGS", "HEADERS", "MAX_CANDIDATES", "NEWTON_S
            "OPENMP_FLAGS", "POWER_LONG_SCRATCH", "power_long_scratch", "POWER_PROBS_MAX_N", "POWER_STATS", "POWER_SOURCE", "POWER_SPLIT_MIN_NUMEL", "SOURCE", "SOURCES", "available", "bound_entmax15",
            "bound_sparsemax", "bound_threshold", "build", "cache_dir", "load_once",
            "enabled", "library", "load", "native_sorted_shifted_threshold", "newton_threshold", "power_backward", "power_probs", "power_threshold",
-           "solve", "sorted_probs", "step_candidates", "taut_string", "ordered_fit", "TAUT_SOURCE", "support_backward", "support_backward_serves", "SUPPORT_BACKWARD_MIN_N"]
+           "solve", "sorted_probs", "step_candidates", "taut_string", "ordered_fit", "group_average", "TAUT_SOURCE", "GROUP_SOURCE", "support_backward", "support_backward_serves", "SUPPORT_BACKWARD_MIN_N"]

@@ -150,3 +150,35 @@ def test_the_cpu_path_takes_the_native_scan_and_falls_back(monkeypatch):
     assert _native.taut_string(x.detach().half(), torch.full((6,), 15), 0.1, 0.1) is None
     assert _native.ordered_fit(x.detach().half(), torch.full((6,), 15), 0.1) is None
     assert torch.isfinite(gp).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_native_group_average_equals_its_definition(native_build, monkeypatch, dtype):
+    """The structured backward's group averaging in one native call (``_native.group_average``) on
+    every build: each member entry gets the mean of the gradient over the members sharing its id
+    (computed here row by row in Python, float64), other entries 0, groups with no member anywhere;
+    the front door (``_groups.group_average``) takes it on the CPU and equals its torch form."""
+    from nmt.sparse import _groups
+
+    monkeypatch.setitem(_native._state, "lib", native_build)
+    g = torch.Generator().manual_seed(11)
+    for n, n_groups in ((1, 2), (7, 8), (50, 51), (300, 40)):
+        grad = torch.randn(13, n, generator=g, dtype=torch.float64).to(dtype)
+        groups = torch.randint(0, n_groups, (13, n), generator=g)
+        member = torch.rand(13, n, generator=g) > 0.2
+        member[0] = False
+        out = _native.group_average(grad, groups, member, n_groups)
+        assert out is not None and out.dtype is dtype
+        want = torch.zeros(13, n, dtype=torch.float64)
+        for b in range(13):
+            for i in range(n):
+                if member[b, i]:
+                    same = member[b] & (groups[b] == groups[b, i])
+                    want[b, i] = grad[b][same].double().mean()
+        tol = 1e-6 if dtype is torch.float32 else 1e-12
+        torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol)
+        with monkeypatch.context() as m:
+            m.setitem(_native._state, "lib", None)
+            torch_form = _groups.group_average(grad, groups, member, n_groups)
+        torch.testing.assert_close(_groups.group_average(grad, groups, member, n_groups), torch_form,
+                                   rtol=tol, atol=tol)
