@@ -572,20 +572,7 @@ def taut_string(x: Tensor, lengths: Tensor, lam_low: float, lam_up: float) -> Op
     length), ``x``'s dtype, and each position's group, the first position of its straight segment
     (``m`` past the length), int64; None when the library is unavailable or the dtype is another.
     No device is involved."""
-    lib = library()
-    if lib is None or x.dtype not in _TAUT:
-        return None
-    rows, n = x.shape
-    x = x.detach().contiguous()
-    lengths = lengths.to(torch.int64).contiguous()
-    y = torch.empty_like(x)
-    groups = torch.empty(rows, n, dtype=torch.int64)
-    threads = _threads(x.numel(), POWER_SPLIT_MIN_NUMEL)
-    scratch = torch.empty(threads * (2 * n + 1), dtype=torch.float64)
-    if rows and n:
-        getattr(lib, _TAUT[x.dtype])(x.data_ptr(), rows, n, lengths.data_ptr(), float(lam_low), float(lam_up),
-                                     y.data_ptr(), groups.data_ptr(), scratch.data_ptr(), threads)
-    return y, groups
+    return _prefix_fit(_TAUT, x, lengths, 2 * x.shape[-1] + 1, (float(lam_low), float(lam_up)))
 
 
 def ordered_fit(keys: Tensor, lengths: Tensor, lam: float) -> Optional[tuple[Tensor, Tensor]]:
@@ -596,20 +583,27 @@ def ordered_fit(keys: Tensor, lengths: Tensor, lam: float) -> Optional[tuple[Ten
     Returns ``(fit, groups)``: the fit (0 past the length; a row holding NaN: NaN), ``keys``' dtype,
     and each position's group, its block's first sorted position (``m`` past the length), int64;
     None when the library is unavailable or the dtype is another. No device is involved."""
+    return _prefix_fit(_ORDERED, keys, lengths, 4 * keys.shape[-1], (float(lam),))
+
+
+def _prefix_fit(functions: dict, x: Tensor, lengths: Tensor, scratch_doubles: int,
+                params: tuple) -> Optional[tuple[Tensor, Tensor]]:
+    """The call :func:`taut_string` and :func:`ordered_fit` share: rows ``x: (R, n)`` with their
+    lengths, the entry point's ``params``, ``scratch_doubles`` a thread; ``(values, groups)`` or None."""
     lib = library()
-    if lib is None or keys.dtype not in _ORDERED:
+    if lib is None or x.dtype not in functions:
         return None
-    rows, n = keys.shape
-    keys = keys.detach().contiguous()
+    rows, n = x.shape
+    x = x.detach().contiguous()
     lengths = lengths.to(torch.int64).contiguous()
-    fit = torch.empty_like(keys)
+    out = torch.empty_like(x)
     groups = torch.empty(rows, n, dtype=torch.int64)
-    threads = _threads(keys.numel(), POWER_SPLIT_MIN_NUMEL)
-    scratch = torch.empty(threads * 4 * n, dtype=torch.float64)
+    threads = _threads(x.numel(), POWER_SPLIT_MIN_NUMEL)
+    scratch = torch.empty(threads * scratch_doubles, dtype=torch.float64)
     if rows and n:
-        getattr(lib, _ORDERED[keys.dtype])(keys.data_ptr(), rows, n, lengths.data_ptr(), float(lam), fit.data_ptr(),
-                                           groups.data_ptr(), scratch.data_ptr(), threads)
-    return fit, groups
+        getattr(lib, functions[x.dtype])(x.data_ptr(), rows, n, lengths.data_ptr(), *params, out.data_ptr(),
+                                         groups.data_ptr(), scratch.data_ptr(), threads)
+    return out, groups
 
 
 def group_average(grad: Tensor, groups: Tensor, member: Tensor, n_groups: int) -> Optional[Tensor]:

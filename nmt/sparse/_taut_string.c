@@ -55,14 +55,21 @@ static int64_t pav_blocks(const double *v, int64_t m, double *sum, int64_t *star
 }
 
 #define DEFINE_TAUT(NAME, T)                                                                    \
-static void NAME##_row(const T *x, int64_t n, int64_t m, double lam_low, double lam_up, T *y,  \
-                       int64_t *groups, double *r)                                              \
+/* the row's length clamped to [0, n]; past it: value 0, group m */                            \
+static int64_t NAME##_pad(int64_t n, int64_t m, T *out, int64_t *groups)                       \
 {                                                                                               \
     m = m < 0 ? 0 : m > n ? n : m;                                                              \
     for (int64_t i = m; i < n; i++) {                                                           \
-        y[i] = (T)0;                                                                            \
+        out[i] = (T)0;                                                                          \
         groups[i] = m;                                                                          \
     }                                                                                           \
+    return m;                                                                                   \
+}                                                                                               \
+                                                                                                \
+static void NAME##_row(const T *x, int64_t n, int64_t m, double lam_low, double lam_up, T *y,  \
+                       int64_t *groups, double *r)                                              \
+{                                                                                               \
+    m = NAME##_pad(n, m, y, groups);                                                            \
     if (m == 0)                                                                                 \
         return;                                                                                 \
     if (lam_low == 0.0 && lam_up == INFINITY) { /* pool adjacent violators */                  \
@@ -144,11 +151,7 @@ void NAME(const T *x, int64_t rows, int64_t n, const int64_t *lengths, double la
 static void NAME##_ordered_row(const T *keys, int64_t n, int64_t m, double lam, T *fit,        \
                                int64_t *groups, double *scratch)                                \
 {                                                                                               \
-    m = m < 0 ? 0 : m > n ? n : m;                                                              \
-    for (int64_t i = m; i < n; i++) {                                                           \
-        fit[i] = (T)0;                                                                          \
-        groups[i] = m;                                                                          \
-    }                                                                                           \
+    m = NAME##_pad(n, m, fit, groups);                                                          \
     int64_t *idx = (int64_t *)scratch, *tmp = idx + n;                                          \
     double *v = scratch + 2 * n, *sum = scratch + 3 * n;                                        \
     int nan = 0;                                                                                \
