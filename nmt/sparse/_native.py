@@ -1,8 +1,12 @@
-"""The native sorted threshold (``_sorted_threshold.c``), the Newton threshold of whole rows
-(``_newton_threshold.c``), alpha-entmax's threshold and mapping at any alpha in (1, 2)
-(``_power_threshold.c``: :func:`power_threshold`, :func:`power_probs`) and a beam search step's
-reading of its log-probabilities (``_step_candidates.c``: support statistics and best candidates):
-built on first use into one library, called through ctypes.
+"""The native library of nmt.sparse, built on first use from its C sources and called through
+ctypes: the sorted threshold (``_sorted_threshold.c``), the Newton threshold of whole rows
+(``_newton_threshold.c``), alpha-entmax's threshold, mapping and backward at any alpha in (1, 2),
+also the powerless backward of sparsemax and 1.5-entmax (``_power_threshold.c``:
+:func:`power_threshold`, :func:`power_probs`, :func:`power_backward`, :func:`support_backward`), a
+beam search step's reading of its log-probabilities (``_step_candidates.c``: support statistics and
+best candidates), and the structured proxes' taut strings, OSCAR's ordered fit and their backward's
+group averaging (``_taut_string.c``, ``_group_average.c``: :func:`taut_string`, :func:`ordered_fit`,
+:func:`group_average`).
 
 Attention-sized inputs are bound by per-operation overhead: the NumPy solve of
 :func:`nmt.sparse._threshold._numpy_sorted_shifted_threshold` makes some twenty array operations.
