@@ -52,13 +52,14 @@ except ImportError:  # the comparison columns are left empty
 
 
 def default_reps(shape: tuple[int, int], device: torch.device, quick: bool) -> int:
-    """Timed repetitions: 3 to 15 on the CPU (fewer for larger shapes), 50 on CUDA (each call is
-    well under a few ms there, and a median of 3 CUDA timings was seen to be off by 4x)."""
+    """Timed repetitions: 7 to 15 on the CPU (fewer for larger shapes; with 4, single slow calls
+    moved the medians of (1024, 8000) by 50% between runs of the same code), 50 on CUDA (each call
+    is well under a few ms there, and a median of 3 CUDA timings was seen to be off by 4x)."""
     if quick:
         return 3
     if device.type == "cuda":
         return 50
-    return max(3, min(15, int(4e7 // (shape[0] * shape[1]))))
+    return max(7, min(15, int(4e7 // (shape[0] * shape[1]))))
 
 
 class Timer:
