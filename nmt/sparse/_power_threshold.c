@@ -365,7 +365,10 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
  * 3. one pass compacts the entries with z above the bound (the only ones that can be in the
  *    support) and their places into the caller's scratch: a chunk of L floats with none above the
  *    bound's float (two ulps lower) is skipped after one comparison;
- * 4. the Newton loop on the candidates from the bound; after every step the candidates at or below
+ * 4. the Newton loop on the candidates from the bound (on a broad row, more than a quarter of its
+ *    entries candidates, from their mean less k^(-1/q) where that is higher: by the power mean their
+ *    sum [z - t]_+^q is at least 1 there, and it is close when the scores are close, as at
+ *    initialisation); after every step the candidates at or below
  *    the new tau are dropped (the iterates only grow: they add nothing again). The same iterates
  *    as the loop on the whole row (other summation order). Every pass keeps its d^(q - 1) per
  *    candidate; the last pass's are at the tau returned;
@@ -533,6 +536,29 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
                 idx[k] = (int32_t)j;                                                            \
                 k += cand[k] > lo;                                                              \
             }                                                                                   \
+        }                                                                                       \
+        if (k > len / 4) { /* a broad row: the candidates' mean bound, mean(z) - k^(-1/q) (the power \
+                              mean: their sum [z - t]_+^q is at least 1 there), often the closer */ \
+            DT s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, v0, v1, v2, v3; /* four chains of adds */ \
+            int64_t i = 0;                                                                      \
+            for (; i + 4 * L <= k; i += 4 * L) {                                                \
+                memcpy(&v0, cand + i, sizeof v0);                                               \
+                memcpy(&v1, cand + i + L, sizeof v1);                                           \
+                memcpy(&v2, cand + i + 2 * L, sizeof v2);                                       \
+                memcpy(&v3, cand + i + 3 * L, sizeof v3);                                       \
+                s0 += v0;                                                                       \
+                s1 += v1;                                                                       \
+                s2 += v2;                                                                       \
+                s3 += v3;                                                                       \
+            }                                                                                   \
+            double sum = 0.0;                                                                   \
+            for (int l = 0; l < L; l++)                                                         \
+                sum += (s0[l] + s1[l]) + (s2[l] + s3[l]);                                       \
+            for (; i < k; i++)                                                                  \
+                sum += cand[i];                                                                 \
+            double mb = sum / (double)k - pow((double)k, -a);                                   \
+            mb -= 1e-9 * (fabs(mb) > 1.0 ? fabs(mb) : 1.0); /* the sum's rounding */            \
+            tau = mb > tau ? mb : tau;                                                          \
         }                                                                                       \
         LONG_NEWTON(DT, IT, L, cand, k, rtol, LONG_KEEP_W, LONG_MOVE_INDEX); /* 4. the threshold */ \
         /* 5. the output: zeros, then r^q = d^(q - 1) d from the last pass at the candidates left */ \
