@@ -57,7 +57,9 @@ SOURCES = (SOURCE, CANDIDATES_SOURCE, NEWTON_SOURCE, POWER_SOURCE, TAUT_SOURCE, 
 """The C files built into the one library: the sorted threshold (with the mappings around it), a
 search step's support statistics and best candidates (:func:`step_candidates`) and the Newton
 thresholds (:func:`newton_threshold`, :func:`bound_threshold`) and those of any power
-(:func:`power_threshold`)."""
+(:func:`power_threshold`, with the mapping and backward), the structured proxes' taut strings and
+ordered fit (:func:`taut_string`, :func:`ordered_fit`) and their backward's group averaging
+(:func:`group_average`)."""
 HEADERS = (Path(__file__).with_name("_cpu_dispatch.h"),)
 """The header they include (the run-time choice of AVX2 / AVX-512 functions): part of a build's
 identity, not compiled by itself."""
@@ -420,8 +422,8 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     ``r = [z - tau]_+`` and ``p = r^q / sum r^q``. Rows of at most :data:`POWER_PROBS_MAX_N`
     entries go a block of rows at a time and start the loop from -1; longer rows go one by one:
     the loop starts from the threshold of some block maxima (a lower bound) and runs on the entries
-    above it alone, dropping after every step those below tau, and the output pass skips chunks
-    without a support entry. Rows holding NaN or ``+inf``: all NaN; rows without a finite entry:
+    above it alone, dropping after every step those below tau, and the output is written at the
+    candidates' places from the loop's last powers. Rows holding NaN or ``+inf``: all NaN; rows without a finite entry:
     all zeros. Returns ``(p, r)`` (``r`` None unless ``root``), new ``(R, n)`` float32 tensors;
     None where it does not serve (no library, not float32, a build without vector extensions).
     ``weights`` adds ``s = r^(q - 1)`` (third; ``(R, n)`` float32): the backward's ``s`` (proportional
@@ -433,7 +435,8 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     or ``+inf``: -1 then NaNs; rows without a finite entry: ``+inf`` then zeros). Rows
     split over torch's threads from :data:`POWER_SPLIT_MIN_NUMEL` entries; no device is involved."""
     lib = library()
-    if lib is None or x.dtype not in _POWER_PROBS:
+    # (rows of 2^31 entries and more: the long rows' candidates are kept by int32 places)
+    if lib is None or x.dtype not in _POWER_PROBS or x.shape[-1] >= 2 ** 31 - 16:
         return None
     rows, n = x.shape
     x = x.detach().contiguous()
@@ -443,8 +446,6 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     s = torch.empty_like(x) if weights else None
     st = torch.empty(rows, POWER_STATS, dtype=torch.float32) if stats else None
     threads = _threads(x.numel(), POWER_SPLIT_MIN_NUMEL)
-    if n >= 2 ** 31 - 16:  # the long rows' candidates are kept by int32 places
-        return None
     scratch = torch.empty(threads * power_long_scratch(n), dtype=torch.float64) if n > POWER_PROBS_MAX_N else None
     if rows and not getattr(lib, _POWER_PROBS[x.dtype])(
             x.data_ptr(), rows, n, a.ptr, a.stride, int(max_iter), float(tol), p.data_ptr(),

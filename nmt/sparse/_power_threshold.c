@@ -85,9 +85,9 @@
     } while (0)
 
 /* hq = sum w d and ws = sum w, w = d^e on d = [x - tau]_+ > 0, over the row x[0 .. n): LANES entries
-   at a time (float rows VT converted to doubles DT), the last ones padded with -inf; KEEP(i, w) runs
-   on each vector's w (0 off the support) from entry i */
-#define SUMS_KEEP_NOTHING(i, w) ((void)0)
+   at a time (float rows VT converted to doubles DT), the last ones padded with -inf; KEEP(i, w, LANES)
+   runs on each vector's w (0 off the support) from entry i (KEEP_NOTHING: nothing kept) */
+#define KEEP_NOTHING(i, w, L) ((void)0)
 #define POWER_SUMS(T, VT, DT, IT, LANES, KEEP)                                                  \
     do {                                                                                        \
         DT aq = {0}, aw = {0}, vt, ve, zero = {0}, one = zero + 1.0;                            \
@@ -113,7 +113,7 @@
             aw += w;                                                                            \
             aq += w * (DT)((IT)d & m);                                                          \
             nan_ |= (IT)(d != d);                                                               \
-            KEEP(i_, w);                                                                        \
+            KEEP(i_, w, LANES);                                                                 \
         }                                                                                       \
         hq = 0.0;                                                                               \
         ws = 0.0;                                                                               \
@@ -204,7 +204,6 @@ static inline double vpow_2(double a, double b)
    does; ve = q - 1, vi = 1 / q per lane; zero, one, none and magnitude from the caller. KEEP(j, w)
    runs on every entry's w of every pass (the last pass's are at every lane's final tau: a lane
    stops before a step, and the loop ends after a pass in which none stepped). */
-#define KEEP_NOTHING(j, w, L) ((void)0)
 #define KEEP_W(j, w, L) memcpy(wcol + (j) * (L), &(w), sizeof(w))
 #define BLOCK_NEWTON(DT, IT, L, KEEP)                                                           \
     do {                                                                                        \
@@ -406,10 +405,10 @@ static inline int power_any_words(const void *mask, size_t bytes)
 
 /* Newton on the q-norm over the candidates c[0 .. k) (doubles, z - max scaled) from tau (a lower
    bound), as DEFINE_POWER's loop (its stop, its last tau), dropping the candidates at or below tau
-   after every step. Sets tau, hq (sum r^q at it), bad (NaN met). KEEP(i, w) as in POWER_SUMS (the
+   after every step. Sets tau, hq (sum r^q at it), bad (NaN met). KEEP(i, w, L) as in POWER_SUMS (the
    last pass's are at the tau returned, for the c[0 .. k) left); MOVE(to, from) runs where a
    candidate moves down in the dropping (for what the caller keeps beside c). */
-#define LONG_KEEP_W(i, w) memcpy(wk + (i), &(w), sizeof(w))
+#define LONG_KEEP_W(i, w, L) memcpy(wk + (i), &(w), sizeof(w))
 #define LONG_MOVE_NOTHING(to, from) ((void)0)
 #define LONG_MOVE_INDEX(to, from) (idx[to] = idx[from])
 #define LONG_NEWTON(DT, IT, L, c, k, rtol_, KEEP, MOVE)                                         \
@@ -511,7 +510,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
                 bz[k] = ((double)acc[b][l] - top) * a;                                          \
                 k += bz[k] > -1.0;                                                              \
             }                                                                                   \
-        LONG_NEWTON(DT, IT, L, bz, k, POWER_LONG_BOUND_RTOL, SUMS_KEEP_NOTHING, LONG_MOVE_NOTHING); \
+        LONG_NEWTON(DT, IT, L, bz, k, POWER_LONG_BOUND_RTOL, KEEP_NOTHING, LONG_MOVE_NOTHING); \
         tau -= 1e-9 * (fabs(tau) > 1.0 ? fabs(tau) : 1.0); /* the polynomials' rounding */      \
         tau = tau > -1.0 ? tau : -1.0;                                                          \
         const double lo = tau;                                                                  \
@@ -705,7 +704,7 @@ ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, c
    them), built with ATTR, a comparison's any-lane test ANY; named power_*_SUFFIX */
 #define DEFINE_POWER_WIDTH(SUFFIX, ATTR, L, ANY)                                                \
     DEFINE_POWER(power_f32_##SUFFIX, float, ATTR, nmt_i64x##L,                                 \
-                 POWER_SUMS(float, nmt_f32x##L, nmt_f64x##L, nmt_i64x##L, L, SUMS_KEEP_NOTHING), vpow_2)          \
+                 POWER_SUMS(float, nmt_f32x##L, nmt_f64x##L, nmt_i64x##L, L, KEEP_NOTHING), vpow_2)          \
     DEFINE_POWER_BLOCK(power_block_f32_##SUFFIX, float, ATTR, nmt_f64x##L, nmt_i64x##L, L)     \
     DEFINE_POWER_PROBS(power_probs_##SUFFIX, ATTR, nmt_f64x##L, nmt_i64x##L, L)                \
     DEFINE_POWER_LONG(power_long_##SUFFIX, ATTR, nmt_f32x##L, nmt_i32x##L, nmt_f64x##L, nmt_i64x##L, L, ANY) \
