@@ -32,7 +32,11 @@
  * row. nmt_power_probs_f32 also does what the torch forward does around the threshold: the row
  * maxima, the shift z = (alpha - 1) (x - max), and the output p = r^q / sum r^q with
  * r = [z - tau]_+ (r, or the backward's s = r^(q - 1), where asked for), all in one call, the
- * output's powers those of the loop's last pass.
+ * output's powers those of the loop's last pass. Its blocks run the loop on fewer entries: each
+ * lane keeps the entries with z above -1 at the front of its column (the rest are below every
+ * threshold), takes coarse steps with float sums first (BLOCK_COARSE: a float pass costs about a
+ * third of a double one), keeps again the entries above the threshold reached, and the loop runs
+ * on those alone, the output written at their places.
  * No branch per entry. Nothing is allocated (a short-row block sits on the stack). Built with
  * OpenMP, a call splits its rows over the threads it is given.
  */
@@ -82,6 +86,35 @@
                       + t8_ * ((t_ * (1.0 / 362880.0) + 1.0 / 40320.0) + t2_ * (1.0 / 3628800.0)); \
         const DT scale_ = (DT)((ni_ + 1023) << 52);                                             \
         (out) = (DT)((IT)(e_ * scale_) & ~under_);                                              \
+    } while (0)
+
+/* The same in floats (vectors FT with int32 lanes FI), for the coarse steps alone (see
+   BLOCK_COARSE): log2 by the atanh series to u^3 (absolute error about 4e-8 before the floats'
+   rounding), exp2 by Taylor to degree 6 (relative 1.2e-7); a power's relative error is about
+   1e-7 (1 + |b log2 a|), 0 below 2^-126 (and for subnormal a, a power the steps neglect) */
+#define VLOG2F(FT, FI, d, out)                                                                  \
+    do {                                                                                        \
+        const FI bits_ = (FI)(d);                                                               \
+        FT ex_ = __builtin_convertvector((bits_ >> 23) - 127, FT);                              \
+        FT m_ = (FT)((bits_ & 0x007FFFFF) | 0x3F800000); /* [1, 2) */                           \
+        const FI big_ = m_ > (float)POW_SQRT2;                                                  \
+        m_ = (FT)(((FI)(m_ * 0.5f) & big_) | ((FI)m_ & ~big_));                                 \
+        ex_ += (FT)((FI)((FT){0} + 1.0f) & big_);                                               \
+        const FT s_ = (m_ - 1.0f) / (m_ + 1.0f), u_ = s_ * s_;                                  \
+        const FT p_ = (u_ * (1.0f / 3.0f) + 1.0f) + (u_ * u_) * (u_ * (1.0f / 7.0f) + 0.2f);   \
+        (out) = ex_ + (float)(2.0 * POW_LOG2E) * (s_ * p_);                                     \
+    } while (0)
+#define VEXP2F(FT, FI, y, out)                                                                  \
+    do {                                                                                        \
+        const FI under_ = (y) < -126.0f;                                                        \
+        const FT yc_ = (FT)((FI)(y) & ~under_); /* under: 2^0, then 0 */                        \
+        const FT r_ = yc_ + 12582912.0f; /* 1.5 * 2^23: rounds to an integer */                 \
+        const FT n_ = r_ - 12582912.0f;                                                         \
+        const FI ni_ = (FI)r_ - (FI)((FT){0} + 12582912.0f);                                    \
+        const FT t_ = (yc_ - n_) * (float)POW_LN2, t2_ = t_ * t_, t4_ = t2_ * t2_;              \
+        const FT e_ = ((t_ + 1.0f) + t2_ * (t_ * (1.0f / 6.0f) + 0.5f))                        \
+                      + t4_ * ((t_ * (1.0f / 120.0f) + 1.0f / 24.0f) + t2_ * (1.0f / 720.0f));  \
+        (out) = (FT)((FI)(e_ * (FT)((ni_ + 127) << 23)) & ~under_);                             \
     } while (0)
 
 /* hq = sum w d and ws = sum w, w = d^e on d = [x - tau]_+ > 0, over the row x[0 .. n): LANES entries
@@ -198,19 +231,19 @@ static inline double vpow_2(double a, double b)
         w = (DT)((IT)w & m);                                                                    \
     } while (0)
 
-/* The Newton loop on a block's entries col[j * L + l] (one row a lane, vectors DT of doubles with
+/* The Newton loop on a block's entries col[j * L + l], j < cnt (one row a lane, vectors DT of doubles with
    integer lanes IT): from vt, a lane steps until it settles (a step at most rtol max(1, |tau|)),
    stops before a step on NaN, without an entry above tau or at max_iter steps, as a row alone
    does; ve = q - 1, vi = 1 / q per lane; zero, one, none and magnitude from the caller. KEEP(j, w)
    runs on every entry's w of every pass (the last pass's are at every lane's final tau: a lane
    stops before a step, and the loop ends after a pass in which none stepped). */
 #define KEEP_W(j, w, L) memcpy(wcol + (j) * (L), &(w), sizeof(w))
-#define BLOCK_NEWTON(DT, IT, L, KEEP)                                                           \
+#define BLOCK_NEWTON(DT, IT, L, cnt, KEEP)                                                      \
     do {                                                                                        \
         for (int64_t it = 0;; it++) {                                                           \
             DT aq = zero, aw = zero;                                                            \
             IT nan = none;                                                                      \
-            for (int64_t j = 0; j < n; j++) {                                                   \
+            for (int64_t j = 0; j < (cnt); j++) {                                               \
                 COLUMN_POWER(DT, IT, L, ve, d, m, w);                                           \
                 aw += w;                                                                        \
                 aq += w * (DT)((IT)d & m);                                                      \
@@ -234,6 +267,76 @@ static inline double vpow_2(double a, double b)
                 any |= live[l];                                                                 \
             if (!any)                                                                           \
                 break;                                                                          \
+        }                                                                                       \
+    } while (0)
+
+/* Coarse steps before the loop above (DEFINE_POWER_PROBS, with a cap of POWER_COARSE_MIN_ITER steps
+   or more: the loop run to its precision). The same Newton steps on the q-norm, from the lanes' vt,
+   with the sums in floats (VLOG2F / VEXP2F) over colf, the block's entries as floats in col's order
+   (a vector of L2 = 2 L lanes: two entries of the L rows; -inf past an odd n): a float pass costs
+   about a third of a double one (twice the lanes, shorter polynomials). Each step is shortened by
+   POWER_COARSE_MARGIN (tau is at most 1 in magnitude there: z <= 0 and tau >= -1), far above its
+   error (a relative error of the sums of at most some 2e-5, the floats' summation over 128 vectors
+   included, moves a step by at most three times that), so the lanes stay below their roots, where
+   the double loop takes over (its iterates only from there, its stop and its last pass as
+   before). A lane takes coarse steps while they are long: a step shorter than POWER_COARSE_STOP
+   is its last (the next would be about its square), a step not longer than the margin is not taken;
+   lanes with q - 1 above POWER_COARSE_MAX_E (alpha below 1.111: larger powers' errors) and lanes
+   with NaN or no entry above tau take none. From -1, a random row of 50 at alpha 1.3 takes three
+   coarse steps and two double passes where the loop alone takes four double passes. */
+#define POWER_COARSE_MIN_ITER 20
+#define POWER_COARSE_MAX_E 8.0
+#define POWER_COARSE_MARGIN 1e-4
+#define POWER_COARSE_STOP 1e-3
+#define POWER_COARSE_MAX_STEPS 8
+#define BLOCK_COARSE(DT, IT, FT, FI, L, L2, cnt)                                                \
+    do {                                                                                        \
+        for (int64_t i_ = 0; i_ < (cnt) * L; i_++)                                                  \
+            colf[i_] = (float)col[i_];                                                          \
+        for (int64_t i_ = (cnt) * L; i_ < ((cnt) + ((cnt) & 1)) * L; i_++)                                  \
+            colf[i_] = -INFINITY;                                                               \
+        IT coarse = live & (IT)(ve <= POWER_COARSE_MAX_E);                                      \
+        for (int s_ = 0; s_ < POWER_COARSE_MAX_STEPS; s_++) {                                   \
+            int64_t any_ = 0;                                                                   \
+            for (int l = 0; l < L; l++)                                                         \
+                any_ |= coarse[l];                                                              \
+            if (!any_)                                                                          \
+                break;                                                                          \
+            FT zf = {0}, vtf = zf, vef = zf, aqf = zf, awf = zf, onef = zf + 1.0f;                \
+            FI nanf = {0};                                                                      \
+            for (int l = 0; l < L; l++) {                                                       \
+                vtf[l] = vtf[l + L] = (float)vt[l];                                             \
+                vef[l] = vef[l + L] = (float)ve[l];                                             \
+            }                                                                                   \
+            for (int64_t j = 0; j < (cnt) + ((cnt) & 1); j += 2) {                                      \
+                FT xv_, lg_, w_;                                                                \
+                memcpy(&xv_, colf + j * L, sizeof xv_);                                         \
+                const FT d_ = xv_ - vtf;                                                        \
+                const FI m_ = d_ > zf;                                                          \
+                VLOG2F(FT, FI, (FT)(((FI)d_ & m_) | ((FI)onef & ~m_)), lg_);                    \
+                VEXP2F(FT, FI, vef * lg_, w_);                                                  \
+                w_ = (FT)((FI)w_ & m_);                                                         \
+                awf += w_;                                                                      \
+                aqf += w_ * (FT)((FI)d_ & m_);                                                  \
+                nanf |= (FI)(d_ != d_);                                                         \
+            }                                                                                   \
+            DT hq = zero, ws = zero;                                                            \
+            IT bad_ = none;                                                                     \
+            for (int l = 0; l < L; l++) {                                                       \
+                hq[l] = (double)aqf[l] + (double)aqf[l + L];                                    \
+                ws[l] = (double)awf[l] + (double)awf[l + L];                                    \
+                bad_[l] = (nanf[l] | nanf[l + L]) ? -1 : 0;                                     \
+            }                                                                                   \
+            coarse &= ~bad_ & (IT)(ws > zero) & (IT)(hq > zero);                                \
+            hq = SEL(IT, DT, coarse, hq, one);                                                  \
+            ws = SEL(IT, DT, coarse, ws, one);                                                  \
+            DT lg, h;                                                                           \
+            VLOG2(DT, IT, hq, lg);                                                              \
+            VEXP2(DT, IT, vi * lg, h);                                                          \
+            const DT step = (h - 1.0) * (hq / h) / ws;                                          \
+            coarse &= (IT)(step > POWER_COARSE_MARGIN);                                         \
+            vt += (DT)((IT)(step - POWER_COARSE_MARGIN) & coarse);                              \
+            coarse &= (IT)(step >= POWER_COARSE_STOP);                                          \
         }                                                                                       \
     } while (0)
 
@@ -261,7 +364,7 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
             for (int64_t j = 0; j < n; j++)                                                     \
                 col[j * L + l] = real ? (double)z[r * n + j] : -INFINITY;                       \
         }                                                                                       \
-        BLOCK_NEWTON(DT, IT, L, KEEP_NOTHING);                                                  \
+        BLOCK_NEWTON(DT, IT, L, n, KEEP_NOTHING);                                               \
         for (int l = 0; l < L && r0 + l < rows; l++)                                            \
             tau_out[r0 + l] = (T)vt[l];                                                         \
     }                                                                                           \
@@ -270,21 +373,30 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
 
 /* The mapping itself for rows of at most POWER_BLOCK_MAX_N entries, L at a time, one a lane: per
    row its maximum m (a NaN or +inf entry: the row is all NaN; no finite entry: all zeros),
-   z = (alpha - 1) (x - m) in doubles, the threshold by the loop above from -1, then
-   r = [z - tau]_+ and p = r^q / sum r^q, written as floats (r, and the last pass's s = r^(q - 1), where
-   asked for: the backward's). */
-#define DEFINE_POWER_PROBS(NAME, ATTR, DT, IT, L)                                               \
+   z = (alpha - 1) (x - m) in doubles, those above -1 at the front of the lane's column with their
+   places (a lane with none: past the last row, rows without a finite entry or with NaN / +inf;
+   every lane's column is -inf after its entries), then (with a cap of POWER_COARSE_MIN_ITER steps
+   or more) coarse steps from -1 and the entries above the threshold reached kept again, the
+   threshold by the loop above on those (from -1 without coarse steps), then r = [z - tau]_+ and
+   p = r^q / sum r^q at their places, 0 elsewhere, written as floats (r, and the last pass's
+   s = r^(q - 1), where asked for: the backward's). The entries dropped are below every iterate
+   (the iterates only grow), so the loop's sums, its iterates and the output are those of the
+   loop on the whole row from the same start. */
+#define DEFINE_POWER_PROBS(NAME, ATTR, DT, IT, L, FT, FI, L2)                                               \
 ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1, int64_t a_stride, \
                       int64_t max_iter, double rtol, float *p, float *root, float *weights,     \
                       float *stats)                                                             \
 {                                                                                               \
     double col[POWER_BLOCK_MAX_N * L], rcol[POWER_BLOCK_MAX_N * L]; /* scores, then p; r */    \
     double wcol[POWER_BLOCK_MAX_N * L]; /* the last pass's d^(q - 1) */                         \
+    float colf[(POWER_BLOCK_MAX_N + 1) * L]; /* the scores as floats: the coarse steps' */          \
+    int32_t place[POWER_BLOCK_MAX_N * L];    /* the places of the entries the loop runs on */    \
     const DT zero = {0}, one = zero + 1.0;                                                      \
     const IT none = {0}, magnitude = none + 0x7FFFFFFFFFFFFFFFLL;                               \
     for (int64_t r0 = 0; r0 < rows; r0 += L) {                                                  \
         DT vt, ve, vi, vtop;                                                                    \
         IT live, nanrow = none, emptyrow = none;                                                \
+        int64_t kc[L], kmax = 0; /* each lane's entries above -1 at the front of its column */  \
         for (int l = 0; l < L; l++) {                                                           \
             const int real = r0 + l < rows;                                                     \
             const int64_t r = real ? r0 + l : r0;                                               \
@@ -292,14 +404,39 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             const float *xr = x + r * n;                                                        \
             float top = -INFINITY;                                                              \
             int bad = 0;                                                                        \
-            for (int64_t j = 0; j < n; j++) {                                                   \
+            int64_t j0 = 0;                                                                     \
+            { /* the maximum and NaN / +inf, L2 entries at a time */                            \
+                FT vmax_, v_;                                                                   \
+                FI vbad_ = {0};                                                                 \
+                for (int k_ = 0; k_ < L2; k_++)                                                 \
+                    vmax_[k_] = -INFINITY;                                                      \
+                for (; j0 + L2 <= n; j0 += L2) {                                                \
+                    memcpy(&v_, xr + j0, sizeof v_);                                            \
+                    vbad_ |= (v_ != v_) | (v_ == INFINITY);                                     \
+                    const FI gt_ = v_ > vmax_;                                                  \
+                    vmax_ = (FT)(((FI)v_ & gt_) | ((FI)vmax_ & ~gt_));                          \
+                }                                                                               \
+                for (int k_ = 0; k_ < L2; k_++) {                                               \
+                    bad |= vbad_[k_] != 0;                                                      \
+                    top = vmax_[k_] > top ? vmax_[k_] : top;                                    \
+                }                                                                               \
+            }                                                                                   \
+            for (int64_t j = j0; j < n; j++) {                                                  \
                 bad |= (xr[j] != xr[j]) | (xr[j] == INFINITY);                                  \
                 top = xr[j] > top ? xr[j] : top;                                                \
             }                                                                                   \
             const int empty = top == -INFINITY;                                                 \
-            for (int64_t j = 0; j < n; j++) /* -inf past the last row and for rows without a     \
-                                               finite entry or with a NaN / +inf one */          \
-                col[j * L + l] = real && !bad && !empty ? ((double)xr[j] - top) * a : -INFINITY; \
+            int64_t k = 0; /* the entries with z > -1 (none past the last row, in rows without \
+                              a finite entry or with a NaN / +inf one), at the front */         \
+            if (real && !bad && !empty)                                                         \
+                for (int64_t j = 0; j < n; j++) {                                               \
+                    const double v = ((double)xr[j] - top) * a;                                 \
+                    col[k * L + l] = v;                                                         \
+                    place[k * L + l] = (int32_t)j;                                              \
+                    k += v > -1.0;                                                              \
+                }                                                                               \
+            kc[l] = k;                                                                          \
+            kmax = k > kmax ? k : kmax;                                                         \
             vt[l] = -1.0;                                                                       \
             ve[l] = qr - 1.0;                                                                   \
             vi[l] = a;                                                                          \
@@ -308,9 +445,32 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             emptyrow[l] = real && !bad && empty ? -1 : 0;                                       \
             vtop[l] = top;                                                                      \
         }                                                                                       \
-        BLOCK_NEWTON(DT, IT, L, KEEP_W);                                                        \
+        for (int l = 0; l < L; l++) /* -inf after each lane's entries */                        \
+            for (int64_t k = kc[l]; k < kmax; k++)                                              \
+                col[k * L + l] = -INFINITY;                                                     \
+        if (max_iter >= POWER_COARSE_MIN_ITER) {                                                \
+            BLOCK_COARSE(DT, IT, FT, FI, L, L2, kmax);                                          \
+            int64_t kmax2 = 0; /* again above the lanes' taus now */                            \
+            for (int l = 0; l < L; l++) {                                                       \
+                int64_t k = 0;                                                                  \
+                const double t = vt[l];                                                         \
+                for (int64_t i = 0; i < kc[l]; i++) {                                           \
+                    const double v = col[i * L + l];                                            \
+                    col[k * L + l] = v;                                                         \
+                    place[k * L + l] = place[i * L + l];                                        \
+                    k += v > t;                                                                 \
+                }                                                                               \
+                kc[l] = k;                                                                      \
+                kmax2 = k > kmax2 ? k : kmax2;                                                  \
+            }                                                                                   \
+            for (int l = 0; l < L; l++)                                                         \
+                for (int64_t k = kc[l]; k < kmax2; k++)                                         \
+                    col[k * L + l] = -INFINITY;                                                 \
+            kmax = kmax2;                                                                       \
+        }                                                                                       \
+        BLOCK_NEWTON(DT, IT, L, kmax, KEEP_W);                                                  \
         DT total = zero;                                                                        \
-        for (int64_t j = 0; j < n; j++) { /* r^q = d^(q - 1) d in place of the scores, then r */ \
+        for (int64_t j = 0; j < kmax; j++) { /* r^q = d^(q - 1) d in place of the scores, then r */ \
             DT xv_, wq;                                                                         \
             memcpy(&xv_, col + j * L, sizeof xv_);                                              \
             memcpy(&wq, wcol + j * L, sizeof wq);                                               \
@@ -329,19 +489,28 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             float *pr = p + (r0 + l) * n, *rr = root ? root + (r0 + l) * n : 0;                 \
             float *wr = weights ? weights + (r0 + l) * n : 0;                                   \
             double psum = 0.0, prsum = 0.0;                                                     \
+            const float fill = nanrow[l] ? NAN : 0.0f; /* NaN rows all NaN, the rest 0 between */ \
             for (int64_t j = 0; j < n; j++)                                                     \
-                pr[j] = nanrow[l] ? NAN : (float)(col[j * L + l] * inv[l]);                     \
+                pr[j] = fill;                                                                   \
             if (rr)                                                                             \
                 for (int64_t j = 0; j < n; j++)                                                 \
-                    rr[j] = nanrow[l] ? NAN : (float)rcol[j * L + l];                           \
+                    rr[j] = fill;                                                               \
             if (wr) /* the last pass's d^(q - 1): 0 off the support */                          \
                 for (int64_t j = 0; j < n; j++)                                                 \
-                    wr[j] = nanrow[l] ? NAN : (float)wcol[j * L + l];                           \
-            if (stats) { /* tau, the row maximum, sum r^q, sum p, sum p r (the losses' conjugate) */ \
-                for (int64_t j = 0; j < n; j++) {                                               \
+                    wr[j] = fill;                                                               \
+            for (int64_t k = 0; k < (nanrow[l] ? 0 : kc[l]); k++) { /* at the entries' places */ \
+                const int32_t j = place[k * L + l];                                             \
+                pr[j] = (float)(col[k * L + l] * inv[l]);                                       \
+                if (rr)                                                                         \
+                    rr[j] = (float)rcol[k * L + l];                                             \
+                if (wr)                                                                         \
+                    wr[j] = (float)wcol[k * L + l];                                             \
+                if (stats) {                                                                    \
                     psum += (double)pr[j];                                                      \
-                    prsum += (double)pr[j] * (double)(float)rcol[j * L + l];                    \
+                    prsum += (double)pr[j] * (double)(float)rcol[k * L + l];                    \
                 }                                                                               \
+            }                                                                                   \
+            if (stats) { /* tau, the row maximum, sum r^q, sum p, sum p r (the losses' conjugate) */ \
                 float *st = stats + POWER_STATS * (r0 + l);                                     \
                 st[0] = nanrow[l] ? -1.0f : emptyrow[l] ? INFINITY : (float)vt[l];              \
                 st[1] = nanrow[l] ? NAN : emptyrow[l] ? 0.0f : (float)vtop[l];                  \
@@ -702,15 +871,15 @@ ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, c
 #define NO_ATTR
 /* every function of one vector width: L lanes of doubles (and of floats, int32 and int64 beside
    them), built with ATTR, a comparison's any-lane test ANY; named power_*_SUFFIX */
-#define DEFINE_POWER_WIDTH(SUFFIX, ATTR, L, ANY)                                                \
+#define DEFINE_POWER_WIDTH(SUFFIX, ATTR, L, L2, ANY)                                                \
     DEFINE_POWER(power_f32_##SUFFIX, float, ATTR, nmt_i64x##L,                                 \
                  POWER_SUMS(float, nmt_f32x##L, nmt_f64x##L, nmt_i64x##L, L, KEEP_NOTHING), vpow_2)          \
     DEFINE_POWER_BLOCK(power_block_f32_##SUFFIX, float, ATTR, nmt_f64x##L, nmt_i64x##L, L)     \
-    DEFINE_POWER_PROBS(power_probs_##SUFFIX, ATTR, nmt_f64x##L, nmt_i64x##L, L)                \
+    DEFINE_POWER_PROBS(power_probs_##SUFFIX, ATTR, nmt_f64x##L, nmt_i64x##L, L, nmt_f32x##L2, nmt_i32x##L2, L2) \
     DEFINE_POWER_LONG(power_long_##SUFFIX, ATTR, nmt_f32x##L, nmt_i32x##L, nmt_f64x##L, nmt_i64x##L, L, ANY) \
     DEFINE_POWER_BACKWARD(power_backward_##SUFFIX, ATTR, nmt_f32x##L, nmt_i32x##L, nmt_f64x##L, nmt_i64x##L, L, ANY)
 #if NMT_VECTORS
-DEFINE_POWER_WIDTH(v, NO_ATTR, 2, ANY_WORDS)
+DEFINE_POWER_WIDTH(v, NO_ATTR, 2, 4, ANY_WORDS)
 #else
 DEFINE_POWER(power_f32_v, float, NO_ATTR, int64_t, SCALAR_POWER_SUMS(float), pow)
 #define POWER_BLOCK_MAX_N 0 /* no vectors: every row by itself */
@@ -718,10 +887,10 @@ DEFINE_POWER(power_f32_v, float, NO_ATTR, int64_t, SCALAR_POWER_SUMS(float), pow
 #endif
 
 #if NMT_VECTORS && defined(NMT_WIDE_AVX2)
-DEFINE_POWER_WIDTH(avx2, AVX2, 4, ANY_128)
+DEFINE_POWER_WIDTH(avx2, AVX2, 4, 8, ANY_128)
 #define POWER_HAVE_AVX2() CPU_HAS_AVX2()
 #if defined(NMT_WIDE_AVX512)
-DEFINE_POWER_WIDTH(avx512, AVX512, 8, ANY_256)
+DEFINE_POWER_WIDTH(avx512, AVX512, 8, 16, ANY_256)
 #define POWER_HAVE_AVX512() CPU_HAS_AVX512()
 #endif
 #else

@@ -215,6 +215,55 @@ def test_power_probs_equal_the_static_mapping(native_build, monkeypatch, n):
         assert bool((tau[bad] == -1).all()) and all(bool(v[bad].isnan().all()) for v in (zmax, total, p_sum, pr))
 
 
+@pytest.mark.parametrize("n", [1, 2, 17, 50, 256])
+def test_short_rows_coarse_float_steps_stay_below_the_root(native_build, monkeypatch, n):
+    """Short rows (blocks) at the uncapped loop take Newton steps with float sums first, shortened by
+    a margin, then the double loop on the entries above the coarse threshold alone, the output
+    written at their places: on every vector path, alphas 1.02 to 1.98 per row (those below 1.111
+    take no coarse step), spreads from near-flat (long coarse steps from -1) to peaked (the root at
+    -1: none), ties, -inf runs and odd lengths, the threshold is the float64 root's from below
+    (never above it but for the float's rounding), the support is the root's entry for entry away
+    from its boundary, and p, r and s = r^(q - 1) are the float64 mapping's at the root. A cap of 19
+    steps (no coarse steps: the double loop's own iterates) gives the same within the loop's
+    tolerance; s is r's power (r, near the boundary, as exact as tau's float rounding lets it be)."""
+    monkeypatch.setitem(_native._state, "lib", native_build)
+    rows = 96
+    g = torch.Generator().manual_seed(7 * n + 1)
+    alphas = 1.02 + 0.96 * torch.rand(rows, generator=g, dtype=torch.float64)
+    spread = torch.logspace(-2.5, 1.5, rows, dtype=torch.float64)[torch.randperm(rows, generator=g)]
+    x = (torch.randn(rows, n, generator=g, dtype=torch.float64) * spread[:, None]).float()
+    if n > 3:
+        x[1, : n // 2] = NEG_INF
+        x[2] = (x[2] * 4).round() / 4
+        x[3, :2] = x[3].max()  # two maxima
+    found = _native.power_probs(x, alphas - 1, 200, EPS, root=True, stats=True, weights=True)
+    if native_build is None or found is None:
+        assert found is None or native_build is None
+        return
+    p, r, s, tau = found[:4]
+    z = (x.double() - x.double().amax(dim=-1, keepdim=True)) * (alphas - 1)[:, None]
+    q = 1 / (alphas - 1)
+    want = bisection(z, q)
+    assert bool((tau.double() <= want + EPS).all()), (tau.double() - want).max()
+    assert torch.allclose(tau.double(), want, rtol=0, atol=8 * EPS), (tau.double() - want).abs().max()
+    d = z - want[:, None]
+    rq = d.clamp(min=0).pow(q[:, None])
+    want_p = rq / rq.sum(dim=-1, keepdim=True)
+    # away from the boundary, and not below float32's range (alpha near 1: r^25 of r = 0.01)
+    clear = (d.abs() > 1e-5) & ((d < 0) | (want_p > 1e-30))
+    assert torch.equal((p > 0)[clear], (d > 0)[clear]) and torch.equal((s > 0)[clear], (d > 0)[clear])
+    assert torch.allclose(p.double(), want_p, rtol=0, atol=4e-7)
+    assert torch.allclose(r.double(), d.clamp(min=0), rtol=0, atol=4e-6)
+    want_s = r.double().pow(q[:, None] - 1)  # r's float rounding moves it by (q - 1) ulps
+    assert bool(((s.double() - want_s).abs() <= (1e-6 + 2e-7 * q[:, None]) * want_s + 1e-30).all())
+    p19, _, _, tau19 = _native.power_probs(x, alphas - 1, 19, EPS, root=True, stats=True, weights=True)[:4]
+    assert torch.allclose(tau19.double(), want, rtol=0, atol=8 * EPS)
+    assert torch.allclose(p19, p, rtol=0, atol=4e-7)
+    sizes = (p > 0).sum(dim=-1)
+    if n >= 50:
+        assert int(sizes.min()) == 1 and int(sizes.max()) >= n // 2  # peaked and broad rows both met
+
+
 @pytest.mark.parametrize("n", [257, 1003, 8000])
 def test_long_rows_write_the_output_at_their_candidates_places(native_build, monkeypatch, n):
     """Long rows take their output from the Newton loop's last pass at the candidates it kept (their
