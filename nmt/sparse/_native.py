@@ -421,8 +421,9 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     threshold by :func:`power_threshold`'s loop (``tol``, ``max_iter`` as there), then
     ``r = [z - tau]_+`` and ``p = r^q / sum r^q``. Rows of at most :data:`POWER_PROBS_MAX_N`
     entries go a block of rows at a time and start the loop from -1 on their entries above -1 (with
-    a ``max_iter`` of 20 or more: after coarse Newton steps with float sums, each shortened by a
-    margin that keeps it below the root, on the entries above the threshold they reach); longer rows go one by one:
+    a ``max_iter`` of 20 or more: from the power mean's bound ``mean(z) - k^(-1/q)`` over those k
+    where higher, and after coarse Newton steps with float sums, each shortened by a margin that
+    keeps it below the root, on the entries above the threshold they reach); longer rows go one by one:
     the loop starts from the threshold of some block maxima (a lower bound) and runs on the entries
     above it alone, dropping after every step those below tau, and the output is written at the
     candidates' places from the loop's last powers. Rows holding NaN or ``+inf``: all NaN; rows without a finite entry:

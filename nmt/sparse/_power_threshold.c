@@ -376,7 +376,8 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
    z = (alpha - 1) (x - m) in doubles, those above -1 at the front of the lane's column with their
    places (a lane with none: past the last row, rows without a finite entry or with NaN / +inf;
    every lane's column is -inf after its entries), then (with a cap of POWER_COARSE_MIN_ITER steps
-   or more) coarse steps from -1 and the entries above the threshold reached kept again, the
+   or more) coarse steps from the higher of -1 and mean(z) - k^(-1/q) over the lane's k entries
+   (a lower bound too: see below) and the entries above the threshold reached kept again, the
    threshold by the loop above on those (from -1 without coarse steps), then r = [z - tau]_+ and
    p = r^q / sum r^q at their places, 0 elsewhere, written as floats (r, and the last pass's
    s = r^(q - 1), where asked for: the backward's). The entries dropped are below every iterate
@@ -397,6 +398,7 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
         DT vt, ve, vi, vtop;                                                                    \
         IT live, nanrow = none, emptyrow = none;                                                \
         int64_t kc[L], kmax = 0; /* each lane's entries above -1 at the front of its column */  \
+        DT vsum, vk;             /* their sum and count */                                      \
         for (int l = 0; l < L; l++) {                                                           \
             const int real = r0 + l < rows;                                                     \
             const int64_t r = real ? r0 + l : r0;                                               \
@@ -428,14 +430,18 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             const int empty = top == -INFINITY;                                                 \
             int64_t k = 0; /* the entries with z > -1 (none past the last row, in rows without \
                               a finite entry or with a NaN / +inf one), at the front */         \
+            double zsum = 0.0;                                                                  \
             if (real && !bad && !empty)                                                         \
                 for (int64_t j = 0; j < n; j++) {                                               \
                     const double v = ((double)xr[j] - top) * a;                                 \
                     col[k * L + l] = v;                                                         \
                     place[k * L + l] = (int32_t)j;                                              \
                     k += v > -1.0;                                                              \
+                    zsum += v > -1.0 ? v : 0.0;                                                 \
                 }                                                                               \
             kc[l] = k;                                                                          \
+            vsum[l] = zsum;                                                                     \
+            vk[l] = k > 0 ? (double)k : 1.0;                                                    \
             kmax = k > kmax ? k : kmax;                                                         \
             vt[l] = -1.0;                                                                       \
             ve[l] = qr - 1.0;                                                                   \
@@ -449,6 +455,13 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             for (int64_t k = kc[l]; k < kmax; k++)                                              \
                 col[k * L + l] = -INFINITY;                                                     \
         if (max_iter >= POWER_COARSE_MIN_ITER) {                                                \
+            /* from mean(z) - k^(-1/q) over the k entries above -1 where that is higher: by the    \
+               power mean their sum [z - t]_+^q is at least 1 there (close to the root on a flat row) */ \
+            DT lgk, kp;                                                                         \
+            VLOG2(DT, IT, vk, lgk);                                                             \
+            VEXP2(DT, IT, -vi * lgk, kp);                                                       \
+            const DT mb = vsum / vk - kp - 1e-9; /* less the rounding (|z| <= 1 here) */         \
+            vt = SEL(IT, DT, live & (IT)(mb > vt), mb, vt);                                     \
             BLOCK_COARSE(DT, IT, FT, FI, L, L2, kmax);                                          \
             int64_t kmax2 = 0; /* again above the lanes' taus now */                            \
             for (int l = 0; l < L; l++) {                                                       \
