@@ -48,9 +48,10 @@ typedef int64_t nmt_i64x8 __attribute__((vector_size(64)));
 #define CPU_HAS_AVX2() __builtin_cpu_supports("avx2")
 #if !defined(NMT_NO_AVX512)
 #define NMT_WIDE_AVX512 1
-#define AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
+#define AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,popcnt")))
 #define CPU_HAS_AVX512() (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")    \
-                          && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+                          && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") \
+                          && __builtin_cpu_supports("popcnt"))
 #endif
 #endif
 

@@ -593,7 +593,7 @@ static inline int power_any_words(const void *mask, size_t bytes)
 #define LONG_KEEP_W(i, w, L) memcpy(wk + (i), &(w), sizeof(w))
 #define LONG_MOVE_NOTHING(to, from) ((void)0)
 #define LONG_MOVE_INDEX(to, from) (idx[to] = idx[from])
-#define LONG_NEWTON(DT, IT, L, c, k, rtol_, KEEP, MOVE)                                         \
+#define LONG_NEWTON(DT, IT, L, c, k, rtol_, KEEP, MOVE, V)                                      \
     do {                                                                                        \
         for (int64_t it_ = 0;; it_++) {                                                         \
             double ws;                                                                          \
@@ -611,15 +611,47 @@ static inline int power_any_words(const void *mask, size_t bytes)
             if (!(step > (rtol_) * mag))                                                        \
                 break;                                                                          \
             tau += step;                                                                        \
-            int64_t kept_ = 0;                                                                  \
-            for (int64_t i_ = 0; i_ < (k); i_++) {                                              \
-                (c)[kept_] = (c)[i_];                                                           \
-                MOVE(kept_, i_);                                                                \
-                kept_ += (c)[i_] > tau;                                                         \
-            }                                                                                   \
-            (k) = kept_;                                                                        \
+            LONG_DROP_##V(c, k, MOVE);                                                          \
         }                                                                                       \
     } while (0)
+/* the candidates c[0 .. k) above tau moved to the front (MOVE(to, from) for what the caller keeps
+   beside them), k their count: entry by entry (GEN), or by compressing vectors of eight (W512, in
+   the AVX-512 functions; MOVE##_8(to, from, mask) moves eight places): each stored whole at
+   kept_ <= i_, so within the eight just read */
+#define LONG_DROP_GEN(c, k, MOVE)                                                               \
+    do {                                                                                        \
+        int64_t kept_ = 0;                                                                      \
+        for (int64_t i_ = 0; i_ < (k); i_++) {                                                  \
+            (c)[kept_] = (c)[i_];                                                               \
+            MOVE(kept_, i_);                                                                    \
+            kept_ += (c)[i_] > tau;                                                             \
+        }                                                                                       \
+        (k) = kept_;                                                                            \
+    } while (0)
+#ifdef NMT_WIDE_AVX512
+#define LONG_DROP_W512(c, k, MOVE)                                                            \
+    do {                                                                                        \
+        int64_t kept_ = 0, i_ = 0;                                                              \
+        const __m512d tv_ = _mm512_set1_pd(tau);                                                \
+        for (; i_ + 8 <= (k); i_ += 8) { /* (a store of eight at kept_ <= i_: read already) */   \
+            const __m512d v_ = _mm512_loadu_pd((c) + i_);                                       \
+            const __mmask8 m_ = _mm512_cmp_pd_mask(v_, tv_, _CMP_GT_OQ);                        \
+            MOVE##_8(kept_, i_, m_);                                                            \
+            _mm512_storeu_pd((c) + kept_, _mm512_maskz_compress_pd(m_, v_));                    \
+            kept_ += __builtin_popcount((unsigned)m_);                                          \
+        }                                                                                       \
+        for (; i_ < (k); i_++) {                                                                \
+            (c)[kept_] = (c)[i_];                                                               \
+            MOVE(kept_, i_);                                                                    \
+            kept_ += (c)[i_] > tau;                                                             \
+        }                                                                                       \
+        (k) = kept_;                                                                            \
+    } while (0)
+#define LONG_MOVE_NOTHING_8(to, from, m) ((void)0)
+#define LONG_MOVE_INDEX_8(to, from, m)                                                          \
+    _mm256_storeu_si256((__m256i *)(idx + (to)),                                                \
+                        _mm256_maskz_compress_epi32((m), _mm256_loadu_si256((const __m256i *)(idx + (from)))))
+#endif
 
 /* a float just below the double v (two ulps: every float above it is above v's neighbourhood) */
 static inline float power_float_below(double v)
@@ -627,14 +659,74 @@ static inline float power_float_below(double v)
     return nextafterf(nextafterf((float)v, -INFINITY), -INFINITY);
 }
 
-#define DEFINE_POWER_LONG(NAME, ATTR, FT, IT32, DT, IT, L, ANY)                                      \
+/* Step 3 below: cand[0 .. k) the z = (x - top) a of the row's entries above the float cut, idx their
+   places. GEN: a chunk of L floats without one is skipped after one comparison (ANY), the others
+   entry by entry, keeping those with z above lo. W512 (AVX-512): sixteen floats at a time compressed
+   in registers (faster than compressing to memory) and stored whole at k <= j (within the row's
+   length: the floats in wk's room, the places in idx), converted after; those up to two float ulps below lo are kept too (below every tau,
+   they are dropped after the first step and add nothing to a sum). */
+#define LONG_CANDIDATES_GEN(FT, IT32, DT, L, ANY)                                               \
+    do {                                                                                        \
+        FT cv;                                                                                  \
+        for (int l = 0; l < L; l++)                                                             \
+            cv[l] = cut;                                                                        \
+        k = 0;                                                                                  \
+        for (j = 0; j + L <= len; j += L) {                                                     \
+            memcpy(&xv, xr + j, sizeof xv);                                                     \
+            const IT32 c = xv > cv;                                                             \
+            if (ANY(c))                                                                         \
+                for (int l = 0; l < L; l++) {                                                   \
+                    cand[k] = ((double)xv[l] - top) * a;                                        \
+                    idx[k] = (int32_t)(j + l);                                                  \
+                    k += cand[k] > lo;                                                          \
+                }                                                                               \
+        }                                                                                       \
+        for (; j < len; j++) {                                                                  \
+            cand[k] = ((double)xr[j] - top) * a;                                                \
+            idx[k] = (int32_t)j;                                                                \
+            k += cand[k] > lo;                                                                  \
+        }                                                                                       \
+    } while (0)
+#ifdef NMT_WIDE_AVX512
+#define LONG_CANDIDATES_W512(FT, IT32, DT, L, ANY)                                            \
+    do {                                                                                        \
+        float *tf = (float *)wk; /* the candidates as floats */                                 \
+        const __m512 cut16 = _mm512_set1_ps(cut);                                               \
+        __m512i jv = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);   \
+        const __m512i sixteen = _mm512_set1_epi32(16);                                          \
+        k = 0;                                                                                  \
+        for (j = 0; j + 16 <= len; j += 16) {                                                   \
+            const __m512 v = _mm512_loadu_ps(xr + j);                                           \
+            const __mmask16 m = _mm512_cmp_ps_mask(v, cut16, _CMP_GT_OQ);                       \
+            _mm512_storeu_ps(tf + k, _mm512_maskz_compress_ps(m, v));                           \
+            _mm512_storeu_si512((void *)(idx + k), _mm512_maskz_compress_epi32(m, jv));         \
+            k += __builtin_popcount((unsigned)m);                                               \
+            jv = _mm512_add_epi32(jv, sixteen);                                                 \
+        }                                                                                       \
+        for (; j < len; j++) {                                                                  \
+            tf[k] = xr[j];                                                                      \
+            idx[k] = (int32_t)j;                                                                \
+            k += xr[j] > cut;                                                                   \
+        }                                                                                       \
+        int64_t i = 0;                                                                          \
+        for (; i + L <= k; i += L) {                                                            \
+            memcpy(&xv, tf + i, sizeof xv);                                                     \
+            const DT dv = (__builtin_convertvector(xv, DT) - (double)top) * a;                  \
+            memcpy(cand + i, &dv, sizeof dv);                                                   \
+        }                                                                                       \
+        for (; i < k; i++)                                                                      \
+            cand[i] = ((double)tf[i] - top) * a;                                                \
+    } while (0)
+#endif
+
+#define DEFINE_POWER_LONG(NAME, ATTR, FT, IT32, DT, IT, L, ANY, V)                                   \
 ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *am1, int64_t a_stride, \
                       int64_t max_iter, double rtol, float *p, float *root, float *weights,     \
                       float *stats, double *cand)                                               \
 {                                                                                               \
     int64_t m_acc = len / (POWER_LONG_BLOCK * L);                                               \
     m_acc = m_acc < 1 ? 1 : m_acc > POWER_LONG_MAX_ACC ? POWER_LONG_MAX_ACC : m_acc;            \
-    const int64_t round = m_acc * L; /* entries a round of the accumulators */                  \
+    const int64_t seg = (len / (m_acc * L)) * L; /* entries a segment (the last: to the end) */ \
     double *wk = cand + len + 8;     /* the candidates' d^(q - 1) at the last pass */           \
     double *bz = wk + len + 8;       /* the block maxima */                                     \
     int32_t *idx = (int32_t *)(bz + POWER_LONG_MAX_ACC * 8); /* the candidates' places */       \
@@ -646,23 +738,36 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         const double a = am1[r * a_stride], qr = 1.0 / a, e = qr - 1.0;                         \
         FT acc[POWER_LONG_MAX_ACC], xv;                                                         \
         IT32 flags = {0};                                                                       \
-        for (int64_t b = 0; b < m_acc; b++)                                                     \
-            for (int l = 0; l < L; l++)                                                         \
-                acc[b][l] = -INFINITY;                                                          \
         int64_t j = 0;                                                                          \
-        for (; j + round <= len; j += round) /* 1. maxima */                                    \
-            for (int64_t b = 0; b < m_acc; b++) {                                               \
-                memcpy(&xv, xr + j + b * L, sizeof xv);                                         \
-                flags |= (xv != xv) | (xv == INFINITY);                                         \
-                const IT32 gt = xv > acc[b];                                                    \
-                acc[b] = (FT)(((IT32)xv & gt) | ((IT32)acc[b] & ~gt));                          \
+        for (int64_t b = 0; b < m_acc; b++) { /* 1. maxima: a segment's by two vectors */      \
+            const int64_t end = b + 1 < m_acc ? j + seg : j + (len - j) / L * L;                \
+            FT a0, a1;                                                                          \
+            for (int l = 0; l < L; l++)                                                         \
+                a0[l] = a1[l] = -INFINITY;                                                      \
+            for (; j + 2 * L <= end; j += 2 * L) {                                              \
+                FT v1;                                                                          \
+                memcpy(&xv, xr + j, sizeof xv);                                                 \
+                memcpy(&v1, xr + j + L, sizeof v1);                                             \
+                flags |= (xv != xv) | (xv == INFINITY) | (v1 != v1) | (v1 == INFINITY);         \
+                const IT32 g0 = xv > a0, g1 = v1 > a1;                                          \
+                a0 = (FT)(((IT32)xv & g0) | ((IT32)a0 & ~g0));                                  \
+                a1 = (FT)(((IT32)v1 & g1) | ((IT32)a1 & ~g1));                                  \
             }                                                                                   \
+            for (; j < end; j += L) {                                                           \
+                memcpy(&xv, xr + j, sizeof xv);                                                 \
+                flags |= (xv != xv) | (xv == INFINITY);                                         \
+                const IT32 g0 = xv > a0;                                                        \
+                a0 = (FT)(((IT32)xv & g0) | ((IT32)a0 & ~g0));                                  \
+            }                                                                                   \
+            const IT32 g = a1 > a0;                                                             \
+            acc[b] = (FT)(((IT32)a1 & g) | ((IT32)a0 & ~g));                                    \
+        }                                                                                       \
         float top = -INFINITY;                                                                  \
         int bad = 0;                                                                            \
-        for (int64_t b = 0; j < len; j++, b = (b + 1) % round) { /* the rest, entry by entry */ \
+        for (int l = 0; j < len; j++, l++) { /* the rest, entry by entry, in the last segment's */ \
             const float v = xr[j];                                                              \
             bad |= (v != v) | (v == INFINITY);                                                  \
-            acc[b / L][b % L] = v > acc[b / L][b % L] ? v : acc[b / L][b % L];                  \
+            acc[m_acc - 1][l] = v > acc[m_acc - 1][l] ? v : acc[m_acc - 1][l];                  \
         }                                                                                       \
         for (int64_t b = 0; b < m_acc; b++)                                                     \
             for (int l = 0; l < L; l++)                                                         \
@@ -692,31 +797,13 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
                 bz[k] = ((double)acc[b][l] - top) * a;                                          \
                 k += bz[k] > -1.0;                                                              \
             }                                                                                   \
-        LONG_NEWTON(DT, IT, L, bz, k, POWER_LONG_BOUND_RTOL, KEEP_NOTHING, LONG_MOVE_NOTHING); \
+        LONG_NEWTON(DT, IT, L, bz, k, POWER_LONG_BOUND_RTOL, KEEP_NOTHING, LONG_MOVE_NOTHING, V); \
         tau -= 1e-9 * (fabs(tau) > 1.0 ? fabs(tau) : 1.0); /* the polynomials' rounding */      \
         tau = tau > -1.0 ? tau : -1.0;                                                          \
         const double lo = tau;                                                                  \
         { /* 3. the candidates above it */                                                      \
             const float cut = power_float_below((double)top + lo / a);                          \
-            FT cv;                                                                              \
-            for (int l = 0; l < L; l++)                                                         \
-                cv[l] = cut;                                                                    \
-            k = 0;                                                                              \
-            for (j = 0; j + L <= len; j += L) {                                                 \
-                memcpy(&xv, xr + j, sizeof xv);                                                 \
-                const IT32 c = xv > cv;                                                         \
-                if (ANY(c))                                                                     \
-                    for (int l = 0; l < L; l++) {                                               \
-                        cand[k] = ((double)xv[l] - top) * a;                                    \
-                        idx[k] = (int32_t)(j + l);                                              \
-                        k += cand[k] > lo;                                                      \
-                    }                                                                           \
-            }                                                                                   \
-            for (; j < len; j++) {                                                              \
-                cand[k] = ((double)xr[j] - top) * a;                                            \
-                idx[k] = (int32_t)j;                                                            \
-                k += cand[k] > lo;                                                              \
-            }                                                                                   \
+            LONG_CANDIDATES_##V(FT, IT32, DT, L, ANY);                                           \
         }                                                                                       \
         if (k > len / 4) { /* a broad row: the candidates' mean bound, mean(z) - k^(-1/q) (the power \
                               mean: their sum [z - t]_+^q is at least 1 there), often the closer */ \
@@ -741,7 +828,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
             mb -= 1e-9 * (fabs(mb) > 1.0 ? fabs(mb) : 1.0); /* the sum's rounding */            \
             tau = mb > tau ? mb : tau;                                                          \
         }                                                                                       \
-        LONG_NEWTON(DT, IT, L, cand, k, rtol, LONG_KEEP_W, LONG_MOVE_INDEX); /* 4. the threshold */ \
+        LONG_NEWTON(DT, IT, L, cand, k, rtol, LONG_KEEP_W, LONG_MOVE_INDEX, V); /* 4. the threshold */ \
         /* 5. the output: zeros, then r^q = d^(q - 1) d from the last pass at the candidates left */ \
         const double inv = hq > 0.0 ? 1.0 / hq : 1.0;                                           \
         memset(pr, 0, (size_t)len * sizeof(float));                                             \
@@ -750,10 +837,8 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         if (wr)                                                                                 \
             memset(wr, 0, (size_t)len * sizeof(float));                                         \
         double psum = 0.0, prsum = 0.0;                                                         \
-        for (int64_t i = 0; i < k; i++) {                                                       \
-            const double d = cand[i] - tau;                                                     \
-            if (!(d > 0.0))                                                                     \
-                continue;                                                                       \
+        for (int64_t i = 0; i < k; i++) { /* (w is 0 off the support: zeros written there) */   \
+            const double d = cand[i] > tau ? cand[i] - tau : 0.0;                               \
             const float pf = (float)(wk[i] * d * inv), rf = (float)d;                           \
             pr[idx[i]] = pf;                                                                    \
             if (rr)                                                                             \
@@ -884,15 +969,15 @@ ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, c
 #define NO_ATTR
 /* every function of one vector width: L lanes of doubles (and of floats, int32 and int64 beside
    them), built with ATTR, a comparison's any-lane test ANY; named power_*_SUFFIX */
-#define DEFINE_POWER_WIDTH(SUFFIX, ATTR, L, L2, ANY)                                                \
+#define DEFINE_POWER_WIDTH(SUFFIX, ATTR, L, L2, ANY, V)                                                \
     DEFINE_POWER(power_f32_##SUFFIX, float, ATTR, nmt_i64x##L,                                 \
                  POWER_SUMS(float, nmt_f32x##L, nmt_f64x##L, nmt_i64x##L, L, KEEP_NOTHING), vpow_2)          \
     DEFINE_POWER_BLOCK(power_block_f32_##SUFFIX, float, ATTR, nmt_f64x##L, nmt_i64x##L, L)     \
     DEFINE_POWER_PROBS(power_probs_##SUFFIX, ATTR, nmt_f64x##L, nmt_i64x##L, L, nmt_f32x##L2, nmt_i32x##L2, L2) \
-    DEFINE_POWER_LONG(power_long_##SUFFIX, ATTR, nmt_f32x##L, nmt_i32x##L, nmt_f64x##L, nmt_i64x##L, L, ANY) \
+    DEFINE_POWER_LONG(power_long_##SUFFIX, ATTR, nmt_f32x##L, nmt_i32x##L, nmt_f64x##L, nmt_i64x##L, L, ANY, V) \
     DEFINE_POWER_BACKWARD(power_backward_##SUFFIX, ATTR, nmt_f32x##L, nmt_i32x##L, nmt_f64x##L, nmt_i64x##L, L, ANY)
 #if NMT_VECTORS
-DEFINE_POWER_WIDTH(v, NO_ATTR, 2, 4, ANY_WORDS)
+DEFINE_POWER_WIDTH(v, NO_ATTR, 2, 4, ANY_WORDS, GEN)
 #else
 DEFINE_POWER(power_f32_v, float, NO_ATTR, int64_t, SCALAR_POWER_SUMS(float), pow)
 #define POWER_BLOCK_MAX_N 0 /* no vectors: every row by itself */
@@ -900,10 +985,10 @@ DEFINE_POWER(power_f32_v, float, NO_ATTR, int64_t, SCALAR_POWER_SUMS(float), pow
 #endif
 
 #if NMT_VECTORS && defined(NMT_WIDE_AVX2)
-DEFINE_POWER_WIDTH(avx2, AVX2, 4, 8, ANY_128)
+DEFINE_POWER_WIDTH(avx2, AVX2, 4, 8, ANY_128, GEN)
 #define POWER_HAVE_AVX2() CPU_HAS_AVX2()
 #if defined(NMT_WIDE_AVX512)
-DEFINE_POWER_WIDTH(avx512, AVX512, 8, 16, ANY_256)
+DEFINE_POWER_WIDTH(avx512, AVX512, 8, 16, ANY_256, W512)
 #define POWER_HAVE_AVX512() CPU_HAS_AVX512()
 #endif
 #else
