@@ -53,16 +53,17 @@ NEWTON_SOURCE = Path(__file__).with_name("_newton_threshold.c")
 POWER_SOURCE = Path(__file__).with_name("_power_threshold.c")
 TAUT_SOURCE = Path(__file__).with_name("_taut_string.c")
 GROUP_SOURCE = Path(__file__).with_name("_group_average.c")
-SOURCES = (SOURCE, CANDIDATES_SOURCE, NEWTON_SOURCE, POWER_SOURCE, TAUT_SOURCE, GROUP_SOURCE)
+XENT_SOURCE = Path(__file__).with_name("_cross_entropy.c")
+SOURCES = (SOURCE, CANDIDATES_SOURCE, NEWTON_SOURCE, POWER_SOURCE, TAUT_SOURCE, GROUP_SOURCE, XENT_SOURCE)
 """The C files built into the one library: the sorted threshold (with the mappings around it), a
 search step's support statistics and best candidates (:func:`step_candidates`) and the Newton
 thresholds (:func:`newton_threshold`, :func:`bound_threshold`) and those of any power
 (:func:`power_threshold`, with the mapping and backward), the structured proxes' taut strings and
 ordered fit (:func:`taut_string`, :func:`ordered_fit`) and their backward's group averaging
-(:func:`group_average`)."""
-HEADERS = (Path(__file__).with_name("_cpu_dispatch.h"),)
-"""The header they include (the run-time choice of AVX2 / AVX-512 functions): part of a build's
-identity, not compiled by itself."""
+(:func:`group_average`), and cross-entropy's backward (:func:`xent_backward`)."""
+HEADERS = (Path(__file__).with_name("_cpu_dispatch.h"), Path(__file__).with_name("_float_math.h"))
+"""The headers they include (the run-time choice of AVX2 / AVX-512 functions; float vector log2 and
+exp2): part of a build's identity, not compiled by themselves."""
 CFLAGS = ("-O2", "-shared", "-fPIC", "-ffp-contract=off", "-std=c99")
 """Compiler flags: no contraction of products and sums into FMAs (the other paths round each
 operation), no fast-math."""
@@ -96,6 +97,10 @@ _ORDERED = {torch.float32: "nmt_taut_string_f32_ordered", torch.float64: "nmt_ta
 _ORDERED_SIGNATURE = [_P, _I64, _I64, _P, ctypes.c_double, _P, _P, _P, _INT]
 _GROUP = {torch.float32: "nmt_group_average_f32", torch.float64: "nmt_group_average_f64"}
 _GROUP_SIGNATURE = [_P, _P, _P, _I64, _I64, _I64, _P, _P, _INT]
+_XENT = {torch.float32: "nmt_xent_backward_f32"}
+_XENT_SIGNATURE = [_P, _P, _I64, _I64, _P, _P, ctypes.c_float, _P, _P, _INT]
+_XENT_SMOOTHING = {torch.float32: "nmt_xent_smoothing_f32"}
+_XENT_SMOOTHING_SIGNATURE = [_P, _P, _I64, _I64, _P, _P, _INT]
 
 logger = logging.getLogger(__name__)
 _state: dict[str, object] = {}  # "lib": the loaded CDLL or None once decided
@@ -175,10 +180,12 @@ def load(path: Path) -> ctypes.CDLL:
     for names, argtypes in ((_CANDIDATES, _CANDIDATES_SIGNATURE), (_NEWTON, _NEWTON_SIGNATURE),
                             (_BOUND, _BOUND_SIGNATURE), (_POWER, _POWER_SIGNATURE),
                             (_POWER_PROBS, _POWER_PROBS_SIGNATURE), (_POWER_BACKWARD, _POWER_BACKWARD_SIGNATURE),
-                            (_TAUT, _TAUT_SIGNATURE), (_ORDERED, _ORDERED_SIGNATURE), (_GROUP, _GROUP_SIGNATURE)):
+                            (_TAUT, _TAUT_SIGNATURE), (_ORDERED, _ORDERED_SIGNATURE), (_GROUP, _GROUP_SIGNATURE),
+                            (_XENT, _XENT_SIGNATURE), (_XENT_SMOOTHING, _XENT_SMOOTHING_SIGNATURE)):
         for name in names.values():
             getattr(lib, name).argtypes = argtypes
-            getattr(lib, name).restype = ctypes.c_int if names in (_CANDIDATES, _POWER_PROBS, _POWER_BACKWARD) else None
+            getattr(lib, name).restype = ctypes.c_int if names in (_CANDIDATES, _POWER_PROBS, _POWER_BACKWARD,
+                                                                   _XENT, _XENT_SMOOTHING) else None
     return lib
 
 
@@ -653,6 +660,63 @@ class _RowValues:
             self.ptr, self.stride = ctypes.addressof(self.held), 0
 
 
+def _xent_serves(logp: Tensor) -> bool:
+    """Whether the cross-entropy calls below take ``logp``: float32 ``(R, V)`` on the CPU, eager."""
+    return (logp.dtype is torch.float32 and logp.device.type == "cpu" and logp.dim() == 2
+            and not torch.compiler.is_compiling())
+
+
+def xent_smoothing(z: Tensor, logp: Tensor) -> Optional[tuple[Tensor, Tensor]]:
+    """Cross-entropy's label-smoothing statistics in one native pass over ``z, logp: (R, V)`` (the
+    scores and their ``log_softmax``; CPU float32, eager): ``(m, s)``, each ``(R,)`` float32, ``m``
+    the number of finite scores (``z > -inf``) and ``s`` the sum of ``logp`` over them (in double; a
+    NaN there: NaN). None where it does not serve (see :func:`xent_backward`). Rows split over
+    torch's threads from :data:`POWER_SPLIT_MIN_NUMEL` entries."""
+    if not _xent_serves(logp) or z.dtype is not torch.float32:
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    rows, n = logp.shape
+    z, logp = z.contiguous(), logp.contiguous()
+    m, sums = torch.empty(rows), torch.empty(rows)
+    if rows and not lib.nmt_xent_smoothing_f32(z.data_ptr(), logp.data_ptr(), rows, n, m.data_ptr(),
+                                               sums.data_ptr(), _threads(logp.numel(), POWER_SPLIT_MIN_NUMEL)):
+        return None
+    return m, sums
+
+
+def xent_backward(logp: Tensor, z: Optional[Tensor], index: Tensor, a: Optional[Tensor], eps: float,
+                  g: Tensor) -> Optional[Tensor]:
+    """Cross-entropy's ``J^T g`` at class indices in one native pass (``_cross_entropy.c``):
+    ``(p - y) g`` per row of ``logp: (R, V)`` (the forward's ``log_softmax``; ``p = exp(logp)``, NaN
+    rows 0), ``y`` the target: ``1 - eps`` at ``index: (R,)`` (int64, in range) plus, with label
+    smoothing, ``a: (R,)`` on the classes where ``z: (R, V)`` (the scores) is finite; ``g: (R,)``
+    the rows' gradients (0 for ignored rows: zeros). CPU float32 (``logp``, ``z``, ``a``, ``g``),
+    eager; a new ``(R, V)`` float32 tensor, or None where it does not serve (no library, another
+    dtype or device, compiled, a build without vector extensions). ``p`` by the polynomial of
+    ``_float_math.h``: within 2.2e-8 absolutely of the float64 exp. Rows split over torch's threads
+    from :data:`POWER_SPLIT_MIN_NUMEL` entries; no device is involved."""
+    if not _xent_serves(logp):
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    rows, n = logp.shape
+    logp = logp.contiguous()
+    z = z.to(torch.float32).contiguous() if a is not None else None
+    a = a.to(torch.float32).contiguous() if a is not None else None
+    index = index.to(torch.int64).contiguous()
+    g = g.to(torch.float32).contiguous()
+    out = torch.empty_like(logp)
+    if rows and not lib.nmt_xent_backward_f32(
+            logp.data_ptr(), z.data_ptr() if z is not None else None, rows, n, index.data_ptr(),
+            a.data_ptr() if a is not None else None, 1.0 - float(eps), g.data_ptr(), out.data_ptr(),
+            _threads(logp.numel(), POWER_SPLIT_MIN_NUMEL)):
+        return None
+    return out
+
+
 SUPPORT_BACKWARD_MIN_N = 8
 """Shortest float32 rows whose sparsemax / 1.5-entmax backward :func:`support_backward_serves`
 (shorter rows go entry by entry there: torch's passes are faster, (65536, 4) 0.35 against 0.71 ms;
@@ -691,4 +755,4 @@ __all__ = ["CANDIDATES_SOURCE", "CFLAGS", "HEADERS", "MAX_CANDIDATES", "NEWTON_S
            "OPENMP_FLAGS", "POWER_LONG_SCRATCH", "power_long_scratch", "POWER_PROBS_MAX_N", "POWER_STATS", "POWER_SOURCE", "POWER_SPLIT_MIN_NUMEL", "SOURCE", "SOURCES", "available", "bound_entmax15",
            "bound_sparsemax", "bound_threshold", "build", "cache_dir", "load_once",
            "enabled", "library", "load", "native_sorted_shifted_threshold", "newton_threshold", "power_backward", "power_probs", "power_threshold",
-           "solve", "sorted_probs", "step_candidates", "taut_string", "ordered_fit", "group_average", "TAUT_SOURCE", "GROUP_SOURCE", "support_backward", "support_backward_serves", "SUPPORT_BACKWARD_MIN_N"]
+           "solve", "sorted_probs", "step_candidates", "taut_string", "ordered_fit", "group_average", "TAUT_SOURCE", "GROUP_SOURCE", "support_backward", "support_backward_serves", "SUPPORT_BACKWARD_MIN_N", "XENT_SOURCE", "xent_backward", "xent_smoothing"]

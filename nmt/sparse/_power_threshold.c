@@ -46,6 +46,7 @@
 #include <string.h>
 
 #include "_cpu_dispatch.h"
+#include "_float_math.h" /* VLOG2F, VEXP2F: the coarse steps' powers */
 
 #define POW_SQRT2 1.4142135623730951
 #define POW_LOG2E 1.4426950408889634
@@ -86,35 +87,6 @@
                       + t8_ * ((t_ * (1.0 / 362880.0) + 1.0 / 40320.0) + t2_ * (1.0 / 3628800.0)); \
         const DT scale_ = (DT)((ni_ + 1023) << 52);                                             \
         (out) = (DT)((IT)(e_ * scale_) & ~under_);                                              \
-    } while (0)
-
-/* The same in floats (vectors FT with int32 lanes FI), for the coarse steps alone (see
-   BLOCK_COARSE): log2 by the atanh series to u^3 (absolute error about 4e-8 before the floats'
-   rounding), exp2 by Taylor to degree 6 (relative 1.2e-7); a power's relative error is about
-   1e-7 (1 + |b log2 a|), 0 below 2^-126 (and for subnormal a, a power the steps neglect) */
-#define VLOG2F(FT, FI, d, out)                                                                  \
-    do {                                                                                        \
-        const FI bits_ = (FI)(d);                                                               \
-        FT ex_ = __builtin_convertvector((bits_ >> 23) - 127, FT);                              \
-        FT m_ = (FT)((bits_ & 0x007FFFFF) | 0x3F800000); /* [1, 2) */                           \
-        const FI big_ = m_ > (float)POW_SQRT2;                                                  \
-        m_ = (FT)(((FI)(m_ * 0.5f) & big_) | ((FI)m_ & ~big_));                                 \
-        ex_ += (FT)((FI)((FT){0} + 1.0f) & big_);                                               \
-        const FT s_ = (m_ - 1.0f) / (m_ + 1.0f), u_ = s_ * s_;                                  \
-        const FT p_ = (u_ * (1.0f / 3.0f) + 1.0f) + (u_ * u_) * (u_ * (1.0f / 7.0f) + 0.2f);   \
-        (out) = ex_ + (float)(2.0 * POW_LOG2E) * (s_ * p_);                                     \
-    } while (0)
-#define VEXP2F(FT, FI, y, out)                                                                  \
-    do {                                                                                        \
-        const FI under_ = (y) < -126.0f;                                                        \
-        const FT yc_ = (FT)((FI)(y) & ~under_); /* under: 2^0, then 0 */                        \
-        const FT r_ = yc_ + 12582912.0f; /* 1.5 * 2^23: rounds to an integer */                 \
-        const FT n_ = r_ - 12582912.0f;                                                         \
-        const FI ni_ = (FI)r_ - (FI)((FT){0} + 12582912.0f);                                    \
-        const FT t_ = (yc_ - n_) * (float)POW_LN2, t2_ = t_ * t_, t4_ = t2_ * t2_;              \
-        const FT e_ = ((t_ + 1.0f) + t2_ * (t_ * (1.0f / 6.0f) + 0.5f))                        \
-                      + t4_ * ((t_ * (1.0f / 120.0f) + 1.0f / 24.0f) + t2_ * (1.0f / 720.0f));  \
-        (out) = (FT)((FI)(e_ * (FT)((ni_ + 127) << 23)) & ~under_);                             \
     } while (0)
 
 /* hq = sum w d and ws = sum w, w = d^e on d = [x - tau]_+ > 0, over the row x[0 .. n): LANES entries
@@ -272,7 +244,7 @@ static inline double vpow_2(double a, double b)
 
 /* Coarse steps before the loop above (DEFINE_POWER_PROBS, with a cap of POWER_COARSE_MIN_ITER steps
    or more: the loop run to its precision). The same Newton steps on the q-norm, from the lanes' vt,
-   with the sums in floats (VLOG2F / VEXP2F) over colf, the block's entries as floats in col's order
+   with the sums in floats (VLOG2F / VEXP2F of _float_math.h) over colf, the block's entries as floats in col's order
    (a vector of L2 = 2 L lanes: two entries of the L rows; -inf past an odd n): a float pass costs
    about a third of a double one (twice the lanes, shorter polynomials). Each step is shortened by
    POWER_COARSE_MARGIN (tau is at most 1 in magnitude there: z <= 0 and tau >= -1), far above its

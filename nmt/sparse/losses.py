@@ -59,7 +59,7 @@ from torch import Tensor, nn
 
 from . import _dispatch
 from ._common import own_precision
-from ._native import power_probs
+from ._native import power_probs, xent_backward, xent_smoothing
 from ._dispatch import check_impl, resolve_impl, shifted_threshold
 from ._threshold import (ROOT_MAX_ITER, Candidates, count_true, native_long_entmax15, native_long_sparsemax,
                          pruned_shifted_threshold)
@@ -300,7 +300,8 @@ class _CrossEntropyFunction(torch.autograd.Function):
     (``y = (1 - eps) e_t + eps / m`` on the ``m`` finite classes) the KL form
     ``Omega(y) - (1 - eps) log p_t - (eps / m) sum_finite log p`` (``Omega(y)`` in closed form).
     Backward: ``(softmax(z) - y) * grad`` with ``softmax = exp(log_softmax)`` from the saved
-    ``log_softmax`` (so an evaluation forward never computes ``p``). A target with score ``-inf``
+    ``log_softmax`` (so an evaluation forward never computes ``p``); float32 rows on the CPU in
+    one native pass (:func:`nmt.sparse._native.xent_backward`), else in torch's. A target with score ``-inf``
     (rows of only ``-inf`` included) has loss ``inf``; rows whose ``log_softmax`` is NaN (no
     finite score, or a NaN / ``+inf`` score) get gradient ``p - y`` with ``p = 0``, as in the
     generic function. The loss is a KL divergence, >= 0 (``-log_softmax >= 0`` without
@@ -313,14 +314,19 @@ class _CrossEntropyFunction(torch.autograd.Function):
         logp_t = logp.gather(-1, idx)[:, 0]
         ctx.eps = eps
         if eps > 0:
-            finite = z > float("-inf")
-            m = count_true(finite, z.dtype).clamp_(min=1)
+            stats = xent_smoothing(z, logp)  # float32 CPU rows: one native pass
+            if stats is not None:
+                m, sum_logp = stats
+            else:
+                finite = z > float("-inf")
+                m = count_true(finite, z.dtype)
+                sum_logp = torch.where(finite, logp, 0).sum(dim=-1)
+            m = m.clamp_(min=1)
             a = eps / m  # the smoothed target: a on the finite classes, b = 1 - eps + a at t
             b = (1 - eps) + a
-            sum_logp = torch.where(finite, logp, 0).sum(dim=-1)
             omega_y = (m - 1) * a * a.log() + b * b.log()
             loss = (omega_y - (1 - eps) * logp_t - a * sum_logp).clamp_(min=0)
-            ctx.save_for_backward(logp, index, valid, finite, a)
+            ctx.save_for_backward(logp, index, valid, a, z)
         else:
             loss = -logp_t
             ctx.save_for_backward(logp, index, valid)
@@ -331,12 +337,17 @@ class _CrossEntropyFunction(torch.autograd.Function):
     def backward(ctx, g: Tensor):  # type: ignore[override]
         logp, index, valid = ctx.saved_tensors[:3]
         eps = ctx.eps
+        g = torch.where(valid, g, 0)  # ignored rows: 0
+        # float32 CPU rows: one native pass (the passes below, fused)
+        a, z = ctx.saved_tensors[3:] if eps > 0 else (None, None)
+        found = xent_backward(logp, z, index, a, eps, g)
+        if found is not None:
+            return found, None, None, None
         p = logp.exp().nan_to_num_(0.0)  # rows whose log_softmax is NaN: p = 0
-        if eps > 0:  # p - smoothing mass
-            finite, a = ctx.saved_tensors[3:]
-            p = torch.where(finite, p.sub_(a[:, None]), 0)
+        if eps > 0:  # p - smoothing mass on the finite classes
+            p = torch.where(z > float("-inf"), p.sub_(a[:, None]), 0)
         p.scatter_add_(-1, index[:, None], torch.full_like(p[:, :1], eps - 1.0))
-        return p.mul_(torch.where(valid, g, 0)[:, None]), None, None, None  # ignored rows: 0
+        return p.mul_(g[:, None]), None, None, None
 
 
 def _with_finish(ctx: Any, loss: Tensor, finish: Tensor) -> tuple[Tensor, Tensor]:
