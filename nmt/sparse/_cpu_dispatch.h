@@ -55,6 +55,29 @@ typedef int64_t nmt_i64x8 __attribute__((vector_size(64)));
 #endif
 #endif
 
+#if NMT_VECTORS
+/* The maximum and the bad entries (NaN, +inf) of the row x of n entries by vectors VT of L lanes of
+   T (integer lanes IT): from x[i_] while L entries are left (i_ ends at the first entry not read;
+   the caller takes the rest), into the caller's top (max) and bad (or). Uses memcpy and INFINITY
+   (the including file's <string.h>, <math.h>). */
+#define MAXPASS_LANES(T, VT, IT, L, x, n)                                                       \
+    do {                                                                                        \
+        VT mx, xv;                                                                              \
+        IT flags = {0};                                                                         \
+        for (int l_ = 0; l_ < L; l_++) mx[l_] = -INFINITY;                                      \
+        for (; i_ + L <= (n); i_ += L) {                                                        \
+            memcpy(&xv, (x) + i_, sizeof xv);                                                   \
+            flags |= (xv != xv) | (xv == (T)INFINITY);                                          \
+            IT gt = xv > mx;                                                                    \
+            mx = (VT)(((IT)xv & gt) | ((IT)mx & ~gt));                                          \
+        }                                                                                       \
+        for (int l_ = 0; l_ < L; l_++) {                                                        \
+            bad |= flags[l_] != 0;                                                              \
+            top = mx[l_] > top ? mx[l_] : top;                                                  \
+        }                                                                                       \
+    } while (0)
+#endif
+
 /* Rows (or groups of rows) split over `threads` threads of the OpenMP team where the library was
    built with OpenMP (the process's one libgomp: torch's own pool, whose workers wait spinning for
    the next region; a thread of our own had to compete with them for a core), else all rows on

@@ -114,6 +114,14 @@ DEFINE_XENT(xent_avx512, AVX512, nmt_f32x16, nmt_i32x16, 16)
 DEFINE_XENT_SMOOTHING(xent_smoothing_avx512, AVX512, nmt_f32x16, nmt_i32x16, nmt_f32x8, nmt_f64x8, 16)
 #endif
 #endif
+/* the function NAME_v, _avx2 or _avx512 for this processor */
+#if defined(NMT_WIDE_AVX512)
+#define XENT_PICK(NAME) (CPU_HAS_AVX512() ? NAME##_avx512 : CPU_HAS_AVX2() ? NAME##_avx2 : NAME##_v)
+#elif defined(NMT_WIDE_AVX2)
+#define XENT_PICK(NAME) (CPU_HAS_AVX2() ? NAME##_avx2 : NAME##_v)
+#else
+#define XENT_PICK(NAME) NAME##_v
+#endif
 #endif
 
 /* The entry point: logp, out (R, n) float32; z (R, n) with smoothing (a given: R floats), else NULL;
@@ -124,19 +132,8 @@ int nmt_xent_backward_f32(const float *logp, const float *z, int64_t rows, int64
                           const float *a, float at, const float *g, float *out, int threads)
 {
 #if NMT_VECTORS
-    typedef void (*xent_rows)(const float *, const float *, int64_t, int64_t, const int64_t *, const float *,
-                              float, const float *, float *);
-    xent_rows solve = xent_v;
-#if defined(NMT_WIDE_AVX2)
-    if (CPU_HAS_AVX2())
-        solve = xent_avx2;
-#if defined(NMT_WIDE_AVX512)
-    if (CPU_HAS_AVX512())
-        solve = xent_avx512;
-#endif
-#endif
     FOR_THREADS(threads, rows,
-                solve(logp + FIRST * n, z ? z + FIRST * n : 0, LAST - FIRST, n, target + FIRST, a ? a + FIRST : 0,
+                XENT_PICK(xent)(logp + FIRST * n, z ? z + FIRST * n : 0, LAST - FIRST, n, target + FIRST, a ? a + FIRST : 0,
                       at, g + FIRST, out + FIRST * n));
     return 1;
 #else
@@ -153,17 +150,7 @@ int nmt_xent_smoothing_f32(const float *z, const float *logp, int64_t rows, int6
                            int threads)
 {
 #if NMT_VECTORS
-    typedef void (*smoothing_rows)(const float *, const float *, int64_t, int64_t, float *, float *);
-    smoothing_rows solve = xent_smoothing_v;
-#if defined(NMT_WIDE_AVX2)
-    if (CPU_HAS_AVX2())
-        solve = xent_smoothing_avx2;
-#if defined(NMT_WIDE_AVX512)
-    if (CPU_HAS_AVX512())
-        solve = xent_smoothing_avx512;
-#endif
-#endif
-    FOR_THREADS(threads, rows, solve(z + FIRST * n, logp + FIRST * n, LAST - FIRST, n, m + FIRST, sums + FIRST));
+    FOR_THREADS(threads, rows, XENT_PICK(xent_smoothing)(z + FIRST * n, logp + FIRST * n, LAST - FIRST, n, m + FIRST, sums + FIRST));
     return 1;
 #else
     (void)z; (void)logp; (void)rows; (void)n; (void)m; (void)sums; (void)threads;

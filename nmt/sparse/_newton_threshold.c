@@ -175,23 +175,6 @@ DEFINE_NEWTON(newton_f64_avx512, double, DBL_EPSILON, AVX512, VECTOR_SUMS(double
  * input): two passes over each row, in cache. Rows holding NaN or +inf: zmax NaN, tau -1 (where
  * the loop starts); rows without a finite entry: tau +inf, zmax 0; both ok. */
 #define BOUND_V (-1.0 - 1.0 / 1024.0)
-/* the maximum and the bad entries (NaN, +inf) of x[0 .. n), L lanes at a time, into top and bad */\
-#define MAXPASS_LANES(T, VT, IT, L)                                                             \
-    do {                                                                                        \
-        VT mx, xv;                                                                              \
-        IT flags = {0};                                                                         \
-        for (int l = 0; l < L; l++) mx[l] = -INFINITY;                                          \
-        for (; i_ + L <= n; i_ += L) {                                                          \
-            memcpy(&xv, x + i_, sizeof xv);                                                     \
-            flags |= (xv != xv) | (xv == (T)INFINITY);                                          \
-            IT gt = xv > mx;                                                                    \
-            mx = (VT)(((IT)xv & gt) | ((IT)mx & ~gt));                                          \
-        }                                                                                       \
-        for (int l = 0; l < L; l++) {                                                           \
-            bad |= flags[l] != 0;                                                               \
-            top = mx[l] > top ? mx[l] : top;                                                    \
-        }                                                                                       \
-    } while (0)
 /* the candidates of x[i_ .. n): L entries at a time, a chunk without one skipped; v as the torch\
    shift rounds it (one multiplication of x, exact for a power-of-two scale, then the shift) */ \
 #define COMPACT_LANES(T, VT, IT, L)                                                             \
@@ -290,7 +273,7 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, 
         T top = -INFINITY;                                                                      \
         int bad = 0;                                                                            \
         int64_t i_ = 0;                                                                         \
-        MAXPASS(T, VT, IT, L);                                                                  \
+        MAXPASS(T, VT, IT, L, x, n);                                                            \
         for (; i_ < n; i_++) {                                                                  \
             const T xi = x[i_];                                                                 \
             bad |= (xi != xi) | (xi == INFINITY);                                               \
@@ -324,7 +307,7 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, 
     }                                                                                           \
 }
 
-#define NOTHING(T, VT, IT, L) ((void)0)
+#define NOTHING(T, VT, IT, L, ...) ((void)0)
 #if NMT_VECTORS
 DEFINE_BOUND(bound_f32_v, float, NO_ATTR, newton_f32_v, nmt_f32x4, nmt_i32x4, 4, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
 DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, nmt_f64x2, nmt_i64x2, 2, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)

@@ -265,10 +265,10 @@ static inline double vpow_2(double a, double b)
     do {                                                                                        \
         for (int64_t i_ = 0; i_ < (cnt) * L; i_++)                                                  \
             colf[i_] = (float)col[i_];                                                          \
-        for (int64_t i_ = (cnt) * L; i_ < ((cnt) + ((cnt) & 1)) * L; i_++)                                  \
+        for (int64_t i_ = (cnt) * L; i_ < ((cnt) + ((cnt) & 1)) * L; i_++)                      \
             colf[i_] = -INFINITY;                                                               \
         IT coarse = live & (IT)(ve <= POWER_COARSE_MAX_E);                                      \
-        for (int s_ = 0; s_ < POWER_COARSE_MAX_STEPS; s_++) {                                   \
+        for (int c_ = 0; c_ < POWER_COARSE_MAX_STEPS; c_++) {                                   \
             int64_t any_ = 0;                                                                   \
             for (int l = 0; l < L; l++)                                                         \
                 any_ |= coarse[l];                                                              \
@@ -280,16 +280,16 @@ static inline double vpow_2(double a, double b)
                 vtf[l] = vtf[l + L] = (float)vt[l];                                             \
                 vef[l] = vef[l + L] = (float)ve[l];                                             \
             }                                                                                   \
-            for (int64_t j = 0; j < (cnt) + ((cnt) & 1); j += 2) {                                      \
+            for (int64_t j = 0; j < (cnt) + ((cnt) & 1); j += 2) {                              \
                 FT xv_, lg_, w_;                                                                \
                 memcpy(&xv_, colf + j * L, sizeof xv_);                                         \
                 const FT d_ = xv_ - vtf;                                                        \
-                const FI m_ = d_ > zf;                                                          \
-                VLOG2F(FT, FI, (FT)(((FI)d_ & m_) | ((FI)onef & ~m_)), lg_);                    \
+                const FI pos_ = d_ > zf;                                                        \
+                VLOG2F(FT, FI, (FT)(((FI)d_ & pos_) | ((FI)onef & ~pos_)), lg_);                \
                 VEXP2F(FT, FI, vef * lg_, w_);                                                  \
-                w_ = (FT)((FI)w_ & m_);                                                         \
+                w_ = (FT)((FI)w_ & pos_);                                                       \
                 awf += w_;                                                                      \
-                aqf += w_ * (FT)((FI)d_ & m_);                                                  \
+                aqf += w_ * (FT)((FI)d_ & pos_);                                                \
                 nanf |= (FI)(d_ != d_);                                                         \
             }                                                                                   \
             DT hq = zero, ws = zero;                                                            \
@@ -355,7 +355,7 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
    s = r^(q - 1), where asked for: the backward's). The entries dropped are below every iterate
    (the iterates only grow), so the loop's sums, its iterates and the output are those of the
    loop on the whole row from the same start. */
-#define DEFINE_POWER_PROBS(NAME, ATTR, DT, IT, L, FT, FI, L2)                                               \
+#define DEFINE_POWER_PROBS(NAME, ATTR, DT, IT, L, FT, FI, L2)                                   \
 ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1, int64_t a_stride, \
                       int64_t max_iter, double rtol, float *p, float *root, float *weights,     \
                       float *stats)                                                             \
@@ -378,24 +378,9 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             const float *xr = x + r * n;                                                        \
             float top = -INFINITY;                                                              \
             int bad = 0;                                                                        \
-            int64_t j0 = 0;                                                                     \
-            { /* the maximum and NaN / +inf, L2 entries at a time */                            \
-                FT vmax_, v_;                                                                   \
-                FI vbad_ = {0};                                                                 \
-                for (int k_ = 0; k_ < L2; k_++)                                                 \
-                    vmax_[k_] = -INFINITY;                                                      \
-                for (; j0 + L2 <= n; j0 += L2) {                                                \
-                    memcpy(&v_, xr + j0, sizeof v_);                                            \
-                    vbad_ |= (v_ != v_) | (v_ == INFINITY);                                     \
-                    const FI gt_ = v_ > vmax_;                                                  \
-                    vmax_ = (FT)(((FI)v_ & gt_) | ((FI)vmax_ & ~gt_));                          \
-                }                                                                               \
-                for (int k_ = 0; k_ < L2; k_++) {                                               \
-                    bad |= vbad_[k_] != 0;                                                      \
-                    top = vmax_[k_] > top ? vmax_[k_] : top;                                    \
-                }                                                                               \
-            }                                                                                   \
-            for (int64_t j = j0; j < n; j++) {                                                  \
+            int64_t i_ = 0;                                                                     \
+            MAXPASS_LANES(float, FT, FI, L2, xr, n); /* the maximum, NaN / +inf; the rest: */   \
+            for (int64_t j = i_; j < n; j++) {                                                  \
                 bad |= (xr[j] != xr[j]) | (xr[j] == INFINITY);                                  \
                 top = xr[j] > top ? xr[j] : top;                                                \
             }                                                                                   \
@@ -427,8 +412,8 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             for (int64_t k = kc[l]; k < kmax; k++)                                              \
                 col[k * L + l] = -INFINITY;                                                     \
         if (max_iter >= POWER_COARSE_MIN_ITER) {                                                \
-            /* from mean(z) - k^(-1/q) over the k entries above -1 where that is higher: by the    \
-               power mean their sum [z - t]_+^q is at least 1 there (close to the root on a flat row) */ \
+            /* from mean(z) - k^(-1/q) over the k entries above -1 where that is higher: by   \
+               the power mean their sum [z - t]_+^q is at least 1 there (close on a flat row) */ \
             DT lgk, kp;                                                                         \
             VLOG2(DT, IT, vk, lgk);                                                             \
             VEXP2(DT, IT, -vi * lgk, kp);                                                       \
@@ -590,15 +575,19 @@ static inline int power_any_words(const void *mask, size_t bytes)
    beside them), k their count: entry by entry (GEN), or by compressing vectors of eight (W512, in
    the AVX-512 functions; MOVE##_8(to, from, mask) moves eight places): each stored whole at
    kept_ <= i_, so within the eight just read */
-#define LONG_DROP_GEN(c, k, MOVE)                                                               \
+#define LONG_DROP_REST(c, k, MOVE) /* from c[i_], the kept ones to c[kept_] on */              \
     do {                                                                                        \
-        int64_t kept_ = 0;                                                                      \
-        for (int64_t i_ = 0; i_ < (k); i_++) {                                                  \
+        for (; i_ < (k); i_++) {                                                                \
             (c)[kept_] = (c)[i_];                                                               \
             MOVE(kept_, i_);                                                                    \
             kept_ += (c)[i_] > tau;                                                             \
         }                                                                                       \
         (k) = kept_;                                                                            \
+    } while (0)
+#define LONG_DROP_GEN(c, k, MOVE)                                                               \
+    do {                                                                                        \
+        int64_t kept_ = 0, i_ = 0;                                                              \
+        LONG_DROP_REST(c, k, MOVE);                                                             \
     } while (0)
 #ifdef NMT_WIDE_AVX512
 #define LONG_DROP_W512(c, k, MOVE)                                                            \
@@ -612,12 +601,7 @@ static inline int power_any_words(const void *mask, size_t bytes)
             _mm512_storeu_pd((c) + kept_, _mm512_maskz_compress_pd(m_, v_));                    \
             kept_ += __builtin_popcount((unsigned)m_);                                          \
         }                                                                                       \
-        for (; i_ < (k); i_++) {                                                                \
-            (c)[kept_] = (c)[i_];                                                               \
-            MOVE(kept_, i_);                                                                    \
-            kept_ += (c)[i_] > tau;                                                             \
-        }                                                                                       \
-        (k) = kept_;                                                                            \
+        LONG_DROP_REST(c, k, MOVE);                                                             \
     } while (0)
 #define LONG_MOVE_NOTHING_8(to, from, m) ((void)0)
 #define LONG_MOVE_INDEX_8(to, from, m)                                                          \
@@ -691,7 +675,7 @@ static inline float power_float_below(double v)
     } while (0)
 #endif
 
-#define DEFINE_POWER_LONG(NAME, ATTR, FT, IT32, DT, IT, L, ANY, V)                                   \
+#define DEFINE_POWER_LONG(NAME, ATTR, FT, IT32, DT, IT, L, ANY, V)                              \
 ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *am1, int64_t a_stride, \
                       int64_t max_iter, double rtol, float *p, float *root, float *weights,     \
                       float *stats, double *cand)                                               \
