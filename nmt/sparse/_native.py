@@ -6,7 +6,9 @@ also the powerless backward of sparsemax and 1.5-entmax (``_power_threshold.c``:
 beam search step's reading of its log-probabilities (``_step_candidates.c``: support statistics and
 best candidates), and the structured proxes' taut strings, OSCAR's ordered fit and their backward's
 group averaging (``_taut_string.c``, ``_group_average.c``: :func:`taut_string`, :func:`ordered_fit`,
-:func:`group_average`).
+:func:`group_average`), and cross-entropy's backward and label-smoothing statistics
+(``_cross_entropy.c``: :func:`xent_backward`, :func:`xent_smoothing`). Float-vector ``log2`` /
+``exp2`` polynomials shared by two of them are in ``_float_math.h``.
 
 Attention-sized inputs are bound by per-operation overhead: the NumPy solve of
 :func:`nmt.sparse._threshold._numpy_sorted_shifted_threshold` makes some twenty array operations.
