@@ -370,7 +370,7 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
         DT vt, ve, vi, vtop;                                                                    \
         IT live, nanrow = none, emptyrow = none;                                                \
         int64_t kc[L], kmax = 0; /* each lane's entries above -1 at the front of its column */  \
-        DT vsum, vk;             /* their sum and count */                                      \
+        DT vsum = zero, vk;      /* their sum and count */                                      \
         for (int l = 0; l < L; l++) {                                                           \
             const int real = r0 + l < rows;                                                     \
             const int64_t r = real ? r0 + l : r0;                                               \
@@ -387,17 +387,14 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             const int empty = top == -INFINITY;                                                 \
             int64_t k = 0; /* the entries with z > -1 (none past the last row, in rows without \
                               a finite entry or with a NaN / +inf one), at the front */         \
-            double zsum = 0.0;                                                                  \
             if (real && !bad && !empty)                                                         \
                 for (int64_t j = 0; j < n; j++) {                                               \
                     const double v = ((double)xr[j] - top) * a;                                 \
                     col[k * L + l] = v;                                                         \
                     place[k * L + l] = (int32_t)j;                                              \
                     k += v > -1.0;                                                              \
-                    zsum += v > -1.0 ? v : 0.0;                                                 \
                 }                                                                               \
             kc[l] = k;                                                                          \
-            vsum[l] = zsum;                                                                     \
             vk[l] = k > 0 ? (double)k : 1.0;                                                    \
             kmax = k > kmax ? k : kmax;                                                         \
             vt[l] = -1.0;                                                                       \
@@ -412,6 +409,11 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             for (int64_t k = kc[l]; k < kmax; k++)                                              \
                 col[k * L + l] = -INFINITY;                                                     \
         if (max_iter >= POWER_COARSE_MIN_ITER) {                                                \
+            for (int64_t k = 0; k < kmax; k++) { /* (a sum in the loop above waited on itself) */ \
+                DT v;                                                                           \
+                memcpy(&v, col + k * L, sizeof v);                                              \
+                vsum += (DT)((IT)v & (IT)(v > -1.0));                                           \
+            }                                                                                   \
             /* from mean(z) - k^(-1/q) over the k entries above -1 where that is higher: by   \
                the power mean their sum [z - t]_+^q is at least 1 there (close on a flat row) */ \
             DT lgk, kp;                                                                         \
@@ -459,15 +461,22 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             float *pr = p + (r0 + l) * n, *rr = root ? root + (r0 + l) * n : 0;                 \
             float *wr = weights ? weights + (r0 + l) * n : 0;                                   \
             double psum = 0.0, prsum = 0.0;                                                     \
-            const float fill = nanrow[l] ? NAN : 0.0f; /* NaN rows all NaN, the rest 0 between */ \
-            for (int64_t j = 0; j < n; j++)                                                     \
-                pr[j] = fill;                                                                   \
-            if (rr)                                                                             \
+            if (nanrow[l]) { /* NaN rows all NaN, the rest 0 between the entries written */      \
                 for (int64_t j = 0; j < n; j++)                                                 \
-                    rr[j] = fill;                                                               \
-            if (wr) /* the last pass's d^(q - 1): 0 off the support */                          \
-                for (int64_t j = 0; j < n; j++)                                                 \
-                    wr[j] = fill;                                                               \
+                    pr[j] = NAN;                                                                \
+                if (rr)                                                                         \
+                    for (int64_t j = 0; j < n; j++)                                             \
+                        rr[j] = NAN;                                                            \
+                if (wr)                                                                         \
+                    for (int64_t j = 0; j < n; j++)                                             \
+                        wr[j] = NAN;                                                            \
+            } else {                                                                            \
+                memset(pr, 0, (size_t)n * sizeof(float));                                       \
+                if (rr)                                                                         \
+                    memset(rr, 0, (size_t)n * sizeof(float));                                   \
+                if (wr) /* the last pass's d^(q - 1): 0 off the support */                      \
+                    memset(wr, 0, (size_t)n * sizeof(float));                                  \
+            }                                                                                   \
             for (int64_t k = 0; k < (nanrow[l] ? 0 : kc[l]); k++) { /* at the entries' places */ \
                 const int32_t j = place[k * L + l];                                             \
                 pr[j] = (float)(col[k * L + l] * inv[l]);                                       \
