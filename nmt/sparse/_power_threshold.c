@@ -203,10 +203,10 @@ static inline double vpow_2(double a, double b)
         w = (DT)((IT)w & m);                                                                    \
     } while (0)
 
-/* The Newton loop on a block's entries col[j * L + l], j < cnt (one row a lane, vectors DT of doubles with
-   integer lanes IT): from vt, a lane steps until it settles (a step at most rtol max(1, |tau|)),
-   stops before a step on NaN, without an entry above tau or at max_iter steps, as a row alone
-   does; ve = q - 1, vi = 1 / q per lane; zero, one, none and magnitude from the caller. KEEP(j, w)
+/* The Newton loop on a block's entries col[j * L + l], j < cnt (one row a lane, vectors DT of
+   doubles with integer lanes IT): from vt, a lane steps until it settles (a step at most
+   rtol max(1, |tau|)), stops before a step on NaN, without an entry above tau or at max_iter
+   steps, as a row alone does; ve = q - 1, vi = 1 / q per lane; zero, one, none and magnitude from the caller. KEEP(j, w)
    runs on every entry's w of every pass (the last pass's are at every lane's final tau: a lane
    stops before a step, and the loop ends after a pass in which none stepped). */
 #define KEEP_W(j, w, L) memcpy(wcol + (j) * (L), &(w), sizeof(w))
@@ -244,8 +244,9 @@ static inline double vpow_2(double a, double b)
 
 /* Coarse steps before the loop above (DEFINE_POWER_PROBS, with a cap of POWER_COARSE_MIN_ITER steps
    or more: the loop run to its precision). The same Newton steps on the q-norm, from the lanes' vt,
-   with the sums in floats (VLOG2F / VEXP2F of _float_math.h) over colf, the block's entries as floats in col's order
-   (a vector of L2 = 2 L lanes: two entries of the L rows; -inf past an odd n): a float pass costs
+   with the sums in floats (VLOG2F / VEXP2F of _float_math.h) over colf, the block's entries as
+   floats in col's order (a vector of L2 = 2 L lanes: two entries of the L rows; -inf past an odd
+   count): a float pass costs
    about a third of a double one (twice the lanes, shorter polynomials). Each step is shortened by
    POWER_COARSE_MARGIN (tau is at most 1 in magnitude there: z <= 0 and tau >= -1), far above its
    error (a relative error of the sums of at most some 2e-5, the floats' summation over 128 vectors
@@ -263,7 +264,7 @@ static inline double vpow_2(double a, double b)
 #define POWER_COARSE_MAX_STEPS 8
 #define BLOCK_COARSE(DT, IT, FT, FI, L, L2, cnt)                                                \
     do {                                                                                        \
-        for (int64_t i_ = 0; i_ < (cnt) * L; i_++)                                                  \
+        for (int64_t i_ = 0; i_ < (cnt) * L; i_++)                                              \
             colf[i_] = (float)col[i_];                                                          \
         for (int64_t i_ = (cnt) * L; i_ < ((cnt) + ((cnt) & 1)) * L; i_++)                      \
             colf[i_] = -INFINITY;                                                               \
@@ -274,7 +275,7 @@ static inline double vpow_2(double a, double b)
                 any_ |= coarse[l];                                                              \
             if (!any_)                                                                          \
                 break;                                                                          \
-            FT zf = {0}, vtf = zf, vef = zf, aqf = zf, awf = zf, onef = zf + 1.0f;                \
+            FT zf = {0}, vtf = zf, vef = zf, aqf = zf, awf = zf, onef = zf + 1.0f;              \
             FI nanf = {0};                                                                      \
             for (int l = 0; l < L; l++) {                                                       \
                 vtf[l] = vtf[l + L] = (float)vt[l];                                             \
@@ -362,7 +363,7 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
 {                                                                                               \
     double col[POWER_BLOCK_MAX_N * L], rcol[POWER_BLOCK_MAX_N * L]; /* scores, then p; r */    \
     double wcol[POWER_BLOCK_MAX_N * L]; /* the last pass's d^(q - 1) */                         \
-    float colf[(POWER_BLOCK_MAX_N + 1) * L]; /* the scores as floats: the coarse steps' */          \
+    float colf[(POWER_BLOCK_MAX_N + 1) * L]; /* the scores as floats: the coarse steps' */      \
     int32_t place[POWER_BLOCK_MAX_N * L];    /* the places of the entries the loop runs on */    \
     const DT zero = {0}, one = zero + 1.0;                                                      \
     const IT none = {0}, magnitude = none + 0x7FFFFFFFFFFFFFFFLL;                               \
@@ -461,7 +462,7 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             float *pr = p + (r0 + l) * n, *rr = root ? root + (r0 + l) * n : 0;                 \
             float *wr = weights ? weights + (r0 + l) * n : 0;                                   \
             double psum = 0.0, prsum = 0.0;                                                     \
-            if (nanrow[l]) { /* NaN rows all NaN, the rest 0 between the entries written */      \
+            if (nanrow[l]) { /* NaN rows all NaN, the rest 0 between the entries written */     \
                 for (int64_t j = 0; j < n; j++)                                                 \
                     pr[j] = NAN;                                                                \
                 if (rr)                                                                         \
@@ -624,12 +625,13 @@ static inline float power_float_below(double v)
     return nextafterf(nextafterf((float)v, -INFINITY), -INFINITY);
 }
 
-/* Step 3 below: cand[0 .. k) the z = (x - top) a of the row's entries above the float cut, idx their
-   places. GEN: a chunk of L floats without one is skipped after one comparison (ANY), the others
-   entry by entry, keeping those with z above lo. W512 (AVX-512): sixteen floats at a time compressed
-   in registers (faster than compressing to memory) and stored whole at k <= j (within the row's
-   length: the floats in wk's room, the places in idx), converted after; those up to two float ulps below lo are kept too (below every tau,
-   they are dropped after the first step and add nothing to a sum). */
+/* Step 3 below: cand[0 .. k) the z = (x - top) a of the row's entries above the float cut, idx
+   their places. GEN: a chunk of L floats without one is skipped after one comparison (ANY), the
+   others entry by entry, keeping those with z above lo. W512 (AVX-512): sixteen floats at a time
+   compressed in registers (faster than compressing to memory) and stored whole at k <= j (within
+   the row's length: the floats in wk's room, the places in idx), converted after; those up to two
+   float ulps below lo are kept too (below every tau, they are dropped after the first step and add
+   nothing to a sum). */
 #define LONG_CANDIDATES_GEN(FT, IT32, DT, L, ANY)                                               \
     do {                                                                                        \
         FT cv;                                                                                  \
