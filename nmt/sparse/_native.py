@@ -62,7 +62,8 @@ search step's support statistics and best candidates (:func:`step_candidates`) a
 thresholds (:func:`newton_threshold`, :func:`bound_threshold`) and those of any power
 (:func:`power_threshold`, with the mapping and backward), the structured proxes' taut strings and
 ordered fit (:func:`taut_string`, :func:`ordered_fit`) and their backward's group averaging
-(:func:`group_average`), and cross-entropy's backward (:func:`xent_backward`)."""
+(:func:`group_average`), and cross-entropy's backward and label-smoothing statistics
+(:func:`xent_backward`, :func:`xent_smoothing`)."""
 HEADERS = (Path(__file__).with_name("_cpu_dispatch.h"), Path(__file__).with_name("_float_math.h"))
 """The headers they include (the run-time choice of AVX2 / AVX-512 functions; float vector log2 and
 exp2): part of a build's identity, not compiled by themselves."""
@@ -102,7 +103,7 @@ _GROUP_SIGNATURE = [_P, _P, _P, _I64, _I64, _I64, _P, _P, _INT]
 _XENT = {torch.float32: "nmt_xent_backward_f32"}
 _XENT_SIGNATURE = [_P, _P, _I64, _I64, _P, _P, ctypes.c_float, _P, _P, _INT]
 _XENT_SMOOTHING = {torch.float32: "nmt_xent_smoothing_f32"}
-_XENT_SMOOTHING_SIGNATURE = [_P, _P, _I64, _I64, _P, _P, _INT]
+_XENT_SMOOTHING_SIGNATURE = [_P, _P, _I64, _I64, _P, _P, _P, _INT]
 
 logger = logging.getLogger(__name__)
 _state: dict[str, object] = {}  # "lib": the loaded CDLL or None once decided
@@ -668,51 +669,62 @@ def _xent_serves(logp: Tensor) -> bool:
             and not torch.compiler.is_compiling())
 
 
-def xent_smoothing(z: Tensor, logp: Tensor) -> Optional[tuple[Tensor, Tensor]]:
+def xent_smoothing(z: Tensor, logp: Tensor) -> Optional[tuple[Tensor, Tensor, Tensor]]:
     """Cross-entropy's label-smoothing statistics in one native pass over ``z, logp: (R, V)`` (the
-    scores and their ``log_softmax``; CPU float32, eager): ``(m, s)``, each ``(R,)`` float32, ``m``
-    the number of finite scores (``z > -inf``) and ``s`` the sum of ``logp`` over them (in double; a
-    NaN there: NaN). None where it does not serve (see :func:`xent_backward`). Rows split over
+    scores and their ``log_softmax``; CPU float32, eager): ``(m, s, finite)``, ``m`` the number of
+    finite scores (``z > -inf``) per row and ``s`` the sum of ``logp`` over them (in double; a NaN
+    there: NaN), each ``(R,)`` float32, and ``finite`` the ``(R, V)`` bool mask of them (what the
+    backward reads). None where it does not serve (see :func:`xent_backward`). Rows split over
     torch's threads from :data:`POWER_SPLIT_MIN_NUMEL` entries."""
     if not _xent_serves(logp) or z.dtype is not torch.float32:
         return None
+    if z.shape != logp.shape:
+        raise ValueError(f"scores {tuple(z.shape)} and log-probabilities {tuple(logp.shape)} differ in shape")
     lib = library()
     if lib is None:
         return None
     rows, n = logp.shape
     z, logp = z.contiguous(), logp.contiguous()
     m, sums = torch.empty(rows), torch.empty(rows)
+    finite = torch.empty(rows, n, dtype=torch.bool)  # (bytes 0 / 1)
     if rows and not lib.nmt_xent_smoothing_f32(z.data_ptr(), logp.data_ptr(), rows, n, m.data_ptr(),
-                                               sums.data_ptr(), _threads(logp.numel(), POWER_SPLIT_MIN_NUMEL)):
+                                               sums.data_ptr(), finite.data_ptr(),
+                                               _threads(logp.numel(), POWER_SPLIT_MIN_NUMEL)):
         return None
-    return m, sums
+    return m, sums, finite
 
 
-def xent_backward(logp: Tensor, z: Optional[Tensor], index: Tensor, a: Optional[Tensor], eps: float,
+def xent_backward(logp: Tensor, finite: Optional[Tensor], index: Tensor, a: Optional[Tensor], eps: float,
                   g: Tensor) -> Optional[Tensor]:
     """Cross-entropy's ``J^T g`` at class indices in one native pass (``_cross_entropy.c``):
     ``(p - y) g`` per row of ``logp: (R, V)`` (the forward's ``log_softmax``; ``p = exp(logp)``, NaN
-    rows 0), ``y`` the target: ``1 - eps`` at ``index: (R,)`` (int64, in range) plus, with label
-    smoothing, ``a: (R,)`` on the classes where ``z: (R, V)`` (the scores) is finite; ``g: (R,)``
-    the rows' gradients (0 for ignored rows: zeros). CPU float32 (``logp``, ``z``, ``a``, ``g``),
-    eager; a new ``(R, V)`` float32 tensor, or None where it does not serve (no library, another
-    dtype or device, compiled, a build without vector extensions). ``p`` by the polynomial of
-    ``_float_math.h``: within 2.2e-8 absolutely of the float64 exp. Rows split over torch's threads
-    from :data:`POWER_SPLIT_MIN_NUMEL` entries; no device is involved."""
+    rows 0), ``y`` the target: ``1 - eps`` at ``index: (R,)`` (int64 in ``[0, V)``, as the loss's forward
+    checked: not read on the host again) plus, with label smoothing, ``a: (R,)`` on the classes of the bool mask ``finite:
+    (R, V)`` (the forward's ``z > -inf``; None without smoothing); ``g: (R,)`` the rows' gradients
+    (0 for ignored rows: zeros). CPU float32 (``logp``, ``a``, ``g``), eager; a new ``(R, V)``
+    float32 tensor, or None where it does not serve (no library, another dtype or device, compiled,
+    a build without vector extensions). ``p`` by the polynomial of ``_float_math.h`` (``VEXPF``):
+    within 1.5 float32 ulps of ``exp`` (torch's float32 ``exp``: about one). Rows split over torch's threads from
+    :data:`POWER_SPLIT_MIN_NUMEL` entries; no device is involved. Not differentiable itself (a
+    caller that needs the backward's graph takes torch's operations)."""
     if not _xent_serves(logp):
         return None
+    rows, n = logp.shape
+    if index.shape != (rows,) or (finite is not None and finite.shape != logp.shape):
+        raise ValueError(f"xent_backward: index {tuple(index.shape)} or mask "
+                         f"{None if finite is None else tuple(finite.shape)} do not fit log-probabilities "
+                         f"{tuple(logp.shape)}")
     lib = library()
     if lib is None:
         return None
-    rows, n = logp.shape
     logp = logp.contiguous()
-    z = z.to(torch.float32).contiguous() if a is not None else None
+    finite = finite.to(torch.bool).contiguous() if a is not None else None
     a = a.to(torch.float32).contiguous() if a is not None else None
     index = index.to(torch.int64).contiguous()
     g = g.to(torch.float32).contiguous()
     out = torch.empty_like(logp)
     if rows and not lib.nmt_xent_backward_f32(
-            logp.data_ptr(), z.data_ptr() if z is not None else None, rows, n, index.data_ptr(),
+            logp.data_ptr(), finite.data_ptr() if finite is not None else None, rows, n, index.data_ptr(),
             a.data_ptr() if a is not None else None, 1.0 - float(eps), g.data_ptr(), out.data_ptr(),
             _threads(logp.numel(), POWER_SPLIT_MIN_NUMEL)):
         return None

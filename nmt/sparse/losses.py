@@ -316,7 +316,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
         if eps > 0:
             stats = xent_smoothing(z, logp)  # float32 CPU rows: one native pass
             if stats is not None:
-                m, sum_logp = stats
+                m, sum_logp, finite = stats
             else:
                 finite = z > float("-inf")
                 m = count_true(finite, z.dtype)
@@ -326,7 +326,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
             b = (1 - eps) + a
             omega_y = (m - 1) * a * a.log() + b * b.log()
             loss = (omega_y - (1 - eps) * logp_t - a * sum_logp).clamp_(min=0)
-            ctx.save_for_backward(logp, index, valid, a, z)
+            ctx.save_for_backward(logp, index, valid, finite, a)
         else:
             loss = -logp_t
             ctx.save_for_backward(logp, index, valid)
@@ -339,13 +339,14 @@ class _CrossEntropyFunction(torch.autograd.Function):
         eps = ctx.eps
         g = torch.where(valid, g, 0)  # ignored rows: 0
         # float32 CPU rows: one native pass (the passes below, fused)
-        a, z = ctx.saved_tensors[3:] if eps > 0 else (None, None)
-        found = xent_backward(logp, z, index, a, eps, g)
+        finite, a = ctx.saved_tensors[3:] if eps > 0 else (None, None)
+        # (not where the backward is differentiated itself: create_graph)
+        found = None if torch.is_grad_enabled() else xent_backward(logp, finite, index, a, eps, g)
         if found is not None:
             return found, None, None, None
         p = logp.exp().nan_to_num_(0.0)  # rows whose log_softmax is NaN: p = 0
         if eps > 0:  # p - smoothing mass on the finite classes
-            p = torch.where(z > float("-inf"), p.sub_(a[:, None]), 0)
+            p = torch.where(finite, p.sub_(a[:, None]), 0)
         p.scatter_add_(-1, index[:, None], torch.full_like(p[:, :1], eps - 1.0))
         return p.mul_(g[:, None]), None, None, None
 
