@@ -173,6 +173,25 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
     }                                                                                           \
 }
 
+/* a row's outputs p (and r, s where given) of n entries filled with v (0: by memset) */
+static inline void power_fill_outputs(float *p, float *r, float *s, int64_t n, float v)
+{
+    if (v == 0.0f) {
+        memset(p, 0, (size_t)n * sizeof(float));
+        if (r)
+            memset(r, 0, (size_t)n * sizeof(float));
+        if (s)
+            memset(s, 0, (size_t)n * sizeof(float));
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        p[i] = v;
+    for (int64_t i = 0; r && i < n; i++)
+        r[i] = v;
+    for (int64_t i = 0; s && i < n; i++)
+        s[i] = v;
+}
+
 #define SEL(IT, DT, m, a, b) ((DT)(((IT)(a) & (m)) | ((IT)(b) & ~(m))))
 
 #if NMT_VECTORS
@@ -465,22 +484,8 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             float *pr = p + (r0 + l) * n, *rr = root ? root + (r0 + l) * n : 0;                 \
             float *wr = weights ? weights + (r0 + l) * n : 0;                                   \
             double psum = 0.0, prsum = 0.0;                                                     \
-            if (nanrow[l]) { /* NaN rows all NaN, the rest 0 between the entries written */     \
-                for (int64_t j = 0; j < n; j++)                                                 \
-                    pr[j] = NAN;                                                                \
-                if (rr)                                                                         \
-                    for (int64_t j = 0; j < n; j++)                                             \
-                        rr[j] = NAN;                                                            \
-                if (wr)                                                                         \
-                    for (int64_t j = 0; j < n; j++)                                             \
-                        wr[j] = NAN;                                                            \
-            } else {                                                                            \
-                memset(pr, 0, (size_t)n * sizeof(float));                                       \
-                if (rr)                                                                         \
-                    memset(rr, 0, (size_t)n * sizeof(float));                                   \
-                if (wr) /* the last pass's d^(q - 1): 0 off the support */                      \
-                    memset(wr, 0, (size_t)n * sizeof(float));                                  \
-            }                                                                                   \
+            /* NaN rows all NaN, the rest 0 between the entries written (s: 0 off the support) */ \
+            power_fill_outputs(pr, rr, wr, n, nanrow[l] ? NAN : 0.0f);                          \
             for (int64_t k = 0; k < (nanrow[l] ? 0 : kc[l]); k++) { /* at the entries' places */ \
                 const int32_t j = place[k * L + l];                                             \
                 pr[j] = (float)(col[k * L + l] * inv[l]);                                       \
@@ -745,15 +750,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         for (int l = 0; l < L; l++)                                                             \
             bad |= flags[l] != 0;                                                               \
         if (bad || top == -INFINITY) { /* NaN / +inf: all NaN; no finite entry: all zeros */    \
-            const float fill = bad ? NAN : 0.0f;                                                \
-            for (int64_t i = 0; i < len; i++)                                                   \
-                pr[i] = fill;                                                                   \
-            if (rr)                                                                             \
-                for (int64_t i = 0; i < len; i++)                                               \
-                    rr[i] = fill;                                                               \
-            if (wr)                                                                             \
-                for (int64_t i = 0; i < len; i++)                                               \
-                    wr[i] = fill;                                                               \
+            power_fill_outputs(pr, rr, wr, len, bad ? NAN : 0.0f);                              \
             if (st) {                                                                           \
                 st[0] = bad ? -1.0f : INFINITY;                                                 \
                 st[1] = st[2] = st[3] = st[4] = bad ? NAN : 0.0f;                               \
@@ -801,11 +798,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         LONG_NEWTON(DT, IT, L, cand, k, rtol, LONG_KEEP_W, LONG_MOVE_INDEX, V); /* 4. the threshold */ \
         /* 5. the output: zeros, then r^q = d^(q - 1) d from the last pass at the candidates left */ \
         const double inv = hq > 0.0 ? 1.0 / hq : 1.0;                                           \
-        memset(pr, 0, (size_t)len * sizeof(float));                                             \
-        if (rr)                                                                                 \
-            memset(rr, 0, (size_t)len * sizeof(float));                                         \
-        if (wr)                                                                                 \
-            memset(wr, 0, (size_t)len * sizeof(float));                                         \
+        power_fill_outputs(pr, rr, wr, len, 0.0f);                                              \
         double psum = 0.0, prsum = 0.0;                                                         \
         for (int64_t i = 0; i < k; i++) { /* (w is 0 off the support: zeros written there) */   \
             const double d = cand[i] > tau ? cand[i] - tau : 0.0;                               \
