@@ -7,8 +7,8 @@ beam search step's reading of its log-probabilities (``_step_candidates.c``: sup
 best candidates), and the structured proxes' taut strings, OSCAR's ordered fit and their backward's
 group averaging (``_taut_string.c``, ``_group_average.c``: :func:`taut_string`, :func:`ordered_fit`,
 :func:`group_average`), and cross-entropy's backward and label-smoothing statistics
-(``_cross_entropy.c``: :func:`xent_backward`, :func:`xent_smoothing`). Float-vector ``log2`` /
-``exp2`` polynomials shared by two of them are in ``_float_math.h``.
+(``_cross_entropy.c``: :func:`xent_backward`, :func:`xent_smoothing`). Float-vector ``log2``,
+``exp2`` and ``exp`` polynomials shared by two of them are in ``_float_math.h``.
 
 Attention-sized inputs are bound by per-operation overhead: the NumPy solve of
 :func:`nmt.sparse._threshold._numpy_sorted_shifted_threshold` makes some twenty array operations.
@@ -65,8 +65,8 @@ ordered fit (:func:`taut_string`, :func:`ordered_fit`) and their backward's grou
 (:func:`group_average`), and cross-entropy's backward and label-smoothing statistics
 (:func:`xent_backward`, :func:`xent_smoothing`)."""
 HEADERS = (Path(__file__).with_name("_cpu_dispatch.h"), Path(__file__).with_name("_float_math.h"))
-"""The headers they include (the run-time choice of AVX2 / AVX-512 functions; float vector log2 and
-exp2): part of a build's identity, not compiled by themselves."""
+"""The headers they include (the run-time choice of AVX2 / AVX-512 functions; float vector log2,
+exp2 and exp): part of a build's identity, not compiled by themselves."""
 CFLAGS = ("-O2", "-shared", "-fPIC", "-ffp-contract=off", "-std=c99")
 """Compiler flags: no contraction of products and sums into FMAs (the other paths round each
 operation), no fast-math."""
@@ -687,9 +687,9 @@ def xent_smoothing(z: Tensor, logp: Tensor) -> Optional[tuple[Tensor, Tensor, Te
     z, logp = z.contiguous(), logp.contiguous()
     m, sums = torch.empty(rows), torch.empty(rows)
     finite = torch.empty(rows, n, dtype=torch.bool)  # (bytes 0 / 1)
-    if rows and not lib.nmt_xent_smoothing_f32(z.data_ptr(), logp.data_ptr(), rows, n, m.data_ptr(),
-                                               sums.data_ptr(), finite.data_ptr(),
-                                               _threads(logp.numel(), POWER_SPLIT_MIN_NUMEL)):
+    if rows and not getattr(lib, _XENT_SMOOTHING[logp.dtype])(
+            z.data_ptr(), logp.data_ptr(), rows, n, m.data_ptr(), sums.data_ptr(), finite.data_ptr(),
+            _threads(logp.numel(), POWER_SPLIT_MIN_NUMEL)):
         return None
     return m, sums, finite
 
@@ -723,7 +723,7 @@ def xent_backward(logp: Tensor, finite: Optional[Tensor], index: Tensor, a: Opti
     index = index.to(torch.int64).contiguous()
     g = g.to(torch.float32).contiguous()
     out = torch.empty_like(logp)
-    if rows and not lib.nmt_xent_backward_f32(
+    if rows and not getattr(lib, _XENT[logp.dtype])(
             logp.data_ptr(), finite.data_ptr() if finite is not None else None, rows, n, index.data_ptr(),
             a.data_ptr() if a is not None else None, 1.0 - float(eps), g.data_ptr(), out.data_ptr(),
             _threads(logp.numel(), POWER_SPLIT_MIN_NUMEL)):
