@@ -76,6 +76,53 @@ typedef int64_t nmt_i64x8 __attribute__((vector_size(64)));
             top = mx[l_] > top ? mx[l_] : top;                                                  \
         }                                                                                       \
     } while (0)
+
+/* The row x of n entries by vectors VT of L lanes of T (integer lanes IT) in m_acc consecutive
+   segments of seg entries (a multiple of L; the last one runs to the row's last whole vector): the
+   maxima of each segment's lanes into bm[b * L + l] (two accumulators a segment: independent
+   comparisons), the entries after the last whole vector (fewer than L) into the last segment's
+   lanes one a lane; the row maximum into top, NaN / +inf entries or'd into bad. Any entries of the
+   row, so a lower bound of a threshold found from them holds for the row. */
+#define SEGMENT_MAXIMA(T, VT, IT, L, x, n, m_acc, seg, bm, top, bad)                            \
+    do {                                                                                        \
+        IT flags_ = {0};                                                                        \
+        VT xv_;                                                                                 \
+        int64_t j_ = 0;                                                                         \
+        for (int64_t b_ = 0; b_ < (m_acc); b_++) {                                              \
+            const int64_t end_ = b_ + 1 < (m_acc) ? j_ + (seg) : j_ + ((n) - j_) / L * L;       \
+            VT a0_, a1_;                                                                        \
+            for (int l_ = 0; l_ < L; l_++)                                                      \
+                a0_[l_] = a1_[l_] = -INFINITY;                                                  \
+            for (; j_ + 2 * L <= end_; j_ += 2 * L) {                                           \
+                VT v1_;                                                                         \
+                memcpy(&xv_, (x) + j_, sizeof xv_);                                             \
+                memcpy(&v1_, (x) + j_ + L, sizeof v1_);                                         \
+                flags_ |= (xv_ != xv_) | (xv_ == (T)INFINITY) | (v1_ != v1_) | (v1_ == (T)INFINITY); \
+                const IT g0_ = xv_ > a0_, g1_ = v1_ > a1_;                                      \
+                a0_ = (VT)(((IT)xv_ & g0_) | ((IT)a0_ & ~g0_));                                 \
+                a1_ = (VT)(((IT)v1_ & g1_) | ((IT)a1_ & ~g1_));                                 \
+            }                                                                                   \
+            for (; j_ < end_; j_ += L) {                                                        \
+                memcpy(&xv_, (x) + j_, sizeof xv_);                                             \
+                flags_ |= (xv_ != xv_) | (xv_ == (T)INFINITY);                                  \
+                const IT g0_ = xv_ > a0_;                                                       \
+                a0_ = (VT)(((IT)xv_ & g0_) | ((IT)a0_ & ~g0_));                                 \
+            }                                                                                   \
+            const IT g_ = a1_ > a0_;                                                            \
+            a0_ = (VT)(((IT)a1_ & g_) | ((IT)a0_ & ~g_));                                       \
+            memcpy((bm) + b_ * L, &a0_, sizeof a0_);                                            \
+        }                                                                                       \
+        T *last_ = (bm) + ((m_acc) - 1) * L;                                                    \
+        for (int l_ = 0; j_ < (n); j_++, l_++) {                                                \
+            const T v_ = (x)[j_];                                                               \
+            (bad) |= (v_ != v_) | (v_ == (T)INFINITY);                                          \
+            last_[l_] = v_ > last_[l_] ? v_ : last_[l_];                                        \
+        }                                                                                       \
+        for (int64_t i_ = 0; i_ < (m_acc) * L; i_++)                                            \
+            (top) = (bm)[i_] > (top) ? (bm)[i_] : (top);                                        \
+        for (int l_ = 0; l_ < L; l_++)                                                          \
+            (bad) |= flags_[l_] != 0;                                                           \
+    } while (0)
 #endif
 
 /* Rows (or groups of rows) split over `threads` threads of the OpenMP team where the library was

@@ -19,7 +19,7 @@ without a finite entry and rows with more than 64 candidates are solved one by o
 and merge sort of the candidates). Same arithmetic, same bits (tested against the NumPy and torch
 paths, and the two C paths against each other).
 
-The Newton loops (whole rows, :func:`newton_threshold`; long rows from the maximum's bound,
+The Newton loops (whole rows, :func:`newton_threshold`; long rows from their segments' bound,
 :func:`bound_threshold` and :func:`bound_entmax15`) split large inputs' rows over torch's threads
 through OpenMP: built with ``-fopenmp`` the library links ``libgomp.so.1``, the copy torch has
 loaded, and runs in torch's own thread pool, whose workers wait spinning for the next parallel
@@ -505,10 +505,11 @@ def bound_threshold(z: Tensor, q: float, scale: float, exact_scale: bool,
                     max_iter: int) -> Optional[tuple[Tensor, Tensor, Tensor]]:
     """Exact threshold of ``scale * z`` for the rows ``z: (R, n)`` (CPU, float32/64, any values;
     detached), ``q`` in {1, 2}, relative to the row maximum as ``root_threshold(relative=True)``
-    returns it: per row the maximum, the entries ``v = scale (z - max) > -1 - 2^-10`` (no other
-    can reach the threshold, which is at least -1), and the Newton loop of
-    :func:`newton_threshold` from -1 on those alone, its closed form verified (see
-    ``_newton_threshold.c``). ``exact_scale``: ``scale`` is a power of two (``v`` is then rounded
+    returns it: per row the maximum and the maxima of about 64-entry segments, whose own exact
+    threshold bounds the row's from below; the entries ``v = scale (z - max)`` above that bound
+    (no other can reach the threshold); the Newton loop of :func:`newton_threshold` on those
+    alone, from the bound (or, on broad rows, from the candidates' mean less ``k^(-1/q)``), its
+    closed form verified (see ``_newton_threshold.c``). ``exact_scale``: ``scale`` is a power of two (``v`` is then rounded
     as ``torch.add(-zmax * scale, z, alpha=scale)``, else as ``(z - zmax) * scale``). Returns
     ``(tau (R,), zmax (R,), ok (R,) bool)``: rows holding NaN or ``+inf`` get ``zmax`` NaN (``tau`` -1), rows
     without a finite entry ``tau = +inf`` and ``zmax = 0``; ``ok`` False for rows left unverified

@@ -164,17 +164,30 @@ DEFINE_NEWTON(newton_f64_avx512, double, DBL_EPSILON, AVX512, VECTOR_SUMS(double
 #define HAVE_AVX512() 0
 #endif
 
-/* Long rows: the candidates above the maximum's bound, then the Newton loop on them alone.
- * For v = scale (z - max) (rounded as the torch shift rounds it) the threshold is at least -1 (the
- * maximum's p = (-tau)^q <= 1), so every entry with v <= BOUND_V = -1 - 2^-10 is zero whatever the
- * threshold: one pass finds the maximum, one compacts the others into the caller's scratch (n
- * entries), and the Newton loop above runs from -1 on those alone (the iterates stay above -1:
- * the entries left out add nothing to its sums), its closed form verified on them; a threshold
- * at most BOUND_V (rounding only) is flagged like an unverified one. Instead of the block
- * maxima, masks, selections and counts of the torch pruning (several passes over the whole
- * input): two passes over each row, in cache. Rows holding NaN or +inf: zmax NaN, tau -1 (where
- * the loop starts); rows without a finite entry: tau +inf, zmax 0; both ok. */
+/* Long rows: the candidates above a lower bound of the threshold, then the Newton loop on them
+ * alone. For v = scale (z - max) (rounded as the torch shift rounds it) the threshold is at least
+ * -1 (the maximum's p = (-tau)^q <= 1), so every entry with v <= BOUND_V = -1 - 2^-10 is zero
+ * whatever the threshold. Per row:
+ * 1. one pass: the maximum, NaN / +inf, and the maxima of the lanes of m_acc segments
+ *    (SEGMENT_MAXIMA: about BOUND_BLOCK entries a maximum, at most BOUND_MAX_SEG segments);
+ * 2. a lower bound lo: the threshold of those maxima's v (entries of the row: their f is at most
+ *    the row's everywhere) by Newton from -1 to a relative BOUND_RTOL (the iterates stay below
+ *    their root), less a margin for the sums' rounding;
+ * 3. one pass compacts the entries with v above the cut (two ulps of T below lo, at least
+ *    BOUND_V: none below it can be in the support) into the caller's scratch (n entries);
+ * 4. the Newton loop above on those alone (the entries left out add nothing to its sums), from lo
+ *    or, on a broad row (more than a quarter of its entries candidates), from their mean less
+ *    k^(-1/q) where that is higher (sum [v - t]_+^q >= k (mean - t)^q there: at least 1), rounded
+ *    down to T; its closed form verified on them. A threshold at or below the cut (rounding only)
+ *    is flagged like an unverified one.
+ * Where the maximum's bound alone left every entry of a broad row (output layers early in
+ * training: scores within 1 of each other) the loop ran from -1 on the whole row: 9 steps for
+ * sparsemax on standard normal scores times 0.1 (8,000 entries, 32 in the support), where the
+ * maxima's bound leaves some 40 candidates. Rows holding NaN or +inf: zmax NaN, tau -1; rows
+ * without a finite entry: tau +inf, zmax 0; both ok. */
 #define BOUND_V (-1.0 - 1.0 / 1024.0)
+#define BOUND_BLOCK 64
+#define BOUND_MAX_SEG 32
 /* the candidates of x[i_ .. n): L entries at a time, a chunk without one skipped; v as the torch\
    shift rounds it (one multiplication of x, exact for a power-of-two scale, then the shift) */ \
 #define COMPACT_LANES(T, VT, IT, L)                                                             \
@@ -183,7 +196,7 @@ DEFINE_NEWTON(newton_f64_avx512, double, DBL_EPSILON, AVX512, VECTOR_SUMS(double
             VT xv, v;                                                                           \
             memcpy(&xv, x + i_, sizeof xv);                                                     \
             v = exact_scale ? m + s * xv : (xv - top) * s;                                      \
-            IT c = v > bound;                                                                   \
+            IT c = v > cut;                                                                     \
             IT any = c;                                                                         \
             for (int l = 1; l < L; l++) any[0] |= c[l];                                         \
             if (any[0])                                                                         \
@@ -193,20 +206,47 @@ DEFINE_NEWTON(newton_f64_avx512, double, DBL_EPSILON, AVX512, VECTOR_SUMS(double
                 }                                                                               \
         }                                                                                       \
     } while (0)
-/* the same with AVX-512's compressing stores: the candidates of 16 (8) entries in one instruction */\
+/* the same with AVX-512: the candidates of 16 (8) entries compressed in a register and stored
+   whole at k <= i_ (within the scratch's n entries; a compressing store to memory is slow on some
+   processors) */                                                                               \
 #define COMPACT_512(T, VEC, MASK, SUF, L)                                                       \
     do {                                                                                        \
         const VEC sv = _mm512_set1_##SUF(s), mv = _mm512_set1_##SUF(m), tv = _mm512_set1_##SUF(top);\
-        const VEC bv = _mm512_set1_##SUF(bound);                                                \
+        const VEC bv = _mm512_set1_##SUF(cut);                                                  \
         for (; i_ + L <= n; i_ += L) {                                                          \
             const VEC xv = _mm512_loadu_##SUF(x + i_);                                          \
             const VEC v = exact_scale ? _mm512_add_##SUF(mv, _mm512_mul_##SUF(sv, xv))          \
                                       : _mm512_mul_##SUF(_mm512_sub_##SUF(xv, tv), sv);         \
             const MASK c = _mm512_cmp_##SUF##_mask(v, bv, _CMP_GT_OQ);                          \
-            _mm512_mask_compressstoreu_##SUF(cand + k, c, v);                                   \
+            _mm512_storeu_##SUF(cand + k, _mm512_maskz_compress_##SUF(c, v));                   \
             k += __builtin_popcount((unsigned)c);                                               \
         }                                                                                       \
     } while (0)
+/* the maxima of the row's m_acc segments (L = 1: no vectors), as SEGMENT_MAXIMA */
+#define SEGMENT_MAXIMA_ROWS(T, VT, IT, L, x, n, m_acc, seg, bm, top, bad)                       \
+    do {                                                                                        \
+        for (int64_t b_ = 0; b_ < (m_acc); b_++) {                                              \
+            const int64_t e_ = b_ + 1 < (m_acc) ? (b_ + 1) * (seg) : (n);                       \
+            T mx_ = -INFINITY;                                                                  \
+            for (int64_t j_ = b_ * (seg); j_ < e_; j_++) {                                      \
+                const T v_ = (x)[j_];                                                           \
+                (bad) |= (v_ != v_) | (v_ == (T)INFINITY);                                      \
+                mx_ = v_ > mx_ ? v_ : mx_;                                                      \
+            }                                                                                   \
+            (bm)[b_] = mx_;                                                                     \
+            (top) = mx_ > (top) ? mx_ : (top);                                                  \
+        }                                                                                       \
+    } while (0)
+/* the largest T at most v, less two ulps of T (an entry at or below it is below v's neighbourhood) */
+#define T_BELOW(T, v, out)                                                                      \
+    do {                                                                                        \
+        T t_ = (T)(v);                                                                          \
+        if ((double)t_ > (v))                                                                   \
+            t_ = nextafter##T##_(t_);                                                           \
+        (out) = nextafter##T##_(nextafter##T##_(t_));                                           \
+    } while (0)
+static inline float nextafterfloat_(float v) { return nextafterf(v, -INFINITY); }
+static inline double nextafterdouble_(double v) { return nextafter(v, -INFINITY); }
 /* The mapping's output of row r, operation by operation as the torch forward computes it:
    q = 2, 1.5-entmax (scale 1/2): r = [(-zmax/2 + x/2) - tau]_+ (NaN kept), p = r * r, root (if
    given) r; q = 1, sparsemax (scale 1): p = [(x - zmax) - tau]_+. psum (if given): the row's sum
@@ -262,65 +302,105 @@ DEFINE_NEWTON(newton_f64_avx512, double, DBL_EPSILON, AVX512, VECTOR_SUMS(double
             }                                                                                   \
         for (int l = 0; l < L; l++) sum += (double)acc[l];                                      \
     } while (0)
-#define DEFINE_BOUND(NAME, T, ATTR, NEWTON, VT, IT, L, MAXPASS, COMPACT, VECTORS)            \
+#define DEFINE_BOUND(NAME, T, ATTR, NEWTON, VT, IT, DT, L, SEGMAX, COMPACT, VECTORS)       \
 ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, int exact_scale,\
                       int64_t max_iter, T *tau_out, T *zmax_out, int32_t *ok, T *cand, T *p,    \
                       T *root, T *psum)                                                         \
 {                                                                                               \
-    const T s = (T)scale, bound = (T)BOUND_V, lo = (T)-1;                                       \
+    const T s = (T)scale, bound = (T)BOUND_V;                                                   \
+    int64_t m_acc = n / (BOUND_BLOCK * L);                                                      \
+    m_acc = m_acc < 1 ? 1 : m_acc > BOUND_MAX_SEG ? BOUND_MAX_SEG : m_acc;                      \
+    const int64_t seg = (n / (m_acc * L)) * L; /* entries a segment (the last: to the end) */  \
     for (int64_t r = 0; r < rows; r++) {                                                        \
         const T *x = z + r * n;                                                                 \
-        T top = -INFINITY;                                                                      \
+        T top = -INFINITY, bm[BOUND_MAX_SEG * L];                                               \
         int bad = 0;                                                                            \
-        int64_t i_ = 0;                                                                         \
-        MAXPASS(T, VT, IT, L, x, n);                                                            \
-        for (; i_ < n; i_++) {                                                                  \
-            const T xi = x[i_];                                                                 \
-            bad |= (xi != xi) | (xi == INFINITY);                                               \
-            top = xi > top ? xi : top;                                                          \
-        }                                                                                       \
-        if (bad || top == -INFINITY) { /* NaN or +inf: all NaN (the row maximum NaN, tau as it  \
-                                          starts); no finite entry: all zeros (tau +inf, zmax 0) */\
-            tau_out[r] = bad ? lo : (T)INFINITY;                                                \
+        SEGMAX(T, VT, IT, L, x, n, m_acc, seg, bm, top, bad); /* 1. */                          \
+        if (bad || top == -INFINITY) { /* NaN or +inf: all NaN (the row maximum NaN, tau -1);   \
+                                          no finite entry: all zeros (tau +inf, zmax 0) */      \
+            tau_out[r] = bad ? (T)-1 : (T)INFINITY;                                             \
             zmax_out[r] = bad ? (T)NAN : (T)0;                                                  \
             ok[r] = 1;                                                                          \
-            if (p) OUTPUT_ROW(T, VECTORS(T, VT, IT, L));                                                                      \
+            if (p) OUTPUT_ROW(T, VECTORS(T, VT, IT, L));                                        \
             continue;                                                                           \
         }                                                                                       \
-        /* the candidates v = scale (z - max) > BOUND_V, compacted into cand */                 \
         const T m = (T)(-top * s);                                                              \
-        int64_t k = 0;                                                                          \
-        i_ = 0;                                                                                 \
-        COMPACT(T, VT, IT, L);                                                                  \
-        for (; i_ < n; i_++) {                                                                  \
-            const T v = exact_scale ? (T)(m + (T)(s * x[i_])) : (T)((T)(x[i_] - top) * s);      \
-            cand[k] = v;                                                                        \
+        int64_t k = 0; /* 2. the maxima's exact threshold (a lower bound), where verified */    \
+        for (int64_t i = 0; i < m_acc * L; i++) {                                               \
+            const T v = exact_scale ? (T)(m + (T)(s * bm[i])) : (T)((T)(bm[i] - top) * s);      \
+            bm[k] = v;                                                                          \
             k += v > bound;                                                                     \
         }                                                                                       \
         T tau;                                                                                  \
         int32_t verified;                                                                       \
-        NEWTON(cand, 1, k, q, &lo, max_iter, &tau, &verified);                                  \
+        const T minus1 = (T)-1;                                                                 \
+        NEWTON(bm, 1, k, q, &minus1, max_iter, &tau, &verified);                                \
+        double lo = verified ? (double)tau : -1.0; /* within half an ulp of T of the root */    \
+        lo -= 1e-9 * (fabs(lo) > 1.0 ? fabs(lo) : 1.0); /* the closed form's rounding */        \
+        T cut;                                                                                  \
+        T_BELOW(T, lo, cut);                                                                    \
+        cut = cut > bound ? cut : bound;                                                        \
+        int64_t i_ = 0; /* 3. the candidates v > cut, compacted into cand */                    \
+        k = 0;                                                                                  \
+        COMPACT(T, VT, IT, L);                                                                  \
+        for (; i_ < n; i_++) {                                                                  \
+            const T v = exact_scale ? (T)(m + (T)(s * x[i_])) : (T)((T)(x[i_] - top) * s);      \
+            cand[k] = v;                                                                        \
+            k += v > cut;                                                                       \
+        }                                                                                       \
+        if (k > n / 4) { /* a broad row: the candidates' mean bound, often the closer */        \
+            double sum = 0.0;                                                                   \
+            int64_t i = 0;                                                                      \
+            MEAN_SUM(T, VT, DT, L);                                                             \
+            for (; i < k; i++)                                                                  \
+                sum += (double)cand[i];                                                         \
+            double mb = sum / (double)k - (q == 1 ? 1.0 / (double)k : 1.0 / sqrt((double)k));   \
+            mb -= 1e-9 * (fabs(mb) > 1.0 ? fabs(mb) : 1.0); /* the sum's rounding */            \
+            lo = mb > lo ? mb : lo;                                                             \
+        }                                                                                       \
+        T start; /* 4. the threshold, from lo rounded down */                                   \
+        T_BELOW(T, lo, start);                                                                  \
+        NEWTON(cand, 1, k, q, &start, max_iter, &tau, &verified);                               \
         tau_out[r] = tau;                                                                       \
         zmax_out[r] = top;                                                                      \
-        ok[r] = verified && tau > bound; /* then no entry left out reaches the threshold */     \
-        if (p && ok[r]) OUTPUT_ROW(T, VECTORS(T, VT, IT, L));                                                                 \
+        ok[r] = verified && tau > cut; /* then no entry left out reaches the threshold */       \
+        if (p && ok[r]) OUTPUT_ROW(T, VECTORS(T, VT, IT, L));                                   \
     }                                                                                           \
 }
+/* sum += cand[0 .. k) by L lanes at a time in doubles (two chains), from i = 0; i ends at the
+   first entry not added */
+#define MEAN_SUM(T, VT, DT, L)                                                                  \
+    do {                                                                                        \
+        DT a0 = {0}, a1 = {0};                                                                  \
+        for (; i + 2 * L <= k; i += 2 * L) {                                                    \
+            VT v0, v1;                                                                          \
+            memcpy(&v0, cand + i, sizeof v0);                                                   \
+            memcpy(&v1, cand + i + L, sizeof v1);                                               \
+            a0 += __builtin_convertvector(v0, DT);                                              \
+            a1 += __builtin_convertvector(v1, DT);                                              \
+        }                                                                                       \
+        a0 += a1;                                                                               \
+        for (int l = 0; l < L; l++)                                                             \
+            sum += a0[l];                                                                       \
+    } while (0)
+#define MEAN_SUM_ROWS(T, VT, DT, L) ((void)0)
 
 #define NOTHING(T, VT, IT, L, ...) ((void)0)
 #if NMT_VECTORS
-DEFINE_BOUND(bound_f32_v, float, NO_ATTR, newton_f32_v, nmt_f32x4, nmt_i32x4, 4, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
-DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, nmt_f64x2, nmt_i64x2, 2, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
+DEFINE_BOUND(bound_f32_v, float, NO_ATTR, newton_f32_v, nmt_f32x4, nmt_i32x4, nmt_f64x4, 4, SEGMENT_MAXIMA, COMPACT_LANES, OUTPUT_VECTORS)
+DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, nmt_f64x2, nmt_i64x2, nmt_f64x2, 2, SEGMENT_MAXIMA, COMPACT_LANES, OUTPUT_VECTORS)
 #else /* no vectors: entry by entry */
-DEFINE_BOUND(bound_f32_v, float, NO_ATTR, newton_f32_v, float, int32_t, 1, NOTHING, NOTHING, NOTHING)
-DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, double, int64_t, 1, NOTHING, NOTHING, NOTHING)
+#undef MEAN_SUM
+#define MEAN_SUM MEAN_SUM_ROWS
+DEFINE_BOUND(bound_f32_v, float, NO_ATTR, newton_f32_v, float, int32_t, double, 1, SEGMENT_MAXIMA_ROWS, NOTHING, NOTHING)
+DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, double, int64_t, double, 1, SEGMENT_MAXIMA_ROWS, NOTHING, NOTHING)
 #endif
 #ifdef newton_f32_avx2 /* no AVX2 build: the aliases */
 #define bound_f32_avx2 bound_f32_v
 #define bound_f64_avx2 bound_f64_v
 #else
-DEFINE_BOUND(bound_f32_avx2, float, AVX2, newton_f32_avx2, nmt_f32x8, nmt_i32x8, 8, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
-DEFINE_BOUND(bound_f64_avx2, double, AVX2, newton_f64_avx2, nmt_f64x4, nmt_i64x4, 4, MAXPASS_LANES, COMPACT_LANES, OUTPUT_VECTORS)
+DEFINE_BOUND(bound_f32_avx2, float, AVX2, newton_f32_avx2, nmt_f32x8, nmt_i32x8, nmt_f64x8, 8, SEGMENT_MAXIMA, COMPACT_LANES, OUTPUT_VECTORS)
+DEFINE_BOUND(bound_f64_avx2, double, AVX2, newton_f64_avx2, nmt_f64x4, nmt_i64x4, nmt_f64x4, 4, SEGMENT_MAXIMA, COMPACT_LANES, OUTPUT_VECTORS)
 #endif
 #ifdef newton_f32_avx512 /* no AVX-512 build: the aliases */
 #define bound_f32_avx512 bound_f32_v
@@ -328,8 +408,8 @@ DEFINE_BOUND(bound_f64_avx2, double, AVX2, newton_f64_avx2, nmt_f64x4, nmt_i64x4
 #else
 #define COMPACT_512_F32(T, VT, IT, L) COMPACT_512(float, __m512, __mmask16, ps, 16)
 #define COMPACT_512_F64(T, VT, IT, L) COMPACT_512(double, __m512d, __mmask8, pd, 8)
-DEFINE_BOUND(bound_f32_avx512, float, AVX512, newton_f32_avx512, nmt_f32x16, nmt_i32x16, 16, MAXPASS_LANES, COMPACT_512_F32, OUTPUT_VECTORS)
-DEFINE_BOUND(bound_f64_avx512, double, AVX512, newton_f64_avx512, nmt_f64x8, nmt_i64x8, 8, MAXPASS_LANES, COMPACT_512_F64, OUTPUT_VECTORS)
+DEFINE_BOUND(bound_f32_avx512, float, AVX512, newton_f32_avx512, nmt_f32x16, nmt_i32x16, nmt_f64x16, 16, SEGMENT_MAXIMA, COMPACT_512_F32, OUTPUT_VECTORS)
+DEFINE_BOUND(bound_f64_avx512, double, AVX512, newton_f64_avx512, nmt_f64x8, nmt_i64x8, nmt_f64x8, 8, SEGMENT_MAXIMA, COMPACT_512_F64, OUTPUT_VECTORS)
 #endif
 
 #define DEFINE_ENTRY(NAME, T, SUFFIX)                                                           \

@@ -711,44 +711,12 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         float *wr = weights ? weights + r * len : 0;                                            \
         float *st = stats ? stats + POWER_STATS * r : 0;                                        \
         const double a = am1[r * a_stride], qr = 1.0 / a, e = qr - 1.0;                         \
-        FT acc[POWER_LONG_MAX_ACC], xv;                                                         \
-        IT32 flags = {0};                                                                       \
+        float bm[POWER_LONG_MAX_ACC * L]; /* 1. the maxima of the segments' lanes */             \
+        FT xv;                                                                                  \
         int64_t j = 0;                                                                          \
-        for (int64_t b = 0; b < m_acc; b++) { /* 1. maxima: a segment's by two vectors */      \
-            const int64_t end = b + 1 < m_acc ? j + seg : j + (len - j) / L * L;                \
-            FT a0, a1;                                                                          \
-            for (int l = 0; l < L; l++)                                                         \
-                a0[l] = a1[l] = -INFINITY;                                                      \
-            for (; j + 2 * L <= end; j += 2 * L) {                                              \
-                FT v1;                                                                          \
-                memcpy(&xv, xr + j, sizeof xv);                                                 \
-                memcpy(&v1, xr + j + L, sizeof v1);                                             \
-                flags |= (xv != xv) | (xv == INFINITY) | (v1 != v1) | (v1 == INFINITY);         \
-                const IT32 g0 = xv > a0, g1 = v1 > a1;                                          \
-                a0 = (FT)(((IT32)xv & g0) | ((IT32)a0 & ~g0));                                  \
-                a1 = (FT)(((IT32)v1 & g1) | ((IT32)a1 & ~g1));                                  \
-            }                                                                                   \
-            for (; j < end; j += L) {                                                           \
-                memcpy(&xv, xr + j, sizeof xv);                                                 \
-                flags |= (xv != xv) | (xv == INFINITY);                                         \
-                const IT32 g0 = xv > a0;                                                        \
-                a0 = (FT)(((IT32)xv & g0) | ((IT32)a0 & ~g0));                                  \
-            }                                                                                   \
-            const IT32 g = a1 > a0;                                                             \
-            acc[b] = (FT)(((IT32)a1 & g) | ((IT32)a0 & ~g));                                    \
-        }                                                                                       \
         float top = -INFINITY;                                                                  \
         int bad = 0;                                                                            \
-        for (int l = 0; j < len; j++, l++) { /* the rest, entry by entry, in the last segment's */ \
-            const float v = xr[j];                                                              \
-            bad |= (v != v) | (v == INFINITY);                                                  \
-            acc[m_acc - 1][l] = v > acc[m_acc - 1][l] ? v : acc[m_acc - 1][l];                  \
-        }                                                                                       \
-        for (int64_t b = 0; b < m_acc; b++)                                                     \
-            for (int l = 0; l < L; l++)                                                         \
-                top = acc[b][l] > top ? acc[b][l] : top;                                        \
-        for (int l = 0; l < L; l++)                                                             \
-            bad |= flags[l] != 0;                                                               \
+        SEGMENT_MAXIMA(float, FT, IT32, L, xr, len, m_acc, seg, bm, top, bad);                  \
         if (bad || top == -INFINITY) { /* NaN / +inf: all NaN; no finite entry: all zeros */    \
             power_fill_outputs(pr, rr, wr, len, bad ? NAN : 0.0f);                              \
             if (st) {                                                                           \
@@ -759,11 +727,10 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         }                                                                                       \
         double hq = 0.0, tau = -1.0;                                                            \
         int64_t k = 0; /* 2. the bound from the block maxima */                                 \
-        for (int64_t b = 0; b < m_acc; b++)                                                     \
-            for (int l = 0; l < L; l++) {                                                       \
-                bz[k] = ((double)acc[b][l] - top) * a;                                          \
-                k += bz[k] > -1.0;                                                              \
-            }                                                                                   \
+        for (int64_t i = 0; i < m_acc * L; i++) {                                               \
+            bz[k] = ((double)bm[i] - top) * a;                                                  \
+            k += bz[k] > -1.0;                                                                  \
+        }                                                                                       \
         LONG_NEWTON(DT, IT, L, bz, k, POWER_LONG_BOUND_RTOL, KEEP_NOTHING, LONG_MOVE_NOTHING, V); \
         tau -= 1e-9 * (fabs(tau) > 1.0 ? fabs(tau) : 1.0); /* the polynomials' rounding */      \
         tau = tau > -1.0 ? tau : -1.0;                                                          \

@@ -41,9 +41,12 @@ Here ``z = (alpha - 1) * x`` and ``q = 1 / (alpha - 1)`` (sparsemax: ``q = 1``;
 
   Where the native library is built, exact sparsemax and 1.5-entmax thresholds (``q`` in
   {1, 2}) of long rows on the CPU skip that pruning: one native pass a row
-  (:func:`nmt.sparse._native.bound_threshold`) takes its maximum, keeps the entries above the
-  maximum's bound (``v > -1 - 2^-10``: the threshold is at least -1) and runs the Newton loop on
-  those alone, its closed form verified there; rows it leaves unverified are sorted. Sparsemax,
+  (:func:`nmt.sparse._native.bound_threshold`) takes its maximum and the maxima of its segments
+  (about 64 entries each), keeps the entries above the segment maxima's own threshold (a lower
+  bound of the row's; never below ``v = -1 - 2^-10``: the threshold is at least -1) and runs the
+  Newton loop on those alone, its closed form verified there; rows it leaves unverified are
+  sorted. Broad rows (scores within 1 of each other, as output layers early in training) keep a
+  few dozen candidates where the maximum's bound alone kept them all. Sparsemax,
   1.5-entmax and their losses take their outputs from the same pass (:func:`native_long_sparsemax`:
   ``p`` and ``sum p^2``; :func:`native_long_entmax15`: ``p``, ``sqrt(p)`` and ``sum p^1.5``;
   written while the row is in cache), several times fewer passes over a batch of output rows. The
@@ -240,7 +243,7 @@ def long_rows(n_rows: int, n: int) -> bool:
 def native_long_entmax15(x: Tensor, root: bool, cube: bool) -> Optional[tuple]:
     """1.5-entmax of the long rows of ``x: (..., n)`` (:func:`long_rows`) in one native call
     (:func:`nmt.sparse._native.bound_entmax15`): the exact threshold found from the entries
-    above the maximum's bound, then ``r = [x/2 - zmax/2 - tau]_+`` and ``p = r^2`` as the torch
+    above its segments' bound, then ``r = [x/2 - zmax/2 - tau]_+`` and ``p = r^2`` as the torch
     forward rounds them, written while each row is in cache. CPU, float32/64, eager, outside
     autograd's recording, the native library built; else None (the caller's torch path). Rows
     the native loop left unverified are solved by sorting. Returns ``(p, r, cube, tau, zmax)``:
@@ -747,8 +750,8 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
     if n < 8 * block:
         return finish(*solve(z2, None, q))
     if exact and q in (1.0, 2.0) and _host_solves(z2) and native_available():
-        # the native pass per row: its maximum, the entries above the maximum's bound, Newton on
-        # them (no block maxima, masks or selections over the whole input)
+        # the native pass per row: its maximum and segment maxima, the entries above their bound,
+        # Newton on them (no masks or selections over the whole input)
         found = bound_threshold(z2, q, scale, exact_scale, max_iter)
         if found is not None:
             tau, zmax, ok = found

@@ -63,6 +63,49 @@ def test_bound_threshold_equals_the_sorted_threshold(native_build, monkeypatch, 
     assert torch.equal((v > tau[live, None].double()) & margin, (v > want_tau[live, None]) & margin)
 
 
+def pruned_rows(n_rows: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Rows that test the bound from the segments' maxima: broad ones (standard normal scores
+    times 0.003 to 0.3: output layers early in training, thousands of entries within 1 of the
+    maximum), equal ones (every entry in the support), rows whose support is one entry a segment
+    (the maxima's threshold is then the row's: the cut must stay below it), rows with a support
+    entry in the tail after the last whole vector, and ordinary ones."""
+    g = torch.Generator().manual_seed(seed)
+    spreads = torch.tensor([0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0], dtype=torch.float64)
+    x = torch.randn(n_rows, n, generator=g, dtype=torch.float64) * spreads.repeat(n_rows // 7 + 1)[:n_rows, None]
+    x[0] = 0.25  # all equal
+    x[1] = torch.linspace(0.0, 1e-4, n, dtype=torch.float64)  # equal within rounding of float32
+    for r, step in ((2, 64), (3, 61), (4, 257)):  # the support spread over the segments
+        x[r] = -5.0
+        x[r, ::step] = torch.rand(len(range(0, n, step)), generator=g, dtype=torch.float64) * 0.05
+    x[5] = -5.0
+    x[5, -1], x[5, -2], x[5, 0] = 0.3, 0.2, 0.25  # in the tail
+    return x.to(dtype)
+
+
+@needs_library
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.float64, 1e-13)])
+@pytest.mark.parametrize("q,scale", [(2.0, 0.5), (1.0, 1.0), (2.0, 0.3)])
+@pytest.mark.parametrize("n", [1000, 4099, 8000])
+def test_rows_pruned_by_the_segment_maxima_are_exact_and_verified(native_build, monkeypatch, dtype, tol, q, scale, n):
+    """Thresholds from the candidates above the segments' maxima's threshold (and, on broad rows,
+    from the candidates' mean bound) equal the float64 sort's, every row verified (no fallback to
+    sorting), the supports the same."""
+    monkeypatch.setitem(_native._state, "lib", native_build)
+    x = pruned_rows(42, n, dtype, seed=n)
+    tau, zmax, ok = _native.bound_threshold(x, q, scale, scale in (0.5, 1.0), 4 * n + 60)
+    want_tau, want_zmax = _reference(x, q, scale)
+    v = (x.double() - want_zmax[:, None]) * scale
+    # verified wherever no entry is within a few ulps of the threshold (such ties are left to sorting)
+    tied = ((v - want_tau[:, None]).abs() <= 8 * torch.finfo(dtype).eps).any(dim=-1)
+    assert bool(ok[~tied].all())
+    assert torch.equal(zmax.double(), want_zmax)
+    assert torch.allclose(tau[ok].double(), want_tau[ok], rtol=0, atol=tol)
+    margin = (v - want_tau[:, None]).abs() > 10 * tol
+    assert torch.equal(((v > tau[:, None].double()) & margin)[ok], ((v > want_tau[:, None]) & margin)[ok])
+    if q == 1.0:  # all equal: 1 / n below the maximum
+        assert abs(float(tau[0]) + 1.0 / n) <= tol
+
+
 @needs_library
 @pytest.mark.parametrize("mapping", ["entmax15", "sparsemax"])
 def test_one_and_two_threads_give_the_same_results(monkeypatch, mapping):
