@@ -156,3 +156,11 @@ def test_build_tokenizer_config_errors_name_key_and_suggest() -> None:
         build_tokenizer({"type": "bpe", "codes": "x"})  # state-only key
     with pytest.raises(DataError, match=r"tokenizer\.type"):
         build_tokenizer({})
+
+
+def test_tokenizer_without_options_lists_none() -> None:
+    # SpaceTokenizer has no __init__ of its own: object's (*args, **kwargs) are not its options
+    with pytest.raises(DataError, match=r"tokenizer\.foo: unknown key for tokenizer 'space'; valid: \(none\)$"):
+        build_tokenizer({"type": "space", "foo": 1})
+    with pytest.raises(DataError, match=r"tokenizer\.args: unknown key"):
+        build_tokenizer({"type": "space", "args": 1})

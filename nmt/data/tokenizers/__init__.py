@@ -35,7 +35,8 @@ def _make(cfg: Mapping[str, Any], allowed_state: bool, where: str) -> Tokenizer:
             f"{where}.type: unknown tokenizer {kind!r}{hint}; valid: {', '.join(valid)}"
         )
     cls = TOKENIZERS[kind]
-    params = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    params = [p.name for p in inspect.signature(cls.__init__).parameters.values()  # not object's *args, **kwargs
+              if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     if not allowed_state:
         params = [p for p in params if p not in _STATE_ONLY.get(kind, ())]
     kwargs = {k: v for k, v in cfg.items() if k != "type"}
