@@ -14,6 +14,7 @@ Backward (Peters et al. 2019, Prop. 1): with ``s = p^(2 - alpha)`` on the suppor
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Union
 
 import torch
@@ -389,8 +390,8 @@ def _alpha_rows(alpha: Union[float, Tensor], scores: Tensor, dim: int, check: bo
     """
     if not isinstance(alpha, Tensor):
         a = float(alpha)
-        if not a >= 1:
-            raise ValueError(f"entmax_bisect needs alpha >= 1, got alpha={alpha}")
+        if not 1 <= a < math.inf:  # inf gave uniform rows
+            raise ValueError(f"entmax_bisect needs a finite alpha >= 1, got alpha={alpha}")
         return scores.new_full((1,) * scores.dim(), a, dtype=dtype).movedim(dim, -1)
     # no-op conversions skipped: each costs a dispatch (and a view its autograd node in backward)
     a = alpha if alpha.dtype is dtype else alpha.to(dtype)

@@ -52,6 +52,7 @@ accelerator or under ``torch.compile`` (no sync; the error surfaces at the next 
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import torch
@@ -126,8 +127,8 @@ class Tsallis(Regularizer):
 
     def __init__(self, alpha: float, n_iter: Optional[int] = None) -> None:
         alpha = float(alpha)
-        if not alpha > 1:
-            raise ValueError(f"Tsallis loss needs alpha > 1 (alpha = 1 is cross-entropy), got {alpha}")
+        if not 1 < alpha < math.inf:  # inf: a NaN loss
+            raise ValueError(f"Tsallis loss needs a finite alpha > 1 (alpha = 1 is cross-entropy), got {alpha}")
         self.alpha, self.n_iter = alpha, n_iter
 
     def phi(self, v: Tensor) -> Tensor:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from typing import Callable, Optional
 
 from torch import Tensor
@@ -119,8 +120,9 @@ def _check_values(kind: str, name: str, params: dict) -> None:
     """Fail at lookup (config time), not at the first call, on bad ``alpha`` / ``n_iter`` values."""
     alpha = params.get("alpha", 1.5)
     if not isinstance(alpha, Tensor):
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 1:
-            raise ValueError(f"parameter 'alpha' of {kind} {name!r} must be a number >= 1, got {alpha!r}")
+        if (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 1
+                or not math.isfinite(alpha)):  # inf: uniform rows, a NaN loss
+            raise ValueError(f"parameter 'alpha' of {kind} {name!r} must be a finite number >= 1, got {alpha!r}")
     elif kind == "loss":
         raise ValueError(f"parameter 'alpha' of loss {name!r} must be a float, got a tensor")
     n_iter = params.get("n_iter")

@@ -233,6 +233,16 @@ def test_bad_parameter_values_name_the_key(tmp_path):
     assert "\n" not in message
 
 
+@pytest.mark.parametrize("section", ["attention", "output"])
+def test_infinite_alpha_is_refused(tmp_path, section):
+    """alpha = inf passed the check (inf >= 1): the mapping gave uniform rows and the loss NaN at step 1."""
+    text = yaml.safe_dump({**MINIMAL, "model": {section: {"mapping": "entmax_bisect", "params": {"alpha": ".inf"}}}})
+    path = tmp_path / "c.yaml"
+    path.write_text(text.replace("'.inf'", ".inf"))
+    assert error_of(path).endswith(f"c.yaml: model.{section}.params.alpha: parameter 'alpha' of mapping "
+                                   "'entmax_bisect' must be a finite number >= 1, got inf")
+
+
 @pytest.mark.parametrize("key, value, expected", [
     (("model", "embeddings", "dropout"), 1.5, "model.embeddings.dropout: must be in [0, 1), got 1.5"),
     (("model", "encoder", "dropout"), 1.0, "model.encoder.dropout: must be in [0, 1), got 1.0"),

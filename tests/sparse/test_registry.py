@@ -96,6 +96,10 @@ def test_bad_values_fail_at_lookup():
         get_mapping("entmax_bisect", alpha=0.5)
     with pytest.raises(ValueError, match="'alpha'.*>= 1"):
         get_loss("entmax_bisect", alpha="1.5")
+    with pytest.raises(ValueError, match="'alpha'.*finite"):
+        get_mapping("entmax_bisect", alpha=float("inf"))
+    with pytest.raises(ValueError, match="'alpha'.*finite"):
+        get_loss("entmax_bisect", alpha=float("inf"))
     with pytest.raises(ValueError, match="'n_iter'"):
         get_mapping("entmax_bisect", n_iter=0)
     f = get_mapping("entmax_bisect", alpha=torch.tensor([[1.2], [1.7]]))
