@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import signal
 import sys
 import threading
@@ -113,6 +114,13 @@ def _check_arguments(args: argparse.Namespace) -> None:
     for name in ("length_alpha", "max_length_ratio"):
         if not math.isfinite(getattr(args, name)):
             raise ValueError(f"-{name} must be a finite number, got {getattr(args, name)}")
+    # outputs are written after the whole input is translated: a path that cannot take them fails now
+    for name in ("output", "report", "score_output"):
+        path = getattr(args, name)
+        if path not in (None, "-") and os.path.isdir(path):
+            raise ValueError(f"-{name} {path}: is a directory")
+    if args.attention is not None and os.path.exists(args.attention) and not os.path.isdir(args.attention):
+        raise ValueError(f"-attention {args.attention}: exists and is not a directory")
 
 
 def run(args: argparse.Namespace, start: float | None = None) -> int:

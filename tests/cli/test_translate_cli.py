@@ -215,6 +215,21 @@ def test_bad_flag_values_are_one_line_errors(trained, capsys, tmp_path, flags, e
     assert code == 2 and err.startswith(expected) and err.count("\n") == 1 and not out.exists()
 
 
+@pytest.mark.parametrize("flag, kind", [("-report", "dir"), ("-attention", "file"), ("-output", "dir"),
+                                        ("-score_output", "dir")])
+def test_an_unwritable_output_path_fails_before_translating(trained, capsys, tmp_path, flag, kind):
+    """A directory where a file is written (or a file where the heatmap directory goes) was found
+    only after the whole input was translated, with the other outputs already written."""
+    out, bad = tmp_path / "out.txt", tmp_path / "taken"
+    bad.mkdir() if kind == "dir" else bad.write_text("x\n", encoding="utf-8")
+    extra = ["-tgt", str(trained["root"] / "refs.txt")] if flag == "-score_output" else []
+    args = ["-model", trained["model"], "-src", str(trained["root"] / "input.txt"), *extra, flag, str(bad)]
+    code, stdout, err = translate(args + (["-output", str(out)] if flag != "-output" else []), capsys)
+    problem = "is a directory" if kind == "dir" else "exists and is not a directory"
+    assert code == 2 and stdout == "" and err == f"nmt-translate: error: {flag} {bad}: {problem}\n"
+    assert not out.exists()
+
+
 def test_scoring_own_translations_equals_their_search_logprob_and_flags_zero_references(trained, capsys):
     root = trained["root"]
     out, report, scores = root / "for_scoring.txt", root / "for_scoring.jsonl", root / "scores.jsonl"
