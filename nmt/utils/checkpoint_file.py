@@ -15,6 +15,7 @@ part of nmt.
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +57,13 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     version, a released model where training state is needed, or lacks one of its keys.
     """
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
+    if not zipfile.is_zipfile(path):  # torch.load's own error is unpickling advice, or "KeyError: 101"
+        raise CheckpointError(f"{path}: not a readable nmt checkpoint (not a torch.save archive: another kind of file, "
+                              "or truncated)")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises many types for corrupt / foreign files

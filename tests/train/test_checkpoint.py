@@ -57,6 +57,23 @@ def test_errors_name_the_file(tmp_path):
         load_checkpoint(tmp_path / "foreign.pt")
 
 
+def test_a_directory_or_a_text_file_is_named_for_what_it_is(tmp_path):
+    """A run directory was 'no such checkpoint file'; a text file showed torch's unpickling advice."""
+    with pytest.raises(CheckpointError, match=r"^\S+: is a directory, not a checkpoint file$"):
+        load_checkpoint(tmp_path)
+    for name, data in (("config.yaml", b"data:\n  train: {src: a}\n"), ("hello.pt", b"hello\n")):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(CheckpointError) as info:
+            load_checkpoint(tmp_path / name)
+        assert str(info.value) == (f"{tmp_path / name}: not a readable nmt checkpoint (not a torch.save archive: "
+                                   "another kind of file, or truncated)")
+    save_checkpoint(tmp_path / "trunc.pt", payload())
+    data = (tmp_path / "trunc.pt").read_bytes()
+    (tmp_path / "trunc.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"trunc\.pt: not a readable nmt checkpoint \(not a torch\.save archive"):
+        load_checkpoint(tmp_path / "trunc.pt")
+
+
 def test_rotation_keeps_last_k_and_best(tmp_path):
     for step in range(1, 6):
         save_run_checkpoint(tmp_path, payload(step), keep_last=2, is_best=step == 2)
