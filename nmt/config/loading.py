@@ -21,6 +21,26 @@ from nmt.config.validation import check_config
 from nmt.utils.io import atomic_write_text
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML forbids it; PyYAML would keep
+    the last one silently). Keys brought in by a merge (``<<: *anchor``) may be overridden."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in first:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first on line {first[key]})", key_node.start_mark)
+                first[key] = key_node.start_mark.line + 1
+            except TypeError:  # an unhashable key: the base class says so
+                break
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> dict:
     """Parse a YAML file into a dict; one-line ConfigError for a missing file or bad YAML."""
     source = str(path)
@@ -31,7 +51,7 @@ def read_yaml(path: str | Path) -> dict:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(source, "", f"cannot read config: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""

@@ -152,6 +152,21 @@ def test_missing_file_and_bad_yaml(tmp_path):
     assert "invalid YAML: line" in error_of(path)
 
 
+def test_duplicate_keys_are_an_error_naming_the_line(tmp_path):
+    """YAML keeps the last of two equal keys: a second ``training:`` section silently replaced the
+    first (the error then named a key that the file does set), a second ``lr:`` won unannounced."""
+    path = tmp_path / "dup.yaml"
+    path.write_text(yaml.safe_dump(MINIMAL, sort_keys=False) + "training:\n  max_steps: 5\n", encoding="utf-8")
+    assert error_of(path) == f"{path}: invalid YAML: line 11, column 1: duplicate key 'training' (first on line 8)"
+    path.write_text("training:\n  optimizer: {lr: 0.1, name: adam, lr: 0.2}\n", encoding="utf-8")
+    assert error_of(path).endswith("line 2, column 36: duplicate key 'lr' (first on line 2)")
+    # a key given again after a merge (<<) overrides the merged value: that is no duplicate
+    text = yaml.safe_dump({**MINIMAL, "model": {"embeddings": "EMB"}}).replace(
+        "embeddings: EMB", "embeddings: {<<: *b, tgt_size: 16}")
+    path.write_text("x: &b {src_size: 8, tgt_size: 8}\n" + text, encoding="utf-8")
+    assert "x: unknown key" in error_of(path)  # parsed without a duplicate-key error
+
+
 def test_overrides(tmp_path):
     path = write(tmp_path, MINIMAL)
     config = load_config(path, ["training.max_steps=7", "model.attention.mapping=entmax_bisect",
