@@ -9,6 +9,7 @@ wrong type, bad choice; :mod:`nmt.config.schema`), then runs the cross-checks of
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -23,7 +24,8 @@ from nmt.utils.io import atomic_write_text
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key given twice in one mapping (YAML forbids it; PyYAML would keep
-    the last one silently). Keys brought in by a merge (``<<: *anchor``) may be overridden."""
+    the last one silently; keys brought in by a merge, ``<<: *anchor``, may be overridden) and reads
+    ``1e-3`` as a number (below)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         first: dict = {}
@@ -39,6 +41,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             except TypeError:  # an unhashable key: the base class says so
                 break
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 (PyYAML) needs a dot and a signed exponent in a float: 1e-3, 1E5 and 1.0e5 would be strings,
+# refused wherever a number is checked as such (mapping parameters, continuous attention, lists)
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -73,7 +82,7 @@ def parse_override(item: str, source: str) -> tuple[list[str], Any]:
     if not all(parts):
         raise ConfigError(source, key, "empty component in the key path")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
     return parts, value

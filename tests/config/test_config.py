@@ -167,6 +167,23 @@ def test_duplicate_keys_are_an_error_naming_the_line(tmp_path):
     assert "x: unknown key" in error_of(path)  # parsed without a duplicate-key error
 
 
+def test_exponent_floats_without_a_dot_are_numbers_everywhere(tmp_path):
+    """YAML 1.1 (PyYAML) reads 1e-6 as a string: the schema's floats took it, but mapping parameters,
+    continuous-attention arguments and lists refused '1e-6' as not a number."""
+    text = yaml.safe_dump({**MINIMAL, "model": {"attention": {"mapping": "fusedmax", "params": {"lam": "LAM"},
+                                                              "continuous": {"ridge": "RIDGE"}}},
+                           "training": {**MINIMAL["training"], "optimizer": {"betas": ["0.9", "BETA"]}}})
+    path = tmp_path / "c.yaml"
+    path.write_text(text.replace("LAM", "1e-3").replace("RIDGE", "1E-2").replace("'0.9'", "0.9")
+                    .replace("BETA", "9.99e-1"), encoding="utf-8")
+    config = load_config(path, ["model.output.params={impl: auto}", "model.attention.continuous.variance_floor=1e-6"])
+    assert config["model"]["attention"]["params"] == {"lam": 1e-3}
+    assert config["model"]["attention"]["continuous"] == {"ridge": 1e-2, "variance_floor": 1e-6}
+    assert config["training"]["optimizer"]["betas"] == [0.9, 0.999]
+    assert parse_override("a.b=+2e3", "s") == (["a", "b"], 2000.0)
+    assert parse_override("a.b=abc1e3", "s") == (["a", "b"], "abc1e3")
+
+
 def test_overrides(tmp_path):
     path = write(tmp_path, MINIMAL)
     config = load_config(path, ["training.max_steps=7", "model.attention.mapping=entmax_bisect",
