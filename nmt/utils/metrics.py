@@ -57,6 +57,8 @@ def chrf_with_signature(hypotheses: Sequence[str], references: Sequence[str]) ->
 
 def metrics_line(hypotheses: Sequence[str], references: Sequence[str]) -> str:
     """One line: BLEU and chrF, each with its sacrebleu signature, and exact-match accuracy."""
+    if not hypotheses and not references:  # sacrebleu refuses an empty corpus
+        return "BLEU n/a; chrF n/a; exact match n/a (no sentences)"
     bleu_score, bleu_sig = bleu_with_signature(hypotheses, references)
     chrf_score, chrf_sig = chrf_with_signature(hypotheses, references)
     return (f"BLEU {bleu_score:.2f} ({bleu_sig}); chrF {chrf_score:.2f} ({chrf_sig}); "

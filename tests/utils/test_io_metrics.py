@@ -6,7 +6,7 @@ import pytest
 import sacrebleu
 
 from nmt.utils.io import atomic_open, atomic_write_text
-from nmt.utils.metrics import bleu, chrf, exact_match
+from nmt.utils.metrics import bleu, chrf, exact_match, metrics_line
 from nmt.utils.metrics_log import MetricsLog
 
 
@@ -40,6 +40,11 @@ def test_bleu_chrf_bounds_and_reference_implementation():
     hyps = ["the cat sat on a mat", "a dog ran in the park"]
     assert bleu(hyps, refs) == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
     assert 0 < chrf(hyps, refs) < 100
+
+
+def test_metrics_line_of_no_sentences():
+    """nmt-translate -src EMPTY -tgt EMPTY ended in a traceback: sacrebleu refuses an empty corpus."""
+    assert metrics_line([], []) == "BLEU n/a; chrF n/a; exact match n/a (no sentences)"
 
 
 def test_metrics_log_append_read_truncate(tmp_path):
