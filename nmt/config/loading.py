@@ -54,10 +54,15 @@ def read_yaml(path: str | Path) -> dict:
     """Parse a YAML file into a dict; one-line ConfigError for a missing file or bad YAML."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(source, "", "no such config file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:  # where, as for data files (not the byte offset)
+        line, line_start = raw.count(b"\n", 0, exc.start) + 1, raw.rfind(b"\n", 0, exc.start) + 1
+        raise ConfigError(source, "", f"cannot read config: line {line}: not valid UTF-8 "
+                          f"(byte 0x{raw[exc.start]:02x} at column {exc.start - line_start + 1})") from None
+    except OSError as exc:
         raise ConfigError(source, "", f"cannot read config: {exc}") from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)

@@ -184,6 +184,12 @@ def test_exponent_floats_without_a_dot_are_numbers_everywhere(tmp_path):
     assert parse_override("a.b=abc1e3", "s") == (["a", "b"], "abc1e3")
 
 
+def test_a_config_that_is_not_utf8_names_the_line(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"data:\n  train: {src: caf\xe9.src}\n")
+    assert error_of(path) == f"{path}: cannot read config: line 2: not valid UTF-8 (byte 0xe9 at column 19)"
+
+
 def test_overrides(tmp_path):
     path = write(tmp_path, MINIMAL)
     config = load_config(path, ["training.max_steps=7", "model.attention.mapping=entmax_bisect",
