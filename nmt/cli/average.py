@@ -45,7 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload = average_checkpoints(paths)
         save_checkpoint(args.output, payload)
     except (CheckpointError, OSError) as exc:
-        text = str(exc).strip()
+        from nmt.utils.io import describe_os_error
+
+        text = describe_os_error(exc) if isinstance(exc, OSError) else str(exc).strip()  # 'PATH: is a directory'
         print(f"{PROG}: error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
         return 2
     print(f"{PROG}: averaged {len(paths)} checkpoints ({', '.join(str(p) for p in paths)}) into {args.output}",

@@ -32,7 +32,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload = released(load_checkpoint(args.model, training=False), args.model)
         save_checkpoint(args.output, payload)
     except (CheckpointError, OSError) as exc:
-        text = str(exc).strip()
+        from nmt.utils.io import describe_os_error
+
+        text = describe_os_error(exc) if isinstance(exc, OSError) else str(exc).strip()  # 'PATH: is a directory'
         print(f"{PROG}: error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
         return 2
     before, after = os.path.getsize(args.model), os.path.getsize(args.output)

@@ -95,3 +95,8 @@ def test_bad_arguments_are_one_line_errors(run_dir, tmp_path, capsys):
     assert "nope.pt: no such checkpoint file" in capsys.readouterr().err
     assert average_cli.main(["-last", "2", "-output", str(tmp_path / "x.pt")]) == 2
     assert "-last N needs -run RUN_DIR" in capsys.readouterr().err
+    # an output that is a directory: 'PATH: is a directory' as nmt-translate says it, not '[Errno 21] ...'
+    assert release_cli.main(["-model", str(run_dir / "last.pt"), "-output", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"nmt-release: error: {tmp_path}: is a directory\n"
+    assert average_cli.main(["-models", str(run_dir / "last.pt"), "-output", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"nmt-average: error: {tmp_path}: is a directory\n"
