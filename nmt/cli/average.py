@@ -32,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from nmt.train.checkpoint import CheckpointError, save_checkpoint
     from nmt.train.model_release import average_checkpoints, last_step_checkpoints
+    from nmt.utils.io import describe_os_error
 
     try:
         if args.last is not None:
@@ -45,8 +46,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload = average_checkpoints(paths)
         save_checkpoint(args.output, payload)
     except (CheckpointError, OSError) as exc:
-        from nmt.utils.io import describe_os_error
-
         text = describe_os_error(exc) if isinstance(exc, OSError) else str(exc).strip()  # 'PATH: is a directory'
         print(f"{PROG}: error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
         return 2

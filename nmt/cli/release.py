@@ -27,13 +27,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from nmt.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     from nmt.train.model_release import released
+    from nmt.utils.io import describe_os_error
 
     try:
         payload = released(load_checkpoint(args.model, training=False), args.model)
         save_checkpoint(args.output, payload)
     except (CheckpointError, OSError) as exc:
-        from nmt.utils.io import describe_os_error
-
         text = describe_os_error(exc) if isinstance(exc, OSError) else str(exc).strip()  # 'PATH: is a directory'
         print(f"{PROG}: error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
         return 2
