@@ -7,6 +7,7 @@ umask 022), not ``mkstemp``'s private 0600.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 import threading
 from contextlib import contextmanager
@@ -48,15 +49,29 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     mode: "w" (text) or "wb" (binary). On an exception the temporary file is removed and
     ``path`` is left untouched; an OSError of the write (ENOSPC, EACCES, ...) is re-raised
     naming ``path`` (not the temporary file). The file's mode respects the umask (see the module docstring).
+    A symlink stays a link (the file it names is replaced); an existing ``path`` that is neither
+    a regular file nor a directory (a device such as ``/dev/null``, a named pipe) is written
+    directly, since there is no file to replace.
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open: mode must be 'w' or 'wb', got {mode!r}")
-    target = Path(path)
+    try:
+        existing = os.stat(path)  # through symlinks (/dev/stdout -> /proc/self/fd/1 -> a pipe)
+    except OSError:  # missing (or unreachable: the write below names the problem)
+        existing = None
+    if existing is not None and not (stat.S_ISREG(existing.st_mode) or stat.S_ISDIR(existing.st_mode)):
+        # a device (/dev/null, /dev/stdout) or a named pipe: no file to replace, and renaming over
+        # it would put a regular file in its place (or fail outside a writable directory)
+        with open(path, mode, encoding=None if "b" in mode else encoding) as handle:
+            yield handle
+        return
+    # through a symlink: replace the file it names (next to it), not the link
+    target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
-        raise OSError(exc.errno, exc.strerror, str(target)) from None
+        raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as handle:
             os.fchmod(handle.fileno(), default_file_mode())
@@ -70,7 +85,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
         except FileNotFoundError:
             pass
         if isinstance(exc, OSError) and exc.errno is not None and exc.filename in (None, tmp):
-            raise OSError(exc.errno, exc.strerror, str(target)) from None  # name the file being written
+            raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None  # name the file being written
         raise
 
 

@@ -58,3 +58,29 @@ def test_metrics_log_append_read_truncate(tmp_path):
         handle.write('{"step": 40')  # torn line from a crash
     log.truncate_after(200)
     assert [json.loads(l)["step"] for l in log.path.read_text().splitlines()] == [100, 200]
+
+
+def test_atomic_write_to_a_named_pipe_writes_into_it(tmp_path):
+    # a device or a pipe (-output /dev/stdout, /dev/null, a FIFO) has no file to replace: renaming
+    # over it put a regular file in its place and left its reader waiting
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()), daemon=True)
+    reader.start()
+    atomic_write_text(fifo, "one\ntwo\n")
+    reader.join(timeout=10)
+    assert received == ["one\ntwo\n"]
+    assert fifo.is_fifo() and os.listdir(tmp_path) == ["pipe"]
+
+
+def test_atomic_write_through_a_symlink_keeps_the_link(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "out.txt").write_text("old")
+    link = tmp_path / "out.txt"
+    link.symlink_to(tmp_path / "real" / "out.txt")
+    atomic_write_text(link, "new")
+    assert link.is_symlink() and (tmp_path / "real" / "out.txt").read_text() == "new"
+    assert sorted(os.listdir(tmp_path / "real")) == ["out.txt"]
