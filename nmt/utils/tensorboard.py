@@ -2,12 +2,43 @@
 from __future__ import annotations
 
 import logging
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
 logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def _naming(log_dir: Path) -> Iterator[None]:
+    """Re-raise an OSError of TensorBoard's writer (a full disk) naming ``log_dir``: its errors
+    come from a background thread's ``write`` and name no file."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, exc.filename or str(log_dir)) from None
+
+
+def _quiet_writer_thread() -> None:
+    """Wrap ``threading.excepthook`` (once) so that it prints no traceback for TensorBoard's writer
+    thread dying of an OSError (a full disk): the writer keeps that exception and raises it again
+    in the thread that writes next, where :func:`_naming` makes it one line naming the directory."""
+    previous = threading.excepthook
+    if getattr(previous, "_nmt_quiet_tensorboard", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
+            return
+        previous(args)
+
+    hook._nmt_quiet_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 class TensorBoardWriter:
@@ -18,10 +49,13 @@ class TensorBoardWriter:
 
     def __init__(self, log_dir: str | Path, enabled: bool = True, purge_step: int | None = None) -> None:
         self.writer = None
+        self.log_dir = Path(log_dir)
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+            _quiet_writer_thread()
+            with _naming(self.log_dir):
+                self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
 
     def scalars(self, prefix: str, values: Mapping[str, float | None], step: int) -> None:
         """Write each finite number of ``values`` as ``prefix/name``."""
@@ -29,7 +63,8 @@ class TensorBoardWriter:
             return
         for name, value in values.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value):
-                self.writer.add_scalar(f"{prefix}/{name}", value, step)
+                with _naming(self.log_dir):
+                    self.writer.add_scalar(f"{prefix}/{name}", value, step)
 
     def attention(self, tag: str, matrix: np.ndarray, src_tokens: Sequence[str], tgt_tokens: Sequence[str],
                   step: int, title: str | None = None) -> None:
@@ -47,7 +82,8 @@ class TensorBoardWriter:
         import matplotlib.pyplot as plt
 
         figure = plot_attention(matrix, list(src_tokens), list(tgt_tokens), title=title)
-        self.writer.add_figure(tag, figure, step, close=True)
+        with _naming(self.log_dir):
+            self.writer.add_figure(tag, figure, step, close=True)
         plt.close(figure)
 
     def attention_grid(self, tag: str, grid: np.ndarray, src_tokens: Sequence[str], tgt_tokens: Sequence[str],
@@ -60,22 +96,26 @@ class TensorBoardWriter:
         matplotlib.use("Agg", force=False)
         from nmt.utils.heatmap import plot_attention_grid
 
-        self.writer.add_figure(tag, plot_attention_grid(grid, list(src_tokens), list(tgt_tokens), title=title), step,
-                               close=True)
+        figure = plot_attention_grid(grid, list(src_tokens), list(tgt_tokens), title=title)
+        with _naming(self.log_dir):
+            self.writer.add_figure(tag, figure, step, close=True)
 
     def histogram(self, tag: str, values: np.ndarray, step: int) -> None:
         """A histogram of ``values`` (any shape)."""
         if self.writer is not None:
-            self.writer.add_histogram(tag, np.asarray(values, dtype=np.float64).ravel(), step)
+            with _naming(self.log_dir):
+                self.writer.add_histogram(tag, np.asarray(values, dtype=np.float64).ravel(), step)
 
     def flush(self) -> None:
         if self.writer is not None:
-            self.writer.flush()
+            with _naming(self.log_dir):
+                self.writer.flush()
 
     def close(self) -> None:
         if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+            writer, self.writer = self.writer, None
+            with _naming(self.log_dir):
+                writer.close()
 
 
 __all__ = ["TensorBoardWriter"]

@@ -4,6 +4,7 @@ Tests run as root, which read-only modes do not stop, so the refusals are inject
 monkeypatched ``os`` calls raising the errno the kernel would give."""
 import errno
 import os
+import threading
 
 import pytest
 import yaml
@@ -101,3 +102,20 @@ def test_a_model_too_large_to_allocate_is_a_one_line_error_naming_the_key(tmp_pa
                                  "([enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: "
                                  "you tried to allocate 115200000000 bytes.)"]
     assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def test_tensorboard_on_a_full_disk_is_one_line_naming_its_directory(tmp_path, config_file, capsys, monkeypatch):
+    """TensorBoard's events are written by a background thread: a full disk killed it with a
+    traceback on stderr, then failed the run with an error naming no file."""
+    from tensorboard.compat.tensorflow_stub.io import gfile
+
+    def no_space(self, filename, file_content, binary_mode=False):  # the file exists; the disk is full
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    thread_errors = []
+    monkeypatch.setattr(threading, "excepthook", thread_errors.append)  # what would print a traceback
+    monkeypatch.setattr(gfile.LocalFileSystem, "append", no_space)
+    code, err = train(config_file(tensorboard=True), capsys)
+    assert (code, err) == (2, [f"nmt-train: error: {tmp_path}/run/tensorboard: no space left on device"])
+    assert thread_errors == []
+    assert sorted(p.name for p in (tmp_path / "run").glob(".*")) == []  # no temporary file, the lock released
