@@ -119,3 +119,13 @@ def test_tensorboard_on_a_full_disk_is_one_line_naming_its_directory(tmp_path, c
     assert (code, err) == (2, [f"nmt-train: error: {tmp_path}/run/tensorboard: no space left on device"])
     assert thread_errors == []
     assert sorted(p.name for p in (tmp_path / "run").glob(".*")) == []  # no temporary file, the lock released
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_train_log_on_a_full_disk_is_one_warning_not_a_traceback_per_line(tmp_path, config_file, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "train.log").symlink_to("/dev/full")  # every write: ENOSPC
+    code, err = train(config_file(), capsys)
+    assert code == 0 and len(err) == 1, err  # logging printed a traceback for each record
+    assert err[0].endswith(f"WARNING {tmp_path}/run/train.log: no space left on device; "
+                           "this log file is not written any more")
