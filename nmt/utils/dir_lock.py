@@ -75,8 +75,12 @@ class DirectoryLock:
             os.close(fd)
         if previous is not None and previous[0] != os.getpid():
             logger.info("%s: took over a stale lock (%s)", self.path, _describe(previous))
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        except OSError as exc:  # a full disk: name the lock file (the write's error names none)
+            os.close(fd)
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from None
         self._fd = fd
         return self
 

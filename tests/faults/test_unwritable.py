@@ -129,3 +129,12 @@ def test_train_log_on_a_full_disk_is_one_warning_not_a_traceback_per_line(tmp_pa
     assert code == 0 and len(err) == 1, err  # logging printed a traceback for each record
     assert err[0].endswith(f"WARNING {tmp_path}/run/train.log: no space left on device; "
                            "this log file is not written any more")
+
+
+def test_a_full_disk_when_taking_the_lock_names_the_lock_file(tmp_path, config_file, capsys, monkeypatch):
+    def no_space(fd, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", no_space)
+    code, err = train(config_file(), capsys)
+    assert (code, err) == (2, [f"nmt-train: error: {tmp_path}/run/.lock: no space left on device"])
