@@ -381,8 +381,10 @@ class Trainer:
         cfg = self.config["training"]
         p = self.progress
         main = self.dist.is_main  # only rank 0 writes logs, metrics and TensorBoard
-        tb = TensorBoardWriter(self.save_dir / "tensorboard", cfg["tensorboard"] and main,
-                               purge_step=p.step + 1 if self.resumed else None)
+        # events past the checkpoint are dropped from the display: those of a killed session, and on
+        # a fresh start (no last.pt) all those of an attempt killed before its first checkpoint
+        # (metrics.jsonl is restarted likewise below)
+        tb = TensorBoardWriter(self.save_dir / "tensorboard", cfg["tensorboard"] and main, purge_step=p.step + 1)
         metrics_log = MetricsLog(self.save_dir / "metrics.jsonl")
         if main and self.resumed:
             metrics_log.truncate_after(p.step)

@@ -192,3 +192,22 @@ def test_a_negative_validation_length_ratio_is_a_config_error(tiny_task, tmp_pat
     config["validation"]["max_length_ratio"] = -1.0
     with pytest.raises(ConfigError, match="validation.max_length_ratio"):
         resolve_config(config, "tiny.yaml")
+
+
+def test_a_fresh_start_drops_the_tensorboard_points_of_an_attempt_killed_before_its_first_checkpoint(
+        tiny_task, tmp_path):
+    import time
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from nmt.utils.tensorboard import TensorBoardWriter
+
+    dead = TensorBoardWriter(tmp_path / "run" / "tensorboard")  # what a run killed at step 3 left
+    dead.scalars("train", {"loss": 99.0}, 2)
+    dead.close()
+    time.sleep(1.1)  # event files are ordered by their names' time in seconds
+    make_trainer(tiny_task, tmp_path / "run", tensorboard=True).train()  # no last.pt: a fresh start
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    points = [(e.step, e.value) for e in events.Scalars("train/loss")]
+    assert [step for step, _ in points] == [2, 4, 6, 8, 10, 12] and 99.0 not in [v for _, v in points]
