@@ -3,7 +3,8 @@
 The lock is ``DIR/.lock``, held with ``fcntl.flock`` and holding ``pid host`` of its owner
 for the error message. The kernel drops a flock when its owner dies (kill -9 included), so
 a lock file left by a dead process is stale by construction and simply taken over; where
-flock is unavailable (no ``fcntl``), the recorded pid is checked instead (same host only).
+flock is unavailable (no ``fcntl``, or a filesystem that refuses it: :data:`NO_FLOCK_ERRNOS`),
+the recorded pid is checked instead (same host only).
 Acquiring never blocks: a held lock raises :class:`DirectoryLockedError` at once.
 """
 from __future__ import annotations
@@ -22,6 +23,8 @@ except ImportError:  # pragma: no cover - Windows
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = ".lock"
+NO_FLOCK_ERRNOS = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP)
+"""What ``flock`` raises on a filesystem that does not support it: the recorded pid is checked instead."""
 
 
 class DirectoryLockedError(RuntimeError):
@@ -130,13 +133,15 @@ def _try_lock(fd: int, owner: tuple[int, str] | None) -> bool:
         except OSError as exc:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 return False
-            raise
-    if owner is None or owner[1] != socket.gethostname():  # pragma: no cover - no fcntl
+            if exc.errno not in NO_FLOCK_ERRNOS:
+                raise
+            # a filesystem without flock (Lustre mounted noflock, some FUSE / SMB mounts): the pid check
+    if owner is None or owner[1] != socket.gethostname():
         return owner is None
-    return not _pid_alive(owner[0])  # pragma: no cover
+    return not _pid_alive(owner[0])
 
 
-def _pid_alive(pid: int) -> bool:  # pragma: no cover - only without fcntl
+def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -150,4 +155,4 @@ def _describe(owner: tuple[int, str] | None) -> str:
     return "owner unknown" if owner is None else f"pid {owner[0]} on {owner[1]}"
 
 
-__all__ = ["LOCK_NAME", "DirectoryLock", "DirectoryLockedError"]
+__all__ = ["LOCK_NAME", "NO_FLOCK_ERRNOS", "DirectoryLock", "DirectoryLockedError"]

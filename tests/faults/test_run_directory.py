@@ -131,3 +131,25 @@ def test_finished_run_rerun_with_a_changed_value_keeps_config_yaml(task, tmp_pat
     # a longer run takes steps with the new value: config.yaml follows the weights
     assert train_main(["-config", str(tmp_path / "c.yaml"), "-quiet", "-set", "training.max_steps=14"]) == 0
     assert yaml.safe_load(config_yaml.read_text())["training"]["max_steps"] == 14
+
+
+def test_a_filesystem_without_flock_falls_back_to_the_recorded_pid(tmp_path, monkeypatch):
+    """Lustre mounted noflock (and some FUSE / SMB mounts) refuse flock with ENOSYS / ENOLCK /
+    EOPNOTSUPP: nmt-train could not start at all there ("[Errno 38] Function not implemented")."""
+    import errno
+
+    import nmt.utils.dir_lock as dir_lock
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+    monkeypatch.setattr(dir_lock.fcntl, "flock", no_flock)
+    with DirectoryLock(tmp_path / "run", "nmt-train run") as lock:
+        assert lock.held and (tmp_path / "run" / ".lock").read_text() == f"{os.getpid()} {socket.gethostname()}\n"
+        with pytest.raises(DirectoryLockedError, match=rf"\(pid {os.getpid()} on "):  # a live owner
+            DirectoryLock(tmp_path / "run", "nmt-train run").acquire()
+    assert not (tmp_path / "run").exists()  # released: lock file and created directory removed
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / ".lock").write_text(f"{dead.stdout.strip()} {socket.gethostname()}\n")  # left by a kill -9
+    with DirectoryLock(tmp_path) as lock:
+        assert lock.held
