@@ -215,11 +215,12 @@ def test_power_probs_equal_the_static_mapping(native_build, monkeypatch, n):
         assert bool((tau[bad] == -1).all()) and all(bool(v[bad].isnan().all()) for v in (zmax, total, p_sum, pr))
 
 
-@pytest.mark.parametrize("n", [1, 2, 17, 50, 256])
-def test_short_rows_coarse_float_steps_stay_below_the_root(native_build, monkeypatch, n):
+@pytest.mark.parametrize("n", [1, 2, 17, 50, 256, 300, 1003, 4099])
+def test_coarse_float_steps_stay_below_the_root(native_build, monkeypatch, n):
     """Short rows (blocks) at the uncapped loop start from the power mean's bound where it beats -1,
     take Newton steps with float sums, each shortened by a margin, then the double loop on the entries above the coarse threshold alone, the output
-    written at their places: on every vector path, alphas 1.02 to 1.98 per row (those below 1.111
+    written at their places; long rows (more than 256 entries) take such steps on their candidates
+    (from the segment maxima's bound or the candidates' mean bound) before their double loop: on every vector path, alphas 1.02 to 1.98 per row (those below 1.111
     take no coarse step), spreads from near-flat (long coarse steps from -1) to peaked (the root at
     -1: none), ties, -inf runs and odd lengths, the threshold is the float64 root's from below
     (never above it but for the float's rounding), the support is the root's entry for entry away
