@@ -36,6 +36,7 @@ from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.data.textfiles import PathLike, iter_lines
 from nmt.utils.allocator import release_freed_memory
+from nmt.utils.io import current_umask
 
 logger = logging.getLogger(__name__)
 
@@ -211,9 +212,9 @@ def _write_cache(directory: Path, arrays: dict[str, np.ndarray], meta: dict) -> 
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; respect the umask like any directory
+        # mkdtemp makes 0700; respect the umask like any directory (read without setting it to 0:
+        # another thread's file made meanwhile would be world-writable)
+        os.chmod(tmp, 0o777 & ~current_umask())
         for name in ARRAYS:
             np.save(tmp / f"{name}.npy", arrays[name])
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
