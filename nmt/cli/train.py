@@ -61,6 +61,7 @@ def _run(argv: Sequence[str] | None) -> int:
     from nmt.utils.logging import setup_logging
 
     logger = setup_logging(level=logging.WARNING if args.quiet else logging.INFO)
+    save_dir = None
     try:
         from nmt.data.errors import DataError
         from nmt.train.checkpoint import CheckpointError
@@ -107,7 +108,10 @@ def _run(argv: Sequence[str] | None) -> int:
         print(f"nmt-train: error: {describe_os_error(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("nmt-train: forced quit; last.pt holds the last saved state", file=sys.stderr)
+        last = save_dir / "last.pt" if save_dir is not None else None
+        state = ("last.pt holds the last saved state" if last is not None and last.is_file()
+                 else "no checkpoint was saved: the same command starts over")
+        print(f"nmt-train: forced quit; {state}", file=sys.stderr)
         return 128 + signal.SIGINT
     if args.quiet:  # otherwise the trainer has logged it already
         print(summary.line())

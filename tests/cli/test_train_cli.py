@@ -101,3 +101,21 @@ def test_any_other_bad_value_is_one_unquoted_line(tmp_path, monkeypatch, capsys)
     assert run(tmp_path, monkeypatch, quickstart_like(tmp_path)) == 2
     assert capsys.readouterr().err == "nmt-train: error: a 'bad' value\n"
 
+
+
+@pytest.mark.parametrize("saved", [False, True])
+def test_a_forced_quit_says_whether_a_checkpoint_holds_the_state(tmp_path, monkeypatch, capsys, saved):
+    """A second Ctrl-C (KeyboardInterrupt out of the trainer) names last.pt only where one was saved."""
+    import nmt.train.trainer as trainer
+
+    def interrupted(self):
+        if saved:
+            self.save_dir.mkdir(parents=True, exist_ok=True)
+            (self.save_dir / "last.pt").write_bytes(b"")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer.Trainer, "train", interrupted)
+    assert run(tmp_path, monkeypatch, quickstart_like(tmp_path)) == 130
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err == ("nmt-train: forced quit; last.pt holds the last saved state" if saved
+                   else "nmt-train: forced quit; no checkpoint was saved: the same command starts over")
