@@ -165,8 +165,8 @@ Row = tuple[str, str, float, float, Optional[float], int]
 
 
 def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.device, impl: str,
-                  timer: Timer, vs: Optional[str] = None, package: bool = True) -> list[Row]:
-    x = torch.randn(*shape, device=device).to(dtype)
+                  timer: Timer, vs: Optional[str] = None, package: bool = True, spread: float = 1.0) -> list[Row]:
+    x = (torch.randn(*shape, device=device) * spread).to(dtype)
     g = torch.randn(*shape, device=device).to(dtype)
     n = shape[-1]
     kw = {} if impl == "auto" else {"impl": impl}  # (auto: also runs against versions without impl)
@@ -207,8 +207,8 @@ def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
 
 
 def loss_table(shape: tuple[int, int], device: torch.device, timer: Timer, impl: str = "auto",
-               package: bool = True) -> list[Row]:
-    x = torch.randn(*shape, device=device)
+               package: bool = True, spread: float = 1.0) -> list[Row]:
+    x = torch.randn(*shape, device=device) * spread
     t = torch.randint(0, shape[-1], shape[:1], device=device)
     n = shape[-1]
     kw = {} if impl == "auto" else {"impl": impl}  # (auto: also runs against versions without impl)
@@ -280,6 +280,9 @@ def main(argv: Optional[list[str]] = None) -> None:
                          "with --threads 1 it equals the wall time of an idle machine)")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--spread", type=float, default=1.0,
+                    help="standard deviation of the scores (default 1; e.g. 0.1-0.3: broad rows, as output "
+                         "layers early in training, most entries near the maximum)")
     ap.add_argument("--graphs", action="store_true",
                     help="CUDA: time CUDA-graph replays (the kernels alone, as a compiled step with "
                          "mode='reduce-overhead' runs them) instead of eager calls; no entmax-package column")
@@ -303,12 +306,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     dtypes = [getattr(torch, d) for d in (args.dtypes or ("float32" if args.quick else "float32,bfloat16")).split(",")]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
     print(f"# nmt.sparse benchmark: torch {torch.__version__}, {device} ({where}), threads={torch.get_num_threads()}, "
-          f"impl={args.impl}, {args.stat} of reps, {'CUDA-graph replays' if args.graphs else 'eager calls'}, {args.clock} clock, malloc tuned: {'yes' if tuned else 'no'}, entmax package: {'left out' if args.no_package else 'yes' if ref is not None else 'not installed'}")
+          f"impl={args.impl}, scores N(0, {args.spread:g}^2), {args.stat} of reps, {'CUDA-graph replays' if args.graphs else 'eager calls'}, {args.clock} clock, malloc tuned: {'yes' if tuned else 'no'}, entmax package: {'left out' if args.no_package else 'yes' if ref is not None else 'not installed'}")
     for shape in shapes:
         reps = args.reps or default_reps(shape, device, args.quick)
         timer = timer_class(device, reps, warmup=5 if device.type == "cuda" else 2, stat=args.stat, clock=args.clock)
         for dtype in dtypes:
-            rows = mapping_table(shape, dtype, device, args.impl, timer, args.vs, not args.no_package)
+            rows = mapping_table(shape, dtype, device, args.impl, timer, args.vs, not args.no_package, args.spread)
             print_table(f"mappings {shape} {str(dtype).replace('torch.', '')}, reps={reps}", rows, "softmax", args.stat)
     if not args.no_losses:
         for shape in shapes:
@@ -317,7 +320,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                 timer = timer_class(device, reps, warmup=5 if device.type == "cuda" else 2, stat=args.stat,
                                     clock=args.clock)
                 print_table(f"losses {shape} float32, reps={reps}",
-                            loss_table(shape, device, timer, args.impl, not args.no_package), "cross-entropy", args.stat)
+                            loss_table(shape, device, timer, args.impl, not args.no_package, args.spread),
+                            "cross-entropy", args.stat)
 
 
 if __name__ == "__main__":

@@ -70,10 +70,11 @@ def test_phase_profile_runs_the_backward_on_the_calling_thread_when_asked():
     assert seen == [True, True, False, False] and torch._C._is_multithreading_enabled()
 
 
-@pytest.mark.parametrize("extra", [[], ["--no-package"]])
+@pytest.mark.parametrize("extra", [[], ["--no-package", "--spread", "0.1"]])
 def test_bench_sparse_quick(capsys, extra):
     """``bench_sparse --quick``: the mapping and loss tables with their host sync counts; with
-    ``--no-package`` the header says the package's columns are left out."""
+    ``--no-package`` the header says the package's columns are left out, with ``--spread`` the
+    scores' deviation."""
     bench = _load("bench_sparse")
     try:
         bench.main(["--quick", *extra])
@@ -82,6 +83,7 @@ def test_bench_sparse_quick(capsys, extra):
     printed = capsys.readouterr().out
     assert "softmax" in printed and "entmax15" in printed
     assert ("entmax package: left out" in printed) == bool(extra)
+    assert f"scores N(0, {'0.1' if extra else '1'}^2)" in printed
 
 
 @pytest.mark.parametrize("name,expect", [("bench_structured", ("fusedmax", "oscarmax", "training step")),
