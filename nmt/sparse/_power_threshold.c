@@ -284,6 +284,20 @@ static inline double vpow_2(double a, double b)
 #define POWER_COARSE_MARGIN 1e-4
 #define POWER_COARSE_STOP 1e-3
 #define POWER_COARSE_MAX_STEPS 8
+/* one vector xv of entries (floats) into coarse sums at the thresholds vtf: d = xv - vtf, w = d^e
+   (e: vef) on d > 0 by the float polynomials, aqf += w d, awf += w; NaN lanes marked in nanf */
+#define COARSE_ACCUMULATE(FT, FI, xv, vtf, vef, aqf, awf, nanf)                                 \
+    do {                                                                                        \
+        const FT zero_ = {0}, one_ = zero_ + 1.0f, d_ = (xv) - (vtf);                           \
+        const FI pos_ = d_ > zero_;                                                             \
+        FT lg_, w_;                                                                             \
+        VLOG2F(FT, FI, (FT)(((FI)d_ & pos_) | ((FI)one_ & ~pos_)), lg_);                        \
+        VEXP2F(FT, FI, (vef) * lg_, w_);                                                        \
+        w_ = (FT)((FI)w_ & pos_);                                                               \
+        (awf) += w_;                                                                            \
+        (aqf) += w_ * (FT)((FI)d_ & pos_);                                                      \
+        (nanf) |= (FI)(d_ != d_);                                                               \
+    } while (0)
 #define BLOCK_COARSE(DT, IT, FT, FI, L, L2, cnt)                                                \
     do {                                                                                        \
         for (int64_t i_ = 0; i_ < (cnt) * L; i_++)                                              \
@@ -297,23 +311,16 @@ static inline double vpow_2(double a, double b)
                 any_ |= coarse[l];                                                              \
             if (!any_)                                                                          \
                 break;                                                                          \
-            FT zf = {0}, vtf = zf, vef = zf, aqf = zf, awf = zf, onef = zf + 1.0f;              \
+            FT zf = {0}, vtf = zf, vef = zf, aqf = zf, awf = zf;                                \
             FI nanf = {0};                                                                      \
             for (int l = 0; l < L; l++) {                                                       \
                 vtf[l] = vtf[l + L] = (float)vt[l];                                             \
                 vef[l] = vef[l + L] = (float)ve[l];                                             \
             }                                                                                   \
             for (int64_t j = 0; j < (cnt) + ((cnt) & 1); j += 2) {                              \
-                FT xv_, lg_, w_;                                                                \
+                FT xv_;                                                                         \
                 memcpy(&xv_, colf + j * L, sizeof xv_);                                         \
-                const FT d_ = xv_ - vtf;                                                        \
-                const FI pos_ = d_ > zf;                                                        \
-                VLOG2F(FT, FI, (FT)(((FI)d_ & pos_) | ((FI)onef & ~pos_)), lg_);                \
-                VEXP2F(FT, FI, vef * lg_, w_);                                                  \
-                w_ = (FT)((FI)w_ & pos_);                                                       \
-                awf += w_;                                                                      \
-                aqf += w_ * (FT)((FI)d_ & pos_);                                                \
-                nanf |= (FI)(d_ != d_);                                                         \
+                COARSE_ACCUMULATE(FT, FI, xv_, vtf, vef, aqf, awf, nanf);                       \
             }                                                                                   \
             DT hq = zero, ws = zero;                                                            \
             IT bad_ = none;                                                                     \
@@ -722,7 +729,7 @@ static inline float power_float_below(double v)
             cf[k + l] = -INFINITY;                                                              \
         const double tau0 = tau;                                                                \
         for (int c_ = 0; c_ < POWER_COARSE_MAX_STEPS; c_++) {                                   \
-            FT2 zf = {0}, vtf = zf + (float)tau, vef = zf + (float)e, onef = zf + 1.0f;         \
+            FT2 zf = {0}, vtf = zf + (float)tau, vef = zf + (float)e;                           \
             FI2 nanf = {0};                                                                     \
             double hqd = 0.0, wsd = 0.0;                                                        \
             for (int64_t j0 = 0; j0 < k; j0 += POWER_LONG_COARSE_CHUNK * L2) {                  \
@@ -730,16 +737,9 @@ static inline float power_float_below(double v)
                 const int64_t j1 = k - j0 > POWER_LONG_COARSE_CHUNK * L2                        \
                                    ? j0 + POWER_LONG_COARSE_CHUNK * L2 : k;                     \
                 for (int64_t j = j0; j < j1; j += L2) {                                         \
-                    FT2 xv_, lg_, w_;                                                           \
+                    FT2 xv_;                                                                    \
                     memcpy(&xv_, cf + j, sizeof xv_);                                           \
-                    const FT2 d_ = xv_ - vtf;                                                   \
-                    const FI2 pos_ = d_ > zf;                                                   \
-                    VLOG2F(FT2, FI2, (FT2)(((FI2)d_ & pos_) | ((FI2)onef & ~pos_)), lg_);       \
-                    VEXP2F(FT2, FI2, vef * lg_, w_);                                            \
-                    w_ = (FT2)((FI2)w_ & pos_);                                                 \
-                    awf += w_;                                                                  \
-                    aqf += w_ * (FT2)((FI2)d_ & pos_);                                          \
-                    nanf |= (FI2)(d_ != d_);                                                    \
+                    COARSE_ACCUMULATE(FT2, FI2, xv_, vtf, vef, aqf, awf, nanf);                 \
                 }                                                                               \
                 for (int l = 0; l < L2; l++) {                                                  \
                     hqd += (double)aqf[l];                                                      \
