@@ -111,6 +111,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"-batch_size must be >= 1, got {args.batch_size}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"-threads must be >= 1, got {args.threads}")
+    if args.max_length < 1:  # 0 would make every translation empty (SearchOptions allows it for the API)
+        raise ValueError(f"-max_length must be >= 1, got {args.max_length}")
     for name in ("length_alpha", "max_length_ratio"):
         if not math.isfinite(getattr(args, name)):
             raise ValueError(f"-{name} must be a finite number, got {getattr(args, name)}")

@@ -202,6 +202,8 @@ def test_max_length_ratio_limits_each_sentence_by_its_source(trained, capsys):
     (["-max_length_ratio", "nan"], "nmt-translate: error: -max_length_ratio must be a finite number, got nan\n"),
     (["-max_length_ratio", "-1"], "nmt-translate: error: -max_length_ratio must be a finite number >= 0, got -1.0\n"),
     (["-max_length_offset", "-1"], "nmt-translate: error: -max_length_offset must be >= 0, got -1\n"),
+    (["-max_length", "0"], "nmt-translate: error: -max_length must be >= 1, got 0\n"),
+    (["-max_length", "-3"], "nmt-translate: error: -max_length must be >= 1, got -3\n"),
     (["-length_alpha", "nan"], "nmt-translate: error: -length_alpha must be a finite number, got nan\n"),
     (["-length_alpha", "inf"], "nmt-translate: error: -length_alpha must be a finite number, got inf\n"),
     (["-device", "tpu"], "nmt-translate: error: -device tpu: not a usable device here (cpu, cuda or cuda:N); "),
