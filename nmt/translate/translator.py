@@ -275,7 +275,9 @@ class _HostResult:
 class TranslationSummary:
     """Corpus statistics of a list of translations. ``certified_percent``: sentences whose
     search was certified (None when certificates were off); ``single_percent``: sentences
-    certified to have exactly one sequence of nonzero probability (``n_nonzero == 1``)."""
+    certified to have exactly one sequence of nonzero probability (``n_nonzero == 1``); both
+    None too when no sentence was decoded (no input, or empty lines only): a percentage of
+    nothing is not 0%."""
 
     sentences: int
     empty: int
@@ -288,7 +290,7 @@ class TranslationSummary:
         decoded = [t for t in translations if t.reason != EMPTY_INPUT]
         n = max(len(decoded), 1)
         sizes = [s for t in decoded for s in t.support_sizes]
-        off = any(t.reason == NOT_CERTIFIED_REASON for t in decoded)
+        off = not decoded or any(t.reason == NOT_CERTIFIED_REASON for t in decoded)
         return cls(
             sentences=len(translations),
             empty=len(translations) - len(decoded),
@@ -299,7 +301,7 @@ class TranslationSummary:
         )
 
     def line(self) -> str:
-        """One human-readable line (``certified n/a`` when certificates were off)."""
+        """One human-readable line (``certified n/a`` when certificates were off or nothing was decoded)."""
         support = "n/a" if self.mean_support is None else f"{self.mean_support:.2f}"
         empty = f" ({self.empty} empty)" if self.empty else ""
         if self.certified_percent is None:

@@ -325,6 +325,17 @@ def test_quiet_no_certify_formats_and_version(trained, capsys):
     assert "(default: 5)" in help_text and "(default: png)" in help_text and "(default: None)" not in help_text
 
 
+@pytest.mark.parametrize("text", ["", "\n\n"])
+def test_no_sentence_to_decode_gives_certified_n_a(trained, capsys, tmp_path, text):
+    """An empty -src (or empty lines only) decodes nothing: the summary said 'certified 0.0%'."""
+    src = tmp_path / "nothing.txt"
+    src.write_text(text, encoding="utf-8")
+    code, _, err = translate(["-model", trained["model"], "-src", str(src), "-output", str(tmp_path / "o.txt")],
+                             capsys)
+    assert code == 0, err
+    assert "certified n/a" in err and "%" not in err.split("sentences/s")[0]
+
+
 def test_interactive_mode_on_a_terminal_prompts_and_answers_each_line(trained):
     """stdin a terminal (a pseudo-terminal here): a prompt on stderr, one answer per line, Ctrl-D ends."""
     import pty
