@@ -41,7 +41,7 @@ from nmt.train.update import loss_forward, update
 from nmt.train.validation import attention_grids, attention_matrices, batch_statistics, validate
 from nmt.utils.dir_lock import DirectoryLock
 from nmt.utils.heatmap import attention_title
-from nmt.utils.device import auto_device, device_problem, indexed, make_current
+from nmt.utils.device import auto_device, device_name_problem, device_problem, indexed, make_current
 from nmt.utils.metrics_log import MetricsLog
 from nmt.utils.tensorboard import TensorBoardWriter
 
@@ -93,10 +93,10 @@ def resolve_device(name: str) -> torch.device:
     CUDA run's index is each process's own (:func:`nmt.train.distributed.rank_device`): only
     CUDA itself is checked here, and a configured index is ignored (logged). ValueError (one line)
     for a device this machine cannot allocate on."""
-    try:
-        device = torch.device(auto_device(name))
-    except RuntimeError as exc:
-        raise ValueError(str(exc).splitlines()[0]) from None
+    problem = device_name_problem(name)
+    if problem is not None:
+        raise ValueError(f"{name!r} is {problem}")
+    device = torch.device(auto_device(name))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{name!r} requested but CUDA is not available")
     if device.type == "cuda" and several_processes():  # no GPU touched before the rank's own is set

@@ -11,7 +11,7 @@ import torch
 from nmt.data.field import Field
 from nmt.models.protocol import StepDecoder
 from nmt.utils.checkpoint_file import CheckpointError, load_checkpoint
-from nmt.utils.device import auto_device, device_problem, indexed
+from nmt.utils.device import auto_device, device_name_problem, device_problem, indexed
 from nmt.translate.ensemble import Ensemble
 
 
@@ -37,6 +37,9 @@ def resolve_device(device: str | torch.device, what: str = "device") -> str:
     ``"cuda"`` is the current CUDA device by its index (``"cuda:0"``), fixed here: a name without
     an index would mean, at each later use, the current device of the thread using it. ValueError
     (one line, naming the option ``what``) for a device this machine cannot allocate on."""
+    problem = device_name_problem(device)
+    if problem is not None:
+        raise ValueError(f"{what} {device}: {problem}")
     name = auto_device(device)
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"{what} {name}: CUDA is not available on this machine")

@@ -16,6 +16,22 @@ def auto_device(name: str | torch.device) -> str:
     return name
 
 
+DEVICE_FORMS = "auto, cpu, cuda, cuda:N"
+"""The device names the programs document (torch's other device types are accepted where usable)."""
+
+
+def device_name_problem(name: str | torch.device) -> str | None:
+    """Why ``name`` is not a device name at all (``gpu``, ``cuda:x``; one line listing
+    :data:`DEVICE_FORMS`, not torch's list of every device type), or None when torch parses it."""
+    if str(name) == "auto":
+        return None
+    try:
+        torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        return f"not a device name; valid: {DEVICE_FORMS}"
+    return None
+
+
 def indexed(device: str | torch.device) -> torch.device:
     """``device`` by an explicit index: a bare ``cuda`` (the current device of whichever thread
     uses it, at each use) as the current CUDA device now (``cuda:0``); other devices unchanged."""
@@ -66,4 +82,4 @@ def host_to_device(tensor: torch.Tensor, device: str | torch.device, non_blockin
     return tensor.to(device, non_blocking=non_blocking)
 
 
-__all__ = ["auto_device", "device_problem", "host_to_device", "indexed", "make_current"]
+__all__ = ["DEVICE_FORMS", "auto_device", "device_name_problem", "device_problem", "host_to_device", "indexed", "make_current"]

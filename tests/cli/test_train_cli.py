@@ -77,7 +77,9 @@ def test_bad_override_and_missing_data(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("device, expected", [
-    ("tpu", "c.yaml: training.device: "),
+    ("tpu", "c.yaml: training.device: 'tpu' is not a device name; valid: auto, cpu, cuda, cuda:N\n"),
+    ("gpu", "c.yaml: training.device: 'gpu' is not a device name; valid: auto, cpu, cuda, cuda:N\n"),
+    ("cuda:x", "c.yaml: training.device: 'cuda:x' is not a device name; valid: auto, cpu, cuda, cuda:N\n"),
     ("xla", "c.yaml: training.device: 'xla' is not usable here ("),
     ("meta", "c.yaml: training.device: 'meta' is not usable here (the meta device holds no data)"),
 ])

@@ -206,7 +206,10 @@ def test_max_length_ratio_limits_each_sentence_by_its_source(trained, capsys):
     (["-max_length", "-3"], "nmt-translate: error: -max_length must be >= 1, got -3\n"),
     (["-length_alpha", "nan"], "nmt-translate: error: -length_alpha must be a finite number, got nan\n"),
     (["-length_alpha", "inf"], "nmt-translate: error: -length_alpha must be a finite number, got inf\n"),
-    (["-device", "tpu"], "nmt-translate: error: -device tpu: not a usable device here (cpu, cuda or cuda:N); "),
+    (["-device", "tpu"], "nmt-translate: error: -device tpu: not a device name; valid: auto, cpu, cuda, cuda:N\n"),
+    (["-device", "gpu"], "nmt-translate: error: -device gpu: not a device name; valid: auto, cpu, cuda, cuda:N\n"),
+    (["-device", "cuda:x"], "nmt-translate: error: -device cuda:x: not a device name; valid: auto, cpu, cuda, "
+                            "cuda:N\n"),
     (["-device", "meta"], "nmt-translate: error: -device meta: not a usable device here (cpu, cuda or cuda:N); "
                           "the meta device holds no data\n"),
 ])
