@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: -output)")
     p.add_argument("-output", "--output", default="-", metavar="FILE|-", help="translations (- = stdout)")
     p.add_argument("-beam_size", "--beam_size", type=int, default=d.beam_size, help="beam size (1 = greedy)")
-    p.add_argument("-n_best", "--n_best", type=int, default=d.n_best, help="hypotheses written per sentence")
+    p.add_argument("-n_best", "--n_best", type=int, default=d.n_best,
+                   help="hypotheses written per sentence (not with scoring)")
     p.add_argument("-batch_size", "--batch_size", type=int, default=None,
                    help="sentences (or padded source tokens, see -batch_type) per batch (default: 64 "
                    "sentences on the CPU, 8192 tokens on a GPU; score and stdin modes: 64 sentences)")
@@ -80,10 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=LENGTH_PENALTIES, help="ranking of finished hypotheses")
     p.add_argument("-length_alpha", "--length_alpha", type=float, default=d.length_alpha,
                    help="alpha of the gnmt penalty")
-    p.add_argument("-report", "--report", metavar="FILE.jsonl", help="per-sentence certificates and n-best lists")
+    p.add_argument("-report", "--report", metavar="FILE.jsonl", help="per-sentence certificates and n-best lists (not with scoring)")
     p.add_argument("-tgt", "--tgt", metavar="REF", help="references: print BLEU, chrF (with sacrebleu signatures) and exact-match "
                    "accuracy; in score mode, the targets to score")
-    p.add_argument("-attention", "--attention", metavar="DIR", help="write one attention heatmap per sentence (best hypothesis)")
+    p.add_argument("-attention", "--attention", metavar="DIR", help="write one attention heatmap per sentence (best hypothesis; not with scoring)")
     p.add_argument("-attention_format", "--attention_format", choices=FORMATS, default="png",
                    help="file format of the heatmaps")
     p.add_argument("-support", "--support", action="store_true", default=d.return_support,
@@ -116,6 +117,14 @@ def _check_arguments(args: argparse.Namespace) -> None:
     for name in ("length_alpha", "max_length_ratio"):
         if not math.isfinite(getattr(args, name)):
             raise ValueError(f"-{name} must be a finite number, got {getattr(args, name)}")
+    if args.score_output or args.mode == "score":  # flags of translation that scoring would ignore
+        scoring = "-mode score" if args.mode == "score" else "-score_output"
+        given = [("-attention", args.attention is not None), ("-n_best", args.n_best != 1),
+                 ("-report", args.report is not None), ("-support", args.support)]
+        for flag, used in given:
+            if used:
+                raise ValueError(f"{flag} applies to translation, not to scoring ({scoring}): it writes one "
+                                 "JSON line per reference of -tgt")
     # outputs are written after the whole input is translated: a path that cannot take them fails now
     for name in ("output", "report", "score_output"):
         path = getattr(args, name)

@@ -275,6 +275,24 @@ def test_scoring_own_translations_equals_their_search_logprob_and_flags_zero_ref
         assert z["rank"] > z["support_size"] >= 1
 
 
+@pytest.mark.parametrize("mode, flags, named", [
+    (["-mode", "score"], ["-attention", "att"], "-attention"),
+    (["-mode", "score"], ["-n_best", "3"], "-n_best"),
+    (["-score_output", "scores.jsonl"], ["-report", "r.jsonl"], "-report"),
+    (["-score_output", "scores.jsonl"], ["-support"], "-support"),
+])
+def test_scoring_refuses_flags_of_translation(trained, capsys, tmp_path, mode, flags, named):
+    """-mode score ignored -attention and -n_best (no heatmap, one line per pair) without a word."""
+    root = trained["root"]
+    args = [tmp_path / a if a.endswith((".jsonl", "att")) else a for a in mode + flags]
+    code, out, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-tgt",
+                                str(root / "refs.txt"), *map(str, args)], capsys)
+    scoring = "-mode score" if "-mode" in mode else "-score_output"
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"nmt-translate: error: {named} applies to translation, not to scoring ({scoring})")
+    assert not any(tmp_path.iterdir())
+
+
 def test_stream_translates_each_line_before_stdin_closes(trained):
     """The installed program (python -m) behind a pipe: the translation of a line comes back while
     stdin is still open; empty lines stay aligned; the summary comes at end of input."""
