@@ -34,18 +34,12 @@ _Item = Union[str, BaseException, None]  # a line, a reading error, or None at E
 
 def _read_lines(stream: BinaryIO, lines: "queue.Queue[_Item]") -> None:
     """Reader thread: each line of ``stream`` (UTF-8, newline stripped) onto ``lines``, then None."""
-    from nmt.data.errors import DataError
+    from nmt.data.textfiles import decode_line
 
     try:
         for number, raw in enumerate(iter(stream.readline, b""), 1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                lines.put(DataError(f"<stdin>:{number}: not valid UTF-8"))
-                return
-            if number == 1:
-                text = text.removeprefix("\ufeff")  # a byte-order mark is dropped, as for files
-            lines.put(text.rstrip("\n").removesuffix("\r"))
+            # as for files: a byte-order mark dropped, a bad byte a DataError naming line and column
+            lines.put(decode_line(raw, "<stdin>", number))
     except BaseException as exc:  # noqa: BLE001 - handed to the main thread
         lines.put(exc)
         return

@@ -46,19 +46,25 @@ def iter_lines(path: PathLike) -> Iterator[str]:
     path = Path(path)
     with _open_text_file(path) as handle:
         for number, raw in enumerate(handle, 1):
-            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            if raw.endswith(b"\n"):
-                raw = raw[:-1]
-            if raw.endswith(b"\r"):
-                raw = raw[:-1]
-            try:
-                yield raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{number}: not valid UTF-8 (byte 0x{raw[e.start]:02x} "
-                                f"at column {e.start + 1})") from None
+            yield decode_line(raw, path, number)
 
 
+def decode_line(raw: bytes, name: PathLike, number: int) -> str:
+    """Line ``number`` (1-based) of ``name`` from its bytes, with ``read_lines``' rules: a ``\\n``
+    then a ``\\r`` at the end and, on line 1, a byte-order mark removed. Bad UTF-8 raises
+    ``DataError`` naming ``name``, the line and the byte's column (1-based, after a removed
+    byte-order mark), as :func:`decode_lines` does for a whole file."""
+    if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    if raw.endswith(b"\n"):
+        raw = raw[:-1]
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{name}:{number}: not valid UTF-8 (byte 0x{raw[e.start]:02x} "
+                        f"at column {e.start + 1})") from None
 
 
 def decode_lines(data: bytes, name: str) -> list[str]:
@@ -98,4 +104,4 @@ def write_lines_atomic(path: PathLike, lines: Iterable[str]) -> None:
     write_bytes_atomic(path, "".join(line + "\n" for line in lines).encode("utf-8"))
 
 
-__all__ = ["decode_lines", "iter_lines", "read_lines", "write_bytes_atomic", "write_lines_atomic"]
+__all__ = ["decode_line", "decode_lines", "iter_lines", "read_lines", "write_bytes_atomic", "write_lines_atomic"]

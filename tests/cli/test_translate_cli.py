@@ -293,6 +293,32 @@ def test_scoring_refuses_flags_of_translation(trained, capsys, tmp_path, mode, f
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("data", [b"a b\r\nc \xe9 d\n", b"\xef\xbb\xbfab \xff\n", b"ok\n\n  \xc3"])
+def test_stream_and_file_name_a_bad_byte_alike(tmp_path, data):
+    """Streaming (-src - -output -) named the line of a bad UTF-8 byte but not its column."""
+    import io
+    import queue
+
+    from nmt.cli.translate_stream import _read_lines
+    from nmt.data import DataError
+    from nmt.data.textfiles import decode_lines, read_lines
+
+    lines: queue.Queue = queue.Queue()
+    _read_lines(io.BytesIO(data), lines)
+    items = [lines.get_nowait() for _ in range(lines.qsize())]
+    streamed = items[-1]
+    assert isinstance(streamed, DataError)
+    src = tmp_path / "in.txt"
+    src.write_bytes(data)
+    for read in (lambda: read_lines(src), lambda: decode_lines(data, "<stdin>")):
+        with pytest.raises(DataError) as whole:
+            read()
+        assert str(streamed) == str(whole.value).replace(str(src), "<stdin>")
+    assert "column" in str(streamed)
+    good = data.splitlines(keepends=True)[: len(items) - 1]
+    assert items[:-1] == decode_lines(b"".join(good), "<stdin>")  # the lines before it, as a file gives them
+
+
 def test_stream_translates_each_line_before_stdin_closes(trained):
     """The installed program (python -m) behind a pipe: the translation of a line comes back while
     stdin is still open; empty lines stay aligned; the summary comes at end of input."""
