@@ -213,7 +213,7 @@ class EntmaxBisectFunction(torch.autograd.Function):
     """alpha-entmax over the last dim; ``alpha: (..., 1)`` >= 1 per row (same leading dims).
 
     ``alpha_float``: the one alpha of every row as a float (scalar arithmetic), else None.
-    Rows whose tensor alpha is invalid (NaN or < 1; only the static path gets them) are NaN.
+    Rows whose tensor alpha is invalid (NaN, < 1 or +inf; only the static path gets them) are NaN.
     """
 
     @staticmethod
@@ -290,7 +290,8 @@ class EntmaxBisectFunction(torch.autograd.Function):
         if renormalise:
             p = p.div_(p.sum(dim=-1, keepdim=True).clamp_(min=tiny))
         if alpha_float is None:
-            p = torch.where(alpha >= 1, p, _NAN)  # NaN / < 1 alpha (static path): a NaN row
+            # NaN / < 1 / +inf alpha (static path; inf would give uniform rows): a NaN row, no host read
+            p = torch.where((alpha >= 1) & (alpha < math.inf), p, _NAN)
             ctx.save_for_backward(p, alpha)
         return fresh_output(p)
 
@@ -385,8 +386,8 @@ def _alpha_rows(alpha: Union[float, Tensor], scores: Tensor, dim: int, check: bo
     """alpha as a ``dtype`` tensor ``(..., 1)`` matching ``scores`` (its shape and device only)
     with ``dim`` moved last.
 
-    ``check``: refuse a tensor alpha with a value < 1 or NaN (reads the values: only on the
-    host path; the static path gives such rows NaN instead of synchronising).
+    ``check``: refuse a tensor alpha with a value < 1, NaN or +inf (reads the values: only on
+    the host path; the static path gives such rows NaN instead of synchronising).
     """
     if not isinstance(alpha, Tensor):
         a = float(alpha)
@@ -405,8 +406,10 @@ def _alpha_rows(alpha: Union[float, Tensor], scores: Tensor, dim: int, check: bo
     if not broadcasts_to(a.shape, scores.shape):
         raise ValueError(f"alpha of shape {tuple(alpha.shape)} does not broadcast to scores "
                          f"{tuple(scores.shape)}")
-    if check and not bool((a.detach() >= 1).all()):  # host read of the small alpha tensor
-        raise ValueError("entmax_bisect needs alpha >= 1 in every row (got a value < 1 or NaN)")
+    if check:  # one host read of the small alpha tensor (this path reads it anyway)
+        valid = a.detach()
+        if not bool(((valid >= 1) & (valid < math.inf)).all()):  # inf gave uniform rows, as a float alpha
+            raise ValueError("entmax_bisect needs a finite alpha >= 1 in every row (got a value < 1, NaN or inf)")
     return a if dim == a.dim() - 1 else a.movedim(dim, -1)
 
 
@@ -421,7 +424,7 @@ def entmax_bisect(scores: Tensor, alpha: Union[float, Tensor] = 1.5, dim: int = 
     takes few steps) or the number of steps (static path; None: enough for the dtype's
     precision); the result is renormalised to sum to one. mask: bool, True = keep.
     impl: ``"auto" | "pruned" | "static" | "triton"`` (see :mod:`nmt.sparse._dispatch`).
-    A tensor alpha below 1 or NaN raises ValueError on the host path (``"pruned"`` in eager
+    A tensor alpha below 1, NaN or +inf raises ValueError on the host path (``"pruned"`` in eager
     mode); on the static path (no host synchronisation) and in compiled graphs its rows are NaN
     instead.
     Half precisions are computed in float32. Returns probabilities shaped like ``scores``.

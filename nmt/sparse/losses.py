@@ -53,7 +53,7 @@ accelerator or under ``torch.compile`` (no sync; the error surfaces at the next 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -563,10 +563,21 @@ def entmax15_loss(scores: Tensor, target: Tensor, ignore_index: int = -100,
                               label_smoothing, impl)
 
 
-def _bisect_regularizer(alpha: float, n_iter: Optional[int]) -> Regularizer:
-    """The regulariser of a float alpha: the exact closed forms at 1 (Shannon), 1.5 and 2 (the
-    same loss as root finding gives, without its iterations), else root finding."""
+def _bisect_regularizer(alpha: Union[float, Tensor], n_iter: Optional[int]) -> Regularizer:
+    """The regulariser of one alpha: the exact closed forms at 1 (Shannon), 1.5 and 2 (the
+    same loss as root finding gives, without its iterations), else root finding.
+
+    A one-element tensor alpha is read on the host here, once, and checked as a float is (the
+    loss has no gradient in alpha, no per-row alphas); ValueError for any other tensor and for a
+    value that is not a finite number >= 1."""
+    if isinstance(alpha, Tensor):
+        if alpha.numel() != 1:
+            raise ValueError("entmax_bisect_loss takes one alpha (a float or a one-element tensor), "
+                             f"got a tensor of shape {tuple(alpha.shape)}")
+        alpha = alpha.detach()
     alpha = float(alpha)
+    if not 1 <= alpha < math.inf:  # inf: a NaN loss; NaN fails every comparison
+        raise ValueError(f"entmax_bisect_loss needs a finite alpha >= 1 (1: cross-entropy), got {alpha}")
     if alpha == 1.0:
         return Shannon()
     if alpha == 1.5:
@@ -574,10 +585,11 @@ def _bisect_regularizer(alpha: float, n_iter: Optional[int]) -> Regularizer:
     return TsallisSparsemax() if alpha == 2.0 else Tsallis(alpha, n_iter)
 
 
-def entmax_bisect_loss(scores: Tensor, target: Tensor, alpha: float = 1.5, ignore_index: int = -100,
+def entmax_bisect_loss(scores: Tensor, target: Tensor, alpha: Union[float, Tensor] = 1.5, ignore_index: int = -100,
                        reduction: str = "mean", label_smoothing: float = 0.0,
                        n_iter: Optional[int] = None, impl: str = "auto") -> Tensor:
-    """alpha-entmax loss for a float ``alpha >= 1`` (1: cross-entropy); gradient ``entmax_bisect - y``."""
+    """alpha-entmax loss for a finite ``alpha >= 1`` (1: cross-entropy), a float or a one-element
+    tensor (read on the host); gradient ``entmax_bisect - y``."""
     return fenchel_young_loss(_bisect_regularizer(alpha, n_iter), scores, target, ignore_index,
                               reduction, label_smoothing, impl)
 

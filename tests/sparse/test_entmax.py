@@ -139,6 +139,11 @@ def test_modules_and_errors():
         entmax_bisect(x, torch.tensor([[0.9], [1.5], [1.5], [1.5]]))
     with pytest.raises(ValueError, match="size 1 along dim"):
         entmax_bisect(x, torch.full((4, 3), 1.5))
+    inf_row = torch.tensor([[float("inf")], [1.5], [1.5], [1.5]])  # gave a uniform row
+    with pytest.raises(ValueError, match="finite alpha >= 1 in every row"):
+        entmax_bisect(x, inf_row, impl="pruned")  # the host path: refused where alpha is read anyway
+    p = entmax_bisect(x, inf_row, impl="static")  # no host read: the row is NaN, as for NaN / < 1
+    assert bool(p[0].isnan().all()) and not bool(p[1:].isnan().any())
     with pytest.raises(ValueError, match="n_iter"):
         entmax_bisect(x, 1.5, n_iter=0)
 

@@ -1,4 +1,6 @@
 """Fenchel-Young losses: values against closed forms / torch / the reference package, gradient = p - y."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -220,6 +222,27 @@ def test_modules_and_errors():
         sparsemax_loss(x, t, label_smoothing=1.5)
     with pytest.raises(ValueError, match="alpha"):
         entmax_bisect_loss(x, t, alpha=0.5)
+
+
+@pytest.mark.parametrize("alpha, problem", [
+    (torch.tensor(float("inf")), "needs a finite alpha >= 1 (1: cross-entropy), got inf"),
+    (torch.tensor([float("nan")]), "needs a finite alpha >= 1 (1: cross-entropy), got nan"),
+    (torch.tensor(0.5, requires_grad=True), "needs a finite alpha >= 1 (1: cross-entropy), got 0.5"),
+    (torch.tensor([1.5, 2.0]), "takes one alpha (a float or a one-element tensor), got a tensor of shape (2,)"),
+])
+def test_a_tensor_alpha_is_checked_as_a_float_is(alpha, problem):
+    """entmax_bisect_loss called directly with a tensor alpha: one value, finite, >= 1 (read on the
+    host where the loss reads it anyway); per-row alphas are not a loss parameter."""
+    x, t = torch.randn(3, 5), torch.tensor([0, 1, 2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "converting a tensor with requires_grad" warning either
+        with pytest.raises(ValueError) as error:
+            entmax_bisect_loss(x, t, alpha=alpha)
+        assert str(error.value) == "entmax_bisect_loss " + problem
+        with pytest.raises(ValueError, match="entmax_bisect_loss takes one alpha"):
+            EntmaxBisectLoss(alpha=torch.full((3, 1), 1.5))
+        one = torch.tensor(1.25, requires_grad=True)
+        assert torch.equal(entmax_bisect_loss(x, t, alpha=one), entmax_bisect_loss(x, t, alpha=1.25))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
