@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-model", "--model", nargs="+", required=True, metavar="M.pt",
                    help="checkpoint(s); several are decoded as an ensemble (mean of probabilities)")
     p.add_argument("-src", "--src", required=True, metavar="FILE|-", help="source text, one sentence a line; - reads stdin (with -output -: "
-                   "streamed, each line translated as it arrives; interactive on a terminal)")
+                   "streamed, each line translated as it arrives; interactive on a terminal); a line longer than "
+                   "a Transformer's learned positions hold is an error naming it")
     p.add_argument("-mode", "--mode", choices=MODES, default="translate",
                    help="translate the source, or score the references of -tgt (teacher forcing)")
     p.add_argument("-score_output", "--score_output", metavar="FILE.jsonl|-",
@@ -69,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="unit of -batch_size (default: sentences, or tokens when neither is given on a GPU); "
                    "sources are sorted by length either way")
     p.add_argument("-max_length", "--max_length", type=int, default=d.max_length,
-                   help="max target tokens before EOS")
+                   help="max target tokens before EOS (>= 1; a Transformer with learned positions: lowered, "
+                   "with a warning, to max_positions - 1)")
     p.add_argument("-min_length", "--min_length", type=int, default=d.min_length,
                    help="min target tokens before EOS")
     p.add_argument("-max_length_ratio", "--max_length_ratio", type=float, default=d.max_length_ratio,

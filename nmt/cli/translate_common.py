@@ -61,6 +61,36 @@ def search_options(args: argparse.Namespace) -> SearchOptions:
         raise ValueError(f"-{exc}") from None  # every message starts with the field = flag name
 
 
+def fit_positions(options: SearchOptions, decoder: object) -> SearchOptions:
+    """``options`` with ``max_length`` lowered to what the model's learned positions reach (BOS and
+    ``max_positions - 1`` target tokens; the smallest over an ensemble), said in one warning line
+    on stderr, as fairseq caps its ``--max-len-b``; unchanged for sinusoidal positions and RNNs."""
+    from nmt.models.protocol import position_limits
+
+    _, decoder_positions = position_limits(decoder)
+    if decoder_positions is None or options.max_length + 1 <= decoder_positions:
+        return options
+    allowed = decoder_positions - 1
+    say(f"warning: -max_length {options.max_length} lowered to {allowed}: the model's learned positions hold BOS "
+        f"and {allowed} target tokens (model.transformer.max_positions={decoder_positions})")
+    try:
+        return options.updated(max_length=allowed)
+    except ValueError as exc:  # -min_length above what the positions reach
+        raise ValueError(f"-{exc}") from None
+
+
+def name_input(exc: Exception, sides: dict[str, str], offset: int = 0) -> Exception:
+    """An ``InputTooLong`` as a one-line error naming the file (``sides``: side -> path, ``-``
+    for stdin) and line (its index + ``offset`` + 1); any other exception unchanged."""
+    from nmt.data.errors import DataError
+    from nmt.models.protocol import InputTooLong
+
+    if not isinstance(exc, InputTooLong):
+        return exc
+    path = sides[exc.side]
+    return DataError(f"{'<stdin>' if path == '-' else path}:{exc.index + offset + 1}: {exc.problem}")
+
+
 def json_number(x: float | None) -> float | None:
     """``x``, or None where JSON has no number (inf, nan)."""
     return x if x is not None and math.isfinite(x) else None
@@ -120,6 +150,6 @@ def summary_suffix(startup: float, seconds: float, sentences: int, members: Sequ
     return f"; {speed:.1f} sentences/s ({overall:.1f} with start-up); start-up {startup:.2f} s{ensemble}"
 
 
-__all__ = ["PROG", "SEARCH_FLAGS", "json_number", "output_lines", "print_metrics", "read_references",
-           "read_source", "read_stdin", "report_line", "say", "search_options", "summary_suffix", "write_heatmap",
+__all__ = ["PROG", "SEARCH_FLAGS", "fit_positions", "json_number", "name_input", "output_lines", "print_metrics",
+           "read_references", "read_source", "read_stdin", "report_line", "say", "search_options", "summary_suffix", "write_heatmap",
            "write_lines"]

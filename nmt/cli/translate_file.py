@@ -8,6 +8,8 @@ from pathlib import Path
 
 from nmt.cli.translate_common import (
     PROG,
+    fit_positions,
+    name_input,
     output_lines,
     print_metrics,
     read_references,
@@ -33,6 +35,7 @@ def run_file(args: argparse.Namespace, start: float) -> int:
     decoder, src_field, tgt_field, members = load_models(args.model, args.device)
     freeze_live_objects()  # the loaded objects are never garbage: keep full collections short
     startup = time.perf_counter() - start
+    options = fit_positions(options, decoder)
 
     translator = Translator(decoder, src_field, tgt_field, options, batch_size=args.batch_size,
                             batch_type=args.batch_type, device=args.device, precision=args.precision)
@@ -43,6 +46,8 @@ def run_file(args: argparse.Namespace, start: float) -> int:
         bar = tqdm(total=len(lines), unit="sent", file=sys.stderr, desc=PROG, leave=False, disable=None)
     try:
         translations = translator.translate(lines, progress=bar.update if bar is not None else None)
+    except ValueError as exc:  # a source longer than learned positions hold: its file and line
+        raise name_input(exc, {"source": args.src}) from None
     finally:
         if bar is not None:
             bar.close()

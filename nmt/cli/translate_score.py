@@ -12,7 +12,7 @@ import json
 import sys
 import time
 
-from nmt.cli.translate_common import PROG, read_references, read_source, say, summary_suffix, write_lines
+from nmt.cli.translate_common import PROG, name_input, read_references, read_source, say, summary_suffix, write_lines
 
 
 def run_score(args: argparse.Namespace, start: float) -> int:
@@ -37,6 +37,8 @@ def run_score(args: argparse.Namespace, start: float) -> int:
         bar = tqdm(total=len(sources), unit="pair", file=sys.stderr, desc=PROG, leave=False, disable=None)
     try:
         scores = scorer.score(sources, references, progress=bar.update if bar is not None else None)
+    except ValueError as exc:  # a pair longer than learned positions hold: its file and line
+        raise name_input(exc, {"source": args.src, "target": args.tgt}) from None
     finally:
         if bar is not None:
             bar.close()

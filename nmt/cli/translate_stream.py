@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import BinaryIO, Union
 
 from nmt.cli.translate_common import (
+    fit_positions,
+    name_input,
     output_lines,
     print_metrics,
     read_references,
@@ -77,6 +79,7 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
     decoder, src_field, tgt_field, members = load_models(args.model, args.device)
     freeze_live_objects()  # the loaded objects are never garbage: keep full collections short
     startup = time.perf_counter() - start
+    options = fit_positions(options, decoder)
     interactive = sys.stdin.isatty()
     translator = Translator(decoder, src_field, tgt_field, options,
                             batch_size=1 if interactive else args.batch_size, batch_type=args.batch_type,
@@ -94,7 +97,10 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
         batch, ended = _next_batch(lines, translator.batch_size)
         if not batch:
             break
-        done = translator.translate(batch)
+        try:
+            done = translator.translate(batch)
+        except ValueError as exc:  # a source longer than learned positions hold: its line of stdin
+            raise name_input(exc, {"source": "-"}, offset=len(translations)) from None
         for t in done:
             t.index += len(translations)
         translations.extend(done)

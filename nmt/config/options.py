@@ -78,7 +78,8 @@ MODEL = {
         "norm": Option(str, "pre", "LayerNorm placement: pre (before each sub-layer, a final norm) or post",
                        choices=("pre", "post")),
         "positions": Option(str, "sinusoidal", "position encodings", choices=("sinusoidal", "learned")),
-        "max_positions": Option(int, 1024, "size of the learned position table (longest sequence)", minimum=1,
+        "max_positions": Option(int, 1024, "size of the learned position tables: sources of this many tokens, BOS + this - 1 "
+                                "target tokens (data.src/tgt.max_length and validation.max_length must fit)", minimum=1,
                                 maximum=MAX_SIZE),
         "dropout": Option(float, 0.1, "residual dropout (on each sub-layer's output)", minimum=0.0, maximum=1.0,
                           max_inclusive=False),

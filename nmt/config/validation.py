@@ -42,6 +42,7 @@ def check_config(config: dict, source: str) -> None:
     if (model["type"] == "rnn" and model["embeddings"]["share"]
             and model["embeddings"]["src_size"] != model["embeddings"]["tgt_size"]):
         raise ConfigError(source, "model.embeddings.share", "shared embeddings need src_size == tgt_size")
+    check_positions(config, source)
     training = config["training"]
     if training["max_steps"] is None and training["max_epochs"] is None and training["max_minutes"] is None:
         raise ConfigError(source, "training.max_steps",
@@ -49,6 +50,28 @@ def check_config(config: dict, source: str) -> None:
     betas = training["optimizer"]["betas"]
     if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas):
         raise ConfigError(source, "training.optimizer.betas", f"must be two numbers in [0, 1), got {betas!r}")
+
+
+def check_positions(config: dict, source: str) -> None:
+    """A Transformer with learned positions holds ``model.transformer.max_positions`` source tokens
+    and as many decoder inputs (BOS + target tokens): the longest training pair
+    (``data.<side>.max_length``) and the validation search (``validation.max_length`` tokens
+    before EOS) must fit, else a run fails mid-way. One line naming both keys."""
+    model = config["model"]
+    if model["type"] != "transformer" or model["transformer"]["positions"] != "learned":
+        return
+    limit = model["transformer"]["max_positions"]
+    table = f"model.transformer.max_positions={limit} (learned positions) hold"
+    longest = config["data"]["src"]["max_length"]
+    if longest > limit:
+        raise ConfigError(source, "data.src.max_length", f"{longest} source tokens need more positions than {table}")
+    targets = [("data.tgt.max_length", config["data"]["tgt"]["max_length"], "target tokens")]
+    if config["validation"]["decode"]:
+        targets.append(("validation.max_length", config["validation"]["max_length"], "hypothesis tokens"))
+    for key, n, what in targets:
+        if n + 1 > limit:
+            raise ConfigError(source, key, f"{n} {what} need {n + 1} decoder positions (BOS + tokens), more than "
+                              f"{table}; at most {limit - 1}")
 
 
 def check_tokenizer(tokenizer_cfg: dict, source: str, prefix: str) -> None:
@@ -162,5 +185,5 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-__all__ = ["check_config", "check_tokenizer", "check_mapping", "check_attention_kind", "check_loss", "check_continuous",
+__all__ = ["check_config", "check_positions", "check_tokenizer", "check_mapping", "check_attention_kind", "check_loss", "check_continuous",
            "registered_mappings"]

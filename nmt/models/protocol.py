@@ -68,6 +68,47 @@ def shares_encoder_out(model: object) -> bool:
     return bool(getattr(model, "shares_encoder_out", False))
 
 
+def position_limits(model: object) -> tuple[int | None, int | None]:
+    """``(source tokens, decoder inputs)`` the model's position encodings hold (the optional
+    method ``position_limits``; None: any length, as where absent). A Transformer with learned
+    positions holds ``model.transformer.max_positions`` of each: a source of that many tokens,
+    and BOS plus that many minus one target tokens (``max_length`` of a search at most one less)."""
+    limits = getattr(model, "position_limits", None)
+    return (None, None) if limits is None else limits()
+
+
+def too_long(side: str, n: int, limit: int) -> str:
+    """The one-line problem of a ``side`` (``"source"`` / ``"target"``) of ``n`` tokens that
+    needs more positions than ``limit`` (:func:`position_limits`)."""
+    table = f"the learned positions hold (model.transformer.max_positions={limit})"
+    if side == "source":
+        return f"{n} source tokens, more than {table}"
+    return f"{n} target tokens need {n + 1} decoder positions (BOS + tokens), more than {table}"
+
+
+class InputTooLong(ValueError):
+    """Input ``index`` (0-based, in the caller's list) has a ``side`` (``"source"`` / ``"target"``)
+    of ``n`` tokens that needs more positions than the model's ``limit``; the message says
+    ``input <index + 1>: ...``, and a caller that read the inputs from a file names its line
+    with ``problem``."""
+
+    def __init__(self, index: int, side: str, n: int, limit: int) -> None:
+        self.index, self.side, self.problem = index, side, too_long(side, n, limit)
+        super().__init__(f"input {index + 1}: {self.problem}")
+
+
+def check_lengths(lengths: dict[int, int], side: str, limit: int | None) -> None:
+    """Raise :class:`InputTooLong` for the first index (the smallest) of ``lengths`` (index ->
+    tokens) whose ``side`` needs more than ``limit`` positions (a target: its tokens + BOS)."""
+    if limit is None:
+        return
+    need = 1 if side == "target" else 0
+    over = [i for i, n in lengths.items() if n + need > limit]
+    if over:
+        first = min(over)
+        raise InputTooLong(first, side, lengths[first], limit)
+
+
 def select_state(state: State, index: Tensor) -> State:
     """Pick rows ``index`` (M,) of every batch-first tensor in ``state``."""
     return {k: v.index_select(0, index) for k, v in state.items()}
@@ -78,5 +119,5 @@ def tile_state(state: State, times: int) -> State:
     return {k: v.repeat_interleave(times, dim=0) for k, v in state.items()}
 
 
-__all__ = ["State", "StepDecoder", "attention_optional", "attention_request", "select_state",
-           "shares_encoder_out", "tile_state"]
+__all__ = ["InputTooLong", "State", "StepDecoder", "attention_optional", "attention_request", "check_lengths",
+           "position_limits", "select_state", "shares_encoder_out", "tile_state", "too_long"]

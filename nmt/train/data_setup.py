@@ -175,8 +175,24 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     return TrainingData(src_field, tgt_field, train, valid, references)
 
 
+def check_valid_positions(data: TrainingData, data_cfg: dict, limits: tuple[int | None, int | None]) -> None:
+    """Validation keeps every pair whole, however long: a pair longer than the model's learned
+    positions hold (``limits``: :func:`nmt.models.protocol.position_limits`; the training pairs
+    fit by the config's check of ``data.<side>.max_length``) is a one-line ``DataError`` naming
+    the validation file and line, at start rather than at the first validation."""
+    from nmt.models.protocol import too_long
+
+    src_limit, tgt_limit = limits
+    valid = data.valid
+    for i, line in enumerate(valid.line_numbers):
+        if src_limit is not None and valid.src_lengths[i] > src_limit:
+            raise DataError(f"{data_cfg['valid']['src']}:{line}: {too_long('source', valid.src_lengths[i], src_limit)}")
+        if tgt_limit is not None and valid.tgt_lengths[i] + 1 > tgt_limit:
+            raise DataError(f"{data_cfg['valid']['tgt']}:{line}: {too_long('target', valid.tgt_lengths[i], tgt_limit)}")
+
+
 def _files(data_cfg: dict, split: str) -> str:
     return f"{data_cfg[split]['src']}, {data_cfg[split]['tgt']}"
 
 
-__all__ = ["TrainingData", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]
+__all__ = ["TrainingData", "check_valid_positions", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]

@@ -24,9 +24,10 @@ from nmt.config.options import HIGHER_IS_BETTER
 from nmt.data.batching import collate, make_batch_order
 from nmt.data.field import Field
 from nmt.models import ModelConfigError, build_model, describe_attention
+from nmt.models.protocol import position_limits
 from nmt.sparse import get_loss, is_softmax, loss_display_name
 from nmt.train.checkpoint import load_checkpoint, remove_stale_temporaries, repair_best, save_run_checkpoint
-from nmt.train.data_setup import generate_if_missing, load_training_data
+from nmt.train.data_setup import check_valid_positions, generate_if_missing, load_training_data
 from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, init_distributed, rank_device,
                                    rank_rng_state, resume_check, several_processes, shard_batch, wrap_model)
 from nmt.train.early_stopping import EarlyStopping
@@ -173,6 +174,7 @@ class Trainer:
             self.model = build_model(config["model"], len(src_vocab), len(tgt_vocab), pad_index=self.pad)
         except ModelConfigError as exc:  # the builder names the key; add the file
             raise ConfigError(source, exc.key, exc.problem) from None
+        check_valid_positions(self.data, config["data"], position_limits(self.model))
         self.model.to(self.device)
         if self.dist.rank > 0:  # same initial weights on every rank, other dropout masks
             seed_everything(train_cfg["seed"] + self.dist.rank)

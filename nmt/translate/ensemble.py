@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from nmt.models.protocol import State, StepDecoder, shares_encoder_out
+from nmt.models.protocol import State, StepDecoder, position_limits, shares_encoder_out
 
 
 class Ensemble:
@@ -34,6 +34,12 @@ class Ensemble:
         """Every member's ``step`` takes one encoder row per sentence
         (:func:`nmt.models.protocol.shares_encoder_out`), so the ensemble's does."""
         return all(shares_encoder_out(model) for model in self.models)
+
+    def position_limits(self) -> tuple[int | None, int | None]:
+        """The smallest of the members' (:func:`nmt.models.protocol.position_limits`)."""
+        limits = [position_limits(model) for model in self.models]
+        return tuple(min((x[side] for x in limits if x[side] is not None), default=None)  # type: ignore[return-value]
+                     for side in (0, 1))
 
     @staticmethod
     def _split(state: State, i: int) -> State:

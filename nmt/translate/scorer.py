@@ -10,7 +10,7 @@ import torch
 
 from nmt.data.batching import collate, make_batches
 from nmt.data.field import Field
-from nmt.models.protocol import StepDecoder
+from nmt.models.protocol import StepDecoder, check_lengths, position_limits
 from nmt.translate.scoring import BatchScores, score_batch
 
 EMPTY_SOURCE = "empty_source"
@@ -85,12 +85,19 @@ class Scorer:
 
     def score(self, sources: Sequence[str], references: Sequence[str],
               progress: Callable[[int], None] | None = None) -> list[PairScore]:
-        """Scores of the pairs in input order; ``progress(n)`` after each batch of n pairs."""
+        """Scores of the pairs in input order; ``progress(n)`` after each batch of n pairs.
+        ``InputTooLong`` (before any is scored) for a pair longer than the model's learned
+        positions hold (:func:`nmt.models.protocol.position_limits`)."""
         if len(sources) != len(references):
             raise ValueError(f"{len(sources)} sources but {len(references)} references")
         start = time.perf_counter()
         src = [self.src_field.encode(s) if s.strip() else [] for s in sources]
         tgt = [self.tgt_field.encode(t) if t.strip() else [] for t in references]
+        source_limit, target_limit = position_limits(self.model)  # learned positions: pairs that fit, checked first
+        if source_limit is not None or target_limit is not None:
+            for i in (i for i, ids in enumerate(src) if ids):  # the first pair that does not fit, either side
+                check_lengths({i: len(src[i])}, "source", source_limit)
+                check_lengths({i: len(tgt[i])}, "target", target_limit)
         data = _PairIds(src, tgt)
         results: list[PairScore | None] = [None] * len(sources)
         for i, ids in enumerate(src):

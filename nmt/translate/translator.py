@@ -10,7 +10,7 @@ import torch
 
 from nmt.data.batching import encode_sources
 from nmt.data.field import Field
-from nmt.models.protocol import StepDecoder
+from nmt.models.protocol import StepDecoder, check_lengths, position_limits
 from nmt.translate.beam_search import SearchResult, beam_search
 from nmt.translate.certificate import NOT_CERTIFIED, reason_name
 from nmt.translate.search_options import SearchOptions
@@ -153,7 +153,11 @@ class Translator:
     by length into batches of ``batch_size`` sentences (``batch_type="sentences"``) or padded
     source tokens (``"tokens"``); outputs come back in input order. ``precision`` "bf16" or
     "fp16" runs the model under autocast (the search itself stays in float32).
-    ``search_seconds`` accumulates the time spent in ``translate``.
+    ``search_seconds`` accumulates the time spent in ``translate``. With learned positions
+    (:func:`nmt.models.protocol.position_limits`) ``translate`` refuses, before decoding, a
+    source longer than they hold (``InputTooLong`` naming the first such input; truncate with
+    ``max_src_length``), and searches at most as far as they reach (``max_length`` lowered to
+    ``max_positions - 1``, as fairseq's generator does; ``nmt-translate`` says so in a warning).
     """
 
     def __init__(self, model: StepDecoder, src_field: Field, tgt_field: Field, options: SearchOptions | None = None,
@@ -175,9 +179,17 @@ class Translator:
         vocab = self.tgt_field.vocab
         results: list[Translation | None] = [None] * len(lines)
         start = time.perf_counter()
+        source_limit, target_limit = position_limits(self.model)
+        options = self.options
+        if target_limit is not None and options.max_length + 1 > target_limit:  # as far as the positions reach
+            options = options.updated(max_length=target_limit - 1)
+        batches = encode_sources(self.src_field, lines, self.batch_size, self.batch_type,
+                                 max_length=self.max_src_length)
+        if source_limit is not None:  # every source checked before any is decoded
+            check_lengths({i: n for batch in batches for i, n in zip(batch.indices, batch.src_lengths.tolist())},
+                          "source", source_limit)
         with frozen_weights():  # the weights stay fixed while decoding: packed CPU products
-            for batch in encode_sources(self.src_field, lines, self.batch_size, self.batch_type,
-                                        max_length=self.max_src_length):
+            for batch in batches:
                 if batch.empty:
                     for i in batch.indices:
                         results[i] = Translation(i, [], [], [], False, 0, 0.0, EMPTY_INPUT)
@@ -188,7 +200,7 @@ class Translator:
                     with autocast(self.device, self.precision):
                         result = beam_search(self.model, on_device.src, on_device.src_lengths,
                                              bos=vocab.bos_index, eos=vocab.eos_index, pad=vocab.pad_index,
-                                             options=self.options)
+                                             options=options)
                     host = _HostResult.of(result)  # one transfer and conversion per field and batch
                     src_ids = batch.src.tolist()
                     lengths = batch.src_lengths.tolist()

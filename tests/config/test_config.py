@@ -370,3 +370,28 @@ def test_transformer_config_resolves_kinds(tmp_path):
 
     assert describe_attention(config["model"]) == ("encoder_self entmax_bisect(alpha=learned), "
                                                    "decoder_self entmax_bisect(alpha=learned), cross sparsemax")
+
+
+
+LEARNED = {"type": "transformer", "transformer": {"positions": "learned", "max_positions": 32}}
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("data.src.max_length", 40, "40 source tokens need more positions than model.transformer.max_positions=32 "
+                                "(learned positions) hold"),
+    ("data.tgt.max_length", 32, "32 target tokens need 33 decoder positions (BOS + tokens), more than "
+                                "model.transformer.max_positions=32 (learned positions) hold; at most 31"),
+    ("validation.max_length", 100, "100 hypothesis tokens need 101 decoder positions (BOS + tokens), more than "
+                                   "model.transformer.max_positions=32 (learned positions) hold; at most 31"),
+])
+def test_learned_positions_must_hold_the_lengths_a_run_needs(tmp_path, key, value, expected):
+    """A run whose pairs or validation search need more learned positions than the table holds failed
+    mid-way ('a sequence of 33 positions exceeds max_positions=32'): now at load, naming both keys."""
+    config = {**MINIMAL, "data": {**MINIMAL["data"], "src": {"max_length": 32}, "tgt": {"max_length": 31}},
+              "model": LEARNED, "validation": {"max_length": 31}}
+    load_config(write(tmp_path, config))  # exactly full: accepted
+    path = write(tmp_path, config, "long.yaml")
+    assert error_of(path, [f"{key}={value}"]) == f"{path} (-set {key}={value}): {key}: {expected}"
+    assert load_config(path, [f"{key}={value}", "model.transformer.positions=sinusoidal"])  # any length
+    if key == "validation.max_length":  # no search, no limit
+        assert load_config(path, [f"{key}={value}", "validation.decode=false"])

@@ -230,8 +230,10 @@ def test_builder_errors_name_the_key(sections, message):
 def test_learned_positions_reject_too_long_inputs():
     model = make(transformer={"positions": "learned", "max_positions": 6})
     src, src_lengths, tgt_in = random_batch(batch=2, src_len=7, tgt_len=3, seed=5)
-    with pytest.raises(ValueError, match="exceeds max_positions=6"):
+    with pytest.raises(ValueError, match="exceeds model.transformer.max_positions=6"):
         model(src, src_lengths, tgt_in)
+    assert model.position_limits() == (6, 6)  # what nmt-translate and the trainer check inputs against
+    assert make().position_limits() == (None, None)  # sinusoids: any length
 
 
 @pytest.mark.parametrize("name", ["softmax", "softmax-fused", "sparsemax", "entmax15", "continuous"])

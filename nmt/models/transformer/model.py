@@ -9,6 +9,7 @@ from nmt.models.protocol import State
 from nmt.models.seq2seq import length_mask
 from nmt.models.transformer.decoder import KV, TransformerDecoder
 from nmt.models.transformer.encoder import TransformerEncoder
+from nmt.models.transformer.positions import position_limit
 
 ATTENTION_KINDS = ("encoder_self", "decoder_self", "cross")
 
@@ -45,6 +46,11 @@ class TransformerSeq2Seq(EncoderDecoder):
 
     encoder: TransformerEncoder
     decoder: TransformerDecoder
+
+    def position_limits(self) -> tuple[int | None, int | None]:
+        """``(source tokens, decoder inputs)`` the position encodings hold; None: any length
+        (sinusoids). See :func:`nmt.models.protocol.position_limits`."""
+        return position_limit(self.encoder.positions), position_limit(self.decoder.positions)
 
     def learned_alphas(self) -> dict[str, Tensor]:
         """Per attention kind with a learned alpha: (layers, heads) alphas in (1, 2] (detached)."""

@@ -54,9 +54,14 @@ class LearnedPositions(nn.Module):
         """x: (B, T, D) -> x + P[offset:offset+T]."""
         end = offset + x.size(1)
         if end > self.max_positions:
-            raise ValueError(f"a sequence of {end} positions exceeds max_positions={self.max_positions} "
-                             "of the learned position table")
+            raise ValueError(f"a sequence of {end} positions exceeds model.transformer.max_positions="
+                             f"{self.max_positions} (learned positions)")
         return x + self.table.weight[offset:end].to(x.dtype)
+
+
+def position_limit(positions: nn.Module) -> int | None:
+    """The positions ``positions`` hold: ``max_positions`` of a learned table, None (any) for sinusoids."""
+    return positions.max_positions if isinstance(positions, LearnedPositions) else None
 
 
 def build_positions(kind: str, dim: int, max_positions: int) -> nn.Module:
@@ -68,4 +73,5 @@ def build_positions(kind: str, dim: int, max_positions: int) -> nn.Module:
     raise ValueError(f"unknown positions {kind!r}; valid: {', '.join(POSITIONS)}")
 
 
-__all__ = ["POSITIONS", "LearnedPositions", "SinusoidalPositions", "build_positions", "sinusoid_table"]
+__all__ = ["POSITIONS", "LearnedPositions", "SinusoidalPositions", "build_positions", "position_limit",
+           "sinusoid_table"]
