@@ -40,7 +40,7 @@ parameters depend on shapes only: the wrappers never synchronise with the host.
 a zero gradient), as in the torch implementation; a row holding NaN or ``+inf`` maps to all
 NaN. alpha-entmax rows with ``alpha == 1`` are computed as softmax; the supported range of
 ``alpha_rows`` is ``[1, inf)`` (tested up to 3; beyond about 7 the threshold of long rows
-underflows float32); rows with ``alpha < 1`` or NaN are all NaN.
+underflows float32); rows with ``alpha < 1``, NaN or ``+inf`` are all NaN.
 
 Backward: ``dx = s * g - s * (<s, g> / sum s)`` with ``s = p^(2 - alpha)`` on the support
 (sparsemax: the support indicator; 1.5-entmax: ``sqrt(p)``; alpha = 1: ``p``, softmax's
@@ -169,10 +169,10 @@ def _forward_kernel(X, Y, A, OK, CONJ, ZMAX, T, LOSS, STATUS, n, ignore_index, s
         am1 = tl.load(A + row).to(tl.float32) - 1.0
         q = 1.0 / tl.maximum(am1, 1e-30)
         z = tl.where(finite, x * am1, neg_inf)
-    # a NaN or +inf score (or, alpha-entmax, an alpha < 1 or NaN) makes the row NaN
+    # a NaN or +inf score (or, alpha-entmax, an alpha < 1, NaN or +inf) makes the row NaN
     bad = tl.max(((x != x) | (x == float("inf"))).to(tl.int32), axis=0) > 0
     if MODE == 2:
-        bad = bad | (~(am1 >= 0.0))
+        bad = bad | (~(am1 >= 0.0)) | (am1 == float("inf"))
     z = tl.where(finite & (x < float("inf")), z, neg_inf)
     m = tl.max(z, axis=0)
     nonempty = m > neg_inf

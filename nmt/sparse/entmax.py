@@ -213,7 +213,7 @@ class EntmaxBisectFunction(torch.autograd.Function):
     """alpha-entmax over the last dim; ``alpha: (..., 1)`` >= 1 per row (same leading dims).
 
     ``alpha_float``: the one alpha of every row as a float (scalar arithmetic), else None.
-    Rows whose tensor alpha is invalid (NaN, < 1 or +inf; only the static path gets them) are NaN.
+    Rows whose tensor alpha is invalid (NaN, < 1 or +inf; only the sync-free paths get them) are NaN.
     """
 
     @staticmethod

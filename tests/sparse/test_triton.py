@@ -343,7 +343,7 @@ def test_alpha_backward_with_the_alpha_gradient(n):
 
 
 def test_nan_rows():
-    """A NaN or +inf score, or an alpha < 1 or NaN, makes its row NaN (as the static torch path);
+    """A NaN or +inf score, or an alpha < 1, NaN or +inf, makes its row NaN (as the static torch path);
     the other rows are unaffected."""
     x = rows(7)
     x[0, 2], x[1, 3] = float("nan"), float("inf")
@@ -354,6 +354,9 @@ def test_nan_rows():
     a = torch.tensor([1.5, 1.5, 0.5, float("nan"), 1.5, 1.0, 2.0, 3.0])
     p = run(T.entmax_forward, x, a)
     assert p[:4].isnan().all() and not p[4:].isnan().any()
+    a[4] = float("inf")  # (uniform rows, were it computed: the static path's NaN row too)
+    p = run(T.entmax_forward, x, a)
+    assert p[:5].isnan().all() and not p[5:].isnan().any()
 
 
 def test_empty_shapes_and_bad_input():
