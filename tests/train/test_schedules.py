@@ -56,8 +56,13 @@ def test_early_stopping():
     assert not stopper.update(40.0, 200)
     assert not stopper.update(60.0, 300, count=False) is False  # a new best even when not counted
     assert stopper.best == 60.0 and stopper.best_step == 300
-    assert not stopper.update(10.0, 400) and not stopper.should_stop
-    assert not stopper.update(10.0, 500) and stopper.should_stop
+    # ... but the patience is left alone: 40 and 10 are two counted validations that do not
+    # beat 50, the counted best, as in a run that never made the uncounted one
+    assert not stopper.update(10.0, 400) and stopper.should_stop
+    assert not stopper.update(55.0, 500) and not stopper.should_stop  # beats 50: counts as progress
+    restored = EarlyStopping(higher_is_better=True, patience=2)
+    restored.load_state_dict(stopper.state_dict())
+    assert (restored.best, restored.counted_best, restored.bad_validations) == (60.0, 55.0, 0)
     lower = EarlyStopping(higher_is_better=False)
     assert lower.best == math.inf and lower.update(3.0, 1) and not lower.update(4.0, 2)
     assert not lower.should_stop

@@ -100,6 +100,30 @@ def test_extending_a_finished_run(tiny_task, tmp_path):
     assert steps == [4, 6, 8, 10]
 
 
+def test_extending_a_finished_run_keeps_the_patience_of_a_longer_run(tiny_task, tmp_path, monkeypatch):
+    """The extra validation at the end of a run (off the valid_every grid) may give best.pt a new
+    best, but must not reset or raise the bar of the early-stopping patience: extended to 20 steps,
+    a run that ended at step 10 stops where a 20-step run stops (validation losses scripted)."""
+    from nmt.train.validation import ValidationResult
+
+    losses = {4: 1.0, 8: 1.1, 10: 0.9, 12: 1.05, 16: 1.2, 20: 1.3}
+    current = {}
+    monkeypatch.setattr("nmt.train.trainer.validate", lambda *args, **kwargs: ValidationResult(
+        {"loss": losses[current["trainer"].progress.step]}))
+
+    def run(save_dir, max_steps):
+        current["trainer"] = make_trainer(tiny_task, save_dir, max_steps=max_steps, early_stopping_patience=2)
+        return current["trainer"].train()
+
+    straight = run(tmp_path / "straight", 20)
+    assert (straight.stopped_by, straight.step) == ("early_stopping", 12)  # 1.1 and 1.05 do not beat 1.0
+    first = run(tmp_path / "extended", 10)
+    assert (first.stopped_by, first.best_step) == ("max_steps", 10)  # best.pt: the off-grid step 10
+    extended = run(tmp_path / "extended", 20)
+    assert (extended.stopped_by, extended.step) == ("early_stopping", 12)
+    assert load_checkpoint(tmp_path / "extended" / "best.pt")["step"] == 10
+
+
 def test_early_stopping_when_nothing_improves(tiny_task, tmp_path):
     trainer = make_trainer(tiny_task, tmp_path / "run", optimizer={"lr": 1e-30}, early_stopping_patience=2,
                            max_steps=100)
