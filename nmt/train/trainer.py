@@ -295,6 +295,8 @@ class Trainer:
         """
         self.nonfinite.check(self.saved_step)
         check_parameters_finite(self.model.parameters(), self.progress.step, self.saved_step)
+        if self._session_start is not None:  # up to now: the validation before this save included
+            self.progress.elapsed = self._elapsed()
         states = self.dist.gather(rng_state(self.device))
         if self.dist.is_main:
             payload = self._payload()

@@ -150,6 +150,36 @@ def test_max_minutes_stops_on_the_time_budget(tiny_task, tmp_path, monkeypatch):
     assert (tmp_path / "run" / "last.pt").exists()  # the end-of-run validation saved it
 
 
+def test_the_time_budget_of_a_resumed_run_counts_the_validation_before_its_checkpoint(tiny_task, tmp_path,
+                                                                                       monkeypatch):
+    """max_minutes counts validation time over all sessions: a run resumed from the checkpoint of
+    a validation stops where an uninterrupted run does (fake clock: 5 s an update, 30 s a validation)."""
+    import nmt.train.trainer as trainer_module
+
+    clock = [0.0]
+    monkeypatch.setattr("nmt.train.trainer.time.perf_counter", lambda: clock[0])
+    real_validate = trainer_module.validate
+
+    def slow_validate(*args, **kwargs):
+        clock[0] += 30.0
+        return real_validate(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "validate", slow_validate)
+    real_step = Trainer.train_step
+
+    def slow_step(self, indices):
+        clock[0] += 5.0
+        return real_step(self, indices)
+
+    monkeypatch.setattr(Trainer, "train_step", slow_step)
+    straight = make_trainer(tiny_task, tmp_path / "straight", max_steps=None, max_minutes=1.0).train()
+    assert (straight.stopped_by, straight.step) == ("max_minutes", 6)  # 4 x 5 s + 30 s + 2 x 5 s
+    make_trainer(tiny_task, tmp_path / "resumed", max_steps=4, max_minutes=1.0).train()
+    assert load_checkpoint(tmp_path / "resumed" / "last.pt")["trainer"]["progress"]["elapsed"] == 50.0
+    resumed = make_trainer(tiny_task, tmp_path / "resumed", max_steps=None, max_minutes=1.0).train()
+    assert (resumed.stopped_by, resumed.step) == ("max_minutes", 6)
+
+
 def test_a_run_needs_some_limit(tiny_task, tmp_path):
     with pytest.raises(ConfigError, match="max_minutes"):
         make_trainer(tiny_task, tmp_path / "run", max_steps=None)
