@@ -38,8 +38,11 @@ def rnn_class(name: str) -> type[nn.RNNBase]:
 def cpu_autocast_rnn_supported(rnn_type: str, dtype: torch.dtype) -> bool:
     """Whether this processor's oneDNN runs ``rnn_type`` under CPU autocast to ``dtype`` (probed
     once with a 1-unit RNN, cached). Processors without half-precision instructions (e.g. AVX2
-    only) refuse the fused LSTM primitive ("could not create a primitive descriptor")."""
-    rnn = rnn_class(rnn_type)(1, 1, batch_first=True)
+    only) refuse the fused LSTM primitive ("could not create a primitive descriptor"). The probe's
+    weights are drawn under a forked generator: the first autocast forward of a run (of a resumed
+    session too) leaves torch's random stream, hence the dropout masks, as it found them."""
+    with torch.random.fork_rng(devices=[]):
+        rnn = rnn_class(rnn_type)(1, 1, batch_first=True)
     try:
         with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
             rnn(torch.zeros(1, 1, 1))

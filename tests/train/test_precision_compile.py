@@ -167,6 +167,45 @@ def test_half_precision_trains(precision):
     assert sum(losses[-4:]) < 0.8 * sum(losses[:4])
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precision_run_resumes_exactly(tmp_path, precision):
+    """A CPU autocast run with dropout, interrupted and resumed, reaches the parameters of an
+    uninterrupted one: each session starts in a new process, where the encoder probes once whether
+    oneDNN runs its LSTM in half precision (the probe's cache cleared below, as in a new process);
+    that probe built a 1-unit LSTM with torch's global generator, so the resumed session's dropout
+    masks were drawn from a stream shifted by its initialisation."""
+    import os
+    import signal
+
+    from nmt.config import resolve_config
+    from nmt.models.encoder import cpu_autocast_rnn_supported
+    from nmt.train.trainer import Trainer
+
+    data = write_task(tmp_path / "data")
+
+    def session(name):
+        cpu_autocast_rnn_supported.cache_clear()  # a new process
+        config = tiny_config(data, tmp_path / name, precision=precision, device="cpu", max_steps=8, valid_every=4)
+        return Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
+
+    straight = session("straight")
+    straight.train()
+
+    def interrupt_at_6(step):
+        if step == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    assert session("resumed").train(step_hook=interrupt_at_6).stopped_by == "SIGINT"
+    resumed = session("resumed")
+    assert resumed.train().step == 8
+    for (name, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    state = torch.random.get_rng_state()
+    cpu_autocast_rnn_supported.cache_clear()
+    cpu_autocast_rnn_supported("lstm", torch.bfloat16)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the probe draws nothing
+
+
 def test_yaml_keys_reach_the_trainer(tmp_path):
     from nmt.config import load_config
     from nmt.train.trainer import Trainer
