@@ -116,3 +116,24 @@ def test_every_listed_setting_validates():
             node = node[key]
         node[path[-1]] = value
         resolve_config(config, f"{REFERENCE.name} with {'.'.join(path)} = {value}")
+
+
+def test_reference_values_are_the_schema_defaults():
+    """The file says it lists every option *with its default*: each value is the schema's default,
+    except training.max_steps, whose default is null but one of the three limits must be set (the
+    file says so next to it)."""
+    from nmt.config.schema import REQUIRED
+
+    example_only = {"training.max_steps"}
+    differ = []
+    for key in schema_keys(SCHEMA):
+        spec, value = SCHEMA, CONFIG
+        for part in key.split("."):
+            spec, value = spec[part], value[part]
+        if spec.default is REQUIRED or key in example_only:
+            continue
+        if value != spec.default or (value is not None and type(value) is not type(spec.default)):
+            differ.append(f"{key}: reference {value!r}, schema {spec.default!r}")
+    assert not differ, differ
+    assert SCHEMA["training"]["max_steps"].default is None
+    assert "The default is null" in TEXT.split("max_steps: 10000", 1)[1][:200]
