@@ -31,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-set", "--set", dest="overrides", action="extend", nargs="+", default=[],
                         metavar="KEY=VALUE", help="override a config value, e.g. -set training.max_steps=500 "
                         "model.attention.mapping=sparsemax (values are parsed as YAML)")
-    parser.add_argument("-quiet", "--quiet", action="store_true", help="no progress bar, warnings only")
+    parser.add_argument("-quiet", "--quiet", action="store_true",
+                        help="no progress bar; on the terminal, warnings and the closing summary line only "
+                        "(train.log keeps the full record)")
     return parser
 
 

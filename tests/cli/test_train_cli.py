@@ -42,8 +42,9 @@ def test_smoke_generates_data_trains_and_resumes(tmp_path, monkeypatch, capsys):
     log = (run_dir / "train.log").read_text()
     assert "step 2 (epoch 0): train loss" in log and "tokens/s" in log  # log_every=1; epoch as in the summary
     assert "certified=" in log and "valid bleu / chrf: sacrebleu nrefs:1|" in log  # certified, BLEU signature
-    out = capsys.readouterr().out
-    assert "training finished (max_steps) at step 3" in out
+    captured = capsys.readouterr()  # -quiet (its --help): warnings and the closing summary line only
+    assert "training finished (max_steps) at step 3" in captured.out
+    assert " INFO " not in captured.err and " INFO " not in captured.out
     # same command, longer: resumes from last.pt
     assert run(tmp_path, monkeypatch, config, "-set", "training.max_steps=5") == 0
     assert "at step 5" in capsys.readouterr().out
