@@ -8,7 +8,7 @@ tokenization). With ``--report`` (the JSON lines of ``nmt-translate -report``) i
 the non-empty input lines: the share of sentences whose beam search was certified (every
 sequence of nonzero probability found; read from ``certified``, or from ``exact``, its name in
 reports of nmt 0.1.0 and earlier), the
-share with a single hypothesis (``n_nonzero == 1``, as nmt-translate's own summary counts it),
+share certified with a single hypothesis (``n_nonzero == 1``, as nmt-translate's own summary counts it),
 the mean ``n_nonzero``, and, when the report was written with ``-support``, the mean output
 support size per decoding step.
 
