@@ -5,7 +5,8 @@
 
 All checkpoints must share the architecture (``model`` config), both vocabularies and
 tokenizers, and weight shapes; the output holds the mean weights, the fields and config of
-the last (newest) checkpoint and no optimizer state. It loads in ``nmt-translate``. Step
+the last checkpoint (the newest with ``-last N``, the last named with ``-models``) and no
+optimizer state. It loads in ``nmt-translate``. Step
 checkpoints are kept by ``training.keep_last`` (the newest N of them).
 """
 from __future__ import annotations
