@@ -86,11 +86,13 @@ def prepare(data_dir: Path, setting: str, out: Path, languages: list[str] | None
                                     ("test", "{}-covered-test", True)):
         src, tgt, lang = [], [], []
         all_gold = True  # the test split has targets only if every language has its gold file
+        gold_found = 0
         for language in langs:
             path = data_dir / pattern.format(language)
             gold = data_dir / f"{language}-test" if split == "test" else None
             if gold is not None and gold.exists():  # released gold test: lemma, form, tags
                 rows = read_split(gold, covered=False)
+                gold_found += 1
             elif path.exists():
                 rows = read_split(path, covered)
                 all_gold = all_gold and not covered
@@ -107,6 +109,9 @@ def prepare(data_dir: Path, setting: str, out: Path, languages: list[str] | None
             write_atomic(out / f"{split}.tgt", tgt)
         elif split == "test":
             (out / "test.tgt").unlink(missing_ok=True)  # never keep targets of another run
+            if gold_found:  # a partial test.tgt would not line up with test.src
+                print(f"prepare: test.tgt not written: gold test files (LANG-test) for {gold_found} of "
+                      f"{len(langs)} languages", file=sys.stderr)
         write_atomic(out / f"{split}.lang", lang)
         counts[split] = len(src)
         if split == "dev":

@@ -59,7 +59,7 @@ def _write(path: Path, rows):
     path.write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
 
 
-def test_prepare_pools_languages(tmp_path):
+def test_prepare_pools_languages(tmp_path, capsys):
     data = tmp_path / "raw"
     data.mkdir()
     _write(data / "xx-train-medium", [("walk", "walked", "V;PST"), ("ice cream", "ice creams", "N;PL")])
@@ -77,9 +77,11 @@ def test_prepare_pools_languages(tmp_path):
     assert (out / "train.lang").read_text(encoding="utf-8").splitlines() == ["xx", "xx", "yy"]
     assert (out / "test.src").read_text(encoding="utf-8").splitlines() == ["<xx> V PST r u n"]
     assert not (out / "test.tgt").exists()  # covered test only: no targets
-    _write(data / "yy-test", [("c", "cs", "N;PL")])  # gold for one language: still no test.tgt
+    assert "test.tgt" not in capsys.readouterr().err  # no gold at all: nothing to say
+    _write(data / "yy-test", [("c", "cs", "N;PL")])  # gold for one language: still no test.tgt, said so
     prepare.prepare(data, "medium", out)
     assert not (out / "test.tgt").exists()
+    assert "test.tgt not written: gold test files (LANG-test) for 1 of 2 languages" in capsys.readouterr().err
     _write(data / "xx-test", [("run", "ran", "V;PST")])  # gold for all: test.tgt, aligned with test.src
     assert prepare.prepare(data, "medium", out)["test"] == 2
     assert (out / "test.src").read_text(encoding="utf-8").splitlines() == ["<xx> V PST r u n", "<yy> N PL c"]
