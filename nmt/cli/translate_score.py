@@ -29,7 +29,8 @@ def run_score(args: argparse.Namespace, start: float) -> int:
     freeze_live_objects()  # the loaded objects are never garbage: keep full collections short
     startup = time.perf_counter() - start
 
-    scorer = Scorer(decoder, src_field, tgt_field, batch_size=args.batch_size, device=args.device)
+    scorer = Scorer(decoder, src_field, tgt_field, batch_size=args.batch_size, device=args.device,
+                    precision=args.precision)
     bar = None
     if not args.quiet:
         from tqdm import tqdm

@@ -12,6 +12,7 @@ from nmt.data.batching import collate, make_batches
 from nmt.data.field import Field
 from nmt.models.protocol import StepDecoder, check_lengths, position_limits
 from nmt.translate.scoring import BatchScores, score_batch
+from nmt.utils.precision import autocast, check_precision
 
 EMPTY_SOURCE = "empty_source"
 """``reason`` of a pair whose source line is empty: it is not scored."""
@@ -73,14 +74,18 @@ class _PairIds:
 
 
 class Scorer:
-    """Batched teacher-forced scoring with one model or an ``Ensemble`` (``score_batch``)."""
+    """Batched teacher-forced scoring with one model or an ``Ensemble`` (``score_batch``).
+
+    ``precision`` "bf16" or "fp16" runs the model under autocast, as ``Translator`` does, so that
+    a reference scores the log-probability a search at that precision gives it (the
+    log-probabilities are still accumulated in float32)."""
 
     def __init__(self, model: StepDecoder, src_field: Field, tgt_field: Field, *, batch_size: int = 64,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", precision: str = "fp32") -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.model, self.src_field, self.tgt_field = model, src_field, tgt_field
-        self.batch_size, self.device = batch_size, device
+        self.batch_size, self.device, self.precision = batch_size, device, check_precision(precision)
         self.seconds = 0.0
 
     def score(self, sources: Sequence[str], references: Sequence[str],
@@ -110,8 +115,10 @@ class Scorer:
         for indices in make_batches(data, self.batch_size, shuffle=False, indices=nonempty):
             batch = collate(data, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index)
             on_device = batch.to(self.device, lengths_on_host=True)  # source lengths read on the host
-            scores = score_batch(self.model, on_device.src, on_device.src_lengths, on_device.tgt_in,
-                                 on_device.tgt_out, on_device.tgt_lengths).cpu()
+            with autocast(self.device, self.precision):
+                scores = score_batch(self.model, on_device.src, on_device.src_lengths, on_device.tgt_in,
+                                     on_device.tgt_out, on_device.tgt_lengths)
+            scores = scores.cpu()
             tgt_out = batch.tgt_out.tolist()
             for row, i in enumerate(batch.indices):
                 results[i] = self._unpack(scores, row, i, tgt_out[row])

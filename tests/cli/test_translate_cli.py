@@ -275,6 +275,27 @@ def test_scoring_own_translations_equals_their_search_logprob_and_flags_zero_ref
         assert z["rank"] > z["support_size"] >= 1
 
 
+def test_scoring_runs_the_model_at_the_precision_of_translation(trained, capsys):
+    """-precision bf16 was ignored by scoring (-mode score / -score_output): the references were
+    scored in float32, so a bf16 translation's own log-probability did not come back."""
+    root = trained["root"]
+    out, report = root / "bf16.txt", root / "bf16.jsonl"
+    code, _, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-output", str(out),
+                              "-report", str(report), "-beam_size", "3", "-precision", "bf16", "-quiet"], capsys)
+    assert code == 0, err
+    scored = {}
+    for precision in ("fp32", "bf16"):
+        code, text, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-tgt", str(out),
+                                     "-mode", "score", "-precision", precision, "-quiet"], capsys)
+        assert code == 0, err
+        scored[precision] = [json.loads(line)["logprob"] for line in text.splitlines()]
+    searched = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+    assert scored["fp32"] != scored["bf16"]  # autocast took effect
+    for i, (r, s) in enumerate(zip(searched, scored["bf16"])):
+        if i != 3:  # the empty line
+            assert s == pytest.approx(r["nbest"][0]["logprob"], abs=1e-4)
+
+
 @pytest.mark.parametrize("mode, flags, named", [
     (["-mode", "score"], ["-attention", "att"], "-attention"),
     (["-mode", "score"], ["-n_best", "3"], "-n_best"),
