@@ -97,7 +97,8 @@ class Scorer:
             raise ValueError(f"{len(sources)} sources but {len(references)} references")
         start = time.perf_counter()
         src = [self.src_field.encode(s) if s.strip() else [] for s in sources]
-        tgt = [self.tgt_field.encode(t) if t.strip() else [] for t in references]
+        # a reference is its tokens (a char tokenizer makes spaces tokens; none: the empty output)
+        tgt = [self.tgt_field.encode(t) for t in references]
         source_limit, target_limit = position_limits(self.model)  # learned positions: pairs that fit, checked first
         if source_limit is not None or target_limit is not None:
             for i in (i for i, ids in enumerate(src) if ids):  # the first pair that does not fit, either side

@@ -175,3 +175,25 @@ def test_scoring_never_synchronises_with_the_host():
     tgt_in, tgt_out, tgt_lengths = pack([(3, 4, EOS), (5, EOS), (3, 3, 3, 4, EOS), (EOS,)])
     _, audit = count_host_syncs(score_batch, model, src, lengths, tgt_in, tgt_out, tgt_lengths)
     assert audit.total == 0, audit.report()
+
+
+def test_a_blank_reference_is_scored_as_its_tokens():
+    """A reference of spaces only was scored as the empty output (EOS alone), although a char
+    tokenizer makes it tokens (a model may translate into it): its search log-probability never
+    came back. Only a reference without tokens is the empty output."""
+    from nmt.data.field import Field
+    from nmt.data.tokenizers import SPACE_SYMBOL, CharTokenizer, SpaceTokenizer
+    from nmt.data.vocabulary import Vocabulary
+    from nmt.translate.scorer import Scorer
+
+    model = MarkovDecoder(vocab=7, mapping="softmax", seed=0)  # every sequence has nonzero probability
+    src_field = Field(SpaceTokenizer(), Vocabulary(["x", "y"]))
+    tgt_field = Field(CharTokenizer(), Vocabulary([SPACE_SYMBOL, "a", "b"]))
+    v = tgt_field.vocab
+    blank, empty = Scorer(model, src_field, tgt_field).score(["x y", "x y"], ["  ", ""])
+    assert blank.tokens == [SPACE_SYMBOL, SPACE_SYMBOL, "<eos>"] and empty.tokens == ["<eos>"]
+    src, lengths = torch.tensor([src_field.encode("x y")]), torch.tensor([2])
+    space = v.lookup([SPACE_SYMBOL])[0]
+    expected = score_batch(model, src, lengths, torch.tensor([[v.bos_index, space, space]]),
+                           torch.tensor([[space, space, v.eos_index]]), torch.tensor([3]))
+    assert blank.logprob == pytest.approx(float(expected.total[0]), abs=1e-12) != empty.logprob
