@@ -15,6 +15,7 @@ from nmt.translate.scoring import BatchScores, score_batch
 from nmt.utils.precision import autocast, check_precision
 
 EMPTY_SOURCE = "empty_source"
+NONFINITE_SCORES = "nonfinite_scores"  # the model's scores held NaN: the pair has no log-probability
 """``reason`` of a pair whose source line is empty: it is not scored."""
 
 
@@ -23,7 +24,7 @@ class PairScore:
     """The score of one (source, reference) pair (``index``: 0-based line number).
 
     logprob: total log-probability of the reference and EOS (``-inf``: probability 0; None:
-    not scored, see ``reason``); tokens / token_logprobs: the reference tokens (EOS included)
+    not scored or NaN, see ``reason``: ``"empty_source"`` or ``"nonfinite_scores"``); tokens / token_logprobs: the reference tokens (EOS included)
     and their log-probabilities; zero_probability: the model gives the reference probability
     exactly 0; first_zero: where it first leaves the support, ``{"position", "token", "rank",
     "support_size", "rank_by"}`` (None when the probability is not 0).
@@ -137,13 +138,17 @@ class Scorer:
             position = int(scores.first_zero[row])
             first_zero = {"position": position, "token": tokens[position], "rank": int(scores.zero_rank[row]),
                           "support_size": int(scores.zero_support[row]), "rank_by": scores.rank_by}
-        return PairScore(index, float(scores.total[row]), tokens, scores.token_logprobs[row, :n].tolist(),
-                         zero, first_zero)
+        total = float(scores.total[row])
+        if math.isnan(total):  # NaN scores (a diverged model): not a probability, not -inf
+            return PairScore(index, None, tokens, scores.token_logprobs[row, :n].tolist(), False,
+                             reason=NONFINITE_SCORES)
+        return PairScore(index, total, tokens, scores.token_logprobs[row, :n].tolist(), zero, first_zero)
 
 
 @dataclass
 class ScoreSummary:
-    """Corpus statistics of a list of pair scores (pairs with an empty source are not scored)."""
+    """Corpus statistics of a list of pair scores (pairs with an empty source or NaN scores are not
+    scored)."""
 
     pairs: int
     scored: int
@@ -166,7 +171,8 @@ class ScoreSummary:
 
     def line(self) -> str:
         """One human-readable line, e.g. ``8 pairs; zero probability 12.5%; mean log-prob ...``."""
-        skipped = f" ({self.pairs - self.scored} with an empty source, not scored)" if self.pairs > self.scored else ""
+        skipped = (f" ({self.pairs - self.scored} not scored: an empty source or NaN scores)"
+                   if self.pairs > self.scored else "")
         if self.mean_logprob is None:
             mean = "mean log-prob n/a (no reference of nonzero probability)"
         else:
@@ -175,4 +181,4 @@ class ScoreSummary:
         return f"{self.pairs} pairs{skipped}; zero probability {self.zero_percent:.1f}%; {mean}"
 
 
-__all__ = ["EMPTY_SOURCE", "PairScore", "ScoreSummary", "Scorer"]
+__all__ = ["EMPTY_SOURCE", "NONFINITE_SCORES", "PairScore", "ScoreSummary", "Scorer"]

@@ -197,3 +197,28 @@ def test_a_blank_reference_is_scored_as_its_tokens():
     expected = score_batch(model, src, lengths, torch.tensor([[v.bos_index, space, space]]),
                            torch.tensor([[space, space, v.eos_index]]), torch.tensor([3]))
     assert blank.logprob == pytest.approx(float(expected.total[0]), abs=1e-12) != empty.logprob
+
+
+def test_nan_scores_are_not_scored_and_say_so():
+    """A model whose scores hold NaN (a diverged one) gives its pairs no log-probability: reason
+    "nonfinite_scores" (as the search's certificate), not a probability of zero and not a NaN in
+    the summary's means; the other pairs are scored as before."""
+    from nmt.data.field import Field
+    from nmt.data.tokenizers import CharTokenizer, SpaceTokenizer
+    from nmt.data.vocabulary import Vocabulary
+    from nmt.translate.scorer import NONFINITE_SCORES, Scorer, ScoreSummary
+
+    model = MarkovDecoder(vocab=7, mapping="softmax", seed=0)
+    src_field = Field(SpaceTokenizer(), Vocabulary(["x", "y"]))
+    tgt_field = Field(CharTokenizer(), Vocabulary(["a", "b"]))
+    scorer = Scorer(model, src_field, tgt_field)
+    fine = scorer.score(["x y"], ["ab"])[0]
+    assert fine.reason is None and math.isfinite(fine.logprob)
+    with torch.no_grad():
+        model.table[:, 3] = float("nan")  # every step's scores hold a NaN
+    bad = scorer.score(["x y"], ["ab"])[0]
+    assert bad.logprob is None and bad.reason == NONFINITE_SCORES and not bad.zero_probability
+    assert bad.report()["logprob"] is None and bad.report()["reason"] == "nonfinite_scores"
+    summary = ScoreSummary.of([fine, bad])
+    assert summary.scored == 1 and summary.mean_logprob == pytest.approx(fine.logprob)
+    assert "1 not scored: an empty source or NaN scores" in summary.line()
