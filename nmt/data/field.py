@@ -6,7 +6,7 @@ from typing import Any
 
 from nmt.data.errors import DataError
 from nmt.data.tokenizers import Tokenizer, tokenizer_from_state_dict
-from nmt.data.vocabulary import Vocabulary
+from nmt.data.vocabulary import SPECIALS, Vocabulary
 
 
 class Field:
@@ -32,8 +32,16 @@ class Field:
         return self.tokenizer.tokenize(text)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (no BOS/EOS; unknown tokens -> ``unk_index``)."""
-        return self.vocab.lookup(self.tokenizer.tokenize(text))
+        """Token ids of ``text`` (no BOS/EOS; unknown tokens -> ``unk_index``).
+
+        A token of the text spelled like a special (``<pad>``, ``<bos>``, ``<eos>``, e.g. the word
+        ``<eos>`` under the space tokenizer) is text, not a control symbol: it is unknown
+        (``unk_index``), as the vocabulary never counts it. Its special id would hide a source token
+        as padding, end a target early or be dropped from the loss.
+        """
+        first = len(SPECIALS)
+        unk = self.vocab.unk_index
+        return [i if i >= first else unk for i in self.vocab.lookup(self.tokenizer.tokenize(text))]
 
     def decode_tokens(self, ids: Iterable[int]) -> list[str]:
         """Tokens of ``ids`` up to the first EOS, without pad/BOS/EOS (``<unk>`` is kept).

@@ -40,7 +40,7 @@ from nmt.utils.io import current_umask
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: text spelling <pad>/<bos>/<eos> encodes as <unk> (Field.encode)
 CACHE_DIRNAME = ".nmt_id_cache"
 ARRAYS = ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets", "src_lengths", "tgt_lengths", "line_numbers")
 

@@ -17,7 +17,8 @@ class Vocabulary:
     """Specials ``<pad>`` = 0, ``<unk>`` = 1, ``<bos>`` = 2, ``<eos>`` = 3, then ``tokens``.
 
     Unknown tokens look up to ``unk_index``. A data token spelled like a special is treated as
-    unknown at build time (it never gets a second id).
+    unknown at build time (it never gets a second id); ``lookup`` gives a special's spelling its
+    id, while ``Field.encode`` (text to ids) makes it unknown.
     """
 
     pad_index: int = 0

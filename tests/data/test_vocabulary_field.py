@@ -84,3 +84,17 @@ def test_field_survives_checkpoint_serialization(tmp_path) -> None:
         for text in lines[:3] + ["ein unbekanntes wort"]:
             assert restored.encode(text) == field.encode(text)
             assert restored.decode(restored.encode(text)) == field.decode(field.encode(text))
+
+
+def test_text_spelling_a_special_encodes_as_unknown() -> None:
+    """A word ``<pad>`` / ``<bos>`` / ``<eos>`` in the text is unknown, not the control symbol:
+    as padding it was masked out of the source and dropped from the loss, as EOS it ended a target."""
+    from nmt.data import ParallelDataset
+
+    f = Field.build(build_tokenizer({"type": "space"}), ["a b", "a <eos> <pad> b"])
+    v = f.vocab
+    assert f.encode("a <pad> <bos> <eos> <unk> b") == [v.stoi["a"]] + [v.unk_index] * 4 + [v.stoi["b"]]
+    assert f.decode(f.encode("a <eos> b")) == "a <unk> b"
+    data = ParallelDataset([("a <pad> b", "b <eos> a")], f, f)
+    assert min(data.src[0]) > v.pad_index and v.eos_index not in data.tgt[0]
+    assert data.src_lengths == [3] and data.tgt_lengths == [3]
