@@ -10,8 +10,8 @@ between the processes of a node.
 
 Cache directory: ``<directory of the source file>/.nmt_id_cache/<key>`` (or
 ``<fallback>/id_cache/<key>`` when that directory is not writable), where ``key`` hashes the
-absolute paths, sizes and modification times of both files, both fields (tokenizer and
-vocabulary state) and the length limits; any change gives a new key and a rebuild. The
+absolute paths, sizes, modification and status-change times (ctime) of both files, both
+fields (tokenizer and vocabulary state) and the length limits; any change gives a new key and a rebuild. The
 directory is filled under a temporary name and renamed into place (atomic), so concurrent
 builders and crashes never leave a partial cache.
 
@@ -92,7 +92,7 @@ class ArrayParallelDataset:
 
 def cache_key(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_field: Field,
               max_src_length: int | None, max_tgt_length: int | None) -> str:
-    """Hex digest naming the cache of these files (path, size, mtime), fields and length limits."""
+    """Hex digest naming the cache of these files (path, size, mtime, ctime), fields and length limits."""
     digest = hashlib.sha256()
     files = []
     for path in (src_path, tgt_path):
@@ -101,7 +101,9 @@ def cache_key(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_fiel
             stat = path.stat()
         except OSError:
             raise DataError(f"{path}: no such file") from None
-        files.append([str(path), stat.st_size, stat.st_mtime_ns])
+        # the ctime too: a file rewritten to the same size with its old mtime put back (cp -p,
+        # rsync -a, touch -r) keeps size and mtime, but no one can set the ctime
+        files.append([str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns])
     digest.update(json.dumps({"version": CACHE_VERSION, "files": files, "max": [max_src_length, max_tgt_length]},
                              sort_keys=True).encode())
     for field in (src_field, tgt_field):

@@ -82,3 +82,21 @@ def test_bad_input_is_one_line_error(tmp_path):
     (tmp_path / "bad.src").write_bytes(b"a\n" * 19 + b"b \xff\n")
     with pytest.raises(DataError, match=r"bad.src:20: not valid UTF-8"):
         load_id_dataset(tmp_path / "bad.src", tgt, sf, tf)
+
+
+def test_file_replaced_with_same_size_and_mtime_rebuilds(tmp_path):
+    """Content rewritten to the same size with the old mtime put back (``cp -p``, ``rsync -a``,
+    ``touch -r``, an archive's stored times) must not reuse the old ids: the key has the ctime."""
+    src, tgt = tmp_path / "s.txt", tmp_path / "t.txt"
+    src.write_text("a b\nb a\n", encoding="utf-8")
+    tgt.write_text("x\ny\n", encoding="utf-8")
+    tok = build_tokenizer({"type": "space"})
+    sf = tf = Field.build(tok, ["a b", "x y"])
+    before = load_id_dataset(src, tgt, sf, tf)
+    assert before.src[0] == sf.encode("a b")
+    stat = os.stat(src)
+    src.write_text("b b\na a\n", encoding="utf-8")  # same size
+    os.utime(src, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert os.stat(src).st_size == stat.st_size and os.stat(src).st_mtime_ns == stat.st_mtime_ns
+    after = load_id_dataset(src, tgt, sf, tf)
+    assert after.src[0] == sf.encode("b b") and after.src[1] == sf.encode("a a")
