@@ -50,7 +50,8 @@ logger = logging.getLogger(__name__)
 
 RUN_LOCK_WHAT = "nmt-train run"
 DECODING_METRICS = ("exact_match", "bleu", "chrf")
-RESUME_MUST_MATCH = ("model", "data", "training.seed", "training.batch_size", "training.batch_type")
+RESUME_MUST_MATCH = ("model", "data", "training.seed", "training.batch_size", "training.batch_type",
+                     "training.bucket_size")  # all that makes the batch order the data position indexes
 
 
 @dataclass

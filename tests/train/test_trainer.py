@@ -76,6 +76,14 @@ def test_resume_refuses_a_different_model(tiny_task, tmp_path):
         Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
 
 
+def test_resume_refuses_another_bucket_size(tiny_task, tmp_path):
+    """training.bucket_size cuts the epoch's batch order the data position indexes: another one
+    mid-epoch would repeat some examples and skip others (README: other batching is refused)."""
+    make_trainer(tiny_task, tmp_path / "run", max_steps=2).train()
+    with pytest.raises(ConfigError, match=r"tiny.yaml: training.bucket_size: differs from the run"):
+        make_trainer(tiny_task, tmp_path / "run", bucket_size=3)
+
+
 def test_model_errors_name_key_and_file(tiny_task, tmp_path):
     config = tiny_config(tiny_task, tmp_path / "run")
     config["model"]["embeddings"]["tie_output"] = True  # tgt_size 8 != decoder hidden 12
