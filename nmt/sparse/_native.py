@@ -515,7 +515,8 @@ def bound_threshold(z: Tensor, q: float, scale: float, exact_scale: bool,
     as ``torch.add(-zmax * scale, z, alpha=scale)``, else as ``(z - zmax) * scale``). Returns
     ``(tau (R,), zmax (R,), ok (R,) bool)``: rows holding NaN or ``+inf`` get ``zmax`` NaN (``tau`` -1), rows
     without a finite entry ``tau = +inf`` and ``zmax = 0``; ``ok`` False for rows left unverified
-    (the caller solves them otherwise). None when the library is unavailable. Large inputs split
+    (the caller solves them otherwise; their ``tau`` is a lower bound of the threshold, so only the
+    entries above it need sorting). None when the library is unavailable. Large inputs split
     their rows over torch's threads as :func:`newton_threshold`; no device is involved."""
     found = _bound(z, q, scale, exact_scale, max_iter, None)
     return None if found is None else found[:3]

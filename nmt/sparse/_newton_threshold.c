@@ -179,7 +179,8 @@ DEFINE_NEWTON(newton_f64_avx512, double, DBL_EPSILON, AVX512, VECTOR_SUMS(double
  *    or, on a broad row (more than a quarter of its entries candidates), from their mean less
  *    k^(-1/q) where that is higher (sum [v - t]_+^q >= k (mean - t)^q there: at least 1), rounded
  *    down to T; its closed form verified on them. A threshold at or below the cut (rounding only)
- *    is flagged like an unverified one.
+ *    is flagged like an unverified one; an unverified row returns the cut, a lower bound of its
+ *    threshold, so the caller's sort needs only the entries above it.
  * Where the maximum's bound alone left every entry of a broad row (output layers early in
  * training: scores within 1 of each other) the loop ran from -1 on the whole row: 9 steps for
  * sparsemax on standard normal scores times 0.1 (8,000 entries, 32 in the support), where the
@@ -361,9 +362,9 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, 
         T start; /* 4. the threshold, from lo rounded down */                                   \
         T_BELOW(T, lo, start);                                                                  \
         NEWTON(cand, 1, k, q, &start, max_iter, &tau, &verified);                               \
-        tau_out[r] = tau;                                                                       \
-        zmax_out[r] = top;                                                                      \
         ok[r] = verified && tau > cut; /* then no entry left out reaches the threshold */       \
+        tau_out[r] = ok[r] ? tau : cut; /* unverified: a lower bound (the caller sorts above it) */\
+        zmax_out[r] = top;                                                                      \
         if (p && ok[r]) OUTPUT_ROW(T, VECTORS(T, VT, IT, L));                                   \
     }                                                                                           \
 }

@@ -287,6 +287,9 @@ def _native_long(x: Tensor, q: float, root: bool, power_sum: bool) -> Optional[t
             shifted = torch.add(-0.5 * zmax_bad, z_bad, alpha=0.5)
         else:  # [x - zmax]
             shifted = torch.sub(z_bad, zmax_bad)
+        # the native pass's bound of these rows: no entry at or below it is in the support, so the
+        # sort takes the others alone (and the formula gives those entries zeros all the same)
+        shifted = shifted.masked_fill_(shifted <= tau.index_select(0, bad)[:, None], float("-inf"))
         tau[bad] = sort_threshold(shifted, q)[:, 0]
         r_bad = shifted.sub_(tau[bad, None]).clamp_(min=0)
         p_bad = r_bad * r_bad if q == 2.0 else r_bad
@@ -525,13 +528,19 @@ def _native_exact_newton(z: Tensor, q: float, tau: Tensor, max_iter: int) -> Ten
     return _sort_unverified(tau, ok, q, lambda bad: z[bad])
 
 
-def _sort_unverified(tau: Tensor, ok: Tensor, q: float, shifted_rows: Callable[[Tensor], Tensor]) -> Tensor:
+def _sort_unverified(tau: Tensor, ok: Tensor, q: float, shifted_rows: Callable[[Tensor], Tensor],
+                     bounds: bool = False) -> Tensor:
     """``tau: (R,)`` with the rows a native loop left unverified (``ok`` False: ties within
     rounding of the threshold; rare) solved by sorting ``shifted_rows(bad)``, those rows shifted
-    to maximum 0 and scaled as the loop saw them. Host sync: reading ``ok`` (a CPU tensor)."""
+    to maximum 0 and scaled as the loop saw them. ``bounds``: the loop left a lower bound of the
+    threshold in ``tau`` for those rows (:func:`nmt.sparse._native.bound_threshold`), so only the
+    entries above it are sorted. Host sync: reading ``ok`` (a CPU tensor)."""
     if not bool(ok.all()):
         bad = (~ok).nonzero()[:, 0]
-        tau[bad] = sort_threshold(shifted_rows(bad), q)[:, 0]
+        shifted = shifted_rows(bad)
+        if bounds:
+            shifted = shifted.masked_fill(shifted <= tau.index_select(0, bad)[:, None], float("-inf"))
+        tau[bad] = sort_threshold(shifted, q)[:, 0]
     return tau
 
 
@@ -755,7 +764,8 @@ def root_threshold(z: Tensor, q: Power, *, tol: Optional[float] = None,
         found = bound_threshold(z2, q, scale, exact_scale, max_iter)
         if found is not None:
             tau, zmax, ok = found
-            tau = _sort_unverified(tau, ok, q, lambda bad: shift(z2.index_select(0, bad), owned=True)[0])
+            tau = _sort_unverified(tau, ok, q, lambda bad: shift(z2.index_select(0, bad), owned=True)[0],
+                                   bounds=True)
             return finish(tau[:, None], zmax[:, None])
     bmax = _block_max(z2, block)
     # a lower bound of the threshold of a sub-vector (the block maxima) bounds the row's

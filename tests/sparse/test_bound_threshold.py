@@ -169,16 +169,41 @@ def test_sparsemax_outputs_are_the_torch_formula_bit_for_bit(native_build, monke
 
 
 @needs_library
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("q,scale", [(2.0, 0.5), (1.0, 1.0)])
+def test_unverified_rows_carry_a_lower_bound_and_sort_to_the_threshold(native_build, monkeypatch, dtype, q, scale):
+    """A row left unverified (here: the Newton loop capped at one step; in use, entries within
+    rounding of the threshold) returns a lower bound in tau: no support entry at or below it, so
+    the sort of the entries above it alone gives the float64 sort's threshold of the whole row
+    (what the callers do)."""
+    monkeypatch.setitem(_native._state, "lib", native_build)
+    x = pruned_rows(42, 3000, dtype, seed=5)[6:]  # broad to peaked rows
+    tau, zmax, ok = _native.bound_threshold(x, q, scale, True, 1)
+    want_tau, want_zmax = _reference(x, q, scale)
+    bad = ~ok
+    assert int(bad.sum()) >= 10
+    assert bool((tau[bad].double() < want_tau[bad]).all())
+    v = (x.double() - want_zmax[:, None]) * scale
+    assert bool(((v > want_tau[:, None]) <= (v > tau[:, None].double()))[bad].all())  # the support above it
+    shifted = torch.add(-scale * zmax[:, None], x, alpha=scale)
+    masked = shifted[bad].masked_fill(shifted[bad] <= tau[bad, None], float("-inf"))
+    assert torch.allclose(sort_threshold(masked, q)[:, 0].double(), want_tau[bad],
+                          rtol=0, atol=2e-6 if dtype == torch.float32 else 1e-13)
+
+
+@needs_library
 @pytest.mark.parametrize("mapping", ["entmax15", "sparsemax"])
 def test_unverified_rows_are_solved_by_sorting(monkeypatch, mapping):
-    """Rows the native loop flags (here: forced) get the sorted threshold and the torch formula."""
+    """Rows the native loop flags (here: forced, with the native pass's lower bound -1 - 2^-10 left
+    in tau, or a tighter one just below the threshold) get the sorted threshold and the torch formula."""
     x = long_rows(20, 700, torch.float64, seed=2)[8:]  # finite rows
     real = getattr(_native, f"bound_{mapping}")
 
     def flag_some(*args):
         tau, zmax, ok, p, *rest = real(*args)
         ok[::3] = False
-        p[::3], tau[::3] = float("nan"), 0.0  # what the native pass left unwritten
+        p[::3] = float("nan")  # what the native pass left unwritten; tau: a lower bound there
+        tau[::3] = torch.where(torch.arange(len(tau))[::3] % 2 == 0, -1.0 - 2.0 ** -10, tau[::3] - 1e-3)
         for t in rest:
             if t is not None:
                 t[::3] = float("nan")
