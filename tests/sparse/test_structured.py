@@ -494,3 +494,27 @@ def test_tv_start_rule_does_not_change_the_prox(scale):
     y2, groups2 = taut_string(x, lengths, lam, lam, max_iter=0)
     torch.testing.assert_close(y, y2, rtol=0, atol=1e-12 * max(1.0, scale))
     assert torch.equal(groups[5:], groups2[5:])
+
+
+@pytest.mark.parametrize("impl", ["pruned", "static"])
+def test_large_scores_keep_their_precision(impl):
+    """fusedmax and oscarmax_exact are shift-invariant (both proxes are shift-equivariant, as is
+    the simplex projection): a common offset of 2^20 (exact in float32) leaves them unchanged up to
+    float32 rounding of the output; they were computed on the shifted values (TV prox, ordered fit
+    and threshold at magnitude 1e6: errors up to 0.27). Scores of magnitude 1e30 still give a
+    distribution, for oscarmax too (the projection subtracted tau + zmax, rounded to zmax: all 0)."""
+    g = torch.Generator().manual_seed(31)
+    x = torch.randint(-16, 17, (6, 20), generator=g).float() / 8
+    mask = torch.rand(6, 20, generator=g) > 0.3
+    for fn in (fusedmax, oscarmax_exact):
+        for n in (20, 200):  # sort and Newton projections
+            xn = x.repeat(1, n // 20)
+            mn = mask.repeat(1, n // 20)
+            ref = fn(xn.double(), 0.1, mask=mn, impl=impl)
+            p = fn(xn + 2.0 ** 20, 0.1, mask=mn, impl=impl)
+            torch.testing.assert_close(p.double(), ref, rtol=0, atol=1e-6)
+    big = torch.tensor([[1e30, -1e30, 3e30], [-2e30, 5e29, -3e30]])
+    for fn in MAPS:
+        p = fn(big, 0.1, impl=impl)
+        torch.testing.assert_close(p, torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]), rtol=0, atol=0)
+
