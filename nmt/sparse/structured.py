@@ -148,7 +148,7 @@ def _structured_map(name: str, scores: Tensor, lam: float, gamma: float, dim: in
     x = apply_mask(scores, mask).to(compute_dtype(dtype)).movedim(dim, -1)
     shape = x.shape
     if x.numel() == 0:
-        return torch.zeros_like(scores)
+        return scores.clone()  # in the graph (an empty gradient), as the other mappings
     static = impl in ("static", "triton") or (impl == "auto" and x.device.type != "cpu")
     p = _StructuredFunction.apply(x.reshape(-1, shape[-1]), name, lam, gamma, static)
     return p.reshape(shape).movedim(-1, dim).to(dtype)

@@ -518,3 +518,14 @@ def test_large_scores_keep_their_precision(impl):
         p = fn(big, 0.1, impl=impl)
         torch.testing.assert_close(p, torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]), rtol=0, atol=0)
 
+
+@pytest.mark.parametrize("fn", MAPS)
+def test_empty_input_is_differentiable(fn):
+    """An empty batch (or rows of no entries) maps to an empty result that backpropagates, as
+    the other mappings' (it was a new tensor outside the graph: backward raised)."""
+    for shape in ((0, 5), (3, 0)):
+        x = torch.randn(*shape, requires_grad=True)
+        p = fn(x, 0.1)
+        assert p.shape == x.shape
+        p.sum().backward()
+        assert x.grad is not None and x.grad.shape == x.shape
