@@ -24,7 +24,8 @@ kept ones) and get exact zeros. ``lam = 0`` is exactly ``sparsemax(x / gamma)``.
 fusedmax and oscarmax_exact work on the scores relative to the row maximum (their proxes are
 shift-equivariant), and every projection subtracts the row maximum before its threshold.
 
-Host synchronisation (``impl``): ``"static"`` (the default on accelerators, ``"auto"``) has none:
+Host synchronisation (``impl``): ``"static"`` (the default on accelerators, and on the CPU while
+``torch.compile`` traces, ``"auto"``) has none:
 every row is compacted (no test whether it is a prefix), the taut string is found by the funnel
 scan on every row (``O(n^2)`` per row, exact), the simplex threshold comes from one sort (``lam =
 0``: the sparsemax mapping's static path, bit for bit). ``"pruned"`` (the default on the CPU)
@@ -149,7 +150,9 @@ def _structured_map(name: str, scores: Tensor, lam: float, gamma: float, dim: in
     shape = x.shape
     if x.numel() == 0:
         return scores.clone()  # in the graph (an empty gradient), as the other mappings
-    static = impl in ("static", "triton") or (impl == "auto" and x.device.type != "cpu")
+    # "auto" while torch.compile traces: the static path (the pruned one's host reads do not trace)
+    static = impl in ("static", "triton") or (impl == "auto" and (x.device.type != "cpu"
+                                                                  or torch.compiler.is_compiling()))
     p = _StructuredFunction.apply(x.reshape(-1, shape[-1]), name, lam, gamma, static)
     return p.reshape(shape).movedim(-1, dim).to(dtype)
 

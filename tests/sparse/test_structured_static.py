@@ -116,3 +116,23 @@ def test_continuous_expectations_and_cached_values_never_synchronise():
             C.rbf_expectations(mu, sigma_sq, basis_mu, basis_sigma, alpha).sum().backward()
             cache.gather(lengths, 7, torch.float32)
         assert audit.total == 0, (alpha, audit.report())
+
+
+@pytest.mark.parametrize("fn", MAPS)
+def test_auto_on_cpu_compiles_fullgraph(fn):
+    """``impl="auto"`` on the CPU takes the static path while torch.compile traces (the pruned
+    path's host reads, ``torch.equal`` first, cannot be traced: fullgraph raised), as the other
+    mappings' ``"auto"`` traces."""
+    x = torch.randn(4, 12, dtype=torch.float64)
+    mask = torch.rand(4, 12) > 0.3
+    g = torch.randn(4, 12, dtype=torch.float64)
+
+    def run(s):
+        return (fn(s, lam=0.2, mask=mask) * g).sum()
+
+    compiled = torch.compile(run, fullgraph=True, dynamic=False, backend="aot_eager")
+    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    lc, le = compiled(xc), run(xe)
+    lc.backward()
+    le.backward()
+    assert torch.allclose(lc, le) and torch.allclose(xc.grad, xe.grad)
