@@ -170,9 +170,9 @@ DEFINE_NEWTON(newton_f64_avx512, double, DBL_EPSILON, AVX512, VECTOR_SUMS(double
  * whatever the threshold. Per row:
  * 1. one pass: the maximum, NaN / +inf, and the maxima of the lanes of m_acc segments
  *    (SEGMENT_MAXIMA: about BOUND_BLOCK entries a maximum, at most BOUND_MAX_SEG segments);
- * 2. a lower bound lo: the threshold of those maxima's v (entries of the row: their f is at most
- *    the row's everywhere) by Newton from -1 to a relative BOUND_RTOL (the iterates stay below
- *    their root), less a margin for the sums' rounding;
+ * 2. a lower bound lo: the exact threshold of those maxima's v (entries of the row: their f is at
+ *    most the row's everywhere) by the Newton loop above from -1, verified (else -1), less a
+ *    margin for its closed form's rounding;
  * 3. one pass compacts the entries with v above the cut (two ulps of T below lo, at least
  *    BOUND_V: none below it can be in the support) into the caller's scratch (n entries);
  * 4. the Newton loop above on those alone (the entries left out add nothing to its sums), from lo
