@@ -190,9 +190,10 @@ class Translator:
                           "source", source_limit)
         with frozen_weights():  # the weights stay fixed while decoding: packed CPU products
             for batch in batches:
-                if batch.empty:
+                if batch.empty:  # no step, so no support entry: [] where the support was asked for
                     for i in batch.indices:
-                        results[i] = Translation(i, [], [], [], False, 0, 0.0, EMPTY_INPUT)
+                        results[i] = Translation(i, [], [], [], False, 0, 0.0, EMPTY_INPUT,
+                                                 support=[] if options.return_support else None)
                 else:
                     # the source lengths stay on the host: the encoders read them there (an RNN packs
                     # with them) and masks copy them without a sync (nmt.utils.device.host_to_device)

@@ -83,6 +83,7 @@ def test_outputs_report_heatmaps_and_summary(trained, capsys):
         assert r["exact"] == r["certified"]  # the deprecated name, kept for one release
         if i == 3:
             assert r["nbest"] == [] and r["reason"] == "empty_input"
+            assert r["support"] == []  # -support: the field on every line, no step for an empty one
             continue
         assert r["nbest"][0]["text"] == lines[i]
         assert (r["reason"] is None) == r["certified"]
