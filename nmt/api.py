@@ -92,12 +92,21 @@ def load(checkpoint: PathLike | Sequence[PathLike], device: str = "auto", *, bat
     """
     from nmt.translate.loading import load_models, resolve_device
     from nmt.translate.search_options import SearchOptions
+    from nmt.translate.translator import check_batch_size
 
-    paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
+    if isinstance(checkpoint, (str, os.PathLike)):
+        paths = [checkpoint]
+    else:
+        try:
+            paths = list(checkpoint)
+        except TypeError:
+            raise TypeError(f"checkpoint must be a path or a list of paths, got {type(checkpoint).__name__}") from None
+        for i, path in enumerate(paths):
+            if not isinstance(path, (str, os.PathLike)):
+                raise TypeError(f"checkpoint[{i}] must be a path, got {type(path).__name__}")
     if not paths:
         raise ValueError("load: no checkpoint given")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    check_batch_size(batch_size)
     chosen = (options or SearchOptions()).updated(**search)
     name = resolve_device(device)
     decoder, _, _, members = load_models(paths, name)

@@ -94,3 +94,22 @@ def test_a_string_where_a_list_is_expected_is_a_type_error(checkpoint):
         m.translate(["a"], beam=3)
     with pytest.raises(ValueError, match="beam_size must be >= 1"):
         m.translate(["a"], beam_size=0)
+
+
+def test_load_names_a_bad_checkpoint_or_batch_size_argument(checkpoint):
+    from nmt.translate.scorer import Scorer
+    from nmt.translate.translator import Translator
+
+    with pytest.raises(TypeError, match="checkpoint must be a path or a list of paths, got int"):
+        nmt.load(123)
+    with pytest.raises(TypeError, match=r"checkpoint\[1\] must be a path, got NoneType"):
+        nmt.load([checkpoint, None])
+    for bad in ("8", None, 2.5, True):  # before: '<' not supported, or a failure only at translate time
+        with pytest.raises(TypeError, match="batch_size must be an integer"):
+            nmt.load(checkpoint, device="cpu", batch_size=bad)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        nmt.load(checkpoint, device="cpu", batch_size=0)
+    m = nmt.load(checkpoint, device="cpu")
+    for cls in (Translator, Scorer):
+        with pytest.raises(TypeError, match="batch_size must be an integer"):
+            cls(m.decoder, m.src_field, m.tgt_field, batch_size=2.5)

@@ -12,6 +12,7 @@ from nmt.data.batching import collate, make_batches
 from nmt.data.field import Field
 from nmt.models.protocol import StepDecoder, check_lengths, position_limits
 from nmt.translate.scoring import BatchScores, score_batch
+from nmt.translate.translator import check_batch_size
 from nmt.utils.precision import autocast, check_precision
 
 EMPTY_SOURCE = "empty_source"
@@ -83,8 +84,7 @@ class Scorer:
 
     def __init__(self, model: StepDecoder, src_field: Field, tgt_field: Field, *, batch_size: int = 64,
                  device: str | torch.device = "cpu", precision: str = "fp32") -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        check_batch_size(batch_size)
         self.model, self.src_field, self.tgt_field = model, src_field, tgt_field
         self.batch_size, self.device, self.precision = batch_size, device, check_precision(precision)
         self.seconds = 0.0

@@ -1,6 +1,7 @@
 """Translate lists of lines in batches: search, detokenize, certificates, attention, support."""
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -144,6 +145,14 @@ def default_batching(device: str | torch.device, batch_size: int | None = None,
     return batch_size, batch_type
 
 
+def check_batch_size(batch_size: Any) -> None:
+    """TypeError unless ``batch_size`` is an integer (a bool is not), ValueError unless it is >= 1."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
+        raise TypeError(f"batch_size must be an integer, got {batch_size!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+
+
 class Translator:
     """Batched translation with one model or an ``Ensemble``.
 
@@ -163,8 +172,7 @@ class Translator:
     def __init__(self, model: StepDecoder, src_field: Field, tgt_field: Field, options: SearchOptions | None = None,
                  *, batch_size: int = 64, batch_type: str = "sentences", device: str | torch.device = "cpu",
                  max_src_length: int | None = None, precision: str = "fp32", **search_overrides: Any) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        check_batch_size(batch_size)
         if batch_type not in ("sentences", "tokens"):
             raise ValueError(f"batch_type must be sentences or tokens, got {batch_type!r}")
         self.batch_type, self.precision = batch_type, check_precision(precision)
@@ -324,4 +332,4 @@ class TranslationSummary:
         return f"{self.sentences} sentences{empty}; {certified}; mean output support {support}"
 
 
-__all__ = ["EMPTY_INPUT", "Certificate", "Hypothesis", "Translation", "TranslationSummary", "Translator"]
+__all__ = ["EMPTY_INPUT", "Certificate", "check_batch_size", "Hypothesis", "Translation", "TranslationSummary", "Translator"]
