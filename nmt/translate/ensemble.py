@@ -1,7 +1,6 @@
 """Ensembles of models decoded together, by averaging their probabilities per step."""
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -73,7 +72,13 @@ class Ensemble:
         stacked = torch.stack(log_probs, dim=0)
         if stacked.dtype in (torch.float16, torch.bfloat16):
             stacked = stacked.float()
-        mean = torch.logsumexp(stacked, dim=0) - math.log(len(self.models))
+        # log(mean_i exp(lp_i)) around the members' maximum m: m + log(mean_i exp(lp_i - m)). Equal
+        # members give exactly m (exp(0) = 1, a mean of ones is 1), where logsumexp - log(N) moved
+        # values by rounding (-1e-8 became 0). A row whose maximum is -inf (every member gives 0)
+        # stays -inf, a +inf or NaN maximum propagates.
+        top = stacked.amax(dim=0)  # (N, V)
+        shift = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+        mean = shift + torch.log(torch.exp(stacked - shift).mean(dim=0))
         attention = torch.stack([a.to(stacked.dtype) for a in attentions], dim=0).mean(0)
         return mean, attention, self._join(new_states)
 

@@ -24,6 +24,41 @@ def test_ensemble_of_one_is_the_model():
     assert torch.equal(single.attention, ens.attention)
 
 
+@pytest.mark.parametrize("mapping", ["softmax", "entmax15"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ensemble_of_the_same_model_twice_is_the_model(mapping, dtype):
+    """The mean of N equal distributions is that distribution, bit for bit: log-probabilities,
+    beam search outputs, scores and certificates equal the model's own (logsumexp - log N
+    moved them by rounding: a log-probability of -1e-8 became 0)."""
+    model = TinyAttentionRNN(mapping=mapping, seed=1, dtype=dtype)
+    src, lengths = random_sources(5, 13, 6, seed=2)
+    enc, state = model.encode(src, lengths)
+    tokens = torch.full((5,), BOS)
+    lp = model.step(tokens, state, enc)[0]
+    ens = Ensemble([model, model, model])
+    e_enc, e_state = ens.encode(src, lengths)
+    assert torch.equal(ens.step(tokens, e_state, e_enc)[0], lp)
+    x = -torch.rand(10000, dtype=dtype) * 20
+    x[:4] = torch.tensor([-1e-8, -3e-6, 0.0, float("-inf")], dtype=dtype)
+
+    class Fixed:
+        def encode(self, src, src_lengths):
+            return {"src_mask": torch.ones_like(src, dtype=torch.bool)}, {}
+
+        def step(self, tokens, state, encoder_out):
+            return x.expand(tokens.size(0), -1), torch.ones(tokens.size(0), 1, dtype=dtype), {}
+
+    twin = Ensemble([Fixed(), Fixed()])
+    t_enc, t_state = twin.encode(src, lengths)
+    assert torch.equal(twin.step(tokens, t_state, t_enc)[0], x.expand(5, -1))
+    kw = dict(bos=BOS, eos=EOS, beam_size=3, n_best=3, max_length=10, return_attention=True)
+    single, pair = beam_search(model, src, lengths, **kw), beam_search(Ensemble([model, model]), src, lengths, **kw)
+    assert torch.equal(single.tokens, pair.tokens)
+    assert torch.equal(single.scores, pair.scores)
+    assert torch.equal(single.exact, pair.exact) and torch.equal(single.mass, pair.mass)
+    assert torch.equal(single.attention, pair.attention)
+
+
 def test_step_is_log_of_mean_probability():
     members = [MarkovDecoder(vocab=7, mapping="sparsemax", seed=s) for s in (0, 1, 2)]
     ens = Ensemble(members)
