@@ -3,8 +3,8 @@
     nmt-average -models a.pt b.pt ... -output avg.pt
     nmt-average -last N -run RUN_DIR -output avg.pt     # the newest N step_*.pt of a run
 
-All checkpoints must share the architecture (``model`` config), both vocabularies and
-tokenizers, and weight shapes; the output holds the mean weights, the fields and config of
+All checkpoints must share the architecture (``model`` config; dropout rates may differ),
+both vocabularies and tokenizers, and weight shapes; the output holds the mean weights, the fields and config of
 the last checkpoint (the newest with ``-last N``, the last named with ``-models``) and no
 optimizer state. It loads in ``nmt-translate``. Step
 checkpoints are kept by ``training.keep_last`` (the newest N of them).

@@ -39,11 +39,24 @@ def _first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
     return None if a == b else (prefix or "<value>")
 
 
+def _architecture(section: Any) -> Any:
+    """A model config without its dropout rates (``dropout``, ``*_dropout``): regularisation
+    during training, no part of the architecture or of what the weights compute at inference."""
+    if not isinstance(section, dict):
+        return section
+    return {key: _architecture(value) for key, value in section.items()
+            if not (isinstance(key, str) and (key == "dropout" or key.endswith("_dropout")))}
+
+
 def check_compatible(paths: Sequence[Path], checkpoints: Sequence[dict[str, Any]]) -> None:
-    """CheckpointError (one line, naming the file) unless all share architecture, vocabularies and weights' shapes."""
+    """CheckpointError (one line, naming the file) unless all share architecture, vocabularies and weights' shapes.
+
+    Dropout rates may differ (models trained with other regularisation average too).
+    """
     first, first_path = checkpoints[0], paths[0]
     for path, other in zip(paths[1:], checkpoints[1:]):
-        differing = _first_difference(first["config"]["model"], other["config"]["model"], "model")
+        differing = _first_difference(_architecture(first["config"]["model"]),
+                                      _architecture(other["config"]["model"]), "model")
         if differing is not None:
             raise CheckpointError(f"{path}: another architecture than {first_path} ({differing} differs)")
         for side in ("src_field", "tgt_field"):

@@ -88,6 +88,23 @@ def test_mismatched_checkpoints_are_one_line_errors(run_dir, tmp_path, capsys, c
     assert not (tmp_path / "x.pt").exists()
 
 
+def test_average_of_models_trained_with_other_dropout(run_dir, tmp_path):
+    """Dropout is training regularisation, not architecture: checkpoints that differ only in
+    their dropout rates average (the config, dropout included, is the last file's)."""
+    def mutate(ckpt):
+        model = ckpt["config"]["model"]
+        model["embeddings"]["dropout"] = 0.45
+        for section in ("encoder", "decoder", "transformer"):
+            for key in ("dropout", "attention_dropout", "activation_dropout"):
+                if key in model.get(section) or {}:
+                    model[section][key] = 0.35
+    other = _mutated(run_dir, tmp_path, "other.pt", mutate)
+    out = tmp_path / "avg.pt"
+    assert average_cli.main(["-models", str(run_dir / "step_4.pt"), other, "-output", str(out)]) == 0
+    avg = load_checkpoint(out, training=False)
+    assert avg["config"]["model"]["embeddings"]["dropout"] == 0.45
+
+
 def test_bad_arguments_are_one_line_errors(run_dir, tmp_path, capsys):
     assert average_cli.main(["-last", "5", "-run", str(run_dir), "-output", str(tmp_path / "x.pt")]) == 2
     assert "3 step checkpoint(s), 5 asked; keep more with training.keep_last" in capsys.readouterr().err
