@@ -2,7 +2,7 @@
 
 A checkpoint is a dict holding :data:`PAYLOAD_KEYS` (``format_version`` = :data:`FORMAT_VERSION`,
 ``nmt_version``, model / optimizer / scheduler states, step, epoch, RNG states, resolved config,
-source / target field states, metrics). It is written with ``torch.save`` to a temporary file
+source / target field states, metrics, the trainer's progress and early-stopping state). It is written with ``torch.save`` to a temporary file
 in the target directory and moved into place with ``os.replace`` (``nmt.utils.io.atomic_open``),
 so a crash never leaves a truncated file, and the file gets the umask's permissions.
 Everything in it is tensors and plain Python values, so it loads with ``weights_only=True``
@@ -25,7 +25,7 @@ from nmt.utils.io import atomic_open
 
 FORMAT_VERSION = 1
 PAYLOAD_KEYS = ("format_version", "nmt_version", "model", "optimizer", "scheduler", "step", "epoch", "rng",
-                "config", "src_field", "tgt_field", "metrics")
+                "config", "src_field", "tgt_field", "metrics", "trainer")
 MODEL_KEYS = ("format_version", "nmt_version", "kind", "model", "config", "src_field", "tgt_field")
 """A released model (``kind: "model"``, written by ``nmt-release`` / ``nmt-average``): weights,
 fields and config, what translation needs; training checkpoints have no ``kind`` (or ``"training"``)."""

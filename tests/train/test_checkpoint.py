@@ -19,7 +19,7 @@ def payload(step: int = 1) -> dict:
             "step": step, "epoch": 0, "rng": rng_state(), "config": {"a": {"b": [1, 2]}},
             "src_field": {"tokenizer": {"type": "bpe", "codes": "a b\n"}, "vocab": {"itos": ["x"]}},
             "tgt_field": {"tokenizer": {"type": "sentencepiece", "model_proto": b"\x00\x01"}, "vocab": {}},
-            "metrics": {"valid_loss": 1.5}}
+            "metrics": {"valid_loss": 1.5}, "trainer": {"progress": {"step": step}, "early_stopping": {}}}
 
 
 def test_roundtrip(tmp_path):
@@ -55,6 +55,16 @@ def test_errors_name_the_file(tmp_path):
     torch.save({"weights": torch.ones(2)}, tmp_path / "foreign.pt")
     with pytest.raises(CheckpointError, match=r"foreign\.pt: not an nmt checkpoint"):
         load_checkpoint(tmp_path / "foreign.pt")
+
+
+def test_a_training_checkpoint_without_what_resuming_reads_is_one_line(tmp_path):
+    """Resuming reads the trainer state (progress, early stopping): a checkpoint without it was
+    accepted by load_checkpoint and then failed in the trainer with a bare KeyError: 'trainer'."""
+    incomplete = payload()
+    del incomplete["trainer"]
+    save_checkpoint(tmp_path / "old.pt", incomplete)
+    with pytest.raises(CheckpointError, match=r"^\S*old\.pt: incomplete checkpoint, missing trainer$"):
+        load_checkpoint(tmp_path / "old.pt")
 
 
 def test_a_directory_or_a_text_file_is_named_for_what_it_is(tmp_path):
