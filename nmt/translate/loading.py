@@ -32,6 +32,12 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _one_line(exc: BaseException, limit: int = 400) -> str:
+    """The whole message on one line (torch's load_state_dict names the weights on later lines)."""
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return (text if len(text) <= limit else text[: limit - 3] + "...") if text else type(exc).__name__
+
+
 def resolve_device(device: str | torch.device, what: str = "device") -> str:
     """The device to use, by an explicit name: ``"auto"`` is CUDA when available, else ``"cpu"``;
     ``"cuda"`` is the current CUDA device by its index (``"cuda:0"``), fixed here: a name without
@@ -69,7 +75,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> L
         model = build_model(model_cfg, len(src_field.vocab), len(tgt_field.vocab), tgt_field.vocab.pad_index)
         model.load_state_dict(ckpt["model"])
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:
-        raise CheckpointError(f"{path}: cannot rebuild the model ({_first_line(exc)})") from None
+        raise CheckpointError(f"{path}: cannot rebuild the model ({_one_line(exc)})") from None
     model.to(device).eval()
     return LoadedModel(model, src_field, tgt_field, ckpt["config"], int(ckpt.get("step", 0)), path)
 
