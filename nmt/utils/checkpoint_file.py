@@ -71,9 +71,13 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise CheckpointError(f"{path}: not a readable nmt checkpoint ({type(exc).__name__}: {detail[:200]})") from None
     if not isinstance(payload, dict) or "format_version" not in payload:
         raise CheckpointError(f"{path}: not an nmt checkpoint (no format_version)")
-    if payload["format_version"] != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint format version {payload['format_version']} "
-                              f"is not supported (this nmt reads version {FORMAT_VERSION})")
+    version = payload["format_version"]
+    if type(version) is not int or version != FORMAT_VERSION:  # noqa: E721 (True == 1, "1" printed as 1)
+        writer = payload.get("nmt_version")
+        by = f" (written by nmt {writer})" if isinstance(writer, str) else ""
+        newer = "; a newer nmt wrote it" if type(version) is int and version > FORMAT_VERSION else ""
+        raise CheckpointError(f"{path}: checkpoint format version {version!r}{by} "
+                              f"is not supported (this nmt reads version {FORMAT_VERSION}{newer})")
     kind = payload.get("kind", "training")
     if kind not in ("training", "model"):
         raise CheckpointError(f"{path}: unknown checkpoint kind {kind!r}")

@@ -52,6 +52,14 @@ def test_errors_name_the_file(tmp_path):
     save_checkpoint(tmp_path / "future.pt", {**future, "format_version": FORMAT_VERSION + 1})
     with pytest.raises(CheckpointError, match=r"future\.pt: checkpoint format version"):
         load_checkpoint(tmp_path / "future.pt")
+    # a newer format names the nmt that wrote it; a version of another type is not shown as this one's
+    save_checkpoint(tmp_path / "newer.pt", {**future, "format_version": FORMAT_VERSION + 1, "nmt_version": "9.0"})
+    with pytest.raises(CheckpointError, match=rf"format version {FORMAT_VERSION + 1} \(written by nmt 9\.0\) is "
+                                              rf"not supported \(this nmt reads version {FORMAT_VERSION}"):
+        load_checkpoint(tmp_path / "newer.pt")
+    save_checkpoint(tmp_path / "text.pt", {**future, "format_version": str(FORMAT_VERSION)})
+    with pytest.raises(CheckpointError, match=rf"format version '{FORMAT_VERSION}' "):
+        load_checkpoint(tmp_path / "text.pt")
     torch.save({"weights": torch.ones(2)}, tmp_path / "foreign.pt")
     with pytest.raises(CheckpointError, match=r"foreign\.pt: not an nmt checkpoint"):
         load_checkpoint(tmp_path / "foreign.pt")
