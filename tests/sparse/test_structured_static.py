@@ -78,14 +78,14 @@ def test_static_never_synchronises(fn):
             assert audit.total == 0, (n, lam, audit.report())
 
 
-@pytest.mark.parametrize("fn", MAPS)
-def test_static_fullgraph_compile_matches_eager(fn):
+def _fullgraph_compile_matches_eager(fn, **kwargs):
+    """``fn`` (with ``kwargs``) compiled with ``fullgraph=True`` gives eager's value and gradient."""
     x = torch.randn(4, 12, dtype=torch.float64)
     mask = torch.rand(4, 12) > 0.3
     g = torch.randn(4, 12, dtype=torch.float64)
 
     def run(s):
-        return (fn(s, lam=0.2, mask=mask, impl="static") * g).sum()
+        return (fn(s, lam=0.2, mask=mask, **kwargs) * g).sum()
 
     compiled = torch.compile(run, fullgraph=True, dynamic=False, backend="aot_eager")
     xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -93,6 +93,11 @@ def test_static_fullgraph_compile_matches_eager(fn):
     lc.backward()
     le.backward()
     assert torch.allclose(lc, le) and torch.allclose(xc.grad, xe.grad)
+
+
+@pytest.mark.parametrize("fn", MAPS)
+def test_static_fullgraph_compile_matches_eager(fn):
+    _fullgraph_compile_matches_eager(fn, impl="static")
 
 
 def test_unknown_impl_is_refused():
@@ -123,16 +128,4 @@ def test_auto_on_cpu_compiles_fullgraph(fn):
     """``impl="auto"`` on the CPU takes the static path while torch.compile traces (the pruned
     path's host reads, ``torch.equal`` first, cannot be traced: fullgraph raised), as the other
     mappings' ``"auto"`` traces."""
-    x = torch.randn(4, 12, dtype=torch.float64)
-    mask = torch.rand(4, 12) > 0.3
-    g = torch.randn(4, 12, dtype=torch.float64)
-
-    def run(s):
-        return (fn(s, lam=0.2, mask=mask) * g).sum()
-
-    compiled = torch.compile(run, fullgraph=True, dynamic=False, backend="aot_eager")
-    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
-    lc, le = compiled(xc), run(xe)
-    lc.backward()
-    le.backward()
-    assert torch.allclose(lc, le) and torch.allclose(xc.grad, xe.grad)
+    _fullgraph_compile_matches_eager(fn)
