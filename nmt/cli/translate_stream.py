@@ -85,7 +85,11 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
                             batch_size=1 if interactive else args.batch_size, batch_type=args.batch_type,
                             device=args.device, precision=args.precision)
     lines: "queue.Queue[_Item]" = queue.Queue()
-    threading.Thread(target=_read_lines, args=(sys.stdin.buffer, lines), daemon=True, name="stdin").start()
+    # the reader thread's own reader of stdin's descriptor, never closed: a thread still blocked in
+    # sys.stdin.buffer.readline() when the program ends (a signal, an error, a closed stdout) holds
+    # that object's lock, and the interpreter's shutdown, which closes sys.stdin, then aborts
+    stdin = open(sys.stdin.fileno(), "rb", closefd=False)  # noqa: SIM115
+    threading.Thread(target=_read_lines, args=(stdin, lines), daemon=True, name="stdin").start()
     if interactive and not args.quiet:
         say("type a sentence and press Enter; Ctrl-D ends")
 

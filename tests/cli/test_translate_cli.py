@@ -5,6 +5,7 @@ import gc
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -372,6 +373,33 @@ def test_stream_translates_each_line_before_stdin_closes(trained):
     assert translate_cli.main(["-model", trained["model"], "-src", str(same), "-output", str(same) + ".out",
                                "-beam_size", "2", "-quiet"]) == 0
     assert "".join(answers) == (trained["root"] / "stream_in.txt.out").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stream_stopped_while_stdin_is_open_exits_cleanly(trained, sig):
+    """A signal while streaming with stdin still open: the reader thread held sys.stdin's lock in
+    readline(), so the interpreter's shutdown aborted ('Fatal Python error: _enter_buffered_busy',
+    SIGABRT) instead of exiting with 128+N and the one-line message."""
+    import select
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt.cli.translate", "-model", trained["model"], "-src", "-", "-output", "-",
+         "-beam_size", "2", "-threads", "1", "-quiet"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+    )
+    try:
+        proc.stdin.write("a b c\n")
+        proc.stdin.flush()
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        assert ready and proc.stdout.readline().endswith("\n")
+        proc.send_signal(sig)  # waiting for the next line, stdin open
+        code = proc.wait(timeout=120)
+        err = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.stdin.close()
+    assert code == 128 + sig, err
+    assert err == f"nmt-translate: interrupted by {signal.Signals(sig).name}; unfinished outputs were not written\n"
 
 
 def test_quiet_no_certify_formats_and_version(trained, capsys):
