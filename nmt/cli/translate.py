@@ -181,8 +181,20 @@ def _interrupt(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
 
+def _discard_stdout() -> None:
+    """Point stdout's descriptor at /dev/null, so that the interpreter's final flush of what is
+    still buffered for a closed pipe raises no second BrokenPipeError ('Exception ignored ...')."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no descriptor (stdout replaced in-process): nothing to flush there
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns 0 on success, 2 on bad input (a one-line error on stderr), 128+N on signal N.
+    """Entry point; returns 0 on success, 2 on bad input (a one-line error on stderr), 128+N on signal N,
+    141 (128 + SIGPIPE, no message) when stdout is a pipe whose reader has gone.
 
     SIGINT and SIGTERM (SIGINT even where the parent ignored it, as for a background job)
     stop the run with exit status 128+N; every output (translations, report, heatmaps) is
@@ -201,6 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the parser imports the toolkit, which reads its NMT_* variables (a bad one: a ValueError)
         args = build_parser().parse_args(argv)
         return run(args, start)
+    except BrokenPipeError:  # stdout's reader has gone (`| head -1`): end quietly, as SIGPIPE ends cat
+        _discard_stdout()
+        return 128 + signal.SIGPIPE
     except OSError as exc:  # an output in a read-only directory, a full disk, ...
         from nmt.utils.io import describe_os_error
 

@@ -402,6 +402,29 @@ def test_stream_stopped_while_stdin_is_open_exits_cleanly(trained, sig):
     assert err == f"nmt-translate: interrupted by {signal.Signals(sig).name}; unfinished outputs were not written\n"
 
 
+@pytest.mark.parametrize("mode", ["stream", "file", "score"])
+def test_a_closed_stdout_pipe_ends_quietly_with_sigpipe_status(trained, mode):
+    """``nmt-translate ... | head -1``: stdout's reader gone. It printed 'error: [Errno 32] Broken
+    pipe' and exited 2 (a shell pipeline reports a failure where cat or sort end quietly, killed by
+    SIGPIPE: 141). Now no message and 128 + SIGPIPE."""
+    root = trained["root"]
+    src = ["-src", "-"] if mode == "stream" else ["-src", str(root / "input.txt")]
+    score = ["-mode", "score", "-tgt", str(root / "refs.txt")] if mode == "score" else []
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has already gone (head -1 after its line)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "nmt.cli.translate", "-model", trained["model"], *src, "-output", "-", *score,
+             "-beam_size", "2", "-threads", "1", "-quiet"],
+            input="".join(line + "\n" for line in trained["inputs"]).encode(), stdout=write_end,
+            stderr=subprocess.PIPE, env=dict(os.environ), timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    err = proc.stderr.decode()
+    assert (proc.returncode, err) == (128 + signal.SIGPIPE, "")
+
+
 def test_quiet_no_certify_formats_and_version(trained, capsys):
     root = trained["root"]
     att = root / "att_svg"
