@@ -5,13 +5,17 @@ line, takes whatever else is already queued (up to ``-batch_size`` lines), trans
 batch and writes and flushes its output lines before waiting again: it never waits for more
 input (nor for EOF) to translate what it has. When stdin is a terminal the mode is
 interactive: a prompt on stderr, one line at a time, Ctrl-D to end. ``-report`` is written
-atomically at the end (with ``-tgt``, the metric line too); heatmaps as sentences come.
+atomically at the end (its lines wait in a temporary file; with ``-tgt``, the metric line comes
+at the end too); heatmaps as sentences come. Translations are not kept once written, so memory
+does not grow with the input (the best hypotheses are, with ``-tgt``).
 """
 from __future__ import annotations
 
 import argparse
 import queue
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -71,7 +75,7 @@ def _next_batch(lines: "queue.Queue[_Item]", size: int) -> tuple[list[str], bool
 def run_stream(args: argparse.Namespace, start: float) -> int:
     """Translate stdin to stdout line by line as ``args`` say (see the module docstring)."""
     from nmt.translate.loading import load_models
-    from nmt.translate.translator import TranslationSummary, Translator
+    from nmt.translate.translator import SummaryCounts, Translator
     from nmt.utils.allocator import freeze_live_objects
 
     options = search_options(args)
@@ -93,40 +97,54 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
     if interactive and not args.quiet:
         say("type a sentence and press Enter; Ctrl-D ends")
 
-    translations = []
-    ended = False
-    while not ended:
-        if interactive:
-            print(PROMPT, end="", file=sys.stderr, flush=True)
-        batch, ended = _next_batch(lines, translator.batch_size)
-        if not batch:
-            break
-        try:
-            done = translator.translate(batch)
-        except ValueError as exc:  # a source longer than learned positions hold: its line of stdin
-            raise name_input(exc, {"source": "-"}, offset=len(translations)) from None
-        for t in done:
-            t.index += len(translations)
-        translations.extend(done)
-        sys.stdout.write("".join(line + "\n" for t in done for line in output_lines(t, args.n_best)))
-        sys.stdout.flush()
-        if args.attention:
+    counts = SummaryCounts()  # not the translations: memory must not grow with the input
+    texts: list[str] = []  # the best hypotheses, for the metric line of -tgt only
+    # the report is written atomically at the end: its lines wait in an anonymous temporary file
+    report = tempfile.TemporaryFile("w+", encoding="utf-8") if args.report else None  # noqa: SIM115
+    try:
+        ended = False
+        while not ended:
+            if interactive:
+                print(PROMPT, end="", file=sys.stderr, flush=True)
+            batch, ended = _next_batch(lines, translator.batch_size)
+            if not batch:
+                break
+            try:
+                done = translator.translate(batch)
+            except ValueError as exc:  # a source longer than learned positions hold: its line of stdin
+                raise name_input(exc, {"source": "-"}, offset=counts.sentences) from None
             for t in done:
-                write_heatmap(Path(args.attention), t, 1, args.attention_format)
-    if interactive:
-        print(file=sys.stderr)
+                t.index += counts.sentences
+            counts.add(done)
+            sys.stdout.write("".join(line + "\n" for t in done for line in output_lines(t, args.n_best)))
+            sys.stdout.flush()
+            if report is not None:
+                report.write("".join(report_line(t) for t in done))
+            if references is not None:
+                texts.extend(t.text for t in done)
+            if args.attention:
+                for t in done:
+                    write_heatmap(Path(args.attention), t, 1, args.attention_format)
+            del done
+        if interactive:
+            print(file=sys.stderr)
 
-    if args.report:
-        from nmt.utils.io import atomic_write_text
+        if report is not None:
+            from nmt.utils.io import atomic_open
 
-        atomic_write_text(args.report, "".join(report_line(t) for t in translations))
+            report.seek(0)
+            with atomic_open(args.report, "w") as handle:
+                shutil.copyfileobj(report, handle)
+    finally:
+        if report is not None:
+            report.close()
     if not args.quiet:
-        summary = TranslationSummary.of(translations)
-        say(summary.line() + summary_suffix(startup, translator.search_seconds, len(translations), members))
+        summary = counts.summary()
+        say(summary.line() + summary_suffix(startup, translator.search_seconds, counts.sentences, members))
     if references is not None:
-        if len(references) != len(translations):
-            raise ValueError(f"{args.tgt} has {len(references)} lines but stdin had {len(translations)}")
-        print_metrics([t.text for t in translations], references)
+        if len(references) != len(texts):
+            raise ValueError(f"{args.tgt} has {len(references)} lines but stdin had {len(texts)}")
+        print_metrics(texts, references)
     return 0
 
 

@@ -308,18 +308,7 @@ class TranslationSummary:
 
     @classmethod
     def of(cls, translations: Sequence[Translation]) -> "TranslationSummary":
-        decoded = [t for t in translations if t.reason != EMPTY_INPUT]
-        n = max(len(decoded), 1)
-        sizes = [s for t in decoded for s in t.support_sizes]
-        off = not decoded or any(t.reason == NOT_CERTIFIED_REASON for t in decoded)
-        return cls(
-            sentences=len(translations),
-            empty=len(translations) - len(decoded),
-            certified_percent=None if off else 100.0 * sum(t.certified for t in decoded) / n,
-            # a single hypothesis is known only when certified: certified and n_nonzero == 1
-            single_percent=None if off else 100.0 * sum(t.certified and t.n_nonzero == 1 for t in decoded) / n,
-            mean_support=float(np.mean(sizes)) if sizes else None,
-        )
+        return SummaryCounts().add(translations).summary()
 
     def line(self) -> str:
         """One human-readable line (``certified n/a`` when certificates were off or nothing was decoded)."""
@@ -332,4 +321,39 @@ class TranslationSummary:
         return f"{self.sentences} sentences{empty}; {certified}; mean output support {support}"
 
 
-__all__ = ["EMPTY_INPUT", "Certificate", "check_batch_size", "Hypothesis", "Translation", "TranslationSummary", "Translator"]
+class SummaryCounts:
+    """The counts behind a ``TranslationSummary``, added batch by batch (streaming keeps these,
+    not the translations)."""
+
+    def __init__(self) -> None:
+        self.sentences = self.decoded = self.certified = self.single = 0
+        self.certify_off = False
+        self.support_total = self.support_steps = 0
+
+    def add(self, translations: Sequence[Translation]) -> "SummaryCounts":
+        self.sentences += len(translations)
+        for t in translations:
+            if t.reason == EMPTY_INPUT:
+                continue
+            self.decoded += 1
+            self.certified += bool(t.certified)
+            # a single hypothesis is known only when certified: certified and n_nonzero == 1
+            self.single += bool(t.certified and t.n_nonzero == 1)
+            self.certify_off |= t.reason == NOT_CERTIFIED_REASON
+            self.support_total += sum(t.support_sizes)
+            self.support_steps += len(t.support_sizes)
+        return self
+
+    def summary(self) -> TranslationSummary:
+        n = max(self.decoded, 1)
+        off = not self.decoded or self.certify_off
+        return TranslationSummary(
+            sentences=self.sentences,
+            empty=self.sentences - self.decoded,
+            certified_percent=None if off else 100.0 * self.certified / n,
+            single_percent=None if off else 100.0 * self.single / n,
+            mean_support=self.support_total / self.support_steps if self.support_steps else None,
+        )
+
+
+__all__ = ["EMPTY_INPUT", "Certificate", "check_batch_size", "Hypothesis", "SummaryCounts", "Translation", "TranslationSummary", "Translator"]

@@ -5,6 +5,7 @@ import gc
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -423,6 +424,47 @@ def test_a_closed_stdout_pipe_ends_quietly_with_sigpipe_status(trained, mode):
         os.close(write_end)
     err = proc.stderr.decode()
     assert (proc.returncode, err) == (128 + signal.SIGPIPE, "")
+
+
+def test_stream_keeps_no_translation_it_has_written(trained, capsys, monkeypatch, tmp_path):
+    """Streaming kept every Translation (tokens, n-best, support sizes: about 1 KB a line) until
+    end of input, for the report and the summary: memory grew with the input (100,000 lines: +100
+    MB). Now a batch's translations are garbage once written; the report, summary and metric line
+    are the same as from a file."""
+    import weakref
+
+    from nmt.translate.translator import Translator
+
+    inputs = trained["inputs"] * 3
+    src = tmp_path / "in.txt"
+    src.write_text("".join(line + "\n" for line in inputs), encoding="utf-8")
+    refs = tmp_path / "refs.txt"
+    refs.write_text((trained["root"] / "refs.txt").read_text(encoding="utf-8") * 3, encoding="utf-8")
+    seen: list = []
+    kept: list[int] = []
+    original = Translator.translate
+
+    def recording(self, lines, *a, **k):
+        gc.collect()
+        kept.append(sum(ref() is not None for ref in seen[:-1]))  # older than the batch just written
+        done = original(self, lines, *a, **k)
+        seen.append(weakref.ref(done[0]))  # -batch_size 1: one line a batch
+        return done
+
+    monkeypatch.setattr(Translator, "translate", recording)
+    with open(src, "rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        code, out, err = translate(["-model", trained["model"], "-src", "-", "-output", "-", "-batch_size", "1",
+                                    "-report", str(tmp_path / "s.jsonl"), "-tgt", str(refs)], capsys)
+    assert code == 0, err
+    assert len(kept) == len(inputs) and not any(kept)
+    monkeypatch.undo()
+    code, file_out, file_err = translate(["-model", trained["model"], "-src", str(src), "-output", "-", "-batch_size",
+                                          "1", "-report", str(tmp_path / "f.jsonl"), "-tgt", str(refs)], capsys)
+    assert code == 0 and out == file_out
+    assert (tmp_path / "s.jsonl").read_text(encoding="utf-8") == (tmp_path / "f.jsonl").read_text(encoding="utf-8")
+    without_speed = [re.sub(r"; [0-9.]+ sentences/s.*", "", line) for line in (err, file_err)]
+    assert without_speed[0] == without_speed[1] and err.count("\n") == 2 and "BLEU" in err
 
 
 def test_quiet_no_certify_formats_and_version(trained, capsys):
