@@ -2,7 +2,7 @@
 trainer and the training benchmark)."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
 from typing import Callable
 
@@ -27,6 +27,24 @@ def loss_forward(model: nn.Module, loss_fn: Callable, src: Tensor, src_lengths: 
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits  # a float32 sum
     return loss_fn(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1), ignore_index=pad_index,
                    reduction="sum", label_smoothing=label_smoothing)
+
+
+def separate_gradients(params: Iterable[nn.Parameter]) -> None:
+    """Give every parameter a ``.grad`` of its own where two share one tensor.
+
+    Inductor's compiled backward returns one tensor for equal gradients (an LSTM cell's
+    ``bias_ih`` and ``bias_hh``), and autograd stores that tensor as the ``.grad`` of both; the
+    in-place steps that follow (the next accumulated batch's ``+=``, clipping, the fp16 unscale)
+    would then act on it twice. Host metadata only (a few us), no sync."""
+    seen: set[int] = set()
+    for p in params:
+        grad = p.grad
+        if grad is None or grad.numel() == 0:
+            continue
+        if grad.data_ptr() in seen:
+            p.grad = grad.clone()
+        else:
+            seen.add(grad.data_ptr())
 
 
 def update(model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer, batch: Batch | Sequence[Batch],
@@ -74,6 +92,7 @@ def update(model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer
                 loss = forward(model, loss_fn, b.src, b.src_lengths, b.tgt_in, b.tgt_out, pad_index,
                                label_smoothing, src_mask)
             precision.backward(loss / max(n_tokens, 1) if scale is None else loss * scale)
+        separate_gradients(model.parameters())
         loss = loss.detach() if scale != 0 else torch.zeros_like(loss.detach())
         total = loss if total is None else total + loss
     norm = precision.clip(optimizer, model.parameters(), clip_grad_norm)
@@ -90,4 +109,4 @@ def update(model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer
     return total, n_tokens, False
 
 
-__all__ = ["loss_forward", "update"]
+__all__ = ["loss_forward", "separate_gradients", "update"]

@@ -69,6 +69,42 @@ def test_compiled_training_equals_eager():
     assert runs["eager"][0][0] != runs["eager"][0][2]  # the steps did change the model
 
 
+class _TwoBiases(torch.nn.Module):
+    """A linear layer with two biases added first, as the LSTM cell's ``bias_ih + bias_hh``."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.weight = torch.nn.Parameter(torch.randn(VOCAB, 4, generator=g, dtype=torch.float64))
+        self.bias_ih = torch.nn.Parameter(torch.randn(4, generator=g, dtype=torch.float64))
+        self.bias_hh = torch.nn.Parameter(torch.randn(4, generator=g, dtype=torch.float64))
+
+
+def _two_biases_forward(model, loss_fn, src, src_lengths, tgt_in, tgt_out, pad_index, label_smoothing, src_mask=None):
+    hidden = torch.nn.functional.embedding(src, model.weight) + (model.bias_ih + model.bias_hh)  # (B, L, 4)
+    return (hidden.tanh() ** 2 * src_mask[..., None]).sum() * 50.0
+
+
+def test_inductor_gradients_accumulate_and_clip_as_eager():
+    """Inductor's CPU backward returns one tensor for equal gradients (``bias_ih``'s and
+    ``bias_hh``'s), which autograd stored as the ``.grad`` of both: the next accumulated batch
+    added into it twice, and clipping scaled it twice (the compiled LSTM trained to other
+    parameters than eager with ``training.accumulate: 2``, and with the default clipping).
+    Real inductor here (a graph of a few operations: seconds), float64."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    runs = []
+    for forward in (_two_biases_forward, compile_for_device(_two_biases_forward, "cpu")):
+        m = _TwoBiases()
+        optimizer = torch.optim.SGD(m.parameters(), lr=0.1)
+        for step in range(2):
+            update(m, None, optimizer, [copy_batch(2 * step), copy_batch(2 * step + 1)], PAD, 1.0, forward=forward)
+        runs.append([p.detach().clone() for p in m.parameters()])
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("encoder", ["lstm", "gru"])
 def test_compiled_lstm_step_is_one_graph(encoder):
     """With ``training.compile_encoder`` and the source mask (as ``update`` gives it), a compiled
