@@ -92,7 +92,10 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
     # the reader thread's own reader of stdin's descriptor, never closed: a thread still blocked in
     # sys.stdin.buffer.readline() when the program ends (a signal, an error, a closed stdout) holds
     # that object's lock, and the interpreter's shutdown, which closes sys.stdin, then aborts
-    stdin = open(sys.stdin.fileno(), "rb", closefd=False)  # noqa: SIM115
+    try:
+        stdin = open(sys.stdin.fileno(), "rb", closefd=False)  # noqa: SIM115
+    except (AttributeError, OSError, ValueError):  # no descriptor (stdin replaced in-process): its own buffer
+        stdin = sys.stdin.buffer
     threading.Thread(target=_read_lines, args=(stdin, lines), daemon=True, name="stdin").start()
     if interactive and not args.quiet:
         say("type a sentence and press Enter; Ctrl-D ends")
