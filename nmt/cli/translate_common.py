@@ -65,18 +65,17 @@ def fit_positions(options: SearchOptions, decoder: object) -> SearchOptions:
     """``options`` with ``max_length`` lowered to what the model's learned positions reach (BOS and
     ``max_positions - 1`` target tokens; the smallest over an ensemble), said in one warning line
     on stderr, as fairseq caps its ``--max-len-b``; unchanged for sinusoidal positions and RNNs."""
-    from nmt.models.protocol import position_limits
+    from nmt.translate.translator import fit_to_positions
 
-    _, decoder_positions = position_limits(decoder)
-    if decoder_positions is None or options.max_length + 1 <= decoder_positions:
-        return options
-    allowed = decoder_positions - 1
-    say(f"warning: -max_length {options.max_length} lowered to {allowed}: the model's learned positions hold BOS "
-        f"and {allowed} target tokens (model.transformer.max_positions={decoder_positions})")
     try:
-        return options.updated(max_length=allowed)
+        fitted = fit_to_positions(options, decoder)
     except ValueError as exc:  # -min_length above what the positions reach
         raise ValueError(f"-{exc}") from None
+    if fitted is not options:
+        allowed = fitted.max_length
+        say(f"warning: -max_length {options.max_length} lowered to {allowed}: the model's learned positions hold BOS "
+            f"and {allowed} target tokens (model.transformer.max_positions={allowed + 1})")
+    return fitted
 
 
 def name_input(exc: Exception, sides: dict[str, str], offset: int = 0) -> Exception:

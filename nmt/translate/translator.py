@@ -145,6 +145,17 @@ def default_batching(device: str | torch.device, batch_size: int | None = None,
     return batch_size, batch_type
 
 
+def fit_to_positions(options: SearchOptions, model: StepDecoder) -> SearchOptions:
+    """``options`` with ``max_length`` lowered to what the model's learned positions reach (BOS and
+    ``max_positions - 1`` target tokens; the smallest over an ensemble, see
+    :func:`nmt.models.protocol.position_limits`); ``options`` itself where they reach it
+    (sinusoids, RNNs). ValueError where ``min_length`` is above what they reach."""
+    _, limit = position_limits(model)
+    if limit is None or options.max_length + 1 <= limit:
+        return options
+    return options.updated(max_length=limit - 1)
+
+
 def check_batch_size(batch_size: Any) -> None:
     """TypeError unless ``batch_size`` is an integer (a bool is not), ValueError unless it is >= 1."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
@@ -187,10 +198,8 @@ class Translator:
         vocab = self.tgt_field.vocab
         results: list[Translation | None] = [None] * len(lines)
         start = time.perf_counter()
-        source_limit, target_limit = position_limits(self.model)
-        options = self.options
-        if target_limit is not None and options.max_length + 1 > target_limit:  # as far as the positions reach
-            options = options.updated(max_length=target_limit - 1)
+        source_limit, _ = position_limits(self.model)
+        options = fit_to_positions(self.options, self.model)  # as far as the positions reach
         batches = encode_sources(self.src_field, lines, self.batch_size, self.batch_type,
                                  max_length=self.max_src_length)
         if source_limit is not None:  # every source checked before any is decoded
@@ -356,4 +365,5 @@ class SummaryCounts:
         )
 
 
-__all__ = ["EMPTY_INPUT", "Certificate", "check_batch_size", "Hypothesis", "SummaryCounts", "Translation", "TranslationSummary", "Translator"]
+__all__ = ["EMPTY_INPUT", "Certificate", "check_batch_size", "fit_to_positions", "Hypothesis", "SummaryCounts",
+           "Translation", "TranslationSummary", "Translator"]
