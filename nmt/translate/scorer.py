@@ -16,8 +16,9 @@ from nmt.translate.translator import check_batch_size
 from nmt.utils.precision import autocast, check_precision
 
 EMPTY_SOURCE = "empty_source"
-NONFINITE_SCORES = "nonfinite_scores"  # the model's scores held NaN: the pair has no log-probability
 """``reason`` of a pair whose source line is empty: it is not scored."""
+NONFINITE_SCORES = "nonfinite_scores"
+"""``reason`` of a pair whose model scores held NaN: it has no log-probability (the search's name)."""
 
 
 @dataclass

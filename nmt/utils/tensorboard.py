@@ -61,9 +61,9 @@ class TensorBoardWriter:
         """Write each finite number of ``values`` as ``prefix/name``."""
         if self.writer is None:
             return
-        for name, value in values.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value):
-                with _naming(self.log_dir):
+        with _naming(self.log_dir):
+            for name, value in values.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value):
                     self.writer.add_scalar(f"{prefix}/{name}", value, step)
 
     def attention(self, tag: str, matrix: np.ndarray, src_tokens: Sequence[str], tgt_tokens: Sequence[str],
