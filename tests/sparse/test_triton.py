@@ -313,7 +313,7 @@ def test_alpha_backward(alpha):
 @pytest.mark.parametrize("n", [7, 50, 300])
 def test_alpha_backward_with_the_alpha_gradient(n):
     """``entmax_backward_alpha``: the scores' gradient equals ``entmax_backward``'s (the same
-    code), and the alpha-gradient per row, computed in the same launch, equals torch's formula
+    source; compiled for a GPU, to a rounding), and the alpha-gradient per row, computed in the same launch, equals torch's formula
     (``_alpha_grad``) in float64 at the same ``p``, and finite differences of the forward kernel
     in alpha on smooth rows; a row holding NaN gives NaN, an all-masked row 0."""
     from nmt.sparse.entmax import _alpha_grad
@@ -326,7 +326,10 @@ def test_alpha_backward_with_the_alpha_gradient(n):
     p = run(T.entmax_forward, x, a)
     dx, ga = run(T.entmax_backward_alpha, p, g, a)
     assert ga.shape == (x.shape[0],) and ga.dtype == torch.float32
-    assert torch.equal(dx, run(T.entmax_backward, p, g, a))
+    # the same source, but two kernels: compiled for a GPU, each contracts its own multiply-adds
+    # (seen on an H200: 1-ulp differences); the interpreter (numpy) gives equal values
+    tol = dict(rtol=0, atol=0) if INTERPRETED else dict(rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(dx, run(T.entmax_backward, p, g, a), **tol)
     ref = _alpha_grad(p.double(), a.double()[:, None], g.double())[:, 0]
     assert torch.isnan(ga[1]) and torch.isnan(ref[1]) and ga[5] == 0
     finite = [i for i in range(x.shape[0]) if i != 1]

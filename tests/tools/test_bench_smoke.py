@@ -140,6 +140,29 @@ def test_bench_sparse_graphs(capsys):
 
 
 
+def test_profile_labels_triton_launches_with_the_kernels_signature():
+    """``--profile`` on an eager CUDA row wraps ``nmt.sparse._triton._kernels`` to label each
+    launch: the wrapper takes what the launch sites pass (the tensor that picks the flavour; an
+    H200 run failed with "kernels() takes 0 positional arguments"), returns the same kernels
+    wrapped, and restores the original. CPU rows never launch a Triton kernel, so the call is
+    made here directly (building the jitted objects compiles nothing)."""
+    pytest.importorskip("triton")
+    import inspect
+
+    from nmt.sparse import _triton
+
+    bench = _load("bench_train")
+    original = _triton._kernels
+    with bench.labelled_triton_launches():
+        wrapped = _triton._kernels
+        assert wrapped is not original
+        assert list(inspect.signature(wrapped).parameters) == list(inspect.signature(original).parameters)
+        kernels = wrapped(torch.zeros(2, 3))
+        for name in _triton.KERNEL_NAMES:
+            assert getattr(kernels, name).kernel is getattr(original(torch.zeros(2, 3)), name)
+    assert _triton._kernels is original
+
+
 def test_bench_train_compiled_rows_compile_their_own_graphs():
     """Each compiled row starts from a dynamo reset: without it the second model ran the graphs
     compiled for the first wherever they agree (parameters are graph inputs, not guarded by the
