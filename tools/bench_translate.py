@@ -133,7 +133,7 @@ def search_mode_rows(checkpoints: dict, lines: list[str], args: argparse.Namespa
     from nmt.translate.loading import load_model
     from nmt.translate.translator import Translator
     from nmt.utils.host_syncs import count_host_syncs_on
-    from nmt.utils.precision import autocast
+    from nmt.utils.precision import inference_precision
 
     rows = []
     for mapping, path in checkpoints.items():
@@ -151,7 +151,7 @@ def search_mode_rows(checkpoints: dict, lines: list[str], args: argparse.Namespa
             differ = count_differences(outputs["dynamic"], outputs["static"])["any"]
             for mode, options in modes.items():
                 def one_batch():
-                    with autocast(args.device, args.precision):
+                    with inference_precision(args.device, args.precision):  # as Translator decodes
                         return beam_search(loaded.model, batch.src, batch.src_lengths, bos=vocab.bos_index,
                                            eos=vocab.eos_index, pad=vocab.pad_index, options=options)
                 start = time.perf_counter()

@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the certificate (and its extra search); the summary says certified n/a")
     p.add_argument("-device", "--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
     p.add_argument("-precision", "--precision", default="fp32", choices=PRECISIONS,
-                   help="fp32, or bf16/fp16 autocast of the model, in scoring too (the search stays in float32)")
+                   help="fp32 (IEEE float32 on a GPU too: no TF32), or bf16/fp16 autocast of the model, in scoring "
+                        "too (the search stays in float32)")
     p.add_argument("-search_mode", "--search_mode", default=d.mode, choices=SEARCH_MODES,
                    help="static: fixed shapes, no per-step host sync (GPU); dynamic: finished sentences "
                         "leave the batch (CPU); auto: static on CUDA")

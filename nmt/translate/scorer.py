@@ -13,7 +13,7 @@ from nmt.data.field import Field
 from nmt.models.protocol import StepDecoder, check_lengths, position_limits
 from nmt.translate.scoring import BatchScores, score_batch
 from nmt.translate.translator import check_batch_size
-from nmt.utils.precision import autocast, check_precision
+from nmt.utils.precision import check_precision, inference_precision
 
 EMPTY_SOURCE = "empty_source"
 """``reason`` of a pair whose source line is empty: it is not scored."""
@@ -81,7 +81,8 @@ class Scorer:
 
     ``precision`` "bf16" or "fp16" runs the model under autocast, as ``Translator`` does, so that
     a reference scores the log-probability a search at that precision gives it (the
-    log-probabilities are still accumulated in float32)."""
+    log-probabilities are still accumulated in float32); "fp32" scores in IEEE float32 on a GPU too
+    (:func:`nmt.utils.precision.ieee_float32`), as the search runs."""
 
     def __init__(self, model: StepDecoder, src_field: Field, tgt_field: Field, *, batch_size: int = 64,
                  device: str | torch.device = "cpu", precision: str = "fp32") -> None:
@@ -118,7 +119,7 @@ class Scorer:
         for indices in make_batches(data, self.batch_size, shuffle=False, indices=nonempty):
             batch = collate(data, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index)
             on_device = batch.to(self.device, lengths_on_host=True)  # source lengths read on the host
-            with autocast(self.device, self.precision):
+            with inference_precision(self.device, self.precision):
                 scores = score_batch(self.model, on_device.src, on_device.src_lengths, on_device.tgt_in,
                                      on_device.tgt_out, on_device.tgt_lengths)
             scores = scores.cpu()

@@ -16,7 +16,7 @@ from nmt.translate.beam_search import SearchResult, beam_search
 from nmt.translate.certificate import NOT_CERTIFIED, reason_name
 from nmt.translate.search_options import SearchOptions
 from nmt.utils.packed_linear import frozen_weights
-from nmt.utils.precision import autocast, check_precision
+from nmt.utils.precision import check_precision, inference_precision
 
 EMPTY_INPUT = "empty_input"
 """``reason`` of an empty input line: it is not decoded and its output is empty."""
@@ -172,7 +172,8 @@ class Translator:
     it. ``max_src_length`` truncates long sources (None: keep them whole). Sources are sorted
     by length into batches of ``batch_size`` sentences (``batch_type="sentences"``) or padded
     source tokens (``"tokens"``); outputs come back in input order. ``precision`` "bf16" or
-    "fp16" runs the model under autocast (the search itself stays in float32).
+    "fp16" runs the model under autocast (the search itself stays in float32); "fp32" in IEEE float32
+    on a GPU too (:func:`nmt.utils.precision.ieee_float32`: no TF32 products, the CPU's results).
     ``search_seconds`` accumulates the time spent in ``translate``. With learned positions
     (:func:`nmt.models.protocol.position_limits`) ``translate`` refuses, before decoding, a
     source longer than they hold (``InputTooLong`` naming the first such input; truncate with
@@ -215,7 +216,7 @@ class Translator:
                     # the source lengths stay on the host: the encoders read them there (an RNN packs
                     # with them) and masks copy them without a sync (nmt.utils.device.host_to_device)
                     on_device = batch.to(self.device, lengths_on_host=True)
-                    with autocast(self.device, self.precision):
+                    with inference_precision(self.device, self.precision):
                         result = beam_search(self.model, on_device.src, on_device.src_lengths,
                                              bos=vocab.bos_index, eos=vocab.eos_index, pad=vocab.pad_index,
                                              options=options)

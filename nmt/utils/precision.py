@@ -4,11 +4,18 @@
 ``torch.autocast`` (matrix products in half precision, reductions and losses in float32; the
 probability mappings compute half inputs in float32). fp16 needs loss scaling in training
 (``torch.amp.GradScaler``); bf16 does not. bf16 autocast works on CPU too.
+
+Decoding and scoring in ``"fp32"`` run under :func:`ieee_float32`: torch lets cuDNN's LSTM use
+TF32 tensor cores for float32 by default (``torch.backends.cudnn.rnn.fp32_precision == "tf32"``,
+a 10-bit mantissa in the products), which put sentence scores on an H200 up to 7e-3 from the CPU's
+and changed 1-2 hypotheses in 1,000 (``tools/bench_translate.py --device cuda``, 2026-11-27); in
+IEEE float32 a GPU decodes what the CPU decodes up to summation order. Training keeps torch's
+default (its products' rounding is not part of a contract).
 """
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
+from typing import ContextManager, Iterator
 
 import torch
 
@@ -36,4 +43,36 @@ def autocast(device: torch.device | str, name: str) -> ContextManager:
     return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
 
 
-__all__ = ["PRECISIONS", "autocast", "autocast_dtype", "check_precision"]
+@contextlib.contextmanager
+def ieee_float32() -> Iterator[None]:
+    """Inside: float32 products of cuDNN's RNNs and of CUDA matrix products in IEEE float32, not
+    TF32 (``torch.backends.cudnn.rnn`` and ``torch.backends.cuda.matmul`` ``fp32_precision =
+    "ieee"``; torch < 2.9: ``allow_tf32 = False`` of both); the settings before are restored on
+    leaving, also on an exception. Global settings of the process (as torch keeps them): another
+    thread's CUDA work meanwhile runs under them too. Changes nothing off CUDA; no host sync."""
+    rnn, matmul = getattr(torch.backends.cudnn, "rnn", None), torch.backends.cuda.matmul
+    if rnn is not None and hasattr(rnn, "fp32_precision"):
+        before = rnn.fp32_precision, matmul.fp32_precision
+        rnn.fp32_precision = matmul.fp32_precision = "ieee"
+        try:
+            yield
+        finally:
+            rnn.fp32_precision, matmul.fp32_precision = before
+        return
+    old = torch.backends.cudnn.allow_tf32, matmul.allow_tf32  # pragma: no cover - torch < 2.9
+    torch.backends.cudnn.allow_tf32 = matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, matmul.allow_tf32 = old
+
+
+def inference_precision(device: torch.device | str, name: str) -> ContextManager:
+    """The context of decoding and scoring at precision ``name`` on ``device``: :func:`autocast`
+    for "bf16" / "fp16", :func:`ieee_float32` for "fp32" (the CPU's results on a GPU)."""
+    if autocast_dtype(name) is None:
+        return ieee_float32()
+    return autocast(device, name)
+
+
+__all__ = ["PRECISIONS", "autocast", "autocast_dtype", "check_precision", "ieee_float32", "inference_precision"]
