@@ -20,21 +20,22 @@
 # the training stages (e.g. "--profile 3": host sync sites and the kernels per step), GPU_CHECK_TESTS
 # selects tests, GPU_CHECK_SPARSE_ARGS and GPU_CHECK_TRANSLATE_ARGS those benchmarks' options.
 #
-# Stage times on one H200 (2026-11-26; plan a lease of 15 device minutes, a start included, by them):
-# env 6 s; launch (host microseconds per call, layer by layer: tools/bench_launch.py, with Triton's
-# own launch path and with nmt's launch cache) about 40 s (not yet timed on a GPU); tests (the whole suite) was cut at
-# 140-170 s on the H200, 15 workers, with about 16 tests left: 400 s now; tests_cuda not yet timed; sparse 69 s;
-# sparse_graphs (the mappings and losses as CUDA-graph replays: the kernels alone, as a compiled
-# step runs them; not in the default list) not yet timed, about as long; train_compile 87 s
-# (112 s with --profile 3); translate more than 110 s (two models trained in 19 s each, then the CPU
-# comparison): give it its default 240 s; translate_transformer (the Multi30k Transformer recipe's
-# model trained 1,000 steps per output mapping, then the same tables with -max_length_ratio 1.25; not
-# in the default list) not yet timed, 300 s allowed; transformer (the Transformer's training rows, its
-# softmax heads fused where their probabilities are not read) and transformer_unfused (the softmax row
-# with NMT_FUSED_ATTENTION=0: the A/B of the fused heads) not yet timed; translate_torch_search (after
-# translate, whose models it reuses: the search step's candidates and bookkeeping by torch's operations,
-# NMT_TRITON_CANDIDATES=0 NMT_TRITON_STEP=0 NMT_TRITON_MASK=0, the A/B of the search's three kernels) not yet timed
-# (estimated 50-170 s: 240 s allowed, as for translate, which took more than 110 s).
+# Stage times on one H200 (2026-11-27, a nineteenth session; plan a lease of 15 device minutes, a start
+# included, by them): env 6 s; tests_cuda 65 s (172 tests, 15 workers); sparse more than 100 s (cut
+# there before its last table, the (4096, 32000) losses: give it its default 180 s); sparse_graphs
+# (the mappings and losses as CUDA-graph replays: the kernels alone, as a compiled step runs them;
+# float32, no entmax-package column; not in the default list) 26 s; train_compile about 130 s with
+# --profile 3; launch more than 60 s (cut in its second half: default 150 s); translate 165 s (two
+# models trained in 17-20 s each, then the CPU comparison). Earlier: the whole suite (tests) cut at
+# 140-170 s with about 16 tests left (400 s allowed now); tests/train and tests/cli alone did not end
+# in 76 s (152 passed, none failed). Not yet timed: tests_rest, translate_transformer (300 s
+# allowed: the Multi30k Transformer recipe's model trained 1,000 steps per output mapping, then the
+# same tables with -max_length_ratio 1.25), transformer (the Transformer's training rows, its
+# softmax heads fused where their probabilities are not read), transformer_unfused (the softmax row
+# with NMT_FUSED_ATTENTION=0: the A/B of the fused heads), translate_torch_search (after translate,
+# whose models it reuses: the search step's candidates and bookkeeping by torch's operations,
+# NMT_TRITON_CANDIDATES=0 NMT_TRITON_STEP=0 NMT_TRITON_MASK=0, the A/B of the search's three kernels;
+# estimated 50-170 s: 240 s allowed).
 # The first call of a lease starts the machine (about 30 s).
 # train_compile runs with TORCH_LOGS=perf_hints,cudagraphs: inductor says there when (and why) it skips CUDA graphs;
 # bench_train also counts the skips per row, and with --profile prints where the host time goes
@@ -44,18 +45,18 @@
 # GPU_CHECK_TRAIN_ARGS="--compile-encoder" GPU_CHECK_TRAIN_COMPILE_S=420 bash tools/gpu_check.sh train_compile
 # bench_train compiles each compiled row afresh (a dynamo reset: no row runs another row's graphs) and
 # prints the graphs it compiled; "vs softmax" of a compiled row is against the compiled softmax row.
-# A device call may run 10 minutes at most (and only 8 files come back from $OUT), so a lease of 15
-# device minutes is best spent in two (carry data/multi30k, prepared here, and .whl/):
-#   OUT=$OUT GPU_CHECK_WORKERS=15 bash tools/gpu_check.sh env tests_cuda sparse train_compile translate  # about 8 min
-#   OUT=$OUT GPU_CHECK_WORKERS=15 bash tools/gpu_check.sh tests_rest translate_torch_search launch       # the rest
-# Unmeasured since 2026-11-27 (planned by an audit of the stages; each call at most 10 minutes):
-#   OUT=$OUT GPU_CHECK_WORKERS=15 GPU_CHECK_TRAIN_ARGS="--profile 3" GPU_CHECK_TESTS_REST_S=300 \
-#       bash tools/gpu_check.sh env train_compile launch tests_rest
-# (launch: a real Triton launch's host cost next to a torch operation's, with its tensors handed to
-# the launcher as pointers and as tensors; on the CPU's stand-in the eager 1.5-entmax step now takes
-# 0.90-0.97x softmax's host time, where the H200 measured 1.22x its step time: see BENCHMARKS.md,
-# 2026-11-27, a thirteenth session)
+# A device call may run 10 minutes at most (and only 8 files come back from $OUT), and a machine stays
+# warm 30 s after a call: a lease of 15 device minutes is best spent in two calls, the second issued
+# at once (carry data/multi30k, prepared here, and .whl/). Measured on 2026-11-27 (nineteenth session):
+# env tests_cuda sparse train_compile launch translate (533 s), then sparse_graphs and part of the rest
+# of the suite. Unmeasured since, in order of what they settle:
+#   OUT=$OUT GPU_CHECK_WORKERS=15 GPU_CHECK_TRAIN_ARGS="--profile 3" GPU_CHECK_TRAIN_S=150 \
+#       bash tools/gpu_check.sh env train launch                  # where the eager 1.5-entmax step's host time goes
+#   OUT=$OUT GPU_CHECK_TRAIN_ARGS="--compile-encoder" GPU_CHECK_TRAIN_COMPILE_S=420 bash tools/gpu_check.sh train_compile
+#   OUT=$OUT GPU_CHECK_WORKERS=15 GPU_CHECK_TESTS_REST_S=400 bash tools/gpu_check.sh tests_rest
 #   OUT=$OUT bash tools/gpu_check.sh translate translate_torch_search transformer transformer_unfused
+# (train: the eager rows, whose --profile failed on the H200 before the fix of 2026-11-27; the
+# compiled 1.5-entmax step was 0.80x softmax's there, host-bound: the GPU busy 3.6 of its 17.7 ms)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_check}
@@ -92,9 +93,9 @@ for s in $STAGES; do
         tests) stage tests 400 $PY -m pytest -q -p no:cacheprovider -n "$WORKERS" -rfE --durations=5 ${GPU_CHECK_TESTS:-} ;;
         tests_cuda) stage tests_cuda 240 $PY -m pytest -q -p no:cacheprovider -n "$WORKERS" -rfE --durations=5 -m cuda ;;
         tests_rest) stage tests_rest 400 $PY -m pytest -q -p no:cacheprovider -n "$WORKERS" -rfE --durations=5 -m "not cuda" ;;
-        launch) stage launch 90 bash -c "NMT_TRITON_LAUNCH_CACHE=0 $PY tools/bench_launch.py --device cuda; \
+        launch) stage launch 150 bash -c "NMT_TRITON_LAUNCH_CACHE=0 $PY tools/bench_launch.py --device cuda; \
               $PY tools/bench_launch.py --device cuda" ;;  # Triton's own launch, then nmt's launch cache
-        sparse) stage sparse 120 $PY tools/bench_sparse.py --device cuda ${GPU_CHECK_SPARSE_ARGS:-} ;;
+        sparse) stage sparse 180 $PY tools/bench_sparse.py --device cuda ${GPU_CHECK_SPARSE_ARGS:-} ;;
         sparse_graphs) stage sparse_graphs 120 $PY tools/bench_sparse.py --device cuda --graphs --dtypes float32 ;;
         train) stage train 100 $PY tools/bench_train.py --device cuda --steps 100 --warmup 30 ${GPU_CHECK_TRAIN_ARGS:-} \
               --only "softmax / softmax" "entmax15 / entmax15" "softmax / entmax15" "entmax15 / softmax" ;;
