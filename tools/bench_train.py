@@ -492,7 +492,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="batches (default: multi30k, synthetic with --quick)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per setting (default 100; quick 3)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per setting (default 100; quick 1)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per setting; the median is reported")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs per setting, in rounds over all settings (each round runs every row "
+                             "once, so a drift of the machine or the order of the rows weighs on all "
+                             "alike); the median is reported, each row printed in the last round")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (peer setting: 2)")
     parser.add_argument("--only", nargs="+", default=None, help="labels to run, e.g. 'softmax / entmax15'")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here (atomically)")
@@ -563,22 +566,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = []
         baselines: dict = {}  # per model and step kind: its softmax / softmax row (the first of them)
-        for label, attention, output in runs:
-            eager_speed = None
-            section = transformer_model if label.startswith("transformer:") else None
-            model_kind = "lstm" if section is None else "transformer"
-            for mode in modes:
-                figures = [measure(config, attention, output, batches, src_vocab, tgt_vocab, warmup, device,
-                                   mode == "compiled", args.precision, args.pad_to_multiple, section, args.backend,
-                                   args.profile, args.compile_encoder)
-                           for _ in range(args.repeats)]
+        jobs = [(label, attention, output, mode) for label, attention, output in runs for mode in modes]
+        measured: dict = {job[0::3]: [] for job in jobs}  # (label, mode): one figure per round
+        eager_speeds: dict = {}
+        for round_ in range(args.repeats):
+            for label, attention, output, mode in jobs:
+                section = transformer_model if label.startswith("transformer:") else None
+                model_kind = "lstm" if section is None else "transformer"
+                measured[label, mode].append(
+                    measure(config, attention, output, batches, src_vocab, tgt_vocab, warmup, device,
+                            mode == "compiled", args.precision, args.pad_to_multiple, section, args.backend,
+                            args.profile, args.compile_encoder))
+                if round_ < args.repeats - 1:
+                    continue
+                figures = measured[label, mode]
                 speed = statistics.median(f["tokens_per_sec"] for f in figures)
                 ms = statistics.median(f["ms_per_step"] for f in figures)
                 syncs = figures[0]["syncs_per_step"]
                 shapes, warm = figures[0]["shapes"], statistics.median(f["shape_warmup_seconds"] for f in figures)
                 first = statistics.median(f["first_step_seconds"] for f in figures)
                 baseline = baselines.setdefault((model_kind, mode), speed)  # compiled against compiled softmax
-                eager_speed = eager_speed or speed
+                eager_speed = eager_speeds.setdefault(label, speed)  # the setting's first (eager) row
                 results.append({"setting": label, "attention": attention[0], "output": output[0], "step": mode,
                                 "tokens_per_sec": speed, "ms_per_step": ms, "syncs_per_step": syncs,
                                 "ratio_to_softmax": speed / baseline, "ratio_to_eager": speed / eager_speed,

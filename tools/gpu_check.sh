@@ -52,6 +52,8 @@
 # of the suite. Unmeasured since, in order of what they settle:
 #   OUT=$OUT GPU_CHECK_WORKERS=15 GPU_CHECK_TRAIN_ARGS="--profile 3" GPU_CHECK_TRAIN_S=150 \
 #       bash tools/gpu_check.sh env train launch                  # where the eager 1.5-entmax step's host time goes
+#   OUT=$OUT GPU_CHECK_TRAIN_ARGS="--repeats 3" GPU_CHECK_TRAIN_S=200 bash tools/gpu_check.sh train
+#       # rows in rounds: whether the 1.5-entmax row's 15-25% slower common operations were its turn
 #   OUT=$OUT GPU_CHECK_TRAIN_ARGS="--compile-encoder" GPU_CHECK_TRAIN_COMPILE_S=420 bash tools/gpu_check.sh train_compile
 #   OUT=$OUT GPU_CHECK_WORKERS=15 GPU_CHECK_TESTS_REST_S=400 bash tools/gpu_check.sh tests_rest
 #   OUT=$OUT bash tools/gpu_check.sh translate translate_torch_search transformer transformer_unfused

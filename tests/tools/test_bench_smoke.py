@@ -55,6 +55,30 @@ def test_bench_train_quick_with_profile(tmp_path, capsys):
     assert "phases (synchronised at each boundary" in printed
 
 
+def test_bench_train_repeats_run_in_rounds_over_the_rows(tmp_path, monkeypatch):
+    """``--repeats 3`` runs every row once per round (softmax, 1.5-entmax, softmax, ...), so that a
+    drift of the machine, or whatever the row before leaves behind, weighs on all rows alike;
+    each row reports its median, ratios against the softmax row's median."""
+    bench = _load("bench_train")
+    calls, speeds = [], {("softmax",): iter([100.0, 300.0, 200.0]), ("entmax15",): iter([90.0, 50.0, 70.0])}
+
+    def measure(config, attention, output, *args, **kwargs):
+        calls.append(attention[0])
+        speed = next(speeds[attention[0],])
+        return {"tokens_per_sec": speed, "ms_per_step": 1000.0 / speed, "syncs_per_step": 0, "shapes": 1,
+                "shape_warmup_seconds": 0.0, "first_step_seconds": 0.0, "cudagraph_skips": 0}
+
+    monkeypatch.setattr(bench, "measure", measure)
+    out = tmp_path / "train.json"
+    assert bench.main(["--quick", "--repeats", "3", "--only", "softmax / softmax", "entmax15 / entmax15",
+                       "--json", str(out)]) == 0
+    assert calls == ["softmax", "entmax15"] * 3
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["setting"], r["tokens_per_sec"]) for r in rows] == [("softmax / softmax", 200.0),
+                                                                    ("entmax15 / entmax15", 70.0)]
+    assert rows[1]["ratio_to_softmax"] == pytest.approx(0.35)
+
+
 def test_phase_profile_runs_the_backward_on_the_calling_thread_when_asked():
     """The device thread's A/B: ``caller_backward`` turns autograd's multithreading off for the
     profiled steps (on CUDA the backward then runs on the calling thread) and back on after."""
