@@ -174,6 +174,9 @@ TRAINING = {
     "keep_last": Option(int, 3, "keep this many step checkpoints besides last.pt and best.pt", minimum=0),
     "progress": Option(bool, True, "tqdm progress bar"),
     "tensorboard": Option(bool, True, "write TensorBoard events to save_dir/tensorboard"),
+    "resume_ignore_data_change": Option(bool, False, "resume even when a data file changed since last.pt was "
+                                        "saved (a warning instead of an error; the vocabulary stays the "
+                                        "checkpoint's)"),
 }
 
 VALIDATION = {

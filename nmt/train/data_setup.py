@@ -20,9 +20,12 @@ from nmt.data.id_arrays import ArrayParallelDataset, load_id_dataset
 from nmt.data.textfiles import iter_lines
 from nmt.data.tokenizers import build_tokenizer
 from nmt.utils.allocator import release_freed_memory
+from nmt.utils.file_fingerprint import describe_change, fingerprint
 
 logger = logging.getLogger(__name__)
 
+DATA_FILE_KEYS = ("data.train.src", "data.train.tgt", "data.valid.src", "data.valid.tgt")
+"""The config keys of the data files a checkpoint fingerprints (see :func:`data_fingerprints`)."""
 GENERATED_NAMES = {("train", "src"): "train.src", ("train", "tgt"): "train.tgt",
                    ("valid", "src"): "valid.src", ("valid", "tgt"): "valid.tgt"}
 
@@ -175,6 +178,35 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     return TrainingData(src_field, tgt_field, train, valid, references)
 
 
+def data_fingerprints(data_cfg: dict) -> dict[str, dict]:
+    """Config key (``data.train.src``, ...) -> ``{"path", **fingerprint}`` of each data file
+    (:func:`nmt.utils.file_fingerprint.fingerprint`: size, hashes of the first and last MiB and
+    of sampled blocks; about 2 MiB read per file, whatever its size). A file that cannot be read
+    is left out: loading the data names it."""
+    prints = {}
+    for key in DATA_FILE_KEYS:
+        _, split, side = key.split(".")
+        path = data_cfg[split][side]
+        try:
+            prints[key] = {"path": str(path), **fingerprint(path)}
+        except OSError:
+            continue
+    return prints
+
+
+def data_changes(saved: dict[str, dict], current: dict[str, dict]) -> list[tuple[str, str, str]]:
+    """``(key, path, what changed)`` of each data file whose fingerprint differs between ``saved``
+    (a checkpoint's) and ``current`` (both from :func:`data_fingerprints`); a file absent from
+    either is not compared."""
+    changes = []
+    for key in DATA_FILE_KEYS:
+        if key in saved and key in current:
+            what = describe_change(saved[key], current[key])
+            if what is not None:
+                changes.append((key, current[key]["path"], what))
+    return changes
+
+
 def check_valid_positions(data: TrainingData, data_cfg: dict, limits: tuple[int | None, int | None]) -> None:
     """Validation keeps every pair whole, however long: a pair longer than the model's learned
     positions hold (``limits``: :func:`nmt.models.protocol.position_limits`; the training pairs
@@ -195,4 +227,4 @@ def _files(data_cfg: dict, split: str) -> str:
     return f"{data_cfg[split]['src']}, {data_cfg[split]['tgt']}"
 
 
-__all__ = ["TrainingData", "check_valid_positions", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]
+__all__ = ["DATA_FILE_KEYS", "TrainingData", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]

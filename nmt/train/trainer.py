@@ -27,7 +27,8 @@ from nmt.models import ModelConfigError, build_model, describe_attention
 from nmt.models.protocol import position_limits
 from nmt.sparse import get_loss, is_softmax, loss_display_name
 from nmt.train.checkpoint import load_checkpoint, remove_stale_temporaries, repair_best, save_run_checkpoint
-from nmt.train.data_setup import check_valid_positions, generate_if_missing, load_training_data
+from nmt.train.data_setup import (check_valid_positions, data_changes, data_fingerprints, generate_if_missing,
+                                  load_training_data)
 from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, init_distributed, rank_device,
                                    rank_rng_state, resume_check, several_processes, shard_batch, wrap_model)
 from nmt.train.early_stopping import EarlyStopping
@@ -164,6 +165,9 @@ class Trainer:
 
         checkpoint = self._existing_checkpoint()
         in_rank_order(self.dist, lambda: generate_if_missing(config["data"]))
+        self.data_files = data_fingerprints(config["data"])  # saved with every checkpoint
+        if checkpoint is not None:
+            self._check_data_files(checkpoint)
         seed_everything(train_cfg["seed"])
         fields = None
         if checkpoint is not None:
@@ -257,6 +261,27 @@ class Trainer:
             logger.info("resuming with changed settings: %s", ", ".join(differences))
         return checkpoint
 
+    def _check_data_files(self, checkpoint: dict) -> None:
+        """A data file that changed since ``checkpoint`` was written (its fingerprint there, see
+        :func:`nmt.train.data_setup.data_fingerprints`) is a ConfigError naming the key and the file,
+        or with ``training.resume_ignore_data_change`` a warning; a checkpoint without
+        fingerprints (written before they were recorded) is not checked."""
+        saved = checkpoint["trainer"].get("data_files")
+        changes = data_changes(saved, self.data_files) if saved else []
+        if not changes:
+            return
+        if self.config["training"]["resume_ignore_data_change"]:
+            for key, path, what in changes:
+                logger.warning("%s: %s changed since %s was saved (%s); resuming anyway "
+                               "(training.resume_ignore_data_change): the vocabulary is the checkpoint's and the "
+                               "data position indexes the new file's batches", key, path, self.save_dir / "last.pt", what)
+            return
+        key, path, what = changes[0]
+        also = f"; also changed: {', '.join(k for k, _, _ in changes[1:])}" if len(changes) > 1 else ""
+        raise ConfigError(self.source, key, f"{path} changed since the run in {self.save_dir} saved last.pt "
+                          f"({what}){also}; its vocabulary and data position belong to the old file: restore it, "
+                          "use another training.save_dir, or set training.resume_ignore_data_change: true")
+
     def _restore(self, checkpoint: dict) -> None:
         self.model.load_state_dict(checkpoint["model"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
@@ -284,7 +309,8 @@ class Trainer:
             "src_field": self.data.src_field.state_dict(),
             "tgt_field": self.data.tgt_field.state_dict(),
             "metrics": self.last_metrics,
-            "trainer": {"progress": asdict(self.progress), "early_stopping": self.stopper.state_dict()},
+            "trainer": {"progress": asdict(self.progress), "early_stopping": self.stopper.state_dict(),
+                        "data_files": self.data_files},
         }
 
     def save(self, is_best: bool = False, step_file: bool = True) -> None:

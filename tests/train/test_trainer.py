@@ -84,6 +84,71 @@ def test_resume_refuses_another_bucket_size(tiny_task, tmp_path):
         make_trainer(tiny_task, tmp_path / "run", bucket_size=3)
 
 
+def test_resume_refuses_a_data_file_that_changed(tiny_task, tmp_path):
+    """A killed run resumed after its training file got more lines went on with the old vocabulary
+    and a data position that indexed other batches, without a word: last.pt now holds a
+    fingerprint of each data file, and a changed one is a one-line error naming key and file."""
+    make_trainer(tiny_task, tmp_path / "run", max_steps=2).train()
+    assert set(load_checkpoint(tmp_path / "run" / "last.pt")["trainer"]["data_files"]) == {
+        "data.train.src", "data.train.tgt", "data.valid.src", "data.valid.tgt"}
+    tgt = tiny_task["train"]["tgt"]
+    before = os.path.getsize(tgt)
+    with open(tgt, "a", encoding="utf-8") as handle:
+        handle.write("fedcba\n")
+    with pytest.raises(ConfigError) as caught:
+        make_trainer(tiny_task, tmp_path / "run", max_steps=4)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"tiny.yaml: data.train.tgt: {tgt} changed since the run in {tmp_path / 'run'} "
+                              f"saved last.pt (size {before} -> {before + 7} bytes)")
+    assert "training.resume_ignore_data_change: true" in message
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 2  # nothing was touched
+
+
+def test_resume_names_a_same_size_edit_and_ignores_a_touch(tiny_task, tmp_path):
+    make_trainer(tiny_task, tmp_path / "run", max_steps=2).train()
+    src = tiny_task["valid"]["src"]
+    os.utime(src, ns=(1, 1))  # another mtime alone (a copy onto another machine): not a change
+    make_trainer(tiny_task, tmp_path / "run", max_steps=3).train()
+    text = open(src, encoding="utf-8").read()
+    with open(src, "w", encoding="utf-8") as handle:  # same size, another first letter
+        handle.write(("f" if text[0] != "f" else "e") + text[1:])
+    with pytest.raises(ConfigError, match=r"^tiny.yaml: data.valid.src: .* \(same size \(\d+ bytes\), other "
+                       r"content in its first MiB and last MiB\)"):
+        make_trainer(tiny_task, tmp_path / "run", max_steps=4)
+
+
+def test_resume_ignore_data_change_resumes_with_a_warning(tiny_task, tmp_path, caplog):
+    make_trainer(tiny_task, tmp_path / "run", max_steps=2).train()
+    with open(tiny_task["train"]["src"], "a", encoding="utf-8") as handle:
+        handle.write("a b c\n")
+    with open(tiny_task["train"]["tgt"], "a", encoding="utf-8") as handle:
+        handle.write("cba\n")
+    with caplog.at_level("WARNING", logger="nmt.train.trainer"):
+        trainer = make_trainer(tiny_task, tmp_path / "run", max_steps=4, resume_ignore_data_change=True)
+    assert trainer.resumed and trainer.progress.step == 2
+    warned = [r.getMessage() for r in caplog.records if "resuming anyway" in r.getMessage()]
+    assert [w.split(":")[0] for w in warned] == ["data.train.src", "data.train.tgt"]
+    trainer.train()
+    make_trainer(tiny_task, tmp_path / "run", max_steps=5)  # last.pt now holds the new files' fingerprints
+
+
+def test_a_checkpoint_without_data_fingerprints_resumes(tiny_task, tmp_path):
+    """Checkpoints written before fingerprints were recorded resume unchecked."""
+    from nmt.train.checkpoint import save_checkpoint
+
+    make_trainer(tiny_task, tmp_path / "run", max_steps=2).train()
+    last = tmp_path / "run" / "last.pt"
+    checkpoint = load_checkpoint(last)
+    del checkpoint["trainer"]["data_files"]
+    save_checkpoint(last, checkpoint)
+    for side, line in (("src", "a b c\n"), ("tgt", "cba\n")):
+        with open(tiny_task["train"][side], "a", encoding="utf-8") as handle:
+            handle.write(line)
+    assert make_trainer(tiny_task, tmp_path / "run", max_steps=3).train().step == 3
+    assert "data_files" in load_checkpoint(last)["trainer"]
+
+
 def test_model_errors_name_key_and_file(tiny_task, tmp_path):
     config = tiny_config(tiny_task, tmp_path / "run")
     config["model"]["embeddings"]["tie_output"] = True  # tgt_size 8 != decoder hidden 12
