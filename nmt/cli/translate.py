@@ -71,12 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "sources are sorted by length either way")
     p.add_argument("-max_length", "--max_length", type=int, default=d.max_length,
                    help="max target tokens before EOS (>= 1; a Transformer with learned positions: lowered, "
-                   "with a warning, to max_positions - 1)")
+                   "with a warning, to max_positions - 1; scoring applies no length limit)")
     p.add_argument("-min_length", "--min_length", type=int, default=d.min_length,
-                   help="min target tokens before EOS")
+                   help="min target tokens before EOS (not with scoring)")
     p.add_argument("-max_length_ratio", "--max_length_ratio", type=float, default=d.max_length_ratio,
                    help="with R > 0, each sentence also stops at floor(R x its source tokens) + "
-                   "-max_length_offset target tokens (OpenNMT-py's rule, default 1.25 there; 0 = off)")
+                   "-max_length_offset target tokens (OpenNMT-py's rule, default 1.25 there; 0 = off; not with scoring)")
     p.add_argument("-max_length_offset", "--max_length_offset", type=int, default=d.max_length_offset,
                    help="tokens added to the -max_length_ratio limit")
     p.add_argument("-length_penalty", "--length_penalty", default=d.length_penalty,
@@ -122,12 +122,18 @@ def _check_arguments(args: argparse.Namespace) -> None:
             raise ValueError(f"-{name} must be a finite number, got {getattr(args, name)}")
     if args.score_output or args.mode == "score":  # flags of translation that scoring would ignore
         scoring = "-mode score" if args.mode == "score" else "-score_output"
-        given = [("-attention", args.attention is not None), ("-n_best", args.n_best != 1),
-                 ("-report", args.report is not None), ("-support", args.support)]
-        for flag, used in given:
+        one_line = "it writes one JSON line per reference of -tgt"
+        # length limits of the search: a reference shorter than -min_length (its EOS forbidden) or
+        # longer than the ratio's limit could not be found, but scoring gives the model's
+        # log-probability, as for one longer than -max_length (whose default is always on)
+        unlimited = "it gives each reference the model's log-probability, whatever its length"
+        given = [("-attention", args.attention is not None, one_line), ("-n_best", args.n_best != 1, one_line),
+                 ("-report", args.report is not None, one_line), ("-support", args.support, one_line),
+                 ("-min_length", args.min_length != 0, unlimited),
+                 ("-max_length_ratio", args.max_length_ratio != 0, unlimited)]
+        for flag, used, why in given:
             if used:
-                raise ValueError(f"{flag} applies to translation, not to scoring ({scoring}): it writes one "
-                                 "JSON line per reference of -tgt")
+                raise ValueError(f"{flag} applies to translation, not to scoring ({scoring}): {why}")
     # outputs are written after the whole input is translated: a path that cannot take them fails now
     for name in ("output", "report", "score_output"):
         path = getattr(args, name)

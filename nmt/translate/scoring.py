@@ -4,7 +4,8 @@
 reference, exactly as beam search would extend that hypothesis: step t feeds token t-1 of
 ``BOS y`` and reads the log-probability of token t of ``y EOS``. The total is therefore the
 log-probability beam search gives the same sequence (with ``min_length=0``; beam search
-forbids EOS before ``min_length``, scoring never changes the model's distribution).
+forbids EOS before ``min_length``, scoring never changes the model's distribution and applies
+no length limit: ``nmt-translate`` refuses ``-min_length`` and ``-max_length_ratio`` with scoring).
 
 With a sparse output mapping a reference can have probability exactly 0: the total is then
 ``-inf`` and ``first_zero`` says at which target position it first left the support, which

@@ -304,6 +304,8 @@ def test_scoring_runs_the_model_at_the_precision_of_translation(trained, capsys)
     (["-mode", "score"], ["-n_best", "3"], "-n_best"),
     (["-score_output", "scores.jsonl"], ["-report", "r.jsonl"], "-report"),
     (["-score_output", "scores.jsonl"], ["-support"], "-support"),
+    (["-mode", "score"], ["-min_length", "2"], "-min_length"),
+    (["-score_output", "scores.jsonl"], ["-max_length_ratio", "1.5"], "-max_length_ratio"),
 ])
 def test_scoring_refuses_flags_of_translation(trained, capsys, tmp_path, mode, flags, named):
     """-mode score ignored -attention and -n_best (no heatmap, one line per pair) without a word."""
@@ -315,6 +317,24 @@ def test_scoring_refuses_flags_of_translation(trained, capsys, tmp_path, mode, f
     assert code == 2 and out == "" and err.count("\n") == 1
     assert err.startswith(f"nmt-translate: error: {named} applies to translation, not to scoring ({scoring})")
     assert not any(tmp_path.iterdir())
+    if named in ("-min_length", "-max_length_ratio"):  # scoring applies no length limit of the search
+        assert err.rstrip().endswith("it gives each reference the model's log-probability, whatever its length")
+
+
+def test_scoring_applies_no_length_limit(trained, capsys, tmp_path):
+    """-min_length was ignored by scoring without a word (a reference shorter than it, whose EOS
+    the search forbids, scored its model log-probability): now refused (above). -max_length, whose
+    default is always on, stays accepted and unapplied: a reference longer than it is scored whole,
+    as with -min_length 0 and -max_length_ratio 0, the values that apply no limit."""
+    root = trained["root"]
+    runs = {}
+    for name, flags in (("plain", []), ("limits", ["-max_length", "1", "-min_length", "0", "-max_length_ratio", "0"])):
+        code, out, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-tgt",
+                                    str(root / "refs.txt"), "-mode", "score", "-quiet", *flags], capsys)
+        assert code == 0, err
+        runs[name] = [json.loads(line) for line in out.splitlines()]
+    assert runs["plain"] == runs["limits"]
+    assert max(r["n_tokens"] for r in runs["limits"]) > 2  # references longer than -max_length 1, scored whole
 
 
 @pytest.mark.parametrize("data", [b"a b\r\nc \xe9 d\n", b"\xef\xbb\xbfab \xff\n", b"ok\n\n  \xc3"])
