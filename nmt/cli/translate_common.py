@@ -98,7 +98,7 @@ def json_number(x: float | None) -> float | None:
 def report_line(t: Translation) -> str:
     """The ``-report`` JSON line of one translation (non-finite log-probabilities are null)."""
     record = t.report()
-    record["nbest"] = [{"text": h["text"], "logprob": json_number(h["logprob"])} for h in record["nbest"]]
+    record["nbest"] = [{**h, "logprob": json_number(h["logprob"])} for h in record["nbest"]]
     return json.dumps(record, ensure_ascii=False) + "\n"
 
 

@@ -26,11 +26,13 @@ NOT_CERTIFIED_REASON = reason_name(NOT_CERTIFIED)
 @dataclass(frozen=True)
 class Hypothesis:
     """One entry of an n-best list: detokenized ``text``, total log-probability ``score`` (EOS
-    included) and the target ``tokens`` (one label per generated id)."""
+    included) and the target ``tokens`` (one label per generated id); ``cut``: it ends without
+    EOS, cut by the length limit (``max_length`` or the sentence's ``max_length_ratio`` limit)."""
 
     text: str
     score: float
     tokens: list[str]
+    cut: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,9 @@ class Translation:
     attention: (T, L) numpy matrix of the best hypothesis (with ``return_attention``);
     support: per step of the best hypothesis, ``{"size": n, "tokens": [[token, prob], ...]}``
     (the most probable tokens of nonzero probability; with ``return_support``);
-    support_sizes: number of nonzero-probability tokens at each step of the best hypothesis.
+    support_sizes: number of nonzero-probability tokens at each step of the best hypothesis;
+    cut: per hypothesis, True when it ends without EOS, cut by the length limit (``max_length``
+    or the sentence's ``max_length_ratio`` limit): its text is a truncated prefix.
     """
 
     index: int
@@ -73,6 +77,7 @@ class Translation:
     attention: np.ndarray | None = None
     support: list[dict[str, Any]] | None = None
     support_sizes: list[int] = field(default_factory=list)
+    cut: list[bool] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -87,7 +92,13 @@ class Translation:
     @property
     def nbest(self) -> list[Hypothesis]:
         """The n-best list as ``Hypothesis`` objects."""
-        return [Hypothesis(text, score, tokens) for (text, score), tokens in zip(self.hypotheses, self.tokens)]
+        cut = self.cut or [False] * len(self.hypotheses)
+        return [Hypothesis(text, score, tokens, c) for (text, score), tokens, c in zip(self.hypotheses, self.tokens, cut)]
+
+    @property
+    def output_cut(self) -> bool:
+        """The best hypothesis (the output line) was cut by the length limit, without EOS."""
+        return bool(self.cut and self.cut[0])
 
     @property
     def certificate(self) -> Certificate:
@@ -101,7 +112,8 @@ class Translation:
 
     def report(self) -> dict[str, Any]:
         """The JSON-lines record of this sentence (``exact``: deprecated alias of ``certified``,
-        kept for one release)."""
+        kept for one release; ``cut``: the output, i.e. the best hypothesis, was cut by the length
+        limit without EOS, as each n-best entry's ``cut`` says of it)."""
         record: dict[str, Any] = {
             "id": self.index,
             "certified": self.certified,
@@ -109,7 +121,8 @@ class Translation:
             "n_nonzero": self.n_nonzero,
             "mass": self.mass,
             "reason": self.reason,
-            "nbest": [{"text": text, "logprob": logprob} for text, logprob in self.hypotheses],
+            "cut": self.output_cut,
+            "nbest": [{"text": h.text, "logprob": h.score, "cut": h.cut} for h in self.nbest],
         }
         if self.support is not None:
             record["support"] = self.support
@@ -235,13 +248,14 @@ class Translator:
         """Sentence ``row`` of a batched result already on the host (Python lists, NumPy arrays)."""
         field_ = self.tgt_field
         lengths, scores, token_rows = result.lengths[row], result.scores[row], result.tokens[row]
-        hypotheses, tokens = [], []
+        hypotheses, tokens, cut = [], [], []
         for n, length in enumerate(lengths):
             if length == 0:
                 continue
             ids = token_rows[n][:length]
             hypotheses.append((field_.decode(ids), float(scores[n])))
             tokens.append(field_.vocab.tokens(ids))  # one label per generated id, specials included
+            cut.append(not result.complete[row][n])  # no EOS: cut by the length limit
         best_len = lengths[0]
         attention = None
         if result.attention is not None and best_len > 0:
@@ -267,6 +281,7 @@ class Translator:
             attention=attention,
             support=support,
             support_sizes=sizes,
+            cut=cut,
         )
 
 
@@ -280,6 +295,7 @@ class _HostResult:
     lengths: list
     scores: list
     tokens: list
+    complete: list
     exact: list
     n_nonzero: list
     mass: list
@@ -295,7 +311,7 @@ class _HostResult:
             return None if value is None else value.cpu().tolist()
 
         return cls(lengths=lists(result.lengths), scores=lists(result.scores), tokens=lists(result.tokens),
-                   exact=lists(result.exact), n_nonzero=lists(result.n_nonzero), mass=lists(result.mass),
+                   complete=lists(result.complete), exact=lists(result.exact), n_nonzero=lists(result.n_nonzero), mass=lists(result.mass),
                    reason=lists(result.reason),
                    attention=None if result.attention is None else result.attention.cpu().numpy(),
                    support_size=lists(result.support_size), support_tokens=lists(result.support_tokens),
@@ -308,13 +324,15 @@ class TranslationSummary:
     search was certified (None when certificates were off); ``single_percent``: sentences
     certified to have exactly one sequence of nonzero probability (``n_nonzero == 1``); both
     None too when no sentence was decoded (no input, or empty lines only): a percentage of
-    nothing is not 0%."""
+    nothing is not 0%. ``cut``: sentences whose output (best hypothesis) was cut by the length
+    limit without EOS."""
 
     sentences: int
     empty: int
     certified_percent: float | None
     single_percent: float | None
     mean_support: float | None
+    cut: int = 0
 
     @classmethod
     def of(cls, translations: Sequence[Translation]) -> "TranslationSummary":
@@ -328,7 +346,8 @@ class TranslationSummary:
             certified = "certified n/a"
         else:
             certified = f"certified {self.certified_percent:.1f}%; single hypothesis {self.single_percent:.1f}%"
-        return f"{self.sentences} sentences{empty}; {certified}; mean output support {support}"
+        cut = f"; {self.cut} output{'s' if self.cut != 1 else ''} cut at the length limit (no EOS)" if self.cut else ""
+        return f"{self.sentences} sentences{empty}; {certified}; mean output support {support}{cut}"
 
 
 class SummaryCounts:
@@ -336,7 +355,7 @@ class SummaryCounts:
     not the translations)."""
 
     def __init__(self) -> None:
-        self.sentences = self.decoded = self.certified = self.single = 0
+        self.sentences = self.decoded = self.certified = self.single = self.cut = 0
         self.certify_off = False
         self.support_total = self.support_steps = 0
 
@@ -349,6 +368,7 @@ class SummaryCounts:
             self.certified += bool(t.certified)
             # a single hypothesis is known only when certified: certified and n_nonzero == 1
             self.single += bool(t.certified and t.n_nonzero == 1)
+            self.cut += t.output_cut
             self.certify_off |= t.reason == NOT_CERTIFIED_REASON
             self.support_total += sum(t.support_sizes)
             self.support_steps += len(t.support_sizes)
@@ -363,6 +383,7 @@ class SummaryCounts:
             certified_percent=None if off else 100.0 * self.certified / n,
             single_percent=None if off else 100.0 * self.single / n,
             mean_support=self.support_total / self.support_steps if self.support_steps else None,
+            cut=self.cut,
         )
 
 

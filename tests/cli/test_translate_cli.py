@@ -103,6 +103,22 @@ def test_outputs_report_heatmaps_and_summary(trained, capsys):
     assert "tok:13a" in err and "version:" in err  # sacrebleu signatures
 
 
+def test_report_marks_outputs_cut_at_the_length_limit(trained, capsys, tmp_path):
+    """Every report line and n-best entry carries "cut" (ends without EOS, cut by the length
+    limit; tests/translate/test_cut_outputs.py makes models that are cut). This model gives EOS
+    nonzero probability at every step, so even -max_length 1 cuts nothing, and the summary says
+    nothing of cuts."""
+    root = trained["root"]
+    out, report = tmp_path / "out.txt", tmp_path / "report.jsonl"
+    code, _, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-output", str(out),
+                              "-report", str(report), "-beam_size", "2", "-n_best", "2", "-max_length", "1"], capsys)
+    assert code == 0, err
+    records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+    assert all(r["cut"] is False and all(h["cut"] is False for h in r["nbest"]) for r in records)
+    assert all(set(h) == {"text", "logprob", "cut"} for r in records for h in r["nbest"])
+    assert "cut at the length limit" not in err
+
+
 def test_cli_equals_direct_search(trained, capsys):
     """The CLI's batching, sorting and detokenizing reproduce a direct call per sentence."""
     from nmt.translate.beam_search import beam_search
