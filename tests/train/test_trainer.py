@@ -118,7 +118,11 @@ def test_resume_names_a_same_size_edit_and_ignores_a_touch(tiny_task, tmp_path):
         make_trainer(tiny_task, tmp_path / "run", max_steps=4)
 
 
-def test_resume_ignore_data_change_resumes_with_a_warning(tiny_task, tmp_path, caplog):
+def test_resume_ignore_data_change_resumes_with_a_warning(tiny_task, tmp_path, caplog, monkeypatch):
+    import logging
+
+    monkeypatch.setattr(logging.getLogger("nmt"), "propagate", True)  # off after a CLI test's setup_logging
+    monkeypatch.setattr(logging.getLogger("nmt"), "handlers", [])  # theirs may hold a closed stream
     make_trainer(tiny_task, tmp_path / "run", max_steps=2).train()
     with open(tiny_task["train"]["src"], "a", encoding="utf-8") as handle:
         handle.write("a b c\n")
