@@ -4,7 +4,8 @@
     nmt-average -last N -run RUN_DIR -output avg.pt     # the newest N step_*.pt of a run
 
 All checkpoints must share the architecture (``model`` config; dropout rates may differ),
-both vocabularies and tokenizers, and weight shapes; the output holds the mean weights, the fields and config of
+both vocabularies and tokenizers (compared by content: the same BPE codes or sentencepiece model
+from another path agree), and weight shapes; the output holds the mean weights, the fields and config of
 the last checkpoint (the newest with ``-last N``, the last named with ``-models``) and no
 optimizer state. It loads in ``nmt-translate``. Step
 checkpoints are kept by ``training.keep_last`` (the newest N of them).

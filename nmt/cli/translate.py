@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=DefaultsHelpFormatter)
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("-model", "--model", nargs="+", required=True, metavar="M.pt",
-                   help="checkpoint(s); several are decoded as an ensemble (mean of probabilities)")
+                   help="checkpoint(s); several are decoded as an ensemble (mean of probabilities), "
+                   "which needs the same tokenizers and vocabularies in all")
     p.add_argument("-src", "--src", required=True, metavar="FILE|-", help="source text, one sentence a line; - reads stdin (with -output -: "
                    "streamed, each line translated as it arrives; interactive on a terminal); a line longer than "
                    "a Transformer's learned positions hold is an error naming it")

@@ -78,4 +78,21 @@ class Field:
         return f"Field({self.tokenizer!r}, {self.vocab!r})"
 
 
-__all__ = ["Field"]
+def field_difference(src: Field, tgt: Field, other_src: Field, other_tgt: Field,
+                     other: str, first: str) -> str | None:
+    """One line saying what makes the fields of checkpoint ``other`` (``other_src``, ``other_tgt``)
+    process text otherwise than those of ``first`` (``src``, ``tgt``): ``"b.pt: its src tokenizer
+    differs from a.pt's (bpe codes: 120 vs 100 merges)"``, ``"b.pt: its tgt vocabulary differs
+    from a.pt's"``; None when they agree. Tokenizers are compared first (other tokenizers make
+    other vocabularies too) and by what they do (:meth:`Tokenizer.difference`)."""
+    for side, mine, theirs in (("src", src, other_src), ("tgt", tgt, other_tgt)):
+        problem = mine.tokenizer.difference(theirs.tokenizer)
+        if problem is not None:
+            return f"{other}: its {side} tokenizer differs from {first}'s ({problem})"
+    for side, mine, theirs in (("src", src, other_src), ("tgt", tgt, other_tgt)):
+        if mine.vocab != theirs.vocab:
+            return f"{other}: its {side} vocabulary differs from {first}'s"
+    return None
+
+
+__all__ = ["Field", "field_difference"]

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
+from nmt.data.field import Field, field_difference
 from nmt.train.checkpoint import CheckpointError, load_checkpoint, step_checkpoints
 
 
@@ -48,20 +49,35 @@ def _architecture(section: Any) -> Any:
             if not (isinstance(key, str) and (key == "dropout" or key.endswith("_dropout")))}
 
 
-def check_compatible(paths: Sequence[Path], checkpoints: Sequence[dict[str, Any]]) -> None:
-    """CheckpointError (one line, naming the file) unless all share architecture, vocabularies and weights' shapes.
+def _fields(path: Path, checkpoint: dict[str, Any]) -> tuple[Field, Field]:
+    """The source and target fields of a checkpoint; CheckpointError naming ``path``."""
+    try:
+        return Field.from_state_dict(checkpoint["src_field"]), Field.from_state_dict(checkpoint["tgt_field"])
+    except (ValueError, KeyError, TypeError) as exc:
+        text = str(exc).strip()
+        reason = text.splitlines()[0] if text else type(exc).__name__
+        raise CheckpointError(f"{path}: cannot rebuild the vocabularies ({reason})") from None
 
-    Dropout rates may differ (models trained with other regularisation average too).
+
+def check_compatible(paths: Sequence[Path], checkpoints: Sequence[dict[str, Any]]) -> None:
+    """CheckpointError (one line, naming the file) unless all share architecture, tokenizers,
+    vocabularies and weights' shapes.
+
+    Dropout rates may differ (models trained with other regularisation average too); tokenizers
+    are compared by what they do (:func:`nmt.data.field.field_difference`), so the same BPE codes
+    or sentencepiece model read from another path (or learned with another ``merges`` setting)
+    average.
     """
     first, first_path = checkpoints[0], paths[0]
+    first_fields = _fields(first_path, first)
     for path, other in zip(paths[1:], checkpoints[1:]):
         differing = _first_difference(_architecture(first["config"]["model"]),
                                       _architecture(other["config"]["model"]), "model")
         if differing is not None:
             raise CheckpointError(f"{path}: another architecture than {first_path} ({differing} differs)")
-        for side in ("src_field", "tgt_field"):
-            if _first_difference(first[side], other[side]) is not None:
-                raise CheckpointError(f"{path}: its {side[:3]} vocabulary or tokenizer differs from {first_path}'s")
+        problem = field_difference(*first_fields, *_fields(path, other), str(path), str(first_path))
+        if problem is not None:
+            raise CheckpointError(problem)
         a, b = first["model"], other["model"]
         if set(a) != set(b):
             name = sorted(set(a) ^ set(b))[0]

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import torch
 
-from nmt.data.field import Field
+from nmt.data.field import Field, field_difference
 from nmt.models.protocol import StepDecoder
 from nmt.utils.checkpoint_file import CheckpointError, load_checkpoint
 from nmt.utils.device import auto_device, device_name_problem, device_problem, indexed
@@ -85,20 +85,23 @@ def load_models(
 ) -> tuple[StepDecoder, Field, Field, list[LoadedModel]]:
     """Load one or several checkpoints; several are decoded as an ``Ensemble``.
 
-    Every member must use the same source and target vocabularies (CheckpointError naming
-    the first file that differs). Returns ``(decoder, src_field, tgt_field, members)``.
+    Every member must use the same source and target tokenizers and vocabularies: the
+    ensemble reads and writes text with the first member's fields (CheckpointError naming the
+    first file that differs, the first file and what differs). Tokenizers are compared by what
+    they do (:meth:`nmt.data.tokenizers.Tokenizer.difference`): the same BPE codes or
+    sentencepiece model read from another path is the same tokenizer. Returns
+    ``(decoder, src_field, tgt_field, members)``.
     """
     if not paths:
         raise ValueError("no checkpoint given")
     members = [load_model(p, device) for p in paths]
     first = members[0]
     for other in members[1:]:
-        for side in ("src_field", "tgt_field"):
-            if getattr(other, side).vocab != getattr(first, side).vocab:
-                raise CheckpointError(
-                    f"{other.path}: its {side[:3]} vocabulary differs from {first.path}'s; "
-                    "an ensemble needs identical vocabularies"
-                )
+        problem = field_difference(first.src_field, first.tgt_field, other.src_field, other.tgt_field,
+                                   str(other.path), str(first.path))
+        if problem is not None:
+            raise CheckpointError(f"{problem}; an ensemble reads and writes text with one tokenizer "
+                                  "and vocabulary per side, so its members need the same")
     decoder: StepDecoder = first.model if len(members) == 1 else Ensemble([m.model for m in members])
     return decoder, first.src_field, first.tgt_field, members
 

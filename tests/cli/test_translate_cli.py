@@ -193,6 +193,20 @@ def test_ensemble_of_different_vocabularies_is_refused(trained, capsys):
     assert code == 2 and err.count("\n") == 1 and str(other) in err and "vocabulary" in err
 
 
+def test_ensemble_of_different_tokenizers_is_refused(trained, capsys):
+    """Same vocabularies, other preprocessing: the first member's tokenizer would have read and
+    written text for both; refused on one line naming both files and what differs."""
+    root = trained["root"]
+    payload = torch.load(trained["model"], weights_only=True)
+    payload["tgt_field"]["tokenizer"]["space_symbol"] = "_"
+    other = root / "other_tokenizer.pt"
+    torch.save(payload, other)
+    code, out, err = translate(["-model", trained["model"], str(other), "-src", str(root / "input.txt")], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"nmt-translate: error: {other}: its tgt tokenizer differs from {trained['model']}'s "
+                          "(char space_symbol: '\u2581' vs '_')"), err
+
+
 def test_max_length_ratio_limits_each_sentence_by_its_source(trained, capsys):
     """The reversal model writes one character per source token: with ``-max_length_ratio 0.5
     -max_length_offset 0`` every output stops at floor(n / 2) characters, cut (not certified); with

@@ -164,3 +164,59 @@ def test_tokenizer_without_options_lists_none() -> None:
         build_tokenizer({"type": "space", "foo": 1})
     with pytest.raises(DataError, match=r"tokenizer\.args: unknown key"):
         build_tokenizer({"type": "space", "args": 1})
+
+
+def test_difference_names_what_segments_otherwise(bpe: BPETokenizer, tmp_path) -> None:
+    """``Tokenizer.difference``: the content that decides segmentation, never paths or training-only
+    settings; a short phrase naming what differs."""
+    from nmt.data.tokenizers import SpaceTokenizer
+
+    # BPE: the same codes from a file (other path, CRLF line ends) and with another ``merges`` agree
+    (tmp_path / "copy.codes").write_bytes(bpe.codes.replace("\n", "\r\n").encode("utf-8"))
+    same = BPETokenizer(merges=5, codes_file=tmp_path / "copy.codes")
+    assert bpe.difference(same) is None and same.difference(bpe) is None
+    fewer = BPETokenizer(codes="\n".join(bpe.codes.splitlines()[:-3]) + "\n")
+    assert bpe.difference(fewer) == f"bpe codes: {bpe_merges(bpe)} vs {bpe_merges(bpe) - 3} merges"
+    lines = bpe.codes.splitlines()
+    lines[2] = "q u"
+    swapped = BPETokenizer(codes="\n".join(lines) + "\n")
+    assert bpe.difference(swapped).startswith("bpe codes line 3: ")
+    assert bpe.difference(BPETokenizer(separator="##", codes=bpe.codes)) == "bpe separator: '@@' vs '##'"
+    assert bpe.difference(SpaceTokenizer()) == "tokenizer type: bpe vs space"
+    assert CharTokenizer().difference(CharTokenizer("_")) == "char space_symbol: '\u2581' vs '_'"
+    assert SpaceTokenizer().difference(SpaceTokenizer()) is None
+
+
+def bpe_merges(tok: BPETokenizer) -> int:
+    return sum(1 for line in tok.codes.splitlines() if line and not line.startswith("#version:"))
+
+
+def test_sentencepiece_difference_is_by_content_not_path(tmp_path) -> None:
+    """The same sentencepiece model at two paths agrees, also when it records other training
+    paths and threads (spm_train run on a copy of the data); another model is named by what differs."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    from nmt.data.tokenizers import SentencePieceTokenizer
+
+    tok = SentencePieceTokenizer(vocab_size=60)
+    tok.train(CORPUS)
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(tok.model_proto)
+    model.trainer_spec.input.append("/elsewhere/copy_of_train.txt")
+    model.trainer_spec.model_prefix = "/elsewhere/spm"
+    model.trainer_spec.num_threads = 16
+    (tmp_path / "a.model").write_bytes(tok.model_proto)
+    (tmp_path / "b.model").write_bytes(model.SerializeToString())
+    a = SentencePieceTokenizer(vocab_size=8000, model_file=tmp_path / "a.model")
+    b = SentencePieceTokenizer(model_file=tmp_path / "b.model")
+    assert a.model_proto != b.model_proto and a.difference(b) is None and a.difference(tok) is None
+    smaller = SentencePieceTokenizer(vocab_size=50)
+    smaller.train(CORPUS)
+    assert a.difference(smaller) == "sentencepiece pieces: 60 vs 50"
+    surface = model.trainer_spec.unk_surface
+    model.trainer_spec.unk_surface = "<?>"  # what decoding writes for <unk>: a real difference
+    other = SentencePieceTokenizer(model_proto=model.SerializeToString())
+    assert a.difference(other) == f"sentencepiece trainer_spec.unk_surface: {surface!r} vs '<?>'"
+    other_type = SentencePieceTokenizer(vocab_size=60, model_type="bpe")
+    other_type.train(CORPUS)
+    assert a.difference(other_type) == "sentencepiece model_type: unigram vs bpe"

@@ -67,7 +67,8 @@ def _mutated(run_dir, tmp_path, name, mutate):
 
 @pytest.mark.parametrize("case,expected", [
     ("arch", r"other.pt: another architecture than .*step_4.pt \(model.encoder.hidden_size differs\)$"),
-    ("vocab", r"other.pt: its tgt vocabulary or tokenizer differs from .*step_4.pt's$"),
+    ("vocab", r"other.pt: its tgt vocabulary differs from .*step_4.pt's$"),
+    ("tokenizer", r"other.pt: its tgt tokenizer differs from .*step_4.pt's \(tokenizer type: char vs space\)$"),
     ("shape", r"other.pt: weight '.*' is \(3, 3\) torch.float32, .* in .*step_4.pt$"),
 ])
 def test_mismatched_checkpoints_are_one_line_errors(run_dir, tmp_path, capsys, case, expected):
@@ -76,6 +77,8 @@ def test_mismatched_checkpoints_are_one_line_errors(run_dir, tmp_path, capsys, c
             ckpt["config"]["model"]["encoder"]["hidden_size"] += 2
         elif case == "vocab":
             ckpt["tgt_field"]["vocab"]["itos"][-1] += "x"
+        elif case == "tokenizer":  # same vocabulary, other preprocessing
+            ckpt["tgt_field"]["tokenizer"] = {"type": "space"}
         else:
             name = next(iter(ckpt["model"]))
             ckpt["model"][name] = torch.zeros(3, 3)

@@ -33,6 +33,27 @@ class Tokenizer(ABC):
     def state_dict(self) -> dict[str, Any]:
         """A plain-data dict holding ``type`` and everything needed to rebuild this tokenizer."""
 
+    def difference(self, other: "Tokenizer") -> str | None:
+        """How ``other`` tokenizes or detokenizes text otherwise than this tokenizer (a short phrase
+        such as ``"bpe codes: 120 vs 100 merges"``), or None when the two agree on every text.
+
+        Compared is the content that decides it (learned BPE codes, a sentencepiece model's pieces
+        and rules), not where it was read from nor the settings only training reads (``merges``,
+        ``vocab_size``): identical models at different paths agree. Ensembles and checkpoint
+        averaging refuse members that differ here.
+        """
+        if type(other) is not type(self):
+            return f"tokenizer type: {self.type_name} vs {other.type_name}"
+        return self._difference(other)
+
+    def _difference(self, other: "Tokenizer") -> str | None:
+        """``difference`` for two tokenizers of this type: here any key of their states."""
+        a, b = self.state_dict(), other.state_dict()
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                return f"{self.type_name} {key}: {a.get(key)!r} vs {b.get(key)!r}"
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 

@@ -32,6 +32,17 @@ def _check_codes(codes: str, origin: str) -> None:
             raise DataError(f"{origin}:{n}: BPE codes line must be two symbols, got {line!r}")
 
 
+def _code_lines(codes: str | None) -> list[str] | None:
+    """``codes`` as subword-nmt reads them: lines stripped of ``\\r``, newline and spaces, blank
+    ones at the end dropped (a codes file and the same codes learned here compare equal)."""
+    if codes is None:
+        return None
+    lines = [line.strip("\r\n ") for line in codes.split("\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
 class BPETokenizer(Tokenizer):
     """subword-nmt BPE.
 
@@ -111,6 +122,23 @@ class BPETokenizer(Tokenizer):
         if prefix:
             words.append(prefix)
         return " ".join(words)
+
+    def _difference(self, other: Tokenizer) -> str | None:
+        """Separator and codes (line by line, as subword-nmt reads them); ``merges`` and
+        ``min_frequency`` only shaped the learning of the codes."""
+        assert isinstance(other, BPETokenizer)
+        if self.separator != other.separator:
+            return f"bpe separator: {self.separator!r} vs {other.separator!r}"
+        a, b = _code_lines(self.codes), _code_lines(other.codes)
+        if a == b:
+            return None
+        if a is None or b is None:
+            return "bpe codes: learned in one only"
+        if len(a) != len(b) and a[:1] == b[:1]:  # the same version line (or none)
+            header = int(a[0].startswith("#version:"))
+            return f"bpe codes: {len(a) - header} vs {len(b) - header} merges"
+        n = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        return f"bpe codes line {n + 1}: {a[n]!r} vs {b[n]!r}"
 
     def state_dict(self) -> dict[str, Any]:
         return {

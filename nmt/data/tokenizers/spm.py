@@ -20,6 +20,38 @@ from nmt.data.tokenizers.base import Tokenizer
 
 _MODEL_TYPES = ("unigram", "bpe", "char", "word")
 
+_TRAINING_ONLY = (
+    "input", "input_format", "model_prefix", "num_threads", "vocab_size", "character_coverage",
+    "input_sentence_size", "shuffle_input_sentence", "mining_sentence_size", "training_sentence_size",
+    "seed_sentencepiece_size", "seed_sentencepieces_file", "shrinking_factor", "num_sub_iterations",
+    "self_test_sample_size", "train_extremely_large_corpus", "hard_vocab_limit", "use_all_vocab",
+    "vocabulary_output_piece_score", "enable_differential_privacy", "differential_privacy_noise_level",
+    "differential_privacy_clipping_threshold",
+)
+"""Fields of a model's ``trainer_spec`` that only training reads: where the data was, how much of
+it, threads, sizes (the pieces themselves are compared). Two models differing only here segment
+alike (e.g. one trained from a copy of the data at another path)."""
+
+
+def _model_content(proto: bytes | None) -> Any:
+    """A sentencepiece model's ``ModelProto`` without ``_TRAINING_ONLY`` settings and self-test
+    samples (equal for models that segment alike); the bytes when protobuf cannot read it."""
+    if proto is None:
+        return None
+    try:
+        from sentencepiece import sentencepiece_model_pb2
+        model = sentencepiece_model_pb2.ModelProto()
+        model.ParseFromString(proto)
+    except Exception:  # protobuf missing or too old for sentencepiece's generated module
+        return bytes(proto)
+    fields = model.trainer_spec.DESCRIPTOR.fields_by_name
+    for name in _TRAINING_ONLY:
+        if name in fields:
+            model.trainer_spec.ClearField(name)
+    if "self_test_data" in model.DESCRIPTOR.fields_by_name:
+        model.ClearField("self_test_data")
+    return model
+
 
 class SentencePieceTokenizer(Tokenizer):
     """SentencePiece segmentation.
@@ -119,6 +151,37 @@ class SentencePieceTokenizer(Tokenizer):
 
     def detokenize(self, tokens: list[str]) -> str:
         return self._processor().decode_pieces(list(tokens))
+
+    def _difference(self, other: Tokenizer) -> str | None:
+        """The models' content: pieces, scores, normalization and the settings encoding reads
+        (model type, whitespace and byte handling, special ids), not the training data's paths
+        nor training-only settings (``_TRAINING_ONLY``); the config keys only shaped training."""
+        assert isinstance(other, SentencePieceTokenizer)
+        a, b = _model_content(self.model_proto), _model_content(other.model_proto)
+        if a is None or b is None:
+            return None if a is b else "sentencepiece model: trained in one only"
+        if isinstance(a, bytes) or isinstance(b, bytes):  # no protobuf to read them with
+            return None if a == b else "sentencepiece model: other bytes"
+        if a == b:
+            return None
+        spec_a, spec_b = a.trainer_spec, b.trainer_spec
+        if spec_a.model_type != spec_b.model_type:
+            kinds = type(spec_a).ModelType
+            return f"sentencepiece model_type: {kinds.Name(spec_a.model_type).lower()} vs " \
+                   f"{kinds.Name(spec_b.model_type).lower()}"
+        if len(a.pieces) != len(b.pieces):
+            return f"sentencepiece pieces: {len(a.pieces)} vs {len(b.pieces)}"
+        for i, (x, y) in enumerate(zip(a.pieces, b.pieces)):
+            if x != y:
+                what = f"{x.piece!r} vs {y.piece!r}" if x.piece != y.piece else f"{x.piece!r}: score or type"
+                return f"sentencepiece piece {i}: {what}"
+        for name in ("normalizer_spec", "denormalizer_spec"):
+            if getattr(a, name) != getattr(b, name):
+                return f"sentencepiece {name}: other normalization rules"
+        for field, value in spec_a.ListFields() + spec_b.ListFields():
+            if getattr(spec_a, field.name) != getattr(spec_b, field.name):
+                return f"sentencepiece trainer_spec.{field.name}: {getattr(spec_a, field.name)!r} vs {getattr(spec_b, field.name)!r}"
+        return "sentencepiece model: other content"
 
     def state_dict(self) -> dict[str, Any]:
         return {
