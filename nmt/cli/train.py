@@ -104,6 +104,14 @@ def _run(argv: Sequence[str] | None) -> int:
     except NonFiniteLossError as exc:
         print(f"nmt-train: error: {exc}", file=sys.stderr)
         return 1
+    except RuntimeError as exc:  # a compiler that went missing after the check (training.compile)
+        from nmt.train.compile import compiler_failure
+
+        reason = compiler_failure(exc)
+        if reason is None:
+            raise
+        print(f"nmt-train: error: {args.config}: training.compile: {reason}", file=sys.stderr)
+        return 2
     except OSError as exc:  # save_dir a file, read-only, full disk: one line naming the path
         from nmt.utils.io import describe_os_error
 

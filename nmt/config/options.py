@@ -164,7 +164,8 @@ TRAINING = {
                         "last.pt keeps the last finite state) or skip the update", choices=("stop", "skip")),
     "precision": Option(str, "fp32", "fp32, bf16 (autocast) or fp16 (autocast and loss scaling)",
                         choices=("fp32", "bf16", "fp16")),
-    "compile": Option(bool, False, "torch.compile the forward and loss (CUDA graphs on CUDA)"),
+    "compile": Option(bool, False, "torch.compile the forward and loss (CUDA graphs on CUDA); needs a C++ "
+                      "compiler on CPU ($CXX or g++), a C one on CUDA ($CC, gcc or clang)"),
     "compile_encoder": Option(bool, False, "with compile: an LSTM encoder inside the compiled graph (its padding made inert) instead of packing between graphs: one graph per step, longer compilation"),
     "pad_to_multiple": Option(int, 1, "pad batch lengths to a multiple of this (with compile, e.g. 8: few compiled shapes)", minimum=1),
     "early_stopping_patience": Option(int, None, "stop after this many validations without improvement of "

@@ -17,6 +17,9 @@ in attention and ignored by the loss: same loss, same gradients).
 """
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from dataclasses import replace
 from typing import Callable, TypeVar
 
@@ -30,6 +33,66 @@ F_ = TypeVar("F_", bound=Callable)
 
 MAX_GRAPHS = 64
 """Recompilation limit raised to this many shapes (buckets x batch sizes) per compiled step."""
+
+
+COMPILE_OFF = "set training.compile: false to train without compiling"
+
+
+def compiler_problem(device: torch.device | str) -> str | None:
+    """Why inductor (``training.compile``) cannot build its code for ``device`` here, one line
+    naming what is missing and the ways out, or None when the compiler it needs is found.
+
+    On the CPU inductor writes C++ and compiles it with the first of ``torch._inductor.config
+    .cpp.cxx`` it finds (``$CXX``, else ``g++``); on CUDA Triton compiles its kernel launchers
+    with ``$CC``, else ``gcc`` or ``clang``. Both are looked up on ``PATH`` as inductor and
+    Triton do (without running them): a missing compiler otherwise fails at the first training
+    step, deep inside inductor, after the data and model were built. Other device types, and
+    Windows (MSVC's own lookup), are left to torch."""
+    kind = torch.device(device).type
+    if sys.platform == "win32" or kind not in ("cpu", "cuda"):
+        return None
+    if kind == "cpu":
+        from torch._inductor import config
+
+        names = config.cpp.cxx if isinstance(config.cpp.cxx, (list, tuple)) else (config.cpp.cxx,)
+        if os.environ.get("TORCH_INDUCTOR_INSTALL_GXX") and None in names:
+            return None  # inductor installs g++ through conda itself
+        wanted = [name for name in names if name is not None]
+        if any(shutil.which(name) for name in wanted):
+            return None
+        cxx = os.environ.get("CXX")
+        where = (f"CXX={cxx} is not an executable" if cxx and cxx in wanted
+                 else f"{' or '.join(wanted) or 'g++'} is not on PATH")
+        return (f"torch.compile (inductor) needs a C++ compiler for CPU training and finds none "
+                f"({where}); install one (e.g. apt-get install g++, or point CXX at it) or {COMPILE_OFF}")
+    cc = os.environ.get("CC")
+    if cc:
+        if shutil.which(cc):
+            return None
+        where = f"CC={cc} is not an executable"
+    elif shutil.which("gcc") or shutil.which("clang"):
+        return None
+    else:
+        where = "CC is unset and neither gcc nor clang is on PATH"
+    return (f"torch.compile (inductor) needs a C compiler for Triton's CUDA kernels and finds none "
+            f"({where}); install one (e.g. apt-get install gcc, or point CC at it) or {COMPILE_OFF}")
+
+
+def compiler_failure(exc: BaseException) -> str | None:
+    """The one-line reason when ``exc`` (raised by a compiled step) is inductor or Triton failing to
+    find a compiler (one removed after :func:`compiler_problem` looked, or a path it could not
+    judge); None for any other error."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = str(exc)
+        if type(exc).__name__ == "InvalidCxxCompiler" or "InvalidCxxCompiler" in text:
+            return ("torch.compile (inductor) found no working C++ compiler (torch._inductor.config.cpp.cxx: "
+                    f"$CXX, else g++); install one or {COMPILE_OFF}")
+        if "Failed to find C compiler" in text:
+            return f"torch.compile: Triton found no C compiler ($CC, else gcc or clang); install one or {COMPILE_OFF}"
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def compile_for_device(fn: F_, device: torch.device | str, backend: str = "inductor",
@@ -70,4 +133,5 @@ def pad_to_multiple(batch: Batch, multiple: int, pad_index: int) -> Batch:
     return replace(batch, src=widen(batch.src), tgt_in=widen(batch.tgt_in), tgt_out=widen(batch.tgt_out))
 
 
-__all__ = ["MAX_GRAPHS", "compile_for_device", "compile_loss_forward", "pad_to_multiple"]
+__all__ = ["MAX_GRAPHS", "compile_for_device", "compile_loss_forward", "compiler_failure", "compiler_problem",
+           "pad_to_multiple"]

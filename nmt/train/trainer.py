@@ -36,7 +36,7 @@ from nmt.train.interrupt import GracefulInterrupt
 from nmt.train.nonfinite import NonFiniteGuard, check_parameters_finite
 from nmt.train.optimizers import build_optimizer
 from nmt.train.rng import rng_state, seed_everything, set_rng_state
-from nmt.train.compile import compile_for_device, compile_loss_forward, pad_to_multiple
+from nmt.train.compile import compile_for_device, compile_loss_forward, compiler_problem, pad_to_multiple
 from nmt.train.precision import TrainPrecision
 from nmt.train.schedules import build_schedule
 from nmt.train.update import loss_forward, update
@@ -114,7 +114,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def check_run_config(config: dict, source: str) -> torch.device:
-    """The checks of a resolved config that need torch (device, decoding metric); returns the device.
+    """The checks of a resolved config that need torch (device, a compiler for ``training.compile``,
+    decoding metric); returns the device.
 
     Raises ConfigError naming ``source`` and the key; writes nothing (nmt-train calls it
     before it creates the run directory).
@@ -124,6 +125,10 @@ def check_run_config(config: dict, source: str) -> torch.device:
         device = resolve_device(train_cfg["device"])
     except ValueError as exc:
         raise ConfigError(source, "training.device", str(exc)) from None
+    if train_cfg["compile"]:
+        problem = compiler_problem(device)
+        if problem is not None:
+            raise ConfigError(source, "training.compile", problem)
     if valid_cfg["metric"] in DECODING_METRICS and not valid_cfg["decode"]:
         raise ConfigError(source, "validation.metric",
                           f"{valid_cfg['metric']!r} needs decoding, but validation.decode is false")

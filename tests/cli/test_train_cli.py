@@ -106,6 +106,77 @@ def test_any_other_bad_value_is_one_unquoted_line(tmp_path, monkeypatch, capsys)
 
 
 
+@pytest.mark.parametrize("cxx, named", [
+    ("/nonexistent/g++", "(CXX=/nonexistent/g++ is not an executable)"),
+    (None, "(g++ is not on PATH)"),
+])
+def test_compile_without_a_cxx_compiler_is_one_line_error(tmp_path, monkeypatch, capsys, cxx, named):
+    """``training.compile`` on the CPU with no C++ compiler for inductor (CXX pointing nowhere, or
+    no g++ on PATH): one line naming the key, what is missing and the ways out, before anything is
+    generated or written (it failed at the first step, deep inside inductor, after the data and the
+    model were built)."""
+    from torch._inductor import config as inductor_config
+
+    monkeypatch.setenv("PATH", str(tmp_path / "no_compilers"))
+    if cxx is None:
+        monkeypatch.delenv("CXX", raising=False)
+    else:
+        monkeypatch.setenv("CXX", cxx)
+    config = quickstart_like(tmp_path, training={"compile": True, "device": "cpu"})
+    with inductor_config.patch({"cpp.cxx": (None, cxx or "g++")}):  # read from CXX when torch loads it
+        assert run(tmp_path, monkeypatch, config) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("nmt-train: error: c.yaml: training.compile: torch.compile (inductor) needs a C++ "
+                          f"compiler for CPU training and finds none {named}; install one"), err
+    assert err.endswith("or set training.compile: false to train without compiling\n")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "data").exists()
+
+
+def test_compiler_checks_name_cc_for_cuda_and_accept_a_found_one(tmp_path, monkeypatch):
+    """On CUDA Triton compiles with $CC, else gcc or clang on PATH (checked without a GPU: the check
+    only reads the device type)."""
+    import sys
+
+    from nmt.train.compile import compiler_problem
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert "(CC=/nonexistent/cc is not an executable); install one" in compiler_problem("cuda:1")
+    monkeypatch.delenv("CC")
+    assert "(CC is unset and neither gcc nor clang is on PATH)" in compiler_problem("cuda")
+    monkeypatch.setenv("CC", sys.executable)  # any executable file: found
+    assert compiler_problem("cuda") is None
+    assert compiler_problem("meta") is None  # other device types: left to torch
+
+
+def test_a_compiler_lost_after_the_check_is_one_line_error(tmp_path, monkeypatch, capsys):
+    """A real inductor failure (no C++ compiler at compile time) is recognised in its exception
+    chain; nmt-train turns it into one line; any other RuntimeError still propagates."""
+    import torch
+    from torch._inductor import config as inductor_config
+
+    import nmt.train.trainer as trainer
+    from nmt.train.compile import compiler_failure
+
+    with inductor_config.patch({"cpp.cxx": (None, "/nonexistent/g++")}):
+        with pytest.raises(RuntimeError) as info:
+            torch.compile(lambda x: x.sin() + 1)(torch.randn(4))
+    torch._dynamo.reset()
+    assert compiler_failure(info.value).startswith("torch.compile (inductor) found no working C++ compiler")
+    assert compiler_failure(RuntimeError("CUDA out of memory")) is None
+
+    def fail(self):
+        raise info.value
+
+    monkeypatch.setattr(trainer.Trainer, "train", fail)
+    monkeypatch.setattr(trainer, "compiler_problem", lambda device: None)
+    assert run(tmp_path, monkeypatch, quickstart_like(tmp_path, training={"compile": True})) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("nmt-train: error: c.yaml: training.compile: torch.compile (inductor) found no "
+                          "working C++ compiler") and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize("saved", [False, True])
 def test_a_forced_quit_says_whether_a_checkpoint_holds_the_state(tmp_path, monkeypatch, capsys, saved):
     """A second Ctrl-C (KeyboardInterrupt out of the trainer) names last.pt only where one was saved."""

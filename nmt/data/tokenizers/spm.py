@@ -178,9 +178,10 @@ class SentencePieceTokenizer(Tokenizer):
         for name in ("normalizer_spec", "denormalizer_spec"):
             if getattr(a, name) != getattr(b, name):
                 return f"sentencepiece {name}: other normalization rules"
-        for field, value in spec_a.ListFields() + spec_b.ListFields():
-            if getattr(spec_a, field.name) != getattr(spec_b, field.name):
-                return f"sentencepiece trainer_spec.{field.name}: {getattr(spec_a, field.name)!r} vs {getattr(spec_b, field.name)!r}"
+        for field, _ in spec_a.ListFields() + spec_b.ListFields():
+            mine, theirs = getattr(spec_a, field.name), getattr(spec_b, field.name)
+            if mine != theirs:
+                return f"sentencepiece trainer_spec.{field.name}: {mine!r} vs {theirs!r}"
         return "sentencepiece model: other content"
 
     def state_dict(self) -> dict[str, Any]:
