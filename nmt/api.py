@@ -86,7 +86,9 @@ def load(checkpoint: PathLike | Sequence[PathLike], device: str = "auto", *, bat
          options: SearchOptions | None = None, **search: Any) -> Model:
     """Load a checkpoint (several: an ensemble, mean of probabilities) for translation.
 
-    device: "auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N". Search
+    device: "auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N"; one unknown or
+    unusable here (no CUDA, an index past the machine's GPUs) is a one-line ValueError naming it,
+    before any checkpoint is read. Search
     defaults: ``options`` (default ``SearchOptions()``) with keyword overrides, e.g.
     ``load("best.pt", beam_size=8)``. Raises ``CheckpointError`` for an unreadable file.
     """

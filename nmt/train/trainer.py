@@ -109,7 +109,7 @@ def resolve_device(name: str) -> torch.device:
     if name != "auto":
         problem = device_problem(device)
         if problem is not None:
-            raise ValueError(f"{name!r} is not usable here ({problem[:120]})")
+            raise ValueError(f"{name!r} is not usable here ({problem})")
     return indexed(device)
 
 

@@ -51,7 +51,7 @@ def resolve_device(device: str | torch.device, what: str = "device") -> str:
         raise ValueError(f"{what} {name}: CUDA is not available on this machine")
     problem = device_problem(name)
     if problem is not None:
-        raise ValueError(f"{what} {name}: not a usable device here (cpu, cuda or cuda:N); {problem[:120]}")
+        raise ValueError(f"{what} {name}: not a usable device here (cpu, cuda or cuda:N); {problem}")
     return str(indexed(name))
 
 

@@ -13,6 +13,7 @@ from nmt.data.field import Field
 from nmt.models.protocol import StepDecoder, check_lengths, position_limits
 from nmt.translate.scoring import BatchScores, score_batch
 from nmt.translate.translator import check_batch_size
+from nmt.utils.device import checked_device
 from nmt.utils.precision import check_precision, inference_precision
 
 EMPTY_SOURCE = "empty_source"
@@ -88,7 +89,8 @@ class Scorer:
                  device: str | torch.device = "cpu", precision: str = "fp32") -> None:
         check_batch_size(batch_size)
         self.model, self.src_field, self.tgt_field = model, src_field, tgt_field
-        self.batch_size, self.device, self.precision = batch_size, device, check_precision(precision)
+        self.batch_size, self.precision = batch_size, check_precision(precision)
+        self.device = checked_device(device, "Scorer device")  # one line, not an error at the first batch
         self.seconds = 0.0
 
     def score(self, sources: Sequence[str], references: Sequence[str],

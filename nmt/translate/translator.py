@@ -15,6 +15,7 @@ from nmt.models.protocol import StepDecoder, check_lengths, position_limits
 from nmt.translate.beam_search import SearchResult, beam_search
 from nmt.translate.certificate import NOT_CERTIFIED, reason_name
 from nmt.translate.search_options import SearchOptions
+from nmt.utils.device import checked_device
 from nmt.utils.packed_linear import frozen_weights
 from nmt.utils.precision import check_precision, inference_precision
 
@@ -187,6 +188,9 @@ class Translator:
     source tokens (``"tokens"``); outputs come back in input order. ``precision`` "bf16" or
     "fp16" runs the model under autocast (the search itself stays in float32); "fp32" in IEEE float32
     on a GPU too (:func:`nmt.utils.precision.ieee_float32`: no TF32 products, the CPU's results).
+    ``device`` is the model's (``cpu``, ``cuda``, ``cuda:N``): one unknown or unusable here is a
+    ValueError naming it at construction (``"auto"`` too: it is resolved where the model is loaded,
+    ``nmt.load``).
     ``search_seconds`` accumulates the time spent in ``translate``. With learned positions
     (:func:`nmt.models.protocol.position_limits`) ``translate`` refuses, before decoding, a
     source longer than they hold (``InputTooLong`` naming the first such input; truncate with
@@ -203,7 +207,8 @@ class Translator:
         self.batch_type, self.precision = batch_type, check_precision(precision)
         self.model, self.src_field, self.tgt_field = model, src_field, tgt_field
         self.options = (options or SearchOptions()).updated(**search_overrides)
-        self.batch_size, self.device, self.max_src_length = batch_size, device, max_src_length
+        self.batch_size, self.max_src_length = batch_size, max_src_length
+        self.device = checked_device(device, "Translator device")  # one line, not an error at the first batch
         self.search_seconds = 0.0
 
     def translate(self, lines: Sequence[str], progress: Callable[[int], None] | None = None) -> list[Translation]:

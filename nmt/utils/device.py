@@ -41,18 +41,59 @@ def indexed(device: str | torch.device) -> torch.device:
     return device
 
 
+def _reason(exc: BaseException, limit: int = 160) -> str:
+    """The first line of an error, shortened to its first sentence when long (torch's dispatcher
+    errors run on for a paragraph)."""
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else type(exc).__name__
+    if len(line) > limit and ". " in line[:limit]:
+        line = line[: line.index(". ") + 1]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def device_problem(device: str | torch.device) -> str | None:
     """Why no tensor can be allocated on ``device`` (one line), or None when it can.
 
-    Allocates an empty tensor there (on CUDA this initialises the context once; no host sync).
+    A CUDA device asks CUDA's device count first (``cuda:1`` on a one-GPU machine: "this machine
+    has 1 CUDA device (cuda:0)", not CUDA's "invalid device ordinal"), a device type whose torch
+    module says it is unavailable (``mps``, ``xpu``) says so; then an empty tensor is allocated
+    there (on CUDA this initialises the context once; no host sync).
     """
     try:
-        if torch.device(device).type == "meta":
+        device = torch.device(device)
+        if device.type == "meta":
             return "the meta device holds no data"
-        torch.empty(0, device=torch.device(device))
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                return "CUDA is not available on this machine"
+            count = torch.cuda.device_count()
+            if device.index is not None and device.index >= count:
+                last = "cuda:0" if count == 1 else f"cuda:0 to cuda:{count - 1}"
+                return f"this machine has {count} CUDA device{'s' if count != 1 else ''} ({last})"
+        elif device.type != "cpu":
+            available = getattr(getattr(torch, device.type, None), "is_available", None)
+            if callable(available) and not available():
+                return f"no {device.type} device is available on this machine"
+        torch.empty(0, device=device)
     except Exception as exc:  # RuntimeError, NotImplementedError (no backend), AssertionError (not compiled)
-        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return _reason(exc)
     return None
+
+
+def checked_device(device: str | torch.device, what: str) -> str | torch.device:
+    """``device`` unchanged when tensors can be allocated there; otherwise ValueError, one line naming
+    the option ``what``: for the classes given a model's device (``Translator``, ``Scorer``), where
+    ``"auto"`` is no answer (it is resolved where the model is loaded: ``nmt.load``, ``-device``)."""
+    named = DEVICE_FORMS.replace("auto, ", "")
+    if str(device) == "auto":
+        raise ValueError(f"{what} auto: name the model's device ({named}); "
+                         "auto is resolved when loading (nmt.load, -device)")
+    if device_name_problem(device) is not None:
+        raise ValueError(f"{what} {device}: not a device name; valid: {named}")
+    problem = device_problem(device)
+    if problem is not None:
+        raise ValueError(f"{what} {device}: {problem}")
+    return device
 
 
 def make_current(device: str | torch.device) -> None:
@@ -82,4 +123,5 @@ def host_to_device(tensor: torch.Tensor, device: str | torch.device, non_blockin
     return tensor.to(device, non_blocking=non_blocking)
 
 
-__all__ = ["DEVICE_FORMS", "auto_device", "device_name_problem", "device_problem", "host_to_device", "indexed", "make_current"]
+__all__ = ["DEVICE_FORMS", "auto_device", "checked_device", "device_name_problem", "device_problem", "host_to_device",
+           "indexed", "make_current"]

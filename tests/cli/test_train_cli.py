@@ -92,6 +92,18 @@ def test_unusable_device_is_one_line_error(tmp_path, monkeypatch, capsys, device
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_a_cuda_device_without_cuda_is_one_line_error(tmp_path, monkeypatch, capsys, device):
+    """training.device cuda:N where CUDA is unavailable (simulated where it is): one line, nothing written."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert run(tmp_path, monkeypatch, quickstart_like(tmp_path, training={"device": device})) == 2
+    assert capsys.readouterr().err == (f"nmt-train: error: c.yaml: training.device: '{device}' requested but CUDA "
+                                       "is not available\n")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "data").exists()
+
+
 def test_any_other_bad_value_is_one_unquoted_line(tmp_path, monkeypatch, capsys):
     """A ValueError that is not a ConfigError (from anywhere in the run) prints its first line as
     it is, not its repr."""

@@ -253,6 +253,17 @@ def test_bad_flag_values_are_one_line_errors(trained, capsys, tmp_path, flags, e
     assert code == 2 and err.startswith(expected) and err.count("\n") == 1 and not out.exists()
 
 
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_a_cuda_device_without_cuda_is_one_line_error(trained, capsys, tmp_path, monkeypatch, device):
+    """-device cuda:N where CUDA is unavailable (simulated where it is): one line naming the option."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "out.txt"
+    code, _, err = translate(["-model", trained["model"], "-src", str(trained["root"] / "input.txt"),
+                              "-output", str(out), "-device", device], capsys)
+    assert (code, err) == (2, f"nmt-translate: error: -device {device}: CUDA is not available on this machine\n")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("flag, kind", [("-report", "dir"), ("-attention", "file"), ("-output", "dir"),
                                         ("-score_output", "dir")])
 def test_an_unwritable_output_path_fails_before_translating(trained, capsys, tmp_path, flag, kind):

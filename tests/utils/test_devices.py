@@ -168,3 +168,64 @@ def test_make_current_sets_a_cuda_device_only(monkeypatch):
     device_utils.make_current("cuda")  # the benchmarks' --device cuda: the current device, kept
     device_utils.make_current(torch.device("cuda"))
     assert gpus.current == 1
+
+
+def test_a_cuda_index_past_the_machines_gpus_names_how_many_there_are(monkeypatch, tmp_path):
+    """``cuda:1`` on a one-GPU machine: the count of GPUs, from the device count, before any
+    allocation (CUDA's own answer is "invalid device ordinal" with advice on further lines); the
+    same in nmt.load (before the file is read), nmt-translate's -device and training.device."""
+    import nmt
+
+    StandInGPUs(1).install(monkeypatch)
+    with pytest.raises(ValueError) as info:
+        nmt.load(tmp_path / "missing.pt", device="cuda:1")
+    assert str(info.value) == ("device cuda:1: not a usable device here (cpu, cuda or cuda:N); "
+                               "this machine has 1 CUDA device (cuda:0)")
+    with pytest.raises(ValueError, match=r"^-device cuda:2: .*; this machine has 1 CUDA device \(cuda:0\)$"):
+        loading.resolve_device("cuda:2", what="-device")
+    StandInGPUs(2).install(monkeypatch)
+    with pytest.raises(ValueError) as info:
+        trainer_module.resolve_device("cuda:3")
+    assert str(info.value) == "'cuda:3' is not usable here (this machine has 2 CUDA devices (cuda:0 to cuda:1))"
+
+
+def test_an_unavailable_backend_is_said_in_one_sentence(monkeypatch):
+    """A device type torch knows but this machine lacks (mps off a Mac, xpu) is named as missing;
+    any other allocation error is cut to its first sentence (torch's dispatcher errors go on for a
+    paragraph, and were cut mid-word)."""
+    monkeypatch.setattr(torch.mps, "is_available", lambda: False)
+    assert device_utils.device_problem("mps") == "no mps device is available on this machine"
+    with pytest.raises(ValueError) as info:
+        loading.resolve_device("mps", what="-device")
+    assert str(info.value) == ("-device mps: not a usable device here (cpu, cuda or cuda:N); "
+                               "no mps device is available on this machine")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device_utils.device_problem("cuda:0") == "CUDA is not available on this machine"
+    long = "Could not run 'aten::empty.memory_format' with arguments from the 'X' backend. " + "More. " * 40
+
+    def refuse(*args, **kwargs):
+        raise NotImplementedError(long + "\nsecond line")
+
+    monkeypatch.setattr(torch, "empty", refuse)
+    assert device_utils.device_problem("cpu") == "Could not run 'aten::empty.memory_format' with arguments " \
+                                                 "from the 'X' backend."
+
+
+@pytest.mark.parametrize("device, expected", [
+    ("cuda:1", "{what} device cuda:1: CUDA is not available on this machine"),
+    ("auto", "{what} device auto: name the model's device (cpu, cuda, cuda:N); auto is resolved when loading "
+             "(nmt.load, -device)"),
+    ("gpu", "{what} device gpu: not a device name; valid: cpu, cuda, cuda:N"),
+])
+def test_translator_and_scorer_refuse_a_device_at_construction(monkeypatch, device, expected):
+    """The classes behind nmt.load take the model's device as given: one they cannot use is a
+    one-line ValueError naming it when they are made (it failed at the first batch, deep in torch:
+    "Cannot access accelerator device when none is available")."""
+    from nmt.translate import Scorer, Translator
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for cls in (Translator, Scorer):
+        with pytest.raises(ValueError) as info:
+            cls(None, None, None, device=device)
+        assert str(info.value) == expected.format(what=cls.__name__)
+    assert Translator(None, None, None, device=torch.device("cpu")).device == torch.device("cpu")
