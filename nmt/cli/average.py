@@ -9,6 +9,10 @@ from another path agree), and weight shapes; the output holds the mean weights, 
 the last checkpoint (the newest with ``-last N``, the last named with ``-models``) and no
 optimizer state. It loads in ``nmt-translate``. Step
 checkpoints are kept by ``training.keep_last`` (the newest N of them).
+
+The output is written atomically: an interrupted run (SIGINT, SIGTERM) leaves neither a partial
+output nor a temporary file; one killed by SIGKILL leaves a temporary ``.AVG.pt.*.tmp`` that the
+next write of the same output removes.
 """
 from __future__ import annotations
 
@@ -30,23 +34,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; 0 on success, 2 on bad input (one line on stderr)."""
+    """Entry point; 0 on success, 2 on bad input (one line on stderr), 128+N on signal N (SIGINT /
+    SIGTERM: the output is not written and no temporary file is left; see :mod:`nmt.cli.signals`)."""
     args = build_parser().parse_args(argv)
+    from nmt.cli.signals import Terminated, stop_on_signals
     from nmt.train.checkpoint import CheckpointError, save_checkpoint
     from nmt.train.model_release import average_checkpoints, last_step_checkpoints
     from nmt.utils.io import describe_os_error
 
     try:
-        if args.last is not None:
-            if args.run is None:
-                raise CheckpointError("-last N needs -run RUN_DIR")
-            paths = last_step_checkpoints(args.run, args.last)
-        else:
-            if args.run is not None:
-                raise CheckpointError("-run is for -last N; with -models name the files")
-            paths = args.models
-        payload = average_checkpoints(paths)
-        save_checkpoint(args.output, payload)
+        with stop_on_signals():
+            if args.last is not None:
+                if args.run is None:
+                    raise CheckpointError("-last N needs -run RUN_DIR")
+                paths = last_step_checkpoints(args.run, args.last)
+            else:
+                if args.run is not None:
+                    raise CheckpointError("-run is for -last N; with -models name the files")
+                paths = args.models
+            payload = average_checkpoints(paths)
+            save_checkpoint(args.output, payload)
+    except Terminated as exc:
+        print(f"{PROG}: interrupted by {exc}; {args.output} was not written", file=sys.stderr)
+        return 128 + exc.signum
     except (CheckpointError, OSError) as exc:
         text = describe_os_error(exc) if isinstance(exc, OSError) else str(exc).strip()  # 'PATH: is a directory'
         print(f"{PROG}: error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)

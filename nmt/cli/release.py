@@ -21,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; 0 on success, 2 on bad input (one line on stderr)."""
+    """Entry point; 0 on success, 2 on bad input (one line on stderr), 128+N on signal N (SIGINT /
+    SIGTERM: the output is not written and no temporary file is left; see :mod:`nmt.cli.signals`)."""
     args = build_parser().parse_args(argv)
     import os
 
@@ -29,9 +30,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nmt.train.model_release import released
     from nmt.utils.io import describe_os_error
 
+    from nmt.cli.signals import Terminated, stop_on_signals
+
     try:
-        payload = released(load_checkpoint(args.model, training=False), args.model)
-        save_checkpoint(args.output, payload)
+        with stop_on_signals():
+            payload = released(load_checkpoint(args.model, training=False), args.model)
+            save_checkpoint(args.output, payload)
+    except Terminated as exc:
+        print(f"{PROG}: interrupted by {exc}; {args.output} was not written", file=sys.stderr)
+        return 128 + exc.signum
     except (CheckpointError, OSError) as exc:
         text = describe_os_error(exc) if isinstance(exc, OSError) else str(exc).strip()  # 'PATH: is a directory'
         print(f"{PROG}: error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)

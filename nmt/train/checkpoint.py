@@ -15,7 +15,7 @@ import torch
 
 from nmt.utils.checkpoint_file import (FORMAT_VERSION, PAYLOAD_KEYS, CheckpointError, load_checkpoint,
                                        save_checkpoint)
-from nmt.utils.io import atomic_open
+from nmt.utils.io import atomic_open, stale_temporary, temporary_owner
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
@@ -53,15 +53,27 @@ def save_run_checkpoint(save_dir: str | os.PathLike, payload: dict[str, Any], ke
         old.unlink(missing_ok=True)
 
 
+RUN_FILES = re.compile(r"^(last\.pt|best\.pt|step_\d+\.pt|config\.yaml|metrics\.jsonl)$")
+"""The files of ``save_dir`` that only the nmt-train run holding its lock writes."""
+
+
 def remove_stale_temporaries(save_dir: str | os.PathLike) -> list[Path]:
     """Delete the temporary files of interrupted atomic writes (``.NAME.*.tmp``) in ``save_dir``.
 
-    Such a file is never valid (the write it belonged to did not finish); call this only while
-    holding the directory's lock, so no live writer owns one. Returns the removed paths.
+    Call this only while holding the directory's lock (nmt-train takes it before): then no other
+    run writes the run's own files (:data:`RUN_FILES`), so their temporaries are never valid,
+    whoever left them (an older nmt's too, whose names carry no owner). Any other temporary (an
+    ``nmt-average`` / ``nmt-translate`` output the user directs into ``save_dir``, whose writer
+    may still run) is removed only when its writer was a process of this host that no longer
+    runs (:func:`nmt.utils.io.stale_temporary`). Returns the removed paths.
     """
     removed = []
     for entry in Path(save_dir).glob(".*.tmp"):
-        if entry.is_file():
+        owner = temporary_owner(entry.name)
+        target = owner[0] if owner is not None else entry.name[1:-len(".tmp")].rsplit(".", 1)[0]
+        if not (RUN_FILES.match(target) or stale_temporary(entry.name)):
+            continue
+        if entry.is_file() and not entry.is_symlink():
             entry.unlink(missing_ok=True)
             removed.append(entry)
     return removed
@@ -104,4 +116,5 @@ def _atomic_copy(source: Path, target: Path) -> None:
 
 
 __all__ = ["FORMAT_VERSION", "PAYLOAD_KEYS", "CheckpointError", "save_checkpoint", "load_checkpoint",
-           "save_run_checkpoint", "step_checkpoints", "remove_stale_temporaries", "checkpoint_step", "repair_best"]
+           "save_run_checkpoint", "step_checkpoints", "RUN_FILES", "remove_stale_temporaries", "checkpoint_step",
+           "repair_best"]

@@ -3,10 +3,21 @@
 A reader never sees a half-written file: either the old content or the new one. The file
 gets the mode a plain ``open(path, "w")`` would give it (``0o666 & ~umask``, e.g. 0644 under
 umask 022), not ``mkstemp``'s private 0600.
+
+Temporary files are named ``.NAME.p<pid>h<host>.<random>.tmp`` (``<host>``: 8 hex digits of a
+hash of the host name), so that a process killed mid-write (SIGKILL, a power cut: no chance to
+remove it) leaves a file whose writer can be told dead later: every atomic write of ``NAME``
+first removes the temporaries of earlier writes of ``NAME`` whose writer was a process of this
+host that no longer runs (:func:`remove_stale_temporaries`). A temporary of a live process, of
+another host (on a shared filesystem its pid cannot be checked) or without an owner in its name
+(written by an older nmt) is left alone.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+import socket
 import stat
 import tempfile
 import threading
@@ -37,6 +48,76 @@ def current_umask() -> int:
     return mask
 
 
+def _host_tag(host: str | None = None) -> str:
+    """8 hex digits naming ``host`` (default: this one) in temporary file names."""
+    return hashlib.sha1((host or socket.gethostname()).encode("utf-8", "replace")).hexdigest()[:8]
+
+
+_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.p(?P<pid>\d+)h(?P<host>[0-9a-f]{8})\.[A-Za-z0-9_]+\.tmp$")
+_MAX_NAME_IN_TEMP = 200  # NAME part of a temporary's name: with the rest it stays under 255 bytes
+
+
+def temporary_owner(name: str) -> tuple[str, int, str] | None:
+    """``(target name, pid, host tag)`` of a temporary file name written by :func:`atomic_open`
+    (``.NAME.p<pid>h<host>.<random>.tmp``), or None for any other name (an older nmt's
+    temporaries carry no owner). A long target name appears shortened (see :func:`_temp_prefix`)."""
+    match = _TEMP_NAME.match(name)
+    if match is None:
+        return None
+    return match.group("name"), int(match.group("pid")), match.group("host")
+
+
+def _temp_prefix(target_name: str, pid: int | None = None) -> str:
+    return f".{target_name[:_MAX_NAME_IN_TEMP]}.p{os.getpid() if pid is None else pid}h{_host_tag()}."
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (a process of another user counts as running)."""
+    if pid <= 0:
+        return True  # never a writer's pid; ``kill(0 or -N)`` would signal groups
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:  # anything else: cannot tell, so not provably dead
+        return True
+    return True
+
+
+def stale_temporary(name: str) -> bool:
+    """True when ``name`` is an :func:`atomic_open` temporary whose writer was a process of this
+    host that no longer runs: the write it belonged to can never finish."""
+    owner = temporary_owner(name)
+    return (owner is not None and owner[2] == _host_tag() and owner[1] != os.getpid()
+            and not pid_alive(owner[1]))
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporaries that killed writes of ``path`` left next to it (see the module
+    docstring: the writer a process of this host that no longer runs). Returns the removed paths;
+    a directory that cannot be listed, or a file already gone, is passed over."""
+    target = Path(path)
+    stem = f".{target.name[:_MAX_NAME_IN_TEMP]}."
+    removed = []
+    try:
+        entries = [e for e in os.scandir(target.parent) if e.name.startswith(stem) and e.name.endswith(".tmp")]
+    except OSError:
+        return removed
+    for entry in entries:
+        owner = temporary_owner(entry.name)
+        if owner is None or owner[0] != target.name[:_MAX_NAME_IN_TEMP] or not stale_temporary(entry.name):
+            continue
+        try:
+            if entry.is_file(follow_symlinks=False):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except OSError:
+            pass
+    return removed
+
+
 def default_file_mode() -> int:
     """``0o666 & ~umask``: the mode ``open(path, "w")`` gives a new file."""
     return 0o666 & ~current_umask()
@@ -51,7 +132,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     naming ``path`` (not the temporary file). The file's mode respects the umask (see the module docstring).
     A symlink stays a link (the file it names is replaced); an existing ``path`` that is neither
     a regular file nor a directory (a device such as ``/dev/null``, a named pipe) is written
-    directly, since there is no file to replace.
+    directly, since there is no file to replace. Before writing, the temporaries that killed
+    earlier writes of ``path`` left are removed (:func:`remove_stale_temporaries`).
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open: mode must be 'w' or 'wb', got {mode!r}")
@@ -68,8 +150,9 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     # through a symlink: replace the file it names (next to it), not the link
     target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(target)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(target.name), suffix=".tmp", dir=target.parent)
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
     try:
@@ -109,4 +192,5 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         handle.write(data)
 
 
-__all__ = ["current_umask", "default_file_mode", "atomic_open", "describe_os_error", "atomic_write_text", "atomic_write_bytes"]
+__all__ = ["current_umask", "default_file_mode", "temporary_owner", "pid_alive", "stale_temporary",
+           "remove_stale_temporaries", "atomic_open", "describe_os_error", "atomic_write_text", "atomic_write_bytes"]

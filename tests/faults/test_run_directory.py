@@ -83,6 +83,49 @@ def test_kill_9_during_a_save_leaves_nothing_that_survives_the_next_start(task, 
     assert trainer.progress.step == 2 and trainer.train().step == 4
 
 
+def test_the_start_removes_dead_writers_temporaries_only(task, tmp_path):
+    """Under the lock the temporaries of the run's own files are stale whoever left them; those of
+    other outputs written into save_dir (nmt-average, nmt-translate) only when their writer is gone."""
+    from nmt.utils.io import _host_tag
+
+    run = tmp_path / "run"
+    run.mkdir()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    tag = _host_tag()
+    try:
+        removed = [".last.pt.k2j3h4g5.tmp", ".best.pt.link.tmp", f".step_4.pt.p{live.pid}h{tag}.abcdefgh.tmp",
+                   f".avg.pt.p{dead.pid}h{tag}.abcdefgh.tmp"]
+        kept = [f".avg.pt.p{live.pid}h{tag}.abcdefgh.tmp", ".out.txt.k2j3h4g5.tmp",
+                f".out.txt.p{dead.pid}h{_host_tag('another-host')}.abcdefgh.tmp"]
+        for name in removed + kept:
+            (run / name).write_bytes(b"partial")
+        make_trainer(task, run)
+        assert sorted(p.name for p in run.glob(".*.tmp")) == sorted(kept)
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_refused_second_run_removes_nothing(task, tmp_path):
+    """The lock comes first: a run refused on a locked save_dir never touches the owner's temporaries."""
+    first = make_trainer(task, tmp_path / "run")
+    in_progress = tmp_path / "run" / ".last.pt.abcdefgh.tmp"  # as the owner's save would hold it
+    in_progress.write_bytes(b"being written")
+    with pytest.raises(DirectoryLockedError):
+        make_trainer(task, tmp_path / "run")
+    assert train_main(["-config", str(_write_config(task, tmp_path)), "-quiet"]) == 2
+    assert in_progress.read_bytes() == b"being written"
+    first.lock.release()
+
+
+def _write_config(task, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(task, tmp_path / "run")), encoding="utf-8")
+    return path
+
+
 def test_a_second_run_on_the_same_save_dir_is_refused(task, tmp_path):
     first = make_trainer(task, tmp_path / "run")
     with pytest.raises(DirectoryLockedError, match=rf"^{tmp_path}/run/.lock: {tmp_path}/run is in use by another "

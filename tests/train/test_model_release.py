@@ -120,3 +120,47 @@ def test_bad_arguments_are_one_line_errors(run_dir, tmp_path, capsys):
     assert capsys.readouterr().err == f"nmt-release: error: {tmp_path}: is a directory\n"
     assert average_cli.main(["-models", str(run_dir / "last.pt"), "-output", str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"nmt-average: error: {tmp_path}: is a directory\n"
+
+
+def _average_dying_in_save(run_dir, output, how: str):
+    """nmt-average in a child process whose save writes half the file, then gets ``how`` (SIGKILL / SIGTERM)."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = textwrap.dedent(f"""
+        import os, signal, sys, torch
+        from nmt.cli import average
+        def dying_save(obj, handle, *args, **kwargs):
+            handle.write(b"half an average"); handle.flush()
+            os.kill(os.getpid(), signal.{how})
+        torch.save = dying_save
+        sys.exit(average.main(["-last", "2", "-run", {str(run_dir)!r}, "-output", {str(output)!r}]))
+    """)
+    return subprocess.run([sys.executable, "-c", script], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_killed_average_leaves_a_temporary_that_the_next_run_removes(run_dir, tmp_path, capsys):
+    import signal
+
+    out = tmp_path / "avg.pt"
+    proc = _average_dying_in_save(run_dir, out, "SIGKILL")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    (stray,) = [p.name for p in tmp_path.glob(".avg.pt.*.tmp")]  # kill -9: nothing could clean up
+    assert not out.exists()
+    assert average_cli.main(["-last", "2", "-run", str(run_dir), "-output", str(out)]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["avg.pt"]  # the dead writer's temporary is gone
+    assert load_checkpoint(out, training=False)["averaged"] == 2
+
+
+def test_a_terminated_average_exits_143_leaving_no_file(run_dir, tmp_path):
+    import signal
+
+    proc = _average_dying_in_save(run_dir, tmp_path / "avg.pt", "SIGTERM")
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"nmt-average: interrupted by SIGTERM; {tmp_path}/avg.pt was not written"
+    assert list(tmp_path.iterdir()) == []

@@ -5,7 +5,8 @@ import os
 import pytest
 import sacrebleu
 
-from nmt.utils.io import atomic_open, atomic_write_text
+from nmt.utils.io import (_host_tag, atomic_open, atomic_write_text, remove_stale_temporaries, stale_temporary,
+                          temporary_owner)
 from nmt.utils.metrics import bleu, chrf, exact_match, metrics_line
 from nmt.utils.metrics_log import MetricsLog
 
@@ -21,6 +22,54 @@ def test_atomic_write_replaces_and_failure_keeps_old(tmp_path):
     assert os.listdir(path.parent) == ["f.txt"]  # no temp file left behind
     atomic_write_text(path, "new")
     assert path.read_text() == "new"
+
+
+def dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def temp_name(target: str, pid: int, host: str | None = None) -> str:
+    return f".{target}.p{pid}h{_host_tag(host)}.x1y2z3_q.tmp"
+
+
+def test_temporaries_name_their_writer(tmp_path):
+    path = tmp_path / "out.txt"
+    with atomic_open(path, "w") as handle:
+        (name,) = [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+        handle.write("x")
+    assert temporary_owner(name) == ("out.txt", os.getpid(), _host_tag())
+    assert not stale_temporary(name)  # its writer runs
+    assert temporary_owner(".out.txt.abc123.tmp") is None  # an older nmt's: no owner
+
+
+def test_a_write_removes_only_the_temporaries_of_dead_writers_of_the_same_file(tmp_path):
+    import subprocess
+    import sys
+
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        dead = dead_pid()
+        names = {
+            "dead": temp_name("out.txt", dead),  # a killed run of this command: removed
+            "live": temp_name("out.txt", live.pid),  # a run still writing: kept
+            "elsewhere": temp_name("out.txt", dead, host="another-host.example"),  # pid not checkable: kept
+            "legacy": ".out.txt.k2j3h4g5.tmp",  # no owner in the name: kept
+            "other_file": temp_name("other.txt", dead),  # another output's: left to its own writes
+        }
+        for name in names.values():
+            (tmp_path / name).write_text("partial")
+        atomic_write_text(tmp_path / "out.txt", "done")
+        left = set(os.listdir(tmp_path))
+        assert left == {"out.txt"} | (set(names.values()) - {names["dead"]})
+        assert remove_stale_temporaries(tmp_path / "other.txt") == [tmp_path / names["other_file"]]
+    finally:
+        live.kill()
+        live.wait()
 
 
 def test_exact_match_counts_by_brute_force():
