@@ -1,4 +1,14 @@
-"""The run directory's checkpoint policy: ``last.pt``, ``best.pt``, ``step_N.pt``, keep-last rotation.
+"""The run directory's checkpoint policy: ``last.pt``, ``best.pt``, ``step_N.pt``, keep-last rotation,
+and which of them a resume starts from.
+
+Resume (:func:`find_resume_checkpoint`) takes the newest checkpoint that loads: ``last.pt``
+(every save writes it first), else, when it is missing or damaged (truncated by a full disk, a
+half-finished copy, unpicklable, missing payload keys), the ``step_N.pt`` files from the newest
+down, with ``best.pt`` tried at the place of the step it holds (so it serves when it is newer than
+every loadable step file, e.g. with ``keep_last: 0``, and is the last resort otherwise). A file
+that is not damaged but refused (another format version, a released model) stops the search with
+its error: an older checkpoint would silently drop the newer state. When files exist but none
+loads, the error names each; a run never starts from scratch over existing checkpoints.
 
 The file format itself (payload keys, format version, atomic save, checked
 ``weights_only`` load) lives in :mod:`nmt.utils.checkpoint_file`, shared with decoding; its
@@ -8,13 +18,14 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from nmt.utils.checkpoint_file import (FORMAT_VERSION, PAYLOAD_KEYS, CheckpointError, load_checkpoint,
-                                       save_checkpoint)
+from nmt.utils.checkpoint_file import (FORMAT_VERSION, PAYLOAD_KEYS, CheckpointError, DamagedCheckpointError,
+                                       load_checkpoint, save_checkpoint)
 from nmt.utils.io import atomic_open, stale_temporary, temporary_owner
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
@@ -88,18 +99,107 @@ def checkpoint_step(path: str | os.PathLike) -> int | None:
     return payload.get("step") if isinstance(payload, dict) else None
 
 
-def repair_best(save_dir: str | os.PathLike, last_step: int, best_step: int) -> bool:
-    """Make ``best.pt`` hold ``best_step`` when a crash left it behind ``last.pt``.
+@dataclass
+class ResumePoint:
+    """The checkpoint a resume starts from: its path, its loaded payload, and one line
+    (``PATH: problem``) per newer checkpoint file that was passed over (missing ``last.pt``, damaged files)."""
 
-    ``save_run_checkpoint`` writes ``last.pt`` before ``best.pt``, so after a crash between the
-    two, ``last.pt`` (whose early-stopping record says best = ``best_step`` = ``last_step``) is
-    the state ``best.pt`` should hold: it is copied over. Returns True when it repaired.
+    path: Path
+    payload: dict[str, Any]
+    passed_over: list[str] = field(default_factory=list)
+
+    @property
+    def fallback(self) -> bool:
+        """True when it is not ``last.pt`` (a newer file was missing or damaged)."""
+        return self.path.name != "last.pt"
+
+
+def resume_candidates(save_dir: str | os.PathLike) -> list[Path]:
+    """The checkpoints of ``save_dir`` a resume may start from, newest first.
+
+    ``last.pt`` first (named even when missing: the caller reports it), then the ``step_N.pt`` by
+    N from the newest, and ``best.pt`` after the step files holding its step or a newer one (an
+    unreadable ``best.pt``, whose step is unknown, comes last). Files absent are left out.
     """
     save_dir = Path(save_dir)
-    if best_step < 0 or best_step != last_step or checkpoint_step(save_dir / "best.pt") == best_step:
-        return False
-    _atomic_copy(save_dir / "last.pt", save_dir / "best.pt")
-    return True
+    steps = [(int(_STEP_FILE.match(p.name).group(1)), p) for p in step_checkpoints(save_dir)]
+    ordered = [p for _, p in sorted(steps, key=lambda sp: -sp[0])]
+    best = save_dir / "best.pt"
+    if best.is_file():
+        best_step = checkpoint_step(best)
+        at = (len(ordered) if best_step is None
+              else sum(1 for n, _ in steps if n >= best_step))  # after the files of its step and newer
+        ordered.insert(at, best)
+    return [save_dir / "last.pt", *ordered]
+
+
+def has_checkpoints(save_dir: str | os.PathLike) -> bool:
+    """Whether ``save_dir`` holds any run checkpoint (``last.pt``, ``best.pt``, ``step_N.pt``), loadable or not."""
+    save_dir = Path(save_dir)
+    return (save_dir / "last.pt").exists() or (save_dir / "best.pt").exists() or bool(step_checkpoints(save_dir))
+
+
+def find_resume_checkpoint(save_dir: str | os.PathLike, load=load_checkpoint) -> ResumePoint | None:
+    """The newest checkpoint of ``save_dir`` that loads (see the module docstring), or None when
+    ``save_dir`` holds no checkpoint at all (a new run).
+
+    ``load(path)`` reads one file (default :func:`load_checkpoint`); a DamagedCheckpointError
+    passes over the file (listed in :attr:`ResumePoint.passed_over`), any other CheckpointError is
+    raised as it is. Raises CheckpointError (one line naming ``save_dir`` and each file with its
+    problem) when checkpoints exist but none loads.
+    """
+    save_dir = Path(save_dir)
+    if not has_checkpoints(save_dir):
+        return None
+    passed_over: list[str] = []
+    for path in resume_candidates(save_dir):
+        if not path.exists():  # only last.pt is listed without existing
+            passed_over.append(f"{path}: missing")
+            continue
+        try:
+            return ResumePoint(path, load(path), passed_over)
+        except DamagedCheckpointError as exc:
+            passed_over.append(str(exc).strip().splitlines()[0])
+    problems = "; ".join(_relative(line, save_dir) for line in passed_over)
+    raise CheckpointError(f"{save_dir}: no checkpoint there can be resumed from ({problems}); move the damaged "
+                          "files away to start a new run there, or set another training.save_dir")
+
+
+def _relative(line: str, save_dir: Path) -> str:
+    prefix = f"{save_dir}{os.sep}"
+    return line[len(prefix):] if line.startswith(prefix) else line
+
+
+def repair_best(save_dir: str | os.PathLike, resumed_step: int, best_step: int,
+                source: str | os.PathLike | None = None) -> Path | None:
+    """Make ``best.pt`` hold ``best_step`` (the resumed checkpoint's early-stopping record) when it
+    does not: a crash fell between writing ``last.pt`` and ``best.pt``, or ``best.pt`` is damaged
+    or missing while the run resumed.
+
+    ``save_run_checkpoint`` writes ``last.pt`` before ``best.pt``, so after a crash between the
+    two the resumed file ``source`` (default ``last.pt``), whose record says best = ``best_step`` =
+    ``resumed_step``, is the state ``best.pt`` should hold; an older best is copied from
+    ``step_{best_step}.pt`` when that file still holds it. Returns the file copied over
+    ``best.pt``, or None when nothing was (already right, no validation yet, no such file).
+    """
+    save_dir = Path(save_dir)
+    if best_step < 0 or checkpoint_step(save_dir / "best.pt") == best_step:
+        return None
+    if best_step == resumed_step:
+        origin = Path(source) if source is not None else save_dir / "last.pt"
+    else:
+        origin = save_dir / f"step_{best_step}.pt"
+        if checkpoint_step(origin) != best_step:
+            return None
+    _atomic_copy(origin, save_dir / "best.pt")
+    return origin
+
+
+def restore_last(save_dir: str | os.PathLike, source: str | os.PathLike) -> None:
+    """Make ``last.pt`` the checkpoint ``source`` a resume fell back to (a hard link where the
+    filesystem allows, else a copy; atomic), so that the run directory is whole again before the
+    next save: ``last.pt`` names the state training continues from."""
+    _atomic_copy(Path(source), Path(save_dir) / "last.pt")
 
 
 def _atomic_copy(source: Path, target: Path) -> None:
@@ -115,6 +215,7 @@ def _atomic_copy(source: Path, target: Path) -> None:
     os.replace(tmp, target)
 
 
-__all__ = ["FORMAT_VERSION", "PAYLOAD_KEYS", "CheckpointError", "save_checkpoint", "load_checkpoint",
-           "save_run_checkpoint", "step_checkpoints", "RUN_FILES", "remove_stale_temporaries", "checkpoint_step",
-           "repair_best"]
+__all__ = ["FORMAT_VERSION", "PAYLOAD_KEYS", "CheckpointError", "DamagedCheckpointError", "save_checkpoint",
+           "load_checkpoint", "save_run_checkpoint", "step_checkpoints", "RUN_FILES", "remove_stale_temporaries",
+           "checkpoint_step", "ResumePoint", "resume_candidates", "has_checkpoints", "find_resume_checkpoint",
+           "repair_best", "restore_last"]

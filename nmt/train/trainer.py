@@ -2,8 +2,9 @@
 
 ``Trainer(config).train()`` runs a whole training from a resolved config (see
 ``nmt.config.load_config``). When ``save_dir/last.pt`` exists the run resumes from
-it: weights, optimizer, schedule, early-stopping state, RNG states and the position in the
-data order (epoch and batch index; each epoch's batch order is a function of the seed and
+it (when it is missing or damaged while older checkpoints exist, from the newest of them that
+loads, with a warning: :func:`nmt.train.checkpoint.find_resume_checkpoint`): weights,
+optimizer, schedule, early-stopping state, RNG states and the position in the data order (epoch and batch index; each epoch's batch order is a function of the seed and
 the epoch) are restored, so on CPU an interrupted and resumed run reaches the same
 parameters as an uninterrupted one.
 """
@@ -26,7 +27,8 @@ from nmt.data.field import Field
 from nmt.models import ModelConfigError, build_model, describe_attention
 from nmt.models.protocol import position_limits
 from nmt.sparse import get_loss, is_softmax, loss_display_name
-from nmt.train.checkpoint import load_checkpoint, remove_stale_temporaries, repair_best, save_run_checkpoint
+from nmt.train.checkpoint import (CheckpointError, find_resume_checkpoint, load_checkpoint, remove_stale_temporaries,
+                                  repair_best, restore_last, save_run_checkpoint)
 from nmt.train.data_setup import (check_valid_positions, data_changes, data_fingerprints, generate_if_missing,
                                   load_training_data)
 from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, init_distributed, rank_device,
@@ -216,9 +218,16 @@ class Trainer:
         if checkpoint is not None:
             self._restore(checkpoint)
             self.saved_step = self.progress.step
-            if self.dist.is_main and repair_best(self.save_dir, self.progress.step, self.stopper.best_step):
-                logger.warning("best.pt repaired: it now holds step %d as last.pt records (a save was interrupted)",
-                               self.stopper.best_step)
+            if self.dist.is_main and self.resume_path.name != "last.pt":  # last.pt was missing or damaged
+                restore_last(self.save_dir, self.resume_path)
+                logger.warning("last.pt replaced by %s (step %d), the checkpoint training continues from",
+                               self.resume_path.name, self.progress.step)
+            repaired = (repair_best(self.save_dir, self.progress.step, self.stopper.best_step, self.resume_path)
+                        if self.dist.is_main else None)
+            if repaired is not None:
+                logger.warning("best.pt repaired: it now holds step %d, the best %s records (from %s; a save was "
+                               "interrupted or best.pt was damaged)", self.stopper.best_step, self.resume_path.name,
+                               repaired.name)
         self.nonfinite = NonFiniteGuard(self.device)
         self.train_model = wrap_model(self.model, self.dist)  # DistributedDataParallel with several processes
         if self.dist.enabled:
@@ -248,11 +257,33 @@ class Trainer:
 
     # ------------------------------------------------------------------ resume
     def _existing_checkpoint(self) -> dict | None:
-        last = self.save_dir / "last.pt"
-        if not last.exists():
+        """The checkpoint to resume from (None: a new run): ``last.pt``, or when it is missing or
+        damaged the newest older checkpoint that loads (a one-line warning per file passed over;
+        CheckpointError when checkpoints exist but none loads). With several processes rank 0
+        chooses and every rank loads its choice. Sets :attr:`resume_path`."""
+        self.resume_path: Path | None = None
+        point, choice, failure = None, (None, None), None  # choice: (path to resume from, error), by rank 0
+        if self.dist.is_main:
+            try:
+                point = find_resume_checkpoint(self.save_dir)
+            except (CheckpointError, OSError) as exc:
+                if not self.dist.enabled:
+                    raise
+                failure = exc  # raised below, once the other ranks know
+            choice = (str(point.path) if point is not None else None,
+                      (str(failure) or type(failure).__name__) if failure is not None else None)
+        path, error = self.dist.broadcast(choice)
+        if failure is not None:
+            raise failure
+        if error is not None:
+            raise CheckpointError(error)
+        if path is None:
             self.save_dir.mkdir(parents=True, exist_ok=True)
             return None
-        checkpoint = load_checkpoint(last)
+        self.resume_path = Path(path)
+        checkpoint = point.payload if point is not None else load_checkpoint(path)
+        for problem in point.passed_over if point is not None else ():
+            logger.warning("%s; resuming from %s (step %s) instead", problem, path, checkpoint.get("step"))
         differences = config_differences(checkpoint["config"], self.config)
         vetted = resume_check(checkpoint, self.config, self.dist, self.source)  # number of processes
         blocking = [d for d in differences
@@ -279,11 +310,11 @@ class Trainer:
             for key, path, what in changes:
                 logger.warning("%s: %s changed since %s was saved (%s); resuming anyway "
                                "(training.resume_ignore_data_change): the vocabulary is the checkpoint's and the "
-                               "data position indexes the new file's batches", key, path, self.save_dir / "last.pt", what)
+                               "data position indexes the new file's batches", key, path, self.resume_path, what)
             return
         key, path, what = changes[0]
         also = f"; also changed: {', '.join(k for k, _, _ in changes[1:])}" if len(changes) > 1 else ""
-        raise ConfigError(self.source, key, f"{path} changed since the run in {self.save_dir} saved last.pt "
+        raise ConfigError(self.source, key, f"{path} changed since the run in {self.save_dir} saved {self.resume_path.name} "
                           f"({what}){also}; its vocabulary and data position belong to the old file: restore it, "
                           "use another training.save_dir, or set training.resume_ignore_data_change: true")
 
@@ -298,7 +329,7 @@ class Trainer:
         self.last_metrics = dict(checkpoint["metrics"])
         # last: building the model consumed random numbers
         set_rng_state(rank_rng_state(checkpoint, self.dist), self.device)
-        logger.info("resumed from %s at step %d (epoch %d, batch %d)", self.save_dir / "last.pt",
+        logger.info("resumed from %s at step %d (epoch %d, batch %d)", self.resume_path,
                     self.progress.step, self.progress.epoch, self.progress.batch_in_epoch)
 
     def _payload(self) -> dict:

@@ -35,6 +35,13 @@ class CheckpointError(RuntimeError):
     """A one-line error naming the checkpoint file: missing, unreadable or another format."""
 
 
+class DamagedCheckpointError(CheckpointError):
+    """The file is damaged: truncated, not a ``torch.save`` archive, failing to unpickle, not an
+    nmt checkpoint dict, or missing payload keys. A resume passes over such a file to an older
+    checkpoint; the other CheckpointErrors (missing file, a directory, another format version, a
+    released model) are not damage and are not passed over."""
+
+
 def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> None:
     """Write ``payload`` to ``path`` atomically (temp file in the same dir + os.replace).
 
@@ -54,23 +61,29 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     training=True (resume) needs a training checkpoint; training=False (decoding, averaging)
     also accepts a released model (:data:`MODEL_KEYS`). Raises CheckpointError (one line,
     names the file) when it is missing, corrupt, not an nmt checkpoint, of another format
-    version, a released model where training state is needed, or lacks one of its keys.
+    version, a released model where training state is needed, or lacks one of its keys; the
+    subclass DamagedCheckpointError where the file itself is damaged (see there).
     """
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
+    try:  # not readable (permissions) is not damage: is_zipfile would say False
+        open(path, "rb").close()
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot be read ({exc.strerror or type(exc).__name__})") from None
     if not zipfile.is_zipfile(path):  # torch.load's own error is unpickling advice, or "KeyError: 101"
-        raise CheckpointError(f"{path}: not a readable nmt checkpoint (not a torch.save archive: another kind of file, "
+        raise DamagedCheckpointError(f"{path}: not a readable nmt checkpoint (not a torch.save archive: another kind of file, "
                               "or truncated)")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises many types for corrupt / foreign files
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{path}: not a readable nmt checkpoint ({type(exc).__name__}: {detail[:200]})") from None
+        raise DamagedCheckpointError(f"{path}: not a readable nmt checkpoint ({type(exc).__name__}: "
+                                     f"{detail[:200]})") from None
     if not isinstance(payload, dict) or "format_version" not in payload:
-        raise CheckpointError(f"{path}: not an nmt checkpoint (no format_version)")
+        raise DamagedCheckpointError(f"{path}: not an nmt checkpoint (no format_version)")
     version = payload["format_version"]
     if type(version) is not int or version != FORMAT_VERSION:  # noqa: E721 (True == 1, "1" printed as 1)
         writer = payload.get("nmt_version")
@@ -85,8 +98,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise CheckpointError(f"{path}: a released model (no optimizer state), not a training checkpoint")
     missing = [k for k in (PAYLOAD_KEYS if kind == "training" else MODEL_KEYS) if k not in payload]
     if missing:
-        raise CheckpointError(f"{path}: incomplete checkpoint, missing {', '.join(missing)}")
+        raise DamagedCheckpointError(f"{path}: incomplete checkpoint, missing {', '.join(missing)}")
     return payload
 
 
-__all__ = ["FORMAT_VERSION", "PAYLOAD_KEYS", "MODEL_KEYS", "CheckpointError", "save_checkpoint", "load_checkpoint"]
+__all__ = ["FORMAT_VERSION", "PAYLOAD_KEYS", "MODEL_KEYS", "CheckpointError", "DamagedCheckpointError",
+           "save_checkpoint", "load_checkpoint"]

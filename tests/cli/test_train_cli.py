@@ -205,3 +205,32 @@ def test_a_forced_quit_says_whether_a_checkpoint_holds_the_state(tmp_path, monke
     err = capsys.readouterr().err.splitlines()[-1]
     assert err == ("nmt-train: forced quit; last.pt holds the last saved state" if saved
                    else "nmt-train: forced quit; no checkpoint was saved: the same command starts over")
+
+
+def test_a_truncated_last_pt_resumes_from_an_older_checkpoint_with_one_warning(tmp_path, monkeypatch, capsys):
+    """Resume falls back to the newest checkpoint that loads (one warning line naming the file and
+    why); when none loads, a one-line error naming each file, exit 2, and nothing is overwritten."""
+    config = quickstart_like(tmp_path, training={"max_steps": 4, "valid_every": 2, "keep_last": 2})
+    assert run(tmp_path, monkeypatch, config) == 0
+    run_dir = tmp_path / "runs" / "quickstart"
+    last = run_dir / "last.pt"
+    data = last.read_bytes()
+    last.unlink()  # a new inode: step_4.pt / best.pt, hard links of the old one, stay whole
+    last.write_bytes(data[: len(data) // 3])  # a copy cut short (a full disk, an interrupted cp)
+    capsys.readouterr()
+    assert run(tmp_path, monkeypatch, config, "-set", "training.max_steps=6") == 0
+    err = capsys.readouterr().err
+    warning = [line for line in err.splitlines() if "last.pt: not a readable nmt checkpoint" in line]
+    assert len(warning) == 1 and warning[0].endswith(
+        f"; resuming from {run_dir.relative_to(tmp_path)}/step_4.pt (step 4) instead"), err
+    steps = [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [2, 4, 6]
+    for name in ("last.pt", "best.pt", "step_4.pt", "step_6.pt"):
+        (run_dir / name).unlink(missing_ok=True)
+        (run_dir / name).write_bytes(b"")
+    assert run(tmp_path, monkeypatch, config, "-set", "training.max_steps=8") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        f"nmt-train: error: {run_dir.relative_to(tmp_path)}: no checkpoint there can be resumed from (last.pt: ")
+    assert all(f"{name}: not a readable" in err for name in ("last.pt", "best.pt", "step_4.pt", "step_6.pt"))
+    assert (run_dir / "last.pt").read_bytes() == b""

@@ -1,0 +1,149 @@
+"""Resume when the newest checkpoint is missing or damaged: the newest one that loads, a warning
+per file passed over, one error when none loads, never a silent new run."""
+import logging
+import os
+
+import pytest
+import torch
+
+from nmt.config import resolve_config
+from nmt.train.checkpoint import (CheckpointError, checkpoint_step, find_resume_checkpoint, load_checkpoint,
+                                  resume_candidates)
+from nmt.train.trainer import Trainer
+from tiny_task import tiny_config, write_task
+
+
+@pytest.fixture
+def task(tmp_path):
+    return write_task(tmp_path / "data")
+
+
+@pytest.fixture
+def log(caplog, monkeypatch):
+    monkeypatch.setattr(logging.getLogger("nmt"), "propagate", True)  # the CLI's setup_logging turns it off
+    caplog.set_level(logging.WARNING, logger="nmt")
+    return caplog
+
+
+def make_trainer(task, save_dir, **training) -> Trainer:
+    return Trainer(resolve_config(tiny_config(task, save_dir, **training), "tiny.yaml"), "tiny.yaml")
+
+
+def trained(task, run, **training):
+    """A finished 12-step run (validations at 4, 8, 12; keep_last 2: step_8.pt, step_12.pt)."""
+    make_trainer(task, run, **training).train()
+    return run
+
+
+def replace_with(path, data: bytes):
+    """Write new bytes under the name only (a new inode: the hard links of the same save keep theirs)."""
+    path.unlink()
+    path.write_bytes(data)
+
+
+def truncate(path, keep: float = 0.5):
+    replace_with(path, path.read_bytes()[: int(path.stat().st_size * keep)])
+
+
+def test_a_truncated_last_pt_resumes_from_the_newest_step_checkpoint(task, tmp_path, log):
+    run = trained(task, tmp_path / "run", max_steps=10)  # validations at 4, 8; step 10 by the final one
+    assert checkpoint_step(run / "step_10.pt") == 10
+    # cut in place: the same save's step_10.pt (and best.pt, step 10 being the best) are hard links
+    # of last.pt where the filesystem allows, so they are damaged too; older files are not
+    os.truncate(run / "last.pt", (run / "last.pt").stat().st_size // 2)
+    for name in ("step_10.pt", "best.pt"):
+        if checkpoint_step(run / name) == 10:  # (no hard links here: damage the copy as well)
+            truncate(run / name)
+    resumed = make_trainer(task, run, max_steps=12)
+    assert resumed.resumed and resumed.progress.step == 8 and resumed.resume_path == run / "step_8.pt"
+    warnings = [r.getMessage() for r in log.records if r.levelno == logging.WARNING]
+    assert any(w.startswith(f"{run}/last.pt: not a readable nmt checkpoint (not a torch.save archive")
+               and w.endswith(f"; resuming from {run}/step_8.pt (step 8) instead") for w in warnings), warnings
+    assert any(w.startswith(f"{run}/step_10.pt: not a readable") for w in warnings), warnings
+    assert all("\n" not in w for w in warnings)
+    assert load_checkpoint(run / "last.pt")["step"] == 8  # the run directory is whole again
+    assert checkpoint_step(run / "best.pt") == 8  # the best the resumed state records
+    # continuing from step 8 gives the state of an uninterrupted run (same RNG and data position)
+    assert resumed.train().step == 12
+    straight = trained(task, tmp_path / "straight")
+    a, b = load_checkpoint(straight / "last.pt")["model"], load_checkpoint(run / "last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_missing_last_pt_with_step_checkpoints_resumes_instead_of_starting_over(task, tmp_path, log):
+    run = trained(task, tmp_path / "run")
+    (run / "last.pt").unlink()
+    resumed = make_trainer(task, run, max_steps=16)
+    assert resumed.progress.step == 12 and resumed.resume_path == run / "step_12.pt"
+    assert f"{run}/last.pt: missing; resuming from {run}/step_12.pt (step 12) instead" in log.text
+
+
+def test_a_checkpoint_missing_payload_keys_is_passed_over(task, tmp_path, log):
+    run = trained(task, tmp_path / "run")
+    payload = load_checkpoint(run / "last.pt")
+    del payload["optimizer"]
+    (run / "last.pt").unlink()
+    torch.save(payload, run / "last.pt")
+    assert make_trainer(task, run, max_steps=16).progress.step == 12  # step_12.pt: the same state
+    assert f"{run}/last.pt: incomplete checkpoint, missing optimizer; resuming from {run}/step_12.pt" in log.text
+
+
+def test_best_pt_serves_when_it_is_the_newest_loadable_checkpoint(task, tmp_path, log):
+    run = trained(task, tmp_path / "run", keep_last=0)  # last.pt and best.pt only
+    best_step = checkpoint_step(run / "best.pt")
+    truncate(run / "last.pt", keep=0.9)
+    assert resume_candidates(run) == [run / "last.pt", run / "best.pt"]
+    resumed = make_trainer(task, run, keep_last=0, max_steps=16)
+    assert resumed.progress.step == best_step and resumed.resume_path == run / "best.pt"
+
+
+def test_candidates_place_best_pt_by_the_step_it_holds(task, tmp_path):
+    run = trained(task, tmp_path / "run", keep_last=3)  # step_4, step_8, step_12
+    best = checkpoint_step(run / "best.pt")
+    names = [p.name for p in resume_candidates(run)]
+    steps = (12, 8, 4)
+    assert names == (["last.pt"] + [f"step_{n}.pt" for n in steps if n >= best] + ["best.pt"]
+                     + [f"step_{n}.pt" for n in steps if n < best])  # after its own copy, before older files
+    (run / "best.pt").write_bytes(b"garbage")  # unreadable step: last resort
+    assert resume_candidates(run)[-1].name == "best.pt"
+
+
+def test_when_no_checkpoint_loads_the_error_names_every_file(task, tmp_path):
+    run = trained(task, tmp_path / "run")
+    for name in ("last.pt", "best.pt", "step_8.pt", "step_12.pt"):
+        replace_with(run / name, b"half a file")
+    with pytest.raises(CheckpointError) as info:
+        make_trainer(task, run)
+    text = str(info.value)
+    assert "\n" not in text and text.startswith(f"{run}: no checkpoint there can be resumed from (last.pt: not a")
+    for name in ("last.pt", "step_12.pt", "step_8.pt", "best.pt"):
+        assert f"{name}: not a readable nmt checkpoint" in text
+    assert (run / "last.pt").read_bytes() == b"half a file"  # nothing overwritten, no new run started
+
+
+def test_a_refused_newest_checkpoint_is_not_passed_over(task, tmp_path):
+    """Another format version is not damage: falling back to an older checkpoint would drop its state."""
+    run = trained(task, tmp_path / "run")
+    payload = load_checkpoint(run / "last.pt")
+    payload["format_version"] = 99
+    (run / "last.pt").unlink()
+    torch.save(payload, run / "last.pt")
+    with pytest.raises(CheckpointError, match=r"last.pt: checkpoint format version 99 .* is not supported"):
+        make_trainer(task, run)
+
+
+def test_no_checkpoint_at_all_is_a_new_run(task, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("{}\n")  # an attempt killed before its first checkpoint
+    assert find_resume_checkpoint(run) is None
+    assert not make_trainer(task, run).resumed
+
+
+def test_a_damaged_best_pt_is_repaired_from_the_checkpoint_that_holds_the_best(task, tmp_path, log):
+    run = trained(task, tmp_path / "run", keep_last=3)
+    best = checkpoint_step(run / "best.pt")
+    replace_with(run / "best.pt", b"")
+    make_trainer(task, run, keep_last=3, max_steps=16)
+    assert checkpoint_step(run / "best.pt") == best
+    assert f"best.pt repaired: it now holds step {best}" in log.text
