@@ -161,7 +161,8 @@ TRAINING = {
                              minimum=0.0, min_inclusive=False),
     "label_smoothing": Option(float, 0.0, "label smoothing of the loss", minimum=0.0, maximum=1.0, max_inclusive=False),
     "nonfinite": Option(str, "stop", "on a NaN / inf training loss: stop (one-line error naming the step; "
-                        "last.pt keeps the last finite state) or skip the update", choices=("stop", "skip")),
+                        "last.pt keeps the last finite state) or skip the update (not counted as a step, "
+                        "nor by the lr schedule; 100 skipped in a row stop the run)", choices=("stop", "skip")),
     "precision": Option(str, "fp32", "fp32, bf16 (autocast) or fp16 (autocast and loss scaling)",
                         choices=("fp32", "bf16", "fp16")),
     "compile": Option(bool, False, "torch.compile the forward and loss (CUDA graphs on CUDA); needs a C++ "

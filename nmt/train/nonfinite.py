@@ -2,7 +2,12 @@
 
 ``training.nonfinite: stop`` (default) ends the run at the first update whose loss is not
 finite; nothing is saved after it, so ``last.pt`` keeps the last finite state.
-``training.nonfinite: skip`` drops such an update (no optimizer step) and goes on.
+``training.nonfinite: skip`` drops such an update (no optimizer step) and goes on. A dropped
+update is not counted (as in fairseq): the step counter, and so ``max_steps``, ``valid_every``,
+``log_every`` and the ``step_N.pt`` names, and the learning-rate schedule follow the applied
+updates only; the batches it used are consumed (the data position moves on). After
+:data:`MAX_CONSECUTIVE_SKIPS` dropped updates in a row the run stops as with ``stop``: nothing
+would ever end a run whose every update is dropped but ``max_epochs`` / ``max_minutes``.
 
 Host synchronisation: on CPU the loss is checked after every update. On an accelerator
 (``stop``) the step of the first non-finite loss is kept in a device tensor and read only
@@ -17,6 +22,10 @@ from typing import Iterable
 import torch
 
 POLICIES = ("stop", "skip")
+MAX_CONSECUTIVE_SKIPS = 100
+"""``nonfinite: skip`` stops (NonFiniteLossError) after this many dropped updates in a row: more
+than fp16 loss-scale calibration takes (a halving per overflow from 2^16), a sign that the
+weights or the data, not a rare batch, make every loss non-finite."""
 
 
 class NonFiniteLossError(RuntimeError):
@@ -46,7 +55,7 @@ class NonFiniteGuard:
         if step >= 0:
             raise NonFiniteLossError(
                 f"step {step}: training loss is {float(self._first_value)}; stopped "
-                f"({_kept(last_saved_step)}); lower training.optimizer.lr, set training.clip_grad_norm, "
+                f"({kept_state(last_saved_step)}); lower training.optimizer.lr, set training.clip_grad_norm, "
                 "or set training.nonfinite: skip")
 
 
@@ -54,14 +63,15 @@ def check_parameters_finite(parameters: Iterable[torch.Tensor], step: int, last_
     """Raise NonFiniteLossError when any parameter holds NaN / inf (one host read); called before saving."""
     flags = [torch.isfinite(p.detach()).all() for p in parameters]
     if flags and not bool(torch.stack(flags).all()):
-        raise NonFiniteLossError(f"step {step}: model parameters are not finite; stopped ({_kept(last_saved_step)}); "
+        raise NonFiniteLossError(f"step {step}: model parameters are not finite; stopped ({kept_state(last_saved_step)}); "
                                  "lower training.optimizer.lr or set training.clip_grad_norm")
 
 
-def _kept(last_saved_step: int | None) -> str:
+def kept_state(last_saved_step: int | None) -> str:
+    """What the run directory keeps, for the stop message: the step ``last.pt`` holds."""
     if last_saved_step is None:
         return "no checkpoint was written"
     return f"last.pt keeps step {last_saved_step}, the last finite state"
 
 
-__all__ = ["POLICIES", "NonFiniteLossError", "NonFiniteGuard", "check_parameters_finite"]
+__all__ = ["POLICIES", "MAX_CONSECUTIVE_SKIPS", "kept_state", "NonFiniteLossError", "NonFiniteGuard", "check_parameters_finite"]

@@ -35,7 +35,8 @@ from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, i
                                    rank_rng_state, resume_check, several_processes, shard_batch, wrap_model)
 from nmt.train.early_stopping import EarlyStopping
 from nmt.train.interrupt import GracefulInterrupt
-from nmt.train.nonfinite import NonFiniteGuard, check_parameters_finite
+from nmt.train.nonfinite import (MAX_CONSECUTIVE_SKIPS, NonFiniteGuard, NonFiniteLossError, check_parameters_finite,
+                                 kept_state)
 from nmt.train.optimizers import build_optimizer
 from nmt.train.rng import rng_state, seed_everything, set_rng_state
 from nmt.train.compile import compile_for_device, compile_loss_forward, compiler_problem, pad_to_multiple
@@ -208,6 +209,7 @@ class Trainer:
             raise ConfigError(source, key, problem) from None
         self.stopper = EarlyStopping(HIGHER_IS_BETTER[self.metric], train_cfg["early_stopping_patience"])
         self.progress = Progress()
+        self._skipped_at_resume = 0
         self.last_metrics: dict[str, Any] = {}
         self._signatures_logged = False  # the sacrebleu signatures are logged once per session
         self._tokens_per_sec = math.nan  # of the last logging window
@@ -234,7 +236,10 @@ class Trainer:
             logger.info("data parallel: %d processes x batch_size %d x accumulate %d = effective batch %d %s",
                         self.dist.world_size, train_cfg["batch_size"], train_cfg["accumulate"],
                         self.dist.world_size * train_cfg["batch_size"] * train_cfg["accumulate"], train_cfg["batch_type"])
-        self.skipped_updates = 0  # updates dropped for a non-finite loss (training.nonfinite: skip)
+        # updates dropped for a non-finite loss (training.nonfinite: skip), over all sessions of the run
+        self.skipped_updates = self._skipped_at_resume
+        self.consecutive_skips = 0  # of them, in a row up to now
+        self.last_update_skipped = False  # whether train_step's last update was dropped
         n_params = sum(p.numel() for p in self.model.parameters())
         logger.info("model: %s, %d parameters; attention %s, output %s (loss: %s); device %s",
                     config["model"]["type"], n_params, describe_attention(config["model"]), output["mapping"],
@@ -326,6 +331,7 @@ class Trainer:
         trainer_state = checkpoint["trainer"]
         self.stopper.load_state_dict(trainer_state["early_stopping"])
         self.progress = Progress(**trainer_state["progress"])
+        self._skipped_at_resume = int(trainer_state.get("skipped_updates", 0))  # absent before nmt recorded it
         self.last_metrics = dict(checkpoint["metrics"])
         # last: building the model consumed random numbers
         set_rng_state(rank_rng_state(checkpoint, self.dist), self.device)
@@ -346,7 +352,7 @@ class Trainer:
             "tgt_field": self.data.tgt_field.state_dict(),
             "metrics": self.last_metrics,
             "trainer": {"progress": asdict(self.progress), "early_stopping": self.stopper.state_dict(),
-                        "data_files": self.data_files},
+                        "data_files": self.data_files, "skipped_updates": self.skipped_updates},
         }
 
     def save(self, is_best: bool = False, step_file: bool = True) -> None:
@@ -397,7 +403,10 @@ class Trainer:
 
         A non-finite loss raises NonFiniteLossError (``training.nonfinite: stop``; on an
         accelerator at the next logging/validation/save point) or drops the update (``skip``:
-        the returned loss is 0 and the token count 0, so the logged mean covers applied updates).
+        the returned loss is 0 and the token count 0, so the logged mean covers applied updates;
+        :attr:`last_update_skipped` is True and the lr schedule is not advanced: as in fairseq, a
+        dropped update is not an update, and the caller does not count it as a step either).
+        :data:`MAX_CONSECUTIVE_SKIPS` dropped in a row raise NonFiniteLossError.
         """
         cfg = self.config["training"]
         groups = [indices] if len(indices) and np.isscalar(indices[0]) else list(indices)  # accumulated batches
@@ -416,15 +425,23 @@ class Trainer:
                                   cfg["clip_grad_norm"], cfg["label_smoothing"], skip_nonfinite=skip,
                                   loss_scale=scales, all_ranks=self.dist.all_true if self.dist.enabled else None,
                                   precision=self.precision, forward=self.loss_forward)
-        self.schedule.step()
         if self.dist.enabled:  # the summed loss of all ranks (an all-reduce on the device, no host sync)
             loss = self.dist.sum_tensor_(loss.clone())
-        if skipped:
+        self.last_update_skipped = skipped
+        if skipped:  # not an update: the schedule (and the trainer's step) stay where they are
             self.skipped_updates += 1
-            logger.warning("step %d: non-finite training loss (%s) or gradient norm; update skipped "
-                           "(training.nonfinite: skip; %d skipped so far)", self.progress.step + 1, float(loss),
-                           self.skipped_updates)
+            self.consecutive_skips += 1
+            logger.warning("step %d: non-finite training loss (%s) or gradient norm; update skipped and not "
+                           "counted (training.nonfinite: skip; %d skipped so far)", self.progress.step + 1,
+                           float(loss), self.skipped_updates)
+            if self.consecutive_skips >= MAX_CONSECUTIVE_SKIPS:
+                raise NonFiniteLossError(
+                    f"step {self.progress.step + 1}: {self.consecutive_skips} updates in a row skipped for a "
+                    f"non-finite loss or gradient norm; stopped ({kept_state(self.saved_step)}); lower "
+                    "training.optimizer.lr, set training.clip_grad_norm, or check the data")
             return torch.zeros_like(loss), 0
+        self.consecutive_skips = 0
+        self.schedule.step()
         if not skip:
             self.nonfinite.observe(loss, self.progress.step + 1)
             if self.nonfinite.sync_each_step:  # CPU: no sync to avoid
@@ -474,7 +491,12 @@ class Trainer:
                 while p.batch_in_epoch < len(order):
                     groups = order[p.batch_in_epoch:p.batch_in_epoch + cfg["accumulate"]]
                     loss, n_tokens = self.train_step(groups)
-                    p.batch_in_epoch += len(groups)
+                    p.batch_in_epoch += len(groups)  # a dropped update consumed its batches too
+                    if self.last_update_skipped:  # not a step: no log, validation or hook; a signal still stops
+                        stopped_by = self.dist.agree_stop(interrupt.requested or self._finished())
+                        if stopped_by is not None:
+                            break
+                        continue
                     p.step += 1
                     window_loss += loss
                     window_tokens += n_tokens

@@ -68,15 +68,82 @@ def test_nan_parameters_are_never_saved(tmp_path):
 
 
 def test_skip_policy_drops_nan_updates_and_finishes(tmp_path, caplog, monkeypatch):
+    """A dropped update is not counted (as in fairseq): the step, and so max_steps, the validation
+    grid and the lr schedule, follow the applied updates; its batch is consumed."""
+    import json
     import logging
 
     monkeypatch.setattr(logging.getLogger("nmt"), "propagate", True)  # the CLI's setup_logging turns it off
     trainer = trainer_with_nan_at(tmp_path, {2, 6}, nonfinite="skip")
     summary = trainer.train()
     assert summary.step == 12 and trainer.skipped_updates == 2
-    assert "step 6: non-finite training loss (nan) or gradient norm; update skipped" in caplog.text
+    assert trainer.schedule.step_count == 12  # the warmup / decay position: applied updates only
+    p = trainer.progress  # 14 batches of 5 per epoch went by: 12 applied, 2 dropped
+    assert (p.epoch, p.batch_in_epoch) == (2, 4)
+    # the 6th batch was the 5th attempt at an update: 4 applied, 1 dropped before it
+    assert "step 5: non-finite training loss (nan) or gradient norm; update skipped and not counted" in caplog.text
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [4, 8, 12]
     last = load_checkpoint(tmp_path / "run" / "last.pt")
-    assert last["step"] == 12 and all_finite(last["model"])
+    assert last["step"] == 12 and all_finite(last["model"]) and last["trainer"]["skipped_updates"] == 2
+    assert last["scheduler"]["step_count"] == 12
+
+
+def poison_positions(trainer: Trainer, positions: set) -> None:
+    """NaN training losses on the batches at these (epoch, batch_in_epoch) data positions, whatever
+    the session (a resumed run meets them at the same places)."""
+    loss_fn = trainer.loss_fn
+
+    def poisoned(*args, **kwargs):
+        loss = loss_fn(*args, **kwargs)
+        p = trainer.progress
+        return loss * math.nan if trainer.model.training and (p.epoch, p.batch_in_epoch) in positions else loss
+
+    trainer.loss_fn = poisoned
+
+
+def test_a_resumed_run_with_skipped_updates_equals_an_uninterrupted_one(tmp_path):
+    import os
+    import signal
+
+    data = write_task(tmp_path / "data")
+    bad = {(0, 2), (1, 3)}  # 5 batches per epoch: dropped before step 3 and before step 8
+
+    def make(run):
+        config = tiny_config(data, tmp_path / run, nonfinite="skip", lr_schedule={"warmup_steps": 6})
+        trainer = Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
+        poison_positions(trainer, bad)
+        return trainer
+
+    straight = make("straight")
+    straight.train()
+
+    def interrupt_at_4(step):  # after the first dropped update, before the second
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    first = make("resumed")
+    assert first.train(step_hook=interrupt_at_4).step == 4 and first.skipped_updates == 1
+    second = make("resumed")
+    assert second.progress.step == 4 and second.skipped_updates == 1  # the count is kept in last.pt
+    assert second.train().step == 12 and second.skipped_updates == straight.skipped_updates == 2
+    assert second.schedule.step_count == straight.schedule.step_count == 12
+    assert second.schedule.lr == straight.schedule.lr
+    for (name, a), (_, b) in zip(straight.model.state_dict().items(), second.model.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_skip_stops_when_every_update_is_dropped(tmp_path, monkeypatch):
+    """Nothing would end a run whose every update is dropped (steps no longer advance): a run of
+    MAX_CONSECUTIVE_SKIPS dropped updates stops it with the one-line error of ``stop``."""
+    import nmt.train.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "MAX_CONSECUTIVE_SKIPS", 3)
+    trainer = trainer_with_nan_at(tmp_path, set(range(5, 1000)), nonfinite="skip")
+    with pytest.raises(NonFiniteLossError, match=r"^step 5: 3 updates in a row skipped for a non-finite loss or "
+                                                 r"gradient norm; stopped \(last.pt keeps step 4, the last finite state\)"):
+        trainer.train()
+    assert trainer.progress.step == 4 and trainer.skipped_updates == 3
 
 
 def test_cli_one_line_error_and_exit_1(tmp_path, monkeypatch, capsys):

@@ -61,9 +61,16 @@ def _serve(rank: int, world: int, tasks, results) -> None:
 
 
 def _nan_at(trainer, loss_fn, step: int):
+    """NaN on the first attempt at update ``step`` (with nonfinite: skip a dropped update is not
+    counted, so the next batch is a second attempt at the same step: that one is finite)."""
+    fired = []
+
     def loss(*args, **kwargs):
         value = loss_fn(*args, **kwargs)
-        return value * float("nan") if trainer.progress.step + 1 == step else value
+        if trainer.model.training and trainer.progress.step + 1 == step and not fired:
+            fired.append(True)
+            return value * float("nan")
+        return value
     return loss
 
 
