@@ -6,11 +6,13 @@ umask 022), not ``mkstemp``'s private 0600.
 
 Temporary files are named ``.NAME.p<pid>h<host>.<random>.tmp`` (``<host>``: 8 hex digits of a
 hash of the host name), so that a process killed mid-write (SIGKILL, a power cut: no chance to
-remove it) leaves a file whose writer can be told dead later: every atomic write of ``NAME``
-first removes the temporaries of earlier writes of ``NAME`` whose writer was a process of this
-host that no longer runs (:func:`remove_stale_temporaries`). A temporary of a live process, of
-another host (on a shared filesystem its pid cannot be checked) or without an owner in its name
-(written by an older nmt) is left alone.
+remove it) leaves a file whose writer can be told dead later: a process's first atomic write
+into a directory removes the temporaries there whose writer was a process of this host that no
+longer runs (:func:`remove_stale_temporaries_in`; once per directory and process, since listing a
+directory of many files, as ``-attention DIR`` writes, at every write made those writes
+quadratic: 5,000 heatmaps took 7.9 s of listing). A temporary of a live process, of another host
+(on a shared filesystem its pid cannot be checked) or without an owner in its name (written by
+an older nmt) is left alone.
 """
 from __future__ import annotations
 
@@ -99,15 +101,27 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     docstring: the writer a process of this host that no longer runs). Returns the removed paths;
     a directory that cannot be listed, or a file already gone, is passed over."""
     target = Path(path)
-    stem = f".{target.name[:_MAX_NAME_IN_TEMP]}."
-    removed = []
+    return _remove_stale(target.parent, target.name[:_MAX_NAME_IN_TEMP])
+
+
+def remove_stale_temporaries_in(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temporaries in ``directory`` that killed writes of any file there left (their
+    writer a process of this host that no longer runs). Returns the removed paths, as
+    :func:`remove_stale_temporaries`."""
+    return _remove_stale(Path(directory), None)
+
+
+def _remove_stale(directory: Path, name: str | None) -> list[Path]:
+    """The stale temporaries in ``directory`` of target ``name`` (None: of any target), removed."""
+    stem = "." if name is None else f".{name}."
+    removed: list[Path] = []
     try:
-        entries = [e for e in os.scandir(target.parent) if e.name.startswith(stem) and e.name.endswith(".tmp")]
+        entries = [e for e in os.scandir(directory) if e.name.startswith(stem) and e.name.endswith(".tmp")]
     except OSError:
         return removed
     for entry in entries:
         owner = temporary_owner(entry.name)
-        if owner is None or owner[0] != target.name[:_MAX_NAME_IN_TEMP] or not stale_temporary(entry.name):
+        if owner is None or (name is not None and owner[0] != name) or not stale_temporary(entry.name):
             continue
         try:
             if entry.is_file(follow_symlinks=False):
@@ -116,6 +130,20 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
         except OSError:
             pass
     return removed
+
+
+_SWEPT: set = set()
+_SWEPT_LOCK = threading.Lock()
+
+
+def _sweep_once(directory: Path) -> None:
+    """:func:`remove_stale_temporaries_in` ``directory`` at this process's first atomic write there."""
+    key = os.fspath(directory.resolve())
+    with _SWEPT_LOCK:
+        if key in _SWEPT:
+            return
+        _SWEPT.add(key)
+    remove_stale_temporaries_in(directory)
 
 
 def default_file_mode() -> int:
@@ -132,8 +160,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     naming ``path`` (not the temporary file). The file's mode respects the umask (see the module docstring).
     A symlink stays a link (the file it names is replaced); an existing ``path`` that is neither
     a regular file nor a directory (a device such as ``/dev/null``, a named pipe) is written
-    directly, since there is no file to replace. Before writing, the temporaries that killed
-    earlier writes of ``path`` left are removed (:func:`remove_stale_temporaries`).
+    directly, since there is no file to replace. At this process's first write into a directory,
+    the temporaries that killed earlier writes left there are removed (:func:`remove_stale_temporaries_in`).
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open: mode must be 'w' or 'wb', got {mode!r}")
@@ -150,7 +178,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     # through a symlink: replace the file it names (next to it), not the link
     target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(target)
+    _sweep_once(target.parent)
     try:
         fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(target.name), suffix=".tmp", dir=target.parent)
     except OSError as exc:
@@ -193,4 +221,4 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 
 __all__ = ["current_umask", "default_file_mode", "temporary_owner", "pid_alive", "stale_temporary",
-           "remove_stale_temporaries", "atomic_open", "describe_os_error", "atomic_write_text", "atomic_write_bytes"]
+           "remove_stale_temporaries", "remove_stale_temporaries_in", "atomic_open", "describe_os_error", "atomic_write_text", "atomic_write_bytes"]

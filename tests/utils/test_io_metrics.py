@@ -47,26 +47,42 @@ def test_temporaries_name_their_writer(tmp_path):
     assert temporary_owner(".out.txt.abc123.tmp") is None  # an older nmt's: no owner
 
 
-def test_a_write_removes_only_the_temporaries_of_dead_writers_of_the_same_file(tmp_path):
+def test_a_first_write_into_a_directory_removes_only_the_temporaries_of_dead_writers(tmp_path):
+    """A process's first atomic write into a directory removes the temporaries there whose writer
+    was a process of this host that is gone (of any file: such a write can never finish); a live
+    writer's, another host's and an owner-less one stay. Later writes there do not list the
+    directory again (a directory of many heatmaps made every write list it); a named file's own
+    stale temporaries are removed on request (``remove_stale_temporaries``)."""
     import subprocess
     import sys
+
+    from nmt.utils import io
 
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         dead = dead_pid()
         names = {
             "dead": temp_name("out.txt", dead),  # a killed run of this command: removed
+            "other_file": temp_name("other.txt", dead),  # a killed write of another file: removed
             "live": temp_name("out.txt", live.pid),  # a run still writing: kept
             "elsewhere": temp_name("out.txt", dead, host="another-host.example"),  # pid not checkable: kept
             "legacy": ".out.txt.k2j3h4g5.tmp",  # no owner in the name: kept
-            "other_file": temp_name("other.txt", dead),  # another output's: left to its own writes
         }
         for name in names.values():
             (tmp_path / name).write_text("partial")
         atomic_write_text(tmp_path / "out.txt", "done")
-        left = set(os.listdir(tmp_path))
-        assert left == {"out.txt"} | (set(names.values()) - {names["dead"]})
-        assert remove_stale_temporaries(tmp_path / "other.txt") == [tmp_path / names["other_file"]]
+        kept = {names["live"], names["elsewhere"], names["legacy"]}
+        assert set(os.listdir(tmp_path)) == {"out.txt"} | kept
+        later = temp_name("later.txt", dead)  # left after this process's first write there
+        (tmp_path / later).write_text("partial")
+        listed = []
+        real_scandir = os.scandir
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(io.os, "scandir", lambda d: listed.append(d) or real_scandir(d))
+            atomic_write_text(tmp_path / "later.txt", "done")
+        assert listed == [] and later in os.listdir(tmp_path)  # not listed again
+        assert remove_stale_temporaries(tmp_path / "later.txt") == [tmp_path / later]
+        assert set(os.listdir(tmp_path)) == {"out.txt", "later.txt"} | kept
     finally:
         live.kill()
         live.wait()
