@@ -226,3 +226,52 @@ def test_bench_train_ratios_are_to_each_models_own_softmax_row(monkeypatch, tmp_
     ratios = {r["setting"]: r["ratio_to_softmax"] for r in json.loads(out.read_text())["results"]}
     assert ratios == {"softmax / softmax": 1.0, "entmax15 / softmax": 0.8,
                       "transformer: softmax / softmax": 1.0, "transformer: entmax15 / softmax": 0.8}
+
+
+def test_bench_host_quick(tmp_path):
+    """``bench_host --quick``: the eager update's host work on the CUDA route (stand-in driver, no
+    GPU), per setting: torch operations, Python calls, Triton launches by kernel, host syncs and
+    times, each setting's extra work against softmax / softmax by function and by site. The
+    1.5-entmax attention launches the mapping kernels at every decoder step; softmax / softmax
+    launches none of them (its loss the cross-entropy kernels only). In a fresh process: the tool
+    sets the environment (no native code) before importing nmt, and may not share triton with
+    an interpreter."""
+    pytest.importorskip("triton")
+    from triton.backends import backends
+
+    if "nvidia" not in backends:
+        pytest.skip("triton without its NVIDIA backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out_json = tmp_path / "host.json"
+    out = subprocess.run([sys.executable, str(TOOLS / "bench_host.py"), "--quick", "--json", str(out_json),
+                          "--rows", "entmax15 / entmax15"], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    report = json.loads(out_json.read_text())
+    rows = {row["setting"]: row for row in report["rows"]}
+    assert list(rows) == ["softmax / softmax", "entmax15 / entmax15"]  # the baseline first, always
+    steps = sum(shape[2] for shape in report["model"]["batch_shapes"]) / report["model"]["batches"]
+    for row in rows.values():
+        assert row["torch_ops"] > 100 and row["python_calls"] > 100 and row["host_ms"] > 0 and row["cpu_ms"] > 0
+        assert row["host_syncs"] == 0 and row["jit_runs"] == 0  # sync-free; every launch from nmt's cache
+        assert sum(row["python_calls_by_layer"].values()) == pytest.approx(row["python_calls"])
+        assert sum(row["torch_ops_by_site"].values()) == pytest.approx(row["torch_ops"])
+    soft, ent = rows["softmax / softmax"]["launches_by_kernel"], rows["entmax15 / entmax15"]["launches_by_kernel"]
+    assert not set(soft) & {"_forward_kernel", "_backward_kernel"}
+    assert set(soft) == {"_ce_forward_kernel", "_ce_backward_kernel", "_finish_kernel"}
+    # one forward and one backward launch per decoder step (attention), the loss's forward once more
+    assert ent["_forward_kernel"] == steps + 1 and ent["_backward_kernel"] == steps
+    extra = rows["entmax15 / entmax15"]["extra_vs_softmax"]
+    assert extra["python_calls_by_function"] and extra["torch_ops_by_site"]
+    assert any("Entmax15" in site for site, _ in extra["torch_ops_by_site"])
+    for label in ("torch ops", "py calls", "launches by kernel", "minus softmax / softmax"):
+        assert label in out.stdout
+    # --against: a report against itself differs nowhere
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        _load("bench_host").print_against(report, report, 5)
+    lines = printed.getvalue().splitlines()
+    assert any(line.startswith("softmax / softmax") and line.count(" -> ") == 5 for line in lines)
+    assert not [line for line in lines if line.strip().startswith(("+", "-"))]
