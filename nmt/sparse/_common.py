@@ -48,16 +48,22 @@ _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "maia", 
 """Device types that torch's autocast knows (asking about another one raises)."""
 
 
+def autocast_device(t: Tensor) -> Optional[str]:
+    """The device type of ``t`` where autocast is on there, else None (see :func:`own_precision`)."""
+    device_type = "cuda" if t.is_cuda else "cpu" if t.is_cpu else t.device.type  # no device object
+    if device_type in _AUTOCAST_DEVICES and torch.is_autocast_enabled(device_type):
+        return device_type
+    return None
+
+
 def own_precision(t: Tensor) -> Any:
     """A context in which autocast is off on ``t``'s device where it is on there (else a null
     context). The mappings and losses compute in the dtype they chose (float32 for half-precision
     scores: their solvers' sums need it); autocast would lower their matrix and vector products
     (``matmul``, ``linalg.vecdot``) to half precision again (measured: 1.5-entmax rows summing to
     1 +- 8e-3 under bfloat16 autocast). No host synchronisation; traced by ``torch.compile``."""
-    device_type = "cuda" if t.is_cuda else "cpu" if t.is_cpu else t.device.type  # no device object
-    if device_type in _AUTOCAST_DEVICES and torch.is_autocast_enabled(device_type):
-        return torch.autocast(device_type, enabled=False)
-    return contextlib.nullcontext()
+    device_type = autocast_device(t)
+    return contextlib.nullcontext() if device_type is None else torch.autocast(device_type, enabled=False)
 
 
 def rows(t: Tensor) -> Tensor:
@@ -142,7 +148,11 @@ def apply_last(kernel: Callable[[Tensor], Tensor], scores: Tensor, dim: int,
     x = x if last else x.movedim(dim, -1)
     if dtype in _UPCAST and not (takes_half is not None and takes_half(x)):
         x = x.to(torch.float32)
-    with own_precision(x):
+    autocast = autocast_device(x)
+    if autocast is None:  # (no null context's three calls at every attention step: host time)
         y = kernel(x)
+    else:
+        with torch.autocast(autocast, enabled=False):
+            y = kernel(x)
     y = y if last else y.movedim(-1, dim)
     return y if y.dtype == dtype else y.to(dtype)
