@@ -49,8 +49,8 @@ this file's own helpers only use APIs that exist there too, so one tool compares
 
 Needs Triton with its NVIDIA backend (no GPU). Tiny model dimensions by default (``--size``), so
 that the arithmetic is negligible and the host's work shows; ``--real`` uses the config's sizes
-and a vocabulary of 8000 (the counts stay the same; the times then hold the CPU's arithmetic).
-"""
+and a vocabulary of 8000 (the same batch shapes, the counts about the same; the times then hold
+the CPU's arithmetic)."""
 from __future__ import annotations
 
 import argparse
@@ -408,15 +408,15 @@ class IdLists:
 
 def synthetic_batches(n: int, vocab: int, batch_size: int = 64, seed: int = 0) -> list:
     """Multi30k-like batches (as ``bench_train.synthetic_batches``): lengths 6-25 (source) and
-    5-22 (target), ids drawn from ``vocab``."""
+    5-22 (target), ids drawn from ``vocab``; the lengths, hence the shapes, whatever ``vocab``."""
     import random
 
     from nmt.data.batching import collate, make_batches
 
-    rng = random.Random(seed)
+    lengths, ids = random.Random(seed), random.Random(seed + 1)
     size = n * batch_size
-    src = [[rng.randrange(4, vocab) for _ in range(rng.randint(6, 25))] for _ in range(size)]
-    tgt = [[rng.randrange(4, vocab) for _ in range(rng.randint(5, 22))] for _ in range(size)]
+    src = [[ids.randrange(4, vocab) for _ in range(lengths.randint(6, 25))] for _ in range(size)]
+    tgt = [[ids.randrange(4, vocab) for _ in range(lengths.randint(5, 22))] for _ in range(size)]
     data = IdLists(src, tgt)
     order = make_batches(data, batch_size, "sentences", shuffle=True, seed=seed)
     return [collate(data, idx, PAD, BOS, EOS) for idx in order[:n]]
