@@ -58,7 +58,10 @@
 #   OUT=$OUT GPU_CHECK_WORKERS=15 GPU_CHECK_TESTS_REST_S=400 bash tools/gpu_check.sh tests_rest
 #   OUT=$OUT bash tools/gpu_check.sh translate translate_torch_search transformer transformer_unfused
 # (train: the eager rows, whose --profile failed on the H200 before the fix of 2026-11-27; the
-# compiled 1.5-entmax step was 0.80x softmax's there, host-bound: the GPU busy 3.6 of its 17.7 ms)
+# compiled 1.5-entmax step was 0.80x softmax's there, host-bound: the GPU busy 3.6 of its 17.7 ms,
+# and timed after the softmax row's profile, which may have slowed it: --profile now profiles in a
+# second pass after every row was timed, rebuilding and recompiling each row, so give
+# train_compile with --profile about 200 s)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_check}
@@ -101,7 +104,7 @@ for s in $STAGES; do
         sparse_graphs) stage sparse_graphs 120 $PY tools/bench_sparse.py --device cuda --graphs --dtypes float32 ;;
         train) stage train 100 $PY tools/bench_train.py --device cuda --steps 100 --warmup 30 ${GPU_CHECK_TRAIN_ARGS:-} \
               --only "softmax / softmax" "entmax15 / entmax15" "softmax / entmax15" "entmax15 / softmax" ;;
-        train_compile) stage train_compile 240 env TORCH_LOGS="${TORCH_LOGS:-perf_hints,cudagraphs}" $PY tools/bench_train.py --device cuda --steps 60 --warmup 10 \
+        train_compile) stage train_compile 300 env TORCH_LOGS="${TORCH_LOGS:-perf_hints,cudagraphs}" $PY tools/bench_train.py --device cuda --steps 60 --warmup 10 \
               --compile --max-shapes 1 ${GPU_CHECK_TRAIN_ARGS:-} --only "softmax / softmax" "entmax15 / entmax15" ;;
         transformer) stage transformer 150 $PY tools/bench_train.py --device cuda --steps 100 --warmup 30 \
               --transformer --only "transformer: softmax / softmax" "transformer: entmax15 / softmax" \
