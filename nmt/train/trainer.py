@@ -29,8 +29,8 @@ from nmt.models.protocol import position_limits
 from nmt.sparse import get_loss, is_softmax, loss_display_name
 from nmt.train.checkpoint import (CheckpointError, find_resume_checkpoint, load_checkpoint, remove_stale_temporaries,
                                   repair_best, restore_last, save_run_checkpoint)
-from nmt.train.data_setup import (check_valid_positions, data_changes, data_fingerprints, generate_if_missing,
-                                  load_training_data)
+from nmt.train.data_setup import (DATA_FILE_KEYS, check_valid_positions, data_changes, data_fingerprints,
+                                  generate_if_missing, load_training_data)
 from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, init_distributed, rank_device,
                                    rank_rng_state, resume_check, several_processes, shard_batch, wrap_model)
 from nmt.train.early_stopping import EarlyStopping
@@ -291,6 +291,10 @@ class Trainer:
             logger.warning("%s; resuming from %s (step %s) instead", problem, path, checkpoint.get("step"))
         differences = config_differences(checkpoint["config"], self.config)
         vetted = resume_check(checkpoint, self.config, self.dist, self.source)  # number of processes
+        # a data file under another path (moved, or named relative instead of absolute) is the same
+        # data when its content is: the checkpoint's fingerprint of it decides (_check_data_files)
+        fingerprinted = checkpoint.get("trainer", {}).get("data_files") or {}
+        vetted |= {key for key in DATA_FILE_KEYS if key in fingerprinted}
         blocking = [d for d in differences
                     if any(d == k or d.startswith(k + ".") for k in RESUME_MUST_MATCH) and d not in vetted]
         if blocking:

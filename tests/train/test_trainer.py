@@ -105,6 +105,28 @@ def test_resume_refuses_a_data_file_that_changed(tiny_task, tmp_path):
     assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 2  # nothing was touched
 
 
+def test_resume_accepts_moved_data_of_the_same_content(tiny_task, tmp_path):
+    """A data file named by another path (moved, copied, relative instead of absolute) resumes when
+    its content is the run's (the fingerprint decides); another file under the new path is refused
+    as a changed file, naming the key and the new path."""
+    import shutil
+
+    make_trainer(tiny_task, tmp_path / "run", max_steps=2).train()
+    moved = tmp_path / "moved"
+    shutil.copytree(tmp_path / "data", moved)
+    task = {split: {side: str(moved / os.path.basename(path)) for side, path in files.items()}
+            for split, files in tiny_task.items()}
+    trainer = make_trainer(task, tmp_path / "run", max_steps=4)
+    assert trainer.resumed and trainer.progress.step == 2
+    assert trainer.train().step == 4
+    last = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert last["config"]["data"]["train"]["src"] == task["train"]["src"]  # the new paths are the run's now
+    with open(task["train"]["tgt"], "a", encoding="utf-8") as handle:
+        handle.write("fedcba\n")
+    with pytest.raises(ConfigError, match=rf"^tiny.yaml: data.train.tgt: {task['train']['tgt']} changed since"):
+        make_trainer(tiny_task | {"train": task["train"]}, tmp_path / "run", max_steps=6)
+
+
 def test_resume_names_a_same_size_edit_and_ignores_a_touch(tiny_task, tmp_path):
     make_trainer(tiny_task, tmp_path / "run", max_steps=2).train()
     src = tiny_task["valid"]["src"]
