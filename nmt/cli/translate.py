@@ -12,7 +12,8 @@ Modes (one module each): a source file is translated whole and every output writ
 atomically (``translate_file``); ``-src - -output -`` streams, translating lines as they
 arrive (``translate_stream``); ``-mode score`` / ``-score_output`` scores the references
 (``translate_score``). Output: the detokenized best hypothesis per input line (``n_best``
-lines per input line with ``-n_best N``, padded with empty lines); empty input lines give empty
+lines per input line with ``-n_best N``, padded with empty lines; ``-with_score``: a tab and the
+log-probability after each); empty input lines give empty
 output lines. ``-report``: one JSON line per input sentence with its certificate and n-best
 list. A summary goes to stderr (not with ``-quiet``); the metric line of ``-tgt`` always.
 Heavy modules (torch, matplotlib, sacrebleu) are imported only when needed.
@@ -63,7 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-output", "--output", default="-", metavar="FILE|-", help="translations (- = stdout)")
     p.add_argument("-beam_size", "--beam_size", type=int, default=d.beam_size, help="beam size (1 = greedy)")
     p.add_argument("-n_best", "--n_best", type=int, default=d.n_best,
-                   help="hypotheses written per sentence (not with scoring)")
+                   help="hypotheses written per sentence: N consecutive lines per input line, best first, "
+                   "as OpenNMT-py writes them (an empty line where fewer hypotheses finished, e.g. no other of "
+                   "nonzero probability; not with scoring)")
+    p.add_argument("-with_score", "--with_score", action="store_true",
+                   help="each output line 'translation<TAB>log-probability' (OpenNMT-py's -with_score; a "
+                   "padding line of -n_best is a lone tab; not with scoring)")
     p.add_argument("-batch_size", "--batch_size", type=int, default=None,
                    help="sentences (or padded source tokens, see -batch_type) per batch (default: 64 "
                    "sentences on the CPU, 8192 tokens on a GPU; score and stdin modes: 64 sentences)")
@@ -129,6 +135,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
         # log-probability, as for one longer than -max_length (whose default is always on)
         unlimited = "it gives each reference the model's log-probability, whatever its length"
         given = [("-attention", args.attention is not None, one_line), ("-n_best", args.n_best != 1, one_line),
+                 ("-with_score", args.with_score, one_line),
                  ("-report", args.report is not None, one_line), ("-support", args.support, one_line),
                  ("-min_length", args.min_length != 0, unlimited),
                  ("-max_length_ratio", args.max_length_ratio != 0, unlimited)]

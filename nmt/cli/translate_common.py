@@ -102,10 +102,14 @@ def report_line(t: Translation) -> str:
     return json.dumps(record, ensure_ascii=False) + "\n"
 
 
-def output_lines(t: Translation, n_best: int) -> list[str]:
-    """The ``n_best`` output lines of one translation (padded with empty lines)."""
-    texts = [text for text, _ in t.hypotheses][:n_best]
-    return texts + [""] * (n_best - len(texts))
+def output_lines(t: Translation, n_best: int, with_score: bool = False) -> list[str]:
+    """The ``n_best`` output lines of one translation, best first (padded with empty lines where
+    fewer hypotheses finished); ``with_score``: each line ``text<TAB>log-probability`` (OpenNMT-py's
+    ``-with_score``), a padding line ``<TAB>`` (no hypothesis, no score)."""
+    found = t.hypotheses[:n_best]
+    if not with_score:
+        return [text for text, _ in found] + [""] * (n_best - len(found))
+    return [f"{text}\t{logprob:.6g}" for text, logprob in found] + ["\t"] * (n_best - len(found))
 
 
 def write_lines(path: str, lines: Sequence[str]) -> None:

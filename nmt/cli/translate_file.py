@@ -52,7 +52,7 @@ def run_file(args: argparse.Namespace, start: float) -> int:
         if bar is not None:
             bar.close()
 
-    write_lines(args.output, [line for t in translations for line in output_lines(t, args.n_best)])
+    write_lines(args.output, [line for t in translations for line in output_lines(t, args.n_best, args.with_score)])
     if args.report:
         from nmt.utils.io import atomic_open
 

@@ -119,7 +119,7 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
             for t in done:
                 t.index += counts.sentences
             counts.add(done)
-            sys.stdout.write("".join(line + "\n" for t in done for line in output_lines(t, args.n_best)))
+            sys.stdout.write("".join(line + "\n" for t in done for line in output_lines(t, args.n_best, args.with_score)))
             sys.stdout.flush()
             if report is not None:
                 report.write("".join(report_line(t) for t in done))

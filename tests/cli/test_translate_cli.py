@@ -157,6 +157,38 @@ def test_nbest_and_ensemble(trained, capsys):
     assert double.read_text(encoding="utf-8") == single.read_text(encoding="utf-8")
 
 
+def test_with_score_writes_tab_separated_log_probabilities(trained, capsys):
+    """-with_score (OpenNMT-py's): 'text<TAB>log-probability' per output line, the same texts and
+    log-probabilities (total, not length-normalised) as the report's n-best lists; -n_best's
+    padding lines are a lone tab; file and streamed output alike."""
+    root = trained["root"]
+    out, report = root / "scored.txt", root / "scored.jsonl"
+    base = ["-model", trained["model"], "-n_best", "3", "-beam_size", "3", "-quiet", "-length_penalty", "average"]
+    code, _, err = translate(base + ["-src", str(root / "input.txt"), "-output", str(out), "-with_score",
+                                     "-report", str(report)], capsys)
+    assert code == 0, err
+    lines = out.read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(lines) == 3 * len(trained["inputs"]) and all(line.count("\t") == 1 for line in lines)
+    records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+    for i, record in enumerate(records):
+        written = [line.split("\t") for line in lines[3 * i: 3 * i + 3]]
+        for (text, score), h in zip(written, record["nbest"]):
+            assert text == h["text"] and float(score) == pytest.approx(h["logprob"], rel=1e-5, abs=1e-6)
+        assert all(pair == ["", ""] for pair in written[len(record["nbest"]):])
+    assert any(len(r["nbest"]) < 3 for r in records)  # padding seen (the empty input line at least)
+    plain = root / "plain.txt"
+    assert translate(base + ["-src", str(root / "input.txt"), "-output", str(plain)], capsys)[0] == 0
+    assert plain.read_text(encoding="utf-8").split("\n")[:-1] == [line.split("\t")[0] for line in lines]
+    streamed = subprocess.run([sys.executable, "-m", "nmt.cli.translate", *base, "-threads", "1", "-with_score",
+                               "-src", "-", "-output", "-"], input=(root / "input.txt").read_text(encoding="utf-8"),
+                              capture_output=True, text=True, env=dict(os.environ), timeout=300)
+    assert streamed.returncode == 0, streamed.stderr
+    assert streamed.stdout == out.read_text(encoding="utf-8")
+    code, _, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-tgt",
+                              str(root / "input.txt"), "-mode", "score", "-with_score"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "-with_score applies to translation" in err
+
+
 @pytest.mark.parametrize("kind", ["garbage", "version", "missing"])
 def test_bad_checkpoint_is_a_one_line_error(trained, capsys, kind):
     root = trained["root"]
