@@ -24,7 +24,10 @@ PROG = "nmt-average"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from nmt._version import __version__
+
     p = argparse.ArgumentParser(prog=PROG, description="Average checkpoint weights into a released model.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("-models", "--models", nargs="+", metavar="M.pt", help="checkpoints to average")
     source.add_argument("-last", "--last", type=int, metavar="N", help="the newest N step checkpoints of -run")
@@ -61,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = describe_os_error(exc) if isinstance(exc, OSError) else str(exc).strip()  # 'PATH: is a directory'
         print(f"{PROG}: error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
         return 2
-    print(f"{PROG}: averaged {len(paths)} checkpoints ({', '.join(str(p) for p in paths)}) into {args.output}",
+    print(f"{PROG}: averaged {len(paths)} checkpoint{'s' if len(paths) != 1 else ''} ({', '.join(str(p) for p in paths)}) into {args.output}",
           file=sys.stderr)
     return 0
 

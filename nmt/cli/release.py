@@ -14,7 +14,10 @@ PROG = "nmt-release"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from nmt._version import __version__
+
     p = argparse.ArgumentParser(prog=PROG, description="Strip a checkpoint to what translation needs.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("-model", "--model", required=True, metavar="M.pt", help="checkpoint (e.g. RUN/best.pt)")
     p.add_argument("-output", "--output", required=True, metavar="OUT.pt", help="released model (written atomically)")
     return p

@@ -572,7 +572,10 @@ def test_quiet_no_certify_formats_and_version(trained, capsys):
     assert code == 0 and "certified n/a" in err and "exact" not in err
     assert sorted(p.suffix for p in att.iterdir()) == [".svg"] * (len(trained["inputs"]) - 1)
     assert (att / "0.svg").read_text(encoding="utf-8").lstrip().startswith("<?xml")
-    for cli, prog in ((translate_cli, "nmt-translate"), (train_cli, "nmt-train")):
+    from nmt.cli import average as average_cli, release as release_cli
+
+    for cli, prog in ((translate_cli, "nmt-translate"), (train_cli, "nmt-train"), (average_cli, "nmt-average"),
+                      (release_cli, "nmt-release")):
         with pytest.raises(SystemExit) as stop:
             cli.main(["--version"])
         assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"{prog} 0.1.0"
