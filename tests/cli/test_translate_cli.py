@@ -126,8 +126,10 @@ def test_cli_equals_direct_search(trained, capsys):
 
     root = trained["root"]
     out = root / "direct.txt"
+    # -device cpu: the direct search below runs on the CPU (a GPU's decoding is compared with the
+    # CPU's, within rounding, by test_translation_and_scoring_on_cuda_equal_the_cpu)
     code, _, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-output", str(out),
-                              "-beam_size", "4", "-batch_size", "3", "-quiet"], capsys)
+                              "-beam_size", "4", "-batch_size", "3", "-quiet", "-device", "cpu"], capsys)
     assert code == 0, err
     assert err == ""
     loaded = load_model(trained["model"])

@@ -46,7 +46,9 @@ def truncate(path, keep: float = 0.5):
 
 
 def test_a_truncated_last_pt_resumes_from_the_newest_step_checkpoint(task, tmp_path, log):
-    run = trained(task, tmp_path / "run", max_steps=10)  # validations at 4, 8; step 10 by the final one
+    # on the CPU wherever CUDA is (device cpu below): the resumed run is compared bit for bit with an
+    # uninterrupted one, which needs deterministic kernels (not cuDNN's LSTM backward, CUDA atomics)
+    run = trained(task, tmp_path / "run", max_steps=10, device="cpu")  # validations at 4, 8; step 10 by the final one
     assert checkpoint_step(run / "step_10.pt") == 10
     # cut in place: the same save's step_10.pt (and best.pt, step 10 being the best) are hard links
     # of last.pt where the filesystem allows, so they are damaged too; older files are not
@@ -54,7 +56,7 @@ def test_a_truncated_last_pt_resumes_from_the_newest_step_checkpoint(task, tmp_p
     for name in ("step_10.pt", "best.pt"):
         if checkpoint_step(run / name) == 10:  # (no hard links here: damage the copy as well)
             truncate(run / name)
-    resumed = make_trainer(task, run, max_steps=12)
+    resumed = make_trainer(task, run, max_steps=12, device="cpu")
     assert resumed.resumed and resumed.progress.step == 8 and resumed.resume_path == run / "step_8.pt"
     warnings = [r.getMessage() for r in log.records if r.levelno == logging.WARNING]
     assert any(w.startswith(f"{run}/last.pt: not a readable nmt checkpoint (not a torch.save archive")
@@ -65,7 +67,7 @@ def test_a_truncated_last_pt_resumes_from_the_newest_step_checkpoint(task, tmp_p
     assert checkpoint_step(run / "best.pt") == 8  # the best the resumed state records
     # continuing from step 8 gives the state of an uninterrupted run (same RNG and data position)
     assert resumed.train().step == 12
-    straight = trained(task, tmp_path / "straight")
+    straight = trained(task, tmp_path / "straight", device="cpu")
     a, b = load_checkpoint(straight / "last.pt")["model"], load_checkpoint(run / "last.pt")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
 
