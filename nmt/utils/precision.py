@@ -53,10 +53,19 @@ def ieee_float32() -> Iterator[None]:
     rnn, matmul = getattr(torch.backends.cudnn, "rnn", None), torch.backends.cuda.matmul
     if rnn is not None and hasattr(rnn, "fp32_precision"):
         before = rnn.fp32_precision, matmul.fp32_precision
+        legacy = _legacy_matmul_precision()
+        # torch checks at every CUDA float32 matrix product that the legacy setting (which
+        # set_float32_matmul_precision / matmul.allow_tf32 make) agrees with fp32_precision: after
+        # a user's set_float32_matmul_precision("high"), fp32_precision "ieee" alone made each
+        # product raise ("mix of the legacy and new APIs"); "highest" sets both
+        if legacy is not None:
+            torch.set_float32_matmul_precision("highest")
         rnn.fp32_precision = matmul.fp32_precision = "ieee"
         try:
             yield
         finally:
+            if legacy is not None:
+                torch.set_float32_matmul_precision(legacy)  # sets fp32_precision too: restored after
             rnn.fp32_precision, matmul.fp32_precision = before
         return
     old = torch.backends.cudnn.allow_tf32, matmul.allow_tf32  # pragma: no cover - torch < 2.9
@@ -65,6 +74,15 @@ def ieee_float32() -> Iterator[None]:
         yield
     finally:
         torch.backends.cudnn.allow_tf32, matmul.allow_tf32 = old
+
+
+def _legacy_matmul_precision() -> str | None:
+    """``torch.get_float32_matmul_precision()``, or None where torch refuses to say (the user mixed
+    the legacy and the new API already)."""
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:
+        return None
 
 
 def inference_precision(device: torch.device | str, name: str) -> ContextManager:

@@ -23,12 +23,26 @@ def settings() -> tuple:
 def _tf32_as_torch_sets_it():
     """Start from torch's GPU default (cuDNN's RNNs in TF32) and from TF32 matrix products, as a
     user's ``torch.set_float32_matmul_precision("high")`` makes them; restore what was there."""
-    before = settings()
-    for b in BACKENDS:
-        b.fp32_precision = "tf32"
+    before, legacy = settings(), torch.get_float32_matmul_precision()
+    torch.backends.cudnn.rnn.fp32_precision = "tf32"
+    torch.set_float32_matmul_precision("high")  # the legacy setting and matmul.fp32_precision = "tf32"
     yield
+    torch.set_float32_matmul_precision(legacy)
     for b, value in zip(BACKENDS, before):
         b.fp32_precision = value
+
+
+def test_cublas_sees_one_setting_inside_after_set_float32_matmul_precision_high():
+    """torch checks at each CUDA float32 matrix product (``Context::allowTF32CuBLAS``, which this
+    getter calls) that the legacy setting agrees with ``matmul.fp32_precision``; "ieee" alone
+    after the user's "high" made every product of a GPU decoding raise ("mix of the legacy and
+    new APIs"). The check runs on the CPU too."""
+    assert torch._C._get_cublas_allow_tf32() is True
+    with ieee_float32():
+        assert torch._C._get_cublas_allow_tf32() is False
+        assert torch.get_float32_matmul_precision() == "highest"
+    assert torch._C._get_cublas_allow_tf32() is True
+    assert torch.get_float32_matmul_precision() == "high" and settings() == ("tf32", "tf32")
 
 
 def test_ieee_float32_inside_and_the_settings_back_after_even_on_an_error():
