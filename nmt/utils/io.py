@@ -56,7 +56,16 @@ def _host_tag(host: str | None = None) -> str:
 
 
 _TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.p(?P<pid>\d+)h(?P<host>[0-9a-f]{8})\.[A-Za-z0-9_]+\.tmp$")
-_MAX_NAME_IN_TEMP = 200  # NAME part of a temporary's name: with the rest it stays under 255 bytes
+_MAX_NAME_IN_TEMP = 200  # bytes of the NAME part of a temporary's name: with the rest it stays under 255 bytes
+
+
+def _name_in_temp(target_name: str) -> str:
+    """``target_name`` cut to at most :data:`_MAX_NAME_IN_TEMP` bytes as the filesystem stores it
+    (whole characters: a name of 244 bytes in 122 accented letters fits 255, its temporary did not)."""
+    cut = target_name[:_MAX_NAME_IN_TEMP]
+    while len(os.fsencode(cut)) > _MAX_NAME_IN_TEMP:
+        cut = cut[:-1]
+    return cut
 
 
 def temporary_owner(name: str) -> tuple[str, int, str] | None:
@@ -70,7 +79,7 @@ def temporary_owner(name: str) -> tuple[str, int, str] | None:
 
 
 def _temp_prefix(target_name: str, pid: int | None = None) -> str:
-    return f".{target_name[:_MAX_NAME_IN_TEMP]}.p{os.getpid() if pid is None else pid}h{_host_tag()}."
+    return f".{_name_in_temp(target_name)}.p{os.getpid() if pid is None else pid}h{_host_tag()}."
 
 
 def pid_alive(pid: int) -> bool:
@@ -101,7 +110,7 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     docstring: the writer a process of this host that no longer runs). Returns the removed paths;
     a directory that cannot be listed, or a file already gone, is passed over."""
     target = Path(path)
-    return _remove_stale(target.parent, target.name[:_MAX_NAME_IN_TEMP])
+    return _remove_stale(target.parent, _name_in_temp(target.name))
 
 
 def remove_stale_temporaries_in(directory: str | os.PathLike) -> list[Path]:

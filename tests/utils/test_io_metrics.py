@@ -149,3 +149,20 @@ def test_atomic_write_through_a_symlink_keeps_the_link(tmp_path):
     atomic_write_text(link, "new")
     assert link.is_symlink() and (tmp_path / "real" / "out.txt").read_text() == "new"
     assert sorted(os.listdir(tmp_path / "real")) == ["out.txt"]
+
+
+def test_a_long_name_of_multibyte_characters_gets_a_temporary_that_fits(tmp_path):
+    """A name of 244 bytes (122 two-byte letters) is a valid file name; its temporary's copy of the
+    name is cut by bytes, not characters (cut to 200 characters it was 244 bytes: ENAMETOOLONG),
+    and a killed write's temporary of it is still recognised as its own."""
+    path = tmp_path / ("é" * 120 + ".txt")
+    atomic_write_text(path, "done")
+    assert path.read_text() == "done"
+    dead = dead_pid()
+    from nmt.utils.io import _temp_prefix
+
+    stale = tmp_path / f"{_temp_prefix(path.name, dead)}x1y2z3_q.tmp"
+    assert len(os.fsencode(stale.name)) <= 255
+    stale.write_text("partial")
+    assert temporary_owner(stale.name)[0] == "é" * 100
+    assert remove_stale_temporaries(path) == [stale]
