@@ -78,6 +78,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
                               "or truncated)")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
+    except (OSError, MemoryError) as exc:  # the file could not be read now (EIO, no memory): not damage, which
+        # a resume would pass over to an older checkpoint and then replace last.pt with that one
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise CheckpointError(f"{path}: cannot be read ({reason})") from None
     except Exception as exc:  # torch raises many types for corrupt / foreign files
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DamagedCheckpointError(f"{path}: not a readable nmt checkpoint ({type(exc).__name__}: "

@@ -149,3 +149,30 @@ def test_a_damaged_best_pt_is_repaired_from_the_checkpoint_that_holds_the_best(t
     make_trainer(task, run, keep_last=3, max_steps=16)
     assert checkpoint_step(run / "best.pt") == best
     assert f"best.pt repaired: it now holds step {best}" in log.text
+
+
+def test_a_read_error_is_not_damage_and_stops_the_search(tmp_path, monkeypatch):
+    """An I/O error (EIO on a network filesystem) or no memory while reading last.pt says nothing
+    about the file: a resume must not pass over it to an older checkpoint (which then replaces
+    last.pt, the newest state lost); it is a plain CheckpointError naming the file."""
+    import errno
+
+    from nmt.utils import checkpoint_file
+    from nmt.utils.checkpoint_file import FORMAT_VERSION, PAYLOAD_KEYS, DamagedCheckpointError
+
+    payload = {key: {} for key in PAYLOAD_KEYS}
+    payload.update(format_version=FORMAT_VERSION, nmt_version="x", step=4)
+    for name in ("last.pt", "step_4.pt"):
+        torch.save(payload, tmp_path / name)
+    real_load = torch.load
+
+    def flaky(path, *args, **kwargs):
+        if os.path.basename(path) == "last.pt":
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_load(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_file.torch, "load", flaky)
+    with pytest.raises(CheckpointError) as caught:
+        find_resume_checkpoint(tmp_path)
+    assert not isinstance(caught.value, DamagedCheckpointError)
+    assert str(caught.value) == f"{tmp_path / 'last.pt'}: cannot be read ({os.strerror(errno.EIO)})"
