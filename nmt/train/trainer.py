@@ -27,8 +27,8 @@ from nmt.data.field import Field
 from nmt.models import ModelConfigError, build_model, describe_attention
 from nmt.models.protocol import position_limits
 from nmt.sparse import get_loss, is_softmax, loss_display_name
-from nmt.train.checkpoint import (CheckpointError, find_resume_checkpoint, load_checkpoint, remove_stale_temporaries,
-                                  repair_best, restore_last, save_run_checkpoint)
+from nmt.train.checkpoint import (CheckpointError, checkpoint_step, find_resume_checkpoint, load_checkpoint,
+                                  remove_stale_temporaries, repair_best, restore_last, save_run_checkpoint)
 from nmt.train.data_setup import (DATA_FILE_KEYS, check_valid_positions, data_changes, data_fingerprints,
                                   generate_if_missing, load_training_data)
 from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, init_distributed, rank_device,
@@ -230,6 +230,12 @@ class Trainer:
                 logger.warning("best.pt repaired: it now holds step %d, the best %s records (from %s; a save was "
                                "interrupted or best.pt was damaged)", self.stopper.best_step, self.resume_path.name,
                                repaired.name)
+            elif (self.dist.is_main and self.stopper.best_step >= 0
+                  and checkpoint_step(self.save_dir / "best.pt") != self.stopper.best_step):
+                logger.warning("%s: does not hold step %d, the best %s records (damaged or missing), and no "
+                               "checkpoint of that step remains to restore it from; the next validation that "
+                               "improves on that best writes it", self.save_dir / "best.pt", self.stopper.best_step,
+                               self.resume_path.name)
         self.nonfinite = NonFiniteGuard(self.device)
         self.train_model = wrap_model(self.model, self.dist)  # DistributedDataParallel with several processes
         if self.dist.enabled:

@@ -176,3 +176,18 @@ def test_a_read_error_is_not_damage_and_stops_the_search(tmp_path, monkeypatch):
         find_resume_checkpoint(tmp_path)
     assert not isinstance(caught.value, DamagedCheckpointError)
     assert str(caught.value) == f"{tmp_path / 'last.pt'}: cannot be read ({os.strerror(errno.EIO)})"
+
+
+def test_a_damaged_best_pt_that_cannot_be_repaired_is_said(task, tmp_path, log):
+    """best.pt damaged while the step file of the best the resumed checkpoint records was rotated
+    away: nothing can restore it, and the resume says so (it went on silently, best.pt unreadable
+    until a better validation, or for good)."""
+    from nmt.train.checkpoint import save_checkpoint
+
+    run = trained(task, tmp_path / "run", keep_last=2)  # step_8.pt, step_12.pt
+    last = load_checkpoint(run / "last.pt")
+    last["trainer"]["early_stopping"]["best_step"] = 4  # the best at step 4, whose step file is gone
+    save_checkpoint(run / "last.pt", last)
+    replace_with(run / "best.pt", b"")
+    make_trainer(task, run, keep_last=2, max_steps=16)
+    assert f"{run / 'best.pt'}: does not hold step 4, the best last.pt records (damaged or missing)" in log.text
