@@ -49,23 +49,29 @@ def ieee_float32() -> Iterator[None]:
     TF32 (``torch.backends.cudnn.rnn`` and ``torch.backends.cuda.matmul`` ``fp32_precision =
     "ieee"``; torch < 2.9: ``allow_tf32 = False`` of both); the settings before are restored on
     leaving, also on an exception. Global settings of the process (as torch keeps them): another
-    thread's CUDA work meanwhile runs under them too. Changes nothing off CUDA; no host sync."""
+    thread's CUDA work meanwhile runs under them too. Off CUDA it changes only a CPU matrix product
+    precision lowered by ``torch.set_float32_matmul_precision("high"/"medium")``: torch keeps one
+    legacy setting for both, and a mixed state makes its checks raise. No host sync."""
     rnn, matmul = getattr(torch.backends.cudnn, "rnn", None), torch.backends.cuda.matmul
     if rnn is not None and hasattr(rnn, "fp32_precision"):
         before = rnn.fp32_precision, matmul.fp32_precision
         legacy = _legacy_matmul_precision()
+        cpu_matmul = getattr(getattr(torch.backends, "mkldnn", None), "matmul", None)  # which the legacy setter sets too
+        cpu_before = getattr(cpu_matmul, "fp32_precision", None)
         # torch checks at every CUDA float32 matrix product that the legacy setting (which
         # set_float32_matmul_precision / matmul.allow_tf32 make) agrees with fp32_precision: after
         # a user's set_float32_matmul_precision("high"), fp32_precision "ieee" alone made each
         # product raise ("mix of the legacy and new APIs"); "highest" sets both
         if legacy is not None:
-            torch.set_float32_matmul_precision("highest")
+            torch.set_float32_matmul_precision("highest")  # the CPU's matmul too (one setting for all)
         rnn.fp32_precision = matmul.fp32_precision = "ieee"
         try:
             yield
         finally:
             if legacy is not None:
                 torch.set_float32_matmul_precision(legacy)  # sets fp32_precision too: restored after
+                if cpu_before is not None:
+                    cpu_matmul.fp32_precision = cpu_before  # exactly as before ("none", not "ieee")
             rnn.fp32_precision, matmul.fp32_precision = before
         return
     old = torch.backends.cudnn.allow_tf32, matmul.allow_tf32  # pragma: no cover - torch < 2.9

@@ -24,10 +24,12 @@ def _tf32_as_torch_sets_it():
     """Start from torch's GPU default (cuDNN's RNNs in TF32) and from TF32 matrix products, as a
     user's ``torch.set_float32_matmul_precision("high")`` makes them; restore what was there."""
     before, legacy = settings(), torch.get_float32_matmul_precision()
+    cpu_before = torch.backends.mkldnn.matmul.fp32_precision
     torch.backends.cudnn.rnn.fp32_precision = "tf32"
     torch.set_float32_matmul_precision("high")  # the legacy setting and matmul.fp32_precision = "tf32"
     yield
     torch.set_float32_matmul_precision(legacy)
+    torch.backends.mkldnn.matmul.fp32_precision = cpu_before
     for b, value in zip(BACKENDS, before):
         b.fp32_precision = value
 
@@ -38,10 +40,11 @@ def test_cublas_sees_one_setting_inside_after_set_float32_matmul_precision_high(
     after the user's "high" made every product of a GPU decoding raise ("mix of the legacy and
     new APIs"). The check runs on the CPU too."""
     assert torch._C._get_cublas_allow_tf32() is True
+    cpu = torch.backends.mkldnn.matmul.fp32_precision  # set by "high" too
     with ieee_float32():
         assert torch._C._get_cublas_allow_tf32() is False
-        assert torch.get_float32_matmul_precision() == "highest"
-    assert torch._C._get_cublas_allow_tf32() is True
+        assert torch.get_float32_matmul_precision() == "highest"  # no mixed state: torch's own check passes
+    assert torch._C._get_cublas_allow_tf32() is True and torch.backends.mkldnn.matmul.fp32_precision == cpu
     assert torch.get_float32_matmul_precision() == "high" and settings() == ("tf32", "tf32")
 
 
