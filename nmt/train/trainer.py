@@ -209,7 +209,7 @@ class Trainer:
             raise ConfigError(source, key, problem) from None
         self.stopper = EarlyStopping(HIGHER_IS_BETTER[self.metric], train_cfg["early_stopping_patience"])
         self.progress = Progress()
-        self._skipped_at_resume = 0
+        self._skipped_at_resume = self._consecutive_at_resume = 0
         self.last_metrics: dict[str, Any] = {}
         self._signatures_logged = False  # the sacrebleu signatures are logged once per session
         self._tokens_per_sec = math.nan  # of the last logging window
@@ -244,7 +244,7 @@ class Trainer:
                         self.dist.world_size * train_cfg["batch_size"] * train_cfg["accumulate"], train_cfg["batch_type"])
         # updates dropped for a non-finite loss (training.nonfinite: skip), over all sessions of the run
         self.skipped_updates = self._skipped_at_resume
-        self.consecutive_skips = 0  # of them, in a row up to now
+        self.consecutive_skips = self._consecutive_at_resume  # of them, in a row up to now (a save may fall in a row)
         self.last_update_skipped = False  # whether train_step's last update was dropped
         n_params = sum(p.numel() for p in self.model.parameters())
         logger.info("model: %s, %d parameters; attention %s, output %s (loss: %s); device %s",
@@ -342,6 +342,7 @@ class Trainer:
         self.stopper.load_state_dict(trainer_state["early_stopping"])
         self.progress = Progress(**trainer_state["progress"])
         self._skipped_at_resume = int(trainer_state.get("skipped_updates", 0))  # absent before nmt recorded it
+        self._consecutive_at_resume = int(trainer_state.get("consecutive_skips", 0))
         self.last_metrics = dict(checkpoint["metrics"])
         # last: building the model consumed random numbers
         set_rng_state(rank_rng_state(checkpoint, self.dist), self.device)
@@ -362,7 +363,8 @@ class Trainer:
             "tgt_field": self.data.tgt_field.state_dict(),
             "metrics": self.last_metrics,
             "trainer": {"progress": asdict(self.progress), "early_stopping": self.stopper.state_dict(),
-                        "data_files": self.data_files, "skipped_updates": self.skipped_updates},
+                        "data_files": self.data_files, "skipped_updates": self.skipped_updates,
+                        "consecutive_skips": self.consecutive_skips},
         }
 
     def save(self, is_best: bool = False, step_file: bool = True) -> None:

@@ -169,3 +169,41 @@ def test_cli_one_line_error_and_exit_1(tmp_path, monkeypatch, capsys):
     assert err == ["nmt-train: error: step 3: training loss is nan; stopped (no checkpoint was written); lower "
                    "training.optimizer.lr, set training.clip_grad_norm, or set training.nonfinite: skip"]
     assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def test_an_interrupt_inside_a_row_of_dropped_updates_keeps_the_row(tmp_path, monkeypatch):
+    """SIGINT between two dropped updates saves last.pt there; the resumed run stops where the
+    uninterrupted one does (the count of updates dropped in a row is kept in last.pt: it restarted
+    at 0, so the resumed run went on for MAX_CONSECUTIVE_SKIPS more)."""
+    import os
+    import signal
+
+    import nmt.train.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "MAX_CONSECUTIVE_SKIPS", 3)
+    data = write_task(tmp_path / "data")
+    bad = {(0, 2), (0, 3), (0, 4), (1, 0)}  # 5 batches per epoch: 3 in a row stop before step 3
+
+    def make(interrupt_at=None):
+        config = tiny_config(data, tmp_path / "run", nonfinite="skip")
+        trainer = Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
+        loss_fn = trainer.loss_fn
+
+        def poisoned(*args, **kwargs):
+            loss = loss_fn(*args, **kwargs)
+            p = trainer.progress
+            if trainer.model.training and (p.epoch, p.batch_in_epoch) in bad:
+                if (p.epoch, p.batch_in_epoch) == interrupt_at:
+                    os.kill(os.getpid(), signal.SIGINT)  # seen after this (dropped) update
+                return loss * math.nan
+            return loss
+
+        trainer.loss_fn = poisoned
+        return trainer
+
+    first = make(interrupt_at=(0, 3))
+    assert first.train().stopped_by == "SIGINT" and first.consecutive_skips == 2
+    second = make()
+    with pytest.raises(NonFiniteLossError, match=r"^step 3: 3 updates in a row skipped"):
+        second.train()
+    assert (second.progress.epoch, second.progress.batch_in_epoch) == (0, 4)  # at the third in a row
