@@ -139,52 +139,19 @@ def cuda_route(launches: collections.Counter, cpu_model: bool) -> Iterator[None]
     import torch
     from nmt.sparse import _dispatch, _triton, losses
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from stand_in_driver import stand_in
+
     triton = _triton._import_triton()
     if triton is None:
         raise SystemExit(f"bench_host: needs triton ({_triton._IMPORT_ERROR})")
     from triton.backends import backends
-    from triton.backends.compiler import GPUTarget
     from triton.runtime.driver import driver
 
     if "nvidia" not in backends:
         raise SystemExit("bench_host: needs triton's NVIDIA backend (to compile for sm_90)")
     if _triton._library_interpreted():
         raise SystemExit("bench_host: triton was imported for its interpreter (TRITON_INTERPRET=1)")
-
-    class Utils:
-        def get_device_properties(self, device: int) -> dict:
-            return {"max_shared_mem": 232448, "multiprocessor_count": 132}
-
-        def load_binary(self, name, kernel, shared, device):  # module, function, registers, spills, threads
-            return 1, 2, 64, 0, 1024
-
-        def unload_module(self, module) -> None:
-            pass
-
-    class StandIn:
-        utils = Utils()
-
-        def get_current_device(self) -> int:
-            return 0
-
-        def get_current_stream(self, device: int) -> int:
-            return 0
-
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-        def get_active_torch_device(self):
-            return torch.device("cpu")
-
-        def is_active(self) -> bool:
-            return True
-
-        def launcher_cls(self, src, metadata):
-            name = getattr(metadata, "name", None) or getattr(getattr(src, "fn", None), "__name__", "?")
-
-            def launch(*args) -> None:
-                launches[name] += 1
-            return launch
 
     original_resolve = _dispatch.resolve_impl
     true_flag = torch.ones((), dtype=torch.bool)
@@ -208,7 +175,7 @@ def cuda_route(launches: collections.Counter, cpu_model: bool) -> Iterator[None]
         setattr(owner, name, value)
 
     previous = getattr(driver, "_active", None)
-    driver.set_active(StandIn())
+    driver.set_active(stand_in(lambda name, args: launches.update((name,)), torch.device("cpu")))
     patch(_triton, "_runs_here", lambda x: True)
     if hasattr(_triton, "_interpreted"):  # newer nmt: the kernels' flavour from the tensor's device
         patch(_triton, "_interpreted", lambda x=None: False)

@@ -50,6 +50,9 @@ from nmt.sparse.entmax import entmax_bisect_above_one  # noqa: E402
 from nmt.sparse._triton_launch import mode as _launch_mode  # noqa: E402
 from nmt.utils.device import make_current  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stand_in_driver import stand_in  # noqa: E402
+
 
 @contextlib.contextmanager
 def stand_in_driver() -> Iterator[list]:
@@ -61,7 +64,6 @@ def stand_in_driver() -> Iterator[list]:
     if triton is None:
         raise SystemExit(f"bench_launch: needs triton ({_triton._IMPORT_ERROR})")
     from triton.backends import backends
-    from triton.backends.compiler import GPUTarget
     from triton.runtime.driver import driver
 
     if "nvidia" not in backends:
@@ -71,43 +73,13 @@ def stand_in_driver() -> Iterator[list]:
                          "run --device cpu in a process without it")
     launched: list = [0, None]
 
-    class Utils:
-        def get_device_properties(self, device: int) -> dict:
-            return {"max_shared_mem": 232448, "multiprocessor_count": 132}
-
-        def load_binary(self, name, kernel, shared, device):  # module, function, registers, spills, threads
-            return 1, 2, 64, 0, 1024
-
-        def unload_module(self, module) -> None:
-            pass
-
-    class StandIn:
-        utils = Utils()
-
-        def get_current_device(self) -> int:
-            return 0
-
-        def get_current_stream(self, device: int) -> int:
-            return 0
-
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-        def get_active_torch_device(self) -> torch.device:
-            return torch.device("cpu")
-
-        def is_active(self) -> bool:
-            return True
-
-        def launcher_cls(self, src, metadata):
-            def launch(*args) -> None:
-                launched[0] += 1
-                launched[1] = args
-            return launch
+    def on_launch(name: str, args: tuple) -> None:
+        launched[0] += 1
+        launched[1] = args
 
     previous = getattr(driver, "_active", None)  # None where no driver is active (no GPU)
     runs_here, interpreted, check = _triton._runs_here, _triton._interpreted, losses._check
-    driver.set_active(StandIn())
+    driver.set_active(stand_in(on_launch, torch.device("cpu")))
     _triton._runs_here = lambda x: True
     _triton._interpreted = lambda x=None: False  # the compiled kernels for CPU tensors too
     losses._check = lambda ok, message: None

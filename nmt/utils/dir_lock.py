@@ -15,6 +15,8 @@ import os
 import socket
 from pathlib import Path
 
+from nmt.utils.io import pid_alive
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -138,17 +140,7 @@ def _try_lock(fd: int, owner: tuple[int, str] | None) -> bool:
             # a filesystem without flock (Lustre mounted noflock, some FUSE / SMB mounts): the pid check
     if owner is None or owner[1] != socket.gethostname():
         return owner is None
-    return not _pid_alive(owner[0])
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return not pid_alive(owner[0])
 
 
 def _describe(owner: tuple[int, str] | None) -> str:
