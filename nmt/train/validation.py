@@ -23,6 +23,7 @@ from nmt.translate.beam_search import beam_search
 from nmt.translate.search_options import SearchOptions
 from nmt.utils import metrics as corpus_metrics
 from nmt.utils.packed_linear import frozen_weights
+from nmt.utils.precision import ieee_float32
 
 
 @dataclass
@@ -129,14 +130,17 @@ def teacher_forced_statistics(model: nn.Module, dataset: ParallelDataset, loss_f
 def decode_dataset(model: nn.Module, dataset: ParallelDataset, tgt_field: Field, batch_size: int,
                    options: SearchOptions, device: torch.device) -> tuple[list[str], float]:
     """Detokenized best hypothesis of every example (dataset order) and the % certified
-    (certified only with ``options.certify``)."""
+    (certified only with ``options.certify``). Decodes in IEEE float32
+    (:func:`nmt.utils.precision.ieee_float32`), as ``nmt-translate`` does: a validation's BLEU and
+    certificates are what translating the checkpoint gives, TF32 or not in training."""
     vocab = tgt_field.vocab
     hypotheses: list[str] = [""] * len(dataset)
     certified = 0
     for indices in make_batches(dataset, batch_size, "sentences", shuffle=False):
         batch = collate(dataset, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index).to(device)
-        result = beam_search(model, batch.src, batch.src_lengths, bos=vocab.bos_index, eos=vocab.eos_index,
-                             options=options)
+        with ieee_float32():
+            result = beam_search(model, batch.src, batch.src_lengths, bos=vocab.bos_index, eos=vocab.eos_index,
+                                 options=options)
         best = result.tokens[:, 0, :].cpu()
         for row, index in enumerate(_positions(batch)):
             hypotheses[index] = tgt_field.decode(best[row])

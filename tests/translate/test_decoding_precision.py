@@ -94,3 +94,31 @@ def test_translator_and_scorer_run_the_model_in_ieee_float32():
         Scorer(model, src_field, tgt_field, precision=precision).score(["x y"], ["ab"])
         assert len(seen) >= 2 and set(seen) == {expected}, (precision, seen)
         assert settings() == ("tf32", "tf32")
+
+
+def test_validation_decodes_in_ieee_float32(monkeypatch):
+    """Training's validation decodes as nmt-translate does (its BLEU is the checkpoint's), while
+    its loss and training keep torch's default."""
+    from nmt.data.dataset import ParallelDataset
+    from nmt.data.field import Field
+    from nmt.data.tokenizers import CharTokenizer, SpaceTokenizer
+    from nmt.data.vocabulary import Vocabulary
+    from nmt.train import validation
+    from nmt.translate.search_options import SearchOptions
+
+    seen: list = []
+    real = validation.beam_search
+
+    def recording(*args, **kwargs):
+        seen.append(settings())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(validation, "beam_search", recording)
+    src_field = Field(SpaceTokenizer(), Vocabulary(["x", "y"]))
+    tgt_field = Field(CharTokenizer(), Vocabulary(["a", "b"]))
+    data = ParallelDataset([("x y", "ab"), ("y", "b")], src_field, tgt_field)
+    model = MarkovDecoder(vocab=7, mapping="softmax", seed=0)
+    hyps, _ = validation.decode_dataset(model, data, tgt_field, 2, SearchOptions(beam_size=2, max_length=4),
+                                        torch.device("cpu"))
+    assert len(hyps) == 2 and seen and set(seen) == {("ieee", "ieee")}
+    assert settings() == ("tf32", "tf32")
