@@ -50,7 +50,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(args.threads)
-    from bench_train import IdLists  # tools/ is on sys.path (this file's directory)
+    from id_lists import IdLists  # tools/ is on sys.path (this file's directory)
     import random
 
     from nmt.data.batching import collate, make_batch_order

@@ -131,7 +131,7 @@ def prepare_imports(args: argparse.Namespace) -> None:
 
 @contextlib.contextmanager
 def cuda_route(launches: collections.Counter, cpu_model: bool) -> Iterator[None]:
-    """Triton's driver replaced by a stand-in for an H100 (as ``bench_launch.stand_in_driver``:
+    """Triton's driver replaced by a stand-in for an H100 (``stand_in_driver.stand_in_active``:
     kernels compile for sm_90, loading and launching do nothing; each launch counted in
     ``launches`` by kernel name); the mappings and losses resolve ``impl="auto"`` as off the CPU;
     the loss's range check one ``_assert_async`` on a true flag (the stubbed kernels write
@@ -140,18 +140,7 @@ def cuda_route(launches: collections.Counter, cpu_model: bool) -> Iterator[None]
     from nmt.sparse import _dispatch, _triton, losses
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from stand_in_driver import stand_in
-
-    triton = _triton._import_triton()
-    if triton is None:
-        raise SystemExit(f"bench_host: needs triton ({_triton._IMPORT_ERROR})")
-    from triton.backends import backends
-    from triton.runtime.driver import driver
-
-    if "nvidia" not in backends:
-        raise SystemExit("bench_host: needs triton's NVIDIA backend (to compile for sm_90)")
-    if _triton._library_interpreted():
-        raise SystemExit("bench_host: triton was imported for its interpreter (TRITON_INTERPRET=1)")
+    from stand_in_driver import stand_in_active
 
     original_resolve = _dispatch.resolve_impl
     true_flag = torch.ones((), dtype=torch.bool)
@@ -174,30 +163,21 @@ def cuda_route(launches: collections.Counter, cpu_model: bool) -> Iterator[None]
         saved.append((owner, name, getattr(owner, name)))
         setattr(owner, name, value)
 
-    previous = getattr(driver, "_active", None)
-    driver.set_active(stand_in(lambda name, args: launches.update((name,)), torch.device("cpu")))
-    patch(_triton, "_runs_here", lambda x: True)
-    if hasattr(_triton, "_interpreted"):  # newer nmt: the kernels' flavour from the tensor's device
-        patch(_triton, "_interpreted", lambda x=None: False)
-    for module in [m for name, m in list(sys.modules.items()) if name.startswith("nmt.sparse") and m is not None]:
-        if getattr(module, "resolve_impl", None) is original_resolve:
-            patch(module, "resolve_impl", resolve_impl)
-    patch(losses, "_cross_entropy_uses_kernel", cross_entropy_uses_kernel)
-    patch(losses, "_check", check)
-    kernels = dict(_triton._KERNELS)
-    _triton._KERNELS.clear()  # jitted anew, for the stand-in's target
     try:
-        with contextlib.ExitStack() as stack:
-            if not cpu_model:
-                stack.enter_context(model_as_on_cuda(patch))
-            yield
+        with stand_in_active(_triton, lambda name, args: launches.update((name,)), "bench_host"):
+            for module in [m for name, m in list(sys.modules.items())
+                           if name.startswith("nmt.sparse") and m is not None]:
+                if getattr(module, "resolve_impl", None) is original_resolve:
+                    patch(module, "resolve_impl", resolve_impl)
+            patch(losses, "_cross_entropy_uses_kernel", cross_entropy_uses_kernel)
+            patch(losses, "_check", check)
+            with contextlib.ExitStack() as stack:
+                if not cpu_model:
+                    stack.enter_context(model_as_on_cuda(patch))
+                yield
     finally:
-        _triton._KERNELS.clear()
-        gc.collect()
-        driver._active = previous
         for owner, name, value in reversed(saved):
             setattr(owner, name, value)
-        _triton._KERNELS.update(kernels)
 
 
 _LIBRARY: list = []  # the CPU kernels registered for CUDA-only operators (kept for the process)
@@ -362,23 +342,15 @@ def count_calls(step: Callable[[], Any]) -> tuple[collections.Counter, int]:
 # The runs
 # ----------------------------------------------------------------------------------------------
 
-class IdLists:
-    """The minimal dataset ``make_batches`` / ``collate`` read: id lists and their lengths."""
-
-    def __init__(self, src: list[list[int]], tgt: list[list[int]]) -> None:
-        self.src, self.tgt = src, tgt
-        self.src_lengths, self.tgt_lengths = [len(s) for s in src], [len(t) for t in tgt]
-
-    def __len__(self) -> int:
-        return len(self.src)
-
-
 def synthetic_batches(n: int, vocab: int, batch_size: int = 64, seed: int = 0) -> list:
     """Multi30k-like batches (as ``bench_train.synthetic_batches``): lengths 6-25 (source) and
     5-22 (target), ids drawn from ``vocab``; the lengths, hence the shapes, whatever ``vocab``."""
     import random
 
     from nmt.data.batching import collate, make_batches
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from id_lists import IdLists
 
     lengths, ids = random.Random(seed), random.Random(seed + 1)
     size = n * batch_size
@@ -587,17 +559,12 @@ def print_against(report: dict, other: dict, top: int) -> None:
         print(f"#   other batches there ({other['model']['batch_shapes']}): the counts are not comparable")
     print(f"{'attention / output':<22} {'torch ops':>19} {'py calls':>19} {'c calls':>19} {'launches':>15} "
           f"{'cpu ms':>15}")
-    for row in report["rows"]:
-        old = then.get(row["setting"])
-        if old is None:
-            continue
+    pairs = [(row, then[row["setting"]]) for row in report["rows"] if row["setting"] in then]
+    for row, old in pairs:
         cells = [f"{old[k]:.0f} -> {row[k]:.0f}" for k in ("torch_ops", "python_calls", "c_calls", "launches")]
         print(f"{row['setting']:<22} {cells[0]:>19} {cells[1]:>19} {cells[2]:>19} {cells[3]:>15} "
               f"{old['cpu_ms']:.2f} -> {row['cpu_ms']:.2f}")
-    for row in report["rows"]:
-        old = then.get(row["setting"])
-        if old is None:
-            continue
+    for row, old in pairs:
         print(f"# {row['setting']}: this run - that run")
         for title, key in (("python calls by function", "python_calls_by_function"),
                            ("torch ops by site", "torch_ops_by_site"), ("torch ops by operator", "torch_ops_by_name")):

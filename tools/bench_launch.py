@@ -51,7 +51,7 @@ from nmt.sparse._triton_launch import mode as _launch_mode  # noqa: E402
 from nmt.utils.device import make_current  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stand_in_driver import stand_in  # noqa: E402
+from stand_in_driver import stand_in_active  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -60,39 +60,19 @@ def stand_in_driver() -> Iterator[list]:
     loading a binary and launching do nothing; nmt's route accepts CPU tensors as if on CUDA and
     its loss range check is skipped (the stubbed kernels write nothing). Yields a list: the count
     of launches that reached the stand-in launcher, then the last launch's arguments (a tuple)."""
-    triton = _triton._import_triton()
-    if triton is None:
-        raise SystemExit(f"bench_launch: needs triton ({_triton._IMPORT_ERROR})")
-    from triton.backends import backends
-    from triton.runtime.driver import driver
-
-    if "nvidia" not in backends:
-        raise SystemExit("bench_launch: --device cpu needs triton's NVIDIA backend (to compile for sm_90)")
-    if _triton._library_interpreted():
-        raise SystemExit("bench_launch: triton was imported for its interpreter (TRITON_INTERPRET=1): "
-                         "run --device cpu in a process without it")
     launched: list = [0, None]
 
     def on_launch(name: str, args: tuple) -> None:
         launched[0] += 1
         launched[1] = args
 
-    previous = getattr(driver, "_active", None)  # None where no driver is active (no GPU)
-    runs_here, interpreted, check = _triton._runs_here, _triton._interpreted, losses._check
-    driver.set_active(stand_in(on_launch, torch.device("cpu")))
-    _triton._runs_here = lambda x: True
-    _triton._interpreted = lambda x=None: False  # the compiled kernels for CPU tensors too
-    losses._check = lambda ok, message: None
-    saved_kernels = dict(_triton._KERNELS)
-    _triton._KERNELS.clear()  # jitted anew, for the stand-in's target
-    try:
-        yield launched
-    finally:
-        _triton._KERNELS.clear()  # the stand-in's kernels unload through it: before it goes
-        gc.collect()
-        driver._active = previous
-        _triton._runs_here, _triton._interpreted, losses._check = runs_here, interpreted, check
-        _triton._KERNELS.update(saved_kernels)
+    check = losses._check
+    with stand_in_active(_triton, on_launch, "bench_launch"):
+        losses._check = lambda ok, message: None
+        try:
+            yield launched
+        finally:
+            losses._check = check
 
 
 def host_microseconds(fn: Callable[[], object], calls: int, repeats: int,

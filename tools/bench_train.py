@@ -72,6 +72,9 @@ from nmt.config import load_config, registered_mappings  # noqa: E402
 from nmt.utils.io import atomic_write_text  # noqa: E402
 from nmt.utils.device import make_current  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from id_lists import IdLists  # noqa: E402
+
 CONFIG = ROOT / "configs" / "multi30k_lstm.yaml"
 TRANSFORMER_CONFIG = ROOT / "recipes" / "translation" / "configs" / "multi30k_transformer_softmax.yaml"
 PAD, BOS, EOS = 0, 2, 3
@@ -127,17 +130,6 @@ def multi30k_batches(config: dict, n: int, work: Path):
     assert (vocab.pad_index, vocab.bos_index, vocab.eos_index) == (PAD, BOS, EOS)
     batches = [collate(data.train, idx, PAD, BOS, EOS) for idx in order[:n]]
     return batches, len(data.src_field.vocab), len(vocab)
-
-
-class IdLists:
-    """The minimal dataset ``make_batches`` / ``collate`` read: id lists and their lengths."""
-
-    def __init__(self, src: list[list[int]], tgt: list[list[int]]) -> None:
-        self.src, self.tgt = src, tgt
-        self.src_lengths, self.tgt_lengths = [len(s) for s in src], [len(t) for t in tgt]
-
-    def __len__(self) -> int:
-        return len(self.src)
 
 
 def synthetic_batches(n: int, batch_size: int = 64, vocab: int = 8000, seed: int = 0):

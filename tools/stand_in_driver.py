@@ -2,11 +2,14 @@
 route on a machine without a GPU (``bench_launch.py --device cpu``, ``bench_host.py``).
 
 :func:`stand_in` builds the driver object: kernels compile for sm_90 with Triton's real compiler
-(its NVIDIA backend), loading a binary and launching do nothing but call ``on_launch(name, args)``.
-Imports triton only (not nmt), so a tool measuring another checkout can use it."""
+(its NVIDIA backend), loading a binary and launching do nothing but call ``on_launch(name, args)``;
+:func:`stand_in_active` makes it the active driver for nmt's Triton route. Imports no nmt module
+(the route's module is passed in), so a tool measuring another checkout can use it."""
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import gc
+from typing import Any, Callable, Iterator
 
 
 def stand_in(on_launch: Callable[[str, tuple], None], device: Any) -> Any:
@@ -52,3 +55,42 @@ def stand_in(on_launch: Callable[[str, tuple], None], device: Any) -> Any:
             return launch
 
     return StandIn()
+
+
+@contextlib.contextmanager
+def stand_in_active(nmt_triton: Any, on_launch: Callable[[str, tuple], None], tool: str) -> Iterator[None]:
+    """Inside: :func:`stand_in` is Triton's active driver for ``nmt_triton`` (the module
+    ``nmt.sparse._triton`` of the checkout measured), whose kernels are jitted anew for its target
+    and take CPU tensors as if on CUDA (``_runs_here`` true; ``_interpreted`` false where that
+    checkout has it); after, the driver, the patched functions and the earlier kernels are back.
+    SystemExit naming ``tool`` without triton, without its NVIDIA backend, or with triton imported
+    for its interpreter (``TRITON_INTERPRET=1``)."""
+    import torch
+
+    if nmt_triton._import_triton() is None:
+        raise SystemExit(f"{tool}: needs triton ({nmt_triton._IMPORT_ERROR})")
+    from triton.backends import backends
+    from triton.runtime.driver import driver
+
+    if "nvidia" not in backends:
+        raise SystemExit(f"{tool}: needs triton's NVIDIA backend (to compile for sm_90)")
+    if nmt_triton._library_interpreted():
+        raise SystemExit(f"{tool}: triton was imported for its interpreter (TRITON_INTERPRET=1): "
+                         "run it in a process without it")
+    previous = getattr(driver, "_active", None)  # None where no driver is active (no GPU)
+    saved = {name: getattr(nmt_triton, name) for name in ("_runs_here", "_interpreted") if hasattr(nmt_triton, name)}
+    driver.set_active(stand_in(on_launch, torch.device("cpu")))
+    nmt_triton._runs_here = lambda x: True
+    if "_interpreted" in saved:  # the compiled kernels for CPU tensors too
+        nmt_triton._interpreted = lambda x=None: False
+    kernels = dict(nmt_triton._KERNELS)
+    nmt_triton._KERNELS.clear()  # jitted anew, for the stand-in's target
+    try:
+        yield
+    finally:
+        nmt_triton._KERNELS.clear()  # the stand-in's kernels unload through it: before it goes
+        gc.collect()
+        driver._active = previous
+        for name, value in saved.items():
+            setattr(nmt_triton, name, value)
+        nmt_triton._KERNELS.update(kernels)
