@@ -1,10 +1,12 @@
-"""SIGINT / SIGTERM for the commands that write one file at the end (``nmt-average``, ``nmt-release``).
+"""SIGINT / SIGTERM for the commands that write their files at the end (``nmt-translate``,
+``nmt-average``, ``nmt-release``).
 
 Python turns SIGINT into KeyboardInterrupt but lets SIGTERM (a plain ``kill``) end the process at
 once, so an atomic write in progress would leave its temporary file behind. Inside
 :func:`stop_on_signals` both raise :class:`Terminated`: the write removes its temporary file and
 the command exits with 128 + the signal number. (SIGKILL cannot be caught; its temporary file is
-removed by the next write of the same output: :func:`nmt.utils.io.remove_stale_temporaries`.)
+removed by the next command's first write into that directory:
+:func:`nmt.utils.io.remove_stale_temporaries_in`.)
 """
 from __future__ import annotations
 

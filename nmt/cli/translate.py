@@ -25,7 +25,6 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 from typing import Sequence
 
@@ -184,18 +183,6 @@ def run(args: argparse.Namespace, start: float | None = None) -> int:
     return run_file(args, start)
 
 
-class Interrupted(Exception):
-    """SIGINT / SIGTERM arrived: stop at once; files not yet completed are never written."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise Interrupted(signum)
-
-
 def _discard_stdout() -> None:
     """Point stdout's descriptor at /dev/null, so that the interpreter's final flush of what is
     still buffered for a closed pipe raises no second BrokenPipeError ('Exception ignored ...')."""
@@ -220,14 +207,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nmt.utils.checkpoint_file import CheckpointError
     from nmt.utils.allocator import keep_freed_memory, thaw_live_objects
 
+    from nmt.cli.signals import Terminated, stop_on_signals
+
     keep_freed_memory()
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        # the parser imports the toolkit, which reads its NMT_* variables (a bad one: a ValueError)
-        args = build_parser().parse_args(argv)
-        return run(args, start)
+        with stop_on_signals():  # files not yet completed are never written
+            # the parser imports the toolkit, which reads its NMT_* variables (a bad one: a ValueError)
+            args = build_parser().parse_args(argv)
+            return run(args, start)
     except BrokenPipeError:  # stdout's reader has gone (`| head -1`): end quietly, as SIGPIPE ends cat
         _discard_stdout()
         return 128 + signal.SIGPIPE
@@ -240,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = str(exc).strip()
         print(f"{PROG}: error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
         return 2
-    except Interrupted as exc:
+    except Terminated as exc:
         print(f"{PROG}: interrupted by {exc}; unfinished outputs were not written", file=sys.stderr)
         return 128 + exc.signum
     except KeyboardInterrupt:
@@ -248,8 +235,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal.SIGINT
     finally:
         thaw_live_objects()  # frozen after loading the model (run_file, run_stream, run_score)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":
