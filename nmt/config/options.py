@@ -18,6 +18,10 @@ def _side(default_tokenizer: str) -> dict:
         "min_freq": Option(int, 1, "drop tokens seen fewer times from the vocabulary", minimum=1),
         "max_size": Option(int, None, "keep at most this many tokens (plus specials)", nullable=True, minimum=1),
         "max_length": Option(int, 50, "skip training pairs longer than this (in tokens)", minimum=1),
+        "vocab_file": Option(str, None, "read the vocabulary from this file instead of building it from the data: "
+                             "one token per line, optionally followed by whitespace and a count (OpenNMT-py "
+                             "'token<TAB>count', fairseq 'token count'); min_freq / max_size apply (min_freq needs "
+                             "counts); with shared_vocab the src file serves both sides", nullable=True),
     }
 
 

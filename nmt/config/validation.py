@@ -37,6 +37,9 @@ def check_config(config: dict, source: str) -> None:
     data = config["data"]
     for side in ("src", "tgt"):
         check_tokenizer(data[side]["tokenizer"], source, f"data.{side}.tokenizer")
+    if data["shared_vocab"] and data["tgt"]["vocab_file"] not in (None, data["src"]["vocab_file"]):
+        raise ConfigError(source, "data.tgt.vocab_file", "with data.shared_vocab one vocabulary serves both sides: "
+                          "set data.src.vocab_file (and leave this key null)")
     if model["embeddings"]["share"] and not data["shared_vocab"]:
         raise ConfigError(source, "model.embeddings.share", "sharing embeddings needs data.shared_vocab: true")
     if (model["type"] == "rnn" and model["embeddings"]["share"]

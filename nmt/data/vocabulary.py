@@ -19,6 +19,11 @@ class Vocabulary:
     Unknown tokens look up to ``unk_index``. A data token spelled like a special is treated as
     unknown at build time (it never gets a second id); ``lookup`` gives a special's spelling its
     id, while ``Field.encode`` (text to ids) makes it unknown.
+
+    ``counts`` (token -> count in the data it was built from, or in the vocabulary file it was
+    read from; None when unknown, e.g. rebuilt from a checkpoint) is informative only: it is
+    written to vocabulary files (:mod:`nmt.data.vocab_file`) and is no part of equality or of
+    :meth:`state_dict`.
     """
 
     pad_index: int = 0
@@ -26,7 +31,7 @@ class Vocabulary:
     bos_index: int = 2
     eos_index: int = 3
 
-    def __init__(self, tokens: Iterable[str] = ()) -> None:
+    def __init__(self, tokens: Iterable[str] = (), counts: Mapping[str, int] | None = None) -> None:
         self.itos: list[str] = list(SPECIALS)
         self.stoi: dict[str, int] = {s: i for i, s in enumerate(SPECIALS)}
         for tok in tokens:
@@ -36,6 +41,8 @@ class Vocabulary:
                 raise DataError(f"vocabulary: duplicate token {tok!r}")
             self.stoi[tok] = len(self.itos)
             self.itos.append(tok)
+        self.counts: dict[str, int] | None = (None if counts is None
+                                              else {t: int(counts[t]) for t in self.itos[len(SPECIALS):]})
 
     @classmethod
     def build(
@@ -59,7 +66,7 @@ class Vocabulary:
         kept = sorted((t for t, c in counts.items() if c >= min_freq), key=lambda t: (-counts[t], t))
         if max_size is not None:
             kept = kept[:max_size]
-        return cls(kept)
+        return cls(kept, counts)
 
     def lookup(self, tokens: Iterable[str]) -> list[int]:
         """Ids of ``tokens`` (``unk_index`` for unknown ones)."""

@@ -64,7 +64,7 @@ def save_run_checkpoint(save_dir: str | os.PathLike, payload: dict[str, Any], ke
         old.unlink(missing_ok=True)
 
 
-RUN_FILES = re.compile(r"^(last\.pt|best\.pt|step_\d+\.pt|config\.yaml|metrics\.jsonl)$")
+RUN_FILES = re.compile(r"^(last\.pt|best\.pt|step_\d+\.pt|config\.yaml|metrics\.jsonl|vocab\.src|vocab\.tgt)$")
 """The files of ``save_dir`` that only the nmt-train run holding its lock writes."""
 
 

@@ -1,8 +1,10 @@
 """From the ``data:`` config section to fields and datasets (and generated data if asked).
 
 Fields (tokenizer + vocabulary per side) are built from the training data on a fresh run
-(training the tokenizer first when it learns a model: BPE merges, sentencepiece) and come
-from the checkpoint on a resumed run, so a resumed run sees exactly the same ids.
+(training the tokenizer first when it learns a model: BPE merges, sentencepiece; a vocabulary
+comes from ``data.<side>.vocab_file`` instead when that is set) and come from the checkpoint on
+a resumed run, so a resumed run sees exactly the same ids (and from the parent's checkpoint on a
+run started with ``training.init_from``: :mod:`nmt.train.init_from`).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import itertools
 import logging
 import shutil
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +21,9 @@ from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.data.id_arrays import ArrayParallelDataset, load_id_dataset
 from nmt.data.textfiles import iter_lines
-from nmt.data.tokenizers import build_tokenizer
+from nmt.data.tokenizers import Tokenizer, build_tokenizer
+from nmt.data.vocab_file import read_vocab_file, write_vocab_file
+from nmt.data.vocabulary import Vocabulary
 from nmt.utils.allocator import release_freed_memory
 from nmt.utils.file_fingerprint import describe_change, fingerprint
 
@@ -72,29 +77,39 @@ def generate_if_missing(data_cfg: dict) -> bool:
 
 
 def build_fields(data_cfg: dict, train_pairs: list[tuple[str, str]], work_dir: str | Path) -> tuple[Field, Field]:
-    """Train tokenizers (if they learn a model) and build vocabularies from the training pairs.
+    """Train tokenizers (if they learn a model) and build vocabularies from the training pairs
+    (or read them from ``data.<side>.vocab_file``: :func:`nmt.data.vocab_file.read_vocab_file`).
 
-    With ``data.shared_vocab`` one field (src settings) is built from both sides and
-    returned twice. With ``data.shared_tokenizer`` (and no shared vocabulary) one tokenizer
-    (src settings) is trained on both sides, and each side gets its own vocabulary of the
+    With ``data.shared_vocab`` one field (src settings, the src vocabulary file) is built from
+    both sides and returned twice. With ``data.shared_tokenizer`` (and no shared vocabulary) one
+    tokenizer (src settings) is trained on both sides, and each side gets its own vocabulary of the
     tokens it uses: OpenNMT-py's usual joint sentencepiece/BPE model with per-side vocabularies.
     """
     src_lines = [s for s, _ in train_pairs]
     tgt_lines = [t for _, t in train_pairs]
     work_dir = Path(work_dir)
+    src_cfg, tgt_cfg = data_cfg["src"], data_cfg["tgt"]
     if data_cfg["shared_vocab"]:
-        side = data_cfg["src"]
-        field = _build_field(side, src_lines + tgt_lines, work_dir / "tokenizer_shared")
+        tokenizer = _trained_tokenizer(src_cfg, src_lines + tgt_lines, work_dir / "tokenizer_shared")
+        field = Field(tokenizer, side_vocabulary(src_cfg, tokenizer, src_lines + tgt_lines, "data.src"))
         return field, field
     if data_cfg["shared_tokenizer"]:
-        side = data_cfg["src"]
-        tokenizer = _trained_tokenizer(side, src_lines + tgt_lines, work_dir / "tokenizer_shared")
-        return (Field.build(tokenizer, src_lines, min_freq=side["min_freq"], max_size=side["max_size"]),
-                Field.build(tokenizer, tgt_lines, min_freq=data_cfg["tgt"]["min_freq"],
-                            max_size=data_cfg["tgt"]["max_size"]))
-    src = _build_field(data_cfg["src"], src_lines, work_dir / "tokenizer_src")
-    tgt = _build_field(data_cfg["tgt"], tgt_lines, work_dir / "tokenizer_tgt")
-    return src, tgt
+        tokenizer = _trained_tokenizer(src_cfg, src_lines + tgt_lines, work_dir / "tokenizer_shared")
+        return (Field(tokenizer, side_vocabulary(src_cfg, tokenizer, src_lines, "data.src")),
+                Field(tokenizer, side_vocabulary(tgt_cfg, tokenizer, tgt_lines, "data.tgt")))
+    src_tokenizer = _trained_tokenizer(src_cfg, src_lines, work_dir / "tokenizer_src")
+    tgt_tokenizer = _trained_tokenizer(tgt_cfg, tgt_lines, work_dir / "tokenizer_tgt")
+    return (Field(src_tokenizer, side_vocabulary(src_cfg, src_tokenizer, src_lines, "data.src")),
+            Field(tgt_tokenizer, side_vocabulary(tgt_cfg, tgt_tokenizer, tgt_lines, "data.tgt")))
+
+
+def side_vocabulary(side_cfg: dict, tokenizer: Tokenizer, lines: Iterable[str], key: str) -> Vocabulary:
+    """The vocabulary of one side (``side_cfg``: ``data.src`` or ``data.tgt``, named by ``key``):
+    read from ``vocab_file`` when it is set (``lines`` are then not read), else counted over the
+    tokenized ``lines``; ``min_freq`` / ``max_size`` apply either way."""
+    if side_cfg.get("vocab_file") is not None:
+        return read_vocab_file(side_cfg["vocab_file"], side_cfg["min_freq"], side_cfg["max_size"], key)
+    return Vocabulary.build((tokenizer.tokenize(line) for line in lines), side_cfg["min_freq"], side_cfg["max_size"])
 
 
 def streamed_fields(data_cfg: dict) -> tuple[Field, Field] | None:
@@ -108,24 +123,19 @@ def streamed_fields(data_cfg: dict) -> tuple[Field, Field] | None:
     src_path, tgt_path = data_cfg["train"]["src"], data_cfg["train"]["tgt"]
     src, tgt = data_cfg["src"], data_cfg["tgt"]
     if data_cfg["shared_vocab"]:
-        field = Field.build(tokenizers[0], itertools.chain(iter_lines(src_path), iter_lines(tgt_path)),
-                            min_freq=src["min_freq"], max_size=src["max_size"])
+        lines = itertools.chain(iter_lines(src_path), iter_lines(tgt_path))
+        field = Field(tokenizers[0], side_vocabulary(src, tokenizers[0], lines, "data.src"))
         return field, field
-    return (Field.build(tokenizers[0], iter_lines(src_path), min_freq=src["min_freq"], max_size=src["max_size"]),
-            Field.build(tokenizers[-1], iter_lines(tgt_path), min_freq=tgt["min_freq"], max_size=tgt["max_size"]))
+    return (Field(tokenizers[0], side_vocabulary(src, tokenizers[0], iter_lines(src_path), "data.src")),
+            Field(tokenizers[-1], side_vocabulary(tgt, tokenizers[-1], iter_lines(tgt_path), "data.tgt")))
 
 
-def _trained_tokenizer(side_cfg: dict, lines: list[str], work_dir: Path):
+def _trained_tokenizer(side_cfg: dict, lines: list[str], work_dir: Path) -> Tokenizer:
     tokenizer = build_tokenizer(side_cfg["tokenizer"])
     if tokenizer.needs_training:
         work_dir.mkdir(parents=True, exist_ok=True)
         tokenizer.train(lines, work_dir)
     return tokenizer
-
-
-def _build_field(side_cfg: dict, lines: list[str], work_dir: Path) -> Field:
-    tokenizer = _trained_tokenizer(side_cfg, lines, work_dir)
-    return Field.build(tokenizer, lines, min_freq=side_cfg["min_freq"], max_size=side_cfg["max_size"])
 
 
 def load_training_data(data_cfg: dict, work_dir: str | Path,
@@ -223,8 +233,27 @@ def check_valid_positions(data: TrainingData, data_cfg: dict, limits: tuple[int 
             raise DataError(f"{data_cfg['valid']['tgt']}:{line}: {too_long('target', valid.tgt_lengths[i], tgt_limit)}")
 
 
+VOCAB_FILES = ("vocab.src", "vocab.tgt")
+"""The vocabulary files nmt-train writes in ``save_dir`` (:func:`write_run_vocabularies`)."""
+
+
+def write_run_vocabularies(save_dir: str | Path, src_field: Field, tgt_field: Field, fresh: bool) -> list[Path]:
+    """Write ``save_dir/vocab.src`` and ``vocab.tgt`` (:func:`nmt.data.vocab_file.write_vocab_file`:
+    the tokens after the specials, with counts when the vocabulary was counted or read with
+    counts), atomically, for another run's ``data.<side>.vocab_file``. A fresh run writes both
+    (a shared vocabulary twice); a resumed one only those missing (its vocabularies come from the
+    checkpoint, without counts, and would overwrite files that have them). Returns the written paths."""
+    written = []
+    for name, field in zip(VOCAB_FILES, (src_field, tgt_field)):
+        path = Path(save_dir) / name
+        if fresh or not path.exists():
+            write_vocab_file(path, field.vocab)
+            written.append(path)
+    return written
+
+
 def _files(data_cfg: dict, split: str) -> str:
     return f"{data_cfg[split]['src']}, {data_cfg[split]['tgt']}"
 
 
-__all__ = ["DATA_FILE_KEYS", "TrainingData", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]
+__all__ = ["DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]

@@ -30,7 +30,7 @@ from nmt.sparse import get_loss, is_softmax, loss_display_name
 from nmt.train.checkpoint import (CheckpointError, checkpoint_step, find_resume_checkpoint, load_checkpoint,
                                   remove_stale_temporaries, repair_best, restore_last, save_run_checkpoint)
 from nmt.train.data_setup import (DATA_FILE_KEYS, check_valid_positions, data_changes, data_fingerprints,
-                                  generate_if_missing, load_training_data)
+                                  generate_if_missing, load_training_data, write_run_vocabularies)
 from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, init_distributed, rank_device,
                                    rank_rng_state, resume_check, several_processes, shard_batch, wrap_model)
 from nmt.train.early_stopping import EarlyStopping
@@ -181,6 +181,8 @@ class Trainer:
         if checkpoint is not None:
             fields = (Field.from_state_dict(checkpoint["src_field"]), Field.from_state_dict(checkpoint["tgt_field"]))
         self.data = self._load_data(fields)
+        if self.dist.is_main:
+            write_run_vocabularies(self.save_dir, self.data.src_field, self.data.tgt_field, fresh=checkpoint is None)
         src_vocab, tgt_vocab = self.data.src_field.vocab, self.data.tgt_field.vocab
         self.pad, self.bos, self.eos = tgt_vocab.pad_index, tgt_vocab.bos_index, tgt_vocab.eos_index
         try:
