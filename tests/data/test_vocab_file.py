@@ -75,7 +75,8 @@ def test_opennmt_and_fairseq_forms_and_our_specials(tmp_path):
     assert parse_vocab_line("a b 3") == ("a b", 3) and parse_vocab_line("-3.5") == ("-3.5", None)
 
 
-def test_min_freq_without_counts_is_ignored_with_a_warning(tmp_path, caplog):
+def test_min_freq_without_counts_is_ignored_with_a_warning(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(logging.getLogger("nmt"), "propagate", True)  # the CLI's setup_logging turns it off
     (tmp_path / "v").write_text("a\nb\nc\n", encoding="utf-8")
     with caplog.at_level(logging.WARNING):
         vocab = read_vocab_file(tmp_path / "v", min_freq=5, key="data.tgt")
