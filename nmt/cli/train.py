@@ -31,6 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-set", "--set", dest="overrides", action="extend", nargs="+", default=[],
                         metavar="KEY=VALUE", help="override a config value, e.g. -set training.max_steps=500 "
                         "model.attention.mapping=sparsemax (values are parsed as YAML)")
+    parser.add_argument("-init_from", "--init_from", metavar="PATH", default=None,
+                        help="fine-tune: start a new run from this checkpoint, or a run directory's best.pt "
+                        "(its weights, tokenizers and vocabularies; fresh step, optimizer and schedule); the same "
+                        "as -set training.init_from=PATH. Ignored once save_dir holds a checkpoint (it resumes)")
     parser.add_argument("-quiet", "--quiet", action="store_true",
                         help="no progress bar; on the terminal, warnings and the closing summary line only "
                         "(train.log keeps the full record)")
@@ -71,7 +75,12 @@ def _run(argv: Sequence[str] | None) -> int:
         from nmt.train.nonfinite import NonFiniteLossError
         from nmt.utils.dir_lock import DirectoryLock, DirectoryLockedError
 
-        config = load_config(args.config, args.overrides)
+        overrides = list(args.overrides)
+        if args.init_from is not None:  # a JSON string is a YAML string: any path stays a string
+            import json
+
+            overrides.append(f"training.init_from={json.dumps(args.init_from)}")
+        config = load_config(args.config, overrides)
         if args.quiet:
             config["training"]["progress"] = False
         from nmt.train.trainer import RUN_LOCK_WHAT, Trainer, check_run_config

@@ -183,6 +183,11 @@ TRAINING = {
     "resume_ignore_data_change": Option(bool, False, "resume even when a data file changed since last.pt was "
                                         "saved (a warning instead of an error; the vocabulary stays the "
                                         "checkpoint's)"),
+    "init_from": Option(str, None, "fine-tune: start a new run from this checkpoint file (or run directory: its "
+                        "best.pt): its weights, tokenizers and vocabularies; fresh step, optimizer, lr schedule and "
+                        "early stopping; ignored once save_dir holds a checkpoint (the run resumes)", nullable=True),
+    "init_optimizer": Option(bool, False, "with init_from: also carry the parent's optimizer state (Adam moments; "
+                             "hyperparameters from this config)"),
 }
 
 VALIDATION = {

@@ -34,6 +34,7 @@ from nmt.train.data_setup import (DATA_FILE_KEYS, check_valid_positions, data_ch
 from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, init_distributed, rank_device,
                                    rank_rng_state, resume_check, several_processes, shard_batch, wrap_model)
 from nmt.train.early_stopping import EarlyStopping
+from nmt.train import init_from
 from nmt.train.interrupt import GracefulInterrupt
 from nmt.train.nonfinite import (MAX_CONSECUTIVE_SKIPS, NonFiniteGuard, NonFiniteLossError, check_parameters_finite,
                                  kept_state)
@@ -135,6 +136,7 @@ def check_run_config(config: dict, source: str) -> torch.device:
     if valid_cfg["metric"] in DECODING_METRICS and not valid_cfg["decode"]:
         raise ConfigError(source, "validation.metric",
                           f"{valid_cfg['metric']!r} needs decoding, but validation.decode is false")
+    init_from.check_init_from(config, source)
     return device
 
 
@@ -178,8 +180,11 @@ class Trainer:
             self._check_data_files(checkpoint)
         seed_everything(train_cfg["seed"])
         fields = None
+        parent = init_from.load_parent(config, source, resuming=checkpoint is not None)  # fine-tuning
         if checkpoint is not None:
             fields = (Field.from_state_dict(checkpoint["src_field"]), Field.from_state_dict(checkpoint["tgt_field"]))
+        elif parent is not None:
+            fields = parent.fields
         self.data = self._load_data(fields)
         if self.dist.is_main:
             write_run_vocabularies(self.save_dir, self.data.src_field, self.data.tgt_field, fresh=checkpoint is None)
@@ -209,6 +214,11 @@ class Trainer:
         except ValueError as exc:
             key, _, problem = str(exc).partition(": ")
             raise ConfigError(source, key, problem) from None
+        if parent is not None:  # the parent's weights (and optimizer state); all else starts fresh
+            init_from.init_model(parent, self.model, config, source)
+            if train_cfg["init_optimizer"]:
+                init_from.init_optimizer(parent, self.optimizer, config, source)
+            logger.info(init_from.describe(parent, train_cfg["init_optimizer"]))
         self.stopper = EarlyStopping(HIGHER_IS_BETTER[self.metric], train_cfg["early_stopping_patience"])
         self.progress = Progress()
         self._skipped_at_resume = self._consecutive_at_resume = 0

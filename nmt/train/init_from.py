@@ -1,0 +1,224 @@
+"""Fine-tuning: a new run started from another run's model (``training.init_from``).
+
+A new run (its ``save_dir`` holds no checkpoint) whose config sets ``training.init_from: PATH``
+(a checkpoint file: a training checkpoint, or a released / averaged model; or a run directory,
+meaning its ``best.pt``) starts from the parent's
+
+- tokenizers and vocabularies: the new data is encoded with them (tokens the parent never saw
+  are ``<unk>``), so the embeddings and the output layer fit. The data settings that would build
+  other ones (:data:`VOCABULARY_KEYS`) are ignored, with a warning naming each that differs from
+  the parent's;
+- model parameters: the architecture is the config's ``model`` section, which must build the
+  parent's parameters (names and shapes); otherwise a one-line ConfigError names the first key
+  that makes the difference (``model.decoder.hidden_size: 24 in the config, 12 in PARENT``).
+  Settings without parameters (dropout, mappings other than learned alphas) may differ: they
+  are listed in an info line;
+- optionally (``training.init_optimizer: true``) the optimizer state (Adam moments and step
+  counts; OpenNMT-py's ``-reset_optim keep_states``), with the hyperparameters (lr, betas, ...)
+  of the config.
+
+Everything else starts fresh, as the peers' "reset all" fine-tuning: step 0, the lr schedule,
+early stopping and its best metric, the data position. Once the new run has saved a checkpoint,
+``init_from`` is ignored (an info line) and a restart resumes the run itself like any other.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.config import ConfigError, config_differences
+from nmt.data.errors import DataError
+from nmt.data.field import Field
+from nmt.train.checkpoint import CheckpointError, has_checkpoints
+from nmt.utils.checkpoint_file import load_checkpoint
+
+logger = logging.getLogger(__name__)
+
+VOCABULARY_KEYS = tuple(f"data.{side}.{key}" for side in ("src", "tgt")
+                        for key in ("tokenizer", "min_freq", "max_size", "vocab_file")) + (
+    "data.shared_vocab", "data.shared_tokenizer")
+"""The data settings that build tokenizers and vocabularies: a fine-tuned run ignores them."""
+
+
+@dataclass
+class Parent:
+    """The checkpoint a fine-tuned run starts from: its file, its payload (loaded on the CPU)
+    and its source and target fields."""
+
+    path: Path
+    payload: dict[str, Any]
+    src_field: Field
+    tgt_field: Field
+
+    @property
+    def fields(self) -> tuple[Field, Field]:
+        """``(src_field, tgt_field)``."""
+        return self.src_field, self.tgt_field
+
+
+def init_checkpoint_path(value: str, source: str) -> Path:
+    """The checkpoint file ``training.init_from: value`` names: the file itself, or a run
+    directory's ``best.pt``. ConfigError (one line naming the path) when there is none."""
+    path = Path(value)
+    if path.is_dir():
+        best = path / "best.pt"
+        if not best.is_file():
+            raise ConfigError(source, "training.init_from", f"{path}: a directory without best.pt (name a "
+                              "checkpoint file, or a run directory that has validated once)")
+        return best
+    if not path.exists():
+        raise ConfigError(source, "training.init_from", f"{path}: no such checkpoint file or run directory")
+    return path
+
+
+def check_init_from(config: dict, source: str) -> None:
+    """The check of ``training.init_from`` that needs no loading, for a new run only: the path
+    exists (a file, or a run directory with ``best.pt``). ConfigError otherwise; nothing written."""
+    value = config["training"]["init_from"]
+    if value is not None and not has_checkpoints(config["training"]["save_dir"]):
+        init_checkpoint_path(value, source)
+
+
+def load_parent(config: dict, source: str, resuming: bool) -> Parent | None:
+    """The parent of a new fine-tuned run, or None (no ``training.init_from``, or ``resuming``:
+    the run's own checkpoint wins; an info line says so).
+
+    Loads the checkpoint on the CPU (``weights_only``) and its fields; logs a warning per
+    :data:`VOCABULARY_KEYS` setting of ``config`` that differs from the parent's (ignored).
+    Raises ConfigError naming ``source``, ``training.init_from`` (or ``training.init_optimizer``)
+    and the file when it is missing, unreadable, not an nmt checkpoint, or (with
+    ``init_optimizer``) a released model without optimizer state.
+    """
+    train_cfg = config["training"]
+    value = train_cfg["init_from"]
+    if value is None:
+        return None
+    if resuming:
+        logger.info("training.init_from (%s) ignored: %s holds a checkpoint of this run, which resumes", value,
+                    train_cfg["save_dir"])
+        return None
+    path = init_checkpoint_path(value, source)
+    try:
+        payload = load_checkpoint(path, map_location="cpu", training=False)
+        src_field = Field.from_state_dict(payload["src_field"])
+        tgt_field = Field.from_state_dict(payload["tgt_field"])
+    except (CheckpointError, DataError) as exc:
+        raise ConfigError(source, "training.init_from", _first_line(exc)) from None
+    if train_cfg["init_optimizer"] and payload.get("kind", "training") != "training":
+        raise ConfigError(source, "training.init_optimizer", f"{path} is a released model without optimizer "
+                          "state; name a training checkpoint, or set training.init_optimizer: false")
+    parent_cfg = payload["config"]
+    for key in VOCABULARY_KEYS:
+        mine, theirs = _lookup(config, key), _lookup(parent_cfg, key)
+        if mine != theirs:
+            logger.warning("%s: %r ignored (%r in %s): a fine-tuned run keeps its parent's tokenizers and "
+                           "vocabularies", key, mine, theirs, path)
+    return Parent(path, payload, src_field, tgt_field)
+
+
+def init_model(parent: Parent, model: torch.nn.Module, config: dict, source: str) -> None:
+    """Load the parent's parameters into ``model`` (built from ``config["model"]`` with the
+    parent's vocabulary sizes). ConfigError ``source: KEY: X in the config, Y in PARENT`` when
+    the names or shapes of the parameters differ: KEY is the first ``model.*`` setting that,
+    changed alone in the parent's model section, changes them (the first differing setting when
+    none does alone; the first differing parameter when no setting differs)."""
+    state = parent.payload["model"]
+    if _shapes(state) != _shapes(model.state_dict()):
+        raise _architecture_error(parent, model, config, source)
+    model.load_state_dict(state)
+    changed = config_differences(parent.payload["config"]["model"], config["model"], "model")
+    if changed:
+        logger.info("fine-tuning with model settings other than %s's: %s", parent.path, ", ".join(changed))
+
+
+def init_optimizer(parent: Parent, optimizer: torch.optim.Optimizer, config: dict, source: str) -> None:
+    """Load the parent's optimizer state (per-parameter moments and step counts) into
+    ``optimizer``, keeping ``optimizer``'s hyperparameters (lr as the schedule set it, betas, eps,
+    weight decay: this config's). ConfigError naming ``training.optimizer.name`` when the parent
+    used another optimizer, ``training.init_optimizer`` when its state does not fit."""
+    parent_name = _lookup(parent.payload["config"], "training.optimizer.name")
+    name = config["training"]["optimizer"]["name"]
+    if parent_name != name:
+        raise ConfigError(source, "training.optimizer.name", f"{name!r} in the config, {parent_name!r} in "
+                          f"{parent.path}: training.init_optimizer carries the state of the same optimizer only")
+    hyper = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    try:
+        optimizer.load_state_dict(parent.payload["optimizer"])
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise ConfigError(source, "training.init_optimizer",
+                          f"the optimizer state of {parent.path} does not fit this model ({_first_line(exc)})") from None
+    for group, settings in zip(optimizer.param_groups, hyper):
+        group.update(settings)
+
+
+def describe(parent: Parent, init_optimizer_state: bool) -> str:
+    """One line for the log: what the new run took from ``parent``."""
+    step = parent.payload.get("step")
+    return (f"fine-tuning from {parent.path}{f' (step {step})' if step is not None else ''}: its weights, "
+            f"tokenizers and vocabularies (source {len(parent.src_field.vocab)}, target "
+            f"{len(parent.tgt_field.vocab)} types){' and optimizer state' if init_optimizer_state else ''}; step, "
+            f"{'' if init_optimizer_state else 'optimizer, '}lr schedule and early stopping start fresh")
+
+
+def _architecture_error(parent: Parent, model: torch.nn.Module, config: dict, source: str) -> ConfigError:
+    parent_model_cfg = parent.payload["config"]["model"]
+    target = _shapes(parent.payload["model"])
+    differences = config_differences(parent_model_cfg, config["model"], "model")
+    culprit = next((key for key in differences if _changes_parameters(parent, key, config, target)),
+                   differences[0] if differences else None)
+    if culprit is not None:
+        mine, theirs = _lookup(config, culprit), _lookup(parent.payload["config"], culprit)
+        return ConfigError(source, culprit, f"{mine!r} in the config, {theirs!r} in {parent.path}: fine-tuning "
+                           "(training.init_from) needs the parent's architecture")
+    ours = _shapes(model.state_dict())
+    name = next(n for n in list(target) + list(ours) if target.get(n) != ours.get(n))
+    return ConfigError(source, "model", f"parameter {name}: shape {ours.get(name)} in the model of the config, "
+                       f"{target.get(name)} in {parent.path}: fine-tuning (training.init_from) needs the parent's "
+                       "architecture")
+
+
+def _changes_parameters(parent: Parent, key: str, config: dict, target: dict[str, tuple[int, ...]]) -> bool:
+    """Whether the parent's model section with ``key`` set to ``config``'s value builds other
+    parameters than ``target`` (built on the meta device: no memory, no initialisation)."""
+    from nmt.models import build_model
+
+    trial = copy.deepcopy(parent.payload["config"]["model"])
+    node, parts = trial, key.split(".")[1:]
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    value = _lookup(config, key)
+    node[parts[-1]] = copy.deepcopy(value)
+    try:
+        with torch.device("meta"):
+            built = build_model(trial, len(parent.src_field.vocab), len(parent.tgt_field.vocab),
+                                pad_index=parent.tgt_field.vocab.pad_index)
+    except Exception:  # noqa: BLE001 - a combination the builder refuses: not this key alone
+        return False
+    return _shapes(built.state_dict()) != target
+
+
+def _shapes(state: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(t.shape) for name, t in state.items()}
+
+
+def _lookup(config: dict, dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+__all__ = ["VOCABULARY_KEYS", "Parent", "check_init_from", "describe", "init_checkpoint_path", "init_model",
+           "init_optimizer", "load_parent"]

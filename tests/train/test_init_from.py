@@ -1,0 +1,210 @@
+"""Fine-tuning (training.init_from): a new run starts from a trained run's weights, tokenizers and
+vocabularies with a fresh step, optimizer, schedule and early stopping; resumes as any run;
+one-line errors for a wrong architecture or path; its checkpoints average, release and translate."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+
+import pytest
+import torch
+import yaml
+
+from nmt.config import ConfigError, resolve_config
+from nmt.train.checkpoint import load_checkpoint
+from nmt.train.trainer import Trainer
+from tiny_task import tiny_config, write_task
+
+
+def make(config: dict) -> Trainer:
+    return Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory):
+    """A trained parent run (CPU) and the data of its fine-tuning: a new training set with letters
+    the parent never saw (g, h), and the parent's validation set."""
+    root = tmp_path_factory.mktemp("init_from")
+    torch.set_num_threads(1)
+    data = write_task(root / "data")
+    make(tiny_config(data, root / "parent", device="cpu", max_steps=8, valid_every=4)).train()
+    new = root / "new"
+    new.mkdir()
+    words = ["gab", "hhc", "fgd", "ab", "cgh", "dead", "hg", "beef", "gg", "fade"] * 3
+    (new / "train.src").write_text("".join(" ".join(w) + "\n" for w in words), encoding="utf-8")
+    (new / "train.tgt").write_text("".join(w[::-1] + "\n" for w in words), encoding="utf-8")
+    child_data = {"train": {"src": str(new / "train.src"), "tgt": str(new / "train.tgt")}, "valid": data["valid"]}
+    return root / "parent", child_data
+
+
+def child_config(parent, save_dir, **training) -> dict:
+    run, data = parent
+    settings = {"device": "cpu", "max_steps": 6, "valid_every": 3, "init_from": str(run), **training}
+    return tiny_config(data, save_dir, **settings)
+
+
+@pytest.fixture
+def log(caplog, monkeypatch):
+    monkeypatch.setattr(logging.getLogger("nmt"), "propagate", True)  # the CLI's setup_logging turns it off
+    caplog.set_level(logging.INFO, logger="nmt")
+    return caplog
+
+
+def test_the_child_starts_from_the_parent_with_everything_else_fresh(parent, tmp_path, log):
+    run, _ = parent
+    best = load_checkpoint(run / "best.pt")
+    child = make(child_config(parent, tmp_path / "child"))
+    # the parent's fields, whatever the new data holds: g and h are unknown
+    assert child.data.src_field.state_dict() == best["src_field"]
+    assert child.data.tgt_field.state_dict() == best["tgt_field"]
+    assert "g" not in child.data.src_field.vocab and "h" not in child.data.tgt_field.vocab
+    assert child.data.src_field.encode("g a h") == [1, child.data.src_field.vocab.stoi["a"], 1]
+    for name, value in child.model.state_dict().items():  # the run directory means its best.pt
+        assert torch.equal(value, best["model"][name]), name
+    assert child.progress.step == 0 and child.progress.epoch == 0 and not child.resumed
+    assert child.optimizer.state_dict()["state"] == {}  # no Adam moments yet
+    assert child.schedule.step_count == 0 and child.stopper.best_step < 0
+    assert any(r.getMessage().startswith(f"fine-tuning from {run / 'best.pt'} (step {best['step']})")
+               for r in log.records)
+    # before any update the child's validation loss is the parent's: recomputed here one sentence
+    # at a time from the child's own encoding of the validation files (the parent's was batched)
+    model, valid, vocab = child.model.eval(), child.data.valid, child.data.tgt_field.vocab
+    total = tokens = 0.0
+    with torch.no_grad():
+        for src, tgt in zip(valid.src, valid.tgt):
+            logits, _ = model(torch.tensor([src]), torch.tensor([len(src)]), torch.tensor([[vocab.bos_index] + tgt]))
+            total += child.loss_fn(logits[0], torch.tensor(tgt + [vocab.eos_index]), reduction="sum").item()
+            tokens += len(tgt) + 1
+    assert total / tokens == pytest.approx(best["metrics"]["valid_loss"], rel=1e-5)
+    child.model.train()
+    summary = child.train()
+    assert summary.step == 6
+    last = load_checkpoint(tmp_path / "child" / "last.pt")
+    assert last["step"] == 6 and last["trainer"]["progress"]["step"] == 6
+    assert last["src_field"] == best["src_field"] and last["tgt_field"] == best["tgt_field"]
+    records = [json.loads(line) for line in (tmp_path / "child" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [3, 6]
+    assert (tmp_path / "child" / "vocab.src").read_text(encoding="utf-8").split("\n")[:-1] == \
+        best["src_field"]["vocab"]["itos"][4:]  # the parent's vocabulary, written for reuse
+
+
+def test_init_optimizer_carries_the_moments_with_this_configs_hyperparameters(parent, tmp_path):
+    run, _ = parent
+    best = load_checkpoint(run / "best.pt")
+    config = child_config(parent, tmp_path / "child", init_optimizer=True)
+    config["training"]["optimizer"] = {"lr": 5e-4, "betas": [0.8, 0.99]}
+    child = make(config)
+    state = child.optimizer.state_dict()
+    assert len(state["state"]) == len(best["optimizer"]["state"]) > 0
+    for index, moments in best["optimizer"]["state"].items():
+        for key, value in moments.items():
+            assert torch.equal(state["state"][index][key].cpu(), value.cpu()), (index, key)
+    for group in child.optimizer.param_groups:  # the config's, not the parent's (lr 1e-3, betas 0.9 / 0.999)
+        assert group["lr"] == 5e-4 and group["betas"] == (0.8, 0.99)
+    assert child.progress.step == 0 and child.schedule.step_count == 0
+    child.lock.release()
+    config["training"]["optimizer"] = {"name": "sgd"}
+    with pytest.raises(ConfigError, match=r"tiny.yaml: training.optimizer.name: 'sgd' in the config, 'adam' in .*"
+                                          r"best.pt: training.init_optimizer carries the state of the same optimizer"):
+        make(config)
+
+
+def test_a_killed_child_resumes_from_its_own_last_pt(parent, tmp_path, log):
+    run, data = parent
+    straight = make(child_config(parent, tmp_path / "straight"))
+    straight.train()
+    copy = tmp_path / "parent_copy.pt"  # the parent is gone by the time the child resumes
+    shutil.copy(run / "best.pt", copy)
+
+    def interrupt_at_4(step):
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    first = make(child_config(parent, tmp_path / "child", init_from=str(copy)))
+    assert first.train(step_hook=interrupt_at_4).stopped_by == "SIGINT"
+    copy.unlink()
+    log.clear()
+    second = make(child_config(parent, tmp_path / "child", init_from=str(copy)))
+    assert second.resumed and second.progress.step == 4 and second.resume_path.name == "last.pt"
+    assert any("training.init_from" in r.getMessage() and "ignored" in r.getMessage() for r in log.records)
+    assert second.train().step == 6
+    for name, value in straight.model.state_dict().items():  # as the uninterrupted child
+        assert torch.equal(value, second.model.state_dict()[name]), name
+
+
+def test_another_architecture_is_one_line_naming_the_key(parent, tmp_path):
+    run, _ = parent
+    config = child_config(parent, tmp_path / "child")
+    config["model"]["decoder"]["hidden_size"] = 16
+    config["model"]["decoder"]["dropout"] = 0.1  # differs too, but changes no parameter
+    with pytest.raises(ConfigError) as info:
+        make(config)
+    assert str(info.value) == (f"tiny.yaml: model.decoder.hidden_size: 16 in the config, 12 in {run / 'best.pt'}: "
+                               "fine-tuning (training.init_from) needs the parent's architecture")
+    config = child_config(parent, tmp_path / "child2")
+    config["model"]["attention"]["score"] = "dot"  # no attention weights: other parameter names
+    with pytest.raises(ConfigError, match=r"model.attention.score: 'dot' in the config, 'general' in "):
+        make(config)
+
+
+def test_settings_without_parameters_may_differ(parent, tmp_path, log):
+    config = child_config(parent, tmp_path / "child", max_steps=2, valid_every=2)
+    config["model"]["decoder"]["dropout"] = 0.0
+    config["model"]["output"]["mapping"] = "sparsemax"
+    config["data"]["src"]["min_freq"] = 3  # would build another vocabulary: ignored
+    child = make(config)
+    messages = [r.getMessage() for r in log.records]
+    assert any("model settings other than" in m and "model.decoder.dropout, model.output.mapping" in m
+               for m in messages)
+    assert any(m.startswith("data.src.min_freq: 3 ignored (1 in ") for m in messages)
+    assert child.train().step == 2
+
+
+def test_a_missing_or_unreadable_parent_is_one_line_naming_it(parent, tmp_path):
+    missing = tmp_path / "nope" / "best.pt"
+    with pytest.raises(ConfigError, match=rf"^tiny.yaml: training.init_from: {missing}: no such checkpoint file"):
+        make(child_config(parent, tmp_path / "a", init_from=str(missing)))
+    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match=r"training.init_from: .*garbage.pt: not a readable nmt checkpoint"):
+        make(child_config(parent, tmp_path / "b", init_from=str(tmp_path / "garbage.pt")))
+    (tmp_path / "empty_run").mkdir()
+    with pytest.raises(ConfigError, match=r"training.init_from: .*empty_run: a directory without best.pt"):
+        make(child_config(parent, tmp_path / "c", init_from=str(tmp_path / "empty_run")))
+
+
+def test_nmt_train_init_from_fine_tunes_and_its_checkpoints_average_release_and_translate(parent, tmp_path, capsys):
+    from nmt.cli import average, release, train, translate
+
+    run, _ = parent
+    config = child_config(parent, tmp_path / "child", max_steps=6, valid_every=2, keep_last=3)
+    del config["training"]["init_from"]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    assert train.main(["-config", str(tmp_path / "c.yaml"), "-quiet", "-init_from", str(run)]) == 0
+    saved = yaml.safe_load((tmp_path / "child" / "config.yaml").read_text(encoding="utf-8"))
+    assert saved["training"]["init_from"] == str(run)
+    avg, model = tmp_path / "avg.pt", tmp_path / "model.pt"
+    assert average.main(["-last", "3", "-run", str(tmp_path / "child"), "-output", str(avg)]) == 0
+    assert release.main(["-model", str(tmp_path / "child" / "best.pt"), "-output", str(model)]) == 0
+    (tmp_path / "in.txt").write_text("a b c\ng a\n", encoding="utf-8")
+    for checkpoint in (tmp_path / "child" / "last.pt", avg, model):
+        out = tmp_path / f"{checkpoint.stem}.out"
+        assert translate.main(["-model", str(checkpoint), "-src", str(tmp_path / "in.txt"), "-output", str(out),
+                               "-max_length", "8", "-quiet"]) == 0
+        assert len(out.read_text(encoding="utf-8").splitlines()) == 2
+    # a released model is a parent too (its weights and fields), but has no optimizer state to carry
+    grandchild = make(child_config(parent, tmp_path / "grandchild", init_from=str(model)))
+    released = load_checkpoint(model, training=False)
+    for name, value in grandchild.model.state_dict().items():
+        assert torch.equal(value, released["model"][name]), name
+    grandchild.lock.release()
+    with pytest.raises(ConfigError, match=r"training.init_optimizer: .*model.pt is a released model"):
+        make(child_config(parent, tmp_path / "g2", init_from=str(model), init_optimizer=True))
+    capsys.readouterr()
+    assert train.main(["-config", str(tmp_path / "c.yaml"), "-quiet", "-set", f"training.save_dir={tmp_path / 'x'}",
+                       "-init_from", str(tmp_path / "nope.pt")]) == 2
+    assert capsys.readouterr().err == (f"nmt-train: error: {tmp_path / 'c.yaml'}: training.init_from: "
+                                       f"{tmp_path / 'nope.pt'}: no such checkpoint file or run directory\n")
+    assert not (tmp_path / "x").exists()  # refused before anything was written
