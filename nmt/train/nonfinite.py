@@ -23,9 +23,9 @@ import torch
 
 POLICIES = ("stop", "skip")
 MAX_CONSECUTIVE_SKIPS = 100
-"""``nonfinite: skip`` stops (NonFiniteLossError) after this many dropped updates in a row: more
-than fp16 loss-scale calibration takes (a halving per overflow from 2^16), a sign that the
-weights or the data, not a rare batch, make every loss non-finite."""
+"""``nonfinite: skip`` stops (NonFiniteLossError) after this many dropped updates in a row: a
+sign that the weights or the data, not a rare batch, make every loss non-finite. (fp16 updates
+dropped for gradient overflow at the loss scale are counted apart: :mod:`nmt.train.overflow`.)"""
 
 
 class NonFiniteLossError(RuntimeError):

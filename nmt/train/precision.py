@@ -5,8 +5,17 @@ works on CPU too) or ``fp16`` (autocast to float16 with a ``torch.amp.GradScaler
 scaled before backward, gradients unscaled before clipping, steps with inf/NaN gradients
 skipped). The probability mappings and losses compute half inputs in float32.
 
-Host syncs: none of its own. With fp16 the scaler's skip decision stays on the device when the
-optimizer supports it (fused Adam does); otherwise ``GradScaler.step`` reads one flag.
+An fp16 update whose unscaled gradients hold inf/NaN (the loss scale was too high, as in the
+scale search of the first updates) is dropped, as ``GradScaler.step`` does, and is *not an
+update* (as fairseq's "gradient overflow detected, ignoring gradient"): the trainer neither
+counts it as a step nor advances the lr schedule (see :mod:`nmt.train.overflow`).
+
+Host syncs: :meth:`TrainPrecision.overflow` gives the skip decision as a device tensor, which
+``nmt.train.update.update`` reads once per fp16 update (with its other flags, in one read). For
+an optimizer without fused loss-scale handling (SGD) this is the read ``GradScaler.step`` makes
+anyway (``found_inf.item()``), which :meth:`step` then does not repeat; for fused Adam, whose
+step would skip on the device, it is one read per update that fp16 adds (a step counter that
+follows applied updates needs the decision on the host). fp32 and bf16 read nothing.
 """
 from __future__ import annotations
 
@@ -42,12 +51,40 @@ class TrainPrecision:
             self.scaler.unscale_(optimizer)
         return clip_gradients(params, clip_grad_norm)
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Step the optimizer (after ``clip``); fp16: the scaler skips steps with inf/NaN gradients."""
+    def overflow(self, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+        """After :meth:`clip`: a 0-d float32 device tensor, nonzero when the scaler found inf/NaN
+        in the unscaled gradients of ``optimizer`` (fp16; the step must then be skipped), or None
+        without a scaler. No host read. (``GradScaler``'s record of ``unscale_``, read as its own
+        ``step`` and ``update`` read it.)"""
+        if self.scaler is None:
+            return None
+        found = list(self.scaler._found_inf_per_device(optimizer).values())
+        if not found:
+            raise RuntimeError("TrainPrecision.overflow: call clip() (which unscales) first")
+        device = self.scaler._get_scale_async().device
+        total = found[0].to(device, non_blocking=True)
+        for more in found[1:]:  # a model over several devices
+            total = total + more.to(device, non_blocking=True)
+        return total
+
+    def scale(self) -> torch.Tensor | None:
+        """The current loss scale, a 0-d float32 device tensor (no host read), or None without a scaler."""
+        return self.scaler._get_scale_async() if self.scaler is not None else None
+
+    def step(self, optimizer: torch.optim.Optimizer, overflow: bool | None = None) -> None:
+        """Step the optimizer (after ``clip``); fp16: the scaler skips steps with inf/NaN gradients.
+
+        ``overflow``: the host value of :meth:`overflow` when the caller read it (then nothing is
+        read here: an overflow skips the step, as ``GradScaler.step`` would, and lowers the
+        scale); None lets ``GradScaler.step`` decide (it reads the flag itself unless the
+        optimizer is fused)."""
         if self.scaler is None:
             optimizer.step()
             return
-        self.scaler.step(optimizer)
+        if overflow is None:
+            self.scaler.step(optimizer)
+        elif not overflow:  # unscaled (clip) and checked finite: GradScaler.step's own step
+            optimizer.step()
         self.scaler.update()
 
     def skip(self, optimizer: torch.optim.Optimizer) -> None:

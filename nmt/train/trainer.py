@@ -39,6 +39,7 @@ from nmt.train.interrupt import GracefulInterrupt
 from nmt.train.nonfinite import (MAX_CONSECUTIVE_SKIPS, NonFiniteGuard, NonFiniteLossError, check_parameters_finite,
                                  kept_state)
 from nmt.train.optimizers import build_optimizer
+from nmt.train.overflow import OverflowSkips, scale_text
 from nmt.train.rng import rng_state, seed_everything, set_rng_state
 from nmt.train.compile import compile_for_device, compile_loss_forward, compiler_problem, pad_to_multiple
 from nmt.train.precision import TrainPrecision
@@ -222,6 +223,7 @@ class Trainer:
         self.stopper = EarlyStopping(HIGHER_IS_BETTER[self.metric], train_cfg["early_stopping_patience"])
         self.progress = Progress()
         self._skipped_at_resume = self._consecutive_at_resume = 0
+        self.overflows = OverflowSkips()  # fp16 updates dropped for inf/NaN gradients (nmt.train.overflow)
         self.last_metrics: dict[str, Any] = {}
         self._signatures_logged = False  # the sacrebleu signatures are logged once per session
         self._tokens_per_sec = math.nan  # of the last logging window
@@ -355,6 +357,7 @@ class Trainer:
         self.progress = Progress(**trainer_state["progress"])
         self._skipped_at_resume = int(trainer_state.get("skipped_updates", 0))  # absent before nmt recorded it
         self._consecutive_at_resume = int(trainer_state.get("consecutive_skips", 0))
+        self.overflows.load_state_dict(trainer_state.get("overflow_skips"))
         self.last_metrics = dict(checkpoint["metrics"])
         # last: building the model consumed random numbers
         set_rng_state(rank_rng_state(checkpoint, self.dist), self.device)
@@ -376,7 +379,8 @@ class Trainer:
             "metrics": self.last_metrics,
             "trainer": {"progress": asdict(self.progress), "early_stopping": self.stopper.state_dict(),
                         "data_files": self.data_files, "skipped_updates": self.skipped_updates,
-                        "consecutive_skips": self.consecutive_skips},
+                        "consecutive_skips": self.consecutive_skips,
+                        "overflow_skips": self.overflows.state_dict()},
         }
 
     def save(self, is_best: bool = False, step_file: bool = True) -> None:
@@ -431,6 +435,10 @@ class Trainer:
         :attr:`last_update_skipped` is True and the lr schedule is not advanced: as in fairseq, a
         dropped update is not an update, and the caller does not count it as a step either).
         :data:`MAX_CONSECUTIVE_SKIPS` dropped in a row raise NonFiniteLossError.
+
+        fp16: an update whose gradients overflow at the current loss scale is dropped the same
+        way (not a step, the schedule stays; counted in :attr:`overflows`, saved in last.pt);
+        :data:`nmt.train.overflow.MAX_CONSECUTIVE_OVERFLOWS` in a row raise GradientOverflowError.
         """
         cfg = self.config["training"]
         groups = [indices] if len(indices) and np.isscalar(indices[0]) else list(indices)  # accumulated batches
@@ -451,8 +459,14 @@ class Trainer:
                                   precision=self.precision, forward=self.loss_forward)
         if self.dist.enabled:  # the summed loss of all ranks (an all-reduce on the device, no host sync)
             loss = self.dist.sum_tensor_(loss.clone())
-        self.last_update_skipped = skipped
-        if skipped:  # not an update: the schedule (and the trainer's step) stay where they are
+        self.last_update_skipped = skipped is not None
+        if skipped == "overflow":  # fp16: not an update either (the schedule and the step stay)
+            self.overflows.record(self.progress.step + 1, self.saved_step, self._loss_scale)
+            return torch.zeros_like(loss), 0
+        if skipped is not None and not skip:  # fp16 read the flag: nonfinite: stop stops here
+            self.nonfinite.observe(loss, self.progress.step + 1)
+            self.nonfinite.check(self.saved_step)
+        if skipped is not None:  # not an update: the schedule (and the trainer's step) stay where they are
             self.skipped_updates += 1
             self.consecutive_skips += 1
             logger.warning("step %d: non-finite training loss (%s) or gradient norm; update skipped and not "
@@ -464,6 +478,7 @@ class Trainer:
                     f"non-finite loss or gradient norm; stopped ({kept_state(self.saved_step)}); lower "
                     "training.optimizer.lr, set training.clip_grad_norm, or check the data")
             return torch.zeros_like(loss), 0
+        self.overflows.applied()
         self.consecutive_skips = 0
         self.schedule.step()
         if not skip:
@@ -471,6 +486,17 @@ class Trainer:
             if self.nonfinite.sync_each_step:  # CPU: no sync to avoid
                 self.nonfinite.check(self.saved_step)
         return loss, n_tokens
+
+    def _loss_scale(self) -> float:
+        """The fp16 loss scale now (one host read; NaN without loss scaling)."""
+        scale = self.precision.scale()
+        return float(scale) if scale is not None else math.nan
+
+    def _scaling(self) -> dict[str, float]:
+        """fp16: ``{"loss_scale", "overflow_skips"}`` now (one host read), for logs and metrics; else {}."""
+        if self.precision.scaler is None:
+            return {}
+        return {"loss_scale": self._loss_scale(), "overflow_skips": self.overflows.total}
 
     def train(self, step_hook: Callable[[int], None] | None = None) -> TrainSummary:
         """Train until max_steps / max_epochs / early stopping / SIGINT / SIGTERM; returns the summary.
@@ -533,9 +559,13 @@ class Trainer:
                         p.valid_loss_sum += mean * window_tokens
                         p.valid_tokens += window_tokens
                         bar.set_postfix(loss=f"{mean:.4f}", tok_s=f"{speed:.0f}", lr=f"{self.schedule.lr:.2g}")
-                        tb.scalars("train", {"loss": mean, "lr": self.schedule.lr, "tokens_per_sec": speed}, p.step)
-                        logger.info("step %d (epoch %d): train loss %.4f, lr %.3g, %.0f tokens/s, elapsed %.0fs",
-                                    p.step, p.epoch, mean, self.schedule.lr, speed, p.elapsed)
+                        scaling = self._scaling()  # fp16 only
+                        tb.scalars("train", {"loss": mean, "lr": self.schedule.lr, "tokens_per_sec": speed,
+                                             **scaling}, p.step)
+                        logger.info("step %d (epoch %d): train loss %.4f, lr %.3g, %.0f tokens/s, elapsed %.0fs%s",
+                                    p.step, p.epoch, mean, self.schedule.lr, speed, p.elapsed,
+                                    f", loss scale {scale_text(scaling['loss_scale'])} ({scaling['overflow_skips']} "
+                                    "overflow skips)" if scaling else "")
                         self._tokens_per_sec = speed
                         window_loss.zero_()
                         window_tokens, window_start = 0, time.perf_counter()
@@ -593,6 +623,9 @@ class Trainer:
                   **{f"valid_{k}": v for k, v in scalars.items()},
                   "tokens_per_sec": self._tokens_per_sec, "elapsed": round(p.elapsed, 3),
                   "best": is_best}
+        if self.skipped_updates:
+            record["skipped_updates"] = self.skipped_updates
+        record |= self._scaling()  # fp16: the scale and the updates dropped for overflow so far
         if self.dist.is_main:
             alphas = self._learned_alphas(tb)
             if alphas:

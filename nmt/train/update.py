@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 from torch import Tensor, nn
@@ -13,6 +13,9 @@ from nmt.data.batching import Batch
 from nmt.models.seq2seq import length_mask
 from nmt.train.precision import TrainPrecision
 
+SkipReason = Literal["nonfinite", "overflow"]
+"""Why :func:`update` dropped an update: a non-finite loss (or gradient norm), or fp16 gradients
+that overflowed at the current loss scale."""
 LossForward = Callable[[nn.Module, Callable, Tensor, Tensor, Tensor, Tensor, int, float, Tensor | None], Tensor]
 
 
@@ -53,7 +56,7 @@ def update(model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer
            pad_index: int, clip_grad_norm: float | None = None, label_smoothing: float = 0.0,
            skip_nonfinite: bool = False, loss_scale: float | Sequence[float] | None = None,
            all_ranks: Callable[[Tensor], Tensor] | None = None, *, precision: TrainPrecision | None = None,
-           forward: LossForward = loss_forward) -> tuple[Tensor, int, bool]:
+           forward: LossForward = loss_forward) -> tuple[Tensor, int, SkipReason | None]:
     """Forward (under ``precision``'s autocast), Fenchel-Young loss, backward (per batch), clip,
     step (once).
 
@@ -63,11 +66,19 @@ def update(model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer
     holding all their sentences (a per-token mean). ``forward`` computes the summed loss
     (``loss_forward``, or its compiled form). Returns ``(summed loss, a detached 0-d tensor
     left on the device; number of target tokens, a host int known from the batches;
-    skipped)``: the caller reads the loss only when it logs. With ``skip_nonfinite`` an update
-    whose loss (or clipped gradient norm) is NaN / inf is dropped: no optimizer step,
-    ``skipped`` True; deciding that reads one flag from the device. Otherwise no host sync
-    here (``skipped`` False); the model's encoder needs the source lengths on the host (keep
-    ``batch.src_lengths`` there, as the trainer does), and the loss and optimizer must be
+    skipped)``: the caller reads the loss only when it logs. ``skipped`` is None when the
+    optimizer stepped, else why the update was dropped (no optimizer step):
+
+    - ``"nonfinite"``: with ``skip_nonfinite``, the loss (or the clipped gradient norm) is NaN /
+      inf; with fp16 also without it (the scaler drops the step anyway; the caller's
+      ``nonfinite: stop`` then stops);
+    - ``"overflow"``: fp16 only, the loss is finite but the unscaled gradients hold inf/NaN at
+      the current loss scale; the scale is lowered (``GradScaler``).
+
+    Host syncs: fp32 / bf16 without ``skip_nonfinite`` none here; otherwise one read of a few
+    flags per update (see :mod:`nmt.train.precision` for fp16: the read GradScaler makes anyway
+    unless the optimizer is fused). The model's encoder needs the source lengths on the host
+    (keep ``batch.src_lengths`` there, as the trainer does), and the loss and optimizer must be
     sync-free (the losses are; fused Adam or SGD).
 
     Data-parallel training (``nmt.train.distributed``) passes ``model`` wrapped in
@@ -99,17 +110,30 @@ def update(model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer
         loss = loss.detach() if scale != 0 else torch.zeros_like(loss.detach())
         total = loss if total is None else total + loss
     norm = precision.clip(optimizer, params, clip_grad_norm)
-    if skip_nonfinite:
-        finite = torch.isfinite(total) if norm is None else torch.isfinite(total) & torch.isfinite(norm)
-        if all_ranks is not None:
-            finite = all_ranks(finite)
-        if not bool(finite):  # the one host read of skip mode
-            precision.skip(optimizer)
-            optimizer.zero_grad(set_to_none=True)
-            return total, n_tokens, True
-    precision.step(optimizer)
+    overflow = precision.overflow(optimizer)  # None unless fp16
+    if not skip_nonfinite and overflow is None:  # fp32 / bf16 with nonfinite: stop: no host read
+        precision.step(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        return total, n_tokens, None
+    zero = torch.zeros((), dtype=torch.bool, device=total.device)
+    flags = torch.stack([~torch.isfinite(total),  # bad: loss, gradient norm (skip mode), loss-scale overflow
+                         ~torch.isfinite(norm) if skip_nonfinite and norm is not None else zero,
+                         overflow.to(total.device) > 0 if overflow is not None else zero])
+    if all_ranks is not None:  # bad on any rank (gradients are all-reduced: an overflow is on all)
+        flags = ~all_ranks(~flags)
+    loss_bad, norm_bad, overflowed = flags.tolist()  # the one host read (see the docstring)
+    skipped: SkipReason | None = None
+    if loss_bad:  # under nonfinite: stop too (fp16): the caller stops on it
+        skipped = "nonfinite"
+    elif overflowed:  # the unscaled gradients hold inf/NaN at this loss scale
+        skipped = "overflow"
+    elif norm_bad:
+        skipped = "nonfinite"
+    if skipped is None:
+        precision.step(optimizer, overflow=False if overflow is not None else None)
+    else:
+        precision.skip(optimizer)  # fp16: the scale is lowered
     optimizer.zero_grad(set_to_none=True)
-    return total, n_tokens, False
+    return total, n_tokens, skipped
 
-
-__all__ = ["loss_forward", "separate_gradients", "update"]
+__all__ = ["SkipReason", "loss_forward", "separate_gradients", "update"]
