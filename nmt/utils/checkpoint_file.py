@@ -6,7 +6,10 @@ source / target field states, metrics, the trainer's progress and early-stopping
 in the target directory and moved into place with ``os.replace`` (``nmt.utils.io.atomic_open``),
 so a crash never leaves a truncated file, and the file gets the umask's permissions.
 Everything in it is tensors and plain Python values, so it loads with ``weights_only=True``
-(no arbitrary unpickling).
+(no arbitrary unpickling). ``torch.load`` does not check the CRC-32s the archive holds (a flipped
+bit inside tensor data loads as a silently changed weight), so :func:`load_checkpoint` verifies
+them first (:mod:`nmt.utils.zip_crc`; one pass over the file) and :func:`save_checkpoint` always
+writes them.
 
 Training (``nmt.train``: where and when checkpoints are written) and decoding
 (``nmt.translate.loading``: rebuilding a model) both use this module; it imports no domain
@@ -22,6 +25,7 @@ from typing import Any
 import torch
 
 from nmt.utils.io import atomic_open
+from nmt.utils.zip_crc import zip_crc_problem
 
 FORMAT_VERSION = 1
 PAYLOAD_KEYS = ("format_version", "nmt_version", "model", "optimizer", "scheduler", "step", "epoch", "rng",
@@ -36,8 +40,8 @@ class CheckpointError(RuntimeError):
 
 
 class DamagedCheckpointError(CheckpointError):
-    """The file is damaged: truncated, not a ``torch.save`` archive, failing to unpickle, not an
-    nmt checkpoint dict, or missing payload keys. A resume passes over such a file to an older
+    """The file is damaged: truncated, not a ``torch.save`` archive, a record failing its CRC-32
+    check (a flipped bit), failing to unpickle, not an nmt checkpoint dict, or missing payload keys. A resume passes over such a file to an older
     checkpoint; the other CheckpointErrors (missing file, a directory, another format version, a
     released model) are not damage and are not passed over."""
 
@@ -50,8 +54,13 @@ def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> None:
     from nmt._version import __version__
 
     payload = {"format_version": FORMAT_VERSION, "nmt_version": __version__, **payload}
-    with atomic_open(path, "wb") as handle:
-        torch.save(payload, handle)
+    crc_was = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(True)  # load_checkpoint verifies them
+    try:
+        with atomic_open(path, "wb") as handle:
+            torch.save(payload, handle)
+    finally:
+        torch.serialization.set_crc32_options(crc_was)
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
@@ -60,7 +69,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
     training=True (resume) needs a training checkpoint; training=False (decoding, averaging)
     also accepts a released model (:data:`MODEL_KEYS`). Raises CheckpointError (one line,
-    names the file) when it is missing, corrupt, not an nmt checkpoint, of another format
+    names the file) when it is missing, corrupt (a record failing its CRC-32 included), not an nmt checkpoint, of another format
     version, a released model where training state is needed, or lacks one of its keys; the
     subclass DamagedCheckpointError where the file itself is damaged (see there).
     """
@@ -76,6 +85,13 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if not zipfile.is_zipfile(path):  # torch.load's own error is unpickling advice, or "KeyError: 101"
         raise DamagedCheckpointError(f"{path}: not a readable nmt checkpoint (not a torch.save archive: another kind of file, "
                               "or truncated)")
+    try:
+        problem = zip_crc_problem(path)
+    except (OSError, MemoryError) as exc:  # as for torch.load below: not damage
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise CheckpointError(f"{path}: cannot be read ({reason})") from None
+    if problem is not None:
+        raise DamagedCheckpointError(f"{path}: damaged: {problem} (a bit flip or a partial overwrite of the file)")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except (OSError, MemoryError) as exc:  # the file could not be read now (EIO, no memory): not damage, which
