@@ -10,6 +10,11 @@ that is not damaged but refused (another format version, a released model) stops
 its error: an older checkpoint would silently drop the newer state. When files exist but none
 loads, the error names each; a run never starts from scratch over existing checkpoints.
 
+The damaged files a resume passed over are then renamed aside (:func:`set_aside_damaged`:
+``NAME.damaged``), so that nothing is lost and they take no further part: the keep-last rotation
+would count a damaged ``step_N.pt`` newer than the resumed step among the newest and delete good
+files in its place, ``nmt-average -last`` would pick it, and ``best.pt`` would name garbage.
+
 The file format itself (payload keys, format version, atomic save, checked
 ``weights_only`` load) lives in :mod:`nmt.utils.checkpoint_file`, shared with decoding; its
 names are re-exported here for training code.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +33,7 @@ import torch
 from nmt.utils.checkpoint_file import (FORMAT_VERSION, PAYLOAD_KEYS, CheckpointError, DamagedCheckpointError,
                                        load_checkpoint, save_checkpoint)
 from nmt.utils.io import atomic_open, stale_temporary, temporary_owner
+from nmt.utils.zip_crc import zip_crc_problem
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
@@ -107,6 +114,7 @@ class ResumePoint:
     path: Path
     payload: dict[str, Any]
     passed_over: list[str] = field(default_factory=list)
+    damaged: list[Path] = field(default_factory=list)  # the passed-over files that exist (damaged ones)
 
     @property
     def fallback(self) -> bool:
@@ -152,14 +160,16 @@ def find_resume_checkpoint(save_dir: str | os.PathLike, load=load_checkpoint) ->
     if not has_checkpoints(save_dir):
         return None
     passed_over: list[str] = []
+    damaged: list[Path] = []
     for path in resume_candidates(save_dir):
         if not path.exists():  # only last.pt is listed without existing
             passed_over.append(f"{path}: missing")
             continue
         try:
-            return ResumePoint(path, load(path), passed_over)
+            return ResumePoint(path, load(path), passed_over, damaged)
         except DamagedCheckpointError as exc:
             passed_over.append(str(exc).strip().splitlines()[0])
+            damaged.append(path)
     problems = "; ".join(_relative(line, save_dir) for line in passed_over)
     raise CheckpointError(f"{save_dir}: no checkpoint there can be resumed from ({problems}); move the damaged "
                           "files away to start a new run there, or set another training.save_dir")
@@ -170,12 +180,47 @@ def _relative(line: str, save_dir: Path) -> str:
     return line[len(prefix):] if line.startswith(prefix) else line
 
 
+def set_aside_damaged(path: str | os.PathLike) -> Path:
+    """Rename the damaged checkpoint ``path`` to ``NAME.damaged`` (``NAME.damaged.2``, ... when
+    that name is taken: nothing is overwritten); returns the new path. It keeps its bytes, for a
+    look or a repair by hand, and no longer matches the run's checkpoint names."""
+    path = Path(path)
+    target, n = path.with_name(f"{path.name}.damaged"), 1
+    while target.exists() or target.is_symlink():
+        n += 1
+        target = path.with_name(f"{path.name}.damaged.{n}")
+    os.rename(path, target)
+    return target
+
+
+def archive_damage(path: str | os.PathLike) -> str | None:
+    """Why the existing file ``path`` is not an intact ``torch.save`` archive whose step can be
+    read (a record failing its CRC-32 check, a broken or cut archive), or None. Cheaper than a
+    load: one CRC pass and the step read lazily. A file that cannot be read now (OSError) is not
+    called damaged (None)."""
+    try:
+        if not zipfile.is_zipfile(path):
+            return "not a torch.save archive (another kind of file, or truncated)"
+        problem = zip_crc_problem(path)
+    except OSError:
+        return None
+    if problem is not None:
+        return problem
+    return "its step cannot be read" if checkpoint_step(path) is None else None
+
+
+def holds_step(path: str | os.PathLike, step: int) -> bool:
+    """Whether ``path`` exists and is an intact checkpoint (:func:`archive_damage`) of ``step``."""
+    return Path(path).is_file() and archive_damage(path) is None and checkpoint_step(path) == step
+
+
 def repair_best(save_dir: str | os.PathLike, resumed_step: int, best_step: int,
                 source: str | os.PathLike | None = None) -> Path | None:
     """Make ``best.pt`` hold ``best_step`` (the resumed checkpoint's early-stopping record) when it
     does not: a crash fell between writing ``last.pt`` and ``best.pt``, or ``best.pt`` is damaged
     or missing while the run resumed.
 
+    ``best.pt`` holds ``best_step`` when it is intact (:func:`holds_step`: a flipped bit is not).
     ``save_run_checkpoint`` writes ``last.pt`` before ``best.pt``, so after a crash between the
     two the resumed file ``source`` (default ``last.pt``), whose record says best = ``best_step`` =
     ``resumed_step``, is the state ``best.pt`` should hold; an older best is copied from
@@ -183,13 +228,13 @@ def repair_best(save_dir: str | os.PathLike, resumed_step: int, best_step: int,
     ``best.pt``, or None when nothing was (already right, no validation yet, no such file).
     """
     save_dir = Path(save_dir)
-    if best_step < 0 or checkpoint_step(save_dir / "best.pt") == best_step:
+    if best_step < 0 or holds_step(save_dir / "best.pt", best_step):
         return None
     if best_step == resumed_step:
         origin = Path(source) if source is not None else save_dir / "last.pt"
     else:
         origin = save_dir / f"step_{best_step}.pt"
-        if checkpoint_step(origin) != best_step:
+        if not holds_step(origin, best_step):
             return None
     _atomic_copy(origin, save_dir / "best.pt")
     return origin
@@ -218,4 +263,4 @@ def _atomic_copy(source: Path, target: Path) -> None:
 __all__ = ["FORMAT_VERSION", "PAYLOAD_KEYS", "CheckpointError", "DamagedCheckpointError", "save_checkpoint",
            "load_checkpoint", "save_run_checkpoint", "step_checkpoints", "RUN_FILES", "remove_stale_temporaries",
            "checkpoint_step", "ResumePoint", "resume_candidates", "has_checkpoints", "find_resume_checkpoint",
-           "repair_best", "restore_last"]
+           "set_aside_damaged", "archive_damage", "holds_step", "repair_best", "restore_last"]

@@ -27,8 +27,9 @@ from nmt.data.field import Field
 from nmt.models import ModelConfigError, build_model, describe_attention
 from nmt.models.protocol import position_limits
 from nmt.sparse import get_loss, is_softmax, loss_display_name
-from nmt.train.checkpoint import (CheckpointError, checkpoint_step, find_resume_checkpoint, load_checkpoint,
-                                  remove_stale_temporaries, repair_best, restore_last, save_run_checkpoint)
+from nmt.train.checkpoint import (CheckpointError, archive_damage, find_resume_checkpoint, holds_step,
+                                  load_checkpoint, remove_stale_temporaries, repair_best, restore_last,
+                                  save_run_checkpoint, set_aside_damaged)
 from nmt.train.data_setup import (DATA_FILE_KEYS, check_valid_positions, data_changes, data_fingerprints,
                                   generate_if_missing, load_training_data, write_run_vocabularies)
 from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, init_distributed, rank_device,
@@ -234,10 +235,16 @@ class Trainer:
         if checkpoint is not None:
             self._restore(checkpoint)
             self.saved_step = self.progress.step
+            for damaged in self._damaged:  # out of the rotation, nmt-average -last and best.pt; bytes kept
+                logger.warning("%s: moved aside to %s (damaged)", damaged, set_aside_damaged(damaged).name)
             if self.dist.is_main and self.resume_path.name != "last.pt":  # last.pt was missing or damaged
                 restore_last(self.save_dir, self.resume_path)
                 logger.warning("last.pt replaced by %s (step %d), the checkpoint training continues from",
                                self.resume_path.name, self.progress.step)
+            best = self.save_dir / "best.pt"
+            damage = archive_damage(best) if self.dist.is_main and best.is_file() else None
+            if damage is not None:  # not visited by the resume (older than its checkpoint): kept aside too
+                logger.warning("%s: %s; moved aside to %s (damaged)", best, damage, set_aside_damaged(best).name)
             repaired = (repair_best(self.save_dir, self.progress.step, self.stopper.best_step, self.resume_path)
                         if self.dist.is_main else None)
             if repaired is not None:
@@ -245,7 +252,7 @@ class Trainer:
                                "interrupted or best.pt was damaged)", self.stopper.best_step, self.resume_path.name,
                                repaired.name)
             elif (self.dist.is_main and self.stopper.best_step >= 0
-                  and checkpoint_step(self.save_dir / "best.pt") != self.stopper.best_step):
+                  and not holds_step(best, self.stopper.best_step)):
                 logger.warning("%s: does not hold step %d, the best %s records (damaged or missing), and no "
                                "checkpoint of that step remains to restore it from; the next validation that "
                                "improves on that best writes it", self.save_dir / "best.pt", self.stopper.best_step,
@@ -287,6 +294,7 @@ class Trainer:
         CheckpointError when checkpoints exist but none loads). With several processes rank 0
         chooses and every rank loads its choice. Sets :attr:`resume_path`."""
         self.resume_path: Path | None = None
+        self._damaged: list[Path] = []  # rank 0: the damaged checkpoints the resume passed over
         point, choice, failure = None, (None, None), None  # choice: (path to resume from, error), by rank 0
         if self.dist.is_main:
             try:
@@ -309,6 +317,7 @@ class Trainer:
         checkpoint = point.payload if point is not None else load_checkpoint(path)
         for problem in point.passed_over if point is not None else ():
             logger.warning("%s; resuming from %s (step %s) instead", problem, path, checkpoint.get("step"))
+        self._damaged = point.damaged if point is not None else []  # set aside once the resume is vetted
         differences = config_differences(checkpoint["config"], self.config)
         vetted = resume_check(checkpoint, self.config, self.dist, self.source)  # number of processes
         # a data file under another path (moved, or named relative instead of absolute) is the same

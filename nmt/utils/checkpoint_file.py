@@ -41,7 +41,8 @@ class CheckpointError(RuntimeError):
 
 class DamagedCheckpointError(CheckpointError):
     """The file is damaged: truncated, not a ``torch.save`` archive, a record failing its CRC-32
-    check (a flipped bit), failing to unpickle, not an nmt checkpoint dict, or missing payload keys. A resume passes over such a file to an older
+    check (a flipped bit), failing to unpickle, not an nmt checkpoint dict, or missing payload keys.
+    A resume passes over such a file to an older
     checkpoint; the other CheckpointErrors (missing file, a directory, another format version, a
     released model) are not damage and are not passed over."""
 
@@ -69,7 +70,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
     training=True (resume) needs a training checkpoint; training=False (decoding, averaging)
     also accepts a released model (:data:`MODEL_KEYS`). Raises CheckpointError (one line,
-    names the file) when it is missing, corrupt (a record failing its CRC-32 included), not an nmt checkpoint, of another format
+    names the file) when it is missing, corrupt (a record failing its CRC-32 included), not an nmt
+    checkpoint, of another format
     version, a released model where training state is needed, or lacks one of its keys; the
     subclass DamagedCheckpointError where the file itself is damaged (see there).
     """

@@ -191,3 +191,66 @@ def test_a_damaged_best_pt_that_cannot_be_repaired_is_said(task, tmp_path, log):
     replace_with(run / "best.pt", b"")
     make_trainer(task, run, keep_last=2, max_steps=16)
     assert f"{run / 'best.pt'}: does not hold step 4, the best last.pt records (damaged or missing)" in log.text
+
+
+def flip_a_weight_bit(path) -> bytes:
+    """Flip one bit inside the tensor data of ``path`` (a new inode, as ``replace_with``); returns the bytes."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:  # Python's own zip reader finds the first tensor record
+        info = next(i for i in archive.infolist() if "/data/" in i.filename and i.file_size >= 16)
+    data = bytearray(path.read_bytes())
+    name_length, extra_length = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+    data[info.header_offset + 30 + name_length + extra_length + info.file_size // 2] ^= 0x08
+    replace_with(path, bytes(data))
+    return bytes(data)
+
+
+def test_damaged_newer_checkpoints_are_moved_aside_and_leave_the_rotation_alone(task, tmp_path, log):
+    """last.pt truncated and step_12.pt with a flipped bit: the resume from step_8.pt renames both
+    to NAME.damaged (same bytes, a warning naming each). Left in place, the damaged step_12.pt would
+    count among the newest two of keep_last: 2 when the run then stops at step 10, and the good
+    step_8.pt would be deleted in its place."""
+    run = trained(task, tmp_path / "run", device="cpu")  # step_8.pt, step_12.pt; last.pt and best.pt of step 12
+    truncate(run / "last.pt")
+    last_bytes = (run / "last.pt").read_bytes()
+    step_12_bytes = flip_a_weight_bit(run / "step_12.pt")
+    if checkpoint_step(run / "best.pt") == 12:
+        flip_a_weight_bit(run / "best.pt")
+    resumed = make_trainer(task, run, max_steps=10, device="cpu")
+    assert resumed.resume_path == run / "step_8.pt" and resumed.progress.step == 8
+    assert (run / "last.pt.damaged").read_bytes() == last_bytes
+    assert (run / "step_12.pt.damaged").read_bytes() == step_12_bytes and not (run / "step_12.pt").exists()
+    assert f"{run}/step_12.pt: damaged: record " in log.text  # why it was passed over
+    assert f"{run}/step_12.pt: moved aside to step_12.pt.damaged (damaged)" in log.text
+    assert f"{run}/last.pt: moved aside to last.pt.damaged (damaged)" in log.text
+    resumed.train()
+    assert sorted(p.name for p in run.glob("step_*.pt")) == ["step_10.pt", "step_8.pt"]
+    assert [load_checkpoint(run / f"step_{n}.pt")["step"] for n in (8, 10)] == [8, 10]
+    assert load_checkpoint(run / "best.pt")["step"] == resumed.stopper.best_step
+
+
+def test_a_bit_flipped_best_pt_not_visited_by_the_resume_is_moved_aside_and_repaired(task, tmp_path, log):
+    """best.pt (step 12, as last.pt) with a flipped bit: the resume from the intact last.pt never
+    loads it, and its step still reads as 12; its CRC-32 check finds it, it is set aside and
+    restored from last.pt."""
+    run = trained(task, tmp_path / "run")
+    assert checkpoint_step(run / "best.pt") == 12 == load_checkpoint(run / "last.pt")["step"]
+    flipped = flip_a_weight_bit(run / "best.pt")
+    assert checkpoint_step(run / "best.pt") == 12  # the lazy step read does not see it
+    make_trainer(task, run, max_steps=16)
+    assert (run / "best.pt.damaged").read_bytes() == flipped
+    assert (run / "best.pt").read_bytes() == (run / "last.pt").read_bytes()
+    assert f"{run}/best.pt: record " in log.text and "moved aside to best.pt.damaged (damaged)" in log.text
+
+
+def test_set_aside_never_overwrites(tmp_path):
+    from nmt.train.checkpoint import set_aside_damaged
+
+    for content in (b"first", b"second", b"third"):
+        (tmp_path / "last.pt").write_bytes(content)
+        set_aside_damaged(tmp_path / "last.pt")
+    assert [(tmp_path / n).read_bytes() for n in ("last.pt.damaged", "last.pt.damaged.2", "last.pt.damaged.3")] == [
+        b"first", b"second", b"third"]
+    assert not (tmp_path / "last.pt").exists()
