@@ -12,8 +12,9 @@ Cache directory: ``<directory of the source file>/.nmt_id_cache/<key>`` (or
 ``<fallback>/id_cache/<key>`` when that directory is not writable), where ``key`` hashes the
 absolute paths, sizes, modification and status-change times (ctime) of both files, both
 fields (tokenizer and vocabulary state) and the length limits; any change gives a new key and a rebuild. The
-directory is filled under a temporary name and renamed into place (atomic), so concurrent
-builders and crashes never leave a partial cache.
+directory is filled under a temporary name, flushed to disk and renamed into place (atomic), so
+concurrent builders, crashes and power cuts never leave a partial cache; a killed builder's
+temporary is removed by a later run (:func:`nmt.utils.io.atomic_directory`).
 
 ``ArrayParallelDataset`` keeps the pairs ``ParallelDataset`` keeps (same skipping rules, same
 order), so batching and collating give the same batches.
@@ -24,8 +25,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 from array import array
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.data.textfiles import PathLike, iter_lines
 from nmt.utils.allocator import release_freed_memory
-from nmt.utils.io import current_umask
+from nmt.utils.io import atomic_directory
 
 logger = logging.getLogger(__name__)
 
@@ -211,22 +210,17 @@ def _read_cache(directory: Path) -> tuple[dict[str, np.ndarray], dict] | None:
 
 
 def _write_cache(directory: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
+    """The cache written into ``directory`` atomically (:func:`nmt.utils.io.atomic_directory`:
+    files flushed to disk before the rename; a killed writer's temporary is swept later). When
+    another process was faster, its cache stands."""
     try:
-        # mkdtemp makes 0700; respect the umask like any directory (read without setting it to 0:
-        # another thread's file made meanwhile would be world-writable)
-        os.chmod(tmp, 0o777 & ~current_umask())
-        for name in ARRAYS:
-            np.save(tmp / f"{name}.npy", arrays[name])
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
-        try:
-            os.rename(tmp, directory)  # atomic; fails when another process was faster
-        except OSError:
-            if not (directory / "meta.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_directory(directory) as tmp:
+            for name in ARRAYS:
+                np.save(tmp / f"{name}.npy", arrays[name])
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+    except OSError:
+        if not (directory / "meta.json").is_file():  # not another process's finished cache
+            raise
 
 
 def load_id_dataset(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_field: Field,

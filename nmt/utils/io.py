@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import socket
 import stat
 import tempfile
@@ -136,6 +137,9 @@ def _remove_stale(directory: Path, name: str | None) -> list[Path]:
             if entry.is_file(follow_symlinks=False):
                 os.unlink(entry.path)
                 removed.append(Path(entry.path))
+            elif entry.is_dir(follow_symlinks=False):  # an atomic_directory's
+                shutil.rmtree(entry.path)
+                removed.append(Path(entry.path))
         except OSError:
             pass
     return removed
@@ -209,6 +213,50 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
         raise
 
 
+def _fsync_path(path: str | os.PathLike, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary directory next to ``path`` to fill; on success it becomes ``path`` atomically.
+
+    The temporary is named as :func:`atomic_open`'s files are (``.NAME.p<pid>h<host>.<random>.tmp``),
+    so one that a killed writer left is removed by a later process's first atomic write there. On
+    leaving the block, the regular files directly inside it and the directory itself are flushed
+    to disk (fsync: a power cut cannot leave a renamed directory of torn files), its mode is set
+    from the umask (``0o777 & ~umask``, not ``mkdtemp``'s 0700) and it is renamed to ``path``. The
+    rename fails with an OSError (``path`` named) when ``path`` exists and is not an empty
+    directory, e.g. when another process was faster. On any exception the temporary is removed.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_once(target.parent)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(target.name), suffix=".tmp", dir=target.parent))
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
+    try:
+        # read the umask without setting it to 0: another thread's file made meanwhile would be world-writable
+        os.chmod(tmp, 0o777 & ~current_umask())
+        yield tmp
+        for entry in os.scandir(tmp):
+            if entry.is_file(follow_symlinks=False):
+                _fsync_path(entry.path)
+        _fsync_path(tmp, directory=True)
+        try:
+            os.rename(tmp, target)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
+        _fsync_path(target.parent, directory=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def describe_os_error(exc: OSError) -> str:
     """One line ``PATH: problem`` for an OSError (its first line when it names no path)."""
     if exc.filename is not None and exc.strerror:
@@ -230,4 +278,4 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 
 __all__ = ["current_umask", "default_file_mode", "temporary_owner", "pid_alive", "stale_temporary",
-           "remove_stale_temporaries", "remove_stale_temporaries_in", "atomic_open", "describe_os_error", "atomic_write_text", "atomic_write_bytes"]
+           "remove_stale_temporaries", "remove_stale_temporaries_in", "atomic_open", "atomic_directory", "describe_os_error", "atomic_write_text", "atomic_write_bytes"]

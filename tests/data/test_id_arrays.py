@@ -1,5 +1,6 @@
 """The array-backed (memory-mapped) dataset against the list dataset it replaces."""
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -71,6 +72,42 @@ def test_cache_is_reused_memory_mapped_and_keyed_by_file_state(tmp_path):
     load_id_dataset(src, tgt, sf, tf, 10, 20)
     assert len(list((tmp_path / CACHE_DIRNAME).iterdir())) == 2
     assert not [p for p in (tmp_path / CACHE_DIRNAME).iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_cache_build_killed_by_sigkill_leaves_nothing_the_next_build_keeps(tmp_path):
+    """A builder killed mid-write leaves its temporary directory (named for its pid); the next
+    build (another process) removes it and writes the cache, whose files were flushed first."""
+    import subprocess
+    import sys
+    import textwrap
+
+    src, tgt = _corpus(tmp_path)
+    script = textwrap.dedent(f"""
+        import os, signal, numpy as np
+        import nmt.data.id_arrays as ia
+        from nmt.data.dataset import read_parallel
+        from nmt.data.field import Field
+        from nmt.data.tokenizers import build_tokenizer
+        pairs = read_parallel({str(src)!r}, {str(tgt)!r})
+        sf = Field.build(build_tokenizer({{"type": "space"}}), [s for s, _ in pairs])
+        tf = Field.build(build_tokenizer({{"type": "char"}}), [t for _, t in pairs])
+        real_save = np.save
+        def save(path, array):
+            real_save(path, array)
+            os.kill(os.getpid(), signal.SIGKILL)  # killed after the first file
+        ia.np.save = save
+        ia.load_id_dataset({str(src)!r}, {str(tgt)!r}, sf, tf, 10, 20)
+    """)
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == -9
+    (left,) = [p for p in (tmp_path / CACHE_DIRNAME).iterdir()]
+    assert left.name.endswith(".tmp") and [p.name for p in left.iterdir()] == ["src_ids.npy"]
+    sf, tf = _fields(src, tgt)
+    built = load_id_dataset(src, tgt, sf, tf, 10, 20)
+    assert built is not None
+    names = [p.name for p in (tmp_path / CACHE_DIRNAME).iterdir()]
+    assert len(names) == 1 and not names[0].endswith(".tmp")
 
 
 def test_bad_input_is_one_line_error(tmp_path):

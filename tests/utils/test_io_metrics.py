@@ -166,3 +166,58 @@ def test_a_long_name_of_multibyte_characters_gets_a_temporary_that_fits(tmp_path
     stale.write_text("partial")
     assert temporary_owner(stale.name)[0] == "é" * 100
     assert remove_stale_temporaries(path) == [stale]
+
+
+def test_atomic_directory_flushes_renames_and_keeps_nothing_on_failure(tmp_path, monkeypatch):
+    """Filled under a temporary named for its writer; on success every file in it and the
+    directory (and its parent after the rename) are fsynced before they count, the mode follows
+    the umask, and the result is in place; on an exception, or when the target exists and is not
+    empty (another process was faster), nothing but the old state is left."""
+    from nmt.utils import io
+
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(io.os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or real_fsync(fd))
+    old = os.umask(0o027)
+    try:
+        target = tmp_path / "cache" / "k1"
+        with io.atomic_directory(target) as tmp:
+            assert temporary_owner(tmp.name) == ("k1", os.getpid(), _host_tag())
+            (tmp / "a.npy").write_bytes(b"a")
+            (tmp / "meta.json").write_text("{}")
+            assert synced == []
+    finally:
+        os.umask(old)
+    assert sorted(os.listdir(target)) == ["a.npy", "meta.json"]
+    assert oct(os.stat(target).st_mode & 0o777) == oct(0o750)
+    names = [os.path.basename(p) for p in synced]
+    assert sorted(names[:2]) == ["a.npy", "meta.json"]  # the files first, then the directory, then its parent
+    assert names[2].startswith(".k1.") and names[2].endswith(".tmp") and names[3] == "cache"
+    with pytest.raises(RuntimeError):
+        with io.atomic_directory(tmp_path / "cache" / "k2") as tmp:
+            (tmp / "half.npy").write_bytes(b"x")
+            raise RuntimeError("killed")
+    with pytest.raises(OSError) as err:
+        with io.atomic_directory(target) as tmp:  # exists, not empty: the first writer's stands
+            (tmp / "other.npy").write_bytes(b"b")
+    assert err.value.filename == os.fspath(target)
+    assert sorted(os.listdir(tmp_path / "cache")) == ["k1"] and sorted(os.listdir(target)) == ["a.npy", "meta.json"]
+
+
+def test_a_killed_writers_temporary_directory_is_swept(tmp_path):
+    """An atomic_directory temporary whose writer is a dead process of this host is removed (with
+    its contents) at a later process's first atomic write there; a live writer's stays."""
+    import subprocess
+    import sys
+
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        dead, kept = tmp_path / temp_name("k1", dead_pid()), tmp_path / temp_name("k1", live.pid)
+        for d in (dead, kept):
+            d.mkdir()
+            (d / "ids.npy").write_bytes(b"partial")
+        assert remove_stale_temporaries(tmp_path / "k1") == [dead]
+        assert sorted(os.listdir(tmp_path)) == [kept.name]
+    finally:
+        live.kill()
+        live.wait()
