@@ -23,6 +23,7 @@ microseconds per eager call).
 """
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
@@ -81,15 +82,16 @@ def _kernel_operators() -> Optional[SimpleNamespace]:
     def like(x: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
         return x.new_empty(x.shape, dtype=dtype or x.dtype)
 
-    def per_row(x: Tensor, dtype: torch.dtype) -> Tensor:
-        return x.new_empty((x.shape[0],), dtype=dtype)
-
-    def finish(x: Tensor) -> Tensor:
-        return x.new_empty((2,), dtype=torch.float32)
+    def per_row(x: Tensor, dtype: torch.dtype) -> Tensor:  # one value per row of x: (..., n)
+        return x.new_empty((x.numel() // x.shape[-1] if x.shape[-1] else math.prod(x.shape[:-1]),), dtype=dtype)
 
     def loss(x: Tensor, reduction: str) -> Tensor:
         dtype = torch.promote_types(x.dtype, torch.float32)
         return per_row(x, dtype) if reduction == "none" else x.new_empty((), dtype=dtype)
+
+    def work(x: Tensor, reduction: str, per_row_values: int) -> Tensor:  # see _triton._index_loss_outputs
+        blocks = per_row_values + (reduction != "none")
+        return x.new_empty((2 + blocks * x.shape[0],), dtype=torch.promote_types(x.dtype, torch.float32))
 
     def grad_like(p: Tensor, g: Tensor) -> Tensor:
         return like(g, torch.promote_types(p.dtype, g.dtype))
@@ -99,10 +101,14 @@ def _kernel_operators() -> Optional[SimpleNamespace]:
         "entmax15_forward": ("(Tensor x2d) -> Tensor", t.entmax15_forward, lambda x: like(x)),
         "entmax_forward": ("(Tensor x2d, Tensor alpha_rows) -> Tensor", t.entmax_forward,
                            lambda x, a: like(x)),
+        "entmax_forward_scalar": ("(Tensor x2d, float alpha) -> Tensor", t.entmax_forward_scalar,
+                                  lambda x, a: like(x)),
         "sparsemax_backward": ("(Tensor p, Tensor g) -> Tensor", t.sparsemax_backward, grad_like),
         "entmax15_backward": ("(Tensor p, Tensor g) -> Tensor", t.entmax15_backward, grad_like),
         "entmax_backward": ("(Tensor p, Tensor g, Tensor alpha_rows) -> Tensor", t.entmax_backward,
                             lambda p, g, a: grad_like(p, g)),
+        "entmax_backward_scalar": ("(Tensor p, Tensor g, float alpha) -> Tensor", t.entmax_backward_scalar,
+                                   lambda p, g, a: grad_like(p, g)),
         "entmax_backward_alpha": ("(Tensor p, Tensor g, Tensor alpha_rows) -> (Tensor, Tensor)",
                                   t.entmax_backward_alpha,
                                   lambda p, g, a: (grad_like(p, g), per_row(p, torch.float32))),
@@ -112,15 +118,14 @@ def _kernel_operators() -> Optional[SimpleNamespace]:
             "(Tensor x2d, Tensor target, int ignore_index, float eps, float alpha, str reduction)"
             " -> (Tensor, Tensor, Tensor)",
             t.tsallis_index_loss,
-            lambda x, tg, ii, eps, alpha, red: (like(x), loss(x, red), finish(x))),
+            lambda x, tg, ii, eps, alpha, red: (like(x), loss(x, red), work(x, red, 1))),
         "cross_entropy_forward": (
-            "(Tensor x2d, Tensor target, int ignore_index, float eps, str reduction) -> (Tensor, Tensor, Tensor)",
+            "(Tensor x2d, Tensor target, int ignore_index, float eps, str reduction) -> (Tensor, Tensor)",
             t.cross_entropy_forward,
-            lambda x, tg, ii, eps, red: (loss(x, red), per_row(x, torch.float32), finish(x))),
+            lambda x, tg, ii, eps, red: (loss(x, red), work(x, red, 2))),
         "cross_entropy_backward": (
-            "(Tensor x2d, Tensor target, Tensor lse, Tensor g, int ignore_index, float eps, Tensor? scale)"
-            " -> Tensor",
-            t.cross_entropy_backward, lambda x, tg, lse, g, ii, eps, scale: like(x)),
+            "(Tensor x2d, Tensor target, Tensor work, Tensor g, int ignore_index, float eps) -> Tensor",
+            t.cross_entropy_backward, lambda x, tg, work, g, ii, eps: like(x)),
     }
     return SimpleNamespace(**{name: _operator(f"triton_{name}", schema, impl, fake)
                               for name, (schema, impl, fake) in ops.items()})

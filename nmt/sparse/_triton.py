@@ -6,7 +6,9 @@ tensors under the Triton interpreter (``TRITON_INTERPRET=1``, how the tests chec
 a GPU; it must be set before ``triton`` is first imported, which builds its library functions
 for the interpreter or the compiler). The kernels are built on first use, for that setting.
 
-Layout: 2-D ``(R, n)`` tensors, normalised along the last dim (made contiguous). Inputs of any
+Layout: ``(..., n)`` tensors, ``R`` rows of ``n`` normalised along the last dim (made contiguous
+where they are not; taken with their shape: no view, nor its autograd node, around a launch; the
+losses take ``(R, n)``). Inputs of any
 float dtype are computed in float32 and returned in the input dtype (so float64 inputs lose
 precision: callers wanting float64 results use the torch path).
 
@@ -55,8 +57,11 @@ uses) and, for class-index targets, the loss and its gradient ``p - y`` in place
 :func:`cross_entropy_backward`: ``(softmax - y) * g`` recomputed from the scores). Index-target
 kernels write a status per row (counted, refused), which one program of :func:`_finish_kernel`
 reads with the rows' losses: the sum or mean in row order (deterministic), the factor of the
-mean for the backward and the flag of the caller's range check. None of them synchronises with
-the host.
+mean for the backward and the flag of the caller's range check, all of it in one ``work`` buffer
+beside the loss (:func:`_index_loss_outputs`: two allocations a loss). alpha-entmax takes one
+alpha for every row as a number (no tensor made for it), or a tensor read where it lies, one per
+row or broadcast over leading dims (one per head: :func:`_alpha`). None of them synchronises
+with the host.
 """
 from __future__ import annotations
 
@@ -147,10 +152,10 @@ def is_available(x: Tensor) -> bool:
 # Kernels (plain functions, decorated with triton.jit on first use; see _kernels)
 # --------------------------------------------------------------------------------------------
 
-def _forward_kernel(X, Y, A, OK, CONJ, ZMAX, T, LOSS, STATUS, n, ignore_index, smoothing,
-                    MODE: tl.constexpr, HAS_OK: tl.constexpr, LOSS_MODE: tl.constexpr,
-                    SMOOTH: tl.constexpr, BLOCK: tl.constexpr, N_BISECT: tl.constexpr,
-                    MAX_ITER: tl.constexpr):
+def _forward_kernel(X, Y, A, OK, CONJ, ZMAX, T, LOSS, WORK, n, ignore_index, smoothing, alpha_all,
+                    a_inner, a_size, loss_at, MODE: tl.constexpr, HAS_OK: tl.constexpr,
+                    LOSS_MODE: tl.constexpr, SMOOTH: tl.constexpr, ALPHA_ROWS: tl.constexpr,
+                    BLOCK: tl.constexpr, N_BISECT: tl.constexpr, MAX_ITER: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inb = cols < n
@@ -166,7 +171,10 @@ def _forward_kernel(X, Y, A, OK, CONJ, ZMAX, T, LOSS, STATUS, n, ignore_index, s
         q = 2.0
         z = x * 0.5
     else:
-        am1 = tl.load(A + row).to(tl.float32) - 1.0
+        if ALPHA_ROWS:  # row r takes A[(r // a_inner) % a_size]: per row, or broadcast (per head)
+            am1 = tl.load(A + (row // a_inner) % a_size).to(tl.float32) - 1.0
+        else:  # one alpha for every row (a float32 scalar)
+            am1 = alpha_all - 1.0
         q = 1.0 / tl.maximum(am1, 1e-30)
         z = tl.where(finite, x * am1, neg_inf)
     # a NaN or +inf score (or, alpha-entmax, an alpha < 1, NaN or +inf) makes the row NaN
@@ -331,8 +339,8 @@ def _forward_kernel(X, Y, A, OK, CONJ, ZMAX, T, LOSS, STATUS, n, ignore_index, s
         valid = t != ignore_index
         in_range = (t >= 0) & (t < n)
         t = tl.where(valid & in_range, t, 0)  # an index out of range: counted, never read
-        tl.store(STATUS + row,  # 1: counted by "mean"; 3: counted and refused (out of range)
-                 (valid.to(tl.int32) + 2 * (valid & (~in_range)).to(tl.int32)).to(tl.int8))
+        tl.store(WORK + 2 + row,  # 1: counted by "mean"; 3: counted and refused (out of range)
+                 (valid.to(tl.int32) + 2 * (valid & (~in_range)).to(tl.int32)).to(WORK.dtype.element_ty))
         zt = tl.load(X + row * n + t).to(tl.float32) - tl.where(bad, float("nan"), xm)
         on_t = cols == t
         if SMOOTH:  # y = (1 - eps) e_t + eps / k on the k classes with score > -inf
@@ -360,7 +368,7 @@ def _forward_kernel(X, Y, A, OK, CONJ, ZMAX, T, LOSS, STATUS, n, ignore_index, s
             p = tl.where(on_t, p - 1.0, p)
         loss = tl.where(loss < 0.0, 0.0, loss)  # >= 0 in exact arithmetic (NaN stays NaN)
         loss = tl.where(zt == neg_inf, float("inf"), loss)  # a target with score -inf
-        tl.store(LOSS + row, tl.where(valid, loss, 0.0).to(LOSS.dtype.element_ty))
+        tl.store(LOSS + loss_at + row, tl.where(valid, loss, 0.0).to(LOSS.dtype.element_ty))
         p = tl.where(valid, p, 0.0)  # ignored rows: zero gradient
     tl.store(Y + row * n + cols, p.to(Y.dtype.element_ty), mask=inb)
     if HAS_OK:
@@ -370,7 +378,8 @@ def _forward_kernel(X, Y, A, OK, CONJ, ZMAX, T, LOSS, STATUS, n, ignore_index, s
         tl.store(ZMAX + row, tl.where(bad, float("nan"), xm).to(ZMAX.dtype.element_ty))
 
 
-def _backward_kernel(P, G, DX, A, GA, n, MODE: tl.constexpr, ALPHA_GRAD: tl.constexpr, BLOCK: tl.constexpr):
+def _backward_kernel(P, G, DX, A, GA, n, alpha_all, a_inner, a_size, MODE: tl.constexpr, ALPHA_GRAD: tl.constexpr,
+                     ALPHA_ROWS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inb = cols < n
@@ -384,7 +393,10 @@ def _backward_kernel(P, G, DX, A, GA, n, MODE: tl.constexpr, ALPHA_GRAD: tl.cons
         # sqrt_rn's slow path, a call on GPUs, serves zeros too, most entries of a sparse row
         s = tl.where(pos, tl.sqrt_rn(tl.where(pos, p, 1.0)), p * 0.0)
     else:
-        alpha = tl.load(A + row).to(tl.float32)
+        if ALPHA_ROWS:
+            alpha = tl.load(A + (row // a_inner) % a_size).to(tl.float32)
+        else:
+            alpha = alpha_all + 0.0
         lp = tl.log2(tl.where(pos, p, 1.0))  # log2 p on the support, 0 elsewhere
         s = tl.where(pos, tl.exp2((2.0 - alpha) * lp), 0.0)
     ssum = tl.sum(s, axis=0)
@@ -396,11 +408,14 @@ def _backward_kernel(P, G, DX, A, GA, n, MODE: tl.constexpr, ALPHA_GRAD: tl.cons
             # on the support (p * 0 elsewhere: a NaN entry stays NaN, as in torch's formula)
             am1 = alpha - 1.0
             w = tl.where(pos, p * (1.0 - am1 * (lp * 0.6931471805599453)) / (am1 * am1), p * 0.0)
-            tl.store(GA + row, tl.sum(g * w, axis=0) - c * tl.sum(w, axis=0))
+            # a row at alpha = 1 (softmax, the forward's): 0, as the torch path's selection gives it
+            tl.store(GA + row, tl.where(am1 == 0.0, 0.0, tl.sum(g * w, axis=0) - c * tl.sum(w, axis=0)))
 
 
-def _ce_forward_kernel(X, T, LOSS, LSE, STATUS, n, ignore_index, eps, SMOOTH: tl.constexpr,
+def _ce_forward_kernel(X, T, LOSS, WORK, n, loss_at, ignore_index, eps, SMOOTH: tl.constexpr,
                        BLOCK: tl.constexpr):
+    # WORK (see _index_loss_outputs): [factor, flag, status (R), lse (R), ...]; the rows' losses
+    # at LOSS + loss_at
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inb = cols < n
@@ -415,8 +430,8 @@ def _ce_forward_kernel(X, T, LOSS, LSE, STATUS, n, ignore_index, eps, SMOOTH: tl
     valid = t != ignore_index
     in_range = (t >= 0) & (t < n)
     t = tl.where(valid & in_range, t, 0)  # an index out of range: counted, never read
-    tl.store(STATUS + row,  # 1: counted by "mean"; 3: counted and refused (out of range)
-             (valid.to(tl.int32) + 2 * (valid & (~in_range)).to(tl.int32)).to(tl.int8))
+    tl.store(WORK + 2 + row,  # 1: counted by "mean"; 3: counted and refused (out of range)
+             (valid.to(tl.int32) + 2 * (valid & (~in_range)).to(tl.int32)).to(WORK.dtype.element_ty))
     xt = tl.load(X + row * n + t).to(tl.float32)
     logp_t = (xt - ms) - lse
     loss = -logp_t
@@ -431,15 +446,15 @@ def _ce_forward_kernel(X, T, LOSS, LSE, STATUS, n, ignore_index, eps, SMOOTH: tl
         loss = tl.where(loss < 0.0, 0.0, loss)  # a KL divergence: rounding only below 0
     loss = tl.where(bad, float("nan"), loss)
     loss = tl.where(xt == neg_inf, float("inf"), loss)  # an impossible target (or empty row)
-    tl.store(LOSS + row, tl.where(valid, loss, 0.0).to(LOSS.dtype.element_ty))
-    tl.store(LSE + row, lse)
+    tl.store(LOSS + loss_at + row, tl.where(valid, loss, 0.0).to(LOSS.dtype.element_ty))
+    tl.store(WORK + 2 + tl.num_programs(0) + row, lse.to(WORK.dtype.element_ty))
 
 
-def _finish_kernel(LOSS, STATUS, OUT, FIN, n_rows, REDUCE: tl.constexpr, BLOCK: tl.constexpr):
-    # one program over the per-row losses and statuses of an index-target loss: the reduced
-    # loss OUT (REDUCE 1: sum, 2: mean over the counted rows; 0, none: not written), FIN[0] the
-    # factor of "mean" (1 / max(count, 1), else 1) and FIN[1] 1 if no index was refused, else 0.
-    # Sums in row order, in blocks: deterministic.
+def _finish_kernel(LOSS, WORK, OUT, n_rows, loss_at, REDUCE: tl.constexpr, BLOCK: tl.constexpr):
+    # one program over the per-row losses (LOSS + loss_at) and statuses (WORK + 2) of an index-target
+    # loss: the reduced loss OUT (REDUCE 1: sum, 2: mean over the counted rows; 0, none: not
+    # written), WORK[0] the factor of "mean" (1 / max(count, 1), else 1) and WORK[1] 1 if no index
+    # was refused, else 0. Sums in row order, in blocks: deterministic.
     cols = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], dtype=LOSS.dtype.element_ty)
     count = tl.zeros([BLOCK], dtype=tl.int32)
@@ -450,11 +465,11 @@ def _finish_kernel(LOSS, STATUS, OUT, FIN, n_rows, REDUCE: tl.constexpr, BLOCK: 
     while start < n_rows:
         idx = start + cols
         inb = idx < n_rows
-        status = tl.load(STATUS + idx, mask=inb, other=0).to(tl.int32)
+        status = tl.load(WORK + 2 + idx, mask=inb, other=0).to(tl.int32)
         count += status & 1
         refused += status >> 1
         if REDUCE > 0:
-            acc += tl.load(LOSS + idx, mask=inb, other=0.0)
+            acc += tl.load(LOSS + loss_at + idx, mask=inb, other=0.0)
         start += BLOCK
     denom = tl.maximum(tl.sum(count, axis=0), 1).to(tl.float32)
     if REDUCE == 2:
@@ -465,16 +480,17 @@ def _finish_kernel(LOSS, STATUS, OUT, FIN, n_rows, REDUCE: tl.constexpr, BLOCK: 
         else:  # float64: "/" is IEEE-rounded there
             mean = total / denom.to(total.dtype)
         tl.store(OUT, mean.to(OUT.dtype.element_ty))
-        tl.store(FIN, tl.math.div_rn(denom * 0.0 + 1.0, denom))
+        tl.store(WORK, tl.math.div_rn(denom * 0.0 + 1.0, denom).to(WORK.dtype.element_ty))
     else:
         if REDUCE == 1:
             tl.store(OUT, tl.sum(acc, axis=0).to(OUT.dtype.element_ty))
-        tl.store(FIN, denom * 0.0 + 1.0)
-    tl.store(FIN + 1, (tl.sum(refused, axis=0) == 0).to(tl.float32))
+        tl.store(WORK, (denom * 0.0 + 1.0).to(WORK.dtype.element_ty))
+    tl.store(WORK + 1, (tl.sum(refused, axis=0) == 0).to(WORK.dtype.element_ty))
 
 
-def _ce_backward_kernel(X, T, LSE, G, SCALE, DX, n, g_stride, ignore_index, eps, SMOOTH: tl.constexpr,
-                        HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+def _ce_backward_kernel(X, T, WORK, G, DX, n, g_stride, ignore_index, eps, SMOOTH: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    # WORK: the forward's [factor of "mean" (1 otherwise), flag, status (R), lse (R), ...]
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inb = cols < n
@@ -484,13 +500,12 @@ def _ce_backward_kernel(X, T, LSE, G, SCALE, DX, n, g_stride, ignore_index, eps,
     m = tl.max(tl.where(x < float("inf"), x, neg_inf), axis=0)
     nonempty = m > neg_inf
     xs = x - tl.where(nonempty, m, 0.0)
-    lse = tl.load(LSE + row)
+    lse = tl.load(WORK + 2 + tl.num_programs(0) + row).to(tl.float32)
     t = tl.load(T + row).to(tl.int64)
     valid = t != ignore_index
     t = tl.where(valid & (t >= 0) & (t < n), t, 0)
     g = tl.where(valid, tl.load(G + row * g_stride).to(tl.float32), 0.0)
-    if HAS_SCALE:  # the factor of "mean"
-        g = g * tl.load(SCALE)
+    g = g * tl.load(WORK).to(tl.float32)  # the factor of "mean" (1: exact for "none" and "sum")
     p = tl.where(xs > neg_inf, tl.exp(xs - lse), 0.0)
     p = tl.where(nonempty & (~bad), p, 0.0)  # rows without a finite score, or with NaN/+inf: 0
     if SMOOTH:
@@ -612,68 +627,123 @@ def _row_launch(n: int) -> tuple[int, int]:
 
 
 def _check(name: str, t: Tensor) -> Tensor:
-    if not isinstance(t, Tensor) or t.dim() != 2 or not t.is_floating_point():
-        raise ValueError(f"{name}: expected a 2-D float tensor, got "
+    """``t`` as the kernels take it: a float tensor of at least one dim whose rows (the last dim,
+    at most :data:`MAX_N` entries) lie one after the other (made contiguous where they do not; no
+    call where they do: host time), on a device the kernels run on. ValueError / RuntimeError
+    otherwise."""
+    if not isinstance(t, Tensor) or t.dim() == 0 or not t.is_floating_point():
+        raise ValueError(f"{name}: expected a float tensor of at least one dim, got "
                          f"{getattr(t, 'dtype', type(t).__name__)} of shape {tuple(getattr(t, 'shape', ()))}")
-    if t.shape[1] > MAX_N:
-        raise ValueError(f"{name}: rows of {t.shape[1]} entries exceed the kernels' limit of {MAX_N}")
-    if _import_triton() is None:
-        raise RuntimeError(f"nmt.sparse._triton needs triton: {_IMPORT_ERROR}")
+    if t.shape[-1] > MAX_N:
+        raise ValueError(f"{name}: rows of {t.shape[-1]} entries exceed the kernels' limit of {MAX_N}")
     if not _runs_here(t):
+        if _import_triton() is None:
+            raise RuntimeError(f"nmt.sparse._triton needs triton: {_IMPORT_ERROR}")
         raise ValueError(f"{name}: the Triton kernels need a CUDA tensor, or a CPU tensor with "
                          f"TRITON_INTERPRET=1 set before triton was imported; got a tensor on "
                          f"{t.device} (TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')})")
-    return t.contiguous()
+    return t if t.is_contiguous() else t.contiguous()
 
 
-def _alpha(alpha_rows: Tensor, x: Tensor) -> Tensor:
-    if not isinstance(alpha_rows, Tensor) or alpha_rows.numel() != x.shape[0]:
-        raise ValueError(f"alpha_rows must be a tensor with one alpha per row ({x.shape[0]}), got "
-                         f"shape {tuple(getattr(alpha_rows, 'shape', ()))}")
-    a = alpha_rows if alpha_rows.dim() == 1 else alpha_rows.reshape(-1)
-    if a.dtype is not torch.float32 or a.device != x.device:
-        a = a.to(device=x.device, dtype=torch.float32)
-    return a if a.is_contiguous() else a.contiguous()  # (no-op calls skipped: host time)
+def _n_rows(t: Tensor) -> int:
+    """Rows of ``t: (..., n)``: the product of its leading sizes."""
+    shape = t.shape
+    if len(shape) == 2:
+        return shape[0]
+    rows = 1
+    for size in shape[:-1]:
+        rows *= size
+    return rows
+
+
+def _alpha(alpha: Tensor, x: Tensor) -> tuple[Tensor, int, int]:
+    """The alphas of the rows of ``x: (..., n)`` as the kernels read them: ``(a, inner, size)``, row
+    ``r`` taking ``a[(r // inner) % size]``. ``alpha``: one alpha per row (``R`` elements, any shape,
+    in row order: ``inner = 1``, ``size = R``), or a tensor of ``x.dim()`` dims, size 1 along the
+    last, broadcastable to ``x``'s rows ``(..., 1)`` (e.g. one per head, ``(1, H, 1, 1)`` against
+    ``(B, H, T, n)``): read where it lies when its sizes other than 1 are consecutive dims and
+    contiguous there (no copy, no operation), else expanded into one per row. Float32 on ``x``'s
+    device (converted where it is not). ValueError for any other shape."""
+    if not isinstance(alpha, Tensor):
+        raise ValueError(f"alpha_rows must be a tensor with one alpha per row ({_n_rows(x)}), got "
+                         f"{type(alpha).__name__}")
+    if alpha.dtype is not torch.float32 or alpha.device != x.device:
+        alpha = alpha.to(device=x.device, dtype=torch.float32)
+    n_rows = _n_rows(x)
+    if alpha.numel() == n_rows:  # one per row, in row order
+        return (alpha if alpha.is_contiguous() else alpha.contiguous()), 1, max(n_rows, 1)
+    lead, shape = x.shape[:-1], alpha.shape
+    if len(shape) != len(lead) + 1 or shape[-1] != 1 or any(a != 1 and a != b for a, b in zip(shape, lead)):
+        raise ValueError(f"alpha_rows must be a tensor with one alpha per row ({n_rows}) or broadcastable "
+                         f"to the rows {tuple(lead) + (1,)}, got shape {tuple(shape)}")
+    kept = [i for i, size in enumerate(shape[:-1]) if size != 1]
+    if not kept:  # one alpha for every row
+        return alpha, 1, 1
+    first, last = kept[0], kept[-1] + 1
+    inner = 1
+    for size in lead[last:]:
+        inner *= size
+    size, step = 1, 1
+    laid_out = True  # the kept dims consecutive, and contiguous in memory
+    for i in range(last - 1, first - 1, -1):
+        laid_out = laid_out and shape[i] != 1 and alpha.stride(i) == step
+        step *= shape[i]
+        size *= shape[i]
+    if laid_out:
+        return alpha, inner, size
+    return alpha.expand(*lead, 1).reshape(-1), 1, max(n_rows, 1)  # one per row (a copy)
 
 
 def _forward(x: Tensor, mode: int, alpha_rows: Optional[Tensor] = None,
-             with_ok: bool = False, with_conj: bool = False) -> Any:
-    """``p``; with ``with_ok`` also the per-row verification flags; with ``with_conj`` instead
-    ``(p, conj (R,), zmax (R,))`` (see :func:`tsallis_probs_conj`)."""
+             with_ok: bool = False, with_conj: bool = False, alpha: float = 0.0) -> Any:
+    """``p`` of ``x: (..., n)`` (its shape); with ``with_ok`` also the per-row verification flags;
+    with ``with_conj`` instead ``(p, conj (R,), zmax (R,))`` (see :func:`tsallis_probs_conj`).
+    Alpha-entmax (``mode`` :data:`_ALPHA`): ``alpha_rows`` (see :func:`_alpha`), or where it is None
+    the float ``alpha`` for every row."""
     x = _check("x", x)
-    a = _alpha(alpha_rows, x) if mode == _ALPHA else x
-    n_rows, n = x.shape
+    a, inner, size = _alpha(alpha_rows, x) if mode == _ALPHA and alpha_rows is not None else (x, 1, 1)
     y = torch.empty_like(x)
-    # unused pointers get a dummy (no allocation kernel): the flags', the conjugate's
+    if not (with_ok or with_conj):  # (unused pointers get a dummy: no allocation)
+        _launch_forward(x, y, a, y, y, y, y, y, y, 0, 0.0, mode, False, 0, alpha, inner, size,
+                        alpha_rows is not None)
+        return y
+    n_rows = _n_rows(x)
     ok = torch.zeros(n_rows, dtype=torch.int32, device=x.device) if with_ok else y
     conj = torch.empty(n_rows, dtype=x.dtype, device=x.device) if with_conj else y
     zmax = torch.empty(n_rows, dtype=x.dtype, device=x.device) if with_conj else y
-    _launch_forward(x, y, a, ok, conj, zmax, y, y, y, 0, 0.0, mode, with_ok, 1 if with_conj else 0)
+    _launch_forward(x, y, a, ok, conj, zmax, y, y, y, 0, 0.0, mode, with_ok, 1 if with_conj else 0, alpha,
+                    inner, size, alpha_rows is not None)
     if with_conj:
         return y, conj, zmax
     return (y, ok) if with_ok else y
 
 
 def _launch_forward(x: Tensor, y: Tensor, a: Tensor, ok: Tensor, conj: Tensor, zmax: Tensor,
-                    t: Tensor, loss: Tensor, status: Tensor, ignore_index: int, eps: float,
-                    mode: int, with_ok: bool, loss_mode: int) -> None:
-    n_rows, n = x.shape
+                    t: Tensor, loss: Tensor, work: Tensor, ignore_index: int, eps: float,
+                    mode: int, with_ok: bool, loss_mode: int, alpha: float = 0.0, a_inner: int = 1,
+                    a_size: int = 1, alpha_rows: bool = False, loss_at: int = 0) -> None:
+    """One launch of :func:`_forward_kernel` over the rows of ``x: (..., n)`` (contiguous)."""
+    n = x.shape[-1]
+    n_rows = _n_rows(x)
     if n_rows and n:
         block, warps = _row_launch(n)
-        _kernels(x).forward[(n_rows,)](x, y, a, ok, conj, zmax, t, loss, status, n, ignore_index,
-                                       float(eps), MODE=mode, HAS_OK=with_ok, LOSS_MODE=loss_mode,
-                                       SMOOTH=eps > 0, BLOCK=block, N_BISECT=N_BISECT,
+        _kernels(x).forward[(n_rows,)](x, y, a, ok, conj, zmax, t, loss, work, n, ignore_index,
+                                       float(eps), float(alpha), a_inner, a_size, loss_at, MODE=mode,
+                                       HAS_OK=with_ok, LOSS_MODE=loss_mode, SMOOTH=eps > 0,
+                                       ALPHA_ROWS=alpha_rows, BLOCK=block, N_BISECT=N_BISECT,
                                        MAX_ITER=MAX_ITER, num_warps=warps)
 
 
 def _backward(p: Tensor, g: Tensor, mode: int, alpha_rows: Optional[Tensor] = None,
-              alpha_grad: bool = False) -> Any:
-    """``dx``; with ``alpha_grad`` (alpha-entmax) ``(dx, galpha (R,) float32)``."""
+              alpha_grad: bool = False, alpha: float = 0.0) -> Any:
+    """``dx`` (``g``'s shape); with ``alpha_grad`` (alpha-entmax) ``(dx, galpha (R,) float32)``.
+    Alpha-entmax: ``alpha_rows`` (see :func:`_alpha`) or, where None, the float ``alpha``."""
     p, g = _check("p", p), _check("g", g)
     if p.shape != g.shape:
         raise ValueError(f"p {tuple(p.shape)} and g {tuple(g.shape)} must have the same shape")
-    a = _alpha(alpha_rows, p) if mode == _ALPHA else p
-    n_rows, n = p.shape
+    a, inner, size = _alpha(alpha_rows, p) if mode == _ALPHA and alpha_rows is not None else (p, 1, 1)
+    n = p.shape[-1]
+    n_rows = _n_rows(p)
     same = p.dtype is g.dtype  # (a dtype keyword costs empty_like a third more host time)
     dx = torch.empty_like(g) if same else torch.empty_like(g, dtype=torch.promote_types(p.dtype, g.dtype))
     ga = dx  # a dummy pointer where no alpha-gradient is asked for
@@ -681,63 +751,82 @@ def _backward(p: Tensor, g: Tensor, mode: int, alpha_rows: Optional[Tensor] = No
         ga = (torch.empty if n else torch.zeros)(n_rows, dtype=torch.float32, device=p.device)
     if n_rows and n:
         block, warps = _row_launch(n)
-        _kernels(p).backward[(n_rows,)](p, g, dx, a, ga, n, MODE=mode, ALPHA_GRAD=alpha_grad, BLOCK=block,
+        _kernels(p).backward[(n_rows,)](p, g, dx, a, ga, n, float(alpha), inner, size, MODE=mode,
+                                        ALPHA_GRAD=alpha_grad, ALPHA_ROWS=alpha_rows is not None, BLOCK=block,
                                         num_warps=warps)
     return (dx, ga) if alpha_grad else dx
 
 
 def sparsemax_forward(x2d: Tensor) -> Tensor:
-    """Exact sparsemax of the rows of ``x2d: (R, n)`` (``-inf`` -> 0; empty rows -> 0).
-    Returns ``(R, n)`` in ``x2d``'s dtype (computed in float32)."""
+    """Exact sparsemax of the rows of ``x2d: (..., n)`` (``-inf`` -> 0; empty rows -> 0).
+    Returns ``p`` of ``x2d``'s shape and dtype (computed in float32)."""
     return _forward(x2d, _SPARSEMAX)
 
 
 def entmax15_forward(x2d: Tensor) -> Tensor:
-    """Exact 1.5-entmax of the rows of ``x2d: (R, n)``; returns ``(R, n)`` in its dtype."""
+    """Exact 1.5-entmax of the rows of ``x2d: (..., n)``; returns ``p`` of its shape and dtype."""
     return _forward(x2d, _ENTMAX15)
 
 
 def entmax_forward(x2d: Tensor, alpha_rows: Tensor) -> Tensor:
-    """alpha-entmax of the rows of ``x2d: (R, n)`` with ``alpha_rows: (R,)`` in ``[1, inf)``
-    (1: softmax; 1.5 and 2: exact closed-form finish; otherwise Newton/bisection to float32
-    precision, renormalised). Returns ``(R, n)`` in ``x2d``'s dtype."""
+    """alpha-entmax of the rows of ``x2d: (..., n)`` with ``alpha_rows`` in ``[1, inf)``: one per
+    row (``R`` of them, in row order) or broadcastable to the rows ``(..., 1)`` (see
+    :func:`_alpha`) (1: softmax; 1.5 and 2: exact closed-form finish; otherwise Newton/bisection
+    to float32 precision, renormalised). Returns ``p`` of ``x2d``'s shape and dtype."""
     return _forward(x2d, _ALPHA, alpha_rows)
 
 
+def entmax_forward_scalar(x2d: Tensor, alpha: float) -> Tensor:
+    """:func:`entmax_forward` with one float ``alpha`` for every row, passed to the kernel as a
+    number (no alpha tensor, no operation to make one). ``alpha`` is rounded to float32 (as an
+    alpha tensor would be)."""
+    return _forward(x2d, _ALPHA, None, alpha=alpha)
+
+
 def sparsemax_backward(p: Tensor, g: Tensor) -> Tensor:
-    """``J^T g`` of sparsemax at output ``p``, both ``(R, n)``: ``s * (g - mean_S g)``."""
+    """``J^T g`` of sparsemax at output ``p``, both ``(..., n)``: ``s * (g - mean_S g)``."""
     return _backward(p, g, _SPARSEMAX)
 
 
 def entmax15_backward(p: Tensor, g: Tensor) -> Tensor:
-    """``J^T g`` of 1.5-entmax at output ``p`` (``s = sqrt(p)``), both ``(R, n)``."""
+    """``J^T g`` of 1.5-entmax at output ``p`` (``s = sqrt(p)``), both ``(..., n)``."""
     return _backward(p, g, _ENTMAX15)
 
 
 def entmax_backward(p: Tensor, g: Tensor, alpha_rows: Tensor) -> Tensor:
-    """``J^T g`` of alpha-entmax at output ``p: (R, n)``, ``alpha_rows: (R,)``:
-    ``s * g - s * (<s, g> / sum s)`` with ``s = p^(2 - alpha)`` on the support."""
+    """``J^T g`` of alpha-entmax at output ``p: (..., n)``, ``alpha_rows`` as in
+    :func:`entmax_forward`: ``s * g - s * (<s, g> / sum s)`` with ``s = p^(2 - alpha)`` on the support."""
     return _backward(p, g, _ALPHA, alpha_rows)
+
+
+def entmax_backward_scalar(p: Tensor, g: Tensor, alpha: float) -> Tensor:
+    """:func:`entmax_backward` with one float ``alpha`` for every row (see :func:`entmax_forward_scalar`)."""
+    return _backward(p, g, _ALPHA, None, alpha=alpha)
 
 
 def entmax_backward_alpha(p: Tensor, g: Tensor, alpha_rows: Tensor) -> tuple[Tensor, Tensor]:
     """:func:`entmax_backward` and, in the same launch, the gradient of a learnable alpha per row:
     ``<g, dp/dalpha> = <g, w> - <g, s> <1, w> / <1, s>`` with ``w = p (1 - (alpha - 1) ln p) /
-    (alpha - 1)^2`` on the support (0 elsewhere; a row holding NaN gets NaN), as
-    :func:`nmt.sparse.entmax._alpha_grad` computes it in torch. ``alpha_rows: (R,)`` above 1.
-    Returns ``(dx (R, n), galpha (R,) float32)``; no host synchronisation."""
+    (alpha - 1)^2`` on the support (0 elsewhere; a row holding NaN gets NaN; a row at alpha 1,
+    softmax, gets 0), as :func:`nmt.sparse.entmax._alpha_grad` computes it in torch.
+    ``alpha_rows`` as in :func:`entmax_forward`. Returns ``(dx (..., n), galpha (R,) float32)``, one
+    alpha-gradient per row (summed over a broadcast alpha's rows by the caller); no host
+    synchronisation."""
     return _backward(p, g, _ALPHA, alpha_rows, alpha_grad=True)
 
 
-def _tsallis_mode(x: Tensor, alpha: float) -> tuple[int, Optional[Tensor]]:
+_LOSS_DTYPE = {torch.float64: torch.float64}
+"""The index losses' dtype by the scores' (float32 for every other: ``torch.promote_types``
+with float32, without its operator call)."""
+
+
+def _tsallis_mode(alpha: float) -> int:
+    """The mapping kernel's mode for a Tsallis loss of ``alpha > 1``: sparsemax (2), 1.5-entmax
+    (1.5), else alpha-entmax with ``alpha`` passed as a number."""
     alpha = float(alpha)
     if not alpha > 1:
         raise ValueError(f"the Tsallis losses need alpha > 1, got {alpha}")
-    if alpha == 2.0:
-        return _SPARSEMAX, None
-    if alpha == 1.5:
-        return _ENTMAX15, None
-    return _ALPHA, torch.full((x.shape[0],), alpha, dtype=torch.float32, device=x.device)
+    return _SPARSEMAX if alpha == 2.0 else _ENTMAX15 if alpha == 1.5 else _ALPHA
 
 
 def tsallis_probs_conj(x2d: Tensor, alpha: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -749,8 +838,7 @@ def tsallis_probs_conj(x2d: Tensor, alpha: float) -> tuple[Tensor, Tensor, Tenso
     maximum ``zmax``. Returns ``p (R, n)``, ``conj (R,)``, ``zmax (R,)`` in ``x2d``'s dtype,
     computed in float32; rows without a finite score: ``p = 0``, ``zmax = 0``; rows holding NaN
     or ``+inf``: all NaN. No host synchronisation."""
-    mode, rows = _tsallis_mode(x2d, alpha)
-    return _forward(x2d, mode, rows, with_conj=True)
+    return _forward(x2d, _tsallis_mode(alpha), None, with_conj=True, alpha=float(alpha))
 
 
 def _target(target: Tensor, x: Tensor) -> Tensor:
@@ -762,30 +850,39 @@ def _target(target: Tensor, x: Tensor) -> Tensor:
         raise ValueError("index targets need rows with at least one class")
     if target.dtype not in (torch.int32, torch.int64):
         target = target.long()
-    return target.to(x.device).contiguous()
+    if target.device != x.device:  # (no-op conversions skipped: host time)
+        target = target.to(x.device)
+    return target if target.is_contiguous() else target.contiguous()
 
 
 REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
 """The index-target losses' reductions and their codes in :func:`_finish_kernel`."""
 
 
-def _index_loss_outputs(x: Tensor, reduction: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Empty outputs of an index-target loss of ``x: (R, n)``: the per-row losses ``(R,)``, the
-    rows' status ``(R,)`` int8, the reduced loss ``()`` (the per-row losses for "none") and the
-    finish ``(2,)`` float32 (see :func:`cross_entropy_forward`)."""
+def _index_loss_outputs(x: Tensor, reduction: str, per_row: int) -> tuple[Tensor, Tensor, int]:
+    """Empty outputs of an index-target loss of ``x: (R, n)``, in the loss dtype (float32; float64
+    for float64 scores), in two allocations: ``work`` ``(2 + per_row R)`` = ``[factor of "mean"
+    (1 otherwise), range flag (1: every index accepted), status (R): the rows' (1 counted, 3
+    counted and refused), the kernel's other per-row values (``per_row - 1`` blocks of R), then,
+    unless "none", the per-row losses (R)]``, and ``out``: the per-row losses ``(R,)`` for "none",
+    else the reduced loss ``()``. Returns ``(work, out, loss_at)``: where the per-row losses lie,
+    relative to the tensor holding them (``out`` for "none", ``work`` else)."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; valid: {', '.join(REDUCTIONS)}")
-    loss_dtype = torch.promote_types(x.dtype, torch.float32)
-    rows = torch.empty(x.shape[0], dtype=loss_dtype, device=x.device)
-    status = torch.empty(x.shape[0], dtype=torch.int8, device=x.device)
-    out = rows if reduction == "none" else torch.empty((), dtype=loss_dtype, device=x.device)
-    return rows, status, out, torch.empty(2, dtype=torch.float32, device=x.device)
+    dtype = _LOSS_DTYPE.get(x.dtype, torch.float32)
+    n_rows = x.shape[0]
+    if reduction == "none":
+        work = torch.empty(2 + per_row * n_rows, dtype=dtype, device=x.device)
+        return work, torch.empty(n_rows, dtype=dtype, device=x.device), 0
+    work = torch.empty(2 + (per_row + 1) * n_rows, dtype=dtype, device=x.device)
+    return work, torch.empty((), dtype=dtype, device=x.device), 2 + per_row * n_rows
 
 
-def _finish(rows: Tensor, status: Tensor, out: Tensor, finish: Tensor, reduction: str) -> None:
-    """Launch :func:`_finish_kernel`: one program reduces ``rows`` into ``out`` and writes ``finish``."""
-    _kernels(rows).finish[(1,)](rows, status, out, finish, rows.shape[0], REDUCE=REDUCTIONS[reduction],
-                                BLOCK=1024, num_warps=4)
+def _finish(work: Tensor, out: Tensor, loss_at: int, reduction: str, n_rows: int) -> None:
+    """Launch :func:`_finish_kernel`: one program reduces the ``n_rows`` rows' losses into ``out``
+    and writes the factor and the flag at the start of ``work``."""
+    _kernels(work).finish[(1,)](out if reduction == "none" else work, work, out, n_rows, loss_at,
+                                REDUCE=REDUCTIONS[reduction], BLOCK=1024, num_warps=4)
 
 
 def tsallis_index_loss(x2d: Tensor, target: Tensor, ignore_index: int = -100, eps: float = 0.0,
@@ -798,23 +895,25 @@ def tsallis_index_loss(x2d: Tensor, target: Tensor, ignore_index: int = -100, ep
     ``eps`` ``y = (1 - eps) e_t + eps / k`` on the ``k`` classes with score ``> -inf``. Rows whose
     target is ``ignore_index``: loss 0, gradient 0. Then one program reduces the rows.
 
-    Returns ``grad (R, n)`` in ``x2d``'s dtype, ``loss`` and ``finish`` as
-    :func:`cross_entropy_forward` does. Exact as the mapping kernel is (float32); grids and
-    launches depend on shapes only (no host synchronisation)."""
+    Returns ``grad (R, n)`` in ``x2d``'s dtype, ``loss`` and ``work`` as
+    :func:`cross_entropy_forward` does (``work``: ``[factor, flag, status (R), ...]``). Exact as
+    the mapping kernel is (float32); grids and launches depend on shapes only (no host
+    synchronisation)."""
     x = _check("x", x2d)
+    if x.dim() != 2:
+        raise ValueError(f"x: expected (R, n) scores, got shape {tuple(x.shape)}")
     t = _target(target, x)
-    mode, rows_alpha = _tsallis_mode(x, alpha)
-    a = rows_alpha if rows_alpha is not None else x
+    mode = _tsallis_mode(alpha)
     grad = torch.empty_like(x)
-    rows, status, out, finish = _index_loss_outputs(x, reduction)
-    _launch_forward(x, grad, a, grad, grad, grad, t, rows, status, int(ignore_index), eps, mode,
-                    False, 2)
-    _finish(rows, status, out, finish, reduction)
-    return grad, out, finish
+    work, out, loss_at = _index_loss_outputs(x, reduction, 1)
+    _launch_forward(x, grad, x, grad, grad, grad, t, out if reduction == "none" else work, work,
+                    int(ignore_index), eps, mode, False, 2, float(alpha), 1, 1, False, loss_at)
+    _finish(work, out, loss_at, reduction, x.shape[0])
+    return grad, out, work
 
 
 def cross_entropy_forward(x2d: Tensor, target: Tensor, ignore_index: int = -100,
-                          eps: float = 0.0, reduction: str = "none") -> tuple[Tensor, Tensor, Tensor]:
+                          eps: float = 0.0, reduction: str = "none") -> tuple[Tensor, Tensor]:
     """Cross-entropy ``KL(y || softmax(x))`` of the rows of ``x2d: (R, n)`` at class indices
     ``target: (R,)``, ``y = e_t`` or with label smoothing ``eps`` ``(1 - eps) e_t + eps / k`` on
     the ``k`` classes with score ``> -inf``, in one pass over each row (``eps = 0``:
@@ -824,44 +923,44 @@ def cross_entropy_forward(x2d: Tensor, target: Tensor, ignore_index: int = -100,
 
     Returns ``loss``: the rows' losses ``(R,)`` for ``reduction="none"``, else their sum or their
     mean over the rows not ignored (0 if none) ``()``, in float32 (float64 for float64 input);
-    ``lse (R,)`` float32 = ``log sum exp(x - max x)`` for :func:`cross_entropy_backward`; and
-    ``finish (2,)`` float32: the factor of "mean" (``1 / max(count, 1)``, else 1; the backward's
-    ``scale``) and 1 if every target is ``ignore_index`` or in ``[0, n)``, else 0 (an index out of
-    range is never read; the caller refuses it). The sums run in row order (deterministic). No
-    ``(R, n)`` output; computed in float32; no host sync."""
+    and ``work`` (same dtype), for :func:`cross_entropy_backward` and the caller's check:
+    ``work[0]`` the factor of "mean" (``1 / max(count, 1)``, else 1), ``work[1]`` 1 if every target
+    is ``ignore_index`` or in ``[0, n)``, else 0 (an index out of range is never read; the caller
+    refuses it), then the rows' status ``(R)`` and ``lse = log sum exp(x - max x)`` ``(R)`` (and,
+    unless "none", the rows' losses). The sums run in row order (deterministic). No ``(R, n)``
+    output; computed in float32; no host sync."""
     x = _check("x", x2d)
+    if x.dim() != 2:
+        raise ValueError(f"x: expected (R, n) scores, got shape {tuple(x.shape)}")
     t = _target(target, x)
     n_rows, n = x.shape
-    rows, status, out, finish = _index_loss_outputs(x, reduction)
-    lse = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    work, out, loss_at = _index_loss_outputs(x, reduction, 2)
     if n_rows:
         block, warps = _row_launch(n)
-        _kernels(x).ce_forward[(n_rows,)](x, t, rows, lse, status, n, int(ignore_index), float(eps),
-                                          SMOOTH=eps > 0, BLOCK=block, num_warps=warps)
-    _finish(rows, status, out, finish, reduction)
-    return out, lse, finish
+        _kernels(x).ce_forward[(n_rows,)](x, t, out if reduction == "none" else work, work, n, loss_at,
+                                          int(ignore_index), float(eps), SMOOTH=eps > 0, BLOCK=block,
+                                          num_warps=warps)
+    _finish(work, out, loss_at, reduction, x.shape[0])
+    return out, work
 
 
-def cross_entropy_backward(x2d: Tensor, target: Tensor, lse: Tensor, g: Tensor,
-                           ignore_index: int = -100, eps: float = 0.0,
-                           scale: Optional[Tensor] = None) -> Tensor:
-    """Gradient of :func:`cross_entropy_forward` (``lse`` from it): ``(softmax(x) - y) * g`` with
-    ``g`` per row ``(R,)`` (any stride, e.g. expanded) or one value ``()`` for every row, times
-    ``scale[0]`` when given (the forward's ``finish``: the factor of "mean"), ``softmax``
-    recomputed from ``x2d`` and ``lse`` (0 on rows without a finite score or holding NaN /
-    ``+inf``); rows whose target is ``ignore_index``: 0. ``(R, n)`` in ``x2d``'s dtype; no host
-    synchronisation."""
+def cross_entropy_backward(x2d: Tensor, target: Tensor, work: Tensor, g: Tensor,
+                           ignore_index: int = -100, eps: float = 0.0) -> Tensor:
+    """Gradient of :func:`cross_entropy_forward` (``work`` from it: the rows' ``lse`` and the
+    factor of "mean"): ``(softmax(x) - y) * g * work[0]`` with ``g`` per row ``(R,)`` (any stride,
+    e.g. expanded) or one value ``()`` for every row, ``softmax`` recomputed from ``x2d`` and
+    ``lse`` (0 on rows without a finite score or holding NaN / ``+inf``); rows whose target is
+    ``ignore_index``: 0. ``(R, n)`` in ``x2d``'s dtype; no host synchronisation."""
     x = _check("x", x2d)
     t = _target(target, x)
     n_rows, n = x.shape
-    if isinstance(g, Tensor) and g.dim() == 0:
-        g = g.expand(n_rows)
-    if not isinstance(g, Tensor) or g.dim() != 1 or g.shape[0] != n_rows or lse.shape != (n_rows,):
-        raise ValueError(f"g and lse must have shape ({n_rows},)")
+    if not isinstance(g, Tensor) or (g.dim() != 0 and (g.dim() != 1 or g.shape[0] != n_rows)) \
+            or work.dim() != 1 or work.shape[0] < 2 + 2 * n_rows:
+        raise ValueError(f"g must have shape ({n_rows},) or (), and work at least {2 + 2 * n_rows} entries")
     dx = torch.empty_like(x)
     if n_rows:
         block, warps = _row_launch(n)
-        _kernels(x).ce_backward[(n_rows,)](x, t, lse, g, g if scale is None else scale, dx, n, g.stride(0),
-                                           int(ignore_index), float(eps), SMOOTH=eps > 0,
-                                           HAS_SCALE=scale is not None, BLOCK=block, num_warps=warps)
+        _kernels(x).ce_backward[(n_rows,)](x, t, work, g, dx, n, g.stride(0) if g.dim() else 0,
+                                           int(ignore_index), float(eps), SMOOTH=eps > 0, BLOCK=block,
+                                           num_warps=warps)
     return dx

@@ -155,11 +155,10 @@ class Entmax15Function(torch.autograd.Function):
     def forward(ctx, x: Tensor, impl: str = "auto") -> Tensor:  # type: ignore[override]
         kind = resolve_impl(impl, x)
         ctx.triton, ctx.native, ctx.pruned = kind == "triton", False, kind == "pruned"
-        if ctx.triton:  # the rows saved (R, n): the backward reshapes nothing more
-            p = _dispatch.kernels().entmax15_forward(rows(x))
+        if ctx.triton:  # the kernels take (..., n) rows as they are: no view, nor its node
+            p = _dispatch.kernels().entmax15_forward(x)
             ctx.save_for_backward(p)
-            ctx.shape = x.shape
-            return shaped(p, x.shape)
+            return p
         r = None
         if kind == "pruned" and not torch.compiler.is_compiling():
             fused = native_sorted_probs(x, 2.0, root=ctx.needs_input_grad[0])
@@ -189,8 +188,8 @@ class Entmax15Function(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         (r,) = ctx.saved_tensors
-        if ctx.triton:  # saved p (R, n): the kernel takes s = sqrt(p)
-            return shaped(_dispatch.kernels().entmax15_backward(r, rows(grad)), ctx.shape), None
+        if ctx.triton:  # saved p: the kernel takes s = sqrt(p)
+            return _dispatch.kernels().entmax15_backward(r, grad), None
         if ctx.native or (ctx.pruned and support_backward_serves(r)):  # one native pass (the static path: torch's)
             return shaped(support_backward(rows(r), rows(grad), indicator=False), r.shape), None
         return _entmax_backward(r, grad), None
@@ -221,21 +220,23 @@ class EntmaxBisectFunction(torch.autograd.Function):
                 impl: str = "auto") -> Tensor:  # type: ignore[override]
         kind = resolve_impl(impl, x)
         ctx.alpha, ctx.triton, ctx.weights = alpha_float, kind == "triton", False
-        if ctx.triton:  # float alpha 2 / 1.5: the dedicated exact kernels
+        if ctx.triton:  # float alpha 2 / 1.5: the dedicated exact kernels; (..., n) rows as they are
             kernels = _dispatch.kernels()
-            ctx.shape = x.shape  # the rows are saved (R, n): the backward reshapes nothing more
             if alpha_float == 2.0:
-                p = kernels.sparsemax_forward(rows(x))
+                p = kernels.sparsemax_forward(x)
                 ctx.save_for_backward(p)
             elif alpha_float == 1.5:
-                p = kernels.entmax15_forward(rows(x))
+                p = kernels.entmax15_forward(x)
                 ctx.save_for_backward(p)
-            else:  # the kernels' alpha per row, flat: made once, kept for the backward
-                a = _kernel_alphas(alpha, x)
-                p = kernels.entmax_forward(rows(x), a)
-                ctx.save_for_backward(p, a)
+            elif alpha_float is not None:  # one alpha for every row: a number to the kernels (no tensor)
+                p = kernels.entmax_forward_scalar(x, alpha_float)
+                ctx.save_for_backward(p)
+            else:  # a tensor alpha, broadcastable to the rows: the kernels read it where it lies (alpha
+                # 1: softmax rows, with a zero alpha-gradient, in the kernels)
+                p = kernels.entmax_forward(x, alpha)
+                ctx.save_for_backward(p, alpha)
                 ctx.alpha_dtype = alpha.dtype
-            return shaped(p, x.shape)
+            return p
         tiny, eps = torch.finfo(x.dtype).tiny, torch.finfo(x.dtype).eps
         if alpha_float is not None:  # one alpha for all rows: scalar arithmetic on the big tensor
             am1 = alpha_float - 1
@@ -298,20 +299,23 @@ class EntmaxBisectFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         if ctx.triton:  # the kernels for x and, in the same launch, a learnable alpha's gradient
-            p, *a = ctx.saved_tensors  # p: (R, n)
+            p, *a = ctx.saved_tensors  # p: shaped like x
             kernels = _dispatch.kernels()
             if ctx.needs_input_grad[1]:  # a learnable (tensor) alpha: both gradients in one launch
-                gx, ga = kernels.entmax_backward_alpha(p, rows(grad), a[0])
-                gx = shaped(gx, ctx.shape) if ctx.needs_input_grad[0] else None
-                ga = ga.view(*ctx.shape[:-1], 1)
+                gx, ga = kernels.entmax_backward_alpha(p, grad, a[0])
+                gx = gx if ctx.needs_input_grad[0] else None
+                # one per row (..., 1): autograd sums it to a broadcast alpha's shape (one per head)
+                ga = ga.view(*p.shape[:-1], 1)
                 return gx, ga if ga.dtype is ctx.alpha_dtype else ga.to(ctx.alpha_dtype), None, None, None
             if ctx.alpha == 2.0:
-                gx = kernels.sparsemax_backward(p, rows(grad))
+                gx = kernels.sparsemax_backward(p, grad)
             elif ctx.alpha == 1.5:
-                gx = kernels.entmax15_backward(p, rows(grad))
+                gx = kernels.entmax15_backward(p, grad)
+            elif ctx.alpha is not None:
+                gx = kernels.entmax_backward_scalar(p, grad, ctx.alpha)
             else:
-                gx = kernels.entmax_backward(p, rows(grad), a[0])
-            return shaped(gx, ctx.shape), None, None, None, None
+                gx = kernels.entmax_backward(p, grad, a[0])
+            return gx, None, None, None, None
         if ctx.weights:  # saved s = r^(q - 1) (the native forward's last powers): no power here
             s, _ = ctx.saved_tensors
             found = power_backward(rows(s), rows(grad), 1.0) if not torch.compiler.is_compiling() else None
@@ -359,14 +363,6 @@ def _native_probs(x: Tensor, am1: Union[float, Tensor], n_iter: Optional[int], e
     return shaped(p, x.shape), None if s is None else shaped(s, x.shape)
 
 
-def _kernel_alphas(alpha: Tensor, x: Tensor) -> Tensor:
-    """``alpha: (..., 1)`` (broadcastable to ``x: (..., n)``'s rows) as the Triton kernels take it:
-    one float32 per row of ``x``, flat and contiguous (a copy where ``alpha`` is broadcast)."""
-    a = alpha.expand(*x.shape[:-1], 1) if alpha.shape[:-1] != x.shape[:-1] else alpha
-    a = a.reshape(-1)
-    return a if a.dtype is torch.float32 and a.is_contiguous() else a.to(torch.float32).contiguous()
-
-
 def _alpha_grad(p: Tensor, alpha: Tensor, grad: Tensor, s: Optional[Tensor] = None) -> Tensor:
     """``<grad, dp/dalpha>`` per row ``(..., 1)`` at output ``p``; ``s = p^(2 - alpha)`` on the
     support (computed if not given). No host sync."""
@@ -381,6 +377,14 @@ def _alpha_grad(p: Tensor, alpha: Tensor, grad: Tensor, s: Optional[Tensor] = No
     return (grad * dp).sum(dim=-1, keepdim=True)
 
 
+def _float_alpha(alpha: float) -> float:
+    """``alpha`` as a float, or ValueError unless it is finite and at least 1."""
+    a = float(alpha)
+    if not 1 <= a < math.inf:  # inf gave uniform rows
+        raise ValueError(f"entmax_bisect needs a finite alpha >= 1, got alpha={alpha}")
+    return a
+
+
 def _alpha_rows(alpha: Union[float, Tensor], scores: Tensor, dim: int, check: bool,
                 dtype: torch.dtype) -> Tensor:
     """alpha as a ``dtype`` tensor ``(..., 1)`` matching ``scores`` (its shape and device only)
@@ -390,9 +394,7 @@ def _alpha_rows(alpha: Union[float, Tensor], scores: Tensor, dim: int, check: bo
     the host path; the static path gives such rows NaN instead of synchronising).
     """
     if not isinstance(alpha, Tensor):
-        a = float(alpha)
-        if not 1 <= a < math.inf:  # inf gave uniform rows
-            raise ValueError(f"entmax_bisect needs a finite alpha >= 1, got alpha={alpha}")
+        a = _float_alpha(alpha)
         return scores.new_full((1,) * scores.dim(), a, dtype=dtype).movedim(dim, -1)
     # no-op conversions skipped: each costs a dispatch (and a view its autograd node in backward)
     a = alpha if alpha.dtype is dtype else alpha.to(dtype)
@@ -466,10 +468,15 @@ def _entmax_bisect(scores: Tensor, alpha: Union[float, Tensor], dim: int, mask: 
     if kind != "triton":  # the kernels take half precisions themselves (computed in float32)
         x = x.to(cdt)
     host = kind == "pruned" and not torch.compiler.is_compiling()  # host reads only in eager mode
-    a = _alpha_rows(alpha, scores, d, check=host, dtype=cdt)
-    a = a.expand(*x.shape[:-1], 1)
+    triton = kind == "triton"
+    if triton and not isinstance(alpha, Tensor):  # a float: a number to the kernels, no tensor
+        a = _float_alpha(alpha)
+    else:
+        a = _alpha_rows(alpha, scores, d, check=host, dtype=cdt)
+        # the kernels take alpha as it broadcasts (one per head: read where it lies, no copy)
+        a = a if triton else a.expand(*x.shape[:-1], 1)
     with own_precision(x):
-        if isinstance(alpha, Tensor) and above_one:
+        if isinstance(alpha, Tensor) and (above_one or triton):  # (the kernels: alpha = 1 rows are softmax)
             p = EntmaxBisectFunction.apply(x, a, n_iter, None, kind)
         elif isinstance(alpha, Tensor):
             one = a == 1
@@ -479,7 +486,7 @@ def _entmax_bisect(scores: Tensor, alpha: Union[float, Tensor], dim: int, mask: 
                 p = EntmaxBisectFunction.apply(x, torch.where(one, 2.0, a), n_iter, None, kind)
                 p = torch.where(one, softmax(x, dim=-1), p)
         else:
-            p = EntmaxBisectFunction.apply(x, a, n_iter, float(alpha), kind)
+            p = EntmaxBisectFunction.apply(x, None if triton else a, n_iter, float(alpha), kind)
     p = p if last else p.movedim(-1, d)
     return p if p.dtype is dtype else p.to(dtype)
 

@@ -37,7 +37,9 @@ are installed, else the static path, on accelerators). With the kernels:
   ("sum", "mean": the count of targets) and checks the indices' range. With the range check's
   ``torch._assert_async``, a forward is three launches (seven with the reduction and check in
   torch ops) and a backward one (cross-entropy) or at most two (``grad * g`` and, for "mean",
-  its factor);
+  its factor); a forward allocates twice (the loss, and one ``work`` buffer for the rest: the
+  factor of "mean", the check's flag, the rows' statistics) and dispatches four or five torch
+  operators in all (``tools/host_ops.py`` counts them; ``tests/sparse/test_host_ops.py`` pins them);
 * distribution targets take ``p`` and ``Omega*(z') = <z', p> - Omega(p)`` from the mapping kernel
   (:meth:`Tsallis.kernel_probs_conj`) into the generic function.
 
@@ -247,6 +249,10 @@ class TsallisEntmax15(Tsallis):
         return p, 2 * (tau[:, 0] + 1) + (2.0 / 3.0) * (sum15 - 1), zmax
 
 
+_SHANNON, _TSALLIS_SPARSEMAX, _TSALLIS_ENTMAX15 = Shannon(), TsallisSparsemax(), TsallisEntmax15()
+"""The regularisers without parameters, made once (they hold no state): no objects per loss call."""
+
+
 class _FenchelYoungFunction(torch.autograd.Function):
     """Per-row loss of ``z: (N, V)`` (any regulariser, any target); backward ``(p - y) * grad``."""
 
@@ -352,39 +358,30 @@ class _CrossEntropyFunction(torch.autograd.Function):
         return p.mul_(g[:, None]), None, None, None
 
 
-def _with_finish(ctx: Any, loss: Tensor, finish: Tensor) -> tuple[Tensor, Tensor]:
-    """The outputs of a kernel-backed loss Function: the (reduced) ``loss`` and the kernels'
-    ``finish`` (the factor of "mean", whether every target index was accepted), the latter
-    without a gradient (none materialised)."""
-    ctx.mark_non_differentiable(finish)
-    ctx.set_materialize_grads(False)
-    return loss, finish
-
-
 class _CrossEntropyKernelFunction(torch.autograd.Function):
     """:class:`_CrossEntropyFunction` by the fused Triton kernels (CUDA; CPU in Triton's
     interpreter), :func:`nmt.sparse._triton.cross_entropy_forward` / ``_backward``, from the raw
     targets, reduced in the forward's second launch: the forward reads the scores once and writes
-    only per-row values and the reduced loss (with ``finish``: the factor of "mean" and the target
-    check of :func:`fenchel_young_loss`), nothing ``(N, V)`` saved but the scores themselves; the
+    only per-row values and the reduced loss into two allocations (the loss; ``work``: the factor
+    of "mean", the target check's flag, the rows' statistics), refuses a target out of range
+    (:func:`_check`, no host sync), and saves nothing ``(N, V)`` but the scores themselves; the
     backward reads them once more and writes ``(softmax - y) * grad``, the factor of "mean"
     included. Same values and conventions (``-inf`` targets, empty / NaN rows, smoothing),
     computed in float32; no host synchronisation."""
 
     @staticmethod
     def forward(ctx, z: Tensor, target: Tensor, ignore_index: int, eps: float,  # type: ignore[override]
-                reduction: str):
-        loss, lse, finish = _dispatch.kernels().cross_entropy_forward(z, target, ignore_index, eps, reduction)
+                reduction: str) -> Tensor:
+        loss, work = _dispatch.kernels().cross_entropy_forward(z, target, ignore_index, eps, reduction)
+        _check(work[1], _out_of_range(z.shape[-1], ignore_index))  # 1: every index accepted
         ctx.ignore_index, ctx.eps = ignore_index, eps
-        ctx.save_for_backward(z, target, lse, finish)
-        return _with_finish(ctx, loss, finish)
+        ctx.save_for_backward(z, target, work)
+        return loss
 
     @staticmethod
-    def backward(ctx, g: Optional[Tensor], _g_finish: Optional[Tensor]):  # type: ignore[override]
-        if g is None:
-            return None, None, None, None, None
-        z, target, lse, finish = ctx.saved_tensors
-        gz = _dispatch.kernels().cross_entropy_backward(z, target, lse, g, ctx.ignore_index, ctx.eps, finish)
+    def backward(ctx, g: Tensor):  # type: ignore[override]
+        z, target, work = ctx.saved_tensors
+        gz = _dispatch.kernels().cross_entropy_backward(z, target, work, g, ctx.ignore_index, ctx.eps)
         return gz, None, None, None, None
 
 
@@ -392,27 +389,35 @@ class _TsallisKernelFunction(torch.autograd.Function):
     """The Tsallis losses at class indices in the mapping kernel's launch and the reduction's
     (:func:`nmt.sparse._triton.tsallis_index_loss`): ``p``, the conjugate, the loss (0 at
     ``ignore_index``) and the gradient ``p - y`` (0 on ignored rows), the same values as
-    :class:`_FenchelYoungFunction` with the kernel's ``p``, reduced; backward ``(p - y) * grad``
-    (times the factor of "mean"). No host synchronisation."""
+    :class:`_FenchelYoungFunction` with the kernel's ``p``, reduced, a target out of range refused
+    (:func:`_check`); backward ``(p - y) * grad`` (times the factor of "mean"). No host
+    synchronisation."""
 
     @staticmethod
     def forward(ctx, z: Tensor, target: Tensor, ignore_index: int, eps: float, alpha: float,  # type: ignore[override]
-                reduction: str):
-        grad, loss, finish = _dispatch.kernels().tsallis_index_loss(z, target, ignore_index, eps, alpha, reduction)
+                reduction: str) -> Tensor:
+        grad, loss, work = _dispatch.kernels().tsallis_index_loss(z, target, ignore_index, eps, alpha, reduction)
+        _check(work[1], _out_of_range(z.shape[-1], ignore_index))  # 1: every index accepted
         ctx.reduction = reduction
-        ctx.save_for_backward(grad, finish)
-        return _with_finish(ctx, loss, finish)
+        if reduction == "mean":
+            ctx.save_for_backward(grad, work)
+        else:  # (the factor is 1)
+            ctx.save_for_backward(grad)
+        return loss
 
     @staticmethod
-    def backward(ctx, g: Optional[Tensor], _g_finish: Optional[Tensor]):  # type: ignore[override]
-        if g is None:
-            return None, None, None, None, None, None
-        grad, finish = ctx.saved_tensors
+    def backward(ctx, g: Tensor):  # type: ignore[override]
+        grad = ctx.saved_tensors[0]
         if ctx.reduction == "none":
             g = g[:, None]
         elif ctx.reduction == "mean":
-            g = g * finish[0]
-        return grad * g.to(grad.dtype), None, None, None, None, None
+            g = g * ctx.saved_tensors[1][0]
+        return grad * (g if g.dtype is grad.dtype else g.to(grad.dtype)), None, None, None, None, None
+
+
+def _out_of_range(n_classes: int, ignore_index: int) -> str:
+    """The message refusing a class index outside ``[0, n_classes)``."""
+    return f"target class index out of range [0, {n_classes}) (and not ignore_index={ignore_index})"
 
 
 def _cross_entropy_uses_kernel(z: Tensor, impl: str) -> bool:
@@ -480,7 +485,6 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
     z = scores.to(torch.float32) if dtype in (torch.float16, torch.bfloat16) else scores
     z = z if z.dim() == 2 else z.reshape(-1, n_classes)  # no view (nor its node) for 2-D scores
     index = dist = None
-    out_of_range = f"target class index out of range [0, {n_classes}) (and not ignore_index={ignore_index})"
     if target.is_floating_point():
         if target.shape != scores.shape:
             raise ValueError(f"distribution target of shape {tuple(target.shape)} must match scores "
@@ -497,17 +501,16 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
                              f"the class dim {tuple(scores.shape[:-1])}")
         t = target if target.dim() == 1 else target.reshape(-1)
         fused = _fused_index_function(reg, z, impl)
-        if fused is not None:  # two launches: loss, gradient, the reduction, the check
+        if fused is not None:  # two launches: loss, gradient, the reduction, the check (in the Function)
             args = (reg.alpha,) if isinstance(reg, Tsallis) else ()  # the Tsallis kernel takes alpha
-            loss, finish = fused.apply(z, t if t.device == z.device else t.to(z.device), int(ignore_index), eps,
-                                       *args, reduction)
-            _check(finish[1], out_of_range)  # 1: every index accepted
+            loss = fused.apply(z, t if t.device == z.device else t.to(z.device), int(ignore_index), eps,
+                               *args, reduction)
             if reduction == "none" and scores.dim() != 2:
                 loss = loss.reshape(scores.shape[:-1])
             return loss if loss.dtype == dtype else loss.to(dtype)
         valid = t != ignore_index
         index = torch.where(valid, t, 0).long()
-        _check(((index >= 0) & (index < n_classes)).all(), out_of_range)
+        _check(((index >= 0) & (index < n_classes)).all(), _out_of_range(n_classes, ignore_index))
     with own_precision(z):  # the conjugates' products in z's dtype, not autocast's
         if isinstance(reg, Shannon) and index is not None:
             loss = _CrossEntropyFunction.apply(z, index, valid, eps)
@@ -544,14 +547,14 @@ def cross_entropy_loss(scores: Tensor, target: Tensor, ignore_index: int = -100,
                        impl: str = "auto") -> Tensor:
     """Cross-entropy ``KL(y || softmax(scores))`` (softmax Fenchel-Young loss); gradient
     ``softmax(scores) - y``. Never synchronises; ``impl`` is accepted for uniformity, unused."""
-    return fenchel_young_loss(Shannon(), scores, target, ignore_index, reduction, label_smoothing, impl)
+    return fenchel_young_loss(_SHANNON, scores, target, ignore_index, reduction, label_smoothing, impl)
 
 
 def sparsemax_loss(scores: Tensor, target: Tensor, ignore_index: int = -100,
                    reduction: str = "mean", label_smoothing: float = 0.0,
                    impl: str = "auto") -> Tensor:
     """Sparsemax loss (exact); gradient ``sparsemax(scores) - y``."""
-    return fenchel_young_loss(TsallisSparsemax(), scores, target, ignore_index, reduction,
+    return fenchel_young_loss(_TSALLIS_SPARSEMAX, scores, target, ignore_index, reduction,
                               label_smoothing, impl)
 
 
@@ -559,7 +562,7 @@ def entmax15_loss(scores: Tensor, target: Tensor, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0,
                   impl: str = "auto") -> Tensor:
     """1.5-entmax loss (exact); gradient ``entmax15(scores) - y``."""
-    return fenchel_young_loss(TsallisEntmax15(), scores, target, ignore_index, reduction,
+    return fenchel_young_loss(_TSALLIS_ENTMAX15, scores, target, ignore_index, reduction,
                               label_smoothing, impl)
 
 
@@ -579,10 +582,10 @@ def _bisect_regularizer(alpha: Union[float, Tensor], n_iter: Optional[int]) -> R
     if not 1 <= alpha < math.inf:  # inf: a NaN loss; NaN fails every comparison
         raise ValueError(f"entmax_bisect_loss needs a finite alpha >= 1 (1: cross-entropy), got {alpha}")
     if alpha == 1.0:
-        return Shannon()
+        return _SHANNON
     if alpha == 1.5:
-        return TsallisEntmax15()
-    return TsallisSparsemax() if alpha == 2.0 else Tsallis(alpha, n_iter)
+        return _TSALLIS_ENTMAX15
+    return _TSALLIS_SPARSEMAX if alpha == 2.0 else Tsallis(alpha, n_iter)
 
 
 def entmax_bisect_loss(scores: Tensor, target: Tensor, alpha: Union[float, Tensor] = 1.5, ignore_index: int = -100,

@@ -66,11 +66,10 @@ class SparsemaxFunction(torch.autograd.Function):
             if fused is None:  # long rows: threshold and p in one native pass a row
                 long = native_long_sparsemax(x, squares=False)
         ctx.triton, ctx.native, ctx.pruned = kind == "triton", fused is not None, kind == "pruned"
-        if ctx.triton:  # the rows saved (R, n): the backward reshapes nothing more
-            p = _dispatch.kernels().sparsemax_forward(rows(x))
+        if ctx.triton:  # the kernels take (..., n) rows as they are: no view, nor its node
+            p = _dispatch.kernels().sparsemax_forward(x)
             ctx.save_for_backward(p)
-            ctx.shape = x.shape
-            return shaped(p, x.shape)
+            return p
         if fused is not None:
             p = fused[0]
         elif long is not None:
@@ -84,7 +83,7 @@ class SparsemaxFunction(torch.autograd.Function):
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         (p,) = ctx.saved_tensors
         if ctx.triton:
-            return shaped(_dispatch.kernels().sparsemax_backward(p, rows(grad)), ctx.shape), None
+            return _dispatch.kernels().sparsemax_backward(p, grad), None
         if ctx.native or (ctx.pruned and support_backward_serves(p)):  # one native pass (the static path: torch's)
             return shaped(support_backward(rows(p), rows(grad), indicator=True), p.shape), None
         return sparsemax_backward(p, grad), None

@@ -50,10 +50,14 @@ def calls(x):
     yield lambda: T.sparsemax_forward(x)
     yield lambda: T.entmax15_forward(x)
     yield lambda: T.entmax_forward(x, alpha)
+    yield lambda: T.entmax_forward_scalar(x, 1.3)
+    if n_rows > 1:  # one alpha per row of a leading dim (as one per head): read with a stride
+        yield lambda: T.entmax_forward(x.view(1, n_rows, 1, -1), alpha[:1].view(1, 1, 1, 1))
     yield lambda: T.sparsemax_backward(x, g)
     yield lambda: T.entmax15_backward(x, g)
     yield lambda: T.entmax_backward(x, g, alpha)
     yield lambda: T.entmax_backward_alpha(x, g, alpha)
+    yield lambda: T.entmax_backward_scalar(x, g, 1.3)
     for a in (2.0, 1.5, 1.25):
         yield lambda: T.tsallis_probs_conj(x, a)
     for reduction in T.REDUCTIONS:
@@ -61,11 +65,10 @@ def calls(x):
             yield lambda: T.tsallis_index_loss(x, t, -100, eps, 1.5, reduction)
             yield lambda: T.tsallis_index_loss(x, t.int(), 7, eps, 1.25, reduction)
             yield lambda: T.cross_entropy_forward(x, t, -100, eps, reduction)
-    lse = torch.zeros(n_rows)
-    scale = torch.ones(2)
+    work = torch.zeros(2 + 2 * n_rows)
     for eps in (0.0, 0.1):
-        yield lambda: T.cross_entropy_backward(x, t, lse, torch.ones(n_rows), -100, eps)  # g stride 1
-        yield lambda: T.cross_entropy_backward(x, t, lse, torch.ones(()), -100, eps, scale)  # stride 0
+        yield lambda: T.cross_entropy_backward(x, t, work, torch.ones(n_rows), -100, eps)  # g stride 1
+        yield lambda: T.cross_entropy_backward(x, t, work, torch.ones(()), -100, eps)  # stride 0
 
 
 def describe(args):
