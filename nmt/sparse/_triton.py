@@ -723,8 +723,9 @@ def _launch_forward(x: Tensor, y: Tensor, a: Tensor, ok: Tensor, conj: Tensor, z
                     mode: int, with_ok: bool, loss_mode: int, alpha: float = 0.0, a_inner: int = 1,
                     a_size: int = 1, alpha_rows: bool = False, loss_at: int = 0) -> None:
     """One launch of :func:`_forward_kernel` over the rows of ``x: (..., n)`` (contiguous)."""
-    n = x.shape[-1]
-    n_rows = _n_rows(x)
+    shape = x.shape
+    n = shape[-1]
+    n_rows = shape[0] if len(shape) == 2 else _n_rows(x)
     if n_rows and n:
         block, warps = _row_launch(n)
         _kernels(x).forward[(n_rows,)](x, y, a, ok, conj, zmax, t, loss, work, n, ignore_index,
@@ -742,8 +743,9 @@ def _backward(p: Tensor, g: Tensor, mode: int, alpha_rows: Optional[Tensor] = No
     if p.shape != g.shape:
         raise ValueError(f"p {tuple(p.shape)} and g {tuple(g.shape)} must have the same shape")
     a, inner, size = _alpha(alpha_rows, p) if mode == _ALPHA and alpha_rows is not None else (p, 1, 1)
-    n = p.shape[-1]
-    n_rows = _n_rows(p)
+    shape = p.shape
+    n = shape[-1]
+    n_rows = shape[0] if len(shape) == 2 else _n_rows(p)
     same = p.dtype is g.dtype  # (a dtype keyword costs empty_like a third more host time)
     dx = torch.empty_like(g) if same else torch.empty_like(g, dtype=torch.promote_types(p.dtype, g.dtype))
     ga = dx  # a dummy pointer where no alpha-gradient is asked for

@@ -77,7 +77,7 @@ def launch_key(device: int, args: tuple, kwargs: dict) -> tuple:
     """The cache key of a launch: the device, the keyword arguments as given, and per positional
     argument :func:`_arg_key`'s information, inlined for the common types (a tensor: its dtype,
     whether it is aligned and its device index, -1 off CUDA; an int: divisible by 16, equal to 1,
-    in the int32 range, at least 2**63). Raises TypeError for an argument of an unknown type."""
+    in the int32 range, at least 2**63; a float: its type). Raises TypeError for an argument of an unknown type."""
     return keyed_launch(device, args, kwargs)[0]
 
 
@@ -102,6 +102,8 @@ def keyed_launch(device: int, args: tuple, kwargs: dict) -> Tuple[tuple, tuple]:
             continue
         if type(a) is int:
             push((a & 15 == 0, a == 1, _I32[0] <= a < _I32[1], a >= _U64))
+        elif type(a) is float:  # (inlined: a call per float argument is host time)
+            push("fp32")
         else:
             push(_arg_key(a))
         keep(a)
