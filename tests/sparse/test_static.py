@@ -198,32 +198,38 @@ def test_impl_errors():
 
 
 def test_triton_dispatch_contract(monkeypatch):
-    """When nmt.sparse._triton accepts a tensor, auto/triton call its kernels on 2-D contiguous
-    rows and their backward; a fake module computing with the static path stands in for it."""
+    """When nmt.sparse._triton accepts a tensor, auto/triton call its kernels on ``(..., n)`` rows
+    (the dim normalised last; the kernels take any leading shape, no view around a launch) and
+    their backward on ``p`` and a gradient of its shape; a float alpha goes to the ``_scalar``
+    kernels as a number; a fake module computing with the static path stands in for it."""
     calls = []
 
     def fwd(kind, fn):
-        def run(x2d, *rest):
-            assert x2d.dim() == 2 and x2d.is_contiguous()
+        def run(x, *rest):
+            assert x.dim() == 3 and x.shape[-1] == 3  # (2, 11, 3): dim=1 moved last, not flattened
             calls.append(kind)
-            return fn(x2d, *rest)
+            return fn(x.contiguous(), *rest)
         return run
 
-    def bwd(p, g, alpha_rows=None):
-        assert p.dim() == 2 and g.dim() == 2 and p.is_contiguous()
+    def bwd(p, g, alpha=None):
+        assert p.shape == g.shape == (2, 11, 3) and p.is_contiguous()
         calls.append("backward")
-        a = 2.0 if alpha_rows is None else alpha_rows.reshape(-1, 1)  # alpha_rows: (R,)
+        a = 2.0 if alpha is None else alpha
         s = torch.where(p > 0, torch.where(p > 0, p, 1) ** (2 - a), 0)
         return s * (g - (s * g).sum(-1, keepdim=True) / s.sum(-1, keepdim=True))
+
+    def scalar(x, alpha):
+        assert isinstance(alpha, float) and alpha == 1.7
+        return entmax_bisect(x, alpha, impl="static")
 
     fake = types.SimpleNamespace(
         is_available=lambda x: True,
         sparsemax_forward=fwd("sparsemax", lambda x: sparsemax(x, impl="static")),
         entmax15_forward=fwd("entmax15", lambda x: entmax15(x, impl="static")),
-        entmax_forward=fwd("entmax", lambda x, a: entmax_bisect(x, a.reshape(-1, 1), impl="static")),
+        entmax_forward_scalar=fwd("entmax", scalar),
         sparsemax_backward=lambda p, g: bwd(p, g),
-        entmax15_backward=lambda p, g: bwd(p, g, torch.full((p.shape[0],), 1.5, dtype=p.dtype)),
-        entmax_backward=bwd,
+        entmax15_backward=lambda p, g: bwd(p, g, 1.5),
+        entmax_backward_scalar=bwd,
     )
     monkeypatch.setattr(_dispatch, "_triton", fake)
     x = torch.randn(2, 3, 11, dtype=F64, requires_grad=True)
