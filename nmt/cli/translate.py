@@ -6,6 +6,8 @@
                   [-tgt REF] [-attention DIR] [-support] [-device auto|cpu|cuda]
                   [-batch_type sentences|tokens] [-precision fp32|bf16|fp16]
                   [-search_mode auto|dynamic|static] [-stop_every K]
+    nmt-translate -model M.pt -src FILE -output FILE -sample -n_best N [-temperature T]
+                  [-sample_topk K] [-sample_topp P] [-seed S]                    (sampling)
     nmt-translate -model M.pt -src SRC -tgt REF -score_output scores.jsonl      (scoring)
 
 Modes (one module each): a source file is translated whole and every output written
@@ -61,11 +63,29 @@ def build_parser() -> argparse.ArgumentParser:
                    "references and where they leave the support); implies -mode score "
                    "(default: -output)")
     p.add_argument("-output", "--output", default="-", metavar="FILE|-", help="translations (- = stdout)")
-    p.add_argument("-beam_size", "--beam_size", type=int, default=d.beam_size, help="beam size (1 = greedy)")
+    p.add_argument("-beam_size", "--beam_size", type=int, default=None,
+                   help=f"beam size (1 = greedy; default {d.beam_size}; -sample: not used, only 1 is accepted)")
     p.add_argument("-n_best", "--n_best", type=int, default=d.n_best,
                    help="hypotheses written per sentence: N consecutive lines per input line, best first, "
                    "as OpenNMT-py writes them (an empty line where fewer hypotheses finished, e.g. no other of "
-                   "nonzero probability; not with scoring)")
+                   "nonzero probability; not with scoring); with -sample, the number of samples per sentence, "
+                   "in sample order")
+    p.add_argument("-sample", "--sample", action="store_true", default=d.sample,
+                   help="sample -n_best translations of each sentence from the model's distribution instead of "
+                   "searching (back-translation; fairseq's --sampling, OpenNMT-py's random sampling): a "
+                   "sentence's samples depend only on -seed and its line, not on batching or device; a token of "
+                   "probability zero (sparse output) is never drawn; not certified")
+    p.add_argument("-temperature", "--temperature", type=float, default=d.temperature,
+                   help="-sample from mapping(scores / T): the output scores divided before the output "
+                   "mapping (a sparse mapping stays sparse); 1 = the model's distribution")
+    p.add_argument("-sample_topk", "--sample_topk", type=int, default=d.sample_topk,
+                   help="-sample from the K most probable tokens only (ties kept; 0 = no truncation)")
+    p.add_argument("-sample_topp", "--sample_topp", type=float, default=d.sample_topp,
+                   help="-sample from the nucleus: the most probable tokens whose mass reaches P (after "
+                   "-sample_topk; 1 = no truncation)")
+    p.add_argument("-seed", "--seed", type=int, default=None,
+                   help=f"seed of -sample (default {d.seed}); with the line number and the sample's number it "
+                   "fixes each sample")
     p.add_argument("-with_score", "--with_score", action="store_true",
                    help="each output line 'translation<TAB>log-probability' (OpenNMT-py's -with_score; a "
                    "padding line of -n_best is a lone tab; not with scoring)")
@@ -134,6 +154,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
         # log-probability, as for one longer than -max_length (whose default is always on)
         unlimited = "it gives each reference the model's log-probability, whatever its length"
         given = [("-attention", args.attention is not None, one_line), ("-n_best", args.n_best != 1, one_line),
+                 ("-sample", args.sample, "it gives each reference the model's log-probability"),
                  ("-with_score", args.with_score, one_line),
                  ("-report", args.report is not None, one_line), ("-support", args.support, one_line),
                  ("-min_length", args.min_length != 0, unlimited),

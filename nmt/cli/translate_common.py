@@ -14,9 +14,11 @@ if TYPE_CHECKING:
     from nmt.translate.translator import Translation
 
 PROG = "nmt-translate"
-SEARCH_FLAGS = ("beam_size", "n_best", "max_length", "min_length", "max_length_ratio", "max_length_offset",
-                "length_penalty", "length_alpha", "support_topk", "stop_every")
-"""Flags that are ``SearchOptions`` fields of the same name (defaults taken from it)."""
+SEARCH_FLAGS = ("n_best", "max_length", "min_length", "max_length_ratio", "max_length_offset",
+                "length_penalty", "length_alpha", "support_topk", "stop_every", "sample", "temperature",
+                "sample_topk", "sample_topp")
+"""Flags that are ``SearchOptions`` fields of the same name (defaults taken from it); ``-beam_size``
+and ``-seed`` are too, with defaults that depend on ``-sample`` (see :func:`search_options`)."""
 
 
 def say(message: str) -> None:
@@ -50,11 +52,23 @@ def read_references(path: str, expected: int | None, src: str) -> list[str]:
 
 
 def search_options(args: argparse.Namespace) -> SearchOptions:
-    """The ``SearchOptions`` the flags ask for; a bad value is a ValueError naming the flag."""
+    """The ``SearchOptions`` the flags ask for; a bad value is a ValueError naming the flag.
+
+    ``-beam_size`` left out is ``SearchOptions``' default, 1 with ``-sample`` (which draws ``-n_best``
+    samples and refuses any other beam size); ``-seed`` is refused without ``-sample``."""
     from nmt.translate.search_options import SearchOptions
 
+    beam_size, seed = getattr(args, "beam_size", None), getattr(args, "seed", None)
+    if args.sample and beam_size not in (None, 1):
+        raise ValueError(f"-beam_size {beam_size} does not apply to -sample, which draws -n_best independent "
+                         "samples per sentence (fairseq's --beam N samples: use -n_best N)")
+    if not args.sample and seed is not None:
+        raise ValueError("-seed applies to -sample only (beam search is deterministic)")
+    defaults = SearchOptions()
     try:
         return SearchOptions(**{name: getattr(args, name) for name in SEARCH_FLAGS},
+                             beam_size=(1 if args.sample else defaults.beam_size) if beam_size is None else beam_size,
+                             seed=defaults.seed if seed is None else seed,
                              certify=not args.no_certify, return_support=args.support, mode=args.search_mode,
                              return_attention=args.attention is not None)
     except ValueError as exc:

@@ -113,11 +113,10 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
             if not batch:
                 break
             try:
-                done = translator.translate(batch)
+                # indices count from the stream's start: a sentence's samples depend on its line only
+                done = translator.translate(batch, first_index=counts.sentences)
             except ValueError as exc:  # a source longer than learned positions hold: its line of stdin
                 raise name_input(exc, {"source": "-"}, offset=counts.sentences) from None
-            for t in done:
-                t.index += counts.sentences
             counts.add(done)
             sys.stdout.write("".join(line + "\n" for t in done for line in output_lines(t, args.n_best, args.with_score)))
             sys.stdout.flush()

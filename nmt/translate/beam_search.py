@@ -124,9 +124,15 @@ def beam_search(
     every row at every step (``support_size`` is then None unless ``return_support``).
     ``mode`` picks the loop ("auto": static on CUDA, dynamic elsewhere): dynamic makes one host
     sync per step; static at most one per ``stop_every`` steps, plus one at the end.
-    Returns a ``SearchResult``.
+    Returns a ``SearchResult``. With ``sample=True`` the result holds ``n_best`` samples of each
+    sentence instead (:func:`nmt.translate.sampling.sample_search`, keyed by the sentences' positions
+    0..B-1 in this batch; call it with ``sentence_ids`` for samples independent of the batching).
     """
     options = (options or SearchOptions()).updated(**overrides)
+    if options.sample:
+        from nmt.translate.sampling import sample_search  # it builds on this module
+
+        return sample_search(model, src, src_lengths, Specials(bos, eos, pad), options)
     # not inference_mode: models may cache tensors reused in training; the weights stay fixed
     with torch.no_grad(), frozen_weights():
         return _search(model, src, src_lengths, Specials(bos, eos, pad), options)

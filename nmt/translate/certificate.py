@@ -10,7 +10,8 @@ hypothesis is the true argmax of the ranking score (log-probability divided by t
 penalty, when one is used).
 
 ``reason`` holds the FIRST violation met while decoding a sentence (an int code; see
-``REASONS`` for the decoding table).
+``REASONS`` for the decoding table). Sampling (``SearchOptions.sample``) certifies nothing: a
+certificate is about a search, and every sampled sentence has the reason ``"sampled"``.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ MAX_LENGTH = 2
 NOT_CERTIFIED = 3
 NONFINITE = 4
 NO_HYPOTHESIS = 5
+SAMPLED = 6
 
 REASONS: dict[int, str | None] = {
     EXACT: None,
@@ -31,6 +33,7 @@ REASONS: dict[int, str | None] = {
     NOT_CERTIFIED: "not_certified",
     NONFINITE: "nonfinite_scores",
     NO_HYPOTHESIS: "no_hypothesis",
+    SAMPLED: "sampled",
 }
 """Reason code -> name (``None`` for an exact sentence)."""
 
@@ -92,6 +95,7 @@ __all__ = [
     "NOT_CERTIFIED",
     "NONFINITE",
     "NO_HYPOTHESIS",
+    "SAMPLED",
     "nonfinite_scores",
     "require_hypothesis",
     "unknown_slots",

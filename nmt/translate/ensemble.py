@@ -66,21 +66,52 @@ class Ensemble:
             new_states.append(st)
         if len(self.models) == 1:
             return log_probs[0], attentions[0], self._join(new_states)
-        sizes = {lp.size(-1) for lp in log_probs}
-        if len(sizes) != 1:
-            raise ValueError(f"ensemble members disagree on the target vocabulary size: {sorted(sizes)}")
-        stacked = torch.stack(log_probs, dim=0)
-        if stacked.dtype in (torch.float16, torch.bfloat16):
-            stacked = stacked.float()
-        # log(mean_i exp(lp_i)) around the members' maximum m: m + log(mean_i exp(lp_i - m)). Equal
-        # members give exactly m (exp(0) = 1, a mean of ones is 1), where logsumexp - log(N) moved
-        # values by rounding (-1e-8 became 0). A row whose maximum is -inf (every member gives 0)
-        # stays -inf, a +inf or NaN maximum propagates.
-        top = stacked.amax(dim=0)  # (N, V)
-        shift = torch.where(torch.isinf(top), torch.zeros_like(top), top)
-        mean = shift + torch.log(torch.exp(stacked - shift).mean(dim=0))
-        attention = torch.stack([a.to(stacked.dtype) for a in attentions], dim=0).mean(0)
+        mean = mean_log_probs(log_probs)
+        attention = torch.stack([a.to(mean.dtype) for a in attentions], dim=0).mean(0)
         return mean, attention, self._join(new_states)
 
+    def tempered_step(self, tokens: Tensor, state: State, encoder_out: State, temperature: float,
+                      need_attention: bool = True) -> tuple[Tensor, Tensor, Tensor | None, State]:
+        """The step of sampling (:func:`nmt.translate.sample_distribution.tempered_step`): each member
+        at ``temperature`` (its logits divided before its own output mapping), then the mean of the
+        members' probabilities, for the untempered and the tempered distributions alike. Returns
+        ``(log_probs (N, V), tempered (N, V), attention (N, L) or None, state)``."""
+        from nmt.translate.sample_distribution import tempered_step
 
-__all__ = ["Ensemble"]
+        plain, tempered, attentions, new_states = [], [], [], []
+        for i, model in enumerate(self.models):
+            lp, lq, att, st = tempered_step(model, tokens, self._split(state, i), self._split(encoder_out, i),
+                                            temperature, need_attention)
+            plain.append(lp)
+            tempered.append(lq)
+            attentions.append(att)
+            new_states.append(st)
+        mean = mean_log_probs(plain)
+        mean_tempered = mean if temperature == 1.0 else mean_log_probs(tempered)
+        attention = None
+        if need_attention:
+            attention = torch.stack([a.to(mean.dtype) for a in attentions], dim=0).mean(0)
+        return mean, mean_tempered, attention, self._join(new_states)
+
+
+def mean_log_probs(log_probs: Sequence[Tensor]) -> Tensor:
+    """log of the mean of the members' probabilities, from their log-probabilities (N, V) each
+    (half precision computed in float32); ValueError when their vocabulary sizes differ."""
+    if len(log_probs) == 1:
+        return log_probs[0]
+    sizes = {lp.size(-1) for lp in log_probs}
+    if len(sizes) != 1:
+        raise ValueError(f"ensemble members disagree on the target vocabulary size: {sorted(sizes)}")
+    stacked = torch.stack(list(log_probs), dim=0)
+    if stacked.dtype in (torch.float16, torch.bfloat16):
+        stacked = stacked.float()
+    # log(mean_i exp(lp_i)) around the members' maximum m: m + log(mean_i exp(lp_i - m)). Equal
+    # members give exactly m (exp(0) = 1, a mean of ones is 1), where logsumexp - log(N) moved
+    # values by rounding (-1e-8 became 0). A row whose maximum is -inf (every member gives 0)
+    # stays -inf, a +inf or NaN maximum propagates.
+    top = stacked.amax(dim=0)  # (N, V)
+    shift = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    return shift + torch.log(torch.exp(stacked - shift).mean(dim=0))
+
+
+__all__ = ["Ensemble", "mean_log_probs"]

@@ -45,6 +45,20 @@ class SearchOptions:
         syncs and the stop flag is read every ``stop_every`` steps, for GPUs and compiled
         steps) or "auto" (static on CUDA, dynamic elsewhere). Same outputs and certificates.
     stop_every: static mode reads its stop flag every this many steps (>= 1).
+    sample: draw ``n_best`` independent samples per sentence from the model's distribution
+        instead of searching (``nmt.translate.sampling``): ancestral sampling, one token per
+        step by Gumbel-max over counter-based noise, so a sentence's samples depend only on
+        (``seed``, its index in the input, the sample's number), never on its batch or device.
+        ``beam_size``, ``certify`` and ``mode`` are not used (samples are returned in sample
+        order, not ranked; the reason of every sentence is "sampled"); ``length_penalty`` other
+        than "none" and ``mode="dynamic"`` are refused (samples are not ranked; sampling runs
+        one static-shape loop, which reads its stop flag every ``stop_every`` steps).
+    temperature: sample from ``mapping(logits / temperature)`` (> 0; 1 = the model's own
+        distribution), the scores divided before the output mapping, so a sparse mapping stays
+        sparse. sample_topk: keep only the k most probable tokens (ties kept; 0 = all).
+        sample_topp: then keep the smallest set of most probable tokens whose mass reaches p
+        (in (0, 1]; 1 = all). All three only with ``sample``.
+    seed: the seed of the samples (an integer in [0, 2^64)).
     """
 
     beam_size: int = 5
@@ -62,14 +76,19 @@ class SearchOptions:
     return_attention: bool = False
     mode: str = "auto"
     stop_every: int = 4
+    sample: bool = False
+    temperature: float = 1.0
+    sample_topk: int = 0
+    sample_topp: float = 1.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         for name in ("beam_size", "n_best", "max_length", "min_length", "max_length_offset", "support_topk",
-                     "stop_every"):
+                     "stop_every", "sample_topk", "seed"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
-        for name in ("certify", "support_stats", "return_support", "return_attention"):
+        for name in ("certify", "support_stats", "return_support", "return_attention", "sample"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("beam_size", "n_best", "support_topk", "stop_every"):
@@ -90,6 +109,31 @@ class SearchOptions:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if self.max_length_offset < 0:
             raise ValueError(f"max_length_offset must be >= 0, got {self.max_length_offset}")
+        self._check_sampling()
+
+    def _check_sampling(self) -> None:
+        """The checks of ``sample`` and its options (ValueError naming the field)."""
+        for name in ("temperature", "sample_topp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if self.sample_topp > 1:
+            raise ValueError(f"sample_topp must be in (0, 1], got {self.sample_topp}")
+        if self.sample_topk < 0:
+            raise ValueError(f"sample_topk must be >= 0 (0: no truncation), got {self.sample_topk}")
+        if not 0 <= self.seed < 1 << 64:
+            raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
+        if not self.sample:
+            for name, off in (("temperature", 1.0), ("sample_topk", 0), ("sample_topp", 1.0)):
+                if getattr(self, name) != off:
+                    raise ValueError(f"{name} applies to sampling only (sample=True), got {getattr(self, name)}")
+            return
+        if self.length_penalty != "none":
+            raise ValueError(f"length_penalty must be none with sample=True (samples are not ranked), "
+                             f"got {self.length_penalty!r}")
+        if self.mode == "dynamic":
+            raise ValueError("mode must be auto or static with sample=True (sampling runs one static-shape loop), "
+                             "got 'dynamic'")
 
     def resolved_mode(self, device: torch.device | str) -> str:
         """"static" or "dynamic": ``mode``, with "auto" = static on CUDA, dynamic elsewhere."""

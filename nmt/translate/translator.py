@@ -13,8 +13,10 @@ from nmt.data.batching import encode_sources
 from nmt.data.field import Field
 from nmt.models.protocol import StepDecoder, check_lengths, position_limits
 from nmt.translate.beam_search import SearchResult, beam_search
-from nmt.translate.certificate import NOT_CERTIFIED, reason_name
+from nmt.translate.certificate import NOT_CERTIFIED, SAMPLED, reason_name
+from nmt.translate.sampling import sample_search
 from nmt.translate.search_options import SearchOptions
+from nmt.translate.search_step import Specials
 from nmt.utils.device import checked_device
 from nmt.utils.packed_linear import frozen_weights
 from nmt.utils.precision import check_precision, inference_precision
@@ -22,6 +24,7 @@ from nmt.utils.precision import check_precision, inference_precision
 EMPTY_INPUT = "empty_input"
 """``reason`` of an empty input line: it is not decoded and its output is empty."""
 NOT_CERTIFIED_REASON = reason_name(NOT_CERTIFIED)
+SAMPLED_REASON = reason_name(SAMPLED)
 
 
 @dataclass(frozen=True)
@@ -211,9 +214,14 @@ class Translator:
         self.device = checked_device(device, "Translator device")  # one line, not an error at the first batch
         self.search_seconds = 0.0
 
-    def translate(self, lines: Sequence[str], progress: Callable[[int], None] | None = None) -> list[Translation]:
+    def translate(self, lines: Sequence[str], progress: Callable[[int], None] | None = None,
+                  first_index: int = 0) -> list[Translation]:
         """Translations of ``lines`` in input order; ``progress(n)`` is called after each batch
-        of n lines. Empty lines give empty translations with reason ``"empty_input"``."""
+        of n lines. Empty lines give empty translations with reason ``"empty_input"``.
+        ``first_index``: the input index of ``lines[0]`` (a stream translated in pieces): each
+        ``Translation.index`` counts from it, and so do the sentence indices that key sampling's
+        noise (``sample=True``), so that a sentence's samples depend on its place in the whole input
+        only."""
         vocab = self.tgt_field.vocab
         results: list[Translation | None] = [None] * len(lines)
         start = time.perf_counter()
@@ -228,22 +236,28 @@ class Translator:
             for batch in batches:
                 if batch.empty:  # no step, so no support entry: [] where the support was asked for
                     for i in batch.indices:
-                        results[i] = Translation(i, [], [], [], False, 0, 0.0, EMPTY_INPUT,
+                        results[i] = Translation(first_index + i, [], [], [], False, 0, 0.0, EMPTY_INPUT,
                                                  support=[] if options.return_support else None)
                 else:
                     # the source lengths stay on the host: the encoders read them there (an RNN packs
                     # with them) and masks copy them without a sync (nmt.utils.device.host_to_device)
                     on_device = batch.to(self.device, lengths_on_host=True)
                     with inference_precision(self.device, self.precision):
-                        result = beam_search(self.model, on_device.src, on_device.src_lengths,
-                                             bos=vocab.bos_index, eos=vocab.eos_index, pad=vocab.pad_index,
-                                             options=options)
+                        if options.sample:  # keyed by the sentences' indices in the input, not the batch
+                            ids = torch.tensor([first_index + i for i in batch.indices], dtype=torch.long)
+                            result = sample_search(self.model, on_device.src, on_device.src_lengths,
+                                                   Specials(vocab.bos_index, vocab.eos_index, vocab.pad_index),
+                                                   options, sentence_ids=ids)
+                        else:
+                            result = beam_search(self.model, on_device.src, on_device.src_lengths,
+                                                 bos=vocab.bos_index, eos=vocab.eos_index, pad=vocab.pad_index,
+                                                 options=options)
                     host = _HostResult.of(result)  # one transfer and conversion per field and batch
                     src_ids = batch.src.tolist()
                     lengths = batch.src_lengths.tolist()
                     for row, i in enumerate(batch.indices):
                         src_tokens = self.src_field.vocab.tokens(src_ids[row][: lengths[row]])
-                        results[i] = self._unpack(host, row, i, src_tokens)
+                        results[i] = self._unpack(host, row, first_index + i, src_tokens)
                 if progress is not None:
                     progress(len(batch))
         self.search_seconds += time.perf_counter() - start
@@ -330,7 +344,8 @@ class TranslationSummary:
     certified to have exactly one sequence of nonzero probability (``n_nonzero == 1``); both
     None too when no sentence was decoded (no input, or empty lines only): a percentage of
     nothing is not 0%. ``cut``: sentences whose output (best hypothesis) was cut by the length
-    limit without EOS."""
+    limit without EOS. ``sampled``: the sentences were sampled (``SearchOptions.sample``), not
+    searched: nothing is certified, and both percentages are None."""
 
     sentences: int
     empty: int
@@ -338,16 +353,20 @@ class TranslationSummary:
     single_percent: float | None
     mean_support: float | None
     cut: int = 0
+    sampled: bool = False
 
     @classmethod
     def of(cls, translations: Sequence[Translation]) -> "TranslationSummary":
         return SummaryCounts().add(translations).summary()
 
     def line(self) -> str:
-        """One human-readable line (``certified n/a`` when certificates were off or nothing was decoded)."""
+        """One human-readable line (``certified n/a`` when certificates were off or nothing was
+        decoded; ``sampled, not certified`` for samples)."""
         support = "n/a" if self.mean_support is None else f"{self.mean_support:.2f}"
         empty = f" ({self.empty} empty)" if self.empty else ""
-        if self.certified_percent is None:
+        if self.sampled:
+            certified = "sampled, not certified"
+        elif self.certified_percent is None:
             certified = "certified n/a"
         else:
             certified = f"certified {self.certified_percent:.1f}%; single hypothesis {self.single_percent:.1f}%"
@@ -361,7 +380,7 @@ class SummaryCounts:
 
     def __init__(self) -> None:
         self.sentences = self.decoded = self.certified = self.single = self.cut = 0
-        self.certify_off = False
+        self.certify_off = self.sampled = False
         self.support_total = self.support_steps = 0
 
     def add(self, translations: Sequence[Translation]) -> "SummaryCounts":
@@ -375,13 +394,14 @@ class SummaryCounts:
             self.single += bool(t.certified and t.n_nonzero == 1)
             self.cut += t.output_cut
             self.certify_off |= t.reason == NOT_CERTIFIED_REASON
+            self.sampled |= t.reason == SAMPLED_REASON
             self.support_total += sum(t.support_sizes)
             self.support_steps += len(t.support_sizes)
         return self
 
     def summary(self) -> TranslationSummary:
         n = max(self.decoded, 1)
-        off = not self.decoded or self.certify_off
+        off = not self.decoded or self.certify_off or self.sampled
         return TranslationSummary(
             sentences=self.sentences,
             empty=self.sentences - self.decoded,
@@ -389,6 +409,7 @@ class SummaryCounts:
             single_percent=None if off else 100.0 * self.single / n,
             mean_support=self.support_total / self.support_steps if self.support_steps else None,
             cut=self.cut,
+            sampled=self.sampled,
         )
 
 

@@ -221,7 +221,7 @@ def test_invalid_arguments(kwargs, message):
 def test_reason_table_is_complete():
     assert REASONS[0] is None
     assert set(REASONS.values()) == {None, "pruned", "max_length", "not_certified", "nonfinite_scores",
-                                     "no_hypothesis"}
+                                     "no_hypothesis", "sampled"}
 
 
 def test_support_statistics_do_not_change_the_search():

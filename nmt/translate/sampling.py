@@ -1,0 +1,230 @@
+"""Sampling instead of search: ``n_best`` independent samples per sentence (``SearchOptions.sample``).
+
+Ancestral sampling, one token per step, from the distribution of
+:mod:`nmt.translate.sample_distribution` (temperature before the output mapping, then top-k /
+top-p). Each token is drawn by Gumbel-max: ``argmax_v (log q_v + G_v)`` with ``G`` Gumbel noise from
+:mod:`nmt.translate.counter_noise`, a pure function of (seed, the sentence's index in the input, the
+sample's number, the step, the token). So a sentence's samples do not depend on its batch, its
+place in the batch or the device (the noise bits are the same everywhere; the model's own
+log-probabilities may differ in the last bits between devices, which changes a sample only where
+two perturbed scores are that close), and a token of probability zero (``log q = -inf``, e.g.
+outside a sparsemax or 1.5-entmax support) can never be drawn, without any truncation.
+
+A sample's score is its log-probability under the model (temperature 1, no truncation: what beam
+search and scoring give the same sequence; ``-inf`` where a temperature above 1 drew a token
+outside the model's own support). Its length limits are beam search's: EOS is forbidden before
+``min_length``; at ``max_length`` (or the sentence's ``max_length_ratio`` limit) the sample ends
+with EOS where EOS has nonzero probability under the model (its log-probability added), else it
+is cut there (returned without EOS, ``complete`` False). A sample whose sampling distribution has no
+token of nonzero probability (only EOS, forbidden before ``min_length``; or NaN scores) has no
+hypothesis (length 0).
+
+Shapes: B sentences, N = ``n_best`` samples each, R = B x N rows (the N samples of a sentence are
+consecutive), V target vocabulary, L source length, T steps. The first step runs B rows (every
+sample starts from BOS) and its distribution is repeated for the N samples. The loop keeps every
+shape fixed and makes no host sync in a step (:func:`sample_step`); it reads one stop flag, "no
+sample is still going", every ``stop_every`` steps, as the static beam search does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from nmt.models.protocol import StepDecoder, shares_encoder_out, tile_state
+from nmt.translate.beam_search import SearchResult
+from nmt.translate.certificate import SAMPLED
+from nmt.translate.counter_noise import gumbel, row_keys, token_keys, uniform_bits
+from nmt.translate.sample_distribution import sampling_log_probs, tempered_step
+from nmt.translate.search_options import SearchOptions
+from nmt.translate.search_step import Specials, support_size
+from nmt.utils.device import host_to_device
+from nmt.utils.packed_linear import frozen_weights
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class SampleRows:
+    """The state of R samples between steps.
+
+    alive: (R,) bool still drawing tokens; score: (R,) float log-probability under the model so far;
+    length: (R,) long tokens drawn (EOS included); cut: (R,) bool ended without EOS by a length
+    limit (EOS had probability 0 there); missing: (R,) bool ended with no token of nonzero
+    sampling probability (no hypothesis).
+    """
+
+    alive: Tensor
+    score: Tensor
+    length: Tensor
+    cut: Tensor
+    missing: Tensor
+
+    @classmethod
+    def start(cls, rows: int, device: torch.device) -> "SampleRows":
+        """R samples at BOS."""
+        no = torch.zeros(rows, dtype=torch.bool, device=device)
+        return cls(~no, torch.zeros(rows, device=device), torch.zeros(rows, dtype=torch.long, device=device),
+                   no, no)
+
+
+@dataclass
+class SampleStep:
+    """What one step drew: ``token`` (R,) long (PAD for rows that drew nothing), the updated
+    ``rows``, and ``record``: field -> (R, ...) the per-row records the options ask for
+    ("token"; "attention" (R, L); "support_size" (R,) int32; "support_tokens" / "support_probs"
+    (R, m)), zero / PAD for rows already ended before the step."""
+
+    token: Tensor
+    rows: SampleRows
+    record: dict[str, Tensor]
+
+
+def sample_step(log_probs: Tensor, tempered: Tensor, attention: Tensor | None, rows: SampleRows, keys: Tensor,
+                tokens: Tensor, t: int, options: SearchOptions, special: Specials,
+                final: Tensor | None) -> SampleStep:
+    """Draw the token of step ``t`` of every row; no host sync.
+
+    log_probs: (R, V) the model's log-probabilities (the score); tempered: (R, V) those sampled
+    from (:func:`~nmt.translate.sample_distribution.tempered_step`), truncated here by
+    ``sample_topk`` / ``sample_topp`` with EOS forbidden before ``min_length``; attention: (R, L) or
+    None; keys: (R,) the rows' noise keys (:func:`~nmt.translate.counter_noise.row_keys`); tokens:
+    (V,) the token hashes (:func:`~nmt.translate.counter_noise.token_keys`); final: (R,) bool rows
+    at their last step (only EOS may follow), or None.
+    """
+    if log_probs.dtype in (torch.float16, torch.bfloat16):
+        log_probs = log_probs.float()
+    eos, pad = special.eos, special.pad
+    scores = sampling_log_probs(tempered.to(log_probs.dtype), options.sample_topk, options.sample_topp,
+                                eos if t < options.min_length else None)  # (R, V)
+    noise = gumbel(uniform_bits(keys, t, tokens), log_probs.dtype)  # (R, V)
+    best, choice = (scores + noise).max(dim=-1)  # (R,), (R,)
+    has = best > NEG_INF  # (R,) some token of nonzero sampling probability
+    ended = rows.cut
+    if final is not None:  # only EOS may follow: it ends the sample where the model gives it nonzero probability
+        eos_ok = torch.isfinite(log_probs[:, eos])  # (R,)
+        choice = torch.where(final, eos, choice)
+        has = torch.where(final, eos_ok, has)
+        ended = ended | (rows.alive & final & ~eos_ok)
+    take = rows.alive & has  # (R,)
+    token = torch.where(take, choice, pad)  # (R,)
+    gained = log_probs.gather(1, choice.unsqueeze(1)).squeeze(1)  # (R,)
+    missing = rows.missing | (rows.alive & ~has & ~ended)
+    new = SampleRows(take & (token != eos), rows.score + torch.where(take, gained, 0.0),
+                     rows.length + take.long(), ended, missing)
+    return SampleStep(token, new, _records(token, log_probs, attention, rows.alive, options, pad))
+
+
+def _records(token: Tensor, log_probs: Tensor, attention: Tensor | None, alive: Tensor, options: SearchOptions,
+             pad: int) -> dict[str, Tensor]:
+    """The step's records (see ``SampleStep``); ``alive`` (R,): the rows that drew at this step."""
+    record = {"token": token}
+    gone = ~alive
+    if options.return_attention and attention is not None:
+        record["attention"] = attention.to(log_probs.dtype).masked_fill(gone.unsqueeze(1), 0.0)  # (R, L)
+    if options.support_stats or options.return_support:
+        record["support_size"] = support_size(log_probs).masked_fill(gone, 0)  # (R,)
+    if options.return_support:
+        known = log_probs.nan_to_num(nan=NEG_INF, posinf=NEG_INF, neginf=NEG_INF)
+        top_lp, top_tok = known.topk(min(options.support_topk, known.size(-1)), dim=-1)  # (R, m)
+        record["support_tokens"] = top_tok.masked_fill(gone.unsqueeze(1), pad)
+        record["support_probs"] = top_lp.exp().masked_fill(gone.unsqueeze(1), 0.0)
+    return record
+
+
+def sample_search(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials, options: SearchOptions,
+                  sentence_ids: Tensor | None = None) -> SearchResult:
+    """Draw ``options.n_best`` samples of each sentence of src (B, L), src_lengths (B,).
+
+    ``sentence_ids``: (B,) long, each sentence's index in the whole input (on any device; default
+    0..B-1): the noise is keyed by it, so pass it wherever a sentence's batch is not the input.
+    Returns a :class:`~nmt.translate.beam_search.SearchResult` whose n-best lists are the samples in
+    sample order (``tokens`` (B, N, T), ``lengths``, ``scores`` = ``ranking_scores`` the model's
+    log-probabilities, ``complete`` False for cut samples), ``exact`` all False, ``reason``
+    "sampled" (``SAMPLED``), ``n_nonzero`` 0 and ``mass`` 0 (they describe a search); attention and
+    support records per sample as the options ask (the support of the model's own distribution).
+    """
+    with torch.no_grad(), frozen_weights():
+        return _sample(model, src, src_lengths, special, options, sentence_ids)
+
+
+def _sample(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials, options: SearchOptions,
+            sentence_ids: Tensor | None) -> SearchResult:
+    n, max_length, every = options.n_best, options.max_length, options.stop_every
+    device = src.device
+    batch = src.size(0)
+    count = batch * n
+    ids = (torch.arange(batch, device=device) if sentence_ids is None
+           else host_to_device(sentence_ids.long(), device))  # (B,)
+    keys = row_keys(options.seed, ids.repeat_interleave(n), torch.arange(n, device=device).repeat(batch))  # (R,)
+    limits = options.length_limits(src_lengths)  # (B,) on the lengths' device, or None
+    # the steps where a row may end, known without a sync where the lengths are on the host
+    limit_steps = set(limits.tolist()) if limits is not None and limits.device.type == "cpu" else None
+    row_limit = None if limits is None else host_to_device(limits, device).repeat_interleave(n)  # (R,)
+    encoder_out, state = model.encode(src, src_lengths)
+    rows = SampleRows.start(count, device)
+    tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (B,) then (R,)
+    token_hashes: Tensor | None = None
+    records: dict[str, list[Tensor]] = {}
+    for t in range(max_length + 1):
+        log_probs, tempered, attention, state = tempered_step(model, tokens, state, encoder_out,
+                                                              options.temperature, options.return_attention)
+        if t == 0 and n > 1:  # one BOS row per sentence, repeated for its N samples
+            same = tempered is log_probs
+            log_probs = log_probs.repeat_interleave(n, dim=0)  # (R, V)
+            tempered = log_probs if same else tempered.repeat_interleave(n, dim=0)  # (R, V)
+            attention = None if attention is None else attention.repeat_interleave(n, dim=0)  # (R, L)
+            state = tile_state(state, n)
+            if not shares_encoder_out(model):
+                encoder_out = tile_state(encoder_out, n)
+        if token_hashes is None:
+            token_hashes = token_keys(log_probs.size(-1), device)  # (V,)
+        final = None
+        if t == max_length:
+            final = torch.ones(count, dtype=torch.bool, device=device)
+        elif row_limit is not None and (limit_steps is None or t in limit_steps):
+            final = row_limit == t
+        step = sample_step(log_probs, tempered, attention, rows, keys, token_hashes, t, options, special, final)
+        rows, tokens = step.rows, step.token
+        for name, value in step.record.items():
+            records.setdefault(name, []).append(value)
+        if t == max_length:
+            break
+        if (t + 1) % every == 0 and not bool(rows.alive.any()):  # the one host sync per stop_every steps
+            break
+    return _result(records, rows, batch, n, special.pad)
+
+
+def _result(records: dict[str, list[Tensor]], rows: SampleRows, batch: int, n: int, pad: int) -> SearchResult:
+    """The samples as a ``SearchResult`` (B sentences, N samples, T steps)."""
+    stacked = {name: torch.stack(values, dim=1) for name, values in records.items()}  # (R, T, ...)
+    steps = stacked["token"].size(1)
+
+    def per_sample(x: Tensor) -> Tensor:  # (R, ...) -> (B, N, ...)
+        return x.reshape((batch, n) + x.shape[1:])
+
+    lengths = torch.where(rows.missing, 0, rows.length)  # (R,) 0: no hypothesis
+    found = lengths > 0
+    tokens = stacked["token"]  # (R, T), PAD after EOS or the cut
+    scores = rows.score.masked_fill(~found, NEG_INF)  # (R,)
+    device = tokens.device
+    return SearchResult(
+        tokens=per_sample(tokens),
+        lengths=per_sample(lengths),
+        scores=per_sample(scores),
+        ranking_scores=per_sample(scores),
+        complete=per_sample(found & ~rows.cut),
+        attention=per_sample(stacked["attention"]) if "attention" in stacked else None,
+        exact=torch.zeros(batch, dtype=torch.bool, device=device),
+        n_nonzero=torch.zeros(batch, dtype=torch.long, device=device),
+        mass=torch.zeros(batch, dtype=scores.dtype, device=device),
+        reason=torch.full((batch,), SAMPLED, dtype=torch.long, device=device),
+        support_size=per_sample(stacked["support_size"]) if "support_size" in stacked else None,
+        support_tokens=per_sample(stacked["support_tokens"]) if "support_tokens" in stacked else None,
+        support_probs=per_sample(stacked["support_probs"]) if "support_probs" in stacked else None,
+        steps=steps,
+    )
+
+
+__all__ = ["SampleRows", "SampleStep", "sample_search", "sample_step"]
