@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: -output)")
     p.add_argument("-output", "--output", default="-", metavar="FILE|-", help="translations (- = stdout)")
     p.add_argument("-beam_size", "--beam_size", type=int, default=None,
-                   help=f"beam size (1 = greedy; default {d.beam_size}; -sample: not used, only 1 is accepted)")
+                   help=f"beam size (1 = greedy; with -sample only 1, its default there) (default: {d.beam_size})")
     p.add_argument("-n_best", "--n_best", type=int, default=d.n_best,
                    help="hypotheses written per sentence: N consecutive lines per input line, best first, "
                    "as OpenNMT-py writes them (an empty line where fewer hypotheses finished, e.g. no other of "
@@ -73,8 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-sample", "--sample", action="store_true", default=d.sample,
                    help="sample -n_best translations of each sentence from the model's distribution instead of "
                    "searching (back-translation; fairseq's --sampling, OpenNMT-py's random sampling): a "
-                   "sentence's samples depend only on -seed and its line, not on batching or device; a token of "
-                   "probability zero (sparse output) is never drawn; not certified")
+                   "sentence's samples depend only on -seed, its line and the sample's number, not on batching (the "
+                   "noise is the same on every device); a token of probability zero (sparse output) is never drawn; "
+                   "not certified")
     p.add_argument("-temperature", "--temperature", type=float, default=d.temperature,
                    help="-sample from mapping(scores / T): the output scores divided before the output "
                    "mapping (a sparse mapping stays sparse); 1 = the model's distribution")
@@ -84,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="-sample from the nucleus: the most probable tokens whose mass reaches P (after "
                    "-sample_topk; 1 = no truncation)")
     p.add_argument("-seed", "--seed", type=int, default=None,
-                   help=f"seed of -sample (default {d.seed}); with the line number and the sample's number it "
-                   "fixes each sample")
+                   help="seed of -sample, in [0, 2^64); with the line number and the sample's number it fixes each "
+                   f"sample (default: {d.seed})")
     p.add_argument("-with_score", "--with_score", action="store_true",
                    help="each output line 'translation<TAB>log-probability' (OpenNMT-py's -with_score; a "
                    "padding line of -n_best is a lone tab; not with scoring)")

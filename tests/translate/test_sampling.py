@@ -448,3 +448,19 @@ def test_sample_step_compiles_as_one_graph():
     compiled = torch.compile(sample_step, fullgraph=True)(*args)
     assert torch.equal(compiled.token, eager.token)
     assert torch.equal(compiled.rows.score, eager.rows.score) and torch.equal(compiled.rows.alive, eager.rows.alive)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_draws_the_cpus_noise_and_samples():
+    keys = row_keys(2 ** 33 + 5, torch.arange(50), torch.arange(50) % 4)
+    bits = uniform_bits(keys, 7, token_keys(3000, "cpu"))
+    on_gpu = uniform_bits(keys.cuda(), 7, token_keys(3000, "cuda"))
+    assert torch.equal(on_gpu.cpu(), bits)  # integer operations: the same bits
+    src_field, tgt_field = fields()
+    model = build_model(model_config("entmax15"), len(src_field.vocab), len(tgt_field.vocab),
+                        tgt_field.vocab.pad_index).eval()
+    lines = ["a b", "c d e a", "e", "b b c", "d a"]
+    kw = dict(sample=True, n_best=3, max_length=6, seed=3)
+    cpu = Translator(model, src_field, tgt_field, device="cpu", **kw).translate(lines)
+    gpu = Translator(model.cuda(), src_field, tgt_field, device="cuda", **kw).translate(lines)
+    assert [[h for h, _ in t.hypotheses] for t in gpu] == [[h for h, _ in t.hypotheses] for t in cpu]

@@ -1,0 +1,136 @@
+"""``nmt-translate -sample`` end to end on a train-free checkpoint (random weights, 1.5-entmax output).
+
+The specials' output biases are very negative, so 1.5-entmax gives them probability exactly 0 and
+no sample ever holds one: every sampled text tokenizes back to its own ids, and the
+``-with_score`` of a sample equals what ``-score_output`` (teacher forcing) gives that text.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from nmt.cli import translate as translate_cli
+from nmt.data.field import Field
+from nmt.data.tokenizers import CharTokenizer, SpaceTokenizer
+from nmt.models import build_model
+from nmt.utils.checkpoint_file import save_checkpoint
+
+MODEL = {
+    "type": "rnn",
+    "embeddings": {"src_size": 8, "tgt_size": 8, "share": False, "tie_output": False, "dropout": 0.0},
+    "encoder": {"type": "lstm", "layers": 1, "hidden_size": 12, "bidirectional": True, "dropout": 0.0},
+    "decoder": {"type": "lstm", "layers": 1, "hidden_size": 12, "dropout": 0.0, "input_feeding": True,
+                "bridge": "linear"},
+    "attention": {"score": "general", "mapping": "entmax15", "params": {}, "continuous": None},
+    "output": {"mapping": "entmax15", "params": {}},
+}
+INPUTS = ["a b c", "d e", "", "f a b d", "c", "e e f a", "b d"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("sampling_cli")
+    src = Field.build(SpaceTokenizer(), ["a b c d e f"])
+    tgt = Field.build(CharTokenizer(), ["abcdef"])
+    torch.manual_seed(0)
+    model = build_model(MODEL, len(src.vocab), len(tgt.vocab), tgt.vocab.pad_index)
+    with torch.no_grad():
+        model.generator.proj.weight.mul_(3.0)
+        for special in (tgt.vocab.pad_index, tgt.vocab.bos_index, tgt.vocab.unk_index):
+            model.generator.proj.bias[special] = -100.0
+        model.generator.proj.bias[tgt.vocab.eos_index] += 0.5  # samples end
+    payload = {"kind": "model", "model": model.state_dict(), "config": {"model": MODEL},
+               "src_field": src.state_dict(), "tgt_field": tgt.state_dict(), "step": 1}
+    save_checkpoint(root / "model.pt", payload)
+    (root / "input.txt").write_text("".join(line + "\n" for line in INPUTS), encoding="utf-8")
+    return {"root": root, "model": str(root / "model.pt"), "input": str(root / "input.txt")}
+
+
+def translate(args: list[str], capsys) -> tuple[int, str, str]:
+    code = translate_cli.main(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_samples_scores_report_and_summary(files, capsys, tmp_path):
+    report = tmp_path / "report.jsonl"
+    base = ["-model", files["model"], "-src", files["input"], "-output", "-", "-sample", "-n_best", "3",
+            "-seed", "7", "-max_length", "12", "-with_score"]
+    code, out, err = translate(base + ["-report", str(report)], capsys)
+    assert code == 0, err
+    lines = out.split("\n")[:-1]
+    assert len(lines) == 3 * len(INPUTS)
+    assert lines[6:9] == ["\t"] * 3  # the empty input line: three padding lines
+    records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+    assert [r["reason"] for r in records] == ["sampled", "sampled", "empty_input", "sampled", "sampled", "sampled",
+                                              "sampled"]
+    assert not any(r["certified"] for r in records)
+    for i, r in enumerate(records):
+        if r["reason"] == "sampled":
+            assert [h["text"] for h in r["nbest"]] == [line.split("\t")[0] for line in lines[3 * i: 3 * i + 3]]
+            for h, line in zip(r["nbest"], lines[3 * i: 3 * i + 3]):
+                assert float(line.split("\t")[1]) == pytest.approx(h["logprob"], rel=1e-5)
+    assert "sampled, not certified" in err and "certified 0" not in err
+    texts = [line.split("\t")[0] for line in lines]
+    import nmt  # the Python API draws the same samples
+
+    api = nmt.load(files["model"], device="cpu").translate(INPUTS, sample=True, n_best=3, seed=7, max_length=12)
+    assert [text for t in api for text, _ in t.hypotheses or [("", 0.0)] * 3] == texts
+    assert len(set(texts)) > 10  # samples, not one translation repeated
+
+    # the same samples for any batching, again; other ones for another seed
+    for flags in (["-batch_size", "1"], ["-batch_size", "2"], ["-batch_type", "tokens", "-batch_size", "5"]):
+        code, again, err = translate(base + flags, capsys)
+        assert code == 0 and again == out, (flags, err)
+    code, other, _ = translate([("8" if a == "7" else a) for a in base], capsys)
+    assert code == 0 and other != out
+
+    # the score of each sample is the model's log-probability of its text (scoring, teacher forcing)
+    sources = tmp_path / "src3.txt"
+    targets = tmp_path / "tgt3.txt"
+    pairs = [(INPUTS[i // 3], texts[i]) for i in range(len(texts)) if INPUTS[i // 3]]
+    sources.write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+    targets.write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+    code, _, err = translate(["-model", files["model"], "-src", str(sources), "-tgt", str(targets),
+                              "-score_output", str(tmp_path / "scores.jsonl")], capsys)
+    assert code == 0, err
+    scored = [json.loads(line)["logprob"] for line in (tmp_path / "scores.jsonl").read_text().splitlines()]
+    sampled = [float(line.split("\t")[1]) for i, line in enumerate(lines) if INPUTS[i // 3]]
+    assert scored == pytest.approx(sampled, abs=1e-4)
+
+
+def test_streaming_samples_equal_the_file_samples(files, capsys, monkeypatch):
+    args = ["-model", files["model"], "-output", "-", "-sample", "-n_best", "2", "-seed", "3", "-batch_size", "2"]
+    code, from_file, err = translate(args + ["-src", files["input"]], capsys)
+    assert code == 0, err
+    with open(files["input"], "rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        code, streamed, err = translate(args + ["-src", "-"], capsys)
+    assert code == 0 and streamed == from_file, err
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["-sample", "-beam_size", "5"], "-beam_size 5 does not apply to -sample, which draws -n_best independent samples"),
+    (["-temperature", "0.5"], "-temperature applies to sampling only (sample=True), got 0.5"),
+    (["-sample_topk", "3"], "-sample_topk applies to sampling only"),
+    (["-seed", "3"], "-seed applies to -sample only"),
+    (["-sample", "-temperature", "0"], "-temperature must be a finite number > 0, got 0.0"),
+    (["-sample", "-sample_topp", "1.5"], "-sample_topp must be in (0, 1], got 1.5"),
+    (["-sample", "-length_penalty", "gnmt"], "-length_penalty must be none with sample=True"),
+    (["-sample", "-search_mode", "dynamic"], "-mode must be auto or static with sample=True"),
+    (["-sample", "-score_output", "s.jsonl", "-tgt", "t.txt"], "-sample applies to translation, not to scoring"),
+])
+def test_sampling_flags_that_do_not_fit_are_one_line_errors(files, capsys, tmp_path, flags, expected):
+    out = tmp_path / "out.txt"
+    code, _, err = translate(["-model", files["model"], "-src", files["input"], "-output", str(out), *flags], capsys)
+    assert code == 2 and err.startswith(f"nmt-translate: error: {expected}") and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_sample_with_beam_size_one_is_accepted(files, capsys):
+    code, out, err = translate(["-model", files["model"], "-src", files["input"], "-output", "-", "-sample",
+                                "-beam_size", "1", "-quiet"], capsys)
+    assert code == 0 and len(out.split("\n")[:-1]) == len(INPUTS), err
