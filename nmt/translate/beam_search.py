@@ -96,7 +96,7 @@ class SearchResult:
 
     def reason_names(self) -> list[str | None]:
         """Per sentence: None when exact, else "pruned", "max_length", "not_certified",
-        "nonfinite_scores" or "no_hypothesis"."""
+        "nonfinite_scores", "no_hypothesis" or "sampled" (``sample=True``)."""
         return [reason_name(code) for code in self.reason.tolist()]
 
 

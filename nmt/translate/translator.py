@@ -45,7 +45,8 @@ class Certificate:
 
     certified: the search provably found every sequence of nonzero probability, so the first
     hypothesis is the true argmax; reason: why not (``"pruned"``, ``"max_length"``,
-    ``"not_certified"`` when certificates were off, ``"empty_input"``), None when certified;
+    ``"not_certified"`` when certificates were off, ``"sampled"`` for samples, ``"empty_input"``),
+    None when certified;
     n_nonzero: hypotheses of nonzero probability found; mass: their total probability.
     """
 
