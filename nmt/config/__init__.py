@@ -12,6 +12,7 @@ from nmt.config.errors import ConfigError, unknown_name_error
 from nmt.config.loading import (
     apply_overrides,
     config_differences,
+    config_value,
     dump_config,
     load_config,
     parse_override,
@@ -26,5 +27,5 @@ from nmt.config.validation import check_config, check_mapping, registered_mappin
 __all__ = [
     "ConfigError", "unknown_name_error", "Option", "REQUIRED", "Schema", "validate", "SCHEMA", "METRICS",
     "HIGHER_IS_BETTER", "load_config", "resolve_config", "apply_overrides", "parse_override", "read_yaml",
-    "config_differences", "dump_config", "save_config", "check_config", "check_mapping", "registered_mappings",
+    "config_differences", "config_value", "dump_config", "save_config", "check_config", "check_mapping", "registered_mappings",
 ]

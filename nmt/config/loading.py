@@ -158,6 +158,17 @@ def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [prefix]
 
 
+def config_value(config: Any, dotted: str) -> Any:
+    """The value at dotted key ``dotted`` (``"model.decoder.hidden_size"``) of a resolved config,
+    None where a part of the path is missing (a config of an older nmt, say)."""
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
 def dump_config(config: dict) -> str:
     """YAML text of a resolved config (section order preserved)."""
     return yaml.safe_dump(config, sort_keys=False, default_flow_style=False, allow_unicode=True)
@@ -169,4 +180,4 @@ def save_config(config: dict, path: str | Path) -> None:
 
 
 __all__ = ["load_config", "resolve_config", "apply_overrides", "parse_override", "read_yaml",
-           "config_differences", "save_config", "dump_config"]
+           "config_differences", "config_value", "save_config", "dump_config"]

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from nmt.config import ConfigError, config_differences
+from nmt.config import ConfigError, config_differences, config_value
 from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.train.checkpoint import CheckpointError, has_checkpoints
@@ -114,7 +114,7 @@ def load_parent(config: dict, source: str, resuming: bool) -> Parent | None:
                           "state; name a training checkpoint, or set training.init_optimizer: false")
     parent_cfg = payload["config"]
     for key in VOCABULARY_KEYS:
-        mine, theirs = _lookup(config, key), _lookup(parent_cfg, key)
+        mine, theirs = config_value(config, key), config_value(parent_cfg, key)
         if mine != theirs:
             logger.warning("%s: %r ignored (%r in %s): a fine-tuned run keeps its parent's tokenizers and "
                            "vocabularies", key, mine, theirs, path)
@@ -141,7 +141,7 @@ def init_optimizer(parent: Parent, optimizer: torch.optim.Optimizer, config: dic
     ``optimizer``, keeping ``optimizer``'s hyperparameters (lr as the schedule set it, betas, eps,
     weight decay: this config's). ConfigError naming ``training.optimizer.name`` when the parent
     used another optimizer, ``training.init_optimizer`` when its state does not fit."""
-    parent_name = _lookup(parent.payload["config"], "training.optimizer.name")
+    parent_name = config_value(parent.payload["config"], "training.optimizer.name")
     name = config["training"]["optimizer"]["name"]
     if parent_name != name:
         raise ConfigError(source, "training.optimizer.name", f"{name!r} in the config, {parent_name!r} in "
@@ -172,7 +172,7 @@ def _architecture_error(parent: Parent, model: torch.nn.Module, config: dict, so
     culprit = next((key for key in differences if _changes_parameters(parent, key, config, target)),
                    differences[0] if differences else None)
     if culprit is not None:
-        mine, theirs = _lookup(config, culprit), _lookup(parent.payload["config"], culprit)
+        mine, theirs = config_value(config, culprit), config_value(parent.payload["config"], culprit)
         return ConfigError(source, culprit, f"{mine!r} in the config, {theirs!r} in {parent.path}: fine-tuning "
                            "(training.init_from) needs the parent's architecture")
     ours = _shapes(model.state_dict())
@@ -191,7 +191,7 @@ def _changes_parameters(parent: Parent, key: str, config: dict, target: dict[str
     node, parts = trial, key.split(".")[1:]
     for part in parts[:-1]:
         node = node.setdefault(part, {})
-    value = _lookup(config, key)
+    value = config_value(config, key)
     node[parts[-1]] = copy.deepcopy(value)
     try:
         with torch.device("meta"):
@@ -205,14 +205,6 @@ def _changes_parameters(parent: Parent, key: str, config: dict, target: dict[str
 def _shapes(state: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in state.items()}
 
-
-def _lookup(config: dict, dotted: str) -> Any:
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 def _first_line(exc: BaseException) -> str:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from nmt.config import ConfigError, config_differences, save_config
+from nmt.config import ConfigError, config_differences, config_value, save_config
 from nmt.config.options import HIGHER_IS_BETTER
 from nmt.data.batching import collate, make_batch_order
 from nmt.data.field import Field
@@ -329,7 +329,7 @@ class Trainer:
         if blocking:
             key = blocking[0]
             raise ConfigError(self.source, key, f"differs from the run in {self.save_dir} "
-                              f"({_lookup(checkpoint['config'], key)!r} there); resume needs the same "
+                              f"({config_value(checkpoint['config'], key)!r} there); resume needs the same "
                               "model, data, seed and batching; use another training.save_dir")
         if differences:
             logger.info("resuming with changed settings: %s", ", ".join(differences))
@@ -685,14 +685,6 @@ class Trainer:
             tb.attention_grid(f"attention_layers_heads/valid_{i}", grid.numpy(), src_tokens, tgt_tokens,
                               self.progress.step, title)
 
-
-def _lookup(config: dict, dotted: str) -> Any:
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 def _duration(seconds: float) -> str:

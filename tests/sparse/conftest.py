@@ -114,14 +114,34 @@ def native_build(request, tmp_path_factory):
     return _native.load(_native.build(tmp_path_factory.mktemp(request.param), defines=[request.param]))
 
 
+def _subprocess_env(**extra: str) -> dict:
+    out = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [out.get("PYTHONPATH")] if p])
+    out.update(extra)
+    return out
+
+
 @pytest.fixture
 def subprocess_env():
     """``env(**extra)``: this process's environment for a fresh Python subprocess, without
     ``TRITON_INTERPRET`` (a compiling Triton unless ``extra`` sets it), the repository first on
     ``PYTHONPATH``, then ``extra``."""
-    def env(**extra: str) -> dict:
-        out = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        out["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [out.get("PYTHONPATH")] if p])
-        out.update(extra)
-        return out
-    return env
+    return _subprocess_env
+
+
+@pytest.fixture(scope="session")
+def stand_in_env():
+    """``subprocess_env``'s ``env(**extra)`` for a script that runs the stand-in driver of
+    ``tools/stand_in_driver.py`` (kernels compiled for sm_90, launches counted); skips the test
+    without Triton >= 3.3 and its NVIDIA backend (the stand-in compiles for sm_90; nmt's launch
+    cache needs 3.3's launcher layout)."""
+    pytest.importorskip("triton")
+    from triton.backends import backends
+
+    if "nvidia" not in backends:
+        pytest.skip("triton without its NVIDIA backend")
+    try:
+        import triton.knobs  # noqa: F401  (Triton >= 3.3)
+    except ImportError:
+        pytest.skip("Triton < 3.3: the kernels keep Triton's own launch")
+    return _subprocess_env

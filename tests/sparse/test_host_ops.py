@@ -16,7 +16,6 @@ mode for torch's softmax as for nmt's Functions."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,21 +81,10 @@ NMT_CALLS = {
 
 
 @pytest.fixture(scope="module")
-def counted():
+def counted(stand_in_env):
     """``tools/host_ops.py``'s counts by label, from a fresh process with a compiling Triton (the
     stand-in driver compiles for sm_90). Skipped without Triton >= 3.3 and its NVIDIA backend."""
-    pytest.importorskip("triton")
-    from triton.backends import backends
-
-    if "nvidia" not in backends:
-        pytest.skip("triton without its NVIDIA backend")
-    try:
-        import triton.knobs  # noqa: F401  (Triton >= 3.3: nmt's launch cache, whose calls are pinned)
-    except ImportError:
-        pytest.skip("Triton < 3.3: the kernels keep Triton's own launch")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # a compiling Triton
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    env = stand_in_env(TRITON_DEFAULT_FP_FUSION="1")
     out = subprocess.run([sys.executable, "-c", _SCRIPT, str(ROOT / "tools")], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]

@@ -106,33 +106,23 @@ print("OK", verified[0], learnt)
 """
 
 
-def _run_on_the_stand_in(script: str, subprocess_env) -> None:
+def _run_on_the_stand_in(script: str, stand_in_env) -> None:
     """Run ``script`` (given the tools folder, for bench_launch's stand-in driver) in a fresh process
-    with a compiling Triton; its last line must start with OK. Skipped without Triton >= 3.3 and its
-    NVIDIA backend (the stand-in compiles for sm_90; the cache needs 3.3's launcher layout)."""
-    pytest.importorskip("triton")
-    from triton.backends import backends
-
-    if "nvidia" not in backends:
-        pytest.skip("triton without its NVIDIA backend")
-    try:
-        import triton.knobs  # noqa: F401  (Triton >= 3.3: the cache's launcher layout)
-    except ImportError:
-        pytest.skip("Triton < 3.3: the kernels keep Triton's own launch")
+    with a compiling Triton; its last line must start with OK."""
     out = subprocess.run([sys.executable, "-c", script, str(ROOT / "tools")], cwd=ROOT,
-                         env=subprocess_env(TRITON_DEFAULT_FP_FUSION="1"), capture_output=True, text=True, timeout=900)
+                         env=stand_in_env(TRITON_DEFAULT_FP_FUSION="1"), capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     assert lines and lines[-1].startswith("OK"), out.stdout[-2000:]
 
 
-def test_cached_launches_are_tritons_on_a_stand_in_gpu(subprocess_env):
+def test_cached_launches_are_tritons_on_a_stand_in_gpu(stand_in_env):
     """Every kernel variant (dtypes, aligned and unaligned pointers, rows of 1 / 16 / 50,
     every loss reduction, smoothing, alpha, index widths, g strides 0 and 1): with the cache in
     ``verify`` mode every cached launch picks Triton's compiled kernel and passes what its binder
     binds (else it raises), and the launcher receives the same arguments, in the same order, as
     with the cache off."""
-    _run_on_the_stand_in(_SCRIPT, subprocess_env)
+    _run_on_the_stand_in(_SCRIPT, stand_in_env)
 
 
 _KEY_SCRIPT = r"""
@@ -363,14 +353,14 @@ print("OK")
 """
 
 
-def test_launches_run_on_the_device_of_their_tensors(subprocess_env):
+def test_launches_run_on_the_device_of_their_tensors(stand_in_env):
     """Triton launches on the current device; nmt's launches enter the tensors' device instead
     (``-device cuda:1`` with ``cuda:0`` current). Through Triton's real launch path with the
     stand-in driver, a second GPU simulated: with the cache on, in ``verify`` mode and off, a
     kernel given tensors of device 1 is compiled, keyed, given its stream and launched there, on
     the current device as before, and the current device is restored after; likewise
     DeviceLaunch, the launch of a Triton without the cache."""
-    _run_on_the_stand_in(_DEVICE_SCRIPT, subprocess_env)
+    _run_on_the_stand_in(_DEVICE_SCRIPT, stand_in_env)
 
 
 @pytest.mark.cuda
