@@ -24,7 +24,10 @@
  * time, no -m flags; -DNMT_NO_AVX512 / -DNMT_NO_AVX2 leave the wide ones out; a plain
  * loop where they are missing or with -DNMT_ROWS_ONLY), without a branch: a comparison per entry
  * was mispredicted on broad rows and left the loop scalar (70 ms where torch takes 25 for 896 rows
- * of 3,963 entries; 13 ms with AVX2, 5 ms on two threads, which the caller runs).
+ * of 3,963 entries; 13 ms with AVX2, 5 ms on two threads, which the caller runs). With AVX-512 the
+ * sums are written with intrinsics (SUMS_512: the vector extensions widened eight floats by four
+ * conversions and four shuffles, the pass's bottleneck), and the verification's count of the
+ * entries at or above t goes by vectors too (COUNT_LANES; one by one it cost as much as two steps).
  * Rows are independent; nothing is allocated. Built with OpenMP, a call splits its rows over the
  * threads it is given (FOR_THREADS below).
  */
@@ -77,6 +80,79 @@
         s2 = r2;                                                                                \
         k = (double)rk;                                                                         \
     } while (0)
+/* VECTOR_SUMS with AVX-512 intrinsics, eight doubles a vector (float rows: eight floats widened by
+   one conversion; the vector extensions' widening of eight floats compiled to four conversions and
+   four shuffles, the pass's bottleneck), two vectors an iteration into two sets of masked sums;
+   the count is summed in doubles (exact below 2^53) */
+#define SUMS_512_STEP(d, s1, s2, sk)                                                            \
+    do {                                                                                        \
+        const __mmask8 m_ = _mm512_cmp_pd_mask(d, zero, _CMP_GT_OQ);                            \
+        s1 = _mm512_mask_add_pd(s1, m_, s1, d);                                                 \
+        s2 = _mm512_mask_add_pd(s2, m_, s2, _mm512_mul_pd(d, d));                               \
+        sk = _mm512_mask_add_pd(sk, m_, sk, one);                                               \
+    } while (0)
+#define SUMS_512(T)                                                                             \
+    do {                                                                                        \
+        __m512d a1 = _mm512_setzero_pd(), a2 = a1, ak = a1, b1 = a1, b2 = a1, bk = a1;          \
+        __m512d c1 = a1, c2 = a1, ck = a1, e1 = a1, e2 = a1, ek = a1;                           \
+        const __m512d vt = _mm512_set1_pd(tau), zero = a1, one = _mm512_set1_pd(1.0);           \
+        int64_t i_ = 0;                                                                         \
+        for (; i_ + 32 <= n; i_ += 32) {                                                        \
+            const __m512d d0 = _mm512_sub_pd(LOAD8_##T(x + i_), vt);                            \
+            const __m512d d1 = _mm512_sub_pd(LOAD8_##T(x + i_ + 8), vt);                        \
+            const __m512d d2 = _mm512_sub_pd(LOAD8_##T(x + i_ + 16), vt);                       \
+            const __m512d d3 = _mm512_sub_pd(LOAD8_##T(x + i_ + 24), vt);                       \
+            SUMS_512_STEP(d0, a1, a2, ak);                                                      \
+            SUMS_512_STEP(d1, b1, b2, bk);                                                      \
+            SUMS_512_STEP(d2, c1, c2, ck);                                                      \
+            SUMS_512_STEP(d3, e1, e2, ek);                                                      \
+        }                                                                                       \
+        for (; i_ + 8 <= n; i_ += 8) {                                                          \
+            const __m512d d0 = _mm512_sub_pd(LOAD8_##T(x + i_), vt);                            \
+            SUMS_512_STEP(d0, a1, a2, ak);                                                      \
+        }                                                                                       \
+        a1 = _mm512_add_pd(_mm512_add_pd(a1, b1), _mm512_add_pd(c1, e1));                       \
+        a2 = _mm512_add_pd(_mm512_add_pd(a2, b2), _mm512_add_pd(c2, e2));                       \
+        ak = _mm512_add_pd(_mm512_add_pd(ak, bk), _mm512_add_pd(ck, ek));                       \
+        double l1[8], l2[8], lk[8];                                                             \
+        _mm512_storeu_pd(l1, a1);                                                               \
+        _mm512_storeu_pd(l2, a2);                                                               \
+        _mm512_storeu_pd(lk, ak);                                                               \
+        double r1 = 0.0, r2 = 0.0, rkd = 0.0;                                                   \
+        for (int l = 0; l < 8; l++) {                                                           \
+            r1 += l1[l];                                                                        \
+            r2 += l2[l];                                                                        \
+            rkd += lk[l];                                                                       \
+        }                                                                                       \
+        int64_t rk = (int64_t)rkd;                                                              \
+        TAIL_SUMS;                                                                              \
+    } while (0)
+/* above += #{x[i_ ..] >= tt} by vectors VT of L lanes (integer lanes IT of T's width, summed into
+   above every 2^21 vectors: no lane overflows); i_ ends at the first entry not counted */
+#define COUNT_LANES(VT, IT, L)                                                                  \
+    do {                                                                                        \
+        VT tv_;                                                                                 \
+        for (int l_ = 0; l_ < L; l_++) tv_[l_] = tt;                                            \
+        while (i_ + L <= n) {                                                                   \
+            IT c0_ = {0}, c1_ = {0};                                                            \
+            const int64_t e_ = n - i_ > ((int64_t)L << 21) ? i_ + ((int64_t)L << 21) : n;       \
+            for (; i_ + 2 * L <= e_; i_ += 2 * L) {                                             \
+                VT v0_, v1_;                                                                    \
+                memcpy(&v0_, x + i_, sizeof v0_);                                               \
+                memcpy(&v1_, x + i_ + L, sizeof v1_);                                           \
+                c0_ -= (IT)(v0_ >= tv_);                                                        \
+                c1_ -= (IT)(v1_ >= tv_);                                                        \
+            }                                                                                   \
+            for (; i_ + L <= e_; i_ += L) {                                                     \
+                VT v0_;                                                                         \
+                memcpy(&v0_, x + i_, sizeof v0_);                                               \
+                c0_ -= (IT)(v0_ >= tv_);                                                        \
+            }                                                                                   \
+            for (int l_ = 0; l_ < L; l_++) above += (int64_t)c0_[l_] + (int64_t)c1_[l_];        \
+        }                                                                                       \
+    } while (0)
+#define LOAD8_float(p) _mm512_cvtps_pd(_mm256_loadu_ps(p))
+#define LOAD8_double(p) _mm512_loadu_pd(p)
 #define SCALAR_SUMS(T)                                                                          \
     do {                                                                                        \
         double r1 = 0.0, r2 = 0.0;                                                              \
@@ -84,7 +160,7 @@
         TAIL_SUMS;                                                                              \
     } while (0)
 
-#define DEFINE_NEWTON(NAME, T, EPS, ATTR, SUMS)                                                 \
+#define DEFINE_NEWTON(NAME, T, EPS, ATTR, SUMS, COUNT)                                           \
 ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, const T *lo, int64_t max_iter, \
                       T *tau_out, int32_t *ok)                                                  \
 {                                                                                               \
@@ -125,9 +201,10 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, const T *lo, i
             t = tau + (s1 - sqrt(disc > 0.0 ? disc : 0.0)) / k;                                 \
         }                                                                                       \
         const T tt = (T)t;                                                                      \
-        int64_t above = 0;                                                                      \
-        for (int64_t i = 0; i < n; i++)                                                         \
-            above += x[i] >= tt;                                                                \
+        int64_t above = 0, i_ = 0;                                                              \
+        COUNT; /* the entries x >= tt: x[0 .. i_) by vectors, the rest one by one */            \
+        for (; i_ < n; i_++)                                                                    \
+            above += x[i_] >= tt;                                                               \
         tau_out[r] = tt;                                                                        \
         ok[r] = valid && (double)above == k;                                                    \
     }                                                                                           \
@@ -135,22 +212,28 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, const T *lo, i
 
 #define NO_ATTR
 #if NMT_VECTORS
-DEFINE_NEWTON(newton_f32_v, float, (double)FLT_EPSILON, NO_ATTR, VECTOR_SUMS(float, nmt_f32x2, nmt_f64x2, nmt_i64x2, 2))
-DEFINE_NEWTON(newton_f64_v, double, DBL_EPSILON, NO_ATTR, VECTOR_SUMS(double, nmt_f64x2, nmt_f64x2, nmt_i64x2, 2))
+DEFINE_NEWTON(newton_f32_v, float, (double)FLT_EPSILON, NO_ATTR, VECTOR_SUMS(float, nmt_f32x2, nmt_f64x2, nmt_i64x2, 2),
+              COUNT_LANES(nmt_f32x4, nmt_i32x4, 4))
+DEFINE_NEWTON(newton_f64_v, double, DBL_EPSILON, NO_ATTR, VECTOR_SUMS(double, nmt_f64x2, nmt_f64x2, nmt_i64x2, 2),
+              COUNT_LANES(nmt_f64x2, nmt_i64x2, 2))
 #else
-DEFINE_NEWTON(newton_f32_v, float, (double)FLT_EPSILON, NO_ATTR, SCALAR_SUMS(float))
-DEFINE_NEWTON(newton_f64_v, double, DBL_EPSILON, NO_ATTR, SCALAR_SUMS(double))
+DEFINE_NEWTON(newton_f32_v, float, (double)FLT_EPSILON, NO_ATTR, SCALAR_SUMS(float), (void)0)
+DEFINE_NEWTON(newton_f64_v, double, DBL_EPSILON, NO_ATTR, SCALAR_SUMS(double), (void)0)
 #endif
 
 #if NMT_VECTORS && defined(NMT_WIDE_AVX2)
 /* 256-bit vectors where the processor has AVX2 (_cpu_dispatch.h) */
-DEFINE_NEWTON(newton_f32_avx2, float, (double)FLT_EPSILON, AVX2, VECTOR_SUMS(float, nmt_f32x4, nmt_f64x4, nmt_i64x4, 4))
-DEFINE_NEWTON(newton_f64_avx2, double, DBL_EPSILON, AVX2, VECTOR_SUMS(double, nmt_f64x4, nmt_f64x4, nmt_i64x4, 4))
+DEFINE_NEWTON(newton_f32_avx2, float, (double)FLT_EPSILON, AVX2, VECTOR_SUMS(float, nmt_f32x4, nmt_f64x4, nmt_i64x4, 4),
+              COUNT_LANES(nmt_f32x8, nmt_i32x8, 8))
+DEFINE_NEWTON(newton_f64_avx2, double, DBL_EPSILON, AVX2, VECTOR_SUMS(double, nmt_f64x4, nmt_f64x4, nmt_i64x4, 4),
+              COUNT_LANES(nmt_f64x4, nmt_i64x4, 4))
 #define HAVE_AVX2() CPU_HAS_AVX2()
 #if defined(NMT_WIDE_AVX512)
 /* 512-bit vectors (eight doubles) where the processor has AVX-512 */
-DEFINE_NEWTON(newton_f32_avx512, float, (double)FLT_EPSILON, AVX512, VECTOR_SUMS(float, nmt_f32x8, nmt_f64x8, nmt_i64x8, 8))
-DEFINE_NEWTON(newton_f64_avx512, double, DBL_EPSILON, AVX512, VECTOR_SUMS(double, nmt_f64x8, nmt_f64x8, nmt_i64x8, 8))
+DEFINE_NEWTON(newton_f32_avx512, float, (double)FLT_EPSILON, AVX512, SUMS_512(float),
+              COUNT_LANES(nmt_f32x16, nmt_i32x16, 16))
+DEFINE_NEWTON(newton_f64_avx512, double, DBL_EPSILON, AVX512, SUMS_512(double),
+              COUNT_LANES(nmt_f64x8, nmt_i64x8, 8))
 #define HAVE_AVX512() CPU_HAS_AVX512()
 #endif
 #else
