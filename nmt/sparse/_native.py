@@ -509,9 +509,12 @@ def bound_threshold(z: Tensor, q: float, scale: float, exact_scale: bool,
     detached), ``q`` in {1, 2}, relative to the row maximum as ``root_threshold(relative=True)``
     returns it: per row the maximum and the maxima of about 64-entry segments, whose own exact
     threshold bounds the row's from below; the entries ``v = scale (z - max)`` above that bound
-    (no other can reach the threshold); the Newton loop of :func:`newton_threshold` on those
-    alone, from the bound (or, on broad rows, from the candidates' mean less ``k^(-1/q)``), its
-    closed form verified (see ``_newton_threshold.c``). ``exact_scale``: ``scale`` is a power of two (``v`` is then rounded
+    (no other can reach the threshold); on broad rows their moments: float32 rows whose every
+    candidate is in the support get the closed form on all of them, verified by their minimum, with
+    no Newton step; the others the Newton loop of :func:`newton_threshold` on the candidates alone,
+    from the bound (or, on broad rows, the candidates' mean less ``k^(-1/q)``, or for 1.5-entmax
+    the threshold of normal scores of their mean and variance, a guess its first step corrects
+    from above), its closed form verified (see ``_newton_threshold.c``). ``exact_scale``: ``scale`` is a power of two (``v`` is then rounded
     as ``torch.add(-zmax * scale, z, alpha=scale)``, else as ``(z - zmax) * scale``). Returns
     ``(tau (R,), zmax (R,), ok (R,) bool)``: rows holding NaN or ``+inf`` get ``zmax`` NaN (``tau`` -1), rows
     without a finite entry ``tau = +inf`` and ``zmax = 0``; ``ok`` False for rows left unverified

@@ -281,3 +281,120 @@ def test_a_compiler_without_openmp_builds_the_library_for_one_thread(monkeypatch
     got = _native.bound_entmax15(x, 20000, True, True)
     for a, b in zip(got, want):
         assert torch.equal(a.nan_to_num(-7.0), b.nan_to_num(-7.0))
+
+
+def _numpy_threshold(v, q: float) -> float:
+    """The exact threshold of one row ``v`` (float64 NumPy, ``-inf`` allowed) by sorting, written
+    here from the definition: the largest support size ``k`` whose closed form ``t_k`` keeps the
+    k-th largest entry above it (q = 1: ``sum_{i<=k} (v_i - t) = 1``; q = 2: ``sum (v_i - t)^2 =
+    1``, the smaller root), that closed form then taken again about the support's mean (``t = c -
+    sqrt((1 - sum (v_i - c)^2) / k)``: the prefix sums' form cancels on rows of many equal scores)."""
+    import numpy as np
+
+    z = np.sort(v[np.isfinite(v)])[::-1]
+    k = np.arange(1, len(z) + 1, dtype=np.float64)
+    s1 = np.cumsum(z)
+    if q == 1.0:
+        t = (s1 - 1.0) / k
+        good = z > t
+    else:
+        disc = s1 * s1 - k * (np.cumsum(z * z) - 1.0)
+        t = (s1 - np.sqrt(np.maximum(disc, 0.0))) / k
+        good = (disc >= 0) & (z > t)
+    size = int(np.nonzero(good)[0][-1]) + 1
+    support = z[:size]
+    c = support.mean()
+    if q == 1.0:
+        return float(c - 1.0 / size)
+    return float(c - np.sqrt((1.0 - ((support - c) ** 2).sum()) / size))
+
+
+def narrow_rows(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Broad and dense rows (most or all entries in the support): normal scores of deviation 1e-6
+    to 0.05 (an output layer at initialisation), uniform, Gumbel and reflected-Gumbel (one-sided
+    tails: the normal guess above the threshold on these), Student-t (3) and bimodal ones; all equal;
+    one outlier above an equal rest; two levels; an offset of 2^20 (float32 rounds the scores to
+    ties); half the row -inf (a mask); entries exactly at the threshold (4,096 zeros and the others
+    at 2 tau, tau = -1/64 for 1.5-entmax, which halves the scores; at tau = -1/4096 for sparsemax)."""
+    g = torch.Generator().manual_seed(seed)
+    f64 = torch.float64
+    rows = []
+    for spread in (1e-6, 1e-4, 1e-3, 3e-3, 0.01, 0.02, 0.05):
+        rows.append(torch.randn(n, generator=g, dtype=f64) * spread)
+    u = torch.rand(6, n, generator=g, dtype=f64).clamp_(1e-12, 1 - 1e-12)
+    gumbel = -torch.log(-torch.log(u))
+    for spread in (0.003, 0.01, 0.03):
+        rows.append((u[0] * 2 - 1) * spread * 1.7)
+        rows.append(gumbel[1] * spread)
+        rows.append(-gumbel[2] * spread)
+    t3 = torch.distributions.StudentT(3.0).sample((n,)).to(f64)  # global RNG: seeded by pytest's fixtures
+    rows.append(t3 * 0.003)
+    rows.append(torch.cat([torch.randn(n // 2, generator=g, dtype=f64), torch.randn(n - n // 2, generator=g, dtype=f64) + 3]) * 0.003)
+    rows.append(torch.full((n,), 0.25, dtype=f64))  # all equal
+    one = torch.full((n,), -0.5, dtype=f64)
+    one[n // 3] = 0.4  # one outlier above an equal rest
+    rows.append(one)
+    two = torch.zeros(n, dtype=f64)
+    two[::2] = -1e-3  # two levels
+    rows.append(two)
+    rows.append(torch.randn(n, generator=g, dtype=f64) * 0.01 + 2.0 ** 20)
+    masked = torch.randn(n, generator=g, dtype=f64) * 0.003
+    masked[: n // 2] = NEG_INF
+    rows.append(masked)
+    tie = torch.full((n,), -2.0 / 64, dtype=f64)
+    tie[:4096] = 0.0
+    rows.append(tie)
+    tie = torch.full((n,), -1.0 / 4096, dtype=f64)  # sparsemax's: tau = -1/4096
+    tie[:4096] = 0.0
+    rows.append(tie)
+    return torch.stack(rows).to(dtype)
+
+
+@needs_library
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.float64, 1e-13)])
+@pytest.mark.parametrize("q,scale", [(2.0, 0.5), (1.0, 1.0)])
+@pytest.mark.parametrize("n", [8000, 32003])
+def test_dense_and_narrow_rows_are_exact_and_verified(native_build, monkeypatch, dtype, tol, q, scale, n):
+    """Rows whose support is most or all of the row (the dense rows' closed form from the
+    candidates' moments, verified by their minimum; the Newton loop from the normal guess, above
+    the threshold or below it; its stricter stop where the first closed form failed): thresholds
+    equal to a float64 sort written from the definition, every row verified where no entry lies
+    within a few ulps of the threshold, the supports the same; the mapping's output (the caller
+    sorts what is left unverified) equal to the formula on that threshold."""
+    import numpy as np
+
+    monkeypatch.setitem(_native._state, "lib", native_build)
+    x = narrow_rows(n, dtype, seed=n)
+    tau, zmax, ok = _native.bound_threshold(x, q, scale, True, 4 * n + 60)
+    xd = x.double()
+    want_zmax = xd.amax(dim=-1)
+    v = (xd - want_zmax[:, None]) * scale
+    want_tau = torch.tensor([_numpy_threshold(row.numpy(), q) for row in v], dtype=torch.float64)
+    tied = ((v - want_tau[:, None]).abs() <= 8 * torch.finfo(dtype).eps * want_tau.abs().clamp(min=1.0)[:, None]).any(-1)
+    assert bool(tied[-2 if q == 2.0 else -1])  # entries at the threshold
+    assert bool(ok[~tied].all()), (~ok).nonzero()[:, 0].tolist()
+    assert torch.equal(zmax.double(), want_zmax)
+    assert torch.allclose(tau[ok].double(), want_tau[ok], rtol=0, atol=tol)
+    margin = (v - want_tau[:, None]).abs() > 10 * tol
+    assert torch.equal(((v > tau[:, None].double()) & margin)[ok], ((v > want_tau[:, None]) & margin)[ok])
+    if q == 2.0:  # the mapping, unverified rows sorted: p = [v - tau]_+^2 summing to 1
+        p, r, cube, tau_m, _ = native_long_entmax15(x, root=True, cube=True)
+        want_p = (v - want_tau[:, None]).clamp(min=0) ** 2
+        assert torch.allclose(p.double(), want_p, rtol=0, atol=20 * tol)
+        assert torch.allclose(p.double().sum(-1), torch.ones(len(x), dtype=torch.float64), atol=1e-4)
+
+
+@needs_library
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_narrow_rows_compute_in_float32(dtype):
+    """Half-precision broad rows: 1.5-entmax of the float32 values of the half scores (the native
+    pass on them), against the float64 sort of those values."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(12, 8000, generator=g) * torch.tensor([0.003, 0.01, 0.03]).repeat(4)[:, None]).to(dtype)
+    p = entmax15(x)
+    assert p.dtype == dtype
+    v = (x.double() - x.double().amax(-1, keepdim=True)) * 0.5
+    want_tau = torch.tensor([_numpy_threshold(row.numpy(), 2.0) for row in v], dtype=torch.float64)
+    want = ((v - want_tau[:, None]).clamp(min=0) ** 2).to(dtype)
+    assert torch.allclose(p.double(), want.double(), rtol=2e-2, atol=1e-5)
+    assert torch.equal(p > 0, want > 0) or int(((p > 0) != (want > 0)).sum()) <= 12  # rounding at the edge
