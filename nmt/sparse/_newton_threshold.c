@@ -463,14 +463,12 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, 
         }                                                                                       \
         const T m = (T)(-top * s);                                                              \
         int64_t k = 0; /* 2. the maxima's exact threshold (a lower bound), where verified */    \
-        double c0 = 0.0; /* the maxima's mean: the reference of the candidates' moments */      \
         for (int64_t i = 0; i < m_acc * L; i++) {                                               \
             const T v = exact_scale ? (T)(m + (T)(s * bm[i])) : (T)((T)(bm[i] - top) * s);      \
             bm[k] = v;                                                                          \
-            c0 += v > bound ? (double)v : 0.0;                                                  \
             k += v > bound;                                                                     \
         }                                                                                       \
-        c0 /= (double)k; /* k >= 1: the maximum's v = 0 */                                      \
+        const int64_t kb = k; /* the maxima above the bound, bm[0 .. kb): at least the maximum */ \
         T tau;                                                                                  \
         int32_t verified;                                                                       \
         const T minus1 = (T)-1;                                                                 \
@@ -490,8 +488,11 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, 
         }                                                                                       \
         int dense = 0;                                                                          \
         double guess = -INFINITY;                                                               \
-        if (k > n / 4) { /* a broad row: the candidates' moments */                             \
-            double m1 = 0.0, m2 = 0.0;                                                          \
+        if (k > n / 4) { /* a broad row: the candidates' moments about the maxima's mean c0 */  \
+            double c0 = 0.0, m1 = 0.0, m2 = 0.0;                                                \
+            for (int64_t i = 0; i < kb; i++)                                                    \
+                c0 += (double)bm[i];                                                            \
+            c0 /= (double)kb;                                                                   \
             T cmin = (T)INFINITY;                                                               \
             int64_t i = 0;                                                                      \
             MOMENTS(T, VT, IT, DT, L);                                                              \
