@@ -2,6 +2,7 @@
 
     nmt-translate -model M.pt [M2.pt ...] -src FILE|- -output FILE|- -beam_size 5 -n_best 1
                   [-batch_size N] -max_length 100 [-max_length_ratio R] -length_penalty none
+                  [-block_ngram_repeat N]
                   -report FILE.jsonl
                   [-tgt REF] [-attention DIR] [-support] [-device auto|cpu|cuda]
                   [-batch_type sentences|tokens] [-precision fp32|bf16|fp16]
@@ -106,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "-max_length_offset target tokens (OpenNMT-py's rule, default 1.25 there; 0 = off; not with scoring)")
     p.add_argument("-max_length_offset", "--max_length_offset", type=int, default=d.max_length_offset,
                    help="tokens added to the -max_length_ratio limit")
+    p.add_argument("-block_ngram_repeat", "--block_ngram_repeat", type=int, default=d.block_ngram_repeat,
+                   help="N >= 1: no output holds an N-gram of N generated tokens twice (OpenNMT-py's "
+                   "-block_ngram_repeat, fairseq's --no-repeat-ngram-size; 1: no token twice; EOS is never "
+                   "blocked, BOS takes no part): a token that would repeat one gets probability 0 at its step, "
+                   "in beam search, greedy and -sample; a certified sentence's output is then the most probable "
+                   "one without a repeated N-gram (n_nonzero and mass count those); 0 = off")
     p.add_argument("-length_penalty", "--length_penalty", default=d.length_penalty,
                    choices=LENGTH_PENALTIES, help="ranking of finished hypotheses")
     p.add_argument("-length_alpha", "--length_alpha", type=float, default=d.length_alpha,
@@ -159,7 +166,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
                  ("-with_score", args.with_score, one_line),
                  ("-report", args.report is not None, one_line), ("-support", args.support, one_line),
                  ("-min_length", args.min_length != 0, unlimited),
-                 ("-max_length_ratio", args.max_length_ratio != 0, unlimited)]
+                 ("-max_length_ratio", args.max_length_ratio != 0, unlimited),
+                 ("-block_ngram_repeat", args.block_ngram_repeat != 0,
+                  "it gives each reference the model's log-probability, repeated n-grams or not")]
         for flag, used, why in given:
             if used:
                 raise ValueError(f"{flag} applies to translation, not to scoring ({scoring}): {why}")

@@ -200,6 +200,8 @@ VALIDATION = {
                                "source tokens) + max_length_offset tokens (nmt-translate -max_length_ratio)",
                                minimum=0.0),
     "max_length_offset": Option(int, 5, "tokens added to the max_length_ratio limit", minimum=0),
+    "block_ngram_repeat": Option(int, 0, "N >= 1: no validation hypothesis holds an N-gram twice "
+                                 "(nmt-translate -block_ngram_repeat); 0 = off", minimum=0),
     "n_heatmaps": Option(int, 3, "attention heatmaps of the first n validation sentences in TensorBoard",
                          minimum=0),
 }

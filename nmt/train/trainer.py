@@ -621,6 +621,7 @@ class Trainer:
                               is_softmax=is_softmax(self.config["model"]["output"]["mapping"]),
                               decode=vcfg["decode"], beam_size=vcfg["beam_size"], max_length=vcfg["max_length"],
                               max_length_ratio=vcfg["max_length_ratio"], max_length_offset=vcfg["max_length_offset"],
+                              block_ngram_repeat=vcfg["block_ngram_repeat"],
                               statistics=self.batch_statistics,
                               pad_multiple=self.config["training"]["pad_to_multiple"])
         scalars = self.dist.broadcast(result.scalars if result is not None else None)

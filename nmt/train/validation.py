@@ -152,13 +152,13 @@ def decode_dataset(model: nn.Module, dataset: ParallelDataset, tgt_field: Field,
 def validate(model: nn.Module, dataset: ParallelDataset, references: Sequence[str], loss_fn: Callable, *,
              batch_size: int, device: torch.device, is_softmax: bool, decode: bool, beam_size: int = 1,
              max_length: int = 100, max_length_ratio: float = 0.0, max_length_offset: int = 5,
-             statistics: StatisticsFn = batch_statistics,
+             block_ngram_repeat: int = 0, statistics: StatisticsFn = batch_statistics,
              pad_multiple: int = 1) -> ValidationResult:
     """Full validation of ``model`` (put in eval mode, restored to its previous mode after).
 
     references: raw target line of each ``dataset`` example. Decoding metrics are computed
     when ``decode`` is True, with ``SearchOptions(beam_size=beam_size, max_length=max_length,
-    max_length_ratio=..., max_length_offset=...)`` (one hypothesis, certified). ``statistics`` and ``pad_multiple``: see
+    max_length_ratio=..., max_length_offset=..., block_ngram_repeat=...)`` (one hypothesis, certified). ``statistics`` and ``pad_multiple``: see
     ``teacher_forced_statistics`` (the trainer passes the compiled form under ``training.compile``).
     """
     was_training = model.training
@@ -170,7 +170,8 @@ def validate(model: nn.Module, dataset: ParallelDataset, references: Sequence[st
         signatures: dict[str, str] = {}
         if decode:
             options = SearchOptions(beam_size=beam_size, n_best=1, max_length=max_length,
-                                    max_length_ratio=max_length_ratio, max_length_offset=max_length_offset)
+                                    max_length_ratio=max_length_ratio, max_length_offset=max_length_offset,
+                                    block_ngram_repeat=block_ngram_repeat)
             hypotheses, certified = decode_dataset(model, dataset, dataset.tgt_field, batch_size, options, device)
             scalars["exact_match"] = corpus_metrics.exact_match(hypotheses, references)
             scalars["bleu"], signatures["bleu"] = corpus_metrics.bleu_with_signature(hypotheses, references)

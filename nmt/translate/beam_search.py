@@ -48,6 +48,7 @@ from nmt.translate.search_step import (
     Truncations,
     flat_parents,
     history_fills,
+    ngram_width,
     select_step,
 )
 from nmt.translate.static_search import static_loop
@@ -167,7 +168,7 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (R*S,) last token
     limits = options.length_limits(src_lengths)  # (B,) each sentence's own limit, or None
     limit_steps = set() if limits is None else set(limits.tolist())  # the steps where a row may end
-    rows = RowState.start(batch, options.n_best, options.certify, device, limits)
+    rows = RowState.start(batch, options.n_best, options.certify, device, limits, ngram_width(options, static=False))
     active: Tensor | None = None  # (R,) original index of each row; None = all, in order
     out_exact, out_reason = rows.exact.clone(), rows.reason.clone()  # (B,), (B,)
     history = SearchHistory(batch, history_fills(options, special.pad))

@@ -17,7 +17,9 @@ outside the model's own support). Its length limits are beam search's: EOS is fo
 with EOS where EOS has nonzero probability under the model (its log-probability added), else it
 is cut there (returned without EOS, ``complete`` False). A sample whose sampling distribution has no
 token of nonzero probability (only EOS, forbidden before ``min_length``; or NaN scores) has no
-hypothesis (length 0).
+hypothesis (length 0). With ``block_ngram_repeat`` N, a token that would repeat an N-gram of the sample
+gets probability 0 in the sampling distribution before truncation (:mod:`nmt.translate.ngram_block`):
+the draw renormalises what is left (a sample's score stays its model log-probability).
 
 Shapes: B sentences, N = ``n_best`` samples each, R = B x N rows (the N samples of a sentence are
 consecutive), V target vocabulary, L source length, T steps. The first step runs B rows (every
@@ -36,6 +38,7 @@ from nmt.models.protocol import StepDecoder, shares_encoder_out, tile_state
 from nmt.translate.beam_search import SearchResult
 from nmt.translate.certificate import SAMPLED
 from nmt.translate.counter_noise import gumbel, row_keys, token_keys, uniform_bits
+from nmt.translate.ngram_block import block_repeats, extend_history, start_history
 from nmt.translate.sample_distribution import sampling_log_probs, tempered_step
 from nmt.translate.search_options import SearchOptions
 from nmt.translate.search_step import Specials, support_size
@@ -167,6 +170,9 @@ def _sample(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Speci
     tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (B,) then (R,)
     token_hashes: Tensor | None = None
     records: dict[str, list[Tensor]] = {}
+    block = options.block_ngram_repeat
+    # (R, max_length) each sample's tokens, right-aligned (nmt.translate.ngram_block); None: no blocking
+    ngrams = start_history(count, None, max_length, device) if block else None
     for t in range(max_length + 1):
         log_probs, tempered, attention, state = tempered_step(model, tokens, state, encoder_out,
                                                               options.temperature, options.return_attention)
@@ -185,8 +191,11 @@ def _sample(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Speci
             final = torch.ones(count, dtype=torch.bool, device=device)
         elif row_limit is not None and (limit_steps is None or t in limit_steps):
             final = row_limit == t
+        tempered = block_repeats(tempered, ngrams, block, t)  # (R, V) blocked tokens at -inf (renormalised by the draw)
         step = sample_step(log_probs, tempered, attention, rows, keys, token_hashes, t, options, special, final)
         rows, tokens = step.rows, step.token
+        if ngrams is not None and t < max_length:
+            ngrams = extend_history(ngrams, None, tokens, max_length)
         for name, value in step.record.items():
             records.setdefault(name, []).append(value)
         if t == max_length:

@@ -59,6 +59,16 @@ class SearchOptions:
         sample_topp: then keep the smallest set of most probable tokens whose mass reaches p
         (in (0, 1]; 1 = all). All three only with ``sample``.
     seed: the seed of the samples (an integer in [0, 2^64)).
+    block_ngram_repeat: N > 0 forbids an output to hold any N-gram (N consecutive generated tokens)
+        twice (OpenNMT-py's ``-block_ngram_repeat``, fairseq's ``--no-repeat-ngram-size``; N = 1: no
+        token twice): a token that would complete an N-gram already in the hypothesis gets
+        probability 0 at that step (``nmt.translate.ngram_block``), in beam search, greedy and
+        sampling alike. BOS and padding never take part; EOS ends a hypothesis, so it is never
+        blocked. The certificate then speaks of the constrained problem: a certified sentence's
+        first hypothesis is the argmax among the outputs without a repeated N-gram, and
+        ``n_nonzero`` / ``mass`` count those outputs of nonzero probability. Samples are drawn from
+        each step's distribution without the blocked tokens, renormalised (before top-k / top-p).
+        0 (the default): off, no extra operation.
     """
 
     beam_size: int = 5
@@ -81,10 +91,11 @@ class SearchOptions:
     sample_topk: int = 0
     sample_topp: float = 1.0
     seed: int = 0
+    block_ngram_repeat: int = 0
 
     def __post_init__(self) -> None:
         for name in ("beam_size", "n_best", "max_length", "min_length", "max_length_offset", "support_topk",
-                     "stop_every", "sample_topk", "seed"):
+                     "stop_every", "sample_topk", "seed", "block_ngram_repeat"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -109,6 +120,8 @@ class SearchOptions:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if self.max_length_offset < 0:
             raise ValueError(f"max_length_offset must be >= 0, got {self.max_length_offset}")
+        if self.block_ngram_repeat < 0:
+            raise ValueError(f"block_ngram_repeat must be >= 0 (0: off), got {self.block_ngram_repeat}")
         self._check_sampling()
 
     def _check_sampling(self) -> None:

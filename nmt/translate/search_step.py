@@ -29,6 +29,7 @@ from nmt.translate.certificate import (
 )
 from nmt.translate.length_penalty import length_penalty
 from nmt.translate.native_step import step_update
+from nmt.translate.ngram_block import block_repeats, extend_history, start_history
 from nmt.translate.search_options import SearchOptions
 from nmt.translate.triton_step import step_update as triton_step_update
 from nmt.sparse._native import step_candidates
@@ -99,7 +100,9 @@ class RowState:
     best_finished: (R, n_best) ranking scores of the best finished hypotheses;
     top_finished: (R,) bool the best candidate of some step was a finished hypothesis;
     limit: (R,) long each row's own maximum of tokens before EOS (``SearchOptions.length_limits``),
-    or None (``max_length`` for every row).
+    or None (``max_length`` for every row);
+    ngrams: (R, S, W) long the tokens of each slot's prefix, right-aligned, -1 before its first
+    (``nmt.translate.ngram_block``), with ``block_ngram_repeat``; else None.
     """
 
     scores: Tensor
@@ -108,13 +111,15 @@ class RowState:
     best_finished: Tensor
     top_finished: Tensor
     limit: Tensor | None = None
+    ngrams: Tensor | None = None
 
     @classmethod
     def start(cls, batch: int, n_best: int, certify: bool, device: torch.device,
-              limit: Tensor | None = None) -> "RowState":
+              limit: Tensor | None = None, ngram_width: int | None = None) -> "RowState":
         """The state before the first step: one live (empty) prefix per sentence. ``limit`` (B,)
         may come from the host (limits of host-side source lengths): it is copied to ``device``
-        with every other field (from the host to CUDA through pinned memory, without a sync)."""
+        with every other field (from the host to CUDA through pinned memory, without a sync).
+        ``ngram_width``: the width of the n-gram history (:func:`ngram_width`; None: no history)."""
         if limit is not None and limit.device != torch.device(device):
             limit = host_to_device(limit, device)
         return cls(
@@ -124,13 +129,14 @@ class RowState:
             best_finished=torch.full((batch, n_best), NEG_INF, device=device),
             top_finished=torch.zeros(batch, dtype=torch.bool, device=device),
             limit=limit,
+            ngrams=None if ngram_width is None else start_history(batch, 1, ngram_width, device),
         )
 
     def select(self, index: Tensor) -> "RowState":
         """Rows ``index`` (R',) of every field."""
         return RowState(*(None if x is None else x.index_select(0, index) for x in
                           (self.scores, self.exact, self.reason, self.best_finished, self.top_finished,
-                           self.limit)))
+                           self.limit, self.ngrams)))
 
 
 @dataclass
@@ -151,6 +157,15 @@ class StepOutcome:
     rows: RowState
     done: Tensor | None
     truncated: Tensor | None
+
+
+def ngram_width(options: SearchOptions, static: bool) -> int | None:
+    """The width of the rows' n-gram history at the start (``RowState.ngrams``): None without
+    ``block_ngram_repeat``; 0 for the dynamic loop (the history grows by one column a step);
+    ``max_length`` for the static loop (fixed: it drops its oldest column as it appends)."""
+    if options.block_ngram_repeat == 0:
+        return None
+    return options.max_length if static else 0
 
 
 def history_fills(options: SearchOptions, pad: int) -> dict[str, float | int | bool]:
@@ -189,6 +204,8 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
         dtype = torch.float32 if log_probs.dtype in (torch.float16, torch.bfloat16) else log_probs.dtype
         scores, best_finished = scores.to(dtype), best_finished.to(dtype)
     log_probs = log_probs.to(scores.dtype).view(row_count, slots, vocab)  # (R, S, V)
+    # repeated n-grams: probability 0 before anything reads the step (the same tensor without blocking)
+    log_probs = block_repeats(log_probs, rows.ngrams, options.block_ngram_repeat, t)  # (R, S, V)
     # NaN / +inf is an unknown probability: it breaks the certificate of a live slot and is
     # never an exact zero there; it never enters the beam either (not even from a dead slot,
     # where it would push finite candidates out unnoticed). Only (R, S) flags and one in-place
@@ -271,8 +288,15 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     if certify:
         settled = settled & ~exact
     done = ~live | settled  # (R,)
-    rows = RowState(scores, exact, reason, best_finished, top_finished, rows.limit)
+    rows = RowState(scores, exact, reason, best_finished, top_finished, rows.limit,
+                    _extended(rows.ngrams, parent, chosen, options))
     return StepOutcome(record, parent, chosen, rows, done, truncated)
+
+
+def _extended(ngrams: Tensor | None, parent: Tensor, chosen: Tensor, options: SearchOptions) -> Tensor | None:
+    """The n-gram history (R, S, W) after a step that kept ``chosen`` (R, K) extending ``parent``
+    (R, K) (None without one)."""
+    return None if ngrams is None else extend_history(ngrams, parent, chosen, options.max_length)
 
 
 def _row_records(log_probs: Tensor, attention: Tensor, support: Tensor | None,
@@ -320,7 +344,7 @@ def _fused_outcome(stats: _Stats, log_probs: Tensor, attention: Tensor, rows: Ro
     record = _per_slot(_row_records(log_probs, attention, stats.support, options), k)
     record.update(token=update.token, parent=update.parent, score=update.score)
     new_rows = RowState(update.live, update.exact, update.reason, update.best_finished, update.top_finished,
-                        rows.limit)
+                        rows.limit, _extended(rows.ngrams, update.parent, update.token, options))
     return StepOutcome(record, update.parent, update.token, new_rows, update.done, None)
 
 
@@ -401,4 +425,4 @@ def pad_slots(x: Tensor, k: int, value: float | int | bool) -> Tensor:
 
 
 __all__ = ["RowState", "SearchEnd", "Specials", "StepOutcome", "Truncations", "divided", "flat_parents", "history_fills",
-           "pad_slots", "select_step", "support_size"]
+           "ngram_width", "pad_slots", "select_step", "support_size"]

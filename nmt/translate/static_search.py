@@ -42,6 +42,7 @@ from nmt.translate.search_step import (
     Truncations,
     flat_parents,
     history_fills,
+    ngram_width,
     select_step,
 )
 from nmt.translate.triton_static_mask import StoppedMask
@@ -75,7 +76,7 @@ def static_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: S
         exact = torch.where(stopped, rows.exact, new.exact)  # (B,)
         reason = torch.where(stopped, rows.reason, new.reason)  # (B,)
         return record, tokens, state, RowState(new.scores, exact, reason, new.best_finished, new.top_finished,
-                                               new.limit), stopped, truncated
+                                               new.limit, new.ngrams), stopped, truncated
     support = step.record.get("support_size")
     args = (stopped, step.done, step.record["token"], step.record["parent"], step.record["score"], support,
             new.scores, new.exact, new.reason, rows.exact, rows.reason)
@@ -88,7 +89,8 @@ def static_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: S
     record.update(token=masked.token, parent=masked.parent, score=masked.score)
     if masked.support is not None:
         record["support_size"] = masked.support
-    rows = RowState(masked.live, masked.exact, masked.reason, new.best_finished, new.top_finished, new.limit)
+    rows = RowState(masked.live, masked.exact, masked.reason, new.best_finished, new.top_finished, new.limit,
+                    new.ngrams)
     if options.beam_size > 1:  # greedy: one slot whose parent is itself, the state stays in order
         state = select_state(state, masked.flat_parent)  # (B*K, ...)
     return record, step.chosen.reshape(-1), state, rows, masked.stopped, truncated
@@ -140,7 +142,7 @@ def static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: S
     # the steps where a row may end, known without a sync where the lengths are on the host (as
     # nmt-translate keeps them); else every step tests the limits on the device
     limit_steps = set(limits.tolist()) if limits is not None and limits.device.type == "cpu" else None
-    rows = RowState.start(batch, options.n_best, options.certify, device, limits)
+    rows = RowState.start(batch, options.n_best, options.certify, device, limits, ngram_width(options, static=True))
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)  # (B,)
     stopped_after: list[Tensor] = []  # (B,) stopped after each step: kept, not reduced (no launch a step)
     history = SearchHistory(batch, history_fills(options, special.pad))

@@ -109,13 +109,21 @@ def random_sources(n: int, src_vocab: int, max_len: int, seed: int) -> tuple[Ten
     return src, lengths
 
 
-def enumerate_support(model, src: Tensor, src_length: Tensor, max_length: int, min_length: int = 0):
+def repeats_ngram(tokens: list[int], n: int) -> bool:
+    """Whether ``tokens`` hold some n-gram (n consecutive tokens) twice (n = 0: never)."""
+    grams = [tuple(tokens[i: i + n]) for i in range(len(tokens) - n + 1)] if n > 0 else []
+    return len(grams) != len(set(grams))
+
+
+def enumerate_support(model, src: Tensor, src_length: Tensor, max_length: int, min_length: int = 0,
+                      block: int = 0):
     """Depth-first enumeration of every sequence of nonzero probability for ONE source.
 
     Returns (sequences: dict tuple(tokens incl. EOS) -> logprob, frontier: list where
     frontier[t] = number of nonzero-probability prefixes of length t+1 (EOS-terminated
     ones included), cut: True if a prefix of max_length non-EOS tokens has a nonzero
-    non-EOS continuation).
+    non-EOS continuation). ``block`` = N > 0: only the sequences and prefixes without a
+    repeated N-gram (``repeats_ngram``) count, the constrained problem of ``block_ngram_repeat``.
     """
     with torch.no_grad():
         encoder_out, state = model.encode(src.view(1, -1), src_length.view(1))
@@ -129,7 +137,7 @@ def enumerate_support(model, src: Tensor, src_length: Tensor, max_length: int, m
             prev = torch.tensor([prefix[-1] if prefix else BOS])
             log_probs, _, new_state = model.step(prev, state, encoder_out)
             for tok, lp in enumerate(log_probs[0].tolist()):
-                if lp == -math.inf:
+                if lp == -math.inf or repeats_ngram(prefix + [tok], block):
                     continue
                 if tok == EOS:
                     if t < min_length:

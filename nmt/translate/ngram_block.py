@@ -1,0 +1,115 @@
+"""N-gram repeat blocking (``SearchOptions.block_ngram_repeat``): no output holds an N-gram twice.
+
+OpenNMT-py's ``-block_ngram_repeat N`` and fairseq's ``--no-repeat-ngram-size N``: at every step,
+a token that would complete an N-gram (N consecutive tokens) already present in the hypothesis
+gets probability 0 (log-probability ``-inf``) before the candidates are chosen. The hypothesis is
+its generated tokens only: BOS and padding never take part, and EOS, which ends a hypothesis,
+never repeats (so it is never blocked). N = 1 forbids any repeated token.
+
+Every decoding path applies the same two functions of this module to the same per-hypothesis
+history: beam search (:func:`nmt.translate.search_step.select_step`, so the dynamic and the static
+loops, greedy, the native and the Triton bookkeeping all see the blocked log-probabilities) and
+sampling (:mod:`nmt.translate.sampling`, before top-k / top-p). The history is a ``(..., W)`` long
+tensor of each hypothesis's tokens, right-aligned (its last token in the last column), ``-1`` in the
+columns before its first token: :func:`start_history` makes it, :func:`extend_history` appends
+each step's tokens (gathered by parent slot in a beam), :func:`blocking_bias` turns it into the
+``0 / -inf`` bias of the step. All three are tensor code with shapes fixed by the caller's host
+integers (no host sync, ``torch.compile(fullgraph=True)``-able): the dynamic loop lets ``W`` grow
+with the step (``W = t``, no ``-1`` column), the static loop and sampling keep ``W = max_length``
+from the start and drop the oldest column as they append.
+
+Exactness: a blocked continuation scores ``-inf`` at its step exactly like a token of probability
+0, and scores only decrease along a path (log-probabilities are <= 0), so beam search's
+certificate argument holds for the constrained problem unchanged: a certified sentence's finished
+hypotheses are every output of nonzero probability *without a repeated N-gram*, its first one is
+the argmax of the ranking among them, and ``n_nonzero`` / ``mass`` count that set (the unblocked
+probabilities of the model, not renormalised). Sampling draws each token from the step's
+distribution with the blocked tokens removed and the rest renormalised.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+NEG_INF = float("-inf")
+NO_TOKEN = -1
+"""History entry of a column before the hypothesis's first token (never equal to a token id)."""
+
+
+def start_history(rows: int, slots: int | None, width: int, device: torch.device | str) -> Tensor:
+    """The history before the first step: ``(rows, slots, width)`` (``(rows, width)`` for
+    ``slots=None``) long, all :data:`NO_TOKEN` (``width`` 0 for a history that grows)."""
+    shape = (rows, width) if slots is None else (rows, slots, width)
+    return torch.full(shape, NO_TOKEN, dtype=torch.long, device=device)
+
+
+def extend_history(history: Tensor, parent: Tensor | None, token: Tensor, capacity: int) -> Tensor:
+    """The history after a step: ``history`` (R, S, W) gathered by ``parent`` (R, K) (the slot each
+    new hypothesis extends) with ``token`` (R, K) appended: (R, K, W + 1), or (R, K, W) without its
+    oldest column once ``W`` has reached ``capacity`` (the static width). ``parent=None``: one
+    hypothesis per row, ``history`` (R, W) and ``token`` (R,). No host sync."""
+    if parent is not None:
+        history = history.gather(1, parent.unsqueeze(-1).expand(parent.shape + history.shape[-1:]))
+    if history.size(-1) >= capacity:
+        history = history[..., 1:]
+    return torch.cat([history, token.unsqueeze(-1)], dim=-1)
+
+
+def blocked_tokens(history: Tensor, n: int, vocab: int) -> Tensor:
+    """``(..., vocab)`` bool: the tokens that would complete an ``n``-gram already in each hypothesis
+    of ``history`` (..., W) (right-aligned, :data:`NO_TOKEN` before its first token).
+
+    Window j (columns j .. j+n-2) followed by column j+n-1 is an n-gram of the hypothesis; if the
+    window equals the hypothesis's last n-1 tokens, its follower is blocked. Every window is
+    compared (``unfold``, O(W n) per hypothesis) and the followers of the matching ones are
+    scattered into the mask (the others into a spare column that is dropped): no ``nonzero``, no
+    boolean indexing. A window whose follower is :data:`NO_TOKEN` never matches, nor does a query
+    that holds one (fewer than n-1 tokens)."""
+    width = history.size(-1)
+    shape = history.shape[:-1]
+    mask = torch.zeros(shape + (vocab + 1,), dtype=torch.bool, device=history.device)
+    if width < n:  # no n-gram yet
+        return mask[..., :vocab]
+    followers = history[..., n - 1:]  # (..., W - n + 1) the last token of each n-gram
+    hit = followers >= 0  # (..., W - n + 1)
+    if n > 1:
+        query = history[..., width - n + 1:]  # (..., n - 1) the hypothesis's last n-1 tokens
+        windows = history[..., : width - 1].unfold(-1, n - 1, 1)  # (..., W - n + 1, n - 1)
+        same = (windows == query.unsqueeze(-2)).all(-1)  # (..., W - n + 1)
+        hit = hit & same & (query >= 0).all(-1, keepdim=True)
+    index = torch.where(hit, followers, vocab)  # (..., W - n + 1) misses go to the spare column
+    return mask.scatter_(-1, index, True)[..., :vocab]
+
+
+def blocking_bias(history: Tensor, n: int, vocab: int, dtype: torch.dtype) -> Tensor:
+    """``(..., vocab)`` of ``dtype``: ``-inf`` at :func:`blocked_tokens`, 0 elsewhere. Added to
+    log-probabilities it blocks exactly those tokens, and an unknown score stays unknown (NaN +
+    ``-inf`` is NaN, ``+inf - inf`` NaN), so the certificate still sees a NaN row."""
+    blocked = blocked_tokens(history, n, vocab)
+    return torch.zeros(blocked.shape, dtype=dtype, device=history.device).masked_fill_(blocked, NEG_INF)
+
+
+def block_repeats(log_probs: Tensor, history: Tensor | None, n: int, t: int) -> Tensor:
+    """``log_probs`` (..., V) with the tokens that would repeat an ``n``-gram of ``history`` (...,
+    W) at ``-inf``; unchanged (the same tensor) where nothing can repeat: ``n = 0``, no history,
+    or step ``t < n`` (a hypothesis of t tokens holds an n-gram and a second one's prefix only from
+    t = n on)."""
+    if n == 0 or history is None or t < n:
+        return log_probs
+    return log_probs + blocking_bias(history, n, log_probs.size(-1), log_probs.dtype)
+
+
+def has_repeated_ngram(tokens: list[int], n: int) -> bool:
+    """Whether ``tokens`` (a plain list, EOS included or not) holds some ``n``-gram twice: the
+    host-side definition, for reports and tests."""
+    seen = set()
+    for i in range(len(tokens) - n + 1):
+        gram = tuple(tokens[i: i + n])
+        if gram in seen:
+            return True
+        seen.add(gram)
+    return False
+
+
+__all__ = ["NO_TOKEN", "block_repeats", "blocked_tokens", "blocking_bias", "extend_history", "has_repeated_ngram",
+           "start_history"]
