@@ -265,11 +265,56 @@ def test_max_length_ratio_limits_each_sentence_by_its_source(trained, capsys):
     assert outputs["1"] == outputs["0"] and outputs["0.5"] != outputs["0"]
 
 
+def test_block_ngram_repeat_from_the_cli_and_the_api(trained, capsys, tmp_path):
+    """-block_ngram_repeat 1: no output, n-best entry or sample repeats a character (the char
+    tokenizer's tokens), where the model alone does; the file mode, the stream mode and the Python
+    API give the same translations and certificates."""
+    import nmt
+
+    root, inputs = trained["root"], trained["inputs"]
+    out, report, free = tmp_path / "out.txt", tmp_path / "report.jsonl", tmp_path / "free.txt"
+    common = ["-model", trained["model"], "-src", str(root / "input.txt"), "-beam_size", "4", "-quiet"]
+    code, _, err = translate(common + ["-output", str(out), "-report", str(report), "-n_best", "2",
+                                       "-block_ngram_repeat", "1"], capsys)
+    assert code == 0, err
+    assert translate(common + ["-output", str(free)], capsys)[0] == 0
+    lines = out.read_text(encoding="utf-8").split("\n")[:-1]
+    records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+    for line in lines:
+        assert len(set(line)) == len(line), line
+    for record in records:
+        assert all(len(set(h["text"])) == len(h["text"]) for h in record["nbest"])
+        if record["certified"]:
+            assert record["n_nonzero"] >= len(record["nbest"]) and 0 < record["mass"] <= 1 + 1e-5
+    unblocked = free.read_text(encoding="utf-8").split("\n")[:-1]
+    assert any(len(set(line)) < len(line) for line in unblocked)  # the model alone repeats characters
+    model = nmt.load(trained["model"], device="cpu")
+    api = model.translate([line for line in inputs], beam_size=4, n_best=2, block_ngram_repeat=1)
+    assert [t.text for t in api] == lines[::2]
+    assert [t.certificate.certified for t in api] == [r["certified"] for r in records]
+    streamed = subprocess.run([sys.executable, "-m", "nmt.cli.translate", *common[:2], "-src", "-", "-output", "-",
+                               "-beam_size", "4", "-block_ngram_repeat", "1", "-threads", "1", "-quiet"],
+                              input="".join(line + "\n" for line in inputs), capture_output=True, text=True,
+                              env=dict(os.environ), timeout=300)
+    assert streamed.returncode == 0, streamed.stderr
+    assert streamed.stdout.split("\n")[:-1] == lines[::2]
+    samples = tmp_path / "samples.txt"
+    code, _, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-output", str(samples),
+                              "-sample", "-n_best", "5", "-block_ngram_repeat", "1", "-max_length", "6", "-quiet"],
+                             capsys)
+    assert code == 0, err
+    drawn = samples.read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(drawn) == 5 * len(inputs) and all(len(set(line)) == len(line) for line in drawn)
+
+
 @pytest.mark.parametrize("flags, expected", [
     (["-max_length_ratio", "nan"], "nmt-translate: error: -max_length_ratio must be a finite number, got nan\n"),
     (["-max_length_ratio", "-1"], "nmt-translate: error: -max_length_ratio must be a finite number >= 0, got -1.0\n"),
     (["-max_length_offset", "-1"], "nmt-translate: error: -max_length_offset must be >= 0, got -1\n"),
     (["-max_length", "0"], "nmt-translate: error: -max_length must be >= 1, got 0\n"),
+    (["-block_ngram_repeat", "-1"], "nmt-translate: error: -block_ngram_repeat must be >= 0 (0: off), got -1\n"),
+    (["-block_ngram_repeat", "-2", "-sample"],
+     "nmt-translate: error: -block_ngram_repeat must be >= 0 (0: off), got -2\n"),
     (["-max_length", "-3"], "nmt-translate: error: -max_length must be >= 1, got -3\n"),
     (["-length_alpha", "nan"], "nmt-translate: error: -length_alpha must be a finite number, got nan\n"),
     (["-length_alpha", "inf"], "nmt-translate: error: -length_alpha must be a finite number, got inf\n"),
@@ -381,6 +426,7 @@ def test_scoring_runs_the_model_at_the_precision_of_translation(trained, capsys)
     (["-score_output", "scores.jsonl"], ["-support"], "-support"),
     (["-mode", "score"], ["-min_length", "2"], "-min_length"),
     (["-score_output", "scores.jsonl"], ["-max_length_ratio", "1.5"], "-max_length_ratio"),
+    (["-mode", "score"], ["-block_ngram_repeat", "2"], "-block_ngram_repeat"),
 ])
 def test_scoring_refuses_flags_of_translation(trained, capsys, tmp_path, mode, flags, named):
     """-mode score ignored -attention and -n_best (no heatmap, one line per pair) without a word."""

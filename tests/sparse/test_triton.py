@@ -1320,3 +1320,58 @@ def test_beam_search_with_the_candidates_kernel_equals_the_torch_passes(mode, mo
             for name in ("scores", "ranking_scores", "mass", "support_probs"):
                 torch.testing.assert_close(getattr(result, name), getattr(torch_passes, name))
     assert calls and (masked if mode == "static" else not masked)
+
+
+@pytest.mark.parametrize("block", [1, 2])
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+def test_blocked_search_with_the_kernels_equals_the_constrained_brute_force(mode, block, monkeypatch):
+    """``block_ngram_repeat`` on the path of a GPU search (the candidates kernel, the step's kernel,
+    static: the masking kernel; in Triton's interpreter on the CPU): the torch passes' hypotheses,
+    scores and certificates, and every certified sentence's hypotheses are the brute-force support
+    of the constrained problem (no repeated n-gram), its first the argmax."""
+    import nmt.translate.search_step as step_module
+    from nmt.sparse import _triton_candidates as TC
+    from nmt.translate import static_search, triton_step
+    from nmt.translate.beam_search import beam_search
+    from nmt.translate.triton_static_mask import mask_stopped
+
+    sys.path.insert(0, str(ROOT / "tests" / "translate"))
+    from toy_decoders import BOS, EOS, PAD, MarkovDecoder, enumerate_support, random_sources
+
+    model = MarkovDecoder(vocab=7, mapping="sparsemax", seed=3, scale=1.0, eos_bonus=0.4, dtype=torch.float32).to(DEVICE)
+    src, lengths = random_sources(6, 9, 5, seed=10)
+    kw = dict(bos=BOS, eos=EOS, pad=PAD, beam_size=4, n_best=50, max_length=6, block_ngram_repeat=block,
+              return_support=True, mode=mode)
+    calls = []
+    monkeypatch.setattr(step_module, "step_candidates", lambda *args: None)
+    monkeypatch.setattr(step_module, "triton_step_candidates", lambda *args: None)
+    monkeypatch.setattr(step_module, "step_update", lambda *args, **kwargs: None)
+    monkeypatch.setattr(static_search, "_masking", lambda device: None)
+    torch_passes = beam_search(model, src.to(DEVICE), lengths.to(DEVICE), **kw)
+
+    def kernel(*args):
+        calls.append(1)
+        return TC.step_candidates(*args)
+
+    monkeypatch.setattr(step_module, "step_candidates", kernel)
+    monkeypatch.setattr(step_module, "triton_step_candidates", kernel)
+    monkeypatch.setattr(step_module, "step_update", triton_step.step_update)
+    monkeypatch.setattr(static_search, "_masking", lambda device: mask_stopped)
+    kernels = beam_search(model, src.to(DEVICE), lengths.to(DEVICE), **kw)
+    assert calls
+    for name in ("tokens", "lengths", "complete", "exact", "reason", "n_nonzero", "support_size"):
+        assert torch.equal(getattr(kernels, name), getattr(torch_passes, name)), name
+    torch.testing.assert_close(kernels.scores, torch_passes.scores)
+    certified = 0
+    for b in range(6):
+        support, _, _ = enumerate_support(model.cpu(), src[b], lengths[b], 6, block=block)
+        model.to(DEVICE)
+        found = {tuple(kernels.tokens[b, i, :int(kernels.lengths[b, i])].tolist()): float(kernels.scores[b, i])
+                 for i in range(50) if bool(kernels.complete[b, i])}
+        assert set(found) <= set(support)
+        if bool(kernels.exact[b]):
+            certified += 1
+            assert set(found) == set(support) and int(kernels.n_nonzero[b]) == len(support)
+            best = max(support.values())
+            assert float(kernels.scores[b, 0]) == pytest.approx(best, abs=1e-5)
+    assert certified

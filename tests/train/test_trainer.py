@@ -347,6 +347,41 @@ def test_validation_decoding_obeys_the_configured_length_ratio(tiny_task, tmp_pa
         assert len(data.tgt_field.tokenize(hypothesis)) <= len(src) // 2
 
 
+def test_validation_decoding_blocks_repeated_ngrams_as_configured(tiny_task, tmp_path, monkeypatch):
+    """``validation.block_ngram_repeat`` reaches the validation search: with 1 no validation
+    hypothesis repeats a token (the untrained model's do)."""
+    import nmt.train.trainer as trainer_module
+
+    seen, real_validate = [], trainer_module.validate
+
+    def recording_validate(*args, **kwargs):
+        result = real_validate(*args, **kwargs)
+        seen.append((kwargs, result))
+        return result
+
+    monkeypatch.setattr(trainer_module, "validate", recording_validate)
+    hypotheses = {}
+    for block in (0, 1):
+        seen.clear()
+        config = tiny_config(tiny_task, tmp_path / f"run{block}", max_steps=4)
+        config["validation"].update(decode=True, block_ngram_repeat=block, max_length=12)
+        trainer = Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
+        trainer.train()
+        kwargs, result = seen[0]
+        assert kwargs["block_ngram_repeat"] == block
+        field = trainer.data.valid.tgt_field
+        hypotheses[block] = [field.tokenize(h) for h in result.hypotheses]
+    assert all(len(set(tokens)) == len(tokens) for tokens in hypotheses[1])
+    assert any(len(set(tokens)) < len(tokens) for tokens in hypotheses[0])
+
+
+def test_a_negative_validation_block_ngram_repeat_is_a_config_error(tiny_task, tmp_path):
+    config = tiny_config(tiny_task, tmp_path / "run")
+    config["validation"]["block_ngram_repeat"] = -1
+    with pytest.raises(ConfigError, match="validation.block_ngram_repeat"):
+        resolve_config(config, "tiny.yaml")
+
+
 def test_a_negative_validation_length_ratio_is_a_config_error(tiny_task, tmp_path):
     config = tiny_config(tiny_task, tmp_path / "run")
     config["validation"]["max_length_ratio"] = -1.0
