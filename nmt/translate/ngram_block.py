@@ -12,8 +12,8 @@ loops, greedy, the native and the Triton bookkeeping all see the blocked log-pro
 sampling (:mod:`nmt.translate.sampling`, before top-k / top-p). The history is a ``(..., W)`` long
 tensor of each hypothesis's tokens, right-aligned (its last token in the last column), ``-1`` in the
 columns before its first token: :func:`start_history` makes it, :func:`extend_history` appends
-each step's tokens (gathered by parent slot in a beam), :func:`blocking_bias` turns it into the
-``0 / -inf`` bias of the step. All three are tensor code with shapes fixed by the caller's host
+each step's tokens (gathered by parent slot in a beam), :func:`block_repeats` sets the step's
+log-probabilities of the tokens that would repeat an N-gram to ``-inf``. All three are tensor code with shapes fixed by the caller's host
 integers (no host sync, ``torch.compile(fullgraph=True)``-able): the dynamic loop lets ``W`` grow
 with the step (``W = t``, no ``-1`` column), the static loop and sampling keep ``W = max_length``
 from the start and drop the oldest column as they append.
@@ -55,48 +55,52 @@ def extend_history(history: Tensor, parent: Tensor | None, token: Tensor, capaci
     return torch.cat([history, token.unsqueeze(-1)], dim=-1)
 
 
+def repeat_followers(history: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """The tokens that would repeat an ``n``-gram of each hypothesis of ``history`` (..., W)
+    (right-aligned, :data:`NO_TOKEN` before its first token), as ``(followers, hit)``, both (..., M)
+    with M = max(W - n + 1, 0): ``followers`` the last token of each n-gram of the hypothesis (0 in
+    place of :data:`NO_TOKEN`, so always a valid index), ``hit`` whether that n-gram's first n-1
+    tokens equal the hypothesis's last n-1 tokens (its last token is then blocked).
+
+    Window j (columns j .. j+n-2) followed by column j+n-1 is an n-gram; every window is compared
+    with the query (``unfold``, O(W n) per hypothesis): no ``nonzero``, no boolean indexing, shapes
+    from ``W`` and ``n`` only. A window whose follower is :data:`NO_TOKEN` never hits, nor does a
+    query that holds one (fewer than n-1 tokens)."""
+    width = history.size(-1)
+    followers = history[..., n - 1:]  # (..., M) the last token of each n-gram
+    hit = followers >= 0  # (..., M)
+    if n > 1 and width >= n:
+        query = history[..., width - n + 1:]  # (..., n - 1) the hypothesis's last n-1 tokens
+        windows = history[..., : width - 1].unfold(-1, n - 1, 1)  # (..., M, n - 1)
+        hit = hit & (windows == query.unsqueeze(-2)).all(-1) & (query >= 0).all(-1, keepdim=True)
+    return followers.clamp(min=0), hit
+
+
 def blocked_tokens(history: Tensor, n: int, vocab: int) -> Tensor:
     """``(..., vocab)`` bool: the tokens that would complete an ``n``-gram already in each hypothesis
-    of ``history`` (..., W) (right-aligned, :data:`NO_TOKEN` before its first token).
-
-    Window j (columns j .. j+n-2) followed by column j+n-1 is an n-gram of the hypothesis; if the
-    window equals the hypothesis's last n-1 tokens, its follower is blocked. Every window is
-    compared (``unfold``, O(W n) per hypothesis) and the followers of the matching ones are
-    scattered into the mask (the others into a spare column that is dropped): no ``nonzero``, no
-    boolean indexing. A window whose follower is :data:`NO_TOKEN` never matches, nor does a query
-    that holds one (fewer than n-1 tokens)."""
-    width = history.size(-1)
-    shape = history.shape[:-1]
-    mask = torch.zeros(shape + (vocab + 1,), dtype=torch.bool, device=history.device)
-    if width < n:  # no n-gram yet
-        return mask[..., :vocab]
-    followers = history[..., n - 1:]  # (..., W - n + 1) the last token of each n-gram
-    hit = followers >= 0  # (..., W - n + 1)
-    if n > 1:
-        query = history[..., width - n + 1:]  # (..., n - 1) the hypothesis's last n-1 tokens
-        windows = history[..., : width - 1].unfold(-1, n - 1, 1)  # (..., W - n + 1, n - 1)
-        same = (windows == query.unsqueeze(-2)).all(-1)  # (..., W - n + 1)
-        hit = hit & same & (query >= 0).all(-1, keepdim=True)
-    index = torch.where(hit, followers, vocab)  # (..., W - n + 1) misses go to the spare column
-    return mask.scatter_(-1, index, True)[..., :vocab]
-
-
-def blocking_bias(history: Tensor, n: int, vocab: int, dtype: torch.dtype) -> Tensor:
-    """``(..., vocab)`` of ``dtype``: ``-inf`` at :func:`blocked_tokens`, 0 elsewhere. Added to
-    log-probabilities it blocks exactly those tokens, and an unknown score stays unknown (NaN +
-    ``-inf`` is NaN, ``+inf - inf`` NaN), so the certificate still sees a NaN row."""
-    blocked = blocked_tokens(history, n, vocab)
-    return torch.zeros(blocked.shape, dtype=dtype, device=history.device).masked_fill_(blocked, NEG_INF)
+    of ``history`` (..., W) (:func:`repeat_followers` scattered into a mask; misses go to a spare
+    column that is dropped). For inspection and tests: the search adds the blocks to its
+    log-probabilities directly (:func:`block_repeats`)."""
+    followers, hit = repeat_followers(history, n)
+    mask = torch.zeros(history.shape[:-1] + (vocab + 1,), dtype=torch.bool, device=history.device)
+    return mask.scatter_(-1, torch.where(hit, followers, vocab), True)[..., :vocab]
 
 
 def block_repeats(log_probs: Tensor, history: Tensor | None, n: int, t: int) -> Tensor:
     """``log_probs`` (..., V) with the tokens that would repeat an ``n``-gram of ``history`` (...,
-    W) at ``-inf``; unchanged (the same tensor) where nothing can repeat: ``n = 0``, no history,
-    or step ``t < n`` (a hypothesis of t tokens holds an n-gram and a second one's prefix only from
-    t = n on)."""
+    W) at ``-inf`` (a new tensor); unchanged (the same tensor) where nothing can repeat: ``n = 0``,
+    no history, or step ``t < n`` (a hypothesis of t tokens holds an n-gram and a second one's
+    prefix only from t = n on).
+
+    One copy of ``log_probs`` and a scatter-add of ``-inf`` at the hits and 0 at the misses
+    (``(..., W - n + 1)`` entries): a token hit several times stays ``-inf``, and an unknown score
+    stays unknown (NaN + ``-inf`` is NaN, ``+inf - inf`` NaN), so the certificate still sees a NaN
+    row. The sums are exact whatever the order (0 or ``-inf``), so atomics on a GPU give the same."""
     if n == 0 or history is None or t < n:
         return log_probs
-    return log_probs + blocking_bias(history, n, log_probs.size(-1), log_probs.dtype)
+    followers, hit = repeat_followers(history, n)
+    penalty = torch.zeros(hit.shape, dtype=log_probs.dtype, device=log_probs.device).masked_fill_(hit, NEG_INF)
+    return log_probs.clone(memory_format=torch.contiguous_format).scatter_add_(-1, followers, penalty)
 
 
 def has_repeated_ngram(tokens: list[int], n: int) -> bool:
@@ -111,5 +115,5 @@ def has_repeated_ngram(tokens: list[int], n: int) -> bool:
     return False
 
 
-__all__ = ["NO_TOKEN", "block_repeats", "blocked_tokens", "blocking_bias", "extend_history", "has_repeated_ngram",
+__all__ = ["NO_TOKEN", "block_repeats", "blocked_tokens", "extend_history", "has_repeated_ngram", "repeat_followers",
            "start_history"]

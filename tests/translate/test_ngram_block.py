@@ -27,8 +27,7 @@ import nmt.translate.ngram_block as ngram_module
 import nmt.translate.sampling as sampling_module
 import nmt.translate.search_step as step_module
 from nmt.translate.beam_search import beam_search
-from nmt.translate.ngram_block import (block_repeats, blocked_tokens, blocking_bias, extend_history,
-                                       has_repeated_ngram, start_history)
+from nmt.translate.ngram_block import block_repeats, blocked_tokens, extend_history, has_repeated_ngram, start_history
 from nmt.translate.sampling import sample_search
 from nmt.translate.search_options import SearchOptions
 from nmt.translate.search_step import RowState, Specials, select_step
@@ -73,7 +72,7 @@ def test_blocked_tokens_equal_the_python_definition(n, layout):
         assert {v for v in range(vocab) if got[r, v]} == want, (own, n)
         hits += bool(want)
     assert hits > rows // 20  # not vacuous
-    bias = blocking_bias(history.view(20, 15, width), n, vocab, torch.float32)  # any leading shape
+    bias = block_repeats(torch.zeros(20, 15, vocab), history.view(20, 15, width), n, t=width)  # any leading shape
     assert torch.equal(bias.view(rows, vocab) == -math.inf, got) and bool((bias[~got.view(20, 15, vocab)] == 0).all())
 
 
@@ -245,7 +244,7 @@ def test_zero_changes_nothing_and_runs_no_blocking_code(mode, monkeypatch):
     def refused(*args, **kwargs):
         raise AssertionError("blocking code ran with block_ngram_repeat=0")
 
-    for module, name in ((ngram_module, "blocking_bias"), (step_module, "extend_history"),
+    for module, name in ((ngram_module, "repeat_followers"), (step_module, "extend_history"),
                          (step_module, "start_history"), (sampling_module, "extend_history"),
                          (sampling_module, "start_history")):
         monkeypatch.setattr(module, name, refused)
