@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "-max_length_offset target tokens (OpenNMT-py's rule, default 1.25 there; 0 = off; not with scoring)")
     p.add_argument("-max_length_offset", "--max_length_offset", type=int, default=d.max_length_offset,
                    help="tokens added to the -max_length_ratio limit")
-    p.add_argument("-block_ngram_repeat", "--block_ngram_repeat", type=int, default=d.block_ngram_repeat,
+    p.add_argument("-block_ngram_repeat", "--block_ngram_repeat", type=int, default=d.block_ngram_repeat, metavar="N",
                    help="N >= 1: no output holds an N-gram of N generated tokens twice (OpenNMT-py's "
                    "-block_ngram_repeat, fairseq's --no-repeat-ngram-size; 1: no token twice; EOS is never "
                    "blocked, BOS takes no part): a token that would repeat one gets probability 0 at its step, "

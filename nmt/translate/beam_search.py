@@ -27,6 +27,11 @@ sentence stays in the search while it is exact and has live hypotheses (so that 
 support is enumerated); once not exact, it stops as soon as it has ``n_best`` finished
 hypotheses and either the best candidate of a step was a finished one (OpenNMT's rule) or no
 live hypothesis can still rank above the ``n_best``-th finished one.
+
+With ``block_ngram_repeat`` N, every step first sets the log-probability of each token that would
+repeat an N-gram of its hypothesis to -inf (``nmt.translate.ngram_block``; the hypotheses' tokens
+travel with the rows, ``RowState.ngrams``): a hard constraint, so all of the above holds for the
+constrained problem, the outputs of nonzero probability without a repeated N-gram.
 """
 from __future__ import annotations
 

@@ -190,7 +190,10 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     Half-precision log-probabilities are upcast (float32/float64 kept). No host sync.
     Rows with their own ``limit`` equal to ``t`` take their last step (only EOS may follow, as
     for every row at ``t = max_length``); ``limit_due=False`` (a host-side hint of the caller:
-    no row's limit is ``t``) skips that test.
+    no row's limit is ``t``) skips that test. With ``block_ngram_repeat`` (``rows.ngrams`` set),
+    the tokens that would repeat an n-gram of their slot's prefix get log-probability -inf before
+    anything reads the step (candidates, support sizes, certificate), and the returned rows carry
+    the prefixes extended by the kept tokens.
     """
     k, n_best, max_length = options.beam_size, options.n_best, options.max_length
     certify, eos, pad = options.certify, special.eos, special.pad
