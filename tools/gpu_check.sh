@@ -57,6 +57,11 @@
 #   OUT=$OUT GPU_CHECK_TRAIN_ARGS="--compile-encoder" GPU_CHECK_TRAIN_COMPILE_S=420 bash tools/gpu_check.sh train_compile
 #   OUT=$OUT GPU_CHECK_WORKERS=15 GPU_CHECK_TESTS_REST_S=400 bash tools/gpu_check.sh tests_rest
 #   OUT=$OUT bash tools/gpu_check.sh translate translate_torch_search transformer transformer_unfused
+# Since the twentieth session (2026-11-27, no device) also unmeasured: the eager rows of sparse and launch
+# after the CUDA route's operator cuts (tools/host_ops.py: every mapping now dispatches softmax's operator
+# count, the losses one or two more than F.cross_entropy's; learned alphas 29 -> 7 operators): the default
+# stages' sparse and launch tables settle it; the CUDA tests of sampling and n-gram blocking (in tests_cuda);
+# fp16 training's one host read per update (the GradScaler's overflow flag: train with --precision fp16).
 # (train: the eager rows, whose --profile failed on the H200 before the fix of 2026-11-27; the
 # compiled 1.5-entmax step was 0.80x softmax's there, host-bound: the GPU busy 3.6 of its 17.7 ms,
 # and timed after the softmax row's profile, which may have slowed it: --profile now profiles in a
