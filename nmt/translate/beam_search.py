@@ -202,7 +202,7 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
             # finished sentences stop: their prefixes get probability 0 (nothing is extended,
             # recorded as finished or counted against the certificate any more) ...
             rows = replace(rows, scores=rows.scores.masked_fill(step.done.unsqueeze(1), NEG_INF))
-            compaction = _rows_to_keep(done_host)
+            compaction = rows_to_keep(done_host)
         if compaction is not None:  # ... and leave the batch once the live ones fit a smaller bucket
             keep_rows, gone_rows = compaction
             keep = torch.tensor(keep_rows, device=device)  # (R',)
@@ -241,7 +241,7 @@ def bucket_size(rows: int) -> int:
     return power * 3 // 4 if power * 3 // 4 >= rows else power
 
 
-def _rows_to_keep(done: list[bool]) -> tuple[list[int], list[int]] | None:
+def rows_to_keep(done: list[bool]) -> tuple[list[int], list[int]] | None:
     """``(keep, gone)`` row indices when finished sentences should leave the batch, else None.
 
     The live rows stay, padded with finished ones (already stopped: their prefixes have
@@ -348,4 +348,4 @@ def _pad_nbest(result: SearchResult, n_best: int, pad: int) -> SearchResult:
     return result
 
 
-__all__ = ["SearchOptions", "SearchResult", "Specials", "beam_search", "greedy_search"]
+__all__ = ["SearchOptions", "SearchResult", "Specials", "beam_search", "bucket_size", "greedy_search", "rows_to_keep"]

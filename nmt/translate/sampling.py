@@ -34,10 +34,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from nmt.models.protocol import StepDecoder, shares_encoder_out, tile_state
-from nmt.translate.beam_search import SearchResult
+from nmt.models.protocol import State, StepDecoder, select_state, shares_encoder_out, tile_state
+from nmt.translate.beam_search import SearchResult, rows_to_keep
 from nmt.translate.certificate import SAMPLED
 from nmt.translate.counter_noise import gumbel, row_keys, token_keys, uniform_bits
+from nmt.translate.history import SearchHistory
 from nmt.translate.ngram_block import block_repeats, extend_history, start_history
 from nmt.translate.sample_distribution import sampling_log_probs, tempered_step
 from nmt.translate.search_options import SearchOptions
@@ -70,6 +71,23 @@ class SampleRows:
         no = torch.zeros(rows, dtype=torch.bool, device=device)
         return cls(~no, torch.zeros(rows, device=device), torch.zeros(rows, dtype=torch.long, device=device),
                    no, no)
+
+    def select(self, index: Tensor) -> "SampleRows":
+        """Rows ``index`` (R',) of every field."""
+        return SampleRows(*(x.index_select(0, index) for x in (self.alive, self.score, self.length, self.cut,
+                                                              self.missing)))
+
+    def put(self, index: Tensor, other: "SampleRows") -> "SampleRows":
+        """These rows with rows ``index`` (R',) replaced by ``other``'s R' rows (new tensors, of the
+        promoted dtype: a float64 model's scores stay float64)."""
+        return SampleRows(*(_put(mine, index, theirs) for mine, theirs in
+                            ((self.alive, other.alive), (self.score, other.score), (self.length, other.length),
+                             (self.cut, other.cut), (self.missing, other.missing))))
+
+
+def _put(mine: Tensor, index: Tensor, theirs: Tensor) -> Tensor:
+    dtype = torch.promote_types(mine.dtype, theirs.dtype)
+    return mine.to(dtype).index_copy(0, index, theirs.to(dtype))
 
 
 @dataclass
@@ -154,13 +172,55 @@ def sample_search(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
 
 def _sample(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials, options: SearchOptions,
             sentence_ids: Tensor | None) -> SearchResult:
+    """Run the loop of ``options.resolved_mode`` (static on CUDA, dynamic elsewhere); the same samples."""
+    device = src.device
+    ids = (torch.arange(src.size(0), device=device) if sentence_ids is None
+           else host_to_device(sentence_ids.long(), device))  # (B,)
+    if options.resolved_mode(device) == "static":
+        return _static_loop(model, src, src_lengths, special, options, ids)
+    return _dynamic_loop(model, src, src_lengths, special, options, ids)
+
+
+def _row_keys(options: SearchOptions, ids: Tensor) -> Tensor:
+    """(R,) the noise keys of the N samples of each sentence ``ids`` (B,), N consecutive rows each."""
+    n = options.n_best
+    return row_keys(options.seed, ids.repeat_interleave(n), torch.arange(n, device=ids.device).repeat(ids.size(0)))
+
+
+def _first_step_rows(log_probs: Tensor, tempered: Tensor, attention: Tensor | None, state: State, n: int,
+                     ) -> tuple[Tensor, Tensor, Tensor | None, State]:
+    """The first step's B rows (one BOS row per sentence) repeated for the sentence's N samples:
+    log_probs, tempered (R, V), attention (R, L) or None, state R rows."""
+    if n == 1:
+        return log_probs, tempered, attention, state
+    same = tempered is log_probs
+    log_probs = log_probs.repeat_interleave(n, dim=0)  # (R, V)
+    tempered = log_probs if same else tempered.repeat_interleave(n, dim=0)  # (R, V)
+    attention = None if attention is None else attention.repeat_interleave(n, dim=0)  # (R, L)
+    return log_probs, tempered, attention, tile_state(state, n)
+
+
+def _final_rows(t: int, max_length: int, row_limit: Tensor | None, limit_steps: set[int] | None,
+                rows: int, device: torch.device) -> Tensor | None:
+    """(R,) bool the rows at their last step (only EOS may follow), or None where no row is: every
+    row at ``max_length``, else the rows whose own limit ``row_limit`` (R,) is ``t`` (only read at the
+    steps in ``limit_steps`` where those are known on the host; None: unknown, read every step)."""
+    if t == max_length:
+        return torch.ones(rows, dtype=torch.bool, device=device)
+    if row_limit is not None and (limit_steps is None or t in limit_steps):
+        return row_limit == t
+    return None
+
+
+def _static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials, options: SearchOptions,
+                 ids: Tensor) -> SearchResult:
+    """Fixed (R, ...) shapes, stopped samples masked: no host sync in a step, the stop flag read
+    every ``stop_every`` steps (the accelerator loop)."""
     n, max_length, every = options.n_best, options.max_length, options.stop_every
     device = src.device
     batch = src.size(0)
     count = batch * n
-    ids = (torch.arange(batch, device=device) if sentence_ids is None
-           else host_to_device(sentence_ids.long(), device))  # (B,)
-    keys = row_keys(options.seed, ids.repeat_interleave(n), torch.arange(n, device=device).repeat(batch))  # (R,)
+    keys = _row_keys(options, ids)  # (R,)
     limits = options.length_limits(src_lengths)  # (B,) on the lengths' device, or None
     # the steps where a row may end, known without a sync where the lengths are on the host
     limit_steps = set(limits.tolist()) if limits is not None and limits.device.type == "cpu" else None
@@ -176,21 +236,13 @@ def _sample(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Speci
     for t in range(max_length + 1):
         log_probs, tempered, attention, state = tempered_step(model, tokens, state, encoder_out,
                                                               options.temperature, options.return_attention)
-        if t == 0 and n > 1:  # one BOS row per sentence, repeated for its N samples
-            same = tempered is log_probs
-            log_probs = log_probs.repeat_interleave(n, dim=0)  # (R, V)
-            tempered = log_probs if same else tempered.repeat_interleave(n, dim=0)  # (R, V)
-            attention = None if attention is None else attention.repeat_interleave(n, dim=0)  # (R, L)
-            state = tile_state(state, n)
-            if not shares_encoder_out(model):
+        if t == 0:  # one BOS row per sentence, repeated for its N samples
+            log_probs, tempered, attention, state = _first_step_rows(log_probs, tempered, attention, state, n)
+            if n > 1 and not shares_encoder_out(model):
                 encoder_out = tile_state(encoder_out, n)
         if token_hashes is None:
             token_hashes = token_keys(log_probs.size(-1), device)  # (V,)
-        final = None
-        if t == max_length:
-            final = torch.ones(count, dtype=torch.bool, device=device)
-        elif row_limit is not None and (limit_steps is None or t in limit_steps):
-            final = row_limit == t
+        final = _final_rows(t, max_length, row_limit, limit_steps, count, device)
         tempered = block_repeats(tempered, ngrams, block, t)  # (R, V) blocked tokens at -inf (renormalised by the draw)
         step = sample_step(log_probs, tempered, attention, rows, keys, token_hashes, t, options, special, final)
         rows, tokens = step.rows, step.token
@@ -202,12 +254,91 @@ def _sample(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Speci
             break
         if (t + 1) % every == 0 and not bool(rows.alive.any()):  # the one host sync per stop_every steps
             break
-    return _result(records, rows, batch, n, special.pad)
-
-
-def _result(records: dict[str, list[Tensor]], rows: SampleRows, batch: int, n: int, pad: int) -> SearchResult:
-    """The samples as a ``SearchResult`` (B sentences, N samples, T steps)."""
     stacked = {name: torch.stack(values, dim=1) for name, values in records.items()}  # (R, T, ...)
+    return _result(stacked, rows, batch, n, special.pad)
+
+
+RECORD_FILLS = {"token": None, "attention": 0.0, "support_size": 0, "support_tokens": None, "support_probs": 0.0}
+"""The record of a row that has left the dynamic loop, per field (None: the PAD id), as the static
+loop records a stopped row (``sample_step``)."""
+
+
+def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials, options: SearchOptions,
+                  ids: Tensor) -> SearchResult:
+    """Stopped samples leave the batch (the CPU loop): one host sync per step (which rows are still
+    going), and once the live rows fit a smaller size among 1, 2, 3, 4, 6, 8, 12, ...
+    (:func:`~nmt.translate.beam_search.bucket_size`) the rows, their noise keys, limits, n-gram
+    histories, the model's state and the encoder output are reindexed to them, as beam search's
+    dynamic loop does (its :func:`~nmt.translate.beam_search.rows_to_keep`). R rows, R' still
+    stepped (``active``: their indices among the R). The same samples as the static loop: a row's
+    noise and distribution do not depend on the other rows."""
+    n, max_length = options.n_best, options.max_length
+    device = src.device
+    batch = src.size(0)
+    count = batch * n
+    keys = _row_keys(options, ids)  # (R',)
+    limits = options.length_limits(src_lengths)  # (B,) or None
+    limit_steps = None if limits is None else set(limits.tolist())
+    row_limit = None if limits is None else host_to_device(limits, device).repeat_interleave(n)  # (R',)
+    encoder_out, state = model.encode(src, src_lengths)
+    # a model that shares encoder_out takes one row per sentence while every sentence has its N rows;
+    # once rows leave, encoder_out holds one row per stepped row (such a model takes that too)
+    per_sentence = shares_encoder_out(model)
+    rows = SampleRows.start(count, device)  # (R',) the stepped rows
+    done = SampleRows.start(count, device)  # (R,) the rows that left, at their indices
+    active: Tensor | None = None  # (R',) indices of the stepped rows among the R; None: all, in order
+    tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (B,) then (R',)
+    token_hashes: Tensor | None = None
+    history: SearchHistory | None = None
+    block = options.block_ngram_repeat
+    ngrams = start_history(count, None, max_length, device) if block else None  # (R', max_length) or None
+    for t in range(max_length + 1):
+        log_probs, tempered, attention, state = tempered_step(model, tokens, state, encoder_out,
+                                                              options.temperature, options.return_attention)
+        if t == 0:
+            log_probs, tempered, attention, state = _first_step_rows(log_probs, tempered, attention, state, n)
+            if n > 1 and not per_sentence:
+                encoder_out = tile_state(encoder_out, n)
+        if token_hashes is None:
+            token_hashes = token_keys(log_probs.size(-1), device)  # (V,)
+        final = _final_rows(t, max_length, row_limit, limit_steps, rows.alive.size(0), device)
+        tempered = block_repeats(tempered, ngrams, block, t)  # (R', V)
+        step = sample_step(log_probs, tempered, attention, rows, keys, token_hashes, t, options, special, final)
+        rows, tokens = step.rows, step.token
+        if history is None:
+            history = SearchHistory(count, {name: special.pad if RECORD_FILLS[name] is None else RECORD_FILLS[name]
+                                            for name in step.record})
+        history.append(active, step.record)
+        if t == max_length:
+            break
+        alive = rows.alive.tolist()  # the one host sync of the step
+        if not any(alive):
+            break
+        if ngrams is not None:
+            ngrams = extend_history(ngrams, None, tokens, max_length)
+        compaction = rows_to_keep([not a for a in alive])
+        if compaction is None:
+            continue
+        keep = torch.tensor(compaction[0], device=device)  # (R'',)
+        gone = torch.tensor(compaction[1], device=device)
+        original = torch.arange(count, device=device) if active is None else active  # (R',)
+        done = done.put(original.index_select(0, gone), rows.select(gone))
+        active = original.index_select(0, keep)  # (R'',)
+        rows, keys, tokens = rows.select(keep), keys.index_select(0, keep), tokens.index_select(0, keep)
+        row_limit = None if row_limit is None else row_limit.index_select(0, keep)
+        ngrams = None if ngrams is None else ngrams.index_select(0, keep)
+        state = select_state(state, keep)
+        encoder_out = select_state(encoder_out, active // n if per_sentence else keep)
+        per_sentence = False
+    assert history is not None  # max_length >= 0: at least one step
+    done = rows if active is None else done.put(active, rows)
+    stacked = {name: value.movedim(0, 1) for name, value in history.materialize().items()}  # (R, T, ...)
+    return _result(stacked, done, batch, n, special.pad)
+
+
+def _result(stacked: dict[str, Tensor], rows: SampleRows, batch: int, n: int, pad: int) -> SearchResult:
+    """The samples as a ``SearchResult`` (B sentences, N samples, T steps); ``stacked``: field ->
+    (R, T, ...) the step records (:class:`SampleStep`), ``rows`` the R rows' final state."""
     steps = stacked["token"].size(1)
 
     def per_sample(x: Tensor) -> Tensor:  # (R, ...) -> (B, N, ...)

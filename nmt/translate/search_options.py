@@ -49,10 +49,11 @@ class SearchOptions:
         instead of searching (``nmt.translate.sampling``): ancestral sampling, one token per
         step by Gumbel-max over counter-based noise, so a sentence's samples depend only on
         (``seed``, its index in the input, the sample's number), never on its batch or device.
-        ``beam_size``, ``certify`` and ``mode`` are not used (samples are returned in sample
-        order, not ranked; the reason of every sentence is "sampled"); ``length_penalty`` other
-        than "none" and ``mode="dynamic"`` are refused (samples are not ranked; sampling runs
-        one static-shape loop, which reads its stop flag every ``stop_every`` steps).
+        ``beam_size`` and ``certify`` are not used (samples are returned in sample order, not
+        ranked; the reason of every sentence is "sampled"); ``length_penalty`` other than "none"
+        is refused (samples are not ranked). ``mode`` picks the loop as for beam search: dynamic
+        (stopped samples leave the batch) or static (masked, no host sync in a step); the same
+        samples.
     temperature: sample from ``mapping(logits / temperature)`` (> 0; 1 = the model's own
         distribution), the scores divided before the output mapping, so a sparse mapping stays
         sparse. sample_topk: keep only the k most probable tokens (ties kept; 0 = all).
@@ -144,9 +145,6 @@ class SearchOptions:
         if self.length_penalty != "none":
             raise ValueError(f"length_penalty must be none with sample=True (samples are not ranked), "
                              f"got {self.length_penalty!r}")
-        if self.mode == "dynamic":
-            raise ValueError("mode must be auto or static with sample=True (sampling runs one static-shape loop), "
-                             "got 'dynamic'")
 
     def resolved_mode(self, device: torch.device | str) -> str:
         """"static" or "dynamic": ``mode``, with "auto" = static on CUDA, dynamic elsewhere."""

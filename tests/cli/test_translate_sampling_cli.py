@@ -120,7 +120,6 @@ def test_streaming_samples_equal_the_file_samples(files, capsys, monkeypatch):
     (["-sample", "-temperature", "0"], "-temperature must be a finite number > 0, got 0.0"),
     (["-sample", "-sample_topp", "1.5"], "-sample_topp must be in (0, 1], got 1.5"),
     (["-sample", "-length_penalty", "gnmt"], "-length_penalty must be none with sample=True"),
-    (["-sample", "-search_mode", "dynamic"], "-mode must be auto or static with sample=True"),
     (["-sample", "-score_output", "s.jsonl", "-tgt", "t.txt"], "-sample applies to translation, not to scoring"),
 ])
 def test_sampling_flags_that_do_not_fit_are_one_line_errors(files, capsys, tmp_path, flags, expected):
