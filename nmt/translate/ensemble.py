@@ -81,7 +81,7 @@ class Ensemble:
         plain, tempered, attentions, new_states = [], [], [], []
         for i, model in enumerate(self.models):
             lp, lq, att, st = tempered_step(model, tokens, self._split(state, i), self._split(encoder_out, i),
-                                            temperature, need_attention)
+                                            temperature, need_attention, normalized=True)
             plain.append(lp)
             tempered.append(lq)
             attentions.append(att)

@@ -18,19 +18,34 @@ import torch
 from torch import Tensor
 
 from nmt.models.protocol import State, StepDecoder, attention_request
+from nmt.sparse import is_softmax
 
 NEG_INF = float("-inf")
 
 
 def tempered_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: State, temperature: float,
-                  need_attention: bool) -> tuple[Tensor, Tensor, Tensor | None, State]:
+                  need_attention: bool, normalized: bool = False) -> tuple[Tensor, Tensor, Tensor | None, State]:
     """One decoder step with the distribution at ``temperature``.
 
     Returns ``(log_probs (N, V), tempered (N, V), attention (N, L) or None, state)``: the model's
     own log-probabilities (``T = 1``: what a sample's score adds up) and those of
-    ``mapping(logits / T)`` (the same tensor at ``T = 1``). A model with ``tempered_step`` (an
-    ensemble) answers itself; another needs ``step_with_scores`` and ``log_probs`` (as ``Seq2Seq``
-    and ``TransformerSeq2Seq`` have) unless ``T = 1``: ValueError naming its type otherwise."""
+    ``mapping(logits / T)`` (the same tensor at ``T = 1``), the latter up to a per-row constant
+    (all Gumbel-max and :func:`sampling_log_probs` need): for a softmax output
+    (:func:`softmax_output`) ``z / T - max(z / T)``, which is ``log softmax(z / T) + lse`` without
+    the mapping's exponentials and the same for rows holding NaN or ``+inf`` (NaN throughout, as
+    the mapping gives); ``normalized=True`` (an ensemble's members, whose probabilities are
+    averaged) asks for the log-probabilities themselves. A model with ``tempered_step`` (an ensemble) answers itself; another needs
+    ``step_with_scores`` and ``log_probs`` (as ``Seq2Seq`` and ``TransformerSeq2Seq`` have) unless
+    ``T = 1``: ValueError naming its type otherwise.
+
+    Two mappings per step remain for a sparse output at ``T != 1``: the model's step returns its
+    ``T = 1`` log-probabilities with the logits (``step_with_scores``), and those are needed
+    anyway: a sample's score, the support statistics and the last step's EOS test read them, and a
+    sparse mapping's ``T = 1`` threshold (its support) is not a function of the ``T`` threshold;
+    the threshold is most of a sparse mapping's cost (the native long-row passes write the
+    probabilities while finding it), so the drawn token's log-probability alone would save little.
+    Skipping the ``T = 1`` mapping for softmax would need a model step without its mapping (a
+    change of the ``StepDecoder`` protocol); the second one is what this function saves."""
     own = getattr(model, "tempered_step", None)
     if own is not None:
         return own(tokens, state, encoder_out, temperature, need_attention)
@@ -46,7 +61,17 @@ def tempered_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out:
     logits, log_probs, attention, state = with_scores(tokens, state, encoder_out, **ask)
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
-    return log_probs, log_probs_of(logits / temperature), attention, state
+    scaled = logits / temperature  # (N, V)
+    if softmax_output(model) and not normalized:  # log softmax(z / T) up to a per-row constant: no second mapping
+        return log_probs, scaled - scaled.amax(dim=-1, keepdim=True), attention, state
+    return log_probs, log_probs_of(scaled), attention, state
+
+
+def softmax_output(model: StepDecoder) -> bool:
+    """Whether ``model``'s output mapping is softmax (its ``generator.mapping_name``, as nmt's
+    models have; False where it has none): then :func:`tempered_step` skips the mapping at ``T``."""
+    name = getattr(getattr(model, "generator", None), "mapping_name", None)
+    return isinstance(name, str) and is_softmax(name)
 
 
 def top_k(log_probs: Tensor, k: int) -> Tensor:
@@ -85,4 +110,4 @@ def sampling_log_probs(tempered: Tensor, k: int, p: float, forbid: int | None = 
     return top_p(top_k(scores, k), p)
 
 
-__all__ = ["sampling_log_probs", "tempered_step", "top_k", "top_p"]
+__all__ = ["sampling_log_probs", "softmax_output", "tempered_step", "top_k", "top_p"]
