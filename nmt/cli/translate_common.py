@@ -119,11 +119,15 @@ def report_line(t: Translation) -> str:
 def output_lines(t: Translation, n_best: int, with_score: bool = False) -> list[str]:
     """The ``n_best`` output lines of one translation, best first (padded with empty lines where
     fewer hypotheses finished); ``with_score``: each line ``text<TAB>log-probability`` (OpenNMT-py's
-    ``-with_score``), a padding line ``<TAB>`` (no hypothesis, no score)."""
+    ``-with_score``), a padding line ``<TAB>`` (no hypothesis, no score). Samples keep their
+    places: a sample without a hypothesis (``Translation.missing``) is such a padding line at its
+    own place, so line j of a sentence's N is always sample j."""
     found = t.hypotheses[:n_best]
+    missing = t.missing or [False] * len(found)
     if not with_score:
         return [text for text, _ in found] + [""] * (n_best - len(found))
-    return [f"{text}\t{logprob:.6g}" for text, logprob in found] + ["\t"] * (n_best - len(found))
+    return ([f"{text}\t{logprob:.6g}" if not gone else "\t" for (text, logprob), gone in zip(found, missing)]
+            + ["\t"] * (n_best - len(found)))
 
 
 def write_lines(path: str, lines: Sequence[str]) -> None:

@@ -146,6 +146,20 @@ class SearchOptions:
             raise ValueError(f"length_penalty must be none with sample=True (samples are not ranked), "
                              f"got {self.length_penalty!r}")
 
+    def report_settings(self) -> dict[str, Any] | None:
+        """The settings that change what a sentence's certificate or samples mean, for the
+        ``-report`` records (``Translation.decoding``): ``block_ngram_repeat`` where > 0 (a
+        certificate is then about the outputs without a repeated N-gram); with ``sample``,
+        ``sample``, ``seed``, ``temperature``, ``sample_topk`` and ``sample_topp`` (with the
+        sentence's line and the sample's number they fix each sample). None where neither is on."""
+        settings: dict[str, Any] = {}
+        if self.sample:
+            settings.update(sample=True, seed=self.seed, temperature=float(self.temperature),
+                            sample_topk=self.sample_topk, sample_topp=float(self.sample_topp))
+        if self.block_ngram_repeat:
+            settings["block_ngram_repeat"] = self.block_ngram_repeat
+        return settings or None
+
     def resolved_mode(self, device: torch.device | str) -> str:
         """"static" or "dynamic": ``mode``, with "auto" = static on CUDA, dynamic elsewhere."""
         if self.mode != "auto":

@@ -31,12 +31,15 @@ SAMPLED_REASON = reason_name(SAMPLED)
 class Hypothesis:
     """One entry of an n-best list: detokenized ``text``, total log-probability ``score`` (EOS
     included) and the target ``tokens`` (one label per generated id); ``cut``: it ends without
-    EOS, cut by the length limit (``max_length`` or the sentence's ``max_length_ratio`` limit)."""
+    EOS, cut by the length limit (``max_length`` or the sentence's ``max_length_ratio`` limit);
+    ``missing``: a sample that has no hypothesis (no token of nonzero sampling probability at some
+    step), kept at its place in the sample order: ``text`` "", ``score`` -inf, no ``tokens``."""
 
     text: str
     score: float
     tokens: list[str]
     cut: bool = False
+    missing: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,11 @@ class Translation:
     support_sizes: number of nonzero-probability tokens at each step of the best hypothesis;
     cut: per hypothesis, True when it ends without EOS, cut by the length limit (``max_length``
     or the sentence's ``max_length_ratio`` limit): its text is a truncated prefix.
+    missing: per hypothesis, True for a sample without a hypothesis (``("", -inf)`` at its place, so
+    that entry j is always sample j; empty where none is missing, and always for beam search, whose
+    n-best lists hold only hypotheses that exist).
+    decoding: the settings that change what the certificate (or a sample) means, as
+    :meth:`~nmt.translate.search_options.SearchOptions.report_settings` gives them (None: none).
     """
 
     index: int
@@ -83,6 +91,8 @@ class Translation:
     support: list[dict[str, Any]] | None = None
     support_sizes: list[int] = field(default_factory=list)
     cut: list[bool] = field(default_factory=list)
+    missing: list[bool] = field(default_factory=list)
+    decoding: dict[str, Any] | None = None
 
     @property
     def text(self) -> str:
@@ -98,7 +108,9 @@ class Translation:
     def nbest(self) -> list[Hypothesis]:
         """The n-best list as ``Hypothesis`` objects."""
         cut = self.cut or [False] * len(self.hypotheses)
-        return [Hypothesis(text, score, tokens, c) for (text, score), tokens, c in zip(self.hypotheses, self.tokens, cut)]
+        missing = self.missing or [False] * len(self.hypotheses)
+        return [Hypothesis(text, score, tokens, c, m)
+                for (text, score), tokens, c, m in zip(self.hypotheses, self.tokens, cut, missing)]
 
     @property
     def output_cut(self) -> bool:
@@ -118,7 +130,9 @@ class Translation:
     def report(self) -> dict[str, Any]:
         """The JSON-lines record of this sentence (``exact``: deprecated alias of ``certified``,
         kept for one release; ``cut``: the output, i.e. the best hypothesis, was cut by the length
-        limit without EOS, as each n-best entry's ``cut`` says of it)."""
+        limit without EOS, as each n-best entry's ``cut`` says of it; an n-best entry of a sample
+        without a hypothesis has ``"missing": true``, others no such key; ``decoding``: the settings
+        of :attr:`decoding`, only where there are any)."""
         record: dict[str, Any] = {
             "id": self.index,
             "certified": self.certified,
@@ -127,8 +141,11 @@ class Translation:
             "mass": self.mass,
             "reason": self.reason,
             "cut": self.output_cut,
-            "nbest": [{"text": h.text, "logprob": h.score, "cut": h.cut} for h in self.nbest],
+            "nbest": [{"text": h.text, "logprob": h.score, "cut": h.cut, **({"missing": True} if h.missing else {})}
+                      for h in self.nbest],
         }
+        if self.decoding is not None:
+            record["decoding"] = dict(self.decoding)
         if self.support is not None:
             record["support"] = self.support
         return record
@@ -228,6 +245,7 @@ class Translator:
         start = time.perf_counter()
         source_limit, _ = position_limits(self.model)
         options = fit_to_positions(self.options, self.model)  # as far as the positions reach
+        decoding = options.report_settings()
         batches = encode_sources(self.src_field, lines, self.batch_size, self.batch_type,
                                  max_length=self.max_src_length)
         if source_limit is not None:  # every source checked before any is decoded
@@ -238,7 +256,8 @@ class Translator:
                 if batch.empty:  # no step, so no support entry: [] where the support was asked for
                     for i in batch.indices:
                         results[i] = Translation(first_index + i, [], [], [], False, 0, 0.0, EMPTY_INPUT,
-                                                 support=[] if options.return_support else None)
+                                                 support=[] if options.return_support else None,
+                                                 decoding=decoding)
                 else:
                     # the source lengths stay on the host: the encoders read them there (an RNN packs
                     # with them) and masks copy them without a sync (nmt.utils.device.host_to_device)
@@ -258,24 +277,33 @@ class Translator:
                     lengths = batch.src_lengths.tolist()
                     for row, i in enumerate(batch.indices):
                         src_tokens = self.src_field.vocab.tokens(src_ids[row][: lengths[row]])
-                        results[i] = self._unpack(host, row, first_index + i, src_tokens)
+                        results[i] = self._unpack(host, row, first_index + i, src_tokens, decoding)
                 if progress is not None:
                     progress(len(batch))
         self.search_seconds += time.perf_counter() - start
         return results  # type: ignore[return-value]
 
-    def _unpack(self, result: "_HostResult", row: int, index: int, src_tokens: list[str]) -> Translation:
-        """Sentence ``row`` of a batched result already on the host (Python lists, NumPy arrays)."""
+    def _unpack(self, result: "_HostResult", row: int, index: int, src_tokens: list[str],
+                decoding: dict[str, Any] | None = None) -> Translation:
+        """Sentence ``row`` of a batched result already on the host (Python lists, NumPy arrays).
+        Samples keep their places: one without a hypothesis is ``("", -inf)``, marked missing."""
         field_ = self.tgt_field
         lengths, scores, token_rows = result.lengths[row], result.scores[row], result.tokens[row]
-        hypotheses, tokens, cut = [], [], []
+        sampled = result.reason[row] == SAMPLED
+        hypotheses, tokens, cut, missing = [], [], [], []
         for n, length in enumerate(lengths):
             if length == 0:
+                if sampled:  # sample n has none: its place stays, so entry j is sample j
+                    hypotheses.append(("", float("-inf")))
+                    tokens.append([])
+                    cut.append(False)
+                    missing.append(True)
                 continue
             ids = token_rows[n][:length]
             hypotheses.append((field_.decode(ids), float(scores[n])))
             tokens.append(field_.vocab.tokens(ids))  # one label per generated id, specials included
             cut.append(not result.complete[row][n])  # no EOS: cut by the length limit
+            missing.append(False)
         best_len = lengths[0]
         attention = None
         if result.attention is not None and best_len > 0:
@@ -302,6 +330,8 @@ class Translator:
             support=support,
             support_sizes=sizes,
             cut=cut,
+            missing=missing if any(missing) else [],
+            decoding=decoding,
         )
 
 

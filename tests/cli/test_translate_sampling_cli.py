@@ -7,6 +7,7 @@ no sample ever holds one: every sampled text tokenizes back to its own ids, and 
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import pytest
@@ -133,3 +134,136 @@ def test_sample_with_beam_size_one_is_accepted(files, capsys):
     code, out, err = translate(["-model", files["model"], "-src", files["input"], "-output", "-", "-sample",
                                 "-beam_size", "1", "-quiet"], capsys)
     assert code == 0 and len(out.split("\n")[:-1]) == len(INPUTS), err
+
+
+# ---- a sample without a hypothesis keeps its line; the report records the decoding settings ----------
+
+class TransitionModel(torch.nn.Module):
+    """Next-token probabilities a table of the previous token, for the target field of characters
+    ``abc`` (pad 0, unk 1, bos 2, eos 3, a 4, b 5, c 6): after BOS ``a`` or ``b`` (1/2 each), after
+    ``a`` only EOS, after ``b`` ``c`` or EOS, after ``c`` only EOS. With ``-min_length 2`` a sample that
+    starts with ``a`` has no token of nonzero probability at its second step: no hypothesis; one that
+    starts with ``b`` is ``bc`` with log-probability log(1/4)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        table = torch.zeros(7, 7, dtype=torch.float64)
+        table[:, 3] = 1.0
+        table[2] = 0.0
+        table[2, 4] = table[2, 5] = 0.5
+        table[5] = 0.0
+        table[5, 6] = table[5, 3] = 0.5
+        self.register_buffer("log_table", torch.log(table))
+
+    def encode(self, src, src_lengths):
+        return {"src": src}, {"steps": torch.zeros(src.size(0), dtype=torch.long)}
+
+    def step(self, tokens, state, encoder_out):
+        width = encoder_out["src"].size(1)
+        attention = torch.full((tokens.size(0), width), 1.0 / width, dtype=torch.float64)
+        return self.log_table[tokens], attention, {"steps": state["steps"] + 1}
+
+
+@pytest.fixture()
+def table_model(monkeypatch):
+    """``nmt-translate -model anything`` loads the :class:`TransitionModel` with its fields."""
+    from nmt.translate import loading
+
+    src = Field.build(SpaceTokenizer(), ["a b c d e f"])
+    tgt = Field.build(CharTokenizer(), ["abc"])
+    assert len(tgt.vocab) == 7 and (tgt.vocab.bos_index, tgt.vocab.eos_index) == (2, 3)
+    model = TransitionModel()
+    monkeypatch.setattr(loading, "load_models", lambda paths, device="cpu": (model, src, tgt, [model]))
+    return model, src, tgt
+
+
+def test_a_sample_without_hypothesis_keeps_its_line(files, table_model, capsys, tmp_path):
+    from nmt.translate.sampling import sample_search
+    from nmt.translate.search_options import SearchOptions
+    from nmt.translate.search_step import Specials
+
+    model, src_field, _ = table_model
+    report = tmp_path / "report.jsonl"
+    common = ["-model", "table.pt", "-src", files["input"], "-output", "-", "-sample", "-seed", "21",
+              "-min_length", "2", "-max_length", "6", "-with_score", "-batch_size", "2", "-quiet"]
+    code, out, err = translate(common + ["-n_best", "4", "-report", str(report)], capsys)
+    assert code == 0, err
+    lines = out.split("\n")[:-1]
+    assert len(lines) == 4 * len(INPUTS)
+    records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+    # the truth: sample j of line k is row (k, j) of the raw search keyed by the line's index
+    shifted = 0
+    for k, line in enumerate(INPUTS):
+        block = lines[4 * k: 4 * k + 4]
+        if not line:
+            assert block == ["\t"] * 4 and records[k]["reason"] == "empty_input"
+            continue
+        ids = src_field.encode(line)
+        raw = sample_search(model, torch.tensor([ids]), torch.tensor([len(ids)]), Specials(2, 3, 0),
+                            SearchOptions(sample=True, n_best=4, seed=21, min_length=2, max_length=6),
+                            sentence_ids=torch.tensor([k]))
+        for j in range(4):
+            if int(raw.lengths[0, j]) == 0:
+                assert block[j] == "\t" and records[k]["nbest"][j] == {"text": "", "logprob": None, "cut": False,
+                                                                       "missing": True}
+                shifted += j < 3 and int(raw.lengths[0, j + 1:].max()) > 0  # a found sample after a missing one
+            else:
+                assert block[j] == f"bc\t{math.log(0.25):.6g}"
+                assert records[k]["nbest"][j] == {"text": "bc", "logprob": pytest.approx(math.log(0.25)), "cut": False}
+    assert shifted, "no missing sample before a found one: the test does not bite"
+    # sample j does not depend on -n_best: the first two lines of each block are the -n_best 2 lines
+    code, two, err = translate(common + ["-n_best", "2"], capsys)
+    assert code == 0, err
+    two_lines = two.split("\n")[:-1]
+    assert two_lines == [line for k in range(len(INPUTS)) for line in lines[4 * k: 4 * k + 2]]
+
+
+def test_the_report_records_the_decoding_settings(files, capsys, tmp_path, monkeypatch):
+    """Each record carries ``decoding`` where -sample or -block_ngram_repeat changes what it means,
+    and none otherwise (the records of plain beam search unchanged); the recipes' report reader
+    still reads them, and a stream writes the file mode's records."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "recipes" / "translation" / "evaluate.py"
+    spec = importlib.util.spec_from_file_location("evaluate_translation_report", path)
+    evaluate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(evaluate)
+    certificate_stats, read_report = evaluate.certificate_stats, evaluate.read_report
+
+    def records_of(flags: list[str], src: str = files["input"]) -> list[dict]:
+        report = tmp_path / "r.jsonl"
+        code, _, err = translate(["-model", files["model"], "-src", src, "-output", "-", "-quiet",
+                                  "-report", str(report), *flags], capsys)
+        assert code == 0, err
+        return [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+
+    sampled = records_of(["-sample", "-n_best", "2", "-seed", str(2 ** 40 + 3), "-temperature", "0.8",
+                          "-sample_topp", "0.9", "-block_ngram_repeat", "2"])
+    want = {"sample": True, "seed": 2 ** 40 + 3, "temperature": 0.8, "sample_topk": 0, "sample_topp": 0.9,
+            "block_ngram_repeat": 2}
+    assert [r["decoding"] for r in sampled] == [want] * len(INPUTS)  # empty lines too: the same run
+    blocked = records_of(["-beam_size", "3", "-block_ngram_repeat", "1"])
+    assert [r["decoding"] for r in blocked] == [{"block_ngram_repeat": 1}] * len(INPUTS)
+    plain = records_of(["-beam_size", "3"])
+    assert not any("decoding" in r for r in plain)
+    assert set(blocked[0]) - set(plain[0]) == {"decoding"}
+    report = tmp_path / "r.jsonl"
+    records_of(["-beam_size", "3", "-block_ngram_repeat", "1"])
+    assert [r["id"] for r in read_report(report)] == list(range(len(INPUTS)))  # the recipes' reader
+    assert certificate_stats(read_report(report))["sentences"] == len(INPUTS) - 1
+    with open(files["input"], "rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        streamed = records_of(["-sample", "-n_best", "2", "-seed", str(2 ** 40 + 3), "-temperature", "0.8",
+                               "-sample_topp", "0.9", "-block_ngram_repeat", "2"], src="-")
+    assert streamed == sampled
+
+
+def test_search_mode_dynamic_samples_as_static(files, capsys):
+    base = ["-model", files["model"], "-src", files["input"], "-output", "-", "-sample", "-n_best", "3",
+            "-seed", "5", "-with_score", "-quiet", "-block_ngram_repeat", "2"]
+    outputs = {}
+    for mode in ("dynamic", "static", "auto"):
+        code, outputs[mode], err = translate(base + ["-search_mode", mode], capsys)
+        assert code == 0, err
+    assert outputs["dynamic"] == outputs["static"] == outputs["auto"]
