@@ -28,7 +28,12 @@ includes the host reads of CPU-only paths, which never run on an accelerator: th
 the decoder step's check for new tokens of its per-token products), and how many sentences'
 outputs or certificates differ. A third table times nmt-translate's default options for the
 device (on a GPU: batches of 8,192 source tokens) and, with ``--compare-cpu`` (default on a
-GPU), counts the sentences whose hypotheses, certificates or n_nonzero differ from the CPU's. ``--load`` labels figures taken on a busy machine.
+GPU), counts the sentences whose hypotheses, certificates or n_nonzero differ from the CPU's. A
+fourth table times ``-sample`` (N = 1, 4; a temperature; ``-block_ngram_repeat 3``) with the static
+and the dynamic sampling loop, and beam 5 with and without ``-block_ngram_repeat 3``. ``--tables``
+picks tables, ``--only-given`` times the ``--checkpoint`` models alone (e.g. the quick-start model:
+``--only-given --checkpoint entmax15=runs/quickstart/best.pt --src data/quickstart/valid.src
+--tables sampling``). ``--load`` labels figures taken on a busy machine.
 """
 from __future__ import annotations
 
@@ -175,6 +180,48 @@ def search_mode_rows(checkpoints: dict, lines: list[str], args: argparse.Namespa
     return rows
 
 
+SAMPLING_SETTINGS = (("sample N=1", dict(n_best=1)), ("sample N=4", dict(n_best=4)),
+                     ("sample N=4 T=0.7", dict(n_best=4, temperature=0.7)),
+                     ("sample N=4 block 3", dict(n_best=4, block_ngram_repeat=3)))
+"""The sampling rows: -sample -n_best N (seed 0), with a temperature, with -block_ngram_repeat 3."""
+
+
+def sampling_rows(checkpoints: dict, lines: list[str], args: argparse.Namespace) -> list[dict]:
+    """``-sample`` with the static loop (stopped samples masked: the accelerator loop) and the
+    dynamic one (stopped samples leave the batch: ``auto`` on the CPU), interleaved per repeat:
+    sentences/s of each and the sentences whose samples differ between them (none expected: the
+    noise is keyed by (seed, line, sample, step, token)); then beam 5 with and without
+    ``-block_ngram_repeat 3`` (the device's own loop), and how many outputs blocking changed."""
+    from nmt.translate.loading import load_model
+    from nmt.translate.translator import Translator
+
+    rows = []
+    for mapping, path in checkpoints.items():
+        loaded = load_model(path, args.device)
+
+        def translator(options):
+            return Translator(loaded.model, loaded.src_field, loaded.tgt_field, options, batch_size=args.batch_size,
+                              device=args.device, precision=args.precision)
+
+        for label, fields in SAMPLING_SETTINGS:
+            modes = {mode: search_options(args, 1, sample=True, mode=mode, stop_every=args.stop_every, **fields)
+                     for mode in ("static", "dynamic")}
+            seconds, outputs = time_settings({mode: translator(o) for mode, o in modes.items()}, lines, args.repeats)
+            differ = count_differences(outputs["static"], outputs["dynamic"])
+            rows.append({"mapping": mapping, "setting": label,
+                         "sent_per_s_static": len(lines) / seconds["static"],
+                         "sent_per_s_dynamic": len(lines) / seconds["dynamic"],
+                         "dynamic_speedup": seconds["static"] / seconds["dynamic"],
+                         "differ": differ["hypotheses"], "max_score_diff": differ["max_score_diff"]})
+        settings = {"beam 5": search_options(args, 5), "beam 5 block 3": search_options(args, 5, block_ngram_repeat=3)}
+        seconds, outputs = time_settings({k: translator(o) for k, o in settings.items()}, lines, args.repeats)
+        changed = count_differences(outputs["beam 5"], outputs["beam 5 block 3"])["hypotheses"]
+        for label in settings:
+            rows.append({"mapping": mapping, "setting": label, "sent_per_s": len(lines) / seconds[label],
+                         "outputs_changed_by_blocking": changed})
+    return rows
+
+
 def count_differences(a: list, b: list) -> dict:
     """Sentences whose translations differ between two runs: in their hypotheses' texts (the
     n-best list in order), in their certificates (exact flag or reason), in ``n_nonzero``, and in
@@ -242,6 +289,11 @@ def main() -> None:
                         help="also translate on the CPU and count the sentences whose outputs or certificates "
                              "differ (default: on with --device cuda)")
     parser.add_argument("--stop_every", type=int, default=4, help="static search: stop flag read every K steps")
+    parser.add_argument("--tables", default="search,modes,default,sampling,startup",
+                        help="comma-separated tables to run: search (certificate costs), modes (search loops), "
+                             "default (nmt-translate's defaults), sampling (-sample loops and a blocking row), startup")
+    parser.add_argument("--only-given", action="store_true",
+                        help="time the --checkpoint models only (any labels), training none")
     parser.add_argument("--load", default=None, help="label printed with the figures, e.g. 'idle' or "
                         "'loaded: 8 jobs on 2 cores' (figures under load are not speed claims)")
     args = parser.parse_args()
@@ -268,7 +320,11 @@ def main() -> None:
         raise SystemExit(f"bench_translate: {args.src}: no such file (give --src)")
     lines = [line for line in read_lines(args.src)]
     lines = lines[: args.sentences] if args.sentences else lines
-    needed = {"softmax", "entmax15"} - {item.split("=", 1)[0] for item in args.checkpoint}
+    tables = set(args.tables.split(","))
+    unknown = tables - {"search", "modes", "default", "sampling", "startup"}
+    if unknown:
+        raise SystemExit(f"bench_translate: --tables: unknown {', '.join(sorted(unknown))}")
+    needed = set() if args.only_given else {"softmax", "entmax15"} - {item.split("=", 1)[0] for item in args.checkpoint}
     for name in ("train.de", "train.en", "val.de", "val.en") if needed else ():
         if not (args.data_dir / name).is_file():  # the models to train read them
             raise SystemExit(f"bench_translate: {args.data_dir / name}: no such file (give --data-dir, "
@@ -279,13 +335,13 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         checkpoints = dict(item.split("=", 1) for item in args.checkpoint)
         for mapping in ("softmax", "entmax15"):
-            if mapping not in checkpoints:
+            if mapping in needed and mapping not in checkpoints:
                 checkpoints[mapping] = str(train_model(mapping, work, args.train_steps, 32 if args.quick else None,
                                                        args.data_dir, args.model))
             torch.set_num_threads(args.threads)  # training may have changed it
         rows, figures = [], {"sentences": len(lines), "threads": args.threads, "batch_size": args.batch_size,
                              "machine": platform.processor() or platform.machine(), "results": []}
-        for mapping, path in checkpoints.items():
+        for mapping, path in checkpoints.items() if "search" in tables else ():
             loaded = load_model(path, args.device)
             for label, beam in (("greedy", 1), ("beam 5", 5)):
                 # (certificate, support statistics): both = the nmt-translate default
@@ -306,39 +362,57 @@ def main() -> None:
                           "certified_percent": summary.certified_percent, "mean_support": summary.mean_support}
                 figures["results"].append(result)
                 rows.append(result)
-        figures["search_modes"] = search_mode_rows(checkpoints, lines, args)
-        figures["default_batching"] = default_batching_rows(checkpoints, lines, args)
-        figures["startup_seconds"] = startup_seconds(Path(checkpoints["entmax15"]), 1 if args.quick else 3)
+        figures["search_modes"] = search_mode_rows(checkpoints, lines, args) if "modes" in tables else []
+        figures["default_batching"] = default_batching_rows(checkpoints, lines, args) if "default" in tables else []
+        figures["sampling"] = sampling_rows(checkpoints, lines, args) if "sampling" in tables else []
+        if "startup" in tables:
+            figures["startup_seconds"] = startup_seconds(Path(next(iter(checkpoints.values()))) if args.only_given
+                                                         else Path(checkpoints["entmax15"]), 1 if args.quick else 3)
 
     models = "checkpoints" if len(args.checkpoint) == 2 else f"{args.model}, {args.train_steps} steps"
     print(f"{len(lines)} sentences ({models}), batch {args.batch_size}, {args.threads} threads, "
           f"max_length {args.max_length}" + (f", max_length_ratio {args.max_length_ratio}" if args.max_length_ratio else "")
           + ", "
           f"device {args.device}, precision {args.precision}" + (f"; load: {args.load}" if args.load else ""))
-    print("sent/s: default (certificate + support statistics); cert: certificate only; bare: neither")
-    print(f"{'output':10s} {'search':8s} {'sent/s':>8s} {'cert':>8s} {'bare':>8s} {'cert cost':>9s} "
-          f"{'all cost':>9s} {'certified':>9s} {'support':>8s}")
-    for r in rows:
-        support = "n/a" if r["mean_support"] is None else f"{r['mean_support']:.2f}"
-        print(f"{r['mapping']:10s} {r['search']:8s} {r['sent_per_s']:8.1f} {r['sent_per_s_certificate_only']:8.1f} "
-              f"{r['sent_per_s_no_certificate']:8.1f} {r['certificate_overhead_percent']:8.1f}% "
-              f"{r['certificate_and_stats_overhead_percent']:8.1f}% {r['certified_percent']:8.1f}% {support:>8s}")
-    print(f"start-up (fresh interpreter, imports + model load): {figures['startup_seconds']:.2f} s")
-    print(f"search loops (certificate on; static reads its stop flag every {args.stop_every} steps; ms and syncs "
-          "per step of one batch; on the CPU the syncs include CPU-only paths' host reads)")
-    print(f"{'output':10s} {'search':8s} {'loop':8s} {'sent/s':>8s} {'ms/step':>8s} {'syncs/step':>10s} "
-          f"{'vs dynamic':>10s} {'differ':>10s}")
-    for r in figures["search_modes"]:
-        print(f"{r['mapping']:10s} {r['search']:8s} {r['mode']:8s} {r['sent_per_s']:8.1f} {r['ms_per_step']:8.2f} "
-              f"{r['syncs_per_step']:10.2f} {r['vs_dynamic']:9.2f}x {r['differ']:>5d}/{len(lines)}")
-    print(f"nmt-translate's default options on {args.device} (certificate and statistics on)"
-          + ("; sentences differing from the CPU: in hypothesis texts / certificates / n_nonzero / any"
-             if args.compare_cpu else ""))
-    for r in figures["default_batching"]:
-        vs = r.get("vs_cpu")
-        cmp = "" if vs is None else (f"   vs CPU {vs['hypotheses']}/{vs['certificate']}/{vs['n_nonzero']}/"
-                                     f"{vs['any']} of {len(lines)}, scores within {vs['max_score_diff']:.1e}")
-        print(f"{r['mapping']:10s} {r['search']:8s} batch {r['batch']:16s} {r['sent_per_s']:8.1f} sent/s{cmp}")
+    if rows:
+        print("sent/s: default (certificate + support statistics); cert: certificate only; bare: neither")
+        print(f"{'output':10s} {'search':8s} {'sent/s':>8s} {'cert':>8s} {'bare':>8s} {'cert cost':>9s} "
+              f"{'all cost':>9s} {'certified':>9s} {'support':>8s}")
+        for r in rows:
+            support = "n/a" if r["mean_support"] is None else f"{r['mean_support']:.2f}"
+            print(f"{r['mapping']:10s} {r['search']:8s} {r['sent_per_s']:8.1f} {r['sent_per_s_certificate_only']:8.1f} "
+                  f"{r['sent_per_s_no_certificate']:8.1f} {r['certificate_overhead_percent']:8.1f}% "
+                  f"{r['certificate_and_stats_overhead_percent']:8.1f}% {r['certified_percent']:8.1f}% {support:>8s}")
+    if "startup_seconds" in figures:
+        print(f"start-up (fresh interpreter, imports + model load): {figures['startup_seconds']:.2f} s")
+    if figures["search_modes"]:
+        print(f"search loops (certificate on; static reads its stop flag every {args.stop_every} steps; ms and syncs "
+              "per step of one batch; on the CPU the syncs include CPU-only paths' host reads)")
+        print(f"{'output':10s} {'search':8s} {'loop':8s} {'sent/s':>8s} {'ms/step':>8s} {'syncs/step':>10s} "
+              f"{'vs dynamic':>10s} {'differ':>10s}")
+        for r in figures["search_modes"]:
+            print(f"{r['mapping']:10s} {r['search']:8s} {r['mode']:8s} {r['sent_per_s']:8.1f} {r['ms_per_step']:8.2f} "
+                  f"{r['syncs_per_step']:10.2f} {r['vs_dynamic']:9.2f}x {r['differ']:>5d}/{len(lines)}")
+    if figures["default_batching"]:
+        print(f"nmt-translate's default options on {args.device} (certificate and statistics on)"
+              + ("; sentences differing from the CPU: in hypothesis texts / certificates / n_nonzero / any"
+                 if args.compare_cpu else ""))
+        for r in figures["default_batching"]:
+            vs = r.get("vs_cpu")
+            cmp = "" if vs is None else (f"   vs CPU {vs['hypotheses']}/{vs['certificate']}/{vs['n_nonzero']}/"
+                                         f"{vs['any']} of {len(lines)}, scores within {vs['max_score_diff']:.1e}")
+            print(f"{r['mapping']:10s} {r['search']:8s} batch {r['batch']:16s} {r['sent_per_s']:8.1f} sent/s{cmp}")
+    if figures["sampling"]:
+        print(f"-sample (seed 0): static loop (stopped samples masked) vs dynamic (stopped samples leave the batch; "
+              f"auto on the CPU); differ: sentences whose samples differ between the loops")
+        for r in figures["sampling"]:
+            if "sent_per_s_static" in r:
+                print(f"{r['mapping']:10s} {r['setting']:20s} static {r['sent_per_s_static']:8.1f} dynamic "
+                      f"{r['sent_per_s_dynamic']:8.1f} sent/s ({r['dynamic_speedup']:.2f}x)  differ "
+                      f"{r['differ']}/{len(lines)}, scores within {r['max_score_diff']:.1e}")
+            else:
+                print(f"{r['mapping']:10s} {r['setting']:20s} {r['sent_per_s']:8.1f} sent/s  (outputs changed by "
+                      f"blocking: {r['outputs_changed_by_blocking']}/{len(lines)})")
     if args.json:
         atomic_write_text(args.json, json.dumps(figures, indent=2) + "\n")
 

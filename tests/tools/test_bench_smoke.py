@@ -275,3 +275,41 @@ def test_bench_host_quick(tmp_path):
     lines = printed.getvalue().splitlines()
     assert any(line.startswith("softmax / softmax") and line.count(" -> ") == 5 for line in lines)
     assert not [line for line in lines if line.strip().startswith(("+", "-"))]
+
+
+def test_bench_translate_sampling_rows_run_both_loops(tmp_path):
+    """The sampling table of tools/bench_translate.py on a random-weight checkpoint: every setting
+    gets both loops' figures, and the loops' samples agree (the tool's own differ count)."""
+    import argparse
+
+    from nmt.data.field import Field
+    from nmt.data.tokenizers import CharTokenizer, SpaceTokenizer
+    from nmt.models import build_model
+    from nmt.utils.checkpoint_file import save_checkpoint
+
+    config = {
+        "type": "rnn",
+        "embeddings": {"src_size": 8, "tgt_size": 8, "share": False, "tie_output": False, "dropout": 0.0},
+        "encoder": {"type": "lstm", "layers": 1, "hidden_size": 12, "bidirectional": True, "dropout": 0.0},
+        "decoder": {"type": "lstm", "layers": 1, "hidden_size": 12, "dropout": 0.0, "input_feeding": True,
+                    "bridge": "linear"},
+        "attention": {"score": "general", "mapping": "softmax", "params": {}, "continuous": None},
+        "output": {"mapping": "entmax15", "params": {}},
+    }
+    src, tgt = Field.build(SpaceTokenizer(), ["a b c d e f"]), Field.build(CharTokenizer(), ["abcdef"])
+    torch.manual_seed(0)
+    model = build_model(config, len(src.vocab), len(tgt.vocab), tgt.vocab.pad_index)
+    with torch.no_grad():
+        model.generator.proj.weight.mul_(3.0)
+        model.generator.proj.bias[tgt.vocab.eos_index] += 1.0
+    save_checkpoint(tmp_path / "m.pt", {"kind": "model", "model": model.state_dict(), "config": {"model": config},
+                                        "src_field": src.state_dict(), "tgt_field": tgt.state_dict(), "step": 1})
+    bench = _load("bench_translate")
+    args = argparse.Namespace(device="cpu", precision="fp32", batch_size=4, repeats=1, max_length=10,
+                              max_length_ratio=0.0, stop_every=4)
+    lines = ["a b c", "d e", "f a b d", "c", "e e f a", "b d"]
+    rows = bench.sampling_rows({"entmax15": str(tmp_path / "m.pt")}, lines, args)
+    sampled = [r for r in rows if "sent_per_s_static" in r]
+    assert [r["setting"] for r in sampled] == [label for label, _ in bench.SAMPLING_SETTINGS]
+    assert all(r["differ"] == 0 and r["sent_per_s_dynamic"] > 0 for r in sampled)
+    assert [r["setting"] for r in rows if "sent_per_s" in r] == ["beam 5", "beam 5 block 3"]
