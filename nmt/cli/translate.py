@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fp32 (IEEE float32 on a GPU too: no TF32), or bf16/fp16 autocast of the model, in scoring "
                         "too (the search stays in float32)")
     p.add_argument("-search_mode", "--search_mode", default=d.mode, choices=SEARCH_MODES,
-                   help="static: fixed shapes, no per-step host sync (GPU); dynamic: finished sentences "
+                   help="static: fixed shapes, no per-step host sync (GPU); dynamic: finished sentences (with -sample: samples) "
                         "leave the batch (CPU); auto: static on CUDA")
     p.add_argument("-stop_every", "--stop_every", type=int, default=d.stop_every,
                    help="static search reads its stop flag every K steps")
