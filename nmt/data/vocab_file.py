@@ -20,7 +20,7 @@ import os
 import re
 
 from nmt.data.errors import DataError
-from nmt.data.textfiles import read_lines, write_lines_atomic
+from nmt.data.textfiles import decode_line, read_lines, write_lines_atomic
 from nmt.data.vocabulary import SPECIALS, Vocabulary
 
 logger = logging.getLogger(__name__)
@@ -100,16 +100,20 @@ def write_vocab_file(path: str | os.PathLike, vocab: Vocabulary) -> None:
     """Write ``vocab``'s tokens after the specials, in id order, one per line with
     ``<TAB>count`` when ``vocab.counts`` is known; atomically (the umask's mode).
 
-    :func:`read_vocab_file` reads it back to the same vocabulary (and counts). A token that
-    would not read back as itself (one ending in spaces / tabs and digits when no count
-    follows) is a ``DataError`` naming the file and the token.
+    :func:`read_vocab_file` reads it back to the same vocabulary (and counts): each line is
+    checked by the reader's own rules (:func:`nmt.data.textfiles.decode_line`, then
+    :func:`parse_vocab_line`). A token that would not read back as itself is a ``DataError``
+    naming the file and the token, and nothing is written: one ending in spaces / tabs and digits
+    when no count follows, one ending in a carriage return when no count follows (the reader
+    drops it), a byte-order mark starting the first token (the reader drops it).
     """
     lines = []
-    for token in vocab.itos[len(SPECIALS):]:
-        line = token if vocab.counts is None else f"{token}\t{vocab.counts[token]}"
-        if parse_vocab_line(line) != (token, None if vocab.counts is None else vocab.counts[token]):
-            raise DataError(f"{path}: token {token!r} cannot be written to a vocabulary file without counts "
-                            "(it would read back as a token with a count)")
+    for number, token in enumerate(vocab.itos[len(SPECIALS):], 1):
+        count = None if vocab.counts is None else vocab.counts[token]
+        line = token if count is None else f"{token}\t{count}"
+        if "\n" in token or parse_vocab_line(decode_line(line.encode("utf-8"), path, number)) != (token, count):
+            raise DataError(f"{path}: token {token!r} cannot be written to a vocabulary file"
+                            f"{' without counts' if count is None else ''} (it would not read back as itself)")
         lines.append(line)
     write_lines_atomic(path, lines)
 

@@ -116,6 +116,27 @@ def test_a_token_that_would_read_back_with_a_count_is_not_written_without_counts
     assert read_vocab_file(tmp_path / "w").itos[4:] == ["a", "x 1"]
 
 
+@pytest.mark.parametrize("tokens,counts", [
+    (["a\r", "b"], None),  # the reader drops a line's trailing carriage return
+    (["\r", "b"], None),  # ... leaving an empty line
+    (["\ufeffx", "b"], None),  # and a byte-order mark at the start of line 1
+    (["\ufeff", "b"], {"\ufeff": 5, "b": 3}),  # with a count too: line 1 would read as the token "\t5"
+])
+def test_a_written_file_reads_back_as_the_vocabulary_or_is_refused(tmp_path, tokens, counts):
+    """The writer's promise, checked by the reader itself: whatever it writes reads back to the same
+    tokens (and counts); a vocabulary it cannot write so is a DataError naming the file and the
+    token, never a file that reads as another vocabulary (or fails to read)."""
+    vocab = Vocabulary(tokens, counts)
+    try:
+        write_vocab_file(tmp_path / "v", vocab)
+    except DataError as exc:
+        assert str(exc).startswith(f"{tmp_path / 'v'}: token {tokens[0]!r} cannot be written") and "\n" not in str(exc)
+        assert not (tmp_path / "v").exists()
+        return
+    back = read_vocab_file(tmp_path / "v")
+    assert back.itos == vocab.itos and back.counts == vocab.counts
+
+
 def test_counts_follow_the_data(tmp_path):
     corpus = [["b", "a", "b"], ["c", "b"]]
     vocab = Vocabulary.build(corpus)
