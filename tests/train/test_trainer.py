@@ -321,10 +321,9 @@ def test_validation_statistics_match_per_sentence_brute_force(tiny_task, tmp_pat
         assert stats["ppl"] == pytest.approx(torch.tensor(loss / tokens).exp().item(), rel=1e-5)
 
 
-def test_validation_decoding_obeys_the_configured_length_ratio(tiny_task, tmp_path, monkeypatch):
-    """``validation.max_length_ratio`` / ``max_length_offset`` reach the validation search: with
-    ratio 0.5 and offset 0 no hypothesis is longer than half its source (the untrained model would
-    run to ``validation.max_length``)."""
+def record_validation(monkeypatch) -> list:
+    """The trainer's validations from now on, as ``(keyword arguments, ValidationResult)`` appended
+    to the list returned (the real ``validate`` runs)."""
     import nmt.train.trainer as trainer_module
 
     seen, real_validate = [], trainer_module.validate
@@ -335,6 +334,14 @@ def test_validation_decoding_obeys_the_configured_length_ratio(tiny_task, tmp_pa
         return result
 
     monkeypatch.setattr(trainer_module, "validate", recording_validate)
+    return seen
+
+
+def test_validation_decoding_obeys_the_configured_length_ratio(tiny_task, tmp_path, monkeypatch):
+    """``validation.max_length_ratio`` / ``max_length_offset`` reach the validation search: with
+    ratio 0.5 and offset 0 no hypothesis is longer than half its source (the untrained model would
+    run to ``validation.max_length``)."""
+    seen = record_validation(monkeypatch)
     config = tiny_config(tiny_task, tmp_path / "run", max_steps=4)
     config["validation"].update(decode=True, max_length_ratio=0.5, max_length_offset=0)
     trainer = Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
@@ -350,16 +357,7 @@ def test_validation_decoding_obeys_the_configured_length_ratio(tiny_task, tmp_pa
 def test_validation_decoding_blocks_repeated_ngrams_as_configured(tiny_task, tmp_path, monkeypatch):
     """``validation.block_ngram_repeat`` reaches the validation search: with 1 no validation
     hypothesis repeats a token (the untrained model's do)."""
-    import nmt.train.trainer as trainer_module
-
-    seen, real_validate = [], trainer_module.validate
-
-    def recording_validate(*args, **kwargs):
-        result = real_validate(*args, **kwargs)
-        seen.append((kwargs, result))
-        return result
-
-    monkeypatch.setattr(trainer_module, "validate", recording_validate)
+    seen = record_validation(monkeypatch)
     hypotheses = {}
     for block in (0, 1):
         seen.clear()
