@@ -242,12 +242,21 @@ def write_run_vocabularies(save_dir: str | Path, src_field: Field, tgt_field: Fi
     the tokens after the specials, with counts when the vocabulary was counted or read with
     counts), atomically, for another run's ``data.<side>.vocab_file``. A fresh run writes both
     (a shared vocabulary twice); a resumed one only those missing (its vocabularies come from the
-    checkpoint, without counts, and would overwrite files that have them). Returns the written paths."""
+    checkpoint, without counts, and would overwrite files that have them). A vocabulary the
+    format cannot hold (a token that would read back as another) is not written: a warning names
+    the file and the token, training goes on (the checkpoints hold the vocabulary), and a fresh
+    run removes an older file of that name, which is not this run's. Returns the written paths."""
     written = []
     for name, field in zip(VOCAB_FILES, (src_field, tgt_field)):
         path = Path(save_dir) / name
         if fresh or not path.exists():
-            write_vocab_file(path, field.vocab)
+            try:
+                write_vocab_file(path, field.vocab)
+            except DataError as exc:
+                logger.warning("%s; not written (the checkpoints hold the vocabulary)", exc)
+                if fresh:
+                    path.unlink(missing_ok=True)
+                continue
             written.append(path)
     return written
 

@@ -124,3 +124,27 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_a_vocabulary_the_format_cannot_hold_is_not_written_and_training_goes_on(tmp_path, caplog, monkeypatch):
+    """A token that would read back as another (here one ending in a carriage return, without
+    counts) leaves that file unwritten with a one-line warning naming file and token; the other
+    side's file is written and reads back as its vocabulary; a fresh run removes an older file of
+    the unwritable name (it is not this run's)."""
+    import logging
+
+    from nmt.data.field import Field
+    from nmt.data.tokenizers import build_tokenizer
+    from nmt.train.data_setup import write_run_vocabularies
+
+    tok = build_tokenizer({"type": "char"})
+    good, bad = Field(tok, Vocabulary(["a", "b"])), Field(tok, Vocabulary(["a\r", "b"]))
+    (tmp_path / "vocab.tgt").write_text("stale\n", encoding="utf-8")
+    monkeypatch.setattr(logging.getLogger("nmt"), "propagate", True)  # an earlier CLI test's setup_logging turns it off
+    with caplog.at_level(logging.WARNING, logger="nmt"):
+        written = write_run_vocabularies(tmp_path, good, bad, fresh=True)
+    assert written == [tmp_path / "vocab.src"]
+    assert read_vocab_file(tmp_path / "vocab.src").itos == good.vocab.itos
+    assert not (tmp_path / "vocab.tgt").exists()
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith(f"{tmp_path / 'vocab.tgt'}: token 'a\\r' cannot be written") and "\n" not in warning
