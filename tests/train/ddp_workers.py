@@ -4,6 +4,11 @@ A :class:`RankPool` spawns its N processes once (importing torch takes seconds o
 machine) and runs one training job after another in them; each job joins a fresh process
 group on a free port and leaves it at the end. Every wait is bounded: a rank that dies or
 hangs fails the test with its rank, exit code or a stack dump (faulthandler), never a hang.
+
+A job may carry ``hooks`` (an instance of a module-level class, so that it pickles: see
+``ddp_probes``): ``hooks.before(rank)`` runs before the Trainer is built, ``hooks.setup(trainer,
+rank)`` after, ``hooks.probe(trainer, rank)`` after training (its picklable value is the 6th
+entry of the rank's result) and ``hooks.after(rank)`` in any case at the end of the job.
 """
 from __future__ import annotations
 
@@ -36,7 +41,7 @@ def _serve(rank: int, world: int, tasks, results) -> None:
         task = tasks.get()
         if task is None:
             return
-        port, config, signal_at, nan_at, timeout = task
+        port, config, signal_at, nan_at, timeout, hooks = task
         faulthandler.dump_traceback_later(timeout, exit=True, file=sys.stderr)  # a hang shows where
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                           LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -46,17 +51,24 @@ def _serve(rank: int, world: int, tasks, results) -> None:
                 if signal_at.get(rank) == step:
                     os.kill(os.getpid(), signal.SIGTERM)
 
+            if hooks is not None:
+                hooks.before(rank)
             trainer = Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
+            if hooks is not None:
+                hooks.setup(trainer, rank)
             if rank in nan_at:  # this rank's loss is NaN at that step (the others' is not)
                 trainer.loss_fn = _nan_at(trainer, trainer.loss_fn, nan_at[rank])
             summary = trainer.train(step_hook=hook)
             checksum = float(sum(p.double().sum() for p in trainer.model.parameters()))
-            results.put((rank, "ok", summary.stopped_by, summary.step, checksum))
+            extra = hooks.probe(trainer, rank) if hooks is not None else None
+            results.put((rank, "ok", summary.stopped_by, summary.step, checksum, extra))
         except BaseException as exc:  # reported to the test
             results.put((rank, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         finally:
             if trainer is not None:
                 trainer.dist.close()
+            if hooks is not None:
+                hooks.after(rank)
             faulthandler.cancel_dump_traceback_later()
 
 
@@ -88,12 +100,13 @@ class RankPool:
             p.start()
 
     def run(self, config: dict, signal_at: dict | None = None, nan_at: dict | None = None, timeout: float = 90.0,
-            errors_ok: bool = False) -> list[tuple]:
-        """Train ``config`` on every rank; [(rank, 'ok', stopped_by, step, parameter checksum), ...]
-        in rank order (with ``errors_ok`` also (rank, 'error', message, traceback) entries)."""
+            errors_ok: bool = False, hooks=None) -> list[tuple]:
+        """Train ``config`` on every rank; [(rank, 'ok', stopped_by, step, parameter checksum, probe), ...]
+        in rank order (probe: ``hooks.probe``'s value, None without hooks; with ``errors_ok`` also
+        (rank, 'error', message, traceback) entries)."""
         port = free_port()
         for q in self.tasks:
-            q.put((port, config, signal_at or {}, nan_at or {}, timeout))
+            q.put((port, config, signal_at or {}, nan_at or {}, timeout, hooks))
         results: list[tuple] = []
         deadline = time.monotonic() + timeout + 60  # the first job also waits for the imports
         while len(results) < self.world:
