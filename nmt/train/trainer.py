@@ -311,7 +311,8 @@ class Trainer:
         if error is not None:
             raise CheckpointError(error)
         if path is None:
-            self.save_dir.mkdir(parents=True, exist_ok=True)
+            if self.dist.is_main:  # the other ranks write nothing there (on another node it may not be shared)
+                self.save_dir.mkdir(parents=True, exist_ok=True)
             return None
         self.resume_path = Path(path)
         checkpoint = point.payload if point is not None else load_checkpoint(path)
