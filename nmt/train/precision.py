@@ -87,10 +87,21 @@ class TrainPrecision:
             optimizer.step()
         self.scaler.update()
 
-    def skip(self, optimizer: torch.optim.Optimizer) -> None:
-        """An update dropped after ``clip``: only the loss scale is updated (fp16)."""
-        if self.scaler is not None:
-            self.scaler.update()
+    def skip(self, optimizer: torch.optim.Optimizer, overflow: bool | None = None) -> None:
+        """An update dropped after ``clip``: only the loss scale is updated (fp16).
+
+        ``overflow``: whether the update overflowed by the decision of all ranks (data-parallel
+        training: see ``nmt.train.update.update``). The scale then follows it, not this rank's own
+        finding: a rank whose scaler found no inf while another's did would keep its scale while
+        the others halve theirs, and the all-reduced gradients, scaled by different factors, would
+        unscale to different updates on each rank. None: this rank's finding (one process).
+        Written on the device (a fill), no host read."""
+        if self.scaler is None:
+            return
+        if overflow is not None:
+            for found in self.scaler._found_inf_per_device(optimizer).values():
+                found.fill_(1.0 if overflow else 0.0)
+        self.scaler.update()
 
     def state_dict(self) -> dict:
         """The loss scaler's state (empty without one), for checkpoints."""

@@ -131,8 +131,8 @@ def update(model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer
         skipped = "nonfinite"
     if skipped is None:
         precision.step(optimizer, overflow=False if overflow is not None else None)
-    else:
-        precision.skip(optimizer)  # fp16: the scale is lowered
+    else:  # fp16: the scale is lowered when any rank overflowed, on every rank alike
+        precision.skip(optimizer, overflow=overflowed if overflow is not None else None)
     optimizer.zero_grad(set_to_none=True)
     return total, n_tokens, skipped
 
