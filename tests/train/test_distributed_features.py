@@ -150,11 +150,7 @@ def test_an_fp16_overflow_on_rank_1_only_is_skipped_by_both_ranks(tmp_path, rank
         assert reference.train().step == 12
     assert reference.overflows.total == 0
     results = ranks.run(_config(data, tmp_path / "run", 4, **settings), hooks=OverflowOnRank(1, BAD, where))
-    assert [r[2:4] for r in results] == [("max_steps", 12)] * 2
-    (_, _, _, _, _, zero), (_, _, _, _, _, one) = results
-    for key in ("overflows", "scale", "schedule_steps", "lr", "progress"):
-        assert zero[key] == one[key], (key, zero[key], one[key])
-    assert _equal(zero["weights"], one["weights"]) and _optimizer_equal(zero["optimizer"], one["optimizer"])
+    zero = _same_on_both_ranks(results, 12)
     assert zero["overflows"] == {"total": 3, "in_a_row": 0}
     assert zero["scale"] == 2.0 ** 16 / 2 ** 3  # GradScaler: halved per overflow, no growth within 2000 updates
     assert zero["schedule_steps"] == reference.schedule.step_count == 12 and zero["lr"] == reference.schedule.lr
@@ -169,6 +165,35 @@ def test_an_fp16_overflow_on_rank_1_only_is_skipped_by_both_ranks(tmp_path, rank
     ref_state = reference.optimizer.state_dict()["state"]
     for key, state in zero["optimizer"].items():
         _close({n: torch.as_tensor(v) for n, v in state.items()}, {n: torch.as_tensor(v) for n, v in ref_state[key].items()})
+
+
+@pytest.mark.slow
+def test_an_fp16_overflow_on_rank_1_only_with_real_fp16_autocast(tmp_path, ranks):
+    """The same with float16 autocast on (the CPU's): no single-process reference to compare
+    with (updates at other scales round differently), but both ranks skip the same updates and end
+    bit-identical, and the counts, scale and data position agree with each other in closed form
+    (any overflow the fp16 arithmetic adds of its own is counted too)."""
+    data = write_task(tmp_path / "data")
+    config = _config(data, tmp_path / "run", 4, precision="fp16", max_steps=12, valid_every=4)
+    zero = _same_on_both_ranks(ranks.run(config, hooks=OverflowOnRank(1, BAD, "after_reduce", fp32_arithmetic=False)), 12)
+    k = zero["overflows"]["total"]
+    assert k >= 3 and zero["scale"] == 2.0 ** (16 - k) and zero["schedule_steps"] == 12
+    step, epoch, batch = zero["progress"]
+    assert step == 12 and epoch * 5 + batch == 12 + k
+    last = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert last["trainer"]["overflow_skips"]["total"] == k and last["grad_scaler"]["scale"] == zero["scale"]
+    assert _equal(last["model"], zero["weights"])
+
+
+def _same_on_both_ranks(results: list[tuple], steps: int) -> dict:
+    """Rank 0's probe of an :class:`OverflowOnRank` job after checking that rank 1's is the same
+    (counts, scale, schedule, lr, data position; weights and Adam state bit for bit)."""
+    assert [r[2:4] for r in results] == [("max_steps", steps)] * 2
+    (_, _, _, _, _, zero), (_, _, _, _, _, one) = results
+    for key in ("overflows", "scale", "schedule_steps", "lr", "progress"):
+        assert zero[key] == one[key], (key, zero[key], one[key])
+    assert _equal(zero["weights"], one["weights"]) and _optimizer_equal(zero["optimizer"], one["optimizer"])
+    return zero
 
 
 def _flip_a_weight_bit_in_place(path) -> bytes:
