@@ -128,7 +128,8 @@ MODEL = {
 
 TRAINING = {
     "save_dir": Option(str, REQUIRED, "run directory: checkpoints, config.yaml, metrics.jsonl, tensorboard/"),
-    "seed": Option(int, 1234, "seed of torch, python and numpy RNGs and of the batch order"),
+    "seed": Option(int, 1234, "seed of torch, python and numpy RNGs and of the batch order, in [0, 2^63)",
+                   minimum=0, maximum=2**63 - 1),
     "device": Option(str, "auto", "cpu, cuda, cuda:N, or auto (cuda when available)"),
     "threads": Option(int, None, "torch CPU threads (null: torch default)", nullable=True, minimum=1),
     "batch_size": Option(int, 64, "sentences (or tokens, see batch_type) per batch", minimum=1),

@@ -296,6 +296,8 @@ def test_infinite_alpha_is_refused(tmp_path, section):
     (("training", "max_minutes"), "-.inf", "training.max_minutes: must be finite, got -inf"),
     (("model", "encoder", "hidden_size"), 10 ** 9, "model.encoder.hidden_size: must be in [1, 65536], got 1000000000"),
     (("model", "decoder", "layers"), 10 ** 6, "model.decoder.layers: must be in [1, 256], got 1000000"),
+    (("training", "seed"), -1, "training.seed: must be in [0, 9223372036854775807], got -1"),
+    (("training", "seed"), 2 ** 63, "training.seed: must be in [0, 9223372036854775807], got 9223372036854775808"),
     (("model", "attention", "params"), {"lam": -1.0},
      "model.attention.params.lam: parameter 'lam' of mapping 'fusedmax' must be a finite number, 0 <= lam, got -1.0"),
     (("model", "attention", "params"), {"gamma": 0},
@@ -314,6 +316,28 @@ def test_out_of_range_and_non_finite_values_name_file_and_key(tmp_path, key, val
     path.write_text(text)
     message = error_of(path)
     assert message == f"{path}: {expected}", message
+
+
+@pytest.mark.parametrize("seed", [0, 2 ** 63 - 1])
+def test_every_seed_the_schema_accepts_seeds_the_generators_and_the_batch_order(seed):
+    """training.seed's range [0, 2^63) is what the consumers take: torch, python, numpy (by
+    seed_everything, with the rank added on ranks > 0) and the batch order's generator; a
+    negative seed used to pass the schema and fail at the first batch, naming neither key nor file."""
+    import numpy as np
+
+    from nmt.data.batching import make_batch_order
+    from nmt.train.rng import seed_everything
+
+    class Lengths:
+        src_lengths = tgt_lengths = np.array([3, 1, 2, 5])
+
+        def __len__(self):
+            return 4
+
+    for rank in (0, 7):
+        seed_everything(seed + rank)
+    order = make_batch_order(Lengths(), 2, "sentences", True, seed, 0)
+    assert sorted(i for batch in order.lists() for i in batch) == [0, 1, 2, 3]
 
 
 def test_bad_value_through_the_cli_is_exit_2_and_nothing_written(tmp_path, capsys):
