@@ -64,6 +64,15 @@ def search_options(args: argparse.Namespace) -> SearchOptions:
                          "samples per sentence (fairseq's --beam N samples: use -n_best N)")
     if not args.sample and seed is not None:
         raise ValueError("-seed applies to -sample only (beam search is deterministic)")
+    if not args.sample:  # the flags of sampling, named as flags (SearchOptions names its fields)
+        for flag, value, off in (("-temperature", args.temperature, 1.0), ("-sample_topk", args.sample_topk, 0),
+                                 ("-sample_topp", args.sample_topp, 1.0)):
+            if value != off:
+                raise ValueError(f"{flag} {value} applies to -sample only (add -sample to draw samples; "
+                                 "beam search takes the most probable outputs)")
+    elif args.length_penalty != "none":
+        raise ValueError(f"-length_penalty {args.length_penalty} does not apply to -sample (samples are drawn, "
+                         "not ranked); leave it out")
     defaults = SearchOptions()
     try:
         return SearchOptions(**{name: getattr(args, name) for name in SEARCH_FLAGS},

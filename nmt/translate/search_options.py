@@ -127,10 +127,13 @@ class SearchOptions:
 
     def _check_sampling(self) -> None:
         """The checks of ``sample`` and its options (ValueError naming the field)."""
-        for name in ("temperature", "sample_topp"):
+        for name, hint in (("temperature", " (sampling at temperature 0 would be greedy decoding: beam "
+                                           "search with beam size 1, without sampling)"),
+                           ("sample_topp", "")):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+                limits = "in (0, 1]" if name == "sample_topp" else "a finite number > 0"
+                raise ValueError(f"{name} must be {limits}{hint}, got {value!r}")
         if self.sample_topp > 1:
             raise ValueError(f"sample_topp must be in (0, 1], got {self.sample_topp}")
         if self.sample_topk < 0:

@@ -115,12 +115,16 @@ def test_streaming_samples_equal_the_file_samples(files, capsys, monkeypatch):
 
 @pytest.mark.parametrize("flags,expected", [
     (["-sample", "-beam_size", "5"], "-beam_size 5 does not apply to -sample, which draws -n_best independent samples"),
-    (["-temperature", "0.5"], "-temperature applies to sampling only (sample=True), got 0.5"),
-    (["-sample_topk", "3"], "-sample_topk applies to sampling only"),
+    (["-temperature", "0.5"], "-temperature 0.5 applies to -sample only (add -sample to draw samples; "),
+    (["-sample_topk", "3"], "-sample_topk 3 applies to -sample only (add -sample"),
+    (["-sample_topp", "0.9"], "-sample_topp 0.9 applies to -sample only (add -sample"),
     (["-seed", "3"], "-seed applies to -sample only"),
-    (["-sample", "-temperature", "0"], "-temperature must be a finite number > 0, got 0.0"),
+    (["-sample", "-temperature", "0"], "-temperature must be a finite number > 0 (sampling at temperature 0 would be "
+                                       "greedy decoding: "),
     (["-sample", "-sample_topp", "1.5"], "-sample_topp must be in (0, 1], got 1.5"),
-    (["-sample", "-length_penalty", "gnmt"], "-length_penalty must be none with sample=True"),
+    (["-sample", "-sample_topp", "0"], "-sample_topp must be in (0, 1], got 0.0"),
+    (["-sample", "-length_penalty", "gnmt"], "-length_penalty gnmt does not apply to -sample (samples are drawn, "
+                                             "not ranked); leave it out"),
     (["-sample", "-score_output", "s.jsonl", "-tgt", "t.txt"], "-sample applies to translation, not to scoring"),
 ])
 def test_sampling_flags_that_do_not_fit_are_one_line_errors(files, capsys, tmp_path, flags, expected):
