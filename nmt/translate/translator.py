@@ -376,7 +376,10 @@ class TranslationSummary:
     None too when no sentence was decoded (no input, or empty lines only): a percentage of
     nothing is not 0%. ``cut``: sentences whose output (best hypothesis) was cut by the length
     limit without EOS. ``sampled``: the sentences were sampled (``SearchOptions.sample``), not
-    searched: nothing is certified, and both percentages are None."""
+    searched: nothing is certified, and both percentages are None. ``no_output``: output lines
+    without a hypothesis (written empty): searched sentences of a non-empty input that found none
+    (no output of nonzero probability, e.g. every one blocked by ``block_ngram_repeat``), or samples
+    with no token of nonzero probability at some step, out of ``samples`` samples drawn."""
 
     sentences: int
     empty: int
@@ -385,6 +388,8 @@ class TranslationSummary:
     mean_support: float | None
     cut: int = 0
     sampled: bool = False
+    no_output: int = 0
+    samples: int = 0
 
     @classmethod
     def of(cls, translations: Sequence[Translation]) -> "TranslationSummary":
@@ -402,7 +407,17 @@ class TranslationSummary:
         else:
             certified = f"certified {self.certified_percent:.1f}%; single hypothesis {self.single_percent:.1f}%"
         cut = f"; {self.cut} output{'s' if self.cut != 1 else ''} cut at the length limit (no EOS)" if self.cut else ""
-        return f"{self.sentences} sentences{empty}; {certified}; mean output support {support}{cut}"
+        return f"{self.sentences} sentences{empty}; {certified}; mean output support {support}{cut}{self._no_output()}"
+
+    def _no_output(self) -> str:
+        """The summary's clause on output lines left empty for want of a hypothesis ('' if none)."""
+        if not self.no_output:
+            return ""
+        if self.sampled:
+            return (f"; {self.no_output} of {self.samples} samples without a hypothesis (no token of nonzero "
+                    "probability at some step; empty lines)")
+        return (f"; {self.no_output} sentence{'s' if self.no_output != 1 else ''} without a hypothesis (no output "
+                "of nonzero probability; empty lines)")
 
 
 class SummaryCounts:
@@ -411,6 +426,7 @@ class SummaryCounts:
 
     def __init__(self) -> None:
         self.sentences = self.decoded = self.certified = self.single = self.cut = 0
+        self.no_output = self.samples = 0
         self.certify_off = self.sampled = False
         self.support_total = self.support_steps = 0
 
@@ -426,6 +442,11 @@ class SummaryCounts:
             self.cut += t.output_cut
             self.certify_off |= t.reason == NOT_CERTIFIED_REASON
             self.sampled |= t.reason == SAMPLED_REASON
+            if t.reason == SAMPLED_REASON:  # every sample is an output line
+                self.samples += len(t.hypotheses)
+                self.no_output += sum(t.missing)
+            else:  # the output line is the best hypothesis
+                self.no_output += not t.hypotheses
             self.support_total += sum(t.support_sizes)
             self.support_steps += len(t.support_sizes)
         return self
@@ -441,6 +462,8 @@ class SummaryCounts:
             mean_support=self.support_total / self.support_steps if self.support_steps else None,
             cut=self.cut,
             sampled=self.sampled,
+            no_output=self.no_output,
+            samples=self.samples,
         )
 
 

@@ -222,6 +222,34 @@ def test_a_sample_without_hypothesis_keeps_its_line(files, table_model, capsys, 
     assert two_lines == [line for k in range(len(INPUTS)) for line in lines[4 * k: 4 * k + 2]]
 
 
+def test_the_summary_counts_the_outputs_without_a_hypothesis(files, table_model, capsys, monkeypatch):
+    """The stderr summary says how many output lines are empty for want of a hypothesis, recounted
+    here from the output itself: samples (each starts with ``a`` with probability 1/2, and then has
+    no token under ``-min_length 2``), and searched sentences (under ``-min_length 3`` the table
+    model's outputs of nonzero probability, ``a``, ``b`` and ``bc``, are all too short: none is
+    left for any non-empty line), in file and streaming mode alike."""
+    n_inputs = sum(1 for line in INPUTS if line)
+    common = ["-model", "table.pt", "-src", files["input"], "-output", "-", "-batch_size", "2"]
+    code, out, err = translate(common + ["-sample", "-n_best", "4", "-seed", "5", "-min_length", "2"], capsys)
+    assert code == 0, err
+    lines = out.split("\n")[:-1]
+    missing = sum(1 for k, line in enumerate(INPUTS) if line for sample in lines[4 * k: 4 * k + 4] if sample == "")
+    assert 0 < missing < 4 * n_inputs  # both kinds among 24 samples: the count is not trivially all or none
+    assert f"; {missing} of {4 * n_inputs} samples without a hypothesis (no token of nonzero probability at " \
+           "some step; empty lines)" in err, err
+    code, out, err = translate(common + ["-beam_size", "3", "-min_length", "3", "-n_best", "2"], capsys)
+    assert code == 0, err
+    assert out == "\n" * (2 * len(INPUTS))
+    assert f"; {n_inputs} sentences without a hypothesis (no output of nonzero probability; empty lines)" in err, err
+    with open(files["input"], "rb") as stdin:  # streaming keeps counts, not translations
+        monkeypatch.setattr(sys, "stdin", stdin)
+        code, _, streamed = translate(common[:2] + ["-src", "-", "-output", "-", "-beam_size", "3",
+                                                    "-min_length", "3"], capsys)
+    assert code == 0 and f"; {n_inputs} sentences without a hypothesis" in streamed, streamed
+    code, _, err = translate(common + ["-beam_size", "3"], capsys)
+    assert code == 0 and "without a hypothesis" not in err, err
+
+
 def test_the_report_records_the_decoding_settings(files, capsys, tmp_path, monkeypatch):
     """Each record carries ``decoding`` where -sample or -block_ngram_repeat changes what it means,
     and none otherwise (the records of plain beam search unchanged); the recipes' report reader
