@@ -12,6 +12,7 @@ from pathlib import Path
 from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.data.textfiles import PathLike, read_lines
+from nmt.data.unknown_tokens import UnkCounts, count_unk, describe_unk
 
 
 def read_parallel(src_path: PathLike, tgt_path: PathLike) -> list[tuple[str, str]]:
@@ -32,7 +33,8 @@ class ParallelDataset:
 
     Attributes: ``src``/``tgt`` (lists of id lists, no BOS/EOS), ``src_lengths``/``tgt_lengths``
     (lists of ints), ``line_numbers`` (1-based line of each kept pair in the input), ``skipped``
-    (``{"empty": n, "too_long": m}``) and ``n_input`` (number of input pairs).
+    (``{"empty": n, "too_long": m}``), ``n_input`` (number of input pairs) and ``unk_tokens``
+    (side -> ``(<unk> ids, all ids)`` over the kept pairs: tokens outside the vocabulary).
     A pair is *empty* when either side has no token, *too long* when a side has more tokens than
     its limit (``None`` = no limit).
     """
@@ -70,6 +72,8 @@ class ParallelDataset:
                 self.line_numbers.append(n)
         self.src_lengths = [len(x) for x in self.src]
         self.tgt_lengths = [len(x) for x in self.tgt]
+        self.unk_tokens: UnkCounts = {"src": count_unk(self.src, src_field.vocab.unk_index),
+                                      "tgt": count_unk(self.tgt, tgt_field.vocab.unk_index)}
 
     @classmethod
     def from_files(
@@ -91,10 +95,11 @@ class ParallelDataset:
         return self.src[i], self.tgt[i]
 
     def summary(self) -> str:
-        """One log line, e.g. ``kept 5990 of 6000 pairs (skipped 2 empty, 8 too long)``."""
+        """One log line, e.g. ``kept 5990 of 6000 pairs (skipped 2 empty, 8 too long)``, followed
+        by ``; <unk>: target 40 of 27000 tokens (0.1%)`` where a side has tokens outside its vocabulary."""
         return (
             f"kept {len(self)} of {self.n_input} pairs (skipped {self.skipped['empty']} empty, "
-            f"{self.skipped['too_long']} too long)"
+            f"{self.skipped['too_long']} too long){describe_unk(self.unk_tokens)}"
         )
 
 

@@ -34,6 +34,7 @@ import numpy as np
 from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.data.textfiles import PathLike, iter_lines
+from nmt.data.unknown_tokens import UnkCounts, describe_unk
 from nmt.utils.allocator import release_freed_memory
 from nmt.utils.io import atomic_directory
 
@@ -63,7 +64,8 @@ class ArrayParallelDataset:
     Same interface as ``ParallelDataset`` for the trainer, batching and collation: ``src`` /
     ``tgt`` (indexable: ``src[i]`` is a list of ids), ``src_lengths`` / ``tgt_lengths``
     (int64 arrays), ``line_numbers`` (1-based input line of each kept pair, int64 array),
-    ``skipped``, ``n_input``, ``summary()``.
+    ``skipped``, ``n_input``, ``unk_tokens`` (side -> ``(<unk> ids, all ids)``, counted when the
+    cache was built; None for a cache built before they were recorded), ``summary()``.
     """
 
     def __init__(self, arrays: dict[str, np.ndarray], meta: dict[str, Any], src_field: Field,
@@ -76,6 +78,11 @@ class ArrayParallelDataset:
         self.skipped = {"empty": int(meta["skipped_empty"]), "too_long": int(meta["skipped_too_long"])}
         self.n_input = int(meta["n_input"])
         self.max_src_length, self.max_tgt_length = meta["max_src_length"], meta["max_tgt_length"]
+        unk = meta.get("unk_tokens")
+        self.unk_tokens: UnkCounts | None = (None if unk is None else
+                                             {side: (int(unk[side]), int(self.src.ids.size if side == "src"
+                                                                         else self.tgt.ids.size))
+                                              for side in ("src", "tgt")})
 
     def __len__(self) -> int:
         return int(self.src_lengths.size)
@@ -84,9 +91,10 @@ class ArrayParallelDataset:
         return self.src[i], self.tgt[i]
 
     def summary(self) -> str:
-        """One log line, e.g. ``kept 5990 of 6000 pairs (skipped 2 empty, 8 too long)``."""
+        """One log line, e.g. ``kept 5990 of 6000 pairs (skipped 2 empty, 8 too long)``, followed
+        by ``; <unk>: target 40 of 27000 tokens (0.1%)`` where a side has tokens outside its vocabulary."""
         return (f"kept {len(self)} of {self.n_input} pairs (skipped {self.skipped['empty']} empty, "
-                f"{self.skipped['too_long']} too long)")
+                f"{self.skipped['too_long']} too long){describe_unk(self.unk_tokens)}")
 
 
 def cache_key(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_field: Field,
@@ -183,7 +191,9 @@ def encode_to_arrays(src_path: PathLike, tgt_path: PathLike, src_field: Field, t
     arrays["line_numbers"] = np.frombuffer(line_numbers, dtype=np.int64) if line_numbers else np.zeros(0, np.int64)
     meta = {"version": CACHE_VERSION, "n_input": n, "skipped_empty": empty, "skipped_too_long": too_long,
             "max_src_length": max_src_length, "max_tgt_length": max_tgt_length,
-            "src": str(Path(src_path)), "tgt": str(Path(tgt_path))}
+            "src": str(Path(src_path)), "tgt": str(Path(tgt_path)),
+            "unk_tokens": {side: int(np.count_nonzero(arrays[f"{side}_ids"] == field.vocab.unk_index))
+                           for side, field in (("src", src_field), ("tgt", tgt_field))}}
     return arrays, meta
 
 

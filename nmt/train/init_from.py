@@ -34,6 +34,7 @@ import torch
 from nmt.config import ConfigError, config_differences, config_value
 from nmt.data.errors import DataError
 from nmt.data.field import Field
+from nmt.data.unknown_tokens import UnkCounts, unk_shares
 from nmt.train.checkpoint import CheckpointError, has_checkpoints
 from nmt.utils.checkpoint_file import load_checkpoint
 
@@ -212,5 +213,16 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+
+def warn_unknown_tokens(parent: Parent, unk_tokens: UnkCounts | None) -> None:
+    """One warning when the new training data (``unk_tokens``: the dataset's ``<unk>`` counts) has
+    tokens the parent's vocabularies lack: they are all ``<unk>`` in this run, which cannot learn
+    them (new characters or words need a new vocabulary, so a run of its own)."""
+    shares = unk_shares(unk_tokens)
+    if shares:
+        logger.warning("training data: %s are <unk>: tokens %s's vocabularies lack (a fine-tuned run keeps its "
+                       "parent's vocabularies and cannot learn new tokens)", shares, parent.path)
+
+
 __all__ = ["VOCABULARY_KEYS", "Parent", "check_init_from", "describe", "init_checkpoint_path", "init_model",
-           "init_optimizer", "load_parent"]
+           "init_optimizer", "load_parent", "warn_unknown_tokens"]

@@ -188,6 +188,8 @@ class Trainer:
         elif parent is not None:
             fields = parent.fields
         self.data = self._load_data(fields)
+        if parent is not None and self.dist.is_main:
+            init_from.warn_unknown_tokens(parent, self.data.train.unk_tokens)
         if self.dist.is_main:
             write_run_vocabularies(self.save_dir, self.data.src_field, self.data.tgt_field, fresh=checkpoint is None)
         src_vocab, tgt_vocab = self.data.src_field.vocab, self.data.tgt_field.vocab

@@ -137,3 +137,36 @@ def test_file_replaced_with_same_size_and_mtime_rebuilds(tmp_path):
     assert os.stat(src).st_size == stat.st_size and os.stat(src).st_mtime_ns == stat.st_mtime_ns
     after = load_id_dataset(src, tgt, sf, tf)
     assert after.src[0] == sf.encode("b b") and after.src[1] == sf.encode("a a")
+
+
+def test_unk_counts_are_the_tokens_outside_the_vocabulary_recounted_from_the_text(tmp_path):
+    """Both datasets count, over the kept pairs only, the tokens the vocabularies lack (the truth
+    here: the text split by the tokenizers' own rules, space and character, each token looked up
+    in the vocabulary's token list), and name the sides that have any in the data line; the cache records its counts when built and gives them back when reused."""
+    src, tgt = _corpus(tmp_path)
+    pairs = read_parallel(src, tgt)
+    sf = Field.build(build_tokenizer({"type": "space"}), [s for s, _ in pairs], max_size=3)  # 3 of 6 words
+    tf = Field.build(build_tokenizer({"type": "char"}), ["a b c"])  # no d, e, f
+    lists = ParallelDataset(pairs, sf, tf, 10, 20)
+    known_src, known_tgt = set(sf.vocab.itos[4:]), set(tf.vocab.itos[4:])
+    kept = [pairs[line - 1] for line in lists.line_numbers]
+    src_tokens = [token for s, _ in kept for token in s.split()]
+    tgt_tokens = [("▁" if ch == " " else ch) for _, t in kept for ch in t]
+    truth = {"src": (sum(token not in known_src for token in src_tokens), len(src_tokens)),
+             "tgt": (sum(token not in known_tgt for token in tgt_tokens), len(tgt_tokens))}
+    assert 0 < truth["src"][0] < truth["src"][1] and 0 < truth["tgt"][0] < truth["tgt"][1]
+    assert lists.unk_tokens == truth
+    (s_unk, s_all), (t_unk, t_all) = truth["src"], truth["tgt"]
+    assert lists.summary().endswith(f"too long); <unk>: source {s_unk} of {s_all} tokens "
+                                    f"({100 * s_unk / s_all:.1f}%), target {t_unk} of {t_all} tokens "
+                                    f"({100 * t_unk / t_all:.1f}%)")
+    built = load_id_dataset(src, tgt, sf, tf, 10, 20)
+    reused = load_id_dataset(src, tgt, sf, tf, 10, 20)
+    assert built.unk_tokens == reused.unk_tokens == truth
+    assert built.summary() == reused.summary() == lists.summary()
+    full = Field.build(build_tokenizer({"type": "char"}), [t for _, t in pairs])
+    assert ParallelDataset(pairs, sf, full, 10, 20).summary().endswith(
+        f"too long); <unk>: source {s_unk} of {s_all} tokens ({100 * s_unk / s_all:.1f}%)")
+    everything = ParallelDataset(pairs, Field.build(build_tokenizer({"type": "space"}), [s for s, _ in pairs]), full)
+    assert everything.unk_tokens["src"][0] == everything.unk_tokens["tgt"][0] == 0
+    assert "<unk>" not in everything.summary()

@@ -91,6 +91,34 @@ def test_the_child_starts_from_the_parent_with_everything_else_fresh(parent, tmp
         best["src_field"]["vocab"]["itos"][4:]  # the parent's vocabulary, written for reuse
 
 
+def test_the_tokens_the_parent_never_saw_are_one_warning_with_their_counts(parent, tmp_path, log):
+    """New data with letters outside the parent's vocabularies (g, h) trains them as <unk>: one
+    warning says so with the counts, recounted here from the text (space tokens, characters) and
+    the parent's token lists; data the parent's vocabularies cover gives none."""
+    run, data = parent
+    best = load_checkpoint(run / "best.pt")
+    known = {side: set(best[f"{side}_field"]["vocab"]["itos"][4:]) for side in ("src", "tgt")}
+    with open(data["train"]["src"], encoding="utf-8") as f:
+        src_tokens = f.read().split()
+    with open(data["train"]["tgt"], encoding="utf-8") as f:
+        tgt_tokens = list(f.read().replace("\n", ""))
+    counts = [(sum(t not in known[side] for t in tokens), len(tokens))
+              for side, tokens in (("src", src_tokens), ("tgt", tgt_tokens))]
+    (s_unk, s_all), (t_unk, t_all) = counts
+    assert s_unk > 0 and t_unk > 0
+    make(child_config(parent, tmp_path / "child"))
+    warnings = [r.getMessage() for r in log.records if r.levelno == logging.WARNING and "<unk>" in r.getMessage()]
+    assert warnings == [f"training data: source {s_unk} of {s_all} tokens ({100 * s_unk / s_all:.1f}%), target "
+                        f"{t_unk} of {t_all} tokens ({100 * t_unk / t_all:.1f}%) are <unk>: tokens "
+                        f"{run / 'best.pt'}'s vocabularies lack (a fine-tuned run keeps its parent's vocabularies "
+                        "and cannot learn new tokens)"]
+    log.clear()
+    own = tiny_config({"train": data["valid"], "valid": data["valid"]}, tmp_path / "covered", device="cpu",
+                      init_from=str(run))
+    make(own)
+    assert not [r for r in log.records if "<unk>" in r.getMessage()]
+
+
 def test_init_optimizer_carries_the_moments_with_this_configs_hyperparameters(parent, tmp_path):
     run, _ = parent
     best = load_checkpoint(run / "best.pt")

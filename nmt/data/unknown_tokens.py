@@ -1,0 +1,35 @@
+"""Counting the ``<unk>`` tokens of an encoded dataset, for its log line.
+
+A run whose vocabulary was not counted over its own training data (a fine-tuned run keeps its
+parent's; ``data.<side>.vocab_file``; ``min_freq`` / ``max_size``) encodes the tokens outside it as
+``<unk>``: fairseq-preprocess says how many ("replaced by <unk>"), and so does nmt's data line.
+"""
+from __future__ import annotations
+
+SIDES = ("src", "tgt")
+SIDE_NAMES = {"src": "source", "tgt": "target"}
+
+UnkCounts = dict[str, tuple[int, int]]
+"""Side (``"src"``, ``"tgt"``) -> ``(unk tokens, all tokens)`` over the kept pairs (no BOS/EOS)."""
+
+
+def count_unk(sentences: list[list[int]], unk_index: int) -> tuple[int, int]:
+    """``(number of unk_index ids, number of ids)`` over ``sentences`` (lists of token ids)."""
+    return sum(ids.count(unk_index) for ids in sentences), sum(len(ids) for ids in sentences)
+
+
+def unk_shares(counts: UnkCounts | None) -> str:
+    """The sides that have ``<unk>`` tokens, e.g. ``target 4047 of 27000 tokens (15.0%)``; '' when
+    none has (or the counts are unknown: None)."""
+    return ", ".join(f"{SIDE_NAMES[side]} {unk} of {total} tokens ({100.0 * unk / total:.1f}%)"
+                     for side in SIDES if side in (counts or {}) for unk, total in [counts[side]] if unk)
+
+
+def describe_unk(counts: UnkCounts | None) -> str:
+    """The data line's clause, e.g. ``; <unk>: target 4047 of 27000 tokens (15.0%)``; '' when no
+    side has an ``<unk>`` token (or the counts are unknown: None)."""
+    shares = unk_shares(counts)
+    return f"; <unk>: {shares}" if shares else ""
+
+
+__all__ = ["UnkCounts", "count_unk", "describe_unk", "unk_shares"]
