@@ -77,9 +77,15 @@ def read_vocab_file(path: str | os.PathLike, min_freq: int = 1, max_size: int | 
     keeps the ``max_size`` most frequent of the rest (ties: the earlier line); without counts,
     ``min_freq`` > 1 is ignored with a warning (naming ``key``, e.g. ``data.src``) and
     ``max_size`` keeps the first ``max_size`` tokens. The tokens kept have the ids that follow
-    the specials in file order. Errors: see :func:`read_vocab_entries`.
+    the specials in file order. Errors: see :func:`read_vocab_entries`; a file that is not there
+    (or not a file) is named with the setting that names it (``data.src.vocab_file: PATH: no such file``).
     """
-    entries = [(t, c) for t, c, _ in read_vocab_entries(path) if t not in SPECIALS]
+    try:
+        entries = [(t, c) for t, c, _ in read_vocab_entries(path) if t not in SPECIALS]
+    except DataError as exc:
+        if os.path.isfile(path):  # the file's own problem: its message names file and line
+            raise
+        raise DataError(f"{key}.vocab_file: {exc}") from None
     with_counts = entries[0][1] is not None
     if with_counts:
         kept = [(t, c) for t, c in entries if c >= min_freq]

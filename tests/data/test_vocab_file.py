@@ -104,6 +104,12 @@ def test_errors_name_file_and_line(tmp_path, text, message):
 def test_unreadable_files_are_named(tmp_path):
     with pytest.raises(DataError, match=r"nope\.txt: no such file"):
         read_vocab_file(tmp_path / "nope.txt")
+    # a path that names no file is named with its setting: the message alone reads like a data file's
+    with pytest.raises(DataError) as info:
+        read_vocab_file(tmp_path / "nope.txt", key="data.tgt")
+    assert str(info.value) == f"data.tgt.vocab_file: {tmp_path / 'nope.txt'}: no such file"
+    with pytest.raises(DataError, match=r"^data\.src\.vocab_file: .*"):
+        read_vocab_file(tmp_path, key="data.src")  # a directory
     (tmp_path / "bad").write_bytes(b"a 1\nb\xff 2\n")
     with pytest.raises(DataError, match=r"bad:2: not valid UTF-8"):
         read_vocab_file(tmp_path / "bad")
