@@ -79,10 +79,17 @@ def init_checkpoint_path(value: str, source: str) -> Path:
 
 def check_init_from(config: dict, source: str) -> None:
     """The check of ``training.init_from`` that needs no loading, for a new run only: the path
-    exists (a file, or a run directory with ``best.pt``). ConfigError otherwise; nothing written."""
-    value = config["training"]["init_from"]
-    if value is not None and not has_checkpoints(config["training"]["save_dir"]):
+    exists (a file, or a run directory with ``best.pt``), and ``training.init_optimizer: true`` has a
+    parent to take the optimizer state from. ConfigError otherwise; nothing written."""
+    train_cfg = config["training"]
+    value = train_cfg["init_from"]
+    if has_checkpoints(train_cfg["save_dir"]):  # a resume: init_from and init_optimizer are not used
+        return
+    if value is not None:
         init_checkpoint_path(value, source)
+    elif train_cfg["init_optimizer"]:
+        raise ConfigError(source, "training.init_optimizer", "true needs training.init_from (the run whose "
+                          "optimizer state it carries): set init_from, or leave init_optimizer false")
 
 
 def load_parent(config: dict, source: str, resuming: bool) -> Parent | None:

@@ -119,6 +119,21 @@ def test_the_tokens_the_parent_never_saw_are_one_warning_with_their_counts(paren
     assert not [r for r in log.records if "<unk>" in r.getMessage()]
 
 
+def test_init_optimizer_without_init_from_is_one_line_and_nothing_written(parent, tmp_path, capsys):
+    """training.init_optimizer: true with no parent was silently a plain fresh run."""
+    from nmt.cli.train import main
+
+    run, data = parent
+    config = tiny_config(data, tmp_path / "run", device="cpu", init_optimizer=True)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    assert main(["-config", str(tmp_path / "c.yaml"), "-quiet"]) == 2
+    assert capsys.readouterr().err == (f"nmt-train: error: {tmp_path / 'c.yaml'}: training.init_optimizer: true needs "
+                                       "training.init_from (the run whose optimizer state it carries): set "
+                                       "init_from, or leave init_optimizer false\n")
+    assert not (tmp_path / "run").exists()
+    assert main(["-config", str(tmp_path / "c.yaml"), "-quiet", "-init_from", str(run)]) == 0
+
+
 def test_init_optimizer_carries_the_moments_with_this_configs_hyperparameters(parent, tmp_path):
     run, _ = parent
     best = load_checkpoint(run / "best.pt")
