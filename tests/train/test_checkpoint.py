@@ -79,6 +79,12 @@ def test_a_directory_or_a_text_file_is_named_for_what_it_is(tmp_path):
     """A run directory was 'no such checkpoint file'; a text file showed torch's unpickling advice."""
     with pytest.raises(CheckpointError, match=r"^\S+: is a directory, not a checkpoint file$"):
         load_checkpoint(tmp_path)
+    run = tmp_path / "run"  # a run directory: the message names its best.pt
+    run.mkdir()
+    (run / "best.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(run)
+    assert str(info.value) == f"{run}: is a directory, not a checkpoint file (name one of its checkpoints, e.g. {run}/best.pt)"
     for name, data in (("config.yaml", b"data:\n  train: {src: a}\n"), ("hello.pt", b"hello\n")):
         (tmp_path / name).write_bytes(data)
         with pytest.raises(CheckpointError) as info:
