@@ -190,8 +190,6 @@ class Trainer:
         self.data = self._load_data(fields)
         if parent is not None and self.dist.is_main:
             init_from.warn_unknown_tokens(parent, self.data.train.unk_tokens)
-        if self.dist.is_main:
-            write_run_vocabularies(self.save_dir, self.data.src_field, self.data.tgt_field, fresh=checkpoint is None)
         src_vocab, tgt_vocab = self.data.src_field.vocab, self.data.tgt_field.vocab
         self.pad, self.bos, self.eos = tgt_vocab.pad_index, tgt_vocab.bos_index, tgt_vocab.eos_index
         try:
@@ -223,6 +221,8 @@ class Trainer:
             if train_cfg["init_optimizer"]:
                 init_from.init_optimizer(parent, self.optimizer, config, source)
             logger.info(init_from.describe(parent, train_cfg["init_optimizer"]))
+        if self.dist.is_main:  # once the model is built (and holds the parent's weights): a refused run writes none
+            write_run_vocabularies(self.save_dir, self.data.src_field, self.data.tgt_field, fresh=checkpoint is None)
         self.stopper = EarlyStopping(HIGHER_IS_BETTER[self.metric], train_cfg["early_stopping_patience"])
         self.progress = Progress()
         self._skipped_at_resume = self._consecutive_at_resume = 0

@@ -187,6 +187,7 @@ def test_another_architecture_is_one_line_naming_the_key(parent, tmp_path):
         make(config)
     assert str(info.value) == (f"tiny.yaml: model.decoder.hidden_size: 16 in the config, 12 in {run / 'best.pt'}: "
                                "fine-tuning (training.init_from) needs the parent's architecture")
+    assert not (tmp_path / "child" / "vocab.src").exists() and not (tmp_path / "child" / "vocab.tgt").exists()
     config = child_config(parent, tmp_path / "child2")
     config["model"]["attention"]["score"] = "dot"  # no attention weights: other parameter names
     with pytest.raises(ConfigError, match=r"model.attention.score: 'dot' in the config, 'general' in "):
