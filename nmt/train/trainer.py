@@ -541,7 +541,8 @@ class Trainer:
         window_tokens, window_start = 0, time.perf_counter()
         session_start, session_elapsed0 = time.perf_counter(), p.elapsed
         self._session_start, self._session_elapsed0 = session_start, session_elapsed0
-        bar = tqdm(total=cfg["max_steps"], initial=p.step, disable=not (cfg["progress"] and main), unit="step",
+        # disable=None: no bar where stderr is not a terminal (a redirected log would fill with carriage returns)
+        bar = tqdm(total=cfg["max_steps"], initial=p.step, disable=None if (cfg["progress"] and main) else True, unit="step",
                    dynamic_ncols=True, desc="train")
         stopped_by = self.dist.agree_stop(self._finished())
         with GracefulInterrupt() as interrupt:

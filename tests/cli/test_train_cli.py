@@ -234,3 +234,16 @@ def test_a_truncated_last_pt_resumes_from_an_older_checkpoint_with_one_warning(t
         f"nmt-train: error: {run_dir.relative_to(tmp_path)}: no checkpoint there can be resumed from (last.pt: ")
     assert all(f"{name}: not a readable" in err for name in ("last.pt", "best.pt", "step_4.pt", "step_6.pt"))
     assert (run_dir / "last.pt").read_bytes() == b""
+
+
+def test_no_progress_bar_where_stderr_is_not_a_terminal(tmp_path, monkeypatch, capsys):
+    """``training.progress`` draws tqdm's bar on a terminal only: a redirected stderr (a log file,
+    here pytest's capture) gets the log lines and no carriage-return bar updates."""
+    import sys
+
+    assert not sys.stderr.isatty()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(quickstart_like(tmp_path)), encoding="utf-8")
+    assert main(["-config", "c.yaml"]) == 0  # not -quiet: progress on, as configured
+    err = capsys.readouterr().err
+    assert "step 2 (epoch 0): train loss" in err and "\r" not in err and "step/s" not in err
