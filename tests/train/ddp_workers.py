@@ -133,3 +133,21 @@ class RankPool:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
+
+
+def ranks_fixture(world: int = 2):
+    """A module-scoped pytest fixture body: a :class:`RankPool` of ``world`` ranks, closed after."""
+    pool = RankPool(world)
+    yield pool
+    pool.close()
+
+
+def gloo_config(data: dict, save_dir, batch_size: int, dropout: float = 0.0, **training) -> dict:
+    """``tiny_config`` for the ranks: Gloo on the CPU in every process (also on a CUDA machine,
+    whose ranks would need a GPU each), clipping 0.5, ``dropout`` on embeddings and decoder."""
+    from tiny_task import tiny_config
+
+    config = tiny_config(data, save_dir, batch_size=batch_size, clip_grad_norm=0.5, device="cpu", **training)
+    config["model"]["embeddings"]["dropout"] = dropout
+    config["model"]["decoder"]["dropout"] = dropout
+    return config

@@ -15,23 +15,16 @@ from nmt.train.checkpoint import load_checkpoint
 from nmt.train.distributed import init_distributed, loss_normalizer, shard_batch
 from nmt.train.trainer import Trainer
 from nmt.config import resolve_config
-from ddp_workers import RankPool
-from tiny_task import tiny_config, write_task
+from ddp_workers import gloo_config, ranks_fixture
+from tiny_task import write_task
 
 
 @pytest.fixture(scope="module")
 def ranks():
-    pool = RankPool(2)
-    yield pool
-    pool.close()
+    yield from ranks_fixture(2)
 
 
-def _config(data, save_dir, batch_size, dropout=0.0, **training):
-    # Gloo on the CPU in every process (also on a CUDA machine, whose ranks would need a GPU each)
-    config = tiny_config(data, save_dir, batch_size=batch_size, clip_grad_norm=0.5, device="cpu", **training)
-    config["model"]["embeddings"]["dropout"] = dropout
-    config["model"]["decoder"]["dropout"] = dropout
-    return config
+_config = gloo_config
 
 
 def _weights(path):

@@ -25,7 +25,7 @@ from nmt.data.vocabulary import SPECIALS
 from nmt.train.checkpoint import checkpoint_step, load_checkpoint
 from nmt.train.trainer import Trainer
 from ddp_probes import FineTuneProbe, OverflowOnRank, ResumeProbe, build_id_cache
-from ddp_workers import RankPool
+from ddp_workers import gloo_config, ranks_fixture
 from tiny_task import tiny_config, write_task
 
 RTOL, ATOL = 1e-5, 2e-6  # DDP sums gradients in another order than one process (test_distributed)
@@ -33,16 +33,10 @@ RTOL, ATOL = 1e-5, 2e-6  # DDP sums gradients in another order than one process 
 
 @pytest.fixture(scope="module")
 def ranks():
-    pool = RankPool(2)
-    yield pool
-    pool.close()
+    yield from ranks_fixture(2)
 
 
-def _config(data, save_dir, batch_size, dropout=0.0, **training):
-    config = tiny_config(data, save_dir, batch_size=batch_size, clip_grad_norm=0.5, device="cpu", **training)
-    config["model"]["embeddings"]["dropout"] = dropout
-    config["model"]["decoder"]["dropout"] = dropout
-    return config
+_config = gloo_config
 
 
 def _train(config) -> Trainer:
