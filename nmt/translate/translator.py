@@ -375,7 +375,7 @@ class TranslationSummary:
     certified to have exactly one sequence of nonzero probability (``n_nonzero == 1``); both
     None too when no sentence was decoded (no input, or empty lines only): a percentage of
     nothing is not 0%. ``cut``: sentences whose output (best hypothesis) was cut by the length
-    limit without EOS. ``sampled``: the sentences were sampled (``SearchOptions.sample``), not
+    limit without EOS; with samples, the samples so cut (every sample is an output line). ``sampled``: the sentences were sampled (``SearchOptions.sample``), not
     searched: nothing is certified, and both percentages are None. ``no_output``: output lines
     without a hypothesis (written empty): searched sentences of a non-empty input that found none
     (no output of nonzero probability, e.g. every one blocked by ``block_ngram_repeat``), or samples
@@ -406,7 +406,12 @@ class TranslationSummary:
             certified = "certified n/a"
         else:
             certified = f"certified {self.certified_percent:.1f}%; single hypothesis {self.single_percent:.1f}%"
-        cut = f"; {self.cut} output{'s' if self.cut != 1 else ''} cut at the length limit (no EOS)" if self.cut else ""
+        if not self.cut:
+            cut = ""
+        elif self.sampled:
+            cut = f"; {self.cut} of {self.samples} samples cut at the length limit (no EOS)"
+        else:
+            cut = f"; {self.cut} output{'s' if self.cut != 1 else ''} cut at the length limit (no EOS)"
         return f"{self.sentences} sentences{empty}; {certified}; mean output support {support}{cut}{self._no_output()}"
 
     def _no_output(self) -> str:
@@ -439,14 +444,15 @@ class SummaryCounts:
             self.certified += bool(t.certified)
             # a single hypothesis is known only when certified: certified and n_nonzero == 1
             self.single += bool(t.certified and t.n_nonzero == 1)
-            self.cut += t.output_cut
             self.certify_off |= t.reason == NOT_CERTIFIED_REASON
             self.sampled |= t.reason == SAMPLED_REASON
             if t.reason == SAMPLED_REASON:  # every sample is an output line
                 self.samples += len(t.hypotheses)
                 self.no_output += sum(t.missing)
+                self.cut += sum(map(bool, t.cut or ()))
             else:  # the output line is the best hypothesis
                 self.no_output += not t.hypotheses
+                self.cut += t.output_cut
             self.support_total += sum(t.support_sizes)
             self.support_steps += len(t.support_sizes)
         return self

@@ -32,7 +32,7 @@ def translator(eos_possible: bool, **options) -> Translator:
         model.table[:, v.bos_index] = -1e4  # the toy's own EOS column is this vocabulary's BOS
         if not eos_possible:
             model.table[:, v.eos_index] = -1e4
-    return Translator(model, src_field, tgt_field, SearchOptions(beam_size=2, n_best=2, **options))
+    return Translator(model, src_field, tgt_field, SearchOptions(**{"beam_size": 2, "n_best": 2, **options}))
 
 
 def test_a_model_that_never_ends_is_cut_and_says_so():
@@ -66,3 +66,21 @@ def test_finished_hypotheses_are_not_cut():
     assert hypotheses and all(not h.cut and h.tokens[-1] == "<eos>" for h in hypotheses)
     assert TranslationSummary.of(translations).cut == 0
     assert "cut" not in TranslationSummary.of(translations).line()
+
+
+def test_every_cut_sample_counts_in_the_summary():
+    """With -sample every sample is an output line: the summary counts the samples cut at the
+    length limit (recounted from the hypotheses' own flags and tokens), not only each sentence's
+    first; a model that can end cuts none."""
+    for eos_possible, max_length in ((False, 3), (True, 12)):
+        translations = translator(eos_possible, max_length=max_length, sample=True, n_best=3, seed=5,
+                                  beam_size=1).translate(SOURCES)
+        samples = [h for t in translations if t.reason == "sampled" for h in t.nbest]
+        cut = [h for h in samples if len(h.tokens) == max_length and h.tokens[-1] != "<eos>"]
+        assert [h.cut for h in samples] == [h in cut for h in samples]
+        summary = TranslationSummary.of(translations)
+        assert summary.samples == len(samples) == 9 and summary.cut == len(cut)
+        if eos_possible:
+            assert summary.cut == 0 and "cut" not in summary.line()
+        else:
+            assert summary.cut == 9 and summary.line().endswith("; 9 of 9 samples cut at the length limit (no EOS)")
