@@ -17,6 +17,7 @@ update on any device.
 """
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Iterable
 
 import torch
@@ -59,6 +60,35 @@ class NonFiniteGuard:
                 "or set training.nonfinite: skip")
 
 
+@dataclass
+class DroppedUpdates:
+    """Counts of the updates dropped for one reason (a non-finite loss here; an fp16 overflow:
+    :class:`nmt.train.overflow.OverflowSkips`): ``total`` over all sessions of the run,
+    ``in_a_row`` since the last applied update (a checkpoint may fall inside such a row)."""
+
+    total: int = 0
+    in_a_row: int = 0
+
+    def drop(self) -> None:
+        """One more update dropped."""
+        self.total += 1
+        self.in_a_row += 1
+
+    def applied(self) -> None:
+        """An update was applied: the row ends."""
+        self.in_a_row = 0
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"total", "in_a_row"}`` for checkpoints."""
+        return asdict(self)
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """Restore from :meth:`state_dict` (None or missing keys: 0, a checkpoint of an older nmt)."""
+        state = state or {}
+        self.total = int(state.get("total", 0))
+        self.in_a_row = int(state.get("in_a_row", 0))
+
+
 def check_parameters_finite(parameters: Iterable[torch.Tensor], step: int, last_saved_step: int | None) -> None:
     """Raise NonFiniteLossError when any parameter holds NaN / inf (one host read); called before saving."""
     flags = [torch.isfinite(p.detach()).all() for p in parameters]
@@ -74,4 +104,5 @@ def kept_state(last_saved_step: int | None) -> str:
     return f"last.pt keeps step {last_saved_step}, the last finite state"
 
 
-__all__ = ["POLICIES", "MAX_CONSECUTIVE_SKIPS", "kept_state", "NonFiniteLossError", "NonFiniteGuard", "check_parameters_finite"]
+__all__ = ["POLICIES", "MAX_CONSECUTIVE_SKIPS", "kept_state", "DroppedUpdates", "NonFiniteLossError", "NonFiniteGuard",
+           "check_parameters_finite"]

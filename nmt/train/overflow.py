@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass
 from typing import Callable
 
-from nmt.train.nonfinite import NonFiniteLossError, kept_state
+from nmt.train.nonfinite import DroppedUpdates, NonFiniteLossError, kept_state
 
 logger = logging.getLogger(__name__)
 
@@ -34,21 +33,16 @@ class GradientOverflowError(NonFiniteLossError):
     """:data:`MAX_CONSECUTIVE_OVERFLOWS` fp16 updates in a row overflowed; one line."""
 
 
-@dataclass
-class OverflowSkips:
+class OverflowSkips(DroppedUpdates):
     """Counts of updates dropped for fp16 overflow: ``total`` over all sessions of the run,
     ``in_a_row`` since the last applied update (a checkpoint may fall inside such a row)."""
-
-    total: int = 0
-    in_a_row: int = 0
 
     def record(self, step: int, last_saved_step: int | None,
                current_scale: Callable[[], float] | None = None) -> None:
         """Note one dropped update, attempted as step ``step``; log it (no host read). Raises
         GradientOverflowError at the :data:`MAX_CONSECUTIVE_OVERFLOWS`-th in a row, naming the
         loss scale ``current_scale()`` reads then."""
-        self.total += 1
-        self.in_a_row += 1
+        self.drop()
         logger.info("step %d: fp16 gradient overflow (inf/NaN gradients); update skipped and not counted, "
                     "loss scale halved (%d overflow skips so far)", step, self.total)
         if self.in_a_row >= MAX_CONSECUTIVE_OVERFLOWS:
@@ -57,20 +51,6 @@ class OverflowSkips:
                 f"step {step}: {self.in_a_row} updates in a row skipped for inf/NaN fp16 gradients{now}; "
                 f"stopped ({kept_state(last_saved_step)}); the gradients overflow at any loss scale: set "
                 "training.precision: bf16 or fp32, lower training.optimizer.lr, or set training.clip_grad_norm")
-
-    def applied(self) -> None:
-        """An update was applied: the row ends."""
-        self.in_a_row = 0
-
-    def state_dict(self) -> dict[str, int]:
-        """``{"total", "in_a_row"}`` for checkpoints."""
-        return asdict(self)
-
-    def load_state_dict(self, state: dict | None) -> None:
-        """Restore from :meth:`state_dict` (None or missing keys: 0, a checkpoint of an older nmt)."""
-        state = state or {}
-        self.total = int(state.get("total", 0))
-        self.in_a_row = int(state.get("in_a_row", 0))
 
 
 def scale_text(scale: float) -> str:

@@ -37,8 +37,8 @@ from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, i
 from nmt.train.early_stopping import EarlyStopping
 from nmt.train import init_from
 from nmt.train.interrupt import GracefulInterrupt
-from nmt.train.nonfinite import (MAX_CONSECUTIVE_SKIPS, NonFiniteGuard, NonFiniteLossError, check_parameters_finite,
-                                 kept_state)
+from nmt.train.nonfinite import (MAX_CONSECUTIVE_SKIPS, DroppedUpdates, NonFiniteGuard, NonFiniteLossError,
+                                 check_parameters_finite, kept_state)
 from nmt.train.optimizers import build_optimizer
 from nmt.train.overflow import OverflowSkips, scale_text
 from nmt.train.rng import rng_state, seed_everything, set_rng_state
@@ -225,7 +225,7 @@ class Trainer:
             write_run_vocabularies(self.save_dir, self.data.src_field, self.data.tgt_field, fresh=checkpoint is None)
         self.stopper = EarlyStopping(HIGHER_IS_BETTER[self.metric], train_cfg["early_stopping_patience"])
         self.progress = Progress()
-        self._skipped_at_resume = self._consecutive_at_resume = 0
+        self.nonfinite_skips = DroppedUpdates()  # updates dropped for a non-finite loss (training.nonfinite: skip)
         self.overflows = OverflowSkips()  # fp16 updates dropped for inf/NaN gradients (nmt.train.overflow)
         self.last_metrics: dict[str, Any] = {}
         self._signatures_logged = False  # the sacrebleu signatures are logged once per session
@@ -265,9 +265,6 @@ class Trainer:
             logger.info("data parallel: %d processes x batch_size %d x accumulate %d = effective batch %d %s",
                         self.dist.world_size, train_cfg["batch_size"], train_cfg["accumulate"],
                         self.dist.world_size * train_cfg["batch_size"] * train_cfg["accumulate"], train_cfg["batch_type"])
-        # updates dropped for a non-finite loss (training.nonfinite: skip), over all sessions of the run
-        self.skipped_updates = self._skipped_at_resume
-        self.consecutive_skips = self._consecutive_at_resume  # of them, in a row up to now (a save may fall in a row)
         self.last_update_skipped = False  # whether train_step's last update was dropped
         n_params = sum(p.numel() for p in self.model.parameters())
         logger.info("model: %s, %d parameters; attention %s, output %s (loss: %s); device %s",
@@ -367,8 +364,8 @@ class Trainer:
         trainer_state = checkpoint["trainer"]
         self.stopper.load_state_dict(trainer_state["early_stopping"])
         self.progress = Progress(**trainer_state["progress"])
-        self._skipped_at_resume = int(trainer_state.get("skipped_updates", 0))  # absent before nmt recorded it
-        self._consecutive_at_resume = int(trainer_state.get("consecutive_skips", 0))
+        self.nonfinite_skips.load_state_dict({"total": trainer_state.get("skipped_updates", 0),  # absent before
+                                              "in_a_row": trainer_state.get("consecutive_skips", 0)})  # nmt recorded them
         self.overflows.load_state_dict(trainer_state.get("overflow_skips"))
         self.last_metrics = dict(checkpoint["metrics"])
         # last: building the model consumed random numbers
@@ -479,8 +476,7 @@ class Trainer:
             self.nonfinite.observe(loss, self.progress.step + 1)
             self.nonfinite.check(self.saved_step)
         if skipped is not None:  # not an update: the schedule (and the trainer's step) stay where they are
-            self.skipped_updates += 1
-            self.consecutive_skips += 1
+            self.nonfinite_skips.drop()
             logger.warning("step %d: non-finite training loss (%s) or gradient norm; update skipped and not "
                            "counted (training.nonfinite: skip; %d skipped so far)", self.progress.step + 1,
                            float(loss), self.skipped_updates)
@@ -491,13 +487,23 @@ class Trainer:
                     "training.optimizer.lr, set training.clip_grad_norm, or check the data")
             return torch.zeros_like(loss), 0
         self.overflows.applied()
-        self.consecutive_skips = 0
+        self.nonfinite_skips.applied()
         self.schedule.step()
         if not skip:
             self.nonfinite.observe(loss, self.progress.step + 1)
             if self.nonfinite.sync_each_step:  # CPU: no sync to avoid
                 self.nonfinite.check(self.saved_step)
         return loss, n_tokens
+
+    @property
+    def skipped_updates(self) -> int:
+        """Updates dropped for a non-finite loss (``training.nonfinite: skip``), over all sessions of the run."""
+        return self.nonfinite_skips.total
+
+    @property
+    def consecutive_skips(self) -> int:
+        """Of them, those in a row up to now (a save may fall in a row)."""
+        return self.nonfinite_skips.in_a_row
 
     def _loss_scale(self) -> float:
         """The fp16 loss scale now (one host read; NaN without loss scaling)."""
