@@ -198,20 +198,29 @@ def archive_damage(path: str | os.PathLike) -> str | None:
     read (a record failing its CRC-32 check, a broken or cut archive), or None. Cheaper than a
     load: one CRC pass and the step read lazily. A file that cannot be read now (OSError) is not
     called damaged (None)."""
-    try:
-        if not zipfile.is_zipfile(path):
-            return "not a torch.save archive (another kind of file, or truncated)"
-        problem = zip_crc_problem(path)
-    except OSError:
-        return None
-    if problem is not None:
-        return problem
-    return "its step cannot be read" if checkpoint_step(path) is None else None
+    return _damage_and_step(path)[0]
 
 
 def holds_step(path: str | os.PathLike, step: int) -> bool:
     """Whether ``path`` exists and is an intact checkpoint (:func:`archive_damage`) of ``step``."""
-    return Path(path).is_file() and archive_damage(path) is None and checkpoint_step(path) == step
+    if not Path(path).is_file():
+        return False
+    problem, found = _damage_and_step(path)
+    return problem is None and found == step
+
+
+def _damage_and_step(path: str | os.PathLike) -> tuple[str | None, int | None]:
+    """``(archive_damage(path), its step)``: the step read once (None where unreadable or damaged)."""
+    try:
+        if not zipfile.is_zipfile(path):
+            return "not a torch.save archive (another kind of file, or truncated)", None
+        problem = zip_crc_problem(path)
+    except OSError:
+        return None, None
+    if problem is not None:
+        return problem, None
+    step = checkpoint_step(path)
+    return ("its step cannot be read" if step is None else None), step
 
 
 def repair_best(save_dir: str | os.PathLike, resumed_step: int, best_step: int,
