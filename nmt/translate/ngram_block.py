@@ -103,17 +103,4 @@ def block_repeats(log_probs: Tensor, history: Tensor | None, n: int, t: int) -> 
     return log_probs.clone(memory_format=torch.contiguous_format).scatter_add_(-1, followers, penalty)
 
 
-def has_repeated_ngram(tokens: list[int], n: int) -> bool:
-    """Whether ``tokens`` (a plain list, EOS included or not) holds some ``n``-gram twice: the
-    host-side definition, for reports and tests."""
-    seen = set()
-    for i in range(len(tokens) - n + 1):
-        gram = tuple(tokens[i: i + n])
-        if gram in seen:
-            return True
-        seen.add(gram)
-    return False
-
-
-__all__ = ["NO_TOKEN", "block_repeats", "blocked_tokens", "extend_history", "has_repeated_ngram", "repeat_followers",
-           "start_history"]
+__all__ = ["NO_TOKEN", "block_repeats", "blocked_tokens", "extend_history", "repeat_followers", "start_history"]

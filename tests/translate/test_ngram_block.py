@@ -27,7 +27,7 @@ import nmt.translate.ngram_block as ngram_module
 import nmt.translate.sampling as sampling_module
 import nmt.translate.search_step as step_module
 from nmt.translate.beam_search import beam_search
-from nmt.translate.ngram_block import block_repeats, blocked_tokens, extend_history, has_repeated_ngram, start_history
+from nmt.translate.ngram_block import block_repeats, blocked_tokens, extend_history, start_history
 from nmt.translate.sampling import sample_search
 from nmt.translate.search_options import SearchOptions
 from nmt.translate.search_step import RowState, Specials, select_step
@@ -229,7 +229,7 @@ def test_static_equals_dynamic_with_blocking_on_models_with_state(case, block):
     assert not torch.equal(free.tokens, dynamic.tokens) or free.steps != dynamic.steps  # it bites
     for b in range(7):
         for i in range(dynamic.tokens.size(1)):
-            assert not has_repeated_ngram(dynamic.tokens[b, i, :int(dynamic.lengths[b, i])].tolist(), block)
+            assert not repeats_ngram(dynamic.tokens[b, i, :int(dynamic.lengths[b, i])].tolist(), block)
 
 
 # --- N = 0 ---------------------------------------------------------------------------------------------
@@ -374,10 +374,10 @@ def test_sampling_with_blocking_makes_no_host_sync_in_a_step():
     assert set(audit.counts) <= {"Tensor.__bool__"} and audit.total <= math.ceil(r.steps / 3), audit.report()
     for b in range(5):
         for s in range(3):
-            assert not has_repeated_ngram(r.tokens[b, s, :int(r.lengths[b, s])].tolist(), 1)
+            assert not repeats_ngram(r.tokens[b, s, :int(r.lengths[b, s])].tolist(), 1)
 
 
 def test_the_host_side_definition():
-    assert has_repeated_ngram([3, 4, 3], 1) and not has_repeated_ngram([3, 4, 3], 2)
-    assert has_repeated_ngram([3, 4, 3, 4], 2) and not has_repeated_ngram([3, 4, 5, 3, 4, 6], 3)
-    assert np.all([not has_repeated_ngram([], n) for n in (1, 2, 3)])
+    assert repeats_ngram([3, 4, 3], 1) and not repeats_ngram([3, 4, 3], 2)
+    assert repeats_ngram([3, 4, 3, 4], 2) and not repeats_ngram([3, 4, 5, 3, 4, 6], 3)
+    assert np.all([not repeats_ngram([], n) for n in (1, 2, 3)])
