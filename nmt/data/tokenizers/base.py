@@ -1,10 +1,14 @@
 """The tokenizer interface shared by all tokenizer types."""
 from __future__ import annotations
 
+import bisect
 import os
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
+
+_WORD = re.compile(r"\S+")
 
 
 class Tokenizer(ABC):
@@ -25,6 +29,14 @@ class Tokenizer(ABC):
     @abstractmethod
     def detokenize(self, tokens: list[str]) -> str:
         """Join tokens back into one line of text."""
+
+    def word_ids(self, pieces: list[str]) -> list[int | None]:
+        """The word of each piece: ``ids[k]`` is the index, in ``detokenize(pieces).split()``, of
+        the word piece ``k`` is part of, or None for a piece that is part of no word (a space
+        token). The pieces of word ``w`` (in order) detokenize to that word alone. Alignments at
+        the word level group pieces with this (``nmt.translate.alignment``). A tokenizer that
+        cannot say raises NotImplementedError."""
+        raise NotImplementedError(f"the {self.type_name} tokenizer does not group its pieces into words")
 
     def train(self, lines: Iterable[str], work_dir: str | os.PathLike | None = None) -> None:
         """Learn the tokenizer's model from ``lines`` (no-op for rule-based tokenizers)."""
@@ -58,4 +70,24 @@ class Tokenizer(ABC):
         return f"{type(self).__name__}()"
 
 
-__all__ = ["Tokenizer"]
+def words_of_spans(text: str, spans: Sequence[tuple[int, int]], blank_to_next: bool = False) -> list[int | None]:
+    """Word indices (in ``text.split()``) of pieces whose surfaces are the character ranges
+    ``spans`` ([begin, end) of ``text``): the first word a span overlaps; None for a span of
+    whitespace only (or empty), unless ``blank_to_next`` and a word begins exactly where it ends
+    (a sentencepiece word-start marker piece decoded to a space: part of the word it starts)."""
+    words = [(m.start(), m.end()) for m in _WORD.finditer(text)]
+    starts = [b for b, _ in words]
+    ends = [e for _, e in words]
+    ids: list[int | None] = []
+    for begin, end in spans:
+        w = bisect.bisect_right(ends, begin)  # the first word ending after the span begins
+        if w < len(words) and starts[w] < end:
+            ids.append(w)
+        elif blank_to_next and w < len(words) and starts[w] == end:
+            ids.append(w)
+        else:
+            ids.append(None)
+    return ids
+
+
+__all__ = ["Tokenizer", "words_of_spans"]

@@ -123,6 +123,22 @@ class BPETokenizer(Tokenizer):
             words.append(prefix)
         return " ".join(words)
 
+    def word_ids(self, pieces: list[str]) -> list[int | None]:
+        """A piece ending in ``separator`` continues into the next one: a word is a run of such
+        pieces and the piece after them (or the end). A run whose text is empty (pieces that are
+        the separator alone) makes no word of ``detokenize``'s: None."""
+        n = len(self.separator)
+        ids: list[int | None] = []
+        word, start, surface = 0, 0, ""
+        for k, t in enumerate(pieces):
+            continues = t.endswith(self.separator)
+            surface += t[:-n] if continues else t
+            if not continues or k == len(pieces) - 1:  # the word ends here
+                ids.extend([word if surface else None] * (k + 1 - start))
+                word += bool(surface)
+                start, surface = k + 1, ""
+        return ids
+
     def _difference(self, other: Tokenizer) -> str | None:
         """Separator and codes (line by line, as subword-nmt reads them); ``merges`` and
         ``min_frequency`` only shaped the learning of the codes."""

@@ -34,6 +34,21 @@ class CharTokenizer(Tokenizer):
         sym, esc = self.space_symbol, self._escaped
         return "".join(" " if t == sym else sym if t == esc else t for t in tokens)
 
+    def word_ids(self, pieces: list[str]) -> list[int | None]:
+        """Words are runs of characters between spaces: the space token (and any whitespace
+        character) belongs to no word (None), every other token to the word it is in."""
+        ids: list[int | None] = []
+        word, inside = -1, False
+        for t in pieces:
+            if t == self.space_symbol or t.isspace():
+                ids.append(None)
+                inside = False
+            else:
+                word += not inside
+                inside = True
+                ids.append(word)
+        return ids
+
     def state_dict(self) -> dict[str, Any]:
         return {"type": self.type_name, "space_symbol": self.space_symbol}
 
@@ -51,6 +66,10 @@ class SpaceTokenizer(Tokenizer):
 
     def detokenize(self, tokens: list[str]) -> str:
         return " ".join(tokens)
+
+    def word_ids(self, pieces: list[str]) -> list[int | None]:
+        """One word per token."""
+        return list(range(len(pieces)))
 
     def state_dict(self) -> dict[str, Any]:
         return {"type": self.type_name}

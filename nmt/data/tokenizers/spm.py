@@ -16,7 +16,7 @@ import sentencepiece
 
 from nmt.data.errors import DataError
 from nmt.data.textfiles import write_bytes_atomic
-from nmt.data.tokenizers.base import Tokenizer
+from nmt.data.tokenizers.base import Tokenizer, words_of_spans
 
 _MODEL_TYPES = ("unigram", "bpe", "char", "word")
 
@@ -151,6 +151,39 @@ class SentencePieceTokenizer(Tokenizer):
 
     def detokenize(self, tokens: list[str]) -> str:
         return self._processor().decode_pieces(list(tokens))
+
+    def word_ids(self, pieces: list[str]) -> list[int | None]:
+        """From where sentencepiece's decoding puts each piece in the text (its surface span):
+        exact under normalisation, byte fallback and ``<unk>`` (decoded " ⁇ "). A piece starting
+        with "▁" starts a word, the others continue it; a lone "▁" (decoded to a space, or to
+        nothing at the start) belongs to the word it starts. Without sentencepiece's decoding
+        spans (protobuf missing) the "▁" rule alone."""
+        pieces = list(pieces)
+        try:
+            proto = self._processor().decode_pieces_as_proto(pieces)
+        except (AttributeError, ImportError, TypeError):  # an old sentencepiece or no protobuf
+            return self._marker_word_ids(pieces)
+        text = proto.text
+        char_of_byte = [0] * (len(text.encode("utf-8")) + 1)
+        offset = 0
+        for c, char in enumerate(text):
+            width = len(char.encode("utf-8"))
+            for b in range(offset, offset + width):
+                char_of_byte[b] = c
+            offset += width
+        char_of_byte[offset] = len(text)
+        spans = [(char_of_byte[p.begin], char_of_byte[p.end]) for p in proto.pieces]
+        return words_of_spans(text, spans, blank_to_next=True)
+
+    @staticmethod
+    def _marker_word_ids(pieces: list[str]) -> list[int | None]:
+        """The "▁" rule: a piece starting with "▁" starts a word, the others continue the last."""
+        ids: list[int | None] = []
+        word = -1
+        for t in pieces:
+            word += t.startswith("\u2581") or word < 0
+            ids.append(word)
+        return ids
 
     def _difference(self, other: Tokenizer) -> str | None:
         """The models' content: pieces, scores, normalization and the settings encoding reads
