@@ -109,6 +109,18 @@ def check_lengths(lengths: dict[int, int], side: str, limit: int | None) -> None
         raise InputTooLong(first, side, lengths[first], limit)
 
 
+class NoAttention(ValueError):
+    """A search or scoring asked for the source attention (alignments, heatmaps) and the model's
+    ``step`` returned None for it: the model records none."""
+
+
+def required_attention(attention: Tensor | None) -> Tensor:
+    """``attention`` itself; :class:`NoAttention` where it is None (a Python test, no host sync)."""
+    if attention is None:
+        raise NoAttention("the model's step returns no source attention (None), so it has no alignments or heatmaps")
+    return attention
+
+
 def select_state(state: State, index: Tensor) -> State:
     """Pick rows ``index`` (M,) of every batch-first tensor in ``state``."""
     return {k: v.index_select(0, index) for k, v in state.items()}
@@ -119,5 +131,5 @@ def tile_state(state: State, times: int) -> State:
     return {k: v.repeat_interleave(times, dim=0) for k, v in state.items()}
 
 
-__all__ = ["InputTooLong", "State", "StepDecoder", "attention_optional", "attention_request", "check_lengths",
-           "position_limits", "select_state", "shares_encoder_out", "tile_state", "too_long"]
+__all__ = ["InputTooLong", "NoAttention", "State", "StepDecoder", "attention_optional", "attention_request", "check_lengths",
+           "position_limits", "required_attention", "select_state", "shares_encoder_out", "tile_state", "too_long"]

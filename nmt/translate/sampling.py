@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from nmt.models.protocol import State, StepDecoder, select_state, shares_encoder_out, tile_state
+from nmt.models.protocol import State, StepDecoder, required_attention, select_state, shares_encoder_out, tile_state
 from nmt.translate.beam_search import SearchResult, rows_to_keep
 from nmt.translate.certificate import SAMPLED
 from nmt.translate.counter_noise import gumbel, row_keys, token_keys, uniform_bits
@@ -142,8 +142,8 @@ def _records(token: Tensor, log_probs: Tensor, attention: Tensor | None, alive: 
     """The step's records (see ``SampleStep``); ``alive`` (R,): the rows that drew at this step."""
     record = {"token": token}
     gone = ~alive
-    if options.return_attention and attention is not None:
-        record["attention"] = attention.to(log_probs.dtype).masked_fill(gone.unsqueeze(1), 0.0)  # (R, L)
+    if options.return_attention:
+        record["attention"] = required_attention(attention).to(log_probs.dtype).masked_fill(gone.unsqueeze(1), 0.0)  # (R, L)
     if options.support_stats or options.return_support:
         record["support_size"] = support_size(log_probs).masked_fill(gone, 0)  # (R,)
     if options.return_support:

@@ -11,8 +11,9 @@ import torch
 from nmt.data.batching import collate, make_batches
 from nmt.data.field import Field
 from nmt.models.protocol import StepDecoder, check_lengths, position_limits
+from nmt.translate.alignment import AlignOptions, Pair, align, pharaoh
 from nmt.translate.scoring import BatchScores, score_batch
-from nmt.translate.translator import check_batch_size
+from nmt.translate.translator import check_batch_size, check_word_ids
 from nmt.utils.device import checked_device
 from nmt.utils.precision import check_precision, inference_precision
 
@@ -31,6 +32,9 @@ class PairScore:
     and their log-probabilities; zero_probability: the model gives the reference probability
     exactly 0; first_zero: where it first leaves the support, ``{"position", "token", "rank",
     "support_size", "rank_by"}`` (None when the probability is not 0).
+    alignment: the reference's ``(source, target)`` pairs from the teacher-forced attention (word
+    indices of the source and reference lines, or token indices; see ``nmt.translate.alignment``);
+    None unless asked for (``Scorer(align=...)``) or not scored.
     """
 
     index: int
@@ -40,6 +44,7 @@ class PairScore:
     zero_probability: bool
     first_zero: dict[str, Any] | None = None
     reason: str | None = None
+    alignment: list[Pair] | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -51,7 +56,7 @@ class PairScore:
         def number(x: float | None) -> float | None:
             return x if x is not None and math.isfinite(x) else None
 
-        return {
+        record = {
             "id": self.index,
             "logprob": number(self.logprob),
             "n_tokens": self.n_tokens,
@@ -63,6 +68,9 @@ class PairScore:
             "token_logprobs": [number(x) for x in self.token_logprobs],
             "reason": self.reason,
         }
+        if self.alignment is not None:  # asked for: the Pharaoh pairs of the reference
+            record["alignment"] = pharaoh(self.alignment)
+        return record
 
 
 class _PairIds:
@@ -83,11 +91,19 @@ class Scorer:
     ``precision`` "bf16" or "fp16" runs the model under autocast, as ``Translator`` does, so that
     a reference scores the log-probability a search at that precision gives it (the
     log-probabilities are still accumulated in float32); "fp32" scores in IEEE float32 on a GPU too
-    (:func:`nmt.utils.precision.ieee_float32`), as the search runs."""
+    (:func:`nmt.utils.precision.ieee_float32`), as the search runs. ``align`` (an ``AlignOptions``;
+    None: off): each scored pair also gets the alignment of its reference from the attention of the
+    teacher-forced steps (``PairScore.alignment``); without it no attention is computed."""
 
     def __init__(self, model: StepDecoder, src_field: Field, tgt_field: Field, *, batch_size: int = 64,
-                 device: str | torch.device = "cpu", precision: str = "fp32") -> None:
+                 device: str | torch.device = "cpu", precision: str = "fp32", align: AlignOptions | None = None) -> None:
         check_batch_size(batch_size)
+        if align is not None and not isinstance(align, AlignOptions):
+            raise TypeError(f"align must be an AlignOptions or None, got {type(align).__name__}")
+        if align is not None and align.level == "word":
+            for side, field_ in (("source", src_field), ("target", tgt_field)):
+                check_word_ids(field_, side)
+        self.align = align
         self.model, self.src_field, self.tgt_field = model, src_field, tgt_field
         self.batch_size, self.precision = batch_size, check_precision(precision)
         self.device = checked_device(device, "Scorer device")  # one line, not an error at the first batch
@@ -123,15 +139,29 @@ class Scorer:
             on_device = batch.to(self.device, lengths_on_host=True)  # source lengths read on the host
             with inference_precision(self.device, self.precision):
                 scores = score_batch(self.model, on_device.src, on_device.src_lengths, on_device.tgt_in,
-                                     on_device.tgt_out, on_device.tgt_lengths)
+                                     on_device.tgt_out, on_device.tgt_lengths, need_attention=self.align is not None)
             scores = scores.cpu()
             tgt_out = batch.tgt_out.tolist()
             for row, i in enumerate(batch.indices):
                 results[i] = self._unpack(scores, row, i, tgt_out[row])
+                if self.align is not None and results[i].logprob is not None:
+                    results[i].alignment = self._alignment(scores, row, sources[i], references[i], len(src[i]))
             if progress is not None:
                 progress(len(batch))
         self.seconds += time.perf_counter() - start
         return results  # type: ignore[return-value]
+
+    def _alignment(self, scores: BatchScores, row: int, source: str, reference: str, n_src: int) -> list[Pair]:
+        """The reference's alignment pairs from its teacher-forced attention (row t: reference
+        token t; the EOS row left out): word indices of the source and reference lines' pieces."""
+        assert self.align is not None and scores.attention is not None
+        n_tgt = int(scores.lengths[row]) - 1  # the reference's tokens, without EOS
+        attention = scores.attention[row, :n_tgt, :n_src].numpy()
+        src_words = tgt_words = None
+        if self.align.level == "word":
+            src_words = self.src_field.tokenizer.word_ids(self.src_field.tokenize(source))
+            tgt_words = self.tgt_field.tokenizer.word_ids(self.tgt_field.tokenize(reference))
+        return align(attention, list(range(n_tgt)), self.align, src_words, tgt_words)
 
     def _unpack(self, scores: BatchScores, row: int, index: int, tgt_out: list[int]) -> PairScore:
         n = int(scores.lengths[row])

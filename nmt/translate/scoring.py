@@ -26,7 +26,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from nmt.models.protocol import State, StepDecoder, attention_request
+from nmt.models.protocol import State, StepDecoder, attention_request, required_attention
 
 NEG_INF = float("-inf")
 
@@ -55,6 +55,8 @@ class BatchScores:
         among the model's tokens (1 = most preferred) and the number of tokens of nonzero
         probability (all -1 when ``zero`` is False).
     rank_by: "score" or "probability" (see the module docstring).
+    attention: (B, T, L) source attention of each step (row t: the step that reads reference token
+        t), float32; None unless asked for (``need_attention``).
     """
 
     token_logprobs: Tensor
@@ -66,6 +68,7 @@ class BatchScores:
     zero_rank: Tensor
     zero_support: Tensor
     rank_by: str
+    attention: Tensor | None = None
 
     def cpu(self) -> "BatchScores":
         """A copy on the host (one transfer per field)."""
@@ -74,26 +77,29 @@ class BatchScores:
 
 
 def _step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: State,
-          by_score: bool) -> tuple[Tensor, Tensor, State]:
-    """(preference (N, V), log_probs (N, V), state): preference is what ranks are taken over."""
-    ask = attention_request(model, False)  # scoring reads no attention
+          by_score: bool, need_attention: bool = False) -> tuple[Tensor, Tensor, Tensor | None, State]:
+    """(preference (N, V), log_probs (N, V), attention (N, L) or None, state): preference is what
+    ranks are taken over; the attention only with ``need_attention``."""
+    ask = attention_request(model, need_attention)  # the attention only where it is read
     if by_score:
         step_with_scores = model.step_with_scores  # type: ignore[attr-defined]
-        scores, log_probs, _, state = step_with_scores(tokens, state, encoder_out, **ask)
-        return scores, log_probs, state
-    log_probs, _, state = model.step(tokens, state, encoder_out, **ask)
-    return log_probs, log_probs, state
+        scores, log_probs, attention, state = step_with_scores(tokens, state, encoder_out, **ask)
+    else:
+        log_probs, attention, state = model.step(tokens, state, encoder_out, **ask)
+        scores = log_probs
+    return scores, log_probs, required_attention(attention) if need_attention else None, state
 
 
 @torch.no_grad()
 def score_batch(model: StepDecoder, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor,
-                tgt_lengths: Tensor) -> BatchScores:
+                tgt_lengths: Tensor, need_attention: bool = False) -> BatchScores:
     """Score references under ``model`` by teacher forcing, on the tensors' device.
 
     src: (B, L) long, src_lengths: (B,) long (every length >= 1); tgt_in: (B, T) ``BOS y``
     padded; tgt_out: (B, T) ``y EOS`` padded; tgt_lengths: (B,) long = len(y) + 1 (the layout of
     ``nmt.data.batching.Batch``). Log-probabilities are accumulated in float32 at least (float64
-    kept). No host synchronisation.
+    kept). ``need_attention``: also the source attention of every step (``BatchScores.attention``;
+    ``NoAttention`` where the model returns none). No host synchronisation.
     """
     by_score = isinstance(model, ScoredStepDecoder)
     batch, width = tgt_in.shape
@@ -101,9 +107,12 @@ def score_batch(model: StepDecoder, src: Tensor, src_lengths: Tensor, tgt_in: Te
     encoder_out, state = model.encode(src, src_lengths)
     positions = torch.arange(width, device=device)  # (T,)
     valid = positions.unsqueeze(0) < tgt_lengths.unsqueeze(1)  # (B, T)
-    token_lp, ranks, supports = [], [], []
+    token_lp, ranks, supports, attentions = [], [], [], []
     for t in range(width):  # the padded width: a shape, not a data-dependent count
-        preference, log_probs, state = _step(model, tgt_in[:, t], state, encoder_out, by_score)  # (B, V) each
+        preference, log_probs, attention, state = _step(model, tgt_in[:, t], state, encoder_out, by_score,
+                                                        need_attention)  # (B, V) each, (B, L) or None
+        if attention is not None:
+            attentions.append(attention.float())
         target = tgt_out[:, t : t + 1]  # (B, 1)
         lp = log_probs.gather(1, target).squeeze(1)  # (B,)
         ref_pref = preference.gather(1, target)  # (B, 1)
@@ -132,6 +141,7 @@ def score_batch(model: StepDecoder, src: Tensor, src_lengths: Tensor, tgt_in: Te
         zero_rank=at_first(rank),
         zero_support=at_first(support),
         rank_by="score" if by_score else "probability",
+        attention=torch.stack(attentions, 1) if need_attention else None,  # (B, T, L)
     )
 
 

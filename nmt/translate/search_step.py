@@ -27,6 +27,7 @@ from nmt.translate.certificate import (
     record_violation,
     unknown_slots,
 )
+from nmt.models.protocol import required_attention
 from nmt.translate.length_penalty import length_penalty
 from nmt.translate.native_step import step_update
 from nmt.translate.ngram_block import block_repeats, extend_history, start_history
@@ -317,7 +318,7 @@ def _row_records(log_probs: Tensor, attention: Tensor, support: Tensor | None,
         record["support_tokens"] = top_tok
         record["support_probs"] = top_lp.exp()
     if options.return_attention:
-        record["attention"] = attention.to(log_probs.dtype).view(row_count, slots, -1)  # (R, S, L)
+        record["attention"] = required_attention(attention).to(log_probs.dtype).view(row_count, slots, -1)  # (R, S, L)
     return record
 
 

@@ -11,7 +11,8 @@ import torch
 
 from nmt.data.batching import encode_sources
 from nmt.data.field import Field
-from nmt.models.protocol import StepDecoder, check_lengths, position_limits
+from nmt.models.protocol import NoAttention, StepDecoder, check_lengths, position_limits
+from nmt.translate.alignment import AlignOptions, Pair, align, output_rows, pharaoh, replace_unknowns
 from nmt.translate.beam_search import SearchResult, beam_search
 from nmt.translate.certificate import NOT_CERTIFIED, SAMPLED, reason_name
 from nmt.translate.sampling import sample_search
@@ -33,13 +34,16 @@ class Hypothesis:
     included) and the target ``tokens`` (one label per generated id); ``cut``: it ends without
     EOS, cut by the length limit (``max_length`` or the sentence's ``max_length_ratio`` limit);
     ``missing``: a sample that has no hypothesis (no token of nonzero sampling probability at some
-    step), kept at its place in the sample order: ``text`` "", ``score`` -inf, no ``tokens``."""
+    step), kept at its place in the sample order: ``text`` "", ``score`` -inf, no ``tokens``;
+    ``alignment``: its ``(source, target)`` pairs (see ``nmt.translate.alignment``), None where
+    alignments were not asked for."""
 
     text: str
     score: float
     tokens: list[str]
     cut: bool = False
     missing: bool = False
+    alignment: list[Pair] | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,9 @@ class Translation:
     n-best lists hold only hypotheses that exist).
     decoding: the settings that change what the certificate (or a sample) means, as
     :meth:`~nmt.translate.search_options.SearchOptions.report_settings` gives them (None: none).
+    alignments: per hypothesis, its ``(source, target)`` pairs, sorted (word or token indices, see
+    ``nmt.translate.alignment``; [] for a sample without a hypothesis); None where alignments were
+    not asked for (``Translator(align=...)``).
     """
 
     index: int
@@ -93,6 +100,7 @@ class Translation:
     cut: list[bool] = field(default_factory=list)
     missing: list[bool] = field(default_factory=list)
     decoding: dict[str, Any] | None = None
+    alignments: list[list[Pair]] | None = None
 
     @property
     def text(self) -> str:
@@ -109,8 +117,16 @@ class Translation:
         """The n-best list as ``Hypothesis`` objects."""
         cut = self.cut or [False] * len(self.hypotheses)
         missing = self.missing or [False] * len(self.hypotheses)
-        return [Hypothesis(text, score, tokens, c, m)
-                for (text, score), tokens, c, m in zip(self.hypotheses, self.tokens, cut, missing)]
+        alignments = self.alignments if self.alignments is not None else [None] * len(self.hypotheses)
+        return [Hypothesis(text, score, tokens, c, m, a)
+                for (text, score), tokens, c, m, a in zip(self.hypotheses, self.tokens, cut, missing, alignments)]
+
+    @property
+    def alignment(self) -> list[Pair] | None:
+        """The best hypothesis's alignment pairs ([] when there is none; None: not asked for)."""
+        if self.alignments is None:
+            return None
+        return self.alignments[0] if self.alignments else []
 
     @property
     def output_cut(self) -> bool:
@@ -132,7 +148,8 @@ class Translation:
         kept for one release; ``cut``: the output, i.e. the best hypothesis, was cut by the length
         limit without EOS, as each n-best entry's ``cut`` says of it; an n-best entry of a sample
         without a hypothesis has ``"missing": true``, others no such key; ``decoding``: the settings
-        of :attr:`decoding`, only where there are any)."""
+        of :attr:`decoding`, only where there are any; with alignments, each n-best entry's
+        ``"alignment"``: its pairs in the Pharaoh format, ``"0-0 1-2"``)."""
         record: dict[str, Any] = {
             "id": self.index,
             "certified": self.certified,
@@ -141,7 +158,8 @@ class Translation:
             "mass": self.mass,
             "reason": self.reason,
             "cut": self.output_cut,
-            "nbest": [{"text": h.text, "logprob": h.score, "cut": h.cut, **({"missing": True} if h.missing else {})}
+            "nbest": [{"text": h.text, "logprob": h.score, "cut": h.cut, **({"missing": True} if h.missing else {}),
+                       **({"alignment": pharaoh(h.alignment)} if h.alignment is not None else {})}
                       for h in self.nbest],
         }
         if self.decoding is not None:
@@ -217,17 +235,35 @@ class Translator:
     source longer than they hold (``InputTooLong`` naming the first such input; truncate with
     ``max_src_length``), and searches at most as far as they reach (``max_length`` lowered to
     ``max_positions - 1``, as fairseq's generator does; ``nmt-translate`` says so in a warning).
+
+    ``align`` (an ``AlignOptions``; None: off) gives every hypothesis its alignment pairs
+    (``Translation.alignments``) from the attention of its steps; ``replace_unk`` replaces each
+    ``<unk>`` output piece by the source piece it attends most (before detokenization, see
+    :func:`nmt.translate.alignment.replace_unknowns`). Either records the attention in the search
+    (``return_attention``); a model that returns none is a ``NoAttention`` (ValueError) at the
+    first batch. Without them the search is what the options alone ask for.
     """
 
     def __init__(self, model: StepDecoder, src_field: Field, tgt_field: Field, options: SearchOptions | None = None,
                  *, batch_size: int = 64, batch_type: str = "sentences", device: str | torch.device = "cpu",
-                 max_src_length: int | None = None, precision: str = "fp32", **search_overrides: Any) -> None:
+                 max_src_length: int | None = None, precision: str = "fp32", align: AlignOptions | None = None,
+                 replace_unk: bool = False, **search_overrides: Any) -> None:
         check_batch_size(batch_size)
         if batch_type not in ("sentences", "tokens"):
             raise ValueError(f"batch_type must be sentences or tokens, got {batch_type!r}")
+        if align is not None and not isinstance(align, AlignOptions):
+            raise TypeError(f"align must be an AlignOptions or None, got {type(align).__name__}")
+        if not isinstance(replace_unk, bool):
+            raise TypeError(f"replace_unk must be True or False, got {replace_unk!r}")
+        if align is not None and align.level == "word":
+            for side, field_ in (("source", src_field), ("target", tgt_field)):
+                check_word_ids(field_, side)
         self.batch_type, self.precision = batch_type, check_precision(precision)
         self.model, self.src_field, self.tgt_field = model, src_field, tgt_field
         self.options = (options or SearchOptions()).updated(**search_overrides)
+        self.align, self.replace_unk = align, replace_unk
+        if align is not None or replace_unk:  # the attention of every step of every hypothesis
+            self.options = self.options.updated(return_attention=True)
         self.batch_size, self.max_src_length = batch_size, max_src_length
         self.device = checked_device(device, "Translator device")  # one line, not an error at the first batch
         self.search_seconds = 0.0
@@ -257,7 +293,7 @@ class Translator:
                     for i in batch.indices:
                         results[i] = Translation(first_index + i, [], [], [], False, 0, 0.0, EMPTY_INPUT,
                                                  support=[] if options.return_support else None,
-                                                 decoding=decoding)
+                                                 decoding=decoding, alignments=[] if self.align is not None else None)
                 else:
                     # the source lengths stay on the host: the encoders read them there (an RNN packs
                     # with them) and masks copy them without a sync (nmt.utils.device.host_to_device)
@@ -273,24 +309,39 @@ class Translator:
                                                  bos=vocab.bos_index, eos=vocab.eos_index, pad=vocab.pad_index,
                                                  options=options)
                     host = _HostResult.of(result)  # one transfer and conversion per field and batch
+                    if options.return_attention and host.attention is None:
+                        raise NoAttention("the model's step returns no source attention (None), so it has no "
+                                          "alignments or heatmaps")
                     src_ids = batch.src.tolist()
                     lengths = batch.src_lengths.tolist()
                     for row, i in enumerate(batch.indices):
                         src_tokens = self.src_field.vocab.tokens(src_ids[row][: lengths[row]])
-                        results[i] = self._unpack(host, row, first_index + i, src_tokens, decoding)
+                        source = self._source_pieces(lines[i], lengths[row])
+                        results[i] = self._unpack(host, row, first_index + i, src_tokens, decoding, source)
                 if progress is not None:
                     progress(len(batch))
         self.search_seconds += time.perf_counter() - start
         return results  # type: ignore[return-value]
 
+    def _source_pieces(self, line: str, length: int) -> "_SourcePieces | None":
+        """The surface pieces of a source line (the first ``length``, as decoded) and their words,
+        where alignments or ``<unk>`` replacement need them (None otherwise)."""
+        if self.align is None and not self.replace_unk:
+            return None
+        pieces = self.src_field.tokenize(line)
+        words = self.src_field.tokenizer.word_ids(pieces) if self.align is not None and self.align.level == "word" else None
+        return _SourcePieces(pieces[:length], None if words is None else words[:length])
+
     def _unpack(self, result: "_HostResult", row: int, index: int, src_tokens: list[str],
-                decoding: dict[str, Any] | None = None) -> Translation:
+                decoding: dict[str, Any] | None = None, source: "_SourcePieces | None" = None) -> Translation:
         """Sentence ``row`` of a batched result already on the host (Python lists, NumPy arrays).
-        Samples keep their places: one without a hypothesis is ``("", -inf)``, marked missing."""
+        Samples keep their places: one without a hypothesis is ``("", -inf)``, marked missing.
+        ``source``: the source's surface pieces, with alignments or ``<unk>`` replacement."""
         field_ = self.tgt_field
         lengths, scores, token_rows = result.lengths[row], result.scores[row], result.tokens[row]
         sampled = result.reason[row] == SAMPLED
         hypotheses, tokens, cut, missing = [], [], [], []
+        alignments: list[list[Pair]] | None = [] if self.align is not None else None
         for n, length in enumerate(lengths):
             if length == 0:
                 if sampled:  # sample n has none: its place stays, so entry j is sample j
@@ -298,10 +349,25 @@ class Translator:
                     tokens.append([])
                     cut.append(False)
                     missing.append(True)
+                    if alignments is not None:
+                        alignments.append([])
                 continue
             ids = token_rows[n][:length]
-            hypotheses.append((field_.decode(ids), float(scores[n])))
-            tokens.append(field_.vocab.tokens(ids))  # one label per generated id, specials included
+            labels = field_.vocab.tokens(ids)  # one label per generated id, specials included
+            if source is None:
+                text = field_.decode(ids)
+            else:  # the attention of hypothesis n's steps (T, L) over the source's pieces
+                attention = result.attention[row, n, :length, : len(src_tokens)]
+                rows = output_rows(labels)
+                pieces = [labels[r] for r in rows]  # Field.decode_tokens's pieces
+                if self.replace_unk:
+                    pieces = replace_unknowns(pieces, rows, attention, source.pieces)
+                text = field_.tokenizer.detokenize(pieces)
+                if alignments is not None:
+                    tgt_words = field_.tokenizer.word_ids(pieces) if source.words is not None else None
+                    alignments.append(align(attention, rows, self.align, source.words, tgt_words))
+            hypotheses.append((text, float(scores[n])))
+            tokens.append(labels)
             cut.append(not result.complete[row][n])  # no EOS: cut by the length limit
             missing.append(False)
         best_len = lengths[0]
@@ -332,7 +398,25 @@ class Translator:
             cut=cut,
             missing=missing if any(missing) else [],
             decoding=decoding,
+            alignments=alignments,
         )
+
+
+def check_word_ids(field_: Field, side: str) -> None:
+    """ValueError unless ``field_``'s tokenizer groups pieces into words (word-level alignment)."""
+    try:
+        field_.tokenizer.word_ids([])
+    except NotImplementedError as exc:
+        raise ValueError(f"word-level alignment: the {side} side's {exc}; align tokens instead") from None
+
+
+@dataclass
+class _SourcePieces:
+    """A source line's surface pieces (as tokenized, before the vocabulary; rare words kept) and
+    each one's word (None: not asked for)."""
+
+    pieces: list[str]
+    words: list[int | None] | None
 
 
 @dataclass
@@ -473,5 +557,5 @@ class SummaryCounts:
         )
 
 
-__all__ = ["EMPTY_INPUT", "Certificate", "check_batch_size", "fit_to_positions", "Hypothesis", "SummaryCounts",
+__all__ = ["EMPTY_INPUT", "Certificate", "check_batch_size", "check_word_ids", "fit_to_positions", "Hypothesis", "SummaryCounts",
            "Translation", "TranslationSummary", "Translator"]

@@ -1,0 +1,173 @@
+"""Alignments and ``<unk>`` replacement through ``Translator`` / ``Scorer``.
+
+Independent truths: a hypothesis's alignment from the search must be the alignment of the same
+text scored by teacher forcing (``Scorer``: another code path, step by step on the given
+tokens), for every n-best entry and every sample; the recorded attention must be the model's
+teacher-forced attention (for the Transformer: the last layer's cross-attention averaged over
+its heads, as ``forward(return_maps=True)`` gives every head); an ensemble's, the members' mean.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from nmt.data.field import Field
+from nmt.data.tokenizers import SpaceTokenizer
+from nmt.models import build_model
+from nmt.models.protocol import NoAttention
+from nmt.translate import alignment as al
+from nmt.translate.alignment import AlignOptions
+from nmt.translate.ensemble import Ensemble
+from nmt.translate.scorer import Scorer
+from nmt.translate.translator import Translator
+
+SOURCES = ["a b c", "d e", "", "c a e b", "b", "e d c b a"]
+RNN = {
+    "type": "rnn",
+    "embeddings": {"src_size": 6, "tgt_size": 6, "share": False, "tie_output": False, "dropout": 0.0},
+    "encoder": {"type": "lstm", "layers": 1, "hidden_size": 8, "bidirectional": True, "dropout": 0.0},
+    "decoder": {"type": "lstm", "layers": 1, "hidden_size": 8, "dropout": 0.0, "input_feeding": True,
+                "bridge": "linear"},
+    "attention": {"score": "general", "mapping": "sparsemax", "params": {}, "continuous": None},
+    "output": {"mapping": "softmax", "params": {}},
+}
+TRANSFORMER = {
+    "type": "transformer",
+    "embeddings": {"src_size": 8, "tgt_size": 8, "share": False, "tie_output": False, "dropout": 0.0},
+    "transformer": {"encoder_layers": 1, "decoder_layers": 2, "d_model": 8, "heads": 2, "d_ff": 16, "norm": "pre",
+                    "positions": "sinusoidal", "max_positions": 64, "dropout": 0.0, "attention_dropout": 0.0,
+                    "activation_dropout": 0.0, "activation": "relu"},
+    "attention": {"score": "general", "mapping": "entmax15", "params": {}, "continuous": None,
+                  "encoder_self": None, "decoder_self": None, "cross": None},
+    "output": {"mapping": "softmax", "params": {}},
+}
+MODES = [AlignOptions(mode, level) for mode in al.ALIGN_MODES for level in al.ALIGN_LEVELS]
+
+
+def fields() -> tuple[Field, Field]:
+    return Field.build(SpaceTokenizer(), ["a b c d e"]), Field.build(SpaceTokenizer(), ["x y z w"])
+
+
+def model(cfg: dict, seed: int, scale: float = 10.0):
+    """A random model in float64 whose attention has exact zeros (weights scaled up, the RNN's
+    attention keys once more), which never outputs padding, BOS or <unk> (their output bias very
+    low: they would not round-trip through the text) and ends late (EOS's bias lowered)."""
+    src, tgt = fields()
+    torch.manual_seed(seed)
+    m = build_model(cfg, len(src.vocab), len(tgt.vocab), tgt.vocab.pad_index).double().eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(scale)
+        if cfg["type"] == "rnn":
+            m.decoder.attention.key_proj.weight.mul_(scale)
+        m.generator.proj.bias[[0, 1, 2]] = -1e4
+        m.generator.proj.bias[3] -= 20.0
+    return m
+
+
+@pytest.mark.parametrize("cfg, seed", [(RNN, 0), (RNN, 1), (TRANSFORMER, 6)], ids=["rnn0", "rnn1", "transformer"])
+@pytest.mark.parametrize("sample", [False, True], ids=["beam", "sample"])
+def test_every_hypothesis_is_aligned_as_its_text_scored_by_teacher_forcing(cfg, seed, sample):
+    src, tgt = fields()
+    decoder = model(cfg, seed)
+    search = dict(sample=True, n_best=4, seed=5) if sample else dict(beam_size=4, n_best=4)
+    for options in MODES:
+        translations = Translator(decoder, src, tgt, align=options, max_length=7, **search).translate(SOURCES)
+        pairs = [(SOURCES[t.index], h) for t in translations for h in t.nbest if not h.missing]
+        assert len(pairs) > len(SOURCES) and sum(bool(h.alignment) for _, h in pairs) > len(SOURCES)
+        scores = Scorer(decoder, src, tgt, align=options).score([s for s, _ in pairs], [h.text for _, h in pairs])
+        for (source, h), score in zip(pairs, scores):
+            assert h.alignment == score.alignment, (options, source, h.text)
+        assert translations[2].alignments == [] and translations[2].alignment == []  # the empty line
+        record = translations[0].report()
+        assert [al.parse_pharaoh(e["alignment"]) for e in record["nbest"]] == translations[0].alignments
+
+
+def teacher_forced_attention(decoder, src: Field, source: str, ids: list[int]) -> np.ndarray:
+    """(T, L) attention of the generated ``ids`` (BOS fed first), from the model's forward pass;
+    the Transformer's: every head of the last layer's cross-attention, averaged here."""
+    s = torch.tensor([src.encode(source)])
+    tgt_in = torch.tensor([[2] + ids[:-1]])
+    with torch.no_grad():
+        if hasattr(decoder, "models"):
+            return np.mean([teacher_forced_attention(m, src, source, ids) for m in decoder.models], axis=0)
+        if getattr(decoder, "attention_kinds", None):
+            _, _, maps = decoder(s, torch.tensor([s.size(1)]), tgt_in, return_maps=True)
+            return maps["cross"][-1][0].mean(0).numpy()  # (heads, T, L) -> (T, L)
+        _, attention = decoder(s, torch.tensor([s.size(1)]), tgt_in)
+        return attention[0].numpy()
+
+
+@pytest.mark.parametrize("which", ["rnn", "transformer", "ensemble"])
+def test_the_recorded_attention_is_the_models_and_the_best_alignment_is_recomputed_from_it(which):
+    src, tgt = fields()
+    decoder = {"rnn": lambda: model(RNN, 3), "transformer": lambda: model(TRANSFORMER, 6),
+               "ensemble": lambda: Ensemble([model(RNN, 5), model(TRANSFORMER, 4)])}[which]()
+    for options in MODES:
+        translations = Translator(decoder, src, tgt, align=options, beam_size=3, max_length=7).translate(SOURCES)
+        for t in translations:
+            if not t.hypotheses:
+                continue
+            ids = tgt.vocab.lookup(t.tokens[0])
+            np.testing.assert_allclose(t.attention, teacher_forced_attention(decoder, src, SOURCES[t.index], ids),
+                                       atol=1e-9)
+            rows = [r for r, label in enumerate(t.tokens[0]) if label != "<eos>"]
+            mine = al.token_pairs(t.attention, rows, AlignOptions(options.mode, "token"))
+            # space tokenizers on both sides: the words are the tokens
+            assert t.alignment == mine
+            if options.mode == "support":  # the exact support: zeros left out, and there are zeros
+                assert len(mine) == int((t.attention[rows] > 0).sum())
+        if options.mode == "support":
+            assert any((t.attention == 0).any() for t in translations if t.attention is not None)
+
+
+def test_alignments_change_nothing_in_the_search():
+    src, tgt = fields()
+    decoder = model(RNN, 7)
+    plain = Translator(decoder, src, tgt, beam_size=3, n_best=3, max_length=7, return_support=True).translate(SOURCES)
+    aligned = Translator(decoder, src, tgt, beam_size=3, n_best=3, max_length=7, return_support=True,
+                         align=AlignOptions("support", "word")).translate(SOURCES)
+    for a, b in zip(plain, aligned):
+        assert (a.hypotheses, a.tokens, a.certified, a.reason, a.support) == (b.hypotheses, b.tokens, b.certified,
+                                                                                b.reason, b.support)
+        assert a.alignments is None and a.attention is None and "alignment" not in str(a.report())
+    assert Translator(decoder, src, tgt).options.return_attention is False
+    assert Translator(decoder, src, tgt, replace_unk=True).options.return_attention is True
+
+
+class _NoAttentionModel(torch.nn.Module):
+    """A StepDecoder whose step returns no attention."""
+
+    def encode(self, src, src_lengths):
+        return {"src_mask": src != 0}, {"n": torch.zeros(src.size(0))}
+
+    def step(self, tokens, state, encoder_out):
+        log_probs = torch.full((tokens.size(0), 8), -1e4).log_softmax(-1)
+        log_probs[:, 3] = 0.0  # EOS
+        return log_probs, None, {"n": state["n"] + 1}
+
+
+@pytest.mark.parametrize("kw", [dict(align=AlignOptions()), dict(replace_unk=True), dict(return_attention=True),
+                                dict(align=AlignOptions(), sample=True)])
+def test_a_model_without_attention_is_a_clear_error(kw):
+    src, tgt = fields()
+    with pytest.raises(NoAttention, match="returns no source attention"):
+        Translator(_NoAttentionModel(), src, tgt, **kw).translate(["a b"])
+    with pytest.raises(NoAttention, match="returns no source attention"):
+        Scorer(_NoAttentionModel(), src, tgt, align=AlignOptions()).score(["a b"], ["x"])
+    assert Translator(_NoAttentionModel(), src, tgt).translate(["a b"])[0].text == ""  # not asked: fine
+
+
+def test_word_level_needs_tokenizers_that_group_words():
+    class Opaque(SpaceTokenizer):
+        type_name = "opaque"
+
+        def word_ids(self, pieces):
+            return super(SpaceTokenizer, self).word_ids(pieces)
+
+    src, tgt = fields()
+    tgt = Field(Opaque(), tgt.vocab)
+    with pytest.raises(ValueError, match="target side's the opaque tokenizer does not group"):
+        Translator(model(RNN, 0), src, tgt, align=AlignOptions())
+    Translator(model(RNN, 0), src, tgt, align=AlignOptions(level="token"))  # tokens: fine
