@@ -6,6 +6,12 @@ and ``.reason``, ``.nbest``) and ``Model.score`` returns ``PairScore`` objects (
 log-probabilities, zero-probability references). Search options are ``SearchOptions`` fields,
 given to ``load`` (the model's defaults) or per call. Passing one string where a list of
 sentences is expected is a TypeError, never a translation of its characters.
+
+Alignments and unknown-word replacement are per call: ``m.translate(lines, align=True)`` gives
+each hypothesis its word alignment (``Translation.alignments``, ``.alignment`` for the best;
+``align=AlignOptions(mode="support", level="token")`` for the others, see
+``nmt.translate.alignment``), ``replace_unk=True`` replaces ``<unk>`` outputs by the most attended
+source piece; ``m.score(sources, targets, align=True)`` aligns the references.
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Sequence, Union
 
 if TYPE_CHECKING:
     from nmt.models.protocol import StepDecoder
+    from nmt.translate.alignment import AlignOptions
     from nmt.translate.loading import LoadedModel
     from nmt.translate.scorer import PairScore
     from nmt.translate.search_options import SearchOptions
@@ -54,32 +61,50 @@ class Model:
         paths = ", ".join(str(m.path) for m in self.members)
         return f"nmt.Model({paths}; device={self.device}; {self.options})"
 
-    def translate(self, sentences: Sequence[str], options: SearchOptions | None = None,
-                  **search: Any) -> list[Translation]:
+    def translate(self, sentences: Sequence[str], options: SearchOptions | None = None, *,
+                  align: bool | AlignOptions = False, replace_unk: bool = False, **search: Any) -> list[Translation]:
         """Translate a list of sentences (one ``Translation`` each, in order).
 
         ``options`` replaces the model's default ``SearchOptions``; keywords (``beam_size=5``,
         ``n_best=3``, ``return_attention=True``, any ``SearchOptions`` field) override fields of
-        it for this call. An unknown keyword is a TypeError naming the valid ones.
+        it for this call. An unknown keyword is a TypeError naming the valid ones. ``align``:
+        True (word alignment, argmax mode) or an ``AlignOptions`` gives each hypothesis its
+        ``(source, target)`` pairs (``Translation.alignments``); ``replace_unk``: each ``<unk>``
+        output piece replaced by the source piece of highest attention at its step.
         """
         from nmt.translate.translator import Translator
 
         lines = _sentences("sentences", sentences)
         chosen = (options or self.options).updated(**search)
         translator = Translator(self.decoder, self.src_field, self.tgt_field, chosen,
-                                batch_size=self.batch_size, device=self.device)
+                                batch_size=self.batch_size, device=self.device, align=_align_options(align),
+                                replace_unk=replace_unk)
         return translator.translate(lines)
 
-    def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[PairScore]:
+    def score(self, sources: Sequence[str], targets: Sequence[str], *,
+              align: bool | AlignOptions = False) -> list[PairScore]:
         """Teacher-forced scores of ``targets`` given ``sources`` (one ``PairScore`` per pair:
-        ``.logprob``, ``.token_logprobs``, ``.zero_probability``, ``.first_zero``)."""
+        ``.logprob``, ``.token_logprobs``, ``.zero_probability``, ``.first_zero``; with ``align``
+        (True or an ``AlignOptions``), ``.alignment``: the reference's pairs)."""
         from nmt.translate.scorer import Scorer
 
         src, tgt = _sentences("sources", sources), _sentences("targets", targets)
         if len(src) != len(tgt):
             raise ValueError(f"{len(src)} sources but {len(tgt)} targets")
-        scorer = Scorer(self.decoder, self.src_field, self.tgt_field, batch_size=self.batch_size, device=self.device)
+        scorer = Scorer(self.decoder, self.src_field, self.tgt_field, batch_size=self.batch_size, device=self.device,
+                        align=_align_options(align))
         return scorer.score(src, tgt)
+
+
+def _align_options(align: bool | AlignOptions) -> AlignOptions | None:
+    """``align`` of ``translate`` / ``score`` as ``AlignOptions`` (True: the defaults; False: None)."""
+    from nmt.translate.alignment import AlignOptions
+
+    if isinstance(align, AlignOptions):
+        return align
+    if not isinstance(align, bool):
+        raise TypeError(f"align must be True, False or an AlignOptions, got {type(align).__name__}")
+    return AlignOptions() if align else None
 
 
 def load(checkpoint: PathLike | Sequence[PathLike], device: str = "auto", *, batch_size: int = 64,

@@ -119,3 +119,20 @@ def test_load_names_a_bad_checkpoint_or_batch_size_argument(checkpoint):
     for cls in (Translator, Scorer):
         with pytest.raises(TypeError, match="batch_size must be an integer"):
             cls(m.decoder, m.src_field, m.tgt_field, batch_size=2.5)
+
+
+def test_alignments_and_unknown_words_per_call(checkpoint):
+    from nmt.translate.alignment import AlignOptions, token_pairs
+
+    m = nmt.load(checkpoint, device="cpu", beam_size=3, max_length=8)
+    plain = m.translate(["a b c", "c a"], n_best=2, return_attention=True)
+    aligned = m.translate(["a b c", "c a"], n_best=2, align=AlignOptions(mode="support", level="token"))
+    for p, t in zip(plain, aligned):
+        assert p.alignments is None and [h.text for h in p.nbest] == [h.text for h in t.nbest]
+        rows = [r for r, label in enumerate(p.tokens[0]) if label != "<eos>"]
+        assert t.alignment == token_pairs(p.attention, rows, AlignOptions("support", "token"))
+        assert [h.alignment for h in t.nbest] == t.alignments
+    assert m.translate(["a b"], align=True)[0].alignments is not None  # True: the defaults (argmax, words)
+    assert m.score(["a b"], ["ab"], align=True)[0].alignment is not None and m.score(["a b"], ["ab"])[0].alignment is None
+    with pytest.raises(TypeError, match="align must be True, False or an AlignOptions"):
+        m.translate(["a"], align="support")

@@ -5,6 +5,7 @@
                   [-block_ngram_repeat N]
                   -report FILE.jsonl
                   [-tgt REF] [-attention DIR] [-support] [-device auto|cpu|cuda]
+                  [-report_align [-align_mode argmax|support] [-align_level word|token]] [-replace_unk]
                   [-batch_type sentences|tokens] [-precision fp32|bf16|fp16]
                   [-search_mode auto|dynamic|static] [-stop_every K]
     nmt-translate -model M.pt -src FILE -output FILE -sample -n_best N [-temperature T]
@@ -16,7 +17,8 @@ atomically (``translate_file``); ``-src - -output -`` streams, translating lines
 arrive (``translate_stream``); ``-mode score`` / ``-score_output`` scores the references
 (``translate_score``). Output: the detokenized best hypothesis per input line (``n_best``
 lines per input line with ``-n_best N``, padded with empty lines; ``-with_score``: a tab and the
-log-probability after each); empty input lines give empty
+log-probability after each; ``-report_align``: `` ||| `` and the Pharaoh alignment
+pairs after each text, before the score); empty input lines give empty
 output lines. ``-report``: one JSON line per input sentence with its certificate and n-best
 list. A summary goes to stderr (not with ``-quiet``); the metric line of ``-tgt`` always.
 Heavy modules (torch, matplotlib, sacrebleu) are imported only when needed.
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from nmt._version import __version__
     from nmt.cli.help_format import DefaultsHelpFormatter
+    from nmt.translate.alignment import ALIGN_LEVELS, ALIGN_MODES
     from nmt.utils.heatmap import FORMATS
 
     d = SearchOptions()
@@ -123,6 +126,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-attention", "--attention", metavar="DIR", help="write one attention heatmap per sentence (best hypothesis; not with scoring)")
     p.add_argument("-attention_format", "--attention_format", choices=FORMATS, default="png",
                    help="file format of the heatmaps")
+    p.add_argument("-report_align", "--report_align", action="store_true",
+                   help="append ' ||| ' and the word alignment of each output line, as OpenNMT-py's -report_align: "
+                   "Pharaoh pairs src-tgt (0-based, sorted; e.g. 'das Haus ||| 0-0 1-1'), from the attention of the "
+                   "hypothesis's steps (a Transformer: its last layer's cross-attention averaged over the heads; an "
+                   "ensemble: the members' mean); every -n_best line and sample has its own; also each n-best entry's "
+                   "\"alignment\" in -report; with -mode score, the reference's in each JSON line")
+    p.add_argument("-align_mode", "--align_mode", choices=ALIGN_MODES, default=None,
+                   help="argmax: each target token to its most attended source token (OpenNMT-py, fairseq); "
+                   "support: to every source token of attention above -align_threshold (0: the exact support of "
+                   "a sparse attention) (default: argmax)")
+    p.add_argument("-align_level", "--align_level", choices=ALIGN_LEVELS, default=None,
+                   help="word: indices of the words of the source line and the output text (a pair where any of "
+                   "their subword pieces are aligned); token: of the model's pieces (default: word)")
+    p.add_argument("-align_threshold", "--align_threshold", type=float, default=None, metavar="T",
+                   help="-align_mode support: the attention a source token must exceed, in [0, 1) (default: 0)")
+    p.add_argument("-replace_unk", "--replace_unk", action="store_true",
+                   help="replace each <unk> output token by the source token of highest attention at its step "
+                   "(its surface text from the tokenized input, before detokenization; a subword piece copies "
+                   "that piece only); not with scoring")
     p.add_argument("-support", "--support", action="store_true", default=d.return_support,
                    help="report, per step, the tokens of nonzero probability and their probabilities")
     p.add_argument("-support_topk", "--support_topk", type=int, default=d.support_topk,
@@ -165,6 +187,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
                  ("-sample", args.sample, "it gives each reference the model's log-probability"),
                  ("-with_score", args.with_score, one_line),
                  ("-report", args.report is not None, one_line), ("-support", args.support, one_line),
+                 ("-replace_unk", args.replace_unk, "the references are scored as they are"),
                  ("-min_length", args.min_length != 0, unlimited),
                  ("-max_length_ratio", args.max_length_ratio != 0, unlimited),
                  ("-block_ngram_repeat", args.block_ngram_repeat != 0,
@@ -172,6 +195,13 @@ def _check_arguments(args: argparse.Namespace) -> None:
         for flag, used, why in given:
             if used:
                 raise ValueError(f"{flag} applies to translation, not to scoring ({scoring}): {why}")
+    for flag, value in (("-align_mode", args.align_mode), ("-align_level", args.align_level),
+                        ("-align_threshold", args.align_threshold)):
+        if value is not None and not args.report_align:
+            raise ValueError(f"{flag} applies to -report_align (add it to write alignments)")
+    if args.align_threshold is not None and args.align_mode != "support":
+        raise ValueError("-align_threshold applies to -align_mode support (argmax takes the most attended "
+                         "source token)")
     # outputs are written after the whole input is translated: a path that cannot take them fails now
     for name in ("output", "report", "score_output"):
         path = getattr(args, name)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
+    from nmt.translate.alignment import AlignOptions
     from nmt.translate.search_options import SearchOptions
     from nmt.translate.translator import Translation
 
@@ -84,6 +85,51 @@ def search_options(args: argparse.Namespace) -> SearchOptions:
         raise ValueError(f"-{exc}") from None  # every message starts with the field = flag name
 
 
+def align_options(args: argparse.Namespace) -> AlignOptions | None:
+    """The ``AlignOptions`` of ``-report_align`` (``-align_mode``, ``-align_level``,
+    ``-align_threshold``), None without it; a bad value is a ValueError naming the flag."""
+    if not args.report_align:
+        return None
+    from nmt.translate.alignment import AlignOptions
+
+    try:
+        return AlignOptions(mode=args.align_mode or "argmax", level=args.align_level or "word",
+                            threshold=0.0 if args.align_threshold is None else args.align_threshold)
+    except ValueError as exc:
+        raise ValueError(f"-{exc}") from None  # every message starts with the field = flag name
+
+
+def attention_flags(args: argparse.Namespace) -> str:
+    """The flags of ``args`` that need the model's attention, e.g. ``-report_align``, for errors."""
+    flags = [flag for flag, used in (("-report_align", args.report_align),
+                                     ("-replace_unk", getattr(args, "replace_unk", False)),
+                                     ("-attention", getattr(args, "attention", None) is not None)) if used]
+    return "/".join(flags)
+
+
+def check_word_level(align: AlignOptions | None, src_field: object, tgt_field: object) -> None:
+    """ValueError naming ``-align_level word`` where a tokenizer cannot group its pieces into words."""
+    if align is None or align.level != "word":
+        return
+    from nmt.translate.translator import check_word_ids
+
+    try:
+        for side, field_ in (("source", src_field), ("target", tgt_field)):
+            check_word_ids(field_, side)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise ValueError(f"-align_level word: {exc} (-align_level token)") from None
+
+
+def no_attention(exc: Exception, args: argparse.Namespace) -> Exception:
+    """A ``NoAttention`` as a one-line error naming the flags that needed the attention; any
+    other exception unchanged."""
+    from nmt.models.protocol import NoAttention
+
+    if isinstance(exc, NoAttention):
+        return ValueError(f"{attention_flags(args)}: {exc}")
+    return exc
+
+
 def fit_positions(options: SearchOptions, decoder: object) -> SearchOptions:
     """``options`` with ``max_length`` lowered to what the model's learned positions reach (BOS and
     ``max_positions - 1`` target tokens; the smallest over an ensemble), said in one warning line
@@ -125,18 +171,34 @@ def report_line(t: Translation) -> str:
     return json.dumps(record, ensure_ascii=False) + "\n"
 
 
-def output_lines(t: Translation, n_best: int, with_score: bool = False) -> list[str]:
+ALIGNMENT_SEPARATOR = " ||| "
+"""Between an output line's text and its alignment pairs (OpenNMT-py's ``-report_align``)."""
+
+
+def output_lines(t: Translation, n_best: int, with_score: bool = False, report_align: bool = False) -> list[str]:
     """The ``n_best`` output lines of one translation, best first (padded with empty lines where
     fewer hypotheses finished); ``with_score``: each line ``text<TAB>log-probability`` (OpenNMT-py's
     ``-with_score``), a padding line ``<TAB>`` (no hypothesis, no score). Samples keep their
     places: a sample without a hypothesis (``Translation.missing``) is such a padding line at its
-    own place, so line j of a sentence's N is always sample j."""
+    own place, so line j of a sentence's N is always sample j. ``report_align``: the text of each
+    line is followed by `` ||| `` and the hypothesis's Pharaoh pairs (OpenNMT-py's order: ``text
+    ||| pairs<TAB>score``); a padding line is then `` ||| `` (no text, no pair)."""
+    from nmt.translate.alignment import pharaoh
+
     found = t.hypotheses[:n_best]
     missing = t.missing or [False] * len(found)
-    if not with_score:
-        return [text for text, _ in found] + [""] * (n_best - len(found))
-    return ([f"{text}\t{logprob:.6g}" if not gone else "\t" for (text, logprob), gone in zip(found, missing)]
-            + ["\t"] * (n_best - len(found)))
+    alignments = t.alignments or [[] for _ in found]
+    pad = ALIGNMENT_SEPARATOR if report_align else ""
+    lines = []
+    for k in range(n_best):
+        if k < len(found) and not missing[k]:
+            text, logprob = found[k]
+            if report_align:
+                text += ALIGNMENT_SEPARATOR + pharaoh(alignments[k])
+            lines.append(f"{text}\t{logprob:.6g}" if with_score else text)
+        else:
+            lines.append(pad + "\t" if with_score else pad)
+    return lines
 
 
 def write_lines(path: str, lines: Sequence[str]) -> None:
@@ -180,6 +242,7 @@ def summary_suffix(startup: float, seconds: float, sentences: int, members: Sequ
     return f"; {speed:.1f} sentences/s ({overall:.1f} with start-up); start-up {startup:.2f} s{ensemble}"
 
 
-__all__ = ["PROG", "SEARCH_FLAGS", "fit_positions", "json_number", "name_input", "output_lines", "print_metrics",
+__all__ = ["ALIGNMENT_SEPARATOR", "PROG", "SEARCH_FLAGS", "align_options", "attention_flags", "check_word_level",
+           "fit_positions", "no_attention", "json_number", "name_input", "output_lines", "print_metrics",
            "read_references", "read_source", "read_stdin", "report_line", "say", "search_options", "summary_suffix", "write_heatmap",
            "write_lines"]

@@ -8,6 +8,9 @@ from pathlib import Path
 
 from nmt.cli.translate_common import (
     PROG,
+    align_options,
+    check_word_level,
+    no_attention,
     fit_positions,
     name_input,
     output_lines,
@@ -30,15 +33,18 @@ def run_file(args: argparse.Namespace, start: float) -> int:
     from nmt.utils.allocator import freeze_live_objects
 
     options = search_options(args)
+    align = align_options(args)
     lines = read_source(args.src)
     references = read_references(args.tgt, len(lines), args.src) if args.tgt else None
     decoder, src_field, tgt_field, members = load_models(args.model, args.device)
     freeze_live_objects()  # the loaded objects are never garbage: keep full collections short
     startup = time.perf_counter() - start
     options = fit_positions(options, decoder)
+    check_word_level(align, src_field, tgt_field)
 
     translator = Translator(decoder, src_field, tgt_field, options, batch_size=args.batch_size,
-                            batch_type=args.batch_type, device=args.device, precision=args.precision)
+                            batch_type=args.batch_type, device=args.device, precision=args.precision,
+                            align=align, replace_unk=args.replace_unk)
     bar = None
     if not args.quiet:
         from tqdm import tqdm
@@ -47,12 +53,13 @@ def run_file(args: argparse.Namespace, start: float) -> int:
     try:
         translations = translator.translate(lines, progress=bar.update if bar is not None else None)
     except ValueError as exc:  # a source longer than learned positions hold: its file and line
-        raise name_input(exc, {"source": args.src}) from None
+        raise no_attention(name_input(exc, {"source": args.src}), args) from None
     finally:
         if bar is not None:
             bar.close()
 
-    write_lines(args.output, [line for t in translations for line in output_lines(t, args.n_best, args.with_score)])
+    write_lines(args.output, [line for t in translations
+                              for line in output_lines(t, args.n_best, args.with_score, args.report_align)])
     if args.report:
         from nmt.utils.io import atomic_open
 

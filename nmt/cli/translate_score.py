@@ -3,7 +3,8 @@
 One JSON line per (source, reference) pair: its total and per-token log-probabilities under
 the model (or ensemble), the token count, whether the model gives it probability exactly 0 and
 where it first leaves the support (see ``nmt.translate.scorer.PairScore``). The summary line
-(mean log-prob, % of references of probability 0) goes to stderr.
+(mean log-prob, % of references of probability 0) goes to stderr. ``-report_align`` adds the
+reference's alignment from the teacher-forced attention (``"alignment"``, Pharaoh pairs).
 """
 from __future__ import annotations
 
@@ -12,7 +13,18 @@ import json
 import sys
 import time
 
-from nmt.cli.translate_common import PROG, name_input, read_references, read_source, say, summary_suffix, write_lines
+from nmt.cli.translate_common import (
+    PROG,
+    align_options,
+    check_word_level,
+    name_input,
+    no_attention,
+    read_references,
+    read_source,
+    say,
+    summary_suffix,
+    write_lines,
+)
 
 
 def run_score(args: argparse.Namespace, start: float) -> int:
@@ -23,14 +35,16 @@ def run_score(args: argparse.Namespace, start: float) -> int:
 
     if not args.tgt:
         raise ValueError("-mode score needs the references: -tgt FILE")
+    align = align_options(args)
     sources = read_source(args.src)
     references = read_references(args.tgt, len(sources), args.src)
     decoder, src_field, tgt_field, members = load_models(args.model, args.device)
     freeze_live_objects()  # the loaded objects are never garbage: keep full collections short
     startup = time.perf_counter() - start
+    check_word_level(align, src_field, tgt_field)
 
     scorer = Scorer(decoder, src_field, tgt_field, batch_size=args.batch_size, device=args.device,
-                    precision=args.precision)
+                    precision=args.precision, align=align)
     bar = None
     if not args.quiet:
         from tqdm import tqdm
@@ -39,7 +53,7 @@ def run_score(args: argparse.Namespace, start: float) -> int:
     try:
         scores = scorer.score(sources, references, progress=bar.update if bar is not None else None)
     except ValueError as exc:  # a pair longer than learned positions hold: its file and line
-        raise name_input(exc, {"source": args.src, "target": args.tgt}) from None
+        raise no_attention(name_input(exc, {"source": args.src, "target": args.tgt}), args) from None
     finally:
         if bar is not None:
             bar.close()

@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import BinaryIO, Union
 
 from nmt.cli.translate_common import (
+    align_options,
+    check_word_level,
     fit_positions,
+    no_attention,
     name_input,
     output_lines,
     print_metrics,
@@ -79,15 +82,17 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
     from nmt.utils.allocator import freeze_live_objects
 
     options = search_options(args)
+    align = align_options(args)
     references = read_references(args.tgt, None, "-") if args.tgt else None
     decoder, src_field, tgt_field, members = load_models(args.model, args.device)
     freeze_live_objects()  # the loaded objects are never garbage: keep full collections short
     startup = time.perf_counter() - start
     options = fit_positions(options, decoder)
+    check_word_level(align, src_field, tgt_field)
     interactive = sys.stdin.isatty()
     translator = Translator(decoder, src_field, tgt_field, options,
                             batch_size=1 if interactive else args.batch_size, batch_type=args.batch_type,
-                            device=args.device, precision=args.precision)
+                            device=args.device, precision=args.precision, align=align, replace_unk=args.replace_unk)
     lines: "queue.Queue[_Item]" = queue.Queue()
     # the reader thread's own reader of stdin's descriptor, never closed: a thread still blocked in
     # sys.stdin.buffer.readline() when the program ends (a signal, an error, a closed stdout) holds
@@ -116,9 +121,10 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
                 # indices count from the stream's start: a sentence's samples depend on its line only
                 done = translator.translate(batch, first_index=counts.sentences)
             except ValueError as exc:  # a source longer than learned positions hold: its line of stdin
-                raise name_input(exc, {"source": "-"}, offset=counts.sentences) from None
+                raise no_attention(name_input(exc, {"source": "-"}, offset=counts.sentences), args) from None
             counts.add(done)
-            sys.stdout.write("".join(line + "\n" for t in done for line in output_lines(t, args.n_best, args.with_score)))
+            sys.stdout.write("".join(line + "\n" for t in done
+                                     for line in output_lines(t, args.n_best, args.with_score, args.report_align)))
             sys.stdout.flush()
             if report is not None:
                 report.write("".join(report_line(t) for t in done))
