@@ -68,10 +68,13 @@ def model(cfg: dict, seed: int, scale: float = 10.0):
 
 @pytest.mark.parametrize("cfg, seed", [(RNN, 0), (RNN, 1), (TRANSFORMER, 6)], ids=["rnn0", "rnn1", "transformer"])
 @pytest.mark.parametrize("sample", [False, True], ids=["beam", "sample"])
-def test_every_hypothesis_is_aligned_as_its_text_scored_by_teacher_forcing(cfg, seed, sample):
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+def test_every_hypothesis_is_aligned_as_its_text_scored_by_teacher_forcing(cfg, seed, sample, mode):
+    """Both loops (static: the GPU's, fixed shapes and masked rows) record each hypothesis's attention."""
     src, tgt = fields()
     decoder = model(cfg, seed)
     search = dict(sample=True, n_best=4, seed=5) if sample else dict(beam_size=4, n_best=4)
+    search["mode"] = mode
     for options in MODES:
         translations = Translator(decoder, src, tgt, align=options, max_length=7, **search).translate(SOURCES)
         pairs = [(SOURCES[t.index], h) for t in translations for h in t.nbest if not h.missing]
