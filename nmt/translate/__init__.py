@@ -3,6 +3,7 @@ file translation.
 
     from nmt.translate import beam_search, load_models, SearchOptions, Translator, Scorer
 """
+from nmt.translate.alignment import AlignOptions
 from nmt.translate.beam_search import SearchResult, beam_search, greedy_search
 from nmt.translate.certificate import REASONS, reason_name
 from nmt.translate.ensemble import Ensemble
@@ -14,6 +15,7 @@ from nmt.translate.search_options import SearchOptions
 from nmt.translate.translator import Certificate, Hypothesis, Translation, TranslationSummary, Translator
 
 __all__ = [
+    "AlignOptions",
     "BatchScores",
     "Certificate",
     "Ensemble",
