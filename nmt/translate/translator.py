@@ -407,7 +407,8 @@ def check_word_ids(field_: Field, side: str) -> None:
     try:
         field_.tokenizer.word_ids([])
     except NotImplementedError as exc:
-        raise ValueError(f"word-level alignment: the {side} side's {exc}; align tokens instead") from None
+        raise ValueError(f"word-level alignment needs the {side} pieces' words, but {exc}; align tokens "
+                         "instead") from None
 
 
 @dataclass

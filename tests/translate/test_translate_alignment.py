@@ -171,6 +171,6 @@ def test_word_level_needs_tokenizers_that_group_words():
 
     src, tgt = fields()
     tgt = Field(Opaque(), tgt.vocab)
-    with pytest.raises(ValueError, match="target side's the opaque tokenizer does not group"):
+    with pytest.raises(ValueError, match="needs the target pieces' words, but the opaque tokenizer does not group"):
         Translator(model(RNN, 0), src, tgt, align=AlignOptions())
     Translator(model(RNN, 0), src, tgt, align=AlignOptions(level="token"))  # tokens: fine
