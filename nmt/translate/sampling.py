@@ -212,6 +212,33 @@ def _final_rows(t: int, max_length: int, row_limit: Tensor | None, limit_steps: 
     return None
 
 
+def _draw(model: StepDecoder, tokens: Tensor, state: State, encoder_out: State, rows: SampleRows, keys: Tensor,
+          token_hashes: Tensor | None, t: int, options: SearchOptions, special: Specials, row_limit: Tensor | None,
+          limit_steps: set[int] | None, ngrams: Tensor | None, tile_encoder: bool,
+          ) -> tuple[SampleStep, State, State, Tensor]:
+    """Step ``t`` of either loop over its R' stepped rows: the model's step at the temperature, at
+    ``t = 0`` its B BOS rows repeated for the N samples of each sentence (``encoder_out`` tiled with
+    them where ``tile_encoder``: a model that does not share it), the rows at their last step
+    (:func:`_final_rows`), the n-gram blocking of ``ngrams`` (R', max_length) or None, then the draw
+    (:func:`sample_step`). tokens: (B,) at ``t = 0``, else (R',); keys: (R',); token_hashes: (V,), or
+    None before the first step (made here). Returns ``(step, state, encoder_out, token_hashes)``."""
+    n = options.n_best
+    log_probs, tempered, attention, state = tempered_step(model, tokens, state, encoder_out,
+                                                          options.temperature, options.return_attention)
+    if t == 0:  # one BOS row per sentence, repeated for its N samples
+        log_probs, tempered, attention, state = _first_step_rows(log_probs, tempered, attention, state, n)
+        if n > 1 and tile_encoder:
+            encoder_out = tile_state(encoder_out, n)
+    if token_hashes is None:
+        token_hashes = token_keys(log_probs.size(-1), rows.alive.device)  # (V,)
+    count = rows.alive.size(0)
+    final = _final_rows(t, options.max_length, row_limit, limit_steps, count, rows.alive.device)  # (R',) or None
+    # (R', V) tokens that would repeat an N-gram at -inf (the draw renormalises what is left)
+    tempered = block_repeats(tempered, ngrams, options.block_ngram_repeat, t)
+    step = sample_step(log_probs, tempered, attention, rows, keys, token_hashes, t, options, special, final)
+    return step, state, encoder_out, token_hashes
+
+
 def _static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials, options: SearchOptions,
                  ids: Tensor) -> SearchResult:
     """Fixed (R, ...) shapes, stopped samples masked: no host sync in a step, the stop flag read
@@ -230,21 +257,13 @@ def _static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: 
     tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (B,) then (R,)
     token_hashes: Tensor | None = None
     records: dict[str, list[Tensor]] = {}
-    block = options.block_ngram_repeat
     # (R, max_length) each sample's tokens, right-aligned (nmt.translate.ngram_block); None: no blocking
-    ngrams = start_history(count, None, max_length, device) if block else None
+    ngrams = start_history(count, None, max_length, device) if options.block_ngram_repeat else None
+    tile_encoder = not shares_encoder_out(model)
     for t in range(max_length + 1):
-        log_probs, tempered, attention, state = tempered_step(model, tokens, state, encoder_out,
-                                                              options.temperature, options.return_attention)
-        if t == 0:  # one BOS row per sentence, repeated for its N samples
-            log_probs, tempered, attention, state = _first_step_rows(log_probs, tempered, attention, state, n)
-            if n > 1 and not shares_encoder_out(model):
-                encoder_out = tile_state(encoder_out, n)
-        if token_hashes is None:
-            token_hashes = token_keys(log_probs.size(-1), device)  # (V,)
-        final = _final_rows(t, max_length, row_limit, limit_steps, count, device)
-        tempered = block_repeats(tempered, ngrams, block, t)  # (R, V) blocked tokens at -inf (renormalised by the draw)
-        step = sample_step(log_probs, tempered, attention, rows, keys, token_hashes, t, options, special, final)
+        step, state, encoder_out, token_hashes = _draw(model, tokens, state, encoder_out, rows, keys, token_hashes,
+                                                       t, options, special, row_limit, limit_steps, ngrams,
+                                                       tile_encoder)
         rows, tokens = step.rows, step.token
         if ngrams is not None and t < max_length:
             ngrams = extend_history(ngrams, None, tokens, max_length)
@@ -290,20 +309,12 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (B,) then (R',)
     token_hashes: Tensor | None = None
     history: SearchHistory | None = None
-    block = options.block_ngram_repeat
-    ngrams = start_history(count, None, max_length, device) if block else None  # (R', max_length) or None
+    # (R', max_length) or None
+    ngrams = start_history(count, None, max_length, device) if options.block_ngram_repeat else None
     for t in range(max_length + 1):
-        log_probs, tempered, attention, state = tempered_step(model, tokens, state, encoder_out,
-                                                              options.temperature, options.return_attention)
-        if t == 0:
-            log_probs, tempered, attention, state = _first_step_rows(log_probs, tempered, attention, state, n)
-            if n > 1 and not per_sentence:
-                encoder_out = tile_state(encoder_out, n)
-        if token_hashes is None:
-            token_hashes = token_keys(log_probs.size(-1), device)  # (V,)
-        final = _final_rows(t, max_length, row_limit, limit_steps, rows.alive.size(0), device)
-        tempered = block_repeats(tempered, ngrams, block, t)  # (R', V)
-        step = sample_step(log_probs, tempered, attention, rows, keys, token_hashes, t, options, special, final)
+        step, state, encoder_out, token_hashes = _draw(model, tokens, state, encoder_out, rows, keys, token_hashes,
+                                                       t, options, special, row_limit, limit_steps, ngrams,
+                                                       not per_sentence)
         rows, tokens = step.rows, step.token
         if history is None:
             history = SearchHistory(count, {name: special.pad if RECORD_FILLS[name] is None else RECORD_FILLS[name]
