@@ -280,32 +280,29 @@ def count_ops(step: Callable[[], Any], nmt_dir: str) -> tuple[collections.Counte
     operator's site is the innermost nmt function on the stack; a backward one's the autograd
     node that runs it."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    by_name: collections.Counter = collections.Counter()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from op_counter import count_ops as count_dispatched
+
     by_site: collections.Counter = collections.Counter()
     current_node = torch._C._current_autograd_node
 
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            by_name[str(func.overloadpacket.__name__)] += 1
-            node = current_node()
-            if node is not None:
-                by_site[f"backward: {node.name()}"] += 1
-            else:
-                frame = sys._getframe(1)
-                site = "other"
-                while frame is not None:
-                    filename = frame.f_code.co_filename
-                    if filename.startswith(nmt_dir):
-                        site = f"{_short(filename, nmt_dir)}:{frame.f_code.co_name}"
-                        break
-                    frame = frame.f_back
-                by_site[site] += 1
-            return func(*args, **(kwargs or {}))
+    def at_site(func: Any) -> None:
+        node = current_node()
+        if node is not None:
+            by_site[f"backward: {node.name()}"] += 1
+            return
+        frame = sys._getframe(1)
+        site = "other"
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if filename.startswith(nmt_dir):
+                site = f"{_short(filename, nmt_dir)}:{frame.f_code.co_name}"
+                break
+            frame = frame.f_back
+        by_site[site] += 1
 
-    with Count():
-        step()
+    _, by_name = count_dispatched(step, at_site)
     return by_name, by_site
 
 

@@ -62,6 +62,7 @@ from nmt.sparse import _triton, entmax15, entmax_bisect, losses, sparsemax  # no
 from nmt.sparse.entmax import entmax_bisect_above_one  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from op_counter import count_ops  # noqa: E402
 from stand_in_driver import stand_in_active  # noqa: E402
 
 NMT_DIR = os.path.dirname(os.path.abspath(nmt.__file__))
@@ -188,22 +189,6 @@ def cuda_route() -> Iterator[list]:
             yield launched
         finally:
             losses._check = saved
-
-
-def count_ops(fn: Callable[[], Any]) -> tuple[Any, collections.Counter]:
-    """``fn()``'s result and the torch operators it dispatched below autograd, by name."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    names: collections.Counter = collections.Counter()
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            names[str(func.overloadpacket.__name__)] += 1
-            return func(*args, **(kwargs or {}))
-
-    with Count():
-        out = fn()
-    return out, names
 
 
 def count_api(fn: Callable[[], Any]) -> tuple[Any, int]:
