@@ -198,19 +198,21 @@ def archive_damage(path: str | os.PathLike) -> str | None:
     read (a record failing its CRC-32 check, a broken or cut archive), or None. Cheaper than a
     load: one CRC pass and the step read lazily. A file that cannot be read now (OSError) is not
     called damaged (None)."""
-    return _damage_and_step(path)[0]
+    return archive_check(path)[0]
 
 
 def holds_step(path: str | os.PathLike, step: int) -> bool:
     """Whether ``path`` exists and is an intact checkpoint (:func:`archive_damage`) of ``step``."""
     if not Path(path).is_file():
         return False
-    problem, found = _damage_and_step(path)
+    problem, found = archive_check(path)
     return problem is None and found == step
 
 
-def _damage_and_step(path: str | os.PathLike) -> tuple[str | None, int | None]:
-    """``(archive_damage(path), its step)``: the step read once (None where unreadable or damaged)."""
+def archive_check(path: str | os.PathLike) -> tuple[str | None, int | None]:
+    """``(archive_damage(path), the step it holds)`` from one CRC pass and one step read (the step
+    None where the file is unreadable or damaged): for a caller that needs both, or needs the
+    verdict more than once (a resume's ``best.pt``: see :func:`repair_best`'s ``holds``)."""
     try:
         if not zipfile.is_zipfile(path):
             return "not a torch.save archive (another kind of file, or truncated)", None
@@ -223,8 +225,20 @@ def _damage_and_step(path: str | os.PathLike) -> tuple[str | None, int | None]:
     return ("its step cannot be read" if step is None else None), step
 
 
+def best_check(best: str | os.PathLike, resumed: str | os.PathLike, resumed_step: int
+               ) -> tuple[str | None, int | None]:
+    """:func:`archive_check` of a resume's ``best`` file, without a CRC pass where it is the file
+    ``resumed`` the resume just loaded (the same name, or a hard link of the same save): its bytes
+    passed the load's check, and it holds ``resumed_step``."""
+    try:
+        same = os.path.samefile(best, resumed)
+    except OSError:
+        same = False
+    return (None, resumed_step) if same else archive_check(best)
+
+
 def repair_best(save_dir: str | os.PathLike, resumed_step: int, best_step: int,
-                source: str | os.PathLike | None = None) -> Path | None:
+                source: str | os.PathLike | None = None, holds: bool | None = None) -> Path | None:
     """Make ``best.pt`` hold ``best_step`` (the resumed checkpoint's early-stopping record) when it
     does not: a crash fell between writing ``last.pt`` and ``best.pt``, or ``best.pt`` is damaged
     or missing while the run resumed.
@@ -233,11 +247,15 @@ def repair_best(save_dir: str | os.PathLike, resumed_step: int, best_step: int,
     ``save_run_checkpoint`` writes ``last.pt`` before ``best.pt``, so after a crash between the
     two the resumed file ``source`` (default ``last.pt``), whose record says best = ``best_step`` =
     ``resumed_step``, is the state ``best.pt`` should hold; an older best is copied from
-    ``step_{best_step}.pt`` when that file still holds it. Returns the file copied over
-    ``best.pt``, or None when nothing was (already right, no validation yet, no such file).
+    ``step_{best_step}.pt`` when that file still holds it. ``holds``: whether ``best.pt`` holds
+    ``best_step``, where the caller checked it already (None: checked here, one CRC pass). Returns
+    the file copied over ``best.pt``, or None when nothing was (already right, no validation yet,
+    no such file).
     """
     save_dir = Path(save_dir)
-    if best_step < 0 or holds_step(save_dir / "best.pt", best_step):
+    if holds is None:
+        holds = best_step >= 0 and holds_step(save_dir / "best.pt", best_step)
+    if best_step < 0 or holds:
         return None
     if best_step == resumed_step:
         origin = Path(source) if source is not None else save_dir / "last.pt"
@@ -272,4 +290,4 @@ def _atomic_copy(source: Path, target: Path) -> None:
 __all__ = ["FORMAT_VERSION", "PAYLOAD_KEYS", "CheckpointError", "DamagedCheckpointError", "save_checkpoint",
            "load_checkpoint", "save_run_checkpoint", "step_checkpoints", "RUN_FILES", "remove_stale_temporaries",
            "checkpoint_step", "ResumePoint", "resume_candidates", "has_checkpoints", "find_resume_checkpoint",
-           "set_aside_damaged", "archive_damage", "holds_step", "repair_best", "restore_last"]
+           "set_aside_damaged", "archive_damage", "archive_check", "best_check", "holds_step", "repair_best", "restore_last"]

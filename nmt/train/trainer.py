@@ -27,9 +27,9 @@ from nmt.data.field import Field
 from nmt.models import ModelConfigError, build_model, describe_attention
 from nmt.models.protocol import position_limits
 from nmt.sparse import get_loss, is_softmax, loss_display_name
-from nmt.train.checkpoint import (CheckpointError, archive_damage, find_resume_checkpoint, holds_step,
-                                  load_checkpoint, remove_stale_temporaries, repair_best, restore_last,
-                                  save_run_checkpoint, set_aside_damaged)
+from nmt.train.checkpoint import (CheckpointError, best_check, find_resume_checkpoint, load_checkpoint,
+                                  remove_stale_temporaries, repair_best, restore_last, save_run_checkpoint,
+                                  set_aside_damaged)
 from nmt.train.data_setup import (DATA_FILE_KEYS, check_valid_positions, data_changes, data_fingerprints,
                                   generate_if_missing, load_training_data, write_run_vocabularies)
 from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, init_distributed, rank_device,
@@ -244,17 +244,20 @@ class Trainer:
                 logger.warning("last.pt replaced by %s (step %d), the checkpoint training continues from",
                                self.resume_path.name, self.progress.step)
             best = self.save_dir / "best.pt"
-            damage = archive_damage(best) if self.dist.is_main and best.is_file() else None
-            if damage is not None:  # not visited by the resume (older than its checkpoint): kept aside too
-                logger.warning("%s: %s; moved aside to %s (damaged)", best, damage, set_aside_damaged(best).name)
-            repaired = (repair_best(self.save_dir, self.progress.step, self.stopper.best_step, self.resume_path)
-                        if self.dist.is_main else None)
+            # whether best.pt holds the recorded best: read once (one CRC pass, none where it is the file just loaded)
+            best_holds = False
+            if self.dist.is_main and best.is_file():
+                damage, best_found = best_check(best, self.resume_path, self.progress.step)
+                if damage is not None:  # not visited by the resume (older than its checkpoint): kept aside too
+                    logger.warning("%s: %s; moved aside to %s (damaged)", best, damage, set_aside_damaged(best).name)
+                best_holds = damage is None and best_found == self.stopper.best_step
+            repaired = (repair_best(self.save_dir, self.progress.step, self.stopper.best_step, self.resume_path,
+                                    holds=best_holds) if self.dist.is_main else None)
             if repaired is not None:
                 logger.warning("best.pt repaired: it now holds step %d, the best %s records (from %s; a save was "
                                "interrupted or best.pt was damaged)", self.stopper.best_step, self.resume_path.name,
                                repaired.name)
-            elif (self.dist.is_main and self.stopper.best_step >= 0
-                  and not holds_step(best, self.stopper.best_step)):
+            elif self.dist.is_main and self.stopper.best_step >= 0 and not best_holds:
                 logger.warning("%s: does not hold step %d, the best %s records (damaged or missing), and no "
                                "checkpoint of that step remains to restore it from; the next validation that "
                                "improves on that best writes it", self.save_dir / "best.pt", self.stopper.best_step,

@@ -254,3 +254,49 @@ def test_set_aside_never_overwrites(tmp_path):
     assert [(tmp_path / n).read_bytes() for n in ("last.pt.damaged", "last.pt.damaged.2", "last.pt.damaged.3")] == [
         b"first", b"second", b"third"]
     assert not (tmp_path / "last.pt").exists()
+
+
+def count_crc_passes(monkeypatch) -> list[str]:
+    """Record the file name of every CRC-32 pass (the resume's load and the checks of best.pt)."""
+    from nmt.train import checkpoint
+    from nmt.utils import checkpoint_file, zip_crc
+
+    passes: list[str] = []
+
+    def counted(path):
+        passes.append(os.path.basename(path))
+        return zip_crc.zip_crc_problem(path)
+
+    monkeypatch.setattr(checkpoint, "zip_crc_problem", counted)
+    monkeypatch.setattr(checkpoint_file, "zip_crc_problem", counted)
+    return passes
+
+
+@pytest.mark.parametrize("best_pt", ["copy of the best", "older best", "hard link of last.pt"])
+def test_a_resume_reads_best_pt_once(task, tmp_path, log, monkeypatch, best_pt):
+    """best.pt's CRC-32 is computed at most once per resume (it was three times: the damage check,
+    repair_best's and the missing-best warning's holds_step): once where it is a file of its own
+    (intact, of the recorded best step: nothing to say; of an older step, as after a crash between
+    writing last.pt and best.pt: repaired from last.pt), never where it is the file the resume
+    loaded (a hard link of last.pt: its bytes passed that load's check)."""
+    run = trained(task, tmp_path / "run")
+    assert checkpoint_step(run / "best.pt") == 12 == load_checkpoint(run / "last.pt")["step"]
+    if best_pt == "copy of the best":
+        replace_with(run / "best.pt", (run / "best.pt").read_bytes())
+    elif best_pt == "older best":
+        replace_with(run / "best.pt", (run / "step_8.pt").read_bytes())
+    else:
+        (run / "best.pt").unlink()
+        try:
+            os.link(run / "last.pt", run / "best.pt")
+        except OSError:
+            pytest.skip("no hard links on this filesystem")
+    passes = count_crc_passes(monkeypatch)
+    make_trainer(task, run, max_steps=16)
+    assert passes.count("last.pt") == 1  # the resume's load
+    assert passes.count("best.pt") == (0 if best_pt == "hard link of last.pt" else 1)
+    assert checkpoint_step(run / "best.pt") == 12
+    repaired = [r.getMessage() for r in log.records if r.getMessage().startswith("best.pt repaired")]
+    assert repaired == (["best.pt repaired: it now holds step 12, the best last.pt records (from last.pt; a save "
+                         "was interrupted or best.pt was damaged)"] if best_pt == "older best" else [])
+    assert "does not hold step" not in log.text and "moved aside" not in log.text
