@@ -195,7 +195,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     try:
         fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(target.name), suffix=".tmp", dir=target.parent)
     except OSError as exc:
-        raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
+        raise _naming(exc, path) from None
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as handle:
             os.fchmod(handle.fileno(), default_file_mode())
@@ -209,8 +209,14 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
         except FileNotFoundError:
             pass
         if isinstance(exc, OSError) and exc.errno is not None and exc.filename in (None, tmp):
-            raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None  # name the file being written
+            raise _naming(exc, path) from None  # name the file being written
         raise
+
+
+def _naming(exc: OSError, path: str | os.PathLike) -> OSError:
+    """``exc`` (of a temporary's creation, write or rename) as the same error naming ``path``, the
+    file or directory being written: same errno, hence the same subclass (``PermissionError``...)."""
+    return OSError(exc.errno, exc.strerror, os.fspath(path))
 
 
 def _fsync_path(path: str | os.PathLike, directory: bool = False) -> None:
@@ -239,7 +245,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     try:
         tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(target.name), suffix=".tmp", dir=target.parent))
     except OSError as exc:
-        raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
+        raise _naming(exc, path) from None
     try:
         # read the umask without setting it to 0: another thread's file made meanwhile would be world-writable
         os.chmod(tmp, 0o777 & ~current_umask())
@@ -251,7 +257,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
         try:
             os.rename(tmp, target)
         except OSError as exc:
-            raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
+            raise _naming(exc, path) from None
         _fsync_path(target.parent, directory=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

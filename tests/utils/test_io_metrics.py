@@ -221,3 +221,48 @@ def test_a_killed_writers_temporary_directory_is_swept(tmp_path):
     finally:
         live.kill()
         live.wait()
+
+
+def test_atomic_writes_name_the_target_in_their_os_errors(tmp_path, monkeypatch):
+    """Every OSError of an atomic write's own temporary (its creation, a write into it, the final
+    rename) names the file or directory being written, with the original errno and its subclass;
+    an OSError about another file, raised inside the block, passes unchanged."""
+    import errno
+
+    from nmt.utils import io
+
+    target = tmp_path / "out.txt"
+    target.write_text("old")
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(tmp_path / ".out.txt.tmp"))
+
+    with monkeypatch.context() as patch:  # the temporary cannot be made
+        patch.setattr(io.tempfile, "mkstemp", denied)
+        with pytest.raises(PermissionError) as err:
+            io.atomic_write_text(target, "new")
+    assert (err.value.errno, err.value.filename) == (errno.EACCES, os.fspath(target))
+    with pytest.raises(OSError) as err:  # a write fails (no space): the error has no file name
+        with io.atomic_open(target, "w") as handle:
+            handle.write("new")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert (err.value.errno, err.value.filename) == (errno.ENOSPC, os.fspath(target))
+    with pytest.raises(FileNotFoundError) as err:  # about another file: unchanged
+        with io.atomic_open(target, "w"):
+            open(tmp_path / "no" / "such")
+    assert err.value.filename == os.fspath(tmp_path / "no" / "such")
+    assert target.read_text() == "old" and os.listdir(tmp_path) == ["out.txt"]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(io.tempfile, "mkdtemp", denied)
+        with pytest.raises(PermissionError) as err:
+            with io.atomic_directory(tmp_path / "cache"):
+                pass
+    assert (err.value.errno, err.value.filename) == (errno.EACCES, os.fspath(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "a").write_text("a")
+    with pytest.raises(OSError) as err:  # the rename over a non-empty directory
+        with io.atomic_directory(tmp_path / "cache") as tmp:
+            (tmp / "b").write_text("b")
+    assert err.value.errno in (errno.ENOTEMPTY, errno.EEXIST) and err.value.filename == os.fspath(tmp_path / "cache")
+    assert sorted(os.listdir(tmp_path)) == ["cache", "out.txt"] and os.listdir(tmp_path / "cache") == ["a"]
