@@ -22,6 +22,17 @@ M_MMAP_MAX = -4
 _done = False
 
 
+def _glibc(name: str, argtypes: list) -> ctypes._CFuncPtr | None:
+    """The C library's function ``name`` taking ``argtypes`` and returning an int, or None where
+    the C library has none (not glibc) or cannot be loaded."""
+    try:
+        function = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):  # not glibc
+        return None
+    function.argtypes, function.restype = argtypes, ctypes.c_int
+    return function
+
+
 def keep_freed_memory() -> bool:
     """Tune glibc's malloc once per process (no mmap for large blocks, no heap trimming).
 
@@ -32,12 +43,9 @@ def keep_freed_memory() -> bool:
         return True
     if not sys.platform.startswith("linux") or os.environ.get("NMT_MALLOC_TUNING", "1") == "0":
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc
+    mallopt = _glibc("mallopt", [ctypes.c_int, ctypes.c_int])
+    if mallopt is None:
         return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     _done = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
     return _done
 
@@ -50,12 +58,9 @@ def release_freed_memory() -> bool:
     """
     if not sys.platform.startswith("linux"):
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc
+    trim = _glibc("malloc_trim", [ctypes.c_size_t])
+    if trim is None:
         return False
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return bool(trim(0))
 
 
