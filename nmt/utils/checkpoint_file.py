@@ -76,8 +76,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     subclass DamagedCheckpointError where the file itself is damaged (see there).
     """
     path = Path(path)
-    if path.is_dir():  # a run directory holds best.pt: say which file to name
-        hint = f" (name one of its checkpoints, e.g. {path / 'best.pt'})" if (path / "best.pt").is_file() else ""
+    if path.is_dir():  # a run directory: say which file to name (best.pt, or last.pt before a validation)
+        held = next((path / name for name in ("best.pt", "last.pt") if (path / name).is_file()), None)
+        hint = "" if held is None else f" (name one of its checkpoints, e.g. {held})"
         raise CheckpointError(f"{path}: is a directory, not a checkpoint file{hint}")
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
