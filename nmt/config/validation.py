@@ -37,6 +37,7 @@ def check_config(config: dict, source: str) -> None:
     data = config["data"]
     for side in ("src", "tgt"):
         check_tokenizer(data[side]["tokenizer"], source, f"data.{side}.tokenizer")
+    check_subword_sampling(data, source)
     if data["shared_vocab"] and data["tgt"]["vocab_file"] not in (None, data["src"]["vocab_file"]):
         raise ConfigError(source, "data.tgt.vocab_file", "with data.shared_vocab one vocabulary serves both sides: "
                           "set data.src.vocab_file (and leave this key null)")
@@ -75,6 +76,27 @@ def check_positions(config: dict, source: str) -> None:
         if n + 1 > limit:
             raise ConfigError(source, key, f"{n} {what} need {n + 1} decoder positions (BOS + tokens), more than "
                               f"{table}; at most {limit - 1}")
+
+
+def check_subword_sampling(data: dict, source: str) -> None:
+    """``data.<side>.subword_sampling`` against the tokenizer that side uses (the src one under
+    ``shared_vocab`` / ``shared_tokenizer``), ``nbest`` in {-1} or >= 1, and not with ``data.id_cache``
+    (its cache holds one segmentation)."""
+    from nmt.data.subword_sampling import sampling_enabled, sampling_problem
+
+    shared = data["shared_vocab"] or data["shared_tokenizer"]
+    for side in ("src", "tgt"):
+        settings = data[side]["subword_sampling"]
+        key = f"data.{side}.subword_sampling"
+        if settings["nbest"] == 0:
+            raise ConfigError(source, f"{key}.nbest", "must be -1 (all segmentations) or >= 1, got 0")
+        tokenizer = data["src" if shared else side]["tokenizer"]
+        problem = sampling_problem(settings, tokenizer)
+        if problem is not None:
+            raise ConfigError(source, f"{key}.{problem[0]}", problem[1])
+        if sampling_enabled(settings) and data["id_cache"]:
+            raise ConfigError(source, "data.id_cache", f"{key} re-segments the training text every epoch, but the "
+                              "token-id cache holds one segmentation: set data.id_cache: false")
 
 
 def check_tokenizer(tokenizer_cfg: dict, source: str, prefix: str) -> None:
@@ -188,5 +210,5 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-__all__ = ["check_config", "check_positions", "check_tokenizer", "check_mapping", "check_attention_kind", "check_loss", "check_continuous",
+__all__ = ["check_config", "check_positions", "check_subword_sampling", "check_tokenizer", "check_mapping", "check_attention_kind", "check_loss", "check_continuous",
            "registered_mappings"]

@@ -6,7 +6,7 @@ counting empty pairs and pairs longer than the length limits.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from nmt.data.errors import DataError
@@ -37,6 +37,10 @@ class ParallelDataset:
     (side -> ``(<unk> ids, all ids)`` over the kept pairs: tokens outside the vocabulary).
     A pair is *empty* when either side has no token, *too long* when a side has more tokens than
     its limit (``None`` = no limit).
+
+    ``src_encode`` / ``tgt_encode`` (optional) encode a side instead of its field's deterministic
+    ``encode``: ``f(i, text) -> ids`` for pair ``i`` (0-based), e.g. one epoch's sampled
+    segmentation (:mod:`nmt.data.epoch_segmentation`).
     """
 
     def __init__(
@@ -46,6 +50,9 @@ class ParallelDataset:
         tgt_field: Field,
         max_src_length: int | None = None,
         max_tgt_length: int | None = None,
+        *,
+        src_encode: Callable[[int, str], list[int]] | None = None,
+        tgt_encode: Callable[[int, str], list[int]] | None = None,
     ) -> None:
         for name, limit in (("max_src_length", max_src_length), ("max_tgt_length", max_tgt_length)):
             if limit is not None and limit < 1:
@@ -59,9 +66,11 @@ class ParallelDataset:
         self.n_input = len(pairs)
         src_max = max_src_length if max_src_length is not None else float("inf")
         tgt_max = max_tgt_length if max_tgt_length is not None else float("inf")
+        encode_src = src_encode or (lambda _, text: src_field.encode(text))
+        encode_tgt = tgt_encode or (lambda _, text: tgt_field.encode(text))
         for n, (s, t) in enumerate(pairs, 1):
-            s_ids = src_field.encode(s) if s.strip() else []
-            t_ids = tgt_field.encode(t) if t.strip() else []
+            s_ids = encode_src(n - 1, s) if s.strip() else []
+            t_ids = encode_tgt(n - 1, t) if t.strip() else []
             if not s_ids or not t_ids:
                 self.skipped["empty"] += 1
             elif len(s_ids) > src_max or len(t_ids) > tgt_max:

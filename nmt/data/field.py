@@ -39,9 +39,14 @@ class Field:
         (``unk_index``), as the vocabulary never counts it. Its special id would hide a source token
         as padding, end a target early or be dropped from the loss.
         """
+        return self.encode_tokens(self.tokenizer.tokenize(text))
+
+    def encode_tokens(self, tokens: Iterable[str]) -> list[int]:
+        """Token ids of ``tokens`` as :meth:`encode` maps them (outside the vocabulary or spelled
+        like a special: ``unk_index``); e.g. the tokens of a sampled segmentation."""
         first = len(SPECIALS)
         unk = self.vocab.unk_index
-        return [i if i >= first else unk for i in self.vocab.lookup(self.tokenizer.tokenize(text))]
+        return [i if i >= first else unk for i in self.vocab.lookup(tokens)]
 
     def decode_tokens(self, ids: Iterable[int]) -> list[str]:
         """Tokens of ``ids`` up to the first EOS, without pad/BOS/EOS (``<unk>`` is kept).

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.data.dataset import ParallelDataset, read_parallel
+from nmt.data.epoch_segmentation import ResampledPairs, resampled_pairs
 from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.data.id_arrays import ArrayParallelDataset, load_id_dataset
@@ -40,7 +41,10 @@ class TrainingData:
     """Everything the trainer reads: both fields, both datasets, and the raw validation pairs.
 
     ``valid_references[i]`` is the raw target line of ``valid`` example ``i`` (for exact
-    match / BLEU against detokenized hypotheses).
+    match / BLEU against detokenized hypotheses). ``resampled``: with subword sampling
+    (``data.<side>.subword_sampling``) the training pairs to re-segment every epoch
+    (``train`` is then their deterministic segmentation, for the data line and the vocabulary's
+    unknown-token count); None otherwise.
     """
 
     src_field: Field
@@ -48,6 +52,7 @@ class TrainingData:
     train: ParallelDataset | ArrayParallelDataset
     valid: ParallelDataset
     valid_references: list[str]
+    resampled: ResampledPairs | None = None
 
 
 def generate_if_missing(data_cfg: dict) -> bool:
@@ -171,6 +176,7 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     else:
         train = ParallelDataset(train_pairs, src_field, tgt_field, *limits)
     valid = ParallelDataset(valid_pairs, src_field, tgt_field, None, None)
+    resampled = None if data_cfg["id_cache"] else resampled_pairs(train_pairs, src_field, tgt_field, data_cfg)
     if len(train) == 0:
         raise DataError(f"{_files(data_cfg, 'train')}: no training pairs left: all {train.n_input} dropped "
                         f"({train.skipped['empty']} empty, {train.skipped['too_long']} longer than "
@@ -184,8 +190,11 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     logger.info("vocabulary: source %d types, target %d types%s", len(src_field.vocab), len(tgt_field.vocab),
                 " (shared)" if src_field is tgt_field
                 else " (shared tokenizer)" if src_field.tokenizer is tgt_field.tokenizer else "")
+    if resampled is not None:
+        logger.info("subword sampling: %s; a new segmentation of the training data every epoch, seeded by "
+                    "(training.seed, epoch)", resampled.describe())
     references = [valid_pairs[line - 1][1] for line in valid.line_numbers]
-    return TrainingData(src_field, tgt_field, train, valid, references)
+    return TrainingData(src_field, tgt_field, train, valid, references, resampled)
 
 
 def data_fingerprints(data_cfg: dict) -> dict[str, dict]:

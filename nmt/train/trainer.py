@@ -23,6 +23,7 @@ import torch
 from nmt.config import ConfigError, config_differences, config_value, save_config
 from nmt.config.options import HIGHER_IS_BETTER
 from nmt.data.batching import collate, make_batch_order
+from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.models import ModelConfigError, build_model, describe_attention
 from nmt.models.protocol import position_limits
@@ -188,6 +189,7 @@ class Trainer:
         elif parent is not None:
             fields = parent.fields
         self.data = self._load_data(fields)
+        self.train_set = self.data.train  # the examples batches index: this epoch's segmentation with subword sampling
         if parent is not None and self.dist.is_main:
             init_from.warn_unknown_tokens(parent, self.data.train.unk_tokens)
         src_vocab, tgt_vocab = self.data.src_field.vocab, self.data.tgt_field.vocab
@@ -457,7 +459,7 @@ class Trainer:
         parts = [shard_batch(group, self.dist.rank, self.dist.world_size) for group in groups]
         batches = []
         for part, _ in parts:
-            host = pad_to_multiple(collate(self.data.train, part, self.pad, self.bos, self.eos),
+            host = pad_to_multiple(collate(self.train_set, part, self.pad, self.bos, self.eos),
                                    cfg["pad_to_multiple"], self.pad)
             batches.append(host.to(self.device, lengths_on_host=True))
         skip = cfg["nonfinite"] == "skip"
@@ -557,7 +559,8 @@ class Trainer:
         with GracefulInterrupt() as interrupt:
             while stopped_by is None:
                 # the global batches of all ranks: batch_size x processes (see nmt.train.distributed)
-                order = make_batch_order(self.data.train, cfg["batch_size"] * self.dist.world_size,
+                self.train_set = self._epoch_train_set(p.epoch)
+                order = make_batch_order(self.train_set, cfg["batch_size"] * self.dist.world_size,
                                          cfg["batch_type"], shuffle=True, seed=cfg["seed"], epoch=p.epoch,
                                          bucket_size=cfg["bucket_size"])
                 while p.batch_in_epoch < len(order):
@@ -617,6 +620,24 @@ class Trainer:
                                stopped_by, str(self.save_dir))
         logger.info(summary.line())
         return summary
+
+    def _epoch_train_set(self, epoch: int):
+        """The training examples of ``epoch``: the data's one segmentation, or with subword
+        sampling that epoch's (a function of training.seed and the epoch: the same on every rank
+        and after a resume), logged with its kept / skipped pairs, ``<unk>`` share and time."""
+        resampled = self.data.resampled
+        if resampled is None:
+            return self.data.train
+        start = time.perf_counter()
+        train = resampled.for_epoch(self.config["training"]["seed"], epoch)
+        if len(train) == 0:
+            raise DataError(f"epoch {epoch}: subword sampling left no training pair: all {train.n_input} dropped "
+                            f"({train.skipped['empty']} empty, {train.skipped['too_long']} too long); raise "
+                            "data.src.max_length / data.tgt.max_length")
+        if self.dist.is_main:
+            logger.info("epoch %d segmentation (subword sampling, %.2fs): %s", epoch, time.perf_counter() - start,
+                        train.summary())
+        return train
 
     def _validate(self, tb: TensorBoardWriter, metrics_log: MetricsLog, regular: bool) -> None:
         """Validate, log (metrics.jsonl, TensorBoard, logger), update lr / best, and checkpoint.
