@@ -10,6 +10,7 @@ the checks that construct a tokenizer or continuous attention.
 """
 from nmt.config.errors import ConfigError, unknown_name_error
 from nmt.config.loading import (
+    added_at_default,
     apply_overrides,
     config_differences,
     config_value,
@@ -27,5 +28,5 @@ from nmt.config.validation import check_config, check_mapping, registered_mappin
 __all__ = [
     "ConfigError", "unknown_name_error", "Option", "REQUIRED", "Schema", "validate", "SCHEMA", "METRICS",
     "HIGHER_IS_BETTER", "load_config", "resolve_config", "apply_overrides", "parse_override", "read_yaml",
-    "config_differences", "config_value", "dump_config", "save_config", "check_config", "check_mapping", "registered_mappings",
+    "added_at_default", "config_differences", "config_value", "dump_config", "save_config", "check_config", "check_mapping", "registered_mappings",
 ]

@@ -17,7 +17,7 @@ import yaml
 
 from nmt.config.errors import ConfigError, unknown_name_error
 from nmt.config.options import SCHEMA
-from nmt.config.schema import validate
+from nmt.config.schema import REQUIRED, Option, validate
 from nmt.config.validation import check_config
 from nmt.utils.io import atomic_write_text
 
@@ -158,6 +158,28 @@ def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [prefix]
 
 
+def added_at_default(old: dict, new: dict, key: str) -> bool:
+    """Whether ``key`` is an option (or section) that ``old`` (a checkpoint's config, written by an
+    older nmt) lacks and ``new`` leaves at its schema default: the behaviour the old run had, so
+    no difference to its resume (e.g. ``data.src.subword_sampling``, off by default)."""
+    node: Any = old
+    for part in key.split("."):
+        if not isinstance(node, dict):
+            return False
+        if part not in node:
+            break
+        node = node[part]
+    else:
+        return False  # present in the old config
+    spec: Any = SCHEMA
+    for part in key.split("."):
+        spec = spec.get(part) if isinstance(spec, dict) else None
+        if spec is None:
+            return False
+    default = spec.default if isinstance(spec, Option) else validate({}, spec, "<schema>", key)
+    return default is not REQUIRED and config_value(new, key) == default
+
+
 def config_value(config: Any, dotted: str) -> Any:
     """The value at dotted key ``dotted`` (``"model.decoder.hidden_size"``) of a resolved config,
     None where a part of the path is missing (a config of an older nmt, say)."""
@@ -179,5 +201,5 @@ def save_config(config: dict, path: str | Path) -> None:
     atomic_write_text(path, dump_config(config))
 
 
-__all__ = ["load_config", "resolve_config", "apply_overrides", "parse_override", "read_yaml",
+__all__ = ["added_at_default", "load_config", "resolve_config", "apply_overrides", "parse_override", "read_yaml",
            "config_differences", "config_value", "save_config", "dump_config"]

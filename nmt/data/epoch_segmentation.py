@@ -10,13 +10,12 @@ one epoch is skipped in that epoch only); pieces outside the vocabulary become `
 from __future__ import annotations
 
 import gc
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from nmt.data.dataset import ParallelDataset
 from nmt.data.errors import DataError
 from nmt.data.field import Field
-from nmt.data.subword_sampling import SubwordSampler, build_sampler, epoch_random, sampling_enabled
+from nmt.data.subword_sampling import SubwordSampler, epoch_random
 from nmt.data.unknown_tokens import SIDE_NAMES
 
 
@@ -74,32 +73,4 @@ class ResampledPairs:
                          for side, sampler in self.samplers.items())
 
 
-def resampled_pairs(pairs: Sequence[tuple[str, str]], src_field: Field, tgt_field: Field,
-                    data_cfg: Mapping[str, Any]) -> ResampledPairs | None:
-    """The :class:`ResampledPairs` the ``data.<side>.subword_sampling`` sections ask for (None when
-    no side samples). A sampler serves both sides when they share a field (data.shared_vocab) and
-    settings: its caches are made once."""
-    samplers: dict[str, SubwordSampler | None] = {}
-    made: list[tuple[Field, dict, SubwordSampler]] = []
-    for side, field in (("src", src_field), ("tgt", tgt_field)):
-        settings = dict(data_cfg[side]["subword_sampling"])
-        if not sampling_enabled(settings):
-            samplers[side] = None
-            continue
-        same = [s for other, cfg, s in made if other is field and cfg == settings]
-        if same:
-            samplers[side] = same[0]
-            continue
-        try:
-            sampler = build_sampler(field.tokenizer, settings, field.encode_tokens)
-        except DataError as exc:
-            raise DataError(f"data.{side}.{exc}") from None
-        made.append((field, settings, sampler))
-        samplers[side] = sampler
-    if samplers["src"] is None and samplers["tgt"] is None:
-        return None
-    return ResampledPairs(pairs, src_field, tgt_field, samplers["src"], samplers["tgt"],
-                          data_cfg["src"]["max_length"], data_cfg["tgt"]["max_length"])
-
-
-__all__ = ["ResampledPairs", "resampled_pairs"]
+__all__ = ["ResampledPairs"]

@@ -12,12 +12,13 @@ import itertools
 import logging
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.data.dataset import ParallelDataset, read_parallel
-from nmt.data.epoch_segmentation import ResampledPairs, resampled_pairs
+from nmt.data.epoch_segmentation import ResampledPairs
+from nmt.data.subword_sampling import SubwordSampler, build_sampler, sampling_enabled
 from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.data.id_arrays import ArrayParallelDataset, load_id_dataset
@@ -197,6 +198,34 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     return TrainingData(src_field, tgt_field, train, valid, references, resampled)
 
 
+def resampled_pairs(pairs: Sequence[tuple[str, str]], src_field: Field, tgt_field: Field,
+                    data_cfg: dict) -> ResampledPairs | None:
+    """The :class:`ResampledPairs` the ``data.<side>.subword_sampling`` sections ask for (None when
+    no side samples). A sampler serves both sides when they share a field (data.shared_vocab) and
+    settings: its caches are made once."""
+    samplers: dict[str, SubwordSampler | None] = {}
+    made: list[tuple[Field, dict, SubwordSampler]] = []
+    for side, field in (("src", src_field), ("tgt", tgt_field)):
+        settings = dict(data_cfg[side]["subword_sampling"])
+        if not sampling_enabled(settings):
+            samplers[side] = None
+            continue
+        same = [s for other, cfg, s in made if other is field and cfg == settings]
+        if same:
+            samplers[side] = same[0]
+            continue
+        try:
+            sampler = build_sampler(field.tokenizer, settings, field.encode_tokens)
+        except DataError as exc:
+            raise DataError(f"data.{side}.{exc}") from None
+        made.append((field, settings, sampler))
+        samplers[side] = sampler
+    if samplers["src"] is None and samplers["tgt"] is None:
+        return None
+    return ResampledPairs(pairs, src_field, tgt_field, samplers["src"], samplers["tgt"],
+                          data_cfg["src"]["max_length"], data_cfg["tgt"]["max_length"])
+
+
 def data_fingerprints(data_cfg: dict) -> dict[str, dict]:
     """Config key (``data.train.src``, ...) -> ``{"path", **fingerprint}`` of each data file
     (:func:`nmt.utils.file_fingerprint.fingerprint`: size, hashes of the first and last MiB and
@@ -274,4 +303,4 @@ def _files(data_cfg: dict, split: str) -> str:
     return f"{data_cfg[split]['src']}, {data_cfg[split]['tgt']}"
 
 
-__all__ = ["DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]
+__all__ = ["resampled_pairs", "DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from nmt.config import ConfigError, config_differences, config_value, save_config
+from nmt.config import ConfigError, added_at_default, config_differences, config_value, save_config
 from nmt.config.options import HIGHER_IS_BETTER
 from nmt.data.batching import collate, make_batch_order
 from nmt.data.errors import DataError
@@ -323,7 +323,8 @@ class Trainer:
         for problem in point.passed_over if point is not None else ():
             logger.warning("%s; resuming from %s (step %s) instead", problem, path, checkpoint.get("step"))
         self._damaged = point.damaged if point is not None else []  # set aside once the resume is vetted
-        differences = config_differences(checkpoint["config"], self.config)
+        differences = [key for key in config_differences(checkpoint["config"], self.config)
+                       if not added_at_default(checkpoint["config"], self.config, key)]
         vetted = resume_check(checkpoint, self.config, self.dist, self.source)  # number of processes
         # a data file under another path (moved, or named relative instead of absolute) is the same
         # data when its content is: the checkpoint's fingerprint of it decides (_check_data_files)

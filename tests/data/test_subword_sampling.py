@@ -22,7 +22,7 @@ from scipy.stats import chi2, chi2_contingency
 
 import subword_nmt.apply_bpe as apply_bpe
 from nmt.data import DataError, build_tokenizer
-from nmt.data.epoch_segmentation import ResampledPairs, resampled_pairs
+from nmt.data.epoch_segmentation import ResampledPairs
 from nmt.data.field import Field
 from nmt.data import subword_sampling
 from nmt.data.subword_sampling import (MAX_ENUMERATED_POSITIONS, MAX_EXACT_CHARACTERS, BPEDropoutSampler,
@@ -132,10 +132,9 @@ def _segmentation_digest(kind: str, seed: int, epoch: int) -> str:
     src, tgt = _fields(tok)
     settings = {"alpha": 0.2, "nbest": -1, "dropout": 0.0} if kind == "sentencepiece" else \
         {"alpha": None, "nbest": -1, "dropout": 0.2}
-    data_cfg = {"src": {"subword_sampling": settings, "max_length": 100},
-                "tgt": {"subword_sampling": settings, "max_length": 100}}
+    sampler = build_sampler(tok, settings, src.encode_tokens)
     pairs = list(zip(CORPUS, reversed(CORPUS)))
-    ds = resampled_pairs(pairs, src, tgt, data_cfg).for_epoch(seed, epoch)
+    ds = ResampledPairs(pairs, src, tgt, sampler, sampler, 100, 100).for_epoch(seed, epoch)
     return hashlib.sha256(json.dumps([ds.src, ds.tgt]).encode()).hexdigest()
 
 
@@ -345,3 +344,18 @@ def test_build_sampler_errors_name_the_key(spm, bpe):
     with pytest.raises(DataError, match=r"nbest"):
         SentencePieceSampler(spm, 0.1, 0)
     assert build_sampler(spm, {"alpha": None, "nbest": -1, "dropout": 0.0}) is None
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "bpe"])
+def test_a_sampler_of_ids_draws_the_ids_of_its_tokens(spm, bpe, kind, monkeypatch):
+    tok = spm if kind == "sentencepiece" else bpe
+    field = Field.build(tok, CORPUS[:100])  # a vocabulary lacking some sampled pieces: <unk> ids too
+    settings = {"alpha": 0.3, "nbest": -1, "dropout": 0.0} if kind == "sentencepiece" else \
+        {"alpha": None, "nbest": -1, "dropout": 0.3}
+    if kind == "sentencepiece":  # the lattice walk as well as the listed segmentations
+        monkeypatch.setattr(subword_sampling, "MAX_ENUMERATED_SEGMENTATIONS", 4)
+    tokens, ids = build_sampler(tok, settings), build_sampler(tok, settings, field.encode_tokens)
+    assert not tokens.ids and ids.ids
+    a, b = Random(5), Random(5)
+    for line in CORPUS:
+        assert ids.sample(line, b) == field.encode_tokens(tokens.sample(line, a))

@@ -313,3 +313,14 @@ def test_bench_translate_sampling_rows_run_both_loops(tmp_path):
     assert [r["setting"] for r in sampled] == [label for label, _ in bench.SAMPLING_SETTINGS]
     assert all(r["differ"] == 0 and r["sent_per_s_dynamic"] > 0 for r in sampled)
     assert [r["setting"] for r in rows if "sent_per_s" in r] == ["beam 5", "beam 5 block 3"]
+
+
+def test_bench_subword_sampling_quick(tmp_path, capsys):
+    """``bench_subword_sampling --quick``: a row per sampler setting with the time of every epoch."""
+    bench = _load("bench_subword_sampling")
+    out = tmp_path / "subword.json"
+    assert bench.main(["--quick", "--epochs", "2", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["tokenizer"] for r in rows] == ["sentencepiece", "sentencepiece", "bpe"]
+    assert all(len(r["epoch_s"]) == 2 and r["deterministic_s"] > 0 and "kept" in r["summary"] for r in rows)
+    assert "seconds per epoch" in capsys.readouterr().out

@@ -1,0 +1,227 @@
+"""Training with subword sampling end to end: each epoch its own segmentation (the same after a
+kill and resume, on every rank of a data-parallel job, and via nmt-train), validation and the
+vocabulary on the deterministic one, config errors naming the key."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from nmt.config import ConfigError, resolve_config
+from nmt.data.dataset import read_parallel
+from nmt.train.data_setup import resampled_pairs
+from nmt.data.subword_sampling import epoch_random
+from nmt.train.checkpoint import load_checkpoint
+from nmt.train.trainer import Trainer
+from ddp_workers import gloo_config, ranks_fixture
+
+SYLLABLES = ["ka", "ro", "mi", "sel", "tan", "bu", "ler", "st", "ei", "ung"]
+
+
+def write_words_task(root: Path, n_train: int = 48, n_valid: int = 6, seed: int = 0) -> dict:
+    """Word reversal: source 'karo misel', target 'orak lesim' (words of syllables)."""
+    rng = random.Random(seed)
+    vocab = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(40)]
+    root.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, n in (("train", n_train), ("valid", n_valid)):
+        lines = [[rng.choice(vocab) for _ in range(rng.randint(1, 3))] for _ in range(n)]
+        (root / f"{split}.src").write_text("".join(" ".join(ws) + "\n" for ws in lines), encoding="utf-8")
+        (root / f"{split}.tgt").write_text("".join(" ".join(w[::-1] for w in ws) + "\n" for ws in lines),
+                                           encoding="utf-8")
+        paths[split] = {"src": str(root / f"{split}.src"), "tgt": str(root / f"{split}.tgt")}
+    return paths
+
+
+SAMPLING = {"src": {"tokenizer": {"type": "bpe", "merges": 30}, "subword_sampling": {"dropout": 0.3},
+                    "max_length": 12},
+            "tgt": {"tokenizer": {"type": "sentencepiece", "vocab_size": 40},
+                    "subword_sampling": {"alpha": 0.5, "nbest": -1}, "max_length": 12}}
+
+
+def words_config(data: dict, save_dir: Path, sides: dict | None = None, **training) -> dict:
+    return {
+        "data": {**data, **(sides or SAMPLING)},
+        "model": {"embeddings": {"src_size": 8, "tgt_size": 8, "dropout": 0.2},
+                  "encoder": {"layers": 1, "hidden_size": 12, "dropout": 0.0},
+                  "decoder": {"layers": 1, "hidden_size": 12, "dropout": 0.2},
+                  "attention": {"mapping": "entmax15"}, "output": {"mapping": "sparsemax"}},
+        "training": {"save_dir": str(save_dir), "batch_size": 8, "max_steps": 14, "valid_every": 5,
+                     "log_every": 2, "keep_last": 2, "progress": False, "threads": 1, "tensorboard": False,
+                     "device": "cpu", **training},
+        "validation": {"metric": "loss", "batch_size": 4, "max_length": 12, "n_heatmaps": 0},
+    }
+
+
+@pytest.fixture
+def task(tmp_path):
+    return write_words_task(tmp_path / "data")
+
+
+def trainer(task, save_dir, **training) -> Trainer:
+    return Trainer(resolve_config(words_config(task, save_dir, **training), "w.yaml"), "w.yaml")
+
+
+def test_each_epoch_has_its_own_segmentation_and_validation_the_deterministic_one(task, tmp_path):
+    t = trainer(task, tmp_path / "run", max_steps=13)
+    seen = []
+    original = t._epoch_train_set
+    t._epoch_train_set = lambda epoch: seen.append(original(epoch)) or seen[-1]
+    t.train()
+    assert len(seen) == 3  # 48 pairs in batches of 8 (or fewer, as lengths vary): epochs 0, 1, 2
+    pairs = read_parallel(task["train"]["src"], task["train"]["tgt"])
+    # the data's deterministic segmentation stays for validation and the vocabulary
+    src, tgt = t.data.src_field, t.data.tgt_field
+    assert t.data.valid.src == [src.encode(s) for s, _ in read_parallel(task["valid"]["src"], task["valid"]["tgt"])]
+    assert t.data.train.src == [src.encode(s) for s, _ in pairs]
+    for epoch, ds in enumerate(seen):
+        assert ds.src != t.data.train.src and ds.tgt != t.data.train.tgt  # sampled, both sides
+        # recomputed apart: fresh samplers over the run's fields, the epoch's generators
+        again = resampled_pairs(pairs, src, tgt, t.config["data"]).for_epoch(t.config["training"]["seed"], epoch)
+        assert (again.src, again.tgt, again.line_numbers) == (ds.src, ds.tgt, ds.line_numbers)
+    assert seen[0].src != seen[1].src != seen[2].src
+    for ds in seen:  # detokenized, every sampled pair is its line (where no piece fell outside the vocabulary)
+        whole = [i for i in range(len(ds)) if src.vocab.unk_index not in ds.src[i] + ds.tgt[i]]
+        assert len(whole) >= 5
+        for i in whole:
+            line = ds.line_numbers[i]
+            assert src.decode(ds.src[i]) == " ".join(pairs[line - 1][0].split())
+            assert tgt.decode(ds.tgt[i]) == pairs[line - 1][1]
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(task, tmp_path):
+    straight = trainer(task, tmp_path / "straight")
+    straight.train()
+
+    def interrupt_at_9(step):  # mid-epoch 1 (about 6 batches an epoch), between validations
+        if step == 9:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    first = trainer(task, tmp_path / "resumed")
+    assert first.train(step_hook=interrupt_at_9).stopped_by == "SIGINT"
+    second = trainer(task, tmp_path / "resumed")
+    assert second.resumed and second.progress.step == 9
+    assert second.train().step == 14
+    for (name, a), (_, b) in zip(straight.model.state_dict().items(), second.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    read = lambda d: [json.loads(l) for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+    drop = ("elapsed", "tokens_per_sec")
+    assert [{k: v for k, v in r.items() if k not in drop} for r in read("straight")] == \
+           [{k: v for k, v in r.items() if k not in drop} for r in read("resumed")]
+
+
+def test_the_log_counts_each_epochs_skips_and_unknown_pieces(task, tmp_path, caplog, monkeypatch):
+    import logging
+    monkeypatch.setattr(logging.getLogger("nmt"), "propagate", True)  # off after a CLI test's setup_logging
+    monkeypatch.setattr(logging.getLogger("nmt"), "handlers", [])  # theirs may hold a closed stream
+    caplog.set_level(logging.INFO)
+    sides = {"src": {**SAMPLING["src"], "max_length": 3, "max_size": 12}, "tgt": SAMPLING["tgt"]}
+    config = words_config(task, tmp_path / "run", sides, max_steps=4)
+    t = Trainer(resolve_config(config, "w.yaml"), "w.yaml")
+    t.train()
+    lines = [r.getMessage() for r in caplog.records if "segmentation (subword sampling" in r.getMessage()]
+    assert lines and lines[0].startswith("epoch 0 segmentation (subword sampling, ")
+    ds = t.train_set
+    assert f"kept {len(ds)} of 48 pairs (skipped 0 empty, {ds.skipped['too_long']} too long)" in lines[-1]
+    assert ds.skipped["too_long"] > 0 and "<unk>: source" in lines[-1]
+    assert any("subword sampling: source: BPE-dropout 0.3; target: sentencepiece sampling (alpha 0.5, nbest -1)"
+               in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("sides,key,match", [
+    ({"src": {"tokenizer": {"type": "char"}, "subword_sampling": {"alpha": 0.1}}}, "data.src.subword_sampling.alpha",
+     "needs a bpe or sentencepiece tokenizer, not 'char'"),
+    ({"tgt": {"tokenizer": {"type": "space"}, "subword_sampling": {"dropout": 0.1}}},
+     "data.tgt.subword_sampling.dropout", "not 'space'"),
+    ({"src": {"tokenizer": {"type": "bpe"}, "subword_sampling": {"dropout": 1.0}}},
+     "data.src.subword_sampling.dropout", r"must be in \[0, 1\), got 1.0"),
+    ({"src": {"tokenizer": {"type": "sentencepiece"}, "subword_sampling": {"alpha": -0.1}}},
+     "data.src.subword_sampling.alpha", ">= 0"),
+    ({"src": {"tokenizer": {"type": "sentencepiece"}, "subword_sampling": {"alpha": 0.1, "nbest": 0}}},
+     "data.src.subword_sampling.nbest", "-1 .* or >= 1"),
+    ({"src": {"tokenizer": {"type": "bpe"}, "subword_sampling": {"alpha": 0.1}}},
+     "data.src.subword_sampling.alpha", "bpe tokenizer samples with subword_sampling.dropout"),
+    ({"src": {"tokenizer": {"type": "sentencepiece"}, "subword_sampling": {"dropout": 0.1}}},
+     "data.src.subword_sampling.dropout", "sentencepiece tokenizer samples with subword_sampling.alpha"),
+    ({"src": {"tokenizer": {"type": "sentencepiece", "model_type": "bpe"}, "subword_sampling": {"alpha": 0.1}}},
+     "data.src.subword_sampling.alpha", "unigram"),
+    ({"src": {"tokenizer": {"type": "bpe"}, "subword_sampling": {"dropout": 0.1}}, "id_cache": True},
+     "data.id_cache", "holds one segmentation"),
+    # shared vocabulary: the target side uses the source's tokenizer
+    ({"src": {"tokenizer": {"type": "char"}}, "tgt": {"tokenizer": {"type": "bpe"}, "subword_sampling":
+                                                      {"dropout": 0.1}}, "shared_vocab": True},
+     "data.tgt.subword_sampling.dropout", "not 'char'"),
+])
+def test_config_errors_name_the_key(task, tmp_path, sides, key, match):
+    config = words_config(task, tmp_path / "run", {})
+    config["data"].update(sides)
+    with pytest.raises(ConfigError, match=match) as err:
+        resolve_config(config, "w.yaml")
+    assert str(err.value).startswith(f"w.yaml: {key}") and "\n" not in str(err.value)
+
+
+def test_nmt_train_cli_trains_and_resumes_with_sampling(task, tmp_path):
+    config = words_config(task, tmp_path / "run", max_steps=4, valid_every=4)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    run = lambda *extra: subprocess.run([sys.executable, "-m", "nmt.cli.train", "-config", str(tmp_path / "c.yaml"),
+                                         *extra], capture_output=True, text=True, env=env, cwd=tmp_path)
+    first = run()
+    assert first.returncode == 0, first.stderr[-2000:]
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "epoch 0 segmentation (subword sampling" in log
+    second = run("-set", "training.max_steps=8")
+    assert second.returncode == 0, second.stderr[-2000:]
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "resumed from" in log and "epoch 1 segmentation (subword sampling" in log
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 8
+
+
+def test_a_checkpoint_of_an_nmt_without_subword_sampling_resumes(task, tmp_path):
+    """A run written before data.<side>.subword_sampling existed resumes (off is what it did); one
+    whose config now turns sampling on is refused (another data order)."""
+    from nmt.train.checkpoint import save_checkpoint
+
+    plain = {"src": {"tokenizer": {"type": "bpe", "merges": 30}}, "tgt": {"tokenizer": {"type": "char"}}}
+    Trainer(resolve_config(words_config(task, tmp_path / "run", plain, max_steps=2), "w.yaml"), "w.yaml").train()
+    last = tmp_path / "run" / "last.pt"
+    checkpoint = load_checkpoint(last)
+    for side in ("src", "tgt"):
+        del checkpoint["config"]["data"][side]["subword_sampling"]
+    save_checkpoint(last, checkpoint)
+    on = {**plain, "src": {**plain["src"], "subword_sampling": {"dropout": 0.1}}}
+    with pytest.raises(ConfigError, match=r"data.src.subword_sampling: differs from the run"):
+        Trainer(resolve_config(words_config(task, tmp_path / "run", on, max_steps=3), "w.yaml"), "w.yaml")
+    resumed = Trainer(resolve_config(words_config(task, tmp_path / "run", plain, max_steps=3), "w.yaml"), "w.yaml")
+    assert resumed.resumed and resumed.train().step == 3
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    yield from ranks_fixture(2)
+
+
+@pytest.mark.slow
+def test_two_processes_see_the_segmentation_of_one_process(tmp_path, ranks):
+    """Two ranks of batch 4 equal one process of batch 8 only if both ranks cut the global
+    batches from the same segmentation of every epoch."""
+    data = write_words_task(tmp_path / "data", n_train=40)
+
+    def config(save_dir, batch_size):
+        c = gloo_config(data, save_dir, batch_size, max_steps=8, valid_every=4)
+        c["data"].update(SAMPLING)
+        return c
+    Trainer(resolve_config(config(tmp_path / "one", 8), "t"), "t").train()
+    results = ranks.run(config(tmp_path / "two", 4))
+    assert [r[2:4] for r in results] == [("max_steps", 8)] * 2
+    a, b = load_checkpoint(tmp_path / "one" / "last.pt")["model"], load_checkpoint(tmp_path / "two" / "last.pt")["model"]
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=2e-6, msg=name)
