@@ -23,9 +23,9 @@ def _side(default_tokenizer: str) -> dict:
                              "'token<TAB>count', fairseq 'token count'); min_freq / max_size apply (min_freq needs "
                              "counts); with shared_vocab the src file serves both sides", nullable=True),
         "subword_sampling": {
-            "alpha": Option(float, None, "sentencepiece: sample each epoch's training segmentation with this "
-                            "smoothing (enable_sampling; unigram: probability ~ exp(alpha x score), a bpe model "
-                            "reads it as dropout); null: off", nullable=True, minimum=0),
+            "alpha": Option(float, None, "sentencepiece (unigram): sample each epoch's training segmentation with "
+                            "this smoothing: probability ~ exp(alpha x score) (enable_sampling); null: off",
+                            nullable=True, minimum=0),
             "nbest": Option(int, -1, "sentencepiece: sample among the nbest best segmentations (-1: all of them)",
                             minimum=-1),
             "dropout": Option(float, 0.0, "bpe: BPE-dropout probability of each epoch's training segmentation "

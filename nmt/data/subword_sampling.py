@@ -82,7 +82,7 @@ def sampling_problem(settings: Mapping[str, Any], tokenizer_cfg: Mapping[str, An
     if kind == "sentencepiece":
         if dropout > 0:
             return "dropout", ("is subword-nmt's BPE-dropout; a sentencepiece tokenizer samples with "
-                               "subword_sampling.alpha (a sentencepiece BPE model reads alpha as its dropout)")
+                               "subword_sampling.alpha")
         model_type = tokenizer_cfg.get("model_type", "unigram")
         if tokenizer_cfg.get("model_file") is None and model_type != "unigram":
             return "alpha", (f"sampling needs a sentencepiece unigram model, not model_type {model_type!r} "
