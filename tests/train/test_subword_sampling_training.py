@@ -122,7 +122,7 @@ def test_the_log_counts_each_epochs_skips_and_unknown_pieces(task, tmp_path, cap
     import logging
     monkeypatch.setattr(logging.getLogger("nmt"), "propagate", True)  # off after a CLI test's setup_logging
     monkeypatch.setattr(logging.getLogger("nmt"), "handlers", [])  # theirs may hold a closed stream
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="nmt")
     sides = {"src": {**SAMPLING["src"], "max_length": 3, "max_size": 12}, "tgt": SAMPLING["tgt"]}
     config = words_config(task, tmp_path / "run", sides, max_steps=4)
     t = Trainer(resolve_config(config, "w.yaml"), "w.yaml")
