@@ -614,13 +614,15 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
  * 4. the Newton loop on the candidates from the bound (on a broad row, more than a quarter of its
  *    entries candidates, from their mean less k^(-1/q) where that is higher: by the power mean their
  *    sum [z - t]_+^q is at least 1 there, and it is close when the scores are close, as at
- *    initialisation), first with coarse steps in floats (LONG_COARSE: a third of a double pass
+ *    initialisation; where every candidate is in the support, from the root of the moments' binomial
+ *    series less half the tolerance, power_series_root: the first pass then settles, and where that
+ *    start is above the root the first step may be negative), first with coarse steps in floats (LONG_COARSE: a third of a double pass
  *    each) unless that start is already within a coarse step's stop of the root; after every
  *    step the candidates at or below the new tau are dropped (the iterates only grow: they add
  *    nothing again). The double loop's iterates are those of the loop on the whole row (other
  *    summation order). Every pass keeps its d^(q - 1) per candidate; the last pass's are at the
  *    tau returned;
- * 5. the output: zeros, then at the candidates' places p = r^q / sum r^q with r^q = d^(q - 1) d
+ * 5. the output: zeros (none where every entry is a candidate: stored in place), then at the candidates' places p = r^q / sum r^q with r^q = d^(q - 1) d
  *    from that last pass (no power: sum r^q is the loop's last hq at that tau) and r.
  * A row of 8,000 standard normal scores at alpha 1.3 (about 210 in the support) takes some 1,000
  * powers for its threshold (blocks of 64, the bound to 1e-2; 1,400 with blocks of 32 and 1e-3)
@@ -643,6 +645,17 @@ static inline int power_any_words(const void *mask, size_t bytes)
 #ifdef NMT_WIDE_AVX2
 #define ANY_128(c) (!_mm_testz_si128((__m128i)(c), (__m128i)(c)))
 #define ANY_256(c) (!_mm256_testz_si256((__m256i)(c), (__m256i)(c)))
+#endif
+
+#ifdef NMT_POWER_COUNTS
+/* a diagnostic build (tools/power_counts.py, one thread): what the long rows' loop does, summed over
+   rows: [0] rows, [1] passes of the bound's loop, [2] candidates after step 3, [3] coarse passes,
+   [4] entries of the coarse passes, [5] double passes of powers over the candidates, [6] their
+   entries, [7] support entries at the end */
+double nmt_power_counts[8];
+#define POWER_COUNT(i, v) (nmt_power_counts[i] += (double)(v))
+#else
+#define POWER_COUNT(i, v) ((void)0)
 #endif
 
 #define POWER_LONG_BLOCK 64
@@ -671,13 +684,16 @@ static inline int power_any_words(const void *mask, size_t bytes)
                 IT nan_ = {0};                                                                  \
                 POWER_SUMS(double, DT, DT, IT, L, KEEP, POW_##V);                               \
             }                                                                                   \
+            POWER_COUNT((c) == cand ? 5 : 1, 1);                                                \
+            POWER_COUNT((c) == cand ? 6 : 0, (c) == cand ? (k) : 0);                            \
             if (bad || !(ws > 0.0) || it_ >= max_iter)                                          \
                 break;                                                                          \
             const double h = vpow_2(hq, a);                                                     \
             const double step = (h - 1.0) * (hq / h) / ws;                                      \
             const double mag = fabs(tau) > 1.0 ? fabs(tau) : 1.0;                               \
-            if (!(step > (rtol_) * mag))                                                        \
-                break;                                                                          \
+            if (!(step > (rtol_) * mag) && !(from_above && step < -(rtol_) * mag))             \
+                break; /* settled (from above: within |step| of the root, the step lands below it) */ \
+            from_above = 0;                                                                     \
             tau += step;                                                                        \
             LONG_DROP_##V(c, k, MOVE);                                                          \
         }                                                                                       \
@@ -787,6 +803,124 @@ static inline float power_float_below(double v)
     } while (0)
 #endif
 
+/* The start of broad rows whose every candidate lies inside the support: with d = z - r0 about a
+   centre r0 (the first 256 candidates' mean) and u = r0 - t, f(t) = sum (u + d_i)^q =
+   sum_j C(q, j) u^(q - j) M_j, M_j = sum d_i^j, the binomial series, which converges where every
+   |d_i| < u (fast where max |d_i| / u is small: scores close to each other, as an output layer's
+   early in training). Its root u in the series truncated after POWER_SERIES_ORDER, by Newton steps
+   on q ln u + ln P(1/u), P(v) = sum_j C(q, j) M_j v^j (nearly linear in ln u), from the power
+   mean's gap k^(-1/q); kept where max |d_i| < u (every candidate in the support at t = r0 - u) and
+   the truncation's estimate below (first term left out) moves t by at most a quarter of the
+   tolerance: on normal rows the start is then within 1e-10 to 1e-8 of the root (alpha 1.3,
+   deviations 0.01-0.03, 8,000 and 32,000 scores; q = 4, alpha 1.25, makes the series exact). Not
+   a bound: the caller starts the loop half the tolerance below it, so that the loop's first pass
+   (the only one where the estimate holds) finds a step of about half the tolerance and settles;
+   where it does not hold and the start is above the root, the first step is negative: at most
+   the tolerance accepts the start (the root is within it: Newton's step from above on the convex
+   q-norm overshoots), a longer one lands below the root and the loop goes on from there as from any
+   lower bound. M: POWER_SERIES_ORDER + 1 moments (M[0] = k), abs7: sum |d_i|^7, u: the start
+   (k^(-1/q)), spread: max |d_i|, tol: the loop's tolerance. Returns u, or 0 where it does not
+   serve. */
+#define POWER_SERIES_ORDER 6
+static inline double power_series_root(const double *M, double abs7, double q, double u, double spread,
+                                       double tol)
+{
+    double c[POWER_SERIES_ORDER + 2], b = 1.0;
+    for (int j = 0; j <= POWER_SERIES_ORDER + 1; j++) {
+        c[j] = b * (j <= POWER_SERIES_ORDER ? M[j] : 1.0); /* c[ORDER + 1]: C(q, ORDER + 1) alone */
+        b *= (q - j) / (j + 1); /* C(q, j + 1) */
+    }
+    for (int it = 0; it < 30; it++) {
+        const double v = 1.0 / u;
+        double P = c[POWER_SERIES_ORDER], dP = 0.0;
+        for (int j = POWER_SERIES_ORDER - 1; j >= 0; j--) {
+            dP = dP * v + P;
+            P = P * v + c[j];
+        }
+        if (!(P > 0.0) || !(u > 0.0))
+            return 0.0;
+        const double F = q * log(u) + log(P), dF = q / u - dP * v * v / P; /* d/du */
+        if (!(dF > 0.0))
+            return 0.0;
+        const double nu = u - F / dF;
+        const int done = fabs(nu - u) <= 1e-15 * u;
+        u = nu;
+        if (done)
+            break;
+    }
+    if (!(u > 0.0) || !(spread < u))
+        return 0.0;
+    /* the truncation: about its first term left out, C(q, 7) u^(q - 7) sum d_i^7, at most
+       |C(q, 7)| u^(q - 7) sum |d_i|^7 (an estimate, not a bound: the series of an entry near -u
+       converges slowly; on normal rows of 32,000 scores, rho = max |d_i| / u near 0.95, it was
+       some 20 times the true error); over f'(t), about q k u^(q - 1): the move of t it makes,
+       kept within a quarter of the tolerance */
+    const double move = fabs(c[POWER_SERIES_ORDER + 1]) * abs7 / (q * M[0] * pow(u, POWER_SERIES_ORDER));
+    return move <= 0.25 * tol ? u : 0.0;
+}
+/* the moments mom[0 .. 2] of d = cand - r0 over cand[0 .. k) (mom[0] = k) and d's extremes dlo, dhi
+   (the caller's), L doubles at a time; LONG_MOMENTS_HIGH: mom[3 .. POWER_SERIES_ORDER] and abs7 =
+   sum |d|^7 (a second pass, taken only where the series may serve: max |d| below the gap) */
+#define LONG_MOMENTS(DT, IT, L)                                                                 \
+    do {                                                                                        \
+        DT a1 = {0}, a2 = a1, lo_ = a1, hi_ = a1, v_;                                           \
+        int64_t i = 0;                                                                          \
+        for (; i + L <= k; i += L) {                                                            \
+            memcpy(&v_, cand + i, sizeof v_);                                                   \
+            const DT d1 = v_ - r0;                                                              \
+            a1 += d1;                                                                           \
+            a2 += d1 * d1;                                                                      \
+            lo_ = (DT)(((IT)d1 & (IT)(d1 < lo_)) | ((IT)lo_ & ~(IT)(d1 < lo_)));                \
+            hi_ = (DT)(((IT)d1 & (IT)(d1 > hi_)) | ((IT)hi_ & ~(IT)(d1 > hi_)));                \
+        }                                                                                       \
+        mom[0] = (double)k;                                                                     \
+        mom[1] = mom[2] = 0.0;                                                                  \
+        for (int l = 0; l < L; l++) {                                                           \
+            mom[1] += a1[l];                                                                    \
+            mom[2] += a2[l];                                                                    \
+            dlo = lo_[l] < dlo ? lo_[l] : dlo;                                                  \
+            dhi = hi_[l] > dhi ? hi_[l] : dhi;                                                  \
+        }                                                                                       \
+        for (; i < k; i++) {                                                                    \
+            const double d1 = cand[i] - r0;                                                     \
+            mom[1] += d1;                                                                       \
+            mom[2] += d1 * d1;                                                                  \
+            dlo = d1 < dlo ? d1 : dlo;                                                          \
+            dhi = d1 > dhi ? d1 : dhi;                                                          \
+        }                                                                                       \
+    } while (0)
+#define LONG_MOMENTS_HIGH(DT, IT, L)                                                            \
+    do {                                                                                        \
+        DT a3 = {0}, a4 = a3, a5 = a3, a6 = a3, a7 = a3, v_;                                    \
+        const IT magnitude_ = (IT){0} + 0x7FFFFFFFFFFFFFFFLL;                                   \
+        int64_t i = 0;                                                                          \
+        for (; i + L <= k; i += L) {                                                            \
+            memcpy(&v_, cand + i, sizeof v_);                                                   \
+            const DT d1 = v_ - r0, d2 = d1 * d1, d3 = d2 * d1;                                  \
+            a3 += d3;                                                                           \
+            a4 += d2 * d2;                                                                      \
+            a5 += d3 * d2;                                                                      \
+            a6 += d3 * d3;                                                                      \
+            a7 += (DT)((IT)(d3 * d3 * d1) & magnitude_);                                        \
+        }                                                                                       \
+        mom[3] = mom[4] = mom[5] = mom[6] = abs7 = 0.0;                                         \
+        for (int l = 0; l < L; l++) {                                                           \
+            mom[3] += a3[l];                                                                    \
+            mom[4] += a4[l];                                                                    \
+            mom[5] += a5[l];                                                                    \
+            mom[6] += a6[l];                                                                    \
+            abs7 += a7[l];                                                                      \
+        }                                                                                       \
+        for (; i < k; i++) {                                                                    \
+            const double d1 = cand[i] - r0, d2 = d1 * d1;                                       \
+            mom[3] += d2 * d1;                                                                  \
+            mom[4] += d2 * d2;                                                                  \
+            mom[5] += d2 * d2 * d1;                                                             \
+            mom[6] += d2 * d2 * d2;                                                             \
+            abs7 += fabs(d2 * d2 * d2 * d1);                                                    \
+        }                                                                                       \
+    } while (0)
+
 /* Step 4's coarse steps on a long row's candidates (DEFINE_POWER_LONG; the uncapped loop, q - 1 at
    most POWER_COARSE_MAX_E, at least POWER_LONG_COARSE_MIN_K candidates): BLOCK_COARSE's Newton steps
    with float sums over the candidates as floats (cf, in wk's room, padded with -inf to a whole
@@ -829,6 +963,8 @@ static inline float power_float_below(double v)
                     wsd += (double)awf[l];                                                      \
                 }                                                                               \
             }                                                                                   \
+            POWER_COUNT(3, 1);                                                                  \
+            POWER_COUNT(4, k);                                                                  \
             int nan_any = 0;                                                                    \
             for (int l = 0; l < L2; l++)                                                        \
                 nan_any |= nanf[l] != 0;                                                        \
@@ -861,12 +997,20 @@ static inline float power_float_below(double v)
             const __m512d d_ = _mm512_maskz_sub_pd(in_, c_, tv_);                               \
             const __m256 pf_ = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(w_, d_), iv_));      \
             const __m256 rf_ = _mm512_cvtpd_ps(d_);                                             \
-            const __m256i ix_ = _mm256_loadu_si256((const __m256i *)(idx + i));                 \
-            _mm256_i32scatter_ps(pr, ix_, pf_, 4);                                              \
-            if (rr)                                                                             \
-                _mm256_i32scatter_ps(rr, ix_, rf_, 4);                                          \
-            if (wr)                                                                             \
-                _mm256_i32scatter_ps(wr, ix_, _mm512_cvtpd_ps(w_), 4);                          \
+            if (k == len) { /* every entry a candidate: idx[i] = i, stored in place */           \
+                _mm256_storeu_ps(pr + i, pf_);                                                  \
+                if (rr)                                                                         \
+                    _mm256_storeu_ps(rr + i, rf_);                                              \
+                if (wr)                                                                         \
+                    _mm256_storeu_ps(wr + i, _mm512_cvtpd_ps(w_));                              \
+            } else {                                                                            \
+                const __m256i ix_ = _mm256_loadu_si256((const __m256i *)(idx + i));             \
+                _mm256_i32scatter_ps(pr, ix_, pf_, 4);                                          \
+                if (rr)                                                                         \
+                    _mm256_i32scatter_ps(rr, ix_, rf_, 4);                                      \
+                if (wr)                                                                         \
+                    _mm256_i32scatter_ps(wr, ix_, _mm512_cvtpd_ps(w_), 4);                      \
+            }                                                                                   \
             const __m512d pd_ = _mm512_cvtps_pd(pf_);                                           \
             ps_ = _mm512_add_pd(ps_, pd_);                                                      \
             prs_ = _mm512_add_pd(prs_, _mm512_mul_pd(pd_, _mm512_cvtps_pd(rf_)));               \
@@ -908,6 +1052,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
             continue;                                                                           \
         }                                                                                       \
         double hq = 0.0, tau = -1.0;                                                            \
+        int from_above = 0; /* the loop's start may lie above the root (its first step then negative) */ \
         int64_t k = 0; /* 2. the bound from the block maxima */                                 \
         for (int64_t i = 0; i < m_acc * L; i++) {                                               \
             bz[k] = ((double)bm[i] - top) * a;                                                  \
@@ -925,26 +1070,13 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
                      && k >= POWER_LONG_COARSE_MIN_K;                                           \
         if (k > len / 4) { /* a broad row: the candidates' mean bound, mean(z) - k^(-1/q) (the power\
                               mean: their sum [z - t]_+^q is at least 1 there), often the closer */\
-            DT s0 = {0}, s1 = {0}, q0 = {0}, q1 = {0}, v0, v1; /* two chains of adds */         \
-            int64_t i = 0;                                                                      \
-            for (; i + 2 * L <= k; i += 2 * L) {                                                \
-                memcpy(&v0, cand + i, sizeof v0);                                               \
-                memcpy(&v1, cand + i + L, sizeof v1);                                           \
-                s0 += v0;                                                                       \
-                s1 += v1;                                                                       \
-                q0 += v0 * v0;                                                                  \
-                q1 += v1 * v1;                                                                  \
-            }                                                                                   \
-            double sum = 0.0, sq = 0.0;                                                         \
-            for (int l = 0; l < L; l++) {                                                       \
-                sum += s0[l] + s1[l];                                                           \
-                sq += q0[l] + q1[l];                                                            \
-            }                                                                                   \
-            for (; i < k; i++) {                                                                \
-                sum += cand[i];                                                                 \
-                sq += cand[i] * cand[i];                                                        \
-            }                                                                                   \
-            const double mean = sum / (double)k, gap = pow((double)k, -a);                      \
+            double mom[POWER_SERIES_ORDER + 1], abs7, dlo = 0.0, dhi = 0.0, r0 = 0.0;            \
+            const int64_t k0 = k < 256 ? k : 256; /* the moments' centre: the first ones' mean */ \
+            for (int64_t i = 0; i < k0; i++)                                                    \
+                r0 += cand[i];                                                                  \
+            r0 /= (double)k0;                                                                   \
+            LONG_MOMENTS(DT, IT, L);                                                             \
+            const double m1 = mom[1] / (double)k, mean = r0 + m1, gap = pow((double)k, -a);      \
             double mb = mean - gap;                                                             \
             mb -= 1e-9 * (fabs(mb) > 1.0 ? fabs(mb) : 1.0); /* the sum's rounding */            \
             if (mb > tau) {                                                                     \
@@ -952,16 +1084,35 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
                 /* where every candidate stays in the support, Newton's first step from there is\
                    about (q - 1) var / (2 gap): shorter than a coarse step's stop, the coarse steps\
                    would only delay the loop (scores within 0.01 of each other at alpha 1.3) */ \
-                const double var = sq / (double)k - mean * mean;                                \
+                const double var = mom[2] / (double)k - m1 * m1;                                \
                 coarse = coarse && (qr - 1.0) * var / (2.0 * gap) >= POWER_COARSE_STOP;         \
             }                                                                                   \
+            /* every candidate inside the support: the root of the moments' series (the root's \
+               u is at most about the gap: the power mean) */                                   \
+            const double spread = fabs(dlo) > dhi ? fabs(dlo) : dhi;                            \
+            double u = 0.0;                                                                     \
+            if (spread < gap) {                                                                 \
+                LONG_MOMENTS_HIGH(DT, IT, L);                                                   \
+                u = power_series_root(mom, abs7, qr, gap, spread, rtol);                        \
+            }                                                                                   \
+            /* less half the tolerance: below the root where the truncation is as estimated, \
+               and the loop's first step, some half the tolerance, settles it */                \
+            const double ts = r0 - u - 0.5 * rtol * (fabs(r0 - u) > 1.0 ? fabs(r0 - u) : 1.0);  \
+            if (u > 0.0 && ts > tau) {                                                          \
+                tau = ts;                                                                       \
+                coarse = 0;                                                                     \
+                from_above = 1;                                                                 \
+            }                                                                                   \
         }                                                                                       \
+        POWER_COUNT(0, 1);                                                                      \
+        POWER_COUNT(2, k);                                                                      \
         if (coarse)                                                                             \
             LONG_COARSE(FT, FT2, FI2, L2, DT, L, V); /* 4. the threshold: coarse steps, then */ \
         LONG_NEWTON(DT, IT, L, cand, k, rtol, LONG_KEEP_W, LONG_MOVE_INDEX, V);                 \
         /* 5. the output: zeros, then r^q = d^(q - 1) d from the last pass at the candidates left */ \
         const double inv = hq > 0.0 ? 1.0 / hq : 1.0;                                           \
-        power_fill_outputs(pr, rr, wr, len, 0.0f);                                              \
+        if (k < len) /* (k == len: every entry a candidate, in order; every one written below) */ \
+            power_fill_outputs(pr, rr, wr, len, 0.0f);                                          \
         double psum = 0.0, prsum = 0.0;                                                         \
         int64_t i = 0;                                                                          \
         LONG_OUTPUT_##V; /* eight at a time where vectors serve, then one by one */             \
@@ -976,6 +1127,8 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
             psum += (double)pf;                                                                 \
             prsum += (double)pf * (double)rf;                                                   \
         }                                                                                       \
+        for (int64_t i2 = 0; i2 < k; i2++)                                                      \
+            POWER_COUNT(7, cand[i2] > tau);                                                     \
         if (st) {                                                                               \
             st[0] = (float)tau;                                                                 \
             st[1] = top;                                                                        \
