@@ -928,6 +928,26 @@ static inline double power_series_root(const double *M, double abs7, double q, d
    the root: the float sums are added in double every POWER_LONG_COARSE_CHUNK vectors, so a lane's
    float summation spans at most that many terms (a relative error of some 2e-6, against the 128
    terms of the short rows' bound). Then the candidates at or below tau are dropped. */
+/* the coarse passes' entries at or below the coarse tau dropped as they are read (they add nothing to
+   a later coarse sum: its taus only grow): compressed to the front of cf in the AVX-512 functions
+   (sixteen floats stored whole at kept_ <= j: read already), left in place elsewhere (a scalar
+   compaction costs about what the pass it saves) */
+#define COARSE_KEEP_GEN(xv, vtf) ((void)0)
+#define COARSE_SHRINK_GEN(L2) ((void)kept_)
+#ifdef NMT_WIDE_AVX512
+#define COARSE_KEEP_W512(xv, vtf)                                                               \
+    do {                                                                                        \
+        const __mmask16 m_ = _mm512_cmp_ps_mask((__m512)(xv), (__m512)(vtf), _CMP_GT_OQ);       \
+        _mm512_storeu_ps(cf + kept_, _mm512_maskz_compress_ps(m_, (__m512)(xv)));               \
+        kept_ += __builtin_popcount((unsigned)m_);                                              \
+    } while (0)
+#define COARSE_SHRINK_W512(L2)                                                                    \
+    do {                                                                                        \
+        kc = kept_;                                                                             \
+        for (int l = 0; l < L2; l++)                                                            \
+            cf[kc + l] = -INFINITY;                                                             \
+    } while (0)
+#endif
 #define POWER_LONG_COARSE_MIN_K 256
 #define POWER_LONG_COARSE_CHUNK 32
 #define LONG_COARSE(FT, FT2, FI2, L2, DT, L, V)                                                    \
@@ -945,18 +965,21 @@ static inline double power_series_root(const double *M, double abs7, double q, d
         for (int l = 0; l < L2; l++)                                                            \
             cf[k + l] = -INFINITY;                                                              \
         const double tau0 = tau;                                                                \
+        int64_t kc = k; /* the entries of cf still above the coarse tau */                      \
         for (int c_ = 0; c_ < POWER_COARSE_MAX_STEPS; c_++) {                                   \
             FT2 zf = {0}, vtf = zf + (float)tau, vef = zf + (float)e;                           \
             FI2 nanf = {0};                                                                     \
             double hqd = 0.0, wsd = 0.0;                                                        \
-            for (int64_t j0 = 0; j0 < k; j0 += POWER_LONG_COARSE_CHUNK * L2) {                  \
+            int64_t kept_ = 0;                                                                  \
+            for (int64_t j0 = 0; j0 < kc; j0 += POWER_LONG_COARSE_CHUNK * L2) {                 \
                 FT2 aqf = zf, awf = zf;                                                         \
-                const int64_t j1 = k - j0 > POWER_LONG_COARSE_CHUNK * L2                        \
-                                   ? j0 + POWER_LONG_COARSE_CHUNK * L2 : k;                     \
+                const int64_t j1 = kc - j0 > POWER_LONG_COARSE_CHUNK * L2                       \
+                                   ? j0 + POWER_LONG_COARSE_CHUNK * L2 : kc;                    \
                 for (int64_t j = j0; j < j1; j += L2) {                                         \
                     FT2 xv_;                                                                    \
                     memcpy(&xv_, cf + j, sizeof xv_);                                           \
                     COARSE_ACCUMULATE(FT2, FI2, xv_, vtf, vef, aqf, awf, nanf);                 \
+                    COARSE_KEEP_##V(xv_, vtf);                                                  \
                 }                                                                               \
                 for (int l = 0; l < L2; l++) {                                                  \
                     hqd += (double)aqf[l];                                                      \
@@ -964,7 +987,8 @@ static inline double power_series_root(const double *M, double abs7, double q, d
                 }                                                                               \
             }                                                                                   \
             POWER_COUNT(3, 1);                                                                  \
-            POWER_COUNT(4, k);                                                                  \
+            POWER_COUNT(4, kc);                                                                 \
+            COARSE_SHRINK_##V(L2);                                                              \
             int nan_any = 0;                                                                    \
             for (int l = 0; l < L2; l++)                                                        \
                 nan_any |= nanf[l] != 0;                                                        \
