@@ -3,7 +3,9 @@ entries) does per row: the library built with ``NMT_POWER_COUNTS`` (a diagnostic
 summed over rows, one thread) on normal scores of the given deviations, for the given alphas.
 Prints per row: the bound's passes (over the segment maxima), the candidates after the bound,
 the coarse (float) passes and their entries, the double passes of powers and their entries, and
-the support's size.
+the support's size; then the thousands of time stamp counter ticks a row spends in each phase (the
+maximum, the bound, the candidates, the start (moments, series), the coarse steps, the Newton
+loop, the output) on x86-64 (a shared machine disturbs them: compare within one run).
 
     python tools/power_counts.py --shapes 256x8000,64x32000 --alphas 1.25,1.3,1.7,1.9 --spreads 0.01,0.03,0.1,0.3,1
 """
@@ -17,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nmt.sparse import _native  # noqa: E402
+from nmt.utils.allocator import keep_freed_memory  # noqa: E402
 
 
 def main() -> None:
@@ -28,24 +31,27 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         lib = _native.load(_native.build(Path(tmp), defines=["NMT_POWER_COUNTS"]))
-    counts = (ctypes.c_double * 8).in_dll(lib, "nmt_power_counts")
+    counts = (ctypes.c_double * 16).in_dll(lib, "nmt_power_counts")
     _native._state["lib"] = lib
     _native._threads = lambda *a, **k: 1  # the counters are not atomic
+    keep_freed_memory()  # (as bench_sparse: the outputs' pages are not faulted in again every call)
     torch.manual_seed(args.seed)
     eps = torch.finfo(torch.float32).eps
     for shape in args.shapes.split(","):
         rows, n = (int(v) for v in shape.split("x"))
         base = torch.randn(rows, n)
-        print(f"({rows}, {n}), per row: bound passes | candidates | coarse passes, entries | double passes, entries | support")
+        print(f"({rows}, {n}), per row: bound passes | candidates | coarse passes, entries | double passes, entries | support || kticks: max bound cand start coarse newton output")
         for alpha in (float(a) for a in args.alphas.split(",")):
             for spread in (float(s) for s in args.spreads.split(",")):
-                for i in range(8):
+                _native.power_probs(base * spread, alpha - 1, 200, eps, False)  # (the allocator's first)
+                for i in range(16):
                     counts[i] = 0.0
                 if _native.power_probs(base * spread, alpha - 1, 200, eps, False) is None or counts[0] == 0:
                     sys.exit("the diagnostic build does not serve here (no vector extensions)")
-                v = [counts[i] / counts[0] for i in range(8)]
+                v = [counts[i] / counts[0] for i in range(16)]
+                ticks = [v[8]] + [v[8 + i] - v[7 + i] for i in range(1, 7)]  # each phase's own
                 print(f"  alpha {alpha:g} spread {spread:g}: {v[1]:.1f} | {v[2]:.0f} | {v[3]:.2f}, {v[4]:.0f} | "
-                      f"{v[5]:.2f}, {v[6]:.0f} | {v[7]:.0f}")
+                      f"{v[5]:.2f}, {v[6]:.0f} | {v[7]:.0f} || " + " ".join(f"{t / 1e3:.1f}" for t in ticks))
 
 
 if __name__ == "__main__":

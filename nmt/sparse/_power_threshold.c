@@ -652,10 +652,16 @@ static inline int power_any_words(const void *mask, size_t bytes)
    rows: [0] rows, [1] passes of the bound's loop, [2] candidates after step 3, [3] coarse passes,
    [4] entries of the coarse passes, [5] double passes of powers over the candidates, [6] their
    entries, [7] support entries at the end */
-double nmt_power_counts[8];
+double nmt_power_counts[16];
 #define POWER_COUNT(i, v) (nmt_power_counts[i] += (double)(v))
+#include <x86intrin.h>
+/* [8 + i]: the time stamp counter's ticks from the row's start to its phase i's end (PHASE(i)) */
+#define POWER_PHASE(i) (nmt_power_counts[8 + (i)] += (double)(__rdtsc() - t_row_))
+#define POWER_ROW_START uint64_t t_row_ = __rdtsc()
 #else
 #define POWER_COUNT(i, v) ((void)0)
+#define POWER_PHASE(i) ((void)0)
+#define POWER_ROW_START ((void)0)
 #endif
 
 #define POWER_LONG_BLOCK 64
@@ -948,6 +954,69 @@ static inline double power_series_root(const double *M, double abs7, double q, d
             cf[kc + l] = -INFINITY;                                                             \
     } while (0)
 #endif
+/* One vector of sixteen floats into the coarse sums (COARSE_ACCUMULATE's contract) in the AVX-512
+   functions: d^e = 2^(e log2 d) as POW512 takes it, in floats: log2 d from getexp / getmant, the
+   mantissa's top four bits picking c_i = (33 + 2 i) / 32 (inv_i = 1 / c_i and lc_i = -log2(inv_i)
+   rounded to floats, one register each, vpermps), r = m inv_i - 1 (|r| <= 1/32, one fused
+   rounding), log2(1 + r) by its series to r^5 (truncation 2e-10); 2^y by sixteenths, 2^(j / 16)
+   from a register, 2^f (|f| <= 1/32) by its series to degree 4 (truncation 4e-11), scalef; 0
+   where y < -126 (as VEXP2F). No division (VLOG2F takes one) and fused multiply-adds: errors of
+   the floats' roundings, about those of VLOG2F / VEXP2F, which the coarse margin covers. */
+#define COARSE_ACCUMULATE_GEN COARSE_ACCUMULATE
+#ifdef NMT_WIDE_AVX512
+static const float COARSE512_INV[16] __attribute__((unused)) = {
+    0.9696969985961914f, 0.9142857193946838f, 0.8648648858070374f, 0.8205128312110901f, 0.7804877758026123f,
+    0.7441860437393188f, 0.7111111283302307f, 0.6808510422706604f, 0.6530612111091614f, 0.6274510025978088f,
+    0.6037735939025879f, 0.581818163394928f, 0.5614035129547119f, 0.5423728823661804f, 0.5245901346206665f,
+    0.5079365372657776f};
+static const float COARSE512_LC[16] __attribute__((unused)) = {
+    0.044394075870513916f, 0.12928301095962524f, 0.20945332944393158f, 0.28540220856666565f,
+    0.35755205154418945f, 0.42626476287841797f, 0.4918530583381653f, 0.5545889139175415f, 0.6147098541259766f,
+    0.6724252700805664f, 0.727920413017273f, 0.7813597321510315f, 0.832889974117279f, 0.8826430439949036f,
+    0.9307374358177185f, 0.9772798418998718f};
+static const float COARSE512_T2[16] __attribute__((unused)) = {
+    1.0f, 1.0442737340927124f, 1.0905077457427979f, 1.1387885808944702f, 1.1892070770263672f,
+    1.2418577671051025f, 1.2968395948410034f, 1.3542555570602417f, 1.4142135381698608f, 1.4768261909484863f,
+    1.5422108173370361f, 1.610490322113037f, 1.6817928552627563f, 1.7562521696090698f, 1.8340080976486206f,
+    1.9152065515518188f};
+#define COARSE_ACCUMULATE_W512(FT, FI, xv, vtf, vef, aqf, awf, nanf)                            \
+    do {                                                                                        \
+        const __m512 inv_ = _mm512_loadu_ps(COARSE512_INV), lc_ = _mm512_loadu_ps(COARSE512_LC); \
+        const __m512 t2_ = _mm512_loadu_ps(COARSE512_T2);                                       \
+        const __m512 d_ = _mm512_sub_ps((__m512)(xv), (__m512)(vtf));                           \
+        const __mmask16 pos_ = _mm512_cmp_ps_mask(d_, _mm512_setzero_ps(), _CMP_GT_OQ);         \
+        const __m512 dd_ = _mm512_mask_blend_ps(pos_, _mm512_set1_ps(1.0f), d_);                \
+        const __m512 k_ = _mm512_getexp_ps(dd_);                                                \
+        const __m512 m_ = _mm512_getmant_ps(dd_, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);         \
+        const __m512i i_ = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(m_), 19),     \
+                                            _mm512_set1_epi32(15));                             \
+        const __m512 r_ = _mm512_fmsub_ps(m_, _mm512_permutexvar_ps(i_, inv_), _mm512_set1_ps(1.0f)); \
+        __m512 p_ = _mm512_set1_ps(0.28853902220726013f);                                       \
+        p_ = _mm512_fmadd_ps(p_, r_, _mm512_set1_ps(-0.3606737554073334f));                     \
+        p_ = _mm512_fmadd_ps(p_, r_, _mm512_set1_ps(0.48089835047721863f));                     \
+        p_ = _mm512_fmadd_ps(p_, r_, _mm512_set1_ps(-0.7213475108146667f));                     \
+        p_ = _mm512_fmadd_ps(p_, r_, _mm512_set1_ps(1.4426950216293335f));                      \
+        const __m512 lg_ = _mm512_add_ps(_mm512_add_ps(k_, _mm512_permutexvar_ps(i_, lc_)),     \
+                                         _mm512_mul_ps(p_, r_));                                \
+        const __m512 y_ = _mm512_mul_ps((__m512)(vef), lg_);                                    \
+        const __mmask16 under_ = _mm512_cmp_ps_mask(y_, _mm512_set1_ps(-126.0f), _CMP_LT_OQ);   \
+        const __m512 n_ = _mm512_roundscale_ps(y_, 0x40 | _MM_FROUND_TO_NEAREST_INT); /* 1/16ths */ \
+        const __m512 f_ = _mm512_sub_ps(y_, n_);                                                \
+        const __m512i j_ = _mm512_and_si512(_mm512_cvtps_epi32(_mm512_mul_ps(n_, _mm512_set1_ps(16.0f))), \
+                                            _mm512_set1_epi32(15));                             \
+        __m512 x_ = _mm512_set1_ps(0.009618128649890423f);                                      \
+        x_ = _mm512_fmadd_ps(x_, f_, _mm512_set1_ps(0.05550410971045494f));                     \
+        x_ = _mm512_fmadd_ps(x_, f_, _mm512_set1_ps(0.24022650718688965f));                     \
+        x_ = _mm512_fmadd_ps(x_, f_, _mm512_set1_ps(0.6931471824645996f));                      \
+        x_ = _mm512_fmadd_ps(x_, f_, _mm512_set1_ps(1.0f));                                     \
+        x_ = _mm512_mul_ps(x_, _mm512_permutexvar_ps(j_, t2_));                                 \
+        const __m512 w_ = _mm512_maskz_scalef_ps((__mmask16)(pos_ & ~under_), x_,               \
+                                                 _mm512_roundscale_ps(n_, _MM_FROUND_TO_NEG_INF)); \
+        (awf) = (FT)_mm512_add_ps((__m512)(awf), w_);                                           \
+        (aqf) = (FT)_mm512_add_ps((__m512)(aqf), _mm512_mul_ps(w_, _mm512_maskz_mov_ps(pos_, d_))); \
+        (nanf) |= (FI)(((FT)d_) != ((FT)d_));                                                   \
+    } while (0)
+#endif
 #define POWER_LONG_COARSE_MIN_K 256
 #define POWER_LONG_COARSE_CHUNK 32
 #define LONG_COARSE(FT, FT2, FI2, L2, DT, L, V)                                                    \
@@ -978,7 +1047,7 @@ static inline double power_series_root(const double *M, double abs7, double q, d
                 for (int64_t j = j0; j < j1; j += L2) {                                         \
                     FT2 xv_;                                                                    \
                     memcpy(&xv_, cf + j, sizeof xv_);                                           \
-                    COARSE_ACCUMULATE(FT2, FI2, xv_, vtf, vef, aqf, awf, nanf);                 \
+                    COARSE_ACCUMULATE_##V(FT2, FI2, xv_, vtf, vef, aqf, awf, nanf);             \
                     COARSE_KEEP_##V(xv_, vtf);                                                  \
                 }                                                                               \
                 for (int l = 0; l < L2; l++) {                                                  \
@@ -1066,6 +1135,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         int64_t j = 0;                                                                          \
         float top = -INFINITY;                                                                  \
         int bad = 0;                                                                            \
+        POWER_ROW_START;                                                                    \
         SEGMENT_MAXIMA(float, FT, IT32, L, xr, len, m_acc, seg, bm, top, bad);                  \
         if (bad || top == -INFINITY) { /* NaN / +inf: all NaN; no finite entry: all zeros */    \
             power_fill_outputs(pr, rr, wr, len, bad ? NAN : 0.0f);                              \
@@ -1077,6 +1147,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         }                                                                                       \
         double hq = 0.0, tau = -1.0;                                                            \
         int from_above = 0; /* the loop's start may lie above the root (its first step then negative) */ \
+        POWER_PHASE(0);                                                                     \
         int64_t k = 0; /* 2. the bound from the block maxima */                                 \
         for (int64_t i = 0; i < m_acc * L; i++) {                                               \
             bz[k] = ((double)bm[i] - top) * a;                                                  \
@@ -1086,10 +1157,12 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         tau -= 1e-9 * (fabs(tau) > 1.0 ? fabs(tau) : 1.0); /* the polynomials' rounding */      \
         tau = tau > -1.0 ? tau : -1.0;                                                          \
         const double lo = tau;                                                                  \
+        POWER_PHASE(1);                                                                     \
         { /* 3. the candidates above it */                                                      \
             const float cut = power_float_below((double)top + lo / a);                          \
             LONG_CANDIDATES_##V(FT, IT32, DT, L, ANY);                                           \
         }                                                                                       \
+        POWER_PHASE(2);                                                                     \
         int coarse = max_iter >= POWER_COARSE_MIN_ITER && e <= POWER_COARSE_MAX_E               \
                      && k >= POWER_LONG_COARSE_MIN_K;                                           \
         if (k > len / 4) { /* a broad row: the candidates' mean bound, mean(z) - k^(-1/q) (the power\
@@ -1128,11 +1201,14 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
                 from_above = 1;                                                                 \
             }                                                                                   \
         }                                                                                       \
+        POWER_PHASE(3);                                                                     \
         POWER_COUNT(0, 1);                                                                      \
         POWER_COUNT(2, k);                                                                      \
         if (coarse)                                                                             \
             LONG_COARSE(FT, FT2, FI2, L2, DT, L, V); /* 4. the threshold: coarse steps, then */ \
+        POWER_PHASE(4);                                                                     \
         LONG_NEWTON(DT, IT, L, cand, k, rtol, LONG_KEEP_W, LONG_MOVE_INDEX, V);                 \
+        POWER_PHASE(5);                                                                     \
         /* 5. the output: zeros, then r^q = d^(q - 1) d from the last pass at the candidates left */ \
         const double inv = hq > 0.0 ? 1.0 / hq : 1.0;                                           \
         if (k < len) /* (k == len: every entry a candidate, in order; every one written below) */ \
@@ -1151,6 +1227,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
             psum += (double)pf;                                                                 \
             prsum += (double)pf * (double)rf;                                                   \
         }                                                                                       \
+        POWER_PHASE(6);                                                                     \
         for (int64_t i2 = 0; i2 < k; i2++)                                                      \
             POWER_COUNT(7, cand[i2] > tau);                                                     \
         if (st) {                                                                               \

@@ -112,13 +112,13 @@ def test_the_series_start_settles_normal_output_rows_in_one_pass(tmp_path):
     if not _native.available():
         pytest.skip("native library not built")
     lib = _native.load(_native.build(tmp_path, defines=["NMT_POWER_COUNTS"]))
-    counts = (ctypes.c_double * 8).in_dll(lib, "nmt_power_counts")
+    counts = (ctypes.c_double * 16).in_dll(lib, "nmt_power_counts")
     g = torch.Generator().manual_seed(5)
     for n, spreads in ((8000, (0.01, 0.03)), (32000, (0.01,))):
         for spread in spreads:
             x = torch.randn(16, n, generator=g) * spread
             for alpha in (1.25, 1.3):
-                for i in range(8):
+                for i in range(16):
                     counts[i] = 0.0
                 with pytest.MonkeyPatch.context() as mp:
                     mp.setitem(_native._state, "lib", lib)
