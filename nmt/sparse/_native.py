@@ -435,9 +435,10 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     where higher, and after coarse Newton steps with float sums, each shortened by a margin that
     keeps it below the root, on the entries above the threshold they reach); longer rows go one by one:
     the loop starts from the threshold of some block maxima (a lower bound; on broad rows the
-    candidates' mean bound where higher) and runs on the entries above it alone (with coarse float
-    steps first, as the short rows, where that start is far from the root), dropping after every
-    step those below tau, and the output is written at the
+    candidates' mean bound where higher; on broad rows whose every candidate is in the support, the
+    root of their moments' binomial series less half ``tol``, which one pass settles) and runs on the
+    entries above it alone (with coarse float steps first, as the short rows, where that start is far
+    from the root), dropping after every step those below tau, and the output is written at the
     candidates' places from the loop's last powers. Rows holding NaN or ``+inf``: all NaN; rows without a finite entry:
     all zeros. Returns ``(p, r)`` (``r`` None unless ``root``), new ``(R, n)`` float32 tensors;
     None where it does not serve (no library, not float32, a build without vector extensions).

@@ -29,6 +29,11 @@
  * AVX-512 functions takes its powers from 16-entry tables in registers and shorter polynomials
  * with fused multiply-adds (POW512: about 1e-14; a pass over 8,000 candidates 1.9x faster alone,
  * 8.5 -> 5.6 ms for 512 such rows), and writes its output eight candidates at a time.
+ * Broad long rows whose every candidate is in the support start the loop from the root of their
+ * moments' binomial series (power_series_root), one pass of powers then settling them; the coarse
+ * float passes of long rows drop the entries below their tau as they go and, in the AVX-512
+ * functions, take their powers from register tables (COARSE_ACCUMULATE_W512). A diagnostic build
+ * (NMT_POWER_COUNTS, tools/power_counts.py) counts the long rows' passes and times their phases.
  * Short rows (at most POWER_BLOCK_MAX_N entries) are solved a block of rows at a time, one row a
  * lane: a row's pass is one polynomial chain after another, each waiting on the last, where the
  * lanes of a block are independent (3-4x faster at 20 entries); longer rows are vectorised along the
