@@ -24,10 +24,9 @@ PROG = "nmt-average"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from nmt._version import __version__
+    from nmt.cli.model_writer import model_parser
 
-    p = argparse.ArgumentParser(prog=PROG, description="Average checkpoint weights into a released model.")
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p = model_parser(PROG, "Average checkpoint weights into a released model.")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("-models", "--models", nargs="+", metavar="M.pt", help="checkpoints to average")
     source.add_argument("-last", "--last", type=int, metavar="N", help="the newest N step checkpoints of -run")
@@ -40,30 +39,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; 0 on success, 2 on bad input (one line on stderr), 128+N on signal N (SIGINT /
     SIGTERM: the output is not written and no temporary file is left; see :mod:`nmt.cli.signals`)."""
     args = build_parser().parse_args(argv)
-    from nmt.cli.signals import Terminated, stop_on_signals
-    from nmt.train.checkpoint import CheckpointError, save_checkpoint
+    from nmt.cli.model_writer import write_model
+    from nmt.train.checkpoint import CheckpointError
     from nmt.train.model_release import average_checkpoints, last_step_checkpoints
-    from nmt.utils.io import describe_os_error
 
-    try:
-        with stop_on_signals():
-            if args.last is not None:
-                if args.run is None:
-                    raise CheckpointError("-last N needs -run RUN_DIR")
-                paths = last_step_checkpoints(args.run, args.last)
-            else:
-                if args.run is not None:
-                    raise CheckpointError("-run is for -last N; with -models name the files")
-                paths = args.models
-            payload = average_checkpoints(paths)
-            save_checkpoint(args.output, payload)
-    except Terminated as exc:
-        print(f"{PROG}: interrupted by {exc}; {args.output} was not written", file=sys.stderr)
-        return 128 + exc.signum
-    except (CheckpointError, OSError) as exc:
-        text = describe_os_error(exc) if isinstance(exc, OSError) else str(exc).strip()  # 'PATH: is a directory'
-        print(f"{PROG}: error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
-        return 2
+    paths: list[str] = []
+
+    def build() -> dict:
+        if args.last is not None:
+            if args.run is None:
+                raise CheckpointError("-last N needs -run RUN_DIR")
+            paths.extend(last_step_checkpoints(args.run, args.last))
+        else:
+            if args.run is not None:
+                raise CheckpointError("-run is for -last N; with -models name the files")
+            paths.extend(args.models)
+        return average_checkpoints(paths)
+
+    code = write_model(PROG, args.output, build)
+    if code:
+        return code
     print(f"{PROG}: averaged {len(paths)} checkpoint{'s' if len(paths) != 1 else ''} ({', '.join(str(p) for p in paths)}) into {args.output}",
           file=sys.stderr)
     return 0

@@ -14,10 +14,9 @@ PROG = "nmt-release"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from nmt._version import __version__
+    from nmt.cli.model_writer import model_parser
 
-    p = argparse.ArgumentParser(prog=PROG, description="Strip a checkpoint to what translation needs.")
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p = model_parser(PROG, "Strip a checkpoint to what translation needs.")
     p.add_argument("-model", "--model", required=True, metavar="M.pt", help="checkpoint (e.g. RUN/best.pt)")
     p.add_argument("-output", "--output", required=True, metavar="OUT.pt", help="released model (written atomically)")
     return p
@@ -29,23 +28,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import os
 
-    from nmt.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from nmt.cli.model_writer import write_model
+    from nmt.train.checkpoint import load_checkpoint
     from nmt.train.model_release import released
-    from nmt.utils.io import describe_os_error
 
-    from nmt.cli.signals import Terminated, stop_on_signals
-
-    try:
-        with stop_on_signals():
-            payload = released(load_checkpoint(args.model, training=False), args.model)
-            save_checkpoint(args.output, payload)
-    except Terminated as exc:
-        print(f"{PROG}: interrupted by {exc}; {args.output} was not written", file=sys.stderr)
-        return 128 + exc.signum
-    except (CheckpointError, OSError) as exc:
-        text = describe_os_error(exc) if isinstance(exc, OSError) else str(exc).strip()  # 'PATH: is a directory'
-        print(f"{PROG}: error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
-        return 2
+    code = write_model(PROG, args.output, lambda: released(load_checkpoint(args.model, training=False), args.model))
+    if code:
+        return code
     before, after = os.path.getsize(args.model), os.path.getsize(args.output)
     print(f"{PROG}: {args.output}: {after / 1e6:.2f} MB ({args.model}: {before / 1e6:.2f} MB)", file=sys.stderr)
     return 0
