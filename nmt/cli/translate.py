@@ -166,6 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _run_mode(args: argparse.Namespace) -> str:
+    """What the run does: "score" (``-mode score`` or ``-score_output``), "stream" (``-src -
+    -output -``) or "file" (a source translated whole, every output written at the end)."""
+    if args.score_output or args.mode == "score":
+        return "score"
+    return "stream" if args.src == "-" and args.output == "-" else "file"
+
+
 def _check_arguments(args: argparse.Namespace) -> None:
     if args.batch_size is not None and args.batch_size < 1:
         raise ValueError(f"-batch_size must be >= 1, got {args.batch_size}")
@@ -176,7 +184,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
     for name in ("length_alpha", "max_length_ratio"):
         if not math.isfinite(getattr(args, name)):
             raise ValueError(f"-{name} must be a finite number, got {getattr(args, name)}")
-    if args.score_output or args.mode == "score":  # flags of translation that scoring would ignore
+    if _run_mode(args) == "score":  # flags of translation that scoring would ignore
         scoring = "-mode score" if args.mode == "score" else "-score_output"
         one_line = "it writes one JSON line per reference of -tgt"
         # length limits of the search: a reference shorter than -min_length (its EOS forbidden) or
@@ -227,15 +235,15 @@ def run(args: argparse.Namespace, start: float | None = None) -> int:
     make_current(args.device)  # one device: Triton's launches need no switch, nothing reaches cuda:0
     from nmt.translate.translator import default_batching
 
-    file_mode = not (args.score_output or args.mode == "score" or (args.src == "-" and args.output == "-"))
+    mode = _run_mode(args)
     # files: batches by tokens on a GPU; scoring and streaming count sentences on every device
-    args.batch_size, args.batch_type = default_batching(args.device if file_mode else "cpu",
+    args.batch_size, args.batch_type = default_batching(args.device if mode == "file" else "cpu",
                                                         args.batch_size, args.batch_type)
-    if args.score_output or args.mode == "score":
+    if mode == "score":
         from nmt.cli.translate_score import run_score
 
         return run_score(args, start)
-    if args.src == "-" and args.output == "-":
+    if mode == "stream":
         from nmt.cli.translate_stream import run_stream
 
         return run_stream(args, start)
