@@ -87,15 +87,17 @@ def char_words(text: str) -> list[int | None]:
     return ids
 
 
-def expected_pairs(attention: np.ndarray, source: str, text: str, mode: str, level: str) -> list[tuple[int, int]]:
+def expected_pairs(attention: np.ndarray, source: str, text: str, mode: str, level: str,
+                   threshold: float = 0.0) -> list[tuple[int, int]]:
     """Pairs recomputed from the (T, L) attention of a hypothesis ``text`` (one row per character,
-    then EOS) of a space-tokenized ``source`` (one column per word)."""
+    then EOS) of a space-tokenized ``source`` (one column per word); "support": the columns above
+    ``threshold``."""
     pairs = set()
     words = char_words(text)
     assert attention.shape[1] == len(source.split())
     for j in range(len(text)):
         row = attention[j]
-        cols = [int(np.argmax(row))] if mode == "argmax" else [int(i) for i in np.flatnonzero(row > 0)]
+        cols = [int(np.argmax(row))] if mode == "argmax" else [int(i) for i in np.flatnonzero(row > threshold)]
         for i in cols:
             if level == "token":
                 pairs.add((i, j))
@@ -131,6 +133,38 @@ def test_report_align_pairs_are_the_attentions(reversal, mode, level, capsys, tm
         some_sparse |= bool((t.attention[: len(text)] == 0).any())
     assert some_sparse  # sparsemax attention: the support mode left zeros out
     assert any(line.split(" ||| ")[1] for line in lines)
+
+
+@pytest.mark.parametrize("level", ["word", "token"])
+def test_align_threshold_keeps_the_attention_above_it(reversal, level, capsys, tmp_path):
+    """-align_threshold T: the pairs of the attention above T, recomputed from the API's attention
+    matrices; every n-best entry of -report carries its output line's pairs."""
+    root, inputs = reversal["root"], reversal["inputs"]
+    threshold = 0.25
+    report = tmp_path / "report.jsonl"
+    code, out, err = run(["-model", reversal["model"], "-src", str(root / "input.txt"), "-output", "-",
+                          "-report_align", "-align_mode", "support", "-align_threshold", str(threshold),
+                          "-align_level", level, "-n_best", "2", "-beam_size", "3", "-report", str(report),
+                          *COMMON], capsys)
+    assert code == 0, err
+    lines = out.split("\n")[:-1]
+    assert len(lines) == 2 * len(inputs)
+    m = nmt.load(reversal["model"], device="cpu", beam_size=3, max_length=12)
+    api = m.translate(inputs, return_attention=True)
+    records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+    dropped = 0
+    for k, (source, t, record) in enumerate(zip(inputs, api, records)):
+        if not source:
+            assert lines[2 * k: 2 * k + 2] == [" ||| "] * 2 and record["nbest"] == []
+            continue
+        text, pairs = lines[2 * k].split(" ||| ")
+        assert text == t.text
+        assert parse_pharaoh(pairs) == expected_pairs(t.attention, source, text, "support", level, threshold)
+        everything = expected_pairs(t.attention, source, text, "support", level)
+        dropped += len(everything) - len(parse_pharaoh(pairs))
+        for n, entry in enumerate(record["nbest"]):  # the report's entries: the output lines' pairs
+            assert lines[2 * k + n] == f"{entry['text']} ||| {entry['alignment']}"
+    assert dropped > 0  # the threshold left some of the support out
 
 
 def test_report_align_with_n_best_scores_streaming_and_samples(reversal, capsys):
