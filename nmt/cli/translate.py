@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-align_mode", "--align_mode", choices=ALIGN_MODES, default=None,
                    help="argmax: each target token to its most attended source token (OpenNMT-py, fairseq); "
                    "support: to every source token of attention above -align_threshold (0: the exact support of "
-                   "a sparse attention) (default: argmax)")
+                   "a sparse attention; a Transformer's: the union of its heads' supports) (default: argmax)")
     p.add_argument("-align_level", "--align_level", choices=ALIGN_LEVELS, default=None,
                    help="word: indices of the words of the source line and the output text (a pair where any of "
                    "their subword pieces are aligned); token: of the model's pieces (default: word)")
