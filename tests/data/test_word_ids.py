@@ -75,6 +75,24 @@ def test_word_ids_of_random_piece_sequences(tokenizers: dict[str, Tokenizer], ki
         check_grouping(tok, pieces)
 
 
+@pytest.mark.parametrize("kind", ["sentencepiece", "sentencepiece-bpe"])
+def test_pieces_of_another_sentencepiece_model(tokenizers: dict[str, Tokenizer], kind: str) -> None:
+    """Pieces the model does not hold (``-replace_unk`` copies source pieces, which another model
+    may have made): the marker "▁" starts a word as in any piece. Truth: the words of the pieces
+    joined with "▁" read as a space (the text is plain: no normalisation to undo)."""
+    tok, rng = tokenizers[kind], random.Random(4)
+    other_texts = [" ".join(w[::-1] + "qu" for w in line.split()) for line in sentences(random.Random(5), 300)]
+    other = build_tokenizer({"type": "sentencepiece", "vocab_size": 60})
+    other.train(other_texts)
+    own = sorted({p for text in sentences(random.Random(3), 200) for p in tok.tokenize(text)})
+    foreign = sorted({p for text in other_texts for p in other.tokenize(text)} - set(own))
+    assert sum(p.startswith("\u2581") and len(p) > 1 for p in foreign) > 10
+    for _ in range(300):
+        pieces = [rng.choice(foreign if rng.random() < 0.4 else own) for _ in range(rng.randint(0, 12))]
+        assert tok.detokenize(pieces).split() == "".join(pieces).replace("\u2581", " ").split(), pieces
+        check_grouping(tok, pieces)
+
+
 def test_word_ids_known_cases(tokenizers: dict[str, Tokenizer]) -> None:
     assert tokenizers["char"].word_ids(["a", "b", "\u2581", "c", "\u2581", "\u2581", "d"]) == [0, 0, None, 1, None, None, 2]
     assert tokenizers["char"].word_ids(["\u2581", "a", "\u2581\u2581"]) == [None, 0, 0]  # an escaped marker is a letter
@@ -87,7 +105,7 @@ def test_word_ids_known_cases(tokenizers: dict[str, Tokenizer]) -> None:
     pieces = spm.tokenize("the cat ÿq")
     assert pieces == ["\u2581the", "\u2581cat", "\u2581", "ÿ", "q"]  # a lone marker before unseen letters
     assert spm.word_ids(pieces) == [0, 1, 2, 2, 2]
-    assert spm.word_ids(["\u2581the", "\u2581ca", "t"]) == [0, 0, 0]  # "▁ca" is no piece: decoded as it is
+    assert spm.word_ids(["\u2581the", "\u2581ca", "t"]) == [0, 1, 1]  # "▁ca" is no piece: its marker still a space
     assert spm.word_ids(["\u2581a", "<unk>", "b"]) == [0, 1, 2]  # <unk> decodes to " ⁇ ": a word of its own
     assert spm._marker_word_ids(pieces) == [0, 1, 2, 2, 2]
 

@@ -19,6 +19,7 @@ from nmt.data.textfiles import write_bytes_atomic
 from nmt.data.tokenizers.base import Tokenizer, words_of_spans
 
 _MODEL_TYPES = ("unigram", "bpe", "char", "word")
+_MARKER = "\u2581"  # sentencepiece's word-start marker
 
 _TRAINING_ONLY = (
     "input", "input_format", "model_prefix", "num_threads", "vocab_size", "character_coverage",
@@ -150,7 +151,32 @@ class SentencePieceTokenizer(Tokenizer):
         return self._processor().encode(text, out_type=str)
 
     def detokenize(self, tokens: list[str]) -> str:
-        return self._processor().decode_pieces(list(tokens))
+        """The text of ``tokens``. A piece that is not in the model (e.g. a source piece that
+        ``-replace_unk`` copied from another model) is decoded as its text, so its word-start
+        marker stays a space: "▁Zug" is " Zug", as a piece of the model would be."""
+        text = self._processor().decode_pieces(list(tokens))
+        if _MARKER not in text:  # sentencepiece decoded every marker: no unknown "▁..." piece
+            return text
+        pieces, _ = self._split_unknown(tokens)
+        return self._processor().decode_pieces(pieces)
+
+    def _split_unknown(self, tokens: list[str]) -> tuple[list[str], list[int]]:
+        """``tokens`` with each piece that is not in the model and starts with "▁" split into "▁"
+        and its rest (sentencepiece decodes the marker of a piece it knows, and "▁" alone, as a
+        space, but an unknown piece's text as it is); and, for each piece, the given token it
+        comes from."""
+        sp = self._processor()
+        unk = sp.unk_id()
+        pieces: list[str] = []
+        owner: list[int] = []
+        for k, t in enumerate(tokens):
+            if len(t) > 1 and t.startswith(_MARKER) and sp.piece_to_id(t) == unk and sp.piece_to_id(_MARKER) != unk:
+                pieces.extend((_MARKER, t[1:]))
+                owner.extend((k, k))
+            else:
+                pieces.append(t)
+                owner.append(k)
+        return pieces, owner
 
     def word_ids(self, pieces: list[str]) -> list[int | None]:
         """From where sentencepiece's decoding puts each piece in the text (its surface span):
@@ -163,6 +189,10 @@ class SentencePieceTokenizer(Tokenizer):
             proto = self._processor().decode_pieces_as_proto(pieces)
         except (AttributeError, ImportError, TypeError):  # an old sentencepiece or no protobuf
             return self._marker_word_ids(pieces)
+        owner = list(range(len(pieces)))
+        if _MARKER in proto.text:  # an unknown "▁..." piece: decoded as detokenize decodes it
+            split, owner = self._split_unknown(pieces)
+            proto = self._processor().decode_pieces_as_proto(split)
         text = proto.text
         char_of_byte = [0] * (len(text.encode("utf-8")) + 1)
         offset = 0
@@ -172,7 +202,10 @@ class SentencePieceTokenizer(Tokenizer):
                 char_of_byte[b] = c
             offset += width
         char_of_byte[offset] = len(text)
-        spans = [(char_of_byte[p.begin], char_of_byte[p.end]) for p in proto.pieces]
+        spans = [(len(text), 0)] * len(pieces)  # each given piece: the union of its parts' spans
+        for k, p in zip(owner, proto.pieces):
+            begin, end = spans[k]
+            spans[k] = (min(begin, char_of_byte[p.begin]), max(end, char_of_byte[p.end]))
         return words_of_spans(text, spans, blank_to_next=True)
 
     @staticmethod
