@@ -315,3 +315,17 @@ def test_replace_unk_copies_the_most_attended_source_word(copy_model, capsys):
                           "-replace_unk", "-report_align", "-beam_size", "3", *COMMON], capsys)
     assert code == 0, err
     assert [line.split(" ||| ")[0] for line in out.split("\n")[:-1]] == expected
+
+
+def test_replace_unk_and_report_align_stream_the_file_outputs(copy_model, capsys):
+    """Streaming (-src - -output -) writes the lines the file mode writes, <unk> replaced."""
+    root = copy_model["root"]
+    args = ["-model", copy_model["model"], "-replace_unk", "-report_align", "-align_mode", "support",
+            "-n_best", "2", "-beam_size", "3", "-with_score", *COMMON]
+    code, out, err = run([*args, "-src", str(root / "input.txt"), "-output", "-"], capsys)
+    assert code == 0, err
+    assert "<unk>" not in out and any(word in out.split() for word in RARE)
+    streamed = subprocess.run([sys.executable, "-m", "nmt.cli.translate", *args, "-src", "-", "-output", "-"],
+                              input=(root / "input.txt").read_text(encoding="utf-8"), capture_output=True, text=True)
+    assert streamed.returncode == 0, streamed.stderr
+    assert streamed.stdout == out
