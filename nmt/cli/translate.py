@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-attention_format", "--attention_format", choices=FORMATS, default="png",
                    help="file format of the heatmaps")
     p.add_argument("-report_align", "--report_align", action="store_true",
-                   help="append ' ||| ' and the word alignment of each output line, as OpenNMT-py's -report_align: "
+                   help="append ' ||| ' and the alignment of each output line (words, or tokens with -align_level token), "
+                   "as OpenNMT-py's -report_align: "
                    "Pharaoh pairs src-tgt (0-based, sorted; e.g. 'das Haus ||| 0-0 1-1'), from the attention of the "
                    "hypothesis's steps (a Transformer: its last layer's cross-attention averaged over the heads; an "
                    "ensemble: the members' mean); every -n_best line and sample has its own; also each n-best entry's "
