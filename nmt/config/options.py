@@ -198,6 +198,15 @@ TRAINING = {
                         "early stopping; ignored once save_dir holds a checkpoint (the run resumes)", nullable=True),
     "init_optimizer": Option(bool, False, "with init_from: also carry the parent's optimizer state (Adam moments; "
                              "hyperparameters from this config)"),
+    "ema": {
+        "decay": Option(float, 0.0, "exponential moving average of the weights, ema = decay * ema + (1 - decay) * "
+                        "weights after each applied update; validation, best.pt and translation use it "
+                        "(0: off; e.g. 0.999)", minimum=0.0, maximum=1.0, max_inclusive=False),
+        "start_step": Option(int, 0, "up to this update the average is a copy of the weights", minimum=0),
+        "every": Option(int, 1, "average every this many updates", minimum=1),
+        "warmup": Option(bool, False, "decay min(decay, (1 + n) / (10 + n)) at the n-th averaging update "
+                         "(TensorFlow's num_updates rule)"),
+    },
 }
 
 VALIDATION = {

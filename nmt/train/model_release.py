@@ -23,7 +23,8 @@ def released(checkpoint: dict[str, Any], source: str | os.PathLike | Sequence[st
     return {"kind": "model", "model": checkpoint["model"], "config": checkpoint["config"],
             "src_field": checkpoint["src_field"], "tgt_field": checkpoint["tgt_field"],
             "step": int(checkpoint.get("step", 0)), "metrics": dict(checkpoint.get("metrics", {})),
-            "released_from": sources}
+            "released_from": sources,
+            **({"weights": checkpoint["weights"]} if "weights" in checkpoint else {})}  # "ema": training.ema's average
 
 
 def _first_difference(a: Any, b: Any, prefix: str = "") -> str | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -36,6 +37,7 @@ from nmt.train.data_setup import (DATA_FILE_KEYS, check_valid_positions, data_ch
 from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, init_distributed, rank_device,
                                    rank_rng_state, resume_check, several_processes, shard_batch, wrap_model)
 from nmt.train.early_stopping import EarlyStopping
+from nmt.train.ema import WeightAverage
 from nmt.train import init_from
 from nmt.train.interrupt import GracefulInterrupt
 from nmt.train.nonfinite import (MAX_CONSECUTIVE_SKIPS, DroppedUpdates, NonFiniteGuard, NonFiniteLossError,
@@ -223,6 +225,8 @@ class Trainer:
             if train_cfg["init_optimizer"]:
                 init_from.init_optimizer(parent, self.optimizer, config, source)
             logger.info(init_from.describe(parent, train_cfg["init_optimizer"]))
+        ema = train_cfg["ema"]  # the moving average of the weights (training.ema), from the weights now
+        self.ema = WeightAverage(self.model, **ema) if ema["decay"] > 0 else None
         if self.dist.is_main:  # once the model is built (and holds the parent's weights): a refused run writes none
             write_run_vocabularies(self.save_dir, self.data.src_field, self.data.tgt_field, fresh=checkpoint is None)
         self.stopper = EarlyStopping(HIGHER_IS_BETTER[self.metric], train_cfg["early_stopping_patience"])
@@ -275,6 +279,11 @@ class Trainer:
         logger.info("model: %s, %d parameters; attention %s, output %s (loss: %s); device %s",
                     config["model"]["type"], n_params, describe_attention(config["model"]), output["mapping"],
                     loss_display_name(output["mapping"]), self.device)
+        if self.ema is not None:
+            ema = train_cfg["ema"]
+            logger.info("ema: moving average of the weights, decay %g%s from step %d, every %d update(s); validation, "
+                        "best.pt and the checkpoints' model are the average (raw_model: the trained weights)",
+                        ema["decay"], " with warmup" if ema["warmup"] else "", ema["start_step"], ema["every"])
         if not self.resumed and self.dist.is_main:  # on resume config.yaml changes with the first checkpoint
             save_config(config, self.save_dir / "config.yaml")
 
@@ -363,7 +372,17 @@ class Trainer:
                           "use another training.save_dir, or set training.resume_ignore_data_change: true")
 
     def _restore(self, checkpoint: dict) -> None:
-        self.model.load_state_dict(checkpoint["model"])
+        # with training.ema the checkpoint's "model" is the average, "raw_model" the trained weights
+        self.model.load_state_dict(checkpoint.get("raw_model", checkpoint["model"]))
+        if self.ema is not None and "ema" in checkpoint:
+            self.ema.load_state_dict(checkpoint["ema"], checkpoint["model"])
+        elif self.ema is not None:
+            self.ema.reset()
+            logger.warning("%s holds no moving average of the weights: training.ema starts it from the weights "
+                           "of step %d", self.resume_path, checkpoint["step"])
+        elif "ema" in checkpoint:
+            logger.warning("%s holds a moving average of the weights, training.ema.decay is 0 now: training goes on "
+                           "from the trained weights, and validation and checkpoints use them", self.resume_path)
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.schedule.load_state_dict(checkpoint["scheduler"])
         self.precision.load_state_dict(checkpoint.get("grad_scaler", {}))
@@ -380,8 +399,11 @@ class Trainer:
                     self.progress.step, self.progress.epoch, self.progress.batch_in_epoch)
 
     def _payload(self) -> dict:
+        ema = {} if self.ema is None else {  # "model": what to translate with; "raw_model": what to resume
+            "weights": "ema", "raw_model": self.model.state_dict(), "ema": self.ema.state_dict()}
         return {
-            "model": self.model.state_dict(),
+            "model": self.model.state_dict() if self.ema is None else self.ema.model_state(self.model),
+            **ema,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.schedule.state_dict(),
             "grad_scaler": self.precision.state_dict(),
@@ -494,6 +516,8 @@ class Trainer:
             return torch.zeros_like(loss), 0
         self.overflows.applied()
         self.nonfinite_skips.applied()
+        if self.ema is not None:  # applied updates only (device ops, no host read)
+            self.ema.update(self.progress.step + 1)
         self.schedule.step()
         if not skip:
             self.nonfinite.observe(loss, self.progress.step + 1)
@@ -651,14 +675,16 @@ class Trainer:
         self.nonfinite.check(self.saved_step)  # never validate (or save) a model that met a NaN loss
         result = None
         if self.dist.is_main:  # the other ranks wait for its scalars (lr decay and early stopping use them)
-            result = validate(self.model, self.data.valid, self.data.valid_references, self.loss_fn,
-                              batch_size=vcfg["batch_size"], device=self.device,
-                              is_softmax=is_softmax(self.config["model"]["output"]["mapping"]),
-                              decode=vcfg["decode"], beam_size=vcfg["beam_size"], max_length=vcfg["max_length"],
-                              max_length_ratio=vcfg["max_length_ratio"], max_length_offset=vcfg["max_length_offset"],
-                              block_ngram_repeat=vcfg["block_ngram_repeat"],
-                              statistics=self.batch_statistics,
-                              pad_multiple=self.config["training"]["pad_to_multiple"])
+            with self._validated_weights():
+                result = validate(self.model, self.data.valid, self.data.valid_references, self.loss_fn,
+                                  batch_size=vcfg["batch_size"], device=self.device,
+                                  is_softmax=is_softmax(self.config["model"]["output"]["mapping"]),
+                                  decode=vcfg["decode"], beam_size=vcfg["beam_size"], max_length=vcfg["max_length"],
+                                  max_length_ratio=vcfg["max_length_ratio"],
+                                  max_length_offset=vcfg["max_length_offset"],
+                                  block_ngram_repeat=vcfg["block_ngram_repeat"],
+                                  statistics=self.batch_statistics,
+                                  pad_multiple=self.config["training"]["pad_to_multiple"])
         scalars = self.dist.broadcast(result.scalars if result is not None else None)
         value = scalars[self.metric]
         is_best = self.stopper.update(value, p.step, count=regular)
@@ -672,15 +698,17 @@ class Trainer:
             record["skipped_updates"] = self.skipped_updates
         record |= self._scaling()  # fp16: the scale and the updates dropped for overflow so far
         if self.dist.is_main:
-            alphas = self._learned_alphas(tb)
-            if alphas:
-                record["alphas"] = alphas
-            metrics_log.append(record)
-            tb.scalars("valid", scalars, p.step)
-            self._heatmaps(tb)
+            with self._validated_weights():
+                alphas = self._learned_alphas(tb)
+                if alphas:
+                    record["alphas"] = alphas
+                metrics_log.append(record)
+                tb.scalars("valid", scalars, p.step)
+                self._heatmaps(tb)
             tb.flush()
             shown = " ".join(f"{k}={v:.4g}" for k, v in scalars.items() if k != "tokens")
-            logger.info("step %d valid: %s%s%s", p.step, shown, " (new best)" if is_best else "",
+            logger.info("step %d valid%s: %s%s%s", p.step, " (ema weights)" if self.ema is not None else "", shown,
+                        " (new best)" if is_best else "",
                         f"; lr decayed to {self.schedule.lr:.3g}" if decayed else "")
             if result.signatures and not self._signatures_logged:
                 logger.info("valid bleu / chrf: sacrebleu %s", " / ".join(result.signatures.values()))
@@ -691,6 +719,11 @@ class Trainer:
         p.valid_loss_sum, p.valid_tokens = 0.0, 0
         self.last_metrics = {k: v for k, v in record.items()}
         self.save(is_best=is_best)
+
+    def _validated_weights(self):
+        """The context in which validation runs: the moving average in the model's parameters
+        (``training.ema``; the trained weights restored bit for bit after it), else nothing."""
+        return self.ema.swapped() if self.ema is not None else nullcontext()
 
     def _learned_alphas(self, tb: TensorBoardWriter) -> dict[str, list[list[float]]]:
         """Learned entmax alphas per attention kind, [layer][head]: logged, and in TensorBoard as
