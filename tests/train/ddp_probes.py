@@ -191,6 +191,25 @@ class ResumeProbe(Hooks):
         stop_watching()
 
 
+class EmaProbe(Hooks):
+    """For a run with ``training.ema``: what each rank writes under ``root``, and each rank's moving
+    average, its count of averaging updates and its trained weights at the end."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def before(self, rank: int) -> None:
+        watch_writes(self.root)
+
+    def probe(self, trainer, rank: int) -> dict:
+        return {"average": {n: a.clone() for n, a in zip(trainer.ema.names, trainer.ema.average)},
+                "averaged_updates": trainer.ema.averaged_updates, "final": state_copy(trainer.model),
+                "writes": stop_watching()}
+
+    def after(self, rank: int) -> None:
+        stop_watching()
+
+
 def build_id_cache(rank: int, data_cfg: dict, work_dir: str, barrier, results, timeout: float) -> None:
     """One of two processes loading the same training data with ``data.id_cache`` at once, as the
     rank 0 of two nmt-train jobs on one node do (:func:`nmt.train.data_setup.load_training_data`,

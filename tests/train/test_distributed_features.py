@@ -24,7 +24,7 @@ from nmt.data.vocab_file import read_vocab_entries
 from nmt.data.vocabulary import SPECIALS
 from nmt.train.checkpoint import checkpoint_step, load_checkpoint
 from nmt.train.trainer import Trainer
-from ddp_probes import FineTuneProbe, OverflowOnRank, ResumeProbe, build_id_cache
+from ddp_probes import EmaProbe, FineTuneProbe, OverflowOnRank, ResumeProbe, build_id_cache
 from ddp_workers import gloo_config, ranks_fixture
 from tiny_task import tiny_config, write_task
 
@@ -177,6 +177,29 @@ def test_an_fp16_overflow_on_rank_1_only_with_real_fp16_autocast(tmp_path, ranks
     last = load_checkpoint(tmp_path / "run" / "last.pt")
     assert last["trainer"]["overflow_skips"]["total"] == k and last["grad_scaler"]["scale"] == zero["scale"]
     assert _equal(last["model"], zero["weights"])
+
+
+@pytest.mark.slow
+def test_the_moving_average_in_two_processes_equals_one_process_and_only_rank_0_writes(tmp_path, ranks):
+    """training.ema with 2 x 4: both ranks hold the same average (bit for bit: their weights are
+    equal) as the single-process 1 x 8 run's, up to DDP's summation order; rank 1 writes nothing;
+    last.pt's model is that average, raw_model the trained weights."""
+    data = write_task(tmp_path / "data", n_train=24)
+    ema = {"decay": 0.8}
+    one = _train(_config(data, tmp_path / "one", 8, max_steps=6, valid_every=3, ema=ema))
+    results = ranks.run(_config(data, tmp_path / "two", 4, max_steps=6, valid_every=3, ema=ema),
+                        hooks=EmaProbe(str(tmp_path)))
+    assert [r[2:4] for r in results] == [("max_steps", 6)] * 2
+    (_, _, _, _, _, zero), (_, _, _, _, _, first) = results
+    assert _equal(zero["average"], first["average"]) and _equal(zero["final"], first["final"])
+    assert zero["averaged_updates"] == first["averaged_updates"] == one.ema.averaged_updates == 6
+    reference = dict(zip(one.ema.names, one.ema.average))
+    _close(zero["average"], reference)
+    assert max((reference[k] - one.model.state_dict()[k]).abs().max() for k in reference) > 1e-4  # not the weights
+    assert first["writes"] == [] and zero["writes"]
+    last = load_checkpoint(tmp_path / "two" / "last.pt")
+    assert _equal({k: last["model"][k] for k in zero["average"]}, zero["average"])
+    assert _equal(last["raw_model"], zero["final"])
 
 
 def _same_on_both_ranks(results: list[tuple], steps: int) -> dict:

@@ -13,6 +13,7 @@ from nmt.data.batching import Batch
 from nmt.models import build_model
 from nmt.sparse import get_loss
 from nmt.train.compile import compile_for_device, compile_loss_forward, pad_to_multiple
+from nmt.train.ema import WeightAverage
 from nmt.train.precision import TrainPrecision
 from nmt.train.update import loss_forward, update
 from nmt.train.validation import batch_statistics, teacher_forced_statistics
@@ -166,7 +167,8 @@ STATIC_ENTMAX = {"mapping": "entmax15", "params": {"impl": "static"}}
 @pytest.mark.parametrize("mapping", ["softmax", "entmax15-static"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_update_step_makes_no_host_sync(precision, mapping):
-    """Forward, loss, backward, clipping, fused Adam: no synchronising call (lengths on the host;
+    """Forward, loss, backward, clipping, fused Adam and the moving average of the weights
+    (``training.ema``, with the warmup rule): no synchronising call (lengths on the host;
     softmax attention, output and cross-entropy, or 1.5-entmax attention, output and loss on
     their sync-free static path)."""
     if mapping == "softmax":
@@ -175,13 +177,16 @@ def test_update_step_makes_no_host_sync(precision, mapping):
         m = model(torch.float32, attention=STATIC_ENTMAX, output=STATIC_ENTMAX)
         loss_fn = get_loss("entmax15", impl="static")
     optimizer = torch.optim.Adam(m.parameters(), lr=1e-3, fused=True)
+    ema = WeightAverage(m, 0.99, start_step=1, warmup=True)
     for step in range(2):
         batch = copy_batch(step)
         with SyncAudit() as audit:
             loss, n_tokens, skipped = update(m, loss_fn, optimizer, batch, PAD, 1.0,
                                              precision=TrainPrecision(precision, "cpu"))
+            ema.update(step + 1)  # a copy, then an average
         assert audit.total == 0, audit.report()
         assert isinstance(n_tokens, int) and loss.dim() == 0 and not skipped
+    assert ema.averaged_updates == 1
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
