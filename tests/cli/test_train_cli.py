@@ -247,3 +247,27 @@ def test_no_progress_bar_where_stderr_is_not_a_terminal(tmp_path, monkeypatch, c
     assert main(["-config", "c.yaml"]) == 0  # not -quiet: progress on, as configured
     err = capsys.readouterr().err
     assert "step 2 (epoch 0): train loss" in err and "\r" not in err and "step/s" not in err
+
+
+def test_moving_average_from_the_command_line_and_translating_with_it(tmp_path, monkeypatch, capsys):
+    """-set training.ema.decay=0.99 on the quick-start config: the validation log says it evaluates
+    the average, best.pt holds it (and says so), and nmt-translate -model best.pt translates with it."""
+    import torch
+
+    from nmt.cli import translate as translate_cli
+    from nmt.train.checkpoint import load_checkpoint
+
+    config = quickstart_like(tmp_path)
+    assert run(tmp_path, monkeypatch, config, "-set", "training.ema.decay=0.99") == 0
+    run_dir = tmp_path / "runs" / "quickstart"
+    log = (run_dir / "train.log").read_text()
+    assert "ema: moving average of the weights, decay 0.99" in log and "step 3 valid (ema weights): loss=" in log
+    best = load_checkpoint(run_dir / "best.pt")
+    assert best["weights"] == "ema" and best["ema"]["averaged_updates"] == 3
+    assert any(not torch.equal(best["model"][k], best["raw_model"][k]) for k in best["raw_model"])
+    capsys.readouterr()
+    source = tmp_path / "data" / "quickstart" / "valid.src"
+    output = tmp_path / "valid.out"
+    assert translate_cli.main(["-model", str(run_dir / "best.pt"), "-src", str(source), "-output", str(output),
+                               "-max_length", "5"]) == 0
+    assert len(output.read_text(encoding="utf-8").splitlines()) == len(source.read_text(encoding="utf-8").splitlines())

@@ -324,3 +324,14 @@ def test_bench_subword_sampling_quick(tmp_path, capsys):
     assert [r["tokenizer"] for r in rows] == ["sentencepiece", "sentencepiece", "bpe"]
     assert all(len(r["epoch_s"]) == 2 and r["deterministic_s"] > 0 and "kept" in r["summary"] for r in rows)
     assert "seconds per epoch" in capsys.readouterr().out
+
+
+def test_bench_ema_quick(tmp_path, capsys):
+    """``bench_ema --quick``: the quick-start model's EMA update, swap and training update timed."""
+    bench = _load("bench_ema")
+    out = tmp_path / "ema.json"
+    assert bench.main(["--quick", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["model"] == "quickstart" and row["parameters"] > 0
+    assert row["ema_update_ms"] > 0 and row["swap_ms"] > 0 and row["train_update_ms"] > 0
+    assert "EMA update" in capsys.readouterr().out
