@@ -55,8 +55,8 @@ class WeightAverage:
         return min(self.decay, (1.0 + n) / (10.0 + n)) if self.warmup else self.decay
 
     def _sources(self) -> list[torch.Tensor]:
-        return ([p.detach() for p in self.params] if self._float32
-                else [p.detach().to(torch.float32) for p in self.params])
+        """The parameters in float32, read under no_grad (themselves when float32: no copy)."""
+        return self.params if self._float32 else [p.detach().to(torch.float32) for p in self.params]
 
     @torch.no_grad()
     def update(self, step: int) -> None:
@@ -92,11 +92,16 @@ class WeightAverage:
 
     def model_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """``model.state_dict()`` with every parameter entry (tied names included) replaced by the
-        average cast to the parameter's dtype: the weights to translate with. Buffers: the model's."""
+        average cast to the parameter's dtype: the weights to translate with. Buffers: the model's.
+        Like ``state_dict()`` it holds the live tensors (no copy where the dtype matches; a tied
+        weight's names share one, saved once): save it before the next :meth:`update`."""
         by_id = {id(p): a for p, a in zip(self.params, self.average)}
+        cast: dict[int, torch.Tensor] = {}  # one tensor per parameter, for all its names
         state = model.state_dict()
         for name, p in model.named_parameters(remove_duplicate=False):
-            state[name] = by_id[id(p)].detach().to(p.dtype, copy=True)
+            if id(p) not in cast:
+                cast[id(p)] = by_id[id(p)].detach().to(p.dtype)
+            state[name] = cast[id(p)]
         return state
 
     def state_dict(self) -> dict[str, Any]:

@@ -120,6 +120,8 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
     check_compatible(paths, checkpoints)
     payload = released(checkpoints[-1], paths)
     payload["model"] = average_state_dicts([c["model"] for c in checkpoints])
+    if any(c.get("weights") != payload.get("weights") for c in checkpoints):  # a mean of averages and others
+        payload.pop("weights", None)
     payload["averaged"] = len(paths)
     return payload
 

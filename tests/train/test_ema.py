@@ -168,7 +168,7 @@ def test_tied_weights_are_one_average_and_every_name_of_them_holds_it():
         model.emb.weight.add_(2.0)
     ema.update(1)
     state = ema.model_state(model)
-    assert torch.equal(state["emb.weight"], state["out.weight"]) and torch.equal(state["out.weight"], ema.average[0])
+    assert state["emb.weight"] is state["out.weight"] and torch.equal(state["out.weight"], ema.average[0])
 
 
 @pytest.mark.parametrize("key, value, expected", [
@@ -227,6 +227,7 @@ def test_training_average_equals_the_closed_form_and_validation_checkpoints_use_
     for payload in (released(best, "best.pt"), average_checkpoints([tmp_path / "ema" / "best.pt"])):
         assert payload["weights"] == "ema" and "raw_model" not in payload
         assert all(torch.equal(payload["model"][k], best["model"][k]) for k in best["model"])
+    assert "weights" not in average_checkpoints([tmp_path / "ema" / "best.pt", tmp_path / "plain" / "best.pt"])
     last = load_checkpoint(tmp_path / "ema" / "last.pt")
     assert last["ema"]["averaged_updates"] == 12 and last["ema"]["decay"] == 0.7
     assert all(torch.equal(last["raw_model"][k], v) for k, v in trainer.model.state_dict().items())
