@@ -307,10 +307,12 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny_task, tmp_path):
     assert read("straight") == read("resumed")
 
 
-def test_switching_the_average_on_and_off_at_a_resume(tiny_task, tmp_path, caplog):
+def test_switching_the_average_on_and_off_at_a_resume(tiny_task, tmp_path, caplog, monkeypatch):
     """A run without an average resumed with one: a warning, the average starts from the weights of
     the resumed step (the closed form from there). A run with one resumed with decay 0: a warning,
     training goes on from the trained weights (raw_model), and the checkpoints hold those."""
+    monkeypatch.setattr(logging.getLogger("nmt"), "propagate", True)  # off after a CLI test's setup_logging
+    monkeypatch.setattr(logging.getLogger("nmt"), "handlers", [])  # theirs may hold a closed stream
     make_trainer(tiny_task, tmp_path / "on", None, max_steps=4).train()
     with caplog.at_level(logging.WARNING, logger="nmt.train.trainer"):
         resumed = make_trainer(tiny_task, tmp_path / "on", {"decay": 0.5}, max_steps=8)
