@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -700,11 +700,11 @@ class Trainer:
         if self.dist.is_main:
             with self._validated_weights():
                 alphas = self._learned_alphas(tb)
-                if alphas:
-                    record["alphas"] = alphas
-                metrics_log.append(record)
-                tb.scalars("valid", scalars, p.step)
                 self._heatmaps(tb)
+            if alphas:
+                record["alphas"] = alphas
+            metrics_log.append(record)
+            tb.scalars("valid", scalars, p.step)
             tb.flush()
             shown = " ".join(f"{k}={v:.4g}" for k, v in scalars.items() if k != "tokens")
             logger.info("step %d valid%s: %s%s%s", p.step, " (ema weights)" if self.ema is not None else "", shown,
@@ -720,7 +720,7 @@ class Trainer:
         self.last_metrics = {k: v for k, v in record.items()}
         self.save(is_best=is_best)
 
-    def _validated_weights(self):
+    def _validated_weights(self) -> AbstractContextManager[None]:
         """The context in which validation runs: the moving average in the model's parameters
         (``training.ema``; the trained weights restored bit for bit after it), else nothing."""
         return self.ema.swapped() if self.ema is not None else nullcontext()
