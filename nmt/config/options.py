@@ -5,7 +5,7 @@ the two agree (every schema key appears in the reference config and vice versa).
 """
 from __future__ import annotations
 
-from nmt.config.schema import REQUIRED, Option
+from nmt.config.schema import REQUIRED, ListableSection, Option
 
 METRICS = ("exact_match", "bleu", "chrf", "loss", "accuracy")
 HIGHER_IS_BETTER = {"exact_match": True, "bleu": True, "chrf": True, "accuracy": True, "loss": False}
@@ -42,11 +42,21 @@ def _files(required: bool) -> dict:
     }
 
 
+def _corpus() -> ListableSection:
+    return ListableSection(
+        _files(required=True),
+        weight=Option(float, 1.0, "each epoch holds this corpus's kept pairs weight times: floor(weight) copies plus "
+                      "a random frac(weight) share of them, drawn from (training.seed, epoch, corpus); < 1 subsamples",
+                      minimum=0, min_inclusive=False),
+        name=Option(str, None, "the corpus's name in the data log (null: its files)", nullable=True),
+    )
+
+
 DATA = {
     "generate": Option(str, None, "generate the data files if missing: 'quickstart' (synthetic inflection task)",
                        choices=("quickstart",), nullable=True),
     "generate_seed": Option(int, 1234, "seed of the generated data"),
-    "train": _files(required=True),
+    "train": _corpus(),  # one {src, tgt, weight, name} or a list of them (several corpora)
     "valid": _files(required=True),
     "src": _side("space"),
     "tgt": _side("space"),

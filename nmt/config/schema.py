@@ -107,6 +107,18 @@ class Option:
 Schema = Mapping[str, "Option | Schema"]
 
 
+class ListableSection(dict):
+    """A section that may also be given as a YAML list of such sections (e.g. ``data.train``: one
+    ``{src, tgt}`` or a list of corpora). A mapping resolves to one section; a list (at least one
+    item) to a list of resolved sections, item ``i`` named ``<key>[i]`` in errors."""
+
+
+def _validate_list(items: list, spec: ListableSection, source: str, path: str) -> list[dict]:
+    if not items:
+        raise ConfigError(source, path, "must be a mapping or a non-empty list of mappings, got an empty list")
+    return [validate(item, spec, source, f"{path}[{i}]") for i, item in enumerate(items)]
+
+
 def validate(config: Any, schema: Schema, source: str, prefix: str = "") -> dict:
     """Check ``config`` against ``schema``; return a new dict with every default filled in.
 
@@ -130,6 +142,8 @@ def validate(config: Any, schema: Schema, source: str, prefix: str = "") -> dict
                 raise ConfigError(source, path, "is required but missing")
             else:
                 resolved[key] = copy.deepcopy(spec.default)
+        elif isinstance(spec, ListableSection) and isinstance(config.get(key), list):
+            resolved[key] = _validate_list(config[key], spec, source, path)
         else:
             resolved[key] = validate(config.get(key), spec, source, path)
     return resolved
@@ -139,4 +153,4 @@ def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
-__all__ = ["REQUIRED", "Option", "Schema", "validate"]
+__all__ = ["REQUIRED", "ListableSection", "Option", "Schema", "validate"]

@@ -38,6 +38,7 @@ def check_config(config: dict, source: str) -> None:
     for side in ("src", "tgt"):
         check_tokenizer(data[side]["tokenizer"], source, f"data.{side}.tokenizer")
     check_subword_sampling(data, source)
+    check_corpora(data, source)
     if data["shared_vocab"] and data["tgt"]["vocab_file"] not in (None, data["src"]["vocab_file"]):
         raise ConfigError(source, "data.tgt.vocab_file", "with data.shared_vocab one vocabulary serves both sides: "
                           "set data.src.vocab_file (and leave this key null)")
@@ -76,6 +77,19 @@ def check_positions(config: dict, source: str) -> None:
         if n + 1 > limit:
             raise ConfigError(source, key, f"{n} {what} need {n + 1} decoder positions (BOS + tokens), more than "
                               f"{table}; at most {limit - 1}")
+
+
+def check_corpora(data: dict, source: str) -> None:
+    """``data.train`` as a list of corpora: not with ``data.id_cache`` (one cache per training file
+    pair) nor ``data.generate`` (it writes one pair of training files)."""
+    if not isinstance(data["train"], list):
+        return
+    if data["id_cache"]:
+        raise ConfigError(source, "data.id_cache", "the token-id cache holds one training corpus, but data.train "
+                          f"lists {len(data['train'])}: set data.id_cache: false")
+    if data["generate"] is not None:
+        raise ConfigError(source, "data.generate", "generates one training corpus, but data.train is a list: "
+                          "give data.train as one {src, tgt} mapping")
 
 
 def check_subword_sampling(data: dict, source: str) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nmt.data.corpora import CorpusWeights, is_weighted, read_corpora, training_corpora
 from nmt.data.dataset import ParallelDataset, read_parallel
 from nmt.data.epoch_segmentation import ResampledPairs
 from nmt.data.subword_sampling import SubwordSampler, build_sampler, sampling_enabled
@@ -45,7 +46,9 @@ class TrainingData:
     match / BLEU against detokenized hypotheses). ``resampled``: with subword sampling
     (``data.<side>.subword_sampling``) the training pairs to re-segment every epoch
     (``train`` is then their deterministic segmentation, for the data line and the vocabulary's
-    unknown-token count); None otherwise.
+    unknown-token count); None otherwise. ``weights``: with several corpora (or a weight other
+    than 1) what builds each epoch's examples from ``train`` (or the epoch's segmentation): the
+    corpora's pairs lie one after the other in ``train``; None otherwise.
     """
 
     src_field: Field
@@ -54,6 +57,7 @@ class TrainingData:
     valid: ParallelDataset
     valid_references: list[str]
     resampled: ResampledPairs | None = None
+    weights: CorpusWeights | None = None
 
 
 def generate_if_missing(data_cfg: dict) -> bool:
@@ -154,15 +158,24 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     With ``data.id_cache`` the training set is an ``ArrayParallelDataset``
     (``nmt.data.id_arrays``, memory-mapped), and the training text is not read at all when
     ``fields`` are given (a resumed run, or ranks > 0 of a data-parallel job).
+    With ``data.train`` a list of corpora (:mod:`nmt.data.corpora`) their pairs are read one after
+    the other (a missing file names its key, ``data.train[1].src``), the fields are built from
+    them all (each once, whatever its weight), and ``weights`` is set; one line per corpus is logged.
     """
     train_files, limits = data_cfg["train"], (data_cfg["src"]["max_length"], data_cfg["tgt"]["max_length"])
     if data_cfg["id_cache"] and fields is None:
         fields = streamed_fields(data_cfg)  # None when a tokenizer must be trained on the text
     train_pairs = None
+    weights = None
     if data_cfg["id_cache"] and fields is not None:  # never holds the corpus as Python lists
         src_field, tgt_field = fields
     else:
-        train_pairs = read_parallel(train_files["src"], train_files["tgt"])
+        if is_weighted(train_files):
+            corpora = training_corpora(train_files)
+            train_pairs, starts = read_corpora(corpora)
+            weights = CorpusWeights(corpora, starts)
+        else:
+            train_pairs = read_parallel(train_files["src"], train_files["tgt"])
         if not any(src.strip() and tgt.strip() for src, tgt in train_pairs):
             raise DataError(f"{_files(data_cfg, 'train')}: no training pairs: {len(train_pairs)} lines, "
                             "none with text on both sides")
@@ -187,7 +200,10 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
         raise DataError(f"{_files(data_cfg, 'valid')}: no validation pairs: {valid.n_input} lines, "
                         f"{valid.skipped['empty']} of them empty (a pair needs tokens on both sides)")
     for name, dataset in (("train", train), ("valid", valid)):
-        logger.info("%s data (%s, %s): %s", name, data_cfg[name]["src"], data_cfg[name]["tgt"], dataset.summary())
+        logger.info("%s data (%s): %s", name, _files(data_cfg, name), dataset.summary())
+    if weights is not None:
+        for line in weights.describe(train):
+            logger.info("train corpus %s", line)
     logger.info("vocabulary: source %d types, target %d types%s", len(src_field.vocab), len(tgt_field.vocab),
                 " (shared)" if src_field is tgt_field
                 else " (shared tokenizer)" if src_field.tokenizer is tgt_field.tokenizer else "")
@@ -195,7 +211,7 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
         logger.info("subword sampling: %s; a new segmentation of the training data every epoch, seeded by "
                     "(training.seed, epoch)", resampled.describe())
     references = [valid_pairs[line - 1][1] for line in valid.line_numbers]
-    return TrainingData(src_field, tgt_field, train, valid, references, resampled)
+    return TrainingData(src_field, tgt_field, train, valid, references, resampled, weights)
 
 
 def resampled_pairs(pairs: Sequence[tuple[str, str]], src_field: Field, tgt_field: Field,
@@ -232,9 +248,7 @@ def data_fingerprints(data_cfg: dict) -> dict[str, dict]:
     of sampled blocks; about 2 MiB read per file, whatever its size). A file that cannot be read
     is left out: loading the data names it."""
     prints = {}
-    for key in DATA_FILE_KEYS:
-        _, split, side = key.split(".")
-        path = data_cfg[split][side]
+    for key, path in _data_files(data_cfg):
         try:
             prints[key] = {"path": str(path), **fingerprint(path)}
         except OSError:
@@ -247,8 +261,8 @@ def data_changes(saved: dict[str, dict], current: dict[str, dict]) -> list[tuple
     (a checkpoint's) and ``current`` (both from :func:`data_fingerprints`); a file absent from
     either is not compared."""
     changes = []
-    for key in DATA_FILE_KEYS:
-        if key in saved and key in current:
+    for key in current:
+        if key in saved:
             what = describe_change(saved[key], current[key])
             if what is not None:
                 changes.append((key, current[key]["path"], what))
@@ -300,7 +314,20 @@ def write_run_vocabularies(save_dir: str | Path, src_field: Field, tgt_field: Fi
 
 
 def _files(data_cfg: dict, split: str) -> str:
+    """``src, tgt`` of a split (of each training corpus, ``; ``-separated, when there are several)."""
+    if isinstance(data_cfg[split], list):
+        return "; ".join(f"{c['src']}, {c['tgt']}" for c in data_cfg[split])
     return f"{data_cfg[split]['src']}, {data_cfg[split]['tgt']}"
+
+
+def _data_files(data_cfg: dict) -> list[tuple[str, str]]:
+    """``(config key, path)`` of each data file: :data:`DATA_FILE_KEYS`, or with several training
+    corpora ``data.train[i].src`` / ``.tgt`` for each, then the validation files."""
+    if not isinstance(data_cfg["train"], list):
+        return [(key, data_cfg[key.split(".")[1]][key.split(".")[2]]) for key in DATA_FILE_KEYS]
+    return ([(f"data.train[{i}].{side}", corpus[side]) for i, corpus in enumerate(data_cfg["train"])
+             for side in ("src", "tgt")]
+            + [(f"data.valid.{side}", data_cfg["valid"][side]) for side in ("src", "tgt")])
 
 
 __all__ = ["resampled_pairs", "DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]

@@ -649,7 +649,15 @@ class Trainer:
     def _epoch_train_set(self, epoch: int):
         """The training examples of ``epoch``: the data's one segmentation, or with subword
         sampling that epoch's (a function of training.seed and the epoch: the same on every rank
-        and after a resume), logged with its kept / skipped pairs, ``<unk>`` share and time."""
+        and after a resume), logged with its kept / skipped pairs, ``<unk>`` share and time; with
+        several corpora (``data.train`` a list) each corpus's examples weight times
+        (:class:`nmt.data.corpora.CorpusWeights`, also a function of (training.seed, epoch))."""
+        examples = self._epoch_segmentation(epoch)
+        if self.data.weights is None:
+            return examples
+        return self.data.weights.for_epoch(examples, self.config["training"]["seed"], epoch)
+
+    def _epoch_segmentation(self, epoch: int):
         resampled = self.data.resampled
         if resampled is None:
             return self.data.train

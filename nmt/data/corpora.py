@@ -1,0 +1,166 @@
+"""Several training corpora with weights (``data.train`` as a list of ``{src, tgt, weight, name}``).
+
+The corpora's pairs are read one after the other into one list (:func:`read_corpora`) and
+encoded as one dataset (the length limits apply to every pair, so to each corpus). Each epoch
+holds corpus ``k``'s kept pairs ``weight_k`` times: ``floor(weight_k)`` full copies plus
+``round(frac(weight_k) x kept_k)`` of them (halves rounded up) drawn without replacement by a
+generator seeded with ``(seed, epoch, k)`` (:func:`epoch_indices`): a function of the seed and the
+epoch only, so a resumed run and every process of a data-parallel job build the same list.
+:class:`EpochExamples` is that list as a dataset the batcher and ``collate`` read (a view, the
+token ids are not copied).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from nmt.data.dataset import read_parallel
+from nmt.data.errors import DataError
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """One training corpus: ``key`` is its config key (``data.train`` or ``data.train[i]``)."""
+
+    key: str
+    src: str
+    tgt: str
+    weight: float = 1.0
+    name: str | None = None
+
+    @property
+    def label(self) -> str:
+        """Its name in the log: ``name``, else ``src, tgt``."""
+        return self.name if self.name is not None else f"{self.src}, {self.tgt}"
+
+
+def training_corpora(train_cfg: dict | list[dict]) -> list[Corpus]:
+    """The corpora of a resolved ``data.train`` (one mapping or a list of them)."""
+    if isinstance(train_cfg, dict):
+        return [Corpus("data.train", train_cfg["src"], train_cfg["tgt"], train_cfg.get("weight", 1.0),
+                       train_cfg.get("name"))]
+    return [Corpus(f"data.train[{i}]", c["src"], c["tgt"], c.get("weight", 1.0), c.get("name"))
+            for i, c in enumerate(train_cfg)]
+
+
+def is_weighted(train_cfg: dict | list[dict]) -> bool:
+    """Whether ``data.train`` asks for a weighted epoch list: a list, or one mapping whose weight is
+    not 1 (one mapping of weight 1 is the plain dataset, batched as it always was)."""
+    return isinstance(train_cfg, list) or train_cfg.get("weight", 1.0) != 1.0
+
+
+def read_corpora(corpora: Sequence[Corpus]) -> tuple[list[tuple[str, str]], np.ndarray]:
+    """All corpora's ``(source, target)`` lines, one corpus after the other, and ``starts``
+    (``len(corpora) + 1`` ints: corpus ``k`` holds pairs ``starts[k]:starts[k + 1]``). A missing
+    file or other reading problem is a one-line ``DataError`` naming the key, e.g.
+    ``data.train[1].src: bt.de: file not found``."""
+    pairs: list[tuple[str, str]] = []
+    starts = [0]
+    for corpus in corpora:
+        for side in ("src", "tgt"):
+            path = Path(getattr(corpus, side))
+            if not path.is_file():
+                raise DataError(f"{corpus.key}.{side}: {path}: file not found")
+        try:
+            pairs.extend(read_parallel(corpus.src, corpus.tgt))
+        except DataError as exc:
+            raise DataError(f"{corpus.key}: {exc}") from None
+        starts.append(len(pairs))
+    return pairs, np.asarray(starts, dtype=np.int64)
+
+
+def examples_per_epoch(kept: int, weight: float) -> int:
+    """How many examples an epoch holds of a corpus of ``kept`` pairs: ``floor(weight) x kept`` plus
+    ``round(frac(weight) x kept)`` (halves up)."""
+    whole = int(weight)
+    return whole * kept + int((weight - whole) * kept + 0.5)
+
+
+def epoch_indices(corpus_ids: np.ndarray, weights: Sequence[float], seed: int, epoch: int) -> np.ndarray:
+    """The dataset positions of one epoch: for each corpus ``k`` (the examples whose
+    ``corpus_ids`` is ``k``, in dataset order) ``floor(weights[k])`` copies of all of them, then the
+    ``round(frac x n_k)`` positions drawn without replacement by ``numpy.random.default_rng([seed,
+    epoch, k])`` (kept in dataset order). Returns an int64 array of ``sum_k examples_per_epoch``."""
+    parts = [np.zeros(0, dtype=np.int64)]
+    for k, weight in enumerate(weights):
+        members = np.flatnonzero(corpus_ids == k).astype(np.int64)
+        whole = int(weight)
+        parts.extend([members] * whole)
+        extra = examples_per_epoch(members.size, weight) - whole * members.size
+        if extra:
+            chosen = np.random.default_rng([seed, epoch, k]).choice(members.size, size=extra, replace=False)
+            parts.append(members[np.sort(chosen)])
+    return np.concatenate(parts)
+
+
+class _Rows:
+    """``rows[indices[i]]`` for ``i`` in ``range(len(indices))`` (no copy)."""
+
+    def __init__(self, rows: Sequence, indices: np.ndarray) -> None:
+        self.rows, self.indices = rows, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        return self.rows[int(self.indices[i])]
+
+
+class EpochExamples:
+    """The examples at ``indices`` of ``dataset`` (repeats allowed), read as a dataset:
+    ``src`` / ``tgt`` rows, ``src_lengths`` / ``tgt_lengths`` (int64 arrays of ``len(indices)``),
+    ``line_numbers`` of the underlying pairs, and ``dataset_index`` (the positions themselves)."""
+
+    def __init__(self, dataset, indices: np.ndarray) -> None:
+        self.dataset, self.dataset_index = dataset, np.asarray(indices, dtype=np.int64)
+        self.src = _Rows(dataset.src, self.dataset_index)
+        self.tgt = _Rows(dataset.tgt, self.dataset_index)
+        self.src_lengths = np.asarray(dataset.src_lengths, dtype=np.int64)[self.dataset_index]
+        self.tgt_lengths = np.asarray(dataset.tgt_lengths, dtype=np.int64)[self.dataset_index]
+        self.line_numbers = np.asarray(dataset.line_numbers, dtype=np.int64)[self.dataset_index]
+
+    def __len__(self) -> int:
+        return len(self.dataset_index)
+
+    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
+        return self.src[i], self.tgt[i]
+
+
+class CorpusWeights:
+    """The corpora of a run and where their pairs start in the concatenated list
+    (:func:`read_corpora`): builds each epoch's examples and the per-corpus log lines."""
+
+    def __init__(self, corpora: Sequence[Corpus], starts: np.ndarray) -> None:
+        self.corpora, self.starts = list(corpora), np.asarray(starts, dtype=np.int64)
+
+    def corpus_ids(self, dataset) -> np.ndarray:
+        """The corpus of each example of ``dataset`` (from its 1-based ``line_numbers``): (len,) int64."""
+        lines = np.asarray(dataset.line_numbers, dtype=np.int64) - 1
+        return np.searchsorted(self.starts, lines, side="right") - 1
+
+    def for_epoch(self, dataset, seed: int, epoch: int) -> EpochExamples:
+        """``dataset``'s examples of ``epoch`` (:func:`epoch_indices`)."""
+        indices = epoch_indices(self.corpus_ids(dataset), [c.weight for c in self.corpora], seed, epoch)
+        if indices.size == 0:
+            raise DataError(f"epoch {epoch}: the weights of data.train leave no training example "
+                            f"({len(dataset)} pairs kept): raise a weight")
+        return EpochExamples(dataset, indices)
+
+    def describe(self, dataset) -> list[str]:
+        """One line per corpus: ``<name or files>: kept K of N pairs (skipped S), weight W, E examples
+        per epoch``."""
+        kept = np.bincount(self.corpus_ids(dataset), minlength=len(self.corpora))
+        lines = []
+        for k, corpus in enumerate(self.corpora):
+            total = int(self.starts[k + 1] - self.starts[k])
+            lines.append(f"{corpus.label}: kept {int(kept[k])} of {total} pairs (skipped {total - int(kept[k])}), "
+                         f"weight {corpus.weight:g}, {examples_per_epoch(int(kept[k]), corpus.weight)} examples "
+                         "per epoch")
+        return lines
+
+
+__all__ = ["Corpus", "CorpusWeights", "EpochExamples", "epoch_indices", "examples_per_epoch", "is_weighted",
+           "read_corpora", "training_corpora"]
