@@ -1,0 +1,189 @@
+"""Training on several weighted corpora (data.train as a list): the batches a run trains on hold
+each corpus weight x kept pairs per epoch (counted from the files), one mapping batches exactly as
+a plain dataset, kill and resume equals an uninterrupted run, two ranks equal one process, subword
+sampling re-weights each epoch's segmentation, a changed corpus file is named on resume, and
+nmt-train / nmt-translate run end to end."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import nmt.train.trainer as trainer_module
+from nmt.config import ConfigError, resolve_config
+from nmt.data.batching import make_batch_order
+from nmt.data.dataset import ParallelDataset, read_parallel
+from nmt.train.trainer import Trainer
+from ddp_workers import gloo_config, ranks_fixture
+from tiny_task import tiny_config, write_task
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def corpora(tmp_path):
+    """Two corpora of the reversal task: 'real' (24 pairs, weight 2) and 'bt' (30 pairs, weight 0.5);
+    every pair is kept (at most 5 tokens a side)."""
+    real = write_task(tmp_path / "real", n_train=24, seed=1)
+    bt = write_task(tmp_path / "bt", n_train=30, seed=2)
+    return {"train": [{**real["train"], "weight": 2, "name": "real"}, {**bt["train"], "weight": 0.5}],
+            "valid": real["valid"]}
+
+
+def config(data, save_dir, **training):
+    return tiny_config(data, save_dir, device="cpu", **training)
+
+
+def make(data, save_dir, **training) -> Trainer:
+    return Trainer(resolve_config(config(data, save_dir, **training), "c.yaml"), "c.yaml")
+
+
+def record_batches(monkeypatch) -> list[list[int]]:
+    """The input line (1-based, over the corpora one after the other) of every example collated for training."""
+    seen: list[list[int]] = []
+    collate = trainer_module.collate
+
+    def recording(dataset, indices, *args):
+        seen.append([int(dataset.line_numbers[int(i)]) for i in indices])
+        return collate(dataset, indices, *args)
+    monkeypatch.setattr(trainer_module, "collate", recording)
+    return seen
+
+
+def test_each_epoch_trains_on_every_corpus_weight_times(corpora, monkeypatch):
+    seen = record_batches(monkeypatch)
+    run = make(corpora, Path(corpora["valid"]["src"]).parent.parent / "run", max_steps=None, max_epochs=2)
+    assert run.train().epoch == 2
+    sizes = [len(Path(c["src"]).read_text().splitlines()) for c in corpora["train"]]
+    assert sizes == [24, 30]
+    lines = Counter(line for batch in seen for line in batch)
+    # two epochs: real 2 x 24 (every line 4 times), bt round(0.5 x 30) = 15 of 30 per epoch
+    assert all(lines[line] == 4 for line in range(1, 25))
+    bt = [lines.get(line, 0) for line in range(25, 55)]
+    assert sum(bt) == 2 * 15 and set(bt) <= {0, 1, 2}
+    assert sum(lines.values()) == 2 * (2 * 24 + 15)
+
+
+def test_a_single_mapping_batches_as_a_plain_dataset(corpora, tmp_path, monkeypatch):
+    """One {src, tgt} trains on exactly the batches of ParallelDataset(read_parallel(files)) (as
+    before data.train lists existed), and a list of that one corpus of weight 1 trains the same weights."""
+    seen = record_batches(monkeypatch)
+    files = {k: corpora["train"][0][k] for k in ("src", "tgt")}
+    plain = make({**corpora, "train": files}, tmp_path / "plain", max_steps=8)
+    assert plain._epoch_train_set(0) is plain.data.train
+    plain.train()
+    data = ParallelDataset(read_parallel(files["src"], files["tgt"]), plain.data.src_field, plain.data.tgt_field, 50, 50)
+    expected = [batch for epoch in range(3) for batch in make_batch_order(data, 8, seed=1234, epoch=epoch).lists()]
+    assert seen == [[data.line_numbers[i] for i in batch] for batch in expected][:8]
+    listed = make({**corpora, "train": [{**files, "weight": 1}]}, tmp_path / "listed", max_steps=8)
+    listed.train()
+    for (name, a), (_, b) in zip(plain.model.state_dict().items(), listed.model.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(corpora, tmp_path):
+    straight = make(corpora, tmp_path / "straight", max_steps=14)  # 8 batches an epoch (63 examples)
+    straight.train()
+
+    def interrupt_at_12(step):  # mid-epoch 1, between validations
+        if step == 12:
+            os.kill(os.getpid(), signal.SIGINT)
+    first = make(corpora, tmp_path / "resumed", max_steps=14)
+    assert first.train(step_hook=interrupt_at_12).stopped_by == "SIGINT"
+    second = make(corpora, tmp_path / "resumed", max_steps=14)
+    assert second.resumed and second.progress.step == 12 and second.progress.epoch == 1
+    assert second.train().step == 14
+    for (name, a), (_, b) in zip(straight.model.state_dict().items(), second.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    read = lambda d: [json.loads(l) for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+    drop = ("elapsed", "tokens_per_sec")
+    assert [{k: v for k, v in r.items() if k not in drop} for r in read("straight")] == \
+           [{k: v for k, v in r.items() if k not in drop} for r in read("resumed")]
+
+
+def test_a_changed_corpus_file_is_named_on_resume(corpora, tmp_path):
+    make(corpora, tmp_path / "run", max_steps=2).train()
+    bt = Path(corpora["train"][1]["tgt"])
+    bt.write_text(bt.read_text().replace("a", "b"))
+    with pytest.raises(ConfigError, match=r"data.train\[1\].tgt: .*bt/train.tgt changed since"):
+        make(corpora, tmp_path / "run", max_steps=4)
+
+
+def test_subword_sampling_weights_each_epochs_segmentation(tmp_path, monkeypatch):
+    from test_subword_sampling_training import SAMPLING, words_config, write_words_task
+
+    a, b = write_words_task(tmp_path / "a", n_train=30, seed=1), write_words_task(tmp_path / "b", n_train=20, seed=2)
+    data = {"train": [{**a["train"], "weight": 1.5}, {**b["train"], "weight": 1}], "valid": a["valid"]}
+    run = Trainer(resolve_config(words_config(data, tmp_path / "run", SAMPLING, max_steps=None, max_epochs=2),
+                                 "w.yaml"), "w.yaml")
+    seen = record_batches(monkeypatch)
+    run.train()
+    start = 0
+    for epoch in range(2):
+        segmentation = run.data.resampled.for_epoch(1234, epoch)  # kept pairs differ by epoch (length limits)
+        kept = [sum(1 for n in segmentation.line_numbers if n <= 30), sum(1 for n in segmentation.line_numbers if n > 30)]
+        extra = math.floor(0.5 * kept[0] + 0.5)  # round half up of frac(1.5) x kept
+        size = kept[0] + extra + kept[1]
+        n_batches = math.ceil(size / 8)
+        lines = Counter(line for batch in seen[start:start + n_batches] for line in batch)
+        start += n_batches
+        assert sum(lines.values()) == size
+        assert all(lines[n] == 1 for n in segmentation.line_numbers if n > 30)
+        assert sorted(Counter(lines[n] for n in segmentation.line_numbers if n <= 30).items()) == \
+               [(1, kept[0] - extra), (2, extra)]
+    assert start == len(seen)
+
+
+def test_nmt_train_and_translate_with_two_corpora(corpora, tmp_path):
+    cfg = config(corpora, tmp_path / "run", max_steps=None, max_epochs=2)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = lambda module, *args: subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                                               env=env, cwd=tmp_path)
+    trained = run("nmt.cli.train", "-config", str(tmp_path / "c.yaml"))
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    log = (tmp_path / "run" / "train.log").read_text()
+    bt = corpora["train"][1]
+    assert "train corpus real: kept 24 of 24 pairs (skipped 0), weight 2, 48 examples per epoch" in log
+    assert f"train corpus {bt['src']}, {bt['tgt']}: kept 30 of 30 pairs (skipped 0), weight 0.5, 15 examples per epoch" in log
+    assert "training finished (max_epochs) at step 16 (epoch 2)" in log  # 63 examples: 8 batches of 8
+    translated = run("nmt.cli.translate", "-model", str(tmp_path / "run" / "best.pt"), "-src", corpora["valid"]["src"])
+    assert translated.returncode == 0, translated.stderr[-2000:]
+    assert len(translated.stdout.splitlines()) == len(Path(corpora["valid"]["src"]).read_text().splitlines())
+    cfg["data"]["train"][1]["src"] = str(tmp_path / "missing.src")
+    cfg["training"]["save_dir"] = str(tmp_path / "other")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    failed = run("nmt.cli.train", "-config", str(tmp_path / "c.yaml"))
+    assert failed.returncode != 0
+    error = failed.stderr.strip().splitlines()
+    assert len(error) == 1 and "data.train[1].src: " in error[0] and "missing.src: file not found" in error[0]
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    yield from ranks_fixture(2)
+
+
+@pytest.mark.slow
+def test_two_processes_train_on_the_epoch_list_of_one_process(tmp_path, ranks):
+    """Two ranks of batch 4 equal one process of batch 8 only if both ranks cut the global
+    batches from the same weighted list of every epoch."""
+    real = write_task(tmp_path / "real", n_train=24, seed=1)
+    bt = write_task(tmp_path / "bt", n_train=30, seed=2)
+    data = {"train": [{**real["train"], "weight": 1.5}, {**bt["train"], "weight": 0.7}], "valid": real["valid"]}
+    Trainer(resolve_config(gloo_config(data, tmp_path / "one", 8, max_steps=10, valid_every=5), "t"), "t").train()
+    results = ranks.run(gloo_config(data, tmp_path / "two", 4, max_steps=10, valid_every=5))
+    assert [r[2:4] for r in results] == [("max_steps", 10)] * 2
+    from nmt.train.checkpoint import load_checkpoint
+    a, b = load_checkpoint(tmp_path / "one" / "last.pt")["model"], load_checkpoint(tmp_path / "two" / "last.pt")["model"]
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=2e-6, msg=name)
