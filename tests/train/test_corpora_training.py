@@ -187,3 +187,22 @@ def test_two_processes_train_on_the_epoch_list_of_one_process(tmp_path, ranks):
     a, b = load_checkpoint(tmp_path / "one" / "last.pt")["model"], load_checkpoint(tmp_path / "two" / "last.pt")["model"]
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=2e-6, msg=name)
+
+
+def test_a_checkpoint_of_an_nmt_without_corpus_weights_resumes(corpora, tmp_path):
+    """A run whose checkpoint's config has no data.train.weight / name (an older nmt) resumes: the
+    defaults are what it did; one whose config now sets a weight is refused (another data order)."""
+    from nmt.train.checkpoint import load_checkpoint, save_checkpoint
+
+    files = {k: corpora["train"][0][k] for k in ("src", "tgt")}
+    data = {**corpora, "train": files}
+    make(data, tmp_path / "run", max_steps=2).train()
+    last = tmp_path / "run" / "last.pt"
+    checkpoint = load_checkpoint(last)
+    assert checkpoint["config"]["data"]["train"] == {**files, "weight": 1.0, "name": None}
+    del checkpoint["config"]["data"]["train"]["weight"], checkpoint["config"]["data"]["train"]["name"]
+    save_checkpoint(last, checkpoint)
+    with pytest.raises(ConfigError, match=r"data.train.weight: differs from the run"):
+        make({**corpora, "train": {**files, "weight": 2}}, tmp_path / "run", max_steps=4)
+    resumed = make(data, tmp_path / "run", max_steps=4)
+    assert resumed.resumed and resumed.train().step == 4
