@@ -173,13 +173,20 @@ TRAINING = {
     "accumulate": Option(int, 1, "batches per update (gradient accumulation; the loss is normalised by the "
                          "target tokens of all of them)", minimum=1),
     "lr_schedule": {
-        "type": Option(str, "plateau", "plateau: warmup, then halving on validation-loss plateaus; noam: warmup, "
-                       "then inverse square root decay", choices=("plateau", "noam")),
+        "type": Option(str, "plateau", "plateau: warmup, then halving on validation-loss plateaus; noam (alias "
+                       "inverse_sqrt): warmup, then inverse square root decay; constant: warmup, then lr; linear / "
+                       "cosine: warmup, then linear / cosine decay to min_lr over decay_steps (default max_steps); "
+                       "exponential: warmup, times decay_factor from start_decay_steps on, every decay_steps",
+                       choices=("plateau", "noam", "inverse_sqrt", "constant", "linear", "cosine", "exponential")),
         "warmup_steps": Option(int, 0, "linear warmup from 0 to lr over this many steps", minimum=0),
-        "decay_factor": Option(float, 0.5, "multiply lr by this when validation loss does not improve",
+        "decay_factor": Option(float, 0.5, "plateau: multiply lr by this when validation loss does not improve; "
+                               "exponential: the factor of each decay",
                                minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False),
         "decay_patience": Option(int, 0, "validations without improvement tolerated before a decay", minimum=0),
         "min_lr": Option(float, 0.0, "never decay below this learning rate", minimum=0.0),
+        "decay_steps": Option(int, None, "linear / cosine: updates from the start to the end of the decay (null: "
+                              "training.max_steps); exponential: updates between decays", nullable=True, minimum=1),
+        "start_decay_steps": Option(int, 0, "exponential: the update of the first decay (0: decay_steps)", minimum=0),
     },
     "clip_grad_norm": Option(float, 5.0, "clip the global gradient norm (null: no clipping)", nullable=True,
                              minimum=0.0, min_inclusive=False),

@@ -52,6 +52,7 @@ def check_config(config: dict, source: str) -> None:
     if training["max_steps"] is None and training["max_epochs"] is None and training["max_minutes"] is None:
         raise ConfigError(source, "training.max_steps",
                           "set training.max_steps, training.max_epochs or training.max_minutes")
+    check_lr_schedule(training, source)
     betas = training["optimizer"]["betas"]
     if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas):
         raise ConfigError(source, "training.optimizer.betas", f"must be two numbers in [0, 1), got {betas!r}")
@@ -226,3 +227,32 @@ def _first_line(exc: BaseException) -> str:
 
 __all__ = ["check_config", "check_positions", "check_subword_sampling", "check_tokenizer", "check_mapping", "check_attention_kind", "check_loss", "check_continuous",
            "registered_mappings"]
+
+
+def check_lr_schedule(training: dict, source: str) -> None:
+    """``training.lr_schedule``: the keys its type does not read keep their defaults (a
+    ``decay_patience`` given to ``cosine`` is a mistake, not a no-op), and the type's own needs
+    (a decay length for linear / cosine longer than the warmup, ``decay_steps`` for exponential,
+    a warmup for noam, ``min_lr`` not above ``optimizer.lr`` where it is the end point).
+    One-line :class:`ConfigError` naming the key."""
+    from nmt.config.options import TRAINING
+    from nmt.train.schedules import READS, build_schedule
+
+    cfg = training["lr_schedule"]
+    kind = cfg["type"]
+    for key, option in TRAINING["lr_schedule"].items():
+        if key != "type" and key not in READS[kind] and cfg[key] != option.default:
+            readers = ", ".join(t for t, keys in READS.items() if key in keys)
+            raise ConfigError(source, f"training.lr_schedule.{key}",
+                              f"the {kind} schedule does not read it (only {readers}): remove it")
+    if kind in ("linear", "cosine") and cfg["min_lr"] > training["optimizer"]["lr"]:
+        raise ConfigError(source, "training.lr_schedule.min_lr", f"{cfg['min_lr']} is above training.optimizer.lr "
+                          f"{training['optimizer']['lr']}: the {kind} schedule decays from lr to min_lr")
+    import torch
+
+    try:  # the schedule's own checks, on a throwaway optimizer
+        build_schedule(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0), training["optimizer"]["lr"],
+                       cfg, training["max_steps"])
+    except ValueError as exc:
+        key, _, problem = str(exc).partition(": ")
+        raise ConfigError(source, key, problem) from None

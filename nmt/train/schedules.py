@@ -1,5 +1,7 @@
-"""Learning-rate schedules: ``plateau`` (linear warmup, halving on a validation-loss plateau)
-and ``noam`` (linear warmup, inverse-square-root decay; Vaswani et al. 2017).
+"""Learning-rate schedules: ``plateau`` (linear warmup, halving on a validation-loss plateau),
+``noam`` (linear warmup, inverse-square-root decay; Vaswani et al. 2017; ``inverse_sqrt`` is
+its fairseq name) and, in :mod:`nmt.train.decay_schedules`, the step-driven ``constant``,
+``linear``, ``cosine`` and ``exponential``; :func:`build_schedule` picks one from the config.
 
 Plateau: the learning rate at step ``s`` is ``base_lr * decay * min(1, s / warmup_steps)`` where
 ``decay`` is multiplied by ``decay_factor`` (0.5 in Peters et al. 2019) every time the
@@ -11,6 +13,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from nmt.train.decay_schedules import STEP_SCHEDULES, StepSchedule
 
 
 class PlateauWarmupSchedule:
@@ -122,24 +126,55 @@ class NoamSchedule:
         self._apply()
 
 
-SCHEDULES = ("plateau", "noam")
+SCHEDULES = ("plateau", "noam", "inverse_sqrt") + STEP_SCHEDULES
+
+# the lr_schedule keys each type reads (besides type); the others must keep their defaults
+READS = {"plateau": ("warmup_steps", "decay_factor", "decay_patience", "min_lr"),
+         "noam": ("warmup_steps", "min_lr"), "inverse_sqrt": ("warmup_steps", "min_lr"),
+         "constant": ("warmup_steps",), "linear": ("warmup_steps", "min_lr", "decay_steps"),
+         "cosine": ("warmup_steps", "min_lr", "decay_steps"),
+         "exponential": ("warmup_steps", "min_lr", "decay_factor", "decay_steps", "start_decay_steps")}
 
 
-def build_schedule(optimizer: torch.optim.Optimizer, base_lr: float,
-                   cfg: dict) -> PlateauWarmupSchedule | NoamSchedule:
-    """The schedule of the ``training.lr_schedule`` section (``type``: plateau | noam).
+def decay_length(cfg: dict, max_steps: int | None) -> int | None:
+    """``T`` of the linear / cosine schedules: ``decay_steps`` when set, else ``max_steps`` (None: neither)."""
+    return cfg.get("decay_steps") if cfg.get("decay_steps") is not None else max_steps
 
-    ValueError prefixed with the key for an impossible setting (noam without warmup).
+
+def build_schedule(optimizer: torch.optim.Optimizer, base_lr: float, cfg: dict,
+                   max_steps: int | None = None) -> PlateauWarmupSchedule | NoamSchedule | StepSchedule:
+    """The schedule of the ``training.lr_schedule`` section (``type``: one of :data:`SCHEDULES`;
+    ``inverse_sqrt`` is ``noam``); ``max_steps`` (``training.max_steps``) is the default decay
+    length of linear / cosine.
+
+    ValueError prefixed with the key for an impossible setting (noam without warmup, linear /
+    cosine without a decay length or with a warmup as long, exponential without decay_steps).
     """
     kind = cfg.get("type", "plateau")
-    if kind == "noam":
-        if cfg["warmup_steps"] < 1:
-            raise ValueError("training.lr_schedule.warmup_steps: the noam schedule needs warmup_steps >= 1")
-        return NoamSchedule(optimizer, base_lr, cfg["warmup_steps"], cfg["min_lr"])
-    if kind != "plateau":
+    if kind not in SCHEDULES:
         raise ValueError(f"training.lr_schedule.type: unknown schedule {kind!r}; valid: {', '.join(SCHEDULES)}")
-    return PlateauWarmupSchedule(optimizer, base_lr, cfg["warmup_steps"], cfg["decay_factor"],
-                                 cfg["decay_patience"], cfg["min_lr"])
+    if kind in ("noam", "inverse_sqrt"):
+        if cfg["warmup_steps"] < 1:
+            raise ValueError(f"training.lr_schedule.warmup_steps: the {kind} schedule needs warmup_steps >= 1")
+        return NoamSchedule(optimizer, base_lr, cfg["warmup_steps"], cfg["min_lr"])
+    if kind == "plateau":
+        return PlateauWarmupSchedule(optimizer, base_lr, cfg["warmup_steps"], cfg["decay_factor"],
+                                     cfg["decay_patience"], cfg["min_lr"])
+    total = None
+    if kind in ("linear", "cosine"):
+        total = decay_length(cfg, max_steps)
+        if total is None:
+            raise ValueError(f"training.lr_schedule.decay_steps: the {kind} schedule needs a decay length: set "
+                             "it (or training.max_steps)")
+        if cfg["warmup_steps"] >= total:
+            raise ValueError(f"training.lr_schedule.warmup_steps: {cfg['warmup_steps']} must be below the decay "
+                             f"length {total} of the {kind} schedule")
+    if kind == "exponential" and cfg.get("decay_steps") is None:
+        raise ValueError("training.lr_schedule.decay_steps: the exponential schedule needs decay_steps "
+                         "(updates between decays)")
+    return StepSchedule(optimizer, kind, base_lr, cfg["warmup_steps"], cfg.get("min_lr", 0.0), total,
+                        cfg.get("decay_factor", 0.5), cfg.get("decay_steps"), cfg.get("start_decay_steps", 0))
 
 
-__all__ = ["NoamSchedule", "PlateauWarmupSchedule", "SCHEDULES", "build_schedule"]
+__all__ = ["NoamSchedule", "PlateauWarmupSchedule", "READS", "SCHEDULES", "StepSchedule", "build_schedule",
+           "decay_length"]

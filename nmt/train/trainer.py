@@ -216,7 +216,8 @@ class Trainer:
                                  if train_cfg["compile"]
                                  else batch_statistics)
         try:
-            self.schedule = build_schedule(self.optimizer, train_cfg["optimizer"]["lr"], train_cfg["lr_schedule"])
+            self.schedule = build_schedule(self.optimizer, train_cfg["optimizer"]["lr"], train_cfg["lr_schedule"],
+                                           train_cfg["max_steps"])
         except ValueError as exc:
             key, _, problem = str(exc).partition(": ")
             raise ConfigError(source, key, problem) from None

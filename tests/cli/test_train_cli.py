@@ -271,3 +271,28 @@ def test_moving_average_from_the_command_line_and_translating_with_it(tmp_path, 
     assert translate_cli.main(["-model", str(run_dir / "best.pt"), "-src", str(source), "-output", str(output),
                                "-max_length", "5"]) == 0
     assert len(output.read_text(encoding="utf-8").splitlines()) == len(source.read_text(encoding="utf-8").splitlines())
+
+
+def test_set_cosine_schedule_end_to_end(tmp_path, monkeypatch, capsys):
+    """``-set training.lr_schedule.type=cosine``: the logged lr of every step (train.log, %.3g) and
+    of each validation (metrics.jsonl, exact) is the closed form at that step, min_lr at the last."""
+    import math
+
+    config = quickstart_like(tmp_path, training={"max_steps": 6, "valid_every": 3})
+    assert run(tmp_path, monkeypatch, config, "-set", "training.lr_schedule.type=cosine",
+               "training.lr_schedule.warmup_steps=2", "training.lr_schedule.min_lr=0.0001") == 0
+    base, w, total, low = config["training"]["optimizer"]["lr"], 2, 6, 1e-4
+
+    def closed(t):  # the lr of update t + 1, logged at step t
+        if t < w:
+            return base * (t + 1) / w
+        return low + (base - low) * (1 + math.cos(math.pi * min(1.0, (t - w) / (total - w)))) / 2
+
+    run_dir = tmp_path / "runs" / "quickstart"
+    log = (run_dir / "train.log").read_text()
+    for t in range(1, total + 1):
+        assert f"step {t} (epoch 0): train loss" in log and f", lr {closed(t):.3g}, " in log.split(f"step {t} ")[1]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [3, 6]
+    assert [r["lr"] for r in records] == pytest.approx([closed(3), low], rel=1e-12)
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["training"]["lr_schedule"]["type"] == "cosine"
