@@ -585,7 +585,9 @@ class Trainer:
         with GracefulInterrupt() as interrupt:
             while stopped_by is None:
                 # the global batches of all ranks: batch_size x processes (see nmt.train.distributed)
+                segmenting = time.perf_counter()
                 self.train_set = self._epoch_train_set(p.epoch)
+                window_start += time.perf_counter() - segmenting  # tokens/s: training time only (as after validation)
                 order = make_batch_order(self.train_set, cfg["batch_size"] * self.dist.world_size,
                                          cfg["batch_type"], shuffle=True, seed=cfg["seed"], epoch=p.epoch,
                                          bucket_size=cfg["bucket_size"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -225,3 +226,33 @@ def test_two_processes_see_the_segmentation_of_one_process(tmp_path, ranks):
     a, b = load_checkpoint(tmp_path / "one" / "last.pt")["model"], load_checkpoint(tmp_path / "two" / "last.pt")["model"]
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=2e-6, msg=name)
+
+
+def test_tokens_per_second_leaves_out_the_epochs_segmentation_time(task, tmp_path, caplog, monkeypatch):
+    """The logged tokens/s is the window's tokens over its training time: an epoch's segmentation
+    (made slow here: 1.5 s) between two steps of a window is not counted, as validation is not.
+    Truth: the window's tokens (summed from train_step's own counts) over the logged speed gives
+    the time the log divided by; it must stay below the injected 1.5 s."""
+    import logging
+    import time as time_module
+    from nmt.data.epoch_segmentation import ResampledPairs
+    monkeypatch.setattr(logging.getLogger("nmt"), "propagate", True)
+    monkeypatch.setattr(logging.getLogger("nmt"), "handlers", [])
+    caplog.set_level(logging.INFO, logger="nmt")
+    for_epoch = ResampledPairs.for_epoch
+
+    def slow(self, seed, epoch):
+        if epoch > 0:
+            time_module.sleep(1.5)
+        return for_epoch(self, seed, epoch)
+    monkeypatch.setattr(ResampledPairs, "for_epoch", slow)
+    t = trainer(task, tmp_path / "run", max_steps=12, log_every=12, valid_every=100, batch_size=16)
+    tokens = []
+    step = t.train_step
+    monkeypatch.setattr(t, "train_step", lambda groups: (lambda r: (tokens.append(r[1]), r)[1])(step(groups)))
+    t.train()
+    assert t.progress.epoch >= 2  # the window of 12 steps spans at least one epoch's segmentation
+    speeds = [float(m.group(1)) for r in caplog.records
+              if (m := re.search(r"step 12 \(epoch \d+\): .*, ([0-9.]+) tokens/s", r.getMessage()))]
+    assert len(speeds) == 1 and len(tokens) == 12
+    assert sum(tokens) / speeds[0] < 1.0, (sum(tokens), speeds)
