@@ -26,8 +26,8 @@ def _side(default_tokenizer: str) -> dict:
             "alpha": Option(float, None, "sentencepiece (unigram): sample each epoch's training segmentation with "
                             "this smoothing: probability ~ exp(alpha x score) (enable_sampling); null: off",
                             nullable=True, minimum=0),
-            "nbest": Option(int, -1, "sentencepiece: sample among the nbest best segmentations (-1: all of them)",
-                            minimum=-1),
+            "nbest": Option(int, -1, "sentencepiece: sample among the nbest best segmentations (-1: all of them; "
+                            "at most 512, sentencepiece's n-best limit)", minimum=-1, maximum=512),
             "dropout": Option(float, 0.0, "bpe: BPE-dropout probability of each epoch's training segmentation "
                               "(0: off)", minimum=0, maximum=1, max_inclusive=False),
         },

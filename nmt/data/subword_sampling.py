@@ -145,6 +145,10 @@ class _Lattice:
         return out
 
 
+MAX_NBEST = 512
+"""The largest ``nbest`` sentencepiece's ``nbest_encode`` accepts (its ``kMaxNBestSize``)."""
+
+
 class SentencePieceSampler:
     """Sampling of a sentencepiece unigram model (Kudo 2018), implemented here on the model's
     pieces and scores (sentencepiece's own sampler cannot be seeded reproducibly: see the module
@@ -165,8 +169,9 @@ class SentencePieceSampler:
                  encode: Encode | None = None) -> None:
         if tokenizer.needs_training:
             raise DataError("subword_sampling: the sentencepiece tokenizer has no model yet")
-        if not (nbest == -1 or nbest >= 1):
-            raise DataError(f"subword_sampling.nbest: expected -1 (all segmentations) or >= 1, got {nbest}")
+        if not (nbest == -1 or 1 <= nbest <= MAX_NBEST):
+            raise DataError(f"subword_sampling.nbest: expected -1 (all segmentations) or 1 to {MAX_NBEST} "
+                            f"(sentencepiece's n-best limit), got {nbest}")
         if alpha is None or not 0 <= alpha < math.inf:
             raise DataError(f"subword_sampling.alpha: expected a finite number >= 0, got {alpha!r}")
         model_type = _sentencepiece_model_type(tokenizer)

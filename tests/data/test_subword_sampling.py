@@ -359,3 +359,28 @@ def test_a_sampler_of_ids_draws_the_ids_of_its_tokens(spm, bpe, kind, monkeypatc
     a, b = Random(5), Random(5)
     for line in CORPUS:
         assert ids.sample(line, b) == field.encode_tokens(tokens.sample(line, a))
+
+
+def test_sentencepiece_nbest_is_bounded_by_sentencepieces_own_limit(spm):
+    """sentencepiece's nbest_encode refuses nbest_size 513 (it raised mid-epoch from the sampler):
+    the sampler takes sentencepiece's largest accepted value and refuses the next one up front,
+    and the config schema refuses it naming the key."""
+    from nmt.config import ConfigError, resolve_config
+    from nmt.data.subword_sampling import MAX_NBEST
+    sp = spm._processor()
+    word = "counterrevolutionaries"
+    assert sp.nbest_encode(word, out_type=str, nbest_size=MAX_NBEST)
+    with pytest.raises(RuntimeError, match="nbest_size"):
+        sp.nbest_encode(word, out_type=str, nbest_size=MAX_NBEST + 1)
+    sampled = SentencePieceSampler(spm, 0.1, MAX_NBEST).sample(word, Random(0))
+    assert "".join(sampled).replace("▁", "") == word
+    with pytest.raises(DataError, match=r"subword_sampling.nbest: .* 1 to 512 .* got 513"):
+        SentencePieceSampler(spm, 0.1, MAX_NBEST + 1)
+    config = {"data": {"train": {"src": "a", "tgt": "b"}, "valid": {"src": "c", "tgt": "d"},
+                       "src": {"tokenizer": {"type": "sentencepiece"},
+                               "subword_sampling": {"alpha": 0.1, "nbest": MAX_NBEST + 1}}},
+              "training": {"save_dir": "run", "max_steps": 1}}
+    with pytest.raises(ConfigError, match=r"data.src.subword_sampling.nbest"):
+        resolve_config(config, "c.yaml")
+    config["data"]["src"]["subword_sampling"]["nbest"] = MAX_NBEST
+    assert resolve_config(config, "c.yaml")["data"]["src"]["subword_sampling"]["nbest"] == MAX_NBEST
