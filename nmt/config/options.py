@@ -2,6 +2,11 @@
 
 ``configs/reference.yaml`` documents the same options with comments; a test checks that
 the two agree (every schema key appears in the reference config and vice versa).
+
+An option added to an existing section must default to the behaviour nmt had before it: a
+checkpoint written earlier lacks the key, and its resume counts the key at its default as no
+difference (``nmt.config.added_at_default``); a new option whose default changed what training
+does would be resumed over silently.
 """
 from __future__ import annotations
 
