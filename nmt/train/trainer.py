@@ -664,6 +664,7 @@ class Trainer:
         resampled = self.data.resampled
         if resampled is None:
             return self.data.train
+        self.train_set = self.data.train  # the previous epoch's segmentation freed before the next one is made
         start = time.perf_counter()
         train = resampled.for_epoch(self.config["training"]["seed"], epoch)
         if len(train) == 0:

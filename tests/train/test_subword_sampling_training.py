@@ -265,3 +265,26 @@ def test_tokens_per_second_leaves_out_the_epochs_segmentation_time(task, tmp_pat
     assert len(speeds) == 1 and len(tokens) == 12
     assert sum(tokens) / speeds[0] < sum(seconds) + 1.5, (sum(tokens), speeds, sum(seconds))
 
+
+def test_the_previous_epochs_segmentation_is_freed_before_the_next_is_made(task, tmp_path, monkeypatch):
+    """At most one sampled copy of the training set besides the deterministic one: when an epoch's
+    segmentation is made, no earlier epoch's dataset is still referenced (checked by weak
+    references after a full garbage collection)."""
+    import gc
+    import weakref
+    from nmt.data.epoch_segmentation import ResampledPairs
+    for_epoch = ResampledPairs.for_epoch
+    made: list[weakref.ref] = []
+    alive_at_each_call: list[int] = []
+
+    def tracked(self, seed, epoch):
+        gc.collect()
+        alive_at_each_call.append(sum(ref() is not None for ref in made))
+        dataset = for_epoch(self, seed, epoch)
+        made.append(weakref.ref(dataset))
+        return dataset
+    monkeypatch.setattr(ResampledPairs, "for_epoch", tracked)
+    t = trainer(task, tmp_path / "run", max_steps=12, batch_size=16)
+    t.train()
+    assert t.progress.epoch >= 2 and len(alive_at_each_call) >= 3
+    assert alive_at_each_call == [0] * len(alive_at_each_call)
