@@ -1,7 +1,8 @@
 """What alpha-entmax's long-row loop (``nmt/sparse/_power_threshold.c``, rows of more than 256
 entries) does per row: the library built with ``NMT_POWER_COUNTS`` (a diagnostic build: counters
 summed over rows, one thread) on normal scores of the given deviations, for the given alphas.
-Prints per row: the bound's passes (over the segment maxima), the candidates after the bound,
+Prints per row: the bound's passes (over the segment maxima, and over the normal start's 256-entry
+pseudo-row where a broad row takes it), the candidates after the bound,
 the coarse (float) passes and their entries, the double passes of powers and their entries, and
 the support's size; then the thousands of time stamp counter ticks a row spends in each phase (the
 maximum, the bound, the candidates, the start (moments, series), the coarse steps, the Newton

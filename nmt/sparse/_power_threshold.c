@@ -621,7 +621,9 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
  *    sum [z - t]_+^q is at least 1 there, and it is close when the scores are close, as at
  *    initialisation; where every candidate is in the support, from the root of the moments' binomial
  *    series less half the tolerance, power_series_root: the first pass then settles, and where that
- *    start is above the root the first step may be negative), first with coarse steps in floats (LONG_COARSE: a third of a double pass
+ *    start is above the root the first step may be negative; where the series cannot serve and
+ *    nearly every entry is a candidate, from the threshold of k normal scores of their mean and
+ *    deviation, POWER_NORMAL_Q, the same way and without coarse steps), first with coarse steps in floats (LONG_COARSE: a third of a double pass
  *    each) unless that start is already within a coarse step's stop of the root; after every
  *    step the candidates at or below the new tau are dropped (the iterates only grow: they add
  *    nothing again). The double loop's iterates are those of the loop on the whole row (other
@@ -654,7 +656,7 @@ static inline int power_any_words(const void *mask, size_t bytes)
 
 #ifdef NMT_POWER_COUNTS
 /* a diagnostic build (tools/power_counts.py, one thread): what the long rows' loop does, summed over
-   rows: [0] rows, [1] passes of the bound's loop, [2] candidates after step 3, [3] coarse passes,
+   rows: [0] rows, [1] passes of the bound's loop (and of the normal start's pseudo-row), [2] candidates after step 3, [3] coarse passes,
    [4] entries of the coarse passes, [5] double passes of powers over the candidates, [6] their
    entries, [7] support entries at the end */
 double nmt_power_counts[16];
