@@ -236,7 +236,7 @@ def check_lr_schedule(training: dict, source: str) -> None:
     a warmup for noam, ``min_lr`` not above ``optimizer.lr`` where it is the end point).
     One-line :class:`ConfigError` naming the key."""
     from nmt.config.options import TRAINING
-    from nmt.train.schedules import READS, build_schedule
+    from nmt.config.lr_schedule import READS, schedule_problem
 
     cfg = training["lr_schedule"]
     kind = cfg["type"]
@@ -248,11 +248,6 @@ def check_lr_schedule(training: dict, source: str) -> None:
     if kind in ("linear", "cosine") and cfg["min_lr"] > training["optimizer"]["lr"]:
         raise ConfigError(source, "training.lr_schedule.min_lr", f"{cfg['min_lr']} is above training.optimizer.lr "
                           f"{training['optimizer']['lr']}: the {kind} schedule decays from lr to min_lr")
-    import torch
-
-    try:  # the schedule's own checks, on a throwaway optimizer
-        build_schedule(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0), training["optimizer"]["lr"],
-                       cfg, training["max_steps"])
-    except ValueError as exc:
-        key, _, problem = str(exc).partition(": ")
-        raise ConfigError(source, key, problem) from None
+    problem = schedule_problem(cfg, training["max_steps"])
+    if problem is not None:
+        raise ConfigError(source, *problem)

@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from nmt.config.lr_schedule import READS, decay_length, schedule_problem
 from nmt.train.decay_schedules import STEP_SCHEDULES, StepSchedule
 
 
@@ -128,19 +129,6 @@ class NoamSchedule:
 
 SCHEDULES = ("plateau", "noam", "inverse_sqrt") + STEP_SCHEDULES
 
-# the lr_schedule keys each type reads (besides type); the others must keep their defaults
-READS = {"plateau": ("warmup_steps", "decay_factor", "decay_patience", "min_lr"),
-         "noam": ("warmup_steps", "min_lr"), "inverse_sqrt": ("warmup_steps", "min_lr"),
-         "constant": ("warmup_steps",), "linear": ("warmup_steps", "min_lr", "decay_steps"),
-         "cosine": ("warmup_steps", "min_lr", "decay_steps"),
-         "exponential": ("warmup_steps", "min_lr", "decay_factor", "decay_steps", "start_decay_steps")}
-
-
-def decay_length(cfg: dict, max_steps: int | None) -> int | None:
-    """``T`` of the linear / cosine schedules: ``decay_steps`` when set, else ``max_steps`` (None: neither)."""
-    return cfg.get("decay_steps") if cfg.get("decay_steps") is not None else max_steps
-
-
 def build_schedule(optimizer: torch.optim.Optimizer, base_lr: float, cfg: dict,
                    max_steps: int | None = None) -> PlateauWarmupSchedule | NoamSchedule | StepSchedule:
     """The schedule of the ``training.lr_schedule`` section (``type``: one of :data:`SCHEDULES`;
@@ -150,28 +138,16 @@ def build_schedule(optimizer: torch.optim.Optimizer, base_lr: float, cfg: dict,
     ValueError prefixed with the key for an impossible setting (noam without warmup, linear /
     cosine without a decay length or with a warmup as long, exponential without decay_steps).
     """
+    problem = schedule_problem(cfg, max_steps)
+    if problem is not None:
+        raise ValueError(": ".join(problem))
     kind = cfg.get("type", "plateau")
-    if kind not in SCHEDULES:
-        raise ValueError(f"training.lr_schedule.type: unknown schedule {kind!r}; valid: {', '.join(SCHEDULES)}")
     if kind in ("noam", "inverse_sqrt"):
-        if cfg["warmup_steps"] < 1:
-            raise ValueError(f"training.lr_schedule.warmup_steps: the {kind} schedule needs warmup_steps >= 1")
         return NoamSchedule(optimizer, base_lr, cfg["warmup_steps"], cfg["min_lr"])
     if kind == "plateau":
         return PlateauWarmupSchedule(optimizer, base_lr, cfg["warmup_steps"], cfg["decay_factor"],
                                      cfg["decay_patience"], cfg["min_lr"])
-    total = None
-    if kind in ("linear", "cosine"):
-        total = decay_length(cfg, max_steps)
-        if total is None:
-            raise ValueError(f"training.lr_schedule.decay_steps: the {kind} schedule needs a decay length: set "
-                             "it (or training.max_steps)")
-        if cfg["warmup_steps"] >= total:
-            raise ValueError(f"training.lr_schedule.warmup_steps: {cfg['warmup_steps']} must be below the decay "
-                             f"length {total} of the {kind} schedule")
-    if kind == "exponential" and cfg.get("decay_steps") is None:
-        raise ValueError("training.lr_schedule.decay_steps: the exponential schedule needs decay_steps "
-                         "(updates between decays)")
+    total = decay_length(cfg, max_steps) if kind in ("linear", "cosine") else None
     return StepSchedule(optimizer, kind, base_lr, cfg["warmup_steps"], cfg.get("min_lr", 0.0), total,
                         cfg.get("decay_factor", 0.5), cfg.get("decay_steps"), cfg.get("start_decay_steps", 0))
 
