@@ -61,27 +61,18 @@ def step_lr(kind: str, t: int, base_lr: float, warmup_steps: int = 0, min_lr: fl
     raise ValueError(f"training.lr_schedule.type: unknown step schedule {kind!r}")
 
 
-class StepSchedule:
-    """Sets ``optimizer`` learning rates to :func:`step_lr` of the updates done; call :meth:`step`
-    after each applied update. Same interface as :class:`nmt.train.schedules.PlateauWarmupSchedule`."""
+class UpdateCountedSchedule:
+    """A schedule whose rate is a function of the applied updates alone (``lr``, set by the
+    subclass): :meth:`step` after each applied update, validations change nothing, and the state
+    is the update count. Same interface as :class:`nmt.train.schedules.PlateauWarmupSchedule`."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, kind: str, base_lr: float, warmup_steps: int = 0,
-                 min_lr: float = 0.0, total_steps: int | None = None, decay_factor: float = 0.5,
-                 decay_steps: int | None = None, start_decay_steps: int = 0) -> None:
-        if kind not in STEP_SCHEDULES:
-            raise ValueError(f"training.lr_schedule.type: unknown step schedule {kind!r}")
-        self.optimizer = optimizer
-        self.kind = kind
-        self.settings = dict(base_lr=base_lr, warmup_steps=warmup_steps, min_lr=min_lr, total_steps=total_steps,
-                             decay_factor=decay_factor, decay_steps=decay_steps,
-                             start_decay_steps=start_decay_steps)
-        self.step_count = 0
-        self._apply()
+    optimizer: torch.optim.Optimizer
+    step_count: int
 
     @property
     def lr(self) -> float:
         """The learning rate of the next update."""
-        return step_lr(self.kind, self.step_count, **self.settings)
+        raise NotImplementedError
 
     def step(self) -> None:
         """Advance one applied update."""
@@ -104,4 +95,27 @@ class StepSchedule:
         self._apply()
 
 
-__all__ = ["STEP_SCHEDULES", "StepSchedule", "step_lr"]
+class StepSchedule(UpdateCountedSchedule):
+    """Sets ``optimizer`` learning rates to :func:`step_lr` of the updates done; call :meth:`step`
+    after each applied update. Same interface as :class:`nmt.train.schedules.PlateauWarmupSchedule`."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, kind: str, base_lr: float, warmup_steps: int = 0,
+                 min_lr: float = 0.0, total_steps: int | None = None, decay_factor: float = 0.5,
+                 decay_steps: int | None = None, start_decay_steps: int = 0) -> None:
+        if kind not in STEP_SCHEDULES:
+            raise ValueError(f"training.lr_schedule.type: unknown step schedule {kind!r}")
+        self.optimizer = optimizer
+        self.kind = kind
+        self.settings = dict(base_lr=base_lr, warmup_steps=warmup_steps, min_lr=min_lr, total_steps=total_steps,
+                             decay_factor=decay_factor, decay_steps=decay_steps,
+                             start_decay_steps=start_decay_steps)
+        self.step_count = 0
+        self._apply()
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the next update."""
+        return step_lr(self.kind, self.step_count, **self.settings)
+
+
+__all__ = ["STEP_SCHEDULES", "StepSchedule", "UpdateCountedSchedule", "step_lr"]

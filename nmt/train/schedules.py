@@ -15,7 +15,7 @@ import math
 import torch
 
 from nmt.config.lr_schedule import READS, decay_length, schedule_problem
-from nmt.train.decay_schedules import STEP_SCHEDULES, StepSchedule
+from nmt.train.decay_schedules import STEP_SCHEDULES, StepSchedule, UpdateCountedSchedule
 
 
 class PlateauWarmupSchedule:
@@ -79,7 +79,7 @@ class PlateauWarmupSchedule:
         self._apply()
 
 
-class NoamSchedule:
+class NoamSchedule(UpdateCountedSchedule):
     """Linear warmup to ``base_lr``, then inverse-square-root decay: for update ``s`` (1-based)
     ``lr = base_lr * min(s / warmup_steps, sqrt(warmup_steps / s))``, never below ``min_lr`` after
     the warmup. The peak, ``base_lr``, is reached at ``s = warmup_steps`` (the Transformer paper's
@@ -105,26 +105,6 @@ class NoamSchedule:
         if s < self.warmup_steps:
             return self.base_lr * s / self.warmup_steps
         return max(self.base_lr * math.sqrt(self.warmup_steps / s), min(self.min_lr, self.base_lr))
-
-    def step(self) -> None:
-        """Advance one update."""
-        self.step_count += 1
-        self._apply()
-
-    def on_validation(self, valid_loss: float) -> bool:
-        """Validations do not change the noam schedule: always False."""
-        return False
-
-    def _apply(self) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr
-
-    def state_dict(self) -> dict:
-        return {"step_count": self.step_count}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.step_count = state["step_count"]
-        self._apply()
 
 
 SCHEDULES = ("plateau", "noam", "inverse_sqrt") + STEP_SCHEDULES
