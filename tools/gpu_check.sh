@@ -62,6 +62,10 @@
 # count, the losses one or two more than F.cross_entropy's; learned alphas 29 -> 7 operators): the default
 # stages' sparse and launch tables settle it; the CUDA tests of sampling and n-gram blocking (in tests_cuda);
 # fp16 training's one host read per update (the GradScaler's overflow flag: train with --precision fp16).
+# Since the twenty-first session (2026-11-28, no device) also unmeasured: training.ema with CUDA graphs
+# (the in-place swap keeps the parameter tensors, so no recapture is expected; its CUDA step is in the
+# sync audit on CPU only), and nmt-translate -report_align / -replace_unk in the static search loop on CUDA
+# (no CUDA test covers it yet: tests/translate/test_translate_alignment.py runs both loops on the CPU).
 # (train: the eager rows, whose --profile failed on the H200 before the fix of 2026-11-27; the
 # compiled 1.5-entmax step was 0.80x softmax's there, host-bound: the GPU busy 3.6 of its 17.7 ms,
 # and timed after the softmax row's profile, which may have slowed it: --profile now profiles in a
