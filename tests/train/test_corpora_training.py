@@ -5,7 +5,6 @@ sampling re-weights each epoch's segmentation, a changed corpus file is named on
 nmt-train / nmt-translate run end to end."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -24,7 +23,7 @@ from nmt.data.batching import make_batch_order
 from nmt.data.dataset import ParallelDataset, read_parallel
 from nmt.train.trainer import Trainer
 from ddp_workers import gloo_config, ranks_fixture
-from tiny_task import tiny_config, write_task
+from tiny_task import assert_same_run, tiny_config, write_task
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,12 +101,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(corpora, tmp_path):
     second = make(corpora, tmp_path / "resumed", max_steps=14)
     assert second.resumed and second.progress.step == 12 and second.progress.epoch == 1
     assert second.train().step == 14
-    for (name, a), (_, b) in zip(straight.model.state_dict().items(), second.model.state_dict().items()):
-        assert torch.equal(a, b), name
-    read = lambda d: [json.loads(l) for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
-    drop = ("elapsed", "tokens_per_sec")
-    assert [{k: v for k, v in r.items() if k not in drop} for r in read("straight")] == \
-           [{k: v for k, v in r.items() if k not in drop} for r in read("resumed")]
+    assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
 
 
 def test_a_changed_corpus_file_is_named_on_resume(corpora, tmp_path):

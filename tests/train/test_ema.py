@@ -31,7 +31,7 @@ from nmt.translate.loading import load_model
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_fp16_overflow import NO_DROPOUT, fp32_arithmetic, leave_out  # noqa: E402
-from tiny_task import tiny_config, write_task  # noqa: E402
+from tiny_task import assert_same_run, tiny_config, write_task  # noqa: E402
 
 FIXED_LR = {"min_lr": 1e-3}  # the plateau schedule never decays: validating another model changes no lr
 
@@ -297,14 +297,10 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny_task, tmp_path):
     second = make_trainer(tiny_task, tmp_path / "resumed", ema)
     assert second.progress.step == 7 and second.ema.averaged_updates == 7
     assert second.train().step == 12
-    for (name, a), (_, b) in zip(straight.model.state_dict().items(), second.model.state_dict().items()):
-        assert torch.equal(a, b), name
+    assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
     for a, b in zip(straight.ema.average, second.ema.average):
         assert torch.equal(a, b)
     assert straight.ema.averaged_updates == second.ema.averaged_updates == 12
-    read = lambda d: [{k: v for k, v in json.loads(line).items() if k not in ("elapsed", "tokens_per_sec")}
-                      for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
-    assert read("straight") == read("resumed")
 
 
 def test_switching_the_average_on_and_off_at_a_resume(tiny_task, tmp_path, caplog, monkeypatch):

@@ -3,7 +3,6 @@ kill and resume, on every rank of a data-parallel job, and via nmt-train), valid
 vocabulary on the deterministic one, config errors naming the key."""
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -23,6 +22,7 @@ from nmt.data.subword_sampling import epoch_random
 from nmt.train.checkpoint import load_checkpoint
 from nmt.train.trainer import Trainer
 from ddp_workers import gloo_config, ranks_fixture
+from tiny_task import assert_same_run
 
 SYLLABLES = ["ka", "ro", "mi", "sel", "tan", "bu", "ler", "st", "ei", "ung"]
 
@@ -111,12 +111,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(task, tmp_path):
     second = trainer(task, tmp_path / "resumed")
     assert second.resumed and second.progress.step == 9
     assert second.train().step == 14
-    for (name, a), (_, b) in zip(straight.model.state_dict().items(), second.model.state_dict().items()):
-        assert torch.equal(a, b), name
-    read = lambda d: [json.loads(l) for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
-    drop = ("elapsed", "tokens_per_sec")
-    assert [{k: v for k, v in r.items() if k not in drop} for r in read("straight")] == \
-           [{k: v for k, v in r.items() if k not in drop} for r in read("resumed")]
+    assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
 
 
 def test_the_log_counts_each_epochs_skips_and_unknown_pieces(task, tmp_path, caplog, monkeypatch):

@@ -11,7 +11,7 @@ from nmt.train.trainer import Trainer
 from nmt.train.validation import teacher_forced_statistics
 from nmt.config import ConfigError, resolve_config
 from nmt.utils.precision import ieee_float32
-from tiny_task import tiny_config, write_task
+from tiny_task import assert_same_run, tiny_config, write_task
 
 
 @pytest.fixture
@@ -63,12 +63,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny_task, tmp_path):
     second = make_trainer(tiny_task, tmp_path / "resumed", device="cpu")
     assert second.resumed and second.progress.step == 7
     assert second.train().step == 12
-    for (name, a), (_, b) in zip(straight.model.state_dict().items(), second.model.state_dict().items()):
-        assert torch.equal(a, b), name
-    read = lambda d: [json.loads(l) for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
-    drop = ("elapsed", "tokens_per_sec")
-    assert [{k: v for k, v in r.items() if k not in drop} for r in read("straight")] == \
-           [{k: v for k, v in r.items() if k not in drop} for r in read("resumed")]
+    assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
 
 
 def test_resume_refuses_a_different_model(tiny_task, tmp_path):

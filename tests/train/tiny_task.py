@@ -34,3 +34,20 @@ def tiny_config(data: dict, save_dir: Path, **training) -> dict:
                      **training},
         "validation": {"metric": "loss", "batch_size": 4, "max_length": 8, "n_heatmaps": 0},
     }
+
+
+TIMINGS = ("elapsed", "tokens_per_sec")  # the metrics.jsonl fields that differ between equal runs
+
+
+def assert_same_run(straight, resumed, straight_dir: Path, resumed_dir: Path) -> None:
+    """A killed-and-resumed run equals the uninterrupted one: bit-equal weights, and the same
+    metrics.jsonl records apart from their timings."""
+    import json
+
+    import torch
+
+    for (name, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    read = lambda d: [{k: v for k, v in json.loads(line).items() if k not in TIMINGS}
+                      for line in (Path(d) / "metrics.jsonl").read_text().splitlines()]
+    assert read(straight_dir) == read(resumed_dir)
