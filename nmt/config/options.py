@@ -35,6 +35,9 @@ def _side(default_tokenizer: str) -> dict:
                             "at most 512, sentencepiece's n-best limit)", minimum=-1, maximum=512),
             "dropout": Option(float, 0.0, "bpe: BPE-dropout probability of each epoch's training segmentation "
                               "(0: off)", minimum=0, maximum=1, max_inclusive=False),
+            "vocab_samples": Option(int, 0, "the vocabulary also counts the sampled segmentations of the first N "
+                                    "training epochs (as training draws them), summed with the deterministic counts "
+                                    "before min_freq / max_size; 0: the deterministic segmentation only", minimum=0),
         },
     }
 

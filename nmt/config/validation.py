@@ -109,9 +109,31 @@ def check_subword_sampling(data: dict, source: str) -> None:
         problem = sampling_problem(settings, tokenizer)
         if problem is not None:
             raise ConfigError(source, f"{key}.{problem[0]}", problem[1])
+        _check_vocab_samples(data, side, source)
         if sampling_enabled(settings) and data["id_cache"]:
             raise ConfigError(source, "data.id_cache", f"{key} re-segments the training text every epoch, but the "
                               "token-id cache holds one segmentation: set data.id_cache: false")
+
+
+def _check_vocab_samples(data: dict, side: str, source: str) -> None:
+    """``data.<side>.subword_sampling.vocab_samples`` > 0 needs a vocabulary it counts (not a
+    ``vocab_file``; under shared_vocab only data.src's, which counts both sides) and sampling on a
+    side that vocabulary counts."""
+    from nmt.data.subword_sampling import sampling_enabled
+
+    key = f"data.{side}.subword_sampling.vocab_samples"
+    if not data[side]["subword_sampling"]["vocab_samples"]:
+        return
+    if data["shared_vocab"] and side == "tgt":
+        raise ConfigError(source, key, "the shared vocabulary (data.shared_vocab) is counted with data.src's "
+                          "settings: set data.src.subword_sampling.vocab_samples instead")
+    if data[side]["vocab_file"] is not None:
+        raise ConfigError(source, key, f"the vocabulary is read from data.{side}.vocab_file, not counted: "
+                          "set one of the two")
+    counted = ("src", "tgt") if data["shared_vocab"] else (side,)
+    if not any(sampling_enabled(data[s]["subword_sampling"]) for s in counted):
+        raise ConfigError(source, key, "counts sampled segmentations, but " + " nor ".join(
+            f"data.{s}.subword_sampling" for s in counted) + " samples (set alpha or dropout)")
 
 
 def check_tokenizer(tokenizer_cfg: dict, source: str, prefix: str) -> None:

@@ -12,6 +12,7 @@ import itertools
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 from nmt.data.corpora import CorpusWeights, is_weighted, read_corpora, training_corpora
 from nmt.data.dataset import ParallelDataset, read_parallel
 from nmt.data.epoch_segmentation import ResampledPairs
+from nmt.data.sampled_vocabulary import vocabulary_token_lists
 from nmt.data.subword_sampling import SubwordSampler, build_sampler, sampling_enabled
 from nmt.data.errors import DataError
 from nmt.data.field import Field
@@ -86,7 +88,8 @@ def generate_if_missing(data_cfg: dict) -> bool:
     return True
 
 
-def build_fields(data_cfg: dict, train_pairs: list[tuple[str, str]], work_dir: str | Path) -> tuple[Field, Field]:
+def build_fields(data_cfg: dict, train_pairs: list[tuple[str, str]], work_dir: str | Path,
+                 seed: int | None = None) -> tuple[Field, Field]:
     """Train tokenizers (if they learn a model) and build vocabularies from the training pairs
     (or read them from ``data.<side>.vocab_file``: :func:`nmt.data.vocab_file.read_vocab_file`).
 
@@ -94,6 +97,9 @@ def build_fields(data_cfg: dict, train_pairs: list[tuple[str, str]], work_dir: s
     both sides and returned twice. With ``data.shared_tokenizer`` (and no shared vocabulary) one
     tokenizer (src settings) is trained on both sides, and each side gets its own vocabulary of the
     tokens it uses: OpenNMT-py's usual joint sentencepiece/BPE model with per-side vocabularies.
+    A vocabulary with ``subword_sampling.vocab_samples`` N > 0 (the src one under shared_vocab)
+    also counts the sampled segmentations of the first N training epochs of a run seeded with
+    ``seed`` (``training.seed``; :mod:`nmt.data.sampled_vocabulary`).
     """
     src_lines = [s for s, _ in train_pairs]
     tgt_lines = [t for _, t in train_pairs]
@@ -101,16 +107,58 @@ def build_fields(data_cfg: dict, train_pairs: list[tuple[str, str]], work_dir: s
     src_cfg, tgt_cfg = data_cfg["src"], data_cfg["tgt"]
     if data_cfg["shared_vocab"]:
         tokenizer = _trained_tokenizer(src_cfg, src_lines + tgt_lines, work_dir / "tokenizer_shared")
-        field = Field(tokenizer, side_vocabulary(src_cfg, tokenizer, src_lines + tgt_lines, "data.src"))
+        field = Field(tokenizer, counted_vocabulary(data_cfg, "src", tokenizer,
+                                                    (("src", src_lines), ("tgt", tgt_lines)), seed))
         return field, field
     if data_cfg["shared_tokenizer"]:
         tokenizer = _trained_tokenizer(src_cfg, src_lines + tgt_lines, work_dir / "tokenizer_shared")
-        return (Field(tokenizer, side_vocabulary(src_cfg, tokenizer, src_lines, "data.src")),
-                Field(tokenizer, side_vocabulary(tgt_cfg, tokenizer, tgt_lines, "data.tgt")))
+        return (Field(tokenizer, counted_vocabulary(data_cfg, "src", tokenizer, (("src", src_lines),), seed)),
+                Field(tokenizer, counted_vocabulary(data_cfg, "tgt", tokenizer, (("tgt", tgt_lines),), seed)))
     src_tokenizer = _trained_tokenizer(src_cfg, src_lines, work_dir / "tokenizer_src")
     tgt_tokenizer = _trained_tokenizer(tgt_cfg, tgt_lines, work_dir / "tokenizer_tgt")
-    return (Field(src_tokenizer, side_vocabulary(src_cfg, src_tokenizer, src_lines, "data.src")),
-            Field(tgt_tokenizer, side_vocabulary(tgt_cfg, tgt_tokenizer, tgt_lines, "data.tgt")))
+    return (Field(src_tokenizer, counted_vocabulary(data_cfg, "src", src_tokenizer, (("src", src_lines),), seed)),
+            Field(tgt_tokenizer, counted_vocabulary(data_cfg, "tgt", tgt_tokenizer, (("tgt", tgt_lines),), seed)))
+
+
+def counted_vocabulary(data_cfg: dict, vocab_side: str, tokenizer: Tokenizer,
+                       sides: Sequence[tuple[str, list[str]]], seed: int | None) -> Vocabulary:
+    """The vocabulary configured by ``data.<vocab_side>`` over the lines of ``sides`` (``(side,
+    lines)``: one side, or both under shared_vocab): :func:`side_vocabulary`, unchanged, when its
+    ``subword_sampling.vocab_samples`` is 0 or a ``vocab_file`` is set; else the counts of the
+    deterministic segmentation plus the first ``vocab_samples`` epochs' sampled segmentations of
+    each side that samples (:func:`nmt.data.sampled_vocabulary.vocabulary_token_lists`)."""
+    side_cfg, key = data_cfg[vocab_side], f"data.{vocab_side}"
+    samples = int(side_cfg["subword_sampling"].get("vocab_samples", 0))
+    if samples == 0 or side_cfg.get("vocab_file") is not None:
+        return side_vocabulary(side_cfg, tokenizer, [line for _, lines in sides for line in lines], key)
+    if seed is None:
+        raise DataError(f"{key}.subword_sampling.vocab_samples: the vocabulary counts the training epochs' "
+                        "sampled segmentations, which need training.seed (pass seed=)")
+    samplers: list[tuple[dict, SubwordSampler]] = []
+    counted = []
+    for side, lines in sides:
+        settings = _sampling_settings(data_cfg[side]["subword_sampling"])
+        sampler = None
+        if sampling_enabled(settings):
+            same = [s for cfg, s in samplers if cfg == settings]
+            try:
+                sampler = same[0] if same else build_sampler(tokenizer, settings)
+            except DataError as exc:
+                raise DataError(f"data.{side}.{exc}") from None
+            samplers.append((settings, sampler))
+        counted.append((side, lines, sampler))
+    start = time.perf_counter()
+    vocab = Vocabulary.build(vocabulary_token_lists(tokenizer, counted, seed, samples),
+                             side_cfg["min_freq"], side_cfg["max_size"])
+    logger.info("%s vocabulary: counted over the deterministic segmentation and the sampled segmentations of "
+                "epochs 0-%d (%s.subword_sampling.vocab_samples: %d, training.seed %d) in %.1fs: %d types",
+                key, samples - 1, key, samples, seed, time.perf_counter() - start, len(vocab))
+    return vocab
+
+
+def _sampling_settings(settings: dict) -> dict:
+    """A side's ``subword_sampling`` section without ``vocab_samples`` (what its sampler draws from)."""
+    return {k: v for k, v in settings.items() if k != "vocab_samples"}
 
 
 def side_vocabulary(side_cfg: dict, tokenizer: Tokenizer, lines: Iterable[str], key: str) -> Vocabulary:
@@ -149,7 +197,7 @@ def _trained_tokenizer(side_cfg: dict, lines: list[str], work_dir: Path) -> Toke
 
 
 def load_training_data(data_cfg: dict, work_dir: str | Path,
-                       fields: tuple[Field, Field] | None = None) -> TrainingData:
+                       fields: tuple[Field, Field] | None = None, seed: int | None = None) -> TrainingData:
     """Read train/valid files, build (or reuse) the fields, and encode both datasets.
 
     Training pairs longer than ``max_length`` (per side) or empty are skipped and counted in
@@ -161,6 +209,8 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     With ``data.train`` a list of corpora (:mod:`nmt.data.corpora`) their pairs are read one after
     the other (a missing file names its key, ``data.train[1].src``), the fields are built from
     them all (each once, whatever its weight), and ``weights`` is set; one line per corpus is logged.
+    ``seed`` (``training.seed``): the seed of the sampled segmentations a vocabulary with
+    ``subword_sampling.vocab_samples`` counts (:func:`build_fields`).
     """
     train_files, limits = data_cfg["train"], (data_cfg["src"]["max_length"], data_cfg["tgt"]["max_length"])
     if data_cfg["id_cache"] and fields is None:
@@ -179,7 +229,7 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
         if not any(src.strip() and tgt.strip() for src, tgt in train_pairs):
             raise DataError(f"{_files(data_cfg, 'train')}: no training pairs: {len(train_pairs)} lines, "
                             "none with text on both sides")
-        src_field, tgt_field = fields if fields is not None else build_fields(data_cfg, train_pairs, work_dir)
+        src_field, tgt_field = fields if fields is not None else build_fields(data_cfg, train_pairs, work_dir, seed)
     valid_pairs = read_parallel(data_cfg["valid"]["src"], data_cfg["valid"]["tgt"])
     if data_cfg["id_cache"]:
         if train_pairs is not None:  # read to train a tokenizer: drop the lines, give the memory back
@@ -222,7 +272,7 @@ def resampled_pairs(pairs: Sequence[tuple[str, str]], src_field: Field, tgt_fiel
     samplers: dict[str, SubwordSampler | None] = {}
     made: list[tuple[Field, dict, SubwordSampler]] = []
     for side, field in (("src", src_field), ("tgt", tgt_field)):
-        settings = dict(data_cfg[side]["subword_sampling"])
+        settings = _sampling_settings(data_cfg[side]["subword_sampling"])
         if not sampling_enabled(settings):
             samplers[side] = None
             continue
@@ -330,4 +380,4 @@ def _data_files(data_cfg: dict) -> list[tuple[str, str]]:
             + [(f"data.valid.{side}", data_cfg["valid"][side]) for side in ("src", "tgt")])
 
 
-__all__ = ["resampled_pairs", "DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]
+__all__ = ["counted_vocabulary", "resampled_pairs", "DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]

@@ -291,14 +291,16 @@ class Trainer:
     def _load_data(self, fields: tuple[Field, Field] | None):
         """Training data; with several processes rank 0 builds the fields (and caches) first and
         the other ranks reuse its fields (a broadcast), so every rank encodes with the same ids."""
-        data = in_rank_order(self.dist, lambda: load_training_data(self.config["data"], self.save_dir, fields)
+        data = in_rank_order(self.dist, lambda: load_training_data(self.config["data"], self.save_dir, fields,
+                                                                     self.config["training"]["seed"])
                              if self.dist.is_main or fields is not None else None)
         if fields is None and self.dist.enabled:
             states = self.dist.broadcast((data.src_field.state_dict(), data.tgt_field.state_dict())
                                          if self.dist.is_main else None)
             shared = (Field.from_state_dict(states[0]), Field.from_state_dict(states[1]))
             data = in_rank_order(self.dist, lambda: data if self.dist.is_main
-                                 else load_training_data(self.config["data"], self.save_dir, shared))
+                                 else load_training_data(self.config["data"], self.save_dir, shared,
+                                                        self.config["training"]["seed"]))
         return data
 
     # ------------------------------------------------------------------ resume
