@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import io
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -27,6 +28,15 @@ from nmt.data.dataset import read_parallel
 from nmt.data.field import Field
 from nmt.data.tokenizers import build_tokenizer
 from nmt.train.data_setup import counted_vocabulary, resampled_pairs
+
+def synthetic_pairs(n: int = 2000, seed: int = 0) -> list[tuple[str, str]]:
+    """Pairs of random lines of syllable words (as ``bench_subword_sampling --quick``)."""
+    rng = random.Random(seed)
+    syllables = ["ka", "ro", "mi", "sel", "tan", "bu", "ler", "st", "ei", "ung", "pa", "do"]
+    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(800)]
+    line = lambda: " ".join(rng.choice(words) for _ in range(rng.randint(3, 15)))
+    return [(line(), line()) for _ in range(n)]
+
 
 SETTINGS = (
     ("sentencepiece", {"alpha": 0.1, "nbest": -1, "dropout": 0.0}),
@@ -85,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
     if args.quick:
-        from bench_subword_sampling import synthetic_pairs  # tools/ is on sys.path when run as a script
         pairs, pieces = synthetic_pairs(), 300
     else:
         pairs, pieces = read_parallel(args.src, args.tgt), args.pieces

@@ -326,6 +326,21 @@ def test_bench_subword_sampling_quick(tmp_path, capsys):
     assert "seconds per epoch" in capsys.readouterr().out
 
 
+def test_bench_sampled_vocabulary_quick(tmp_path, capsys):
+    """``bench_sampled_vocabulary --quick``: per sampler and vocab_samples N, the counting time and
+    each epoch's <unk> counts; epochs below N have none (the vocabulary counted their pieces)."""
+    bench = _load("bench_sampled_vocabulary")
+    out = tmp_path / "vocab.json"
+    assert bench.main(["--quick", "--epochs", "2", "--samples", "0,2", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["tokenizer"], r["vocab_samples"]) for r in rows] == [
+        ("sentencepiece", 0), ("sentencepiece", 2), ("bpe", 0), ("bpe", 2)]
+    assert all(src_unk == 0 and tgt_unk == 0 for r in rows if r["vocab_samples"] == 2
+               for src_unk, _, tgt_unk, _ in r["unk"])
+    assert rows[2]["unk"][0][0] > 0  # BPE-dropout over the deterministic vocabulary: unknown pieces
+    assert "<unk> share" in capsys.readouterr().out
+
+
 def test_bench_ema_quick(tmp_path, capsys):
     """``bench_ema --quick``: the quick-start model's EMA update, swap and training update timed."""
     bench = _load("bench_ema")
