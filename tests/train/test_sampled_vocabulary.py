@@ -228,3 +228,22 @@ def test_blank_lines_draw_nothing_as_in_training(task, tmp_path):
         ds = resampled.for_epoch(SEED, epoch)
         assert len(ds) == len(pairs) - 4
         assert not any(src.vocab.unk_index in ids for ids in ds.src)
+
+
+def test_a_checkpoint_of_an_nmt_without_vocab_samples_resumes(task, tmp_path):
+    """A sampling run saved before the option existed resumes (0 is what it counted); turning the
+    option on for that run is refused (its vocabulary is the checkpoint's, counted without it)."""
+    from nmt.train.checkpoint import load_checkpoint, save_checkpoint
+
+    make = lambda samples, steps: Trainer(resolve_config(words_config(task, tmp_path / "run", sides(samples),
+                                                                      max_steps=steps), "w.yaml"), "w.yaml")
+    make(None, 2).train()
+    last = tmp_path / "run" / "last.pt"
+    checkpoint = load_checkpoint(last)
+    for side in ("src", "tgt"):
+        del checkpoint["config"]["data"][side]["subword_sampling"]["vocab_samples"]
+    save_checkpoint(last, checkpoint)
+    with pytest.raises(ConfigError, match=r"data.src.subword_sampling.vocab_samples: differs from the run"):
+        make(1, 3)
+    resumed = make(None, 3)
+    assert resumed.resumed and resumed.train().step == 3
