@@ -81,13 +81,10 @@ def check_positions(config: dict, source: str) -> None:
 
 
 def check_corpora(data: dict, source: str) -> None:
-    """``data.train`` as a list of corpora: not with ``data.id_cache`` (one cache per training file
-    pair) nor ``data.generate`` (it writes one pair of training files)."""
+    """``data.train`` as a list of corpora: not with ``data.generate`` (it writes one pair of
+    training files). With ``data.id_cache`` each corpus gets its own cache."""
     if not isinstance(data["train"], list):
         return
-    if data["id_cache"]:
-        raise ConfigError(source, "data.id_cache", "the token-id cache holds one training corpus, but data.train "
-                          f"lists {len(data['train'])}: set data.id_cache: false")
     if data["generate"] is not None:
         raise ConfigError(source, "data.generate", "generates one training corpus, but data.train is a list: "
                           "give data.train as one {src, tgt} mapping")

@@ -52,6 +52,16 @@ def is_weighted(train_cfg: dict | list[dict]) -> bool:
     return isinstance(train_cfg, list) or train_cfg.get("weight", 1.0) != 1.0
 
 
+def check_corpus_files(corpora: Sequence[Corpus]) -> None:
+    """A one-line ``DataError`` naming the key of the first missing file, e.g.
+    ``data.train[1].src: bt.de: file not found``."""
+    for corpus in corpora:
+        for side in ("src", "tgt"):
+            path = Path(getattr(corpus, side))
+            if not path.is_file():
+                raise DataError(f"{corpus.key}.{side}: {path}: file not found")
+
+
 def read_corpora(corpora: Sequence[Corpus]) -> tuple[list[tuple[str, str]], np.ndarray]:
     """All corpora's ``(source, target)`` lines, one corpus after the other, and ``starts``
     (``len(corpora) + 1`` ints: corpus ``k`` holds pairs ``starts[k]:starts[k + 1]``). A missing
@@ -60,10 +70,7 @@ def read_corpora(corpora: Sequence[Corpus]) -> tuple[list[tuple[str, str]], np.n
     pairs: list[tuple[str, str]] = []
     starts = [0]
     for corpus in corpora:
-        for side in ("src", "tgt"):
-            path = Path(getattr(corpus, side))
-            if not path.is_file():
-                raise DataError(f"{corpus.key}.{side}: {path}: file not found")
+        check_corpus_files([corpus])
         try:
             pairs.extend(read_parallel(corpus.src, corpus.tgt))
         except DataError as exc:
@@ -162,5 +169,5 @@ class CorpusWeights:
         return lines
 
 
-__all__ = ["Corpus", "CorpusWeights", "EpochExamples", "epoch_indices", "examples_per_epoch", "is_weighted",
+__all__ = ["Corpus", "CorpusWeights", "check_corpus_files", "EpochExamples", "epoch_indices", "examples_per_epoch", "is_weighted",
            "read_corpora", "training_corpora"]

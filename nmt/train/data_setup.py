@@ -17,7 +17,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nmt.data.corpora import CorpusWeights, is_weighted, read_corpora, training_corpora
+import numpy as np
+
+from nmt.data.corpora import Corpus, CorpusWeights, check_corpus_files, is_weighted, read_corpora, training_corpora
+from nmt.data.corpus_arrays import ConcatenatedArrays
 from nmt.data.dataset import ParallelDataset, read_parallel
 from nmt.data.epoch_segmentation import ResampledPairs
 from nmt.data.sampled_vocabulary import vocabulary_token_lists
@@ -55,7 +58,7 @@ class TrainingData:
 
     src_field: Field
     tgt_field: Field
-    train: ParallelDataset | ArrayParallelDataset
+    train: ParallelDataset | ArrayParallelDataset | ConcatenatedArrays
     valid: ParallelDataset
     valid_references: list[str]
     resampled: ResampledPairs | None = None
@@ -172,20 +175,24 @@ def side_vocabulary(side_cfg: dict, tokenizer: Tokenizer, lines: Iterable[str], 
 
 def streamed_fields(data_cfg: dict) -> tuple[Field, Field] | None:
     """The fields of :func:`build_fields`, built by streaming the training files line by line
-    (never a list of the corpus), when no tokenizer learns a model; None otherwise."""
+    (never a list of the corpus; with several corpora their files one after the other, as
+    :func:`nmt.data.corpora.read_corpora` reads them), when no tokenizer learns a model; None
+    otherwise."""
     side_cfgs = (data_cfg["src"],) if data_cfg["shared_vocab"] or data_cfg["shared_tokenizer"] else (
         data_cfg["src"], data_cfg["tgt"])
     tokenizers = [build_tokenizer(side["tokenizer"]) for side in side_cfgs]
     if any(t.needs_training for t in tokenizers):
         return None
-    src_path, tgt_path = data_cfg["train"]["src"], data_cfg["train"]["tgt"]
+    corpora = training_corpora(data_cfg["train"])
     src, tgt = data_cfg["src"], data_cfg["tgt"]
+    src_lines = lambda: itertools.chain.from_iterable(iter_lines(c.src) for c in corpora)
+    tgt_lines = lambda: itertools.chain.from_iterable(iter_lines(c.tgt) for c in corpora)
     if data_cfg["shared_vocab"]:
-        lines = itertools.chain(iter_lines(src_path), iter_lines(tgt_path))
+        lines = itertools.chain(src_lines(), tgt_lines())
         field = Field(tokenizers[0], side_vocabulary(src, tokenizers[0], lines, "data.src"))
         return field, field
-    return (Field(tokenizers[0], side_vocabulary(src, tokenizers[0], iter_lines(src_path), "data.src")),
-            Field(tokenizers[-1], side_vocabulary(tgt, tokenizers[-1], iter_lines(tgt_path), "data.tgt")))
+    return (Field(tokenizers[0], side_vocabulary(src, tokenizers[0], src_lines(), "data.src")),
+            Field(tokenizers[-1], side_vocabulary(tgt, tokenizers[-1], tgt_lines(), "data.tgt")))
 
 
 def _trained_tokenizer(side_cfg: dict, lines: list[str], work_dir: Path) -> Tokenizer:
@@ -204,15 +211,20 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     the log; validation keeps every non-empty pair whatever its length. Raises a one-line
     ``DataError`` naming the files when no training or no validation pair is left (and why).
     With ``data.id_cache`` the training set is an ``ArrayParallelDataset``
-    (``nmt.data.id_arrays``, memory-mapped), and the training text is not read at all when
-    ``fields`` are given (a resumed run, or ranks > 0 of a data-parallel job).
-    With ``data.train`` a list of corpora (:mod:`nmt.data.corpora`) their pairs are read one after
-    the other (a missing file names its key, ``data.train[1].src``), the fields are built from
-    them all (each once, whatever its weight), and ``weights`` is set; one line per corpus is logged.
+    (``nmt.data.id_arrays``, memory-mapped; with several corpora one cache per corpus, read as one
+    :class:`~nmt.data.corpus_arrays.ConcatenatedArrays`), and the training text is not read at all
+    when ``fields`` are given (a resumed run, or ranks > 0 of a data-parallel job) or no tokenizer
+    learns a model. With ``data.train`` a list of corpora (:mod:`nmt.data.corpora`) their pairs are
+    read one after the other (a missing file names its key, ``data.train[1].src``), the fields are
+    built from them all (each once, whatever its weight), and ``weights`` is set (also for one
+    corpus of a weight other than 1, with or without the cache); one line per corpus is logged.
     ``seed`` (``training.seed``): the seed of the sampled segmentations a vocabulary with
     ``subword_sampling.vocab_samples`` counts (:func:`build_fields`).
     """
     train_files, limits = data_cfg["train"], (data_cfg["src"]["max_length"], data_cfg["tgt"]["max_length"])
+    corpora = training_corpora(train_files)
+    if data_cfg["id_cache"] and is_weighted(train_files):
+        check_corpus_files(corpora)  # before streaming or caching them: the key of a missing file
     if data_cfg["id_cache"] and fields is None:
         fields = streamed_fields(data_cfg)  # None when a tokenizer must be trained on the text
     train_pairs = None
@@ -221,7 +233,6 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
         src_field, tgt_field = fields
     else:
         if is_weighted(train_files):
-            corpora = training_corpora(train_files)
             train_pairs, starts = read_corpora(corpora)
             weights = CorpusWeights(corpora, starts)
         else:
@@ -235,8 +246,10 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
         if train_pairs is not None:  # read to train a tokenizer: drop the lines, give the memory back
             train_pairs = None
             release_freed_memory()
-        train = load_id_dataset(train_files["src"], train_files["tgt"], src_field, tgt_field, *limits,
-                                fallback_dir=work_dir)
+        train = cached_training_set(corpora, src_field, tgt_field, limits, work_dir, is_weighted(train_files))
+        if is_weighted(train_files):
+            starts = train.starts if isinstance(train, ConcatenatedArrays) else np.array([0, train.n_input])
+            weights = CorpusWeights(corpora, starts)
     else:
         train = ParallelDataset(train_pairs, src_field, tgt_field, *limits)
     valid = ParallelDataset(valid_pairs, src_field, tgt_field, None, None)
@@ -262,6 +275,25 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
                     "(training.seed, epoch)", resampled.describe())
     references = [valid_pairs[line - 1][1] for line in valid.line_numbers]
     return TrainingData(src_field, tgt_field, train, valid, references, resampled, weights)
+
+
+def cached_training_set(corpora: Sequence[Corpus], src_field: Field, tgt_field: Field,
+                        limits: tuple[int | None, int | None], work_dir: str | Path,
+                        weighted: bool) -> ArrayParallelDataset | ConcatenatedArrays:
+    """The memory-mapped training set of ``data.id_cache``: one corpus's cache
+    (:func:`nmt.data.id_arrays.load_id_dataset`), or with several one cache per corpus read one
+    after the other (:class:`nmt.data.corpus_arrays.ConcatenatedArrays`). With ``weighted`` (a list,
+    or one corpus with a weight) a missing file is named by its key, e.g. ``data.train[1]: ...``."""
+    parts = []
+    for corpus in corpora:
+        try:
+            parts.append(load_id_dataset(corpus.src, corpus.tgt, src_field, tgt_field, *limits,
+                                         fallback_dir=work_dir))
+        except DataError as exc:
+            if not weighted:
+                raise
+            raise DataError(f"{corpus.key}: {exc}") from None
+    return parts[0] if len(parts) == 1 else ConcatenatedArrays(parts)
 
 
 def resampled_pairs(pairs: Sequence[tuple[str, str]], src_field: Field, tgt_field: Field,
@@ -380,4 +412,4 @@ def _data_files(data_cfg: dict) -> list[tuple[str, str]]:
             + [(f"data.valid.{side}", data_cfg["valid"][side]) for side in ("src", "tgt")])
 
 
-__all__ = ["counted_vocabulary", "resampled_pairs", "DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]
+__all__ = ["cached_training_set", "counted_vocabulary", "resampled_pairs", "DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]

@@ -146,12 +146,18 @@ def test_config_errors_name_the_key(train, key, problem):
     assert message.startswith(f"c.yaml: {key}") and problem in message and "\n" not in message
 
 
-@pytest.mark.parametrize("extra, key", [({"id_cache": True}, "data.id_cache"), ({"generate": "quickstart"}, "data.generate")])
-def test_a_list_with_id_cache_or_generate_is_a_config_error(extra, key):
+@pytest.mark.parametrize("extra, key", [({"generate": "quickstart"}, "data.generate")])
+def test_a_list_with_generate_is_a_config_error(extra, key):
     raw = {**MINIMAL, "data": {**MINIMAL["data"], "train": [{"src": "a", "tgt": "b"}], **extra}}
     with pytest.raises(ConfigError) as err:
         resolve_config(raw, "c.yaml")
     assert str(err.value).startswith(f"c.yaml: {key}") and "\n" not in str(err.value)
+
+
+def test_a_list_with_id_cache_is_accepted():
+    """One token-id cache per corpus (nmt.data.corpus_arrays)."""
+    raw = {**MINIMAL, "data": {**MINIMAL["data"], "train": [{"src": "a", "tgt": "b"}], "id_cache": True}}
+    assert resolve_config(raw, "c.yaml")["data"]["id_cache"] is True
 
 
 def test_resolved_configs():

@@ -89,7 +89,10 @@ def test_a_single_mapping_batches_as_a_plain_dataset(corpora, tmp_path, monkeypa
         assert torch.equal(a, b), name
 
 
-def test_interrupted_and_resumed_equals_uninterrupted(corpora, tmp_path):
+@pytest.mark.parametrize("cached", [False, True])
+def test_interrupted_and_resumed_equals_uninterrupted(corpora, tmp_path, cached):
+    """Also with data.id_cache (one cache per corpus; the resumed run reads the caches only)."""
+    corpora = {**corpora, "id_cache": cached}
     straight = make(corpora, tmp_path / "straight", max_steps=14)  # 8 batches an epoch (63 examples)
     straight.train()
 
@@ -102,6 +105,57 @@ def test_interrupted_and_resumed_equals_uninterrupted(corpora, tmp_path):
     assert second.resumed and second.progress.step == 12 and second.progress.epoch == 1
     assert second.train().step == 14
     assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
+
+
+@pytest.mark.parametrize("tokenizer", ["space", "bpe"])
+def test_id_cache_trains_on_the_batches_and_weights_of_the_list_dataset(corpora, tmp_path, monkeypatch, tokenizer):
+    """data.id_cache with two weighted corpora: one cache per corpus, the same examples in the same
+    batches and bit-equal weights as without the cache (space: the fields streamed from the files;
+    bpe: the text read once to learn the codes)."""
+    from nmt.data.corpus_arrays import ConcatenatedArrays
+
+    seen = record_batches(monkeypatch)
+    runs = {}
+    for cached in (False, True):
+        cfg = config({**corpora, "id_cache": cached}, tmp_path / f"run_{cached}", max_steps=12)
+        if tokenizer == "bpe":
+            cfg["data"]["tgt"]["tokenizer"] = {"type": "bpe", "merges": 12}
+        runs[cached] = Trainer(resolve_config(cfg, "c.yaml"), "c.yaml")
+        assert isinstance(runs[cached].data.train, ConcatenatedArrays) == cached
+        start = len(seen)
+        runs[cached].train()
+        runs[cached].batches = seen[start:]
+    assert runs[True].batches == runs[False].batches and len(runs[True].batches) == 12
+    for (name, a), (_, b) in zip(runs[False].model.state_dict().items(), runs[True].model.state_dict().items()):
+        assert torch.equal(a, b), name
+    for c in corpora["train"]:
+        assert len(list((Path(c["src"]).parent / ".nmt_id_cache").iterdir())) == 1
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_one_corpus_with_a_weight_is_weighted_with_the_cache_too(corpora, tmp_path, monkeypatch, cached):
+    """data.train one mapping of weight 0.5: half the pairs an epoch, with or without data.id_cache
+    (the cache once ignored the weight when the fields were streamed, and on ranks > 0)."""
+    seen = record_batches(monkeypatch)
+    one = {**corpora, "train": {**corpora["train"][1], "weight": 0.5}, "id_cache": cached}
+    run = make(one, tmp_path / "run", max_steps=None, max_epochs=2)
+    assert run.data.weights is not None
+    run.train()
+    assert sum(len(batch) for batch in seen) == 2 * 15  # round(0.5 x 30) a epoch
+
+
+def test_with_id_cache_a_missing_or_bad_corpus_file_is_named_by_its_key(corpora, tmp_path):
+    from nmt.data.errors import DataError
+
+    missing = {**corpora, "id_cache": True,
+               "train": [corpora["train"][0], {**corpora["train"][1], "src": str(tmp_path / "nope.src")}]}
+    with pytest.raises(DataError, match=r"^data.train\[1\].src: .*nope.src: file not found$"):
+        make(missing, tmp_path / "run")
+    short = tmp_path / "short.tgt"
+    short.write_text("a\n", encoding="utf-8")
+    uneven = {**corpora, "id_cache": True, "train": [corpora["train"][0], {**corpora["train"][1], "tgt": str(short)}]}
+    with pytest.raises(DataError, match=r"^data.train\[1\]: .*has 30 lines but .*short.tgt has 1$"):
+        make(uneven, tmp_path / "run2")
 
 
 def test_a_changed_corpus_file_is_named_on_resume(corpora, tmp_path):
@@ -168,14 +222,16 @@ def ranks():
 
 
 @pytest.mark.slow
-def test_two_processes_train_on_the_epoch_list_of_one_process(tmp_path, ranks):
+@pytest.mark.parametrize("cached", [False, True])
+def test_two_processes_train_on_the_epoch_list_of_one_process(tmp_path, ranks, cached):
     """Two ranks of batch 4 equal one process of batch 8 only if both ranks cut the global
-    batches from the same weighted list of every epoch."""
+    batches from the same weighted list of every epoch (with data.id_cache: rank 1 reads the
+    caches rank 0 wrote; the one process reads the text)."""
     real = write_task(tmp_path / "real", n_train=24, seed=1)
     bt = write_task(tmp_path / "bt", n_train=30, seed=2)
     data = {"train": [{**real["train"], "weight": 1.5}, {**bt["train"], "weight": 0.7}], "valid": real["valid"]}
     Trainer(resolve_config(gloo_config(data, tmp_path / "one", 8, max_steps=10, valid_every=5), "t"), "t").train()
-    results = ranks.run(gloo_config(data, tmp_path / "two", 4, max_steps=10, valid_every=5))
+    results = ranks.run(gloo_config({**data, "id_cache": cached}, tmp_path / "two", 4, max_steps=10, valid_every=5))
     assert [r[2:4] for r in results] == [("max_steps", 10)] * 2
     from nmt.train.checkpoint import load_checkpoint
     a, b = load_checkpoint(tmp_path / "one" / "last.pt")["model"], load_checkpoint(tmp_path / "two" / "last.pt")["model"]
