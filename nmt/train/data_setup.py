@@ -131,7 +131,7 @@ def counted_vocabulary(data_cfg: dict, vocab_side: str, tokenizer: Tokenizer,
     deterministic segmentation plus the first ``vocab_samples`` epochs' sampled segmentations of
     each side that samples (:func:`nmt.data.sampled_vocabulary.vocabulary_token_lists`)."""
     side_cfg, key = data_cfg[vocab_side], f"data.{vocab_side}"
-    samples = int(side_cfg["subword_sampling"].get("vocab_samples", 0))
+    samples = int(side_cfg.get("subword_sampling", {}).get("vocab_samples", 0))  # a hand-made config may lack it
     if samples == 0 or side_cfg.get("vocab_file") is not None:
         return side_vocabulary(side_cfg, tokenizer, [line for _, lines in sides for line in lines], key)
     if seed is None:
