@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from nmt.config import ConfigError, config_differences, config_value
+from nmt.config import ConfigError, added_at_default, config_differences, config_value
 from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.data.unknown_tokens import UnkCounts, unk_shares
@@ -41,7 +41,8 @@ from nmt.utils.checkpoint_file import load_checkpoint
 logger = logging.getLogger(__name__)
 
 VOCABULARY_KEYS = tuple(f"data.{side}.{key}" for side in ("src", "tgt")
-                        for key in ("tokenizer", "min_freq", "max_size", "vocab_file")) + (
+                        for key in ("tokenizer", "min_freq", "max_size", "vocab_file",
+                                    "subword_sampling.vocab_samples")) + (
     "data.shared_vocab", "data.shared_tokenizer")
 """The data settings that build tokenizers and vocabularies: a fine-tuned run ignores them."""
 
@@ -123,7 +124,7 @@ def load_parent(config: dict, source: str, resuming: bool) -> Parent | None:
     parent_cfg = payload["config"]
     for key in VOCABULARY_KEYS:
         mine, theirs = config_value(config, key), config_value(parent_cfg, key)
-        if mine != theirs:
+        if mine != theirs and not added_at_default(parent_cfg, config, key):
             logger.warning("%s: %r ignored (%r in %s): a fine-tuned run keeps its parent's tokenizers and "
                            "vocabularies", key, mine, theirs, path)
     return Parent(path, payload, src_field, tgt_field)

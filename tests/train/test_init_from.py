@@ -207,6 +207,30 @@ def test_settings_without_parameters_may_differ(parent, tmp_path, log):
     assert child.train().step == 2
 
 
+def test_vocab_samples_is_a_vocabulary_setting_the_child_ignores(parent, tmp_path, log):
+    """data.<side>.subword_sampling.vocab_samples builds another vocabulary: ignored with a warning
+    (the parent's fields are kept); a parent whose config predates the key warns of nothing."""
+    from nmt.train.checkpoint import save_checkpoint
+    from nmt.train.init_from import load_parent
+
+    config = child_config(parent, tmp_path / "child")
+    config["data"]["src"]["tokenizer"] = {"type": "bpe", "merges": 10}
+    config["data"]["src"]["subword_sampling"] = {"dropout": 0.2, "vocab_samples": 2}
+    best = parent[0] / "best.pt"
+    loaded = load_parent(resolve_config(config, "tiny.yaml"), "tiny.yaml", resuming=False)
+    messages = [r.getMessage() for r in log.records]
+    assert any(m.startswith("data.src.subword_sampling.vocab_samples: 2 ignored (0 in ") for m in messages)
+    assert loaded.src_field.state_dict() == load_checkpoint(best)["src_field"]
+    old = load_checkpoint(best)
+    for side in ("src", "tgt"):
+        del old["config"]["data"][side]["subword_sampling"]["vocab_samples"]
+    save_checkpoint(tmp_path / "old.pt", old)
+    log.clear()
+    plain = child_config(parent, tmp_path / "child2", init_from=str(tmp_path / "old.pt"))
+    load_parent(resolve_config(plain, "tiny.yaml"), "tiny.yaml", resuming=False)
+    assert not any("vocab_samples" in r.getMessage() for r in log.records)
+
+
 def test_a_missing_or_unreadable_parent_is_one_line_naming_it(parent, tmp_path):
     missing = tmp_path / "nope" / "best.pt"
     with pytest.raises(ConfigError, match=rf"^tiny.yaml: training.init_from: {missing}: no such checkpoint file"):
