@@ -92,9 +92,10 @@ def check_corpora(data: dict, source: str) -> None:
 
 def check_subword_sampling(data: dict, source: str) -> None:
     """``data.<side>.subword_sampling`` against the tokenizer that side uses (the src one under
-    ``shared_vocab`` / ``shared_tokenizer``), ``nbest`` in {-1} or >= 1, and not with ``data.id_cache``
-    (its cache holds one segmentation)."""
-    from nmt.data.subword_sampling import sampling_enabled, sampling_problem
+    ``shared_vocab`` / ``shared_tokenizer``), ``nbest`` in {-1} or >= 1, and ``vocab_samples``
+    (:func:`_check_vocab_samples`). With ``data.id_cache`` the cache holds the deterministic ids and
+    each epoch's segmentation is made by streaming the files (``nmt.data.epoch_segmentation.ResampledFiles``)."""
+    from nmt.data.subword_sampling import sampling_problem
 
     shared = data["shared_vocab"] or data["shared_tokenizer"]
     for side in ("src", "tgt"):
@@ -107,9 +108,6 @@ def check_subword_sampling(data: dict, source: str) -> None:
         if problem is not None:
             raise ConfigError(source, f"{key}.{problem[0]}", problem[1])
         _check_vocab_samples(data, side, source)
-        if sampling_enabled(settings) and data["id_cache"]:
-            raise ConfigError(source, "data.id_cache", f"{key} re-segments the training text every epoch, but the "
-                              "token-id cache holds one segmentation: set data.id_cache: false")
 
 
 def _check_vocab_samples(data: dict, side: str, source: str) -> None:

@@ -12,9 +12,11 @@ from __future__ import annotations
 import gc
 from collections.abc import Sequence
 
+from nmt.data.corpus_arrays import ConcatenatedArrays
 from nmt.data.dataset import ParallelDataset
 from nmt.data.errors import DataError
 from nmt.data.field import Field
+from nmt.data.id_arrays import ArrayParallelDataset, encode_to_arrays
 from nmt.data.subword_sampling import SubwordSampler, epoch_random
 from nmt.data.unknown_tokens import SIDE_NAMES
 
@@ -52,12 +54,8 @@ class ResampledPairs:
             if sampler is None:
                 fixed = self._fixed[side]
                 encoders[side] = lambda i, _, fixed=fixed: fixed[i]
-            elif sampler.ids:  # the lines in order, each side from its own generator
-                encoders[side] = lambda i, text, sample=sampler.sample, rng=epoch_random(seed, epoch, side): \
-                    sample(text, rng)
-            else:
-                encoders[side] = lambda i, text, sample=sampler.sample, rng=epoch_random(seed, epoch, side), \
-                    encode=field.encode_tokens: encode(sample(text, rng))
+            else:  # the lines in order, each side from its own generator
+                encoders[side] = _sampled_encoder(sampler, field, seed, epoch, side)
         enabled = gc.isenabled()
         gc.disable()  # no cycles made here; the samplers' caches would make each collection long
         try:
@@ -69,8 +67,66 @@ class ResampledPairs:
 
     def describe(self) -> str:
         """e.g. ``source: BPE-dropout 0.1; target: deterministic``."""
-        return "; ".join(f"{SIDE_NAMES[side]}: {sampler.describe() if sampler is not None else 'deterministic'}"
-                         for side, sampler in self.samplers.items())
+        return _describe(self.samplers)
 
 
-__all__ = ["ResampledPairs"]
+def _describe(samplers: dict[str, SubwordSampler | None]) -> str:
+    return "; ".join(f"{SIDE_NAMES[side]}: {sampler.describe() if sampler is not None else 'deterministic'}"
+                     for side, sampler in samplers.items())
+
+
+def _sampled_encoder(sampler: SubwordSampler, field: Field, seed: int, epoch: int, side: str):
+    """``f(i, text) -> ids`` of one epoch's segmentation of ``side``: the lines in order, drawn from
+    that side's generator of ``(seed, epoch)``."""
+    rng = epoch_random(seed, epoch, side)
+    if sampler.ids:
+        return lambda i, text, sample=sampler.sample: sample(text, rng)
+    return lambda i, text, sample=sampler.sample, encode=field.encode_tokens: encode(sample(text, rng))
+
+
+class ResampledFiles:
+    """The epochs of :class:`ResampledPairs` made by streaming the training files instead of
+    holding their text (``data.id_cache``): ``files`` the ``(source, target)`` paths of each corpus,
+    read one after the other every epoch; a deterministic side is encoded again with its field.
+    ``for_epoch`` returns flat in-memory id arrays (:class:`~nmt.data.id_arrays.ArrayParallelDataset`,
+    4 bytes a token; several corpora as one :class:`~nmt.data.corpus_arrays.ConcatenatedArrays`)
+    holding the pairs, ids and line numbers :class:`ResampledPairs` gives over the corpora's pairs
+    read one after the other: the same draws, in the same order."""
+
+    def __init__(self, files: Sequence[tuple[str, str]], src_field: Field, tgt_field: Field,
+                 src_sampler: SubwordSampler | None, tgt_sampler: SubwordSampler | None,
+                 max_src_length: int | None = None, max_tgt_length: int | None = None) -> None:
+        if src_sampler is None and tgt_sampler is None:
+            raise DataError("subword sampling: neither side samples")
+        self.files = list(files)
+        self.src_field, self.tgt_field = src_field, tgt_field
+        self.samplers = {"src": src_sampler, "tgt": tgt_sampler}
+        self.limits = (max_src_length, max_tgt_length)
+
+    def for_epoch(self, seed: int, epoch: int) -> ArrayParallelDataset | ConcatenatedArrays:
+        """The files as segmented in ``epoch`` of a run seeded with ``seed`` (``line_numbers``
+        count the corpora's lines one after the other)."""
+        encoders = {side: None if sampler is None else _sampled_encoder(sampler, field, seed, epoch, side)
+                    for (side, sampler), field in zip(self.samplers.items(), (self.src_field, self.tgt_field))}
+        parts = []
+        first = 0
+        enabled = gc.isenabled()
+        gc.disable()  # as in ResampledPairs.for_epoch
+        try:
+            for src_path, tgt_path in self.files:
+                arrays, meta = encode_to_arrays(src_path, tgt_path, self.src_field, self.tgt_field, *self.limits,
+                                                src_encode=encoders["src"], tgt_encode=encoders["tgt"],
+                                                first_index=first)
+                parts.append(ArrayParallelDataset(arrays, meta, self.src_field, self.tgt_field))
+                first += meta["n_input"]
+        finally:
+            if enabled:
+                gc.enable()
+        return parts[0] if len(parts) == 1 else ConcatenatedArrays(parts)
+
+    def describe(self) -> str:
+        """As :meth:`ResampledPairs.describe`."""
+        return _describe(self.samplers)
+
+
+__all__ = ["ResampledFiles", "ResampledPairs"]

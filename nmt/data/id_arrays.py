@@ -26,6 +26,7 @@ import json
 import logging
 import os
 from array import array
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -143,9 +144,15 @@ def _digest(value: Any, digest: "hashlib._Hash") -> None:
 
 
 def encode_to_arrays(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_field: Field,
-                     max_src_length: int | None, max_tgt_length: int | None) -> tuple[dict[str, np.ndarray], dict]:
+                     max_src_length: int | None, max_tgt_length: int | None,
+                     src_encode: Callable[[int, str], list[int]] | None = None,
+                     tgt_encode: Callable[[int, str], list[int]] | None = None,
+                     first_index: int = 0) -> tuple[dict[str, np.ndarray], dict]:
     """Stream both files, encode every pair and keep it by ``ParallelDataset``'s rules.
 
+    ``src_encode`` / ``tgt_encode`` (optional, as ``ParallelDataset``'s): ``f(i, text) -> ids``
+    instead of the field's ``encode``, called for each non-blank line in order with ``i`` the
+    line's 0-based index plus ``first_index`` (e.g. one epoch's sampled segmentation).
     Returns ``(arrays, meta)``: the arrays of :data:`ARRAYS` and the counts. Memory: the
     arrays (4 bytes per token id) plus one line at a time.
     """
@@ -170,8 +177,8 @@ def encode_to_arrays(src_path: PathLike, tgt_path: PathLike, src_field: Field, t
                 raise DataError(f"{Path(src_path)} has {n_src} lines but {Path(tgt_path)} has {n_tgt}")
             break
         n += 1
-        s_ids = src_field.encode(s) if s.strip() else []
-        t_ids = tgt_field.encode(t) if t.strip() else []
+        s_ids = (src_encode(first_index + n - 1, s) if src_encode else src_field.encode(s)) if s.strip() else []
+        t_ids = (tgt_encode(first_index + n - 1, t) if tgt_encode else tgt_field.encode(t)) if t.strip() else []
         if not s_ids or not t_ids:
             empty += 1
         elif len(s_ids) > src_max or len(t_ids) > tgt_max:

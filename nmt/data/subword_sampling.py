@@ -145,6 +145,9 @@ class _Lattice:
         return out
 
 
+MAX_CACHED_LINES = 2_000_000
+"""The lines whose 'segments apart' test :class:`SentencePieceSampler` keeps; emptied past this (a
+corpus streamed with ``data.id_cache`` need not be held as text here)."""
 MAX_NBEST = 512
 """The largest ``nbest`` sentencepiece's ``nbest_encode`` accepts (its ``kMaxNBestSize``)."""
 
@@ -197,6 +200,8 @@ class SentencePieceSampler:
         words = text.split()
         apart = self._lines.get(text)
         if apart is None:
+            if len(self._lines) >= MAX_CACHED_LINES:  # a pure cache: emptying it changes no result
+                self._lines.clear()
             apart = self._lines[text] = self._segments_apart(text, words)
         if not apart:
             return self._encode(self._sp.encode(text, out_type=str))

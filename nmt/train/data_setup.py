@@ -22,7 +22,7 @@ import numpy as np
 from nmt.data.corpora import Corpus, CorpusWeights, check_corpus_files, is_weighted, read_corpora, training_corpora
 from nmt.data.corpus_arrays import ConcatenatedArrays
 from nmt.data.dataset import ParallelDataset, read_parallel
-from nmt.data.epoch_segmentation import ResampledPairs
+from nmt.data.epoch_segmentation import ResampledFiles, ResampledPairs
 from nmt.data.sampled_vocabulary import vocabulary_token_lists
 from nmt.data.subword_sampling import SubwordSampler, build_sampler, sampling_enabled
 from nmt.data.errors import DataError
@@ -61,7 +61,7 @@ class TrainingData:
     train: ParallelDataset | ArrayParallelDataset | ConcatenatedArrays
     valid: ParallelDataset
     valid_references: list[str]
-    resampled: ResampledPairs | None = None
+    resampled: ResampledPairs | ResampledFiles | None = None
     weights: CorpusWeights | None = None
 
 
@@ -176,13 +176,16 @@ def side_vocabulary(side_cfg: dict, tokenizer: Tokenizer, lines: Iterable[str], 
 def streamed_fields(data_cfg: dict) -> tuple[Field, Field] | None:
     """The fields of :func:`build_fields`, built by streaming the training files line by line
     (never a list of the corpus; with several corpora their files one after the other, as
-    :func:`nmt.data.corpora.read_corpora` reads them), when no tokenizer learns a model; None
-    otherwise."""
+    :func:`nmt.data.corpora.read_corpora` reads them), when no tokenizer learns a model and no
+    vocabulary counts sampled segmentations (``vocab_samples``); None otherwise."""
     side_cfgs = (data_cfg["src"],) if data_cfg["shared_vocab"] or data_cfg["shared_tokenizer"] else (
         data_cfg["src"], data_cfg["tgt"])
     tokenizers = [build_tokenizer(side["tokenizer"]) for side in side_cfgs]
     if any(t.needs_training for t in tokenizers):
         return None
+    if any(side.get("subword_sampling", {}).get("vocab_samples", 0) and side.get("vocab_file") is None
+           for side in side_cfgs):
+        return None  # the count holds sampled segmentations: build_fields over the text
     corpora = training_corpora(data_cfg["train"])
     src, tgt = data_cfg["src"], data_cfg["tgt"]
     src_lines = lambda: itertools.chain.from_iterable(iter_lines(c.src) for c in corpora)
@@ -253,7 +256,8 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     else:
         train = ParallelDataset(train_pairs, src_field, tgt_field, *limits)
     valid = ParallelDataset(valid_pairs, src_field, tgt_field, None, None)
-    resampled = None if data_cfg["id_cache"] else resampled_pairs(train_pairs, src_field, tgt_field, data_cfg)
+    resampled = (resampled_files(corpora, src_field, tgt_field, data_cfg) if data_cfg["id_cache"]
+                 else resampled_pairs(train_pairs, src_field, tgt_field, data_cfg))
     if len(train) == 0:
         raise DataError(f"{_files(data_cfg, 'train')}: no training pairs left: all {train.n_input} dropped "
                         f"({train.skipped['empty']} empty, {train.skipped['too_long']} longer than "
@@ -301,10 +305,31 @@ def resampled_pairs(pairs: Sequence[tuple[str, str]], src_field: Field, tgt_fiel
     """The :class:`ResampledPairs` the ``data.<side>.subword_sampling`` sections ask for (None when
     no side samples). A sampler serves both sides when they share a field (data.shared_vocab) and
     settings: its caches are made once."""
+    samplers = _epoch_samplers(src_field, tgt_field, data_cfg)
+    if samplers is None:
+        return None
+    return ResampledPairs(pairs, src_field, tgt_field, samplers["src"], samplers["tgt"],
+                          data_cfg["src"]["max_length"], data_cfg["tgt"]["max_length"])
+
+
+def resampled_files(corpora: Sequence[Corpus], src_field: Field, tgt_field: Field,
+                    data_cfg: dict) -> ResampledFiles | None:
+    """With ``data.id_cache``: the :class:`ResampledFiles` (the corpora's files streamed every
+    epoch) the ``subword_sampling`` sections ask for, None when no side samples."""
+    samplers = _epoch_samplers(src_field, tgt_field, data_cfg)
+    if samplers is None:
+        return None
+    return ResampledFiles([(c.src, c.tgt) for c in corpora], src_field, tgt_field, samplers["src"],
+                          samplers["tgt"], data_cfg["src"]["max_length"], data_cfg["tgt"]["max_length"])
+
+
+def _epoch_samplers(src_field: Field, tgt_field: Field, data_cfg: dict) -> dict[str, SubwordSampler | None] | None:
+    """Each side's sampler (returning ids; None for a deterministic side), one shared by both sides
+    with one field and the same settings; None when no side samples."""
     samplers: dict[str, SubwordSampler | None] = {}
     made: list[tuple[Field, dict, SubwordSampler]] = []
     for side, field in (("src", src_field), ("tgt", tgt_field)):
-        settings = _sampling_settings(data_cfg[side]["subword_sampling"])
+        settings = _sampling_settings(data_cfg[side].get("subword_sampling", {}))
         if not sampling_enabled(settings):
             samplers[side] = None
             continue
@@ -320,8 +345,7 @@ def resampled_pairs(pairs: Sequence[tuple[str, str]], src_field: Field, tgt_fiel
         samplers[side] = sampler
     if samplers["src"] is None and samplers["tgt"] is None:
         return None
-    return ResampledPairs(pairs, src_field, tgt_field, samplers["src"], samplers["tgt"],
-                          data_cfg["src"]["max_length"], data_cfg["tgt"]["max_length"])
+    return samplers
 
 
 def data_fingerprints(data_cfg: dict) -> dict[str, dict]:
@@ -412,4 +436,4 @@ def _data_files(data_cfg: dict) -> list[tuple[str, str]]:
             + [(f"data.valid.{side}", data_cfg["valid"][side]) for side in ("src", "tgt")])
 
 
-__all__ = ["cached_training_set", "counted_vocabulary", "resampled_pairs", "DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]
+__all__ = ["cached_training_set", "counted_vocabulary", "resampled_files", "resampled_pairs", "DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]

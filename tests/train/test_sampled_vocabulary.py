@@ -247,3 +247,27 @@ def test_a_checkpoint_of_an_nmt_without_vocab_samples_resumes(task, tmp_path):
         make(1, 3)
     resumed = make(None, 3)
     assert resumed.resumed and resumed.train().step == 3
+
+
+def test_with_id_cache_and_ready_codes_the_count_still_holds_the_samples(task, tmp_path):
+    """BPE codes given (codes_file: nothing to learn) and data.id_cache: the fields would be
+    counted streaming the files, but vocab_samples needs the sampled segmentations: the same
+    vocabulary as without the cache, and no <unk> in the counted epochs of the streamed dataset."""
+    pairs = read_parallel(task["train"]["src"], task["train"]["tgt"])
+    learned = build_fields(data_config(task, tmp_path, 0), pairs, tmp_path / "learn", SEED)[0].tokenizer
+    codes = tmp_path / "codes.bpe"
+    codes.write_text(learned.codes, encoding="utf-8")
+    ready = {"src": {"tokenizer": {"type": "bpe", "codes_file": str(codes)},
+                     "subword_sampling": {"dropout": 0.3, "vocab_samples": 2}},
+             "tgt": {"tokenizer": {"type": "char"}}}  # nothing to learn on either side
+    vocabs = {}
+    for cached in (False, True):
+        config = words_config({**task, "id_cache": cached}, tmp_path / f"run_{cached}", sides(None, ready))
+        data_cfg = resolve_config(config, "w.yaml")["data"]
+        data = load_training_data(data_cfg, tmp_path / f"w_{cached}", seed=SEED)
+        vocabs[cached] = data.src_field.vocab
+        for epoch in range(2):
+            ds = data.resampled.for_epoch(SEED, epoch)
+            assert not any(data.src_field.vocab.unk_index in ds.src[i] for i in range(len(ds)))
+    assert vocabs[True] == vocabs[False] and vocabs[True].counts == vocabs[False].counts
+    assert len(vocabs[True]) > len(build_fields(data_config(task, tmp_path, 0), pairs, tmp_path / "w0", SEED)[0].vocab)

@@ -114,6 +114,49 @@ def test_interrupted_and_resumed_equals_uninterrupted(task, tmp_path):
     assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
 
 
+@pytest.mark.parametrize("corpora", [1, 2])
+def test_id_cache_trains_on_the_segmentations_and_weights_of_the_list_dataset(tmp_path, monkeypatch, corpora):
+    """With data.id_cache the cache holds the deterministic ids and each epoch's segmentation is made
+    by streaming the files (ResampledFiles): the same epochs (pairs, ids, line numbers), batches and
+    bit-equal weights as ResampledPairs over the text held in memory; with two weighted corpora too.
+    A resumed run (fields from its checkpoint: the text never read as a list) continues alike."""
+    import nmt.train.trainer as trainer_module
+    from nmt.data.epoch_segmentation import ResampledFiles, ResampledPairs
+
+    a = write_words_task(tmp_path / "a", n_train=40, seed=1)
+    data = dict(a)
+    if corpora == 2:
+        b = write_words_task(tmp_path / "b", n_train=20, seed=2)
+        data["train"] = [{**a["train"], "weight": 1.5}, {**b["train"], "weight": 0.5}]
+    seen: list[list[tuple]] = []
+    collate = trainer_module.collate
+
+    def recording(dataset, indices, *args):
+        seen[-1].append([(int(dataset.line_numbers[int(i)]), tuple(dataset.src[int(i)]), tuple(dataset.tgt[int(i)]))
+                         for i in indices])
+        return collate(dataset, indices, *args)
+    monkeypatch.setattr(trainer_module, "collate", recording)
+    runs = {}
+    for cached in (False, True):
+        seen.append([])
+        cfg = words_config({**data, "id_cache": cached}, tmp_path / f"run_{cached}", max_steps=16)
+        runs[cached] = Trainer(resolve_config(cfg, "w.yaml"), "w.yaml")
+        assert isinstance(runs[cached].data.resampled, ResampledFiles if cached else ResampledPairs)
+        runs[cached].train()
+    assert seen[0] == seen[1] and len(seen[1]) == 16
+    for epoch in range(3):
+        listed, streamed = (runs[c].data.resampled.for_epoch(1234, epoch) for c in (False, True))
+        assert [streamed.src[i] for i in range(len(streamed))] == listed.src
+        assert [streamed.tgt[i] for i in range(len(streamed))] == listed.tgt
+        assert list(streamed.line_numbers) == list(listed.line_numbers)
+        assert streamed.summary() == listed.summary()
+    for (name, x), (_, y) in zip(runs[False].model.state_dict().items(), runs[True].model.state_dict().items()):
+        assert torch.equal(x, y), name
+    cfg = words_config({**data, "id_cache": True}, tmp_path / "run_True", max_steps=20)
+    resumed = Trainer(resolve_config(cfg, "w.yaml"), "w.yaml")
+    assert resumed.resumed and resumed.train().step == 20
+
+
 def test_the_log_counts_each_epochs_skips_and_unknown_pieces(task, tmp_path, caplog, monkeypatch):
     import logging
     monkeypatch.setattr(logging.getLogger("nmt"), "propagate", True)  # off after a CLI test's setup_logging
@@ -149,8 +192,6 @@ def test_the_log_counts_each_epochs_skips_and_unknown_pieces(task, tmp_path, cap
      "data.src.subword_sampling.dropout", "sentencepiece tokenizer samples with subword_sampling.alpha"),
     ({"src": {"tokenizer": {"type": "sentencepiece", "model_type": "bpe"}, "subword_sampling": {"alpha": 0.1}}},
      "data.src.subword_sampling.alpha", "unigram"),
-    ({"src": {"tokenizer": {"type": "bpe"}, "subword_sampling": {"dropout": 0.1}}, "id_cache": True},
-     "data.id_cache", "holds one segmentation"),
     # shared vocabulary: the target side uses the source's tokenizer
     ({"src": {"tokenizer": {"type": "char"}}, "tgt": {"tokenizer": {"type": "bpe"}, "subword_sampling":
                                                       {"dropout": 0.1}}, "shared_vocab": True},
