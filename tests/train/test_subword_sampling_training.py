@@ -247,17 +247,20 @@ def ranks():
 
 
 @pytest.mark.slow
-def test_two_processes_see_the_segmentation_of_one_process(tmp_path, ranks):
+@pytest.mark.parametrize("cached", [False, True])
+def test_two_processes_see_the_segmentation_of_one_process(tmp_path, ranks, cached):
     """Two ranks of batch 4 equal one process of batch 8 only if both ranks cut the global
-    batches from the same segmentation of every epoch."""
+    batches from the same segmentation of every epoch (with data.id_cache: each rank streams the
+    files; the one process holds the text)."""
     data = write_words_task(tmp_path / "data", n_train=40)
 
-    def config(save_dir, batch_size):
-        c = gloo_config(data, save_dir, batch_size, max_steps=8, valid_every=4)
+    def config(save_dir, batch_size, id_cache=False):
+        c = gloo_config({**data, "id_cache": id_cache}, save_dir, batch_size, max_steps=8, valid_every=4)
         c["data"].update(SAMPLING)
         return c
     Trainer(resolve_config(config(tmp_path / "one", 8), "t"), "t").train()
-    results = ranks.run(config(tmp_path / "two", 4))
+    results = ranks.run(config(tmp_path / "two", 4, cached))
+    assert (tmp_path / "data" / ".nmt_id_cache").is_dir() == cached
     assert [r[2:4] for r in results] == [("max_steps", 8)] * 2
     a, b = load_checkpoint(tmp_path / "one" / "last.pt")["model"], load_checkpoint(tmp_path / "two" / "last.pt")["model"]
     for name in a:
