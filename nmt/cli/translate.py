@@ -132,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "Pharaoh pairs src-tgt (0-based, sorted; e.g. 'das Haus ||| 0-0 1-1'), from the attention of the "
                    "hypothesis's steps (a Transformer: its last layer's cross-attention averaged over the heads; an "
                    "ensemble: the members' mean); every -n_best line and sample has its own; also each n-best entry's "
-                   "\"alignment\" in -report; with -mode score, the reference's in each JSON line")
+                   "\"alignment\" in -report (the -align_* settings in each record's \"decoding\"); with -mode score, "
+                   "the reference's in each JSON line")
     p.add_argument("-align_mode", "--align_mode", choices=ALIGN_MODES, default=None,
                    help="argmax: each target token to its most attended source token (OpenNMT-py, fairseq); "
                    "support: to every source token of attention above -align_threshold (0: the exact support of "

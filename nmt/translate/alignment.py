@@ -26,7 +26,7 @@ written in the Pharaoh format ``"0-0 1-2 ..."`` (:func:`pharaoh`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -59,6 +59,15 @@ class AlignOptions:
         value = self.threshold
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
             raise ValueError(f"align_threshold must be a number in [0, 1), got {value!r}")
+
+    def report_settings(self) -> dict[str, Any]:
+        """The settings as a report records them (``-report``'s ``"decoding"``, scoring's records),
+        named as the flags: ``align_mode``, ``align_level`` and, for "support", ``align_threshold``
+        (argmax reads no threshold)."""
+        settings: dict[str, Any] = {"align_mode": self.mode, "align_level": self.level}
+        if self.mode == "support":
+            settings["align_threshold"] = float(self.threshold)
+        return settings
 
 
 def output_rows(tokens: Sequence[str]) -> list[int]:

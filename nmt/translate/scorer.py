@@ -35,6 +35,9 @@ class PairScore:
     alignment: the reference's ``(source, target)`` pairs from the teacher-forced attention (word
     indices of the source and reference lines, or token indices; see ``nmt.translate.alignment``);
     None unless asked for (``Scorer(align=...)``) or not scored.
+    decoding: the settings of the alignment (``AlignOptions.report_settings``: ``align_mode``,
+    ``align_level``, ``align_threshold`` of "support"), on every pair of a run that asked for
+    alignments, scored or not, as ``-report`` records them (None: not asked for).
     """
 
     index: int
@@ -45,6 +48,7 @@ class PairScore:
     first_zero: dict[str, Any] | None = None
     reason: str | None = None
     alignment: list[Pair] | None = None
+    decoding: dict[str, Any] | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -70,6 +74,8 @@ class PairScore:
         }
         if self.alignment is not None:  # asked for: the Pharaoh pairs of the reference
             record["alignment"] = pharaoh(self.alignment)
+        if self.decoding is not None:  # the settings that made the alignment
+            record["decoding"] = dict(self.decoding)
         return record
 
 
@@ -148,6 +154,10 @@ class Scorer:
                     results[i].alignment = self._alignment(scores, row, sources[i], references[i], len(src[i]))
             if progress is not None:
                 progress(len(batch))
+        if self.align is not None:  # every record says how its alignment was made, unscored ones too
+            settings = self.align.report_settings()
+            for result in results:
+                result.decoding = settings  # type: ignore[union-attr]
         self.seconds += time.perf_counter() - start
         return results  # type: ignore[return-value]
 

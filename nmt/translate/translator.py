@@ -80,7 +80,9 @@ class Translation:
     that entry j is always sample j; empty where none is missing, and always for beam search, whose
     n-best lists hold only hypotheses that exist).
     decoding: the settings that change what the certificate (or a sample) means, as
-    :meth:`~nmt.translate.search_options.SearchOptions.report_settings` gives them (None: none).
+    :meth:`~nmt.translate.search_options.SearchOptions.report_settings` gives them, and those that
+    made the alignments (:meth:`~nmt.translate.alignment.AlignOptions.report_settings`) and the
+    text (``"replace_unk": True``); None: none.
     alignments: per hypothesis, its ``(source, target)`` pairs, sorted (word or token indices, see
     ``nmt.translate.alignment``; [] for a sample without a hypothesis); None where alignments were
     not asked for (``Translator(align=...)``).
@@ -148,7 +150,8 @@ class Translation:
         kept for one release; ``cut``: the output, i.e. the best hypothesis, was cut by the length
         limit without EOS, as each n-best entry's ``cut`` says of it; an n-best entry of a sample
         without a hypothesis has ``"missing": true``, others no such key; ``decoding``: the settings
-        of :attr:`decoding`, only where there are any; with alignments, each n-best entry's
+        of :attr:`decoding` (sampling, n-gram blocking, alignment and ``<unk>`` replacement), only where there
+        are any; with alignments, each n-best entry's
         ``"alignment"``: its pairs in the Pharaoh format, ``"0-0 1-2"``)."""
         record: dict[str, Any] = {
             "id": self.index,
@@ -281,7 +284,7 @@ class Translator:
         start = time.perf_counter()
         source_limit, _ = position_limits(self.model)
         options = fit_to_positions(self.options, self.model)  # as far as the positions reach
-        decoding = options.report_settings()
+        decoding = self._report_settings(options)
         batches = encode_sources(self.src_field, lines, self.batch_size, self.batch_type,
                                  max_length=self.max_src_length)
         if source_limit is not None:  # every source checked before any is decoded
@@ -322,6 +325,17 @@ class Translator:
                     progress(len(batch))
         self.search_seconds += time.perf_counter() - start
         return results  # type: ignore[return-value]
+
+    def _report_settings(self, options: SearchOptions) -> dict[str, Any] | None:
+        """The ``decoding`` of every ``Translation`` of a run: ``options``' report settings, the
+        alignment's (``align_mode``, ``align_level``, ``align_threshold`` of "support") and
+        ``"replace_unk": True`` where it is on; None where there are none."""
+        settings = dict(options.report_settings() or {})
+        if self.align is not None:
+            settings.update(self.align.report_settings())
+        if self.replace_unk:
+            settings["replace_unk"] = True
+        return settings or None
 
     def _source_pieces(self, line: str, length: int) -> "_SourcePieces | None":
         """The surface pieces of a source line (the first ``length``, as decoded) and their words,

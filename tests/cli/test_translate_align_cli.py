@@ -120,6 +120,8 @@ def test_report_align_pairs_are_the_attentions(reversal, mode, level, capsys, tm
     m = nmt.load(reversal["model"], device="cpu", beam_size=3, max_length=12)
     api = m.translate(inputs, return_attention=True)
     records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+    settings = {"align_mode": mode, "align_level": level, **({"align_threshold": 0.0} if mode == "support" else {})}
+    assert [r["decoding"] for r in records] == [settings] * len(inputs)  # the empty input's too
     some_sparse = False
     for source, line, t, record in zip(inputs, lines, api, records):
         text, pairs = line.split(" ||| ")
@@ -152,6 +154,8 @@ def test_align_threshold_keeps_the_attention_above_it(reversal, level, capsys, t
     m = nmt.load(reversal["model"], device="cpu", beam_size=3, max_length=12)
     api = m.translate(inputs, return_attention=True)
     records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+    assert [r["decoding"] for r in records] == [{"align_mode": "support", "align_level": level,
+                                                 "align_threshold": threshold}] * len(inputs)
     dropped = 0
     for k, (source, t, record) in enumerate(zip(inputs, api, records)):
         if not source:
@@ -218,9 +222,10 @@ def test_score_mode_reports_the_references_alignment(reversal, capsys, tmp_path)
             _, attention = m.decoder(s, torch.tensor([s.size(1)]), tgt_in)
         expected = expected_pairs(attention[0].numpy(), source, ref, "support", "word")
         assert parse_pharaoh(record["alignment"]) == expected
+        assert record["decoding"] == {"align_mode": "support", "align_level": "word", "align_threshold": 0.0}
     code, out, err = run(["-model", reversal["model"], "-src", str(root / "valid.src"), "-tgt",
                           str(root / "valid.tgt"), "-mode", "score", "-output", "-", "-quiet"], capsys)
-    assert code == 0 and "alignment" not in out  # not asked: not computed
+    assert code == 0 and "alignment" not in out and "decoding" not in out  # not asked: not computed, nor said
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -289,7 +294,7 @@ def copy_model(tmp_path_factory) -> dict:
     return {"root": root, "model": model, "inputs": inputs}
 
 
-def test_replace_unk_copies_the_most_attended_source_word(copy_model, capsys):
+def test_replace_unk_copies_the_most_attended_source_word(copy_model, capsys, tmp_path):
     root, inputs = copy_model["root"], copy_model["inputs"]
     m = nmt.load(copy_model["model"], device="cpu", beam_size=3, max_length=12)
     assert "zurich" not in m.tgt_field.vocab and "zurich" in m.src_field.vocab and "aarau" not in m.src_field.vocab
@@ -304,28 +309,42 @@ def test_replace_unk_copies_the_most_attended_source_word(copy_model, capsys):
         expected.append(" ".join(words))
     plain = [t.text for t in api]
     assert sum(text.split().count("<unk>") for text in plain) >= 3  # the model does output <unk>
+    report = tmp_path / "report.jsonl"
     code, out, err = run(["-model", copy_model["model"], "-src", str(root / "input.txt"), "-output", "-",
-                          "-replace_unk", "-beam_size", "3", *COMMON], capsys)
+                          "-replace_unk", "-beam_size", "3", "-report", str(report), *COMMON], capsys)
     assert code == 0, err
+    records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+    assert [r["decoding"] for r in records] == [{"replace_unk": True}] * len(inputs)
+    assert [r["nbest"][0]["text"] for r in records if r["nbest"]] == [e for e in expected if e]
     replaced = out.split("\n")[:-1]
     assert replaced == expected and all("<unk>" not in line for line in replaced)
     assert any(word in RARE for line in replaced for word in line.split())
     # with -report_align too: the same text, and alignments of the replaced words
     code, out, err = run(["-model", copy_model["model"], "-src", str(root / "input.txt"), "-output", "-",
-                          "-replace_unk", "-report_align", "-beam_size", "3", *COMMON], capsys)
+                          "-replace_unk", "-report_align", "-beam_size", "3", "-report", str(report), *COMMON], capsys)
     assert code == 0, err
     assert [line.split(" ||| ")[0] for line in out.split("\n")[:-1]] == expected
+    records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+    assert [r["decoding"] for r in records] == [{"align_mode": "argmax", "align_level": "word",
+                                                 "replace_unk": True}] * len(inputs)
 
 
-def test_replace_unk_and_report_align_stream_the_file_outputs(copy_model, capsys):
-    """Streaming (-src - -output -) writes the lines the file mode writes, <unk> replaced."""
+def test_replace_unk_and_report_align_stream_the_file_outputs(copy_model, capsys, tmp_path):
+    """Streaming (-src - -output -) writes the lines and -report records the file mode writes,
+    <unk> replaced, the settings in every record."""
     root = copy_model["root"]
     args = ["-model", copy_model["model"], "-replace_unk", "-report_align", "-align_mode", "support",
-            "-n_best", "2", "-beam_size", "3", "-with_score", *COMMON]
-    code, out, err = run([*args, "-src", str(root / "input.txt"), "-output", "-"], capsys)
+            "-align_threshold", "0.1", "-n_best", "2", "-beam_size", "3", "-with_score", *COMMON]
+    code, out, err = run([*args, "-src", str(root / "input.txt"), "-output", "-", "-report",
+                          str(tmp_path / "file.jsonl")], capsys)
     assert code == 0, err
     assert "<unk>" not in out and any(word in out.split() for word in RARE)
-    streamed = subprocess.run([sys.executable, "-m", "nmt.cli.translate", *args, "-src", "-", "-output", "-"],
+    streamed = subprocess.run([sys.executable, "-m", "nmt.cli.translate", *args, "-src", "-", "-output", "-",
+                               "-report", str(tmp_path / "stream.jsonl")],
                               input=(root / "input.txt").read_text(encoding="utf-8"), capture_output=True, text=True)
     assert streamed.returncode == 0, streamed.stderr
     assert streamed.stdout == out
+    records = (tmp_path / "file.jsonl").read_text(encoding="utf-8")
+    assert (tmp_path / "stream.jsonl").read_text(encoding="utf-8") == records
+    assert [json.loads(line)["decoding"] for line in records.splitlines()] == [
+        {"align_mode": "support", "align_level": "word", "align_threshold": 0.1, "replace_unk": True}] * 5
