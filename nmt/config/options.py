@@ -183,10 +183,13 @@ TRAINING = {
     "lr_schedule": {
         "type": Option(str, "plateau", "plateau: warmup, then halving on validation-loss plateaus; noam (alias "
                        "inverse_sqrt): warmup, then inverse square root decay; constant: warmup, then lr; linear / "
-                       "cosine: warmup, then linear / cosine decay to min_lr over decay_steps (default max_steps); "
+                       "cosine: warmup, then linear / cosine decay to min_lr over decay_steps (default max_steps; cosine with "
+                       "period_steps: restarts); "
                        "exponential: warmup, times decay_factor from start_decay_steps on, every decay_steps",
                        choices=("plateau", "noam", "inverse_sqrt", "constant", "linear", "cosine", "exponential")),
-        "warmup_steps": Option(int, 0, "linear warmup from 0 to lr over this many steps", minimum=0),
+        "warmup_steps": Option(int, 0, "linear warmup from warmup_init_lr to lr over this many steps", minimum=0),
+        "warmup_init_lr": Option(float, 0.0, "all but plateau: where the warmup's line starts (at update 0; "
+                                 "fairseq's --warmup-init-lr), at most lr; needs warmup_steps", minimum=0.0),
         "decay_factor": Option(float, 0.5, "plateau: multiply lr by this when validation loss does not improve; "
                                "exponential: the factor of each decay",
                                minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False),
@@ -195,6 +198,13 @@ TRAINING = {
         "decay_steps": Option(int, None, "linear / cosine: updates from the start to the end of the decay (null: "
                               "training.max_steps); exponential: updates between decays", nullable=True, minimum=1),
         "start_decay_steps": Option(int, 0, "exponential: the update of the first decay (0: decay_steps)", minimum=0),
+        "period_steps": Option(int, None, "cosine: restart the decay every cycle, the first this many updates "
+                               "after the warmup long (fairseq's lr_period_updates, SGDR's T_0; null: no restarts, "
+                               "one decay over decay_steps)", nullable=True, minimum=1),
+        "t_mult": Option(float, 1.0, "cosine with period_steps: each cycle this many times longer than the one "
+                         "before (fairseq's --t-mult, SGDR's T_mult)", minimum=1.0),
+        "lr_shrink": Option(float, 1.0, "cosine with period_steps: each cycle's lr and min_lr this times the "
+                            "previous one's (fairseq's --lr-shrink)", minimum=0.0, maximum=1.0, min_inclusive=False),
     },
     "clip_grad_norm": Option(float, 5.0, "clip the global gradient norm (null: no clipping)", nullable=True,
                              minimum=0.0, min_inclusive=False),

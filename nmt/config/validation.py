@@ -250,7 +250,9 @@ def check_lr_schedule(training: dict, source: str) -> None:
     """``training.lr_schedule``: the keys its type does not read keep their defaults (a
     ``decay_patience`` given to ``cosine`` is a mistake, not a no-op), and the type's own needs
     (a decay length for linear / cosine longer than the warmup, ``decay_steps`` for exponential,
-    a warmup for noam, ``min_lr`` not above ``optimizer.lr`` where it is the end point).
+    a warmup for noam, ``min_lr`` not above ``optimizer.lr`` where it is the end point, a warmup
+    for ``warmup_init_lr``, which is not above ``optimizer.lr``, ``period_steps`` for cosine's
+    ``t_mult`` / ``lr_shrink``; see :func:`nmt.config.lr_schedule.schedule_problem`).
     One-line :class:`ConfigError` naming the key."""
     from nmt.config.options import TRAINING
     from nmt.config.lr_schedule import READS, schedule_problem
@@ -265,6 +267,6 @@ def check_lr_schedule(training: dict, source: str) -> None:
     if kind in ("linear", "cosine") and cfg["min_lr"] > training["optimizer"]["lr"]:
         raise ConfigError(source, "training.lr_schedule.min_lr", f"{cfg['min_lr']} is above training.optimizer.lr "
                           f"{training['optimizer']['lr']}: the {kind} schedule decays from lr to min_lr")
-    problem = schedule_problem(cfg, training["max_steps"])
+    problem = schedule_problem(cfg, training["max_steps"], training["optimizer"]["lr"])
     if problem is not None:
         raise ConfigError(source, *problem)

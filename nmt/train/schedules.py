@@ -82,19 +82,22 @@ class PlateauWarmupSchedule:
 class NoamSchedule(UpdateCountedSchedule):
     """Linear warmup to ``base_lr``, then inverse-square-root decay: for update ``s`` (1-based)
     ``lr = base_lr * min(s / warmup_steps, sqrt(warmup_steps / s))``, never below ``min_lr`` after
-    the warmup. The peak, ``base_lr``, is reached at ``s = warmup_steps`` (the Transformer paper's
+    the warmup; with ``warmup_init_lr`` the warmup is the line from it (at ``s = 0``) to ``base_lr``
+    (at ``s = warmup_steps``): ``init + (base_lr - init) * s / warmup_steps`` (fairseq's
+    ``inverse_sqrt --warmup-init-lr``, one update later: its update 1 runs at ``init``). The peak, ``base_lr``, is reached at ``s = warmup_steps`` (the Transformer paper's
     ``d_model^-0.5 * min(s^-0.5, s * w^-1.5)`` is this with ``base_lr = (d_model * w)^-0.5``).
     Validations do not change it. Same interface as :class:`PlateauWarmupSchedule`.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, base_lr: float, warmup_steps: int,
-                 min_lr: float = 0.0) -> None:
+                 min_lr: float = 0.0, warmup_init_lr: float = 0.0) -> None:
         if warmup_steps < 1:
             raise ValueError(f"the noam schedule needs warmup_steps >= 1, got {warmup_steps}")
         self.optimizer = optimizer
         self.base_lr = base_lr
         self.warmup_steps = warmup_steps
         self.min_lr = min_lr
+        self.warmup_init_lr = warmup_init_lr
         self.step_count = 0
         self._apply()
 
@@ -103,7 +106,7 @@ class NoamSchedule(UpdateCountedSchedule):
         """The learning rate of the next update."""
         s = self.step_count + 1
         if s < self.warmup_steps:
-            return self.base_lr * s / self.warmup_steps
+            return self.warmup_init_lr + (self.base_lr - self.warmup_init_lr) * s / self.warmup_steps
         return max(self.base_lr * math.sqrt(self.warmup_steps / s), min(self.min_lr, self.base_lr))
 
 
@@ -118,18 +121,20 @@ def build_schedule(optimizer: torch.optim.Optimizer, base_lr: float, cfg: dict,
     ValueError prefixed with the key for an impossible setting (noam without warmup, linear /
     cosine without a decay length or with a warmup as long, exponential without decay_steps).
     """
-    problem = schedule_problem(cfg, max_steps)
+    problem = schedule_problem(cfg, max_steps, base_lr)
     if problem is not None:
         raise ValueError(": ".join(problem))
     kind = cfg.get("type", "plateau")
     if kind in ("noam", "inverse_sqrt"):
-        return NoamSchedule(optimizer, base_lr, cfg["warmup_steps"], cfg["min_lr"])
+        return NoamSchedule(optimizer, base_lr, cfg["warmup_steps"], cfg["min_lr"], cfg.get("warmup_init_lr", 0.0))
     if kind == "plateau":
         return PlateauWarmupSchedule(optimizer, base_lr, cfg["warmup_steps"], cfg["decay_factor"],
                                      cfg["decay_patience"], cfg["min_lr"])
     total = decay_length(cfg, max_steps) if kind in ("linear", "cosine") else None
     return StepSchedule(optimizer, kind, base_lr, cfg["warmup_steps"], cfg.get("min_lr", 0.0), total,
-                        cfg.get("decay_factor", 0.5), cfg.get("decay_steps"), cfg.get("start_decay_steps", 0))
+                        cfg.get("decay_factor", 0.5), cfg.get("decay_steps"), cfg.get("start_decay_steps", 0),
+                        cfg.get("warmup_init_lr", 0.0), cfg.get("period_steps"), cfg.get("t_mult", 1.0),
+                        cfg.get("lr_shrink", 1.0))
 
 
 __all__ = ["NoamSchedule", "PlateauWarmupSchedule", "READS", "SCHEDULES", "StepSchedule", "build_schedule",
