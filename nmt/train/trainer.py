@@ -148,7 +148,9 @@ def check_run_config(config: dict, source: str) -> torch.device:
 class Trainer:
     """Builds data, model, loss, optimizer and schedule from a resolved config; :meth:`train` runs.
 
-    config: the dict returned by ``load_config``; source: the config file name (errors);
+    config: the dict returned by ``load_config`` (or ``resolve_config``), whose checks it relies on: a
+    dict changed after them into an impossible lr schedule is ``build_schedule``'s ValueError naming
+    the key; source: the config file name (errors);
     lock: the save_dir's lock when the caller already holds it (else it is taken here;
     DirectoryLockedError when another run holds it). It is released at the end of :meth:`train`.
     """
@@ -215,12 +217,10 @@ class Trainer:
         self.batch_statistics = (compile_for_device(batch_statistics, self.device, encoder_in_graph=in_graph)
                                  if train_cfg["compile"]
                                  else batch_statistics)
-        try:
-            self.schedule = build_schedule(self.optimizer, train_cfg["optimizer"]["lr"], train_cfg["lr_schedule"],
-                                           train_cfg["max_steps"])
-        except ValueError as exc:
-            key, _, problem = str(exc).partition(": ")
-            raise ConfigError(source, key, problem) from None
+        # the run's own config, checked at load (check_lr_schedule), builds the schedule: neither a
+        # resumed checkpoint's stored config nor an init_from parent's reaches it
+        self.schedule = build_schedule(self.optimizer, train_cfg["optimizer"]["lr"], train_cfg["lr_schedule"],
+                                       train_cfg["max_steps"])
         if parent is not None:  # the parent's weights (and optimizer state); all else starts fresh
             init_from.init_model(parent, self.model, config, source)
             if train_cfg["init_optimizer"]:

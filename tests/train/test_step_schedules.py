@@ -195,3 +195,16 @@ def test_killed_and_resumed_lr_sequence_equals_uninterrupted(tiny_task, tmp_path
     assert trainer.resumed and summary.step == 12
     assert first + second == straight
     assert len({lr for _, lr in straight}) > 3  # it did change
+
+
+def test_a_config_changed_after_its_checks_is_build_schedules_error_naming_the_key(tiny_task, tmp_path):
+    """The trainer builds the schedule from the run's own config, checked at load (nmt-train,
+    load_config, resolve_config; neither a resumed checkpoint's stored config nor an init_from
+    parent's reaches build_schedule), so it adds no check of its own: a dict made impossible after
+    resolve_config is build_schedule's one-line ValueError naming the key."""
+    config = resolve_config(tiny_config(tiny_task, tmp_path / "run", device="cpu"), "tiny.yaml")
+    config["training"]["lr_schedule"]["type"] = "exponential"  # no decay_steps: refused at load
+    with pytest.raises(ValueError) as err:
+        Trainer(config, "tiny.yaml")
+    assert str(err.value) == ("training.lr_schedule.decay_steps: the exponential schedule needs decay_steps "
+                              "(updates between decays)")
