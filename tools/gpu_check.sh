@@ -64,8 +64,14 @@
 # fp16 training's one host read per update (the GradScaler's overflow flag: train with --precision fp16).
 # Since the twenty-first session (2026-11-28, no device) also unmeasured: training.ema with CUDA graphs
 # (the in-place swap keeps the parameter tensors, so no recapture is expected; its CUDA step is in the
-# sync audit on CPU only), and nmt-translate -report_align / -replace_unk in the static search loop on CUDA
-# (no CUDA test covers it yet: tests/translate/test_translate_alignment.py runs both loops on the CPU).
+# sync audit on CPU only), and nmt-translate -report_align / -replace_unk in the static search loop on CUDA.
+# The twenty-second session (2026-11-28, no device) wrote their CUDA tests, never run yet (they run in
+# tests_cuda; alone: GPU_CHECK_TESTS="-m cuda tests/train/test_ema.py tests/translate/test_translate_alignment.py"
+# bash tools/gpu_check.sh tests): tests/train/test_ema.py::test_cuda_graphs_average_equals_eager_and_the_swap_records_no_graph
+# (mode reduce-overhead with the average: the average against the closed form and eager CUDA, and the same
+# CUDA-graph recordings (CUDAGraphTreeManager.record_function) and dynamo graphs as without it) and
+# tests/translate/test_translate_alignment.py::test_cuda_static_loop_aligns_and_replaces_unknowns_as_the_cpu
+# (float64 models: texts, scores, alignments of both modes and levels, <unk> replaced, as the CPU's).
 # (train: the eager rows, whose --profile failed on the H200 before the fix of 2026-11-27; the
 # compiled 1.5-entmax step was 0.80x softmax's there, host-bound: the GPU busy 3.6 of its 17.7 ms,
 # and timed after the softmax row's profile, which may have slowed it: --profile now profiles in a

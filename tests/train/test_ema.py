@@ -370,3 +370,68 @@ def test_fine_tuning_from_a_run_with_the_average_starts_from_the_average(tiny_ta
         assert torch.equal(p, averaged[name]) and torch.equal(p, last["model"][name]), name
     assert any(not torch.equal(last["raw_model"][n], a) for n, a in averaged.items())
     child.lock.release()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graphs_average_equals_eager_and_the_swap_records_no_graph(tmp_path, count_calls):
+    """On CUDA ``training.compile: true`` is mode reduce-overhead (CUDA graphs, the trainer's
+    validation statistics too). With the average: (1) it equals the float64 closed form of the
+    compiled run's own recorded trajectory, and the eager CUDA run's average within float32
+    rounding of 8 steps apart (inductor's kernels are not eager's); (2) validating the swapped-in
+    average records no CUDA graph and compiles no dynamo graph that the same compiled run without
+    the average does not: the swap copies into the parameter tensors, so the graphs' static
+    inputs keep their addresses (a swap that replaced them would re-record every graph it runs).
+    Counted as the CUDA-graph tree manager's recordings (CUDAGraphTreeManager.record_function, one
+    per capture, first ones and re-recordings alike) and dynamo's unique_graphs, each run after a
+    dynamo reset; both runs see the same batches, so the counts match unless the swap adds some."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    from torch._inductor import cudagraph_trees
+
+    from nmt.train.compile import compiler_problem
+
+    problem = compiler_problem("cuda")
+    if problem is not None:
+        pytest.skip(problem)
+    data = write_task(tmp_path / "data", n_train=24, n_valid=4)
+
+    def cuda_trainer(name: str, decay: float, compile: bool) -> Trainer:
+        config = tiny_config(data, tmp_path / name, device="cuda", max_steps=8, valid_every=2, compile=compile,
+                             pad_to_multiple=4, lr_schedule=FIXED_LR)
+        config["training"]["ema"] = {"decay": decay}
+        for section, values in NO_DROPOUT.items():
+            config["model"][section] = values
+        return Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
+
+    recordings = count_calls(cudagraph_trees.CUDAGraphTreeManager, "record_function")
+    counts = {}
+    for name, decay in (("plain", 0.0), ("ema", 0.7)):
+        torch._dynamo.reset()
+        before, graphs = len(recordings), int(counters["stats"]["unique_graphs"])
+        trainer = cuda_trainer(name, decay, compile=True)
+        assert trainer.device.type == "cuda" and trainer.loss_forward is not trainer_loss_forward()
+        trajectory = train_recording(trainer)
+        torch.cuda.synchronize()
+        counts[name] = (len(recordings) - before, int(counters["stats"]["unique_graphs"]) - graphs)
+        if name == "ema":
+            compiled, compiled_trajectory = trainer, trajectory
+    assert counts["plain"][0] > 0, "no CUDA graph was recorded: the compiled step did not use CUDA graphs"
+    assert counts["ema"] == counts["plain"], counts  # (recordings, dynamo graphs): the swap added none
+    assert len(compiled_trajectory) == 9
+    reference = plain_closed_form([[p.cpu() for p in ps] for ps in compiled_trajectory], 0.7)
+    assert_average([a.cpu() for a in compiled.ema.average], reference)
+    torch._dynamo.reset()
+    eager = cuda_trainer("eager", 0.7, compile=False)
+    eager.train()
+    for a, b in zip(compiled.ema.average, eager.ema.average):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    read = lambda d: [json.loads(line)["valid_loss"] for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+    assert len(read("ema")) == 4 and read("ema") == pytest.approx(read("eager"), rel=1e-4)
+    assert read("ema") != read("plain")  # validation ran on the average, not on the trained weights
+
+
+def trainer_loss_forward():
+    """The eager ``loss_forward`` (a compiled trainer's is another function)."""
+    from nmt.train.update import loss_forward
+
+    return loss_forward

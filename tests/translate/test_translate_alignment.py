@@ -174,3 +174,52 @@ def test_word_level_needs_tokenizers_that_group_words():
     with pytest.raises(ValueError, match="needs the target pieces' words, but the opaque tokenizer does not group"):
         Translator(model(RNN, 0), src, tgt, align=AlignOptions())
     Translator(model(RNN, 0), src, tgt, align=AlignOptions(level="token"))  # tokens: fine
+
+
+UNK_OFFSET = {"rnn": 0.0, "transformer": 200.0}
+"""Output bias of ``<unk>`` above the mean of the real tokens' that makes these random models output
+``<unk>`` for some tokens, not all (measured on the CPU: 14 and 46 of 160 tokens of the n-best lists)."""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cfg, seed", [(RNN, 0), (TRANSFORMER, 6)], ids=["rnn0", "transformer"])
+@pytest.mark.parametrize("sample", [False, True], ids=["beam", "sample"])
+def test_cuda_static_loop_aligns_and_replaces_unknowns_as_the_cpu(cfg, seed, sample):
+    """``-report_align`` / ``-replace_unk`` on CUDA (the static-shape loop, ``mode: auto`` there, as
+    nmt-translate runs it) give the CPU's dynamic loop's outputs: the same texts (<unk> replaced
+    by the same source words), scores, alignments in both modes and levels and the same report
+    settings, for beam search and samples. float64 models: the two devices' attention agrees to
+    rounding, far from the ties and zeros that decide the pairs."""
+    import copy
+
+    from nmt.translate.search_options import SearchOptions
+
+    assert SearchOptions(mode="auto").resolved_mode("cuda") == "static"
+    src, tgt = fields()
+    cpu_model = model(cfg, seed)
+    with torch.no_grad():
+        bias = cpu_model.generator.proj.bias
+        bias[tgt.vocab.unk_index] = bias[4:].mean() + UNK_OFFSET[cfg["type"]]
+    cuda_model = copy.deepcopy(cpu_model).to("cuda")
+    search = dict(sample=True, n_best=4, seed=5) if sample else dict(beam_size=4, n_best=4)
+    replaced = 0
+    for options in MODES:
+        for replace_unk in (False, True):
+            outputs = {}
+            for device, m, mode in (("cpu", cpu_model, "dynamic"), ("cuda", cuda_model, "auto")):
+                translator = Translator(m, src, tgt, align=options, replace_unk=replace_unk, device=device,
+                                        max_length=7, mode=mode, **search)
+                outputs[device] = translator.translate(SOURCES)
+            for a, b in zip(outputs["cpu"], outputs["cuda"]):
+                assert [h for h, _ in a.hypotheses] == [h for h, _ in b.hypotheses], (options, replace_unk, a.index)
+                assert [s for _, s in a.hypotheses] == pytest.approx([s for _, s in b.hypotheses], rel=1e-9)
+                assert a.alignments == b.alignments, (options, replace_unk, a.index)
+                assert a.decoding == b.decoding and (a.certified, a.reason) == (b.certified, b.reason)
+                assert a.missing == b.missing and a.cut == b.cut
+            plain = [tok for t in outputs["cpu"] for h in t.tokens for tok in h]
+            if replace_unk:
+                assert "<unk>" in plain  # the model did output <unk>: replaced in both texts
+                assert not any("<unk>" in h for t in outputs["cuda"] for h, _ in t.hypotheses)
+                replaced += 1
+            assert any(pairs for t in outputs["cuda"] for pairs in t.alignments)
+    assert replaced == len(MODES)
