@@ -278,8 +278,11 @@ Value = TypeVar("Value")
 def frozen_cached(tag: str, tensors: Sequence[Optional[Tensor]], build: Callable[[], Value]) -> Value:
     """``build()``, a value derived from ``tensors`` (weights), computed once per version of them
     while the outermost :func:`frozen_weights` region lasts, kept under ``tag`` and the first
-    tensor; outside a region computed at every call."""
-    if not in_frozen_region():
+    tensor; outside a region computed at every call. While ``torch.compile`` traces, computed too
+    (in the graph): a traced cache lookup would guard on the cached tensors' versions, which an
+    in-place change between regions (``training.ema``'s swap at each validation) bumps, so every
+    validation would recompile."""
+    if not in_frozen_region() or torch.compiler.is_compiling():
         return build()
     key = id(tensors[0])
     sig = _signature(tensors)

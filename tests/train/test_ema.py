@@ -335,27 +335,41 @@ def test_compiled_training_with_the_average_equals_eager(tmp_path, monkeypatch):
     """``training.compile: true`` (backend aot_eager, as the compile tests: inductor's C++ code
     generation takes minutes on a loaded 2-core machine) with the average: the average, the trained
     weights and the validation losses (compiled statistics on the swapped-in average) equal the
-    eager run's (float32: rtol 1e-5, atol 2e-6, the DDP tests' tolerance)."""
+    eager run's (float32: rtol 1e-5, atol 2e-6, the DDP tests' tolerance); and validating the
+    swapped-in average compiles no graph that the same compiled run without the average does not
+    (dynamo's unique_graphs, each run after a reset; four validations: the swap's in-place copies
+    bump the parameters' versions, on which a traced frozen_cached lookup once guarded, recompiling
+    at every validation from the third on)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
     import nmt.train.trainer as trainer_module
 
     data = write_task(tmp_path / "data", n_train=24, n_valid=4)
-    eager = make_trainer(data, tmp_path / "eager", {"decay": 0.7}, no_dropout=True, max_steps=4, valid_every=2)
+    eager = make_trainer(data, tmp_path / "eager", {"decay": 0.7}, no_dropout=True, max_steps=8, valid_every=2)
     eager.train()
     real_loss, real_any = trainer_module.compile_loss_forward, trainer_module.compile_for_device
     monkeypatch.setattr(trainer_module, "compile_loss_forward",
                         lambda device, **kw: real_loss(device, backend="aot_eager", **kw))
     monkeypatch.setattr(trainer_module, "compile_for_device",
                         lambda fn, device, **kw: real_any(fn, device, backend="aot_eager", **kw))
-    compiled = make_trainer(data, tmp_path / "compiled", {"decay": 0.7}, no_dropout=True, max_steps=4,
-                            valid_every=2, compile=True)
-    assert compiled.loss_forward is not eager.loss_forward
-    compiled.train()
+    graphs = {}
+    for name, ema in (("plain", None), ("compiled", {"decay": 0.7})):
+        torch._dynamo.reset()
+        before = int(counters["stats"]["unique_graphs"])
+        trainer = make_trainer(data, tmp_path / name, ema, no_dropout=True, max_steps=8, valid_every=2, compile=True)
+        assert trainer.loss_forward is not eager.loss_forward
+        trainer.train()
+        graphs[name] = int(counters["stats"]["unique_graphs"]) - before
+    torch._dynamo.reset()
+    compiled = trainer
+    assert graphs["plain"] > 0 and graphs["compiled"] == graphs["plain"], graphs
     for a, b in zip(compiled.ema.average, eager.ema.average):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-6)
     for a, b in zip(compiled.model.parameters(), eager.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-6)
     read = lambda d: [json.loads(line)["valid_loss"] for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
-    assert read("compiled") == pytest.approx(read("eager"), rel=1e-5)
+    assert len(read("compiled")) == 4 and read("compiled") == pytest.approx(read("eager"), rel=1e-5)
 
 
 def test_fine_tuning_from_a_run_with_the_average_starts_from_the_average(tiny_task, tmp_path):
