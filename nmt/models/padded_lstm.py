@@ -86,7 +86,10 @@ def padded_lstm(rnn: nn.LSTM, x: Tensor, lengths: Tensor,
     prepared = frozen_cached("padded_lstm", parameters, lambda: _prepare(rnn))
     widths = [4 * rnn.hidden_size] * (2 if rnn.bidirectional else 1)  # the first layer's, per direction
     tokens = None
-    if lookup is not None and in_frozen_region() and token_products.fits(lookup[1], widths):
+    # not while torch.compile traces: frozen_cached then builds anew at every call (no cache lookup
+    # to guard on), and a product per vocabulary entry would cost more than one per position
+    if (lookup is not None and in_frozen_region() and not torch.compiler.is_compiling()
+            and token_products.fits(lookup[1], widths)):
         ids, table = lookup
         tokens = frozen_cached("padded_lstm_tokens", [*parameters, table],
                                lambda: token_products.TokenProducts(table, *prepared[0][:2]))
