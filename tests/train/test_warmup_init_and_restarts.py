@@ -274,3 +274,40 @@ def test_killed_and_resumed_lr_sequence_equals_uninterrupted(tiny_task, tmp_path
         assert [lr for _, lr in straight] == pytest.approx(
             [1e-4 + (1e-3 - 1e-4) * (s + 1) / 5 if s + 1 < 5 else 1e-3 * math.sqrt(5 / (s + 1)) for s, _ in straight],
             rel=1e-12)
+
+
+def test_a_checkpoint_from_before_the_new_keys_resumes_with_them_at_their_defaults(tiny_task, tmp_path, caplog):
+    """A last.pt written before warmup_init_lr / period_steps / t_mult / lr_shrink existed (its
+    stored config lacks them) resumes as the same run: the schedule is built from the run's own
+    checked config, the stored one is only compared, and keys added at their defaults are no
+    difference (no 'resuming with changed settings'); the lr sequence equals the uninterrupted run's."""
+    import logging
+
+    from nmt.train.checkpoint import load_checkpoint, save_checkpoint
+
+    schedule = {"type": "cosine", "warmup_steps": 2, "min_lr": 1e-4}
+
+    def run(save_dir, kill_at=None):
+        trainer = make_trainer(tiny_task, save_dir, lr_schedule=schedule, device="cpu")
+        seen = []
+
+        def hook(step):
+            seen.append((step, trainer.optimizer.param_groups[0]["lr"]))
+            if step == kill_at:
+                os.kill(os.getpid(), signal.SIGINT)
+        return trainer, trainer.train(step_hook=hook), seen
+
+    _, _, straight = run(tmp_path / "straight")
+    _, summary, first = run(tmp_path / "old", kill_at=7)
+    assert summary.step == 7
+    last = tmp_path / "old" / "last.pt"
+    payload = load_checkpoint(last)
+    for key in ("warmup_init_lr", "period_steps", "t_mult", "lr_shrink"):
+        del payload["config"]["training"]["lr_schedule"][key]
+    save_checkpoint(last, payload)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="nmt.train.trainer"):
+        trainer, summary, second = run(tmp_path / "old")
+    assert trainer.resumed and summary.step == 12
+    assert "changed settings" not in caplog.text
+    assert first + second == straight
