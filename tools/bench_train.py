@@ -125,7 +125,8 @@ def multi30k_batches(config: dict, n: int, work: Path):
 
     data = load_training_data(config["data"], work)
     order = make_batches(data.train, config["training"]["batch_size"], config["training"]["batch_type"],
-                         shuffle=True, seed=config["training"]["seed"], epoch=0)
+                         shuffle=True, seed=config["training"]["seed"], epoch=0,
+                         bucket_size=config["training"]["bucket_size"], pool_sort=config["training"]["pool_sort"])
     vocab = data.tgt_field.vocab
     assert (vocab.pad_index, vocab.bos_index, vocab.eos_index) == (PAD, BOS, EOS)
     batches = [collate(data.train, idx, PAD, BOS, EOS) for idx in order[:n]]

@@ -19,14 +19,15 @@ from nmt.config.loading import (
     parse_override,
     read_yaml,
     resolve_config,
+    resume_defaults,
     save_config,
 )
-from nmt.config.options import HIGHER_IS_BETTER, METRICS, SCHEMA
+from nmt.config.options import HIGHER_IS_BETTER, METRICS, RESUME_DEFAULTS, SCHEMA
 from nmt.config.schema import REQUIRED, Option, Schema, validate
 from nmt.config.validation import check_config, check_mapping, registered_mappings
 
 __all__ = [
     "ConfigError", "unknown_name_error", "Option", "REQUIRED", "Schema", "validate", "SCHEMA", "METRICS",
     "HIGHER_IS_BETTER", "load_config", "resolve_config", "apply_overrides", "parse_override", "read_yaml",
-    "added_at_default", "config_differences", "config_value", "dump_config", "save_config", "check_config", "check_mapping", "registered_mappings",
+    "RESUME_DEFAULTS", "added_at_default", "resume_defaults", "config_differences", "config_value", "dump_config", "save_config", "check_config", "check_mapping", "registered_mappings",
 ]

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 import yaml
 
 from nmt.config.errors import ConfigError, unknown_name_error
-from nmt.config.options import SCHEMA
+from nmt.config.options import RESUME_DEFAULTS, SCHEMA
 from nmt.config.schema import REQUIRED, Option, validate
 from nmt.config.validation import check_config
 from nmt.utils.io import atomic_write_text
@@ -180,6 +180,46 @@ def added_at_default(old: dict, new: dict, key: str) -> bool:
     return default is not REQUIRED and config_value(new, key) == default
 
 
+def _has_key(config: Any, dotted: str) -> bool:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _set_key(config: dict, dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node = config
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def resume_defaults(old: dict, new: dict) -> list[str]:
+    """Give a resumed run the behaviour its checkpoint ran with where a default has changed since.
+
+    For every key of :data:`nmt.config.options.RESUME_DEFAULTS` that ``old`` (the checkpoint's
+    config, written before the option existed) lacks: ``old`` gets the earlier behaviour's value
+    (what that run did), and so does ``new`` (the resolved config of the resume) where it holds
+    the schema default, i.e. the key was not set or was set to the default. A value set to
+    anything else stays, and then differs from the checkpoint's. Both dicts are changed in place;
+    returns the keys ``new`` took the earlier value for."""
+    kept: list[str] = []
+    for key, before in RESUME_DEFAULTS.items():
+        if _has_key(old, key) or not isinstance(old.get(key.split(".")[0]), dict):
+            continue
+        _set_key(old, key, before)
+        spec: Any = SCHEMA
+        for part in key.split("."):
+            spec = spec[part]
+        if config_value(new, key) == spec.default:
+            _set_key(new, key, before)
+            kept.append(key)
+    return kept
+
+
 def config_value(config: Any, dotted: str) -> Any:
     """The value at dotted key ``dotted`` (``"model.decoder.hidden_size"``) of a resolved config,
     None where a part of the path is missing (a config of an older nmt, say)."""
@@ -201,5 +241,5 @@ def save_config(config: dict, path: str | Path) -> None:
     atomic_write_text(path, dump_config(config))
 
 
-__all__ = ["added_at_default", "load_config", "resolve_config", "apply_overrides", "parse_override", "read_yaml",
+__all__ = ["added_at_default", "resume_defaults", "load_config", "resolve_config", "apply_overrides", "parse_override", "read_yaml",
            "config_differences", "config_value", "save_config", "dump_config"]

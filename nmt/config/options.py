@@ -6,7 +6,9 @@ the two agree (every schema key appears in the reference config and vice versa).
 An option added to an existing section must default to the behaviour nmt had before it: a
 checkpoint written earlier lacks the key, and its resume counts the key at its default as no
 difference (``nmt.config.added_at_default``); a new option whose default changed what training
-does would be resumed over silently.
+does would be resumed over silently. The one way around it is :data:`RESUME_DEFAULTS`: an option
+whose default for new runs differs from what nmt did before it names there the old behaviour,
+which a resume of a checkpoint lacking the key keeps (``nmt.config.resume_defaults``).
 """
 from __future__ import annotations
 
@@ -163,9 +165,14 @@ TRAINING = {
     "batch_type": Option(str, "sentences", "unit of batch_size: sentences, or tokens = sentences x the longest "
                          "side (source, or target + EOS) in the batch, padding included",
                          choices=("sentences", "tokens")),
-    "bucket_size": Option(int, None, "examples per length-sorted pool from which batches are cut (sorted by "
-                          "target, then source length; the batches are then shuffled); null: 100 batches' worth",
+    "bucket_size": Option(int, None, "examples per length-sorted pool from which batches are cut (sorted as "
+                          "pool_sort says; the batches are then shuffled); null: 100 batches' worth",
                           nullable=True, minimum=1),
+    "pool_sort": Option(str, "target", "how a pool is sorted before it is cut into batches: target (target "
+                        "length alone, the source lengths of one target length mixed at random), target_source "
+                        "(target, then source length: batches of one length ratio, which trains worse; nmt's "
+                        "order before this option, and what a run started before it resumes with), "
+                        "source_target (OpenNMT-py's order)", choices=("target", "target_source", "source_target")),
     "max_steps": Option(int, None, "stop after this many updates (null: no step limit)", nullable=True, minimum=1),
     "max_epochs": Option(int, None, "stop after this many epochs (null: no epoch limit)", nullable=True, minimum=1),
     "max_minutes": Option(float, None, "stop after this much training time, validation included, over all "
@@ -178,8 +185,11 @@ TRAINING = {
         "momentum": Option(float, 0.0, "SGD momentum", minimum=0.0, maximum=1.0, max_inclusive=False),
         "weight_decay": Option(float, 0.0, "L2 weight decay", minimum=0.0),
     },
-    "accumulate": Option(int, 1, "batches per update (gradient accumulation; the loss is normalised by the "
-                         "target tokens of all of them)", minimum=1),
+    "accumulate": Option(int, 1, "batches per update (gradient accumulation; the loss is normalised over all "
+                         "of them, see normalization)", minimum=1),
+    "normalization": Option(str, "tokens", "what an update's summed loss is divided by: tokens (its target "
+                            "tokens, EOS included: a per-token mean) or sents (its sentences: OpenNMT-py's "
+                            "default); over every accumulated batch of every process", choices=("tokens", "sents")),
     "lr_schedule": {
         "type": Option(str, "plateau", "plateau: warmup, then halving on validation-loss plateaus; noam (alias "
                        "inverse_sqrt): warmup, then inverse square root decay; constant: warmup, then lr; linear / "
@@ -262,4 +272,9 @@ VALIDATION = {
 
 SCHEMA = {"data": DATA, "model": MODEL, "training": TRAINING, "validation": VALIDATION}
 
-__all__ = ["SCHEMA", "METRICS", "HIGHER_IS_BETTER"]
+RESUME_DEFAULTS = {"training.pool_sort": "target_source"}
+"""Options whose schema default (what a new run gets) is not what nmt did before the option
+existed: dotted key -> that earlier behaviour's value, which a run resumed from a checkpoint
+lacking the key keeps unless its config sets another value (see ``nmt.config.resume_defaults``)."""
+
+__all__ = ["SCHEMA", "METRICS", "HIGHER_IS_BETTER", "RESUME_DEFAULTS"]

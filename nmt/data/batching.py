@@ -25,6 +25,14 @@ POOL_BATCHES = 100
 """Shuffled batching sorts pools of about this many batches by length (unless a ``bucket_size``
 in examples is given), then shuffles batches."""
 
+POOL_SORTS = ("target", "target_source", "source_target")
+"""How shuffled batching sorts a pool (``training.pool_sort``): ``target``: by target length
+alone, examples of one target length in the pool's random order (their source lengths mixed);
+``target_source``: by target length, then source length; ``source_target``: by source length,
+then target length (OpenNMT-py's order). Sorting by both lengths makes batches of one
+source / target length *ratio*, which costs quality (see README.md, Data, Batches)."""
+DEFAULT_POOL_SORT = "target"
+
 
 class _Lengths(Protocol):
     src: list[list[int]]
@@ -139,6 +147,7 @@ def make_batch_order(
     epoch: int = 0,
     indices: Sequence[int] | None = None,
     bucket_size: int | None = None,
+    pool_sort: str = DEFAULT_POOL_SORT,
 ) -> BatchOrder:
     """:func:`make_batches` as a :class:`BatchOrder` (arrays only; the same batches in the same order).
 
@@ -153,6 +162,8 @@ def make_batch_order(
         raise DataError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
     if bucket_size is not None and (not isinstance(bucket_size, (int, np.integer)) or bucket_size < 1):
         raise DataError(f"bucket_size: expected a positive integer, got {bucket_size!r}")
+    if pool_sort not in POOL_SORTS:
+        raise DataError(f"pool_sort: expected one of {', '.join(POOL_SORTS)}, got {pool_sort!r}")
     # a copy: sorted in place below
     positions = np.arange(len(dataset)) if indices is None else np.array(indices, dtype=np.int64)
     empty = np.zeros(0, dtype=np.int64)
@@ -171,15 +182,17 @@ def make_batch_order(
             pool = int(bucket_size)
         # training pools sort by target length first: the decoder's steps, the output layer and
         # the loss run over padded target positions, while the encoder packs its sources
-        first, second = tgt_len, src_len
+        keys = {"target": (tgt_len,), "target_source": (src_len, tgt_len),
+                "source_target": (tgt_len, src_len)}[pool_sort]  # np.lexsort: the last key is the first
     else:
         pool = positions.size
-        first, second = src_len, tgt_len
+        keys = (tgt_len, src_len)
     sizes: list[np.ndarray] = []
     for start in range(0, positions.size, pool):
         chunk = positions[start : start + pool]
-        # stable: ties keep order; sorted in place so ``positions`` becomes batch after batch
-        positions[start : start + pool] = chunk[np.lexsort((second[chunk], first[chunk]))]
+        # stable: ties keep order (the random one of a shuffled pool); sorted in place so
+        # ``positions`` becomes batch after batch
+        positions[start : start + pool] = chunk[np.lexsort(tuple(k[chunk] for k in keys))]
         if batch_type == "sentences":
             n = chunk.size
             sizes.append(np.full(n // batch_size, batch_size, dtype=np.int64))
@@ -204,19 +217,22 @@ def make_batches(
     epoch: int = 0,
     indices: Sequence[int] | None = None,
     bucket_size: int | None = None,
+    pool_sort: str = DEFAULT_POOL_SORT,
 ) -> list[list[int]]:
     """Length-bucketed batches of dataset positions; every position appears exactly once.
 
     ``batch_type="sentences"``: at most ``batch_size`` examples per batch; ``"tokens"``: at most
     ``batch_size`` padded tokens (see the module docstring). With ``shuffle``, the examples are
-    permuted by a generator seeded with ``(seed, epoch)``, sorted by (target, source) length
-    within pools of ``bucket_size`` examples (default: ~``POOL_BATCHES`` batches), cut, and the
-    batches shuffled: the same ``(seed, epoch)`` gives the same batches. Without it, all examples
+    permuted by a generator seeded with ``(seed, epoch)``, sorted by length within pools of
+    ``bucket_size`` examples (default: ~``POOL_BATCHES`` batches; ``pool_sort``, one of
+    :data:`POOL_SORTS`, says by which lengths), cut, and the batches shuffled: the same
+    ``(seed, epoch)`` gives the same batches. Without it, all examples
     are sorted by (source, target) length (ties in dataset order), the order translation wants.
     ``indices`` restricts batching to those positions.
     :func:`make_batch_order` gives the same batches as arrays.
     """
-    return make_batch_order(dataset, batch_size, batch_type, shuffle, seed, epoch, indices, bucket_size).lists()
+    return make_batch_order(dataset, batch_size, batch_type, shuffle, seed, epoch, indices, bucket_size,
+                            pool_sort).lists()
 
 
 def _pad(rows: list[list[int]], width: int, pad: int) -> Tensor:
@@ -286,4 +302,4 @@ def encode_sources(
     return [collate(data, g, v.pad_index, v.bos_index, v.eos_index) for g in groups]
 
 
-__all__ = ["POOL_BATCHES", "Batch", "BatchOrder", "collate", "encode_sources", "make_batch_order", "make_batches"]
+__all__ = ["DEFAULT_POOL_SORT", "POOL_BATCHES", "POOL_SORTS", "Batch", "BatchOrder", "collate", "encode_sources", "make_batch_order", "make_batches"]

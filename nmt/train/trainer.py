@@ -21,8 +21,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from nmt.config import ConfigError, added_at_default, config_differences, config_value, save_config
-from nmt.config.options import HIGHER_IS_BETTER
+from nmt.config import (ConfigError, added_at_default, config_differences, config_value, resume_defaults,
+                        save_config)
+from nmt.config.options import HIGHER_IS_BETTER, SCHEMA
 from nmt.data.batching import collate, make_batch_order
 from nmt.data.errors import DataError
 from nmt.data.field import Field
@@ -61,7 +62,7 @@ logger = logging.getLogger(__name__)
 RUN_LOCK_WHAT = "nmt-train run"
 DECODING_METRICS = ("exact_match", "bleu", "chrf")
 RESUME_MUST_MATCH = ("model", "data", "training.seed", "training.batch_size", "training.batch_type",
-                     "training.bucket_size")  # all that makes the batch order the data position indexes
+                     "training.bucket_size", "training.pool_sort")  # all that makes the batch order the data position indexes
 
 
 @dataclass
@@ -335,6 +336,9 @@ class Trainer:
         for problem in point.passed_over if point is not None else ():
             logger.warning("%s; resuming from %s (step %s) instead", problem, path, checkpoint.get("step"))
         self._damaged = point.damaged if point is not None else []  # set aside once the resume is vetted
+        for key in resume_defaults(checkpoint["config"], self.config):  # a default changed since it was saved
+            logger.info("%s: %r, as the run in %s was trained (it predates the option; new runs default to %r)",
+                        key, config_value(self.config, key), self.save_dir, config_value(SCHEMA, key).default)
         differences = [key for key in config_differences(checkpoint["config"], self.config)
                        if not added_at_default(checkpoint["config"], self.config, key)]
         vetted = resume_check(checkpoint, self.config, self.dist, self.source)  # number of processes
@@ -466,7 +470,8 @@ class Trainer:
         gradients are accumulated: ``training.accumulate``); returns (summed loss, detached; target tokens).
 
         With several processes ``indices`` is the global batch: each rank takes its part, the
-        loss is normalised by the target tokens of all ranks, and the returned loss and token
+        loss is normalised by the target tokens (or sentences: ``training.normalization``) of all
+        ranks, and the returned loss and token
         count are those of all ranks (so every rank sees, and stops on, the same non-finite loss).
 
         A non-finite loss raises NonFiniteLossError (``training.nonfinite: stop``; on an
@@ -489,14 +494,17 @@ class Trainer:
                                    cfg["pad_to_multiple"], self.pad)
             batches.append(host.to(self.device, lengths_on_host=True))
         skip = cfg["nonfinite"] == "skip"
-        # target tokens of all batches of all ranks: host ints over Gloo, no device sync
-        n_tokens = self.dist.sum_ints([sum(b.n_tokens for b, (_, real) in zip(batches, parts) if real)])[0]
-        scales = None if not self.dist.enabled else [self.dist.world_size / max(n_tokens, 1) if real else 0.0
+        # target tokens and sentences of all batches of all ranks: host ints over Gloo, no device sync
+        n_tokens, n_sents = self.dist.sum_ints([sum(b.n_tokens for b, (_, real) in zip(batches, parts) if real),
+                                                sum(len(b) for b, (_, real) in zip(batches, parts) if real)])
+        divisor = n_tokens if cfg["normalization"] == "tokens" else n_sents  # training.normalization
+        scales = None if not self.dist.enabled else [self.dist.world_size / max(divisor, 1) if real else 0.0
                                                      for _, real in parts]
         loss, _, skipped = update(self.train_model, self.loss_fn, self.optimizer, batches, self.pad,
                                   cfg["clip_grad_norm"], cfg["label_smoothing"], skip_nonfinite=skip,
                                   loss_scale=scales, all_ranks=self.dist.all_true if self.dist.enabled else None,
-                                  precision=self.precision, forward=self.loss_forward)
+                                  precision=self.precision, forward=self.loss_forward,
+                                  normalization=cfg["normalization"])
         if self.dist.enabled:  # the summed loss of all ranks (an all-reduce on the device, no host sync)
             loss = self.dist.sum_tensor_(loss.clone())
         self.last_update_skipped = skipped is not None
@@ -592,7 +600,7 @@ class Trainer:
                 window_start += time.perf_counter() - segmenting  # tokens/s: training time only (as after validation)
                 order = make_batch_order(self.train_set, cfg["batch_size"] * self.dist.world_size,
                                          cfg["batch_type"], shuffle=True, seed=cfg["seed"], epoch=p.epoch,
-                                         bucket_size=cfg["bucket_size"])
+                                         bucket_size=cfg["bucket_size"], pool_sort=cfg["pool_sort"])
                 while p.batch_in_epoch < len(order):
                     groups = order[p.batch_in_epoch:p.batch_in_epoch + cfg["accumulate"]]
                     loss, n_tokens = self.train_step(groups)

@@ -56,14 +56,15 @@ def update(model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer
            pad_index: int, clip_grad_norm: float | None = None, label_smoothing: float = 0.0,
            skip_nonfinite: bool = False, loss_scale: float | Sequence[float] | None = None,
            all_ranks: Callable[[Tensor], Tensor] | None = None, *, precision: TrainPrecision | None = None,
-           forward: LossForward = loss_forward) -> tuple[Tensor, int, SkipReason | None]:
+           forward: LossForward = loss_forward, normalization: str = "tokens") -> tuple[Tensor, int, SkipReason | None]:
     """Forward (under ``precision``'s autocast), Fenchel-Young loss, backward (per batch), clip,
     step (once).
 
     ``batch`` is one batch or a sequence of N batches whose gradients are accumulated. The
     loss is summed over target tokens and divided by the number of target tokens of ALL the
-    batches before each backward, so N batches give exactly the gradient of one batch
-    holding all their sentences (a per-token mean). ``forward`` computes the summed loss
+    batches before each backward (``normalization="tokens"``: a per-token mean; ``"sents"``: by
+    the number of their sentences, OpenNMT-py's ``normalization: sents``), so N batches give
+    exactly the gradient of one batch holding all their sentences. ``forward`` computes the summed loss
     (``loss_forward``, or its compiled form). Returns ``(summed loss, a detached 0-d tensor
     left on the device; number of target tokens, a host int known from the batches;
     skipped)``: the caller reads the loss only when it logs. ``skipped`` is None when the
@@ -93,6 +94,9 @@ def update(model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer
         raise ValueError("update needs at least one batch")
     precision = precision or TrainPrecision("fp32", batches[0].src.device)
     n_tokens = sum(int(b.n_tokens) for b in batches)
+    if normalization not in ("tokens", "sents"):
+        raise ValueError(f"normalization: expected 'tokens' or 'sents', got {normalization!r}")
+    divisor = max(n_tokens if normalization == "tokens" else sum(len(b) for b in batches), 1)
     scales = (list(loss_scale) if isinstance(loss_scale, Sequence) else [loss_scale] * len(batches))
     total: Tensor | None = None
     params = list(model.parameters())  # one walk of the modules per update, for both uses below
@@ -105,7 +109,7 @@ def update(model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer
             with precision.autocast():
                 loss = forward(model, loss_fn, b.src, b.src_lengths, b.tgt_in, b.tgt_out, pad_index,
                                label_smoothing, src_mask)
-            precision.backward(loss / max(n_tokens, 1) if scale is None else loss * scale)
+            precision.backward(loss / divisor if scale is None else loss * scale)
         separate_gradients(params)
         loss = loss.detach() if scale != 0 else torch.zeros_like(loss.detach())
         total = loss if total is None else total + loss

@@ -31,3 +31,28 @@ def test_an_added_option_off_its_default_or_a_changed_one_is_a_difference():
     assert not added_at_default(old, new, "data.src.max_length")  # present in both: a change
     old["data"]["gone"] = 1
     assert not added_at_default(new, old, "data.gone")  # not in the schema
+
+
+def test_resume_defaults_keep_what_a_checkpoint_before_the_option_did():
+    """training.pool_sort: new runs sort pools by target length alone, a run saved before the
+    option existed sorted by (target, source) and resumes so; a value set off the new default stays."""
+    from nmt.config import RESUME_DEFAULTS, SCHEMA, resume_defaults
+
+    assert SCHEMA["training"]["pool_sort"].default == "target" != RESUME_DEFAULTS["training.pool_sort"]
+    new = _config()
+    old = copy.deepcopy(new)
+    del old["training"]["pool_sort"]
+    assert resume_defaults(old, new) == ["training.pool_sort"]
+    assert new["training"]["pool_sort"] == old["training"]["pool_sort"] == "target_source"
+    assert config_differences(old, new) == []
+    # set to another order: kept, and a difference from the checkpoint (which the trainer refuses)
+    new = _config()
+    new["training"]["pool_sort"] = "source_target"
+    old = copy.deepcopy(new)
+    del old["training"]["pool_sort"]
+    assert resume_defaults(old, new) == []
+    assert config_differences(old, new) == ["training.pool_sort"]
+    # a checkpoint that has the key: nothing changes
+    new = _config()
+    old = copy.deepcopy(new)
+    assert resume_defaults(old, new) == [] and new["training"]["pool_sort"] == "target"

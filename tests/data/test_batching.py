@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import statistics
 
 import pytest
 import torch
@@ -169,3 +170,62 @@ def test_bucket_size_sets_the_sorted_pool() -> None:
     assert whole == make_batches(ds, 30, shuffle=True, seed=1, bucket_size=len(ds))
     with pytest.raises(DataError, match="bucket_size"):
         make_batches(ds, 30, bucket_size=0)
+
+
+def _reference_batches(ds: Lengths, batch_size: int, seed: int, epoch: int, pool: int, key) -> set:
+    """The documented recipe written out with Python's stable ``sorted``: permute the examples
+    with the (seed, epoch) generator, sort each pool of ``pool`` examples by ``key``, cut runs of
+    ``batch_size``; returns the batches as a set of tuples (their shuffled order aside)."""
+    import numpy as np
+
+    permuted = np.random.default_rng([seed, epoch]).permutation(len(ds)).tolist()
+    batches = set()
+    for start in range(0, len(permuted), pool):
+        ordered = sorted(permuted[start:start + pool], key=key)
+        batches |= {tuple(ordered[k:k + batch_size]) for k in range(0, len(ordered), batch_size)}
+    return batches
+
+
+@pytest.mark.parametrize("pool", [None, 70, 10_000])
+def test_pool_sort_orders_match_a_plain_sort_of_the_permuted_pool(pool) -> None:
+    # correlated lengths, as in translation: the source about as long as the target, +-30%
+    rng = random.Random(5)
+    tgt = [rng.randint(1, 30) for _ in range(1500)]
+    ds = Lengths([max(1, round(t * rng.uniform(0.7, 1.3))) for t in tgt], tgt)
+    keys = {"target": lambda i: ds.tgt_lengths[i],
+            "target_source": lambda i: (ds.tgt_lengths[i], ds.src_lengths[i]),
+            "source_target": lambda i: (ds.src_lengths[i], ds.tgt_lengths[i])}
+    size = 16 * POOL_BATCHES if pool is None else pool
+    for name, key in keys.items():
+        batches = make_batches(ds, 16, shuffle=True, seed=2, epoch=3, bucket_size=pool, pool_sort=name)
+        assert set(map(tuple, batches)) == _reference_batches(ds, 16, 2, 3, size, key), name
+
+
+def test_pool_sort_target_mixes_source_lengths_and_keeps_target_padding() -> None:
+    """Sorting by target length alone keeps the target padding of the (target, source) sort,
+    but its batches hold the length ratios of the whole corpus, not one ratio each."""
+    rng = random.Random(6)
+    tgt = [rng.randint(3, 30) for _ in range(6000)]
+    ds = Lengths([max(1, round(t * rng.uniform(0.6, 1.4))) for t in tgt], tgt)
+
+    def measure(batches):
+        cells = sum(len(b) * max(ds.tgt_lengths[i] for i in b) for b in batches) / sum(ds.tgt_lengths)
+        spread = [statistics.pstdev(ds.src_lengths[i] / ds.tgt_lengths[i] for i in b) for b in batches if len(b) > 1]
+        return cells, statistics.mean(spread)
+
+    every = statistics.pstdev(s / t for s, t in zip(ds.src_lengths, ds.tgt_lengths))
+    by_target = measure(make_batches(ds, 32, seed=1, bucket_size=len(ds), pool_sort="target"))
+    by_both = measure(make_batches(ds, 32, seed=1, bucket_size=len(ds), pool_sort="target_source"))
+    assert by_target[0] == by_both[0] < 1.01  # the same target lengths per batch
+    assert by_target[1] > 0.8 * every  # each batch: about the corpus's spread of ratios
+    assert by_both[1] < 0.4 * every  # each batch: a narrow band of ratios
+    with pytest.raises(DataError, match="pool_sort: expected one of target, target_source, source_target"):
+        make_batches(ds, 32, pool_sort="source")
+
+
+def test_the_default_pool_sort_is_the_configs() -> None:
+    from nmt.config import SCHEMA
+    from nmt.data.batching import DEFAULT_POOL_SORT, POOL_SORTS
+
+    option = SCHEMA["training"]["pool_sort"]
+    assert option.default == DEFAULT_POOL_SORT and option.choices == POOL_SORTS

@@ -67,3 +67,35 @@ def test_accumulated_batches_equal_one_big_batch(kind, optimizer_name):
     fresh = build_model(MODELS[kind], 12, 10, PAD)
     assert any((a.double() - b).abs().max() > 1e-3
                for a, b in zip(fresh.parameters(), model.parameters()))
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_sents_normalization_is_the_sum_over_sentences_over_their_number(kind):
+    """normalization="sents": the update's gradient is sum_s grad(summed loss of sentence s) / B,
+    the sentences taken one at a time (brute force), for one batch and for accumulated parts;
+    "tokens" divides the same sum by the target tokens instead."""
+    from nmt.train.update import loss_forward
+
+    data = sentences(6, seed=3)
+    torch.manual_seed(1)
+    model = build_model(MODELS[kind], 12, 10, PAD).double().train()
+    loss_fn = get_loss("entmax15")
+    brute = [torch.zeros_like(p) for p in model.parameters()]
+    for s in range(6):  # each sentence alone: its summed loss, its gradient
+        one = collate(data, [s], PAD, BOS, EOS)
+        twin = copy.deepcopy(model)
+        loss_forward(twin, loss_fn, one.src, one.src_lengths, one.tgt_in, one.tgt_out, PAD, 0.0).backward()
+        for acc, p in zip(brute, twin.parameters()):
+            acc += p.grad if p.grad is not None else 0
+    big = collate(data, range(6), PAD, BOS, EOS)
+    parts = [collate(data, group, PAD, BOS, EOS) for group in ([0, 1], [2, 3, 4], [5])]
+    for normalization, divisor in (("sents", 6), ("tokens", big.n_tokens)):
+        for batch in (big, parts):
+            twin = copy.deepcopy(model)
+            before = [p.detach().clone() for p in twin.parameters()]
+            update(twin, loss_fn, torch.optim.SGD(twin.parameters(), lr=1.0), batch, PAD, normalization=normalization)
+            for (name, p), b, g in zip(twin.named_parameters(), before, brute):
+                torch.testing.assert_close(b - p.detach(), g / divisor, rtol=1e-9, atol=1e-12, msg=name)
+    assert max(g.abs().max() for g in brute) > 1e-3  # not vacuous
+    with pytest.raises(ValueError, match="normalization: expected 'tokens' or 'sents'"):
+        update(model, loss_fn, torch.optim.SGD(model.parameters(), lr=1.0), big, PAD, normalization="words")

@@ -101,6 +101,25 @@ def test_accumulation_two_processes_equal_one_process(tmp_path, ranks):
 
 
 @pytest.mark.slow
+def test_sents_normalization_two_processes_equal_one_process(tmp_path, ranks):
+    """training.normalization: sents divides by the sentences of all micro-batches of all ranks: 2
+    processes x batch 3 x accumulate 2 == 1 process x batch 6 x accumulate 2, through an epoch whose
+    last global batch holds one sentence (rank 1 runs a stand-in of weight 0); not the tokens run."""
+    data = write_task(tmp_path / "data", n_train=25)
+    for name, normalization in (("one", "sents"), ("tokens", "tokens")):
+        Trainer(resolve_config(_config(data, tmp_path / name, 6, max_steps=4, valid_every=4, accumulate=2,
+                                       normalization=normalization), "t"), "t").train()
+    results = ranks.run(_config(data, tmp_path / "two", 3, max_steps=4, valid_every=4, accumulate=2,
+                                normalization="sents"))
+    assert [r[2:4] for r in results] == [("max_steps", 4)] * 2
+    a, b = _weights(tmp_path / "one" / "last.pt"), _weights(tmp_path / "two" / "last.pt")
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=2e-6, msg=name)
+    tokens = _weights(tmp_path / "tokens" / "last.pt")
+    assert max((a[k] - tokens[k]).abs().max() for k in a) > 1e-4  # sents is another update
+
+
+@pytest.mark.slow
 def test_sigterm_on_one_rank_stops_both_and_resume_is_exact(tmp_path, ranks):
     data = write_task(tmp_path / "data", n_train=36)
     # dropout on: the resumed ranks must restore their own random streams

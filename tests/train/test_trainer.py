@@ -82,6 +82,55 @@ def test_resume_refuses_another_bucket_size(tiny_task, tmp_path):
         make_trainer(tiny_task, tmp_path / "run", bucket_size=3)
 
 
+def test_a_run_saved_before_pool_sort_resumes_with_its_target_source_batches(tiny_task, tmp_path, caplog):
+    """New runs sort pools by target length alone; a checkpoint written before training.pool_sort
+    existed (its config lacks the key) sorted them by (target, source) length and resumes so: the
+    resumed run equals an uninterrupted target_source run (README: old runs keep their batches)."""
+    import random
+
+    from nmt.train.checkpoint import save_checkpoint
+
+    # sources longer than their targets by 0-3 tokens: the two sorts make other batches
+    rng = random.Random(1)
+    src = tiny_task["train"]["src"]
+    with open(src, encoding="utf-8") as handle:
+        lines = [line.rstrip("\n") + " f" * rng.randint(0, 3) + "\n" for line in handle]
+    with open(src, "w", encoding="utf-8") as handle:
+        handle.writelines(lines)
+    straight = make_trainer(tiny_task, tmp_path / "straight", device="cpu", pool_sort="target_source")
+    straight.train()
+    new_default = make_trainer(tiny_task, tmp_path / "new", device="cpu")
+    new_default.train()
+    assert not all(torch.equal(a, b) for a, b in zip(straight.model.state_dict().values(),
+                                                     new_default.model.state_dict().values()))
+
+    def interrupt_at_7(step):
+        if step == 7:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    first = make_trainer(tiny_task, tmp_path / "resumed", device="cpu", pool_sort="target_source")
+    assert first.train(step_hook=interrupt_at_7).step == 7
+    last = tmp_path / "resumed" / "last.pt"
+    checkpoint = load_checkpoint(last)
+    del checkpoint["config"]["training"]["pool_sort"]  # as an nmt before the option wrote it
+    save_checkpoint(last, checkpoint)
+    with caplog.at_level("INFO", logger="nmt.train.trainer"):
+        second = make_trainer(tiny_task, tmp_path / "resumed", device="cpu")  # pool_sort left at its default
+    assert second.config["training"]["pool_sort"] == "target_source"
+    assert any("training.pool_sort: 'target_source'" in r.getMessage() for r in caplog.records)
+    assert second.train().step == 12
+    assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
+    assert load_checkpoint(last)["config"]["training"]["pool_sort"] == "target_source"
+    # another order than the checkpoint's is refused, as another bucket_size is
+    checkpoint = load_checkpoint(last)
+    del checkpoint["config"]["training"]["pool_sort"]
+    save_checkpoint(last, checkpoint)
+    with pytest.raises(ConfigError, match=r"tiny.yaml: training.pool_sort: differs from the run"):
+        make_trainer(tiny_task, tmp_path / "resumed", max_steps=14, pool_sort="source_target")
+    with pytest.raises(ConfigError, match=r"tiny.yaml: training.pool_sort: differs from the run"):
+        make_trainer(tiny_task, tmp_path / "new", max_steps=14, pool_sort="target_source")
+
+
 def test_resume_refuses_a_data_file_that_changed(tiny_task, tmp_path):
     """A killed run resumed after its training file got more lines went on with the old vocabulary
     and a data position that indexed other batches, without a word: last.pt now holds a

@@ -22,7 +22,7 @@ train = data.train
 order, epoch = [], 0
 while len(order) < steps:
     order += make_batches(train, 64, "sentences", shuffle=True, seed=seed, epoch=epoch,
-                          bucket_size=config["training"]["bucket_size"])
+                          bucket_size=config["training"]["bucket_size"], pool_sort=config["training"]["pool_sort"])
     epoch += 1
 order = order[:steps]
 tok = [sum(train.tgt_lengths[i] + 1 for i in b) for b in order]
