@@ -82,14 +82,18 @@ def test_resume_refuses_another_bucket_size(tiny_task, tmp_path):
         make_trainer(tiny_task, tmp_path / "run", bucket_size=3)
 
 
-def test_a_run_saved_before_pool_sort_resumes_with_its_target_source_batches(tiny_task, tmp_path, caplog):
+def test_a_run_saved_before_pool_sort_resumes_with_its_target_source_batches(tiny_task, tmp_path, caplog,
+                                                                             monkeypatch):
     """New runs sort pools by target length alone; a checkpoint written before training.pool_sort
     existed (its config lacks the key) sorted them by (target, source) length and resumes so: the
     resumed run equals an uninterrupted target_source run (README: old runs keep their batches)."""
+    import logging
     import random
 
     from nmt.train.checkpoint import save_checkpoint
 
+    monkeypatch.setattr(logging.getLogger("nmt"), "propagate", True)  # off after a CLI test's setup_logging
+    monkeypatch.setattr(logging.getLogger("nmt"), "handlers", [])  # theirs may hold a closed stream
     # sources longer than their targets by 0-3 tokens: the two sorts make other batches
     rng = random.Random(1)
     src = tiny_task["train"]["src"]
