@@ -30,7 +30,8 @@ POOL_SORTS = ("target", "target_source", "source_target")
 alone, examples of one target length in the pool's random order (their source lengths mixed);
 ``target_source``: by target length, then source length; ``source_target``: by source length,
 then target length (OpenNMT-py's order). Sorting by both lengths makes batches of one
-source / target length *ratio*, which costs quality (see README.md, Data, Batches)."""
+source / target length *ratio*, and with a large pool batches that largely come back each
+epoch; both cost quality (README.md, Data, Batches; BENCHMARKS.md, issue #21)."""
 DEFAULT_POOL_SORT = "target"
 
 
