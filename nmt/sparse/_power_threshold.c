@@ -132,7 +132,9 @@ static const double POW512_T2[16] __attribute__((unused)) = {
     const __m512d inv_lo_ = _mm512_loadu_pd(POW512_INV), inv_hi_ = _mm512_loadu_pd(POW512_INV + 8); \
     const __m512d lc_lo_ = _mm512_loadu_pd(POW512_LC), lc_hi_ = _mm512_loadu_pd(POW512_LC + 8);     \
     const __m512d t2_lo_ = _mm512_loadu_pd(POW512_T2), t2_hi_ = _mm512_loadu_pd(POW512_T2 + 8)
-#define POW512(d, e, out)                                                                       \
+#define POW512(d, e, out) POW512_MASKED(d, e, (__mmask8)0xFF, out)
+/* POW512 on the lanes of the mask keep (0 in the others) */
+#define POW512_MASKED(d, e, keep, out)                                                          \
     do {                                                                                        \
         const __m512d k_ = _mm512_getexp_pd(d);                                                 \
         const __m512d m_ = _mm512_getmant_pd(d, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);          \
@@ -148,8 +150,7 @@ static const double POW512_T2[16] __attribute__((unused)) = {
         p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(0.4808983469629878));                       \
         p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(-0.7213475204444817));                      \
         p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(1.4426950408889634));                       \
-        const __m512d lg_ = _mm512_add_pd(_mm512_add_pd(k_, _mm512_permutex2var_pd(lc_lo_, i_, lc_hi_)), \
-                                          _mm512_mul_pd(p_, r_));                               \
+        const __m512d lg_ = _mm512_fmadd_pd(p_, r_, _mm512_add_pd(k_, _mm512_permutex2var_pd(lc_lo_, i_, lc_hi_))); \
         const __m512d y_ = _mm512_mul_pd(e, lg_);                                               \
         const __mmask8 under_ = _mm512_cmp_pd_mask(y_, _mm512_set1_pd(-1022.0), _CMP_LT_OQ);    \
         const __m512d n_ = _mm512_roundscale_pd(y_, 0x40 | _MM_FROUND_TO_NEAREST_INT); /* 1/16ths */ \
@@ -164,7 +165,7 @@ static const double POW512_T2[16] __attribute__((unused)) = {
         x_ = _mm512_fmadd_pd(x_, f_, _mm512_set1_pd(0.6931471805599453));                       \
         x_ = _mm512_fmadd_pd(x_, f_, _mm512_set1_pd(1.0));                                      \
         x_ = _mm512_mul_pd(x_, _mm512_permutex2var_pd(t2_lo_, j_, t2_hi_));                     \
-        (out) = _mm512_maskz_scalef_pd((__mmask8)~under_, x_,                                   \
+        (out) = _mm512_maskz_scalef_pd((__mmask8)((keep) & ~under_), x_,                        \
                                        _mm512_roundscale_pd(n_, _MM_FROUND_TO_NEG_INF));        \
     } while (0)
 /* POW_GEN's form for eight doubles in the AVX-512 functions (DT: nmt_f64x8) */
@@ -685,6 +686,37 @@ double nmt_power_counts[16];
    last pass's are at the tau returned, for the c[0 .. k) left); MOVE(to, from) runs where a
    candidate moves down in the dropping (for what the caller keeps beside c). */
 #define LONG_KEEP_W(i, w, L) memcpy(wk + (i), &(w), sizeof(w))
+/* POWER_SUMS over doubles: by the vector extensions (GEN), or (W512, in the AVX-512 functions) by
+   intrinsics: the support's and NaN's comparisons into mask registers, the power on the support's
+   lanes alone (POW512_MASKED: zeros elsewhere, where POWER_SUMS masks the lanes after), hq by a
+   fused multiply-add on them, the last entries by a masked load (-inf beyond n): the same sums, the
+   products w d rounded once where POWER_SUMS rounded them before the sum */
+#define LONG_SUMS_GEN(DT, IT, L, KEEP) POWER_SUMS(double, DT, DT, IT, L, KEEP, POW_GEN)
+#ifdef NMT_WIDE_AVX512
+#define LONG_SUMS_W512(DT, IT, L, KEEP)                                                         \
+    do {                                                                                        \
+        POW512_TABLES;                                                                          \
+        const __m512d vt_ = _mm512_set1_pd(tau), ve_ = _mm512_set1_pd(e), one_ = _mm512_set1_pd(1.0); \
+        const __m512d ninf_ = _mm512_set1_pd(-INFINITY);                                        \
+        __m512d aq_ = _mm512_setzero_pd(), aw_ = aq_;                                           \
+        __mmask8 nanm_ = 0;                                                                     \
+        for (int64_t i_ = 0; i_ < n; i_ += 8) {                                                 \
+            const __mmask8 ld_ = i_ + 8 <= n ? (__mmask8)0xFF : (__mmask8)((1u << (n - i_)) - 1u); \
+            const __m512d dd_ = _mm512_sub_pd(_mm512_mask_loadu_pd(ninf_, ld_, x + i_), vt_);    \
+            const __mmask8 sup_ = _mm512_cmp_pd_mask(dd_, _mm512_setzero_pd(), _CMP_GT_OQ);        \
+            nanm_ |= _mm512_cmp_pd_mask(dd_, dd_, _CMP_UNORD_Q);                                  \
+            __m512d w;                                                                          \
+            POW512_MASKED(_mm512_mask_blend_pd(sup_, one_, dd_), ve_, sup_, w);                      \
+            aw_ = _mm512_add_pd(aw_, w);                                                        \
+            aq_ = _mm512_mask3_fmadd_pd(w, dd_, aq_, sup_);                                        \
+            KEEP(i_, w, L);                                                                     \
+        }                                                                                       \
+        hq = _mm512_reduce_add_pd(aq_);                                                         \
+        ws = _mm512_reduce_add_pd(aw_);                                                         \
+        bad |= nanm_ != 0;                                                                      \
+        (void)nan_;                                                                             \
+    } while (0)
+#endif
 #define LONG_MOVE_NOTHING(to, from) ((void)0)
 #define LONG_MOVE_INDEX(to, from) (idx[to] = idx[from])
 #define LONG_NEWTON(DT, IT, L, c, k, rtol_, KEEP, MOVE, V)                                      \
@@ -695,7 +727,7 @@ double nmt_power_counts[16];
                 const double *x = (c);                                                          \
                 const int64_t n = (k);                                                          \
                 IT nan_ = {0};                                                                  \
-                POWER_SUMS(double, DT, DT, IT, L, KEEP, POW_##V);                               \
+                LONG_SUMS_##V(DT, IT, L, KEEP);                                                 \
             }                                                                                   \
             POWER_COUNT((c) == cand ? 5 : 1, 1);                                                \
             POWER_COUNT((c) == cand ? 6 : 0, (c) == cand ? (k) : 0);                            \
@@ -762,7 +794,7 @@ static inline float power_float_below(double v)
    the row's length: the floats in wk's room, the places in idx), converted after; those up to two
    float ulps below lo are kept too (below every tau, they are dropped after the first step and add
    nothing to a sum). */
-#define LONG_CANDIDATES_GEN(FT, IT32, DT, L, ANY)                                               \
+#define LONG_CANDIDATES_GEN(FT, IT32, DT, IT, L, ANY)                                             \
     do {                                                                                        \
         FT cv;                                                                                  \
         for (int l = 0; l < L; l++)                                                             \
@@ -785,7 +817,7 @@ static inline float power_float_below(double v)
         }                                                                                       \
     } while (0)
 #ifdef NMT_WIDE_AVX512
-#define LONG_CANDIDATES_W512(FT, IT32, DT, L, ANY)                                            \
+#define LONG_CANDIDATES_W512(FT, IT32, DT, IT, L, ANY)                                          \
     do {                                                                                        \
         float *tf = (float *)wk; /* the candidates as floats */                                 \
         const __m512 cut16 = _mm512_set1_ps(cut);                                               \
@@ -806,13 +838,82 @@ static inline float power_float_below(double v)
             k += xr[j] > cut;                                                                   \
         }                                                                                       \
         int64_t i = 0;                                                                          \
-        for (; i + L <= k; i += L) {                                                            \
+        if (k > len / 4) { /* a broad row: its moments as the candidates are converted */        \
+            LONG_CONVERT_MOMENTS(DT, IT, L);                                                    \
+        } else {                                                                                \
+            for (; i + L <= k; i += L) {                                                        \
+                memcpy(&xv, tf + i, sizeof xv);                                                 \
+                const DT dv = (__builtin_convertvector(xv, DT) - (double)top) * a;              \
+                memcpy(cand + i, &dv, sizeof dv);                                               \
+            }                                                                                   \
+            for (; i < k; i++)                                                                  \
+                cand[i] = ((double)tf[i] - top) * a;                                            \
+        }                                                                                       \
+    } while (0)
+/* the candidates' conversion from the floats tf[0 .. k) with, in the same pass, what the broad
+   rows' start needs (LONG_MOMENTS and LONG_MOMENTS_HIGH's sums): the centre r0 (the first
+   min(k, 256) candidates' mean, converted first), mom[0 .. POWER_SERIES_ORDER], abs7 and the
+   spread max |d| (as dhi, dlo left 0); moments_ set (the start then reads no candidate again). In
+   the AVX-512 functions only: the sums by fused multiply-adds (one rounding where the separate
+   passes took two), |d| by a mask, its maximum by vmaxpd: twelve vector operations a vector besides
+   the conversion, where the two passes took some twenty and read every candidate twice more. */
+#define LONG_MOMENT_SUMS(d1)                                                                    \
+    do {                                                                                        \
+        const __m512d ad_ = _mm512_abs_pd(d1), d2_ = _mm512_mul_pd(d1, d1);                     \
+        const __m512d d3_ = _mm512_mul_pd(d2_, d1), d6_ = _mm512_mul_pd(d3_, d3_);              \
+        hi_ = _mm512_max_pd(hi_, ad_);                                                          \
+        a1_ = _mm512_add_pd(a1_, d1);                                                           \
+        a2_ = _mm512_add_pd(a2_, d2_);                                                          \
+        a3_ = _mm512_add_pd(a3_, d3_);                                                          \
+        a4_ = _mm512_fmadd_pd(d2_, d2_, a4_);                                                   \
+        a5_ = _mm512_fmadd_pd(d3_, d2_, a5_);                                                   \
+        a6_ = _mm512_add_pd(a6_, d6_);                                                          \
+        a7_ = _mm512_fmadd_pd(d6_, ad_, a7_);                                                   \
+    } while (0)
+#define LONG_CONVERT_MOMENTS(DT, IT, L)                                                         \
+    do {                                                                                        \
+        const int64_t k0_ = k < 256 ? k : 256;                                                  \
+        for (i = 0; i < k0_; i++) { /* the centre's candidates first */                         \
+            cand[i] = ((double)tf[i] - top) * a;                                                \
+            r0 += cand[i];                                                                      \
+        }                                                                                       \
+        r0 /= (double)k0_;                                                                      \
+        const __m512d r0v_ = _mm512_set1_pd(r0);                                                \
+        __m512d a1_ = _mm512_setzero_pd(), a2_ = a1_, a3_ = a1_, a4_ = a1_, a5_ = a1_, a6_ = a1_; \
+        __m512d a7_ = a1_, hi_ = a1_;                                                           \
+        for (i = 0; i + 8 <= k0_; i += 8) {                                                     \
+            const __m512d d1_ = _mm512_sub_pd(_mm512_loadu_pd(cand + i), r0v_);                 \
+            LONG_MOMENT_SUMS(d1_);                                                              \
+        }                                                                                       \
+        for (; i + L <= k; i += L) { /* (i == k0_ here: 256, or k0_ == k's whole vectors) */    \
             memcpy(&xv, tf + i, sizeof xv);                                                     \
             const DT dv = (__builtin_convertvector(xv, DT) - (double)top) * a;                  \
             memcpy(cand + i, &dv, sizeof dv);                                                   \
+            const __m512d d1_ = _mm512_sub_pd((__m512d)dv, r0v_);                               \
+            LONG_MOMENT_SUMS(d1_);                                                              \
         }                                                                                       \
-        for (; i < k; i++)                                                                      \
+        mom[0] = (double)k;                                                                     \
+        mom[1] = _mm512_reduce_add_pd(a1_);                                                     \
+        mom[2] = _mm512_reduce_add_pd(a2_);                                                     \
+        mom[3] = _mm512_reduce_add_pd(a3_);                                                     \
+        mom[4] = _mm512_reduce_add_pd(a4_);                                                     \
+        mom[5] = _mm512_reduce_add_pd(a5_);                                                     \
+        mom[6] = _mm512_reduce_add_pd(a6_);                                                     \
+        abs7 = _mm512_reduce_add_pd(a7_);                                                       \
+        dhi = _mm512_reduce_max_pd(hi_);                                                        \
+        for (; i < k; i++) { /* (the last ones; those below k0_ converted already: the same value) */ \
             cand[i] = ((double)tf[i] - top) * a;                                                \
+            const double d1 = cand[i] - r0, d2 = d1 * d1;                                       \
+            mom[1] += d1;                                                                       \
+            mom[2] += d2;                                                                       \
+            mom[3] += d2 * d1;                                                                  \
+            mom[4] += d2 * d2;                                                                  \
+            mom[5] += d2 * d2 * d1;                                                             \
+            mom[6] += d2 * d2 * d2;                                                             \
+            abs7 += fabs(d2 * d2 * d2 * d1);                                                    \
+            dhi = fabs(d1) > dhi ? fabs(d1) : dhi;                                              \
+        }                                                                                       \
+        moments_ = 1;                                                                           \
     } while (0)
 #endif
 
@@ -1210,21 +1311,24 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         tau = tau > -1.0 ? tau : -1.0;                                                          \
         const double lo = tau;                                                                  \
         POWER_PHASE(1);                                                                     \
+        double mom[POWER_SERIES_ORDER + 1], abs7 = 0.0, dlo = 0.0, dhi = 0.0, r0 = 0.0;           \
+        int moments_ = 0; /* the candidates' step set mom, abs7, dlo, dhi, r0 (LONG_CONVERT_MOMENTS) */ \
         { /* 3. the candidates above it */                                                      \
             const float cut = power_float_below((double)top + lo / a);                          \
-            LONG_CANDIDATES_##V(FT, IT32, DT, L, ANY);                                           \
+            LONG_CANDIDATES_##V(FT, IT32, DT, IT, L, ANY);                                          \
         }                                                                                       \
         POWER_PHASE(2);                                                                     \
         int coarse = max_iter >= POWER_COARSE_MIN_ITER && e <= POWER_COARSE_MAX_E               \
                      && k >= POWER_LONG_COARSE_MIN_K;                                           \
         if (k > len / 4) { /* a broad row: the candidates' mean bound, mean(z) - k^(-1/q) (the power\
                               mean: their sum [z - t]_+^q is at least 1 there), often the closer */\
-            double mom[POWER_SERIES_ORDER + 1], abs7, dlo = 0.0, dhi = 0.0, r0 = 0.0;            \
-            const int64_t k0 = k < 256 ? k : 256; /* the moments' centre: the first ones' mean */ \
-            for (int64_t i = 0; i < k0; i++)                                                    \
-                r0 += cand[i];                                                                  \
-            r0 /= (double)k0;                                                                   \
-            LONG_MOMENTS(DT, IT, L);                                                             \
+            if (!moments_) { /* (the W512 candidates' step took them) */                          \
+                const int64_t k0 = k < 256 ? k : 256; /* the moments' centre: the first ones' mean */ \
+                for (int64_t i = 0; i < k0; i++)                                                \
+                    r0 += cand[i];                                                              \
+                r0 /= (double)k0;                                                               \
+                LONG_MOMENTS(DT, IT, L);                                                        \
+            }                                                                                   \
             const double m1 = mom[1] / (double)k, mean = r0 + m1, gap = pow((double)k, -a);      \
             double mb = mean - gap;                                                             \
             const double var = mom[2] / (double)k - m1 * m1;                                    \
@@ -1241,7 +1345,8 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
             const double spread = fabs(dlo) > dhi ? fabs(dlo) : dhi;                            \
             double u = 0.0;                                                                     \
             if (spread < gap) {                                                                 \
-                LONG_MOMENTS_HIGH(DT, IT, L);                                                   \
+                if (!moments_)                                                                  \
+                    LONG_MOMENTS_HIGH(DT, IT, L);                                               \
                 u = power_series_root(mom, abs7, qr, gap, spread, rtol);                        \
             }                                                                                   \
             /* less half the tolerance: below the root where the truncation is as estimated, \
