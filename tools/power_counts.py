@@ -6,7 +6,8 @@ pseudo-row where a broad row takes it), the candidates after the bound,
 the coarse (float) passes and their entries, the double passes of powers and their entries, and
 the support's size; then the thousands of time stamp counter ticks a row spends in each phase (the
 maximum, the bound, the candidates, the start (moments, series), the coarse steps, the Newton
-loop, the output) on x86-64 (a shared machine disturbs them: compare within one run).
+loop, the output) on x86-64: the minimum over ``--reps`` calls of each phase's mean per row (a
+shared machine's preemptions land in one phase of one call: compare within one run).
 
     python tools/power_counts.py --shapes 256x8000,64x32000 --alphas 1.25,1.3,1.7,1.9 --spreads 0.01,0.03,0.1,0.3,1
 """
@@ -29,6 +30,7 @@ def main() -> None:
     ap.add_argument("--alphas", default="1.25,1.3,1.7,1.9")
     ap.add_argument("--spreads", default="0.01,0.03,0.1,0.3,1")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reps", type=int, default=5, help="calls a setting; each phase's ticks: their minimum")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         lib = _native.load(_native.build(Path(tmp), defines=["NMT_POWER_COUNTS"]))
@@ -45,12 +47,15 @@ def main() -> None:
         for alpha in (float(a) for a in args.alphas.split(",")):
             for spread in (float(s) for s in args.spreads.split(",")):
                 _native.power_probs(base * spread, alpha - 1, 200, eps, False)  # (the allocator's first)
-                for i in range(16):
-                    counts[i] = 0.0
-                if _native.power_probs(base * spread, alpha - 1, 200, eps, False) is None or counts[0] == 0:
-                    sys.exit("the diagnostic build does not serve here (no vector extensions)")
-                v = [counts[i] / counts[0] for i in range(16)]
-                ticks = [v[8]] + [v[8 + i] - v[7 + i] for i in range(1, 7)]  # each phase's own
+                ticks = None
+                for _ in range(max(1, args.reps)):
+                    for i in range(16):
+                        counts[i] = 0.0
+                    if _native.power_probs(base * spread, alpha - 1, 200, eps, False) is None or counts[0] == 0:
+                        sys.exit("the diagnostic build does not serve here (no vector extensions)")
+                    v = [counts[i] / counts[0] for i in range(16)]
+                    own = [v[8]] + [v[8 + i] - v[7 + i] for i in range(1, 7)]  # each phase's own
+                    ticks = own if ticks is None else [min(t, o) for t, o in zip(ticks, own)]
                 print(f"  alpha {alpha:g} spread {spread:g}: {v[1]:.1f} | {v[2]:.0f} | {v[3]:.2f}, {v[4]:.0f} | "
                       f"{v[5]:.2f}, {v[6]:.0f} | {v[7]:.0f} || " + " ".join(f"{t / 1e3:.1f}" for t in ticks))
 
