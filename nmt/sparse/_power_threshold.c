@@ -109,11 +109,18 @@
    functions built for it): 2^(e log2 d) by tables of 16 entries held in registers (vpermt2pd) and
    short polynomials, where VLOG2 / VEXP2 take a division and 25 more operations. log2 d: d = m 2^k
    (getexp / getmant, m in [1, 2)), m's top four mantissa bits pick c_i near m (inv_i = 1/c_i
-   rounded, lc_i = -log2(inv_i)), r = m inv_i - 1 (|r| <= 1/32, one fused rounding), log2(1 + r) by
-   its series to r^9 (truncation 4e-15); 2^y: y rounded to sixteenths (y = n/16 + f, |f| <= 1/32),
-   2^(n mod 16 / 16) from a table, 2^f by its series to degree 7 (truncation 3e-17), scaled by
-   2^floor(n/16) (scalef); 0 where y < -1022 (as VEXP2). Relative error about 1e-14 (1e-13 where
-   |e log2 d| reaches 1000): below VLOG2 / VEXP2's. */
+   rounded, lc_i = -log2(inv_i)), r = m inv_i - 1 (|r| <= 1/32, one fused rounding), log2(1 + r) =
+   r P(r) by a polynomial of degree 8 (P of degree 7); 2^y: y rounded to sixteenths (y = n/16 + f,
+   |f| <= 1/32), 2^(n mod 16 / 16) from a table, 2^f by a polynomial of degree 6, scaled by
+   2^floor(n/16) (scalef, which floors its exponent itself); 0 where y < -1022 (as VEXP2). The two polynomials are the Taylor series
+   (ln(1 + r) to r^16, e^(f ln 2) to f^17) economised on |r|, |f| <= 1/32 (Chebyshev, in exact
+   rationals: tests/sparse/test_power_polynomials.py derives them and their bounds): the terms dropped
+   (T_9 .. T_16 of ln(1 + r) and its constant, T_7 .. T_17 of 2^f) sum to at most 1.9e-17 in log2 d
+   and 7.0e-18 relative in 2^f; the Taylor tails left out, below 2e-27; the coefficients' rounding
+   to doubles, some 5e-18. Against the series to r^9 and f^7 of before (truncation 1.3e-16 and 9e-21)
+   one fused multiply-add fewer in each. Relative error of d^e about 1e-14 (1e-13 where
+   |e log2 d| reaches 1000: the rounding of y = e log2 d, ln 2 |y| eps, sets it): below VLOG2 /
+   VEXP2's. */
 static const double POW512_INV[16] __attribute__((unused)) = {
     0.9696969696969697, 0.9142857142857143, 0.8648648648648649, 0.8205128205128205, 0.7804878048780488,
     0.7441860465116279, 0.7111111111111111, 0.6808510638297872, 0.6530612244897959, 0.6274509803921569,
@@ -141,32 +148,33 @@ static const double POW512_T2[16] __attribute__((unused)) = {
         const __m512i i_ = _mm512_srli_epi64(_mm512_castpd_si512(m_), 48);                      \
         const __m512d r_ = _mm512_fmsub_pd(m_, _mm512_permutex2var_pd(inv_lo_, i_, inv_hi_),    \
                                            _mm512_set1_pd(1.0));                                \
-        __m512d p_ = _mm512_set1_pd(0.1602994489876626);                                        \
-        p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(-0.18033688011112042));                     \
-        p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(0.2060992915555662));                       \
-        p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(-0.2404491734814939));                      \
-        p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(0.28853900817779266));                      \
-        p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(-0.36067376022224085));                     \
-        p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(0.4808983469629878));                       \
-        p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(-0.7213475204444817));                      \
-        p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(1.4426950408889634));                       \
+        __m512d p_ = _mm512_set1_pd(-0.18068957407880373);                                      \
+        p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(0.20645194244349427));                      \
+        p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(-0.24044887197230908));                     \
+        p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(0.2885387497834289));                       \
+        p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(-0.36067376032742243));                     \
+        p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(0.48089834703309603));                      \
+        p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(-0.7213475204444688));                      \
+        p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(1.4426950408889583));                       \
         const __m512d lg_ = _mm512_fmadd_pd(p_, r_, _mm512_add_pd(k_, _mm512_permutex2var_pd(lc_lo_, i_, lc_hi_))); \
         const __m512d y_ = _mm512_mul_pd(e, lg_);                                               \
         const __mmask8 under_ = _mm512_cmp_pd_mask(y_, _mm512_set1_pd(-1022.0), _CMP_LT_OQ);    \
-        const __m512d n_ = _mm512_roundscale_pd(y_, 0x40 | _MM_FROUND_TO_NEAREST_INT); /* 1/16ths */ \
+        /* y rounded to sixteenths by adding 1.5 * 2^48 (a unit in its last place: 1/16; |y| < 2^47, \
+           the others are masked or overflow as before): 16 n mod 16 in its last four bits, the \
+           table's index (vpermt2pd reads an index's low four bits) */                         \
+        const __m512d sh_ = _mm512_add_pd(y_, _mm512_set1_pd(422212465065984.0));              \
+        const __m512d n_ = _mm512_sub_pd(sh_, _mm512_set1_pd(422212465065984.0));               \
         const __m512d f_ = _mm512_sub_pd(y_, n_);                                               \
-        const __m512i j_ = _mm512_cvtpd_epi64(_mm512_mul_pd(n_, _mm512_set1_pd(16.0)));         \
-        __m512d x_ = _mm512_set1_pd(1.5252733804059841e-05);                                    \
-        x_ = _mm512_fmadd_pd(x_, f_, _mm512_set1_pd(0.0001540353039338161));                    \
-        x_ = _mm512_fmadd_pd(x_, f_, _mm512_set1_pd(0.0013333558146428443));                    \
-        x_ = _mm512_fmadd_pd(x_, f_, _mm512_set1_pd(0.009618129107628477));                     \
-        x_ = _mm512_fmadd_pd(x_, f_, _mm512_set1_pd(0.05550410866482158));                      \
-        x_ = _mm512_fmadd_pd(x_, f_, _mm512_set1_pd(0.24022650695910072));                      \
-        x_ = _mm512_fmadd_pd(x_, f_, _mm512_set1_pd(0.6931471805599453));                       \
+        const __m512i j_ = _mm512_castpd_si512(sh_);                                            \
+        __m512d x_ = _mm512_set1_pd(0.00015403788510250262);                                    \
+        x_ = _mm512_fmadd_pd(x_, f_, _mm512_set1_pd(0.0013333818815449907));                    \
+        x_ = _mm512_fmadd_pd(x_, f_, _mm512_set1_pd(0.009618129106053053));                     \
+        x_ = _mm512_fmadd_pd(x_, f_, _mm512_set1_pd(0.05550410865209356));                      \
+        x_ = _mm512_fmadd_pd(x_, f_, _mm512_set1_pd(0.24022650695910103));                      \
+        x_ = _mm512_fmadd_pd(x_, f_, _mm512_set1_pd(0.6931471805599468));                       \
         x_ = _mm512_fmadd_pd(x_, f_, _mm512_set1_pd(1.0));                                      \
         x_ = _mm512_mul_pd(x_, _mm512_permutex2var_pd(t2_lo_, j_, t2_hi_));                     \
-        (out) = _mm512_maskz_scalef_pd((__mmask8)((keep) & ~under_), x_,                        \
-                                       _mm512_roundscale_pd(n_, _MM_FROUND_TO_NEG_INF));        \
+        (out) = _mm512_maskz_scalef_pd((__mmask8)((keep) & ~under_), x_, n_); /* x 2^floor(n) */ \
     } while (0)
 /* POW_GEN's form for eight doubles in the AVX-512 functions (DT: nmt_f64x8) */
 #define POW_W512(DT, IT, d, e, out)                                                             \
@@ -1229,11 +1237,19 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
     } while (0)
 
 /* Step 5's loop eight candidates at a time (W512: the AVX-512 functions; the same products and
-   roundings as the loop entry by entry, written by scatters; the sums in vectors, where one by
+   roundings as the loop entry by entry, written by scatters; the sums (only where the stats are
+   asked for) in vectors, where one by
    one they were a chain of dependent adds: 1.1 ns a candidate on a broad row); GEN: none */
 #define LONG_OUTPUT_GEN ((void)0)
 #ifdef NMT_WIDE_AVX512
 #define LONG_OUTPUT_W512                                                                        \
+    do {                                                                                        \
+        if (st)                                                                                 \
+            LONG_OUTPUT_EIGHTS(1);                                                              \
+        else /* (no stats asked for: no sums, r converted only where written) */               \
+            LONG_OUTPUT_EIGHTS(0);                                                              \
+    } while (0)
+#define LONG_OUTPUT_EIGHTS(SUMS)                                                                \
     do {                                                                                        \
         const __m512d tv_ = _mm512_set1_pd(tau), iv_ = _mm512_set1_pd(inv);                    \
         __m512d ps_ = _mm512_setzero_pd(), prs_ = ps_;                                          \
@@ -1242,24 +1258,25 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
             const __mmask8 in_ = _mm512_cmp_pd_mask(c_, tv_, _CMP_GT_OQ);                       \
             const __m512d d_ = _mm512_maskz_sub_pd(in_, c_, tv_);                               \
             const __m256 pf_ = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(w_, d_), iv_));      \
-            const __m256 rf_ = _mm512_cvtpd_ps(d_);                                             \
             if (k == len) { /* every entry a candidate: idx[i] = i, stored in place */           \
                 _mm256_storeu_ps(pr + i, pf_);                                                  \
                 if (rr)                                                                         \
-                    _mm256_storeu_ps(rr + i, rf_);                                              \
+                    _mm256_storeu_ps(rr + i, _mm512_cvtpd_ps(d_));                              \
                 if (wr)                                                                         \
                     _mm256_storeu_ps(wr + i, _mm512_cvtpd_ps(w_));                              \
             } else {                                                                            \
                 const __m256i ix_ = _mm256_loadu_si256((const __m256i *)(idx + i));             \
                 _mm256_i32scatter_ps(pr, ix_, pf_, 4);                                          \
                 if (rr)                                                                         \
-                    _mm256_i32scatter_ps(rr, ix_, rf_, 4);                                      \
+                    _mm256_i32scatter_ps(rr, ix_, _mm512_cvtpd_ps(d_), 4);                      \
                 if (wr)                                                                         \
                     _mm256_i32scatter_ps(wr, ix_, _mm512_cvtpd_ps(w_), 4);                      \
             }                                                                                   \
-            const __m512d pd_ = _mm512_cvtps_pd(pf_);                                           \
-            ps_ = _mm512_add_pd(ps_, pd_);                                                      \
-            prs_ = _mm512_add_pd(prs_, _mm512_mul_pd(pd_, _mm512_cvtps_pd(rf_)));               \
+            if (SUMS) {                                                                         \
+                const __m512d pd_ = _mm512_cvtps_pd(pf_);                                       \
+                ps_ = _mm512_add_pd(ps_, pd_);                                                  \
+                prs_ = _mm512_add_pd(prs_, _mm512_mul_pd(pd_, _mm512_cvtps_pd(_mm512_cvtpd_ps(d_)))); \
+            }                                                                                   \
         }                                                                                       \
         psum += _mm512_reduce_add_pd(ps_);                                                      \
         prsum += _mm512_reduce_add_pd(prs_);                                                    \
