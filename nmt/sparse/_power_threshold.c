@@ -28,9 +28,13 @@
  * at (float64 rows keep the torch loop). exp2 below 2^-1022 gives 0. The long rows' loop in the
  * AVX-512 functions takes its powers from 16-entry tables in registers and shorter polynomials
  * with fused multiply-adds (POW512: about 1e-14; a pass over 8,000 candidates 1.9x faster alone,
- * 8.5 -> 5.6 ms for 512 such rows), and writes its output eight candidates at a time.
+ * 8.5 -> 5.6 ms for 512 such rows; economised polynomials, one FMA fewer in each, and the sums with
+ * mask registers, LONG_SUMS_W512: some 2.9 -> 2.1 time stamp ticks an entry), and writes its output
+ * eight candidates at a time.
  * Broad long rows whose every candidate is in the support start the loop from the root of their
- * moments' binomial series (power_series_root), one pass of powers then settling them; the coarse
+ * moments' binomial series (power_series_root), one pass of powers then settling them (the
+ * moments taken while the candidates are converted in the AVX-512 functions: LONG_CONVERT_MOMENTS,
+ * no pass of their own); the coarse
  * float passes of long rows drop the entries below their tau as they go and, in the AVX-512
  * functions, take their powers from register tables (COARSE_ACCUMULATE_W512). A diagnostic build
  * (NMT_POWER_COUNTS, tools/power_counts.py) counts the long rows' passes and times their phases.
