@@ -99,19 +99,39 @@ def compiled_vs_eager():
     return run
 
 
+@pytest.fixture(scope="session")
+def native_variant(tmp_path_factory):
+    """``variant(define) -> ctypes.CDLL``: the native library compiled with the preprocessor name
+    ``define`` (``NMT_NO_AVX512``, ``NMT_NO_AVX2``, ``NMT_ROWS_ONLY``, ``NMT_POWER_COUNTS``), built
+    once a session into a directory of its own and loaded: every test module asking for a variant
+    gets the same build (a compiler run costs 1.5-4 s; nine modules asked for three each). The
+    handle is shared, so a test that reads a build's global counters (``nmt_power_counts``) sets
+    them to zero first. Callers skip first where there is no compiler or library."""
+    from nmt.sparse import _native
+
+    built: dict = {}
+
+    def variant(define: str):
+        if define not in built:
+            built[define] = _native.load(_native.build(tmp_path_factory.mktemp(define), defines=[define]))
+        return built[define]
+
+    return variant
+
+
 @pytest.fixture(scope="module", params=["default", "NMT_NO_AVX512", "NMT_NO_AVX2", "NMT_ROWS_ONLY"])
-def native_build(request, tmp_path_factory):
+def native_build(request, native_variant):
     """The native library as built for this machine, then built without its 512-bit vector paths
     (``NMT_NO_AVX512``), without its 256- and 512-bit ones (``NMT_NO_AVX2``) and without vectors
     (``NMT_ROWS_ONLY``): every path the C code can take (the wide ones where this processor has
-    them)."""
+    them). The narrower builds come from :func:`native_variant` (built once a session)."""
     from nmt.sparse import _native
 
     if not _native.available():
         pytest.skip("native library not built")
     if request.param == "default":
         return _native.library()
-    return _native.load(_native.build(tmp_path_factory.mktemp(request.param), defines=[request.param]))
+    return native_variant(request.param)
 
 
 def _subprocess_env(**extra: str) -> dict:

@@ -77,11 +77,11 @@ def test_rows_split_over_threads_give_the_same_bits(monkeypatch, dtype, q, scale
 
 
 @pytest.fixture(scope="module")
-def rows_only_library(tmp_path_factory):
+def rows_only_library(native_variant):
     """The library built without its vector path (every row solved by itself)."""
     if _native._compiler() is None:
         pytest.skip("no C compiler")
-    return _native.load(_native.build(tmp_path_factory.mktemp("rows_only"), defines=["NMT_ROWS_ONLY"]))
+    return native_variant("NMT_ROWS_ONLY")
 
 
 @needs_library

@@ -90,14 +90,14 @@ def test_rows_that_break_the_normal_model_equal_the_bisection(native_build, monk
     assert bool(((support < n) & (support > n // 2)).any())  # rows partly out of the support were met
 
 
-def test_the_normal_start_drops_the_coarse_passes_on_normal_rows(tmp_path):
+def test_the_normal_start_drops_the_coarse_passes_on_normal_rows(native_variant):
     """The diagnostic build (``NMT_POWER_COUNTS``): normal scores of deviation 0.1 (8,000 entries)
     at alphas 1.25 and 1.3, some 4% of them out of the support at 1.3, take no coarse pass and at
     most 2.25 double passes a row on average (from the power mean's bound: up to two coarse and two
     double passes), with the default build's outputs and the bisection's thresholds."""
     if not _native.available():
         pytest.skip("native library not built")
-    lib = _native.load(_native.build(tmp_path, defines=["NMT_POWER_COUNTS"]))
+    lib = native_variant("NMT_POWER_COUNTS")
     counts = (ctypes.c_double * 16).in_dll(lib, "nmt_power_counts")
     g = torch.Generator().manual_seed(7)
     x = torch.randn(16, 8000, generator=g) * 0.1

@@ -104,14 +104,14 @@ def test_broad_rows_from_the_series_start_equal_the_bisection(native_build, monk
     assert int((p > 0).sum(dim=-1).max()) == n  # rows all in the support were met
 
 
-def test_the_series_start_settles_normal_output_rows_in_one_pass(tmp_path):
+def test_the_series_start_settles_normal_output_rows_in_one_pass(native_variant):
     """The diagnostic build (``NMT_POWER_COUNTS``) counts the long rows' passes: normal scores of
     deviation 0.01 and 0.03 (8,000 entries) and 0.01 (32,000) at alpha 1.25 and 1.3, every entry
     in the support, take one double pass of powers a row and no coarse pass (the loop from the
     power mean's bound took two of each), with the same outputs as the default build."""
     if not _native.available():
         pytest.skip("native library not built")
-    lib = _native.load(_native.build(tmp_path, defines=["NMT_POWER_COUNTS"]))
+    lib = native_variant("NMT_POWER_COUNTS")
     counts = (ctypes.c_double * 16).in_dll(lib, "nmt_power_counts")
     g = torch.Generator().manual_seed(5)
     for n, spreads in ((8000, (0.01, 0.03)), (32000, (0.01,))):
