@@ -7,8 +7,6 @@ import os
 import random
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -205,18 +203,19 @@ def test_config_errors_name_the_key(task, tmp_path, sides, key, match):
     assert str(err.value).startswith(f"w.yaml: {key}") and "\n" not in str(err.value)
 
 
-def test_nmt_train_cli_trains_and_resumes_with_sampling(task, tmp_path):
+def test_nmt_train_cli_trains_and_resumes_with_sampling(task, tmp_path, monkeypatch):
+    """nmt-train's main() (in this process: the entry point as a user's process runs it is
+    tests/cli/test_train_cli.py's smoke test) trains with sampling, then resumes into epoch 1."""
+    from nmt.cli.train import main
+
     config = words_config(task, tmp_path / "run", max_steps=4, valid_every=4)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    run = lambda *extra: subprocess.run([sys.executable, "-m", "nmt.cli.train", "-config", str(tmp_path / "c.yaml"),
-                                         *extra], capture_output=True, text=True, env=env, cwd=tmp_path)
-    first = run()
-    assert first.returncode == 0, first.stderr[-2000:]
+    monkeypatch.chdir(tmp_path)
+    run = lambda *extra: main(["-config", str(tmp_path / "c.yaml"), *extra])
+    assert run() == 0
     log = (tmp_path / "run" / "train.log").read_text()
     assert "epoch 0 segmentation (subword sampling" in log
-    second = run("-set", "training.max_steps=8")
-    assert second.returncode == 0, second.stderr[-2000:]
+    assert run("-set", "training.max_steps=8") == 0
     log = (tmp_path / "run" / "train.log").read_text()
     assert "resumed from" in log and "epoch 1 segmentation (subword sampling" in log
     assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 8
@@ -286,7 +285,7 @@ def test_tokens_per_second_leaves_out_the_epochs_segmentation_time(task, tmp_pat
             time_module.sleep(2.0)
         return for_epoch(self, seed, epoch)
     monkeypatch.setattr(ResampledPairs, "for_epoch", slow)
-    t = trainer(task, tmp_path / "run", max_steps=12, log_every=12, valid_every=100, batch_size=16)
+    t = trainer(task, tmp_path / "run", max_steps=7, log_every=7, valid_every=100, batch_size=16)
     tokens, seconds = [], []
     step = t.train_step
 
@@ -298,10 +297,10 @@ def test_tokens_per_second_leaves_out_the_epochs_segmentation_time(task, tmp_pat
         return result
     monkeypatch.setattr(t, "train_step", timed)
     t.train()
-    assert t.progress.epoch >= 3  # the window of 12 steps spans at least two slowed segmentations
+    assert t.progress.epoch >= 2  # the window of 7 steps (3 an epoch) spans two slowed segmentations
     speeds = [float(m.group(1)) for r in caplog.records
-              if (m := re.search(r"step 12 \(epoch \d+\): .*, ([0-9.]+) tokens/s", r.getMessage()))]
-    assert len(speeds) == 1 and len(tokens) == 12
+              if (m := re.search(r"step 7 \(epoch \d+\): .*, ([0-9.]+) tokens/s", r.getMessage()))]
+    assert len(speeds) == 1 and len(tokens) == 7
     assert sum(tokens) / speeds[0] < sum(seconds) + 1.5, (sum(tokens), speeds, sum(seconds))
 
 
