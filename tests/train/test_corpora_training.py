@@ -8,8 +8,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -24,8 +22,6 @@ from nmt.data.dataset import ParallelDataset, read_parallel
 from nmt.train.trainer import Trainer
 from ddp_workers import gloo_config, ranks_fixture
 from tiny_task import assert_same_run, tiny_config, write_task
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -191,28 +187,32 @@ def test_subword_sampling_weights_each_epochs_segmentation(tmp_path, monkeypatch
     assert start == len(seen)
 
 
-def test_nmt_train_and_translate_with_two_corpora(corpora, tmp_path):
+def test_nmt_train_and_translate_with_two_corpora(corpora, tmp_path, capsys, monkeypatch):
+    """nmt-train's and nmt-translate's main() (in this process: tests/cli's smoke tests run the
+    entry points as a user's processes do) with two weighted corpora; a missing second corpus is
+    one line naming data.train[1].src."""
+    from nmt.cli import train as train_cli
+    from nmt.cli import translate as translate_cli
+
     cfg = config(corpora, tmp_path / "run", max_steps=None, max_epochs=2)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = lambda module, *args: subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
-                                               env=env, cwd=tmp_path)
-    trained = run("nmt.cli.train", "-config", str(tmp_path / "c.yaml"))
-    assert trained.returncode == 0, trained.stderr[-2000:]
+    monkeypatch.chdir(tmp_path)
+    assert train_cli.main(["-config", str(tmp_path / "c.yaml")]) == 0, capsys.readouterr().err[-2000:]
     log = (tmp_path / "run" / "train.log").read_text()
     bt = corpora["train"][1]
     assert "train corpus real: kept 24 of 24 pairs (skipped 0), weight 2, 48 examples per epoch" in log
     assert f"train corpus {bt['src']}, {bt['tgt']}: kept 30 of 30 pairs (skipped 0), weight 0.5, 15 examples per epoch" in log
     assert "training finished (max_epochs) at step 16 (epoch 2)" in log  # 63 examples: 8 batches of 8
-    translated = run("nmt.cli.translate", "-model", str(tmp_path / "run" / "best.pt"), "-src", corpora["valid"]["src"])
-    assert translated.returncode == 0, translated.stderr[-2000:]
-    assert len(translated.stdout.splitlines()) == len(Path(corpora["valid"]["src"]).read_text().splitlines())
+    capsys.readouterr()
+    code = translate_cli.main(["-model", str(tmp_path / "run" / "best.pt"), "-src", corpora["valid"]["src"]])
+    translated = capsys.readouterr()
+    assert code == 0, translated.err[-2000:]
+    assert len(translated.out.splitlines()) == len(Path(corpora["valid"]["src"]).read_text().splitlines())
     cfg["data"]["train"][1]["src"] = str(tmp_path / "missing.src")
     cfg["training"]["save_dir"] = str(tmp_path / "other")
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
-    failed = run("nmt.cli.train", "-config", str(tmp_path / "c.yaml"))
-    assert failed.returncode != 0
-    error = failed.stderr.strip().splitlines()
+    assert train_cli.main(["-config", str(tmp_path / "c.yaml")]) != 0
+    error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "data.train[1].src: " in error[0] and "missing.src: file not found" in error[0]
 
 
