@@ -75,8 +75,48 @@ def _interpreter_takes_numpy_24_indices() -> None:
     interpreter._patch_lang_tensor = patched
 
 
+def _interpreter_patches_the_language_once_a_launch() -> None:
+    """Triton's interpreter patches ``triton.language`` for interpretation (``_patch_lang``:
+    ``inspect.getmembers`` over tl / tl.core, their tensor class, math, ...) at every launch, and
+    again at every call of a jit function from inside a kernel (``InterpretedFunction.__call__``:
+    each ``tl.max`` / ``tl.sum`` of every bisection step), where the patches are already in place
+    (nothing restores that second scope). That was half of this file's time (cProfile of
+    test_fused_index_losses_equal_static[2]: 25 of 53 s in 8,847 patches for 66 launches). Here a
+    call of ``_patch_lang`` is skipped (an empty scope) where every attribute that the last real
+    patch for the same language modules set still holds the value it set (identity): the
+    interpreter's state is then the one the patch would make; otherwise it patches as before. The
+    kernels run the same interpreted code; the test below checks that a launch leaves the language
+    as the interpreter's own patching does. Idempotent; nothing where the interpreter's patching
+    has another form (Triton < 3.7 without ``_LangPatchScope``)."""
+    import inspect
+
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang", None)
+    scope_class = getattr(interpreter, "_LangPatchScope", None)
+    if patch is None or scope_class is None or getattr(patch, "nmt_once", False) \
+            or not hasattr(scope_class(), "_changes"):
+        return
+    langs = (triton.language, triton.language.core)
+    last: dict = {}  # the language modules a function sees -> [(object, name, value set)]
+
+    def patched(fn):
+        key = frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in langs)
+        done = last.get(key)
+        if done is not None and all(getattr(obj, name, None) is value for obj, name, value in done):
+            return scope_class()
+        scope = patched.nmt_original(fn)  # the interpreter's own
+        last[key] = [(obj, name, getattr(obj, name, None)) for obj, name, _ in scope._changes]
+        return scope
+
+    patched.nmt_once = True
+    patched.nmt_original = patch
+    interpreter._patch_lang = patched
+
+
 if INTERPRETED:
     _interpreter_takes_numpy_24_indices()
+    _interpreter_patches_the_language_once_a_launch()
 RUNNABLE = ON_CUDA != INTERPRETED  # CUDA with compiled kernels, or CPU with the interpreter
 DEVICE = "cuda" if ON_CUDA else "cpu"
 NINF = float("-inf")
@@ -113,6 +153,73 @@ def test_module_in_fresh_process(subprocess_env):
                           __file__], cwd=ROOT, env=subprocess_env(TRITON_INTERPRET="1"),
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+
+
+def test_a_launch_patches_the_language_as_the_interpreter_does(monkeypatch):
+    """``_interpreter_patches_the_language_once_a_launch``: entmax_bisect(1.3) with the kernels
+    (a bisection: many calls of library jit functions from inside the kernel) gives bit-equal
+    outputs with the skipping patch and with the interpreter's own patching at every call, run
+    first; a launch leaves every attribute of ``triton.language``, its dtype class and its math
+    module as it found them (identity: the launch's patches restored) and, with the skipping patch,
+    those of its tensor class too (the interpreter's own patching leaves some of tl.core's patches
+    of that class behind: added or replaced attributes); and the skipping patch really patches at
+    most twice a launch (the launch, the first library call) where the interpreter's own patches at
+    every call."""
+    from triton.runtime import interpreter
+
+    patch = interpreter._patch_lang
+    if not INTERPRETED or not getattr(patch, "nmt_once", False):
+        pytest.skip("the kernels run compiled, or the interpreter's patching has another form")
+    lang = triton.language
+    owners = (lang, lang.tensor, lang.dtype, lang.math)
+    x = rows(50)
+    real: list = []
+    original = patch.nmt_original
+
+    def counted(fn):
+        real.append(fn)
+        return original(fn)
+
+    outputs = {}
+    for mode in ("interpreter", "once"):
+        monkeypatch.setattr(interpreter, "_patch_lang", counted if mode == "interpreter" else patch)
+        monkeypatch.setattr(patch, "nmt_original", counted)
+        before = [dict(vars(owner)) for owner in owners]
+        real.clear()
+        launches, fn_calls = count_launches_and_calls(lambda: outputs.__setitem__(mode, entmax_bisect(x, 1.3, impl="triton")))
+        after = [dict(vars(owner)) for owner in owners]
+        for owner, was, now in zip(owners, before, after):
+            assert was.keys() <= now.keys(), (mode, owner)  # nothing removed
+            if mode == "once" or owner is not lang.tensor:
+                assert was.keys() == now.keys() and all(was[k] is now[k] for k in was), (mode, owner)
+        assert launches >= 1 and fn_calls > 10 * launches, (launches, fn_calls)
+        if mode == "interpreter":
+            assert len(real) == launches + fn_calls
+        else:
+            assert len(real) <= 2 * launches, (len(real), launches, fn_calls)
+        monkeypatch.undo()
+    assert torch.equal(outputs["once"], outputs["interpreter"])
+
+
+def count_launches_and_calls(run) -> tuple[int, int]:
+    """``run()`` with the interpreter's kernel launches (``GridExecutor.__call__``) and calls of
+    jit functions from inside kernels (``InterpretedFunction.__call__``) counted."""
+    from triton.runtime import interpreter
+
+    counts = [0, 0]
+    originals = (interpreter.GridExecutor.__call__, interpreter.InterpretedFunction.__call__)
+
+    def counting(i):
+        def call(self, *args, **kwargs):
+            counts[i] += 1
+            return originals[i](self, *args, **kwargs)
+        return call
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(interpreter.GridExecutor, "__call__", counting(0))
+        mp.setattr(interpreter.InterpretedFunction, "__call__", counting(1))
+        run()
+    return counts[0], counts[1]
 
 
 def rows(n: int, seed: int = 0) -> torch.Tensor:
