@@ -19,7 +19,7 @@ import numpy as np
 
 from nmt.data.errors import DataError
 from nmt.data.id_arrays import ArrayParallelDataset, RaggedIds
-from nmt.data.unknown_tokens import UnkCounts, describe_unk
+from nmt.data.unknown_tokens import UnkCounts, kept_pairs_line
 
 
 class _ChainedRows:
@@ -75,8 +75,7 @@ class ConcatenatedArrays:
 
     def summary(self) -> str:
         """The line of :meth:`ArrayParallelDataset.summary`, over all corpora."""
-        return (f"kept {len(self)} of {self.n_input} pairs (skipped {self.skipped['empty']} empty, "
-                f"{self.skipped['too_long']} too long){describe_unk(self.unk_tokens)}")
+        return kept_pairs_line(len(self), self.n_input, self.skipped, self.unk_tokens)
 
 
 __all__ = ["ConcatenatedArrays"]

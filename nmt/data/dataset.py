@@ -12,7 +12,7 @@ from pathlib import Path
 from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.data.textfiles import PathLike, read_lines
-from nmt.data.unknown_tokens import UnkCounts, count_unk, describe_unk
+from nmt.data.unknown_tokens import UnkCounts, count_unk, kept_pairs_line
 
 
 def read_parallel(src_path: PathLike, tgt_path: PathLike) -> list[tuple[str, str]]:
@@ -106,10 +106,7 @@ class ParallelDataset:
     def summary(self) -> str:
         """One log line, e.g. ``kept 5990 of 6000 pairs (skipped 2 empty, 8 too long)``, followed
         by ``; <unk>: target 40 of 27000 tokens (0.1%)`` where a side has tokens outside its vocabulary."""
-        return (
-            f"kept {len(self)} of {self.n_input} pairs (skipped {self.skipped['empty']} empty, "
-            f"{self.skipped['too_long']} too long){describe_unk(self.unk_tokens)}"
-        )
+        return kept_pairs_line(len(self), self.n_input, self.skipped, self.unk_tokens)
 
 
 class SourceDataset:

@@ -35,7 +35,7 @@ import numpy as np
 from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.data.textfiles import PathLike, iter_lines
-from nmt.data.unknown_tokens import UnkCounts, describe_unk
+from nmt.data.unknown_tokens import UnkCounts, kept_pairs_line
 from nmt.utils.allocator import release_freed_memory
 from nmt.utils.io import atomic_directory
 
@@ -94,8 +94,7 @@ class ArrayParallelDataset:
     def summary(self) -> str:
         """One log line, e.g. ``kept 5990 of 6000 pairs (skipped 2 empty, 8 too long)``, followed
         by ``; <unk>: target 40 of 27000 tokens (0.1%)`` where a side has tokens outside its vocabulary."""
-        return (f"kept {len(self)} of {self.n_input} pairs (skipped {self.skipped['empty']} empty, "
-                f"{self.skipped['too_long']} too long){describe_unk(self.unk_tokens)}")
+        return kept_pairs_line(len(self), self.n_input, self.skipped, self.unk_tokens)
 
 
 def cache_key(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_field: Field,

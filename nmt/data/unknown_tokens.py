@@ -32,4 +32,12 @@ def describe_unk(counts: UnkCounts | None) -> str:
     return f"; <unk>: {shares}" if shares else ""
 
 
-__all__ = ["UnkCounts", "count_unk", "describe_unk", "unk_shares"]
+def kept_pairs_line(kept: int, n_input: int, skipped: dict[str, int], counts: UnkCounts | None) -> str:
+    """A dataset's log line, e.g. ``kept 5990 of 6000 pairs (skipped 2 empty, 8 too long)``, followed
+    by :func:`describe_unk`'s clause (``; <unk>: target 40 of 27000 tokens (0.1%)``) where a side has
+    tokens outside its vocabulary. ``skipped`` holds the counts under ``"empty"`` and ``"too_long"``."""
+    return (f"kept {kept} of {n_input} pairs (skipped {skipped['empty']} empty, "
+            f"{skipped['too_long']} too long){describe_unk(counts)}")
+
+
+__all__ = ["UnkCounts", "count_unk", "describe_unk", "kept_pairs_line", "unk_shares"]

@@ -4,8 +4,6 @@ grid, exponential against a simulation that multiplies the rate at the decay upd
 errors naming the key, and in training: applied updates with accumulation, resume equality."""
 import json
 import math
-import os
-import signal
 
 import numpy as np
 import pytest
@@ -14,7 +12,7 @@ import torch
 from nmt.config import ConfigError, resolve_config
 from nmt.train.schedules import NoamSchedule, build_schedule
 from nmt.train.trainer import Trainer
-from tiny_task import tiny_config, write_task
+from tiny_task import lr_run, tiny_config, write_task
 
 BASE = 0.01
 DEFAULTS = {"type": "plateau", "warmup_steps": 0, "decay_factor": 0.5, "decay_patience": 0, "min_lr": 0.0,
@@ -179,14 +177,7 @@ def test_training_counts_updates_not_batches(tiny_task, tmp_path):
                                       {"type": "exponential", "start_decay_steps": 3, "decay_steps": 2}])
 def test_killed_and_resumed_lr_sequence_equals_uninterrupted(tiny_task, tmp_path, schedule):
     def run(save_dir, kill_at=None):
-        trainer = make_trainer(tiny_task, save_dir, lr_schedule=schedule, device="cpu")
-        seen = []
-
-        def hook(step):
-            seen.append((step, trainer.optimizer.param_groups[0]["lr"]))
-            if step == kill_at:
-                os.kill(os.getpid(), signal.SIGINT)
-        return trainer, trainer.train(step_hook=hook), seen
+        return lr_run(tiny_task, save_dir, schedule, kill_at)
 
     _, _, straight = run(tmp_path / "straight")
     _, summary, first = run(tmp_path / "resumed", kill_at=7)

@@ -4,8 +4,6 @@ here in float64 (restarts also against PyTorch's ``CosineAnnealingWarmRestarts``
 implementation, and a cycle-by-cycle simulation for fractional ``t_mult``), the defaults unchanged
 to the last bit, config errors naming the key, and kill/resume equality in training."""
 import math
-import os
-import signal
 
 import pytest
 import torch
@@ -14,7 +12,7 @@ from nmt.config import ConfigError, resolve_config
 from nmt.train.decay_schedules import cosine_cycle
 from nmt.train.schedules import build_schedule
 from nmt.train.trainer import Trainer
-from tiny_task import tiny_config, write_task
+from tiny_task import lr_run, tiny_config, write_task
 
 BASE = 0.01
 DEFAULTS = {"type": "plateau", "warmup_steps": 0, "decay_factor": 0.5, "decay_patience": 0, "min_lr": 0.0,
@@ -250,14 +248,7 @@ def restarts_closed(t: int) -> float:
 @pytest.mark.parametrize("schedule", [RESTARTS, {"type": "inverse_sqrt", "warmup_steps": 5, "warmup_init_lr": 1e-4}])
 def test_killed_and_resumed_lr_sequence_equals_uninterrupted(tiny_task, tmp_path, schedule):
     def run(save_dir, kill_at=None):
-        trainer = make_trainer(tiny_task, save_dir, lr_schedule=schedule, device="cpu")
-        seen = []
-
-        def hook(step):
-            seen.append((step, trainer.optimizer.param_groups[0]["lr"]))
-            if step == kill_at:
-                os.kill(os.getpid(), signal.SIGINT)
-        return trainer, trainer.train(step_hook=hook), seen
+        return lr_run(tiny_task, save_dir, schedule, kill_at)
 
     _, _, straight = run(tmp_path / "straight")
     _, summary, first = run(tmp_path / "resumed", kill_at=7)
@@ -288,14 +279,7 @@ def test_a_checkpoint_from_before_the_new_keys_resumes_with_them_at_their_defaul
     schedule = {"type": "cosine", "warmup_steps": 2, "min_lr": 1e-4}
 
     def run(save_dir, kill_at=None):
-        trainer = make_trainer(tiny_task, save_dir, lr_schedule=schedule, device="cpu")
-        seen = []
-
-        def hook(step):
-            seen.append((step, trainer.optimizer.param_groups[0]["lr"]))
-            if step == kill_at:
-                os.kill(os.getpid(), signal.SIGINT)
-        return trainer, trainer.train(step_hook=hook), seen
+        return lr_run(tiny_task, save_dir, schedule, kill_at)
 
     _, _, straight = run(tmp_path / "straight")
     _, summary, first = run(tmp_path / "old", kill_at=7)

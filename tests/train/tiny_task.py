@@ -51,3 +51,24 @@ def assert_same_run(straight, resumed, straight_dir: Path, resumed_dir: Path) ->
     read = lambda d: [{k: v for k, v in json.loads(line).items() if k not in TIMINGS}
                       for line in (Path(d) / "metrics.jsonl").read_text().splitlines()]
     assert read(straight_dir) == read(resumed_dir)
+
+
+def lr_run(data: dict, save_dir: Path, schedule: dict, kill_at: int | None = None):
+    """Train the tiny task (on the CPU) under ``lr_schedule: schedule``, recording ``(step, lr)``
+    after every update; with ``kill_at`` a SIGINT stops the run after that update (run it again on
+    the same ``save_dir`` to resume). Returns (trainer, its TrainSummary, the recorded pairs)."""
+    import os
+    import signal
+
+    from nmt.config import resolve_config
+    from nmt.train.trainer import Trainer
+
+    trainer = Trainer(resolve_config(tiny_config(data, save_dir, lr_schedule=schedule, device="cpu"), "tiny.yaml"),
+                      "tiny.yaml")
+    seen = []
+
+    def hook(step):
+        seen.append((step, trainer.optimizer.param_groups[0]["lr"]))
+        if step == kill_at:
+            os.kill(os.getpid(), signal.SIGINT)
+    return trainer, trainer.train(step_hook=hook), seen
