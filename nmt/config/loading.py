@@ -171,22 +171,22 @@ def added_at_default(old: dict, new: dict, key: str) -> bool:
         node = node[part]
     else:
         return False  # present in the old config
-    spec: Any = SCHEMA
-    for part in key.split("."):
-        spec = spec.get(part) if isinstance(spec, dict) else None
-        if spec is None:
-            return False
+    spec = config_value(SCHEMA, key)
+    if spec is None:
+        return False
     default = spec.default if isinstance(spec, Option) else validate({}, spec, "<schema>", key)
     return default is not REQUIRED and config_value(new, key) == default
 
 
-def _has_key(config: Any, dotted: str) -> bool:
+def _lookup(config: Any, dotted: str) -> tuple[bool, Any]:
+    """``(found, value)`` of dotted key ``dotted`` in nested dicts (``(False, None)`` where a part of
+    the path is missing)."""
     node: Any = config
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
-            return False
+            return False, None
         node = node[part]
-    return True
+    return True, node
 
 
 def _set_key(config: dict, dotted: str, value: Any) -> None:
@@ -208,13 +208,10 @@ def resume_defaults(old: dict, new: dict) -> list[str]:
     returns the keys ``new`` took the earlier value for."""
     kept: list[str] = []
     for key, before in RESUME_DEFAULTS.items():
-        if _has_key(old, key) or not isinstance(old.get(key.split(".")[0]), dict):
+        if _lookup(old, key)[0] or not isinstance(old.get(key.split(".")[0]), dict):
             continue
         _set_key(old, key, before)
-        spec: Any = SCHEMA
-        for part in key.split("."):
-            spec = spec[part]
-        if config_value(new, key) == spec.default:
+        if config_value(new, key) == config_value(SCHEMA, key).default:
             _set_key(new, key, before)
             kept.append(key)
     return kept
@@ -223,12 +220,7 @@ def resume_defaults(old: dict, new: dict) -> list[str]:
 def config_value(config: Any, dotted: str) -> Any:
     """The value at dotted key ``dotted`` (``"model.decoder.hidden_size"``) of a resolved config,
     None where a part of the path is missing (a config of an older nmt, say)."""
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
+    return _lookup(config, dotted)[1]
 
 
 def dump_config(config: dict) -> str:
