@@ -13,7 +13,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,25 +131,14 @@ def counted_vocabulary(data_cfg: dict, vocab_side: str, tokenizer: Tokenizer,
     deterministic segmentation plus the first ``vocab_samples`` epochs' sampled segmentations of
     each side that samples (:func:`nmt.data.sampled_vocabulary.vocabulary_token_lists`)."""
     side_cfg, key = data_cfg[vocab_side], f"data.{vocab_side}"
-    samples = int(side_cfg.get("subword_sampling", {}).get("vocab_samples", 0))  # a hand-made config may lack it
-    if samples == 0 or side_cfg.get("vocab_file") is not None:
+    samples = _vocab_samples(side_cfg)
+    if samples == 0:
         return side_vocabulary(side_cfg, tokenizer, [line for _, lines in sides for line in lines], key)
     if seed is None:
         raise DataError(f"{key}.subword_sampling.vocab_samples: the vocabulary counts the training epochs' "
                         "sampled segmentations, which need training.seed (pass seed=)")
-    samplers: list[tuple[dict, SubwordSampler]] = []
-    counted = []
-    for side, lines in sides:
-        settings = _sampling_settings(data_cfg[side]["subword_sampling"])
-        sampler = None
-        if sampling_enabled(settings):
-            same = [s for cfg, s in samplers if cfg == settings]
-            try:
-                sampler = same[0] if same else build_sampler(tokenizer, settings)
-            except DataError as exc:
-                raise DataError(f"data.{side}.{exc}") from None
-            samplers.append((settings, sampler))
-        counted.append((side, lines, sampler))
+    samplers = _side_samplers(data_cfg, [(side, tokenizer, None) for side, _ in sides])  # returning tokens
+    counted = [(side, lines, samplers[side]) for side, lines in sides]
     start = time.perf_counter()
     vocab = Vocabulary.build(vocabulary_token_lists(tokenizer, counted, seed, samples),
                              side_cfg["min_freq"], side_cfg["max_size"])
@@ -157,6 +146,14 @@ def counted_vocabulary(data_cfg: dict, vocab_side: str, tokenizer: Tokenizer,
                 "epochs 0-%d (%s.subword_sampling.vocab_samples: %d, training.seed %d) in %.1fs: %d types",
                 key, samples - 1, key, samples, seed, time.perf_counter() - start, len(vocab))
     return vocab
+
+
+def _vocab_samples(side_cfg: dict) -> int:
+    """The sampled epochs a side's vocabulary counts: ``subword_sampling.vocab_samples``, 0 where a
+    ``vocab_file`` gives the vocabulary (or a hand-made config lacks the key)."""
+    if side_cfg.get("vocab_file") is not None:
+        return 0
+    return int(side_cfg.get("subword_sampling", {}).get("vocab_samples", 0))
 
 
 def _sampling_settings(settings: dict) -> dict:
@@ -183,8 +180,7 @@ def streamed_fields(data_cfg: dict) -> tuple[Field, Field] | None:
     tokenizers = [build_tokenizer(side["tokenizer"]) for side in side_cfgs]
     if any(t.needs_training for t in tokenizers):
         return None
-    if any(side.get("subword_sampling", {}).get("vocab_samples", 0) and side.get("vocab_file") is None
-           for side in side_cfgs):
+    if any(_vocab_samples(side) for side in side_cfgs):
         return None  # the count holds sampled segmentations: build_fields over the text
     corpora = training_corpora(data_cfg["train"])
     src, tgt = data_cfg["src"], data_cfg["tgt"]
@@ -326,25 +322,34 @@ def resampled_files(corpora: Sequence[Corpus], src_field: Field, tgt_field: Fiel
 def _epoch_samplers(src_field: Field, tgt_field: Field, data_cfg: dict) -> dict[str, SubwordSampler | None] | None:
     """Each side's sampler (returning ids; None for a deterministic side), one shared by both sides
     with one field and the same settings; None when no side samples."""
+    samplers = _side_samplers(data_cfg, [("src", src_field.tokenizer, src_field.encode_tokens),
+                                         ("tgt", tgt_field.tokenizer, tgt_field.encode_tokens)])
+    if samplers["src"] is None and samplers["tgt"] is None:
+        return None
+    return samplers
+
+
+def _side_samplers(data_cfg: dict, sides: Sequence[tuple[str, Tokenizer, Callable | None]]
+                   ) -> dict[str, SubwordSampler | None]:
+    """``side -> sampler`` of ``data.<side>.subword_sampling`` for each ``(side, tokenizer, encode)``
+    (``encode``: the field's ``encode_tokens`` for ids, None for tokens; :func:`build_sampler`), None
+    for a side that does not sample. Sides with one tokenizer, one ``encode`` (one field) and the same
+    settings share one sampler: its caches are made once. DataError naming ``data.<side>.``'s key."""
     samplers: dict[str, SubwordSampler | None] = {}
-    made: list[tuple[Field, dict, SubwordSampler]] = []
-    for side, field in (("src", src_field), ("tgt", tgt_field)):
+    made: list[tuple[Tokenizer, Callable | None, dict, SubwordSampler]] = []
+    for side, tokenizer, encode in sides:
         settings = _sampling_settings(data_cfg[side].get("subword_sampling", {}))
         if not sampling_enabled(settings):
             samplers[side] = None
             continue
-        same = [s for other, cfg, s in made if other is field and cfg == settings]
-        if same:
-            samplers[side] = same[0]
-            continue
-        try:
-            sampler = build_sampler(field.tokenizer, settings, field.encode_tokens)
-        except DataError as exc:
-            raise DataError(f"data.{side}.{exc}") from None
-        made.append((field, settings, sampler))
-        samplers[side] = sampler
-    if samplers["src"] is None and samplers["tgt"] is None:
-        return None
+        same = [s for t, e, cfg, s in made if t is tokenizer and e == encode and cfg == settings]
+        if not same:
+            try:
+                same = [build_sampler(tokenizer, settings, encode)]
+            except DataError as exc:
+                raise DataError(f"data.{side}.{exc}") from None
+            made.append((tokenizer, encode, settings, same[0]))
+        samplers[side] = same[0]
     return samplers
 
 
