@@ -12,25 +12,7 @@ import pytest
 import torch
 
 from nmt.sparse import _native
-from tests.sparse.test_power_series_start import EPS, bisection, check_rows
-
-
-def check_rows_relative(x: torch.Tensor, alphas: torch.Tensor, p: torch.Tensor, r: torch.Tensor,
-                        tau: torch.Tensor) -> None:
-    """:func:`check_rows` with p to 1e-5 relative besides 4e-7 absolute: a threshold within its 8 eps
-    moves a p near 1 (one entry far above the rest) by more than 4e-7 (the code before the normal
-    start did so too: 4.4e-7 on such a row at alpha 1.6)."""
-    z = (x.double() - x.double().amax(dim=-1, keepdim=True)) * (alphas - 1)[:, None]
-    q = 1 / (alphas - 1)
-    want = bisection(z, q)
-    assert bool((tau.double() <= want + EPS).all()), (tau.double() - want).max()
-    assert torch.allclose(tau.double(), want, rtol=0, atol=8 * EPS), (tau.double() - want).abs().max()
-    d = z - want[:, None]
-    clear = d.abs() > 1e-5
-    assert torch.equal((p > 0)[clear], (d > 0)[clear])
-    rq = d.clamp(min=0).pow(q[:, None])
-    assert torch.allclose(p.double(), rq / rq.sum(dim=-1, keepdim=True), rtol=1e-5, atol=4e-7)
-    assert torch.allclose(r.double(), d.clamp(min=0), rtol=0, atol=4e-6)
+from tests.sparse.test_power_series_start import EPS, check_rows
 
 
 def model_breaking_rows(n: int, alphas: torch.Tensor, seed: int) -> torch.Tensor:
@@ -82,7 +64,10 @@ def test_rows_that_break_the_normal_model_equal_the_bisection(native_build, monk
         assert found is None or native_build is None
         return
     p, r, tau = found[:3]
-    check_rows_relative(x, alphas, p, r, tau)
+    # p to 1e-5 relative besides 4e-7 absolute: a threshold within its 8 eps moves a p near 1 (one
+    # entry far above the rest) by more than 4e-7 (the code before the normal start did so too: 4.4e-7
+    # on such a row at alpha 1.6)
+    check_rows(x, alphas, p, r, tau, p_rtol=1e-5)
     p19, _, tau19 = _native.power_probs(x, alphas - 1, 19, EPS, root=True, stats=True)[:3]
     assert torch.allclose(tau19.double(), tau.double(), rtol=0, atol=8 * EPS)
     assert torch.allclose(p19, p, rtol=1e-5, atol=4e-7)
