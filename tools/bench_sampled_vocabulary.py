@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import io
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -29,14 +28,8 @@ from nmt.data.field import Field
 from nmt.data.tokenizers import build_tokenizer
 from nmt.train.data_setup import counted_vocabulary, resampled_pairs
 
-def synthetic_pairs(n: int = 2000, seed: int = 0) -> list[tuple[str, str]]:
-    """Pairs of random lines of syllable words (as ``bench_subword_sampling --quick``)."""
-    rng = random.Random(seed)
-    syllables = ["ka", "ro", "mi", "sel", "tan", "bu", "ler", "st", "ei", "ung", "pa", "do"]
-    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(800)]
-    line = lambda: " ".join(rng.choice(words) for _ in range(rng.randint(3, 15)))
-    return [(line(), line()) for _ in range(n)]
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_subword_sampling import synthetic_pairs  # noqa: E402  (the same synthetic corpus for --quick)
 
 SETTINGS = (
     ("sentencepiece", {"alpha": 0.1, "nbest": -1, "dropout": 0.0}),
