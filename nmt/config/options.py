@@ -110,7 +110,11 @@ MODEL = {
         "d_ff": Option(int, 2048, "inner size of the feed-forward blocks", minimum=1, maximum=MAX_SIZE),
         "norm": Option(str, "pre", "LayerNorm placement: pre (before each sub-layer, a final norm) or post",
                        choices=("pre", "post")),
-        "positions": Option(str, "sinusoidal", "position encodings", choices=("sinusoidal", "learned")),
+        "positions": Option(str, "sinusoidal", "position encodings: sinusoidal or learned (added to the embeddings), "
+                            "rotary (RoPE: self-attention queries and keys rotated by their positions; no table, "
+                            "any length)", choices=("sinusoidal", "learned", "rotary")),
+        "rotary_base": Option(float, 10000.0, "positions: rotary: frequency i of a head turns by position x "
+                              "rotary_base^(-2i/d_head)", minimum=1, min_inclusive=False),
         "max_positions": Option(int, 1024, "size of the learned position tables: sources of this many tokens, BOS + this - 1 "
                                 "target tokens (data.src/tgt.max_length and validation.max_length must fit)", minimum=1,
                                 maximum=MAX_SIZE),

@@ -59,13 +59,14 @@ def test_the_cpu_never_takes_the_fused_path_by_default():
 
 
 @pytest.mark.parametrize("temperature", [1.0, 2.5])
-@pytest.mark.parametrize("norm", ["pre", "post"])
-def test_teacher_forcing_and_gradients_equal_the_unfused_path(norm, temperature, monkeypatch):
+@pytest.mark.parametrize("norm,positions", [("pre", "sinusoidal"), ("post", "sinusoidal"), ("pre", "rotary")])
+def test_teacher_forcing_and_gradients_equal_the_unfused_path(norm, positions, temperature, monkeypatch):
+    """Rotary positions rotate the queries and keys before either path (the kernel sees them rotated)."""
     attention = {"mapping": "softmax", "params": {"temperature": temperature} if temperature != 1.0 else {}}
     src, lengths, tgt_in = random_batch(batch=4, src_len=7, tgt_len=6, seed=3)
     outputs = {}
     for fused in (False, True):
-        model = make(attention, norm=norm, dropout=0.0, attention_dropout=0.0).train()
+        model = make(attention, norm=norm, positions=positions, dropout=0.0, attention_dropout=0.0).train()
         monkeypatch.setattr(mha, "fused_attention_serves", lambda x, on=fused: on)
         logits, attention_map = model(src, lengths, tgt_in)
         (logits.square().sum() + attention_map.sum()).backward()
@@ -227,8 +228,9 @@ def test_attention_dropout_is_the_kernels_in_training_only(fused_calls, monkeypa
     assert set(seen) == {0.0} and torch.equal(c, d)
 
 
-def test_a_fused_step_compiles_as_one_graph(fused_calls):
-    model = make().eval()
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary"])
+def test_a_fused_step_compiles_as_one_graph(positions, fused_calls):
+    model = make(positions=positions).eval()
     src, lengths, _ = random_batch(batch=3, src_len=6, seed=1)
     with torch.no_grad():
         encoder_out, state = model.encode(src, lengths)
@@ -240,7 +242,8 @@ def test_a_fused_step_compiles_as_one_graph(fused_calls):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_on_cuda_the_fused_heads_serve_by_default_and_agree_with_the_unfused(monkeypatch):
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary"])
+def test_on_cuda_the_fused_heads_serve_by_default_and_agree_with_the_unfused(positions, monkeypatch):
     """CUDA, float32: the default takes the fused kernel; logits, gradients and decoding steps
     agree with the unfused heads within float32 rounding."""
     assert mha.fused_attention_serves(torch.zeros(1, device="cuda"))
@@ -248,7 +251,7 @@ def test_on_cuda_the_fused_heads_serve_by_default_and_agree_with_the_unfused(mon
     out = {}
     for fused in (True, False):
         monkeypatch.setattr(mha, "fused_attention_serves", lambda x, on=fused: on and x.is_cuda)
-        model = make(dropout=0.0, attention_dropout=0.0).float().cuda().train()
+        model = make(dropout=0.0, attention_dropout=0.0, positions=positions).float().cuda().train()
         logits, _ = model(src, lengths.cpu(), tgt_in)
         logits.square().sum().backward()
         with torch.no_grad():

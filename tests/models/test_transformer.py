@@ -50,7 +50,7 @@ def incremental(model, src, src_lengths, tgt_in, permutation=None):
 
 
 @pytest.mark.parametrize("name", list(MAPPINGS))
-@pytest.mark.parametrize("norm,positions", [("pre", "sinusoidal"), ("post", "learned")])
+@pytest.mark.parametrize("norm,positions", [("pre", "sinusoidal"), ("post", "learned"), ("pre", "rotary")])
 def test_incremental_steps_equal_teacher_forcing(name, norm, positions):
     model = make(scale=3.0, attention=MAPPINGS[name], output={"mapping": "entmax15", "params": {}},
                  transformer={"norm": norm, "positions": positions})
@@ -213,7 +213,11 @@ def test_temperature_divides_the_scores(params):
      "model.attention.cross: temperature must be a positive number, got 0"),
     ({"transformer": {"heads": 3}}, "model.transformer.heads: d_model (8) must be a multiple of heads (3)"),
     ({"transformer": {"norm": "sandwich"}}, "model.transformer.norm: unknown norm 'sandwich'"),
-    ({"transformer": {"positions": "rotary"}}, "model.transformer.positions: unknown positions 'rotary'"),
+    ({"transformer": {"positions": "alibi"}}, "model.transformer.positions: unknown positions 'alibi'"),
+    ({"transformer": {"positions": "rotary", "heads": 8}},
+     "model.transformer.positions: rotary positions turn pairs of coordinates and need an even d_head "
+     "(d_model / heads), got 1"),
+    ({"transformer": {"positions": "rotary", "rotary_base": 1.0}}, "model.transformer.rotary_base: must be > 1, got 1.0"),
     ({"attention": {"cross": {"mapping": "softmax", "params": {"alpha": "learned"}}}},
      "model.attention.cross: alpha: 'learned' needs mapping entmax_bisect"),
     ({"attention": {"cross": {"mapping": "entmax_bisect", "params": {"alpha": "learned", "alpha_init": 1.0}}}},
@@ -236,8 +240,9 @@ def test_learned_positions_reject_too_long_inputs():
     assert make().position_limits() == (None, None)  # sinusoids: any length
 
 
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary"])
 @pytest.mark.parametrize("name", ["softmax", "softmax-fused", "sparsemax", "entmax15", "continuous"])
-def test_forward_backward_and_step_do_not_synchronise(name, monkeypatch):
+def test_forward_backward_and_step_do_not_synchronise(name, positions, monkeypatch):
     """The Transformer itself reads nothing back from the device (masks, positions and caches
     are built from shapes). The mappings run their accelerator path (``impl: static``, what
     CUDA runs): the CPU path hands rows to NumPy's sort, which the audit counts. "softmax-fused":
@@ -255,7 +260,7 @@ def test_forward_backward_and_step_do_not_synchronise(name, monkeypatch):
     section = dict(MAPPINGS[name])
     if name != "softmax":
         section["params"] = {**section["params"], "impl": "static"}
-    model = make(attention=section).train()
+    model = make(attention=section, transformer={"positions": positions}).train()
     src, src_lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=5, seed=6)
     model(src, src_lengths, tgt_in)  # warm up lazy initialisations
     with SyncAudit() as audit:

@@ -175,21 +175,26 @@ def check_against_enumeration(result, names, b, support, frontier, cut, beam_siz
         assert reason in ("pruned", "max_length") or (reason == "no_hypothesis" and not support)
 
 
-TRANSFORMER_CASES = [  # (output mapping, attention mapping + params [+ continuous cross-attention], eos bias, seed, penalty)
+TRANSFORMER_CASES = [  # (output mapping, attention mapping + params [+ continuous cross-attention], eos bias, seed, penalty
+    #  [, model.transformer.positions: sinusoidal where absent])
     ("sparsemax", ("entmax15", {}), 1.0, 0, "none"),
     ("entmax15", ("softmax", {}), 1.5, 1, "average"),
     ("entmax15", ("entmax_bisect", {"alpha": "learned"}), 1.5, 2, "gnmt"),
     ("sparsemax", ("sparsemax", {}), 0.0, 1, "none"),
     ("entmax15", ("entmax15", {}, {"alpha": 2, "num_basis_mu": 4}), 1.5, 3, "average"),  # + continuous cross
+    ("sparsemax", ("entmax15", {}), 1.0, 0, "none", "rotary"),  # rotary positions (rotated key caches)
+    ("entmax15", ("softmax", {}), 1.5, 1, "gnmt", "rotary"),
 ]
 
 
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
-@pytest.mark.parametrize("output,attention,eos_bias,seed,penalty", TRANSFORMER_CASES)
-def test_certificate_on_a_tiny_transformer(output, attention, eos_bias, seed, penalty, mode):
+@pytest.mark.parametrize("output,attention,eos_bias,seed,penalty,positions",
+                         [case if len(case) == 6 else (*case, "sinusoidal") for case in TRANSFORMER_CASES])
+def test_certificate_on_a_tiny_transformer(output, attention, eos_bias, seed, penalty, positions, mode):
     """The same brute-force check on nmt's Transformer (incremental decoding with kv caches)."""
     model = tiny_transformer(output=output, attention=attention[0], attention_params=attention[1],
-                             eos_bias=eos_bias, seed=seed, continuous=attention[2] if len(attention) > 2 else None)
+                             eos_bias=eos_bias, seed=seed, continuous=attention[2] if len(attention) > 2 else None,
+                             positions=positions)
     src, lengths = random_sources(N_SOURCES, 9, 5, seed=seed + 7)
     enumerations = [enumerate_support(model, src[b], lengths[b], MAX_LENGTH) for b in range(N_SOURCES)]
     reasons = set()

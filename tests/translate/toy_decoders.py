@@ -156,12 +156,14 @@ def enumerate_support(model, src: Tensor, src_length: Tensor, max_length: int, m
 
 def tiny_transformer(vocab: int = 7, src_vocab: int = 9, output: str = "sparsemax", attention: str = "entmax15",
                      attention_params: dict | None = None, output_scale: float = 3.0, eos_bias: float = 1.0,
-                     seed: int = 0, dtype=torch.float64, continuous: dict | None = None):
+                     seed: int = 0, dtype=torch.float64, continuous: dict | None = None,
+                     positions: str = "sinusoidal"):
     """A random-weight 2+2-layer Transformer (nmt.models.transformer) in eval mode, d_model 8, 2 heads.
 
     The output layer is scaled by ``output_scale`` (a sparse output mapping then zeroes most
     tokens), PAD/BOS get a -1e4 bias and EOS ``eos_bias``, so that sequences end. ``continuous``:
-    combined continuous cross-attention (``ContinuousAttention`` keyword arguments).
+    combined continuous cross-attention (``ContinuousAttention`` keyword arguments); ``positions``:
+    ``model.transformer.positions``.
     """
     from nmt.models.transformer import build_transformer
 
@@ -169,7 +171,7 @@ def tiny_transformer(vocab: int = 7, src_vocab: int = 9, output: str = "sparsema
         "type": "transformer",
         "embeddings": {"share": False, "tie_output": False, "dropout": 0.0},
         "transformer": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 8, "heads": 2, "d_ff": 16,
-                        "norm": "pre", "positions": "sinusoidal", "max_positions": 64, "dropout": 0.0,
+                        "norm": "pre", "positions": positions, "max_positions": 64, "dropout": 0.0,
                         "attention_dropout": 0.0, "activation_dropout": 0.0, "activation": "relu"},
         "attention": {"mapping": attention, "params": dict(attention_params or {}), "continuous": continuous},
         "output": {"mapping": output, "params": {}},

@@ -66,8 +66,12 @@ def build_transformer(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_
         nn.init.normal_(emb.lut.weight, mean=0.0, std=d_model ** -0.5)
         emb.lut.weight.data[pad_index].zero_()
 
+    if t["positions"] == "rotary" and not t.get("rotary_base", 10000.0) > 1:
+        raise ModelConfigError("model.transformer.rotary_base", f"must be > 1, got {t['rotary_base']}")
+
     def positions() -> nn.Module:
-        return keyed("model.transformer.positions", build_positions, t["positions"], d_model, t["max_positions"])
+        return keyed("model.transformer.positions", build_positions, t["positions"], d_model, t["max_positions"],
+                     t["heads"], t.get("rotary_base", 10000.0))
 
     encoder = TransformerEncoder(spec, t["encoder_layers"], specs["encoder_self"], positions(), emb_cfg["dropout"])
     decoder = TransformerDecoder(spec, t["decoder_layers"], specs["decoder_self"], specs["cross"], positions(),

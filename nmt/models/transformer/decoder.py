@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from nmt.models.dropout import Dropout
 from nmt.models.transformer.layers import AttentionSpec, DecoderLayer, LayerSpec
+from nmt.models.transformer.rotary import stack_rotation
 
 KV = tuple[Tensor, Tensor]
 """Keys and values, each (B, heads, S, d_head)."""
@@ -29,7 +30,9 @@ class DecoderOutput:
 class TransformerDecoder(nn.Module):
     """Target embeddings (B, T, D) -> hidden states (B, T, D) for the generator.
 
-    Input: ``dropout(sqrt(D) * emb + positions[t0:t0+T])``; final LayerNorm with pre-norm.
+    Input: ``dropout(sqrt(D) * emb + positions[t0:t0+T])``; final LayerNorm with pre-norm. Rotary
+    positions add nothing there and rotate the self-attentions' queries and keys by t0..t0+T-1
+    (the cache holds rotated keys); the cross-attention is never rotated.
     Called with ``caches`` (one (keys, values) per layer holding positions 0..t0-1) it
     continues from position t0: the step of incremental decoding, the same computation
     as the teacher-forced pass restricted to the new positions.
@@ -63,12 +66,14 @@ class TransformerDecoder(nn.Module):
         offset = 0 if caches is None else caches[0][0].size(2)  # a shape: no device sync
         x = self.dropout(self.positions(emb * self.scale, offset))
         key_mask = src_mask[:, None, None, :]
+        rotation = stack_rotation(self.positions, offset, x.size(1), x.dtype)
         self_maps, cross_maps, new_caches = [], [], []
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             x, self_probs, cross_probs, cache = layer(x, cross_kv[i], key_mask,
                                                       None if caches is None else caches[i],
-                                                      need_maps, need_maps or (need_attention and i == last))
+                                                      need_maps, need_maps or (need_attention and i == last),
+                                                      rotation)
             self_maps.append(self_probs)
             cross_maps.append(cross_probs)
             new_caches.append(cache)

@@ -7,12 +7,14 @@ from torch import Tensor, nn
 
 from nmt.models.dropout import Dropout
 from nmt.models.transformer.layers import AttentionSpec, EncoderLayer, LayerSpec
+from nmt.models.transformer.rotary import stack_rotation
 
 
 class TransformerEncoder(nn.Module):
     """emb (B, L, D) -> memory (B, L, D).
 
-    The input is ``dropout(sqrt(D) * emb + positions)``; with pre-norm the output of the last
+    The input is ``dropout(sqrt(D) * emb + positions)`` (rotary positions add nothing: they rotate
+    every layer's self-attention queries and keys instead); with pre-norm the output of the last
     layer goes through a final LayerNorm. Padded positions are masked as keys (exact zeros)
     and their own outputs are never attended to downstream.
     """
@@ -37,9 +39,10 @@ class TransformerEncoder(nn.Module):
         """
         x = self.dropout(self.positions(emb * self.scale))
         key_mask = mask[:, None, None, :]
+        rotation = stack_rotation(self.positions, 0, x.size(1), x.dtype)
         maps = []
         for layer in self.layers:
-            x, probs = layer(x, key_mask, need_maps)
+            x, probs = layer(x, key_mask, need_maps, rotation)
             maps.append(probs)
         if self.final_norm is not None:
             x = self.final_norm(x)

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from nmt.models.dropout import Dropout
 from nmt.models.transformer.feed_forward import FeedForward
 from nmt.models.transformer.multihead_attention import MultiHeadAttention
+from nmt.models.transformer.rotary import Rotation
 
 NORMS = ("pre", "post")
 
@@ -84,10 +85,12 @@ class EncoderLayer(nn.Module):
         self.feed_forward = FeedForward(spec.d_model, spec.d_ff, spec.activation, spec.activation_dropout)
         self.ff_block = _Residual(spec.d_model, pre, spec.dropout)
 
-    def forward(self, x: Tensor, key_mask: Tensor, need_probs: bool = True) -> tuple[Tensor, Tensor | None]:
-        """x: (B, L, D); key_mask: (B, 1, 1, L) bool. Returns x (B, L, D) and probs (B, heads, L, L)
-        (None where ``need_probs`` is False and a fused kernel served the heads)."""
-        q, keys, values = self.self_attn.self_projections(self.attn_block.inputs(x))
+    def forward(self, x: Tensor, key_mask: Tensor, need_probs: bool = True,
+                rotation: Rotation | None = None) -> tuple[Tensor, Tensor | None]:
+        """x: (B, L, D); key_mask: (B, 1, 1, L) bool; rotation: rotary positions 0..L-1 of the
+        self-attention (None: absolute positions, added to the embeddings). Returns x (B, L, D) and
+        probs (B, heads, L, L) (None where ``need_probs`` is False and a fused kernel served the heads)."""
+        q, keys, values = self.self_attn.self_projections(self.attn_block.inputs(x), rotation)
         out, probs = self.self_attn.attend(q, keys, values, key_mask, need_probs)
         x = self.attn_block.add(x, out)
         x = self.ff_block.add(x, self.feed_forward(self.ff_block.inputs(x)))
@@ -112,11 +115,13 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, cross_kv: tuple[Tensor, Tensor], src_mask: Tensor,
                 cache: tuple[Tensor, Tensor] | None = None, need_self_probs: bool = True,
-                need_cross_probs: bool = True
+                need_cross_probs: bool = True, rotation: Rotation | None = None
                 ) -> tuple[Tensor, Tensor | None, Tensor | None, tuple[Tensor, Tensor]]:
         """x: (B, T, D) the targets at positions t0..t0+T-1, t0 = the cache length (0 without one);
         cross_kv: the cross-attention keys/values (B, heads, L, d_head); src_mask: (B, 1, 1, L);
-        cache: self-attention keys/values of the earlier positions (B, heads, t0, d_head).
+        cache: self-attention keys/values of the earlier positions (B, heads, t0, d_head);
+        rotation: rotary positions t0..t0+T-1 of the self-attention's queries and new keys (None:
+        absolute positions), the cache then holding keys rotated by their own positions.
         One step (T = 1) may also run N = B x S rows, S consecutive rows per source sharing its
         cross keys/values (beam slots): x (N, 1, D) and the cache have N rows, cross_kv and
         src_mask B, and the cross-attention takes each source's S queries together.
@@ -125,7 +130,7 @@ class DecoderLayer(nn.Module):
         the cache extended by these T positions; ``need_self_probs`` / ``need_cross_probs`` False:
         that attention's probabilities may be None (a fused kernel served its heads).
         """
-        q, keys, values = self.self_attn.self_projections(self.self_block.inputs(x))
+        q, keys, values = self.self_attn.self_projections(self.self_block.inputs(x), rotation)
         offset = 0
         if cache is not None:
             offset = cache[0].size(2)

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from nmt.models.dropout import Dropout
 from nmt.models.linear import Linear
 from nmt.models.transformer.head_mapping import HeadMapping
+from nmt.models.transformer.rotary import Rotation, rotate
 from nmt.utils.packed_linear import frozen_linear
 
 FUSED_ATTENTION = os.environ.get("NMT_FUSED_ATTENTION", "1") != "0"
@@ -103,9 +104,17 @@ class MultiHeadAttention(nn.Module):
             self.q_proj.weight.detach() * scale, self.q_proj.bias.detach() * scale))
         return self._split(q) if q is not None else self._split(self.q_proj(x)) * scale
 
-    def self_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def self_projections(self, x: Tensor, rotation: Rotation | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """x: (B, T, D) -> (scaled queries, keys, values) of a self-attention, each (B, heads, T, d_head):
-        :meth:`queries` and :meth:`keys_values` of ``x``, in a frozen region one product."""
+        :meth:`queries` and :meth:`keys_values` of ``x``, in a frozen region one product. ``rotation``
+        (rotary positions of the T inputs, :mod:`nmt.models.transformer.rotary`): the queries and
+        keys come rotated by their positions (values are not rotated)."""
+        q, k, v = self._self_projections(x)
+        if rotation is not None:
+            q, k = rotate(q, rotation), rotate(k, rotation)
+        return q, k, v
+
+    def _self_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         params = self._projection_params()
 
         def build() -> tuple[Tensor, Tensor]:

@@ -1,8 +1,10 @@
-"""Position encodings of the Transformer: fixed sinusoids or a learned table.
+"""Position encodings of the Transformer: fixed sinusoids, a learned table, or rotary.
 
-Both map ``(x (B, T, D), offset)`` to ``x + P[offset : offset + T]`` (broadcast over the
+Sinusoids and the learned table map ``(x (B, T, D), offset)`` to ``x + P[offset : offset + T]`` (broadcast over the
 batch). ``offset`` is a Python int: during incremental decoding it is the length of the
-self-attention cache, a shape, so reading it never synchronises with the device.
+self-attention cache, a shape, so reading it never synchronises with the device. Rotary positions
+(:mod:`nmt.models.transformer.rotary`) add nothing there: they rotate the self-attentions'
+queries and keys instead.
 """
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-POSITIONS = ("sinusoidal", "learned")
+from nmt.models.transformer.rotary import RotaryPositions
+
+POSITIONS = ("sinusoidal", "learned", "rotary")
 
 
 def sinusoid_table(length: int, dim: int) -> Tensor:
@@ -60,16 +64,21 @@ class LearnedPositions(nn.Module):
 
 
 def position_limit(positions: nn.Module) -> int | None:
-    """The positions ``positions`` hold: ``max_positions`` of a learned table, None (any) for sinusoids."""
+    """The positions ``positions`` hold: ``max_positions`` of a learned table, None (any) for sinusoids
+    and rotary positions (no table)."""
     return positions.max_positions if isinstance(positions, LearnedPositions) else None
 
 
-def build_positions(kind: str, dim: int, max_positions: int) -> nn.Module:
-    """``"sinusoidal"`` or ``"learned"`` position encodings of size ``dim``."""
+def build_positions(kind: str, dim: int, max_positions: int, heads: int = 1,
+                    rotary_base: float = 10000.0) -> nn.Module:
+    """``"sinusoidal"`` or ``"learned"`` position encodings of size ``dim``, or ``"rotary"`` positions
+    of the heads' size ``dim // heads`` with base ``rotary_base`` (``max_positions`` unused)."""
     if kind == "sinusoidal":
         return SinusoidalPositions(dim, max_positions)
     if kind == "learned":
         return LearnedPositions(dim, max_positions)
+    if kind == "rotary":
+        return RotaryPositions(dim // heads, rotary_base)
     raise ValueError(f"unknown positions {kind!r}; valid: {', '.join(POSITIONS)}")
 
 
