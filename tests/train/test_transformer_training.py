@@ -74,3 +74,72 @@ def test_transformer_run_reports_alphas_support_and_grids(tiny_task, tmp_path):
     assert {"alpha/cross/layer0", "alpha/cross/layer1"} <= set(tags["histograms"])
     assert "alpha/cross/layer1/head1" in tags["scalars"]
     assert "valid/attention_support_cross" in tags["scalars"]
+
+
+def rotary_model(positions: str = "rotary") -> dict:
+    return {**TRANSFORMER, "transformer": {**TRANSFORMER["transformer"], "positions": positions, "rotary_base": 500.0}}
+
+
+def test_a_rotary_run_resumes_as_uninterrupted_and_its_checkpoint_translates(tiny_task, tmp_path):
+    """positions: rotary through the trainer: a run killed at step 7 and resumed equals the straight
+    run (bit-equal weights, same metrics); load_model rebuilds the rotary model (its base from the
+    checkpoint's config) and gives the trainer's logits; nothing positional is saved (no table)."""
+    import os
+    import signal
+
+    from nmt.models.transformer.rotary import RotaryPositions
+    from nmt.train.checkpoint import load_checkpoint
+    from nmt.translate.loading import load_model
+    from tiny_task import assert_same_run
+
+    def trainer(save_dir):
+        return Trainer(resolve_config(transformer_config(tiny_task, save_dir, rotary_model(), device="cpu"),
+                                      "t.yaml"), "t.yaml")
+
+    straight = trainer(tmp_path / "straight")
+    straight.train()
+
+    def interrupt_at_7(step):
+        if step == 7:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    assert trainer(tmp_path / "resumed").train(step_hook=interrupt_at_7).step == 7
+    second = trainer(tmp_path / "resumed")
+    assert second.resumed and second.train().step == 12
+    assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
+
+    checkpoint = load_checkpoint(tmp_path / "resumed" / "last.pt")
+    assert not any("positions" in key for key in checkpoint["model"])
+    loaded = load_model(tmp_path / "resumed" / "last.pt")
+    assert isinstance(loaded.model.encoder.positions, RotaryPositions) and loaded.model.encoder.positions.base == 500.0
+    assert loaded.model.position_limits() == (None, None)
+    src, lengths, tgt_in = torch.tensor([[4, 5, 6, 7]]), torch.tensor([4]), torch.tensor([[2, 5, 6]])
+    with torch.no_grad():
+        want, _ = second.model.eval()(src, lengths, tgt_in)
+        got, _ = loaded.model(src, lengths, tgt_in)
+    assert torch.equal(got, want)
+
+
+def test_a_checkpoint_saved_before_rotary_base_resumes_and_loads(tiny_task, tmp_path):
+    """A sinusoidal run whose checkpoint config lacks model.transformer.rotary_base (as nmt wrote it
+    before the option): resuming counts the key at its default as no difference, and load_model
+    rebuilds the same model."""
+    from nmt.train.checkpoint import load_checkpoint, save_checkpoint
+    from nmt.translate.loading import load_model
+
+    def trainer(**training):
+        config = transformer_config(tiny_task, tmp_path / "run", device="cpu", **training)
+        return Trainer(resolve_config(config, "t.yaml"), "t.yaml")
+
+    first = trainer(max_steps=4)
+    first.train()
+    last = tmp_path / "run" / "last.pt"
+    checkpoint = load_checkpoint(last)
+    del checkpoint["config"]["model"]["transformer"]["rotary_base"]
+    save_checkpoint(last, checkpoint)
+    loaded = load_model(last)
+    src, lengths, tgt_in = torch.tensor([[4, 5, 6]]), torch.tensor([3]), torch.tensor([[2, 5]])
+    with torch.no_grad():
+        assert torch.equal(loaded.model(src, lengths, tgt_in)[0], first.model.eval()(src, lengths, tgt_in)[0])
+    second = trainer(max_steps=6)
+    assert second.resumed and second.train().step == 6
