@@ -112,9 +112,13 @@ MODEL = {
                        choices=("pre", "post")),
         "positions": Option(str, "sinusoidal", "position encodings: sinusoidal or learned (added to the embeddings), "
                             "rotary (RoPE: self-attention queries and keys rotated by their positions; no table, "
-                            "any length)", choices=("sinusoidal", "learned", "rotary")),
+                            "any length) or relative (Shaw et al. 2018 as OpenNMT-py: learned self-attention "
+                            "key/value relations of clipped offsets)", choices=("sinusoidal", "learned", "rotary",
+                                                                                "relative")),
         "rotary_base": Option(float, 10000.0, "positions: rotary: frequency i of a head turns by position x "
                               "rotary_base^(-2i/d_head)", minimum=1, min_inclusive=False),
+        "max_relative_positions": Option(int, 20, "positions: relative: offsets clipped to -K..K, 2K+1 learned "
+                                         "vectors per self-attention layer", minimum=1, maximum=MAX_SIZE),
         "max_positions": Option(int, 1024, "size of the learned position tables: sources of this many tokens, BOS + this - 1 "
                                 "target tokens (data.src/tgt.max_length and validation.max_length must fit)", minimum=1,
                                 maximum=MAX_SIZE),

@@ -59,9 +59,11 @@ def test_the_cpu_never_takes_the_fused_path_by_default():
 
 
 @pytest.mark.parametrize("temperature", [1.0, 2.5])
-@pytest.mark.parametrize("norm,positions", [("pre", "sinusoidal"), ("post", "sinusoidal"), ("pre", "rotary")])
+@pytest.mark.parametrize("norm,positions", [("pre", "sinusoidal"), ("post", "sinusoidal"), ("pre", "rotary"),
+                                            ("pre", "relative")])
 def test_teacher_forcing_and_gradients_equal_the_unfused_path(norm, positions, temperature, monkeypatch):
-    """Rotary positions rotate the queries and keys before either path (the kernel sees them rotated)."""
+    """Rotary positions rotate the queries and keys before either path (the kernel sees them rotated);
+    relative positions keep their self-attentions on the unfused path (the cross-attentions fuse)."""
     attention = {"mapping": "softmax", "params": {"temperature": temperature} if temperature != 1.0 else {}}
     src, lengths, tgt_in = random_batch(batch=4, src_len=7, tgt_len=6, seed=3)
     outputs = {}
@@ -228,7 +230,7 @@ def test_attention_dropout_is_the_kernels_in_training_only(fused_calls, monkeypa
     assert set(seen) == {0.0} and torch.equal(c, d)
 
 
-@pytest.mark.parametrize("positions", ["sinusoidal", "rotary"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "relative"])
 def test_a_fused_step_compiles_as_one_graph(positions, fused_calls):
     model = make(positions=positions).eval()
     src, lengths, _ = random_batch(batch=3, src_len=6, seed=1)
@@ -242,7 +244,7 @@ def test_a_fused_step_compiles_as_one_graph(positions, fused_calls):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("positions", ["sinusoidal", "rotary"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "relative"])
 def test_on_cuda_the_fused_heads_serve_by_default_and_agree_with_the_unfused(positions, monkeypatch):
     """CUDA, float32: the default takes the fused kernel; logits, gradients and decoding steps
     agree with the unfused heads within float32 rounding."""

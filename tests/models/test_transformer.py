@@ -50,7 +50,8 @@ def incremental(model, src, src_lengths, tgt_in, permutation=None):
 
 
 @pytest.mark.parametrize("name", list(MAPPINGS))
-@pytest.mark.parametrize("norm,positions", [("pre", "sinusoidal"), ("post", "learned"), ("pre", "rotary")])
+@pytest.mark.parametrize("norm,positions", [("pre", "sinusoidal"), ("post", "learned"), ("pre", "rotary"),
+                                            ("post", "relative")])
 def test_incremental_steps_equal_teacher_forcing(name, norm, positions):
     model = make(scale=3.0, attention=MAPPINGS[name], output={"mapping": "entmax15", "params": {}},
                  transformer={"norm": norm, "positions": positions})
@@ -218,6 +219,8 @@ def test_temperature_divides_the_scores(params):
      "model.transformer.positions: rotary positions turn pairs of coordinates and need an even d_head "
      "(d_model / heads), got 1"),
     ({"transformer": {"positions": "rotary", "rotary_base": 1.0}}, "model.transformer.rotary_base: must be > 1, got 1.0"),
+    ({"transformer": {"positions": "relative", "max_relative_positions": 0}},
+     "model.transformer.max_relative_positions: must be >= 1, got 0"),
     ({"attention": {"cross": {"mapping": "softmax", "params": {"alpha": "learned"}}}},
      "model.attention.cross: alpha: 'learned' needs mapping entmax_bisect"),
     ({"attention": {"cross": {"mapping": "entmax_bisect", "params": {"alpha": "learned", "alpha_init": 1.0}}}},
@@ -240,7 +243,7 @@ def test_learned_positions_reject_too_long_inputs():
     assert make().position_limits() == (None, None)  # sinusoids: any length
 
 
-@pytest.mark.parametrize("positions", ["sinusoidal", "rotary"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "relative"])
 @pytest.mark.parametrize("name", ["softmax", "softmax-fused", "sparsemax", "entmax15", "continuous"])
 def test_forward_backward_and_step_do_not_synchronise(name, positions, monkeypatch):
     """The Transformer itself reads nothing back from the device (masks, positions and caches

@@ -76,25 +76,30 @@ def test_transformer_run_reports_alphas_support_and_grids(tiny_task, tmp_path):
     assert "valid/attention_support_cross" in tags["scalars"]
 
 
-def rotary_model(positions: str = "rotary") -> dict:
-    return {**TRANSFORMER, "transformer": {**TRANSFORMER["transformer"], "positions": positions, "rotary_base": 500.0}}
+def relative_model(positions: str) -> dict:
+    """The run's Transformer with rotary (base 500) or relative (K = 3) positions."""
+    return {**TRANSFORMER, "transformer": {**TRANSFORMER["transformer"], "positions": positions, "rotary_base": 500.0,
+                                           "max_relative_positions": 3}}
 
 
-def test_a_rotary_run_resumes_as_uninterrupted_and_its_checkpoint_translates(tiny_task, tmp_path):
-    """positions: rotary through the trainer: a run killed at step 7 and resumed equals the straight
-    run (bit-equal weights, same metrics); load_model rebuilds the rotary model (its base from the
-    checkpoint's config) and gives the trainer's logits; nothing positional is saved (no table)."""
+@pytest.mark.parametrize("positions", ["rotary", "relative"])
+def test_a_relative_position_run_resumes_as_uninterrupted_and_its_checkpoint_translates(positions, tiny_task,
+                                                                                        tmp_path):
+    """positions: rotary / relative through the trainer: a run killed at step 7 and resumed equals the
+    straight run (bit-equal weights, same metrics); load_model rebuilds the model from the checkpoint's
+    config (the rotary base, the relative tables of 2K + 1 vectors) and gives the trainer's logits."""
     import os
     import signal
 
+    from nmt.models.transformer.relative import RelativePositions
     from nmt.models.transformer.rotary import RotaryPositions
     from nmt.train.checkpoint import load_checkpoint
     from nmt.translate.loading import load_model
     from tiny_task import assert_same_run
 
     def trainer(save_dir):
-        return Trainer(resolve_config(transformer_config(tiny_task, save_dir, rotary_model(), device="cpu"),
-                                      "t.yaml"), "t.yaml")
+        config = transformer_config(tiny_task, save_dir, relative_model(positions), device="cpu")
+        return Trainer(resolve_config(config, "t.yaml"), "t.yaml")
 
     straight = trainer(tmp_path / "straight")
     straight.train()
@@ -108,10 +113,16 @@ def test_a_rotary_run_resumes_as_uninterrupted_and_its_checkpoint_translates(tin
     assert second.resumed and second.train().step == 12
     assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
 
-    checkpoint = load_checkpoint(tmp_path / "resumed" / "last.pt")
-    assert not any("positions" in key for key in checkpoint["model"])
+    saved = load_checkpoint(tmp_path / "resumed" / "last.pt")["model"]
+    tables = [key for key in saved if "relative" in key]
     loaded = load_model(tmp_path / "resumed" / "last.pt")
-    assert isinstance(loaded.model.encoder.positions, RotaryPositions) and loaded.model.encoder.positions.base == 500.0
+    positions_module = loaded.model.encoder.positions
+    if positions == "rotary":
+        assert not tables and not any("positions" in key for key in saved)  # no table, nothing saved
+        assert isinstance(positions_module, RotaryPositions) and positions_module.base == 500.0
+    else:
+        assert len(tables) == 4 and all(saved[key].shape == (7, 4) for key in tables)  # 2 + 2 layers
+        assert isinstance(positions_module, RelativePositions) and positions_module.max_relative == 3
     assert loaded.model.position_limits() == (None, None)
     src, lengths, tgt_in = torch.tensor([[4, 5, 6, 7]]), torch.tensor([4]), torch.tensor([[2, 5, 6]])
     with torch.no_grad():
@@ -121,9 +132,9 @@ def test_a_rotary_run_resumes_as_uninterrupted_and_its_checkpoint_translates(tin
 
 
 def test_a_checkpoint_saved_before_rotary_base_resumes_and_loads(tiny_task, tmp_path):
-    """A sinusoidal run whose checkpoint config lacks model.transformer.rotary_base (as nmt wrote it
-    before the option): resuming counts the key at its default as no difference, and load_model
-    rebuilds the same model."""
+    """A sinusoidal run whose checkpoint config lacks model.transformer.rotary_base and
+    max_relative_positions (as nmt wrote it before the options): resuming counts the keys at their
+    defaults as no difference, and load_model rebuilds the same model."""
     from nmt.train.checkpoint import load_checkpoint, save_checkpoint
     from nmt.translate.loading import load_model
 
@@ -136,6 +147,7 @@ def test_a_checkpoint_saved_before_rotary_base_resumes_and_loads(tiny_task, tmp_
     last = tmp_path / "run" / "last.pt"
     checkpoint = load_checkpoint(last)
     del checkpoint["config"]["model"]["transformer"]["rotary_base"]
+    del checkpoint["config"]["model"]["transformer"]["max_relative_positions"]
     save_checkpoint(last, checkpoint)
     loaded = load_model(last)
     src, lengths, tgt_in = torch.tensor([[4, 5, 6]]), torch.tensor([3]), torch.tensor([[2, 5]])

@@ -184,6 +184,7 @@ TRANSFORMER_CASES = [  # (output mapping, attention mapping + params [+ continuo
     ("entmax15", ("entmax15", {}, {"alpha": 2, "num_basis_mu": 4}), 1.5, 3, "average"),  # + continuous cross
     ("sparsemax", ("entmax15", {}), 1.0, 0, "none", "rotary"),  # rotary positions (rotated key caches)
     ("entmax15", ("softmax", {}), 1.5, 1, "gnmt", "rotary"),
+    ("entmax15", ("entmax15", {}), 1.5, 2, "average", "relative"),  # Shaw relative keys / values
 ]
 
 

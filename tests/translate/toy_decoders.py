@@ -171,8 +171,8 @@ def tiny_transformer(vocab: int = 7, src_vocab: int = 9, output: str = "sparsema
         "type": "transformer",
         "embeddings": {"share": False, "tie_output": False, "dropout": 0.0},
         "transformer": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 8, "heads": 2, "d_ff": 16,
-                        "norm": "pre", "positions": positions, "max_positions": 64, "dropout": 0.0,
-                        "attention_dropout": 0.0, "activation_dropout": 0.0, "activation": "relu"},
+                        "norm": "pre", "positions": positions, "max_positions": 64, "max_relative_positions": 2,
+                        "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0, "activation": "relu"},
         "attention": {"mapping": attention, "params": dict(attention_params or {}), "continuous": continuous},
         "output": {"mapping": output, "params": {}},
     }

@@ -47,8 +47,11 @@ def build_transformer(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_
     if d_model % t["heads"]:
         raise ModelConfigError("model.transformer.heads",
                                f"d_model ({d_model}) must be a multiple of heads ({t['heads']})")
+    relative = t.get("max_relative_positions", 20) if t["positions"] == "relative" else 0
+    if t["positions"] == "relative" and relative < 1:
+        raise ModelConfigError("model.transformer.max_relative_positions", f"must be >= 1, got {relative}")
     spec = keyed("model.transformer.norm", LayerSpec, d_model, t["heads"], t["d_ff"], t["norm"], t["dropout"],
-                  t["attention_dropout"], t["activation_dropout"], t["activation"])
+                  t["attention_dropout"], t["activation_dropout"], t["activation"], relative)
     specs = {kind: attention_spec(att_cfg, kind) for kind in ATTENTION_KINDS}
     specs["cross"].continuous = att_cfg.get("continuous")  # combined attention: cross-attention only
     for kind, attention in specs.items():  # check names and parameters up front, naming the key
@@ -71,7 +74,7 @@ def build_transformer(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_
 
     def positions() -> nn.Module:
         return keyed("model.transformer.positions", build_positions, t["positions"], d_model, t["max_positions"],
-                     t["heads"], t.get("rotary_base", 10000.0))
+                     t["heads"], t.get("rotary_base", 10000.0), relative or 20)
 
     encoder = TransformerEncoder(spec, t["encoder_layers"], specs["encoder_self"], positions(), emb_cfg["dropout"])
     decoder = TransformerDecoder(spec, t["decoder_layers"], specs["decoder_self"], specs["cross"], positions(),

@@ -32,6 +32,8 @@ class LayerSpec:
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
     activation: str = "relu"
+    max_relative: int = 0
+    """Relative positions' clipping distance K of every self-attention (0: none)."""
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS:
@@ -80,7 +82,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         pre = spec.norm == "pre"
         self.self_attn = MultiHeadAttention(spec.d_model, spec.heads, attention.mapping, attention.params,
-                                            spec.attention_dropout)
+                                            spec.attention_dropout, max_relative=spec.max_relative)
         self.attn_block = _Residual(spec.d_model, pre, spec.dropout)
         self.feed_forward = FeedForward(spec.d_model, spec.d_ff, spec.activation, spec.activation_dropout)
         self.ff_block = _Residual(spec.d_model, pre, spec.dropout)
@@ -104,7 +106,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         pre = spec.norm == "pre"
         self.self_attn = MultiHeadAttention(spec.d_model, spec.heads, self_attention.mapping,
-                                            self_attention.params, spec.attention_dropout)
+                                            self_attention.params, spec.attention_dropout,
+                                            max_relative=spec.max_relative)
         self.self_block = _Residual(spec.d_model, pre, spec.dropout)
         self.cross_attn = MultiHeadAttention(spec.d_model, spec.heads, cross_attention.mapping,
                                              cross_attention.params, spec.attention_dropout,
@@ -136,7 +139,7 @@ class DecoderLayer(nn.Module):
             offset = cache[0].size(2)
             keys, values = torch.cat([cache[0], keys], dim=2), torch.cat([cache[1], values], dim=2)
         mask = None if x.size(1) == 1 else causal_mask(x.size(1), offset, x.device)  # one query sees all
-        out, self_probs = self.self_attn.attend(q, keys, values, mask, need_self_probs)
+        out, self_probs = self.self_attn.attend(q, keys, values, mask, need_self_probs, offset)
         x = self.self_block.add(x, out)
         query, sources = self.cross_block.inputs(x), cross_kv[0].size(0)
         if sources != x.size(0):  # a step's S rows per source: (N, 1, D) -> (B, S, D)

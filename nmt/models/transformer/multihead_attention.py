@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from nmt.models.dropout import Dropout
 from nmt.models.linear import Linear
 from nmt.models.transformer.head_mapping import HeadMapping
+from nmt.models.transformer.relative import RelativeTable, relative_context, relative_scores
 from nmt.models.transformer.rotary import Rotation, rotate
 from nmt.utils.packed_linear import frozen_linear
 
@@ -60,11 +61,17 @@ class MultiHeadAttention(nn.Module):
     (Martins et al. 2020) per head, ``output = concat_heads((p + w) v) W_o`` where ``w`` are the
     source weights of the continuous density matched to that head's ``p`` (its mean and variance
     over the source positions); ``probs`` stay the discrete ones.
+
+    ``max_relative`` K > 0 (self-attention; :mod:`nmt.models.transformer.relative`): Shaw et al.'s
+    relative positions as OpenNMT-py's ``max_relative_positions``, one learned table of 2K + 1
+    vectors: ``scores += q_m . A[clip(n - m)]`` and ``context += sum_n p_mn A[clip(n - m)]``, the
+    queries at positions ``query_offset ..`` (:meth:`attend`) and the keys at ``0 ..``. Those heads
+    never take the fused kernel (it returns no probabilities for the values' relations).
     """
 
     def __init__(self, d_model: int, heads: int, mapping: str = "softmax",
                  params: dict[str, Any] | None = None, dropout: float = 0.0,
-                 continuous: dict[str, Any] | None = None) -> None:
+                 continuous: dict[str, Any] | None = None, max_relative: int = 0) -> None:
         super().__init__()
         if heads < 1 or d_model % heads:
             raise ValueError(f"d_model ({d_model}) must be a positive multiple of heads ({heads})")
@@ -75,7 +82,9 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = Linear(d_model, d_model)
         self.mapping = HeadMapping(heads, mapping, params)
         self.dropout = Dropout(dropout)
-        self.fusable = mapping == "softmax" and continuous is None  # the fused kernel's own softmax
+        self.relative = RelativeTable(max_relative, self.d_head) if max_relative else None
+        # the fused kernel's own softmax, where no one needs the probabilities
+        self.fusable = mapping == "softmax" and continuous is None and self.relative is None
         self.continuous: nn.Module | None = None
         if continuous is not None:
             from nmt.models.continuous_attention import ContinuousAttention  # only when asked for
@@ -143,9 +152,10 @@ class MultiHeadAttention(nn.Module):
         return self.attend(self.queries(query), keys, values, mask, need_probs)
 
     def attend(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None,
-               need_probs: bool = True) -> tuple[Tensor, Tensor | None]:
+               need_probs: bool = True, query_offset: int = 0) -> tuple[Tensor, Tensor | None]:
         """:meth:`forward` from the scaled queries q (B, heads, T, d_head) of :meth:`queries` or
-        :meth:`self_projections`."""
+        :meth:`self_projections`; ``query_offset``: the position of the first query (relative
+        positions only; the keys are at 0 .. S-1)."""
         if not need_probs and self.fusable and fused_attention_serves(q):
             context = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, dropout_p=self.dropout.p if self.training else 0.0,
@@ -153,11 +163,17 @@ class MultiHeadAttention(nn.Module):
             context = context.transpose(1, 2).reshape(q.size(0), q.size(2), self.d_model)
             return self.out_proj(context), None
         scores = q @ keys.transpose(-1, -2)
+        relations = None
+        if self.relative is not None:
+            relations = self.relative.relations(q.size(2), keys.size(2), query_offset, q.dtype)  # (T, S, d_head)
+            scores = scores + relative_scores(q, relations)
         probs = self.mapping(scores, mask).to(values.dtype)
         weights = self.dropout(probs)
         if self.continuous is not None:
             weights = weights + self._continuous_weights(probs, mask)
         context = weights @ values  # (B, heads, T, d_head)
+        if relations is not None:
+            context = context + relative_context(weights, relations.to(weights.dtype))
         context = context.transpose(1, 2).reshape(q.size(0), q.size(2), self.d_model)
         return self.out_proj(context), probs
 

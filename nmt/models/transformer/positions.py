@@ -4,7 +4,8 @@ Sinusoids and the learned table map ``(x (B, T, D), offset)`` to ``x + P[offset 
 batch). ``offset`` is a Python int: during incremental decoding it is the length of the
 self-attention cache, a shape, so reading it never synchronises with the device. Rotary positions
 (:mod:`nmt.models.transformer.rotary`) add nothing there: they rotate the self-attentions'
-queries and keys instead.
+queries and keys instead; nor do relative positions (:mod:`nmt.models.transformer.relative`),
+whose tables the self-attentions hold.
 """
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import math
 import torch
 from torch import Tensor, nn
 
+from nmt.models.transformer.relative import RelativePositions
 from nmt.models.transformer.rotary import RotaryPositions
 
-POSITIONS = ("sinusoidal", "learned", "rotary")
+POSITIONS = ("sinusoidal", "learned", "rotary", "relative")
 
 
 def sinusoid_table(length: int, dim: int) -> Tensor:
@@ -64,21 +66,24 @@ class LearnedPositions(nn.Module):
 
 
 def position_limit(positions: nn.Module) -> int | None:
-    """The positions ``positions`` hold: ``max_positions`` of a learned table, None (any) for sinusoids
-    and rotary positions (no table)."""
+    """The positions ``positions`` hold: ``max_positions`` of a learned table, None (any) for sinusoids,
+    rotary and relative positions (offsets beyond K share the clipped vector)."""
     return positions.max_positions if isinstance(positions, LearnedPositions) else None
 
 
 def build_positions(kind: str, dim: int, max_positions: int, heads: int = 1,
-                    rotary_base: float = 10000.0) -> nn.Module:
-    """``"sinusoidal"`` or ``"learned"`` position encodings of size ``dim``, or ``"rotary"`` positions
-    of the heads' size ``dim // heads`` with base ``rotary_base`` (``max_positions`` unused)."""
+                    rotary_base: float = 10000.0, max_relative: int = 20) -> nn.Module:
+    """``"sinusoidal"`` or ``"learned"`` position encodings of size ``dim``, ``"rotary"`` positions
+    of the heads' size ``dim // heads`` with base ``rotary_base``, or ``"relative"`` ones clipped at
+    ``max_relative`` (the last two: ``max_positions`` unused)."""
     if kind == "sinusoidal":
         return SinusoidalPositions(dim, max_positions)
     if kind == "learned":
         return LearnedPositions(dim, max_positions)
     if kind == "rotary":
         return RotaryPositions(dim // heads, rotary_base)
+    if kind == "relative":
+        return RelativePositions(max_relative)
     raise ValueError(f"unknown positions {kind!r}; valid: {', '.join(POSITIONS)}")
 
 
