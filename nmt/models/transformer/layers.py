@@ -124,7 +124,8 @@ class DecoderLayer(nn.Module):
         cross_kv: the cross-attention keys/values (B, heads, L, d_head); src_mask: (B, 1, 1, L);
         cache: self-attention keys/values of the earlier positions (B, heads, t0, d_head);
         rotation: rotary positions t0..t0+T-1 of the self-attention's queries and new keys (None:
-        absolute positions), the cache then holding keys rotated by their own positions.
+        absolute positions), the cache then holding keys rotated by their own positions. Relative
+        positions (``spec.max_relative``) place the queries at t0.. and the keys at 0.. themselves.
         One step (T = 1) may also run N = B x S rows, S consecutive rows per source sharing its
         cross keys/values (beam slots): x (N, 1, D) and the cache have N rows, cross_kv and
         src_mask B, and the cross-attention takes each source's S queries together.
