@@ -169,3 +169,20 @@ def test_under_autocast_the_rotation_keeps_the_projections_dtype():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         q, k, v = attention.self_projections(x, rotation)
     assert q.dtype == k.dtype == v.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("transformer,message", [
+    ({"positions": "rotory"}, "t.yaml: model.transformer.positions: unknown value 'rotory' (did you mean 'rotary'?)"),
+    ({"positions": "rotary", "rotary_base": 0}, "t.yaml: model.transformer.rotary_base: must be > 1, got 0"),
+    ({"positions": "relative", "max_relative_positions": 0},
+     "t.yaml: model.transformer.max_relative_positions: must be in [1, 65536], got 0"),
+])
+def test_config_errors_are_one_line_naming_the_key(transformer, message):
+    from nmt.config import ConfigError, resolve_config
+
+    config = {"data": {"train": {"src": "a", "tgt": "b"}, "valid": {"src": "c", "tgt": "d"}},
+              "model": {"type": "transformer", "transformer": transformer},
+              "training": {"max_steps": 1, "save_dir": "r"}}
+    with pytest.raises(ConfigError) as info:
+        resolve_config(config, "t.yaml")
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
