@@ -186,3 +186,20 @@ def test_config_errors_are_one_line_naming_the_key(transformer, message):
     with pytest.raises(ConfigError) as info:
         resolve_config(config, "t.yaml")
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("positions", ["rotary", "relative"])
+def test_max_positions_limits_only_learned_tables_at_load(positions):
+    """data.src.max_length far above max_positions: refused with learned positions (the existing
+    check), accepted with rotary / relative ones, which have no table of positions."""
+    from nmt.config import ConfigError, resolve_config
+
+    def config(kind):
+        return {"data": {"train": {"src": "a", "tgt": "b"}, "valid": {"src": "c", "tgt": "d"},
+                         "src": {"max_length": 500}},
+                "model": {"type": "transformer", "transformer": {"positions": kind, "max_positions": 8}},
+                "training": {"max_steps": 1, "save_dir": "r"}}
+
+    with pytest.raises(ConfigError, match="data.src.max_length: 500 source tokens need more positions"):
+        resolve_config(config("learned"), "t.yaml")
+    assert resolve_config(config(positions), "t.yaml")["data"]["src"]["max_length"] == 500
