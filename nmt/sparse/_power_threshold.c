@@ -34,7 +34,8 @@
  * Broad long rows whose every candidate is in the support start the loop from the root of their
  * moments' binomial series (power_series_root), one pass of powers then settling them (the
  * moments taken while the candidates are converted in the AVX-512 functions: LONG_CONVERT_MOMENTS,
- * no pass of their own); the coarse
+ * no pass of their own; rows the bound keeps whole converted straight from the scores, without
+ * the compaction: LONG_WHOLE_W512, some 6.5 -> 4.6 thousand ticks a row of 8,000); the coarse
  * float passes of long rows drop the entries below their tau as they go and, in the AVX-512
  * functions, take their powers from register tables (COARSE_ACCUMULATE_W512). A diagnostic build
  * (NMT_POWER_COUNTS, tools/power_counts.py) counts the long rows' passes and times their phases.
@@ -730,7 +731,11 @@ double nmt_power_counts[16];
     } while (0)
 #endif
 #define LONG_MOVE_NOTHING(to, from) ((void)0)
-#define LONG_MOVE_INDEX(to, from) (idx[to] = idx[from])
+#define LONG_MOVE_INDEX(to, from) (idx[to] = idx_lazy_ ? (int32_t)(from) : idx[from])
+/* after a drop: MOVE##_DONE; the places written (a row kept whole by LONG_WHOLE_W512 left them
+   unwritten, idx_lazy_: the identity, which the drop's moves wrote from the places themselves) */
+#define LONG_MOVE_NOTHING_DONE ((void)0)
+#define LONG_MOVE_INDEX_DONE (idx_lazy_ = 0)
 #define LONG_NEWTON(DT, IT, L, c, k, rtol_, KEEP, MOVE, V)                                      \
     do {                                                                                        \
         for (int64_t it_ = 0;; it_++) {                                                         \
@@ -772,6 +777,7 @@ double nmt_power_counts[16];
     do {                                                                                        \
         int64_t kept_ = 0, i_ = 0;                                                              \
         LONG_DROP_REST(c, k, MOVE);                                                             \
+        MOVE##_DONE;                                                                            \
     } while (0)
 #ifdef NMT_WIDE_AVX512
 #define LONG_DROP_W512(c, k, MOVE)                                                            \
@@ -786,11 +792,13 @@ double nmt_power_counts[16];
             kept_ += __builtin_popcount((unsigned)m_);                                          \
         }                                                                                       \
         LONG_DROP_REST(c, k, MOVE);                                                             \
+        MOVE##_DONE;                                                                            \
     } while (0)
 #define LONG_MOVE_NOTHING_8(to, from, m) ((void)0)
 #define LONG_MOVE_INDEX_8(to, from, m)                                                          \
-    _mm256_storeu_si256((__m256i *)(idx + (to)),                                                \
-                        _mm256_maskz_compress_epi32((m), _mm256_loadu_si256((const __m256i *)(idx + (from)))))
+    _mm256_storeu_si256((__m256i *)(idx + (to)), _mm256_maskz_compress_epi32((m), idx_lazy_     \
+        ? _mm256_add_epi32(_mm256_set1_epi32((int32_t)(from)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)) \
+        : _mm256_loadu_si256((const __m256i *)(idx + (from)))))
 #endif
 
 /* a float just below the double v (two ulps: every float above it is above v's neighbourhood) */
@@ -833,10 +841,16 @@ static inline float power_float_below(double v)
     do {                                                                                        \
         float *tf = (float *)wk; /* the candidates as floats */                                 \
         const __m512 cut16 = _mm512_set1_ps(cut);                                               \
-        __m512i jv = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);   \
-        const __m512i sixteen = _mm512_set1_epi32(16);                                          \
+        /* the moments' sums (LONG_WHOLE_W512's, LONG_CONVERT_MOMENTS') */                      \
+        __m512d a1_ = _mm512_setzero_pd(), a2_ = a1_, a3_ = a1_, a4_ = a1_, a5_ = a1_, a6_ = a1_; \
+        __m512d a7_ = a1_, hi_ = a1_;                                                           \
+        int64_t done_ = 0; /* the first entries, all candidates, converted with their sums */   \
         k = 0;                                                                                  \
-        for (j = 0; j + 16 <= len; j += 16) {                                                   \
+        LONG_WHOLE_W512(DT, L); /* every entry above the cut: k = len, converted from the scores */ \
+        __m512i jv = _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), \
+                                      _mm512_set1_epi32((int32_t)done_));                       \
+        const __m512i sixteen = _mm512_set1_epi32(16);                                          \
+        for (j = done_; !whole_ && j + 16 <= len; j += 16) {                                    \
             const __m512 v = _mm512_loadu_ps(xr + j);                                           \
             const __mmask16 m = _mm512_cmp_ps_mask(v, cut16, _CMP_GT_OQ);                       \
             _mm512_storeu_ps(tf + k, _mm512_maskz_compress_ps(m, v));                           \
@@ -844,15 +858,17 @@ static inline float power_float_below(double v)
             k += __builtin_popcount((unsigned)m);                                               \
             jv = _mm512_add_epi32(jv, sixteen);                                                 \
         }                                                                                       \
-        for (; j < len; j++) {                                                                  \
+        for (; !whole_ && j < len; j++) {                                                       \
             tf[k] = xr[j];                                                                      \
             idx[k] = (int32_t)j;                                                                \
             k += xr[j] > cut;                                                                   \
         }                                                                                       \
-        int64_t i = 0;                                                                          \
-        if (k > len / 4) { /* a broad row: its moments as the candidates are converted */        \
+        int64_t i = done_;                                                                      \
+        if (whole_) {                                                                           \
+        } else if (k > len / 4) { /* a broad row: its moments as the candidates are converted */ \
             LONG_CONVERT_MOMENTS(DT, IT, L);                                                    \
-        } else {                                                                                \
+        } else { /* (done_ > 0: those first ones' moments not kept; LONG_MOMENTS takes them) */ \
+            r0 = 0.0;                                                                           \
             for (; i + L <= k; i += L) {                                                        \
                 memcpy(&xv, tf + i, sizeof xv);                                                 \
                 const DT dv = (__builtin_convertvector(xv, DT) - (double)top) * a;              \
@@ -862,6 +878,104 @@ static inline float power_float_below(double v)
                 cand[i] = ((double)tf[i] - top) * a;                                            \
         }                                                                                       \
     } while (0)
+/* Step 3's shortcut for rows the bound keeps whole (every entry above the cut: scores close to each
+   other, an output layer's early in training), in the AVX-512 functions: the candidates converted
+   straight from the scores with LONG_CONVERT_MOMENTS' sums, in its order (the same doubles, the
+   same moments), no compaction to the floats tf and no places written (idx_lazy_: the identity,
+   which a drop's LONG_MOVE_INDEX writes as it moves them; the output of k == len reads none).
+   Taken as it goes: at the first vector of sixteen holding an entry at or below the cut it stops,
+   and the compaction goes on from there (done_: the entries before it, all candidates, converted,
+   their places written, their sums kept for LONG_CONVERT_MOMENTS; 0 where the stop came within the
+   first 256, the centre's: the compaction then runs from the row's start). Sets whole_ (then k,
+   r0, mom, abs7, dhi, moments_ as LONG_CONVERT_MOMENTS), or done_ and k, r0. */
+#ifdef NMT_POWER_NO_WHOLE /* a diagnostic build (tests/sparse/test_power_whole_rows.py): every row compacted */
+#define LONG_WHOLE_W512(DT, L) ((void)0)
+#else
+#define LONG_WHOLE_W512(DT, L)                                                                  \
+    do {                                                                                        \
+        const __m512d wt_ = _mm512_set1_pd((double)top), wa_ = _mm512_set1_pd(a);               \
+        int64_t i_ = 0;                                                                         \
+        int ok_ = len >= 256;                                                                   \
+        for (; ok_ && i_ + 16 <= 256; i_ += 16) { /* the centre's candidates first */           \
+            const __m512 v_ = _mm512_loadu_ps(xr + i_);                                         \
+            ok_ = _mm512_cmp_ps_mask(v_, cut16, _CMP_GT_OQ) == (__mmask16)0xFFFF;               \
+            _mm512_storeu_pd(cand + i_, _mm512_mul_pd(_mm512_sub_pd(                           \
+                _mm512_cvtps_pd(_mm512_castps512_ps256(v_)), wt_), wa_));                       \
+            _mm512_storeu_pd(cand + i_ + 8, _mm512_mul_pd(_mm512_sub_pd(                       \
+                _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v_), 1))), \
+                wt_), wa_));                                                                    \
+        }                                                                                       \
+        if (!ok_)                                                                               \
+            break;                                                                              \
+        for (int64_t c_ = 0; c_ < 256; c_++)                                                    \
+            r0 += cand[c_];                                                                     \
+        r0 /= 256.0;                                                                            \
+        const __m512d r0v_ = _mm512_set1_pd(r0);                                                \
+        for (int64_t c_ = 0; c_ < 256; c_ += 8) {                                               \
+            const __m512d d1_ = _mm512_sub_pd(_mm512_loadu_pd(cand + c_), r0v_);                \
+            LONG_MOMENT_SUMS(d1_);                                                              \
+        }                                                                                       \
+        for (; i_ + 16 <= len; i_ += 16) {                                                      \
+            const __m512 v_ = _mm512_loadu_ps(xr + i_);                                         \
+            if (_mm512_cmp_ps_mask(v_, cut16, _CMP_GT_OQ) != (__mmask16)0xFFFF) {               \
+                ok_ = 0;                                                                        \
+                break;                                                                          \
+            }                                                                                   \
+            const __m512d c0_ = _mm512_mul_pd(_mm512_sub_pd(                                    \
+                _mm512_cvtps_pd(_mm512_castps512_ps256(v_)), wt_), wa_);                        \
+            const __m512d c1_ = _mm512_mul_pd(_mm512_sub_pd(                                    \
+                _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v_), 1))), \
+                wt_), wa_);                                                                     \
+            _mm512_storeu_pd(cand + i_, c0_);                                                   \
+            _mm512_storeu_pd(cand + i_ + 8, c1_);                                               \
+            const __m512d d0_ = _mm512_sub_pd(c0_, r0v_);                                       \
+            LONG_MOMENT_SUMS(d0_);                                                              \
+            const __m512d d1_ = _mm512_sub_pd(c1_, r0v_);                                       \
+            LONG_MOMENT_SUMS(d1_);                                                              \
+        }                                                                                       \
+        for (int64_t c_ = i_; ok_ && c_ < len; c_++) /* (the last, fewer than sixteen) */       \
+            ok_ = xr[c_] > cut;                                                                 \
+        if (!ok_) { /* the compaction from i_ on (a multiple of 16: LONG_CONVERT_MOMENTS' vectors) */ \
+            for (int64_t c_ = 0; c_ < i_; c_++)                                                 \
+                idx[c_] = (int32_t)c_;                                                          \
+            done_ = k = i_;                                                                     \
+            break;                                                                              \
+        }                                                                                       \
+        if (i_ + 8 <= len) {                                                                    \
+            const __m512d c0_ = _mm512_mul_pd(_mm512_sub_pd(                                    \
+                _mm512_cvtps_pd(_mm256_loadu_ps(xr + i_)), wt_), wa_);                          \
+            _mm512_storeu_pd(cand + i_, c0_);                                                   \
+            const __m512d d0_ = _mm512_sub_pd(c0_, r0v_);                                       \
+            LONG_MOMENT_SUMS(d0_);                                                              \
+            i_ += 8;                                                                            \
+        }                                                                                       \
+        mom[0] = (double)len;                                                                   \
+        mom[1] = _mm512_reduce_add_pd(a1_);                                                     \
+        mom[2] = _mm512_reduce_add_pd(a2_);                                                     \
+        mom[3] = _mm512_reduce_add_pd(a3_);                                                     \
+        mom[4] = _mm512_reduce_add_pd(a4_);                                                     \
+        mom[5] = _mm512_reduce_add_pd(a5_);                                                     \
+        mom[6] = _mm512_reduce_add_pd(a6_);                                                     \
+        abs7 = _mm512_reduce_add_pd(a7_);                                                       \
+        dhi = _mm512_reduce_max_pd(hi_);                                                        \
+        for (; i_ < len; i_++) { /* the last ones, as LONG_CONVERT_MOMENTS' */                   \
+            cand[i_] = ((double)xr[i_] - top) * a;                                              \
+            const double d1 = cand[i_] - r0, d2 = d1 * d1;                                      \
+            mom[1] += d1;                                                                       \
+            mom[2] += d2;                                                                       \
+            mom[3] += d2 * d1;                                                                  \
+            mom[4] += d2 * d2;                                                                  \
+            mom[5] += d2 * d2 * d1;                                                             \
+            mom[6] += d2 * d2 * d2;                                                             \
+            abs7 += fabs(d2 * d2 * d2 * d1);                                                    \
+            dhi = fabs(d1) > dhi ? fabs(d1) : dhi;                                              \
+        }                                                                                       \
+        k = len;                                                                                \
+        whole_ = 1;                                                                             \
+        idx_lazy_ = 1;                                                                          \
+        moments_ = 1;                                                                           \
+    } while (0)
+#endif
 /* the candidates' conversion from the floats tf[0 .. k) with, in the same pass, what the broad
    rows' start needs (LONG_MOMENTS and LONG_MOMENTS_HIGH's sums): the centre r0 (the first
    min(k, 256) candidates' mean, converted first), mom[0 .. POWER_SERIES_ORDER], abs7 and the
@@ -885,18 +999,19 @@ static inline float power_float_below(double v)
 #define LONG_CONVERT_MOMENTS(DT, IT, L)                                                         \
     do {                                                                                        \
         const int64_t k0_ = k < 256 ? k : 256;                                                  \
-        for (i = 0; i < k0_; i++) { /* the centre's candidates first */                         \
-            cand[i] = ((double)tf[i] - top) * a;                                                \
-            r0 += cand[i];                                                                      \
+        if (done_ == 0) { /* (else LONG_WHOLE_W512 took the first done_ >= 256, r0 and their sums) */ \
+            for (i = 0; i < k0_; i++) { /* the centre's candidates first */                     \
+                cand[i] = ((double)tf[i] - top) * a;                                            \
+                r0 += cand[i];                                                                  \
+            }                                                                                   \
+            r0 /= (double)k0_;                                                                  \
         }                                                                                       \
-        r0 /= (double)k0_;                                                                      \
         const __m512d r0v_ = _mm512_set1_pd(r0);                                                \
-        __m512d a1_ = _mm512_setzero_pd(), a2_ = a1_, a3_ = a1_, a4_ = a1_, a5_ = a1_, a6_ = a1_; \
-        __m512d a7_ = a1_, hi_ = a1_;                                                           \
-        for (i = 0; i + 8 <= k0_; i += 8) {                                                     \
+        for (i = 0; done_ == 0 && i + 8 <= k0_; i += 8) {                                       \
             const __m512d d1_ = _mm512_sub_pd(_mm512_loadu_pd(cand + i), r0v_);                 \
             LONG_MOMENT_SUMS(d1_);                                                              \
         }                                                                                       \
+        i = done_ > i ? done_ : i;                                                              \
         for (; i + L <= k; i += L) { /* (i == k0_ here: 256, or k0_ == k's whole vectors) */    \
             memcpy(&xv, tf + i, sizeof xv);                                                     \
             const DT dv = (__builtin_convertvector(xv, DT) - (double)top) * a;                  \
@@ -1334,6 +1449,9 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         POWER_PHASE(1);                                                                     \
         double mom[POWER_SERIES_ORDER + 1], abs7 = 0.0, dlo = 0.0, dhi = 0.0, r0 = 0.0;           \
         int moments_ = 0; /* the candidates' step set mom, abs7, dlo, dhi, r0 (LONG_CONVERT_MOMENTS) */ \
+        int whole_ = 0;   /* every entry a candidate, from the scores (LONG_WHOLE_W512) */         \
+        int idx_lazy_ = 0; /* the candidates' places not written: the identity (LONG_MOVE_INDEX) */ \
+        (void)whole_;                                                                           \
         { /* 3. the candidates above it */                                                      \
             const float cut = power_float_below((double)top + lo / a);                          \
             LONG_CANDIDATES_##V(FT, IT32, DT, IT, L, ANY);                                          \
@@ -1417,11 +1535,12 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         for (; i < k; i++) { /* (w is 0 off the support: zeros written there) */                \
             const double d = cand[i] > tau ? cand[i] - tau : 0.0;                               \
             const float pf = (float)(wk[i] * d * inv), rf = (float)d;                           \
-            pr[idx[i]] = pf;                                                                    \
+            const int64_t at = idx_lazy_ ? i : idx[i]; /* (a row kept whole: in order) */       \
+            pr[at] = pf;                                                                        \
             if (rr)                                                                             \
-                rr[idx[i]] = rf;                                                                \
+                rr[at] = rf;                                                                    \
             if (wr)                                                                             \
-                wr[idx[i]] = (float)wk[i];                                                      \
+                wr[at] = (float)wk[i];                                                          \
             psum += (double)pf;                                                                 \
             prsum += (double)pf * (double)rf;                                                   \
         }                                                                                       \
