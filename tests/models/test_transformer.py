@@ -249,9 +249,13 @@ def test_forward_backward_and_step_do_not_synchronise(name, positions, monkeypat
     """The Transformer itself reads nothing back from the device (masks, positions and caches
     are built from shapes). The mappings run their accelerator path (``impl: static``, what
     CUDA runs): the CPU path hands rows to NumPy's sort, which the audit counts. "softmax-fused":
-    the heads whose probabilities nobody reads through the fused kernel, as on CUDA."""
+    the heads whose probabilities nobody reads through the fused kernel, as on CUDA. The encoder
+    keeps the padded layout, as off the CPU (its packed rows read the mask: CPU only)."""
     import nmt.models.transformer.multihead_attention as mha
+    import nmt.models.transformer.packed_rows as packed_rows
     from nmt.utils.sync_audit import SyncAudit
+
+    monkeypatch.setattr(packed_rows, "PACKED_ENCODER", False)
 
     fused_calls, fused = [], name == "softmax-fused"
     if fused:

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from nmt.models.dropout import Dropout
 from nmt.models.transformer.layers import AttentionSpec, EncoderLayer, LayerSpec
+from nmt.models.transformer.packed_rows import PackedRows, packs
 from nmt.models.transformer.rotary import stack_rotation
 
 
@@ -33,6 +34,9 @@ class TransformerEncoder(nn.Module):
     def forward(self, emb: Tensor, mask: Tensor, need_maps: bool = True) -> tuple[Tensor, list[Tensor | None]]:
         """emb: (B, L, D) unscaled embeddings; mask: (B, L) bool, True = real token.
 
+        On the CPU, batches with padding run their token-wise work on the real tokens alone
+        (:mod:`nmt.models.transformer.packed_rows`); the memory's padded positions are then zeros.
+
         Returns memory (B, L, D) and the self-attention probabilities of each layer,
         (B, heads, L, L) each; ``need_maps=False``: the caller reads none of them, and a layer's
         may be None (a fused kernel served its heads).
@@ -40,13 +44,16 @@ class TransformerEncoder(nn.Module):
         x = self.dropout(self.positions(emb * self.scale))
         key_mask = mask[:, None, None, :]
         rotation = stack_rotation(self.positions, 0, x.size(1), x.dtype)
+        rows = PackedRows.of(mask) if packs(mask) else None
+        if rows is not None:
+            x = rows.pack(x)
         maps = []
         for layer in self.layers:
-            x, probs = layer(x, key_mask, need_maps, rotation)
+            x, probs = layer(x, key_mask, need_maps, rotation, rows)
             maps.append(probs)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return x, maps
+        return (x if rows is None else rows.unpack(x)), maps
 
 
 __all__ = ["TransformerEncoder"]

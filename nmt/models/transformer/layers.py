@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from nmt.models.dropout import Dropout
 from nmt.models.transformer.feed_forward import FeedForward
 from nmt.models.transformer.multihead_attention import MultiHeadAttention
+from nmt.models.transformer.packed_rows import PackedRows
 from nmt.models.transformer.rotary import Rotation
 
 NORMS = ("pre", "post")
@@ -88,12 +89,14 @@ class EncoderLayer(nn.Module):
         self.ff_block = _Residual(spec.d_model, pre, spec.dropout)
 
     def forward(self, x: Tensor, key_mask: Tensor, need_probs: bool = True,
-                rotation: Rotation | None = None) -> tuple[Tensor, Tensor | None]:
+                rotation: Rotation | None = None, rows: PackedRows | None = None) -> tuple[Tensor, Tensor | None]:
         """x: (B, L, D); key_mask: (B, 1, 1, L) bool; rotation: rotary positions 0..L-1 of the
         self-attention (None: absolute positions, added to the embeddings). Returns x (B, L, D) and
-        probs (B, heads, L, L) (None where ``need_probs`` is False and a fused kernel served the heads)."""
-        q, keys, values = self.self_attn.self_projections(self.attn_block.inputs(x), rotation)
-        out, probs = self.self_attn.attend(q, keys, values, key_mask, need_probs)
+        probs (B, heads, L, L) (None where ``need_probs`` is False and a fused kernel served the heads).
+        ``rows``: x is (N, D), the packed real tokens of the (B, L) grid, and so is the returned x
+        (:mod:`nmt.models.transformer.packed_rows`): only the attention runs in the padded layout."""
+        q, keys, values = self.self_attn.self_projections(self.attn_block.inputs(x), rotation, rows)
+        out, probs = self.self_attn.attend(q, keys, values, key_mask, need_probs, rows=rows)
         x = self.attn_block.add(x, out)
         x = self.ff_block.add(x, self.feed_forward(self.ff_block.inputs(x)))
         return x, probs

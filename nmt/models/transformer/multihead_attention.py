@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from nmt.models.dropout import Dropout
 from nmt.models.linear import Linear
 from nmt.models.transformer.head_mapping import HeadMapping
+from nmt.models.transformer.packed_rows import PackedRows
 from nmt.models.transformer.relative import RelativeTable, relative_context, relative_scores
 from nmt.models.transformer.rotary import Rotation, rotate
 from nmt.utils.packed_linear import frozen_linear
@@ -108,22 +109,29 @@ class MultiHeadAttention(nn.Module):
 
     def queries(self, x: Tensor) -> Tensor:
         """x: (B, T, D) -> the scaled queries ``(x W_q + b_q) / sqrt(d_head)``: (B, heads, T, d_head)."""
+        return self._split(self._scaled_queries(x))
+
+    def _scaled_queries(self, x: Tensor) -> Tensor:
+        """x: (..., D) -> ``(x W_q + b_q) / sqrt(d_head)``, (..., D)."""
         scale = 1.0 / math.sqrt(self.d_head)
         q = frozen_linear("scaled_query", x, self._projection_params()[:2], lambda: (
             self.q_proj.weight.detach() * scale, self.q_proj.bias.detach() * scale))
-        return self._split(q) if q is not None else self._split(self.q_proj(x)) * scale
+        return q if q is not None else self.q_proj(x) * scale
 
-    def self_projections(self, x: Tensor, rotation: Rotation | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def self_projections(self, x: Tensor, rotation: Rotation | None = None,
+                         rows: PackedRows | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """x: (B, T, D) -> (scaled queries, keys, values) of a self-attention, each (B, heads, T, d_head):
         :meth:`queries` and :meth:`keys_values` of ``x``, in a frozen region one product. ``rotation``
         (rotary positions of the T inputs, :mod:`nmt.models.transformer.rotary`): the queries and
-        keys come rotated by their positions (values are not rotated)."""
-        q, k, v = self._self_projections(x)
+        keys come rotated by their positions (values are not rotated). ``rows``: x is (N, D), the
+        packed real tokens of a (B, T) grid (:mod:`nmt.models.transformer.packed_rows`); the
+        projections run on those rows and come back in the padded layout, zeros at padding."""
+        q, k, v = self._self_projections(x, rows)
         if rotation is not None:
             q, k = rotate(q, rotation), rotate(k, rotation)
         return q, k, v
 
-    def _self_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _self_projections(self, x: Tensor, rows: PackedRows | None = None) -> tuple[Tensor, Tensor, Tensor]:
         params = self._projection_params()
 
         def build() -> tuple[Tensor, Tensor]:
@@ -133,9 +141,12 @@ class MultiHeadAttention(nn.Module):
 
         qkv = frozen_linear("scaled_qkv", x, params, build)
         if qkv is None:
-            return (self.queries(x), *self.keys_values(x))
-        q, k, v = qkv.split(self.d_model, dim=-1)
-        return self._split(q), self._split(k), self._split(v)
+            parts = (self._scaled_queries(x), self.k_proj(x), self.v_proj(x))
+            if rows is not None:
+                parts = tuple(rows.unpack(part) for part in parts)
+        else:
+            parts = (rows.unpack(qkv) if rows is not None else qkv).split(self.d_model, dim=-1)
+        return tuple(self._split(part) for part in parts)  # type: ignore[return-value]
 
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None,
                 need_probs: bool = True) -> tuple[Tensor, Tensor | None]:
@@ -152,16 +163,18 @@ class MultiHeadAttention(nn.Module):
         return self.attend(self.queries(query), keys, values, mask, need_probs)
 
     def attend(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None,
-               need_probs: bool = True, query_offset: int = 0) -> tuple[Tensor, Tensor | None]:
+               need_probs: bool = True, query_offset: int = 0,
+               rows: PackedRows | None = None) -> tuple[Tensor, Tensor | None]:
         """:meth:`forward` from the scaled queries q (B, heads, T, d_head) of :meth:`queries` or
         :meth:`self_projections`; ``query_offset``: the position of the first query (relative
-        positions only; the keys are at 0 .. S-1)."""
+        positions only; the keys are at 0 .. S-1). ``rows``: the output is (N, D), the packed rows
+        of the real queries (the output projection runs on those alone)."""
         if not need_probs and self.fusable and fused_attention_serves(q):
             context = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, dropout_p=self.dropout.p if self.training else 0.0,
                 scale=1.0 / self.mapping.temperature)  # q holds the 1 / sqrt(d_head) already
             context = context.transpose(1, 2).reshape(q.size(0), q.size(2), self.d_model)
-            return self.out_proj(context), None
+            return self.out_proj(context if rows is None else rows.pack(context)), None
         scores = q @ keys.transpose(-1, -2)
         relations = None
         if self.relative is not None:
@@ -175,7 +188,7 @@ class MultiHeadAttention(nn.Module):
         if relations is not None:
             context = context + relative_context(weights, relations.to(weights.dtype))
         context = context.transpose(1, 2).reshape(q.size(0), q.size(2), self.d_model)
-        return self.out_proj(context), probs
+        return self.out_proj(context if rows is None else rows.pack(context)), probs
 
     def _continuous_weights(self, probs: Tensor, mask: Tensor | None) -> Tensor:
         """Source weights (B, heads, T, S) of each head's continuous density (see the class docstring)."""
