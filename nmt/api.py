@@ -62,7 +62,8 @@ class Model:
         return f"nmt.Model({paths}; device={self.device}; {self.options})"
 
     def translate(self, sentences: Sequence[str], options: SearchOptions | None = None, *,
-                  align: bool | AlignOptions = False, replace_unk: bool = False, **search: Any) -> list[Translation]:
+                  align: bool | AlignOptions = False, replace_unk: bool = False, prefixes: Sequence[str] | None = None,
+                  **search: Any) -> list[Translation]:
         """Translate a list of sentences (one ``Translation`` each, in order).
 
         ``options`` replaces the model's default ``SearchOptions``; keywords (``beam_size=5``,
@@ -70,16 +71,21 @@ class Model:
         it for this call. An unknown keyword is a TypeError naming the valid ones. ``align``:
         True (word alignment, argmax mode) or an ``AlignOptions`` gives each hypothesis its
         ``(source, target)`` pairs (``Translation.alignments``); ``replace_unk``: each ``<unk>``
-        output piece replaced by the source piece of highest attention at its step.
+        output piece replaced by the source piece of highest attention at its step. ``prefixes``:
+        one target text per sentence (``""``: none) that its outputs must start with (forced
+        target prefixes; each certificate is then about the outputs that start with it).
         """
         from nmt.translate.translator import Translator
 
         lines = _sentences("sentences", sentences)
+        forced = None if prefixes is None else _sentences("prefixes", prefixes)
+        if forced is not None and len(forced) != len(lines):
+            raise ValueError(f"{len(lines)} sentences but {len(forced)} prefixes")
         chosen = (options or self.options).updated(**search)
         translator = Translator(self.decoder, self.src_field, self.tgt_field, chosen,
                                 batch_size=self.batch_size, device=self.device, align=_align_options(align),
                                 replace_unk=replace_unk)
-        return translator.translate(lines)
+        return translator.translate(lines, prefixes=forced)
 
     def score(self, sources: Sequence[str], targets: Sequence[str], *,
               align: bool | AlignOptions = False) -> list[PairScore]:

@@ -88,6 +88,29 @@ def test_score_agrees_with_translation_and_flags_zero_probability(checkpoint):
         assert s.logprob == -math.inf and s.first_zero["support_size"] < s.first_zero["rank"]
 
 
+def test_prefixes_per_call(checkpoint):
+    """``prefixes``: each output starts with its prefix, its score is the teacher-forced one, a
+    sentence without a prefix is translated as without the argument; wrong counts or types and a
+    prefix longer than max_length are errors naming what is wrong."""
+    from nmt.translate.target_prefix import PrefixTooLong
+
+    m = nmt.load(checkpoint, device="cpu", beam_size=3, max_length=8)
+    lines, prefixes = ["a b c", "c a", "b", ""], ["a", "", "bb", "c"]
+    forced, free = m.translate(lines, prefixes=prefixes), m.translate(lines)
+    assert forced[1].text == free[1].text and forced[1].prefix_length == 0
+    for t, p in zip(forced[:3], prefixes):
+        assert t.text.startswith(p) and t.prefix_length == len(p)
+    assert forced[3].certificate.reason == "empty_input"
+    for t, s in zip(forced[:3], m.score(lines[:3], [t.text for t in forced[:3]])):
+        assert s.logprob == pytest.approx(t.score, abs=1e-4) or (s.logprob == t.score == -math.inf)
+    with pytest.raises(ValueError, match="^4 sentences but 3 prefixes$"):
+        m.translate(lines, prefixes=prefixes[:3])
+    with pytest.raises(TypeError, match="prefixes must be a list of sentences"):
+        m.translate(lines, prefixes="a")
+    with pytest.raises(PrefixTooLong, match=r"^input 2: a target prefix of 9 tokens, more than max_length 8"):
+        m.translate(lines, prefixes=["", "a" * 9, "", ""])
+
+
 def test_a_string_where_a_list_is_expected_is_a_type_error(checkpoint):
     m = nmt.load(checkpoint, device="cpu")
     with pytest.raises(TypeError, match="list of sentences, not a single string"):

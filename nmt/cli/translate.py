@@ -2,7 +2,7 @@
 
     nmt-translate -model M.pt [M2.pt ...] -src FILE|- -output FILE|- -beam_size 5 -n_best 1
                   [-batch_size N] -max_length 100 [-max_length_ratio R] -length_penalty none
-                  [-block_ngram_repeat N]
+                  [-block_ngram_repeat N] [-tgt_prefix PREFIXES]
                   -report FILE.jsonl
                   [-tgt REF] [-attention DIR] [-support] [-device auto|cpu|cuda]
                   [-report_align [-align_mode argmax|support] [-align_level word|token]] [-replace_unk]
@@ -123,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-report", "--report", metavar="FILE.jsonl", help="per-sentence certificates and n-best lists (not with scoring)")
     p.add_argument("-tgt", "--tgt", metavar="REF", help="references: print BLEU, chrF (with sacrebleu signatures) and exact-match "
                    "accuracy; in score mode, the targets to score")
+    p.add_argument("-tgt_prefix", "--tgt_prefix", metavar="FILE|-", default=None,
+                   help="forced target prefixes, one a line beside -src (an empty line: none): each output starts "
+                   "with its line's prefix (tokenized alone: end it at a word boundary; kept in the output), and "
+                   "a certificate is about the outputs that do. OpenNMT-py's -tgt_prefix reads them from -tgt; "
+                   "here they have their own file, so -tgt stays the references (- reads stdin when -src is a file)")
     p.add_argument("-attention", "--attention", metavar="DIR", help="write one attention heatmap per sentence (best hypothesis; not with scoring)")
     p.add_argument("-attention_format", "--attention_format", choices=FORMATS, default="png",
                    help="file format of the heatmaps")
@@ -201,7 +206,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
                  ("-min_length", args.min_length != 0, unlimited),
                  ("-max_length_ratio", args.max_length_ratio != 0, unlimited),
                  ("-block_ngram_repeat", args.block_ngram_repeat != 0,
-                  "it gives each reference the model's log-probability, repeated n-grams or not")]
+                  "it gives each reference the model's log-probability, repeated n-grams or not"),
+                 ("-tgt_prefix", args.tgt_prefix is not None,
+                  "it gives each reference the model's log-probability (a reference is a whole output)")]
         for flag, used, why in given:
             if used:
                 raise ValueError(f"{flag} applies to translation, not to scoring ({scoring}): {why}")
@@ -217,6 +224,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         path = getattr(args, name)
         if path not in (None, "-") and os.path.isdir(path):
             raise ValueError(f"-{name} {path}: is a directory")
+    if args.tgt_prefix == "-" and args.src == "-":
+        raise ValueError("-tgt_prefix - and -src - both read stdin: give one of them a file")
     if args.attention is not None and os.path.exists(args.attention) and not os.path.isdir(args.attention):
         raise ValueError(f"-attention {args.attention}: exists and is not a directory")
 

@@ -52,6 +52,17 @@ def read_references(path: str, expected: int | None, src: str) -> list[str]:
     return references
 
 
+def read_prefixes(path: str | None, expected: int | None, src: str) -> list[str] | None:
+    """The lines of ``-tgt_prefix`` (``-``: all of stdin), None without it; ValueError when their
+    count differs from ``expected`` (the source's lines; None: a stream, checked as it goes)."""
+    if path is None:
+        return None
+    prefixes = read_source(path)
+    if expected is not None and len(prefixes) != expected:
+        raise ValueError(f"-tgt_prefix {path} has {len(prefixes)} lines but {src} has {expected}")
+    return prefixes
+
+
 def search_options(args: argparse.Namespace) -> SearchOptions:
     """The ``SearchOptions`` the flags ask for; a bad value is a ValueError naming the flag.
 
@@ -245,5 +256,5 @@ def summary_suffix(startup: float, seconds: float, sentences: int, members: Sequ
 
 __all__ = ["ALIGNMENT_SEPARATOR", "PROG", "SEARCH_FLAGS", "align_options", "attention_flags", "check_word_level",
            "fit_positions", "no_attention", "json_number", "name_input", "output_lines", "print_metrics",
-           "read_references", "read_source", "read_stdin", "report_line", "say", "search_options", "summary_suffix", "write_heatmap",
+           "read_prefixes", "read_references", "read_source", "read_stdin", "report_line", "say", "search_options", "summary_suffix", "write_heatmap",
            "write_lines"]

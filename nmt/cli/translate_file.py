@@ -15,6 +15,7 @@ from nmt.cli.translate_common import (
     name_input,
     output_lines,
     print_metrics,
+    read_prefixes,
     read_references,
     read_source,
     report_line,
@@ -36,6 +37,7 @@ def run_file(args: argparse.Namespace, start: float) -> int:
     align = align_options(args)
     lines = read_source(args.src)
     references = read_references(args.tgt, len(lines), args.src) if args.tgt else None
+    prefixes = read_prefixes(args.tgt_prefix, len(lines), args.src)
     decoder, src_field, tgt_field, members = load_models(args.model, args.device)
     freeze_live_objects()  # the loaded objects are never garbage: keep full collections short
     startup = time.perf_counter() - start
@@ -51,9 +53,10 @@ def run_file(args: argparse.Namespace, start: float) -> int:
 
         bar = tqdm(total=len(lines), unit="sent", file=sys.stderr, desc=PROG, leave=False, disable=None)
     try:
-        translations = translator.translate(lines, progress=bar.update if bar is not None else None)
-    except ValueError as exc:  # a source longer than learned positions hold: its file and line
-        raise no_attention(name_input(exc, {"source": args.src}), args) from None
+        translations = translator.translate(lines, progress=bar.update if bar is not None else None,
+                                            prefixes=prefixes)
+    except ValueError as exc:  # a source longer than learned positions hold (a prefix than -max_length): its file and line
+        raise no_attention(name_input(exc, {"source": args.src, "prefix": args.tgt_prefix}), args) from None
     finally:
         if bar is not None:
             bar.close()

@@ -29,6 +29,7 @@ from nmt.cli.translate_common import (
     name_input,
     output_lines,
     print_metrics,
+    read_prefixes,
     read_references,
     report_line,
     say,
@@ -84,6 +85,7 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
     options = search_options(args)
     align = align_options(args)
     references = read_references(args.tgt, None, "-") if args.tgt else None
+    prefixes = read_prefixes(args.tgt_prefix, None, "-")
     decoder, src_field, tgt_field, members = load_models(args.model, args.device)
     freeze_live_objects()  # the loaded objects are never garbage: keep full collections short
     startup = time.perf_counter() - start
@@ -119,9 +121,16 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
                 break
             try:
                 # indices count from the stream's start: a sentence's samples depend on its line only
-                done = translator.translate(batch, first_index=counts.sentences)
+                forced = None
+                if prefixes is not None:  # this batch's lines of -tgt_prefix
+                    forced = prefixes[counts.sentences: counts.sentences + len(batch)]
+                    if len(forced) < len(batch):
+                        raise ValueError(f"-tgt_prefix {args.tgt_prefix} has {len(prefixes)} lines but stdin has "
+                                         f"more ({counts.sentences + len(batch)} so far)")
+                done = translator.translate(batch, first_index=counts.sentences, prefixes=forced)
             except ValueError as exc:  # a source longer than learned positions hold: its line of stdin
-                raise no_attention(name_input(exc, {"source": "-"}, offset=counts.sentences), args) from None
+                raise no_attention(name_input(exc, {"source": "-", "prefix": args.tgt_prefix},
+                                              offset=counts.sentences), args) from None
             counts.add(done)
             sys.stdout.write("".join(line + "\n" for t in done
                                      for line in output_lines(t, args.n_best, args.with_score, args.report_align)))
@@ -149,6 +158,8 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
     if not args.quiet:
         summary = counts.summary()
         say(summary.line() + summary_suffix(startup, translator.search_seconds, counts.sentences, members))
+    if prefixes is not None and len(prefixes) != counts.sentences:
+        raise ValueError(f"-tgt_prefix {args.tgt_prefix} has {len(prefixes)} lines but stdin had {counts.sentences}")
     if references is not None:
         if len(references) != len(texts):
             raise ValueError(f"{args.tgt} has {len(references)} lines but stdin had {len(texts)}")

@@ -31,7 +31,10 @@ live hypothesis can still rank above the ``n_best``-th finished one.
 With ``block_ngram_repeat`` N, every step first sets the log-probability of each token that would
 repeat an N-gram of its hypothesis to -inf (``nmt.translate.ngram_block``; the hypotheses' tokens
 travel with the rows, ``RowState.ngrams``): a hard constraint, so all of the above holds for the
-constrained problem, the outputs of nonzero probability without a repeated N-gram.
+constrained problem, the outputs of nonzero probability without a repeated N-gram. Forced target
+prefixes (``prefix``, ``nmt.translate.target_prefix``) are the same kind of constraint: at a step
+below a sentence's prefix length every token but the forced one gets -inf, so a certificate is about
+the outputs of nonzero probability that start with the prefix.
 """
 from __future__ import annotations
 
@@ -57,6 +60,7 @@ from nmt.translate.search_step import (
     select_step,
 )
 from nmt.translate.static_search import static_loop
+from nmt.translate.target_prefix import check_prefix, lengthen_limits
 from nmt.utils.packed_linear import frozen_weights
 
 NEG_INF = float("-inf")
@@ -115,6 +119,7 @@ def beam_search(
     eos: int,
     pad: int = 0,
     options: SearchOptions | None = None,
+    prefix: Tensor | None = None,
     **overrides: Any,
 ) -> SearchResult:
     """Decode a batch: src (B, L) long, src_lengths (B,) long, on the model's device.
@@ -130,18 +135,25 @@ def beam_search(
     every row at every step (``support_size`` is then None unless ``return_support``).
     ``mode`` picks the loop ("auto": static on CUDA, dynamic elsewhere): dynamic makes one host
     sync per step; static at most one per ``stop_every`` steps, plus one at the end.
+    ``prefix`` (B, P) long: forced target prefixes, each row's token ids left-aligned and ``-1``
+    (``nmt.translate.target_prefix.NO_PREFIX``) after them (on the host or the model's device; see
+    :func:`nmt.translate.target_prefix.prefix_tensor`): every output of sentence b starts with its
+    prefix (no BOS, EOS or padding in it), and a certificate is about the outputs that do; a
+    sentence's own length limit is raised to its prefix's length; P > ``max_length`` is a ValueError.
     Returns a ``SearchResult``. With ``sample=True`` the result holds ``n_best`` samples of each
     sentence instead (:func:`nmt.translate.sampling.sample_search`, keyed by the sentences' positions
     0..B-1 in this batch; call it with ``sentence_ids`` for samples independent of the batching).
     """
     options = (options or SearchOptions()).updated(**overrides)
+    if prefix is not None:
+        check_prefix(prefix, src.size(0), options.max_length)
     if options.sample:
         from nmt.translate.sampling import sample_search  # it builds on this module
 
-        return sample_search(model, src, src_lengths, Specials(bos, eos, pad), options)
+        return sample_search(model, src, src_lengths, Specials(bos, eos, pad), options, prefix=prefix)
     # not inference_mode: models may cache tensors reused in training; the weights stay fixed
     with torch.no_grad(), frozen_weights():
-        return _search(model, src, src_lengths, Specials(bos, eos, pad), options)
+        return _search(model, src, src_lengths, Specials(bos, eos, pad), options, prefix)
 
 
 def greedy_search(model: StepDecoder, src: Tensor, src_lengths: Tensor, **kwargs: Any) -> SearchResult:
@@ -150,17 +162,17 @@ def greedy_search(model: StepDecoder, src: Tensor, src_lengths: Tensor, **kwargs
 
 
 def _search(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials,
-            options: SearchOptions) -> SearchResult:
+            options: SearchOptions, prefix: Tensor | None = None) -> SearchResult:
     """Run the loop of the resolved mode, then collect the n-best lists."""
     if options.resolved_mode(src.device) == "static":
-        history, end = static_loop(model, src, src_lengths, special, options)
+        history, end = static_loop(model, src, src_lengths, special, options, prefix)
     else:
-        history, end = _dynamic_loop(model, src, src_lengths, special, options)
+        history, end = _dynamic_loop(model, src, src_lengths, special, options, prefix)
     return _collect(history, end, special.eos, special.pad, options)
 
 
 def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials,
-                  options: SearchOptions) -> tuple[SearchHistory, SearchEnd]:
+                  options: SearchOptions, prefix: Tensor | None = None) -> tuple[SearchHistory, SearchEnd]:
     """The dynamic loop: finished sentences leave the batch. Shapes: B sentences, R rows still
     searched, S slots per row (1 at the first step, then K = beam size), T steps."""
     k, max_length = options.beam_size, options.max_length
@@ -171,9 +183,10 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     # The first step runs one row per sentence (all k slots would hold the same BOS prefix);
     # the state is tiled to k slots by the first reordering.
     tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (R*S,) last token
-    limits = options.length_limits(src_lengths)  # (B,) each sentence's own limit, or None
+    limits = lengthen_limits(options.length_limits(src_lengths), prefix)  # (B,) each sentence's own limit, or None
     limit_steps = set() if limits is None else set(limits.tolist())  # the steps where a row may end
-    rows = RowState.start(batch, options.n_best, options.certify, device, limits, ngram_width(options, static=False))
+    rows = RowState.start(batch, options.n_best, options.certify, device, limits, ngram_width(options, static=False),
+                          prefix)
     active: Tensor | None = None  # (R,) original index of each row; None = all, in order
     out_exact, out_reason = rows.exact.clone(), rows.reason.clone()  # (B,), (B,)
     history = SearchHistory(batch, history_fills(options, special.pad))

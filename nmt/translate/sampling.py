@@ -19,7 +19,9 @@ is cut there (returned without EOS, ``complete`` False). A sample whose sampling
 token of nonzero probability (only EOS, forbidden before ``min_length``; or NaN scores) has no
 hypothesis (length 0). With ``block_ngram_repeat`` N, a token that would repeat an N-gram of the sample
 gets probability 0 in the sampling distribution before truncation (:mod:`nmt.translate.ngram_block`):
-the draw renormalises what is left (a sample's score stays its model log-probability).
+the draw renormalises what is left (a sample's score stays its model log-probability). With forced
+target prefixes (:mod:`nmt.translate.target_prefix`) the prefix's tokens are drawn with probability 1
+where the model gives them a nonzero one (a sample whose prefix has probability 0 has no hypothesis).
 
 Shapes: B sentences, N = ``n_best`` samples each, R = B x N rows (the N samples of a sentence are
 consecutive), V target vocabulary, L source length, T steps. The first step runs B rows (every
@@ -43,6 +45,7 @@ from nmt.translate.ngram_block import block_repeats, extend_history, start_histo
 from nmt.translate.sample_distribution import sampling_log_probs, tempered_step
 from nmt.translate.search_options import SearchOptions
 from nmt.translate.search_step import Specials, support_size
+from nmt.translate.target_prefix import check_prefix, force_prefix, lengthen_limits
 from nmt.utils.device import host_to_device
 from nmt.utils.packed_linear import frozen_weights
 
@@ -155,7 +158,7 @@ def _records(token: Tensor, log_probs: Tensor, attention: Tensor | None, alive: 
 
 
 def sample_search(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials, options: SearchOptions,
-                  sentence_ids: Tensor | None = None) -> SearchResult:
+                  sentence_ids: Tensor | None = None, prefix: Tensor | None = None) -> SearchResult:
     """Draw ``options.n_best`` samples of each sentence of src (B, L), src_lengths (B,).
 
     ``sentence_ids``: (B,) long, each sentence's index in the whole input (on any device; default
@@ -165,20 +168,31 @@ def sample_search(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     log-probabilities, ``complete`` False for cut samples), ``exact`` all False, ``reason``
     "sampled" (``SAMPLED``), ``n_nonzero`` 0 and ``mass`` 0 (they describe a search); attention and
     support records per sample as the options ask (the support of the model's own distribution).
+    ``prefix`` (B, P): forced target prefixes (as :func:`~nmt.translate.beam_search.beam_search`
+    takes them): every sample of sentence b starts with its prefix, drawn with probability 1 where
+    the model gives it a nonzero one (its score is the model's log-probability of the whole sample).
     """
+    if prefix is not None:
+        check_prefix(prefix, src.size(0), options.max_length)
     with torch.no_grad(), frozen_weights():
-        return _sample(model, src, src_lengths, special, options, sentence_ids)
+        return _sample(model, src, src_lengths, special, options, sentence_ids, prefix)
 
 
 def _sample(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials, options: SearchOptions,
-            sentence_ids: Tensor | None) -> SearchResult:
+            sentence_ids: Tensor | None, prefix: Tensor | None) -> SearchResult:
     """Run the loop of ``options.resolved_mode`` (static on CUDA, dynamic elsewhere); the same samples."""
     device = src.device
     ids = (torch.arange(src.size(0), device=device) if sentence_ids is None
            else host_to_device(sentence_ids.long(), device))  # (B,)
     if options.resolved_mode(device) == "static":
-        return _static_loop(model, src, src_lengths, special, options, ids)
-    return _dynamic_loop(model, src, src_lengths, special, options, ids)
+        return _static_loop(model, src, src_lengths, special, options, ids, prefix)
+    return _dynamic_loop(model, src, src_lengths, special, options, ids, prefix)
+
+
+def _row_prefix(prefix: Tensor | None, n: int, device: torch.device) -> Tensor | None:
+    """(R, P) the forced prefix of each of the N samples of every sentence (``prefix`` (B, P)), on
+    ``device`` (copied without a sync), or None."""
+    return None if prefix is None else host_to_device(prefix, device).repeat_interleave(n, dim=0)
 
 
 def _row_keys(options: SearchOptions, ids: Tensor) -> Tensor:
@@ -214,12 +228,13 @@ def _final_rows(t: int, max_length: int, row_limit: Tensor | None, limit_steps: 
 
 def _draw(model: StepDecoder, tokens: Tensor, state: State, encoder_out: State, rows: SampleRows, keys: Tensor,
           token_hashes: Tensor | None, t: int, options: SearchOptions, special: Specials, row_limit: Tensor | None,
-          limit_steps: set[int] | None, ngrams: Tensor | None, tile_encoder: bool,
+          limit_steps: set[int] | None, ngrams: Tensor | None, tile_encoder: bool, prefix: Tensor | None = None,
           ) -> tuple[SampleStep, State, State, Tensor]:
     """Step ``t`` of either loop over its R' stepped rows: the model's step at the temperature, at
     ``t = 0`` its B BOS rows repeated for the N samples of each sentence (``encoder_out`` tiled with
     them where ``tile_encoder``: a model that does not share it), the rows at their last step
-    (:func:`_final_rows`), the n-gram blocking of ``ngrams`` (R', max_length) or None, then the draw
+    (:func:`_final_rows`), the n-gram blocking of ``ngrams`` (R', max_length) or None, the forced
+    target prefixes ``prefix`` (R', P) or None, then the draw
     (:func:`sample_step`). tokens: (B,) at ``t = 0``, else (R',); keys: (R',); token_hashes: (V,), or
     None before the first step (made here). Returns ``(step, state, encoder_out, token_hashes)``."""
     n = options.n_best
@@ -235,12 +250,13 @@ def _draw(model: StepDecoder, tokens: Tensor, state: State, encoder_out: State, 
     final = _final_rows(t, options.max_length, row_limit, limit_steps, count, rows.alive.device)  # (R',) or None
     # (R', V) tokens that would repeat an N-gram at -inf (the draw renormalises what is left)
     tempered = block_repeats(tempered, ngrams, options.block_ngram_repeat, t)
+    tempered = force_prefix(tempered, prefix, t)  # (R', V) a forced prefix's token drawn with probability 1
     step = sample_step(log_probs, tempered, attention, rows, keys, token_hashes, t, options, special, final)
     return step, state, encoder_out, token_hashes
 
 
 def _static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials, options: SearchOptions,
-                 ids: Tensor) -> SearchResult:
+                 ids: Tensor, prefix: Tensor | None = None) -> SearchResult:
     """Fixed (R, ...) shapes, stopped samples masked: no host sync in a step, the stop flag read
     every ``stop_every`` steps (the accelerator loop)."""
     n, max_length, every = options.n_best, options.max_length, options.stop_every
@@ -248,7 +264,8 @@ def _static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: 
     batch = src.size(0)
     count = batch * n
     keys = _row_keys(options, ids)  # (R,)
-    limits = options.length_limits(src_lengths)  # (B,) on the lengths' device, or None
+    limits = lengthen_limits(options.length_limits(src_lengths), prefix)  # (B,) on the lengths' device, or None
+    row_prefix = _row_prefix(prefix, n, device)  # (R, P) or None
     # the steps where a row may end, known without a sync where the lengths are on the host
     limit_steps = set(limits.tolist()) if limits is not None and limits.device.type == "cpu" else None
     row_limit = None if limits is None else host_to_device(limits, device).repeat_interleave(n)  # (R,)
@@ -263,7 +280,7 @@ def _static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: 
     for t in range(max_length + 1):
         step, state, encoder_out, token_hashes = _draw(model, tokens, state, encoder_out, rows, keys, token_hashes,
                                                        t, options, special, row_limit, limit_steps, ngrams,
-                                                       tile_encoder)
+                                                       tile_encoder, row_prefix)
         rows, tokens = step.rows, step.token
         if ngrams is not None and t < max_length:
             ngrams = extend_history(ngrams, None, tokens, max_length)
@@ -283,7 +300,7 @@ loop records a stopped row (``sample_step``)."""
 
 
 def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials, options: SearchOptions,
-                  ids: Tensor) -> SearchResult:
+                  ids: Tensor, prefix: Tensor | None = None) -> SearchResult:
     """Stopped samples leave the batch (the CPU loop): one host sync per step (which rows are still
     going), and once the live rows fit a smaller size among 1, 2, 3, 4, 6, 8, 12, ...
     (:func:`~nmt.translate.beam_search.bucket_size`) the rows, their noise keys, limits, n-gram
@@ -296,7 +313,8 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     batch = src.size(0)
     count = batch * n
     keys = _row_keys(options, ids)  # (R',)
-    limits = options.length_limits(src_lengths)  # (B,) or None
+    limits = lengthen_limits(options.length_limits(src_lengths), prefix)  # (B,) or None
+    row_prefix = _row_prefix(prefix, n, device)  # (R', P) or None
     limit_steps = None if limits is None else set(limits.tolist())
     row_limit = None if limits is None else host_to_device(limits, device).repeat_interleave(n)  # (R',)
     encoder_out, state = model.encode(src, src_lengths)
@@ -314,7 +332,7 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     for t in range(max_length + 1):
         step, state, encoder_out, token_hashes = _draw(model, tokens, state, encoder_out, rows, keys, token_hashes,
                                                        t, options, special, row_limit, limit_steps, ngrams,
-                                                       not per_sentence)
+                                                       not per_sentence, row_prefix)
         rows, tokens = step.rows, step.token
         if history is None:
             history = SearchHistory(count, {name: special.pad if RECORD_FILLS[name] is None else RECORD_FILLS[name]
@@ -338,6 +356,7 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
         rows, keys, tokens = rows.select(keep), keys.index_select(0, keep), tokens.index_select(0, keep)
         row_limit = None if row_limit is None else row_limit.index_select(0, keep)
         ngrams = None if ngrams is None else ngrams.index_select(0, keep)
+        row_prefix = None if row_prefix is None else row_prefix.index_select(0, keep)
         state = select_state(state, keep)
         encoder_out = select_state(encoder_out, active // n if per_sentence else keep)
         per_sentence = False

@@ -32,6 +32,7 @@ from nmt.translate.length_penalty import length_penalty
 from nmt.translate.native_step import step_update
 from nmt.translate.ngram_block import block_repeats, extend_history, start_history
 from nmt.translate.search_options import SearchOptions
+from nmt.translate.target_prefix import force_prefix
 from nmt.translate.triton_step import step_update as triton_step_update
 from nmt.sparse._native import step_candidates
 from nmt.sparse._triton_candidates import step_candidates as triton_step_candidates
@@ -103,7 +104,9 @@ class RowState:
     limit: (R,) long each row's own maximum of tokens before EOS (``SearchOptions.length_limits``),
     or None (``max_length`` for every row);
     ngrams: (R, S, W) long the tokens of each slot's prefix, right-aligned, -1 before its first
-    (``nmt.translate.ngram_block``), with ``block_ngram_repeat``; else None.
+    (``nmt.translate.ngram_block``), with ``block_ngram_repeat``; else None;
+    prefix: (R, P) long each row's forced target prefix, ``NO_PREFIX`` after it
+    (``nmt.translate.target_prefix``), or None.
     """
 
     scores: Tensor
@@ -113,16 +116,21 @@ class RowState:
     top_finished: Tensor
     limit: Tensor | None = None
     ngrams: Tensor | None = None
+    prefix: Tensor | None = None
 
     @classmethod
     def start(cls, batch: int, n_best: int, certify: bool, device: torch.device,
-              limit: Tensor | None = None, ngram_width: int | None = None) -> "RowState":
+              limit: Tensor | None = None, ngram_width: int | None = None,
+              prefix: Tensor | None = None) -> "RowState":
         """The state before the first step: one live (empty) prefix per sentence. ``limit`` (B,)
         may come from the host (limits of host-side source lengths): it is copied to ``device``
         with every other field (from the host to CUDA through pinned memory, without a sync).
-        ``ngram_width``: the width of the n-gram history (:func:`ngram_width`; None: no history)."""
+        ``ngram_width``: the width of the n-gram history (:func:`ngram_width`; None: no history).
+        ``prefix`` (B, P): the forced target prefixes (copied like ``limit``), or None."""
         if limit is not None and limit.device != torch.device(device):
             limit = host_to_device(limit, device)
+        if prefix is not None and prefix.device != torch.device(device):
+            prefix = host_to_device(prefix, device)
         return cls(
             scores=torch.zeros((batch, 1), device=device),
             exact=torch.full((batch,), certify, dtype=torch.bool, device=device),
@@ -131,13 +139,14 @@ class RowState:
             top_finished=torch.zeros(batch, dtype=torch.bool, device=device),
             limit=limit,
             ngrams=None if ngram_width is None else start_history(batch, 1, ngram_width, device),
+            prefix=prefix,
         )
 
     def select(self, index: Tensor) -> "RowState":
         """Rows ``index`` (R',) of every field."""
         return RowState(*(None if x is None else x.index_select(0, index) for x in
                           (self.scores, self.exact, self.reason, self.best_finished, self.top_finished,
-                           self.limit, self.ngrams)))
+                           self.limit, self.ngrams, self.prefix)))
 
 
 @dataclass
@@ -194,7 +203,9 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     no row's limit is ``t``) skips that test. With ``block_ngram_repeat`` (``rows.ngrams`` set),
     the tokens that would repeat an n-gram of their slot's prefix get log-probability -inf before
     anything reads the step (candidates, support sizes, certificate), and the returned rows carry
-    the prefixes extended by the kept tokens.
+    the prefixes extended by the kept tokens. With forced target prefixes (``rows.prefix``), a row
+    whose prefix is longer than ``t`` keeps only its forced token's log-probability
+    (``nmt.translate.target_prefix``), at the same point.
     """
     k, n_best, max_length = options.beam_size, options.n_best, options.max_length
     certify, eos, pad = options.certify, special.eos, special.pad
@@ -210,6 +221,7 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     log_probs = log_probs.to(scores.dtype).view(row_count, slots, vocab)  # (R, S, V)
     # repeated n-grams: probability 0 before anything reads the step (the same tensor without blocking)
     log_probs = block_repeats(log_probs, rows.ngrams, options.block_ngram_repeat, t)  # (R, S, V)
+    log_probs = force_prefix(log_probs, rows.prefix, t)  # (R, S, V): a forced prefix's other tokens at -inf
     # NaN / +inf is an unknown probability: it breaks the certificate of a live slot and is
     # never an exact zero there; it never enters the beam either (not even from a dead slot,
     # where it would push finite candidates out unnoticed). Only (R, S) flags and one in-place
@@ -293,7 +305,7 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
         settled = settled & ~exact
     done = ~live | settled  # (R,)
     rows = RowState(scores, exact, reason, best_finished, top_finished, rows.limit,
-                    _extended(rows.ngrams, parent, chosen, options))
+                    _extended(rows.ngrams, parent, chosen, options), rows.prefix)
     return StepOutcome(record, parent, chosen, rows, done, truncated)
 
 
@@ -348,7 +360,7 @@ def _fused_outcome(stats: _Stats, log_probs: Tensor, attention: Tensor, rows: Ro
     record = _per_slot(_row_records(log_probs, attention, stats.support, options), k)
     record.update(token=update.token, parent=update.parent, score=update.score)
     new_rows = RowState(update.live, update.exact, update.reason, update.best_finished, update.top_finished,
-                        rows.limit, _extended(rows.ngrams, update.parent, update.token, options))
+                        rows.limit, _extended(rows.ngrams, update.parent, update.token, options), rows.prefix)
     return StepOutcome(record, update.parent, update.token, new_rows, update.done, None)
 
 

@@ -18,6 +18,7 @@ from nmt.translate.certificate import NOT_CERTIFIED, SAMPLED, reason_name
 from nmt.translate.sampling import sample_search
 from nmt.translate.search_options import SearchOptions
 from nmt.translate.search_step import Specials
+from nmt.translate.target_prefix import check_prefix_lengths, prefix_tensor
 from nmt.utils.device import checked_device
 from nmt.utils.packed_linear import frozen_weights
 from nmt.utils.precision import check_precision, inference_precision
@@ -86,6 +87,9 @@ class Translation:
     alignments: per hypothesis, its ``(source, target)`` pairs, sorted (word or token indices, see
     ``nmt.translate.alignment``; [] for a sample without a hypothesis); None where alignments were
     not asked for (``Translator(align=...)``).
+    prefix_length: the tokens of the forced target prefix every hypothesis starts with (0: none;
+    ``Translator.translate(prefixes=...)``): the certificate is then about the outputs that start
+    with it.
     """
 
     index: int
@@ -103,6 +107,7 @@ class Translation:
     missing: list[bool] = field(default_factory=list)
     decoding: dict[str, Any] | None = None
     alignments: list[list[Pair]] | None = None
+    prefix_length: int = 0
 
     @property
     def text(self) -> str:
@@ -152,7 +157,8 @@ class Translation:
         without a hypothesis has ``"missing": true``, others no such key; ``decoding``: the settings
         of :attr:`decoding` (sampling, n-gram blocking, alignment and ``<unk>`` replacement), only where there
         are any; with alignments, each n-best entry's
-        ``"alignment"``: its pairs in the Pharaoh format, ``"0-0 1-2"``)."""
+        ``"alignment"``: its pairs in the Pharaoh format, ``"0-0 1-2"``; ``prefix_length``: the
+        tokens of the sentence's forced target prefix, only where it has one)."""
         record: dict[str, Any] = {
             "id": self.index,
             "certified": self.certified,
@@ -167,6 +173,8 @@ class Translation:
         }
         if self.decoding is not None:
             record["decoding"] = dict(self.decoding)
+        if self.prefix_length:
+            record["prefix_length"] = self.prefix_length
         if self.support is not None:
             record["support"] = self.support
         return record
@@ -272,19 +280,28 @@ class Translator:
         self.search_seconds = 0.0
 
     def translate(self, lines: Sequence[str], progress: Callable[[int], None] | None = None,
-                  first_index: int = 0) -> list[Translation]:
+                  first_index: int = 0, prefixes: Sequence[str] | None = None) -> list[Translation]:
         """Translations of ``lines`` in input order; ``progress(n)`` is called after each batch
         of n lines. Empty lines give empty translations with reason ``"empty_input"``.
         ``first_index``: the input index of ``lines[0]`` (a stream translated in pieces): each
         ``Translation.index`` counts from it, and so do the sentence indices that key sampling's
         noise (``sample=True``), so that a sentence's samples depend on its place in the whole input
-        only."""
+        only. ``prefixes``: one target text per line (``""``: none) that its outputs must start
+        with (:mod:`nmt.translate.target_prefix`), tokenized alone by the target tokenizer (so it
+        should end at a word boundary) and kept in the output text; one longer than ``max_length``
+        tokens is a ``PrefixTooLong`` (ValueError) naming its input before any is decoded."""
         vocab = self.tgt_field.vocab
         results: list[Translation | None] = [None] * len(lines)
         start = time.perf_counter()
         source_limit, _ = position_limits(self.model)
         options = fit_to_positions(self.options, self.model)  # as far as the positions reach
         decoding = self._report_settings(options)
+        prefix_ids: list[list[int]] | None = None
+        if prefixes is not None:
+            if len(prefixes) != len(lines):
+                raise ValueError(f"{len(prefixes)} target prefixes for {len(lines)} lines")
+            prefix_ids = [self.tgt_field.encode(p) for p in prefixes]
+            check_prefix_lengths(prefix_ids, options.max_length)
         batches = encode_sources(self.src_field, lines, self.batch_size, self.batch_type,
                                  max_length=self.max_src_length)
         if source_limit is not None:  # every source checked before any is decoded
@@ -301,16 +318,19 @@ class Translator:
                     # the source lengths stay on the host: the encoders read them there (an RNN packs
                     # with them) and masks copy them without a sync (nmt.utils.device.host_to_device)
                     on_device = batch.to(self.device, lengths_on_host=True)
+                    # forced prefixes: (B, P) on the host, copied with the search's state (no sync)
+                    forced = None if prefix_ids is None else [prefix_ids[i] for i in batch.indices]
+                    prefix = prefix_tensor(forced) if forced is not None and any(forced) else None
                     with inference_precision(self.device, self.precision):
                         if options.sample:  # keyed by the sentences' indices in the input, not the batch
                             ids = torch.tensor([first_index + i for i in batch.indices], dtype=torch.long)
                             result = sample_search(self.model, on_device.src, on_device.src_lengths,
                                                    Specials(vocab.bos_index, vocab.eos_index, vocab.pad_index),
-                                                   options, sentence_ids=ids)
+                                                   options, sentence_ids=ids, prefix=prefix)
                         else:
                             result = beam_search(self.model, on_device.src, on_device.src_lengths,
                                                  bos=vocab.bos_index, eos=vocab.eos_index, pad=vocab.pad_index,
-                                                 options=options)
+                                                 options=options, prefix=prefix)
                     host = _HostResult.of(result)  # one transfer and conversion per field and batch
                     if options.return_attention and host.attention is None:
                         raise NoAttention("the model's step returns no source attention (None), so it has no "
@@ -320,7 +340,8 @@ class Translator:
                     for row, i in enumerate(batch.indices):
                         src_tokens = self.src_field.vocab.tokens(src_ids[row][: lengths[row]])
                         source = self._source_pieces(lines[i], lengths[row])
-                        results[i] = self._unpack(host, row, first_index + i, src_tokens, decoding, source)
+                        results[i] = self._unpack(host, row, first_index + i, src_tokens, decoding, source,
+                                                  0 if forced is None else len(forced[row]))
                 if progress is not None:
                     progress(len(batch))
         self.search_seconds += time.perf_counter() - start
@@ -347,10 +368,12 @@ class Translator:
         return _SourcePieces(pieces[:length], None if words is None else words[:length])
 
     def _unpack(self, result: "_HostResult", row: int, index: int, src_tokens: list[str],
-                decoding: dict[str, Any] | None = None, source: "_SourcePieces | None" = None) -> Translation:
+                decoding: dict[str, Any] | None = None, source: "_SourcePieces | None" = None,
+                prefix_length: int = 0) -> Translation:
         """Sentence ``row`` of a batched result already on the host (Python lists, NumPy arrays).
         Samples keep their places: one without a hypothesis is ``("", -inf)``, marked missing.
-        ``source``: the source's surface pieces, with alignments or ``<unk>`` replacement."""
+        ``source``: the source's surface pieces, with alignments or ``<unk>`` replacement;
+        ``prefix_length``: the tokens of its forced target prefix."""
         field_ = self.tgt_field
         lengths, scores, token_rows = result.lengths[row], result.scores[row], result.tokens[row]
         sampled = result.reason[row] == SAMPLED
@@ -413,6 +436,7 @@ class Translator:
             missing=missing if any(missing) else [],
             decoding=decoding,
             alignments=alignments,
+            prefix_length=prefix_length,
         )
 
 

@@ -307,6 +307,86 @@ def test_block_ngram_repeat_from_the_cli_and_the_api(trained, capsys, tmp_path):
     assert len(drawn) == 5 * len(inputs) and all(len(set(line)) == len(line) for line in drawn)
 
 
+def test_tgt_prefix_from_the_cli_the_stream_and_the_api(trained, capsys, tmp_path):
+    """-tgt_prefix: every output (and n-best entry, and sample) starts with its line's prefix; a
+    line without one translates as without the flag; the report gives prefix_length; scoring the
+    outputs by teacher forcing gives their reported log-probabilities; the file mode, the stream
+    mode and the Python API agree."""
+    import nmt
+
+    root, inputs = trained["root"], trained["inputs"]
+    # a prefix of one or two characters the reversal would not start with, every third line none
+    prefixes = ["" if i % 3 == 2 or not line else ("f" if i % 2 else "ea") for i, line in enumerate(inputs)]
+    (root / "prefix.txt").write_text("".join(p + "\n" for p in prefixes), encoding="utf-8")
+    out, report, free = tmp_path / "out.txt", tmp_path / "report.jsonl", tmp_path / "free.txt"
+    common = ["-model", trained["model"], "-src", str(root / "input.txt"), "-beam_size", "4", "-quiet"]
+    code, _, err = translate(common + ["-output", str(out), "-report", str(report), "-n_best", "2",
+                                       "-tgt_prefix", str(root / "prefix.txt")], capsys)
+    assert code == 0, err
+    assert translate(common + ["-output", str(free), "-n_best", "2"], capsys)[0] == 0
+    lines, unforced = out.read_text(encoding="utf-8").split("\n")[:-1], free.read_text(encoding="utf-8").split("\n")[:-1]
+    records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+    changed = 0
+    for i, (prefix, record) in enumerate(zip(prefixes, records)):
+        assert all(h["text"].startswith(prefix) for h in record["nbest"])
+        assert record.get("prefix_length", 0) == (len(prefix) if inputs[i] else 0)
+        if not prefix:
+            assert lines[2 * i: 2 * i + 2] == unforced[2 * i: 2 * i + 2]
+        else:
+            changed += lines[2 * i] != unforced[2 * i]
+    assert changed >= 3  # the prefixes bite (the certificates are checked by brute force in tests/translate)
+    best = tmp_path / "best.txt"
+    best.write_text("".join(r["nbest"][0]["text"] + "\n" if r["nbest"] else "\n" for r in records), encoding="utf-8")
+    code, text, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-tgt", str(best),
+                                 "-mode", "score", "-quiet"], capsys)
+    assert code == 0, err
+    for i, (record, scored) in enumerate(zip(records, text.splitlines())):
+        if record["nbest"] and inputs[i]:
+            assert json.loads(scored)["logprob"] == pytest.approx(record["nbest"][0]["logprob"], abs=1e-4)
+    model = nmt.load(trained["model"], device="cpu")
+    api = model.translate(inputs, beam_size=4, n_best=2, prefixes=prefixes)
+    assert [t.text for t in api] == lines[::2]
+    assert [t.certificate.certified for t in api] == [r["certified"] for r in records]
+    streamed = subprocess.run([sys.executable, "-m", "nmt.cli.translate", *common[:2], "-src", "-", "-output", "-",
+                               "-beam_size", "4", "-tgt_prefix", str(root / "prefix.txt"), "-threads", "1", "-quiet",
+                               "-batch_size", "3"],
+                              input="".join(line + "\n" for line in inputs), capture_output=True, text=True,
+                              env=dict(os.environ), timeout=300)
+    assert streamed.returncode == 0, streamed.stderr
+    assert streamed.stdout.split("\n")[:-1] == lines[::2]
+    samples = tmp_path / "samples.txt"
+    code, _, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-output", str(samples),
+                              "-sample", "-n_best", "4", "-tgt_prefix", str(root / "prefix.txt"), "-quiet"], capsys)
+    assert code == 0, err
+    drawn = samples.read_text(encoding="utf-8").split("\n")[:-1]
+    assert all(drawn[4 * i + j].startswith(p) for i, p in enumerate(prefixes) for j in range(4) if inputs[i])
+
+
+def test_bad_tgt_prefixes_are_one_line_errors(trained, capsys, tmp_path):
+    root, inputs = trained["root"], trained["inputs"]
+    out = tmp_path / "out.txt"
+    base = ["-model", trained["model"], "-src", str(root / "input.txt"), "-output", str(out)]
+    short = tmp_path / "short.txt"
+    short.write_text("a\n", encoding="utf-8")
+    code, _, err = translate(base + ["-tgt_prefix", str(short)], capsys)
+    assert (code, err) == (2, f"nmt-translate: error: -tgt_prefix {short} has 1 lines but {root / 'input.txt'} "
+                              f"has {len(inputs)}\n")
+    long = tmp_path / "long.txt"
+    long.write_text("".join(("abcdefabc" if i == 4 else "") + "\n" for i in range(len(inputs))), encoding="utf-8")
+    code, _, err = translate(base + ["-tgt_prefix", str(long), "-max_length", "8"], capsys)
+    assert (code, err) == (2, f"nmt-translate: error: {long}:5: a target prefix of 9 tokens, more than max_length 8 "
+                              "(only EOS may follow the max_length-th token)\n")
+    code, _, err = translate(base + ["-tgt_prefix", str(tmp_path / "missing.txt")], capsys)
+    assert code == 2 and "missing.txt" in err and err.count("\n") == 1
+    code, _, err = translate(["-model", trained["model"], "-src", "-", "-output", "-", "-tgt_prefix", "-"], capsys)
+    assert (code, err) == (2, "nmt-translate: error: -tgt_prefix - and -src - both read stdin: give one of them a "
+                              "file\n")
+    code, _, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-tgt",
+                              str(root / "refs.txt"), "-mode", "score", "-tgt_prefix", str(long)], capsys)
+    assert code == 2 and err.startswith("nmt-translate: error: -tgt_prefix applies to translation, not to scoring")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("flags, expected", [
     (["-max_length_ratio", "nan"], "nmt-translate: error: -max_length_ratio must be a finite number, got nan\n"),
     (["-max_length_ratio", "-1"], "nmt-translate: error: -max_length_ratio must be a finite number >= 0, got -1.0\n"),

@@ -116,7 +116,7 @@ def repeats_ngram(tokens: list[int], n: int) -> bool:
 
 
 def enumerate_support(model, src: Tensor, src_length: Tensor, max_length: int, min_length: int = 0,
-                      block: int = 0):
+                      block: int = 0, prefix: tuple[int, ...] = ()):
     """Depth-first enumeration of every sequence of nonzero probability for ONE source.
 
     Returns (sequences: dict tuple(tokens incl. EOS) -> logprob, frontier: list where
@@ -124,7 +124,9 @@ def enumerate_support(model, src: Tensor, src_length: Tensor, max_length: int, m
     ones included), cut: True if a prefix of max_length non-EOS tokens has a nonzero
     non-EOS continuation). ``block`` = N > 0: only the sequences and prefixes without a
     repeated N-gram (``repeats_ngram``) count, the constrained problem of ``block_ngram_repeat``.
+    ``prefix``: only the sequences and prefixes that start with these tokens (a forced target prefix).
     """
+    forced = list(prefix)
     with torch.no_grad():
         encoder_out, state = model.encode(src.view(1, -1), src_length.view(1))
         sequences: dict[tuple[int, ...], float] = {}
@@ -138,6 +140,8 @@ def enumerate_support(model, src: Tensor, src_length: Tensor, max_length: int, m
             log_probs, _, new_state = model.step(prev, state, encoder_out)
             for tok, lp in enumerate(log_probs[0].tolist()):
                 if lp == -math.inf or repeats_ngram(prefix + [tok], block):
+                    continue
+                if t < len(forced) and tok != forced[t]:
                     continue
                 if tok == EOS:
                     if t < min_length:
