@@ -265,6 +265,17 @@ def test_max_length_ratio_limits_each_sentence_by_its_source(trained, capsys):
     assert outputs["1"] == outputs["0"] and outputs["0.5"] != outputs["0"]
 
 
+def streamed_lines(trained: dict, inputs: list[str], flags: list[str]) -> list[str]:
+    """The output lines of ``nmt-translate -src - -output -`` (a subprocess, one thread) given
+    ``inputs`` on stdin."""
+    streamed = subprocess.run([sys.executable, "-m", "nmt.cli.translate", "-model", trained["model"], "-src", "-",
+                               "-output", "-", *flags, "-threads", "1", "-quiet"],
+                              input="".join(line + "\n" for line in inputs), capture_output=True, text=True,
+                              env=dict(os.environ), timeout=300)
+    assert streamed.returncode == 0, streamed.stderr
+    return streamed.stdout.split("\n")[:-1]
+
+
 def test_block_ngram_repeat_from_the_cli_and_the_api(trained, capsys, tmp_path):
     """-block_ngram_repeat 1: no output, n-best entry or sample repeats a character (the char
     tokenizer's tokens), where the model alone does; the file mode, the stream mode and the Python
@@ -292,12 +303,7 @@ def test_block_ngram_repeat_from_the_cli_and_the_api(trained, capsys, tmp_path):
     api = model.translate([line for line in inputs], beam_size=4, n_best=2, block_ngram_repeat=1)
     assert [t.text for t in api] == lines[::2]
     assert [t.certificate.certified for t in api] == [r["certified"] for r in records]
-    streamed = subprocess.run([sys.executable, "-m", "nmt.cli.translate", *common[:2], "-src", "-", "-output", "-",
-                               "-beam_size", "4", "-block_ngram_repeat", "1", "-threads", "1", "-quiet"],
-                              input="".join(line + "\n" for line in inputs), capture_output=True, text=True,
-                              env=dict(os.environ), timeout=300)
-    assert streamed.returncode == 0, streamed.stderr
-    assert streamed.stdout.split("\n")[:-1] == lines[::2]
+    assert streamed_lines(trained, inputs, ["-beam_size", "4", "-block_ngram_repeat", "1"]) == lines[::2]
     samples = tmp_path / "samples.txt"
     code, _, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-output", str(samples),
                               "-sample", "-n_best", "5", "-block_ngram_repeat", "1", "-max_length", "6", "-quiet"],
@@ -347,13 +353,8 @@ def test_tgt_prefix_from_the_cli_the_stream_and_the_api(trained, capsys, tmp_pat
     api = model.translate(inputs, beam_size=4, n_best=2, prefixes=prefixes)
     assert [t.text for t in api] == lines[::2]
     assert [t.certificate.certified for t in api] == [r["certified"] for r in records]
-    streamed = subprocess.run([sys.executable, "-m", "nmt.cli.translate", *common[:2], "-src", "-", "-output", "-",
-                               "-beam_size", "4", "-tgt_prefix", str(root / "prefix.txt"), "-threads", "1", "-quiet",
-                               "-batch_size", "3"],
-                              input="".join(line + "\n" for line in inputs), capture_output=True, text=True,
-                              env=dict(os.environ), timeout=300)
-    assert streamed.returncode == 0, streamed.stderr
-    assert streamed.stdout.split("\n")[:-1] == lines[::2]
+    assert streamed_lines(trained, inputs, ["-beam_size", "4", "-tgt_prefix", str(root / "prefix.txt"),
+                                            "-batch_size", "3"]) == lines[::2]
     samples = tmp_path / "samples.txt"
     code, _, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-output", str(samples),
                               "-sample", "-n_best", "4", "-tgt_prefix", str(root / "prefix.txt"), "-quiet"], capsys)

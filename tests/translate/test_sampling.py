@@ -143,6 +143,18 @@ def exact_outcomes(model, src, length, mapping, params, *, max_length, temperatu
     return out
 
 
+def assert_fits(counts: Counter, exact: dict[tuple[int, ...], float], n: int) -> None:
+    """Chi-square goodness of fit (at 1e-4) of ``counts`` of ``n`` draws to the outcome
+    probabilities ``exact``: the outcomes expected at least 5 times each, the rest pooled."""
+    big = [o for o, prob in exact.items() if prob * n >= 5]
+    observed, expected = [counts[o] for o in big], [exact[o] * n for o in big]
+    if n - sum(expected) >= 5:
+        observed.append(n - sum(observed))
+        expected.append(n - sum(expected))
+    chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
+    assert chi2 < stats.chi2.ppf(1 - 1e-4, len(expected) - 1), (chi2, len(expected))
+
+
 def drawn(result, sentence: int = 0) -> list[tuple[tuple[int, ...], float]]:
     """(outcome, score) of every sample of one sentence."""
     tokens, lengths, scores = result.tokens[sentence], result.lengths[sentence], result.scores[sentence]
@@ -179,16 +191,7 @@ def test_samples_follow_the_exact_sequence_distribution(mapping, params, fields)
     # each sample's score is its exact log-probability under the model (T = 1, no truncation)
     for outcome, score in samples[:500]:
         assert score == pytest.approx(exact[outcome][1], abs=2e-4)
-    # goodness of fit
-    big = [o for o, (prob, _) in exact.items() if prob * n >= 5]
-    observed = [counts[o] for o in big]
-    expected = [exact[o][0] * n for o in big]
-    rest_expected = n - sum(expected)
-    if rest_expected >= 5:
-        observed.append(n - sum(observed))
-        expected.append(rest_expected)
-    chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
-    assert chi2 < stats.chi2.ppf(1 - 1e-4, len(expected) - 1), (chi2, len(expected))
+    assert_fits(counts, {o: prob for o, (prob, _) in exact.items()}, n)  # goodness of fit
     # total variation: E[TV] <= B = sum_o sqrt(p_o (1 - p_o) / n) / 2 (Jensen), and TV moves by at most
     # 1/n per sample, so P(TV > B + 0.015) <= exp(-2 n 0.015^2) ~ 1e-4 (McDiarmid)
     tv = 0.5 * sum(abs(counts[o] / n - prob) for o, (prob, _) in exact.items())

@@ -24,7 +24,6 @@ from collections import Counter
 
 import pytest
 import torch
-from scipy import stats
 
 import nmt.translate.search_step as step_module
 from nmt.translate.beam_search import beam_search
@@ -42,7 +41,8 @@ from nmt.translate.target_prefix import (
 )
 from nmt.utils.sync_audit import SyncAudit
 from test_certificate_bruteforce import CASES, MAX_LENGTH, N_SOURCES, check_against_enumeration, model_and_sources
-from test_sampling import SPECIAL, V, drawn, forward_logits, reference_mapping, tiny_model
+from test_ngram_block import blocked_outcomes
+from test_sampling import SPECIAL, assert_fits, drawn, forward_logits, reference_mapping, tiny_model
 from test_static_search import assert_same_result
 from toy_decoders import BOS, EOS, PAD, TinyAttentionRNN, enumerate_support, random_sources, tiny_transformer
 
@@ -340,32 +340,6 @@ def test_a_search_step_with_a_prefix_compiles_as_one_graph():
 
 # --- sampling --------------------------------------------------------------------------------------
 
-def prefixed_outcomes(model, src, length, mapping, *, max_length, prefix):
-    """Every outcome of sampling with a forced prefix -> its probability: the model's distribution
-    at each step, the prefix's tokens taken with probability 1 (the outcome's probability given the
-    prefix)."""
-    out: dict[tuple[int, ...], float] = {}
-
-    def walk(seq: tuple[int, ...], prob: float) -> None:
-        q = reference_mapping(forward_logits(model, src, length, seq), mapping, {})
-        if len(seq) == max_length:  # only EOS may follow
-            out[seq + (EOS,) if q[EOS] > 0 else seq] = prob
-            return
-        if len(seq) < len(prefix):
-            if q[prefix[len(seq)]] > 0:
-                walk(seq + (prefix[len(seq)],), prob)
-            return
-        for v in range(V):
-            if q[v] > 0:
-                if v == EOS:
-                    out[seq + (EOS,)] = prob * q[v]
-                else:
-                    walk(seq + (v,), prob * q[v])
-
-    walk((), 1.0)
-    return out
-
-
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
 @pytest.mark.parametrize("mapping", ["softmax", "entmax15"])
 def test_samples_follow_the_distribution_given_the_prefix(mapping, mode):
@@ -374,7 +348,7 @@ def test_samples_follow_the_distribution_given_the_prefix(mapping, mode):
     with torch.no_grad():
         first = reference_mapping(forward_logits(model, src, length, ()), mapping, {})
     forced = (int(first[3:].argmin()) + 3,) if mapping == "softmax" else (int(first[3:].argmax()) + 3,)
-    exact = prefixed_outcomes(model, src, length, mapping, max_length=4, prefix=forced)
+    exact = blocked_outcomes(model, src, length, mapping, max_length=4, prefix=forced)
     assert abs(sum(exact.values()) - 1) < 1e-9 and len(exact) > 5
     n = 20000
     options = SearchOptions(sample=True, n_best=n, max_length=4, seed=5, mode=mode)
@@ -382,14 +356,7 @@ def test_samples_follow_the_distribution_given_the_prefix(mapping, mode):
     counts = Counter(outcome for outcome, _ in drawn(result))
     assert all(o[:len(forced)] == forced for o in counts)
     assert set(counts) <= {o for o, prob in exact.items() if prob > 0}, set(counts) - set(exact)
-    big = [o for o, prob in exact.items() if prob * n >= 5]
-    observed, expected = [counts[o] for o in big], [exact[o] * n for o in big]
-    if n - sum(expected) >= 5:
-        observed.append(n - sum(observed))
-        expected.append(n - sum(expected))
-    chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
-    assert chi2 < stats.chi2.ppf(1 - 1e-4, len(expected) - 1), (chi2, len(expected))
-
+    assert_fits(counts, exact, n)
 
 def test_sampled_scores_are_the_model_log_probabilities_and_a_mixed_batch_draws_as_alone():
     model = TinyAttentionRNN(mapping="entmax15", seed=7)
