@@ -2,7 +2,7 @@
 
     nmt-translate -model M.pt [M2.pt ...] -src FILE|- -output FILE|- -beam_size 5 -n_best 1
                   [-batch_size N] -max_length 100 [-max_length_ratio R] -length_penalty none
-                  [-block_ngram_repeat N] [-tgt_prefix PREFIXES]
+                  [-block_ngram_repeat N] [-ban_unk_token] [-tgt_prefix PREFIXES]
                   -report FILE.jsonl
                   [-tgt REF] [-attention DIR] [-support] [-device auto|cpu|cuda]
                   [-report_align [-align_mode argmax|support] [-align_level word|token]] [-replace_unk]
@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-report", "--report", metavar="FILE.jsonl", help="per-sentence certificates and n-best lists (not with scoring)")
     p.add_argument("-tgt", "--tgt", metavar="REF", help="references: print BLEU, chrF (with sacrebleu signatures) and exact-match "
                    "accuracy; in score mode, the targets to score")
+    p.add_argument("-ban_unk_token", "--ban_unk_token", action="store_true", default=d.ban_unk_token,
+                   help="never output <unk>: it gets probability 0 at every step (a certificate is then about the "
+                   "outputs without it)")
     p.add_argument("-tgt_prefix", "--tgt_prefix", metavar="FILE|-", default=None,
                    help="forced target prefixes, one a line beside -src (an empty line: none): each output starts "
                    "with its line's prefix (tokenized alone: end it at a word boundary; kept in the output), and "
@@ -207,6 +210,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
                  ("-max_length_ratio", args.max_length_ratio != 0, unlimited),
                  ("-block_ngram_repeat", args.block_ngram_repeat != 0,
                   "it gives each reference the model's log-probability, repeated n-grams or not"),
+                 ("-ban_unk_token", args.ban_unk_token, "it gives each reference the model's log-probability, "
+                  "<unk> or not"),
                  ("-tgt_prefix", args.tgt_prefix is not None,
                   "it gives each reference the model's log-probability (a reference is a whole output)")]
         for flag, used, why in given:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 PROG = "nmt-translate"
 SEARCH_FLAGS = ("n_best", "max_length", "min_length", "max_length_ratio", "max_length_offset",
                 "length_penalty", "length_alpha", "support_topk", "stop_every", "sample", "temperature",
-                "sample_topk", "sample_topp", "block_ngram_repeat")
+                "sample_topk", "sample_topp", "block_ngram_repeat", "ban_unk_token")
 """Flags that are ``SearchOptions`` fields of the same name (defaults taken from it); ``-beam_size``
 and ``-seed`` are too, with defaults that depend on ``-sample`` (see :func:`search_options`)."""
 

@@ -118,6 +118,7 @@ def beam_search(
     bos: int,
     eos: int,
     pad: int = 0,
+    unk: int | None = None,
     options: SearchOptions | None = None,
     prefix: Tensor | None = None,
     **overrides: Any,
@@ -140,6 +141,7 @@ def beam_search(
     :func:`nmt.translate.target_prefix.prefix_tensor`): every output of sentence b starts with its
     prefix (no BOS, EOS or padding in it), and a certificate is about the outputs that do; a
     sentence's own length limit is raised to its prefix's length; P > ``max_length`` is a ValueError.
+    ``unk``: the target vocabulary's unknown-word id, needed by ``ban_unk_token``.
     Returns a ``SearchResult``. With ``sample=True`` the result holds ``n_best`` samples of each
     sentence instead (:func:`nmt.translate.sampling.sample_search`, keyed by the sentences' positions
     0..B-1 in this batch; call it with ``sentence_ids`` for samples independent of the batching).
@@ -147,13 +149,16 @@ def beam_search(
     options = (options or SearchOptions()).updated(**overrides)
     if prefix is not None:
         check_prefix(prefix, src.size(0), options.max_length)
+    if options.ban_unk_token and unk is None:
+        raise ValueError("ban_unk_token needs the target vocabulary's unk id: beam_search(..., unk=...)")
+    special = Specials(bos, eos, pad, unk)
     if options.sample:
         from nmt.translate.sampling import sample_search  # it builds on this module
 
-        return sample_search(model, src, src_lengths, Specials(bos, eos, pad), options, prefix=prefix)
+        return sample_search(model, src, src_lengths, special, options, prefix=prefix)
     # not inference_mode: models may cache tensors reused in training; the weights stay fixed
     with torch.no_grad(), frozen_weights():
-        return _search(model, src, src_lengths, Specials(bos, eos, pad), options, prefix)
+        return _search(model, src, src_lengths, special, options, prefix)
 
 
 def greedy_search(model: StepDecoder, src: Tensor, src_lengths: Tensor, **kwargs: Any) -> SearchResult:

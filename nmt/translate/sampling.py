@@ -18,7 +18,8 @@ with EOS where EOS has nonzero probability under the model (its log-probability 
 is cut there (returned without EOS, ``complete`` False). A sample whose sampling distribution has no
 token of nonzero probability (only EOS, forbidden before ``min_length``; or NaN scores) has no
 hypothesis (length 0). With ``block_ngram_repeat`` N, a token that would repeat an N-gram of the sample
-gets probability 0 in the sampling distribution before truncation (:mod:`nmt.translate.ngram_block`):
+(and, with ``ban_unk_token``, ``<unk>``) gets probability 0 in the sampling distribution before
+truncation (:mod:`nmt.translate.ngram_block`):
 the draw renormalises what is left (a sample's score stays its model log-probability). With forced
 target prefixes (:mod:`nmt.translate.target_prefix`) the prefix's tokens are drawn with probability 1
 where the model gives them a nonzero one (a sample whose prefix has probability 0 has no hypothesis).
@@ -44,7 +45,7 @@ from nmt.translate.history import SearchHistory
 from nmt.translate.ngram_block import block_repeats, extend_history, start_history
 from nmt.translate.sample_distribution import sampling_log_probs, tempered_step
 from nmt.translate.search_options import SearchOptions
-from nmt.translate.search_step import Specials, support_size
+from nmt.translate.search_step import Specials, banned_unk, support_size
 from nmt.translate.target_prefix import check_prefix, force_prefix, lengthen_limits
 from nmt.utils.device import host_to_device
 from nmt.utils.packed_linear import frozen_weights
@@ -251,6 +252,7 @@ def _draw(model: StepDecoder, tokens: Tensor, state: State, encoder_out: State, 
     # (R', V) tokens that would repeat an N-gram at -inf (the draw renormalises what is left)
     tempered = block_repeats(tempered, ngrams, options.block_ngram_repeat, t)
     tempered = force_prefix(tempered, prefix, t)  # (R', V) a forced prefix's token drawn with probability 1
+    tempered = banned_unk(tempered, options, special)  # (R', V) <unk> never drawn with ban_unk_token
     step = sample_step(log_probs, tempered, attention, rows, keys, token_hashes, t, options, special, final)
     return step, state, encoder_out, token_hashes
 

@@ -70,6 +70,11 @@ class SearchOptions:
         ``n_nonzero`` / ``mass`` count those outputs of nonzero probability. Samples are drawn from
         each step's distribution without the blocked tokens, renormalised (before top-k / top-p).
         0 (the default): off, no extra operation.
+    ban_unk_token: the unknown-word token ``<unk>`` gets probability 0 at every step (OpenNMT-py's
+        ``-ban_unk_token``), in beam search, greedy and sampling alike (the search needs the
+        vocabulary's unk id: ``beam_search(..., unk=...)``; ``Translator`` passes it). A hard
+        constraint like n-gram blocking: the certificate then speaks of the outputs without
+        ``<unk>``; samples are drawn from each step's distribution without it, renormalised.
     """
 
     beam_size: int = 5
@@ -93,6 +98,7 @@ class SearchOptions:
     sample_topp: float = 1.0
     seed: int = 0
     block_ngram_repeat: int = 0
+    ban_unk_token: bool = False
 
     def __post_init__(self) -> None:
         for name in ("beam_size", "n_best", "max_length", "min_length", "max_length_offset", "support_topk",
@@ -100,7 +106,7 @@ class SearchOptions:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
-        for name in ("certify", "support_stats", "return_support", "return_attention", "sample"):
+        for name in ("certify", "support_stats", "return_support", "return_attention", "sample", "ban_unk_token"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("beam_size", "n_best", "support_topk", "stop_every"):
@@ -152,15 +158,18 @@ class SearchOptions:
     def report_settings(self) -> dict[str, Any] | None:
         """The settings that change what a sentence's certificate or samples mean, for the
         ``-report`` records (``Translation.decoding``): ``block_ngram_repeat`` where > 0 (a
-        certificate is then about the outputs without a repeated N-gram); with ``sample``,
-        ``sample``, ``seed``, ``temperature``, ``sample_topk`` and ``sample_topp`` (with the
-        sentence's line and the sample's number they fix each sample). None where neither is on."""
+        certificate is then about the outputs without a repeated N-gram), ``ban_unk_token`` where
+        on (about the outputs without ``<unk>``); with ``sample``, ``sample``, ``seed``,
+        ``temperature``, ``sample_topk`` and ``sample_topp`` (with the sentence's line and the
+        sample's number they fix each sample). None where none is on."""
         settings: dict[str, Any] = {}
         if self.sample:
             settings.update(sample=True, seed=self.seed, temperature=float(self.temperature),
                             sample_topk=self.sample_topk, sample_topp=float(self.sample_topp))
         if self.block_ngram_repeat:
             settings["block_ngram_repeat"] = self.block_ngram_repeat
+        if self.ban_unk_token:
+            settings["ban_unk_token"] = True
         return settings or None
 
     def resolved_mode(self, device: torch.device | str) -> str:

@@ -43,11 +43,13 @@ NEG_INF = float("-inf")
 
 
 class Specials(NamedTuple):
-    """Target token ids the search needs: BOS starts, EOS ends, PAD fills."""
+    """Target token ids the search needs: BOS starts, EOS ends, PAD fills; UNK (None: unknown to
+    the search) is banned with ``SearchOptions.ban_unk_token``."""
 
     bos: int
     eos: int
     pad: int
+    unk: int | None = None
 
 
 @dataclass
@@ -205,7 +207,7 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     anything reads the step (candidates, support sizes, certificate), and the returned rows carry
     the prefixes extended by the kept tokens. With forced target prefixes (``rows.prefix``), a row
     whose prefix is longer than ``t`` keeps only its forced token's log-probability
-    (``nmt.translate.target_prefix``), at the same point.
+    (``nmt.translate.target_prefix``), at the same point; so does ``<unk>`` with ``ban_unk_token``.
     """
     k, n_best, max_length = options.beam_size, options.n_best, options.max_length
     certify, eos, pad = options.certify, special.eos, special.pad
@@ -222,6 +224,7 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     # repeated n-grams: probability 0 before anything reads the step (the same tensor without blocking)
     log_probs = block_repeats(log_probs, rows.ngrams, options.block_ngram_repeat, t)  # (R, S, V)
     log_probs = force_prefix(log_probs, rows.prefix, t)  # (R, S, V): a forced prefix's other tokens at -inf
+    log_probs = banned_unk(log_probs, options, special)  # (R, S, V): <unk> at -inf with ban_unk_token
     # NaN / +inf is an unknown probability: it breaks the certificate of a live slot and is
     # never an exact zero there; it never enters the beam either (not even from a dead slot,
     # where it would push finite candidates out unnoticed). Only (R, S) flags and one in-place
@@ -307,6 +310,19 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     rows = RowState(scores, exact, reason, best_finished, top_finished, rows.limit,
                     _extended(rows.ngrams, parent, chosen, options), rows.prefix)
     return StepOutcome(record, parent, chosen, rows, done, truncated)
+
+
+def banned_unk(log_probs: Tensor, options: SearchOptions, special: Specials) -> Tensor:
+    """``log_probs`` (..., V) with ``special.unk``'s column at ``-inf`` (a new tensor) where
+    ``options.ban_unk_token``; else the same tensor. A comparison with a device ``arange`` and one
+    ``masked_fill`` (no host-to-device copy, no sync); an unknown score of ``<unk>`` becomes -inf
+    too (the constraint gives it probability 0). ValueError where the unk id is unknown."""
+    if not options.ban_unk_token:
+        return log_probs
+    if special.unk is None:
+        raise ValueError("ban_unk_token needs the target vocabulary's unk id (beam_search(..., unk=...))")
+    is_unk = torch.arange(log_probs.size(-1), device=log_probs.device) == special.unk  # (V,)
+    return log_probs.masked_fill(is_unk, NEG_INF)
 
 
 def _extended(ngrams: Tensor | None, parent: Tensor, chosen: Tensor, options: SearchOptions) -> Tensor | None:
@@ -440,5 +456,5 @@ def pad_slots(x: Tensor, k: int, value: float | int | bool) -> Tensor:
     return torch.cat([x, x.new_full((x.size(0), k - x.size(1)), value)], dim=1)
 
 
-__all__ = ["RowState", "SearchEnd", "Specials", "StepOutcome", "Truncations", "divided", "flat_parents", "history_fills",
+__all__ = ["RowState", "SearchEnd", "Specials", "StepOutcome", "Truncations", "banned_unk", "divided", "flat_parents", "history_fills",
            "ngram_width", "pad_slots", "select_step", "support_size"]

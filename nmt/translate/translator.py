@@ -325,12 +325,13 @@ class Translator:
                         if options.sample:  # keyed by the sentences' indices in the input, not the batch
                             ids = torch.tensor([first_index + i for i in batch.indices], dtype=torch.long)
                             result = sample_search(self.model, on_device.src, on_device.src_lengths,
-                                                   Specials(vocab.bos_index, vocab.eos_index, vocab.pad_index),
+                                                   Specials(vocab.bos_index, vocab.eos_index, vocab.pad_index,
+                                                            vocab.unk_index),
                                                    options, sentence_ids=ids, prefix=prefix)
                         else:
                             result = beam_search(self.model, on_device.src, on_device.src_lengths,
                                                  bos=vocab.bos_index, eos=vocab.eos_index, pad=vocab.pad_index,
-                                                 options=options, prefix=prefix)
+                                                 unk=vocab.unk_index, options=options, prefix=prefix)
                     host = _HostResult.of(result)  # one transfer and conversion per field and batch
                     if options.return_attention and host.attention is None:
                         raise NoAttention("the model's step returns no source attention (None), so it has no "

@@ -363,6 +363,21 @@ def test_tgt_prefix_from_the_cli_the_stream_and_the_api(trained, capsys, tmp_pat
     assert all(drawn[4 * i + j].startswith(p) for i, p in enumerate(prefixes) for j in range(4) if inputs[i])
 
 
+def test_ban_unk_token_from_the_cli(trained, capsys, tmp_path):
+    """-ban_unk_token reaches the search with the vocabulary's unk id (a search without it refuses
+    the option), no output holds <unk>, and the report says the certificates are about the outputs
+    without it."""
+    root = trained["root"]
+    out, report = tmp_path / "out.txt", tmp_path / "report.jsonl"
+    code, _, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-output", str(out),
+                              "-report", str(report), "-beam_size", "3", "-n_best", "3", "-ban_unk_token", "-quiet"],
+                             capsys)
+    assert code == 0, err
+    records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+    assert all(r["decoding"] == {"ban_unk_token": True} for r in records)
+    assert not any("<unk>" in h["text"] for r in records for h in r["nbest"])
+
+
 def test_bad_tgt_prefixes_are_one_line_errors(trained, capsys, tmp_path):
     root, inputs = trained["root"], trained["inputs"]
     out = tmp_path / "out.txt"
@@ -508,6 +523,8 @@ def test_scoring_runs_the_model_at_the_precision_of_translation(trained, capsys)
     (["-mode", "score"], ["-min_length", "2"], "-min_length"),
     (["-score_output", "scores.jsonl"], ["-max_length_ratio", "1.5"], "-max_length_ratio"),
     (["-mode", "score"], ["-block_ngram_repeat", "2"], "-block_ngram_repeat"),
+    (["-mode", "score"], ["-ban_unk_token"], "-ban_unk_token"),
+    (["-score_output", "scores.jsonl"], ["-tgt_prefix", "prefix.txt"], "-tgt_prefix"),
 ])
 def test_scoring_refuses_flags_of_translation(trained, capsys, tmp_path, mode, flags, named):
     """-mode score ignored -attention and -n_best (no heatmap, one line per pair) without a word."""

@@ -308,10 +308,11 @@ def test_a_search_step_with_blocking_compiles_as_one_graph():
 
 # --- sampling --------------------------------------------------------------------------------------
 
-def blocked_outcomes(model, src, length, mapping, *, max_length, block=0, k=0, p=1.0, prefix=()):
+def blocked_outcomes(model, src, length, mapping, *, max_length, block=0, k=0, p=1.0, prefix=(), banned=None):
     """Every outcome of blocked sampling -> its probability: at each step the model's distribution
     with the tokens that would repeat an n-gram set to 0 (and, below the length of a forced
-    ``prefix``, every token but the prefix's), renormalised, then top-k / top-p."""
+    ``prefix``, every token but the prefix's; and the ``banned`` token), renormalised, then top-k /
+    top-p."""
     out: dict[tuple[int, ...], float] = {}
 
     def walk(seq: tuple[int, ...], prob: float) -> None:
@@ -320,7 +321,8 @@ def blocked_outcomes(model, src, length, mapping, *, max_length, block=0, k=0, p
             out[seq + (EOS,) if q[EOS] > 0 else seq] = prob
             return
         for v in range(V):
-            if repeats_ngram(list(seq) + [v], block) or (len(seq) < len(prefix) and v != prefix[len(seq)]):
+            if (repeats_ngram(list(seq) + [v], block) or (len(seq) < len(prefix) and v != prefix[len(seq)])
+                    or v == banned):
                 q[v] = 0.0
         if not q.any():  # nothing left: no outcome (a forced token of probability 0)
             return

@@ -116,7 +116,7 @@ def repeats_ngram(tokens: list[int], n: int) -> bool:
 
 
 def enumerate_support(model, src: Tensor, src_length: Tensor, max_length: int, min_length: int = 0,
-                      block: int = 0, prefix: tuple[int, ...] = ()):
+                      block: int = 0, prefix: tuple[int, ...] = (), banned: int | None = None):
     """Depth-first enumeration of every sequence of nonzero probability for ONE source.
 
     Returns (sequences: dict tuple(tokens incl. EOS) -> logprob, frontier: list where
@@ -125,6 +125,7 @@ def enumerate_support(model, src: Tensor, src_length: Tensor, max_length: int, m
     non-EOS continuation). ``block`` = N > 0: only the sequences and prefixes without a
     repeated N-gram (``repeats_ngram``) count, the constrained problem of ``block_ngram_repeat``.
     ``prefix``: only the sequences and prefixes that start with these tokens (a forced target prefix).
+    ``banned``: only those without this token (``ban_unk_token``).
     """
     forced = list(prefix)
     with torch.no_grad():
@@ -141,7 +142,7 @@ def enumerate_support(model, src: Tensor, src_length: Tensor, max_length: int, m
             for tok, lp in enumerate(log_probs[0].tolist()):
                 if lp == -math.inf or repeats_ngram(prefix + [tok], block):
                     continue
-                if t < len(forced) and tok != forced[t]:
+                if (t < len(forced) and tok != forced[t]) or tok == banned:
                     continue
                 if tok == EOS:
                     if t < min_length:
