@@ -50,6 +50,7 @@ setup(
             "nmt-translate=nmt.cli.translate:main",
             "nmt-average=nmt.cli.average:main",
             "nmt-release=nmt.cli.release:main",
+            "nmt-server=nmt.cli.server:main",
         ]
     },
 )

@@ -42,3 +42,38 @@ def count_calls(monkeypatch):
         return calls
 
     return patch
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> str:
+    """A tiny copy model trained for a few steps (``a b c`` -> ``abc``; the API and the server are
+    tested, not the model's quality): its best.pt."""
+    import yaml
+
+    from nmt.cli import train as train_cli
+
+    root = tmp_path_factory.mktemp("api")
+    words = ["a b c", "b c", "c a", "a a b", "c b a", "b"]
+    for split in ("train", "valid"):
+        (root / f"{split}.src").write_text("".join(w + "\n" for w in words), encoding="utf-8")
+        (root / f"{split}.tgt").write_text("".join(w.replace(" ", "") + "\n" for w in words), encoding="utf-8")
+    config = {
+        "data": {"train": {"src": str(root / "train.src"), "tgt": str(root / "train.tgt")},
+                 "valid": {"src": str(root / "valid.src"), "tgt": str(root / "valid.tgt")},
+                 "src": {"tokenizer": {"type": "space"}}, "tgt": {"tokenizer": {"type": "char"}}},
+        "model": {"embeddings": {"src_size": 8, "tgt_size": 8, "dropout": 0.0},
+                  "encoder": {"layers": 1, "hidden_size": 8, "dropout": 0.0},
+                  "decoder": {"layers": 1, "hidden_size": 8, "dropout": 0.0},
+                  "attention": {"mapping": "sparsemax"}, "output": {"mapping": "entmax15"}},
+        "training": {"save_dir": str(root / "run"), "batch_size": 6, "max_steps": 4, "valid_every": 4,
+                     "log_every": 4, "keep_last": 1, "progress": False, "threads": 1,
+                     "optimizer": {"name": "adam", "lr": 0.01}},
+        "validation": {"metric": "loss", "batch_size": 6, "max_length": 6, "n_heatmaps": 0},
+    }
+    (root / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    threads = torch.get_num_threads()
+    try:
+        assert train_cli.main(["-config", str(root / "config.yaml"), "-quiet"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return str(root / "run" / "best.pt")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
+
+from nmt.utils.json_safe import json_number, json_safe  # noqa: F401 (json_number re-exported)
 
 if TYPE_CHECKING:
     from nmt.translate.alignment import AlignOptions
@@ -171,16 +172,10 @@ def name_input(exc: Exception, sides: dict[str, str], offset: int = 0) -> Except
     return DataError(f"{'<stdin>' if path == '-' else path}:{exc.index + offset + 1}: {exc.problem}")
 
 
-def json_number(x: float | None) -> float | None:
-    """``x``, or None where JSON has no number (inf, nan)."""
-    return x if x is not None and math.isfinite(x) else None
-
-
 def report_line(t: Translation) -> str:
-    """The ``-report`` JSON line of one translation (non-finite log-probabilities are null)."""
-    record = t.report()
-    record["nbest"] = [{**h, "logprob": json_number(h["logprob"])} for h in record["nbest"]]
-    return json.dumps(record, ensure_ascii=False) + "\n"
+    """The ``-report`` JSON line of one translation (non-finite numbers, e.g. the log-probability of
+    a sample without a hypothesis, are null)."""
+    return json.dumps(json_safe(t.report()), ensure_ascii=False) + "\n"
 
 
 ALIGNMENT_SEPARATOR = " ||| "

@@ -1,0 +1,262 @@
+"""``nmt-server``'s HTTP API: JSON requests translated and scored by one loaded model (or ensemble).
+
+Endpoints (UTF-8 JSON in and out; see the README's "Serving" section):
+
+* ``GET /health`` -> ``{"status": "ok"}``.
+* ``GET /model`` -> the checkpoints (path, training step), the device, the default search options
+  and the tokenizers.
+* ``POST /translate`` ``{"src": [...], "options": {...}, "prefixes": [...], "align": false,
+  "replace_unk": false}`` (only ``src`` required; ``options``: any ``SearchOptions`` field, e.g.
+  ``{"beam_size": 5, "n_best": 3}``, over the server's defaults) -> ``{"translations": [...]}``, one
+  record per source in order: ``nmt-translate -report``'s record (certificate, n-best list, decoding
+  settings) with ``"src"`` and ``"text"`` (the output) added.
+* ``POST /score`` ``{"src": [...], "tgt": [...], "align": false}`` -> ``{"scores": [...]}``: the
+  teacher-forced scores, ``-score_output``'s records.
+* ``POST /translator/translate``: OpenNMT-py's server request, ``[{"src": "...", "id": 100}, ...]``
+  (``id`` is accepted and not used: one server serves one model) -> ``[[{"src", "tgt", "n_best",
+  "pred_score", "certified", "reason"}, ...]]`` (one inner entry per input and hypothesis, as
+  OpenNMT-py answers, with the certificate added).
+
+Errors are ``{"error": "one line"}`` with status 400 (not JSON, a missing or mistyped field, a bad
+search option, an input the model cannot take), 404 (no such endpoint), 405 (wrong method), 413
+(a body or a list larger than the server's limits) or 500 (a failure of the server; it keeps
+serving). Requests are served by threads and decode one at a time (a lock around the model):
+batching happens within a request, so send many sentences per request. Non-finite numbers are
+written as null (JSON has none).
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Sequence
+
+from nmt.api import Model
+from nmt.utils.json_safe import json_safe
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+"""Largest request body accepted (413 above it)."""
+
+
+class RequestError(ValueError):
+    """A request the server refuses: ``status`` (an ``HTTPStatus``) and a one-line message."""
+
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class TranslationService:
+    """What the endpoints do with a :class:`~nmt.api.Model`, without HTTP: each method takes the
+    request's decoded JSON and returns the JSON to answer, or raises :class:`RequestError`.
+    ``max_sentences``: the most sources (or pairs) one request may hold. One request decodes at a
+    time (``lock``)."""
+
+    def __init__(self, model: Model, max_sentences: int = 10_000) -> None:
+        self.model, self.max_sentences = model, max_sentences
+        self.lock = threading.Lock()
+
+    def health(self, _: Any = None) -> dict[str, Any]:
+        """``{"status": "ok"}``."""
+        return {"status": "ok"}
+
+    def describe(self, _: Any = None) -> dict[str, Any]:
+        """The checkpoints (path, step), device, default search options and tokenizers."""
+        from dataclasses import asdict
+
+        return {
+            "checkpoints": [{"path": str(m.path), "step": m.step} for m in self.model.members],
+            "device": str(self.model.device),
+            "options": asdict(self.model.options),
+            "tokenizers": {"source": type(self.model.src_field.tokenizer).__name__,
+                           "target": type(self.model.tgt_field.tokenizer).__name__},
+        }
+
+    def translate(self, body: Any) -> dict[str, Any]:
+        """``POST /translate``: ``{"translations": [record, ...]}``."""
+        request = _object(body, ("src", "options", "prefixes", "align", "replace_unk"))
+        sources = self._texts(request, "src")
+        options = request.get("options", {})
+        if not isinstance(options, dict):
+            raise _bad(f"options must be an object of search options, got {_json_type(options)}")
+        prefixes = self._texts(request, "prefixes") if "prefixes" in request else None
+        if prefixes is not None and len(prefixes) != len(sources):
+            raise _bad(f"prefixes has {len(prefixes)} entries but src has {len(sources)}")
+        flags = {name: _flag(request, name) for name in ("align", "replace_unk")}
+        translations = self._run(lambda: self.model.translate(sources, prefixes=prefixes, **flags, **options))
+        return {"translations": [{"src": src, "text": t.text, **t.report()}
+                                 for src, t in zip(sources, translations)]}
+
+    def score(self, body: Any) -> dict[str, Any]:
+        """``POST /score``: ``{"scores": [record, ...]}``."""
+        request = _object(body, ("src", "tgt", "align"))
+        sources, targets = self._texts(request, "src"), self._texts(request, "tgt")
+        if len(sources) != len(targets):
+            raise _bad(f"tgt has {len(targets)} entries but src has {len(sources)}")
+        align = _flag(request, "align")
+        scores = self._run(lambda: self.model.score(sources, targets, align=align))
+        return {"scores": [s.report() for s in scores]}
+
+    def onmt_translate(self, body: Any) -> list[list[dict[str, Any]]]:
+        """``POST /translator/translate``, OpenNMT-py's request and answer shapes."""
+        if not isinstance(body, list):
+            raise _bad(f"the request must be a list of {{\"src\": text, \"id\": model id}} objects, got "
+                       f"{_json_type(body)}")
+        sources = []
+        for i, item in enumerate(body):
+            entry = _object(item, ("src", "id"), f"[{i}]")
+            if not isinstance(entry.get("src"), str):
+                raise _bad(f"[{i}].src must be a string, got {_json_type(entry.get('src'))}")
+            sources.append(entry["src"])
+        self._check_count(len(sources), "the request")
+        translations = self._run(lambda: self.model.translate(sources))
+        return [[{"src": src, "tgt": text, "n_best": n, "pred_score": score, "certified": t.certified,
+                  "reason": t.reason}
+                 for src, t in zip(sources, translations)
+                 for n, (text, score) in enumerate(t.hypotheses or [("", float("-inf"))], start=1)]]
+
+    def _texts(self, request: dict[str, Any], name: str) -> list[str]:
+        """``request[name]`` as a list of strings (400 otherwise; 413 beyond ``max_sentences``)."""
+        if name not in request:
+            raise _bad(f"{name} is missing: a list of sentences")
+        value = request[name]
+        if not isinstance(value, list):
+            raise _bad(f"{name} must be a list of sentences, got {_json_type(value)}")
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise _bad(f"{name}[{i}] must be a string, got {_json_type(item)}")
+        self._check_count(len(value), name)
+        return value
+
+    def _check_count(self, count: int, what: str) -> None:
+        if count > self.max_sentences:
+            raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                               f"{what} holds {count} sentences, more than this server takes in one request "
+                               f"({self.max_sentences}; nmt-server -max_sentences)")
+
+    def _run(self, work: Callable[[], Any]) -> Any:
+        """``work()`` under the model's lock; a ValueError or TypeError of the inputs or options is a 400."""
+        with self.lock:
+            try:
+                return work()
+            except (ValueError, TypeError) as exc:
+                raise _bad(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+
+
+def load_service(checkpoints: Sequence[str], device: str = "auto", *, batch_size: int = 64,
+                 max_sentences: int = 10_000, **search: Any) -> TranslationService:
+    """A :class:`TranslationService` of the checkpoints (several: an ensemble) loaded on ``device``
+    with ``search`` (``SearchOptions`` fields) as the default options of every request."""
+    from nmt.api import load
+
+    return TranslationService(load(list(checkpoints), device=device, batch_size=batch_size, **search), max_sentences)
+
+
+GET_ROUTES = {"/health": "health", "/model": "describe"}
+POST_ROUTES = {"/translate": "translate", "/score": "score", "/translator/translate": "onmt_translate"}
+
+
+def make_server(service: TranslationService, host: str = "127.0.0.1", port: int = 5000,
+                log: Callable[[str], None] | None = None) -> ThreadingHTTPServer:
+    """A threading HTTP server of ``service`` bound to ``host:port`` (port 0: a free one; the bound
+    address is ``server.server_address``); ``log`` gets one line per request (None: silent). Call
+    ``serve_forever()`` to serve, ``shutdown()`` from another thread to stop."""
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "nmt-server"
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self._serve(GET_ROUTES, read_body=False)
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._serve(POST_ROUTES, read_body=True)
+
+        def _serve(self, routes: dict[str, str], read_body: bool) -> None:
+            start = time.perf_counter()
+            path = self.path.split("?", 1)[0].rstrip("/") or "/"
+            try:
+                if path not in routes:
+                    other = POST_ROUTES if routes is GET_ROUTES else GET_ROUTES
+                    if path in other:
+                        raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED,
+                                           f"{path} takes {'POST' if other is POST_ROUTES else 'GET'}")
+                    raise RequestError(HTTPStatus.NOT_FOUND, f"no endpoint {path}; endpoints: "
+                                       + ", ".join(f"GET {p}" for p in GET_ROUTES) + ", "
+                                       + ", ".join(f"POST {p}" for p in POST_ROUTES))
+                body = self._body() if read_body else None
+                status, answer = HTTPStatus.OK, getattr(service, routes[path])(body)
+            except RequestError as exc:
+                status, answer = exc.status, {"error": str(exc)}
+            except Exception as exc:  # noqa: BLE001 (the server answers and keeps serving)
+                status, answer = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(exc).__name__}: {exc}"}
+            self._answer(status, answer)
+            if log is not None:
+                log(f"{self.command} {path} {status.value} {time.perf_counter() - start:.3f}s")
+
+        def _body(self) -> Any:
+            length = self.headers.get("Content-Length")
+            if length is None or not length.isdigit():
+                raise _bad("the request needs a Content-Length header and a JSON body")
+            if int(length) > MAX_BODY_BYTES:
+                self.close_connection = True  # the body is not read
+                raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                                   f"the body has {int(length)} bytes, more than {MAX_BODY_BYTES}")
+            raw = self.rfile.read(int(length))
+            try:
+                return json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise _bad(f"the body is not UTF-8 JSON: {exc}") from None
+
+        def _answer(self, status: HTTPStatus, answer: Any) -> None:
+            data = json.dumps(json_safe(answer), ensure_ascii=False).encode("utf-8")
+            self.send_response(status.value)
+            self.send_header("Content-Type", "application/json; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
+            pass  # one line per request goes to ``log`` instead
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    return server
+
+
+def _object(value: Any, known: Sequence[str], where: str = "the request") -> dict[str, Any]:
+    """``value`` as a JSON object with only ``known`` keys (400 otherwise)."""
+    if not isinstance(value, dict):
+        raise _bad(f"{where} must be a JSON object, got {_json_type(value)}")
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise _bad(f"{where} has unknown field(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return value
+
+
+def _flag(request: dict[str, Any], name: str) -> bool:
+    value = request.get(name, False)
+    if not isinstance(value, bool):
+        raise _bad(f"{name} must be true or false, got {_json_type(value)}")
+    return value
+
+
+def _bad(message: str) -> RequestError:
+    return RequestError(HTTPStatus.BAD_REQUEST, message)
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of ``value``'s type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {str: "a string", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+__all__ = ["GET_ROUTES", "MAX_BODY_BYTES", "POST_ROUTES", "RequestError", "TranslationService", "load_service",
+           "make_server"]
