@@ -145,8 +145,8 @@ def no_attention(exc: Exception, args: argparse.Namespace) -> Exception:
 def fit_positions(options: SearchOptions, decoder: object) -> SearchOptions:
     """``options`` with ``max_length`` lowered to what the model's learned positions reach (BOS and
     ``max_positions - 1`` target tokens; the smallest over an ensemble), said in one warning line
-    on stderr, as fairseq caps its ``--max-len-b``; unchanged for sinusoidal, rotary and relative positions
-    and RNNs."""
+    on stderr, as fairseq caps its ``--max-len-b``; unchanged for sinusoidal, rotary, relative and ALiBi
+    positions and RNNs."""
     from nmt.translate.translator import fit_to_positions
 
     try:

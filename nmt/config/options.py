@@ -112,9 +112,10 @@ MODEL = {
                        choices=("pre", "post")),
         "positions": Option(str, "sinusoidal", "position encodings: sinusoidal or learned (added to the embeddings), "
                             "rotary (RoPE: self-attention queries and keys rotated by their positions; no table, "
-                            "any length) or relative (Shaw et al. 2018 as OpenNMT-py: learned self-attention "
-                            "key/value relations of clipped offsets)", choices=("sinusoidal", "learned", "rotary",
-                                                                                "relative")),
+                            "any length), relative (Shaw et al. 2018 as OpenNMT-py: learned self-attention "
+                            "key/value relations of clipped offsets) or alibi (Press et al. 2022: each self-attention "
+                            "head adds -m_h |i - j| to its scores; nothing learned, any length)",
+                            choices=("sinusoidal", "learned", "rotary", "relative", "alibi")),
         "rotary_base": Option(float, 10000.0, "positions: rotary: frequency i of a head turns by position x "
                               "rotary_base^(-2i/d_head)", minimum=1, min_inclusive=False),
         "max_relative_positions": Option(int, 20, "positions: relative: offsets clipped to -K..K, 2K+1 learned "

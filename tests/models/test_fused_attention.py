@@ -11,6 +11,8 @@ never are; rows with every key masked give what our softmax gives (zeros); no ho
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -60,10 +62,12 @@ def test_the_cpu_never_takes_the_fused_path_by_default():
 
 @pytest.mark.parametrize("temperature", [1.0, 2.5])
 @pytest.mark.parametrize("norm,positions", [("pre", "sinusoidal"), ("post", "sinusoidal"), ("pre", "rotary"),
-                                            ("pre", "relative")])
+                                            ("pre", "relative"), ("pre", "alibi"), ("post", "alibi")])
 def test_teacher_forcing_and_gradients_equal_the_unfused_path(norm, positions, temperature, monkeypatch):
     """Rotary positions rotate the queries and keys before either path (the kernel sees them rotated);
-    relative positions keep their self-attentions on the unfused path (the cross-attentions fuse)."""
+    relative positions keep their self-attentions on the unfused path (the cross-attentions fuse);
+    ALiBi self-attentions fuse with the bias / temperature as the kernel's float mask (-inf where
+    masked: the source padding, the causal future)."""
     attention = {"mapping": "softmax", "params": {"temperature": temperature} if temperature != 1.0 else {}}
     src, lengths, tgt_in = random_batch(batch=4, src_len=7, tgt_len=6, seed=3)
     outputs = {}
@@ -80,6 +84,37 @@ def test_teacher_forcing_and_gradients_equal_the_unfused_path(norm, positions, t
     assert g0.keys() == g1.keys()
     for name in g0:
         torch.testing.assert_close(g1[name], g0[name], rtol=1e-8, atol=1e-10, msg=name)
+
+
+def test_alibi_self_attentions_fuse_with_the_bias_as_a_float_mask(monkeypatch):
+    """ALiBi softmax heads take the fused kernel in every self-attention (as sinusoidal ones do), the
+    mask they pass being the bias written out: ``-m_h |i - j|`` (slopes 1/16, 1/256 for 2 heads) at
+    allowed keys, ``-inf`` at the source padding (encoder) and the future (decoder); the
+    cross-attentions keep their boolean source mask."""
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kwargs):
+        seen.append(attn_mask)
+        return real(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(mha, "fused_attention_serves", lambda x: True)
+    monkeypatch.setattr(mha.F, "scaled_dot_product_attention", spy)
+    model = make(positions="alibi").eval()
+    src, lengths, tgt_in = random_batch(batch=3, src_len=6, tgt_len=4, lengths=[6, 2, 4], seed=1)
+    with torch.no_grad():
+        model(src, lengths, tgt_in)
+    encoders, decoders = len(model.encoder.layers), len(model.decoder.layers)
+    assert len(seen) == encoders + decoders + decoders - 1
+    slopes = [1 / 16, 1 / 256]
+    encoder_mask, decoder_mask = seen[0], seen[encoders]
+    want = torch.tensor([[[[-slopes[h] * abs(i - j) if j < n else -math.inf for j in range(6)] for i in range(6)]
+                          for h in range(2)] for n in lengths.tolist()], dtype=torch.float64)
+    assert torch.equal(encoder_mask.expand(3, 2, 6, 6), want)
+    want = torch.tensor([[[-slopes[h] * (i - j) if j <= i else -math.inf for j in range(4)] for i in range(4)]
+                         for h in range(2)], dtype=torch.float64)
+    assert torch.equal(decoder_mask, want)
+    assert seen[encoders + 1].dtype == torch.bool  # the first cross-attention
 
 
 def test_which_heads_are_fused(fused_calls):
@@ -230,7 +265,7 @@ def test_attention_dropout_is_the_kernels_in_training_only(fused_calls, monkeypa
     assert set(seen) == {0.0} and torch.equal(c, d)
 
 
-@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "relative"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "relative", "alibi"])
 def test_a_fused_step_compiles_as_one_graph(positions, fused_calls):
     model = make(positions=positions).eval()
     src, lengths, _ = random_batch(batch=3, src_len=6, seed=1)
@@ -244,7 +279,7 @@ def test_a_fused_step_compiles_as_one_graph(positions, fused_calls):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "relative"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "relative", "alibi"])
 def test_on_cuda_the_fused_heads_serve_by_default_and_agree_with_the_unfused(positions, monkeypatch):
     """CUDA, float32: the default takes the fused kernel; logits, gradients and decoding steps
     agree with the unfused heads within float32 rounding."""

@@ -21,7 +21,7 @@ def encode(model, src, src_lengths, packed: bool, monkeypatch):
     return model.encoder(model.src_embeddings(src), mask)[0], mask
 
 
-@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rotary", "relative"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rotary", "relative", "alibi"])
 @pytest.mark.parametrize("norm", ["pre", "post"])
 @pytest.mark.parametrize("name", ["softmax", "entmax15", "entmax_bisect", "adaptive", "sparsemax", "fusedmax"])
 def test_packed_encoder_equals_padded_and_sentences_alone(name, norm, positions, monkeypatch):
@@ -36,7 +36,7 @@ def test_packed_encoder_equals_padded_and_sentences_alone(name, norm, positions,
         torch.testing.assert_close(packed[b, :n], alone[0], rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("positions", ["sinusoidal", "rotary"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "alibi"])
 @pytest.mark.parametrize("name", ["softmax", "entmax15", "adaptive", "continuous"])
 def test_packed_encoder_gives_the_same_loss_and_gradients(name, positions, monkeypatch):
     """The whole model's teacher-forced loss and every parameter's gradient (learned alphas and

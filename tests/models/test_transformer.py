@@ -51,7 +51,7 @@ def incremental(model, src, src_lengths, tgt_in, permutation=None):
 
 @pytest.mark.parametrize("name", list(MAPPINGS))
 @pytest.mark.parametrize("norm,positions", [("pre", "sinusoidal"), ("post", "learned"), ("pre", "rotary"),
-                                            ("post", "relative")])
+                                            ("post", "relative"), ("pre", "alibi"), ("post", "alibi")])
 def test_incremental_steps_equal_teacher_forcing(name, norm, positions):
     model = make(scale=3.0, attention=MAPPINGS[name], output={"mapping": "entmax15", "params": {}},
                  transformer={"norm": norm, "positions": positions})
@@ -214,7 +214,7 @@ def test_temperature_divides_the_scores(params):
      "model.attention.cross: temperature must be a positive number, got 0"),
     ({"transformer": {"heads": 3}}, "model.transformer.heads: d_model (8) must be a multiple of heads (3)"),
     ({"transformer": {"norm": "sandwich"}}, "model.transformer.norm: unknown norm 'sandwich'"),
-    ({"transformer": {"positions": "alibi"}}, "model.transformer.positions: unknown positions 'alibi'"),
+    ({"transformer": {"positions": "xpos"}}, "model.transformer.positions: unknown positions 'xpos'"),
     ({"transformer": {"positions": "rotary", "heads": 8}},
      "model.transformer.positions: rotary positions turn pairs of coordinates and need an even d_head "
      "(d_model / heads), got 1"),
@@ -243,7 +243,7 @@ def test_learned_positions_reject_too_long_inputs():
     assert make().position_limits() == (None, None)  # sinusoids: any length
 
 
-@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "relative"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "relative", "alibi"])
 @pytest.mark.parametrize("name", ["softmax", "softmax-fused", "sparsemax", "entmax15", "continuous"])
 def test_forward_backward_and_step_do_not_synchronise(name, positions, monkeypatch):
     """The Transformer itself reads nothing back from the device (masks, positions and caches

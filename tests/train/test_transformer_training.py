@@ -77,20 +77,22 @@ def test_transformer_run_reports_alphas_support_and_grids(tiny_task, tmp_path):
 
 
 def relative_model(positions: str) -> dict:
-    """The run's Transformer with rotary (base 500) or relative (K = 3) positions."""
+    """The run's Transformer with rotary (base 500), relative (K = 3) or ALiBi positions."""
     return {**TRANSFORMER, "transformer": {**TRANSFORMER["transformer"], "positions": positions, "rotary_base": 500.0,
                                            "max_relative_positions": 3}}
 
 
-@pytest.mark.parametrize("positions", ["rotary", "relative"])
+@pytest.mark.parametrize("positions", ["rotary", "relative", "alibi"])
 def test_a_relative_position_run_resumes_as_uninterrupted_and_its_checkpoint_translates(positions, tiny_task,
                                                                                         tmp_path):
-    """positions: rotary / relative through the trainer: a run killed at step 7 and resumed equals the
-    straight run (bit-equal weights, same metrics); load_model rebuilds the model from the checkpoint's
-    config (the rotary base, the relative tables of 2K + 1 vectors) and gives the trainer's logits."""
+    """positions: rotary / relative / alibi through the trainer: a run killed at step 7 and resumed equals
+    the straight run (bit-equal weights, same metrics); load_model rebuilds the model from the checkpoint's
+    config (the rotary base, the relative tables of 2K + 1 vectors, ALiBi's slopes from the heads: nothing
+    saved) and gives the trainer's logits."""
     import os
     import signal
 
+    from nmt.models.transformer.alibi import AlibiPositions
     from nmt.models.transformer.relative import RelativePositions
     from nmt.models.transformer.rotary import RotaryPositions
     from nmt.train.checkpoint import load_checkpoint
@@ -120,6 +122,11 @@ def test_a_relative_position_run_resumes_as_uninterrupted_and_its_checkpoint_tra
     if positions == "rotary":
         assert not tables and not any("positions" in key for key in saved)  # no table, nothing saved
         assert isinstance(positions_module, RotaryPositions) and positions_module.base == 500.0
+    elif positions == "alibi":
+        assert not tables and not any("positions" in key or "alibi" in key for key in saved)  # nothing saved
+        assert isinstance(positions_module, AlibiPositions) and positions_module.heads == 2
+        slopes = loaded.model.decoder.layers[0].self_attn.alibi.slopes
+        assert slopes.tolist() == [1 / 16, 1 / 256]
     else:
         assert len(tables) == 4 and all(saved[key].shape == (7, 4) for key in tables)  # 2 + 2 layers
         assert isinstance(positions_module, RelativePositions) and positions_module.max_relative == 3

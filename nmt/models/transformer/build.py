@@ -51,7 +51,8 @@ def build_transformer(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_
     if t["positions"] == "relative" and relative < 1:
         raise ModelConfigError("model.transformer.max_relative_positions", f"must be >= 1, got {relative}")
     spec = keyed("model.transformer.norm", LayerSpec, d_model, t["heads"], t["d_ff"], t["norm"], t["dropout"],
-                  t["attention_dropout"], t["activation_dropout"], t["activation"], relative)
+                  t["attention_dropout"], t["activation_dropout"], t["activation"], relative,
+                  t["positions"] == "alibi")
     specs = {kind: attention_spec(att_cfg, kind) for kind in ATTENTION_KINDS}
     specs["cross"].continuous = att_cfg.get("continuous")  # combined attention: cross-attention only
     for kind, attention in specs.items():  # check names and parameters up front, naming the key

@@ -35,6 +35,8 @@ class LayerSpec:
     activation: str = "relu"
     max_relative: int = 0
     """Relative positions' clipping distance K of every self-attention (0: none)."""
+    alibi: bool = False
+    """Whether every self-attention adds ALiBi's linear biases (:mod:`nmt.models.transformer.alibi`)."""
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS:
@@ -83,7 +85,8 @@ class EncoderLayer(nn.Module):
         super().__init__()
         pre = spec.norm == "pre"
         self.self_attn = MultiHeadAttention(spec.d_model, spec.heads, attention.mapping, attention.params,
-                                            spec.attention_dropout, max_relative=spec.max_relative)
+                                            spec.attention_dropout, max_relative=spec.max_relative,
+                                            alibi=spec.alibi)
         self.attn_block = _Residual(spec.d_model, pre, spec.dropout)
         self.feed_forward = FeedForward(spec.d_model, spec.d_ff, spec.activation, spec.activation_dropout)
         self.ff_block = _Residual(spec.d_model, pre, spec.dropout)
@@ -110,7 +113,7 @@ class DecoderLayer(nn.Module):
         pre = spec.norm == "pre"
         self.self_attn = MultiHeadAttention(spec.d_model, spec.heads, self_attention.mapping,
                                             self_attention.params, spec.attention_dropout,
-                                            max_relative=spec.max_relative)
+                                            max_relative=spec.max_relative, alibi=spec.alibi)
         self.self_block = _Residual(spec.d_model, pre, spec.dropout)
         self.cross_attn = MultiHeadAttention(spec.d_model, spec.heads, cross_attention.mapping,
                                              cross_attention.params, spec.attention_dropout,
@@ -128,7 +131,8 @@ class DecoderLayer(nn.Module):
         cache: self-attention keys/values of the earlier positions (B, heads, t0, d_head);
         rotation: rotary positions t0..t0+T-1 of the self-attention's queries and new keys (None:
         absolute positions), the cache then holding keys rotated by their own positions. Relative
-        positions (``spec.max_relative``) place the queries at t0.. and the keys at 0.. themselves.
+        positions (``spec.max_relative``) and ALiBi (``spec.alibi``) place the queries at t0.. and
+        the keys at 0.. themselves.
         One step (T = 1) may also run N = B x S rows, S consecutive rows per source sharing its
         cross keys/values (beam slots): x (N, 1, D) and the cache have N rows, cross_kv and
         src_mask B, and the cross-attention takes each source's S queries together.

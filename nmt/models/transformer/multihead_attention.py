@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from nmt.models.dropout import Dropout
 from nmt.models.linear import Linear
+from nmt.models.transformer.alibi import AlibiBias, biased_mask
 from nmt.models.transformer.head_mapping import HeadMapping
 from nmt.models.transformer.packed_rows import PackedRows
 from nmt.models.transformer.relative import RelativeTable, relative_context, relative_scores
@@ -68,11 +69,17 @@ class MultiHeadAttention(nn.Module):
     vectors: ``scores += q_m . A[clip(n - m)]`` and ``context += sum_n p_mn A[clip(n - m)]``, the
     queries at positions ``query_offset ..`` (:meth:`attend`) and the keys at ``0 ..``. Those heads
     never take the fused kernel (it returns no probabilities for the values' relations).
+
+    ``alibi`` (self-attention; :mod:`nmt.models.transformer.alibi`): Press et al.'s fixed linear
+    biases, ``scores += -m_h |i - j|`` per head h before the mapping (every mapping receives the
+    biased scores), the queries at ``query_offset ..`` and the keys at ``0 ..``. Softmax heads still
+    take the fused kernel: the bias (divided by the temperature, as the kernel scales only
+    ``q . k``) goes in as its additive float mask, ``-inf`` where ``mask`` forbids a key.
     """
 
     def __init__(self, d_model: int, heads: int, mapping: str = "softmax",
                  params: dict[str, Any] | None = None, dropout: float = 0.0,
-                 continuous: dict[str, Any] | None = None, max_relative: int = 0) -> None:
+                 continuous: dict[str, Any] | None = None, max_relative: int = 0, alibi: bool = False) -> None:
         super().__init__()
         if heads < 1 or d_model % heads:
             raise ValueError(f"d_model ({d_model}) must be a positive multiple of heads ({heads})")
@@ -84,6 +91,7 @@ class MultiHeadAttention(nn.Module):
         self.mapping = HeadMapping(heads, mapping, params)
         self.dropout = Dropout(dropout)
         self.relative = RelativeTable(max_relative, self.d_head) if max_relative else None
+        self.alibi = AlibiBias(heads) if alibi else None
         # the fused kernel's own softmax, where no one needs the probabilities
         self.fusable = mapping == "softmax" and continuous is None and self.relative is None
         self.continuous: nn.Module | None = None
@@ -167,15 +175,22 @@ class MultiHeadAttention(nn.Module):
                rows: PackedRows | None = None) -> tuple[Tensor, Tensor | None]:
         """:meth:`forward` from the scaled queries q (B, heads, T, d_head) of :meth:`queries` or
         :meth:`self_projections`; ``query_offset``: the position of the first query (relative
-        positions only; the keys are at 0 .. S-1). ``rows``: the output is (N, D), the packed rows
+        positions and ALiBi only; the keys are at 0 .. S-1). ``rows``: the output is (N, D), the packed rows
         of the real queries (the output projection runs on those alone)."""
+        bias = None if self.alibi is None else self.alibi.bias(q.size(2), keys.size(2), query_offset, q.dtype)
         if not need_probs and self.fusable and fused_attention_serves(q):
+            attn_mask = mask
+            if bias is not None:  # (heads, T, S) or (B, heads, T, S): added to scale * q.k
+                temperature = self.mapping.temperature
+                attn_mask = biased_mask(bias if temperature == 1.0 else bias / temperature, mask)
             context = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, dropout_p=self.dropout.p if self.training else 0.0,
+                q, keys, values, attn_mask=attn_mask, dropout_p=self.dropout.p if self.training else 0.0,
                 scale=1.0 / self.mapping.temperature)  # q holds the 1 / sqrt(d_head) already
             context = context.transpose(1, 2).reshape(q.size(0), q.size(2), self.d_model)
             return self.out_proj(context if rows is None else rows.pack(context)), None
         scores = q @ keys.transpose(-1, -2)
+        if bias is not None:
+            scores = scores + bias.to(scores.dtype)  # (B, heads, T, S) + (heads, T, S)
         relations = None
         if self.relative is not None:
             relations = self.relative.relations(q.size(2), keys.size(2), query_offset, q.dtype)  # (T, S, d_head)

@@ -1,11 +1,12 @@
-"""Position encodings of the Transformer: fixed sinusoids, a learned table, or rotary.
+"""Position encodings of the Transformer: fixed sinusoids, a learned table, rotary, relative or ALiBi.
 
 Sinusoids and the learned table map ``(x (B, T, D), offset)`` to ``x + P[offset : offset + T]`` (broadcast over the
 batch). ``offset`` is a Python int: during incremental decoding it is the length of the
 self-attention cache, a shape, so reading it never synchronises with the device. Rotary positions
 (:mod:`nmt.models.transformer.rotary`) add nothing there: they rotate the self-attentions'
 queries and keys instead; nor do relative positions (:mod:`nmt.models.transformer.relative`),
-whose tables the self-attentions hold.
+whose tables the self-attentions hold, nor ALiBi (:mod:`nmt.models.transformer.alibi`), whose
+fixed biases the self-attentions add to their scores.
 """
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import math
 import torch
 from torch import Tensor, nn
 
+from nmt.models.transformer.alibi import AlibiPositions
 from nmt.models.transformer.relative import RelativePositions
 from nmt.models.transformer.rotary import RotaryPositions
 
-POSITIONS = ("sinusoidal", "learned", "rotary", "relative")
+POSITIONS = ("sinusoidal", "learned", "rotary", "relative", "alibi")
 
 
 def sinusoid_table(length: int, dim: int) -> Tensor:
@@ -67,7 +69,7 @@ class LearnedPositions(nn.Module):
 
 def position_limit(positions: nn.Module) -> int | None:
     """The positions ``positions`` hold: ``max_positions`` of a learned table, None (any) for sinusoids,
-    rotary and relative positions (offsets beyond K share the clipped vector)."""
+    rotary, relative (offsets beyond K share the clipped vector) and ALiBi positions."""
     return positions.max_positions if isinstance(positions, LearnedPositions) else None
 
 
@@ -75,7 +77,7 @@ def build_positions(kind: str, dim: int, max_positions: int, heads: int = 1,
                     rotary_base: float = 10000.0, max_relative: int = 20) -> nn.Module:
     """``"sinusoidal"`` or ``"learned"`` position encodings of size ``dim``, ``"rotary"`` positions
     of the heads' size ``dim // heads`` with base ``rotary_base``, or ``"relative"`` ones clipped at
-    ``max_relative`` (the last two: ``max_positions`` unused)."""
+    ``max_relative``, or ``"alibi"`` for ``heads`` heads (the last three: ``max_positions`` unused)."""
     if kind == "sinusoidal":
         return SinusoidalPositions(dim, max_positions)
     if kind == "learned":
@@ -84,6 +86,8 @@ def build_positions(kind: str, dim: int, max_positions: int, heads: int = 1,
         return RotaryPositions(dim // heads, rotary_base)
     if kind == "relative":
         return RelativePositions(max_relative)
+    if kind == "alibi":
+        return AlibiPositions(heads)
     raise ValueError(f"unknown positions {kind!r}; valid: {', '.join(POSITIONS)}")
 
 
