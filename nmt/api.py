@@ -16,7 +16,7 @@ source piece; ``m.score(sources, targets, align=True)`` aligns the references.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Sequence, Union
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 if TYPE_CHECKING:
     from nmt.models.protocol import StepDecoder
@@ -63,7 +63,7 @@ class Model:
 
     def translate(self, sentences: Sequence[str], options: SearchOptions | None = None, *,
                   align: bool | AlignOptions = False, replace_unk: bool = False, prefixes: Sequence[str] | None = None,
-                  **search: Any) -> list[Translation]:
+                  phrase_table: Mapping[str, str] | None = None, **search: Any) -> list[Translation]:
         """Translate a list of sentences (one ``Translation`` each, in order).
 
         ``options`` replaces the model's default ``SearchOptions``; keywords (``beam_size=5``,
@@ -71,7 +71,9 @@ class Model:
         it for this call. An unknown keyword is a TypeError naming the valid ones. ``align``:
         True (word alignment, argmax mode) or an ``AlignOptions`` gives each hypothesis its
         ``(source, target)`` pairs (``Translation.alignments``); ``replace_unk``: each ``<unk>``
-        output piece replaced by the source piece of highest attention at its step. ``prefixes``:
+        output piece replaced by the source piece of highest attention at its step (or by that
+        piece's entry in ``phrase_table``, a dict of source token -> target text, where it has one;
+        ``nmt.translate.phrase_table.read_phrase_table`` reads OpenNMT-py's files). ``prefixes``:
         one target text per sentence (``""``: none) that its outputs must start with (forced
         target prefixes; each certificate is then about the outputs that start with it).
         """
@@ -84,7 +86,7 @@ class Model:
         chosen = (options or self.options).updated(**search)
         translator = Translator(self.decoder, self.src_field, self.tgt_field, chosen,
                                 batch_size=self.batch_size, device=self.device, align=_align_options(align),
-                                replace_unk=replace_unk)
+                                replace_unk=replace_unk, phrase_table=phrase_table)
         return translator.translate(lines, prefixes=forced)
 
     def score(self, sources: Sequence[str], targets: Sequence[str], *,

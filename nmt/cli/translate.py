@@ -5,7 +5,8 @@
                   [-block_ngram_repeat N] [-ban_unk_token] [-tgt_prefix PREFIXES]
                   -report FILE.jsonl
                   [-tgt REF] [-attention DIR] [-support] [-device auto|cpu|cuda]
-                  [-report_align [-align_mode argmax|support] [-align_level word|token]] [-replace_unk]
+                  [-report_align [-align_mode argmax|support] [-align_level word|token]]
+                  [-replace_unk [-phrase_table FILE]]
                   [-batch_type sentences|tokens] [-precision fp32|bf16|fp16]
                   [-search_mode auto|dynamic|static] [-stop_every K]
     nmt-translate -model M.pt -src FILE -output FILE -sample -n_best N [-temperature T]
@@ -155,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace each <unk> output token by the source token of highest attention at its step "
                    "(its surface text from the tokenized input, before detokenization; a subword piece copies "
                    "that piece only); not with scoring")
+    p.add_argument("-phrase_table", "--phrase_table", metavar="FILE", default=None,
+                   help="with -replace_unk: source|||target lines (OpenNMT-py's format); a replaced <unk> whose "
+                   "source token is in the table takes its target instead of a copy")
     p.add_argument("-support", "--support", action="store_true", default=d.return_support,
                    help="report, per step, the tokens of nonzero probability and their probabilities")
     p.add_argument("-support_topk", "--support_topk", type=int, default=d.support_topk,
@@ -221,6 +225,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
                         ("-align_threshold", args.align_threshold)):
         if value is not None and not args.report_align:
             raise ValueError(f"{flag} applies to -report_align (add it to write alignments)")
+    if args.phrase_table is not None and not args.replace_unk:
+        raise ValueError("-phrase_table applies to -replace_unk (it translates the source token an <unk> output "
+                         "is replaced by): add -replace_unk")
     if args.align_threshold is not None and args.align_mode != "support":
         raise ValueError("-align_threshold applies to -align_mode support (argmax takes the most attended "
                          "source token)")

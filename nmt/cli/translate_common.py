@@ -53,6 +53,15 @@ def read_references(path: str, expected: int | None, src: str) -> list[str]:
     return references
 
 
+def phrase_table(args: argparse.Namespace) -> dict[str, str] | None:
+    """The table of ``-phrase_table`` (None without it); a bad line is a DataError naming it."""
+    if args.phrase_table is None:
+        return None
+    from nmt.translate.phrase_table import read_phrase_table
+
+    return read_phrase_table(args.phrase_table)
+
+
 def read_prefixes(path: str | None, expected: int | None, src: str) -> list[str] | None:
     """The lines of ``-tgt_prefix`` (``-``: all of stdin), None without it; ValueError when their
     count differs from ``expected`` (the source's lines; None: a stream, checked as it goes)."""
@@ -251,5 +260,5 @@ def summary_suffix(startup: float, seconds: float, sentences: int, members: Sequ
 
 __all__ = ["ALIGNMENT_SEPARATOR", "PROG", "SEARCH_FLAGS", "align_options", "attention_flags", "check_word_level",
            "fit_positions", "no_attention", "json_number", "name_input", "output_lines", "print_metrics",
-           "read_prefixes", "read_references", "read_source", "read_stdin", "report_line", "say", "search_options", "summary_suffix", "write_heatmap",
+           "phrase_table", "read_prefixes", "read_references", "read_source", "read_stdin", "report_line", "say", "search_options", "summary_suffix", "write_heatmap",
            "write_lines"]

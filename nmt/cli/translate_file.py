@@ -15,6 +15,7 @@ from nmt.cli.translate_common import (
     name_input,
     output_lines,
     print_metrics,
+    phrase_table,
     read_prefixes,
     read_references,
     read_source,
@@ -38,6 +39,7 @@ def run_file(args: argparse.Namespace, start: float) -> int:
     lines = read_source(args.src)
     references = read_references(args.tgt, len(lines), args.src) if args.tgt else None
     prefixes = read_prefixes(args.tgt_prefix, len(lines), args.src)
+    table = phrase_table(args)
     decoder, src_field, tgt_field, members = load_models(args.model, args.device)
     freeze_live_objects()  # the loaded objects are never garbage: keep full collections short
     startup = time.perf_counter() - start
@@ -46,7 +48,7 @@ def run_file(args: argparse.Namespace, start: float) -> int:
 
     translator = Translator(decoder, src_field, tgt_field, options, batch_size=args.batch_size,
                             batch_type=args.batch_type, device=args.device, precision=args.precision,
-                            align=align, replace_unk=args.replace_unk)
+                            align=align, replace_unk=args.replace_unk, phrase_table=table)
     bar = None
     if not args.quiet:
         from tqdm import tqdm

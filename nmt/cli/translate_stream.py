@@ -29,6 +29,7 @@ from nmt.cli.translate_common import (
     name_input,
     output_lines,
     print_metrics,
+    phrase_table,
     read_prefixes,
     read_references,
     report_line,
@@ -86,6 +87,7 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
     align = align_options(args)
     references = read_references(args.tgt, None, "-") if args.tgt else None
     prefixes = read_prefixes(args.tgt_prefix, None, "-")
+    table = phrase_table(args)
     decoder, src_field, tgt_field, members = load_models(args.model, args.device)
     freeze_live_objects()  # the loaded objects are never garbage: keep full collections short
     startup = time.perf_counter() - start
@@ -94,7 +96,8 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
     interactive = sys.stdin.isatty()
     translator = Translator(decoder, src_field, tgt_field, options,
                             batch_size=1 if interactive else args.batch_size, batch_type=args.batch_type,
-                            device=args.device, precision=args.precision, align=align, replace_unk=args.replace_unk)
+                            device=args.device, precision=args.precision, align=align, replace_unk=args.replace_unk,
+                            phrase_table=table)
     lines: "queue.Queue[_Item]" = queue.Queue()
     # the reader thread's own reader of stdin's descriptor, never closed: a thread still blocked in
     # sys.stdin.buffer.readline() when the program ends (a signal, an error, a closed stdout) holds

@@ -26,7 +26,7 @@ written in the Pharaoh format ``"0-0 1-2 ..."`` (:func:`pharaoh`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -140,17 +140,19 @@ def parse_pharaoh(text: str) -> list[Pair]:
 
 
 def replace_unknowns(pieces: Sequence[str], rows: Sequence[int], attention: np.ndarray,
-                     src_pieces: Sequence[str], unk: str = UNK) -> list[str]:
+                     src_pieces: Sequence[str], unk: str = UNK, table: Mapping[str, str] | None = None) -> list[str]:
     """``pieces`` with each ``unk`` replaced by the source piece of highest attention at its step
     (attention row ``rows[j]`` for piece j; the first maximum on ties): that piece's surface
     string in ``src_pieces`` (the tokenized input, which keeps the rare words the vocabulary maps
-    to ``<unk>``). An ``<unk>`` whose row is all zero (no source) stays."""
+    to ``<unk>``), or its entry in ``table`` where it has one (a phrase table,
+    :mod:`nmt.translate.phrase_table`). An ``<unk>`` whose row is all zero (no source) stays."""
     out = list(pieces)
     for j, piece in enumerate(pieces):
         if piece == unk:
             best = attended(attention[rows[j]], "argmax")
             if best and best[0] < len(src_pieces):
-                out[j] = src_pieces[best[0]]
+                source = src_pieces[best[0]]
+                out[j] = source if table is None else table.get(source, source)
     return out
 
 

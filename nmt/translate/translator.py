@@ -4,7 +4,7 @@ from __future__ import annotations
 import numbers
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -250,7 +250,9 @@ class Translator:
     ``align`` (an ``AlignOptions``; None: off) gives every hypothesis its alignment pairs
     (``Translation.alignments``) from the attention of its steps; ``replace_unk`` replaces each
     ``<unk>`` output piece by the source piece it attends most (before detokenization, see
-    :func:`nmt.translate.alignment.replace_unknowns`). Either records the attention in the search
+    :func:`nmt.translate.alignment.replace_unknowns`), or by its entry in ``phrase_table`` (source
+    token -> target text, :func:`nmt.translate.phrase_table.read_phrase_table`; only with
+    ``replace_unk``) where it has one. Either records the attention in the search
     (``return_attention``); a model that returns none is a ``NoAttention`` (ValueError) at the
     first batch. Without them the search is what the options alone ask for.
     """
@@ -258,7 +260,8 @@ class Translator:
     def __init__(self, model: StepDecoder, src_field: Field, tgt_field: Field, options: SearchOptions | None = None,
                  *, batch_size: int = 64, batch_type: str = "sentences", device: str | torch.device = "cpu",
                  max_src_length: int | None = None, precision: str = "fp32", align: AlignOptions | None = None,
-                 replace_unk: bool = False, **search_overrides: Any) -> None:
+                 replace_unk: bool = False, phrase_table: Mapping[str, str] | None = None,
+                 **search_overrides: Any) -> None:
         check_batch_size(batch_size)
         if batch_type not in ("sentences", "tokens"):
             raise ValueError(f"batch_type must be sentences or tokens, got {batch_type!r}")
@@ -266,13 +269,16 @@ class Translator:
             raise TypeError(f"align must be an AlignOptions or None, got {type(align).__name__}")
         if not isinstance(replace_unk, bool):
             raise TypeError(f"replace_unk must be True or False, got {replace_unk!r}")
+        if phrase_table is not None and not replace_unk:
+            raise ValueError("a phrase table applies to replace_unk (it translates the source token an <unk> "
+                             "output is replaced by): add replace_unk")
         if align is not None and align.level == "word":
             for side, field_ in (("source", src_field), ("target", tgt_field)):
                 check_word_ids(field_, side)
         self.batch_type, self.precision = batch_type, check_precision(precision)
         self.model, self.src_field, self.tgt_field = model, src_field, tgt_field
         self.options = (options or SearchOptions()).updated(**search_overrides)
-        self.align, self.replace_unk = align, replace_unk
+        self.align, self.replace_unk, self.phrase_table = align, replace_unk, phrase_table
         if align is not None or replace_unk:  # the attention of every step of every hypothesis
             self.options = self.options.updated(return_attention=True)
         self.batch_size, self.max_src_length = batch_size, max_src_length
@@ -351,12 +357,15 @@ class Translator:
     def _report_settings(self, options: SearchOptions) -> dict[str, Any] | None:
         """The ``decoding`` of every ``Translation`` of a run: ``options``' report settings, the
         alignment's (``align_mode``, ``align_level``, ``align_threshold`` of "support") and
-        ``"replace_unk": True`` where it is on; None where there are none."""
+        ``"replace_unk": True`` where it is on (and ``"phrase_table": True`` with a table); None where
+        there are none."""
         settings = dict(options.report_settings() or {})
         if self.align is not None:
             settings.update(self.align.report_settings())
         if self.replace_unk:
             settings["replace_unk"] = True
+        if self.phrase_table is not None:
+            settings["phrase_table"] = True
         return settings or None
 
     def _source_pieces(self, line: str, length: int) -> "_SourcePieces | None":
@@ -399,7 +408,7 @@ class Translator:
                 rows = output_rows(labels)
                 pieces = [labels[r] for r in rows]  # Field.decode_tokens's pieces
                 if self.replace_unk:
-                    pieces = replace_unknowns(pieces, rows, attention, source.pieces)
+                    pieces = replace_unknowns(pieces, rows, attention, source.pieces, table=self.phrase_table)
                 text = field_.tokenizer.detokenize(pieces)
                 if alignments is not None:
                     tgt_words = field_.tokenizer.word_ids(pieces) if source.words is not None else None

@@ -378,6 +378,27 @@ def test_ban_unk_token_from_the_cli(trained, capsys, tmp_path):
     assert not any("<unk>" in h["text"] for r in records for h in r["nbest"])
 
 
+def test_phrase_table_from_the_cli(trained, capsys, tmp_path):
+    """-phrase_table: read before the model, only with -replace_unk, a bad line named; the report's
+    decoding says it was used (the replacement itself: tests/translate/test_translate_alignment.py)."""
+    root = trained["root"]
+    out, report, table = tmp_path / "out.txt", tmp_path / "report.jsonl", tmp_path / "table.txt"
+    table.write_text("a|||A\nb|||B\n", encoding="utf-8")
+    base = ["-model", trained["model"], "-src", str(root / "input.txt"), "-output", str(out), "-quiet"]
+    code, _, err = translate(base + ["-replace_unk", "-phrase_table", str(table), "-report", str(report)], capsys)
+    assert code == 0, err
+    records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+    assert all(r["decoding"] == {"replace_unk": True, "phrase_table": True} for r in records)
+    code, _, err = translate(base + ["-phrase_table", str(table)], capsys)
+    assert (code, err) == (2, "nmt-translate: error: -phrase_table applies to -replace_unk (it translates the source "
+                              "token an <unk> output is replaced by): add -replace_unk\n")
+    table.write_text("a|||A\nb B\n", encoding="utf-8")
+    out.unlink()
+    code, _, err = translate(base + ["-replace_unk", "-phrase_table", str(table)], capsys)
+    assert (code, err) == (2, f"nmt-translate: error: {table}:2: a phrase table line is source|||target, got 'b B'\n")
+    assert not out.exists()
+
+
 def test_bad_tgt_prefixes_are_one_line_errors(trained, capsys, tmp_path):
     root, inputs = trained["root"], trained["inputs"]
     out = tmp_path / "out.txt"

@@ -223,3 +223,50 @@ def test_cuda_static_loop_aligns_and_replaces_unknowns_as_the_cpu(cfg, seed, sam
                 replaced += 1
             assert any(pairs for t in outputs["cuda"] for pairs in t.alignments)
     assert replaced == len(MODES)
+
+
+def test_a_phrase_table_translates_the_replaced_source_tokens(tmp_path):
+    """``phrase_table``: each ``<unk>`` output becomes the table's entry for the source token it is
+    replaced by (a copy where the token has none): checked piece by piece against the outputs
+    without a table, whose replaced pieces are those source tokens; the search is unchanged. A table
+    without ``replace_unk`` is refused; the file reader names a bad line; ``ban_unk_token`` leaves no
+    ``<unk>`` to replace."""
+    from nmt.data.errors import DataError
+    from nmt.translate.phrase_table import read_phrase_table
+
+    src, tgt = fields()
+    m = model(RNN, 0)
+    with torch.no_grad():
+        bias = m.generator.proj.bias
+        bias[tgt.vocab.unk_index] = bias[4:].mean() + UNK_OFFSET["rnn"]
+    path = tmp_path / "table.txt"
+    path.write_text("a|||ALPHA\n\nc|||gamma ray\nd|||delta\nc|||GAMMA\n", encoding="utf-8")
+    table = read_phrase_table(path)
+    assert table == {"a": "ALPHA", "c": "GAMMA", "d": "delta"}  # blank lines skipped, a later line wins
+    search = dict(beam_size=4, n_best=4, max_length=7)
+    copied = Translator(m, src, tgt, replace_unk=True, **search).translate(SOURCES)
+    mapped = Translator(m, src, tgt, replace_unk=True, phrase_table=table, **search).translate(SOURCES)
+    replaced = translated = 0
+    for c, t in zip(copied, mapped):
+        assert t.tokens == c.tokens and [s for _, s in t.hypotheses] == [s for _, s in c.hypotheses]
+        assert t.decoding == {"replace_unk": True, "phrase_table": True}
+        for labels, (plain, _), (text, _) in zip(c.tokens, c.hypotheses, t.hypotheses):
+            pieces = [label for label in labels if label != "<eos>"]
+            plain_pieces = plain.split()
+            assert len(plain_pieces) == len(pieces)
+            want = [table.get(p, p) if label == "<unk>" else p for label, p in zip(pieces, plain_pieces)]
+            assert text == " ".join(want)
+            replaced += pieces.count("<unk>")
+            translated += sum(label == "<unk>" and p in table for label, p in zip(pieces, plain_pieces))
+    assert replaced >= 5 and 0 < translated < replaced  # some source tokens in the table, some not
+    with pytest.raises(ValueError, match="^a phrase table applies to replace_unk"):
+        Translator(m, src, tgt, phrase_table=table)
+    banned = Translator(m, src, tgt, replace_unk=True, phrase_table=table, ban_unk_token=True, **search)
+    assert not any("<unk>" in labels for t in banned.translate(SOURCES) for labels in t.tokens)
+    bad = tmp_path / "bad.txt"
+    bad.write_text("a|||b\nno separator here\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"bad\.txt:2: a phrase table line is source\|\|\|target, got 'no separator"):
+        read_phrase_table(bad)
+    bad.write_text("|||b\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"bad\.txt:1: empty source before \|\|\|"):
+        read_phrase_table(bad)
