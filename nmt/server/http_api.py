@@ -31,10 +31,15 @@ import threading
 import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
 
 from nmt.api import Model
+from nmt.server.coalescing import Coalescer
 from nmt.utils.json_safe import json_safe
+
+if TYPE_CHECKING:
+    from nmt.translate.translator import Translation
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 """Largest request body accepted (413 above it)."""
@@ -51,12 +56,16 @@ class RequestError(ValueError):
 class TranslationService:
     """What the endpoints do with a :class:`~nmt.api.Model`, without HTTP: each method takes the
     request's decoded JSON and returns the JSON to answer, or raises :class:`RequestError`.
-    ``max_sentences``: the most sources (or pairs) one request may hold. One request decodes at a
-    time (``lock``)."""
+    ``max_sentences``: the most sources (or pairs) one request may hold, and the most sentences
+    one search takes. One search runs at a time (``lock``); translation requests waiting with the
+    same options (and ``align``, ``replace_unk``) are decoded together, up to ``max_sentences``
+    (:class:`~nmt.server.coalescing.Coalescer`; not with ``sample``, whose noise is keyed by a
+    sentence's place in the input), each getting the records it would get alone."""
 
     def __init__(self, model: Model, max_sentences: int = 10_000) -> None:
         self.model, self.max_sentences = model, max_sentences
         self.lock = threading.Lock()
+        self.coalescer: Coalescer[_TranslationJob] = Coalescer(self._translate_group, max_sentences, self.lock)
 
     def health(self, _: Any = None) -> dict[str, Any]:
         """``{"status": "ok"}``."""
@@ -85,9 +94,33 @@ class TranslationService:
         if prefixes is not None and len(prefixes) != len(sources):
             raise _bad(f"prefixes has {len(prefixes)} entries but src has {len(sources)}")
         flags = {name: _flag(request, name) for name in ("align", "replace_unk")}
-        translations = self._run(lambda: self.model.translate(sources, prefixes=prefixes, **flags, **options))
+        translations = self._translations(_TranslationJob(sources, prefixes, options, flags))
         return {"translations": [{"src": src, "text": t.text, **t.report()}
                                  for src, t in zip(sources, translations)]}
+
+    def _translations(self, job: "_TranslationJob") -> list[Translation]:
+        """The translations of ``job``, decoded with the waiting jobs of the same settings; a
+        ValueError or TypeError of its inputs or options is a 400."""
+        try:
+            return self.coalescer.submit(job.key(), job, len(job.sources))
+        except (ValueError, TypeError) as exc:
+            raise _bad(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+
+    def _translate_group(self, jobs: Sequence["_TranslationJob"]) -> list[list[Translation]]:
+        """One search of the jobs' sources together (the same options and flags), split back per job
+        with each translation's ``index`` its place within its own job."""
+        first = jobs[0]
+        sources = [s for job in jobs for s in job.sources]
+        prefixes = None
+        if any(job.prefixes is not None for job in jobs):
+            prefixes = [p for job in jobs for p in (job.prefixes or [""] * len(job.sources))]
+        done = self.model.translate(sources, prefixes=prefixes, **first.flags, **first.options)
+        out, start = [], 0
+        for job in jobs:
+            part = done[start: start + len(job.sources)]
+            out.append([replace(t, index=i) for i, t in enumerate(part)])
+            start += len(job.sources)
+        return out
 
     def score(self, body: Any) -> dict[str, Any]:
         """``POST /score``: ``{"scores": [record, ...]}``."""
@@ -111,7 +144,7 @@ class TranslationService:
                 raise _bad(f"[{i}].src must be a string, got {_json_type(entry.get('src'))}")
             sources.append(entry["src"])
         self._check_count(len(sources), "the request")
-        translations = self._run(lambda: self.model.translate(sources))
+        translations = self._translations(_TranslationJob(sources, None, {}, {}))
         return [[{"src": src, "tgt": text, "n_best": n, "pred_score": score, "certified": t.certified,
                   "reason": t.reason}
                  for src, t in zip(sources, translations)
@@ -154,6 +187,25 @@ def load_service(checkpoints: Sequence[str], device: str = "auto", *, batch_size
     return TranslationService(load(list(checkpoints), device=device, batch_size=batch_size, **search), max_sentences)
 
 
+@dataclass(frozen=True)
+class _TranslationJob:
+    """One translation request's work: sources, prefixes (or None), search options and the
+    ``align`` / ``replace_unk`` flags."""
+
+    sources: list[str]
+    prefixes: list[str] | None
+    options: dict[str, Any]
+    flags: dict[str, bool]
+
+    def key(self) -> Hashable | None:
+        """What jobs must share to be decoded together, their options and flags as canonical JSON
+        (so ``5`` and ``5.0``, ``true`` and ``1`` differ, as the options' checks tell them apart);
+        None (never combined) with ``sample``."""
+        if self.options.get("sample"):
+            return None
+        return json.dumps([self.options, self.flags], sort_keys=True)
+
+
 GET_ROUTES = {"/health": "health", "/model": "describe"}
 POST_ROUTES = {"/translate": "translate", "/score": "score", "/translator/translate": "onmt_translate"}
 
@@ -192,9 +244,9 @@ def make_server(service: TranslationService, host: str = "127.0.0.1", port: int 
                 status, answer = exc.status, {"error": str(exc)}
             except Exception as exc:  # noqa: BLE001 (the server answers and keeps serving)
                 status, answer = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(exc).__name__}: {exc}"}
-            self._answer(status, answer)
-            if log is not None:
+            if log is not None:  # before the answer: a client's next request logs after this one
                 log(f"{self.command} {path} {status.value} {time.perf_counter() - start:.3f}s")
+            self._answer(status, answer)
 
         def _body(self) -> Any:
             length = self.headers.get("Content-Length")

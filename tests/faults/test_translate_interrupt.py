@@ -35,10 +35,10 @@ def start_translation(model: Path, out: Path, ignore_sigint: bool) -> subprocess
         from nmt.cli import translate
         from nmt.translate.translator import Translator
         real = Translator.translate
-        def slow(self, lines, progress=None):
+        def slow(self, lines, progress=None, **kwargs):
             print("translating", file=sys.stderr, flush=True)
             time.sleep(8)
-            return real(self, lines, progress)
+            return real(self, lines, progress, **kwargs)
         Translator.translate = slow
         sys.exit(translate.main(["-model", {str(model)!r}, "-src", "-", "-output", {str(out)!r}, "-quiet"]))
     """)

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -220,3 +221,71 @@ def test_the_program_names_bad_input_in_one_line(checkpoint, tmp_path):
         taken.listen()
         code, err = run("-model", checkpoint, "-device", "cpu", "-port", str(taken.getsockname()[1]))
     assert code == 2 and err.startswith("nmt-server: error: ") and err.count("\n") == 1
+
+
+def queued_behind_a_search(service, bodies: dict) -> tuple[dict, int]:
+    """Send ``bodies`` (name -> /translate body) while a first request's search is held, so that they
+    all wait; returns (name -> answer or exception, the searches run after the first)."""
+    from nmt.server.http_api import TranslationService
+
+    release, started = threading.Event(), threading.Event()
+    original = service.model.translate
+
+    def held_first(*args, **kwargs):  # the first search waits until the others have queued
+        if not started.is_set():
+            started.set()
+            assert release.wait(30)
+        return original(*args, **kwargs)
+
+    service.model.translate = held_first
+    answers: dict = {}
+
+    def ask(name, body):
+        try:
+            answers[name] = TranslationService.translate(service, body)
+        except Exception as exc:  # noqa: BLE001
+            answers[name] = exc
+
+    first = threading.Thread(target=ask, args=("first", {"src": ["b"]}))
+    first.start()
+    assert started.wait(30)
+    runs_before = service.coalescer.runs
+    threads = [threading.Thread(target=ask, args=(name, body)) for name, body in bodies.items()]
+    for thread in threads:
+        thread.start()
+    deadline = time.time() + 30
+    while len(service.coalescer._waiting) < len(bodies) and time.time() < deadline:
+        time.sleep(0.01)
+    release.set()
+    for thread in [first, *threads]:
+        thread.join(60)
+    service.model.translate = original
+    return answers, service.coalescer.runs - runs_before
+
+
+def test_requests_waiting_together_are_decoded_together(checkpoint):
+    """Requests queued behind a running search with the same options run as one search, each
+    answered as alone (records, ids from 0 within the request); other options run apart; samples
+    are never combined."""
+    service = load_service([checkpoint], "cpu", beam_size=3, max_length=8)
+    bodies = {i: {"src": SOURCES[i:] + SOURCES[:i]} for i in range(4)}
+    bodies["n0"] = {"src": SOURCES[:2], "options": {"n_best": 2}, "prefixes": ["a", "b"]}
+    bodies["n1"] = {"src": SOURCES[:3], "options": {"n_best": 2}}  # decoded with n0: "" prefixes
+    bodies["sample"] = {"src": ["a b"], "options": {"sample": True, "n_best": 3, "seed": 7}}
+    alone = {name: service.translate(body) for name, body in bodies.items()}
+    answers, runs = queued_behind_a_search(service, bodies)
+    assert {name: answers[name] for name in bodies} == alone
+    assert runs == 3  # the four default-option requests, the two n_best ones, the sample
+    assert [r["id"] for r in answers[2]["translations"]] == list(range(len(SOURCES)))
+
+
+def test_a_bad_request_decoded_with_others_gets_its_own_error(checkpoint):
+    service = load_service([checkpoint], "cpu", beam_size=3, max_length=8)
+    bodies = {i: {"src": SOURCES[i:] + SOURCES[:i]} for i in range(3)}
+    bodies["bad"] = {"src": ["a", "b"], "prefixes": ["", "a" * 9]}
+    alone = {i: service.translate(bodies[i]) for i in range(3)}
+    answers, runs = queued_behind_a_search(service, bodies)
+    assert {i: answers[i] for i in range(3)} == alone
+    assert str(answers["bad"]) == ("input 2: a target prefix of 9 tokens, more than max_length 8 (only EOS may follow "
+                                   "the max_length-th token)")
+    assert runs == 1 + 4  # the combined search failed: each request again alone
