@@ -2,7 +2,7 @@
 
     nmt-server -model M.pt [M2.pt ...] [-host 127.0.0.1] [-port 5000] [-device auto] [-beam_size 5]
                [-n_best 1] [-max_length 100] [-max_length_ratio R] [-length_penalty none]
-               [-block_ngram_repeat N] [-ban_unk_token] [-no_certify] [-batch_size 64]
+               [-block_ngram_repeat N] [-ban_unk_token] [-no_certify] [-phrase_table FILE] [-batch_size 64]
                [-max_sentences 10000] [-threads N] [-quiet]
 
 The search flags set the defaults of every request (a request's ``"options"`` override them). The
@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-block_ngram_repeat", "--block_ngram_repeat", type=int, default=d.block_ngram_repeat)
     p.add_argument("-ban_unk_token", "--ban_unk_token", action="store_true", default=d.ban_unk_token)
     p.add_argument("-no_certify", "--no_certify", action="store_true", help="skip the certificates")
+    p.add_argument("-phrase_table", "--phrase_table", metavar="FILE", default=None,
+                   help="source|||target lines for the requests with \"replace_unk\": true (as nmt-translate's)")
     p.add_argument("-threads", "--threads", type=int, help="torch CPU threads")
     p.add_argument("-quiet", "--quiet", action="store_true", help="no line per request")
     return p
@@ -79,9 +81,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.max_sentences < 1:
                 raise ValueError(f"-max_sentences must be >= 1, got {args.max_sentences}")
             search = {name: getattr(args, name) for name in SEARCH_DEFAULTS}
+            table = None
+            if args.phrase_table is not None:
+                from nmt.translate.phrase_table import read_phrase_table
+
+                table = read_phrase_table(args.phrase_table)
             try:
                 service = load_service(args.model, args.device, batch_size=args.batch_size,
-                                       max_sentences=args.max_sentences, certify=not args.no_certify, **search)
+                                       max_sentences=args.max_sentences, phrase_table=table,
+                                       certify=not args.no_certify, **search)
             except TypeError as exc:
                 raise ValueError(str(exc)) from None
             log = None if args.quiet else (lambda line: print(f"{PROG}: {line}", file=sys.stderr, flush=True))

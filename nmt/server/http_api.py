@@ -32,7 +32,7 @@ import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 
 from nmt.api import Model
 from nmt.server.coalescing import Coalescer
@@ -60,10 +60,12 @@ class TranslationService:
     one search takes. One search runs at a time (``lock``); translation requests waiting with the
     same options (and ``align``, ``replace_unk``) are decoded together, up to ``max_sentences``
     (:class:`~nmt.server.coalescing.Coalescer`; not with ``sample``, whose noise is keyed by a
-    sentence's place in the input), each getting the records it would get alone."""
+    sentence's place in the input), each getting the records it would get alone. ``phrase_table``
+    (source token -> target text): used by the requests that ask for ``replace_unk``."""
 
-    def __init__(self, model: Model, max_sentences: int = 10_000) -> None:
-        self.model, self.max_sentences = model, max_sentences
+    def __init__(self, model: Model, max_sentences: int = 10_000,
+                 phrase_table: Mapping[str, str] | None = None) -> None:
+        self.model, self.max_sentences, self.phrase_table = model, max_sentences, phrase_table
         self.lock = threading.Lock()
         self.coalescer: Coalescer[_TranslationJob] = Coalescer(self._translate_group, max_sentences, self.lock)
 
@@ -114,7 +116,8 @@ class TranslationService:
         prefixes = None
         if any(job.prefixes is not None for job in jobs):
             prefixes = [p for job in jobs for p in (job.prefixes or [""] * len(job.sources))]
-        done = self.model.translate(sources, prefixes=prefixes, **first.flags, **first.options)
+        table = self.phrase_table if first.flags.get("replace_unk") else None
+        done = self.model.translate(sources, prefixes=prefixes, phrase_table=table, **first.flags, **first.options)
         out, start = [], 0
         for job in jobs:
             part = done[start: start + len(job.sources)]
@@ -179,12 +182,15 @@ class TranslationService:
 
 
 def load_service(checkpoints: Sequence[str], device: str = "auto", *, batch_size: int = 64,
-                 max_sentences: int = 10_000, **search: Any) -> TranslationService:
+                 max_sentences: int = 10_000, phrase_table: Mapping[str, str] | None = None,
+                 **search: Any) -> TranslationService:
     """A :class:`TranslationService` of the checkpoints (several: an ensemble) loaded on ``device``
-    with ``search`` (``SearchOptions`` fields) as the default options of every request."""
+    with ``search`` (``SearchOptions`` fields) as the default options of every request, and the
+    ``phrase_table`` of its ``replace_unk`` requests."""
     from nmt.api import load
 
-    return TranslationService(load(list(checkpoints), device=device, batch_size=batch_size, **search), max_sentences)
+    return TranslationService(load(list(checkpoints), device=device, batch_size=batch_size, **search), max_sentences,
+                              phrase_table)
 
 
 @dataclass(frozen=True)

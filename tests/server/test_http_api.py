@@ -289,3 +289,17 @@ def test_a_bad_request_decoded_with_others_gets_its_own_error(checkpoint):
     assert str(answers["bad"]) == ("input 2: a target prefix of 9 tokens, more than max_length 8 (only EOS may follow "
                                    "the max_length-th token)")
     assert runs == 1 + 4  # the combined search failed: each request again alone
+
+
+def test_a_phrase_table_serves_the_replace_unk_requests(checkpoint, tmp_path):
+    """``-phrase_table``: a request with ``replace_unk`` gets what ``Model.translate(replace_unk=True,
+    phrase_table=...)`` gives (its decoding says so); one without, the plain translations."""
+    table = {"a": "ALPHA", "b": "BETA"}
+    service = load_service([checkpoint], "cpu", beam_size=3, max_length=8, phrase_table=table)
+    model = nmt.load(checkpoint, device="cpu", beam_size=3, max_length=8)
+    with_table = service.translate({"src": SOURCES, "replace_unk": True})["translations"]
+    want = model.translate(SOURCES, replace_unk=True, phrase_table=table)
+    assert [r["text"] for r in with_table] == [t.text for t in want]
+    assert with_table[0]["decoding"] == {"replace_unk": True, "phrase_table": True}
+    plain = service.translate({"src": SOURCES})["translations"]
+    assert [r["text"] for r in plain] == [t.text for t in model.translate(SOURCES)] and "decoding" not in plain[0]
