@@ -279,9 +279,19 @@ def make_server(service: TranslationService, host: str = "127.0.0.1", port: int 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
             pass  # one line per request goes to ``log`` instead
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            """A connection that failed outside the handler's answer (most often a client that left
+            before its answer was written): one line to ``log``, not a traceback on stderr."""
+            import sys
+
+            exc = sys.exc_info()[1]
+            if log is not None:
+                log(f"connection from {client_address[0]} ended: {type(exc).__name__}: {exc}")
+
+    return Server((host, port), Handler)
 
 
 def _object(value: Any, known: Sequence[str], where: str = "the request") -> dict[str, Any]:

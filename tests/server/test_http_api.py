@@ -303,3 +303,21 @@ def test_a_phrase_table_serves_the_replace_unk_requests(checkpoint, tmp_path):
     assert with_table[0]["decoding"] == {"replace_unk": True, "phrase_table": True}
     plain = service.translate({"src": SOURCES})["translations"]
     assert [r["text"] for r in plain] == [t.text for t in model.translate(SOURCES)] and "decoding" not in plain[0]
+
+
+def test_a_client_leaving_before_its_answer_is_one_log_line(served):
+    """A client that sends a request and closes before the answer: the server logs one line (no
+    traceback) and keeps serving."""
+    base, lines = served
+    port = int(base.rsplit(":", 1)[1])
+    body = json.dumps({"src": SOURCES * 40}).encode()
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST on close
+            s.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(body)).encode()
+                      + b"\r\n\r\n" + body)
+    deadline = time.time() + 60
+    while not any(line.startswith("connection from 127.0.0.1 ended: ") for line in lines) and time.time() < deadline:
+        time.sleep(0.05)
+    assert any(line.startswith("connection from 127.0.0.1 ended: ") for line in lines), lines[-5:]
+    assert call(base, "/health") == (200, {"status": "ok"})
