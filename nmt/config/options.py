@@ -252,6 +252,9 @@ TRAINING = {
                         "early stopping; ignored once save_dir holds a checkpoint (the run resumes)", nullable=True),
     "init_optimizer": Option(bool, False, "with init_from: also carry the parent's optimizer state (Adam moments; "
                              "hyperparameters from this config)"),
+    "init_vocab": Option(str, "keep", "with init_from: keep the parent's vocabularies (new tokens are <unk>), or "
+                         "extend them with the new training data's tokens (OpenNMT-py's -update_vocab): the parent's "
+                         "tokens keep their ids and rows, new ones get fresh rows", choices=("keep", "extend")),
     "ema": {
         "decay": Option(float, 0.0, "exponential moving average of the weights, ema = decay * ema + (1 - decay) * "
                         "weights after each applied update; validation, best.pt and translation use it "

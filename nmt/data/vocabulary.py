@@ -68,6 +68,22 @@ class Vocabulary:
             kept = kept[:max_size]
         return cls(kept, counts)
 
+    def extended(self, token_lists: Iterable[Sequence[str]], min_freq: int = 1,
+                 max_size: int | None = None) -> "Vocabulary":
+        """This vocabulary with the tokens of ``token_lists`` it lacks appended: those seen at least
+        ``min_freq`` times, most frequent first (ties by the token string), up to ``max_size``
+        non-special tokens in all (None: no cap; a vocabulary already that large gains none). Every
+        token keeps its id. ``counts`` are the new data's (0 for a token it lacks)."""
+        counts: Counter[str] = Counter()
+        for tokens in token_lists:
+            counts.update(tokens)
+        new = sorted((t for t, c in counts.items() if c >= min_freq and t and t not in self.stoi),
+                     key=lambda t: (-counts[t], t))
+        if max_size is not None:
+            new = new[: max(0, max_size - (len(self.itos) - len(SPECIALS)))]
+        old = self.itos[len(SPECIALS):]
+        return Vocabulary(old + new, {t: counts.get(t, 0) for t in old + new})
+
     def lookup(self, tokens: Iterable[str]) -> list[int]:
         """Ids of ``tokens`` (``unk_index`` for unknown ones)."""
         get, unk = self.stoi.get, self.unk_index

@@ -13,6 +13,10 @@ meaning its ``best.pt``) starts from the parent's
   that makes the difference (``model.decoder.hidden_size: 24 in the config, 12 in PARENT``).
   Settings without parameters (dropout, mappings other than learned alphas) may differ: they
   are listed in an info line;
+  With ``training.init_vocab: extend`` (OpenNMT-py's ``-update_vocab``) the parent's tokenizers
+  cut the new training data and the vocabularies gain its tokens they lack
+  (:func:`extended_fields`, :meth:`nmt.data.vocabulary.Vocabulary.extended`): the parent's tokens
+  keep their ids and their embedding and output rows, the new ones get the fresh model's rows;
 - optionally (``training.init_optimizer: true``) the optimizer state (Adam moments and step
   counts; OpenNMT-py's ``-reset_optim keep_states``), with the hyperparameters (lr, betas, ...)
   of the config.
@@ -24,6 +28,7 @@ early stopping and its best metric, the data position. Once the new run has save
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +37,10 @@ from typing import Any
 import torch
 
 from nmt.config import ConfigError, added_at_default, config_differences, config_value
+from nmt.data.corpora import training_corpora
 from nmt.data.errors import DataError
 from nmt.data.field import Field
+from nmt.data.textfiles import iter_lines
 from nmt.data.unknown_tokens import UnkCounts, unk_shares
 from nmt.train.checkpoint import CheckpointError, has_checkpoints
 from nmt.utils.checkpoint_file import load_checkpoint
@@ -88,6 +95,9 @@ def check_init_from(config: dict, source: str) -> None:
         return
     if value is not None:
         init_checkpoint_path(value, source)
+        if train_cfg["init_optimizer"] and train_cfg["init_vocab"] == "extend":
+            raise ConfigError(source, "training.init_optimizer", "true with training.init_vocab: extend: the parent's "
+                              "optimizer state does not fit the extended embedding and output tables; leave one out")
     elif train_cfg["init_optimizer"]:
         raise ConfigError(source, "training.init_optimizer", "true needs training.init_from (the run whose "
                           "optimizer state it carries): set init_from, or leave init_optimizer false")
@@ -122,7 +132,10 @@ def load_parent(config: dict, source: str, resuming: bool) -> Parent | None:
         raise ConfigError(source, "training.init_optimizer", f"{path} is a released model without optimizer "
                           "state; name a training checkpoint, or set training.init_optimizer: false")
     parent_cfg = payload["config"]
+    extending = train_cfg["init_vocab"] == "extend"
     for key in VOCABULARY_KEYS:
+        if extending and key.endswith((".min_freq", ".max_size")):
+            continue  # they choose the new tokens
         mine, theirs = config_value(config, key), config_value(parent_cfg, key)
         if mine != theirs and not added_at_default(parent_cfg, config, key):
             logger.warning("%s: %r ignored (%r in %s): a fine-tuned run keeps its parent's tokenizers and "
@@ -130,14 +143,60 @@ def load_parent(config: dict, source: str, resuming: bool) -> Parent | None:
     return Parent(path, payload, src_field, tgt_field)
 
 
+def extended_fields(parent: Parent, config: dict) -> tuple[Field, Field]:
+    """The parent's fields with their vocabularies extended by the new training data's tokens
+    (``training.init_vocab: extend``): the parent's tokenizers cut every training corpus's lines
+    (streamed), and each vocabulary gains the tokens it lacks that ``data.<side>.min_freq`` and
+    ``max_size`` of ``config`` keep (:meth:`~nmt.data.vocabulary.Vocabulary.extended`). A parent
+    with one shared vocabulary (``data.shared_vocab``) keeps one, extended by both sides under
+    ``data.src``'s settings. One info line per vocabulary."""
+    data_cfg = config["data"]
+    corpora = training_corpora(data_cfg["train"])
+    src, tgt = parent.fields
+
+    def tokens(field_: Field, sides: tuple[str, ...]):
+        return (field_.tokenizer.tokenize(line) for side in sides for corpus in corpora
+                for line in iter_lines(getattr(corpus, side)))
+
+    def extend(field_: Field, side: str, sides: tuple[str, ...]) -> Field:
+        settings = data_cfg[side]
+        vocab = field_.vocab.extended(tokens(field_, sides), settings["min_freq"], settings["max_size"])
+        logger.info("training.init_vocab extend: %s vocabulary %d -> %d types (%d new from the training data)",
+                    "shared" if len(sides) == 2 else {"src": "source", "tgt": "target"}[side], len(field_.vocab),
+                    len(vocab), len(vocab) - len(field_.vocab))
+        return Field(field_.tokenizer, vocab)
+
+    if config_value(parent.payload["config"], "data.shared_vocab"):
+        shared = extend(src, "src", ("src", "tgt"))
+        return shared, shared
+    return extend(src, "src", ("src",)), extend(tgt, "tgt", ("tgt",))
+
+
 def init_model(parent: Parent, model: torch.nn.Module, config: dict, source: str) -> None:
     """Load the parent's parameters into ``model`` (built from ``config["model"]`` with the
-    parent's vocabulary sizes). ConfigError ``source: KEY: X in the config, Y in PARENT`` when
-    the names or shapes of the parameters differ: KEY is the first ``model.*`` setting that,
+    parent's vocabulary sizes, or larger ones with ``training.init_vocab: extend``: then the
+    embedding and output tables take the parent's rows first, their other rows stay the model's
+    own). ConfigError ``source: KEY: X in the config, Y in PARENT`` when the names or shapes of the
+    parameters differ (beyond the tables' rows): KEY is the first ``model.*`` setting that,
     changed alone in the parent's model section, changes them (the first differing setting when
     none does alone; the first differing parameter when no setting differs)."""
     state = parent.payload["model"]
-    if _shapes(state) != _shapes(model.state_dict()):
+    if config["training"]["init_vocab"] == "extend":
+        from nmt.models import build_model
+
+        with torch.device("meta"):  # the config's model at the parent's vocabulary sizes: the architecture check
+            same_sizes = build_model(config["model"], len(parent.src_field.vocab), len(parent.tgt_field.vocab),
+                                     pad_index=parent.tgt_field.vocab.pad_index)
+        if _shapes(state) != _shapes(same_sizes.state_dict()):
+            raise _architecture_error(parent, same_sizes, config, source)
+        merged = {name: value.detach().clone() for name, value in model.state_dict().items()}
+        for name, value in merged.items():  # the parent's rows first (its tokens keep their ids)
+            if value.dim():
+                value[: state[name].size(0)].copy_(state[name])
+            else:
+                value.copy_(state[name])
+        state = merged
+    elif _shapes(state) != _shapes(model.state_dict()):
         raise _architecture_error(parent, model, config, source)
     model.load_state_dict(state)
     changed = config_differences(parent.payload["config"]["model"], config["model"], "model")
@@ -165,12 +224,16 @@ def init_optimizer(parent: Parent, optimizer: torch.optim.Optimizer, config: dic
         group.update(settings)
 
 
-def describe(parent: Parent, init_optimizer_state: bool) -> str:
-    """One line for the log: what the new run took from ``parent``."""
+def describe(parent: Parent, init_optimizer_state: bool, fields: tuple[Field, Field] | None = None) -> str:
+    """One line for the log: what the new run took from ``parent`` (``fields``: the run's, where
+    they extend the parent's)."""
     step = parent.payload.get("step")
+    sizes = f"source {len(parent.src_field.vocab)}, target {len(parent.tgt_field.vocab)} types"
+    if fields is not None and (len(fields[0].vocab), len(fields[1].vocab)) != (len(parent.src_field.vocab),
+                                                                              len(parent.tgt_field.vocab)):
+        sizes += f", extended to {len(fields[0].vocab)} and {len(fields[1].vocab)}"
     return (f"fine-tuning from {parent.path}{f' (step {step})' if step is not None else ''}: its weights, "
-            f"tokenizers and vocabularies (source {len(parent.src_field.vocab)}, target "
-            f"{len(parent.tgt_field.vocab)} types){' and optimizer state' if init_optimizer_state else ''}; step, "
+            f"tokenizers and vocabularies ({sizes}){' and optimizer state' if init_optimizer_state else ''}; step, "
             f"{'' if init_optimizer_state else 'optimizer, '}lr schedule and early stopping start fresh")
 
 
@@ -229,8 +292,10 @@ def warn_unknown_tokens(parent: Parent, unk_tokens: UnkCounts | None) -> None:
     shares = unk_shares(unk_tokens)
     if shares:
         logger.warning("training data: %s are <unk>: tokens %s's vocabularies lack (a fine-tuned run keeps its "
-                       "parent's vocabularies and cannot learn new tokens)", shares, parent.path)
+                       "parent's vocabularies and cannot learn new tokens; training.init_vocab: extend adds them)",
+                       shares, parent.path)
 
 
-__all__ = ["VOCABULARY_KEYS", "Parent", "check_init_from", "describe", "init_checkpoint_path", "init_model",
+__all__ = ["VOCABULARY_KEYS", "Parent", "check_init_from", "describe", "extended_fields", "init_checkpoint_path",
+           "init_model",
            "init_optimizer", "load_parent", "warn_unknown_tokens"]

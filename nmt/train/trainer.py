@@ -191,11 +191,12 @@ class Trainer:
         parent = init_from.load_parent(config, source, resuming=checkpoint is not None)  # fine-tuning
         if checkpoint is not None:
             fields = (Field.from_state_dict(checkpoint["src_field"]), Field.from_state_dict(checkpoint["tgt_field"]))
-        elif parent is not None:
-            fields = parent.fields
+        elif parent is not None:  # the parent's fields, or extended by this data (training.init_vocab)
+            fields = (init_from.extended_fields(parent, config) if train_cfg["init_vocab"] == "extend"
+                      else parent.fields)
         self.data = self._load_data(fields)
         self.train_set = self.data.train  # the examples batches index: this epoch's segmentation with subword sampling
-        if parent is not None and self.dist.is_main:
+        if parent is not None and self.dist.is_main and train_cfg["init_vocab"] == "keep":
             init_from.warn_unknown_tokens(parent, self.data.train.unk_tokens)
         src_vocab, tgt_vocab = self.data.src_field.vocab, self.data.tgt_field.vocab
         self.pad, self.bos, self.eos = tgt_vocab.pad_index, tgt_vocab.bos_index, tgt_vocab.eos_index
@@ -226,7 +227,7 @@ class Trainer:
             init_from.init_model(parent, self.model, config, source)
             if train_cfg["init_optimizer"]:
                 init_from.init_optimizer(parent, self.optimizer, config, source)
-            logger.info(init_from.describe(parent, train_cfg["init_optimizer"]))
+            logger.info(init_from.describe(parent, train_cfg["init_optimizer"], fields))
         ema = train_cfg["ema"]  # the moving average of the weights (training.ema), from the weights now
         self.ema = WeightAverage(self.model, **ema) if ema["decay"] > 0 else None
         if self.dist.is_main:  # once the model is built (and holds the parent's weights): a refused run writes none

@@ -98,3 +98,18 @@ def test_text_spelling_a_special_encodes_as_unknown() -> None:
     data = ParallelDataset([("a <pad> b", "b <eos> a")], f, f)
     assert min(data.src[0]) > v.pad_index and v.eos_index not in data.tgt[0]
     assert data.src_lengths == [3] and data.tgt_lengths == [3]
+
+
+def test_extended_keeps_every_id_and_appends_the_new_tokens_by_frequency():
+    from nmt.data.vocabulary import SPECIALS, Vocabulary
+
+    base = Vocabulary.build([["b", "a", "b"], ["c"]])
+    data = [["x", "a", "y", "x"], ["z", "y", "x", "<eos>", "<unk>"], ["w"]]
+    grown = base.extended(data)
+    assert grown.itos[: len(base)] == base.itos and all(grown.stoi[t] == i for i, t in enumerate(base.itos))
+    assert grown.itos[len(base):] == ["x", "y", "w", "z"]  # 3, 2, then 1 each by the string; specials never
+    assert grown.counts == {"b": 0, "a": 1, "c": 0, "x": 3, "y": 2, "w": 1, "z": 1}
+    assert base.extended(data, min_freq=2).itos[len(base):] == ["x", "y"]
+    assert base.extended(data, max_size=len(base) - len(SPECIALS) + 1).itos[len(base):] == ["x"]
+    assert base.extended(data, max_size=1).itos == base.itos  # already above the cap: nothing new
+    assert base.extended([]).itos == base.itos

@@ -111,7 +111,7 @@ def test_the_tokens_the_parent_never_saw_are_one_warning_with_their_counts(paren
     assert warnings == [f"training data: source {s_unk} of {s_all} tokens ({100 * s_unk / s_all:.1f}%), target "
                         f"{t_unk} of {t_all} tokens ({100 * t_unk / t_all:.1f}%) are <unk>: tokens "
                         f"{run / 'best.pt'}'s vocabularies lack (a fine-tuned run keeps its parent's vocabularies "
-                        "and cannot learn new tokens)"]
+                        "and cannot learn new tokens; training.init_vocab: extend adds them)"]
     log.clear()
     own = tiny_config({"train": data["valid"], "valid": data["valid"]}, tmp_path / "covered", device="cpu",
                       init_from=str(run))
@@ -276,3 +276,67 @@ def test_nmt_train_init_from_fine_tunes_and_its_checkpoints_average_release_and_
     assert capsys.readouterr().err == (f"nmt-train: error: {tmp_path / 'c.yaml'}: training.init_from: "
                                        f"{tmp_path / 'nope.pt'}: no such checkpoint file or run directory\n")
     assert not (tmp_path / "x").exists()  # refused before anything was written
+
+
+def test_init_vocab_extend_appends_the_new_tokens_and_keeps_the_parents_rows(parent, tmp_path, log):
+    """training.init_vocab: extend: each vocabulary is the parent's, in its order, then the new
+    data's tokens it lacks, most frequent first (recounted here from the text); the parent's rows
+    of the embedding and output tables and every other parameter are the parent's, the new rows
+    the fresh model's; nothing of the new data is <unk>; the run trains, saves the extended fields
+    and resumes with them."""
+    from collections import Counter
+
+    run, data = parent
+    best = load_checkpoint(run / "best.pt")
+    child = make(child_config(parent, tmp_path / "child", init_vocab="extend"))
+    with open(data["train"]["src"], encoding="utf-8") as f:
+        src_counts = Counter(f.read().split())
+    with open(data["train"]["tgt"], encoding="utf-8") as f:
+        tgt_counts = Counter(f.read().replace("\n", ""))
+    for side, counts in (("src", src_counts), ("tgt", tgt_counts)):
+        old = best[f"{side}_field"]["vocab"]["itos"]
+        new = sorted((t for t in counts if t not in old), key=lambda t: (-counts[t], t))
+        assert set(new) == {"g", "h"}
+        assert getattr(child.data, f"{side}_field").vocab.itos == old + new
+    assert 1 not in child.data.src_field.encode("g a h") and 1 not in child.data.tgt_field.encode("hag")
+    assert child.data.train.unk_tokens == {"src": (0, 90), "tgt": (0, 90)}  # (<unk>, tokens) per side
+    fresh_rows = 0
+    for name, value in child.model.state_dict().items():
+        theirs = best["model"][name]
+        assert torch.equal(value[: theirs.size(0)] if value.dim() else value, theirs), name
+        if value.shape != theirs.shape:  # a vocabulary table: two more rows, the model's own
+            assert value.size(0) == theirs.size(0) + 2 and value.shape[1:] == theirs.shape[1:], name
+            fresh_rows += 1
+            assert bool(torch.isfinite(value[theirs.size(0):]).all()) and bool(value[theirs.size(0):].abs().sum() > 0)
+    assert fresh_rows == 4  # source and target embeddings, output weight and bias
+    messages = [r.getMessage() for r in log.records]
+    assert "training.init_vocab extend: source vocabulary 10 -> 12 types (2 new from the training data)" in messages
+    assert any("extended to 12 and 12" in m for m in messages) and not any("<unk>" in m for m in messages)
+    assert child.train().step == 6
+    last = load_checkpoint(tmp_path / "child" / "last.pt")
+    assert last["src_field"]["vocab"]["itos"] == child.data.src_field.vocab.itos
+    resumed = make(child_config(parent, tmp_path / "child", init_vocab="extend", max_steps=8))
+    assert resumed.resumed and resumed.data.tgt_field.vocab.itos == child.data.tgt_field.vocab.itos
+    assert resumed.train().step == 8
+
+
+def test_init_vocab_extend_follows_min_freq_and_max_size(parent, tmp_path):
+    run, data = parent
+    with open(data["train"]["src"], encoding="utf-8") as f:
+        src_text = f.read().split()
+    g, h = src_text.count("g"), src_text.count("h")
+    assert g != h
+    config = child_config(parent, tmp_path / "child", init_vocab="extend")
+    config["data"]["src"]["min_freq"] = max(g, h)  # only the more frequent of the two
+    config["data"]["tgt"]["max_size"] = len(load_checkpoint(run / "best.pt")["tgt_field"]["vocab"]["itos"]) - 4 + 1
+    child = make(config)
+    assert child.data.src_field.vocab.itos[-1] == ("g" if g > h else "h") and "gh".replace(
+        child.data.src_field.vocab.itos[-1], "") not in child.data.src_field.vocab
+    assert len(child.data.tgt_field.vocab.itos) == config["data"]["tgt"]["max_size"] + 4  # one new token: the cap
+
+
+def test_init_vocab_extend_with_init_optimizer_is_one_line(parent, tmp_path):
+    with pytest.raises(ConfigError, match=r"^tiny\.yaml: training\.init_optimizer: true with training\.init_vocab: "
+                                          r"extend: the parent's optimizer state does not fit"):
+        make(child_config(parent, tmp_path / "child", init_vocab="extend", init_optimizer=True))
+    assert not (tmp_path / "child" / "last.pt").exists()
