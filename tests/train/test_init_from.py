@@ -340,3 +340,29 @@ def test_init_vocab_extend_with_init_optimizer_is_one_line(parent, tmp_path):
                                           r"extend: the parent's optimizer state does not fit"):
         make(child_config(parent, tmp_path / "child", init_vocab="extend", init_optimizer=True))
     assert not (tmp_path / "child" / "last.pt").exists()
+
+
+def test_init_vocab_extend_keeps_a_shared_vocabulary_shared(parent, tmp_path):
+    """A parent with one vocabulary for both sides (data.shared_vocab): the child's is one too, the
+    parent's tokens then the new tokens of both sides (recounted from the text)."""
+    from collections import Counter
+
+    _, data = parent
+    shared_data = {"train": data["valid"], "valid": data["valid"]}
+    config = tiny_config(shared_data, tmp_path / "shared_parent", device="cpu", max_steps=2, valid_every=2)
+    config["data"]["shared_vocab"] = True
+    make(config).train()
+    child_cfg = tiny_config(data, tmp_path / "child", device="cpu", max_steps=2, valid_every=2,
+                            init_from=str(tmp_path / "shared_parent"), init_vocab="extend")
+    child_cfg["data"]["shared_vocab"] = True
+    child = make(child_cfg)
+    best = load_checkpoint(tmp_path / "shared_parent" / "best.pt")
+    old = best["src_field"]["vocab"]["itos"]
+    assert best["tgt_field"]["vocab"]["itos"] == old
+    counts = Counter()
+    for side in ("src", "tgt"):  # the src settings' tokenizer (space) cuts both sides
+        with open(data["train"][side], encoding="utf-8") as f:
+            counts.update(f.read().split())
+    new = sorted((t for t in counts if t not in old), key=lambda t: (-counts[t], t))
+    assert child.data.src_field.vocab.itos == old + new == child.data.tgt_field.vocab.itos and len(new) > 2
+    assert child.train().step == 2
