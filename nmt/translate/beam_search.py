@@ -38,15 +38,17 @@ the outputs of nonzero probability that start with the prefix.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from nmt.models.protocol import StepDecoder, attention_request, select_state, shares_encoder_out, tile_state
-from nmt.translate.certificate import reason_name, require_hypothesis, support_statistics
+from nmt.translate.certificate import require_hypothesis, support_statistics
 from nmt.translate.history import SearchHistory, backtrack
+from nmt.translate.row_compaction import bucket_size, rows_to_keep
+from nmt.translate.search_result import SearchResult
 from nmt.translate.length_penalty import length_penalty
 from nmt.translate.search_options import SearchOptions
 from nmt.translate.search_step import (
@@ -64,50 +66,6 @@ from nmt.translate.target_prefix import check_prefix, lengthen_limits
 from nmt.utils.packed_linear import frozen_weights
 
 NEG_INF = float("-inf")
-
-
-@dataclass
-class SearchResult:
-    """Output of ``beam_search`` for a batch of B sentences (n = n_best, T = steps run).
-
-    tokens: (B, n, T) long, EOS included, padded with ``pad`` after it.
-    lengths: (B, n) long, tokens generated including EOS (0 = no hypothesis in that slot).
-    scores: (B, n) float, total log-probabilities (-inf = no hypothesis in that slot).
-    ranking_scores: (B, n) float, scores / length penalty (the order of the n-best list).
-    complete: (B, n) bool, hypothesis ends with EOS (False: cut at max_length or missing).
-    attention: (B, n, T, L) float source attention per generated token, or None.
-    exact: (B,) bool certificate; n_nonzero: (B,) long number of complete finished
-    hypotheses (all of nonzero probability); mass: (B,) float their total probability;
-    reason: (B,) long code, decoded by ``reason_names`` (None when exact).
-    support_size: (B, n, T) int32 number of nonzero-probability tokens at each step, or None.
-    support_tokens / support_probs: (B, n, T, m) the m most probable tokens at each step and
-    their probabilities (0 beyond the support), only with ``return_support``.
-    """
-
-    tokens: Tensor
-    lengths: Tensor
-    scores: Tensor
-    ranking_scores: Tensor
-    complete: Tensor
-    attention: Tensor | None
-    exact: Tensor
-    n_nonzero: Tensor
-    mass: Tensor
-    reason: Tensor
-    support_size: Tensor | None = None
-    support_tokens: Tensor | None = None
-    support_probs: Tensor | None = None
-    steps: int = 0
-
-    @property
-    def certified(self) -> Tensor:
-        """(B,) bool, the certificate (the same tensor as ``exact``, its older name)."""
-        return self.exact
-
-    def reason_names(self) -> list[str | None]:
-        """Per sentence: None when exact, else "pruned", "max_length", "not_certified",
-        "nonfinite_scores", "no_hypothesis" or "sampled" (``sample=True``)."""
-        return [reason_name(code) for code in self.reason.tolist()]
 
 
 def beam_search(
@@ -248,35 +206,6 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
         out_exact.index_copy_(0, active, rows.exact)
         out_reason.index_copy_(0, active, rows.reason)
     return history, SearchEnd(cuts, out_exact, out_reason)
-
-
-def bucket_size(rows: int) -> int:
-    """The smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (2^k and 3 * 2^k) that holds ``rows``:
-    the batch sizes the dynamic loop shrinks to (at most 1.5x the live rows; logarithmically many)."""
-    if rows <= 2:
-        return max(rows, 1)
-    power = 1 << (rows - 1).bit_length()  # the smallest power of two >= rows
-    return power * 3 // 4 if power * 3 // 4 >= rows else power
-
-
-def rows_to_keep(done: list[bool]) -> tuple[list[int], list[int]] | None:
-    """``(keep, gone)`` row indices when finished sentences should leave the batch, else None.
-
-    The live rows stay, padded with finished ones (already stopped: their prefixes have
-    probability 0) up to :func:`bucket_size`: a batch takes a handful of sizes instead of one per
-    finishing step, so fewer reorderings are made and the CPU's oneDNN products and RNN kernels
-    create a handful of primitives per weight, not one per size (0.3-1.4 ms each), while a long
-    tail of a big batch still shrinks to its few live sentences.
-    """
-    rows = len(done)
-    live = [i for i, d in enumerate(done) if not d]
-    target = bucket_size(len(live))
-    if target >= rows:
-        return None
-    finished = [i for i, d in enumerate(done) if d]
-    keep = sorted(live + finished[: target - len(live)])
-    kept = set(keep)
-    return keep, [i for i in range(rows) if i not in kept]
 
 
 def _collect(history: SearchHistory, end: SearchEnd, eos: int, pad: int, options: SearchOptions) -> SearchResult:

@@ -38,7 +38,8 @@ import torch
 from torch import Tensor
 
 from nmt.models.protocol import State, StepDecoder, required_attention, select_state, shares_encoder_out, tile_state
-from nmt.translate.beam_search import SearchResult, rows_to_keep
+from nmt.translate.row_compaction import rows_to_keep
+from nmt.translate.search_result import SearchResult
 from nmt.translate.certificate import SAMPLED
 from nmt.translate.counter_noise import gumbel, row_keys, token_keys, uniform_bits
 from nmt.translate.history import SearchHistory
@@ -305,9 +306,9 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
                   ids: Tensor, prefix: Tensor | None = None) -> SearchResult:
     """Stopped samples leave the batch (the CPU loop): one host sync per step (which rows are still
     going), and once the live rows fit a smaller size among 1, 2, 3, 4, 6, 8, 12, ...
-    (:func:`~nmt.translate.beam_search.bucket_size`) the rows, their noise keys, limits, n-gram
+    (:func:`~nmt.translate.row_compaction.bucket_size`) the rows, their noise keys, limits, n-gram
     histories, the model's state and the encoder output are reindexed to them, as beam search's
-    dynamic loop does (its :func:`~nmt.translate.beam_search.rows_to_keep`). R rows, R' still
+    dynamic loop does (:func:`~nmt.translate.row_compaction.rows_to_keep`). R rows, R' still
     stepped (``active``: their indices among the R). The same samples as the static loop: a row's
     noise and distribution do not depend on the other rows."""
     n, max_length = options.n_best, options.max_length
