@@ -391,3 +391,33 @@ def test_sampled_scores_are_the_model_log_probabilities_and_a_mixed_batch_draws_
                 assert float(together.scores[b, s]) == pytest.approx(total, abs=1e-5)
                 checked += bool(prefixes[b])
     assert checked >= 6
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("case", range(2))
+def test_cuda_static_search_with_prefixes_and_a_banned_token_equals_the_cpu(case):
+    """On CUDA (the static loop, ``mode: auto`` there, its Triton step and masking) forced prefixes
+    (given on the host, as nmt-translate passes them) and ``ban_unk_token`` give the CPU's dynamic
+    loop's outputs, scores and certificates (float64 toy models: the devices agree to rounding)."""
+    import copy
+
+    make = [lambda: TinyAttentionRNN(mapping="entmax15", seed=2).double(),
+            lambda: tiny_transformer(output="sparsemax", attention="entmax15", eos_bias=1.0, seed=2)][case]
+    cpu_model = make()
+    cuda_model = copy.deepcopy(cpu_model).to("cuda")
+    src, lengths = random_sources(6, 9, 6, seed=case)
+    kw = dict(bos=BOS, eos=EOS, pad=PAD, beam_size=3, n_best=3, max_length=8, max_length_ratio=1.0)
+    free = beam_search(cpu_model, src, lengths, mode="dynamic", **kw)
+    unk = int(free.tokens[free.tokens > EOS].mode().values)  # a token the outputs use, banned
+    prefixes = []  # the first tokens of each sentence's second output (of its first), none every third
+    for b in range(6):
+        entry = 1 if int(free.lengths[b, 1]) > 1 else 0
+        tokens = [t for t in free.tokens[b, entry, :int(free.lengths[b, entry])].tolist() if t not in (EOS, unk)]
+        prefixes.append(tokens[:2] if b % 3 != 2 else [])
+    prefix = prefix_tensor(prefixes)
+    kw.update(unk=unk, ban_unk_token=True)
+    cpu = beam_search(cpu_model, src, lengths, mode="dynamic", prefix=prefix, **kw)
+    cuda = beam_search(cuda_model, src.cuda(), lengths, mode="auto", prefix=prefix, **kw)
+    assert_same_result(cpu, type(cpu)(**{f: (v.cpu() if isinstance(v, torch.Tensor) else v)
+                                          for f, v in vars(cuda).items()}))
+    assert sum(int(n) > 0 for n in cpu.lengths[:, 0]) >= 3 and any(prefixes)  # outputs were found
