@@ -11,7 +11,9 @@ Alignments and unknown-word replacement are per call: ``m.translate(lines, align
 each hypothesis its word alignment (``Translation.alignments``, ``.alignment`` for the best;
 ``align=AlignOptions(mode="support", level="token")`` for the others, see
 ``nmt.translate.alignment``), ``replace_unk=True`` replaces ``<unk>`` outputs by the most attended
-source piece; ``m.score(sources, targets, align=True)`` aligns the references.
+source piece (or its ``phrase_table`` entry); ``m.score(sources, targets, align=True)`` aligns the
+references. Forced target prefixes are per call too: ``m.translate(lines, prefixes=["Ein", "", ...])``
+(each output starts with its line's prefix; the certificate is about those outputs).
 """
 from __future__ import annotations
 
