@@ -50,14 +50,16 @@ class Model:
     """A loaded model (or ensemble) ready to translate and score; see ``load``.
 
     Attributes: ``decoder`` (the ``StepDecoder``: the model or an ``Ensemble``), ``options`` (the
-    default ``SearchOptions``), ``device``, ``batch_size``, ``members`` (the ``LoadedModel`` of each checkpoint: config, training step, path).
+    default ``SearchOptions``), ``device``, ``batch_size`` and ``batch_type`` (of translation: sentences
+    or padded source tokens), ``members`` (the ``LoadedModel`` of each checkpoint: config, training
+    step, path).
     """
 
     def __init__(self, decoder: StepDecoder, members: list[LoadedModel], device: str, options: SearchOptions,
-                 batch_size: int) -> None:
+                 batch_size: int, batch_type: str = "sentences") -> None:
         self.decoder, self.members = decoder, members
         self.src_field, self.tgt_field = members[0].src_field, members[0].tgt_field
-        self.device, self.options, self.batch_size = device, options, batch_size
+        self.device, self.options, self.batch_size, self.batch_type = device, options, batch_size, batch_type
 
     def __repr__(self) -> str:
         paths = ", ".join(str(m.path) for m in self.members)
@@ -87,7 +89,7 @@ class Model:
             raise ValueError(f"{len(lines)} sentences but {len(forced)} prefixes")
         chosen = (options or self.options).updated(**search)
         translator = Translator(self.decoder, self.src_field, self.tgt_field, chosen,
-                                batch_size=self.batch_size, device=self.device, align=_align_options(align),
+                                batch_size=self.batch_size, batch_type=self.batch_type, device=self.device, align=_align_options(align),
                                 replace_unk=replace_unk, phrase_table=phrase_table)
         return translator.translate(lines, prefixes=forced)
 
@@ -97,11 +99,13 @@ class Model:
         ``.logprob``, ``.token_logprobs``, ``.zero_probability``, ``.first_zero``; with ``align``
         (True or an ``AlignOptions``), ``.alignment``: the reference's pairs)."""
         from nmt.translate.scorer import Scorer
+        from nmt.translate.translator import CPU_BATCH
 
         src, tgt = _sentences("sources", sources), _sentences("targets", targets)
         if len(src) != len(tgt):
             raise ValueError(f"{len(src)} sources but {len(tgt)} targets")
-        scorer = Scorer(self.decoder, self.src_field, self.tgt_field, batch_size=self.batch_size, device=self.device,
+        sentences = self.batch_size if self.batch_type == "sentences" else CPU_BATCH[0]  # scoring counts sentences
+        scorer = Scorer(self.decoder, self.src_field, self.tgt_field, batch_size=sentences, device=self.device,
                         align=_align_options(align))
         return scorer.score(src, tgt)
 
@@ -117,19 +121,22 @@ def _align_options(align: bool | AlignOptions) -> AlignOptions | None:
     return AlignOptions() if align else None
 
 
-def load(checkpoint: PathLike | Sequence[PathLike], device: str = "auto", *, batch_size: int = 64,
-         options: SearchOptions | None = None, **search: Any) -> Model:
+def load(checkpoint: PathLike | Sequence[PathLike], device: str = "auto", *, batch_size: int | None = None,
+         batch_type: str | None = None, options: SearchOptions | None = None, **search: Any) -> Model:
     """Load a checkpoint (several: an ensemble, mean of probabilities) for translation.
 
     device: "auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N"; one unknown or
     unusable here (no CUDA, an index past the machine's GPUs) is a one-line ValueError naming it,
-    before any checkpoint is read. Search
+    before any checkpoint is read. Batches of translation: ``batch_size`` sentences or padded source
+    tokens (``batch_type`` "sentences" / "tokens"); unset, ``nmt-translate``'s defaults for the device
+    (64 sentences on the CPU, 8,192 tokens on a GPU; :func:`nmt.translate.translator.default_batching`);
+    scoring batches sentences (``batch_size`` of them, 64 where translation counts tokens). Search
     defaults: ``options`` (default ``SearchOptions()``) with keyword overrides, e.g.
     ``load("best.pt", beam_size=8)``. Raises ``CheckpointError`` for an unreadable file.
     """
     from nmt.translate.loading import load_models, resolve_device
     from nmt.translate.search_options import SearchOptions
-    from nmt.translate.translator import check_batch_size
+    from nmt.translate.translator import check_batch_size, default_batching
 
     if isinstance(checkpoint, (str, os.PathLike)):
         paths = [checkpoint]
@@ -143,11 +150,15 @@ def load(checkpoint: PathLike | Sequence[PathLike], device: str = "auto", *, bat
                 raise TypeError(f"checkpoint[{i}] must be a path, got {type(path).__name__}")
     if not paths:
         raise ValueError("load: no checkpoint given")
-    check_batch_size(batch_size)
+    if batch_size is not None:
+        check_batch_size(batch_size)
+    if batch_type not in (None, "sentences", "tokens"):
+        raise ValueError(f"batch_type must be sentences or tokens, got {batch_type!r}")
     chosen = (options or SearchOptions()).updated(**search)
     name = resolve_device(device)
+    batch_size, batch_type = default_batching(name, batch_size, batch_type)
     decoder, _, _, members = load_models(paths, name)
-    return Model(decoder, members, name, chosen, batch_size)
+    return Model(decoder, members, name, chosen, batch_size, batch_type)
 
 
 __all__ = ["Model", "load"]

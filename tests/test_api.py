@@ -56,6 +56,30 @@ def test_score_agrees_with_translation_and_flags_zero_probability(checkpoint):
         assert s.logprob == -math.inf and s.first_zero["support_size"] < s.first_zero["rank"]
 
 
+def test_batching_defaults_to_nmt_translates_for_the_device(checkpoint, monkeypatch):
+    """Unset, translation batches as nmt-translate does on the device (64 sentences on the CPU;
+    tokens on a GPU, simulated); given, as given; token batches translate as sentence batches do;
+    scoring counts sentences."""
+    import nmt.translate.translator as translator_module
+
+    m = nmt.load(checkpoint, device="cpu", max_length=8)
+    assert (m.batch_size, m.batch_type) == (64, "sentences")
+    tokens = nmt.load(checkpoint, device="cpu", max_length=8, batch_type="tokens", batch_size=5)
+    assert (tokens.batch_size, tokens.batch_type) == (5, "tokens")
+    lines = ["a b c", "c a", "b", "a a b", "c b a", ""]
+    assert [t.text for t in tokens.translate(lines)] == [t.text for t in m.translate(lines)]
+    assert [s.logprob for s in tokens.score(lines[:3], ["abc", "ca", "b"])] == \
+        [s.logprob for s in m.score(lines[:3], ["abc", "ca", "b"])]
+    seen = []
+    real = translator_module.default_batching
+    monkeypatch.setattr(translator_module, "default_batching",
+                        lambda device, size=None, kind=None: seen.append(device) or real("cuda", size, kind))
+    gpu_like = nmt.load(checkpoint, device="cpu")
+    assert seen == ["cpu"] and (gpu_like.batch_size, gpu_like.batch_type) == (8192, "tokens")
+    with pytest.raises(ValueError, match="^batch_type must be sentences or tokens, got 'words'$"):
+        nmt.load(checkpoint, device="cpu", batch_type="words")
+
+
 def test_prefixes_per_call(checkpoint):
     """``prefixes``: each output starts with its prefix, its score is the teacher-forced one, a
     sentence without a prefix is translated as without the argument; wrong counts or types and a
@@ -101,7 +125,7 @@ def test_load_names_a_bad_checkpoint_or_batch_size_argument(checkpoint):
         nmt.load(123)
     with pytest.raises(TypeError, match=r"checkpoint\[1\] must be a path, got NoneType"):
         nmt.load([checkpoint, None])
-    for bad in ("8", None, 2.5, True):  # before: '<' not supported, or a failure only at translate time
+    for bad in ("8", 2.5, True):  # before: '<' not supported, or a failure only at translate time (None: the default)
         with pytest.raises(TypeError, match="batch_size must be an integer"):
             nmt.load(checkpoint, device="cpu", batch_size=bad)
     with pytest.raises(ValueError, match="batch_size must be >= 1"):

@@ -2,7 +2,8 @@
 
     nmt-server -model M.pt [M2.pt ...] [-host 127.0.0.1] [-port 5000] [-device auto] [-beam_size 5]
                [-n_best 1] [-max_length 100] [-max_length_ratio R] [-length_penalty none]
-               [-block_ngram_repeat N] [-ban_unk_token] [-no_certify] [-phrase_table FILE] [-batch_size 64]
+               [-block_ngram_repeat N] [-ban_unk_token] [-no_certify] [-phrase_table FILE]
+               [-batch_size N] [-batch_type sentences|tokens]
                [-max_sentences 10000] [-threads N] [-quiet]
 
 The search flags set the defaults of every request (a request's ``"options"`` override them). The
@@ -34,7 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address to listen on (0.0.0.0: every interface; the API has no authentication)")
     p.add_argument("-port", "--port", type=int, default=5000, help="port (0: a free one, printed at start)")
     p.add_argument("-device", "--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
-    p.add_argument("-batch_size", "--batch_size", type=int, default=64, help="sentences per batch within a request")
+    p.add_argument("-batch_size", "--batch_size", type=int, default=None,
+                   help="sentences (or padded source tokens) per batch of a search (default: 64 sentences on the "
+                   "CPU, 8,192 tokens on a GPU, as nmt-translate)")
+    p.add_argument("-batch_type", "--batch_type", default=None, choices=("sentences", "tokens"),
+                   help="what -batch_size counts")
     p.add_argument("-max_sentences", "--max_sentences", type=int, default=10_000,
                    help="most sentences one request may hold (more: status 413)")
     p.add_argument("-beam_size", "--beam_size", type=int, default=d.beam_size)
@@ -87,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 table = read_phrase_table(args.phrase_table)
             try:
-                service = load_service(args.model, args.device, batch_size=args.batch_size,
+                service = load_service(args.model, args.device, batch_size=args.batch_size, batch_type=args.batch_type,
                                        max_sentences=args.max_sentences, phrase_table=table,
                                        certify=not args.no_certify, **search)
             except TypeError as exc:

@@ -74,12 +74,13 @@ class TranslationService:
         return {"status": "ok"}
 
     def describe(self, _: Any = None) -> dict[str, Any]:
-        """The checkpoints (path, step), device, default search options and tokenizers."""
+        """The checkpoints (path, step), device, batching, default search options and tokenizers."""
         from dataclasses import asdict
 
         return {
             "checkpoints": [{"path": str(m.path), "step": m.step} for m in self.model.members],
             "device": str(self.model.device),
+            "batch": {"size": self.model.batch_size, "type": self.model.batch_type},
             "options": asdict(self.model.options),
             "tokenizers": {"source": type(self.model.src_field.tokenizer).__name__,
                            "target": type(self.model.tgt_field.tokenizer).__name__},
@@ -181,16 +182,17 @@ class TranslationService:
                 raise _bad(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
 
 
-def load_service(checkpoints: Sequence[str], device: str = "auto", *, batch_size: int = 64,
-                 max_sentences: int = 10_000, phrase_table: Mapping[str, str] | None = None,
-                 **search: Any) -> TranslationService:
+def load_service(checkpoints: Sequence[str], device: str = "auto", *, batch_size: int | None = None,
+                 batch_type: str | None = None, max_sentences: int = 10_000,
+                 phrase_table: Mapping[str, str] | None = None, **search: Any) -> TranslationService:
     """A :class:`TranslationService` of the checkpoints (several: an ensemble) loaded on ``device``
+    (batches as :func:`nmt.api.load` makes them: unset, nmt-translate's defaults for the device)
     with ``search`` (``SearchOptions`` fields) as the default options of every request, and the
     ``phrase_table`` of its ``replace_unk`` requests."""
     from nmt.api import load
 
-    return TranslationService(load(list(checkpoints), device=device, batch_size=batch_size, **search), max_sentences,
-                              phrase_table)
+    model = load(list(checkpoints), device=device, batch_size=batch_size, batch_type=batch_type, **search)
+    return TranslationService(model, max_sentences, phrase_table)
 
 
 @dataclass(frozen=True)

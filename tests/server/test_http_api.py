@@ -65,6 +65,7 @@ def test_health_and_model(served, checkpoint):
     status, info = call(base, "/model")
     assert status == 200 and info["checkpoints"][0]["path"] == checkpoint and info["device"] == "cpu"
     assert info["options"]["beam_size"] == 3 and info["options"]["max_length"] == 8
+    assert info["batch"] == {"size": 64, "type": "sentences"}  # nmt-translate's default on the CPU
     assert info["tokenizers"] == {"source": "SpaceTokenizer", "target": "CharTokenizer"}
 
 
