@@ -51,15 +51,16 @@ class Model:
 
     Attributes: ``decoder`` (the ``StepDecoder``: the model or an ``Ensemble``), ``options`` (the
     default ``SearchOptions``), ``device``, ``batch_size`` and ``batch_type`` (of translation: sentences
-    or padded source tokens), ``members`` (the ``LoadedModel`` of each checkpoint: config, training
-    step, path).
+    or padded source tokens), ``precision`` (of the model's computations: fp32, bf16 or fp16 autocast),
+    ``members`` (the ``LoadedModel`` of each checkpoint: config, training step, path).
     """
 
     def __init__(self, decoder: StepDecoder, members: list[LoadedModel], device: str, options: SearchOptions,
-                 batch_size: int, batch_type: str = "sentences") -> None:
+                 batch_size: int, batch_type: str = "sentences", precision: str = "fp32") -> None:
         self.decoder, self.members = decoder, members
         self.src_field, self.tgt_field = members[0].src_field, members[0].tgt_field
         self.device, self.options, self.batch_size, self.batch_type = device, options, batch_size, batch_type
+        self.precision = precision
 
     def __repr__(self) -> str:
         paths = ", ".join(str(m.path) for m in self.members)
@@ -89,7 +90,8 @@ class Model:
             raise ValueError(f"{len(lines)} sentences but {len(forced)} prefixes")
         chosen = (options or self.options).updated(**search)
         translator = Translator(self.decoder, self.src_field, self.tgt_field, chosen,
-                                batch_size=self.batch_size, batch_type=self.batch_type, device=self.device, align=_align_options(align),
+                                batch_size=self.batch_size, batch_type=self.batch_type, device=self.device,
+                                precision=self.precision, align=_align_options(align),
                                 replace_unk=replace_unk, phrase_table=phrase_table)
         return translator.translate(lines, prefixes=forced)
 
@@ -106,6 +108,7 @@ class Model:
             raise ValueError(f"{len(src)} sources but {len(tgt)} targets")
         sentences = self.batch_size if self.batch_type == "sentences" else CPU_BATCH[0]  # scoring counts sentences
         scorer = Scorer(self.decoder, self.src_field, self.tgt_field, batch_size=sentences, device=self.device,
+                        precision=self.precision,
                         align=_align_options(align))
         return scorer.score(src, tgt)
 
@@ -122,7 +125,8 @@ def _align_options(align: bool | AlignOptions) -> AlignOptions | None:
 
 
 def load(checkpoint: PathLike | Sequence[PathLike], device: str = "auto", *, batch_size: int | None = None,
-         batch_type: str | None = None, options: SearchOptions | None = None, **search: Any) -> Model:
+         batch_type: str | None = None, precision: str = "fp32", options: SearchOptions | None = None,
+         **search: Any) -> Model:
     """Load a checkpoint (several: an ensemble, mean of probabilities) for translation.
 
     device: "auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N"; one unknown or
@@ -130,13 +134,16 @@ def load(checkpoint: PathLike | Sequence[PathLike], device: str = "auto", *, bat
     before any checkpoint is read. Batches of translation: ``batch_size`` sentences or padded source
     tokens (``batch_type`` "sentences" / "tokens"); unset, ``nmt-translate``'s defaults for the device
     (64 sentences on the CPU, 8,192 tokens on a GPU; :func:`nmt.translate.translator.default_batching`);
-    scoring batches sentences (``batch_size`` of them, 64 where translation counts tokens). Search
+    scoring batches sentences (``batch_size`` of them, 64 where translation counts tokens).
+    ``precision``: "fp32" (IEEE float32 on a GPU too), "bf16" or "fp16" (the model under autocast;
+    the search stays in float32), for translation and scoring alike, as ``nmt-translate -precision``. Search
     defaults: ``options`` (default ``SearchOptions()``) with keyword overrides, e.g.
     ``load("best.pt", beam_size=8)``. Raises ``CheckpointError`` for an unreadable file.
     """
     from nmt.translate.loading import load_models, resolve_device
     from nmt.translate.search_options import SearchOptions
     from nmt.translate.translator import check_batch_size, default_batching
+    from nmt.utils.precision import check_precision
 
     if isinstance(checkpoint, (str, os.PathLike)):
         paths = [checkpoint]
@@ -152,13 +159,14 @@ def load(checkpoint: PathLike | Sequence[PathLike], device: str = "auto", *, bat
         raise ValueError("load: no checkpoint given")
     if batch_size is not None:
         check_batch_size(batch_size)
+    check_precision(precision)
     if batch_type not in (None, "sentences", "tokens"):
         raise ValueError(f"batch_type must be sentences or tokens, got {batch_type!r}")
     chosen = (options or SearchOptions()).updated(**search)
     name = resolve_device(device)
     batch_size, batch_type = default_batching(name, batch_size, batch_type)
     decoder, _, _, members = load_models(paths, name)
-    return Model(decoder, members, name, chosen, batch_size, batch_type)
+    return Model(decoder, members, name, chosen, batch_size, batch_type, precision)
 
 
 __all__ = ["Model", "load"]

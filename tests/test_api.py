@@ -80,6 +80,19 @@ def test_batching_defaults_to_nmt_translates_for_the_device(checkpoint, monkeypa
         nmt.load(checkpoint, device="cpu", batch_type="words")
 
 
+def test_precision_reaches_translation_and_scoring(checkpoint):
+    """precision="bf16": the model runs under autocast in both (its scores differ from fp32's), and
+    a translation's score is what scoring its text at that precision gives."""
+    fp32, bf16 = (nmt.load(checkpoint, device="cpu", max_length=8, precision=p) for p in ("fp32", "bf16"))
+    lines = ["a b c", "c a", "a a b"]
+    t32, t16 = fp32.translate(lines), bf16.translate(lines)
+    assert [t.score for t in t32] != [t.score for t in t16]
+    for t, s in zip(t16, bf16.score(lines, [t.text for t in t16])):
+        assert s.logprob == pytest.approx(t.score, abs=1e-3) or s.logprob == t.score == -math.inf
+    with pytest.raises(ValueError, match="^precision must be one of fp32, bf16, fp16, got 'fp8'$"):
+        nmt.load(checkpoint, device="cpu", precision="fp8")
+
+
 def test_prefixes_per_call(checkpoint):
     """``prefixes``: each output starts with its prefix, its score is the teacher-forced one, a
     sentence without a prefix is translated as without the argument; wrong counts or types and a

@@ -3,7 +3,7 @@
     nmt-server -model M.pt [M2.pt ...] [-host 127.0.0.1] [-port 5000] [-device auto] [-beam_size 5]
                [-n_best 1] [-max_length 100] [-max_length_ratio R] [-length_penalty none]
                [-block_ngram_repeat N] [-ban_unk_token] [-no_certify] [-phrase_table FILE]
-               [-batch_size N] [-batch_type sentences|tokens]
+               [-batch_size N] [-batch_type sentences|tokens] [-precision fp32|bf16|fp16]
                [-max_sentences 10000] [-threads N] [-quiet]
 
 The search flags set the defaults of every request (a request's ``"options"`` override them). The
@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "CPU, 8,192 tokens on a GPU, as nmt-translate)")
     p.add_argument("-batch_type", "--batch_type", default=None, choices=("sentences", "tokens"),
                    help="what -batch_size counts")
+    p.add_argument("-precision", "--precision", default="fp32", choices=("fp32", "bf16", "fp16"),
+                   help="the model's computations (bf16 / fp16: autocast, as nmt-translate -precision)")
     p.add_argument("-max_sentences", "--max_sentences", type=int, default=10_000,
                    help="most sentences one request may hold (more: status 413)")
     p.add_argument("-beam_size", "--beam_size", type=int, default=d.beam_size)
@@ -93,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 table = read_phrase_table(args.phrase_table)
             try:
                 service = load_service(args.model, args.device, batch_size=args.batch_size, batch_type=args.batch_type,
+                                       precision=args.precision,
                                        max_sentences=args.max_sentences, phrase_table=table,
                                        certify=not args.no_certify, **search)
             except TypeError as exc:

@@ -81,6 +81,7 @@ class TranslationService:
             "checkpoints": [{"path": str(m.path), "step": m.step} for m in self.model.members],
             "device": str(self.model.device),
             "batch": {"size": self.model.batch_size, "type": self.model.batch_type},
+            "precision": self.model.precision,
             "options": asdict(self.model.options),
             "tokenizers": {"source": type(self.model.src_field.tokenizer).__name__,
                            "target": type(self.model.tgt_field.tokenizer).__name__},
@@ -183,7 +184,7 @@ class TranslationService:
 
 
 def load_service(checkpoints: Sequence[str], device: str = "auto", *, batch_size: int | None = None,
-                 batch_type: str | None = None, max_sentences: int = 10_000,
+                 batch_type: str | None = None, precision: str = "fp32", max_sentences: int = 10_000,
                  phrase_table: Mapping[str, str] | None = None, **search: Any) -> TranslationService:
     """A :class:`TranslationService` of the checkpoints (several: an ensemble) loaded on ``device``
     (batches as :func:`nmt.api.load` makes them: unset, nmt-translate's defaults for the device)
@@ -191,7 +192,8 @@ def load_service(checkpoints: Sequence[str], device: str = "auto", *, batch_size
     ``phrase_table`` of its ``replace_unk`` requests."""
     from nmt.api import load
 
-    model = load(list(checkpoints), device=device, batch_size=batch_size, batch_type=batch_type, **search)
+    model = load(list(checkpoints), device=device, batch_size=batch_size, batch_type=batch_type, precision=precision,
+                 **search)
     return TranslationService(model, max_sentences, phrase_table)
 
 
