@@ -101,6 +101,18 @@ MODEL = {
         "share": Option(bool, False, "share source and target embeddings (needs data.shared_vocab)"),
         "tie_output": Option(bool, False, "tie the output layer to the target embeddings"),
         "dropout": Option(float, 0.3, "dropout on embeddings", minimum=0.0, maximum=1.0, max_inclusive=False),
+        "pretrained": {  # null: no vectors, nothing frozen
+            "src": Option(str, None, "a new run's source table starts from this text file of vectors (GloVe "
+                          "'token v1 ... vD' lines; word2vec / fastText text: the same after an 'N D' header; "
+                          ".gz read through gzip): each vocabulary type found gets its vector; D must be the "
+                          "embedding size; with share it fills the one table; not read on resume or init_from",
+                          nullable=True),
+            "tgt": Option(str, None, "the same for the target table (not with share)", nullable=True),
+            "freeze_src": Option(bool, False, "keep the source table (with share: the shared one) fixed during "
+                                 "training (OpenNMT-py -freeze_word_vecs_enc)"),
+            "freeze_tgt": Option(bool, False, "keep the target table fixed (with tie_output: the output layer's "
+                                 "weight too; not with share) (OpenNMT-py -freeze_word_vecs_dec)"),
+        },
     },
     "transformer": {
         "encoder_layers": Option(int, 6, "encoder layers", minimum=1, maximum=MAX_LAYERS),

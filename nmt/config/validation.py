@@ -47,6 +47,7 @@ def check_config(config: dict, source: str) -> None:
     if (model["type"] == "rnn" and model["embeddings"]["share"]
             and model["embeddings"]["src_size"] != model["embeddings"]["tgt_size"]):
         raise ConfigError(source, "model.embeddings.share", "shared embeddings need src_size == tgt_size")
+    check_pretrained_embeddings(model, source)
     check_positions(config, source)
     training = config["training"]
     if training["max_steps"] is None and training["max_epochs"] is None and training["max_minutes"] is None:
@@ -56,6 +57,21 @@ def check_config(config: dict, source: str) -> None:
     betas = training["optimizer"]["betas"]
     if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas):
         raise ConfigError(source, "training.optimizer.betas", f"must be two numbers in [0, 1), got {betas!r}")
+
+
+def check_pretrained_embeddings(model: dict, source: str) -> None:
+    """``model.embeddings.pretrained`` with ``share``: one table, filled by ``src`` and frozen by
+    ``freeze_src``; ``tgt`` / ``freeze_tgt`` set as well is an error naming the key."""
+    if not model["embeddings"]["share"]:
+        return
+    pretrained = model["embeddings"]["pretrained"]
+    key = "model.embeddings.pretrained"
+    if pretrained["tgt"] is not None:
+        raise ConfigError(source, f"{key}.tgt", "with model.embeddings.share one table serves both sides: "
+                          f"{key}.src fills it (leave this key null)")
+    if pretrained["freeze_tgt"]:
+        raise ConfigError(source, f"{key}.freeze_tgt", "with model.embeddings.share one table serves both "
+                          f"sides: {key}.freeze_src freezes it (leave this key false)")
 
 
 def check_positions(config: dict, source: str) -> None:

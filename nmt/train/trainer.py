@@ -39,7 +39,7 @@ from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, i
                                    rank_rng_state, resume_check, several_processes, shard_batch, wrap_model)
 from nmt.train.early_stopping import EarlyStopping
 from nmt.train.ema import WeightAverage
-from nmt.train import init_from
+from nmt.train import init_from, pretrained_embeddings
 from nmt.train.interrupt import GracefulInterrupt
 from nmt.train.nonfinite import (MAX_CONSECUTIVE_SKIPS, DroppedUpdates, NonFiniteGuard, NonFiniteLossError,
                                  check_parameters_finite, kept_state)
@@ -205,6 +205,7 @@ class Trainer:
         except ModelConfigError as exc:  # the builder names the key; add the file
             raise ConfigError(source, exc.key, exc.problem) from None
         check_valid_positions(self.data, config["data"], position_limits(self.model))
+        self._pretrained_embeddings(checkpoint is not None, parent is not None)
         self.model.to(self.device)
         if self.dist.rank > 0:  # same initial weights on every rank, other dropout masks
             seed_everything(train_cfg["seed"] + self.dist.rank)
@@ -226,6 +227,7 @@ class Trainer:
         if parent is not None:  # the parent's weights (and optimizer state); all else starts fresh
             init_from.init_model(parent, self.model, config, source)
             if train_cfg["init_optimizer"]:
+                pretrained_embeddings.check_init_optimizer(parent.payload["config"], config, source)
                 init_from.init_optimizer(parent, self.optimizer, config, source)
             logger.info(init_from.describe(parent, train_cfg["init_optimizer"], fields))
         ema = train_cfg["ema"]  # the moving average of the weights (training.ema), from the weights now
@@ -290,6 +292,24 @@ class Trainer:
         if not self.resumed and self.dist.is_main:  # on resume config.yaml changes with the first checkpoint
             save_config(config, self.save_dir / "config.yaml")
 
+    def _pretrained_embeddings(self, resuming: bool, fine_tuning: bool) -> None:
+        """``model.embeddings.pretrained``: the vectors into the tables of a fresh run only (a resumed
+        run's checkpoint and an init_from parent's weights win: the file is not read), then the
+        freeze, at every start, before the optimizer is built (which then never holds a frozen table)."""
+        model_cfg = self.config["model"]
+        cfg = model_cfg["embeddings"]["pretrained"]
+        files = [f"{pretrained_embeddings.KEY}.{side}" for side in ("src", "tgt") if cfg[side] is not None]
+        if files and (resuming or fine_tuning):
+            logger.info("%s: not read: %s", ", ".join(files), f"the run resumes from {self.save_dir}'s checkpoint"
+                        if resuming else "training.init_from's weights win (the vectors are for a fresh start)")
+        elif files:
+            pretrained_embeddings.load_pretrained_embeddings(self.model, model_cfg, self.data.src_field.vocab,
+                                                             self.data.tgt_field.vocab, self.source)
+        frozen = pretrained_embeddings.freeze_embeddings(self.model, model_cfg)
+        if frozen and not files and not resuming and not fine_tuning:
+            logger.warning("%s: freezing a randomly initialised table (no vectors given, no training.init_from)",
+                           pretrained_embeddings.KEY)
+
     def _load_data(self, fields: tuple[Field, Field] | None):
         """Training data; with several processes rank 0 builds the fields (and caches) first and
         the other ranks reuse its fields (a broadcast), so every rank encodes with the same ids."""
@@ -347,6 +367,7 @@ class Trainer:
         # data when its content is: the checkpoint's fingerprint of it decides (_check_data_files)
         fingerprinted = checkpoint.get("trainer", {}).get("data_files") or {}
         vetted |= {key for key in DATA_FILE_KEYS if key in fingerprinted}
+        vetted |= set(pretrained_embeddings.NOT_READ_ON_RESUME)  # the checkpoint holds the weights
         blocking = [d for d in differences
                     if any(d == k or d.startswith(k + ".") for k in RESUME_MUST_MATCH) and d not in vetted]
         if blocking:
