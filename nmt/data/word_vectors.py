@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Collection
 
+import numpy as np
 import torch
 
 from nmt.data.errors import DataError
 
 _NUMBER = re.compile(rb"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_SPACE = re.compile(rb"\s")
 _BOM = b"\xef\xbb\xbf"
 _BINARY_HINT = (" (a binary word2vec file? nmt reads the text format: convert it, e.g. with gensim's "
                 "KeyedVectors.save_word2vec_format(path, binary=False))")
@@ -98,7 +100,7 @@ def read_word_vectors(path: str | os.PathLike, wanted: Collection[str], dim: int
         raise DataError(f"{path}: no such file")
     lookup = {token.encode("utf-8"): token for token in wanted}
     found: dict[str, int] = {}  # token -> its row
-    rows: list[list[float]] = []
+    table: np.ndarray | None = None  # (len(lookup), D) float32 once D is known; its first len(found) rows kept
     duplicates: list[tuple[str, int]] = []
     width: int | None = None  # D
     header: tuple[int, int] | None = None
@@ -126,12 +128,14 @@ def read_word_vectors(path: str | os.PathLike, wanted: Collection[str], dim: int
                                          "field")
                     if dim is not None and width != dim:
                         raise VectorDimensionError(path, width, dim)
+                if table is None:
+                    table = np.empty((len(lookup), width), dtype=np.float32)
                 parts = line.rsplit(None, width)
                 if len(parts) != width + 1:
                     raise _malformed(path, number, line, f"{width} values expected after the token, found "
                                      f"{len(parts) - 1}")
                 token_bytes = parts[0]
-                if len(token_bytes.split()) > 1 and _NUMBER.fullmatch(token_bytes.split()[-1]):
+                if _SPACE.search(token_bytes) and _NUMBER.fullmatch(token_bytes.split()[-1]):
                     raise _malformed(path, number, line, f"{width} values expected after the token, found more")
                 vectors += 1
                 token = lookup.get(token_bytes)
@@ -151,8 +155,8 @@ def read_word_vectors(path: str | os.PathLike, wanted: Collection[str], dim: int
                         raise DataError(f"{path}:{number}: {text.decode('utf-8', 'replace')!r} is not a finite "
                                         "number")
                     values.append(value)
-                found[token] = len(rows)
-                rows.append(values)
+                table[len(found)] = values  # each double rounded to the nearest float32
+                found[token] = len(found)
     except (OSError, EOFError) as exc:  # unreadable, or a damaged .gz
         raise DataError(f"{path}: cannot read ({exc.strerror or exc})" if isinstance(exc, OSError)
                         else f"{path}: cannot read ({exc})") from None
@@ -160,9 +164,8 @@ def read_word_vectors(path: str | os.PathLike, wanted: Collection[str], dim: int
         raise DataError(f"{path}: no vectors in the file")
     if header is not None and header[0] != vectors:
         raise DataError(f"{path}: the word2vec header announces {header[0]} vectors, the file holds {vectors}")
-    table = torch.tensor(rows, dtype=torch.float32) if rows else torch.zeros(0, width)
-    return WordVectors(path, width, list(found), table.reshape(len(rows), width), vectors, header is not None,
-                       duplicates)
+    rows = torch.from_numpy(table[:len(found)].copy()) if table is not None else torch.zeros(0, width)
+    return WordVectors(path, width, list(found), rows, vectors, header is not None, duplicates)
 
 
 __all__ = ["VectorDimensionError", "WordVectors", "read_word_vectors"]

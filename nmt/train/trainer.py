@@ -281,8 +281,10 @@ class Trainer:
                         self.dist.world_size * train_cfg["batch_size"] * train_cfg["accumulate"], train_cfg["batch_type"])
         self.last_update_skipped = False  # whether train_step's last update was dropped
         n_params = sum(p.numel() for p in self.model.parameters())
-        logger.info("model: %s, %d parameters; attention %s, output %s (loss: %s); device %s",
-                    config["model"]["type"], n_params, describe_attention(config["model"]), output["mapping"],
+        n_frozen = sum(p.numel() for p in self.model.parameters() if not p.requires_grad)
+        logger.info("model: %s, %d parameters%s; attention %s, output %s (loss: %s); device %s",
+                    config["model"]["type"], n_params, f" ({n_frozen} frozen)" if n_frozen else "",
+                    describe_attention(config["model"]), output["mapping"],
                     loss_display_name(output["mapping"]), self.device)
         if self.ema is not None:
             ema = train_cfg["ema"]

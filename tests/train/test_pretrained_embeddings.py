@@ -238,6 +238,8 @@ def test_freeze_tgt_with_tie_output_freezes_the_output_weight_but_not_its_bias(t
                "(model.embeddings.tie_output), generator.proj.weight is frozen too" in m for m in log.messages)
     model = trainer.model
     assert model.generator.proj.weight is model.tgt_embeddings.weight
+    frozen = model.tgt_embeddings.weight.numel()  # counted once: one tensor
+    assert any(m.startswith("model: rnn, ") and f" parameters ({frozen} frozen); " in m for m in log.messages)
     vocab = trainer.data.tgt_field.vocab
     assert torch.equal(model.generator.proj.weight[vocab.stoi["b"]].detach(), as_float32(vectors["b"]))
     weight, bias = model.generator.proj.weight.detach().clone(), model.generator.proj.bias.detach().clone()
