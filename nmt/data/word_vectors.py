@@ -85,6 +85,33 @@ def _malformed(path: str, number: int, line: bytes, problem: str) -> DataError:
     return DataError(f"{path}:{number}: {problem}{hint}")
 
 
+def vectors_dimension(path: str | os.PathLike) -> int:
+    """D, the dimension of the vectors file ``path``, from its word2vec header or its first vector
+    line (the rest is not read). DataError (one line naming the file) as :func:`read_word_vectors`."""
+    path = str(path)
+    if not Path(path).is_file():
+        raise DataError(f"{path}: no such file")
+    try:
+        with _open(path) as handle:
+            for number, raw in enumerate(handle, start=1):
+                line = (raw[len(_BOM):] if number == 1 and raw.startswith(_BOM) else raw).strip()
+                header = _header(line) if number == 1 else None
+                if header is not None:
+                    if header[1] < 1:
+                        raise DataError(f"{path}:1: the word2vec header 'N D' gives dimension {header[1]}; at "
+                                        "least 1")
+                    return header[1]
+                if line:
+                    if len(line.split()) < 2:
+                        raise _malformed(path, number, line, "a token followed by its values expected, found one "
+                                         "field")
+                    return len(line.split()) - 1
+    except (OSError, EOFError) as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror or exc})" if isinstance(exc, OSError)
+                        else f"{path}: cannot read ({exc})") from None
+    raise DataError(f"{path}: no vectors in the file")
+
+
 def read_word_vectors(path: str | os.PathLike, wanted: Collection[str], dim: int | None = None) -> WordVectors:
     """Stream the vectors file ``path`` and return the vectors of the tokens in ``wanted``.
 
@@ -168,4 +195,4 @@ def read_word_vectors(path: str | os.PathLike, wanted: Collection[str], dim: int
     return WordVectors(path, width, list(found), rows, vectors, header is not None, duplicates)
 
 
-__all__ = ["VectorDimensionError", "WordVectors", "read_word_vectors"]
+__all__ = ["VectorDimensionError", "WordVectors", "read_word_vectors", "vectors_dimension"]

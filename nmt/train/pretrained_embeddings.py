@@ -42,6 +42,41 @@ def size_key(model_cfg: dict[str, Any], side: str) -> str:
     return "model.transformer.d_model" if model_cfg["type"] == "transformer" else f"model.embeddings.{side}_size"
 
 
+def table_size(model_cfg: dict[str, Any], side: str) -> int:
+    """The size the ``side`` embeddings will have (the value of :func:`size_key`)."""
+    if model_cfg["type"] == "transformer":
+        return model_cfg["transformer"]["d_model"]
+    return model_cfg["embeddings"][f"{side}_size"]
+
+
+def _dimension_error(source: str, model_cfg: dict[str, Any], side: str, path: str, dim: int) -> ConfigError:
+    what = "shared" if model_cfg["embeddings"]["share"] else SIDES[side]
+    return ConfigError(source, f"{KEY}.{side}", f"{path} holds {dim}-dimensional vectors, but the {what} embeddings "
+                       f"have {table_size(model_cfg, side)} ({size_key(model_cfg, side)})")
+
+
+def check_vector_files(config: dict[str, Any], source: str) -> None:
+    """Before anything is written, for a run that will read them (a new run without
+    ``training.init_from``): each vectors file exists and its dimension (header or first line, the
+    rest unread) is its table's size. ConfigError naming the key and the file otherwise."""
+    from nmt.data.word_vectors import vectors_dimension
+    from nmt.train.checkpoint import has_checkpoints
+
+    train_cfg, model_cfg = config["training"], config["model"]
+    if train_cfg["init_from"] is not None or has_checkpoints(train_cfg["save_dir"]):
+        return
+    for side in SIDES:
+        path = model_cfg["embeddings"]["pretrained"][side]
+        if path is None:
+            continue
+        try:
+            dim = vectors_dimension(path)
+        except DataError as exc:
+            raise ConfigError(source, f"{KEY}.{side}", str(exc)) from None
+        if dim != table_size(model_cfg, side):
+            raise _dimension_error(source, model_cfg, side, path, dim)
+
+
 def _tables(model: nn.Module, shared: bool) -> dict[str, nn.Module]:
     """side -> its Embeddings module (``src`` only when the table is shared)."""
     tables = {"src": model.src_embeddings}
@@ -71,9 +106,7 @@ def load_pretrained_embeddings(model: nn.Module, model_cfg: dict[str, Any], src_
         try:
             vectors = read_word_vectors(path, [t for t in vocab.itos if t != PAD], dim=table.dim)
         except VectorDimensionError as exc:
-            raise ConfigError(source, key, f"{path} holds {exc.dim}-dimensional vectors, but the "
-                              f"{'shared' if shared else SIDES[side]} embeddings have {exc.expected} "
-                              f"({size_key(model_cfg, side)})") from None
+            raise _dimension_error(source, model_cfg, side, path, exc.dim) from None
         except DataError as exc:
             raise ConfigError(source, key, str(exc)) from None
         rows = torch.tensor([vocab.stoi[t] for t in vectors.tokens], dtype=torch.long)
@@ -128,5 +161,5 @@ def check_init_optimizer(parent_config: dict[str, Any], config: dict[str, Any], 
                               "training.init_optimizer: false)")
 
 
-__all__ = ["KEY", "NOT_READ_ON_RESUME", "check_init_optimizer", "freeze_embeddings", "load_pretrained_embeddings",
-           "size_key"]
+__all__ = ["KEY", "NOT_READ_ON_RESUME", "check_init_optimizer", "check_vector_files", "freeze_embeddings",
+           "load_pretrained_embeddings", "size_key", "table_size"]

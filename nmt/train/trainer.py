@@ -143,6 +143,7 @@ def check_run_config(config: dict, source: str) -> torch.device:
         raise ConfigError(source, "validation.metric",
                           f"{valid_cfg['metric']!r} needs decoding, but validation.decode is false")
     init_from.check_init_from(config, source)
+    pretrained_embeddings.check_vector_files(config, source)
     return device
 
 

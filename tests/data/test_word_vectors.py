@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nmt.data.errors import DataError
-from nmt.data.word_vectors import VectorDimensionError, read_word_vectors
+from nmt.data.word_vectors import VectorDimensionError, read_word_vectors, vectors_dimension
 
 TOKENS = ["the", "Straße", "日本", "New York", "a", "<unk>", "x"]
 
@@ -123,3 +123,23 @@ def test_another_dimension_is_raised_before_the_rest_is_read(tmp_path):
 def test_a_missing_file_names_the_path(tmp_path):
     with pytest.raises(DataError, match=f"^{tmp_path}/nope.txt: no such file$"):
         read_word_vectors(tmp_path / "nope.txt", ["a"])
+
+
+@pytest.mark.parametrize("text, dim", [("a 1 2 3\nthen anything\n", 3), ("\ufeff\n\nword 1 2 3 4\n7 4\n", 4),
+                                       ("\ufeff12 300\n", 300), ("a\t1 2\r\n", 2)])
+def test_the_dimension_is_read_from_the_header_or_first_vector_line_alone(tmp_path, text, dim):
+    (tmp_path / "v.txt").write_text(text, encoding="utf-8")
+    assert vectors_dimension(tmp_path / "v.txt") == dim
+
+
+@pytest.mark.parametrize("text, message", [("", "v.txt: no vectors in the file"),
+                                           ("5 0\n", "v.txt:1: the word2vec header 'N D' gives dimension 0; at least 1"),
+                                           ("\nword\n", "v.txt:2: a token followed by its values expected, found one "
+                                                        "field")])
+def test_the_dimension_errors_name_file_and_line(tmp_path, text, message):
+    (tmp_path / "v.txt").write_text(text, encoding="utf-8")
+    with pytest.raises(DataError) as info:
+        vectors_dimension(tmp_path / "v.txt")
+    assert str(info.value) == f"{tmp_path}/{message}"
+    with pytest.raises(DataError, match="no such file"):
+        vectors_dimension(tmp_path / "missing.txt")

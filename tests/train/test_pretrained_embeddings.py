@@ -18,6 +18,7 @@ import yaml
 from nmt.config import ConfigError, resolve_config
 from nmt.train.checkpoint import load_checkpoint
 from nmt.train.model_release import average_checkpoints
+from nmt.train import trainer as trainer_module
 from nmt.train.trainer import Trainer
 from tiny_task import assert_same_run, tiny_config, write_task
 
@@ -250,7 +251,8 @@ def test_freeze_tgt_with_tie_output_freezes_the_output_weight_but_not_its_bias(t
 
 @pytest.mark.parametrize("model_type, size_key", [("rnn", "model.embeddings.src_size"),
                                                   ("transformer", "model.transformer.d_model")])
-def test_errors_are_one_line_naming_key_file_and_line(tiny_task, tmp_path, capsys, model_type, size_key):
+def test_errors_are_one_line_naming_key_file_and_line(tiny_task, tmp_path, capsys, monkeypatch, model_type,
+                                                      size_key):
     key = "model.embeddings.pretrained.src"
     cases = [
         (tmp_path / "missing.txt", None, f"{key}: {tmp_path / 'missing.txt'}: no such file"),
@@ -267,3 +269,15 @@ def test_errors_are_one_line_naming_key_file_and_line(tiny_task, tmp_path, capsy
         config = config_for(tiny_task, tmp_path / f"run{n}", model_type, {"src": str(path)})
         assert run_cli(config, tmp_path / "c.yaml") == 2
         assert capsys.readouterr().err == f"nmt-train: error: {tmp_path / 'c.yaml'}: {message}\n"
+        if n < 2:  # found from the config and the file's first line: before the run directory is made
+            assert not (tmp_path / f"run{n}").exists()
+    # the setup's own check, for a file that changed after the config check (nmt-train's is skipped here)
+    (tmp_path / "wide.txt").write_text("a 1 2 3 4 5 6 7 8\n", encoding="utf-8")
+    late = resolve_config(config_for(tiny_task, tmp_path / "late", model_type, {"src": str(tmp_path / "wide.txt")}),
+                          "tiny.yaml")
+    (tmp_path / "wide.txt").write_text("2 9\na 1 2 3 4 5 6 7 8 9\nb 1 2 3 4 5 6 7 8 9\n", encoding="utf-8")
+    monkeypatch.setattr(trainer_module.pretrained_embeddings, "check_vector_files", lambda config, source: None)
+    with pytest.raises(ConfigError) as info:
+        Trainer(late, "tiny.yaml")
+    assert str(info.value) == (f"tiny.yaml: {key}: {tmp_path / 'wide.txt'} holds 9-dimensional vectors, but the "
+                               f"source embeddings have 8 ({size_key})")
