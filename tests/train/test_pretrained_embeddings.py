@@ -281,3 +281,13 @@ def test_errors_are_one_line_naming_key_file_and_line(tiny_task, tmp_path, capsy
         Trainer(late, "tiny.yaml")
     assert str(info.value) == (f"tiny.yaml: {key}: {tmp_path / 'wide.txt'} holds 9-dimensional vectors, but the "
                                f"source embeddings have 8 ({size_key})")
+
+
+def test_pretrained_null_or_absent_means_no_vectors_and_nothing_frozen(tiny_task, tmp_path):
+    defaults = {"src": None, "tgt": None, "freeze_src": False, "freeze_tgt": False}
+    for value in (None, {}):
+        config = config_for(tiny_task, tmp_path / "run", "rnn", value)
+        assert resolve_config(config, "tiny.yaml")["model"]["embeddings"]["pretrained"] == defaults
+    with pytest.raises(ConfigError, match=r"^tiny\.yaml: model\.embeddings\.pretrained\.freeze: unknown key 'freeze' "
+                                          r".*; valid: freeze_src, freeze_tgt, src, tgt$"):
+        resolve_config(config_for(tiny_task, tmp_path / "run", "rnn", {"freeze": True}), "tiny.yaml")
