@@ -21,7 +21,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Collection
+from typing import IO, Collection, Iterator
 
 import numpy as np
 import torch
@@ -85,6 +85,33 @@ def _malformed(path: str, number: int, line: bytes, problem: str) -> DataError:
     return DataError(f"{path}:{number}: {problem}{hint}")
 
 
+def _vector_lines(handle: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(line number, stripped line) of each non-blank line, a leading byte-order mark dropped."""
+    for number, raw in enumerate(handle, start=1):
+        line = (raw[len(_BOM):] if number == 1 and raw.startswith(_BOM) else raw).strip()
+        if line:
+            yield number, line
+
+
+def _dimension(path: str, number: int, line: bytes) -> tuple[int, tuple[int, int] | None]:
+    """D from the file's first non-blank line (number ``number``): ``(D, (N, D))`` for a word2vec
+    header (line 1 only), else ``(D, None)`` with D its fields less the token."""
+    header = _header(line) if number == 1 else None
+    if header is not None:
+        if header[1] < 1:
+            raise DataError(f"{path}:1: the word2vec header 'N D' gives dimension {header[1]}; at least 1")
+        return header[1], header
+    width = len(line.split()) - 1
+    if width < 1:
+        raise _malformed(path, number, line, "a token followed by its values expected, found one field")
+    return width, None
+
+
+def _read_error(path: str, exc: OSError | EOFError) -> DataError:
+    return DataError(f"{path}: cannot read ({exc.strerror or exc})" if isinstance(exc, OSError)
+                     else f"{path}: cannot read ({exc})")
+
+
 def vectors_dimension(path: str | os.PathLike) -> int:
     """D, the dimension of the vectors file ``path``, from its word2vec header or its first vector
     line (the rest is not read). DataError (one line naming the file) as :func:`read_word_vectors`."""
@@ -93,22 +120,10 @@ def vectors_dimension(path: str | os.PathLike) -> int:
         raise DataError(f"{path}: no such file")
     try:
         with _open(path) as handle:
-            for number, raw in enumerate(handle, start=1):
-                line = (raw[len(_BOM):] if number == 1 and raw.startswith(_BOM) else raw).strip()
-                header = _header(line) if number == 1 else None
-                if header is not None:
-                    if header[1] < 1:
-                        raise DataError(f"{path}:1: the word2vec header 'N D' gives dimension {header[1]}; at "
-                                        "least 1")
-                    return header[1]
-                if line:
-                    if len(line.split()) < 2:
-                        raise _malformed(path, number, line, "a token followed by its values expected, found one "
-                                         "field")
-                    return len(line.split()) - 1
+            for number, line in _vector_lines(handle):
+                return _dimension(path, number, line)[0]
     except (OSError, EOFError) as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror or exc})" if isinstance(exc, OSError)
-                        else f"{path}: cannot read ({exc})") from None
+        raise _read_error(path, exc) from None
     raise DataError(f"{path}: no vectors in the file")
 
 
@@ -126,7 +141,7 @@ def read_word_vectors(path: str | os.PathLike, wanted: Collection[str], dim: int
     if not Path(path).is_file():
         raise DataError(f"{path}: no such file")
     lookup = {token.encode("utf-8"): token for token in wanted}
-    found: dict[str, int] = {}  # token -> its row
+    found: dict[str, int] = {}  # token -> its row of table
     table: np.ndarray | None = None  # (len(lookup), D) float32 once D is known; its first len(found) rows kept
     duplicates: list[tuple[str, int]] = []
     width: int | None = None  # D
@@ -134,29 +149,14 @@ def read_word_vectors(path: str | os.PathLike, wanted: Collection[str], dim: int
     vectors = 0
     try:
         with _open(path) as handle:
-            for number, raw in enumerate(handle, start=1):
-                line = raw.strip()
-                if number == 1:
-                    line = (raw[len(_BOM):] if raw.startswith(_BOM) else raw).strip()
-                    header = _header(line)
-                    if header is not None:
-                        width = header[1]
-                        if width < 1:
-                            raise DataError(f"{path}:1: the word2vec header 'N D' gives dimension {width}; at least 1")
-                        if dim is not None and width != dim:
-                            raise VectorDimensionError(path, width, dim)
-                        continue
-                if not line:
-                    continue
-                if width is None:  # the first vector line of a GloVe file gives D
-                    width = len(line.split()) - 1
-                    if width < 1:
-                        raise _malformed(path, number, line, "a token followed by its values expected, found one "
-                                         "field")
+            for number, line in _vector_lines(handle):
+                if width is None:  # the header, or the first vector line of a GloVe file, gives D
+                    width, header = _dimension(path, number, line)
                     if dim is not None and width != dim:
                         raise VectorDimensionError(path, width, dim)
-                if table is None:
                     table = np.empty((len(lookup), width), dtype=np.float32)
+                    if header is not None:
+                        continue
                 parts = line.rsplit(None, width)
                 if len(parts) != width + 1:
                     raise _malformed(path, number, line, f"{width} values expected after the token, found "
@@ -185,8 +185,7 @@ def read_word_vectors(path: str | os.PathLike, wanted: Collection[str], dim: int
                 table[len(found)] = values  # each double rounded to the nearest float32
                 found[token] = len(found)
     except (OSError, EOFError) as exc:  # unreadable, or a damaged .gz
-        raise DataError(f"{path}: cannot read ({exc.strerror or exc})" if isinstance(exc, OSError)
-                        else f"{path}: cannot read ({exc})") from None
+        raise _read_error(path, exc) from None
     if width is None:
         raise DataError(f"{path}: no vectors in the file")
     if header is not None and header[0] != vectors:
