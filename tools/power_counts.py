@@ -3,7 +3,8 @@ entries) does per row: the library built with ``NMT_POWER_COUNTS`` (a diagnostic
 summed over rows, one thread) on normal scores of the given deviations, for the given alphas.
 Prints per row: the bound's passes (over the segment maxima, and over the normal start's 256-entry
 pseudo-row where a broad row takes it), the candidates after the bound,
-the coarse (float) passes and their entries, the double passes of powers and their entries, and
+the coarse (float) passes and their entries, the float Newton passes from the normal model's start
+(``fine``), the double passes of powers and their entries, and
 the support's size; then the thousands of time stamp counter ticks a row spends in each phase (the
 maximum, the bound, the candidates, the start (moments, series), the coarse steps, the Newton
 loop, the output) on x86-64: the minimum over ``--reps`` calls of each phase's mean per row (a
@@ -43,7 +44,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         rows, n = (int(v) for v in shape.split("x"))
         base = torch.randn(rows, n)
-        print(f"({rows}, {n}), per row: bound passes | candidates | coarse passes, entries | double passes, entries | support || kticks: max bound cand start coarse newton output")
+        print(f"({rows}, {n}), per row: bound passes | candidates | coarse passes, entries | fine | double passes, entries | support || kticks: max bound cand start coarse newton output")
         for alpha in (float(a) for a in args.alphas.split(",")):
             for spread in (float(s) for s in args.spreads.split(",")):
                 _native.power_probs(base * spread, alpha - 1, 200, eps, False)  # (the allocator's first)
@@ -56,7 +57,7 @@ def main() -> None:
                     v = [counts[i] / counts[0] for i in range(16)]
                     own = [v[8]] + [v[8 + i] - v[7 + i] for i in range(1, 7)]  # each phase's own
                     ticks = own if ticks is None else [min(t, o) for t, o in zip(ticks, own)]
-                print(f"  alpha {alpha:g} spread {spread:g}: {v[1]:.1f} | {v[2]:.0f} | {v[3]:.2f}, {v[4]:.0f} | "
+                print(f"  alpha {alpha:g} spread {spread:g}: {v[1]:.1f} | {v[2]:.0f} | {v[3]:.2f}, {v[4]:.0f} | {v[15]:.2f} | "
                       f"{v[5]:.2f}, {v[6]:.0f} | {v[7]:.0f} || " + " ".join(f"{t / 1e3:.1f}" for t in ticks))
 
 

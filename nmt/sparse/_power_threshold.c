@@ -35,7 +35,9 @@
  * moments' binomial series (power_series_root), one pass of powers then settling them (the
  * moments taken while the candidates are converted in the AVX-512 functions: LONG_CONVERT_MOMENTS,
  * no pass of their own; rows the bound keeps whole converted straight from the scores, without
- * the compaction: LONG_WHOLE_W512, some 6.5 -> 4.6 thousand ticks a row of 8,000); the coarse
+ * the compaction: LONG_WHOLE_W512, some 6.5 -> 4.6 thousand ticks a row of 8,000); broad rows
+ * partly out of the support, from the normal model's start, take one float Halley step (LONG_FINE,
+ * the AVX-512 functions) and then one double pass where they took two to three; the coarse
  * float passes of long rows drop the entries below their tau as they go and, in the AVX-512
  * functions, take their powers from register tables (COARSE_ACCUMULATE_W512). A diagnostic build
  * (NMT_POWER_COUNTS, tools/power_counts.py) counts the long rows' passes and times their phases.
@@ -637,7 +639,8 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
  *    series less half the tolerance, power_series_root: the first pass then settles, and where that
  *    start is above the root the first step may be negative; where the series cannot serve and
  *    nearly every entry is a candidate, from the threshold of k normal scores of their mean and
- *    deviation, POWER_NORMAL_Q, the same way and without coarse steps), first with coarse steps in floats (LONG_COARSE: a third of a double pass
+ *    deviation, POWER_NORMAL_Q, the same way and without coarse steps, and in the AVX-512 functions
+ *    from one float Halley step after it, LONG_FINE: one double pass then settles), first with coarse steps in floats (LONG_COARSE: a third of a double pass
  *    each) unless that start is already within a coarse step's stop of the root; after every
  *    step the candidates at or below the new tau are dropped (the iterates only grow: they add
  *    nothing again). The double loop's iterates are those of the loop on the whole row (other
@@ -1259,13 +1262,14 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
     1.2418577671051025f, 1.2968395948410034f, 1.3542555570602417f, 1.4142135381698608f, 1.4768261909484863f,
     1.5422108173370361f, 1.610490322113037f, 1.6817928552627563f, 1.7562521696090698f, 1.8340080976486206f,
     1.9152065515518188f};
-#define COARSE_ACCUMULATE_W512(FT, FI, xv, vtf, vef, aqf, awf, nanf)                            \
+/* d^e of the lanes pos of d (sixteen floats; 0 in the others, and where y < -126), e the floats
+   vef, the tables inv_, lc_, t2_ loaded (COARSE512_TABLES) */
+#define COARSE512_TABLES                                                                        \
+    const __m512 inv_ = _mm512_loadu_ps(COARSE512_INV), lc_ = _mm512_loadu_ps(COARSE512_LC);    \
+    const __m512 t2_ = _mm512_loadu_ps(COARSE512_T2)
+#define COARSE_POW512(d, pos, vef, out)                                                         \
     do {                                                                                        \
-        const __m512 inv_ = _mm512_loadu_ps(COARSE512_INV), lc_ = _mm512_loadu_ps(COARSE512_LC); \
-        const __m512 t2_ = _mm512_loadu_ps(COARSE512_T2);                                       \
-        const __m512 d_ = _mm512_sub_ps((__m512)(xv), (__m512)(vtf));                           \
-        const __mmask16 pos_ = _mm512_cmp_ps_mask(d_, _mm512_setzero_ps(), _CMP_GT_OQ);         \
-        const __m512 dd_ = _mm512_mask_blend_ps(pos_, _mm512_set1_ps(1.0f), d_);                \
+        const __m512 dd_ = _mm512_mask_blend_ps(pos, _mm512_set1_ps(1.0f), d);                  \
         const __m512 k_ = _mm512_getexp_ps(dd_);                                                \
         const __m512 m_ = _mm512_getmant_ps(dd_, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);         \
         const __m512i i_ = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(m_), 19),     \
@@ -1290,8 +1294,16 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
         x_ = _mm512_fmadd_ps(x_, f_, _mm512_set1_ps(0.6931471824645996f));                      \
         x_ = _mm512_fmadd_ps(x_, f_, _mm512_set1_ps(1.0f));                                     \
         x_ = _mm512_mul_ps(x_, _mm512_permutexvar_ps(j_, t2_));                                 \
-        const __m512 w_ = _mm512_maskz_scalef_ps((__mmask16)(pos_ & ~under_), x_,               \
-                                                 _mm512_roundscale_ps(n_, _MM_FROUND_TO_NEG_INF)); \
+        (out) = _mm512_maskz_scalef_ps((__mmask16)((pos) & ~under_), x_,                        \
+                                       _mm512_roundscale_ps(n_, _MM_FROUND_TO_NEG_INF));        \
+    } while (0)
+#define COARSE_ACCUMULATE_W512(FT, FI, xv, vtf, vef, aqf, awf, nanf)                            \
+    do {                                                                                        \
+        COARSE512_TABLES;                                                                       \
+        const __m512 d_ = _mm512_sub_ps((__m512)(xv), (__m512)(vtf));                           \
+        const __mmask16 pos_ = _mm512_cmp_ps_mask(d_, _mm512_setzero_ps(), _CMP_GT_OQ);         \
+        __m512 w_;                                                                              \
+        COARSE_POW512(d_, pos_, vef, w_);                                                       \
         (awf) = (FT)_mm512_add_ps((__m512)(awf), w_);                                           \
         (aqf) = (FT)_mm512_add_ps((__m512)(aqf), _mm512_mul_ps(w_, _mm512_maskz_mov_ps(pos_, d_))); \
         (nanf) |= (FI)(((FT)d_) != ((FT)d_));                                                   \
@@ -1354,6 +1366,72 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
         if (tau > tau0)                                                                         \
             LONG_DROP_##V(cand, k, LONG_MOVE_INDEX);                                            \
     } while (0)
+
+/* One step in floats from the normal model's start (cut b of issue #16), LONG_FINE: Halley's step
+   on h(t) = ||[cand - t]_+||_q - 1 at tau over the candidates cand[0 .. k), from the sums A = sum d^q,
+   B = sum d^(q - 1), C = sum d^(q - 2) (h' = -A^(1/q - 1) B, h''/h' = -(q - 1)(A C - B^2) / (A B):
+   Newton's step n = (A^(1/q) - 1) A^(1 - 1/q) / B over 1 + n h'' / (2 h')); d = cand - tau formed in
+   double and then rounded to a float (a relative error of 6e-8 of d, where the coarse passes' float
+   z err by 6e-8 absolute), its power in floats (COARSE_POW512), d^(q - 2) as d^(q - 1) times
+   rcp14(d) (C only scales the correction), the sums in floats over POWER_LONG_COARSE_CHUNK vectors a
+   lane, then in double. From the normal start (some 1e-4 off on normal rows) the step lands within
+   the loop's tolerance (the powers' relative error, some 1e-7, moves it by about that times
+   A / (q B), Halley's own error is about the cube of the start's): the loop starts from there with
+   from_above set (not a bound either way: a negative first step lands below the root), and its first
+   double pass settles where Newton's double step, then a settling pass, took two. Taken where
+   C stays finite as d -> 0 (q >= 2: alpha <= 1.5) and the pseudo-row put most of its entries in the
+   support (POWER_FINE_MIN_SUPPORT of them: where the first double pass drops many candidates the
+   passes after it are short, and a float pass over them all costs more than it saves); the step is
+   kept where it lands above the bound lo and below 0 (the maximum's z). GEN: none. */
+#define POWER_FINE_MIN_SUPPORT (POWER_NORMAL_N * 3 / 5)
+#define LONG_FINE_GEN ((void)0)
+#ifdef NMT_WIDE_AVX512
+#define LONG_FINE_W512                                                                          \
+    do {                                                                                        \
+        COARSE512_TABLES;                                                                       \
+        const __m512 vef_ = _mm512_set1_ps((float)e);                                           \
+        const __m512d low_ = _mm512_set1_pd(-4.0); /* past k: below every tau (>= -1) */         \
+        do {                                                                                    \
+            const __m512d tv_ = _mm512_set1_pd(tau);                                            \
+            double hqf_ = 0.0, wsf_ = 0.0, csf_ = 0.0;                                          \
+            for (int64_t j0_ = 0; j0_ < k; j0_ += 16 * POWER_LONG_COARSE_CHUNK) {               \
+                const int64_t j1_ = k - j0_ > 16 * POWER_LONG_COARSE_CHUNK ? j0_ + 16 * POWER_LONG_COARSE_CHUNK : k; \
+                __m512 aq_ = _mm512_setzero_ps(), aw_ = aq_, ac_ = aq_;                         \
+                for (int64_t i_ = j0_; i_ < j1_; i_ += 16) {                                    \
+                    const int64_t left_ = k - i_;                                               \
+                    const __mmask8 m0_ = left_ >= 8 ? (__mmask8)0xFF : (__mmask8)((1u << left_) - 1u); \
+                    const __mmask8 m1_ = left_ >= 16 ? (__mmask8)0xFF                           \
+                                         : left_ > 8 ? (__mmask8)((1u << (left_ - 8)) - 1u) : (__mmask8)0; \
+                    const __m512d d0_ = _mm512_sub_pd(_mm512_mask_loadu_pd(low_, m0_, cand + i_), tv_); \
+                    const __m512d d1_ = _mm512_sub_pd(_mm512_mask_loadu_pd(low_, m1_, cand + i_ + 8), tv_); \
+                    const __m512 df_ = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(d0_)), \
+                                                          _mm512_cvtpd_ps(d1_), 1);             \
+                    const __mmask16 pos_ = _mm512_cmp_ps_mask(df_, _mm512_setzero_ps(), _CMP_GT_OQ); \
+                    __m512 w_;                                                                  \
+                    COARSE_POW512(df_, pos_, vef_, w_);                                         \
+                    aw_ = _mm512_add_ps(aw_, w_);                                               \
+                    aq_ = _mm512_mask3_fmadd_ps(w_, df_, aq_, pos_);                            \
+                    ac_ = _mm512_mask3_fmadd_ps(w_, _mm512_rcp14_ps(df_), ac_, pos_);           \
+                }                                                                               \
+                csf_ += _mm512_reduce_add_pd(_mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(ac_)), \
+                    _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(ac_), 1))))); \
+                hqf_ += _mm512_reduce_add_pd(_mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(aq_)), \
+                    _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(aq_), 1))))); \
+                wsf_ += _mm512_reduce_add_pd(_mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(aw_)), \
+                    _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(aw_), 1))))); \
+            }                                                                                   \
+            POWER_COUNT(15, 1);                                                                 \
+            if (!(wsf_ > 0.0) || !(hqf_ > 0.0))                                                 \
+                break;                                                                          \
+            const double h_ = vpow_2(hqf_, a);                                                  \
+            const double newton_ = (h_ - 1.0) * (hqf_ / h_) / wsf_;                             \
+            const double den_ = 1.0 - newton_ * (qr - 1.0) * (hqf_ * csf_ - wsf_ * wsf_) / (2.0 * hqf_ * wsf_); \
+            const double step_ = den_ > 0.5 ? newton_ / den_ : newton_; /* (Halley's, where sane) */ \
+            if (tau + step_ > lo && tau + step_ < 0.0)                                          \
+                tau += step_;                                                                   \
+        } while (0);                                                                            \
+    } while (0)
+#endif
 
 /* Step 5's loop eight candidates at a time (W512: the AVX-512 functions; the same products and
    roundings as the loop entry by entry, written by scatters; the sums (only where the stats are
@@ -1450,6 +1528,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         double mom[POWER_SERIES_ORDER + 1], abs7 = 0.0, dlo = 0.0, dhi = 0.0, r0 = 0.0;           \
         int moments_ = 0; /* the candidates' step set mom, abs7, dlo, dhi, r0 (LONG_CONVERT_MOMENTS) */ \
         int whole_ = 0;   /* every entry a candidate, from the scores (LONG_WHOLE_W512) */         \
+        int fine_ = 0;    /* a float step from the normal model's start (LONG_FINE) */       \
         int idx_lazy_ = 0; /* the candidates' places not written: the identity (LONG_MOVE_INDEX) */ \
         (void)whole_;                                                                           \
         { /* 3. the candidates above it */                                                      \
@@ -1513,6 +1592,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
                     tau = tn;                                                                   \
                     coarse = 0;                                                                 \
                     from_above = 1;                                                             \
+                    fine_ = qr >= 2.0 && kn >= POWER_FINE_MIN_SUPPORT;                          \
                 }                                                                               \
                 bad = bad0;                                                                     \
             }                                                                                   \
@@ -1522,6 +1602,8 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         POWER_COUNT(2, k);                                                                      \
         if (coarse)                                                                             \
             LONG_COARSE(FT, FT2, FI2, L2, DT, L, V); /* 4. the threshold: coarse steps, then */ \
+        if (fine_)                                                                              \
+            LONG_FINE_##V;                                                                      \
         POWER_PHASE(4);                                                                     \
         LONG_NEWTON(DT, IT, L, cand, k, rtol, LONG_KEEP_W, LONG_MOVE_INDEX, V);                 \
         POWER_PHASE(5);                                                                     \

@@ -1,0 +1,151 @@
+"""The float Halley step after the normal model's start (``LONG_FINE`` in
+``nmt/sparse/_power_threshold.c``, the AVX-512 functions): broad long rows partly out of the support
+take one pass of float powers from the normal start and then the Newton loop, whose first double
+pass settles where it took a step and a settling pass before. The step is no bound either way (the
+loop starts from it as from above), so rows made to mislead it (entries crossing the support's edge
+between the start and the root, plateaus, ties at the maximum, an offset, one entry far above a
+broad rest) must get the float64 bisection's threshold, support and output on every native build,
+and equal the loop that never takes the start (a cap of 19 steps); the diagnostic build counts the
+float pass and the double passes, and shows the narrower builds without it."""
+import ctypes
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.sparse import _native
+from tests.sparse.test_power_series_start import EPS, bisection, check_rows
+
+
+def _has_avx512() -> bool:
+    """Whether this processor has the instructions the AVX-512 functions are built for
+    (``CPU_HAS_AVX512`` in ``_cpu_dispatch.h``), read from /proc/cpuinfo (False elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return all(f in flags for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl", "popcnt"))
+
+
+def fine_step_rows(n: int, alphas: torch.Tensor, seed: int) -> torch.Tensor:
+    """float32 rows, one per alpha, nearly all candidates but partly out of the support (where the
+    normal start, then the float step, serve): scores of deviation s = c n^(1 - alpha) / (alpha - 1)
+    (c = 0.45, 0.7 for the first kind: the threshold's distance from the mean is some 1-2 s), ten
+    kinds: normal; normal of twice that deviation; normal with a tenth of its entries moved onto the
+    root's level (1e-6 above or below it: they cross the support's edge between the start and the
+    root); with a fifth 1e-3 s above the root's level and a fifth 1e-3 s below it; with a 64th tied at
+    the maximum; offset by 1000; one entry 2 s above the rest; two halves s apart; a skewed row
+    (exponential below the maximum); a row whose lowest twentieth is -inf."""
+    g = torch.Generator().manual_seed(seed)
+    rows = alphas.numel()
+    x = torch.randn(rows, n, generator=g, dtype=torch.float64)
+    for i in range(rows):
+        a = float(alphas[i]) - 1
+        kind = i % 10
+        s = (0.7 if (i // 10) % 2 else 0.45) * n ** -a / a
+        x[i] *= s * (2 if kind == 1 else 1)
+        if kind in (2, 3):  # entries moved to the root's level (of the row before the move)
+            z = ((x[i] - x[i].max()) * a)[None]
+            t = float(bisection(z, torch.tensor([1 / a], dtype=torch.float64))[0])
+            level = float(x[i].max()) + t / a
+            pick = torch.randperm(n, generator=g)
+            if kind == 2:
+                x[i, pick[: n // 10]] = level + (1e-6 if i % 20 < 10 else -1e-6)
+            else:
+                x[i, pick[: n // 5]] = level + 1e-3 * s
+                x[i, pick[n // 5: 2 * n // 5]] = level - 1e-3 * s
+        elif kind == 4:  # a 64th tied at the maximum
+            x[i, : n // 64] = x[i].max()
+        elif kind == 5:
+            x[i] += 1000.0
+        elif kind == 6:  # one entry above the rest
+            x[i, n // 2] = float(x[i].max()) + 2 * s
+        elif kind == 7:  # two halves
+            x[i, ::2] -= s
+        elif kind == 8:  # skewed: exponential below the maximum
+            x[i] = -torch.empty(n, dtype=torch.float64).exponential_(generator=g) * s
+        elif kind == 9:
+            x[i, x[i].argsort()[: n // 20]] = float("-inf")
+    return x.float()
+
+
+ALPHAS = [1.12, 1.2, 1.25, 1.3, 1.35, 1.4, 1.45, 1.5, 1.3, 1.6]
+
+
+@pytest.mark.parametrize("n", [1003, 8000, 32003])
+def test_rows_that_mislead_the_float_step_equal_the_bisection(native_build, monkeypatch, n):
+    """On every native build, the rows of :func:`fine_step_rows` (alphas 1.12-1.5, where the step
+    serves, and 1.6, where it is not taken) get the float64 root's threshold, support and output, and
+    the loop capped at 19 steps (no normal start, no float step) gives the same threshold and
+    output."""
+    monkeypatch.setitem(_native._state, "lib", native_build)
+    alphas = torch.tensor(ALPHAS * (3 if n < 32003 else 1), dtype=torch.float64)
+    x = fine_step_rows(n, alphas, seed=n + 3)
+    found = _native.power_probs(x, alphas - 1, 200, EPS, root=True, stats=True)
+    if native_build is None or found is None:
+        assert found is None or native_build is None
+        return
+    p, r, tau = found[:3]
+    check_rows(x, alphas, p, r, tau, p_rtol=1e-5)
+    p19, _, tau19 = _native.power_probs(x, alphas - 1, 19, EPS, root=True, stats=True)[:3]
+    assert torch.allclose(tau19.double(), tau.double(), rtol=0, atol=8 * EPS)
+    assert torch.allclose(p19, p, rtol=1e-5, atol=4e-7)
+
+
+def _counted(library, x: torch.Tensor, alphas: torch.Tensor) -> tuple:
+    """``(p, r, tau, counts)`` of the diagnostic ``library`` on one thread (counts summed over rows:
+    [0] rows, [3] coarse passes, [5] double passes, [15] float steps)."""
+    counts = (ctypes.c_double * 16).in_dll(library, "nmt_power_counts")
+    for i in range(16):
+        counts[i] = 0.0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(_native._state, "lib", library)
+        mp.setattr(_native, "_threads", lambda *a, **k: 1)
+        found = _native.power_probs(x, alphas - 1, 200, EPS, root=True, stats=True)
+    if found is None or counts[0] == 0:
+        pytest.skip("a build without vectors")
+    return found[0], found[1], found[2], list(counts)
+
+
+def test_normal_rows_take_one_float_step_and_one_double_pass(native_variant, tmp_path):
+    """The diagnostic build (``NMT_POWER_COUNTS``), where the processor has AVX-512: normal rows of
+    deviation 0.1 at alpha 1.3 (8,000 and 32,000 scores; some 4% and 22% out of the support) and of
+    0.3 at 1.15 take one float step and then one double pass a row (two to three before it), at 1.25
+    and 0.1 those that do not start from the moments' series too, no coarse pass, with the bisection's outputs; at alpha 1.7 (q < 2: d^(q - 2) unbounded) and
+    deviation 0.01 none is taken. The same build without the AVX-512 functions takes no float step
+    (its loop as before: at most 2.25 double passes a row at 8,000 and 1.3). And on the misleading
+    rows of :func:`fine_step_rows` at 8,000 the step is taken on most rows (the path the exactness
+    test above is about)."""
+    if not _native.available():
+        pytest.skip("native library not built")
+    lib = native_variant("NMT_POWER_COUNTS")
+    g = torch.Generator().manual_seed(11)
+    wide = _has_avx512()
+    for n, rows in ((8000, 16), (32000, 4)):
+        base = torch.randn(rows, n, generator=g)
+        for alpha, spread in ((1.25, 0.1), (1.3, 0.1), (1.15, 0.3), (1.7, 0.01)):
+            x = base * spread
+            alphas = torch.full((rows,), alpha, dtype=torch.float64)
+            p, r, tau, counts = _counted(lib, x, alphas)
+            check_rows(x, alphas, p, r, tau)
+            assert counts[0] == rows and (counts[3] == 0 or alpha > 1.5), (n, alpha, counts[3])
+            if not wide:
+                assert counts[15] == 0
+            elif alpha < 1.5:  # (at 1.25, q = 4, rows wholly in the support start from the series)
+                assert counts[5] == rows, (n, alpha, spread, counts[5])
+                assert counts[15] == rows or (alpha == 1.25 and counts[15] >= 1), (n, alpha, counts[15])
+            else:
+                assert counts[15] == 0, (n, alpha, counts[15])
+    narrow = _native.load(_native.build(tmp_path, defines=["NMT_POWER_COUNTS", "NMT_NO_AVX512"]))
+    x = torch.randn(16, 8000, generator=g) * 0.1
+    alphas = torch.full((16,), 1.3, dtype=torch.float64)
+    p, r, tau, counts = _counted(narrow, x, alphas)
+    check_rows(x, alphas, p, r, tau)
+    assert counts[15] == 0 and counts[3] == 0 and counts[5] <= 2.25 * 16, (counts[15], counts[5])
+    if wide:
+        alphas = torch.tensor(ALPHAS * 2, dtype=torch.float64)
+        x = fine_step_rows(8000, alphas, seed=5)
+        p, r, tau, counts = _counted(lib, x, alphas)
+        check_rows(x, alphas, p, r, tau, p_rtol=1e-5)
+        assert counts[15] >= 0.5 * len(alphas), counts[15]
