@@ -109,14 +109,17 @@ def _counted(library, x: torch.Tensor, alphas: torch.Tensor) -> tuple:
 
 
 def test_normal_rows_take_one_float_step_and_one_double_pass(native_variant, tmp_path):
-    """The diagnostic build (``NMT_POWER_COUNTS``), where the processor has AVX-512: normal rows of
-    deviation 0.1 at alpha 1.3 (8,000 and 32,000 scores; some 4% and 22% out of the support) and of
-    0.3 at 1.15 take one float step and then one double pass a row (two to three before it), at 1.25
-    and 0.1 those that do not start from the moments' series too, no coarse pass, with the bisection's outputs; at alpha 1.7 (q < 2: d^(q - 2) unbounded) and
-    deviation 0.01 none is taken. The same build without the AVX-512 functions takes no float step
-    (its loop as before: at most 2.25 double passes a row at 8,000 and 1.3). And on the misleading
-    rows of :func:`fine_step_rows` at 8,000 the step is taken on most rows (the path the exactness
-    test above is about)."""
+    """The diagnostic build (``NMT_POWER_COUNTS``), where the processor has AVX-512, on normal rows
+    (with the bisection's outputs): at deviation 0.1 and alpha 1.3 (8,000 and 32,000 scores; some 4%
+    and 22% out of the support) and 0.3 at 1.15, one float step and then one double pass a row (two
+    to three double passes before it) and no coarse pass; at 1.25 and 0.1 the same for the rows that
+    do not start from the moments' series; at 1.25 and 0.3 (8,000 scores, some 7,600 candidates above
+    the bound, 5,500 in the support: the normal start is far) two float steps and about one double
+    pass (three before); none at 1.5 and 0.03 with 32,000 scores (a quarter in the support: the float
+    pass would not pay) nor at 1.7 (q < 2: d^(q - 2) unbounded near the support's edge). The same
+    build without the AVX-512 functions takes no float step (its loop as before: at most 2.25 double
+    passes a row at 8,000 and 1.3). And on the misleading rows of :func:`fine_step_rows` at 8,000
+    the step is taken on most rows (the path the exactness test above is about)."""
     if not _native.available():
         pytest.skip("native library not built")
     lib = native_variant("NMT_POWER_COUNTS")
@@ -124,19 +127,22 @@ def test_normal_rows_take_one_float_step_and_one_double_pass(native_variant, tmp
     wide = _has_avx512()
     for n, rows in ((8000, 16), (32000, 4)):
         base = torch.randn(rows, n, generator=g)
-        for alpha, spread in ((1.25, 0.1), (1.3, 0.1), (1.15, 0.3), (1.7, 0.01)):
+        for alpha, spread in ((1.25, 0.1), (1.3, 0.1), (1.15, 0.3), (1.25, 0.3), (1.5, 0.03), (1.7, 0.01)):
             x = base * spread
             alphas = torch.full((rows,), alpha, dtype=torch.float64)
             p, r, tau, counts = _counted(lib, x, alphas)
             check_rows(x, alphas, p, r, tau)
-            assert counts[0] == rows and (counts[3] == 0 or alpha > 1.5), (n, alpha, counts[3])
-            if not wide:
-                assert counts[15] == 0
-            elif alpha < 1.5:  # (at 1.25, q = 4, rows wholly in the support start from the series)
-                assert counts[5] == rows, (n, alpha, spread, counts[5])
-                assert counts[15] == rows or (alpha == 1.25 and counts[15] >= 1), (n, alpha, counts[15])
-            else:
+            assert counts[0] == rows
+            if not wide or alpha > 1.5:  # (1.7: q < 2)
                 assert counts[15] == 0, (n, alpha, counts[15])
+            elif alpha == 1.5:  # at 32,000 a quarter in the support: the float pass would not pay
+                assert n == 8000 or counts[15] == 0, counts[15]
+            elif spread == 0.3 and alpha == 1.25:  # a cut candidate set: the start far, two steps
+                if n == 8000:
+                    assert counts[15] >= 1.75 * rows and counts[5] <= 1.25 * rows, (counts[15], counts[5])
+            else:  # (at 1.25, q = 4, rows wholly in the support start from the series)
+                assert counts[3] == 0 and counts[5] == rows, (n, alpha, spread, counts[3], counts[5])
+                assert counts[15] == rows or (alpha == 1.25 and counts[15] >= 1), (n, alpha, counts[15])
     narrow = _native.load(_native.build(tmp_path, defines=["NMT_POWER_COUNTS", "NMT_NO_AVX512"]))
     x = torch.randn(16, 8000, generator=g) * 0.1
     alphas = torch.full((16,), 1.3, dtype=torch.float64)
