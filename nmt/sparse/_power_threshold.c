@@ -1384,8 +1384,12 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
    and the pseudo-row put POWER_FINE_MIN_SUPPORT of its entries in the support (where the first
    double pass drops most candidates, the passes after it are short and a float pass over them all
    costs more than it saves: alpha 1.5 at deviation 0.03, 32,000 scores, a quarter in the support,
-   took 1.75 float passes and 1.25 double ones for three double ones); a step is kept where it lands
-   above the bound lo and below 0 (the maximum's z). GEN: none. */
+   took 1.75 float passes and 1.25 double ones for three double ones). Also from the candidates'
+   mean bound where the series cannot serve (the spread reaches the threshold's distance) and
+   Newton's first step from that bound, (q - 1) var / (2 gap), is shorter than a coarse step's stop
+   (no coarse step, no normal start there: alpha 1.4 at deviation 0.01, 32,000 scores, took three
+   double passes; now one float and one double). A step is kept where it lands above the bound lo
+   and below 0 (the maximum's z). GEN: none. */
 #define POWER_FINE_MIN_SUPPORT (POWER_NORMAL_N * 2 / 5)
 #define POWER_FINE_AGAIN 1e-3
 #define LONG_FINE_GEN ((void)0)
@@ -1543,8 +1547,9 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
             LONG_CANDIDATES_##V(FT, IT32, DT, IT, L, ANY);                                          \
         }                                                                                       \
         POWER_PHASE(2);                                                                     \
-        int coarse = max_iter >= POWER_COARSE_MIN_ITER && e <= POWER_COARSE_MAX_E               \
-                     && k >= POWER_LONG_COARSE_MIN_K;                                           \
+        const int steps_ok = max_iter >= POWER_COARSE_MIN_ITER && e <= POWER_COARSE_MAX_E       \
+                             && k >= POWER_LONG_COARSE_MIN_K; /* (float steps: coarse, LONG_FINE) */ \
+        int coarse = steps_ok, near_ = 0; /* near_: from the mean bound, a short first step */   \
         if (k > len / 4) { /* a broad row: the candidates' mean bound, mean(z) - k^(-1/q) (the power\
                               mean: their sum [z - t]_+^q is at least 1 there), often the closer */\
             if (!moments_) { /* (the W512 candidates' step took them) */                          \
@@ -1564,6 +1569,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
                    about (q - 1) var / (2 gap): shorter than a coarse step's stop, the coarse steps\
                    would only delay the loop (scores within 0.01 of each other at alpha 1.3) */ \
                 coarse = coarse && (qr - 1.0) * var / (2.0 * gap) >= POWER_COARSE_STOP;         \
+                near_ = steps_ok && !coarse;                                                    \
             }                                                                                   \
             /* every candidate inside the support: the root of the moments' series (the root's \
                u is at most about the gap: the power mean) */                                   \
@@ -1602,6 +1608,9 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
                     fine_ = qr >= 2.0 && kn >= POWER_FINE_MIN_SUPPORT;                          \
                 }                                                                               \
                 bad = bad0;                                                                     \
+            } else if (u == 0.0 && near_ && qr >= 2.0) { /* the mean bound, a step short of it */ \
+                from_above = 1;                                                                 \
+                fine_ = 1;                                                                      \
             }                                                                                   \
         }                                                                                       \
         POWER_PHASE(3);                                                                     \

@@ -31,8 +31,9 @@ def _has_avx512() -> bool:
 def fine_step_rows(n: int, alphas: torch.Tensor, seed: int) -> torch.Tensor:
     """float32 rows, one per alpha, nearly all candidates but partly out of the support (where the
     normal start, then the float step, serve): scores of deviation s = c n^(1 - alpha) / (alpha - 1)
-    (c = 0.45, 0.7 for the first kind: the threshold's distance from the mean is some 1-2 s), ten
-    kinds: normal; normal of twice that deviation; normal with a tenth of its entries moved onto the
+    (c = 0.45, 0.7 and 0.28 for ten rows each in turn: the threshold's distance from the mean is some
+    1-2 s; at 0.28 the spread is about that distance, where the series cannot serve and Newton's step
+    from the mean bound is short: the float step from there), ten kinds: normal; normal of twice that deviation; normal with a tenth of its entries moved onto the
     root's level (1e-6 above or below it: they cross the support's edge between the start and the
     root); with a fifth 1e-3 s above the root's level and a fifth 1e-3 s below it; with a 64th tied at
     the maximum; offset by 1000; one entry 2 s above the rest; two halves s apart; a skewed row
@@ -43,7 +44,7 @@ def fine_step_rows(n: int, alphas: torch.Tensor, seed: int) -> torch.Tensor:
     for i in range(rows):
         a = float(alphas[i]) - 1
         kind = i % 10
-        s = (0.7 if (i // 10) % 2 else 0.45) * n ** -a / a
+        s = (0.45, 0.7, 0.28)[(i // 10) % 3] * n ** -a / a
         x[i] *= s * (2 if kind == 1 else 1)
         if kind in (2, 3):  # entries moved to the root's level (of the row before the move)
             z = ((x[i] - x[i].max()) * a)[None]
@@ -80,7 +81,7 @@ def test_rows_that_mislead_the_float_step_equal_the_bisection(native_build, monk
     the loop capped at 19 steps (no normal start, no float step) gives the same threshold and
     output."""
     monkeypatch.setitem(_native._state, "lib", native_build)
-    alphas = torch.tensor(ALPHAS * (3 if n < 32003 else 1), dtype=torch.float64)
+    alphas = torch.tensor(ALPHAS * 3, dtype=torch.float64)
     x = fine_step_rows(n, alphas, seed=n + 3)
     found = _native.power_probs(x, alphas - 1, 200, EPS, root=True, stats=True)
     if native_build is None or found is None:
@@ -116,7 +117,10 @@ def test_normal_rows_take_one_float_step_and_one_double_pass(native_variant, tmp
     do not start from the moments' series; at 1.25 and 0.3 (8,000 scores, some 7,600 candidates above
     the bound, 5,500 in the support: the normal start is far) two float steps and about one double
     pass (three before); none at 1.5 and 0.03 with 32,000 scores (a quarter in the support: the float
-    pass would not pay) nor at 1.7 (q < 2: d^(q - 2) unbounded near the support's edge). The same
+    pass would not pay) nor at 1.7 (q < 2: d^(q - 2) unbounded near the support's edge); at deviation
+    0.01, alpha 1.45 (8,000 and 32,000) and 1.4 (32,000), where the series cannot serve (the spread
+    reaches the threshold's distance) and Newton's step from the mean bound is short, one float step
+    from that bound and one double pass (three double passes before at 1.4 and 32,000). The same
     build without the AVX-512 functions takes no float step (its loop as before: at most 2.25 double
     passes a row at 8,000 and 1.3). And on the misleading rows of :func:`fine_step_rows` at 8,000
     the step is taken on most rows (the path the exactness test above is about)."""
@@ -127,7 +131,8 @@ def test_normal_rows_take_one_float_step_and_one_double_pass(native_variant, tmp
     wide = _has_avx512()
     for n, rows in ((8000, 16), (32000, 4)):
         base = torch.randn(rows, n, generator=g)
-        for alpha, spread in ((1.25, 0.1), (1.3, 0.1), (1.15, 0.3), (1.25, 0.3), (1.5, 0.03), (1.7, 0.01)):
+        for alpha, spread in ((1.25, 0.1), (1.3, 0.1), (1.15, 0.3), (1.25, 0.3), (1.5, 0.03), (1.7, 0.01),
+                              (1.4, 0.01), (1.45, 0.01)):
             x = base * spread
             alphas = torch.full((rows,), alpha, dtype=torch.float64)
             p, r, tau, counts = _counted(lib, x, alphas)
@@ -140,6 +145,9 @@ def test_normal_rows_take_one_float_step_and_one_double_pass(native_variant, tmp
             elif spread == 0.3 and alpha == 1.25:  # a cut candidate set: the start far, two steps
                 if n == 8000:
                     assert counts[15] >= 1.75 * rows and counts[5] <= 1.25 * rows, (counts[15], counts[5])
+            elif spread == 0.01:  # from the mean bound (1.4 at 8,000: from the series, one pass)
+                assert counts[5] == rows and counts[15] == (0 if (n, alpha) == (8000, 1.4) else rows), \
+                    (n, alpha, counts[5], counts[15])
             else:  # (at 1.25, q = 4, rows wholly in the support start from the series)
                 assert counts[3] == 0 and counts[5] == rows, (n, alpha, spread, counts[3], counts[5])
                 assert counts[15] == rows or (alpha == 1.25 and counts[15] >= 1), (n, alpha, counts[15])
@@ -150,7 +158,7 @@ def test_normal_rows_take_one_float_step_and_one_double_pass(native_variant, tmp
     check_rows(x, alphas, p, r, tau)
     assert counts[15] == 0 and counts[3] == 0 and counts[5] <= 2.25 * 16, (counts[15], counts[5])
     if wide:
-        alphas = torch.tensor(ALPHAS * 2, dtype=torch.float64)
+        alphas = torch.tensor(ALPHAS * 3, dtype=torch.float64)
         x = fine_step_rows(8000, alphas, seed=5)
         p, r, tau, counts = _counted(lib, x, alphas)
         check_rows(x, alphas, p, r, tau, p_rtol=1e-5)
