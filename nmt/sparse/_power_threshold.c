@@ -675,7 +675,7 @@ static inline int power_any_words(const void *mask, size_t bytes)
 /* a diagnostic build (tools/power_counts.py, one thread): what the long rows' loop does, summed over
    rows: [0] rows, [1] passes of the bound's loop (and of the normal start's pseudo-row), [2] candidates after step 3, [3] coarse passes,
    [4] entries of the coarse passes, [5] double passes of powers over the candidates, [6] their
-   entries, [7] support entries at the end */
+   entries, [7] support entries at the end, [15] float Halley steps (LONG_FINE; [8 .. 14]: below) */
 double nmt_power_counts[16];
 #define POWER_COUNT(i, v) (nmt_power_counts[i] += (double)(v))
 #include <x86intrin.h>
