@@ -1539,7 +1539,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         double mom[POWER_SERIES_ORDER + 1], abs7 = 0.0, dlo = 0.0, dhi = 0.0, r0 = 0.0;           \
         int moments_ = 0; /* the candidates' step set mom, abs7, dlo, dhi, r0 (LONG_CONVERT_MOMENTS) */ \
         int whole_ = 0;   /* every entry a candidate, from the scores (LONG_WHOLE_W512) */         \
-        int fine_ = 0;    /* a float step from the normal model's start (LONG_FINE) */       \
+        int fine_ = 0;    /* float steps from the normal start or the mean bound (LONG_FINE) */ \
         int idx_lazy_ = 0; /* the candidates' places not written: the identity (LONG_MOVE_INDEX) */ \
         (void)whole_;                                                                           \
         { /* 3. the candidates above it */                                                      \
