@@ -7,7 +7,7 @@ one-line config error at load, and :func:`nmt.train.schedules.build_schedule` in
 from __future__ import annotations
 
 # the lr_schedule keys each type reads (besides type); the others must keep their defaults
-READS = {"plateau": ("warmup_steps", "decay_factor", "decay_patience", "min_lr"),
+READS = {"plateau": ("warmup_steps", "warmup_init_lr", "decay_factor", "decay_patience", "min_lr"),
          "noam": ("warmup_steps", "warmup_init_lr", "min_lr"),
          "inverse_sqrt": ("warmup_steps", "warmup_init_lr", "min_lr"),
          "constant": ("warmup_steps", "warmup_init_lr"),

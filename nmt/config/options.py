@@ -219,7 +219,7 @@ TRAINING = {
                        "exponential: warmup, times decay_factor from start_decay_steps on, every decay_steps",
                        choices=("plateau", "noam", "inverse_sqrt", "constant", "linear", "cosine", "exponential")),
         "warmup_steps": Option(int, 0, "linear warmup from warmup_init_lr to lr over this many steps", minimum=0),
-        "warmup_init_lr": Option(float, 0.0, "all but plateau: where the warmup's line starts (at update 0; "
+        "warmup_init_lr": Option(float, 0.0, "where the warmup's line starts (at update 0; "
                                  "fairseq's --warmup-init-lr), at most lr; needs warmup_steps", minimum=0.0),
         "decay_factor": Option(float, 0.5, "plateau: multiply lr by this when validation loss does not improve; "
                                "exponential: the factor of each decay",

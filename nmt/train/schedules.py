@@ -3,10 +3,10 @@
 its fairseq name) and, in :mod:`nmt.train.decay_schedules`, the step-driven ``constant``,
 ``linear``, ``cosine`` and ``exponential``; :func:`build_schedule` picks one from the config.
 
-Plateau: the learning rate at step ``s`` is ``base_lr * decay * min(1, s / warmup_steps)`` where
-``decay`` is multiplied by ``decay_factor`` (0.5 in Peters et al. 2019) every time the
-validation loss fails to improve for more than ``decay_patience`` consecutive validations,
-and never drops the rate below ``min_lr``.
+Plateau: the learning rate at step ``s`` is ``init + (base_lr * decay - init) * min(1, s / warmup_steps)``
+(``init`` = ``warmup_init_lr``, 0 by default) where ``decay`` is multiplied by ``decay_factor`` (0.5 in
+Peters et al. 2019) every time the validation loss fails to improve for more than
+``decay_patience`` consecutive validations, and never drops the rate below ``min_lr``.
 """
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ class PlateauWarmupSchedule:
     :meth:`on_validation` after each validation."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, base_lr: float, warmup_steps: int = 0,
-                 decay_factor: float = 0.5, decay_patience: int = 0, min_lr: float = 0.0) -> None:
+                 decay_factor: float = 0.5, decay_patience: int = 0, min_lr: float = 0.0,
+                 warmup_init_lr: float = 0.0) -> None:
         self.optimizer = optimizer
+        self.warmup_init_lr = warmup_init_lr
         self.base_lr = base_lr
         self.warmup_steps = warmup_steps
         self.decay_factor = decay_factor
@@ -42,7 +44,9 @@ class PlateauWarmupSchedule:
         """The current learning rate."""
         warm = min(1.0, (self.step_count + 1) / self.warmup_steps) if self.warmup_steps > 0 else 1.0
         decayed = max(self.base_lr * self.decay, min(self.min_lr, self.base_lr))
-        return decayed * warm
+        if self.warmup_init_lr == 0.0 or warm >= 1.0:
+            return decayed * warm  # without warmup_init_lr: the formula of before, to the last bit
+        return self.warmup_init_lr + (decayed - self.warmup_init_lr) * warm
 
     def step(self) -> None:
         """Advance one update (warmup progress)."""
@@ -129,7 +133,7 @@ def build_schedule(optimizer: torch.optim.Optimizer, base_lr: float, cfg: dict,
         return NoamSchedule(optimizer, base_lr, cfg["warmup_steps"], cfg["min_lr"], cfg.get("warmup_init_lr", 0.0))
     if kind == "plateau":
         return PlateauWarmupSchedule(optimizer, base_lr, cfg["warmup_steps"], cfg["decay_factor"],
-                                     cfg["decay_patience"], cfg["min_lr"])
+                                     cfg["decay_patience"], cfg["min_lr"], cfg.get("warmup_init_lr", 0.0))
     total = decay_length(cfg, max_steps) if kind in ("linear", "cosine") else None
     return StepSchedule(optimizer, kind, base_lr, cfg["warmup_steps"], cfg.get("min_lr", 0.0), total,
                         cfg.get("decay_factor", 0.5), cfg.get("decay_steps"), cfg.get("start_decay_steps", 0),

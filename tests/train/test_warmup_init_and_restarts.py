@@ -37,7 +37,7 @@ def ramp(init: float, peak: float, s: int, w: int) -> float:
     return init + (peak - init) * s / w
 
 
-@pytest.mark.parametrize("kind", ["constant", "linear", "cosine", "exponential", "noam", "inverse_sqrt"])
+@pytest.mark.parametrize("kind", ["constant", "linear", "cosine", "exponential", "noam", "inverse_sqrt", "plateau"])
 def test_default_warmup_init_lr_is_todays_schedule_to_the_last_bit(kind):
     """warmup_init_lr 0 (the default) gives the sequence of a config without the new keys, and its
     warmup is bit for bit the formula of the schedules before the key existed (lr * (t + 1) / w)."""
@@ -186,9 +186,7 @@ def tiny_task(tmp_path):
 
 
 @pytest.mark.parametrize("schedule,training,message", [
-    ({"warmup_steps": 2, "warmup_init_lr": 1e-4}, {},
-     "training.lr_schedule.warmup_init_lr: the plateau schedule does not read it (only noam, inverse_sqrt, "
-     "constant, linear, cosine, exponential): remove it"),
+    ({"warmup_init_lr": 1e-4}, {}, "training.lr_schedule.warmup_init_lr: starts the warmup, but warmup_steps is 0"),
     ({"type": "constant", "warmup_init_lr": 1e-4}, {},
      "training.lr_schedule.warmup_init_lr: starts the warmup, but warmup_steps is 0"),
     ({"type": "noam", "warmup_steps": 3, "warmup_init_lr": 0.01}, {},
@@ -295,3 +293,29 @@ def test_a_checkpoint_from_before_the_new_keys_resumes_with_them_at_their_defaul
     assert trainer.resumed and summary.step == 12
     assert "changed settings" not in caplog.text
     assert first + second == straight
+
+
+@pytest.mark.parametrize("w,init", [(1, 0.002), (4, 0.002), (5, 0.01)])
+def test_plateau_warms_up_from_warmup_init_lr_and_then_halves_on_plateaus(w, init):
+    """The plateau schedule's warmup rises on the line from warmup_init_lr (update 0) to lr (update
+    w), recomputed here in float64; a plateau during the warmup lowers the line's end, after it
+    the rate; the floor holds."""
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
+    schedule = build_schedule(optimizer, BASE, {**DEFAULTS, "warmup_steps": w, "warmup_init_lr": init,
+                                                 "min_lr": BASE / 8})
+    seen = []
+    for _ in range(w + 2):
+        seen.append(optimizer.param_groups[0]["lr"])
+        schedule.step()
+    assert seen == pytest.approx([ramp(init, BASE, s, w) for s in range(1, w + 1)] + [BASE, BASE], rel=1e-12)
+    assert schedule.on_validation(1.0) is False and schedule.on_validation(1.0) is True  # patience 0: halved
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(BASE / 2)
+    for _ in range(6):
+        schedule.on_validation(1.0)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(BASE / 8)  # the floor
+    early = build_schedule(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0), BASE,
+                           {**DEFAULTS, "warmup_steps": 10, "warmup_init_lr": init})
+    early.step()  # update 2 of 10 next
+    early.on_validation(1.0)
+    early.on_validation(1.0)  # halved during the warmup: the line now ends at BASE / 2
+    assert early.lr == pytest.approx(init + (BASE / 2 - init) * 2 / 10, rel=1e-12)
