@@ -13,7 +13,8 @@ import math
 import pytest
 import torch
 from test_transformer import MAPPINGS
-from tiny_models import PAD, SRC_VOCAB, TGT_VOCAB, random_batch, transformer_cfg
+from tiny_models import (PAD, SRC_VOCAB, TGT_VOCAB, assert_long_steps_equal_teacher_forcing, assert_offset_invariant,
+                         random_batch, transformer_cfg)
 
 from nmt.models.transformer import build_transformer
 from nmt.models.transformer.alibi import AlibiBias, AlibiPositions, alibi_slopes
@@ -166,17 +167,7 @@ def test_a_sentence_inside_a_longer_one_sees_only_offsets():
     same self-attention outputs: positions enter only as i - j."""
     torch.manual_seed(5)
     attention = MultiHeadAttention(8, 2, "entmax15", alibi=True).double()
-    q = torch.randn(1, 2, 4, 4, dtype=torch.float64)
-    k, v = torch.randn(1, 2, 4, 4, dtype=torch.float64), torch.randn(1, 2, 4, 4, dtype=torch.float64)
-    out, probs = attention.attend(q, k, v)
-    shift = 5
-    k_shifted = torch.cat([torch.randn(1, 2, shift, 4, dtype=torch.float64), k], dim=2)
-    v_shifted = torch.cat([torch.randn(1, 2, shift, 4, dtype=torch.float64), v], dim=2)
-    mask = torch.arange(shift + 4) >= shift
-    out_shifted, probs_shifted = attention.attend(q, k_shifted, v_shifted, mask, query_offset=shift)
-    torch.testing.assert_close(probs_shifted[..., shift:], probs, rtol=0, atol=1e-12)
-    assert torch.equal(probs_shifted[..., :shift], torch.zeros_like(probs_shifted[..., :shift]))
-    torch.testing.assert_close(out_shifted, out, rtol=0, atol=1e-12)
+    assert_offset_invariant(attention)
 
 
 def test_biases_order_the_tokens_up_to_mirroring_and_only_self_attentions_hold_them():
@@ -255,15 +246,7 @@ def test_sources_longer_than_training_run_and_steps_equal_teacher_forcing():
     src, lengths, tgt_in = random_batch(batch=2, src_len=300, tgt_len=270, seed=5)
     logits, _ = model(src, lengths, tgt_in)
     assert bool(torch.isfinite(logits).all())
-    with torch.no_grad():
-        encoder_out, state = model.encode(src, lengths)
-        for t in range(tgt_in.size(1)):
-            log_probs, _, state = model.step(tgt_in[:, t], state, encoder_out)
-            if t in (0, 255, 256, tgt_in.size(1) - 1):
-                want = model.log_probs(logits[:, t])
-                finite = torch.isfinite(want)
-                assert torch.equal(torch.isfinite(log_probs), finite)
-                assert (log_probs[finite] - want[finite]).abs().max() <= 1e-10
+    assert_long_steps_equal_teacher_forcing(model, src, lengths, tgt_in, logits)
 
 
 def test_an_alibi_model_trains_its_parameters():

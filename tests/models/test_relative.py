@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from tiny_models import PAD, SRC_VOCAB, TGT_VOCAB, random_batch, transformer_cfg
+from tiny_models import PAD, SRC_VOCAB, TGT_VOCAB, assert_offset_invariant, random_batch, transformer_cfg
 
 from nmt.models.transformer import build_transformer
 from nmt.models.transformer.multihead_attention import MultiHeadAttention
@@ -78,17 +78,7 @@ def test_scores_depend_on_offsets_only():
     by padding keys in front that are masked) give the same probabilities on the shared keys."""
     torch.manual_seed(4)
     attention = MultiHeadAttention(8, 2, mapping="sparsemax", max_relative=3).double()
-    q = torch.randn(1, 2, 4, 4, dtype=torch.float64)
-    k, v = torch.randn(1, 2, 4, 4, dtype=torch.float64), torch.randn(1, 2, 4, 4, dtype=torch.float64)
-    out, probs = attention.attend(q, k, v, query_offset=0)
-    shift = 5
-    k_shifted = torch.cat([torch.randn(1, 2, shift, 4, dtype=torch.float64), k], dim=2)
-    v_shifted = torch.cat([torch.zeros(1, 2, shift, 4, dtype=torch.float64), v], dim=2)
-    mask = torch.arange(shift + 4) >= shift
-    out_shifted, probs_shifted = attention.attend(q, k_shifted, v_shifted, mask, query_offset=shift)
-    torch.testing.assert_close(probs_shifted[..., shift:], probs, rtol=0, atol=1e-12)
-    assert torch.equal(probs_shifted[..., :shift], torch.zeros_like(probs_shifted[..., :shift]))
-    torch.testing.assert_close(out_shifted, out, rtol=0, atol=1e-12)
+    assert_offset_invariant(attention)
 
 
 def test_the_model_has_tables_in_self_attentions_only_and_nothing_on_the_embeddings():

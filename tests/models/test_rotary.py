@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import PAD, SRC_VOCAB, TGT_VOCAB, random_batch, transformer_cfg
+from tiny_models import PAD, SRC_VOCAB, TGT_VOCAB, assert_long_steps_equal_teacher_forcing, random_batch, transformer_cfg
 
 import nmt.models.transformer.decoder as decoder_module
 import nmt.models.transformer.encoder as encoder_module
@@ -120,15 +120,7 @@ def test_long_sequences_need_no_table_and_keep_teacher_forcing_equal_to_steps():
     src, lengths, tgt_in = random_batch(batch=2, src_len=300, tgt_len=270, seed=5)
     logits, _ = model(src, lengths, tgt_in)
     assert model.decoder.positions.cos.size(0) >= 300 and model.encoder.positions.cos.size(0) >= 300
-    with torch.no_grad():
-        encoder_out, state = model.encode(src, lengths)
-        for t in range(tgt_in.size(1)):
-            log_probs, _, state = model.step(tgt_in[:, t], state, encoder_out)
-            if t in (0, 255, 256, tgt_in.size(1) - 1):
-                want = model.log_probs(logits[:, t])
-                finite = torch.isfinite(want)
-                assert torch.equal(torch.isfinite(log_probs), finite)
-                assert (log_probs[finite] - want[finite]).abs().max() <= 1e-10
+    assert_long_steps_equal_teacher_forcing(model, src, lengths, tgt_in, logits)
 
 
 def test_the_cache_holds_keys_rotated_by_their_positions():

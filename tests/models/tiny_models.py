@@ -77,3 +77,36 @@ def transformer_cfg(**sections: Any) -> dict[str, Any]:
         else:
             cfg[name] = values
     return cfg
+
+
+def assert_offset_invariant(attention, shift: int = 5) -> None:
+    """An ``attend`` of positional self-attention (relative or ALiBi heads, float64): four keys
+    placed after ``shift`` masked ones (the queries' ``query_offset`` moved by as much) give the same
+    probabilities (zero on the masked keys) and outputs as at positions 0.. (positions enter only
+    as distances)."""
+    q = torch.randn(1, 2, 4, 4, dtype=torch.float64)
+    k, v = torch.randn(1, 2, 4, 4, dtype=torch.float64), torch.randn(1, 2, 4, 4, dtype=torch.float64)
+    out, probs = attention.attend(q, k, v, query_offset=0)
+    k_shifted = torch.cat([torch.randn(1, 2, shift, 4, dtype=torch.float64), k], dim=2)
+    v_shifted = torch.cat([torch.randn(1, 2, shift, 4, dtype=torch.float64), v], dim=2)
+    mask = torch.arange(shift + 4) >= shift
+    out_shifted, probs_shifted = attention.attend(q, k_shifted, v_shifted, mask, query_offset=shift)
+    torch.testing.assert_close(probs_shifted[..., shift:], probs, rtol=0, atol=1e-12)
+    assert torch.equal(probs_shifted[..., :shift], torch.zeros_like(probs_shifted[..., :shift]))
+    torch.testing.assert_close(out_shifted, out, rtol=0, atol=1e-12)
+
+
+def assert_long_steps_equal_teacher_forcing(model, src: torch.Tensor, lengths: torch.Tensor,
+                                            tgt_in: torch.Tensor, logits: torch.Tensor) -> None:
+    """Incremental decoding of ``tgt_in`` (B, T) gives the teacher-forced ``logits``' log-probabilities
+    (float64, 1e-10; the same zeros) at the first step, steps 255 and 256 (around a power-of-two
+    cache length) and the last."""
+    with torch.no_grad():
+        encoder_out, state = model.encode(src, lengths)
+        for t in range(tgt_in.size(1)):
+            log_probs, _, state = model.step(tgt_in[:, t], state, encoder_out)
+            if t in (0, 255, 256, tgt_in.size(1) - 1):
+                want = model.log_probs(logits[:, t])
+                finite = torch.isfinite(want)
+                assert torch.equal(torch.isfinite(log_probs), finite)
+                assert (log_probs[finite] - want[finite]).abs().max() <= 1e-10

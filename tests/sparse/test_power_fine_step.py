@@ -7,14 +7,14 @@ between the start and the root, plateaus, ties at the maximum, an offset, one en
 broad rest) must get the float64 bisection's threshold, support and output on every native build,
 and equal the loop that never takes the start (a cap of 19 steps); the diagnostic build counts the
 float pass and the double passes, and shows the narrower builds without it."""
-import ctypes
 from pathlib import Path
 
 import pytest
 import torch
 
 from nmt.sparse import _native
-from tests.sparse.test_power_series_start import EPS, bisection, check_rows
+from tests.sparse.test_power_series_start import (bisection, check_root_and_capped_loop, check_rows,
+                                                  counted_power_probs)
 
 
 def _has_avx512() -> bool:
@@ -83,30 +83,14 @@ def test_rows_that_mislead_the_float_step_equal_the_bisection(native_build, monk
     monkeypatch.setitem(_native._state, "lib", native_build)
     alphas = torch.tensor(ALPHAS * 3, dtype=torch.float64)
     x = fine_step_rows(n, alphas, seed=n + 3)
-    found = _native.power_probs(x, alphas - 1, 200, EPS, root=True, stats=True)
-    if native_build is None or found is None:
-        assert found is None or native_build is None
-        return
-    p, r, tau = found[:3]
-    check_rows(x, alphas, p, r, tau, p_rtol=1e-5)
-    p19, _, tau19 = _native.power_probs(x, alphas - 1, 19, EPS, root=True, stats=True)[:3]
-    assert torch.allclose(tau19.double(), tau.double(), rtol=0, atol=8 * EPS)
-    assert torch.allclose(p19, p, rtol=1e-5, atol=4e-7)
+    check_root_and_capped_loop(native_build, x, alphas, p_rtol=1e-5)
 
 
 def _counted(library, x: torch.Tensor, alphas: torch.Tensor) -> tuple:
     """``(p, r, tau, counts)`` of the diagnostic ``library`` on one thread (counts summed over rows:
     [0] rows, [3] coarse passes, [5] double passes, [15] float steps)."""
-    counts = (ctypes.c_double * 16).in_dll(library, "nmt_power_counts")
-    for i in range(16):
-        counts[i] = 0.0
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(_native._state, "lib", library)
-        mp.setattr(_native, "_threads", lambda *a, **k: 1)
-        found = _native.power_probs(x, alphas - 1, 200, EPS, root=True, stats=True)
-    if found is None or counts[0] == 0:
-        pytest.skip("a build without vectors")
-    return found[0], found[1], found[2], list(counts)
+    found, counts = counted_power_probs(library, x, alphas - 1)
+    return found[0], found[1], found[2], counts
 
 
 def test_normal_rows_take_one_float_step_and_one_double_pass(native_variant, tmp_path):

@@ -8,14 +8,13 @@ entries sit at every boundary of the shortcut (the first vector, the centre's 25
 sixteen and eight, the last ones one by one); the diagnostic build counts the candidates (exactly
 the entries not made low) and the passes (one a row: the moments of the kept prefix and the rest
 reach the series' tolerance)."""
-import ctypes
 
 import pytest
 import torch
 
 from nmt.sparse import _native
 
-from tests.sparse.test_power_series_start import EPS, check_rows
+from tests.sparse.test_power_series_start import EPS, check_rows, counted_power_probs
 
 
 def _low_places(n: int) -> list:
@@ -78,16 +77,7 @@ def test_the_shortcut_keeps_exactly_the_candidates_and_their_moments(native_vari
     compacted = _native.load(_native.build(tmp_path, defines=["NMT_POWER_COUNTS", "NMT_POWER_NO_WHOLE"]))
 
     def run(library, x):
-        counts = (ctypes.c_double * 16).in_dll(library, "nmt_power_counts")
-        for i in range(16):
-            counts[i] = 0.0
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setitem(_native._state, "lib", library)
-            mp.setattr(_native, "_threads", lambda *a, **k: 1)
-            found = _native.power_probs(x, 0.3, 200, EPS, root=True, stats=True)
-        if found is None or counts[0] == 0:
-            pytest.skip("a build without vectors")
-        return found, list(counts)
+        return counted_power_probs(library, x, 0.3)
 
     for n in (257, 300, 1003, 8000, 8007, 32000):
         for spread in (0.01, 0.1):
