@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from nmt.utils.json_safe import json_number, json_safe  # noqa: F401 (json_number re-exported)
+from nmt.utils.json_safe import json_safe
 
 if TYPE_CHECKING:
     from nmt.translate.alignment import AlignOptions
@@ -259,6 +259,6 @@ def summary_suffix(startup: float, seconds: float, sentences: int, members: Sequ
 
 
 __all__ = ["ALIGNMENT_SEPARATOR", "PROG", "SEARCH_FLAGS", "align_options", "attention_flags", "check_word_level",
-           "fit_positions", "no_attention", "json_number", "name_input", "output_lines", "print_metrics",
+           "fit_positions", "no_attention", "name_input", "output_lines", "print_metrics",
            "phrase_table", "read_prefixes", "read_references", "read_source", "read_stdin", "report_line", "say", "search_options", "summary_suffix", "write_heatmap",
            "write_lines"]

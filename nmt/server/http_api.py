@@ -108,7 +108,7 @@ class TranslationService:
         try:
             return self.coalescer.submit(job.key(), job, len(job.sources))
         except (ValueError, TypeError) as exc:
-            raise _bad(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+            raise _input_error(exc) from None
 
     def _translate_group(self, jobs: Sequence["_TranslationJob"]) -> list[list[Translation]]:
         """One search of the jobs' sources together (the same options and flags), split back per job
@@ -180,7 +180,7 @@ class TranslationService:
             try:
                 return work()
             except (ValueError, TypeError) as exc:
-                raise _bad(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+                raise _input_error(exc) from None
 
 
 def load_service(checkpoints: Sequence[str], device: str = "auto", *, batch_size: int | None = None,
@@ -317,6 +317,13 @@ def _flag(request: dict[str, Any], name: str) -> bool:
 
 def _bad(message: str) -> RequestError:
     return RequestError(HTTPStatus.BAD_REQUEST, message)
+
+
+def _input_error(exc: ValueError | TypeError) -> RequestError:
+    """A 400 of the first line of a ValueError or TypeError the model raised on a request's inputs or
+    options (its type's name where it has no message)."""
+    text = str(exc)
+    return _bad(text.splitlines()[0] if text else type(exc).__name__)
 
 
 def _json_type(value: Any) -> str:

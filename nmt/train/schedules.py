@@ -44,9 +44,9 @@ class PlateauWarmupSchedule:
         """The current learning rate."""
         warm = min(1.0, (self.step_count + 1) / self.warmup_steps) if self.warmup_steps > 0 else 1.0
         decayed = max(self.base_lr * self.decay, min(self.min_lr, self.base_lr))
-        if self.warmup_init_lr == 0.0 or warm >= 1.0:
-            return decayed * warm  # without warmup_init_lr: the formula of before, to the last bit
-        return self.warmup_init_lr + (decayed - self.warmup_init_lr) * warm
+        if warm >= 1.0:
+            return decayed
+        return self.warmup_init_lr + (decayed - self.warmup_init_lr) * warm  # init 0: decayed * warm, to the bit
 
     def step(self) -> None:
         """Advance one update (warmup progress)."""

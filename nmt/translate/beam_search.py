@@ -59,6 +59,7 @@ from nmt.translate.search_step import (
     flat_parents,
     history_fills,
     ngram_width,
+    require_unk,
     select_step,
 )
 from nmt.translate.static_search import static_loop
@@ -105,15 +106,14 @@ def beam_search(
     0..B-1 in this batch; call it with ``sentence_ids`` for samples independent of the batching).
     """
     options = (options or SearchOptions()).updated(**overrides)
-    if prefix is not None:
-        check_prefix(prefix, src.size(0), options.max_length)
-    if options.ban_unk_token and unk is None:
-        raise ValueError("ban_unk_token needs the target vocabulary's unk id: beam_search(..., unk=...)")
     special = Specials(bos, eos, pad, unk)
-    if options.sample:
+    if options.sample:  # it checks the prefixes and the unk id itself
         from nmt.translate.sampling import sample_search  # it builds on this module
 
         return sample_search(model, src, src_lengths, special, options, prefix=prefix)
+    if prefix is not None:
+        check_prefix(prefix, src.size(0), options.max_length)
+    require_unk(options, special)
     # not inference_mode: models may cache tensors reused in training; the weights stay fixed
     with torch.no_grad(), frozen_weights():
         return _search(model, src, src_lengths, special, options, prefix)

@@ -46,7 +46,7 @@ from nmt.translate.history import SearchHistory
 from nmt.translate.ngram_block import block_repeats, extend_history, start_history
 from nmt.translate.sample_distribution import sampling_log_probs, tempered_step
 from nmt.translate.search_options import SearchOptions
-from nmt.translate.search_step import Specials, banned_unk, support_size
+from nmt.translate.search_step import Specials, banned_unk, require_unk, support_size
 from nmt.translate.target_prefix import check_prefix, force_prefix, lengthen_limits
 from nmt.utils.device import host_to_device
 from nmt.utils.packed_linear import frozen_weights
@@ -176,6 +176,7 @@ def sample_search(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     """
     if prefix is not None:
         check_prefix(prefix, src.size(0), options.max_length)
+    require_unk(options, special)
     with torch.no_grad(), frozen_weights():
         return _sample(model, src, src_lengths, special, options, sentence_ids, prefix)
 

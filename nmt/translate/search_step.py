@@ -312,15 +312,21 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     return StepOutcome(record, parent, chosen, rows, done, truncated)
 
 
+def require_unk(options: SearchOptions, special: Specials) -> None:
+    """ValueError where ``options.ban_unk_token`` asks for a ban the search cannot apply: no unk id in
+    ``special`` (the entry points' check, before any step)."""
+    if options.ban_unk_token and special.unk is None:
+        raise ValueError("ban_unk_token needs the target vocabulary's unk id: beam_search(..., unk=...), or "
+                         "Specials(..., unk=...) for sample_search")
+
+
 def banned_unk(log_probs: Tensor, options: SearchOptions, special: Specials) -> Tensor:
     """``log_probs`` (..., V) with ``special.unk``'s column at ``-inf`` (a new tensor) where
     ``options.ban_unk_token``; else the same tensor. A comparison with a device ``arange`` and one
     ``masked_fill`` (no host-to-device copy, no sync); an unknown score of ``<unk>`` becomes -inf
-    too (the constraint gives it probability 0). ValueError where the unk id is unknown."""
+    too (the constraint gives it probability 0). The unk id is there (:func:`require_unk`)."""
     if not options.ban_unk_token:
         return log_probs
-    if special.unk is None:
-        raise ValueError("ban_unk_token needs the target vocabulary's unk id (beam_search(..., unk=...))")
     is_unk = torch.arange(log_probs.size(-1), device=log_probs.device) == special.unk  # (V,)
     return log_probs.masked_fill(is_unk, NEG_INF)
 
@@ -456,5 +462,5 @@ def pad_slots(x: Tensor, k: int, value: float | int | bool) -> Tensor:
     return torch.cat([x, x.new_full((x.size(0), k - x.size(1)), value)], dim=1)
 
 
-__all__ = ["RowState", "SearchEnd", "Specials", "StepOutcome", "Truncations", "banned_unk", "divided", "flat_parents", "history_fills",
+__all__ = ["RowState", "SearchEnd", "Specials", "StepOutcome", "Truncations", "banned_unk", "divided", "require_unk", "flat_parents", "history_fills",
            "ngram_width", "pad_slots", "select_step", "support_size"]

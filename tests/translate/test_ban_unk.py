@@ -117,5 +117,7 @@ def test_the_mask_makes_no_host_sync_compiles_and_needs_the_unk_id():
     src, lengths = random_sources(2, 9, 4, seed=0)
     with pytest.raises(ValueError, match=r"^ban_unk_token needs the target vocabulary's unk id"):
         beam_search(model, src, lengths, bos=BOS, eos=EOS, ban_unk_token=True)
+    with pytest.raises(ValueError, match=r"^ban_unk_token needs the target vocabulary's unk id"):  # before any step
+        sample_search(model, src, lengths, SPECIAL, SearchOptions(sample=True, ban_unk_token=True))
     with pytest.raises(ValueError, match=r"^ban_unk_token must be True or False, got 1$"):
         SearchOptions(ban_unk_token=1)
