@@ -43,14 +43,21 @@ def read_source(path: str) -> list[str]:
     return read_stdin() if path == "-" else read_lines(path)
 
 
-def read_references(path: str, expected: int | None, src: str) -> list[str]:
-    """The reference lines; ValueError when their count differs from ``expected``."""
+def read_lines_beside(path: str, expected: int | None, src: str, name: str, stdin: bool) -> list[str]:
+    """The lines of ``path`` (with ``stdin``, ``-`` is all of stdin), one per source line; ValueError
+    naming ``name`` (the flag) when their count differs from ``expected`` (the source's lines; None:
+    a stream, checked as it goes)."""
     from nmt.data.textfiles import read_lines
 
-    references = read_lines(path)
-    if expected is not None and len(references) != expected:
-        raise ValueError(f"{path} has {len(references)} lines but {src} has {expected}")
-    return references
+    lines = read_source(path) if stdin else read_lines(path)
+    if expected is not None and len(lines) != expected:
+        raise ValueError(f"{name} {path} has {len(lines)} lines but {src} has {expected}")
+    return lines
+
+
+def read_references(path: str, expected: int | None, src: str) -> list[str]:
+    """The reference lines of ``-tgt``; ValueError when their count differs from ``expected``."""
+    return read_lines_beside(path, expected, src, "-tgt", stdin=False)
 
 
 def phrase_table(args: argparse.Namespace) -> dict[str, str] | None:
@@ -64,13 +71,8 @@ def phrase_table(args: argparse.Namespace) -> dict[str, str] | None:
 
 def read_prefixes(path: str | None, expected: int | None, src: str) -> list[str] | None:
     """The lines of ``-tgt_prefix`` (``-``: all of stdin), None without it; ValueError when their
-    count differs from ``expected`` (the source's lines; None: a stream, checked as it goes)."""
-    if path is None:
-        return None
-    prefixes = read_source(path)
-    if expected is not None and len(prefixes) != expected:
-        raise ValueError(f"-tgt_prefix {path} has {len(prefixes)} lines but {src} has {expected}")
-    return prefixes
+    count differs from ``expected``."""
+    return None if path is None else read_lines_beside(path, expected, src, "-tgt_prefix", stdin=True)
 
 
 def search_options(args: argparse.Namespace) -> SearchOptions:

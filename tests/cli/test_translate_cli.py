@@ -408,6 +408,9 @@ def test_bad_tgt_prefixes_are_one_line_errors(trained, capsys, tmp_path):
     code, _, err = translate(base + ["-tgt_prefix", str(short)], capsys)
     assert (code, err) == (2, f"nmt-translate: error: -tgt_prefix {short} has 1 lines but {root / 'input.txt'} "
                               f"has {len(inputs)}\n")
+    code, _, err = translate(base + ["-tgt", str(short)], capsys)  # references: the same rule, named -tgt
+    assert (code, err) == (2, f"nmt-translate: error: -tgt {short} has 1 lines but {root / 'input.txt'} "
+                              f"has {len(inputs)}\n")
     long = tmp_path / "long.txt"
     long.write_text("".join(("abcdefabc" if i == 4 else "") + "\n" for i in range(len(inputs))), encoding="utf-8")
     code, _, err = translate(base + ["-tgt_prefix", str(long), "-max_length", "8"], capsys)
