@@ -17,8 +17,9 @@ from tiny_models import (PAD, SRC_VOCAB, TGT_VOCAB, assert_long_steps_equal_teac
                          random_batch, transformer_cfg)
 
 from nmt.models.transformer import build_transformer
-from nmt.models.transformer.alibi import AlibiBias, AlibiPositions, alibi_slopes
+from nmt.models.transformer.alibi import AlibiBias, alibi_slopes
 from nmt.models.transformer.multihead_attention import MultiHeadAttention
+from nmt.models.transformer.positions import ScoreBiasPositions
 from nmt.sparse.registry import get_mapping
 
 # The paper's slopes, written out: n a power of two: 2^(-8/n), 2^(-16/n), ..., 2^(-8).
@@ -187,7 +188,8 @@ def test_biases_order_the_tokens_up_to_mirroring_and_only_self_attentions_hold_t
     reversed_memory, _ = model.encoder(model.src_embeddings(src.flip(1)), mask)
     torch.testing.assert_close(reversed_memory.flip(1), memory, rtol=0, atol=1e-12)
     emb = model.src_embeddings(src)
-    assert isinstance(model.encoder.positions, AlibiPositions) and torch.equal(model.encoder.positions(emb), emb)
+    assert isinstance(model.encoder.positions, ScoreBiasPositions) and torch.equal(model.encoder.positions(emb), emb)
+    assert repr(model.encoder.positions) == "ScoreBiasPositions(kind=alibi, heads=2)"
     assert all(layer.self_attn.alibi is not None for layer in [*model.encoder.layers, *model.decoder.layers])
     assert all(layer.cross_attn.alibi is None for layer in model.decoder.layers)
     assert not any("alibi" in name or "slopes" in name for name, _ in model.named_parameters())

@@ -15,7 +15,8 @@ from tiny_models import PAD, SRC_VOCAB, TGT_VOCAB, assert_offset_invariant, rand
 
 from nmt.models.transformer import build_transformer
 from nmt.models.transformer.multihead_attention import MultiHeadAttention
-from nmt.models.transformer.relative import RelativePositions, relative_buckets
+from nmt.models.transformer.positions import ScoreBiasPositions
+from nmt.models.transformer.relative import relative_buckets
 
 
 def make(attention=None, **transformer):
@@ -85,7 +86,8 @@ def test_the_model_has_tables_in_self_attentions_only_and_nothing_on_the_embeddi
     model = make()
     src = torch.tensor([[4, 5, 6, 7, 8]])
     emb = model.src_embeddings(src)
-    assert isinstance(model.encoder.positions, RelativePositions) and torch.equal(model.encoder.positions(emb), emb)
+    assert isinstance(model.encoder.positions, ScoreBiasPositions) and torch.equal(model.encoder.positions(emb), emb)
+    assert repr(model.encoder.positions) == "ScoreBiasPositions(kind=relative, max_relative=2)"
     tables = sorted(name for name, _ in model.named_parameters() if "relative" in name)
     layers = len(model.encoder.layers) + len(model.decoder.layers)
     assert len(tables) == layers and all(".self_attn.relative.embeddings.weight" in name for name in tables)

@@ -92,8 +92,7 @@ def test_a_relative_position_run_resumes_as_uninterrupted_and_its_checkpoint_tra
     import os
     import signal
 
-    from nmt.models.transformer.alibi import AlibiPositions
-    from nmt.models.transformer.relative import RelativePositions
+    from nmt.models.transformer.positions import ScoreBiasPositions
     from nmt.models.transformer.rotary import RotaryPositions
     from nmt.train.checkpoint import load_checkpoint
     from nmt.translate.loading import load_model
@@ -124,12 +123,12 @@ def test_a_relative_position_run_resumes_as_uninterrupted_and_its_checkpoint_tra
         assert isinstance(positions_module, RotaryPositions) and positions_module.base == 500.0
     elif positions == "alibi":
         assert not tables and not any("positions" in key or "alibi" in key for key in saved)  # nothing saved
-        assert isinstance(positions_module, AlibiPositions) and positions_module.heads == 2
+        assert isinstance(positions_module, ScoreBiasPositions) and positions_module.settings == {"heads": 2}
         slopes = loaded.model.decoder.layers[0].self_attn.alibi.slopes
         assert slopes.tolist() == [1 / 16, 1 / 256]
     else:
         assert len(tables) == 4 and all(saved[key].shape == (7, 4) for key in tables)  # 2 + 2 layers
-        assert isinstance(positions_module, RelativePositions) and positions_module.max_relative == 3
+        assert isinstance(positions_module, ScoreBiasPositions) and positions_module.settings == {"max_relative": 3}
     assert loaded.model.position_limits() == (None, None)
     src, lengths, tgt_in = torch.tensor([[4, 5, 6, 7]]), torch.tensor([4]), torch.tensor([[2, 5, 6]])
     with torch.no_grad():

@@ -37,23 +37,6 @@ def alibi_slopes(heads: int) -> list[float]:
     return slopes + extra[: heads - lower]
 
 
-class AlibiPositions(nn.Module):
-    """The ``positions`` module of a stack with ALiBi: adds nothing to the embeddings (``forward`` is
-    the identity); the self-attentions hold the slopes and add the bias (:class:`AlibiBias`)."""
-
-    def __init__(self, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        alibi_slopes(heads)  # checks the count
-
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """x: (B, T, D) -> x: ALiBi adds nothing to the embeddings."""
-        return x
-
-    def extra_repr(self) -> str:
-        return f"heads={self.heads}"
-
-
 class AlibiBias(nn.Module):
     """One self-attention's fixed linear biases: the slopes of its ``heads`` as a float64 buffer that
     is not saved (checkpoints hold no ALiBi state; it follows the module's device)."""
@@ -84,4 +67,4 @@ def biased_mask(bias: Tensor, mask: Tensor | None) -> Tensor:
     return torch.where(mask, bias, -math.inf)
 
 
-__all__ = ["AlibiBias", "AlibiPositions", "alibi_slopes", "biased_mask"]
+__all__ = ["AlibiBias", "alibi_slopes", "biased_mask"]

@@ -6,7 +6,8 @@ self-attention cache, a shape, so reading it never synchronises with the device.
 (:mod:`nmt.models.transformer.rotary`) add nothing there: they rotate the self-attentions'
 queries and keys instead; nor do relative positions (:mod:`nmt.models.transformer.relative`),
 whose tables the self-attentions hold, nor ALiBi (:mod:`nmt.models.transformer.alibi`), whose
-fixed biases the self-attentions add to their scores.
+fixed biases the self-attentions add to their scores: those two stacks' ``positions`` is one
+identity module, :class:`ScoreBiasPositions`.
 """
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from nmt.models.transformer.alibi import AlibiPositions
-from nmt.models.transformer.relative import RelativePositions
+from nmt.models.transformer.alibi import alibi_slopes
 from nmt.models.transformer.rotary import RotaryPositions
 
 POSITIONS = ("sinusoidal", "learned", "rotary", "relative", "alibi")
@@ -67,6 +67,26 @@ class LearnedPositions(nn.Module):
         return x + self.table.weight[offset:end].to(x.dtype)
 
 
+class ScoreBiasPositions(nn.Module):
+    """The ``positions`` module of a stack whose positions live in the self-attentions' scores, not in
+    the embeddings: ``kind`` ``"relative"`` (each self-attention holds its table,
+    :class:`~nmt.models.transformer.relative.RelativeTable`) or ``"alibi"`` (each adds its fixed
+    biases, :class:`~nmt.models.transformer.alibi.AlibiBias`). ``forward`` is the identity; ``settings``
+    (``max_relative=K`` / ``heads=n``) are for the record (``repr``). No parameters, no buffers."""
+
+    def __init__(self, kind: str, **settings: int) -> None:
+        super().__init__()
+        self.kind = kind
+        self.settings = dict(settings)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """x: (B, T, D) -> x: these positions add nothing to the embeddings."""
+        return x
+
+    def extra_repr(self) -> str:
+        return ", ".join([f"kind={self.kind}", *(f"{name}={value}" for name, value in self.settings.items())])
+
+
 def position_limit(positions: nn.Module) -> int | None:
     """The positions ``positions`` hold: ``max_positions`` of a learned table, None (any) for sinusoids,
     rotary, relative (offsets beyond K share the clipped vector) and ALiBi positions."""
@@ -85,11 +105,14 @@ def build_positions(kind: str, dim: int, max_positions: int, heads: int = 1,
     if kind == "rotary":
         return RotaryPositions(dim // heads, rotary_base)
     if kind == "relative":
-        return RelativePositions(max_relative)
+        if max_relative < 1:
+            raise ValueError(f"relative positions need max_relative_positions >= 1, got {max_relative}")
+        return ScoreBiasPositions(kind, max_relative=max_relative)
     if kind == "alibi":
-        return AlibiPositions(heads)
+        alibi_slopes(heads)  # checks the count
+        return ScoreBiasPositions(kind, heads=heads)
     raise ValueError(f"unknown positions {kind!r}; valid: {', '.join(POSITIONS)}")
 
 
-__all__ = ["POSITIONS", "LearnedPositions", "SinusoidalPositions", "build_positions", "position_limit",
-           "sinusoid_table"]
+__all__ = ["POSITIONS", "LearnedPositions", "ScoreBiasPositions", "SinusoidalPositions", "build_positions",
+           "position_limit", "sinusoid_table"]

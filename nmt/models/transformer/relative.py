@@ -8,30 +8,13 @@ query at position m. The scores gain ``q_m . A[n - m]`` and the context gains
 (Shaw et al. learn one table for each). No vector is added to the embeddings (OpenNMT-py adds no
 sinusoids in that mode either), and cross-attention has no relations (its queries and keys lie in
 different sequences). Offsets come from shapes (the query offset is the self-attention cache's
-length during incremental decoding), so nothing is read back from the device.
+length during incremental decoding), so nothing is read back from the device. The stack's ``positions``
+module is the identity :class:`~nmt.models.transformer.positions.ScoreBiasPositions`.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-
-
-class RelativePositions(nn.Module):
-    """The ``positions`` module of a stack with relative positions: adds nothing to the embeddings
-    (``forward`` is the identity); the self-attentions hold the tables (:class:`RelativeTable`)."""
-
-    def __init__(self, max_relative: int) -> None:
-        super().__init__()
-        if max_relative < 1:
-            raise ValueError(f"relative positions need max_relative_positions >= 1, got {max_relative}")
-        self.max_relative = max_relative
-
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """x: (B, T, D) -> x: relative positions add nothing to the embeddings."""
-        return x
-
-    def extra_repr(self) -> str:
-        return f"max_relative={self.max_relative}"
 
 
 def relative_buckets(queries: int, keys: int, offset: int, max_relative: int, device: torch.device) -> Tensor:
@@ -75,4 +58,4 @@ def relative_context(weights: Tensor, relations: Tensor) -> Tensor:
     return torch.einsum("bhts,tsd->bhtd", weights, relations)
 
 
-__all__ = ["RelativePositions", "RelativeTable", "relative_buckets", "relative_context", "relative_scores"]
+__all__ = ["RelativeTable", "relative_buckets", "relative_context", "relative_scores"]
