@@ -128,6 +128,11 @@ MODEL = {
                             "key/value relations of clipped offsets) or alibi (Press et al. 2022: each self-attention "
                             "head adds -m_h |i - j| to its scores; nothing learned, any length)",
                             choices=("sinusoidal", "learned", "rotary", "relative", "alibi")),
+        "alibi_encoder": Option(str, "symmetric", "positions: alibi: the encoder self-attentions' bias: symmetric "
+                                "(-m_h |i - j|: sees distances, not directions; a reversed source gets the reversed "
+                                "encoding) or split (the heads favour the left and the right in turn, slope m_h on "
+                                "their side, 2 m_h on the other: direction-aware); the decoder's is causal either way",
+                                choices=("symmetric", "split")),
         "rotary_base": Option(float, 10000.0, "positions: rotary: frequency i of a head turns by position x "
                               "rotary_base^(-2i/d_head)", minimum=1, min_inclusive=False),
         "max_relative_positions": Option(int, 20, "positions: relative: offsets clipped to -K..K, 2K+1 learned "

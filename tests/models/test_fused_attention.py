@@ -22,7 +22,7 @@ from nmt.models.transformer import build_transformer
 from nmt.models.transformer.multihead_attention import MultiHeadAttention
 from nmt.translate.beam_search import beam_search
 
-from tiny_models import PAD, SRC_VOCAB, TGT_VOCAB, random_batch, transformer_cfg
+from tiny_models import PAD, SRC_VOCAB, TGT_VOCAB, positions_cfg, random_batch, transformer_cfg
 
 SOFTMAX = {"mapping": "softmax", "params": {}}
 NOT_FUSABLE = {
@@ -62,7 +62,8 @@ def test_the_cpu_never_takes_the_fused_path_by_default():
 
 @pytest.mark.parametrize("temperature", [1.0, 2.5])
 @pytest.mark.parametrize("norm,positions", [("pre", "sinusoidal"), ("post", "sinusoidal"), ("pre", "rotary"),
-                                            ("pre", "relative"), ("pre", "alibi"), ("post", "alibi")])
+                                            ("pre", "relative"), ("pre", "alibi"), ("post", "alibi"),
+                                            ("pre", "alibi-split")])
 def test_teacher_forcing_and_gradients_equal_the_unfused_path(norm, positions, temperature, monkeypatch):
     """Rotary positions rotate the queries and keys before either path (the kernel sees them rotated);
     relative positions keep their self-attentions on the unfused path (the cross-attentions fuse);
@@ -72,7 +73,7 @@ def test_teacher_forcing_and_gradients_equal_the_unfused_path(norm, positions, t
     src, lengths, tgt_in = random_batch(batch=4, src_len=7, tgt_len=6, seed=3)
     outputs = {}
     for fused in (False, True):
-        model = make(attention, norm=norm, positions=positions, dropout=0.0, attention_dropout=0.0).train()
+        model = make(attention, norm=norm, dropout=0.0, attention_dropout=0.0, **positions_cfg(positions)).train()
         monkeypatch.setattr(mha, "fused_attention_serves", lambda x, on=fused: on)
         logits, attention_map = model(src, lengths, tgt_in)
         (logits.square().sum() + attention_map.sum()).backward()
@@ -86,11 +87,18 @@ def test_teacher_forcing_and_gradients_equal_the_unfused_path(norm, positions, t
         torch.testing.assert_close(g1[name], g0[name], rtol=1e-8, atol=1e-10, msg=name)
 
 
-def test_alibi_self_attentions_fuse_with_the_bias_as_a_float_mask(monkeypatch):
+# The encoder's slopes of keys left / right of the query for 2 heads (paper's slopes 1/16, 1/256), written
+# out: symmetric; split (head 1 favours the left, head 2 the right, the other side doubled).
+ENCODER_SLOPES = {"symmetric": ([1 / 16, 1 / 256], [1 / 16, 1 / 256]), "split": ([1 / 16, 1 / 128], [1 / 8, 1 / 256])}
+
+
+@pytest.mark.parametrize("form", ["symmetric", "split"])
+def test_alibi_self_attentions_fuse_with_the_bias_as_a_float_mask(form, monkeypatch):
     """ALiBi softmax heads take the fused kernel in every self-attention (as sinusoidal ones do), the
-    mask they pass being the bias written out: ``-m_h |i - j|`` (slopes 1/16, 1/256 for 2 heads) at
-    allowed keys, ``-inf`` at the source padding (encoder) and the future (decoder); the
-    cross-attentions keep their boolean source mask."""
+    mask they pass being the bias written out: in the encoder ``-left_h (i - j)`` / ``-right_h (j - i)``
+    at allowed keys (symmetric: ``-m_h |i - j|``), ``-inf`` at the source padding; in the decoder
+    ``-m_h (i - j)`` (whatever the encoder's form), ``-inf`` at the future; the cross-attentions keep
+    their boolean source mask."""
     seen = []
     real = F.scaled_dot_product_attention
 
@@ -100,16 +108,17 @@ def test_alibi_self_attentions_fuse_with_the_bias_as_a_float_mask(monkeypatch):
 
     monkeypatch.setattr(mha, "fused_attention_serves", lambda x: True)
     monkeypatch.setattr(mha.F, "scaled_dot_product_attention", spy)
-    model = make(positions="alibi").eval()
+    model = make(positions="alibi", alibi_encoder=form).eval()
     src, lengths, tgt_in = random_batch(batch=3, src_len=6, tgt_len=4, lengths=[6, 2, 4], seed=1)
     with torch.no_grad():
         model(src, lengths, tgt_in)
     encoders, decoders = len(model.encoder.layers), len(model.decoder.layers)
     assert len(seen) == encoders + decoders + decoders - 1
-    slopes = [1 / 16, 1 / 256]
+    slopes, (left, right) = [1 / 16, 1 / 256], ENCODER_SLOPES[form]
     encoder_mask, decoder_mask = seen[0], seen[encoders]
-    want = torch.tensor([[[[-slopes[h] * abs(i - j) if j < n else -math.inf for j in range(6)] for i in range(6)]
-                          for h in range(2)] for n in lengths.tolist()], dtype=torch.float64)
+    want = torch.tensor([[[[(-left[h] * (i - j) if j <= i else -right[h] * (j - i)) if j < n else -math.inf
+                            for j in range(6)] for i in range(6)] for h in range(2)] for n in lengths.tolist()],
+                        dtype=torch.float64)
     assert torch.equal(encoder_mask.expand(3, 2, 6, 6), want)
     want = torch.tensor([[[-slopes[h] * (i - j) if j <= i else -math.inf for j in range(4)] for i in range(4)]
                          for h in range(2)], dtype=torch.float64)
@@ -265,9 +274,9 @@ def test_attention_dropout_is_the_kernels_in_training_only(fused_calls, monkeypa
     assert set(seen) == {0.0} and torch.equal(c, d)
 
 
-@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "relative", "alibi"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "relative", "alibi", "alibi-split"])
 def test_a_fused_step_compiles_as_one_graph(positions, fused_calls):
-    model = make(positions=positions).eval()
+    model = make(**positions_cfg(positions)).eval()
     src, lengths, _ = random_batch(batch=3, src_len=6, seed=1)
     with torch.no_grad():
         encoder_out, state = model.encode(src, lengths)
@@ -279,7 +288,7 @@ def test_a_fused_step_compiles_as_one_graph(positions, fused_calls):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "relative", "alibi"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "relative", "alibi", "alibi-split"])
 def test_on_cuda_the_fused_heads_serve_by_default_and_agree_with_the_unfused(positions, monkeypatch):
     """CUDA, float32: the default takes the fused kernel; logits, gradients and decoding steps
     agree with the unfused heads within float32 rounding."""
@@ -288,7 +297,7 @@ def test_on_cuda_the_fused_heads_serve_by_default_and_agree_with_the_unfused(pos
     out = {}
     for fused in (True, False):
         monkeypatch.setattr(mha, "fused_attention_serves", lambda x, on=fused: on and x.is_cuda)
-        model = make(dropout=0.0, attention_dropout=0.0, positions=positions).float().cuda().train()
+        model = make(dropout=0.0, attention_dropout=0.0, **positions_cfg(positions)).float().cuda().train()
         logits, _ = model(src, lengths.cpu(), tgt_in)
         logits.square().sum().backward()
         with torch.no_grad():

@@ -9,7 +9,7 @@ import nmt.models.transformer.packed_rows as packed_rows
 from nmt.models.seq2seq import length_mask
 from nmt.models.transformer.packed_rows import PackedRows, packs
 from test_transformer import MAPPINGS, make
-from tiny_models import random_batch
+from tiny_models import positions_cfg, random_batch
 
 LENGTHS = [7, 2, 5, 1, 7, 3]
 
@@ -21,11 +21,11 @@ def encode(model, src, src_lengths, packed: bool, monkeypatch):
     return model.encoder(model.src_embeddings(src), mask)[0], mask
 
 
-@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rotary", "relative", "alibi"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rotary", "relative", "alibi", "alibi-split"])
 @pytest.mark.parametrize("norm", ["pre", "post"])
 @pytest.mark.parametrize("name", ["softmax", "entmax15", "entmax_bisect", "adaptive", "sparsemax", "fusedmax"])
 def test_packed_encoder_equals_padded_and_sentences_alone(name, norm, positions, monkeypatch):
-    model = make(attention=MAPPINGS[name], transformer={"norm": norm, "positions": positions}, scale=3.0)
+    model = make(attention=MAPPINGS[name], transformer={"norm": norm, **positions_cfg(positions)}, scale=3.0)
     src, src_lengths, _ = random_batch(batch=len(LENGTHS), src_len=7, lengths=LENGTHS, seed=3)
     packed, mask = encode(model, src, src_lengths, True, monkeypatch)
     padded, _ = encode(model, src, src_lengths, False, monkeypatch)
@@ -36,7 +36,7 @@ def test_packed_encoder_equals_padded_and_sentences_alone(name, norm, positions,
         torch.testing.assert_close(packed[b, :n], alone[0], rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "alibi"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "alibi", "alibi-split"])
 @pytest.mark.parametrize("name", ["softmax", "entmax15", "adaptive", "continuous"])
 def test_packed_encoder_gives_the_same_loss_and_gradients(name, positions, monkeypatch):
     """The whole model's teacher-forced loss and every parameter's gradient (learned alphas and
@@ -44,7 +44,7 @@ def test_packed_encoder_gives_the_same_loss_and_gradients(name, positions, monke
     grads = {}
     for packed in (True, False):
         monkeypatch.setattr(packed_rows, "PACKED_ENCODER", packed)
-        model = make(attention=MAPPINGS[name], transformer={"positions": positions}, scale=2.0)
+        model = make(attention=MAPPINGS[name], transformer=positions_cfg(positions), scale=2.0)
         src, src_lengths, tgt_in = random_batch(batch=len(LENGTHS), src_len=7, tgt_len=4, lengths=LENGTHS, seed=5)
         logits, _ = model(src, src_lengths, tgt_in)
         logits.logsumexp(-1).sum().backward()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import PAD, SRC_VOCAB, TGT_VOCAB, random_batch, transformer_cfg
+from tiny_models import PAD, SRC_VOCAB, TGT_VOCAB, positions_cfg, random_batch, transformer_cfg
 
 from nmt.models.protocol import select_state, tile_state
 from nmt.models.transformer import build_transformer
@@ -51,10 +51,11 @@ def incremental(model, src, src_lengths, tgt_in, permutation=None):
 
 @pytest.mark.parametrize("name", list(MAPPINGS))
 @pytest.mark.parametrize("norm,positions", [("pre", "sinusoidal"), ("post", "learned"), ("pre", "rotary"),
-                                            ("post", "relative"), ("pre", "alibi"), ("post", "alibi")])
+                                            ("post", "relative"), ("pre", "alibi"), ("post", "alibi"),
+                                            ("pre", "alibi-split")])
 def test_incremental_steps_equal_teacher_forcing(name, norm, positions):
     model = make(scale=3.0, attention=MAPPINGS[name], output={"mapping": "entmax15", "params": {}},
-                 transformer={"norm": norm, "positions": positions})
+                 transformer={"norm": norm, **positions_cfg(positions)})
     src, src_lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=6, seed=1)
     logits, attention = model(src, src_lengths, tgt_in)
     expected = model.log_probs(logits)
@@ -243,7 +244,7 @@ def test_learned_positions_reject_too_long_inputs():
     assert make().position_limits() == (None, None)  # sinusoids: any length
 
 
-@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "relative", "alibi"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "relative", "alibi", "alibi-split"])
 @pytest.mark.parametrize("name", ["softmax", "softmax-fused", "sparsemax", "entmax15", "continuous"])
 def test_forward_backward_and_step_do_not_synchronise(name, positions, monkeypatch):
     """The Transformer itself reads nothing back from the device (masks, positions and caches
@@ -267,7 +268,7 @@ def test_forward_backward_and_step_do_not_synchronise(name, positions, monkeypat
     section = dict(MAPPINGS[name])
     if name != "softmax":
         section["params"] = {**section["params"], "impl": "static"}
-    model = make(attention=section, transformer={"positions": positions}).train()
+    model = make(attention=section, transformer=positions_cfg(positions)).train()
     src, src_lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=5, seed=6)
     model(src, src_lengths, tgt_in)  # warm up lazy initialisations
     with SyncAudit() as audit:

@@ -79,6 +79,15 @@ def transformer_cfg(**sections: Any) -> dict[str, Any]:
     return cfg
 
 
+def positions_cfg(kind: str) -> dict[str, Any]:
+    """The ``model.transformer`` keys of a position kind named in a test parametrisation: a
+    ``positions`` value, or ``"alibi-split"`` (ALiBi with the direction-aware encoder,
+    ``alibi_encoder: split``)."""
+    if kind == "alibi-split":
+        return {"positions": "alibi", "alibi_encoder": "split"}
+    return {"positions": kind}
+
+
 def assert_offset_invariant(attention, shift: int = 5) -> None:
     """An ``attend`` of positional self-attention (relative or ALiBi heads, float64): four keys
     placed after ``shift`` masked ones (the queries' ``query_offset`` moved by as much) give the same

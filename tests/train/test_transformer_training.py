@@ -77,12 +77,15 @@ def test_transformer_run_reports_alphas_support_and_grids(tiny_task, tmp_path):
 
 
 def relative_model(positions: str) -> dict:
-    """The run's Transformer with rotary (base 500), relative (K = 3) or ALiBi positions."""
-    return {**TRANSFORMER, "transformer": {**TRANSFORMER["transformer"], "positions": positions, "rotary_base": 500.0,
-                                           "max_relative_positions": 3}}
+    """The run's Transformer with rotary (base 500), relative (K = 3) or ALiBi positions ("alibi-split":
+    the direction-aware encoder)."""
+    alibi_encoder = "split" if positions == "alibi-split" else "symmetric"
+    return {**TRANSFORMER, "transformer": {**TRANSFORMER["transformer"], "positions": positions.split("-")[0],
+                                           "rotary_base": 500.0, "max_relative_positions": 3,
+                                           "alibi_encoder": alibi_encoder}}
 
 
-@pytest.mark.parametrize("positions", ["rotary", "relative", "alibi"])
+@pytest.mark.parametrize("positions", ["rotary", "relative", "alibi", "alibi-split"])
 def test_a_relative_position_run_resumes_as_uninterrupted_and_its_checkpoint_translates(positions, tiny_task,
                                                                                         tmp_path):
     """positions: rotary / relative / alibi through the trainer: a run killed at step 7 and resumed equals
@@ -121,11 +124,14 @@ def test_a_relative_position_run_resumes_as_uninterrupted_and_its_checkpoint_tra
     if positions == "rotary":
         assert not tables and not any("positions" in key for key in saved)  # no table, nothing saved
         assert isinstance(positions_module, RotaryPositions) and positions_module.base == 500.0
-    elif positions == "alibi":
+    elif positions.startswith("alibi"):
         assert not tables and not any("positions" in key or "alibi" in key for key in saved)  # nothing saved
         assert isinstance(positions_module, ScoreBiasPositions) and positions_module.settings == {"heads": 2}
         slopes = loaded.model.decoder.layers[0].self_attn.alibi.slopes
         assert slopes.tolist() == [1 / 16, 1 / 256]
+        encoder_bias = loaded.model.encoder.layers[0].self_attn.alibi
+        want = ([1 / 16, 1 / 128], [1 / 8, 1 / 256]) if positions == "alibi-split" else (slopes.tolist(),) * 2
+        assert (encoder_bias.left.tolist(), encoder_bias.right.tolist()) == want
     else:
         assert len(tables) == 4 and all(saved[key].shape == (7, 4) for key in tables)  # 2 + 2 layers
         assert isinstance(positions_module, ScoreBiasPositions) and positions_module.settings == {"max_relative": 3}
@@ -137,25 +143,33 @@ def test_a_relative_position_run_resumes_as_uninterrupted_and_its_checkpoint_tra
     assert torch.equal(got, want)
 
 
-def test_a_checkpoint_saved_before_rotary_base_resumes_and_loads(tiny_task, tmp_path):
-    """A sinusoidal run whose checkpoint config lacks model.transformer.rotary_base and
-    max_relative_positions (as nmt wrote it before the options): resuming counts the keys at their
-    defaults as no difference, and load_model rebuilds the same model."""
+@pytest.mark.parametrize("positions,missing", [
+    ("sinusoidal", ("rotary_base", "max_relative_positions", "alibi_encoder")),
+    ("alibi", ("alibi_encoder",)),
+])
+def test_a_checkpoint_saved_before_newer_options_resumes_and_loads(positions, missing, tiny_task, tmp_path):
+    """A run whose checkpoint config lacks model.transformer options added since (as nmt wrote it
+    before them: rotary_base and max_relative_positions for a sinusoidal run, alibi_encoder for an
+    ALiBi one): resuming counts the keys at their defaults as no difference, and load_model rebuilds
+    the same model (ALiBi: the symmetric encoder)."""
     from nmt.train.checkpoint import load_checkpoint, save_checkpoint
     from nmt.translate.loading import load_model
 
     def trainer(**training):
-        config = transformer_config(tiny_task, tmp_path / "run", device="cpu", **training)
+        model = relative_model(positions) if positions == "alibi" else None
+        config = transformer_config(tiny_task, tmp_path / "run", model, device="cpu", **training)
         return Trainer(resolve_config(config, "t.yaml"), "t.yaml")
 
     first = trainer(max_steps=4)
     first.train()
     last = tmp_path / "run" / "last.pt"
     checkpoint = load_checkpoint(last)
-    del checkpoint["config"]["model"]["transformer"]["rotary_base"]
-    del checkpoint["config"]["model"]["transformer"]["max_relative_positions"]
+    for key in missing:
+        del checkpoint["config"]["model"]["transformer"][key]
     save_checkpoint(last, checkpoint)
     loaded = load_model(last)
+    if positions == "alibi":
+        assert all(layer.self_attn.alibi.form == "symmetric" for layer in loaded.model.encoder.layers)
     src, lengths, tgt_in = torch.tensor([[4, 5, 6]]), torch.tensor([3]), torch.tensor([[2, 5]])
     with torch.no_grad():
         assert torch.equal(loaded.model(src, lengths, tgt_in)[0], first.model.eval()(src, lengths, tgt_in)[0])

@@ -187,6 +187,7 @@ TRANSFORMER_CASES = [  # (output mapping, attention mapping + params [+ continuo
     ("entmax15", ("entmax15", {}), 1.5, 2, "average", "relative"),  # Shaw relative keys / values
     ("sparsemax", ("entmax15", {}), 1.0, 0, "none", "alibi"),  # ALiBi biases (step bias from the cache length)
     ("entmax15", ("softmax", {}), 1.5, 1, "gnmt", "alibi"),
+    ("sparsemax", ("entmax15", {}), 1.0, 0, "none", "alibi-split"),  # the direction-aware ALiBi encoder
 ]
 
 

@@ -168,7 +168,7 @@ def tiny_transformer(vocab: int = 7, src_vocab: int = 9, output: str = "sparsema
     The output layer is scaled by ``output_scale`` (a sparse output mapping then zeroes most
     tokens), PAD/BOS get a -1e4 bias and EOS ``eos_bias``, so that sequences end. ``continuous``:
     combined continuous cross-attention (``ContinuousAttention`` keyword arguments); ``positions``:
-    ``model.transformer.positions``.
+    ``model.transformer.positions``, or ``"alibi-split"`` (ALiBi, ``alibi_encoder: split``).
     """
     from nmt.models.transformer import build_transformer
 
@@ -176,7 +176,9 @@ def tiny_transformer(vocab: int = 7, src_vocab: int = 9, output: str = "sparsema
         "type": "transformer",
         "embeddings": {"share": False, "tie_output": False, "dropout": 0.0},
         "transformer": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 8, "heads": 2, "d_ff": 16,
-                        "norm": "pre", "positions": positions, "max_positions": 64, "max_relative_positions": 2,
+                        "norm": "pre", "positions": positions.split("-")[0], "max_positions": 64,
+                        "max_relative_positions": 2,
+                        "alibi_encoder": "split" if positions == "alibi-split" else "symmetric",
                         "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0, "activation": "relu"},
         "attention": {"mapping": attention, "params": dict(attention_params or {}), "continuous": continuous},
         "output": {"mapping": output, "params": {}},

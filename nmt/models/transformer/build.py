@@ -8,6 +8,7 @@ from torch import nn
 from nmt.models.embeddings import Embeddings
 from nmt.models.errors import ModelConfigError, keyed
 from nmt.models.generator import Generator
+from nmt.models.transformer.alibi import ALIBI_ENCODER_FORMS
 from nmt.models.transformer.decoder import TransformerDecoder
 from nmt.models.transformer.encoder import TransformerEncoder
 from nmt.models.transformer.head_mapping import HeadMapping
@@ -50,9 +51,13 @@ def build_transformer(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_
     relative = t.get("max_relative_positions", 20) if t["positions"] == "relative" else 0
     if t["positions"] == "relative" and relative < 1:
         raise ModelConfigError("model.transformer.max_relative_positions", f"must be >= 1, got {relative}")
+    alibi_encoder = t.get("alibi_encoder", "symmetric")  # checkpoints from before the option: symmetric
+    if alibi_encoder not in ALIBI_ENCODER_FORMS:
+        raise ModelConfigError("model.transformer.alibi_encoder",
+                               f"unknown value {alibi_encoder!r}; valid: {', '.join(ALIBI_ENCODER_FORMS)}")
     spec = keyed("model.transformer.norm", LayerSpec, d_model, t["heads"], t["d_ff"], t["norm"], t["dropout"],
                   t["attention_dropout"], t["activation_dropout"], t["activation"], relative,
-                  t["positions"] == "alibi")
+                  t["positions"] == "alibi", alibi_encoder)
     specs = {kind: attention_spec(att_cfg, kind) for kind in ATTENTION_KINDS}
     specs["cross"].continuous = att_cfg.get("continuous")  # combined attention: cross-attention only
     for kind, attention in specs.items():  # check names and parameters up front, naming the key

@@ -37,6 +37,10 @@ class LayerSpec:
     """Relative positions' clipping distance K of every self-attention (0: none)."""
     alibi: bool = False
     """Whether every self-attention adds ALiBi's linear biases (:mod:`nmt.models.transformer.alibi`)."""
+    alibi_encoder: str = "symmetric"
+    """With ``alibi``: the encoder self-attentions' form, ``symmetric`` or ``split``
+    (:data:`~nmt.models.transformer.alibi.ALIBI_ENCODER_FORMS`); the decoder's stay symmetric, which
+    its causal mask turns into the paper's form."""
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS:
@@ -86,7 +90,7 @@ class EncoderLayer(nn.Module):
         pre = spec.norm == "pre"
         self.self_attn = MultiHeadAttention(spec.d_model, spec.heads, attention.mapping, attention.params,
                                             spec.attention_dropout, max_relative=spec.max_relative,
-                                            alibi=spec.alibi)
+                                            alibi=spec.alibi, alibi_form=spec.alibi_encoder)
         self.attn_block = _Residual(spec.d_model, pre, spec.dropout)
         self.feed_forward = FeedForward(spec.d_model, spec.d_ff, spec.activation, spec.activation_dropout)
         self.ff_block = _Residual(spec.d_model, pre, spec.dropout)

@@ -72,14 +72,17 @@ class MultiHeadAttention(nn.Module):
 
     ``alibi`` (self-attention; :mod:`nmt.models.transformer.alibi`): Press et al.'s fixed linear
     biases, ``scores += -m_h |i - j|`` per head h before the mapping (every mapping receives the
-    biased scores), the queries at ``query_offset ..`` and the keys at ``0 ..``. Softmax heads still
+    biased scores), the queries at ``query_offset ..`` and the keys at ``0 ..``; ``alibi_form``
+    ``"split"`` (an encoder's, ``model.transformer.alibi_encoder``): the heads favour the left and
+    the right in turn, the other side's slope doubled. Softmax heads still
     take the fused kernel: the bias (divided by the temperature, as the kernel scales only
     ``q . k``) goes in as its additive float mask, ``-inf`` where ``mask`` forbids a key.
     """
 
     def __init__(self, d_model: int, heads: int, mapping: str = "softmax",
                  params: dict[str, Any] | None = None, dropout: float = 0.0,
-                 continuous: dict[str, Any] | None = None, max_relative: int = 0, alibi: bool = False) -> None:
+                 continuous: dict[str, Any] | None = None, max_relative: int = 0, alibi: bool = False,
+                 alibi_form: str = "symmetric") -> None:
         super().__init__()
         if heads < 1 or d_model % heads:
             raise ValueError(f"d_model ({d_model}) must be a positive multiple of heads ({heads})")
@@ -91,7 +94,7 @@ class MultiHeadAttention(nn.Module):
         self.mapping = HeadMapping(heads, mapping, params)
         self.dropout = Dropout(dropout)
         self.relative = RelativeTable(max_relative, self.d_head) if max_relative else None
-        self.alibi = AlibiBias(heads) if alibi else None
+        self.alibi = AlibiBias(heads, alibi_form) if alibi else None
         # the fused kernel's own softmax, where no one needs the probabilities
         self.fusable = mapping == "softmax" and continuous is None and self.relative is None
         self.continuous: nn.Module | None = None
