@@ -2,6 +2,7 @@
 
     nmt-server -model M.pt [M2.pt ...] [-host 127.0.0.1] [-port 5000] [-device auto] [-beam_size 5]
                [-n_best 1] [-max_length 100] [-max_length_ratio R] [-length_penalty none]
+               [-coverage_penalty wu|summary -beta B [-stepwise_penalty]]
                [-block_ngram_repeat N] [-ban_unk_token] [-no_certify] [-phrase_table FILE]
                [-batch_size N] [-batch_type sentences|tokens] [-precision fp32|bf16|fp16]
                [-max_sentences 10000] [-threads N] [-quiet]
@@ -22,6 +23,7 @@ PROG = "nmt-server"
 
 def build_parser() -> argparse.ArgumentParser:
     from nmt.cli.help_format import DefaultsHelpFormatter
+    from nmt.translate.coverage_penalty import COVERAGE_PENALTIES
     from nmt.translate.length_penalty import LENGTH_PENALTIES
     from nmt.translate.search_options import SearchOptions
 
@@ -50,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-max_length_ratio", "--max_length_ratio", type=float, default=d.max_length_ratio)
     p.add_argument("-length_penalty", "--length_penalty", default=d.length_penalty, choices=LENGTH_PENALTIES)
     p.add_argument("-length_alpha", "--length_alpha", type=float, default=d.length_alpha)
+    p.add_argument("-coverage_penalty", "--coverage_penalty", default=d.coverage_penalty, choices=COVERAGE_PENALTIES)
+    p.add_argument("-beta", "--beta", type=float, default=d.beta)
+    p.add_argument("-stepwise_penalty", "--stepwise_penalty", action="store_true", default=d.stepwise_penalty)
     p.add_argument("-block_ngram_repeat", "--block_ngram_repeat", type=int, default=d.block_ngram_repeat)
     p.add_argument("-ban_unk_token", "--ban_unk_token", action="store_true", default=d.ban_unk_token)
     p.add_argument("-no_certify", "--no_certify", action="store_true", help="skip the certificates")
@@ -61,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 SEARCH_DEFAULTS = ("beam_size", "n_best", "max_length", "max_length_ratio", "length_penalty", "length_alpha",
-                   "block_ngram_repeat", "ban_unk_token")
+                   "coverage_penalty", "beta", "stepwise_penalty", "block_ngram_repeat", "ban_unk_token")
 """Flags that are ``SearchOptions`` fields of the same name."""
 
 

@@ -2,6 +2,7 @@
 
     nmt-translate -model M.pt [M2.pt ...] -src FILE|- -output FILE|- -beam_size 5 -n_best 1
                   [-batch_size N] -max_length 100 [-max_length_ratio R] -length_penalty none
+                  [-coverage_penalty wu|summary -beta B [-stepwise_penalty] [-coverage_epsilon E]]
                   [-block_ngram_repeat N] [-ban_unk_token] [-tgt_prefix PREFIXES]
                   -report FILE.jsonl
                   [-tgt REF] [-attention DIR] [-support] [-device auto|cpu|cuda]
@@ -42,6 +43,7 @@ MODES = ("translate", "score")
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``nmt-translate`` argument parser; search flag defaults are ``SearchOptions()``'s."""
+    from nmt.translate.coverage_penalty import COVERAGE_PENALTIES
     from nmt.translate.length_penalty import LENGTH_PENALTIES
     from nmt.translate.search_options import SEARCH_MODES, SearchOptions
     from nmt.utils.precision import PRECISIONS
@@ -121,6 +123,19 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=LENGTH_PENALTIES, help="ranking of finished hypotheses")
     p.add_argument("-length_alpha", "--length_alpha", type=float, default=d.length_alpha,
                    help="alpha of the gnmt penalty")
+    p.add_argument("-coverage_penalty", "--coverage_penalty", default=d.coverage_penalty, choices=COVERAGE_PENALTIES,
+                   help="add a penalty of the attention's coverage of the source to the ranking of finished "
+                   "hypotheses (OpenNMT-py's): wu (GNMT: beta x sum of log min(coverage, 1), coverage floored at "
+                   "-coverage_epsilon for sparse attention) or summary (-beta x the coverage above 1); needs a "
+                   "model with attention; certificates stay exact")
+    p.add_argument("-beta", "--beta", type=float, default=d.beta,
+                   help="weight of -coverage_penalty (>= 0; 0: no effect)")
+    p.add_argument("-coverage_epsilon", "--coverage_epsilon", type=float, default=d.coverage_epsilon,
+                   help="-coverage_penalty wu: floor of each source token's coverage, in (0, 1] (a token sparse "
+                   "attention never looked at costs beta x log(epsilon) instead of -inf)")
+    p.add_argument("-stepwise_penalty", "--stepwise_penalty", action="store_true", default=d.stepwise_penalty,
+                   help="also apply -coverage_penalty at every step: the beam keeps the candidates of best "
+                   "log-probability / length penalty + coverage penalty so far (the final ranking is the same)")
     p.add_argument("-report", "--report", metavar="FILE.jsonl", help="per-sentence certificates and n-best lists (not with scoring)")
     p.add_argument("-tgt", "--tgt", metavar="REF", help="references: print BLEU, chrF (with sacrebleu signatures) and exact-match "
                    "accuracy; in score mode, the targets to score")
@@ -195,7 +210,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"-threads must be >= 1, got {args.threads}")
     if args.max_length < 1:  # 0 would make every translation empty (SearchOptions allows it for the API)
         raise ValueError(f"-max_length must be >= 1, got {args.max_length}")
-    for name in ("length_alpha", "max_length_ratio"):
+    for name in ("length_alpha", "max_length_ratio", "beta", "coverage_epsilon"):
         if not math.isfinite(getattr(args, name)):
             raise ValueError(f"-{name} must be a finite number, got {getattr(args, name)}")
     if _run_mode(args) == "score":  # flags of translation that scoring would ignore
@@ -216,6 +231,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
                   "it gives each reference the model's log-probability, repeated n-grams or not"),
                  ("-ban_unk_token", args.ban_unk_token, "it gives each reference the model's log-probability, "
                   "<unk> or not"),
+                 ("-coverage_penalty", args.coverage_penalty != "none", "it gives each reference the model's "
+                  "log-probability (no ranking)"),
                  ("-tgt_prefix", args.tgt_prefix is not None,
                   "it gives each reference the model's log-probability (a reference is a whole output)")]
         for flag, used, why in given:

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 PROG = "nmt-translate"
 SEARCH_FLAGS = ("n_best", "max_length", "min_length", "max_length_ratio", "max_length_offset",
                 "length_penalty", "length_alpha", "support_topk", "stop_every", "sample", "temperature",
-                "sample_topk", "sample_topp", "block_ngram_repeat", "ban_unk_token")
+                "sample_topk", "sample_topp", "block_ngram_repeat", "ban_unk_token", "coverage_penalty", "beta",
+                "coverage_epsilon", "stepwise_penalty")
 """Flags that are ``SearchOptions`` fields of the same name (defaults taken from it); ``-beam_size``
 and ``-seed`` are too, with defaults that depend on ``-sample`` (see :func:`search_options`)."""
 
@@ -96,6 +97,9 @@ def search_options(args: argparse.Namespace) -> SearchOptions:
                                  "beam search takes the most probable outputs)")
     elif args.length_penalty != "none":
         raise ValueError(f"-length_penalty {args.length_penalty} does not apply to -sample (samples are drawn, "
+                         "not ranked); leave it out")
+    elif args.coverage_penalty != "none":
+        raise ValueError(f"-coverage_penalty {args.coverage_penalty} does not apply to -sample (samples are drawn, "
                          "not ranked); leave it out")
     defaults = SearchOptions()
     try:

@@ -46,6 +46,7 @@ from torch import Tensor
 
 from nmt.models.protocol import StepDecoder, attention_request, select_state, shares_encoder_out, tile_state
 from nmt.translate.certificate import require_hypothesis, support_statistics
+from nmt.translate.coverage_penalty import start_coverage
 from nmt.translate.history import SearchHistory, backtrack
 from nmt.translate.row_compaction import bucket_size, rows_to_keep
 from nmt.translate.search_result import SearchResult
@@ -149,13 +150,13 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     limits = lengthen_limits(options.length_limits(src_lengths), prefix)  # (B,) each sentence's own limit, or None
     limit_steps = set() if limits is None else set(limits.tolist())  # the steps where a row may end
     rows = RowState.start(batch, options.n_best, options.certify, device, limits, ngram_width(options, static=False),
-                          prefix)
+                          prefix, start_coverage(src_lengths, src.size(1)) if options.coverage else None)
     active: Tensor | None = None  # (R,) original index of each row; None = all, in order
     out_exact, out_reason = rows.exact.clone(), rows.reason.clone()  # (B,), (B,)
     history = SearchHistory(batch, history_fills(options, special.pad))
     cuts = Truncations.start(batch, k, device)
 
-    ask = attention_request(model, options.return_attention)  # attention only where it is recorded
+    ask = attention_request(model, options.return_attention or options.coverage)  # attention only where used
     for t in range(max_length + 1):
         log_probs, attention, state = model.step(tokens, state, encoder_out, **ask)  # (R*S, V), (R*S, L)
         slots = rows.scores.size(1)  # 1 at the first step, then k
@@ -224,12 +225,16 @@ def _collect(history: SearchHistory, end: SearchEnd, eos: int, pad: int, options
     step_index = torch.arange(steps, device=device).view(steps, 1, 1).expand_as(score)  # (T, B, K)
     slot_index = torch.arange(k, device=device).view(1, 1, k).expand_as(score)  # (T, B, K)
     ranking = score / length_penalty(penalty, step_index + 1, alpha, score.dtype)  # (T, B, K)
+    cover = records.get("coverage_penalty")  # (T, B, K) each entry's coverage penalty, or None
+    if cover is not None:
+        ranking = ranking + cover
 
     def flat(x: Tensor) -> Tensor:  # (T, B, K) -> (B, T*K)
         return x.permute(1, 0, 2).reshape(batch, steps * k)
 
     entry_score, entry_rank, entry_complete = flat(score), flat(ranking), flat(complete)  # (B, E) each
     entry_step, entry_slot = flat(step_index), flat(slot_index)  # (B, E)
+    entry_cover = None if cover is None else flat(cover)  # (B, E)
     entry_valid = entry_complete  # (B, E)
     if cuts.recorded:
         # live hypotheses whose EOS had probability 0 at their sentence's last step: returned
@@ -238,8 +243,13 @@ def _collect(history: SearchHistory, end: SearchEnd, eos: int, pad: int, options
         prefix_step = (cuts.length - 1).clamp(min=0)  # (B,)
         last = score.gather(0, prefix_step.view(1, batch, 1).expand(1, batch, k)).squeeze(0)  # (B, K)
         lengths = cuts.length.clamp(min=1).unsqueeze(1)  # (B, 1)
+        last_rank = last / length_penalty(penalty, lengths, alpha, score.dtype)  # (B, K)
+        if cover is not None:  # the penalty of the prefix's coverage
+            last_cover = cover.gather(0, prefix_step.view(1, batch, 1).expand(1, batch, k)).squeeze(0)  # (B, K)
+            last_rank = last_rank + last_cover
+            entry_cover = torch.cat([entry_cover, last_cover], dim=1)
         entry_score = torch.cat([entry_score, last], dim=1)
-        entry_rank = torch.cat([entry_rank, last / length_penalty(penalty, lengths, alpha, score.dtype)], dim=1)
+        entry_rank = torch.cat([entry_rank, last_rank], dim=1)
         entry_complete = torch.cat([entry_complete, torch.zeros_like(trunc)], dim=1)
         entry_valid = torch.cat([entry_valid, trunc], dim=1)
         entry_step = torch.cat([entry_step, prefix_step.unsqueeze(1).expand(batch, k)], dim=1)
@@ -274,6 +284,7 @@ def _collect(history: SearchHistory, end: SearchEnd, eos: int, pad: int, options
         support_tokens=rebuilt.get("support_tokens"),
         support_probs=rebuilt.get("support_probs"),
         steps=steps,
+        coverage_penalty=None if entry_cover is None else entry_cover.gather(1, take).masked_fill(~valid, 0.0),
     )
     if take.size(1) < n_best:
         result = _pad_nbest(result, n_best, pad)
@@ -284,7 +295,7 @@ def _pad_nbest(result: SearchResult, n_best: int, pad: int) -> SearchResult:
     """Extend the n-best dimension (dim 1) to ``n_best`` with empty hypotheses."""
     fill_values = {
         "tokens": pad, "lengths": 0, "scores": NEG_INF, "ranking_scores": NEG_INF, "complete": False,
-        "attention": 0.0, "support_size": 0, "support_tokens": pad, "support_probs": 0.0,
+        "attention": 0.0, "support_size": 0, "support_tokens": pad, "support_probs": 0.0, "coverage_penalty": 0.0,
     }
     for name, value in fill_values.items():
         x = getattr(result, name)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nmt.translate.coverage_penalty import COVERAGE_PENALTIES
 from nmt.translate.length_penalty import LENGTH_PENALTIES
 
 SEARCH_MODES = ("auto", "dynamic", "static")
@@ -34,6 +35,18 @@ class SearchOptions:
         certificate's reason "max_length"). 0 (the default): ``max_length`` alone.
     length_penalty / length_alpha: ranking of finished hypotheses ("none", "average" or
         "gnmt" with ``length_alpha``), see ``nmt.translate.length_penalty``.
+    coverage_penalty / beta / coverage_epsilon / stepwise_penalty: OpenNMT-py's
+        ``-coverage_penalty {none,wu,summary} -beta B -stepwise_penalty``
+        (``nmt.translate.coverage_penalty``): a finished hypothesis ranks by
+        ``score / lp(n) + cp``, cp <= 0 the penalty of its attention's coverage of the source
+        (beta >= 0 scales it; 0: no effect); ``coverage_epsilon`` in (0, 1] floors wu's coverage,
+        so that a source token sparse attention never looked at costs ``beta * log(epsilon)``
+        instead of -inf. ``stepwise_penalty``: the beam also keeps, at every step t, the
+        candidates of best ``log p(prefix) / lp(t + 1) + cp(prefix's coverage)`` (the ranking
+        they would have if they ended there) instead of the best log-probabilities; the final
+        ranking is the same. Certificates stay exact (a certified sentence's whole support is
+        enumerated, and each output is ranked by its own exact penalty). Refused with ``sample``
+        (samples are not ranked); needs the model's attention.
     certify: compute the exactness certificate (and keep searching exact sentences until
         their support is enumerated); False: every ``reason`` is "not_certified".
     support_stats: count the nonzero-probability tokens of every step (``support_size``).
@@ -85,6 +98,10 @@ class SearchOptions:
     max_length_offset: int = 5
     length_penalty: str = "none"
     length_alpha: float = 0.6
+    coverage_penalty: str = "none"
+    beta: float = 0.0
+    coverage_epsilon: float = 1e-6
+    stepwise_penalty: bool = False
     certify: bool = True
     support_stats: bool = True
     return_support: bool = False
@@ -106,7 +123,8 @@ class SearchOptions:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
-        for name in ("certify", "support_stats", "return_support", "return_attention", "sample", "ban_unk_token"):
+        for name in ("certify", "support_stats", "return_support", "return_attention", "sample", "ban_unk_token",
+                     "stepwise_penalty"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("beam_size", "n_best", "support_topk", "stop_every"):
@@ -119,6 +137,7 @@ class SearchOptions:
         if self.length_penalty not in LENGTH_PENALTIES:
             raise ValueError(f"length_penalty must be one of {', '.join(LENGTH_PENALTIES)}, "
                              f"got {self.length_penalty!r}")
+        self._check_coverage()
         if self.mode not in SEARCH_MODES:
             raise ValueError(f"mode must be one of {', '.join(SEARCH_MODES)}, got {self.mode!r}")
         for name in ("length_alpha", "max_length_ratio"):
@@ -130,6 +149,33 @@ class SearchOptions:
         if self.block_ngram_repeat < 0:
             raise ValueError(f"block_ngram_repeat must be >= 0 (0: off), got {self.block_ngram_repeat}")
         self._check_sampling()
+
+    def _check_coverage(self) -> None:
+        """The checks of the coverage penalty and its options (ValueError naming the field)."""
+        if self.coverage_penalty not in COVERAGE_PENALTIES:
+            raise ValueError(f"coverage_penalty must be one of {', '.join(COVERAGE_PENALTIES)}, "
+                             f"got {self.coverage_penalty!r}")
+        for name, low in (("beta", "a finite number >= 0"), ("coverage_epsilon", "in (0, 1]")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
+                    value < 0 if name == "beta" else not 0 < value <= 1):
+                raise ValueError(f"{name} must be {low}, got {value!r}")
+        if self.coverage_penalty == "none":
+            for name, value, off in (("beta", self.beta, 0.0), ("stepwise_penalty", self.stepwise_penalty, False)):
+                if value != off:
+                    raise ValueError(f"{name} applies to coverage_penalty wu or summary, got {value!r} with "
+                                     "coverage_penalty none")
+        if self.coverage_epsilon != 1e-6 and self.coverage_penalty != "wu":
+            raise ValueError(f"coverage_epsilon applies to coverage_penalty wu (summary needs no floor), got "
+                             f"{self.coverage_epsilon!r} with coverage_penalty {self.coverage_penalty}")
+        if self.sample and self.coverage_penalty != "none":
+            raise ValueError(f"coverage_penalty must be none with sample=True (samples are not ranked), "
+                             f"got {self.coverage_penalty!r}")
+
+    @property
+    def coverage(self) -> bool:
+        """Whether the search tracks coverage (``coverage_penalty`` other than none)."""
+        return self.coverage_penalty != "none"
 
     def _check_sampling(self) -> None:
         """The checks of ``sample`` and its options (ValueError naming the field)."""
@@ -170,6 +216,11 @@ class SearchOptions:
             settings["block_ngram_repeat"] = self.block_ngram_repeat
         if self.ban_unk_token:
             settings["ban_unk_token"] = True
+        if self.coverage:
+            settings.update(coverage_penalty=self.coverage_penalty, beta=float(self.beta),
+                            stepwise_penalty=self.stepwise_penalty)
+            if self.coverage_penalty == "wu":
+                settings["coverage_epsilon"] = float(self.coverage_epsilon)
         return settings or None
 
     def resolved_mode(self, device: torch.device | str) -> str:

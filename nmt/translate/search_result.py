@@ -15,7 +15,7 @@ class SearchResult:
     tokens: (B, n, T) long, EOS included, padded with ``pad`` after it.
     lengths: (B, n) long, tokens generated including EOS (0 = no hypothesis in that slot).
     scores: (B, n) float, total log-probabilities (-inf = no hypothesis in that slot).
-    ranking_scores: (B, n) float, scores / length penalty (the order of the n-best list).
+    ranking_scores: (B, n) float, scores / length penalty (+ coverage penalty: the order of the n-best list).
     complete: (B, n) bool, hypothesis ends with EOS (False: cut at max_length or missing).
     attention: (B, n, T, L) float source attention per generated token, or None.
     exact: (B,) bool certificate; n_nonzero: (B,) long number of complete finished
@@ -24,6 +24,8 @@ class SearchResult:
     support_size: (B, n, T) int32 number of nonzero-probability tokens at each step, or None.
     support_tokens / support_probs: (B, n, T, m) the m most probable tokens at each step and
     their probabilities (0 beyond the support), only with ``return_support``.
+    coverage_penalty: (B, n) float, each hypothesis's coverage penalty (<= 0; included in
+    ``ranking_scores``; 0 where no hypothesis), only with ``SearchOptions.coverage_penalty``.
     """
 
     tokens: Tensor
@@ -40,6 +42,7 @@ class SearchResult:
     support_tokens: Tensor | None = None
     support_probs: Tensor | None = None
     steps: int = 0
+    coverage_penalty: Tensor | None = None
 
     @property
     def certified(self) -> Tensor:

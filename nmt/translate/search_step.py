@@ -28,6 +28,7 @@ from nmt.translate.certificate import (
     unknown_slots,
 )
 from nmt.models.protocol import required_attention
+from nmt.translate.coverage_penalty import coverage_penalty, penalty_bound
 from nmt.translate.length_penalty import length_penalty
 from nmt.translate.native_step import step_update
 from nmt.translate.ngram_block import block_repeats, extend_history, start_history
@@ -108,7 +109,9 @@ class RowState:
     ngrams: (R, S, W) long the tokens of each slot's prefix, right-aligned, -1 before its first
     (``nmt.translate.ngram_block``), with ``block_ngram_repeat``; else None;
     prefix: (R, P) long each row's forced target prefix, ``NO_PREFIX`` after it
-    (``nmt.translate.target_prefix``), or None.
+    (``nmt.translate.target_prefix``), or None;
+    coverage: (R, S, L) each live prefix's coverage of the source (its steps' attention summed;
+    1 at padding positions, ``nmt.translate.coverage_penalty``) with a coverage penalty; else None.
     """
 
     scores: Tensor
@@ -119,20 +122,25 @@ class RowState:
     limit: Tensor | None = None
     ngrams: Tensor | None = None
     prefix: Tensor | None = None
+    coverage: Tensor | None = None
 
     @classmethod
     def start(cls, batch: int, n_best: int, certify: bool, device: torch.device,
               limit: Tensor | None = None, ngram_width: int | None = None,
-              prefix: Tensor | None = None) -> "RowState":
+              prefix: Tensor | None = None, coverage: Tensor | None = None) -> "RowState":
         """The state before the first step: one live (empty) prefix per sentence. ``limit`` (B,)
         may come from the host (limits of host-side source lengths): it is copied to ``device``
         with every other field (from the host to CUDA through pinned memory, without a sync).
         ``ngram_width``: the width of the n-gram history (:func:`ngram_width`; None: no history).
-        ``prefix`` (B, P): the forced target prefixes (copied like ``limit``), or None."""
+        ``prefix`` (B, P): the forced target prefixes (copied like ``limit``), or None.
+        ``coverage`` (B, 1, L): the coverage before the first step
+        (:func:`nmt.translate.coverage_penalty.start_coverage`, copied like ``limit``), or None."""
         if limit is not None and limit.device != torch.device(device):
             limit = host_to_device(limit, device)
         if prefix is not None and prefix.device != torch.device(device):
             prefix = host_to_device(prefix, device)
+        if coverage is not None and coverage.device != torch.device(device):
+            coverage = host_to_device(coverage, device)
         return cls(
             scores=torch.zeros((batch, 1), device=device),
             exact=torch.full((batch,), certify, dtype=torch.bool, device=device),
@@ -142,13 +150,14 @@ class RowState:
             limit=limit,
             ngrams=None if ngram_width is None else start_history(batch, 1, ngram_width, device),
             prefix=prefix,
+            coverage=coverage,
         )
 
     def select(self, index: Tensor) -> "RowState":
         """Rows ``index`` (R',) of every field."""
         return RowState(*(None if x is None else x.index_select(0, index) for x in
                           (self.scores, self.exact, self.reason, self.best_finished, self.top_finished,
-                           self.limit, self.ngrams, self.prefix)))
+                           self.limit, self.ngrams, self.prefix, self.coverage)))
 
 
 @dataclass
@@ -190,6 +199,8 @@ def history_fills(options: SearchOptions, pad: int) -> dict[str, float | int | b
     if options.return_support:
         fills["support_tokens"] = pad
         fills["support_probs"] = 0.0
+    if options.coverage:
+        fills["coverage_penalty"] = 0.0
     return fills
 
 
@@ -225,6 +236,8 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     log_probs = block_repeats(log_probs, rows.ngrams, options.block_ngram_repeat, t)  # (R, S, V)
     log_probs = force_prefix(log_probs, rows.prefix, t)  # (R, S, V): a forced prefix's other tokens at -inf
     log_probs = banned_unk(log_probs, options, special)  # (R, S, V): <unk> at -inf with ban_unk_token
+    # a coverage penalty: each slot's coverage after this step (its candidates share it) and its penalty
+    step_coverage, slot_penalty, offsets = _slot_coverage(attention, rows, scores, t, options)  # (R, S, L), (R, S)
     # NaN / +inf is an unknown probability: it breaks the certificate of a live slot and is
     # never an exact zero there; it never enters the beam either (not even from a dead slot,
     # where it would push finite candidates out unnoticed). Only (R, S) flags and one in-place
@@ -233,21 +246,25 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     ending = None  # (R,) bool rows at the last step of their own limit (before max_length)
     if rows.limit is not None and limit_due and t < max_length:
         ending = rows.limit == t
-    stats = None if ending is not None else _candidate_stats(log_probs, scores, t, width, options)
-    if stats is not None:  # the rest in one call (native on the CPU, a Triton launch on CUDA) where it runs
+    stats = None if ending is not None else _candidate_stats(log_probs, offsets, t, width, options)
+    if stats is not None and not options.coverage:  # the rest in one call (native on the CPU, a Triton
+        # launch on CUDA) where it runs; a coverage penalty routes to the torch code below (the kernels
+        # know no per-hypothesis ranking term)
         outcome = _fused_outcome(stats, log_probs, attention, rows, scores, best_finished, t, options, special)
         if outcome is not None:
             return outcome
     if certify:
         live = _alive(scores)  # (R, S)
         unknown = unknown_slots(log_probs) if stats is None else stats.unknown
+        if slot_penalty is not None:  # an unknown (NaN) attention gives an unknown ranking
+            unknown = unknown | ~torch.isfinite(slot_penalty)
         exact, reason = record_violation(exact, reason, nonfinite_scores(unknown, live), NONFINITE)
     if t < options.min_length:
         is_eos_column = torch.arange(vocab, device=device) == eos  # (V,) no host-to-device copy
         log_probs = log_probs.masked_fill(is_eos_column, NEG_INF)
     cand = None
     if stats is None:  # unknown candidates (NaN, +inf, a dead slot's -inf + inf = NaN): -inf, in place
-        cand = torch.add(scores.unsqueeze(-1), log_probs).nan_to_num_(
+        cand = torch.add(offsets.unsqueeze(-1), log_probs).nan_to_num_(
             nan=NEG_INF, posinf=NEG_INF, neginf=NEG_INF)  # (R, S, V)
     record = _row_records(log_probs, attention, None if stats is None else stats.support, options)
 
@@ -269,7 +286,8 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
         else:
             truncated = pad_slots(cut_slots, k, False)  # (R, K)
     if t == max_length:  # the final step
-        top_scores = eos_scores  # (R, S)
+        top_scores = eos_scores if offsets is scores else _raw_scores(  # (R, S) log-probabilities
+            eos_scores, scores, log_probs[..., eos])
         parent = torch.arange(slots, device=device).expand(row_count, slots)  # (R, S)
         chosen = torch.full_like(parent, eos)  # (R, S)
     else:
@@ -283,33 +301,72 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
             top_scores, top_index = top_scores[:, :k], top_index[:, :k]  # (R, K)
         parent = torch.div(top_index, vocab, rounding_mode="floor")  # (R, K) slot extended
         chosen = top_index - parent * vocab  # (R, K) token appended
+        if offsets is not scores:  # stepwise penalty: the kept candidates' log-probabilities
+            top_scores = _raw_scores(top_scores, scores.gather(1, parent),
+                                     log_probs.view(row_count, slots * vocab).gather(1, top_index))
     # every step is recorded with k slots (fewer only at the first step, or when k > V)
     top_scores = pad_slots(top_scores, k, NEG_INF)  # (R, K)
     parent, chosen = pad_slots(parent, k, 0), pad_slots(chosen, k, pad)  # (R, K), (R, K)
     record = _per_slot(record, k)
     record.update(token=chosen, parent=parent, score=top_scores)
+    kept_penalty, coverage = None, None
+    if slot_penalty is not None:  # (R, K) each kept candidate's penalty, (R, K, L) its coverage
+        kept_penalty = slot_penalty.gather(1, parent)
+        coverage = step_coverage.gather(1, parent.unsqueeze(-1).expand(-1, -1, step_coverage.size(-1)))
+        record["coverage_penalty"] = kept_penalty
     if t == max_length:
         return StepOutcome(record, parent, chosen, replace(rows, exact=exact, reason=reason), None, truncated)
 
     is_eos = chosen == eos  # (R, K)
     finished = is_eos & _alive(top_scores)  # (R, K)
     scores = top_scores.masked_fill(is_eos, NEG_INF)  # (R, K) live prefixes only
-    new_ranked = torch.where(finished, divided(top_scores, length_penalty(options.length_penalty, t + 1,
-                                                                          options.length_alpha)), NEG_INF)  # (R, K)
+    ranked = divided(top_scores, length_penalty(options.length_penalty, t + 1, options.length_alpha))  # (R, K)
+    if kept_penalty is not None:
+        ranked = ranked + kept_penalty
+    new_ranked = torch.where(finished, ranked, NEG_INF)  # (R, K)
     best_finished = torch.cat([best_finished, new_ranked], dim=1).topk(n_best, dim=1).values  # (R, n_best)
     top_finished = rows.top_finished | finished[:, 0]  # (R,)
     live = _alive(scores).any(1)  # (R,)
     worst_kept = best_finished[:, -1]  # (R,)
     bound_penalty = length_penalty(options.length_penalty, max_length + 1, options.length_alpha)
-    settled = _alive(worst_kept) & (
-        top_finished | (worst_kept >= divided(scores.max(1).values, bound_penalty))
-    )  # (R,)
+    bound = divided(scores, bound_penalty)  # (R, K) no extension of a live prefix ranks above it ...
+    if kept_penalty is not None:  # ... plus a bound on its coverage penalty (<= 0)
+        bound = torch.where(_alive(scores), bound + penalty_bound(options.coverage_penalty, kept_penalty), NEG_INF)
+    settled = _alive(worst_kept) & (top_finished | (worst_kept >= bound.max(1).values))  # (R,)
     if certify:
         settled = settled & ~exact
     done = ~live | settled  # (R,)
     rows = RowState(scores, exact, reason, best_finished, top_finished, rows.limit,
-                    _extended(rows.ngrams, parent, chosen, options), rows.prefix)
+                    _extended(rows.ngrams, parent, chosen, options), rows.prefix, coverage)
     return StepOutcome(record, parent, chosen, rows, done, truncated)
+
+
+def _slot_coverage(attention: Tensor | None, rows: RowState, scores: Tensor, t: int,
+                   options: SearchOptions) -> tuple[Tensor | None, Tensor | None, Tensor]:
+    """With a coverage penalty: ``(coverage, penalty, offsets)``, each slot's coverage (R, S, L)
+    after the step (``rows.coverage`` plus the step's ``attention`` (R*S, L)), its penalty (R, S)
+    (an unknown one, from a NaN attention, is -inf) and what its candidates add to their
+    log-probabilities (R, S): ``scores`` itself, or with ``stepwise_penalty``
+    ``scores + lp(t + 1) * penalty`` (the candidates then compare by ``log p / lp(t + 1) + cp``, the
+    ranking they would have if they ended at this step). Without: ``(None, None, scores)``."""
+    if not options.coverage:
+        return None, None, scores
+    row_count, slots = scores.shape
+    coverage = rows.coverage.to(scores.dtype) + required_attention(attention).to(scores.dtype).view(
+        row_count, slots, -1)  # (R, S, L)
+    penalty = coverage_penalty(options.coverage_penalty, coverage, options.beta, options.coverage_epsilon)  # (R, S)
+    penalty = penalty.nan_to_num(nan=NEG_INF, posinf=NEG_INF)
+    if not options.stepwise_penalty:
+        return coverage, penalty, scores
+    scale = float(length_penalty(options.length_penalty, t + 1, options.length_alpha))
+    return coverage, penalty, scores + penalty * scale
+
+
+def _raw_scores(keys: Tensor, scores: Tensor, log_probs: Tensor) -> Tensor:
+    """The log-probabilities (R, n) of candidates chosen by ``keys`` (R, n) (their stepwise
+    ranking): ``scores + log_probs`` (both (R, n): the parent's and the token's, the sum the
+    candidates without a penalty hold), -inf where the key is -inf."""
+    return torch.where(_alive(keys), scores + log_probs, NEG_INF)
 
 
 def require_unk(options: SearchOptions, special: Specials) -> None:
@@ -382,7 +439,8 @@ def _fused_outcome(stats: _Stats, log_probs: Tensor, attention: Tensor, rows: Ro
     record = _per_slot(_row_records(log_probs, attention, stats.support, options), k)
     record.update(token=update.token, parent=update.parent, score=update.score)
     new_rows = RowState(update.live, update.exact, update.reason, update.best_finished, update.top_finished,
-                        rows.limit, _extended(rows.ngrams, update.parent, update.token, options), rows.prefix)
+                        rows.limit, _extended(rows.ngrams, update.parent, update.token, options), rows.prefix,
+                        rows.coverage)
     return StepOutcome(record, update.parent, update.token, new_rows, update.done, None)
 
 

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from nmt.models.protocol import State, StepDecoder, attention_request, select_state, shares_encoder_out, tile_state
+from nmt.translate.coverage_penalty import start_coverage
 from nmt.translate.history import SearchHistory
 from nmt.translate.search_options import SearchOptions
 from nmt.translate.search_step import (
@@ -66,7 +67,7 @@ def static_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: S
     (:func:`mask_stopped`) is one Triton launch on an accelerator in eager mode.
     """
     log_probs, attention, state = model.step(tokens, state, encoder_out, **attention_request(
-        model, options.return_attention))  # (B*S, V), (B*S, L): the attention only where it is recorded
+        model, options.return_attention or options.coverage))  # (B*S, V), (B*S, L): the attention only where used
     slots = rows.scores.size(1)
     step = select_step(log_probs, attention, rows, t, options, special, limit_due)
     truncated = None if step.truncated is None else step.truncated & ~stopped.unsqueeze(1)  # (B, K)
@@ -77,7 +78,7 @@ def static_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: S
         exact = torch.where(stopped, rows.exact, new.exact)  # (B,)
         reason = torch.where(stopped, rows.reason, new.reason)  # (B,)
         return record, tokens, state, RowState(new.scores, exact, reason, new.best_finished, new.top_finished,
-                                               new.limit, new.ngrams, new.prefix), stopped, truncated
+                                               new.limit, new.ngrams, new.prefix, new.coverage), stopped, truncated
     support = step.record.get("support_size")
     args = (stopped, step.done, step.record["token"], step.record["parent"], step.record["score"], support,
             new.scores, new.exact, new.reason, rows.exact, rows.reason)
@@ -91,7 +92,7 @@ def static_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: S
     if masked.support is not None:
         record["support_size"] = masked.support
     rows = RowState(masked.live, masked.exact, masked.reason, new.best_finished, new.top_finished, new.limit,
-                    new.ngrams, new.prefix)
+                    new.ngrams, new.prefix, new.coverage)  # a stopped sentence's coverage: never read again
     if options.beam_size > 1:  # greedy: one slot whose parent is itself, the state stays in order
         state = select_state(state, masked.flat_parent)  # (B*K, ...)
     return record, step.chosen.reshape(-1), state, rows, masked.stopped, truncated
@@ -145,7 +146,7 @@ def static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: S
     # nmt-translate keeps them); else every step tests the limits on the device
     limit_steps = set(limits.tolist()) if limits is not None and limits.device.type == "cpu" else None
     rows = RowState.start(batch, options.n_best, options.certify, device, limits, ngram_width(options, static=True),
-                          prefix)
+                          prefix, start_coverage(src_lengths, src.size(1)) if options.coverage else None)
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)  # (B,)
     stopped_after: list[Tensor] = []  # (B,) stopped after each step: kept, not reduced (no launch a step)
     history = SearchHistory(batch, history_fills(options, special.pad))

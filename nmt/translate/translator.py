@@ -37,7 +37,8 @@ class Hypothesis:
     ``missing``: a sample that has no hypothesis (no token of nonzero sampling probability at some
     step), kept at its place in the sample order: ``text`` "", ``score`` -inf, no ``tokens``;
     ``alignment``: its ``(source, target)`` pairs (see ``nmt.translate.alignment``), None where
-    alignments were not asked for."""
+    alignments were not asked for; ``coverage_penalty``: its coverage penalty (<= 0, part of its
+    ranking; ``SearchOptions.coverage_penalty``), None without one."""
 
     text: str
     score: float
@@ -45,6 +46,7 @@ class Hypothesis:
     cut: bool = False
     missing: bool = False
     alignment: list[Pair] | None = None
+    coverage_penalty: float | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,8 @@ class Translation:
     prefix_length: the tokens of the forced target prefix every hypothesis starts with (0: none;
     ``Translator.translate(prefixes=...)``): the certificate is then about the outputs that start
     with it.
+    coverage_penalties: per hypothesis, its coverage penalty (with ``SearchOptions.coverage_penalty``;
+    empty without one).
     """
 
     index: int
@@ -108,6 +112,7 @@ class Translation:
     decoding: dict[str, Any] | None = None
     alignments: list[list[Pair]] | None = None
     prefix_length: int = 0
+    coverage_penalties: list[float] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -125,8 +130,9 @@ class Translation:
         cut = self.cut or [False] * len(self.hypotheses)
         missing = self.missing or [False] * len(self.hypotheses)
         alignments = self.alignments if self.alignments is not None else [None] * len(self.hypotheses)
-        return [Hypothesis(text, score, tokens, c, m, a)
-                for (text, score), tokens, c, m, a in zip(self.hypotheses, self.tokens, cut, missing, alignments)]
+        penalties = self.coverage_penalties or [None] * len(self.hypotheses)
+        return [Hypothesis(text, score, tokens, c, m, a, p) for (text, score), tokens, c, m, a, p
+                in zip(self.hypotheses, self.tokens, cut, missing, alignments, penalties)]
 
     @property
     def alignment(self) -> list[Pair] | None:
@@ -157,7 +163,8 @@ class Translation:
         without a hypothesis has ``"missing": true``, others no such key; ``decoding``: the settings
         of :attr:`decoding` (sampling, n-gram blocking, alignment and ``<unk>`` replacement), only where there
         are any; with alignments, each n-best entry's
-        ``"alignment"``: its pairs in the Pharaoh format, ``"0-0 1-2"``; ``prefix_length``: the
+        ``"alignment"``: its pairs in the Pharaoh format, ``"0-0 1-2"``; with a coverage penalty, each
+        n-best entry's ``"coverage_penalty"`` (<= 0, added to its ranking); ``prefix_length``: the
         tokens of the sentence's forced target prefix, only where it has one)."""
         record: dict[str, Any] = {
             "id": self.index,
@@ -168,7 +175,8 @@ class Translation:
             "reason": self.reason,
             "cut": self.output_cut,
             "nbest": [{"text": h.text, "logprob": h.score, "cut": h.cut, **({"missing": True} if h.missing else {}),
-                       **({"alignment": pharaoh(h.alignment)} if h.alignment is not None else {})}
+                       **({"alignment": pharaoh(h.alignment)} if h.alignment is not None else {}),
+                       **({"coverage_penalty": h.coverage_penalty} if h.coverage_penalty is not None else {})}
                       for h in self.nbest],
         }
         if self.decoding is not None:
@@ -388,6 +396,7 @@ class Translator:
         lengths, scores, token_rows = result.lengths[row], result.scores[row], result.tokens[row]
         sampled = result.reason[row] == SAMPLED
         hypotheses, tokens, cut, missing = [], [], [], []
+        penalties = [] if result.coverage_penalty is None else result.coverage_penalty[row]
         alignments: list[list[Pair]] | None = [] if self.align is not None else None
         for n, length in enumerate(lengths):
             if length == 0:
@@ -447,6 +456,7 @@ class Translator:
             decoding=decoding,
             alignments=alignments,
             prefix_length=prefix_length,
+            coverage_penalties=[float(p) for p, n in zip(penalties, lengths) if n > 0],
         )
 
 
@@ -487,6 +497,7 @@ class _HostResult:
     support_size: Any
     support_tokens: Any
     support_probs: Any
+    coverage_penalty: Any = None
 
     @classmethod
     def of(cls, result: SearchResult) -> "_HostResult":
@@ -498,7 +509,7 @@ class _HostResult:
                    reason=lists(result.reason),
                    attention=None if result.attention is None else result.attention.cpu().numpy(),
                    support_size=lists(result.support_size), support_tokens=lists(result.support_tokens),
-                   support_probs=lists(result.support_probs))
+                   support_probs=lists(result.support_probs), coverage_penalty=lists(result.coverage_penalty))
 
 
 @dataclass

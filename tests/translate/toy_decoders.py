@@ -63,6 +63,33 @@ class MarkovDecoder(nn.Module):
         return log_probs, attention, {"pos": state["pos"] + 1}
 
 
+class AttendingMarkovDecoder(MarkovDecoder):
+    """``MarkovDecoder`` whose attention depends on the previous token and the position (so that
+    hypotheses differ in their coverage of the source): ``attention`` (sparsemax, entmax15 or
+    softmax) of ``memory @ (query[prev] + pos * query_pos)`` over the real source positions
+    (sparse mappings give some of them exactly 0). The outputs are ``MarkovDecoder``'s."""
+
+    def __init__(self, attention: str = "sparsemax", att_scale: float = 2.0, seed: int = 0,
+                 dtype=torch.float64, **kwargs) -> None:
+        super().__init__(seed=seed, dtype=dtype, **kwargs)
+        g = torch.Generator().manual_seed(seed + 100)
+        vocab, hidden = self.table.size(0), self.src_emb.size(1)
+        self.attention_mapping = attention
+        self.query = nn.Parameter(att_scale * torch.randn(vocab, hidden, generator=g, dtype=dtype))
+        self.query_pos = nn.Parameter(att_scale * torch.randn(hidden, generator=g, dtype=dtype))
+
+    def step(self, tokens: Tensor, state, encoder_out):
+        log_probs, _, new_state = super().step(tokens, state, encoder_out)
+        query = self.query[tokens] + state["pos"].unsqueeze(1) * self.query_pos  # (N, H)
+        scores = (encoder_out["memory"] @ query.unsqueeze(-1)).squeeze(-1)  # (N, L)
+        scores = scores.masked_fill(~encoder_out["src_mask"], -1e4)  # exact zeros for every mapping
+        if self.attention_mapping == "softmax":
+            attention = torch.softmax(scores, dim=-1)
+        else:
+            attention = getattr(entmax, self.attention_mapping)(scores, dim=-1)
+        return log_probs, attention, new_state
+
+
 class TinyAttentionRNN(nn.Module):
     """Random-weight GRU decoder with dot attention over a position-wise encoder (so that
     padding never changes the result); output mapping softmax, sparsemax or entmax15."""
