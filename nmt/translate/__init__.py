@@ -6,6 +6,7 @@ file translation.
 from nmt.translate.alignment import AlignOptions
 from nmt.translate.beam_search import SearchResult, beam_search, greedy_search
 from nmt.translate.certificate import REASONS, reason_name
+from nmt.translate.coverage_penalty import COVERAGE_PENALTIES, coverage_penalty
 from nmt.translate.ensemble import Ensemble
 from nmt.translate.length_penalty import LENGTH_PENALTIES, length_penalty
 from nmt.translate.loading import LoadedModel, load_model, load_models, resolve_device
@@ -17,6 +18,7 @@ from nmt.translate.translator import Certificate, Hypothesis, Translation, Trans
 __all__ = [
     "AlignOptions",
     "BatchScores",
+    "COVERAGE_PENALTIES",
     "Certificate",
     "Ensemble",
     "Hypothesis",
@@ -32,6 +34,7 @@ __all__ = [
     "TranslationSummary",
     "Translator",
     "beam_search",
+    "coverage_penalty",
     "greedy_search",
     "length_penalty",
     "load_model",

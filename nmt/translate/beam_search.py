@@ -14,7 +14,8 @@ scores its total log-probability (log 0 = -inf: such candidates are never kept, 
 expanded). The ``beam_size`` best candidates are kept; kept candidates ending in EOS become
 finished hypotheses (their slot is free at the next step), the others stay live. Finished
 hypotheses are never discarded: all of them are recovered from the step history at the end,
-ranked by log-probability / length penalty.
+ranked by log-probability / length penalty (+ the coverage penalty of their attention with
+``coverage_penalty``, ``nmt.translate.coverage_penalty``).
 
 Certificate (``certify=True``): a sentence is exact iff no finite candidate was left outside
 the beam at any step, no live hypothesis with a finite non-EOS continuation was cut by
@@ -26,7 +27,10 @@ their probabilities, and the first hypothesis is the true argmax of the ranking 
 sentence stays in the search while it is exact and has live hypotheses (so that the whole
 support is enumerated); once not exact, it stops as soon as it has ``n_best`` finished
 hypotheses and either the best candidate of a step was a finished one (OpenNMT's rule) or no
-live hypothesis can still rank above the ``n_best``-th finished one.
+live hypothesis can still rank above the ``n_best``-th finished one (its log-probability over the
+largest length penalty, plus an upper bound on the coverage penalty of its extensions: 0 for wu,
+its current penalty for summary). A coverage penalty leaves the certificate as it is: it is
+about enumerating the support, and each finished hypothesis is ranked with its own exact penalty.
 
 With ``block_ngram_repeat`` N, every step first sets the log-probability of each token that would
 repeat an N-gram of its hypothesis to -inf (``nmt.translate.ngram_block``; the hypotheses' tokens

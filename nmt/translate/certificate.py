@@ -7,7 +7,8 @@ cut by ``max_length``, the model gave no live hypothesis a NaN or ``+inf`` log-p
 hypothesis has a finite, nonzero probability (an empty search certifies nothing). The set of finished hypotheses is then the whole support of the
 model's sequence distribution (under the ``min_length`` constraint), so the first
 hypothesis is the true argmax of the ranking score (log-probability divided by the length
-penalty, when one is used).
+penalty, when one is used, plus the coverage penalty, when one is used: each finished hypothesis
+carries its own exact penalty, so the ranking does not change what the certificate claims).
 
 ``reason`` holds the FIRST violation met while decoding a sentence (an int code; see
 ``REASONS`` for the decoding table). Sampling (``SearchOptions.sample``) certifies nothing: a

@@ -219,6 +219,12 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     the prefixes extended by the kept tokens. With forced target prefixes (``rows.prefix``), a row
     whose prefix is longer than ``t`` keeps only its forced token's log-probability
     (``nmt.translate.target_prefix``), at the same point; so does ``<unk>`` with ``ban_unk_token``.
+    With a coverage penalty (``rows.coverage`` set; ``attention`` required), each slot's coverage
+    after the step is its coverage plus its attention; a finished candidate ranks by
+    ``score / lp(t + 1) + cp`` (its penalty recorded as ``coverage_penalty``), the stop bound of a live
+    prefix adds :func:`nmt.translate.coverage_penalty.penalty_bound` of its penalty, and with
+    ``stepwise_penalty`` the candidates compete by ``score + lp(t + 1) * cp`` (their recorded scores
+    stay log-probabilities); the fused native / Triton step is not used (the torch code below is).
     """
     k, n_best, max_length = options.beam_size, options.n_best, options.max_length
     certify, eos, pad = options.certify, special.eos, special.pad

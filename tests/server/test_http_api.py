@@ -104,6 +104,29 @@ def test_options_prefixes_and_flags_hold_for_one_request(served, checkpoint):
     assert status == 200 and all("alignment" in h for r in aligned["translations"] for h in r["nbest"])
 
 
+def test_a_coverage_penalty_per_request(served, checkpoint):
+    """``"options": {"coverage_penalty": "summary", "beta": 0.5, "stepwise_penalty": true}`` holds for
+    its request only: the answer equals the Python API's, each n-best entry carries its penalty, and a
+    bad combination is a one-line 400."""
+    base, _ = served
+    model = nmt.load(checkpoint, device="cpu", beam_size=3, max_length=8)
+    options = {"coverage_penalty": "summary", "beta": 0.5, "stepwise_penalty": True, "n_best": 2}
+    status, answer = call(base, "/translate", {"src": SOURCES, "options": options})
+    assert status == 200
+    want = model.translate(SOURCES, **options)
+    for record, t in zip(answer["translations"], want):
+        assert record["text"] == t.text
+        assert [h["text"] for h in record["nbest"]] == [text for text, _ in t.hypotheses]
+        assert [h["coverage_penalty"] for h in record["nbest"]] == pytest.approx(t.coverage_penalties)
+    assert answer["translations"][0]["decoding"] == {"coverage_penalty": "summary", "beta": 0.5,
+                                                     "stepwise_penalty": True}
+    status, plain = call(base, "/translate", {"src": SOURCES[:2]})  # the defaults again
+    assert status == 200 and "decoding" not in plain["translations"][0]
+    assert all("coverage_penalty" not in h for h in plain["translations"][0]["nbest"])
+    status, error = call(base, "/translate", {"src": SOURCES[:1], "options": {"beta": 0.5}})
+    assert status == 400 and error["error"].startswith("beta applies to coverage_penalty wu or summary")
+
+
 def test_score_equals_the_python_api(served, checkpoint):
     base, _ = served
     src, tgt = ["a b c", "c a", "b"], ["abc", "cccccc", "b"]

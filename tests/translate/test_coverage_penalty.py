@@ -347,8 +347,36 @@ def test_static_steps_with_a_penalty_make_no_host_sync(kind, stepwise):
                 encoder_out = {k: v.repeat_interleave(4, dim=0) for k, v in encoder_out.items()}
 
 
+@pytest.mark.parametrize("stop_every", [1, 4])
+def test_the_static_search_with_a_penalty_syncs_only_for_its_stop_flags(stop_every):
+    """The whole static search: at most one host sync per ``stop_every`` steps and one at the end, as
+    without a penalty; the same outputs as the dynamic loop."""
+    model = AttendingMarkovDecoder(vocab=7, seed=2, **COVERAGE_MODELS["entmax"])
+    src, lengths = random_sources(6, 9, 5, seed=8)
+    kw = dict(bos=BOS, eos=EOS, pad=PAD, beam_size=3, n_best=2, max_length=8, coverage_penalty="wu", beta=0.5,
+              stepwise_penalty=True, length_penalty="average")
+    with SyncAudit() as audit:
+        static = beam_search(model, src, lengths, mode="static", stop_every=stop_every, **kw)
+    assert set(audit.counts) <= {"Tensor.__bool__", "Tensor.__int__"}, audit.report()
+    assert audit.total <= math.ceil(static.steps / stop_every) + 1, audit.report()
+    dynamic = beam_search(model, src, lengths, mode="dynamic", **kw)
+    for name in ("tokens", "lengths", "exact", "reason", "n_nonzero"):
+        assert torch.equal(getattr(static, name), getattr(dynamic, name)), name
+    torch.testing.assert_close(static.ranking_scores, dynamic.ranking_scores)
+    torch.testing.assert_close(static.coverage_penalty, dynamic.coverage_penalty)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches emptied before and after: ``select_step`` is compiled by several test files of a
+    session, and each compilation counts toward its recompile limit (8)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("kind,stepwise", [("wu", False), ("summary", True), ("wu", True)])
-def test_a_search_step_with_a_penalty_compiles_as_one_graph(kind, stepwise):
+def test_a_search_step_with_a_penalty_compiles_as_one_graph(kind, stepwise, fresh_dynamo):
     options = SearchOptions(beam_size=4, n_best=2, max_length=10, length_penalty="average", coverage_penalty=kind,
                             beta=0.3, stepwise_penalty=stepwise)
     special = Specials(BOS, EOS, PAD)
