@@ -256,6 +256,28 @@ def test_certified_transformer_outputs_are_the_penalised_argmax(output, attentio
     assert certified > 0
 
 
+
+@pytest.mark.parametrize("kind,done", [("summary", True), ("wu", False), ("none", False)])
+def test_the_stop_bound_adds_the_penalty_bound(kind, done):
+    """One uncertified row by hand: its 1-best finished hypothesis ranks -2.0; its one live prefix has
+    log-probability -0.6 after the step and coverage [2.1, 1.35, 0.55] (summary penalty -1.45 with
+    beta 1). Every extension ranks at most -0.6 + 0 under wu (still above -2.0: search on) and at most
+    -0.6 - 1.45 = -2.05 under summary (the penalty only falls as coverage grows: the row may stop)."""
+    options = SearchOptions(beam_size=2, n_best=1, max_length=10, coverage_penalty=kind,
+                            beta=0.0 if kind == "none" else 1.0, certify=False)
+    coverage = torch.tensor([[[1.2, 1.3, 0.5], [1.0, 1.0, 1.0]]], dtype=torch.float64)
+    rows = RowState(torch.tensor([[-0.5, -math.inf]], dtype=torch.float64), torch.zeros(1, dtype=torch.bool),
+                    torch.full((1,), 3), torch.tensor([[-2.0]], dtype=torch.float64), torch.zeros(1, dtype=torch.bool),
+                    coverage=None if kind == "none" else coverage)
+    log_probs = torch.full((2, 7), -math.inf, dtype=torch.float64)
+    log_probs[0, 3] = -0.1  # the one candidate: not EOS, so OpenNMT's "best candidate finished" rule is off
+    attention = torch.tensor([[0.9, 0.05, 0.05], [1 / 3, 1 / 3, 1 / 3]], dtype=torch.float64)
+    step = select_step(log_probs, attention, rows, 2, options, Specials(BOS, EOS, PAD))
+    assert float(step.rows.scores[0, 0]) == pytest.approx(-0.6)
+    if kind == "summary":
+        assert float(step.record["coverage_penalty"][0, 0]) == pytest.approx(-1.45)
+    assert bool(step.done[0]) is done
+
 # --- the attention the penalty uses ------------------------------------------------------------------
 
 def teacher_forced_coverage(model, src, length, tokens: list[int]) -> list[float]:
