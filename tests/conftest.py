@@ -3,6 +3,8 @@
 The tests run many tiny ops; intra-op threads only add contention there (up to 5-100x slower on a
 busy 2-core machine), so every test runs with one torch thread and a fixed seed.
 """
+import sys
+
 import pytest
 import torch
 
@@ -23,6 +25,24 @@ def _seed_and_one_thread():
     torch.manual_seed(0)
     yield
     torch.set_num_threads(threads)
+
+
+def _compiled_graphs() -> int:
+    """Graphs dynamo has captured in this process (0 before torch._dynamo is imported)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    return 0 if dynamo is None else dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+@pytest.fixture(autouse=True)
+def _dynamo_caches_per_test():
+    """Dynamo's caches emptied after a test that compiled something: its recompile limit (8 graphs
+    per code object) is otherwise shared by the whole session, so a function compiled with other
+    options by many test files (e.g. the search's ``select_step``) would find it spent and fall back
+    to eager mode, or fail under ``fullgraph=True``, depending on which files ran before."""
+    before = _compiled_graphs()
+    yield
+    if _compiled_graphs() != before:
+        sys.modules["torch._dynamo"].reset()
 
 
 @pytest.fixture

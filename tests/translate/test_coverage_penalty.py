@@ -388,17 +388,8 @@ def test_the_static_search_with_a_penalty_syncs_only_for_its_stop_flags(stop_eve
     torch.testing.assert_close(static.coverage_penalty, dynamic.coverage_penalty)
 
 
-@pytest.fixture
-def fresh_dynamo():
-    """Dynamo's caches emptied before and after: ``select_step`` is compiled by several test files of a
-    session, and each compilation counts toward its recompile limit (8)."""
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 @pytest.mark.parametrize("kind,stepwise", [("wu", False), ("summary", True), ("wu", True)])
-def test_a_search_step_with_a_penalty_compiles_as_one_graph(kind, stepwise, fresh_dynamo):
+def test_a_search_step_with_a_penalty_compiles_as_one_graph(kind, stepwise):
     options = SearchOptions(beam_size=4, n_best=2, max_length=10, length_penalty="average", coverage_penalty=kind,
                             beta=0.3, stepwise_penalty=stepwise)
     special = Specials(BOS, EOS, PAD)
