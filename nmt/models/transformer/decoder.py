@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from nmt.models.dropout import Dropout
 from nmt.models.transformer.layers import AttentionSpec, DecoderLayer, LayerSpec
+from nmt.models.transformer.packed_rows import PackedMemory
 from nmt.models.transformer.rotary import stack_rotation
 
 KV = tuple[Tensor, Tensor]
@@ -49,11 +50,19 @@ class TransformerDecoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(spec, self_attention, cross_attention) for _ in range(layers))
         self.final_norm = nn.LayerNorm(spec.d_model) if spec.norm == "pre" else None
 
-    def cross_keys_values(self, memory: Tensor) -> list[KV]:
+    def cross_keys_values(self, memory: Tensor, packed: PackedMemory | None = None) -> list[KV]:
         """memory (B, L, D) -> each layer's cross-attention keys/values (B, heads, L, d_head),
         computed once per source and stored contiguous: as the heads' transposed view of the
         projection they could not be folded into one batch of products, so ``matmul`` copied them
-        at every decoding step (7% of a greedy Transformer's decoding time on the CPU)."""
+        at every decoding step (7% of a greedy Transformer's decoding time on the CPU).
+
+        ``packed``: the encoder's packed rows of ``memory`` (:meth:`TransformerEncoder.encode
+        <nmt.models.transformer.encoder.TransformerEncoder.encode>`, the CPU): the projections run
+        on the N real rows alone and are scattered into the padded layout, zeros at the padded
+        positions, which the cross-attention masks (the same attention, forward and backward; the
+        padding's projections cost 3% of a training step under ``pool_sort: target``)."""
+        if packed is not None:
+            return [layer.cross_attn.packed_keys_values(packed) for layer in self.layers]
         return [tuple(t.contiguous() for t in layer.cross_attn.keys_values(memory)) for layer in self.layers]
 
     def forward(self, emb: Tensor, cross_kv: list[KV], src_mask: Tensor,

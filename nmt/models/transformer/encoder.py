@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from nmt.models.dropout import Dropout
 from nmt.models.transformer.layers import AttentionSpec, EncoderLayer, LayerSpec
-from nmt.models.transformer.packed_rows import PackedRows, packs
+from nmt.models.transformer.packed_rows import PackedMemory, PackedRows, packs
 from nmt.models.transformer.rotary import stack_rotation
 
 
@@ -41,6 +41,14 @@ class TransformerEncoder(nn.Module):
         (B, heads, L, L) each; ``need_maps=False``: the caller reads none of them, and a layer's
         may be None (a fused kernel served its heads).
         """
+        memory, maps, _ = self.encode(emb, mask, need_maps)
+        return memory, maps
+
+    def encode(self, emb: Tensor, mask: Tensor, need_maps: bool = True
+               ) -> tuple[Tensor, list[Tensor | None], PackedMemory | None]:
+        """:meth:`forward`'s memory (B, L, D) and maps, and the memory's packed rows (N, D) where
+        the encoder packed (else None): the decoder's cross-attention projects those
+        (:meth:`nmt.models.transformer.decoder.TransformerDecoder.cross_keys_values`)."""
         x = self.dropout(self.positions(emb * self.scale))
         key_mask = mask[:, None, None, :]
         rotation = stack_rotation(self.positions, 0, x.size(1), x.dtype)
@@ -53,7 +61,8 @@ class TransformerEncoder(nn.Module):
             maps.append(probs)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return (x if rows is None else rows.unpack(x)), maps
-
+        if rows is None:
+            return x, maps, None
+        return rows.unpack(x), maps, PackedMemory(rows, x)
 
 __all__ = ["TransformerEncoder"]

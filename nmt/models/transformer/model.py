@@ -66,10 +66,10 @@ class TransformerSeq2Seq(EncoderDecoder):
     def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[State, State]:
         """src: (B, L) ids; src_lengths: (B,). Returns encoder_out and the empty caches (t = 0)."""
         mask = length_mask(src_lengths, src.size(1), src.device)
-        memory, _ = self.encoder(self.src_embeddings(src), mask, need_maps=False)
+        memory, _, packed = self.encoder.encode(self.src_embeddings(src), mask, need_maps=False)
         encoder_out: State = {"memory": memory, "src_mask": mask}
         state: State = {}
-        for i, (keys, values) in enumerate(self.decoder.cross_keys_values(memory)):
+        for i, (keys, values) in enumerate(self.decoder.cross_keys_values(memory, packed)):
             encoder_out[f"cross.{i}.k"], encoder_out[f"cross.{i}.v"] = keys, values
             empty = keys.new_zeros(keys.size(0), keys.size(1), 0, keys.size(3))
             state[f"self.{i}.k"], state[f"self.{i}.v"] = empty, empty
@@ -112,8 +112,8 @@ class TransformerSeq2Seq(EncoderDecoder):
         ``return_maps``, the :data:`AttentionMaps` of every kind, layer and head.
         """
         mask = length_mask(src_lengths, src.size(1), src.device) if src_mask is None else src_mask
-        memory, encoder_maps = self.encoder(self.src_embeddings(src), mask, need_maps=return_maps)
-        out = self.decoder(self.tgt_embeddings(tgt_in), self.decoder.cross_keys_values(memory), mask,
+        memory, encoder_maps, packed = self.encoder.encode(self.src_embeddings(src), mask, need_maps=return_maps)
+        out = self.decoder(self.tgt_embeddings(tgt_in), self.decoder.cross_keys_values(memory, packed), mask,
                            need_maps=return_maps)
         logits = self.generator(out.hidden)
         attention = out.cross_maps[-1].mean(1)

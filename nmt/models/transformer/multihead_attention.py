@@ -13,7 +13,7 @@ from nmt.models.dropout import Dropout
 from nmt.models.linear import Linear
 from nmt.models.transformer.alibi import AlibiBias, biased_mask
 from nmt.models.transformer.head_mapping import HeadMapping
-from nmt.models.transformer.packed_rows import PackedRows
+from nmt.models.transformer.packed_rows import PackedMemory, PackedRows
 from nmt.models.transformer.relative import RelativeTable, relative_context, relative_scores
 from nmt.models.transformer.rotary import Rotation, rotate
 from nmt.utils.packed_linear import frozen_linear
@@ -113,6 +113,14 @@ class MultiHeadAttention(nn.Module):
     def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x: (B, S, D) -> keys, values: each (B, heads, S, d_head)."""
         return self._split(self.k_proj(x)), self._split(self.v_proj(x))
+
+    def packed_keys_values(self, memory: PackedMemory) -> tuple[Tensor, Tensor]:
+        """The :meth:`keys_values` of ``memory.rows.unpack(memory.x)`` at the real positions, projected
+        from the N packed rows alone: keys, values each (B, heads, L, d_head), contiguous, zeros at
+        the padded positions (:meth:`keys_values` gives the bias there: any value does, the
+        cross-attention masks padded keys)."""
+        rows, heads = memory.rows, self.heads
+        return rows.unpack_heads(self.k_proj(memory.x), heads), rows.unpack_heads(self.v_proj(memory.x), heads)
 
     def _projection_params(self) -> list[Tensor]:
         return [self.q_proj.weight, self.q_proj.bias, self.k_proj.weight, self.k_proj.bias,

@@ -22,7 +22,7 @@ under ``torch.compile`` (static shapes), and ``NMT_PACKED_ENCODER=0`` turns it o
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -47,6 +47,7 @@ class PackedRows:
     index: Tensor
     batch: int
     length: int
+    _head_index: dict[int, Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, mask: Tensor) -> "PackedRows":
@@ -62,6 +63,30 @@ class PackedRows:
         grid = rows.new_zeros(self.batch * self.length, rows.size(-1))
         return grid.index_copy(0, self.index, rows).view(self.batch, self.length, rows.size(-1))
 
+    def unpack_heads(self, rows: Tensor, heads: int) -> Tensor:
+        """rows: (N, heads * d) -> (B, heads, L, d), contiguous, zeros at the padded positions
+        (differentiable in ``rows``): :meth:`unpack` split into heads and transposed in one copy,
+        the layout of cached attention keys and values."""
+        d = rows.size(-1) // heads
+        index = self._head_index.get(heads)
+        if index is None:  # token n at b * L + t -> (b * heads + h) * L + t for every head h: (N * heads,)
+            start = (self.index // self.length) * (heads * self.length) + self.index % self.length
+            index = (start.unsqueeze(1) + self.length * torch.arange(heads, device=start.device)).reshape(-1)
+            self._head_index[heads] = index
+        grid = rows.new_zeros(self.batch * heads * self.length, d)
+        return grid.index_copy(0, index, rows.reshape(-1, d)).view(self.batch, heads, self.length, d)
+
+
+@dataclass(frozen=True)
+class PackedMemory:
+    """The encoder's output on packed rows: ``x`` (N, D) the memory's rows of the real tokens of
+    ``rows``' grid, the padded memory being ``rows.unpack(x)`` (zeros at padding). The decoder's
+    cross-attention projects its keys and values from these rows (the padding's projections would
+    be masked)."""
+
+    rows: PackedRows
+    x: Tensor
+
 
 def packs(mask: Tensor) -> bool:
     """Whether an encoder pass over ``mask`` (B, L) bool packs its rows: on the CPU, outside
@@ -72,4 +97,4 @@ def packs(mask: Tensor) -> bool:
     return int(mask.sum()) <= (1.0 - MIN_PADDING) * mask.numel()
 
 
-__all__ = ["MIN_PADDING", "PACKED_ENCODER", "PackedRows", "packs"]
+__all__ = ["MIN_PADDING", "PACKED_ENCODER", "PackedMemory", "PackedRows", "packs"]
