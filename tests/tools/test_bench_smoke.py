@@ -350,3 +350,33 @@ def test_bench_ema_quick(tmp_path, capsys):
     assert row["model"] == "quickstart" and row["parameters"] > 0
     assert row["ema_update_ms"] > 0 and row["swap_ms"] > 0 and row["train_update_ms"] > 0
     assert "EMA update" in capsys.readouterr().out
+
+
+def test_bench_cross_kv_on_a_small_corpus(tmp_path, capsys):
+    """``bench_cross_kv``'s modes on a small random corpus with its own sentencepiece model: the padded
+    share equals a count of the source's pad ids, ``ab`` leaves the decoder's projection as it found
+    it, and every mode prints its figures."""
+    spm = pytest.importorskip("sentencepiece")
+    import random
+
+    bench = _load("bench_cross_kv")
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 6))) for _ in range(200)]
+    for split, n in (("train", 300), ("val", 10)):
+        for lang in ("de", "en"):
+            lines = (" ".join(rng.choice(words) for _ in range(rng.randint(1, 20))) for _ in range(n))
+            (tmp_path / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=f"{tmp_path / 'train.de'},{tmp_path / 'train.en'}",
+                                   model_prefix=str(tmp_path / "spm"), vocab_size=150, minloglevel=2)
+    common = ["--data-dir", str(tmp_path), "--spm", str(tmp_path / "spm.model")]
+    batches, _, _ = bench.batches(bench.config(tmp_path, tmp_path / "spm.model", "target"), None)
+    pads = sum(int((b.src == bench.PAD).sum()) for b in batches)
+    assert bench.padded_share(batches) == pytest.approx(pads / sum(b.src.numel() for b in batches))
+    projection = bench.TransformerDecoder.cross_keys_values
+    small = ["--warmup", "1", "--batches", "2", "--passes", "2"]
+    for mode in ("padding", "ab", "share"):
+        assert bench.main([mode, *common, *small]) == 0
+    assert bench.TransformerDecoder.cross_keys_values is projection
+    printed = capsys.readouterr().out
+    assert f"pool_sort target: {len(batches)} batches, {pads / sum(b.src.numel() for b in batches):.1%}" in printed
+    assert "median of the passes' ratios" in printed and "the padding's" in printed

@@ -65,4 +65,5 @@ class TransformerEncoder(nn.Module):
             return x, maps, None
         return rows.unpack(x), maps, PackedMemory(rows, x)
 
+
 __all__ = ["TransformerEncoder"]
