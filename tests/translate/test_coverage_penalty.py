@@ -570,3 +570,27 @@ def test_cli_errors_are_one_line(tiny_model, flags, message, capsys):
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], err
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("kind", ["wu", "summary"])
+def test_an_ensemble_is_penalised_by_its_members_mean_attention(kind, mode):
+    """An ensemble's coverage is the mean of its members' coverages (its attention is their mean):
+    each complete hypothesis's penalty against each member's own teacher-forced coverage, averaged."""
+    from nmt.translate.ensemble import Ensemble
+
+    members = [AttendingMarkovDecoder(vocab=7, seed=s, **COVERAGE_MODELS["entmax"]) for s in (4, 5)]
+    src, lengths = random_sources(4, 9, 5, seed=6)
+    result = beam_search(Ensemble(members), src, lengths, bos=BOS, eos=EOS, beam_size=4, n_best=4,
+                         max_length=MAX_LENGTH, coverage_penalty=kind, beta=0.7, **mode)
+    checked = 0
+    for b in range(src.size(0)):
+        for i in range(result.tokens.size(1)):
+            if not result.complete[b, i]:
+                continue
+            tokens = result.tokens[b, i, : int(result.lengths[b, i])].tolist()
+            each = [teacher_forced_coverage(m, src[b], lengths[b], tokens) for m in members]
+            mean = [math.fsum(c) / len(c) for c in zip(*each)]
+            assert float(result.coverage_penalty[b, i]) == pytest.approx(reference_penalty(kind, mean, 0.7), abs=1e-9)
+            checked += 1
+    assert checked >= src.size(0)
