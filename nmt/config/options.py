@@ -295,6 +295,22 @@ VALIDATION = {
     "max_length_offset": Option(int, 5, "tokens added to the max_length_ratio limit", minimum=0),
     "block_ngram_repeat": Option(int, 0, "N >= 1: no validation hypothesis holds an N-gram twice "
                                  "(nmt-translate -block_ngram_repeat); 0 = off", minimum=0),
+    # the search options below are SearchOptions fields of the same name and default (nmt-translate's
+    # flags); their values are checked by SearchOptions itself (nmt.train.validation.validation_search)
+    "min_length": Option(int, 0, "at least this many tokens before EOS (nmt-translate -min_length)"),
+    "length_penalty": Option(str, "none", "ranking of finished hypotheses: none | average | gnmt (with "
+                             "length_alpha; nmt-translate -length_penalty)"),
+    "length_alpha": Option(float, 0.6, "gnmt length penalty's alpha (nmt-translate -length_alpha)"),
+    "coverage_penalty": Option(str, "none", "none | wu | summary: finished hypotheses rank by score / lp + "
+                               "beta x the penalty of their attention's coverage (nmt-translate "
+                               "-coverage_penalty)"),
+    "beta": Option(float, 0.0, "weight of the coverage penalty, >= 0 (nmt-translate -beta)"),
+    "coverage_epsilon": Option(float, 1e-6, "wu's floor of a source token's coverage, in (0, 1] (sparse "
+                               "attention; nmt-translate -coverage_epsilon)"),
+    "stepwise_penalty": Option(bool, False, "the beam also keeps, at every step, the prefixes of best "
+                               "penalized score (nmt-translate -stepwise_penalty)"),
+    "ban_unk_token": Option(bool, False, "<unk> gets probability 0 at every step (nmt-translate "
+                            "-ban_unk_token)"),
     "n_heatmaps": Option(int, 3, "attention heatmaps of the first n validation sentences in TensorBoard",
                          minimum=0),
 }

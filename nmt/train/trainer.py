@@ -50,7 +50,8 @@ from nmt.train.compile import compile_for_device, compile_loss_forward, compiler
 from nmt.train.precision import TrainPrecision
 from nmt.train.schedules import build_schedule
 from nmt.train.update import loss_forward, update
-from nmt.train.validation import attention_grids, attention_matrices, batch_statistics, validate
+from nmt.train.validation import (attention_grids, attention_matrices, batch_statistics, search_description,
+                                  validate, validation_search)
 from nmt.utils.dir_lock import DirectoryLock
 from nmt.utils.heatmap import attention_title
 from nmt.utils.device import auto_device, device_name_problem, device_problem, indexed, make_current
@@ -125,7 +126,7 @@ def resolve_device(name: str) -> torch.device:
 
 def check_run_config(config: dict, source: str) -> torch.device:
     """The checks of a resolved config that need torch (device, a compiler for ``training.compile``,
-    decoding metric); returns the device.
+    decoding metric, the validation search by ``SearchOptions``' own checks); returns the device.
 
     Raises ConfigError naming ``source`` and the key; writes nothing (nmt-train calls it
     before it creates the run directory).
@@ -142,6 +143,7 @@ def check_run_config(config: dict, source: str) -> torch.device:
     if valid_cfg["metric"] in DECODING_METRICS and not valid_cfg["decode"]:
         raise ConfigError(source, "validation.metric",
                           f"{valid_cfg['metric']!r} needs decoding, but validation.decode is false")
+    validation_search(valid_cfg, source)  # SearchOptions' checks, with validation.decode false too
     init_from.check_init_from(config, source)
     pretrained_embeddings.check_vector_files(config, source)
     return device
@@ -167,6 +169,8 @@ class Trainer:
         if config["training"]["threads"] is not None:
             torch.set_num_threads(config["training"]["threads"])
         self.metric = config["validation"]["metric"]
+        # the validation decode's search (None: validation.decode false), logged with the first validation
+        self.search = validation_search(config["validation"], source) if config["validation"]["decode"] else None
         # one run per save_dir: held from here to the end of train() (DirectoryLockedError otherwise);
         # in a data-parallel job by rank 0 for all ranks
         self.lock = (lock or DirectoryLock(self.save_dir, RUN_LOCK_WHAT)).acquire() if self.dist.is_main else NullLock()
@@ -240,7 +244,7 @@ class Trainer:
         self.nonfinite_skips = DroppedUpdates()  # updates dropped for a non-finite loss (training.nonfinite: skip)
         self.overflows = OverflowSkips()  # fp16 updates dropped for inf/NaN gradients (nmt.train.overflow)
         self.last_metrics: dict[str, Any] = {}
-        self._signatures_logged = False  # the sacrebleu signatures are logged once per session
+        self._signatures_logged = False  # the search and sacrebleu signatures are logged once per session
         self._tokens_per_sec = math.nan  # of the last logging window
         self._session_start: float | None = None  # perf_counter() when this session's loop began
         self._session_elapsed0 = 0.0
@@ -726,11 +730,7 @@ class Trainer:
                 result = validate(self.model, self.data.valid, self.data.valid_references, self.loss_fn,
                                   batch_size=vcfg["batch_size"], device=self.device,
                                   is_softmax=is_softmax(self.config["model"]["output"]["mapping"]),
-                                  decode=vcfg["decode"], beam_size=vcfg["beam_size"], max_length=vcfg["max_length"],
-                                  max_length_ratio=vcfg["max_length_ratio"],
-                                  max_length_offset=vcfg["max_length_offset"],
-                                  block_ngram_repeat=vcfg["block_ngram_repeat"],
-                                  statistics=self.batch_statistics,
+                                  search=self.search, statistics=self.batch_statistics,
                                   pad_multiple=self.config["training"]["pad_to_multiple"])
         scalars = self.dist.broadcast(result.scalars if result is not None else None)
         value = scalars[self.metric]
@@ -758,6 +758,8 @@ class Trainer:
                         " (new best)" if is_best else "",
                         f"; lr decayed to {self.schedule.lr:.3g}" if decayed else "")
             if result.signatures and not self._signatures_logged:
+                logger.info("valid decoding (its exact match, bleu, chrf and certified): %s",
+                            search_description(self.search))
                 logger.info("valid bleu / chrf: sacrebleu %s", " / ".join(result.signatures.values()))
                 self._signatures_logged = True
             for i, hyp in enumerate(result.hypotheses[: min(2, len(result.hypotheses))]):

@@ -2,18 +2,20 @@
 
 Teacher-forced statistics are accumulated as tensors over the whole validation set and
 read once at the end (no per-batch host sync). Decoding uses
-``nmt.translate.beam_search.beam_search`` with a ``SearchOptions`` (beam 1 = greedy) and
+``nmt.translate.beam_search.beam_search`` with the ``SearchOptions`` of the ``validation``
+section (:func:`validation_search`: the keys named as nmt-translate's flags, beam 1 = greedy) and
 scores the detokenized hypotheses against the raw reference lines.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from nmt.config import ConfigError
 from nmt.data.batching import collate, make_batches
 from nmt.data.dataset import ParallelDataset
 from nmt.data.field import Field
@@ -34,7 +36,9 @@ class ValidationResult:
     type is the gold one), ppl (softmax output only), attention_support / output_support
     (mean number of nonzero attention weights / output probabilities per target token), and
     when decoding: exact_match, bleu, chrf (0-100) and certified (% of sentences whose
-    search is certified: every sequence of nonzero probability found).
+    search is certified: every sequence of nonzero probability found, the best hypothesis the
+    argmax of the search's ranking (its length / coverage penalty), among the outputs its
+    constraints allow (``block_ngram_repeat``, ``ban_unk_token``, ``min_length``)).
     """
 
     scalars: dict[str, float]
@@ -44,6 +48,40 @@ class ValidationResult:
 
 
 StatisticsFn = Callable[..., tuple[Tensor, Tensor]]
+
+SEARCH_KEYS = ("beam_size", "max_length", "min_length", "max_length_ratio", "max_length_offset", "length_penalty",
+               "length_alpha", "coverage_penalty", "beta", "coverage_epsilon", "stepwise_penalty",
+               "block_ngram_repeat", "ban_unk_token")
+"""The keys of the ``validation`` section that are ``SearchOptions`` fields of the same name (and
+``nmt-translate`` flags): the search of the validation decode."""
+
+ALWAYS_SHOWN = ("beam_size", "max_length")
+"""The search keys :func:`search_description` shows at their defaults too."""
+
+
+def validation_search(validation: Mapping[str, Any], source: str = "<config>") -> SearchOptions:
+    """The ``SearchOptions`` of the validation decode: the :data:`SEARCH_KEYS` of ``validation``
+    (a resolved ``validation`` section), one hypothesis per sentence, certified, the other fields at
+    ``SearchOptions``' defaults (as ``nmt-translate`` without those flags). The values are checked by
+    ``SearchOptions`` itself (the checks of ``nmt-translate``'s flags): a bad one is a
+    :class:`ConfigError` naming ``source`` and ``validation.<key>``, e.g. ``run.yaml:
+    validation.length_penalty: must be one of none, average, gnmt, got 'wu'``."""
+    try:
+        return SearchOptions(n_best=1, certify=True, **{key: validation[key] for key in SEARCH_KEYS})
+    except ValueError as exc:
+        field_name, _, problem = str(exc).partition(" ")  # every message starts with the field's name
+        if field_name not in SEARCH_KEYS:
+            raise ConfigError(source, "validation", str(exc)) from None
+        raise ConfigError(source, f"validation.{field_name}", problem) from None
+
+
+def search_description(options: SearchOptions) -> str:
+    """``key=value`` pairs of the search ``options`` for the log: :data:`ALWAYS_SHOWN`, and every other
+    key of :data:`SEARCH_KEYS` that is off its ``SearchOptions`` default, e.g. ``beam_size=5
+    max_length=100 length_penalty=gnmt length_alpha=1.0``."""
+    defaults = SearchOptions()
+    return " ".join(f"{key}={getattr(options, key)}" for key in SEARCH_KEYS
+                    if key in ALWAYS_SHOWN or getattr(options, key) != getattr(defaults, key))
 
 
 def batch_statistics(model: nn.Module, loss_fn: Callable, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
@@ -130,7 +168,8 @@ def teacher_forced_statistics(model: nn.Module, dataset: ParallelDataset, loss_f
 def decode_dataset(model: nn.Module, dataset: ParallelDataset, tgt_field: Field, batch_size: int,
                    options: SearchOptions, device: torch.device) -> tuple[list[str], float]:
     """Detokenized best hypothesis of every example (dataset order) and the % certified
-    (certified only with ``options.certify``). Decodes in IEEE float32
+    (certified only with ``options.certify``: of the search ``options`` ask for, its length and
+    coverage penalties, n-gram and ``<unk>`` bans included). Decodes in IEEE float32
     (:func:`nmt.utils.precision.ieee_float32`), as ``nmt-translate`` does: a validation's BLEU and
     certificates are what translating the checkpoint gives, TF32 or not in training."""
     vocab = tgt_field.vocab
@@ -140,7 +179,7 @@ def decode_dataset(model: nn.Module, dataset: ParallelDataset, tgt_field: Field,
         batch = collate(dataset, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index).to(device)
         with ieee_float32():
             result = beam_search(model, batch.src, batch.src_lengths, bos=vocab.bos_index, eos=vocab.eos_index,
-                                 options=options)
+                                 pad=vocab.pad_index, unk=vocab.unk_index, options=options)
         best = result.tokens[:, 0, :].cpu()
         for row, index in enumerate(_positions(batch)):
             hypotheses[index] = tgt_field.decode(best[row])
@@ -150,16 +189,15 @@ def decode_dataset(model: nn.Module, dataset: ParallelDataset, tgt_field: Field,
 
 @frozen_weights()  # the weights stay fixed while validating: packed CPU products (nmt.utils.packed_linear)
 def validate(model: nn.Module, dataset: ParallelDataset, references: Sequence[str], loss_fn: Callable, *,
-             batch_size: int, device: torch.device, is_softmax: bool, decode: bool, beam_size: int = 1,
-             max_length: int = 100, max_length_ratio: float = 0.0, max_length_offset: int = 5,
-             block_ngram_repeat: int = 0, statistics: StatisticsFn = batch_statistics,
-             pad_multiple: int = 1) -> ValidationResult:
+             batch_size: int, device: torch.device, is_softmax: bool, search: SearchOptions | None,
+             statistics: StatisticsFn = batch_statistics, pad_multiple: int = 1) -> ValidationResult:
     """Full validation of ``model`` (put in eval mode, restored to its previous mode after).
 
-    references: raw target line of each ``dataset`` example. Decoding metrics are computed
-    when ``decode`` is True, with ``SearchOptions(beam_size=beam_size, max_length=max_length,
-    max_length_ratio=..., max_length_offset=..., block_ngram_repeat=...)`` (one hypothesis, certified). ``statistics`` and ``pad_multiple``: see
-    ``teacher_forced_statistics`` (the trainer passes the compiled form under ``training.compile``).
+    references: raw target line of each ``dataset`` example. ``search``: the decode's options
+    (:func:`validation_search` of the config; its best hypothesis is scored, and ``certified`` is
+    the share of sentences that search certified); None: no decoding (teacher-forced scalars only).
+    ``statistics`` and ``pad_multiple``: see ``teacher_forced_statistics`` (the trainer passes the
+    compiled form under ``training.compile``).
     """
     was_training = model.training
     model.eval()
@@ -168,11 +206,8 @@ def validate(model: nn.Module, dataset: ParallelDataset, references: Sequence[st
                                             statistics=statistics, pad_multiple=pad_multiple)
         hypotheses: list[str] = []
         signatures: dict[str, str] = {}
-        if decode:
-            options = SearchOptions(beam_size=beam_size, n_best=1, max_length=max_length,
-                                    max_length_ratio=max_length_ratio, max_length_offset=max_length_offset,
-                                    block_ngram_repeat=block_ngram_repeat)
-            hypotheses, certified = decode_dataset(model, dataset, dataset.tgt_field, batch_size, options, device)
+        if search is not None:
+            hypotheses, certified = decode_dataset(model, dataset, dataset.tgt_field, batch_size, search, device)
             scalars["exact_match"] = corpus_metrics.exact_match(hypotheses, references)
             scalars["bleu"], signatures["bleu"] = corpus_metrics.bleu_with_signature(hypotheses, references)
             scalars["chrf"], signatures["chrf"] = corpus_metrics.chrf_with_signature(hypotheses, references)
@@ -242,5 +277,6 @@ def _positions(batch) -> list[int]:
     return indices.tolist() if isinstance(indices, Tensor) else list(indices)
 
 
-__all__ = ["StatisticsFn", "ValidationResult", "batch_statistics", "validate", "teacher_forced_statistics", "decode_dataset", "attention_matrices",
+__all__ = ["SEARCH_KEYS", "StatisticsFn", "ValidationResult", "batch_statistics", "search_description", "validate",
+           "validation_search", "teacher_forced_statistics", "decode_dataset", "attention_matrices",
            "attention_grids"]

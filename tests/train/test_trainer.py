@@ -395,7 +395,7 @@ def test_validation_decoding_obeys_the_configured_length_ratio(tiny_task, tmp_pa
     trainer = Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
     trainer.train()
     kwargs, result = seen[0]
-    assert kwargs["max_length_ratio"] == 0.5 and kwargs["max_length_offset"] == 0
+    assert kwargs["search"].max_length_ratio == 0.5 and kwargs["search"].max_length_offset == 0
     data = trainer.data.valid
     assert len(result.hypotheses) == len(data.src)
     for src, hypothesis in zip(data.src, result.hypotheses):
@@ -414,7 +414,7 @@ def test_validation_decoding_blocks_repeated_ngrams_as_configured(tiny_task, tmp
         trainer = Trainer(resolve_config(config, "tiny.yaml"), "tiny.yaml")
         trainer.train()
         kwargs, result = seen[0]
-        assert kwargs["block_ngram_repeat"] == block
+        assert kwargs["search"].block_ngram_repeat == block
         field = trainer.data.valid.tgt_field
         hypotheses[block] = [field.tokenize(h) for h in result.hypotheses]
     assert all(len(set(tokens)) == len(tokens) for tokens in hypotheses[1])
