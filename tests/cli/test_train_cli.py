@@ -56,6 +56,10 @@ def test_smoke_generates_data_trains_and_resumes(tmp_path, monkeypatch, capsys):
     ({"training": {"max_step": 3}}, "c.yaml: training.max_step: unknown key 'max_step' (did you mean 'max_steps'?)"),
     ({"training": {"batch_size": "big"}}, "c.yaml: training.batch_size: must be an integer"),
     ({"model": {"output": {"mapping": "entmax"}}}, "c.yaml: model.output.mapping: unknown mapping 'entmax'"),
+    ({"validation": {"length_penalty": "wu"}},
+     "c.yaml: validation.length_penalty: must be one of none, average, gnmt, got 'wu'"),
+    ({"validation": {"stepwise_penalty": True}},
+     "c.yaml: validation.stepwise_penalty: applies to coverage_penalty wu or summary, got True with coverage_penalty none"),
 ])
 def test_bad_config_is_one_line_error(tmp_path, monkeypatch, capsys, change, expected):
     config = quickstart_like(tmp_path, **change)
@@ -296,3 +300,40 @@ def test_set_cosine_schedule_end_to_end(tmp_path, monkeypatch, capsys):
     assert [r["step"] for r in records] == [3, 6]
     assert [r["lr"] for r in records] == pytest.approx([closed(3), low], rel=1e-12)
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["training"]["lr_schedule"]["type"] == "cosine"
+
+
+def test_validation_with_translate_search_flags_scores_what_nmt_translate_outputs(tmp_path, monkeypatch, capsys):
+    """-set validation.length_penalty=gnmt ... coverage_penalty=wu ... ban_unk_token=true: the run's
+    validation metrics and certificates are those of ``nmt-translate -model last.pt`` with the flags of
+    the same names on the validation source (the run's one validation is at its last step)."""
+    import sacrebleu
+
+    from nmt.cli import translate as translate_cli
+
+    config = quickstart_like(tmp_path)
+    search = {"beam_size": 3, "length_penalty": "gnmt", "length_alpha": 1.0, "min_length": 1,
+              "coverage_penalty": "wu", "beta": 0.3, "coverage_epsilon": 0.001, "stepwise_penalty": True,
+              "ban_unk_token": True}
+    settings = [f"validation.{key}={str(value).lower()}" for key, value in search.items()]
+    assert run(tmp_path, monkeypatch, config, "-set", *settings) == 0
+    run_dir = tmp_path / "runs" / "quickstart"
+    record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["step"] == 3
+    assert "valid decoding (its exact match, bleu, chrf and certified): beam_size=3 max_length=5 min_length=1 " \
+           "length_penalty=gnmt length_alpha=1.0 coverage_penalty=wu beta=0.3 coverage_epsilon=0.001 " \
+           "stepwise_penalty=True ban_unk_token=True" in (run_dir / "train.log").read_text()
+    capsys.readouterr()
+    source, output, report = (tmp_path / "data" / "quickstart" / "valid.src", tmp_path / "valid.out",
+                              tmp_path / "valid.jsonl")
+    flags = [f"-{key}" if value is True else f"-{key} {value}" for key, value in search.items()]
+    assert translate_cli.main(["-model", str(run_dir / "last.pt"), "-src", str(source), "-output", str(output),
+                               "-report", str(report), "-max_length", "5", *" ".join(flags).split()]) == 0
+    hypotheses = output.read_text(encoding="utf-8").splitlines()
+    references = (tmp_path / "data" / "quickstart" / "valid.tgt").read_text(encoding="utf-8").splitlines()
+    certified = [json.loads(line)["certified"] for line in report.read_text(encoding="utf-8").splitlines()]
+    assert len(hypotheses) == len(references) == len(certified)
+    assert record["valid_chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [references]).score)
+    assert record["valid_bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+    assert record["valid_exact_match"] == pytest.approx(
+        100.0 * sum(h == r for h, r in zip(hypotheses, references)) / len(references))
+    assert record["valid_certified"] == pytest.approx(100.0 * sum(certified) / len(certified))

@@ -56,3 +56,22 @@ def test_resume_defaults_keep_what_a_checkpoint_before_the_option_did():
     new = _config()
     old = copy.deepcopy(new)
     assert resume_defaults(old, new) == [] and new["training"]["pool_sort"] == "target"
+
+
+def test_the_validation_search_keys_of_a_config_before_them_are_no_difference_at_their_defaults():
+    """A checkpoint written before validation.min_length, length_penalty, length_alpha,
+    coverage_penalty, beta, coverage_epsilon, stepwise_penalty and ban_unk_token existed validated
+    with all of them off (their defaults), as earlier added keys (max_length_ratio,
+    block_ngram_repeat); one set now is a difference (allowed on resume, and reported)."""
+    keys = ("min_length", "length_penalty", "length_alpha", "coverage_penalty", "beta", "coverage_epsilon",
+            "stepwise_penalty", "ban_unk_token", "max_length_ratio", "max_length_offset", "block_ngram_repeat")
+    new = _config()
+    old = copy.deepcopy(new)
+    for key in keys:
+        del old["validation"][key]
+    differences = config_differences(old, new)
+    assert sorted(differences) == sorted(f"validation.{key}" for key in keys)
+    assert all(added_at_default(old, new, key) for key in differences)
+    new["validation"].update(length_penalty="gnmt", coverage_penalty="wu", beta=0.2)
+    assert [key for key in config_differences(old, new) if not added_at_default(old, new, key)] == [
+        "validation.length_penalty", "validation.coverage_penalty", "validation.beta"]
