@@ -259,6 +259,9 @@ TRAINING = {
     "valid_every": Option(int, 500, "validate (and checkpoint) every this many steps", minimum=1),
     "log_every": Option(int, 50, "log training loss and tokens/s every this many steps", minimum=1),
     "keep_last": Option(int, 3, "keep this many step checkpoints besides last.pt and best.pt", minimum=0),
+    "keep_best": Option(int, 0, "keep the checkpoints of this many best validations by validation.metric "
+                        "(best_step_N.pt; ties: the earlier step; nmt-average -best N averages them); 0: off",
+                        minimum=0),
     "progress": Option(bool, True, "tqdm progress bar (where stderr is a terminal)"),
     "tensorboard": Option(bool, True, "write TensorBoard events to save_dir/tensorboard"),
     "resume_ignore_data_change": Option(bool, False, "resume even when a data file changed since last.pt was "

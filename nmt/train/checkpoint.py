@@ -1,10 +1,11 @@
 """The run directory's checkpoint policy: ``last.pt``, ``best.pt``, ``step_N.pt``, keep-last rotation,
-and which of them a resume starts from.
+the kept best ``best_step_N.pt`` (``training.keep_best``; their ranking and repair live in
+:mod:`nmt.train.keep_best`), and which of them a resume starts from.
 
 Resume (:func:`find_resume_checkpoint`) takes the newest checkpoint that loads: ``last.pt``
 (every save writes it first), else, when it is missing or damaged (truncated by a full disk, a
 half-finished copy, unpicklable, missing payload keys), the ``step_N.pt`` files from the newest
-down, with ``best.pt`` tried at the place of the step it holds (so it serves when it is newer than
+down (a kept ``best_step_N.pt`` after the ``step_N.pt`` of its step), with ``best.pt`` tried at the place of the step it holds (so it serves when it is newer than
 every loadable step file, e.g. with ``keep_last: 0``, and is the last resort otherwise). A file
 that is not damaged but refused (another format version, a released model) stops the search with
 its error: an older checkpoint would silently drop the newer state. When files exist but none
@@ -26,7 +27,7 @@ import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -36,6 +37,7 @@ from nmt.utils.io import atomic_open, stale_temporary, temporary_owner
 from nmt.utils.zip_crc import zip_crc_problem
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+_KEPT_FILE = re.compile(r"^best_step_(\d+)\.pt$")
 
 
 def step_checkpoints(save_dir: str | os.PathLike) -> list[Path]:
@@ -48,18 +50,46 @@ def step_checkpoints(save_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def kept_best_path(save_dir: str | os.PathLike, step: int) -> Path:
+    """The kept-best file of ``step`` in ``save_dir`` (``best_step_<step>.pt``, ``training.keep_best``)."""
+    return Path(save_dir) / f"best_step_{step}.pt"
+
+
+def kept_best_checkpoints(save_dir: str | os.PathLike) -> dict[int, Path]:
+    """The kept-best files ``best_step_N.pt`` of ``save_dir``: step N -> path, smallest N first."""
+    found = {}
+    for entry in Path(save_dir).glob("best_step_*.pt"):
+        match = _KEPT_FILE.match(entry.name)
+        if match:
+            found[int(match.group(1))] = entry
+    return dict(sorted(found.items()))
+
+
 def save_run_checkpoint(save_dir: str | os.PathLike, payload: dict[str, Any], keep_last: int,
-                        is_best: bool = False, step_file: bool = True) -> None:
-    """Save ``last.pt`` (and ``step_N.pt``, ``best.pt``) in ``save_dir``; keep the newest ``keep_last`` step files.
+                        is_best: bool = False, step_file: bool = True,
+                        kept_steps: Sequence[int] | None = None) -> None:
+    """Save ``last.pt`` (and ``step_N.pt``, ``best.pt``, ``best_step_N.pt``) in ``save_dir``; keep the
+    newest ``keep_last`` step files and, with ``kept_steps``, the kept-best files of those steps only.
 
     The payload is serialized once; the other names are hard links / copies of it written
-    atomically too. ``last.pt`` comes first: after a crash before ``best.pt`` is replaced,
-    ``last.pt`` records (early-stopping state) that it is the best, and :func:`repair_best`
-    restores the pair on resume.
+    atomically too. With ``kept_steps`` (``training.keep_best``: the steps of the kept set after
+    this save's validation, recorded in the payload) holding the payload's step, ``best_step_N.pt``
+    is written first and ``last.pt``, whose record names it, after: a record never names a file
+    not yet written; the files the set dropped are deleted last, once ``last.pt`` no longer names
+    them (a crash in between leaves a file no record names, deleted on resume:
+    :func:`nmt.train.keep_best.restore_kept`). ``kept_steps`` None: kept-best files are left alone.
+    ``last.pt`` comes before ``best.pt``: after a crash before ``best.pt`` is replaced, ``last.pt``
+    records (early-stopping state) that it is the best, and :func:`repair_best` restores the pair on
+    resume.
     """
     save_dir = Path(save_dir)
     last = save_dir / "last.pt"
-    save_checkpoint(last, payload)
+    kept = kept_best_path(save_dir, payload["step"])
+    if kept_steps is not None and payload["step"] in kept_steps and not kept.exists():
+        save_checkpoint(kept, payload)
+        _atomic_copy(kept, last)
+    else:
+        save_checkpoint(last, payload)
     targets = []
     if step_file and keep_last > 0:
         targets.append(save_dir / f"step_{payload['step']}.pt")
@@ -69,9 +99,14 @@ def save_run_checkpoint(save_dir: str | os.PathLike, payload: dict[str, Any], ke
         _atomic_copy(last, target)
     for old in step_checkpoints(save_dir)[: max(0, len(step_checkpoints(save_dir)) - keep_last)]:
         old.unlink(missing_ok=True)
+    if kept_steps is not None:
+        for step, old in kept_best_checkpoints(save_dir).items():
+            if step not in kept_steps:
+                old.unlink(missing_ok=True)
 
 
-RUN_FILES = re.compile(r"^(last\.pt|best\.pt|step_\d+\.pt|config\.yaml|metrics\.jsonl|vocab\.src|vocab\.tgt)$")
+RUN_FILES = re.compile(r"^(last\.pt|best\.pt|step_\d+\.pt|best_step_\d+\.pt|config\.yaml|metrics\.jsonl|vocab\.src|"
+                       r"vocab\.tgt)$")
 """The files of ``save_dir`` that only the nmt-train run holding its lock writes."""
 
 
@@ -125,13 +160,15 @@ class ResumePoint:
 def resume_candidates(save_dir: str | os.PathLike) -> list[Path]:
     """The checkpoints of ``save_dir`` a resume may start from, newest first.
 
-    ``last.pt`` first (named even when missing: the caller reports it), then the ``step_N.pt`` by
-    N from the newest, and ``best.pt`` after the step files holding its step or a newer one (an
-    unreadable ``best.pt``, whose step is unknown, comes last). Files absent are left out.
+    ``last.pt`` first (named even when missing: the caller reports it), then the ``step_N.pt`` and
+    kept-best ``best_step_N.pt`` by N from the newest (a step file before the kept file of its
+    step), and ``best.pt`` after the files holding its step or a newer one (an unreadable
+    ``best.pt``, whose step is unknown, comes last). Files absent are left out.
     """
     save_dir = Path(save_dir)
     steps = [(int(_STEP_FILE.match(p.name).group(1)), p) for p in step_checkpoints(save_dir)]
-    ordered = [p for _, p in sorted(steps, key=lambda sp: -sp[0])]
+    steps += list(kept_best_checkpoints(save_dir).items())
+    ordered = [p for _, p in sorted(steps, key=lambda sp: -sp[0])]  # stable: step_N.pt before best_step_N.pt
     best = save_dir / "best.pt"
     if best.is_file():
         best_step = checkpoint_step(best)
@@ -142,9 +179,11 @@ def resume_candidates(save_dir: str | os.PathLike) -> list[Path]:
 
 
 def has_checkpoints(save_dir: str | os.PathLike) -> bool:
-    """Whether ``save_dir`` holds any run checkpoint (``last.pt``, ``best.pt``, ``step_N.pt``), loadable or not."""
+    """Whether ``save_dir`` holds any run checkpoint (``last.pt``, ``best.pt``, ``step_N.pt``,
+    ``best_step_N.pt``), loadable or not."""
     save_dir = Path(save_dir)
-    return (save_dir / "last.pt").exists() or (save_dir / "best.pt").exists() or bool(step_checkpoints(save_dir))
+    return ((save_dir / "last.pt").exists() or (save_dir / "best.pt").exists() or bool(step_checkpoints(save_dir))
+            or bool(kept_best_checkpoints(save_dir)))
 
 
 def find_resume_checkpoint(save_dir: str | os.PathLike, load=load_checkpoint) -> ResumePoint | None:
@@ -289,5 +328,5 @@ def _atomic_copy(source: Path, target: Path) -> None:
 
 __all__ = ["FORMAT_VERSION", "PAYLOAD_KEYS", "CheckpointError", "DamagedCheckpointError", "save_checkpoint",
            "load_checkpoint", "save_run_checkpoint", "step_checkpoints", "RUN_FILES", "remove_stale_temporaries",
-           "checkpoint_step", "ResumePoint", "resume_candidates", "has_checkpoints", "find_resume_checkpoint",
+           "checkpoint_step", "kept_best_path", "kept_best_checkpoints", "ResumePoint", "resume_candidates", "has_checkpoints", "find_resume_checkpoint",
            "set_aside_damaged", "archive_damage", "archive_check", "best_check", "holds_step", "repair_best", "restore_last"]

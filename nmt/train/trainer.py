@@ -38,6 +38,7 @@ from nmt.train.data_setup import (DATA_FILE_KEYS, check_valid_positions, data_ch
 from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, init_distributed, rank_device,
                                    rank_rng_state, resume_check, several_processes, shard_batch, wrap_model)
 from nmt.train.early_stopping import EarlyStopping
+from nmt.train.keep_best import KeptBest, restore_kept
 from nmt.train.ema import WeightAverage
 from nmt.train import init_from, pretrained_embeddings
 from nmt.train.interrupt import GracefulInterrupt
@@ -240,6 +241,8 @@ class Trainer:
         if self.dist.is_main:  # once the model is built (and holds the parent's weights): a refused run writes none
             write_run_vocabularies(self.save_dir, self.data.src_field, self.data.tgt_field, fresh=checkpoint is None)
         self.stopper = EarlyStopping(HIGHER_IS_BETTER[self.metric], train_cfg["early_stopping_patience"])
+        # training.keep_best: the N best validations, ranked by early stopping's rule (best_step_N.pt files)
+        self.kept = KeptBest(train_cfg["keep_best"], self.metric, self.stopper.is_better, self.stopper.higher_is_better)
         self.progress = Progress()
         self.nonfinite_skips = DroppedUpdates()  # updates dropped for a non-finite loss (training.nonfinite: skip)
         self.overflows = OverflowSkips()  # fp16 updates dropped for inf/NaN gradients (nmt.train.overflow)
@@ -278,6 +281,9 @@ class Trainer:
                                "checkpoint of that step remains to restore it from; the next validation that "
                                "improves on that best writes it", self.save_dir / "best.pt", self.stopper.best_step,
                                self.resume_path.name)
+            if self.dist.is_main and self.kept.size > 0:  # the files the record names, and no others
+                for line in restore_kept(self.save_dir, self.kept, self.progress.step, self.resume_path):
+                    logger.warning("%s", line)
         self.nonfinite = NonFiniteGuard(self.device)
         self.train_model = wrap_model(self.model, self.dist)  # DistributedDataParallel with several processes
         if self.dist.enabled:
@@ -424,6 +430,7 @@ class Trainer:
         self.precision.load_state_dict(checkpoint.get("grad_scaler", {}))
         trainer_state = checkpoint["trainer"]
         self.stopper.load_state_dict(trainer_state["early_stopping"])
+        self.kept.load_state_dict(trainer_state.get("keep_best"))  # absent: saved before keep_best or by an older nmt
         self.progress = Progress(**trainer_state["progress"])
         self.nonfinite_skips.load_state_dict({"total": trainer_state.get("skipped_updates", 0),  # absent before
                                               "in_a_row": trainer_state.get("consecutive_skips", 0)})  # nmt recorded them
@@ -451,13 +458,14 @@ class Trainer:
             "tgt_field": self.data.tgt_field.state_dict(),
             "metrics": self.last_metrics,
             "trainer": {"progress": asdict(self.progress), "early_stopping": self.stopper.state_dict(),
+                        "keep_best": self.kept.state_dict(),
                         "data_files": self.data_files, "skipped_updates": self.skipped_updates,
                         "consecutive_skips": self.consecutive_skips,
                         "overflow_skips": self.overflows.state_dict()},
         }
 
     def save(self, is_best: bool = False, step_file: bool = True) -> None:
-        """Write last.pt (and step_N.pt / best.pt) to save_dir atomically (rank 0; every rank
+        """Write last.pt (and step_N.pt / best.pt / best_step_N.pt) to save_dir atomically (rank 0; every rank
         calls it: the RNG states of all ranks are gathered into the checkpoint).
 
         Raises NonFiniteLossError instead when a non-finite loss was seen or a parameter is
@@ -471,7 +479,8 @@ class Trainer:
         if self.dist.is_main:
             payload = self._payload()
             payload["trainer"]["distributed"] = distributed_state(self.dist, self.config, states)
-            save_run_checkpoint(self.save_dir, payload, self.config["training"]["keep_last"], is_best, step_file)
+            save_run_checkpoint(self.save_dir, payload, self.config["training"]["keep_last"], is_best, step_file,
+                                kept_steps=self.kept.steps if self.kept.size > 0 else None)
             save_config(self.config, self.save_dir / "config.yaml")  # it describes the weights in save_dir
         self.saved_step = self.progress.step
 
@@ -735,6 +744,7 @@ class Trainer:
         scalars = self.dist.broadcast(result.scalars if result is not None else None)
         value = scalars[self.metric]
         is_best = self.stopper.update(value, p.step, count=regular)
+        self.kept.offer(p.step, value)  # training.keep_best (none kept with 0)
         decayed = self.schedule.on_validation(scalars["loss"]) if regular else False
         train_loss = p.valid_loss_sum / p.valid_tokens if p.valid_tokens else math.nan
         record = {"step": p.step, "epoch": p.epoch, "lr": self.schedule.lr, "train_loss": train_loss,
