@@ -286,7 +286,7 @@ def repair_best(save_dir: str | os.PathLike, resumed_step: int, best_step: int,
     ``save_run_checkpoint`` writes ``last.pt`` before ``best.pt``, so after a crash between the
     two the resumed file ``source`` (default ``last.pt``), whose record says best = ``best_step`` =
     ``resumed_step``, is the state ``best.pt`` should hold; an older best is copied from
-    ``step_{best_step}.pt`` when that file still holds it. ``holds``: whether ``best.pt`` holds
+    ``step_{best_step}.pt`` or ``best_step_{best_step}.pt`` when that file still holds it. ``holds``: whether ``best.pt`` holds
     ``best_step``, where the caller checked it already (None: checked here, one CRC pass). Returns
     the file copied over ``best.pt``, or None when nothing was (already right, no validation yet,
     no such file).
@@ -298,9 +298,10 @@ def repair_best(save_dir: str | os.PathLike, resumed_step: int, best_step: int,
         return None
     if best_step == resumed_step:
         origin = Path(source) if source is not None else save_dir / "last.pt"
-    else:
-        origin = save_dir / f"step_{best_step}.pt"
-        if not holds_step(origin, best_step):
+    else:  # its step file, or its kept-best file (training.keep_best)
+        origin = next((o for o in (save_dir / f"step_{best_step}.pt", kept_best_path(save_dir, best_step))
+                       if holds_step(o, best_step)), None)
+        if origin is None:
             return None
     _atomic_copy(origin, save_dir / "best.pt")
     return origin

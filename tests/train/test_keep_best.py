@@ -227,3 +227,45 @@ def test_keep_best_off_writes_and_removes_no_kept_file(task, tmp_path):
 def test_a_negative_keep_best_is_a_config_error(task, tmp_path):
     with pytest.raises(ConfigError, match=r"tiny\.yaml.*training\.keep_best"):
         make_trainer(task, tmp_path / "run", keep_best=-1)
+
+
+@pytest.mark.parametrize("metric", ["loss", "accuracy"])
+def test_a_resume_that_falls_back_keeps_the_set_of_its_checkpoint(task, tmp_path, metric):
+    """last.pt and the newest step_N.pt torn: the resume takes the newest checkpoint that loads, a
+    kept best_step_N.pt of that step among them; the files of validations after it leave, and the
+    finished run keeps the same set as one never interrupted."""
+    straight = tmp_path / "straight"
+    make_trainer(task, straight, metric, keep_best=2, max_steps=16, keep_last=1).train()
+    run = tmp_path / "run"
+    make_trainer(task, run, metric, keep_best=2, max_steps=12, keep_last=1).train()
+    kept_at_12 = kept_files(run)
+    for name in ("last.pt", "step_12.pt"):
+        (run / name).unlink()
+        (run / name).write_bytes(b"torn")
+    (run / "best.pt").unlink()  # (else a best.pt of step 12 would serve first)
+    resumed = make_trainer(task, run, metric, keep_best=2, max_steps=16, keep_last=1)
+    # step 12 kept: its best_step_12.pt; else the newest kept file (step_10.pt is gone: keep_last 1)
+    expected_step = 12 if 12 in kept_at_12 else max(kept_at_12)
+    assert resumed.progress.step == expected_step and resumed.resume_path.name == f"best_step_{expected_step}.pt"
+    assert resumed.kept.steps == brute_force_top_upto(straight, metric, 2, expected_step)
+    assert kept_files(run) == sorted(resumed.kept.steps)
+    assert checkpoint_step(run / "best.pt") == resumed.kept.steps[0]  # best.pt restored from its kept file
+    resumed.train()
+    assert assert_kept_is_top(run, metric, 2) == brute_force_top(straight, metric, 2)
+
+
+def test_temporaries_of_kept_files_are_removed_on_start(task, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".best_step_4.pt.x1y2z3.tmp").write_bytes(b"half a checkpoint")  # a save killed mid-way
+    make_trainer(task, run, "loss", keep_best=2, max_steps=4).train()
+    assert not list(run.glob(".*.tmp")) and kept_files(run) == [2, 4]
+
+
+def test_repair_best_takes_the_kept_file_of_the_best_step(tmp_path):
+    from nmt.train.checkpoint import repair_best, save_checkpoint
+
+    save_checkpoint(tmp_path / "best_step_4.pt", {"step": 4, "tag": "kept"})
+    save_checkpoint(tmp_path / "best.pt", {"step": 2})  # stale
+    assert repair_best(tmp_path, resumed_step=8, best_step=4) == tmp_path / "best_step_4.pt"
+    assert torch.load(tmp_path / "best.pt", weights_only=True)["tag"] == "kept"
