@@ -1,6 +1,7 @@
 """training.keep_best: the kept best_step_N.pt files against a brute-force top-N of metrics.jsonl,
 over real tiny runs (both metric directions), a resume, crashes between a save's writes, and damage."""
 import json
+import logging
 import math
 import os
 import random
@@ -162,7 +163,9 @@ def brute_force_top_upto(save_dir: Path, metric: str, n: int, step: int) -> list
     return [s for s, _ in sorted(pairs, key=lambda sv: (sign * sv[1], sv[0]))[:n]]
 
 
-def test_a_damaged_or_missing_kept_file_is_restored_or_dropped_on_resume(task, tmp_path, caplog):
+def test_a_damaged_or_missing_kept_file_is_restored_or_dropped_on_resume(task, tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(logging.getLogger("nmt"), "propagate", True)  # off after a CLI test's setup_logging
+    caplog.set_level(logging.WARNING, logger="nmt")
     run = tmp_path / "run"
     make_trainer(task, run, "accuracy", keep_best=3, max_steps=12, keep_last=12).train()
     top = brute_force_top(run, "accuracy", 3)
