@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 
 class EarlyStopping:
@@ -51,6 +52,14 @@ class EarlyStopping:
     def state_dict(self) -> dict:
         return {"best": self.best, "best_step": self.best_step, "bad_validations": self.bad_validations,
                 "counted_best": self.counted_best}
+
+    def replay(self, validations: Iterable[tuple[int, float]]) -> None:
+        """Start afresh and record ``validations`` ((step, value) pairs in the order they ran), each
+        counted: the state a run with this metric from its first step would hold (used when a resume
+        changes ``validation.metric``). A NaN value is never a best, as in :meth:`update`."""
+        self.__init__(self.higher_is_better, self.patience)
+        for step, value in validations:
+            self.update(value, step)
 
     def load_state_dict(self, state: dict) -> None:
         self.best, self.best_step, self.bad_validations = state["best"], state["best_step"], state["bad_validations"]

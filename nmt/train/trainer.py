@@ -413,6 +413,21 @@ class Trainer:
                           f"({what}){also}; its vocabulary and data position belong to the old file: restore it, "
                           "use another training.save_dir, or set training.resume_ignore_data_change: true")
 
+    def _replay_validations(self, previous_metric: str, step: int) -> None:
+        """Early stopping's best and patience rebuilt for ``validation.metric`` from the validations
+        ``metrics.jsonl`` records up to the resumed ``step`` (each record holds every metric), as if
+        the run had used this metric from its start; best.pt then follows the rebuilt best (the
+        resume's repair restores it from a checkpoint of that step where one remains)."""
+        key = f"valid_{self.metric}"
+        records = [r for r in MetricsLog(self.save_dir / "metrics.jsonl").read()
+                   if r.get("step", math.inf) <= step and key in r]
+        self.stopper.replay((r["step"], math.nan if r[key] is None else float(r[key])) for r in records)
+        found = (f"best {self.metric} {self.stopper.best:.4g} at step {self.stopper.best_step}"
+                 if self.stopper.best_step >= 0 else f"no {self.metric} value among them")
+        logger.warning("validation.metric is now %s (%s ranked the checkpoints so far): best.pt and early stopping "
+                       "are rebuilt from the %d validations metrics.jsonl records up to step %d: %s",
+                       self.metric, previous_metric, len(records), step, found)
+
     def _restore(self, checkpoint: dict) -> None:
         # with training.ema the checkpoint's "model" is the average, "raw_model" the trained weights
         self.model.load_state_dict(checkpoint.get("raw_model", checkpoint["model"]))
@@ -430,6 +445,9 @@ class Trainer:
         self.precision.load_state_dict(checkpoint.get("grad_scaler", {}))
         trainer_state = checkpoint["trainer"]
         self.stopper.load_state_dict(trainer_state["early_stopping"])
+        previous_metric = checkpoint["config"]["validation"]["metric"]
+        if previous_metric != self.metric:  # its best and patience speak of another metric: rebuilt
+            self._replay_validations(previous_metric, checkpoint["step"])
         self.kept.load_state_dict(trainer_state.get("keep_best"))  # absent: saved before keep_best or by an older nmt
         self.progress = Progress(**trainer_state["progress"])
         self.nonfinite_skips.load_state_dict({"total": trainer_state.get("skipped_updates", 0),  # absent before
