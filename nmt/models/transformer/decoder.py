@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from nmt.models.dropout import Dropout
+from nmt.models.transformer.checkpointing import run_layer
 from nmt.models.transformer.layers import AttentionSpec, DecoderLayer, LayerSpec
 from nmt.models.transformer.packed_rows import PackedMemory
 from nmt.models.transformer.rotary import stack_rotation
@@ -49,6 +50,9 @@ class TransformerDecoder(nn.Module):
         self.dropout = Dropout(dropout)
         self.layers = nn.ModuleList(DecoderLayer(spec, self_attention, cross_attention) for _ in range(layers))
         self.final_norm = nn.LayerNorm(spec.d_model) if spec.norm == "pre" else None
+        self.checkpoint_activations = False
+        """Run each layer of a teacher-forced pass (no caches) under activation checkpointing
+        when autograd records (:mod:`nmt.models.transformer.checkpointing`)."""
 
     def cross_keys_values(self, memory: Tensor, packed: PackedMemory | None = None) -> list[KV]:
         """memory (B, L, D) -> each layer's cross-attention keys/values (B, heads, L, d_head),
@@ -79,10 +83,10 @@ class TransformerDecoder(nn.Module):
         self_maps, cross_maps, new_caches = [], [], []
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x, self_probs, cross_probs, cache = layer(x, cross_kv[i], key_mask,
-                                                      None if caches is None else caches[i],
-                                                      need_maps, need_maps or (need_attention and i == last),
-                                                      rotation)
+            x, self_probs, cross_probs, cache = run_layer(
+                layer, self.checkpoint_activations and caches is None, x, cross_kv[i], key_mask,
+                None if caches is None else caches[i], need_maps, need_maps or (need_attention and i == last),
+                rotation)
             self_maps.append(self_probs)
             cross_maps.append(cross_probs)
             new_caches.append(cache)

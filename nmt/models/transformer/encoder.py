@@ -6,6 +6,7 @@ import math
 from torch import Tensor, nn
 
 from nmt.models.dropout import Dropout
+from nmt.models.transformer.checkpointing import run_layer
 from nmt.models.transformer.layers import AttentionSpec, EncoderLayer, LayerSpec
 from nmt.models.transformer.packed_rows import PackedMemory, PackedRows, packs
 from nmt.models.transformer.rotary import stack_rotation
@@ -30,6 +31,9 @@ class TransformerEncoder(nn.Module):
         self.dropout = Dropout(dropout)
         self.layers = nn.ModuleList(EncoderLayer(spec, attention) for _ in range(layers))
         self.final_norm = nn.LayerNorm(spec.d_model) if spec.norm == "pre" else None
+        self.checkpoint_activations = False
+        """Run each layer under activation checkpointing when autograd records
+        (:mod:`nmt.models.transformer.checkpointing`, ``training.checkpoint_activations``)."""
 
     def forward(self, emb: Tensor, mask: Tensor, need_maps: bool = True) -> tuple[Tensor, list[Tensor | None]]:
         """emb: (B, L, D) unscaled embeddings; mask: (B, L) bool, True = real token.
@@ -57,7 +61,7 @@ class TransformerEncoder(nn.Module):
             x = rows.pack(x)
         maps = []
         for layer in self.layers:
-            x, probs = layer(x, key_mask, need_maps, rotation, rows)
+            x, probs = run_layer(layer, self.checkpoint_activations, x, key_mask, need_maps, rotation, rows)
             maps.append(probs)
         if self.final_norm is not None:
             x = self.final_norm(x)
