@@ -253,6 +253,10 @@ TRAINING = {
     "compile": Option(bool, False, "torch.compile the forward and loss (CUDA graphs on CUDA); needs a C++ "
                       "compiler on CPU ($CXX or g++), a C one on CUDA ($CC, gcc or clang)"),
     "compile_encoder": Option(bool, False, "with compile: an LSTM encoder inside the compiled graph (its padding made inert) instead of packing between graphs: one graph per step, longer compilation"),
+    "checkpoint_activations": Option(bool, False, "recompute each Transformer layer's activations in the "
+                                     "backward pass instead of keeping them (fairseq's --checkpoint-activations): "
+                                     "less activation memory for about one more forward pass per step; the same "
+                                     "loss and gradients (model.type: transformer)"),
     "pad_to_multiple": Option(int, 1, "pad batch lengths to a multiple of this (with compile, e.g. 8: few compiled shapes)", minimum=1),
     "early_stopping_patience": Option(int, None, "stop after this many validations without improvement of "
                                       "validation.metric (null: never)", nullable=True, minimum=1),

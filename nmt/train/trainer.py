@@ -28,6 +28,7 @@ from nmt.data.batching import collate, make_batch_order
 from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.models import ModelConfigError, build_model, describe_attention
+from nmt.models.transformer.checkpointing import set_activation_checkpointing
 from nmt.models.protocol import position_limits
 from nmt.sparse import get_loss, is_softmax, loss_display_name
 from nmt.train.checkpoint import (CheckpointError, best_check, find_resume_checkpoint, load_checkpoint,
@@ -141,6 +142,10 @@ def check_run_config(config: dict, source: str) -> torch.device:
         problem = compiler_problem(device)
         if problem is not None:
             raise ConfigError(source, "training.compile", problem)
+    if train_cfg["checkpoint_activations"] and config["model"]["type"] != "transformer":
+        raise ConfigError(source, "training.checkpoint_activations",
+                          f"recomputes Transformer layers; model.type is {config['model']['type']!r} "
+                          "(set model.type: transformer or checkpoint_activations: false)")
     if valid_cfg["metric"] in DECODING_METRICS and not valid_cfg["decode"]:
         raise ConfigError(source, "validation.metric",
                           f"{valid_cfg['metric']!r} needs decoding, but validation.decode is false")
@@ -211,6 +216,7 @@ class Trainer:
         except ModelConfigError as exc:  # the builder names the key; add the file
             raise ConfigError(source, exc.key, exc.problem) from None
         check_valid_positions(self.data, config["data"], position_limits(self.model))
+        set_activation_checkpointing(self.model, train_cfg["checkpoint_activations"])
         self._pretrained_embeddings(checkpoint is not None, parent is not None)
         self.model.to(self.device)
         if self.dist.rank > 0:  # same initial weights on every rank, other dropout masks

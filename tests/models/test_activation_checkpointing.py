@@ -155,3 +155,32 @@ def test_a_model_without_transformer_layers_is_refused():
     with pytest.raises(ValueError, match="model.type: transformer"):
         set_activation_checkpointing(torch.nn.Linear(2, 2), True)
     set_activation_checkpointing(torch.nn.Linear(2, 2), False)  # off: nothing to do
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_packed_and_padded_encoder_paths(packed, monkeypatch):
+    """The CPU encoder's packed rows (a PackedRows argument of the checkpointed layer) and the
+    padded layout both give the plain step's loss and gradients."""
+    import nmt.models.transformer.packed_rows as packed_rows
+
+    monkeypatch.setattr(packed_rows, "PACKED_ENCODER", packed)
+    packs = []
+    real = packed_rows.PackedRows.of
+    monkeypatch.setattr(packed_rows.PackedRows, "of", staticmethod(lambda mask: packs.append(1) or real(mask)))
+    model = make(torch.float64, MAPPINGS["sparsemax"])
+    assert_same(step(model, True), step(model, False), 1e-12)
+    assert bool(packs) == packed
+
+
+def test_fused_attention_heads(monkeypatch):
+    """Heads served by the fused kernel (``scaled_dot_product_attention``, its own attention dropout
+    drawn from torch's generator), as on CUDA where nobody reads the probabilities."""
+    import nmt.models.transformer.multihead_attention as mha
+
+    calls = []
+    real = mha.F.scaled_dot_product_attention
+    monkeypatch.setattr(mha, "fused_attention_serves", lambda x: True)
+    monkeypatch.setattr(mha.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = make(torch.float64, MAPPINGS["softmax"])
+    assert_same(step(model, True), step(model, False), 1e-12)
+    assert calls
