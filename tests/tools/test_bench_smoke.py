@@ -380,3 +380,37 @@ def test_bench_cross_kv_on_a_small_corpus(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert f"pool_sort target: {len(batches)} batches, {pads / sum(b.src.numel() for b in batches):.1%}" in printed
     assert "median of the passes' ratios" in printed and "the padding's" in printed
+
+
+def test_bench_checkpointing_on_a_small_corpus(tmp_path, capsys):
+    """``bench_checkpointing``'s modes on a small random corpus with its own sentencepiece model: the
+    allocation curve is the running sum of the profile's allocations (a known tensor's bytes), the
+    checkpointed step holds fewer bytes for the backward, and both modes print their figures."""
+    spm = pytest.importorskip("sentencepiece")
+    import random
+
+    bench = _load("bench_checkpointing")
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        x = torch.empty(1000, 250)
+        del x
+    curve = bench.allocation_curve(prof)
+    assert max(curve) >= 1000 * 250 * 4 and curve[-1] == 0
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 6))) for _ in range(200)]
+    for split, n in (("train", 300), ("val", 10)):
+        for lang in ("de", "en"):
+            lines = (" ".join(rng.choice(words) for _ in range(rng.randint(1, 20))) for _ in range(n))
+            (tmp_path / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=f"{tmp_path / 'train.de'},{tmp_path / 'train.en'}",
+                                   model_prefix=str(tmp_path / "spm"), vocab_size=150, minloglevel=2)
+    common = ["--data-dir", str(tmp_path), "--spm", str(tmp_path / "spm.model"), "--batch-size", "8",
+              "--warmup", "1", "--batches", "2", "--passes", "1"]
+    assert bench.main(["memory", *common]) == 0
+    printed = capsys.readouterr().out
+    held = [float(line.split("backward")[1].split("MiB")[0]) for line in printed.splitlines()
+            if line.startswith("checkpoint_activations")]
+    assert len(held) == 2 and held[1] < held[0]
+    assert bench.main(["time", *common]) == 0
+    assert "median of the passes' ratios" in capsys.readouterr().out
