@@ -3,6 +3,7 @@ are rebuilt from metrics.jsonl for the new metric. Independent truths: a brute-f
 the records, and a straight run that used the new metric from its first step (the metric does not
 change training, so both runs train the same weights)."""
 import json
+import logging
 import math
 import random
 
@@ -41,7 +42,8 @@ def records(run) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_resume_with_another_metric_rebuilds_best_and_patience(task, tmp_path, caplog):  # noqa: F811
+def test_a_resume_with_another_metric_rebuilds_best_and_patience(task, tmp_path, caplog, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(logging.getLogger("nmt"), "propagate", True)  # off after a CLI test's setup_logging
     run, straight = tmp_path / "run", tmp_path / "straight"
     make_trainer(task, run, "loss", max_steps=12, keep_last=100).train()
     by_accuracy = [(r["step"], math.nan if r["valid_accuracy"] is None else r["valid_accuracy"]) for r in records(run)]
