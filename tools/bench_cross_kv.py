@@ -8,6 +8,7 @@ Process CPU time (all threads of this process), so that figures taken on a share
 something; on 2 cores a second busy process still slows torch, so compare only figures of one run.
 
     python tools/bench_cross_kv.py padding             # padded share of the source positions per pool_sort
+                                                       # (--model lstm: the LSTM harness config's batches)
     python tools/bench_cross_kv.py share               # the cross K/V projection's share of the step
     python tools/bench_cross_kv.py ab --passes 12      # alternating passes: packed rows vs padded memory
     python tools/bench_cross_kv.py step                # min / median ms per step (base vs new checkouts)
@@ -43,13 +44,16 @@ from nmt.train.update import update  # noqa: E402
 from nmt.utils.allocator import keep_freed_memory  # noqa: E402
 
 CONFIG = ROOT / "tools" / "peer_bench" / "nmt_transformer.yaml"
+CONFIGS = {"transformer": CONFIG, "lstm": ROOT / "tools" / "peer_bench" / "nmt_softmax.yaml"}
+"""The side-by-side harness's models by ``--model`` (``padding`` counts the batches of either)."""
 PAD, BOS, EOS = 0, 2, 3
 
 
-def config(data_dir: Path, spm: Path, pool_sort: str) -> dict:
-    """The harness's Transformer config on ``data_dir`` with ``training.pool_sort`` set."""
+def config(data_dir: Path, spm: Path, pool_sort: str, base: Path = CONFIG, overrides: tuple[str, ...] = ()) -> dict:
+    """The harness's config ``base`` (default: the Transformer's) on ``data_dir`` with
+    ``training.pool_sort`` and the ``overrides`` (``key=value``) set."""
     valid = "val" if (data_dir / "val.de").exists() else "test_2016_flickr"
-    return load_config(CONFIG, [
+    return load_config(base, [*overrides,
         "training.save_dir=unused", f"training.pool_sort={pool_sort}",
         f"data.train.src={data_dir / 'train.de'}", f"data.train.tgt={data_dir / 'train.en'}",
         f"data.valid.src={data_dir / (valid + '.de')}", f"data.valid.tgt={data_dir / (valid + '.en')}",
@@ -103,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spm", type=Path, default=ROOT / "data" / "spm8000.model",
                         help="joint sentencepiece model (tools/peer_bench/spm.py)")
     parser.add_argument("--pool-sort", default="target", choices=("target", "target_source"))
+    parser.add_argument("--model", default="transformer", choices=tuple(CONFIGS),
+                        help="padding: whose batches to count (the LSTM's pool and batch size are its config's)")
     parser.add_argument("--warmup", type=int, default=20, help="untimed updates first")
     parser.add_argument("--batches", type=int, default=10, help="batches of one timed pass")
     parser.add_argument("--passes", type=int, default=8, help="timed passes over them")
@@ -114,10 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"bench_cross_kv: no sentencepiece model at {args.spm} (tools/peer_bench/spm.py makes one)")
     if args.mode == "padding":
         for pool_sort in ("target", "target_source"):
-            all_batches, _, _ = batches(config(args.data_dir, args.spm, pool_sort), None)
+            all_batches, _, _ = batches(config(args.data_dir, args.spm, pool_sort, CONFIGS[args.model]), None)
             share = padded_share(all_batches)
+            per_batch = sorted(padded_share([b]) for b in all_batches)
+            deciles = ", ".join(f"{per_batch[round(q * (len(per_batch) - 1))]:.1%}" for q in (0.1, 0.5, 0.9))
             print(f"pool_sort {pool_sort}: {len(all_batches)} batches, {share:.1%} of the source positions padded "
-                  f"({share / (1 - share):.2f} per real token)")
+                  f"({share / (1 - share):.2f} per real token); per batch 10th / 50th / 90th percentile {deciles}")
         return 0
     cfg = config(args.data_dir, args.spm, args.pool_sort)
     some, src_vocab, tgt_vocab = batches(cfg, args.warmup + args.batches)
