@@ -17,7 +17,8 @@ RNN_TYPES: dict[str, type[nn.RNNBase]] = {"lstm": nn.LSTM, "gru": nn.GRU}
 CPU_RUNS = True
 """CPU batches take the faster runs that read the (host-held) source lengths: float32 LSTMs
 :func:`~nmt.models.padded_lstm.padded_lstm` without gradients and
-:func:`~nmt.models.inert_padding_lstm.inert_padding_lstm` with them, other RNNs without gradients
+:func:`~nmt.models.inert_padding_lstm.inert_padding_lstm` with them (the rows in groups of similar
+source lengths where that saves time steps: :func:`~nmt.models.inert_padding_lstm.row_groups`), other RNNs without gradients
 one source length at a time (:meth:`RNNEncoder._length_groups`); False: always one packed run
 (sync counting)."""
 

@@ -23,6 +23,19 @@ Measured (2-layer bi-LSTM, 128 units per direction, batch 64, 2 threads, Intel X
 backward 43 -> 31 ms at 16 positions (lengths 8-16 and 1), 91 -> 61 ms at 30. oneDNN builds its
 kernels once per (length, batch) shape and keeps them. No host synchronisation beyond reading the
 host-held lengths.
+
+Rows in groups (:func:`row_groups`, host lengths only, so the CPU training run; the compiled
+``valid`` route is one call as before): batches sorted by target length (``training.pool_sort:
+target``) carry 1.56 source positions per real token on Multi30k, and one call computes every one
+of them. The rows, sorted by length, are cut (at multiples of 8 rows) into at most
+:data:`MAX_GROUPS` groups where the cost model (time steps, padding included, plus
+:data:`CALL_COST` a call) says so; each group is one fused call per layer over its rows' first
+``width`` positions (1.21 time steps per real token instead of 1.56 over a Multi30k epoch). The
+same function: a row's recurrence is its own, and the backward direction of a row meets the same
+inert padding from zero states whether the batch is padded to its group's width or the whole
+batch's. Measured (shared machine, process CPU, one thread, the harness's Multi30k LSTM): the
+encoder's forward+backward 49.7 -> 44.5 ms a batch (unpadded: 34.9), a training update 2-5%
+faster under ``pool_sort: target``; ``target_source`` batches rarely split (43 of 454).
 """
 from __future__ import annotations
 

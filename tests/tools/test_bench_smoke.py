@@ -414,3 +414,38 @@ def test_bench_checkpointing_on_a_small_corpus(tmp_path, capsys):
     assert len(held) == 2 and held[1] < held[0]
     assert bench.main(["time", *common]) == 0
     assert "median of the passes' ratios" in capsys.readouterr().out
+
+
+def test_bench_lstm_padding_on_a_small_corpus(tmp_path, capsys):
+    """``bench_lstm_padding``'s modes on a small random corpus: an unpadded twin holds the batch's
+    real source tokens in order and no padding, ``ab`` leaves the row-group setting as it found
+    it, and every mode prints its figures."""
+    spm = pytest.importorskip("sentencepiece")
+    import random
+
+    from nmt.models import inert_padding_lstm
+
+    bench = _load("bench_lstm_padding")
+    rng = random.Random(1)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 6))) for _ in range(200)]
+    for split, n in (("train", 300), ("val", 10)):
+        for lang in ("de", "en"):
+            lines = (" ".join(rng.choice(words) for _ in range(rng.randint(1, 20))) for _ in range(n))
+            (tmp_path / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=f"{tmp_path / 'train.de'},{tmp_path / 'train.en'}",
+                                   model_prefix=str(tmp_path / "spm"), vocab_size=150, minloglevel=2)
+    cfg = bench.config(tmp_path, tmp_path / "spm.model", "target", "softmax")
+    batches, _, _ = bench.batches(cfg, 3)
+    for batch in batches:
+        twin = bench.ideal(batch)
+        real = batch.src[torch.arange(batch.src.size(1))[None] < batch.src_lengths[:, None]]
+        assert twin.src.size(0) == batch.src.size(0) and torch.all(twin.src_lengths == twin.src.size(1))
+        assert torch.equal(twin.src.reshape(-1)[:real.numel()], real) and torch.equal(twin.tgt_out, batch.tgt_out)
+    common = ["--data-dir", str(tmp_path), "--spm", str(tmp_path / "spm.model"), "--warmup", "1", "--batches", "2",
+              "--passes", "2", "--threads", "1"]
+    default = inert_padding_lstm.MAX_GROUPS
+    for mode in ("share", "ab", "step"):
+        assert bench.main([mode, *common]) == 0
+    assert inert_padding_lstm.MAX_GROUPS == default
+    printed = capsys.readouterr().out
+    assert "of it the encoder" in printed and "median of the passes' ratios" in printed and "ms_per_step_min" in printed
