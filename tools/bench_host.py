@@ -236,8 +236,11 @@ def _native_dropout(self, x):
 @contextlib.contextmanager
 def model_as_on_cuda(patch: Callable[[Any, str, Any], None]) -> Iterator[None]:
     """The model's CUDA branches where the CPU can run them (see the module docstring)."""
-    from nmt.models import decoder, dropout
+    from nmt.models import decoder, dropout, inert_padding_lstm
 
+    if hasattr(inert_padding_lstm, "MAX_GROUPS"):  # the CPU encoder's row groups read the host lengths
+        # (a numpy copy, free on a GPU machine, where that encoder never runs): one call, as before them
+        patch(inert_padding_lstm, "MAX_GROUPS", 1)
     if hasattr(decoder, "fused_cell_usable"):
         _register_fused_cell()
         import torch

@@ -352,22 +352,29 @@ def test_bench_ema_quick(tmp_path, capsys):
     assert "EMA update" in capsys.readouterr().out
 
 
+def small_corpus(directory, spm, seed: int) -> None:
+    """A random Multi30k-shaped corpus in ``directory`` (train / val .de / .en, up to 20 words a line)
+    and its joint sentencepiece model ``spm.model`` (150 pieces): what the harness benchmarks read."""
+    import random
+
+    rng = random.Random(seed)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 6))) for _ in range(200)]
+    for split, n in (("train", 300), ("val", 10)):
+        for lang in ("de", "en"):
+            lines = (" ".join(rng.choice(words) for _ in range(rng.randint(1, 20))) for _ in range(n))
+            (directory / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=f"{directory / 'train.de'},{directory / 'train.en'}",
+                                   model_prefix=str(directory / "spm"), vocab_size=150, minloglevel=2)
+
+
 def test_bench_cross_kv_on_a_small_corpus(tmp_path, capsys):
     """``bench_cross_kv``'s modes on a small random corpus with its own sentencepiece model: the padded
     share equals a count of the source's pad ids, ``ab`` leaves the decoder's projection as it found
     it, and every mode prints its figures."""
     spm = pytest.importorskip("sentencepiece")
-    import random
 
     bench = _load("bench_cross_kv")
-    rng = random.Random(0)
-    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 6))) for _ in range(200)]
-    for split, n in (("train", 300), ("val", 10)):
-        for lang in ("de", "en"):
-            lines = (" ".join(rng.choice(words) for _ in range(rng.randint(1, 20))) for _ in range(n))
-            (tmp_path / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    spm.SentencePieceTrainer.train(input=f"{tmp_path / 'train.de'},{tmp_path / 'train.en'}",
-                                   model_prefix=str(tmp_path / "spm"), vocab_size=150, minloglevel=2)
+    small_corpus(tmp_path, spm, seed=0)
     common = ["--data-dir", str(tmp_path), "--spm", str(tmp_path / "spm.model")]
     batches, _, _ = bench.batches(bench.config(tmp_path, tmp_path / "spm.model", "target"), None)
     pads = sum(int((b.src == bench.PAD).sum()) for b in batches)
@@ -387,7 +394,6 @@ def test_bench_checkpointing_on_a_small_corpus(tmp_path, capsys):
     allocation curve is the running sum of the profile's allocations (a known tensor's bytes), the
     checkpointed step holds fewer bytes for the backward, and both modes print their figures."""
     spm = pytest.importorskip("sentencepiece")
-    import random
 
     bench = _load("bench_checkpointing")
     from torch.profiler import ProfilerActivity, profile
@@ -397,14 +403,7 @@ def test_bench_checkpointing_on_a_small_corpus(tmp_path, capsys):
         del x
     curve = bench.allocation_curve(prof)
     assert max(curve) >= 1000 * 250 * 4 and curve[-1] == 0
-    rng = random.Random(0)
-    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 6))) for _ in range(200)]
-    for split, n in (("train", 300), ("val", 10)):
-        for lang in ("de", "en"):
-            lines = (" ".join(rng.choice(words) for _ in range(rng.randint(1, 20))) for _ in range(n))
-            (tmp_path / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    spm.SentencePieceTrainer.train(input=f"{tmp_path / 'train.de'},{tmp_path / 'train.en'}",
-                                   model_prefix=str(tmp_path / "spm"), vocab_size=150, minloglevel=2)
+    small_corpus(tmp_path, spm, seed=0)
     common = ["--data-dir", str(tmp_path), "--spm", str(tmp_path / "spm.model"), "--batch-size", "8",
               "--warmup", "1", "--batches", "2", "--passes", "1"]
     assert bench.main(["memory", *common]) == 0
@@ -421,19 +420,11 @@ def test_bench_lstm_padding_on_a_small_corpus(tmp_path, capsys):
     real source tokens in order and no padding, ``ab`` leaves the row-group setting as it found
     it, and every mode prints its figures."""
     spm = pytest.importorskip("sentencepiece")
-    import random
 
     from nmt.models import inert_padding_lstm
 
     bench = _load("bench_lstm_padding")
-    rng = random.Random(1)
-    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 6))) for _ in range(200)]
-    for split, n in (("train", 300), ("val", 10)):
-        for lang in ("de", "en"):
-            lines = (" ".join(rng.choice(words) for _ in range(rng.randint(1, 20))) for _ in range(n))
-            (tmp_path / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    spm.SentencePieceTrainer.train(input=f"{tmp_path / 'train.de'},{tmp_path / 'train.en'}",
-                                   model_prefix=str(tmp_path / "spm"), vocab_size=150, minloglevel=2)
+    small_corpus(tmp_path, spm, seed=1)
     cfg = bench.config(tmp_path, tmp_path / "spm.model", "target", "softmax")
     batches, _, _ = bench.batches(cfg, 3)
     for batch in batches:
