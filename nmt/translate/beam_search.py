@@ -245,11 +245,12 @@ def _collect(history: SearchHistory, end: SearchEnd, eos: int, pad: int, options
         # without EOS (their prefixes, recorded at the step before; none when cut at step 0)
         trunc = cuts.slots & (cuts.length > 0).unsqueeze(1)  # (B, K)
         prefix_step = (cuts.length - 1).clamp(min=0)  # (B,)
-        last = score.gather(0, prefix_step.view(1, batch, 1).expand(1, batch, k)).squeeze(0)  # (B, K)
+        at_prefix_step = prefix_step.view(1, batch, 1).expand(1, batch, k)  # (1, B, K) index into (T, B, K)
+        last = score.gather(0, at_prefix_step).squeeze(0)  # (B, K)
         lengths = cuts.length.clamp(min=1).unsqueeze(1)  # (B, 1)
         last_rank = last / length_penalty(penalty, lengths, alpha, score.dtype)  # (B, K)
         if cover is not None:  # the penalty of the prefix's coverage
-            last_cover = cover.gather(0, prefix_step.view(1, batch, 1).expand(1, batch, k)).squeeze(0)  # (B, K)
+            last_cover = cover.gather(0, at_prefix_step).squeeze(0)  # (B, K)
             last_rank = last_rank + last_cover
             entry_cover = torch.cat([entry_cover, last_cover], dim=1)
         entry_score = torch.cat([entry_score, last], dim=1)

@@ -36,9 +36,11 @@ import torch
 from torch import Tensor
 
 COVERAGE_PENALTIES = ("none", "wu", "summary")
+COVERAGE_EPSILON = 1e-6
+"""wu's default floor of a source token's coverage (``SearchOptions.coverage_epsilon``)."""
 
 
-def coverage_penalty(name: str, coverage: Tensor, beta: float, epsilon: float = 1e-6) -> Tensor:
+def coverage_penalty(name: str, coverage: Tensor, beta: float, epsilon: float = COVERAGE_EPSILON) -> Tensor:
     """The penalty (...,) of coverages ``coverage`` (..., L) (<= 0; 0 for ``"none"``), summed
     over the last dim; padding positions must hold a coverage of exactly 1 (:func:`start_coverage`),
     or the real ones only be given. ``epsilon`` floors wu's coverage (sparse attention)."""
@@ -68,4 +70,4 @@ def start_coverage(src_lengths: Tensor, length: int, dtype: torch.dtype = torch.
     return (positions.unsqueeze(0) >= src_lengths.unsqueeze(1)).to(dtype).unsqueeze(1)  # (B, 1, L)
 
 
-__all__ = ["COVERAGE_PENALTIES", "coverage_penalty", "penalty_bound", "start_coverage"]
+__all__ = ["COVERAGE_EPSILON", "COVERAGE_PENALTIES", "coverage_penalty", "penalty_bound", "start_coverage"]

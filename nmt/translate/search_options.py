@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nmt.translate.coverage_penalty import COVERAGE_PENALTIES
+from nmt.translate.coverage_penalty import COVERAGE_EPSILON, COVERAGE_PENALTIES
 from nmt.translate.length_penalty import LENGTH_PENALTIES
 
 SEARCH_MODES = ("auto", "dynamic", "static")
@@ -100,7 +100,7 @@ class SearchOptions:
     length_alpha: float = 0.6
     coverage_penalty: str = "none"
     beta: float = 0.0
-    coverage_epsilon: float = 1e-6
+    coverage_epsilon: float = COVERAGE_EPSILON
     stepwise_penalty: bool = False
     certify: bool = True
     support_stats: bool = True
@@ -165,7 +165,7 @@ class SearchOptions:
                 if value != off:
                     raise ValueError(f"{name} applies to coverage_penalty wu or summary, got {value!r} with "
                                      "coverage_penalty none")
-        if self.coverage_epsilon != 1e-6 and self.coverage_penalty != "wu":
+        if self.coverage_epsilon != COVERAGE_EPSILON and self.coverage_penalty != "wu":
             raise ValueError(f"coverage_epsilon applies to coverage_penalty wu (summary needs no floor), got "
                              f"{self.coverage_epsilon!r} with coverage_penalty {self.coverage_penalty}")
         if self.sample and self.coverage_penalty != "none":
