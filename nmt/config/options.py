@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from nmt.config.schema import REQUIRED, ListableSection, Option
 
-METRICS = ("exact_match", "bleu", "chrf", "loss", "accuracy")
-HIGHER_IS_BETTER = {"exact_match": True, "bleu": True, "chrf": True, "accuracy": True, "loss": False}
+METRICS = ("exact_match", "bleu", "chrf", "ter", "loss", "accuracy")
+HIGHER_IS_BETTER = {"exact_match": True, "bleu": True, "chrf": True, "ter": False, "accuracy": True, "loss": False}
 
 
 def _side(default_tokenizer: str) -> dict:

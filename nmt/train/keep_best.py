@@ -7,7 +7,7 @@ the checkpoint saved right after that validation (:func:`nmt.train.checkpoint.sa
 writes it before ``last.pt`` and deletes dropped ones after it).
 
 The order is early stopping's (:meth:`nmt.train.early_stopping.EarlyStopping.is_better`, the rule
-``best.pt`` follows): lower loss, higher accuracy / exact_match / bleu / chrf; a value that is no
+``best.pt`` follows): lower loss, higher accuracy / exact_match / bleu / chrf, lower ter; a value that is no
 better than the one kept already leaves the earlier step in front (ties: the earlier step wins, as
 for ``best.pt``), and a value that could never be ``best.pt`` (NaN, or the worst bound itself) is
 never kept.

@@ -63,7 +63,7 @@ from nmt.utils.tensorboard import TensorBoardWriter
 logger = logging.getLogger(__name__)
 
 RUN_LOCK_WHAT = "nmt-train run"
-DECODING_METRICS = ("exact_match", "bleu", "chrf")
+DECODING_METRICS = ("exact_match", "bleu", "chrf", "ter")
 RESUME_MUST_MATCH = ("model", "data", "training.seed", "training.batch_size", "training.batch_type",
                      "training.bucket_size", "training.pool_sort")  # all that makes the batch order the data position indexes
 
@@ -792,9 +792,9 @@ class Trainer:
                         " (new best)" if is_best else "",
                         f"; lr decayed to {self.schedule.lr:.3g}" if decayed else "")
             if result.signatures and not self._signatures_logged:
-                logger.info("valid decoding (its exact match, bleu, chrf and certified): %s",
+                logger.info("valid decoding (its exact match, bleu, chrf, ter and certified): %s",
                             search_description(self.search))
-                logger.info("valid bleu / chrf: sacrebleu %s", " / ".join(result.signatures.values()))
+                logger.info("valid bleu / chrf / ter: sacrebleu %s", " / ".join(result.signatures.values()))
                 self._signatures_logged = True
             for i, hyp in enumerate(result.hypotheses[: min(2, len(result.hypotheses))]):
                 logger.info("  example %d: hyp %r ref %r", i, hyp, self.data.valid_references[i])

@@ -35,7 +35,7 @@ class ValidationResult:
     scalars: loss (per target token), accuracy (% of target tokens whose most probable
     type is the gold one), ppl (softmax output only), attention_support / output_support
     (mean number of nonzero attention weights / output probabilities per target token), and
-    when decoding: exact_match, bleu, chrf (0-100) and certified (% of sentences whose
+    when decoding: exact_match, bleu, chrf (0-100), ter (sacrebleu's TER, lower is better) and certified (% of sentences whose
     search is certified: every sequence of nonzero probability found, the best hypothesis the
     argmax of the search's ranking (its length / coverage penalty), among the outputs its
     constraints allow (``block_ngram_repeat``, ``ban_unk_token``, ``min_length``)).
@@ -44,7 +44,7 @@ class ValidationResult:
     scalars: dict[str, float]
     hypotheses: list[str] = field(default_factory=list)
     signatures: dict[str, str] = field(default_factory=dict)
-    """sacrebleu signatures of the ``bleu`` and ``chrf`` scalars (when decoding)."""
+    """sacrebleu signatures of the ``bleu``, ``chrf`` and ``ter`` scalars (when decoding)."""
 
 
 StatisticsFn = Callable[..., tuple[Tensor, Tensor]]
@@ -211,6 +211,7 @@ def validate(model: nn.Module, dataset: ParallelDataset, references: Sequence[st
             scalars["exact_match"] = corpus_metrics.exact_match(hypotheses, references)
             scalars["bleu"], signatures["bleu"] = corpus_metrics.bleu_with_signature(hypotheses, references)
             scalars["chrf"], signatures["chrf"] = corpus_metrics.chrf_with_signature(hypotheses, references)
+            scalars["ter"], signatures["ter"] = corpus_metrics.ter_with_signature(hypotheses, references)
             scalars["certified"] = certified
     finally:
         model.train(was_training)

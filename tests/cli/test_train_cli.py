@@ -41,7 +41,7 @@ def test_smoke_generates_data_trains_and_resumes(tmp_path, monkeypatch, capsys):
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["training"]["max_steps"] == 3
     log = (run_dir / "train.log").read_text()
     assert "step 2 (epoch 0): train loss" in log and "tokens/s" in log  # log_every=1; epoch as in the summary
-    assert "certified=" in log and "valid bleu / chrf: sacrebleu nrefs:1|" in log  # certified, BLEU signature
+    assert "certified=" in log and "valid bleu / chrf / ter: sacrebleu nrefs:1|" in log  # certified, BLEU signature
     captured = capsys.readouterr()  # -quiet (its --help): warnings and the closing summary line only
     assert "training finished (max_steps) at step 3" in captured.out
     assert " INFO " not in captured.err and " INFO " not in captured.out
@@ -319,7 +319,7 @@ def test_validation_with_translate_search_flags_scores_what_nmt_translate_output
     run_dir = tmp_path / "runs" / "quickstart"
     record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["step"] == 3
-    assert "valid decoding (its exact match, bleu, chrf and certified): beam_size=3 max_length=5 min_length=1 " \
+    assert "valid decoding (its exact match, bleu, chrf, ter and certified): beam_size=3 max_length=5 min_length=1 " \
            "length_penalty=gnmt length_alpha=1.0 coverage_penalty=wu beta=0.3 coverage_epsilon=0.001 " \
            "stepwise_penalty=True ban_unk_token=True" in (run_dir / "train.log").read_text()
     capsys.readouterr()

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import sacrebleu
 import torch
 import yaml
 
@@ -101,6 +102,11 @@ def test_outputs_report_heatmaps_and_summary(trained, capsys):
     assert (att / "0.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "certified" in err and "sentences/s" in err and "BLEU" in err and "exact match" in err
     assert "tok:13a" in err and "version:" in err  # sacrebleu signatures
+    # TER beside BLEU and chrF: sacrebleu's TER of the written outputs against the references, recomputed
+    refs = (root / "refs.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    direct = sacrebleu.metrics.TER()
+    score = direct.corpus_score(lines, [refs]).score
+    assert f"; TER {score:.2f} ({direct.get_signature()}); exact match" in err
 
 
 def test_report_marks_outputs_cut_at_the_length_limit(trained, capsys, tmp_path):

@@ -267,3 +267,42 @@ def test_the_readme_translation_of_fairseq_eval_bleu_args():
     assert validation_search(config["validation"], "README.md") == SearchOptions(
         beam_size=4, n_best=1, max_length_ratio=1.2, max_length_offset=10, block_ngram_repeat=3,
         length_penalty="average")
+
+
+def test_ter_selects_best_pt_by_its_lowest_value(task, tmp_path, monkeypatch, logs):
+    """``validation.metric: ter``: every record's ``valid_ter`` is sacrebleu's TER of the translator's
+    hypotheses on that step's checkpoint (recomputed here), best.pt is the first minimum of those
+    (lower is better: early stopping's and best.pt's order), and the log line shows it."""
+    save_dir = tmp_path / "run"
+    config = run_config(task, save_dir)
+    config["validation"]["metric"] = "ter"
+    trainer, seen = train_recording(config, monkeypatch)
+    records = [json.loads(line) for line in (save_dir / "metrics.jsonl").read_text().splitlines()]
+    sources = Path(task["valid"]["src"]).read_text(encoding="utf-8").splitlines()
+    references = Path(task["valid"]["tgt"]).read_text(encoding="utf-8").splitlines()
+    options = SearchOptions(beam_size=BEAM, max_length=MAX_LENGTH)
+    ter = []
+    for record, (_, result) in zip(records, seen):
+        hypotheses, _ = translate(save_dir / f"step_{record['step']}.pt", sources, options)
+        ter.append(sacrebleu.metrics.TER().corpus_score(hypotheses, [references]).score)
+        assert record["valid_ter"] == pytest.approx(ter[-1]) == pytest.approx(result.scalars["ter"])
+    assert best_index_of(ter, lower=True) != best_index_of(ter, lower=False)  # the direction matters here
+    best_index = best_index_of(ter, lower=True)
+    assert load_checkpoint(save_dir / "best.pt")["step"] == records[best_index]["step"] == trainer.stopper.best_step
+    assert [r["best"] for r in records] == [t < min(ter[:i], default=float("inf")) for i, t in enumerate(ter)]
+    messages = [r.getMessage() for r in logs.records]
+    assert any(" valid: " in m and f"ter={records[0]['valid_ter']:.4g}" in m for m in messages)
+    assert any(m.startswith("valid bleu / chrf / ter: sacrebleu ") and "tok:tercom" in m for m in messages)
+
+
+def test_ter_needs_decoding(task, tmp_path):
+    config = run_config(task, tmp_path / "run")
+    config["validation"].update(metric="ter", decode=False)
+    with pytest.raises(ConfigError, match="validation.metric: 'ter' needs decoding"):
+        check_run_config(resolve_config(config, "tiny.yaml"), "tiny.yaml")
+
+
+def best_index_of(values: list[float], lower: bool) -> int:
+    """Index of the first minimum (``lower``) or maximum of ``values``."""
+    sign = 1 if lower else -1
+    return min(range(len(values)), key=lambda i: (sign * values[i], i))

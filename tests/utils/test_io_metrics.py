@@ -7,7 +7,7 @@ import sacrebleu
 
 from nmt.utils.io import (_host_tag, atomic_open, atomic_write_text, remove_stale_temporaries, stale_temporary,
                           temporary_owner)
-from nmt.utils.metrics import bleu, chrf, exact_match, metrics_line
+from nmt.utils.metrics import bleu, chrf, exact_match, metrics_line, ter, ter_with_signature
 from nmt.utils.metrics_log import MetricsLog
 
 
@@ -107,9 +107,48 @@ def test_bleu_chrf_bounds_and_reference_implementation():
     assert 0 < chrf(hyps, refs) < 100
 
 
+def word_edit_distance(a: list[str], b: list[str]) -> int:
+    """Levenshtein distance over words (insertions, deletions, substitutions; no shifts)."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1]
+
+
+def test_ter_is_sacrebleus_and_the_edit_rate_where_no_shift_helps():
+    """TER = edits (with block shifts) / reference words, lowercased by default. Where no shift can
+    help (the words are in reference order) it is the word edit distance over the reference length,
+    computed here by a plain Levenshtein; elsewhere it equals sacrebleu's TER run directly."""
+    refs = ["the cat sat on the mat", "a dog runs in the park", "one two three four"]
+    hyps = ["The cat sat", "a big dog runs in a park", "one two three four"]
+    edits = sum(word_edit_distance(h.lower().split(), r.split()) for h, r in zip(hyps, refs))
+    assert edits == 3 + 2 + 0
+    assert ter(hyps, refs) == pytest.approx(100.0 * edits / sum(len(r.split()) for r in refs))
+    assert ter(refs, refs) == 0.0
+    shuffled = ["mat the on sat cat the", "park the in runs dog a", "four three two one"]  # shifts help here
+    score, signature = ter_with_signature(shuffled, refs)
+    direct = sacrebleu.metrics.TER()
+    assert score == pytest.approx(direct.corpus_score(shuffled, [refs]).score)
+    assert signature == str(direct.get_signature()) and "tok:tercom" in signature
+    assert ter(["x y z w v u t s"], ["a"]) > 100  # more edits than reference words
+    with pytest.raises(ValueError):
+        ter(["a"], [])
+
+
+def test_metrics_line_names_ter_with_its_signature():
+    hyps, refs = ["a b c d", "e f"], ["a b x d", "e f g"]
+    direct = sacrebleu.metrics.TER()
+    score = direct.corpus_score(hyps, [refs])
+    line = metrics_line(hyps, refs)
+    assert f"; TER {score.score:.2f} ({direct.get_signature()}); exact match" in line
+    assert score.score == pytest.approx(100.0 * 2 / 7)
+
+
 def test_metrics_line_of_no_sentences():
     """nmt-translate -src EMPTY -tgt EMPTY ended in a traceback: sacrebleu refuses an empty corpus."""
-    assert metrics_line([], []) == "BLEU n/a; chrF n/a; exact match n/a (no sentences)"
+    assert metrics_line([], []) == "BLEU n/a; chrF n/a; TER n/a; exact match n/a (no sentences)"
 
 
 def test_metrics_log_append_read_truncate(tmp_path):
