@@ -25,6 +25,8 @@ def _side(default_tokenizer: str) -> dict:
         "min_freq": Option(int, 1, "drop tokens seen fewer times from the vocabulary", minimum=1),
         "max_size": Option(int, None, "keep at most this many tokens (plus specials)", nullable=True, minimum=1),
         "max_length": Option(int, 50, "skip training pairs longer than this (in tokens)", minimum=1),
+        "min_length": Option(int, 1, "skip training pairs shorter than this (in tokens; 1: only empty lines, "
+                             "which are always skipped; Moses clean-corpus-n's min)", minimum=1),
         "vocab_file": Option(str, None, "read the vocabulary from this file instead of building it from the data: "
                              "one token per line, optionally followed by whitespace and a count (OpenNMT-py "
                              "'token<TAB>count', fairseq 'token count'); min_freq / max_size apply (min_freq needs "
@@ -70,6 +72,9 @@ DATA = {
     "valid": _files(required=True),
     "src": _side("space"),
     "tgt": _side("space"),
+    "max_length_ratio": Option(float, None, "skip training pairs whose longer side has more than this many times "
+                               "the tokens of the shorter (after the tokenizer; Moses clean-corpus-n -ratio, 9 there); "
+                               "null or 0: off, else >= 1", nullable=True, minimum=0),
     "shared_vocab": Option(bool, False, "one tokenizer and vocabulary for both sides (built from the src settings)"),
     "shared_tokenizer": Option(bool, False, "one tokenizer trained on both sides (src settings), a vocabulary "
                                "per side of the tokens that side uses (a joint sentencepiece/BPE model)"),

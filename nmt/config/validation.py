@@ -39,6 +39,7 @@ def check_config(config: dict, source: str) -> None:
         check_tokenizer(data[side]["tokenizer"], source, f"data.{side}.tokenizer")
     check_subword_sampling(data, source)
     check_corpora(data, source)
+    check_pair_filter(data, source)
     if data["shared_vocab"] and data["tgt"]["vocab_file"] not in (None, data["src"]["vocab_file"]):
         raise ConfigError(source, "data.tgt.vocab_file", "with data.shared_vocab one vocabulary serves both sides: "
                           "set data.src.vocab_file (and leave this key null)")
@@ -94,6 +95,19 @@ def check_positions(config: dict, source: str) -> None:
         if n + 1 > limit:
             raise ConfigError(source, key, f"{n} {what} need {n + 1} decoder positions (BOS + tokens), more than "
                               f"{table}; at most {limit - 1}")
+
+
+def check_pair_filter(data: dict, source: str) -> None:
+    """The training pairs' length rules (:class:`nmt.data.pair_filter.PairFilter`): ``data.max_length_ratio``
+    null, 0 or >= 1, and each side's ``min_length`` at most its ``max_length``; one line naming the key."""
+    from nmt.data.errors import DataError
+    from nmt.data.pair_filter import PairFilter
+
+    try:
+        PairFilter.from_config(data)
+    except DataError as exc:
+        key, _, problem = str(exc).partition(": ")
+        raise ConfigError(source, key, problem) from None
 
 
 def check_corpora(data: dict, source: str) -> None:

@@ -1,7 +1,8 @@
 """Several training corpora with weights (``data.train`` as a list of ``{src, tgt, weight, name}``).
 
 The corpora's pairs are read one after the other into one list (:func:`read_corpora`) and
-encoded as one dataset (the length limits apply to every pair, so to each corpus). Each epoch
+encoded as one dataset (the length rules, :mod:`nmt.data.pair_filter`, apply to every pair, so to
+each corpus; the log counts each rule's skips per corpus). Each epoch
 holds corpus ``k``'s kept pairs ``weight_k`` times: ``floor(weight_k)`` full copies plus
 ``round(frac(weight_k) x kept_k)`` of them (halves rounded up) drawn without replacement by a
 generator seeded with ``(seed, epoch, k)`` (:func:`epoch_indices`): a function of the seed and the
@@ -19,6 +20,7 @@ import numpy as np
 
 from nmt.data.dataset import read_parallel
 from nmt.data.errors import DataError
+from nmt.data.pair_filter import describe_skipped
 
 
 @dataclass(frozen=True)
@@ -157,16 +159,35 @@ class CorpusWeights:
         return EpochExamples(dataset, indices)
 
     def describe(self, dataset) -> list[str]:
-        """One line per corpus: ``<name or files>: kept K of N pairs (skipped S), weight W, E examples
-        per epoch``."""
+        """One line per corpus: ``<name or files>: kept K of N pairs (skipped 2 empty, 8 too long),
+        weight W, E examples per epoch``: each rule's count of that corpus (:meth:`skipped_per_corpus`)."""
         kept = np.bincount(self.corpus_ids(dataset), minlength=len(self.corpora))
+        skipped = self.skipped_per_corpus(dataset)
         lines = []
         for k, corpus in enumerate(self.corpora):
             total = int(self.starts[k + 1] - self.starts[k])
-            lines.append(f"{corpus.label}: kept {int(kept[k])} of {total} pairs (skipped {total - int(kept[k])}), "
+            lines.append(f"{corpus.label}: kept {int(kept[k])} of {total} pairs (skipped {describe_skipped(skipped[k])}), "
                          f"weight {corpus.weight:g}, {examples_per_epoch(int(kept[k]), corpus.weight)} examples "
                          "per epoch")
         return lines
+
+    def skipped_per_corpus(self, dataset) -> list[dict[str, int]]:
+        """Each corpus's skipped pairs by rule (the keys of ``dataset.skipped``), from ``dataset``'s
+        ``skipped_at`` lines (a list dataset), its ``parts`` (the caches of several corpora, one each) or,
+        for one corpus, ``dataset.skipped`` itself."""
+        n = len(self.corpora)
+        parts = getattr(dataset, "parts", None)
+        if parts is not None and len(parts) == n:
+            return [dict(p.skipped) for p in parts]
+        at = getattr(dataset, "skipped_at", None)
+        if at is not None:
+            per_rule = {rule: np.bincount(np.searchsorted(self.starts, np.asarray(lines, dtype=np.int64) - 1,
+                                                          side="right") - 1, minlength=n)
+                        for rule, lines in at.items()}
+            return [{rule: int(counts[k]) for rule, counts in per_rule.items()} for k in range(n)]
+        if n == 1:
+            return [dict(dataset.skipped)]
+        raise DataError(f"{n} corpora but a dataset that does not say which corpus a skipped pair came from")
 
 
 __all__ = ["Corpus", "CorpusWeights", "check_corpus_files", "EpochExamples", "epoch_indices", "examples_per_epoch", "is_weighted",

@@ -60,7 +60,7 @@ class ConcatenatedArrays:
         self.line_numbers = np.concatenate([np.asarray(p.line_numbers, dtype=np.int64) + start
                                             for p, start in zip(parts, self.starts[:-1])])
         self.n_input = int(self.starts[-1])
-        self.skipped = {key: sum(p.skipped[key] for p in parts) for key in ("empty", "too_long")}
+        self.skipped = {key: sum(p.skipped.get(key, 0) for p in parts) for key in parts[0].skipped}
         self.max_src_length, self.max_tgt_length = parts[0].max_src_length, parts[0].max_tgt_length
         counts = [p.unk_tokens for p in parts]
         self.unk_tokens: UnkCounts | None = (None if any(c is None for c in counts) else

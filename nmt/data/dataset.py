@@ -2,7 +2,7 @@
 
 ``read_parallel`` raises a one-line ``DataError`` naming the file (and line) for a missing
 file, bad UTF-8 or different line counts. ``ParallelDataset`` encodes the pairs, skipping and
-counting empty pairs and pairs longer than the length limits.
+counting empty pairs and those the length rules drop (:mod:`nmt.data.pair_filter`).
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from nmt.data.errors import DataError
 from nmt.data.field import Field
+from nmt.data.pair_filter import PairFilter, length_rules, skipped_counts
 from nmt.data.textfiles import PathLike, read_lines
 from nmt.data.unknown_tokens import UnkCounts, count_unk, kept_pairs_line
 
@@ -33,10 +34,14 @@ class ParallelDataset:
 
     Attributes: ``src``/``tgt`` (lists of id lists, no BOS/EOS), ``src_lengths``/``tgt_lengths``
     (lists of ints), ``line_numbers`` (1-based line of each kept pair in the input), ``skipped``
-    (``{"empty": n, "too_long": m}``), ``n_input`` (number of input pairs) and ``unk_tokens``
-    (side -> ``(<unk> ids, all ids)`` over the kept pairs: tokens outside the vocabulary).
+    (rule -> number of pairs it skipped, for the rules of :attr:`PairFilter.rules`: always
+    ``{"empty": n, "too_long": m}``, plus ``"too_short"`` / ``"ratio"`` where those rules are on),
+    ``skipped_at`` (rule -> the 1-based input lines it skipped: the per-corpus counts of the log),
+    ``n_input`` (number of input pairs) and ``unk_tokens`` (side -> ``(<unk> ids, all ids)`` over
+    the kept pairs: tokens outside the vocabulary).
     A pair is *empty* when either side has no token, *too long* when a side has more tokens than
-    its limit (``None`` = no limit).
+    its limit (``None`` = no limit); ``pair_filter`` (:class:`~nmt.data.pair_filter.PairFilter`)
+    gives all the rules instead of ``max_src_length`` / ``max_tgt_length`` (then left None).
 
     ``src_encode`` / ``tgt_encode`` (optional) encode a side instead of its field's deterministic
     ``encode``: ``f(i, text) -> ids`` for pair ``i`` (0-based), e.g. one epoch's sampled
@@ -53,28 +58,28 @@ class ParallelDataset:
         *,
         src_encode: Callable[[int, str], list[int]] | None = None,
         tgt_encode: Callable[[int, str], list[int]] | None = None,
+        pair_filter: PairFilter | None = None,
     ) -> None:
-        for name, limit in (("max_src_length", max_src_length), ("max_tgt_length", max_tgt_length)):
-            if limit is not None and limit < 1:
-                raise DataError(f"data.{name}: expected a positive integer or null, got {limit}")
+        rules = length_rules(max_src_length, max_tgt_length, pair_filter)
         self.src_field, self.tgt_field = src_field, tgt_field
-        self.max_src_length, self.max_tgt_length = max_src_length, max_tgt_length
+        self.pair_filter = rules
+        self.max_src_length, self.max_tgt_length = rules.max_src_length, rules.max_tgt_length
         self.src: list[list[int]] = []
         self.tgt: list[list[int]] = []
         self.line_numbers: list[int] = []
-        self.skipped = {"empty": 0, "too_long": 0}
+        self.skipped = skipped_counts(rules.rules)
+        self.skipped_at: dict[str, list[int]] = {rule: [] for rule in rules.rules}
         self.n_input = len(pairs)
-        src_max = max_src_length if max_src_length is not None else float("inf")
-        tgt_max = max_tgt_length if max_tgt_length is not None else float("inf")
         encode_src = src_encode or (lambda _, text: src_field.encode(text))
         encode_tgt = tgt_encode or (lambda _, text: tgt_field.encode(text))
+        reason = rules.reason
         for n, (s, t) in enumerate(pairs, 1):
             s_ids = encode_src(n - 1, s) if s.strip() else []
             t_ids = encode_tgt(n - 1, t) if t.strip() else []
-            if not s_ids or not t_ids:
-                self.skipped["empty"] += 1
-            elif len(s_ids) > src_max or len(t_ids) > tgt_max:
-                self.skipped["too_long"] += 1
+            why = reason(len(s_ids), len(t_ids))
+            if why is not None:
+                self.skipped[why] += 1
+                self.skipped_at[why].append(n)
             else:
                 self.src.append(s_ids)
                 self.tgt.append(t_ids)
@@ -93,9 +98,12 @@ class ParallelDataset:
         tgt_field: Field,
         max_src_length: int | None = None,
         max_tgt_length: int | None = None,
+        *,
+        pair_filter: PairFilter | None = None,
     ) -> "ParallelDataset":
         """``ParallelDataset(read_parallel(src_path, tgt_path), ...)``."""
-        return cls(read_parallel(src_path, tgt_path), src_field, tgt_field, max_src_length, max_tgt_length)
+        return cls(read_parallel(src_path, tgt_path), src_field, tgt_field, max_src_length, max_tgt_length,
+                   pair_filter=pair_filter)
 
     def __len__(self) -> int:
         return len(self.src)

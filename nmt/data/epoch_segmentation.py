@@ -4,8 +4,9 @@
 (:mod:`nmt.data.subword_sampling`) or none (that side keeps its deterministic ids, encoded once).
 ``for_epoch(seed, epoch)`` is a :class:`~nmt.data.dataset.ParallelDataset` of that epoch's
 segmentation: a function of ``(seed, epoch)`` only, so every process of a data-parallel job and a
-resumed run see the same one. Length limits apply to each epoch's segmentation (a pair too long in
-one epoch is skipped in that epoch only); pieces outside the vocabulary become ``<unk>``.
+resumed run see the same one. The length rules (:mod:`nmt.data.pair_filter`: maximum and minimum
+lengths, length ratio) apply to each epoch's segmentation (a pair too long, too short or over the
+ratio in one epoch is skipped in that epoch only); pieces outside the vocabulary become ``<unk>``.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from nmt.data.dataset import ParallelDataset
 from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.data.id_arrays import ArrayParallelDataset, encode_to_arrays
+from nmt.data.pair_filter import PairFilter, length_rules
 from nmt.data.subword_sampling import SubwordSampler, epoch_random
 from nmt.data.unknown_tokens import SIDE_NAMES
 
@@ -27,18 +29,19 @@ class ResampledPairs:
     pairs: the raw ``(source, target)`` lines; src_sampler / tgt_sampler: a side's sampler (of
     tokens, or of that side's ids: ``sampler.ids``), or None for a side segmented
     deterministically; max_src_length / max_tgt_length: the length limits (``None``: no limit),
-    applied per epoch.
+    or ``pair_filter`` all the length rules, applied per epoch.
     """
 
     def __init__(self, pairs: Sequence[tuple[str, str]], src_field: Field, tgt_field: Field,
                  src_sampler: SubwordSampler | None, tgt_sampler: SubwordSampler | None,
-                 max_src_length: int | None = None, max_tgt_length: int | None = None) -> None:
+                 max_src_length: int | None = None, max_tgt_length: int | None = None, *,
+                 pair_filter: PairFilter | None = None) -> None:
         if src_sampler is None and tgt_sampler is None:
             raise DataError("subword sampling: neither side samples")
         self.pairs = pairs
         self.src_field, self.tgt_field = src_field, tgt_field
         self.samplers = {"src": src_sampler, "tgt": tgt_sampler}
-        self.limits = (max_src_length, max_tgt_length)
+        self.pair_filter = length_rules(max_src_length, max_tgt_length, pair_filter)
         # a side without sampling: its deterministic ids, once (every epoch reuses them)
         self._fixed = {side: [field.encode(text) if text.strip() else [] for text in
                               (p[k] for p in pairs)]
@@ -59,7 +62,7 @@ class ResampledPairs:
         enabled = gc.isenabled()
         gc.disable()  # no cycles made here; the samplers' caches would make each collection long
         try:
-            return ParallelDataset(self.pairs, self.src_field, self.tgt_field, *self.limits,
+            return ParallelDataset(self.pairs, self.src_field, self.tgt_field, pair_filter=self.pair_filter,
                                    src_encode=encoders["src"], tgt_encode=encoders["tgt"])
         finally:
             if enabled:
@@ -95,13 +98,14 @@ class ResampledFiles:
 
     def __init__(self, files: Sequence[tuple[str, str]], src_field: Field, tgt_field: Field,
                  src_sampler: SubwordSampler | None, tgt_sampler: SubwordSampler | None,
-                 max_src_length: int | None = None, max_tgt_length: int | None = None) -> None:
+                 max_src_length: int | None = None, max_tgt_length: int | None = None, *,
+                 pair_filter: PairFilter | None = None) -> None:
         if src_sampler is None and tgt_sampler is None:
             raise DataError("subword sampling: neither side samples")
         self.files = list(files)
         self.src_field, self.tgt_field = src_field, tgt_field
         self.samplers = {"src": src_sampler, "tgt": tgt_sampler}
-        self.limits = (max_src_length, max_tgt_length)
+        self.pair_filter = length_rules(max_src_length, max_tgt_length, pair_filter)
 
     def for_epoch(self, seed: int, epoch: int) -> ArrayParallelDataset | ConcatenatedArrays:
         """The files as segmented in ``epoch`` of a run seeded with ``seed`` (``line_numbers``
@@ -114,9 +118,9 @@ class ResampledFiles:
         gc.disable()  # as in ResampledPairs.for_epoch
         try:
             for src_path, tgt_path in self.files:
-                arrays, meta = encode_to_arrays(src_path, tgt_path, self.src_field, self.tgt_field, *self.limits,
+                arrays, meta = encode_to_arrays(src_path, tgt_path, self.src_field, self.tgt_field,
                                                 src_encode=encoders["src"], tgt_encode=encoders["tgt"],
-                                                first_index=first)
+                                                first_index=first, pair_filter=self.pair_filter)
                 parts.append(ArrayParallelDataset(arrays, meta, self.src_field, self.tgt_field))
                 first += meta["n_input"]
         finally:

@@ -11,7 +11,8 @@ between the processes of a node.
 Cache directory: ``<directory of the source file>/.nmt_id_cache/<key>`` (or
 ``<fallback>/id_cache/<key>`` when that directory is not writable), where ``key`` hashes the
 absolute paths, sizes, modification and status-change times (ctime) of both files, both
-fields (tokenizer and vocabulary state) and the length limits; any change gives a new key and a rebuild. The
+fields (tokenizer and vocabulary state) and the length rules (:meth:`PairFilter.cache_settings`: the
+limits, and the minimums and the ratio where on); any change gives a new key and a rebuild. The
 directory is filled under a temporary name, flushed to disk and renamed into place (atomic), so
 concurrent builders, crashes and power cuts never leave a partial cache; a killed builder's
 temporary is removed by a later run (:func:`nmt.utils.io.atomic_directory`).
@@ -34,6 +35,7 @@ import numpy as np
 
 from nmt.data.errors import DataError
 from nmt.data.field import Field
+from nmt.data.pair_filter import PairFilter, length_rules, skipped_counts
 from nmt.data.textfiles import PathLike, iter_lines
 from nmt.data.unknown_tokens import UnkCounts, kept_pairs_line
 from nmt.utils.allocator import release_freed_memory
@@ -65,7 +67,8 @@ class ArrayParallelDataset:
     Same interface as ``ParallelDataset`` for the trainer, batching and collation: ``src`` /
     ``tgt`` (indexable: ``src[i]`` is a list of ids), ``src_lengths`` / ``tgt_lengths``
     (int64 arrays), ``line_numbers`` (1-based input line of each kept pair, int64 array),
-    ``skipped``, ``n_input``, ``unk_tokens`` (side -> ``(<unk> ids, all ids)``, counted when the
+    ``skipped`` (rule -> count, as ``ParallelDataset``'s: the ``skipped_<rule>`` entries of
+    ``meta``), ``n_input``, ``unk_tokens`` (side -> ``(<unk> ids, all ids)``, counted when the
     cache was built; None for a cache built before they were recorded), ``summary()``.
     """
 
@@ -76,7 +79,7 @@ class ArrayParallelDataset:
         self.tgt = RaggedIds(arrays["tgt_ids"], arrays["tgt_offsets"])
         self.src_lengths, self.tgt_lengths = arrays["src_lengths"], arrays["tgt_lengths"]
         self.line_numbers = arrays["line_numbers"]
-        self.skipped = {"empty": int(meta["skipped_empty"]), "too_long": int(meta["skipped_too_long"])}
+        self.skipped = {key[len("skipped_"):]: int(value) for key, value in meta.items() if key.startswith("skipped_")}
         self.n_input = int(meta["n_input"])
         self.max_src_length, self.max_tgt_length = meta["max_src_length"], meta["max_tgt_length"]
         unk = meta.get("unk_tokens")
@@ -98,8 +101,11 @@ class ArrayParallelDataset:
 
 
 def cache_key(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_field: Field,
-              max_src_length: int | None, max_tgt_length: int | None) -> str:
-    """Hex digest naming the cache of these files (path, size, mtime, ctime), fields and length limits."""
+              max_src_length: int | None = None, max_tgt_length: int | None = None, *,
+              pair_filter: PairFilter | None = None) -> str:
+    """Hex digest naming the cache of these files (path, size, mtime, ctime), fields and length rules
+    (``pair_filter``, or the two limits alone: :func:`nmt.data.pair_filter.length_rules`)."""
+    rules = length_rules(max_src_length, max_tgt_length, pair_filter)
     digest = hashlib.sha256()
     files = []
     for path in (src_path, tgt_path):
@@ -111,7 +117,7 @@ def cache_key(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_fiel
         # the ctime too: a file rewritten to the same size with its old mtime put back (cp -p,
         # rsync -a, touch -r) keeps size and mtime, but no one can set the ctime
         files.append([str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns])
-    digest.update(json.dumps({"version": CACHE_VERSION, "files": files, "max": [max_src_length, max_tgt_length]},
+    digest.update(json.dumps({"version": CACHE_VERSION, "files": files, **rules.cache_settings()},
                              sort_keys=True).encode())
     for field in (src_field, tgt_field):
         _digest(field.state_dict(), digest)
@@ -143,11 +149,13 @@ def _digest(value: Any, digest: "hashlib._Hash") -> None:
 
 
 def encode_to_arrays(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_field: Field,
-                     max_src_length: int | None, max_tgt_length: int | None,
+                     max_src_length: int | None = None, max_tgt_length: int | None = None,
                      src_encode: Callable[[int, str], list[int]] | None = None,
                      tgt_encode: Callable[[int, str], list[int]] | None = None,
-                     first_index: int = 0) -> tuple[dict[str, np.ndarray], dict]:
-    """Stream both files, encode every pair and keep it by ``ParallelDataset``'s rules.
+                     first_index: int = 0, *, pair_filter: PairFilter | None = None
+                     ) -> tuple[dict[str, np.ndarray], dict]:
+    """Stream both files, encode every pair and keep it by ``ParallelDataset``'s rules (``pair_filter``,
+    or the two length limits alone).
 
     ``src_encode`` / ``tgt_encode`` (optional, as ``ParallelDataset``'s): ``f(i, text) -> ids``
     instead of the field's ``encode``, called for each non-blank line in order with ``i`` the
@@ -155,15 +163,12 @@ def encode_to_arrays(src_path: PathLike, tgt_path: PathLike, src_field: Field, t
     Returns ``(arrays, meta)``: the arrays of :data:`ARRAYS` and the counts. Memory: the
     arrays (4 bytes per token id) plus one line at a time.
     """
-    for name, limit in (("max_src_length", max_src_length), ("max_tgt_length", max_tgt_length)):
-        if limit is not None and limit < 1:
-            raise DataError(f"data.{name}: expected a positive integer or null, got {limit}")
-    src_max = max_src_length if max_src_length is not None else float("inf")
-    tgt_max = max_tgt_length if max_tgt_length is not None else float("inf")
+    rules = length_rules(max_src_length, max_tgt_length, pair_filter)
+    reason = rules.reason
+    skipped = skipped_counts(rules.rules)
     ids = {"src": array("i"), "tgt": array("i")}
     lengths = {"src": array("q"), "tgt": array("q")}
     line_numbers = array("q")
-    empty = too_long = 0
     n = 0
     src_lines, tgt_lines = iter_lines(src_path), iter_lines(tgt_path)
     while True:
@@ -178,10 +183,9 @@ def encode_to_arrays(src_path: PathLike, tgt_path: PathLike, src_field: Field, t
         n += 1
         s_ids = (src_encode(first_index + n - 1, s) if src_encode else src_field.encode(s)) if s.strip() else []
         t_ids = (tgt_encode(first_index + n - 1, t) if tgt_encode else tgt_field.encode(t)) if t.strip() else []
-        if not s_ids or not t_ids:
-            empty += 1
-        elif len(s_ids) > src_max or len(t_ids) > tgt_max:
-            too_long += 1
+        why = reason(len(s_ids), len(t_ids))
+        if why is not None:
+            skipped[why] += 1
         else:
             ids["src"].extend(s_ids)
             ids["tgt"].extend(t_ids)
@@ -195,8 +199,9 @@ def encode_to_arrays(src_path: PathLike, tgt_path: PathLike, src_field: Field, t
         arrays[f"{side}_lengths"] = side_lengths
         arrays[f"{side}_offsets"] = np.concatenate([np.zeros(1, np.int64), np.cumsum(side_lengths)])
     arrays["line_numbers"] = np.frombuffer(line_numbers, dtype=np.int64) if line_numbers else np.zeros(0, np.int64)
-    meta = {"version": CACHE_VERSION, "n_input": n, "skipped_empty": empty, "skipped_too_long": too_long,
-            "max_src_length": max_src_length, "max_tgt_length": max_tgt_length,
+    meta = {"version": CACHE_VERSION, "n_input": n, **{f"skipped_{rule}": count for rule, count in skipped.items()},
+            "max_src_length": rules.max_src_length, "max_tgt_length": rules.max_tgt_length,
+            **{key: value for key, value in rules.cache_settings().items() if key != "max"},
             "src": str(Path(src_path)), "tgt": str(Path(tgt_path)),
             "unk_tokens": {side: int(np.count_nonzero(arrays[f"{side}_ids"] == field.vocab.unk_index))
                            for side, field in (("src", src_field), ("tgt", tgt_field))}}
@@ -241,19 +246,22 @@ def _write_cache(directory: Path, arrays: dict[str, np.ndarray], meta: dict) -> 
 
 def load_id_dataset(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_field: Field,
                     max_src_length: int | None = None, max_tgt_length: int | None = None,
-                    fallback_dir: PathLike | None = None, build: bool = True) -> ArrayParallelDataset | None:
-    """The array dataset of these files and fields, memory-mapped from its cache.
+                    fallback_dir: PathLike | None = None, build: bool = True, *,
+                    pair_filter: PairFilter | None = None) -> ArrayParallelDataset | None:
+    """The array dataset of these files and fields, memory-mapped from its cache; its pairs kept by
+    ``pair_filter`` (or the two length limits alone), which the cache is keyed by.
 
     A missing cache is built (streaming the files) when ``build`` is True; with ``build``
     False a missing cache returns None (other ranks wait for the one that builds).
     """
-    key = cache_key(src_path, tgt_path, src_field, tgt_field, max_src_length, max_tgt_length)
+    rules = length_rules(max_src_length, max_tgt_length, pair_filter)
+    key = cache_key(src_path, tgt_path, src_field, tgt_field, pair_filter=rules)
     directory = cache_directory(src_path, key, fallback_dir)
     cached = _read_cache(directory)
     if cached is None:
         if not build:
             return None
-        arrays, meta = encode_to_arrays(src_path, tgt_path, src_field, tgt_field, max_src_length, max_tgt_length)
+        arrays, meta = encode_to_arrays(src_path, tgt_path, src_field, tgt_field, pair_filter=rules)
         _write_cache(directory, arrays, meta)
         del arrays
         release_freed_memory()  # the build's buffers: back to the system, not kept for this process

@@ -6,6 +6,8 @@ parent's; ``data.<side>.vocab_file``; ``min_freq`` / ``max_size``) encodes the t
 """
 from __future__ import annotations
 
+from nmt.data.pair_filter import describe_skipped
+
 SIDES = ("src", "tgt")
 SIDE_NAMES = {"src": "source", "tgt": "target"}
 
@@ -35,9 +37,10 @@ def describe_unk(counts: UnkCounts | None) -> str:
 def kept_pairs_line(kept: int, n_input: int, skipped: dict[str, int], counts: UnkCounts | None) -> str:
     """A dataset's log line, e.g. ``kept 5990 of 6000 pairs (skipped 2 empty, 8 too long)``, followed
     by :func:`describe_unk`'s clause (``; <unk>: target 40 of 27000 tokens (0.1%)``) where a side has
-    tokens outside its vocabulary. ``skipped`` holds the counts under ``"empty"`` and ``"too_long"``."""
-    return (f"kept {kept} of {n_input} pairs (skipped {skipped['empty']} empty, "
-            f"{skipped['too_long']} too long){describe_unk(counts)}")
+    tokens outside its vocabulary. ``skipped`` holds the count of each rule the data was filtered by
+    (:data:`nmt.data.pair_filter.RULES`: ``"empty"`` and ``"too_long"`` always, ``"too_short"`` and
+    ``"ratio"`` where on: ``..., 3 too short, 4 over the length ratio``)."""
+    return f"kept {kept} of {n_input} pairs (skipped {describe_skipped(skipped)}){describe_unk(counts)}"
 
 
 __all__ = ["UnkCounts", "count_unk", "describe_unk", "kept_pairs_line", "unk_shares"]

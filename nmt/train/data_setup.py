@@ -28,6 +28,7 @@ from nmt.data.subword_sampling import SubwordSampler, build_sampler, sampling_en
 from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.data.id_arrays import ArrayParallelDataset, load_id_dataset
+from nmt.data.pair_filter import PairFilter, describe_skipped
 from nmt.data.textfiles import iter_lines
 from nmt.data.tokenizers import Tokenizer, build_tokenizer
 from nmt.data.vocab_file import read_vocab_file, write_vocab_file
@@ -206,8 +207,10 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
                        fields: tuple[Field, Field] | None = None, seed: int | None = None) -> TrainingData:
     """Read train/valid files, build (or reuse) the fields, and encode both datasets.
 
-    Training pairs longer than ``max_length`` (per side) or empty are skipped and counted in
-    the log; validation keeps every non-empty pair whatever its length. Raises a one-line
+    Training pairs that are empty, longer than ``max_length`` or shorter than ``min_length`` (per
+    side), or over ``data.max_length_ratio`` are skipped and counted in the log, each under the
+    first rule it breaks (:mod:`nmt.data.pair_filter`; per corpus too with several); validation
+    keeps every non-empty pair whatever its length. Raises a one-line
     ``DataError`` naming the files when no training or no validation pair is left (and why).
     With ``data.id_cache`` the training set is an ``ArrayParallelDataset``
     (``nmt.data.id_arrays``, memory-mapped; with several corpora one cache per corpus, read as one
@@ -220,7 +223,7 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     ``seed`` (``training.seed``): the seed of the sampled segmentations a vocabulary with
     ``subword_sampling.vocab_samples`` counts (:func:`build_fields`).
     """
-    train_files, limits = data_cfg["train"], (data_cfg["src"]["max_length"], data_cfg["tgt"]["max_length"])
+    train_files, rules = data_cfg["train"], PairFilter.from_config(data_cfg)
     corpora = training_corpora(train_files)
     if data_cfg["id_cache"] and is_weighted(train_files):
         check_corpus_files(corpora)  # before streaming or caching them: the key of a missing file
@@ -245,20 +248,18 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
         if train_pairs is not None:  # read to train a tokenizer: drop the lines, give the memory back
             train_pairs = None
             release_freed_memory()
-        train = cached_training_set(corpora, src_field, tgt_field, limits, work_dir, is_weighted(train_files))
+        train = cached_training_set(corpora, src_field, tgt_field, rules, work_dir, is_weighted(train_files))
         if is_weighted(train_files):
             starts = train.starts if isinstance(train, ConcatenatedArrays) else np.array([0, train.n_input])
             weights = CorpusWeights(corpora, starts)
     else:
-        train = ParallelDataset(train_pairs, src_field, tgt_field, *limits)
+        train = ParallelDataset(train_pairs, src_field, tgt_field, pair_filter=rules)
     valid = ParallelDataset(valid_pairs, src_field, tgt_field, None, None)
     resampled = (resampled_files(corpora, src_field, tgt_field, data_cfg) if data_cfg["id_cache"]
                  else resampled_pairs(train_pairs, src_field, tgt_field, data_cfg))
     if len(train) == 0:
         raise DataError(f"{_files(data_cfg, 'train')}: no training pairs left: all {train.n_input} dropped "
-                        f"({train.skipped['empty']} empty, {train.skipped['too_long']} longer than "
-                        f"data.src.max_length={data_cfg['src']['max_length']} or "
-                        f"data.tgt.max_length={data_cfg['tgt']['max_length']} tokens)")
+                        f"({describe_skipped(train.skipped)}; {rules.describe()})")
     if len(valid) == 0:
         raise DataError(f"{_files(data_cfg, 'valid')}: no validation pairs: {valid.n_input} lines, "
                         f"{valid.skipped['empty']} of them empty (a pair needs tokens on both sides)")
@@ -278,17 +279,18 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
 
 
 def cached_training_set(corpora: Sequence[Corpus], src_field: Field, tgt_field: Field,
-                        limits: tuple[int | None, int | None], work_dir: str | Path,
+                        rules: PairFilter, work_dir: str | Path,
                         weighted: bool) -> ArrayParallelDataset | ConcatenatedArrays:
     """The memory-mapped training set of ``data.id_cache``: one corpus's cache
     (:func:`nmt.data.id_arrays.load_id_dataset`), or with several one cache per corpus read one
-    after the other (:class:`nmt.data.corpus_arrays.ConcatenatedArrays`). With ``weighted`` (a list,
+    after the other (:class:`nmt.data.corpus_arrays.ConcatenatedArrays`), its pairs kept by ``rules``
+    (the caches are keyed by them). With ``weighted`` (a list,
     or one corpus with a weight) a missing file is named by its key, e.g. ``data.train[1]: ...``."""
     parts = []
     for corpus in corpora:
         try:
-            parts.append(load_id_dataset(corpus.src, corpus.tgt, src_field, tgt_field, *limits,
-                                         fallback_dir=work_dir))
+            parts.append(load_id_dataset(corpus.src, corpus.tgt, src_field, tgt_field, fallback_dir=work_dir,
+                                         pair_filter=rules))
         except DataError as exc:
             if not weighted:
                 raise
@@ -305,7 +307,7 @@ def resampled_pairs(pairs: Sequence[tuple[str, str]], src_field: Field, tgt_fiel
     if samplers is None:
         return None
     return ResampledPairs(pairs, src_field, tgt_field, samplers["src"], samplers["tgt"],
-                          data_cfg["src"]["max_length"], data_cfg["tgt"]["max_length"])
+                          pair_filter=PairFilter.from_config(data_cfg))
 
 
 def resampled_files(corpora: Sequence[Corpus], src_field: Field, tgt_field: Field,
@@ -316,7 +318,7 @@ def resampled_files(corpora: Sequence[Corpus], src_field: Field, tgt_field: Fiel
     if samplers is None:
         return None
     return ResampledFiles([(c.src, c.tgt) for c in corpora], src_field, tgt_field, samplers["src"],
-                          samplers["tgt"], data_cfg["src"]["max_length"], data_cfg["tgt"]["max_length"])
+                          samplers["tgt"], pair_filter=PairFilter.from_config(data_cfg))
 
 
 def _epoch_samplers(src_field: Field, tgt_field: Field, data_cfg: dict) -> dict[str, SubwordSampler | None] | None:

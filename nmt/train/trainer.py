@@ -27,6 +27,7 @@ from nmt.config.options import HIGHER_IS_BETTER, SCHEMA
 from nmt.data.batching import collate, make_batch_order
 from nmt.data.errors import DataError
 from nmt.data.field import Field
+from nmt.data.pair_filter import describe_skipped
 from nmt.models import ModelConfigError, build_model, describe_attention
 from nmt.models.transformer.checkpointing import set_activation_checkpointing
 from nmt.models.protocol import position_limits
@@ -741,8 +742,7 @@ class Trainer:
         train = resampled.for_epoch(self.config["training"]["seed"], epoch)
         if len(train) == 0:
             raise DataError(f"epoch {epoch}: subword sampling left no training pair: all {train.n_input} dropped "
-                            f"({train.skipped['empty']} empty, {train.skipped['too_long']} too long); raise "
-                            "data.src.max_length / data.tgt.max_length")
+                            f"({describe_skipped(train.skipped)}); loosen {resampled.pair_filter.describe()}")
         if self.dist.is_main:
             logger.info("epoch %d segmentation (subword sampling, %.2fs): %s", epoch, time.perf_counter() - start,
                         train.summary())

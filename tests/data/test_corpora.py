@@ -90,8 +90,8 @@ def test_batches_hold_each_corpus_weight_times_its_kept_pairs(two_corpora):
     data = ParallelDataset(pairs, _field("space"), _field("char"), 5, 5)
     weights = CorpusWeights(corpora, starts)
     assert weights.describe(data) == [
-        "real: kept 3 of 4 pairs (skipped 1), weight 3, 9 examples per epoch",
-        f"{cfg[1]['src']}, {cfg[1]['tgt']}: kept 9 of 9 pairs (skipped 0), weight 0.5, 5 examples per epoch"]
+        "real: kept 3 of 4 pairs (skipped 0 empty, 1 too long), weight 3, 9 examples per epoch",
+        f"{cfg[1]['src']}, {cfg[1]['tgt']}: kept 9 of 9 pairs (skipped 0 empty, 0 too long), weight 0.5, 5 examples per epoch"]
     for epoch in range(3):
         examples = weights.for_epoch(data, seed=11, epoch=epoch)
         order = make_batch_order(examples, 4, "sentences", shuffle=True, seed=11, epoch=epoch)

@@ -58,5 +58,5 @@ def test_parallel_dataset_skips_and_counts(tmp_path) -> None:
     assert ds.summary() == "kept 1 of 6 pairs (skipped 3 empty, 2 too long)"
     unlimited = ParallelDataset(list(zip(src, tgt)), sf, tf)
     assert unlimited.line_numbers == [1, 4, 5]
-    with pytest.raises(DataError, match="max_src_length"):
+    with pytest.raises(DataError, match="data.src.max_length: expected a positive integer or null, got 0"):
         ParallelDataset([], sf, tf, max_src_length=0)

@@ -200,8 +200,8 @@ def test_nmt_train_and_translate_with_two_corpora(corpora, tmp_path, capsys, mon
     assert train_cli.main(["-config", str(tmp_path / "c.yaml")]) == 0, capsys.readouterr().err[-2000:]
     log = (tmp_path / "run" / "train.log").read_text()
     bt = corpora["train"][1]
-    assert "train corpus real: kept 24 of 24 pairs (skipped 0), weight 2, 48 examples per epoch" in log
-    assert f"train corpus {bt['src']}, {bt['tgt']}: kept 30 of 30 pairs (skipped 0), weight 0.5, 15 examples per epoch" in log
+    assert "train corpus real: kept 24 of 24 pairs (skipped 0 empty, 0 too long), weight 2, 48 examples per epoch" in log
+    assert f"train corpus {bt['src']}, {bt['tgt']}: kept 30 of 30 pairs (skipped 0 empty, 0 too long), weight 0.5, 15 examples per epoch" in log
     assert "training finished (max_epochs) at step 16 (epoch 2)" in log  # 63 examples: 8 batches of 8
     capsys.readouterr()
     code = translate_cli.main(["-model", str(tmp_path / "run" / "best.pt"), "-src", corpora["valid"]["src"]])

@@ -80,8 +80,7 @@ def test_every_pair_too_long_names_the_count_and_the_limit(tmp_path, capsys):
     code, err = _cli_run(tmp_path, capsys, lambda d: None, src={"max_length": 1})  # sources have 2-5 tokens
     d = tmp_path / "data"
     assert code == 2 and err == [f"nmt-train: error: {d}/train.src, {d}/train.tgt: no training pairs left: all 40 "
-                                 "dropped (0 empty, 40 longer than data.src.max_length=1 or "
-                                 "data.tgt.max_length=50 tokens)"]
+                                 "dropped (0 empty, 40 too long; data.src.max_length=1, data.tgt.max_length=50)"]
 
 
 def test_blank_validation_file_is_an_error_before_training(tmp_path, capsys):
