@@ -50,6 +50,7 @@ from torch import Tensor
 
 from nmt.models.protocol import StepDecoder, attention_request, select_state, shares_encoder_out, tile_state
 from nmt.translate.certificate import require_hypothesis, support_statistics
+from nmt.translate.constraint_automaton import ConstraintTables
 from nmt.translate.coverage_penalty import start_coverage
 from nmt.translate.history import SearchHistory, backtrack
 from nmt.translate.row_compaction import bucket_size, rows_to_keep
@@ -68,7 +69,7 @@ from nmt.translate.search_step import (
     select_step,
 )
 from nmt.translate.static_search import static_loop
-from nmt.translate.target_prefix import check_prefix, lengthen_limits
+from nmt.translate.target_prefix import check_prefix, lengthen_limits, raised_limits
 from nmt.utils.packed_linear import frozen_weights
 
 NEG_INF = float("-inf")
@@ -85,6 +86,7 @@ def beam_search(
     unk: int | None = None,
     options: SearchOptions | None = None,
     prefix: Tensor | None = None,
+    constraints: ConstraintTables | None = None,
     **overrides: Any,
 ) -> SearchResult:
     """Decode a batch: src (B, L) long, src_lengths (B,) long, on the model's device.
@@ -106,12 +108,21 @@ def beam_search(
     prefix (no BOS, EOS or padding in it), and a certificate is about the outputs that do; a
     sentence's own length limit is raised to its prefix's length; P > ``max_length`` is a ValueError.
     ``unk``: the target vocabulary's unknown-word id, needed by ``ban_unk_token``.
+    ``constraints``: lexical constraints, the B sentences' automata
+    (:func:`nmt.translate.constraint_automaton.batch_tables` of
+    :func:`~nmt.translate.constraint_automaton.build_automaton`, on the host or the model's device):
+    every output of sentence b meets its constraints (EOS is banned until it does), the beam is
+    allocated dynamically (:mod:`nmt.translate.constraint_search`), and a certificate is about the
+    outputs that meet them; a sentence's own length limit is raised to the fewest tokens that can.
+    Not with ``sample`` (ValueError).
     Returns a ``SearchResult``. With ``sample=True`` the result holds ``n_best`` samples of each
     sentence instead (:func:`nmt.translate.sampling.sample_search`, keyed by the sentences' positions
     0..B-1 in this batch; call it with ``sentence_ids`` for samples independent of the batching).
     """
     options = (options or SearchOptions()).updated(**overrides)
     special = Specials(bos, eos, pad, unk)
+    if constraints is not None:
+        check_constraints(constraints, src.size(0), options)
     if options.sample:  # it checks the prefixes and the unk id itself
         from nmt.translate.sampling import sample_search  # it builds on this module
 
@@ -121,7 +132,18 @@ def beam_search(
     require_unk(options, special)
     # not inference_mode: models may cache tensors reused in training; the weights stay fixed
     with torch.no_grad(), frozen_weights():
-        return _search(model, src, src_lengths, special, options, prefix)
+        return _search(model, src, src_lengths, special, options, prefix, constraints)
+
+
+def check_constraints(constraints: ConstraintTables, batch: int, options: SearchOptions) -> None:
+    """ValueError unless ``constraints`` has ``batch`` rows and the search is no sampling (a sample
+    cannot be made to hold a phrase without changing what it is a sample of). Shapes only: no sync."""
+    if options.sample:
+        raise ValueError("lexical constraints apply to beam search, not to sampling (a sample forced to hold a "
+                         "phrase is no longer a sample of the model's distribution)")
+    if constraints.table.dim() != 3 or constraints.table.size(0) != batch or constraints.dist.size(0) != batch:
+        raise ValueError(f"constraints must hold one automaton per sentence ({batch}), got tables of shape "
+                         f"{tuple(constraints.table.shape)}")
 
 
 def greedy_search(model: StepDecoder, src: Tensor, src_lengths: Tensor, **kwargs: Any) -> SearchResult:
@@ -130,17 +152,19 @@ def greedy_search(model: StepDecoder, src: Tensor, src_lengths: Tensor, **kwargs
 
 
 def _search(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials,
-            options: SearchOptions, prefix: Tensor | None = None) -> SearchResult:
+            options: SearchOptions, prefix: Tensor | None = None,
+            constraints: ConstraintTables | None = None) -> SearchResult:
     """Run the loop of the resolved mode, then collect the n-best lists."""
     if options.resolved_mode(src.device) == "static":
-        history, end = static_loop(model, src, src_lengths, special, options, prefix)
+        history, end = static_loop(model, src, src_lengths, special, options, prefix, constraints)
     else:
-        history, end = _dynamic_loop(model, src, src_lengths, special, options, prefix)
+        history, end = _dynamic_loop(model, src, src_lengths, special, options, prefix, constraints)
     return _collect(history, end, special.eos, special.pad, options)
 
 
 def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials,
-                  options: SearchOptions, prefix: Tensor | None = None) -> tuple[SearchHistory, SearchEnd]:
+                  options: SearchOptions, prefix: Tensor | None = None,
+                  constraints: ConstraintTables | None = None) -> tuple[SearchHistory, SearchEnd]:
     """The dynamic loop: finished sentences leave the batch. Shapes: B sentences, R rows still
     searched, S slots per row (1 at the first step, then K = beam size), T steps."""
     k, max_length = options.beam_size, options.max_length
@@ -152,9 +176,11 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     # the state is tiled to k slots by the first reordering.
     tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (R*S,) last token
     limits = lengthen_limits(options.length_limits(src_lengths), prefix)  # (B,) each sentence's own limit, or None
+    limits = raised_limits(limits, None if constraints is None else constraints.start_dist)  # room for the constraints
     limit_steps = set() if limits is None else set(limits.tolist())  # the steps where a row may end
     rows = RowState.start(batch, options.n_best, options.certify, device, limits, ngram_width(options, static=False),
-                          prefix, start_coverage(src_lengths, src.size(1)) if options.coverage else None)
+                          prefix, start_coverage(src_lengths, src.size(1)) if options.coverage else None,
+                          constraints)
     active: Tensor | None = None  # (R,) original index of each row; None = all, in order
     out_exact, out_reason = rows.exact.clone(), rows.reason.clone()  # (B,), (B,)
     history = SearchHistory(batch, history_fills(options, special.pad))

@@ -28,6 +28,8 @@ from nmt.translate.certificate import (
     unknown_slots,
 )
 from nmt.models.protocol import required_attention
+from nmt.translate.constraint_automaton import ConstraintTables
+from nmt.translate.constraint_search import ConstraintState, ban_eos, constrained_candidates
 from nmt.translate.coverage_penalty import coverage_penalty, penalty_bound
 from nmt.translate.length_penalty import length_penalty
 from nmt.translate.native_step import step_update
@@ -111,7 +113,9 @@ class RowState:
     prefix: (R, P) long each row's forced target prefix, ``NO_PREFIX`` after it
     (``nmt.translate.target_prefix``), or None;
     coverage: (R, S, L) each live prefix's coverage of the source (its steps' attention summed;
-    1 at padding positions, ``nmt.translate.coverage_penalty``) with a coverage penalty; else None.
+    1 at padding positions, ``nmt.translate.coverage_penalty``) with a coverage penalty; else None;
+    constraints: each row's constraint automaton and each slot's state in it
+    (``nmt.translate.constraint_search``), or None.
     """
 
     scores: Tensor
@@ -123,18 +127,22 @@ class RowState:
     ngrams: Tensor | None = None
     prefix: Tensor | None = None
     coverage: Tensor | None = None
+    constraints: ConstraintState | None = None
 
     @classmethod
     def start(cls, batch: int, n_best: int, certify: bool, device: torch.device,
               limit: Tensor | None = None, ngram_width: int | None = None,
-              prefix: Tensor | None = None, coverage: Tensor | None = None) -> "RowState":
+              prefix: Tensor | None = None, coverage: Tensor | None = None,
+              constraints: ConstraintTables | None = None) -> "RowState":
         """The state before the first step: one live (empty) prefix per sentence. ``limit`` (B,)
         may come from the host (limits of host-side source lengths): it is copied to ``device``
         with every other field (from the host to CUDA through pinned memory, without a sync).
         ``ngram_width``: the width of the n-gram history (:func:`ngram_width`; None: no history).
         ``prefix`` (B, P): the forced target prefixes (copied like ``limit``), or None.
         ``coverage`` (B, 1, L): the coverage before the first step
-        (:func:`nmt.translate.coverage_penalty.start_coverage`, copied like ``limit``), or None."""
+        (:func:`nmt.translate.coverage_penalty.start_coverage`, copied like ``limit``), or None.
+        ``constraints``: the rows' constraint automata (B rows of tables, copied like ``limit``), or
+        None; every slot starts at their start state."""
         if limit is not None and limit.device != torch.device(device):
             limit = host_to_device(limit, device)
         if prefix is not None and prefix.device != torch.device(device):
@@ -151,13 +159,15 @@ class RowState:
             ngrams=None if ngram_width is None else start_history(batch, 1, ngram_width, device),
             prefix=prefix,
             coverage=coverage,
+            constraints=None if constraints is None else ConstraintState.start(constraints, device),
         )
 
     def select(self, index: Tensor) -> "RowState":
         """Rows ``index`` (R',) of every field."""
         return RowState(*(None if x is None else x.index_select(0, index) for x in
                           (self.scores, self.exact, self.reason, self.best_finished, self.top_finished,
-                           self.limit, self.ngrams, self.prefix, self.coverage)))
+                           self.limit, self.ngrams, self.prefix, self.coverage)),
+                        None if self.constraints is None else self.constraints.select(index))
 
 
 @dataclass
@@ -242,6 +252,7 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     log_probs = block_repeats(log_probs, rows.ngrams, options.block_ngram_repeat, t)  # (R, S, V)
     log_probs = force_prefix(log_probs, rows.prefix, t)  # (R, S, V): a forced prefix's other tokens at -inf
     log_probs = banned_unk(log_probs, options, special)  # (R, S, V): <unk> at -inf with ban_unk_token
+    log_probs = ban_eos(log_probs, rows.constraints, eos)  # (R, S, V): EOS at -inf until the constraints are met
     # a coverage penalty: each slot's coverage after this step (its candidates share it) and its penalty
     step_coverage, slot_penalty, offsets = _slot_coverage(attention, rows, scores, t, options)  # (R, S, L), (R, S)
     # NaN / +inf is an unknown probability: it breaks the certificate of a live slot and is
@@ -252,7 +263,8 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     ending = None  # (R,) bool rows at the last step of their own limit (before max_length)
     if rows.limit is not None and limit_due and t < max_length:
         ending = rows.limit == t
-    stats = None if ending is not None else _candidate_stats(log_probs, offsets, t, width, options)
+    constrained = rows.constraints is not None  # the torch code below (the one pass knows no automaton)
+    stats = None if ending is not None or constrained else _candidate_stats(log_probs, offsets, t, width, options)
     if stats is not None and not options.coverage:  # the rest in one call (native on the CPU, a Triton
         # launch on CUDA) where it runs; a coverage penalty routes to the torch code below (the kernels
         # know no per-hypothesis ranking term)
@@ -280,6 +292,8 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
         live_before = _alive(scores)  # (R, S)
         eos_scores = cand[..., eos]  # (R, S)
         cut_slots = live_before & ~_alive(eos_scores)  # (R, S) live, but EOS has probability 0
+        if constrained:  # a prefix that does not meet its constraints is no output (never live here
+            cut_slots = cut_slots & (rows.constraints.distance() == 0)  # after t = 0: they are dropped in time)
         if certify:  # a live slot with a token of nonzero probability besides EOS loses its sequences
             eos_ok = torch.isfinite(log_probs[..., eos]).int()  # (R, S)
             support = record["support_size"] if count_support else support_size(log_probs)  # (R, S)
@@ -297,11 +311,18 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
         parent = torch.arange(slots, device=device).expand(row_count, slots)  # (R, S)
         chosen = torch.full_like(parent, eos)  # (R, S)
     else:
-        if stats is None:
+        next_state = None
+        if constrained:  # dynamic beam allocation over the feasible candidates (nmt.translate.constraint_search)
+            kept = constrained_candidates(cand, rows.constraints, t, rows.limit, max_length, k, eos)
+            top_scores, top_index, next_state = kept.scores, kept.index, kept.state  # (R, n) each
+            if certify:
+                exact, reason = record_violation(exact, reason, kept.dropped, MAX_LENGTH)
+                exact, reason = record_violation(exact, reason, kept.pruned, PRUNED)
+        elif stats is None:
             top_scores, top_index = blocked_topk(cand.view(row_count, slots * vocab), width)  # (R, width)
         else:  # the same values, found by the one pass (native or Triton)
             top_scores, top_index = stats.top_scores, stats.top_index
-        if certify and width > k:
+        if certify and width > k and not constrained:
             pruned = _alive(top_scores[:, k])  # (R,) a finite candidate left out
             exact, reason = record_violation(exact, reason, pruned, PRUNED)
             top_scores, top_index = top_scores[:, :k], top_index[:, :k]  # (R, K)
@@ -342,8 +363,9 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     if certify:
         settled = settled & ~exact
     done = ~live | settled  # (R,)
+    constraints = None if not constrained else rows.constraints.advanced(pad_slots(next_state, k, 0))
     rows = RowState(scores, exact, reason, best_finished, top_finished, rows.limit,
-                    _extended(rows.ngrams, parent, chosen, options), rows.prefix, coverage)
+                    _extended(rows.ngrams, parent, chosen, options), rows.prefix, coverage, constraints)
     return StepOutcome(record, parent, chosen, rows, done, truncated)
 
 
@@ -446,7 +468,7 @@ def _fused_outcome(stats: _Stats, log_probs: Tensor, attention: Tensor, rows: Ro
     record.update(token=update.token, parent=update.parent, score=update.score)
     new_rows = RowState(update.live, update.exact, update.reason, update.best_finished, update.top_finished,
                         rows.limit, _extended(rows.ngrams, update.parent, update.token, options), rows.prefix,
-                        rows.coverage)
+                        rows.coverage, rows.constraints)
     return StepOutcome(record, update.parent, update.token, new_rows, update.done, None)
 
 

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from nmt.models.protocol import State, StepDecoder, attention_request, select_state, shares_encoder_out, tile_state
+from nmt.translate.constraint_automaton import ConstraintTables
 from nmt.translate.coverage_penalty import start_coverage
 from nmt.translate.history import SearchHistory
 from nmt.translate.search_options import SearchOptions
@@ -46,7 +47,7 @@ from nmt.translate.search_step import (
     ngram_width,
     select_step,
 )
-from nmt.translate.target_prefix import lengthen_limits
+from nmt.translate.target_prefix import lengthen_limits, raised_limits
 from nmt.translate.triton_static_mask import StoppedMask
 from nmt.translate.triton_static_mask import mask_stopped as triton_mask_stopped
 
@@ -78,7 +79,7 @@ def static_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: S
         exact = torch.where(stopped, rows.exact, new.exact)  # (B,)
         reason = torch.where(stopped, rows.reason, new.reason)  # (B,)
         return record, tokens, state, RowState(new.scores, exact, reason, new.best_finished, new.top_finished,
-                                               new.limit, new.ngrams, new.prefix, new.coverage), stopped, truncated
+                                               new.limit, new.ngrams, new.prefix, new.coverage, new.constraints), stopped, truncated
     support = step.record.get("support_size")
     args = (stopped, step.done, step.record["token"], step.record["parent"], step.record["score"], support,
             new.scores, new.exact, new.reason, rows.exact, rows.reason)
@@ -92,7 +93,8 @@ def static_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out: S
     if masked.support is not None:
         record["support_size"] = masked.support
     rows = RowState(masked.live, masked.exact, masked.reason, new.best_finished, new.top_finished, new.limit,
-                    new.ngrams, new.prefix, new.coverage)  # a stopped sentence's coverage: never read again
+                    new.ngrams, new.prefix, new.coverage, new.constraints)  # a stopped sentence's coverage
+    # and constraint states: never read again
     if options.beam_size > 1:  # greedy: one slot whose parent is itself, the state stays in order
         state = select_state(state, masked.flat_parent)  # (B*K, ...)
     return record, step.chosen.reshape(-1), state, rows, masked.stopped, truncated
@@ -132,9 +134,10 @@ def _masking(device: torch.device) -> Callable[..., StoppedMask | None] | None:
 
 
 def static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: Specials,
-                options: SearchOptions, prefix: Tensor | None = None) -> tuple[SearchHistory, SearchEnd]:
+                options: SearchOptions, prefix: Tensor | None = None,
+                constraints: ConstraintTables | None = None) -> tuple[SearchHistory, SearchEnd]:
     """Run the static-shape search on src (B, L), src_lengths (B,) (``prefix`` (B, P): forced
-    target prefixes, or None); returns the history and end state for ``beam_search``'s collection
+    target prefixes, or None; ``constraints``: the sentences' constraint automata, or None); returns the history and end state for ``beam_search``'s collection
     of the n-best lists."""
     k, max_length, every = options.beam_size, options.max_length, options.stop_every
     device = src.device
@@ -142,11 +145,13 @@ def static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: S
     encoder_out, state = model.encode(src, src_lengths)
     tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (B*S,)
     limits = lengthen_limits(options.length_limits(src_lengths), prefix)  # (B,) on the lengths' device, or None
+    limits = raised_limits(limits, None if constraints is None else constraints.start_dist)  # room for the constraints
     # the steps where a row may end, known without a sync where the lengths are on the host (as
     # nmt-translate keeps them); else every step tests the limits on the device
     limit_steps = set(limits.tolist()) if limits is not None and limits.device.type == "cpu" else None
     rows = RowState.start(batch, options.n_best, options.certify, device, limits, ngram_width(options, static=True),
-                          prefix, start_coverage(src_lengths, src.size(1)) if options.coverage else None)
+                          prefix, start_coverage(src_lengths, src.size(1)) if options.coverage else None,
+                          constraints)
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)  # (B,)
     stopped_after: list[Tensor] = []  # (B,) stopped after each step: kept, not reduced (no launch a step)
     history = SearchHistory(batch, history_fills(options, special.pad))

@@ -109,7 +109,15 @@ def lengthen_limits(limits: Tensor | None, prefix: Tensor | None) -> Tensor | No
     stay known to the loop without a sync."""
     if limits is None or prefix is None:
         return limits
-    lengths = prefix_lengths(prefix)  # (B,)
+    return raised_limits(limits, prefix_lengths(prefix))
+
+
+def raised_limits(limits: Tensor | None, lengths: Tensor | None) -> Tensor | None:
+    """``limits`` (B,) raised to ``lengths`` (B,) long (what a sentence's outputs need at least: a
+    prefix, the tokens of its constraints); None limits stay None, None lengths change nothing. The
+    host / device placement of :func:`lengthen_limits` (no host sync)."""
+    if limits is None or lengths is None:
+        return limits
     if lengths.device != limits.device:
         if lengths.device.type == "cpu":
             lengths = host_to_device(lengths, limits.device)
@@ -118,4 +126,4 @@ def lengthen_limits(limits: Tensor | None, prefix: Tensor | None) -> Tensor | No
     return torch.maximum(limits, lengths)
 
 
-__all__ = ["NO_PREFIX", "PrefixTooLong", "check_prefix", "check_prefix_lengths", "force_prefix", "lengthen_limits", "prefix_lengths", "prefix_tensor"]
+__all__ = ["NO_PREFIX", "PrefixTooLong", "check_prefix", "check_prefix_lengths", "force_prefix", "lengthen_limits", "prefix_lengths", "prefix_tensor", "raised_limits"]

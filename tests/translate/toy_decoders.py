@@ -143,7 +143,8 @@ def repeats_ngram(tokens: list[int], n: int) -> bool:
 
 
 def enumerate_support(model, src: Tensor, src_length: Tensor, max_length: int, min_length: int = 0,
-                      block: int = 0, prefix: tuple[int, ...] = (), banned: int | None = None):
+                      block: int = 0, prefix: tuple[int, ...] = (), banned: int | None = None,
+                      accepts=None, feasible=None, dropped: list | None = None):
     """Depth-first enumeration of every sequence of nonzero probability for ONE source.
 
     Returns (sequences: dict tuple(tokens incl. EOS) -> logprob, frontier: list where
@@ -153,6 +154,10 @@ def enumerate_support(model, src: Tensor, src_length: Tensor, max_length: int, m
     repeated N-gram (``repeats_ngram``) count, the constrained problem of ``block_ngram_repeat``.
     ``prefix``: only the sequences and prefixes that start with these tokens (a forced target prefix).
     ``banned``: only those without this token (``ban_unk_token``).
+    ``accepts(tokens) -> bool``: only the sequences whose tokens (EOS excluded) it accepts (lexical
+    constraints); ``feasible(tokens) -> bool``: only the prefixes it says can still be completed into
+    an accepted sequence within ``max_length``; ``dropped``: a list that gets the step ``t`` of every
+    nonzero-probability prefix of length t+1 that ``feasible`` refuses (whose parent it accepted).
     """
     forced = list(prefix)
     with torch.no_grad():
@@ -172,12 +177,15 @@ def enumerate_support(model, src: Tensor, src_length: Tensor, max_length: int, m
                 if (t < len(forced) and tok != forced[t]) or tok == banned:
                     continue
                 if tok == EOS:
-                    if t < min_length:
+                    if t < min_length or (accepts is not None and not accepts(prefix)):
                         continue
                     frontier[t] += 1
                     sequences[tuple(prefix + [EOS])] = logprob + lp
                 elif t == max_length:
                     cut = True
+                elif feasible is not None and not feasible(prefix + [tok]):
+                    if dropped is not None:
+                        dropped.append(t)
                 else:
                     frontier[t] += 1
                     visit(prefix + [tok], logprob + lp, new_state)

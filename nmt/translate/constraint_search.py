@@ -1,0 +1,163 @@
+"""Lexically constrained beam search: the per-step tensor code (``beam_search(..., constraints=)``).
+
+Each hypothesis carries the state of its sentence's constraint automaton
+(:mod:`nmt.translate.constraint_automaton`); the sentence's tables travel with the search's rows.
+At every step of :func:`nmt.translate.search_step.select_step`:
+
+1. :func:`ban_eos`: EOS gets probability 0 (log-probability ``-inf``) in every slot whose state is
+   not accepting, before anything reads the step (so a hypothesis ends only once it meets every
+   constraint: hard constraints).
+2. :func:`constrained_candidates` replaces the plain top-k. Every candidate (slot, token) has a next
+   state; one that could not reach acceptance within its sentence's length limit (``t + 1`` tokens
+   plus the state's distance beyond the limit) is dropped, and the sentence's certificate breaks
+   with ``max_length`` where it had nonzero probability (the constrained support reaches past the
+   limit, as a live hypothesis cut at ``max_length`` does without constraints). The rest compete by
+   *dynamic beam allocation* (Post & Vilar 2018, Hu et al. 2019): the pool is the ``k + 1`` best
+   candidates whose token is no phrase token plus every candidate whose token is one (the only ones
+   that advance a constraint); its candidates are banked by the distance of their next state
+   (tokens still needed; a finished one: 0), ranked within their bank by score, and the beam takes
+   them round robin, rank 0 of every bank (the most advanced bank first), then rank 1, ... (an
+   empty bank's share goes to the others). The kept ones are returned by descending score.
+
+Certificate: a candidate left out of the beam is always a finite candidate of the pool, and the
+pool holds more than ``k`` finite candidates exactly when the step has more than ``k`` (it holds
+every phrase-token candidate and the ``k + 1`` best of the others), so ``pruned`` is the unchanged
+rule "a feasible candidate of nonzero probability was not kept"; EOS's ban and the length filter
+remove only continuations without a constrained output within the limit (the latter breaking the
+certificate where they had nonzero probability). Scores only decrease along a path, so the stop
+bound of the unconstrained search holds for the constrained problem. A certified sentence's
+finished hypotheses are therefore every output of nonzero probability that meets its constraints,
+its first the argmax of the ranking among them.
+
+All shapes come from host integers (the tables' Q and A, the beam): no host sync,
+``torch.compile(fullgraph=True)``-able; the fused native / Triton step is not used (this torch code
+is). Shapes: R rows, S slots per row, V vocabulary, Q states, A phrase tokens, P = pool size.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from nmt.translate.constraint_automaton import ConstraintTables
+from nmt.utils.topk import blocked_topk
+
+NEG_INF = float("-inf")
+
+
+class ConstraintState(NamedTuple):
+    """The rows' automata and each slot's state: ``table`` (R, Q, A + 1), ``tokens`` (R, A),
+    ``dist`` (R, Q) (:class:`~nmt.translate.constraint_automaton.ConstraintTables`), ``state``
+    (R, S) long."""
+
+    table: Tensor
+    tokens: Tensor
+    dist: Tensor
+    state: Tensor
+
+    @classmethod
+    def start(cls, tables: ConstraintTables, device: torch.device | str) -> "ConstraintState":
+        """Every sentence at its start state, one slot; the tables copied to ``device`` (no sync)."""
+        tables = tables.to(device)
+        state = torch.zeros(tables.table.size(0), 1, dtype=torch.long, device=tables.table.device)
+        return cls(tables.table, tables.tokens, tables.dist, state)
+
+    def select(self, index: Tensor) -> "ConstraintState":
+        """Rows ``index`` (R',)."""
+        return ConstraintState(*(x.index_select(0, index) for x in self))
+
+    def advanced(self, state: Tensor) -> "ConstraintState":
+        """The same automata with the slots' states ``state`` (R, K)."""
+        return self._replace(state=state)
+
+    def distance(self) -> Tensor:
+        """(R, S) long: each slot's tokens still needed (0: its constraints are met)."""
+        return self.dist.gather(1, self.state)
+
+
+def ban_eos(log_probs: Tensor, constraints: ConstraintState | None, eos: int) -> Tensor:
+    """``log_probs`` (R, S, V) with EOS at ``-inf`` in the slots whose constraints are not met (a new
+    tensor); the same tensor without constraints. An unknown EOS score there becomes -inf too (the
+    constraint gives it probability 0)."""
+    if constraints is None:
+        return log_probs
+    unmet = constraints.distance() > 0  # (R, S)
+    is_eos = torch.arange(log_probs.size(-1), device=log_probs.device) == eos  # (V,)
+    return log_probs.masked_fill(unmet.unsqueeze(-1) & is_eos, NEG_INF)
+
+
+class Selected(NamedTuple):
+    """What :func:`constrained_candidates` keeps (R rows, n <= k kept per row)."""
+
+    scores: Tensor  # (R, n) the kept candidates' values, descending (-inf: none)
+    index: Tensor  # (R, n) long s * V + v
+    state: Tensor  # (R, n) long each kept candidate's next automaton state
+    dropped: Tensor  # (R,) bool a candidate of nonzero probability could not meet the constraints in time
+    pruned: Tensor  # (R,) bool more than k feasible candidates: some finite one was left out
+
+
+def constrained_candidates(cand: Tensor, constraints: ConstraintState, t: int, limit: Tensor | None,
+                           max_length: int, k: int, eos: int) -> Selected:
+    """The beam's ``k`` candidates at step ``t`` by dynamic beam allocation (see the module).
+
+    cand: (R, S, V) each candidate's value (-inf: probability 0; no NaN), EOS already banned where
+    the constraints are unmet; limit: (R,) long each row's own length limit, or None
+    (``max_length``). No host sync."""
+    rows, slots, vocab = cand.shape
+    table, tokens, dist, state = constraints
+    states, width = dist.size(1), table.size(2)  # Q, A + 1
+    phrase_tokens = width - 1  # A
+    device = cand.device
+    nxt = table.gather(1, state.unsqueeze(-1).expand(rows, slots, width))  # (R, S, A + 1)
+    nxt_dist = dist.gather(1, nxt.view(rows, slots * width)).view(rows, slots, width)  # (R, S, A + 1)
+    if limit is None:
+        feasible = nxt_dist <= max_length - t - 1  # (R, S, A + 1)
+    else:
+        feasible = nxt_dist <= (limit - t - 1).view(rows, 1, 1)
+    is_eos = torch.arange(vocab, device=device) == eos  # (V,)
+    # the phrase tokens' candidates: (R, S, A)
+    valid = (tokens >= 0).unsqueeze(1)  # (R, 1, A)
+    tok = tokens.clamp(min=0).unsqueeze(1).expand(rows, slots, phrase_tokens)  # (R, S, A)
+    phrase_scores = cand.gather(2, tok)  # (R, S, A)
+    phrase_live = (phrase_scores > NEG_INF) & valid  # (R, S, A)
+    phrase_ok = phrase_live & feasible[..., :phrase_tokens]
+    dropped = (phrase_live & ~phrase_ok).flatten(1).any(1)  # (R,)
+    phrase_scores = phrase_scores.masked_fill(~phrase_ok, NEG_INF)
+    # the other tokens' candidates: the phrase tokens removed (-inf added once: they are distinct)
+    removal = torch.zeros(tok.shape, dtype=cand.dtype, device=device).masked_fill_(valid.expand_as(tok), NEG_INF)
+    others = cand.clone(memory_format=torch.contiguous_format).scatter_add_(2, tok, removal)  # (R, S, V)
+    other_bad = ~feasible[..., phrase_tokens]  # (R, S) the "other" transition cannot meet them in time
+    blocked = other_bad.unsqueeze(-1) & ~is_eos  # (R, S, V) EOS ends the hypothesis: never blocked here
+    dropped = dropped | (others.masked_fill(~blocked, NEG_INF).amax(-1) > NEG_INF).any(1)
+    others = others.masked_fill(blocked, NEG_INF)
+    top_o, idx_o = blocked_topk(others.view(rows, slots * vocab), min(k + 1, slots * vocab))  # (R, W)
+    parent_o = torch.div(idx_o, vocab, rounding_mode="floor")  # (R, W)
+    state_o = nxt[..., phrase_tokens].gather(1, parent_o)  # (R, W)
+    ended = (idx_o - parent_o * vocab) == eos  # (R, W) a finished candidate: bank 0
+    bank_o = nxt_dist[..., phrase_tokens].gather(1, parent_o).masked_fill(ended, 0)  # (R, W)
+    # the pool: (R, P), P = W + S * A
+    slot_base = (torch.arange(slots, device=device) * vocab).view(1, slots, 1)  # (1, S, 1)
+    pool_scores = torch.cat([top_o, phrase_scores.view(rows, -1)], dim=1)
+    pool_index = torch.cat([idx_o, (slot_base + tok).reshape(rows, -1)], dim=1)
+    pool_state = torch.cat([state_o, nxt[..., :phrase_tokens].reshape(rows, -1)], dim=1)
+    pool_bank = torch.cat([bank_o, nxt_dist[..., :phrase_tokens].reshape(rows, -1)], dim=1)
+    pool = pool_scores.size(1)
+    live = pool_scores > NEG_INF  # (R, P)
+    pruned = live.sum(1) > k  # (R,)
+    # round robin over the banks: rank within the bank by descending score (stable: ties by position)
+    order = pool_scores.sort(dim=1, descending=True, stable=True).indices  # (R, P)
+    bank = pool_bank.gather(1, order)  # (R, P)
+    one_hot = bank.unsqueeze(-1) == torch.arange(states, device=device)  # (R, P, Q) banks < Q
+    rank = (one_hot.long().cumsum(1) * one_hot).sum(-1) - 1  # (R, P) earlier entries of the same bank
+    key = rank * states + bank  # (R, P) unique among the live entries
+    position = torch.arange(pool, device=device)  # (P,)
+    key = torch.where(live.gather(1, order), key, pool * states + position)  # the dead ones last
+    take = min(k, pool)
+    chosen = key.topk(take, dim=1, largest=False).indices.sort(dim=1).values  # (R, n) positions in score order
+    picked = order.gather(1, chosen)  # (R, n) pool entries, by descending score
+    return Selected(pool_scores.gather(1, picked), pool_index.gather(1, picked), pool_state.gather(1, picked),
+                    dropped, pruned)
+
+
+__all__ = ["ConstraintState", "Selected", "ban_eos", "constrained_candidates"]
