@@ -12,16 +12,17 @@ At every step of :func:`nmt.translate.search_step.select_step`:
    plus the state's distance beyond the limit) is dropped, and the sentence's certificate breaks
    with ``max_length`` where it had nonzero probability (the constrained support reaches past the
    limit, as a live hypothesis cut at ``max_length`` does without constraints). The rest compete by
-   *dynamic beam allocation* (Post & Vilar 2018, Hu et al. 2019): the pool is the ``k + 1`` best
-   candidates whose token is no phrase token plus every candidate whose token is one (the only ones
-   that advance a constraint); its candidates are banked by the distance of their next state
+   *dynamic beam allocation* (Post & Vilar 2018, Hu et al. 2019): the pool is, per slot, the ``k + 1``
+   best candidates whose token is no phrase token (they share the slot's "other" next state, so one
+   bank: a round robin over every candidate takes at most ``k`` of them), its EOS, and every
+   candidate whose token is a phrase token (the only ones that advance a constraint), so that the
+   beam is exactly the round robin over all candidates; its candidates are banked by the distance of their next state
    (tokens still needed; a finished one: 0), ranked within their bank by score, and the beam takes
    them round robin, rank 0 of every bank (the most advanced bank first), then rank 1, ... (an
    empty bank's share goes to the others). The kept ones are returned by descending score.
 
-Certificate: a candidate left out of the beam is always a finite candidate of the pool, and the
-pool holds more than ``k`` finite candidates exactly when the step has more than ``k`` (it holds
-every phrase-token candidate and the ``k + 1`` best of the others), so ``pruned`` is the unchanged
+Certificate: the pool holds more than ``k`` finite candidates exactly when the step has more than
+``k`` (it holds every EOS and phrase-token candidate and each slot's ``k + 1`` best others), so ``pruned`` is the unchanged
 rule "a feasible candidate of nonzero probability was not kept"; EOS's ban and the length filter
 remove only continuations without a constrained output within the limit (the latter breaking the
 certificate where they had nonzero probability). Scores only decrease along a path, so the stop
@@ -41,7 +42,6 @@ import torch
 from torch import Tensor
 
 from nmt.translate.constraint_automaton import ConstraintTables
-from nmt.utils.topk import blocked_topk
 
 NEG_INF = float("-inf")
 
@@ -124,24 +124,28 @@ def constrained_candidates(cand: Tensor, constraints: ConstraintState, t: int, l
     phrase_ok = phrase_live & feasible[..., :phrase_tokens]
     dropped = (phrase_live & ~phrase_ok).flatten(1).any(1)  # (R,)
     phrase_scores = phrase_scores.masked_fill(~phrase_ok, NEG_INF)
-    # the other tokens' candidates: the phrase tokens removed (-inf added once: they are distinct)
+    # the other tokens' candidates: the phrase tokens and EOS removed (-inf added once: they are distinct)
     removal = torch.zeros(tok.shape, dtype=cand.dtype, device=device).masked_fill_(valid.expand_as(tok), NEG_INF)
     others = cand.clone(memory_format=torch.contiguous_format).scatter_add_(2, tok, removal)  # (R, S, V)
+    others = others.masked_fill_(is_eos, NEG_INF)
     other_bad = ~feasible[..., phrase_tokens]  # (R, S) the "other" transition cannot meet them in time
-    blocked = other_bad.unsqueeze(-1) & ~is_eos  # (R, S, V) EOS ends the hypothesis: never blocked here
-    dropped = dropped | (others.masked_fill(~blocked, NEG_INF).amax(-1) > NEG_INF).any(1)
-    others = others.masked_fill(blocked, NEG_INF)
-    top_o, idx_o = blocked_topk(others.view(rows, slots * vocab), min(k + 1, slots * vocab))  # (R, W)
-    parent_o = torch.div(idx_o, vocab, rounding_mode="floor")  # (R, W)
-    state_o = nxt[..., phrase_tokens].gather(1, parent_o)  # (R, W)
-    ended = (idx_o - parent_o * vocab) == eos  # (R, W) a finished candidate: bank 0
-    bank_o = nxt_dist[..., phrase_tokens].gather(1, parent_o).masked_fill(ended, 0)  # (R, W)
-    # the pool: (R, P), P = W + S * A
+    dropped = dropped | ((others.amax(-1) > NEG_INF) & other_bad).any(1)
+    others = others.masked_fill(other_bad.unsqueeze(-1), NEG_INF)
+    # a slot's other tokens share one next state, so one bank: its k + 1 best are all a round robin
+    # over every candidate can take from them (and more than k finite ones there is a prune)
+    width_o = min(k + 1, vocab)
+    top_o, tok_o = others.topk(width_o, dim=2)  # (R, S, W)
+    eos_scores = cand[..., eos]  # (R, S) EOS ends the hypothesis (banned where unmet): bank 0, no length test
+    # the pool: (R, P), P = S * (W + 1 + A)
     slot_base = (torch.arange(slots, device=device) * vocab).view(1, slots, 1)  # (1, S, 1)
-    pool_scores = torch.cat([top_o, phrase_scores.view(rows, -1)], dim=1)
-    pool_index = torch.cat([idx_o, (slot_base + tok).reshape(rows, -1)], dim=1)
-    pool_state = torch.cat([state_o, nxt[..., :phrase_tokens].reshape(rows, -1)], dim=1)
-    pool_bank = torch.cat([bank_o, nxt_dist[..., :phrase_tokens].reshape(rows, -1)], dim=1)
+    eos_column = torch.full((rows, slots, 1), eos, dtype=torch.long, device=device)
+    pool_scores = torch.cat([top_o, eos_scores.unsqueeze(-1), phrase_scores], dim=2).view(rows, -1)
+    pool_index = (slot_base + torch.cat([tok_o, eos_column, tok], dim=2)).view(rows, -1)
+    other_state = nxt[..., phrase_tokens:].expand(rows, slots, width_o + 1)  # (R, S, W + 1) EOS's: never read
+    pool_state = torch.cat([other_state, nxt[..., :phrase_tokens]], dim=2).reshape(rows, -1)
+    other_bank = nxt_dist[..., phrase_tokens:].expand(rows, slots, width_o)  # (R, S, W)
+    pool_bank = torch.cat([other_bank, torch.zeros_like(eos_column), nxt_dist[..., :phrase_tokens]],
+                          dim=2).reshape(rows, -1)
     pool = pool_scores.size(1)
     live = pool_scores > NEG_INF  # (R, P)
     pruned = live.sum(1) > k  # (R,)

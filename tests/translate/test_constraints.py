@@ -30,6 +30,7 @@ from nmt.translate.search_step import RowState, Specials, select_step
 from nmt.translate.static_search import static_step
 from nmt.utils.sync_audit import SyncAudit
 from test_certificate_bruteforce import CASES, MAX_LENGTH, MODES, MODE_IDS, N_SOURCES, found_hypotheses, model_and_sources, rank
+from test_static_search import trained_model  # noqa: F401 (a fixture)
 from toy_decoders import BOS, EOS, PAD, TinyAttentionRNN, enumerate_support, random_sources, tiny_transformer
 
 ORDINARY = (3, 4, 5, 6)  # the toy decoders' ordinary tokens (vocabulary 7)
@@ -100,16 +101,17 @@ def predicted(frontier, cut, dropped, beam_size, support, max_length=MAX_LENGTH)
     return True, None
 
 
-def check_sentence(result, names, b, enum, beam_size, penalty, phrases, mode, max_length=MAX_LENGTH) -> bool:
+def check_sentence(result, names, b, enum, beam_size, penalty, phrases, mode, max_length=MAX_LENGTH,
+                   tol: float = 1e-9) -> bool:
     """Sentence b against its constrained enumeration; returns whether it was certified."""
     support, frontier, cut, dropped = enum
     exact, reason = predicted(frontier, cut, dropped, beam_size, support, max_length)
     assert (bool(result.exact[b]), names[b]) == (exact, reason)
     found = found_hypotheses(result, b)
     for seq, logprob in found.items():
-        assert seq in support and logprob == pytest.approx(support[seq], abs=1e-9)
+        assert seq in support and logprob == pytest.approx(support[seq], abs=tol)
     assert int(result.n_nonzero[b]) == len(found)
-    assert float(result.mass[b]) == pytest.approx(math.fsum(math.exp(v) for v in found.values()), abs=1e-9)
+    assert float(result.mass[b]) == pytest.approx(math.fsum(math.exp(v) for v in found.values()), abs=tol)
     for i in range(result.tokens.size(1)):  # every output, complete or cut, meets the constraints
         n = int(result.lengths[b, i])
         if n:
@@ -119,7 +121,7 @@ def check_sentence(result, names, b, enum, beam_size, penalty, phrases, mode, ma
         assert set(found) == set(support)
         best = max(rank(s, v, penalty) for s, v in support.items())
         first = tuple(result.tokens[b, 0, : int(result.lengths[b, 0])].tolist())
-        assert rank(first, support[first], penalty) == pytest.approx(best, abs=1e-9)
+        assert rank(first, support[first], penalty) == pytest.approx(best, abs=tol)
     if not support:  # no complete output (a live hypothesis cut at max_length that meets them may be returned)
         assert not bool(result.complete[b, 0]) and (int(result.lengths[b, 0]) == 0 or cut)
     return exact
@@ -213,3 +215,269 @@ def test_the_constraints_bite():
             seen.update(check_constrained_search(name, seed, penalty, min_length, constraint_mode, mode="dynamic"))
     assert seen["certified with constraints"] >= 20 and seen["argmax excluded"] >= 10, seen
     assert seen["no_hypothesis"] > 0 and seen["pruned"] > 0 and seen["max_length"] > 0, seen
+
+
+# --- the automata against the definitions ----------------------------------------------------------
+
+PHRASE_SETS = [
+    [(3,)], [(3, 4)], [(3, 4), (4, 5)], [(3, 3)], [(3,), (3, 4)], [(3, 4), (3,)], [(3,), (3,)], [(4, 3), (3, 4)],
+    [(3, 4, 3)], [(3, 3, 4)], [(4,), (3,)], [(3, 4), (4, 3), (5,)], [(3, 4, 5), (4,)], [(5, 5), (5,), (5, 5, 5)],
+]
+
+
+@pytest.mark.parametrize("mode", ["unordered", "ordered"])
+@pytest.mark.parametrize("phrases", PHRASE_SETS, ids=str)
+def test_the_automaton_accepts_what_the_definition_does(phrases, mode):
+    """Every sequence of up to 6 tokens over 3, 4, 5 and another token (6): the automaton accepts it
+    iff the definition does, and each state's distance is the shortest completion of any sequence
+    leading to it (tried over every completion); overlaps, prefixes of other phrases, repeats."""
+    automaton = build_automaton(phrases, mode)
+    _, feasible = predicates(phrases, mode, 6)
+    alphabet = (3, 4, 5, 6)
+    for n in range(7):
+        for seq in product(alphabet, repeat=n):
+            assert automaton.accepts(seq) == meets(seq, phrases, mode), seq
+            state = automaton.run(seq)
+            if n <= 3:  # the distance: the fewest tokens that complete it (every completion tried)
+                need = next(d for d in range(20) if predicates(phrases, mode, n + d)[1](seq))
+                assert automaton.dist[state] == need, (seq, automaton.dist[state], need)
+            assert phrases_met(seq, phrases, mode)[-1] == meets(seq, phrases, mode) or mode == "unordered"
+    assert all(holds_phrase(list(p), p) for p in phrases)
+
+
+def test_the_automata_are_small_and_bad_phrases_are_refused():
+    assert build_automaton([], "ordered") is FREE and FREE.accepts([]) and FREE.states == 1
+    assert build_automaton([(3, 4), (5,)], "ordered").states == 4  # (0,0) (0,1) (1,0) done
+    with pytest.raises(ConstraintError, match=r"^input 3: constraint phrase 2 has no token$"):
+        build_automaton([(3,), ()], "unordered", index=2)
+    with pytest.raises(ValueError, match="constraints mode must be one of unordered, ordered, got 'any'"):
+        build_automaton([(3,)], "any")
+    with pytest.raises(ConstraintError, match="more than 4096 states"):
+        build_automaton([(t, t + 1) for t in range(3, 30, 2)], "unordered")
+
+
+# --- other models, penalties, ensembles ------------------------------------------------------------
+
+TRANSFORMERS = {
+    "transformer": dict(output="entmax15", attention="entmax15", eos_bias=2.0, seed=2),
+    "transformer-sparsemax": dict(output="sparsemax", attention="softmax", eos_bias=1.0, seed=0),
+}
+
+
+@pytest.mark.parametrize("constraint_mode", ["unordered", "ordered"])
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("name", ["transformer", "transformer-sparsemax", "lstm"])
+def test_transformers_and_lstms_against_brute_force(name, mode, constraint_mode, trained_model):
+    """nmt's Transformer (kv caches reordered by the beam) and LSTM (the copy-task model of the static
+    search's tests, 1.5-entmax attention and output) against the constrained brute force."""
+    if name == "lstm":
+        from test_static_search import TRAINED_VOCAB
+
+        model, vocab = trained_model, TRAINED_VOCAB
+    else:
+        model, vocab = tiny_transformer(**TRANSFORMERS[name]), 7
+    src, lengths = random_sources(N_SOURCES, vocab, 5, seed=9)
+    sets = chosen_constraints(model, src, lengths, 0)
+    enums = [constrained_enumeration(model, src[b], lengths[b], sets[b], constraint_mode) for b in range(N_SOURCES)]
+    certified = 0
+    for beam_size in (1, 2, 4):
+        result = beam_search(model, src, lengths, bos=BOS, eos=EOS, pad=PAD, beam_size=beam_size, n_best=200,
+                             max_length=MAX_LENGTH, length_penalty="average",
+                             constraints=tables(sets, constraint_mode), **mode)
+        names = result.reason_names()
+        for b in range(N_SOURCES):
+            certified += check_sentence(result, names, b, enums[b], beam_size, "average", sets[b], constraint_mode,
+                                        tol=1e-5 if name == "lstm" else 1e-9)  # the LSTM: float32
+    assert certified > 0 or name == "lstm"  # the LSTM's outputs are not sparse enough to certify with k <= 4
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_a_dense_output_is_never_certified_but_meets_the_constraints(mode):
+    model = TinyAttentionRNN(vocab=11, mapping="softmax", seed=1)
+    src, lengths = random_sources(5, 13, 6, seed=2)
+    sets = [[(4,)], [(5, 6)], [(7,), (8, 9)], [], [(3, 3)]]
+    for constraint_mode in ("unordered", "ordered"):
+        result = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=3, n_best=3, max_length=8,
+                             constraints=tables(sets, constraint_mode), **mode)
+        assert result.reason_names() == ["pruned"] * 5
+        for b in range(5):
+            assert bool(result.complete[b, 0])  # a dense model gives every constrained output nonzero probability
+            for i in range(3):
+                n = int(result.lengths[b, i])
+                assert meets([t for t in result.tokens[b, i, :n].tolist() if t != EOS], sets[b], constraint_mode)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_an_ensemble_against_brute_force(mode):
+    from nmt.translate.ensemble import Ensemble
+    from toy_decoders import MarkovDecoder
+
+    model = Ensemble([MarkovDecoder(vocab=7, mapping="sparsemax", scale=1.0, eos_bonus=1.2, seed=s) for s in (2, 3)])
+    src, lengths = random_sources(N_SOURCES, 9, 5, seed=4)
+    sets = chosen_constraints(model, src, lengths, 0)
+    certified = 0
+    for constraint_mode in ("unordered", "ordered"):
+        enums = [constrained_enumeration(model, src[b], lengths[b], sets[b], constraint_mode) for b in range(N_SOURCES)]
+        for beam_size in (1, 2, 4, 8):
+            result = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=200,
+                                 max_length=MAX_LENGTH, constraints=tables(sets, constraint_mode), **mode)
+            names = result.reason_names()
+            for b in range(N_SOURCES):
+                certified += check_sentence(result, names, b, enums[b], beam_size, "none", sets[b], constraint_mode)
+    assert certified > 0
+
+
+@pytest.mark.parametrize("stepwise", [False, True], ids=["final", "stepwise"])
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_with_a_coverage_penalty_the_certified_first_is_the_penalised_constrained_argmax(mode, stepwise):
+    from test_coverage_penalty import coverage_model, enumerate_with_coverage, reference_rank
+
+    certified = 0
+    for name, seed, lp, beta in (("sparse", 0, "none", 1.0), ("entmax", 2, "gnmt", 0.8)):
+        model, src, lengths = coverage_model(name, seed)
+        sets = chosen_constraints(model, src, lengths, 0)
+        for constraint_mode in ("unordered", "ordered"):
+            enums = [constrained_enumeration(model, src[b], lengths[b], sets[b], constraint_mode)
+                     for b in range(N_SOURCES)]
+            outputs = [enumerate_with_coverage(model, src[b], lengths[b], MAX_LENGTH) for b in range(N_SOURCES)]
+            for beam_size in (1, 2, 4, 8):
+                result = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=200,
+                                     max_length=MAX_LENGTH, length_penalty=lp, coverage_penalty="wu", beta=beta,
+                                     stepwise_penalty=stepwise, constraints=tables(sets, constraint_mode), **mode)
+                names = result.reason_names()
+                for b in range(N_SOURCES):
+                    support, frontier, cut, dropped = enums[b]
+                    exact, reason = predicted(frontier, cut, dropped, beam_size, support)
+                    assert (bool(result.exact[b]), names[b]) == (exact, reason)
+                    if exact:
+                        certified += 1
+                        ranks = {s: reference_rank(s, *outputs[b][s], lp, "wu", beta) for s in support}
+                        first = tuple(result.tokens[b, 0, : int(result.lengths[b, 0])].tolist())
+                        assert ranks[first] == pytest.approx(max(ranks.values()), abs=1e-9)
+                        assert float(result.ranking_scores[b, 0]) == pytest.approx(max(ranks.values()), abs=1e-9)
+    assert certified > 0
+
+
+# --- without constraints nothing changes; the selection itself --------------------------------------
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_sentences_without_phrases_search_as_without_constraints(mode, monkeypatch):
+    """Automata of no phrase (one accepting state): every candidate is in bank 0, so the allocation is
+    the plain top k; the same n-best lists (up to the order of candidates of equal score, which the
+    two selections break differently), scores and certificates as no constraints at all (the torch
+    selection both times)."""
+    monkeypatch.setattr(step_module, "step_candidates", lambda *args: None)
+    monkeypatch.setattr(step_module, "step_update", lambda *args, **kwargs: None)
+    for name, seed, penalty, min_length in CASES[::2]:
+        model, src, lengths = model_and_sources(name, seed)
+        for beam_size in (1, 3, 8):
+            kw = dict(bos=BOS, eos=EOS, beam_size=beam_size, n_best=5, max_length=MAX_LENGTH, min_length=min_length,
+                      length_penalty=penalty, **mode)
+            plain = beam_search(model, src, lengths, **kw)
+            free = beam_search(model, src, lengths, constraints=tables([[]] * N_SOURCES, "unordered"), **kw)
+            for field in ("scores", "ranking_scores", "exact", "reason", "n_nonzero", "lengths"):
+                assert torch.equal(getattr(plain, field), getattr(free, field)), field
+            assert torch.allclose(plain.mass, free.mass, rtol=1e-12, atol=0) and plain.steps == free.steps
+            for b in range(N_SOURCES):  # a pruned sentence may keep another of candidates of equal score
+                if not bool(plain.exact[b]):
+                    continue
+
+                def entries(r):
+                    return sorted((float(r.scores[b, i]), r.tokens[b, i].tolist()) for i in range(5))
+                assert entries(plain) == entries(free)
+
+
+def reference_allocation(scores, banks, k):
+    """Round robin over the banks (lower bank first), each bank by descending score: the kept indices."""
+    live = [i for i in range(len(scores)) if scores[i] > -math.inf]
+    by_bank: dict = {}
+    for i in sorted(live, key=lambda i: (-scores[i], i)):
+        by_bank.setdefault(banks[i], []).append(i)
+    kept = []
+    for rank_ in range(len(live)):
+        for bank in sorted(by_bank):
+            if rank_ < len(by_bank[bank]) and len(kept) < k:
+                kept.append(by_bank[bank][rank_])
+    return sorted(kept, key=lambda i: (-scores[i], i))
+
+
+def test_the_allocation_is_round_robin_over_the_banks_and_pruned_counts_every_candidate():
+    """One step of 3 rows x 2 slots x 7 tokens against a Python round robin over every candidate (the
+    pool's shortcut, the k + 1 best of the other tokens, must not change what is kept)."""
+    g = torch.Generator().manual_seed(0)
+    automata = [build_automaton([(3, 4), (5,)], "unordered"), build_automaton([(4, 4, 4)], "ordered"), FREE]
+    tab = batch_tables(automata)
+    state = torch.tensor([[1, 0], [2, 1], [0, 0]])
+    state = torch.minimum(state, torch.tensor([[a.states - 1] for a in automata]))
+    constraints = ConstraintState(tab.table, tab.tokens, tab.dist, state)
+    for trial in range(30):
+        cand = torch.randn(3, 2, 7, generator=g, dtype=torch.float64)
+        cand = cand.masked_fill(torch.rand(3, 2, 7, generator=g) < 0.5, -math.inf)
+        for k in (1, 2, 3, 5):
+            kept = constrained_candidates(cand, constraints, 0, None, 10, k, EOS)
+            for r, automaton in enumerate(automata):
+                scores, banks, states = [], [], []
+                for s in range(2):
+                    q = int(state[r, s])
+                    for v in range(7):
+                        col = automaton.tokens.index(v) if v in automaton.tokens else len(automaton.tokens)
+                        nxt = automaton.table[q][col]
+                        scores.append(float(cand[r, s, v]))
+                        banks.append(0 if v == EOS else automaton.dist[nxt])
+                        states.append(nxt)
+                want = reference_allocation(scores, banks, k)
+                got = [int(i) for i, sc in zip(kept.index[r], kept.scores[r]) if sc > -math.inf]
+                assert got == want, (trial, k, r)
+                assert [int(x) for x, sc in zip(kept.state[r], kept.scores[r]) if sc > -math.inf] == \
+                       [states[i] for i in want]
+                assert bool(kept.pruned[r]) == (sum(x > -math.inf for x in scores) > k)
+
+
+# --- host syncs, one graph, refusals ---------------------------------------------------------------
+
+def test_static_steps_with_constraints_make_no_host_sync():
+    model = TinyAttentionRNN(mapping="entmax15", seed=7)
+    src, lengths = random_sources(6, 13, 6, seed=8)
+    options = SearchOptions(beam_size=4, n_best=2, max_length=7, return_support=True)
+    special = Specials(BOS, EOS, PAD)
+    tabs = tables([[(4, 5)], [], [(6,), (6, 7)], [(7,)], [(3, 4), (4, 5)], [(3,)]], "unordered")
+    with torch.no_grad():
+        encoder_out, state = model.encode(src, src_lengths=lengths)
+        rows = RowState.start(6, options.n_best, options.certify, src.device, constraints=tabs)
+        stopped = torch.zeros(6, dtype=torch.bool)
+        tokens = torch.full((6,), BOS)
+        for t in range(options.max_length + 1):
+            with SyncAudit() as audit:
+                record, tokens, state, rows, stopped, _ = static_step(model, tokens, state, encoder_out, rows, stopped,
+                                                                      t, options, special)
+            assert audit.total == 0, f"step {t}: {audit.report()}"
+            if t == 0:
+                encoder_out = {k: v.repeat_interleave(4, dim=0) for k, v in encoder_out.items()}
+
+
+@pytest.mark.parametrize("t", [1, 9])
+def test_a_search_step_with_constraints_compiles_as_one_graph(t):
+    options, special = SearchOptions(beam_size=3, n_best=2, max_length=10), Specials(BOS, EOS, PAD)
+    g = torch.Generator().manual_seed(1)
+    tabs = tables([[(3, 4)], [], [(5, 6), (6,)], [(4,), (4, 4)], [(3, 3)]], "ordered")
+    rows = RowState.start(5, 2, True, "cpu", constraints=tabs)
+    rows = RowState(torch.randn(5, 3, generator=g, dtype=torch.float64), rows.exact, rows.reason,
+                    torch.full((5, 2), -5.0, dtype=torch.float64), rows.top_finished,
+                    constraints=rows.constraints.advanced(torch.tensor([[1, 0, 0], [0, 0, 0], [1, 2, 0],
+                                                                        [1, 0, 2], [1, 1, 0]])))
+    log_probs = torch.log_softmax(torch.randn(15, 7, generator=g, dtype=torch.float64), -1)
+    compiled = torch.compile(select_step, fullgraph=True)(log_probs, None, rows, t, options, special)
+    eager = select_step(log_probs, None, rows, t, options, special)
+    for name in ("chosen", "parent", "done"):
+        assert torch.equal(getattr(compiled, name), getattr(eager, name)), name
+    assert torch.equal(compiled.rows.constraints.state, eager.rows.constraints.state)
+    assert torch.equal(compiled.rows.exact, eager.rows.exact) and torch.equal(compiled.rows.reason, eager.rows.reason)
+
+
+def test_sampling_with_constraints_is_refused():
+    model, src, lengths = model_and_sources("sparsemax", 0)
+    with pytest.raises(ValueError, match="^lexical constraints apply to beam search, not to sampling"):
+        beam_search(model, src, lengths, bos=BOS, eos=EOS, sample=True, constraints=tables([[(3,)]] * N_SOURCES,
+                                                                                             "unordered"))
+    with pytest.raises(ValueError, match=r"one automaton per sentence \(8\)"):
+        beam_search(model, src, lengths, bos=BOS, eos=EOS, constraints=tables([[(3,)]] * 3, "unordered"))
