@@ -13,7 +13,9 @@ each hypothesis its word alignment (``Translation.alignments``, ``.alignment`` f
 ``nmt.translate.alignment``), ``replace_unk=True`` replaces ``<unk>`` outputs by the most attended
 source piece (or its ``phrase_table`` entry); ``m.score(sources, targets, align=True)`` aligns the
 references. Forced target prefixes are per call too: ``m.translate(lines, prefixes=["Ein", "", ...])``
-(each output starts with its line's prefix; the certificate is about those outputs).
+(each output starts with its line's prefix; the certificate is about those outputs), and so are
+lexical constraints: ``m.translate(lines, constraints=[["Haus"], [], ["rote", "Auto"]])`` (each output
+holds its line's phrases; ``constraints_mode="ordered"``: in the given order).
 """
 from __future__ import annotations
 
@@ -68,7 +70,8 @@ class Model:
 
     def translate(self, sentences: Sequence[str], options: SearchOptions | None = None, *,
                   align: bool | AlignOptions = False, replace_unk: bool = False, prefixes: Sequence[str] | None = None,
-                  phrase_table: Mapping[str, str] | None = None, **search: Any) -> list[Translation]:
+                  phrase_table: Mapping[str, str] | None = None, constraints: Sequence[Sequence[str]] | None = None,
+                  constraints_mode: str = "unordered", **search: Any) -> list[Translation]:
         """Translate a list of sentences (one ``Translation`` each, in order).
 
         ``options`` replaces the model's default ``SearchOptions``; keywords (``beam_size=5``,
@@ -81,6 +84,10 @@ class Model:
         ``nmt.translate.phrase_table.read_phrase_table`` reads OpenNMT-py's files). ``prefixes``:
         one target text per sentence (``""``: none) that its outputs must start with (forced
         target prefixes; each certificate is then about the outputs that start with it).
+        ``constraints``: per sentence, a list of target phrases (``[]``: none) every output must hold
+        (lexical constraints, ``constraints_mode`` "unordered": all, in any order; "ordered": in the
+        given order, without overlap; each certificate is then about the outputs that meet them;
+        ``Translation.constraints_met`` says which each hypothesis meets). Not with ``sample``.
         """
         from nmt.translate.translator import Translator
 
@@ -88,12 +95,16 @@ class Model:
         forced = None if prefixes is None else _sentences("prefixes", prefixes)
         if forced is not None and len(forced) != len(lines):
             raise ValueError(f"{len(lines)} sentences but {len(forced)} prefixes")
+        phrases = None if constraints is None else [_sentences(f"constraints[{i}]", c) for i, c in
+                                                     enumerate(_sentences_of_lists(constraints))]
+        if phrases is not None and len(phrases) != len(lines):
+            raise ValueError(f"{len(lines)} sentences but {len(phrases)} constraint lists")
         chosen = (options or self.options).updated(**search)
         translator = Translator(self.decoder, self.src_field, self.tgt_field, chosen,
                                 batch_size=self.batch_size, batch_type=self.batch_type, device=self.device,
                                 precision=self.precision, align=_align_options(align),
                                 replace_unk=replace_unk, phrase_table=phrase_table)
-        return translator.translate(lines, prefixes=forced)
+        return translator.translate(lines, prefixes=forced, constraints=phrases, constraints_mode=constraints_mode)
 
     def score(self, sources: Sequence[str], targets: Sequence[str], *,
               align: bool | AlignOptions = False) -> list[PairScore]:
@@ -111,6 +122,15 @@ class Model:
                         precision=self.precision,
                         align=_align_options(align))
         return scorer.score(src, tgt)
+
+
+def _sentences_of_lists(constraints: Sequence[Sequence[str]]) -> list[Sequence[str]]:
+    """``constraints`` as a list of per-sentence phrase lists; a TypeError for a string (one
+    sentence's phrases given flat) where lists are expected."""
+    if isinstance(constraints, str) or any(isinstance(c, str) for c in constraints):
+        raise TypeError("constraints must be a list of phrase lists, one per sentence (e.g. [['Haus'], []]), "
+                        "not a list of strings")
+    return list(constraints)
 
 
 def _align_options(align: bool | AlignOptions) -> AlignOptions | None:

@@ -4,6 +4,7 @@
                   [-batch_size N] -max_length 100 [-max_length_ratio R] -length_penalty none
                   [-coverage_penalty wu|summary -beta B [-stepwise_penalty] [-coverage_epsilon E]]
                   [-block_ngram_repeat N] [-ban_unk_token] [-tgt_prefix PREFIXES]
+                  [-constraints FILE [-constraints_mode unordered|ordered]]
                   -report FILE.jsonl
                   [-tgt REF] [-attention DIR] [-support] [-device auto|cpu|cuda]
                   [-report_align [-align_mode argmax|support] [-align_level word|token]]
@@ -36,6 +37,7 @@ import time
 from typing import Sequence
 
 from nmt.cli.translate_common import PROG, SEARCH_FLAGS, search_options  # noqa: F401 (SEARCH_FLAGS re-exported)
+from nmt.translate.constraint_automaton import CONSTRAINT_MODES, DEFAULT_MODE
 
 _IMPORTED_AT = time.perf_counter()  # start-up is measured from here when run as a program
 MODES = ("translate", "score")
@@ -147,6 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "with its line's prefix (tokenized alone: end it at a word boundary; kept in the output), and "
                    "a certificate is about the outputs that do. OpenNMT-py's -tgt_prefix reads them from -tgt; "
                    "here they have their own file, so -tgt stays the references (- reads stdin when -src is a file)")
+    p.add_argument("-constraints", "--constraints", metavar="FILE", default=None,
+                   help="lexical constraints, one line beside -src: target phrases separated by TABs (an empty "
+                   "line: none), each tokenized alone by the target tokenizer; every output holds them (EOS is "
+                   "banned until it does; the beam is allocated dynamically), and a certificate is about the "
+                   "outputs that do (none: an empty line, reason no_hypothesis or max_length). fairseq's "
+                   "--constraints, Sockeye's constraints")
+    p.add_argument("-constraints_mode", "--constraints_mode", choices=CONSTRAINT_MODES, default=DEFAULT_MODE,
+                   help="unordered (default, as Sockeye): every phrase somewhere, any order, occurrences may "
+                   "overlap; ordered (fairseq's --constraints ordered): in the line's order, without overlap")
     p.add_argument("-attention", "--attention", metavar="DIR", help="write one attention heatmap per sentence (best hypothesis; not with scoring)")
     p.add_argument("-attention_format", "--attention_format", choices=FORMATS, default="png",
                    help="file format of the heatmaps")
@@ -234,7 +245,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
                  ("-coverage_penalty", args.coverage_penalty != "none", "it gives each reference the model's "
                   "log-probability (no ranking)"),
                  ("-tgt_prefix", args.tgt_prefix is not None,
-                  "it gives each reference the model's log-probability (a reference is a whole output)")]
+                  "it gives each reference the model's log-probability (a reference is a whole output)"),
+                 ("-constraints", args.constraints is not None,
+                  "it gives each reference the model's log-probability, whatever phrases it holds")]
         for flag, used, why in given:
             if used:
                 raise ValueError(f"{flag} applies to translation, not to scoring ({scoring}): {why}")
@@ -255,6 +268,11 @@ def _check_arguments(args: argparse.Namespace) -> None:
             raise ValueError(f"-{name} {path}: is a directory")
     if args.tgt_prefix == "-" and args.src == "-":
         raise ValueError("-tgt_prefix - and -src - both read stdin: give one of them a file")
+    if args.constraints is not None and args.sample:
+        raise ValueError("-constraints applies to beam search, not to -sample (a sample forced to hold a phrase is "
+                         "no longer a sample of the model's distribution)")
+    if args.constraints_mode != DEFAULT_MODE and args.constraints is None:
+        raise ValueError("-constraints_mode applies to -constraints (add the constraints file)")
     if args.attention is not None and os.path.exists(args.attention) and not os.path.isdir(args.attention):
         raise ValueError(f"-attention {args.attention}: exists and is not a directory")
 

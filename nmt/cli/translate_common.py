@@ -76,6 +76,16 @@ def read_prefixes(path: str | None, expected: int | None, src: str) -> list[str]
     return None if path is None else read_lines_beside(path, expected, src, "-tgt_prefix", stdin=True)
 
 
+def read_constraints(path: str | None, expected: int | None, src: str) -> list[list[str]] | None:
+    """The phrases of each line of ``-constraints`` (TAB-separated; an empty line: none), None without
+    it; ValueError when the line count differs from ``expected``. An empty phrase (two TABs in a row,
+    a TAB at an end) stays, for the translator to name its line."""
+    if path is None:
+        return None
+    return [line.split("\t") if line else [] for line in read_lines_beside(path, expected, src, "-constraints",
+                                                                          stdin=False)]
+
+
 def search_options(args: argparse.Namespace) -> SearchOptions:
     """The ``SearchOptions`` the flags ask for; a bad value is a ValueError naming the flag.
 
@@ -266,5 +276,5 @@ def summary_suffix(startup: float, seconds: float, sentences: int, members: Sequ
 
 __all__ = ["ALIGNMENT_SEPARATOR", "PROG", "SEARCH_FLAGS", "align_options", "attention_flags", "check_word_level",
            "fit_positions", "no_attention", "name_input", "output_lines", "print_metrics",
-           "phrase_table", "read_prefixes", "read_references", "read_source", "read_stdin", "report_line", "say", "search_options", "summary_suffix", "write_heatmap",
+           "phrase_table", "read_constraints", "read_prefixes", "read_references", "read_source", "read_stdin", "report_line", "say", "search_options", "summary_suffix", "write_heatmap",
            "write_lines"]

@@ -16,6 +16,7 @@ from nmt.cli.translate_common import (
     output_lines,
     print_metrics,
     phrase_table,
+    read_constraints,
     read_prefixes,
     read_references,
     read_source,
@@ -39,6 +40,7 @@ def run_file(args: argparse.Namespace, start: float) -> int:
     lines = read_source(args.src)
     references = read_references(args.tgt, len(lines), args.src) if args.tgt else None
     prefixes = read_prefixes(args.tgt_prefix, len(lines), args.src)
+    constraints = read_constraints(args.constraints, len(lines), args.src)
     table = phrase_table(args)
     decoder, src_field, tgt_field, members = load_models(args.model, args.device)
     freeze_live_objects()  # the loaded objects are never garbage: keep full collections short
@@ -56,9 +58,11 @@ def run_file(args: argparse.Namespace, start: float) -> int:
         bar = tqdm(total=len(lines), unit="sent", file=sys.stderr, desc=PROG, leave=False, disable=None)
     try:
         translations = translator.translate(lines, progress=bar.update if bar is not None else None,
-                                            prefixes=prefixes)
+                                            prefixes=prefixes, constraints=constraints,
+                                            constraints_mode=args.constraints_mode)
     except ValueError as exc:  # a source longer than learned positions hold (a prefix than -max_length): its file and line
-        raise no_attention(name_input(exc, {"source": args.src, "prefix": args.tgt_prefix}), args) from None
+        raise no_attention(name_input(exc, {"source": args.src, "prefix": args.tgt_prefix,
+                                            "constraints": args.constraints}), args) from None
     finally:
         if bar is not None:
             bar.close()

@@ -30,6 +30,7 @@ from nmt.cli.translate_common import (
     output_lines,
     print_metrics,
     phrase_table,
+    read_constraints,
     read_prefixes,
     read_references,
     report_line,
@@ -87,6 +88,7 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
     align = align_options(args)
     references = read_references(args.tgt, None, "-") if args.tgt else None
     prefixes = read_prefixes(args.tgt_prefix, None, "-")
+    constraints = read_constraints(args.constraints, None, "-")
     table = phrase_table(args)
     decoder, src_field, tgt_field, members = load_models(args.model, args.device)
     freeze_live_objects()  # the loaded objects are never garbage: keep full collections short
@@ -130,9 +132,17 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
                     if len(forced) < len(batch):
                         raise ValueError(f"-tgt_prefix {args.tgt_prefix} has {len(prefixes)} lines but stdin has "
                                          f"more ({counts.sentences + len(batch)} so far)")
-                done = translator.translate(batch, first_index=counts.sentences, prefixes=forced)
+                held = None
+                if constraints is not None:  # this batch's lines of -constraints
+                    held = constraints[counts.sentences: counts.sentences + len(batch)]
+                    if len(held) < len(batch):
+                        raise ValueError(f"-constraints {args.constraints} has {len(constraints)} lines but stdin has "
+                                         f"more ({counts.sentences + len(batch)} so far)")
+                done = translator.translate(batch, first_index=counts.sentences, prefixes=forced, constraints=held,
+                                            constraints_mode=args.constraints_mode)
             except ValueError as exc:  # a source longer than learned positions hold: its line of stdin
-                raise no_attention(name_input(exc, {"source": "-", "prefix": args.tgt_prefix},
+                raise no_attention(name_input(exc, {"source": "-", "prefix": args.tgt_prefix,
+                                                    "constraints": args.constraints},
                                               offset=counts.sentences), args) from None
             counts.add(done)
             sys.stdout.write("".join(line + "\n" for t in done
@@ -161,6 +171,9 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
     if not args.quiet:
         summary = counts.summary()
         say(summary.line() + summary_suffix(startup, translator.search_seconds, counts.sentences, members))
+    if constraints is not None and len(constraints) != counts.sentences:
+        raise ValueError(f"-constraints {args.constraints} has {len(constraints)} lines but stdin had "
+                         f"{counts.sentences}")
     if prefixes is not None and len(prefixes) != counts.sentences:
         raise ValueError(f"-tgt_prefix {args.tgt_prefix} has {len(prefixes)} lines but stdin had {counts.sentences}")
     if references is not None:

@@ -5,9 +5,10 @@ Endpoints (UTF-8 JSON in and out; see the README's "Serving" section):
 * ``GET /health`` -> ``{"status": "ok"}``.
 * ``GET /model`` -> the checkpoints (path, training step), the device, the default search options
   and the tokenizers.
-* ``POST /translate`` ``{"src": [...], "options": {...}, "prefixes": [...], "align": false,
-  "replace_unk": false}`` (only ``src`` required; ``options``: any ``SearchOptions`` field, e.g.
-  ``{"beam_size": 5, "n_best": 3}``, over the server's defaults) -> ``{"translations": [...]}``, one
+* ``POST /translate`` ``{"src": [...], "options": {...}, "prefixes": [...], "constraints": [[...], ...],
+  "constraints_mode": "unordered", "align": false, "replace_unk": false}`` (only ``src`` required;
+  ``options``: any ``SearchOptions`` field, e.g. ``{"beam_size": 5, "n_best": 3}``, over the server's
+  defaults; ``constraints``: per source, the target phrases its outputs must hold, ``[]``: none) -> ``{"translations": [...]}``, one
   record per source in order: ``nmt-translate -report``'s record (certificate, n-best list, decoding
   settings) with ``"src"`` and ``"text"`` (the output) added.
 * ``POST /score`` ``{"src": [...], "tgt": [...], "align": false}`` -> ``{"scores": [...]}``: the
@@ -89,7 +90,8 @@ class TranslationService:
 
     def translate(self, body: Any) -> dict[str, Any]:
         """``POST /translate``: ``{"translations": [record, ...]}``."""
-        request = _object(body, ("src", "options", "prefixes", "align", "replace_unk"))
+        request = _object(body, ("src", "options", "prefixes", "constraints", "constraints_mode", "align",
+                                 "replace_unk"))
         sources = self._texts(request, "src")
         options = request.get("options", {})
         if not isinstance(options, dict):
@@ -97,10 +99,28 @@ class TranslationService:
         prefixes = self._texts(request, "prefixes") if "prefixes" in request else None
         if prefixes is not None and len(prefixes) != len(sources):
             raise _bad(f"prefixes has {len(prefixes)} entries but src has {len(sources)}")
-        flags = {name: _flag(request, name) for name in ("align", "replace_unk")}
-        translations = self._translations(_TranslationJob(sources, prefixes, options, flags))
+        flags: dict[str, Any] = {name: _flag(request, name) for name in ("align", "replace_unk")}
+        constraints = self._constraints(request, len(sources))
+        if constraints is not None:  # jobs of one mode decode together
+            flags["constraints_mode"] = request.get("constraints_mode", "unordered")
+        elif "constraints_mode" in request:
+            raise _bad("constraints_mode applies to constraints (add them)")
+        translations = self._translations(_TranslationJob(sources, prefixes, options, flags, constraints))
         return {"translations": [{"src": src, "text": t.text, **t.report()}
                                  for src, t in zip(sources, translations)]}
+
+    def _constraints(self, request: dict[str, Any], count: int) -> list[list[str]] | None:
+        """``request["constraints"]``, one list of phrases per source (400 otherwise), or None."""
+        if "constraints" not in request:
+            return None
+        value = request["constraints"]
+        if not isinstance(value, list) or len(value) != count:
+            got = f"{len(value)} entries" if isinstance(value, list) else _json_type(value)
+            raise _bad(f"constraints must be a list of {count} phrase lists (one per src entry), got {got}")
+        for i, phrases in enumerate(value):
+            if not isinstance(phrases, list) or not all(isinstance(p, str) for p in phrases):
+                raise _bad(f"constraints[{i}] must be a list of strings (target phrases)")
+        return value
 
     def _translations(self, job: "_TranslationJob") -> list[Translation]:
         """The translations of ``job``, decoded with the waiting jobs of the same settings; a
@@ -118,8 +138,12 @@ class TranslationService:
         prefixes = None
         if any(job.prefixes is not None for job in jobs):
             prefixes = [p for job in jobs for p in (job.prefixes or [""] * len(job.sources))]
+        constraints = None
+        if any(job.constraints is not None for job in jobs):
+            constraints = [c for job in jobs for c in (job.constraints or [[]] * len(job.sources))]
         table = self.phrase_table if first.flags.get("replace_unk") else None
-        done = self.model.translate(sources, prefixes=prefixes, phrase_table=table, **first.flags, **first.options)
+        done = self.model.translate(sources, prefixes=prefixes, phrase_table=table, constraints=constraints,
+                                    **first.flags, **first.options)
         out, start = [], 0
         for job in jobs:
             part = done[start: start + len(job.sources)]
@@ -199,13 +223,15 @@ def load_service(checkpoints: Sequence[str], device: str = "auto", *, batch_size
 
 @dataclass(frozen=True)
 class _TranslationJob:
-    """One translation request's work: sources, prefixes (or None), search options and the
-    ``align`` / ``replace_unk`` flags."""
+    """One translation request's work: sources, prefixes (or None), search options, the
+    ``align`` / ``replace_unk`` flags (and ``constraints_mode`` with constraints) and the
+    constraints (per source, its phrases; or None)."""
 
     sources: list[str]
     prefixes: list[str] | None
     options: dict[str, Any]
-    flags: dict[str, bool]
+    flags: dict[str, Any]
+    constraints: list[list[str]] | None = None
 
     def key(self) -> Hashable | None:
         """What jobs must share to be decoded together, their options and flags as canonical JSON

@@ -34,6 +34,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from nmt.models.protocol import InputTooLong
+
 CONSTRAINT_MODES = ("unordered", "ordered")
 DEFAULT_MODE = "unordered"
 MAX_STATES = 4096
@@ -41,13 +43,15 @@ MAX_STATES = 4096
 subsets of phrases met; a few phrases of a few tokens need tens)."""
 
 
-class ConstraintError(ValueError):
-    """A sentence's constraints cannot be searched for (an empty phrase, a special token, too many
-    states); ``problem`` is the reason without the input's number."""
+class ConstraintError(InputTooLong):
+    """Input ``index``'s constraints cannot be searched for (an empty phrase, a word the target
+    vocabulary lacks, too many states, more tokens than ``max_length``); ``problem`` is the reason
+    without the input's number, and ``nmt-translate`` names the constraints file's line with it
+    (``side`` is ``"constraints"``)."""
 
     def __init__(self, index: int, problem: str) -> None:  # noqa: D107 (the class says it)
-        self.index, self.problem = index, problem
-        super().__init__(f"input {index + 1}: {problem}")
+        self.index, self.side, self.problem = index, "constraints", problem
+        ValueError.__init__(self, f"input {index + 1}: {problem}")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from nmt.translate.sampling import sample_search
 from nmt.translate.search_options import SearchOptions
 from nmt.translate.search_step import Specials
 from nmt.translate.target_prefix import check_prefix_lengths, prefix_tensor
+from nmt.translate.constraint_automaton import (DEFAULT_MODE, FREE, Automaton, ConstraintError, batch_tables,
+                                                build_automaton, phrases_met)
 from nmt.utils.device import checked_device
 from nmt.utils.packed_linear import frozen_weights
 from nmt.utils.precision import check_precision, inference_precision
@@ -94,6 +96,10 @@ class Translation:
     with it.
     coverage_penalties: per hypothesis, its coverage penalty (with ``SearchOptions.coverage_penalty``;
     empty without one).
+    constraints: the sentence's constraint phrases (``Translator.translate(constraints=...)``; empty:
+    none): every complete hypothesis meets them, and the certificate is about the outputs that do.
+    constraints_met: per hypothesis, per phrase, whether it meets it (ordered mode: it and every
+    phrase before it, in order); empty without constraints.
     """
 
     index: int
@@ -113,6 +119,8 @@ class Translation:
     alignments: list[list[Pair]] | None = None
     prefix_length: int = 0
     coverage_penalties: list[float] = field(default_factory=list)
+    constraints: list[str] = field(default_factory=list)
+    constraints_met: list[list[bool]] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -165,7 +173,9 @@ class Translation:
         are any; with alignments, each n-best entry's
         ``"alignment"``: its pairs in the Pharaoh format, ``"0-0 1-2"``; with a coverage penalty, each
         n-best entry's ``"coverage_penalty"`` (<= 0, added to its ranking); ``prefix_length``: the
-        tokens of the sentence's forced target prefix, only where it has one)."""
+        tokens of the sentence's forced target prefix, only where it has one; with constraints,
+        ``"constraints"``: the phrases, ``"constraints_met"``: whether the output meets every one, and
+        each n-best entry's ``"constraints_met"``: per phrase, whether it meets it)."""
         record: dict[str, Any] = {
             "id": self.index,
             "certified": self.certified,
@@ -176,13 +186,17 @@ class Translation:
             "cut": self.output_cut,
             "nbest": [{"text": h.text, "logprob": h.score, "cut": h.cut, **({"missing": True} if h.missing else {}),
                        **({"alignment": pharaoh(h.alignment)} if h.alignment is not None else {}),
-                       **({"coverage_penalty": h.coverage_penalty} if h.coverage_penalty is not None else {})}
-                      for h in self.nbest],
+                       **({"coverage_penalty": h.coverage_penalty} if h.coverage_penalty is not None else {}),
+                       **({"constraints_met": met} if self.constraints else {})}
+                      for h, met in zip(self.nbest, self.constraints_met or [None] * len(self.hypotheses))],
         }
         if self.decoding is not None:
             record["decoding"] = dict(self.decoding)
         if self.prefix_length:
             record["prefix_length"] = self.prefix_length
+        if self.constraints:
+            record["constraints"] = list(self.constraints)
+            record["constraints_met"] = bool(self.constraints_met) and all(self.constraints_met[0])
         if self.support is not None:
             record["support"] = self.support
         return record
@@ -294,7 +308,9 @@ class Translator:
         self.search_seconds = 0.0
 
     def translate(self, lines: Sequence[str], progress: Callable[[int], None] | None = None,
-                  first_index: int = 0, prefixes: Sequence[str] | None = None) -> list[Translation]:
+                  first_index: int = 0, prefixes: Sequence[str] | None = None,
+                  constraints: Sequence[Sequence[str]] | None = None,
+                  constraints_mode: str = DEFAULT_MODE) -> list[Translation]:
         """Translations of ``lines`` in input order; ``progress(n)`` is called after each batch
         of n lines. Empty lines give empty translations with reason ``"empty_input"``.
         ``first_index``: the input index of ``lines[0]`` (a stream translated in pieces): each
@@ -303,7 +319,13 @@ class Translator:
         only. ``prefixes``: one target text per line (``""``: none) that its outputs must start
         with (:mod:`nmt.translate.target_prefix`), tokenized alone by the target tokenizer (so it
         should end at a word boundary) and kept in the output text; one longer than ``max_length``
-        tokens is a ``PrefixTooLong`` (ValueError) naming its input before any is decoded."""
+        tokens is a ``PrefixTooLong`` (ValueError) naming its input before any is decoded.
+        ``constraints``: per line, the target phrases its outputs must hold (``[]``: none), each
+        tokenized alone by the target tokenizer, in ``constraints_mode`` (``"unordered"``: all of them,
+        any order; ``"ordered"``: in the given order; :mod:`nmt.translate.constraint_automaton`); a
+        phrase with no token or a word the target vocabulary lacks, or constraints that need more than
+        ``max_length`` tokens, is a ``ConstraintError`` (ValueError) naming its input before any is
+        decoded; not with sampling."""
         vocab = self.tgt_field.vocab
         results: list[Translation | None] = [None] * len(lines)
         start = time.perf_counter()
@@ -316,6 +338,17 @@ class Translator:
                 raise ValueError(f"{len(prefixes)} target prefixes for {len(lines)} lines")
             prefix_ids = [self.tgt_field.encode(p) for p in prefixes]
             check_prefix_lengths(prefix_ids, options.max_length)
+        phrase_ids, automata = None, None
+        if constraints is not None:
+            if len(constraints) != len(lines):
+                raise ValueError(f"{len(constraints)} constraint lists for {len(lines)} lines")
+            if options.sample:
+                raise ValueError("lexical constraints apply to beam search, not to sampling (a sample forced to hold "
+                                 "a phrase is no longer a sample of the model's distribution)")
+            phrase_ids = [self._phrase_ids(i, phrases) for i, phrases in enumerate(constraints)]
+            automata = [self._automaton(i, ids, constraints_mode, options.max_length) for i, ids in enumerate(phrase_ids)]
+            if any(phrase_ids):  # the certificate is about the outputs that meet them
+                decoding = {**(decoding or {}), "constraints": constraints_mode}
         batches = encode_sources(self.src_field, lines, self.batch_size, self.batch_type,
                                  max_length=self.max_src_length)
         if source_limit is not None:  # every source checked before any is decoded
@@ -335,6 +368,8 @@ class Translator:
                     # forced prefixes: (B, P) on the host, copied with the search's state (no sync)
                     forced = None if prefix_ids is None else [prefix_ids[i] for i in batch.indices]
                     prefix = prefix_tensor(forced) if forced is not None and any(forced) else None
+                    held = None if automata is None else [automata[i] for i in batch.indices]
+                    tables = batch_tables(held) if held is not None and any(a is not FREE for a in held) else None
                     with inference_precision(self.device, self.precision):
                         if options.sample:  # keyed by the sentences' indices in the input, not the batch
                             ids = torch.tensor([first_index + i for i in batch.indices], dtype=torch.long)
@@ -345,7 +380,8 @@ class Translator:
                         else:
                             result = beam_search(self.model, on_device.src, on_device.src_lengths,
                                                  bos=vocab.bos_index, eos=vocab.eos_index, pad=vocab.pad_index,
-                                                 unk=vocab.unk_index, options=options, prefix=prefix)
+                                                 unk=vocab.unk_index, options=options, prefix=prefix,
+                                                 constraints=tables)
                     host = _HostResult.of(result)  # one transfer and conversion per field and batch
                     if options.return_attention and host.attention is None:
                         raise NoAttention("the model's step returns no source attention (None), so it has no "
@@ -357,10 +393,48 @@ class Translator:
                         source = self._source_pieces(lines[i], lengths[row])
                         results[i] = self._unpack(host, row, first_index + i, src_tokens, decoding, source,
                                                   0 if forced is None else len(forced[row]))
+                        if phrase_ids is not None and phrase_ids[i]:
+                            self._mark_constraints(results[i], host, row, constraints[i], phrase_ids[i],
+                                                   constraints_mode)
                 if progress is not None:
                     progress(len(batch))
         self.search_seconds += time.perf_counter() - start
         return results  # type: ignore[return-value]
+
+    def _phrase_ids(self, index: int, phrases: Sequence[str]) -> list[list[int]]:
+        """The token ids of input ``index``'s constraint phrases; ``ConstraintError`` for a phrase
+        without a token or with a word the target vocabulary lacks (it could only be met by
+        generating ``<unk>``)."""
+        out = []
+        for n, phrase in enumerate(phrases):
+            ids = self.tgt_field.encode(phrase)
+            if not ids:
+                raise ConstraintError(index, f"constraint phrase {n + 1} {phrase!r} has no token")
+            if self.tgt_field.vocab.unk_index in ids:
+                raise ConstraintError(index, f"constraint phrase {n + 1} {phrase!r} holds a word the target "
+                                             "vocabulary lacks (only <unk> could meet it)")
+            out.append(ids)
+        return out
+
+    @staticmethod
+    def _automaton(index: int, phrase_ids: list[list[int]], mode: str, max_length: int) -> Automaton:
+        """Input ``index``'s constraint automaton; ``ConstraintError`` where its outputs would need
+        more than ``max_length`` tokens."""
+        automaton = build_automaton(phrase_ids, mode, index)
+        if automaton.dist[0] > max_length:
+            raise ConstraintError(index, f"the constraints need at least {automaton.dist[0]} tokens, more than "
+                                         f"max_length {max_length}")
+        return automaton
+
+    def _mark_constraints(self, translation: Translation, host: "_HostResult", row: int, phrases: Sequence[str],
+                          phrase_ids: list[list[int]], mode: str) -> None:
+        """Record on ``translation`` its constraint phrases and, per hypothesis, which it meets (its
+        generated ids, EOS excluded, scanned on the host)."""
+        eos = self.tgt_field.vocab.eos_index
+        translation.constraints = list(phrases)
+        translation.constraints_met = [
+            phrases_met([t for t in host.tokens[row][n][:length] if t != eos], phrase_ids, mode)
+            for n, length in enumerate(host.lengths[row]) if length > 0]
 
     def _report_settings(self, options: SearchOptions) -> dict[str, Any] | None:
         """The ``decoding`` of every ``Translation`` of a run: ``options``' report settings, the

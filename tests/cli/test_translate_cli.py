@@ -934,3 +934,77 @@ def test_a_bad_nmt_variable_is_a_one_line_error_of_both_programs(tmp_path, value
         assert out.stderr == f"{prog}: error: NMT_ONEDNN_MIN_ROWS must be a positive integer, got {value!r}\n"
     assert not (tmp_path / "runs").exists()
 
+
+
+def test_constraints_from_the_cli_the_stream_and_the_api(trained, capsys, tmp_path):
+    """-constraints FILE (TAB-separated phrases, an empty line: none): every complete output holds its
+    line's phrases (unordered: anywhere; ordered: in order), a line without constraints translates as
+    without the flag, the report names the phrases and which each n-best entry meets; the file mode,
+    the stream mode and the Python API agree."""
+    import nmt
+    from nmt.translate.constraint_automaton import holds_phrase
+
+    root, inputs = trained["root"], trained["inputs"]
+    # phrases the reversal would rarely hold: one or two characters, every third line none, one line two
+    sets = [[] if i % 3 == 2 or not line else (["f", "ea"] if i == 1 else ["fa" if i % 2 else "e"])
+            for i, line in enumerate(inputs)]
+    path = root / "constraints.txt"
+    path.write_text("".join("\t".join(s) + "\n" for s in sets), encoding="utf-8")
+    out, report, free = tmp_path / "out.txt", tmp_path / "report.jsonl", tmp_path / "free.txt"
+    common = ["-model", trained["model"], "-src", str(root / "input.txt"), "-beam_size", "4", "-max_length", "10",
+              "-quiet"]
+    assert translate(common + ["-output", str(free)], capsys)[0] == 0
+    unconstrained = free.read_text(encoding="utf-8").split("\n")[:-1]
+    for mode in ("unordered", "ordered"):
+        code, _, err = translate(common + ["-output", str(out), "-report", str(report), "-n_best", "2",
+                                           "-constraints", str(path), "-constraints_mode", mode], capsys)
+        assert code == 0, err
+        lines = out.read_text(encoding="utf-8").split("\n")[:-1]
+        records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+        changed = 0
+        for i, (phrases, record) in enumerate(zip(sets, records)):
+            if not phrases or not inputs[i]:
+                assert "constraints" not in record
+                assert lines[2 * i] == unconstrained[i]
+                continue
+            assert record["constraints"] == phrases and record["decoding"]["constraints"] == mode
+            for entry in record["nbest"]:
+                assert entry["constraints_met"] == [True] * len(phrases) or entry["cut"]
+                if not entry["cut"]:
+                    assert all(holds_phrase(entry["text"], p) for p in phrases)
+            if mode == "ordered" and len(phrases) > 1 and record["nbest"] and not record["nbest"][0]["cut"]:
+                text = record["nbest"][0]["text"]
+                assert text.index(phrases[0]) + len(phrases[0]) <= text.rindex(phrases[-1])
+            assert record["constraints_met"] == (bool(record["nbest"]) and all(record["nbest"][0]["constraints_met"]))
+            changed += lines[2 * i] != unconstrained[i]
+        assert changed >= 3
+        model = nmt.load(trained["model"], device="cpu")
+        api = model.translate(inputs, beam_size=4, n_best=2, max_length=10, constraints=sets, constraints_mode=mode)
+        assert [t.text for t in api] == lines[::2]
+        assert [t.certificate.certified for t in api] == [r["certified"] for r in records]
+        assert streamed_lines(trained, inputs, ["-beam_size", "4", "-max_length", "10", "-constraints", str(path),
+                                                "-constraints_mode", mode, "-batch_size", "3"]) == lines[::2]
+
+
+@pytest.mark.parametrize("content,flags,message", [
+    ("a\n", [], "-constraints {c} has 1 lines but {s} has 9"),
+    (None, ["-sample"], "-constraints applies to beam search, not to -sample"),
+    (None, ["-mode", "score", "-tgt", "REF"], "-constraints applies to translation, not to scoring (-mode score)"),
+    ("a\tz\n" + "\n" * 8, [], "{c}:1: constraint phrase 2 'z' holds a word the target vocabulary lacks"),
+    ("\n\na\t\n" + "\n" * 6, [], "{c}:3: constraint phrase 2 '' has no token"),
+    ("\n" * 4 + "abcabc\n" + "\n" * 4, ["-max_length", "5"], "{c}:5: the constraints need at least 6 tokens, more "
+                                                              "than max_length 5"),
+])
+def test_bad_constraints_are_one_line_errors(trained, capsys, tmp_path, content, flags, message):
+    root = trained["root"]
+    path = tmp_path / "c.txt"
+    path.write_text(content if content is not None else "\n" * len(trained["inputs"]), encoding="utf-8")
+    flags = [str(root / "refs.txt") if f == "REF" else f for f in flags]
+    code, out, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-output", "-",
+                                "-quiet", "-constraints", str(path), *flags], capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message.format(c=path, s=root / "input.txt") in lines[0], err
+    code, out, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-output", "-",
+                                "-quiet", "-constraints_mode", "ordered"], capsys)
+    assert code == 2 and "-constraints_mode applies to -constraints" in err

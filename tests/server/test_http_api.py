@@ -345,3 +345,32 @@ def test_a_client_leaving_before_its_answer_is_one_log_line(served):
         time.sleep(0.05)
     assert any(line.startswith("connection from 127.0.0.1 ended: ") for line in lines), lines[-5:]
     assert call(base, "/health") == (200, {"status": "ok"})
+
+
+def test_constraints_per_request(served, checkpoint):
+    """``"constraints": [[...], ...]`` (and ``"constraints_mode"``) hold for their request only: the
+    answer equals the Python API's, each record names its phrases and which each entry meets, and a
+    malformed list is a one-line 400."""
+    base, _ = served
+    model = nmt.load(checkpoint, device="cpu", beam_size=3, max_length=8)
+    constraints = [["b"], [], [], ["a", "c"], ["ba"]]
+    for mode in ("unordered", "ordered"):
+        status, answer = call(base, "/translate", {"src": SOURCES, "constraints": constraints,
+                                                   "constraints_mode": mode, "options": {"n_best": 2}})
+        assert status == 200, answer
+        want = model.translate(SOURCES, constraints=constraints, constraints_mode=mode, n_best=2)
+        for record, t, phrases, src in zip(answer["translations"], want, constraints, SOURCES):
+            assert record["text"] == t.text and record["certified"] == t.certified
+            if phrases and src:
+                assert record["constraints"] == phrases and record["decoding"]["constraints"] == mode
+                assert [h["constraints_met"] for h in record["nbest"]] == t.constraints_met
+    status, plain = call(base, "/translate", {"src": SOURCES})  # the defaults again
+    assert [r["text"] for r in plain["translations"]] == [t.text for t in model.translate(SOURCES)]
+    assert all("constraints" not in r for r in plain["translations"])
+    for body, message in (({"src": SOURCES, "constraints": [["a"]]}, "constraints must be a list of 5 phrase lists"),
+                          ({"src": SOURCES[:1], "constraints": ["a"]}, "constraints[0] must be a list of strings"),
+                          ({"src": SOURCES[:1], "constraints_mode": "ordered"}, "constraints_mode applies to"),
+                          ({"src": SOURCES[:1], "constraints": [["a"]], "options": {"sample": True}},
+                           "lexical constraints apply to beam search, not to sampling")):
+        status, error = call(base, "/translate", body)
+        assert status == 400 and error["error"].startswith(message), error
