@@ -151,11 +151,14 @@ def constrained_candidates(cand: Tensor, constraints: ConstraintState, t: int, l
     pruned = live.sum(1) > k  # (R,)
     # round robin over the banks: rank within the bank by descending score (stable: ties by position)
     order = pool_scores.sort(dim=1, descending=True, stable=True).indices  # (R, P)
-    bank = pool_bank.gather(1, order)  # (R, P)
-    one_hot = bank.unsqueeze(-1) == torch.arange(states, device=device)  # (R, P, Q) banks < Q
-    rank = (one_hot.long().cumsum(1) * one_hot).sum(-1) - 1  # (R, P) earlier entries of the same bank
-    key = rank * states + bank  # (R, P) unique among the live entries
+    bank = pool_bank.gather(1, order)  # (R, P) in score order
+    grouped, where = bank.sort(dim=1, stable=True)  # (R, P) by bank, each bank in score order
     position = torch.arange(pool, device=device)  # (P,)
+    starts = torch.ones_like(grouped, dtype=torch.bool)
+    starts[:, 1:] = grouped[:, 1:] != grouped[:, :-1]  # (R, P) the first entry of its bank
+    first = torch.where(starts, position, 0).cummax(dim=1).values  # (R, P) where its bank starts
+    rank = torch.empty_like(where).scatter_(1, where, position - first)  # (R, P) earlier entries of its bank
+    key = rank * states + bank  # (R, P) unique among the live entries (banks < Q)
     key = torch.where(live.gather(1, order), key, pool * states + position)  # the dead ones last
     take = min(k, pool)
     chosen = key.topk(take, dim=1, largest=False).indices.sort(dim=1).values  # (R, n) positions in score order

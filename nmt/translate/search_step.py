@@ -235,6 +235,12 @@ def select_step(log_probs: Tensor, attention: Tensor, rows: RowState, t: int, op
     prefix adds :func:`nmt.translate.coverage_penalty.penalty_bound` of its penalty, and with
     ``stepwise_penalty`` the candidates compete by ``score + lp(t + 1) * cp`` (their recorded scores
     stay log-probabilities); the fused native / Triton step is not used (the torch code below is).
+    With lexical constraints (``rows.constraints`` set), EOS gets log-probability -inf in the slots
+    whose constraints are not met (at the same point as the other bans), the candidates are chosen
+    by :func:`nmt.translate.constraint_search.constrained_candidates` (dynamic beam allocation; a
+    candidate that could not meet them within the row's limit breaks the certificate with
+    ``max_length``), and the returned rows carry each kept candidate's automaton state; the torch
+    code, not the fused step.
     """
     k, n_best, max_length = options.beam_size, options.n_best, options.max_length
     certify, eos, pad = options.certify, special.eos, special.pad

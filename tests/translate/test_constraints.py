@@ -481,3 +481,22 @@ def test_sampling_with_constraints_is_refused():
                                                                                              "unordered"))
     with pytest.raises(ValueError, match=r"one automaton per sentence \(8\)"):
         beam_search(model, src, lengths, bos=BOS, eos=EOS, constraints=tables([[(3,)]] * 3, "unordered"))
+
+
+@pytest.mark.parametrize("ratio", [0.0, 1.0])
+@pytest.mark.parametrize("stop_every", [1, 4])
+def test_the_static_search_with_constraints_syncs_only_for_its_stop_flags(stop_every, ratio):
+    """The whole static search with constraints (and per-sentence limits, raised to what the phrases
+    need): at most one host sync per ``stop_every`` steps and one at the end; the same outputs as
+    the dynamic loop."""
+    model, src, lengths = model_and_sources("entmax15", 0)
+    sets = chosen_constraints(model, src, lengths, 0)
+    kw = dict(bos=BOS, eos=EOS, pad=PAD, beam_size=3, n_best=2, max_length=8, length_penalty="average",
+              max_length_ratio=ratio, constraints=tables(sets, "unordered"))
+    with SyncAudit() as audit:
+        static = beam_search(model, src, lengths, mode="static", stop_every=stop_every, **kw)
+    assert set(audit.counts) <= {"Tensor.__bool__", "Tensor.__int__", "Tensor.tolist"}, audit.report()
+    assert audit.total <= math.ceil(static.steps / stop_every) + 1 + (ratio > 0), audit.report()
+    dynamic = beam_search(model, src, lengths, mode="dynamic", **kw)
+    for name in ("tokens", "lengths", "exact", "reason", "n_nonzero", "scores"):
+        assert torch.equal(getattr(static, name), getattr(dynamic, name)), name
