@@ -116,6 +116,33 @@ def test_prefixes_per_call(checkpoint):
         m.translate(lines, prefixes=["", "a" * 9, "", ""])
 
 
+def test_constraints_per_call(checkpoint):
+    """``constraints``: every complete output holds its sentence's phrases (checked by a plain scan),
+    ``constraints_met`` says so per hypothesis, a sentence without phrases translates as without the
+    argument; wrong counts, shapes and impossible constraints are errors naming what is wrong."""
+    from nmt.translate.constraint_automaton import ConstraintError, holds_phrase
+
+    m = nmt.load(checkpoint, device="cpu", beam_size=3, max_length=8)
+    lines, sets = ["a b c", "c a", "b", ""], [["b"], [], ["cc", "a"], ["a"]]
+    held, free = m.translate(lines, constraints=sets, n_best=3), m.translate(lines, n_best=3)
+    assert held[1].text == free[1].text and held[1].constraints == [] and held[1].constraints_met == []
+    for t, phrases in zip(held[:3], sets):
+        for (text, _), cut, met in zip(t.hypotheses, t.cut, t.constraints_met or [[True]] * len(t.hypotheses)):
+            assert cut or (all(holds_phrase(text, p) for p in phrases) and all(met))
+    assert held[3].certificate.reason == "empty_input"
+    ordered = m.translate(["a b c"], constraints=[["c", "a"]], constraints_mode="ordered")[0]
+    assert not ordered.hypotheses or ordered.cut[0] or ordered.text.index("c") < ordered.text.rindex("a")
+    with pytest.raises(ValueError, match="^4 sentences but 3 constraint lists$"):
+        m.translate(lines, constraints=sets[:3])
+    with pytest.raises(TypeError, match="constraints must be a list of phrase lists"):
+        m.translate(lines, constraints=["a", "b", "c", "d"])
+    with pytest.raises(ConstraintError, match=r"^input 2: the constraints need at least 9 tokens, more than "
+                                              r"max_length 8$"):
+        m.translate(lines, constraints=[[], ["a" * 9], [], []])
+    with pytest.raises(ValueError, match="constraints mode must be one of unordered, ordered"):
+        m.translate(lines, constraints=sets, constraints_mode="sorted")
+
+
 def test_a_string_where_a_list_is_expected_is_a_type_error(checkpoint):
     m = nmt.load(checkpoint, device="cpu")
     with pytest.raises(TypeError, match="list of sentences, not a single string"):

@@ -6,6 +6,7 @@ file translation.
 from nmt.translate.alignment import AlignOptions
 from nmt.translate.beam_search import SearchResult, beam_search, greedy_search
 from nmt.translate.certificate import REASONS, reason_name
+from nmt.translate.constraint_automaton import CONSTRAINT_MODES, batch_tables, build_automaton
 from nmt.translate.coverage_penalty import COVERAGE_PENALTIES, coverage_penalty
 from nmt.translate.ensemble import Ensemble
 from nmt.translate.length_penalty import LENGTH_PENALTIES, length_penalty
@@ -18,6 +19,7 @@ from nmt.translate.translator import Certificate, Hypothesis, Translation, Trans
 __all__ = [
     "AlignOptions",
     "BatchScores",
+    "CONSTRAINT_MODES",
     "COVERAGE_PENALTIES",
     "Certificate",
     "Ensemble",
@@ -33,7 +35,9 @@ __all__ = [
     "Translation",
     "TranslationSummary",
     "Translator",
+    "batch_tables",
     "beam_search",
+    "build_automaton",
     "coverage_penalty",
     "greedy_search",
     "length_penalty",
