@@ -37,7 +37,11 @@ import time
 from typing import Sequence
 
 from nmt.cli.translate_common import PROG, SEARCH_FLAGS, search_options  # noqa: F401 (SEARCH_FLAGS re-exported)
-from nmt.translate.constraint_automaton import CONSTRAINT_MODES, DEFAULT_MODE
+
+CONSTRAINT_MODES = ("unordered", "ordered")
+"""``nmt.translate.constraint_automaton.CONSTRAINT_MODES`` (the first the default), spelled here so that
+loading this module imports no model code (a test keeps the two equal)."""
+DEFAULT_MODE = CONSTRAINT_MODES[0]
 
 _IMPORTED_AT = time.perf_counter()  # start-up is measured from here when run as a program
 MODES = ("translate", "score")

@@ -500,3 +500,10 @@ def test_the_static_search_with_constraints_syncs_only_for_its_stop_flags(stop_e
     dynamic = beam_search(model, src, lengths, mode="dynamic", **kw)
     for name in ("tokens", "lengths", "exact", "reason", "n_nonzero", "scores"):
         assert torch.equal(getattr(static, name), getattr(dynamic, name)), name
+
+
+def test_the_cli_spells_the_modes_as_the_automata_do():
+    from nmt.cli import translate as translate_cli
+    from nmt.translate.constraint_automaton import CONSTRAINT_MODES, DEFAULT_MODE
+
+    assert translate_cli.CONSTRAINT_MODES == CONSTRAINT_MODES and translate_cli.DEFAULT_MODE == DEFAULT_MODE
