@@ -507,3 +507,62 @@ def test_the_cli_spells_the_modes_as_the_automata_do():
     from nmt.translate.constraint_automaton import CONSTRAINT_MODES, DEFAULT_MODE
 
     assert translate_cli.CONSTRAINT_MODES == CONSTRAINT_MODES and translate_cli.DEFAULT_MODE == DEFAULT_MODE
+
+
+@pytest.mark.parametrize("constraint_mode", ["unordered", "ordered"])
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_constraints_with_a_prefix_and_blocking_against_brute_force(mode, constraint_mode):
+    """Constraints together with forced prefixes and n-gram blocking (each a ban of its own, applied
+    before the candidates are chosen): the brute force of the outputs that start with the prefix,
+    repeat no bigram and meet the constraints."""
+    from test_target_prefix import chosen_prefixes
+    from nmt.translate.target_prefix import prefix_tensor
+
+    certified = 0
+    for name, seed, penalty, min_length in CASES:
+        model, src, lengths = model_and_sources(name, seed)
+        sets = chosen_constraints(model, src, lengths, min_length)
+        prefixes = chosen_prefixes(name, seed, min_length)
+        enums = []
+        for b in range(N_SOURCES):
+            accepts, feasible = predicates(sets[b], constraint_mode, MAX_LENGTH)
+            dropped: list[int] = []
+            support, frontier, cut = enumerate_support(model, src[b], lengths[b], MAX_LENGTH, min_length, block=2,
+                                                       prefix=prefixes[b], accepts=accepts, feasible=feasible,
+                                                       dropped=dropped)
+            enums.append((support, frontier, cut, min(dropped) if dropped else None))
+        for beam_size in (1, 2, 4, 8):
+            result = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=200,
+                                 max_length=MAX_LENGTH, min_length=min_length, length_penalty=penalty,
+                                 block_ngram_repeat=2, prefix=prefix_tensor(prefixes),
+                                 constraints=tables(sets, constraint_mode), **mode)
+            names = result.reason_names()
+            for b in range(N_SOURCES):
+                exact = check_sentence(result, names, b, enums[b], beam_size, penalty, sets[b], constraint_mode)
+                certified += exact and bool(sets[b]) and bool(prefixes[b])
+    assert certified > 0  # sentences with a prefix and constraints among them
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("case", range(2))
+def test_cuda_static_search_with_constraints_equals_the_cpu(case):
+    """On CUDA (the static loop, ``mode: auto`` there; the torch step with constraints) constraints
+    given on the host, as nmt-translate passes them, give the CPU's dynamic loop's outputs, scores and
+    certificates (float64 toy models: the devices agree to rounding)."""
+    import copy
+
+    from test_static_search import assert_same_result
+
+    make = [lambda: TinyAttentionRNN(mapping="entmax15", seed=2).double(),
+            lambda: tiny_transformer(output="sparsemax", attention="entmax15", eos_bias=1.0, seed=2)][case]
+    cpu_model = make()
+    cuda_model = copy.deepcopy(cpu_model).to("cuda")
+    src, lengths = random_sources(6, 9, 6, seed=case)
+    kw = dict(bos=BOS, eos=EOS, pad=PAD, beam_size=3, n_best=3, max_length=8, max_length_ratio=1.0)
+    sets = chosen_constraints(cpu_model, src, lengths, 0)
+    for constraint_mode in ("unordered", "ordered"):
+        kw["constraints"] = tables(sets, constraint_mode)
+        cpu = beam_search(cpu_model, src, lengths, mode="dynamic", **kw)
+        cuda = beam_search(cuda_model, src.cuda(), lengths, mode="auto", **kw)
+        assert_same_result(cpu, type(cpu)(**{f: (v.cpu() if isinstance(v, torch.Tensor) else v)
+                                              for f, v in vars(cuda).items()}))
