@@ -31,11 +31,10 @@ sys.path.insert(0, str(ROOT / "tools"))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from bench_cross_kv import PAD, batches, config, trainer  # noqa: E402
+from bench_cross_kv import PAD, batches, config, harness_arguments, harness_start, trainer  # noqa: E402
 from nmt.models.transformer.checkpointing import set_activation_checkpointing  # noqa: E402
 from nmt.sparse import get_loss  # noqa: E402
 from nmt.train.update import loss_forward  # noqa: E402
-from nmt.utils.allocator import keep_freed_memory  # noqa: E402
 
 
 def allocation_curve(prof) -> list[int]:
@@ -67,20 +66,11 @@ def step_memory(model: torch.nn.Module, loss_fn, batch) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", choices=("memory", "time"))
-    parser.add_argument("--data-dir", type=Path, default=ROOT / "data" / "multi30k",
-                        help="Multi30k train.{de,en} and val or test_2016_flickr (recipes/translation/prepare.py)")
-    parser.add_argument("--spm", type=Path, default=ROOT / "data" / "spm8000.model",
-                        help="joint sentencepiece model (tools/peer_bench/spm.py)")
+    harness_arguments(parser, warmup=5, passes=6, batches_help="batches measured (of one timed pass)",
+                      passes_help="time: passes per setting")
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed updates first")
-    parser.add_argument("--batches", type=int, default=10, help="batches measured (of one timed pass)")
-    parser.add_argument("--passes", type=int, default=6, help="time: passes per setting")
-    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    keep_freed_memory()  # as nmt-train does
-    if not args.spm.exists():
-        raise SystemExit(f"bench_checkpointing: no sentencepiece model at {args.spm} (tools/peer_bench/spm.py makes one)")
+    harness_start(args, "bench_checkpointing")
     cfg = config(args.data_dir, args.spm, "target")
     cfg["training"]["batch_size"] = args.batch_size
     some, src_vocab, tgt_vocab = batches(cfg, args.warmup + args.batches)

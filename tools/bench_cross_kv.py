@@ -99,25 +99,41 @@ def ms_per_step(step, timed: list) -> float:
     return 1000.0 * (time.process_time() - start) / len(timed)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("padding", "share", "ab", "step"))
+def harness_arguments(parser: argparse.ArgumentParser, warmup: int, passes: int,
+                      batches_help: str = "batches of one timed pass",
+                      passes_help: str = "timed passes over them") -> None:
+    """Adds the options every harness benchmark (this one, ``bench_lstm_padding``,
+    ``bench_checkpointing``) takes: ``--data-dir``, ``--spm``, ``--warmup`` (default ``warmup``),
+    ``--batches``, ``--passes`` (default ``passes``) and ``--threads``; see :func:`harness_start`."""
     parser.add_argument("--data-dir", type=Path, default=ROOT / "data" / "multi30k",
                         help="Multi30k train.{de,en} and val or test_2016_flickr (recipes/translation/prepare.py)")
     parser.add_argument("--spm", type=Path, default=ROOT / "data" / "spm8000.model",
                         help="joint sentencepiece model (tools/peer_bench/spm.py)")
-    parser.add_argument("--pool-sort", default="target", choices=("target", "target_source"))
-    parser.add_argument("--model", default="transformer", choices=tuple(CONFIGS),
-                        help="padding: whose batches to count (the LSTM's pool and batch size are its config's)")
-    parser.add_argument("--warmup", type=int, default=20, help="untimed updates first")
-    parser.add_argument("--batches", type=int, default=10, help="batches of one timed pass")
-    parser.add_argument("--passes", type=int, default=8, help="timed passes over them")
+    parser.add_argument("--warmup", type=int, default=warmup, help="untimed updates first")
+    parser.add_argument("--batches", type=int, default=10, help=batches_help)
+    parser.add_argument("--passes", type=int, default=passes, help=passes_help)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args(argv)
+
+
+def harness_start(args: argparse.Namespace, tool: str) -> None:
+    """What a harness benchmark does with :func:`harness_arguments`' options first: ``--threads``
+    torch threads, freed memory kept as nmt-train does, and an exit naming ``tool`` where the
+    ``--spm`` model is missing."""
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as nmt-train does
     if not args.spm.exists():
-        raise SystemExit(f"bench_cross_kv: no sentencepiece model at {args.spm} (tools/peer_bench/spm.py makes one)")
+        raise SystemExit(f"{tool}: no sentencepiece model at {args.spm} (tools/peer_bench/spm.py makes one)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=("padding", "share", "ab", "step"))
+    harness_arguments(parser, warmup=20, passes=8)
+    parser.add_argument("--pool-sort", default="target", choices=("target", "target_source"))
+    parser.add_argument("--model", default="transformer", choices=tuple(CONFIGS),
+                        help="padding: whose batches to count (the LSTM's pool and batch size are its config's)")
+    args = parser.parse_args(argv)
+    harness_start(args, "bench_cross_kv")
     if args.mode == "padding":
         for pool_sort in ("target", "target_source"):
             all_batches, _, _ = batches(config(args.data_dir, args.spm, pool_sort, CONFIGS[args.model]), None)

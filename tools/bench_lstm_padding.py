@@ -47,10 +47,10 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import torch  # noqa: E402
 
-from bench_cross_kv import CONFIGS, EOS, PAD, batches, ms_per_step, padded_share, trainer  # noqa: E402
+from bench_cross_kv import (CONFIGS, EOS, PAD, batches, harness_arguments, harness_start, ms_per_step,  # noqa: E402
+                            padded_share, trainer)
 from bench_cross_kv import config as harness_config  # noqa: E402
 from nmt.train.update import loss_forward  # noqa: E402
-from nmt.utils.allocator import keep_freed_memory  # noqa: E402
 
 
 def config(data_dir: Path, spm: Path, pool_sort: str, mapping: str) -> dict:
@@ -74,16 +74,9 @@ def ideal(batch):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", choices=("share", "ab", "step"))
-    parser.add_argument("--data-dir", type=Path, default=ROOT / "data" / "multi30k",
-                        help="Multi30k train.{de,en} and val or test_2016_flickr (recipes/translation/prepare.py)")
-    parser.add_argument("--spm", type=Path, default=ROOT / "data" / "spm8000.model",
-                        help="joint sentencepiece model (tools/peer_bench/spm.py)")
+    harness_arguments(parser, warmup=20, passes=7)
     parser.add_argument("--pool-sort", default="target", choices=("target", "target_source"))
     parser.add_argument("--mapping", default="softmax", help="attention and output mapping")
-    parser.add_argument("--warmup", type=int, default=20, help="untimed updates first")
-    parser.add_argument("--batches", type=int, default=10, help="batches of one timed pass")
-    parser.add_argument("--passes", type=int, default=7, help="timed passes over them")
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-groups", type=int, default=None,
                         help="the training encoder's row groups per layer (inert_padding_lstm.MAX_GROUPS; 1: one "
                              "call over the padded batch, the encoder before them); default: the library's")
@@ -92,10 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         from nmt.models import inert_padding_lstm
 
         inert_padding_lstm.MAX_GROUPS = args.max_groups
-    torch.set_num_threads(args.threads)
-    keep_freed_memory()  # as nmt-train does
-    if not args.spm.exists():
-        raise SystemExit(f"bench_lstm_padding: no sentencepiece model at {args.spm} (tools/peer_bench/spm.py makes one)")
+    harness_start(args, "bench_lstm_padding")
     cfg = config(args.data_dir, args.spm, args.pool_sort, args.mapping)
     some, src_vocab, tgt_vocab = batches(cfg, args.warmup + args.batches)
     model, step = trainer(cfg, src_vocab, tgt_vocab)
