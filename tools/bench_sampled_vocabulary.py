@@ -16,20 +16,16 @@ Importable: ``rows = bench_sampled_vocabulary.run(...)`` returns a list of dicts
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import json
 import sys
 import time
 from pathlib import Path
 
-from nmt.data.dataset import read_parallel
 from nmt.data.field import Field
-from nmt.data.tokenizers import build_tokenizer
 from nmt.train.data_setup import counted_vocabulary, resampled_pairs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_subword_sampling import synthetic_pairs  # noqa: E402  (the same synthetic corpus for --quick)
+from bench_subword_sampling import (corpus, corpus_arguments, shown_settings, trained_tokenizer,  # noqa: E402
+                                    write_rows)  # the same corpus options and synthetic corpus for --quick
 
 SETTINGS = (
     ("sentencepiece", {"alpha": 0.1, "nbest": -1, "dropout": 0.0}),
@@ -52,9 +48,7 @@ def run(pairs: list[tuple[str, str]], pieces: int, samples: list[int], epochs: i
     src_lines, tgt_lines = [s for s, _ in pairs], [t for _, t in pairs]
     rows = []
     for kind, settings in SETTINGS:
-        tokenizer = build_tokenizer({"type": kind, ("vocab_size" if kind == "sentencepiece" else "merges"): pieces})
-        with contextlib.redirect_stderr(io.StringIO()):
-            tokenizer.train(lines)
+        tokenizer = trained_tokenizer(kind, pieces, lines)
         for n in samples:
             side = {"subword_sampling": {**settings, "vocab_samples": n}, "max_length": max_length,
                     "min_freq": 1, "max_size": None, "vocab_file": None}
@@ -78,31 +72,23 @@ def run(pairs: list[tuple[str, str]], pieces: int, samples: list[int], epochs: i
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--src", default="data/multi30k/train.de")
-    parser.add_argument("--tgt", default="data/multi30k/train.en")
-    parser.add_argument("--pieces", type=int, default=8000, help="sentencepiece vocabulary size and BPE merges")
+    corpus_arguments(parser)
     parser.add_argument("--samples", default="0,1,3", help="comma-separated vocab_samples values")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--quick", action="store_true", help="a synthetic corpus of 2,000 pairs, 300 pieces")
-    parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
-    if args.quick:
-        pairs, pieces = synthetic_pairs(), 300
-    else:
-        pairs, pieces = read_parallel(args.src, args.tgt), args.pieces
+    pairs, pieces = corpus(args)
     rows = run(pairs, pieces, [int(n) for n in args.samples.split(",")], args.epochs, args.seed)
     print(f"{len(pairs)} pairs, both sides sampled, a joint tokenizer and a vocabulary per side; <unk> share of "
           "the sampled source / target tokens per epoch")
     for row in rows:
-        settings = {k: v for k, v in row["settings"].items() if v not in (None, 0.0) or k == "alpha"}
+        settings = shown_settings(row["settings"])
         shares = ", ".join(f"{100 * su / max(st, 1):.3f}/{100 * tu / max(tt, 1):.3f}%"
                            for su, st, tu, tt in row["unk"])
         print(f"{row['tokenizer']:>13} {settings} vocab_samples {row['vocab_samples']}: vocabularies "
               f"{row['types'][0]}/{row['types'][1]} types counted in {row['vocab_s']:.1f}s; epochs {shares}; "
               f"segmentation {', '.join(f'{t:.1f}' for t in row['epoch_s'])}s")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"pairs": len(pairs), "rows": rows}, indent=1), encoding="utf-8")
+    write_rows(args.json, pairs, rows)
     return 0
 
 

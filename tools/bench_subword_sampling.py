@@ -40,15 +40,49 @@ def synthetic_pairs(n: int = 2000, seed: int = 0) -> list[tuple[str, str]]:
     return [(line(), line()) for _ in range(n)]
 
 
+def corpus_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the corpus options of the subword benchmarks (this one and ``bench_sampled_vocabulary``):
+    ``--src``, ``--tgt``, ``--pieces``, ``--quick`` and ``--json``; see :func:`corpus`."""
+    parser.add_argument("--src", default="data/multi30k/train.de")
+    parser.add_argument("--tgt", default="data/multi30k/train.en")
+    parser.add_argument("--pieces", type=int, default=8000, help="sentencepiece vocabulary size and BPE merges")
+    parser.add_argument("--quick", action="store_true", help="a synthetic corpus of 2,000 pairs, 300 pieces")
+    parser.add_argument("--json", help="also write the rows to this file")
+
+
+def corpus(args: argparse.Namespace) -> tuple[list[tuple[str, str]], int]:
+    """``(pairs, pieces)`` of :func:`corpus_arguments`' options: with ``--quick`` the synthetic
+    pairs and 300 pieces, else the pairs of ``--src`` / ``--tgt`` and ``--pieces``."""
+    if args.quick:
+        return synthetic_pairs(), 300
+    return read_parallel(args.src, args.tgt), args.pieces
+
+
+def trained_tokenizer(kind: str, pieces: int, lines: list[str]):
+    """A ``kind`` tokenizer (``sentencepiece``: ``pieces`` its vocabulary size; ``bpe``: its merges)
+    trained on ``lines``, the trainer's log swallowed."""
+    tokenizer = build_tokenizer({"type": kind, ("vocab_size" if kind == "sentencepiece" else "merges"): pieces})
+    with contextlib.redirect_stderr(io.StringIO()):
+        tokenizer.train(lines)
+    return tokenizer
+
+
+def shown_settings(settings: dict) -> dict:
+    """A sampler setting as a row prints it: the keys left at None or 0.0 dropped, but ``alpha``."""
+    return {k: v for k, v in settings.items() if v not in (None, 0.0) or k == "alpha"}
+
+
+def write_rows(path: str | None, pairs: list, rows: list[dict]) -> None:
+    """``{"pairs": len(pairs), "rows": rows}`` as JSON to ``path`` (``--json``; None: nothing)."""
+    if path:
+        Path(path).write_text(json.dumps({"pairs": len(pairs), "rows": rows}, indent=1), encoding="utf-8")
+
+
 def run(pairs: list[tuple[str, str]], pieces: int = 8000, epochs: int = 4) -> list[dict]:
     """One row per setting: ``tokenizer``, ``settings``, ``deterministic_s``, ``epoch_s`` (a list),
     and the last epoch's data line ``summary``."""
     lines = [s for s, _ in pairs] + [t for _, t in pairs]
-    tokenizers = {"sentencepiece": build_tokenizer({"type": "sentencepiece", "vocab_size": pieces}),
-                  "bpe": build_tokenizer({"type": "bpe", "merges": pieces})}
-    with contextlib.redirect_stderr(io.StringIO()):
-        for tokenizer in tokenizers.values():
-            tokenizer.train(lines)
+    tokenizers = {kind: trained_tokenizer(kind, pieces, lines) for kind in ("sentencepiece", "bpe")}
     rows = []
     for kind, settings in SETTINGS:
         tok = tokenizers[kind]
@@ -70,25 +104,16 @@ def run(pairs: list[tuple[str, str]], pieces: int = 8000, epochs: int = 4) -> li
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--src", default="data/multi30k/train.de")
-    parser.add_argument("--tgt", default="data/multi30k/train.en")
-    parser.add_argument("--pieces", type=int, default=8000, help="sentencepiece vocabulary size and BPE merges")
+    corpus_arguments(parser)
     parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--quick", action="store_true", help="a synthetic corpus of 2,000 pairs, 300 pieces")
-    parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
-    if args.quick:
-        pairs, pieces = synthetic_pairs(), 300
-    else:
-        pairs, pieces = read_parallel(args.src, args.tgt), args.pieces
+    pairs, pieces = corpus(args)
     rows = run(pairs, pieces, args.epochs)
     print(f"{len(pairs)} pairs, both sides sampled; seconds per epoch (the first fills the caches)")
     for row in rows:
-        settings = {k: v for k, v in row["settings"].items() if v not in (None, 0.0) or k == "alpha"}
-        print(f"{row['tokenizer']:>13} {settings}: deterministic encoding {row['deterministic_s']:.2f}s; "
+        print(f"{row['tokenizer']:>13} {shown_settings(row['settings'])}: deterministic encoding {row['deterministic_s']:.2f}s; "
               f"epochs {', '.join(f'{t:.2f}' for t in row['epoch_s'])}s; last: {row['summary']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"pairs": len(pairs), "rows": rows}, indent=1), encoding="utf-8")
+    write_rows(args.json, pairs, rows)
     return 0
 
 
