@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from nmt.data.errors import DataError
-from nmt.data.id_arrays import ArrayParallelDataset, RaggedIds
-from nmt.data.unknown_tokens import UnkCounts, kept_pairs_line
+from nmt.data.id_arrays import ArrayParallelDataset, PairArrays, RaggedIds
+from nmt.data.unknown_tokens import UnkCounts
 
 
 class _ChainedRows:
@@ -39,13 +39,13 @@ class _ChainedRows:
         return self.parts[k][i - (self.ends[k - 1] if k else 0)]
 
 
-class ConcatenatedArrays:
+class ConcatenatedArrays(PairArrays):
     """The kept pairs of several :class:`ArrayParallelDataset` (one per corpus, in order), with the
     interface the trainer, batching and collation read: ``src`` / ``tgt`` rows, ``src_lengths`` /
     ``tgt_lengths`` (int64, one per kept pair), ``line_numbers`` (1-based over the corpora's
     lines counted consecutively), ``skipped`` / ``n_input`` / ``unk_tokens`` summed over the
     corpora, ``starts`` (``len(parts) + 1``: corpus ``k`` holds input lines ``starts[k] + 1`` to
-    ``starts[k + 1]``) and ``summary()``."""
+    ``starts[k + 1]``) and ``summary()`` (:meth:`PairArrays.summary`, over all corpora)."""
 
     def __init__(self, parts: Sequence[ArrayParallelDataset]) -> None:
         if not parts:
@@ -66,16 +66,6 @@ class ConcatenatedArrays:
         self.unk_tokens: UnkCounts | None = (None if any(c is None for c in counts) else
                                              {side: (sum(c[side][0] for c in counts), sum(c[side][1] for c in counts))
                                               for side in ("src", "tgt")})
-
-    def __len__(self) -> int:
-        return int(self.src_lengths.size)
-
-    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
-        return self.src[i], self.tgt[i]
-
-    def summary(self) -> str:
-        """The line of :meth:`ArrayParallelDataset.summary`, over all corpora."""
-        return kept_pairs_line(len(self), self.n_input, self.skipped, self.unk_tokens)
 
 
 __all__ = ["ConcatenatedArrays"]

@@ -61,7 +61,30 @@ class RaggedIds:
         return self.ids[self.offsets[i] : self.offsets[i + 1]].tolist()
 
 
-class ArrayParallelDataset:
+class PairArrays:
+    """What the array datasets (:class:`ArrayParallelDataset`,
+    :class:`nmt.data.corpus_arrays.ConcatenatedArrays`) read the same way from their attributes:
+    ``len`` (the kept pairs, ``src_lengths.size``), ``dataset[i]`` (``(src[i], tgt[i])``, the ids of
+    pair ``i`` as lists of ints: ``src`` and ``tgt`` are the subclass's rows) and :meth:`summary`."""
+
+    src_lengths: np.ndarray
+    n_input: int
+    skipped: dict[str, int]
+    unk_tokens: UnkCounts | None
+
+    def __len__(self) -> int:
+        return int(self.src_lengths.size)
+
+    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
+        return self.src[i], self.tgt[i]
+
+    def summary(self) -> str:
+        """One log line, e.g. ``kept 5990 of 6000 pairs (skipped 2 empty, 8 too long)``, followed
+        by ``; <unk>: target 40 of 27000 tokens (0.1%)`` where a side has tokens outside its vocabulary."""
+        return kept_pairs_line(len(self), self.n_input, self.skipped, self.unk_tokens)
+
+
+class ArrayParallelDataset(PairArrays):
     """Encoded parallel data held in (memory-mapped) numpy arrays.
 
     Same interface as ``ParallelDataset`` for the trainer, batching and collation: ``src`` /
@@ -87,17 +110,6 @@ class ArrayParallelDataset:
                                              {side: (int(unk[side]), int(self.src.ids.size if side == "src"
                                                                          else self.tgt.ids.size))
                                               for side in ("src", "tgt")})
-
-    def __len__(self) -> int:
-        return int(self.src_lengths.size)
-
-    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
-        return self.src[i], self.tgt[i]
-
-    def summary(self) -> str:
-        """One log line, e.g. ``kept 5990 of 6000 pairs (skipped 2 empty, 8 too long)``, followed
-        by ``; <unk>: target 40 of 27000 tokens (0.1%)`` where a side has tokens outside its vocabulary."""
-        return kept_pairs_line(len(self), self.n_input, self.skipped, self.unk_tokens)
 
 
 def cache_key(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_field: Field,
@@ -275,4 +287,4 @@ def load_id_dataset(src_path: PathLike, tgt_path: PathLike, src_field: Field, tg
     return ArrayParallelDataset(arrays, meta, src_field, tgt_field)
 
 
-__all__ = ["ArrayParallelDataset", "RaggedIds", "cache_key", "encode_to_arrays", "load_id_dataset"]
+__all__ = ["ArrayParallelDataset", "PairArrays", "RaggedIds", "cache_key", "encode_to_arrays", "load_id_dataset"]
