@@ -952,27 +952,7 @@ static inline float power_float_below(double v)
             LONG_MOMENT_SUMS(d0_);                                                              \
             i_ += 8;                                                                            \
         }                                                                                       \
-        mom[0] = (double)len;                                                                   \
-        mom[1] = _mm512_reduce_add_pd(a1_);                                                     \
-        mom[2] = _mm512_reduce_add_pd(a2_);                                                     \
-        mom[3] = _mm512_reduce_add_pd(a3_);                                                     \
-        mom[4] = _mm512_reduce_add_pd(a4_);                                                     \
-        mom[5] = _mm512_reduce_add_pd(a5_);                                                     \
-        mom[6] = _mm512_reduce_add_pd(a6_);                                                     \
-        abs7 = _mm512_reduce_add_pd(a7_);                                                       \
-        dhi = _mm512_reduce_max_pd(hi_);                                                        \
-        for (; i_ < len; i_++) { /* the last ones, as LONG_CONVERT_MOMENTS' */                   \
-            cand[i_] = ((double)xr[i_] - top) * a;                                              \
-            const double d1 = cand[i_] - r0, d2 = d1 * d1;                                      \
-            mom[1] += d1;                                                                       \
-            mom[2] += d2;                                                                       \
-            mom[3] += d2 * d1;                                                                  \
-            mom[4] += d2 * d2;                                                                  \
-            mom[5] += d2 * d2 * d1;                                                             \
-            mom[6] += d2 * d2 * d2;                                                             \
-            abs7 += fabs(d2 * d2 * d2 * d1);                                                    \
-            dhi = fabs(d1) > dhi ? fabs(d1) : dhi;                                              \
-        }                                                                                       \
+        LONG_MOMENT_FINISH(i_, len, xr); /* the last ones, as LONG_CONVERT_MOMENTS' */          \
         k = len;                                                                                \
         whole_ = 1;                                                                             \
         idx_lazy_ = 1;                                                                          \
@@ -999,6 +979,34 @@ static inline float power_float_below(double v)
         a6_ = _mm512_add_pd(a6_, d6_);                                                          \
         a7_ = _mm512_fmadd_pd(d6_, ad_, a7_);                                                   \
     } while (0)
+/* after LONG_MOMENT_SUMS' vectors (N candidates in all): their sums reduced into mom[0 .. 6],
+   abs7 and dhi, then the last candidates I .. N - 1 (fewer than a vector; I advanced to N)
+   converted from the floats SRC, each added to those sums alone (LONG_WHOLE_W512 from the scores,
+   LONG_CONVERT_MOMENTS from the compacted floats). */
+#define LONG_MOMENT_FINISH(I, N, SRC)                                                           \
+    do {                                                                                        \
+        mom[0] = (double)N;                                                                     \
+        mom[1] = _mm512_reduce_add_pd(a1_);                                                     \
+        mom[2] = _mm512_reduce_add_pd(a2_);                                                     \
+        mom[3] = _mm512_reduce_add_pd(a3_);                                                     \
+        mom[4] = _mm512_reduce_add_pd(a4_);                                                     \
+        mom[5] = _mm512_reduce_add_pd(a5_);                                                     \
+        mom[6] = _mm512_reduce_add_pd(a6_);                                                     \
+        abs7 = _mm512_reduce_add_pd(a7_);                                                       \
+        dhi = _mm512_reduce_max_pd(hi_);                                                        \
+        for (; I < N; I++) {                                                                    \
+            cand[I] = ((double)SRC[I] - top) * a;                                               \
+            const double d1 = cand[I] - r0, d2 = d1 * d1;                                       \
+            mom[1] += d1;                                                                       \
+            mom[2] += d2;                                                                       \
+            mom[3] += d2 * d1;                                                                  \
+            mom[4] += d2 * d2;                                                                  \
+            mom[5] += d2 * d2 * d1;                                                             \
+            mom[6] += d2 * d2 * d2;                                                             \
+            abs7 += fabs(d2 * d2 * d2 * d1);                                                    \
+            dhi = fabs(d1) > dhi ? fabs(d1) : dhi;                                              \
+        }                                                                                       \
+    } while (0)
 #define LONG_CONVERT_MOMENTS(DT, IT, L)                                                         \
     do {                                                                                        \
         const int64_t k0_ = k < 256 ? k : 256;                                                  \
@@ -1022,27 +1030,7 @@ static inline float power_float_below(double v)
             const __m512d d1_ = _mm512_sub_pd((__m512d)dv, r0v_);                               \
             LONG_MOMENT_SUMS(d1_);                                                              \
         }                                                                                       \
-        mom[0] = (double)k;                                                                     \
-        mom[1] = _mm512_reduce_add_pd(a1_);                                                     \
-        mom[2] = _mm512_reduce_add_pd(a2_);                                                     \
-        mom[3] = _mm512_reduce_add_pd(a3_);                                                     \
-        mom[4] = _mm512_reduce_add_pd(a4_);                                                     \
-        mom[5] = _mm512_reduce_add_pd(a5_);                                                     \
-        mom[6] = _mm512_reduce_add_pd(a6_);                                                     \
-        abs7 = _mm512_reduce_add_pd(a7_);                                                       \
-        dhi = _mm512_reduce_max_pd(hi_);                                                        \
-        for (; i < k; i++) { /* (the last ones; those below k0_ converted already: the same value) */ \
-            cand[i] = ((double)tf[i] - top) * a;                                                \
-            const double d1 = cand[i] - r0, d2 = d1 * d1;                                       \
-            mom[1] += d1;                                                                       \
-            mom[2] += d2;                                                                       \
-            mom[3] += d2 * d1;                                                                  \
-            mom[4] += d2 * d2;                                                                  \
-            mom[5] += d2 * d2 * d1;                                                             \
-            mom[6] += d2 * d2 * d2;                                                             \
-            abs7 += fabs(d2 * d2 * d2 * d1);                                                    \
-            dhi = fabs(d1) > dhi ? fabs(d1) : dhi;                                              \
-        }                                                                                       \
+        LONG_MOMENT_FINISH(i, k, tf); /* (the last ones; those below k0_ converted already: the same value) */ \
         moments_ = 1;                                                                           \
     } while (0)
 #endif
