@@ -9,26 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from nmt.config import ConfigError, resolve_config
+from nmt.config import resolve_config
 from nmt.train.schedules import NoamSchedule, build_schedule
 from nmt.train.trainer import Trainer
-from tiny_task import lr_run, tiny_config, write_task
-
-BASE = 0.01
-DEFAULTS = {"type": "plateau", "warmup_steps": 0, "decay_factor": 0.5, "decay_patience": 0, "min_lr": 0.0,
-            "decay_steps": None, "start_decay_steps": 0}
-
-
-def lrs(cfg: dict, n: int, max_steps=None) -> list[float]:
-    """The lr of updates 1..n as the optimizer holds it before each."""
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
-    schedule = build_schedule(optimizer, BASE, {**DEFAULTS, **cfg}, max_steps)
-    seen = []
-    for _ in range(n):
-        seen.append(optimizer.param_groups[0]["lr"])
-        assert seen[-1] == schedule.lr
-        schedule.step()
-    return seen
+from schedule_checks import BASE, DEFAULTS, assert_config_error, lrs, resumed_lrs_equal_straight
+from tiny_task import make_trainer, tiny_config, write_task
 
 
 def warmup(w: int) -> list[float]:
@@ -134,11 +119,7 @@ def tiny_task(tmp_path):
     ({"type": "warmup"}, {}, "training.lr_schedule.type:"),
 ])
 def test_config_errors_are_one_line_naming_the_key(tiny_task, tmp_path, schedule, training, message):
-    config = tiny_config(tiny_task, tmp_path / "run", lr_schedule=schedule, **training)
-    with pytest.raises(ConfigError) as err:
-        resolve_config(config, "tiny.yaml")
-    text = str(err.value)
-    assert "\n" not in text and "tiny.yaml" in text and message in text, text
+    assert_config_error(tiny_task, tmp_path / "run", schedule, training, message)
 
 
 def test_plateau_keys_stay_valid_for_plateau_and_decay_steps_with_epochs(tiny_task, tmp_path):
@@ -146,10 +127,6 @@ def test_plateau_keys_stay_valid_for_plateau_and_decay_steps_with_epochs(tiny_ta
                    "tiny.yaml")
     resolve_config(tiny_config(tiny_task, tmp_path / "b", max_steps=None, max_epochs=3,
                                lr_schedule={"type": "cosine", "decay_steps": 15}), "tiny.yaml")
-
-
-def make_trainer(tiny_task, save_dir, **training) -> Trainer:
-    return Trainer(resolve_config(tiny_config(tiny_task, save_dir, **training), "tiny.yaml"), "tiny.yaml")
 
 
 def test_training_counts_updates_not_batches(tiny_task, tmp_path):
@@ -176,15 +153,7 @@ def test_training_counts_updates_not_batches(tiny_task, tmp_path):
 @pytest.mark.parametrize("schedule", [{"type": "linear", "warmup_steps": 2, "min_lr": 1e-4},
                                       {"type": "exponential", "start_decay_steps": 3, "decay_steps": 2}])
 def test_killed_and_resumed_lr_sequence_equals_uninterrupted(tiny_task, tmp_path, schedule):
-    def run(save_dir, kill_at=None):
-        return lr_run(tiny_task, save_dir, schedule, kill_at)
-
-    _, _, straight = run(tmp_path / "straight")
-    _, summary, first = run(tmp_path / "resumed", kill_at=7)
-    assert summary.stopped_by == "SIGINT" and summary.step == 7
-    trainer, summary, second = run(tmp_path / "resumed")
-    assert trainer.resumed and summary.step == 12
-    assert first + second == straight
+    straight = resumed_lrs_equal_straight(tiny_task, tmp_path, schedule)
     assert len({lr for _, lr in straight}) > 3  # it did change
 
 

@@ -8,28 +8,11 @@ import math
 import pytest
 import torch
 
-from nmt.config import ConfigError, resolve_config
+from nmt.config import resolve_config
 from nmt.train.decay_schedules import cosine_cycle
 from nmt.train.schedules import build_schedule
-from nmt.train.trainer import Trainer
+from schedule_checks import BASE, DEFAULTS, assert_config_error, lrs, resumed_lrs_equal_straight
 from tiny_task import lr_run, tiny_config, write_task
-
-BASE = 0.01
-DEFAULTS = {"type": "plateau", "warmup_steps": 0, "decay_factor": 0.5, "decay_patience": 0, "min_lr": 0.0,
-            "decay_steps": None, "start_decay_steps": 0, "warmup_init_lr": 0.0, "period_steps": None,
-            "t_mult": 1.0, "lr_shrink": 1.0}
-
-
-def lrs(cfg: dict, n: int, max_steps=None, base: float = BASE) -> list[float]:
-    """The lr of updates 1..n as the optimizer holds it before each."""
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
-    schedule = build_schedule(optimizer, base, {**DEFAULTS, **cfg}, max_steps)
-    seen = []
-    for _ in range(n):
-        seen.append(optimizer.param_groups[0]["lr"])
-        assert seen[-1] == schedule.lr
-        schedule.step()
-    return seen
 
 
 def ramp(init: float, peak: float, s: int, w: int) -> float:
@@ -207,11 +190,7 @@ def tiny_task(tmp_path):
     ({"type": "cosine", "period_steps": 0}, {}, "training.lr_schedule.period_steps: must be"),
 ])
 def test_config_errors_are_one_line_naming_the_key(tiny_task, tmp_path, schedule, training, message):
-    config = tiny_config(tiny_task, tmp_path / "run", lr_schedule=schedule, **training)
-    with pytest.raises(ConfigError) as err:
-        resolve_config(config, "tiny.yaml")
-    text = str(err.value)
-    assert "\n" not in text and "tiny.yaml" in text and message in text, text
+    assert_config_error(tiny_task, tmp_path / "run", schedule, training, message)
 
 
 def test_restarts_need_no_decay_length(tiny_task, tmp_path):
@@ -222,10 +201,6 @@ def test_restarts_need_no_decay_length(tiny_task, tmp_path):
     resolve_config(tiny_config(tiny_task, tmp_path / "b", max_steps=4,
                                lr_schedule={"type": "cosine", "period_steps": 5, "warmup_steps": 6,
                                             "warmup_init_lr": 1e-4}), "tiny.yaml")
-
-
-def make_trainer(tiny_task, save_dir, **training) -> Trainer:
-    return Trainer(resolve_config(tiny_config(tiny_task, save_dir, **training), "tiny.yaml"), "tiny.yaml")
 
 
 RESTARTS = {"type": "cosine", "warmup_steps": 2, "warmup_init_lr": 2e-4, "period_steps": 3, "t_mult": 2.0,
@@ -245,15 +220,7 @@ def restarts_closed(t: int) -> float:
 
 @pytest.mark.parametrize("schedule", [RESTARTS, {"type": "inverse_sqrt", "warmup_steps": 5, "warmup_init_lr": 1e-4}])
 def test_killed_and_resumed_lr_sequence_equals_uninterrupted(tiny_task, tmp_path, schedule):
-    def run(save_dir, kill_at=None):
-        return lr_run(tiny_task, save_dir, schedule, kill_at)
-
-    _, _, straight = run(tmp_path / "straight")
-    _, summary, first = run(tmp_path / "resumed", kill_at=7)
-    assert summary.stopped_by == "SIGINT" and summary.step == 7
-    trainer, summary, second = run(tmp_path / "resumed")
-    assert trainer.resumed and summary.step == 12
-    assert first + second == straight
+    straight = resumed_lrs_equal_straight(tiny_task, tmp_path, schedule)
     # the hook sees the lr after step s: the rate of update s + 1
     if schedule is RESTARTS:
         assert [lr for _, lr in straight] == pytest.approx([restarts_closed(s) for s, _ in straight], rel=1e-12)

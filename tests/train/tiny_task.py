@@ -36,6 +36,15 @@ def tiny_config(data: dict, save_dir: Path, **training) -> dict:
     }
 
 
+def make_trainer(data: dict, save_dir: Path, **training):
+    """A :class:`nmt.train.trainer.Trainer` of the tiny task (:func:`tiny_config`'s ``training``
+    keys overridden by ``training``)."""
+    from nmt.config import resolve_config
+    from nmt.train.trainer import Trainer
+
+    return Trainer(resolve_config(tiny_config(data, save_dir, **training), "tiny.yaml"), "tiny.yaml")
+
+
 TIMINGS = ("elapsed", "tokens_per_sec")  # the metrics.jsonl fields that differ between equal runs
 
 
