@@ -36,11 +36,6 @@ from tiny_task import assert_same_run, tiny_config, write_task  # noqa: E402
 FIXED_LR = {"min_lr": 1e-3}  # the plateau schedule never decays: validating another model changes no lr
 
 
-@pytest.fixture
-def tiny_task(tmp_path):
-    return write_task(tmp_path / "data")
-
-
 def make_trainer(data, save_dir, ema: dict | None, no_dropout: bool = False, **training) -> Trainer:
     config = tiny_config(data, save_dir, device="cpu", **training)
     if ema is not None:

@@ -20,7 +20,7 @@ from nmt.train.checkpoint import load_checkpoint
 from nmt.train.model_release import average_checkpoints
 from nmt.train import trainer as trainer_module
 from nmt.train.trainer import Trainer
-from tiny_task import assert_same_run, tiny_config, write_task
+from tiny_task import assert_same_run, tiny_config
 
 TRANSFORMER = {
     "type": "transformer",
@@ -29,11 +29,6 @@ TRANSFORMER = {
     "attention": {"mapping": "entmax15"},
     "output": {"mapping": "entmax15"},
 }
-
-
-@pytest.fixture
-def tiny_task(tmp_path):
-    return write_task(tmp_path / "data")
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from nmt.config import resolve_config
 from nmt.train.schedules import NoamSchedule, build_schedule
 from nmt.train.trainer import Trainer
 from schedule_checks import BASE, DEFAULTS, assert_config_error, lrs, resumed_lrs_equal_straight
-from tiny_task import make_trainer, tiny_config, write_task
+from tiny_task import make_trainer, tiny_config
 
 
 def warmup(w: int) -> list[float]:
@@ -88,11 +88,6 @@ def test_state_is_the_step_count():
     again.load_state_dict(schedule.state_dict())
     assert other.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"] == schedule.lr
     assert schedule.on_validation(1.0) is False and schedule.on_validation(2.0) is False
-
-
-@pytest.fixture
-def tiny_task(tmp_path):
-    return write_task(tmp_path / "data")
 
 
 @pytest.mark.parametrize("schedule,training,message", [

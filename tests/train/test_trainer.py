@@ -11,12 +11,7 @@ from nmt.train.trainer import Trainer
 from nmt.train.validation import teacher_forced_statistics
 from nmt.config import ConfigError, resolve_config
 from nmt.utils.precision import ieee_float32
-from tiny_task import assert_same_run, make_trainer, tiny_config, write_task
-
-
-@pytest.fixture
-def tiny_task(tmp_path):
-    return write_task(tmp_path / "data")
+from tiny_task import assert_same_run, make_trainer, tiny_config
 
 
 def test_run_directory_contents(tiny_task, tmp_path):

@@ -8,7 +8,7 @@ import torch
 from nmt.config import resolve_config
 from nmt.train.trainer import Trainer
 from nmt.train.validation import teacher_forced_statistics
-from tiny_task import tiny_config, write_task
+from tiny_task import tiny_config
 
 TRANSFORMER = {
     "type": "transformer",
@@ -18,11 +18,6 @@ TRANSFORMER = {
     "attention": {"mapping": "entmax15", "cross": {"mapping": "entmax_bisect", "params": {"alpha": "learned"}}},
     "output": {"mapping": "entmax15"},
 }
-
-
-@pytest.fixture
-def tiny_task(tmp_path):
-    return write_task(tmp_path / "data")
 
 
 def transformer_config(tiny_task, save_dir, model=None, **training):

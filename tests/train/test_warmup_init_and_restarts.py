@@ -12,7 +12,7 @@ from nmt.config import resolve_config
 from nmt.train.decay_schedules import cosine_cycle
 from nmt.train.schedules import build_schedule
 from schedule_checks import BASE, DEFAULTS, assert_config_error, lrs, resumed_lrs_equal_straight
-from tiny_task import lr_run, tiny_config, write_task
+from tiny_task import lr_run, tiny_config
 
 
 def ramp(init: float, peak: float, s: int, w: int) -> float:
@@ -161,11 +161,6 @@ def test_fairseqs_closed_form_between_cycle_starts():
         assert seen[u + w] == pytest.approx(fairseq, rel=1e-12)
         checked += 1
     assert checked > 50
-
-
-@pytest.fixture
-def tiny_task(tmp_path):
-    return write_task(tmp_path / "data")
 
 
 @pytest.mark.parametrize("schedule,training,message", [
