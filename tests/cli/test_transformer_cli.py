@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 import yaml
 
 from nmt.cli import train as train_cli
@@ -27,14 +26,6 @@ RNN = {"embeddings": {"src_size": 12, "tgt_size": 12, "dropout": 0.0},
        "encoder": {"layers": 1, "hidden_size": 16, "dropout": 0.0},
        "decoder": {"layers": 1, "hidden_size": 16, "dropout": 0.0},
        "attention": {"mapping": "entmax15"}, "output": {"mapping": "entmax15"}}
-
-
-@pytest.fixture(autouse=True)
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def train(root, name: str, model: dict, **training) -> str:

@@ -22,14 +22,6 @@ LETTERS = "abcdef"
 COMMON = ["-threads", "1", "-max_length", "12", "-quiet"]
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def train(root, config: dict) -> str:
     (root / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     assert train_cli.main(["-config", str(root / "config.yaml"), "-quiet"]) == 0

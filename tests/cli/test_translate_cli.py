@@ -22,14 +22,6 @@ from nmt.cli import translate as translate_cli
 LETTERS = "abcdef"
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> dict:
     """A tiny reversal model ('a b c' -> 'cba') with entmax15 attention and output."""
