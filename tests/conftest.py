@@ -68,9 +68,7 @@ def count_calls(monkeypatch):
 def checkpoint(tmp_path_factory) -> str:
     """A tiny copy model trained for a few steps (``a b c`` -> ``abc``; the API and the server are
     tested, not the model's quality): its best.pt."""
-    import yaml
-
-    from nmt.cli import train as train_cli
+    from tiny_runs import data_section, train_run
 
     root = tmp_path_factory.mktemp("api")
     words = ["a b c", "b c", "c a", "a a b", "c b a", "b"]
@@ -78,9 +76,7 @@ def checkpoint(tmp_path_factory) -> str:
         (root / f"{split}.src").write_text("".join(w + "\n" for w in words), encoding="utf-8")
         (root / f"{split}.tgt").write_text("".join(w.replace(" ", "") + "\n" for w in words), encoding="utf-8")
     config = {
-        "data": {"train": {"src": str(root / "train.src"), "tgt": str(root / "train.tgt")},
-                 "valid": {"src": str(root / "valid.src"), "tgt": str(root / "valid.tgt")},
-                 "src": {"tokenizer": {"type": "space"}}, "tgt": {"tokenizer": {"type": "char"}}},
+        "data": data_section(root, "space", "char"),
         "model": {"embeddings": {"src_size": 8, "tgt_size": 8, "dropout": 0.0},
                   "encoder": {"layers": 1, "hidden_size": 8, "dropout": 0.0},
                   "decoder": {"layers": 1, "hidden_size": 8, "dropout": 0.0},
@@ -90,10 +86,5 @@ def checkpoint(tmp_path_factory) -> str:
                      "optimizer": {"name": "adam", "lr": 0.01}},
         "validation": {"metric": "loss", "batch_size": 6, "max_length": 6, "n_heatmaps": 0},
     }
-    (root / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    threads = torch.get_num_threads()
-    try:
-        assert train_cli.main(["-config", str(root / "config.yaml"), "-quiet"]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    train_run(config, root / "config.yaml")
     return str(root / "run" / "best.pt")

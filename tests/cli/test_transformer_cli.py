@@ -3,7 +3,6 @@ then nmt-translate with certificates, a report and heatmaps, alone and ensembled
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 
@@ -12,8 +11,8 @@ import yaml
 
 from nmt.cli import train as train_cli
 from nmt.cli import translate as translate_cli
+from tiny_runs import data_section, train_run, write_reversal
 
-LETTERS = "abcdef"
 TRANSFORMER = {
     "type": "transformer",
     "embeddings": {"dropout": 0.0, "share": True, "tie_output": True},
@@ -30,29 +29,20 @@ RNN = {"embeddings": {"src_size": 12, "tgt_size": 12, "dropout": 0.0},
 
 def train(root, name: str, model: dict, **training) -> str:
     config = {
-        "data": {"train": {"src": str(root / "train.src"), "tgt": str(root / "train.tgt")},
-                 "valid": {"src": str(root / "valid.src"), "tgt": str(root / "valid.tgt")},
-                 "src": {"tokenizer": {"type": "char"}}, "tgt": {"tokenizer": {"type": "char"}},
-                 "shared_vocab": True},
+        "data": {**data_section(root, "char", "char"), "shared_vocab": True},
         "model": model,
         "training": {"save_dir": str(root / name), "batch_size": 16, "max_steps": 20, "valid_every": 20,
                      "log_every": 10, "keep_last": 1, "progress": False, "threads": 1, "tensorboard": False,
                      "optimizer": {"name": "adam", "lr": 0.01}, **training},
         "validation": {"metric": "loss", "batch_size": 8, "max_length": 8, "n_heatmaps": 0},
     }
-    (root / f"{name}.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    assert train_cli.main(["-config", str(root / f"{name}.yaml"), "-quiet"]) == 0
-    return str(root / name / "last.pt")
+    return str(train_run(config, root / f"{name}.yaml") / "last.pt")
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("transformer_cli")
-    rng = random.Random(0)
-    for split, n in (("train", 80), ("valid", 6)):
-        words = ["".join(rng.choice(LETTERS) for _ in range(rng.randint(2, 4))) for _ in range(n)]
-        (root / f"{split}.src").write_text("".join(w + "\n" for w in words), encoding="utf-8")
-        (root / f"{split}.tgt").write_text("".join(w[::-1] + "\n" for w in words), encoding="utf-8")
+    write_reversal(root, 80, 6, spaced_source=False)
     transformer = train(root, "transformer", TRANSFORMER, accumulate=2,
                         lr_schedule={"type": "noam", "warmup_steps": 5})
     rnn = train(root, "rnn", RNN)
@@ -105,9 +95,7 @@ def learned_config(root, name: str) -> dict:
 def learned(models) -> str:
     """A Transformer with 10 learned positions: sources of 10 tokens, BOS + 9 target tokens."""
     root = models["root"]
-    (root / "learned.yaml").write_text(yaml.safe_dump(learned_config(root, "learned")), encoding="utf-8")
-    assert train_cli.main(["-config", str(root / "learned.yaml"), "-quiet"]) == 0
-    return str(root / "learned" / "last.pt")
+    return str(train_run(learned_config(root, "learned"), root / "learned.yaml") / "last.pt")
 
 
 def test_learned_positions_lower_max_length_with_a_warning(models, learned, capsys):

@@ -11,49 +11,21 @@ import sys
 import numpy as np
 import pytest
 import torch
-import yaml
 
 import nmt
-from nmt.cli import train as train_cli
 from nmt.cli import translate as translate_cli
 from nmt.translate.alignment import parse_pharaoh
+from tiny_runs import reversal_rnn_config, train_run, write_reversal
 
-LETTERS = "abcdef"
 COMMON = ["-threads", "1", "-max_length", "12", "-quiet"]
-
-
-def train(root, config: dict) -> str:
-    (root / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    assert train_cli.main(["-config", str(root / "config.yaml"), "-quiet"]) == 0
-    return str(root / "run" / "best.pt")
-
-
-def config(root, src_tok: str, tgt_tok: str, steps: int, tgt_vocab: dict | None = None) -> dict:
-    return {
-        "data": {"train": {"src": str(root / "train.src"), "tgt": str(root / "train.tgt")},
-                 "valid": {"src": str(root / "valid.src"), "tgt": str(root / "valid.tgt")},
-                 "src": {"tokenizer": {"type": src_tok}}, "tgt": {"tokenizer": {"type": tgt_tok}, **(tgt_vocab or {})}},
-        "model": {"embeddings": {"src_size": 16, "tgt_size": 16, "dropout": 0.0},
-                  "encoder": {"layers": 1, "hidden_size": 24, "dropout": 0.0},
-                  "decoder": {"layers": 1, "hidden_size": 24, "dropout": 0.0},
-                  "attention": {"mapping": "sparsemax"}, "output": {"mapping": "entmax15"}},
-        "training": {"save_dir": str(root / "run"), "batch_size": 16, "max_steps": steps, "valid_every": steps,
-                     "log_every": steps, "keep_last": 1, "progress": False, "threads": 1,
-                     "optimizer": {"name": "adam", "lr": 0.02}},
-        "validation": {"metric": "loss", "batch_size": 8, "max_length": 12, "n_heatmaps": 0},
-    }
 
 
 @pytest.fixture(scope="module")
 def reversal(tmp_path_factory) -> dict:
     """'a b c' -> 'c b a' with a char target: words of the output are runs between spaces."""
     root = tmp_path_factory.mktemp("align_cli")
-    rng = random.Random(0)
-    for split, n in (("train", 160), ("valid", 8)):
-        words = [[rng.choice(LETTERS) for _ in range(rng.randint(2, 4))] for _ in range(n)]
-        (root / f"{split}.src").write_text("".join(" ".join(w) + "\n" for w in words), encoding="utf-8")
-        (root / f"{split}.tgt").write_text("".join(" ".join(w[::-1]) + "\n" for w in words), encoding="utf-8")
-    model = train(root, config(root, "space", "char", 80))
+    write_reversal(root, 160, 8, spaced_target=True)
+    model = str(train_run(reversal_rnn_config(root, "space", "char", 80), root / "config.yaml") / "best.pt")
     inputs = ["a b c", "d e", "", "f a b d", "c c e"]
     (root / "input.txt").write_text("".join(line + "\n" for line in inputs), encoding="utf-8")
     return {"root": root, "model": model, "inputs": inputs}
@@ -280,7 +252,8 @@ def copy_model(tmp_path_factory) -> dict:
             lines.append(" ".join(words))
         (root / f"{split}.src").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         (root / f"{split}.tgt").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    model = train(root, config(root, "space", "space", 600, {"max_size": 5}))
+    model = str(train_run(reversal_rnn_config(root, "space", "space", 600, {"max_size": 5}), root / "config.yaml")
+                / "best.pt")
     inputs = ["the city of zurich", "basel is the city", "", "in bern", "aarau is in the city of geneva"]
     (root / "input.txt").write_text("".join(line + "\n" for line in inputs), encoding="utf-8")
     return {"root": root, "model": model, "inputs": inputs}

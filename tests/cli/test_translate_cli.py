@@ -4,7 +4,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import random
 import re
 import signal
 import subprocess
@@ -14,27 +13,19 @@ from pathlib import Path
 import pytest
 import sacrebleu
 import torch
-import yaml
 
 from nmt.cli import train as train_cli
 from nmt.cli import translate as translate_cli
-
-LETTERS = "abcdef"
+from tiny_runs import data_section, train_run, write_reversal
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> dict:
     """A tiny reversal model ('a b c' -> 'cba') with entmax15 attention and output."""
     root = tmp_path_factory.mktemp("translate_cli")
-    rng = random.Random(0)
-    for split, n in (("train", 120), ("valid", 8)):
-        words = ["".join(rng.choice(LETTERS) for _ in range(rng.randint(2, 4))) for _ in range(n)]
-        (root / f"{split}.src").write_text("".join(" ".join(w) + "\n" for w in words), encoding="utf-8")
-        (root / f"{split}.tgt").write_text("".join(w[::-1] + "\n" for w in words), encoding="utf-8")
+    write_reversal(root, 120, 8)
     config = {
-        "data": {"train": {"src": str(root / "train.src"), "tgt": str(root / "train.tgt")},
-                 "valid": {"src": str(root / "valid.src"), "tgt": str(root / "valid.tgt")},
-                 "src": {"tokenizer": {"type": "space"}}, "tgt": {"tokenizer": {"type": "char"}}},
+        "data": data_section(root, "space", "char"),
         "model": {"embeddings": {"src_size": 12, "tgt_size": 12, "dropout": 0.0},
                   "encoder": {"layers": 1, "hidden_size": 16, "dropout": 0.0},
                   "decoder": {"layers": 1, "hidden_size": 16, "dropout": 0.0},
@@ -44,8 +35,7 @@ def trained(tmp_path_factory) -> dict:
                      "optimizer": {"name": "adam", "lr": 0.01}},
         "validation": {"metric": "loss", "batch_size": 8, "max_length": 8, "n_heatmaps": 0},
     }
-    (root / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    assert train_cli.main(["-config", str(root / "config.yaml"), "-quiet"]) == 0
+    train_run(config, root / "config.yaml")
     inputs = (root / "valid.src").read_text(encoding="utf-8").splitlines()
     inputs.insert(3, "")  # an empty line must stay aligned
     (root / "input.txt").write_text("".join(line + "\n" for line in inputs), encoding="utf-8")

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import random
 import re
 import sys
 from pathlib import Path
 
 import pytest
-import torch
-import yaml
 
 import nmt
-from nmt.cli import train as train_cli
+from tiny_runs import data_section, train_run, write_reversal
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
-LETTERS = "abcdef"
 
 
 @pytest.fixture(scope="module")
@@ -29,26 +25,13 @@ def tool():
     return module
 
 
-@pytest.fixture(autouse=True)
-def _keep_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def transformer(tmp_path_factory) -> tuple[str, str]:
     """A tiny softmax Transformer trained a few steps, and 70 source lines (two batches of 64)."""
     root = tmp_path_factory.mktemp("profile_decode")
-    rng = random.Random(0)
-    for split, n in (("train", 70), ("valid", 6)):
-        words = ["".join(rng.choice(LETTERS) for _ in range(rng.randint(2, 5))) for _ in range(n)]
-        (root / f"{split}.src").write_text("".join(w + "\n" for w in words), encoding="utf-8")
-        (root / f"{split}.tgt").write_text("".join(w[::-1] + "\n" for w in words), encoding="utf-8")
+    write_reversal(root, 70, 6, max_letters=5, spaced_source=False)
     config = {
-        "data": {"train": {"src": str(root / "train.src"), "tgt": str(root / "train.tgt")},
-                 "valid": {"src": str(root / "valid.src"), "tgt": str(root / "valid.tgt")},
-                 "src": {"tokenizer": {"type": "char"}}, "tgt": {"tokenizer": {"type": "char"}}},
+        "data": data_section(root, "char", "char"),
         "model": {"type": "transformer", "embeddings": {"dropout": 0.0},
                   "transformer": {"encoder_layers": 1, "decoder_layers": 2, "d_model": 16, "heads": 4,
                                   "d_ff": 32, "dropout": 0.0, "attention_dropout": 0.0}},
@@ -57,13 +40,7 @@ def transformer(tmp_path_factory) -> tuple[str, str]:
                      "optimizer": {"name": "adam", "lr": 0.01}},
         "validation": {"metric": "loss", "batch_size": 8, "max_length": 8, "n_heatmaps": 0},
     }
-    (root / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    threads = torch.get_num_threads()
-    try:
-        assert train_cli.main(["-config", str(root / "config.yaml"), "-quiet"]) == 0
-    finally:
-        torch.set_num_threads(threads)
-    return str(root / "run" / "last.pt"), str(root / "train.src")
+    return str(train_run(config, root / "config.yaml") / "last.pt"), str(root / "train.src")
 
 
 def _methods(tool) -> list:

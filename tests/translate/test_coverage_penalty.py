@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import json
 import math
-import random
 
 import pytest
 import torch
-import yaml
 
 import nmt
 import nmt.translate.search_step as step_module
-from nmt.cli import train as train_cli
 from nmt.cli import translate as translate_cli
 from nmt.translate.beam_search import beam_search
 from nmt.translate.coverage_penalty import coverage_penalty, penalty_bound, start_coverage
@@ -38,6 +35,7 @@ from nmt.translate.search_step import RowState, Specials, select_step
 from nmt.translate.static_search import static_step
 from nmt.utils.sync_audit import SyncAudit
 from test_certificate_bruteforce import found_hypotheses, predicted_certificate
+from tiny_runs import reversal_rnn_config, train_run, write_reversal
 from toy_decoders import (BOS, EOS, PAD, AttendingMarkovDecoder, enumerate_support, random_sources,
                           tiny_transformer)
 
@@ -479,38 +477,12 @@ def test_report_settings_name_the_penalty():
 
 # --- nmt-translate end to end ---------------------------------------------------------------------------
 
-LETTERS = "abcdef"
-
-
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> dict:
     """A tiny RNN (sparsemax attention, entmax15 output) trained by nmt-train to reverse letters."""
     root = tmp_path_factory.mktemp("coverage_cli")
-    rng = random.Random(0)
-    for split, n in (("train", 160), ("valid", 8)):
-        words = [[rng.choice(LETTERS) for _ in range(rng.randint(2, 4))] for _ in range(n)]
-        (root / f"{split}.src").write_text("".join(" ".join(w) + "\n" for w in words), encoding="utf-8")
-        (root / f"{split}.tgt").write_text("".join(" ".join(w[::-1]) + "\n" for w in words), encoding="utf-8")
-    config = {
-        "data": {"train": {"src": str(root / "train.src"), "tgt": str(root / "train.tgt")},
-                 "valid": {"src": str(root / "valid.src"), "tgt": str(root / "valid.tgt")},
-                 "src": {"tokenizer": {"type": "space"}}, "tgt": {"tokenizer": {"type": "space"}}},
-        "model": {"embeddings": {"src_size": 16, "tgt_size": 16, "dropout": 0.0},
-                  "encoder": {"layers": 1, "hidden_size": 24, "dropout": 0.0},
-                  "decoder": {"layers": 1, "hidden_size": 24, "dropout": 0.0},
-                  "attention": {"mapping": "sparsemax"}, "output": {"mapping": "entmax15"}},
-        "training": {"save_dir": str(root / "run"), "batch_size": 16, "max_steps": 60, "valid_every": 60,
-                     "log_every": 60, "keep_last": 1, "progress": False, "threads": 1,
-                     "optimizer": {"name": "adam", "lr": 0.02}},
-        "validation": {"metric": "loss", "batch_size": 8, "max_length": 12, "n_heatmaps": 0},
-    }
-    (root / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        assert train_cli.main(["-config", str(root / "config.yaml"), "-quiet"]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    write_reversal(root, 160, 8, spaced_target=True)
+    train_run(reversal_rnn_config(root, "space", "space", 60), root / "config.yaml")
     inputs = ["a b c", "d e", "f a b d", "c c e", "b"]
     (root / "input.txt").write_text("".join(line + "\n" for line in inputs), encoding="utf-8")
     return {"root": root, "model": str(root / "run" / "best.pt"), "inputs": inputs}
