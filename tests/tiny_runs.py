@@ -1,7 +1,8 @@
 """Tiny models trained by the real nmt-train for the end-to-end tests (tests/conftest.py, tests/cli,
 tests/translate, tests/tools): the letter-reversal corpus most of them learn, a config's data
 section over a directory's train / valid files, the reversal RNN of the alignment and coverage
-tests, and the run itself. Importable as ``tiny_runs`` (tests/ is on the path of every test)."""
+tests, the run itself, and nmt-translate's main run in the test process. Importable as
+``tiny_runs`` (tests/ is on the path of every test)."""
 from __future__ import annotations
 
 import random
@@ -70,3 +71,13 @@ def train_run(config: dict, path: Path) -> Path:
     finally:
         torch.set_num_threads(threads)
     return Path(config["training"]["save_dir"])
+
+
+def translate_main(args: list[str], capsys) -> tuple[int, str, str]:
+    """nmt-translate's ``main(args)`` in this process: its exit code and what it wrote to stdout
+    and stderr (read, and so emptied, from pytest's ``capsys``)."""
+    from nmt.cli import translate as translate_cli
+
+    code = translate_cli.main(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

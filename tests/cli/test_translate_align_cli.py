@@ -13,9 +13,8 @@ import pytest
 import torch
 
 import nmt
-from nmt.cli import translate as translate_cli
 from nmt.translate.alignment import parse_pharaoh
-from tiny_runs import reversal_rnn_config, train_run, write_reversal
+from tiny_runs import reversal_rnn_config, train_run, translate_main as run, write_reversal
 
 COMMON = ["-threads", "1", "-max_length", "12", "-quiet"]
 
@@ -29,12 +28,6 @@ def reversal(tmp_path_factory) -> dict:
     inputs = ["a b c", "d e", "", "f a b d", "c c e"]
     (root / "input.txt").write_text("".join(line + "\n" for line in inputs), encoding="utf-8")
     return {"root": root, "model": model, "inputs": inputs}
-
-
-def run(args: list[str], capsys) -> tuple[int, str, str]:
-    code = translate_cli.main(args)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def char_words(text: str) -> list[int | None]:

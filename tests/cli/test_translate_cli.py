@@ -16,7 +16,7 @@ import torch
 
 from nmt.cli import train as train_cli
 from nmt.cli import translate as translate_cli
-from tiny_runs import data_section, train_run, write_reversal
+from tiny_runs import data_section, train_run, translate_main as translate, write_reversal
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +43,6 @@ def trained(tmp_path_factory) -> dict:
     refs.insert(3, "")
     (root / "refs.txt").write_text("".join(line + "\n" for line in refs), encoding="utf-8")
     return {"root": root, "model": str(root / "run" / "best.pt"), "inputs": inputs}
-
-
-def translate(args: list[str], capsys) -> tuple[int, str, str]:
-    code = translate_cli.main(args)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_outputs_report_heatmaps_and_summary(trained, capsys):

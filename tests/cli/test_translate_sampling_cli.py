@@ -13,11 +13,11 @@ import sys
 import pytest
 import torch
 
-from nmt.cli import translate as translate_cli
 from nmt.data.field import Field
 from nmt.data.tokenizers import CharTokenizer, SpaceTokenizer
 from nmt.models import build_model
 from nmt.utils.checkpoint_file import save_checkpoint
+from tiny_runs import translate_main as translate
 
 MODEL = {
     "type": "rnn",
@@ -48,12 +48,6 @@ def files(tmp_path_factory) -> dict:
     save_checkpoint(root / "model.pt", payload)
     (root / "input.txt").write_text("".join(line + "\n" for line in INPUTS), encoding="utf-8")
     return {"root": root, "model": str(root / "model.pt"), "input": str(root / "input.txt")}
-
-
-def translate(args: list[str], capsys) -> tuple[int, str, str]:
-    code = translate_cli.main(args)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_samples_scores_report_and_summary(files, capsys, tmp_path):
