@@ -9,6 +9,7 @@ import torch
 from nmt.sparse import _native, _threshold, entmax_bisect
 from nmt.sparse import entmax as entmax_module
 from nmt.sparse.entmax import entmax_bisect_above_one
+from tests.sparse.test_power_series_start import bisection
 
 NEG_INF = float("-inf")
 EPS = torch.finfo(torch.float32).eps
@@ -24,19 +25,6 @@ def shifted_rows(n_rows: int, n: int, am1: torch.Tensor, seed: int) -> torch.Ten
         x[2] = (x[2] * 4).round() / 4
         x[3, n // 3] += 8.0
     return ((x - x.amax(dim=-1, keepdim=True)) * am1.reshape(-1, 1)).float()
-
-
-def bisection(z: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """The threshold of each row of ``z`` (max 0) for the powers ``q (R,)``, by 200 float64
-    bisection steps on ``sum [z - t]_+^q = 1`` over ``[-1, 0]``: the independent truth."""
-    z, q = z.double(), q.double()[:, None]
-    lo = torch.full((z.shape[0],), -1.0, dtype=torch.float64)
-    hi = torch.zeros_like(lo)
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        f = (z - mid[:, None]).clamp(min=0).pow(q).sum(dim=-1) - 1
-        lo, hi = torch.where(f >= 0, mid, lo), torch.where(f >= 0, hi, mid)
-    return lo
 
 
 @pytest.mark.parametrize("n", [1, 7, 20, 50, 256, 300, 2000])

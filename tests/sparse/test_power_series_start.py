@@ -17,9 +17,9 @@ EPS = torch.finfo(torch.float32).eps
 
 
 def bisection(z: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """The root of ``sum [z - t]_+^q = 1`` per row of ``z`` (float64, max 0) by 200 bisection steps
-    over ``[-1, 0]``: the independent truth."""
-    q = q[:, None]
+    """The root of ``sum [z - t]_+^q = 1`` per row of ``z`` (max 0) for the powers ``q (R,)``, by 200
+    float64 bisection steps over ``[-1, 0]``: the independent truth (``(R,)`` float64)."""
+    z, q = z.double(), q.double()[:, None]
     lo = torch.full((z.shape[0],), -1.0, dtype=torch.float64)
     hi = torch.zeros_like(lo)
     for _ in range(200):
@@ -85,8 +85,9 @@ def check_rows(x: torch.Tensor, alphas: torch.Tensor, p: torch.Tensor, r: torch.
     assert torch.allclose(p.double().sum(dim=-1), torch.ones(len(p), dtype=torch.float64), atol=1e-5)
 
 
-def counted_power_probs(library, x: torch.Tensor, a: float | torch.Tensor) -> tuple[tuple, list[float]]:
-    """``(power_probs(x, a, 200, EPS, root=True, stats=True), counts)`` of the diagnostic ``library``
+def counted_power_probs(library, x: torch.Tensor, a: float | torch.Tensor,
+                        stats: bool = True) -> tuple[tuple, list[float]]:
+    """``(power_probs(x, a, 200, EPS, root=True, stats=stats), counts)`` of the diagnostic ``library``
     (``NMT_POWER_COUNTS``) on one thread, its counters zeroed first (summed over rows: [0] rows,
     [3] coarse passes, [5] double passes, [7] entries in the support, [15] float steps); skips the
     test on a build without vectors."""
@@ -96,7 +97,7 @@ def counted_power_probs(library, x: torch.Tensor, a: float | torch.Tensor) -> tu
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(_native._state, "lib", library)
         mp.setattr(_native, "_threads", lambda *a, **k: 1)
-        found = _native.power_probs(x, a, 200, EPS, root=True, stats=True)
+        found = _native.power_probs(x, a, 200, EPS, root=True, stats=stats)
     if found is None or counts[0] == 0:
         pytest.skip("a build without vectors")
     return found, list(counts)
@@ -144,20 +145,12 @@ def test_the_series_start_settles_normal_output_rows_in_one_pass(native_variant)
     if not _native.available():
         pytest.skip("native library not built")
     lib = native_variant("NMT_POWER_COUNTS")
-    counts = (ctypes.c_double * 16).in_dll(lib, "nmt_power_counts")
     g = torch.Generator().manual_seed(5)
     for n, spreads in ((8000, (0.01, 0.03)), (32000, (0.01,))):
         for spread in spreads:
             x = torch.randn(16, n, generator=g) * spread
             for alpha in (1.25, 1.3):
-                for i in range(16):
-                    counts[i] = 0.0
-                with pytest.MonkeyPatch.context() as mp:
-                    mp.setitem(_native._state, "lib", lib)
-                    mp.setattr(_native, "_threads", lambda *a, **k: 1)
-                    p, r = _native.power_probs(x, alpha - 1, 200, EPS, root=True)
-                if lib is None or counts[0] == 0:
-                    pytest.skip("a build without vectors")
+                (p, r), counts = counted_power_probs(lib, x, alpha - 1, stats=False)
                 assert counts[0] == 16 and counts[7] == 16 * n  # every entry in the support
                 assert counts[5] == 16 and counts[3] == 0, (n, spread, alpha, counts[5], counts[3])
                 want = _native.power_probs(x, alpha - 1, 200, EPS, root=True)
