@@ -1,4 +1,4 @@
-"""Fixtures of the trainer tests."""
+"""Fixtures of the trainer tests: the tiny task's files, and a pool of two training ranks."""
 import pytest
 
 from tiny_task import write_task
@@ -8,3 +8,11 @@ from tiny_task import write_task
 def tiny_task(tmp_path) -> dict:
     """The tiny reversal task written under ``tmp_path / "data"``: its ``train`` / ``valid`` paths."""
     return write_task(tmp_path / "data")
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    """A pool of two Gloo training ranks (``ddp_workers.RankPool``), one per test module, closed after it."""
+    from ddp_workers import ranks_fixture
+
+    yield from ranks_fixture(2)

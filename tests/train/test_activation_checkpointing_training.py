@@ -10,7 +10,7 @@ import signal
 
 import pytest
 import torch
-from ddp_workers import gloo_config, ranks_fixture
+from ddp_workers import gloo_config
 from test_precision_compile import PAD, VOCAB, copy_batch
 from tiny_task import assert_same_run, write_task
 
@@ -147,11 +147,6 @@ def test_rnn_is_refused_naming_the_key(task, tmp_path):
                                           r"model\.type is 'rnn'"):
         Trainer(resolve_config(cfg, "t.yaml"), "t.yaml")
     assert not (tmp_path / "rnn").exists()
-
-
-@pytest.fixture(scope="module")
-def ranks():
-    yield from ranks_fixture(2)
 
 
 @pytest.mark.slow

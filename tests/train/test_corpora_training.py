@@ -20,7 +20,7 @@ from nmt.config import ConfigError, resolve_config
 from nmt.data.batching import make_batch_order
 from nmt.data.dataset import ParallelDataset, read_parallel
 from nmt.train.trainer import Trainer
-from ddp_workers import gloo_config, ranks_fixture
+from ddp_workers import gloo_config
 from tiny_task import assert_same_run, tiny_config, write_task
 
 
@@ -214,11 +214,6 @@ def test_nmt_train_and_translate_with_two_corpora(corpora, tmp_path, capsys, mon
     assert train_cli.main(["-config", str(tmp_path / "c.yaml")]) != 0
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "data.train[1].src: " in error[0] and "missing.src: file not found" in error[0]
-
-
-@pytest.fixture(scope="module")
-def ranks():
-    yield from ranks_fixture(2)
 
 
 @pytest.mark.slow

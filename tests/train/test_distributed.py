@@ -15,13 +15,8 @@ from nmt.train.checkpoint import load_checkpoint
 from nmt.train.distributed import init_distributed, loss_normalizer, shard_batch
 from nmt.train.trainer import Trainer
 from nmt.config import resolve_config
-from ddp_workers import gloo_config, ranks_fixture
+from ddp_workers import gloo_config
 from tiny_task import write_task
-
-
-@pytest.fixture(scope="module")
-def ranks():
-    yield from ranks_fixture(2)
 
 
 _config = gloo_config

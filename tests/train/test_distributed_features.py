@@ -25,15 +25,10 @@ from nmt.data.vocabulary import SPECIALS
 from nmt.train.checkpoint import checkpoint_step, load_checkpoint
 from nmt.train.trainer import Trainer
 from ddp_probes import EmaProbe, FineTuneProbe, OverflowOnRank, ResumeProbe, build_id_cache
-from ddp_workers import gloo_config, ranks_fixture
+from ddp_workers import gloo_config
 from tiny_task import tiny_config, write_task
 
 RTOL, ATOL = 1e-5, 2e-6  # DDP sums gradients in another order than one process (test_distributed)
-
-
-@pytest.fixture(scope="module")
-def ranks():
-    yield from ranks_fixture(2)
 
 
 _config = gloo_config

@@ -19,7 +19,7 @@ from nmt.train.data_setup import resampled_pairs
 from nmt.data.subword_sampling import epoch_random
 from nmt.train.checkpoint import load_checkpoint
 from nmt.train.trainer import Trainer
-from ddp_workers import gloo_config, ranks_fixture
+from ddp_workers import gloo_config
 from tiny_task import assert_same_run
 
 SYLLABLES = ["ka", "ro", "mi", "sel", "tan", "bu", "ler", "st", "ei", "ung"]
@@ -238,11 +238,6 @@ def test_a_checkpoint_of_an_nmt_without_subword_sampling_resumes(task, tmp_path)
         Trainer(resolve_config(words_config(task, tmp_path / "run", on, max_steps=3), "w.yaml"), "w.yaml")
     resumed = Trainer(resolve_config(words_config(task, tmp_path / "run", plain, max_steps=3), "w.yaml"), "w.yaml")
     assert resumed.resumed and resumed.train().step == 3
-
-
-@pytest.fixture(scope="module")
-def ranks():
-    yield from ranks_fixture(2)
 
 
 @pytest.mark.slow
