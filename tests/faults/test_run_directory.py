@@ -17,7 +17,7 @@ from nmt.train.checkpoint import checkpoint_step, load_checkpoint
 from nmt.train.trainer import Trainer
 from nmt.config import resolve_config
 from nmt.utils.dir_lock import DirectoryLock, DirectoryLockedError
-from tiny_task import tiny_config, write_task
+from tiny_task import make_trainer, tiny_config, write_task
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,10 +25,6 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def task(tmp_path):
     return write_task(tmp_path / "data")
-
-
-def make_trainer(task, save_dir, **training) -> Trainer:
-    return Trainer(resolve_config(tiny_config(task, save_dir, **training), "tiny.yaml"), "tiny.yaml")
 
 
 class Crash(Exception):

@@ -6,11 +6,9 @@ import os
 import pytest
 import torch
 
-from nmt.config import resolve_config
 from nmt.train.checkpoint import (CheckpointError, checkpoint_step, find_resume_checkpoint, load_checkpoint,
                                   resume_candidates)
-from nmt.train.trainer import Trainer
-from tiny_task import tiny_config, write_task
+from tiny_task import make_trainer, write_task
 
 
 @pytest.fixture
@@ -23,10 +21,6 @@ def log(caplog, monkeypatch):
     monkeypatch.setattr(logging.getLogger("nmt"), "propagate", True)  # the CLI's setup_logging turns it off
     caplog.set_level(logging.WARNING, logger="nmt")
     return caplog
-
-
-def make_trainer(task, save_dir, **training) -> Trainer:
-    return Trainer(resolve_config(tiny_config(task, save_dir, **training), "tiny.yaml"), "tiny.yaml")
 
 
 def trained(task, run, **training):
