@@ -15,6 +15,7 @@ import inspect
 from typing import Any, Callable
 
 from nmt.config.errors import ConfigError, unknown_name_error
+from nmt.utils.exception_text import first_line
 from nmt.sparse import registry
 
 _SIMPLE = (int, float, bool, str, list, type(None))
@@ -169,7 +170,7 @@ def check_tokenizer(tokenizer_cfg: dict, source: str, prefix: str) -> None:
     try:
         build_tokenizer(tokenizer_cfg)
     except (DataError, TypeError, ValueError) as exc:
-        message = _first_line(exc)
+        message = first_line(exc)
         key, sep, problem = message.partition(": ")
         if sep and key.startswith("tokenizer"):
             raise ConfigError(source, prefix + key[len("tokenizer"):], problem) from None
@@ -231,7 +232,7 @@ def check_loss(name: str, params: dict, source: str) -> None:
         registry.check_loss(name, {})
     except ValueError as exc:
         raise ConfigError(source, "model.output.mapping",
-                          f"{name!r} cannot be an output mapping: {_first_line(exc)}") from None
+                          f"{name!r} cannot be an output mapping: {first_line(exc)}") from None
     for key, value in params.items():
         _keyed(source, f"model.output.params.{key}", registry.check_loss, name, {key: value})
 
@@ -265,11 +266,7 @@ def _keyed(source: str, key: str, function: Callable, *args: Any, **kwargs: Any)
     try:
         return function(*args, **kwargs)
     except ValueError as exc:
-        raise ConfigError(source, key, _first_line(exc)) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(source, key, first_line(exc)) from None
 
 
 __all__ = ["check_config", "check_positions", "check_subword_sampling", "check_tokenizer", "check_mapping", "check_attention_kind", "check_loss", "check_continuous",

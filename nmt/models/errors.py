@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from nmt.utils.exception_text import first_line
+
 
 class ModelConfigError(ValueError):
     """A model that cannot be built from the config: ``key`` (dotted YAML path) and ``problem``."""
@@ -25,9 +27,9 @@ def keyed(key: str, build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
     except ModelConfigError:
         raise
     except ValueError as exc:
-        raise ModelConfigError(key, str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+        raise ModelConfigError(key, first_line(exc)) from None
     except (RuntimeError, MemoryError) as exc:
-        detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        detail = first_line(exc)[:160]
         raise ModelConfigError(key, f"cannot be allocated with these sizes ({detail})") from None
 
 

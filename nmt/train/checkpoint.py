@@ -33,6 +33,7 @@ import torch
 
 from nmt.utils.checkpoint_file import (FORMAT_VERSION, PAYLOAD_KEYS, CheckpointError, DamagedCheckpointError,
                                        load_checkpoint, save_checkpoint)
+from nmt.utils.exception_text import first_line
 from nmt.utils.io import atomic_open, stale_temporary, temporary_owner
 from nmt.utils.zip_crc import zip_crc_problem
 
@@ -207,7 +208,7 @@ def find_resume_checkpoint(save_dir: str | os.PathLike, load=load_checkpoint) ->
         try:
             return ResumePoint(path, load(path), passed_over, damaged)
         except DamagedCheckpointError as exc:
-            passed_over.append(str(exc).strip().splitlines()[0])
+            passed_over.append(first_line(exc))
             damaged.append(path)
     problems = "; ".join(_relative(line, save_dir) for line in passed_over)
     raise CheckpointError(f"{save_dir}: no checkpoint there can be resumed from ({problems}); move the damaged "

@@ -44,6 +44,7 @@ from nmt.data.textfiles import iter_lines
 from nmt.data.unknown_tokens import UnkCounts, unk_shares
 from nmt.train.checkpoint import CheckpointError, has_checkpoints
 from nmt.utils.checkpoint_file import load_checkpoint
+from nmt.utils.exception_text import first_line
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ def load_parent(config: dict, source: str, resuming: bool) -> Parent | None:
         src_field = Field.from_state_dict(payload["src_field"])
         tgt_field = Field.from_state_dict(payload["tgt_field"])
     except (CheckpointError, DataError) as exc:
-        raise ConfigError(source, "training.init_from", _first_line(exc)) from None
+        raise ConfigError(source, "training.init_from", first_line(exc)) from None
     if train_cfg["init_optimizer"] and payload.get("kind", "training") != "training":
         raise ConfigError(source, "training.init_optimizer", f"{path} is a released model without optimizer "
                           "state; name a training checkpoint, or set training.init_optimizer: false")
@@ -219,7 +220,7 @@ def init_optimizer(parent: Parent, optimizer: torch.optim.Optimizer, config: dic
         optimizer.load_state_dict(parent.payload["optimizer"])
     except (ValueError, KeyError, RuntimeError) as exc:
         raise ConfigError(source, "training.init_optimizer",
-                          f"the optimizer state of {parent.path} does not fit this model ({_first_line(exc)})") from None
+                          f"the optimizer state of {parent.path} does not fit this model ({first_line(exc)})") from None
     for group, settings in zip(optimizer.param_groups, hyper):
         group.update(settings)
 
@@ -277,11 +278,6 @@ def _changes_parameters(parent: Parent, key: str, config: dict, target: dict[str
 def _shapes(state: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in state.items()}
 
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 

@@ -13,8 +13,9 @@ from typing import Any, Sequence
 
 import torch
 
-from nmt.data.field import Field, field_difference
+from nmt.data.field import field_difference
 from nmt.train.checkpoint import CheckpointError, load_checkpoint, step_checkpoints
+from nmt.translate.loading import checkpoint_fields
 
 
 def released(checkpoint: dict[str, Any], source: str | os.PathLike | Sequence[str | os.PathLike]) -> dict[str, Any]:
@@ -50,16 +51,6 @@ def _architecture(section: Any) -> Any:
             if not (isinstance(key, str) and (key == "dropout" or key.endswith("_dropout")))}
 
 
-def _fields(path: Path, checkpoint: dict[str, Any]) -> tuple[Field, Field]:
-    """The source and target fields of a checkpoint; CheckpointError naming ``path``."""
-    try:
-        return Field.from_state_dict(checkpoint["src_field"]), Field.from_state_dict(checkpoint["tgt_field"])
-    except (ValueError, KeyError, TypeError) as exc:
-        text = str(exc).strip()
-        reason = text.splitlines()[0] if text else type(exc).__name__
-        raise CheckpointError(f"{path}: cannot rebuild the vocabularies ({reason})") from None
-
-
 def check_compatible(paths: Sequence[Path], checkpoints: Sequence[dict[str, Any]]) -> None:
     """CheckpointError (one line, naming the file) unless all share architecture, tokenizers,
     vocabularies and weights' shapes.
@@ -70,13 +61,13 @@ def check_compatible(paths: Sequence[Path], checkpoints: Sequence[dict[str, Any]
     average.
     """
     first, first_path = checkpoints[0], paths[0]
-    first_fields = _fields(first_path, first)
+    first_fields = checkpoint_fields(first_path, first)
     for path, other in zip(paths[1:], checkpoints[1:]):
         differing = _first_difference(_architecture(first["config"]["model"]),
                                       _architecture(other["config"]["model"]), "model")
         if differing is not None:
             raise CheckpointError(f"{path}: another architecture than {first_path} ({differing} differs)")
-        problem = field_difference(*first_fields, *_fields(path, other), str(path), str(first_path))
+        problem = field_difference(*first_fields, *checkpoint_fields(path, other), str(path), str(first_path))
         if problem is not None:
             raise CheckpointError(problem)
         a, b = first["model"], other["model"]

@@ -11,6 +11,7 @@ import torch
 from nmt.data.field import Field, field_difference
 from nmt.models.protocol import StepDecoder
 from nmt.utils.checkpoint_file import CheckpointError, load_checkpoint
+from nmt.utils.exception_text import first_line, one_line
 from nmt.utils.device import auto_device, device_name_problem, device_problem, indexed
 from nmt.translate.ensemble import Ensemble
 
@@ -25,17 +26,6 @@ class LoadedModel:
     config: dict[str, Any]
     step: int
     path: Path
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _one_line(exc: BaseException, limit: int = 400) -> str:
-    """The whole message on one line (torch's load_state_dict names the weights on later lines)."""
-    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-    return (text if len(text) <= limit else text[: limit - 3] + "...") if text else type(exc).__name__
 
 
 def resolve_device(device: str | torch.device, what: str = "device") -> str:
@@ -55,6 +45,15 @@ def resolve_device(device: str | torch.device, what: str = "device") -> str:
     return str(indexed(name))
 
 
+def checkpoint_fields(path: Path, checkpoint: dict[str, Any]) -> tuple[Field, Field]:
+    """The source and target fields of a loaded ``checkpoint``; ``CheckpointError`` naming ``path``
+    where they cannot be rebuilt."""
+    try:
+        return Field.from_state_dict(checkpoint["src_field"]), Field.from_state_dict(checkpoint["tgt_field"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path}: cannot rebuild the vocabularies ({first_line(exc)})") from None
+
+
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedModel:
     """Load one checkpoint written by the trainer and rebuild its model for inference.
 
@@ -65,17 +64,13 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> L
 
     path = Path(path)
     ckpt = load_checkpoint(path, map_location="cpu", training=False)
-    try:
-        src_field = Field.from_state_dict(ckpt["src_field"])
-        tgt_field = Field.from_state_dict(ckpt["tgt_field"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{path}: cannot rebuild the vocabularies ({_first_line(exc)})") from None
+    src_field, tgt_field = checkpoint_fields(path, ckpt)
     try:
         model_cfg = ckpt["config"]["model"]
         model = build_model(model_cfg, len(src_field.vocab), len(tgt_field.vocab), tgt_field.vocab.pad_index)
         model.load_state_dict(ckpt["model"])
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:
-        raise CheckpointError(f"{path}: cannot rebuild the model ({_one_line(exc)})") from None
+        raise CheckpointError(f"{path}: cannot rebuild the model ({one_line(exc)})") from None
     model.to(device).eval()
     return LoadedModel(model, src_field, tgt_field, ckpt["config"], int(ckpt.get("step", 0)), path)
 
@@ -106,4 +101,4 @@ def load_models(
     return decoder, first.src_field, first.tgt_field, members
 
 
-__all__ = ["LoadedModel", "load_model", "load_models", "resolve_device"]
+__all__ = ["LoadedModel", "checkpoint_fields", "load_model", "load_models", "resolve_device"]

@@ -15,6 +15,7 @@ from nmt.translate.alignment import AlignOptions, Pair, align, pharaoh
 from nmt.translate.scoring import BatchScores, score_batch
 from nmt.translate.translator import check_batch_size, check_word_ids
 from nmt.utils.device import checked_device
+from nmt.utils.json_safe import json_number
 from nmt.utils.precision import check_precision, inference_precision
 
 EMPTY_SOURCE = "empty_source"
@@ -57,19 +58,16 @@ class PairScore:
 
     def report(self) -> dict[str, Any]:
         """The JSON-lines record (``-inf`` written as null: JSON has no infinity)."""
-        def number(x: float | None) -> float | None:
-            return x if x is not None and math.isfinite(x) else None
-
         record = {
             "id": self.index,
-            "logprob": number(self.logprob),
+            "logprob": json_number(self.logprob),
             "n_tokens": self.n_tokens,
-            "logprob_per_token": number(self.logprob / self.n_tokens) if self.logprob is not None
+            "logprob_per_token": json_number(self.logprob / self.n_tokens) if self.logprob is not None
             and self.n_tokens else None,
             "zero_probability": self.zero_probability,
             "first_zero": self.first_zero,
             "tokens": self.tokens,
-            "token_logprobs": [number(x) for x in self.token_logprobs],
+            "token_logprobs": [json_number(x) for x in self.token_logprobs],
             "reason": self.reason,
         }
         if self.alignment is not None:  # asked for: the Pharaoh pairs of the reference
