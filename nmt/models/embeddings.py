@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from nmt.models.dropout import Dropout
+from nmt.models.dropout import Dropout, applied
 
 
 class Embeddings(nn.Module):
@@ -29,4 +29,4 @@ class Embeddings(nn.Module):
         return self.lut.weight
 
     def forward(self, ids: Tensor) -> Tensor:
-        return self.dropout(self.lut(ids))
+        return applied(self.dropout, self.lut(ids))

@@ -62,3 +62,19 @@ def test_eval_identity_edge_rates_and_state():
     half = torch.randn(50, 50, dtype=torch.bfloat16)
     out = Dropout(0.4).train()(half)
     assert out.dtype == torch.bfloat16
+
+
+def test_applied_skips_only_the_identity_calls():
+    """``applied``: the very input where ``nn.Dropout`` is the identity (eval, p = 0), the module's
+    own draw in training (same seed, same mask)."""
+    from nmt.models.dropout import Dropout, applied
+
+    x = torch.randn(4, 6)
+    for module in (Dropout(0.3).eval(), Dropout(0.0).train()):
+        assert applied(module, x) is x and torch.equal(module(x), x)
+    module = Dropout(0.3).train()
+    torch.manual_seed(5)
+    want = module(x)
+    torch.manual_seed(5)
+    assert torch.equal(applied(module, x), want)
+    assert not torch.equal(want, x)

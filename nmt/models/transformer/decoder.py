@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from nmt.models.dropout import Dropout
+from nmt.models.dropout import Dropout, applied
 from nmt.models.transformer.checkpointing import run_layer
 from nmt.models.transformer.layers import AttentionSpec, DecoderLayer, LayerSpec
 from nmt.models.transformer.packed_rows import PackedMemory
@@ -77,7 +77,7 @@ class TransformerDecoder(nn.Module):
         ``need_maps=False``: the caller reads only the last layer's cross probs, and with
         ``need_attention=False`` not even those."""
         offset = 0 if caches is None else caches[0][0].size(2)  # a shape: no device sync
-        x = self.dropout(self.positions(emb * self.scale, offset))
+        x = applied(self.dropout, self.positions(emb * self.scale, offset))
         key_mask = src_mask[:, None, None, :]
         rotation = stack_rotation(self.positions, offset, x.size(1), x.dtype)
         self_maps, cross_maps, new_caches = [], [], []

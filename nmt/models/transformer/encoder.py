@@ -5,7 +5,7 @@ import math
 
 from torch import Tensor, nn
 
-from nmt.models.dropout import Dropout
+from nmt.models.dropout import Dropout, applied
 from nmt.models.transformer.checkpointing import run_layer
 from nmt.models.transformer.layers import AttentionSpec, EncoderLayer, LayerSpec
 from nmt.models.transformer.packed_rows import PackedMemory, PackedRows, packs
@@ -53,7 +53,7 @@ class TransformerEncoder(nn.Module):
         """:meth:`forward`'s memory (B, L, D) and maps, and the memory's packed rows (N, D) where
         the encoder packed (else None): the decoder's cross-attention projects those
         (:meth:`nmt.models.transformer.decoder.TransformerDecoder.cross_keys_values`)."""
-        x = self.dropout(self.positions(emb * self.scale))
+        x = applied(self.dropout, self.positions(emb * self.scale))
         key_mask = mask[:, None, None, :]
         rotation = stack_rotation(self.positions, 0, x.size(1), x.dtype)
         rows = PackedRows.of(mask) if packs(mask) else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from nmt.models.dropout import Dropout
+from nmt.models.dropout import Dropout, applied
 from nmt.models.linear import Linear
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU}
@@ -34,7 +34,7 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         inner = self.inner(x)
         inner = torch.relu_(inner) if self.in_place_relu else self.activation(inner)
-        return self.outer(self.dropout(inner))
+        return self.outer(applied(self.dropout, inner))
 
 
 __all__ = ["ACTIVATIONS", "FeedForward"]

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from nmt.models.dropout import Dropout
+from nmt.models.dropout import Dropout, applied
 from nmt.models.growing_cache import append
 from nmt.models.transformer.feed_forward import FeedForward
 from nmt.models.transformer.multihead_attention import MultiHeadAttention
@@ -79,7 +79,7 @@ class _Residual(nn.Module):
 
     def add(self, x: Tensor, y: Tensor) -> Tensor:
         """Residual connection of the sub-layer output ``y`` to its input ``x``."""
-        out = x + self.dropout(y)
+        out = x + applied(self.dropout, y)
         return out if self.pre_norm else self.norm(out)
 
 

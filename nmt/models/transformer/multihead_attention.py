@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.models.dropout import Dropout
+from nmt.models.dropout import Dropout, applied
 from nmt.models.linear import Linear
 from nmt.models.transformer.alibi import AlibiBias, biased_mask
 from nmt.models.transformer.head_mapping import HeadMapping
@@ -207,7 +207,7 @@ class MultiHeadAttention(nn.Module):
             relations = self.relative.relations(q.size(2), keys.size(2), query_offset, q.dtype)  # (T, S, d_head)
             scores = scores + relative_scores(q, relations)
         probs = self.mapping(scores, mask).to(values.dtype)
-        weights = self.dropout(probs)
+        weights = applied(self.dropout, probs)
         if self.continuous is not None:
             weights = weights + self._continuous_weights(probs, mask)
         context = weights @ values  # (B, heads, T, d_head)
