@@ -12,8 +12,6 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
-from nmt.models.growing_cache import select_rows
-
 State = dict[str, Tensor]
 """Batch-first tensors, e.g. LSTM hidden states stored as (N, layers, H)."""
 
@@ -124,9 +122,8 @@ def required_attention(attention: Tensor | None) -> Tensor:
 
 
 def select_state(state: State, index: Tensor) -> State:
-    """Pick rows ``index`` (M,) of every batch-first tensor in ``state`` (a growing key/value cache,
-    :mod:`nmt.models.growing_cache`, stays one: its filled prefix is gathered, its room kept)."""
-    return {k: select_rows(v, index) for k, v in state.items()}
+    """Pick rows ``index`` (M,) of every batch-first tensor in ``state``."""
+    return {k: v.index_select(0, index) for k, v in state.items()}
 
 
 def tile_state(state: State, times: int) -> State:

@@ -13,7 +13,6 @@ import torch
 from torch import Tensor, nn
 
 from nmt.models.dropout import Dropout, applied
-from nmt.models.growing_cache import append
 from nmt.models.transformer.feed_forward import FeedForward
 from nmt.models.transformer.multihead_attention import MultiHeadAttention
 from nmt.models.transformer.packed_rows import PackedRows
@@ -143,15 +142,14 @@ class DecoderLayer(nn.Module):
         src_mask B, and the cross-attention takes each source's S queries together.
 
         Returns x (B, T, D), self probs (B, heads, T, t0+T), cross probs (B, heads, T, L) and
-        the cache extended by these T positions (:func:`nmt.models.growing_cache.append`: written
-        into the cache's buffer where it has room, the given cache's positions untouched); ``need_self_probs`` / ``need_cross_probs`` False:
+        the cache extended by these T positions; ``need_self_probs`` / ``need_cross_probs`` False:
         that attention's probabilities may be None (a fused kernel served its heads).
         """
         q, keys, values = self.self_attn.self_projections(self.self_block.inputs(x), rotation)
         offset = 0
         if cache is not None:
             offset = cache[0].size(2)
-            keys, values = append(cache[0], keys), append(cache[1], values)  # in place where there is room
+            keys, values = torch.cat([cache[0], keys], dim=2), torch.cat([cache[1], values], dim=2)
         mask = None if x.size(1) == 1 else causal_mask(x.size(1), offset, x.device)  # one query sees all
         out, self_probs = self.self_attn.attend(q, keys, values, mask, need_self_probs, offset)
         x = self.self_block.add(x, out)

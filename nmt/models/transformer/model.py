@@ -22,8 +22,7 @@ class TransformerSeq2Seq(EncoderDecoder):
 
     Decoding state (flat, batch-first, so ``select_state`` / ``tile_state`` reorder it):
     ``"self.{i}.k"`` / ``"self.{i}.v"`` (N, heads, t, d_head), the self-attention keys and
-    values of layer i for the t tokens fed so far (t grows by one per step; in eager decoding the
-    filled prefix of a buffer with room, written in place: :mod:`nmt.models.growing_cache`). ``encoder_out``
+    values of layer i for the t tokens fed so far (t grows by one per step). ``encoder_out``
     holds ``"memory"`` (B, L, D), ``"src_mask"`` (B, L) and ``"cross.{i}.k"`` / ``"cross.{i}.v"``
     (B, heads, L, d_head), the cross-attention keys/values computed once by :meth:`encode`.
 
