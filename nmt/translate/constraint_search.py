@@ -167,4 +167,34 @@ def constrained_candidates(cand: Tensor, constraints: ConstraintState, t: int, l
                     dropped, pruned)
 
 
-__all__ = ["ConstraintState", "Selected", "ban_eos", "constrained_candidates"]
+def needed_lengths(tables: ConstraintTables, prefix: Tensor | None) -> Tensor:
+    """(B,) long: the fewest tokens before EOS of each sentence's outputs that meet its constraints
+    and start with its forced prefix ``prefix`` (B, P) (``NO_PREFIX`` after a row's own; None: no
+    prefix): the prefix's length plus the distance of the state the prefix leads to (a prefix may
+    hold a phrase or start one). On ``prefix``'s device where the tables are on the host (the host
+    stays the host: ``nmt-translate``'s loop reads its limits there), else on the tables' device; P
+    steps known on the host, no sync."""
+    if prefix is None or prefix.size(1) == 0:
+        return tables.start_dist
+    from nmt.translate.target_prefix import NO_PREFIX
+    from nmt.utils.device import host_to_device
+
+    if tables.table.device != prefix.device:
+        if prefix.device.type == "cpu":
+            prefix = host_to_device(prefix, tables.table.device)
+        else:
+            tables = tables.to(prefix.device)
+    table, tokens, dist = tables.table, tables.tokens, tables.dist
+    phrase_tokens = tokens.size(1)  # A: the "other" column's index
+    state = torch.zeros(prefix.size(0), dtype=torch.long, device=prefix.device)  # (B,)
+    for j in range(prefix.size(1)):
+        tok = prefix[:, j]  # (B,)
+        match = (tokens == tok.unsqueeze(1)) & (tokens >= 0)  # (B, A) at most one column
+        column = torch.where(match.any(1), match.long().argmax(1), phrase_tokens)  # (B,)
+        nxt = table.gather(1, state.view(-1, 1, 1).expand(-1, 1, table.size(2))).squeeze(1)  # (B, A + 1)
+        state = torch.where(tok != NO_PREFIX, nxt.gather(1, column.view(-1, 1)).squeeze(1), state)
+    length = (prefix != NO_PREFIX).long().cumprod(1).sum(1)  # (B,)
+    return length + dist.gather(1, state.view(-1, 1)).squeeze(1)
+
+
+__all__ = ["ConstraintState", "Selected", "ban_eos", "constrained_candidates", "needed_lengths"]

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from nmt.models.protocol import State, StepDecoder, attention_request, select_state, shares_encoder_out, tile_state
 from nmt.translate.constraint_automaton import ConstraintTables
+from nmt.translate.constraint_search import needed_lengths
 from nmt.translate.coverage_penalty import start_coverage
 from nmt.translate.history import SearchHistory
 from nmt.translate.search_options import SearchOptions
@@ -145,7 +146,8 @@ def static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: S
     encoder_out, state = model.encode(src, src_lengths)
     tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (B*S,)
     limits = lengthen_limits(options.length_limits(src_lengths), prefix)  # (B,) on the lengths' device, or None
-    limits = raised_limits(limits, None if constraints is None else constraints.start_dist)  # room for the constraints
+    limits = raised_limits(limits, None if constraints is None else needed_lengths(constraints, prefix).clamp(
+        max=options.max_length))  # room for the constraints after the prefix, within max_length
     # the steps where a row may end, known without a sync where the lengths are on the host (as
     # nmt-translate keeps them); else every step tests the limits on the device
     limit_steps = set(limits.tolist()) if limits is not None and limits.device.type == "cpu" else None

@@ -566,3 +566,44 @@ def test_cuda_static_search_with_constraints_equals_the_cpu(case):
         cuda = beam_search(cuda_model, src.cuda(), lengths, mode="auto", **kw)
         assert_same_result(cpu, type(cpu)(**{f: (v.cpu() if isinstance(v, torch.Tensor) else v)
                                               for f, v in vars(cuda).items()}))
+
+
+@pytest.mark.parametrize("constraint_mode", ["unordered", "ordered"])
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_a_ratio_limit_leaves_room_for_the_constraints_after_the_prefix(mode, constraint_mode):
+    """With ``max_length_ratio`` (every sentence's own limit 0 here) and a forced prefix, a sentence's
+    limit is raised to the fewest tokens of an output that starts with its prefix and meets its
+    constraints (found here by trying every completion over the phrases' tokens), not to the
+    prefix's length or the phrases' alone: the search equals one whose ``max_length`` is that
+    number (outputs, scores and certificate)."""
+    from test_target_prefix import chosen_prefixes
+    from nmt.translate.target_prefix import prefix_tensor
+
+    raised = 0
+    for name, seed, penalty, min_length in CASES[:2]:
+        model, src, lengths = model_and_sources(name, seed)
+        prefixes = chosen_prefixes(name, seed, min_length)
+        sets = [[(t,) for t in ORDINARY if t not in p][:1] + ([(p[-1], ORDINARY[0])] if p else []) for p in prefixes]
+        need = []
+        for b in range(N_SOURCES):
+            alphabet = sorted({t for p in sets[b] for t in p})
+            need.append(max(min_length, next(n for n in range(len(prefixes[b]), MAX_LENGTH + 1)
+                                             if any(meets(prefixes[b] + tail, sets[b], constraint_mode)
+                                                    for tail in product(alphabet, repeat=n - len(prefixes[b]))))))
+            raised += need[b] > max(len(prefixes[b]), build_automaton(sets[b], constraint_mode).dist[0], min_length)
+        common = dict(bos=BOS, eos=EOS, n_best=4, min_length=min_length, length_penalty=penalty, **mode)
+        for beam_size in (1, 4):
+            result = beam_search(model, src, lengths, beam_size=beam_size, max_length=MAX_LENGTH, max_length_ratio=0.01,
+                                 max_length_offset=0, prefix=prefix_tensor(prefixes),
+                                 constraints=tables(sets, constraint_mode), **common)
+            for b in range(N_SOURCES):
+                alone = beam_search(model, src[b:b + 1], lengths[b:b + 1], beam_size=beam_size, max_length=need[b],
+                                    prefix=prefix_tensor(prefixes[b:b + 1]),
+                                    constraints=tables(sets[b:b + 1], constraint_mode), **common)
+                got = [(result.tokens[b, i, :n].tolist(), float(result.scores[b, i])) for i, n in
+                       enumerate(result.lengths[b].tolist()) if n]
+                want = [(alone.tokens[0, i, :n].tolist(), float(alone.scores[0, i])) for i, n in
+                        enumerate(alone.lengths[0].tolist()) if n]
+                assert got == want, (b, prefixes[b], sets[b], need[b])
+                assert (bool(result.exact[b]), int(result.reason[b])) == (bool(alone.exact[0]), int(alone.reason[0]))
+    assert raised > 0  # sentences whose prefix does not hold their phrases
