@@ -141,6 +141,13 @@ def test_constraints_per_call(checkpoint):
         m.translate(lines, constraints=[[], ["a" * 9], [], []])
     with pytest.raises(ValueError, match="constraints mode must be one of unordered, ordered"):
         m.translate(lines, constraints=sets, constraints_mode="sorted")
+    # a prefix of 7 tokens without the phrase "bb" leaves 1 token of max_length 8 for its 2; one that
+    # holds it ("abb" + 5) needs nothing more
+    with pytest.raises(ConstraintError, match=r"^input 2: the target prefix and the constraints need at least 9 "
+                                              r"tokens, more than max_length 8$"):
+        m.translate(lines, prefixes=["", "a" * 7, "", ""], constraints=[[], ["bb"], [], []])
+    fits = m.translate(lines[:2], prefixes=["", "abbaaaa"], constraints=[[], ["bb"]])[1]
+    assert fits.certificate.reason != "max_length" or fits.cut[0]
 
 
 def test_a_string_where_a_list_is_expected_is_a_type_error(checkpoint):

@@ -347,6 +347,11 @@ class Translator:
                                  "a phrase is no longer a sample of the model's distribution)")
             phrase_ids = [self._phrase_ids(i, phrases) for i, phrases in enumerate(constraints)]
             automata = [self._automaton(i, ids, constraints_mode, options.max_length) for i, ids in enumerate(phrase_ids)]
+            for i, automaton in enumerate(automata if prefix_ids is not None else []):
+                need = len(prefix_ids[i]) + automaton.dist[automaton.run(prefix_ids[i])]
+                if prefix_ids[i] and need > options.max_length:  # the phrases do not fit after the prefix
+                    raise ConstraintError(i, f"the target prefix and the constraints need at least {need} tokens, "
+                                             f"more than max_length {options.max_length}")
             if any(phrase_ids):  # the certificate is about the outputs that meet them
                 decoding = {**(decoding or {}), "constraints": constraints_mode}
         batches = encode_sources(self.src_field, lines, self.batch_size, self.batch_type,
