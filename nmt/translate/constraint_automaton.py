@@ -12,8 +12,8 @@ Either is a deterministic automaton whose states are the search's per-hypothesis
 state: ``ordered`` is the phrases' Knuth-Morris-Pratt automata one after the other (state: the
 next phrase and how many of its tokens end the hypothesis; the earliest end of each phrase is
 the best place to start looking for the next, so following it is exact); ``unordered`` is an
-Aho-Corasick trie of the phrases (state: the longest suffix of the hypothesis that starts some
-phrase) times the set of phrases already met. Once every phrase is met the state is one
+Aho-Corasick trie of the phrases (state: the longest suffix of the hypothesis that is a proper
+prefix of some phrase not met yet) times the set of phrases already met. Once every phrase is met the state is one
 absorbing accepting state. Only the phrases' tokens move the automaton somewhere particular:
 every other token does the same as any other (the trie's root), so a state's transitions are
 one column per distinct phrase token plus one "other" column.
@@ -123,7 +123,29 @@ def build_automaton(phrases: Sequence[Sequence[int]], mode: str = DEFAULT_MODE, 
                 queue.append(nxt)
             row.append(number[nxt])
         rows.append(row)
-    return Automaton(tokens, tuple(tuple(r) for r in rows), _distances(rows, [accept(s) for s in order]))
+    rows, accepting = _minimized(rows, [accept(s) for s in order])
+    return Automaton(tokens, tuple(tuple(r) for r in rows), _distances(rows, accepting))
+
+
+def _minimized(rows: list[list[int]], accepting: list[bool]) -> tuple[list[list[int]], list[bool]]:
+    """The minimal automaton of ``rows`` (state 0 the start): Moore's partition refinement (accepting
+    or not, then by the classes of the successors) until stable, the classes numbered in the order
+    of their first state (so the start stays 0). States of the unordered construction that accept
+    the same continuations (e.g. progress into a phrase that another phrase's occurrence will have
+    met anyway) become one."""
+    cls = [int(a) for a in accepting]
+    count = len(set(cls))
+    while True:
+        signature = [(cls[q], tuple(cls[n] for n in row)) for q, row in enumerate(rows)]
+        numbered: dict = {}
+        new = [numbered.setdefault(sig, len(numbered)) for sig in signature]
+        if len(numbered) == count:
+            break
+        cls, count = new, len(numbered)
+    first = {}
+    for q, c in enumerate(new):
+        first.setdefault(c, q)
+    return [[new[n] for n in rows[q]] for q in first.values()], [accepting[q] for q in first.values()]
 
 
 def _ordered(phrases: list[tuple[int, ...]]):
@@ -147,9 +169,12 @@ def _ordered(phrases: list[tuple[int, ...]]):
 
 def _unordered(phrases: list[tuple[int, ...]]):
     """(step, start, accept) of the unordered automaton: state ``(node, met)``, node the longest
-    suffix of the hypothesis that starts a phrase, met the frozenset of phrase numbers already
+    suffix of the hypothesis that is a proper prefix of a phrase not met yet, met the frozenset of phrase numbers already
     held; every state with all phrases met is the one accepting state ``"done"``."""
-    starts = {p[:n] for p in phrases for n in range(len(p) + 1)}
+    # only a proper prefix of a phrase not yet met can still grow into an occurrence that matters:
+    # any longer suffix behaves as its longest such suffix, so the node is that suffix (else n
+    # one-token phrases would have about n 2^(n-1) states, not the 2^n sets of phrases met)
+    prefixes = [{p[:n] for n in range(len(p))} for p in phrases]
     everything = frozenset(range(len(phrases)))
 
     def step(state, tok):
@@ -157,11 +182,14 @@ def _unordered(phrases: list[tuple[int, ...]]):
             return state
         node, met = state
         seen = node + (tok,) if tok is not None else ()
-        for n in range(len(seen), -1, -1):  # the longest suffix of seen in the trie (the root at worst)
-            if seen[len(seen) - n:] in starts:
+        # every unmet phrase ending here is a suffix of seen: its part before this token was a proper
+        # prefix of it ending the hypothesis, so a suffix of node (the longest such)
+        met = met | {k for k, p in enumerate(phrases) if len(p) <= len(seen) and seen[len(seen) - len(p):] == p}
+        unmet = [prefixes[k] for k in range(len(phrases)) if k not in met]
+        for n in range(len(seen), -1, -1):  # the longest suffix of seen that can still grow (the root at worst)
+            if any(seen[len(seen) - n:] in starts for starts in unmet):
                 node = seen[len(seen) - n:]
                 break
-        met = met | {k for k, p in enumerate(phrases) if len(p) <= len(node) and node[len(node) - len(p):] == p}
         return "done" if met == everything else (node, frozenset(met))
 
     return step, ((), frozenset()), lambda state: state == "done"

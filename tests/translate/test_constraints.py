@@ -256,6 +256,35 @@ def test_the_automata_are_small_and_bad_phrases_are_refused():
         build_automaton([(t, t + 1) for t in range(3, 30, 2)], "unordered")
 
 
+def moore_classes(automaton) -> int:
+    """The number of Myhill-Nerode classes of ``automaton``'s states: Moore's partition refinement
+    (accepting or not, then by the classes of the successors) until it is stable."""
+    cls = [int(d == 0) for d in automaton.dist]
+    while True:
+        signature = [(cls[q], tuple(cls[n] for n in row)) for q, row in enumerate(automaton.table)]
+        numbered = {sig: i for i, sig in enumerate(dict.fromkeys(signature))}
+        new = [numbered[sig] for sig in signature]
+        if len(set(new)) == len(set(cls)):
+            return len(set(new))
+        cls = new
+
+
+@pytest.mark.parametrize("phrases", PHRASE_SETS + [
+    [(3,), (4,), (5,)], [(3, 4), (4, 5), (5, 3)], [(3, 3), (3,), (4, 3, 4)], [(3, 4, 5), (4,), (5, 5)]], ids=str)
+def test_the_unordered_automaton_is_minimal(phrases):
+    """No two states of the unordered automaton accept the same continuations (Moore's refinement
+    finds as many classes as states), so the state limit refuses only constraints that need that
+    many states: n one-token phrases 2^n (the sets met), n phrases of 3 tokens of their own
+    (n + 1) 2^n (with u unmet: a node 0, 1 or 2 tokens into one of them)."""
+    automaton = build_automaton(phrases, "unordered")
+    assert moore_classes(automaton) == automaton.states
+    for n in (3, 10, 12):
+        assert build_automaton([(t,) for t in range(10, 10 + n)], "unordered").states == 2 ** n
+    for n in (2, 4, 8):
+        assert build_automaton([(10 + 3 * i, 11 + 3 * i, 12 + 3 * i) for i in range(n)], "unordered").states == \
+            (n + 1) * 2 ** n
+
+
 # --- other models, penalties, ensembles ------------------------------------------------------------
 
 TRANSFORMERS = {
