@@ -169,8 +169,8 @@ def _ordered(phrases: list[tuple[int, ...]]):
 
 def _unordered(phrases: list[tuple[int, ...]]):
     """(step, start, accept) of the unordered automaton: state ``(node, met)``, node the longest
-    suffix of the hypothesis that is a proper prefix of a phrase not met yet, met the frozenset of phrase numbers already
-    held; every state with all phrases met is the one accepting state ``"done"``."""
+    suffix of the hypothesis that is a proper prefix of a phrase not met yet, met the frozenset of
+    phrase numbers already held; every state with all phrases met is the one accepting state ``"done"``."""
     # only a proper prefix of a phrase not yet met can still grow into an occurrence that matters:
     # any longer suffix behaves as its longest such suffix, so the node is that suffix (else n
     # one-token phrases would have about n 2^(n-1) states, not the 2^n sets of phrases met)
