@@ -269,7 +269,10 @@ def train_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Te
 
 
 def _signature(tensors: Sequence[Optional[Tensor]]) -> tuple:
-    return tuple(None if t is None else (id(t), t.data_ptr(), t._version, tuple(t.shape)) for t in tensors)
+    """Each tensor's identity, storage address, in-place version and shape (``torch.Size`` is a
+    tuple: compared as is, not copied); None for None. Built as a list comprehension, without the
+    generator a ``tuple(...)`` of one would resume once per tensor."""
+    return tuple([None if t is None else (id(t), t.data_ptr(), t._version, t.shape) for t in tensors])
 
 
 Value = TypeVar("Value")
@@ -286,10 +289,13 @@ def frozen_cached(tag: str, tensors: Sequence[Optional[Tensor]], build: Callable
         return build()
     key = id(tensors[0])
     sig = _signature(tensors)
-    entries = _CACHE.setdefault(key, {})
-    hit = entries.get(tag)
-    if hit is not None and hit[0] == sig:
-        return hit[1]
+    entries = _CACHE.get(key)
+    if entries is None:
+        entries = _CACHE[key] = {}
+    else:
+        hit = entries.get(tag)
+        if hit is not None and hit[0] == sig:
+            return hit[1]
     value = build()
     if key not in _WATCHED:  # a new weight: drop its entries when it is freed (ids are reused)
         _WATCHED.add(key)
