@@ -78,6 +78,18 @@ def _next_batch(lines: "queue.Queue[_Item]", size: int) -> tuple[list[str], bool
             return batch, False
 
 
+def _batch_lines(lines: list | None, flag: str, path: str | None, first: int, size: int) -> list | None:
+    """The lines ``first .. first + size`` of a file read beside stdin (``-tgt_prefix``,
+    ``-constraints``; None where the flag is not given); a ValueError naming the flag and file
+    when the file ends before stdin does."""
+    if lines is None:
+        return None
+    held = lines[first: first + size]
+    if len(held) < size:
+        raise ValueError(f"{flag} {path} has {len(lines)} lines but stdin has more ({first + size} so far)")
+    return held
+
+
 def run_stream(args: argparse.Namespace, start: float) -> int:
     """Translate stdin to stdout line by line as ``args`` say (see the module docstring)."""
     from nmt.translate.loading import load_models
@@ -126,18 +138,8 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
                 break
             try:
                 # indices count from the stream's start: a sentence's samples depend on its line only
-                forced = None
-                if prefixes is not None:  # this batch's lines of -tgt_prefix
-                    forced = prefixes[counts.sentences: counts.sentences + len(batch)]
-                    if len(forced) < len(batch):
-                        raise ValueError(f"-tgt_prefix {args.tgt_prefix} has {len(prefixes)} lines but stdin has "
-                                         f"more ({counts.sentences + len(batch)} so far)")
-                held = None
-                if constraints is not None:  # this batch's lines of -constraints
-                    held = constraints[counts.sentences: counts.sentences + len(batch)]
-                    if len(held) < len(batch):
-                        raise ValueError(f"-constraints {args.constraints} has {len(constraints)} lines but stdin has "
-                                         f"more ({counts.sentences + len(batch)} so far)")
+                forced = _batch_lines(prefixes, "-tgt_prefix", args.tgt_prefix, counts.sentences, len(batch))
+                held = _batch_lines(constraints, "-constraints", args.constraints, counts.sentences, len(batch))
                 done = translator.translate(batch, first_index=counts.sentences, prefixes=forced, constraints=held,
                                             constraints_mode=args.constraints_mode)
             except ValueError as exc:  # a source longer than learned positions hold: its line of stdin
