@@ -4,7 +4,7 @@
                   [-batch_size N] -max_length 100 [-max_length_ratio R] -length_penalty none
                   [-coverage_penalty wu|summary -beta B [-stepwise_penalty] [-coverage_epsilon E]]
                   [-block_ngram_repeat N] [-ban_unk_token] [-tgt_prefix PREFIXES]
-                  [-constraints FILE [-constraints_mode unordered|ordered]]
+                  [-constraints FILE|- [-constraints_mode unordered|ordered]]
                   -report FILE.jsonl
                   [-tgt REF] [-attention DIR] [-support] [-device auto|cpu|cuda]
                   [-report_align [-align_mode argmax|support] [-align_level word|token]]
@@ -153,12 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "with its line's prefix (tokenized alone: end it at a word boundary; kept in the output), and "
                    "a certificate is about the outputs that do. OpenNMT-py's -tgt_prefix reads them from -tgt; "
                    "here they have their own file, so -tgt stays the references (- reads stdin when -src is a file)")
-    p.add_argument("-constraints", "--constraints", metavar="FILE", default=None,
+    p.add_argument("-constraints", "--constraints", metavar="FILE|-", default=None,
                    help="lexical constraints, one line beside -src: target phrases separated by TABs (an empty "
                    "line: none), each tokenized alone by the target tokenizer; every output holds them (EOS is "
                    "banned until it does; the beam is allocated dynamically), and a certificate is about the "
                    "outputs that do (none: an empty line, reason no_hypothesis or max_length). fairseq's "
-                   "--constraints, Sockeye's constraints")
+                   "--constraints, Sockeye's constraints (- reads stdin when -src is a file)")
     p.add_argument("-constraints_mode", "--constraints_mode", choices=CONSTRAINT_MODES, default=DEFAULT_MODE,
                    help="unordered (default, as Sockeye): every phrase somewhere, any order, occurrences may "
                    "overlap; ordered (fairseq's --constraints ordered): in the line's order, without overlap")
@@ -270,8 +270,12 @@ def _check_arguments(args: argparse.Namespace) -> None:
         path = getattr(args, name)
         if path not in (None, "-") and os.path.isdir(path):
             raise ValueError(f"-{name} {path}: is a directory")
-    if args.tgt_prefix == "-" and args.src == "-":
-        raise ValueError("-tgt_prefix - and -src - both read stdin: give one of them a file")
+    stdin = [flag for flag, value in (("-src", args.src), ("-tgt_prefix", args.tgt_prefix),
+                                      ("-constraints", args.constraints)) if value == "-"]
+    if len(stdin) > 1:
+        both = " and ".join(f"{flag} -" for flag in reversed(stdin))
+        raise ValueError(f"{both} both read stdin: give " + ("one of them a file" if len(stdin) == 2
+                                                             else "all but one of them a file"))
     if args.constraints is not None and args.sample:
         raise ValueError("-constraints applies to beam search, not to -sample (a sample forced to hold a phrase is "
                          "no longer a sample of the model's distribution)")

@@ -77,13 +77,13 @@ def read_prefixes(path: str | None, expected: int | None, src: str) -> list[str]
 
 
 def read_constraints(path: str | None, expected: int | None, src: str) -> list[list[str]] | None:
-    """The phrases of each line of ``-constraints`` (TAB-separated; an empty line: none), None without
-    it; ValueError when the line count differs from ``expected``. An empty phrase (two TABs in a row,
-    a TAB at an end) stays, for the translator to name its line."""
+    """The phrases of each line of ``-constraints`` (TAB-separated; an empty line: none; ``-``: all of
+    stdin), None without it; ValueError when the line count differs from ``expected``. An empty phrase
+    (two TABs in a row, a TAB at an end) stays, for the translator to name its line."""
     if path is None:
         return None
     return [line.split("\t") if line else [] for line in read_lines_beside(path, expected, src, "-constraints",
-                                                                          stdin=False)]
+                                                                          stdin=True)]
 
 
 def search_options(args: argparse.Namespace) -> SearchOptions:

@@ -984,3 +984,32 @@ def test_bad_constraints_are_one_line_errors(trained, capsys, tmp_path, content,
     code, out, err = translate(["-model", trained["model"], "-src", str(root / "input.txt"), "-output", "-",
                                 "-quiet", "-constraints_mode", "ordered"], capsys)
     assert code == 2 and "-constraints_mode applies to -constraints" in err
+
+
+def test_constraints_read_from_stdin_equal_the_file(trained, tmp_path):
+    """-constraints - reads the constraints from stdin beside a source file: the outputs and reports
+    equal those of the same constraints given as a file; a second flag reading stdin is refused on
+    one line."""
+    root, inputs = trained["root"], trained["inputs"]
+    sets = ["e" if i % 2 else "" for i in range(len(inputs))]
+    path = tmp_path / "c.txt"
+    path.write_text("".join(s + "\n" for s in sets), encoding="utf-8")
+    results = {}
+    for name, flag in (("file", str(path)), ("stdin", "-")):
+        out, report = tmp_path / f"{name}.txt", tmp_path / f"{name}.jsonl"
+        run = subprocess.run([sys.executable, "-m", "nmt.cli.translate", "-model", trained["model"], "-src",
+                              str(root / "input.txt"), "-output", str(out), "-report", str(report), "-beam_size", "3",
+                              "-max_length", "10", "-constraints", flag, "-threads", "1", "-quiet"],
+                             input=path.read_text(encoding="utf-8"), capture_output=True, text=True,
+                             env=dict(os.environ), timeout=300)
+        assert run.returncode == 0, run.stderr
+        results[name] = (out.read_text(encoding="utf-8"), report.read_text(encoding="utf-8"))
+    assert results["stdin"] == results["file"]
+    assert any(json.loads(line).get("constraints") == ["e"] for line in results["file"][1].splitlines())
+    for flags, message in ((["-src", "-", "-constraints", "-"], "-constraints - and -src - both read stdin: give one "
+                                                               "of them a file"),
+                           (["-src", str(root / "input.txt"), "-tgt_prefix", "-", "-constraints", "-"],
+                            "-constraints - and -tgt_prefix - both read stdin: give one of them a file")):
+        run = subprocess.run([sys.executable, "-m", "nmt.cli.translate", "-model", trained["model"], "-output", "-",
+                              *flags], input="", capture_output=True, text=True, env=dict(os.environ), timeout=300)
+        assert (run.returncode, run.stderr) == (2, f"nmt-translate: error: {message}\n")
