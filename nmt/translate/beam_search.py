@@ -51,7 +51,6 @@ from torch import Tensor
 from nmt.models.protocol import StepDecoder, attention_request, select_state, shares_encoder_out, tile_state
 from nmt.translate.certificate import require_hypothesis, support_statistics
 from nmt.translate.constraint_automaton import ConstraintTables
-from nmt.translate.constraint_search import needed_lengths
 from nmt.translate.coverage_penalty import start_coverage
 from nmt.translate.history import SearchHistory, backtrack
 from nmt.translate.row_compaction import bucket_size, rows_to_keep
@@ -67,10 +66,11 @@ from nmt.translate.search_step import (
     history_fills,
     ngram_width,
     require_unk,
+    search_limits,
     select_step,
 )
 from nmt.translate.static_search import static_loop
-from nmt.translate.target_prefix import check_prefix, lengthen_limits, raised_limits
+from nmt.translate.target_prefix import check_prefix
 from nmt.utils.packed_linear import frozen_weights
 
 NEG_INF = float("-inf")
@@ -176,9 +176,7 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     # The first step runs one row per sentence (all k slots would hold the same BOS prefix);
     # the state is tiled to k slots by the first reordering.
     tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (R*S,) last token
-    limits = lengthen_limits(options.length_limits(src_lengths), prefix)  # (B,) each sentence's own limit, or None
-    limits = raised_limits(limits, None if constraints is None else needed_lengths(constraints, prefix).clamp(
-        max=options.max_length))  # room for the constraints after the prefix, within max_length
+    limits = search_limits(options, src_lengths, prefix, constraints)  # (B,) each sentence's own limit, or None
     limit_steps = set() if limits is None else set(limits.tolist())  # the steps where a row may end
     rows = RowState.start(batch, options.n_best, options.certify, device, limits, ngram_width(options, static=False),
                           prefix, start_coverage(src_lengths, src.size(1)) if options.coverage else None,

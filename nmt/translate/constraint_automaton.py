@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from nmt.models.protocol import InputTooLong
+from nmt.utils.device import host_to_device
 
 CONSTRAINT_MODES = ("unordered", "ordered")
 DEFAULT_MODE = "unordered"
@@ -229,15 +230,9 @@ class ConstraintTables:
 
     def to(self, device: torch.device | str) -> "ConstraintTables":
         """The tables on ``device`` (from the host through pinned memory: no sync)."""
-        from nmt.utils.device import host_to_device
-
         if self.table.device == torch.device(device):
             return self
         return ConstraintTables(*(host_to_device(x, device) for x in (self.table, self.tokens, self.dist)))
-
-    def select(self, index: Tensor) -> "ConstraintTables":
-        """Rows ``index`` (R',) of every table."""
-        return ConstraintTables(*(x.index_select(0, index) for x in (self.table, self.tokens, self.dist)))
 
     @property
     def start_dist(self) -> Tensor:

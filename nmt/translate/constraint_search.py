@@ -42,6 +42,8 @@ import torch
 from torch import Tensor
 
 from nmt.translate.constraint_automaton import ConstraintTables
+from nmt.translate.target_prefix import NO_PREFIX, prefix_lengths
+from nmt.utils.device import host_to_device
 
 NEG_INF = float("-inf")
 
@@ -176,9 +178,6 @@ def needed_lengths(tables: ConstraintTables, prefix: Tensor | None) -> Tensor:
     steps known on the host, no sync."""
     if prefix is None or prefix.size(1) == 0:
         return tables.start_dist
-    from nmt.translate.target_prefix import NO_PREFIX
-    from nmt.utils.device import host_to_device
-
     if tables.table.device != prefix.device:
         if prefix.device.type == "cpu":
             prefix = host_to_device(prefix, tables.table.device)
@@ -193,8 +192,7 @@ def needed_lengths(tables: ConstraintTables, prefix: Tensor | None) -> Tensor:
         column = torch.where(match.any(1), match.long().argmax(1), phrase_tokens)  # (B,)
         nxt = table.gather(1, state.view(-1, 1, 1).expand(-1, 1, table.size(2))).squeeze(1)  # (B, A + 1)
         state = torch.where(tok != NO_PREFIX, nxt.gather(1, column.view(-1, 1)).squeeze(1), state)
-    length = (prefix != NO_PREFIX).long().cumprod(1).sum(1)  # (B,)
-    return length + dist.gather(1, state.view(-1, 1)).squeeze(1)
+    return prefix_lengths(prefix) + dist.gather(1, state.view(-1, 1)).squeeze(1)
 
 
 __all__ = ["ConstraintState", "Selected", "ban_eos", "constrained_candidates", "needed_lengths"]

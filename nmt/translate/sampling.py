@@ -46,8 +46,8 @@ from nmt.translate.history import SearchHistory
 from nmt.translate.ngram_block import block_repeats, extend_history, start_history
 from nmt.translate.sample_distribution import sampling_log_probs, tempered_step
 from nmt.translate.search_options import SearchOptions
-from nmt.translate.search_step import Specials, banned_unk, require_unk, support_size
-from nmt.translate.target_prefix import check_prefix, force_prefix, lengthen_limits
+from nmt.translate.search_step import Specials, banned_unk, require_unk, search_limits, support_size
+from nmt.translate.target_prefix import check_prefix, force_prefix
 from nmt.utils.device import host_to_device
 from nmt.utils.packed_linear import frozen_weights
 
@@ -268,7 +268,7 @@ def _static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: 
     batch = src.size(0)
     count = batch * n
     keys = _row_keys(options, ids)  # (R,)
-    limits = lengthen_limits(options.length_limits(src_lengths), prefix)  # (B,) on the lengths' device, or None
+    limits = search_limits(options, src_lengths, prefix)  # (B,) on the lengths' device, or None
     row_prefix = _row_prefix(prefix, n, device)  # (R, P) or None
     # the steps where a row may end, known without a sync where the lengths are on the host
     limit_steps = set(limits.tolist()) if limits is not None and limits.device.type == "cpu" else None
@@ -317,7 +317,7 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     batch = src.size(0)
     count = batch * n
     keys = _row_keys(options, ids)  # (R',)
-    limits = lengthen_limits(options.length_limits(src_lengths), prefix)  # (B,) or None
+    limits = search_limits(options, src_lengths, prefix)  # (B,) or None
     row_prefix = _row_prefix(prefix, n, device)  # (R', P) or None
     limit_steps = None if limits is None else set(limits.tolist())
     row_limit = None if limits is None else host_to_device(limits, device).repeat_interleave(n)  # (R',)

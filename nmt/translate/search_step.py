@@ -29,13 +29,13 @@ from nmt.translate.certificate import (
 )
 from nmt.models.protocol import required_attention
 from nmt.translate.constraint_automaton import ConstraintTables
-from nmt.translate.constraint_search import ConstraintState, ban_eos, constrained_candidates
+from nmt.translate.constraint_search import ConstraintState, ban_eos, constrained_candidates, needed_lengths
 from nmt.translate.coverage_penalty import coverage_penalty, penalty_bound
 from nmt.translate.length_penalty import length_penalty
 from nmt.translate.native_step import step_update
 from nmt.translate.ngram_block import block_repeats, extend_history, start_history
 from nmt.translate.search_options import SearchOptions
-from nmt.translate.target_prefix import force_prefix
+from nmt.translate.target_prefix import force_prefix, lengthen_limits, raised_limits
 from nmt.translate.triton_step import step_update as triton_step_update
 from nmt.sparse._native import step_candidates
 from nmt.sparse._triton_candidates import step_candidates as triton_step_candidates
@@ -97,6 +97,20 @@ class SearchEnd:
     exact: Tensor
     reason: Tensor
 
+
+
+def search_limits(options: SearchOptions, src_lengths: Tensor, prefix: Tensor | None = None,
+                  constraints: ConstraintTables | None = None) -> Tensor | None:
+    """(B,) each sentence's own length limit (``options.length_limits`` of ``src_lengths``), raised
+    to what its outputs need at least: its forced prefix (``prefix`` (B, P), or None) and, with
+    ``constraints``, the prefix plus the tokens its phrases still need after it, within
+    ``max_length``; None where no sentence has a limit of its own. On ``src_lengths``' device (the
+    host stays the host: the loops read the steps where a row may end there), no host sync."""
+    limits = options.length_limits(src_lengths)
+    if constraints is None:
+        return lengthen_limits(limits, prefix)
+    # the prefix's length is part of what the constraints need (never above max_length: checked)
+    return raised_limits(limits, needed_lengths(constraints, prefix).clamp(max=options.max_length))
 
 @dataclass
 class RowState:
@@ -554,5 +568,5 @@ def pad_slots(x: Tensor, k: int, value: float | int | bool) -> Tensor:
     return torch.cat([x, x.new_full((x.size(0), k - x.size(1)), value)], dim=1)
 
 
-__all__ = ["RowState", "SearchEnd", "Specials", "StepOutcome", "Truncations", "banned_unk", "divided", "require_unk", "flat_parents", "history_fills",
+__all__ = ["RowState", "SearchEnd", "Specials", "StepOutcome", "Truncations", "banned_unk", "divided", "require_unk", "flat_parents", "history_fills", "search_limits",
            "ngram_width", "pad_slots", "select_step", "support_size"]

@@ -33,7 +33,6 @@ from torch import Tensor
 
 from nmt.models.protocol import State, StepDecoder, attention_request, select_state, shares_encoder_out, tile_state
 from nmt.translate.constraint_automaton import ConstraintTables
-from nmt.translate.constraint_search import needed_lengths
 from nmt.translate.coverage_penalty import start_coverage
 from nmt.translate.history import SearchHistory
 from nmt.translate.search_options import SearchOptions
@@ -46,9 +45,9 @@ from nmt.translate.search_step import (
     flat_parents,
     history_fills,
     ngram_width,
+    search_limits,
     select_step,
 )
-from nmt.translate.target_prefix import lengthen_limits, raised_limits
 from nmt.translate.triton_static_mask import StoppedMask
 from nmt.translate.triton_static_mask import mask_stopped as triton_mask_stopped
 
@@ -145,9 +144,7 @@ def static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: S
     batch = src.size(0)
     encoder_out, state = model.encode(src, src_lengths)
     tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (B*S,)
-    limits = lengthen_limits(options.length_limits(src_lengths), prefix)  # (B,) on the lengths' device, or None
-    limits = raised_limits(limits, None if constraints is None else needed_lengths(constraints, prefix).clamp(
-        max=options.max_length))  # room for the constraints after the prefix, within max_length
+    limits = search_limits(options, src_lengths, prefix, constraints)  # (B,) on the lengths' device, or None
     # the steps where a row may end, known without a sync where the lengths are on the host (as
     # nmt-translate keeps them); else every step tests the limits on the device
     limit_steps = set(limits.tolist()) if limits is not None and limits.device.type == "cpu" else None
