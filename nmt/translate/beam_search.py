@@ -136,12 +136,18 @@ def beam_search(
         return _search(model, src, src_lengths, special, options, prefix, constraints)
 
 
-def check_constraints(constraints: ConstraintTables, batch: int, options: SearchOptions) -> None:
-    """ValueError unless ``constraints`` has ``batch`` rows and the search is no sampling (a sample
-    cannot be made to hold a phrase without changing what it is a sample of). Shapes only: no sync."""
+def refuse_sampling(options: SearchOptions) -> None:
+    """ValueError where ``options`` sample: lexical constraints apply to beam search (a sample cannot
+    be made to hold a phrase without changing what it is a sample of)."""
     if options.sample:
         raise ValueError("lexical constraints apply to beam search, not to sampling (a sample forced to hold a "
                          "phrase is no longer a sample of the model's distribution)")
+
+
+def check_constraints(constraints: ConstraintTables, batch: int, options: SearchOptions) -> None:
+    """ValueError unless ``constraints`` has ``batch`` rows and the search is no sampling
+    (:func:`refuse_sampling`). Shapes only: no sync."""
+    refuse_sampling(options)
     if constraints.table.dim() != 3 or constraints.table.size(0) != batch or constraints.dist.size(0) != batch:
         raise ValueError(f"constraints must hold one automaton per sentence ({batch}), got tables of shape "
                          f"{tuple(constraints.table.shape)}")
@@ -337,4 +343,4 @@ def _pad_nbest(result: SearchResult, n_best: int, pad: int) -> SearchResult:
     return result
 
 
-__all__ = ["SearchOptions", "SearchResult", "Specials", "beam_search", "bucket_size", "greedy_search", "rows_to_keep"]
+__all__ = ["SearchOptions", "SearchResult", "Specials", "beam_search", "bucket_size", "greedy_search", "refuse_sampling", "rows_to_keep"]

@@ -13,7 +13,7 @@ from nmt.data.batching import encode_sources
 from nmt.data.field import Field
 from nmt.models.protocol import NoAttention, StepDecoder, check_lengths, position_limits
 from nmt.translate.alignment import AlignOptions, Pair, align, output_rows, pharaoh, replace_unknowns
-from nmt.translate.beam_search import SearchResult, beam_search
+from nmt.translate.beam_search import SearchResult, beam_search, refuse_sampling
 from nmt.translate.certificate import NOT_CERTIFIED, SAMPLED, reason_name
 from nmt.translate.sampling import sample_search
 from nmt.translate.search_options import SearchOptions
@@ -342,16 +342,11 @@ class Translator:
         if constraints is not None:
             if len(constraints) != len(lines):
                 raise ValueError(f"{len(constraints)} constraint lists for {len(lines)} lines")
-            if options.sample:
-                raise ValueError("lexical constraints apply to beam search, not to sampling (a sample forced to hold "
-                                 "a phrase is no longer a sample of the model's distribution)")
+            refuse_sampling(options)
             phrase_ids = [self._phrase_ids(i, phrases) for i, phrases in enumerate(constraints)]
-            automata = [self._automaton(i, ids, constraints_mode, options.max_length) for i, ids in enumerate(phrase_ids)]
-            for i, automaton in enumerate(automata if prefix_ids is not None else []):
-                need = len(prefix_ids[i]) + automaton.dist[automaton.run(prefix_ids[i])]
-                if prefix_ids[i] and need > options.max_length:  # the phrases do not fit after the prefix
-                    raise ConstraintError(i, f"the target prefix and the constraints need at least {need} tokens, "
-                                             f"more than max_length {options.max_length}")
+            automata = [self._automaton(i, ids, constraints_mode, options.max_length,
+                                        [] if prefix_ids is None else prefix_ids[i])
+                        for i, ids in enumerate(phrase_ids)]
             if any(phrase_ids):  # the certificate is about the outputs that meet them
                 decoding = {**(decoding or {}), "constraints": constraints_mode}
         batches = encode_sources(self.src_field, lines, self.batch_size, self.batch_type,
@@ -422,13 +417,19 @@ class Translator:
         return out
 
     @staticmethod
-    def _automaton(index: int, phrase_ids: list[list[int]], mode: str, max_length: int) -> Automaton:
-        """Input ``index``'s constraint automaton; ``ConstraintError`` where its outputs would need
-        more than ``max_length`` tokens."""
+    def _automaton(index: int, phrase_ids: list[list[int]], mode: str, max_length: int,
+                   prefix_ids: list[int]) -> Automaton:
+        """Input ``index``'s constraint automaton; ``ConstraintError`` where its outputs, after its
+        forced prefix ``prefix_ids`` (``[]``: none; a prefix may hold a phrase or start one), would
+        need more than ``max_length`` tokens."""
         automaton = build_automaton(phrase_ids, mode, index)
         if automaton.dist[0] > max_length:
             raise ConstraintError(index, f"the constraints need at least {automaton.dist[0]} tokens, more than "
                                          f"max_length {max_length}")
+        need = len(prefix_ids) + automaton.dist[automaton.run(prefix_ids)]
+        if need > max_length:  # the phrases do not fit after the prefix (never without one: checked above)
+            raise ConstraintError(index, f"the target prefix and the constraints need at least {need} tokens, "
+                                         f"more than max_length {max_length}")
         return automaton
 
     def _mark_constraints(self, translation: Translation, host: "_HostResult", row: int, phrases: Sequence[str],
