@@ -73,11 +73,16 @@ class PairFilter:
                    data_cfg.get("max_length_ratio"))
 
     @property
+    def has_minimum(self) -> bool:
+        """Whether a minimum length is above 1 (at 1 only empty sides break it: the rule is off)."""
+        return max(self.min_src_length, self.min_tgt_length) > 1
+
+    @property
     def rules(self) -> tuple[str, ...]:
         """The rules this filter applies (``empty`` and ``too_long`` always, as before the others
         existed; ``too_short`` with a minimum above 1; ``ratio`` with a ratio): the keys of a dataset's
         ``skipped`` counts."""
-        on = {"empty": True, "too_long": True, "too_short": max(self.min_src_length, self.min_tgt_length) > 1,
+        on = {"empty": True, "too_long": True, "too_short": self.has_minimum,
               "ratio": self.max_length_ratio is not None}
         return tuple(rule for rule in RULES if on[rule])
 
@@ -100,7 +105,7 @@ class PairFilter:
         built before the other rules existed stay valid while those rules are off), and each
         other rule only where it is on."""
         settings: dict = {"max": [self.max_src_length, self.max_tgt_length]}
-        if max(self.min_src_length, self.min_tgt_length) > 1:
+        if self.has_minimum:
             settings["min"] = [self.min_src_length, self.min_tgt_length]
         if self.max_length_ratio is not None:
             settings["ratio"] = self.max_length_ratio
@@ -110,7 +115,7 @@ class PairFilter:
         """The settings for an error message, e.g. ``data.src.max_length=50, data.tgt.max_length=50,
         data.max_length_ratio=1.5`` (the minimums and the ratio only where on)."""
         parts = [f"data.src.max_length={self.max_src_length}", f"data.tgt.max_length={self.max_tgt_length}"]
-        if max(self.min_src_length, self.min_tgt_length) > 1:
+        if self.has_minimum:
             parts += [f"data.src.min_length={self.min_src_length}", f"data.tgt.min_length={self.min_tgt_length}"]
         if self.max_length_ratio is not None:
             parts.append(f"data.max_length_ratio={self.max_length_ratio:g}")

@@ -6,7 +6,6 @@ and the cache key following the settings."""
 from __future__ import annotations
 
 import itertools
-from fractions import Fraction
 
 import pytest
 
@@ -18,20 +17,8 @@ from nmt.data.id_arrays import cache_key, encode_to_arrays, ArrayParallelDataset
 from nmt.data.pair_filter import PairFilter
 from nmt.data.tokenizers import build_tokenizer
 from nmt.data.vocabulary import Vocabulary
+from pair_rules import brute_force
 
-
-def brute_force(n_src: int, n_tgt: int, max_src, max_tgt, min_src: int, min_tgt: int, ratio) -> str | None:
-    """The rule a pair breaks first, as the README states the rules: empty, too long, too short,
-    then the longer side over R times the shorter (exact fractions; R read as the decimal written)."""
-    if n_src == 0 or n_tgt == 0:
-        return "empty"
-    if (max_src is not None and n_src > max_src) or (max_tgt is not None and n_tgt > max_tgt):
-        return "too_long"
-    if n_src < min_src or n_tgt < min_tgt:
-        return "too_short"
-    if ratio and Fraction(max(n_src, n_tgt), min(n_src, n_tgt)) > Fraction(str(ratio)):
-        return "ratio"
-    return None
 
 
 SETTINGS = [(None, None, 1, 1, None), (8, 6, 1, 1, None), (8, 6, 2, 3, None), (None, None, 1, 1, 1.5),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
-from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from nmt.data.pair_filter import PairFilter
 from nmt.train.checkpoint import load_checkpoint, save_checkpoint
 from nmt.train.data_setup import load_training_data
 from nmt.train.trainer import Trainer
+from pair_rules import brute_force
 from tiny_task import tiny_config
 
 TOKENIZERS = {
@@ -54,18 +54,6 @@ def write_corpus(root: Path, name: str, n: int, seed: int) -> dict:
         path.write_text("".join(line + "\n" for line in text), encoding="utf-8")
         paths[side] = str(path)
     return paths
-
-
-def brute_force(n_src: int, n_tgt: int, max_src: int, max_tgt: int, min_src: int, min_tgt: int, ratio) -> str | None:
-    if n_src == 0 or n_tgt == 0:
-        return "empty"
-    if n_src > max_src or n_tgt > max_tgt:
-        return "too_long"
-    if n_src < min_src or n_tgt < min_tgt:
-        return "too_short"
-    if ratio and Fraction(max(n_src, n_tgt), min(n_src, n_tgt)) > Fraction(str(ratio)):
-        return "ratio"
-    return None
 
 
 def data_config(root: Path, tokenizer: str, corpora: str, cached: bool, sampling: dict | None = None) -> dict:
