@@ -273,9 +273,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
     stdin = [flag for flag, value in (("-src", args.src), ("-tgt_prefix", args.tgt_prefix),
                                       ("-constraints", args.constraints)) if value == "-"]
     if len(stdin) > 1:
-        both = " and ".join(f"{flag} -" for flag in reversed(stdin))
-        raise ValueError(f"{both} both read stdin: give " + ("one of them a file" if len(stdin) == 2
-                                                             else "all but one of them a file"))
+        flags = " and ".join(f"{flag} -" for flag in reversed(stdin))
+        raise ValueError(f"{flags} both read stdin: give one of them a file" if len(stdin) == 2 else
+                         f"{flags} all read stdin: give all but one of them a file")
     if args.constraints is not None and args.sample:
         raise ValueError("-constraints applies to beam search, not to -sample (a sample forced to hold a phrase is "
                          "no longer a sample of the model's distribution)")
