@@ -15,6 +15,8 @@ from __future__ import annotations
 from nmt.config.schema import REQUIRED, ListableSection, Option
 
 METRICS = ("exact_match", "bleu", "chrf", "ter", "loss", "accuracy")
+DECODING_METRICS = ("exact_match", "bleu", "chrf", "ter")
+"""The metrics of the decoded validation set (``validation.metrics`` chooses among them)."""
 HIGHER_IS_BETTER = {"exact_match": True, "bleu": True, "chrf": True, "ter": False, "accuracy": True, "loss": False}
 
 
@@ -298,7 +300,10 @@ TRAINING = {
 VALIDATION = {
     "metric": Option(str, "loss", "metric that selects best.pt and drives early stopping", choices=METRICS),
     "batch_size": Option(int, 64, "validation batch size in sentences", minimum=1),
-    "decode": Option(bool, True, "decode the validation set (exact-match accuracy, BLEU, chrF)"),
+    "decode": Option(bool, True, "decode the validation set (exact-match accuracy, BLEU, chrF, TER)"),
+    "metrics": Option(list, list(DECODING_METRICS), "the decoding metrics computed at each validation, any of "
+                      "exact_match, bleu, chrf, ter (OpenNMT-py -valid_metrics); validation.metric, when one of them, "
+                      "must be listed"),
     "beam_size": Option(int, 1, "beam size when decoding (1: greedy)", minimum=1),
     "max_length": Option(int, 100, "maximum hypothesis length when decoding", minimum=1),
     "max_length_ratio": Option(float, 0.0, "when > 0, each validation sentence also stops at floor(ratio x its "
@@ -334,4 +339,4 @@ RESUME_DEFAULTS = {"training.pool_sort": "target_source"}
 existed: dotted key -> that earlier behaviour's value, which a run resumed from a checkpoint
 lacking the key keeps unless its config sets another value (see ``nmt.config.resume_defaults``)."""
 
-__all__ = ["SCHEMA", "METRICS", "HIGHER_IS_BETTER", "RESUME_DEFAULTS"]
+__all__ = ["SCHEMA", "METRICS", "DECODING_METRICS", "HIGHER_IS_BETTER", "RESUME_DEFAULTS"]

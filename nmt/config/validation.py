@@ -15,6 +15,7 @@ import inspect
 from typing import Any, Callable
 
 from nmt.config.errors import ConfigError, unknown_name_error
+from nmt.config.options import DECODING_METRICS
 from nmt.utils.exception_text import first_line
 from nmt.sparse import registry
 
@@ -56,9 +57,26 @@ def check_config(config: dict, source: str) -> None:
         raise ConfigError(source, "training.max_steps",
                           "set training.max_steps, training.max_epochs or training.max_minutes")
     check_lr_schedule(training, source)
+    check_validation_metrics(config["validation"], source)
     betas = training["optimizer"]["betas"]
     if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas):
         raise ConfigError(source, "training.optimizer.betas", f"must be two numbers in [0, 1), got {betas!r}")
+
+
+def check_validation_metrics(validation: dict, source: str) -> None:
+    """``validation.metrics``: known decoding metrics, each once, holding ``validation.metric``
+    when that is a decoding metric (loss and accuracy are always computed)."""
+    metrics = validation["metrics"]
+    for i, name in enumerate(metrics):
+        if name not in DECODING_METRICS:
+            raise ConfigError(source, f"validation.metrics[{i}]",
+                              f"unknown decoding metric {name!r}; valid: {', '.join(DECODING_METRICS)}")
+        if name in metrics[:i]:
+            raise ConfigError(source, f"validation.metrics[{i}]", f"{name!r} is listed twice")
+    metric = validation["metric"]
+    if metric in DECODING_METRICS and metric not in metrics:
+        raise ConfigError(source, "validation.metrics",
+                          f"validation.metric is {metric!r}, which this list leaves out (add it)")
 
 
 def check_pretrained_embeddings(model: dict, source: str) -> None:

@@ -23,7 +23,7 @@ import torch
 
 from nmt.config import (ConfigError, added_at_default, config_differences, config_value, resume_defaults,
                         save_config)
-from nmt.config.options import HIGHER_IS_BETTER, SCHEMA
+from nmt.config.options import DECODING_METRICS, HIGHER_IS_BETTER, SCHEMA
 from nmt.data.batching import collate, make_batch_order
 from nmt.data.errors import DataError
 from nmt.data.field import Field
@@ -64,7 +64,6 @@ from nmt.utils.tensorboard import TensorBoardWriter
 logger = logging.getLogger(__name__)
 
 RUN_LOCK_WHAT = "nmt-train run"
-DECODING_METRICS = ("exact_match", "bleu", "chrf", "ter")
 RESUME_MUST_MATCH = ("model", "data", "training.seed", "training.batch_size", "training.batch_type",
                      "training.bucket_size", "training.pool_sort")  # all that makes the batch order the data position indexes
 
@@ -764,7 +763,7 @@ class Trainer:
                                   batch_size=vcfg["batch_size"], device=self.device,
                                   is_softmax=is_softmax(self.config["model"]["output"]["mapping"]),
                                   search=self.search, statistics=self.batch_statistics,
-                                  pad_multiple=self.config["training"]["pad_to_multiple"])
+                                  pad_multiple=self.config["training"]["pad_to_multiple"], metrics=vcfg["metrics"])
         scalars = self.dist.broadcast(result.scalars if result is not None else None)
         value = scalars[self.metric]
         is_best = self.stopper.update(value, p.step, count=regular)
@@ -791,10 +790,13 @@ class Trainer:
             logger.info("step %d valid%s: %s%s%s", p.step, " (ema weights)" if self.ema is not None else "", shown,
                         " (new best)" if is_best else "",
                         f"; lr decayed to {self.schedule.lr:.3g}" if decayed else "")
-            if result.signatures and not self._signatures_logged:
-                logger.info("valid decoding (its exact match, bleu, chrf, ter and certified): %s",
+            if self.search is not None and not self._signatures_logged:
+                shown_metrics = ", ".join(m.replace("_", " ") for m in vcfg["metrics"])
+                logger.info("valid decoding (its %scertified): %s", f"{shown_metrics} and " if shown_metrics else "",
                             search_description(self.search))
-                logger.info("valid bleu / chrf / ter: sacrebleu %s", " / ".join(result.signatures.values()))
+                if result.signatures:
+                    logger.info("valid %s: sacrebleu %s", " / ".join(result.signatures),
+                                " / ".join(result.signatures.values()))
                 self._signatures_logged = True
             for i, hyp in enumerate(result.hypotheses[: min(2, len(result.hypotheses))]):
                 logger.info("  example %d: hyp %r ref %r", i, hyp, self.data.valid_references[i])

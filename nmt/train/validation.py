@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.config import ConfigError
+from nmt.config.options import DECODING_METRICS
 from nmt.data.batching import collate, make_batches
 from nmt.data.dataset import ParallelDataset
 from nmt.data.field import Field
@@ -35,7 +36,8 @@ class ValidationResult:
     scalars: loss (per target token), accuracy (% of target tokens whose most probable
     type is the gold one), ppl (softmax output only), attention_support / output_support
     (mean number of nonzero attention weights / output probabilities per target token), and
-    when decoding: exact_match, bleu, chrf (0-100), ter (sacrebleu's TER, lower is better) and certified (% of sentences whose
+    when decoding: those of exact_match, bleu, chrf (0-100), ter (sacrebleu's TER, lower is better) that
+    ``validation.metrics`` lists, and certified (% of sentences whose
     search is certified: every sequence of nonzero probability found, the best hypothesis the
     argmax of the search's ranking (its length / coverage penalty), among the outputs its
     constraints allow (``block_ngram_repeat``, ``ban_unk_token``, ``min_length``)).
@@ -44,7 +46,12 @@ class ValidationResult:
     scalars: dict[str, float]
     hypotheses: list[str] = field(default_factory=list)
     signatures: dict[str, str] = field(default_factory=dict)
-    """sacrebleu signatures of the ``bleu``, ``chrf`` and ``ter`` scalars (when decoding)."""
+    """sacrebleu signatures of the ``bleu``, ``chrf`` and ``ter`` scalars (those computed)."""
+
+
+SACREBLEU_METRICS = {"bleu": corpus_metrics.bleu_with_signature, "chrf": corpus_metrics.chrf_with_signature,
+                     "ter": corpus_metrics.ter_with_signature}
+"""The decoding metrics sacrebleu computes: ``(score, signature)`` of hypotheses and references."""
 
 
 StatisticsFn = Callable[..., tuple[Tensor, Tensor]]
@@ -190,14 +197,16 @@ def decode_dataset(model: nn.Module, dataset: ParallelDataset, tgt_field: Field,
 @frozen_weights()  # the weights stay fixed while validating: packed CPU products (nmt.utils.packed_linear)
 def validate(model: nn.Module, dataset: ParallelDataset, references: Sequence[str], loss_fn: Callable, *,
              batch_size: int, device: torch.device, is_softmax: bool, search: SearchOptions | None,
-             statistics: StatisticsFn = batch_statistics, pad_multiple: int = 1) -> ValidationResult:
+             statistics: StatisticsFn = batch_statistics, pad_multiple: int = 1,
+             metrics: Sequence[str] = DECODING_METRICS) -> ValidationResult:
     """Full validation of ``model`` (put in eval mode, restored to its previous mode after).
 
     references: raw target line of each ``dataset`` example. ``search``: the decode's options
     (:func:`validation_search` of the config; its best hypothesis is scored, and ``certified`` is
     the share of sentences that search certified); None: no decoding (teacher-forced scalars only).
     ``statistics`` and ``pad_multiple``: see ``teacher_forced_statistics`` (the trainer passes the
-    compiled form under ``training.compile``).
+    compiled form under ``training.compile``). ``metrics``: the decoding metrics computed
+    (``validation.metrics``; the others are absent from the scalars).
     """
     was_training = model.training
     model.eval()
@@ -208,10 +217,11 @@ def validate(model: nn.Module, dataset: ParallelDataset, references: Sequence[st
         signatures: dict[str, str] = {}
         if search is not None:
             hypotheses, certified = decode_dataset(model, dataset, dataset.tgt_field, batch_size, search, device)
-            scalars["exact_match"] = corpus_metrics.exact_match(hypotheses, references)
-            scalars["bleu"], signatures["bleu"] = corpus_metrics.bleu_with_signature(hypotheses, references)
-            scalars["chrf"], signatures["chrf"] = corpus_metrics.chrf_with_signature(hypotheses, references)
-            scalars["ter"], signatures["ter"] = corpus_metrics.ter_with_signature(hypotheses, references)
+            if "exact_match" in metrics:
+                scalars["exact_match"] = corpus_metrics.exact_match(hypotheses, references)
+            for name in SACREBLEU_METRICS:
+                if name in metrics:
+                    scalars[name], signatures[name] = SACREBLEU_METRICS[name](hypotheses, references)
             scalars["certified"] = certified
     finally:
         model.train(was_training)

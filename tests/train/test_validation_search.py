@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -306,3 +307,62 @@ def best_index_of(values: list[float], lower: bool) -> int:
     """Index of the first minimum (``lower``) or maximum of ``values``."""
     sign = 1 if lower else -1
     return min(range(len(values)), key=lambda i: (sign * values[i], i))
+
+
+def test_validation_metrics_computes_only_the_listed_decoding_metrics(task, tmp_path, monkeypatch, logs):
+    """``validation.metrics: [chrf]`` (OpenNMT-py's ``-valid_metrics``): every record holds
+    ``valid_chrf`` (sacrebleu's chrF of the translator's hypotheses on that step's checkpoint,
+    recomputed here) and ``valid_certified``, and no BLEU, TER or exact match; sacrebleu's other
+    metrics are never called; the log names what is computed."""
+    import nmt.train.validation as validation_module
+
+    def refused(*_):
+        raise AssertionError("a metric left out of validation.metrics was computed")
+
+    for name in ("bleu", "ter"):
+        monkeypatch.setitem(validation_module.SACREBLEU_METRICS, name, refused)
+    save_dir = tmp_path / "run"
+    config = run_config(task, save_dir)
+    config["validation"]["metrics"] = ["chrf"]
+    trainer, seen = train_recording(config, monkeypatch)
+    records = [json.loads(line) for line in (save_dir / "metrics.jsonl").read_text().splitlines()]
+    sources = Path(task["valid"]["src"]).read_text(encoding="utf-8").splitlines()
+    references = Path(task["valid"]["tgt"]).read_text(encoding="utf-8").splitlines()
+    for record, (_, result) in zip(records, seen):
+        assert not {"valid_bleu", "valid_ter", "valid_exact_match"} & set(record)
+        hypotheses, certified = translate(save_dir / f"step_{record['step']}.pt", sources,
+                                          SearchOptions(beam_size=BEAM, max_length=MAX_LENGTH))
+        assert record["valid_chrf"] == pytest.approx(sacrebleu.metrics.CHRF().corpus_score(
+            hypotheses, [references]).score)
+        assert record["valid_certified"] == pytest.approx(certified)
+        assert list(result.signatures) == ["chrf"]
+    messages = [r.getMessage() for r in logs.records]
+    assert any(m.startswith("valid decoding (its chrf and certified): beam_size=5") for m in messages)
+    assert any(m.startswith("valid chrf: sacrebleu nrefs:1|") for m in messages)
+    assert not any("bleu=" in m or "ter=" in m for m in messages)
+
+
+@pytest.mark.parametrize("metrics, metric, key, message", [
+    (["chrf", "meteor"], "chrf", "validation.metrics[1]", "unknown decoding metric 'meteor'; valid: exact_match, "
+                                                          "bleu, chrf, ter"),
+    (["bleu", "bleu"], "bleu", "validation.metrics[1]", "'bleu' is listed twice"),
+    (["bleu"], "ter", "validation.metrics", "validation.metric is 'ter', which this list leaves out (add it)"),
+    (["loss"], "loss", "validation.metrics[0]", "unknown decoding metric 'loss'"),
+])
+def test_a_bad_validation_metrics_list_is_a_config_error_naming_the_key(task, tmp_path, metrics, metric, key,
+                                                                       message):
+    config = run_config(task, tmp_path / "run")
+    config["validation"].update(metrics=metrics, metric=metric)
+    with pytest.raises(ConfigError, match="^" + re.escape(f"tiny.yaml: {key}: {message}")):
+        resolve_config(config, "tiny.yaml")
+
+
+def test_an_empty_metrics_list_still_decodes_for_certificates_and_ranks_by_loss(task, tmp_path, monkeypatch):
+    """``metrics: []`` with ``metric: loss``: the validation set is still decoded (certified share
+    recorded, as the certificates are the search's own) and no sacrebleu metric is computed."""
+    config = run_config(task, tmp_path / "run")
+    config["validation"].update(metrics=[], metric="loss")
+    config["training"]["max_steps"] = 50
+    _, seen = train_recording(config, monkeypatch)
+    scalars = seen[-1][1].scalars
+    assert "certified" in scalars and not {"bleu", "chrf", "ter", "exact_match"} & set(scalars)
