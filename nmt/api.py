@@ -64,6 +64,11 @@ class Model:
         self.device, self.options, self.batch_size, self.batch_type = device, options, batch_size, batch_type
         self.precision = precision
 
+    @property
+    def src_tags(self) -> tuple[str, ...]:
+        """The source tags the model was trained with (``data.train`` ``src_tag``; sorted, maybe empty)."""
+        return self.src_field.tags
+
     def __repr__(self) -> str:
         paths = ", ".join(str(m.path) for m in self.members)
         return f"nmt.Model({paths}; device={self.device}; {self.options})"
@@ -71,7 +76,7 @@ class Model:
     def translate(self, sentences: Sequence[str], options: SearchOptions | None = None, *,
                   align: bool | AlignOptions = False, replace_unk: bool = False, prefixes: Sequence[str] | None = None,
                   phrase_table: Mapping[str, str] | None = None, constraints: Sequence[Sequence[str]] | None = None,
-                  constraints_mode: str = "unordered", **search: Any) -> list[Translation]:
+                  constraints_mode: str = "unordered", src_tag: str | None = None, **search: Any) -> list[Translation]:
         """Translate a list of sentences (one ``Translation`` each, in order).
 
         ``options`` replaces the model's default ``SearchOptions``; keywords (``beam_size=5``,
@@ -88,6 +93,9 @@ class Model:
         (lexical constraints, ``constraints_mode`` "unordered": all, in any order; "ordered": in the
         given order, without overlap; each certificate is then about the outputs that meet them;
         ``Translation.constraints_met`` says which each hypothesis meets). Not with ``sample``.
+        ``src_tag``: one of the model's source tags (:attr:`src_tags`, e.g. ``"<2de>"``) put before
+        every sentence, as training put it before its corpus's (``decoding["src_tag"]`` says so); one
+        the model lacks is a one-line ``DataError`` (ValueError) listing its tags.
         """
         from nmt.translate.translator import Translator
 
@@ -103,14 +111,15 @@ class Model:
         translator = Translator(self.decoder, self.src_field, self.tgt_field, chosen,
                                 batch_size=self.batch_size, batch_type=self.batch_type, device=self.device,
                                 precision=self.precision, align=_align_options(align),
-                                replace_unk=replace_unk, phrase_table=phrase_table)
+                                replace_unk=replace_unk, phrase_table=phrase_table, src_tag=src_tag)
         return translator.translate(lines, prefixes=forced, constraints=phrases, constraints_mode=constraints_mode)
 
     def score(self, sources: Sequence[str], targets: Sequence[str], *,
-              align: bool | AlignOptions = False) -> list[PairScore]:
+              align: bool | AlignOptions = False, src_tag: str | None = None) -> list[PairScore]:
         """Teacher-forced scores of ``targets`` given ``sources`` (one ``PairScore`` per pair:
         ``.logprob``, ``.token_logprobs``, ``.zero_probability``, ``.first_zero``; with ``align``
-        (True or an ``AlignOptions``), ``.alignment``: the reference's pairs)."""
+        (True or an ``AlignOptions``), ``.alignment``: the reference's pairs); ``src_tag``: one of
+        the model's source tags put before every source, as in :meth:`translate`."""
         from nmt.translate.scorer import Scorer
         from nmt.translate.translator import CPU_BATCH
 
@@ -120,7 +129,7 @@ class Model:
         sentences = self.batch_size if self.batch_type == "sentences" else CPU_BATCH[0]  # scoring counts sentences
         scorer = Scorer(self.decoder, self.src_field, self.tgt_field, batch_size=sentences, device=self.device,
                         precision=self.precision,
-                        align=_align_options(align))
+                        align=_align_options(align), src_tag=src_tag)
         return scorer.score(src, tgt)
 
 

@@ -162,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-constraints_mode", "--constraints_mode", choices=CONSTRAINT_MODES, default=DEFAULT_MODE,
                    help="unordered (default, as Sockeye): every phrase somewhere, any order, occurrences may "
                    "overlap; ordered (fairseq's --constraints ordered): in the line's order, without overlap")
+    p.add_argument("-src_tag", "--src_tag", metavar="TAG", default=None,
+                   help="put this source tag (one the model was trained with: data.train src_tag, e.g. <BT> or "
+                   "<2de>) before every source line, as one token no tokenizer cuts (OpenNMT-py's src_prefix, "
+                   "fairseq's language tokens); a tag the model lacks is refused with the list of its tags; "
+                   "the report's decoding records it")
     p.add_argument("-attention", "--attention", metavar="DIR", help="write one attention heatmap per sentence (best hypothesis; not with scoring)")
     p.add_argument("-attention_format", "--attention_format", choices=FORMATS, default="png",
                    help="file format of the heatmaps")

@@ -50,7 +50,7 @@ def run_file(args: argparse.Namespace, start: float) -> int:
 
     translator = Translator(decoder, src_field, tgt_field, options, batch_size=args.batch_size,
                             batch_type=args.batch_type, device=args.device, precision=args.precision,
-                            align=align, replace_unk=args.replace_unk, phrase_table=table)
+                            align=align, replace_unk=args.replace_unk, phrase_table=table, src_tag=args.src_tag)
     bar = None
     if not args.quiet:
         from tqdm import tqdm

@@ -44,7 +44,7 @@ def run_score(args: argparse.Namespace, start: float) -> int:
     check_word_level(align, src_field, tgt_field)
 
     scorer = Scorer(decoder, src_field, tgt_field, batch_size=args.batch_size, device=args.device,
-                    precision=args.precision, align=align)
+                    precision=args.precision, align=align, src_tag=args.src_tag)
     bar = None
     if not args.quiet:
         from tqdm import tqdm

@@ -111,7 +111,7 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
     translator = Translator(decoder, src_field, tgt_field, options,
                             batch_size=1 if interactive else args.batch_size, batch_type=args.batch_type,
                             device=args.device, precision=args.precision, align=align, replace_unk=args.replace_unk,
-                            phrase_table=table)
+                            phrase_table=table, src_tag=args.src_tag)
     lines: "queue.Queue[_Item]" = queue.Queue()
     # the reader thread's own reader of stdin's descriptor, never closed: a thread still blocked in
     # sys.stdin.buffer.readline() when the program ends (a signal, an error, a closed stdout) holds

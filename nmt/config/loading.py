@@ -17,7 +17,7 @@ import yaml
 
 from nmt.config.errors import ConfigError, unknown_name_error
 from nmt.config.options import RESUME_DEFAULTS, SCHEMA
-from nmt.config.schema import REQUIRED, Option, validate
+from nmt.config.schema import REQUIRED, ListableSection, Option, validate
 from nmt.config.validation import check_config
 from nmt.utils.io import atomic_write_text
 
@@ -161,7 +161,11 @@ def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
 def added_at_default(old: dict, new: dict, key: str) -> bool:
     """Whether ``key`` is an option (or section) that ``old`` (a checkpoint's config, written by an
     older nmt) lacks and ``new`` leaves at its schema default: the behaviour the old run had, so
-    no difference to its resume (e.g. ``data.src.subword_sampling``, off by default)."""
+    no difference to its resume (e.g. ``data.src.subword_sampling``, off by default). A list of
+    sections (``data.train``: several corpora) is such a difference when its items differ only by
+    keys of that kind (e.g. each corpus's ``src_tag``, null by default)."""
+    if _items_added_at_default(old, new, key):
+        return True
     node: Any = old
     for part in key.split("."):
         if not isinstance(node, dict):
@@ -176,6 +180,30 @@ def added_at_default(old: dict, new: dict, key: str) -> bool:
         return False
     default = spec.default if isinstance(spec, Option) else validate({}, spec, "<schema>", key)
     return default is not REQUIRED and config_value(new, key) == default
+
+
+def _items_added_at_default(old: dict, new: dict, key: str) -> bool:
+    """Whether ``key`` holds in both configs lists of sections of one length whose items differ
+    only by keys the old item lacks and the new one leaves at the schema's default."""
+    (found_old, items_old), (found_new, items_new) = _lookup(old, key), _lookup(new, key)
+    spec = config_value(SCHEMA, key)
+    if not (found_old and found_new and isinstance(spec, ListableSection) and isinstance(items_old, list)
+            and isinstance(items_new, list) and len(items_old) == len(items_new)):
+        return False
+    defaults = _item_defaults(spec)
+    for a, b in zip(items_old, items_new):
+        if not (isinstance(a, dict) and isinstance(b, dict)):
+            return False
+        for name in config_differences(a, b):
+            if name in a or name not in defaults or b.get(name) != defaults[name]:
+                return False
+    return True
+
+
+def _item_defaults(spec: ListableSection) -> dict:
+    """The defaults of a listable section's optional keys (required ones left out)."""
+    return {name: option.default for name, option in spec.items()
+            if isinstance(option, Option) and option.default is not REQUIRED}
 
 
 def _lookup(config: Any, dotted: str) -> tuple[bool, Any]:

@@ -63,15 +63,23 @@ def _corpus() -> ListableSection:
                       "a random frac(weight) share of them, drawn from (training.seed, epoch, corpus); < 1 subsamples",
                       minimum=0, min_inclusive=False),
         name=Option(str, None, "the corpus's name in the data log (null: its files)", nullable=True),
+        src_tag=_src_tag("this corpus's"),
     )
+
+
+def _src_tag(whose: str) -> Option:
+    return Option(str, None, f"a token put before each of {whose} source sentences after tokenization (never "
+                  "cut by a tokenizer; always in the source vocabulary), e.g. <BT> for tagged back-translation or "
+                  "<2de> for a multilingual model (nmt-translate -src_tag); it counts toward the source length; "
+                  "null: none", nullable=True)
 
 
 DATA = {
     "generate": Option(str, None, "generate the data files if missing: 'quickstart' (synthetic inflection task)",
                        choices=("quickstart",), nullable=True),
     "generate_seed": Option(int, 1234, "seed of the generated data"),
-    "train": _corpus(),  # one {src, tgt, weight, name} or a list of them (several corpora)
-    "valid": _files(required=True),
+    "train": _corpus(),  # one {src, tgt, weight, name, src_tag} or a list of them (several corpora)
+    "valid": {**_files(required=True), "src_tag": _src_tag("the validation")},
     "src": _side("space"),
     "tgt": _side("space"),
     "max_length_ratio": Option(float, None, "skip training pairs whose longer side has more than this many times "

@@ -41,6 +41,7 @@ def check_config(config: dict, source: str) -> None:
         check_tokenizer(data[side]["tokenizer"], source, f"data.{side}.tokenizer")
     check_subword_sampling(data, source)
     check_corpora(data, source)
+    check_source_tags(data, source)
     check_pair_filter(data, source)
     if data["shared_vocab"] and data["tgt"]["vocab_file"] not in (None, data["src"]["vocab_file"]):
         raise ConfigError(source, "data.tgt.vocab_file", "with data.shared_vocab one vocabulary serves both sides: "
@@ -137,6 +138,20 @@ def check_corpora(data: dict, source: str) -> None:
     if data["generate"] is not None:
         raise ConfigError(source, "data.generate", "generates one training corpus, but data.train is a list: "
                           "give data.train as one {src, tgt} mapping")
+
+
+def check_source_tags(data: dict, source: str) -> None:
+    """Each ``src_tag`` (``data.train``'s, ``data.train[i]``'s, ``data.valid``'s) a non-empty string
+    without whitespace, not a special (:func:`nmt.data.source_tags.tag_problem`); one line naming the key."""
+    from nmt.data.source_tags import tag_problem
+
+    train = data["train"]
+    keyed = ([(f"data.train[{i}].src_tag", c["src_tag"]) for i, c in enumerate(train)] if isinstance(train, list)
+             else [("data.train.src_tag", train["src_tag"])]) + [("data.valid.src_tag", data["valid"]["src_tag"])]
+    for key, tag in keyed:
+        problem = None if tag is None else tag_problem(tag)
+        if problem is not None:
+            raise ConfigError(source, key, problem)
 
 
 def check_subword_sampling(data: dict, source: str) -> None:

@@ -285,8 +285,10 @@ def encode_sources(
     batch_size: int = 64,
     batch_type: str = "sentences",
     max_length: int | None = None,
+    src_tag: str | None = None,
 ) -> list[Batch]:
     """Source-only batches for translating ``lines``; every line is in exactly one batch.
+    ``src_tag``: a source tag of ``field`` put before every non-empty line (:class:`SourceDataset`).
 
     Batches are length-sorted (not shuffled); ``batch.indices`` are the 0-based line numbers, so
     outputs are put back in input order with them. Empty lines never share a batch with
@@ -294,7 +296,7 @@ def encode_sources(
     for which the translator outputs empty strings. Lines longer than ``max_length`` tokens
     are truncated.
     """
-    data = SourceDataset(lines, field, max_length)
+    data = SourceDataset(lines, field, max_length, src_tag)
     v = field.vocab
     nonempty = [i for i, n in enumerate(data.src_lengths) if n > 0]
     empty = [i for i, n in enumerate(data.src_lengths) if n == 0]

@@ -21,6 +21,7 @@ import numpy as np
 from nmt.data.dataset import read_parallel
 from nmt.data.errors import DataError
 from nmt.data.pair_filter import describe_skipped
+from nmt.data.textfiles import iter_lines
 
 
 @dataclass(frozen=True)
@@ -32,19 +33,25 @@ class Corpus:
     tgt: str
     weight: float = 1.0
     name: str | None = None
+    src_tag: str | None = None
 
     @property
     def label(self) -> str:
         """Its name in the log: ``name``, else ``src, tgt``."""
         return self.name if self.name is not None else f"{self.src}, {self.tgt}"
 
+    @property
+    def tag_note(self) -> str:
+        """``, source tag <BT>`` for the data log, ``""`` without a tag."""
+        return "" if self.src_tag is None else f", source tag {self.src_tag}"
+
 
 def training_corpora(train_cfg: dict | list[dict]) -> list[Corpus]:
     """The corpora of a resolved ``data.train`` (one mapping or a list of them)."""
     if isinstance(train_cfg, dict):
         return [Corpus("data.train", train_cfg["src"], train_cfg["tgt"], train_cfg.get("weight", 1.0),
-                       train_cfg.get("name"))]
-    return [Corpus(f"data.train[{i}]", c["src"], c["tgt"], c.get("weight", 1.0), c.get("name"))
+                       train_cfg.get("name"), train_cfg.get("src_tag"))]
+    return [Corpus(f"data.train[{i}]", c["src"], c["tgt"], c.get("weight", 1.0), c.get("name"), c.get("src_tag"))
             for i, c in enumerate(train_cfg)]
 
 
@@ -79,6 +86,17 @@ def read_corpora(corpora: Sequence[Corpus]) -> tuple[list[tuple[str, str]], np.n
             raise DataError(f"{corpus.key}: {exc}") from None
         starts.append(len(pairs))
     return pairs, np.asarray(starts, dtype=np.int64)
+
+
+def tag_line_counts(corpora: Sequence[Corpus]) -> dict[str, int]:
+    """Tag -> the non-blank source lines it starts in the training ``corpora`` (its count in a
+    vocabulary file; streamed, each tagged corpus's source once)."""
+    counts: dict[str, int] = {}
+    for corpus in corpora:
+        if corpus.src_tag is not None:
+            counts[corpus.src_tag] = counts.get(corpus.src_tag, 0) + sum(1 for line in iter_lines(corpus.src)
+                                                                         if line.strip())
+    return counts
 
 
 def examples_per_epoch(kept: int, weight: float) -> int:
@@ -160,7 +178,7 @@ class CorpusWeights:
 
     def describe(self, dataset) -> list[str]:
         """One line per corpus: ``<name or files>: kept K of N pairs (skipped 2 empty, 8 too long),
-        weight W, E examples per epoch``: each rule's count of that corpus (:meth:`skipped_per_corpus`)."""
+        weight W, E examples per epoch`` (then ``, source tag T`` for a tagged corpus): each rule's count of that corpus (:meth:`skipped_per_corpus`)."""
         kept = np.bincount(self.corpus_ids(dataset), minlength=len(self.corpora))
         skipped = self.skipped_per_corpus(dataset)
         lines = []
@@ -168,7 +186,7 @@ class CorpusWeights:
             total = int(self.starts[k + 1] - self.starts[k])
             lines.append(f"{corpus.label}: kept {int(kept[k])} of {total} pairs (skipped {describe_skipped(skipped[k])}), "
                          f"weight {corpus.weight:g}, {examples_per_epoch(int(kept[k]), corpus.weight)} examples "
-                         "per epoch")
+                         f"per epoch{corpus.tag_note}")
         return lines
 
     def skipped_per_corpus(self, dataset) -> list[dict[str, int]]:
@@ -191,4 +209,4 @@ class CorpusWeights:
 
 
 __all__ = ["Corpus", "CorpusWeights", "check_corpus_files", "EpochExamples", "epoch_indices", "examples_per_epoch", "is_weighted",
-           "read_corpora", "training_corpora"]
+           "read_corpora", "tag_line_counts", "training_corpora"]

@@ -121,14 +121,20 @@ class SourceDataset:
     """Encoded source lines for translation; every input line is kept, in order.
 
     Empty lines (no token) have an empty id list; lines longer than ``max_length`` are truncated
-    (``n_truncated`` counts them). ``tgt`` is ``None`` and ``tgt_lengths`` are zeros.
+    (``n_truncated`` counts them). ``tgt`` is ``None`` and ``tgt_lengths`` are zeros. ``src_tag``:
+    one of the field's source tags (:mod:`nmt.data.source_tags`), whose id goes before every
+    non-empty line's ids (and counts toward ``max_length``; a tag the field lacks is a ``DataError``).
     """
 
-    def __init__(self, lines: Sequence[str], field: Field, max_length: int | None = None) -> None:
+    def __init__(self, lines: Sequence[str], field: Field, max_length: int | None = None,
+                 src_tag: str | None = None) -> None:
         if max_length is not None and max_length < 1:
             raise DataError(f"max_length: expected a positive integer or null, got {max_length}")
         self.field = field
+        prefix = field.tag_ids(src_tag)
         self.src: list[list[int]] = [field.encode(line) if line.strip() else [] for line in lines]
+        if prefix:
+            self.src = [prefix + ids if ids else ids for ids in self.src]
         self.n_truncated = 0
         if max_length is not None:
             for i, ids in enumerate(self.src):

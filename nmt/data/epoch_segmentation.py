@@ -11,7 +11,7 @@ ratio in one epoch is skipped in that epoch only); pieces outside the vocabulary
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from nmt.data.corpus_arrays import ConcatenatedArrays
 from nmt.data.dataset import ParallelDataset
@@ -19,6 +19,7 @@ from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.data.id_arrays import ArrayParallelDataset, encode_to_arrays
 from nmt.data.pair_filter import PairFilter, length_rules
+from nmt.data.source_tags import tagged
 from nmt.data.subword_sampling import SubwordSampler, epoch_random
 from nmt.data.unknown_tokens import SIDE_NAMES
 
@@ -29,19 +30,23 @@ class ResampledPairs:
     pairs: the raw ``(source, target)`` lines; src_sampler / tgt_sampler: a side's sampler (of
     tokens, or of that side's ids: ``sampler.ids``), or None for a side segmented
     deterministically; max_src_length / max_tgt_length: the length limits (``None``: no limit),
-    or ``pair_filter`` all the length rules, applied per epoch.
+    or ``pair_filter`` all the length rules, applied per epoch; ``src_prefix`` (optional):
+    ``f(i)``, the ids put before pair ``i``'s source ids every epoch (its corpus's source tag,
+    :func:`nmt.data.source_tags.pair_prefixes`).
     """
 
     def __init__(self, pairs: Sequence[tuple[str, str]], src_field: Field, tgt_field: Field,
                  src_sampler: SubwordSampler | None, tgt_sampler: SubwordSampler | None,
                  max_src_length: int | None = None, max_tgt_length: int | None = None, *,
-                 pair_filter: PairFilter | None = None) -> None:
+                 pair_filter: PairFilter | None = None,
+                 src_prefix: Callable[[int], Sequence[int]] | None = None) -> None:
         if src_sampler is None and tgt_sampler is None:
             raise DataError("subword sampling: neither side samples")
         self.pairs = pairs
         self.src_field, self.tgt_field = src_field, tgt_field
         self.samplers = {"src": src_sampler, "tgt": tgt_sampler}
         self.pair_filter = length_rules(max_src_length, max_tgt_length, pair_filter)
+        self.src_prefix = src_prefix
         # a side without sampling: its deterministic ids, once (every epoch reuses them)
         self._fixed = {side: [field.encode(text) if text.strip() else [] for text in
                               (p[k] for p in pairs)]
@@ -59,6 +64,8 @@ class ResampledPairs:
                 encoders[side] = lambda i, _, fixed=fixed: fixed[i]
             else:  # the lines in order, each side from its own generator
                 encoders[side] = _sampled_encoder(sampler, field, seed, epoch, side)
+        if self.src_prefix is not None:
+            encoders["src"] = tagged(encoders["src"], self.src_prefix)
         enabled = gc.isenabled()
         gc.disable()  # no cycles made here; the samplers' caches would make each collection long
         try:
@@ -90,7 +97,8 @@ def _sampled_encoder(sampler: SubwordSampler, field: Field, seed: int, epoch: in
 class ResampledFiles:
     """The epochs of :class:`ResampledPairs` made by streaming the training files instead of
     holding their text (``data.id_cache``): ``files`` the ``(source, target)`` paths of each corpus,
-    read one after the other every epoch; a deterministic side is encoded again with its field.
+    read one after the other every epoch; a deterministic side is encoded again with its field;
+    ``src_prefixes`` (optional): per corpus, the ids put before each source (its source tag's).
     ``for_epoch`` returns flat in-memory id arrays (:class:`~nmt.data.id_arrays.ArrayParallelDataset`,
     4 bytes a token; several corpora as one :class:`~nmt.data.corpus_arrays.ConcatenatedArrays`)
     holding the pairs, ids and line numbers :class:`ResampledPairs` gives over the corpora's pairs
@@ -99,10 +107,11 @@ class ResampledFiles:
     def __init__(self, files: Sequence[tuple[str, str]], src_field: Field, tgt_field: Field,
                  src_sampler: SubwordSampler | None, tgt_sampler: SubwordSampler | None,
                  max_src_length: int | None = None, max_tgt_length: int | None = None, *,
-                 pair_filter: PairFilter | None = None) -> None:
+                 pair_filter: PairFilter | None = None, src_prefixes: Sequence[Sequence[int]] | None = None) -> None:
         if src_sampler is None and tgt_sampler is None:
             raise DataError("subword sampling: neither side samples")
         self.files = list(files)
+        self.src_prefixes = [list(p) for p in src_prefixes] if src_prefixes is not None else [[]] * len(self.files)
         self.src_field, self.tgt_field = src_field, tgt_field
         self.samplers = {"src": src_sampler, "tgt": tgt_sampler}
         self.pair_filter = length_rules(max_src_length, max_tgt_length, pair_filter)
@@ -117,10 +126,10 @@ class ResampledFiles:
         enabled = gc.isenabled()
         gc.disable()  # as in ResampledPairs.for_epoch
         try:
-            for src_path, tgt_path in self.files:
+            for (src_path, tgt_path), prefix in zip(self.files, self.src_prefixes):
                 arrays, meta = encode_to_arrays(src_path, tgt_path, self.src_field, self.tgt_field,
                                                 src_encode=encoders["src"], tgt_encode=encoders["tgt"],
-                                                first_index=first, pair_filter=self.pair_filter)
+                                                first_index=first, pair_filter=self.pair_filter, src_prefix=prefix)
                 parts.append(ArrayParallelDataset(arrays, meta, self.src_field, self.tgt_field))
                 first += meta["n_input"]
         finally:

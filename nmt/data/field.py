@@ -5,16 +5,34 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from nmt.data.errors import DataError
+from nmt.data.source_tags import unknown_tag_error
 from nmt.data.tokenizers import Tokenizer, tokenizer_from_state_dict
 from nmt.data.vocabulary import SPECIALS, Vocabulary
 
 
 class Field:
-    """Text processing of one side (source or target); saved whole in checkpoints."""
+    """Text processing of one side (source or target); saved whole in checkpoints.
 
-    def __init__(self, tokenizer: Tokenizer, vocab: Vocabulary) -> None:
+    ``tags``: the source tags the model was trained with (:mod:`nmt.data.source_tags`; sorted,
+    each a token of ``vocab``; empty for a target field and a model without tags).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, vocab: Vocabulary, tags: Iterable[str] = ()) -> None:
         self.tokenizer = tokenizer
         self.vocab = vocab
+        self.tags: tuple[str, ...] = tuple(sorted(set(tags)))
+        for tag in self.tags:
+            if tag not in vocab or vocab.stoi[tag] < len(SPECIALS):
+                raise DataError(f"field: source tag {tag!r} is not a token of its vocabulary")
+
+    def tag_ids(self, tag: str | None) -> list[int]:
+        """``[id of tag]`` (``[]`` for None): what goes before a source line's ids. A tag that is not
+        one of :attr:`tags` is a one-line ``DataError`` listing them."""
+        if tag is None:
+            return []
+        if tag not in self.tags:
+            raise unknown_tag_error(tag, self.tags)
+        return [self.vocab.stoi[tag]]
 
     @classmethod
     def build(
@@ -69,18 +87,26 @@ class Field:
         return self.tokenizer.detokenize(self.decode_tokens(ids))
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"tokenizer": ..., "vocab": ...}``, plain data, self-contained."""
-        return {"tokenizer": self.tokenizer.state_dict(), "vocab": self.vocab.state_dict()}
+        """``{"tokenizer": ..., "vocab": ...}`` (and ``"tags"`` where there are some), plain data,
+        self-contained."""
+        state = {"tokenizer": self.tokenizer.state_dict(), "vocab": self.vocab.state_dict()}
+        if self.tags:
+            state["tags"] = list(self.tags)
+        return state
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any]) -> "Field":
         """Rebuild from ``state_dict()``."""
         if not isinstance(state, Mapping) or "tokenizer" not in state or "vocab" not in state:
             raise DataError("field state: expected the keys 'tokenizer' and 'vocab'")
-        return cls(tokenizer_from_state_dict(state["tokenizer"]), Vocabulary.from_state_dict(state["vocab"]))
+        tags = state.get("tags", [])
+        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+            raise DataError("field state: 'tags' must be a list of strings")
+        return cls(tokenizer_from_state_dict(state["tokenizer"]), Vocabulary.from_state_dict(state["vocab"]), tags)
 
     def __repr__(self) -> str:
-        return f"Field({self.tokenizer!r}, {self.vocab!r})"
+        tags = f", tags={list(self.tags)}" if self.tags else ""
+        return f"Field({self.tokenizer!r}, {self.vocab!r}{tags})"
 
 
 def field_difference(src: Field, tgt: Field, other_src: Field, other_tgt: Field,
@@ -97,6 +123,9 @@ def field_difference(src: Field, tgt: Field, other_src: Field, other_tgt: Field,
     for side, mine, theirs in (("src", src, other_src), ("tgt", tgt, other_tgt)):
         if mine.vocab != theirs.vocab:
             return f"{other}: its {side} vocabulary differs from {first}'s"
+    if src.tags != other_src.tags:
+        return (f"{other}: its source tags differ from {first}'s ({', '.join(other_src.tags) or 'none'} vs "
+                f"{', '.join(src.tags) or 'none'})")
     return None
 
 

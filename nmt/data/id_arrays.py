@@ -27,7 +27,7 @@ import json
 import logging
 import os
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +114,11 @@ class ArrayParallelDataset(PairArrays):
 
 def cache_key(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_field: Field,
               max_src_length: int | None = None, max_tgt_length: int | None = None, *,
-              pair_filter: PairFilter | None = None) -> str:
-    """Hex digest naming the cache of these files (path, size, mtime, ctime), fields and length rules
-    (``pair_filter``, or the two limits alone: :func:`nmt.data.pair_filter.length_rules`)."""
+              pair_filter: PairFilter | None = None, src_prefix: Sequence[int] = ()) -> str:
+    """Hex digest naming the cache of these files (path, size, mtime, ctime), fields, length rules
+    (``pair_filter``, or the two limits alone: :func:`nmt.data.pair_filter.length_rules`) and the
+    ids put before every source (``src_prefix``: a source tag's, :mod:`nmt.data.source_tags`; left
+    out of the key when empty, so an untagged corpus keeps its cache)."""
     rules = length_rules(max_src_length, max_tgt_length, pair_filter)
     digest = hashlib.sha256()
     files = []
@@ -129,7 +131,8 @@ def cache_key(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_fiel
         # the ctime too: a file rewritten to the same size with its old mtime put back (cp -p,
         # rsync -a, touch -r) keeps size and mtime, but no one can set the ctime
         files.append([str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns])
-    digest.update(json.dumps({"version": CACHE_VERSION, "files": files, **rules.cache_settings()},
+    tagged = {"src_prefix": [int(i) for i in src_prefix]} if src_prefix else {}
+    digest.update(json.dumps({"version": CACHE_VERSION, "files": files, **rules.cache_settings(), **tagged},
                              sort_keys=True).encode())
     for field in (src_field, tgt_field):
         _digest(field.state_dict(), digest)
@@ -164,19 +167,21 @@ def encode_to_arrays(src_path: PathLike, tgt_path: PathLike, src_field: Field, t
                      max_src_length: int | None = None, max_tgt_length: int | None = None,
                      src_encode: Callable[[int, str], list[int]] | None = None,
                      tgt_encode: Callable[[int, str], list[int]] | None = None,
-                     first_index: int = 0, *, pair_filter: PairFilter | None = None
-                     ) -> tuple[dict[str, np.ndarray], dict]:
+                     first_index: int = 0, *, pair_filter: PairFilter | None = None,
+                     src_prefix: Sequence[int] = ()) -> tuple[dict[str, np.ndarray], dict]:
     """Stream both files, encode every pair and keep it by ``ParallelDataset``'s rules (``pair_filter``,
     or the two length limits alone).
 
     ``src_encode`` / ``tgt_encode`` (optional, as ``ParallelDataset``'s): ``f(i, text) -> ids``
     instead of the field's ``encode``, called for each non-blank line in order with ``i`` the
     line's 0-based index plus ``first_index`` (e.g. one epoch's sampled segmentation).
+    ``src_prefix``: ids put before every source that has ids (a source tag's), counted in its length.
     Returns ``(arrays, meta)``: the arrays of :data:`ARRAYS` and the counts. Memory: the
     arrays (4 bytes per token id) plus one line at a time.
     """
     rules = length_rules(max_src_length, max_tgt_length, pair_filter)
     reason = rules.reason
+    prefix = [int(i) for i in src_prefix]
     skipped = skipped_counts(rules.rules)
     ids = {"src": array("i"), "tgt": array("i")}
     lengths = {"src": array("q"), "tgt": array("q")}
@@ -194,6 +199,8 @@ def encode_to_arrays(src_path: PathLike, tgt_path: PathLike, src_field: Field, t
             break
         n += 1
         s_ids = (src_encode(first_index + n - 1, s) if src_encode else src_field.encode(s)) if s.strip() else []
+        if prefix and s_ids:
+            s_ids = prefix + s_ids
         t_ids = (tgt_encode(first_index + n - 1, t) if tgt_encode else tgt_field.encode(t)) if t.strip() else []
         why = reason(len(s_ids), len(t_ids))
         if why is not None:
@@ -259,21 +266,24 @@ def _write_cache(directory: Path, arrays: dict[str, np.ndarray], meta: dict) -> 
 def load_id_dataset(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_field: Field,
                     max_src_length: int | None = None, max_tgt_length: int | None = None,
                     fallback_dir: PathLike | None = None, build: bool = True, *,
-                    pair_filter: PairFilter | None = None) -> ArrayParallelDataset | None:
+                    pair_filter: PairFilter | None = None, src_prefix: Sequence[int] = ()
+                    ) -> ArrayParallelDataset | None:
     """The array dataset of these files and fields, memory-mapped from its cache; its pairs kept by
-    ``pair_filter`` (or the two length limits alone), which the cache is keyed by.
+    ``pair_filter`` (or the two length limits alone) and every source led by ``src_prefix`` (a
+    source tag's id, :func:`encode_to_arrays`), which the cache is keyed by.
 
     A missing cache is built (streaming the files) when ``build`` is True; with ``build``
     False a missing cache returns None (other ranks wait for the one that builds).
     """
     rules = length_rules(max_src_length, max_tgt_length, pair_filter)
-    key = cache_key(src_path, tgt_path, src_field, tgt_field, pair_filter=rules)
+    key = cache_key(src_path, tgt_path, src_field, tgt_field, pair_filter=rules, src_prefix=src_prefix)
     directory = cache_directory(src_path, key, fallback_dir)
     cached = _read_cache(directory)
     if cached is None:
         if not build:
             return None
-        arrays, meta = encode_to_arrays(src_path, tgt_path, src_field, tgt_field, pair_filter=rules)
+        arrays, meta = encode_to_arrays(src_path, tgt_path, src_field, tgt_field, pair_filter=rules,
+                                        src_prefix=src_prefix)
         _write_cache(directory, arrays, meta)
         del arrays
         release_freed_memory()  # the build's buffers: back to the system, not kept for this process

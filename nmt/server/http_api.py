@@ -75,7 +75,8 @@ class TranslationService:
         return {"status": "ok"}
 
     def describe(self, _: Any = None) -> dict[str, Any]:
-        """The checkpoints (path, step), device, batching, default search options and tokenizers."""
+        """The checkpoints (path, step), device, batching, default search options, tokenizers and
+        source tags (``src_tag`` of a request takes one of them)."""
         from dataclasses import asdict
 
         return {
@@ -86,12 +87,13 @@ class TranslationService:
             "options": asdict(self.model.options),
             "tokenizers": {"source": type(self.model.src_field.tokenizer).__name__,
                            "target": type(self.model.tgt_field.tokenizer).__name__},
+            "src_tags": list(self.model.src_tags),
         }
 
     def translate(self, body: Any) -> dict[str, Any]:
         """``POST /translate``: ``{"translations": [record, ...]}``."""
         request = _object(body, ("src", "options", "prefixes", "constraints", "constraints_mode", "align",
-                                 "replace_unk"))
+                                 "replace_unk", "src_tag"))
         sources = self._texts(request, "src")
         options = request.get("options", {})
         if not isinstance(options, dict):
@@ -105,6 +107,9 @@ class TranslationService:
             flags["constraints_mode"] = request.get("constraints_mode", "unordered")
         elif "constraints_mode" in request:
             raise _bad("constraints_mode applies to constraints (add them)")
+        tag = _src_tag(request)
+        if tag is not None:  # jobs of one tag decode together
+            flags["src_tag"] = tag
         translations = self._translations(_TranslationJob(sources, prefixes, options, flags, constraints))
         return {"translations": [{"src": src, "text": t.text, **t.report()}
                                  for src, t in zip(sources, translations)]}
@@ -153,12 +158,12 @@ class TranslationService:
 
     def score(self, body: Any) -> dict[str, Any]:
         """``POST /score``: ``{"scores": [record, ...]}``."""
-        request = _object(body, ("src", "tgt", "align"))
+        request = _object(body, ("src", "tgt", "align", "src_tag"))
         sources, targets = self._texts(request, "src"), self._texts(request, "tgt")
         if len(sources) != len(targets):
             raise _bad(f"tgt has {len(targets)} entries but src has {len(sources)}")
-        align = _flag(request, "align")
-        scores = self._run(lambda: self.model.score(sources, targets, align=align))
+        align, tag = _flag(request, "align"), _src_tag(request)
+        scores = self._run(lambda: self.model.score(sources, targets, align=align, src_tag=tag))
         return {"scores": [s.report() for s in scores]}
 
     def onmt_translate(self, body: Any) -> list[list[dict[str, Any]]]:
@@ -331,6 +336,15 @@ def _object(value: Any, known: Sequence[str], where: str = "the request") -> dic
     unknown = sorted(set(value) - set(known))
     if unknown:
         raise _bad(f"{where} has unknown field(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return value
+
+
+def _src_tag(request: dict[str, Any]) -> str | None:
+    """``request["src_tag"]``: a string (400 otherwise) or None when absent or null; whether the
+    model has it is the model's check (a 400 listing its tags)."""
+    value = request.get("src_tag")
+    if value is not None and not isinstance(value, str):
+        raise _bad(f"src_tag must be a string (one of the model's source tags), got {_json_type(value)}")
     return value
 
 

@@ -19,11 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from nmt.data.corpora import Corpus, CorpusWeights, check_corpus_files, is_weighted, read_corpora, training_corpora
+from nmt.data.corpora import (Corpus, CorpusWeights, check_corpus_files, is_weighted, read_corpora, tag_line_counts,
+                              training_corpora)
 from nmt.data.corpus_arrays import ConcatenatedArrays
 from nmt.data.dataset import ParallelDataset, read_parallel
 from nmt.data.epoch_segmentation import ResampledFiles, ResampledPairs
 from nmt.data.sampled_vocabulary import vocabulary_token_lists
+from nmt.data.source_tags import config_tags, pair_prefixes, tagged, with_tags
 from nmt.data.subword_sampling import SubwordSampler, build_sampler, sampling_enabled
 from nmt.data.errors import DataError
 from nmt.data.field import Field
@@ -243,20 +245,29 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
             raise DataError(f"{_files(data_cfg, 'train')}: no training pairs: {len(train_pairs)} lines, "
                             "none with text on both sides")
         src_field, tgt_field = fields if fields is not None else build_fields(data_cfg, train_pairs, work_dir, seed)
+    src_field, tgt_field = tagged_fields(src_field, tgt_field, data_cfg, corpora, fresh=fields is None)
+    src_prefixes = [src_field.tag_ids(c.src_tag) for c in corpora]
+    valid_prefix = src_field.tag_ids(data_cfg["valid"].get("src_tag"))
     valid_pairs = read_parallel(data_cfg["valid"]["src"], data_cfg["valid"]["tgt"])
     if data_cfg["id_cache"]:
         if train_pairs is not None:  # read to train a tokenizer: drop the lines, give the memory back
             train_pairs = None
             release_freed_memory()
-        train = cached_training_set(corpora, src_field, tgt_field, rules, work_dir, is_weighted(train_files))
+        train = cached_training_set(corpora, src_field, tgt_field, rules, work_dir, is_weighted(train_files),
+                                    src_prefixes)
         if is_weighted(train_files):
             starts = train.starts if isinstance(train, ConcatenatedArrays) else np.array([0, train.n_input])
             weights = CorpusWeights(corpora, starts)
     else:
-        train = ParallelDataset(train_pairs, src_field, tgt_field, pair_filter=rules)
-    valid = ParallelDataset(valid_pairs, src_field, tgt_field, None, None)
-    resampled = (resampled_files(corpora, src_field, tgt_field, data_cfg) if data_cfg["id_cache"]
-                 else resampled_pairs(train_pairs, src_field, tgt_field, data_cfg))
+        if weights is None:
+            starts = np.array([0, len(train_pairs)])
+        train_prefix = pair_prefixes(starts, src_prefixes) if any(src_prefixes) else None
+        train = ParallelDataset(train_pairs, src_field, tgt_field, pair_filter=rules,
+                                src_encode=_tag_encoder(src_field, train_prefix))
+    valid = ParallelDataset(valid_pairs, src_field, tgt_field, None, None,
+                            src_encode=_tag_encoder(src_field, valid_prefix or None))
+    resampled = (resampled_files(corpora, src_field, tgt_field, data_cfg, src_prefixes) if data_cfg["id_cache"]
+                 else resampled_pairs(train_pairs, src_field, tgt_field, data_cfg, train_prefix))
     if len(train) == 0:
         raise DataError(f"{_files(data_cfg, 'train')}: no training pairs left: all {train.n_input} dropped "
                         f"({describe_skipped(train.skipped)}; {rules.describe()})")
@@ -279,18 +290,20 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
 
 
 def cached_training_set(corpora: Sequence[Corpus], src_field: Field, tgt_field: Field,
-                        rules: PairFilter, work_dir: str | Path,
-                        weighted: bool) -> ArrayParallelDataset | ConcatenatedArrays:
+                        rules: PairFilter, work_dir: str | Path, weighted: bool,
+                        src_prefixes: Sequence[Sequence[int]] | None = None
+                        ) -> ArrayParallelDataset | ConcatenatedArrays:
     """The memory-mapped training set of ``data.id_cache``: one corpus's cache
     (:func:`nmt.data.id_arrays.load_id_dataset`), or with several one cache per corpus read one
     after the other (:class:`nmt.data.corpus_arrays.ConcatenatedArrays`), its pairs kept by ``rules``
-    (the caches are keyed by them). With ``weighted`` (a list,
+    (the caches are keyed by them) and corpus ``k``'s sources led by ``src_prefixes[k]`` (its source
+    tag's id; keyed too). With ``weighted`` (a list,
     or one corpus with a weight) a missing file is named by its key, e.g. ``data.train[1]: ...``."""
     parts = []
-    for corpus in corpora:
+    for k, corpus in enumerate(corpora):
         try:
             parts.append(load_id_dataset(corpus.src, corpus.tgt, src_field, tgt_field, fallback_dir=work_dir,
-                                         pair_filter=rules))
+                                         pair_filter=rules, src_prefix=src_prefixes[k] if src_prefixes else ()))
         except DataError as exc:
             if not weighted:
                 raise
@@ -299,26 +312,69 @@ def cached_training_set(corpora: Sequence[Corpus], src_field: Field, tgt_field: 
 
 
 def resampled_pairs(pairs: Sequence[tuple[str, str]], src_field: Field, tgt_field: Field,
-                    data_cfg: dict) -> ResampledPairs | None:
+                    data_cfg: dict, src_prefix: Callable[[int], Sequence[int]] | None = None
+                    ) -> ResampledPairs | None:
     """The :class:`ResampledPairs` the ``data.<side>.subword_sampling`` sections ask for (None when
     no side samples). A sampler serves both sides when they share a field (data.shared_vocab) and
-    settings: its caches are made once."""
+    settings: its caches are made once. ``src_prefix``: ``f(i)``, the source tag ids of pair ``i``."""
     samplers = _epoch_samplers(src_field, tgt_field, data_cfg)
     if samplers is None:
         return None
     return ResampledPairs(pairs, src_field, tgt_field, samplers["src"], samplers["tgt"],
-                          pair_filter=PairFilter.from_config(data_cfg))
+                          pair_filter=PairFilter.from_config(data_cfg), src_prefix=src_prefix)
 
 
 def resampled_files(corpora: Sequence[Corpus], src_field: Field, tgt_field: Field,
-                    data_cfg: dict) -> ResampledFiles | None:
+                    data_cfg: dict, src_prefixes: Sequence[Sequence[int]] | None = None) -> ResampledFiles | None:
     """With ``data.id_cache``: the :class:`ResampledFiles` (the corpora's files streamed every
-    epoch) the ``subword_sampling`` sections ask for, None when no side samples."""
+    epoch) the ``subword_sampling`` sections ask for, None when no side samples; ``src_prefixes``:
+    each corpus's source tag ids."""
     samplers = _epoch_samplers(src_field, tgt_field, data_cfg)
     if samplers is None:
         return None
     return ResampledFiles([(c.src, c.tgt) for c in corpora], src_field, tgt_field, samplers["src"],
-                          samplers["tgt"], pair_filter=PairFilter.from_config(data_cfg))
+                          samplers["tgt"], pair_filter=PairFilter.from_config(data_cfg), src_prefixes=src_prefixes)
+
+
+def _tag_encoder(src_field: Field, prefix: Sequence[int] | Callable[[int], Sequence[int]] | None
+                 ) -> Callable[[int, str], list[int]] | None:
+    """The source encoder of a dataset whose sources are led by ``prefix`` (ids, or ``f(i)`` per
+    pair: :func:`nmt.data.source_tags.tagged`); None (the field's own ``encode``) without a prefix."""
+    if prefix is None:
+        return None
+    return tagged(lambda _, text: src_field.encode(text), prefix)
+
+
+def tagged_fields(src_field: Field, tgt_field: Field, data_cfg: dict, corpora: Sequence[Corpus],
+                  fresh: bool) -> tuple[Field, Field]:
+    """The fields with the source tags ``data_cfg`` declares (:func:`nmt.data.source_tags.config_tags`)
+    among the source field's ``tags`` and tokens. ``fresh`` (fields built from this data): a tag the
+    vocabulary lacks is appended (:func:`nmt.data.source_tags.with_tags`; with counts, the source
+    lines it starts in the training corpora). Otherwise (a resumed run's, a fine-tuned run's or
+    another rank's fields) a tag the vocabulary lacks is a ``DataError`` naming its key. Shared
+    fields (``data.shared_vocab``) stay one field. The fields themselves when nothing changes."""
+    tags = config_tags(data_cfg)
+    if not tags or (set(tags) <= set(src_field.tags)):
+        return src_field, tgt_field
+    vocab = src_field.vocab
+    missing = [t for t in tags if t not in vocab]
+    if missing and not fresh:
+        raise DataError(f"{tag_key(data_cfg, missing[0])}: {missing[0]!r} is not a token of the source vocabulary "
+                        "this run starts from (a checkpoint's): fine-tune with training.init_vocab: extend to add it")
+    if missing:
+        vocab = with_tags(vocab, tags, tag_line_counts(corpora) if vocab.counts is not None else None)
+        logger.info("source tags %s: added to the source vocabulary (ids %s)", ", ".join(missing),
+                    ", ".join(str(vocab.stoi[t]) for t in missing))
+    src = Field(src_field.tokenizer, vocab, set(src_field.tags) | set(tags))
+    return src, (src if tgt_field is src_field else tgt_field)
+
+
+def tag_key(data_cfg: dict, tag: str) -> str:
+    """The first config key declaring source tag ``tag`` (``data.train[1].src_tag``, ``data.valid.src_tag``)."""
+    for corpus in training_corpora(data_cfg["train"]):
+        if corpus.src_tag == tag:
+            return f"{corpus.key}.src_tag"
+    return "data.valid.src_tag"
 
 
 def _epoch_samplers(src_field: Field, tgt_field: Field, data_cfg: dict) -> dict[str, SubwordSampler | None] | None:
@@ -427,10 +483,14 @@ def write_run_vocabularies(save_dir: str | Path, src_field: Field, tgt_field: Fi
 
 
 def _files(data_cfg: dict, split: str) -> str:
-    """``src, tgt`` of a split (of each training corpus, ``; ``-separated, when there are several)."""
+    """``src, tgt`` of a split (of each training corpus, ``; ``-separated, when there are several),
+    followed by ``, source tag T`` where one is set."""
+    def files(c: dict) -> str:
+        return f"{c['src']}, {c['tgt']}" + (f", source tag {c['src_tag']}" if c.get("src_tag") is not None else "")
+
     if isinstance(data_cfg[split], list):
-        return "; ".join(f"{c['src']}, {c['tgt']}" for c in data_cfg[split])
-    return f"{data_cfg[split]['src']}, {data_cfg[split]['tgt']}"
+        return "; ".join(files(c) for c in data_cfg[split])
+    return files(data_cfg[split])
 
 
 def _data_files(data_cfg: dict) -> list[tuple[str, str]]:
@@ -443,4 +503,4 @@ def _data_files(data_cfg: dict) -> list[tuple[str, str]]:
             + [(f"data.valid.{side}", data_cfg["valid"][side]) for side in ("src", "tgt")])
 
 
-__all__ = ["cached_training_set", "counted_vocabulary", "resampled_files", "resampled_pairs", "DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]
+__all__ = ["tag_key", "tagged_fields", "cached_training_set", "counted_vocabulary", "resampled_files", "resampled_pairs", "DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]

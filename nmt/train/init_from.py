@@ -37,9 +37,10 @@ from typing import Any
 import torch
 
 from nmt.config import ConfigError, added_at_default, config_differences, config_value
-from nmt.data.corpora import training_corpora
+from nmt.data.corpora import tag_line_counts, training_corpora
 from nmt.data.errors import DataError
 from nmt.data.field import Field
+from nmt.data.source_tags import config_tags, with_tags
 from nmt.data.textfiles import iter_lines
 from nmt.data.unknown_tokens import UnkCounts, unk_shares
 from nmt.train.checkpoint import CheckpointError, has_checkpoints
@@ -150,7 +151,8 @@ def extended_fields(parent: Parent, config: dict) -> tuple[Field, Field]:
     (streamed), and each vocabulary gains the tokens it lacks that ``data.<side>.min_freq`` and
     ``max_size`` of ``config`` keep (:meth:`~nmt.data.vocabulary.Vocabulary.extended`). A parent
     with one shared vocabulary (``data.shared_vocab``) keeps one, extended by both sides under
-    ``data.src``'s settings. One info line per vocabulary."""
+    ``data.src``'s settings. The source vocabulary also gains the source tags ``config`` declares
+    that it lacks (:func:`nmt.data.source_tags.with_tags`). One info line per vocabulary."""
     data_cfg = config["data"]
     corpora = training_corpora(data_cfg["train"])
     src, tgt = parent.fields
@@ -162,10 +164,12 @@ def extended_fields(parent: Parent, config: dict) -> tuple[Field, Field]:
     def extend(field_: Field, side: str, sides: tuple[str, ...]) -> Field:
         settings = data_cfg[side]
         vocab = field_.vocab.extended(tokens(field_, sides), settings["min_freq"], settings["max_size"])
+        if side == "src" and config_tags(data_cfg):  # the source tags: tokens whatever min_freq / max_size
+            vocab = with_tags(vocab, config_tags(data_cfg), tag_line_counts(corpora))
         logger.info("training.init_vocab extend: %s vocabulary %d -> %d types (%d new from the training data)",
                     "shared" if len(sides) == 2 else {"src": "source", "tgt": "target"}[side], len(field_.vocab),
                     len(vocab), len(vocab) - len(field_.vocab))
-        return Field(field_.tokenizer, vocab)
+        return Field(field_.tokenizer, vocab, field_.tags)
 
     if config_value(parent.payload["config"], "data.shared_vocab"):
         shared = extend(src, "src", ("src", "tgt"))

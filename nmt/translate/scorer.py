@@ -38,7 +38,8 @@ class PairScore:
     None unless asked for (``Scorer(align=...)``) or not scored.
     decoding: the settings of the alignment (``AlignOptions.report_settings``: ``align_mode``,
     ``align_level``, ``align_threshold`` of "support"), on every pair of a run that asked for
-    alignments, scored or not, as ``-report`` records them (None: not asked for).
+    alignments, scored or not, as ``-report`` records them, and the ``src_tag`` put before every
+    source (``Scorer(src_tag=...)``) (None: neither).
     """
 
     index: int
@@ -100,8 +101,11 @@ class Scorer:
     teacher-forced steps (``PairScore.alignment``); without it no attention is computed."""
 
     def __init__(self, model: StepDecoder, src_field: Field, tgt_field: Field, *, batch_size: int = 64,
-                 device: str | torch.device = "cpu", precision: str = "fp32", align: AlignOptions | None = None) -> None:
+                 device: str | torch.device = "cpu", precision: str = "fp32", align: AlignOptions | None = None,
+                 src_tag: str | None = None) -> None:
         check_batch_size(batch_size)
+        self.src_prefix = src_field.tag_ids(src_tag)  # a tag the model lacks: one line listing its tags
+        self.src_tag = src_tag
         if align is not None and not isinstance(align, AlignOptions):
             raise TypeError(f"align must be an AlignOptions or None, got {type(align).__name__}")
         if align is not None and align.level == "word":
@@ -122,6 +126,8 @@ class Scorer:
             raise ValueError(f"{len(sources)} sources but {len(references)} references")
         start = time.perf_counter()
         src = [self.src_field.encode(s) if s.strip() else [] for s in sources]
+        if self.src_prefix:  # the source tag before every source with a token
+            src = [self.src_prefix + ids if ids else ids for ids in src]
         # a reference is its tokens (a char tokenizer makes spaces tokens; none: the empty output)
         tgt = [self.tgt_field.encode(t) for t in references]
         source_limit, target_limit = position_limits(self.model)  # learned positions: pairs that fit, checked first
@@ -152,8 +158,10 @@ class Scorer:
                     results[i].alignment = self._alignment(scores, row, sources[i], references[i], len(src[i]))
             if progress is not None:
                 progress(len(batch))
-        if self.align is not None:  # every record says how its alignment was made, unscored ones too
-            settings = self.align.report_settings()
+        if self.align is not None or self.src_tag is not None:  # every record says how its alignment was
+            settings = dict(self.align.report_settings()) if self.align is not None else {}  # made, and its tag
+            if self.src_tag is not None:
+                settings["src_tag"] = self.src_tag
             for result in results:
                 result.decoding = settings  # type: ignore[union-attr]
         self.seconds += time.perf_counter() - start
@@ -164,7 +172,7 @@ class Scorer:
         token t; the EOS row left out): word indices of the source and reference lines' pieces."""
         assert self.align is not None and scores.attention is not None
         n_tgt = int(scores.lengths[row]) - 1  # the reference's tokens, without EOS
-        attention = scores.attention[row, :n_tgt, :n_src].numpy()
+        attention = scores.attention[row, :n_tgt, len(self.src_prefix):n_src].numpy()  # the line's pieces: no tag
         src_words = tgt_words = None
         if self.align.level == "word":
             src_words = self.src_field.tokenizer.word_ids(self.src_field.tokenize(source))

@@ -12,7 +12,7 @@ import torch
 from nmt.data.batching import encode_sources
 from nmt.data.field import Field
 from nmt.models.protocol import NoAttention, StepDecoder, check_lengths, position_limits
-from nmt.translate.alignment import AlignOptions, Pair, align, output_rows, pharaoh, replace_unknowns
+from nmt.translate.alignment import UNK, AlignOptions, Pair, align, output_rows, pharaoh, replace_unknowns
 from nmt.translate.beam_search import SearchResult, beam_search, refuse_sampling
 from nmt.translate.certificate import NOT_CERTIFIED, SAMPLED, reason_name
 from nmt.translate.sampling import sample_search
@@ -283,8 +283,10 @@ class Translator:
                  *, batch_size: int = 64, batch_type: str = "sentences", device: str | torch.device = "cpu",
                  max_src_length: int | None = None, precision: str = "fp32", align: AlignOptions | None = None,
                  replace_unk: bool = False, phrase_table: Mapping[str, str] | None = None,
-                 **search_overrides: Any) -> None:
+                 src_tag: str | None = None, **search_overrides: Any) -> None:
         check_batch_size(batch_size)
+        self.src_prefix = src_field.tag_ids(src_tag)  # a tag the model lacks: one line listing its tags
+        self.src_tag = src_tag
         if batch_type not in ("sentences", "tokens"):
             raise ValueError(f"batch_type must be sentences or tokens, got {batch_type!r}")
         if align is not None and not isinstance(align, AlignOptions):
@@ -350,7 +352,7 @@ class Translator:
             if any(phrase_ids):  # the certificate is about the outputs that meet them
                 decoding = {**(decoding or {}), "constraints": constraints_mode}
         batches = encode_sources(self.src_field, lines, self.batch_size, self.batch_type,
-                                 max_length=self.max_src_length)
+                                 max_length=self.max_src_length, src_tag=self.src_tag)
         if source_limit is not None:  # every source checked before any is decoded
             check_lengths({i: n for batch in batches for i, n in zip(batch.indices, batch.src_lengths.tolist())},
                           "source", source_limit)
@@ -444,9 +446,9 @@ class Translator:
 
     def _report_settings(self, options: SearchOptions) -> dict[str, Any] | None:
         """The ``decoding`` of every ``Translation`` of a run: ``options``' report settings, the
-        alignment's (``align_mode``, ``align_level``, ``align_threshold`` of "support") and
-        ``"replace_unk": True`` where it is on (and ``"phrase_table": True`` with a table); None where
-        there are none."""
+        alignment's (``align_mode``, ``align_level``, ``align_threshold`` of "support"),
+        ``"replace_unk": True`` where it is on (and ``"phrase_table": True`` with a table) and the
+        ``"src_tag"`` put before every source; None where there are none."""
         settings = dict(options.report_settings() or {})
         if self.align is not None:
             settings.update(self.align.report_settings())
@@ -454,6 +456,8 @@ class Translator:
             settings["replace_unk"] = True
         if self.phrase_table is not None:
             settings["phrase_table"] = True
+        if self.src_tag is not None:
+            settings["src_tag"] = self.src_tag
         return settings or None
 
     def _source_pieces(self, line: str, length: int) -> "_SourcePieces | None":
@@ -463,6 +467,9 @@ class Translator:
             return None
         pieces = self.src_field.tokenize(line)
         words = self.src_field.tokenizer.word_ids(pieces) if self.align is not None and self.align.level == "word" else None
+        if self.src_prefix:  # the tag's place: in no word, and an <unk> attending to it stays <unk>
+            pieces = [UNK] * len(self.src_prefix) + pieces
+            words = None if words is None else [None] * len(self.src_prefix) + words
         return _SourcePieces(pieces[:length], None if words is None else words[:length])
 
     def _unpack(self, result: "_HostResult", row: int, index: int, src_tokens: list[str],
@@ -501,7 +508,10 @@ class Translator:
                 text = field_.tokenizer.detokenize(pieces)
                 if alignments is not None:
                     tgt_words = field_.tokenizer.word_ids(pieces) if source.words is not None else None
-                    alignments.append(align(attention, rows, self.align, source.words, tgt_words))
+                    pairs = align(attention, rows, self.align, source.words, tgt_words)
+                    if self.src_prefix and self.align.level == "token":  # the line's pieces, not the tag
+                        pairs = [(i - len(self.src_prefix), j) for i, j in pairs if i >= len(self.src_prefix)]
+                    alignments.append(pairs)
             hypotheses.append((text, float(scores[n])))
             tokens.append(labels)
             cut.append(not result.complete[row][n])  # no EOS: cut by the length limit
