@@ -146,8 +146,8 @@ def check_source_tags(data: dict, source: str) -> None:
     from nmt.data.source_tags import tag_problem
 
     train = data["train"]
-    keyed = ([(f"data.train[{i}].src_tag", c["src_tag"]) for i, c in enumerate(train)] if isinstance(train, list)
-             else [("data.train.src_tag", train["src_tag"])]) + [("data.valid.src_tag", data["valid"]["src_tag"])]
+    keyed = ([(f"data.train[{i}].src_tag", c.get("src_tag")) for i, c in enumerate(train)] if isinstance(train, list)
+             else [("data.train.src_tag", train.get("src_tag"))]) + [("data.valid.src_tag", data["valid"].get("src_tag"))]
     for key, tag in keyed:
         problem = None if tag is None else tag_problem(tag)
         if problem is not None:

@@ -227,6 +227,7 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     """
     train_files, rules = data_cfg["train"], PairFilter.from_config(data_cfg)
     corpora = training_corpora(train_files)
+    fresh = fields is None  # fields built from this data (streamed or not), not given
     if data_cfg["id_cache"] and is_weighted(train_files):
         check_corpus_files(corpora)  # before streaming or caching them: the key of a missing file
     if data_cfg["id_cache"] and fields is None:
@@ -245,7 +246,7 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
             raise DataError(f"{_files(data_cfg, 'train')}: no training pairs: {len(train_pairs)} lines, "
                             "none with text on both sides")
         src_field, tgt_field = fields if fields is not None else build_fields(data_cfg, train_pairs, work_dir, seed)
-    src_field, tgt_field = tagged_fields(src_field, tgt_field, data_cfg, corpora, fresh=fields is None)
+    src_field, tgt_field = tagged_fields(src_field, tgt_field, data_cfg, corpora, fresh=fresh)
     src_prefixes = [src_field.tag_ids(c.src_tag) for c in corpora]
     valid_prefix = src_field.tag_ids(data_cfg["valid"].get("src_tag"))
     valid_pairs = read_parallel(data_cfg["valid"]["src"], data_cfg["valid"]["tgt"])
