@@ -161,7 +161,7 @@ def test_the_opennmt_py_request_shape(served, checkpoint):
     ("/translate", ["a"], None, 400, r"^the request must be a JSON object, got a list$"),
     ("/translate", {"src": ["a"], "beam_size": 2}, None, 400,
      r"^the request has unknown field\(s\) beam_size; known: src, options, prefixes, constraints, constraints_mode, "
-     r"align, replace_unk$"),
+     r"align, replace_unk, src_tag$"),
     ("/translate", {"src": ["a"], "options": {"beam_size": 0}}, None, 400, r"^beam_size must be >= 1, got 0$"),
     ("/translate", {"src": ["a"], "options": {"beam": 2}}, None, 400, r"^unknown search option\(s\) beam"),
     ("/translate", {"src": ["a"], "options": [1]}, None, 400, r"^options must be an object of search options"),

@@ -244,3 +244,15 @@ def test_config_errors_name_the_key(data, key, problem):
         resolve_config(raw, "c.yaml")
     message = str(err.value)
     assert message.startswith(f"c.yaml: {key}") and problem in message and "\n" not in message
+
+
+def test_an_ensemble_of_models_with_other_tags_is_named():
+    from nmt.data.field import field_difference
+
+    space = build_tokenizer({"type": "space"})
+    vocab = Vocabulary(["a", "<2de>", "<2fr>"])
+    tgt = Field(space, Vocabulary(["x"]))
+    one, other = Field(space, vocab, ["<2de>", "<2fr>"]), Field(space, vocab, ["<2de>"])
+    assert field_difference(one, tgt, one, tgt, "b.pt", "a.pt") is None
+    assert field_difference(one, tgt, other, tgt, "b.pt", "a.pt") == (
+        "b.pt: its source tags differ from a.pt's (<2de> vs <2de>, <2fr>)")
