@@ -256,3 +256,24 @@ def test_an_ensemble_of_models_with_other_tags_is_named():
     assert field_difference(one, tgt, one, tgt, "b.pt", "a.pt") is None
     assert field_difference(one, tgt, other, tgt, "b.pt", "a.pt") == (
         "b.pt: its source tags differ from a.pt's (<2de> vs <2de>, <2fr>)")
+
+
+def test_the_data_log_names_each_corpus_tag(tmp_path, caplog):
+    import logging
+
+    d = corpora(tmp_path / "d")
+    with caplog.at_level(logging.INFO, logger="nmt.train.data_setup"):
+        load_training_data(resolved(d, tmp_path), tmp_path / "run")
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("train corpus up: kept 29 of 30 pairs") and line.endswith(", source tag <2up>")
+               for line in lines)
+    assert any(line.startswith(f"train corpus {d['train'][1]['src']}, {d['train'][1]['tgt']}: kept 29")
+               and line.endswith(", source tag <2rev>") for line in lines)
+    assert any(line.startswith(f"valid data ({d['valid']['src']}, {d['valid']['tgt']}, source tag <2rev>)")
+               for line in lines)
+    caplog.clear()
+    single = {"train": {k: v for k, v in d["train"][0].items() if k != "name"}, "valid": d["valid"]}
+    with caplog.at_level(logging.INFO, logger="nmt.train.data_setup"):
+        load_training_data(resolved(single, tmp_path), tmp_path / "run1")
+    assert any(r.getMessage().startswith(f"train data ({d['train'][0]['src']}, {d['train'][0]['tgt']}, source tag <2up>)")
+               for r in caplog.records)
