@@ -258,22 +258,37 @@ def test_an_ensemble_of_models_with_other_tags_is_named():
         "b.pt: its source tags differ from a.pt's (<2de> vs <2de>, <2fr>)")
 
 
-def test_the_data_log_names_each_corpus_tag(tmp_path, caplog):
+def logged(data_cfg: dict, work_dir: Path) -> list[str]:
+    """The messages ``load_training_data`` logs (a handler on its own logger: whatever another test
+    did to logging's propagation and levels)."""
     import logging
 
+    messages: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("nmt.train.data_setup")
+    level, disabled = logger.level, logger.disabled
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.disabled = False
+    try:
+        load_training_data(data_cfg, work_dir)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.disabled = disabled
+    return messages
+
+
+def test_the_data_log_names_each_corpus_tag(tmp_path):
     d = corpora(tmp_path / "d")
-    with caplog.at_level(logging.INFO, logger="nmt.train.data_setup"):
-        load_training_data(resolved(d, tmp_path), tmp_path / "run")
-    lines = [r.getMessage() for r in caplog.records]
+    lines = logged(resolved(d, tmp_path), tmp_path / "run")
     assert any(line.startswith("train corpus up: kept 29 of 30 pairs") and line.endswith(", source tag <2up>")
                for line in lines)
     assert any(line.startswith(f"train corpus {d['train'][1]['src']}, {d['train'][1]['tgt']}: kept 29")
                and line.endswith(", source tag <2rev>") for line in lines)
     assert any(line.startswith(f"valid data ({d['valid']['src']}, {d['valid']['tgt']}, source tag <2rev>)")
                for line in lines)
-    caplog.clear()
     single = {"train": {k: v for k, v in d["train"][0].items() if k != "name"}, "valid": d["valid"]}
-    with caplog.at_level(logging.INFO, logger="nmt.train.data_setup"):
-        load_training_data(resolved(single, tmp_path), tmp_path / "run1")
-    assert any(r.getMessage().startswith(f"train data ({d['train'][0]['src']}, {d['train'][0]['tgt']}, source tag <2up>)")
-               for r in caplog.records)
+    assert any(line.startswith(f"train data ({d['train'][0]['src']}, {d['train'][0]['tgt']}, source tag <2up>)")
+               for line in logged(resolved(single, tmp_path), tmp_path / "run1"))
