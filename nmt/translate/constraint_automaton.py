@@ -4,7 +4,9 @@ A sentence's constraints are phrases, each a non-empty run of target token ids, 
 
 * ``"unordered"`` (the default): the output holds every phrase as a contiguous run of tokens, in
   any order; occurrences may overlap (phrases ``a b`` and ``b c`` are both in ``a b c``), and a
-  phrase given twice is asked for once (the phrases are a set);
+  phrase given k times must occur at least k times (the phrases are a multiset, as fairseq's and
+  Sockeye's constraints): its occurrences are the positions where a run equal to it starts,
+  overlapping ones included (``a a`` given twice is met by ``a a a``, ``a`` given twice by ``a b a``);
 * ``"ordered"``: the output holds the phrases in the given order, each occurrence starting after
   the previous one ends (no overlap); a phrase given twice must occur twice.
 
@@ -12,9 +14,11 @@ Either is a deterministic automaton whose states are the search's per-hypothesis
 state: ``ordered`` is the phrases' Knuth-Morris-Pratt automata one after the other (state: the
 next phrase and how many of its tokens end the hypothesis; the earliest end of each phrase is
 the best place to start looking for the next, so following it is exact); ``unordered`` is an
-Aho-Corasick trie of the phrases (state: the longest suffix of the hypothesis that is a proper
-prefix of some phrase not met yet) times the set of phrases already met. Once every phrase is met the state is one
-absorbing accepting state. Only the phrases' tokens move the automaton somewhere particular:
+Aho-Corasick trie of the distinct phrases (state: the longest suffix of the hypothesis that is a
+proper prefix of some phrase not met yet) times each phrase's occurrences so far, capped at the times
+it is given (a phrase given once: met or not, the set of phrases met). Once every phrase is met the
+state is one absorbing accepting state; the automaton is then minimized (Moore), so a one-token
+phrase given k times has k + 1 states, an L-token phrase given k times at most k L + 1. Only the phrases' tokens move the automaton somewhere particular:
 every other token does the same as any other (the trie's root), so a state's transitions are
 one column per distinct phrase token plus one "other" column.
 
@@ -27,9 +31,9 @@ dropped, and the beam's banks are the distances (dynamic beam allocation).
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -41,7 +45,7 @@ CONSTRAINT_MODES = ("unordered", "ordered")
 DEFAULT_MODE = "unordered"
 MAX_STATES = 4096
 """The most automaton states a sentence's constraints may have (unordered: trie nodes times the
-subsets of phrases met; a few phrases of a few tokens need tens)."""
+phrases' capped counts; a few phrases of a few tokens need tens)."""
 
 
 class ConstraintError(InputTooLong):
@@ -60,11 +64,13 @@ class Automaton:
     """One sentence's constraint automaton: ``tokens`` the A distinct phrase tokens (sorted);
     ``table[q][a]`` the state after token ``tokens[a]`` from state q, ``table[q][A]`` after any
     other token; ``dist[q]`` the fewest tokens from q to an accepting state (0: accepting).
-    State 0 is the start."""
+    State 0 is the start. ``phrases``: the phrases it was built from (as given; for the search's
+    check of special tokens, :func:`check_phrase_tokens`)."""
 
     tokens: tuple[int, ...]
     table: tuple[tuple[int, ...], ...]
     dist: tuple[int, ...]
+    phrases: tuple[tuple[int, ...], ...] = ()
 
     @property
     def states(self) -> int:
@@ -88,23 +94,29 @@ FREE = Automaton((), ((0,),), (0,))
 """The automaton of a sentence without constraints: one accepting state."""
 
 
-def build_automaton(phrases: Sequence[Sequence[int]], mode: str = DEFAULT_MODE, index: int = 0) -> Automaton:
+def build_automaton(phrases: Sequence[Sequence[int]], mode: str = DEFAULT_MODE, index: int = 0,
+                    reserved: Mapping[int, str] | None = None) -> Automaton:
     """The automaton of ``phrases`` (token-id lists) in ``mode`` (:data:`CONSTRAINT_MODES`);
     :data:`FREE` for no phrase. ``index``: the input's 0-based number, for errors
-    (:class:`ConstraintError`: an empty phrase, more than :data:`MAX_STATES` states)."""
-    if mode not in CONSTRAINT_MODES:
-        raise ValueError(f"constraints mode must be one of {', '.join(CONSTRAINT_MODES)}, got {mode!r}")
+    (:class:`ConstraintError`: an empty phrase, a token of ``reserved`` (id -> name, e.g. the
+    vocabulary's ``<bos>``, ``<eos>``, ``<pad>``: :func:`check_phrase_tokens`), more than
+    :data:`MAX_STATES` states). ``beam_search`` checks the phrases against its own special ids
+    again (the automaton keeps them)."""
+    check_mode(mode)
     cleaned = [tuple(int(t) for t in p) for p in phrases]
     for n, phrase in enumerate(cleaned):
         if not phrase:
             raise ConstraintError(index, f"constraint phrase {n + 1} has no token")
+    if reserved:
+        check_phrase_tokens(cleaned, reserved, index)
     if not cleaned:
         return FREE
     tokens = tuple(sorted({t for p in cleaned for t in p}))
     if mode == "ordered":
         step, start, accept = _ordered(cleaned)
     else:
-        step, start, accept = _unordered(list(dict.fromkeys(cleaned)))
+        wanted = Counter(cleaned)  # a phrase given k times: k occurrences (first-given order)
+        step, start, accept = _unordered(list(wanted), list(wanted.values()))
     # number the states reachable from the start (breadth first), the start 0
     number = {start: 0}
     order = [start]
@@ -125,7 +137,46 @@ def build_automaton(phrases: Sequence[Sequence[int]], mode: str = DEFAULT_MODE, 
             row.append(number[nxt])
         rows.append(row)
     rows, accepting = _minimized(rows, [accept(s) for s in order])
-    return Automaton(tokens, tuple(tuple(r) for r in rows), _distances(rows, accepting))
+    return Automaton(tokens, tuple(tuple(r) for r in rows), _distances(rows, accepting), tuple(cleaned))
+
+
+def check_phrase_tokens(phrases: Sequence[Sequence[int]], reserved: Mapping[int, str], index: int = 0) -> None:
+    """:class:`ConstraintError` naming input ``index`` (0-based) and the first phrase of ``phrases``
+    (token-id lists) that holds a token of ``reserved`` (id -> name): the search's ``<bos>``,
+    ``<eos>`` and ``<pad>``, which no output holds as text (EOS ends an output before its tokens are
+    matched; BOS and padding are control symbols, dropped from the output text). ``<unk>`` is not
+    reserved: an output may hold it (a phrase holding it is met by generating it; with
+    ``ban_unk_token`` never, so no output meets it)."""
+    for n, phrase in enumerate(phrases):
+        for tok in phrase:
+            if int(tok) in reserved:
+                raise ConstraintError(index, f"constraint phrase {n + 1} {[int(t) for t in phrase]} holds "
+                                             f"{reserved[int(tok)]} (id {int(tok)}), which no output holds "
+                                             "(EOS ends it; BOS and padding are no text)")
+
+
+def check_mode(mode: str) -> None:
+    """ValueError unless ``mode`` is one of :data:`CONSTRAINT_MODES`."""
+    if mode not in CONSTRAINT_MODES:
+        raise ValueError(f"constraints mode must be one of {', '.join(CONSTRAINT_MODES)}, got {mode!r}")
+
+
+def explored_states_bound(phrases: Sequence[Sequence[int]], mode: str) -> int:
+    """An upper bound on the states :func:`build_automaton` numbers before minimizing (the count it
+    refuses above :data:`MAX_STATES`), from the phrases alone: ordered, one per phrase token plus
+    the accepting one (exact); unordered, the trie's nodes (the distinct phrases' distinct proper
+    prefixes) times the tuples of capped counts short of all met, plus the accepting one. At most
+    :data:`MAX_STATES` means the automaton cannot be refused for its size (a cheap check before
+    building it)."""
+    cleaned = [tuple(int(t) for t in p) for p in phrases]
+    if mode == "ordered":
+        return sum(len(p) for p in cleaned) + 1
+    wanted = Counter(cleaned)
+    nodes = len({p[:n] for p in wanted for n in range(len(p))})
+    counts = 1
+    for k in wanted.values():
+        counts *= k + 1
+    return nodes * (counts - 1) + 1
 
 
 def _minimized(rows: list[list[int]], accepting: list[bool]) -> tuple[list[list[int]], list[bool]]:
@@ -168,32 +219,36 @@ def _ordered(phrases: list[tuple[int, ...]]):
     return step, (0, 0), lambda state: state[0] == m
 
 
-def _unordered(phrases: list[tuple[int, ...]]):
-    """(step, start, accept) of the unordered automaton: state ``(node, met)``, node the longest
-    suffix of the hypothesis that is a proper prefix of a phrase not met yet, met the frozenset of
-    phrase numbers already held; every state with all phrases met is the one accepting state ``"done"``."""
+def _unordered(phrases: list[tuple[int, ...]], wanted: list[int]):
+    """(step, start, accept) of the unordered automaton of the distinct ``phrases``, phrase k wanted
+    ``wanted[k]`` times: state ``(node, counts)``, node the longest suffix of the hypothesis that is a
+    proper prefix of a phrase not met yet, counts per phrase its occurrences so far capped at its
+    wanted number (met: the count reached); every state with all phrases met is the one accepting
+    state ``"done"``."""
     # only a proper prefix of a phrase not yet met can still grow into an occurrence that matters:
     # any longer suffix behaves as its longest such suffix, so the node is that suffix (else n
     # one-token phrases would have about n 2^(n-1) states, not the 2^n sets of phrases met)
     prefixes = [{p[:n] for n in range(len(p))} for p in phrases]
-    everything = frozenset(range(len(phrases)))
+    everything = tuple(wanted)
 
     def step(state, tok):
         if state == "done":
             return state
-        node, met = state
+        node, counts = state
         seen = node + (tok,) if tok is not None else ()
-        # every unmet phrase ending here is a suffix of seen: its part before this token was a proper
-        # prefix of it ending the hypothesis, so a suffix of node (the longest such)
-        met = met | {k for k, p in enumerate(phrases) if len(p) <= len(seen) and seen[len(seen) - len(p):] == p}
-        unmet = [prefixes[k] for k in range(len(phrases)) if k not in met]
+        # every occurrence of an unmet phrase ending here is a suffix of seen: its part before this
+        # token was a proper prefix of it ending the hypothesis, so a suffix of node (the longest
+        # such); one end position is one occurrence, overlapping ones included
+        counts = tuple(c + (c < w and len(p) <= len(seen) and seen[len(seen) - len(p):] == p)
+                       for c, w, p in zip(counts, wanted, phrases))
+        unmet = [prefixes[k] for k in range(len(phrases)) if counts[k] < wanted[k]]
         for n in range(len(seen), -1, -1):  # the longest suffix of seen that can still grow (the root at worst)
             if any(seen[len(seen) - n:] in starts for starts in unmet):
                 node = seen[len(seen) - n:]
                 break
-        return "done" if met == everything else (node, frozenset(met))
+        return "done" if counts == everything else (node, counts)
 
-    return step, ((), frozenset()), lambda state: state == "done"
+    return step, ((), (0,) * len(phrases)), lambda state: state == "done"
 
 
 def _distances(rows: list[list[int]], accepting: list[bool]) -> tuple[int, ...]:
@@ -222,17 +277,21 @@ class ConstraintTables:
     """The automata of a batch of B sentences, padded, on one device (host tensors from
     :func:`batch_tables`): ``table`` (B, Q, A + 1) long, ``tokens`` (B, A) long (``-1`` after a
     row's own A), ``dist`` (B, Q) long. Padding states go to themselves at distance 0; padding token
-    columns repeat the "other" column (never read: their token is -1)."""
+    columns repeat the "other" column (never read: their token is -1). ``phrases``: per sentence,
+    its phrases on the host (Python ints, from the automata), for ``beam_search``'s check of
+    special tokens without reading the tensors; None for tables built by hand (not checked)."""
 
     table: Tensor
     tokens: Tensor
     dist: Tensor
+    phrases: tuple[tuple[tuple[int, ...], ...], ...] | None = None
 
     def to(self, device: torch.device | str) -> "ConstraintTables":
         """The tables on ``device`` (from the host through pinned memory: no sync)."""
         if self.table.device == torch.device(device):
             return self
-        return ConstraintTables(*(host_to_device(x, device) for x in (self.table, self.tokens, self.dist)))
+        return ConstraintTables(*(host_to_device(x, device) for x in (self.table, self.tokens, self.dist)),
+                                phrases=self.phrases)
 
     @property
     def start_dist(self) -> Tensor:
@@ -256,20 +315,34 @@ def batch_tables(automata: Sequence[Automaton]) -> ConstraintTables:
         if a:
             tokens[b, :a] = torch.tensor(automaton.tokens, dtype=torch.long)
         dist[b, :q] = torch.tensor(automaton.dist, dtype=torch.long)
-    return ConstraintTables(table, tokens, dist)
+    return ConstraintTables(table, tokens, dist, tuple(a.phrases for a in automata))
 
 
 def holds_phrase(ids: Sequence[int], phrase: Sequence[int]) -> bool:
     """Whether ``phrase`` is a contiguous run of ``ids`` (a plain scan; reports and tests)."""
-    n = len(phrase)
-    return any(tuple(ids[i: i + n]) == tuple(phrase) for i in range(len(ids) - n + 1))
+    return occurrences(ids, phrase) > 0
+
+
+def occurrences(ids: Sequence[int], phrase: Sequence[int]) -> int:
+    """How many positions of ``ids`` start a run equal to ``phrase``, overlapping ones included
+    (``a a`` occurs twice in ``a a a``; a plain scan; reports and tests)."""
+    n, phrase = len(phrase), tuple(phrase)
+    return sum(tuple(ids[i: i + n]) == phrase for i in range(len(ids) - n + 1))
 
 
 def phrases_met(ids: Sequence[int], phrases: Sequence[Sequence[int]], mode: str) -> list[bool]:
-    """Per phrase, whether ``ids`` meet it: unordered, whether it occurs; ordered, whether it and
-    every phrase before it occur in order without overlap (a plain left-to-right scan)."""
+    """Per phrase, whether ``ids`` meet it. Unordered: whether ``ids`` hold as many occurrences of it
+    (:func:`occurrences`) as ``phrases`` list it up to and including this entry (a phrase listed
+    once: whether it occurs; listed three times with two occurrences: true, true, false), so all
+    are true exactly when the constraints are met. Ordered: whether it and every phrase before it
+    occur in order without overlap (a plain left-to-right scan)."""
     if mode != "ordered":
-        return [holds_phrase(ids, p) for p in phrases]
+        listed: Counter = Counter()
+        out_: list[bool] = []
+        for phrase in phrases:
+            listed[tuple(phrase)] += 1
+            out_.append(occurrences(ids, phrase) >= listed[tuple(phrase)])
+        return out_
     out, pos = [], 0
     for phrase in phrases:
         n, found = len(phrase), -1
@@ -286,4 +359,5 @@ def phrases_met(ids: Sequence[int], phrases: Sequence[Sequence[int]], mode: str)
 
 
 __all__ = ["CONSTRAINT_MODES", "DEFAULT_MODE", "FREE", "MAX_STATES", "Automaton", "ConstraintError",
-           "ConstraintTables", "batch_tables", "build_automaton", "holds_phrase", "phrases_met"]
+           "ConstraintTables", "batch_tables", "build_automaton", "check_mode", "check_phrase_tokens",
+           "explored_states_bound", "holds_phrase", "occurrences", "phrases_met"]
