@@ -150,6 +150,28 @@ def test_constraints_per_call(checkpoint):
     assert fits.certificate.reason != "max_length" or fits.cut[0]
 
 
+def test_a_phrase_given_k_times_must_occur_k_times(checkpoint):
+    """Unordered constraints are a multiset: ``["a", "a", "a"]`` asks for three a's (``str.count``
+    on the output text, the character model's tokens), and ``constraints_met`` per entry says
+    whether the output holds as many occurrences as the entries of its phrase so far; with the
+    phrase once, one occurrence is enough."""
+    m = nmt.load(checkpoint, device="cpu", beam_size=4, max_length=8)
+    lines = ["a b c", "c a", "b"]
+    once = m.translate(lines, constraints=[["a"], ["a"], ["b"]], n_best=4)
+    thrice = m.translate(lines, constraints=[["a", "b", "a", "a"], ["a", "a", "a"], ["b", "b"]], n_best=4)
+    complete = 0
+    for t, phrases in zip(thrice, [["a", "b", "a", "a"], ["a", "a", "a"], ["b", "b"]]):
+        for (text, _), cut, met in zip(t.hypotheses, t.cut, t.constraints_met):
+            assert met == [text.count(p) >= phrases[: j + 1].count(p) for j, p in enumerate(phrases)]
+            if not cut:
+                complete += 1
+                assert all(met) and all(text.count(p) >= phrases.count(p) for p in phrases), (text, phrases)
+    assert complete > 0
+    # the searches differ: with the phrase once, an output with fewer occurrences may come first
+    needs = [("a", 3), ("a", 3), ("b", 2)]
+    assert any(t.hypotheses and not t.cut[0] and t.text.count(p) < k for t, (p, k) in zip(once, needs))
+
+
 def test_a_string_where_a_list_is_expected_is_a_type_error(checkpoint):
     m = nmt.load(checkpoint, device="cpu")
     with pytest.raises(TypeError, match="list of sentences, not a single string"):

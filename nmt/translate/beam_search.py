@@ -50,7 +50,7 @@ from torch import Tensor
 
 from nmt.models.protocol import StepDecoder, attention_request, select_state, shares_encoder_out, tile_state
 from nmt.translate.certificate import require_hypothesis, support_statistics
-from nmt.translate.constraint_automaton import ConstraintTables
+from nmt.translate.constraint_automaton import ConstraintTables, check_phrase_tokens
 from nmt.translate.coverage_penalty import start_coverage
 from nmt.translate.history import SearchHistory, backtrack
 from nmt.translate.row_compaction import bucket_size, rows_to_keep
@@ -115,7 +115,10 @@ def beam_search(
     every output of sentence b meets its constraints (EOS is banned until it does), the beam is
     allocated dynamically (:mod:`nmt.translate.constraint_search`), and a certificate is about the
     outputs that meet them; a sentence's own length limit is raised to the fewest tokens that can.
-    Not with ``sample`` (ValueError).
+    Not with ``sample`` (ValueError). A phrase holding ``bos``, ``eos`` or ``pad`` is a
+    ``ConstraintError`` (ValueError) naming its sentence and phrase (checked on the automata's host
+    copy of the phrases, :func:`~nmt.translate.constraint_automaton.check_phrase_tokens`); ``unk``
+    may be in one (met by generating it; with ``ban_unk_token`` no output meets it).
     Returns a ``SearchResult``. With ``sample=True`` the result holds ``n_best`` samples of each
     sentence instead (:func:`nmt.translate.sampling.sample_search`, keyed by the sentences' positions
     0..B-1 in this batch; call it with ``sentence_ids`` for samples independent of the batching).
@@ -123,7 +126,7 @@ def beam_search(
     options = (options or SearchOptions()).updated(**overrides)
     special = Specials(bos, eos, pad, unk)
     if constraints is not None:
-        check_constraints(constraints, src.size(0), options)
+        check_constraints(constraints, src.size(0), options, special)
     if options.sample:  # it checks the prefixes and the unk id itself
         from nmt.translate.sampling import sample_search  # it builds on this module
 
@@ -144,13 +147,20 @@ def refuse_sampling(options: SearchOptions) -> None:
                          "phrase is no longer a sample of the model's distribution)")
 
 
-def check_constraints(constraints: ConstraintTables, batch: int, options: SearchOptions) -> None:
+def check_constraints(constraints: ConstraintTables, batch: int, options: SearchOptions,
+                      special: Specials | None = None) -> None:
     """ValueError unless ``constraints`` has ``batch`` rows and the search is no sampling
-    (:func:`refuse_sampling`). Shapes only: no sync."""
+    (:func:`refuse_sampling`); a ``ConstraintError`` (ValueError) naming the sentence and phrase where
+    a phrase holds ``special``'s BOS, EOS or PAD id (read from the tables' host copy of the
+    phrases; tables without one are not checked). Shapes and host lists only: no sync."""
     refuse_sampling(options)
     if constraints.table.dim() != 3 or constraints.table.size(0) != batch or constraints.dist.size(0) != batch:
         raise ValueError(f"constraints must hold one automaton per sentence ({batch}), got tables of shape "
                          f"{tuple(constraints.table.shape)}")
+    if special is not None and constraints.phrases is not None:
+        reserved = {special.pad: "<pad>", special.bos: "<bos>", special.eos: "<eos>"}
+        for index, phrases in enumerate(constraints.phrases):
+            check_phrase_tokens(phrases, reserved, index)
 
 
 def greedy_search(model: StepDecoder, src: Tensor, src_lengths: Tensor, **kwargs: Any) -> SearchResult:

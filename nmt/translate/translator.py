@@ -19,8 +19,9 @@ from nmt.translate.sampling import sample_search
 from nmt.translate.search_options import SearchOptions
 from nmt.translate.search_step import Specials
 from nmt.translate.target_prefix import check_prefix_lengths, prefix_tensor
-from nmt.translate.constraint_automaton import (DEFAULT_MODE, FREE, Automaton, ConstraintError, batch_tables,
-                                                build_automaton, phrases_met)
+from nmt.translate.constraint_automaton import (DEFAULT_MODE, MAX_STATES, Automaton, ConstraintError,
+                                                ConstraintTables, batch_tables, build_automaton, check_mode,
+                                                explored_states_bound, phrases_met)
 from nmt.utils.device import checked_device
 from nmt.utils.packed_linear import frozen_weights
 from nmt.utils.precision import check_precision, inference_precision
@@ -98,8 +99,10 @@ class Translation:
     empty without one).
     constraints: the sentence's constraint phrases (``Translator.translate(constraints=...)``; empty:
     none): every complete hypothesis meets them, and the certificate is about the outputs that do.
-    constraints_met: per hypothesis, per phrase, whether it meets it (ordered mode: it and every
-    phrase before it, in order); empty without constraints.
+    constraints_met: per hypothesis, per phrase, whether it meets it (unordered mode: it occurs as
+    many times as the phrases list it up to and including this entry; ordered mode: it and every
+    phrase before it, in order; :func:`nmt.translate.constraint_automaton.phrases_met`); empty
+    without constraints.
     """
 
     index: int
@@ -327,7 +330,8 @@ class Translator:
         any order; ``"ordered"``: in the given order; :mod:`nmt.translate.constraint_automaton`); a
         phrase with no token or a word the target vocabulary lacks, or constraints that need more than
         ``max_length`` tokens, is a ``ConstraintError`` (ValueError) naming its input before any is
-        decoded; not with sampling."""
+        decoded (every input is checked first); the automata are built per batch, once per distinct
+        list of phrases in it (:func:`_batch_tables`); not with sampling."""
         vocab = self.tgt_field.vocab
         results: list[Translation | None] = [None] * len(lines)
         start = time.perf_counter()
@@ -340,15 +344,17 @@ class Translator:
                 raise ValueError(f"{len(prefixes)} target prefixes for {len(lines)} lines")
             prefix_ids = [self.tgt_field.encode(p) for p in prefixes]
             check_prefix_lengths(prefix_ids, options.max_length)
-        phrase_ids, automata = None, None
+        phrase_ids = None
         if constraints is not None:
             if len(constraints) != len(lines):
                 raise ValueError(f"{len(constraints)} constraint lists for {len(lines)} lines")
             refuse_sampling(options)
-            phrase_ids = [self._phrase_ids(i, phrases) for i, phrases in enumerate(constraints)]
-            automata = [self._automaton(i, ids, constraints_mode, options.max_length,
-                                        [] if prefix_ids is None else prefix_ids[i])
-                        for i, ids in enumerate(phrase_ids)]
+            check_mode(constraints_mode)
+            phrase_ids = []  # every input checked in input order before any is decoded; automata per batch
+            for i, phrases in enumerate(constraints):
+                phrase_ids.append(self._phrase_ids(i, phrases))
+                self._check_fit(i, phrase_ids[i], constraints_mode, options.max_length,
+                                [] if prefix_ids is None else prefix_ids[i])
             if any(phrase_ids):  # the certificate is about the outputs that meet them
                 decoding = {**(decoding or {}), "constraints": constraints_mode}
         batches = encode_sources(self.src_field, lines, self.batch_size, self.batch_type,
@@ -370,8 +376,7 @@ class Translator:
                     # forced prefixes: (B, P) on the host, copied with the search's state (no sync)
                     forced = None if prefix_ids is None else [prefix_ids[i] for i in batch.indices]
                     prefix = prefix_tensor(forced) if forced is not None and any(forced) else None
-                    held = None if automata is None else [automata[i] for i in batch.indices]
-                    tables = batch_tables(held) if held is not None and any(a is not FREE for a in held) else None
+                    tables = None if phrase_ids is None else _batch_tables(phrase_ids, batch.indices, constraints_mode)
                     with inference_precision(self.device, self.precision):
                         if options.sample:  # keyed by the sentences' indices in the input, not the batch
                             ids = torch.tensor([first_index + i for i in batch.indices], dtype=torch.long)
@@ -419,11 +424,16 @@ class Translator:
         return out
 
     @staticmethod
-    def _automaton(index: int, phrase_ids: list[list[int]], mode: str, max_length: int,
-                   prefix_ids: list[int]) -> Automaton:
-        """Input ``index``'s constraint automaton; ``ConstraintError`` where its outputs, after its
-        forced prefix ``prefix_ids`` (``[]``: none; a prefix may hold a phrase or start one), would
-        need more than ``max_length`` tokens."""
+    def _check_fit(index: int, phrase_ids: list[list[int]], mode: str, max_length: int, prefix_ids: list[int]) -> None:
+        """``ConstraintError`` where input ``index``'s constraint automaton would have too many states
+        or its outputs, after its forced prefix ``prefix_ids`` (``[]``: none; a prefix may hold a
+        phrase or start one), would need more than ``max_length`` tokens. Cheap where it can be: the
+        phrases one after the other after the prefix meet the constraints, so when those tokens fit
+        ``max_length`` and :func:`explored_states_bound` fits :data:`MAX_STATES` nothing can fail and
+        no automaton is built (the batches build theirs); otherwise it is built, checked and dropped."""
+        if (len(prefix_ids) + sum(len(p) for p in phrase_ids) <= max_length
+                and explored_states_bound(phrase_ids, mode) <= MAX_STATES):
+            return
         automaton = build_automaton(phrase_ids, mode, index)
         if automaton.dist[0] > max_length:
             raise ConstraintError(index, f"the constraints need at least {automaton.dist[0]} tokens, more than "
@@ -432,7 +442,6 @@ class Translator:
         if need > max_length:  # the phrases do not fit after the prefix (never without one: checked above)
             raise ConstraintError(index, f"the target prefix and the constraints need at least {need} tokens, "
                                          f"more than max_length {max_length}")
-        return automaton
 
     def _mark_constraints(self, translation: Translation, host: "_HostResult", row: int, phrases: Sequence[str],
                           phrase_ids: list[list[int]], mode: str) -> None:
@@ -705,6 +714,22 @@ class SummaryCounts:
             no_output=self.no_output,
             samples=self.samples,
         )
+
+
+def _batch_tables(phrase_ids: Sequence[list[list[int]]], indices: Sequence[int], mode: str) -> ConstraintTables | None:
+    """The constraint tables of the inputs ``indices`` (a batch), their automata built now (the
+    inputs were checked before decoding: none fails), once per distinct list of phrases in the
+    batch; None where none of them has a phrase (the batch searches as without constraints)."""
+    if not any(phrase_ids[i] for i in indices):
+        return None
+    built: dict[tuple[tuple[int, ...], ...], Automaton] = {}
+    automata = []
+    for i in indices:
+        key = tuple(tuple(p) for p in phrase_ids[i])
+        if key not in built:
+            built[key] = build_automaton(phrase_ids[i], mode, i)
+        automata.append(built[key])
+    return batch_tables(automata)
 
 
 __all__ = ["EMPTY_INPUT", "Certificate", "check_batch_size", "check_word_ids", "fit_to_positions", "Hypothesis", "SummaryCounts",

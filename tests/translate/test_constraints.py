@@ -676,3 +676,61 @@ def test_a_ratio_limit_leaves_room_for_the_constraints_after_the_prefix(mode, co
                 assert got == want, (b, prefixes[b], sets[b], need[b])
                 assert (bool(result.exact[b]), int(result.reason[b])) == (bool(alone.exact[0]), int(alone.reason[0]))
     assert raised > 0  # sentences whose prefix does not hold their phrases
+
+
+# --- special tokens in phrases ---------------------------------------------------------------------
+
+def test_phrases_holding_bos_eos_or_pad_are_refused_naming_the_input_and_phrase():
+    """``beam_search`` refuses a phrase holding its BOS, EOS or PAD id (no output holds one as text)
+    with a ConstraintError naming the sentence and the phrase, before any step; the ids are the
+    search's own (another EOS id refuses another phrase); ``build_automaton(reserved=)`` says the
+    same."""
+    from nmt.translate.beam_search import check_constraints
+
+    model, src, lengths = model_and_sources("sparsemax", 0)
+    for tok, name in ((EOS, "<eos>"), (BOS, "<bos>"), (PAD, "<pad>")):
+        sets = [[(3,)]] * N_SOURCES
+        sets[5] = [(4,), (3, tok)]
+        message = rf"^input 6: constraint phrase 2 \[3, {tok}\] holds {name} \(id {tok}\), which no output holds"
+        for constraint_mode in ("unordered", "ordered"):
+            with pytest.raises(ConstraintError, match=message):
+                beam_search(model, src, lengths, bos=BOS, eos=EOS, pad=PAD, constraints=tables(sets, constraint_mode))
+        with pytest.raises(ConstraintError, match=message):
+            build_automaton(sets[5], "unordered", index=5, reserved={PAD: "<pad>", BOS: "<bos>", EOS: "<eos>"})
+    fine = tables([[(3, 6)], [(6,), (6,)]], "unordered")
+    check_constraints(fine, 2, SearchOptions(), Specials(BOS, EOS, PAD))
+    with pytest.raises(ConstraintError, match=r"^input 1: constraint phrase 1 \[3, 6\] holds <eos> \(id 6\)"):
+        check_constraints(fine, 2, SearchOptions(), Specials(BOS, 6, PAD))
+    assert fine.to("cpu").phrases == ((((3, 6),), ((6,), (6,))))
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_an_unk_phrase_is_met_by_generating_unk_and_by_nothing_with_ban_unk_token(mode):
+    """``<unk>`` is not refused (an output may hold it): with 3 as the unknown-word id, phrases
+    holding it are searched for as any phrase (the brute force with 3 allowed), and with
+    ``ban_unk_token`` no output meets them (the brute force with 3 banned; certificates as it
+    predicts)."""
+    unk = 3
+    model, src, lengths = model_and_sources("sparsemax", 0)
+    sets = [[(unk,)], [(unk, 4)], [(4,), (unk,)], [], [(unk,), (unk,)], [(4,)], [(unk, unk)], [(5,)]]
+    seen: Counter = Counter()
+    for ban in (False, True):
+        enums = []
+        for b in range(N_SOURCES):
+            accepts, feasible = predicates(sets[b], "unordered", MAX_LENGTH)
+            dropped: list[int] = []
+            support, frontier, cut = enumerate_support(model, src[b], lengths[b], MAX_LENGTH, banned=unk if ban else None,
+                                                       accepts=accepts, feasible=feasible, dropped=dropped)
+            enums.append((support, frontier, cut, min(dropped) if dropped else None))
+        for beam_size in (2, 8):
+            result = beam_search(model, src, lengths, bos=BOS, eos=EOS, pad=PAD, unk=unk, ban_unk_token=ban,
+                                 beam_size=beam_size, n_best=200, max_length=MAX_LENGTH,
+                                 constraints=tables(sets, "unordered"), **mode)
+            names = result.reason_names()
+            for b in range(N_SOURCES):
+                certified = check_sentence(result, names, b, enums[b], beam_size, "none", sets[b], "unordered")
+                holds_unk = any(unk in p for p in sets[b])
+                if ban and holds_unk:
+                    assert not enums[b][0] and not bool(result.complete[b, 0])
+                seen[(ban, holds_unk, certified)] += 1
+    assert seen[(False, True, True)] > 0, seen  # certified outputs that hold <unk> as asked
