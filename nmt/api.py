@@ -90,7 +90,8 @@ class Model:
         one target text per sentence (``""``: none) that its outputs must start with (forced
         target prefixes; each certificate is then about the outputs that start with it).
         ``constraints``: per sentence, a list of target phrases (``[]``: none) every output must hold
-        (lexical constraints, ``constraints_mode`` "unordered": all, in any order; "ordered": in the
+        (lexical constraints, ``constraints_mode`` "unordered": all, in any order, a phrase given k
+        times at least k times; "ordered": in the
         given order, without overlap; each certificate is then about the outputs that meet them;
         ``Translation.constraints_met`` says which each hypothesis meets). Not with ``sample``.
         ``src_tag``: one of the model's source tags (:attr:`src_tags`, e.g. ``"<2de>"``) put before
