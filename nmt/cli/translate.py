@@ -161,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "--constraints, Sockeye's constraints (- reads stdin when -src is a file)")
     p.add_argument("-constraints_mode", "--constraints_mode", choices=CONSTRAINT_MODES, default=DEFAULT_MODE,
                    help="unordered (default, as Sockeye): every phrase somewhere, any order, occurrences may "
-                   "overlap, a phrase given k times at least k times; ordered (fairseq's --constraints ordered): in the line's order, without overlap")
+                   "overlap, a phrase given k times at least k times; ordered (fairseq's --constraints "
+                   "ordered): in the line's order, without overlap")
     p.add_argument("-src_tag", "--src_tag", metavar="TAG", default=None,
                    help="put this source tag (one the model was trained with: data.train src_tag, e.g. <BT> or "
                    "<2de>) before every source line, as one token no tokenizer cuts (OpenNMT-py's src_prefix, "

@@ -18,9 +18,10 @@ Aho-Corasick trie of the distinct phrases (state: the longest suffix of the hypo
 proper prefix of some phrase not met yet) times each phrase's occurrences so far, capped at the times
 it is given (a phrase given once: met or not, the set of phrases met). Once every phrase is met the
 state is one absorbing accepting state; the automaton is then minimized (Moore), so a one-token
-phrase given k times has k + 1 states, an L-token phrase given k times at most k L + 1. Only the phrases' tokens move the automaton somewhere particular:
-every other token does the same as any other (the trie's root), so a state's transitions are
-one column per distinct phrase token plus one "other" column.
+phrase given k times has k + 1 states, an L-token phrase given k times at most k L + 1 (exactly
+that for every phrase the tests try). Only the phrases' tokens move the automaton somewhere
+particular: every other token does the same as any other (the trie's root), so a state's
+transitions are one column per distinct phrase token plus one "other" column.
 
 :func:`build_automaton` gives an :class:`Automaton` (state 0 the start), :func:`batch_tables` the
 padded ``(B, Q, A + 1)`` transition, ``(B, A)`` token and ``(B, Q)`` distance tensors of a batch
