@@ -3,7 +3,8 @@
     nmt-server -model M.pt [M2.pt ...] [-host 127.0.0.1] [-port 5000] [-device auto] [-beam_size 5]
                [-n_best 1] [-max_length 100] [-max_length_ratio R] [-length_penalty none]
                [-coverage_penalty wu|summary -beta B [-stepwise_penalty]]
-               [-block_ngram_repeat N] [-ban_unk_token] [-no_certify] [-phrase_table FILE]
+               [-block_ngram_repeat N] [-ban_unk_token] [-mbr chrf|bleu|exact_match] [-no_certify]
+               [-phrase_table FILE]
                [-batch_size N] [-batch_type sentences|tokens] [-precision fp32|bf16|fp16]
                [-max_sentences 10000] [-threads N] [-quiet]
 
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     from nmt.cli.help_format import DefaultsHelpFormatter
     from nmt.translate.coverage_penalty import COVERAGE_PENALTIES
     from nmt.translate.length_penalty import LENGTH_PENALTIES
+    from nmt.translate.mbr import MBR_CHOICES
     from nmt.translate.search_options import SearchOptions
 
     d = SearchOptions()
@@ -57,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-stepwise_penalty", "--stepwise_penalty", action="store_true", default=d.stepwise_penalty)
     p.add_argument("-block_ngram_repeat", "--block_ngram_repeat", type=int, default=d.block_ngram_repeat)
     p.add_argument("-ban_unk_token", "--ban_unk_token", action="store_true", default=d.ban_unk_token)
+    p.add_argument("-mbr", "--mbr", default=d.mbr, choices=MBR_CHOICES,
+                   help="minimum Bayes risk decoding by default (a request's \"options\": {\"mbr\": ...} overrides "
+                   "it): the candidate of highest expected chrF, BLEU or exact match under the model, as "
+                   "nmt-translate -mbr; each record's \"mbr\" says whether the decision is exact")
     p.add_argument("-no_certify", "--no_certify", action="store_true", help="skip the certificates")
     p.add_argument("-phrase_table", "--phrase_table", metavar="FILE", default=None,
                    help="source|||target lines for the requests with \"replace_unk\": true (as nmt-translate's)")
@@ -66,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 SEARCH_DEFAULTS = ("beam_size", "n_best", "max_length", "max_length_ratio", "length_penalty", "length_alpha",
-                   "coverage_penalty", "beta", "stepwise_penalty", "block_ngram_repeat", "ban_unk_token")
+                   "coverage_penalty", "beta", "stepwise_penalty", "block_ngram_repeat", "ban_unk_token", "mbr")
 """Flags that are ``SearchOptions`` fields of the same name."""
 
 

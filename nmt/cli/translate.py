@@ -4,6 +4,7 @@
                   [-batch_size N] -max_length 100 [-max_length_ratio R] -length_penalty none
                   [-coverage_penalty wu|summary -beta B [-stepwise_penalty] [-coverage_epsilon E]]
                   [-block_ngram_repeat N] [-ban_unk_token] [-tgt_prefix PREFIXES]
+                  [-mbr none|chrf|bleu|exact_match]
                   [-constraints FILE|- [-constraints_mode unordered|ordered]]
                   -report FILE.jsonl
                   [-tgt REF] [-attention DIR] [-support] [-device auto|cpu|cuda]
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``nmt-translate`` argument parser; search flag defaults are ``SearchOptions()``'s."""
     from nmt.translate.coverage_penalty import COVERAGE_PENALTIES
     from nmt.translate.length_penalty import LENGTH_PENALTIES
+    from nmt.translate.mbr import MBR_CHOICES
     from nmt.translate.search_options import SEARCH_MODES, SearchOptions
     from nmt.utils.precision import PRECISIONS
 
@@ -142,6 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-stepwise_penalty", "--stepwise_penalty", action="store_true", default=d.stepwise_penalty,
                    help="also apply -coverage_penalty at every step: the beam keeps the candidates of best "
                    "log-probability / length penalty + coverage penalty so far (the final ranking is the same)")
+    p.add_argument("-mbr", "--mbr", default=d.mbr, choices=MBR_CHOICES,
+                   help="minimum Bayes risk decoding: output the candidate of highest expected utility (sentence "
+                   "chrF, BLEU or exact match, with sacrebleu) under the model. Beam search: the candidates are every "
+                   "finished hypothesis (at least a beam's worth), weighted by their probabilities renormalised (no "
+                   "length penalty), and -n_best writes the N first by expected utility; a certified sentence's are "
+                   "its whole support, so its decision is the model's exact MBR decision (-report's \"mbr\": "
+                   "\"exact\"). -sample: the -n_best N samples are the candidates and pseudo-references (1/N each) "
+                   "and one line per sentence is written. Cut hypotheses (no EOS) are no candidates. Costs n^2 "
+                   "sentence scores per sentence of n candidates")
     p.add_argument("-report", "--report", metavar="FILE.jsonl", help="per-sentence certificates and n-best lists (not with scoring)")
     p.add_argument("-tgt", "--tgt", metavar="REF", help="references: print BLEU, chrF (with sacrebleu signatures) and exact-match "
                    "accuracy; in score mode, the targets to score")
@@ -254,6 +265,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
                   "<unk> or not"),
                  ("-coverage_penalty", args.coverage_penalty != "none", "it gives each reference the model's "
                   "log-probability (no ranking)"),
+                 ("-mbr", args.mbr != "none", "it gives each reference the model's log-probability (no candidates "
+                  "to choose among)"),
                  ("-tgt_prefix", args.tgt_prefix is not None,
                   "it gives each reference the model's log-probability (a reference is a whole output)"),
                  ("-constraints", args.constraints is not None,

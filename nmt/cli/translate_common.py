@@ -19,7 +19,7 @@ PROG = "nmt-translate"
 SEARCH_FLAGS = ("n_best", "max_length", "min_length", "max_length_ratio", "max_length_offset",
                 "length_penalty", "length_alpha", "support_topk", "stop_every", "sample", "temperature",
                 "sample_topk", "sample_topp", "block_ngram_repeat", "ban_unk_token", "coverage_penalty", "beta",
-                "coverage_epsilon", "stepwise_penalty")
+                "coverage_epsilon", "stepwise_penalty", "mbr")
 """Flags that are ``SearchOptions`` fields of the same name (defaults taken from it); ``-beam_size``
 and ``-seed`` are too, with defaults that depend on ``-sample`` (see :func:`search_options`)."""
 
@@ -233,6 +233,12 @@ def output_lines(t: Translation, n_best: int, with_score: bool = False, report_a
     return lines
 
 
+def lines_per_sentence(args: argparse.Namespace) -> int:
+    """Output lines written per input line: ``-n_best``, or 1 with ``-sample -mbr`` (the samples are
+    the candidates of one MBR decision, each in ``-report``)."""
+    return 1 if args.sample and args.mbr != "none" else args.n_best
+
+
 def write_lines(path: str, lines: Sequence[str]) -> None:
     """``lines`` to ``path`` atomically, or to stdout for ``-``."""
     text = "".join(line + "\n" for line in lines)
@@ -275,6 +281,6 @@ def summary_suffix(startup: float, seconds: float, sentences: int, members: Sequ
 
 
 __all__ = ["ALIGNMENT_SEPARATOR", "PROG", "SEARCH_FLAGS", "align_options", "attention_flags", "check_word_level",
-           "fit_positions", "no_attention", "name_input", "output_lines", "print_metrics",
+           "fit_positions", "lines_per_sentence", "no_attention", "name_input", "output_lines", "print_metrics",
            "phrase_table", "read_constraints", "read_prefixes", "read_references", "read_source", "read_stdin", "report_line", "say", "search_options", "summary_suffix", "write_heatmap",
            "write_lines"]

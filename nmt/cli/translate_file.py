@@ -12,6 +12,7 @@ from nmt.cli.translate_common import (
     check_word_level,
     no_attention,
     fit_positions,
+    lines_per_sentence,
     name_input,
     output_lines,
     print_metrics,
@@ -68,7 +69,8 @@ def run_file(args: argparse.Namespace, start: float) -> int:
             bar.close()
 
     write_lines(args.output, [line for t in translations
-                              for line in output_lines(t, args.n_best, args.with_score, args.report_align)])
+                              for line in output_lines(t, lines_per_sentence(args), args.with_score,
+                                                                   args.report_align)])
     if args.report:
         from nmt.utils.io import atomic_open
 

@@ -25,6 +25,7 @@ from nmt.cli.translate_common import (
     align_options,
     check_word_level,
     fit_positions,
+    lines_per_sentence,
     no_attention,
     name_input,
     output_lines,
@@ -148,7 +149,7 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
                                               offset=counts.sentences), args) from None
             counts.add(done)
             sys.stdout.write("".join(line + "\n" for t in done
-                                     for line in output_lines(t, args.n_best, args.with_score, args.report_align)))
+                                     for line in output_lines(t, lines_per_sentence(args), args.with_score, args.report_align)))
             sys.stdout.flush()
             if report is not None:
                 report.write("".join(report_line(t) for t in done))

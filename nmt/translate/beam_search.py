@@ -119,6 +119,10 @@ def beam_search(
     ``ConstraintError`` (ValueError) naming its sentence and phrase (checked on the automata's host
     copy of the phrases, :func:`~nmt.translate.constraint_automaton.check_phrase_tokens`); ``unk``
     may be in one (met by generating it; with ``ban_unk_token`` no output meets it).
+    With ``mbr`` (a utility other than "none") an uncertified sentence stops as with
+    ``n_best = max(n_best, beam_size)`` and the n-best lists hold every finished hypothesis (cut ones
+    after the complete ones; the n-best dimension is then the history's T*K entries, or more), the
+    candidates that the ``Translator`` ranks by expected utility (``nmt.translate.mbr``).
     Returns a ``SearchResult``. With ``sample=True`` the result holds ``n_best`` samples of each
     sentence instead (:func:`nmt.translate.sampling.sample_search`, keyed by the sentences' positions
     0..B-1 in this batch; call it with ``sentence_ids`` for samples independent of the batching).
@@ -134,6 +138,8 @@ def beam_search(
     if prefix is not None:
         check_prefix(prefix, src.size(0), options.max_length)
     require_unk(options, special)
+    if options.mbr != "none":  # MBR's candidates: at least a beam's worth of finished hypotheses, all returned
+        options = options.updated(n_best=options.search_n_best)
     # not inference_mode: models may cache tensors reused in training; the weights stay fixed
     with torch.no_grad(), frozen_weights():
         return _search(model, src, src_lengths, special, options, prefix, constraints)
@@ -309,7 +315,8 @@ def _collect(history: SearchHistory, end: SearchEnd, eos: int, pad: int, options
     order = key.sort(dim=1, descending=True, stable=True).indices  # (B, E)
     category = (~entry_complete).long() + (~entry_valid).long()  # (B, E) 0 complete, 1 cut, 2 none
     order = order.gather(1, category.gather(1, order).sort(dim=1, stable=True).indices)  # (B, E)
-    take = order[:, :n_best] if order.size(1) >= n_best else order  # (B, n)
+    # (B, n): the n best; with mbr every entry (E), the finished hypotheses first: its candidates
+    take = order[:, :n_best] if order.size(1) >= n_best and options.mbr == "none" else order
     valid = entry_valid.gather(1, take)  # (B, n)
     end_step = torch.where(valid, entry_step.gather(1, take), torch.full_like(take, -1))  # (B, n)
     slot = torch.where(valid, entry_slot.gather(1, take), torch.zeros_like(take))  # (B, n)

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from nmt.translate.coverage_penalty import COVERAGE_EPSILON, COVERAGE_PENALTIES
 from nmt.translate.length_penalty import LENGTH_PENALTIES
+from nmt.translate.mbr import check_mbr
 
 SEARCH_MODES = ("auto", "dynamic", "static")
 
@@ -88,6 +89,14 @@ class SearchOptions:
         vocabulary's unk id: ``beam_search(..., unk=...)``; ``Translator`` passes it). A hard
         constraint like n-gram blocking: the certificate then speaks of the outputs without
         ``<unk>``; samples are drawn from each step's distribution without it, renormalised.
+    mbr: minimum Bayes risk decoding (``nmt.translate.mbr``): "chrf", "bleu" or "exact_match" ranks
+        each sentence's candidates by their expected utility under the model (the ``Translator``
+        does, on the detokenized texts), "none" (the default) does not. The candidates are every
+        finished hypothesis of the beam (the search stops an uncertified sentence as it would with
+        ``n_best = max(n_best, beam_size)``, and ``beam_search`` returns every finished hypothesis,
+        not only the ``n_best`` first; a certified sentence's are its whole support) or, with
+        ``sample``, the ``n_best`` samples. Needs several candidates: ``beam_size`` >= 2, or
+        ``n_best`` >= 2 samples.
     """
 
     beam_size: int = 5
@@ -116,6 +125,7 @@ class SearchOptions:
     seed: int = 0
     block_ngram_repeat: int = 0
     ban_unk_token: bool = False
+    mbr: str = "none"
 
     def __post_init__(self) -> None:
         for name in ("beam_size", "n_best", "max_length", "min_length", "max_length_offset", "support_topk",
@@ -149,6 +159,25 @@ class SearchOptions:
         if self.block_ngram_repeat < 0:
             raise ValueError(f"block_ngram_repeat must be >= 0 (0: off), got {self.block_ngram_repeat}")
         self._check_sampling()
+        self._check_mbr()
+
+    def _check_mbr(self) -> None:
+        """The checks of ``mbr`` (ValueError naming the field): a known utility, several candidates."""
+        check_mbr(self.mbr)
+        if self.mbr == "none":
+            return
+        if self.sample and self.n_best < 2:
+            raise ValueError(f"mbr {self.mbr} with sample=True needs n_best >= 2 samples to choose among "
+                             f"(they are its candidates and pseudo-references), got n_best {self.n_best}")
+        if not self.sample and self.beam_size < 2:
+            raise ValueError(f"mbr {self.mbr} needs beam_size >= 2 (greedy search finds one candidate), got "
+                             f"beam_size {self.beam_size}")
+
+    @property
+    def search_n_best(self) -> int:
+        """The ``n_best`` the search runs with: ``max(n_best, beam_size)`` with ``mbr`` (the candidates
+        of an uncertified sentence are at least a beam's worth of finished hypotheses), else ``n_best``."""
+        return max(self.n_best, self.beam_size) if self.mbr != "none" and not self.sample else self.n_best
 
     def _check_coverage(self) -> None:
         """The checks of the coverage penalty and its options (ValueError naming the field)."""

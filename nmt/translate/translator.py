@@ -15,6 +15,7 @@ from nmt.models.protocol import NoAttention, StepDecoder, check_lengths, positio
 from nmt.translate.alignment import UNK, AlignOptions, Pair, align, output_rows, pharaoh, replace_unknowns
 from nmt.translate.beam_search import SearchResult, beam_search, refuse_sampling
 from nmt.translate.certificate import NOT_CERTIFIED, SAMPLED, reason_name
+from nmt.translate.mbr import MbrDecision, is_exact, mbr_order
 from nmt.translate.sampling import sample_search
 from nmt.translate.search_options import SearchOptions
 from nmt.translate.search_step import Specials
@@ -41,7 +42,8 @@ class Hypothesis:
     step), kept at its place in the sample order: ``text`` "", ``score`` -inf, no ``tokens``;
     ``alignment``: its ``(source, target)`` pairs (see ``nmt.translate.alignment``), None where
     alignments were not asked for; ``coverage_penalty``: its coverage penalty (<= 0, part of its
-    ranking; ``SearchOptions.coverage_penalty``), None without one."""
+    ranking; ``SearchOptions.coverage_penalty``), None without one; ``expected_utility``: with MBR
+    (``SearchOptions.mbr``), its expected utility (None: no MBR, or not a candidate)."""
 
     text: str
     score: float
@@ -50,6 +52,7 @@ class Hypothesis:
     missing: bool = False
     alignment: list[Pair] | None = None
     coverage_penalty: float | None = None
+    expected_utility: float | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,12 @@ class Translation:
     many times as the phrases list it up to and including this entry; ordered mode: it and every
     phrase before it, in order; :func:`nmt.translate.constraint_automaton.phrases_met`); empty
     without constraints.
+    mbr: the MBR decision (``SearchOptions.mbr``; None without MBR): then ``hypotheses`` (and every
+    per-hypothesis list) are in MBR order, the candidates by expected utility, highest first (the
+    first is the output; the candidates are ranked over all of them, and beam search keeps the
+    ``n_best`` first; samples keep all, the missing and cut ones last), and
+    ``expected_utilities`` holds each hypothesis's expected utility (None: not a candidate, e.g.
+    cut by the length limit). ``attention`` and ``support`` are the output's.
     """
 
     index: int
@@ -124,6 +133,8 @@ class Translation:
     coverage_penalties: list[float] = field(default_factory=list)
     constraints: list[str] = field(default_factory=list)
     constraints_met: list[list[bool]] = field(default_factory=list)
+    mbr: MbrDecision | None = None
+    expected_utilities: list[float | None] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -142,8 +153,14 @@ class Translation:
         missing = self.missing or [False] * len(self.hypotheses)
         alignments = self.alignments if self.alignments is not None else [None] * len(self.hypotheses)
         penalties = self.coverage_penalties or [None] * len(self.hypotheses)
-        return [Hypothesis(text, score, tokens, c, m, a, p) for (text, score), tokens, c, m, a, p
-                in zip(self.hypotheses, self.tokens, cut, missing, alignments, penalties)]
+        expected = self.expected_utilities or [None] * len(self.hypotheses)
+        return [Hypothesis(text, score, tokens, c, m, a, p, e) for (text, score), tokens, c, m, a, p, e
+                in zip(self.hypotheses, self.tokens, cut, missing, alignments, penalties, expected)]
+
+    @property
+    def expected_utility(self) -> float | None:
+        """With MBR, the output's expected utility (None: no MBR, or no candidate)."""
+        return None if self.mbr is None else self.mbr.expected
 
     @property
     def alignment(self) -> list[Pair] | None:
@@ -178,7 +195,9 @@ class Translation:
         n-best entry's ``"coverage_penalty"`` (<= 0, added to its ranking); ``prefix_length``: the
         tokens of the sentence's forced target prefix, only where it has one; with constraints,
         ``"constraints"``: the phrases, ``"constraints_met"``: whether the output meets every one, and
-        each n-best entry's ``"constraints_met"``: per phrase, whether it meets it)."""
+        each n-best entry's ``"constraints_met"``: per phrase, whether it meets it; with MBR,
+        ``"mbr"``: ``{"utility", "expected", "exact", "candidates"}`` (:class:`MbrDecision`) and each
+        n-best entry's ``"expected_utility"``, null for one that is no candidate)."""
         record: dict[str, Any] = {
             "id": self.index,
             "certified": self.certified,
@@ -190,9 +209,12 @@ class Translation:
             "nbest": [{"text": h.text, "logprob": h.score, "cut": h.cut, **({"missing": True} if h.missing else {}),
                        **({"alignment": pharaoh(h.alignment)} if h.alignment is not None else {}),
                        **({"coverage_penalty": h.coverage_penalty} if h.coverage_penalty is not None else {}),
-                       **({"constraints_met": met} if self.constraints else {})}
+                       **({"constraints_met": met} if self.constraints else {}),
+                       **({"expected_utility": h.expected_utility} if self.mbr is not None else {})}
                       for h, met in zip(self.nbest, self.constraints_met or [None] * len(self.hypotheses))],
         }
+        if self.mbr is not None:
+            record["mbr"] = self.mbr.report()
         if self.decoding is not None:
             record["decoding"] = dict(self.decoding)
         if self.prefix_length:
@@ -398,10 +420,11 @@ class Translator:
                     for row, i in enumerate(batch.indices):
                         src_tokens = self.src_field.vocab.tokens(src_ids[row][: lengths[row]])
                         source = self._source_pieces(lines[i], lengths[row])
-                        results[i] = self._unpack(host, row, first_index + i, src_tokens, decoding, source,
-                                                  0 if forced is None else len(forced[row]))
+                        results[i], entries = self._unpack(host, row, first_index + i, src_tokens, decoding,
+                                                           source, 0 if forced is None else len(forced[row]),
+                                                           options)
                         if phrase_ids is not None and phrase_ids[i]:
-                            self._mark_constraints(results[i], host, row, constraints[i], phrase_ids[i],
+                            self._mark_constraints(results[i], host, row, entries, constraints[i], phrase_ids[i],
                                                    constraints_mode)
                 if progress is not None:
                     progress(len(batch))
@@ -443,15 +466,16 @@ class Translator:
             raise ConstraintError(index, f"the target prefix and the constraints need at least {need} tokens, "
                                          f"more than max_length {max_length}")
 
-    def _mark_constraints(self, translation: Translation, host: "_HostResult", row: int, phrases: Sequence[str],
-                          phrase_ids: list[list[int]], mode: str) -> None:
-        """Record on ``translation`` its constraint phrases and, per hypothesis, which it meets (its
-        generated ids, EOS excluded, scanned on the host)."""
+    def _mark_constraints(self, translation: Translation, host: "_HostResult", row: int, entries: list[int],
+                          phrases: Sequence[str], phrase_ids: list[list[int]], mode: str) -> None:
+        """Record on ``translation`` its constraint phrases and, per hypothesis (``entries``: the
+        result's n-best entry of each, in the translation's order), which it meets (its generated
+        ids, EOS excluded, scanned on the host)."""
         eos = self.tgt_field.vocab.eos_index
         translation.constraints = list(phrases)
         translation.constraints_met = [
-            phrases_met([t for t in host.tokens[row][n][:length] if t != eos], phrase_ids, mode)
-            for n, length in enumerate(host.lengths[row]) if length > 0]
+            phrases_met([t for t in host.tokens[row][n][:host.lengths[row][n]] if t != eos], phrase_ids, mode)
+            for n in entries]
 
     def _report_settings(self, options: SearchOptions) -> dict[str, Any] | None:
         """The ``decoding`` of every ``Translation`` of a run: ``options``' report settings, the
@@ -483,20 +507,23 @@ class Translator:
 
     def _unpack(self, result: "_HostResult", row: int, index: int, src_tokens: list[str],
                 decoding: dict[str, Any] | None = None, source: "_SourcePieces | None" = None,
-                prefix_length: int = 0) -> Translation:
-        """Sentence ``row`` of a batched result already on the host (Python lists, NumPy arrays).
+                prefix_length: int = 0, options: SearchOptions | None = None) -> tuple[Translation, list[int]]:
+        """Sentence ``row`` of a batched result already on the host (Python lists, NumPy arrays),
+        and the result's n-best entry of each of its hypotheses, in its order.
         Samples keep their places: one without a hypothesis is ``("", -inf)``, marked missing.
         ``source``: the source's surface pieces, with alignments or ``<unk>`` replacement;
-        ``prefix_length``: the tokens of its forced target prefix."""
+        ``prefix_length``: the tokens of its forced target prefix; ``options``: the search's, whose
+        ``mbr`` reorders the hypotheses by expected utility (:meth:`_mbr`)."""
         field_ = self.tgt_field
         lengths, scores, token_rows = result.lengths[row], result.scores[row], result.tokens[row]
         sampled = result.reason[row] == SAMPLED
-        hypotheses, tokens, cut, missing = [], [], [], []
+        hypotheses, tokens, cut, missing, entries = [], [], [], [], []
         penalties = [] if result.coverage_penalty is None else result.coverage_penalty[row]
         alignments: list[list[Pair]] | None = [] if self.align is not None else None
         for n, length in enumerate(lengths):
             if length == 0:
                 if sampled:  # sample n has none: its place stays, so entry j is sample j
+                    entries.append(n)
                     hypotheses.append(("", float("-inf")))
                     tokens.append([])
                     cut.append(False)
@@ -521,20 +548,30 @@ class Translator:
                     if self.src_prefix and self.align.level == "token":  # the line's pieces, not the tag
                         pairs = [(i - len(self.src_prefix), j) for i, j in pairs if i >= len(self.src_prefix)]
                     alignments.append(pairs)
+            entries.append(n)
             hypotheses.append((text, float(scores[n])))
             tokens.append(labels)
             cut.append(not result.complete[row][n])  # no EOS: cut by the length limit
             missing.append(False)
-        best_len = lengths[0]
+        coverage = [float(penalties[n]) for n in entries] if penalties else []
+        decision, expected = None, []
+        if options is not None and options.mbr != "none":
+            order, expected, decision = self._mbr(result, row, hypotheses, cut, missing, options, sampled)
+            hypotheses, tokens, cut, missing, entries = ([x[j] for j in order] for x in
+                                                         (hypotheses, tokens, cut, missing, entries))
+            coverage = [coverage[j] for j in order] if coverage else []
+            alignments = None if alignments is None else [alignments[j] for j in order]
+        best = entries[0] if entries else 0
+        best_len = lengths[best]
         attention = None
         if result.attention is not None and best_len > 0:
-            attention = result.attention[row, 0, :best_len, : len(src_tokens)]
-        sizes = result.support_size[row][0][:best_len] if result.support_size is not None else []
+            attention = result.attention[row, best, :best_len, : len(src_tokens)]
+        sizes = result.support_size[row][best][:best_len] if result.support_size is not None else []
         support = None
         if result.support_tokens is not None:
             support = []
-            probs = result.support_probs[row][0][:best_len]
-            toks = result.support_tokens[row][0][:best_len]
+            probs = result.support_probs[row][best][:best_len]
+            toks = result.support_tokens[row][best][:best_len]
             for t in range(best_len):
                 pairs = [[field_.vocab.tokens([tok])[0], p] for tok, p in zip(toks[t], probs[t]) if p > 0.0]
                 support.append({"size": sizes[t] if sizes else len(pairs), "tokens": pairs})
@@ -555,8 +592,28 @@ class Translator:
             decoding=decoding,
             alignments=alignments,
             prefix_length=prefix_length,
-            coverage_penalties=[float(p) for p, n in zip(penalties, lengths) if n > 0],
-        )
+            coverage_penalties=coverage,
+            mbr=decision,
+            expected_utilities=expected,
+        ), entries
+
+    @staticmethod
+    def _mbr(result: "_HostResult", row: int, hypotheses: list[tuple[str, float]], cut: list[bool],
+             missing: list[bool], options: SearchOptions,
+             sampled: bool) -> tuple[list[int], list[float | None], MbrDecision]:
+        """The MBR order of a sentence's hypotheses (indices into them; beam search: the
+        ``options.n_best`` first, samples: all), each one's expected utility in that order, and the
+        decision (:mod:`nmt.translate.mbr`). The candidates are the hypotheses that are neither cut
+        nor missing."""
+        usable = [not c and not m for c, m in zip(cut, missing)]
+        order, expected = mbr_order([text for text, _ in hypotheses], [score for _, score in hypotheses], usable,
+                                    options.mbr, sampled)
+        if not sampled:
+            order, expected = order[:options.n_best], expected[:options.n_best]
+        candidates, mass = sum(usable), float(result.mass[row])
+        exact = not sampled and is_exact(bool(result.exact[row]), mass, candidates, int(result.n_nonzero[row]))
+        chosen = expected[0] if expected else None
+        return order, expected, MbrDecision(options.mbr, chosen, exact, candidates, None if sampled else mass)
 
 
 def check_word_ids(field_: Field, side: str) -> None:
@@ -622,7 +679,9 @@ class TranslationSummary:
     searched: nothing is certified, and both percentages are None. ``no_output``: output lines
     without a hypothesis (written empty): searched sentences of a non-empty input that found none
     (no output of nonzero probability, e.g. every one blocked by ``block_ngram_repeat``), or samples
-    with no token of nonzero probability at some step, out of ``samples`` samples drawn."""
+    with no token of nonzero probability at some step, out of ``samples`` samples drawn.
+    ``mbr``: the utility of MBR decoding (None: none); ``mbr_exact_percent``: the decoded sentences
+    whose MBR decision is exact (:func:`nmt.translate.mbr.is_exact`; None without MBR or sentences)."""
 
     sentences: int
     empty: int
@@ -633,6 +692,8 @@ class TranslationSummary:
     sampled: bool = False
     no_output: int = 0
     samples: int = 0
+    mbr: str | None = None
+    mbr_exact_percent: float | None = None
 
     @classmethod
     def of(cls, translations: Sequence[Translation]) -> "TranslationSummary":
@@ -655,7 +716,17 @@ class TranslationSummary:
             cut = f"; {self.cut} of {self.samples} samples cut at the length limit (no EOS)"
         else:
             cut = f"; {self.cut} output{'s' if self.cut != 1 else ''} cut at the length limit (no EOS)"
-        return f"{self.sentences} sentences{empty}; {certified}; mean output support {support}{cut}{self._no_output()}"
+        return (f"{self.sentences} sentences{empty}; {certified}; mean output support {support}{cut}"
+                f"{self._no_output()}{self._mbr()}")
+
+    def _mbr(self) -> str:
+        """The summary's clause on MBR decoding ('' without it)."""
+        if self.mbr is None:
+            return ""
+        if self.sampled:
+            return f"; MBR {self.mbr} over the samples (estimated, not exact)"
+        exact = "n/a" if self.mbr_exact_percent is None else f"{self.mbr_exact_percent:.1f}%"
+        return f"; MBR {self.mbr}, exact {exact}"
 
     def _no_output(self) -> str:
         """The summary's clause on output lines left empty for want of a hypothesis ('' if none)."""
@@ -677,6 +748,8 @@ class SummaryCounts:
         self.no_output = self.samples = 0
         self.certify_off = self.sampled = False
         self.support_total = self.support_steps = 0
+        self.mbr: str | None = None
+        self.mbr_exact = 0
 
     def add(self, translations: Sequence[Translation]) -> "SummaryCounts":
         self.sentences += len(translations)
@@ -698,6 +771,9 @@ class SummaryCounts:
                 self.cut += t.output_cut
             self.support_total += sum(t.support_sizes)
             self.support_steps += len(t.support_sizes)
+            if t.mbr is not None:
+                self.mbr = t.mbr.utility
+                self.mbr_exact += t.mbr.exact
         return self
 
     def summary(self) -> TranslationSummary:
@@ -713,6 +789,8 @@ class SummaryCounts:
             sampled=self.sampled,
             no_output=self.no_output,
             samples=self.samples,
+            mbr=self.mbr,
+            mbr_exact_percent=100.0 * self.mbr_exact / self.decoded if self.mbr is not None and self.decoded else None,
         )
 
 
