@@ -120,7 +120,7 @@ def beam_search(
     copy of the phrases, :func:`~nmt.translate.constraint_automaton.check_phrase_tokens`); ``unk``
     may be in one (met by generating it; with ``ban_unk_token`` no output meets it).
     With ``mbr`` (a utility other than "none") an uncertified sentence stops as with
-    ``n_best = max(n_best, beam_size)`` and the n-best lists hold every finished hypothesis (cut ones
+    ``n_best = beam_size`` and the n-best lists hold every finished hypothesis (cut ones
     after the complete ones; the n-best dimension is then the history's T*K entries, or more), the
     candidates that the ``Translator`` ranks by expected utility (``nmt.translate.mbr``).
     Returns a ``SearchResult``. With ``sample=True`` the result holds ``n_best`` samples of each

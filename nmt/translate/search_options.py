@@ -93,7 +93,7 @@ class SearchOptions:
         each sentence's candidates by their expected utility under the model (the ``Translator``
         does, on the detokenized texts), "none" (the default) does not. The candidates are every
         finished hypothesis of the beam (the search stops an uncertified sentence as it would with
-        ``n_best = max(n_best, beam_size)``, and ``beam_search`` returns every finished hypothesis,
+        ``n_best = beam_size``, whatever ``n_best`` is, and ``beam_search`` returns every finished hypothesis,
         not only the ``n_best`` first; a certified sentence's are its whole support) or, with
         ``sample``, the ``n_best`` samples. Needs several candidates: ``beam_size`` >= 2, or
         ``n_best`` >= 2 samples.
@@ -175,9 +175,10 @@ class SearchOptions:
 
     @property
     def search_n_best(self) -> int:
-        """The ``n_best`` the search runs with: ``max(n_best, beam_size)`` with ``mbr`` (the candidates
-        of an uncertified sentence are at least a beam's worth of finished hypotheses), else ``n_best``."""
-        return max(self.n_best, self.beam_size) if self.mbr != "none" and not self.sample else self.n_best
+        """The ``n_best`` the search runs with: ``beam_size`` with ``mbr`` (an uncertified sentence's
+        candidates are at least a beam's worth of finished hypotheses, whatever number of them is
+        written), else ``n_best``."""
+        return self.beam_size if self.mbr != "none" and not self.sample else self.n_best
 
     def _check_coverage(self) -> None:
         """The checks of the coverage penalty and its options (ValueError naming the field)."""
