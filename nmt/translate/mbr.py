@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable, Sequence
 
 MBR_UTILITIES = ("chrf", "bleu", "exact_match")
@@ -48,10 +49,12 @@ def check_mbr(value: Any) -> None:
         raise ValueError(f"mbr must be one of {', '.join(MBR_CHOICES)}, got {value!r}")
 
 
+@lru_cache(maxsize=None)
 def utility_function(name: str) -> Utility:
     """The utility ``u(hypothesis, reference)`` in [0, 1] of ``name``: sacrebleu's sentence chrF
     (``CHRF().sentence_score``) or BLEU (``BLEU(effective_order=True).sentence_score``, as
-    ``sacrebleu.sentence_bleu``) divided by 100, or exact match (1.0 for equal texts, else 0.0)."""
+    ``sacrebleu.sentence_bleu``) divided by 100, or exact match (1.0 for equal texts, else 0.0).
+    One function per name, made once (its metric object is reused)."""
     if name == "exact_match":
         return lambda hyp, ref: float(hyp == ref)
     if name not in MBR_UTILITIES:

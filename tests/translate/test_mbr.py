@@ -247,3 +247,20 @@ def test_bad_mbr_options_are_one_line_errors(options, message):
     with pytest.raises(ValueError) as info:
         SearchOptions(**options)
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_constraints_choose_among_the_outputs_that_meet_them():
+    """With lexical constraints the candidates are the outputs that hold the phrases; each
+    hypothesis keeps its own ``constraints_met`` through the MBR reordering (recomputed from its
+    text here), and a decision is exact only where no output of nonzero probability lacked them."""
+    toy, model, src_field, tgt_field = setup("sparsemax-2")
+    translator = Translator(model, src_field, tgt_field, SearchOptions(max_length=MAX_LENGTH, beam_size=4, n_best=50,
+                                                                       mbr="chrf"))
+    translations = translator.translate(LINES, constraints=[["b"]] * len(LINES))
+    assert sum(len(t.nbest) > 1 for t in translations) >= 3
+    for line, t in zip(LINES, translations):
+        assert t.constraints_met == [["b" in h.text] for h in t.nbest]
+        assert all("b" in h.text for h in t.nbest if not h.cut)
+        outputs, cut = support("sparsemax-2", toy, src_field, tgt_field, line)
+        assert t.mbr.exact == (not cut and candidate_sequences(t) == set(outputs))
+        assert not t.mbr.exact or all("b" in text for text, _ in outputs.values())
