@@ -68,23 +68,14 @@ def count_calls(monkeypatch):
 def checkpoint(tmp_path_factory) -> str:
     """A tiny copy model trained for a few steps (``a b c`` -> ``abc``; the API and the server are
     tested, not the model's quality): its best.pt."""
-    from tiny_runs import data_section, train_run
+    from tiny_runs import tiny_rnn_config, train_run
 
     root = tmp_path_factory.mktemp("api")
     words = ["a b c", "b c", "c a", "a a b", "c b a", "b"]
     for split in ("train", "valid"):
         (root / f"{split}.src").write_text("".join(w + "\n" for w in words), encoding="utf-8")
         (root / f"{split}.tgt").write_text("".join(w.replace(" ", "") + "\n" for w in words), encoding="utf-8")
-    config = {
-        "data": data_section(root, "space", "char"),
-        "model": {"embeddings": {"src_size": 8, "tgt_size": 8, "dropout": 0.0},
-                  "encoder": {"layers": 1, "hidden_size": 8, "dropout": 0.0},
-                  "decoder": {"layers": 1, "hidden_size": 8, "dropout": 0.0},
-                  "attention": {"mapping": "sparsemax"}, "output": {"mapping": "entmax15"}},
-        "training": {"save_dir": str(root / "run"), "batch_size": 6, "max_steps": 4, "valid_every": 4,
-                     "log_every": 4, "keep_last": 1, "progress": False, "threads": 1,
-                     "optimizer": {"name": "adam", "lr": 0.01}},
-        "validation": {"metric": "loss", "batch_size": 6, "max_length": 6, "n_heatmaps": 0},
-    }
+    config = tiny_rnn_config(root, "space", "char", 4, size=8, hidden=8, attention="sparsemax", batch_size=6,
+                             valid_batch_size=6, max_length=6)
     train_run(config, root / "config.yaml")
     return str(root / "run" / "best.pt")

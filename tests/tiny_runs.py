@@ -38,24 +38,35 @@ def data_section(root: Path, src_tokenizer: str, tgt_tokenizer: str) -> dict:
             "src": {"tokenizer": {"type": src_tokenizer}}, "tgt": {"tokenizer": {"type": tgt_tokenizer}}}
 
 
+def tiny_rnn_config(root: Path, src_tokenizer: str, tgt_tokenizer: str, steps: int, *, size: int = 12,
+                    hidden: int = 16, attention: str = "entmax15", output: str = "entmax15", batch_size: int = 16,
+                    lr: float = 0.01, valid_batch_size: int = 8, max_length: int = 8) -> dict:
+    """A one-layer LSTM encoder-decoder (embeddings ``size``, ``hidden`` units a side, no dropout,
+    ``attention`` / ``output`` mappings) on ``root``'s files, trained ``steps`` updates of
+    ``batch_size`` sentences (Adam, ``lr``, one thread, validated and saved once at the end, one
+    checkpoint kept) into ``root / "run"``; validation by loss, decoding to ``max_length``."""
+    return {
+        "data": data_section(root, src_tokenizer, tgt_tokenizer),
+        "model": {"embeddings": {"src_size": size, "tgt_size": size, "dropout": 0.0},
+                  "encoder": {"layers": 1, "hidden_size": hidden, "dropout": 0.0},
+                  "decoder": {"layers": 1, "hidden_size": hidden, "dropout": 0.0},
+                  "attention": {"mapping": attention}, "output": {"mapping": output}},
+        "training": {"save_dir": str(root / "run"), "batch_size": batch_size, "max_steps": steps,
+                     "valid_every": steps, "log_every": steps, "keep_last": 1, "progress": False, "threads": 1,
+                     "optimizer": {"name": "adam", "lr": lr}},
+        "validation": {"metric": "loss", "batch_size": valid_batch_size, "max_length": max_length, "n_heatmaps": 0},
+    }
+
+
 def reversal_rnn_config(root: Path, src_tokenizer: str, tgt_tokenizer: str, steps: int,
                         tgt_vocab: dict | None = None) -> dict:
     """The reversal RNN (embeddings 16, one LSTM layer of 24 a side, sparsemax attention, entmax15
     output) on ``root``'s files, trained ``steps`` updates of 16 sentences (Adam, lr 0.02) into
     ``root / "run"``; ``tgt_vocab``: keys added to the target side's section (e.g. ``max_size``)."""
-    data = data_section(root, src_tokenizer, tgt_tokenizer)
-    data["tgt"].update(tgt_vocab or {})
-    return {
-        "data": data,
-        "model": {"embeddings": {"src_size": 16, "tgt_size": 16, "dropout": 0.0},
-                  "encoder": {"layers": 1, "hidden_size": 24, "dropout": 0.0},
-                  "decoder": {"layers": 1, "hidden_size": 24, "dropout": 0.0},
-                  "attention": {"mapping": "sparsemax"}, "output": {"mapping": "entmax15"}},
-        "training": {"save_dir": str(root / "run"), "batch_size": 16, "max_steps": steps, "valid_every": steps,
-                     "log_every": steps, "keep_last": 1, "progress": False, "threads": 1,
-                     "optimizer": {"name": "adam", "lr": 0.02}},
-        "validation": {"metric": "loss", "batch_size": 8, "max_length": 12, "n_heatmaps": 0},
-    }
+    config = tiny_rnn_config(root, src_tokenizer, tgt_tokenizer, steps, size=16, hidden=24, attention="sparsemax",
+                             lr=0.02, max_length=12)
+    config["data"]["tgt"].update(tgt_vocab or {})
+    return config
 
 
 def train_run(config: dict, path: Path) -> Path:

@@ -16,7 +16,7 @@ import torch
 
 from nmt.cli import train as train_cli
 from nmt.cli import translate as translate_cli
-from tiny_runs import data_section, train_run, translate_main as translate, write_reversal
+from tiny_runs import tiny_rnn_config, train_run, translate_main as translate, write_reversal
 
 
 @pytest.fixture(scope="module")
@@ -24,17 +24,7 @@ def trained(tmp_path_factory) -> dict:
     """A tiny reversal model ('a b c' -> 'cba') with entmax15 attention and output."""
     root = tmp_path_factory.mktemp("translate_cli")
     write_reversal(root, 120, 8)
-    config = {
-        "data": data_section(root, "space", "char"),
-        "model": {"embeddings": {"src_size": 12, "tgt_size": 12, "dropout": 0.0},
-                  "encoder": {"layers": 1, "hidden_size": 16, "dropout": 0.0},
-                  "decoder": {"layers": 1, "hidden_size": 16, "dropout": 0.0},
-                  "attention": {"mapping": "entmax15"}, "output": {"mapping": "entmax15"}},
-        "training": {"save_dir": str(root / "run"), "batch_size": 16, "max_steps": 60, "valid_every": 60,
-                     "log_every": 60, "keep_last": 1, "progress": False, "threads": 1,
-                     "optimizer": {"name": "adam", "lr": 0.01}},
-        "validation": {"metric": "loss", "batch_size": 8, "max_length": 8, "n_heatmaps": 0},
-    }
+    config = tiny_rnn_config(root, "space", "char", 60)
     train_run(config, root / "config.yaml")
     inputs = (root / "valid.src").read_text(encoding="utf-8").splitlines()
     inputs.insert(3, "")  # an empty line must stay aligned

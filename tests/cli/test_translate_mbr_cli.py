@@ -16,7 +16,7 @@ import sacrebleu
 
 import nmt
 from nmt.translate.mbr import MASS_TOLERANCE
-from tiny_runs import data_section, train_run, translate_main as translate, write_reversal
+from tiny_runs import tiny_rnn_config, train_run, translate_main as translate, write_reversal
 
 COMMON = ["-beam_size", "5", "-max_length", "8", "-quiet"]
 
@@ -36,17 +36,7 @@ def trained(tmp_path_factory) -> tuple[str, object]:
     """(best.pt, the source file: the valid words and an empty line) of a tiny reversal model."""
     root = tmp_path_factory.mktemp("mbr")
     write_reversal(root, 120, 12)
-    config = {
-        "data": data_section(root, "space", "char"),
-        "model": {"embeddings": {"src_size": 12, "tgt_size": 12, "dropout": 0.0},
-                  "encoder": {"layers": 1, "hidden_size": 16, "dropout": 0.0},
-                  "decoder": {"layers": 1, "hidden_size": 16, "dropout": 0.0},
-                  "attention": {"mapping": "entmax15"}, "output": {"mapping": "entmax15"}},
-        "training": {"save_dir": str(root / "run"), "batch_size": 16, "max_steps": 300, "valid_every": 300,
-                     "log_every": 300, "keep_last": 1, "progress": False, "threads": 1,
-                     "optimizer": {"name": "adam", "lr": 0.01}},
-        "validation": {"metric": "loss", "batch_size": 8, "max_length": 8, "n_heatmaps": 0},
-    }
+    config = tiny_rnn_config(root, "space", "char", 300)
     train_run(config, root / "config.yaml")
     SOURCES[:] = (root / "valid.src").read_text(encoding="utf-8").splitlines()
     SOURCES.insert(2, "")  # an empty line stays aligned
