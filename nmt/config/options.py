@@ -303,6 +303,18 @@ TRAINING = {
         "warmup": Option(bool, False, "decay min(decay, (1 + n) / (10 + n)) at the n-th averaging update "
                          "(TensorFlow's num_updates rule)"),
     },
+    "distill": {
+        "teacher": Option(str, None, "word-level knowledge distillation: an nmt checkpoint file (or run directory: "
+                          "its best.pt) whose source and target vocabularies equal this run's; at every target "
+                          "position the loss also pulls the student toward the teacher's output distribution "
+                          "on the same teacher-forced prefix; null: off", nullable=True),
+        "weight": Option(float, 0.5, "w: loss = (1 - w) x loss at the reference + w x loss at the teacher's "
+                         "distribution (both the student's own Fenchel-Young loss; 1: the teacher alone)",
+                         minimum=0.0, maximum=1.0, min_inclusive=False),
+        "temperature": Option(float, 1.0, "the teacher's scores are divided by this before its own output mapping "
+                              "(> 1: a flatter, for entmax teachers also denser distribution)",
+                              minimum=0.0, min_inclusive=False),
+    },
 }
 
 VALIDATION = {

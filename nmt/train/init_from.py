@@ -72,18 +72,19 @@ class Parent:
         return self.src_field, self.tgt_field
 
 
-def init_checkpoint_path(value: str, source: str) -> Path:
-    """The checkpoint file ``training.init_from: value`` names: the file itself, or a run
-    directory's ``best.pt``. ConfigError (one line naming the path) when there is none."""
+def init_checkpoint_path(value: str, source: str, key: str = "training.init_from") -> Path:
+    """The checkpoint file ``key: value`` names (``training.init_from``, ``training.distill.teacher``):
+    the file itself, or a run directory's ``best.pt``. ConfigError (one line naming the key and
+    the path) when there is none."""
     path = Path(value)
     if path.is_dir():
         best = path / "best.pt"
         if not best.is_file():
-            raise ConfigError(source, "training.init_from", f"{path}: a directory without best.pt (name a "
+            raise ConfigError(source, key, f"{path}: a directory without best.pt (name a "
                               "checkpoint file, or a run directory that has validated once)")
         return best
     if not path.exists():
-        raise ConfigError(source, "training.init_from", f"{path}: no such checkpoint file or run directory")
+        raise ConfigError(source, key, f"{path}: no such checkpoint file or run directory")
     return path
 
 

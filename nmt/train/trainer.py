@@ -35,6 +35,7 @@ from nmt.sparse import get_loss, is_softmax, loss_display_name
 from nmt.train.checkpoint import (CheckpointError, best_check, find_resume_checkpoint, load_checkpoint,
                                   remove_stale_temporaries, repair_best, restore_last, save_run_checkpoint,
                                   set_aside_damaged)
+from nmt.train.distill import DistillForward, check_distill, load_teacher
 from nmt.train.data_setup import (DATA_FILE_KEYS, check_valid_positions, data_changes, data_fingerprints,
                                   generate_if_missing, load_training_data, write_run_vocabularies)
 from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, init_distributed, rank_device,
@@ -151,6 +152,7 @@ def check_run_config(config: dict, source: str) -> torch.device:
                           f"{valid_cfg['metric']!r} needs decoding, but validation.decode is false")
     validation_search(valid_cfg, source)  # SearchOptions' checks, with validation.decode false too
     init_from.check_init_from(config, source)
+    check_distill(config, source)
     pretrained_embeddings.check_vector_files(config, source)
     return device
 
@@ -219,6 +221,8 @@ class Trainer:
         set_activation_checkpointing(self.model, train_cfg["checkpoint_activations"])
         self._pretrained_embeddings(checkpoint is not None, parent is not None)
         self.model.to(self.device)
+        # training.distill: the teacher (each process its own copy), checked against this run's vocabularies
+        self.teacher = load_teacher(config, source, self.data.src_field, self.data.tgt_field, self.device)
         if self.dist.rank > 0:  # same initial weights on every rank, other dropout masks
             seed_everything(train_cfg["seed"] + self.dist.rank)
         output = config["model"]["output"]
@@ -229,6 +233,10 @@ class Trainer:
         self.loss_forward = (compile_loss_forward(self.device, encoder_in_graph=in_graph,
                                                   cuda_graphs=train_cfg["accumulate"] == 1) if train_cfg["compile"]
                              else loss_forward)
+        if self.teacher is not None:  # teacher and student forward in one (compiled) step
+            self.loss_forward = DistillForward(self.teacher, (lambda fn: compile_for_device(
+                fn, self.device, encoder_in_graph=in_graph, cuda_graphs=train_cfg["accumulate"] == 1))
+                if train_cfg["compile"] else None)
         self.batch_statistics = (compile_for_device(batch_statistics, self.device, encoder_in_graph=in_graph)
                                  if train_cfg["compile"]
                                  else batch_statistics)
@@ -303,6 +311,8 @@ class Trainer:
                     config["model"]["type"], n_params, f" ({n_frozen} frozen)" if n_frozen else "",
                     describe_attention(config["model"]), output["mapping"],
                     loss_display_name(output["mapping"]), self.device)
+        if self.teacher is not None and self.dist.is_main:
+            logger.info(self.teacher.describe())
         if self.ema is not None:
             ema = train_cfg["ema"]
             logger.info("ema: moving average of the weights, decay %g%s from step %d, every %d update(s); validation, "
