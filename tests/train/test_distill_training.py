@@ -264,3 +264,28 @@ def test_the_mixed_loss_of_a_batch_is_what_the_update_returns(teacher_run, tmp_p
         assert all(not p.requires_grad for p in trainer.teacher.model.parameters())
     finally:
         trainer.lock.release()
+
+
+@pytest.mark.slow
+def test_two_distilling_processes_equal_one_process_with_twice_the_batch(teacher_run, tmp_path, ranks):
+    """Data parallel (2 Gloo ranks, each its own teacher copy): the parameters after 4 distilled
+    steps agree with one process of twice the batch (float32 summation order apart, as the plain
+    data-parallel test's tolerance)."""
+    from ddp_workers import gloo_config
+
+    from nmt.train.checkpoint import load_checkpoint
+    from nmt.train.trainer import Trainer
+
+    data, teacher = teacher_run
+    distill = {"teacher": str(teacher), "weight": 0.6, "temperature": 1.5}
+    one = Trainer(resolve_config(gloo_config(data, tmp_path / "one", 8, max_steps=4, valid_every=4, distill=distill),
+                                 "t"), "t")
+    one.train()
+    results = ranks.run(gloo_config(data, tmp_path / "two", 4, max_steps=4, valid_every=4, distill=distill))
+    assert [r[2:4] for r in results] == [("max_steps", 4)] * 2, results
+    a, b = (load_checkpoint(tmp_path / run / "last.pt")["model"] for run in ("one", "two"))
+    start = Trainer(resolve_config(gloo_config(data, tmp_path / "fresh", 8, max_steps=4), "t"), "t")
+    start.lock.release()
+    assert max((a[k] - start.model.state_dict()[k]).abs().max() for k in a) > 1e-3  # the steps moved the weights
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=2e-6, msg=name)
