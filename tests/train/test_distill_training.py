@@ -89,6 +89,34 @@ def test_a_teacher_with_other_vocabularies_is_refused_naming_the_side(teacher_ru
     assert not (tmp_path / "s" / "vocab.tgt").exists()  # refused before the run wrote anything but its directory
 
 
+def test_a_teacher_whose_learned_positions_are_too_few_is_refused(teacher_run, tmp_path):
+    """A Transformer teacher with 6 learned positions cannot read the student's pairs of up to
+    data.src.max_length 50 tokens: refused, naming both limits; at 6 / 5 tokens it is accepted."""
+    data, _ = teacher_run
+    cfg = tiny_config(data, tmp_path / "transformer", device="cpu", max_steps=1, valid_every=1)
+    cfg["model"] = {"type": "transformer", "transformer": {
+        "encoder_layers": 1, "decoder_layers": 1, "d_model": 8, "heads": 2, "d_ff": 16, "positions": "learned",
+        "max_positions": 6}, "output": {"mapping": "sparsemax"}}
+    cfg["data"]["src"]["max_length"], cfg["data"]["tgt"]["max_length"] = 6, 5
+    cfg["validation"]["max_length"] = 5
+    trained(cfg)
+    distill = {"teacher": str(tmp_path / "transformer")}
+    with pytest.raises(ConfigError, match=r"^tiny.yaml: training.distill.teacher: .*best.pt: its learned positions "
+                       r"hold 6 source tokens, data.src.max_length is 50; lower it to 6$"):
+        student(data, tmp_path / "s", distill=distill)
+    longer = tiny_config(data, tmp_path / "s", device="cpu", distill=distill)
+    longer["data"]["src"]["max_length"] = 6
+    from nmt.train.trainer import Trainer
+
+    with pytest.raises(ConfigError, match=r"holds? 6 decoder inputs \(BOS \+ tokens\), data.tgt.max_length is 50; "
+                       r"lower it to 5$"):
+        Trainer(resolve_config(longer, "tiny.yaml"), "tiny.yaml")
+    longer["data"]["tgt"]["max_length"] = 5
+    fits = Trainer(resolve_config(longer, "tiny.yaml"), "tiny.yaml")
+    fits.lock.release()
+    assert fits.teacher.mapping_name == "sparsemax"
+
+
 # ------------------------------------------------------------------ the update step
 def _teacher(mapping: dict, weight: float = 0.5, temperature: float = 1.0) -> Teacher:
     torch.manual_seed(5)
