@@ -9,6 +9,8 @@
 - ``rng``, ``interrupt``, ``data_setup``: RNG states, SIGINT/SIGTERM, fields and datasets from ``data:``
 - ``distributed``: torchrun / DistributedDataParallel helpers (batch sharding, global token counts,
   agreed stops, rank 0 writes); no-ops in one process
+- ``distill``: word-level knowledge distillation (``training.distill``): the teacher, its
+  distributions and the student's Fenchel-Young loss at them
 - ``model_release``: released models (no training state) and checkpoint averaging (``nmt-release``, ``nmt-average``)
 
 Submodules are imported explicitly (``from nmt.train.checkpoint import load_checkpoint``) so
