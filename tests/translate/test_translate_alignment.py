@@ -49,11 +49,11 @@ def fields() -> tuple[Field, Field]:
     return Field.build(SpaceTokenizer(), ["a b c d e"]), Field.build(SpaceTokenizer(), ["x y z w"])
 
 
-def model(cfg: dict, seed: int, scale: float = 10.0):
+def model(cfg: dict, seed: int, scale: float = 10.0, src: Field | None = None):
     """A random model in float64 whose attention has exact zeros (weights scaled up, the RNN's
     attention keys once more), which never outputs padding, BOS or <unk> (their output bias very
     low: they would not round-trip through the text) and ends late (EOS's bias lowered)."""
-    src, tgt = fields()
+    src, tgt = (fields()[0] if src is None else src), fields()[1]
     torch.manual_seed(seed)
     m = build_model(cfg, len(src.vocab), len(tgt.vocab), tgt.vocab.pad_index).double().eval()
     with torch.no_grad():
@@ -270,3 +270,45 @@ def test_a_phrase_table_translates_the_replaced_source_tokens(tmp_path):
     bad.write_text("|||b\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"bad\.txt:1: empty source before \|\|\|"):
         read_phrase_table(bad)
+
+
+def tagged_fields(tag: str = "<t>") -> tuple[Field, Field]:
+    """:func:`fields` with a source tag appended to the source vocabulary (as training does)."""
+    from nmt.data.source_tags import with_tags
+
+    src, tgt = fields()
+    return Field(src.tokenizer, with_tags(src.vocab, [tag]), [tag]), tgt
+
+
+def tagged_model(cfg: dict, seed: int):
+    """:func:`model` of the source vocabulary of :func:`tagged_fields`."""
+    return model(cfg, seed, src=tagged_fields()[0])
+
+
+@pytest.mark.parametrize("cfg, seed", [(RNN, 0), (RNN, 1), (TRANSFORMER, 6)], ids=["rnn0", "rnn1", "transformer"])
+def test_a_tagged_hypothesis_is_aligned_as_its_text_scored_by_teacher_forcing(cfg, seed):
+    """With a source tag the search's alignment is still the scorer's of the same text (the tag's
+    column is attention like any other: a target piece whose argmax is the tag aligns to nothing in
+    both), and it is the untagged alignment rule applied to the recorded attention, tag column
+    included, with the tag's pairs dropped and the others shifted past it."""
+    src, tgt = tagged_fields()
+    decoder = tagged_model(cfg, seed)
+    tag_wins = 0
+    for options in MODES:
+        translations = Translator(decoder, src, tgt, align=options, beam_size=4, n_best=4, max_length=7,
+                                  src_tag="<t>").translate(SOURCES)
+        pairs = [(SOURCES[t.index], h) for t in translations for h in t.nbest if not h.missing]
+        scores = Scorer(decoder, src, tgt, align=options, src_tag="<t>").score([s for s, _ in pairs],
+                                                                              [h.text for _, h in pairs])
+        for (source, h), score in zip(pairs, scores):
+            assert h.alignment == score.alignment, (options, source, h.text)
+        for t in translations:
+            if not t.hypotheses:
+                continue
+            assert t.src_tokens[0] == "<t>"
+            rows = [r for r, label in enumerate(t.tokens[0]) if label != "<eos>"]
+            full = al.token_pairs(t.attention, rows, AlignOptions(options.mode, "token"))
+            assert t.alignment == [(i - 1, j) for i, j in full if i >= 1]  # the space tokenizer: words = tokens
+            if options.mode == "argmax":
+                tag_wins += sum(i == 0 for i, _ in full)
+    assert tag_wins > 0  # some target piece attends most to the tag: the case where the two could differ
