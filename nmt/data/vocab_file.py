@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Collection
 
 from nmt.data.errors import DataError
 from nmt.data.textfiles import decode_line, read_lines, write_lines_atomic
@@ -70,14 +71,17 @@ def read_vocab_entries(path: str | os.PathLike) -> list[tuple[str, int | None, i
 
 
 def read_vocab_file(path: str | os.PathLike, min_freq: int = 1, max_size: int | None = None,
-                    key: str = "vocab_file") -> Vocabulary:
+                    key: str = "vocab_file", keep: Collection[str] = ()) -> Vocabulary:
     """The vocabulary of the file ``path`` (see the module docstring for the format).
 
     With counts, tokens counted fewer than ``min_freq`` times are dropped, and ``max_size``
     keeps the ``max_size`` most frequent of the rest (ties: the earlier line); without counts,
     ``min_freq`` > 1 is ignored with a warning (naming ``key``, e.g. ``data.src``) and
     ``max_size`` keeps the first ``max_size`` tokens. The tokens kept have the ids that follow
-    the specials in file order. Errors: see :func:`read_vocab_entries`; a file that is not there
+    the specials in file order. Tokens of ``keep`` (the source tags a config declares,
+    :mod:`nmt.data.source_tags`) the file holds are kept whatever ``min_freq`` says, in their
+    places, and take none of ``max_size``'s places: a run's ``vocab.src`` read back with that run's
+    settings is its vocabulary. Errors: see :func:`read_vocab_entries`; a file that is not there
     (or not a file) is named with the setting that names it (``data.src.vocab_file: PATH: no such file``).
     """
     try:
@@ -87,15 +91,18 @@ def read_vocab_file(path: str | os.PathLike, min_freq: int = 1, max_size: int | 
             raise
         raise DataError(f"{key}.vocab_file: {exc}") from None
     with_counts = entries[0][1] is not None
+    keep = set(keep)
+    ordinary = [i for i, (t, _) in enumerate(entries) if t not in keep]  # what min_freq / max_size choose from
     if with_counts:
-        kept = [(t, c) for t, c in entries if c >= min_freq]
-        if max_size is not None and len(kept) > max_size:
-            order = sorted(range(len(kept)), key=lambda i: (-kept[i][1], i))[:max_size]
-            kept = [kept[i] for i in sorted(order)]
+        ordinary = [i for i in ordinary if entries[i][1] >= min_freq]
+        if max_size is not None and len(ordinary) > max_size:
+            ordinary = sorted(ordinary, key=lambda i: (-entries[i][1], i))[:max_size]
     else:
         if min_freq > 1:
             logger.warning("%s.min_freq=%d ignored: %s has no counts", key, min_freq, path)
-        kept = entries[:max_size] if max_size is not None else entries
+        ordinary = ordinary[:max_size] if max_size is not None else ordinary
+    chosen = set(ordinary)
+    kept = [e for i, e in enumerate(entries) if i in chosen or e[0] in keep]
     dropped = len(entries) - len(kept)
     logger.info("%s.vocab_file %s: %d tokens%s", key, path, len(kept),
                 f" ({dropped} of its {len(entries)} dropped by min_freq / max_size)" if dropped else "")

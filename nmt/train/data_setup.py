@@ -136,7 +136,8 @@ def counted_vocabulary(data_cfg: dict, vocab_side: str, tokenizer: Tokenizer,
     side_cfg, key = data_cfg[vocab_side], f"data.{vocab_side}"
     samples = _vocab_samples(side_cfg)
     if samples == 0:
-        return side_vocabulary(side_cfg, tokenizer, [line for _, lines in sides for line in lines], key)
+        return side_vocabulary(side_cfg, tokenizer, [line for _, lines in sides for line in lines], key,
+                               config_tags(data_cfg) if vocab_side == "src" else ())
     if seed is None:
         raise DataError(f"{key}.subword_sampling.vocab_samples: the vocabulary counts the training epochs' "
                         "sampled segmentations, which need training.seed (pass seed=)")
@@ -164,12 +165,14 @@ def _sampling_settings(settings: dict) -> dict:
     return {k: v for k, v in settings.items() if k != "vocab_samples"}
 
 
-def side_vocabulary(side_cfg: dict, tokenizer: Tokenizer, lines: Iterable[str], key: str) -> Vocabulary:
+def side_vocabulary(side_cfg: dict, tokenizer: Tokenizer, lines: Iterable[str], key: str,
+                    tags: Sequence[str] = ()) -> Vocabulary:
     """The vocabulary of one side (``side_cfg``: ``data.src`` or ``data.tgt``, named by ``key``):
     read from ``vocab_file`` when it is set (``lines`` are then not read), else counted over the
-    tokenized ``lines``; ``min_freq`` / ``max_size`` apply either way."""
+    tokenized ``lines``; ``min_freq`` / ``max_size`` apply either way, except to the source tags
+    ``tags`` a vocabulary file holds (kept in their places: :func:`nmt.data.vocab_file.read_vocab_file`)."""
     if side_cfg.get("vocab_file") is not None:
-        return read_vocab_file(side_cfg["vocab_file"], side_cfg["min_freq"], side_cfg["max_size"], key)
+        return read_vocab_file(side_cfg["vocab_file"], side_cfg["min_freq"], side_cfg["max_size"], key, keep=tags)
     return Vocabulary.build((tokenizer.tokenize(line) for line in lines), side_cfg["min_freq"], side_cfg["max_size"])
 
 
@@ -189,11 +192,12 @@ def streamed_fields(data_cfg: dict) -> tuple[Field, Field] | None:
     src, tgt = data_cfg["src"], data_cfg["tgt"]
     src_lines = lambda: itertools.chain.from_iterable(iter_lines(c.src) for c in corpora)
     tgt_lines = lambda: itertools.chain.from_iterable(iter_lines(c.tgt) for c in corpora)
+    tags = config_tags(data_cfg)
     if data_cfg["shared_vocab"]:
         lines = itertools.chain(src_lines(), tgt_lines())
-        field = Field(tokenizers[0], side_vocabulary(src, tokenizers[0], lines, "data.src"))
+        field = Field(tokenizers[0], side_vocabulary(src, tokenizers[0], lines, "data.src", tags))
         return field, field
-    return (Field(tokenizers[0], side_vocabulary(src, tokenizers[0], src_lines(), "data.src")),
+    return (Field(tokenizers[0], side_vocabulary(src, tokenizers[0], src_lines(), "data.src", tags)),
             Field(tokenizers[-1], side_vocabulary(tgt, tokenizers[-1], tgt_lines(), "data.tgt")))
 
 

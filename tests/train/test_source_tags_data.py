@@ -292,3 +292,40 @@ def test_the_data_log_names_each_corpus_tag(tmp_path):
     single = {"train": {k: v for k, v in d["train"][0].items() if k != "name"}, "valid": d["valid"]}
     assert any(line.startswith(f"train data ({d['train'][0]['src']}, {d['train'][0]['tgt']}, source tag <2up>)")
                for line in logged(resolved(single, tmp_path), tmp_path / "run1"))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("id_cache", [False, True])
+def test_a_runs_vocab_src_read_back_with_the_same_settings_gives_the_same_ids(tmp_path, shared, id_cache):
+    """README: another run given ``save_dir/vocab.src`` as ``data.src.vocab_file`` gets the same ids.
+    With ``max_size`` the file holds max_size tokens and the tags (a tag's count: the lines it
+    starts, more than any word's), and a tag only data.valid declares has count 0 (below min_freq):
+    the tags are read whatever min_freq / max_size say, so no word is dropped for them and no tag
+    moves to the end."""
+    from nmt.train.data_setup import write_run_vocabularies
+
+    d = corpora(tmp_path / "d")
+    d["valid"]["src_tag"] = "<2ar>"  # sorted before the training tags; count 0
+    side = {"tokenizer": {"type": "space"}, "max_size": 6, "min_freq": 2}
+    extra = {"shared_vocab": True} if shared else {}
+    first = load_training_data(resolved(d, tmp_path, src=side, id_cache=id_cache, **extra), tmp_path / "run")
+    itos = first.src_field.vocab.itos
+    assert itos[-3:] == ["<2ar>", "<2rev>", "<2up>"] and first.src_field.vocab.counts["<2ar>"] == 0
+    assert len(itos) == len(SPECIALS) + 6 + 3  # max_size words, then the tags
+    (tmp_path / "run").mkdir(exist_ok=True)
+    write_run_vocabularies(tmp_path / "run", first.src_field, first.tgt_field, True)
+    again = load_training_data(resolved(d, tmp_path, src={**side, "vocab_file": str(tmp_path / "run" / "vocab.src")},
+                                        id_cache=id_cache, **extra), tmp_path / "run2")
+    assert again.src_field.vocab.itos == itos and again.src_field.vocab.counts == first.src_field.vocab.counts
+    assert again.src_field.tags == first.src_field.tags
+    assert [again.train[i][0] for i in range(len(again.train))] == [first.train[i][0] for i in range(len(first.train))]
+
+
+def test_a_vocab_file_without_counts_keeps_its_tags_beyond_max_size(tmp_path):
+    """Without counts max_size keeps the first lines: a tag further down keeps its place (its id)."""
+    d = corpora(tmp_path / "d")
+    vocab_file = write(tmp_path / "vocab.txt", ["haus", "<2up>", "klein", "gross", "<2rev>", "das"])
+    cfg = resolved(d, tmp_path, src={"tokenizer": {"type": "space"}, "vocab_file": vocab_file, "max_size": 2})
+    data = load_training_data(cfg, tmp_path / "run")
+    assert data.src_field.vocab.itos == list(SPECIALS) + ["haus", "<2up>", "klein", "<2rev>"]
+    assert_wired(data, cfg)
