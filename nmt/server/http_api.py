@@ -92,12 +92,15 @@ class TranslationService:
 
     def translate(self, body: Any) -> dict[str, Any]:
         """``POST /translate``: ``{"translations": [record, ...]}``."""
-        request = _object(body, ("src", "options", "prefixes", "constraints", "constraints_mode", "align",
-                                 "replace_unk", "src_tag"))
+        request = _object(body, TRANSLATE_FIELDS)
         sources = self._texts(request, "src")
         options = request.get("options", {})
         if not isinstance(options, dict):
             raise _bad(f"options must be an object of search options, got {_json_type(options)}")
+        misplaced = [name for name in TRANSLATE_FIELDS if name in options]  # else Model.translate's own keywords
+        if misplaced:
+            raise _bad(f"options.{misplaced[0]} is not a search option: give {misplaced[0]} beside options, as a "
+                       "field of the request")
         prefixes = self._texts(request, "prefixes") if "prefixes" in request else None
         if prefixes is not None and len(prefixes) != len(sources):
             raise _bad(f"prefixes has {len(prefixes)} entries but src has {len(sources)}")
@@ -246,6 +249,9 @@ class _TranslationJob:
             return None
         return json.dumps([self.options, self.flags], sort_keys=True)
 
+
+TRANSLATE_FIELDS = ("src", "options", "prefixes", "constraints", "constraints_mode", "align", "replace_unk", "src_tag")
+"""The fields of a ``POST /translate`` request (none of them a search option)."""
 
 GET_ROUTES = {"/health": "health", "/model": "describe"}
 POST_ROUTES = {"/translate": "translate", "/score": "score", "/translator/translate": "onmt_translate"}

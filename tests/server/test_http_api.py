@@ -164,6 +164,11 @@ def test_the_opennmt_py_request_shape(served, checkpoint):
      r"align, replace_unk, src_tag$"),
     ("/translate", {"src": ["a"], "options": {"beam_size": 0}}, None, 400, r"^beam_size must be >= 1, got 0$"),
     ("/translate", {"src": ["a"], "options": {"beam": 2}}, None, 400, r"^unknown search option\(s\) beam"),
+    # a field of the request given among the options: named, not taken as that field or a Python TypeError
+    ("/translate", {"src": ["a"], "options": {"src_tag": "<2de>"}}, None, 400,
+     r"^options\.src_tag is not a search option: give src_tag beside options, as a field of the request$"),
+    ("/translate", {"src": ["a"], "options": {"align": True}}, None, 400,
+     r"^options\.align is not a search option: give align beside options, as a field of the request$"),
     ("/translate", {"src": ["a"], "options": [1]}, None, 400, r"^options must be an object of search options"),
     ("/translate", {"src": ["a"], "align": "yes"}, None, 400, r"^align must be true or false, got a string$"),
     ("/translate", {"src": ["a", "b"], "prefixes": ["a"]}, None, 400, r"^prefixes has 1 entries but src has 2$"),
