@@ -312,3 +312,36 @@ def test_a_tagged_hypothesis_is_aligned_as_its_text_scored_by_teacher_forcing(cf
             if options.mode == "argmax":
                 tag_wins += sum(i == 0 for i, _ in full)
     assert tag_wins > 0  # some target piece attends most to the tag: the case where the two could differ
+
+
+@pytest.mark.parametrize("cfg, seed", [(RNN, 0), (TRANSFORMER, 6)], ids=["rnn0", "transformer"])
+def test_a_tagged_unk_is_replaced_by_the_source_word_it_attends_to_most(cfg, seed):
+    """``replace_unk`` with a source tag: each ``<unk>`` output becomes the line's word at the first
+    maximum of its recorded attention row (tag column included, so the words sit one column to the
+    right); one whose maximum is the tag stays ``<unk>``. The search is the untagged-code's: the
+    same tokens and scores as without replace_unk."""
+    src, tgt = tagged_fields()
+    m = tagged_model(cfg, seed)
+    with torch.no_grad():
+        bias = m.generator.proj.bias
+        bias[tgt.vocab.unk_index] = bias[4:].mean() + UNK_OFFSET[cfg["type"]]
+    search = dict(beam_size=4, n_best=4, max_length=7, src_tag="<t>")
+    plain = Translator(m, src, tgt, return_attention=True, **search).translate(SOURCES)
+    replaced = Translator(m, src, tgt, replace_unk=True, **search).translate(SOURCES)
+    seen = 0
+    for p, r in zip(plain, replaced):
+        assert p.tokens == r.tokens and [s for _, s in p.hypotheses] == [s for _, s in r.hypotheses]
+        if not r.hypotheses:
+            continue
+        words = SOURCES[r.index].split()
+        labels = [label for label in r.tokens[0] if label != "<eos>"]
+        want = []
+        for step, label in enumerate(labels):
+            if label != "<unk>":
+                want.append(label)
+                continue
+            seen += 1
+            best = int(np.argmax(p.attention[step]))
+            want.append("<unk>" if best == 0 or p.attention[step][best] <= 0 else words[best - 1])
+        assert r.hypotheses[0][0] == " ".join(want)
+    assert seen > 0
