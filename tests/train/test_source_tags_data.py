@@ -329,3 +329,31 @@ def test_a_vocab_file_without_counts_keeps_its_tags_beyond_max_size(tmp_path):
     data = load_training_data(cfg, tmp_path / "run")
     assert data.src_field.vocab.itos == list(SPECIALS) + ["haus", "<2up>", "klein", "<2rev>"]
     assert_wired(data, cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cached", [False, True])
+def test_two_ranks_train_a_tagged_run_as_one_process(tmp_path, ranks, cached):
+    """Two Gloo ranks of batch 4 give the weights of one process of batch 8 on two tagged corpora
+    (and a tagged validation set) only if rank 1 encodes with rank 0's tagged fields (the tags
+    appended to its vocabulary, each corpus led by its tag; with data.id_cache: rank 1 reads the
+    caches rank 0 wrote, keyed by the tags); the checkpoint keeps the tags."""
+    import torch
+
+    from ddp_workers import gloo_config
+    from nmt.train.checkpoint import load_checkpoint
+    from nmt.train.trainer import Trainer
+    from tiny_task import write_task
+
+    real = write_task(tmp_path / "real", n_train=24, seed=1)
+    bt = write_task(tmp_path / "bt", n_train=30, seed=2)
+    data = {"train": [{**real["train"], "src_tag": "<2x>"}, {**bt["train"], "weight": 0.7, "src_tag": "<BT>"}],
+            "valid": {**real["valid"], "src_tag": "<2x>"}}
+    Trainer(resolve_config(gloo_config(data, tmp_path / "one", 8, max_steps=8, valid_every=4), "t"), "t").train()
+    results = ranks.run(gloo_config({**data, "id_cache": cached}, tmp_path / "two", 4, max_steps=8, valid_every=4))
+    assert [r[2:4] for r in results] == [("max_steps", 8)] * 2
+    one, two = load_checkpoint(tmp_path / "one" / "last.pt"), load_checkpoint(tmp_path / "two" / "last.pt")
+    assert one["src_field"]["tags"] == two["src_field"]["tags"] == ["<2x>", "<BT>"]
+    assert one["src_field"] == two["src_field"]
+    for name in one["model"]:
+        torch.testing.assert_close(two["model"][name], one["model"][name], rtol=1e-5, atol=2e-6, msg=name)
