@@ -104,7 +104,8 @@ class Scorer:
                  device: str | torch.device = "cpu", precision: str = "fp32", align: AlignOptions | None = None,
                  src_tag: str | None = None) -> None:
         check_batch_size(batch_size)
-        self.src_prefix = src_field.tag_ids(src_tag)  # a tag the model lacks: one line listing its tags
+        # a tag the model lacks: one line listing its tags; no tag asks nothing of the field
+        self.src_prefix = [] if src_tag is None else src_field.tag_ids(src_tag)
         self.src_tag = src_tag
         if align is not None and not isinstance(align, AlignOptions):
             raise TypeError(f"align must be an AlignOptions or None, got {type(align).__name__}")

@@ -310,7 +310,7 @@ class Translator:
                  replace_unk: bool = False, phrase_table: Mapping[str, str] | None = None,
                  src_tag: str | None = None, **search_overrides: Any) -> None:
         check_batch_size(batch_size)
-        # a tag the model lacks: one line listing its tags
+        # a tag the model lacks: one line listing its tags; no tag asks nothing of the field
         self.src_prefix = [] if src_tag is None else src_field.tag_ids(src_tag)
         self.src_tag = src_tag
         if batch_type not in ("sentences", "tokens"):
