@@ -40,10 +40,11 @@ def tag_problem(tag: object) -> str | None:
 
 def config_tags(data_cfg: Mapping) -> list[str]:
     """The distinct tags a resolved ``data`` section declares (``data.train``'s corpora and
-    ``data.valid``), sorted."""
-    train = data_cfg["train"]
+    ``data.valid``), sorted; a hand-made section without them (e.g. ``build_fields``' of given
+    pairs) declares none there."""
+    train = data_cfg.get("train") or []
     corpora = train if isinstance(train, list) else [train]
-    tags = {c.get("src_tag") for c in corpora} | {data_cfg["valid"].get("src_tag")}
+    tags = {c.get("src_tag") for c in corpora} | {(data_cfg.get("valid") or {}).get("src_tag")}
     return sorted(t for t in tags if t is not None)
 
 
