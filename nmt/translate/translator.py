@@ -391,7 +391,8 @@ class Translator:
                     for i in batch.indices:
                         results[i] = Translation(first_index + i, [], [], [], False, 0, 0.0, EMPTY_INPUT,
                                                  support=[] if options.return_support else None,
-                                                 decoding=decoding, alignments=[] if self.align is not None else None)
+                                                 decoding=decoding, alignments=[] if self.align is not None else None,
+                                                 mbr=_no_candidate(options))
                 else:
                     # the source lengths stay on the host: the encoders read them there (an RNN packs
                     # with them) and masks copy them without a sync (nmt.utils.device.host_to_device)
@@ -615,6 +616,14 @@ class Translator:
         exact = not sampled and is_exact(bool(result.exact[row]), mass, candidates, int(result.n_nonzero[row]))
         chosen = expected[0] if expected else None
         return order, expected, MbrDecision(options.mbr, chosen, exact, candidates, None if sampled else mass)
+
+
+def _no_candidate(options: SearchOptions) -> MbrDecision | None:
+    """The MBR decision of a sentence with no search (an empty input line): no candidate, not
+    exact, ``expected`` None (None without MBR), so every record of an MBR run has its ``"mbr"``."""
+    if options.mbr == "none":
+        return None
+    return MbrDecision(options.mbr, None, False, 0, None if options.sample else 0.0)
 
 
 def check_word_ids(field_: Field, side: str) -> None:

@@ -264,3 +264,26 @@ def test_constraints_choose_among_the_outputs_that_meet_them():
         outputs, cut = support("sparsemax-2", toy, src_field, tgt_field, line)
         assert t.mbr.exact == (not cut and candidate_sequences(t) == set(outputs))
         assert not t.mbr.exact or all("b" in text for text, _ in outputs.values())
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_an_empty_input_line_has_an_mbr_record_with_no_candidate(sample):
+    """Every ``-report`` record of an MBR run carries ``"mbr"`` (README): an empty input line is a
+    sentence with no candidate, so ``{"expected": null, "exact": false, "candidates": 0}``, and the
+    summary's exact percentage still counts the decoded sentences only."""
+    _, model, src_field, tgt_field = setup("sparsemax")
+    kw = dict(sample=True, n_best=4, beam_size=1) if sample else dict(beam_size=3)
+    lines = ["x y", "", "z"]
+    translations = translate(model, src_field, tgt_field, lines=lines, mbr="bleu", **kw)
+    empty = translations[1]
+    assert empty.reason == "empty_input" and empty.hypotheses == []
+    assert empty.report()["mbr"] == {"utility": "bleu", "expected": None, "exact": False, "candidates": 0}
+    assert empty.expected_utility is None
+    for t in (translations[0], translations[2]):
+        assert t.report()["mbr"]["candidates"] >= 1
+    decoded = [translations[0], translations[2]]
+    clause = TranslationSummary.of(translations).line().rsplit("; ", 1)[1]
+    if sample:
+        assert clause == "MBR bleu over the samples (estimated, not exact)"
+    else:
+        assert clause == f"MBR bleu, exact {100.0 * sum(t.mbr.exact for t in decoded) / 2:.1f}%"
