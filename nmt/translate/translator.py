@@ -691,7 +691,9 @@ class TranslationSummary:
     (no output of nonzero probability, e.g. every one blocked by ``block_ngram_repeat``), or samples
     with no token of nonzero probability at some step, out of ``samples`` samples drawn.
     ``mbr``: the utility of MBR decoding (None: none); ``mbr_exact_percent``: the decoded sentences
-    whose MBR decision is exact (:func:`nmt.translate.mbr.is_exact`; None without MBR or sentences)."""
+    whose MBR decision is exact (:func:`nmt.translate.mbr.is_exact`; None without MBR or sentences);
+    ``mbr_empty``: with MBR over samples (one output line per sentence), the sentences none of whose
+    samples has a hypothesis (their line is written empty)."""
 
     sentences: int
     empty: int
@@ -704,6 +706,7 @@ class TranslationSummary:
     samples: int = 0
     mbr: str | None = None
     mbr_exact_percent: float | None = None
+    mbr_empty: int = 0
 
     @classmethod
     def of(cls, translations: Sequence[Translation]) -> "TranslationSummary":
@@ -742,6 +745,10 @@ class TranslationSummary:
         """The summary's clause on output lines left empty for want of a hypothesis ('' if none)."""
         if not self.no_output:
             return ""
+        if self.sampled and self.mbr is not None:  # one line per sentence: the MBR decision
+            return (f"; {self.no_output} of {self.samples} samples without a hypothesis (no token of nonzero "
+                    f"probability at some step; no candidates), {self.mbr_empty} sentence"
+                    f"{'s' if self.mbr_empty != 1 else ''} with none (empty lines)")
         if self.sampled:
             return (f"; {self.no_output} of {self.samples} samples without a hypothesis (no token of nonzero "
                     "probability at some step; empty lines)")
@@ -759,7 +766,7 @@ class SummaryCounts:
         self.certify_off = self.sampled = False
         self.support_total = self.support_steps = 0
         self.mbr: str | None = None
-        self.mbr_exact = 0
+        self.mbr_exact = self.mbr_empty = 0
 
     def add(self, translations: Sequence[Translation]) -> "SummaryCounts":
         self.sentences += len(translations)
@@ -784,6 +791,8 @@ class SummaryCounts:
             if t.mbr is not None:
                 self.mbr = t.mbr.utility
                 self.mbr_exact += t.mbr.exact
+                # MBR over samples writes one line, the decision: empty only where no sample has a hypothesis
+                self.mbr_empty += bool(t.reason == SAMPLED_REASON and t.missing and t.missing[0])
         return self
 
     def summary(self) -> TranslationSummary:
@@ -801,6 +810,7 @@ class SummaryCounts:
             samples=self.samples,
             mbr=self.mbr,
             mbr_exact_percent=100.0 * self.mbr_exact / self.decoded if self.mbr is not None and self.decoded else None,
+            mbr_empty=self.mbr_empty,
         )
 
 

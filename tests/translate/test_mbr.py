@@ -287,3 +287,22 @@ def test_an_empty_input_line_has_an_mbr_record_with_no_candidate(sample):
         assert clause == "MBR bleu over the samples (estimated, not exact)"
     else:
         assert clause == f"MBR bleu, exact {100.0 * sum(t.mbr.exact for t in decoded) / 2:.1f}%"
+
+
+def test_the_summary_of_mbr_over_samples_counts_the_empty_output_lines():
+    """With ``-sample -mbr`` one line per sentence is written (the decision), so the summary's
+    'empty lines' are the sentences none of whose samples has a hypothesis (every sample blocked
+    here by ``block_ngram_repeat``), recounted from the lines ``output_lines`` writes, not the
+    missing samples (the candidates that are not there)."""
+    from nmt.cli.translate_common import output_lines
+
+    _, model, src_field, tgt_field = setup("sparsemax")
+    translations = translate(model, src_field, tgt_field, sample=True, n_best=8, beam_size=1, seed=0,
+                             block_ngram_repeat=2, mbr="chrf")
+    missing = sum(sum(t.missing) for t in translations)
+    empty_lines = sum(output_lines(t, 1) == [""] for t in translations)
+    assert missing > empty_lines >= 1  # some samples missing in sentences that still have an output
+    line = TranslationSummary.of(translations).line()
+    sentences = f"{empty_lines} sentence{'s' if empty_lines != 1 else ''}"
+    assert (f"; {missing} of {8 * len(LINES)} samples without a hypothesis (no token of nonzero probability at "
+            f"some step; no candidates), {sentences} with none (empty lines);") in line
