@@ -2,7 +2,8 @@
 
 The candidates of a sentence are the outputs its search found (``SearchOptions.mbr``): with beam
 search every finished hypothesis that ends with EOS (``beam_search`` then returns all of them, not
-only the ``n_best`` first), with ``sample`` its samples. The expected utility of candidate h is
+only the ``n_best`` first) where the search is certified, else the first ``beam_size`` of them in
+the search's order (:func:`candidate_mask`), with ``sample`` its samples. The expected utility of candidate h is
 
     E[u(h)] = sum_r w(r) u(h, r)
 
@@ -41,6 +42,26 @@ MASS_TOLERANCE = 1e-4
 (the float32 rounding of a sum of products of per-step probabilities)."""
 
 Utility = Callable[[str, str], float]
+
+
+def candidate_mask(cut: Sequence[bool], missing: Sequence[bool], certified: bool, limit: int) -> list[bool]:
+    """Which of a sentence's hypotheses (in the search's order) are MBR candidates: those neither
+    cut by the length limit nor missing; where the search is not ``certified`` only the first
+    ``limit`` of them (``beam_size``: the n-best list that MBR reranks, as in Marian's and fairseq
+    users' n-best MBR; not ``n_best``, so the candidates do not depend on how many lines are written). An uncertified search returns every finished hypothesis of its
+    history, up to (T + 1) x K of them (with a softmax output EOS has nonzero probability at every
+    step), and the utilities cost O(n^2) sentence scores: hundreds of candidates would take seconds
+    a sentence, for a decision that is not exact anyway. A certified sentence keeps them all (its
+    exactness needs the whole support); samples are certified here (all kept)."""
+    usable = [not c and not m for c, m in zip(cut, missing)]
+    if certified:
+        return usable
+    kept = 0
+    for n, ok in enumerate(usable):
+        if ok:
+            usable[n] = kept < limit
+            kept += 1
+    return usable
 
 
 def check_mbr(value: Any) -> None:
@@ -138,5 +159,5 @@ def is_exact(certified: bool, mass: float, candidates: int, n_nonzero: int) -> b
     return bool(certified and candidates == n_nonzero > 0 and abs(mass - 1.0) <= MASS_TOLERANCE)
 
 
-__all__ = ["MASS_TOLERANCE", "MBR_CHOICES", "MBR_UTILITIES", "MbrDecision", "candidate_weights", "check_mbr",
+__all__ = ["MASS_TOLERANCE", "MBR_CHOICES", "MBR_UTILITIES", "MbrDecision", "candidate_mask", "candidate_weights", "check_mbr",
            "expected_utilities", "is_exact", "mbr_order", "utility_function", "utility_matrix"]

@@ -15,7 +15,7 @@ from nmt.models.protocol import NoAttention, StepDecoder, check_lengths, positio
 from nmt.translate.alignment import UNK, AlignOptions, Pair, align, output_rows, pharaoh, replace_unknowns
 from nmt.translate.beam_search import SearchResult, beam_search, refuse_sampling
 from nmt.translate.certificate import NOT_CERTIFIED, SAMPLED, reason_name
-from nmt.translate.mbr import MbrDecision, is_exact, mbr_order
+from nmt.translate.mbr import MbrDecision, candidate_mask, is_exact, mbr_order
 from nmt.translate.sampling import sample_search
 from nmt.translate.search_options import SearchOptions
 from nmt.translate.search_step import Specials
@@ -606,8 +606,10 @@ class Translator:
         """The MBR order of a sentence's hypotheses (indices into them; beam search: the
         ``options.n_best`` first, samples: all), each one's expected utility in that order, and the
         decision (:mod:`nmt.translate.mbr`). The candidates are the hypotheses that are neither cut
-        nor missing."""
-        usable = [not c and not m for c, m in zip(cut, missing)]
+        nor missing; of an uncertified beam-searched sentence only the first ``beam_size`` of those in
+        the search's order (:func:`nmt.translate.mbr.candidate_mask`)."""
+        usable = candidate_mask(cut, missing, certified=sampled or bool(result.exact[row]),
+                                limit=options.beam_size)
         order, expected = mbr_order([text for text, _ in hypotheses], [score for _, score in hypotheses], usable,
                                     options.mbr, sampled)
         if not sampled:

@@ -130,7 +130,7 @@ def test_an_exact_decision_is_the_argmax_over_the_whole_output_space(utility, mo
 
 
 def candidate_sequences(t) -> set[tuple[str, ...]]:
-    return {tuple(h.tokens) for h in t.nbest if not h.cut}
+    return {tuple(h.tokens) for h in t.nbest if h.expected_utility is not None}
 
 
 @pytest.mark.parametrize("constraint", [{}, {"min_length": 2}, {"prefixes": True}])
@@ -151,7 +151,7 @@ def test_exact_means_the_candidates_are_the_whole_support(constraint):
                 outputs, cut = support(name, toy, src_field, tgt_field, line)
                 truth = not cut and candidate_sequences(t) == set(outputs)
                 assert t.mbr.exact == truth, (name, beam_size, line, t.report())
-                assert t.mbr.candidates == sum(not h.cut for h in t.nbest)
+                assert t.mbr.candidates == sum(h.expected_utility is not None for h in t.nbest)
                 if truth:
                     assert abs(t.mass - 1.0) <= MASS_TOLERANCE
                 counts[(truth, t.mbr.exact)] += 1
@@ -171,7 +171,7 @@ def test_exact_match_chooses_the_most_probable_output_without_length_penalty():
             chosen = translate(model, src_field, tgt_field, n_best=1, mbr="exact_match", **kw)
             every = translate(model, src_field, tgt_field, n_best=400, mbr="exact_match", **kw)
             for line, p, c, e in zip(LINES, plain, chosen, every):
-                candidates = [h for h in e.nbest if not h.cut]
+                candidates = [h for h in e.nbest if h.expected_utility is not None]
                 if not candidates:
                     continue
                 top = max(h.score for h in candidates)
@@ -306,3 +306,29 @@ def test_the_summary_of_mbr_over_samples_counts_the_empty_output_lines():
     sentences = f"{empty_lines} sentence{'s' if empty_lines != 1 else ''}"
     assert (f"; {missing} of {8 * len(LINES)} samples without a hypothesis (no token of nonzero probability at "
             f"some step; no candidates), {sentences} with none (empty lines);") in line
+
+
+def test_an_uncertified_sentence_reranks_the_beams_n_best_not_its_whole_history():
+    """Where the search is not certified (a softmax output: EOS has nonzero probability at every step,
+    so the history holds up to (T + 1) x K finished hypotheses) the candidates are the first
+    ``beam_size`` complete hypotheses in the search's order, those a plain search's n-best list of
+    ``beam_size`` holds (MBR over an n-best list), and their expected utilities are recomputed from
+    them with sacrebleu; the others come after, with no expected utility."""
+    toy = MarkovDecoder(vocab=8, src_vocab=9, mapping="softmax", scale=1.0, eos_bonus=0.8, seed=4)
+    model, (src_field, tgt_field) = VocabularyOrder(toy), fields()
+    longer_history = 0
+    for beam_size in (2, 3):
+        plain = translate(model, src_field, tgt_field, beam_size=beam_size, n_best=beam_size)
+        ranked = translate(model, src_field, tgt_field, beam_size=beam_size, n_best=400, mbr="chrf")
+        for p, t in zip(plain, ranked):
+            assert not t.certified and not t.mbr.exact
+            candidates = [h for h in t.nbest if h.expected_utility is not None]
+            assert {tuple(h.tokens) for h in candidates} == {tuple(h.tokens) for h in p.nbest if not h.cut}
+            assert t.mbr.candidates == len(candidates) <= beam_size
+            assert all(h.expected_utility is None for h in t.nbest[len(candidates):])
+            total = math.fsum(math.exp(h.score) for h in candidates)
+            for h in candidates:
+                assert h.expected_utility == pytest.approx(math.fsum(
+                    math.exp(r.score) / total * SACREBLEU["chrf"](h.text, r.text) for r in candidates), abs=1e-9)
+            longer_history += len(t.nbest) > beam_size
+    assert longer_history >= 4  # the history held more finished hypotheses than the n-best list
