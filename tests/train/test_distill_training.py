@@ -21,7 +21,8 @@ from nmt.utils.sync_audit import SyncAudit
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_task import assert_same_run, make_trainer, tiny_config, write_task  # noqa: E402
-from test_precision_compile import PAD, STATIC_ENTMAX, copy_batch, model  # noqa: E402
+from test_precision_compile import (PAD, STATIC_ENTMAX, assert_compiled_equals_eager, copy_batch,  # noqa: E402
+                                    model)
 
 TEACHER_STEPS = 150
 
@@ -171,23 +172,10 @@ def test_compiled_distill_step_is_one_graph_and_equals_eager():
     batch = copy_batch(4)
     mask = length_mask(batch.src_lengths, batch.src.size(1), batch.src.device)
     args = (m, get_loss("sparsemax"), batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, PAD, 0.0, mask)
-    results = []
-    before = torch._dynamo.config.allow_rnn
-    try:
-        for forward in (DistillForward(teacher, lambda fn: compile_for_device(fn, "cpu", backend=counting,
-                                                                               encoder_in_graph=True)),
-                        DistillForward(teacher)):
-            torch._dynamo.reset()
-            m.zero_grad()
-            loss = forward(*args)
-            loss.backward()
-            results.append((loss.detach(), [p.grad.clone() for p in m.parameters()]))
-    finally:
-        torch._dynamo.config.allow_rnn = before
+    compiled = DistillForward(teacher, lambda fn: compile_for_device(fn, "cpu", backend=counting,
+                                                                      encoder_in_graph=True))
+    assert_compiled_equals_eager(m, compiled, DistillForward(teacher), args)
     assert len(graphs) == 1, graphs
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-12, atol=0)
-    for a, b in zip(results[0][1], results[1][1]):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("normalization", ["tokens", "sents"])

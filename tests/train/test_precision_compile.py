@@ -126,11 +126,20 @@ def test_compiled_lstm_step_is_one_graph(encoder):
     batch = copy_batch(4)
     mask = length_mask(batch.src_lengths, batch.src.size(1), batch.src.device)
     args = (m, get_loss("softmax"), batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, PAD, 0.0, mask)
+    compiled = compile_for_device(loss_forward, "cpu", backend=counting, encoder_in_graph=True)
+    assert_compiled_equals_eager(m, compiled, loss_forward, args)
+    assert (len(graphs) == 1) == (encoder == "lstm"), graphs
+
+
+def assert_compiled_equals_eager(m: torch.nn.Module, compiled, eager, args: tuple) -> None:
+    """The loss and every parameter's gradient of ``compiled(*args)`` equal ``eager(*args)``'s
+    (each after a dynamo reset; the loss to 1e-12 relative, gradients to 1e-10 / 1e-12): the
+    compiled training step computes what the eager one does. ``torch._dynamo.config.allow_rnn``
+    (process-wide, set by compiling the LSTM encoder into the graph) is restored after."""
     results = []
-    before = torch._dynamo.config.allow_rnn  # process-wide: restored for the tests after this one
+    before = torch._dynamo.config.allow_rnn
     try:
-        for forward in (compile_for_device(loss_forward, "cpu", backend=counting, encoder_in_graph=True),
-                        loss_forward):
+        for forward in (compiled, eager):
             torch._dynamo.reset()
             m.zero_grad()
             loss = forward(*args)
@@ -138,7 +147,6 @@ def test_compiled_lstm_step_is_one_graph(encoder):
             results.append((loss.detach(), [p.grad.clone() for p in m.parameters()]))
     finally:
         torch._dynamo.config.allow_rnn = before
-    assert (len(graphs) == 1) == (encoder == "lstm"), graphs
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-12, atol=0)
     for a, b in zip(results[0][1], results[1][1]):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
