@@ -112,12 +112,16 @@ def word_pairs(pairs: Iterable[Pair], src_words: Sequence[int | None], tgt_words
 
 
 def align(attention: np.ndarray, rows: Sequence[int], options: AlignOptions,
-          src_words: Sequence[int | None] | None = None, tgt_words: Sequence[int | None] | None = None) -> list[Pair]:
+          src_words: Sequence[int | None] | None = None, tgt_words: Sequence[int | None] | None = None,
+          src_offset: int = 0) -> list[Pair]:
     """The alignment of one hypothesis: token pairs (``options.level == "token"``) or word pairs
-    (``src_words`` / ``tgt_words``: each piece's word, as ``Tokenizer.word_ids`` gives them)."""
+    (``src_words`` / ``tgt_words``: each piece's word, as ``Tokenizer.word_ids`` gives them).
+    ``src_offset``: the attention's first source columns that are no piece of the line (a source
+    tag): attended like any column, but a token pair to one is dropped and the others count the
+    line's pieces from 0 (at word level their ``src_words`` entries are None)."""
     pairs = token_pairs(attention, rows, options)
     if options.level == "token":
-        return pairs
+        return [(i - src_offset, j) for i, j in pairs if i >= src_offset] if src_offset else pairs
     if src_words is None or tgt_words is None:
         raise ValueError("word-level alignment needs the words of the source and target pieces")
     return word_pairs(pairs, src_words, tgt_words)

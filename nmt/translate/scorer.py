@@ -172,7 +172,7 @@ class Scorer:
         """The reference's alignment pairs from its teacher-forced attention (row t: reference
         token t; the EOS row left out): word indices of the source and reference lines' pieces.
         A source tag's column is attention like any other, as the translator reads it (a piece whose
-        argmax is the tag aligns to nothing); its pairs are then dropped and the others shifted."""
+        argmax is the tag aligns to nothing; ``align``'s ``src_offset``)."""
         assert self.align is not None and scores.attention is not None
         n_tgt = int(scores.lengths[row]) - 1  # the reference's tokens, without EOS
         attention = scores.attention[row, :n_tgt, :n_src].numpy()  # the tag's column included
@@ -181,10 +181,7 @@ class Scorer:
         if self.align.level == "word":  # the tag's place: in no word
             src_words = [None] * tag + self.src_field.tokenizer.word_ids(self.src_field.tokenize(source))
             tgt_words = self.tgt_field.tokenizer.word_ids(self.tgt_field.tokenize(reference))
-        pairs = align(attention, list(range(n_tgt)), self.align, src_words, tgt_words)
-        if tag and self.align.level == "token":  # the line's pieces, not the tag
-            pairs = [(i - tag, j) for i, j in pairs if i >= tag]
-        return pairs
+        return align(attention, list(range(n_tgt)), self.align, src_words, tgt_words, src_offset=tag)
 
     def _unpack(self, scores: BatchScores, row: int, index: int, tgt_out: list[int]) -> PairScore:
         n = int(scores.lengths[row])

@@ -546,10 +546,8 @@ class Translator:
                 text = field_.tokenizer.detokenize(pieces)
                 if alignments is not None:
                     tgt_words = field_.tokenizer.word_ids(pieces) if source.words is not None else None
-                    pairs = align(attention, rows, self.align, source.words, tgt_words)
-                    if self.src_prefix and self.align.level == "token":  # the line's pieces, not the tag
-                        pairs = [(i - len(self.src_prefix), j) for i, j in pairs if i >= len(self.src_prefix)]
-                    alignments.append(pairs)
+                    alignments.append(align(attention, rows, self.align, source.words, tgt_words,
+                                            src_offset=len(self.src_prefix)))  # the line's pieces, not the tag
             entries.append(n)
             hypotheses.append((text, float(scores[n])))
             tokens.append(labels)
