@@ -47,6 +47,7 @@ from nmt.train.init_from import init_checkpoint_path
 from nmt.translate.loading import load_model
 from nmt.utils.checkpoint_file import CheckpointError
 from nmt.utils.exception_text import first_line
+from nmt.utils.file_fingerprint import describe_change, fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,12 @@ class Teacher:
     temperature: float
     path: Path
     step: int
+    file: dict | None = None  # its fingerprint (nmt.utils.file_fingerprint) when loaded; saved in checkpoints
+
+    def record(self) -> dict:
+        """What a checkpoint keeps of the teacher (``trainer.teacher``): its path, step and file
+        fingerprint, compared on resume by :func:`teacher_change`."""
+        return {"path": str(self.path), "step": self.step, "file": self.file}
 
     def describe(self) -> str:
         """One log line: the file, its step, mapping, weight and temperature."""
@@ -136,8 +143,29 @@ def load_teacher(config: dict, source: str, src_field: Field, tgt_field: Field,
         mapping = get_mapping(output["mapping"], **output["params"])
     except ValueError as exc:
         raise ConfigError(source, KEY, f"{path}: its output mapping: {first_line(exc)}") from None
+    try:
+        file = fingerprint(path)
+    except OSError:  # read a moment ago; gone since: nothing to compare on a later resume
+        file = None
     return Teacher(model.eval(), mapping, output["mapping"], float(cfg["weight"]), float(cfg["temperature"]),
-                   path, loaded.step)
+                   path, loaded.step, file)
+
+
+def teacher_change(saved: dict | None, teacher: Teacher | None) -> str | None:
+    """What changed in the teacher's file since a checkpoint was written (``saved``: its
+    ``trainer.teacher``, see :meth:`Teacher.record`), in words, or None: no teacher then or now,
+    another path (the changed setting is logged as such), or nothing seen to differ. A teacher
+    run directory's ``best.pt`` rewritten by that run's later training is the usual case:
+    ``runs/t/best.pt now holds step 3000 (step 2000 when the checkpoint was written; size ...)``."""
+    if saved is None or teacher is None or saved.get("path") != str(teacher.path):
+        return None
+    what = (describe_change(saved["file"], teacher.file)
+            if saved.get("file") is not None and teacher.file is not None else None)
+    if what is None and saved.get("step") == teacher.step:
+        return None
+    steps = (f"step {teacher.step} (step {saved.get('step')} when the checkpoint was written)"
+             if saved.get("step") != teacher.step else f"step {teacher.step} as before")
+    return f"{teacher.path} now holds {steps}" + (f"; {what}" if what is not None else "")
 
 
 def teacher_distribution(teacher: nn.Module, mapping: Callable[..., Tensor], temperature: float, src: Tensor,
@@ -201,5 +229,5 @@ class DistillForward:
                        t.model, t.mapping, t.weight, t.temperature)
 
 
-__all__ = ["DistillForward", "KEY", "Teacher", "check_distill", "distill_loss", "distill_loss_forward",
+__all__ = ["DistillForward", "KEY", "Teacher", "check_distill", "teacher_change", "distill_loss", "distill_loss_forward",
            "load_teacher", "teacher_distribution", "token_list_difference"]

@@ -35,7 +35,7 @@ from nmt.sparse import get_loss, is_softmax, loss_display_name
 from nmt.train.checkpoint import (CheckpointError, best_check, find_resume_checkpoint, load_checkpoint,
                                   remove_stale_temporaries, repair_best, restore_last, save_run_checkpoint,
                                   set_aside_damaged)
-from nmt.train.distill import DistillForward, check_distill, load_teacher
+from nmt.train.distill import DistillForward, check_distill, load_teacher, teacher_change
 from nmt.train.data_setup import (DATA_FILE_KEYS, check_valid_positions, data_changes, data_fingerprints,
                                   generate_if_missing, load_training_data, write_run_vocabularies)
 from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, init_distributed, rank_device,
@@ -223,6 +223,10 @@ class Trainer:
         self.model.to(self.device)
         # training.distill: the teacher (each process its own copy), checked against this run's vocabularies
         self.teacher = load_teacher(config, source, self.data.src_field, self.data.tgt_field, self.device)
+        changed = teacher_change(checkpoint["trainer"].get("teacher"), self.teacher) if checkpoint is not None else None
+        if changed is not None and self.dist.is_main:
+            logger.warning("training.distill.teacher: %s since %s was saved; distillation goes on with the "
+                           "teacher as it is now", changed, self.resume_path)
         if self.dist.rank > 0:  # same initial weights on every rank, other dropout masks
             seed_everything(train_cfg["seed"] + self.dist.rank)
         output = config["model"]["output"]
@@ -494,6 +498,7 @@ class Trainer:
             "trainer": {"progress": asdict(self.progress), "early_stopping": self.stopper.state_dict(),
                         "keep_best": self.kept.state_dict(),
                         "data_files": self.data_files, "skipped_updates": self.skipped_updates,
+                        "teacher": self.teacher.record() if self.teacher is not None else None,
                         "consecutive_skips": self.consecutive_skips,
                         "overflow_skips": self.overflows.state_dict()},
         }

@@ -257,6 +257,40 @@ def test_an_interrupted_distilled_run_resumes_as_if_uninterrupted(teacher_run, t
     assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
 
 
+def test_a_resume_names_a_teacher_file_rewritten_since_the_checkpoint(teacher_run, tmp_path, caplog):
+    """The checkpoint keeps the teacher's step and file fingerprint: resuming against the same
+    file is silent, against that path rewritten with another checkpoint (here the teacher's
+    weights perturbed and saved as a later step, as the teacher's own run would rewrite its
+    best.pt) is one warning naming the file and both steps; training goes on."""
+    import shutil
+
+    from nmt.utils.checkpoint_file import load_checkpoint, save_checkpoint
+
+    data, teacher = teacher_run
+    copy = tmp_path / "teacher.pt"
+    shutil.copyfile(teacher / "best.pt", copy)
+    settings = {"distill": {"teacher": str(copy), "weight": 0.5}, "max_steps": 3, "valid_every": 3}
+    student(data, tmp_path / "run", **settings).train()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="nmt.train.trainer"):
+        student(data, tmp_path / "run", **{**settings, "max_steps": 4}).train()
+    assert not [r for r in caplog.records if "training.distill.teacher" in r.getMessage()]
+    payload = load_checkpoint(copy)
+    old_step = payload["step"]
+    payload["step"] = old_step + 50
+    for tensor in payload["model"].values():
+        if tensor.is_floating_point():
+            tensor.add_(0.01)
+    save_checkpoint(copy, payload)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="nmt.train.trainer"):
+        assert student(data, tmp_path / "run", **{**settings, "max_steps": 5}).train().step == 5
+    lines = [r.getMessage() for r in caplog.records if "training.distill.teacher" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert (f"{copy} now holds step {old_step + 50} (step {old_step} when the checkpoint was written)" in lines[0]
+            and "last.pt" in lines[0] and "goes on" in lines[0]), lines[0]
+
+
 def test_the_mixed_loss_of_a_batch_is_what_the_update_returns(teacher_run, tmp_path):
     """The trainer's update returns the summed mixed loss of its batch: recomputed from the teacher's
     and the student's teacher-forced scores (softmax teacher, entmax15 student)."""
