@@ -89,7 +89,7 @@ def test_precision_reaches_translation_and_scoring(checkpoint):
     assert [t.score for t in t32] != [t.score for t in t16]
     for t, s in zip(t16, bf16.score(lines, [t.text for t in t16])):
         assert s.logprob == pytest.approx(t.score, abs=1e-3) or s.logprob == t.score == -math.inf
-    with pytest.raises(ValueError, match="^precision must be one of fp32, bf16, fp16, got 'fp8'$"):
+    with pytest.raises(ValueError, match="^precision must be one of fp32, bf16, fp16, int8, got 'fp8'$"):
         nmt.load(checkpoint, device="cpu", precision="fp8")
 
 

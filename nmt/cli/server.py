@@ -5,7 +5,7 @@
                [-coverage_penalty wu|summary -beta B [-stepwise_penalty]]
                [-block_ngram_repeat N] [-ban_unk_token] [-mbr chrf|bleu|exact_match] [-no_certify]
                [-phrase_table FILE]
-               [-batch_size N] [-batch_type sentences|tokens] [-precision fp32|bf16|fp16]
+               [-batch_size N] [-batch_type sentences|tokens] [-precision fp32|bf16|fp16|int8]
                [-max_sentences 10000] [-threads N] [-quiet]
 
 The search flags set the defaults of every request (a request's ``"options"`` override them). The
@@ -44,8 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "CPU, 8,192 tokens on a GPU, as nmt-translate)")
     p.add_argument("-batch_type", "--batch_type", default=None, choices=("sentences", "tokens"),
                    help="what -batch_size counts")
-    p.add_argument("-precision", "--precision", default="fp32", choices=("fp32", "bf16", "fp16"),
-                   help="the model's computations (bf16 / fp16: autocast, as nmt-translate -precision)")
+    p.add_argument("-precision", "--precision", default="fp32", choices=("fp32", "bf16", "fp16", "int8"),
+                   help="the model's computations (bf16 / fp16: autocast; int8: CPU, int8 matrix products; as "
+                        "nmt-translate -precision)")
     p.add_argument("-max_sentences", "--max_sentences", type=int, default=10_000,
                    help="most sentences one request may hold (more: status 413)")
     p.add_argument("-beam_size", "--beam_size", type=int, default=d.beam_size)

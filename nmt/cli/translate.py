@@ -10,7 +10,7 @@
                   [-tgt REF] [-attention DIR] [-support] [-device auto|cpu|cuda]
                   [-report_align [-align_mode argmax|support] [-align_level word|token]]
                   [-replace_unk [-phrase_table FILE]]
-                  [-batch_type sentences|tokens] [-precision fp32|bf16|fp16]
+                  [-batch_type sentences|tokens] [-precision fp32|bf16|fp16|int8]
                   [-search_mode auto|dynamic|static] [-stop_every K]
     nmt-translate -model M.pt -src FILE -output FILE -sample -n_best N [-temperature T]
                   [-sample_topk K] [-sample_topp P] [-seed S]                    (sampling)
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     from nmt.translate.length_penalty import LENGTH_PENALTIES
     from nmt.translate.mbr import MBR_CHOICES
     from nmt.translate.search_options import SEARCH_MODES, SearchOptions
-    from nmt.utils.precision import PRECISIONS
+    from nmt.utils.precision import INFERENCE_PRECISIONS
 
     from nmt._version import __version__
     from nmt.cli.help_format import DefaultsHelpFormatter
@@ -213,9 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-no_certify", "--no_certify", action="store_true", default=not d.certify,
                    help="skip the certificate (and its extra search); the summary says certified n/a")
     p.add_argument("-device", "--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
-    p.add_argument("-precision", "--precision", default="fp32", choices=PRECISIONS,
+    p.add_argument("-precision", "--precision", default="fp32", choices=INFERENCE_PRECISIONS,
                    help="fp32 (IEEE float32 on a GPU too: no TF32), or bf16/fp16 autocast of the model, in scoring "
-                        "too (the search stays in float32)")
+                        "too (the search stays in float32); int8 (CPU only; -device auto then means cpu): the model's "
+                        "matrix products with int8 weights and dynamically quantized inputs")
     p.add_argument("-search_mode", "--search_mode", default=d.mode, choices=SEARCH_MODES,
                    help="static: fixed shapes, no per-step host sync (GPU); dynamic: finished sentences (with -sample: samples) "
                         "leave the batch (CPU); auto: static on CUDA")
@@ -311,12 +312,16 @@ def run(args: argparse.Namespace, start: float | None = None) -> int:
 
     from nmt.translate.loading import resolve_device
     from nmt.utils.device import make_current
+    from nmt.utils.precision import check_inference_device
 
     _check_arguments(args)
     search_options(args)  # bad search flags fail before any input is read
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.precision == "int8" and args.device == "auto":  # int8: torch's quantized CPU kernels
+        args.device = "cpu"
     args.device = resolve_device(args.device, what="-device")
+    check_inference_device(args.precision, args.device)
     make_current(args.device)  # one device: Triton's launches need no switch, nothing reaches cuda:0
     from nmt.translate.translator import default_batching
 

@@ -272,12 +272,15 @@ def print_metrics(hypotheses: Sequence[str], references: Sequence[str]) -> None:
     say(metrics_line(hypotheses, references))
 
 
-def summary_suffix(startup: float, seconds: float, sentences: int, members: Sequence[Any]) -> str:
-    """``; X sentences/s (Y with start-up); start-up Z s[ (ensemble of N)]``."""
+def summary_suffix(startup: float, seconds: float, sentences: int, members: Sequence[Any],
+                   precision: str = "fp32") -> str:
+    """``; X sentences/s (Y with start-up); start-up Z s[ (ensemble of N)][; precision P]`` (the
+    precision where it is not fp32)."""
     speed = sentences / seconds if seconds > 0 else float("inf")
     overall = sentences / (seconds + startup) if seconds + startup > 0 else float("inf")
     ensemble = f" (ensemble of {len(members)})" if len(members) > 1 else ""
-    return f"; {speed:.1f} sentences/s ({overall:.1f} with start-up); start-up {startup:.2f} s{ensemble}"
+    marked = f"; precision {precision}" if precision != "fp32" else ""
+    return f"; {speed:.1f} sentences/s ({overall:.1f} with start-up); start-up {startup:.2f} s{ensemble}{marked}"
 
 
 __all__ = ["ALIGNMENT_SEPARATOR", "PROG", "SEARCH_FLAGS", "align_options", "attention_flags", "check_word_level",

@@ -84,7 +84,7 @@ def run_file(args: argparse.Namespace, start: float) -> int:
 
     if not args.quiet:
         summary = TranslationSummary.of(translations)
-        say(summary.line() + summary_suffix(startup, translator.search_seconds, len(lines), members))
+        say(summary.line() + summary_suffix(startup, translator.search_seconds, len(lines), members, args.precision))
     if references is not None:
         print_metrics([t.text for t in translations], references)
     return 0

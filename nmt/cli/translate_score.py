@@ -61,7 +61,7 @@ def run_score(args: argparse.Namespace, start: float) -> int:
     summary = ScoreSummary.of(scores)
     line = summary.line()
     if not args.quiet:
-        line += summary_suffix(startup, scorer.seconds, len(sources), members).replace("sentences/s", "pairs/s")
+        line += summary_suffix(startup, scorer.seconds, len(sources), members, args.precision).replace("sentences/s", "pairs/s")
     say(line)  # the metric line of scoring: kept with -quiet
     return 0
 

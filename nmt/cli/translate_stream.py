@@ -173,7 +173,7 @@ def run_stream(args: argparse.Namespace, start: float) -> int:
             report.close()
     if not args.quiet:
         summary = counts.summary()
-        say(summary.line() + summary_suffix(startup, translator.search_seconds, counts.sentences, members))
+        say(summary.line() + summary_suffix(startup, translator.search_seconds, counts.sentences, members, args.precision))
     if constraints is not None and len(constraints) != counts.sentences:
         raise ValueError(f"-constraints {args.constraints} has {len(constraints)} lines but stdin had "
                          f"{counts.sentences}")

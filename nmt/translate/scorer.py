@@ -1,6 +1,8 @@
 """Score text pairs (source, reference) with a model: batching, detokenised records, a summary."""
 from __future__ import annotations
 
+import contextlib
+
 import math
 import time
 from dataclasses import dataclass
@@ -16,7 +18,8 @@ from nmt.translate.scoring import BatchScores, score_batch
 from nmt.translate.translator import check_batch_size, check_word_ids
 from nmt.utils.device import checked_device
 from nmt.utils.json_safe import json_number
-from nmt.utils.precision import check_precision, inference_precision
+from nmt.utils.packed_linear import frozen_weights
+from nmt.utils.precision import check_inference_device, check_precision, inference_precision
 
 EMPTY_SOURCE = "empty_source"
 """``reason`` of a pair whose source line is empty: it is not scored."""
@@ -114,8 +117,9 @@ class Scorer:
                 check_word_ids(field_, side)
         self.align = align
         self.model, self.src_field, self.tgt_field = model, src_field, tgt_field
-        self.batch_size, self.precision = batch_size, check_precision(precision)
+        self.batch_size, self.precision = batch_size, check_precision(precision, inference=True)
         self.device = checked_device(device, "Scorer device")  # one line, not an error at the first batch
+        check_inference_device(self.precision, self.device)
         self.seconds = 0.0
 
     def score(self, sources: Sequence[str], references: Sequence[str],
@@ -148,7 +152,9 @@ class Scorer:
         for indices in make_batches(data, self.batch_size, shuffle=False, indices=nonempty):
             batch = collate(data, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index)
             on_device = batch.to(self.device, lengths_on_host=True)  # source lengths read on the host
-            with inference_precision(self.device, self.precision):
+            # int8: the products of the packed path, which a frozen region opens (fp32 scores as before)
+            with inference_precision(self.device, self.precision), (
+                    frozen_weights() if self.precision == "int8" else contextlib.nullcontext()):
                 scores = score_batch(self.model, on_device.src, on_device.src_lengths, on_device.tgt_in,
                                      on_device.tgt_out, on_device.tgt_lengths, need_attention=self.align is not None)
             scores = scores.cpu()

@@ -25,7 +25,7 @@ from nmt.translate.constraint_automaton import (DEFAULT_MODE, MAX_STATES, Automa
                                                 explored_states_bound, phrases_met)
 from nmt.utils.device import checked_device
 from nmt.utils.packed_linear import frozen_weights
-from nmt.utils.precision import check_precision, inference_precision
+from nmt.utils.precision import check_inference_device, check_precision, inference_precision
 
 EMPTY_INPUT = "empty_input"
 """``reason`` of an empty input line: it is not decoded and its output is empty."""
@@ -325,7 +325,7 @@ class Translator:
         if align is not None and align.level == "word":
             for side, field_ in (("source", src_field), ("target", tgt_field)):
                 check_word_ids(field_, side)
-        self.batch_type, self.precision = batch_type, check_precision(precision)
+        self.batch_type, self.precision = batch_type, check_precision(precision, inference=True)
         self.model, self.src_field, self.tgt_field = model, src_field, tgt_field
         self.options = (options or SearchOptions()).updated(**search_overrides)
         self.align, self.replace_unk, self.phrase_table = align, replace_unk, phrase_table
@@ -333,6 +333,7 @@ class Translator:
             self.options = self.options.updated(return_attention=True)
         self.batch_size, self.max_src_length = batch_size, max_src_length
         self.device = checked_device(device, "Translator device")  # one line, not an error at the first batch
+        check_inference_device(self.precision, self.device)
         self.search_seconds = 0.0
 
     def translate(self, lines: Sequence[str], progress: Callable[[int], None] | None = None,
@@ -483,7 +484,8 @@ class Translator:
         """The ``decoding`` of every ``Translation`` of a run: ``options``' report settings, the
         alignment's (``align_mode``, ``align_level``, ``align_threshold`` of "support"),
         ``"replace_unk": True`` where it is on (and ``"phrase_table": True`` with a table) and the
-        ``"src_tag"`` put before every source; None where there are none."""
+        ``"src_tag"`` put before every source, the ``"precision"`` where it is not fp32 (bf16, fp16,
+        int8: not the float32 model's search); None where there are none."""
         settings = dict(options.report_settings() or {})
         if self.align is not None:
             settings.update(self.align.report_settings())
@@ -493,6 +495,8 @@ class Translator:
             settings["phrase_table"] = True
         if self.src_tag is not None:
             settings["src_tag"] = self.src_tag
+        if self.precision != "fp32":
+            settings["precision"] = self.precision
         return settings or None
 
     def _source_pieces(self, line: str, length: int) -> "_SourcePieces | None":

@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nmt.utils.int8_linear import Int8Weight, int8_active
+
 _CACHE: dict[int, dict[str, tuple[tuple, Any]]] = {}
 """id(first weight) -> {tag: (signature, value)} (:func:`frozen_cached`); entries leave with their weight."""
 _WATCHED: set[int] = set()
@@ -135,18 +137,26 @@ class FrozenWeight:
     creates nothing, is as fast or up to 26% faster at 1-16 rows. On AMD processors oneDNN
     takes 0.55-0.65x MKL's time at every number of rows (hence 1 there) once a product reaches
     :data:`DECODE_MIN_MACS` multiply-adds; below that its per-call cost makes MKL faster.
-    Results equal ``F.linear`` up to rounding on either path. No autograd, no host
+    Results equal ``F.linear`` up to rounding on either path. Inside an
+    :func:`nmt.utils.int8_linear.int8_products` region (``-precision int8``) every product is
+    int8 instead (:class:`~nmt.utils.int8_linear.Int8Weight`, quantized when first needed: within
+    its stated error of ``F.linear``). No autograd, no host
     synchronisation."""
 
-    __slots__ = ("_weight", "_packed", "_transposed", "_row_macs")
+    __slots__ = ("_weight", "_packed", "_transposed", "_row_macs", "_int8")
 
     def __init__(self, weight: Tensor) -> None:
         self._weight = weight.detach()
         self._packed: Optional[Tensor] = None  # oneDNN's layout
         self._transposed: Optional[Tensor] = None  # (I, O): MKL's sgemm without a transpose
         self._row_macs = weight.numel()  # multiply-adds per row of input
+        self._int8: Optional[Int8Weight] = None  # made when first needed in an int8 region
 
     def __call__(self, x: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+        if int8_active():  # -precision int8: every product in int8, faster at every size measured
+            if self._int8 is None:
+                self._int8 = Int8Weight(self._weight)
+            return self._int8(x, bias)
         width = x.shape[-1]
         rows = x.numel() // width if width else 0
         if rows >= DECODE_MIN_ROWS and rows * self._row_macs >= DECODE_MIN_MACS:

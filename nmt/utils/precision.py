@@ -3,7 +3,10 @@
 ``"fp32"`` runs everything in float32; ``"bf16"`` and ``"fp16"`` run the model under
 ``torch.autocast`` (matrix products in half precision, reductions and losses in float32; the
 probability mappings compute half inputs in float32). fp16 needs loss scaling in training
-(``torch.amp.GradScaler``); bf16 does not. bf16 autocast works on CPU too.
+(``torch.amp.GradScaler``); bf16 does not. bf16 autocast works on CPU too. Decoding and scoring also take ``"int8"``
+(:data:`INFERENCE_PRECISIONS`; CPU only): the products of decoding's packed path
+(:mod:`nmt.utils.packed_linear`) in dynamically quantized int8 (:mod:`nmt.utils.int8_linear`),
+everything else in float32.
 
 Decoding and scoring in ``"fp32"`` run under :func:`ieee_float32`: torch lets cuDNN's LSTM use
 TF32 tensor cores for float32 by default (``torch.backends.cudnn.rnn.fp32_precision == "tf32"``,
@@ -20,19 +23,38 @@ from typing import ContextManager, Iterator
 import torch
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+"""Training's precisions (``training.precision``)."""
+INFERENCE_PRECISIONS = PRECISIONS + ("int8",)
+"""Decoding's and scoring's (``nmt-translate -precision``): int8 on the CPU only."""
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def check_precision(name: str) -> str:
-    """``name`` if it is one of ``PRECISIONS``; ValueError naming the valid ones otherwise."""
-    if name not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {name!r}")
+def check_precision(name: str, inference: bool = False) -> str:
+    """``name`` if it is one of ``PRECISIONS`` (with ``inference``: of ``INFERENCE_PRECISIONS``);
+    ValueError naming the valid ones otherwise."""
+    valid = INFERENCE_PRECISIONS if inference else PRECISIONS
+    if name not in valid:
+        raise ValueError(f"precision must be one of {', '.join(valid)}, got {name!r}")
     return name
+
+
+def check_inference_device(name: str, device: torch.device | str) -> None:
+    """ValueError where precision ``name`` cannot run on ``device``: int8 needs the CPU (its
+    products are written for the CPU's int8 kernels) and a torch that has them."""
+    if name != "int8":
+        return
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"precision int8 runs on the CPU only (int8 matrix products for CPUs), not on "
+                         f"{torch.device(device)}; use -device cpu, or bf16 / fp16 on a GPU")
+    from nmt.utils.int8_linear import available
+
+    if not available():
+        raise ValueError(f"precision int8 needs torch._int_mm, which this torch {torch.__version__} lacks")
 
 
 def autocast_dtype(name: str) -> torch.dtype | None:
     """The autocast dtype of a precision name (None for fp32)."""
-    return _DTYPES.get(check_precision(name))
+    return _DTYPES.get(check_precision(name, inference=True))
 
 
 def autocast(device: torch.device | str, name: str) -> ContextManager:
@@ -91,12 +113,24 @@ def _legacy_matmul_precision() -> str | None:
         return None
 
 
+@contextlib.contextmanager
+def _int8_inference() -> Iterator[None]:
+    from nmt.utils.int8_linear import int8_products
+
+    with ieee_float32(), int8_products():
+        yield
+
+
 def inference_precision(device: torch.device | str, name: str) -> ContextManager:
     """The context of decoding and scoring at precision ``name`` on ``device``: :func:`autocast`
-    for "bf16" / "fp16", :func:`ieee_float32` for "fp32" (the CPU's results on a GPU)."""
+    for "bf16" / "fp16", :func:`ieee_float32` for "fp32" (the CPU's results on a GPU), and for
+    "int8" (CPU; :func:`check_inference_device`) int8 products in decoding's packed path."""
+    if name == "int8":
+        check_inference_device(name, device)
+        return _int8_inference()
     if autocast_dtype(name) is None:
         return ieee_float32()
     return autocast(device, name)
 
 
-__all__ = ["PRECISIONS", "autocast", "autocast_dtype", "check_precision", "ieee_float32", "inference_precision"]
+__all__ = ["INFERENCE_PRECISIONS", "PRECISIONS", "check_inference_device", "autocast", "autocast_dtype", "check_precision", "ieee_float32", "inference_precision"]

@@ -853,7 +853,7 @@ def test_bf16_precision_runs_the_model_under_autocast(trained):
     for a, b in zip(out["fp32"], out["bf16"]):
         if a.text == b.text:
             assert b.hypotheses[0][1] == pytest.approx(a.hypotheses[0][1], abs=0.1 + 0.05 * abs(a.hypotheses[0][1]))
-    with pytest.raises(ValueError, match=r"^precision must be one of fp32, bf16, fp16, got 'fp8'$"):
+    with pytest.raises(ValueError, match=r"^precision must be one of fp32, bf16, fp16, int8, got 'fp8'$"):
         Translator(decoder, src_field, tgt_field, precision="fp8")
 
 

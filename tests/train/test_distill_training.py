@@ -257,15 +257,17 @@ def test_an_interrupted_distilled_run_resumes_as_if_uninterrupted(teacher_run, t
     assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
 
 
-def test_a_resume_names_a_teacher_file_rewritten_since_the_checkpoint(teacher_run, tmp_path, caplog):
+def test_a_resume_names_a_teacher_file_rewritten_since_the_checkpoint(teacher_run, tmp_path, caplog, monkeypatch):
     """The checkpoint keeps the teacher's step and file fingerprint: resuming against the same
     file is silent, against that path rewritten with another checkpoint (here the teacher's
     weights perturbed and saved as a later step, as the teacher's own run would rewrite its
     best.pt) is one warning naming the file and both steps; training goes on."""
+    import logging
     import shutil
 
     from nmt.utils.checkpoint_file import load_checkpoint, save_checkpoint
 
+    monkeypatch.setattr(logging.getLogger("nmt"), "propagate", True)  # off after a CLI test's setup_logging
     data, teacher = teacher_run
     copy = tmp_path / "teacher.pt"
     shutil.copyfile(teacher / "best.pt", copy)
