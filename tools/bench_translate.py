@@ -284,7 +284,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--work", type=Path, help="keep trained models here and reuse them (default: temporary)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16", "int8"),
+                        help="int8: the CPU's int8 products (nmt-translate -precision int8)")
     parser.add_argument("--compare-cpu", action=argparse.BooleanOptionalAction, default=None,
                         help="also translate on the CPU and count the sentences whose outputs or certificates "
                              "differ (default: on with --device cuda)")
