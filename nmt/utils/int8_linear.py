@@ -12,7 +12,8 @@ against int64 arithmetic in the tests, extreme values included), scaled back in 
 quantized alone (CTranslate2's choice, not fbgemm's one scale per batch), so a row's result never
 depends on the other rows of its batch: the int8 model is one function of the source and the
 prefix, whatever the batch, the beam or the search loop, and a search's scores are the scorer's.
-(A zero row has ``a_n = 0`` and gives ``b``; an all-zero weight row likewise.)
+(A zero row has ``a_n = 0`` and gives ``b``; an all-zero weight row likewise; a row holding a NaN
+or an infinity gives NaN, never finite values.)
 
 Error against the exact product, per output: at most ``s_o / 2 * sum_i |a_n q_ni|`` (weight
 rounding) plus ``a_n / 2 * sum_i |W_oi|`` (input rounding), plus float32 rounding of the scaling

@@ -127,3 +127,12 @@ def test_int8_is_an_inference_precision_for_the_cpu_only():
     check_inference_device("bf16", "cuda:0")
     with pytest.raises(ValueError, match="precision int8 runs on the CPU only .* not on cuda:0; use -device cpu"):
         check_inference_device("int8", "cuda:0")
+
+
+def test_a_row_with_a_nan_or_an_infinity_gives_a_nan_row_and_leaves_the_others():
+    """A non-finite input never turns into finite int8 values: its row's outputs are NaN (as the
+    certificate's NaN handling expects of a broken row), the other rows are what they are alone."""
+    int8 = Int8Weight(torch.randn(5, 3))
+    x = torch.tensor([[1.0, float("nan"), 2.0], [1.0, float("inf"), 0.0], [1.0, 2.0, 3.0]])
+    out = int8(x)
+    assert bool(out[:2].isnan().all()) and torch.equal(out[2:], int8(x[2:]))
