@@ -173,7 +173,7 @@ def load(checkpoint: PathLike | Sequence[PathLike], device: str = "auto", *, bat
     from nmt.translate.loading import load_models, resolve_device
     from nmt.translate.search_options import SearchOptions
     from nmt.translate.translator import check_batch_size, default_batching
-    from nmt.utils.precision import check_inference_device, check_precision
+    from nmt.utils.precision import check_inference_device, check_precision, requested_device
 
     if isinstance(checkpoint, (str, os.PathLike)):
         paths = [checkpoint]
@@ -193,7 +193,7 @@ def load(checkpoint: PathLike | Sequence[PathLike], device: str = "auto", *, bat
     if batch_type not in (None, "sentences", "tokens"):
         raise ValueError(f"batch_type must be sentences or tokens, got {batch_type!r}")
     chosen = (options or SearchOptions()).updated(**search)
-    name = resolve_device("cpu" if precision == "int8" and device == "auto" else device)  # int8: CPU kernels
+    name = resolve_device(requested_device(precision, device))
     check_inference_device(precision, name)
     batch_size, batch_type = default_batching(name, batch_size, batch_type)
     decoder, _, _, members = load_models(paths, name)

@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     from nmt.translate.length_penalty import LENGTH_PENALTIES
     from nmt.translate.mbr import MBR_CHOICES
     from nmt.translate.search_options import SearchOptions
+    from nmt.utils.precision import INFERENCE_PRECISIONS
 
     d = SearchOptions()
     p = argparse.ArgumentParser(prog=PROG, formatter_class=DefaultsHelpFormatter,
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "CPU, 8,192 tokens on a GPU, as nmt-translate)")
     p.add_argument("-batch_type", "--batch_type", default=None, choices=("sentences", "tokens"),
                    help="what -batch_size counts")
-    p.add_argument("-precision", "--precision", default="fp32", choices=("fp32", "bf16", "fp16", "int8"),
+    p.add_argument("-precision", "--precision", default="fp32", choices=INFERENCE_PRECISIONS,
                    help="the model's computations (bf16 / fp16: autocast; int8: CPU, int8 matrix products; as "
                         "nmt-translate -precision)")
     p.add_argument("-max_sentences", "--max_sentences", type=int, default=10_000,

@@ -312,15 +312,13 @@ def run(args: argparse.Namespace, start: float | None = None) -> int:
 
     from nmt.translate.loading import resolve_device
     from nmt.utils.device import make_current
-    from nmt.utils.precision import check_inference_device
+    from nmt.utils.precision import check_inference_device, requested_device
 
     _check_arguments(args)
     search_options(args)  # bad search flags fail before any input is read
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    if args.precision == "int8" and args.device == "auto":  # int8: torch's quantized CPU kernels
-        args.device = "cpu"
-    args.device = resolve_device(args.device, what="-device")
+    args.device = resolve_device(requested_device(args.precision, args.device), what="-device")
     check_inference_device(args.precision, args.device)
     make_current(args.device)  # one device: Triton's launches need no switch, nothing reaches cuda:0
     from nmt.translate.translator import default_batching

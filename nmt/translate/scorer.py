@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-
 import math
 import time
 from dataclasses import dataclass
@@ -149,22 +148,23 @@ class Scorer:
                     progress(1)
         vocab = self.tgt_field.vocab
         nonempty = [i for i, ids in enumerate(src) if ids]
-        for indices in make_batches(data, self.batch_size, shuffle=False, indices=nonempty):
-            batch = collate(data, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index)
-            on_device = batch.to(self.device, lengths_on_host=True)  # source lengths read on the host
-            # int8: the products of the packed path, which a frozen region opens (fp32 scores as before)
-            with inference_precision(self.device, self.precision), (
-                    frozen_weights() if self.precision == "int8" else contextlib.nullcontext()):
-                scores = score_batch(self.model, on_device.src, on_device.src_lengths, on_device.tgt_in,
-                                     on_device.tgt_out, on_device.tgt_lengths, need_attention=self.align is not None)
-            scores = scores.cpu()
-            tgt_out = batch.tgt_out.tolist()
-            for row, i in enumerate(batch.indices):
-                results[i] = self._unpack(scores, row, i, tgt_out[row])
-                if self.align is not None and results[i].logprob is not None:
-                    results[i].alignment = self._alignment(scores, row, sources[i], references[i], len(src[i]))
-            if progress is not None:
-                progress(len(batch))
+        # int8: the products of the packed path, which a frozen region opens, once for all batches (its
+        # weights quantized once, as the translator's); fp32 scores as before, without a region
+        with frozen_weights() if self.precision == "int8" else contextlib.nullcontext():
+            for indices in make_batches(data, self.batch_size, shuffle=False, indices=nonempty):
+                batch = collate(data, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index)
+                on_device = batch.to(self.device, lengths_on_host=True)  # source lengths read on the host
+                with inference_precision(self.device, self.precision):
+                    scores = score_batch(self.model, on_device.src, on_device.src_lengths, on_device.tgt_in,
+                                         on_device.tgt_out, on_device.tgt_lengths, need_attention=self.align is not None)
+                scores = scores.cpu()
+                tgt_out = batch.tgt_out.tolist()
+                for row, i in enumerate(batch.indices):
+                    results[i] = self._unpack(scores, row, i, tgt_out[row])
+                    if self.align is not None and results[i].logprob is not None:
+                        results[i].alignment = self._alignment(scores, row, sources[i], references[i], len(src[i]))
+                if progress is not None:
+                    progress(len(batch))
         if self.align is not None or self.src_tag is not None:  # every record says how its alignment was
             settings = dict(self.align.report_settings()) if self.align is not None else {}  # made, and its tag
             if self.src_tag is not None:

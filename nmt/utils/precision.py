@@ -38,6 +38,12 @@ def check_precision(name: str, inference: bool = False) -> str:
     return name
 
 
+def requested_device(name: str, device: str) -> str:
+    """The device asked for at precision ``name``: ``device``, but the CPU for ``"auto"`` at int8
+    (its products are CPU products; ``"auto"`` would pick CUDA where there is one)."""
+    return "cpu" if name == "int8" and device == "auto" else device
+
+
 def check_inference_device(name: str, device: torch.device | str) -> None:
     """ValueError where precision ``name`` cannot run on ``device``: int8 needs the CPU (its
     products are written for the CPU's int8 kernels) and a torch that has them."""
@@ -133,4 +139,4 @@ def inference_precision(device: torch.device | str, name: str) -> ContextManager
     return autocast(device, name)
 
 
-__all__ = ["INFERENCE_PRECISIONS", "PRECISIONS", "check_inference_device", "autocast", "autocast_dtype", "check_precision", "ieee_float32", "inference_precision"]
+__all__ = ["INFERENCE_PRECISIONS", "PRECISIONS", "check_inference_device", "requested_device", "autocast", "autocast_dtype", "check_precision", "ieee_float32", "inference_precision"]

@@ -32,15 +32,6 @@ MAX_LENGTH = 6
 MODES = [dict(mode="dynamic"), dict(mode="static", stop_every=3)]
 
 
-def int8_region():
-    """What the translator opens for -precision int8: a frozen region with int8 products."""
-    region = frozen_weights()
-    region.__enter__()
-    inner = int8_products()
-    inner.__enter__()
-    return region, inner
-
-
 @pytest.fixture(scope="module")
 def model_and_support():
     """A float32 tiny Transformer, its sources, and each source's support under int8 and float32."""
