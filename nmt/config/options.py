@@ -64,6 +64,10 @@ def _corpus() -> ListableSection:
                       minimum=0, min_inclusive=False),
         name=Option(str, None, "the corpus's name in the data log (null: its files)", nullable=True),
         src_tag=_src_tag("this corpus's"),
+        align=Option(str, None, "reference word alignments of this corpus's pairs for training.guided_alignment: one "
+                     "line per pair, Pharaoh format 'i-j' (source word i, target word j, 0-based, whitespace-"
+                     "separated words of the lines; fast_align / eflomal output); null: no alignment loss on "
+                     "this corpus", nullable=True),
     )
 
 
@@ -134,6 +138,13 @@ MODEL = {
         "decoder_layers": Option(int, 6, "decoder layers", minimum=1, maximum=MAX_LAYERS),
         "d_model": Option(int, 512, "model (and embedding) size", minimum=1, maximum=MAX_SIZE),
         "heads": Option(int, 8, "attention heads (d_model must be a multiple)", minimum=1, maximum=MAX_SIZE),
+        "alignment_layer": Option(int, -1, "the decoder layer whose cross-attention gives word alignments "
+                                  "(nmt-translate -report_align, -replace_unk) and which training.guided_alignment "
+                                  "supervises: 0-based, negative from the last (-1: the last; OpenNMT-py "
+                                  "-alignment_layer)", minimum=-MAX_LAYERS, maximum=MAX_LAYERS - 1),
+        "alignment_heads": Option(int, 0, "how many of that layer's heads (the first ones) give alignments (their "
+                                  "mean) and are supervised, each on its own (0: all; OpenNMT-py -alignment_heads)",
+                                  minimum=0, maximum=MAX_SIZE),
         "d_ff": Option(int, 2048, "inner size of the feed-forward blocks", minimum=1, maximum=MAX_SIZE),
         "norm": Option(str, "pre", "LayerNorm placement: pre (before each sub-layer, a final norm) or post",
                        choices=("pre", "post")),
@@ -314,6 +325,13 @@ TRAINING = {
         "temperature": Option(float, 1.0, "the teacher's scores are divided by this before its own output mapping "
                               "(> 1: a flatter, for entmax teachers also denser distribution)",
                               minimum=0.0, min_inclusive=False),
+    },
+    "guided_alignment": {
+        "weight": Option(float, 0.0, "guided alignment (OpenNMT-py -lambda_align, fairseq --alignment-lambda): the "
+                         "loss adds weight x the alignment attention's own Fenchel-Young loss at the reference "
+                         "alignments (data.train.align), per supervised head, normalised as the main loss; the "
+                         "heads: model.transformer.alignment_layer / alignment_heads (an RNN: its one attention); "
+                         "0: off", minimum=0.0),
     },
 }
 

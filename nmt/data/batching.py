@@ -53,7 +53,9 @@ class Batch:
     including EOS (``tgt_lengths.sum()`` as an int); indices: the examples' positions in the
     dataset (list of ints, row order). Source-only batches (translation) have ``tgt_in``,
     ``tgt_out``, ``tgt_lengths`` and ``n_tokens`` set to None; ``empty`` is True for a batch of
-    empty input lines only (src is (B, 0)): its translations are empty strings.
+    empty input lines only (src is (B, 0)): its translations are empty strings. ``align``: guided
+    alignment training's reference distributions (B, T, L) float32 (zero rows: no reference;
+    :meth:`nmt.data.word_alignments.TrainingAlignments.reference`), None otherwise.
     """
 
     src: Tensor
@@ -66,6 +68,7 @@ class Batch:
     n_src_tokens: int = 0
     empty: bool = False
     pad_index: int = 0
+    align: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.indices)

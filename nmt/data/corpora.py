@@ -34,6 +34,7 @@ class Corpus:
     weight: float = 1.0
     name: str | None = None
     src_tag: str | None = None
+    align: str | None = None
 
     @property
     def label(self) -> str:
@@ -50,8 +51,9 @@ def training_corpora(train_cfg: dict | list[dict]) -> list[Corpus]:
     """The corpora of a resolved ``data.train`` (one mapping or a list of them)."""
     if isinstance(train_cfg, dict):
         return [Corpus("data.train", train_cfg["src"], train_cfg["tgt"], train_cfg.get("weight", 1.0),
-                       train_cfg.get("name"), train_cfg.get("src_tag"))]
-    return [Corpus(f"data.train[{i}]", c["src"], c["tgt"], c.get("weight", 1.0), c.get("name"), c.get("src_tag"))
+                       train_cfg.get("name"), train_cfg.get("src_tag"), train_cfg.get("align"))]
+    return [Corpus(f"data.train[{i}]", c["src"], c["tgt"], c.get("weight", 1.0), c.get("name"), c.get("src_tag"),
+                   c.get("align"))
             for i, c in enumerate(train_cfg)]
 
 

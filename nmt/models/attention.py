@@ -57,7 +57,8 @@ class GlobalAttention(nn.Module):
             )
         self.score = score
         self.mapping_name = mapping
-        self.mapping = get_mapping(mapping, **(mapping_params or {}))  # the registry checks name and params
+        self.mapping_params = dict(mapping_params or {})
+        self.mapping = get_mapping(mapping, **self.mapping_params)  # the registry checks name and params
         if score == "general":
             self.key_proj = nn.Linear(memory_size, query_size, bias=False)
         elif score == "mlp":
@@ -101,7 +102,7 @@ class GlobalAttention(nn.Module):
 
     def forward(
         self, query: Tensor, memory: Tensor, mask: Tensor, keys: Tensor | None = None,
-        products: Products | None = None,
+        products: Products | None = None, return_scores: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """Attend.
 
@@ -112,7 +113,9 @@ class GlobalAttention(nn.Module):
         :meth:`step_products` of ``memory`` and ``keys`` (a step of a teacher-forced loop), or None.
         Returns ``(context, probs)``: context (B, T, Hm) or (N, Hm), probs (B, T, L) or
         (N, L), rows summing to one with exact zeros on padding. A step's S rows per memory row
-        are one (S, L) product per sentence, not S products of one row.
+        are one (S, L) product per sentence, not S products of one row. ``return_scores``: the
+        second value is the scores the mapping took instead of its probabilities, ``-inf`` on
+        padding (what a Fenchel-Young loss of the attention takes: guided alignment training).
         """
         single = query.dim() == 2
         if single:
@@ -134,6 +137,8 @@ class GlobalAttention(nn.Module):
         if self.continuous is not None:  # combined: (p + w) @ memory, one product for both contexts
             weights = probs + self.continuous.source_weights(probs, mask).to(probs.dtype)
         context = products.context(weights) if products is not None else torch.bmm(weights, memory)
+        if return_scores:  # the padding as the mapping saw it: -inf (a loss takes no mask)
+            probs = scores if bias is not None else scores.masked_fill(~mask.unsqueeze(1), float("-inf"))
         if single:
             return context.view(-1, context.size(-1)), probs.view(-1, probs.size(-1))
         return context, probs

@@ -203,11 +203,13 @@ class InputFeedingDecoder(nn.Module):
 
     # ---- computation ----------------------------------------------------------------
     def _step(self, emb: Tensor, hidden: list[tuple[Tensor, ...]], input_feed: Tensor | None, memory: Tensor,
-              mask: Tensor, keys: Tensor) -> tuple[Tensor, Tensor, list[tuple[Tensor, ...]]]:
-        """emb (N, E) -> (h~ (N, H), attention (N, L), new hidden)."""
+              mask: Tensor, keys: Tensor, attention_scores: bool = False
+              ) -> tuple[Tensor, Tensor, list[tuple[Tensor, ...]]]:
+        """emb (N, E) -> (h~ (N, H), attention (N, L), new hidden); ``attention_scores``: the
+        attention's scores (``-inf`` on padding) instead of its probabilities."""
         x = torch.cat([emb, input_feed], dim=-1) if self.input_feeding else emb
         rnn_out, hidden = self.rnn(x, hidden)
-        context, probs = self.attention(rnn_out, memory, mask, keys)
+        context, probs = self.attention(rnn_out, memory, mask, keys, return_scores=attention_scores)
         out = self.dropout(torch.tanh(self.combine(torch.cat([context, rnn_out], dim=-1))))
         return out, probs, hidden
 
@@ -226,24 +228,27 @@ class InputFeedingDecoder(nn.Module):
         out, probs, hidden = self._step(emb, hidden, input_feed, memory, mask, keys)
         return out, probs, self._to_state(hidden, out)
 
-    def forward(self, emb: Tensor, state: State, memory: Tensor, mask: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, emb: Tensor, state: State, memory: Tensor, mask: Tensor, keys: Tensor,
+                attention_scores: bool = False) -> tuple[Tensor, Tensor]:
         """Teacher-forced decoding. emb: (B, T, E) embedded targets (BOS + y).
 
         Returns h~ (B, T, H) and attention (B, T, L): the same computation as ``step``
-        applied T times.
+        applied T times; with ``attention_scores`` the attention's scores (B, T, L) before its
+        mapping, ``-inf`` on padding, instead of its probabilities (guided alignment training).
         """
         hidden, input_feed = self._from_state(state)
         if self.rnn.is_lstm:
-            return self._forward_lstm(emb, hidden, input_feed, memory, mask, keys)
+            return self._forward_lstm(emb, hidden, input_feed, memory, mask, keys, attention_scores)
         outs, attns = [], []
         for emb_t in emb.unbind(1):  # unbind: one backward node, not T zero-filled (B, T, E) gradients
-            input_feed, probs, hidden = self._step(emb_t, hidden, input_feed, memory, mask, keys)
+            input_feed, probs, hidden = self._step(emb_t, hidden, input_feed, memory, mask, keys, attention_scores)
             outs.append(input_feed)
             attns.append(probs)
         return torch.stack(outs, dim=1), torch.stack(attns, dim=1)
 
     def _forward_lstm(self, emb: Tensor, hidden: list[tuple[Tensor, ...]], input_feed: Tensor | None,
-                      memory: Tensor, mask: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+                      memory: Tensor, mask: Tensor, keys: Tensor,
+                      attention_scores: bool = False) -> tuple[Tensor, Tensor]:
         """``forward`` for LSTM cells, the same function computed with fewer, larger products.
 
         The embedding part of the first layer's input product (and both biases) is one
@@ -305,7 +310,7 @@ class InputFeedingDecoder(nn.Module):
                 in_gate, forget_gate, cell_gate, out_gate = gates.chunk(4, dim=1)
                 c[i] = torch.sigmoid(forget_gate) * c[i] + torch.sigmoid(in_gate) * torch.tanh(cell_gate)
                 h[i] = x = torch.sigmoid(out_gate) * torch.tanh(c[i])
-            context, probs = self.attention(x, memory, mask, keys, attention_products)
+            context, probs = self.attention(x, memory, mask, keys, attention_products, attention_scores)
             input_feed = self.dropout(torch.tanh(combine(torch.cat([context, x], dim=-1))))
             outs.append(input_feed)
             attns.append(probs)

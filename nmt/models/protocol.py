@@ -8,12 +8,27 @@ state per member.
 """
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from torch import Tensor
 
 State = dict[str, Tensor]
 """Batch-first tensors, e.g. LSTM hidden states stored as (N, layers, H)."""
+
+
+class AlignmentAttention(NamedTuple):
+    """What a model says of the attention it reports alignments from (``-report_align``) and
+    guided alignment training supervises: its ``mapping`` name and bound ``params`` (a head
+    temperature already applied to the scores it returns), how many ``heads`` (the first ones of
+    that layer), whether those heads are continuous combined attention (``continuous``: the
+    discrete part's scores are returned) and whether their alpha is learned (``learned_alpha``,
+    one per head, not in ``params``)."""
+
+    mapping: str
+    params: dict
+    heads: int
+    continuous: bool = False
+    learned_alpha: bool = False
 
 
 @runtime_checkable
@@ -131,5 +146,5 @@ def tile_state(state: State, times: int) -> State:
     return {k: v.repeat_interleave(times, dim=0) for k, v in state.items()}
 
 
-__all__ = ["InputTooLong", "NoAttention", "State", "StepDecoder", "attention_optional", "attention_request", "check_lengths",
+__all__ = ["AlignmentAttention", "InputTooLong", "NoAttention", "State", "StepDecoder", "attention_optional", "attention_request", "check_lengths",
            "position_limits", "required_attention", "select_state", "shares_encoder_out", "tile_state", "too_long"]

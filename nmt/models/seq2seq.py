@@ -10,7 +10,7 @@ from nmt.models import packed_decoder_step
 from nmt.models.decoder import InputFeedingDecoder
 from nmt.models.encoder import RNNEncoder
 from nmt.models.encoder_decoder import EncoderDecoder
-from nmt.models.protocol import State
+from nmt.models.protocol import AlignmentAttention, State
 from nmt.utils.device import host_to_device
 
 
@@ -74,18 +74,29 @@ class Seq2Seq(EncoderDecoder):
         logits = self.generator(out)
         return logits, self.log_probs(logits), attention, state
 
+    @property
+    def alignment_attention(self) -> AlignmentAttention:
+        """The attention whose probabilities give alignments (``-report_align``) and that guided
+        alignment training supervises: the decoder's one attention (one head)."""
+        attention = self.decoder.attention
+        return AlignmentAttention(attention.mapping_name, dict(attention.mapping_params), 1,
+                                  attention.continuous is not None)
+
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
-                src_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                src_mask: Tensor | None = None, alignment_scores: bool = False) -> tuple[Tensor, Tensor]:
         """Teacher forcing. src: (B, L); src_lengths: (B,); tgt_in: (B, T) = BOS + y;
         ``src_mask``: (B, L) bool, :func:`length_mask` of the lengths, where the caller made it
         (training does, outside its compiled step: with host lengths a graph would copy them to
         the device itself, with a sync, and a graph with a host input is not captured).
 
         Returns ``(logits (B, T, V), attention (B, T, L))``; the logits are raw scores
-        before the output mapping (what the Fenchel-Young loss takes).
+        before the output mapping (what the Fenchel-Young loss takes). ``alignment_scores``: the
+        second value is the attention's scores before its mapping instead, (B, 1, T, L), ``-inf``
+        on padding (:attr:`alignment_attention`'s one head; guided alignment training).
         """
         encoder_out, state = self.encode(src, src_lengths, src_mask)
         out, attention = self.decoder(
-            self.tgt_embeddings(tgt_in), state, encoder_out["memory"], encoder_out["src_mask"], encoder_out["keys"]
+            self.tgt_embeddings(tgt_in), state, encoder_out["memory"], encoder_out["src_mask"], encoder_out["keys"],
+            alignment_scores,
         )
-        return self.generator(out), attention
+        return self.generator(out), attention.unsqueeze(1) if alignment_scores else attention

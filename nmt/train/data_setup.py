@@ -30,6 +30,7 @@ from nmt.data.subword_sampling import SubwordSampler, build_sampler, sampling_en
 from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.data.id_arrays import ArrayParallelDataset, load_id_dataset
+from nmt.data.word_alignments import TrainingAlignments, read_training_alignments
 from nmt.data.pair_filter import PairFilter, describe_skipped
 from nmt.data.textfiles import iter_lines
 from nmt.data.tokenizers import Tokenizer, build_tokenizer
@@ -66,6 +67,7 @@ class TrainingData:
     valid_references: list[str]
     resampled: ResampledPairs | ResampledFiles | None = None
     weights: CorpusWeights | None = None
+    alignments: TrainingAlignments | None = None
 
 
 def generate_if_missing(data_cfg: dict) -> bool:
@@ -210,7 +212,8 @@ def _trained_tokenizer(side_cfg: dict, lines: list[str], work_dir: Path) -> Toke
 
 
 def load_training_data(data_cfg: dict, work_dir: str | Path,
-                       fields: tuple[Field, Field] | None = None, seed: int | None = None) -> TrainingData:
+                       fields: tuple[Field, Field] | None = None, seed: int | None = None,
+                       alignments: bool = False) -> TrainingData:
     """Read train/valid files, build (or reuse) the fields, and encode both datasets.
 
     Training pairs that are empty, longer than ``max_length`` or shorter than ``min_length`` (per
@@ -227,7 +230,9 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     built from them all (each once, whatever its weight), and ``weights`` is set (also for one
     corpus of a weight other than 1, with or without the cache); one line per corpus is logged.
     ``seed`` (``training.seed``): the seed of the sampled segmentations a vocabulary with
-    ``subword_sampling.vocab_samples`` counts (:func:`build_fields`).
+    ``subword_sampling.vocab_samples`` counts (:func:`build_fields`). ``alignments`` (guided
+    alignment training): the corpora's ``align`` files are read (without ``data.id_cache``; see
+    :func:`nmt.data.word_alignments.read_training_alignments`) into ``TrainingData.alignments``.
     """
     train_files, rules = data_cfg["train"], PairFilter.from_config(data_cfg)
     corpora = training_corpora(train_files)
@@ -269,6 +274,10 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
         train_prefix = pair_prefixes(starts, src_prefixes) if any(src_prefixes) else None
         train = ParallelDataset(train_pairs, src_field, tgt_field, pair_filter=rules,
                                 src_encode=_tag_encoder(src_field, train_prefix))
+    references = None
+    if alignments and train_pairs is not None:
+        references = read_training_alignments(corpora, train_pairs, starts, train.line_numbers, src_field.tokenizer,
+                                              tgt_field.tokenizer, [len(p) for p in src_prefixes])
     valid = ParallelDataset(valid_pairs, src_field, tgt_field, None, None,
                             src_encode=_tag_encoder(src_field, valid_prefix or None))
     resampled = (resampled_files(corpora, src_field, tgt_field, data_cfg, src_prefixes) if data_cfg["id_cache"]
@@ -287,11 +296,13 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     logger.info("vocabulary: source %d types, target %d types%s", len(src_field.vocab), len(tgt_field.vocab),
                 " (shared)" if src_field is tgt_field
                 else " (shared tokenizer)" if src_field.tokenizer is tgt_field.tokenizer else "")
+    if references is not None:
+        logger.info("alignments: %s", references.describe(len(train)))
     if resampled is not None:
         logger.info("subword sampling: %s; a new segmentation of the training data every epoch, seeded by "
                     "(training.seed, epoch)", resampled.describe())
-    references = [valid_pairs[line - 1][1] for line in valid.line_numbers]
-    return TrainingData(src_field, tgt_field, train, valid, references, resampled, weights)
+    valid_references = [valid_pairs[line - 1][1] for line in valid.line_numbers]
+    return TrainingData(src_field, tgt_field, train, valid, valid_references, resampled, weights, references)
 
 
 def cached_training_set(corpora: Sequence[Corpus], src_field: Field, tgt_field: Field,
@@ -499,12 +510,15 @@ def _files(data_cfg: dict, split: str) -> str:
 
 
 def _data_files(data_cfg: dict) -> list[tuple[str, str]]:
-    """``(config key, path)`` of each data file: :data:`DATA_FILE_KEYS`, or with several training
-    corpora ``data.train[i].src`` / ``.tgt`` for each, then the validation files."""
-    if not isinstance(data_cfg["train"], list):
-        return [(key, data_cfg[key.split(".")[1]][key.split(".")[2]]) for key in DATA_FILE_KEYS]
-    return ([(f"data.train[{i}].{side}", corpus[side]) for i, corpus in enumerate(data_cfg["train"])
-             for side in ("src", "tgt")]
+    """``(config key, path)`` of each data file: :data:`DATA_FILE_KEYS` (and ``data.train.align``
+    where set), or with several training corpora ``data.train[i].src`` / ``.tgt`` (/ ``.align``)
+    for each, then the validation files."""
+    train = data_cfg["train"]
+    if not isinstance(train, list):
+        files = [(key, data_cfg[key.split(".")[1]][key.split(".")[2]]) for key in DATA_FILE_KEYS]
+        return files + ([("data.train.align", train["align"])] if train.get("align") else [])
+    return ([(f"data.train[{i}].{side}", corpus[side]) for i, corpus in enumerate(train)
+             for side in ("src", "tgt", "align") if side != "align" or corpus.get("align")]
             + [(f"data.valid.{side}", data_cfg["valid"][side]) for side in ("src", "tgt")])
 
 

@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,6 +36,7 @@ from nmt.train.checkpoint import (CheckpointError, best_check, find_resume_check
                                   remove_stale_temporaries, repair_best, restore_last, save_run_checkpoint,
                                   set_aside_damaged)
 from nmt.train.distill import DistillForward, check_distill, load_teacher, teacher_change
+from nmt.train.guided_alignment import GuidedForward, check_guided_alignment, guided_alignment, guided_weight
 from nmt.train.data_setup import (DATA_FILE_KEYS, check_valid_positions, data_changes, data_fingerprints,
                                   generate_if_missing, load_training_data, write_run_vocabularies)
 from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, init_distributed, rank_device,
@@ -153,6 +154,7 @@ def check_run_config(config: dict, source: str) -> torch.device:
     validation_search(valid_cfg, source)  # SearchOptions' checks, with validation.decode false too
     init_from.check_init_from(config, source)
     check_distill(config, source)
+    check_guided_alignment(config, source)
     pretrained_embeddings.check_vector_files(config, source)
     return device
 
@@ -241,6 +243,12 @@ class Trainer:
             self.loss_forward = DistillForward(self.teacher, (lambda fn: compile_for_device(
                 fn, self.device, encoder_in_graph=in_graph, cuda_graphs=train_cfg["accumulate"] == 1))
                 if train_cfg["compile"] else None)
+        self.guide = guided_alignment(config, source, self.model)  # training.guided_alignment (None: off)
+        if self.guide is not None:
+            self.loss_forward = GuidedForward(self.guide, (lambda fn: compile_for_device(
+                fn, self.device, encoder_in_graph=in_graph, cuda_graphs=train_cfg["accumulate"] == 1))
+                if train_cfg["compile"] else None)
+        self._guide_window: torch.Tensor | None = None  # the summed alignment loss since the last log line
         self.batch_statistics = (compile_for_device(batch_statistics, self.device, encoder_in_graph=in_graph)
                                  if train_cfg["compile"]
                                  else batch_statistics)
@@ -317,6 +325,8 @@ class Trainer:
                     loss_display_name(output["mapping"]), self.device)
         if self.teacher is not None and self.dist.is_main:
             logger.info(self.teacher.describe())
+        if self.guide is not None and self.dist.is_main:
+            logger.info(self.guide.describe())
         if self.ema is not None:
             ema = train_cfg["ema"]
             logger.info("ema: moving average of the weights, decay %g%s from step %d, every %d update(s); validation, "
@@ -346,8 +356,9 @@ class Trainer:
     def _load_data(self, fields: tuple[Field, Field] | None):
         """Training data; with several processes rank 0 builds the fields (and caches) first and
         the other ranks reuse its fields (a broadcast), so every rank encodes with the same ids."""
+        alignments = guided_weight(self.config) > 0  # training.guided_alignment reads data.train.align
         data = in_rank_order(self.dist, lambda: load_training_data(self.config["data"], self.save_dir, fields,
-                                                                     self.config["training"]["seed"])
+                                                                     self.config["training"]["seed"], alignments)
                              if self.dist.is_main or fields is not None else None)
         if fields is None and self.dist.enabled:
             states = self.dist.broadcast((data.src_field.state_dict(), data.tgt_field.state_dict())
@@ -355,7 +366,7 @@ class Trainer:
             shared = (Field.from_state_dict(states[0]), Field.from_state_dict(states[1]))
             data = in_rank_order(self.dist, lambda: data if self.dist.is_main
                                  else load_training_data(self.config["data"], self.save_dir, shared,
-                                                        self.config["training"]["seed"]))
+                                                        self.config["training"]["seed"], alignments))
         return data
 
     # ------------------------------------------------------------------ resume
@@ -400,6 +411,8 @@ class Trainer:
         # data when its content is: the checkpoint's fingerprint of it decides (_check_data_files)
         fingerprinted = checkpoint.get("trainer", {}).get("data_files") or {}
         vetted |= {key for key in DATA_FILE_KEYS if key in fingerprinted}
+        # reference alignments shape the loss, not the batches: another file (or none) is a changed setting
+        vetted |= {d for d in differences if d.startswith("data.train") and d.endswith(".align")}
         vetted |= set(pretrained_embeddings.NOT_READ_ON_RESUME)  # the checkpoint holds the weights
         blocking = [d for d in differences
                     if any(d == k or d.startswith(k + ".") for k in RESUME_MUST_MATCH) and d not in vetted]
@@ -569,6 +582,9 @@ class Trainer:
         for part, _ in parts:
             host = pad_to_multiple(collate(self.train_set, part, self.pad, self.bos, self.eos),
                                    cfg["pad_to_multiple"], self.pad)
+            if self.guide is not None and self.data.alignments is not None:  # the reference grid (B, T, L)
+                lines = [self.train_set.line_numbers[i] for i in part]
+                host = replace(host, align=self.data.alignments.reference(lines, host.tgt_in.size(1), host.src.size(1)))
             batches.append(host.to(self.device, lengths_on_host=True))
         skip = cfg["nonfinite"] == "skip"
         # target tokens and sentences of all batches of all ranks: host ints over Gloo, no device sync
@@ -584,6 +600,10 @@ class Trainer:
                                   normalization=cfg["normalization"])
         if self.dist.enabled:  # the summed loss of all ranks (an all-reduce on the device, no host sync)
             loss = self.dist.sum_tensor_(loss.clone())
+        guide = self.loss_forward.take() if self.guide is not None else None  # this update's alignment loss
+        if guide is not None and skipped is None:
+            guide = self.dist.sum_tensor_(guide.clone()) if self.dist.enabled else guide
+            self._guide_window = guide if self._guide_window is None else self._guide_window + guide
         self.last_update_skipped = skipped is not None
         if skipped == "overflow":  # fp16: not an update either (the schedule and the step stay)
             self.overflows.record(self.progress.step + 1, self.saved_step, self._loss_scale)
@@ -622,6 +642,14 @@ class Trainer:
     def consecutive_skips(self) -> int:
         """Of them, those in a row up to now (a save may fall in a row)."""
         return self.nonfinite_skips.in_a_row
+
+    def _alignment_loss(self, tokens: int) -> dict[str, float]:
+        """``{"alignment_loss": per target token}`` of the updates since the last call (guided
+        alignment; one host read, at a log line), reset; ``{}`` without guided alignment."""
+        if self._guide_window is None:
+            return {}
+        value, self._guide_window = self._guide_window.item() / max(tokens, 1), None
+        return {"alignment_loss": value}
 
     def _loss_scale(self) -> float:
         """The fp16 loss scale now (one host read; NaN without loss scaling)."""
@@ -700,10 +728,13 @@ class Trainer:
                         p.valid_tokens += window_tokens
                         bar.set_postfix(loss=f"{mean:.4f}", tok_s=f"{speed:.0f}", lr=f"{self.schedule.lr:.2g}")
                         scaling = self._scaling()  # fp16 only
+                        aligned = self._alignment_loss(window_tokens)  # guided alignment: its part, per token
                         tb.scalars("train", {"loss": mean, "lr": self.schedule.lr, "tokens_per_sec": speed,
-                                             **scaling}, p.step)
-                        logger.info("step %d (epoch %d): train loss %.4f, lr %.3g, %.0f tokens/s, elapsed %.0fs%s",
-                                    p.step, p.epoch, mean, self.schedule.lr, speed, p.elapsed,
+                                             **scaling, **aligned}, p.step)
+                        logger.info("step %d (epoch %d): train loss %.4f%s, lr %.3g, %.0f tokens/s, elapsed %.0fs%s",
+                                    p.step, p.epoch, mean,
+                                    f" (alignment loss {aligned['alignment_loss']:.4f} x {self.guide.weight:g})"
+                                    if aligned else "", self.schedule.lr, speed, p.elapsed,
                                     f", loss scale {scale_text(scaling['loss_scale'])} ({scaling['overflow_skips']} "
                                     "overflow skips)" if scaling else "")
                         self._tokens_per_sec = speed

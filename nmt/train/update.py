@@ -106,9 +106,10 @@ def update(model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer
             # the source mask made here, outside a compiled forward: from host lengths a graph
             # would copy them itself (a sync), and CUDA graphs skip a graph with a host input
             src_mask = length_mask(b.src_lengths, b.src.size(1), b.src.device)
+            extra = {} if b.align is None else {"align": b.align}  # guided alignment's references
             with precision.autocast():
                 loss = forward(model, loss_fn, b.src, b.src_lengths, b.tgt_in, b.tgt_out, pad_index,
-                               label_smoothing, src_mask)
+                               label_smoothing, src_mask, **extra)
             precision.backward(loss / divisor if scale is None else loss * scale)
         separate_gradients(params)
         loss = loss.detach() if scale != 0 else torch.zeros_like(loss.detach())

@@ -48,6 +48,9 @@ def build_transformer(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_
     if d_model % t["heads"]:
         raise ModelConfigError("model.transformer.heads",
                                f"d_model ({d_model}) must be a multiple of heads ({t['heads']})")
+    if t.get("alignment_heads", 0) > t["heads"]:
+        raise ModelConfigError("model.transformer.alignment_heads",
+                               f"{t['alignment_heads']} heads, but the layers have {t['heads']} (0: all of them)")
     relative = t.get("max_relative_positions", 20) if t["positions"] == "relative" else 0
     if t["positions"] == "relative" and relative < 1:
         raise ModelConfigError("model.transformer.max_relative_positions", f"must be >= 1, got {relative}")
@@ -83,8 +86,9 @@ def build_transformer(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_
                      t["heads"], t.get("rotary_base", 10000.0), relative or 20)
 
     encoder = TransformerEncoder(spec, t["encoder_layers"], specs["encoder_self"], positions(), emb_cfg["dropout"])
-    decoder = TransformerDecoder(spec, t["decoder_layers"], specs["decoder_self"], specs["cross"], positions(),
-                                 emb_cfg["dropout"])
+    decoder = keyed("model.transformer.alignment_layer", TransformerDecoder, spec, t["decoder_layers"],
+                    specs["decoder_self"], specs["cross"], positions(), emb_cfg["dropout"],
+                    t.get("alignment_layer", -1), t.get("alignment_heads", 0))  # absent from older checkpoints
     generator = keyed("model.output.mapping", Generator, d_model, tgt_vocab_size, out_cfg["mapping"],
                        out_cfg.get("params") or {})
     nn.init.xavier_uniform_(generator.proj.weight)

@@ -41,10 +41,20 @@ class TransformerDecoder(nn.Module):
     """
 
     def __init__(self, spec: LayerSpec, layers: int, self_attention: AttentionSpec,
-                 cross_attention: AttentionSpec, positions: nn.Module, dropout: float = 0.0) -> None:
+                 cross_attention: AttentionSpec, positions: nn.Module, dropout: float = 0.0,
+                 alignment_layer: int = -1, alignment_heads: int = 0) -> None:
         super().__init__()
         if layers < 1:
             raise ValueError(f"the decoder needs at least one layer, got {layers}")
+        if not -layers <= alignment_layer < layers:
+            raise ValueError(f"alignment_layer {alignment_layer} is not a layer of a {layers}-layer decoder "
+                             f"(0 .. {layers - 1}, or -1 .. -{layers} from the last)")
+        if not 0 <= alignment_heads <= spec.heads:
+            raise ValueError(f"alignment_heads {alignment_heads} must lie in 0 .. {spec.heads} (0: all heads)")
+        self.alignment_index = alignment_layer % layers
+        """The layer whose cross-attention gives alignments (and is supervised by guided alignment)."""
+        self.alignment_heads = alignment_heads or spec.heads
+        """How many of its heads (the first ones): their mean is the reported attention."""
         self.scale = math.sqrt(spec.d_model)
         self.positions = positions
         self.dropout = Dropout(dropout)
@@ -71,28 +81,38 @@ class TransformerDecoder(nn.Module):
 
     def forward(self, emb: Tensor, cross_kv: list[KV], src_mask: Tensor,
                 caches: list[KV] | None = None, need_maps: bool = True,
-                need_attention: bool = True) -> DecoderOutput:
+                need_attention: bool = True, alignment_scores: bool = False) -> DecoderOutput:
         """emb: (B, T, D) unscaled target embeddings; cross_kv: from :meth:`cross_keys_values`;
         src_mask: (B, L) bool; caches: None (teacher forcing from position 0) or per layer;
-        ``need_maps=False``: the caller reads only the last layer's cross probs, and with
-        ``need_attention=False`` not even those."""
+        ``need_maps=False``: the caller reads only the alignment layer's cross probs
+        (:attr:`alignment_index`), and with ``need_attention=False`` not even those.
+        ``alignment_scores``: that layer's entry of ``cross_maps`` holds its cross-attention's scores
+        before the mapping instead of its probabilities (all heads; guided alignment training)."""
         offset = 0 if caches is None else caches[0][0].size(2)  # a shape: no device sync
         x = applied(self.dropout, self.positions(emb * self.scale, offset))
         key_mask = src_mask[:, None, None, :]
         rotation = stack_rotation(self.positions, offset, x.size(1), x.dtype)
         self_maps, cross_maps, new_caches = [], [], []
-        last = len(self.layers) - 1
+        aligned = self.alignment_index
         for i, layer in enumerate(self.layers):
             x, self_probs, cross_probs, cache = run_layer(
                 layer, self.checkpoint_activations and caches is None, x, cross_kv[i], key_mask,
-                None if caches is None else caches[i], need_maps, need_maps or (need_attention and i == last),
-                rotation)
+                None if caches is None else caches[i], need_maps, need_maps or (need_attention and i == aligned),
+                rotation, alignment_scores and i == aligned)
             self_maps.append(self_probs)
             cross_maps.append(cross_probs)
             new_caches.append(cache)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return DecoderOutput(x, self_maps, cross_maps, new_caches)
+
+    def alignment_attention(self, cross_maps: list[Tensor | None]) -> Tensor:
+        """The reported attention: the mean of the alignment layer's first :attr:`alignment_heads`
+        heads, (B, T, L) from ``cross_maps`` (:class:`DecoderOutput`; that layer's probs present)."""
+        probs = cross_maps[self.alignment_index]
+        if self.alignment_heads != probs.size(1):
+            probs = probs[:, :self.alignment_heads]
+        return probs.mean(1)
 
 
 __all__ = ["DecoderOutput", "TransformerDecoder"]

@@ -128,7 +128,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, cross_kv: tuple[Tensor, Tensor], src_mask: Tensor,
                 cache: tuple[Tensor, Tensor] | None = None, need_self_probs: bool = True,
-                need_cross_probs: bool = True, rotation: Rotation | None = None
+                need_cross_probs: bool = True, rotation: Rotation | None = None, cross_scores: bool = False
                 ) -> tuple[Tensor, Tensor | None, Tensor | None, tuple[Tensor, Tensor]]:
         """x: (B, T, D) the targets at positions t0..t0+T-1, t0 = the cache length (0 without one);
         cross_kv: the cross-attention keys/values (B, heads, L, d_head); src_mask: (B, 1, 1, L);
@@ -144,6 +144,8 @@ class DecoderLayer(nn.Module):
         Returns x (B, T, D), self probs (B, heads, T, t0+T), cross probs (B, heads, T, L) and
         the cache extended by these T positions; ``need_self_probs`` / ``need_cross_probs`` False:
         that attention's probabilities may be None (a fused kernel served its heads).
+        ``cross_scores``: the cross-attention's scores before its mapping in place of its probs
+        (:meth:`MultiHeadAttention.forward`'s ``return_scores``; teacher forcing only).
         """
         q, keys, values = self.self_attn.self_projections(self.self_block.inputs(x), rotation)
         offset = 0
@@ -161,7 +163,8 @@ class DecoderLayer(nn.Module):
             if cross_probs is not None:
                 cross_probs = cross_probs.transpose(1, 2).reshape(x.size(0), cross_probs.size(1), 1, -1)
         else:
-            out, cross_probs = self.cross_attn(query, cross_kv[0], cross_kv[1], src_mask, need_cross_probs)
+            out, cross_probs = self.cross_attn(query, cross_kv[0], cross_kv[1], src_mask, need_cross_probs,
+                                               cross_scores)
         x = self.cross_block.add(x, out)
         x = self.ff_block.add(x, self.feed_forward(self.ff_block.inputs(x)))
         return x, self_probs, cross_probs, (keys, values)

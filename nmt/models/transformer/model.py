@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from nmt.models.encoder_decoder import EncoderDecoder
-from nmt.models.protocol import State
+from nmt.models.protocol import AlignmentAttention, State
 from nmt.models.seq2seq import length_mask
 from nmt.models.transformer.decoder import KV, TransformerDecoder
 from nmt.models.transformer.encoder import TransformerEncoder
@@ -52,6 +52,15 @@ class TransformerSeq2Seq(EncoderDecoder):
         (sinusoids). See :func:`nmt.models.protocol.position_limits`."""
         return position_limit(self.encoder.positions), position_limit(self.decoder.positions)
 
+    @property
+    def alignment_attention(self) -> AlignmentAttention:
+        """The cross-attention heads that give alignments (``-report_align``) and that guided
+        alignment training supervises: the first ``alignment_heads`` of decoder layer
+        ``alignment_index`` (:class:`~nmt.models.protocol.AlignmentAttention`)."""
+        mapping = self.decoder.layers[self.decoder.alignment_index].cross_attn
+        return AlignmentAttention(mapping.mapping.name, dict(mapping.mapping.params), self.decoder.alignment_heads,
+                                  mapping.continuous is not None, mapping.mapping.learned_alpha)
+
     def learned_alphas(self) -> dict[str, Tensor]:
         """Per attention kind with a learned alpha: (layers, heads) alphas in (1, 2] (detached)."""
         out = {}
@@ -96,27 +105,36 @@ class TransformerSeq2Seq(EncoderDecoder):
         new_state: State = {}
         for i, (keys, values) in enumerate(out.caches):
             new_state[f"self.{i}.k"], new_state[f"self.{i}.v"] = keys, values
-        attention = out.cross_maps[-1][:, :, 0].mean(1) if need_attention else None
+        attention = self.decoder.alignment_attention(out.cross_maps)[:, 0] if need_attention else None
         logits = self.generator(out.hidden[:, 0])
         return logits, self.log_probs(logits), attention, new_state
 
     # ---- teacher forcing --------------------------------------------------------------
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, return_maps: bool = False,
-                src_mask: Tensor | None = None) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, AttentionMaps]:
+                src_mask: Tensor | None = None,
+                alignment_scores: bool = False) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, AttentionMaps]:
         """Teacher forcing. src: (B, L); src_lengths: (B,); tgt_in: (B, T) = BOS + y; ``src_mask``:
         (B, L) bool, the lengths' :func:`length_mask` where the caller made it (see
         :meth:`nmt.models.seq2seq.Seq2Seq.forward`).
 
         Returns ``(logits (B, T, V), attention (B, T, L))`` -- raw scores before the output
-        mapping, and the last layer's head-averaged cross-attention -- plus, with
-        ``return_maps``, the :data:`AttentionMaps` of every kind, layer and head.
+        mapping, and the alignment layer's head-averaged cross-attention (the last layer's, all
+        heads, unless ``model.transformer.alignment_layer`` / ``alignment_heads`` say otherwise) --
+        plus, with ``return_maps``, the :data:`AttentionMaps` of every kind, layer and head.
+        ``alignment_scores`` (not with ``return_maps``): the second value is the scores of the
+        alignment heads before their mapping instead, (B, alignment_heads, T, L), ``-inf`` on
+        padding (guided alignment training; :attr:`alignment_attention`).
         """
         mask = length_mask(src_lengths, src.size(1), src.device) if src_mask is None else src_mask
         memory, encoder_maps, packed = self.encoder.encode(self.src_embeddings(src), mask, need_maps=return_maps)
         out = self.decoder(self.tgt_embeddings(tgt_in), self.decoder.cross_keys_values(memory, packed), mask,
-                           need_maps=return_maps)
+                           need_maps=return_maps, alignment_scores=alignment_scores)
         logits = self.generator(out.hidden)
-        attention = out.cross_maps[-1].mean(1)
+        if alignment_scores:
+            if return_maps:
+                raise ValueError("alignment_scores and return_maps are exclusive")
+            return logits, out.cross_maps[self.decoder.alignment_index][:, :self.decoder.alignment_heads]
+        attention = self.decoder.alignment_attention(out.cross_maps)
         if return_maps:
             return logits, attention, {"encoder_self": encoder_maps, "decoder_self": out.self_maps,
                                        "cross": out.cross_maps}

@@ -168,7 +168,7 @@ class MultiHeadAttention(nn.Module):
         return tuple(self._split(part) for part in parts)  # type: ignore[return-value]
 
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None,
-                need_probs: bool = True) -> tuple[Tensor, Tensor | None]:
+                need_probs: bool = True, return_scores: bool = False) -> tuple[Tensor, Tensor | None]:
         """query: (B, T, D); keys, values: (B, heads, S, d_head) from :meth:`keys_values`;
         mask: bool broadcastable to (B, heads, T, S), True = may attend (None: everything).
 
@@ -178,18 +178,21 @@ class MultiHeadAttention(nn.Module):
         one with exact zeros at masked positions (and wherever a sparse mapping puts them).
         ``need_probs=False``: the caller reads no probabilities, which lets a fused kernel serve
         softmax heads (see the class docstring); ``probs`` is then None where it did.
+        ``return_scores``: the second value is the scores the heads' mapping takes instead of its
+        probabilities (B, heads, T, S): divided by the temperature, ``-inf`` where ``mask`` forbids a
+        key (what a Fenchel-Young loss of the attention takes: guided alignment training).
         """
-        return self.attend(self.queries(query), keys, values, mask, need_probs)
+        return self.attend(self.queries(query), keys, values, mask, need_probs, return_scores=return_scores)
 
     def attend(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None,
                need_probs: bool = True, query_offset: int = 0,
-               rows: PackedRows | None = None) -> tuple[Tensor, Tensor | None]:
+               rows: PackedRows | None = None, return_scores: bool = False) -> tuple[Tensor, Tensor | None]:
         """:meth:`forward` from the scaled queries q (B, heads, T, d_head) of :meth:`queries` or
         :meth:`self_projections`; ``query_offset``: the position of the first query (relative
         positions and ALiBi only; the keys are at 0 .. S-1). ``rows``: the output is (N, D), the packed rows
         of the real queries (the output projection runs on those alone)."""
         bias = None if self.alibi is None else self.alibi.bias(q.size(2), keys.size(2), query_offset, q.dtype)
-        if not need_probs and self.fusable and fused_attention_serves(q):
+        if not need_probs and not return_scores and self.fusable and fused_attention_serves(q):
             attn_mask = mask
             if bias is not None:  # (heads, T, S) or (B, heads, T, S): added to scale * q.k
                 temperature = self.mapping.temperature
@@ -214,6 +217,10 @@ class MultiHeadAttention(nn.Module):
         if relations is not None:
             context = context + relative_context(weights, relations.to(weights.dtype))
         context = context.transpose(1, 2).reshape(q.size(0), q.size(2), self.d_model)
+        if return_scores:  # what the mapping took: temperature applied, -inf where the mask forbids a key
+            temperature = self.mapping.temperature
+            scores = scores if temperature == 1.0 else scores / temperature
+            probs = scores if mask is None else scores.masked_fill(~mask, float("-inf"))
         return self.out_proj(context if rows is None else rows.pack(context)), probs
 
     def _continuous_weights(self, probs: Tensor, mask: Tensor | None) -> Tensor:

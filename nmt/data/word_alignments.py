@@ -1,0 +1,145 @@
+"""Reference word alignments of training pairs (guided alignment training), as token positions.
+
+A corpus's alignment file (``data.train.align``) has one line per pair, in the Pharaoh format
+fast_align, eflomal and GIZA++ conversions write: ``i-j`` pairs, source word ``i`` aligned to
+target word ``j``, both 0-based indices into the whitespace-separated words of the raw lines
+(an empty line: the pair has no reference and gets no alignment loss). The model attends over
+*tokens*, so each pair becomes every (source piece, target piece) pair of the two words, the
+pieces grouped into words by the tokenizer (:meth:`nmt.data.tokenizers.base.Tokenizer.word_ids`:
+``space`` one word a token; BPE pieces ending in the separator continue into the next;
+sentencepiece pieces starting with the word mark start a word; ``char`` the characters between
+space tokens, the space token in no word), and source positions shifted by a source tag's token
+(:mod:`nmt.data.source_tags`).
+
+:class:`TrainingAlignments` holds them per input line of the training corpora (counted one after
+the other, as ``line_numbers`` count them) and builds a batch's reference distributions: row
+``t`` of example ``b`` is the uniform distribution over the source positions aligned to target
+token ``t`` (EOS, padding and unaligned tokens: a zero row, no loss).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nmt.data.errors import DataError
+from nmt.data.textfiles import read_lines
+from nmt.data.tokenizers import Tokenizer
+
+Pairs = np.ndarray
+"""(K, 2) int32: (source position, target position) of the pair's aligned tokens."""
+
+
+def parse_alignment_line(text: str, where: str) -> list[tuple[int, int]]:
+    """The ``(source word, target word)`` pairs of one Pharaoh line; ``DataError`` naming ``where``
+    (``file:line``) for an item that is not ``i-j`` with non-negative integers."""
+    pairs = []
+    for item in text.split():
+        s, sep, t = item.partition("-")
+        if not sep or not s.isdigit() or not t.isdigit():
+            raise DataError(f"{where}: {item!r} is not an alignment pair (Pharaoh format: source-target word "
+                            "indices, 0-based, e.g. '0-0 1-2 2-1')")
+        pairs.append((int(s), int(t)))
+    return pairs
+
+
+def _positions_of_words(word_ids: Sequence[int | None]) -> dict[int, list[int]]:
+    positions: dict[int, list[int]] = {}
+    for k, w in enumerate(word_ids):
+        if w is not None:
+            positions.setdefault(w, []).append(k)
+    return positions
+
+
+def token_pairs(word_pairs: Sequence[tuple[int, int]], src_pieces: list[str], tgt_pieces: list[str],
+                src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer, src_offset: int = 0,
+                where: str = "<alignments>") -> Pairs:
+    """Word pairs -> token pairs: every piece of source word ``i`` (shifted by ``src_offset``, a
+    source tag's tokens) with every piece of target word ``j``, each pair once, sorted. A word
+    index past the line's words is a ``DataError`` naming ``where`` and the word counts."""
+    src_words = _positions_of_words(src_tokenizer.word_ids(src_pieces))
+    tgt_words = _positions_of_words(tgt_tokenizer.word_ids(tgt_pieces))
+    out: set[tuple[int, int]] = set()
+    for i, j in word_pairs:
+        if i not in src_words or j not in tgt_words:
+            side, index, count = (("source", i, len(src_words)) if i not in src_words else ("target", j, len(tgt_words)))
+            raise DataError(f"{where}: {side} word {index} does not exist: the {side} line has {count} "
+                            f"word{'s' if count != 1 else ''} (indices are 0-based)")
+        out.update((a + src_offset, b) for a in src_words[i] for b in tgt_words[j])
+    return np.array(sorted(out), dtype=np.int32).reshape(-1, 2)
+
+
+class TrainingAlignments:
+    """The reference token pairs of the training pairs, by input line (1-based, the corpora's lines
+    counted one after the other: a dataset's ``line_numbers``); lines of a corpus without an
+    alignment file, and pairs the data rules skipped, have none."""
+
+    def __init__(self, by_line: dict[int, Pairs], n_lines: int, files: Sequence[str]) -> None:
+        self.by_line = by_line
+        self.n_lines = n_lines
+        self.files = list(files)
+
+    def __len__(self) -> int:
+        """How many kept pairs have a reference (a non-empty alignment line)."""
+        return sum(1 for p in self.by_line.values() if len(p))
+
+    def reference(self, line_numbers: Sequence[int], tgt_width: int, src_width: int) -> Tensor:
+        """(B, T, L) float32 (CPU) reference distributions of the batch whose examples are input
+        lines ``line_numbers`` (row order), padded to ``tgt_width`` (T, decoder inputs) and
+        ``src_width`` (L): row ``[b, t]`` is uniform over the source positions aligned to target
+        token ``t``, a zero row where that token has none (and on EOS and padding)."""
+        grid = np.zeros((len(line_numbers), tgt_width, src_width), dtype=np.float32)
+        for b, line in enumerate(line_numbers):
+            pairs = self.by_line.get(int(line))
+            if pairs is not None and len(pairs):
+                grid[b, pairs[:, 1], pairs[:, 0]] = 1.0
+        sums = grid.sum(axis=-1, keepdims=True)
+        np.divide(grid, sums, out=grid, where=sums > 0)
+        return torch.from_numpy(grid)
+
+    def describe(self, kept: int) -> str:
+        """One log line: how many kept pairs have a reference, from which files."""
+        return f"{len(self)} of {kept} kept training pairs have reference alignments ({', '.join(self.files)})"
+
+
+def read_training_alignments(corpora: Sequence, pairs: Sequence[tuple[str, str]], starts: Sequence[int],
+                             kept_lines: Sequence[int], src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer,
+                             src_offsets: Sequence[int]) -> TrainingAlignments | None:
+    """The reference alignments of the corpora that have an ``align`` file (None: none has).
+
+    ``corpora``: :class:`nmt.data.corpora.Corpus` list (``align`` the file or None); ``pairs``: the
+    raw training pairs, corpus ``k``'s from ``starts[k]`` on; ``kept_lines``: the 1-based input
+    lines the data rules kept (only those are mapped to tokens; every line is parsed); the
+    tokenizers group pieces into words; ``src_offsets[k]``: tokens before corpus ``k``'s sources
+    (its source tag). ``DataError`` naming the file and line for a file that cannot be read, a line
+    count other than its source file's, a malformed pair or a word index past a line's words."""
+    if not any(getattr(c, "align", None) for c in corpora):
+        return None
+    by_line: dict[int, Pairs] = {}
+    kept = set(int(n) for n in kept_lines)
+    files = []
+    for k, corpus in enumerate(corpora):
+        if not corpus.align:
+            continue
+        files.append(corpus.align)
+        lines = read_lines(corpus.align)
+        n_pairs = int(starts[k + 1] - starts[k])
+        if len(lines) != n_pairs:
+            raise DataError(f"{Path(corpus.align)} has {len(lines)} lines but {Path(corpus.src)} has {n_pairs} "
+                            f"({corpus.key}.align: one alignment line per training pair)")
+        for n, text in enumerate(lines, 1):
+            where = f"{corpus.align}:{n}"
+            word_pairs = parse_alignment_line(text, where)
+            line = int(starts[k]) + n
+            if line not in kept:
+                continue
+            src, tgt = pairs[line - 1]
+            by_line[line] = token_pairs(word_pairs, src_tokenizer.tokenize(src), tgt_tokenizer.tokenize(tgt),
+                                        src_tokenizer, tgt_tokenizer, src_offsets[k], where)
+    return TrainingAlignments(by_line, int(starts[-1]), files)
+
+
+__all__ = ["Pairs", "TrainingAlignments", "parse_alignment_line", "read_training_alignments", "token_pairs"]

@@ -1,0 +1,173 @@
+"""Guided alignment training (``training.guided_alignment``; Garg et al. 2019, "Jointly Learning to
+Align and Translate with Transformer Models"; OpenNMT-py's ``-lambda_align``).
+
+Reference word alignments (``data.train.align``, :mod:`nmt.data.word_alignments`) give each target
+token a distribution ``q`` over the source tokens: uniform over those aligned to it. The attention
+that reports alignments (``-report_align``: an RNN's one attention; a Transformer's
+``model.transformer.alignment_layer`` / ``alignment_heads``) is pulled toward it by the attention
+mapping's own Fenchel-Young loss at ``q``, per supervised head, on the scores ``s`` that mapping
+took::
+
+    loss = main loss + weight x sum over aligned target tokens, mean over heads, of FY(s; q)
+    FY(s; q) = Omega*(s) - <s, q> + Omega(q),     grad_s FY = mapping(s) - q
+
+(:mod:`nmt.sparse.losses`). For softmax heads ``FY = KL(q || p)``, OpenNMT-py's cross-entropy
+``-sum q log p`` minus the constant entropy of ``q``: the same gradient. For sparse heads
+(sparsemax, 1.5-entmax, alpha-entmax) the cross-entropy is infinite wherever ``p`` is zero and
+``q`` is not; the Fenchel-Young loss stays finite, and its gradient ``p - q`` reaches the scores
+of reference tokens outside the support too. Each head gets its own loss: the mean of several
+heads' probabilities (what OpenNMT-py supervises) is no mapping of any scores. Target tokens
+without a reference (EOS, padding, unaligned words, pairs of a corpus without an alignment file)
+add nothing. The sum is normalised as the main loss (``training.normalization``), so ``weight``
+reads as in OpenNMT-py (whose ``lambda_align`` is 0.05 in its examples).
+
+Host synchronisation: none added to the training step (the reference grids are built on the host
+with the batch and travel with it; the losses are sync-free on accelerators).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from nmt.config import ConfigError
+from nmt.data.corpora import training_corpora
+from nmt.data.subword_sampling import sampling_enabled
+from nmt.sparse import get_loss
+from nmt.sparse.registry import LOSS_NAMES
+from nmt.utils.exception_text import first_line
+
+KEY = "training.guided_alignment.weight"
+
+
+def guided_weight(config: dict) -> float:
+    """The guided alignment weight of a resolved config (0: off; absent in older configs)."""
+    return float((config["training"].get("guided_alignment") or {}).get("weight", 0.0))
+
+
+def check_guided_alignment(config: dict, source: str) -> None:
+    """The checks that need no model: a positive weight needs an ``align`` file on some corpus,
+    the training text read as text (not ``data.id_cache``), one segmentation (not
+    ``subword_sampling``) and no distillation. ConfigError naming the key; nothing read."""
+    if guided_weight(config) == 0.0:
+        return
+    data = config["data"]
+    corpora = training_corpora(data["train"])
+    if not any(c.align for c in corpora):
+        raise ConfigError(source, KEY, "guided alignment needs reference alignments: set data.train.align (or "
+                          "data.train[i].align) to a Pharaoh file, one line per training pair")
+    if data.get("id_cache"):
+        raise ConfigError(source, KEY, "guided alignment reads the training text to map words to tokens; "
+                          "not with data.id_cache (set it to false)")
+    for side in ("src", "tgt"):
+        if sampling_enabled(data[side].get("subword_sampling") or {}):
+            raise ConfigError(source, KEY, f"guided alignment maps the alignments to one segmentation; not with "
+                              f"data.{side}.subword_sampling")
+    if config["training"]["distill"]["teacher"] is not None:
+        raise ConfigError(source, KEY, "guided alignment and training.distill cannot be combined yet")
+
+
+@dataclass
+class GuidedAlignment:
+    """The alignment loss of a model: ``loss`` the Fenchel-Young loss of its alignment heads' mapping
+    (``mapping``, bound parameters), ``heads`` how many, ``weight`` its share of the training loss."""
+
+    weight: float
+    loss: Callable[..., Tensor]
+    mapping: str
+    heads: int
+
+    def describe(self) -> str:
+        """One log line."""
+        heads = "its one head" if self.heads == 1 else f"{self.heads} heads, each on its own"
+        return (f"guided alignment: weight {self.weight:g} x the {self.mapping} attention's Fenchel-Young loss at the "
+                f"reference alignments ({heads})")
+
+
+def guided_alignment(config: dict, source: str, model: nn.Module) -> GuidedAlignment | None:
+    """The run's :class:`GuidedAlignment` (None: weight 0), from ``model.alignment_attention``.
+    ConfigError naming :data:`KEY` for a model without one, a mapping without a Fenchel-Young loss
+    (fusedmax, oscarmax) or learned alphas."""
+    weight = guided_weight(config)
+    if weight == 0.0:
+        return None
+    attention = getattr(model, "alignment_attention", None)
+    if attention is None:
+        raise ConfigError(source, KEY, f"{type(model).__name__} reports no alignment attention")
+    if attention.mapping not in LOSS_NAMES:
+        raise ConfigError(source, KEY, f"the alignment attention's mapping {attention.mapping} has no "
+                          f"Fenchel-Young loss in nmt (guided alignment takes {', '.join(LOSS_NAMES)})")
+    if attention.learned_alpha:
+        raise ConfigError(source, KEY, "the alignment heads learn their alpha (alpha: learned); guided alignment "
+                          "needs a fixed mapping: give that attention a fixed alpha")
+    try:
+        loss = get_loss(attention.mapping, **attention.params)
+    except ValueError as exc:
+        raise ConfigError(source, KEY, f"the alignment attention's loss: {first_line(exc)}") from None
+    return GuidedAlignment(weight, loss, attention.mapping, attention.heads)
+
+
+def alignment_loss(loss_fn: Callable[..., Tensor], scores: Tensor, reference: Tensor) -> Tensor:
+    """Summed guided alignment loss (0-d, float32 or wider): over the target tokens with a
+    reference, the mean over heads of ``loss_fn(s, q)``.
+
+    scores: (B, H, T, L) the heads' scores before their mapping (``-inf`` on padding; a model's
+    ``forward(..., alignment_scores=True)``); reference: (B, T, L) rows on the simplex, or zero
+    rows (no reference: no loss, no gradient). No host synchronisation (on accelerators)."""
+    batch, heads, length, width = scores.shape
+    has = reference.sum(-1) > 0  # (B, T)
+    fallback = torch.zeros_like(reference)
+    fallback[..., 0] = 1.0  # a valid target (position 0 is a real token) where the row is unused
+    z = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+    target = torch.where(has.unsqueeze(-1), reference, fallback).to(z.dtype)
+    target = target.unsqueeze(1).expand(batch, heads, length, width)
+    per_row = loss_fn(z.reshape(-1, width), target.reshape(-1, width), reduction="none")
+    per_row = per_row.view(batch, heads, length) * has.unsqueeze(1)
+    return per_row.sum() / heads
+
+
+def guided_loss_forward(model: nn.Module, loss_fn: Callable, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
+                        tgt_out: Tensor, pad_index: int, label_smoothing: float, src_mask: Tensor | None,
+                        align: Tensor, align_loss: Callable, weight: float) -> tuple[Tensor, Tensor]:
+    """:func:`nmt.train.update.loss_forward` plus ``weight`` x :func:`alignment_loss` at ``align``
+    (B, T, L): returns ``(summed total loss, summed alignment loss detached)``, 0-d each."""
+    logits, scores = model(src, src_lengths, tgt_in, src_mask=src_mask, alignment_scores=True)
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    main = loss_fn(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1), ignore_index=pad_index,
+                   reduction="sum", label_smoothing=label_smoothing)
+    guide = alignment_loss(align_loss, scores, align)
+    return main + weight * guide, guide.detach()
+
+
+class GuidedForward:
+    """A :data:`nmt.train.update.LossForward` with guided alignment: what the trainer passes to
+    :func:`nmt.train.update.update`, which hands it each batch's reference grid (``align``; a batch
+    without one is a batch of pairs without references: a zero grid). ``compile``: a wrapper such
+    as :func:`nmt.train.compile.compile_for_device`'s, applied to :func:`guided_loss_forward`.
+    :meth:`take` returns the alignment losses summed since the last call (a device tensor)."""
+
+    def __init__(self, guide: GuidedAlignment, compile: Callable[[Callable], Callable] | None = None) -> None:
+        self.guide = guide
+        self.fn = guided_loss_forward if compile is None else compile(guided_loss_forward)
+        self._sum: Tensor | None = None
+
+    def __call__(self, model: nn.Module, loss_fn: Callable, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
+                 tgt_out: Tensor, pad_index: int, label_smoothing: float, src_mask: Tensor | None = None,
+                 align: Tensor | None = None) -> Tensor:
+        if align is None:
+            align = torch.zeros(tgt_in.size(0), tgt_in.size(1), src.size(1), device=tgt_in.device)
+        total, guide = self.fn(model, loss_fn, src, src_lengths, tgt_in, tgt_out, pad_index, label_smoothing,
+                               src_mask, align, self.guide.loss, self.guide.weight)
+        self._sum = guide if self._sum is None else self._sum + guide
+        return total
+
+    def take(self) -> Tensor | None:
+        """The summed alignment loss of the batches since the last call (None: none), and reset."""
+        out, self._sum = self._sum, None
+        return out
+
+
+__all__ = ["GuidedAlignment", "GuidedForward", "KEY", "alignment_loss", "check_guided_alignment", "guided_alignment",
+           "guided_loss_forward", "guided_weight"]
