@@ -6,8 +6,6 @@ nmt-train / nmt-translate run end to end."""
 from __future__ import annotations
 
 import math
-import os
-import signal
 from collections import Counter
 from pathlib import Path
 
@@ -21,7 +19,7 @@ from nmt.data.batching import make_batch_order
 from nmt.data.dataset import ParallelDataset, read_parallel
 from nmt.train.trainer import Trainer
 from ddp_workers import gloo_config
-from tiny_task import assert_same_run, tiny_config, write_task
+from tiny_task import assert_same_run, interrupt_at, tiny_config, write_task
 
 
 @pytest.fixture
@@ -91,12 +89,8 @@ def test_interrupted_and_resumed_equals_uninterrupted(corpora, tmp_path, cached)
     corpora = {**corpora, "id_cache": cached}
     straight = make(corpora, tmp_path / "straight", max_steps=14)  # 8 batches an epoch (63 examples)
     straight.train()
-
-    def interrupt_at_12(step):  # mid-epoch 1, between validations
-        if step == 12:
-            os.kill(os.getpid(), signal.SIGINT)
     first = make(corpora, tmp_path / "resumed", max_steps=14)
-    assert first.train(step_hook=interrupt_at_12).stopped_by == "SIGINT"
+    assert first.train(step_hook=interrupt_at(12)).stopped_by == "SIGINT"
     second = make(corpora, tmp_path / "resumed", max_steps=14)
     assert second.resumed and second.progress.step == 12 and second.progress.epoch == 1
     assert second.train().step == 14

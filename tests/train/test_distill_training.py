@@ -3,8 +3,6 @@ one compiled graph, accumulation exact), the teacher's pull on a trained student
 the validation set, against the same student trained without it), and resume."""
 from __future__ import annotations
 
-import os
-import signal
 import sys
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from nmt.train.update import update
 from nmt.utils.sync_audit import SyncAudit
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_task import assert_same_run, make_trainer, tiny_config, write_task  # noqa: E402
+from tiny_task import assert_same_run, interrupt_at, make_trainer, tiny_config, write_task  # noqa: E402
 from test_precision_compile import (PAD, STATIC_ENTMAX, assert_compiled_equals_eager, copy_batch,  # noqa: E402
                                     model)
 
@@ -245,12 +243,8 @@ def test_an_interrupted_distilled_run_resumes_as_if_uninterrupted(teacher_run, t
     straight = student(data, tmp_path / "straight", **settings)
     straight.train()
 
-    def interrupt_at_7(step):
-        if step == 7:
-            os.kill(os.getpid(), signal.SIGINT)
-
     first = student(data, tmp_path / "resumed", **settings)
-    assert first.train(step_hook=interrupt_at_7).step == 7
+    assert first.train(step_hook=interrupt_at(7)).step == 7
     second = student(data, tmp_path / "resumed", **settings)
     assert second.resumed and second.progress.step == 7
     assert second.train().step == 12

@@ -13,8 +13,6 @@ import copy
 import json
 import logging
 import math
-import os
-import signal
 import sys
 from pathlib import Path
 
@@ -31,7 +29,7 @@ from nmt.translate.loading import load_model
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_fp16_overflow import NO_DROPOUT, fp32_arithmetic, leave_out  # noqa: E402
-from tiny_task import assert_same_run, tiny_config, write_task  # noqa: E402
+from tiny_task import assert_same_run, interrupt_at, tiny_config, write_task  # noqa: E402
 
 FIXED_LR = {"min_lr": 1e-3}  # the plateau schedule never decays: validating another model changes no lr
 
@@ -283,12 +281,8 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny_task, tmp_path):
     straight = make_trainer(tiny_task, tmp_path / "straight", ema)
     straight.train()
 
-    def interrupt_at_7(step):
-        if step == 7:
-            os.kill(os.getpid(), signal.SIGINT)
-
     first = make_trainer(tiny_task, tmp_path / "resumed", ema)
-    assert first.train(step_hook=interrupt_at_7).step == 7
+    assert first.train(step_hook=interrupt_at(7)).step == 7
     second = make_trainer(tiny_task, tmp_path / "resumed", ema)
     assert second.progress.step == 7 and second.ema.averaged_updates == 7
     assert second.train().step == 12

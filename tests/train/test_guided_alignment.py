@@ -374,10 +374,7 @@ def test_an_interrupted_guided_run_resumes_as_if_uninterrupted(tmp_path, caplog,
     """Two corpora, the first with alignments (every source letter with the target's one word), the
     second without (weight 0.5): bit-equal weights and the same metrics as the uninterrupted run;
     the log line shows the alignment part."""
-    import os
-    import signal
-
-    from tiny_task import assert_same_run, make_trainer
+    from tiny_task import assert_same_run, interrupt_at, make_trainer
 
     data = write_task(tmp_path / "data")
     lines = Path(data["train"]["src"]).read_text(encoding="utf-8").splitlines()
@@ -394,12 +391,8 @@ def test_an_interrupted_guided_run_resumes_as_if_uninterrupted(tmp_path, caplog,
     assert "guided alignment: weight 0.3 x the entmax15 attention's Fenchel-Young loss" in log
     assert " (alignment loss " in log and f"alignments: {len(lines)} of " in log
 
-    def interrupt_at_7(step):
-        if step == 7:
-            os.kill(os.getpid(), signal.SIGINT)
-
     first = make_trainer(corpora, tmp_path / "resumed", **settings)
-    assert first.train(step_hook=interrupt_at_7).step == 7
+    assert first.train(step_hook=interrupt_at(7)).step == 7
     second = make_trainer(corpora, tmp_path / "resumed", **settings)
     assert second.resumed and second.progress.step == 7 and second.train().step == 12
     assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")

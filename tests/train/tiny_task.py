@@ -81,3 +81,15 @@ def lr_run(data: dict, save_dir: Path, schedule: dict, kill_at: int | None = Non
         if step == kill_at:
             os.kill(os.getpid(), signal.SIGINT)
     return trainer, trainer.train(step_hook=hook), seen
+
+
+def interrupt_at(stop: int):
+    """A ``Trainer.train`` step hook that sends this process SIGINT after update ``stop`` (the run
+    then saves and stops there, as a user's Ctrl-C would make it; run it again to resume)."""
+    import os
+    import signal
+
+    def hook(step: int) -> None:
+        if step == stop:
+            os.kill(os.getpid(), signal.SIGINT)
+    return hook
