@@ -160,7 +160,8 @@ class GuidedForward:
             align = torch.zeros(tgt_in.size(0), tgt_in.size(1), src.size(1), device=tgt_in.device)
         total, guide = self.fn(model, loss_fn, src, src_lengths, tgt_in, tgt_out, pad_index, label_smoothing,
                                src_mask, align, self.guide.loss, self.guide.weight)
-        self._sum = guide if self._sum is None else self._sum + guide
+        # a copy: under CUDA graphs the next replay overwrites the graph's output tensors
+        self._sum = guide.clone() if self._sum is None else self._sum + guide
         return total
 
     def take(self) -> Tensor | None:

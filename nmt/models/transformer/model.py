@@ -26,10 +26,11 @@ class TransformerSeq2Seq(EncoderDecoder):
     holds ``"memory"`` (B, L, D), ``"src_mask"`` (B, L) and ``"cross.{i}.k"`` / ``"cross.{i}.v"``
     (B, heads, L, d_head), the cross-attention keys/values computed once by :meth:`encode`.
 
-    The attention returned by ``forward`` / ``step`` (for heatmaps, ``attention_matrices``
-    and beam search's ``attention``) is the cross-attention of the LAST decoder layer
-    averaged over its heads: rows still sum to one and are zero wherever every head is
-    zero (always on padding). ``forward(..., return_maps=True)`` also gives every layer's
+    The attention returned by ``forward`` / ``step`` (for heatmaps, ``attention_matrices``,
+    alignments and beam search's ``attention``) is the cross-attention of the decoder's alignment
+    layer averaged over its alignment heads (``model.transformer.alignment_layer`` /
+    ``alignment_heads``; by default the LAST layer, all heads): rows still sum to one and are zero
+    wherever every head is zero (always on padding). ``forward(..., return_maps=True)`` also gives every layer's
     and head's probabilities of every kind. The probabilities nobody reads (the other maps, without
     ``return_maps`` and in ``step``) may come from a fused kernel that returns none (softmax heads
     on CUDA: :func:`nmt.models.transformer.multihead_attention.fused_attention_serves`).
