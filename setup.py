@@ -40,7 +40,7 @@ setup(
         # Oracles (entmax, scipy) are used by tests and benchmarks only, never at run time.
         # triton: the fused CUDA kernels of nmt.sparse (optional); the tests run them on CPU in
         # the Triton interpreter, so CI installs it where wheels exist.
-        "test": ["pytest>=7", "hypothesis>=6.80", "scipy>=1.10", "entmax>=1.1",
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6.80", "scipy>=1.10", "entmax>=1.1",
                  'triton>=3.0; platform_system == "Linux" and platform_machine == "x86_64"'],
         "triton": ['triton>=3.0; platform_system == "Linux"'],
     },
