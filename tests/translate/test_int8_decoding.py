@@ -129,3 +129,25 @@ def test_int8_on_a_gpu_is_one_line(checkpoint, tmp_path, capsys):
         check_inference_device("int8", "cuda")
     model = load(checkpoint, device="auto", precision="int8")  # auto: the CPU with int8
     assert model.device == "cpu" and model.translate(["a b c"])[0] is not None
+
+
+def test_an_ensemble_of_one_model_twice_at_int8_equals_that_model(checkpoint, tmp_path, capsys):
+    """``-model a.pt a.pt -precision int8``: both members' products run in int8 (one region for the
+    run), and the mean of two equal distributions is that distribution, so the outputs, their scores
+    and the certificates equal the single int8 model's."""
+    src = tmp_path / "src.txt"
+    src.write_text("a b c\nb c\nc a\na\n", encoding="utf-8")
+    records = {}
+    for name, models in (("one", [checkpoint]), ("two", [checkpoint, checkpoint])):
+        report = tmp_path / f"{name}.jsonl"
+        code, out, err = translate_main(["-model", *models, "-src", str(src), "-output", "-", "-beam_size", "3",
+                                         "-precision", "int8", "-report", str(report)], capsys)
+        assert code == 0, err
+        assert "precision int8" in err
+        records[name] = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+    assert len(records["one"]) == 4
+    for a, b in zip(records["one"], records["two"]):
+        assert [h["text"] for h in a["nbest"]] == [h["text"] for h in b["nbest"]]
+        assert a["exact"] == b["exact"] and b["decoding"]["precision"] == "int8"
+        for x, y in zip(a["nbest"], b["nbest"]):
+            assert math.isclose(x["logprob"], y["logprob"], rel_tol=1e-6, abs_tol=1e-6)
