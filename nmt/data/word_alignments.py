@@ -46,29 +46,43 @@ def parse_alignment_line(text: str, where: str) -> list[tuple[int, int]]:
     return pairs
 
 
-def _positions_of_words(word_ids: Sequence[int | None]) -> dict[int, list[int]]:
+def _positions_of_words(word_ids: Sequence[int | None]) -> tuple[dict[int, list[int]], int]:
+    """word -> its piece positions, and the number of words (the highest word id + 1)."""
     positions: dict[int, list[int]] = {}
     for k, w in enumerate(word_ids):
         if w is not None:
             positions.setdefault(w, []).append(k)
-    return positions
+    return positions, max(positions, default=-1) + 1
+
+
+class WordCountMismatch(DataError):
+    """The tokenizer's pieces make another number of words than the raw line has (a normalisation
+    that joins, splits or drops words): the line's word indices cannot be mapped to its pieces."""
 
 
 def token_pairs(word_pairs: Sequence[tuple[int, int]], src_pieces: list[str], tgt_pieces: list[str],
                 src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer, src_offset: int = 0,
-                where: str = "<alignments>") -> Pairs:
+                where: str = "<alignments>", words: tuple[int, int] | None = None) -> Pairs:
     """Word pairs -> token pairs: every piece of source word ``i`` (shifted by ``src_offset``, a
-    source tag's tokens) with every piece of target word ``j``, each pair once, sorted. A word
-    index past the line's words is a ``DataError`` naming ``where`` and the word counts."""
-    src_words = _positions_of_words(src_tokenizer.word_ids(src_pieces))
-    tgt_words = _positions_of_words(tgt_tokenizer.word_ids(tgt_pieces))
+    source tag's tokens) with every piece of target word ``j``, each pair once, sorted. ``words``:
+    the raw lines' word counts (source, target), against which the indices are checked (else the
+    pieces' word counts). A word index past the line's words is a ``DataError`` naming ``where``
+    and the word count; pieces that make other word counts than ``words`` raise
+    :class:`WordCountMismatch`."""
+    (src_words, n_src), (tgt_words, n_tgt) = (_positions_of_words(src_tokenizer.word_ids(src_pieces)),
+                                              _positions_of_words(tgt_tokenizer.word_ids(tgt_pieces)))
+    counts = words if words is not None else (n_src, n_tgt)
+    for i, j in word_pairs:
+        for side, index, count in (("source", i, counts[0]), ("target", j, counts[1])):
+            if index >= count:
+                raise DataError(f"{where}: {side} word {index} does not exist: the {side} line has {count} "
+                                f"word{'s' if count != 1 else ''} (indices are 0-based)")
+    if (n_src, n_tgt) != tuple(counts):
+        raise WordCountMismatch(f"{where}: the tokenizers make {n_src} source and {n_tgt} target words of lines of "
+                                f"{counts[0]} and {counts[1]} words")
     out: set[tuple[int, int]] = set()
     for i, j in word_pairs:
-        if i not in src_words or j not in tgt_words:
-            side, index, count = (("source", i, len(src_words)) if i not in src_words else ("target", j, len(tgt_words)))
-            raise DataError(f"{where}: {side} word {index} does not exist: the {side} line has {count} "
-                            f"word{'s' if count != 1 else ''} (indices are 0-based)")
-        out.update((a + src_offset, b) for a in src_words[i] for b in tgt_words[j])
+        out.update((a + src_offset, b) for a in src_words.get(i, ()) for b in tgt_words.get(j, ()))
     return np.array(sorted(out), dtype=np.int32).reshape(-1, 2)
 
 
@@ -77,10 +91,13 @@ class TrainingAlignments:
     counted one after the other: a dataset's ``line_numbers``); lines of a corpus without an
     alignment file, and pairs the data rules skipped, have none."""
 
-    def __init__(self, by_line: dict[int, Pairs], n_lines: int, files: Sequence[str]) -> None:
+    def __init__(self, by_line: dict[int, Pairs], n_lines: int, files: Sequence[str],
+                 mismatched: Sequence[str] = ()) -> None:
         self.by_line = by_line
         self.n_lines = n_lines
         self.files = list(files)
+        self.mismatched = list(mismatched)
+        """``file:line`` of the kept pairs whose tokenization changes a side's word count: no reference."""
 
     def __len__(self) -> int:
         """How many kept pairs have a reference (a non-empty alignment line)."""
@@ -102,7 +119,10 @@ class TrainingAlignments:
 
     def describe(self, kept: int) -> str:
         """One log line: how many kept pairs have a reference, from which files."""
-        return f"{len(self)} of {kept} kept training pairs have reference alignments ({', '.join(self.files)})"
+        skipped = (f"; {len(self.mismatched)} left without one, their tokenization changing a line's word count "
+                   f"(first: {self.mismatched[0]})" if self.mismatched else "")
+        return (f"{len(self)} of {kept} kept training pairs have reference alignments ({', '.join(self.files)})"
+                + skipped)
 
 
 def read_training_alignments(corpora: Sequence, pairs: Sequence[tuple[str, str]], starts: Sequence[int],
@@ -115,10 +135,13 @@ def read_training_alignments(corpora: Sequence, pairs: Sequence[tuple[str, str]]
     lines the data rules kept (only those are mapped to tokens; every line is parsed); the
     tokenizers group pieces into words; ``src_offsets[k]``: tokens before corpus ``k``'s sources
     (its source tag). ``DataError`` naming the file and line for a file that cannot be read, a line
-    count other than its source file's, a malformed pair or a word index past a line's words."""
+    count other than its source file's, a malformed pair or a word index past a line's words (of the
+    raw line). A pair whose tokenization makes another number of words than its raw line has (a
+    normalisation joining or dropping words) gets no reference; ``mismatched`` lists them."""
     if not any(getattr(c, "align", None) for c in corpora):
         return None
     by_line: dict[int, Pairs] = {}
+    mismatched: list[str] = []
     kept = set(int(n) for n in kept_lines)
     files = []
     for k, corpus in enumerate(corpora):
@@ -137,9 +160,13 @@ def read_training_alignments(corpora: Sequence, pairs: Sequence[tuple[str, str]]
             if line not in kept:
                 continue
             src, tgt = pairs[line - 1]
-            by_line[line] = token_pairs(word_pairs, src_tokenizer.tokenize(src), tgt_tokenizer.tokenize(tgt),
-                                        src_tokenizer, tgt_tokenizer, src_offsets[k], where)
-    return TrainingAlignments(by_line, int(starts[-1]), files)
+            try:
+                by_line[line] = token_pairs(word_pairs, src_tokenizer.tokenize(src), tgt_tokenizer.tokenize(tgt),
+                                            src_tokenizer, tgt_tokenizer, src_offsets[k], where,
+                                            (len(src.split()), len(tgt.split())))
+            except WordCountMismatch:
+                mismatched.append(where)
+    return TrainingAlignments(by_line, int(starts[-1]), files, mismatched)
 
 
-__all__ = ["Pairs", "TrainingAlignments", "parse_alignment_line", "read_training_alignments", "token_pairs"]
+__all__ = ["Pairs", "TrainingAlignments", "WordCountMismatch", "parse_alignment_line", "read_training_alignments", "token_pairs"]

@@ -297,7 +297,7 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
                 " (shared)" if src_field is tgt_field
                 else " (shared tokenizer)" if src_field.tokenizer is tgt_field.tokenizer else "")
     if references is not None:
-        logger.info("alignments: %s", references.describe(len(train)))
+        (logger.warning if references.mismatched else logger.info)("alignments: %s", references.describe(len(train)))
     if resampled is not None:
         logger.info("subword sampling: %s; a new segmentation of the training data every epoch, seeded by "
                     "(training.seed, epoch)", resampled.describe())

@@ -10,8 +10,8 @@ import torch
 from nmt.data.corpora import training_corpora
 from nmt.data.errors import DataError
 from nmt.data.tokenizers import build_tokenizer
-from nmt.data.word_alignments import (TrainingAlignments, parse_alignment_line, read_training_alignments,
-                                      token_pairs)
+from nmt.data.word_alignments import (TrainingAlignments, WordCountMismatch, parse_alignment_line,
+                                      read_training_alignments, token_pairs)
 
 
 def pairs_of(array: np.ndarray) -> set[tuple[int, int]]:
@@ -43,9 +43,15 @@ def test_words_become_all_pairs_of_their_pieces_for_every_tokenizer():
     assert token_pairs([], ["a"], ["x"], space, space).shape == (0, 2)
 
 
-def test_sentencepiece_pieces_are_grouped_by_their_word_marks():
-    spm = build_tokenizer({"type": "sentencepiece", "vocab_size": 40, "model_type": "char"})
-    spm.train(["the cat sat on the mat", "a cat and a hat"] * 20)
+@pytest.fixture(scope="module")
+def spm():
+    """A character-level sentencepiece model (its default nmt_nfkc normalisation)."""
+    tokenizer = build_tokenizer({"type": "sentencepiece", "vocab_size": 40, "model_type": "char"})
+    tokenizer.train(["the cat sat on the mat", "a cat and a hat"] * 20)
+    return tokenizer
+
+
+def test_sentencepiece_pieces_are_grouped_by_their_word_marks(spm):
     src = spm.tokenize("cat sat")  # characters: '▁c a t ▁s a t' (the word mark on the first of each word)
     assert src == ["▁c", "a", "t", "▁s", "a", "t"] or src == ["▁", "c", "a", "t", "▁", "s", "a", "t"]
     space = build_tokenizer({"type": "space"})
@@ -118,3 +124,32 @@ def test_bad_alignment_files_are_one_line_errors(tmp_path):
     with pytest.raises(DataError, match=r"nowhere.align"):
         read_training_alignments(training_corpora({"src": src, "tgt": tgt, "align": str(tmp_path / "nowhere.align")}),
                                  pairs, [0, 2], [1, 2], space, space, [0])
+
+
+def test_indices_are_checked_against_the_raw_lines_and_a_changed_word_count_is_named(spm):
+    """The raw source 'cat \u200b sat' has three words; sentencepiece's normalisation drops the
+    zero-width space, and its pieces make two: the line's indices cannot be mapped (index 1 would
+    land on 'sat'), which :class:`WordCountMismatch` says; an index past the raw line's words is the
+    plain error, checked first."""
+    space = build_tokenizer({"type": "space"})
+    pieces = spm.tokenize("cat \u200b sat")
+    assert max(w for w in spm.word_ids(pieces) if w is not None) == 1
+    with pytest.raises(WordCountMismatch, match=r"^f:2: the tokenizers make 2 source and 1 target words of lines "
+                                                r"of 3 and 1 words$"):
+        token_pairs([(1, 0)], pieces, ["x"], spm, space, where="f:2", words=(3, 1))
+    with pytest.raises(DataError, match=r"^f:2: source word 3 does not exist: the source line has 3 words") as info:
+        token_pairs([(3, 0)], pieces, ["x"], spm, space, where="f:2", words=(3, 1))
+    assert not isinstance(info.value, WordCountMismatch)
+
+
+def test_pairs_whose_tokenization_changes_the_word_count_get_no_reference(tmp_path, spm):
+    """Through the corpus reader: the line is left without a reference and named in the log line."""
+    src = write(tmp_path / "t.src", ["cat sat", "cat \u200b sat"])
+    tgt = write(tmp_path / "t.tgt", ["x y", "x"])
+    align = write(tmp_path / "t.align", ["0-0 1-1", "1-0"])
+    space = build_tokenizer({"type": "space"})
+    refs = read_training_alignments(training_corpora({"src": src, "tgt": tgt, "align": align}),
+                                    [("cat sat", "x y"), ("cat \u200b sat", "x")], [0, 2], [1, 2], spm, space, [0])
+    assert set(refs.by_line) == {1} and refs.mismatched == [f"{align}:2"]
+    assert refs.describe(2).endswith(f"; 1 left without one, their tokenization changing a line's word count "
+                                     f"(first: {align}:2)")
