@@ -39,11 +39,16 @@ shape once: "warm-up s", start-up rather than steady-state time). Every row also
 step and host syncs per step (SyncAudit's count on the CPU, CUDA's
 sync debug mode on CUDA); ``--compile`` adds training.compile rows (torch.compile of forward and
 loss, lengths padded to ``--pad_to_multiple``); ``--precision bf16|fp16`` autocasts.
+``--guided-alignment W`` adds a guided alignment row after each row (``training.guided_alignment``
+of weight W; a Transformer's penultimate layer's first head supervised, as Garg et al.) against
+a diagonal reference built on the host with every batch, as the trainer builds the real one: its
+cost, printed as the ratio to the plain row of the same setting and step.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import platform
 import random
@@ -64,7 +69,8 @@ from nmt.data.batching import collate, make_batches  # noqa: E402
 from nmt.models import build_model  # noqa: E402
 from nmt.sparse import get_loss  # noqa: E402
 from nmt.train.optimizers import build_optimizer  # noqa: E402
-from nmt.train.compile import compile_loss_forward, pad_to_multiple  # noqa: E402
+from nmt.train.compile import compile_for_device, compile_loss_forward, pad_to_multiple  # noqa: E402
+from nmt.train.guided_alignment import GuidedAlignment, GuidedForward  # noqa: E402
 from nmt.train.precision import TrainPrecision  # noqa: E402
 from nmt.train.update import loss_forward, update  # noqa: E402
 from nmt.utils.host_syncs import host_sync_sites_on  # noqa: E402
@@ -160,6 +166,18 @@ def most_common_shapes(batches: list, n: int, k: int, multiple: int) -> list:
     return chosen
 
 
+def diagonal_reference(batch) -> torch.Tensor:
+    """(B, T, L) a diagonal reference alignment of the host ``batch``: target token t of a pair of
+    m tokens and n source tokens aligned to source token round(t (n - 1) / (m - 1)) (the cost of
+    guided alignment does not depend on which tokens are aligned)."""
+    b, t_width, s_width = batch.tgt_in.size(0), batch.tgt_in.size(1), batch.src.size(1)
+    n, m = batch.src_lengths.view(-1, 1), (batch.tgt_lengths - 1).view(-1, 1)
+    t = torch.arange(t_width).view(1, -1)
+    s = torch.round(t * (n - 1) / (m - 1).clamp(min=1)).long().clamp(0, s_width - 1)
+    grid = torch.zeros(b, t_width, s_width)
+    return grid.scatter_(2, s.unsqueeze(-1), (t < m).float().unsqueeze(-1))
+
+
 def to_device(batch, device: torch.device):
     """The batch on ``device`` with its source lengths left on the host, as the trainer does."""
     return batch.to(device, lengths_on_host=True)
@@ -168,7 +186,7 @@ def to_device(batch, device: torch.device):
 def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab: int, warmup: int,
             device: torch.device = torch.device("cpu"), compiled: bool = False, precision: str = "fp32",
             pad_to: int = 1, model_section: dict | None = None, backend: str = "inductor",
-            profile: int = 0, encoder_in_graph: bool = False) -> dict:
+            profile: int = 0, encoder_in_graph: bool = False, guided: float = 0.0) -> dict:
     """Full updates over ``batches`` (after ``warmup`` untimed ones) on ``device``: target tokens
     per second, ms per step, and host syncs of one extra step (SyncAudit on the CPU,
     CUDA's sync debug mode on CUDA). ``compiled``: torch.compile of forward+loss (with
@@ -179,8 +197,13 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     reset: its own graphs, not an earlier row's). ``profile``: also where the counted step's host
     syncs are (``sync_sites``) and, after timing, :func:`profile_steps` over that many steps
     (``profile``). ``encoder_in_graph``: compiled with
-    ``training.compile_encoder`` (an LSTM encoder inside the graph)."""
+    ``training.compile_encoder`` (an LSTM encoder inside the graph). ``guided`` > 0: training with
+    guided alignment of that weight (:func:`diagonal_reference`; a Transformer's penultimate
+    layer's first head)."""
     model_cfg = json.loads(json.dumps(model_section or config["model"]))
+    if guided and "transformer" in model_cfg:
+        layers = model_cfg["transformer"]["decoder_layers"]
+        model_cfg["transformer"].update(alignment_layer=-2 if layers > 1 else -1, alignment_heads=1)
     model_cfg["attention"].update(mapping=attention[0], params=attention[1])
     model_cfg["output"].update(mapping=output[0], params=output[1])
     torch.manual_seed(config["training"]["seed"])
@@ -200,11 +223,19 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     graphs_before = _graphs_compiled()
     forward = compile_loss_forward(device, backend=backend, encoder_in_graph=encoder_in_graph) if compiled \
         else loss_forward
+    if guided:
+        heads = model.alignment_attention
+        forward = GuidedForward(GuidedAlignment(guided, get_loss(heads.mapping, **heads.params), heads.mapping,
+                                                heads.heads),
+                                (lambda fn: compile_for_device(fn, device, backend, encoder_in_graph)) if compiled
+                                else None)
     train = TrainPrecision(precision, device)
     batches = [pad_to_multiple(b, pad_to if compiled else 1, PAD) for b in batches]
 
     def step(batch, phases: PhaseTimer | None = None):
         # the host batch moved to the device inside the step, as the trainer does
+        if guided:  # the reference built on the host with the batch, as the trainer builds it
+            batch = dataclasses.replace(batch, align=diagonal_reference(batch))
         if phases is None:
             return update(model, loss_fn, optimizer, to_device(batch, device), PAD, clip, precision=train,
                           forward=forward)
@@ -504,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch.compile backend of the compiled rows (default inductor, what training.compile "
                              "uses; aot_eager: capture and autograd without code generation)")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
+    parser.add_argument("--guided-alignment", type=float, default=0.0, metavar="W",
+                        help="also time each row with guided alignment of weight W (its cost)")
     parser.add_argument("--pad_to_multiple", type=int, default=8, help="length bucket of the compiled runs")
     parser.add_argument("--max-shapes", type=int, default=None,
                         help="only batches of the K most frequent shapes (lengths padded to --pad_to_multiple), "
@@ -561,16 +594,19 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         baselines: dict = {}  # per model and step kind: its softmax / softmax row (the first of them)
         jobs = [(label, attention, output, mode) for label, attention, output in runs for mode in modes]
+        if args.guided_alignment:  # each row followed by its guided row
+            jobs = [job for plain in jobs for job in (plain, (plain[0] + " + guided", *plain[1:]))]
         measured: dict = {job[0::3]: [] for job in jobs}  # (label, mode): one figure per round
         eager_speeds: dict = {}
         for round_ in range(args.repeats):
             for label, attention, output, mode in jobs:
                 section = transformer_model if label.startswith("transformer:") else None
                 model_kind = "lstm" if section is None else "transformer"
+                guided = args.guided_alignment if label.endswith(" + guided") else 0.0
                 measured[label, mode].append(  # timed without profiling (see the profile pass below)
                     measure(config, attention, output, batches, src_vocab, tgt_vocab, warmup, device,
                             mode == "compiled", args.precision, args.pad_to_multiple, section, args.backend,
-                            0, args.compile_encoder))
+                            0, args.compile_encoder, guided))
                 if round_ < args.repeats - 1:
                     continue
                 figures = measured[label, mode]
@@ -589,6 +625,11 @@ def main(argv: list[str] | None = None) -> int:
                                 "encoder_in_graph": mode == "compiled" and args.compile_encoder})
                 print(f"{label:<34} {mode:<9} {speed:>10.0f} {ms:>8.1f} {syncs:>10d} {speed / baseline:>9.2f}x "
                       f"{speed / eager_speed:>7.2f}x {shapes:>6d} {warm:>9.1f} {first:>12.1f}", flush=True)
+                if guided:  # its cost: against the plain row of the same setting and step
+                    plain = next(r for r in results if r["setting"] == label[:-len(" + guided")] and r["step"] == mode)
+                    results[-1]["ratio_to_plain"] = speed / plain["tokens_per_sec"]
+                    print(f"    guided alignment (weight {guided:g}): {speed / plain['tokens_per_sec']:.2f}x the "
+                          "plain row's tokens/s")
                 if figures[0]["cudagraph_skips"]:
                     print(f"    inductor declined CUDA graphs {figures[0]['cudagraph_skips']} times in this run "
                           f"(reasons: TORCH_LOGS=cudagraphs)")
@@ -606,7 +647,8 @@ def main(argv: list[str] | None = None) -> int:
                 section = transformer_model if label.startswith("transformer:") else None
                 profiled = measure(config, attention, output, batches, src_vocab, tgt_vocab, warmup, device,
                                    mode == "compiled", args.precision, args.pad_to_multiple, section,
-                                   args.backend, args.profile, args.compile_encoder)
+                                   args.backend, args.profile, args.compile_encoder,
+                                   args.guided_alignment if label.endswith(" + guided") else 0.0)
                 print(f"{label} ({mode}):")
                 print_profile(profiled, row["ms_per_step"])
                 row.update(sync_sites=profiled["sync_sites"], profile=profiled["profile"],

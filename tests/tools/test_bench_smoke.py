@@ -228,6 +228,28 @@ def test_bench_train_ratios_are_to_each_models_own_softmax_row(monkeypatch, tmp_
                       "transformer: softmax / softmax": 1.0, "transformer: entmax15 / softmax": 0.8}
 
 
+def test_bench_train_guided_rows_follow_their_plain_rows_with_the_cost_ratio(tmp_path, capsys):
+    """``--guided-alignment 0.1``: each row followed by its guided row (a real step: the model returns
+    its alignment scores, the diagonal reference of every batch goes with it), whose cost is the ratio
+    to the plain row of the same setting; the reference is one diagonal source token per target
+    token, from corner to corner."""
+    bench = _load("bench_train")
+    out = tmp_path / "train.json"
+    assert bench.main(["--quick", "--steps", "1", "--only", "softmax / softmax", "--guided-alignment", "0.1",
+                       "--json", str(out)]) == 0
+    plain, guided = json.loads(out.read_text())["results"]
+    assert (plain["setting"], guided["setting"]) == ("softmax / softmax", "softmax / softmax + guided")
+    assert guided["ratio_to_plain"] == pytest.approx(guided["tokens_per_sec"] / plain["tokens_per_sec"])
+    assert "ratio_to_plain" not in plain
+    assert capsys.readouterr().out.count("guided alignment (weight 0.1): ") == 1
+    batch = bench.synthetic_batches(1)[0][0]
+    grid = bench.diagonal_reference(batch)
+    m = batch.tgt_lengths - 1
+    assert torch.equal(grid.sum(-1), (torch.arange(grid.size(1)) < m.view(-1, 1)).float())  # one source per token
+    last = grid[torch.arange(len(m)), m - 1].argmax(-1)
+    assert torch.equal(last, batch.src_lengths - 1) and bool((grid[:, 0, 0] == 1).all())  # corner to corner
+
+
 def test_bench_host_quick(tmp_path):
     """``bench_host --quick``: the eager update's host work on the CUDA route (stand-in driver, no
     GPU), per setting: torch operations, Python calls, Triton launches by kernel, host syncs and
