@@ -456,3 +456,25 @@ def test_the_guided_update_on_cuda_equals_the_cpus_and_never_syncs(mapping):
     torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-5, atol=1e-5)
     for a, b in zip(results[1][2], results[0][2]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_weight_zero_reads_no_alignments_and_changes_nothing_and_bad_lines_are_one_line_errors(tmp_path):
+    """An ``align`` file with weight 0 is not read (a malformed one included): the run equals one without
+    it, bit for bit. With a weight, a malformed line of that file is one line naming it."""
+    from nmt.data.errors import DataError
+    from tiny_task import make_trainer
+
+    data = write_task(tmp_path / "data")
+    align = tmp_path / "data" / "train.align"
+    align.write_text("0-0\n" * 39 + "0:0\n", encoding="utf-8")
+    aligned = {**data, "train": {**data["train"], "align": str(align)}}
+    runs = []
+    for name, section in (("plain", data), ("aligned", aligned)):
+        trainer = make_trainer(section, tmp_path / name, device="cpu", max_steps=4, valid_every=4)
+        assert trainer.guide is None and trainer.data.alignments is None
+        trainer.train()
+        runs.append(trainer.model.state_dict())
+    for key in runs[0]:
+        assert torch.equal(runs[0][key], runs[1][key]), key
+    with pytest.raises(DataError, match=rf"^{align}:40: '0:0' is not an alignment pair"):
+        make_trainer(aligned, tmp_path / "bad", device="cpu", guided_alignment={"weight": 0.1})
