@@ -103,12 +103,15 @@ class TrainingAlignments:
         """How many kept pairs have a reference (a non-empty alignment line)."""
         return sum(1 for p in self.by_line.values() if len(p))
 
-    def reference(self, line_numbers: Sequence[int], tgt_width: int, src_width: int) -> Tensor:
+    def reference(self, line_numbers: Sequence[int], tgt_width: int, src_width: int,
+                  rows: int | None = None) -> Tensor:
         """(B, T, L) float32 (CPU) reference distributions of the batch whose examples are input
         lines ``line_numbers`` (row order), padded to ``tgt_width`` (T, decoder inputs) and
         ``src_width`` (L): row ``[b, t]`` is uniform over the source positions aligned to target
-        token ``t``, a zero row where that token has none (and on EOS and padding)."""
-        grid = np.zeros((len(line_numbers), tgt_width, src_width), dtype=np.float32)
+        token ``t``, a zero row where that token has none (and on EOS and padding). ``rows``: B when
+        it differs from the lines given (the rows after them zeros: a data-parallel rank's
+        stand-in batch, which adds no loss)."""
+        grid = np.zeros((len(line_numbers) if rows is None else rows, tgt_width, src_width), dtype=np.float32)
         for b, line in enumerate(line_numbers):
             pairs = self.by_line.get(int(line))
             if pairs is not None and len(pairs):

@@ -579,12 +579,13 @@ class Trainer:
         groups = [indices] if len(indices) and np.isscalar(indices[0]) else list(indices)  # accumulated batches
         parts = [shard_batch(group, self.dist.rank, self.dist.world_size) for group in groups]
         batches = []
-        for part, _ in parts:
+        for part, real in parts:
             host = pad_to_multiple(collate(self.train_set, part, self.pad, self.bos, self.eos),
                                    cfg["pad_to_multiple"], self.pad)
             if self.guide is not None and self.data.alignments is not None:  # the reference grid (B, T, L)
-                lines = [self.train_set.line_numbers[i] for i in part]
-                host = replace(host, align=self.data.alignments.reference(lines, host.tgt_in.size(1), host.src.size(1)))
+                lines = [self.train_set.line_numbers[i] for i in part] if real else []  # a stand-in: no loss
+                host = replace(host, align=self.data.alignments.reference(lines, host.tgt_in.size(1), host.src.size(1),
+                                                                          rows=len(part)))
             batches.append(host.to(self.device, lengths_on_host=True))
         skip = cfg["nonfinite"] == "skip"
         # target tokens and sentences of all batches of all ranks: host ints over Gloo, no device sync

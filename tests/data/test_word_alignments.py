@@ -76,6 +76,8 @@ def test_the_reference_grid_is_uniform_over_the_aligned_source_tokens():
     expected[1, 0, 0] = expected[1, 0, 2] = 0.5  # target token 0 <- source tokens 0 and 2
     expected[1, 1, 1] = 1.0
     assert grid.dtype == torch.float32 and torch.equal(grid, expected)  # lines 6 (empty) and 9 (none): zeros
+    # a data-parallel rank's stand-in batch: its rows given, no line: zeros (no loss)
+    assert torch.equal(TrainingAlignments(by_line, 10, []).reference([], 4, 3, rows=2), torch.zeros(2, 4, 3))
 
 
 def write(path, lines):
