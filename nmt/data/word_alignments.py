@@ -19,6 +19,7 @@ token ``t`` (EOS, padding and unaligned tokens: a zero row, no loss).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -86,18 +87,53 @@ def token_pairs(word_pairs: Sequence[tuple[int, int]], src_pieces: list[str], tg
     return np.array(sorted(out), dtype=np.int32).reshape(-1, 2)
 
 
+@dataclass(frozen=True)
+class LineWords:
+    """What a kept pair's reference is made from, whatever its segmentation: its word ``pairs``, the
+    raw lines' word ``counts`` (source, target), the source tag's ``offset`` and ``where`` (file:line)."""
+
+    pairs: list[tuple[int, int]]
+    counts: tuple[int, int]
+    offset: int
+    where: str
+
+
 class TrainingAlignments:
     """The reference token pairs of the training pairs, by input line (1-based, the corpora's lines
     counted one after the other: a dataset's ``line_numbers``); lines of a corpus without an
-    alignment file, and pairs the data rules skipped, have none."""
+    alignment file, and pairs the data rules skipped, have none. ``words``: each kept aligned
+    line's :class:`LineWords`, from which :meth:`for_segmentation` maps another segmentation."""
 
     def __init__(self, by_line: dict[int, Pairs], n_lines: int, files: Sequence[str],
-                 mismatched: Sequence[str] = ()) -> None:
+                 mismatched: Sequence[str] = (), words: dict[int, LineWords] | None = None) -> None:
         self.by_line = by_line
         self.n_lines = n_lines
         self.files = list(files)
         self.mismatched = list(mismatched)
         """``file:line`` of the kept pairs whose tokenization changes a side's word count: no reference."""
+        self.words = words or {}
+
+    def for_segmentation(self, dataset, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer,
+                         src_tokens: Sequence[str], tgt_tokens: Sequence[str]) -> "TrainingAlignments":
+        """The references of another segmentation of the same pairs (subword sampling's epoch):
+        ``dataset`` (``src`` / ``tgt`` id rows, ``line_numbers``) read back into pieces through the
+        vocabularies' token lists ``src_tokens`` / ``tgt_tokens`` and grouped into words by the
+        tokenizers. A sampled piece outside the vocabulary reads back as ``<unk>``, which can hide a
+        word boundary: such a pair's word count changes and it gets no reference (``mismatched``)."""
+        by_line: dict[int, Pairs] = {}
+        mismatched: list[str] = []
+        for k, line in enumerate(dataset.line_numbers):
+            entry = self.words.get(int(line))
+            if entry is None:
+                continue
+            src = [src_tokens[i] for i in dataset.src[k][entry.offset:]]
+            tgt = [tgt_tokens[i] for i in dataset.tgt[k]]
+            try:
+                by_line[int(line)] = token_pairs(entry.pairs, src, tgt, src_tokenizer, tgt_tokenizer, entry.offset,
+                                                 entry.where, entry.counts)
+            except WordCountMismatch:
+                mismatched.append(entry.where)
+        return TrainingAlignments(by_line, self.n_lines, self.files, mismatched, self.words)
 
     def __len__(self) -> int:
         """How many kept pairs have a reference (a non-empty alignment line)."""
@@ -144,6 +180,7 @@ def read_training_alignments(corpora: Sequence, pairs: Sequence[tuple[str, str]]
     if not any(getattr(c, "align", None) for c in corpora):
         return None
     by_line: dict[int, Pairs] = {}
+    words: dict[int, LineWords] = {}
     mismatched: list[str] = []
     kept = set(int(n) for n in kept_lines)
     files = []
@@ -163,13 +200,13 @@ def read_training_alignments(corpora: Sequence, pairs: Sequence[tuple[str, str]]
             if line not in kept:
                 continue
             src, tgt = pairs[line - 1]
+            words[line] = LineWords(word_pairs, (len(src.split()), len(tgt.split())), src_offsets[k], where)
             try:
                 by_line[line] = token_pairs(word_pairs, src_tokenizer.tokenize(src), tgt_tokenizer.tokenize(tgt),
-                                            src_tokenizer, tgt_tokenizer, src_offsets[k], where,
-                                            (len(src.split()), len(tgt.split())))
+                                            src_tokenizer, tgt_tokenizer, src_offsets[k], where, words[line].counts)
             except WordCountMismatch:
                 mismatched.append(where)
-    return TrainingAlignments(by_line, int(starts[-1]), files, mismatched)
+    return TrainingAlignments(by_line, int(starts[-1]), files, mismatched, words)
 
 
-__all__ = ["Pairs", "TrainingAlignments", "WordCountMismatch", "parse_alignment_line", "read_training_alignments", "token_pairs"]
+__all__ = ["LineWords", "Pairs", "TrainingAlignments", "WordCountMismatch", "parse_alignment_line", "read_training_alignments", "token_pairs"]

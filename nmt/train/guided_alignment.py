@@ -34,7 +34,6 @@ from torch import Tensor, nn
 
 from nmt.config import ConfigError
 from nmt.data.corpora import training_corpora
-from nmt.data.subword_sampling import sampling_enabled
 from nmt.sparse import get_loss
 from nmt.sparse.registry import LOSS_NAMES
 from nmt.utils.exception_text import first_line
@@ -49,8 +48,8 @@ def guided_weight(config: dict) -> float:
 
 def check_guided_alignment(config: dict, source: str) -> None:
     """The checks that need no model: a positive weight needs an ``align`` file on some corpus,
-    the training text read as text (not ``data.id_cache``), one segmentation (not
-    ``subword_sampling``) and no distillation. ConfigError naming the key; nothing read."""
+    the training text read as text (not ``data.id_cache``) and no distillation. ConfigError naming
+    the key; nothing read."""
     if guided_weight(config) == 0.0:
         return
     data = config["data"]
@@ -61,10 +60,6 @@ def check_guided_alignment(config: dict, source: str) -> None:
     if data.get("id_cache"):
         raise ConfigError(source, KEY, "guided alignment reads the training text to map words to tokens; "
                           "not with data.id_cache (set it to false)")
-    for side in ("src", "tgt"):
-        if sampling_enabled(data[side].get("subword_sampling") or {}):
-            raise ConfigError(source, KEY, f"guided alignment maps the alignments to one segmentation; not with "
-                              f"data.{side}.subword_sampling")
     if config["training"]["distill"]["teacher"] is not None:
         raise ConfigError(source, KEY, "guided alignment and training.distill cannot be combined yet")
 

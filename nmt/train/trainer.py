@@ -211,6 +211,7 @@ class Trainer:
                       else parent.fields)
         self.data = self._load_data(fields)
         self.train_set = self.data.train  # the examples batches index: this epoch's segmentation with subword sampling
+        self.alignments = self.data.alignments  # guided alignment's references for train_set's segmentation
         if parent is not None and self.dist.is_main and train_cfg["init_vocab"] == "keep":
             init_from.warn_unknown_tokens(parent, self.data.train.unk_tokens)
         src_vocab, tgt_vocab = self.data.src_field.vocab, self.data.tgt_field.vocab
@@ -582,10 +583,10 @@ class Trainer:
         for part, real in parts:
             host = pad_to_multiple(collate(self.train_set, part, self.pad, self.bos, self.eos),
                                    cfg["pad_to_multiple"], self.pad)
-            if self.guide is not None and self.data.alignments is not None:  # the reference grid (B, T, L)
+            if self.guide is not None and self.alignments is not None:  # the reference grid (B, T, L)
                 lines = [self.train_set.line_numbers[i] for i in part] if real else []  # a stand-in: no loss
-                host = replace(host, align=self.data.alignments.reference(lines, host.tgt_in.size(1), host.src.size(1),
-                                                                          rows=len(part)))
+                host = replace(host, align=self.alignments.reference(lines, host.tgt_in.size(1), host.src.size(1),
+                                                                     rows=len(part)))
             batches.append(host.to(self.device, lengths_on_host=True))
         skip = cfg["nonfinite"] == "skip"
         # target tokens and sentences of all batches of all ranks: host ints over Gloo, no device sync
@@ -789,9 +790,17 @@ class Trainer:
         if len(train) == 0:
             raise DataError(f"epoch {epoch}: subword sampling left no training pair: all {train.n_input} dropped "
                             f"({describe_skipped(train.skipped)}); loosen {resampled.pair_filter.describe()}")
+        aligned = ""
+        if self.guide is not None and self.data.alignments is not None:  # the references of this segmentation
+            self.alignments = self.data.alignments.for_segmentation(
+                train, self.data.src_field.tokenizer, self.data.tgt_field.tokenizer, self.data.src_field.vocab.itos,
+                self.data.tgt_field.vocab.itos)
+            aligned = (f"; alignments: {len(self.alignments)} pairs"
+                       + (f", {len(self.alignments.mismatched)} without (a piece read back as <unk> changed a word "
+                          f"count; first: {self.alignments.mismatched[0]})" if self.alignments.mismatched else ""))
         if self.dist.is_main:
-            logger.info("epoch %d segmentation (subword sampling, %.2fs): %s", epoch, time.perf_counter() - start,
-                        train.summary())
+            logger.info("epoch %d segmentation (subword sampling, %.2fs): %s%s", epoch, time.perf_counter() - start,
+                        train.summary(), aligned)
         return train
 
     def _validate(self, tb: TensorBoardWriter, metrics_log: MetricsLog, regular: bool) -> None:

@@ -281,8 +281,6 @@ def test_the_config_errors_name_the_key(tmp_path):
         check(data)
     with pytest.raises(ConfigError, match=key + ".*not with data.id_cache"):
         check(aligned, data={"id_cache": True})
-    with pytest.raises(ConfigError, match=key + ".*not with data.src.subword_sampling"):
-        check(aligned, data={"src": {"tokenizer": {"type": "bpe"}, "subword_sampling": {"dropout": 0.1}}})
     with pytest.raises(ConfigError, match=key + ".*mapping fusedmax has no Fenchel-Young loss"):
         check(aligned, model={"attention": {"mapping": "fusedmax"}})
     with pytest.raises(ConfigError, match=r"training.guided_alignment.weight: must be >= 0"):
@@ -478,3 +476,46 @@ def test_weight_zero_reads_no_alignments_and_changes_nothing_and_bad_lines_are_o
         assert torch.equal(runs[0][key], runs[1][key]), key
     with pytest.raises(DataError, match=rf"^{align}:40: '0:0' is not an alignment pair"):
         make_trainer(aligned, tmp_path / "bad", device="cpu", guided_alignment={"weight": 0.1})
+
+
+def test_each_sampled_segmentation_gets_the_references_of_its_own_pieces(tmp_path):
+    """BPE-dropout on the source (a new segmentation every epoch) with a source tag: after each epoch's
+    segmentation, the reference of every example joins exactly the pieces of its first source word
+    (pieces read back from the epoch's ids, grouped by the tokenizer, the tag's position skipped) with
+    the target's word, and the references differ between epochs."""
+    from nmt.train.trainer import Trainer
+
+    data = write_task(tmp_path / "data", n_train=40)
+    lines = Path(data["train"]["src"]).read_text(encoding="utf-8").splitlines()
+    joined = tmp_path / "data" / "joined.src"  # two words of 2-5 letters: BPE has something to split and drop
+    joined.write_text("".join(line.replace(" ", "") + " " + line.replace(" ", "")[::-1] + "\n" for line in lines),
+                      encoding="utf-8")
+    align = tmp_path / "data" / "train.align"
+    align.write_text("0-0\n" * len(lines), encoding="utf-8")  # the first source word with the target's one word
+    train = {"src": str(joined), "tgt": data["train"]["tgt"], "align": str(align), "src_tag": "<T>"}
+    cfg = tiny_config({**data, "train": [train], "valid": {**data["valid"], "src_tag": "<T>"}}, tmp_path / "run",
+                      device="cpu", guided_alignment={"weight": 0.2})
+    cfg["data"]["src"] = {"tokenizer": {"type": "bpe", "merges": 30}, "subword_sampling": {"dropout": 0.5}}
+    trainer = Trainer(resolve_config(cfg, "tiny.yaml"), "tiny.yaml")
+    src_tok, tgt_tok = trainer.data.src_field.tokenizer, trainer.data.tgt_field.tokenizer
+    itos_s, itos_t = trainer.data.src_field.vocab.itos, trainer.data.tgt_field.vocab.itos
+    seen = []
+    for epoch in (1, 2):
+        trainer.train_set = trainer._epoch_train_set(epoch)
+        refs, dataset = trainer.alignments, trainer.train_set
+        checked = 0
+        for k, line in enumerate(dataset.line_numbers):
+            pairs = refs.by_line.get(int(line))
+            if pairs is None:
+                continue
+            src = [itos_s[i] for i in dataset.src[k]]
+            assert src[0] == "<T>"
+            src_words = [None] + src_tok.word_ids(src[1:])
+            tgt_words = tgt_tok.word_ids([itos_t[i] for i in dataset.tgt[k]])
+            expected = {(a, b) for a, w in enumerate(src_words) if w == 0 for b, v in enumerate(tgt_words) if v == 0}
+            assert {(int(a), int(b)) for a, b in pairs} == expected, (line, src)
+            checked += 1
+        assert checked >= 30
+        seen.append({int(line): refs.by_line[int(line)].tolist() for line in refs.by_line})
+    assert seen[0] != seen[1]  # another segmentation, other token pairs
+    assert trainer.train().step == 12  # and it trains so
