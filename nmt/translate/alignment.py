@@ -30,6 +30,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from nmt.data.word_alignments import parse_alignment_line
+
 ALIGN_MODES = ("argmax", "support")
 ALIGN_LEVELS = ("word", "token")
 UNK = "<unk>"
@@ -133,14 +135,10 @@ def pharaoh(pairs: Iterable[Pair]) -> str:
 
 
 def parse_pharaoh(text: str) -> list[Pair]:
-    """The pairs of a Pharaoh string (inverse of :func:`pharaoh`); ValueError for a bad one."""
-    pairs = []
-    for item in text.split():
-        s, sep, t = item.partition("-")
-        if not sep or not s.isdigit() or not t.isdigit():
-            raise ValueError(f"not a Pharaoh alignment pair: {item!r}")
-        pairs.append((int(s), int(t)))
-    return pairs
+    """The pairs of a Pharaoh string (inverse of :func:`pharaoh`); ValueError (a ``DataError``) for
+    a bad one: :func:`nmt.data.word_alignments.parse_alignment_line`, which reads training
+    alignment files too."""
+    return parse_alignment_line(text, "Pharaoh alignment")
 
 
 def replace_unknowns(pieces: Sequence[str], rows: Sequence[int], attention: np.ndarray,
