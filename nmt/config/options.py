@@ -83,7 +83,11 @@ DATA = {
                        choices=("quickstart",), nullable=True),
     "generate_seed": Option(int, 1234, "seed of the generated data"),
     "train": _corpus(),  # one {src, tgt, weight, name, src_tag} or a list of them (several corpora)
-    "valid": {**_files(required=True), "src_tag": _src_tag("the validation")},
+    "valid": {**_files(required=True), "src_tag": _src_tag("the validation"),
+              "align": Option(str, None, "reference word alignments of the validation pairs (Pharaoh, as "
+                              "data.train.align): every validation then reports the alignment error rate (aer) of "
+                              "the alignment attention's most attended source word per target word; null: none",
+                              nullable=True)},
     "src": _side("space"),
     "tgt": _side("space"),
     "max_length_ratio": Option(float, None, "skip training pairs whose longer side has more than this many times "

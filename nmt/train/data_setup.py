@@ -68,6 +68,7 @@ class TrainingData:
     resampled: ResampledPairs | ResampledFiles | None = None
     weights: CorpusWeights | None = None
     alignments: TrainingAlignments | None = None
+    valid_alignments: TrainingAlignments | None = None
 
 
 def generate_if_missing(data_cfg: dict) -> bool:
@@ -301,8 +302,17 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     if resampled is not None:
         logger.info("subword sampling: %s; a new segmentation of the training data every epoch, seeded by "
                     "(training.seed, epoch)", resampled.describe())
+    valid_aligned = None
+    if data_cfg["valid"].get("align"):  # the validation's alignment error rate
+        valid_corpus = Corpus("data.valid", data_cfg["valid"]["src"], data_cfg["valid"]["tgt"],
+                              align=data_cfg["valid"]["align"])
+        valid_aligned = read_training_alignments([valid_corpus], valid_pairs, [0, len(valid_pairs)], valid.line_numbers,
+                                                 src_field.tokenizer, tgt_field.tokenizer, [len(valid_prefix)])
+        (logger.warning if valid_aligned.mismatched else logger.info)(
+            "valid alignments: %s", valid_aligned.describe(len(valid)).replace("training pairs", "validation pairs"))
     valid_references = [valid_pairs[line - 1][1] for line in valid.line_numbers]
-    return TrainingData(src_field, tgt_field, train, valid, valid_references, resampled, weights, references)
+    return TrainingData(src_field, tgt_field, train, valid, valid_references, resampled, weights, references,
+                        valid_aligned)
 
 
 def cached_training_set(corpora: Sequence[Corpus], src_field: Field, tgt_field: Field,
@@ -512,14 +522,16 @@ def _files(data_cfg: dict, split: str) -> str:
 def _data_files(data_cfg: dict) -> list[tuple[str, str]]:
     """``(config key, path)`` of each data file: :data:`DATA_FILE_KEYS` (and ``data.train.align``
     where set), or with several training corpora ``data.train[i].src`` / ``.tgt`` (/ ``.align``)
-    for each, then the validation files."""
+    for each, then the validation files; last ``data.valid.align`` where set."""
     train = data_cfg["train"]
     if not isinstance(train, list):
         files = [(key, data_cfg[key.split(".")[1]][key.split(".")[2]]) for key in DATA_FILE_KEYS]
-        return files + ([("data.train.align", train["align"])] if train.get("align") else [])
-    return ([(f"data.train[{i}].{side}", corpus[side]) for i, corpus in enumerate(train)
-             for side in ("src", "tgt", "align") if side != "align" or corpus.get("align")]
-            + [(f"data.valid.{side}", data_cfg["valid"][side]) for side in ("src", "tgt")])
+        files += [("data.train.align", train["align"])] if train.get("align") else []
+    else:
+        files = ([(f"data.train[{i}].{side}", corpus[side]) for i, corpus in enumerate(train)
+                  for side in ("src", "tgt", "align") if side != "align" or corpus.get("align")]
+                 + [(f"data.valid.{side}", data_cfg["valid"][side]) for side in ("src", "tgt")])
+    return files + ([("data.valid.align", data_cfg["valid"]["align"])] if data_cfg["valid"].get("align") else [])
 
 
 __all__ = ["tag_key", "tagged_fields", "cached_training_set", "counted_vocabulary", "resampled_files", "resampled_pairs", "DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]

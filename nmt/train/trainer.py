@@ -36,6 +36,7 @@ from nmt.train.checkpoint import (CheckpointError, best_check, find_resume_check
                                   remove_stale_temporaries, repair_best, restore_last, save_run_checkpoint,
                                   set_aside_damaged)
 from nmt.train.distill import DistillForward, check_distill, load_teacher, teacher_change
+from nmt.train.alignment_error import validation_aer
 from nmt.train.guided_alignment import GuidedForward, check_guided_alignment, guided_alignment, guided_weight
 from nmt.train.data_setup import (DATA_FILE_KEYS, check_valid_positions, data_changes, data_fingerprints,
                                   generate_if_missing, load_training_data, write_run_vocabularies)
@@ -413,7 +414,7 @@ class Trainer:
         fingerprinted = checkpoint.get("trainer", {}).get("data_files") or {}
         vetted |= {key for key in DATA_FILE_KEYS if key in fingerprinted}
         # reference alignments shape the loss, not the batches: another file (or none) is a changed setting
-        vetted |= {d for d in differences if d.startswith("data.train") and d.endswith(".align")}
+        vetted |= {d for d in differences if d.startswith(("data.train", "data.valid")) and d.endswith(".align")}
         vetted |= set(pretrained_embeddings.NOT_READ_ON_RESUME)  # the checkpoint holds the weights
         blocking = [d for d in differences
                     if any(d == k or d.startswith(k + ".") for k in RESUME_MUST_MATCH) and d not in vetted]
@@ -820,6 +821,8 @@ class Trainer:
                                   is_softmax=is_softmax(self.config["model"]["output"]["mapping"]),
                                   search=self.search, statistics=self.batch_statistics,
                                   pad_multiple=self.config["training"]["pad_to_multiple"], metrics=vcfg["metrics"])
+                if self.data.valid_alignments is not None:  # data.valid.align: the alignment error rate
+                    result.scalars["aer"] = self._validation_aer(vcfg["batch_size"])
         scalars = self.dist.broadcast(result.scalars if result is not None else None)
         value = scalars[self.metric]
         is_best = self.stopper.update(value, p.step, count=regular)
@@ -860,6 +863,17 @@ class Trainer:
         p.valid_loss_sum, p.valid_tokens = 0.0, 0
         self.last_metrics = {k: v for k, v in record.items()}
         self.save(is_best=is_best)
+
+    def _validation_aer(self, batch_size: int) -> float:
+        """The alignment error rate of the validated weights on ``data.valid.align``'s pairs
+        (:func:`nmt.train.alignment_error.validation_aer`), the model in eval mode for it."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return validation_aer(self.model, self.data.valid, self.data.valid_alignments, self.data.src_field,
+                                  self.data.tgt_field, self.pad, self.bos, self.eos, self.device, batch_size)
+        finally:
+            self.model.train(was_training)
 
     def _validated_weights(self) -> AbstractContextManager[None]:
         """The context in which validation runs: the moving average in the model's parameters

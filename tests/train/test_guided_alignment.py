@@ -5,6 +5,7 @@ errors, and the effect: a Transformer trained with reference alignments attends 
 (against the same model trained without), end to end through nmt-train and nmt-translate."""
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -291,7 +292,7 @@ def test_the_config_errors_name_the_key(tmp_path):
 # ------------------------------------------------------------------ the effect, end to end
 def copy_task(root: Path, n_train: int = 300, n_valid: int = 30) -> None:
     """'a b c' -> 'A B C' (space tokens on both sides), 3 to 7 letters, with the reference alignment of
-    every training pair (letter i with letter i) in ``root / "train.align"``. A Transformer left to
+    every pair (letter i with letter i) in ``root / "train.align"`` and ``"valid.align"``. A Transformer left to
     itself need not attend there in any given head: the letters can reach the output through other
     layers and heads."""
     rng = random.Random(0)
@@ -301,9 +302,9 @@ def copy_task(root: Path, n_train: int = 300, n_valid: int = 30) -> None:
         (root / f"{split}.src").write_text("".join(" ".join(w) + "\n" for w in words), encoding="utf-8")
         (root / f"{split}.tgt").write_text("".join(" ".join(c.upper() for c in w) + "\n" for w in words),
                                            encoding="utf-8")
-        if split == "train":
-            (root / "train.align").write_text("".join(" ".join(f"{i}-{i}" for i in range(len(w))) + "\n"
-                                                      for w in words), encoding="utf-8")
+        # the training pairs' references, and the validation pairs' (data.valid.align: the AER)
+        (root / f"{split}.align").write_text("".join(" ".join(f"{i}-{i}" for i in range(len(w))) + "\n"
+                                                  for w in words), encoding="utf-8")
 
 
 def transformer_run(root: Path, name: str, weight: float, steps: int) -> dict:
@@ -311,6 +312,7 @@ def transformer_run(root: Path, name: str, weight: float, steps: int) -> dict:
 
     data = data_section(root, "space", "space")
     data["train"]["align"] = str(root / "train.align")
+    data["valid"]["align"] = str(root / "valid.align")
     return {"data": data,
             "model": {"type": "transformer",
                       "transformer": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 32, "heads": 2, "d_ff": 64,
@@ -354,6 +356,9 @@ def test_guided_training_moves_the_attention_onto_the_reference(tmp_path, capsys
     for name, weight in (("plain", 0.0), ("guided", 1.0)):
         run = train_run(transformer_run(tmp_path, name, weight, 200), tmp_path / f"{name}.yaml")
         figures[name] = copy_agreement(run / "best.pt", tmp_path)
+        # data.valid.align: with one sure link per word and one predicted per word, AER = 1 - agreement
+        last = json.loads((run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[-1])
+        assert last["valid_aer"] == pytest.approx(1 - figures[name], abs=1e-9), (name, last, figures)
     assert figures["guided"] >= 0.75 and figures["guided"] >= figures["plain"] + 0.3, figures
     capsys.readouterr()  # what training printed
     code, out, _ = translate_main(["-model", str(tmp_path / "guided" / "best.pt"), "-src", str(tmp_path / "valid.src"),
@@ -519,3 +524,16 @@ def test_each_sampled_segmentation_gets_the_references_of_its_own_pieces(tmp_pat
         seen.append({int(line): refs.by_line[int(line)].tolist() for line in refs.by_line})
     assert seen[0] != seen[1]  # another segmentation, other token pairs
     assert trainer.train().step == 12  # and it trains so
+
+
+def test_the_alignment_error_rate_by_hand():
+    from nmt.train.alignment_error import alignment_error_rate, predicted_word_pairs
+
+    # sentence 1: A = {0-0, 1-1}, S = {0-0, 1-2}; sentence 2: A = {0-0}, S = {0-0}: 1 - 2 (1 + 1) / (4 + 2)
+    got = alignment_error_rate([{(0, 0), (1, 1)}, {(0, 0)}], [{(0, 0), (1, 2)}, {(0, 0)}])
+    assert got == pytest.approx(1 - 4 / 6)
+    assert alignment_error_rate([{(0, 0)}], [{(0, 0)}]) == 0.0 and math.isnan(alignment_error_rate([set()], [set()]))
+    # target tokens 0, 1 (word 0), 2 (no word), 3 (word 1); source tokens 0 (a tag: no word), 1, 2 (word 0), 3 (word 1)
+    attention = torch.tensor([[0.0, 0.9, 0.1, 0.0], [0.0, 0.0, 0.2, 0.8], [1.0, 0, 0, 0], [0.7, 0.1, 0.1, 0.1],
+                              [0.0, 0.0, 0.0, 1.0]])  # the last row: EOS, not read
+    assert predicted_word_pairs(attention, [None, 0, 0, 1], [0, 0, None, 1]) == {(0, 0), (1, 0)}
