@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from nmt.data.errors import DataError
+from nmt.data.field import Field
 from nmt.data.textfiles import read_lines
 from nmt.data.tokenizers import Tokenizer
 
@@ -54,6 +55,13 @@ def _positions_of_words(word_ids: Sequence[int | None]) -> tuple[dict[int, list[
         if w is not None:
             positions.setdefault(w, []).append(k)
     return positions, max(positions, default=-1) + 1
+
+
+def pieces_of(ids: Sequence[int], field: Field) -> list[str]:
+    """The pieces of token ``ids`` as ``field``'s vocabulary spells them (``<unk>`` for unknown ones):
+    a segmentation read back from a dataset's ids, for the tokenizer to group into words."""
+    tokens = field.vocab.itos
+    return [tokens[i] for i in ids]
 
 
 class WordCountMismatch(DataError):
@@ -104,36 +112,33 @@ class TrainingAlignments:
     alignment file, and pairs the data rules skipped, have none. ``words``: each kept aligned
     line's :class:`LineWords`, from which :meth:`for_segmentation` maps another segmentation."""
 
-    def __init__(self, by_line: dict[int, Pairs], n_lines: int, files: Sequence[str],
-                 mismatched: Sequence[str] = (), words: dict[int, LineWords] | None = None) -> None:
+    def __init__(self, by_line: dict[int, Pairs], files: Sequence[str], mismatched: Sequence[str] = (),
+                 words: dict[int, LineWords] | None = None) -> None:
         self.by_line = by_line
-        self.n_lines = n_lines
         self.files = list(files)
         self.mismatched = list(mismatched)
         """``file:line`` of the kept pairs whose tokenization changes a side's word count: no reference."""
         self.words = words or {}
 
-    def for_segmentation(self, dataset, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer,
-                         src_tokens: Sequence[str], tgt_tokens: Sequence[str]) -> "TrainingAlignments":
+    def for_segmentation(self, dataset, src_field: Field, tgt_field: Field) -> "TrainingAlignments":
         """The references of another segmentation of the same pairs (subword sampling's epoch):
         ``dataset`` (``src`` / ``tgt`` id rows, ``line_numbers``) read back into pieces through the
-        vocabularies' token lists ``src_tokens`` / ``tgt_tokens`` and grouped into words by the
-        tokenizers. A sampled piece outside the vocabulary reads back as ``<unk>``, which can hide a
-        word boundary: such a pair's word count changes and it gets no reference (``mismatched``)."""
+        fields' vocabularies (:func:`pieces_of`) and grouped into words by their tokenizers. A sampled
+        piece outside the vocabulary reads back as ``<unk>``, which can hide a word boundary: such a
+        pair's word count changes and it gets no reference (``mismatched``)."""
         by_line: dict[int, Pairs] = {}
         mismatched: list[str] = []
         for k, line in enumerate(dataset.line_numbers):
             entry = self.words.get(int(line))
             if entry is None:
                 continue
-            src = [src_tokens[i] for i in dataset.src[k][entry.offset:]]
-            tgt = [tgt_tokens[i] for i in dataset.tgt[k]]
+            src, tgt = pieces_of(dataset.src[k][entry.offset:], src_field), pieces_of(dataset.tgt[k], tgt_field)
             try:
-                by_line[int(line)] = token_pairs(entry.pairs, src, tgt, src_tokenizer, tgt_tokenizer, entry.offset,
-                                                 entry.where, entry.counts)
+                by_line[int(line)] = token_pairs(entry.pairs, src, tgt, src_field.tokenizer, tgt_field.tokenizer,
+                                                 entry.offset, entry.where, entry.counts)
             except WordCountMismatch:
                 mismatched.append(entry.where)
-        return TrainingAlignments(by_line, self.n_lines, self.files, mismatched, self.words)
+        return TrainingAlignments(by_line, self.files, mismatched, self.words)
 
     def __len__(self) -> int:
         """How many kept pairs have a reference (a non-empty alignment line)."""
@@ -156,12 +161,11 @@ class TrainingAlignments:
         np.divide(grid, sums, out=grid, where=sums > 0)
         return torch.from_numpy(grid)
 
-    def describe(self, kept: int) -> str:
-        """One log line: how many kept pairs have a reference, from which files."""
+    def describe(self, kept: int, pairs: str = "training pairs") -> str:
+        """One log line: how many of the ``kept`` ``pairs`` have a reference, from which files."""
         skipped = (f"; {len(self.mismatched)} left without one, their tokenization changing a line's word count "
                    f"(first: {self.mismatched[0]})" if self.mismatched else "")
-        return (f"{len(self)} of {kept} kept training pairs have reference alignments ({', '.join(self.files)})"
-                + skipped)
+        return f"{len(self)} of {kept} kept {pairs} have reference alignments ({', '.join(self.files)})" + skipped
 
 
 def read_training_alignments(corpora: Sequence, pairs: Sequence[tuple[str, str]], starts: Sequence[int],
@@ -206,7 +210,7 @@ def read_training_alignments(corpora: Sequence, pairs: Sequence[tuple[str, str]]
                                             src_tokenizer, tgt_tokenizer, src_offsets[k], where, words[line].counts)
             except WordCountMismatch:
                 mismatched.append(where)
-    return TrainingAlignments(by_line, int(starts[-1]), files, mismatched, words)
+    return TrainingAlignments(by_line, files, mismatched, words)
 
 
-__all__ = ["LineWords", "Pairs", "TrainingAlignments", "WordCountMismatch", "parse_alignment_line", "read_training_alignments", "token_pairs"]
+__all__ = ["LineWords", "Pairs", "TrainingAlignments", "WordCountMismatch", "pieces_of", "parse_alignment_line", "read_training_alignments", "token_pairs"]

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from nmt.data.batching import collate
-from nmt.data.tokenizers import Tokenizer
-from nmt.data.word_alignments import TrainingAlignments
+from nmt.data.word_alignments import TrainingAlignments, pieces_of
+from nmt.translate.alignment import AlignOptions, align
 
 
 def alignment_error_rate(predicted: Iterable[set[tuple[int, int]]], reference: Iterable[set[tuple[int, int]]]) -> float:
@@ -32,17 +32,13 @@ def alignment_error_rate(predicted: Iterable[set[tuple[int, int]]], reference: I
     return 1.0 - 2.0 * hits / total if total else float("nan")
 
 
-def _words(pieces: Sequence[str], tokenizer: Tokenizer, offset: int = 0) -> list[int | None]:
-    """The word of each token (None: a tag's position or a piece of no word)."""
-    return [None] * offset + tokenizer.word_ids(list(pieces[offset:]))
-
-
 def predicted_word_pairs(attention: torch.Tensor, src_words: Sequence[int | None],
                          tgt_words: Sequence[int | None]) -> set[tuple[int, int]]:
     """attention: (T, L) rows of the target tokens (T >= len(tgt_words)); each token of a word takes
-    its most attended source token, whose word (if any) it is aligned to."""
-    best = attention[: len(tgt_words), : len(src_words)].argmax(-1).tolist()
-    return {(src_words[s], w) for w, s in zip(tgt_words, best) if w is not None and src_words[s] is not None}
+    its most attended source token, whose word (if any) it is aligned to: ``-report_align``'s
+    argmax word pairs (:func:`nmt.translate.alignment.align`)."""
+    matrix = attention[: len(tgt_words), : len(src_words)].numpy()
+    return set(align(matrix, range(len(tgt_words)), AlignOptions(), src_words, tgt_words))
 
 
 def validation_aer(model: nn.Module, dataset, alignments: TrainingAlignments, src_field, tgt_field, pad: int,
@@ -52,7 +48,6 @@ def validation_aer(model: nn.Module, dataset, alignments: TrainingAlignments, sr
     ``alignments`` (its ``words``; a pair whose tokenization changes a word count is left out)."""
     rows = [k for k, line in enumerate(dataset.line_numbers) if int(line) in alignments.by_line]
     predicted, reference = [], []
-    src_tokens, tgt_tokens = src_field.vocab.itos, tgt_field.vocab.itos
     with torch.no_grad():
         for start in range(0, len(rows), batch_size):
             part = rows[start:start + batch_size]
@@ -61,8 +56,10 @@ def validation_aer(model: nn.Module, dataset, alignments: TrainingAlignments, sr
             attention = attention.float().cpu()
             for b, k in enumerate(part):
                 entry = alignments.words[int(dataset.line_numbers[k])]
-                src = _words([src_tokens[i] for i in dataset.src[k]], src_field.tokenizer, entry.offset)
-                tgt = _words([tgt_tokens[i] for i in dataset.tgt[k]], tgt_field.tokenizer)
+                # a source tag's positions are no word's
+                src = [None] * entry.offset + src_field.tokenizer.word_ids(pieces_of(dataset.src[k][entry.offset:],
+                                                                                     src_field))
+                tgt = tgt_field.tokenizer.word_ids(pieces_of(dataset.tgt[k], tgt_field))
                 predicted.append(predicted_word_pairs(attention[b], src, tgt))
                 reference.append(set(entry.pairs))
     return alignment_error_rate(predicted, reference)

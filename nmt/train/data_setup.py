@@ -309,7 +309,7 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
         valid_aligned = read_training_alignments([valid_corpus], valid_pairs, [0, len(valid_pairs)], valid.line_numbers,
                                                  src_field.tokenizer, tgt_field.tokenizer, [len(valid_prefix)])
         (logger.warning if valid_aligned.mismatched else logger.info)(
-            "valid alignments: %s", valid_aligned.describe(len(valid)).replace("training pairs", "validation pairs"))
+            "valid alignments: %s", valid_aligned.describe(len(valid), "validation pairs"))
     valid_references = [valid_pairs[line - 1][1] for line in valid.line_numbers]
     return TrainingData(src_field, tgt_field, train, valid, valid_references, resampled, weights, references,
                         valid_aligned)

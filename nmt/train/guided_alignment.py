@@ -36,6 +36,7 @@ from nmt.config import ConfigError
 from nmt.data.corpora import training_corpora
 from nmt.sparse import get_loss
 from nmt.sparse.registry import LOSS_NAMES
+from nmt.train.update import summed_output_loss
 from nmt.utils.exception_text import first_line
 
 KEY = "training.guided_alignment.weight"
@@ -129,11 +130,8 @@ def guided_loss_forward(model: nn.Module, loss_fn: Callable, src: Tensor, src_le
     """:func:`nmt.train.update.loss_forward` plus ``weight`` x :func:`alignment_loss` at ``align``
     (B, T, L): returns ``(summed total loss, summed alignment loss detached)``, 0-d each."""
     logits, scores = model(src, src_lengths, tgt_in, src_mask=src_mask, alignment_scores=True)
-    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-    main = loss_fn(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1), ignore_index=pad_index,
-                   reduction="sum", label_smoothing=label_smoothing)
     guide = alignment_loss(align_loss, scores, align)
-    return main + weight * guide, guide.detach()
+    return summed_output_loss(loss_fn, logits, tgt_out, pad_index, label_smoothing) + weight * guide, guide.detach()
 
 
 class GuidedForward:

@@ -793,9 +793,7 @@ class Trainer:
                             f"({describe_skipped(train.skipped)}); loosen {resampled.pair_filter.describe()}")
         aligned = ""
         if self.guide is not None and self.data.alignments is not None:  # the references of this segmentation
-            self.alignments = self.data.alignments.for_segmentation(
-                train, self.data.src_field.tokenizer, self.data.tgt_field.tokenizer, self.data.src_field.vocab.itos,
-                self.data.tgt_field.vocab.itos)
+            self.alignments = self.data.alignments.for_segmentation(train, self.data.src_field, self.data.tgt_field)
             aligned = (f"; alignments: {len(self.alignments)} pairs"
                        + (f", {len(self.alignments.mismatched)} without (a piece read back as <unk> changed a word "
                           f"count; first: {self.alignments.mismatched[0]})" if self.alignments.mismatched else ""))

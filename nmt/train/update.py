@@ -27,6 +27,13 @@ def loss_forward(model: nn.Module, loss_fn: Callable, src: Tensor, src_lengths: 
     tgt_in, tgt_out: (B, T); ``src_mask``: the lengths' mask (B, L) on src's device, made by the
     caller (see :func:`update`), or None (the model makes it)."""
     logits, _ = model(src, src_lengths, tgt_in, src_mask=src_mask)
+    return summed_output_loss(loss_fn, logits, tgt_out, pad_index, label_smoothing)
+
+
+def summed_output_loss(loss_fn: Callable, logits: Tensor, tgt_out: Tensor, pad_index: int,
+                       label_smoothing: float) -> Tensor:
+    """``loss_fn`` of the teacher-forced ``logits`` (B, T, V) at ``tgt_out`` (B, T), summed over the
+    target tokens (``pad_index`` ignored); half logits summed in float32 (0-d)."""
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits  # a float32 sum
     return loss_fn(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1), ignore_index=pad_index,
                    reduction="sum", label_smoothing=label_smoothing)
@@ -141,4 +148,4 @@ def update(model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer
     optimizer.zero_grad(set_to_none=True)
     return total, n_tokens, skipped
 
-__all__ = ["SkipReason", "loss_forward", "separate_gradients", "update"]
+__all__ = ["SkipReason", "loss_forward", "separate_gradients", "summed_output_loss", "update"]

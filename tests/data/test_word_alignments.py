@@ -71,13 +71,13 @@ def test_a_word_index_past_the_line_names_file_line_side_and_count():
 
 def test_the_reference_grid_is_uniform_over_the_aligned_source_tokens():
     by_line = {5: np.array([[0, 0], [2, 0], [1, 1]], dtype=np.int32), 6: np.zeros((0, 2), dtype=np.int32)}
-    grid = TrainingAlignments(by_line, 10, ["x.align"]).reference([6, 5, 9], tgt_width=4, src_width=3)
+    grid = TrainingAlignments(by_line, ["x.align"]).reference([6, 5, 9], tgt_width=4, src_width=3)
     expected = torch.zeros(3, 4, 3)
     expected[1, 0, 0] = expected[1, 0, 2] = 0.5  # target token 0 <- source tokens 0 and 2
     expected[1, 1, 1] = 1.0
     assert grid.dtype == torch.float32 and torch.equal(grid, expected)  # lines 6 (empty) and 9 (none): zeros
     # a data-parallel rank's stand-in batch: its rows given, no line: zeros (no loss)
-    assert torch.equal(TrainingAlignments(by_line, 10, []).reference([], 4, 3, rows=2), torch.zeros(2, 4, 3))
+    assert torch.equal(TrainingAlignments(by_line, []).reference([], 4, 3, rows=2), torch.zeros(2, 4, 3))
 
 
 def write(path, lines):
@@ -97,6 +97,7 @@ def test_corpora_alignments_follow_their_lines_tags_and_kept_pairs(tmp_path):
     refs = read_training_alignments(corpora, pairs, [0, 3, 4], [1, 3, 4], space, space, [0, 1])
     assert set(refs.by_line) == {1, 3} and pairs_of(refs.by_line[1]) == {(0, 1), (1, 0)} and len(refs) == 1
     assert refs.describe(3) == f"1 of 3 kept training pairs have reference alignments ({a['align']})"
+    assert refs.describe(3, "validation pairs").startswith("1 of 3 kept validation pairs have reference")
     # the second corpus tagged and aligned: source positions after the tag
     b["align"] = write(tmp_path / "b.align", ["0-0"])
     refs = read_training_alignments(training_corpora([a, b]), pairs, [0, 3, 4], [1, 3, 4], space, space, [0, 1])
