@@ -38,13 +38,14 @@ from .registry import (
     mapping_parameters,
 )
 from .sparsemax import Sparsemax, sparsemax, sparsemax_threshold
+from .tensor_alpha_loss import tensor_alpha_entmax_loss
 
 __all__ = [
     "softmax", "sparsemax", "entmax15", "entmax_bisect",
     "Sparsemax", "Entmax15", "EntmaxBisect",
     "sparsemax_threshold", "entmax15_threshold", "entmax_threshold", "IMPLS",
     "cross_entropy_loss", "sparsemax_loss", "entmax15_loss", "entmax_bisect_loss",
-    "fenchel_young_loss", "Regularizer", "Shannon", "Tsallis",
+    "fenchel_young_loss", "tensor_alpha_entmax_loss", "Regularizer", "Shannon", "Tsallis",
     "FenchelYoungLoss", "CrossEntropyLoss", "SparsemaxLoss", "Entmax15Loss", "EntmaxBisectLoss",
     "log_probs_of", "get_mapping", "get_loss", "mapping_function", "loss_function", "MAPPING_NAMES", "LOSS_NAMES",
     "check_mapping", "check_loss", "mapping_parameters", "loss_parameters", "is_softmax", "loss_display_name",

@@ -15,7 +15,10 @@ took::
 ``-sum q log p`` minus the constant entropy of ``q``: the same gradient. For sparse heads
 (sparsemax, 1.5-entmax, alpha-entmax) the cross-entropy is infinite wherever ``p`` is zero and
 ``q`` is not; the Fenchel-Young loss stays finite, and its gradient ``p - q`` reaches the scores
-of reference tokens outside the support too. Each head gets its own loss: the mean of several
+of reference tokens outside the support too. Heads that learn their alpha (adaptively sparse
+Transformers, ``alpha: learned``) take the loss at their current alphas
+(:func:`nmt.sparse.tensor_alpha_loss.tensor_alpha_entmax_loss`), and its alpha-gradient
+``dOmega(q)/dalpha - dOmega(p)/dalpha`` reaches them too. Each head gets its own loss: the mean of several
 heads' probabilities (what OpenNMT-py supervises) is no mapping of any scores. Target tokens
 without a reference (EOS, padding, unaligned words, pairs of a corpus without an alignment file)
 add nothing. The sum is normalised as the main loss (``training.normalization``), so ``weight``
@@ -27,6 +30,7 @@ with the batch and travel with it; the losses are sync-free on accelerators).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -36,6 +40,7 @@ from nmt.config import ConfigError
 from nmt.data.corpora import training_corpora
 from nmt.sparse import get_loss
 from nmt.sparse.registry import LOSS_NAMES
+from nmt.sparse.tensor_alpha_loss import tensor_alpha_entmax_loss
 from nmt.train.update import summed_output_loss
 from nmt.utils.exception_text import first_line
 
@@ -68,24 +73,29 @@ def check_guided_alignment(config: dict, source: str) -> None:
 @dataclass
 class GuidedAlignment:
     """The alignment loss of a model: ``loss`` the Fenchel-Young loss of its alignment heads' mapping
-    (``mapping``, bound parameters), ``heads`` how many, ``weight`` its share of the training loss."""
+    (``mapping``, bound parameters), ``heads`` how many, ``weight`` its share of the training loss;
+    ``learned_alpha``: the heads learn their alphas, and ``loss`` takes them (``alpha=``, one per
+    row: :func:`nmt.sparse.tensor_alpha_loss.tensor_alpha_entmax_loss`) from the model's
+    ``alignment_alpha()``."""
 
     weight: float
     loss: Callable[..., Tensor]
     mapping: str
     heads: int
+    learned_alpha: bool = False
 
     def describe(self) -> str:
         """One log line."""
         heads = "its one head" if self.heads == 1 else f"{self.heads} heads, each on its own"
-        return (f"guided alignment: weight {self.weight:g} x the {self.mapping} attention's Fenchel-Young loss at the "
+        mapping = f"{self.mapping} (learned alpha)" if self.learned_alpha else self.mapping
+        return (f"guided alignment: weight {self.weight:g} x the {mapping} attention's Fenchel-Young loss at the "
                 f"reference alignments ({heads})")
 
 
 def guided_alignment(config: dict, source: str, model: nn.Module) -> GuidedAlignment | None:
     """The run's :class:`GuidedAlignment` (None: weight 0), from ``model.alignment_attention``.
     ConfigError naming :data:`KEY` for a model without one, a mapping without a Fenchel-Young loss
-    (fusedmax, oscarmax) or learned alphas."""
+    (fusedmax, oscarmax)."""
     weight = guided_weight(config)
     if weight == 0.0:
         return None
@@ -96,8 +106,12 @@ def guided_alignment(config: dict, source: str, model: nn.Module) -> GuidedAlign
         raise ConfigError(source, KEY, f"the alignment attention's mapping {attention.mapping} has no "
                           f"Fenchel-Young loss in nmt (guided alignment takes {', '.join(LOSS_NAMES)})")
     if attention.learned_alpha:
-        raise ConfigError(source, KEY, "the alignment heads learn their alpha (alpha: learned); guided alignment "
-                          "needs a fixed mapping: give that attention a fixed alpha")
+        if getattr(model, "alignment_alpha", None) is None:
+            raise ConfigError(source, KEY, f"{type(model).__name__} learns its alignment heads' alpha but does not "
+                              "report it (alignment_alpha)")
+        n_iter = attention.params.get("n_iter")
+        return GuidedAlignment(weight, partial(tensor_alpha_entmax_loss, n_iter=n_iter), attention.mapping,
+                               attention.heads, learned_alpha=True)
     try:
         loss = get_loss(attention.mapping, **attention.params)
     except ValueError as exc:
@@ -105,13 +119,16 @@ def guided_alignment(config: dict, source: str, model: nn.Module) -> GuidedAlign
     return GuidedAlignment(weight, loss, attention.mapping, attention.heads)
 
 
-def alignment_loss(loss_fn: Callable[..., Tensor], scores: Tensor, reference: Tensor) -> Tensor:
+def alignment_loss(loss_fn: Callable[..., Tensor], scores: Tensor, reference: Tensor,
+                   alpha: Tensor | None = None) -> Tensor:
     """Summed guided alignment loss (0-d, float32 or wider): over the target tokens with a
-    reference, the mean over heads of ``loss_fn(s, q)``.
+    reference, the mean over heads of ``loss_fn(s, q)`` (``loss_fn(s, q, alpha=a_h)`` with
+    ``alpha``).
 
     scores: (B, H, T, L) the heads' scores before their mapping (``-inf`` on padding; a model's
     ``forward(..., alignment_scores=True)``); reference: (B, T, L) rows on the simplex, or zero
-    rows (no reference: no loss, no gradient). No host synchronisation (on accelerators)."""
+    rows (no reference: no loss, no gradient); alpha: (H,) the heads' learned alphas, or None.
+    No host synchronisation (on accelerators)."""
     batch, heads, length, width = scores.shape
     has = reference.sum(-1) > 0  # (B, T)
     fallback = torch.zeros_like(reference)
@@ -119,18 +136,23 @@ def alignment_loss(loss_fn: Callable[..., Tensor], scores: Tensor, reference: Te
     z = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
     target = torch.where(has.unsqueeze(-1), reference, fallback).to(z.dtype)
     target = target.unsqueeze(1).expand(batch, heads, length, width)
-    per_row = loss_fn(z.reshape(-1, width), target.reshape(-1, width), reduction="none")
+    rows = {} if alpha is None else {"alpha": alpha.view(1, heads, 1, 1).expand(batch, heads, length, 1)
+                                      .reshape(-1, 1)}
+    per_row = loss_fn(z.reshape(-1, width), target.reshape(-1, width), reduction="none", **rows)
     per_row = per_row.view(batch, heads, length) * has.unsqueeze(1)
     return per_row.sum() / heads
 
 
 def guided_loss_forward(model: nn.Module, loss_fn: Callable, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
                         tgt_out: Tensor, pad_index: int, label_smoothing: float, src_mask: Tensor | None,
-                        align: Tensor, align_loss: Callable, weight: float) -> tuple[Tensor, Tensor]:
+                        align: Tensor, align_loss: Callable, weight: float,
+                        learned_alpha: bool = False) -> tuple[Tensor, Tensor]:
     """:func:`nmt.train.update.loss_forward` plus ``weight`` x :func:`alignment_loss` at ``align``
-    (B, T, L): returns ``(summed total loss, summed alignment loss detached)``, 0-d each."""
+    (B, T, L), at the model's ``alignment_alpha()`` where ``learned_alpha``: returns ``(summed
+    total loss, summed alignment loss detached)``, 0-d each."""
     logits, scores = model(src, src_lengths, tgt_in, src_mask=src_mask, alignment_scores=True)
-    guide = alignment_loss(align_loss, scores, align)
+    alpha = getattr(model, "module", model).alignment_alpha() if learned_alpha else None  # (DDP wraps the model)
+    guide = alignment_loss(align_loss, scores, align, alpha)
     return summed_output_loss(loss_fn, logits, tgt_out, pad_index, label_smoothing) + weight * guide, guide.detach()
 
 
@@ -152,7 +174,7 @@ class GuidedForward:
         if align is None:
             align = torch.zeros(tgt_in.size(0), tgt_in.size(1), src.size(1), device=tgt_in.device)
         total, guide = self.fn(model, loss_fn, src, src_lengths, tgt_in, tgt_out, pad_index, label_smoothing,
-                               src_mask, align, self.guide.loss, self.guide.weight)
+                               src_mask, align, self.guide.loss, self.guide.weight, self.guide.learned_alpha)
         # a copy: under CUDA graphs the next replay overwrites the graph's output tensors
         self._sum = guide.clone() if self._sum is None else self._sum + guide
         return total

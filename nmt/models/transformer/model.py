@@ -62,6 +62,13 @@ class TransformerSeq2Seq(EncoderDecoder):
         return AlignmentAttention(mapping.mapping.name, dict(mapping.mapping.params), self.decoder.alignment_heads,
                                   mapping.continuous is not None, mapping.mapping.learned_alpha)
 
+    def alignment_alpha(self) -> Tensor | None:
+        """(alignment_heads,) the learned alphas of the alignment heads (with their gradient: what
+        guided alignment's loss takes at a learned alpha), or None where those heads' alpha is fixed."""
+        mapping = self.decoder.layers[self.decoder.alignment_index].cross_attn.mapping
+        alpha = mapping.alpha()
+        return None if alpha is None else alpha[:self.decoder.alignment_heads]
+
     def learned_alphas(self) -> dict[str, Tensor]:
         """Per attention kind with a learned alpha: (layers, heads) alphas in (1, 2] (detached)."""
         out = {}
