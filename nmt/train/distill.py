@@ -206,6 +206,13 @@ def distill_loss_forward(model: nn.Module, loss_fn: Callable, src: Tensor, src_l
     student's teacher-forced scores, and :func:`distill_loss` summed (0-d, float32 or wider)."""
     q = teacher_distribution(teacher, mapping, temperature, src, src_lengths, tgt_in, src_mask)
     logits, _ = model(src, src_lengths, tgt_in, src_mask=src_mask)
+    return summed_distill_loss(loss_fn, logits, tgt_out, q, weight, pad_index, label_smoothing)
+
+
+def summed_distill_loss(loss_fn: Callable, logits: Tensor, tgt_out: Tensor, q: Tensor, weight: float,
+                        pad_index: int, label_smoothing: float) -> Tensor:
+    """:func:`distill_loss` of the teacher-forced ``logits`` (B, T, V) at ``tgt_out`` (B, T) and the
+    teacher's ``q`` (B, T, V); half logits summed in float32 (0-d)."""
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
     n_classes = logits.size(-1)
     return distill_loss(loss_fn, logits.reshape(-1, n_classes), tgt_out.reshape(-1), q.reshape(-1, n_classes),
@@ -230,4 +237,5 @@ class DistillForward:
 
 
 __all__ = ["DistillForward", "KEY", "Teacher", "check_distill", "teacher_change", "distill_loss", "distill_loss_forward",
+           "summed_distill_loss",
            "load_teacher", "teacher_distribution", "token_list_difference"]

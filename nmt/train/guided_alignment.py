@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from nmt.config import ConfigError
 from nmt.data.corpora import training_corpora
+from nmt.train.distill import Teacher, summed_distill_loss, teacher_distribution
 from nmt.sparse import get_loss
 from nmt.sparse.registry import LOSS_NAMES
 from nmt.sparse.tensor_alpha_loss import tensor_alpha_entmax_loss
@@ -53,9 +54,9 @@ def guided_weight(config: dict) -> float:
 
 
 def check_guided_alignment(config: dict, source: str) -> None:
-    """The checks that need no model: a positive weight needs an ``align`` file on some corpus,
-    the training text read as text (not ``data.id_cache``) and no distillation. ConfigError naming
-    the key; nothing read."""
+    """The checks that need no model: a positive weight needs an ``align`` file on some corpus and
+    the training text read as text (not ``data.id_cache``). ConfigError naming the key; nothing
+    read."""
     if guided_weight(config) == 0.0:
         return
     data = config["data"]
@@ -66,8 +67,6 @@ def check_guided_alignment(config: dict, source: str) -> None:
     if data.get("id_cache"):
         raise ConfigError(source, KEY, "guided alignment reads the training text to map words to tokens; "
                           "not with data.id_cache (set it to false)")
-    if config["training"]["distill"]["teacher"] is not None:
-        raise ConfigError(source, KEY, "guided alignment and training.distill cannot be combined yet")
 
 
 @dataclass
@@ -145,26 +144,39 @@ def alignment_loss(loss_fn: Callable[..., Tensor], scores: Tensor, reference: Te
 
 def guided_loss_forward(model: nn.Module, loss_fn: Callable, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
                         tgt_out: Tensor, pad_index: int, label_smoothing: float, src_mask: Tensor | None,
-                        align: Tensor, align_loss: Callable, weight: float,
-                        learned_alpha: bool = False) -> tuple[Tensor, Tensor]:
+                        align: Tensor, align_loss: Callable, weight: float, learned_alpha: bool = False,
+                        teacher: nn.Module | None = None, teacher_mapping: Callable[..., Tensor] | None = None,
+                        distill_weight: float = 0.0, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
     """:func:`nmt.train.update.loss_forward` plus ``weight`` x :func:`alignment_loss` at ``align``
     (B, T, L), at the model's ``alignment_alpha()`` where ``learned_alpha``: returns ``(summed
-    total loss, summed alignment loss detached)``, 0-d each."""
+    total loss, summed alignment loss detached)``, 0-d each. With a ``teacher`` (``training.distill``)
+    the output part is :func:`nmt.train.distill.summed_distill_loss` at its distribution
+    (:func:`nmt.train.distill.distill_loss_forward`'s, with ``teacher_mapping``, ``distill_weight``
+    and ``temperature``)."""
+    if teacher is not None:
+        q = teacher_distribution(teacher, teacher_mapping, temperature, src, src_lengths, tgt_in, src_mask)
     logits, scores = model(src, src_lengths, tgt_in, src_mask=src_mask, alignment_scores=True)
     alpha = getattr(model, "module", model).alignment_alpha() if learned_alpha else None  # (DDP wraps the model)
     guide = alignment_loss(align_loss, scores, align, alpha)
-    return summed_output_loss(loss_fn, logits, tgt_out, pad_index, label_smoothing) + weight * guide, guide.detach()
+    if teacher is None:
+        output = summed_output_loss(loss_fn, logits, tgt_out, pad_index, label_smoothing)
+    else:
+        output = summed_distill_loss(loss_fn, logits, tgt_out, q, distill_weight, pad_index, label_smoothing)
+    return output + weight * guide, guide.detach()
 
 
 class GuidedForward:
     """A :data:`nmt.train.update.LossForward` with guided alignment: what the trainer passes to
     :func:`nmt.train.update.update`, which hands it each batch's reference grid (``align``; a batch
     without one is a batch of pairs without references: a zero grid). ``compile``: a wrapper such
-    as :func:`nmt.train.compile.compile_for_device`'s, applied to :func:`guided_loss_forward`.
+    as :func:`nmt.train.compile.compile_for_device`'s, applied to :func:`guided_loss_forward`
+    (with a ``teacher``, ``training.distill``: teacher, student and both losses in one graph).
     :meth:`take` returns the alignment losses summed since the last call (a device tensor)."""
 
-    def __init__(self, guide: GuidedAlignment, compile: Callable[[Callable], Callable] | None = None) -> None:
+    def __init__(self, guide: GuidedAlignment, compile: Callable[[Callable], Callable] | None = None,
+                 teacher: Teacher | None = None) -> None:
         self.guide = guide
+        self.teacher = teacher
         self.fn = guided_loss_forward if compile is None else compile(guided_loss_forward)
         self._sum: Tensor | None = None
 
@@ -173,8 +185,10 @@ class GuidedForward:
                  align: Tensor | None = None) -> Tensor:
         if align is None:
             align = torch.zeros(tgt_in.size(0), tgt_in.size(1), src.size(1), device=tgt_in.device)
+        t = self.teacher
+        distill = () if t is None else (t.model, t.mapping, t.weight, t.temperature)
         total, guide = self.fn(model, loss_fn, src, src_lengths, tgt_in, tgt_out, pad_index, label_smoothing,
-                               src_mask, align, self.guide.loss, self.guide.weight, self.guide.learned_alpha)
+                               src_mask, align, self.guide.loss, self.guide.weight, self.guide.learned_alpha, *distill)
         # a copy: under CUDA graphs the next replay overwrites the graph's output tensors
         self._sum = guide.clone() if self._sum is None else self._sum + guide
         return total

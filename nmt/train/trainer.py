@@ -249,7 +249,7 @@ class Trainer:
         if self.guide is not None:
             self.loss_forward = GuidedForward(self.guide, (lambda fn: compile_for_device(
                 fn, self.device, encoder_in_graph=in_graph, cuda_graphs=train_cfg["accumulate"] == 1))
-                if train_cfg["compile"] else None)
+                if train_cfg["compile"] else None, teacher=self.teacher)
         self._guide_window: torch.Tensor | None = None  # the summed alignment loss since the last log line
         self.batch_statistics = (compile_for_device(batch_statistics, self.device, encoder_in_graph=in_graph)
                                  if train_cfg["compile"]

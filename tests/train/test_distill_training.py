@@ -312,6 +312,70 @@ def test_the_mixed_loss_of_a_batch_is_what_the_update_returns(teacher_run, tmp_p
         trainer.lock.release()
 
 
+def test_distillation_and_guided_alignment_add_up(teacher_run, tmp_path):
+    """training.distill with training.guided_alignment: the update's loss of a batch is the mixed
+    distillation loss plus weight x the attention's Fenchel-Young loss at the batch's reference
+    grid, each recomputed here from the teacher's and the student's teacher-forced scores; the
+    compiled step (teacher, student and both losses) is one graph equal to the eager one."""
+    from dataclasses import replace
+
+    from nmt.data.batching import collate
+    from nmt.models.seq2seq import length_mask
+    from nmt.train.compile import compile_for_device
+    from nmt.train.guided_alignment import GuidedForward, alignment_loss
+
+    data, teacher = teacher_run
+    lines = Path(data["train"]["src"]).read_text(encoding="utf-8").splitlines()
+    align = tmp_path / "train.align"
+    align.write_text("".join(" ".join(f"{i}-0" for i in range(0, len(s.split()), 2)) + "\n" for s in lines),
+                     encoding="utf-8")
+    data = {**data, "train": {**data["train"], "align": str(align)}}
+    trainer = student(data, tmp_path / "s", distill={"teacher": str(teacher), "weight": 0.3},
+                      guided_alignment={"weight": 0.5})
+    try:
+        assert isinstance(trainer.loss_forward, GuidedForward) and trainer.loss_forward.teacher is trainer.teacher
+        part = list(range(8))
+        b = collate(trainer.train_set, part, trainer.pad, trainer.bos, trainer.eos)
+        b = replace(b, align=trainer.alignments.reference([trainer.train_set.line_numbers[i] for i in part],
+                                                          b.tgt_in.size(1), b.src.size(1), rows=len(part)))
+        assert float(b.align.sum()) > 0
+        trainer.model.eval()  # no dropout: the same scores twice
+        with torch.no_grad():
+            q = F.softmax(trainer.teacher.model(b.src, b.src_lengths, b.tgt_in)[0], -1)
+            z, scores = trainer.model(b.src, b.src_lengths, b.tgt_in, alignment_scores=True)
+            v = z.size(-1)
+            expected = (distill_loss(get_loss("entmax15"), z.reshape(-1, v), b.tgt_out.reshape(-1), q.reshape(-1, v),
+                                     0.3, trainer.pad)
+                        + 0.5 * alignment_loss(get_loss("entmax15"), scores, b.align))
+            args = (trainer.model, trainer.loss_fn, b.src, b.src_lengths, b.tgt_in, b.tgt_out, trainer.pad, 0.0)
+            got = trainer.loss_forward(*args, align=b.align)
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+        assert float(trainer.loss_forward.take()) > 0
+    finally:
+        trainer.lock.release()
+
+    graphs: list[int] = []
+
+    def counting(gm, example_inputs):
+        graphs.append(len(gm.graph.nodes))
+        return gm
+
+    guide = trainer.guide
+    teacher_copy = _teacher({"mapping": "softmax", "params": {}}, weight=0.7, temperature=1.5)
+    teacher_copy.model.double()
+    m = model()
+    batch = copy_batch(4)
+    ref = torch.zeros(batch.tgt_in.size(0), batch.tgt_in.size(1), batch.src.size(1), dtype=torch.float64)
+    for i, n in enumerate(batch.src_lengths.tolist()):
+        ref[i, torch.arange(n), torch.arange(n)] = 1.0
+    mask = length_mask(batch.src_lengths, batch.src.size(1), batch.src.device)  # made by update(), as in training
+    args = (m, get_loss("sparsemax"), batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, PAD, 0.0, mask, ref)
+    compiled = GuidedForward(guide, lambda fn: compile_for_device(fn, "cpu", backend=counting, encoder_in_graph=True),
+                             teacher=teacher_copy)
+    assert_compiled_equals_eager(m, compiled, GuidedForward(guide, teacher=teacher_copy), args)
+    assert len(graphs) == 1, graphs
+
+
 @pytest.mark.slow
 def test_two_distilling_processes_equal_one_process_with_twice_the_batch(teacher_run, tmp_path, ranks):
     """Data parallel (2 Gloo ranks, each its own teacher copy): the parameters after 4 distilled
