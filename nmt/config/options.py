@@ -149,6 +149,11 @@ MODEL = {
         "alignment_heads": Option(int, 0, "how many of that layer's heads (the first ones) give alignments (their "
                                   "mean) and are supervised, each on its own (0: all; OpenNMT-py -alignment_heads)",
                                   minimum=0, maximum=MAX_SIZE),
+        "full_context_alignment": Option(bool, False, "alignments (guided alignment's supervision, -report_align, "
+                                         "-replace_unk, -attention, the validation AER) from a second decoder pass "
+                                         "up to alignment_layer without the future mask: each target position "
+                                         "sees the whole target (Garg et al. 2019; OpenNMT-py "
+                                         "-full_context_alignment); the translation is unchanged"),
         "d_ff": Option(int, 2048, "inner size of the feed-forward blocks", minimum=1, maximum=MAX_SIZE),
         "norm": Option(str, "pre", "LayerNorm placement: pre (before each sub-layer, a final norm) or post",
                        choices=("pre", "post")),

@@ -82,6 +82,15 @@ class Seq2Seq(EncoderDecoder):
         return AlignmentAttention(attention.mapping_name, dict(attention.mapping_params), 1,
                                   attention.continuous is not None)
 
+    full_context_alignment = False
+    """Alignments come from the attention of the steps (an RNN decoder sees no future)."""
+
+    def teacher_forced_alignment(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
+                                 tgt_mask: Tensor | None = None) -> Tensor:
+        """(B, T, L) the attention under teacher forcing on ``tgt_in`` (``forward``'s; an ensemble
+        member's share where another member aligns from a full-context pass)."""
+        return self(src, src_lengths, tgt_in)[1]
+
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
                 src_mask: Tensor | None = None, alignment_scores: bool = False) -> tuple[Tensor, Tensor]:
         """Teacher forcing. src: (B, L); src_lengths: (B,); tgt_in: (B, T) = BOS + y;

@@ -52,7 +52,8 @@ def validation_aer(model: nn.Module, dataset, alignments: TrainingAlignments, sr
         for start in range(0, len(rows), batch_size):
             part = rows[start:start + batch_size]
             batch = collate(dataset, part, pad, bos, eos)
-            _, attention = model(batch.src.to(device), batch.src_lengths, batch.tgt_in.to(device))
+            # the attention alignments are read from (a full-context pass where the model aligns from one)
+            attention = model.teacher_forced_alignment(batch.src.to(device), batch.src_lengths, batch.tgt_in.to(device))
             attention = attention.float().cpu()
             for b, k in enumerate(part):
                 entry = alignments.words[int(dataset.line_numbers[k])]

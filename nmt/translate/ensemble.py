@@ -29,6 +29,20 @@ class Ensemble:
         return len(self.models)
 
     @property
+    def full_context_alignment(self) -> bool:
+        """Some member aligns from a pass without the future mask: the ensemble's alignments then come
+        from :meth:`teacher_forced_alignment` of the outputs."""
+        return any(getattr(model, "full_context_alignment", False) for model in self.models)
+
+    def teacher_forced_alignment(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
+                                 tgt_mask: Tensor | None = None) -> Tensor:
+        """(B, T, L) the mean of the members' teacher-forced alignment attentions (as ``step``'s attention
+        is the mean of theirs)."""
+        parts = [model.teacher_forced_alignment(src, src_lengths, tgt_in, tgt_mask)  # type: ignore[attr-defined]
+                 for model in self.models]
+        return torch.stack([p.float() for p in parts], dim=0).mean(0)
+
+    @property
     def shares_encoder_out(self) -> bool:
         """Every member's ``step`` takes one encoder row per sentence
         (:func:`nmt.models.protocol.shares_encoder_out`), so the ensemble's does."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -13,6 +13,7 @@ from nmt.data.batching import collate, make_batches
 from nmt.data.field import Field
 from nmt.models.protocol import StepDecoder, check_lengths, position_limits
 from nmt.translate.alignment import AlignOptions, Pair, align, pharaoh
+from nmt.translate.full_context_alignment import full_context_alignment
 from nmt.translate.scoring import BatchScores, score_batch
 from nmt.translate.translator import check_batch_size, check_word_ids
 from nmt.utils.device import checked_device
@@ -157,6 +158,13 @@ class Scorer:
                 with inference_precision(self.device, self.precision):
                     scores = score_batch(self.model, on_device.src, on_device.src_lengths, on_device.tgt_in,
                                          on_device.tgt_out, on_device.tgt_lengths, need_attention=self.align is not None)
+                    if self.align is not None and full_context_alignment(self.model):  # a pass without the future mask
+                        width = on_device.tgt_in.size(1)
+                        real = torch.arange(width, device=self.device).unsqueeze(0) < on_device.tgt_lengths.unsqueeze(1)
+                        with torch.no_grad():
+                            attention = self.model.teacher_forced_alignment(  # type: ignore[attr-defined]
+                                on_device.src, on_device.src_lengths, on_device.tgt_in, real)
+                        scores = replace(scores, attention=attention.float())
                 scores = scores.cpu()
                 tgt_out = batch.tgt_out.tolist()
                 for row, i in enumerate(batch.indices):

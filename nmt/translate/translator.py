@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numbers
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -15,6 +15,7 @@ from nmt.models.protocol import NoAttention, StepDecoder, check_lengths, positio
 from nmt.translate.alignment import UNK, AlignOptions, Pair, align, output_rows, pharaoh, replace_unknowns
 from nmt.translate.beam_search import SearchResult, beam_search, refuse_sampling
 from nmt.translate.certificate import NOT_CERTIFIED, SAMPLED, reason_name
+from nmt.translate.full_context_alignment import full_context_alignment, hypothesis_alignment
 from nmt.translate.mbr import MbrDecision, candidate_mask, is_exact, mbr_order
 from nmt.translate.sampling import sample_search
 from nmt.translate.search_options import SearchOptions
@@ -414,6 +415,11 @@ class Translator:
                                                  bos=vocab.bos_index, eos=vocab.eos_index, pad=vocab.pad_index,
                                                  unk=vocab.unk_index, options=options, prefix=prefix,
                                                  constraints=tables)
+                        if options.return_attention and full_context_alignment(self.model):
+                            # alignments from a pass without the future mask over each finished output
+                            result = replace(result, attention=hypothesis_alignment(
+                                self.model, on_device.src, on_device.src_lengths, result.tokens, result.lengths,
+                                vocab.bos_index))
                     host = _HostResult.of(result)  # one transfer and conversion per field and batch
                     if options.return_attention and host.attention is None:
                         raise NoAttention("the model's step returns no source attention (None), so it has no "

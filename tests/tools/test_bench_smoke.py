@@ -374,6 +374,25 @@ def test_bench_ema_quick(tmp_path, capsys):
     assert "EMA update" in capsys.readouterr().out
 
 
+def test_bench_alignment_smoke(tmp_path, capsys):
+    """``bench_alignment`` on a few pairs and steps: four rows (causal / full context, plain / guided),
+    each a validation AER in [0, 1]; the task's references are the shuffles (checked on its files)."""
+    bench = _load("bench_alignment")
+    bench.permutation_task(tmp_path / "task", 20, 5)
+    for src, tgt, align in zip(*((tmp_path / "task" / f"train.{e}").read_text().splitlines()
+                                 for e in ("src", "tgt", "align"))):
+        pairs = [tuple(map(int, p.split("-"))) for p in align.split()]
+        assert sorted(j for _, j in pairs) == list(range(len(src.split())))
+        assert all(src.split()[i].upper() == tgt.split()[j] for i, j in pairs)
+    out = tmp_path / "a.json"
+    assert bench.main(["--pairs", "40", "--valid", "5", "--steps", "3", "--quiet", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["alignment"], r["weight"]) for r in rows] == [("causal", 0.0), ("causal", 1.0), ("full context", 0.0),
+                                                               ("full context", 1.0)]
+    assert all(0.0 <= r["aer"] <= 1.0 for r in rows)
+    assert "validation AER" in capsys.readouterr().out
+
+
 def small_corpus(directory, spm, seed: int) -> None:
     """A random Multi30k-shaped corpus in ``directory`` (train / val .de / .en, up to 20 words a line)
     and its joint sentencepiece model ``spm.model`` (150 pieces): what the harness benchmarks read."""

@@ -257,6 +257,29 @@ def test_a_compiled_guided_step_with_learned_alphas_is_one_graph_and_equals_eage
     assert len(graphs) == 1, graphs
 
 
+def test_a_compiled_full_context_guided_step_is_one_graph_and_equals_eager():
+    """model.transformer.full_context_alignment: the causal pass, the full-context pass up to the
+    alignment layer and both losses compile into one graph, equal to the eager step (float64)."""
+    from nmt.train.compile import compile_for_device
+
+    graphs: list[int] = []
+
+    def counting(gm, example_inputs):
+        graphs.append(len(gm.graph.nodes))
+        return gm
+
+    m = transformer({"mapping": "entmax15"}, 1, 1)
+    m.decoder.full_context_alignment = True
+    m.train()
+    b = copy_batch(10)
+    ref = reversal_reference(b).double()
+    g = GuidedAlignment(0.5, get_loss("entmax15"), "entmax15", 1)
+    args = (m, get_loss("softmax"), b.src, b.src_lengths, b.tgt_in, b.tgt_out, PAD, 0.0, None, ref)
+    compiled = GuidedForward(g, lambda fn: compile_for_device(fn, "cpu", backend=counting))
+    assert_compiled_equals_eager(m, compiled, GuidedForward(g), args)
+    assert len(graphs) == 1, graphs
+
+
 # ------------------------------------------------------------------ the update step
 def reversal_reference(batch) -> torch.Tensor:
     """Target token t of a copy-task pair aligned to source token t (B, T, L)."""
@@ -468,6 +491,30 @@ def test_guided_training_of_learned_alpha_heads_moves_their_attention_and_their_
         alphas[name] = last["alphas"]["cross"][-1][0]  # the last layer's first head: the supervised one
     assert figures["guided"] >= 0.75 and figures["guided"] >= figures["plain"] + 0.3, figures
     assert alphas["guided"] > 1.65 > alphas["plain"], alphas
+
+
+def test_full_context_guided_training_validation_scoring_and_translation_read_one_pass(tmp_path, capsys):
+    """model.transformer.full_context_alignment through nmt-train and nmt-translate: the validation
+    AER is 1 - the agreement of the scorer's alignments (both from the full-context pass), and
+    -report_align's pairs are the scorer's alignments of the outputs (its pass over each output)."""
+    import nmt
+    from nmt.translate.alignment import parse_pharaoh
+    from tiny_runs import train_run, translate_main
+
+    copy_task(tmp_path)
+    config = transformer_run(tmp_path, "full", 1.0, 40)
+    config["model"]["transformer"]["full_context_alignment"] = True
+    run = train_run(config, tmp_path / "full.yaml")
+    last = json.loads((run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[-1])
+    assert last["valid_aer"] == pytest.approx(1 - copy_agreement(run / "best.pt", tmp_path), abs=1e-9)
+    capsys.readouterr()
+    code, out, _ = translate_main(["-model", str(run / "best.pt"), "-src", str(tmp_path / "valid.src"), "-output", "-",
+                                   "-report_align", "-beam_size", "2", "-quiet"], capsys)
+    assert code == 0
+    texts, pairs = zip(*(line.split(" ||| ") for line in out.splitlines()))
+    sources = (tmp_path / "valid.src").read_text(encoding="utf-8").splitlines()
+    scored = nmt.load(str(run / "best.pt"), device="cpu").score(sources, list(texts), align=True)
+    assert [parse_pharaoh(p) for p in pairs] == [s.alignment for s in scored]
 
 
 def test_an_interrupted_guided_run_resumes_as_if_uninterrupted(tmp_path, caplog, monkeypatch):

@@ -42,6 +42,8 @@ TRANSFORMER = {
                   "encoder_self": None, "decoder_self": None, "cross": None},
     "output": {"mapping": "softmax", "params": {}},
 }
+FULL_CONTEXT = {**TRANSFORMER, "transformer": {**TRANSFORMER["transformer"], "full_context_alignment": True}}
+"""The Transformer whose alignments come from a pass without the future mask (model.transformer.full_context_alignment)."""
 MODES = [AlignOptions(mode, level) for mode in al.ALIGN_MODES for level in al.ALIGN_LEVELS]
 
 
@@ -66,7 +68,8 @@ def model(cfg: dict, seed: int, scale: float = 10.0, src: Field | None = None):
     return m
 
 
-@pytest.mark.parametrize("cfg, seed", [(RNN, 0), (RNN, 1), (TRANSFORMER, 6)], ids=["rnn0", "rnn1", "transformer"])
+@pytest.mark.parametrize("cfg, seed", [(RNN, 0), (RNN, 1), (TRANSFORMER, 6), (FULL_CONTEXT, 6)],
+                         ids=["rnn0", "rnn1", "transformer", "full_context"])
 @pytest.mark.parametrize("sample", [False, True], ids=["beam", "sample"])
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
 def test_every_hypothesis_is_aligned_as_its_text_scored_by_teacher_forcing(cfg, seed, sample, mode):
@@ -123,6 +126,39 @@ def test_the_recorded_attention_is_the_models_and_the_best_alignment_is_recomput
                 assert len(mine) == int((t.attention[rows] > 0).sum())
         if options.mode == "support":
             assert any((t.attention == 0).any() for t in translations if t.attention is not None)
+
+
+@pytest.mark.parametrize("which", ["transformer", "ensemble"])
+def test_full_context_alignments_come_from_each_output_run_alone_and_change_nothing_in_the_search(which):
+    """A full-context model's recorded attention (every n-best entry) is its teacher-forced
+    full-context alignment of that hypothesis alone (BOS + its tokens, no padding, no batch mates);
+    an ensemble's the mean over members, the RNN's being its teacher-forced attention. The search
+    (texts, scores, certificates) is the one of the same weights without the flag, whose steps'
+    attention is another."""
+    src, tgt = fields()
+    if which == "transformer":
+        full, causal = model(FULL_CONTEXT, 6), model(TRANSFORMER, 6)
+    else:
+        full, causal = (Ensemble([model(RNN, 5), model(cfg, 4)]) for cfg in (FULL_CONTEXT, TRANSFORMER))
+    options = AlignOptions("argmax", "token")
+    got = Translator(full, src, tgt, align=options, beam_size=3, n_best=3, max_length=7,
+                     return_attention=True).translate(SOURCES)
+    plain = Translator(causal, src, tgt, align=options, beam_size=3, n_best=3, max_length=7,
+                       return_attention=True).translate(SOURCES)
+    differ = 0
+    for a, b in zip(got, plain):
+        assert (a.hypotheses, a.tokens, a.certified, a.reason) == (b.hypotheses, b.tokens, b.certified, b.reason)
+        for n, h in enumerate(a.nbest):
+            ids = tgt.vocab.lookup(h.tokens)
+            s = torch.tensor([src.encode(SOURCES[a.index])])
+            with torch.no_grad():
+                alone = full.teacher_forced_alignment(s, torch.tensor([s.size(1)]), torch.tensor([[2] + ids[:-1]]))[0]
+            rows = [r for r, label in enumerate(h.tokens) if label != "<eos>"]
+            assert h.alignment == al.token_pairs(alone.numpy(), rows, options), (a.index, n)
+            if n == 0:
+                np.testing.assert_allclose(a.attention, alone.numpy(), atol=1e-12)
+                differ += not np.allclose(a.attention, b.attention, atol=1e-6)
+    assert differ > 0
 
 
 def test_alignments_change_nothing_in_the_search():
@@ -182,7 +218,8 @@ UNK_OFFSET = {"rnn": 0.0, "transformer": 200.0}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("cfg, seed", [(RNN, 0), (TRANSFORMER, 6)], ids=["rnn0", "transformer"])
+@pytest.mark.parametrize("cfg, seed", [(RNN, 0), (TRANSFORMER, 6), (FULL_CONTEXT, 6)],
+                         ids=["rnn0", "transformer", "full_context"])
 @pytest.mark.parametrize("sample", [False, True], ids=["beam", "sample"])
 def test_cuda_static_loop_aligns_and_replaces_unknowns_as_the_cpu(cfg, seed, sample):
     """``-report_align`` / ``-replace_unk`` on CUDA (the static-shape loop, ``mode: auto`` there, as

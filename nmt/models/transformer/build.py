@@ -88,7 +88,8 @@ def build_transformer(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_
     encoder = TransformerEncoder(spec, t["encoder_layers"], specs["encoder_self"], positions(), emb_cfg["dropout"])
     decoder = keyed("model.transformer.alignment_layer", TransformerDecoder, spec, t["decoder_layers"],
                     specs["decoder_self"], specs["cross"], positions(), emb_cfg["dropout"],
-                    t.get("alignment_layer", -1), t.get("alignment_heads", 0))  # absent from older checkpoints
+                    t.get("alignment_layer", -1), t.get("alignment_heads", 0),  # absent from older checkpoints
+                    t.get("full_context_alignment", False))
     generator = keyed("model.output.mapping", Generator, d_model, tgt_vocab_size, out_cfg["mapping"],
                        out_cfg.get("params") or {})
     nn.init.xavier_uniform_(generator.proj.weight)

@@ -42,7 +42,7 @@ class TransformerDecoder(nn.Module):
 
     def __init__(self, spec: LayerSpec, layers: int, self_attention: AttentionSpec,
                  cross_attention: AttentionSpec, positions: nn.Module, dropout: float = 0.0,
-                 alignment_layer: int = -1, alignment_heads: int = 0) -> None:
+                 alignment_layer: int = -1, alignment_heads: int = 0, full_context_alignment: bool = False) -> None:
         super().__init__()
         if layers < 1:
             raise ValueError(f"the decoder needs at least one layer, got {layers}")
@@ -55,6 +55,9 @@ class TransformerDecoder(nn.Module):
         """The layer whose cross-attention gives alignments (and is supervised by guided alignment)."""
         self.alignment_heads = alignment_heads or spec.heads
         """How many of its heads (the first ones): their mean is the reported attention."""
+        self.full_context_alignment = full_context_alignment
+        """Alignments come from :meth:`full_context_cross` (a pass without the future mask), not from the
+        causal pass's (or a step's) cross-attention."""
         self.scale = math.sqrt(spec.d_model)
         self.positions = positions
         self.dropout = Dropout(dropout)
@@ -106,10 +109,29 @@ class TransformerDecoder(nn.Module):
             x = self.final_norm(x)
         return DecoderOutput(x, self_maps, cross_maps, new_caches)
 
-    def alignment_attention(self, cross_maps: list[Tensor | None]) -> Tensor:
+    def full_context_cross(self, emb: Tensor, cross_kv: list[KV], src_mask: Tensor, tgt_mask: Tensor,
+                           scores: bool = False) -> Tensor:
+        """The alignment layer's cross-attention (B, heads, T, L), every head, in a teacher-forced pass
+        through layers 0 .. :attr:`alignment_index` whose self-attentions see the whole target (the
+        key mask ``tgt_mask`` (B, T) bool in place of the causal mask; Garg et al. 2019's full-context
+        alignment): probabilities, or with ``scores`` the scores before the mapping. emb: (B, T, D)
+        unscaled target embeddings (BOS + the target); the layers after the alignment layer do not run."""
+        x = applied(self.dropout, self.positions(emb * self.scale, 0))
+        key_mask, self_mask = src_mask[:, None, None, :], tgt_mask[:, None, None, :]
+        rotation = stack_rotation(self.positions, 0, x.size(1), x.dtype)
+        aligned = self.alignment_index
+        cross = None
+        for i, layer in enumerate(self.layers[:aligned + 1]):
+            x, _, cross, _ = run_layer(layer, self.checkpoint_activations, x, cross_kv[i], key_mask, None, False,
+                                       i == aligned, rotation, scores and i == aligned, self_mask)
+        assert cross is not None
+        return cross
+
+    def alignment_attention(self, cross_maps: list[Tensor | None] | Tensor) -> Tensor:
         """The reported attention: the mean of the alignment layer's first :attr:`alignment_heads`
-        heads, (B, T, L) from ``cross_maps`` (:class:`DecoderOutput`; that layer's probs present)."""
-        probs = cross_maps[self.alignment_index]
+        heads, (B, T, L) from ``cross_maps`` (:class:`DecoderOutput`; that layer's probs present), or
+        from that layer's probs (B, heads, T, L) themselves (:meth:`full_context_cross`)."""
+        probs = cross_maps if isinstance(cross_maps, Tensor) else cross_maps[self.alignment_index]
         if self.alignment_heads != probs.size(1):
             probs = probs[:, :self.alignment_heads]
         return probs.mean(1)

@@ -128,8 +128,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, cross_kv: tuple[Tensor, Tensor], src_mask: Tensor,
                 cache: tuple[Tensor, Tensor] | None = None, need_self_probs: bool = True,
-                need_cross_probs: bool = True, rotation: Rotation | None = None, cross_scores: bool = False
-                ) -> tuple[Tensor, Tensor | None, Tensor | None, tuple[Tensor, Tensor]]:
+                need_cross_probs: bool = True, rotation: Rotation | None = None, cross_scores: bool = False,
+                self_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor | None, tuple[Tensor, Tensor]]:
         """x: (B, T, D) the targets at positions t0..t0+T-1, t0 = the cache length (0 without one);
         cross_kv: the cross-attention keys/values (B, heads, L, d_head); src_mask: (B, 1, 1, L);
         cache: self-attention keys/values of the earlier positions (B, heads, t0, d_head);
@@ -146,13 +146,18 @@ class DecoderLayer(nn.Module):
         that attention's probabilities may be None (a fused kernel served its heads).
         ``cross_scores``: the cross-attention's scores before its mapping in place of its probs
         (:meth:`MultiHeadAttention.forward`'s ``return_scores``; teacher forcing only).
+        ``self_mask``: the self-attention's mask in place of the causal one, e.g. the target's key
+        mask (B, 1, 1, T) of a full-context pass (every real position sees the whole target).
         """
         q, keys, values = self.self_attn.self_projections(self.self_block.inputs(x), rotation)
         offset = 0
         if cache is not None:
             offset = cache[0].size(2)
             keys, values = torch.cat([cache[0], keys], dim=2), torch.cat([cache[1], values], dim=2)
-        mask = None if x.size(1) == 1 else causal_mask(x.size(1), offset, x.device)  # one query sees all
+        if self_mask is not None:
+            mask = self_mask
+        else:
+            mask = None if x.size(1) == 1 else causal_mask(x.size(1), offset, x.device)  # one query sees all
         out, self_probs = self.self_attn.attend(q, keys, values, mask, need_self_probs, offset)
         x = self.self_block.add(x, out)
         query, sources = self.cross_block.inputs(x), cross_kv[0].size(0)

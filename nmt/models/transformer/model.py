@@ -62,6 +62,29 @@ class TransformerSeq2Seq(EncoderDecoder):
         return AlignmentAttention(mapping.mapping.name, dict(mapping.mapping.params), self.decoder.alignment_heads,
                                   mapping.continuous is not None, mapping.mapping.learned_alpha)
 
+    @property
+    def full_context_alignment(self) -> bool:
+        """Alignments come from a pass without the future mask (``model.transformer.full_context_alignment``):
+        guided alignment supervises it, and the alignments of a search come from
+        :meth:`teacher_forced_alignment` of its outputs, not from its steps' attention."""
+        return self.decoder.full_context_alignment
+
+    def teacher_forced_alignment(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
+                                 tgt_mask: Tensor | None = None) -> Tensor:
+        """(B, T, L) the alignment heads' mean cross-attention under teacher forcing on ``tgt_in``
+        (B, T) = BOS + target: with :attr:`full_context_alignment` from the pass without the future
+        mask, whose self-attentions see the target positions ``tgt_mask`` (B, T) bool marks (None:
+        those that are not padding), else ``forward``'s. Rows of positions outside ``tgt_mask`` are
+        computed but mean nothing."""
+        if not self.full_context_alignment:
+            return self(src, src_lengths, tgt_in)[1]
+        mask = length_mask(src_lengths, src.size(1), src.device)
+        memory, _, packed = self.encoder.encode(self.src_embeddings(src), mask, need_maps=False)
+        tgt_mask = tgt_in != self.tgt_embeddings.pad_index if tgt_mask is None else tgt_mask
+        cross = self.decoder.full_context_cross(self.tgt_embeddings(tgt_in), self.decoder.cross_keys_values(memory, packed),
+                                                mask, tgt_mask)
+        return self.decoder.alignment_attention(cross)
+
     def alignment_alpha(self) -> Tensor | None:
         """(alignment_heads,) the learned alphas of the alignment heads (with their gradient: what
         guided alignment's loss takes at a learned alpha), or None where those heads' alpha is fixed."""
@@ -131,16 +154,23 @@ class TransformerSeq2Seq(EncoderDecoder):
         plus, with ``return_maps``, the :data:`AttentionMaps` of every kind, layer and head.
         ``alignment_scores`` (not with ``return_maps``): the second value is the scores of the
         alignment heads before their mapping instead, (B, alignment_heads, T, L), ``-inf`` on
-        padding (guided alignment training; :attr:`alignment_attention`).
+        padding (guided alignment training; :attr:`alignment_attention`); with
+        :attr:`full_context_alignment` those of a second pass without the future mask.
         """
         mask = length_mask(src_lengths, src.size(1), src.device) if src_mask is None else src_mask
         memory, encoder_maps, packed = self.encoder.encode(self.src_embeddings(src), mask, need_maps=return_maps)
-        out = self.decoder(self.tgt_embeddings(tgt_in), self.decoder.cross_keys_values(memory, packed), mask,
-                           need_maps=return_maps, alignment_scores=alignment_scores)
+        if alignment_scores and return_maps:
+            raise ValueError("alignment_scores and return_maps are exclusive")
+        emb, cross_kv = self.tgt_embeddings(tgt_in), self.decoder.cross_keys_values(memory, packed)
+        full_context = alignment_scores and self.full_context_alignment
+        out = self.decoder(emb, cross_kv, mask, need_maps=return_maps, need_attention=not full_context,
+                           alignment_scores=alignment_scores and not full_context)
         logits = self.generator(out.hidden)
+        if full_context:  # the scores of a second pass without the future mask (its own dropout draws)
+            cross = self.decoder.full_context_cross(emb, cross_kv, mask, tgt_in != self.tgt_embeddings.pad_index,
+                                                    scores=True)
+            return logits, cross[:, :self.decoder.alignment_heads]
         if alignment_scores:
-            if return_maps:
-                raise ValueError("alignment_scores and return_maps are exclusive")
             return logits, out.cross_maps[self.decoder.alignment_index][:, :self.decoder.alignment_heads]
         attention = self.decoder.alignment_attention(out.cross_maps)
         if return_maps:
