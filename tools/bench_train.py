@@ -42,7 +42,9 @@ loss, lengths padded to ``--pad_to_multiple``); ``--precision bf16|fp16`` autoca
 ``--guided-alignment W`` adds a guided alignment row after each row (``training.guided_alignment``
 of weight W; a Transformer's penultimate layer's first head supervised, as Garg et al.) against
 a diagonal reference built on the host with every batch, as the trainer builds the real one: its
-cost, printed as the ratio to the plain row of the same setting and step.
+cost, printed as the ratio to the plain row of the same setting and step;
+``--full-context-alignment`` makes the Transformer's guided rows align from the pass without the
+future mask (``model.transformer.full_context_alignment``: a second pass up to that layer).
 """
 from __future__ import annotations
 
@@ -186,7 +188,8 @@ def to_device(batch, device: torch.device):
 def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab: int, warmup: int,
             device: torch.device = torch.device("cpu"), compiled: bool = False, precision: str = "fp32",
             pad_to: int = 1, model_section: dict | None = None, backend: str = "inductor",
-            profile: int = 0, encoder_in_graph: bool = False, guided: float = 0.0) -> dict:
+            profile: int = 0, encoder_in_graph: bool = False, guided: float = 0.0,
+            full_context: bool = False) -> dict:
     """Full updates over ``batches`` (after ``warmup`` untimed ones) on ``device``: target tokens
     per second, ms per step, and host syncs of one extra step (SyncAudit on the CPU,
     CUDA's sync debug mode on CUDA). ``compiled``: torch.compile of forward+loss (with
@@ -199,11 +202,13 @@ def measure(config: dict, attention, output, batches, src_vocab: int, tgt_vocab:
     (``profile``). ``encoder_in_graph``: compiled with
     ``training.compile_encoder`` (an LSTM encoder inside the graph). ``guided`` > 0: training with
     guided alignment of that weight (:func:`diagonal_reference`; a Transformer's penultimate
-    layer's first head)."""
+    layer's first head; ``full_context``: from the pass without the future mask,
+    ``model.transformer.full_context_alignment``)."""
     model_cfg = json.loads(json.dumps(model_section or config["model"]))
     if guided and "transformer" in model_cfg:
         layers = model_cfg["transformer"]["decoder_layers"]
-        model_cfg["transformer"].update(alignment_layer=-2 if layers > 1 else -1, alignment_heads=1)
+        model_cfg["transformer"].update(alignment_layer=-2 if layers > 1 else -1, alignment_heads=1,
+                                        full_context_alignment=full_context)
     model_cfg["attention"].update(mapping=attention[0], params=attention[1])
     model_cfg["output"].update(mapping=output[0], params=output[1])
     torch.manual_seed(config["training"]["seed"])
@@ -537,6 +542,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     parser.add_argument("--guided-alignment", type=float, default=0.0, metavar="W",
                         help="also time each row with guided alignment of weight W (its cost)")
+    parser.add_argument("--full-context-alignment", action="store_true",
+                        help="the Transformer's guided rows align from the pass without the future mask "
+                             "(model.transformer.full_context_alignment)")
     parser.add_argument("--pad_to_multiple", type=int, default=8, help="length bucket of the compiled runs")
     parser.add_argument("--max-shapes", type=int, default=None,
                         help="only batches of the K most frequent shapes (lengths padded to --pad_to_multiple), "
@@ -606,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
                 measured[label, mode].append(  # timed without profiling (see the profile pass below)
                     measure(config, attention, output, batches, src_vocab, tgt_vocab, warmup, device,
                             mode == "compiled", args.precision, args.pad_to_multiple, section, args.backend,
-                            0, args.compile_encoder, guided))
+                            0, args.compile_encoder, guided, args.full_context_alignment))
                 if round_ < args.repeats - 1:
                     continue
                 figures = measured[label, mode]
@@ -648,7 +656,8 @@ def main(argv: list[str] | None = None) -> int:
                 profiled = measure(config, attention, output, batches, src_vocab, tgt_vocab, warmup, device,
                                    mode == "compiled", args.precision, args.pad_to_multiple, section,
                                    args.backend, args.profile, args.compile_encoder,
-                                   args.guided_alignment if label.endswith(" + guided") else 0.0)
+                                   args.guided_alignment if label.endswith(" + guided") else 0.0,
+                                   args.full_context_alignment)
                 print(f"{label} ({mode}):")
                 print_profile(profiled, row["ms_per_step"])
                 row.update(sync_sites=profiled["sync_sites"], profile=profiled["profile"],

@@ -450,6 +450,27 @@ def _simplex_tolerance(dtype: torch.dtype) -> float:
     return max(1e-4, 16 * torch.finfo(dtype).eps)
 
 
+def checked_distribution(target: Tensor, scores: Tensor, dtype: torch.dtype) -> Tensor:
+    """A distribution ``target`` (..., V) of ``scores``' shape as (N, V) rows in ``dtype``, checked to
+    lie on the simplex (entries >= 0, rows summing to 1 within rounding; :func:`_check`: a ValueError on
+    the CPU in eager mode, a device-side assertion elsewhere). ValueError for another shape."""
+    if target.shape != scores.shape:
+        raise ValueError(f"distribution target of shape {tuple(target.shape)} must match scores "
+                         f"{tuple(scores.shape)}")
+    tol = _simplex_tolerance(target.dtype)
+    dist = target.to(dtype).reshape(-1, scores.shape[-1])
+    ok = (dist >= 0).all() & ((dist.sum(dim=-1) - 1).abs() <= tol).all()  # NaN fails too
+    _check(ok, f"distribution target must lie on the simplex: entries >= 0, rows summing to 1 (within {tol:g})")
+    return dist
+
+
+def check_index_shape(target: Tensor, scores: Tensor) -> None:
+    """ValueError unless class-index ``target`` has ``scores``' shape without the class dim."""
+    if target.shape != scores.shape[:-1]:
+        raise ValueError(f"index target of shape {tuple(target.shape)} must match scores without "
+                         f"the class dim {tuple(scores.shape[:-1])}")
+
+
 def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_index: int = -100,
                        reduction: str = "mean", label_smoothing: float = 0.0,
                        impl: str = "auto") -> Tensor:
@@ -486,19 +507,10 @@ def fenchel_young_loss(reg: Regularizer, scores: Tensor, target: Tensor, ignore_
     z = z if z.dim() == 2 else z.reshape(-1, n_classes)  # no view (nor its node) for 2-D scores
     index = dist = None
     if target.is_floating_point():
-        if target.shape != scores.shape:
-            raise ValueError(f"distribution target of shape {tuple(target.shape)} must match scores "
-                             f"{tuple(scores.shape)}")
-        tol = _simplex_tolerance(target.dtype)
-        dist = target.to(z.dtype).reshape(-1, n_classes)
-        ok = (dist >= 0).all() & ((dist.sum(dim=-1) - 1).abs() <= tol).all()  # NaN fails too
-        _check(ok, f"distribution target must lie on the simplex: entries >= 0, rows summing to 1 "
-                   f"(within {tol:g})")
+        dist = checked_distribution(target, scores, z.dtype)
         valid = torch.ones(z.shape[0], dtype=torch.bool, device=z.device)
     else:
-        if target.shape != scores.shape[:-1]:
-            raise ValueError(f"index target of shape {tuple(target.shape)} must match scores without "
-                             f"the class dim {tuple(scores.shape[:-1])}")
+        check_index_shape(target, scores)
         t = target if target.dim() == 1 else target.reshape(-1)
         fused = _fused_index_function(reg, z, impl)
         if fused is not None:  # two launches: loss, gradient, the reduction, the check (in the Function)

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from ._common import own_precision
 from .entmax import entmax_bisect_above_one
-from .losses import _REDUCTIONS, _check, _out_of_range, _reduce, _simplex_tolerance
+from .losses import _REDUCTIONS, _check, _out_of_range, _reduce, check_index_shape, checked_distribution
 
 
 def _tsallis_omega(y: Tensor, alpha: Tensor) -> Tensor:
@@ -75,18 +75,10 @@ def tensor_alpha_entmax_loss(scores: Tensor, target: Tensor, alpha: Tensor, igno
     z = scores.reshape(-1, n_classes).to(cdt)
     a = alpha.to(cdt).expand(*scores.shape[:-1], 1).reshape(-1, 1)
     if target.is_floating_point():
-        if target.shape != scores.shape:
-            raise ValueError(f"distribution target of shape {tuple(target.shape)} must match scores "
-                             f"{tuple(scores.shape)}")
-        tol = _simplex_tolerance(target.dtype)
-        y = target.reshape(-1, n_classes).to(cdt)
-        _check((y >= 0).all() & ((y.sum(-1) - 1).abs() <= tol).all(),
-               f"distribution target must lie on the simplex: entries >= 0, rows summing to 1 (within {tol:g})")
+        y = checked_distribution(target, scores, cdt)
         valid = torch.ones(z.shape[0], dtype=torch.bool, device=z.device)
     else:
-        if target.shape != scores.shape[:-1]:
-            raise ValueError(f"index target of shape {tuple(target.shape)} must match scores without "
-                             f"the class dim {tuple(scores.shape[:-1])}")
+        check_index_shape(target, scores)
         t = target.reshape(-1).to(z.device)
         valid = t != ignore_index
         index = torch.where(valid, t, 0).long()

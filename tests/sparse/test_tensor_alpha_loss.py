@@ -15,29 +15,14 @@ import torch
 from nmt.sparse import entmax_bisect, entmax_bisect_loss
 from nmt.sparse.tensor_alpha_loss import tensor_alpha_entmax_loss
 from nmt.utils.sync_audit import SyncAudit
-
-
-def entmax_np(s: np.ndarray, alpha: float) -> np.ndarray:
-    """alpha-entmax of one row by bisection on the threshold (200 halvings, float64); -inf gets 0."""
-    z = np.where(np.isfinite(s), (alpha - 1) * s, -np.inf)
-    lo, hi = z.max() - 1, z.max()
-    for _ in range(200):
-        tau = (lo + hi) / 2
-        total = (np.maximum(z - tau, 0) ** (1 / (alpha - 1))).sum()
-        lo, hi = (tau, hi) if total > 1 else (lo, tau)
-    p = np.maximum(z - (lo + hi) / 2, 0) ** (1 / (alpha - 1))
-    return p / p.sum()
-
-
-def omega_np(y: np.ndarray, alpha: float) -> float:
-    return float(((y ** alpha).sum() - 1) / (alpha * (alpha - 1)))
+from numpy_mappings import entmax_np, tsallis_omega_np
 
 
 def fy_np(s: np.ndarray, q: np.ndarray, alpha: float) -> float:
     """<s, p - q> - Omega(p) + Omega(q), p = alpha-entmax(s) (terms with p = q = 0 dropped)."""
     p = entmax_np(s, alpha)
     inner = sum(si * (pi - qi) for si, pi, qi in zip(s, p, q) if pi > 0 or qi > 0)
-    return float(inner - omega_np(p, alpha) + omega_np(q, alpha))
+    return float(inner - tsallis_omega_np(p, alpha) + tsallis_omega_np(q, alpha))
 
 
 def case(seed: int = 0, rows: int = 6, width: int = 7):

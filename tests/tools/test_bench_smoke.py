@@ -250,6 +250,28 @@ def test_bench_train_guided_rows_follow_their_plain_rows_with_the_cost_ratio(tmp
     assert torch.equal(last, batch.src_lengths - 1) and bool((grid[:, 0, 0] == 1).all())  # corner to corner
 
 
+def test_bench_train_full_context_guided_rows_build_the_full_context_model(tmp_path, monkeypatch):
+    """``--transformer --guided-alignment W --full-context-alignment``: the Transformer's guided row
+    trains a model that aligns from the pass without the future mask (and the plain row does not)."""
+    bench = _load("bench_train")
+    built = []
+    real = bench.build_model
+
+    def recording(cfg, *args, **kwargs):
+        model = real(cfg, *args, **kwargs)
+        built.append(getattr(model, "full_context_alignment", None))
+        return model
+
+    monkeypatch.setattr(bench, "build_model", recording)
+    out = tmp_path / "train.json"
+    assert bench.main(["--quick", "--steps", "1", "--transformer", "--only", "transformer: softmax / softmax",
+                       "--guided-alignment", "0.1", "--full-context-alignment", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [r["setting"] for r in rows][-2:] == ["transformer: softmax / softmax",
+                                                 "transformer: softmax / softmax + guided"]
+    assert built[-2:] == [False, True]
+
+
 def test_bench_host_quick(tmp_path):
     """``bench_host --quick``: the eager update's host work on the CUDA route (stand-in driver, no
     GPU), per setting: torch operations, Python calls, Triton launches by kernel, host syncs and

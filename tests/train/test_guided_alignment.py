@@ -11,6 +11,7 @@ import math
 import random
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -30,32 +31,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_precision_compile import (PAD, STATIC_ENTMAX, VOCAB, assert_compiled_equals_eager, copy_batch,  # noqa: E402
                                     model)
 from tiny_task import tiny_config, write_task  # noqa: E402
+from numpy_mappings import entmax_np, sparsemax_np, tsallis_omega_np  # noqa: E402
 
 
 # ------------------------------------------------------------------ the loss, independently
-def sparsemax_np(s: np.ndarray) -> np.ndarray:
-    """Sparsemax of one row by sorting (Martins & Astudillo 2016), -inf entries get 0."""
-    finite = s[np.isfinite(s)]
-    z = np.sort(finite)[::-1]
-    k = np.arange(1, len(z) + 1)
-    support = 1 + k * z > np.cumsum(z)
-    kz = k[support][-1]
-    tau = (np.cumsum(z)[kz - 1] - 1) / kz
-    return np.where(np.isfinite(s), np.maximum(s - tau, 0), 0.0)
-
-
-def entmax_np(s: np.ndarray, alpha: float) -> np.ndarray:
-    """alpha-entmax of one row by bisection on the threshold (200 halvings, float64)."""
-    z = np.where(np.isfinite(s), (alpha - 1) * s, -np.inf)
-    lo, hi = z.max() - 1, z.max()
-    for _ in range(200):
-        tau = (lo + hi) / 2
-        total = (np.maximum(z - tau, 0) ** (1 / (alpha - 1))).sum()
-        lo, hi = (tau, hi) if total > 1 else (lo, tau)
-    p = np.maximum(z - (lo + hi) / 2, 0) ** (1 / (alpha - 1))
-    return p / p.sum()
-
-
 def fy_np(s: np.ndarray, q: np.ndarray, mapping: str, alpha: float | None = None) -> float:
     """Omega*(s) - <s, q> + Omega(q) = <s, p - q> - Omega(p) + Omega(q), p the mapping of s, the
     Shannon or Tsallis regulariser written out (terms with p = 0 or q = 0 dropped: 0 x -inf)."""
@@ -65,9 +44,8 @@ def fy_np(s: np.ndarray, q: np.ndarray, mapping: str, alpha: float | None = None
         return float(sum(qi * (math.log(qi) - lp) for qi, lp in zip(q, logp) if qi > 0))
     alpha = alpha or {"sparsemax": 2.0, "entmax15": 1.5, "entmax_bisect": 1.3}[mapping]
     p = sparsemax_np(s) if mapping == "sparsemax" else entmax_np(s, alpha)
-    omega = lambda y: ((y ** alpha).sum() - 1) / (alpha * (alpha - 1))  # noqa: E731
     inner = sum(si * (pi - qi) for si, pi, qi in zip(s, p, q) if pi > 0 or qi > 0)
-    return float(inner - omega(p) + omega(q))
+    return float(inner - tsallis_omega_np(p, alpha) + tsallis_omega_np(q, alpha))
 
 
 LOSSES = {"softmax": {}, "sparsemax": {}, "entmax15": {}, "entmax_bisect": {"alpha": 1.3}}
@@ -601,11 +579,18 @@ def test_the_guided_update_on_cuda_equals_the_cpus_and_never_syncs(mapping):
     """The same float32 update on CUDA and on the CPU (loss, alignment loss, parameters after it),
     the CUDA one under ``torch.cuda.set_sync_debug_mode("error")`` (lengths on the host, references
     copied with the batch)."""
+    assert_cuda_update_equals_cpus(lambda: model(torch.float32, attention=mapping), lambda: guide(mapping, 0.7))
+
+
+def assert_cuda_update_equals_cpus(build: Callable[[], torch.nn.Module], make_guide: Callable[[], GuidedAlignment]
+                                   ) -> None:
+    """One guided update of ``build()``'s model on the CPU and on CUDA (under CUDA's sync detector):
+    the same loss, alignment loss and parameters after it."""
     results = []
     for device in ("cpu", "cuda"):
-        m = model(torch.float32, attention=mapping).to(device)
+        m = build().to(device)
         optimizer = torch.optim.SGD(m.parameters(), lr=0.5)
-        forward = GuidedForward(guide(mapping, 0.7))
+        forward = GuidedForward(make_guide())
         batch = copy_batch(3)
         batch.align = reversal_reference(batch)
         batch = batch.to(device, lengths_on_host=True)
@@ -628,27 +613,8 @@ def test_the_guided_update_on_cuda_equals_the_cpus_and_never_syncs(mapping):
 def test_the_guided_update_of_learned_alpha_heads_on_cuda_equals_the_cpus_and_never_syncs():
     """A Transformer whose supervised heads learn their alphas: the same float32 update on CUDA and on
     the CPU, the CUDA one under ``torch.cuda.set_sync_debug_mode("error")``."""
-    results = []
-    for device in ("cpu", "cuda"):
-        m = learned_transformer().float().train().to(device)
-        optimizer = torch.optim.SGD(m.parameters(), lr=0.5)
-        forward = GuidedForward(GuidedAlignment(0.7, tensor_alpha_entmax_loss, "entmax_bisect", 2, learned_alpha=True))
-        batch = copy_batch(3)
-        batch.align = reversal_reference(batch)
-        batch = batch.to(device, lengths_on_host=True)
-        if device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.set_sync_debug_mode("error")
-        try:
-            loss, _, _ = update(m, get_loss("softmax"), optimizer, batch, PAD, None, forward=forward)
-            aligned = forward.take()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        results.append((loss.cpu(), aligned.cpu(), [p.detach().cpu() for p in m.parameters()]))
-    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-5, atol=1e-5)
-    for a, b in zip(results[1][2], results[0][2]):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert_cuda_update_equals_cpus(lambda: learned_transformer().float().train(), lambda: GuidedAlignment(
+        0.7, tensor_alpha_entmax_loss, "entmax_bisect", 2, learned_alpha=True))
 
 
 def test_weight_zero_reads_no_alignments_and_changes_nothing_and_bad_lines_are_one_line_errors(tmp_path):
