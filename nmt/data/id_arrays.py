@@ -235,32 +235,44 @@ def cache_directory(src_path: PathLike, key: str, fallback_dir: PathLike | None)
     return Path(fallback_dir) / "id_cache" / key
 
 
-def _read_cache(directory: Path) -> tuple[dict[str, np.ndarray], dict] | None:
+def read_array_cache(directory: Path, names: Sequence[str], version: int, what: str = "token-id cache"
+                     ) -> tuple[dict[str, np.ndarray], dict] | None:
+    """The arrays ``names`` (memory-mapped ``.npy`` files) and ``meta.json`` of a cache directory;
+    None where it has no ``meta.json`` or another ``version``; ``DataError`` naming it (``what``)
+    where a file cannot be read."""
     meta_path = directory / "meta.json"
     if not meta_path.is_file():
         return None
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        if meta.get("version") != CACHE_VERSION:
+        if meta.get("version") != version:
             return None
-        arrays = {name: np.load(directory / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
+        arrays = {name: np.load(directory / f"{name}.npy", mmap_mode="r") for name in names}
     except (OSError, ValueError) as exc:
-        raise DataError(f"{directory}: unreadable token-id cache ({exc}); delete the directory to rebuild it") from None
+        raise DataError(f"{directory}: unreadable {what} ({exc}); delete the directory to rebuild it") from None
     return arrays, meta
 
 
-def _write_cache(directory: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
-    """The cache written into ``directory`` atomically (:func:`nmt.utils.io.atomic_directory`:
-    files flushed to disk before the rename; a killed writer's temporary is swept later). When
-    another process was faster, its cache stands."""
+def write_array_cache(directory: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
+    """The ``arrays`` (one ``.npy`` file each) and ``meta.json`` written into ``directory`` atomically
+    (:func:`nmt.utils.io.atomic_directory`: files flushed to disk before the rename; a killed
+    writer's temporary is swept later). When another process was faster, its cache stands."""
     try:
         with atomic_directory(directory) as tmp:
-            for name in ARRAYS:
-                np.save(tmp / f"{name}.npy", arrays[name])
+            for name, values in arrays.items():
+                np.save(tmp / f"{name}.npy", values)
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
     except OSError:
         if not (directory / "meta.json").is_file():  # not another process's finished cache
             raise
+
+
+def _read_cache(directory: Path) -> tuple[dict[str, np.ndarray], dict] | None:
+    return read_array_cache(directory, ARRAYS, CACHE_VERSION)
+
+
+def _write_cache(directory: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
+    write_array_cache(directory, {name: arrays[name] for name in ARRAYS}, meta)
 
 
 def load_id_dataset(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_field: Field,
@@ -297,4 +309,5 @@ def load_id_dataset(src_path: PathLike, tgt_path: PathLike, src_field: Field, tg
     return ArrayParallelDataset(arrays, meta, src_field, tgt_field)
 
 
-__all__ = ["ArrayParallelDataset", "PairArrays", "RaggedIds", "cache_key", "encode_to_arrays", "load_id_dataset"]
+__all__ = ["ArrayParallelDataset", "PairArrays", "RaggedIds", "cache_key", "encode_to_arrays", "load_id_dataset",
+           "read_array_cache", "write_array_cache"]

@@ -95,6 +95,19 @@ def token_pairs(word_pairs: Sequence[tuple[int, int]], src_pieces: list[str], tg
     return np.array(sorted(out), dtype=np.int32).reshape(-1, 2)
 
 
+def reference_grid(pairs: Sequence[Pairs | None], tgt_width: int, src_width: int, rows: int | None = None) -> Tensor:
+    """(B, T, L) float32 (CPU): row ``[b, t]`` uniform over the source positions that ``pairs[b]``
+    (token pairs, or None: no reference) aligns to target token ``t``, a zero row where it aligns
+    none; ``rows``: B when more than the examples given (the rows after them zeros)."""
+    grid = np.zeros((len(pairs) if rows is None else rows, tgt_width, src_width), dtype=np.float32)
+    for b, p in enumerate(pairs):
+        if p is not None and len(p):
+            grid[b, p[:, 1], p[:, 0]] = 1.0
+    sums = grid.sum(axis=-1, keepdims=True)
+    np.divide(grid, sums, out=grid, where=sums > 0)
+    return torch.from_numpy(grid)
+
+
 @dataclass(frozen=True)
 class LineWords:
     """What a kept pair's reference is made from, whatever its segmentation: its word ``pairs``, the
@@ -152,14 +165,7 @@ class TrainingAlignments:
         token ``t``, a zero row where that token has none (and on EOS and padding). ``rows``: B when
         it differs from the lines given (the rows after them zeros: a data-parallel rank's
         stand-in batch, which adds no loss)."""
-        grid = np.zeros((len(line_numbers) if rows is None else rows, tgt_width, src_width), dtype=np.float32)
-        for b, line in enumerate(line_numbers):
-            pairs = self.by_line.get(int(line))
-            if pairs is not None and len(pairs):
-                grid[b, pairs[:, 1], pairs[:, 0]] = 1.0
-        sums = grid.sum(axis=-1, keepdims=True)
-        np.divide(grid, sums, out=grid, where=sums > 0)
-        return torch.from_numpy(grid)
+        return reference_grid([self.by_line.get(int(line)) for line in line_numbers], tgt_width, src_width, rows)
 
     def describe(self, kept: int, pairs: str = "training pairs") -> str:
         """One log line: how many of the ``kept`` ``pairs`` have a reference, from which files."""
@@ -213,4 +219,5 @@ def read_training_alignments(corpora: Sequence, pairs: Sequence[tuple[str, str]]
     return TrainingAlignments(by_line, files, mismatched, words)
 
 
-__all__ = ["LineWords", "Pairs", "TrainingAlignments", "WordCountMismatch", "pieces_of", "parse_alignment_line", "read_training_alignments", "token_pairs"]
+__all__ = ["LineWords", "Pairs", "TrainingAlignments", "WordCountMismatch", "pieces_of", "parse_alignment_line",
+           "read_training_alignments", "reference_grid", "token_pairs"]

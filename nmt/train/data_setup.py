@@ -29,7 +29,8 @@ from nmt.data.source_tags import config_tags, pair_prefixes, tagged, with_tags
 from nmt.data.subword_sampling import SubwordSampler, build_sampler, sampling_enabled
 from nmt.data.errors import DataError
 from nmt.data.field import Field
-from nmt.data.id_arrays import ArrayParallelDataset, load_id_dataset
+from nmt.data.alignment_arrays import ArrayAlignments, alignment_cache_key, build_alignment_arrays, load_alignment_arrays
+from nmt.data.id_arrays import ArrayParallelDataset, cache_directory, cache_key, load_id_dataset
 from nmt.data.word_alignments import TrainingAlignments, read_training_alignments
 from nmt.data.pair_filter import PairFilter, describe_skipped
 from nmt.data.textfiles import iter_lines
@@ -67,7 +68,7 @@ class TrainingData:
     valid_references: list[str]
     resampled: ResampledPairs | ResampledFiles | None = None
     weights: CorpusWeights | None = None
-    alignments: TrainingAlignments | None = None
+    alignments: TrainingAlignments | ArrayAlignments | None = None
     valid_alignments: TrainingAlignments | None = None
 
 
@@ -232,8 +233,9 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     corpus of a weight other than 1, with or without the cache); one line per corpus is logged.
     ``seed`` (``training.seed``): the seed of the sampled segmentations a vocabulary with
     ``subword_sampling.vocab_samples`` counts (:func:`build_fields`). ``alignments`` (guided
-    alignment training): the corpora's ``align`` files are read (without ``data.id_cache``; see
-    :func:`nmt.data.word_alignments.read_training_alignments`) into ``TrainingData.alignments``.
+    alignment training): the corpora's ``align`` files are read
+    (:func:`nmt.data.word_alignments.read_training_alignments`; with ``data.id_cache`` streamed into
+    cached token-pair arrays, :func:`cached_alignments`) into ``TrainingData.alignments``.
     """
     train_files, rules = data_cfg["train"], PairFilter.from_config(data_cfg)
     corpora = training_corpora(train_files)
@@ -276,7 +278,9 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
         train = ParallelDataset(train_pairs, src_field, tgt_field, pair_filter=rules,
                                 src_encode=_tag_encoder(src_field, train_prefix))
     references = None
-    if alignments and train_pairs is not None:
+    if alignments and data_cfg["id_cache"]:  # streamed and cached beside the token ids
+        references = cached_alignments(corpora, train, src_field, tgt_field, rules, work_dir, src_prefixes)
+    elif alignments and train_pairs is not None:
         references = read_training_alignments(corpora, train_pairs, starts, train.line_numbers, src_field.tokenizer,
                                               tgt_field.tokenizer, [len(p) for p in src_prefixes])
     valid = ParallelDataset(valid_pairs, src_field, tgt_field, None, None,
@@ -335,6 +339,30 @@ def cached_training_set(corpora: Sequence[Corpus], src_field: Field, tgt_field: 
                 raise
             raise DataError(f"{corpus.key}: {exc}") from None
     return parts[0] if len(parts) == 1 else ConcatenatedArrays(parts)
+
+
+def cached_alignments(corpora: Sequence[Corpus], train: ArrayParallelDataset | ConcatenatedArrays,
+                      src_field: Field, tgt_field: Field, rules: PairFilter, work_dir: str | Path,
+                      src_prefixes: Sequence[Sequence[int]]) -> ArrayAlignments | None:
+    """With ``data.id_cache``: the reference token pairs of the corpora with an ``align`` file, built
+    once per corpus by streaming its files (:func:`nmt.data.alignment_arrays.build_alignment_arrays`)
+    and cached in its id cache's directory under a key adding the alignment file's fingerprint
+    (memory-mapped at load); None when no corpus has one."""
+    datasets = train.parts if isinstance(train, ConcatenatedArrays) else [train]
+    starts = train.starts if isinstance(train, ConcatenatedArrays) else np.array([0, train.n_input])
+    parts, files = [], []
+    for k, (corpus, dataset) in enumerate(zip(corpora, datasets)):
+        if not corpus.align:
+            continue
+        prefix = src_prefixes[k] if src_prefixes else ()
+        id_key = cache_key(corpus.src, corpus.tgt, src_field, tgt_field, pair_filter=rules, src_prefix=prefix)
+        directory = cache_directory(corpus.src, alignment_cache_key(id_key, corpus.align, len(prefix)), work_dir)
+        arrays, meta = load_alignment_arrays(directory, lambda: build_alignment_arrays(
+            corpus.src, corpus.tgt, corpus.align, dataset.line_numbers, dataset.n_input, src_field.tokenizer,
+            tgt_field.tokenizer, len(prefix), corpus.key))
+        parts.append((np.asarray(dataset.line_numbers, dtype=np.int64) + int(starts[k]), arrays, meta))
+        files.append(corpus.align)
+    return ArrayAlignments(parts, files) if parts else None
 
 
 def resampled_pairs(pairs: Sequence[tuple[str, str]], src_field: Field, tgt_field: Field,
@@ -534,4 +562,4 @@ def _data_files(data_cfg: dict) -> list[tuple[str, str]]:
     return files + ([("data.valid.align", data_cfg["valid"]["align"])] if data_cfg["valid"].get("align") else [])
 
 
-__all__ = ["tag_key", "tagged_fields", "cached_training_set", "counted_vocabulary", "resampled_files", "resampled_pairs", "DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]
+__all__ = ["tag_key", "tagged_fields", "cached_training_set", "cached_alignments", "counted_vocabulary", "resampled_files", "resampled_pairs", "DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]

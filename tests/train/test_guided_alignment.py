@@ -356,8 +356,6 @@ def test_the_config_errors_name_the_key(tmp_path):
     key = r"^g.yaml: training.guided_alignment.weight: "
     with pytest.raises(ConfigError, match=key + "guided alignment needs reference alignments: set data.train.align"):
         check(data)
-    with pytest.raises(ConfigError, match=key + ".*not with data.id_cache"):
-        check(aligned, data={"id_cache": True})
     with pytest.raises(ConfigError, match=key + ".*mapping fusedmax has no Fenchel-Young loss"):
         check(aligned, model={"attention": {"mapping": "fusedmax"}})
     with pytest.raises(ConfigError, match=r"training.guided_alignment.weight: must be >= 0"):
