@@ -131,3 +131,25 @@ def test_an_rnn_and_older_checkpoints_align_from_their_steps():
     old = dict(cfg["model"])
     old["transformer"] = {k: v for k, v in old["transformer"].items() if k != "full_context_alignment"}
     assert build_model(old, VOCAB, VOCAB, PAD).full_context_alignment is False
+
+
+def test_activation_checkpointing_gives_the_same_full_context_gradients():
+    """training.checkpoint_activations recomputes the full-context pass's layers in the backward: the
+    same alignment loss gradients as without (float64)."""
+    from nmt.models.transformer.checkpointing import set_activation_checkpointing
+    from nmt.sparse import get_loss
+    from nmt.train.guided_alignment import alignment_loss
+
+    b = copy_batch(6)
+    ref = torch.zeros(b.tgt_in.size(0), b.tgt_in.size(1), b.src.size(1), dtype=torch.float64)
+    ref[:, :2, 0] = 1.0
+    grads = []
+    for checkpointed in (False, True):
+        m = transformer(True, layer=1).train()
+        set_activation_checkpointing(m, checkpointed)
+        _, scores = m(b.src, b.src_lengths, b.tgt_in, alignment_scores=True)
+        alignment_loss(get_loss("entmax15"), scores, ref).backward()
+        grads.append({n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-12, atol=1e-14, msg=name)
