@@ -20,7 +20,11 @@
 # the training stages (e.g. "--profile 3": host sync sites and the kernels per step), GPU_CHECK_TESTS
 # selects tests, GPU_CHECK_SPARSE_ARGS and GPU_CHECK_TRANSLATE_ARGS those benchmarks' options.
 # Guided alignment's cost on a GPU (its supervised softmax heads leave the fused attention kernel;
-# unmeasured): GPU_CHECK_TRAIN_ARGS="--guided-alignment 0.05" adds a guided row after each training row.
+# unmeasured): GPU_CHECK_TRAIN_ARGS="--guided-alignment 0.05" adds a guided row after each training row;
+# with "--transformer --guided-alignment 0.05 --full-context-alignment" the Transformer's guided rows run
+# the second (full-context) decoder pass too (0.72-0.82x the plain update on the CPU; unmeasured on a GPU).
+# tests_cuda now also holds the tensor-alpha loss (tests/sparse/test_cuda.py), the learned-alpha guided
+# update and the full-context -report_align on CUDA (written 2026-11-29 without a device: never run yet).
 #
 # Stage times on one H200 (2026-11-27, a nineteenth session; plan a lease of 15 device minutes, a start
 # included, by them): env 6 s; tests_cuda 65 s (172 tests, 15 workers); sparse more than 100 s (cut
