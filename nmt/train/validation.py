@@ -231,7 +231,8 @@ def validate(model: nn.Module, dataset: ParallelDataset, references: Sequence[st
 @torch.no_grad()
 def attention_matrices(model: nn.Module, dataset: ParallelDataset, indices: Sequence[int],
                        device: torch.device) -> list[tuple[Tensor, list[str], list[str]]]:
-    """Teacher-forced attention of the given examples: ``(matrix (T, L), src tokens, tgt tokens)``.
+    """Teacher-forced attention of the given examples: ``(matrix (T, L), src tokens, tgt tokens)``
+    (the full-context pass's where the model aligns from one, ``model.transformer.full_context_alignment``).
 
     The target axis is the gold target followed by ``<eos>`` (what the decoder predicts at
     each step); the source axis is the source tokens.
@@ -239,7 +240,10 @@ def attention_matrices(model: nn.Module, dataset: ParallelDataset, indices: Sequ
     if not indices:
         return []
     src_vocab, tgt_vocab = dataset.src_field.vocab, dataset.tgt_field.vocab
-    batch, (_, attention) = _teacher_forced(model, dataset, indices, device)
+    if getattr(model, "full_context_alignment", False):  # the attention alignments are read from
+        batch, attention = _teacher_forced(model, dataset, indices, device, alignment=True)
+    else:
+        batch, (_, attention) = _teacher_forced(model, dataset, indices, device)
     attention = attention.float().cpu()
     out = []
     for row, index in enumerate(_positions(batch)):
@@ -269,14 +273,17 @@ def attention_grids(model: nn.Module, dataset: ParallelDataset, indices: Sequenc
 
 
 def _teacher_forced(model: nn.Module, dataset: ParallelDataset, indices: Sequence[int], device: torch.device,
-                    **kwargs: Any) -> tuple[Any, Any]:
-    """``(batch, model(src, src_lengths, tgt_in, **kwargs))`` for the given examples, in eval mode."""
+                    alignment: bool = False, **kwargs: Any) -> tuple[Any, Any]:
+    """``(batch, model(src, src_lengths, tgt_in, **kwargs))`` for the given examples, in eval mode;
+    with ``alignment`` ``model.teacher_forced_alignment(src, src_lengths, tgt_in)`` instead."""
     tgt_vocab = dataset.tgt_field.vocab
     was_training = model.training
     model.eval()
     try:
         batch = collate(dataset, list(indices), tgt_vocab.pad_index, tgt_vocab.bos_index,
                         tgt_vocab.eos_index).to(device)
+        if alignment:
+            return batch, model.teacher_forced_alignment(batch.src, batch.src_lengths, batch.tgt_in)
         return batch, model(batch.src, batch.src_lengths, batch.tgt_in, **kwargs)
     finally:
         model.train(was_training)

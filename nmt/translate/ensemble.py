@@ -35,10 +35,10 @@ class Ensemble:
         return any(getattr(model, "full_context_alignment", False) for model in self.models)
 
     def teacher_forced_alignment(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
-                                 tgt_mask: Tensor | None = None) -> Tensor:
-        """(B, T, L) the mean of the members' teacher-forced alignment attentions (as ``step``'s attention
-        is the mean of theirs)."""
-        parts = [model.teacher_forced_alignment(src, src_lengths, tgt_in, tgt_mask)  # type: ignore[attr-defined]
+                                 tgt_mask: Tensor | None = None, repeats: int = 1) -> Tensor:
+        """(N, T, L) the mean of the members' teacher-forced alignment attentions (as ``step``'s attention
+        is the mean of theirs); ``repeats``: N = B x repeats targets per source of ``src`` (B, L)."""
+        parts = [model.teacher_forced_alignment(src, src_lengths, tgt_in, tgt_mask, repeats)  # type: ignore[attr-defined]
                  for model in self.models]
         return torch.stack([p.float() for p in parts], dim=0).mean(0)
 

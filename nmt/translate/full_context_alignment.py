@@ -34,8 +34,7 @@ def hypothesis_alignment(model, src: Tensor, src_lengths: Tensor, tokens: Tensor
     tgt_in = torch.cat([flat.new_full((batch * n, 1), bos), flat[:, :-1]], dim=1)  # BOS + the hypothesis
     positions = torch.arange(width, device=tokens.device)
     tgt_mask = positions.unsqueeze(0) < lengths.reshape(-1, 1).to(tokens.device).clamp(min=1)  # BOS at least
-    attention = model.teacher_forced_alignment(src.repeat_interleave(n, dim=0), src_lengths.repeat_interleave(n, dim=0),
-                                               tgt_in, tgt_mask)
+    attention = model.teacher_forced_alignment(src, src_lengths, tgt_in, tgt_mask, repeats=n)  # each source encoded once
     return attention.float().reshape(batch, n, width, -1)
 
 

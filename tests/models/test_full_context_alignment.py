@@ -153,3 +153,45 @@ def test_activation_checkpointing_gives_the_same_full_context_gradients():
     assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
     for name, grad in grads[0].items():
         torch.testing.assert_close(grads[1][name], grad, rtol=1e-12, atol=1e-14, msg=name)
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_repeated_targets_of_one_source_encode_it_once_with_the_same_result(full):
+    """``repeats=n``: n consecutive targets per source (a search's n-best entries) give what the
+    sources repeated n times give (float64, 1e-12)."""
+    m = transformer(full, layer=1)
+    b = copy_batch(7)
+    n = 3
+    g = torch.Generator().manual_seed(0)
+    tgt_in = b.tgt_in.repeat_interleave(n, dim=0)
+    tgt_in[:, 1:] = torch.where(tgt_in[:, 1:] == PAD, PAD, torch.randint(3, VOCAB, tgt_in[:, 1:].shape, generator=g))
+    with torch.no_grad():
+        once = m.teacher_forced_alignment(b.src, b.src_lengths, tgt_in, repeats=n)
+        repeated = m.teacher_forced_alignment(b.src.repeat_interleave(n, dim=0), b.src_lengths.repeat_interleave(n, dim=0),
+                                              tgt_in)
+    torch.testing.assert_close(once, repeated, rtol=1e-12, atol=1e-12)
+
+
+def test_the_validation_heatmaps_show_the_full_context_pass(tmp_path):
+    """attention_matrices (TensorBoard's alignment heatmaps) of a full-context model: its
+    teacher_forced_alignment, not the causal pass's attention."""
+    from nmt.data.dataset import ParallelDataset
+    from nmt.data.field import Field
+    from nmt.data.tokenizers import SpaceTokenizer
+    from nmt.train.validation import attention_matrices
+
+    src_field = Field.build(SpaceTokenizer(), ["a b c d"])
+    tgt_field = Field.build(SpaceTokenizer(), ["a b c d"])
+    assert len(src_field.vocab) <= VOCAB and len(tgt_field.vocab) <= VOCAB and tgt_field.vocab.pad_index == PAD
+    data = ParallelDataset([("a b c", "c b a"), ("d a", "a d c b")], src_field, tgt_field)
+    full = transformer(True, layer=1)
+    matrices = attention_matrices(full, data, [0, 1], torch.device("cpu"))
+    for (matrix, _, tgt_tokens), k in zip(matrices, (0, 1)):
+        s = torch.tensor([data.src[k]])
+        t = torch.tensor([[tgt_field.vocab.bos_index] + data.tgt[k]])
+        with torch.no_grad():
+            expected = full.teacher_forced_alignment(s, torch.tensor([s.size(1)]), t)[0]
+            causal = full(s, torch.tensor([s.size(1)]), t)[1][0]
+        assert len(tgt_tokens) == t.size(1)
+        torch.testing.assert_close(matrix, expected.float(), rtol=1e-6, atol=1e-7)
+        assert float((matrix - causal.float()).abs().max()) > 1e-4
