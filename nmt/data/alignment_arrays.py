@@ -15,7 +15,9 @@ reference (counted, the first named).
 
 :class:`ArrayAlignments` answers what the trainer asks of
 :class:`nmt.data.word_alignments.TrainingAlignments`: ``reference`` grids by input line, ``describe``,
-``len``. Subword sampling (a new segmentation every epoch) is not served from the cache.
+``len``, and with subword sampling :meth:`ArrayAlignments.for_segmentation` (each epoch's references,
+streaming the files again and reading the epoch's pieces back from its ids, held in memory for the
+epoch: 8 bytes a token pair).
 """
 from __future__ import annotations
 
@@ -23,16 +25,18 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from torch import Tensor
 
 from nmt.data.errors import DataError
+from nmt.data.field import Field
 from nmt.data.id_arrays import read_array_cache, write_array_cache
 from nmt.data.textfiles import PathLike, iter_lines
 from nmt.data.tokenizers import Tokenizer
-from nmt.data.word_alignments import WordCountMismatch, parse_alignment_line, reference_grid, token_pairs
+from nmt.data.word_alignments import WordCountMismatch, parse_alignment_line, pieces_of, reference_grid, token_pairs
 from nmt.utils.allocator import release_freed_memory
 
 logger = logging.getLogger(__name__)
@@ -54,42 +58,56 @@ def alignment_cache_key(id_key: str, align_path: PathLike, src_offset: int) -> s
     return "align-" + hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def build_alignment_arrays(src_path: PathLike, tgt_path: PathLike, align_path: PathLike,
-                           kept_lines: np.ndarray, n_input: int, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer,
-                           src_offset: int = 0, where_key: str = "data.train") -> tuple[dict[str, np.ndarray], dict]:
-    """Stream one corpus's files: ``(arrays, meta)`` of the kept pairs' token pairs. ``kept_lines``:
-    the corpus's kept input lines (1-based, increasing: its id dataset's ``line_numbers``);
-    ``n_input``: its input lines, which the alignment file must have too; ``src_offset``: the source
-    tag's tokens. ``meta``: ``with_reference`` (kept pairs with a non-empty line), ``mismatched`` and
-    ``first_mismatched`` (``file:line``)."""
-    kept = np.asarray(kept_lines, dtype=np.int64)
+def _token_pair_arrays(src_path: PathLike, tgt_path: PathLike, align_path: PathLike, kept: np.ndarray,
+                       pieces: Callable[[int, str, str], tuple[list[str], list[str]]], src_tokenizer: Tokenizer,
+                       tgt_tokenizer: Tokenizer, src_offset: int, parse_every_line: bool
+                       ) -> tuple[dict[str, np.ndarray], dict, int]:
+    """The files streamed together: ``(arrays, meta, lines read)`` of the pairs at the corpus's input
+    lines ``kept`` (1-based, increasing), the ``k``-th's pieces from ``pieces(k, source line, target
+    line)``; ``parse_every_line``: the other lines' alignments are parsed (checked) too."""
     flat: list[np.ndarray] = []
     offsets = np.zeros(kept.size + 1, dtype=np.int64)
     mismatched, first, with_reference, k, n = 0, None, 0, 0, 0
     for n, (src, tgt, text) in enumerate(zip(iter_lines(src_path), iter_lines(tgt_path), iter_lines(align_path)), 1):
         where = f"{align_path}:{n}"
-        word_pairs = parse_alignment_line(text, where)
-        if k < kept.size and kept[k] == n:
-            counts = (len(src.split()), len(tgt.split()))
-            try:
-                pairs = token_pairs(word_pairs, src_tokenizer.tokenize(src), tgt_tokenizer.tokenize(tgt),
-                                    src_tokenizer, tgt_tokenizer, src_offset, where, counts)
-            except WordCountMismatch:
-                pairs = np.zeros((0, 2), dtype=np.int32)
-                mismatched += 1
-                first = first or where
-            flat.append(pairs)
-            with_reference += bool(len(pairs))
-            offsets[k + 1] = offsets[k] + len(pairs)
-            k += 1
-    n_align = sum(1 for _ in iter_lines(align_path)) if n == n_input else n
-    if n_align != n_input or k != kept.size:
-        raise DataError(f"{Path(align_path)} has {n_align} lines but {Path(src_path)} has {n_input} "
-                        f"({where_key}.align: one alignment line per training pair)")
-    pairs = np.concatenate(flat) if flat else np.zeros((0, 2), dtype=np.int32)
+        if not (k < kept.size and kept[k] == n):
+            if parse_every_line:
+                parse_alignment_line(text, where)
+            continue
+        try:
+            pairs = token_pairs(parse_alignment_line(text, where), *pieces(k, src, tgt), src_tokenizer, tgt_tokenizer,
+                                src_offset, where, (len(src.split()), len(tgt.split())))
+        except WordCountMismatch:
+            pairs = np.zeros((0, 2), dtype=np.int32)
+            mismatched += 1
+            first = first or where
+        flat.append(pairs)
+        with_reference += bool(len(pairs))
+        offsets[k + 1] = offsets[k] + len(pairs)
+        k += 1
+    pairs = np.concatenate(flat).astype(np.int32).reshape(-1, 2) if flat else np.zeros((0, 2), dtype=np.int32)
     meta = {"version": ALIGNMENT_CACHE_VERSION, "with_reference": with_reference, "mismatched": mismatched,
             "first_mismatched": first}
-    return {"pairs": pairs.astype(np.int32).reshape(-1, 2), "offsets": offsets}, meta
+    return {"pairs": pairs, "offsets": offsets[:k + 1]}, meta, n
+
+
+def build_alignment_arrays(src_path: PathLike, tgt_path: PathLike, align_path: PathLike,
+                           kept_lines: np.ndarray, n_input: int, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer,
+                           src_offset: int = 0, where_key: str = "data.train") -> tuple[dict[str, np.ndarray], dict]:
+    """Stream one corpus's files: ``(arrays, meta)`` of the kept pairs' token pairs (each kept pair
+    tokenized again, as the text path does). ``kept_lines``: the corpus's kept input lines (1-based,
+    increasing: its id dataset's ``line_numbers``); ``n_input``: its input lines, which the alignment
+    file must have too; ``src_offset``: the source tag's tokens. ``meta``: ``with_reference`` (kept
+    pairs with a non-empty line), ``mismatched`` and ``first_mismatched`` (``file:line``)."""
+    kept = np.asarray(kept_lines, dtype=np.int64)
+    arrays, meta, n = _token_pair_arrays(src_path, tgt_path, align_path, kept,
+                                         lambda _, src, tgt: (src_tokenizer.tokenize(src), tgt_tokenizer.tokenize(tgt)),
+                                         src_tokenizer, tgt_tokenizer, src_offset, parse_every_line=True)
+    n_align = sum(1 for _ in iter_lines(align_path)) if n == n_input else n
+    if n_align != n_input or arrays["offsets"].size != kept.size + 1:
+        raise DataError(f"{Path(align_path)} has {n_align} lines but {Path(src_path)} has {n_input} "
+                        f"({where_key}.align: one alignment line per training pair)")
+    return arrays, meta
 
 
 def load_alignment_arrays(directory: Path, build: Callable[[], tuple[dict[str, np.ndarray], dict]]
@@ -111,15 +129,55 @@ def load_alignment_arrays(directory: Path, build: Callable[[], tuple[dict[str, n
     return cached
 
 
+@dataclass(frozen=True)
+class AlignedFiles:
+    """One aligned corpus as :meth:`ArrayAlignments.for_segmentation` streams it again: its files, the
+    input lines before it (``start``: its line ``n`` is input line ``start + n``) and its own
+    (``n_input``), its source tag's tokens (``src_offset``) and its config key (``key``, e.g.
+    ``data.train[0]``)."""
+
+    src: str
+    tgt: str
+    align: str
+    start: int
+    n_input: int
+    src_offset: int
+    key: str = "data.train"
+
+
+def segmentation_arrays(files: AlignedFiles, dataset, src_field: Field, tgt_field: Field
+                        ) -> tuple[np.ndarray, dict[str, np.ndarray], dict]:
+    """``(line_numbers, arrays, meta)`` as :class:`ArrayAlignments` holds a part, for another
+    segmentation of the corpus's pairs (subword sampling's epoch): ``dataset`` (``src`` / ``tgt`` id
+    rows, increasing global ``line_numbers``) read back into pieces through the fields' vocabularies
+    (:func:`nmt.data.word_alignments.pieces_of`) while the corpus's source, target (their raw word
+    counts) and alignment files are streamed; a pair whose pieces make other word counts (a sampled
+    piece read back as ``<unk>`` can hide a word boundary) has no reference (counted). In memory."""
+    lines = np.asarray(dataset.line_numbers, dtype=np.int64)
+    first = int(np.searchsorted(lines, files.start + 1))
+    after = int(np.searchsorted(lines, files.start + files.n_input + 1))
+    offset = files.src_offset
+
+    def pieces(k: int, _src: str, _tgt: str) -> tuple[list[str], list[str]]:
+        return pieces_of(dataset.src[first + k][offset:], src_field), pieces_of(dataset.tgt[first + k], tgt_field)
+
+    arrays, meta, _ = _token_pair_arrays(files.src, files.tgt, files.align, lines[first:after] - files.start, pieces,
+                                         src_field.tokenizer, tgt_field.tokenizer, offset, parse_every_line=False)
+    return lines[first:after], arrays, meta
+
+
 class ArrayAlignments:
     """The reference token pairs of the kept pairs of one or more cached corpora, by input line
     (1-based, the corpora's lines counted one after the other, as the dataset's ``line_numbers``).
 
     ``parts``: per corpus with an alignment file, ``(line_numbers, arrays, meta)``: its kept pairs'
     global input lines (increasing) and :func:`build_alignment_arrays`' arrays and meta; ``files``:
-    the alignment files."""
+    the alignment files; ``sources``: the corpora's :class:`AlignedFiles`, in the same order (what
+    :meth:`for_segmentation` streams again)."""
 
-    def __init__(self, parts: Sequence[tuple[np.ndarray, dict[str, np.ndarray], dict]], files: Sequence[str]) -> None:
+    def __init__(self, parts: Sequence[tuple[np.ndarray, dict[str, np.ndarray], dict]], files: Sequence[str],
+                 sources: Sequence[AlignedFiles] = ()) -> None:
+        self.sources = list(sources)
         self.lines = [np.asarray(lines, dtype=np.int64) for lines, _, _ in parts]
         self.pairs = [arrays["pairs"] for _, arrays, _ in parts]
         self.offsets = [arrays["offsets"] for _, arrays, _ in parts]
@@ -160,6 +218,13 @@ class ArrayAlignments:
         """The first pair left without a reference (``file:line``), as a one-item list (the count: ``n_mismatched``)."""
         return [self.first_mismatched] if self.first_mismatched else []
 
+    def for_segmentation(self, dataset, src_field: Field, tgt_field: Field) -> "ArrayAlignments":
+        """The references of another segmentation of the same pairs (subword sampling's epoch, whose
+        ``dataset`` holds its ids): each aligned corpus streamed again (:func:`segmentation_arrays`),
+        held in memory for the epoch."""
+        return ArrayAlignments([segmentation_arrays(f, dataset, src_field, tgt_field) for f in self.sources],
+                               self.files, self.sources)
 
-__all__ = ["ALIGNMENT_CACHE_VERSION", "ArrayAlignments", "alignment_cache_key", "build_alignment_arrays",
-           "load_alignment_arrays"]
+
+__all__ = ["ALIGNMENT_CACHE_VERSION", "AlignedFiles", "ArrayAlignments", "alignment_cache_key",
+           "build_alignment_arrays", "load_alignment_arrays", "segmentation_arrays"]

@@ -157,6 +157,11 @@ class TrainingAlignments:
         """How many kept pairs have a reference (a non-empty alignment line)."""
         return sum(1 for p in self.by_line.values() if len(p))
 
+    @property
+    def n_mismatched(self) -> int:
+        """How many kept pairs have no reference because their tokenization changes a word count."""
+        return len(self.mismatched)
+
     def reference(self, line_numbers: Sequence[int], tgt_width: int, src_width: int,
                   rows: int | None = None) -> Tensor:
         """(B, T, L) float32 (CPU) reference distributions of the batch whose examples are input

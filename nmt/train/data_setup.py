@@ -29,7 +29,8 @@ from nmt.data.source_tags import config_tags, pair_prefixes, tagged, with_tags
 from nmt.data.subword_sampling import SubwordSampler, build_sampler, sampling_enabled
 from nmt.data.errors import DataError
 from nmt.data.field import Field
-from nmt.data.alignment_arrays import ArrayAlignments, alignment_cache_key, build_alignment_arrays, load_alignment_arrays
+from nmt.data.alignment_arrays import (AlignedFiles, ArrayAlignments, alignment_cache_key, build_alignment_arrays,
+                                      load_alignment_arrays)
 from nmt.data.id_arrays import ArrayParallelDataset, cache_directory, cache_key, load_id_dataset
 from nmt.data.word_alignments import TrainingAlignments, read_training_alignments
 from nmt.data.pair_filter import PairFilter, describe_skipped
@@ -350,7 +351,7 @@ def cached_alignments(corpora: Sequence[Corpus], train: ArrayParallelDataset | C
     (memory-mapped at load); None when no corpus has one."""
     datasets = train.parts if isinstance(train, ConcatenatedArrays) else [train]
     starts = train.starts if isinstance(train, ConcatenatedArrays) else np.array([0, train.n_input])
-    parts, files = [], []
+    parts, files, sources = [], [], []
     for k, (corpus, dataset) in enumerate(zip(corpora, datasets)):
         if not corpus.align:
             continue
@@ -362,7 +363,9 @@ def cached_alignments(corpora: Sequence[Corpus], train: ArrayParallelDataset | C
             tgt_field.tokenizer, len(prefix), corpus.key))
         parts.append((np.asarray(dataset.line_numbers, dtype=np.int64) + int(starts[k]), arrays, meta))
         files.append(corpus.align)
-    return ArrayAlignments(parts, files) if parts else None
+        sources.append(AlignedFiles(corpus.src, corpus.tgt, corpus.align, int(starts[k]), int(dataset.n_input),
+                                    len(prefix), corpus.key))
+    return ArrayAlignments(parts, files, sources) if parts else None
 
 
 def resampled_pairs(pairs: Sequence[tuple[str, str]], src_field: Field, tgt_field: Field,

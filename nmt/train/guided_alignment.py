@@ -38,7 +38,6 @@ from torch import Tensor, nn
 
 from nmt.config import ConfigError
 from nmt.data.corpora import training_corpora
-from nmt.data.subword_sampling import sampling_enabled
 from nmt.train.distill import Teacher, summed_distill_loss, teacher_distribution
 from nmt.sparse import get_loss
 from nmt.sparse.registry import LOSS_NAMES
@@ -55,9 +54,8 @@ def guided_weight(config: dict) -> float:
 
 
 def check_guided_alignment(config: dict, source: str) -> None:
-    """The checks that need no model: a positive weight needs an ``align`` file on some corpus, and
-    ``data.id_cache`` (references cached for one segmentation) no subword sampling. ConfigError
-    naming the key; nothing read."""
+    """The checks that need no model: a positive weight needs an ``align`` file on some corpus.
+    ConfigError naming the key; nothing read."""
     if guided_weight(config) == 0.0:
         return
     data = config["data"]
@@ -65,11 +63,6 @@ def check_guided_alignment(config: dict, source: str) -> None:
     if not any(c.align for c in corpora):
         raise ConfigError(source, KEY, "guided alignment needs reference alignments: set data.train.align (or "
                           "data.train[i].align) to a Pharaoh file, one line per training pair")
-    if data.get("id_cache") and any(sampling_enabled(data.get(side, {}).get("subword_sampling") or {})
-                                    for side in ("src", "tgt")):
-        raise ConfigError(source, KEY, "with data.id_cache the references are cached for one segmentation; "
-                          "subword sampling makes a new one every epoch: turn data.<side>.subword_sampling off or "
-                          "set data.id_cache to false")
 
 
 @dataclass

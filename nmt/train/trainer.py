@@ -795,7 +795,7 @@ class Trainer:
         if self.guide is not None and self.data.alignments is not None:  # the references of this segmentation
             self.alignments = self.data.alignments.for_segmentation(train, self.data.src_field, self.data.tgt_field)
             aligned = (f"; alignments: {len(self.alignments)} pairs"
-                       + (f", {len(self.alignments.mismatched)} without (a piece read back as <unk> changed a word "
+                       + (f", {self.alignments.n_mismatched} without (a piece read back as <unk> changed a word "
                           f"count; first: {self.alignments.mismatched[0]})" if self.alignments.mismatched else ""))
         if self.dist.is_main:
             logger.info("epoch %d segmentation (subword sampling, %.2fs): %s%s", epoch, time.perf_counter() - start,

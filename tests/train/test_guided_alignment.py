@@ -30,7 +30,7 @@ from nmt.utils.sync_audit import SyncAudit
 sys.path.insert(0, str(Path(__file__).parent))
 from test_precision_compile import (PAD, STATIC_ENTMAX, VOCAB, assert_compiled_equals_eager, copy_batch,  # noqa: E402
                                     model)
-from tiny_task import tiny_config, write_task  # noqa: E402
+from tiny_task import joined_source, tiny_config, write_task  # noqa: E402
 from numpy_mappings import entmax_np, sparsemax_np, tsallis_omega_np  # noqa: E402
 
 
@@ -646,9 +646,7 @@ def test_each_sampled_segmentation_gets_the_references_of_its_own_pieces(tmp_pat
 
     data = write_task(tmp_path / "data", n_train=40)
     lines = Path(data["train"]["src"]).read_text(encoding="utf-8").splitlines()
-    joined = tmp_path / "data" / "joined.src"  # two words of 2-5 letters: BPE has something to split and drop
-    joined.write_text("".join(line.replace(" ", "") + " " + line.replace(" ", "")[::-1] + "\n" for line in lines),
-                      encoding="utf-8")
+    joined = joined_source(data, tmp_path / "data")
     align = tmp_path / "data" / "train.align"
     align.write_text("0-0\n" * len(lines), encoding="utf-8")  # the first source word with the target's one word
     train = {"src": str(joined), "tgt": data["train"]["tgt"], "align": str(align), "src_tag": "<T>"}

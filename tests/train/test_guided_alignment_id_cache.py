@@ -19,7 +19,7 @@ from nmt.data.errors import DataError
 from nmt.train.data_setup import load_training_data
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_task import tiny_config, write_task  # noqa: E402
+from tiny_task import joined_source, tiny_config, write_task  # noqa: E402
 
 
 def aligned_task(root: Path, empty_every: int = 7) -> dict:
@@ -127,15 +127,45 @@ def test_bad_alignment_files_are_one_line_errors_naming_file_and_line(tmp_path):
     assert not list((tmp_path / "data" / "a" / ".nmt_id_cache").glob("align-*"))  # nothing half-written
 
 
-def test_subword_sampling_with_the_cache_is_refused_naming_the_key(tmp_path):
-    from nmt.train.trainer import Trainer, check_run_config
+def test_each_sampled_epoch_gets_the_text_paths_references_and_the_same_weights(tmp_path):
+    """BPE-dropout on the source with a source tag and data.id_cache: each epoch's references (the
+    files streamed again, the epoch's pieces read back from its ids) equal the text path's for the
+    same segmentation, and so do the trained weights, bit for bit."""
+    from nmt.train.trainer import Trainer
 
-    data = aligned_task(tmp_path / "data")
-    cfg = config(data, tmp_path / "run", True)
-    cfg["data"]["src"]["tokenizer"] = {"type": "bpe", "merges": 20}
-    cfg["data"]["src"]["subword_sampling"] = {"dropout": 0.1}
-    config_ = resolve_config(cfg, "g.yaml")
-    with pytest.raises(ConfigError, match=r"^g.yaml: training.guided_alignment.weight: with data.id_cache the "
-                                          r"references are cached for one segmentation"):
-        check_run_config(config_, "g.yaml")
-        Trainer(config_, "g.yaml")
+    data = write_task(tmp_path / "data", n_train=40)
+    lines = Path(data["train"]["src"]).read_text(encoding="utf-8").splitlines()
+    joined = joined_source(data, tmp_path / "data")
+    align = tmp_path / "data" / "train.align"
+    align.write_text("".join(("0-0" if n % 3 else "1-0 0-0") + "\n" for n in range(len(lines))), encoding="utf-8")
+    train = {"src": str(joined), "tgt": data["train"]["tgt"], "align": str(align), "src_tag": "<T>"}
+
+    def trainer(cached: bool) -> Trainer:
+        cfg = tiny_config({**data, "train": [train], "valid": {**data["valid"], "src_tag": "<T>"}},
+                          tmp_path / f"run{cached}", device="cpu", guided_alignment={"weight": 0.2})
+        cfg["data"]["src"] = {"tokenizer": {"type": "bpe", "merges": 30}, "subword_sampling": {"dropout": 0.5}}
+        cfg["data"]["id_cache"] = cached
+        return Trainer(resolve_config(cfg, "tiny.yaml"), "tiny.yaml")
+
+    text, cache = trainer(False), trainer(True)
+    assert type(cache.data.alignments).__name__ == "ArrayAlignments"
+    seen = []
+    for epoch in (1, 2):
+        grids = []
+        for t in (text, cache):
+            t.train_set = t._epoch_train_set(epoch)
+            rows = [int(n) for n in t.train_set.line_numbers]
+            grids.append((rows, t.alignments.reference(rows, 8, 12)))
+        assert grids[0][0] == grids[1][0] and torch.equal(grids[0][1], grids[1][1])
+        assert len(cache.alignments) == len(text.alignments) > 30 and cache.alignments.n_mismatched == 0
+        seen.append(grids[1][1])
+    assert not torch.equal(seen[0], seen[1])  # another segmentation, other token pairs
+    for t in (text, cache):
+        t.train_set = t.data.train
+        t.lock.release()
+    text = trainer(False)  # each built and trained in turn (the run's random stream is the process's)
+    text.train()
+    cache = trainer(True)
+    cache.train()
+    for (name, a), (_, b) in zip(text.model.state_dict().items(), cache.model.state_dict().items()):
+        assert torch.equal(a, b), name

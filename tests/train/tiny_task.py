@@ -19,6 +19,16 @@ def write_task(root: Path, n_train: int = 40, n_valid: int = 6, seed: int = 0) -
     return paths
 
 
+def joined_source(data: dict, root: Path) -> Path:
+    """``root / "joined.src"``: each training source of the task as two words of 2-5 letters (the
+    letters joined, then reversed), where BPE has something to split and its dropout to drop."""
+    lines = Path(data["train"]["src"]).read_text(encoding="utf-8").splitlines()
+    joined = root / "joined.src"
+    joined.write_text("".join(line.replace(" ", "") + " " + line.replace(" ", "")[::-1] + "\n" for line in lines),
+                      encoding="utf-8")
+    return joined
+
+
 def tiny_config(data: dict, save_dir: Path, **training) -> dict:
     return {
         "data": {**data, "src": {"tokenizer": {"type": "space"}}, "tgt": {"tokenizer": {"type": "char"}}},
