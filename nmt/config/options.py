@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from nmt.config.schema import REQUIRED, ListableSection, Option
 
-METRICS = ("exact_match", "bleu", "chrf", "ter", "loss", "accuracy")
+METRICS = ("exact_match", "bleu", "chrf", "ter", "loss", "accuracy", "aer")
 DECODING_METRICS = ("exact_match", "bleu", "chrf", "ter")
 """The metrics of the decoded validation set (``validation.metrics`` chooses among them)."""
-HIGHER_IS_BETTER = {"exact_match": True, "bleu": True, "chrf": True, "ter": False, "accuracy": True, "loss": False}
+HIGHER_IS_BETTER = {"exact_match": True, "bleu": True, "chrf": True, "ter": False, "accuracy": True, "loss": False,
+                    "aer": False}
 
 
 def _side(default_tokenizer: str) -> dict:

@@ -152,6 +152,9 @@ def check_run_config(config: dict, source: str) -> torch.device:
     if valid_cfg["metric"] in DECODING_METRICS and not valid_cfg["decode"]:
         raise ConfigError(source, "validation.metric",
                           f"{valid_cfg['metric']!r} needs decoding, but validation.decode is false")
+    if valid_cfg["metric"] == "aer" and not config["data"]["valid"].get("align"):
+        raise ConfigError(source, "validation.metric", "'aer' (the alignment error rate) needs the validation pairs' "
+                          "reference alignments: set data.valid.align")
     validation_search(valid_cfg, source)  # SearchOptions' checks, with validation.decode false too
     init_from.check_init_from(config, source)
     check_distill(config, source)

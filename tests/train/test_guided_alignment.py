@@ -493,6 +493,37 @@ def test_full_context_guided_training_validation_scoring_and_translation_read_on
     assert [parse_pharaoh(p) for p in pairs] == [s.alignment for s in scored]
 
 
+def test_validation_metric_aer_keeps_the_checkpoint_of_the_lowest_alignment_error(tmp_path, capsys):
+    """validation.metric: aer: best.pt is the validation with the lowest valid_aer (4 validations of a
+    guided run); without data.valid.align a one-line error names the key."""
+    from nmt.train.checkpoint import load_checkpoint
+    from tiny_runs import train_run
+
+    copy_task(tmp_path)
+    config = transformer_run(tmp_path, "aer", 1.0, 40)
+    config["training"].update(valid_every=10, keep_last=4)
+    config["validation"]["metric"] = "aer"
+    run = train_run(config, tmp_path / "aer.yaml")
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [r["step"] for r in records] == [10, 20, 30, 40]
+    best = min(records, key=lambda r: (r["valid_aer"], r["step"]))
+    assert load_checkpoint(run / "best.pt")["step"] == best["step"]
+    assert [r["best"] for r in records] == [r["valid_aer"] < min([1.1] + [q["valid_aer"] for q in records[:i]])
+                                            for i, r in enumerate(records)]
+    import yaml
+
+    from nmt.cli import train as train_main
+
+    del config["data"]["valid"]["align"]
+    config["training"]["save_dir"] = str(tmp_path / "no_align")
+    (tmp_path / "no_align.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    capsys.readouterr()
+    assert train_main.main(["-config", str(tmp_path / "no_align.yaml"), "-quiet"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("no_align.yaml: validation.metric: 'aer' (the alignment error rate) needs "
+                                             "the validation pairs' reference alignments: set data.valid.align"), err
+
+
 def test_an_interrupted_guided_run_resumes_as_if_uninterrupted(tmp_path, caplog, monkeypatch):
     """Two corpora, the first with alignments (every source letter with the target's one word), the
     second without (weight 0.5): bit-equal weights and the same metrics as the uninterrupted run;
