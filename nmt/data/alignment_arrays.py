@@ -26,6 +26,7 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -145,7 +146,7 @@ class AlignedFiles:
     key: str = "data.train"
 
 
-def segmentation_arrays(files: AlignedFiles, dataset, src_field: Field, tgt_field: Field
+def segmentation_arrays(files: AlignedFiles, dataset: Any, src_field: Field, tgt_field: Field
                         ) -> tuple[np.ndarray, dict[str, np.ndarray], dict]:
     """``(line_numbers, arrays, meta)`` as :class:`ArrayAlignments` holds a part, for another
     segmentation of the corpus's pairs (subword sampling's epoch): ``dataset`` (``src`` / ``tgt`` id
@@ -218,7 +219,7 @@ class ArrayAlignments:
         """The first pair left without a reference (``file:line``), as a one-item list (the count: ``n_mismatched``)."""
         return [self.first_mismatched] if self.first_mismatched else []
 
-    def for_segmentation(self, dataset, src_field: Field, tgt_field: Field) -> "ArrayAlignments":
+    def for_segmentation(self, dataset: Any, src_field: Field, tgt_field: Field) -> "ArrayAlignments":
         """The references of another segmentation of the same pairs (subword sampling's epoch, whose
         ``dataset`` holds its ids): each aligned corpus streamed again (:func:`segmentation_arrays`),
         held in memory for the epoch."""

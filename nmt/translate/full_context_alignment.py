@@ -10,6 +10,8 @@ No host synchronisation (shapes only).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -20,7 +22,7 @@ def full_context_alignment(model: object) -> bool:
 
 
 @torch.no_grad()
-def hypothesis_alignment(model, src: Tensor, src_lengths: Tensor, tokens: Tensor, lengths: Tensor,
+def hypothesis_alignment(model: Any, src: Tensor, src_lengths: Tensor, tokens: Tensor, lengths: Tensor,
                          bos: int) -> Tensor:
     """(B, n, T, L) float32: row ``t`` of hypothesis ``(b, k)`` is the alignment attention of its
     token ``t`` under teacher forcing on the whole hypothesis (the layout of
