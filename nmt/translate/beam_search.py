@@ -194,6 +194,7 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     device = src.device
     batch = src.size(0)
     encoder_out, state = model.encode(src, src_lengths)
+    encoded = encoder_out  # as encode returned it (the loop selects and tiles new dicts)
     shared = shares_encoder_out(model)  # encoder_out stays one row per sentence (R rows), else R*S
     # The first step runs one row per sentence (all k slots would hold the same BOS prefix);
     # the state is tiled to k slots by the first reordering.
@@ -258,7 +259,7 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     else:
         out_exact.index_copy_(0, active, rows.exact)
         out_reason.index_copy_(0, active, rows.reason)
-    return history, SearchEnd(cuts, out_exact, out_reason)
+    return history, SearchEnd(cuts, out_exact, out_reason, encoded)
 
 
 def _collect(history: SearchHistory, end: SearchEnd, eos: int, pad: int, options: SearchOptions) -> SearchResult:
@@ -339,6 +340,7 @@ def _collect(history: SearchHistory, end: SearchEnd, eos: int, pad: int, options
         support_probs=rebuilt.get("support_probs"),
         steps=steps,
         coverage_penalty=None if entry_cover is None else entry_cover.gather(1, take).masked_fill(~valid, 0.0),
+        encoder_out=end.encoder_out,
     )
     if take.size(1) < n_best:
         result = _pad_nbest(result, n_best, pad)

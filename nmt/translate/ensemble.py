@@ -35,11 +35,14 @@ class Ensemble:
         return any(getattr(model, "full_context_alignment", False) for model in self.models)
 
     def teacher_forced_alignment(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
-                                 tgt_mask: Tensor | None = None, repeats: int = 1) -> Tensor:
+                                 tgt_mask: Tensor | None = None, repeats: int = 1,
+                                 encoder_out: State | None = None) -> Tensor:
         """(N, T, L) the mean of the members' teacher-forced alignment attentions (as ``step``'s attention
-        is the mean of theirs); ``repeats``: N = B x repeats targets per source of ``src`` (B, L)."""
-        parts = [model.teacher_forced_alignment(src, src_lengths, tgt_in, tgt_mask, repeats)  # type: ignore[attr-defined]
-                 for model in self.models]
+        is the mean of theirs); ``repeats``: N = B x repeats targets per source of ``src`` (B, L);
+        ``encoder_out``: :meth:`encode`'s (each member gets its own part)."""
+        parts = [model.teacher_forced_alignment(  # type: ignore[attr-defined]
+            src, src_lengths, tgt_in, tgt_mask, repeats, None if encoder_out is None else self._split(encoder_out, i))
+            for i, model in enumerate(self.models)]
         return torch.stack([p.float() for p in parts], dim=0).mean(0)
 
     @property

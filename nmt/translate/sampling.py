@@ -274,6 +274,7 @@ def _static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: 
     limit_steps = set(limits.tolist()) if limits is not None and limits.device.type == "cpu" else None
     row_limit = None if limits is None else host_to_device(limits, device).repeat_interleave(n)  # (R,)
     encoder_out, state = model.encode(src, src_lengths)
+    encoded = encoder_out  # as encode returned it
     rows = SampleRows.start(count, device)
     tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (B,) then (R,)
     token_hashes: Tensor | None = None
@@ -295,7 +296,7 @@ def _static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: 
         if (t + 1) % every == 0 and not bool(rows.alive.any()):  # the one host sync per stop_every steps
             break
     stacked = {name: torch.stack(values, dim=1) for name, values in records.items()}  # (R, T, ...)
-    return _result(stacked, rows, batch, n, special.pad)
+    return _result(stacked, rows, batch, n, special.pad, encoded)
 
 
 RECORD_FILLS = {"token": None, "attention": 0.0, "support_size": 0, "support_tokens": None, "support_probs": 0.0}
@@ -322,6 +323,7 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     limit_steps = None if limits is None else set(limits.tolist())
     row_limit = None if limits is None else host_to_device(limits, device).repeat_interleave(n)  # (R',)
     encoder_out, state = model.encode(src, src_lengths)
+    encoded = encoder_out  # as encode returned it (rows leaving select new dicts)
     # a model that shares encoder_out takes one row per sentence while every sentence has its N rows;
     # once rows leave, encoder_out holds one row per stepped row (such a model takes that too)
     per_sentence = shares_encoder_out(model)
@@ -367,10 +369,11 @@ def _dynamic_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special:
     assert history is not None  # max_length >= 0: at least one step
     done = rows if active is None else done.put(active, rows)
     stacked = {name: value.movedim(0, 1) for name, value in history.materialize().items()}  # (R, T, ...)
-    return _result(stacked, done, batch, n, special.pad)
+    return _result(stacked, done, batch, n, special.pad, encoded)
 
 
-def _result(stacked: dict[str, Tensor], rows: SampleRows, batch: int, n: int, pad: int) -> SearchResult:
+def _result(stacked: dict[str, Tensor], rows: SampleRows, batch: int, n: int, pad: int,
+            encoder_out: State | None = None) -> SearchResult:
     """The samples as a ``SearchResult`` (B sentences, N samples, T steps); ``stacked``: field ->
     (R, T, ...) the step records (:class:`SampleStep`), ``rows`` the R rows' final state."""
     steps = stacked["token"].size(1)
@@ -398,6 +401,7 @@ def _result(stacked: dict[str, Tensor], rows: SampleRows, batch: int, n: int, pa
         support_tokens=per_sample(stacked["support_tokens"]) if "support_tokens" in stacked else None,
         support_probs=per_sample(stacked["support_probs"]) if "support_probs" in stacked else None,
         steps=steps,
+        encoder_out=encoder_out,
     )
 
 

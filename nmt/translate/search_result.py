@@ -1,7 +1,7 @@
 """``SearchResult``: what a beam search (or sampling) returns for a batch of sentences."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import Tensor
 
@@ -26,6 +26,8 @@ class SearchResult:
     their probabilities (0 beyond the support), only with ``return_support``.
     coverage_penalty: (B, n) float, each hypothesis's coverage penalty (<= 0; included in
     ``ranking_scores``; 0 where no hypothesis), only with ``SearchOptions.coverage_penalty``.
+    encoder_out: the model's ``encode`` of the batch (one row per sentence), for a pass over the
+    outputs that needs it again (full-context alignments); None where a search did not keep it.
     """
 
     tokens: Tensor
@@ -43,6 +45,7 @@ class SearchResult:
     support_probs: Tensor | None = None
     steps: int = 0
     coverage_penalty: Tensor | None = None
+    encoder_out: dict[str, Tensor] | None = field(default=None, compare=False, repr=False)
 
     @property
     def certified(self) -> Tensor:

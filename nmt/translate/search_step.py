@@ -12,7 +12,7 @@ K = beam size), V target vocabulary, L source length.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import torch
@@ -27,7 +27,7 @@ from nmt.translate.certificate import (
     record_violation,
     unknown_slots,
 )
-from nmt.models.protocol import required_attention
+from nmt.models.protocol import State, required_attention
 from nmt.translate.constraint_automaton import ConstraintTables
 from nmt.translate.constraint_search import ConstraintState, ban_eos, constrained_candidates, needed_lengths
 from nmt.translate.coverage_penalty import coverage_penalty, penalty_bound
@@ -90,12 +90,14 @@ class Truncations:
 class SearchEnd:
     """State of the search when it stops, for collecting the n-best (B sentences, K = beam size).
 
-    cuts: the live hypotheses cut by a length limit; exact, reason: (B,) per sentence.
+    cuts: the live hypotheses cut by a length limit; exact, reason: (B,) per sentence;
+    encoder_out: the model's ``encode`` of the batch as it returned it (one row per sentence).
     """
 
     cuts: Truncations
     exact: Tensor
     reason: Tensor
+    encoder_out: State | None = field(default=None, compare=False, repr=False)
 
 
 

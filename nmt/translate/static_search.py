@@ -143,6 +143,7 @@ def static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: S
     device = src.device
     batch = src.size(0)
     encoder_out, state = model.encode(src, src_lengths)
+    encoded = encoder_out  # as encode returned it (tiling makes a new dict)
     tokens = torch.full((batch,), special.bos, dtype=torch.long, device=device)  # (B*S,)
     limits = search_limits(options, src_lengths, prefix, constraints)  # (B,) on the lengths' device, or None
     # the steps where a row may end, known without a sync where the lengths are on the host (as
@@ -174,7 +175,7 @@ def static_loop(model: StepDecoder, src: Tensor, src_lengths: Tensor, special: S
     first = _first_all_stopped(stopped_after)  # one host sync: where the dynamic loop would have stopped
     if 0 <= first < history.steps - 1:  # idle steps (no cut there: every sentence had stopped)
         history.keep_steps(first + 1)
-    return history, SearchEnd(cuts, rows.exact, rows.reason)
+    return history, SearchEnd(cuts, rows.exact, rows.reason, encoded)
 
 
 def _first_all_stopped(stopped_after: list[Tensor]) -> int:

@@ -419,7 +419,7 @@ class Translator:
                             # alignments from a pass without the future mask over each finished output
                             result = replace(result, attention=hypothesis_alignment(
                                 self.model, on_device.src, on_device.src_lengths, result.tokens, result.lengths,
-                                vocab.bos_index))
+                                vocab.bos_index, result.encoder_out))
                     host = _HostResult.of(result)  # one transfer and conversion per field and batch
                     if options.return_attention and host.attention is None:
                         raise NoAttention("the model's step returns no source attention (None), so it has no "

@@ -70,20 +70,26 @@ class TransformerSeq2Seq(EncoderDecoder):
         return self.decoder.full_context_alignment
 
     def teacher_forced_alignment(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
-                                 tgt_mask: Tensor | None = None, repeats: int = 1) -> Tensor:
+                                 tgt_mask: Tensor | None = None, repeats: int = 1,
+                                 encoder_out: State | None = None) -> Tensor:
         """(N, T, L) the alignment heads' mean cross-attention under teacher forcing on ``tgt_in``
         (N, T) = BOS + target: with :attr:`full_context_alignment` from the pass without the future
         mask, whose self-attentions see the target positions ``tgt_mask`` (N, T) bool marks (None:
         those that are not padding), else ``forward``'s. ``repeats``: N = B x repeats targets,
         ``repeats`` consecutive ones per source of ``src`` (B, L) (a search's n-best entries: each
-        source encoded once). Rows of positions outside ``tgt_mask`` are computed but mean nothing."""
+        source encoded once). ``encoder_out``: :meth:`encode`'s output for ``src`` (one row per
+        source), reused instead of encoding again (a search's). Rows of positions outside ``tgt_mask``
+        are computed but mean nothing."""
         if not self.full_context_alignment:
             if repeats != 1:
                 src, src_lengths = src.repeat_interleave(repeats, dim=0), src_lengths.repeat_interleave(repeats, dim=0)
             return self(src, src_lengths, tgt_in)[1]
-        mask = length_mask(src_lengths, src.size(1), src.device)
-        memory, _, packed = self.encoder.encode(self.src_embeddings(src), mask, need_maps=False)
-        cross_kv = self.decoder.cross_keys_values(memory, packed)
+        if encoder_out is not None:
+            mask, cross_kv = encoder_out["src_mask"], self._cross(encoder_out)
+        else:
+            mask = length_mask(src_lengths, src.size(1), src.device)
+            memory, _, packed = self.encoder.encode(self.src_embeddings(src), mask, need_maps=False)
+            cross_kv = self.decoder.cross_keys_values(memory, packed)
         if repeats != 1:
             cross_kv = [(k.repeat_interleave(repeats, dim=0), v.repeat_interleave(repeats, dim=0)) for k, v in cross_kv]
             mask = mask.repeat_interleave(repeats, dim=0)
