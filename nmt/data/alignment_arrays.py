@@ -34,11 +34,10 @@ from torch import Tensor
 
 from nmt.data.errors import DataError
 from nmt.data.field import Field
-from nmt.data.id_arrays import read_array_cache, write_array_cache
+from nmt.data.id_arrays import cached_arrays
 from nmt.data.textfiles import PathLike, iter_lines
 from nmt.data.tokenizers import Tokenizer
 from nmt.data.word_alignments import WordCountMismatch, parse_alignment_line, pieces_of, reference_grid, token_pairs
-from nmt.utils.allocator import release_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -63,18 +62,20 @@ def _token_pair_arrays(src_path: PathLike, tgt_path: PathLike, align_path: PathL
                        pieces: Callable[[int, str, str], tuple[list[str], list[str]]], src_tokenizer: Tokenizer,
                        tgt_tokenizer: Tokenizer, src_offset: int, parse_every_line: bool
                        ) -> tuple[dict[str, np.ndarray], dict, int]:
-    """The files streamed together: ``(arrays, meta, lines read)`` of the pairs at the corpus's input
-    lines ``kept`` (1-based, increasing), the ``k``-th's pieces from ``pieces(k, source line, target
-    line)``; ``parse_every_line``: the other lines' alignments are parsed (checked) too."""
+    """The files streamed together: ``(arrays, meta, the alignment file's lines)`` of the pairs at the
+    corpus's input lines ``kept`` (1-based, increasing), the ``k``-th's pieces from ``pieces(k, source
+    line, target line)``; ``parse_every_line``: the other lines' alignments are parsed (checked) too.
+    The alignment file is read once (its lines past the source file's are counted, not parsed)."""
     flat: list[np.ndarray] = []
     offsets = np.zeros(kept.size + 1, dtype=np.int64)
     mismatched, first, with_reference, k, n = 0, None, 0, 0, 0
-    for n, (src, tgt, text) in enumerate(zip(iter_lines(src_path), iter_lines(tgt_path), iter_lines(align_path)), 1):
-        where = f"{align_path}:{n}"
+    align_lines = iter_lines(align_path)
+    for n, (src, tgt, text) in enumerate(zip(iter_lines(src_path), iter_lines(tgt_path), align_lines), 1):
         if not (k < kept.size and kept[k] == n):
             if parse_every_line:
-                parse_alignment_line(text, where)
+                parse_alignment_line(text, f"{align_path}:{n}")
             continue
+        where = f"{align_path}:{n}"
         try:
             pairs = token_pairs(parse_alignment_line(text, where), *pieces(k, src, tgt), src_tokenizer, tgt_tokenizer,
                                 src_offset, where, (len(src.split()), len(tgt.split())))
@@ -89,7 +90,8 @@ def _token_pair_arrays(src_path: PathLike, tgt_path: PathLike, align_path: PathL
     pairs = np.concatenate(flat).astype(np.int32).reshape(-1, 2) if flat else np.zeros((0, 2), dtype=np.int32)
     meta = {"version": ALIGNMENT_CACHE_VERSION, "with_reference": with_reference, "mismatched": mismatched,
             "first_mismatched": first}
-    return {"pairs": pairs, "offsets": offsets[:k + 1]}, meta, n
+    # zip stops at the shortest file: the alignment lines it did not take (none where the files agree)
+    return {"pairs": pairs, "offsets": offsets[:k + 1]}, meta, n + sum(1 for _ in align_lines)
 
 
 def build_alignment_arrays(src_path: PathLike, tgt_path: PathLike, align_path: PathLike,
@@ -101,10 +103,10 @@ def build_alignment_arrays(src_path: PathLike, tgt_path: PathLike, align_path: P
     file must have too; ``src_offset``: the source tag's tokens. ``meta``: ``with_reference`` (kept
     pairs with a non-empty line), ``mismatched`` and ``first_mismatched`` (``file:line``)."""
     kept = np.asarray(kept_lines, dtype=np.int64)
-    arrays, meta, n = _token_pair_arrays(src_path, tgt_path, align_path, kept,
-                                         lambda _, src, tgt: (src_tokenizer.tokenize(src), tgt_tokenizer.tokenize(tgt)),
-                                         src_tokenizer, tgt_tokenizer, src_offset, parse_every_line=True)
-    n_align = sum(1 for _ in iter_lines(align_path)) if n == n_input else n
+    arrays, meta, n_align = _token_pair_arrays(
+        src_path, tgt_path, align_path, kept,
+        lambda _, src, tgt: (src_tokenizer.tokenize(src), tgt_tokenizer.tokenize(tgt)),
+        src_tokenizer, tgt_tokenizer, src_offset, parse_every_line=True)
     if n_align != n_input or arrays["offsets"].size != kept.size + 1:
         raise DataError(f"{Path(align_path)} has {n_align} lines but {Path(src_path)} has {n_input} "
                         f"({where_key}.align: one alignment line per training pair)")
@@ -114,19 +116,9 @@ def build_alignment_arrays(src_path: PathLike, tgt_path: PathLike, align_path: P
 def load_alignment_arrays(directory: Path, build: Callable[[], tuple[dict[str, np.ndarray], dict]]
                           ) -> tuple[dict[str, np.ndarray], dict]:
     """The arrays cached in ``directory`` (memory-mapped), built by ``build()`` and written there
-    atomically first where missing (another process's finished cache stands)."""
-    cached = read_array_cache(directory, ARRAYS, ALIGNMENT_CACHE_VERSION, "alignment cache")
-    if cached is not None:
-        logger.info("alignment cache: %s", directory)
-        return cached
-    arrays, meta = build()
-    write_array_cache(directory, arrays, meta)
-    del arrays
-    release_freed_memory()
-    cached = read_array_cache(directory, ARRAYS, ALIGNMENT_CACHE_VERSION, "alignment cache")
-    if cached is None:
-        raise DataError(f"{directory}: alignment cache missing right after it was written")
-    logger.info("alignment cache written: %s", directory)
+    atomically first where missing (:func:`nmt.data.id_arrays.cached_arrays`)."""
+    cached = cached_arrays(directory, ARRAYS, ALIGNMENT_CACHE_VERSION, build, "alignment cache")
+    assert cached is not None  # built where missing
     return cached
 
 
@@ -172,17 +164,17 @@ class ArrayAlignments:
     (1-based, the corpora's lines counted one after the other, as the dataset's ``line_numbers``).
 
     ``parts``: per corpus with an alignment file, ``(line_numbers, arrays, meta)``: its kept pairs'
-    global input lines (increasing) and :func:`build_alignment_arrays`' arrays and meta; ``files``:
-    the alignment files; ``sources``: the corpora's :class:`AlignedFiles`, in the same order (what
-    :meth:`for_segmentation` streams again)."""
+    global input lines (increasing) and :func:`build_alignment_arrays`' arrays and meta; ``sources``:
+    those corpora's :class:`AlignedFiles`, in the same order (what :meth:`for_segmentation` streams
+    again; ``files``: their alignment files)."""
 
-    def __init__(self, parts: Sequence[tuple[np.ndarray, dict[str, np.ndarray], dict]], files: Sequence[str],
-                 sources: Sequence[AlignedFiles] = ()) -> None:
+    def __init__(self, parts: Sequence[tuple[np.ndarray, dict[str, np.ndarray], dict]],
+                 sources: Sequence[AlignedFiles]) -> None:
         self.sources = list(sources)
         self.lines = [np.asarray(lines, dtype=np.int64) for lines, _, _ in parts]
         self.pairs = [arrays["pairs"] for _, arrays, _ in parts]
         self.offsets = [arrays["offsets"] for _, arrays, _ in parts]
-        self.files = list(files)
+        self.files = [f.align for f in self.sources]
         self.n_with_reference = sum(int(meta["with_reference"]) for _, _, meta in parts)
         self.n_mismatched = sum(int(meta["mismatched"]) for _, _, meta in parts)
         firsts = [meta["first_mismatched"] for _, _, meta in parts if meta["first_mismatched"]]
@@ -224,7 +216,7 @@ class ArrayAlignments:
         ``dataset`` holds its ids): each aligned corpus streamed again (:func:`segmentation_arrays`),
         held in memory for the epoch."""
         return ArrayAlignments([segmentation_arrays(f, dataset, src_field, tgt_field) for f in self.sources],
-                               self.files, self.sources)
+                               self.sources)
 
 
 __all__ = ["ALIGNMENT_CACHE_VERSION", "AlignedFiles", "ArrayAlignments", "alignment_cache_key",

@@ -92,11 +92,14 @@ class ArrayParallelDataset(PairArrays):
     (int64 arrays), ``line_numbers`` (1-based input line of each kept pair, int64 array),
     ``skipped`` (rule -> count, as ``ParallelDataset``'s: the ``skipped_<rule>`` entries of
     ``meta``), ``n_input``, ``unk_tokens`` (side -> ``(<unk> ids, all ids)``, counted when the
-    cache was built; None for a cache built before they were recorded), ``summary()``.
+    cache was built; None for a cache built before they were recorded), ``summary()``;
+    ``cache_key``: the key of the cache it was read from (:func:`cache_key`; None for arrays built
+    in memory, e.g. an epoch's segmentation).
     """
 
     def __init__(self, arrays: dict[str, np.ndarray], meta: dict[str, Any], src_field: Field,
-                 tgt_field: Field) -> None:
+                 tgt_field: Field, cache_key: str | None = None) -> None:
+        self.cache_key = cache_key
         self.src_field, self.tgt_field = src_field, tgt_field
         self.src = RaggedIds(arrays["src_ids"], arrays["src_offsets"])
         self.tgt = RaggedIds(arrays["tgt_ids"], arrays["tgt_offsets"])
@@ -235,8 +238,8 @@ def cache_directory(src_path: PathLike, key: str, fallback_dir: PathLike | None)
     return Path(fallback_dir) / "id_cache" / key
 
 
-def read_array_cache(directory: Path, names: Sequence[str], version: int, what: str = "token-id cache"
-                     ) -> tuple[dict[str, np.ndarray], dict] | None:
+def _read_arrays(directory: Path, names: Sequence[str], version: int, what: str
+                 ) -> tuple[dict[str, np.ndarray], dict] | None:
     """The arrays ``names`` (memory-mapped ``.npy`` files) and ``meta.json`` of a cache directory;
     None where it has no ``meta.json`` or another ``version``; ``DataError`` naming it (``what``)
     where a file cannot be read."""
@@ -253,7 +256,7 @@ def read_array_cache(directory: Path, names: Sequence[str], version: int, what: 
     return arrays, meta
 
 
-def write_array_cache(directory: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
+def _write_arrays(directory: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
     """The ``arrays`` (one ``.npy`` file each) and ``meta.json`` written into ``directory`` atomically
     (:func:`nmt.utils.io.atomic_directory`: files flushed to disk before the rename; a killed
     writer's temporary is swept later). When another process was faster, its cache stands."""
@@ -267,12 +270,29 @@ def write_array_cache(directory: Path, arrays: dict[str, np.ndarray], meta: dict
             raise
 
 
-def _read_cache(directory: Path) -> tuple[dict[str, np.ndarray], dict] | None:
-    return read_array_cache(directory, ARRAYS, CACHE_VERSION)
-
-
-def _write_cache(directory: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
-    write_array_cache(directory, {name: arrays[name] for name in ARRAYS}, meta)
+def cached_arrays(directory: Path, names: Sequence[str], version: int,
+                  build: Callable[[], tuple[dict[str, np.ndarray], dict]] | None,
+                  what: str = "token-id cache") -> tuple[dict[str, np.ndarray], dict] | None:
+    """The arrays ``names`` and the meta of the cache in ``directory`` (``version``), memory-mapped;
+    where it is missing, ``build()``'s, written there atomically first (another process's finished
+    cache stands) and read back, the build's buffers given back to the system; None where it is
+    missing and ``build`` is None (another rank builds it). ``what`` names the cache in the log
+    lines and errors."""
+    cached = _read_arrays(directory, names, version, what)
+    if cached is not None:
+        logger.info("%s: %s", what, directory)
+        return cached
+    if build is None:
+        return None
+    arrays, meta = build()
+    _write_arrays(directory, {name: arrays[name] for name in names}, meta)
+    del arrays
+    release_freed_memory()  # the build's buffers: back to the system, not kept for this process
+    cached = _read_arrays(directory, names, version, what)
+    if cached is None:
+        raise DataError(f"{directory}: {what} missing right after it was written")
+    logger.info("%s written: %s", what, directory)
+    return cached
 
 
 def load_id_dataset(src_path: PathLike, tgt_path: PathLike, src_field: Field, tgt_field: Field,
@@ -290,24 +310,13 @@ def load_id_dataset(src_path: PathLike, tgt_path: PathLike, src_field: Field, tg
     rules = length_rules(max_src_length, max_tgt_length, pair_filter)
     key = cache_key(src_path, tgt_path, src_field, tgt_field, pair_filter=rules, src_prefix=src_prefix)
     directory = cache_directory(src_path, key, fallback_dir)
-    cached = _read_cache(directory)
+    cached = cached_arrays(directory, ARRAYS, CACHE_VERSION, (lambda: encode_to_arrays(
+        src_path, tgt_path, src_field, tgt_field, pair_filter=rules, src_prefix=src_prefix)) if build else None)
     if cached is None:
-        if not build:
-            return None
-        arrays, meta = encode_to_arrays(src_path, tgt_path, src_field, tgt_field, pair_filter=rules,
-                                        src_prefix=src_prefix)
-        _write_cache(directory, arrays, meta)
-        del arrays
-        release_freed_memory()  # the build's buffers: back to the system, not kept for this process
-        cached = _read_cache(directory)
-        if cached is None:
-            raise DataError(f"{directory}: token-id cache missing right after it was written")
-        logger.info("token-id cache written: %s", directory)
-    else:
-        logger.info("token-id cache: %s", directory)
+        return None
     arrays, meta = cached
-    return ArrayParallelDataset(arrays, meta, src_field, tgt_field)
+    return ArrayParallelDataset(arrays, meta, src_field, tgt_field, key)
 
 
-__all__ = ["ArrayParallelDataset", "PairArrays", "RaggedIds", "cache_key", "encode_to_arrays", "load_id_dataset",
-           "read_array_cache", "write_array_cache"]
+__all__ = ["ArrayParallelDataset", "PairArrays", "RaggedIds", "cache_key", "cache_directory", "cached_arrays",
+           "encode_to_arrays", "load_id_dataset"]

@@ -31,7 +31,7 @@ from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.data.alignment_arrays import (AlignedFiles, ArrayAlignments, alignment_cache_key, build_alignment_arrays,
                                       load_alignment_arrays)
-from nmt.data.id_arrays import ArrayParallelDataset, cache_directory, cache_key, load_id_dataset
+from nmt.data.id_arrays import ArrayParallelDataset, cache_directory, load_id_dataset
 from nmt.data.word_alignments import TrainingAlignments, read_training_alignments
 from nmt.data.pair_filter import PairFilter, describe_skipped
 from nmt.data.textfiles import iter_lines
@@ -280,7 +280,7 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
                                 src_encode=_tag_encoder(src_field, train_prefix))
     references = None
     if alignments and data_cfg["id_cache"]:  # streamed and cached beside the token ids
-        references = cached_alignments(corpora, train, src_field, tgt_field, rules, work_dir, src_prefixes)
+        references = cached_alignments(corpora, train, src_field, tgt_field, work_dir, src_prefixes)
     elif alignments and train_pairs is not None:
         references = read_training_alignments(corpora, train_pairs, starts, train.line_numbers, src_field.tokenizer,
                                               tgt_field.tokenizer, [len(p) for p in src_prefixes])
@@ -343,29 +343,29 @@ def cached_training_set(corpora: Sequence[Corpus], src_field: Field, tgt_field: 
 
 
 def cached_alignments(corpora: Sequence[Corpus], train: ArrayParallelDataset | ConcatenatedArrays,
-                      src_field: Field, tgt_field: Field, rules: PairFilter, work_dir: str | Path,
+                      src_field: Field, tgt_field: Field, work_dir: str | Path,
                       src_prefixes: Sequence[Sequence[int]]) -> ArrayAlignments | None:
     """With ``data.id_cache``: the reference token pairs of the corpora with an ``align`` file, built
     once per corpus by streaming its files (:func:`nmt.data.alignment_arrays.build_alignment_arrays`)
-    and cached in its id cache's directory under a key adding the alignment file's fingerprint
-    (memory-mapped at load); None when no corpus has one."""
+    and cached in its id cache's directory under that cache's key (``train``'s parts were read from
+    it) and the alignment file's fingerprint (memory-mapped at load); None when no corpus has one."""
     datasets = train.parts if isinstance(train, ConcatenatedArrays) else [train]
     starts = train.starts if isinstance(train, ConcatenatedArrays) else np.array([0, train.n_input])
-    parts, files, sources = [], [], []
+    parts, sources = [], []
     for k, (corpus, dataset) in enumerate(zip(corpora, datasets)):
         if not corpus.align:
             continue
         prefix = src_prefixes[k] if src_prefixes else ()
-        id_key = cache_key(corpus.src, corpus.tgt, src_field, tgt_field, pair_filter=rules, src_prefix=prefix)
-        directory = cache_directory(corpus.src, alignment_cache_key(id_key, corpus.align, len(prefix)), work_dir)
+        # beside the token ids this run reads, keyed by their cache's key
+        directory = cache_directory(corpus.src, alignment_cache_key(dataset.cache_key, corpus.align, len(prefix)),
+                                    work_dir)
         arrays, meta = load_alignment_arrays(directory, lambda: build_alignment_arrays(
             corpus.src, corpus.tgt, corpus.align, dataset.line_numbers, dataset.n_input, src_field.tokenizer,
             tgt_field.tokenizer, len(prefix), corpus.key))
         parts.append((np.asarray(dataset.line_numbers, dtype=np.int64) + int(starts[k]), arrays, meta))
-        files.append(corpus.align)
         sources.append(AlignedFiles(corpus.src, corpus.tgt, corpus.align, int(starts[k]), int(dataset.n_input),
                                     len(prefix), corpus.key))
-    return ArrayAlignments(parts, files, sources) if parts else None
+    return ArrayAlignments(parts, sources) if parts else None
 
 
 def resampled_pairs(pairs: Sequence[tuple[str, str]], src_field: Field, tgt_field: Field,
