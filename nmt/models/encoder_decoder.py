@@ -31,5 +31,21 @@ class EncoderDecoder(nn.Module):
         """logits (..., V) -> log of the output mapping's probabilities (-inf at exact zeros)."""
         return self.generator.log_probs(logits)
 
+    full_context_alignment = False
+    """Alignments come from the attention of the steps (the Transformer may align from a pass
+    without the future mask instead: ``model.transformer.full_context_alignment``)."""
+
+    def teacher_forced_alignment(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
+                                 tgt_mask: Tensor | None = None, repeats: int = 1,
+                                 encoder_out: dict[str, Tensor] | None = None) -> Tensor:
+        """(N, T, L) the attention alignments are read from, under teacher forcing on ``tgt_in``
+        (N, T) = BOS + target: ``forward``'s (what the steps give). ``repeats``: N = B x repeats
+        targets, consecutive ones per source of ``src`` (B, L) (a search's n-best entries);
+        ``tgt_mask`` and ``encoder_out`` (a search's encoding of ``src``) are for a pass that reads
+        them (unused here: the teacher-forced pass encodes, and later positions do not reach earlier ones)."""
+        if repeats != 1:
+            src, src_lengths = src.repeat_interleave(repeats, dim=0), src_lengths.repeat_interleave(repeats, dim=0)
+        return self(src, src_lengths, tgt_in)[1]
+
 
 __all__ = ["EncoderDecoder"]

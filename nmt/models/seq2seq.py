@@ -82,20 +82,6 @@ class Seq2Seq(EncoderDecoder):
         return AlignmentAttention(attention.mapping_name, dict(attention.mapping_params), 1,
                                   attention.continuous is not None)
 
-    full_context_alignment = False
-    """Alignments come from the attention of the steps (an RNN decoder sees no future)."""
-
-    def teacher_forced_alignment(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
-                                 tgt_mask: Tensor | None = None, repeats: int = 1,
-                                 encoder_out: State | None = None) -> Tensor:
-        """(N, T, L) the attention under teacher forcing on ``tgt_in`` (N, T) (``forward``'s; an
-        ensemble member's share where another member aligns from a full-context pass); ``repeats``:
-        N = B x repeats, consecutive targets per source of ``src`` (B, L); ``encoder_out`` unused
-        (the teacher-forced pass encodes)."""
-        if repeats != 1:
-            src, src_lengths = src.repeat_interleave(repeats, dim=0), src_lengths.repeat_interleave(repeats, dim=0)
-        return self(src, src_lengths, tgt_in)[1]
-
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
                 src_mask: Tensor | None = None, alignment_scores: bool = False) -> tuple[Tensor, Tensor]:
         """Teacher forcing. src: (B, L); src_lengths: (B,); tgt_in: (B, T) = BOS + y;

@@ -19,6 +19,7 @@ from torch import nn
 
 from nmt.data.batching import collate
 from nmt.data.word_alignments import TrainingAlignments, pieces_of
+from nmt.train.validation import eval_mode
 from nmt.translate.alignment import AlignOptions, align
 
 
@@ -43,12 +44,13 @@ def predicted_word_pairs(attention: torch.Tensor, src_words: Sequence[int | None
 
 def validation_aer(model: nn.Module, dataset, alignments: TrainingAlignments, src_field, tgt_field, pad: int,
                    bos: int, eos: int, device: torch.device, batch_size: int = 64) -> float:
-    """The AER of ``model`` (eval mode, the caller's weights) on the pairs of ``dataset`` (a
-    validation :class:`~nmt.data.dataset.ParallelDataset`) that have a mappable reference in
-    ``alignments`` (its ``words``; a pair whose tokenization changes a word count is left out)."""
+    """The AER of ``model`` (the caller's weights, put in eval mode and restored after) on the pairs
+    of ``dataset`` (a validation :class:`~nmt.data.dataset.ParallelDataset`) that have a mappable
+    reference in ``alignments`` (its ``words``; a pair whose tokenization changes a word count is
+    left out)."""
     rows = [k for k, line in enumerate(dataset.line_numbers) if int(line) in alignments.by_line]
     predicted, reference = [], []
-    with torch.no_grad():
+    with torch.no_grad(), eval_mode(model):
         for start in range(0, len(rows), batch_size):
             part = rows[start:start + batch_size]
             batch = collate(dataset, part, pad, bos, eos)

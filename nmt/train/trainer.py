@@ -823,7 +823,9 @@ class Trainer:
                                   search=self.search, statistics=self.batch_statistics,
                                   pad_multiple=self.config["training"]["pad_to_multiple"], metrics=vcfg["metrics"])
                 if self.data.valid_alignments is not None:  # data.valid.align: the alignment error rate
-                    result.scalars["aer"] = self._validation_aer(vcfg["batch_size"])
+                    result.scalars["aer"] = validation_aer(self.model, self.data.valid, self.data.valid_alignments,
+                                                           self.data.src_field, self.data.tgt_field, self.pad,
+                                                           self.bos, self.eos, self.device, vcfg["batch_size"])
         scalars = self.dist.broadcast(result.scalars if result is not None else None)
         value = scalars[self.metric]
         is_best = self.stopper.update(value, p.step, count=regular)
@@ -864,17 +866,6 @@ class Trainer:
         p.valid_loss_sum, p.valid_tokens = 0.0, 0
         self.last_metrics = {k: v for k, v in record.items()}
         self.save(is_best=is_best)
-
-    def _validation_aer(self, batch_size: int) -> float:
-        """The alignment error rate of the validated weights on ``data.valid.align``'s pairs
-        (:func:`nmt.train.alignment_error.validation_aer`), the model in eval mode for it."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            return validation_aer(self.model, self.data.valid, self.data.valid_alignments, self.data.src_field,
-                                  self.data.tgt_field, self.pad, self.bos, self.eos, self.device, batch_size)
-        finally:
-            self.model.train(was_training)
 
     def _validated_weights(self) -> AbstractContextManager[None]:
         """The context in which validation runs: the moving average in the model's parameters

@@ -9,6 +9,8 @@ scores the detokenized hypotheses against the raw reference lines.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -208,9 +210,7 @@ def validate(model: nn.Module, dataset: ParallelDataset, references: Sequence[st
     compiled form under ``training.compile``). ``metrics``: the decoding metrics computed
     (``validation.metrics``; the others are absent from the scalars).
     """
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         scalars = teacher_forced_statistics(model, dataset, loss_fn, batch_size, device, is_softmax,
                                             statistics=statistics, pad_multiple=pad_multiple)
         hypotheses: list[str] = []
@@ -223,16 +223,15 @@ def validate(model: nn.Module, dataset: ParallelDataset, references: Sequence[st
                 if name in metrics:
                     scalars[name], signatures[name] = SACREBLEU_METRICS[name](hypotheses, references)
             scalars["certified"] = certified
-    finally:
-        model.train(was_training)
     return ValidationResult(scalars, hypotheses, signatures)
 
 
 @torch.no_grad()
 def attention_matrices(model: nn.Module, dataset: ParallelDataset, indices: Sequence[int],
                        device: torch.device) -> list[tuple[Tensor, list[str], list[str]]]:
-    """Teacher-forced attention of the given examples: ``(matrix (T, L), src tokens, tgt tokens)``
-    (the full-context pass's where the model aligns from one, ``model.transformer.full_context_alignment``).
+    """Teacher-forced attention of the given examples: ``(matrix (T, L), src tokens, tgt tokens)``,
+    the attention alignments are read from (``model.teacher_forced_alignment``: the full-context
+    pass's where the model aligns from one, ``model.transformer.full_context_alignment``).
 
     The target axis is the gold target followed by ``<eos>`` (what the decoder predicts at
     each step); the source axis is the source tokens.
@@ -240,10 +239,7 @@ def attention_matrices(model: nn.Module, dataset: ParallelDataset, indices: Sequ
     if not indices:
         return []
     src_vocab, tgt_vocab = dataset.src_field.vocab, dataset.tgt_field.vocab
-    if getattr(model, "full_context_alignment", False):  # the attention alignments are read from
-        batch, attention = _teacher_forced(model, dataset, indices, device, alignment=True)
-    else:
-        batch, (_, attention) = _teacher_forced(model, dataset, indices, device)
+    batch, attention = _teacher_forced(model, dataset, indices, device, alignment=True)
     attention = attention.float().cpu()
     out = []
     for row, index in enumerate(_positions(batch)):
@@ -272,21 +268,28 @@ def attention_grids(model: nn.Module, dataset: ParallelDataset, indices: Sequenc
     return out
 
 
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode inside the block, restored to its previous mode after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
 def _teacher_forced(model: nn.Module, dataset: ParallelDataset, indices: Sequence[int], device: torch.device,
                     alignment: bool = False, **kwargs: Any) -> tuple[Any, Any]:
     """``(batch, model(src, src_lengths, tgt_in, **kwargs))`` for the given examples, in eval mode;
     with ``alignment`` ``model.teacher_forced_alignment(src, src_lengths, tgt_in)`` instead."""
     tgt_vocab = dataset.tgt_field.vocab
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         batch = collate(dataset, list(indices), tgt_vocab.pad_index, tgt_vocab.bos_index,
                         tgt_vocab.eos_index).to(device)
         if alignment:
             return batch, model.teacher_forced_alignment(batch.src, batch.src_lengths, batch.tgt_in)
         return batch, model(batch.src, batch.src_lengths, batch.tgt_in, **kwargs)
-    finally:
-        model.train(was_training)
 
 
 def _positions(batch) -> list[int]:
@@ -297,4 +300,4 @@ def _positions(batch) -> list[int]:
 
 __all__ = ["SEARCH_KEYS", "StatisticsFn", "ValidationResult", "batch_statistics", "search_description", "validate",
            "validation_search", "teacher_forced_statistics", "decode_dataset", "attention_matrices",
-           "attention_grids"]
+           "attention_grids", "eval_mode"]

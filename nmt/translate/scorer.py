@@ -13,7 +13,7 @@ from nmt.data.batching import collate, make_batches
 from nmt.data.field import Field
 from nmt.models.protocol import StepDecoder, check_lengths, position_limits
 from nmt.translate.alignment import AlignOptions, Pair, align, pharaoh
-from nmt.translate.full_context_alignment import full_context_alignment
+from nmt.translate.full_context_alignment import full_context_alignment, hypothesis_alignment
 from nmt.translate.scoring import BatchScores, score_batch
 from nmt.translate.translator import check_batch_size, check_word_ids
 from nmt.utils.device import checked_device
@@ -148,6 +148,7 @@ class Scorer:
                 if progress is not None:
                     progress(1)
         vocab = self.tgt_field.vocab
+        full_context = self.align is not None and full_context_alignment(self.model)
         nonempty = [i for i, ids in enumerate(src) if ids]
         # int8: the products of the packed path, which a frozen region opens, once for all batches (its
         # weights quantized once, as the translator's); fp32 scores as before, without a region
@@ -157,14 +158,13 @@ class Scorer:
                 on_device = batch.to(self.device, lengths_on_host=True)  # source lengths read on the host
                 with inference_precision(self.device, self.precision):
                     scores = score_batch(self.model, on_device.src, on_device.src_lengths, on_device.tgt_in,
-                                         on_device.tgt_out, on_device.tgt_lengths, need_attention=self.align is not None)
-                    if self.align is not None and full_context_alignment(self.model):  # a pass without the future mask
-                        width = on_device.tgt_in.size(1)
-                        real = torch.arange(width, device=self.device).unsqueeze(0) < on_device.tgt_lengths.unsqueeze(1)
-                        with torch.no_grad():
-                            attention = self.model.teacher_forced_alignment(  # type: ignore[attr-defined]
-                                on_device.src, on_device.src_lengths, on_device.tgt_in, real)
-                        scores = replace(scores, attention=attention.float())
+                                         on_device.tgt_out, on_device.tgt_lengths,
+                                         need_attention=self.align is not None and not full_context)
+                    if full_context:  # the references' alignments from a pass without the future mask
+                        attention = hypothesis_alignment(self.model, on_device.src, on_device.src_lengths,
+                                                         on_device.tgt_out.unsqueeze(1),
+                                                         on_device.tgt_lengths.unsqueeze(1), vocab.bos_index)
+                        scores = replace(scores, attention=attention[:, 0])
                 scores = scores.cpu()
                 tgt_out = batch.tgt_out.tolist()
                 for row, i in enumerate(batch.indices):

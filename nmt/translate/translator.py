@@ -387,6 +387,10 @@ class Translator:
         if source_limit is not None:  # every source checked before any is decoded
             check_lengths({i: n for batch in batches for i, n in zip(batch.indices, batch.src_lengths.tolist())},
                           "source", source_limit)
+        # a model aligning from a pass without the future mask: the search records no attention (its
+        # steps' would be discarded), the pass over the outputs gives it after each search
+        full_context = options.return_attention and full_context_alignment(self.model)
+        search = options.updated(return_attention=False) if full_context else options
         with frozen_weights():  # the weights stay fixed while decoding: packed CPU products
             for batch in batches:
                 if batch.empty:  # no step, so no support entry: [] where the support was asked for
@@ -409,14 +413,13 @@ class Translator:
                             result = sample_search(self.model, on_device.src, on_device.src_lengths,
                                                    Specials(vocab.bos_index, vocab.eos_index, vocab.pad_index,
                                                             vocab.unk_index),
-                                                   options, sentence_ids=ids, prefix=prefix)
+                                                   search, sentence_ids=ids, prefix=prefix)
                         else:
                             result = beam_search(self.model, on_device.src, on_device.src_lengths,
                                                  bos=vocab.bos_index, eos=vocab.eos_index, pad=vocab.pad_index,
-                                                 unk=vocab.unk_index, options=options, prefix=prefix,
+                                                 unk=vocab.unk_index, options=search, prefix=prefix,
                                                  constraints=tables)
-                        if options.return_attention and full_context_alignment(self.model):
-                            # alignments from a pass without the future mask over each finished output
+                        if full_context:  # alignments from a pass without the future mask over each output
                             result = replace(result, attention=hypothesis_alignment(
                                 self.model, on_device.src, on_device.src_lengths, result.tokens, result.lengths,
                                 vocab.bos_index, result.encoder_out))

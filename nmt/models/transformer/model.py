@@ -75,15 +75,13 @@ class TransformerSeq2Seq(EncoderDecoder):
         """(N, T, L) the alignment heads' mean cross-attention under teacher forcing on ``tgt_in``
         (N, T) = BOS + target: with :attr:`full_context_alignment` from the pass without the future
         mask, whose self-attentions see the target positions ``tgt_mask`` (N, T) bool marks (None:
-        those that are not padding), else ``forward``'s. ``repeats``: N = B x repeats targets,
-        ``repeats`` consecutive ones per source of ``src`` (B, L) (a search's n-best entries: each
-        source encoded once). ``encoder_out``: :meth:`encode`'s output for ``src`` (one row per
+        those that are not padding), else ``forward``'s (:class:`EncoderDecoder`'s). ``repeats``:
+        N = B x repeats targets, ``repeats`` consecutive ones per source of ``src`` (B, L) (a
+        search's n-best entries: each source encoded once). ``encoder_out``: :meth:`encode`'s output for ``src`` (one row per
         source), reused instead of encoding again (a search's). Rows of positions outside ``tgt_mask``
         are computed but mean nothing."""
         if not self.full_context_alignment:
-            if repeats != 1:
-                src, src_lengths = src.repeat_interleave(repeats, dim=0), src_lengths.repeat_interleave(repeats, dim=0)
-            return self(src, src_lengths, tgt_in)[1]
+            return super().teacher_forced_alignment(src, src_lengths, tgt_in, tgt_mask, repeats, encoder_out)
         if encoder_out is not None:
             mask, cross_kv = encoder_out["src_mask"], self._cross(encoder_out)
         else:
