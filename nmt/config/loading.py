@@ -201,9 +201,9 @@ def _items_added_at_default(old: dict, new: dict, key: str) -> bool:
 
 
 def _item_defaults(spec: ListableSection) -> dict:
-    """The defaults of a listable section's optional keys (required ones left out)."""
-    return {name: option.default for name, option in spec.items()
-            if isinstance(option, Option) and option.default is not REQUIRED}
+    """The defaults of a listable section's optional keys and subsections (required ones left out)."""
+    return {name: option.default if isinstance(option, Option) else validate({}, option, "<schema>", name)
+            for name, option in spec.items() if not (isinstance(option, Option) and option.default is REQUIRED)}
 
 
 def _lookup(config: Any, dotted: str) -> tuple[bool, Any]:

@@ -69,6 +69,19 @@ def _corpus() -> ListableSection:
                      "line per pair, Pharaoh format 'i-j' (source word i, target word j, 0-based, whitespace-"
                      "separated words of the lines; fast_align / eflomal output); null: no alignment loss on "
                      "this corpus", nullable=True),
+        noise={
+            "delete": Option(float, 0.0, "noise on this corpus's training sources, anew every epoch (noised "
+                             "back-translation, Edunov et al. 2018: delete 0.1, blank 0.1, shuffle 3): delete each "
+                             "word with this probability (one word always remains; a word: a sentencepiece piece "
+                             "starting with the word marker and the pieces after it, a BPE run of pieces ending in "
+                             "the separator and the piece after them, a space tokenizer's token, a char "
+                             "tokenizer's character; a src_tag is never noised)", minimum=0, maximum=1,
+                             max_inclusive=False),
+            "blank": Option(float, 0.0, "replace each word (kept) by one <unk> with this probability", minimum=0,
+                            maximum=1, max_inclusive=False),
+            "shuffle": Option(int, 0, "move words by a random permutation that takes none more than this many "
+                              "places (word i sorts by i + U(0, k + 1)); 0: order kept", minimum=0),
+        },
     )
 
 

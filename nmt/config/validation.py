@@ -42,6 +42,7 @@ def check_config(config: dict, source: str) -> None:
     check_subword_sampling(data, source)
     check_corpora(data, source)
     check_source_tags(data, source)
+    check_source_noise(data, source)
     check_pair_filter(data, source)
     if data["shared_vocab"] and data["tgt"]["vocab_file"] not in (None, data["src"]["vocab_file"]):
         raise ConfigError(source, "data.tgt.vocab_file", "with data.shared_vocab one vocabulary serves both sides: "
@@ -138,6 +139,19 @@ def check_corpora(data: dict, source: str) -> None:
     if data["generate"] is not None:
         raise ConfigError(source, "data.generate", "generates one training corpus, but data.train is a list: "
                           "give data.train as one {src, tgt} mapping")
+
+
+def check_source_noise(data: dict, source: str) -> None:
+    """A corpus's ``noise`` not with its ``align``: the references name the un-noised source words
+    (one line naming the key)."""
+    train = data["train"]
+    keyed = [(f"data.train[{i}]", c) for i, c in enumerate(train)] if isinstance(train, list) else [("data.train", train)]
+    for key, corpus in keyed:
+        noise = corpus["noise"]
+        if corpus["align"] is not None and (noise["delete"] > 0 or noise["blank"] > 0 or noise["shuffle"] > 0):
+            raise ConfigError(source, f"{key}.noise", "noise moves and removes the source words that "
+                              f"{key}.align names: give the aligned corpus without noise (or as a second, "
+                              "unaligned corpus)")
 
 
 def check_source_tags(data: dict, source: str) -> None:

@@ -35,6 +35,7 @@ class Corpus:
     name: str | None = None
     src_tag: str | None = None
     align: str | None = None
+    noise: dict | None = None
 
     @property
     def label(self) -> str:
@@ -51,9 +52,9 @@ def training_corpora(train_cfg: dict | list[dict]) -> list[Corpus]:
     """The corpora of a resolved ``data.train`` (one mapping or a list of them)."""
     if isinstance(train_cfg, dict):
         return [Corpus("data.train", train_cfg["src"], train_cfg["tgt"], train_cfg.get("weight", 1.0),
-                       train_cfg.get("name"), train_cfg.get("src_tag"), train_cfg.get("align"))]
+                       train_cfg.get("name"), train_cfg.get("src_tag"), train_cfg.get("align"), train_cfg.get("noise"))]
     return [Corpus(f"data.train[{i}]", c["src"], c["tgt"], c.get("weight", 1.0), c.get("name"), c.get("src_tag"),
-                   c.get("align"))
+                   c.get("align"), c.get("noise"))
             for i, c in enumerate(train_cfg)]
 
 

@@ -25,6 +25,7 @@ from nmt.data.corpus_arrays import ConcatenatedArrays
 from nmt.data.dataset import ParallelDataset, read_parallel
 from nmt.data.epoch_segmentation import ResampledFiles, ResampledPairs
 from nmt.data.sampled_vocabulary import vocabulary_token_lists
+from nmt.data.source_noise import NoiseSettings, SourceNoise
 from nmt.data.source_tags import config_tags, pair_prefixes, tagged, with_tags
 from nmt.data.subword_sampling import SubwordSampler, build_sampler, sampling_enabled
 from nmt.data.errors import DataError
@@ -513,6 +514,20 @@ def check_valid_positions(data: TrainingData, data_cfg: dict, limits: tuple[int 
 
 VOCAB_FILES = ("vocab.src", "vocab.tgt")
 """The vocabulary files nmt-train writes in ``save_dir`` (:func:`write_run_vocabularies`)."""
+
+
+def source_noise(data_cfg: dict, data: TrainingData, seed: int) -> SourceNoise | None:
+    """The noise of the training sources (``data.train[i].noise``, :mod:`nmt.data.source_noise`),
+    logged one line per noised corpus; None when no corpus is noised."""
+    corpora = training_corpora(data_cfg["train"])
+    settings = [NoiseSettings.from_config(c.noise) for c in corpora]
+    if not any(s.active for s in settings):
+        return None
+    starts = data.weights.starts if data.weights is not None else np.array([0, np.iinfo(np.int64).max])
+    for corpus, noise in zip(corpora, settings):
+        if noise.active:
+            logger.info("source noise: %s: %s, anew every epoch", corpus.label, noise.describe())
+    return SourceNoise([(s, c.src_tag is not None) for s, c in zip(settings, corpora)], starts, data.src_field, seed)
 
 
 def write_run_vocabularies(save_dir: str | Path, src_field: Field, tgt_field: Field, fresh: bool) -> list[Path]:

@@ -39,7 +39,7 @@ from nmt.train.distill import DistillForward, check_distill, load_teacher, teach
 from nmt.train.alignment_error import validation_aer
 from nmt.train.guided_alignment import GuidedForward, check_guided_alignment, guided_alignment, guided_weight
 from nmt.train.data_setup import (DATA_FILE_KEYS, check_valid_positions, data_changes, data_fingerprints,
-                                  generate_if_missing, load_training_data, write_run_vocabularies)
+                                  generate_if_missing, load_training_data, source_noise, write_run_vocabularies)
 from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, init_distributed, rank_device,
                                    rank_rng_state, resume_check, several_processes, shard_batch, wrap_model)
 from nmt.train.early_stopping import EarlyStopping
@@ -216,6 +216,7 @@ class Trainer:
         self.data = self._load_data(fields)
         self.train_set = self.data.train  # the examples batches index: this epoch's segmentation with subword sampling
         self.alignments = self.data.alignments  # guided alignment's references for train_set's segmentation
+        self.noise = source_noise(config["data"], self.data, train_cfg["seed"])  # data.train[i].noise (None: off)
         if parent is not None and self.dist.is_main and train_cfg["init_vocab"] == "keep":
             init_from.warn_unknown_tokens(parent, self.data.train.unk_tokens)
         src_vocab, tgt_vocab = self.data.src_field.vocab, self.data.tgt_field.vocab
@@ -585,8 +586,10 @@ class Trainer:
         parts = [shard_batch(group, self.dist.rank, self.dist.world_size) for group in groups]
         batches = []
         for part, real in parts:
-            host = pad_to_multiple(collate(self.train_set, part, self.pad, self.bos, self.eos),
-                                   cfg["pad_to_multiple"], self.pad)
+            host = collate(self.train_set, part, self.pad, self.bos, self.eos)
+            if self.noise is not None:  # data.train[i].noise: this epoch's noise on the sources
+                host = self.noise.apply(host, self.train_set, self.progress.epoch)
+            host = pad_to_multiple(host, cfg["pad_to_multiple"], self.pad)
             if self.guide is not None and self.alignments is not None:  # the reference grid (B, T, L)
                 lines = [self.train_set.line_numbers[i] for i in part] if real else []  # a stand-in: no loss
                 host = replace(host, align=self.alignments.reference(lines, host.tgt_in.size(1), host.src.size(1),

@@ -8,12 +8,8 @@ sentences sampled before it, and the same bits come out on the CPU, CUDA or insi
 graph (integer arithmetic is exact everywhere; ``torch.multinomial`` and ``torch.rand`` draw from
 one stream per device whose order depends on the batch).
 
-The mixing function is Chris Wellons' ``lowbias32`` (two xor-shift-multiply rounds; a measured
-bias of 0.17 in his avalanche test). Every value stays in [0, 2^32) inside an int64 tensor and
-the 32-bit products are formed from 16-bit halves of the constant, so no operation overflows
-(signed overflow is not defined behaviour on every backend). Keys are absorbed one at a time:
-``absorb(h, v) = mix(h ^ mix(v))``; the per-token hashes ``mix(v ^ TOKEN_SALT)`` are computed once
-per search.
+The hash is :mod:`nmt.utils.counter_hash`'s (``lowbias32``, keys absorbed one at a time); the
+per-token hashes ``mix(v ^ TOKEN_SALT)`` are computed once per search.
 
 No operation here synchronises with the host, reads a tensor's value or depends on data for a
 shape: the functions run unchanged under ``torch.compile(fullgraph=True)``.
@@ -23,36 +19,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-MASK32 = 0xFFFFFFFF
+from nmt.utils.counter_hash import MASK32, absorb, mix32, seed_state
+
 TOKEN_SALT = 0x9E3779B9
 """Xored into token ids before they are hashed (the golden ratio's 32 bits), so that token ids and
 the other keys never share a hash input by construction."""
-_M1, _M2 = 0x7FEB352D, 0x846CA68B  # lowbias32's multipliers
-
-
-def _mul32(x: Tensor | int, c: int) -> Tensor | int:
-    """``x * c mod 2^32`` for ``x`` in [0, 2^32) without int64 overflow: the constant in 16-bit halves."""
-    lo, hi = c & 0xFFFF, c >> 16
-    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & MASK32
-
-
-def mix32(x: Tensor | int) -> Tensor | int:
-    """``lowbias32(x)`` of values in [0, 2^32) (an int64 tensor, or a Python int), same type back."""
-    x = x ^ (x >> 16)
-    x = _mul32(x, _M1)
-    x = x ^ (x >> 15)
-    x = _mul32(x, _M2)
-    return x ^ (x >> 16)
-
-
-def absorb(h: Tensor | int, value: Tensor | int) -> Tensor | int:
-    """The hash state ``h`` (values in [0, 2^32)) after taking in ``value`` (its low 32 bits)."""
-    return mix32(h ^ mix32(value & MASK32))
-
-
-def seed_state(seed: int) -> int:
-    """The hash state of a seed in [0, 2^64): its low then its high 32 bits absorbed."""
-    return absorb(absorb(0, seed & MASK32), (seed >> 32) & MASK32)  # type: ignore[return-value]
 
 
 def row_keys(seed: int, sentences: Tensor, samples: Tensor) -> Tensor:

@@ -160,10 +160,15 @@ def test_a_list_with_id_cache_is_accepted():
     assert resolve_config(raw, "c.yaml")["data"]["id_cache"] is True
 
 
+NO_NOISE = {"delete": 0.0, "blank": 0.0, "shuffle": 0}
+
+
 def test_resolved_configs():
     one = resolve_config({**MINIMAL, "data": {**MINIMAL["data"], "train": {"src": "a", "tgt": "b"}}}, "c")
-    assert one["data"]["train"] == {"src": "a", "tgt": "b", "weight": 1.0, "name": None, "src_tag": None, "align": None}
+    assert one["data"]["train"] == {"src": "a", "tgt": "b", "weight": 1.0, "name": None, "src_tag": None, "align": None,
+                                    "noise": NO_NOISE}
     many = resolve_config({**MINIMAL, "data": {**MINIMAL["data"], "train": [
         {"src": "a", "tgt": "b", "weight": 3}, {"src": "c", "tgt": "d", "name": "bt"}]}}, "c")
-    assert many["data"]["train"] == [{"src": "a", "tgt": "b", "weight": 3.0, "name": None, "src_tag": None, "align": None},
-                                     {"src": "c", "tgt": "d", "weight": 1.0, "name": "bt", "src_tag": None, "align": None}]
+    assert many["data"]["train"] == [
+        {"src": "a", "tgt": "b", "weight": 3.0, "name": None, "src_tag": None, "align": None, "noise": NO_NOISE},
+        {"src": "c", "tgt": "d", "weight": 1.0, "name": "bt", "src_tag": None, "align": None, "noise": NO_NOISE}]

@@ -503,3 +503,31 @@ def test_bench_lstm_padding_on_a_small_corpus(tmp_path, capsys):
     assert inert_padding_lstm.MAX_GROUPS == default
     printed = capsys.readouterr().out
     assert "of it the encoder" in printed and "median of the passes' ratios" in printed and "ms_per_step_min" in printed
+
+
+def test_bench_source_noise_smoke(tmp_path, capsys):
+    """``bench_source_noise`` on a small Multi30k-shaped corpus (its test set a copy of val): two
+    rows (plain, noised) with BLEU on clean and noised sources; the noised test sources are words
+    of the clean ones (or <unk>), one at least left of each line, none moved more than 3 places
+    when nothing is deleted."""
+    spm = pytest.importorskip("sentencepiece")
+    bench = _load("bench_source_noise")
+    small_corpus(tmp_path, spm, seed=3)
+    for lang in ("de", "en"):
+        (tmp_path / f"test_2016_flickr.{lang}").write_text((tmp_path / f"val.{lang}").read_text())
+    lines = (tmp_path / "train.de").read_text().splitlines()[:100]
+    noised = bench.noised_lines(lines, {"delete": 0.3, "blank": 0.2, "shuffle": 3}, seed=1)
+    assert all(n and set(n.split()) <= set(line.split()) | {"<unk>"} for n, line in zip(noised, lines))
+    assert sum(n != line for n, line in zip(noised, lines)) > 50
+    moved = bench.noised_lines(lines, {"shuffle": 3}, seed=1)
+    for n, line in zip(moved, lines):
+        words, places = line.split(), []
+        for w in n.split():  # each word's first unused place in the line
+            places.append(next(i for i, v in enumerate(words) if v == w and i not in places))
+        assert sorted(places) == list(range(len(words))) and all(abs(a - b) <= 3 for a, b in enumerate(places))
+    out = tmp_path / "noise.json"
+    assert bench.main(["--data", str(tmp_path), "--steps", "3", "--test-lines", "5", "--quiet", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["training"] for r in rows] == ["plain", "noised"]
+    assert all(0.0 <= r[k] <= 100.0 for r in rows for k in ("clean", "noised"))
+    assert "BLEU noised" in capsys.readouterr().out

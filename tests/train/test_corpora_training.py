@@ -238,7 +238,8 @@ def test_a_checkpoint_of_an_nmt_without_corpus_weights_resumes(corpora, tmp_path
     make(data, tmp_path / "run", max_steps=2).train()
     last = tmp_path / "run" / "last.pt"
     checkpoint = load_checkpoint(last)
-    assert checkpoint["config"]["data"]["train"] == {**files, "weight": 1.0, "name": None, "src_tag": None, "align": None}
+    assert checkpoint["config"]["data"]["train"] == {**files, "weight": 1.0, "name": None, "src_tag": None, "align": None,
+                                                    "noise": {"delete": 0.0, "blank": 0.0, "shuffle": 0}}
     del checkpoint["config"]["data"]["train"]["weight"], checkpoint["config"]["data"]["train"]["name"]
     save_checkpoint(last, checkpoint)
     with pytest.raises(ConfigError, match=r"data.train.weight: differs from the run"):

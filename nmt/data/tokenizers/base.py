@@ -38,6 +38,13 @@ class Tokenizer(ABC):
         cannot say raises NotImplementedError."""
         raise NotImplementedError(f"the {self.type_name} tokenizer does not group its pieces into words")
 
+    def noise_units(self, piece: str) -> tuple[bool, bool]:
+        """How noise on training sources (``nmt.data.source_noise``) groups pieces into the units it
+        deletes, blanks and moves, from one piece alone: ``(starts, carries)``, whether ``piece``
+        starts a unit (else it continues the one before) and whether it carries its unit on into the
+        next piece. Here every piece is a unit of its own: ``(True, False)``."""
+        return True, False
+
     def train(self, lines: Iterable[str], work_dir: str | os.PathLike | None = None) -> None:
         """Learn the tokenizer's model from ``lines`` (no-op for rule-based tokenizers)."""
 

@@ -139,6 +139,11 @@ class BPETokenizer(Tokenizer):
                 start, surface = k + 1, ""
         return ids
 
+    def noise_units(self, piece: str) -> tuple[bool, bool]:
+        """A word is a run of pieces ending in ``separator`` and the piece after them (fairseq's
+        noising with a BPE continuation marker): ``(True, piece ends with separator)``."""
+        return True, piece.endswith(self.separator)
+
     def _difference(self, other: Tokenizer) -> str | None:
         """Separator and codes (line by line, as subword-nmt reads them); ``merges`` and
         ``min_frequency`` only shaped the learning of the codes."""

@@ -208,6 +208,11 @@ class SentencePieceTokenizer(Tokenizer):
             spans[k] = (min(begin, char_of_byte[p.begin]), max(end, char_of_byte[p.end]))
         return words_of_spans(text, spans, blank_to_next=True)
 
+    def noise_units(self, piece: str) -> tuple[bool, bool]:
+        """A word is a piece starting with "▁" and the pieces after it (fairseq's noising with a
+        sentencepiece end marker): ``(piece starts with "▁", False)``."""
+        return piece.startswith(_MARKER), False
+
     @staticmethod
     def _marker_word_ids(pieces: list[str]) -> list[int | None]:
         """The "▁" rule: a piece starting with "▁" starts a word, the others continue the last."""

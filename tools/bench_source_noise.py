@@ -1,0 +1,129 @@
+#!/usr/bin/env python
+"""What source noise in training buys: BLEU on clean and on noised test sources, trained plain and noised.
+
+Trains two models of one config on the same parallel data with ``nmt-train``'s trainer, one plain and
+one with ``data.train.noise`` (default: Edunov et al. 2018's ``delete 0.1, blank 0.1, shuffle 3``), then
+translates the test set (beam 5) twice with each: its sources as they are, and its sources noised
+with the same settings (a fixed seed; words of the ``space`` tokenizer, as training noises them).
+Prints corpus BLEU (sacrebleu) of the four cells and each run's training time. The model: an LSTM
+(1 bi-LSTM encoder layer of 2 x 128, 1 decoder layer of 256, embeddings 128, 1.5-entmax attention and
+output), word tokens (``space``, min_freq 2), batches of 64 sentences, Adam 1e-3, no validation
+decoding (the loss only); the runs live in a temporary directory.
+
+    python tools/bench_source_noise.py --data path/to/multi30k --steps 2000     # de -> en, minutes
+    python tools/bench_source_noise.py --data path/to/multi30k --steps 5 --test-lines 20 --quiet   # smoke run
+
+``--data`` holds Multi30k's file names: ``train``, ``val`` and ``test_2016_flickr`` ``.de`` / ``.en``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from nmt.config import resolve_config  # noqa: E402
+from nmt.utils.io import atomic_write_text  # noqa: E402
+
+
+def config(data: Path, src: str, tgt: str, save_dir: Path, noise: dict | None, steps: int, seed: int) -> dict:
+    words = {"tokenizer": {"type": "space"}, "min_freq": 2}
+    train = {"src": str(data / f"train.{src}"), "tgt": str(data / f"train.{tgt}")}
+    if noise is not None:
+        train["noise"] = noise
+    return {"data": {"train": train, "valid": {"src": str(data / f"val.{src}"), "tgt": str(data / f"val.{tgt}")},
+                     "src": words, "tgt": words},
+            "model": {"embeddings": {"src_size": 128, "tgt_size": 128, "dropout": 0.2},
+                      "encoder": {"layers": 1, "hidden_size": 128, "dropout": 0.2},
+                      "decoder": {"layers": 1, "hidden_size": 256, "dropout": 0.2},
+                      "attention": {"mapping": "entmax15"}, "output": {"mapping": "entmax15"}},
+            "training": {"save_dir": str(save_dir), "batch_size": 64, "max_steps": steps, "valid_every": steps,
+                         "log_every": max(1, steps // 4), "keep_last": 1, "progress": False, "seed": seed,
+                         "tensorboard": False, "device": "cpu", "optimizer": {"name": "adam", "lr": 0.001}},
+            "validation": {"metric": "loss", "batch_size": 64, "n_heatmaps": 0}}
+
+
+def noised_lines(lines: list[str], noise: dict, seed: int) -> list[str]:
+    """``lines`` with each word deleted, blanked (``<unk>``) and moved as ``data.train.noise`` does
+    (words: whitespace-separated tokens, as the ``space`` tokenizer's)."""
+    import numpy as np
+
+    from nmt.data.batching import collate
+    from nmt.data.dataset import SourceDataset
+    from nmt.data.field import Field
+    from nmt.data.source_noise import NoiseSettings, SourceNoise
+    from nmt.data.tokenizers import build_tokenizer
+
+    field = Field.build(build_tokenizer({"type": "space"}), lines)
+    data = SourceDataset(lines, field)
+    data.line_numbers = list(range(1, len(lines) + 1))
+    keep = [i for i, n in enumerate(data.src_lengths) if n > 0]
+    out = list(lines)
+    source_noise = SourceNoise([(NoiseSettings.from_config(noise), False)], [0, len(lines)], field, seed)
+    for start in range(0, len(keep), 256):
+        part = keep[start:start + 256]
+        batch = source_noise.apply(collate(data, part, 0, 2, 3), data, 0)
+        ids, lengths = batch.src.numpy(), batch.src_lengths.numpy()
+        for row, i in enumerate(part):
+            out[i] = " ".join(field.vocab.itos[t] for t in ids[row, :int(lengths[row])])
+    assert np.all([len(x) > 0 for x, n in zip(out, data.src_lengths) if n > 0])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", required=True, help="directory of train / val / test_2016_flickr .SRC / .TGT files")
+    p.add_argument("--src", default="de")
+    p.add_argument("--tgt", default="en")
+    p.add_argument("--steps", type=int, default=2000, help="updates of 64 sentences per run (default 2000)")
+    p.add_argument("--noise", default='{"delete": 0.1, "blank": 0.1, "shuffle": 3}',
+                   help="data.train.noise of the noised run and of the noised test sources (JSON)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--test-lines", type=int, default=None, help="translate only the first N test lines")
+    p.add_argument("--json", help="also write the rows to this JSON file")
+    p.add_argument("--quiet", action="store_true", help="no training log lines")
+    args = p.parse_args(argv)
+    if args.quiet:
+        logging.getLogger("nmt").setLevel(logging.WARNING)
+    import sacrebleu
+
+    import nmt
+    from nmt.train.trainer import Trainer
+
+    noise = json.loads(args.noise)
+    data = Path(args.data)
+    sources = (data / f"test_2016_flickr.{args.src}").read_text(encoding="utf-8").splitlines()[:args.test_lines]
+    references = (data / f"test_2016_flickr.{args.tgt}").read_text(encoding="utf-8").splitlines()[:args.test_lines]
+    tests = {"clean": sources, "noised": noised_lines(sources, noise, seed=12345)}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, settings in (("plain", None), ("noised", noise)):
+            save_dir = Path(tmp) / name
+            start = time.perf_counter()
+            cfg = resolve_config(config(data, args.src, args.tgt, save_dir, settings, args.steps, args.seed), f"{name}.yaml")
+            Trainer(cfg, f"{name}.yaml").train()
+            seconds = time.perf_counter() - start
+            model = nmt.load(save_dir / "last.pt", device="cpu")
+            row = {"training": name, "seconds": seconds}
+            for test, lines in tests.items():
+                outputs = [t.hypotheses[0][0] for t in model.translate(lines, beam_size=5)]
+                row[test] = sacrebleu.corpus_bleu(outputs, [references]).score
+            rows.append(row)
+    print(f"{args.src}->{args.tgt}: {args.steps} updates of 64 sentences; test_2016_flickr ({len(sources)} lines), "
+          f"beam 5; noise {noise}")
+    print(f"{'training':<8} {'BLEU clean':>10} {'BLEU noised':>11} {'train s':>8}")
+    for r in rows:
+        print(f"{r['training']:<8} {r['clean']:>10.2f} {r['noised']:>11.2f} {r['seconds']:>8.1f}")
+    if args.json:
+        atomic_write_text(Path(args.json), json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
