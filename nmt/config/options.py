@@ -138,6 +138,13 @@ MODEL = {
         "share": Option(bool, False, "share source and target embeddings (needs data.shared_vocab)"),
         "tie_output": Option(bool, False, "tie the output layer to the target embeddings"),
         "dropout": Option(float, 0.3, "dropout on embeddings", minimum=0.0, maximum=1.0, max_inclusive=False),
+        "src_word_dropout": Option(float, 0.0, "whole-word dropout on the source in training: each token's "
+                                   "embedding zeroed with this probability, the others scaled by 1 / (1 - p) "
+                                   "(Nematus --dropout_source, Marian --dropout-src; Sennrich & Zhang 2019: 0.1-0.3 "
+                                   "in low-resource settings)", minimum=0.0, maximum=1.0, max_inclusive=False),
+        "tgt_word_dropout": Option(float, 0.0, "the same for the target (decoder input) tokens (Nematus "
+                                   "--dropout_target, Marian --dropout-trg)", minimum=0.0, maximum=1.0,
+                                   max_inclusive=False),
         "pretrained": {  # null: no vectors, nothing frozen
             "src": Option(str, None, "a new run's source table starts from this text file of vectors (GloVe "
                           "'token v1 ... vD' lines; word2vec / fastText text: the same after an 'N D' header; "

@@ -14,6 +14,7 @@ from torch import nn
 
 from nmt.models.attention import GlobalAttention
 from nmt.models.decoder import Bridge, InputFeedingDecoder
+from nmt.models.dropout import word_dropouts
 from nmt.models.embeddings import Embeddings
 from nmt.models.encoder import RNNEncoder
 from nmt.models.errors import ModelConfigError, keyed
@@ -165,7 +166,7 @@ def build_rnn(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_size: in
     )
     generator = _keyed("model.output", Generator, dec_size, tgt_vocab_size, g(out_cfg, "model.output", "mapping"),
                        out_cfg.get("params") or {})
-    model = Seq2Seq(src_emb, tgt_emb, encoder, decoder, generator)
+    model = Seq2Seq(src_emb, tgt_emb, encoder, decoder, generator, *word_dropouts(emb_cfg))
     init_parameters(model)
     if g(emb_cfg, "model.embeddings", "tie_output"):
         if tgt_size != dec_size:

@@ -35,6 +35,39 @@ class Dropout(nn.Dropout):
         return x * keep.to(x.dtype).mul_(1.0 / (1.0 - self.p))
 
 
+class WordDropout(nn.Module):
+    """Whole-word dropout on embedded tokens (Sennrich et al. 2016, Nematus' ``dropout_source`` /
+    ``dropout_target``, Marian's ``--dropout-src`` / ``--dropout-trg``): in training each token's
+    vector is zeroed with probability ``p`` (all its dimensions alike: the word is gone, its
+    position stays), the others scaled by ``1 / (1 - p)``; the identity in eval mode and at 0.
+
+    x: (..., D) vectors, one per token; the same shape back. The mask is one ``torch.rand`` draw of
+    x's shape without its last dimension, on x's device (torch's generator: seeded, saved and
+    restored with it); no host synchronisation, one compiled graph.
+    """
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"word dropout must be in [0, 1), got {p}")
+        self.p = float(p)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0:
+            return x
+        keep = torch.rand(x.shape[:-1], device=x.device) >= self.p
+        return x * keep.unsqueeze(-1).to(x.dtype).mul_(1.0 / (1.0 - self.p))
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+def word_dropouts(emb_cfg: dict) -> tuple[float, float]:
+    """``(src_word_dropout, tgt_word_dropout)`` of a ``model.embeddings`` section (0 where absent:
+    a checkpoint written before the options)."""
+    return float(emb_cfg.get("src_word_dropout", 0.0)), float(emb_cfg.get("tgt_word_dropout", 0.0))
+
+
 def applied(dropout: nn.Dropout, x: Tensor) -> Tensor:
     """``dropout(x)``; ``x`` itself, without the module call, where the dropout is the identity
     (eval mode or ``p == 0``: what ``nn.Dropout`` returns there). A Transformer decoding step
@@ -43,4 +76,4 @@ def applied(dropout: nn.Dropout, x: Tensor) -> Tensor:
     return dropout(x) if dropout.training and dropout.p > 0 else x
 
 
-__all__ = ["Dropout", "applied"]
+__all__ = ["Dropout", "WordDropout", "applied", "word_dropouts"]

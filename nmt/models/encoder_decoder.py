@@ -6,21 +6,37 @@ from typing import Callable
 
 from torch import Tensor, nn
 
+from nmt.models.dropout import WordDropout
 from nmt.models.embeddings import Embeddings
 from nmt.models.generator import Generator
 
 
 class EncoderDecoder(nn.Module):
-    """The parts of an encoder-decoder; subclasses add ``encode`` / ``step`` / ``forward``."""
+    """The parts of an encoder-decoder; subclasses add ``encode`` / ``step`` / ``forward``.
+
+    ``src_word_dropout`` / ``tgt_word_dropout``: whole-word dropout of each side's embedded tokens in
+    training (:class:`~nmt.models.dropout.WordDropout`; ``model.embeddings.src_word_dropout`` /
+    ``tgt_word_dropout``), a module of each side also where the two share one table."""
 
     def __init__(self, src_embeddings: Embeddings, tgt_embeddings: Embeddings, encoder: nn.Module,
-                 decoder: nn.Module, generator: Generator) -> None:
+                 decoder: nn.Module, generator: Generator, src_word_dropout: float = 0.0,
+                 tgt_word_dropout: float = 0.0) -> None:
         super().__init__()
         self.src_embeddings = src_embeddings
         self.tgt_embeddings = tgt_embeddings
         self.encoder = encoder
         self.decoder = decoder
         self.generator = generator
+        self.src_word_dropout = WordDropout(src_word_dropout)
+        self.tgt_word_dropout = WordDropout(tgt_word_dropout)
+
+    def embed_source(self, src: Tensor) -> Tensor:
+        """(B, L) source ids -> (B, L, E) vectors: the embeddings (with their dropout), then whole-word dropout."""
+        return self.src_word_dropout(self.src_embeddings(src))
+
+    def embed_target(self, tgt: Tensor) -> Tensor:
+        """(B, T) target ids -> (B, T, E) vectors: the embeddings (with their dropout), then whole-word dropout."""
+        return self.tgt_word_dropout(self.tgt_embeddings(tgt))
 
     @property
     def output_mapping(self) -> Callable[..., Tensor]:

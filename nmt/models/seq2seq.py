@@ -50,7 +50,7 @@ class Seq2Seq(EncoderDecoder):
         embeddings = self.src_embeddings
         # in eval mode the embeddings are their table's rows: the encoder may compute per token
         lookup = None if embeddings.training else (src, embeddings.weight)
-        memory, final = self.encoder(embeddings(src), src_lengths, lookup, src_mask)
+        memory, final = self.encoder(self.embed_source(src), src_lengths, lookup, src_mask)
         mask = length_mask(src_lengths, src.size(1), src.device) if src_mask is None else src_mask
         encoder_out = {"memory": memory, "src_mask": mask, "keys": self.decoder.attention.keys(memory)}
         return encoder_out, self.decoder.init_state(final)
@@ -96,7 +96,7 @@ class Seq2Seq(EncoderDecoder):
         """
         encoder_out, state = self.encode(src, src_lengths, src_mask)
         out, attention = self.decoder(
-            self.tgt_embeddings(tgt_in), state, encoder_out["memory"], encoder_out["src_mask"], encoder_out["keys"],
+            self.embed_target(tgt_in), state, encoder_out["memory"], encoder_out["src_mask"], encoder_out["keys"],
             alignment_scores,
         )
         return self.generator(out), attention.unsqueeze(1) if alignment_scores else attention

@@ -354,3 +354,32 @@ def test_compiled_and_padded_validation_equal_eager(tmp_path, model_type):
     for name in eager:
         assert padded[name] == pytest.approx(eager[name], rel=1e-12), name
         assert compiled[name] == pytest.approx(eager[name], rel=1e-12), name
+
+
+def test_compiled_step_with_word_dropout_is_one_graph():
+    """Whole-word dropout on both sides (model.embeddings.src/tgt_word_dropout) adds no graph break
+    to the compiled LSTM step, and its loss differs from the step without it (the masks apply)."""
+    from nmt.models.seq2seq import length_mask
+
+    graphs: list[int] = []
+
+    def counting(gm, example_inputs):
+        graphs.append(len(gm.graph.nodes))
+        return gm
+
+    before = torch._dynamo.config.allow_rnn
+    try:
+        m = model(embeddings={"src_word_dropout": 0.3, "tgt_word_dropout": 0.3}).train()
+        batch = copy_batch(5)
+        mask = length_mask(batch.src_lengths, batch.src.size(1), batch.src.device)
+        args = (m, get_loss("softmax"), batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, PAD, 0.0, mask)
+        torch._dynamo.reset()
+        compiled = compile_for_device(loss_forward, "cpu", backend=counting, encoder_in_graph=True)
+        loss = compiled(*args)
+        loss.backward()
+        assert len(graphs) == 1, graphs
+        m.src_word_dropout.p = m.tgt_word_dropout.p = 0.0
+        assert abs(float(loss) - float(loss_forward(*args))) > 1e-6  # float64: far above rounding
+    finally:
+        torch._dynamo.config.allow_rnn = before
+        torch._dynamo.reset()

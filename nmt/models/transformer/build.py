@@ -5,6 +5,7 @@ from typing import Any
 
 from torch import nn
 
+from nmt.models.dropout import word_dropouts
 from nmt.models.embeddings import Embeddings
 from nmt.models.errors import ModelConfigError, keyed
 from nmt.models.generator import Generator
@@ -96,7 +97,7 @@ def build_transformer(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_
     nn.init.zeros_(generator.proj.bias)
     if emb_cfg["tie_output"]:
         generator.proj.weight = tgt_emb.lut.weight
-    return TransformerSeq2Seq(src_emb, tgt_emb, encoder, decoder, generator)
+    return TransformerSeq2Seq(src_emb, tgt_emb, encoder, decoder, generator, *word_dropouts(emb_cfg))
 
 
 __all__ = ["attention_spec", "build_transformer"]

@@ -86,13 +86,13 @@ class TransformerSeq2Seq(EncoderDecoder):
             mask, cross_kv = encoder_out["src_mask"], self._cross(encoder_out)
         else:
             mask = length_mask(src_lengths, src.size(1), src.device)
-            memory, _, packed = self.encoder.encode(self.src_embeddings(src), mask, need_maps=False)
+            memory, _, packed = self.encoder.encode(self.embed_source(src), mask, need_maps=False)
             cross_kv = self.decoder.cross_keys_values(memory, packed)
         if repeats != 1:
             cross_kv = [(k.repeat_interleave(repeats, dim=0), v.repeat_interleave(repeats, dim=0)) for k, v in cross_kv]
             mask = mask.repeat_interleave(repeats, dim=0)
         tgt_mask = tgt_in != self.tgt_embeddings.pad_index if tgt_mask is None else tgt_mask
-        cross = self.decoder.full_context_cross(self.tgt_embeddings(tgt_in), cross_kv, mask, tgt_mask)
+        cross = self.decoder.full_context_cross(self.embed_target(tgt_in), cross_kv, mask, tgt_mask)
         return self.decoder.alignment_attention(cross)
 
     def alignment_alpha(self) -> Tensor | None:
@@ -116,7 +116,7 @@ class TransformerSeq2Seq(EncoderDecoder):
     def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[State, State]:
         """src: (B, L) ids; src_lengths: (B,). Returns encoder_out and the empty caches (t = 0)."""
         mask = length_mask(src_lengths, src.size(1), src.device)
-        memory, _, packed = self.encoder.encode(self.src_embeddings(src), mask, need_maps=False)
+        memory, _, packed = self.encoder.encode(self.embed_source(src), mask, need_maps=False)
         encoder_out: State = {"memory": memory, "src_mask": mask}
         state: State = {}
         for i, (keys, values) in enumerate(self.decoder.cross_keys_values(memory, packed)):
@@ -168,10 +168,10 @@ class TransformerSeq2Seq(EncoderDecoder):
         :attr:`full_context_alignment` those of a second pass without the future mask.
         """
         mask = length_mask(src_lengths, src.size(1), src.device) if src_mask is None else src_mask
-        memory, encoder_maps, packed = self.encoder.encode(self.src_embeddings(src), mask, need_maps=return_maps)
+        memory, encoder_maps, packed = self.encoder.encode(self.embed_source(src), mask, need_maps=return_maps)
         if alignment_scores and return_maps:
             raise ValueError("alignment_scores and return_maps are exclusive")
-        emb, cross_kv = self.tgt_embeddings(tgt_in), self.decoder.cross_keys_values(memory, packed)
+        emb, cross_kv = self.embed_target(tgt_in), self.decoder.cross_keys_values(memory, packed)
         full_context = alignment_scores and self.full_context_alignment
         out = self.decoder(emb, cross_kv, mask, need_maps=return_maps, need_attention=not full_context,
                            alignment_scores=alignment_scores and not full_context)
