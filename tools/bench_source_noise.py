@@ -1,11 +1,13 @@
 #!/usr/bin/env python
 """What source noise in training buys: BLEU on clean and on noised test sources, trained plain and noised.
 
-Trains two models of one config on the same parallel data with ``nmt-train``'s trainer, one plain and
-one with ``data.train.noise`` (default: Edunov et al. 2018's ``delete 0.1, blank 0.1, shuffle 3``), then
+Trains models of one config on the same parallel data with ``nmt-train``'s trainer, one plain and
+one with ``data.train.noise`` (default: Edunov et al. 2018's ``delete 0.1, blank 0.1, shuffle 3``; with
+``--runs ... word_dropout`` also one with whole-word dropout, ``model.embeddings.src_word_dropout`` and
+``tgt_word_dropout``), then
 translates the test set (beam 5) twice with each: its sources as they are, and its sources noised
 with the same settings (a fixed seed; words of the ``space`` tokenizer, as training noises them).
-Prints corpus BLEU (sacrebleu) of the four cells and each run's training time. The model: an LSTM
+Prints corpus BLEU (sacrebleu) of each run on both and each run's training time. The model: an LSTM
 (1 bi-LSTM encoder layer of 2 x 128, 1 decoder layer of 256, embeddings 128, 1.5-entmax attention and
 output), word tokens (``space``, min_freq 2), batches of 64 sentences, Adam 1e-3, no validation
 decoding (the loss only); the runs live in a temporary directory.
@@ -32,14 +34,16 @@ from nmt.config import resolve_config  # noqa: E402
 from nmt.utils.io import atomic_write_text  # noqa: E402
 
 
-def config(data: Path, src: str, tgt: str, save_dir: Path, noise: dict | None, steps: int, seed: int) -> dict:
+def config(data: Path, src: str, tgt: str, save_dir: Path, noise: dict | None, steps: int, seed: int,
+           word_dropout: float = 0.0) -> dict:
     words = {"tokenizer": {"type": "space"}, "min_freq": 2}
     train = {"src": str(data / f"train.{src}"), "tgt": str(data / f"train.{tgt}")}
     if noise is not None:
         train["noise"] = noise
     return {"data": {"train": train, "valid": {"src": str(data / f"val.{src}"), "tgt": str(data / f"val.{tgt}")},
                      "src": words, "tgt": words},
-            "model": {"embeddings": {"src_size": 128, "tgt_size": 128, "dropout": 0.2},
+            "model": {"embeddings": {"src_size": 128, "tgt_size": 128, "dropout": 0.2,
+                                     "src_word_dropout": word_dropout, "tgt_word_dropout": word_dropout},
                       "encoder": {"layers": 1, "hidden_size": 128, "dropout": 0.2},
                       "decoder": {"layers": 1, "hidden_size": 256, "dropout": 0.2},
                       "attention": {"mapping": "entmax15"}, "output": {"mapping": "entmax15"}},
@@ -85,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--noise", default='{"delete": 0.1, "blank": 0.1, "shuffle": 3}',
                    help="data.train.noise of the noised run and of the noised test sources (JSON)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--runs", nargs="+", default=["plain", "noised"], choices=("plain", "noised", "word_dropout"),
+                   help="which trainings: plain, noised (data.train.noise), word_dropout (model.embeddings."
+                        "src_word_dropout and tgt_word_dropout at --word-dropout); default: plain noised")
+    p.add_argument("--word-dropout", type=float, default=0.1, help="the word_dropout run's rate (default 0.1)")
     p.add_argument("--test-lines", type=int, default=None, help="translate only the first N test lines")
     p.add_argument("--json", help="also write the rows to this JSON file")
     p.add_argument("--quiet", action="store_true", help="no training log lines")
@@ -103,10 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     tests = {"clean": sources, "noised": noised_lines(sources, noise, seed=12345)}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, settings in (("plain", None), ("noised", noise)):
+        for name in args.runs:
             save_dir = Path(tmp) / name
             start = time.perf_counter()
-            cfg = resolve_config(config(data, args.src, args.tgt, save_dir, settings, args.steps, args.seed), f"{name}.yaml")
+            settings = noise if name == "noised" else None
+            rate = args.word_dropout if name == "word_dropout" else 0.0
+            cfg = resolve_config(config(data, args.src, args.tgt, save_dir, settings, args.steps, args.seed, rate),
+                                 f"{name}.yaml")
             Trainer(cfg, f"{name}.yaml").train()
             seconds = time.perf_counter() - start
             model = nmt.load(save_dir / "last.pt", device="cpu")
@@ -117,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     print(f"{args.src}->{args.tgt}: {args.steps} updates of 64 sentences; test_2016_flickr ({len(sources)} lines), "
           f"beam 5; noise {noise}")
-    print(f"{'training':<8} {'BLEU clean':>10} {'BLEU noised':>11} {'train s':>8}")
+    print(f"{'training':<12} {'BLEU clean':>10} {'BLEU noised':>11} {'train s':>8}")
     for r in rows:
-        print(f"{r['training']:<8} {r['clean']:>10.2f} {r['noised']:>11.2f} {r['seconds']:>8.1f}")
+        print(f"{r['training']:<12} {r['clean']:>10.2f} {r['noised']:>11.2f} {r['seconds']:>8.1f}")
     if args.json:
         atomic_write_text(Path(args.json), json.dumps(rows, indent=1) + "\n")
     return 0

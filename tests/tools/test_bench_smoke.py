@@ -526,8 +526,9 @@ def test_bench_source_noise_smoke(tmp_path, capsys):
             places.append(next(i for i, v in enumerate(words) if v == w and i not in places))
         assert sorted(places) == list(range(len(words))) and all(abs(a - b) <= 3 for a, b in enumerate(places))
     out = tmp_path / "noise.json"
-    assert bench.main(["--data", str(tmp_path), "--steps", "3", "--test-lines", "5", "--quiet", "--json", str(out)]) == 0
+    assert bench.main(["--data", str(tmp_path), "--steps", "3", "--test-lines", "5", "--quiet", "--json", str(out),
+                       "--runs", "plain", "noised", "word_dropout"]) == 0
     rows = json.loads(out.read_text())
-    assert [r["training"] for r in rows] == ["plain", "noised"]
+    assert [r["training"] for r in rows] == ["plain", "noised", "word_dropout"]
     assert all(0.0 <= r[k] <= 100.0 for r in rows for k in ("clean", "noised"))
     assert "BLEU noised" in capsys.readouterr().out
