@@ -64,8 +64,8 @@ class NoiseSettings:
 
     def describe(self) -> str:
         """``delete 0.1, blank 0.1, shuffle 3`` (the active parts), or ``none``."""
-        parts = [f"delete {self.delete:g}"] * (self.delete > 0) + [f"blank {self.blank:g}"] * (self.blank > 0) \
-            + [f"shuffle {self.shuffle}"] * (self.shuffle > 0)
+        parts = [f"{name} {value:g}" for name, value in (("delete", self.delete), ("blank", self.blank),
+                                                           ("shuffle", self.shuffle)) if value > 0]
         return ", ".join(parts) or "none"
 
 
@@ -154,11 +154,6 @@ class SourceNoise:
         self.starts_table, self.carries_table = unit_tables(field)
         self.unk_index, self.pad_index = field.vocab.unk_index, field.vocab.pad_index
         self.seed = int(seed)
-
-    @property
-    def any(self) -> bool:
-        """Whether some corpus is noised."""
-        return bool(self.active.any())
 
     def corpus_of(self, line_numbers: np.ndarray) -> np.ndarray:
         """The corpus of each example from its 1-based line among the concatenated pairs."""
