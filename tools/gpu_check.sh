@@ -24,7 +24,10 @@
 # with "--transformer --guided-alignment 0.05 --full-context-alignment" the Transformer's guided rows run
 # the second (full-context) decoder pass too (0.72-0.82x the plain update on the CPU; unmeasured on a GPU).
 # tests_cuda now also holds the tensor-alpha loss (tests/sparse/test_cuda.py), the learned-alpha guided
-# update and the full-context -report_align on CUDA (written 2026-11-29 without a device: never run yet).
+# update and the full-context -report_align on CUDA (written 2026-11-29 without a device: never run yet),
+# and whole-word dropout on CUDA under the sync detector (tests/models/test_word_dropout.py; 2026-11-29, a
+# thirty-first session, never run yet). Source noise (data.train[i].noise) runs on the host batch before it
+# is copied: 0.30 ms a batch of 64 Multi30k sentences on one CPU thread; its share of a GPU step unmeasured.
 #
 # Stage times on one H200 (2026-11-27, a nineteenth session; plan a lease of 15 device minutes, a start
 # included, by them): env 6 s; tests_cuda 65 s (172 tests, 15 workers); sparse more than 100 s (cut

@@ -130,3 +130,26 @@ def test_a_run_with_word_dropout_trains_and_resumes_to_the_same_weights(tmp_path
     assert second.resumed and second.train().step == 10
     assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
     assert straight.model.src_word_dropout.p == 0.2 and straight.model.tgt_word_dropout.p == 0.1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_words_drop_whole_without_a_sync():
+    """On CUDA (float32 and bf16): whole words dropped at rate p, the rest scaled, forward and
+    backward under ``torch.cuda.set_sync_debug_mode("error")``."""
+    drop = WordDropout(0.3).train()
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (torch.randn(64, 50, 16, device="cuda") + 3.0).to(dtype).requires_grad_(True)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = drop(x)
+            out.float().sum().backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        out = out.detach().float().cpu()
+        zero = (out == 0).all(-1)
+        kept = torch.isclose(out, (x.detach().float().cpu() / 0.7), rtol=1e-2 if dtype == torch.bfloat16 else 1e-6,
+                             atol=0).all(-1)
+        assert bool((zero ^ kept).all())
+        assert abs(zero.float().mean().item() - 0.3) < 4 * (0.21 / zero.numel()) ** 0.5

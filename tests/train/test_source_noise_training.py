@@ -143,3 +143,50 @@ def test_nmt_train_logs_the_noise_and_translates(corpora, tmp_path, monkeypatch,
     assert translate_cli.main(["-model", str(tmp_path / "run" / "last.pt"), "-src", corpora["valid"]["src"],
                                "-output", str(out), "-src_tag", "<BT>", "-quiet"]) == 0
     assert len(out.read_text(encoding="utf-8").splitlines()) == len(Path(corpora["valid"]["src"]).read_text().splitlines())
+
+
+def test_with_bpe_dropout_each_epochs_segmentation_is_noised_by_whole_words(tmp_path, monkeypatch):
+    """Subword sampling (BPE-dropout on the source) and noise together: the update's sources are
+    the epoch's segmentation with whole BPE words deleted, blanked and moved (each remaining word's
+    pieces together, in order), and a killed run resumes to the weights of an uninterrupted one."""
+    from tiny_task import joined_source
+
+    task = write_task(tmp_path / "task", n_train=40)
+    joined = joined_source(task, tmp_path)
+    data = {"train": {"src": str(joined), "tgt": task["train"]["tgt"], "noise": {"delete": 0.2, "blank": 0.1,
+                                                                                  "shuffle": 2}},
+            "valid": task["valid"]}
+
+    def run(save_dir, **training):
+        cfg = tiny_config(data, save_dir, device="cpu", max_steps=12, **training)
+        cfg["data"]["src"] = {"tokenizer": {"type": "bpe", "merges": 20}, "subword_sampling": {"dropout": 0.2}}
+        return Trainer(resolve_config(cfg, "n.yaml"), "n.yaml")
+
+    seen = []
+    update = trainer_module.update
+
+    def recording(model, loss_fn, optimizer, batches, *args, **kwargs):
+        seen.extend(batches)
+        return update(model, loss_fn, optimizer, batches, *args, **kwargs)
+    monkeypatch.setattr(trainer_module, "update", recording)
+    straight = run(tmp_path / "straight")
+    straight.train()
+    monkeypatch.setattr(trainer_module, "update", update)
+    itos = straight.data.src_field.vocab.itos
+    tokenizer = straight.data.src_field.tokenizer
+    lines = joined.read_text(encoding="utf-8").splitlines()  # every pair kept: example i is line i + 1
+    changed = 0
+    for batch in seen:
+        for k, i in enumerate(batch.indices):
+            pieces = [itos[t] for t in batch.src[k, :int(batch.src_lengths[k])].tolist()]
+            # the pieces between blanks detokenize to whole words of the example's line
+            for segment in " ".join(pieces).split("<unk>"):
+                assert set(tokenizer.detokenize(segment.split()).split()) <= set(lines[i].split()), (pieces, lines[i])
+            changed += "<unk>" in pieces or len(tokenizer.detokenize(pieces).split()) < 2
+    assert changed > 10
+    first = run(tmp_path / "resumed")
+    assert first.train(step_hook=interrupt_at(8)).stopped_by == "SIGINT"
+    second = run(tmp_path / "resumed")
+    assert second.resumed and second.train().step == 12
+    assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
+
