@@ -335,6 +335,9 @@ TRAINING = {
     "init_vocab": Option(str, "keep", "with init_from: keep the parent's vocabularies (new tokens are <unk>), or "
                          "extend them with the new training data's tokens (OpenNMT-py's -update_vocab): the parent's "
                          "tokens keep their ids and rows, new ones get fresh rows", choices=("keep", "extend")),
+    "freeze": Option(list, [], "model parts kept fixed in training, any of src_embeddings, tgt_embeddings, "
+                     "encoder, decoder, generator (OpenNMT-py -freeze_encoder / -freeze_decoder; a table shared "
+                     "with a frozen part is frozen with it); []: none"),
     "ema": {
         "decay": Option(float, 0.0, "exponential moving average of the weights, ema = decay * ema + (1 - decay) * "
                         "weights after each applied update; validation, best.pt and translation use it "

@@ -59,10 +59,23 @@ def check_config(config: dict, source: str) -> None:
         raise ConfigError(source, "training.max_steps",
                           "set training.max_steps, training.max_epochs or training.max_minutes")
     check_lr_schedule(training, source)
+    check_freeze(training, source)
     check_validation_metrics(config["validation"], source)
     betas = training["optimizer"]["betas"]
     if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas):
         raise ConfigError(source, "training.optimizer.betas", f"must be two numbers in [0, 1), got {betas!r}")
+
+
+def check_freeze(training: dict, source: str) -> None:
+    """``training.freeze``: model parts (:data:`nmt.models.encoder_decoder.PARTS`), each once."""
+    from nmt.models.encoder_decoder import PARTS
+
+    names = training["freeze"]
+    for i, name in enumerate(names):
+        if name not in PARTS:
+            raise ConfigError(source, f"training.freeze[{i}]", f"unknown model part {name!r}; valid: {', '.join(PARTS)}")
+        if name in names[:i]:
+            raise ConfigError(source, f"training.freeze[{i}]", f"{name!r} is listed twice")
 
 
 def check_validation_metrics(validation: dict, source: str) -> None:

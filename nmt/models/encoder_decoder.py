@@ -11,6 +11,11 @@ from nmt.models.embeddings import Embeddings
 from nmt.models.generator import Generator
 
 
+PARTS = ("src_embeddings", "tgt_embeddings", "encoder", "decoder", "generator")
+"""The top-level parts of every encoder-decoder (attribute names, the same in the LSTM and the
+Transformer): what ``training.freeze`` may name."""
+
+
 class EncoderDecoder(nn.Module):
     """The parts of an encoder-decoder; subclasses add ``encode`` / ``step`` / ``forward``.
 
@@ -64,4 +69,4 @@ class EncoderDecoder(nn.Module):
         return self(src, src_lengths, tgt_in)[1]
 
 
-__all__ = ["EncoderDecoder"]
+__all__ = ["PARTS", "EncoderDecoder"]

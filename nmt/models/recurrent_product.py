@@ -101,8 +101,9 @@ class RecurrentWeight:
     source-side operands, the keys (N, L, K) of the scores ``q K^T`` and the transposed memory
     (N, H, L) of the contexts ``p M``, which every decoder step multiplies; their gradient is then
     one ``bmm`` over all steps instead of an outer product and an addition per step. Create one
-    per forward pass (it holds that pass's records); when the weight needs no gradient it is a
-    plain product.
+    per forward pass (it holds that pass's records); when neither the weight nor ``x`` needs a
+    gradient it is a plain product (the packed oneDNN product records no autograd: a frozen weight,
+    ``training.freeze``, whose input needs a gradient takes the step product, which gives it).
     """
 
     def __init__(self, weight: Tensor) -> None:
@@ -115,7 +116,7 @@ class RecurrentWeight:
     def product(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         """``x @ weight.T`` (batched: ``torch.bmm(x, weight.transpose(1, 2))``), plus ``bias``
         (no gradient; broadcast to the result) in the same product where given."""
-        if not self.weight.requires_grad:
+        if not self.weight.requires_grad and not (x.requires_grad and torch.is_grad_enabled()):
             if self.records.packed is not None:
                 y = packed_linear.product(x, self.records.packed)
                 return y if bias is None else y.add_(bias)

@@ -45,7 +45,7 @@ from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, i
 from nmt.train.early_stopping import EarlyStopping
 from nmt.train.keep_best import KeptBest, restore_kept
 from nmt.train.ema import WeightAverage
-from nmt.train import init_from, pretrained_embeddings
+from nmt.train import freeze, init_from, pretrained_embeddings
 from nmt.train.interrupt import GracefulInterrupt
 from nmt.train.nonfinite import (MAX_CONSECUTIVE_SKIPS, DroppedUpdates, NonFiniteGuard, NonFiniteLossError,
                                  check_parameters_finite, kept_state)
@@ -228,6 +228,10 @@ class Trainer:
         check_valid_positions(self.data, config["data"], position_limits(self.model))
         set_activation_checkpointing(self.model, train_cfg["checkpoint_activations"])
         self._pretrained_embeddings(checkpoint is not None, parent is not None)
+        try:  # training.freeze: before the optimizer is built, at every start
+            freeze.freeze_parts(self.model, train_cfg["freeze"])
+        except ValueError as exc:
+            raise ConfigError(source, freeze.KEY, str(exc)) from None
         self.model.to(self.device)
         # training.distill: the teacher (each process its own copy), checked against this run's vocabularies
         self.teacher = load_teacher(config, source, self.data.src_field, self.data.tgt_field, self.device)
@@ -266,6 +270,7 @@ class Trainer:
             init_from.init_model(parent, self.model, config, source)
             if train_cfg["init_optimizer"]:
                 pretrained_embeddings.check_init_optimizer(parent.payload["config"], config, source)
+                freeze.check_init_optimizer(parent.payload["config"], config, source)
                 init_from.init_optimizer(parent, self.optimizer, config, source)
             logger.info(init_from.describe(parent, train_cfg["init_optimizer"], fields))
         ema = train_cfg["ema"]  # the moving average of the weights (training.ema), from the weights now
