@@ -35,13 +35,11 @@ def run_layer(layer: Callable[..., Any], enabled: bool, *args: Any) -> Any:
 
 
 def set_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
-    """Switch checkpointing of every Transformer encoder / decoder layer of ``model`` on or off
-    (the stacks' ``checkpoint_activations`` attribute; not part of the state dict). Raises
-    ValueError when ``enabled`` and ``model`` has no Transformer stack."""
-    from nmt.models.transformer.decoder import TransformerDecoder
-    from nmt.models.transformer.encoder import TransformerEncoder
-
-    stacks = [m for m in model.modules() if isinstance(m, (TransformerEncoder, TransformerDecoder))]
+    """Switch checkpointing of every Transformer encoder / decoder layer of ``model`` on or off:
+    the ``checkpoint_activations`` attribute of its layer stacks (the modules that have one:
+    ``TransformerEncoder`` and ``TransformerDecoder``, which import :func:`run_layer` from here;
+    not part of the state dict). Raises ValueError when ``enabled`` and ``model`` has no such stack."""
+    stacks = [m for m in model.modules() if hasattr(m, "checkpoint_activations")]
     if enabled and not stacks:
         raise ValueError("activation checkpointing needs a Transformer (model.type: transformer)")
     for stack in stacks:
