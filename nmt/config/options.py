@@ -399,6 +399,9 @@ VALIDATION = {
                                "penalized score (nmt-translate -stepwise_penalty)"),
     "ban_unk_token": Option(bool, False, "<unk> gets probability 0 at every step (nmt-translate "
                             "-ban_unk_token)"),
+    "mbr": Option(str, "none", "none | chrf | bleu | exact_match: each validation sentence's output is the minimum "
+                  "Bayes risk decision among the beam's finished hypotheses, as nmt-translate -mbr chooses (needs "
+                  "beam_size >= 2)"),
     "n_heatmaps": Option(int, 3, "attention heatmaps of the first n validation sentences in TensorBoard",
                          minimum=0),
 }

@@ -25,7 +25,9 @@ from nmt.data.field import Field
 from nmt.models.seq2seq import length_mask
 from nmt.train.compile import pad_to_multiple
 from nmt.translate.beam_search import beam_search
+from nmt.translate.mbr import candidate_mask, mbr_order
 from nmt.translate.search_options import SearchOptions
+from nmt.translate.search_result import SearchResult
 from nmt.utils import metrics as corpus_metrics
 from nmt.utils.packed_linear import frozen_weights
 from nmt.utils.precision import ieee_float32
@@ -60,7 +62,7 @@ StatisticsFn = Callable[..., tuple[Tensor, Tensor]]
 
 SEARCH_KEYS = ("beam_size", "max_length", "min_length", "max_length_ratio", "max_length_offset", "length_penalty",
                "length_alpha", "coverage_penalty", "beta", "coverage_epsilon", "stepwise_penalty",
-               "block_ngram_repeat", "ban_unk_token")
+               "block_ngram_repeat", "ban_unk_token", "mbr")
 """The keys of the ``validation`` section that are ``SearchOptions`` fields of the same name (and
 ``nmt-translate`` flags): the search of the validation decode."""
 
@@ -189,11 +191,28 @@ def decode_dataset(model: nn.Module, dataset: ParallelDataset, tgt_field: Field,
         with ieee_float32():
             result = beam_search(model, batch.src, batch.src_lengths, bos=vocab.bos_index, eos=vocab.eos_index,
                                  pad=vocab.pad_index, unk=vocab.unk_index, options=options)
-        best = result.tokens[:, 0, :].cpu()
-        for row, index in enumerate(_positions(batch)):
-            hypotheses[index] = tgt_field.decode(best[row])
+        if options.mbr != "none":
+            for row, index in enumerate(_positions(batch)):
+                hypotheses[index] = mbr_decision(result, row, tgt_field, options)
+        else:
+            best = result.tokens[:, 0, :].cpu()
+            for row, index in enumerate(_positions(batch)):
+                hypotheses[index] = tgt_field.decode(best[row])
         certified += int(result.exact.sum())
     return hypotheses, 100.0 * certified / max(len(dataset), 1)
+
+
+def mbr_decision(result: SearchResult, row: int, tgt_field: Field, options: SearchOptions) -> str:
+    """The detokenized MBR decision of sentence ``row`` of a beam search run with ``options.mbr``
+    (``validation.mbr``): among its finished hypotheses, the one of highest expected utility under the
+    model (:func:`nmt.translate.mbr.mbr_order`; the candidates of :func:`~nmt.translate.mbr.candidate_mask`,
+    as ``nmt-translate -mbr`` chooses); the search's best where no hypothesis is a candidate."""
+    lengths, complete = result.lengths[row].tolist(), result.complete[row].tolist()
+    texts = [tgt_field.decode(tokens) if n else "" for tokens, n in zip(result.tokens[row].cpu(), lengths)]
+    usable = candidate_mask([n > 0 and not done for n, done in zip(lengths, complete)], [n == 0 for n in lengths],
+                            certified=bool(result.exact[row]), limit=options.beam_size)
+    order, _ = mbr_order(texts, result.scores[row].tolist(), usable, options.mbr, sampled=False)
+    return texts[order[0]]
 
 
 @frozen_weights()  # the weights stay fixed while validating: packed CPU products (nmt.utils.packed_linear)

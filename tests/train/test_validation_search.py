@@ -1,5 +1,6 @@
 """The validation decode's search options (``validation.length_penalty``, ``min_length``,
-``coverage_penalty`` / ``beta`` / ``coverage_epsilon`` / ``stepwise_penalty``, ``ban_unk_token``):
+``coverage_penalty`` / ``beta`` / ``coverage_epsilon`` / ``stepwise_penalty``, ``ban_unk_token``,
+``mbr``: the MBR decision among the beam's hypotheses):
 a tiny real training run's validation hypotheses, certificates and metrics equal what the
 translator API (``Translator``, the path of ``nmt-translate``) gives with the same ``SearchOptions``
 on the step checkpoint that validation saved, and best.pt is the step the independently computed
@@ -27,7 +28,7 @@ from tiny_task import tiny_config, write_task
 
 BEAM, MAX_LENGTH = 5, 8
 NEW_KEYS = ("min_length", "length_penalty", "length_alpha", "coverage_penalty", "beta", "coverage_epsilon",
-            "stepwise_penalty", "ban_unk_token")
+            "stepwise_penalty", "ban_unk_token", "mbr")
 
 # each set changes what the tiny run's validation outputs or certifies at some validated step (checked
 # below against the same search without it), so an option the trainer dropped would be seen
@@ -38,6 +39,7 @@ OPTION_SETS = {
     "wu": {"coverage_penalty": "wu", "beta": 1.0, "coverage_epsilon": 0.01},
     "summary_stepwise": {"coverage_penalty": "summary", "beta": 1.0, "stepwise_penalty": True},
     "ban_unk": {"ban_unk_token": True},
+    "mbr_chrf": {"mbr": "chrf"},
 }
 
 
@@ -186,6 +188,7 @@ BAD_VALUES = [
     {"coverage_penalty": "wu", "beta": 1.0, "coverage_epsilon": 0.0},
     {"coverage_penalty": "wu", "beta": 1.0, "coverage_epsilon": 1.5},
     {"coverage_penalty": "summary", "beta": 1.0, "coverage_epsilon": 0.01},  # wu's floor only
+    {"mbr": "chrff"},
 ]
 
 
