@@ -33,14 +33,20 @@ def make(data, save_dir, **training) -> Trainer:
     return Trainer(resolve_config(tiny_config(data, save_dir, device="cpu", **training), "n.yaml"), "n.yaml")
 
 
-def test_the_update_sees_the_noised_sources_of_the_noised_corpus_only(corpora, tmp_path, monkeypatch):
-    seen = []
+def record_updates(monkeypatch) -> list:
+    """The batches every update of the trainer takes, appended to the returned list as they come."""
+    seen: list = []
     update = trainer_module.update
 
     def recording(model, loss_fn, optimizer, batches, *args, **kwargs):
         seen.extend(batches)
         return update(model, loss_fn, optimizer, batches, *args, **kwargs)
     monkeypatch.setattr(trainer_module, "update", recording)
+    return seen
+
+
+def test_the_update_sees_the_noised_sources_of_the_noised_corpus_only(corpora, tmp_path, monkeypatch):
+    seen = record_updates(monkeypatch)
     run = make(corpora, tmp_path / "run", max_steps=16)  # 7 batches an epoch: epochs 0, 1 and 2
     run.train()
     data = run.data.train
@@ -162,16 +168,10 @@ def test_with_bpe_dropout_each_epochs_segmentation_is_noised_by_whole_words(tmp_
         cfg["data"]["src"] = {"tokenizer": {"type": "bpe", "merges": 20}, "subword_sampling": {"dropout": 0.2}}
         return Trainer(resolve_config(cfg, "n.yaml"), "n.yaml")
 
-    seen = []
-    update = trainer_module.update
-
-    def recording(model, loss_fn, optimizer, batches, *args, **kwargs):
-        seen.extend(batches)
-        return update(model, loss_fn, optimizer, batches, *args, **kwargs)
-    monkeypatch.setattr(trainer_module, "update", recording)
+    seen = record_updates(monkeypatch)
     straight = run(tmp_path / "straight")
     straight.train()
-    monkeypatch.setattr(trainer_module, "update", update)
+    monkeypatch.undo()
     itos = straight.data.src_field.vocab.itos
     tokenizer = straight.data.src_field.tokenizer
     lines = joined.read_text(encoding="utf-8").splitlines()  # every pair kept: example i is line i + 1
