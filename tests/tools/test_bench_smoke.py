@@ -532,3 +532,20 @@ def test_bench_source_noise_smoke(tmp_path, capsys):
     assert [r["training"] for r in rows] == ["plain", "noised", "word_dropout"]
     assert all(0.0 <= r[k] <= 100.0 for r in rows for k in ("clean", "noised"))
     assert "BLEU noised" in capsys.readouterr().out
+
+
+def test_bench_backtranslation_smoke(tmp_path, capsys):
+    """``bench_backtranslation`` on a small Multi30k-shaped corpus: a reverse model, its back-translations,
+    and the four forward runs (real, bt, bt_tagged, bt_noised), each with a BLEU in [0, 100]."""
+    spm = pytest.importorskip("sentencepiece")
+    bench = _load("bench_backtranslation")
+    small_corpus(tmp_path, spm, seed=4)
+    for lang in ("de", "en"):
+        (tmp_path / f"test_2016_flickr.{lang}").write_text((tmp_path / f"val.{lang}").read_text())
+    out = tmp_path / "bt.json"
+    assert bench.main(["--data", str(tmp_path), "--real", "60", "--mono", "40", "--steps", "3", "--test-lines", "5",
+                       "--quiet", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [r["training"] for r in result["rows"]] == ["real", "bt", "bt_tagged", "bt_noised"]
+    assert all(0.0 <= r["bleu"] <= 100.0 for r in result["rows"]) and 0.0 <= result["reverse_bleu"] <= 100.0
+    assert "monolingual en lines back-translated" in capsys.readouterr().out
