@@ -140,3 +140,23 @@ def test_nmt_train_takes_the_list_on_the_command_line(task, tmp_path):
     log = (tmp_path / "cli" / "train.log").read_text(encoding="utf-8")
     assert "training.freeze: encoder frozen" in log and "training.freeze: src_embeddings frozen" in log
     assert " frozen)" in log  # the model line counts them
+
+
+@pytest.mark.slow
+def test_two_processes_with_a_frozen_encoder_train_as_one_process(task, tmp_path, ranks):
+    """DistributedDataParallel is built after the freeze: two Gloo ranks of batch 4 train the weights one
+    process of batch 8 does, the encoder untouched in both."""
+    from ddp_workers import gloo_config
+
+    from nmt.train.checkpoint import load_checkpoint
+
+    one = gloo_config(task, tmp_path / "one", 8, max_steps=6, valid_every=3, freeze=["encoder"])
+    Trainer(resolve_config(one, "t"), "t").train()
+    results = ranks.run(gloo_config(task, tmp_path / "two", 4, max_steps=6, valid_every=3, freeze=["encoder"]))
+    assert [r[2:4] for r in results] == [("max_steps", 6)] * 2
+    a, b = load_checkpoint(tmp_path / "one" / "last.pt")["model"], load_checkpoint(tmp_path / "two" / "last.pt")["model"]
+    start = make(task, tmp_path / "fresh", max_steps=1).model.state_dict()  # the seeded initialisation
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=2e-6, msg=name)
+        if name.startswith("encoder."):
+            assert torch.equal(a[name], start[name]), name
