@@ -31,24 +31,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
 
+from bench_source_noise import word_lstm_config as config  # noqa: E402  (the same model and training)
 from nmt.config import resolve_config  # noqa: E402
 from nmt.utils.io import atomic_write_text  # noqa: E402
 
 RUNS = ("real", "bt", "bt_tagged", "bt_noised")
-
-
-def config(train: list[dict], valid: dict, save_dir: Path, steps: int, seed: int) -> dict:
-    words = {"tokenizer": {"type": "space"}, "min_freq": 2}
-    return {"data": {"train": train, "valid": valid, "src": words, "tgt": words},
-            "model": {"embeddings": {"src_size": 128, "tgt_size": 128, "dropout": 0.2},
-                      "encoder": {"layers": 1, "hidden_size": 128, "dropout": 0.2},
-                      "decoder": {"layers": 1, "hidden_size": 256, "dropout": 0.2},
-                      "attention": {"mapping": "entmax15"}, "output": {"mapping": "entmax15"}},
-            "training": {"save_dir": str(save_dir), "batch_size": 64, "max_steps": steps, "valid_every": steps,
-                         "log_every": max(1, steps // 4), "keep_last": 1, "progress": False, "seed": seed,
-                         "tensorboard": False, "device": "cpu", "optimizer": {"name": "adam", "lr": 0.001}},
-            "validation": {"metric": "loss", "batch_size": 64, "n_heatmaps": 0}}
 
 
 def write_lines(path: Path, lines: list[str]) -> str:

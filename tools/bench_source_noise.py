@@ -34,14 +34,13 @@ from nmt.config import resolve_config  # noqa: E402
 from nmt.utils.io import atomic_write_text  # noqa: E402
 
 
-def config(data: Path, src: str, tgt: str, save_dir: Path, noise: dict | None, steps: int, seed: int,
-           word_dropout: float = 0.0) -> dict:
+def word_lstm_config(train: dict | list[dict], valid: dict, save_dir: Path, steps: int, seed: int,
+                     word_dropout: float = 0.0) -> dict:
+    """The config of this benchmark's runs (and ``bench_backtranslation``'s): ``data.train`` and
+    ``data.valid`` as given, word tokens (``space``, min_freq 2), the LSTM of the module docstring,
+    ``steps`` updates of 64 sentences on the CPU, validated (loss only) once at the end."""
     words = {"tokenizer": {"type": "space"}, "min_freq": 2}
-    train = {"src": str(data / f"train.{src}"), "tgt": str(data / f"train.{tgt}")}
-    if noise is not None:
-        train["noise"] = noise
-    return {"data": {"train": train, "valid": {"src": str(data / f"val.{src}"), "tgt": str(data / f"val.{tgt}")},
-                     "src": words, "tgt": words},
+    return {"data": {"train": train, "valid": valid, "src": words, "tgt": words},
             "model": {"embeddings": {"src_size": 128, "tgt_size": 128, "dropout": 0.2,
                                      "src_word_dropout": word_dropout, "tgt_word_dropout": word_dropout},
                       "encoder": {"layers": 1, "hidden_size": 128, "dropout": 0.2},
@@ -51,6 +50,15 @@ def config(data: Path, src: str, tgt: str, save_dir: Path, noise: dict | None, s
                          "log_every": max(1, steps // 4), "keep_last": 1, "progress": False, "seed": seed,
                          "tensorboard": False, "device": "cpu", "optimizer": {"name": "adam", "lr": 0.001}},
             "validation": {"metric": "loss", "batch_size": 64, "n_heatmaps": 0}}
+
+
+def config(data: Path, src: str, tgt: str, save_dir: Path, noise: dict | None, steps: int, seed: int,
+           word_dropout: float = 0.0) -> dict:
+    train = {"src": str(data / f"train.{src}"), "tgt": str(data / f"train.{tgt}")}
+    if noise is not None:
+        train["noise"] = noise
+    valid = {"src": str(data / f"val.{src}"), "tgt": str(data / f"val.{tgt}")}
+    return word_lstm_config(train, valid, save_dir, steps, seed, word_dropout)
 
 
 def noised_lines(lines: list[str], noise: dict, seed: int) -> list[str]:
