@@ -3,6 +3,7 @@
 The tests run many tiny ops; intra-op threads only add contention there (up to 5-100x slower on a
 busy 2-core machine), so every test runs with one torch thread and a fixed seed.
 """
+import logging
 import sys
 
 import pytest
@@ -43,6 +44,26 @@ def _dynamo_caches_per_test():
     yield
     if _compiled_graphs() != before:
         sys.modules["torch._dynamo"].reset()
+
+
+@pytest.fixture(autouse=True)
+def _nmt_logger_per_test():
+    """The ``nmt`` logger as each test found it: a command-line run inside a test (``nmt.cli.*.main``)
+    installs handlers on that test's stderr, which pytest's capture closes after the test; a later
+    test of the same worker that logs would write to the closed stream ("Logging error" on its own
+    stderr) and fail where it reads stderr, depending on which files ran before it."""
+    logger = logging.getLogger("nmt")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield
+    for handler in list(logger.handlers):
+        if handler not in handlers:
+            logger.removeHandler(handler)
+            handler.close()
+    for handler in handlers:
+        if handler not in logger.handlers:
+            logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = propagate
 
 
 @pytest.fixture
