@@ -25,7 +25,7 @@ from nmt.data.field import Field
 from nmt.models.seq2seq import length_mask
 from nmt.train.compile import pad_to_multiple
 from nmt.translate.beam_search import beam_search
-from nmt.translate.mbr import candidate_mask, mbr_order
+from nmt.translate.mbr import mbr_ranking
 from nmt.translate.search_options import SearchOptions
 from nmt.translate.search_result import SearchResult
 from nmt.utils import metrics as corpus_metrics
@@ -192,8 +192,9 @@ def decode_dataset(model: nn.Module, dataset: ParallelDataset, tgt_field: Field,
             result = beam_search(model, batch.src, batch.src_lengths, bos=vocab.bos_index, eos=vocab.eos_index,
                                  pad=vocab.pad_index, unk=vocab.unk_index, options=options)
         if options.mbr != "none":
+            decisions = mbr_decisions(result, tgt_field, options)
             for row, index in enumerate(_positions(batch)):
-                hypotheses[index] = mbr_decision(result, row, tgt_field, options)
+                hypotheses[index] = decisions[row]
         else:
             best = result.tokens[:, 0, :].cpu()
             for row, index in enumerate(_positions(batch)):
@@ -202,17 +203,21 @@ def decode_dataset(model: nn.Module, dataset: ParallelDataset, tgt_field: Field,
     return hypotheses, 100.0 * certified / max(len(dataset), 1)
 
 
-def mbr_decision(result: SearchResult, row: int, tgt_field: Field, options: SearchOptions) -> str:
-    """The detokenized MBR decision of sentence ``row`` of a beam search run with ``options.mbr``
+def mbr_decisions(result: SearchResult, tgt_field: Field, options: SearchOptions) -> list[str]:
+    """The detokenized MBR decision of every sentence of a beam search run with ``options.mbr``
     (``validation.mbr``): among its finished hypotheses, the one of highest expected utility under the
-    model (:func:`nmt.translate.mbr.mbr_order`; the candidates of :func:`~nmt.translate.mbr.candidate_mask`,
-    as ``nmt-translate -mbr`` chooses); the search's best where no hypothesis is a candidate."""
-    lengths, complete = result.lengths[row].tolist(), result.complete[row].tolist()
-    texts = [tgt_field.decode(tokens) if n else "" for tokens, n in zip(result.tokens[row].cpu(), lengths)]
-    usable = candidate_mask([n > 0 and not done for n, done in zip(lengths, complete)], [n == 0 for n in lengths],
-                            certified=bool(result.exact[row]), limit=options.beam_size)
-    order, _ = mbr_order(texts, result.scores[row].tolist(), usable, options.mbr, sampled=False)
-    return texts[order[0]]
+    model (:func:`nmt.translate.mbr.mbr_ranking`, as ``nmt-translate -mbr`` chooses); the search's
+    best where no hypothesis is a candidate. The result is read back to the host once for the batch."""
+    tokens, lengths, complete = result.tokens.cpu(), result.lengths.tolist(), result.complete.tolist()
+    scores, exact = result.scores.tolist(), result.exact.tolist()
+    decisions = []
+    for row, (n_tokens, done) in enumerate(zip(lengths, complete)):
+        texts = [tgt_field.decode(ids) if n else "" for ids, n in zip(tokens[row], n_tokens)]
+        order, _, _ = mbr_ranking(texts, scores[row], [n > 0 and not d for n, d in zip(n_tokens, done)],
+                                  [n == 0 for n in n_tokens], bool(exact[row]), options.beam_size, options.mbr,
+                                  sampled=False)
+        decisions.append(texts[order[0]])
+    return decisions
 
 
 @frozen_weights()  # the weights stay fixed while validating: packed CPU products (nmt.utils.packed_linear)

@@ -152,6 +152,17 @@ def mbr_order(texts: Sequence[str], logprobs: Sequence[float], usable: Sequence[
             [expected[j] for j in ranked] + [None] * len(others))
 
 
+def mbr_ranking(texts: Sequence[str], logprobs: Sequence[float], cut: Sequence[bool], missing: Sequence[bool],
+                certified: bool, limit: int, utility: str, sampled: bool) -> tuple[list[int], list[float | None], int]:
+    """A sentence's entries (in the search's order) in MBR order: :func:`candidate_mask`'s candidates
+    (``cut`` / ``missing`` per entry, ``certified``, ``limit``) ranked by :func:`mbr_order`. Returns
+    ``(order, expected utilities in that order, how many candidates)``; what ``nmt-translate -mbr``
+    and the validation decode (``validation.mbr``) both choose by."""
+    usable = candidate_mask(cut, missing, certified, limit)
+    order, expected = mbr_order(texts, logprobs, usable, utility, sampled)
+    return order, expected, sum(usable)
+
+
 def is_exact(certified: bool, mass: float, candidates: int, n_nonzero: int) -> bool:
     """A sentence's MBR decision is the model's exact one: its search is certified, every
     nonzero-probability output found is a candidate, and their mass is 1 up to
@@ -160,4 +171,4 @@ def is_exact(certified: bool, mass: float, candidates: int, n_nonzero: int) -> b
 
 
 __all__ = ["MASS_TOLERANCE", "MBR_CHOICES", "MBR_UTILITIES", "MbrDecision", "candidate_mask", "candidate_weights", "check_mbr",
-           "expected_utilities", "is_exact", "mbr_order", "utility_function", "utility_matrix"]
+           "expected_utilities", "is_exact", "mbr_order", "mbr_ranking", "utility_function", "utility_matrix"]

@@ -16,7 +16,7 @@ from nmt.translate.alignment import UNK, AlignOptions, Pair, align, output_rows,
 from nmt.translate.beam_search import SearchResult, beam_search, refuse_sampling
 from nmt.translate.certificate import NOT_CERTIFIED, SAMPLED, reason_name
 from nmt.translate.full_context_alignment import full_context_alignment, hypothesis_alignment
-from nmt.translate.mbr import MbrDecision, candidate_mask, is_exact, mbr_order
+from nmt.translate.mbr import MbrDecision, is_exact, mbr_ranking
 from nmt.translate.sampling import sample_search
 from nmt.translate.search_options import SearchOptions
 from nmt.translate.search_step import Specials
@@ -619,13 +619,12 @@ class Translator:
         decision (:mod:`nmt.translate.mbr`). The candidates are the hypotheses that are neither cut
         nor missing; of an uncertified beam-searched sentence only the first ``beam_size`` of those in
         the search's order (:func:`nmt.translate.mbr.candidate_mask`)."""
-        usable = candidate_mask(cut, missing, certified=sampled or bool(result.exact[row]),
-                                limit=options.beam_size)
-        order, expected = mbr_order([text for text, _ in hypotheses], [score for _, score in hypotheses], usable,
-                                    options.mbr, sampled)
+        order, expected, candidates = mbr_ranking([text for text, _ in hypotheses], [score for _, score in hypotheses],
+                                                  cut, missing, sampled or bool(result.exact[row]), options.beam_size,
+                                                  options.mbr, sampled)
         if not sampled:
             order, expected = order[:options.n_best], expected[:options.n_best]
-        candidates, mass = sum(usable), float(result.mass[row])
+        mass = float(result.mass[row])
         exact = not sampled and is_exact(bool(result.exact[row]), mass, candidates, int(result.n_nonzero[row]))
         chosen = expected[0] if expected else None
         return order, expected, MbrDecision(options.mbr, chosen, exact, candidates, None if sampled else mass)
