@@ -70,24 +70,24 @@ def check_freeze(training: dict, source: str) -> None:
     """``training.freeze``: model parts (:data:`nmt.models.encoder_decoder.PARTS`), each once."""
     from nmt.models.encoder_decoder import PARTS
 
-    names = training["freeze"]
+    check_names(training["freeze"], PARTS, "training.freeze", "model part", source)
+
+
+def check_names(names: list, valid: tuple[str, ...], key: str, what: str, source: str) -> None:
+    """A list option of names (``validation.metrics``, ``training.freeze``): each one of ``valid``,
+    each once; a one-line ConfigError naming ``key[i]`` (``unknown <what> 'x'; valid: ...``)."""
     for i, name in enumerate(names):
-        if name not in PARTS:
-            raise ConfigError(source, f"training.freeze[{i}]", f"unknown model part {name!r}; valid: {', '.join(PARTS)}")
+        if name not in valid:
+            raise ConfigError(source, f"{key}[{i}]", f"unknown {what} {name!r}; valid: {', '.join(valid)}")
         if name in names[:i]:
-            raise ConfigError(source, f"training.freeze[{i}]", f"{name!r} is listed twice")
+            raise ConfigError(source, f"{key}[{i}]", f"{name!r} is listed twice")
 
 
 def check_validation_metrics(validation: dict, source: str) -> None:
     """``validation.metrics``: known decoding metrics, each once, holding ``validation.metric``
     when that is a decoding metric (loss and accuracy are always computed)."""
     metrics = validation["metrics"]
-    for i, name in enumerate(metrics):
-        if name not in DECODING_METRICS:
-            raise ConfigError(source, f"validation.metrics[{i}]",
-                              f"unknown decoding metric {name!r}; valid: {', '.join(DECODING_METRICS)}")
-        if name in metrics[:i]:
-            raise ConfigError(source, f"validation.metrics[{i}]", f"{name!r} is listed twice")
+    check_names(metrics, DECODING_METRICS, "validation.metrics", "decoding metric", source)
     metric = validation["metric"]
     if metric in DECODING_METRICS and metric not in metrics:
         raise ConfigError(source, "validation.metrics",
@@ -154,14 +154,19 @@ def check_corpora(data: dict, source: str) -> None:
                           "give data.train as one {src, tgt} mapping")
 
 
+def keyed_corpora(data: dict) -> list[tuple[str, dict]]:
+    """``(key, section)`` of each training corpus: ``data.train[i]`` of a list, ``data.train`` of one mapping."""
+    train = data["train"]
+    return [(f"data.train[{i}]", c) for i, c in enumerate(train)] if isinstance(train, list) else [("data.train", train)]
+
+
 def check_source_noise(data: dict, source: str) -> None:
     """A corpus's ``noise`` not with its ``align``: the references name the un-noised source words
     (one line naming the key)."""
-    train = data["train"]
-    keyed = [(f"data.train[{i}]", c) for i, c in enumerate(train)] if isinstance(train, list) else [("data.train", train)]
-    for key, corpus in keyed:
-        noise = corpus["noise"]
-        if corpus["align"] is not None and (noise["delete"] > 0 or noise["blank"] > 0 or noise["shuffle"] > 0):
+    from nmt.data.source_noise import NoiseSettings
+
+    for key, corpus in keyed_corpora(data):
+        if corpus["align"] is not None and NoiseSettings.from_config(corpus["noise"]).active:
             raise ConfigError(source, f"{key}.noise", "noise moves and removes the source words that "
                               f"{key}.align names: give the aligned corpus without noise (or as a second, "
                               "unaligned corpus)")
@@ -172,10 +177,8 @@ def check_source_tags(data: dict, source: str) -> None:
     without whitespace, not a special (:func:`nmt.data.source_tags.tag_problem`); one line naming the key."""
     from nmt.data.source_tags import tag_problem
 
-    train = data["train"]
-    keyed = ([(f"data.train[{i}].src_tag", c.get("src_tag")) for i, c in enumerate(train)] if isinstance(train, list)
-             else [("data.train.src_tag", train.get("src_tag"))]) + [("data.valid.src_tag", data["valid"].get("src_tag"))]
-    for key, tag in keyed:
+    keyed = [(f"{key}.src_tag", corpus.get("src_tag")) for key, corpus in keyed_corpora(data)]
+    for key, tag in keyed + [("data.valid.src_tag", data["valid"].get("src_tag"))]:
         problem = None if tag is None else tag_problem(tag)
         if problem is not None:
             raise ConfigError(source, key, problem)

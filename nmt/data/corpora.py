@@ -126,6 +126,12 @@ def epoch_indices(corpus_ids: np.ndarray, weights: Sequence[float], seed: int, e
     return np.concatenate(parts)
 
 
+def corpus_of_lines(starts: np.ndarray, line_numbers: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The corpus of each 1-based input line, corpus ``k`` holding pairs ``starts[k]:starts[k + 1]``
+    of the concatenated list (:func:`read_corpora`'s ``starts``): an int64 array of the lines' shape."""
+    return np.searchsorted(starts, np.asarray(line_numbers, dtype=np.int64) - 1, side="right") - 1
+
+
 class _Rows:
     """``rows[indices[i]]`` for ``i`` in ``range(len(indices))`` (no copy)."""
 
@@ -168,8 +174,7 @@ class CorpusWeights:
 
     def corpus_ids(self, dataset) -> np.ndarray:
         """The corpus of each example of ``dataset`` (from its 1-based ``line_numbers``): (len,) int64."""
-        lines = np.asarray(dataset.line_numbers, dtype=np.int64) - 1
-        return np.searchsorted(self.starts, lines, side="right") - 1
+        return corpus_of_lines(self.starts, dataset.line_numbers)
 
     def for_epoch(self, dataset, seed: int, epoch: int) -> EpochExamples:
         """``dataset``'s examples of ``epoch`` (:func:`epoch_indices`)."""
@@ -202,14 +207,12 @@ class CorpusWeights:
             return [dict(p.skipped) for p in parts]
         at = getattr(dataset, "skipped_at", None)
         if at is not None:
-            per_rule = {rule: np.bincount(np.searchsorted(self.starts, np.asarray(lines, dtype=np.int64) - 1,
-                                                          side="right") - 1, minlength=n)
-                        for rule, lines in at.items()}
+            per_rule = {rule: np.bincount(corpus_of_lines(self.starts, lines), minlength=n) for rule, lines in at.items()}
             return [{rule: int(counts[k]) for rule, counts in per_rule.items()} for k in range(n)]
         if n == 1:
             return [dict(dataset.skipped)]
         raise DataError(f"{n} corpora but a dataset that does not say which corpus a skipped pair came from")
 
 
-__all__ = ["Corpus", "CorpusWeights", "check_corpus_files", "EpochExamples", "epoch_indices", "examples_per_epoch", "is_weighted",
+__all__ = ["Corpus", "CorpusWeights", "check_corpus_files", "corpus_of_lines", "EpochExamples", "epoch_indices", "examples_per_epoch", "is_weighted",
            "read_corpora", "tag_line_counts", "training_corpora"]

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from nmt.data.batching import Batch
+from nmt.data.corpora import corpus_of_lines
 from nmt.data.field import Field
 from nmt.data.vocabulary import SPECIALS
 from nmt.utils.counter_hash import absorb, seed_state
@@ -144,20 +145,16 @@ class SourceNoise:
 
     def __init__(self, corpora: Sequence[tuple[NoiseSettings, bool]], starts: Sequence[int], field: Field,
                  seed: int) -> None:
-        self.settings = [s for s, _ in corpora]
+        settings = [s for s, _ in corpora]
         self.starts = np.asarray(starts, dtype=np.int64)
-        self.delete = np.array([s.delete for s in self.settings], dtype=np.float64)
-        self.blank = np.array([s.blank for s in self.settings], dtype=np.float64)
-        self.shuffle = np.array([s.shuffle for s in self.settings], dtype=np.int64)
+        self.delete = np.array([s.delete for s in settings], dtype=np.float64)
+        self.blank = np.array([s.blank for s in settings], dtype=np.float64)
+        self.shuffle = np.array([s.shuffle for s in settings], dtype=np.int64)
         self.tagged = np.array([t for _, t in corpora], dtype=bool)
-        self.active = np.array([s.active for s in self.settings], dtype=bool)
+        self.active = np.array([s.active for s in settings], dtype=bool)
         self.starts_table, self.carries_table = unit_tables(field)
         self.unk_index, self.pad_index = field.vocab.unk_index, field.vocab.pad_index
         self.seed = int(seed)
-
-    def corpus_of(self, line_numbers: np.ndarray) -> np.ndarray:
-        """The corpus of each example from its 1-based line among the concatenated pairs."""
-        return np.searchsorted(self.starts, np.asarray(line_numbers, dtype=np.int64) - 1, side="right") - 1
 
     def example_keys(self, epoch: int, examples: Sequence[int]) -> np.ndarray:
         """(B,) int64 hash states of ``examples`` (their positions in the epoch's training set)."""
@@ -168,7 +165,7 @@ class SourceNoise:
         """``batch`` (a host batch of ``dataset``'s examples ``batch.indices``) with its sources noised
         as their corpora say; ``batch`` itself when none of its examples is from a noised corpus."""
         lines = dataset.line_numbers
-        corpus = self.corpus_of(np.array([lines[i] for i in batch.indices], dtype=np.int64))
+        corpus = corpus_of_lines(self.starts, [lines[i] for i in batch.indices])
         if not self.active[corpus].any():
             return batch
         src, lengths = noised_sources(batch.src.numpy(), batch.src_lengths.numpy(),

@@ -27,27 +27,23 @@ logger = logging.getLogger(__name__)
 KEY = "training.freeze"
 
 
-def freeze_parts(model: nn.Module, names: Sequence[str]) -> list[str]:
+def freeze_parts(model: nn.Module, names: Sequence[str]) -> None:
     """Set ``requires_grad`` False on every parameter of the parts ``names`` of ``model`` (call
-    before the optimizer is built). Returns the frozen parameters' names (each shared parameter
-    once, under its first name); logs one line per part. A ValueError (one line) where nothing
-    would be left to train."""
+    before the optimizer is built); logs one line per part, naming the parameters of other parts it
+    shares. A ValueError (one line) where nothing would be left to train."""
     if not names:
-        return []
-    params = dict(model.named_parameters(remove_duplicate=False))
-    frozen: dict[int, str] = {}
+        return
+    params = list(model.named_parameters(remove_duplicate=False))
     for part in names:
-        module = getattr(model, part)
-        own = list(module.parameters())
+        own = list(getattr(model, part).parameters())
         for p in own:
             p.requires_grad_(False)
-            frozen.setdefault(id(p), next(n for n, q in params.items() if q is p))
-        shared = sorted({n for n, q in params.items() if any(q is p for p in own) and not n.startswith(f"{part}.")})
+        ids = {id(p) for p in own}
+        shared = sorted({n for n, q in params if id(q) in ids and not n.startswith(f"{part}.")})
         also = f"; shared with it, {', '.join(shared)} too" if shared else ""
         logger.info("%s: %s frozen (%d parameters)%s", KEY, part, sum(p.numel() for p in own), also)
     if all(not p.requires_grad for p in model.parameters()):
         raise ValueError(f"{', '.join(names)} hold every parameter of the model: nothing is left to train")
-    return list(frozen.values())
 
 
 def check_init_optimizer(parent_config: dict[str, Any], config: dict[str, Any], source: str) -> None:
