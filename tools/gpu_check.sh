@@ -28,6 +28,9 @@
 # and whole-word dropout on CUDA under the sync detector (tests/models/test_word_dropout.py; 2026-11-29, a
 # thirty-first session, never run yet). Source noise (data.train[i].noise) runs on the host batch before it
 # is copied: 0.30 ms a batch of 64 Multi30k sentences on one CPU thread; its share of a GPU step unmeasured.
+# Copying outputs (model.output.copy; 2026-11-29, a thirty-second session, never run yet): tests_cuda holds
+# their loss, gradients and steps on CUDA against the CPU under the sync detector
+# (tests/models/test_copy_attention.py); their cost in a GPU training step and search is unmeasured.
 #
 # Stage times on one H200 (2026-11-27, a nineteenth session; plan a lease of 15 device minutes, a start
 # included, by them): env 6 s; tests_cuda 65 s (172 tests, 15 workers); sparse more than 100 s (cut

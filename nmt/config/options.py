@@ -234,6 +234,8 @@ MODEL = {
     "output": {
         "mapping": Option(str, "entmax15", "output mapping; the loss is its Fenchel-Young loss"),
         "params": Option(dict, {}, "parameters of the output mapping and its loss"),
+        "copy": Option(bool, False, "copy source tokens: the mapping normalises the vocabulary's and the source "
+                       "positions' scores jointly and a token's probability adds its copies' (OpenNMT-py -copy_attn)"),
     },
 }
 

@@ -18,6 +18,7 @@ from nmt.models.dropout import word_dropouts
 from nmt.models.embeddings import Embeddings
 from nmt.models.encoder import RNNEncoder
 from nmt.models.errors import ModelConfigError, keyed
+from nmt.models.copy_attention import CopyAttention
 from nmt.models.generator import Generator
 from nmt.models.seq2seq import Seq2Seq
 
@@ -164,8 +165,9 @@ def build_rnn(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_size: in
         dropout=g(dec_cfg, "model.decoder", "dropout"),
         input_feeding=g(dec_cfg, "model.decoder", "input_feeding"),
     )
+    copy = CopyAttention(dec_size, encoder.hidden_size, src_vocab_size) if out_cfg.get("copy", False) else None
     generator = _keyed("model.output", Generator, dec_size, tgt_vocab_size, g(out_cfg, "model.output", "mapping"),
-                       out_cfg.get("params") or {})
+                       out_cfg.get("params") or {}, copy)
     model = Seq2Seq(src_emb, tgt_emb, encoder, decoder, generator, *word_dropouts(emb_cfg))
     init_parameters(model)
     if g(emb_cfg, "model.embeddings", "tie_output"):

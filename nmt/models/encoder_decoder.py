@@ -48,6 +48,43 @@ class EncoderDecoder(nn.Module):
         """The bound output mapping ``f(logits, dim=-1, mask=None) -> probs``."""
         return self.generator.mapping
 
+    @property
+    def copies(self) -> bool:
+        """Whether the output copies source tokens (``model.output.copy``): teacher-forced scores
+        are then (..., V + L) and the loss takes :meth:`output_target`."""
+        return self.generator.copy is not None
+
+    def copy_ids(self, src: Tensor, src_mask: Tensor) -> dict[str, Tensor]:
+        """``{"copy_ids": (B, L)}`` of the source ids ``src`` (B, L) and their mask (B, L) where the
+        output copies (:meth:`CopyAttention.ids`), else ``{}``."""
+        copy = self.generator.copy
+        return {} if copy is None else {"copy_ids": copy.ids(src, src_mask)}
+
+    def output_probs(self, scores: Tensor, src: Tensor, src_mask: Tensor) -> Tensor:
+        """The token distribution (B, T, V) of teacher-forced ``scores`` (``forward``'s first value):
+        the output mapping's, or the marginal of the joint one where the output copies."""
+        return self.generator.output_probs(scores, self.copy_ids(src, src_mask))
+
+    def output_target(self, scores: Tensor, target: Tensor, src: Tensor, src_mask: Tensor) -> Tensor:
+        """The target the Fenchel-Young loss of teacher-forced ``scores`` takes: ``target`` (B, T)
+        itself, or where the output copies a distribution (B, T, V + L) over the target tokens'
+        correct parts (:meth:`nmt.models.generator.Generator.output_target`; padding rows are the
+        caller's to ignore)."""
+        return self.generator.output_target(scores, target, self.copy_ids(src, src_mask))
+
+    def copy_tempered_step(self, tokens: Tensor, state: dict[str, Tensor], encoder_out: dict[str, Tensor],
+                           temperature: float, need_attention: bool = True
+                           ) -> tuple[Tensor, Tensor, Tensor | None, dict[str, Tensor]]:
+        """A step of a copying model for sampling at ``temperature`` T (what
+        :func:`nmt.translate.sample_distribution.tempered_step` asks of one): ``(log_probs (N, V),
+        tempered (N, V), attention, state)``, the marginal's log-probabilities at T = 1 and of the
+        joint scores divided by T (the copies tempered with the vocabulary: tokens' largest scores
+        divided alone would not give the marginal's)."""
+        hidden, attention, state = self.step_hidden(tokens, state, encoder_out, need_attention)
+        _, log_probs = self.generator.step_outputs(hidden, encoder_out)
+        _, tempered = self.generator.step_outputs(hidden, encoder_out, temperature)
+        return log_probs, tempered, attention, state
+
     def log_probs(self, logits: Tensor) -> Tensor:
         """logits (..., V) -> log of the output mapping's probabilities (-inf at exact zeros)."""
         return self.generator.log_probs(logits)

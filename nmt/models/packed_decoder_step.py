@@ -72,6 +72,9 @@ def model_step(model: Any, tokens: Tensor, state: State, encoder_out: State) -> 
     emb = None if lookup is not None else F.embedding(tokens, embeddings.weight)  # (N, E)
     out, attention, state = packed_step(model.decoder, emb, state, encoder_out["memory"], encoder_out["src_mask"],
                                         encoder_out["keys"], lookup=lookup)
+    if model.generator.copy is not None:  # the joint scores with the copies' (model.output.copy)
+        scores, log_probs = model.generator.step_outputs(out, encoder_out)
+        return scores, log_probs, attention, state
     logits = packed_linear.linear(out, proj.weight, proj.bias)  # (N, V)
     return logits, model.log_probs(logits), attention, state
 

@@ -44,7 +44,8 @@ class Seq2Seq(EncoderDecoder):
         caller made it already (training makes it before a compiled step: see ``forward``).
 
         Returns ``encoder_out`` = {"memory" (B, L, H), "src_mask" (B, L) bool,
-        "keys" (B, L, K) the memory-side attention projection} and the initial decoder
+        "keys" (B, L, K) the memory-side attention projection, with ``model.output.copy``
+        "copy_keys" (B, L, H) and "copy_ids" (B, L)} and the initial decoder
         state {"h", ["c"] (B, layers, H), ["input_feed"] (B, H)}.
         """
         embeddings = self.src_embeddings
@@ -52,7 +53,8 @@ class Seq2Seq(EncoderDecoder):
         lookup = None if embeddings.training else (src, embeddings.weight)
         memory, final = self.encoder(self.embed_source(src), src_lengths, lookup, src_mask)
         mask = length_mask(src_lengths, src.size(1), src.device) if src_mask is None else src_mask
-        encoder_out = {"memory": memory, "src_mask": mask, "keys": self.decoder.attention.keys(memory)}
+        encoder_out = {"memory": memory, "src_mask": mask, "keys": self.decoder.attention.keys(memory),
+                       **self.generator.copy_source(memory, src, mask)}
         return encoder_out, self.decoder.init_state(final)
 
     def step(self, tokens: Tensor, state: State, encoder_out: State) -> tuple[Tensor, Tensor, State]:
@@ -64,15 +66,23 @@ class Seq2Seq(EncoderDecoder):
     def step_with_scores(self, tokens: Tensor, state: State,
                          encoder_out: State) -> tuple[Tensor, Tensor, Tensor, State]:
         """``step`` that also returns the raw output scores: (logits (N, V), log_probs (N, V),
-        attention (N, L), new state); scoring ranks tokens outside the support by the logits."""
+        attention (N, L), new state); scoring ranks tokens outside the support by the logits (with
+        copying: each token's largest joint score)."""
         served = packed_decoder_step.model_step(self, tokens, state, encoder_out)  # CPU inference, LSTM
         if served is not None:
             return served
-        out, attention, state = self.decoder.step(
+        out, attention, state = self.step_hidden(tokens, state, encoder_out)
+        scores, log_probs = self.generator.step_outputs(out, encoder_out)
+        return scores, log_probs, attention, state
+
+    def step_hidden(self, tokens: Tensor, state: State, encoder_out: State,
+                    need_attention: bool = True) -> tuple[Tensor, Tensor, State]:
+        """The decoder's part of a step: (output (N, H) the generator reads, attention (N, L), new
+        state), shapes as :meth:`step` (``need_attention``: for the protocol; the LSTM's attention
+        is always computed)."""
+        return self.decoder.step(
             self.tgt_embeddings(tokens), state, encoder_out["memory"], encoder_out["src_mask"], encoder_out["keys"]
         )
-        logits = self.generator(out)
-        return logits, self.log_probs(logits), attention, state
 
     @property
     def alignment_attention(self) -> AlignmentAttention:
@@ -90,7 +100,8 @@ class Seq2Seq(EncoderDecoder):
         the device itself, with a sync, and a graph with a host input is not captured).
 
         Returns ``(logits (B, T, V), attention (B, T, L))``; the logits are raw scores
-        before the output mapping (what the Fenchel-Young loss takes). ``alignment_scores``: the
+        before the output mapping (what the Fenchel-Young loss takes; with ``model.output.copy``
+        the joint scores (B, T, V + L) of :meth:`nmt.models.generator.Generator.output_scores`). ``alignment_scores``: the
         second value is the attention's scores before its mapping instead, (B, 1, T, L), ``-inf``
         on padding (:attr:`alignment_attention`'s one head; guided alignment training).
         """
@@ -99,4 +110,5 @@ class Seq2Seq(EncoderDecoder):
             self.embed_target(tgt_in), state, encoder_out["memory"], encoder_out["src_mask"], encoder_out["keys"],
             alignment_scores,
         )
-        return self.generator(out), attention.unsqueeze(1) if alignment_scores else attention
+        scores = self.generator.output_scores(out, encoder_out)
+        return scores, attention.unsqueeze(1) if alignment_scores else attention

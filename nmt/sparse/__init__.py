@@ -37,10 +37,12 @@ from .registry import (
     mapping_function,
     mapping_parameters,
 )
+from .set_target import set_target
 from .sparsemax import Sparsemax, sparsemax, sparsemax_threshold
 from .tensor_alpha_loss import tensor_alpha_entmax_loss
 
 __all__ = [
+    "set_target",
     "softmax", "sparsemax", "entmax15", "entmax_bisect",
     "Sparsemax", "Entmax15", "EntmaxBisect",
     "sparsemax_threshold", "entmax15_threshold", "entmax_threshold", "IMPLS",

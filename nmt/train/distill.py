@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from nmt.config import ConfigError
 from nmt.data.field import Field
 from nmt.models.protocol import position_limits
+from nmt.models.seq2seq import length_mask
 from nmt.sparse import get_mapping
 from nmt.train.init_from import init_checkpoint_path
 from nmt.translate.loading import load_model
@@ -82,10 +83,14 @@ class Teacher:
 
 
 def check_distill(config: dict, source: str) -> None:
-    """The checks of ``training.distill`` that need no loading: the teacher file exists (a file,
-    or a run directory with ``best.pt``). ConfigError naming the key; nothing written."""
+    """The checks of ``training.distill`` that need no loading: the student does not copy
+    (``model.output.copy``), the teacher file exists (a file, or a run directory with ``best.pt``).
+    ConfigError naming the key; nothing written."""
     value = config["training"]["distill"]["teacher"]
     if value is not None:
+        if config["model"]["output"].get("copy", False):
+            raise ConfigError(source, "model.output.copy", f"a student that copies source tokens cannot distil "
+                              f"({KEY}.teacher is set): the teacher's distribution is over the vocabulary alone")
         init_checkpoint_path(value, source, KEY)
 
 
@@ -172,13 +177,17 @@ def teacher_distribution(teacher: nn.Module, mapping: Callable[..., Tensor], tem
                          src_lengths: Tensor, tgt_in: Tensor, src_mask: Tensor | None = None) -> Tensor:
     """The teacher's output distribution ``q = mapping(scores / temperature)`` (B, T, V), float32,
     without gradient, at the teacher-forced prefixes ``tgt_in`` (B, T) of ``src`` (B, L). The
-    teacher's forward runs under the caller's autocast; the mapping in float32 outside it."""
+    teacher's forward runs under the caller's autocast; the mapping in float32 outside it. A teacher
+    that copies source tokens (``model.output.copy``) gives its tokens' marginal distribution."""
     with torch.no_grad():
         scores, _ = teacher(src, src_lengths, tgt_in, src_mask=src_mask)
         with torch.autocast(scores.device.type, enabled=False):
             scores = scores.float()
             if temperature != 1.0:
                 scores = scores / temperature
+            if getattr(teacher, "copies", False):  # a copying teacher: its tokens' marginal distribution
+                mask = length_mask(src_lengths, src.size(1), src.device) if src_mask is None else src_mask
+                return teacher.output_probs(scores, src, mask)
             return mapping(scores, dim=-1)
 
 

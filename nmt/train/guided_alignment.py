@@ -42,7 +42,7 @@ from nmt.train.distill import Teacher, summed_distill_loss, teacher_distribution
 from nmt.sparse import get_loss
 from nmt.sparse.registry import LOSS_NAMES
 from nmt.sparse.tensor_alpha_loss import tensor_alpha_entmax_loss
-from nmt.train.update import summed_output_loss
+from nmt.train.update import output_target, summed_output_loss
 from nmt.utils.exception_text import first_line
 
 KEY = "training.guided_alignment.weight"
@@ -155,7 +155,8 @@ def guided_loss_forward(model: nn.Module, loss_fn: Callable, src: Tensor, src_le
     alpha = getattr(model, "module", model).alignment_alpha() if learned_alpha else None  # (DDP wraps the model)
     guide = alignment_loss(align_loss, scores, align, alpha)
     if teacher is None:
-        output = summed_output_loss(loss_fn, logits, tgt_out, pad_index, label_smoothing)
+        output = summed_output_loss(loss_fn, logits, tgt_out, pad_index, label_smoothing,
+                                    output_target(model, logits, tgt_out, src, src_lengths, src_mask))
     else:
         output = summed_distill_loss(loss_fn, logits, tgt_out, q, distill_weight, pad_index, label_smoothing)
     return output + weight * guide, guide.detach()

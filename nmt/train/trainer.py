@@ -28,7 +28,9 @@ from nmt.data.batching import collate, make_batch_order
 from nmt.data.errors import DataError
 from nmt.data.field import Field
 from nmt.data.pair_filter import describe_skipped
+from nmt.data.vocabulary import BOS, EOS, PAD
 from nmt.models import ModelConfigError, build_model, describe_attention
+from nmt.models.copy_attention import source_to_target
 from nmt.models.transformer.checkpointing import set_activation_checkpointing
 from nmt.models.protocol import position_limits
 from nmt.sparse import get_loss, is_softmax, loss_display_name
@@ -225,6 +227,7 @@ class Trainer:
             self.model = build_model(config["model"], len(src_vocab), len(tgt_vocab), pad_index=self.pad)
         except ModelConfigError as exc:  # the builder names the key; add the file
             raise ConfigError(source, exc.key, exc.problem) from None
+        self._copy_vocabularies()
         check_valid_positions(self.data, config["data"], position_limits(self.model))
         set_activation_checkpointing(self.model, train_cfg["checkpoint_activations"])
         self._pretrained_embeddings(checkpoint is not None, parent is not None)
@@ -268,6 +271,7 @@ class Trainer:
                                        train_cfg["max_steps"])
         if parent is not None:  # the parent's weights (and optimizer state); all else starts fresh
             init_from.init_model(parent, self.model, config, source)
+            self._copy_vocabularies()  # this run's vocabularies (init_vocab: extend has more types)
             if train_cfg["init_optimizer"]:
                 pretrained_embeddings.check_init_optimizer(parent.payload["config"], config, source)
                 freeze.check_init_optimizer(parent.payload["config"], config, source)
@@ -330,10 +334,12 @@ class Trainer:
         self.last_update_skipped = False  # whether train_step's last update was dropped
         n_params = sum(p.numel() for p in self.model.parameters())
         n_frozen = sum(p.numel() for p in self.model.parameters() if not p.requires_grad)
-        logger.info("model: %s, %d parameters%s; attention %s, output %s (loss: %s); device %s",
+        copying = " copying source tokens" if self.model.copies else ""
+        logger.info("model: %s, %d parameters%s; attention %s, output %s%s (loss: %s%s); device %s",
                     config["model"]["type"], n_params, f" ({n_frozen} frozen)" if n_frozen else "",
-                    describe_attention(config["model"]), output["mapping"],
-                    loss_display_name(output["mapping"]), self.device)
+                    describe_attention(config["model"]), output["mapping"], copying,
+                    loss_display_name(output["mapping"]), " at the cheapest target on the correct parts" if copying
+                    else "", self.device)
         if self.teacher is not None and self.dist.is_main:
             logger.info(self.teacher.describe())
         if self.guide is not None and self.dist.is_main:
@@ -345,6 +351,14 @@ class Trainer:
                         ema["decay"], " with warmup" if ema["warmup"] else "", ema["start_step"], ema["every"])
         if not self.resumed and self.dist.is_main:  # on resume config.yaml changes with the first checkpoint
             save_config(config, self.save_dir / "config.yaml")
+
+    def _copy_vocabularies(self) -> None:
+        """``model.output.copy``: each source type's target id from this run's vocabularies
+        (:func:`nmt.models.copy_attention.source_to_target`; a checkpoint carries the table)."""
+        if self.model.copies:
+            src_vocab, tgt_vocab = self.data.src_field.vocab, self.data.tgt_field.vocab
+            self.model.generator.copy.set_vocabularies(
+                source_to_target(src_vocab.itos, tgt_vocab.stoi, tgt_vocab.unk_index, (PAD, BOS, EOS)))
 
     def _pretrained_embeddings(self, resuming: bool, fine_tuning: bool) -> None:
         """``model.embeddings.pretrained``: the vectors into the tables of a fresh run only (a resumed

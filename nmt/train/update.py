@@ -27,14 +27,40 @@ def loss_forward(model: nn.Module, loss_fn: Callable, src: Tensor, src_lengths: 
     tgt_in, tgt_out: (B, T); ``src_mask``: the lengths' mask (B, L) on src's device, made by the
     caller (see :func:`update`), or None (the model makes it)."""
     logits, _ = model(src, src_lengths, tgt_in, src_mask=src_mask)
-    return summed_output_loss(loss_fn, logits, tgt_out, pad_index, label_smoothing)
+    target = output_target(model, logits, tgt_out, src, src_lengths, src_mask)
+    return summed_output_loss(loss_fn, logits, tgt_out, pad_index, label_smoothing, target)
+
+
+def output_target(model: nn.Module, scores: Tensor, tgt_out: Tensor, src: Tensor, src_lengths: Tensor,
+                  src_mask: Tensor | None) -> Tensor:
+    """What the output loss of the teacher-forced ``scores`` takes: ``tgt_out`` (B, T) itself, or
+    where the model copies source tokens (``model.output.copy``) the distribution (B, T, V + L) of
+    ``model.output_target`` (``model`` may be wrapped by DistributedDataParallel)."""
+    inner = getattr(model, "module", model)
+    if not getattr(inner, "copies", False):
+        return tgt_out
+    mask = length_mask(src_lengths, src.size(1), src.device) if src_mask is None else src_mask
+    return inner.output_target(scores, tgt_out, src, mask)
 
 
 def summed_output_loss(loss_fn: Callable, logits: Tensor, tgt_out: Tensor, pad_index: int,
-                       label_smoothing: float) -> Tensor:
+                       label_smoothing: float, target: Tensor | None = None) -> Tensor:
     """``loss_fn`` of the teacher-forced ``logits`` (B, T, V) at ``tgt_out`` (B, T), summed over the
-    target tokens (``pad_index`` ignored); half logits summed in float32 (0-d)."""
+    target tokens (``pad_index`` ignored); half logits summed in float32 (0-d). ``target``: a
+    distribution (B, T, C) to take instead of ``tgt_out``'s tokens (:func:`output_target` of a
+    copying model; ``tgt_out`` then only says which rows are padding), or None / ``tgt_out``.
+    Label smoothing ``e`` then mixes the losses, ``(1 - e) L(z; target) + e L(z; uniform over the
+    finite scores)``, not the targets: a copying model's target is the minimiser of the set loss
+    (:func:`nmt.sparse.set_target`), so the gradient ``p - (1 - e) target - e uniform`` is the
+    exact gradient of that mixture (of mixed targets it would not be)."""
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits  # a float32 sum
+    if target is not None and target.is_floating_point():
+        scores, dist = logits.reshape(-1, logits.size(-1)), target.reshape(-1, logits.size(-1))
+        rows = loss_fn(scores, dist, reduction="none")
+        if label_smoothing > 0:  # (1 - e) L(z; q) + e L(z; uniform): exact gradient where q is a minimiser
+            rows = (1 - label_smoothing) * rows + label_smoothing * loss_fn(scores, dist, reduction="none",
+                                                                            label_smoothing=1.0)
+        return torch.where(tgt_out.reshape(-1) != pad_index, rows, 0).sum()
     return loss_fn(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1), ignore_index=pad_index,
                    reduction="sum", label_smoothing=label_smoothing)
 
@@ -148,4 +174,4 @@ def update(model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer
     optimizer.zero_grad(set_to_none=True)
     return total, n_tokens, skipped
 
-__all__ = ["SkipReason", "loss_forward", "separate_gradients", "summed_output_loss", "update"]
+__all__ = ["SkipReason", "loss_forward", "output_target", "separate_gradients", "summed_output_loss", "update"]

@@ -24,6 +24,7 @@ from nmt.data.dataset import ParallelDataset
 from nmt.data.field import Field
 from nmt.models.seq2seq import length_mask
 from nmt.train.compile import pad_to_multiple
+from nmt.train.update import output_target, summed_output_loss
 from nmt.translate.beam_search import beam_search
 from nmt.translate.mbr import mbr_ranking
 from nmt.translate.search_options import SearchOptions
@@ -124,9 +125,9 @@ def batch_statistics(model: nn.Module, loss_fn: Callable, src: Tensor, src_lengt
                 kind_totals[j, 1] += rows.sum() * probs.size(1)
     else:
         logits, attention = model(src, src_lengths, tgt_in, src_mask=src_mask)
-    loss = loss_fn(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1), ignore_index=pad_index,
-                   reduction="sum")
-    probs = model.output_mapping(logits.float(), dim=-1)  # (B, T, V)
+    loss = summed_output_loss(loss_fn, logits, tgt_out, pad_index, 0.0,
+                              output_target(model, logits, tgt_out, src, src_lengths, src_mask))
+    probs = model.output_probs(logits, src, src_mask)  # (B, T, V): with copying the tokens' marginal
     weights = mask.double()  # (B, T)
     totals = torch.stack([loss.double(), ((probs.argmax(-1) == tgt_out).double() * weights).sum(), weights.sum(),
                           ((attention > 0).sum(-1).double() * weights).sum(),

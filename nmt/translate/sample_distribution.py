@@ -34,7 +34,8 @@ def tempered_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out:
     (:func:`softmax_output`) ``z / T - max(z / T)``, which is ``log softmax(z / T) + lse`` without
     the mapping's exponentials and the same for rows holding NaN or ``+inf`` (NaN throughout, as
     the mapping gives); ``normalized=True`` (an ensemble's members, whose probabilities are
-    averaged) asks for the log-probabilities themselves. A model with ``tempered_step`` (an ensemble) answers itself; another needs
+    averaged) asks for the log-probabilities themselves. A model with ``tempered_step`` (an ensemble) answers itself, a
+    copying one (``copies``) with ``copy_tempered_step``; another needs
     ``step_with_scores`` and ``log_probs`` (as ``Seq2Seq`` and ``TransformerSeq2Seq`` have) unless
     ``T = 1``: ValueError naming its type otherwise.
 
@@ -53,6 +54,8 @@ def tempered_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out:
     if temperature == 1.0:
         log_probs, attention, state = model.step(tokens, state, encoder_out, **ask)
         return log_probs, log_probs, attention, state
+    if getattr(model, "copies", False):  # the copies tempered with the vocabulary (model.output.copy)
+        return model.copy_tempered_step(tokens, state, encoder_out, temperature, need_attention)
     with_scores = getattr(model, "step_with_scores", None)
     log_probs_of = getattr(model, "log_probs", None)
     if with_scores is None or log_probs_of is None:

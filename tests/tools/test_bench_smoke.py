@@ -549,3 +549,31 @@ def test_bench_backtranslation_smoke(tmp_path, capsys):
     assert [r["training"] for r in result["rows"]] == ["real", "bt", "bt_tagged", "bt_noised"]
     assert all(0.0 <= r["bleu"] <= 100.0 for r in result["rows"]) and 0.0 <= result["reverse_bleu"] <= 100.0
     assert "monolingual en lines back-translated" in capsys.readouterr().out
+
+
+def test_bench_copy_smoke(tmp_path, capsys):
+    """``bench_copy`` on a small prepared morphology setting (two languages, lemma -> lemma + suffix):
+    a plain and a copying run per seed, each with macro accuracy and certificate shares in [0, 100]
+    and its speeds, and the speed ratios."""
+    import random
+
+    bench = _load("bench_copy")
+    rng = random.Random(0)
+    for split, n in (("train", 60), ("valid", 10), ("dev", 12)):
+        src, tgt, lang = [], [], []
+        for i in range(n):
+            language = ("english", "german")[i % 2]
+            lemma = "".join(rng.choice("abcdef") for _ in range(rng.randint(2, 5)))
+            src.append(f"<{language}> V PST " + " ".join(lemma))
+            tgt.append(lemma + ("ed" if language == "english" else "te"))
+            lang.append(language)
+        for ext, values in (("src", src), ("tgt", tgt), ("lang", lang)):
+            (tmp_path / f"{split}.{ext}").write_text("".join(v + "\n" for v in values), encoding="utf-8")
+    out = tmp_path / "copy.json"
+    assert bench.main(["--data", str(tmp_path), "--steps", "4", "--valid-every", "2", "--seeds", "1",
+                       "--dev-lines", "6", "--quiet", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["run"], r["copy"]) for r in rows] == [("plain-1", False), ("copy-1", True)]
+    assert all(0.0 <= r[k] <= 100.0 for r in rows for k in ("accuracy", "certified", "single"))
+    assert all(r["decode_sentences_per_sec"] > 0 for r in rows)
+    assert "copying / plain speed" in capsys.readouterr().out

@@ -383,3 +383,29 @@ def test_compiled_step_with_word_dropout_is_one_graph():
     finally:
         torch._dynamo.config.allow_rnn = before
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("mapping", ["softmax", "entmax15"])
+def test_compiled_copying_step_is_one_graph_and_equals_eager(mapping):
+    """A copying output (model.output.copy; its loss target from the mapping over the correct parts)
+    adds no graph break to the compiled LSTM step (encoder in the graph), and loss and gradients
+    equal the eager step's, label smoothing included (float64, the mappings' accelerator path)."""
+    from nmt.models.copy_attention import NOT_COPIED
+    from nmt.models.seq2seq import length_mask
+
+    graphs: list[int] = []
+
+    def counting(gm, example_inputs):
+        graphs.append(len(gm.graph.nodes))
+        return gm
+
+    params = {} if mapping == "softmax" else {"impl": "static"}
+    m = model(attention={"mapping": mapping, "params": params},
+              output={"mapping": mapping, "params": params, "copy": True}).train()
+    m.generator.copy.set_vocabularies(torch.tensor([NOT_COPIED] * 3 + list(range(3, VOCAB))))
+    batch = copy_batch(6)
+    mask = length_mask(batch.src_lengths, batch.src.size(1), batch.src.device)
+    args = (m, get_loss(mapping, **params), batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, PAD, 0.1, mask)
+    compiled = compile_for_device(loss_forward, "cpu", backend=counting, encoder_in_graph=True)
+    assert_compiled_equals_eager(m, compiled, loss_forward, args)
+    assert len(graphs) == 1, graphs

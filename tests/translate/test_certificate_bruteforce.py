@@ -11,8 +11,8 @@ import nmt.translate.search_step as step_module
 import nmt.utils.topk as topk_module
 from nmt.translate.beam_search import beam_search
 from nmt.translate.length_penalty import length_penalty
-from toy_decoders import (BOS, EOS, MarkovDecoder, TinyAttentionRNN, enumerate_support, random_sources,
-                          tiny_transformer)
+from toy_decoders import (BOS, EOS, PAD, MarkovDecoder, TinyAttentionRNN, copy_table, enumerate_support,
+                          random_sources, tiny_transformer)
 
 MAX_LENGTH = 6
 MODES = [dict(mode="dynamic"), dict(mode="static", stop_every=3)]  # both loops obey the certificate
@@ -191,6 +191,21 @@ TRANSFORMER_CASES = [  # (output mapping, attention mapping + params [+ continuo
 ]
 
 
+def certificates_against_enumeration(model, src, lengths, penalty: str, mode: dict) -> set:
+    """Beam search every source with beam sizes 1, 2, 4 and check each sentence against the brute
+    force of ``model``; returns the reasons seen (None: certified)."""
+    enumerations = [enumerate_support(model, src[b], lengths[b], MAX_LENGTH) for b in range(src.size(0))]
+    reasons = set()
+    for beam_size in (1, 2, 4):
+        result = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=200,
+                             max_length=MAX_LENGTH, length_penalty=penalty, **mode)
+        names = result.reason_names()
+        reasons.update(names)
+        for b, (support, frontier, cut) in enumerate(enumerations):
+            check_against_enumeration(result, names, b, support, frontier, cut, beam_size, penalty)
+    return reasons
+
+
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("output,attention,eos_bias,seed,penalty,positions",
                          [case if len(case) == 6 else (*case, "sinusoidal") for case in TRANSFORMER_CASES])
@@ -200,16 +215,49 @@ def test_certificate_on_a_tiny_transformer(output, attention, eos_bias, seed, pe
                              eos_bias=eos_bias, seed=seed, continuous=attention[2] if len(attention) > 2 else None,
                              positions=positions)
     src, lengths = random_sources(N_SOURCES, 9, 5, seed=seed + 7)
-    enumerations = [enumerate_support(model, src[b], lengths[b], MAX_LENGTH) for b in range(N_SOURCES)]
-    reasons = set()
-    for beam_size in (1, 2, 4):
-        result = beam_search(model, src, lengths, bos=BOS, eos=EOS, beam_size=beam_size, n_best=200,
-                             max_length=MAX_LENGTH, length_penalty=penalty, **mode)
-        names = result.reason_names()
-        reasons.update(names)
-        for b, (support, frontier, cut) in enumerate(enumerations):
-            check_against_enumeration(result, names, b, support, frontier, cut, beam_size, penalty)
+    reasons = certificates_against_enumeration(model, src, lengths, penalty, mode)
     assert None in reasons  # some sentences are certified exact
+
+
+def tiny_copying_lstm(output: str, seed: int, eos_bias: float):
+    """nmt's LSTM (Seq2Seq) with a copying output (``model.output.copy``), random weights scaled up
+    so that the sparse mappings have zeros, PAD/BOS barred and EOS favoured so that sequences end."""
+    from nmt.models import build_model
+
+    cfg = {"embeddings": {"src_size": 6, "tgt_size": 6, "share": False, "tie_output": False, "dropout": 0.0},
+           "encoder": {"type": "lstm", "layers": 1, "hidden_size": 8, "bidirectional": True, "dropout": 0.0},
+           "decoder": {"type": "lstm", "layers": 1, "hidden_size": 6, "dropout": 0.0, "input_feeding": True,
+                       "bridge": "linear"},
+           "attention": {"score": "general", "mapping": "entmax15", "params": {}, "continuous": None},
+           "output": {"mapping": output, "params": {}, "copy": True}}
+    torch.manual_seed(seed)
+    model = build_model(cfg, 9, 7, PAD).to(torch.float64).eval()
+    model.generator.copy.set_vocabularies(copy_table(9, 7))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(10)
+        model.generator.proj.weight.mul_(0.3)
+        model.generator.proj.bias[PAD] = model.generator.proj.bias[BOS] = -1e4
+        model.generator.proj.bias[EOS] = eos_bias
+    return model
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("kind,output,seed,penalty,eos_bias", [
+    ("lstm", "sparsemax", 0, "none", 1.5), ("lstm", "entmax15", 1, "average", 3.0), ("lstm", "entmax15", 2, "gnmt", 2.0),
+    ("transformer", "sparsemax", 0, "average", 5.0), ("transformer", "entmax15", 1, "none", 5.0),
+])
+def test_certificate_of_a_copying_model(kind, output, seed, penalty, eos_bias, mode):
+    """A model that copies source tokens (its token distribution the joint mapping's marginal):
+    the same brute-force check, sentences certified and not, some outputs copied."""
+    model = (tiny_copying_lstm(output, seed, eos_bias) if kind == "lstm"
+             else tiny_transformer(output=output, eos_bias=eos_bias, seed=seed, copy=True))
+    src, lengths = random_sources(N_SOURCES, 9, 5, seed=seed + 7)
+    reasons = certificates_against_enumeration(model, src, lengths, penalty, mode)
+    assert {None, "pruned"} <= reasons
+    with torch.no_grad():  # the copies carry mass: the first step's joint distribution puts some on the source
+        scores, _ = model(src, lengths, torch.full((N_SOURCES, 1), BOS))
+        assert bool((model.generator.mapping(scores, dim=-1)[..., 7:] > 0).any())
 
 
 def test_enumeration_cases_are_not_vacuous():

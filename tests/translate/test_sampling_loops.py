@@ -131,18 +131,18 @@ def test_beam_search_options_reach_sampling_dynamic_mode():
 
 
 class MappingCounter:
-    """Counts the calls of a model's output mapping (``model.log_probs``, which ``step_with_scores``
-    and ``tempered_step`` both call)."""
+    """Counts the calls of a model's output mapping (``model.generator.log_probs``, which
+    ``step_with_scores`` and ``tempered_step`` both reach)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.calls = 0
-        inner = model.log_probs
+        inner = model.generator.log_probs
 
         def counted(logits: Tensor) -> Tensor:
             self.calls += 1
             return inner(logits)
 
-        model.log_probs = counted
+        model.generator.log_probs = counted
 
 
 @pytest.mark.parametrize("mapping,per_step", [("softmax", 1), ("entmax15", 2), ("sparsemax", 2)])

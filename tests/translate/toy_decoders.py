@@ -194,16 +194,24 @@ def enumerate_support(model, src: Tensor, src_length: Tensor, max_length: int, m
     return sequences, frontier, cut
 
 
+def copy_table(src_vocab: int, vocab: int) -> Tensor:
+    """A copying model's source-to-target table for the toy ids: PAD, BOS, EOS copy nothing, source
+    token i >= 3 the target token 3 + (i - 3) mod (vocab - 3)."""
+    return torch.tensor([-1, -1, -1] + [3 + (i - 3) % (vocab - 3) for i in range(3, src_vocab)])
+
+
 def tiny_transformer(vocab: int = 7, src_vocab: int = 9, output: str = "sparsemax", attention: str = "entmax15",
                      attention_params: dict | None = None, output_scale: float = 3.0, eos_bias: float = 1.0,
                      seed: int = 0, dtype=torch.float64, continuous: dict | None = None,
-                     positions: str = "sinusoidal"):
+                     positions: str = "sinusoidal", copy: bool = False):
     """A random-weight 2+2-layer Transformer (nmt.models.transformer) in eval mode, d_model 8, 2 heads.
 
     The output layer is scaled by ``output_scale`` (a sparse output mapping then zeroes most
     tokens), PAD/BOS get a -1e4 bias and EOS ``eos_bias``, so that sequences end. ``continuous``:
     combined continuous cross-attention (``ContinuousAttention`` keyword arguments); ``positions``:
     ``model.transformer.positions``, or ``"alibi-split"`` (ALiBi, ``alibi_encoder: split``).
+    ``copy``: the output copies source tokens (``model.output.copy``; :func:`copy_table`), its
+    keys scaled by ``output_scale`` too.
     """
     from nmt.models.transformer import build_transformer
 
@@ -216,11 +224,15 @@ def tiny_transformer(vocab: int = 7, src_vocab: int = 9, output: str = "sparsema
                         "alibi_encoder": "split" if positions == "alibi-split" else "symmetric",
                         "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0, "activation": "relu"},
         "attention": {"mapping": attention, "params": dict(attention_params or {}), "continuous": continuous},
-        "output": {"mapping": output, "params": {}},
+        "output": {"mapping": output, "params": {}, "copy": copy},
     }
     torch.manual_seed(seed)
     model = build_transformer(cfg, src_vocab, vocab, PAD).to(dtype).eval()
+    if copy:
+        model.generator.copy.set_vocabularies(copy_table(src_vocab, vocab))
     with torch.no_grad():
+        if copy:
+            model.generator.copy.keys.weight.mul_(output_scale)
         model.generator.proj.weight.mul_(output_scale)
         model.generator.proj.bias[PAD] = -1e4
         model.generator.proj.bias[BOS] = -1e4

@@ -5,6 +5,7 @@ from typing import Any
 
 from torch import nn
 
+from nmt.models.copy_attention import CopyAttention
 from nmt.models.dropout import word_dropouts
 from nmt.models.embeddings import Embeddings
 from nmt.models.errors import ModelConfigError, keyed
@@ -91,8 +92,11 @@ def build_transformer(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_
                     specs["decoder_self"], specs["cross"], positions(), emb_cfg["dropout"],
                     t.get("alignment_layer", -1), t.get("alignment_heads", 0),  # absent from older checkpoints
                     t.get("full_context_alignment", False))
+    copy = CopyAttention(d_model, d_model, src_vocab_size) if out_cfg.get("copy", False) else None
     generator = keyed("model.output.mapping", Generator, d_model, tgt_vocab_size, out_cfg["mapping"],
-                       out_cfg.get("params") or {})
+                       out_cfg.get("params") or {}, copy)
+    if copy is not None:
+        nn.init.xavier_uniform_(copy.keys.weight)
     nn.init.xavier_uniform_(generator.proj.weight)
     nn.init.zeros_(generator.proj.bias)
     if emb_cfg["tie_output"]:

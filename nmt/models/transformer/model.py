@@ -117,7 +117,7 @@ class TransformerSeq2Seq(EncoderDecoder):
         """src: (B, L) ids; src_lengths: (B,). Returns encoder_out and the empty caches (t = 0)."""
         mask = length_mask(src_lengths, src.size(1), src.device)
         memory, _, packed = self.encoder.encode(self.embed_source(src), mask, need_maps=False)
-        encoder_out: State = {"memory": memory, "src_mask": mask}
+        encoder_out: State = {"memory": memory, "src_mask": mask, **self.generator.copy_source(memory, src, mask)}
         state: State = {}
         for i, (keys, values) in enumerate(self.decoder.cross_keys_values(memory, packed)):
             encoder_out[f"cross.{i}.k"], encoder_out[f"cross.{i}.v"] = keys, values
@@ -140,6 +140,14 @@ class TransformerSeq2Seq(EncoderDecoder):
                          need_attention: bool = True) -> tuple[Tensor, Tensor, Tensor | None, State]:
         """``step`` that also returns the raw output scores: (logits (N, V), log_probs (N, V),
         attention (N, L) or None, caches); scoring ranks tokens outside the support by the logits."""
+        hidden, attention, new_state = self.step_hidden(tokens, state, encoder_out, need_attention)
+        scores, log_probs = self.generator.step_outputs(hidden, encoder_out)
+        return scores, log_probs, attention, new_state
+
+    def step_hidden(self, tokens: Tensor, state: State, encoder_out: State,
+                    need_attention: bool = True) -> tuple[Tensor, Tensor | None, State]:
+        """The decoder's part of a step: (output (N, d_model) the generator reads, attention (N, L)
+        or None, the extended caches), shapes as :meth:`step`."""
         caches = [(state[f"self.{i}.k"], state[f"self.{i}.v"]) for i in range(len(self.decoder.layers))]
         out = self.decoder(self.tgt_embeddings(tokens.unsqueeze(1)), self._cross(encoder_out),
                            encoder_out["src_mask"], caches, need_maps=False, need_attention=need_attention)
@@ -147,8 +155,7 @@ class TransformerSeq2Seq(EncoderDecoder):
         for i, (keys, values) in enumerate(out.caches):
             new_state[f"self.{i}.k"], new_state[f"self.{i}.v"] = keys, values
         attention = self.decoder.alignment_attention(out.cross_maps)[:, 0] if need_attention else None
-        logits = self.generator(out.hidden[:, 0])
-        return logits, self.log_probs(logits), attention, new_state
+        return out.hidden[:, 0], attention, new_state
 
     # ---- teacher forcing --------------------------------------------------------------
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, return_maps: bool = False,
@@ -175,7 +182,7 @@ class TransformerSeq2Seq(EncoderDecoder):
         full_context = alignment_scores and self.full_context_alignment
         out = self.decoder(emb, cross_kv, mask, need_maps=return_maps, need_attention=not full_context,
                            alignment_scores=alignment_scores and not full_context)
-        logits = self.generator(out.hidden)
+        logits = self.generator.output_scores(out.hidden, self.generator.copy_source(memory, src, mask))
         if full_context:  # the scores of a second pass without the future mask (its own dropout draws)
             cross = self.decoder.full_context_cross(emb, cross_kv, mask, tgt_in != self.tgt_embeddings.pad_index,
                                                     scores=True)
