@@ -720,3 +720,25 @@ def test_the_alignment_error_rate_by_hand():
     attention = torch.tensor([[0.0, 0.9, 0.1, 0.0], [0.0, 0.0, 0.2, 0.8], [1.0, 0, 0, 0], [0.7, 0.1, 0.1, 0.1],
                               [0.0, 0.0, 0.0, 1.0]])  # the last row: EOS, not read
     assert predicted_word_pairs(attention, [None, 0, 0, 1], [0, 0, None, 1]) == {(0, 0), (1, 0)}
+
+
+def test_a_copying_models_guided_loss_is_its_copying_loss_plus_the_weighted_alignment_loss():
+    """model.output.copy under guided alignment: the output part is the copying model's own loss
+    (its set target, label smoothing as mixed losses), the alignment part the attention's."""
+    from nmt.models.copy_attention import NOT_COPIED
+    from nmt.models.seq2seq import length_mask
+    from nmt.train.update import loss_forward
+
+    m = model(attention={"mapping": "sparsemax"}, output={"mapping": "entmax15", "copy": True})
+    m.generator.copy.set_vocabularies(torch.tensor([NOT_COPIED] * 3 + list(range(3, VOCAB))))
+    batch = copy_batch(5)
+    mask = length_mask(batch.src_lengths, batch.src.size(1), batch.src.device)
+    ref = reversal_reference(batch).double()
+    fn = get_loss("entmax15")
+    g = guide({"mapping": "sparsemax"}, 0.7)
+    forward = GuidedForward(g)
+    total = forward(m, fn, batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, PAD, 0.1, mask, ref)
+    aligned = forward.take()
+    output = loss_forward(m, fn, batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, PAD, 0.1, mask)
+    torch.testing.assert_close(total, output + 0.7 * aligned, rtol=1e-12, atol=1e-12)
+    assert float(aligned) > 0
