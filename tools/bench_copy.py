@@ -15,6 +15,15 @@ measured in this invocation (run it on an idle machine for the speed columns to 
 
     python tools/bench_copy.py --data data/morphology/low --steps 2000 --seeds 1 2
     python tools/bench_copy.py --data DIR --steps 5 --dev-lines 20 --quiet        # smoke run
+
+``--multi30k DIR`` (instead of ``--data``) compares the same way on word-level translation: Multi30k
+de -> en (``train`` / ``val`` / ``test_2016_flickr`` ``.de`` ``.en``), the word-token LSTM of
+``bench_source_noise`` (min_freq 2: rare words are ``<unk>``, which a copying model copies from their
+source position), test_2016_flickr with beam 5: BLEU without and with ``replace_unk`` (each ``<unk>``
+output replaced by the most attended source word), the ``<unk>`` outputs per 100 words and the
+certified share.
+
+    python tools/bench_copy.py --multi30k path/to/multi30k --steps 2000
 """
 from __future__ import annotations
 
@@ -32,6 +41,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "recipes" / "morphology"))
+sys.path.insert(0, str(ROOT / "tools"))
 
 from nmt.config import resolve_config  # noqa: E402
 from nmt.utils.io import atomic_write_text  # noqa: E402
@@ -64,13 +74,15 @@ def training_speed(save_dir: Path) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", required=True, help="a prepared setting: train / valid / dev .src .tgt .lang")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--data", help="a prepared morphology setting: train / valid / dev .src .tgt .lang")
+    where.add_argument("--multi30k", help="Multi30k's train / val / test_2016_flickr .de / .en (translation)")
     p.add_argument("--mappings", default="entmax15_entmax15",
                    help="the recipe config's ATTENTION_OUTPUT, e.g. softmax_softmax (default entmax15_entmax15)")
     p.add_argument("--steps", type=int, default=2000, help="updates of 64 pairs per run (default 2000)")
     p.add_argument("--valid-every", type=int, default=250, help="greedy exact match on valid every N updates")
     p.add_argument("--seeds", type=int, nargs="+", default=[1])
-    p.add_argument("--dev-lines", type=int, default=None, help="decode only the first N dev lines")
+    p.add_argument("--dev-lines", type=int, default=None, help="decode only the first N dev (test) lines")
     p.add_argument("--json", help="also write the rows to this JSON file")
     p.add_argument("--quiet", action="store_true", help="no training log lines")
     args = p.parse_args(argv)
@@ -83,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     from nmt.train.trainer import Trainer
 
     torch.set_num_threads(1)
+    if args.multi30k:
+        return translation(args)
     data = Path(args.data)
 
     def lines(name: str) -> list[str]:
@@ -121,12 +135,67 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.mean(r['levenshtein'] for r in mine):>8.2f} "
               f"{statistics.mean(r['certified'] for r in mine):>9.2f} "
               f"{statistics.mean(r['single'] for r in mine):>7.2f}  (mean over seeds)")
-    for seed in args.seeds:
+    speed_ratios(rows, args.seeds)
+    if args.json:
+        atomic_write_text(Path(args.json), json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+def speed_ratios(rows: list[dict], seeds: list[int]) -> None:
+    """Print each seed's copying / plain training and decoding speed ratio."""
+    for seed in seeds:
         plain, copying = (next(r for r in rows if r["seed"] == seed and r["copy"] == c) for c in (False, True))
         train = (copying["train_tokens_per_sec"] / plain["train_tokens_per_sec"]
                  if plain["train_tokens_per_sec"] and copying["train_tokens_per_sec"] else float("nan"))
         decode = copying["decode_sentences_per_sec"] / plain["decode_sentences_per_sec"]
         print(f"seed {seed}: copying / plain speed: training {train:.2f}x, decoding {decode:.2f}x")
+
+
+def translation(args: argparse.Namespace) -> int:
+    """The ``--multi30k`` comparison (see the module docstring)."""
+    import sacrebleu
+
+    import nmt
+    from bench_source_noise import config as multi30k_config
+    from nmt.train.trainer import Trainer
+
+    data = Path(args.multi30k)
+    sources = (data / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:args.dev_lines]
+    references = (data / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[:args.dev_lines]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds:
+            for copy in (False, True):
+                name = f"{'copy' if copy else 'plain'}-{seed}"
+                save_dir = Path(tmp) / name
+                cfg = multi30k_config(data, "de", "en", save_dir, None, args.steps, seed)
+                cfg["model"]["output"]["copy"] = copy
+                cfg["training"]["threads"] = 1
+                Trainer(resolve_config(cfg, f"{name}.yaml"), f"{name}.yaml").train()
+                model = nmt.load(save_dir / "last.pt", device="cpu")
+                start = time.perf_counter()
+                translations = model.translate(sources, beam_size=5)
+                seconds = time.perf_counter() - start
+                outputs = [t.hypotheses[0][0] if t.hypotheses else "" for t in translations]
+                replaced = [t.hypotheses[0][0] if t.hypotheses else ""
+                            for t in model.translate(sources, beam_size=5, replace_unk=True)]
+                words = sum(len(o.split()) for o in outputs)
+                unks = sum(o.split().count("<unk>") for o in outputs)
+                rows.append({"run": name, "copy": copy, "seed": seed,
+                             "bleu": sacrebleu.corpus_bleu(outputs, [references]).score,
+                             "bleu_replace_unk": sacrebleu.corpus_bleu(replaced, [references]).score,
+                             "unk_per_100_words": 100.0 * unks / max(words, 1),
+                             "certified": 100.0 * sum(bool(t.certified) for t in translations) / len(translations),
+                             "train_tokens_per_sec": training_speed(save_dir),
+                             "decode_sentences_per_sec": len(sources) / seconds})
+    print(f"{data}: de->en, word LSTM, {args.steps} updates, seeds {args.seeds}; test_2016_flickr "
+          f"({len(sources)} lines), beam 5")
+    print(f"{'run':<10} {'BLEU':>6} {'+repl.unk':>9} {'unk/100w':>8} {'certified':>9} {'train tok/s':>11} "
+          f"{'dec sent/s':>10}")
+    for r in rows:
+        print(f"{r['run']:<10} {r['bleu']:>6.2f} {r['bleu_replace_unk']:>9.2f} {r['unk_per_100_words']:>8.2f} "
+              f"{r['certified']:>9.2f} {r['train_tokens_per_sec'] or 0:>11.0f} {r['decode_sentences_per_sec']:>10.1f}")
+    speed_ratios(rows, args.seeds)
     if args.json:
         atomic_write_text(Path(args.json), json.dumps(rows, indent=1) + "\n")
     return 0

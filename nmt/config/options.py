@@ -107,6 +107,10 @@ DATA = {
     "max_length_ratio": Option(float, None, "skip training pairs whose longer side has more than this many times "
                                "the tokens of the shorter (after the tokenizer; Moses clean-corpus-n -ratio, 9 there); "
                                "null or 0: off, else >= 1", nullable=True, minimum=0),
+    "sampling_temperature": Option(float, 1.0, "several corpora: each takes a share of an epoch proportional to "
+                                   "(weight x kept pairs)^(1/T), the epoch as large as at T = 1 (multilingual "
+                                   "temperature sampling; 1: the weights as given, 5: small corpora up, large ones "
+                                   "down)", minimum=0, min_inclusive=False),
     "shared_vocab": Option(bool, False, "one tokenizer and vocabulary for both sides (built from the src settings)"),
     "shared_tokenizer": Option(bool, False, "one tokenizer trained on both sides (src settings), a vocabulary "
                                "per side of the tokens that side uses (a joint sentencepiece/BPE model)"),

@@ -7,6 +7,10 @@ holds corpus ``k``'s kept pairs ``weight_k`` times: ``floor(weight_k)`` full cop
 ``round(frac(weight_k) x kept_k)`` of them (halves rounded up) drawn without replacement by a
 generator seeded with ``(seed, epoch, k)`` (:func:`epoch_indices`): a function of the seed and the
 epoch only, so a resumed run and every process of a data-parallel job build the same list.
+A sampling temperature ``T`` (``data.sampling_temperature``; multilingual NMT's temperature
+sampling, Arivazhagan et al. 2019) flattens the corpora's shares: corpus ``k`` then takes a share of
+the epoch proportional to ``(weight_k x kept_k)^(1/T)`` (:func:`tempered_weights`), the epoch as
+large as at ``T = 1``; ``T = 1`` is the weights as given, a large ``T`` the corpora in equal shares.
 :class:`EpochExamples` is that list as a dataset the batcher and ``collate`` read (a view, the
 token ids are not copied).
 """
@@ -109,6 +113,19 @@ def examples_per_epoch(kept: int, weight: float) -> int:
     return whole * kept + int((weight - whole) * kept + 0.5)
 
 
+def tempered_weights(weights: Sequence[float], kept: Sequence[int], temperature: float) -> list[float]:
+    """The weights that give corpus ``k`` (``kept[k]`` pairs, weight ``weights[k]``) a share of the epoch
+    proportional to ``(weights[k] x kept[k])^(1 / temperature)``, the epoch's size ``sum_k weights[k] x
+    kept[k]`` unchanged: ``c (w_k n_k)^(1/T) / n_k``. ``temperature`` 1 returns ``weights``; a corpus
+    that kept no pair keeps its weight (it adds nothing to an epoch)."""
+    if temperature == 1.0:
+        return list(weights)
+    sizes = [w * n for w, n in zip(weights, kept)]
+    powered = [size ** (1.0 / temperature) if size > 0 else 0.0 for size in sizes]
+    scale = sum(sizes) / sum(powered) if sum(powered) > 0 else 1.0
+    return [scale * p / n if n > 0 else w for w, n, p in zip(weights, kept, powered)]
+
+
 def epoch_indices(corpus_ids: np.ndarray, weights: Sequence[float], seed: int, epoch: int) -> np.ndarray:
     """The dataset positions of one epoch: for each corpus ``k`` (the examples whose
     ``corpus_ids`` is ``k``, in dataset order) ``floor(weights[k])`` copies of all of them, then the
@@ -169,16 +186,23 @@ class CorpusWeights:
     """The corpora of a run and where their pairs start in the concatenated list
     (:func:`read_corpora`): builds each epoch's examples and the per-corpus log lines."""
 
-    def __init__(self, corpora: Sequence[Corpus], starts: np.ndarray) -> None:
+    def __init__(self, corpora: Sequence[Corpus], starts: np.ndarray, temperature: float = 1.0) -> None:
         self.corpora, self.starts = list(corpora), np.asarray(starts, dtype=np.int64)
+        self.temperature = float(temperature)
 
     def corpus_ids(self, dataset) -> np.ndarray:
         """The corpus of each example of ``dataset`` (from its 1-based ``line_numbers``): (len,) int64."""
         return corpus_of_lines(self.starts, dataset.line_numbers)
 
+    def weights(self, dataset) -> list[float]:
+        """Each corpus's weight for ``dataset``'s kept pairs: its ``weight``, tempered by the sampling
+        temperature (:func:`tempered_weights`)."""
+        kept = np.bincount(self.corpus_ids(dataset), minlength=len(self.corpora))
+        return tempered_weights([c.weight for c in self.corpora], [int(n) for n in kept], self.temperature)
+
     def for_epoch(self, dataset, seed: int, epoch: int) -> EpochExamples:
         """``dataset``'s examples of ``epoch`` (:func:`epoch_indices`)."""
-        indices = epoch_indices(self.corpus_ids(dataset), [c.weight for c in self.corpora], seed, epoch)
+        indices = epoch_indices(self.corpus_ids(dataset), self.weights(dataset), seed, epoch)
         if indices.size == 0:
             raise DataError(f"epoch {epoch}: the weights of data.train leave no training example "
                             f"({len(dataset)} pairs kept): raise a weight")
@@ -189,11 +213,14 @@ class CorpusWeights:
         weight W, E examples per epoch`` (then ``, source tag T`` for a tagged corpus): each rule's count of that corpus (:meth:`skipped_per_corpus`)."""
         kept = np.bincount(self.corpus_ids(dataset), minlength=len(self.corpora))
         skipped = self.skipped_per_corpus(dataset)
+        weights = self.weights(dataset)
         lines = []
         for k, corpus in enumerate(self.corpora):
             total = int(self.starts[k + 1] - self.starts[k])
+            weight = f"weight {corpus.weight:g}" + ("" if self.temperature == 1.0 else
+                                                    f" ({weights[k]:.4g} at sampling temperature {self.temperature:g})")
             lines.append(f"{corpus.label}: kept {int(kept[k])} of {total} pairs (skipped {describe_skipped(skipped[k])}), "
-                         f"weight {corpus.weight:g}, {examples_per_epoch(int(kept[k]), corpus.weight)} examples "
+                         f"{weight}, {examples_per_epoch(int(kept[k]), weights[k])} examples "
                          f"per epoch{corpus.tag_note}")
         return lines
 
@@ -215,4 +242,4 @@ class CorpusWeights:
 
 
 __all__ = ["Corpus", "CorpusWeights", "check_corpus_files", "corpus_of_lines", "EpochExamples", "epoch_indices", "examples_per_epoch", "is_weighted",
-           "read_corpora", "tag_line_counts", "training_corpora"]
+           "read_corpora", "tag_line_counts", "tempered_weights", "training_corpora"]

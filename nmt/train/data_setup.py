@@ -253,7 +253,7 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     else:
         if is_weighted(train_files):
             train_pairs, starts = read_corpora(corpora)
-            weights = CorpusWeights(corpora, starts)
+            weights = CorpusWeights(corpora, starts, data_cfg.get("sampling_temperature", 1.0))
         else:
             train_pairs = read_parallel(train_files["src"], train_files["tgt"])
         if not any(src.strip() and tgt.strip() for src, tgt in train_pairs):
@@ -272,7 +272,7 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
                                     src_prefixes)
         if is_weighted(train_files):
             starts = train.starts if isinstance(train, ConcatenatedArrays) else np.array([0, train.n_input])
-            weights = CorpusWeights(corpora, starts)
+            weights = CorpusWeights(corpora, starts, data_cfg.get("sampling_temperature", 1.0))
     else:
         if weights is None:
             starts = np.array([0, len(train_pairs)])

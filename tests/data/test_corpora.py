@@ -1,6 +1,7 @@
 """Weighted corpora (nmt.data.corpora): an epoch's examples against counts computed by hand from
 the weights and sizes, the fractional share seeded by (seed, epoch, corpus), the batches' share of
-each corpus, the view against the dataset it indexes, and the one-line errors."""
+each corpus, the view against the dataset it indexes, the sampling temperature's shares, and the
+one-line errors."""
 from __future__ import annotations
 
 import math
@@ -11,8 +12,8 @@ import pytest
 
 from nmt.config import ConfigError, resolve_config
 from nmt.data.batching import collate, make_batch_order
-from nmt.data.corpora import (Corpus, CorpusWeights, EpochExamples, epoch_indices, read_corpora,
-                              training_corpora)
+from nmt.data.corpora import (Corpus, CorpusWeights, EpochExamples, epoch_indices, examples_per_epoch,
+                              read_corpora, tempered_weights, training_corpora)
 from nmt.data.dataset import ParallelDataset
 from nmt.data.errors import DataError
 from nmt.data.field import Field
@@ -172,3 +173,50 @@ def test_resolved_configs():
     assert many["data"]["train"] == [
         {"src": "a", "tgt": "b", "weight": 3.0, "name": None, "src_tag": None, "align": None, "noise": NO_NOISE},
         {"src": "c", "tgt": "d", "weight": 1.0, "name": "bt", "src_tag": None, "align": None, "noise": NO_NOISE}]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0, 5.0, 100.0, 0.5])
+def test_tempered_weights_give_shares_of_the_tempered_sizes_in_an_epoch_of_the_same_size(temperature):
+    """Corpus k's share of the epoch is (w_k n_k)^(1/T) / sum_j (w_j n_j)^(1/T) (by hand below), the
+    epoch's size sum_k w_k n_k; T = 1 gives the weights back; a corpus that kept nothing keeps its weight."""
+    weights, kept = [1.0, 2.0, 0.5, 3.0], [1000, 50, 400, 0]
+    tempered = tempered_weights(weights, kept, temperature)
+    sizes = [w * n for w, n in zip(weights, kept)]
+    powered = [s ** (1 / temperature) for s in sizes]
+    for k in range(3):
+        assert tempered[k] * kept[k] / sum(sizes) == pytest.approx(powered[k] / sum(powered), rel=1e-12)
+    assert sum(t * n for t, n in zip(tempered, kept)) == pytest.approx(sum(sizes), rel=1e-12)
+    assert tempered[3] == 3.0
+    if temperature == 1.0:
+        assert tempered == weights
+    if temperature == 100.0:  # nearly equal shares
+        assert max(t * n for t, n in zip(tempered, kept)) / min(t * n for t, n in zip(tempered[:3], kept[:3])) < 1.1
+
+
+def test_an_epoch_at_a_sampling_temperature_holds_the_tempered_counts(two_corpora):
+    """CorpusWeights with temperature 3: each corpus's examples in an epoch are
+    examples_per_epoch(kept, tempered weight), the data log says the tempered weight."""
+    cfg, real, bt = two_corpora
+    corpora = training_corpora(cfg)
+    pairs, starts = read_corpora(corpora)
+    data = ParallelDataset(pairs, _field("space"), _field("char"), 5, 5)
+    weights = CorpusWeights(corpora, starts, 3.0)
+    tempered = tempered_weights([3.0, 0.5], [3, 9], 3.0)
+    assert weights.weights(data) == tempered
+    lines = weights.describe(data)
+    assert lines[0] == (f"real: kept 3 of 4 pairs (skipped 0 empty, 1 too long), weight 3 ({tempered[0]:.4g} at "
+                        f"sampling temperature 3), {examples_per_epoch(3, tempered[0])} examples per epoch")
+    for epoch in range(3):
+        examples = weights.for_epoch(data, seed=5, epoch=epoch)
+        per_corpus = Counter("real" if int(line) <= 4 else "bt" for line in examples.line_numbers)
+        assert per_corpus == {"real": examples_per_epoch(3, tempered[0]), "bt": examples_per_epoch(9, tempered[1])}
+    # the small corpus (9 x 3 = 9 weighted) rose against the large one (4.5): 4.5^(1/3) / 9^(1/3) of it
+    assert examples_per_epoch(9, tempered[1]) > 5
+
+
+def test_sampling_temperature_config():
+    raw = {**MINIMAL, "data": {**MINIMAL["data"], "train": [{"src": "a", "tgt": "b"}], "sampling_temperature": 5}}
+    assert resolve_config(raw, "c.yaml")["data"]["sampling_temperature"] == 5.0
+    with pytest.raises(ConfigError) as err:
+        resolve_config({**raw, "data": {**raw["data"], "sampling_temperature": 0}}, "c.yaml")
+    assert str(err.value).startswith("c.yaml: data.sampling_temperature") and "\n" not in str(err.value)

@@ -577,3 +577,15 @@ def test_bench_copy_smoke(tmp_path, capsys):
     assert all(0.0 <= r[k] <= 100.0 for r in rows for k in ("accuracy", "certified", "single"))
     assert all(r["decode_sentences_per_sec"] > 0 for r in rows)
     assert "copying / plain speed" in capsys.readouterr().out
+    corpus = tmp_path / "multi30k"  # the translation mode, on a Multi30k-shaped corpus (its test set: val)
+    corpus.mkdir()
+    spm = pytest.importorskip("sentencepiece")
+    small_corpus(corpus, spm, seed=4)
+    for lang in ("de", "en"):
+        (corpus / f"test_2016_flickr.{lang}").write_text((corpus / f"val.{lang}").read_text())
+    assert bench.main(["--multi30k", str(corpus), "--steps", "3", "--seeds", "1", "--dev-lines", "5", "--quiet",
+                       "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["run"], r["copy"]) for r in rows] == [("plain-1", False), ("copy-1", True)]
+    assert all(0.0 <= r[k] <= 100.0 for r in rows for k in ("bleu", "bleu_replace_unk", "certified"))
+    assert "+repl.unk" in capsys.readouterr().out

@@ -66,6 +66,25 @@ def test_each_epoch_trains_on_every_corpus_weight_times(corpora, monkeypatch):
     assert sum(lines.values()) == 2 * (2 * 24 + 15)
 
 
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_sampling_temperature_trains_each_corpus_its_tempered_share(corpora, tmp_path, monkeypatch, cached):
+    """data.sampling_temperature 4 (with and without data.id_cache): an epoch holds each corpus's
+    examples_per_epoch of its tempered weight (real 2 x 24 = 48 and bt 0.5 x 30 = 15 weighted pairs
+    move toward (48^(1/4), 15^(1/4)) shares of the same 63), counted from the collated batches."""
+    from nmt.data.corpora import examples_per_epoch, tempered_weights
+
+    seen = record_batches(monkeypatch)
+    run = make({**corpora, "sampling_temperature": 4.0, "id_cache": cached}, tmp_path / "run", max_steps=None,
+               max_epochs=1)
+    run.train()
+    lines = Counter(line for batch in seen for line in batch)
+    tempered = tempered_weights([2.0, 0.5], [24, 30], 4.0)
+    real = sum(n for line, n in lines.items() if line <= 24)
+    bt = sum(n for line, n in lines.items() if line > 24)
+    assert (real, bt) == (examples_per_epoch(24, tempered[0]), examples_per_epoch(30, tempered[1]))
+    assert bt > 15 and real < 48  # the small corpus up, the large one down
+
+
 def test_a_single_mapping_batches_as_a_plain_dataset(corpora, tmp_path, monkeypatch):
     """One {src, tgt} trains on exactly the batches of ParallelDataset(read_parallel(files)) (as
     before data.train lists existed), and a list of that one corpus of weight 1 trains the same weights."""
