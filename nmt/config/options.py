@@ -231,6 +231,8 @@ MODEL = {
         "params": Option(dict, {}, "parameters of the attention mapping (e.g. {alpha: 1.5} for entmax_bisect)"),
         "continuous": Option(dict, None, "null, or ContinuousAttention keyword arguments for combined attention",
                              nullable=True),
+        "coverage": Option(bool, False, "RNN: each source position's key also holds its coverage, the attention "
+                           "it received so far (k_j + w c_j; See et al. 2017, OpenNMT-py -coverage_attn)"),
         "encoder_self": _attention_kind("encoder self-attention"),
         "decoder_self": _attention_kind("decoder self-attention"),
         "cross": _attention_kind("cross-attention"),
@@ -307,6 +309,9 @@ TRAINING = {
     "clip_grad_norm": Option(float, 5.0, "clip the global gradient norm (null: no clipping)", nullable=True,
                              minimum=0.0, min_inclusive=False),
     "label_smoothing": Option(float, 0.0, "label smoothing of the loss", minimum=0.0, maximum=1.0, max_inclusive=False),
+    "coverage_loss": Option(float, 0.0, "weight of the coverage loss, sum over target steps and source positions of "
+                            "min(attention, the attention received before) (See et al. 2017; OpenNMT-py "
+                            "-lambda_coverage); 0: off", minimum=0.0),
     "nonfinite": Option(str, "stop", "on a NaN / inf training loss: stop (one-line error naming the step; "
                         "last.pt keeps the last finite state) or skip the update (not counted as a step, "
                         "nor by the lr schedule; 100 skipped in a row stop the run)", choices=("stop", "skip")),

@@ -36,6 +36,12 @@ class GlobalAttention(nn.Module):
 
     Memory-side projections depend only on the source, so they are computed once per
     sentence by :meth:`keys` and passed back to :meth:`forward` at every step.
+
+    ``coverage`` (See et al. 2017; OpenNMT-py's ``-coverage_attn``): each position's key also holds
+    its coverage, the attention it received at the steps before, ``k_j + w c_j`` with a learned
+    ``w`` (``coverage_weight``, (K,)): for ``dot`` and ``general`` the scores gain
+    ``(q . w) c_j``, for ``mlp`` the term enters the tanh. The caller carries the coverage from step
+    to step (:meth:`forward`'s ``coverage``).
     """
 
     def __init__(
@@ -46,6 +52,7 @@ class GlobalAttention(nn.Module):
         mapping: str = "softmax",
         mapping_params: dict[str, Any] | None = None,
         continuous: dict[str, Any] | None = None,
+        coverage: bool = False,
     ) -> None:
         super().__init__()
         if score not in SCORES:
@@ -65,6 +72,8 @@ class GlobalAttention(nn.Module):
             self.key_proj = nn.Linear(memory_size, query_size, bias=True)
             self.query_proj = nn.Linear(query_size, query_size, bias=False)
             self.v = nn.Linear(query_size, 1, bias=False)
+        key_size = memory_size if score == "dot" else query_size
+        self.coverage_weight = nn.Parameter(torch.zeros(key_size)) if coverage else None
         self.continuous: nn.Module | None = None
         if continuous is not None:
             from nmt.models.continuous_attention import ContinuousAttention  # only when asked for
@@ -93,16 +102,29 @@ class GlobalAttention(nn.Module):
         """Source-side part of the score. memory: (B, L, Hm) -> keys (B, L, K)."""
         return memory if self.score == "dot" else self.key_proj(memory)
 
-    def scores(self, query: Tensor, keys: Tensor) -> Tensor:
-        """query: (B, T, Hq), keys: (B, L, K) -> raw scores (B, T, L)."""
+    @property
+    def coverage(self) -> bool:
+        """Whether the keys hold the coverage (``model.attention.coverage``)."""
+        return self.coverage_weight is not None
+
+    def scores(self, query: Tensor, keys: Tensor, coverage: Tensor | None = None) -> Tensor:
+        """query: (B, T, Hq), keys: (B, L, K) -> raw scores (B, T, L); ``coverage`` (B, T, L): each
+        query's coverage (``mlp``: inside the tanh; the other scores add :meth:`coverage_term`)."""
         if self.score == "mlp":
-            hidden = torch.tanh(self.query_proj(query).unsqueeze(2) + keys.unsqueeze(1))
-            return self.v(hidden).squeeze(-1)
+            inner = self.query_proj(query).unsqueeze(2) + keys.unsqueeze(1)  # (B, T, L, K)
+            if coverage is not None:
+                inner = inner + coverage.unsqueeze(-1) * self.coverage_weight.to(inner.dtype)
+            return self.v(torch.tanh(inner)).squeeze(-1)
         return torch.bmm(query, keys.transpose(1, 2))
+
+    def coverage_term(self, query: Tensor, coverage: Tensor) -> Tensor:
+        """``(q . w) c_j`` (B, T, L) for ``dot`` / ``general`` scores: the keys ``k_j + w c_j``
+        scored against the queries (B, T, Hq), minus ``q . k_j``."""
+        return torch.matmul(query, self.coverage_weight.to(query.dtype)).unsqueeze(-1) * coverage.to(query.dtype)
 
     def forward(
         self, query: Tensor, memory: Tensor, mask: Tensor, keys: Tensor | None = None,
-        products: Products | None = None, return_scores: bool = False,
+        products: Products | None = None, return_scores: bool = False, coverage: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Attend.
 
@@ -116,18 +138,24 @@ class GlobalAttention(nn.Module):
         are one (S, L) product per sentence, not S products of one row. ``return_scores``: the
         second value is the scores the mapping took instead of its probabilities, ``-inf`` on
         padding (what a Fenchel-Young loss of the attention takes: guided alignment training).
+        ``coverage``: with :attr:`coverage`, the queries' coverage, shaped as the probabilities
+        ((N, L) for a step; zeros at the first step), which the keys then hold.
         """
         single = query.dim() == 2
         if single:
             query = query.view(memory.size(0), -1, query.size(-1))  # (B, S, Hq)
         if keys is None:
             keys = self.keys(memory)
+        if coverage is not None:
+            coverage = coverage.view(query.shape[:-1] + coverage.shape[-1:])  # (B, S or T, L)
         bias = None if products is None else products.bias  # the padding, made once per pass
         if products is not None and products.scores is not None:
             scores = products.scores(query, bias)  # q K^T + bias: one product
         else:
-            scores = self.scores(query, keys)
+            scores = self.scores(query, keys, coverage if self.score == "mlp" else None)
             scores = scores if bias is None else scores + bias
+        if coverage is not None and self.score != "mlp":
+            scores = scores + self.coverage_term(query, coverage)
         if bias is not None:
             probs = self.mapping(scores, dim=-1)
         else:

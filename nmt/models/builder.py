@@ -149,6 +149,7 @@ def build_rnn(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_size: in
         mapping=g(att_cfg, "model.attention", "mapping"),
         mapping_params=att_cfg.get("params") or {},
         continuous=att_cfg.get("continuous"),
+        coverage=att_cfg.get("coverage", False),
     )
     bridge = _keyed("model.decoder.bridge", Bridge, g(dec_cfg, "model.decoder", "bridge"), encoder.layers,
                     encoder.hidden_size, dec_type, dec_layers, dec_size)

@@ -202,14 +202,23 @@ class InputFeedingDecoder(nn.Module):
         return list(zip(*(state[n].unbind(1) for n in names))), state.get("input_feed")
 
     # ---- computation ----------------------------------------------------------------
+    def with_coverage(self, state: State, mask: Tensor) -> State:
+        """``state`` with the attention's coverage at the first step, ``"coverage"`` (B, L) zeros,
+        where the attention has coverage (``model.attention.coverage``; mask: (B, L)); else itself."""
+        if not self.attention.coverage:
+            return state
+        return {**state, "coverage": state["h"].new_zeros(mask.shape)}
+
     def _step(self, emb: Tensor, hidden: list[tuple[Tensor, ...]], input_feed: Tensor | None, memory: Tensor,
-              mask: Tensor, keys: Tensor, attention_scores: bool = False
+              mask: Tensor, keys: Tensor, attention_scores: bool = False, coverage: Tensor | None = None
               ) -> tuple[Tensor, Tensor, list[tuple[Tensor, ...]]]:
         """emb (N, E) -> (h~ (N, H), attention (N, L), new hidden); ``attention_scores``: the
-        attention's scores (``-inf`` on padding) instead of its probabilities."""
+        attention's scores (``-inf`` on padding) instead of its probabilities; ``coverage`` (N, L):
+        the attention's coverage before this step (with ``model.attention.coverage``)."""
         x = torch.cat([emb, input_feed], dim=-1) if self.input_feeding else emb
         rnn_out, hidden = self.rnn(x, hidden)
-        context, probs = self.attention(rnn_out, memory, mask, keys, return_scores=attention_scores)
+        context, probs = self.attention(rnn_out, memory, mask, keys, return_scores=attention_scores,
+                                        coverage=coverage)
         out = self.dropout(torch.tanh(self.combine(torch.cat([context, rnn_out], dim=-1))))
         return out, probs, hidden
 
@@ -220,13 +229,18 @@ class InputFeedingDecoder(nn.Module):
         N = B x S: S consecutive rows per source (S = 1, or beam slots sharing their sentence's
         memory; see :meth:`GlobalAttention.forward`).
 
-        Returns h~ (N, H), attention (N, L) and the new batch-first state.
+        Returns h~ (N, H), attention (N, L) and the new batch-first state (with coverage: its
+        ``"coverage"`` (N, L) plus this step's attention).
         """
         if packed_decoder_step.servable(self, emb):  # CPU inference: the same step in fewer operations
             return packed_decoder_step.packed_step(self, emb, state, memory, mask, keys)
         hidden, input_feed = self._from_state(state)
-        out, probs, hidden = self._step(emb, hidden, input_feed, memory, mask, keys)
-        return out, probs, self._to_state(hidden, out)
+        coverage = state.get("coverage")
+        out, probs, hidden = self._step(emb, hidden, input_feed, memory, mask, keys, coverage=coverage)
+        new_state = self._to_state(hidden, out)
+        if coverage is not None:
+            new_state["coverage"] = coverage + probs.to(coverage.dtype)
+        return out, probs, new_state
 
     def forward(self, emb: Tensor, state: State, memory: Tensor, mask: Tensor, keys: Tensor,
                 attention_scores: bool = False) -> tuple[Tensor, Tensor]:
@@ -237,18 +251,24 @@ class InputFeedingDecoder(nn.Module):
         mapping, ``-inf`` on padding, instead of its probabilities (guided alignment training).
         """
         hidden, input_feed = self._from_state(state)
+        coverage = state.get("coverage")
+        if coverage is not None and attention_scores:
+            raise ValueError("attention coverage needs the attention's probabilities at every step, not its scores")
         if self.rnn.is_lstm:
-            return self._forward_lstm(emb, hidden, input_feed, memory, mask, keys, attention_scores)
+            return self._forward_lstm(emb, hidden, input_feed, memory, mask, keys, attention_scores, coverage)
         outs, attns = [], []
         for emb_t in emb.unbind(1):  # unbind: one backward node, not T zero-filled (B, T, E) gradients
-            input_feed, probs, hidden = self._step(emb_t, hidden, input_feed, memory, mask, keys, attention_scores)
+            input_feed, probs, hidden = self._step(emb_t, hidden, input_feed, memory, mask, keys, attention_scores,
+                                                   coverage)
+            if coverage is not None:
+                coverage = coverage + probs.to(coverage.dtype)
             outs.append(input_feed)
             attns.append(probs)
         return torch.stack(outs, dim=1), torch.stack(attns, dim=1)
 
     def _forward_lstm(self, emb: Tensor, hidden: list[tuple[Tensor, ...]], input_feed: Tensor | None,
                       memory: Tensor, mask: Tensor, keys: Tensor,
-                      attention_scores: bool = False) -> tuple[Tensor, Tensor]:
+                      attention_scores: bool = False, coverage: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``forward`` for LSTM cells, the same function computed with fewer, larger products.
 
         The embedding part of the first layer's input product (and both biases) is one
@@ -310,7 +330,9 @@ class InputFeedingDecoder(nn.Module):
                 in_gate, forget_gate, cell_gate, out_gate = gates.chunk(4, dim=1)
                 c[i] = torch.sigmoid(forget_gate) * c[i] + torch.sigmoid(in_gate) * torch.tanh(cell_gate)
                 h[i] = x = torch.sigmoid(out_gate) * torch.tanh(c[i])
-            context, probs = self.attention(x, memory, mask, keys, attention_products, attention_scores)
+            context, probs = self.attention(x, memory, mask, keys, attention_products, attention_scores, coverage)
+            if coverage is not None:
+                coverage = coverage + probs.to(coverage.dtype)
             input_feed = self.dropout(torch.tanh(combine(torch.cat([context, x], dim=-1))))
             outs.append(input_feed)
             attns.append(probs)

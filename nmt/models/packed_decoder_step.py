@@ -48,11 +48,11 @@ comparisons with the module path). Measured on the Multi30k LSTM (64 rows, Intel
 
 def servable(decoder: Any, emb: Tensor) -> bool:
     """Whether :func:`packed_step` serves this ``InputFeedingDecoder`` for embeddings ``emb`` (N, E):
-    LSTM cells, ``dot`` / ``general`` scores without continuous attention, no dropout active (eval
+    LSTM cells, ``dot`` / ``general`` scores without continuous attention or coverage, no dropout active (eval
     mode), the packed products usable."""
     attention = decoder.attention
     return (decoder.rnn.is_lstm and not decoder.training and attention.continuous is None
-            and attention.score in ("dot", "general")
+            and not attention.coverage and attention.score in ("dot", "general")
             and packed_linear.usable(emb, decoder.combine.weight, decoder.rnn.cells[0].weight_ih))
 
 

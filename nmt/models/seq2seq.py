@@ -46,7 +46,8 @@ class Seq2Seq(EncoderDecoder):
         Returns ``encoder_out`` = {"memory" (B, L, H), "src_mask" (B, L) bool,
         "keys" (B, L, K) the memory-side attention projection, with ``model.output.copy``
         "copy_keys" (B, L, H) and "copy_ids" (B, L)} and the initial decoder
-        state {"h", ["c"] (B, layers, H), ["input_feed"] (B, H)}.
+        state {"h", ["c"] (B, layers, H), ["input_feed"] (B, H), with ``model.attention.coverage``
+        "coverage" (B, L) zeros}.
         """
         embeddings = self.src_embeddings
         # in eval mode the embeddings are their table's rows: the encoder may compute per token
@@ -55,7 +56,7 @@ class Seq2Seq(EncoderDecoder):
         mask = length_mask(src_lengths, src.size(1), src.device) if src_mask is None else src_mask
         encoder_out = {"memory": memory, "src_mask": mask, "keys": self.decoder.attention.keys(memory),
                        **self.generator.copy_source(memory, src, mask)}
-        return encoder_out, self.decoder.init_state(final)
+        return encoder_out, self.decoder.with_coverage(self.decoder.init_state(final), mask)
 
     def step(self, tokens: Tensor, state: State, encoder_out: State) -> tuple[Tensor, Tensor, State]:
         """tokens: (N,) previous ids; state: N rows; encoder_out: N rows, or B rows with N = B x S

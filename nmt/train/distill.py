@@ -44,6 +44,7 @@ from nmt.data.field import Field
 from nmt.models.protocol import position_limits
 from nmt.models.seq2seq import length_mask
 from nmt.sparse import get_mapping
+from nmt.train.coverage_loss import coverage_loss
 from nmt.train.init_from import init_checkpoint_path
 from nmt.translate.loading import load_model
 from nmt.utils.checkpoint_file import CheckpointError
@@ -210,12 +211,16 @@ def distill_loss(loss_fn: Callable, scores: Tensor, target: Tensor, q: Tensor, w
 def distill_loss_forward(model: nn.Module, loss_fn: Callable, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
                          tgt_out: Tensor, pad_index: int, label_smoothing: float, src_mask: Tensor | None,
                          teacher: nn.Module, mapping: Callable[..., Tensor], weight: float,
-                         temperature: float) -> Tensor:
+                         temperature: float, coverage_weight: float = 0.0) -> Tensor:
     """:func:`nmt.train.update.loss_forward` with distillation: the teacher's ``q`` (B, T, V), the
-    student's teacher-forced scores, and :func:`distill_loss` summed (0-d, float32 or wider)."""
+    student's teacher-forced scores, and :func:`distill_loss` summed (0-d, float32 or wider), plus
+    ``coverage_weight`` times the student's coverage loss (``training.coverage_loss``)."""
     q = teacher_distribution(teacher, mapping, temperature, src, src_lengths, tgt_in, src_mask)
-    logits, _ = model(src, src_lengths, tgt_in, src_mask=src_mask)
-    return summed_distill_loss(loss_fn, logits, tgt_out, q, weight, pad_index, label_smoothing)
+    logits, attention = model(src, src_lengths, tgt_in, src_mask=src_mask)
+    loss = summed_distill_loss(loss_fn, logits, tgt_out, q, weight, pad_index, label_smoothing)
+    if coverage_weight > 0:
+        loss = loss + coverage_weight * coverage_loss(attention, tgt_out, pad_index)
+    return loss
 
 
 def summed_distill_loss(loss_fn: Callable, logits: Tensor, tgt_out: Tensor, q: Tensor, weight: float,
@@ -234,15 +239,17 @@ class DistillForward:
     such as :func:`nmt.train.compile.compile_for_device`'s, applied to
     :func:`distill_loss_forward` (teacher and student in one graph)."""
 
-    def __init__(self, teacher: Teacher, compile: Callable[[Callable], Callable] | None = None) -> None:
+    def __init__(self, teacher: Teacher, compile: Callable[[Callable], Callable] | None = None,
+                 coverage_weight: float = 0.0) -> None:
         self.teacher = teacher
+        self.coverage_weight = coverage_weight  # training.coverage_loss
         self.fn = distill_loss_forward if compile is None else compile(distill_loss_forward)
 
     def __call__(self, model: nn.Module, loss_fn: Callable, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
                  tgt_out: Tensor, pad_index: int, label_smoothing: float, src_mask: Tensor | None = None) -> Tensor:
         t = self.teacher
         return self.fn(model, loss_fn, src, src_lengths, tgt_in, tgt_out, pad_index, label_smoothing, src_mask,
-                       t.model, t.mapping, t.weight, t.temperature)
+                       t.model, t.mapping, t.weight, t.temperature, self.coverage_weight)
 
 
 __all__ = ["DistillForward", "KEY", "Teacher", "check_distill", "teacher_change", "distill_loss", "distill_loss_forward",

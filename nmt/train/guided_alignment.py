@@ -90,10 +90,17 @@ class GuidedAlignment:
 def guided_alignment(config: dict, source: str, model: nn.Module) -> GuidedAlignment | None:
     """The run's :class:`GuidedAlignment` (None: weight 0), from ``model.alignment_attention``.
     ConfigError naming :data:`KEY` for a model without one, a mapping without a Fenchel-Young loss
-    (fusedmax, oscarmax)."""
+    (fusedmax, oscarmax); naming ``model.attention.coverage`` / ``training.coverage_loss`` where
+    those are on too."""
     weight = guided_weight(config)
     if weight == 0.0:
         return None
+    if config.get("model", {}).get("attention", {}).get("coverage", False):
+        raise ConfigError(source, "model.attention.coverage", f"not with {KEY} (guided alignment trains the "
+                          "attention's scores; the coverage needs its probabilities at every step)")
+    if config.get("training", {}).get("coverage_loss", 0.0) > 0:
+        raise ConfigError(source, "training.coverage_loss", f"not with {KEY}: both supervise the attention "
+                          "(use one)")
     attention = getattr(model, "alignment_attention", None)
     if attention is None:
         raise ConfigError(source, KEY, f"{type(model).__name__} reports no alignment attention")

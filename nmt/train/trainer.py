@@ -15,6 +15,7 @@ import math
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -252,10 +253,13 @@ class Trainer:
         self.loss_forward = (compile_loss_forward(self.device, encoder_in_graph=in_graph,
                                                   cuda_graphs=train_cfg["accumulate"] == 1) if train_cfg["compile"]
                              else loss_forward)
+        coverage = train_cfg["coverage_loss"]  # training.coverage_loss: its weight (0: off)
+        if coverage > 0:
+            self.loss_forward = partial(self.loss_forward, coverage_weight=coverage)
         if self.teacher is not None:  # teacher and student forward in one (compiled) step
             self.loss_forward = DistillForward(self.teacher, (lambda fn: compile_for_device(
                 fn, self.device, encoder_in_graph=in_graph, cuda_graphs=train_cfg["accumulate"] == 1))
-                if train_cfg["compile"] else None)
+                if train_cfg["compile"] else None, coverage)
         self.guide = guided_alignment(config, source, self.model)  # training.guided_alignment (None: off)
         if self.guide is not None:
             self.loss_forward = GuidedForward(self.guide, (lambda fn: compile_for_device(

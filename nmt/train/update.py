@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from nmt.data.batching import Batch
 from nmt.models.seq2seq import length_mask
+from nmt.train.coverage_loss import coverage_loss
 from nmt.train.precision import TrainPrecision
 
 SkipReason = Literal["nonfinite", "overflow"]
@@ -21,14 +22,18 @@ LossForward = Callable[[nn.Module, Callable, Tensor, Tensor, Tensor, Tensor, int
 
 def loss_forward(model: nn.Module, loss_fn: Callable, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
                  tgt_out: Tensor, pad_index: int, label_smoothing: float,
-                 src_mask: Tensor | None = None) -> Tensor:
+                 src_mask: Tensor | None = None, coverage_weight: float = 0.0) -> Tensor:
     """Teacher-forced forward and summed Fenchel-Young loss (a 0-d tensor, float32 or wider
     under autocast too); what ``training.compile`` compiles. src: (B, L); src_lengths: (B,);
     tgt_in, tgt_out: (B, T); ``src_mask``: the lengths' mask (B, L) on src's device, made by the
-    caller (see :func:`update`), or None (the model makes it)."""
-    logits, _ = model(src, src_lengths, tgt_in, src_mask=src_mask)
+    caller (see :func:`update`), or None (the model makes it). ``coverage_weight`` > 0 adds that
+    times the summed coverage loss of the pass's attention (``training.coverage_loss``)."""
+    logits, attention = model(src, src_lengths, tgt_in, src_mask=src_mask)
     target = output_target(model, logits, tgt_out, src, src_lengths, src_mask)
-    return summed_output_loss(loss_fn, logits, tgt_out, pad_index, label_smoothing, target)
+    loss = summed_output_loss(loss_fn, logits, tgt_out, pad_index, label_smoothing, target)
+    if coverage_weight > 0:
+        loss = loss + coverage_weight * coverage_loss(attention, tgt_out, pad_index)
+    return loss
 
 
 def output_target(model: nn.Module, scores: Tensor, tgt_out: Tensor, src: Tensor, src_lengths: Tensor,

@@ -44,6 +44,8 @@ MODELS = {
     "lstm-continuous": lambda: build_model(model_cfg(attention={"mapping": "entmax15", "continuous": {}}),
                                            SRC_VOCAB, TGT_VOCAB, PAD),
     "transformer": lambda: build_transformer(transformer_cfg(), SRC_VOCAB, TGT_VOCAB, PAD),
+    "lstm-coverage": lambda: build_model(model_cfg(attention={"mapping": "entmax15", "score": "mlp", "coverage": True},
+                                                   output={"mapping": "entmax15"}), SRC_VOCAB, TGT_VOCAB, PAD),
     "lstm-copy": lambda: build_model(model_cfg(attention={"mapping": "entmax15"},
                                                output={"mapping": "entmax15", "copy": True}), SRC_VOCAB, TGT_VOCAB, PAD),
     "transformer-copy": lambda: build_transformer(transformer_cfg(output={"mapping": "sparsemax", "copy": True}),

@@ -589,3 +589,21 @@ def test_bench_copy_smoke(tmp_path, capsys):
     assert [(r["run"], r["copy"]) for r in rows] == [("plain-1", False), ("copy-1", True)]
     assert all(0.0 <= r[k] <= 100.0 for r in rows for k in ("bleu", "bleu_replace_unk", "certified"))
     assert "+repl.unk" in capsys.readouterr().out
+
+
+def test_bench_coverage_smoke(tmp_path, capsys):
+    """``bench_coverage`` on a small Multi30k-shaped corpus: the plain, coverage and loss-only runs, each
+    with BLEU, repetition share and certified share in [0, 100]; the bigram test by hand."""
+    spm = pytest.importorskip("sentencepiece")
+    bench = _load("bench_coverage")
+    assert bench.repeats_a_bigram("a b c a b") and not bench.repeats_a_bigram("a b b a")
+    small_corpus(tmp_path, spm, seed=5)
+    for lang in ("de", "en"):
+        (tmp_path / f"test_2016_flickr.{lang}").write_text((tmp_path / f"val.{lang}").read_text())
+    out = tmp_path / "coverage.json"
+    assert bench.main(["--data", str(tmp_path), "--steps", "3", "--test-lines", "5", "--quiet", "--json",
+                       str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["run"] for r in rows] == ["plain", "coverage", "loss"]
+    assert all(0.0 <= r[k] <= 100.0 for r in rows for k in ("bleu", "repeating_percent", "certified"))
+    assert "repeating %" in capsys.readouterr().out

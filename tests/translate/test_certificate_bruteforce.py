@@ -219,20 +219,23 @@ def test_certificate_on_a_tiny_transformer(output, attention, eos_bias, seed, pe
     assert None in reasons  # some sentences are certified exact
 
 
-def tiny_copying_lstm(output: str, seed: int, eos_bias: float):
-    """nmt's LSTM (Seq2Seq) with a copying output (``model.output.copy``), random weights scaled up
-    so that the sparse mappings have zeros, PAD/BOS barred and EOS favoured so that sequences end."""
+def tiny_lstm(output: str, seed: int, eos_bias: float, copy: bool = True, coverage: bool = False):
+    """nmt's LSTM (Seq2Seq) with a copying output (``model.output.copy``) and / or coverage attention
+    (``model.attention.coverage``), random weights scaled up so that the sparse mappings have zeros,
+    PAD/BOS barred and EOS favoured so that sequences end."""
     from nmt.models import build_model
 
     cfg = {"embeddings": {"src_size": 6, "tgt_size": 6, "share": False, "tie_output": False, "dropout": 0.0},
            "encoder": {"type": "lstm", "layers": 1, "hidden_size": 8, "bidirectional": True, "dropout": 0.0},
            "decoder": {"type": "lstm", "layers": 1, "hidden_size": 6, "dropout": 0.0, "input_feeding": True,
                        "bridge": "linear"},
-           "attention": {"score": "general", "mapping": "entmax15", "params": {}, "continuous": None},
-           "output": {"mapping": output, "params": {}, "copy": True}}
+           "attention": {"score": "general", "mapping": "entmax15", "params": {}, "continuous": None,
+                         "coverage": coverage},
+           "output": {"mapping": output, "params": {}, "copy": copy}}
     torch.manual_seed(seed)
     model = build_model(cfg, 9, 7, PAD).to(torch.float64).eval()
-    model.generator.copy.set_vocabularies(copy_table(9, 7))
+    if copy:
+        model.generator.copy.set_vocabularies(copy_table(9, 7))
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(10)
@@ -250,7 +253,7 @@ def tiny_copying_lstm(output: str, seed: int, eos_bias: float):
 def test_certificate_of_a_copying_model(kind, output, seed, penalty, eos_bias, mode):
     """A model that copies source tokens (its token distribution the joint mapping's marginal):
     the same brute-force check, sentences certified and not, some outputs copied."""
-    model = (tiny_copying_lstm(output, seed, eos_bias) if kind == "lstm"
+    model = (tiny_lstm(output, seed, eos_bias) if kind == "lstm"
              else tiny_transformer(output=output, eos_bias=eos_bias, seed=seed, copy=True))
     src, lengths = random_sources(N_SOURCES, 9, 5, seed=seed + 7)
     reasons = certificates_against_enumeration(model, src, lengths, penalty, mode)
@@ -258,6 +261,20 @@ def test_certificate_of_a_copying_model(kind, output, seed, penalty, eos_bias, m
     with torch.no_grad():  # the copies carry mass: the first step's joint distribution puts some on the source
         scores, _ = model(src, lengths, torch.full((N_SOURCES, 1), BOS))
         assert bool((model.generator.mapping(scores, dim=-1)[..., 7:] > 0).any())
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("output,seed,penalty,eos_bias,copy", [
+    ("sparsemax", 0, "none", 1.25, False), ("entmax15", 4, "average", 3.0, False), ("entmax15", 2, "gnmt", 2.5, True),
+])
+def test_certificate_of_a_model_with_coverage_attention(output, seed, penalty, eos_bias, copy, mode):
+    """Coverage attention (model.attention.coverage): the coverage travels in the decoder state, which
+    the searches reorder with their hypotheses; the same brute-force check (with a copying output
+    too), sentences certified and not."""
+    model = tiny_lstm(output, seed, eos_bias, copy=copy, coverage=True)
+    src, lengths = random_sources(N_SOURCES, 9, 5, seed=seed + 7)
+    reasons = certificates_against_enumeration(model, src, lengths, penalty, mode)
+    assert {None, "pruned"} <= reasons
 
 
 def test_enumeration_cases_are_not_vacuous():

@@ -46,6 +46,9 @@ def build_transformer(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_
     """
     t = model_cfg["transformer"]
     emb_cfg, att_cfg, out_cfg = model_cfg["embeddings"], model_cfg["attention"], model_cfg["output"]
+    if att_cfg.get("coverage", False):
+        raise ModelConfigError("model.attention.coverage", "coverage attention is the RNN decoder's (its one "
+                               "attention carries the coverage from step to step); a Transformer has none")
     d_model = t["d_model"]
     if d_model % t["heads"]:
         raise ModelConfigError("model.transformer.heads",

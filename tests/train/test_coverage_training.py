@@ -1,0 +1,125 @@
+"""model.attention.coverage and training.coverage_loss in training and translation: a killed run
+resumes to the same weights; the trainer's update loss is the output loss plus the weighted coverage
+loss of the pass's attention (the LSTM's, a Transformer's alignment heads', a distilling student's);
+nmt-translate of the checkpoint gives the in-process search's outputs and certificates; a Transformer
+with coverage attention and either with guided alignment are one-line errors naming the key."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from nmt.config import ConfigError, resolve_config
+from nmt.data.batching import collate
+from nmt.train.coverage_loss import coverage_loss
+from nmt.train.trainer import Trainer
+from nmt.train.update import loss_forward
+from tiny_task import assert_same_run, interrupt_at, tiny_config, write_task
+
+
+@pytest.fixture
+def task(tmp_path):
+    return write_task(tmp_path / "task", n_train=40)
+
+
+def config(data, save_dir, transformer: bool = False, coverage: bool = True, weight: float = 1.0, **training):
+    cfg = tiny_config(data, save_dir, device="cpu", coverage_loss=weight, **training)
+    cfg["model"]["attention"]["coverage"] = coverage
+    if transformer:
+        cfg["model"]["type"] = "transformer"
+        cfg["model"]["transformer"] = {"encoder_layers": 1, "decoder_layers": 1, "d_model": 16, "heads": 2,
+                                       "d_ff": 32}
+    return cfg
+
+
+def make(data, save_dir, **kwargs) -> Trainer:
+    return Trainer(resolve_config(config(data, save_dir, **kwargs), "c.yaml"), "c.yaml")
+
+
+def test_a_killed_run_with_coverage_resumes_to_the_same_weights(task, tmp_path):
+    straight = make(task, tmp_path / "straight", max_steps=10)
+    straight.train()
+    first = make(task, tmp_path / "resumed", max_steps=10)
+    assert first.train(step_hook=interrupt_at(7)).stopped_by == "SIGINT"
+    second = make(task, tmp_path / "resumed", max_steps=10)
+    assert second.resumed and second.train().step == 10
+    assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
+    assert straight.model.decoder.attention.coverage
+
+
+def batch_of(trainer: Trainer):
+    data = trainer.data.train
+    return collate(data, list(range(6)), trainer.pad, trainer.bos, trainer.eos)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "transformer", "distilling"])
+def test_the_update_loss_adds_the_weighted_coverage_loss(task, tmp_path, kind):
+    if kind == "distilling":
+        make(task, tmp_path / "teacher", coverage=False, weight=0.0, max_steps=3).train()
+        cfg = config(task, tmp_path / "run", weight=0.5, max_steps=3)
+        cfg["training"]["distill"] = {"teacher": str(tmp_path / "teacher" / "last.pt"), "weight": 0.5}
+        trainer = Trainer(resolve_config(cfg, "c.yaml"), "c.yaml")
+    else:
+        trainer = make(task, tmp_path / "run", transformer=kind == "transformer", coverage=kind == "lstm",
+                       weight=0.5, max_steps=3)
+    model = trainer.model.eval()  # no dropout: the same pass twice
+    b = batch_of(trainer)
+    args = (model, trainer.loss_fn, b.src, b.src_lengths, b.tgt_in, b.tgt_out, trainer.pad, 0.0)
+    with torch.no_grad():
+        total = trainer.loss_forward(*args)
+        if kind == "distilling":
+            from nmt.train.distill import distill_loss_forward
+
+            t = trainer.teacher
+            plain = distill_loss_forward(*args, None, t.model, t.mapping, t.weight, t.temperature)
+        else:
+            plain = loss_forward(*args)
+        _, attention = model(b.src, b.src_lengths, b.tgt_in)
+        expected = plain + 0.5 * coverage_loss(attention, b.tgt_out, trainer.pad)
+    assert float(coverage_loss(attention, b.tgt_out, trainer.pad)) > 0
+    torch.testing.assert_close(total, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_nmt_translate_of_a_coverage_checkpoint(task, tmp_path):
+    from nmt.cli.translate import main as translate_main
+    from nmt.translate.beam_search import beam_search
+    from nmt.translate.loading import load_model
+
+    make(task, tmp_path / "run", max_steps=150, valid_every=150).train()
+    out, report = tmp_path / "out.txt", tmp_path / "report.jsonl"
+    assert translate_main(["-model", str(tmp_path / "run" / "last.pt"), "-src", task["valid"]["src"], "-output",
+                           str(out), "-beam_size", "3", "-max_length", "8", "-report", str(report),
+                           "-device", "cpu"]) in (0, None)
+    lines = out.read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+    loaded = load_model(tmp_path / "run" / "last.pt", "cpu")
+    texts = open(task["valid"]["src"], encoding="utf-8").read().splitlines()
+    ids = [loaded.src_field.encode(t) for t in texts]
+    src = torch.nn.utils.rnn.pad_sequence([torch.tensor(i) for i in ids], batch_first=True, padding_value=0)
+    lengths = torch.tensor([len(i) for i in ids])
+    vocab = loaded.tgt_field.vocab
+    with torch.no_grad():
+        result = beam_search(loaded.model, src, lengths, bos=vocab.bos_index, eos=vocab.eos_index, beam_size=3,
+                             n_best=1, max_length=8)
+    for b, (line, record) in enumerate(zip(lines, records)):
+        assert line == loaded.tgt_field.decode(result.tokens[b, 0, :int(result.lengths[b, 0])].tolist())
+        assert record["certified"] == bool(result.exact[b]) and record["n_nonzero"] == int(result.n_nonzero[b])
+
+
+@pytest.mark.parametrize("case, key", [("transformer", "model.attention.coverage"),
+                                        ("guided-coverage", "model.attention.coverage"),
+                                        ("guided-loss", "training.coverage_loss")])
+def test_config_errors_name_the_key(task, tmp_path, case, key):
+    cfg = config(task, tmp_path / "run", transformer=case == "transformer", coverage=case != "guided-loss",
+                 weight=1.0 if case == "guided-loss" else 0.0, max_steps=2)
+    if case.startswith("guided"):
+        align = tmp_path / "train.align"
+        n = len(open(task["train"]["src"], encoding="utf-8").read().splitlines())
+        align.write_text("0-0\n" * n, encoding="utf-8")
+        cfg["data"]["train"] = {**cfg["data"]["train"], "align": str(align)}
+        cfg["training"]["guided_alignment"] = {"weight": 0.5}
+    with pytest.raises(ConfigError) as info:
+        Trainer(resolve_config(cfg, "c.yaml"), "c.yaml")
+    message = str(info.value)
+    assert message.startswith(f"c.yaml: {key}") and "\n" not in message

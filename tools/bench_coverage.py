@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""What coverage buys: translation trained plain, with coverage attention, and with the coverage loss.
+
+Trains the word-token LSTM of ``bench_source_noise`` (1 bi-LSTM encoder layer of 2 x 128, 1 decoder
+layer of 256, embeddings 128, 1.5-entmax attention and output, min_freq 2) on Multi30k de -> en
+(``train`` / ``val`` / ``test_2016_flickr`` ``.de`` ``.en``) for ``--steps`` updates of 64 sentences,
+one thread, once per ``--runs`` entry: ``plain``; ``coverage`` (``model.attention.coverage`` and
+``training.coverage_loss`` at ``--weight``, See et al. 2017's pair); ``loss`` (the coverage loss
+alone). Then translates test_2016_flickr with beam 5 and prints per run: BLEU (sacrebleu), the share
+of outputs that hold some word bigram twice (repetition, what coverage targets), the output / reference
+length ratio in words, the certified share, and the training speed (median target tokens/s) with its
+ratio to the plain run of this invocation (run it on an idle machine for that column to mean anything).
+
+    python tools/bench_coverage.py --data path/to/multi30k --steps 2000
+    python tools/bench_coverage.py --data DIR --steps 5 --test-lines 20 --quiet      # smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from bench_copy import training_speed  # noqa: E402  (the median tokens/s of a run's log)
+from bench_source_noise import config as multi30k_config  # noqa: E402  (the same model and training)
+from nmt.config import resolve_config  # noqa: E402
+from nmt.utils.io import atomic_write_text  # noqa: E402
+
+RUNS = ("plain", "coverage", "loss")
+
+
+def repeats_a_bigram(line: str) -> bool:
+    """Whether ``line``'s words hold some bigram twice."""
+    words = line.split()
+    bigrams = list(zip(words, words[1:]))
+    return len(bigrams) != len(set(bigrams))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", required=True, help="Multi30k's train / val / test_2016_flickr .de / .en")
+    p.add_argument("--steps", type=int, default=2000, help="updates of 64 sentences per run (default 2000)")
+    p.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
+    p.add_argument("--weight", type=float, default=1.0, help="training.coverage_loss of the coverage runs")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--test-lines", type=int, default=None, help="translate only the first N test lines")
+    p.add_argument("--json", help="also write the rows to this JSON file")
+    p.add_argument("--quiet", action="store_true", help="no training log lines")
+    args = p.parse_args(argv)
+    if args.quiet:
+        logging.getLogger("nmt").setLevel(logging.WARNING)
+    import sacrebleu
+    import torch
+
+    import nmt
+    from nmt.train.trainer import Trainer
+
+    torch.set_num_threads(1)
+    data = Path(args.data)
+    sources = (data / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:args.test_lines]
+    references = (data / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[:args.test_lines]
+    reference_words = sum(len(r.split()) for r in references)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.runs:
+            save_dir = Path(tmp) / name
+            cfg = multi30k_config(data, "de", "en", save_dir, None, args.steps, args.seed)
+            cfg["model"]["attention"]["coverage"] = name == "coverage"
+            cfg["training"].update(threads=1, coverage_loss=args.weight if name != "plain" else 0.0)
+            Trainer(resolve_config(cfg, f"{name}.yaml"), f"{name}.yaml").train()
+            model = nmt.load(save_dir / "last.pt", device="cpu")
+            translations = model.translate(sources, beam_size=5)
+            outputs = [t.hypotheses[0][0] if t.hypotheses else "" for t in translations]
+            rows.append({"run": name, "bleu": sacrebleu.corpus_bleu(outputs, [references]).score,
+                         "repeating_percent": 100.0 * sum(map(repeats_a_bigram, outputs)) / len(outputs),
+                         "length_ratio": sum(len(o.split()) for o in outputs) / max(reference_words, 1),
+                         "certified": 100.0 * sum(bool(t.certified) for t in translations) / len(translations),
+                         "train_tokens_per_sec": training_speed(save_dir)})
+    plain = next((r for r in rows if r["run"] == "plain"), None)
+    print(f"{data}: de->en, word LSTM, 1.5-entmax attention and output, {args.steps} updates, seed {args.seed}, "
+          f"coverage_loss {args.weight:g}; test_2016_flickr ({len(sources)} lines), beam 5")
+    print(f"{'run':<10} {'BLEU':>6} {'repeating %':>11} {'len ratio':>9} {'certified':>9} {'train tok/s':>11} "
+          f"{'x plain':>7}")
+    for r in rows:
+        ratio = (r["train_tokens_per_sec"] / plain["train_tokens_per_sec"]
+                 if plain and plain["train_tokens_per_sec"] and r["train_tokens_per_sec"] else float("nan"))
+        print(f"{r['run']:<10} {r['bleu']:>6.2f} {r['repeating_percent']:>11.2f} {r['length_ratio']:>9.3f} "
+              f"{r['certified']:>9.2f} {r['train_tokens_per_sec'] or 0:>11.0f} {ratio:>7.2f}")
+    if args.json:
+        atomic_write_text(Path(args.json), json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
