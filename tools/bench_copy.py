@@ -62,6 +62,20 @@ def run_config(data: Path, mappings: str, save_dir: Path, steps: int, valid_ever
     return cfg
 
 
+def runs(seeds: list[int]):
+    """``(seed, copy, name)`` of each run: the plain one, then the copying one, for every seed."""
+    for seed in seeds:
+        for copy in (False, True):
+            yield seed, copy, f"{'copy' if copy else 'plain'}-{seed}"
+
+
+def timed_translations(model, sources: list[str]) -> tuple[list, float]:
+    """``model.translate(sources, beam_size=5)`` and its sentences per second (translation only)."""
+    start = time.perf_counter()
+    translations = model.translate(sources, beam_size=5)
+    return translations, len(sources) / (time.perf_counter() - start)
+
+
 def training_speed(save_dir: Path) -> float | None:
     """The median ``tokens_per_sec`` of a run's logged training windows (None: none logged)."""
     speeds = []
@@ -105,23 +119,17 @@ def main(argv: list[str] | None = None) -> int:
     sources, golds, langs = lines("dev.src"), lines("dev.tgt"), lines("dev.lang")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in args.seeds:
-            for copy in (False, True):
-                name = f"{'copy' if copy else 'plain'}-{seed}"
-                save_dir = Path(tmp) / name
-                cfg = resolve_config(run_config(data, args.mappings, save_dir, args.steps, args.valid_every, seed,
-                                                copy), f"{name}.yaml")
-                Trainer(cfg, f"{name}.yaml").train()
-                model = nmt.load(save_dir / "best.pt", device="cpu")
-                start = time.perf_counter()
-                translations = model.translate(sources, beam_size=5)
-                seconds = time.perf_counter() - start
-                hyps = [t.hypotheses[0][0] if t.hypotheses else "" for t in translations]
-                reports = [{"certified": bool(t.certified), "n_nonzero": t.n_nonzero} for t in translations]
-                scores = evaluate(hyps, golds, langs, reports)["macro"]
-                rows.append({"run": name, "copy": copy, "seed": seed, **scores,
-                             "train_tokens_per_sec": training_speed(save_dir),
-                             "decode_sentences_per_sec": len(sources) / seconds})
+        for seed, copy, name in runs(args.seeds):
+            save_dir = Path(tmp) / name
+            cfg = resolve_config(run_config(data, args.mappings, save_dir, args.steps, args.valid_every, seed, copy),
+                                 f"{name}.yaml")
+            Trainer(cfg, f"{name}.yaml").train()
+            translations, speed = timed_translations(nmt.load(save_dir / "best.pt", device="cpu"), sources)
+            hyps = [t.hypotheses[0][0] if t.hypotheses else "" for t in translations]
+            reports = [{"certified": bool(t.certified), "n_nonzero": t.n_nonzero} for t in translations]
+            scores = evaluate(hyps, golds, langs, reports)["macro"]
+            rows.append({"run": name, "copy": copy, "seed": seed, **scores,
+                         "train_tokens_per_sec": training_speed(save_dir), "decode_sentences_per_sec": speed})
     print(f"{data}: cpu_{args.mappings}, {args.steps} updates, seeds {args.seeds}; dev {len(sources)} lines, "
           f"beam 5 (macro over languages)")
     print(f"{'run':<10} {'accuracy':>8} {'levensht':>8} {'certified':>9} {'single':>7} {'train tok/s':>11} "
@@ -164,30 +172,25 @@ def translation(args: argparse.Namespace) -> int:
     references = (data / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[:args.dev_lines]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in args.seeds:
-            for copy in (False, True):
-                name = f"{'copy' if copy else 'plain'}-{seed}"
-                save_dir = Path(tmp) / name
-                cfg = multi30k_config(data, "de", "en", save_dir, None, args.steps, seed)
-                cfg["model"]["output"]["copy"] = copy
-                cfg["training"]["threads"] = 1
-                Trainer(resolve_config(cfg, f"{name}.yaml"), f"{name}.yaml").train()
-                model = nmt.load(save_dir / "last.pt", device="cpu")
-                start = time.perf_counter()
-                translations = model.translate(sources, beam_size=5)
-                seconds = time.perf_counter() - start
-                outputs = [t.hypotheses[0][0] if t.hypotheses else "" for t in translations]
-                replaced = [t.hypotheses[0][0] if t.hypotheses else ""
-                            for t in model.translate(sources, beam_size=5, replace_unk=True)]
-                words = sum(len(o.split()) for o in outputs)
-                unks = sum(o.split().count("<unk>") for o in outputs)
-                rows.append({"run": name, "copy": copy, "seed": seed,
-                             "bleu": sacrebleu.corpus_bleu(outputs, [references]).score,
-                             "bleu_replace_unk": sacrebleu.corpus_bleu(replaced, [references]).score,
-                             "unk_per_100_words": 100.0 * unks / max(words, 1),
-                             "certified": 100.0 * sum(bool(t.certified) for t in translations) / len(translations),
-                             "train_tokens_per_sec": training_speed(save_dir),
-                             "decode_sentences_per_sec": len(sources) / seconds})
+        for seed, copy, name in runs(args.seeds):
+            save_dir = Path(tmp) / name
+            cfg = multi30k_config(data, "de", "en", save_dir, None, args.steps, seed)
+            cfg["model"]["output"]["copy"] = copy
+            cfg["training"]["threads"] = 1
+            Trainer(resolve_config(cfg, f"{name}.yaml"), f"{name}.yaml").train()
+            model = nmt.load(save_dir / "last.pt", device="cpu")
+            translations, speed = timed_translations(model, sources)
+            outputs = [t.hypotheses[0][0] if t.hypotheses else "" for t in translations]
+            replaced = [t.hypotheses[0][0] if t.hypotheses else ""
+                        for t in model.translate(sources, beam_size=5, replace_unk=True)]
+            words = sum(len(o.split()) for o in outputs)
+            unks = sum(o.split().count("<unk>") for o in outputs)
+            rows.append({"run": name, "copy": copy, "seed": seed,
+                         "bleu": sacrebleu.corpus_bleu(outputs, [references]).score,
+                         "bleu_replace_unk": sacrebleu.corpus_bleu(replaced, [references]).score,
+                         "unk_per_100_words": 100.0 * unks / max(words, 1),
+                         "certified": 100.0 * sum(bool(t.certified) for t in translations) / len(translations),
+                         "train_tokens_per_sec": training_speed(save_dir), "decode_sentences_per_sec": speed})
     print(f"{data}: de->en, word LSTM, {args.steps} updates, seeds {args.seeds}; test_2016_flickr "
           f"({len(sources)} lines), beam 5")
     print(f"{'run':<10} {'BLEU':>6} {'+repl.unk':>9} {'unk/100w':>8} {'certified':>9} {'train tok/s':>11} "

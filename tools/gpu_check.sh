@@ -30,7 +30,8 @@
 # is copied: 0.30 ms a batch of 64 Multi30k sentences on one CPU thread; its share of a GPU step unmeasured.
 # Copying outputs (model.output.copy; 2026-11-29, a thirty-second session, never run yet): tests_cuda holds
 # their loss, gradients and steps on CUDA against the CPU under the sync detector
-# (tests/models/test_copy_attention.py); their cost in a GPU training step and search is unmeasured.
+# (tests/models/test_copy_attention.py); their cost in a GPU training step and search is unmeasured, as is
+# coverage attention's (model.attention.coverage: one more (N, L) state tensor a step) and the coverage loss's.
 #
 # Stage times on one H200 (2026-11-27, a nineteenth session; plan a lease of 15 device minutes, a start
 # included, by them): env 6 s; tests_cuda 65 s (172 tests, 15 workers); sparse more than 100 s (cut

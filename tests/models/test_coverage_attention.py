@@ -7,6 +7,9 @@ against loops, its gradient by finite differences, 0 for an attention that never
 one compiled graph; a Transformer with coverage is a one-line error."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -18,6 +21,8 @@ from nmt.train.coverage_loss import coverage_loss
 from nmt.train.update import loss_forward
 from nmt.utils.sync_audit import SyncAudit
 from tiny_models import SRC_VOCAB, TGT_VOCAB, model_cfg, random_batch, transformer_cfg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 
 CASES = [("general", "lstm", "sparsemax"), ("dot", "lstm", "entmax15"), ("mlp", "lstm", "softmax"),
          ("general", "gru", "entmax15"), ("mlp", "gru", "sparsemax")]
@@ -161,7 +166,9 @@ def test_the_training_loss_adds_the_weighted_coverage_loss_without_a_sync(score,
 
 
 def test_one_compiled_graph_with_coverage_equal_to_eager():
-    import torch._dynamo
+    """The LSTM step with coverage attention and the coverage loss compiles to one graph (encoder in
+    the graph) whose loss and gradients equal eager's (float64)."""
+    from test_precision_compile import assert_compiled_equals_eager
 
     from nmt.train.compile import compile_for_device
 
@@ -175,23 +182,9 @@ def test_one_compiled_graph_with_coverage_equal_to_eager():
     src, lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=5)
     mask = length_mask(lengths, src.size(1), src.device)
     args = (model, get_loss("softmax"), src, lengths, tgt_in, tgt_in.roll(-1, 1), 0, 0.1, mask, 0.7)
-    before = torch._dynamo.config.allow_rnn
-    try:
-        torch._dynamo.reset()
-        compiled = compile_for_device(loss_forward, "cpu", backend=counting, encoder_in_graph=True)
-        results = []
-        for forward in (compiled, loss_forward):
-            model.zero_grad()
-            loss = forward(*args)
-            loss.backward()
-            results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
-    finally:
-        torch._dynamo.config.allow_rnn = before
-        torch._dynamo.reset()
+    compiled = compile_for_device(loss_forward, "cpu", backend=counting, encoder_in_graph=True)
+    assert_compiled_equals_eager(model, compiled, loss_forward, args)
     assert len(graphs) == 1, graphs
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-12, atol=0)
-    for a, b in zip(results[0][1], results[1][1]):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 def test_a_transformer_with_coverage_is_a_one_line_error():

@@ -19,7 +19,7 @@ from nmt.models.copy_attention import NOT_COPIED
 from nmt.models.seq2seq import length_mask
 from nmt.train.checkpoint import load_checkpoint
 from nmt.train.trainer import Trainer
-from tiny_task import assert_same_run, interrupt_at, tiny_config, write_task
+from tiny_task import as_transformer, assert_same_run, cli_translation_matches_search, interrupt_at, tiny_config, write_task
 
 
 @pytest.fixture
@@ -30,11 +30,7 @@ def task(tmp_path):
 def config(data, save_dir, transformer: bool = False, copy: bool = True, **training) -> dict:
     cfg = tiny_config(data, save_dir, device="cpu", **training)
     cfg["model"]["output"]["copy"] = copy
-    if transformer:
-        cfg["model"]["type"] = "transformer"
-        cfg["model"]["transformer"] = {"encoder_layers": 1, "decoder_layers": 1, "d_model": 16, "heads": 2,
-                                       "d_ff": 32}
-    return cfg
+    return as_transformer(cfg) if transformer else cfg
 
 
 def make(data, save_dir, **kwargs) -> Trainer:
@@ -71,32 +67,12 @@ def test_a_killed_copying_run_resumes_to_the_same_weights(task, tmp_path, transf
 
 def test_nmt_translate_and_score_mode_of_a_copying_checkpoint(task, tmp_path):
     from nmt.cli.translate import main as translate_main
-    from nmt.translate.beam_search import beam_search
-    from nmt.translate.loading import load_model
 
-    trainer = make(task, tmp_path / "run", max_steps=150, valid_every=150)
-    trainer.train()
-    out, report = tmp_path / "out.txt", tmp_path / "report.jsonl"
-    assert translate_main(["-model", str(tmp_path / "run" / "last.pt"), "-src", task["valid"]["src"], "-output",
-                           str(out), "-beam_size", "3", "-max_length", "8", "-report", str(report),
-                           "-device", "cpu"]) in (0, None)
-    lines = out.read_text(encoding="utf-8").splitlines()
-    records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
-    loaded = load_model(tmp_path / "run" / "last.pt", "cpu")
-    model, src_field, tgt_field = loaded.model, loaded.src_field, loaded.tgt_field
+    make(task, tmp_path / "run", max_steps=150, valid_every=150).train()
     sources = task["valid"]["src"]
-    texts = open(sources, encoding="utf-8").read().splitlines()
-    ids = [src_field.encode(t) for t in texts]
-    src = torch.nn.utils.rnn.pad_sequence([torch.tensor(i) for i in ids], batch_first=True, padding_value=0)
-    lengths = torch.tensor([len(i) for i in ids])
+    loaded, src, lengths = cli_translation_matches_search(tmp_path / "run" / "last.pt", sources, tmp_path)
+    model, tgt_field = loaded.model, loaded.tgt_field
     vocab = tgt_field.vocab
-    with torch.no_grad():
-        result = beam_search(model, src, lengths, bos=vocab.bos_index, eos=vocab.eos_index, beam_size=3, n_best=1,
-                             max_length=8)
-    for b, (line, record) in enumerate(zip(lines, records)):
-        hyp = tgt_field.decode(result.tokens[b, 0, :int(result.lengths[b, 0])].tolist())
-        assert line == hyp
-        assert record["certified"] == bool(result.exact[b]) and record["n_nonzero"] == int(result.n_nonzero[b])
     # score mode: each reference's log-probability is the log of the teacher-forced marginal's
     scores_path = tmp_path / "scores.jsonl"
     assert translate_main(["-model", str(tmp_path / "run" / "last.pt"), "-src", sources, "-tgt",

@@ -5,8 +5,6 @@ nmt-translate of the checkpoint gives the in-process search's outputs and certif
 with coverage attention and either with guided alignment are one-line errors naming the key."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -15,7 +13,7 @@ from nmt.data.batching import collate
 from nmt.train.coverage_loss import coverage_loss
 from nmt.train.trainer import Trainer
 from nmt.train.update import loss_forward
-from tiny_task import assert_same_run, interrupt_at, tiny_config, write_task
+from tiny_task import as_transformer, assert_same_run, cli_translation_matches_search, interrupt_at, tiny_config, write_task
 
 
 @pytest.fixture
@@ -26,11 +24,7 @@ def task(tmp_path):
 def config(data, save_dir, transformer: bool = False, coverage: bool = True, weight: float = 1.0, **training):
     cfg = tiny_config(data, save_dir, device="cpu", coverage_loss=weight, **training)
     cfg["model"]["attention"]["coverage"] = coverage
-    if transformer:
-        cfg["model"]["type"] = "transformer"
-        cfg["model"]["transformer"] = {"encoder_layers": 1, "decoder_layers": 1, "d_model": 16, "heads": 2,
-                                       "d_ff": 32}
-    return cfg
+    return as_transformer(cfg) if transformer else cfg
 
 
 def make(data, save_dir, **kwargs) -> Trainer:
@@ -82,29 +76,9 @@ def test_the_update_loss_adds_the_weighted_coverage_loss(task, tmp_path, kind):
 
 
 def test_nmt_translate_of_a_coverage_checkpoint(task, tmp_path):
-    from nmt.cli.translate import main as translate_main
-    from nmt.translate.beam_search import beam_search
-    from nmt.translate.loading import load_model
-
     make(task, tmp_path / "run", max_steps=150, valid_every=150).train()
-    out, report = tmp_path / "out.txt", tmp_path / "report.jsonl"
-    assert translate_main(["-model", str(tmp_path / "run" / "last.pt"), "-src", task["valid"]["src"], "-output",
-                           str(out), "-beam_size", "3", "-max_length", "8", "-report", str(report),
-                           "-device", "cpu"]) in (0, None)
-    lines = out.read_text(encoding="utf-8").splitlines()
-    records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
-    loaded = load_model(tmp_path / "run" / "last.pt", "cpu")
-    texts = open(task["valid"]["src"], encoding="utf-8").read().splitlines()
-    ids = [loaded.src_field.encode(t) for t in texts]
-    src = torch.nn.utils.rnn.pad_sequence([torch.tensor(i) for i in ids], batch_first=True, padding_value=0)
-    lengths = torch.tensor([len(i) for i in ids])
-    vocab = loaded.tgt_field.vocab
-    with torch.no_grad():
-        result = beam_search(loaded.model, src, lengths, bos=vocab.bos_index, eos=vocab.eos_index, beam_size=3,
-                             n_best=1, max_length=8)
-    for b, (line, record) in enumerate(zip(lines, records)):
-        assert line == loaded.tgt_field.decode(result.tokens[b, 0, :int(result.lengths[b, 0])].tolist())
-        assert record["certified"] == bool(result.exact[b]) and record["n_nonzero"] == int(result.n_nonzero[b])
+    loaded, _, _ = cli_translation_matches_search(tmp_path / "run" / "last.pt", task["valid"]["src"], tmp_path)
+    assert loaded.model.decoder.attention.coverage
 
 
 @pytest.mark.parametrize("case, key", [("transformer", "model.attention.coverage"),

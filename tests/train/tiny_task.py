@@ -46,6 +46,17 @@ def tiny_config(data: dict, save_dir: Path, **training) -> dict:
     }
 
 
+TINY_TRANSFORMER = {"encoder_layers": 1, "decoder_layers": 1, "d_model": 16, "heads": 2, "d_ff": 32}
+"""A ``model.transformer`` section for :func:`tiny_config` (with ``model.type: transformer``)."""
+
+
+def as_transformer(cfg: dict) -> dict:
+    """``cfg`` (a :func:`tiny_config`) with the model made the tiny Transformer (:data:`TINY_TRANSFORMER`)."""
+    cfg["model"]["type"] = "transformer"
+    cfg["model"]["transformer"] = dict(TINY_TRANSFORMER)
+    return cfg
+
+
 def make_trainer(data: dict, save_dir: Path, **training):
     """A :class:`nmt.train.trainer.Trainer` of the tiny task (:func:`tiny_config`'s ``training``
     keys overridden by ``training``)."""
@@ -103,3 +114,34 @@ def interrupt_at(stop: int):
         if step == stop:
             os.kill(os.getpid(), signal.SIGINT)
     return hook
+
+
+def cli_translation_matches_search(checkpoint: Path, sources: str, work: Path):
+    """``nmt-translate -beam_size 3 -max_length 8 -report`` of ``checkpoint`` on the ``sources`` file
+    gives the outputs and certificates of an in-process ``beam_search`` of the loaded model (asserted
+    line by line). Returns ``(loaded model, padded source ids (B, L), their lengths (B,))``."""
+    import json
+
+    import torch
+
+    from nmt.cli.translate import main as translate_main
+    from nmt.translate.beam_search import beam_search
+    from nmt.translate.loading import load_model
+
+    out, report = work / "out.txt", work / "report.jsonl"
+    assert translate_main(["-model", str(checkpoint), "-src", sources, "-output", str(out), "-beam_size", "3",
+                           "-max_length", "8", "-report", str(report), "-device", "cpu"]) in (0, None)
+    lines = out.read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()]
+    loaded = load_model(checkpoint, "cpu")
+    ids = [loaded.src_field.encode(t) for t in Path(sources).read_text(encoding="utf-8").splitlines()]
+    src = torch.nn.utils.rnn.pad_sequence([torch.tensor(i) for i in ids], batch_first=True, padding_value=0)
+    lengths = torch.tensor([len(i) for i in ids])
+    vocab = loaded.tgt_field.vocab
+    with torch.no_grad():
+        result = beam_search(loaded.model, src, lengths, bos=vocab.bos_index, eos=vocab.eos_index, beam_size=3,
+                             n_best=1, max_length=8)
+    for b, (line, record) in enumerate(zip(lines, records)):
+        assert line == loaded.tgt_field.decode(result.tokens[b, 0, :int(result.lengths[b, 0])].tolist())
+        assert record["certified"] == bool(result.exact[b]) and record["n_nonzero"] == int(result.n_nonzero[b])
+    return loaded, src, lengths
