@@ -165,6 +165,41 @@ def test_the_training_loss_adds_the_weighted_coverage_loss_without_a_sync(score,
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("score", ["general", "mlp"])
+def test_the_training_loss_gradient_by_finite_differences(score):
+    """Loss with coverage attention and the coverage loss (training mode: the fused LSTM loop and its
+    deferred products): autograd against central differences for the coverage weight, the combining
+    layer and the attention's key projection (float64)."""
+    model = coverage_model(score, "lstm", "entmax15").train()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.1)
+    src, lengths, tgt_in = random_batch(batch=2, src_len=5, tgt_len=4, lengths=[5, 3], seed=3)
+    tgt_out = tgt_in.roll(-1, 1)
+    fn = get_loss("softmax")
+
+    def loss() -> torch.Tensor:
+        return loss_forward(model, fn, src, lengths, tgt_in, tgt_out, 0, 0.0, None, 0.7)
+
+    model.zero_grad()
+    loss().backward()
+    attention = model.decoder.attention
+    for weight in (attention.coverage_weight, model.decoder.combine.weight, attention.key_proj.weight):
+        numeric = torch.zeros_like(weight)
+        with torch.no_grad():
+            for idx in torch.cartesian_prod(*[torch.arange(min(n, 3)) for n in weight.shape]).view(-1, weight.dim()):
+                idx = tuple(idx.tolist())
+                weight[idx] += 1e-6
+                up = loss()
+                weight[idx] -= 2e-6
+                down = loss()
+                weight[idx] += 1e-6
+                numeric[idx] = (up - down) / 2e-6
+        sampled = numeric != 0
+        assert bool(sampled.any())
+        torch.testing.assert_close(weight.grad[sampled], numeric[sampled], rtol=1e-4, atol=1e-8)
+
+
 def test_one_compiled_graph_with_coverage_equal_to_eager():
     """The LSTM step with coverage attention and the coverage loss compiles to one graph (encoder in
     the graph) whose loss and gradients equal eager's (float64)."""

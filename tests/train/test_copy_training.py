@@ -37,7 +37,8 @@ def make(data, save_dir, **kwargs) -> Trainer:
     return Trainer(resolve_config(config(data, save_dir, **kwargs), "c.yaml"), "c.yaml")
 
 
-def test_the_table_maps_each_source_type_to_the_target_type_of_its_spelling(task, tmp_path, caplog):
+def test_the_table_maps_each_source_type_to_the_target_type_of_its_spelling(task, tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(logging.getLogger("nmt"), "propagate", True)  # a CLI run in this worker may have set it off
     with caplog.at_level(logging.INFO, logger="nmt"):
         trainer = make(task, tmp_path / "run", max_steps=4)
     trainer.train()
