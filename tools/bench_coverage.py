@@ -5,8 +5,8 @@ Trains the word-token LSTM of ``bench_source_noise`` (1 bi-LSTM encoder layer of
 layer of 256, embeddings 128, 1.5-entmax attention and output, min_freq 2) on Multi30k de -> en
 (``train`` / ``val`` / ``test_2016_flickr`` ``.de`` ``.en``) for ``--steps`` updates of 64 sentences,
 one thread, once per ``--runs`` entry: ``plain``; ``coverage`` (``model.attention.coverage`` and
-``training.coverage_loss`` at ``--weight``, See et al. 2017's pair); ``loss`` (the coverage loss
-alone). Then translates test_2016_flickr with beam 5 and prints per run: BLEU (sacrebleu), the share
+``training.coverage_loss`` at ``--weight``, See et al. 2017's pair); ``attention`` (coverage attention
+alone); ``loss`` (the coverage loss alone). Then translates test_2016_flickr with beam 5 and prints per run: BLEU (sacrebleu), the share
 of outputs that hold some word bigram twice (repetition, what coverage targets), the output / reference
 length ratio in words, the certified share, and the training speed (median target tokens/s) with its
 ratio to the plain run of this invocation (run it on an idle machine for that column to mean anything).
@@ -32,7 +32,7 @@ from bench_source_noise import config as multi30k_config  # noqa: E402  (the sam
 from nmt.config import resolve_config  # noqa: E402
 from nmt.utils.io import atomic_write_text  # noqa: E402
 
-RUNS = ("plain", "coverage", "loss")
+RUNS = ("plain", "coverage", "attention", "loss")
 
 
 def repeats_a_bigram(line: str) -> bool:
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="Multi30k's train / val / test_2016_flickr .de / .en")
     p.add_argument("--steps", type=int, default=2000, help="updates of 64 sentences per run (default 2000)")
-    p.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
+    p.add_argument("--runs", nargs="+", default=["plain", "coverage", "loss"], choices=RUNS)
     p.add_argument("--weight", type=float, default=1.0, help="training.coverage_loss of the coverage runs")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--test-lines", type=int, default=None, help="translate only the first N test lines")
@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.runs:
             save_dir = Path(tmp) / name
             cfg = multi30k_config(data, "de", "en", save_dir, None, args.steps, args.seed)
-            cfg["model"]["attention"]["coverage"] = name == "coverage"
-            cfg["training"].update(threads=1, coverage_loss=args.weight if name != "plain" else 0.0)
+            cfg["model"]["attention"]["coverage"] = name in ("coverage", "attention")
+            cfg["training"].update(threads=1, coverage_loss=args.weight if name in ("coverage", "loss") else 0.0)
             Trainer(resolve_config(cfg, f"{name}.yaml"), f"{name}.yaml").train()
             model = nmt.load(save_dir / "last.pt", device="cpu")
             translations = model.translate(sources, beam_size=5)
