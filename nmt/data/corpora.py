@@ -194,15 +194,19 @@ class CorpusWeights:
         """The corpus of each example of ``dataset`` (from its 1-based ``line_numbers``): (len,) int64."""
         return corpus_of_lines(self.starts, dataset.line_numbers)
 
-    def weights(self, dataset) -> list[float]:
-        """Each corpus's weight for ``dataset``'s kept pairs: its ``weight``, tempered by the sampling
-        temperature (:func:`tempered_weights`)."""
-        kept = np.bincount(self.corpus_ids(dataset), minlength=len(self.corpora))
+    def kept(self, corpus_ids: np.ndarray) -> np.ndarray:
+        """(corpora,) int64: how many examples each corpus has among ``corpus_ids`` (:meth:`corpus_ids`)."""
+        return np.bincount(corpus_ids, minlength=len(self.corpora))
+
+    def weights(self, kept: np.ndarray) -> list[float]:
+        """Each corpus's weight for its ``kept`` pairs (:meth:`kept`): its ``weight``, tempered by the
+        sampling temperature (:func:`tempered_weights`)."""
         return tempered_weights([c.weight for c in self.corpora], [int(n) for n in kept], self.temperature)
 
     def for_epoch(self, dataset, seed: int, epoch: int) -> EpochExamples:
         """``dataset``'s examples of ``epoch`` (:func:`epoch_indices`)."""
-        indices = epoch_indices(self.corpus_ids(dataset), self.weights(dataset), seed, epoch)
+        corpus_ids = self.corpus_ids(dataset)
+        indices = epoch_indices(corpus_ids, self.weights(self.kept(corpus_ids)), seed, epoch)
         if indices.size == 0:
             raise DataError(f"epoch {epoch}: the weights of data.train leave no training example "
                             f"({len(dataset)} pairs kept): raise a weight")
@@ -211,9 +215,9 @@ class CorpusWeights:
     def describe(self, dataset) -> list[str]:
         """One line per corpus: ``<name or files>: kept K of N pairs (skipped 2 empty, 8 too long),
         weight W, E examples per epoch`` (then ``, source tag T`` for a tagged corpus): each rule's count of that corpus (:meth:`skipped_per_corpus`)."""
-        kept = np.bincount(self.corpus_ids(dataset), minlength=len(self.corpora))
+        kept = self.kept(self.corpus_ids(dataset))
         skipped = self.skipped_per_corpus(dataset)
-        weights = self.weights(dataset)
+        weights = self.weights(kept)
         lines = []
         for k, corpus in enumerate(self.corpora):
             total = int(self.starts[k + 1] - self.starts[k])

@@ -13,12 +13,12 @@ from typing import Any
 from torch import nn
 
 from nmt.models.attention import GlobalAttention
+from nmt.models.copy_attention import CopyAttention
 from nmt.models.decoder import Bridge, InputFeedingDecoder
 from nmt.models.dropout import word_dropouts
 from nmt.models.embeddings import Embeddings
 from nmt.models.encoder import RNNEncoder
 from nmt.models.errors import ModelConfigError, keyed
-from nmt.models.copy_attention import CopyAttention
 from nmt.models.generator import Generator
 from nmt.models.seq2seq import Seq2Seq
 

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from nmt.models.linear import Linear
 from nmt.sparse import set_target
+from nmt.utils.precision import float32_if_half
 
 NOT_COPIED = -1
 """The target id of a source position that copies nothing (padding, ``<pad> <bos> <eos>``)."""
@@ -39,6 +40,21 @@ def source_to_target(src_tokens: Sequence[str], tgt_index: dict[str, int], unk_i
     skip = set(never)
     return torch.tensor([NOT_COPIED if token in skip else tgt_index.get(token, unk_index) for token in src_tokens],
                         dtype=torch.long)
+
+
+def onto_tokens(values: Tensor, ids: Tensor, vocab: int, empty: float, reduce: str) -> Tensor:
+    """``values`` (..., V + L) of the vocabulary and the source positions -> (..., V): each
+    vocabulary entry combined (``reduce``: ``"sum"`` or ``"amax"``) with the positions holding that
+    token; ``empty`` stands in for the positions that copy nothing. ids: (B, L), the sentences' target
+    ids, for values (B, T, V + L) or a step's (N, V + L) with N = B x S (S consecutive rows per
+    sentence: one view, no copy of ``ids`` per row)."""
+    rows = values.reshape(ids.size(0), -1, values.size(-1))  # (B, S or T, V + L)
+    copied = rows[..., vocab:]
+    index = ids.unsqueeze(1).expand_as(copied)
+    keep = index >= 0
+    out = rows[..., :vocab].scatter_reduce(-1, torch.where(keep, index, 0), torch.where(keep, copied, empty),
+                                           reduce=reduce)
+    return out.view(values.shape[:-1] + (vocab,))
 
 
 class CopyAttention(nn.Module):
@@ -86,33 +102,17 @@ class CopyAttention(nn.Module):
         return scores.view(-1, scores.size(-1)) if single else scores
 
     @staticmethod
-    def row_ids(ids: Tensor, rows: int) -> Tensor:
-        """ids (B, L) for ``rows`` = B x S rows (S consecutive ones per sentence): (rows, L)."""
-        return ids if rows == ids.size(0) else ids.repeat_interleave(rows // ids.size(0), dim=0)
-
-    @staticmethod
     def marginal(probs: Tensor, ids: Tensor, vocab: int) -> Tensor:
         """The token distribution (..., V) of the joint ``probs`` (..., V + L): each vocabulary
-        entry plus the source positions holding that token. ids: the rows' (..., L) target ids
-        (broadcast like ``probs``' leading dims: (B, L) for (B, T, V + L) adds a T axis)."""
-        copied = probs[..., vocab:]
-        if ids.dim() < copied.dim():
-            ids = ids.unsqueeze(-2).expand_as(copied)
-        keep = ids >= 0
-        return probs[..., :vocab].scatter_add(-1, torch.where(keep, ids, 0),
-                                              torch.where(keep, copied, 0).to(probs.dtype))
+        entry plus the source positions holding that token (:func:`onto_tokens`)."""
+        return onto_tokens(probs, ids, vocab, 0.0, "sum")
 
     @staticmethod
     def collapsed_scores(joint: Tensor, ids: Tensor, vocab: int) -> Tensor:
         """(..., V): each token's largest joint score (its vocabulary entry's or a copying
-        position's): a token has probability > 0 exactly where this is above the mapping's
-        threshold (how scoring ranks tokens outside the support)."""
-        copied = joint[..., vocab:]
-        if ids.dim() < copied.dim():
-            ids = ids.unsqueeze(-2).expand_as(copied)
-        keep = ids >= 0
-        return joint[..., :vocab].scatter_reduce(-1, torch.where(keep, ids, 0),
-                                                 torch.where(keep, copied, float("-inf")), reduce="amax")
+        position's; :func:`onto_tokens`): a token has probability > 0 exactly where this is above
+        the mapping's threshold (how scoring ranks tokens outside the support)."""
+        return onto_tokens(joint, ids, vocab, float("-inf"), "amax")
 
     @staticmethod
     def loss_target(mapping: Callable[..., Tensor], joint: Tensor, target: Tensor, ids: Tensor) -> Tensor:
@@ -122,7 +122,7 @@ class CopyAttention(nn.Module):
         Returns (B, T, V + L), detached, in float32 or wider (padding targets: their vocabulary
         entry's, to be ignored by the caller). The mapping runs over 1 + L compact columns."""
         vocab = joint.size(-1) - ids.size(-1)
-        z = joint.float() if joint.dtype in (torch.float16, torch.bfloat16) else joint
+        z = float32_if_half(joint)
         own = z[..., :vocab].gather(-1, target.unsqueeze(-1))  # (B, T, 1)
         copies = ids.unsqueeze(1) == target.unsqueeze(-1)  # (B, T, L): positions holding the target
         compact = torch.cat([own, z[..., vocab:]], dim=-1)  # (B, T, 1 + L)
@@ -132,4 +132,4 @@ class CopyAttention(nn.Module):
         return torch.cat([vocab_part, q[..., 1:]], dim=-1)
 
 
-__all__ = ["NOT_COPIED", "CopyAttention", "source_to_target"]
+__all__ = ["NOT_COPIED", "CopyAttention", "onto_tokens", "source_to_target"]

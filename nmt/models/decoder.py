@@ -44,6 +44,12 @@ def fused_lstm_cell(input_gates: Tensor, hidden_gates: Tensor, c: Tensor, input_
     return h_new, c_new
 
 
+def covered(coverage: Tensor | None, probs: Tensor) -> Tensor | None:
+    """The attention's coverage after a step: ``coverage`` (N, L) plus the step's attention ``probs``
+    (N, L) (``model.attention.coverage``); None where the attention has none."""
+    return None if coverage is None else coverage + probs.to(coverage.dtype)
+
+
 class Bridge(nn.Module):
     """Initial decoder state from the encoder's final states.
 
@@ -239,7 +245,7 @@ class InputFeedingDecoder(nn.Module):
         out, probs, hidden = self._step(emb, hidden, input_feed, memory, mask, keys, coverage=coverage)
         new_state = self._to_state(hidden, out)
         if coverage is not None:
-            new_state["coverage"] = coverage + probs.to(coverage.dtype)
+            new_state["coverage"] = covered(coverage, probs)
         return out, probs, new_state
 
     def forward(self, emb: Tensor, state: State, memory: Tensor, mask: Tensor, keys: Tensor,
@@ -260,8 +266,7 @@ class InputFeedingDecoder(nn.Module):
         for emb_t in emb.unbind(1):  # unbind: one backward node, not T zero-filled (B, T, E) gradients
             input_feed, probs, hidden = self._step(emb_t, hidden, input_feed, memory, mask, keys, attention_scores,
                                                    coverage)
-            if coverage is not None:
-                coverage = coverage + probs.to(coverage.dtype)
+            coverage = covered(coverage, probs)
             outs.append(input_feed)
             attns.append(probs)
         return torch.stack(outs, dim=1), torch.stack(attns, dim=1)
@@ -331,8 +336,7 @@ class InputFeedingDecoder(nn.Module):
                 c[i] = torch.sigmoid(forget_gate) * c[i] + torch.sigmoid(in_gate) * torch.tanh(cell_gate)
                 h[i] = x = torch.sigmoid(out_gate) * torch.tanh(c[i])
             context, probs = self.attention(x, memory, mask, keys, attention_products, attention_scores, coverage)
-            if coverage is not None:
-                coverage = coverage + probs.to(coverage.dtype)
+            coverage = covered(coverage, probs)
             input_feed = self.dropout(torch.tanh(combine(torch.cat([context, x], dim=-1))))
             outs.append(input_feed)
             attns.append(probs)

@@ -81,8 +81,7 @@ class EncoderDecoder(nn.Module):
         joint scores divided by T (the copies tempered with the vocabulary: tokens' largest scores
         divided alone would not give the marginal's)."""
         hidden, attention, state = self.step_hidden(tokens, state, encoder_out, need_attention)
-        _, log_probs = self.generator.step_outputs(hidden, encoder_out)
-        _, tempered = self.generator.step_outputs(hidden, encoder_out, temperature)
+        log_probs, tempered = self.generator.copy_log_probs(hidden, encoder_out, temperature)
         return log_probs, tempered, attention, state
 
     def log_probs(self, logits: Tensor) -> Tensor:

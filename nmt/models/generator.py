@@ -11,11 +11,7 @@ from torch import Tensor, nn
 from nmt.models.copy_attention import CopyAttention
 from nmt.models.linear import Linear
 from nmt.sparse import get_mapping, is_softmax, log_probs_of
-
-
-def _wide(x: Tensor) -> Tensor:
-    """``x`` in float32 where it is half precision, else itself."""
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+from nmt.utils.precision import float32_if_half
 
 
 class Generator(nn.Module):
@@ -66,15 +62,10 @@ class Generator(nn.Module):
 
     def output_probs(self, scores: Tensor, source: dict[str, Tensor]) -> Tensor:
         """The token distribution (..., V) of :meth:`output_scores`' ``scores`` (float32 for half
-        scores): the mapping's, with ``copy`` the marginal of the joint one."""
-        z = _wide(scores)
-        probs = self.mapping(z, dim=-1)
-        if self.copy is None:
-            return probs
-        ids = source["copy_ids"]
-        if z.dim() == 2:
-            ids = self.copy.row_ids(ids, z.size(0))
-        return self.copy.marginal(probs, ids, self.proj.out_features)
+        scores): the mapping's, with ``copy`` the marginal of the joint one (``source``'s
+        ``"copy_ids"`` (B, L) for scores (B, T, V + L) or a step's (N, V + L), N = B x S)."""
+        probs = self.mapping(float32_if_half(scores), dim=-1)
+        return probs if self.copy is None else self.copy.marginal(probs, source["copy_ids"], self.proj.out_features)
 
     def output_target(self, scores: Tensor, target: Tensor, source: dict[str, Tensor]) -> Tensor:
         """What the loss of teacher-forced ``scores`` (B, T, V or V + L) takes at ``target`` (B, T):
@@ -84,26 +75,29 @@ class Generator(nn.Module):
             return target
         return self.copy.loss_target(self.mapping, scores, target, source["copy_ids"])
 
-    def step_outputs(self, hidden: Tensor, source: dict[str, Tensor],
-                     temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    def step_outputs(self, hidden: Tensor, source: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """A step's ``(scores (N, V), log_probs (N, V))`` from its output ``hidden`` (N, H): the
         logits and :meth:`log_probs`; with ``copy`` each token's largest joint score
         (:meth:`CopyAttention.collapsed_scores`) and the log of the marginal, ``-inf`` exactly
-        where it is 0. ``temperature`` T: of the scores divided by T before the mapping."""
+        where it is 0."""
         if self.copy is None:
             logits = self(hidden)
-            logits = logits if temperature == 1.0 else _wide(logits) / temperature
             return logits, self.log_probs(logits)
         joint = self.output_scores(hidden, source)
-        joint = joint if temperature == 1.0 else _wide(joint) / temperature
-        ids = self.copy.row_ids(source["copy_ids"], hidden.size(0))
-        probs = self.output_probs(joint, source)
-        return self.copy.collapsed_scores(joint, ids, self.proj.out_features), log_probs_of(probs)
+        return (self.copy.collapsed_scores(joint, source["copy_ids"], self.proj.out_features),
+                log_probs_of(self.output_probs(joint, source)))
+
+    def copy_log_probs(self, hidden: Tensor, source: dict[str, Tensor], temperature: float) -> tuple[Tensor, Tensor]:
+        """A copying step's ``(log_probs (N, V), tempered (N, V))`` from one pass of the output layer
+        over ``hidden`` (N, H): the marginal's log-probabilities, and those of the joint scores
+        divided by ``temperature`` (the copies tempered with the vocabulary), ``-inf`` at zeros."""
+        joint = self.output_scores(hidden, source)
+        return (log_probs_of(self.output_probs(joint, source)),
+                log_probs_of(self.output_probs(float32_if_half(joint) / temperature, source)))
 
     def log_probs(self, logits: Tensor) -> Tensor:
         """logits: (..., V) -> log p (..., V); half/bfloat16 inputs are computed in float32."""
-        if logits.dtype in (torch.float16, torch.bfloat16):
-            logits = logits.float()
+        logits = float32_if_half(logits)
         if is_softmax(self.mapping_name):
             return F.log_softmax(logits, dim=-1)
         return log_probs_of(self.mapping(logits, dim=-1))

@@ -22,6 +22,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from ._common import compute_dtype
+
 
 def set_target(mapping: Callable[..., Tensor], scores: Tensor, allowed: Tensor) -> Tensor:
     """The cheapest target distribution on the allowed classes: ``mapping(scores)`` over
@@ -35,7 +37,7 @@ def set_target(mapping: Callable[..., Tensor], scores: Tensor, allowed: Tensor) 
     synchronisation beyond the mapping's own.
     """
     with torch.no_grad():
-        z = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+        z = scores.to(compute_dtype(scores.dtype))
         return mapping(z.masked_fill(~allowed, float("-inf")), dim=-1, mask=allowed)
 
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from nmt.utils.precision import float32_if_half
+
 
 def coverage_loss(attention: Tensor, tgt_out: Tensor, pad_index: int) -> Tensor:
     """``sum_{t, j} min(a_tj, c_tj)`` over the target steps whose ``tgt_out`` (B, T) is not
     ``pad_index``, of ``attention`` (B, T, L) (probabilities); 0-d, float32 or wider. Its gradient
     reaches the attention through both arguments of the min (the earlier steps' through c)."""
-    a = attention.float() if attention.dtype in (torch.float16, torch.bfloat16) else attention
+    a = float32_if_half(attention)
     coverage = torch.cat([torch.zeros_like(a[:, :1]), torch.cumsum(a, dim=1)[:, :-1]], dim=1)  # (B, T, L): steps before
     per_step = torch.minimum(a, coverage).sum(-1)  # (B, T)
     return torch.where(tgt_out != pad_index, per_step, 0).sum()

@@ -50,6 +50,7 @@ from nmt.translate.loading import load_model
 from nmt.utils.checkpoint_file import CheckpointError
 from nmt.utils.exception_text import first_line
 from nmt.utils.file_fingerprint import describe_change, fingerprint
+from nmt.utils.precision import float32_if_half
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +228,7 @@ def summed_distill_loss(loss_fn: Callable, logits: Tensor, tgt_out: Tensor, q: T
                         pad_index: int, label_smoothing: float) -> Tensor:
     """:func:`distill_loss` of the teacher-forced ``logits`` (B, T, V) at ``tgt_out`` (B, T) and the
     teacher's ``q`` (B, T, V); half logits summed in float32 (0-d)."""
-    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    logits = float32_if_half(logits)
     n_classes = logits.size(-1)
     return distill_loss(loss_fn, logits.reshape(-1, n_classes), tgt_out.reshape(-1), q.reshape(-1, n_classes),
                         weight, pad_index, label_smoothing)

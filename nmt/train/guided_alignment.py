@@ -44,6 +44,7 @@ from nmt.sparse.registry import LOSS_NAMES
 from nmt.sparse.tensor_alpha_loss import tensor_alpha_entmax_loss
 from nmt.train.update import output_target, summed_output_loss
 from nmt.utils.exception_text import first_line
+from nmt.utils.precision import float32_if_half
 
 KEY = "training.guided_alignment.weight"
 
@@ -135,7 +136,7 @@ def alignment_loss(loss_fn: Callable[..., Tensor], scores: Tensor, reference: Te
     has = reference.sum(-1) > 0  # (B, T)
     fallback = torch.zeros_like(reference)
     fallback[..., 0] = 1.0  # a valid target (position 0 is a real token) where the row is unused
-    z = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+    z = float32_if_half(scores)
     target = torch.where(has.unsqueeze(-1), reference, fallback).to(z.dtype)
     target = target.unsqueeze(1).expand(batch, heads, length, width)
     rows = {} if alpha is None else {"alpha": alpha.view(1, heads, 1, 1).expand(batch, heads, length, 1)

@@ -13,6 +13,7 @@ from nmt.data.batching import Batch
 from nmt.models.seq2seq import length_mask
 from nmt.train.coverage_loss import coverage_loss
 from nmt.train.precision import TrainPrecision
+from nmt.utils.precision import float32_if_half
 
 SkipReason = Literal["nonfinite", "overflow"]
 """Why :func:`update` dropped an update: a non-finite loss (or gradient norm), or fp16 gradients
@@ -58,7 +59,7 @@ def summed_output_loss(loss_fn: Callable, logits: Tensor, tgt_out: Tensor, pad_i
     finite scores)``, not the targets: a copying model's target is the minimiser of the set loss
     (:func:`nmt.sparse.set_target`), so the gradient ``p - (1 - e) target - e uniform`` is the
     exact gradient of that mixture (of mixed targets it would not be)."""
-    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits  # a float32 sum
+    logits = float32_if_half(logits)  # a float32 sum
     if target is not None and target.is_floating_point():
         scores, dist = logits.reshape(-1, logits.size(-1)), target.reshape(-1, logits.size(-1))
         rows = loss_fn(scores, dist, reduction="none")

@@ -21,12 +21,19 @@ import contextlib
 from typing import ContextManager, Iterator
 
 import torch
+from torch import Tensor
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 """Training's precisions (``training.precision``)."""
 INFERENCE_PRECISIONS = PRECISIONS + ("int8",)
 """Decoding's and scoring's (``nmt-translate -precision``): int8 on the CPU only."""
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def float32_if_half(x: Tensor) -> Tensor:
+    """``x`` in float32 where it is float16 or bfloat16, else ``x`` itself (float32 and float64 as
+    they are): what losses, mappings and sums over half-precision scores compute in."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def check_precision(name: str, inference: bool = False) -> str:
@@ -139,4 +146,4 @@ def inference_precision(device: torch.device | str, name: str) -> ContextManager
     return autocast(device, name)
 
 
-__all__ = ["INFERENCE_PRECISIONS", "PRECISIONS", "check_inference_device", "requested_device", "autocast", "autocast_dtype", "check_precision", "ieee_float32", "inference_precision"]
+__all__ = ["INFERENCE_PRECISIONS", "PRECISIONS", "check_inference_device", "requested_device", "autocast", "autocast_dtype", "check_precision", "float32_if_half", "ieee_float32", "inference_precision"]

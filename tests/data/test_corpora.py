@@ -202,7 +202,7 @@ def test_an_epoch_at_a_sampling_temperature_holds_the_tempered_counts(two_corpor
     data = ParallelDataset(pairs, _field("space"), _field("char"), 5, 5)
     weights = CorpusWeights(corpora, starts, 3.0)
     tempered = tempered_weights([3.0, 0.5], [3, 9], 3.0)
-    assert weights.weights(data) == tempered
+    assert weights.weights(weights.kept(weights.corpus_ids(data))) == tempered
     lines = weights.describe(data)
     assert lines[0] == (f"real: kept 3 of 4 pairs (skipped 0 empty, 1 too long), weight 3 ({tempered[0]:.4g} at "
                         f"sampling temperature 3), {examples_per_epoch(3, tempered[0])} examples per epoch")
