@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import random
 import sys
 import tempfile
@@ -29,7 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
 
+from bench_source_noise import parsed_with_run_options  # noqa: E402
 from nmt.config import resolve_config  # noqa: E402
 from nmt.utils.io import atomic_write_text  # noqa: E402
 
@@ -87,11 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--valid", type=int, default=100, help="validation pairs (default 100)")
     p.add_argument("--steps", type=int, default=3000, help="updates of 16 pairs per run (default 3000)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds (default 0)")
-    p.add_argument("--json", help="also write the rows to this JSON file")
-    p.add_argument("--quiet", action="store_true", help="no training log lines")
-    args = p.parse_args(argv)
-    if args.quiet:
-        logging.getLogger("nmt").setLevel(logging.WARNING)
+    args = parsed_with_run_options(p, argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
+from bench_source_noise import best_texts, parsed_with_run_options, test_set  # noqa: E402
 from bench_source_noise import word_lstm_config as config  # noqa: E402  (the same model and training)
 from nmt.config import resolve_config  # noqa: E402
 from nmt.utils.io import atomic_write_text  # noqa: E402
@@ -59,11 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--test-lines", type=int, default=None, help="translate only the first N test lines")
-    p.add_argument("--json", help="also write the rows to this JSON file")
-    p.add_argument("--quiet", action="store_true", help="no training log lines")
-    args = p.parse_args(argv)
-    if args.quiet:
-        logging.getLogger("nmt").setLevel(logging.WARNING)
+    args = parsed_with_run_options(p, argv)
     import sacrebleu
 
     import nmt
@@ -74,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     tgt_lines = (data / f"train.{args.tgt}").read_text(encoding="utf-8").splitlines()
     end = len(tgt_lines) if args.mono is None else args.real + args.mono
     mono = tgt_lines[args.real:end]
-    tests = (data / f"test_2016_flickr.{args.src}").read_text(encoding="utf-8").splitlines()[:args.test_lines]
-    references = (data / f"test_2016_flickr.{args.tgt}").read_text(encoding="utf-8").splitlines()[:args.test_lines]
+    tests, references = test_set(data, args.src, args.tgt, args.test_lines)
     valid = {"src": str(data / f"val.{args.src}"), "tgt": str(data / f"val.{args.tgt}")}
     noise = json.loads(args.noise)
     rows = []
@@ -88,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                          root / "reverse", args.reverse_steps or args.steps, args.seed)
         Trainer(resolve_config(reverse, "reverse.yaml"), "reverse.yaml").train()
         reverse_model = nmt.load(root / "reverse" / "last.pt", device="cpu")
-        synthetic = [t.hypotheses[0][0] if t.hypotheses else "" for t in reverse_model.translate(mono, beam_size=5)]
+        synthetic = best_texts(reverse_model.translate(mono, beam_size=5))
         back = {"src": write_lines(root / "bt.src", synthetic), "tgt": write_lines(root / "bt.tgt", mono),
                 "name": "backtranslated"}
         reverse_bleu = sacrebleu.corpus_bleu(synthetic, [src_lines[args.real:end]]).score
@@ -99,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             cfg = resolve_config(config(corpora[name], valid, root / name, args.steps, args.seed), f"{name}.yaml")
             Trainer(cfg, f"{name}.yaml").train()
-            outputs = [t.hypotheses[0][0] if t.hypotheses else ""
-                       for t in nmt.load(root / name / "last.pt", device="cpu").translate(tests, beam_size=5)]
+            outputs = best_texts(nmt.load(root / name / "last.pt", device="cpu").translate(tests, beam_size=5))
             rows.append({"training": name, "bleu": sacrebleu.corpus_bleu(outputs, [references]).score,
                          "seconds": time.perf_counter() - start})
     print(f"{args.src}->{args.tgt}: {args.real} real pairs, {len(mono)} monolingual {args.tgt} lines back-translated "

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import statistics
 import sys
 import tempfile
@@ -43,6 +42,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "recipes" / "morphology"))
 sys.path.insert(0, str(ROOT / "tools"))
 
+from bench_source_noise import best_texts, certified_percent, parsed_with_run_options, test_set  # noqa: E402
+from bench_source_noise import config as multi30k_config  # noqa: E402  (the word LSTM of --multi30k)
 from nmt.config import resolve_config  # noqa: E402
 from nmt.utils.io import atomic_write_text  # noqa: E402
 
@@ -97,11 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--valid-every", type=int, default=250, help="greedy exact match on valid every N updates")
     p.add_argument("--seeds", type=int, nargs="+", default=[1])
     p.add_argument("--dev-lines", type=int, default=None, help="decode only the first N dev (test) lines")
-    p.add_argument("--json", help="also write the rows to this JSON file")
-    p.add_argument("--quiet", action="store_true", help="no training log lines")
-    args = p.parse_args(argv)
-    if args.quiet:
-        logging.getLogger("nmt").setLevel(logging.WARNING)
+    args = parsed_with_run_options(p, argv)
     import torch
 
     import nmt
@@ -125,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                                  f"{name}.yaml")
             Trainer(cfg, f"{name}.yaml").train()
             translations, speed = timed_translations(nmt.load(save_dir / "best.pt", device="cpu"), sources)
-            hyps = [t.hypotheses[0][0] if t.hypotheses else "" for t in translations]
+            hyps = best_texts(translations)
             reports = [{"certified": bool(t.certified), "n_nonzero": t.n_nonzero} for t in translations]
             scores = evaluate(hyps, golds, langs, reports)["macro"]
             rows.append({"run": name, "copy": copy, "seed": seed, **scores,
@@ -164,12 +161,10 @@ def translation(args: argparse.Namespace) -> int:
     import sacrebleu
 
     import nmt
-    from bench_source_noise import config as multi30k_config
     from nmt.train.trainer import Trainer
 
     data = Path(args.multi30k)
-    sources = (data / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:args.dev_lines]
-    references = (data / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[:args.dev_lines]
+    sources, references = test_set(data, "de", "en", args.dev_lines)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed, copy, name in runs(args.seeds):
@@ -180,16 +175,15 @@ def translation(args: argparse.Namespace) -> int:
             Trainer(resolve_config(cfg, f"{name}.yaml"), f"{name}.yaml").train()
             model = nmt.load(save_dir / "last.pt", device="cpu")
             translations, speed = timed_translations(model, sources)
-            outputs = [t.hypotheses[0][0] if t.hypotheses else "" for t in translations]
-            replaced = [t.hypotheses[0][0] if t.hypotheses else ""
-                        for t in model.translate(sources, beam_size=5, replace_unk=True)]
+            outputs = best_texts(translations)
+            replaced = best_texts(model.translate(sources, beam_size=5, replace_unk=True))
             words = sum(len(o.split()) for o in outputs)
             unks = sum(o.split().count("<unk>") for o in outputs)
             rows.append({"run": name, "copy": copy, "seed": seed,
                          "bleu": sacrebleu.corpus_bleu(outputs, [references]).score,
                          "bleu_replace_unk": sacrebleu.corpus_bleu(replaced, [references]).score,
                          "unk_per_100_words": 100.0 * unks / max(words, 1),
-                         "certified": 100.0 * sum(bool(t.certified) for t in translations) / len(translations),
+                         "certified": certified_percent(translations),
                          "train_tokens_per_sec": training_speed(save_dir), "decode_sentences_per_sec": speed})
     print(f"{data}: de->en, word LSTM, {args.steps} updates, seeds {args.seeds}; test_2016_flickr "
           f"({len(sources)} lines), beam 5")

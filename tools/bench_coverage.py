@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -28,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 from bench_copy import training_speed  # noqa: E402  (the median tokens/s of a run's log)
+from bench_source_noise import best_texts, certified_percent, parsed_with_run_options, test_set  # noqa: E402
 from bench_source_noise import config as multi30k_config  # noqa: E402  (the same model and training)
 from nmt.config import resolve_config  # noqa: E402
 from nmt.utils.io import atomic_write_text  # noqa: E402
@@ -50,11 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weight", type=float, default=1.0, help="training.coverage_loss of the coverage runs")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--test-lines", type=int, default=None, help="translate only the first N test lines")
-    p.add_argument("--json", help="also write the rows to this JSON file")
-    p.add_argument("--quiet", action="store_true", help="no training log lines")
-    args = p.parse_args(argv)
-    if args.quiet:
-        logging.getLogger("nmt").setLevel(logging.WARNING)
+    args = parsed_with_run_options(p, argv)
     import sacrebleu
     import torch
 
@@ -63,8 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     data = Path(args.data)
-    sources = (data / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:args.test_lines]
-    references = (data / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[:args.test_lines]
+    sources, references = test_set(data, "de", "en", args.test_lines)
     reference_words = sum(len(r.split()) for r in references)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -76,11 +71,11 @@ def main(argv: list[str] | None = None) -> int:
             Trainer(resolve_config(cfg, f"{name}.yaml"), f"{name}.yaml").train()
             model = nmt.load(save_dir / "last.pt", device="cpu")
             translations = model.translate(sources, beam_size=5)
-            outputs = [t.hypotheses[0][0] if t.hypotheses else "" for t in translations]
+            outputs = best_texts(translations)
             rows.append({"run": name, "bleu": sacrebleu.corpus_bleu(outputs, [references]).score,
                          "repeating_percent": 100.0 * sum(map(repeats_a_bigram, outputs)) / len(outputs),
                          "length_ratio": sum(len(o.split()) for o in outputs) / max(reference_words, 1),
-                         "certified": 100.0 * sum(bool(t.certified) for t in translations) / len(translations),
+                         "certified": certified_percent(translations),
                          "train_tokens_per_sec": training_speed(save_dir)})
     plain = next((r for r in rows if r["run"] == "plain"), None)
     print(f"{data}: de->en, word LSTM, 1.5-entmax attention and output, {args.steps} updates, seed {args.seed}, "

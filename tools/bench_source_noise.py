@@ -61,6 +61,34 @@ def config(data: Path, src: str, tgt: str, save_dir: Path, noise: dict | None, s
     return word_lstm_config(train, valid, save_dir, steps, seed, word_dropout)
 
 
+def parsed_with_run_options(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``p``'s arguments with the training benchmarks' shared options: ``--json`` (also write the rows
+    there) and ``--quiet`` (no training log lines: the ``nmt`` logger at WARNING from here on)."""
+    p.add_argument("--json", help="also write the rows to this JSON file")
+    p.add_argument("--quiet", action="store_true", help="no training log lines")
+    args = p.parse_args(argv)
+    if args.quiet:
+        logging.getLogger("nmt").setLevel(logging.WARNING)
+    return args
+
+
+def test_set(data: Path, src: str, tgt: str, lines: int | None = None) -> tuple[list[str], list[str]]:
+    """test_2016_flickr's first ``lines`` source and reference lines (all of them for None)."""
+    def read(lang: str) -> list[str]:
+        return (data / f"test_2016_flickr.{lang}").read_text(encoding="utf-8").splitlines()[:lines]
+    return read(src), read(tgt)
+
+
+def best_texts(translations) -> list[str]:
+    """Each ``nmt`` Translation's best hypothesis text ("" where it has none)."""
+    return [t.hypotheses[0][0] if t.hypotheses else "" for t in translations]
+
+
+def certified_percent(translations) -> float:
+    """The share of ``translations`` whose search is certified, in percent."""
+    return 100.0 * sum(bool(t.certified) for t in translations) / len(translations)
+
+
 def noised_lines(lines: list[str], noise: dict, seed: int) -> list[str]:
     """``lines`` with each word deleted, blanked (``<unk>``) and moved as ``data.train.noise`` does
     (words: whitespace-separated tokens, as the ``space`` tokenizer's)."""
@@ -102,11 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                         "src_word_dropout and tgt_word_dropout at --word-dropout); default: plain noised")
     p.add_argument("--word-dropout", type=float, default=0.1, help="the word_dropout run's rate (default 0.1)")
     p.add_argument("--test-lines", type=int, default=None, help="translate only the first N test lines")
-    p.add_argument("--json", help="also write the rows to this JSON file")
-    p.add_argument("--quiet", action="store_true", help="no training log lines")
-    args = p.parse_args(argv)
-    if args.quiet:
-        logging.getLogger("nmt").setLevel(logging.WARNING)
+    args = parsed_with_run_options(p, argv)
     import sacrebleu
 
     import nmt
@@ -114,8 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 
     noise = json.loads(args.noise)
     data = Path(args.data)
-    sources = (data / f"test_2016_flickr.{args.src}").read_text(encoding="utf-8").splitlines()[:args.test_lines]
-    references = (data / f"test_2016_flickr.{args.tgt}").read_text(encoding="utf-8").splitlines()[:args.test_lines]
+    sources, references = test_set(data, args.src, args.tgt, args.test_lines)
     tests = {"clean": sources, "noised": noised_lines(sources, noise, seed=12345)}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -131,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             model = nmt.load(save_dir / "last.pt", device="cpu")
             row = {"training": name, "seconds": seconds}
             for test, lines in tests.items():
-                outputs = [t.hypotheses[0][0] for t in model.translate(lines, beam_size=5)]
+                outputs = best_texts(model.translate(lines, beam_size=5))
                 row[test] = sacrebleu.corpus_bleu(outputs, [references]).score
             rows.append(row)
     print(f"{args.src}->{args.tgt}: {args.steps} updates of 64 sentences; test_2016_flickr ({len(sources)} lines), "
