@@ -268,12 +268,31 @@ TRAINING = {
     "max_minutes": Option(float, None, "stop after this much training time, validation included, over all "
                           "sessions of the run (null: no time limit)", nullable=True, minimum=0.0),
     "optimizer": {
-        "name": Option(str, "adam", "optimizer", choices=("adam", "sgd")),
-        "lr": Option(float, 1e-3, "initial learning rate", minimum=0.0, min_inclusive=False),
-        "betas": Option(list, [0.9, 0.999], "Adam betas"),
-        "eps": Option(float, 1e-8, "Adam epsilon", minimum=0.0),
-        "momentum": Option(float, 0.0, "SGD momentum", minimum=0.0, maximum=1.0, max_inclusive=False),
-        "weight_decay": Option(float, 0.0, "L2 weight decay", minimum=0.0),
+        "name": Option(str, "adam", "optimizer: adam (weight_decay: L2, added to the gradient), adamw (Adam "
+                       "with decoupled weight decay: the weights shrink by lr x weight_decay each update), sgd, "
+                       "adafactor (factored second moments, sync-free: see the adafactor section)",
+                       choices=("adam", "adamw", "sgd", "adafactor")),
+        "lr": Option(float, 1e-3, "initial learning rate (adafactor with relative_step: the cap of the relative "
+                     "step size 1 / sqrt(t); the paper's is 0.01)", minimum=0.0, min_inclusive=False),
+        "betas": Option(list, [0.9, 0.999], "adam / adamw betas"),
+        "eps": Option(float, 1e-8, "adam / adamw epsilon", minimum=0.0),
+        "momentum": Option(float, 0.0, "sgd momentum", minimum=0.0, maximum=1.0, max_inclusive=False),
+        "nesterov": Option(bool, False, "sgd: Nesterov momentum (needs momentum > 0)"),
+        "weight_decay": Option(float, 0.0, "weight decay: L2 for adam and sgd, decoupled for adamw and adafactor",
+                               minimum=0.0),
+        "adafactor": {
+            "relative_step": Option(bool, True, "step size min(lr, 1 / sqrt(t)) at update t (false: lr)"),
+            "scale_parameter": Option(bool, True, "step size times max(eps2, RMS of the parameter): steps relative "
+                                      "to the parameter's scale"),
+            "beta1": Option(float, None, "first-moment decay (null: none, the paper's default: no n x m state)",
+                            nullable=True, minimum=0.0, maximum=1.0, max_inclusive=False),
+            "decay_rate": Option(float, -0.8, "second-moment decay beta2_t = 1 - t ** decay_rate", maximum=0.0,
+                                 max_inclusive=False),
+            "clip_threshold": Option(float, 1.0, "update clipping: the update is scaled down to RMS at most this",
+                                     minimum=0.0, min_inclusive=False),
+            "eps1": Option(float, 1e-30, "added to the squared gradient", minimum=0.0, min_inclusive=False),
+            "eps2": Option(float, 1e-3, "floor of the parameter scale (scale_parameter)", minimum=0.0),
+        },
     },
     "accumulate": Option(int, 1, "batches per update (gradient accumulation; the loss is normalised over all "
                          "of them, see normalization)", minimum=1),

@@ -61,7 +61,34 @@ def check_config(config: dict, source: str) -> None:
     check_lr_schedule(training, source)
     check_freeze(training, source)
     check_validation_metrics(config["validation"], source)
-    betas = training["optimizer"]["betas"]
+    check_optimizer(training["optimizer"], source)
+
+
+OPTIMIZER_READS = {"adam": ("betas", "eps"), "adamw": ("betas", "eps"), "sgd": ("momentum", "nesterov"),
+                   "adafactor": ("adafactor",)}
+"""The ``training.optimizer`` keys each optimizer reads besides ``name``, ``lr`` and ``weight_decay``."""
+
+
+def check_optimizer(cfg: dict, source: str) -> None:
+    """``training.optimizer``: the keys the named optimizer does not read keep their defaults (a
+    ``momentum`` given to adam is a mistake, not a no-op), Nesterov momentum needs a momentum, the
+    betas are two numbers in [0, 1). One-line :class:`ConfigError` naming the key."""
+    from nmt.config.options import TRAINING
+
+    name = cfg["name"]
+    for key, option in TRAINING["optimizer"].items():
+        if key in ("name", "lr", "weight_decay") or key in OPTIMIZER_READS[name]:
+            continue
+        default = option.default if not isinstance(option, dict) else {k: o.default for k, o in option.items()}
+        if cfg[key] != default:
+            changed = key if not isinstance(option, dict) else next(
+                f"{key}.{k}" for k in option if cfg[key][k] != default[k])
+            readers = ", ".join(n for n, keys in OPTIMIZER_READS.items() if key in keys)
+            raise ConfigError(source, f"training.optimizer.{changed}",
+                              f"the {name} optimizer does not read it (only {readers}): remove it")
+    if name == "sgd" and cfg["nesterov"] and cfg["momentum"] == 0:
+        raise ConfigError(source, "training.optimizer.nesterov", "true needs training.optimizer.momentum > 0")
+    betas = cfg["betas"]
     if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas):
         raise ConfigError(source, "training.optimizer.betas", f"must be two numbers in [0, 1), got {betas!r}")
 

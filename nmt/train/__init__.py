@@ -4,7 +4,8 @@
 - ``update``: one optimisation step on a batch (Fenchel-Young loss of the output mapping)
 - ``validation``: loss, token accuracy, perplexity, support sizes, exact match / BLEU / chrF
 - ``checkpoint``: the run directory (``last.pt``, ``best.pt``, keep-last-K ``step_N.pt``); the file format is ``nmt.utils.checkpoint_file``
-- ``optimizers``, ``schedules``, ``early_stopping``: Adam/SGD, lr schedules (warmup + plateau halving,
+- ``optimizers``, ``schedules``, ``early_stopping``: Adam/AdamW/SGD/Adafactor (``adafactor``: a sync-free
+  Adafactor), lr schedules (warmup + plateau halving,
   noam; ``decay_schedules``: constant, linear, cosine, exponential), patience
 - ``rng``, ``interrupt``, ``data_setup``: RNG states, SIGINT/SIGTERM, fields and datasets from ``data:``
 - ``distributed``: torchrun / DistributedDataParallel helpers (batch sharding, global token counts,

@@ -5,18 +5,30 @@ from typing import Iterable
 
 import torch
 
+from nmt.train.adafactor import Adafactor
+
+
+OPTIMIZERS = ("adam", "adamw", "sgd", "adafactor")
+"""``training.optimizer.name``'s values."""
+
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: dict) -> torch.optim.Optimizer:
-    """Adam (fused) or SGD from ``cfg`` = ``{name, lr, betas, eps, momentum, weight_decay}``."""
+    """The optimizer of the ``training.optimizer`` section ``cfg`` over the trainable ``params``:
+    Adam or AdamW (fused: one kernel per step and no host read of the step counters), SGD (with
+    ``momentum``, ``nesterov``), or :class:`nmt.train.adafactor.Adafactor` (``cfg["adafactor"]``'s
+    settings). None of them reads the device from the host in its step."""
     params = [p for p in params if p.requires_grad]
     name = cfg["name"]
-    if name == "adam":
-        # fused: one kernel per step and no host read of the step counters (sync-free)
-        return torch.optim.Adam(params, lr=cfg["lr"], betas=tuple(cfg["betas"]), eps=cfg["eps"],
-                                weight_decay=cfg["weight_decay"], fused=True)
+    if name in ("adam", "adamw"):
+        adam = torch.optim.Adam if name == "adam" else torch.optim.AdamW
+        return adam(params, lr=cfg["lr"], betas=tuple(cfg["betas"]), eps=cfg["eps"],
+                    weight_decay=cfg["weight_decay"], fused=True)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"])
-    raise ValueError(f"training.optimizer.name: unknown optimizer {name!r}; valid: adam, sgd")
+        return torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"],
+                               nesterov=cfg.get("nesterov", False))
+    if name == "adafactor":  # the section's keys, Adafactor's defaults for those left out
+        return Adafactor(params, lr=cfg["lr"], weight_decay=cfg["weight_decay"], **cfg.get("adafactor", {}))
+    raise ValueError(f"training.optimizer.name: unknown optimizer {name!r}; valid: {', '.join(OPTIMIZERS)}")
 
 
 def clip_gradients(params: Iterable[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor | None:
@@ -26,4 +38,4 @@ def clip_gradients(params: Iterable[torch.nn.Parameter], max_norm: float | None)
     return torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)
 
 
-__all__ = ["build_optimizer", "clip_gradients"]
+__all__ = ["OPTIMIZERS", "build_optimizer", "clip_gradients"]

@@ -396,6 +396,32 @@ def test_bench_ema_quick(tmp_path, capsys):
     assert "EMA update" in capsys.readouterr().out
 
 
+def test_bench_optimizers_quick_and_on_a_small_corpus(tmp_path, capsys):
+    """``bench_optimizers --quick``: every optimizer's step, update, state and host syncs on the
+    quick-start model (the state of Adafactor without first moments a small fraction of Adam's,
+    torch's Adafactor the only one reading from the device); ``--multi30k``: two trainings translated."""
+    bench = _load("bench_optimizers")
+    out = tmp_path / "optimizers.json"
+    assert bench.main(["--quick", "--json", str(out)]) == 0
+    rows = {r["optimizer"]: r for r in json.loads(out.read_text())["results"]}
+    assert list(rows) == ["adam", "adamw", "sgd", "adafactor", "adafactor beta1", "torch Adafactor"]
+    assert all(r["step_ms"] > 0 and r["update_ms"] > 0 for r in rows.values())
+    assert rows["adafactor"]["state_mb"] < 0.05 * rows["adam"]["state_mb"]
+    assert [name for name, r in rows.items() if r["host_syncs"]] == ["torch Adafactor"]
+    assert "x adam" in capsys.readouterr().out
+    corpus = tmp_path / "multi30k"
+    corpus.mkdir()
+    spm = pytest.importorskip("sentencepiece")
+    small_corpus(corpus, spm, seed=5)
+    for lang in ("de", "en"):
+        (corpus / f"test_2016_flickr.{lang}").write_text((corpus / f"val.{lang}").read_text())
+    assert bench.main(["--multi30k", str(corpus), "--steps", "3", "--test-lines", "5", "--quiet",
+                       "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["optimizer"], r["lr"]) for r in rows] == [("adam", 0.001), ("adafactor", 0.01)]
+    assert all(0.0 <= r["bleu"] <= 100.0 and 0.0 <= r["certified"] <= 100.0 for r in rows)
+
+
 def test_bench_alignment_smoke(tmp_path, capsys):
     """``bench_alignment`` on a few pairs and steps: four rows (causal / full context, plain / guided),
     each a validation AER in [0, 1]; the task's references are the shuffles (checked on its files)."""
