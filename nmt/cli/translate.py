@@ -35,9 +35,12 @@ import os
 import signal
 import sys
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from nmt.cli.translate_common import PROG, SEARCH_FLAGS, search_options  # noqa: F401 (SEARCH_FLAGS re-exported)
+
+if TYPE_CHECKING:
+    from nmt.cli.translate_ranks import Ranks
 
 CONSTRAINT_MODES = ("unordered", "ordered")
 """``nmt.translate.constraint_automaton.CONSTRAINT_MODES`` (the first the default), spelled here so that
@@ -310,34 +313,45 @@ def run(args: argparse.Namespace, start: float | None = None) -> int:
     start = time.perf_counter() if start is None else start
     import torch
 
-    from nmt.translate.loading import resolve_device
-    from nmt.utils.device import make_current
-    from nmt.utils.precision import check_inference_device, requested_device
+    from nmt.cli.translate_ranks import join
 
     _check_arguments(args)
     search_options(args)  # bad search flags fail before any input is read
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    mode = _run_mode(args)
+    ranks = join(args, mode)  # under torchrun: this process's share and GPU
+    try:
+        return _run_mode_of(args, start, mode, ranks)
+    finally:
+        ranks.close()
+
+
+def _run_mode_of(args: argparse.Namespace, start: float, mode: str, ranks: Ranks) -> int:
+    """``run``'s work once the process knows its place (``ranks``) and ``mode``."""
+    from nmt.translate.loading import resolve_device
+    from nmt.utils.device import make_current
+    from nmt.utils.precision import check_inference_device, requested_device
+
     args.device = resolve_device(requested_device(args.precision, args.device), what="-device")
     check_inference_device(args.precision, args.device)
     make_current(args.device)  # one device: Triton's launches need no switch, nothing reaches cuda:0
     from nmt.translate.translator import default_batching
 
-    mode = _run_mode(args)
     # files: batches by tokens on a GPU; scoring and streaming count sentences on every device
     args.batch_size, args.batch_type = default_batching(args.device if mode == "file" else "cpu",
                                                         args.batch_size, args.batch_type)
     if mode == "score":
         from nmt.cli.translate_score import run_score
 
-        return run_score(args, start)
+        return run_score(args, start, ranks)
     if mode == "stream":
         from nmt.cli.translate_stream import run_stream
 
         return run_stream(args, start)
     from nmt.cli.translate_file import run_file
 
-    return run_file(args, start)
+    return run_file(args, start, ranks)
 
 
 def _discard_stdout() -> None:

@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+from nmt.cli.translate_ranks import Ranks
 from nmt.cli.translate_common import (
     PROG,
     align_options,
@@ -30,8 +31,10 @@ from nmt.cli.translate_common import (
 )
 
 
-def run_file(args: argparse.Namespace, start: float) -> int:
-    """Translate ``args.src`` (a file, or all of stdin when not streaming) as ``args`` say."""
+def run_file(args: argparse.Namespace, start: float, ranks: Ranks | None = None) -> int:
+    """Translate ``args.src`` (a file, or all of stdin when not streaming) as ``args`` say;
+    ``ranks``: this process's share under torchrun (:mod:`nmt.cli.translate_ranks`: rank 0 writes)."""
+    ranks = Ranks() if ranks is None else ranks
     from nmt.translate.loading import load_models
     from nmt.translate.translator import TranslationSummary, Translator
     from nmt.utils.allocator import freeze_live_objects
@@ -60,14 +63,16 @@ def run_file(args: argparse.Namespace, start: float) -> int:
     try:
         translations = translator.translate(lines, progress=bar.update if bar is not None else None,
                                             prefixes=prefixes, constraints=constraints,
-                                            constraints_mode=args.constraints_mode)
+                                            constraints_mode=args.constraints_mode, shard=ranks.shard)
     except ValueError as exc:  # a source longer than learned positions hold (a prefix than -max_length): its file and line
         raise no_attention(name_input(exc, {"source": args.src, "prefix": args.tgt_prefix,
                                             "constraints": args.constraints}), args) from None
     finally:
         if bar is not None:
             bar.close()
-
+    translations, search_seconds = ranks.merged(translations, translator.search_seconds)
+    if not ranks.writes:
+        return 0
     write_lines(args.output, [line for t in translations
                               for line in output_lines(t, lines_per_sentence(args), args.with_score,
                                                                    args.report_align)])
@@ -84,7 +89,8 @@ def run_file(args: argparse.Namespace, start: float) -> int:
 
     if not args.quiet:
         summary = TranslationSummary.of(translations)
-        say(summary.line() + summary_suffix(startup, translator.search_seconds, len(lines), members, args.precision))
+        say(summary.line() + summary_suffix(startup, search_seconds, len(lines), members, args.precision)
+            + ranks.suffix())
     if references is not None:
         print_metrics([t.text for t in translations], references)
     return 0

@@ -13,6 +13,7 @@ import json
 import sys
 import time
 
+from nmt.cli.translate_ranks import Ranks
 from nmt.cli.translate_common import (
     PROG,
     align_options,
@@ -27,8 +28,10 @@ from nmt.cli.translate_common import (
 )
 
 
-def run_score(args: argparse.Namespace, start: float) -> int:
-    """Score ``args.tgt`` given ``args.src``; JSON lines to ``-score_output`` (else ``-output``)."""
+def run_score(args: argparse.Namespace, start: float, ranks: Ranks | None = None) -> int:
+    """Score ``args.tgt`` given ``args.src``; JSON lines to ``-score_output`` (else ``-output``);
+    ``ranks``: this process's share under torchrun (:mod:`nmt.cli.translate_ranks`: rank 0 writes)."""
+    ranks = Ranks() if ranks is None else ranks
     from nmt.translate.loading import load_models
     from nmt.translate.scorer import ScoreSummary, Scorer
     from nmt.utils.allocator import freeze_live_objects
@@ -51,17 +54,22 @@ def run_score(args: argparse.Namespace, start: float) -> int:
 
         bar = tqdm(total=len(sources), unit="pair", file=sys.stderr, desc=PROG, leave=False, disable=None)
     try:
-        scores = scorer.score(sources, references, progress=bar.update if bar is not None else None)
+        scores = scorer.score(sources, references, progress=bar.update if bar is not None else None,
+                              shard=ranks.shard)
     except ValueError as exc:  # a pair longer than learned positions hold: its file and line
         raise no_attention(name_input(exc, {"source": args.src, "target": args.tgt}), args) from None
     finally:
         if bar is not None:
             bar.close()
+    scores, seconds = ranks.merged(scores, scorer.seconds)
+    if not ranks.writes:
+        return 0
     write_lines(args.score_output or args.output, [json.dumps(s.report(), ensure_ascii=False) for s in scores])
     summary = ScoreSummary.of(scores)
     line = summary.line()
     if not args.quiet:
-        line += summary_suffix(startup, scorer.seconds, len(sources), members, args.precision).replace("sentences/s", "pairs/s")
+        line += (summary_suffix(startup, seconds, len(sources), members, args.precision).replace("sentences/s", "pairs/s")
+                 + ranks.suffix())
     say(line)  # the metric line of scoring: kept with -quiet
     return 0
 

@@ -29,6 +29,7 @@ to where the two put ``eps1`` (it floors ``V_t`` at ``eps1 ** 2``; here ``eps1``
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterable
 
 import torch
@@ -75,11 +76,14 @@ class Adafactor(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
+            buckets: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
             for param in group["params"]:
                 if param.grad is not None:
                     if param.grad.is_sparse:
                         raise RuntimeError("Adafactor does not support sparse gradients")
-                    self._update(param, group)
+                    buckets.setdefault((param.device, param.dtype), []).append(param)
+            for params in buckets.values():
+                self._update(params, group)
         return loss
 
     def _state(self, param: Tensor, beta1: float | None) -> dict[str, Tensor]:
@@ -96,35 +100,57 @@ class Adafactor(torch.optim.Optimizer):
                 state["first"] = torch.zeros(param.shape, **float32)
         return state
 
-    def _update(self, param: Tensor, group: dict) -> None:
-        state = self._state(param, group["beta1"])
-        eps1, eps2 = group["eps1"], group["eps2"]
+    def _update(self, params: list[Tensor], group: dict) -> None:
+        """The update of ``params`` (one device and dtype): the elementwise stages as ``torch._foreach``
+        operations over all of them (a few kernels for the whole list on a GPU), the factored
+        statistics per matrix."""
+        states = [self._state(p, group["beta1"]) for p in params]
         lr = group["lr"]
-        grad = param.grad.float()
-        step = state["step"]
-        step.add_(1.0)
-        gain = step.pow(group["decay_rate"])  # 1 - beta2_t: 1 at t = 1 (the estimate starts at S)
-        square = grad.square().add_(eps1)
-        if "row" in state:
-            state["row"].lerp_(square.mean(dim=-1), gain)
-            state["col"].lerp_(square.mean(dim=-2), gain)
-            row, col = state["row"], state["col"]
-            # 1 / sqrt(R_i C_j / mean(R)) = rsqrt(R_i / mean(R)) rsqrt(C_j): no n x m estimate is built
-            row_factor = (row / row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1)
-            update = grad * row_factor * col.rsqrt().unsqueeze(-2)
-        else:
-            state["second"].lerp_(square, gain)
-            update = grad * state["second"].rsqrt()
-        rms = update.square().mean().sqrt()
-        update.div_((rms / group["clip_threshold"]).clamp_(min=1.0))
+        grads = [p.grad.float() for p in params]
+        steps = [state["step"] for state in states]
+        torch._foreach_add_(steps, 1.0)
+        gains = torch._foreach_pow(steps, group["decay_rate"])  # 1 - beta2_t: 1 at t = 1 (V starts at S)
+        squares = torch._foreach_mul(grads, grads)
+        torch._foreach_add_(squares, group["eps1"])
+        updates: list[Tensor] = list(grads)
+        vectors = [i for i, state in enumerate(states) if "second" in state]
+        if vectors:
+            seconds = [states[i]["second"] for i in vectors]
+            torch._foreach_lerp_(seconds, [squares[i] for i in vectors], [gains[i] for i in vectors])
+            scaled = torch._foreach_mul(torch._foreach_rsqrt(seconds), [grads[i] for i in vectors])
+            for i, update in zip(vectors, scaled):
+                updates[i] = update
+        for i, state in enumerate(states):
+            if "row" in state:
+                row, col = state["row"], state["col"]
+                row.lerp_(squares[i].mean(dim=-1), gains[i])
+                col.lerp_(squares[i].mean(dim=-2), gains[i])
+                # 1 / sqrt(R_i C_j / mean(R)) = rsqrt(R_i / mean(R)) rsqrt(C_j): no n x m estimate is built
+                row_factor = (row / row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1)
+                updates[i] = grads[i] * row_factor * col.rsqrt().unsqueeze(-2)
+        # clipping: U / max(1, RMS(U) / d), RMS = ||U|| / sqrt(numel)
+        shrink = torch._foreach_norm(updates)
+        torch._foreach_div_(shrink, [math.sqrt(u.numel()) * group["clip_threshold"] for u in updates])
+        torch._foreach_clamp_min_(shrink, 1.0)
+        torch._foreach_div_(updates, shrink)
         if group["beta1"] is not None:
-            update = state["first"].lerp_(update, 1.0 - group["beta1"])
-        size = step.rsqrt().clamp_(max=lr) if group["relative_step"] else torch.full_like(step, lr)
+            firsts = [state["first"] for state in states]
+            torch._foreach_lerp_(firsts, updates, 1.0 - group["beta1"])
+            updates = firsts
+        sizes = None  # the step size of each tensor (None: lr for all)
+        if group["relative_step"]:
+            sizes = torch._foreach_rsqrt(steps)
+            torch._foreach_clamp_max_(sizes, lr)
         if group["scale_parameter"]:
-            size = size * param.float().square().mean().sqrt().clamp_(min=eps2)
+            scales = torch._foreach_norm([p.float() for p in params])
+            torch._foreach_div_(scales, [math.sqrt(p.numel()) for p in params])
+            torch._foreach_clamp_min_(scales, group["eps2"])
+            sizes = torch._foreach_mul(scales, sizes) if sizes is not None else torch._foreach_mul(scales, lr)
         if group["weight_decay"] != 0.0:
-            param.mul_(1.0 - lr * group["weight_decay"])
-        param.sub_((update * size).to(param.dtype))
-
+            torch._foreach_mul_(params, 1.0 - lr * group["weight_decay"])
+        if sizes is None:
+            torch._foreach_add_(params, [u.to(p.dtype) for u, p in zip(updates, params)], alpha=-lr)
+        else:
+            torch._foreach_sub_(params, [u.to(p.dtype) for u, p in zip(torch._foreach_mul(updates, sizes), params)])
 
 __all__ = ["Adafactor"]

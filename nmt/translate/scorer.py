@@ -123,8 +123,12 @@ class Scorer:
         self.seconds = 0.0
 
     def score(self, sources: Sequence[str], references: Sequence[str],
-              progress: Callable[[int], None] | None = None) -> list[PairScore]:
+              progress: Callable[[int], None] | None = None, shard: tuple[int, int] | None = None
+              ) -> list[PairScore]:
         """Scores of the pairs in input order; ``progress(n)`` after each batch of n pairs.
+        ``shard``: ``(rank, ranks)``, one of several processes scoring the pairs (``nmt-translate``
+        under ``torchrun``): every process cuts the same batches and scores batches ``rank, rank +
+        ranks, ...`` only (pairs with an empty source: every process), the others' entries None.
         ``InputTooLong`` (before any is scored) for a pair longer than the model's learned
         positions hold (:func:`nmt.models.protocol.position_limits`)."""
         if len(sources) != len(references):
@@ -153,7 +157,12 @@ class Scorer:
         # int8: the products of the packed path, which a frozen region opens, once for all batches (its
         # weights quantized once, as the translator's); fp32 scores as before, without a region
         with frozen_weights() if self.precision == "int8" else contextlib.nullcontext():
-            for indices in make_batches(data, self.batch_size, shuffle=False, indices=nonempty):
+            batches = make_batches(data, self.batch_size, shuffle=False, indices=nonempty)
+            if shard is not None:
+                if not 0 <= shard[0] < shard[1]:
+                    raise ValueError(f"shard {shard}: rank must be in [0, {shard[1]})")
+                batches = batches[shard[0]::shard[1]]
+            for indices in batches:
                 batch = collate(data, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index)
                 on_device = batch.to(self.device, lengths_on_host=True)  # source lengths read on the host
                 with inference_precision(self.device, self.precision):
@@ -178,7 +187,8 @@ class Scorer:
             if self.src_tag is not None:
                 settings["src_tag"] = self.src_tag
             for result in results:
-                result.decoding = settings  # type: ignore[union-attr]
+                if result is not None:  # (another process's pair of a shard)
+                    result.decoding = settings
         self.seconds += time.perf_counter() - start
         return results  # type: ignore[return-value]
 

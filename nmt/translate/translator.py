@@ -340,9 +340,14 @@ class Translator:
     def translate(self, lines: Sequence[str], progress: Callable[[int], None] | None = None,
                   first_index: int = 0, prefixes: Sequence[str] | None = None,
                   constraints: Sequence[Sequence[str]] | None = None,
-                  constraints_mode: str = DEFAULT_MODE) -> list[Translation]:
+                  constraints_mode: str = DEFAULT_MODE, shard: tuple[int, int] | None = None
+                  ) -> list[Translation]:
         """Translations of ``lines`` in input order; ``progress(n)`` is called after each batch
-        of n lines. Empty lines give empty translations with reason ``"empty_input"``.
+        of n lines. ``shard``: ``(rank, ranks)``, one of several processes translating ``lines``
+        (``nmt-translate`` under ``torchrun``): every process checks every input and cuts the same
+        length-sorted batches, and this one decodes batches ``rank, rank + ranks, ...`` only, the
+        entries of the others' lines left None (merged, the processes' entries are one process's
+        translations: the same batches, so the same outputs and certificates). Empty lines give empty translations with reason ``"empty_input"``.
         ``first_index``: the input index of ``lines[0]`` (a stream translated in pieces): each
         ``Translation.index`` counts from it, and so do the sentence indices that key sampling's
         noise (``sample=True``), so that a sentence's samples depend on its place in the whole input
@@ -391,6 +396,11 @@ class Translator:
         # steps' would be discarded), the pass over the outputs gives it after each search
         full_context = options.return_attention and full_context_alignment(self.model)
         search = options.updated(return_attention=False) if full_context else options
+        if shard is not None:
+            rank, ranks = shard
+            if not 0 <= rank < ranks:
+                raise ValueError(f"shard {shard}: rank must be in [0, {ranks})")
+            batches = batches[rank::ranks]
         with frozen_weights():  # the weights stay fixed while decoding: packed CPU products
             for batch in batches:
                 if batch.empty:  # no step, so no support entry: [] where the support was asked for

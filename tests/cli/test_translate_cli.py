@@ -810,8 +810,8 @@ def test_cli_picks_the_device_default_batching(monkeypatch, argv, expected):
     monkeypatch.setattr(loading, "resolve_device", lambda name, what: "cuda:0")
     monkeypatch.setattr(device_utils, "make_current", lambda name: None)
     for module, name in ((translate_file, "run_file"), (translate_score, "run_score")):
-        monkeypatch.setattr(module, name, lambda args, start: seen.setdefault("batching", (args.batch_size,
-                                                                                          args.batch_type)) and 0)
+        monkeypatch.setattr(module, name, lambda args, start, ranks=None: seen.setdefault(
+            "batching", (args.batch_size, args.batch_type)) and 0)
     args = translate_cli.build_parser().parse_args(["-model", "m.pt", "-src", "in.txt"] + argv)
     translate_cli.run(args)
     assert seen["batching"] == expected
