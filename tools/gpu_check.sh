@@ -3,7 +3,7 @@
 #
 #   bash tools/gpu_check.sh [STAGE ...]     # stages: env launch tests tests_cuda tests_rest sparse sparse_graphs
 #                                         train train_compile transformer transformer_unfused translate
-#                                         translate_torch_search translate_transformer
+#                                         translate_torch_search translate_transformer optimizers
 #                                         (default: env tests_cuda sparse train_compile translate, about
 #                                         8 minutes on an H200: one call of a 15-minute lease)
 # tests runs the whole suite; tests_cuda only the tests marked `cuda` (tests/conftest.py: every test
@@ -32,6 +32,11 @@
 # their loss, gradients and steps on CUDA against the CPU under the sync detector
 # (tests/models/test_copy_attention.py); their cost in a GPU training step and search is unmeasured, as is
 # coverage attention's (model.attention.coverage: one more (N, L) state tensor a step) and the coverage loss's.
+# Optimizers (2026-11-29, a thirty-third session, never run yet): tests_cuda holds nmt's Adafactor on CUDA
+# against the CPU under the sync detector (tests/train/test_adafactor.py); the optimizers stage times a step
+# of adam / adamw / sgd / adafactor / torch's Adafactor (whose 3 host reads per tensor the CPU only counts).
+# nmt-translate under torchrun on several GPUs (nmt/cli/translate_ranks.py; CPU processes tested) unmeasured:
+#   torchrun --nproc_per_node=2 -m nmt.cli.translate -model M -src data/multi30k/test_2016_flickr.de -output o.en
 #
 # Stage times on one H200 (2026-11-27, a nineteenth session; plan a lease of 15 device minutes, a start
 # included, by them): env 6 s; tests_cuda 65 s (172 tests, 15 workers); sparse more than 100 s (cut
@@ -144,9 +149,10 @@ for s in $STAGES; do
         translate_torch_search) stage translate_torch_search 240 env NMT_TRITON_CANDIDATES=0 NMT_TRITON_STEP=0 NMT_TRITON_MASK=0 \
               $PY tools/bench_translate.py --device cuda --work runs/gpu_models --repeats 3 --no-compare-cpu \
               ${GPU_CHECK_TRANSLATE_ARGS:-} ;;  # the A/B of the search step's kernels
+        optimizers) stage optimizers 90 $PY tools/bench_optimizers.py --device cuda ;;  # step ms, state MB, syncs
         translate_transformer) stage translate_transformer 300 $PY tools/bench_translate.py --device cuda --model transformer \
               --train_steps 1000 --max_length_ratio 1.25 --work runs/gpu_models --repeats 3 ${GPU_CHECK_TRANSLATE_ARGS:-} ;;
         *) echo "unknown stage $s (env launch tests sparse sparse_graphs train train_compile transformer" \
-                "transformer_unfused translate translate_torch_search translate_transformer)"; exit 2 ;;
+                "transformer_unfused translate translate_torch_search translate_transformer optimizers)"; exit 2 ;;
     esac
 done

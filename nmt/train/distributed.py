@@ -29,7 +29,7 @@ import torch.distributed as dist
 logger = logging.getLogger(__name__)
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-TIMEOUT = timedelta(minutes=60)  # a rank waits this long at a collective (e.g. while rank 0 validates)
+TIMEOUT = timedelta(minutes=60)  # a rank waits this long at a collective (e.g. while rank 0 scores a validation)
 
 STOP_REASONS = ("SIGINT", "SIGTERM", "nan_loss", "max_minutes", "early_stopping", "max_steps", "max_epochs")
 """Stop reasons, most urgent first; the ranks agree on the most urgent reason any of them has."""
@@ -39,7 +39,8 @@ STOP_REASONS = ("SIGINT", "SIGTERM", "nan_loss", "max_minutes", "early_stopping"
 class DistributedContext:
     """Where this process is in the job. ``world_size == 1``: a plain single-process run.
 
-    rank: global rank (0 writes checkpoints, logs, metrics, TensorBoard and validates);
+    rank: global rank (0 writes checkpoints, logs, metrics, TensorBoard and scores the validations,
+    whose batches every rank shares);
     local_rank: rank on this node (selects ``cuda:local_rank``, or ``cuda:0`` where a process sees
     one GPU only: see :func:`init_distributed`); control: the Gloo group for host-side values
     (None in one process).
@@ -59,7 +60,7 @@ class DistributedContext:
 
     @property
     def is_main(self) -> bool:
-        """True on rank 0 (the rank that writes files and validates)."""
+        """True on rank 0 (the rank that writes files and scores the validations)."""
         return self.rank == 0
 
     # ----------------------------------------------------------- collectives

@@ -840,14 +840,14 @@ class Trainer:
         """
         vcfg, p = self.config["validation"], self.progress
         self.nonfinite.check(self.saved_step)  # never validate (or save) a model that met a NaN loss
-        result = None
-        if self.dist.is_main:  # the other ranks wait for its scalars (lr decay and early stopping use them)
-            with self._validated_weights():
-                result = validate(self.model, self.data.valid, self.data.valid_references, self.loss_fn,
-                                  batch_size=vcfg["batch_size"], device=self.device,
-                                  is_softmax=is_softmax(self.config["model"]["output"]["mapping"]),
-                                  search=self.search, statistics=self.batch_statistics,
-                                  pad_multiple=self.config["training"]["pad_to_multiple"], metrics=vcfg["metrics"])
+        with self._validated_weights():  # every rank its share of the batches; rank 0 gets the result
+            result = validate(self.model, self.data.valid, self.data.valid_references, self.loss_fn,
+                              batch_size=vcfg["batch_size"], device=self.device,
+                              is_softmax=is_softmax(self.config["model"]["output"]["mapping"]),
+                              search=self.search, statistics=self.batch_statistics,
+                              pad_multiple=self.config["training"]["pad_to_multiple"], metrics=vcfg["metrics"],
+                              ranks=self.dist)
+            if self.dist.is_main:  # the other ranks wait for its scalars (lr decay and early stopping use them)
                 if self.data.valid_alignments is not None:  # data.valid.align: the alignment error rate
                     result.scalars["aer"] = validation_aer(self.model, self.data.valid, self.data.valid_alignments,
                                                            self.data.src_field, self.data.tgt_field, self.pad,

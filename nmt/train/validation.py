@@ -24,6 +24,7 @@ from nmt.data.dataset import ParallelDataset
 from nmt.data.field import Field
 from nmt.models.seq2seq import length_mask
 from nmt.train.compile import pad_to_multiple
+from nmt.train.distributed import DistributedContext
 from nmt.train.update import output_target, summed_output_loss
 from nmt.translate.beam_search import beam_search
 from nmt.translate.mbr import mbr_ranking
@@ -138,7 +139,7 @@ def batch_statistics(model: nn.Module, loss_fn: Callable, src: Tensor, src_lengt
 @torch.no_grad()
 def teacher_forced_statistics(model: nn.Module, dataset: ParallelDataset, loss_fn: Callable, batch_size: int,
                               device: torch.device, is_softmax: bool, *, statistics: StatisticsFn = batch_statistics,
-                              pad_multiple: int = 1) -> dict[str, float]:
+                              pad_multiple: int = 1, ranks: DistributedContext | None = None) -> dict[str, float]:
     """Loss, token accuracy, perplexity and support sizes of ``model`` on ``dataset`` (eval mode).
 
     For a model with several attention kinds (``model.attention_kinds``, the Transformer) also
@@ -147,12 +148,14 @@ def teacher_forced_statistics(model: nn.Module, dataset: ParallelDataset, loss_f
     ``statistics``: ``batch_statistics`` or its compiled form; ``pad_multiple``: batch lengths
     padded to multiples of it (fewer shapes for a compiled ``statistics``; same figures).
     The sums stay on ``device`` and are read once at the end (source lengths stay on the host).
+    ``ranks``: the processes of a data-parallel job (several: each takes every N-th batch, and one
+    all-reduce sums the totals; every process gets the whole set's figures).
     """
     vocab = dataset.tgt_field.vocab
     totals = torch.zeros(5, dtype=torch.float64, device=device)  # loss, correct, tokens, att support, out support
     kinds = tuple(getattr(model, "attention_kinds", ()))
     kind_totals = torch.zeros(len(kinds), 2, dtype=torch.float64, device=device)  # support sum, rows
-    for indices in make_batches(dataset, batch_size, "sentences", shuffle=False):
+    for indices in _share(make_batches(dataset, batch_size, "sentences", shuffle=False), ranks):
         batch = pad_to_multiple(collate(dataset, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index),
                                 pad_multiple, vocab.pad_index).to(device, lengths_on_host=True)
         src_mask = length_mask(batch.src_lengths, batch.src.size(1), batch.src.device)  # outside a compiled call
@@ -160,6 +163,9 @@ def teacher_forced_statistics(model: nn.Module, dataset: ParallelDataset, loss_f
                                                      batch.tgt_out, vocab.pad_index, kinds, src_mask)
         totals += batch_totals
         kind_totals += batch_kind_totals
+    if ranks is not None and ranks.enabled:  # one all-reduce of both (the kinds' after the five totals)
+        both = ranks.sum_tensor_(torch.cat([totals, kind_totals.flatten()]))
+        totals, kind_totals = both[:5], both[5:].view(-1, 2)
     loss_sum, correct, tokens, att_support, out_support = totals.tolist()
     tokens = max(tokens, 1.0)
     scalars = {
@@ -178,16 +184,21 @@ def teacher_forced_statistics(model: nn.Module, dataset: ParallelDataset, loss_f
 
 @torch.no_grad()
 def decode_dataset(model: nn.Module, dataset: ParallelDataset, tgt_field: Field, batch_size: int,
-                   options: SearchOptions, device: torch.device) -> tuple[list[str], float]:
+                   options: SearchOptions, device: torch.device, ranks: DistributedContext | None = None
+                   ) -> tuple[list[str], float] | None:
     """Detokenized best hypothesis of every example (dataset order) and the % certified
     (certified only with ``options.certify``: of the search ``options`` ask for, its length and
     coverage penalties, n-gram and ``<unk>`` bans included). Decodes in IEEE float32
     (:func:`nmt.utils.precision.ieee_float32`), as ``nmt-translate`` does: a validation's BLEU and
-    certificates are what translating the checkpoint gives, TF32 or not in training."""
+    certificates are what translating the checkpoint gives, TF32 or not in training. ``ranks``:
+    the processes of a data-parallel job (several: each decodes every N-th batch, rank 0 gathers
+    the hypotheses and gets the result, the others None)."""
     vocab = tgt_field.vocab
     hypotheses: list[str] = [""] * len(dataset)
     certified = 0
-    for indices in make_batches(dataset, batch_size, "sentences", shuffle=False):
+    mine: list[int] = []  # the positions this process decoded
+    for indices in _share(make_batches(dataset, batch_size, "sentences", shuffle=False), ranks):
+        mine.extend(indices)
         batch = collate(dataset, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index).to(device)
         with ieee_float32():
             result = beam_search(model, batch.src, batch.src_lengths, bos=vocab.bos_index, eos=vocab.eos_index,
@@ -201,7 +212,23 @@ def decode_dataset(model: nn.Module, dataset: ParallelDataset, tgt_field: Field,
             for row, index in enumerate(_positions(batch)):
                 hypotheses[index] = tgt_field.decode(best[row])
         certified += int(result.exact.sum())
+    if ranks is not None and ranks.enabled:  # rank 0 merges every rank's hypotheses (host objects, Gloo)
+        parts = ranks.gather(([(i, hypotheses[i]) for i in mine], certified))
+        if parts is None:
+            return None
+        certified = 0
+        for pairs, count in parts:
+            certified += count
+            for i, text in pairs:
+                hypotheses[i] = text
     return hypotheses, 100.0 * certified / max(len(dataset), 1)
+
+
+def _share(batches: list[list[int]], ranks: DistributedContext | None) -> list[list[int]]:
+    """This process's batches of a data-parallel job: every N-th from its rank (all in one process)."""
+    if ranks is None or not ranks.enabled:
+        return batches
+    return batches[ranks.rank::ranks.world_size]
 
 
 def mbr_decisions(result: SearchResult, tgt_field: Field, options: SearchOptions) -> list[str]:
@@ -225,7 +252,8 @@ def mbr_decisions(result: SearchResult, tgt_field: Field, options: SearchOptions
 def validate(model: nn.Module, dataset: ParallelDataset, references: Sequence[str], loss_fn: Callable, *,
              batch_size: int, device: torch.device, is_softmax: bool, search: SearchOptions | None,
              statistics: StatisticsFn = batch_statistics, pad_multiple: int = 1,
-             metrics: Sequence[str] = DECODING_METRICS) -> ValidationResult:
+             metrics: Sequence[str] = DECODING_METRICS, ranks: DistributedContext | None = None
+             ) -> ValidationResult | None:
     """Full validation of ``model`` (put in eval mode, restored to its previous mode after).
 
     references: raw target line of each ``dataset`` example. ``search``: the decode's options
@@ -233,21 +261,29 @@ def validate(model: nn.Module, dataset: ParallelDataset, references: Sequence[st
     the share of sentences that search certified); None: no decoding (teacher-forced scalars only).
     ``statistics`` and ``pad_multiple``: see ``teacher_forced_statistics`` (the trainer passes the
     compiled form under ``training.compile``). ``metrics``: the decoding metrics computed
-    (``validation.metrics``; the others are absent from the scalars).
+    (``validation.metrics``; the others are absent from the scalars). ``ranks``: the processes of a
+    data-parallel job, every one of them calling this: each takes every N-th batch of the
+    teacher-forced pass and of the decoding, rank 0 gets the result (the whole set's figures, as one
+    process computes them up to the order of the float64 sums), the others None.
     """
     with eval_mode(model):
         scalars = teacher_forced_statistics(model, dataset, loss_fn, batch_size, device, is_softmax,
-                                            statistics=statistics, pad_multiple=pad_multiple)
+                                            statistics=statistics, pad_multiple=pad_multiple, ranks=ranks)
         hypotheses: list[str] = []
         signatures: dict[str, str] = {}
         if search is not None:
-            hypotheses, certified = decode_dataset(model, dataset, dataset.tgt_field, batch_size, search, device)
+            decoded = decode_dataset(model, dataset, dataset.tgt_field, batch_size, search, device, ranks)
+            if decoded is None:  # another rank's: rank 0 scores the hypotheses
+                return None
+            hypotheses, certified = decoded
             if "exact_match" in metrics:
                 scalars["exact_match"] = corpus_metrics.exact_match(hypotheses, references)
             for name in SACREBLEU_METRICS:
                 if name in metrics:
                     scalars[name], signatures[name] = SACREBLEU_METRICS[name](hypotheses, references)
             scalars["certified"] = certified
+    if ranks is not None and not ranks.is_main:
+        return None
     return ValidationResult(scalars, hypotheses, signatures)
 
 

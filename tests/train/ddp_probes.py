@@ -263,3 +263,25 @@ def build_id_cache(rank: int, data_cfg: dict, work_dir: str, barrier, results, t
         results.put((rank, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+class ValidationProbe(Hooks):
+    """A validation of the trained model in every rank's share (``ranks=trainer.dist``: each rank
+    decodes every second batch, rank 0 merges) and, on rank 0, by itself (the one-process truth);
+    what each rank's metrics.jsonl records agree with is checked by the test."""
+
+    def probe(self, trainer, rank: int) -> dict:
+        from nmt.sparse import is_softmax
+        from nmt.train.validation import validate
+
+        vcfg = trainer.config["validation"]
+        kwargs = dict(batch_size=vcfg["batch_size"], device=trainer.device, search=trainer.search,
+                      is_softmax=is_softmax(trainer.config["model"]["output"]["mapping"]), metrics=vcfg["metrics"])
+        data = trainer.data
+        shared = validate(trainer.model, data.valid, data.valid_references, trainer.loss_fn, ranks=trainer.dist,
+                          **kwargs)
+        alone = validate(trainer.model, data.valid, data.valid_references, trainer.loss_fn, **kwargs) if rank == 0 else None
+        out = {"shared": None if shared is None else (shared.scalars, shared.hypotheses)}
+        if alone is not None:
+            out["alone"] = (alone.scalars, alone.hypotheses)
+        return out

@@ -10,10 +10,12 @@ rank writes is recorded by a Python audit hook (``ddp_probes``): rank 1 writes n
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing as mp
 import os
 import queue as queue_module
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +26,7 @@ from nmt.data.vocab_file import read_vocab_entries
 from nmt.data.vocabulary import SPECIALS
 from nmt.train.checkpoint import checkpoint_step, load_checkpoint
 from nmt.train.trainer import Trainer
-from ddp_probes import EmaProbe, FineTuneProbe, OverflowOnRank, ResumeProbe, build_id_cache
+from ddp_probes import EmaProbe, FineTuneProbe, OverflowOnRank, ResumeProbe, ValidationProbe, build_id_cache
 from ddp_workers import gloo_config
 from tiny_task import tiny_config, write_task
 
@@ -195,6 +197,29 @@ def test_the_moving_average_in_two_processes_equals_one_process_and_only_rank_0_
     last = load_checkpoint(tmp_path / "two" / "last.pt")
     assert _equal({k: last["model"][k] for k in zero["average"]}, zero["average"])
     assert _equal(last["raw_model"], zero["final"])
+
+
+def test_validation_is_shared_by_the_ranks_and_equals_one_processs(tmp_path, ranks):
+    """With 2 ranks each validates every second batch (teacher-forced totals all-reduced, decoded
+    hypotheses gathered by rank 0): rank 0's figures equal its own validation of the whole set
+    alone (the float64 totals up to their summation order; hypotheses, exact match, BLEU and the
+    certified share the same), rank 1 gets none; the run's metrics.jsonl holds rank 0's figures."""
+    data = write_task(tmp_path / "data", n_train=24)
+    config = _config(data, tmp_path / "run", 4, max_steps=6, valid_every=3)
+    config["validation"].update(metric="exact_match", metrics=["exact_match", "bleu"], batch_size=2)
+    results = ranks.run(config, hooks=ValidationProbe())
+    assert [r[2:4] for r in results] == [("max_steps", 6)] * 2
+    (_, _, _, _, _, zero), (_, _, _, _, _, first) = results
+    assert first == {"shared": None}
+    (shared, shared_hyps), (alone, alone_hyps) = zero["shared"], zero["alone"]
+    assert shared_hyps == alone_hyps and len(shared_hyps) == len(Path(data["valid"]["src"]).read_text().splitlines())
+    assert set(shared) == set(alone) >= {"loss", "accuracy", "exact_match", "bleu", "certified"}
+    for key, value in alone.items():
+        assert shared[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in records if r["step"] == 6 and "valid_loss" in r][-1]
+    assert last["valid_exact_match"] == pytest.approx(alone["exact_match"]) and last["valid_loss"] == pytest.approx(
+        alone["loss"], rel=1e-9)
 
 
 def _same_on_both_ranks(results: list[tuple], steps: int) -> dict:
