@@ -206,7 +206,13 @@ MODEL = {
                                     max_inclusive=False),
         "activation_dropout": Option(float, 0.0, "dropout on the feed-forward inner activations", minimum=0.0,
                                      maximum=1.0, max_inclusive=False),
-        "activation": Option(str, "relu", "feed-forward activation", choices=("relu", "gelu")),
+        "activation": Option(str, "relu", "feed-forward activation: relu, gelu, silu, or gated (Shazeer 2020): "
+                             "swiglu = silu(W_a x) * (W_b x), geglu = gelu(W_a x) * (W_b x), the inner product "
+                             "2 x d_ff wide (keep the parameter count with d_ff two thirds of the plain one's)",
+                             choices=("relu", "gelu", "silu", "swiglu", "geglu")),
+        "layer_norm": Option(str, "layer", "the normalisation of every sub-layer (and the final one): layer "
+                             "(LayerNorm) or rms (RMSNorm, Zhang & Sennrich 2019: x / RMS(x) * g, no centring "
+                             "or bias; eps 1e-6)", choices=("layer", "rms")),
     },
     "encoder": {
         "type": Option(str, "lstm", "recurrent cell", choices=("lstm", "gru")),

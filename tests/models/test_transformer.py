@@ -52,10 +52,16 @@ def incremental(model, src, src_lengths, tgt_in, permutation=None):
 @pytest.mark.parametrize("name", list(MAPPINGS))
 @pytest.mark.parametrize("norm,positions", [("pre", "sinusoidal"), ("post", "learned"), ("pre", "rotary"),
                                             ("post", "relative"), ("pre", "alibi"), ("post", "alibi"),
-                                            ("pre", "alibi-split")])
+                                            ("pre", "alibi-split"), ("pre-rms-swiglu", "rotary"),
+                                            ("post-rms-geglu", "sinusoidal")])
 def test_incremental_steps_equal_teacher_forcing(name, norm, positions):
+    norm, *rest = norm.split("-")  # "pre-rms-swiglu": RMSNorm and a gated feed-forward block
+    more = {"layer_norm": rest[0], "activation": rest[1]} if rest else {}
     model = make(scale=3.0, attention=MAPPINGS[name], output={"mapping": "entmax15", "params": {}},
-                 transformer={"norm": norm, **positions_cfg(positions)})
+                 transformer={"norm": norm, **positions_cfg(positions), **more})
+    if rest:
+        norms = [m for m in model.modules() if isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm))]
+        assert norms and all(isinstance(m, torch.nn.RMSNorm) for m in norms)
     src, src_lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=6, seed=1)
     logits, attention = model(src, src_lengths, tgt_in)
     expected = model.log_probs(logits)
@@ -402,21 +408,29 @@ def test_cross_keys_values_are_contiguous_and_equal_the_projection():
             assert torch.equal(keys, k) and torch.equal(values, v)
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu", "swiglu", "geglu"])
 def test_feed_forward_gradients_equal_the_plain_composition(activation):
-    """The in-place ReLU on the inner product's output: the value and the gradients of
-    ``W2 act(W1 x + b1) + b2`` computed with torch's functions."""
+    """The in-place ReLU on the inner product's output, the gated blocks' halves: the value and the
+    gradients of ``W2 act(W1 x + b1) + b2`` (gated: ``W2 (act(W_a x + b_a) * (W_b x + b_b)) + b2``
+    with ``W_a``, ``W_b`` the first and last 16 rows of ``W1``) computed with torch's functions."""
     from nmt.models.transformer.feed_forward import FeedForward
 
+    F = torch.nn.functional
     torch.manual_seed(4)
     block = FeedForward(8, 16, activation).double()
+    gated = activation in ("swiglu", "geglu")
+    assert block.inner.weight.shape == ((32 if gated else 16), 8)
     x = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
     out = block(x)
-    act = torch.relu if activation == "relu" else torch.nn.functional.gelu
+    act = {"relu": torch.relu, "gelu": F.gelu, "silu": F.silu, "swiglu": F.silu, "geglu": F.gelu}[activation]
     x2 = x.detach().clone().requires_grad_()
     w1, b1, w2, b2 = (p.detach().clone().requires_grad_() for p in
                       (block.inner.weight, block.inner.bias, block.outer.weight, block.outer.bias))
-    expected = torch.nn.functional.linear(act(torch.nn.functional.linear(x2, w1, b1)), w2, b2)
+    if gated:
+        inner = act(F.linear(x2, w1[:16], b1[:16])) * F.linear(x2, w1[16:], b1[16:])
+    else:
+        inner = act(F.linear(x2, w1, b1))
+    expected = F.linear(inner, w2, b2)
     assert torch.allclose(out, expected, atol=1e-12)
     grad = torch.randn_like(out)
     out.backward(grad)
@@ -424,6 +438,22 @@ def test_feed_forward_gradients_equal_the_plain_composition(activation):
     assert torch.allclose(x.grad, x2.grad, atol=1e-12)
     assert torch.allclose(block.inner.weight.grad, w1.grad, atol=1e-12)
     assert torch.allclose(block.outer.bias.grad, b2.grad, atol=1e-12)
+
+
+def test_rms_norm_is_the_root_mean_square_scaling():
+    """``layer_norm: rms``: x / sqrt(mean(x^2) + 1e-6) * g, no centring and no bias (Zhang & Sennrich
+    2019), against that formula in float64."""
+    from nmt.models.transformer.layers import RMS_EPS, layer_norm
+
+    norm = layer_norm("rms", 6).double()
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 2.0, 6, dtype=torch.float64))
+    x = torch.randn(4, 6, dtype=torch.float64) + 3.0  # off-centre: LayerNorm would subtract the mean
+    expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + RMS_EPS) * norm.weight
+    torch.testing.assert_close(norm(x), expected, rtol=1e-12, atol=1e-12)
+    assert sum(p.numel() for p in norm.parameters()) == 6  # a gain, no bias
+    with pytest.raises(ValueError, match="unknown layer_norm 'batch'"):
+        layer_norm("batch", 6)
 
 
 @pytest.mark.parametrize("packing", [True, False])

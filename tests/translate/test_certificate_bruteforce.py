@@ -176,7 +176,7 @@ def check_against_enumeration(result, names, b, support, frontier, cut, beam_siz
 
 
 TRANSFORMER_CASES = [  # (output mapping, attention mapping + params [+ continuous cross-attention], eos bias, seed, penalty
-    #  [, model.transformer.positions: sinusoidal where absent])
+    #  [, model.transformer.positions: sinusoidal where absent [, more model.transformer keys]])
     ("sparsemax", ("entmax15", {}), 1.0, 0, "none"),
     ("entmax15", ("softmax", {}), 1.5, 1, "average"),
     ("entmax15", ("entmax_bisect", {"alpha": "learned"}), 1.5, 2, "gnmt"),
@@ -188,6 +188,8 @@ TRANSFORMER_CASES = [  # (output mapping, attention mapping + params [+ continuo
     ("sparsemax", ("entmax15", {}), 1.0, 0, "none", "alibi"),  # ALiBi biases (step bias from the cache length)
     ("entmax15", ("softmax", {}), 1.5, 1, "gnmt", "alibi"),
     ("sparsemax", ("entmax15", {}), 1.0, 0, "none", "alibi-split"),  # the direction-aware ALiBi encoder
+    ("entmax15", ("entmax15", {}), 1.5, 4, "average", "rotary", {"activation": "swiglu", "layer_norm": "rms"}),
+    ("sparsemax", ("softmax", {}), 1.0, 5, "none", "sinusoidal", {"activation": "geglu", "norm": "post"}),
 ]
 
 
@@ -207,13 +209,15 @@ def certificates_against_enumeration(model, src, lengths, penalty: str, mode: di
 
 
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
-@pytest.mark.parametrize("output,attention,eos_bias,seed,penalty,positions",
-                         [case if len(case) == 6 else (*case, "sinusoidal") for case in TRANSFORMER_CASES])
-def test_certificate_on_a_tiny_transformer(output, attention, eos_bias, seed, penalty, positions, mode):
-    """The same brute-force check on nmt's Transformer (incremental decoding with kv caches)."""
+@pytest.mark.parametrize("output,attention,eos_bias,seed,penalty,positions,transformer",
+                         [(*case, "sinusoidal", {})[:7] if len(case) == 5 else (*case, {})[:7]
+                          for case in TRANSFORMER_CASES])
+def test_certificate_on_a_tiny_transformer(output, attention, eos_bias, seed, penalty, positions, transformer, mode):
+    """The same brute-force check on nmt's Transformer (incremental decoding with kv caches; gated
+    feed-forward blocks and RMSNorm in two cases)."""
     model = tiny_transformer(output=output, attention=attention[0], attention_params=attention[1],
                              eos_bias=eos_bias, seed=seed, continuous=attention[2] if len(attention) > 2 else None,
-                             positions=positions)
+                             positions=positions, transformer=transformer)
     src, lengths = random_sources(N_SOURCES, 9, 5, seed=seed + 7)
     reasons = certificates_against_enumeration(model, src, lengths, penalty, mode)
     assert None in reasons  # some sentences are certified exact

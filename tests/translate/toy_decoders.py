@@ -203,7 +203,7 @@ def copy_table(src_vocab: int, vocab: int) -> Tensor:
 def tiny_transformer(vocab: int = 7, src_vocab: int = 9, output: str = "sparsemax", attention: str = "entmax15",
                      attention_params: dict | None = None, output_scale: float = 3.0, eos_bias: float = 1.0,
                      seed: int = 0, dtype=torch.float64, continuous: dict | None = None,
-                     positions: str = "sinusoidal", copy: bool = False):
+                     positions: str = "sinusoidal", copy: bool = False, transformer: dict | None = None):
     """A random-weight 2+2-layer Transformer (nmt.models.transformer) in eval mode, d_model 8, 2 heads.
 
     The output layer is scaled by ``output_scale`` (a sparse output mapping then zeroes most
@@ -211,7 +211,8 @@ def tiny_transformer(vocab: int = 7, src_vocab: int = 9, output: str = "sparsema
     combined continuous cross-attention (``ContinuousAttention`` keyword arguments); ``positions``:
     ``model.transformer.positions``, or ``"alibi-split"`` (ALiBi, ``alibi_encoder: split``).
     ``copy``: the output copies source tokens (``model.output.copy``; :func:`copy_table`), its
-    keys scaled by ``output_scale`` too.
+    keys scaled by ``output_scale`` too. ``transformer``: more ``model.transformer`` keys (e.g.
+    ``activation``, ``layer_norm``).
     """
     from nmt.models.transformer import build_transformer
 
@@ -226,6 +227,7 @@ def tiny_transformer(vocab: int = 7, src_vocab: int = 9, output: str = "sparsema
         "attention": {"mapping": attention, "params": dict(attention_params or {}), "continuous": continuous},
         "output": {"mapping": output, "params": {}, "copy": copy},
     }
+    cfg["transformer"].update(transformer or {})
     torch.manual_seed(seed)
     model = build_transformer(cfg, src_vocab, vocab, PAD).to(dtype).eval()
     if copy:

@@ -65,7 +65,7 @@ def build_transformer(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_
                                f"unknown value {alibi_encoder!r}; valid: {', '.join(ALIBI_ENCODER_FORMS)}")
     spec = keyed("model.transformer.norm", LayerSpec, d_model, t["heads"], t["d_ff"], t["norm"], t["dropout"],
                   t["attention_dropout"], t["activation_dropout"], t["activation"], relative,
-                  t["positions"] == "alibi", alibi_encoder)
+                  t["positions"] == "alibi", alibi_encoder, t.get("layer_norm", "layer"))  # older runs: LayerNorm
     specs = {kind: attention_spec(att_cfg, kind) for kind in ATTENTION_KINDS}
     specs["cross"].continuous = att_cfg.get("continuous")  # combined attention: cross-attention only
     for kind, attention in specs.items():  # check names and parameters up front, naming the key

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from nmt.models.dropout import Dropout, applied
 from nmt.models.transformer.checkpointing import run_layer
-from nmt.models.transformer.layers import AttentionSpec, DecoderLayer, LayerSpec
+from nmt.models.transformer.layers import AttentionSpec, DecoderLayer, LayerSpec, layer_norm
 from nmt.models.transformer.packed_rows import PackedMemory
 from nmt.models.transformer.rotary import stack_rotation
 
@@ -62,7 +62,7 @@ class TransformerDecoder(nn.Module):
         self.positions = positions
         self.dropout = Dropout(dropout)
         self.layers = nn.ModuleList(DecoderLayer(spec, self_attention, cross_attention) for _ in range(layers))
-        self.final_norm = nn.LayerNorm(spec.d_model) if spec.norm == "pre" else None
+        self.final_norm = layer_norm(spec.layer_norm, spec.d_model) if spec.norm == "pre" else None
         self.checkpoint_activations = False
         """Run each layer of a teacher-forced pass (no caches) under activation checkpointing
         when autograd records (:mod:`nmt.models.transformer.checkpointing`)."""

@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from nmt.models.dropout import Dropout, applied
 from nmt.models.transformer.checkpointing import run_layer
-from nmt.models.transformer.layers import AttentionSpec, EncoderLayer, LayerSpec
+from nmt.models.transformer.layers import AttentionSpec, EncoderLayer, LayerSpec, layer_norm
 from nmt.models.transformer.packed_rows import PackedMemory, PackedRows, packs
 from nmt.models.transformer.rotary import stack_rotation
 
@@ -30,7 +30,7 @@ class TransformerEncoder(nn.Module):
         self.positions = positions
         self.dropout = Dropout(dropout)
         self.layers = nn.ModuleList(EncoderLayer(spec, attention) for _ in range(layers))
-        self.final_norm = nn.LayerNorm(spec.d_model) if spec.norm == "pre" else None
+        self.final_norm = layer_norm(spec.layer_norm, spec.d_model) if spec.norm == "pre" else None
         self.checkpoint_activations = False
         """Run each layer under activation checkpointing when autograd records
         (:mod:`nmt.models.transformer.checkpointing`, ``training.checkpoint_activations``)."""

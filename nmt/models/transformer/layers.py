@@ -19,6 +19,21 @@ from nmt.models.transformer.packed_rows import PackedRows
 from nmt.models.transformer.rotary import Rotation
 
 NORMS = ("pre", "post")
+LAYER_NORMS = ("layer", "rms")
+"""``model.transformer.layer_norm``: LayerNorm (Ba et al. 2016: mean and variance, gain and bias) or
+RMSNorm (Zhang & Sennrich 2019: ``x / sqrt(mean(x^2) + eps) * g``, no centring, no bias)."""
+RMS_EPS = 1e-6
+"""RMSNorm's ``eps`` (OpenNMT-py's and T5's)."""
+
+
+def layer_norm(kind: str, d_model: int) -> nn.Module:
+    """A normalisation of ``d_model`` features: ``nn.LayerNorm`` (``"layer"``) or ``nn.RMSNorm``
+    (``"rms"``, eps :data:`RMS_EPS`)."""
+    if kind == "layer":
+        return nn.LayerNorm(d_model)
+    if kind == "rms":
+        return nn.RMSNorm(d_model, eps=RMS_EPS)
+    raise ValueError(f"unknown layer_norm {kind!r}; valid: {', '.join(LAYER_NORMS)}")
 
 
 @dataclass
@@ -41,10 +56,14 @@ class LayerSpec:
     """With ``alibi``: the encoder self-attentions' form, ``symmetric`` or ``split``
     (:data:`~nmt.models.transformer.alibi.ALIBI_ENCODER_FORMS`); the decoder's stay symmetric, which
     its causal mask turns into the paper's form."""
+    layer_norm: str = "layer"
+    """Which normalisation every sub-layer and the final one use (:data:`LAYER_NORMS`)."""
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS:
             raise ValueError(f"unknown norm {self.norm!r}; valid: {', '.join(NORMS)}")
+        if self.layer_norm not in LAYER_NORMS:
+            raise ValueError(f"unknown layer_norm {self.layer_norm!r}; valid: {', '.join(LAYER_NORMS)}")
 
 
 @dataclass
@@ -66,9 +85,9 @@ def causal_mask(queries: int, offset: int, device: torch.device) -> Tensor:
 class _Residual(nn.Module):
     """One residual sub-layer's LayerNorm placement and dropout."""
 
-    def __init__(self, d_model: int, pre_norm: bool, dropout: float) -> None:
+    def __init__(self, d_model: int, pre_norm: bool, dropout: float, kind: str = "layer") -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = layer_norm(kind, d_model)
         self.pre_norm = pre_norm
         self.dropout = Dropout(dropout)
 
@@ -91,9 +110,9 @@ class EncoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(spec.d_model, spec.heads, attention.mapping, attention.params,
                                             spec.attention_dropout, max_relative=spec.max_relative,
                                             alibi=spec.alibi, alibi_form=spec.alibi_encoder)
-        self.attn_block = _Residual(spec.d_model, pre, spec.dropout)
+        self.attn_block = _Residual(spec.d_model, pre, spec.dropout, spec.layer_norm)
         self.feed_forward = FeedForward(spec.d_model, spec.d_ff, spec.activation, spec.activation_dropout)
-        self.ff_block = _Residual(spec.d_model, pre, spec.dropout)
+        self.ff_block = _Residual(spec.d_model, pre, spec.dropout, spec.layer_norm)
 
     def forward(self, x: Tensor, key_mask: Tensor, need_probs: bool = True,
                 rotation: Rotation | None = None, rows: PackedRows | None = None) -> tuple[Tensor, Tensor | None]:
@@ -118,13 +137,13 @@ class DecoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(spec.d_model, spec.heads, self_attention.mapping,
                                             self_attention.params, spec.attention_dropout,
                                             max_relative=spec.max_relative, alibi=spec.alibi)
-        self.self_block = _Residual(spec.d_model, pre, spec.dropout)
+        self.self_block = _Residual(spec.d_model, pre, spec.dropout, spec.layer_norm)
         self.cross_attn = MultiHeadAttention(spec.d_model, spec.heads, cross_attention.mapping,
                                              cross_attention.params, spec.attention_dropout,
                                              cross_attention.continuous)
-        self.cross_block = _Residual(spec.d_model, pre, spec.dropout)
+        self.cross_block = _Residual(spec.d_model, pre, spec.dropout, spec.layer_norm)
         self.feed_forward = FeedForward(spec.d_model, spec.d_ff, spec.activation, spec.activation_dropout)
-        self.ff_block = _Residual(spec.d_model, pre, spec.dropout)
+        self.ff_block = _Residual(spec.d_model, pre, spec.dropout, spec.layer_norm)
 
     def forward(self, x: Tensor, cross_kv: tuple[Tensor, Tensor], src_mask: Tensor,
                 cache: tuple[Tensor, Tensor] | None = None, need_self_probs: bool = True,
@@ -175,4 +194,5 @@ class DecoderLayer(nn.Module):
         return x, self_probs, cross_probs, (keys, values)
 
 
-__all__ = ["AttentionSpec", "DecoderLayer", "EncoderLayer", "LayerSpec", "NORMS", "causal_mask"]
+__all__ = ["AttentionSpec", "DecoderLayer", "EncoderLayer", "LAYER_NORMS", "LayerSpec", "NORMS", "RMS_EPS", "causal_mask",
+           "layer_norm"]
