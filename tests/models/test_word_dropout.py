@@ -19,7 +19,7 @@ from nmt.models.dropout import WordDropout
 from nmt.utils.sync_audit import SyncAudit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-from tiny_task import assert_same_run, interrupt_at, tiny_config, write_task  # noqa: E402
+from tiny_task import assert_resumes_exactly, tiny_config, write_task  # noqa: E402
 
 
 def test_each_word_is_dropped_whole_or_scaled_at_rate_p():
@@ -122,13 +122,7 @@ def test_a_run_with_word_dropout_trains_and_resumes_to_the_same_weights(tmp_path
         cfg["model"]["embeddings"].update(src_word_dropout=0.2, tgt_word_dropout=0.1)
         return Trainer(resolve_config(cfg, "w.yaml"), "w.yaml")
 
-    straight = make(tmp_path / "straight")
-    straight.train()
-    first = make(tmp_path / "resumed")
-    assert first.train(step_hook=interrupt_at(7)).stopped_by == "SIGINT"
-    second = make(tmp_path / "resumed")
-    assert second.resumed and second.train().step == 10
-    assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
+    straight, _ = assert_resumes_exactly(make, tmp_path)
     assert straight.model.src_word_dropout.p == 0.2 and straight.model.tgt_word_dropout.p == 0.1
 
 

@@ -23,7 +23,7 @@ from nmt.train.adafactor import Adafactor
 from nmt.train.optimizers import build_optimizer
 from nmt.train.trainer import Trainer
 from nmt.utils.sync_audit import SyncAudit
-from tiny_task import assert_same_run, interrupt_at, tiny_config, write_task
+from tiny_task import assert_resumes_exactly, tiny_config, write_task
 
 SHAPES = [(5,), (4, 6), (2, 3, 5), (1, 7)]
 """A vector (unfactored), matrices (factored over both dimensions) and a batch of matrices (the
@@ -234,13 +234,7 @@ ADAFACTOR = {"name": "adafactor", "lr": 0.01, "adafactor": {"beta1": 0.9}}
 
 @pytest.mark.parametrize("optimizer", [ADAFACTOR, {"name": "adamw", "weight_decay": 0.01}])
 def test_a_killed_run_resumes_to_the_same_weights(task, tmp_path, optimizer):
-    straight = make(task, tmp_path / "straight", optimizer, max_steps=10)
-    straight.train()
-    first = make(task, tmp_path / "resumed", optimizer, max_steps=10)
-    assert first.train(step_hook=interrupt_at(7)).stopped_by == "SIGINT"
-    second = make(task, tmp_path / "resumed", optimizer, max_steps=10)
-    assert second.resumed and second.train().step == 10
-    assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
+    _, second = assert_resumes_exactly(lambda d: make(task, d, optimizer, max_steps=10), tmp_path)
     assert type(second.optimizer).__name__ == {"adafactor": "Adafactor", "adamw": "AdamW"}[optimizer["name"]]
 
 

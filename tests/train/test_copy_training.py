@@ -19,7 +19,7 @@ from nmt.models.copy_attention import NOT_COPIED
 from nmt.models.seq2seq import length_mask
 from nmt.train.checkpoint import load_checkpoint
 from nmt.train.trainer import Trainer
-from tiny_task import as_transformer, assert_same_run, cli_translation_matches_search, interrupt_at, tiny_config, write_task
+from tiny_task import as_transformer, assert_resumes_exactly, cli_translation_matches_search, tiny_config, write_task
 
 
 @pytest.fixture
@@ -57,13 +57,7 @@ def test_the_table_maps_each_source_type_to_the_target_type_of_its_spelling(task
 
 @pytest.mark.parametrize("transformer", [False, True], ids=["lstm", "transformer"])
 def test_a_killed_copying_run_resumes_to_the_same_weights(task, tmp_path, transformer):
-    straight = make(task, tmp_path / "straight", transformer=transformer, max_steps=10)
-    straight.train()
-    first = make(task, tmp_path / "resumed", transformer=transformer, max_steps=10)
-    assert first.train(step_hook=interrupt_at(7)).stopped_by == "SIGINT"
-    second = make(task, tmp_path / "resumed", transformer=transformer, max_steps=10)
-    assert second.resumed and second.train().step == 10
-    assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
+    assert_resumes_exactly(lambda d: make(task, d, transformer=transformer, max_steps=10), tmp_path)
 
 
 def test_nmt_translate_and_score_mode_of_a_copying_checkpoint(task, tmp_path):

@@ -13,7 +13,7 @@ from nmt.data.batching import collate
 from nmt.train.coverage_loss import coverage_loss
 from nmt.train.trainer import Trainer
 from nmt.train.update import loss_forward
-from tiny_task import as_transformer, assert_same_run, cli_translation_matches_search, interrupt_at, tiny_config, write_task
+from tiny_task import as_transformer, assert_resumes_exactly, cli_translation_matches_search, tiny_config, write_task
 
 
 @pytest.fixture
@@ -32,13 +32,7 @@ def make(data, save_dir, **kwargs) -> Trainer:
 
 
 def test_a_killed_run_with_coverage_resumes_to_the_same_weights(task, tmp_path):
-    straight = make(task, tmp_path / "straight", max_steps=10)
-    straight.train()
-    first = make(task, tmp_path / "resumed", max_steps=10)
-    assert first.train(step_hook=interrupt_at(7)).stopped_by == "SIGINT"
-    second = make(task, tmp_path / "resumed", max_steps=10)
-    assert second.resumed and second.train().step == 10
-    assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
+    straight, _ = assert_resumes_exactly(lambda d: make(task, d, max_steps=10), tmp_path)
     assert straight.model.decoder.attention.coverage
 
 

@@ -11,8 +11,8 @@ import torch
 
 from nmt.config import resolve_config
 from nmt.train.trainer import Trainer
-from tiny_task import (TINY_TRANSFORMER, as_transformer, assert_same_run, cli_translation_matches_search,
-                       interrupt_at, tiny_config, write_task)
+from tiny_task import (TINY_TRANSFORMER, as_transformer, assert_resumes_exactly, cli_translation_matches_search,
+                       tiny_config, write_task)
 
 
 @pytest.fixture
@@ -27,13 +27,7 @@ def make(data, save_dir, activation: str = "swiglu", layer_norm: str = "rms", **
 
 
 def test_a_gated_rms_transformer_trains_resumes_and_translates(task, tmp_path):
-    straight = make(task, tmp_path / "straight", max_steps=10)
-    straight.train()
-    first = make(task, tmp_path / "resumed", max_steps=10)
-    assert first.train(step_hook=interrupt_at(7)).stopped_by == "SIGINT"
-    second = make(task, tmp_path / "resumed", max_steps=10)
-    assert second.resumed and second.train().step == 10
-    assert_same_run(straight, second, tmp_path / "straight", tmp_path / "resumed")
+    straight, _ = assert_resumes_exactly(lambda d: make(task, d, max_steps=10), tmp_path)
     state = straight.model.state_dict()
     d_ff = TINY_TRANSFORMER["d_ff"]
     inner = [k for k in state if k.endswith("feed_forward.inner.weight")]

@@ -83,6 +83,20 @@ def assert_same_run(straight, resumed, straight_dir: Path, resumed_dir: Path) ->
     assert read(straight_dir) == read(resumed_dir)
 
 
+def assert_resumes_exactly(make, root: Path, steps: int = 10, kill_at: int = 7):
+    """``make(save_dir)`` (a Trainer of ``steps`` updates) trained straight in ``root / "straight"``,
+    and in ``root / "resumed"`` killed (SIGINT) after update ``kill_at`` then run again: the resumed
+    run ends where the straight one does (:func:`assert_same_run`). Returns (straight, resumed)."""
+    straight = make(root / "straight")
+    straight.train()
+    first = make(root / "resumed")
+    assert first.train(step_hook=interrupt_at(kill_at)).stopped_by == "SIGINT"
+    second = make(root / "resumed")
+    assert second.resumed and second.train().step == steps
+    assert_same_run(straight, second, root / "straight", root / "resumed")
+    return straight, second
+
+
 def lr_run(data: dict, save_dir: Path, schedule: dict, kill_at: int | None = None):
     """Train the tiny task (on the CPU) under ``lr_schedule: schedule``, recording ``(step, lr)``
     after every update; with ``kill_at`` a SIGINT stops the run after that update (run it again on
