@@ -34,7 +34,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import own_precision
+from ._common import compute_dtype, own_precision
 from .entmax import entmax_bisect_above_one
 from .losses import _REDUCTIONS, _check, _out_of_range, _reduce, check_index_shape, checked_distribution
 
@@ -71,7 +71,7 @@ def tensor_alpha_entmax_loss(scores: Tensor, target: Tensor, alpha: Tensor, igno
     if alpha.dim() > scores.dim() or (alpha.dim() > 0 and alpha.shape[-1] != 1):
         raise ValueError(f"alpha of shape {tuple(alpha.shape)} must broadcast to the scores "
                          f"{tuple(scores.shape)} with size 1 along the last dim")
-    cdt = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    cdt = compute_dtype(dtype)
     z = scores.reshape(-1, n_classes).to(cdt)
     a = alpha.to(cdt).expand(*scores.shape[:-1], 1).reshape(-1, 1)
     if target.is_floating_point():

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from nmt.models.protocol import State, StepDecoder, position_limits, shares_encoder_out
+from nmt.utils.precision import float32_if_half
 
 
 class Ensemble:
@@ -119,9 +120,7 @@ def mean_log_probs(log_probs: Sequence[Tensor]) -> Tensor:
     sizes = {lp.size(-1) for lp in log_probs}
     if len(sizes) != 1:
         raise ValueError(f"ensemble members disagree on the target vocabulary size: {sorted(sizes)}")
-    stacked = torch.stack(list(log_probs), dim=0)
-    if stacked.dtype in (torch.float16, torch.bfloat16):
-        stacked = stacked.float()
+    stacked = float32_if_half(torch.stack(list(log_probs), dim=0))
     # log(mean_i exp(lp_i)) around the members' maximum m: m + log(mean_i exp(lp_i - m)). Equal
     # members give exactly m (exp(0) = 1, a mean of ones is 1), where logsumexp - log(N) moved
     # values by rounding (-1e-8 became 0). A row whose maximum is -inf (every member gives 0)

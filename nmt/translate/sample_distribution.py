@@ -19,6 +19,7 @@ from torch import Tensor
 
 from nmt.models.protocol import State, StepDecoder, attention_request
 from nmt.sparse import is_softmax
+from nmt.utils.precision import float32_if_half
 
 NEG_INF = float("-inf")
 
@@ -62,9 +63,7 @@ def tempered_step(model: StepDecoder, tokens: Tensor, state: State, encoder_out:
         raise ValueError(f"temperature {temperature} needs the model's output scores before its mapping "
                          f"(step_with_scores and log_probs); {type(model).__name__} has none")
     logits, log_probs, attention, state = with_scores(tokens, state, encoder_out, **ask)
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
-    scaled = logits / temperature  # (N, V)
+    scaled = float32_if_half(logits) / temperature  # (N, V)
     if softmax_output(model) and not normalized:  # log softmax(z / T) up to a per-row constant: no second mapping
         return log_probs, scaled - scaled.amax(dim=-1, keepdim=True), attention, state
     return log_probs, log_probs_of(scaled), attention, state

@@ -50,6 +50,7 @@ from nmt.translate.search_step import Specials, banned_unk, require_unk, search_
 from nmt.translate.target_prefix import check_prefix, force_prefix
 from nmt.utils.device import host_to_device
 from nmt.utils.packed_linear import frozen_weights
+from nmt.utils.precision import float32_if_half
 
 NEG_INF = float("-inf")
 
@@ -119,8 +120,7 @@ def sample_step(log_probs: Tensor, tempered: Tensor, attention: Tensor | None, r
     (V,) the token hashes (:func:`~nmt.translate.counter_noise.token_keys`); final: (R,) bool rows
     at their last step (only EOS may follow), or None.
     """
-    if log_probs.dtype in (torch.float16, torch.bfloat16):
-        log_probs = log_probs.float()
+    log_probs = float32_if_half(log_probs)
     eos, pad = special.eos, special.pad
     scores = sampling_log_probs(tempered.to(log_probs.dtype), options.sample_topk, options.sample_topp,
                                 eos if t < options.min_length else None)  # (R, V)
