@@ -13,6 +13,13 @@ ratio to the plain run of this invocation (run it on an idle machine for that co
 
     python tools/bench_coverage.py --data path/to/multi30k --steps 2000
     python tools/bench_coverage.py --data DIR --steps 5 --test-lines 20 --quiet      # smoke run
+
+``--late N`` adds See et al.'s schedule: the ``attention`` run (trained as above, ``--steps`` updates,
+no loss) goes on for N more updates from its last checkpoint (``training.init_from`` with
+``init_optimizer``) twice: ``continued`` without the loss and ``late loss`` with it at ``--weight``,
+so the loss's effect is read against the same extra updates.
+
+    python tools/bench_coverage.py --data path/to/multi30k --steps 2000 --runs plain attention --late 500 --weight 0.1
 """
 from __future__ import annotations
 
@@ -50,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weight", type=float, default=1.0, help="training.coverage_loss of the coverage runs")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--test-lines", type=int, default=None, help="translate only the first N test lines")
+    p.add_argument("--late", type=int, default=0, help="N: continue the attention run N updates without and "
+                                                         "with the loss (see the module docstring)")
     args = parsed_with_run_options(p, argv)
     import sacrebleu
     import torch
@@ -62,24 +71,41 @@ def main(argv: list[str] | None = None) -> int:
     sources, references = test_set(data, "de", "en", args.test_lines)
     reference_words = sum(len(r.split()) for r in references)
     rows = []
+
+    def train(name: str, save_dir: Path, steps: int, coverage: bool, weight: float, parent: Path | None = None):
+        cfg = multi30k_config(data, "de", "en", save_dir, None, steps, args.seed)
+        cfg["model"]["attention"]["coverage"] = coverage
+        cfg["training"].update(threads=1, coverage_loss=weight)
+        if parent is not None:  # a later phase: the parent's weights and Adam state, a fresh step count
+            cfg["training"].update(init_from=str(parent / "last.pt"), init_optimizer=True)
+        Trainer(resolve_config(cfg, f"{name}.yaml"), f"{name}.yaml").train()
+
+    def evaluate(name: str, save_dir: Path) -> None:
+        model = nmt.load(save_dir / "last.pt", device="cpu")
+        translations = model.translate(sources, beam_size=5)
+        outputs = best_texts(translations)
+        rows.append({"run": name, "bleu": sacrebleu.corpus_bleu(outputs, [references]).score,
+                     "repeating_percent": 100.0 * sum(map(repeats_a_bigram, outputs)) / len(outputs),
+                     "length_ratio": sum(len(o.split()) for o in outputs) / max(reference_words, 1),
+                     "certified": certified_percent(translations),
+                     "train_tokens_per_sec": training_speed(save_dir)})
+
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.runs:
-            save_dir = Path(tmp) / name
-            cfg = multi30k_config(data, "de", "en", save_dir, None, args.steps, args.seed)
-            cfg["model"]["attention"]["coverage"] = name in ("coverage", "attention")
-            cfg["training"].update(threads=1, coverage_loss=args.weight if name in ("coverage", "loss") else 0.0)
-            Trainer(resolve_config(cfg, f"{name}.yaml"), f"{name}.yaml").train()
-            model = nmt.load(save_dir / "last.pt", device="cpu")
-            translations = model.translate(sources, beam_size=5)
-            outputs = best_texts(translations)
-            rows.append({"run": name, "bleu": sacrebleu.corpus_bleu(outputs, [references]).score,
-                         "repeating_percent": 100.0 * sum(map(repeats_a_bigram, outputs)) / len(outputs),
-                         "length_ratio": sum(len(o.split()) for o in outputs) / max(reference_words, 1),
-                         "certified": certified_percent(translations),
-                         "train_tokens_per_sec": training_speed(save_dir)})
+            train(name, Path(tmp) / name, args.steps, name in ("coverage", "attention"),
+                  args.weight if name in ("coverage", "loss") else 0.0)
+            evaluate(name, Path(tmp) / name)
+        if args.late:
+            base = Path(tmp) / "attention"
+            if "attention" not in args.runs:
+                train("attention", base, args.steps, True, 0.0)
+            for name, weight in (("continued", 0.0), ("late loss", args.weight)):
+                train(name, Path(tmp) / name, args.late, True, weight, parent=base)
+                evaluate(name, Path(tmp) / name)
     plain = next((r for r in rows if r["run"] == "plain"), None)
     print(f"{data}: de->en, word LSTM, 1.5-entmax attention and output, {args.steps} updates, seed {args.seed}, "
-          f"coverage_loss {args.weight:g}; test_2016_flickr ({len(sources)} lines), beam 5")
+          f"coverage_loss {args.weight:g}{f', late phases of {args.late} updates' if args.late else ''}; "
+          f"test_2016_flickr ({len(sources)} lines), beam 5")
     print(f"{'run':<10} {'BLEU':>6} {'repeating %':>11} {'len ratio':>9} {'certified':>9} {'train tok/s':>11} "
           f"{'x plain':>7}")
     for r in rows:

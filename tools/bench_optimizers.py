@@ -15,7 +15,7 @@ adamw, sgd (momentum 0.9), adafactor (``nmt.train.adafactor``), adafactor with `
 
 ``--multi30k DIR`` trains the word-level LSTM of ``tools/bench_source_noise.py`` (de -> en,
 ``--steps`` updates of 64 sentences, one thread, 1.5-entmax attention and output) once per name in
-``--optimizers`` (each with its ``--lr`` entry) and prints test_2016_flickr BLEU (beam 5), the
+``--optimizers`` (each with its ``--lr`` entry; ``--adafactor`` JSON: the adafactor runs' settings) and prints test_2016_flickr BLEU (beam 5), the
 certified share and the training speed:
 
     python tools/bench_optimizers.py --multi30k path/to/multi30k --steps 2000 --optimizers adam adafactor
@@ -132,15 +132,17 @@ def training(args: argparse.Namespace) -> int:
         raise SystemExit("--lr: one learning rate per --optimizers entry")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, lr in zip(args.optimizers, lrs):
-            save_dir = Path(tmp) / name
+        for k, (name, lr) in enumerate(zip(args.optimizers, lrs)):
+            save_dir = Path(tmp) / f"{k}-{name}"  # (one optimizer at two rates: two runs)
             cfg = config(data, "de", "en", save_dir, None, args.steps, args.seed)
             cfg["training"]["optimizer"] = {"name": name, "lr": lr}
+            if name == "adafactor" and args.adafactor:
+                cfg["training"]["optimizer"]["adafactor"] = json.loads(args.adafactor)
             cfg["training"]["threads"] = 1
             Trainer(resolve_config(cfg, f"{name}.yaml"), f"{name}.yaml").train()
             model = nmt.load(save_dir / "last.pt", device="cpu")
             translations, speed = timed_translations(model, sources)
-            rows.append({"optimizer": name, "lr": lr, "seed": args.seed,
+            rows.append({"optimizer": name, "lr": lr, "seed": args.seed, "adafactor": args.adafactor,
                          "bleu": sacrebleu.corpus_bleu(best_texts(translations), [references]).score,
                          "certified": certified_percent(translations),
                          "train_tokens_per_sec": training_speed(save_dir)})
@@ -167,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--optimizers", nargs="+", default=["adam", "adafactor"], choices=("adam", "adamw", "sgd",
                                                                                       "adafactor"))
     p.add_argument("--lr", type=float, nargs="+", help="one per --optimizers entry (default 0.001, adafactor 0.01)")
+    p.add_argument("--adafactor", help="the adafactor runs' training.optimizer.adafactor section (JSON), "
+                                       "e.g. '{\"beta1\": 0.9}'")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--test-lines", type=int, default=None)

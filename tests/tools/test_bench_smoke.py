@@ -633,3 +633,8 @@ def test_bench_coverage_smoke(tmp_path, capsys):
     assert [r["run"] for r in rows] == ["plain", "coverage", "loss"]
     assert all(0.0 <= r[k] <= 100.0 for r in rows for k in ("bleu", "repeating_percent", "certified"))
     assert "repeating %" in capsys.readouterr().out
+    # --late: the attention run (trained first, no row asked) continued without and with the loss
+    assert bench.main(["--data", str(tmp_path), "--steps", "3", "--runs", "plain", "--late", "2", "--test-lines",
+                       "5", "--quiet", "--json", str(out)]) == 0
+    assert [r["run"] for r in json.loads(out.read_text())] == ["plain", "continued", "late loss"]
+    assert "late phases of 2 updates" in capsys.readouterr().out
