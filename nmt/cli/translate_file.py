@@ -59,7 +59,8 @@ def run_file(args: argparse.Namespace, start: float, ranks: Ranks | None = None)
     if not args.quiet:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(lines), unit="sent", file=sys.stderr, desc=PROG, leave=False, disable=None)
+        bar = tqdm(total=ranks.share(len(lines)), unit="sent", file=sys.stderr, desc=PROG + ranks.label(),
+                   leave=False, disable=None)
     try:
         translations = translator.translate(lines, progress=bar.update if bar is not None else None,
                                             prefixes=prefixes, constraints=constraints,

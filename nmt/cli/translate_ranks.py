@@ -55,6 +55,15 @@ class Ranks:
             raise RuntimeError(f"{missing} inputs were translated by no process (the ranks cut different batches)")
         return merged, max(s for _, s in parts)
 
+    def share(self, total: int) -> int | None:
+        """A progress bar's total: ``total`` in one process; None (a count without an end) in several,
+        where this one decodes a share of the batches."""
+        return total if self.ranks == 1 else None
+
+    def label(self) -> str:
+        """What a progress bar's name adds: `` (rank 0 of N)`` in several processes."""
+        return f" (rank {self.rank} of {self.ranks})" if self.ranks > 1 else ""
+
     def suffix(self) -> str:
         """What the summary line adds in several processes ("" in one)."""
         return f" ({self.ranks} processes; search time: the slowest's)" if self.ranks > 1 else ""

@@ -52,7 +52,8 @@ def run_score(args: argparse.Namespace, start: float, ranks: Ranks | None = None
     if not args.quiet:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(sources), unit="pair", file=sys.stderr, desc=PROG, leave=False, disable=None)
+        bar = tqdm(total=ranks.share(len(sources)), unit="pair", file=sys.stderr, desc=PROG + ranks.label(),
+                   leave=False, disable=None)
     try:
         scores = scorer.score(sources, references, progress=bar.update if bar is not None else None,
                               shard=ranks.shard)
