@@ -96,8 +96,8 @@ class Adafactor(torch.optim.Optimizer):
                 state["col"] = torch.zeros(param.shape[:-2] + param.shape[-1:], **float32)
             else:
                 state["second"] = torch.zeros(param.shape, **float32)
-            if beta1 is not None:
-                state["first"] = torch.zeros(param.shape, **float32)
+        if beta1 is not None and "first" not in state:  # also for a state saved without first moments
+            state["first"] = torch.zeros(param.shape, dtype=torch.float32, device=param.device)
         return state
 
     def _update(self, params: list[Tensor], group: dict) -> None:
@@ -130,7 +130,7 @@ class Adafactor(torch.optim.Optimizer):
                 updates[i] = grads[i] * row_factor * col.rsqrt().unsqueeze(-2)
         # clipping: U / max(1, RMS(U) / d), RMS = ||U|| / sqrt(numel)
         shrink = torch._foreach_norm(updates)
-        torch._foreach_div_(shrink, [math.sqrt(u.numel()) * group["clip_threshold"] for u in updates])
+        torch._foreach_div_(shrink, [math.sqrt(max(u.numel(), 1)) * group["clip_threshold"] for u in updates])
         torch._foreach_clamp_min_(shrink, 1.0)
         torch._foreach_div_(updates, shrink)
         if group["beta1"] is not None:
@@ -143,7 +143,7 @@ class Adafactor(torch.optim.Optimizer):
             torch._foreach_clamp_max_(sizes, lr)
         if group["scale_parameter"]:
             scales = torch._foreach_norm([p.float() for p in params])
-            torch._foreach_div_(scales, [math.sqrt(p.numel()) for p in params])
+            torch._foreach_div_(scales, [math.sqrt(max(p.numel(), 1)) for p in params])
             torch._foreach_clamp_min_(scales, group["eps2"])
             sizes = torch._foreach_mul(scales, sizes) if sizes is not None else torch._foreach_mul(scales, lr)
         if group["weight_decay"] != 0.0:
@@ -152,5 +152,6 @@ class Adafactor(torch.optim.Optimizer):
             torch._foreach_add_(params, [u.to(p.dtype) for u, p in zip(updates, params)], alpha=-lr)
         else:
             torch._foreach_sub_(params, [u.to(p.dtype) for u, p in zip(torch._foreach_mul(updates, sizes), params)])
+
 
 __all__ = ["Adafactor"]

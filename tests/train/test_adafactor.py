@@ -190,6 +190,34 @@ def test_a_state_dict_round_trip_continues_bit_equal():
         assert torch.equal(a, b)
 
 
+def test_a_state_saved_without_first_moments_takes_them_from_zero():
+    """``beta1`` set where the saved state has none (``training.init_optimizer`` from a run without
+    them): the first moments start at zero, as in a fresh optimizer with the loaded second moments."""
+    params = parameters()
+    plain = Adafactor(params)
+    run(plain, params, 3)
+    saved = copy.deepcopy(plain.state_dict())
+    loaded_params, fresh_params = parameters(), parameters()
+    for a, b, p in zip(loaded_params, fresh_params, params):
+        a.data.copy_(p.detach())
+        b.data.copy_(p.detach())
+    loaded = Adafactor(loaded_params, beta1=0.9)
+    loaded.load_state_dict(copy.deepcopy(saved))  # (loading keeps the given tensors: one copy each)
+    for group in loaded.param_groups:  # as training.init_optimizer keeps the config's settings
+        group["beta1"] = 0.9
+    run(loaded, loaded_params, 2, start=3)
+    assert all("first" in loaded.state[p] for p in loaded_params)
+    reference = Adafactor(fresh_params, beta1=0.9)  # the same second moments, first moments from zero
+    reference.load_state_dict(copy.deepcopy(saved))
+    for group in reference.param_groups:
+        group["beta1"] = 0.9
+    for p in fresh_params:
+        reference.state[p]["first"] = torch.zeros_like(p)
+    run(reference, fresh_params, 2, start=3)
+    for a, b in zip(loaded_params, fresh_params):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("bad, match", [({"lr": 0.0}, "lr"), ({"beta1": 1.0}, "beta1"),
                                         ({"decay_rate": 0.0}, "decay_rate"), ({"clip_threshold": 0.0}, "clip"),
                                         ({"eps1": 0.0}, "eps1"), ({"weight_decay": -1.0}, "weight_decay")])
