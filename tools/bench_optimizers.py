@@ -43,6 +43,7 @@ from nmt.models import build_model  # noqa: E402
 from nmt.sparse import get_loss  # noqa: E402
 from nmt.train.optimizers import build_optimizer  # noqa: E402
 from nmt.train.update import update  # noqa: E402
+from nmt.utils.allocator import keep_freed_memory  # noqa: E402
 from nmt.utils.io import atomic_write_text  # noqa: E402
 from nmt.utils.sync_audit import SyncAudit  # noqa: E402
 
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test-lines", type=int, default=None)
     args = parsed_with_run_options(p, argv)  # --json, --quiet
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as nmt-train does: no page faults on the steps' full-size temporaries
     return training(args) if args.multi30k else cost(args)
 
 
