@@ -127,7 +127,7 @@ class Adafactor(torch.optim.Optimizer):
                 col.lerp_(squares[i].mean(dim=-2), gains[i])
                 # 1 / sqrt(R_i C_j / mean(R)) = rsqrt(R_i / mean(R)) rsqrt(C_j): no n x m estimate is built
                 row_factor = (row / row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1)
-                updates[i] = grads[i] * row_factor * col.rsqrt().unsqueeze(-2)
+                updates[i] = torch.mul(grads[i], row_factor).mul_(col.rsqrt().unsqueeze(-2))  # one n x m temporary
         # clipping: U / max(1, RMS(U) / d), RMS = ||U|| / sqrt(numel)
         shrink = torch._foreach_norm(updates)
         torch._foreach_div_(shrink, [math.sqrt(max(u.numel(), 1)) * group["clip_threshold"] for u in updates])
@@ -150,8 +150,12 @@ class Adafactor(torch.optim.Optimizer):
             torch._foreach_mul_(params, 1.0 - lr * group["weight_decay"])
         if sizes is None:
             torch._foreach_add_(params, [u.to(p.dtype) for u, p in zip(updates, params)], alpha=-lr)
-        else:
-            torch._foreach_sub_(params, [u.to(p.dtype) for u, p in zip(torch._foreach_mul(updates, sizes), params)])
+            return
+        if group["beta1"] is None:  # the updates are this step's temporaries: scaled in place
+            torch._foreach_mul_(updates, sizes)
+        else:  # the updates are the first moments (state): scaled copies
+            updates = torch._foreach_mul(updates, sizes)
+        torch._foreach_sub_(params, [u.to(p.dtype) for u, p in zip(updates, params)])
 
 
 __all__ = ["Adafactor"]
