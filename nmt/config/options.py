@@ -92,6 +92,14 @@ def _src_tag(whose: str) -> Option:
                   "null: none", nullable=True)
 
 
+EXTRA_VALID = {
+    "name": Option(str, REQUIRED, "the set's name in the logs, metrics.jsonl (valid_<name>_bleu) and TensorBoard"),
+    **_files(required=True),
+    "src_tag": _src_tag("this set's"),
+}
+"""One entry of ``data.extra_valid`` (checked by :func:`nmt.config.validation.check_extra_valid`)."""
+
+
 DATA = {
     "generate": Option(str, None, "generate the data files if missing: 'quickstart' (synthetic inflection task)",
                        choices=("quickstart",), nullable=True),
@@ -102,6 +110,10 @@ DATA = {
                               "data.train.align): every validation then reports the alignment error rate (aer) of "
                               "the alignment attention's most attended source word per target word; null: none",
                               nullable=True)},
+    "extra_valid": Option(list, [], "more validation sets, monitored only (e.g. one per direction of a multilingual "
+                          "model): a list of {name, src, tgt, src_tag}; each validation also scores them (the same "
+                          "figures as data.valid's, logged as valid_<name>_<figure>); early stopping, the lr "
+                          "schedule and best.pt follow data.valid alone"),
     "src": _side("space"),
     "tgt": _side("space"),
     "max_length_ratio": Option(float, None, "skip training pairs whose longer side has more than this many times "

@@ -41,6 +41,7 @@ def check_config(config: dict, source: str) -> None:
         check_tokenizer(data[side]["tokenizer"], source, f"data.{side}.tokenizer")
     check_subword_sampling(data, source)
     check_corpora(data, source)
+    check_extra_valid(data, source)
     check_source_tags(data, source)
     check_source_noise(data, source)
     check_pair_filter(data, source)
@@ -199,13 +200,34 @@ def check_source_noise(data: dict, source: str) -> None:
                               "unaligned corpus)")
 
 
+def check_extra_valid(data: dict, source: str) -> None:
+    """``data.extra_valid``: each entry a section of :data:`nmt.config.options.EXTRA_VALID` (resolved in
+    place), names distinct, without whitespace and other than ``valid``; one line naming the key."""
+    from nmt.config.options import EXTRA_VALID
+    from nmt.config.schema import validate
+
+    resolved, seen = [], set()
+    for i, entry in enumerate(data["extra_valid"]):
+        key = f"data.extra_valid[{i}]"
+        entry = validate(entry, EXTRA_VALID, source, key)
+        name = entry["name"]
+        if not name or any(c.isspace() for c in name) or name == "valid":
+            raise ConfigError(source, f"{key}.name", f"a name without whitespace other than 'valid', got {name!r}")
+        if name in seen:
+            raise ConfigError(source, f"{key}.name", f"{name!r} names an earlier set too")
+        seen.add(name)
+        resolved.append(entry)
+    data["extra_valid"] = resolved
+
+
 def check_source_tags(data: dict, source: str) -> None:
     """Each ``src_tag`` (``data.train``'s, ``data.train[i]``'s, ``data.valid``'s) a non-empty string
     without whitespace, not a special (:func:`nmt.data.source_tags.tag_problem`); one line naming the key."""
     from nmt.data.source_tags import tag_problem
 
     keyed = [(f"{key}.src_tag", corpus.get("src_tag")) for key, corpus in keyed_corpora(data)]
-    for key, tag in keyed + [("data.valid.src_tag", data["valid"].get("src_tag"))]:
+    extra = [(f"data.extra_valid[{i}].src_tag", entry.get("src_tag")) for i, entry in enumerate(data["extra_valid"])]
+    for key, tag in keyed + [("data.valid.src_tag", data["valid"].get("src_tag"))] + extra:
         problem = None if tag is None else tag_problem(tag)
         if problem is not None:
             raise ConfigError(source, key, problem)

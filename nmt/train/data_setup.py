@@ -496,20 +496,63 @@ def data_changes(saved: dict[str, dict], current: dict[str, dict]) -> list[tuple
     return changes
 
 
-def check_valid_positions(data: TrainingData, data_cfg: dict, limits: tuple[int | None, int | None]) -> None:
+@dataclass
+class ExtraValidation:
+    """One ``data.extra_valid`` set, encoded with the run's fields: its ``name``, the dataset and the
+    raw target line of each example (``references``), and its files for messages."""
+
+    name: str
+    dataset: ParallelDataset
+    references: list[str]
+    src: str
+    tgt: str
+
+
+def load_extra_validation(data_cfg: dict, src_field: Field, tgt_field: Field) -> list[ExtraValidation]:
+    """The ``data.extra_valid`` sets (monitored only), read and encoded with the run's fields, each
+    pair kept whole as the validation's are; its ``src_tag`` one the fields already hold (a monitored
+    set never changes the vocabulary: sets may come and go between a run's sessions). One-line
+    ``DataError`` naming the key for a missing file, an unknown tag or a set without pairs."""
+    sets = []
+    for i, entry in enumerate(data_cfg.get("extra_valid") or []):
+        key = f"data.extra_valid[{i}]"
+        try:
+            prefix = src_field.tag_ids(entry.get("src_tag"))
+        except DataError as exc:
+            raise DataError(f"{key}.src_tag: {exc} (a monitored set takes the training corpora's tags)") from None
+        for side in ("src", "tgt"):
+            if not Path(entry[side]).is_file():
+                raise DataError(f"{key}.{side}: {entry[side]}: no such file")
+        pairs = read_parallel(entry["src"], entry["tgt"])
+        dataset = ParallelDataset(pairs, src_field, tgt_field, None, None,
+                                  src_encode=_tag_encoder(src_field, prefix or None))
+        if len(dataset) == 0:
+            raise DataError(f"{key}: {entry['src']}, {entry['tgt']}: no validation pairs: {dataset.n_input} lines, "
+                            f"{dataset.skipped['empty']} of them empty (a pair needs tokens on both sides)")
+        logger.info("valid %s data (%s, %s): %s", entry["name"], entry["src"], entry["tgt"], dataset.summary())
+        sets.append(ExtraValidation(entry["name"], dataset, [pairs[line - 1][1] for line in dataset.line_numbers],
+                                    entry["src"], entry["tgt"]))
+    return sets
+
+
+def check_valid_positions(data: TrainingData, data_cfg: dict, limits: tuple[int | None, int | None],
+                          extra_sets: Sequence[ExtraValidation] = ()) -> None:
     """Validation keeps every pair whole, however long: a pair longer than the model's learned
     positions hold (``limits``: :func:`nmt.models.protocol.position_limits`; the training pairs
     fit by the config's check of ``data.<side>.max_length``) is a one-line ``DataError`` naming
-    the validation file and line, at start rather than at the first validation."""
+    the validation file and line, at start rather than at the first validation (``data.valid``'s
+    and the ``extra_sets``')."""
     from nmt.models.protocol import too_long
 
     src_limit, tgt_limit = limits
-    valid = data.valid
-    for i, line in enumerate(valid.line_numbers):
-        if src_limit is not None and valid.src_lengths[i] > src_limit:
-            raise DataError(f"{data_cfg['valid']['src']}:{line}: {too_long('source', valid.src_lengths[i], src_limit)}")
-        if tgt_limit is not None and valid.tgt_lengths[i] + 1 > tgt_limit:
-            raise DataError(f"{data_cfg['valid']['tgt']}:{line}: {too_long('target', valid.tgt_lengths[i], tgt_limit)}")
+    sets = [(data.valid, data_cfg["valid"]["src"], data_cfg["valid"]["tgt"])]
+    sets += [(extra.dataset, extra.src, extra.tgt) for extra in extra_sets]
+    for valid, src, tgt in sets:
+        for i, line in enumerate(valid.line_numbers):
+            if src_limit is not None and valid.src_lengths[i] > src_limit:
+                raise DataError(f"{src}:{line}: {too_long('source', valid.src_lengths[i], src_limit)}")
+            if tgt_limit is not None and valid.tgt_lengths[i] + 1 > tgt_limit:
+                raise DataError(f"{tgt}:{line}: {too_long('target', valid.tgt_lengths[i], tgt_limit)}")
 
 
 VOCAB_FILES = ("vocab.src", "vocab.tgt")
@@ -580,4 +623,4 @@ def _data_files(data_cfg: dict) -> list[tuple[str, str]]:
     return files + ([("data.valid.align", data_cfg["valid"]["align"])] if data_cfg["valid"].get("align") else [])
 
 
-__all__ = ["tag_key", "tagged_fields", "cached_training_set", "cached_alignments", "counted_vocabulary", "resampled_files", "resampled_pairs", "DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]
+__all__ = ["ExtraValidation", "load_extra_validation", "tag_key", "tagged_fields", "cached_training_set", "cached_alignments", "counted_vocabulary", "resampled_files", "resampled_pairs", "DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]

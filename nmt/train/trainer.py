@@ -42,7 +42,8 @@ from nmt.train.distill import DistillForward, check_distill, load_teacher, teach
 from nmt.train.alignment_error import validation_aer
 from nmt.train.guided_alignment import GuidedForward, check_guided_alignment, guided_alignment, guided_weight
 from nmt.train.data_setup import (DATA_FILE_KEYS, check_valid_positions, data_changes, data_fingerprints,
-                                  generate_if_missing, load_training_data, source_noise, write_run_vocabularies)
+                                  generate_if_missing, load_extra_validation, load_training_data, source_noise,
+                                  write_run_vocabularies)
 from nmt.train.distributed import (NullLock, distributed_state, in_rank_order, init_distributed, rank_device,
                                    rank_rng_state, resume_check, several_processes, shard_batch, wrap_model)
 from nmt.train.early_stopping import EarlyStopping
@@ -217,6 +218,8 @@ class Trainer:
             fields = (init_from.extended_fields(parent, config) if train_cfg["init_vocab"] == "extend"
                       else parent.fields)
         self.data = self._load_data(fields)
+        # data.extra_valid: monitored sets, read with the run's fields at every start (they may change between sessions)
+        self.extra_valid = load_extra_validation(config["data"], self.data.src_field, self.data.tgt_field)
         self.train_set = self.data.train  # the examples batches index: this epoch's segmentation with subword sampling
         self.alignments = self.data.alignments  # guided alignment's references for train_set's segmentation
         self.noise = source_noise(config["data"], self.data, train_cfg["seed"])  # data.train[i].noise (None: off)
@@ -229,7 +232,7 @@ class Trainer:
         except ModelConfigError as exc:  # the builder names the key; add the file
             raise ConfigError(source, exc.key, exc.problem) from None
         self._copy_vocabularies()
-        check_valid_positions(self.data, config["data"], position_limits(self.model))
+        check_valid_positions(self.data, config["data"], position_limits(self.model), self.extra_valid)
         set_activation_checkpointing(self.model, train_cfg["checkpoint_activations"])
         self._pretrained_embeddings(checkpoint is not None, parent is not None)
         try:  # training.freeze: before the optimizer is built, at every start
@@ -443,6 +446,7 @@ class Trainer:
         # reference alignments shape the loss, not the batches: another file (or none) is a changed setting
         vetted |= {d for d in differences if d.startswith(("data.train", "data.valid")) and d.endswith(".align")}
         vetted |= set(pretrained_embeddings.NOT_READ_ON_RESUME)  # the checkpoint holds the weights
+        vetted |= {d for d in differences if d.startswith("data.extra_valid")}  # monitored only: may come and go
         blocking = [d for d in differences
                     if any(d == k or d.startswith(k + ".") for k in RESUME_MUST_MATCH) and d not in vetted]
         if blocking:
@@ -840,13 +844,16 @@ class Trainer:
         """
         vcfg, p = self.config["validation"], self.progress
         self.nonfinite.check(self.saved_step)  # never validate (or save) a model that met a NaN loss
+        settings = dict(batch_size=vcfg["batch_size"], device=self.device,
+                        is_softmax=is_softmax(self.config["model"]["output"]["mapping"]), search=self.search,
+                        statistics=self.batch_statistics, pad_multiple=self.config["training"]["pad_to_multiple"],
+                        metrics=vcfg["metrics"], ranks=self.dist)
+        extra: dict[str, dict[str, float] | None] = {}
         with self._validated_weights():  # every rank its share of the batches; rank 0 gets the result
-            result = validate(self.model, self.data.valid, self.data.valid_references, self.loss_fn,
-                              batch_size=vcfg["batch_size"], device=self.device,
-                              is_softmax=is_softmax(self.config["model"]["output"]["mapping"]),
-                              search=self.search, statistics=self.batch_statistics,
-                              pad_multiple=self.config["training"]["pad_to_multiple"], metrics=vcfg["metrics"],
-                              ranks=self.dist)
+            result = validate(self.model, self.data.valid, self.data.valid_references, self.loss_fn, **settings)
+            for monitored in self.extra_valid:  # data.extra_valid: the same figures, for the log only
+                other = validate(self.model, monitored.dataset, monitored.references, self.loss_fn, **settings)
+                extra[monitored.name] = other.scalars if other is not None else None
             if self.dist.is_main:  # the other ranks wait for its scalars (lr decay and early stopping use them)
                 if self.data.valid_alignments is not None:  # data.valid.align: the alignment error rate
                     result.scalars["aer"] = validation_aer(self.model, self.data.valid, self.data.valid_alignments,
@@ -860,6 +867,7 @@ class Trainer:
         train_loss = p.valid_loss_sum / p.valid_tokens if p.valid_tokens else math.nan
         record = {"step": p.step, "epoch": p.epoch, "lr": self.schedule.lr, "train_loss": train_loss,
                   **{f"valid_{k}": v for k, v in scalars.items()},
+                  **{f"valid_{name}_{k}": v for name, figures in extra.items() for k, v in (figures or {}).items()},
                   "tokens_per_sec": self._tokens_per_sec, "elapsed": round(p.elapsed, 3),
                   "best": is_best}
         if self.skipped_updates:
@@ -873,11 +881,16 @@ class Trainer:
                 record["alphas"] = alphas
             metrics_log.append(record)
             tb.scalars("valid", scalars, p.step)
+            for name, figures in extra.items():
+                tb.scalars(f"valid_{name}", figures, p.step)
             tb.flush()
             shown = " ".join(f"{k}={v:.4g}" for k, v in scalars.items() if k != "tokens")
             logger.info("step %d valid%s: %s%s%s", p.step, " (ema weights)" if self.ema is not None else "", shown,
                         " (new best)" if is_best else "",
                         f"; lr decayed to {self.schedule.lr:.3g}" if decayed else "")
+            for name, figures in extra.items():
+                logger.info("step %d valid %s: %s", p.step, name,
+                            " ".join(f"{k}={v:.4g}" for k, v in figures.items() if k != "tokens"))
             if self.search is not None and not self._signatures_logged:
                 shown_metrics = ", ".join(m.replace("_", " ") for m in vcfg["metrics"])
                 logger.info("valid decoding (its %scertified): %s", f"{shown_metrics} and " if shown_metrics else "",

@@ -203,10 +203,12 @@ def test_validation_is_shared_by_the_ranks_and_equals_one_processs(tmp_path, ran
     """With 2 ranks each validates every second batch (teacher-forced totals all-reduced, decoded
     hypotheses gathered by rank 0): rank 0's figures equal its own validation of the whole set
     alone (the float64 totals up to their summation order; hypotheses, exact match, BLEU and the
-    certified share the same), rank 1 gets none; the run's metrics.jsonl holds rank 0's figures."""
+    certified share the same), rank 1 gets none; the run's metrics.jsonl holds rank 0's figures, and a
+    monitored set (data.extra_valid) of the same files, shared alike, the same figures."""
     data = write_task(tmp_path / "data", n_train=24)
     config = _config(data, tmp_path / "run", 4, max_steps=6, valid_every=3)
     config["validation"].update(metric="exact_match", metrics=["exact_match", "bleu"], batch_size=2)
+    config["data"]["extra_valid"] = [{"name": "again", **data["valid"]}]  # a monitored set: the same files
     results = ranks.run(config, hooks=ValidationProbe())
     assert [r[2:4] for r in results] == [("max_steps", 6)] * 2
     (_, _, _, _, _, zero), (_, _, _, _, _, first) = results
@@ -220,6 +222,8 @@ def test_validation_is_shared_by_the_ranks_and_equals_one_processs(tmp_path, ran
     last = [r for r in records if r["step"] == 6 and "valid_loss" in r][-1]
     assert last["valid_exact_match"] == pytest.approx(alone["exact_match"]) and last["valid_loss"] == pytest.approx(
         alone["loss"], rel=1e-9)
+    for key in ("exact_match", "bleu", "certified", "loss", "accuracy"):  # the monitored set, shared alike
+        assert last[f"valid_again_{key}"] == pytest.approx(last[f"valid_{key}"], rel=1e-12), key
 
 
 def _same_on_both_ranks(results: list[tuple], steps: int) -> dict:
