@@ -5,8 +5,10 @@ decodes every N-th of them (``Translator.translate(shard=...)``, ``Scorer.score(
 own device: ``cuda:LOCAL_RANK`` where the requested device is a GPU (``auto`` on a GPU machine,
 ``cuda``, ``cuda:K``), else the CPU. Rank 0 gathers the others' results over Gloo (host objects: no
 GPU collective), merges them in input order and alone writes the outputs, the report, the heatmaps
-and the summary; the output files are then byte for byte those of one process (the same batches, so
-the same hypotheses, scores and certificates). Files only: a stream (``-src -``) is one process's.
+and the summary; the outputs are then one process's (the same batches: the same hypotheses and
+certificates; translation scores equal up to float32 rounding, since a process's cached per-token
+products round with the tokens first met alongside them; score mode byte for byte). Files only: a
+stream (``-src -``) is one process's.
 """
 from __future__ import annotations
 

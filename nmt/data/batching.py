@@ -239,6 +239,19 @@ def make_batches(
                             pool_sort).lists()
 
 
+def shard_batches(batches: list, shard: tuple[int, int] | None) -> list:
+    """The batches of process ``rank`` of ``ranks`` (``shard``) when several processes share
+    ``batches``, every one cutting the same list: every ``ranks``-th from its rank (round-robin over
+    length-sorted batches: nearly equal shares of the work); all of them for None. ValueError for a
+    rank outside ``[0, ranks)``."""
+    if shard is None:
+        return batches
+    rank, ranks = shard
+    if not 0 <= rank < ranks:
+        raise ValueError(f"shard {shard}: rank must be in [0, {ranks})")
+    return batches[rank::ranks]
+
+
 def _pad(rows: list[list[int]], width: int, pad: int) -> Tensor:
     return torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long).view(len(rows), width)
 
@@ -308,4 +321,5 @@ def encode_sources(
     return [collate(data, g, v.pad_index, v.bos_index, v.eos_index) for g in groups]
 
 
-__all__ = ["DEFAULT_POOL_SORT", "POOL_BATCHES", "POOL_SORTS", "Batch", "BatchOrder", "collate", "encode_sources", "make_batch_order", "make_batches"]
+__all__ = ["DEFAULT_POOL_SORT", "POOL_BATCHES", "POOL_SORTS", "Batch", "BatchOrder", "collate", "encode_sources", "make_batch_order", "make_batches",
+           "shard_batches"]

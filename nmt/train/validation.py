@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from nmt.config import ConfigError
 from nmt.config.options import DECODING_METRICS
-from nmt.data.batching import collate, make_batches
+from nmt.data.batching import collate, make_batches, shard_batches
 from nmt.data.dataset import ParallelDataset
 from nmt.data.field import Field
 from nmt.models.seq2seq import length_mask
@@ -225,10 +225,9 @@ def decode_dataset(model: nn.Module, dataset: ParallelDataset, tgt_field: Field,
 
 
 def _share(batches: list[list[int]], ranks: DistributedContext | None) -> list[list[int]]:
-    """This process's batches of a data-parallel job: every N-th from its rank (all in one process)."""
-    if ranks is None or not ranks.enabled:
-        return batches
-    return batches[ranks.rank::ranks.world_size]
+    """This process's batches of a data-parallel job (:func:`nmt.data.batching.shard_batches`; all of
+    them in one process)."""
+    return shard_batches(batches, (ranks.rank, ranks.world_size) if ranks is not None and ranks.enabled else None)
 
 
 def mbr_decisions(result: SearchResult, tgt_field: Field, options: SearchOptions) -> list[str]:

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from nmt.data.batching import collate, make_batches
+from nmt.data.batching import collate, make_batches, shard_batches
 from nmt.data.field import Field
 from nmt.models.protocol import StepDecoder, check_lengths, position_limits
 from nmt.translate.alignment import AlignOptions, Pair, align, pharaoh
@@ -157,12 +157,8 @@ class Scorer:
         # int8: the products of the packed path, which a frozen region opens, once for all batches (its
         # weights quantized once, as the translator's); fp32 scores as before, without a region
         with frozen_weights() if self.precision == "int8" else contextlib.nullcontext():
-            batches = make_batches(data, self.batch_size, shuffle=False, indices=nonempty)
-            if shard is not None:
-                if not 0 <= shard[0] < shard[1]:
-                    raise ValueError(f"shard {shard}: rank must be in [0, {shard[1]})")
-                batches = batches[shard[0]::shard[1]]
-            for indices in batches:
+            for indices in shard_batches(make_batches(data, self.batch_size, shuffle=False, indices=nonempty),
+                                         shard):
                 batch = collate(data, indices, vocab.pad_index, vocab.bos_index, vocab.eos_index)
                 on_device = batch.to(self.device, lengths_on_host=True)  # source lengths read on the host
                 with inference_precision(self.device, self.precision):

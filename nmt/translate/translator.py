@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from nmt.data.batching import encode_sources
+from nmt.data.batching import encode_sources, shard_batches
 from nmt.data.field import Field
 from nmt.models.protocol import NoAttention, StepDecoder, check_lengths, position_limits
 from nmt.translate.alignment import UNK, AlignOptions, Pair, align, output_rows, pharaoh, replace_unknowns
@@ -347,7 +347,9 @@ class Translator:
         (``nmt-translate`` under ``torchrun``): every process checks every input and cuts the same
         length-sorted batches, and this one decodes batches ``rank, rank + ranks, ...`` only, the
         entries of the others' lines left None (merged, the processes' entries are one process's
-        translations: the same batches, so the same outputs and certificates). Empty lines give empty translations with reason ``"empty_input"``.
+        translations: the same batches, so the same hypotheses and certificates, scores up to float32
+        rounding: :class:`~nmt.models.token_products.TokenProducts` rounds a token's products with the
+        tokens first computed alongside it). Empty lines give empty translations with reason ``"empty_input"``.
         ``first_index``: the input index of ``lines[0]`` (a stream translated in pieces): each
         ``Translation.index`` counts from it, and so do the sentence indices that key sampling's
         noise (``sample=True``), so that a sentence's samples depend on its place in the whole input
@@ -396,11 +398,7 @@ class Translator:
         # steps' would be discarded), the pass over the outputs gives it after each search
         full_context = options.return_attention and full_context_alignment(self.model)
         search = options.updated(return_attention=False) if full_context else options
-        if shard is not None:
-            rank, ranks = shard
-            if not 0 <= rank < ranks:
-                raise ValueError(f"shard {shard}: rank must be in [0, {ranks})")
-            batches = batches[rank::ranks]
+        batches = shard_batches(batches, shard)
         with frozen_weights():  # the weights stay fixed while decoding: packed CPU products
             for batch in batches:
                 if batch.empty:  # no step, so no support entry: [] where the support was asked for
