@@ -285,16 +285,13 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
     elif alignments and train_pairs is not None:
         references = read_training_alignments(corpora, train_pairs, starts, train.line_numbers, src_field.tokenizer,
                                               tgt_field.tokenizer, [len(p) for p in src_prefixes])
-    valid = ParallelDataset(valid_pairs, src_field, tgt_field, None, None,
-                            src_encode=_tag_encoder(src_field, valid_prefix or None))
     resampled = (resampled_files(corpora, src_field, tgt_field, data_cfg, src_prefixes) if data_cfg["id_cache"]
                  else resampled_pairs(train_pairs, src_field, tgt_field, data_cfg, train_prefix))
     if len(train) == 0:
         raise DataError(f"{_files(data_cfg, 'train')}: no training pairs left: all {train.n_input} dropped "
                         f"({describe_skipped(train.skipped)}; {rules.describe()})")
-    if len(valid) == 0:
-        raise DataError(f"{_files(data_cfg, 'valid')}: no validation pairs: {valid.n_input} lines, "
-                        f"{valid.skipped['empty']} of them empty (a pair needs tokens on both sides)")
+    valid, valid_references = validation_set(valid_pairs, src_field, tgt_field, valid_prefix,
+                                             _files(data_cfg, "valid"))
     for name, dataset in (("train", train), ("valid", valid)):
         logger.info("%s data (%s): %s", name, _files(data_cfg, name), dataset.summary())
     if weights is not None:
@@ -316,7 +313,6 @@ def load_training_data(data_cfg: dict, work_dir: str | Path,
                                                  src_field.tokenizer, tgt_field.tokenizer, [len(valid_prefix)])
         (logger.warning if valid_aligned.mismatched else logger.info)(
             "valid alignments: %s", valid_aligned.describe(len(valid), "validation pairs"))
-    valid_references = [valid_pairs[line - 1][1] for line in valid.line_numbers]
     return TrainingData(src_field, tgt_field, train, valid, valid_references, resampled, weights, references,
                         valid_aligned)
 
@@ -523,16 +519,25 @@ def load_extra_validation(data_cfg: dict, src_field: Field, tgt_field: Field) ->
         for side in ("src", "tgt"):
             if not Path(entry[side]).is_file():
                 raise DataError(f"{key}.{side}: {entry[side]}: no such file")
-        pairs = read_parallel(entry["src"], entry["tgt"])
-        dataset = ParallelDataset(pairs, src_field, tgt_field, None, None,
-                                  src_encode=_tag_encoder(src_field, prefix or None))
-        if len(dataset) == 0:
-            raise DataError(f"{key}: {entry['src']}, {entry['tgt']}: no validation pairs: {dataset.n_input} lines, "
-                            f"{dataset.skipped['empty']} of them empty (a pair needs tokens on both sides)")
+        dataset, references = validation_set(read_parallel(entry["src"], entry["tgt"]), src_field, tgt_field,
+                                              prefix, f"{key}: {entry['src']}, {entry['tgt']}")
         logger.info("valid %s data (%s, %s): %s", entry["name"], entry["src"], entry["tgt"], dataset.summary())
-        sets.append(ExtraValidation(entry["name"], dataset, [pairs[line - 1][1] for line in dataset.line_numbers],
-                                    entry["src"], entry["tgt"]))
+        sets.append(ExtraValidation(entry["name"], dataset, references, entry["src"], entry["tgt"]))
     return sets
+
+
+def validation_set(pairs: list[tuple[str, str]], src_field: Field, tgt_field: Field, prefix: Sequence[int],
+                   where: str) -> tuple[ParallelDataset, list[str]]:
+    """A validation set of the raw ``pairs``: every non-empty pair encoded whole (no length filter),
+    ``prefix`` (a source tag's ids, or none) before each source; and the raw target line of each of
+    its examples (what decoding metrics score against). A one-line ``DataError`` starting with
+    ``where`` (its files) when no pair has tokens on both sides."""
+    dataset = ParallelDataset(pairs, src_field, tgt_field, None, None,
+                              src_encode=_tag_encoder(src_field, prefix or None))
+    if len(dataset) == 0:
+        raise DataError(f"{where}: no validation pairs: {dataset.n_input} lines, "
+                        f"{dataset.skipped['empty']} of them empty (a pair needs tokens on both sides)")
+    return dataset, [pairs[line - 1][1] for line in dataset.line_numbers]
 
 
 def check_valid_positions(data: TrainingData, data_cfg: dict, limits: tuple[int | None, int | None],
@@ -623,4 +628,4 @@ def _data_files(data_cfg: dict) -> list[tuple[str, str]]:
     return files + ([("data.valid.align", data_cfg["valid"]["align"])] if data_cfg["valid"].get("align") else [])
 
 
-__all__ = ["ExtraValidation", "load_extra_validation", "tag_key", "tagged_fields", "cached_training_set", "cached_alignments", "counted_vocabulary", "resampled_files", "resampled_pairs", "DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]
+__all__ = ["ExtraValidation", "load_extra_validation", "validation_set", "tag_key", "tagged_fields", "cached_training_set", "cached_alignments", "counted_vocabulary", "resampled_files", "resampled_pairs", "DATA_FILE_KEYS", "VOCAB_FILES", "TrainingData", "side_vocabulary", "write_run_vocabularies", "check_valid_positions", "data_changes", "data_fingerprints", "generate_if_missing", "build_fields", "streamed_fields", "load_training_data"]
