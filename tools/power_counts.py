@@ -4,7 +4,7 @@ summed over rows, one thread) on normal scores of the given deviations, for the 
 Prints per row: the bound's passes (over the segment maxima, and over the normal start's 256-entry
 pseudo-row where a broad row takes it), the candidates after the bound,
 the coarse (float) passes and their entries, the float Newton passes from the normal model's start
-(``fine``), the double passes of powers and their entries, and
+(``fine``), the float settling passes and the rows they settled (``settle``), the double passes of powers and their entries, and
 the support's size; then the thousands of time stamp counter ticks a row spends in each phase (the
 maximum, the bound, the candidates, the start (moments, series), the coarse steps, the Newton
 loop, the output) on x86-64: the minimum over ``--reps`` calls of each phase's mean per row (a
@@ -35,7 +35,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         lib = _native.load(_native.build(Path(tmp), defines=["NMT_POWER_COUNTS"]))
-    counts = (ctypes.c_double * 16).in_dll(lib, "nmt_power_counts")
+    counts = (ctypes.c_double * 18).in_dll(lib, "nmt_power_counts")
     _native._state["lib"] = lib
     _native._threads = lambda *a, **k: 1  # the counters are not atomic
     keep_freed_memory()  # (as bench_sparse: the outputs' pages are not faulted in again every call)
@@ -44,21 +44,21 @@ def main() -> None:
     for shape in args.shapes.split(","):
         rows, n = (int(v) for v in shape.split("x"))
         base = torch.randn(rows, n)
-        print(f"({rows}, {n}), per row: bound passes | candidates | coarse passes, entries | fine | double passes, entries | support || kticks: max bound cand start coarse newton output")
+        print(f"({rows}, {n}), per row: bound passes | candidates | coarse passes, entries | fine | settle, settled | double passes, entries | support || kticks: max bound cand start coarse newton output")
         for alpha in (float(a) for a in args.alphas.split(",")):
             for spread in (float(s) for s in args.spreads.split(",")):
                 _native.power_probs(base * spread, alpha - 1, 200, eps, False)  # (the allocator's first)
                 ticks = None
                 for _ in range(max(1, args.reps)):
-                    for i in range(16):
+                    for i in range(18):
                         counts[i] = 0.0
                     if _native.power_probs(base * spread, alpha - 1, 200, eps, False) is None or counts[0] == 0:
                         sys.exit("the diagnostic build does not serve here (no vector extensions)")
-                    v = [counts[i] / counts[0] for i in range(16)]
+                    v = [counts[i] / counts[0] for i in range(18)]
                     own = [v[8]] + [v[8 + i] - v[7 + i] for i in range(1, 7)]  # each phase's own
                     ticks = own if ticks is None else [min(t, o) for t, o in zip(ticks, own)]
                 print(f"  alpha {alpha:g} spread {spread:g}: {v[1]:.1f} | {v[2]:.0f} | {v[3]:.2f}, {v[4]:.0f} | {v[15]:.2f} | "
-                      f"{v[5]:.2f}, {v[6]:.0f} | {v[7]:.0f} || " + " ".join(f"{t / 1e3:.1f}" for t in ticks))
+                      f"{v[16]:.2f}, {v[17]:.2f} | {v[5]:.2f}, {v[6]:.0f} | {v[7]:.0f} || " + " ".join(f"{t / 1e3:.1f}" for t in ticks))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,11 @@
  * partly out of the support, from the normal model's start, take one float Halley step (LONG_FINE,
  * the AVX-512 functions) and then one double pass where they took two to three; the coarse
  * float passes of long rows drop the entries below their tau as they go and, in the AVX-512
- * functions, take their powers from register tables (COARSE_ACCUMULATE_W512). A diagnostic build
+ * functions, take their powers from register tables (COARSE_ACCUMULATE_W512). Where a long row's
+ * start is meant to settle at once (the series' start; the float step's landing), a pass of float
+ * powers with an error bound (LONG_SETTLE, the AVX-512 functions) decides that the double pass would
+ * take no step and serves the output in its place (the double loop where the bound is too wide:
+ * the same threshold bit for bit either way). A diagnostic build
  * (NMT_POWER_COUNTS, tools/power_counts.py) counts the long rows' passes and times their phases.
  * Short rows (at most POWER_BLOCK_MAX_N entries) are solved a block of rows at a time, one row a
  * lane: a row's pass is one polynomial chain after another, each waiting on the last, where the
@@ -675,8 +679,9 @@ static inline int power_any_words(const void *mask, size_t bytes)
 /* a diagnostic build (tools/power_counts.py, one thread): what the long rows' loop does, summed over
    rows: [0] rows, [1] passes of the bound's loop (and of the normal start's pseudo-row), [2] candidates after step 3, [3] coarse passes,
    [4] entries of the coarse passes, [5] double passes of powers over the candidates, [6] their
-   entries, [7] support entries at the end, [15] float Halley steps (LONG_FINE; [8 .. 14]: below) */
-double nmt_power_counts[16];
+   entries, [7] support entries at the end, [15] float Halley steps (LONG_FINE; [8 .. 14]: below),
+   [16] float settling passes (LONG_SETTLE), [17] rows they settled */
+double nmt_power_counts[18];
 #define POWER_COUNT(i, v) (nmt_power_counts[i] += (double)(v))
 #include <x86intrin.h>
 /* [8 + i]: the time stamp counter's ticks from the row's start to its phase i's end (PHASE(i)) */
@@ -1432,6 +1437,154 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
     } while (0)
 #endif
 
+/* The settling pass in floats (LONG_SETTLE; the AVX-512 functions): where the loop's start is meant
+   to lie within the tolerance of the root (the moments' series; the float Halley step's landing),
+   its first double pass only finds a step too short to take and keeps its powers for the output.
+   This pass does that in floats, with a bound: d = c - tau formed in double and rounded to a float,
+   w = d^(q - 1) by SETTLE_POW512 (relative error at most POWER_SETTLE_POW_ERR(e) units of 2^-24 of
+   the float d's power: tests/sparse/test_power_settle.py measures it against float64), hq = sum w d
+   and ws = sum w in floats over POWER_SETTLE_CHUNK vectors a lane, then in doubles. So each sum errs
+   by at most POWER_SETTLE_ERR(e) units of 2^-24 relative (the power's error, the rounding of d taken
+   to the power q, the lane's chunk of fused adds, one spare), plus what the terms below 2^-126 may
+   lose (the pass's cut; d itself there, flushed where denormals are): k 2^-125 in hq, k
+   max(2^-125, 2^(1 - 126 e)) in ws. Newton's step s = (hq - hq^(1 - 1/q)) / ws then errs by at most
+   dhq (1/q + |h - 1|) / ws_lo + |s| dws / ws_lo (ws_lo = ws - dws; its derivatives, taken
+   1.1 times for the second order): where |s| plus that stays within rtol max(1, |tau|), the double
+   pass's step (some 1e-14 relative off the exact one) would be too short to take as well, so the
+   loop would return this tau: the row is settled, and hq and the pass's powers serve the output: a
+   row whose every entry is a candidate (k == len) has r^q = w d, r and w written in place by the
+   pass (floats), LONG_SETTLED_OUTPUT then only scales them; the others keep w in wk[0 .. k) (floats
+   as doubles) for LONG_OUTPUT. Outputs within some 10 units of 2^-24 of the double pass's (the
+   tests allow 40, and 4e-7 absolute against float64). Otherwise (NaN, ws 0, the bound too wide) the
+   double loop and its output run as before, the pass lost (tests/sparse/test_power_settle.py
+   holds it under 5% of the normal rows tried; 1 in 1,376 on a wider grid). A float pass with the output in place costs about half a double
+   pass and its output. Taken only where the bound is expected to be at most 0.4 of the tolerance
+   (POWER_SETTLE_PAYS; the series' start leaves half of it to the step: hq / (q ws) is about the
+   mean d, the threshold's gap k^(-1/q) at the root): at float32's tolerance, from some 80 candidates
+   at alpha 1.45, 280 at 1.3, 550 at 1.25, 1,400 at 1.2, 5,700 at 1.15, 21,000 at 1.12.
+   GEN: none (the double loop). */
+#ifdef NMT_POWER_NO_SETTLE /* a diagnostic build (tests/sparse/test_power_settle.py): the double loop alone */
+#define POWER_NO_SETTLE 1
+#else
+#define POWER_NO_SETTLE 0
+#endif
+#define POWER_SETTLE_CHUNK 4
+#define POWER_SETTLE_POW_ERR(e) (4.0 + 0.5 * (e))
+#define POWER_SETTLE_ERR(e) (POWER_SETTLE_POW_ERR(e) + ((e) + 1.0) + (POWER_SETTLE_CHUNK + 1.0) + 1.0)
+#define POWER_SETTLE_PAYS(e, qr, gap, tau)                                                      \
+    (POWER_SETTLE_ERR(e) * 0x1p-24 * (gap) / (qr) <= 0.4 * rtol * (fabs(tau) > 1.0 ? fabs(tau) : 1.0))
+#define LONG_SETTLE_GEN ((void)0)
+#ifdef NMT_WIDE_AVX512
+/* d^e on the lanes pos of sixteen floats d (0 elsewhere and where e log2 d < -126), e = ef + elo
+   (ef = e rounded to a float; the vectors vef, velo), the tables of COARSE512_TABLES loaded: as
+   COARSE_POW512 (the same tables and polynomials), but y = e log2 d is not rounded to a float before
+   2^y: s = k + lc_i with its rounding se (Fast2Sum: |k| >= 1 > lc_i or k = 0), e s as yh + ye (a
+   fused multiply-subtract gives ye exactly), n = y rounded to sixteenths (from yh + e (log2(1 + r)
+   + se)), and the fraction f = (yh - n) + ye + e (log2(1 + r) + se) + elo s, whose parts are each
+   short (yh - n exact), so 2^f errs by the polynomials and some roundings of f (|f| <= 1/32)
+   alone, where COARSE_POW512's y, rounded at its magnitude (up to 126), made the relative error
+   grow with |y| (some 1e-7 (1 + |y|)). The error left: the tables' roundings (lc_i: 2^-25 times e
+   in y), the series (2e-10 in log2, 4e-11 in 2^f), the roundings of 2^f, of t2_j and of the product
+   (about 3 units of 2^-24): POWER_SETTLE_POW_ERR. The lanes off pos are not blended to a harmless
+   value (their getexp / getmant of zeros or negatives are ignored: masked at the end); the tables'
+   indices are not masked to four bits (vpermps reads the low four); scalef floors n itself. */
+#define SETTLE_POW512(d, pos, vef, velo, out)                                                   \
+    do {                                                                                        \
+        const __m512 k_ = _mm512_getexp_ps(d);                                                  \
+        const __m512 m_ = _mm512_getmant_ps(d, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);           \
+        const __m512i i_ = _mm512_srli_epi32(_mm512_castps_si512(m_), 19); /* (vpermps: low 4 bits) */ \
+        const __m512 r_ = _mm512_fmsub_ps(m_, _mm512_permutexvar_ps(i_, inv_), _mm512_set1_ps(1.0f)); \
+        __m512 p_ = _mm512_set1_ps(0.28853902220726013f);                                       \
+        p_ = _mm512_fmadd_ps(p_, r_, _mm512_set1_ps(-0.3606737554073334f));                     \
+        p_ = _mm512_fmadd_ps(p_, r_, _mm512_set1_ps(0.48089835047721863f));                     \
+        p_ = _mm512_fmadd_ps(p_, r_, _mm512_set1_ps(-0.7213475108146667f));                     \
+        p_ = _mm512_fmadd_ps(p_, r_, _mm512_set1_ps(1.4426950216293335f));                      \
+        const __m512 lci_ = _mm512_permutexvar_ps(i_, lc_);                                     \
+        const __m512 s_ = _mm512_add_ps(k_, lci_);                                              \
+        const __m512 se_ = _mm512_sub_ps(lci_, _mm512_sub_ps(s_, k_));                          \
+        const __m512 corr_ = _mm512_fmadd_ps(p_, r_, se_);                                      \
+        const __m512 yh_ = _mm512_mul_ps((vef), s_);                                            \
+        const __m512 ye_ = _mm512_fmsub_ps((vef), s_, yh_);                                     \
+        const __m512 ya_ = _mm512_fmadd_ps((vef), corr_, yh_);                                  \
+        const __mmask16 under_ = _mm512_cmp_ps_mask(ya_, _mm512_set1_ps(-126.0f), _CMP_LT_OQ);  \
+        const __m512 n_ = _mm512_roundscale_ps(ya_, 0x40 | _MM_FROUND_TO_NEAREST_INT); /* 1/16ths */ \
+        __m512 f_ = _mm512_fmadd_ps((vef), corr_, _mm512_add_ps(_mm512_sub_ps(yh_, n_), ye_));  \
+        f_ = _mm512_fmadd_ps((velo), s_, f_);                                                   \
+        const __m512i j_ = _mm512_cvtps_epi32(_mm512_mul_ps(n_, _mm512_set1_ps(16.0f)));        \
+        __m512 x_ = _mm512_set1_ps(0.009618128649890423f);                                      \
+        x_ = _mm512_fmadd_ps(x_, f_, _mm512_set1_ps(0.05550410971045494f));                     \
+        x_ = _mm512_fmadd_ps(x_, f_, _mm512_set1_ps(0.24022650718688965f));                     \
+        x_ = _mm512_fmadd_ps(x_, f_, _mm512_set1_ps(0.6931471824645996f));                      \
+        x_ = _mm512_fmadd_ps(x_, f_, _mm512_set1_ps(1.0f));                                     \
+        x_ = _mm512_mul_ps(x_, _mm512_permutexvar_ps(j_, t2_));                                 \
+        (out) = _mm512_maskz_scalef_ps((__mmask16)((pos) & ~under_), x_, n_); /* x 2^floor(n) */ \
+    } while (0)
+#define SETTLE_WIDEN_SUM(acc, v)                                                                \
+    (acc) = _mm512_add_pd((acc), _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)),      \
+        _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1)))))
+#define LONG_SETTLE_W512                                                                        \
+    do {                                                                                        \
+        COARSE512_TABLES;                                                                       \
+        const float ef_ = (float)e;                                                             \
+        const __m512 vef_ = _mm512_set1_ps(ef_), velo_ = _mm512_set1_ps((float)(e - (double)ef_)); \
+        const __m512d tv_ = _mm512_set1_pd(tau);                                                \
+        const __m512d low_ = _mm512_set1_pd(-4.0); /* past k: below every tau (>= -1) */         \
+        __m512d hqd_ = _mm512_setzero_pd(), wsd_ = hqd_;                                        \
+        __mmask16 nan_ = 0;                                                                     \
+        for (int64_t j0_ = 0; j0_ < k; j0_ += 16 * POWER_SETTLE_CHUNK) {                        \
+            const int64_t j1_ = k - j0_ > 16 * POWER_SETTLE_CHUNK ? j0_ + 16 * POWER_SETTLE_CHUNK : k; \
+            __m512 aq_ = _mm512_setzero_ps(), aw_ = aq_;                                        \
+            for (int64_t i_ = j0_; i_ < j1_; i_ += 16) {                                        \
+                const int64_t left_ = k - i_;                                                   \
+                const __mmask8 m0_ = left_ >= 8 ? (__mmask8)0xFF : (__mmask8)((1u << left_) - 1u); \
+                const __mmask8 m1_ = left_ >= 16 ? (__mmask8)0xFF                               \
+                                     : left_ > 8 ? (__mmask8)((1u << (left_ - 8)) - 1u) : (__mmask8)0; \
+                const __m512d d0_ = _mm512_sub_pd(_mm512_mask_loadu_pd(low_, m0_, cand + i_), tv_); \
+                const __m512d d1_ = _mm512_sub_pd(_mm512_mask_loadu_pd(low_, m1_, cand + i_ + 8), tv_); \
+                const __m512 df_ = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(d0_)), \
+                                                      _mm512_cvtpd_ps(d1_), 1);                 \
+                const __mmask16 pos_ = _mm512_cmp_ps_mask(df_, _mm512_setzero_ps(), _CMP_GT_OQ); \
+                nan_ |= _mm512_cmp_ps_mask(df_, df_, _CMP_UNORD_Q);                             \
+                __m512 w_;                                                                      \
+                SETTLE_POW512(df_, pos_, vef_, velo_, w_);                                      \
+                aw_ = _mm512_add_ps(aw_, w_);                                                   \
+                aq_ = _mm512_mask3_fmadd_ps(w_, df_, aq_, pos_);                                \
+                if (k == len) { /* in place: r^q = w d (normalised after), r, w */               \
+                    const __mmask16 m_ = (__mmask16)(m0_ | ((unsigned)m1_ << 8));               \
+                    _mm512_mask_storeu_ps(pr + i_, m_, _mm512_maskz_mul_ps(pos_, w_, df_));     \
+                    if (rr)                                                                     \
+                        _mm512_mask_storeu_ps(rr + i_, m_, _mm512_maskz_mov_ps(pos_, df_));     \
+                    if (wr)                                                                     \
+                        _mm512_mask_storeu_ps(wr + i_, m_, w_);                                 \
+                } else {                                                                        \
+                    _mm512_mask_storeu_pd(wk + i_, m0_, _mm512_cvtps_pd(_mm512_castps512_ps256(w_))); \
+                    _mm512_mask_storeu_pd(wk + i_ + 8, m1_, _mm512_cvtps_pd(_mm256_castsi256_ps( \
+                        _mm512_extracti64x4_epi64(_mm512_castps_si512(w_), 1))));               \
+                }                                                                               \
+            }                                                                                   \
+            SETTLE_WIDEN_SUM(hqd_, aq_);                                                        \
+            SETTLE_WIDEN_SUM(wsd_, aw_);                                                        \
+        }                                                                                       \
+        const double hqf_ = _mm512_reduce_add_pd(hqd_), wsf_ = _mm512_reduce_add_pd(wsd_);      \
+        POWER_COUNT(16, 1);                                                                     \
+        /* a term lost below 2^-126 (the cut, or d itself there, flushed): w d < 2^-125 each; w <  \
+           max(2^-125, 2^(1 - 126 e)) (e < 1: d^e of a d below 2^-126 is not small) */            \
+        const double c_ = POWER_SETTLE_ERR(e) * 0x1p-24;                                        \
+        const double tq_ = (double)k * 0x1p-125, tw_ = (double)k * fmax(0x1p-125, exp2(1.0 - 126.0 * e)); \
+        const double dq_ = c_ * hqf_ + tq_, dw_ = c_ * wsf_ + tw_, wlo_ = wsf_ - dw_;            \
+        if (!nan_ && hqf_ > 0.0 && wlo_ > 0.0) {                                                \
+            const double h_ = vpow_2(hqf_, a);                                                  \
+            const double step_ = (h_ - 1.0) * (hqf_ / h_) / wsf_;                               \
+            const double err_ = 1.1 * (dq_ * (a + fabs(h_ - 1.0)) / wlo_ + dw_ / wlo_ * fabs(step_)); \
+            if (fabs(step_) + err_ <= rtol * (fabs(tau) > 1.0 ? fabs(tau) : 1.0)) {             \
+                settled_ = 1;                                                                   \
+                hq = hqf_;                                                                      \
+                POWER_COUNT(17, 1);                                                             \
+            }                                                                                   \
+        }                                                                                       \
+    } while (0)
+#endif
+
 /* Step 5's loop eight candidates at a time (W512: the AVX-512 functions; the same products and
    roundings as the loop entry by entry, written by scatters; the sums (only where the stats are
    asked for) in vectors, where one by
@@ -1478,6 +1631,47 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
         prsum += _mm512_reduce_add_pd(prs_);                                                    \
     } while (0)
 #endif
+
+/* The output of a row the settling pass settled with every entry a candidate (k == len): the pass
+   wrote r^q = w d (floats: the float powers' product), r and w in place; here p = r^q inv in floats
+   (inv = 1 / hq rounded to a float: the double path's p = w d inv in doubles, rounded once, differs
+   by some 3 units of 2^-24 more), with the stats' sums of p and p r in doubles as LONG_OUTPUT's (r
+   from the candidates as there). i = k after it. Otherwise (or GEN) LONG_OUTPUT. */
+#define LONG_SETTLED_OUTPUT_GEN LONG_OUTPUT_GEN
+#ifdef NMT_WIDE_AVX512
+#define LONG_SETTLED_OUTPUT_W512                                                                \
+    do {                                                                                        \
+        if (!(settled_ && k == len)) {                                                          \
+            LONG_OUTPUT_W512;                                                                   \
+            break;                                                                              \
+        }                                                                                       \
+        const __m512 ivf_ = _mm512_set1_ps((float)inv);                                         \
+        const __m512d tv_ = _mm512_set1_pd(tau), low_ = _mm512_set1_pd(-4.0);                  \
+        __m512d ps_ = _mm512_setzero_pd(), prs_ = ps_;                                          \
+        for (; i < k; i += 16) {                                                                \
+            const int64_t left_ = k - i;                                                        \
+            const __mmask16 m_ = left_ >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left_) - 1u); \
+            const __m512 pf_ = _mm512_mul_ps(_mm512_maskz_loadu_ps(m_, pr + i), ivf_);          \
+            _mm512_mask_storeu_ps(pr + i, m_, pf_);                                             \
+            if (st) {                                                                           \
+                const __m512d p0_ = _mm512_cvtps_pd(_mm512_castps512_ps256(pf_));               \
+                const __m512d p1_ = _mm512_cvtps_pd(_mm256_castsi256_ps(                        \
+                    _mm512_extracti64x4_epi64(_mm512_castps_si512(pf_), 1)));                   \
+                const __m512d c0_ = _mm512_mask_loadu_pd(low_, (__mmask8)m_, cand + i);         \
+                const __m512d c1_ = _mm512_mask_loadu_pd(low_, (__mmask8)(m_ >> 8), cand + i + 8); \
+                const __m512d d0_ = _mm512_maskz_sub_pd(_mm512_cmp_pd_mask(c0_, tv_, _CMP_GT_OQ), c0_, tv_); \
+                const __m512d d1_ = _mm512_maskz_sub_pd(_mm512_cmp_pd_mask(c1_, tv_, _CMP_GT_OQ), c1_, tv_); \
+                ps_ = _mm512_add_pd(ps_, _mm512_add_pd(p0_, p1_));                              \
+                prs_ = _mm512_fmadd_pd(p0_, _mm512_cvtps_pd(_mm512_cvtpd_ps(d0_)), prs_);         \
+                prs_ = _mm512_fmadd_pd(p1_, _mm512_cvtps_pd(_mm512_cvtpd_ps(d1_)), prs_);         \
+            }                                                                                   \
+        }                                                                                       \
+        i = k;                                                                                  \
+        psum += _mm512_reduce_add_pd(ps_);                                                      \
+        prsum += _mm512_reduce_add_pd(prs_);                                                    \
+    } while (0)
+#endif
+
 
 #define DEFINE_POWER_LONG(NAME, ATTR, FT, IT32, DT, IT, L, ANY, V, FT2, FI2, L2)                              \
 ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *am1, int64_t a_stride, \
@@ -1528,6 +1722,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         int moments_ = 0; /* the candidates' step set mom, abs7, dlo, dhi, r0 (LONG_CONVERT_MOMENTS) */ \
         int whole_ = 0;   /* every entry a candidate, from the scores (LONG_WHOLE_W512) */         \
         int fine_ = 0;    /* float steps from the normal start or the mean bound (LONG_FINE) */ \
+        int settle_ = 0;  /* the start meant to settle: a float pass tries first (LONG_SETTLE) */ \
         int idx_lazy_ = 0; /* the candidates' places not written: the identity (LONG_MOVE_INDEX) */ \
         (void)whole_;                                                                           \
         { /* 3. the candidates above it */                                                      \
@@ -1575,6 +1770,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
                 tau = ts;                                                                       \
                 coarse = 0;                                                                     \
                 from_above = 1;                                                                 \
+                settle_ = steps_ok && POWER_SETTLE_PAYS(e, qr, gap, tau);                       \
             } else if (u == 0.0 && coarse && var > 0.0 && k >= len - len / 16) { /* normal model */ \
                 const int bad0 = bad;                                                           \
                 const double lb = tau, cn = pow((double)k / POWER_NORMAL_N, a), sd = sqrt(var);  \
@@ -1594,11 +1790,13 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
                     coarse = 0;                                                                 \
                     from_above = 1;                                                             \
                     fine_ = qr >= 2.0 && kn >= POWER_FINE_MIN_SUPPORT;                          \
+                    settle_ = fine_ && POWER_SETTLE_PAYS(e, qr, gap, tau);                      \
                 }                                                                               \
                 bad = bad0;                                                                     \
             } else if (u == 0.0 && near_ && qr >= 2.0) { /* the mean bound, a step short of it */ \
                 from_above = 1;                                                                 \
                 fine_ = 1;                                                                      \
+                settle_ = POWER_SETTLE_PAYS(e, qr, gap, tau);                                  \
             }                                                                                   \
         }                                                                                       \
         POWER_PHASE(3);                                                                     \
@@ -1609,7 +1807,11 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         if (fine_)                                                                              \
             LONG_FINE_##V;                                                                      \
         POWER_PHASE(4);                                                                     \
-        LONG_NEWTON(DT, IT, L, cand, k, rtol, LONG_KEEP_W, LONG_MOVE_INDEX, V);                 \
+        int settled_ = 0;                                                                       \
+        if (settle_ && !POWER_NO_SETTLE)                                                        \
+            LONG_SETTLE_##V;                                                                    \
+        if (!settled_)                                                                          \
+            LONG_NEWTON(DT, IT, L, cand, k, rtol, LONG_KEEP_W, LONG_MOVE_INDEX, V);             \
         POWER_PHASE(5);                                                                     \
         /* 5. the output: zeros, then r^q = d^(q - 1) d from the last pass at the candidates left */ \
         const double inv = hq > 0.0 ? 1.0 / hq : 1.0;                                           \
@@ -1617,7 +1819,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
             power_fill_outputs(pr, rr, wr, len, 0.0f);                                          \
         double psum = 0.0, prsum = 0.0;                                                         \
         int64_t i = 0;                                                                          \
-        LONG_OUTPUT_##V; /* eight at a time where vectors serve, then one by one */             \
+        LONG_SETTLED_OUTPUT_##V; /* eight at a time where vectors serve, then one by one */     \
         for (; i < k; i++) { /* (w is 0 off the support: zeros written there) */                \
             const double d = cand[i] > tau ? cand[i] - tau : 0.0;                               \
             const float pf = (float)(wk[i] * d * inv), rf = (float)d;                           \
@@ -1784,6 +1986,33 @@ DEFINE_POWER_WIDTH(avx512, AVX512, 8, 16, ANY_256, W512)
 #define power_backward_avx2 power_backward_v
 #define POWER_HAVE_AVX2() 0
 #endif
+
+#if defined(NMT_POWER_COUNTS) && NMT_VECTORS && defined(NMT_WIDE_AVX512)
+/* The diagnostic build's view of the settling pass's powers (tests/sparse/test_power_settle.py):
+   out[i] = d[i]^e by SETTLE_POW512 (0 where d[i] <= 0), n a multiple of 16; returns 0 where the
+   processor lacks the AVX-512 functions' instructions (nothing written). */
+AVX512 static void settle_pow_avx512(const float *d, int64_t n, double e, float *out)
+{
+    COARSE512_TABLES;
+    const float ef = (float)e;
+    const __m512 vef = _mm512_set1_ps(ef), velo = _mm512_set1_ps((float)(e - (double)ef));
+    for (int64_t i = 0; i < n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(d + i);
+        const __mmask16 pos = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ);
+        __m512 w;
+        SETTLE_POW512(v, pos, vef, velo, w);
+        _mm512_storeu_ps(out + i, w);
+    }
+}
+int nmt_settle_pow_f32(const float *d, int64_t n, double e, float *out)
+{
+    if (!CPU_HAS_AVX512() || n % 16 != 0)
+        return 0;
+    settle_pow_avx512(d, n, e, out);
+    return 1;
+}
+#endif
+
 #ifndef POWER_HAVE_AVX512
 #define power_f32_avx512 power_f32_v
 #define power_block_f32_avx512 power_block_f32_v

@@ -1,0 +1,194 @@
+"""The float settling pass of alpha-entmax's long rows (``LONG_SETTLE`` in
+``nmt/sparse/_power_threshold.c``, the AVX-512 functions): where the loop's start is meant to lie
+within the tolerance of the root (the moments' series; the float Halley step), one pass of float
+powers with an error bound decides that the double loop would take no step, and its powers serve
+the output. Checked here against independent truths: its powers against float64's within the bound
+the C code assumes (``POWER_SETTLE_POW_ERR``); rows of every kind the starts serve (and rows made to
+sit near the support's edge or the bound's limit) against the build without the pass
+(``NMT_POWER_NO_SETTLE``: the double loop alone), whose threshold must come out bit for bit and
+whose outputs within the float powers' error, and against the float64 bisection."""
+import ctypes
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from nmt.sparse import _native
+from tests.sparse.test_power_fine_step import _has_avx512, fine_step_rows
+from tests.sparse.test_power_series_start import check_rows, counted_power_probs, strained_rows
+
+SOURCE = Path(_native.__file__).with_name("_power_threshold.c")
+U = 2.0 ** -24
+
+
+def pow_err(e: float) -> float:
+    """``POWER_SETTLE_POW_ERR(e)``: the relative error the C code assumes of a settling power, in
+    units of 2^-24 (read back from the source below, so the two cannot drift apart)."""
+    return 4.0 + 0.5 * e
+
+
+def test_the_bound_in_the_source_is_the_one_tested():
+    text = SOURCE.read_text()
+    assert re.search(r"#define POWER_SETTLE_POW_ERR\(e\) \(4\.0 \+ 0\.5 \* \(e\)\)", text)
+
+
+@pytest.fixture(scope="module")
+def settle_pow(native_variant):
+    """``pow(d (N,) float32, e) -> (N,) float32`` by the diagnostic build's ``nmt_settle_pow_f32``;
+    skips without a compiler or without AVX-512."""
+    if not _native.available():
+        pytest.skip("native library not built")
+    lib = native_variant("NMT_POWER_COUNTS")
+    if not hasattr(lib, "nmt_settle_pow_f32") or not _has_avx512():
+        pytest.skip("no AVX-512 functions here")
+    fn = lib.nmt_settle_pow_f32
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p]
+
+    def run(d: np.ndarray, e: float) -> np.ndarray:
+        d = np.ascontiguousarray(d, dtype=np.float32)
+        pad = (-d.size) % 16
+        d = np.concatenate([d, np.ones(pad, np.float32)])
+        out = np.empty_like(d)
+        assert fn(d.ctypes.data, d.size, e, out.ctypes.data) == 1
+        return out[: d.size - pad]
+
+    return run
+
+
+def _hard_arguments(seed: int) -> np.ndarray:
+    """float32 d in (0, 1]: log-uniform over 2^-60 .. 1, uniform over (0, 1], the mantissas at and
+    next to the tables' sixteen boundaries (1 + i/16) and centres at many exponents, powers of two
+    and their neighbours, 1 and the largest float below it."""
+    rng = np.random.default_rng(seed)
+    parts = [np.exp2(-rng.uniform(0, 60, 200_000)), rng.uniform(0, 1, 100_000)]
+    mant = np.concatenate([1 + np.arange(17) / 16, 1 + (2 * np.arange(16) + 1) / 32])
+    scale = np.exp2(-np.arange(0, 40, dtype=np.float64))
+    edge = (mant[:, None] * scale[None, :]).ravel().astype(np.float32)
+    parts += [edge, np.nextafter(edge, np.float32(0)), np.nextafter(edge, np.float32(2))]
+    d = np.concatenate([p.astype(np.float32) for p in parts])
+    return d[(d > 0) & (d <= 1)]
+
+
+@pytest.mark.parametrize("e", [0.1, 0.25, 2 / 3, 1.0, 1.2222222222222223, 1 / 0.35 - 1, 2.3333333333333335, 3.0,
+                               1 / 0.22 - 1, 5.666666666666667, 7.333333333333333, 8.0])
+def test_the_settling_powers_err_within_the_bound_the_c_code_assumes(settle_pow, e):
+    """Against float64's d^e (about 1e-16): relative error at most ``POWER_SETTLE_POW_ERR(e)`` units
+    of 2^-24 wherever d^e is a normal float32 above the pass's cut (e log2 d >= -126: the pass gives
+    0 below it, and within a unit of it either; off (0, 1] nothing is asked), and 0 for d <= 0."""
+    d = _hard_arguments(seed=int(e * 1000))
+    got = settle_pow(d, e).astype(np.float64)
+    want = d.astype(np.float64) ** e
+    y = e * np.log2(d.astype(np.float64))
+    kept = y >= -125.0
+    rel = np.abs(got[kept] / want[kept] - 1.0) / U
+    assert rel.max() <= pow_err(e), (e, rel.max(), d[kept][rel.argmax()])
+    assert (got[y < -127.0] == 0).all()
+    zeros = settle_pow(np.array([0.0, -0.0, -1e-30, -1.0, float("-inf")] * 4, np.float32), e)
+    assert (zeros == 0).all()
+
+
+@pytest.fixture(scope="module")
+def without_settling(tmp_path_factory):
+    """The diagnostic build without the settling pass (``NMT_POWER_NO_SETTLE``), counters on."""
+    if not _native.available():
+        pytest.skip("native library not built")
+    return _native.load(_native.build(tmp_path_factory.mktemp("nosettle"),
+                                      defines=["NMT_POWER_COUNTS", "NMT_POWER_NO_SETTLE"]))
+
+
+def _edge_rows(n: int, alphas: torch.Tensor, seed: int) -> torch.Tensor:
+    """Broad rows made to strain the bound: normal rows whose threshold's gap k^(-1/q) puts the
+    predicted bound near the quarter of the tolerance the pass is taken at (n about 2,000-6,000 at
+    alpha 1.3), with a tenth of their entries moved to within 1e-7 .. 1e-5 of the root's level (the
+    support's edge inside the float powers' reach) or the whole row in the support by a hair."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(len(alphas), n, generator=g, dtype=torch.float64) * 0.01
+    from tests.sparse.test_power_series_start import bisection
+    for i in range(len(alphas)):
+        a = float(alphas[i]) - 1
+        z = ((x[i] - x[i].max()) * a)[None]
+        t = float(bisection(z, torch.tensor([1 / a], dtype=torch.float64))[0])
+        level = float(x[i].max()) + t / a
+        pick = torch.randperm(n, generator=g)[: n // 10]
+        x[i, pick] = level + (10.0 ** -(5 + i % 3)) * (1 if i % 2 else -1)
+    return x.float()
+
+
+CASES = [("strained", 8000), ("strained", 32003), ("fine", 8000), ("fine", 32003), ("edge", 2500),
+         ("edge", 4000), ("edge", 6000), ("normal", 8000), ("normal", 32000)]
+
+
+@pytest.mark.parametrize("kind,n", CASES)
+def test_settled_rows_keep_the_double_loops_threshold_bit_for_bit(native_variant, without_settling, kind, n):
+    """Rows of every kind the starts serve, at alphas 1.12-1.6: the build with the settling pass and
+    the build without it (the double loop alone) give the same threshold bit for bit (a settled row
+    is one where the double pass would have taken no step) and the same support; outputs within the
+    float powers' error (40 units of 2^-24 relative, 1e-12 absolute); both against the float64
+    bisection. Where the processor has AVX-512, the pass settles rows of every kind here (and the
+    rows it tries and does not settle are few)."""
+    lib = native_variant("NMT_POWER_COUNTS")
+    alphas = torch.tensor([1.12, 1.2, 1.25, 1.3, 1.35, 1.4, 1.45, 1.5, 1.3, 1.6] * 2, dtype=torch.float64)
+    if kind == "strained":
+        x = strained_rows(n, alphas, seed=n + 1)
+    elif kind == "fine":
+        x = fine_step_rows(n, alphas, seed=n + 2)
+    elif kind == "edge":
+        alphas = torch.full((12,), 1.3, dtype=torch.float64)
+        alphas[6:] = torch.tensor([1.25, 1.35, 1.4, 1.45, 1.28, 1.32], dtype=torch.float64)
+        x = _edge_rows(n, alphas, seed=n + 3)
+    else:
+        g = torch.Generator().manual_seed(n)
+        x = torch.randn(len(alphas), n, generator=g) * torch.tensor([0.01, 0.03, 0.1, 0.3] * 5)[:, None]
+    found, counts = counted_power_probs(lib, x, alphas - 1)
+    want, counts0 = counted_power_probs(without_settling, x, alphas - 1)
+    (p, r, tau), (p0, r0, tau0) = found[:3], want[:3]
+    assert torch.equal(tau, tau0), (tau - tau0).abs().max()
+    assert torch.equal(p > 0, p0 > 0)
+    assert torch.allclose(p.double(), p0.double(), rtol=40 * U, atol=1e-12), (p - p0).abs().max()
+    assert torch.allclose(r, r0, rtol=0, atol=0)
+    check_rows(x, alphas, p, r, tau, p_rtol=1e-5)
+    assert counts0[16] == 0
+    if _has_avx512():
+        assert counts[17] >= 2, (kind, n, counts[16], counts[17])
+        assert counts[16] - counts[17] <= 0.25 * counts[16] + 1, (counts[16], counts[17])
+        assert counts[5] + counts[17] <= counts0[5], (counts[5], counts[17], counts0[5])
+
+
+def _gate_admits(alpha: float, k: int) -> bool:
+    """``POWER_SETTLE_PAYS`` at float32's tolerance (|tau| <= 1): the bound's units (11 + 1.5 e,
+    ``POWER_SETTLE_ERR`` with chunks of 4) times 2^-24 times the gap k^(-1/q) over q, at most 0.4
+    of 2^-23."""
+    q = 1 / (alpha - 1)
+    e = q - 1
+    return (11 + 1.5 * e) * 2.0 ** -24 * k ** (-1 / q) / q <= 0.4 * 2.0 ** -23
+
+
+def test_normal_rows_settle_where_the_gate_admits_them(native_variant, without_settling):
+    """Normal rows of deviation 0.01, 0.03 and 0.1 (every entry, or nearly, in the support: the
+    series' and the float step's starts), alphas 1.12-1.5, 1,000 to 32,000 scores: the threshold of
+    the double loop alone bit for bit on every row; where the processor has AVX-512, the rows the
+    gate admits take the pass (all of them at the series' start), and it settles at least 95% of
+    the rows it tries (the bound is not too wide to serve), none where the gate refuses them."""
+    lib = native_variant("NMT_POWER_COUNTS")
+    tried = settled = 0
+    for alpha in (1.12, 1.15, 1.2, 1.25, 1.3, 1.45, 1.5):
+        for n in (1000, 2000, 8000, 32000):
+            g = torch.Generator().manual_seed(n)
+            x = torch.randn(8, n, generator=g) * torch.tensor([0.01, 0.03, 0.1, 0.01] * 2)[:, None]
+            alphas = torch.full((8,), alpha, dtype=torch.float64)
+            found, counts = counted_power_probs(lib, x, alphas - 1)
+            want, counts0 = counted_power_probs(without_settling, x, alphas - 1)
+            assert torch.equal(found[2], want[2]), (alpha, n)
+            assert torch.allclose(found[0].double(), want[0].double(), rtol=40 * U, atol=1e-12), (alpha, n)
+            if not _has_avx512():
+                continue
+            tried, settled = tried + counts[16], settled + counts[17]
+            if not _gate_admits(alpha, n):
+                assert counts[16] == 0, (alpha, n, counts[16])
+            elif alpha <= 1.3:  # (rows wholly in the support start from the series at 0.01 and 0.03)
+                assert counts[16] >= 6, (alpha, n, counts[16])
+    if _has_avx512():
+        assert tried >= 100 and settled >= 0.95 * tried, (tried, settled)
