@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from bench_cross_kv import PAD, batches, config, harness_arguments, harness_start, trainer  # noqa: E402
+from bench_cross_kv import PAD, batches, config, harness_arguments, harness_start, sized, trainer  # noqa: E402
 from nmt.models.transformer.checkpointing import set_activation_checkpointing  # noqa: E402
 from nmt.sparse import get_loss  # noqa: E402
 from nmt.train.update import loss_forward  # noqa: E402
@@ -68,16 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("mode", choices=("memory", "time"))
     harness_arguments(parser, warmup=5, passes=6, batches_help="batches measured (of one timed pass)",
                       passes_help="time: passes per setting")
-    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
     args = parser.parse_args(argv)
     harness_start(args, "bench_checkpointing")
-    cfg = config(args.data_dir, args.spm, "target")
-    cfg["training"]["batch_size"] = args.batch_size
+    cfg = sized(config(args.data_dir, args.spm, "target"), args)
     some, src_vocab, tgt_vocab = batches(cfg, args.warmup + args.batches)
     measured = some[args.warmup:]
     tokens = sum(b.n_tokens for b in measured) / len(measured)
-    print(f"{len(measured)} batches of {args.batch_size} sentences, {tokens:.0f} target tokens each on average, "
-          f"{args.threads} threads")
+    print(f"{len(measured)} batches of {cfg['training']['batch_size']} sentences, {tokens:.0f} target tokens each on "
+          f"average, {args.threads} threads")
     models = {}
     for checkpointed in (False, True):
         model, step = trainer(cfg, src_vocab, tgt_vocab)

@@ -104,7 +104,8 @@ def harness_arguments(parser: argparse.ArgumentParser, warmup: int, passes: int,
                       passes_help: str = "timed passes over them") -> None:
     """Adds the options every harness benchmark (this one, ``bench_lstm_padding``,
     ``bench_checkpointing``) takes: ``--data-dir``, ``--spm``, ``--warmup`` (default ``warmup``),
-    ``--batches``, ``--passes`` (default ``passes``) and ``--threads``; see :func:`harness_start`."""
+    ``--batches``, ``--passes`` (default ``passes``), ``--batch-size`` (None: the config's; see
+    :func:`sized`) and ``--threads``; see :func:`harness_start`."""
     parser.add_argument("--data-dir", type=Path, default=ROOT / "data" / "multi30k",
                         help="Multi30k train.{de,en} and val or test_2016_flickr (recipes/translation/prepare.py)")
     parser.add_argument("--spm", type=Path, default=ROOT / "data" / "spm8000.model",
@@ -112,7 +113,16 @@ def harness_arguments(parser: argparse.ArgumentParser, warmup: int, passes: int,
     parser.add_argument("--warmup", type=int, default=warmup, help="untimed updates first")
     parser.add_argument("--batches", type=int, default=10, help=batches_help)
     parser.add_argument("--passes", type=int, default=passes, help=passes_help)
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="sentences per batch (default: the harness config's, 64)")
     parser.add_argument("--threads", type=int, default=2)
+
+
+def sized(cfg: dict, args: argparse.Namespace) -> dict:
+    """``cfg`` with ``training.batch_size`` set to ``--batch-size`` where that is given."""
+    if args.batch_size is not None:
+        cfg["training"]["batch_size"] = args.batch_size
+    return cfg
 
 
 def harness_start(args: argparse.Namespace, tool: str) -> None:
@@ -136,14 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     harness_start(args, "bench_cross_kv")
     if args.mode == "padding":
         for pool_sort in ("target", "target_source"):
-            all_batches, _, _ = batches(config(args.data_dir, args.spm, pool_sort, CONFIGS[args.model]), None)
+            all_batches, _, _ = batches(sized(config(args.data_dir, args.spm, pool_sort, CONFIGS[args.model]), args),
+                                        None)
             share = padded_share(all_batches)
             per_batch = sorted(padded_share([b]) for b in all_batches)
             deciles = ", ".join(f"{per_batch[round(q * (len(per_batch) - 1))]:.1%}" for q in (0.1, 0.5, 0.9))
             print(f"pool_sort {pool_sort}: {len(all_batches)} batches, {share:.1%} of the source positions padded "
                   f"({share / (1 - share):.2f} per real token); per batch 10th / 50th / 90th percentile {deciles}")
         return 0
-    cfg = config(args.data_dir, args.spm, args.pool_sort)
+    cfg = sized(config(args.data_dir, args.spm, args.pool_sort), args)
     some, src_vocab, tgt_vocab = batches(cfg, args.warmup + args.batches)
     model, step = trainer(cfg, src_vocab, tgt_vocab)
     timed = some[args.warmup:]

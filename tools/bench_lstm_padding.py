@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import torch  # noqa: E402
 
 from bench_cross_kv import (CONFIGS, EOS, PAD, batches, harness_arguments, harness_start, ms_per_step,  # noqa: E402
-                            padded_share, trainer)
+                            padded_share, sized, trainer)
 from bench_cross_kv import config as harness_config  # noqa: E402
 from nmt.train.update import loss_forward  # noqa: E402
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
         inert_padding_lstm.MAX_GROUPS = args.max_groups
     harness_start(args, "bench_lstm_padding")
-    cfg = config(args.data_dir, args.spm, args.pool_sort, args.mapping)
+    cfg = sized(config(args.data_dir, args.spm, args.pool_sort, args.mapping), args)
     some, src_vocab, tgt_vocab = batches(cfg, args.warmup + args.batches)
     model, step = trainer(cfg, src_vocab, tgt_vocab)
     timed = some[args.warmup:]

@@ -30,6 +30,7 @@ side-by-side harness (both toolkits in one session on one idle machine) measures
 
     python tools/bench_train.py                      # Multi30k de-en (--data-dir, default data/multi30k)
     python tools/bench_train.py --quick              # synthetic Multi30k-like batches, few steps
+    python tools/bench_train.py --quick --batch-size 8 --threads 1   # a quicker smoke run
     python tools/bench_train.py --steps 200 --repeats 3 --json bench_train.json
     python tools/bench_train.py --transformer --only "softmax / softmax" "transformer: softmax / softmax"
     python tools/bench_train.py --device cuda --compile --only "entmax15 / entmax15"   # GPU section
@@ -526,6 +527,9 @@ def main(argv: list[str] | None = None) -> int:
                              "once, so a drift of the machine or the order of the rows weighs on all "
                              "alike); the median is reported, each row printed in the last round")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (peer setting: 2)")
+    parser.add_argument("--batch-size", type=int, default=None, metavar="N",
+                        help="sentences per batch (default: the config's, 64, the peer setting); smaller "
+                             "batches make a quicker smoke run, their figures no peer comparison")
     parser.add_argument("--only", nargs="+", default=None, help="labels to run, e.g. 'softmax / entmax15'")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here (atomically)")
     parser.add_argument("--transformer", action="store_true",
@@ -569,7 +573,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     config = load_config(CONFIG, ["training.save_dir=unused"] + [
         f"data.{split}.{side}={args.data_dir / f'{name}.{lang}'}"
-        for split, name in (("train", "train"), ("valid", "val")) for side, lang in (("src", "de"), ("tgt", "en"))])
+        for split, name in (("train", "train"), ("valid", "val")) for side, lang in (("src", "de"), ("tgt", "en"))]
+        + ([f"training.batch_size={args.batch_size}"] if args.batch_size is not None else []))
 
     wanted = warmup + steps
     drawn = wanted if args.max_shapes is None else 12 * wanted  # filtered below
@@ -577,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as work:
             batches, src_vocab, tgt_vocab = multi30k_batches(config, drawn, Path(work))
     else:
-        batches, src_vocab, tgt_vocab = synthetic_batches(drawn)
+        batches, src_vocab, tgt_vocab = synthetic_batches(drawn, config["training"]["batch_size"])
     if args.max_shapes is not None:
         batches = [pad_to_multiple(b, args.pad_to_multiple, PAD)
                    for b in most_common_shapes(batches, wanted, args.max_shapes, args.pad_to_multiple)]
@@ -667,6 +672,7 @@ def main(argv: list[str] | None = None) -> int:
         thaw_live_objects()
     if args.json is not None:
         atomic_write_text(args.json, json.dumps({"data": source, "steps": steps, "warmup": warmup,
+                                                 "batch_size": config["training"]["batch_size"],
                                                  "threads": args.threads,
                                                  "device": str(device), "precision": args.precision,
                                                  "load": args.load,
