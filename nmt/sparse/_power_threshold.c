@@ -1260,6 +1260,27 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
 #define COARSE512_TABLES                                                                        \
     const __m512 inv_ = _mm512_loadu_ps(COARSE512_INV), lc_ = _mm512_loadu_ps(COARSE512_LC);    \
     const __m512 t2_ = _mm512_loadu_ps(COARSE512_T2)
+/* log2(1 + r) / r to r^4 (|r| <= 1/32: log2(1 + r) = r out to 2e-10), floats (COARSE_POW512,
+   SETTLE_POW512) */
+#define COARSE512_LOG_SERIES(r, out)                                                            \
+    do {                                                                                        \
+        (out) = _mm512_set1_ps(0.28853902220726013f);                                           \
+        (out) = _mm512_fmadd_ps((out), (r), _mm512_set1_ps(-0.3606737554073334f));              \
+        (out) = _mm512_fmadd_ps((out), (r), _mm512_set1_ps(0.48089835047721863f));              \
+        (out) = _mm512_fmadd_ps((out), (r), _mm512_set1_ps(-0.7213475108146667f));              \
+        (out) = _mm512_fmadd_ps((out), (r), _mm512_set1_ps(1.4426950216293335f));               \
+    } while (0)
+/* 2^f 2^(j mod 16 / 16): 2^f (|f| <= 1/32) by its series to f^4 times the table t2_ at j's low four
+   bits, floats (COARSE_POW512, SETTLE_POW512) */
+#define COARSE512_EXP2_FRACTION(f, j, out)                                                      \
+    do {                                                                                        \
+        (out) = _mm512_set1_ps(0.009618128649890423f);                                          \
+        (out) = _mm512_fmadd_ps((out), (f), _mm512_set1_ps(0.05550410971045494f));              \
+        (out) = _mm512_fmadd_ps((out), (f), _mm512_set1_ps(0.24022650718688965f));              \
+        (out) = _mm512_fmadd_ps((out), (f), _mm512_set1_ps(0.6931471824645996f));               \
+        (out) = _mm512_fmadd_ps((out), (f), _mm512_set1_ps(1.0f));                              \
+        (out) = _mm512_mul_ps((out), _mm512_permutexvar_ps((j), t2_));                          \
+    } while (0)
 #define COARSE_POW512(d, pos, vef, out)                                                         \
     do {                                                                                        \
         const __m512 dd_ = _mm512_mask_blend_ps(pos, _mm512_set1_ps(1.0f), d);                  \
@@ -1268,11 +1289,8 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
         const __m512i i_ = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(m_), 19),     \
                                             _mm512_set1_epi32(15));                             \
         const __m512 r_ = _mm512_fmsub_ps(m_, _mm512_permutexvar_ps(i_, inv_), _mm512_set1_ps(1.0f)); \
-        __m512 p_ = _mm512_set1_ps(0.28853902220726013f);                                       \
-        p_ = _mm512_fmadd_ps(p_, r_, _mm512_set1_ps(-0.3606737554073334f));                     \
-        p_ = _mm512_fmadd_ps(p_, r_, _mm512_set1_ps(0.48089835047721863f));                     \
-        p_ = _mm512_fmadd_ps(p_, r_, _mm512_set1_ps(-0.7213475108146667f));                     \
-        p_ = _mm512_fmadd_ps(p_, r_, _mm512_set1_ps(1.4426950216293335f));                      \
+        __m512 p_;                                                                              \
+        COARSE512_LOG_SERIES(r_, p_);                                                           \
         const __m512 lg_ = _mm512_add_ps(_mm512_add_ps(k_, _mm512_permutexvar_ps(i_, lc_)),     \
                                          _mm512_mul_ps(p_, r_));                                \
         const __m512 y_ = _mm512_mul_ps((__m512)(vef), lg_);                                    \
@@ -1281,12 +1299,8 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
         const __m512 f_ = _mm512_sub_ps(y_, n_);                                                \
         const __m512i j_ = _mm512_and_si512(_mm512_cvtps_epi32(_mm512_mul_ps(n_, _mm512_set1_ps(16.0f))), \
                                             _mm512_set1_epi32(15));                             \
-        __m512 x_ = _mm512_set1_ps(0.009618128649890423f);                                      \
-        x_ = _mm512_fmadd_ps(x_, f_, _mm512_set1_ps(0.05550410971045494f));                     \
-        x_ = _mm512_fmadd_ps(x_, f_, _mm512_set1_ps(0.24022650718688965f));                     \
-        x_ = _mm512_fmadd_ps(x_, f_, _mm512_set1_ps(0.6931471824645996f));                      \
-        x_ = _mm512_fmadd_ps(x_, f_, _mm512_set1_ps(1.0f));                                     \
-        x_ = _mm512_mul_ps(x_, _mm512_permutexvar_ps(j_, t2_));                                 \
+        __m512 x_;                                                                              \
+        COARSE512_EXP2_FRACTION(f_, j_, x_);                                                    \
         (out) = _mm512_maskz_scalef_ps((__mmask16)((pos) & ~under_), x_,                        \
                                        _mm512_roundscale_ps(n_, _MM_FROUND_TO_NEG_INF));        \
     } while (0)
@@ -1494,11 +1508,8 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
         const __m512 m_ = _mm512_getmant_ps(d, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);           \
         const __m512i i_ = _mm512_srli_epi32(_mm512_castps_si512(m_), 19); /* (vpermps: low 4 bits) */ \
         const __m512 r_ = _mm512_fmsub_ps(m_, _mm512_permutexvar_ps(i_, inv_), _mm512_set1_ps(1.0f)); \
-        __m512 p_ = _mm512_set1_ps(0.28853902220726013f);                                       \
-        p_ = _mm512_fmadd_ps(p_, r_, _mm512_set1_ps(-0.3606737554073334f));                     \
-        p_ = _mm512_fmadd_ps(p_, r_, _mm512_set1_ps(0.48089835047721863f));                     \
-        p_ = _mm512_fmadd_ps(p_, r_, _mm512_set1_ps(-0.7213475108146667f));                     \
-        p_ = _mm512_fmadd_ps(p_, r_, _mm512_set1_ps(1.4426950216293335f));                      \
+        __m512 p_;                                                                              \
+        COARSE512_LOG_SERIES(r_, p_);                                                           \
         const __m512 lci_ = _mm512_permutexvar_ps(i_, lc_);                                     \
         const __m512 s_ = _mm512_add_ps(k_, lci_);                                              \
         const __m512 se_ = _mm512_sub_ps(lci_, _mm512_sub_ps(s_, k_));                          \
@@ -1511,12 +1522,8 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
         __m512 f_ = _mm512_fmadd_ps((vef), corr_, _mm512_add_ps(_mm512_sub_ps(yh_, n_), ye_));  \
         f_ = _mm512_fmadd_ps((velo), s_, f_);                                                   \
         const __m512i j_ = _mm512_cvtps_epi32(_mm512_mul_ps(n_, _mm512_set1_ps(16.0f)));        \
-        __m512 x_ = _mm512_set1_ps(0.009618128649890423f);                                      \
-        x_ = _mm512_fmadd_ps(x_, f_, _mm512_set1_ps(0.05550410971045494f));                     \
-        x_ = _mm512_fmadd_ps(x_, f_, _mm512_set1_ps(0.24022650718688965f));                     \
-        x_ = _mm512_fmadd_ps(x_, f_, _mm512_set1_ps(0.6931471824645996f));                      \
-        x_ = _mm512_fmadd_ps(x_, f_, _mm512_set1_ps(1.0f));                                     \
-        x_ = _mm512_mul_ps(x_, _mm512_permutexvar_ps(j_, t2_));                                 \
+        __m512 x_;                                                                              \
+        COARSE512_EXP2_FRACTION(f_, j_, x_);                                                    \
         (out) = _mm512_maskz_scalef_ps((__mmask16)((pos) & ~under_), x_, n_); /* x 2^floor(n) */ \
     } while (0)
 #define SETTLE_WIDEN_SUM(acc, v)                                                                \
@@ -1619,29 +1626,28 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
             const __mmask8 in_ = _mm512_cmp_pd_mask(c_, tv_, _CMP_GT_OQ);                       \
             const __m512d d_ = _mm512_maskz_sub_pd(in_, c_, tv_);                               \
             const __m256 pf_ = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(w_, d_), iv_));      \
-            if (k == len) { /* every entry a candidate: idx[i] = i, stored in place */           \
-                _mm256_storeu_ps(pr + i, pf_);                                                  \
+            /* every entry a candidate (k == len): idx[i] = i, stored in place (idx unread: a row \
+               kept whole leaves it unwritten); else eight places in a row: stored there */     \
+            const int64_t at_ = k == len ? i : (int64_t)idx[i];                                 \
+            __m256i ix_ = iota_;                                                                \
+            int run_ = k == len;                                                                \
+            if (!run_) {                                                                        \
+                ix_ = _mm256_loadu_si256((const __m256i *)(idx + i));                           \
+                run_ = _mm256_cmpeq_epi32_mask(ix_, _mm256_add_epi32(_mm256_set1_epi32((int32_t)at_), iota_)) \
+                       == (__mmask8)0xFF;                                                       \
+            }                                                                                   \
+            if (run_) {                                                                         \
+                _mm256_storeu_ps(pr + at_, pf_);                                                \
                 if (rr)                                                                         \
-                    _mm256_storeu_ps(rr + i, _mm512_cvtpd_ps(d_));                              \
+                    _mm256_storeu_ps(rr + at_, _mm512_cvtpd_ps(d_));                            \
                 if (wr)                                                                         \
-                    _mm256_storeu_ps(wr + i, _mm512_cvtpd_ps(w_));                              \
+                    _mm256_storeu_ps(wr + at_, _mm512_cvtpd_ps(w_));                            \
             } else {                                                                            \
-                const __m256i ix_ = _mm256_loadu_si256((const __m256i *)(idx + i));             \
-                const int32_t at_ = idx[i];                                                     \
-                if (_mm256_cmpeq_epi32_mask(ix_, _mm256_add_epi32(_mm256_set1_epi32(at_), iota_)) \
-                    == (__mmask8)0xFF) { /* eight places in a row: stored there */                \
-                    _mm256_storeu_ps(pr + at_, pf_);                                            \
-                    if (rr)                                                                     \
-                        _mm256_storeu_ps(rr + at_, _mm512_cvtpd_ps(d_));                        \
-                    if (wr)                                                                     \
-                        _mm256_storeu_ps(wr + at_, _mm512_cvtpd_ps(w_));                        \
-                } else {                                                                        \
-                    _mm256_i32scatter_ps(pr, ix_, pf_, 4);                                      \
-                    if (rr)                                                                     \
-                        _mm256_i32scatter_ps(rr, ix_, _mm512_cvtpd_ps(d_), 4);                  \
-                    if (wr)                                                                     \
-                        _mm256_i32scatter_ps(wr, ix_, _mm512_cvtpd_ps(w_), 4);                  \
-                }                                                                               \
+                _mm256_i32scatter_ps(pr, ix_, pf_, 4);                                          \
+                if (rr)                                                                         \
+                    _mm256_i32scatter_ps(rr, ix_, _mm512_cvtpd_ps(d_), 4);                      \
+                if (wr)                                                                         \
+                    _mm256_i32scatter_ps(wr, ix_, _mm512_cvtpd_ps(w_), 4);                      \
             }                                                                                   \
             if (SUMS) {                                                                         \
                 const __m512d pd_ = _mm512_cvtps_pd(pf_);                                       \
