@@ -298,6 +298,9 @@ TRAINING = {
         "nesterov": Option(bool, False, "sgd: Nesterov momentum (needs momentum > 0)"),
         "weight_decay": Option(float, 0.0, "weight decay: L2 for adam and sgd, decoupled for adamw and adafactor",
                                minimum=0.0),
+        "decay_vectors": Option(bool, True, "false: biases, norm gains and other vectors (1-D parameters) get no "
+                                "weight decay, only matrices and embeddings do (two parameter groups: HF "
+                                "Transformers' and nanoGPT's rule); needs weight_decay > 0"),
         "adafactor": {
             "relative_step": Option(bool, True, "step size min(lr, 1 / sqrt(t)) at update t (false: lr)"),
             "scale_parameter": Option(bool, True, "step size times max(eps2, RMS of the parameter): steps relative "

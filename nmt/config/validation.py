@@ -67,18 +67,19 @@ def check_config(config: dict, source: str) -> None:
 
 OPTIMIZER_READS = {"adam": ("betas", "eps"), "adamw": ("betas", "eps"), "sgd": ("momentum", "nesterov"),
                    "adafactor": ("adafactor",)}
-"""The ``training.optimizer`` keys each optimizer reads besides ``name``, ``lr`` and ``weight_decay``."""
+"""The ``training.optimizer`` keys each optimizer reads besides ``name``, ``lr``, ``weight_decay`` and
+``decay_vectors``."""
 
 
 def check_optimizer(cfg: dict, source: str) -> None:
     """``training.optimizer``: the keys the named optimizer does not read keep their defaults (a
-    ``momentum`` given to adam is a mistake, not a no-op), Nesterov momentum needs a momentum, the
-    betas are two numbers in [0, 1). One-line :class:`ConfigError` naming the key."""
+    ``momentum`` given to adam is a mistake, not a no-op), Nesterov momentum needs a momentum,
+    ``decay_vectors: false`` a weight decay, the betas are two numbers in [0, 1). One-line :class:`ConfigError` naming the key."""
     from nmt.config.options import TRAINING
 
     name = cfg["name"]
     for key, option in TRAINING["optimizer"].items():
-        if key in ("name", "lr", "weight_decay") or key in OPTIMIZER_READS[name]:
+        if key in ("name", "lr", "weight_decay", "decay_vectors") or key in OPTIMIZER_READS[name]:
             continue
         default = option.default if not isinstance(option, dict) else {k: o.default for k, o in option.items()}
         if cfg[key] != default:
@@ -87,6 +88,9 @@ def check_optimizer(cfg: dict, source: str) -> None:
             readers = ", ".join(n for n, keys in OPTIMIZER_READS.items() if key in keys)
             raise ConfigError(source, f"training.optimizer.{changed}",
                               f"the {name} optimizer does not read it (only {readers}): remove it")
+    if not cfg["decay_vectors"] and cfg["weight_decay"] == 0:
+        raise ConfigError(source, "training.optimizer.decay_vectors",
+                          "false needs training.optimizer.weight_decay > 0 (there is no decay to leave out)")
     if name == "sgd" and cfg["nesterov"] and cfg["momentum"] == 0:
         raise ConfigError(source, "training.optimizer.nesterov", "true needs training.optimizer.momentum > 0")
     betas = cfg["betas"]

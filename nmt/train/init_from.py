@@ -214,12 +214,19 @@ def init_optimizer(parent: Parent, optimizer: torch.optim.Optimizer, config: dic
     """Load the parent's optimizer state (per-parameter moments and step counts) into
     ``optimizer``, keeping ``optimizer``'s hyperparameters (lr as the schedule set it, betas, eps,
     weight decay: this config's). ConfigError naming ``training.optimizer.name`` when the parent
-    used another optimizer, ``training.init_optimizer`` when its state does not fit."""
+    used another optimizer, ``training.optimizer.decay_vectors`` when other parameter groups,
+    ``training.init_optimizer`` when its state does not fit."""
     parent_name = config_value(parent.payload["config"], "training.optimizer.name")
     name = config["training"]["optimizer"]["name"]
     if parent_name != name:
         raise ConfigError(source, "training.optimizer.name", f"{name!r} in the config, {parent_name!r} in "
                           f"{parent.path}: training.init_optimizer carries the state of the same optimizer only")
+    groups = len(parent.payload["optimizer"].get("param_groups", ()))
+    if groups != len(optimizer.param_groups):  # (decay_vectors: one group, or matrices and vectors)
+        raise ConfigError(source, "training.optimizer.decay_vectors",
+                          f"{config['training']['optimizer'].get('decay_vectors', True)!r} in the config, "
+                          f"{config_value(parent.payload['config'], 'training.optimizer.decay_vectors')!r} in "
+                          f"{parent.path}: training.init_optimizer carries the state of the same parameter groups only")
     hyper = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     try:
         optimizer.load_state_dict(parent.payload["optimizer"])

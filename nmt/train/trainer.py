@@ -73,6 +73,8 @@ logger = logging.getLogger(__name__)
 RUN_LOCK_WHAT = "nmt-train run"
 RESUME_MUST_MATCH = ("model", "data", "training.seed", "training.batch_size", "training.batch_type",
                      "training.bucket_size", "training.pool_sort")  # all that makes the batch order the data position indexes
+RESUME_OPTIMIZER_MUST_MATCH = ("training.optimizer.name", "training.optimizer.decay_vectors")
+"""What the checkpoint's optimizer state must fit: its kind and its parameter groups."""
 
 
 @dataclass
@@ -454,6 +456,12 @@ class Trainer:
             raise ConfigError(self.source, key, f"differs from the run in {self.save_dir} "
                               f"({config_value(checkpoint['config'], key)!r} there); resume needs the same "
                               "model, data, seed and batching; use another training.save_dir")
+        for key in RESUME_OPTIMIZER_MUST_MATCH:
+            if key in differences:
+                raise ConfigError(self.source, key, f"differs from the run in {self.save_dir} "
+                                  f"({config_value(checkpoint['config'], key)!r} there): its optimizer state would "
+                                  "not fit; start a new run from its weights with training.init_from (another "
+                                  "training.save_dir)")
         if differences:
             logger.info("resuming with changed settings: %s", ", ".join(differences))
         return checkpoint
