@@ -891,22 +891,44 @@ static inline float power_float_below(double v)
    straight from the scores with LONG_CONVERT_MOMENTS' sums, in its order (the same doubles, the
    same moments), no compaction to the floats tf and no places written (idx_lazy_: the identity,
    which a drop's LONG_MOVE_INDEX writes as it moves them; the output of k == len reads none).
-   Taken as it goes: at the first vector of sixteen holding an entry at or below the cut it stops,
-   and the compaction goes on from there (done_: the entries before it, all candidates, converted,
+   Taken as it goes: entries at or below the cut are kept as candidates (below every tau, never in
+   the support) while they number at most POWER_WHOLE_LOWS(len) and lie above z = -0.9
+   (WHOLE_KEEPS); at the first vector of sixteen past that it stops, and the compaction goes on
+   from there (done_: the entries before it, all candidates, converted,
    their places written, their sums kept for LONG_CONVERT_MOMENTS; 0 where the stop came within the
    first 256, the centre's: the compaction then runs from the row's start). Sets whole_ (then k,
    r0, mom, abs7, dhi, moments_ as LONG_CONVERT_MOMENTS), or done_ and k, r0. */
+/* (LONG_WHOLE_W512) whether the sixteen scores v may stay in a row kept whole: all above the cut, or
+   all above the floor with the entries at or below the cut, counted in lows_, within the allowance:
+   a broad row whose bound leaves out a few of its lowest entries (3 of 32,000 at alpha 1.3,
+   deviation 0.1) stays whole (in place, no compaction, no scatters; those few are candidates
+   outside the support) */
+#define POWER_WHOLE_LOWS(len) ((len) / 256)
+#define WHOLE_KEEPS(v)                                                                          \
+    __extension__({                                                                             \
+        const __mmask16 low_m_ = (__mmask16)~_mm512_cmp_ps_mask((v), cut16, _CMP_GT_OQ);        \
+        low_m_ == 0 || (_mm512_cmp_ps_mask((v), floor16_, _CMP_GT_OQ) == (__mmask16)0xFFFF      \
+                        && (lows_ += __builtin_popcount((unsigned)low_m_)) <= allow_);          \
+    })
 #ifdef NMT_POWER_NO_WHOLE /* a diagnostic build (tests/sparse/test_power_whole_rows.py): every row compacted */
 #define LONG_WHOLE_W512(DT, L) ((void)0)
 #else
 #define LONG_WHOLE_W512(DT, L)                                                                  \
     do {                                                                                        \
         const __m512d wt_ = _mm512_set1_pd((double)top), wa_ = _mm512_set1_pd(a);               \
-        int64_t i_ = 0;                                                                         \
+        int64_t i_ = 0, lows_ = 0;                                                              \
         int ok_ = len >= 256;                                                                   \
+        /* entries at or below the cut kept as candidates (below every tau: never in the support), \
+           at most POWER_WHOLE_LOWS(len) of them, each above z = -0.9 (floor16: no -inf, no far \
+           outlier in the moments) */                                                           \
+        const double floor_d_ = (double)top - 0.9 / a;                                          \
+        float floor_ = (float)floor_d_;                                                         \
+        floor_ = (double)floor_ < floor_d_ ? nextafterf(floor_, INFINITY) : floor_;             \
+        const __m512 floor16_ = _mm512_set1_ps(floor_);                                         \
+        const int64_t allow_ = POWER_WHOLE_LOWS(len);                                           \
         for (; ok_ && i_ + 16 <= 256; i_ += 16) { /* the centre's candidates first */           \
             const __m512 v_ = _mm512_loadu_ps(xr + i_);                                         \
-            ok_ = _mm512_cmp_ps_mask(v_, cut16, _CMP_GT_OQ) == (__mmask16)0xFFFF;               \
+            ok_ = WHOLE_KEEPS(v_);                                                              \
             _mm512_storeu_pd(cand + i_, _mm512_mul_pd(_mm512_sub_pd(                           \
                 _mm512_cvtps_pd(_mm512_castps512_ps256(v_)), wt_), wa_));                       \
             _mm512_storeu_pd(cand + i_ + 8, _mm512_mul_pd(_mm512_sub_pd(                       \
@@ -925,7 +947,7 @@ static inline float power_float_below(double v)
         }                                                                                       \
         for (; i_ + 16 <= len; i_ += 16) {                                                      \
             const __m512 v_ = _mm512_loadu_ps(xr + i_);                                         \
-            if (_mm512_cmp_ps_mask(v_, cut16, _CMP_GT_OQ) != (__mmask16)0xFFFF) {               \
+            if (!WHOLE_KEEPS(v_)) {                                                             \
                 ok_ = 0;                                                                        \
                 break;                                                                          \
             }                                                                                   \
@@ -942,7 +964,7 @@ static inline float power_float_below(double v)
             LONG_MOMENT_SUMS(d1_);                                                              \
         }                                                                                       \
         for (int64_t c_ = i_; ok_ && c_ < len; c_++) /* (the last, fewer than sixteen) */       \
-            ok_ = xr[c_] > cut;                                                                 \
+            ok_ = xr[c_] > cut || (xr[c_] > floor_ && ++lows_ <= allow_);                      \
         if (!ok_) { /* the compaction from i_ on (a multiple of 16: LONG_CONVERT_MOMENTS' vectors) */ \
             for (int64_t c_ = 0; c_ < i_; c_++)                                                 \
                 idx[c_] = (int32_t)c_;                                                          \
