@@ -43,7 +43,8 @@
  * start is meant to settle at once (the series' start; the float step's landing), a pass of float
  * powers with an error bound (LONG_SETTLE, the AVX-512 functions) decides that the double pass would
  * take no step and serves the output in its place (the double loop where the bound is too wide:
- * the same threshold bit for bit either way). A diagnostic build
+ * the same threshold bit for bit either way, but for a double step within its own rounding, some
+ * 1e-14 relative, of the tolerance's edge). A diagnostic build
  * (NMT_POWER_COUNTS, tools/power_counts.py) counts the long rows' passes and times their phases.
  * Short rows (at most POWER_BLOCK_MAX_N entries) are solved a block of rows at a time, one row a
  * lane: a row's pass is one polynomial chain after another, each waiting on the last, where the
