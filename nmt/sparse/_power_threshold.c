@@ -188,6 +188,10 @@ static const double POW512_T2[16] __attribute__((unused)) = {
         x_ = _mm512_mul_pd(x_, _mm512_permutex2var_pd(t2_lo_, j_, t2_hi_));                     \
         (out) = _mm512_maskz_scalef_pd((__mmask8)((keep) & ~under_), x_, n_); /* x 2^floor(n) */ \
     } while (0)
+/* the low and the high eight of sixteen floats v as doubles, and their lane sums (AVX-512 functions) */
+#define F16_LO_PD(v) _mm512_cvtps_pd(_mm512_castps512_ps256(v))
+#define F16_HI_PD(v) _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1)))
+#define F16_SUM_PD(v) _mm512_add_pd(F16_LO_PD(v), F16_HI_PD(v))
 /* POW_GEN's form for eight doubles in the AVX-512 functions (DT: nmt_f64x8) */
 #define POW_W512(DT, IT, d, e, out)                                                             \
     do {                                                                                        \
@@ -930,11 +934,8 @@ static inline float power_float_below(double v)
         for (; ok_ && i_ + 16 <= 256; i_ += 16) { /* the centre's candidates first */           \
             const __m512 v_ = _mm512_loadu_ps(xr + i_);                                         \
             ok_ = WHOLE_KEEPS(v_);                                                              \
-            _mm512_storeu_pd(cand + i_, _mm512_mul_pd(_mm512_sub_pd(                           \
-                _mm512_cvtps_pd(_mm512_castps512_ps256(v_)), wt_), wa_));                       \
-            _mm512_storeu_pd(cand + i_ + 8, _mm512_mul_pd(_mm512_sub_pd(                       \
-                _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v_), 1))), \
-                wt_), wa_));                                                                    \
+            _mm512_storeu_pd(cand + i_, _mm512_mul_pd(_mm512_sub_pd(F16_LO_PD(v_), wt_), wa_)); \
+            _mm512_storeu_pd(cand + i_ + 8, _mm512_mul_pd(_mm512_sub_pd(F16_HI_PD(v_), wt_), wa_)); \
         }                                                                                       \
         if (!ok_)                                                                               \
             break;                                                                              \
@@ -952,11 +953,8 @@ static inline float power_float_below(double v)
                 ok_ = 0;                                                                        \
                 break;                                                                          \
             }                                                                                   \
-            const __m512d c0_ = _mm512_mul_pd(_mm512_sub_pd(                                    \
-                _mm512_cvtps_pd(_mm512_castps512_ps256(v_)), wt_), wa_);                        \
-            const __m512d c1_ = _mm512_mul_pd(_mm512_sub_pd(                                    \
-                _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v_), 1))), \
-                wt_), wa_);                                                                     \
+            const __m512d c0_ = _mm512_mul_pd(_mm512_sub_pd(F16_LO_PD(v_), wt_), wa_);          \
+            const __m512d c1_ = _mm512_mul_pd(_mm512_sub_pd(F16_HI_PD(v_), wt_), wa_);          \
             _mm512_storeu_pd(cand + i_, c0_);                                                   \
             _mm512_storeu_pd(cand + i_ + 8, c1_);                                               \
             const __m512d d0_ = _mm512_sub_pd(c0_, r0v_);                                       \
@@ -1451,12 +1449,9 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
                     aq_ = _mm512_mask3_fmadd_ps(w_, df_, aq_, pos_);                            \
                     ac_ = _mm512_mask3_fmadd_ps(w_, _mm512_rcp14_ps(df_), ac_, pos_);           \
                 }                                                                               \
-                csf_ += _mm512_reduce_add_pd(_mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(ac_)), \
-                    _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(ac_), 1))))); \
-                hqf_ += _mm512_reduce_add_pd(_mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(aq_)), \
-                    _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(aq_), 1))))); \
-                wsf_ += _mm512_reduce_add_pd(_mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(aw_)), \
-                    _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(aw_), 1))))); \
+                csf_ += _mm512_reduce_add_pd(F16_SUM_PD(ac_));                                  \
+                hqf_ += _mm512_reduce_add_pd(F16_SUM_PD(aq_));                                  \
+                wsf_ += _mm512_reduce_add_pd(F16_SUM_PD(aw_));                                  \
             }                                                                                   \
             POWER_COUNT(15, 1);                                                                 \
             if (!(wsf_ > 0.0) || !(hqf_ > 0.0))                                                 \
@@ -1494,8 +1489,8 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
    as doubles) for LONG_OUTPUT. Outputs within some 10 units of 2^-24 of the double pass's (the
    tests allow 40, and 4e-7 absolute against float64). Otherwise (ws 0, the bound too wide) the
    double loop and its output run as before, the pass lost (tests/sparse/test_power_settle.py
-   holds it under 5% of the normal rows tried; 1 in 1,376 on a wider grid). A float pass with the output in place costs about half a double
-   pass and its output. Taken only where the bound is expected to be at most 0.4 of the tolerance
+   holds it under 5% of the normal rows tried; 1 in 1,376 on a wider grid). A float pass with the
+   output in place costs about half a double pass and its output. Taken only where the bound is expected to be at most 0.4 of the tolerance
    (POWER_SETTLE_PAYS; the series' start leaves half of it to the step: hq / (q ws) is about the
    mean d, the threshold's gap k^(-1/q) at the root): at float32's tolerance, from some 80 candidates
    at alpha 1.45, 280 at 1.3, 550 at 1.25, 1,400 at 1.2, 5,700 at 1.15, 21,000 at 1.12.
@@ -1550,8 +1545,7 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
         (out) = _mm512_maskz_scalef_ps((__mmask16)((pos) & ~under_), x_, n_); /* x 2^floor(n) */ \
     } while (0)
 #define SETTLE_WIDEN_SUM(acc, v)                                                                \
-    (acc) = _mm512_add_pd((acc), _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)),      \
-        _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1)))))
+    (acc) = _mm512_add_pd((acc), F16_SUM_PD(v))
 /* one vector of sixteen candidates from cand + i_ (the masks m0_, m1_ of the halves read: constants
    in the loop over whole vectors) into the lane sums aq_, aw_, the output or wk (LONG_SETTLE_W512) */
 #define SETTLE_VECTOR(m0_, m1_)                                                                 \
@@ -1573,9 +1567,8 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
             if (wr)                                                                             \
                 _mm512_mask_storeu_ps(wr + i_, m_, w_);                                         \
         } else {                                                                                \
-            _mm512_mask_storeu_pd(wk + i_, (m0_), _mm512_cvtps_pd(_mm512_castps512_ps256(w_))); \
-            _mm512_mask_storeu_pd(wk + i_ + 8, (m1_), _mm512_cvtps_pd(_mm256_castsi256_ps(     \
-                _mm512_extracti64x4_epi64(_mm512_castps_si512(w_), 1))));                       \
+            _mm512_mask_storeu_pd(wk + i_, (m0_), F16_LO_PD(w_));                               \
+            _mm512_mask_storeu_pd(wk + i_ + 8, (m1_), F16_HI_PD(w_));                           \
         }                                                                                       \
     } while (0)
 /* (no NaN can reach the pass: rows holding one stop at their maximum; a NaN or inf sum would fail
@@ -1705,9 +1698,8 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
             const __m512 pf_ = _mm512_mul_ps(_mm512_maskz_loadu_ps(m_, pr + i), ivf_);          \
             _mm512_mask_storeu_ps(pr + i, m_, pf_);                                             \
             if (st) {                                                                           \
-                const __m512d p0_ = _mm512_cvtps_pd(_mm512_castps512_ps256(pf_));               \
-                const __m512d p1_ = _mm512_cvtps_pd(_mm256_castsi256_ps(                        \
-                    _mm512_extracti64x4_epi64(_mm512_castps_si512(pf_), 1)));                   \
+                const __m512d p0_ = F16_LO_PD(pf_);                                             \
+                const __m512d p1_ = F16_HI_PD(pf_);                                             \
                 const __m512d c0_ = _mm512_mask_loadu_pd(low_, (__mmask8)m_, cand + i);         \
                 const __m512d c1_ = _mm512_mask_loadu_pd(low_, (__mmask8)(m_ >> 8), cand + i + 8); \
                 const __m512d d0_ = _mm512_maskz_sub_pd(_mm512_cmp_pd_mask(c0_, tv_, _CMP_GT_OQ), c0_, tv_); \
