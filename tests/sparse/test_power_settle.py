@@ -17,7 +17,7 @@ import torch
 
 from nmt.sparse import _native
 from tests.sparse.test_power_fine_step import _has_avx512, fine_step_rows
-from tests.sparse.test_power_series_start import check_rows, counted_power_probs, strained_rows
+from tests.sparse.test_power_series_start import bisection, check_rows, counted_power_probs, strained_rows
 
 SOURCE = Path(_native.__file__).with_name("_power_threshold.c")
 U = 2.0 ** -24
@@ -106,7 +106,6 @@ def _edge_rows(n: int, alphas: torch.Tensor, seed: int) -> torch.Tensor:
     support's edge inside the float powers' reach) or the whole row in the support by a hair."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(len(alphas), n, generator=g, dtype=torch.float64) * 0.01
-    from tests.sparse.test_power_series_start import bisection
     for i in range(len(alphas)):
         a = float(alphas[i]) - 1
         z = ((x[i] - x[i].max()) * a)[None]
