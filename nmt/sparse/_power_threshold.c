@@ -37,7 +37,8 @@
  * no pass of their own; rows the bound keeps whole converted straight from the scores, without
  * the compaction: LONG_WHOLE_W512, some 6.5 -> 4.6 thousand ticks a row of 8,000); broad rows
  * partly out of the support, from the normal model's start, take one float Halley step (LONG_FINE,
- * the AVX-512 functions) and then one double pass where they took two to three; the coarse
+ * the AVX-512 functions) and then one double pass where they took two to three (so do rows after
+ * their coarse steps); the coarse
  * float passes of long rows drop the entries below their tau as they go and, in the AVX-512
  * functions, take their powers from register tables (COARSE_ACCUMULATE_W512). Where a long row's
  * start is meant to settle at once (the series' start; the float step's landing), a pass of float
@@ -897,8 +898,9 @@ static inline float power_float_below(double v)
    same moments), no compaction to the floats tf and no places written (idx_lazy_: the identity,
    which a drop's LONG_MOVE_INDEX writes as it moves them; the output of k == len reads none).
    Taken as it goes: entries at or below the cut are kept as candidates (below every tau, never in
-   the support) while they number at most POWER_WHOLE_LOWS(len) and lie above z = -0.9
-   (WHOLE_KEEPS); at the first vector of sixteen past that it stops, and the compaction goes on
+   the support) while they number at most POWER_WHOLE_LOWS(read, len) of the entries read and lie
+   above z = -0.9 (WHOLE_KEEPS); at the first vector of sixteen past that it stops, and the
+   compaction goes on
    from there (done_: the entries before it, all candidates, converted,
    their places written, their sums kept for LONG_CONVERT_MOMENTS; 0 where the stop came within the
    first 256, the centre's: the compaction then runs from the row's start). Sets whole_ (then k,
@@ -906,14 +908,18 @@ static inline float power_float_below(double v)
 /* (LONG_WHOLE_W512) whether the sixteen scores v may stay in a row kept whole: all above the cut, or
    all above the floor with the entries at or below the cut, counted in lows_, within the allowance:
    a broad row whose bound leaves out a few of its lowest entries (3 of 32,000 at alpha 1.3,
-   deviation 0.1) stays whole (in place, no compaction, no scatters; those few are candidates
-   outside the support) */
-#define POWER_WHOLE_LOWS(len) ((len) / 256)
+   deviation 0.1), or up to some 6% spread through the row (387 of 8,000 at alpha 1.25, deviation
+   0.3), stays whole (in place, no compaction, no scatters; those are candidates outside the
+   support, and the moments, the normal model's among them, are the whole row's). The allowance
+   grows with the entries read, len / 256 + read / 16: a row with more below the bound stops early,
+   having kept few of them (at most len / 256 beyond a sixteenth of those read). */
+#define POWER_WHOLE_LOWS(read, len) ((len) / 256 + (read) / 16)
 #define WHOLE_KEEPS(v)                                                                          \
     __extension__({                                                                             \
         const __mmask16 low_m_ = (__mmask16)~_mm512_cmp_ps_mask((v), cut16, _CMP_GT_OQ);        \
         low_m_ == 0 || (_mm512_cmp_ps_mask((v), floor16_, _CMP_GT_OQ) == (__mmask16)0xFFFF      \
-                        && (lows_ += __builtin_popcount((unsigned)low_m_)) <= allow_);          \
+                        && (lows_ += __builtin_popcount((unsigned)low_m_))                      \
+                           <= POWER_WHOLE_LOWS(i_ + 16, len));                                  \
     })
 #ifdef NMT_POWER_NO_WHOLE /* a diagnostic build (tests/sparse/test_power_whole_rows.py): every row compacted */
 #define LONG_WHOLE_W512(DT, L) ((void)0)
@@ -924,13 +930,12 @@ static inline float power_float_below(double v)
         int64_t i_ = 0, lows_ = 0;                                                              \
         int ok_ = len >= 256;                                                                   \
         /* entries at or below the cut kept as candidates (below every tau: never in the support), \
-           at most POWER_WHOLE_LOWS(len) of them, each above z = -0.9 (floor16: no -inf, no far \
-           outlier in the moments) */                                                           \
+           at most POWER_WHOLE_LOWS(read, len) of the first read, each above z = -0.9         \
+           (floor16: no -inf, no far outlier in the moments) */                                 \
         const double floor_d_ = (double)top - 0.9 / a;                                          \
         float floor_ = (float)floor_d_;                                                         \
         floor_ = (double)floor_ < floor_d_ ? nextafterf(floor_, INFINITY) : floor_;             \
         const __m512 floor16_ = _mm512_set1_ps(floor_);                                         \
-        const int64_t allow_ = POWER_WHOLE_LOWS(len);                                           \
         for (; ok_ && i_ + 16 <= 256; i_ += 16) { /* the centre's candidates first */           \
             const __m512 v_ = _mm512_loadu_ps(xr + i_);                                         \
             ok_ = WHOLE_KEEPS(v_);                                                              \
@@ -963,7 +968,7 @@ static inline float power_float_below(double v)
             LONG_MOMENT_SUMS(d1_);                                                              \
         }                                                                                       \
         for (int64_t c_ = i_; ok_ && c_ < len; c_++) /* (the last, fewer than sixteen) */       \
-            ok_ = xr[c_] > cut || (xr[c_] > floor_ && ++lows_ <= allow_);                      \
+            ok_ = xr[c_] > cut || (xr[c_] > floor_ && ++lows_ <= POWER_WHOLE_LOWS(c_ + 1, len)); \
         if (!ok_) { /* the compaction from i_ on (a multiple of 16: LONG_CONVERT_MOMENTS' vectors) */ \
             for (int64_t c_ = 0; c_ < i_; c_++)                                                 \
                 idx[c_] = (int32_t)c_;                                                          \
@@ -1412,7 +1417,12 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
    and the pseudo-row put POWER_FINE_MIN_SUPPORT of its entries in the support (where the first
    double pass drops most candidates, the passes after it are short and a float pass over them all
    costs more than it saves: alpha 1.5 at deviation 0.03, 32,000 scores, a quarter in the support,
-   took 1.75 float passes and 1.25 double ones for three double ones). Also from the candidates'
+   took 1.75 float passes and 1.25 double ones for three double ones). Also after the coarse steps
+   (a lower bound some POWER_COARSE_MARGIN below the root; their drops leave about the support):
+   one step, then the settling pass where POWER_SETTLE_PAYS, where the double loop took a step and
+   a second pass to settle (alpha 1.3 at deviation 0.3, 8,000 scores: 3 coarse and 2 double passes
+   -> 3 coarse, 1 float step, 1 settling pass; the two double passes' 18.6 thousand ticks a row ->
+   5.9 for the settling pass, the float step 5.5 more in the coarse phase). Also from the candidates'
    mean bound where the series cannot serve (the spread reaches the threshold's distance) and
    Newton's first step from that bound, (q - 1) var / (2 gap), is shorter than a coarse step's stop
    (no coarse step, no normal start there: alpha 1.4 at deviation 0.01, 32,000 scores, took three
@@ -1487,8 +1497,11 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
    row whose every entry is a candidate (k == len) has r^q = w d, r and w written in place by the
    pass (floats), LONG_SETTLED_OUTPUT then only scales them; the others keep w in wk[0 .. k) (floats
    as doubles) for LONG_OUTPUT. Outputs within some 10 units of 2^-24 of the double pass's (the
-   tests allow 40, and 4e-7 absolute against float64). Otherwise (ws 0, the bound too wide) the
-   double loop and its output run as before, the pass lost (tests/sparse/test_power_settle.py
+   tests allow 40, and 4e-7 absolute against float64). Otherwise (ws 0, the bound too wide, or a
+   candidate whose r^q may fall below float32's normal range: SETTLE_POW512's faint lanes, where the
+   float powers would flush or round an output the double pass keeps as a subnormal above 0, so a
+   settled row's support is the double pass's) the double loop and its output run as before, the
+   pass lost (tests/sparse/test_power_settle.py
    holds it under 5% of the normal rows tried; 1 in 1,376 on a wider grid). A float pass with the
    output in place costs about half a double pass and its output. Taken only where the bound is expected to be at most 0.4 of the tolerance
    (POWER_SETTLE_PAYS; the series' start leaves half of it to the step: hq / (q ws) is about the
@@ -1519,8 +1532,10 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
    in y), the series (2e-10 in log2, 4e-11 in 2^f), the roundings of 2^f, of t2_j and of the product
    (about 3 units of 2^-24): POWER_SETTLE_POW_ERR. The lanes off pos are not blended to a harmless
    value (their getexp / getmant of zeros or negatives are ignored: masked at the end); the tables'
-   indices are not masked to four bits (vpermps reads the low four); scalef floors n itself. */
-#define SETTLE_POW512(d, pos, vef, velo, out)                                                   \
+   indices are not masked to four bits (vpermps reads the low four); scalef floors n itself. The
+   mask faint gathers the lanes of pos where q log2 d = y + s (q = e + 1) is below -124: d^q, the
+   lane's r^q, may fall below float32's normal range (or d^e below the pass's cut). */
+#define SETTLE_POW512(d, pos, vef, velo, out, faint)                                            \
     do {                                                                                        \
         const __m512 k_ = _mm512_getexp_ps(d);                                                  \
         const __m512 m_ = _mm512_getmant_ps(d, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);           \
@@ -1536,6 +1551,7 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
         const __m512 ye_ = _mm512_fmsub_ps((vef), s_, yh_);                                     \
         const __m512 ya_ = _mm512_fmadd_ps((vef), corr_, yh_);                                  \
         const __mmask16 under_ = _mm512_cmp_ps_mask(ya_, _mm512_set1_ps(-126.0f), _CMP_LT_OQ);  \
+        (faint) |= (__mmask16)((pos) & _mm512_cmp_ps_mask(_mm512_add_ps(ya_, s_), _mm512_set1_ps(-124.0f), _CMP_LT_OQ)); \
         const __m512 n_ = _mm512_roundscale_ps(ya_, 0x40 | _MM_FROUND_TO_NEAREST_INT); /* 1/16ths */ \
         __m512 f_ = _mm512_fmadd_ps((vef), corr_, _mm512_add_ps(_mm512_sub_ps(yh_, n_), ye_));  \
         f_ = _mm512_fmadd_ps((velo), s_, f_);                                                   \
@@ -1556,7 +1572,7 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
                                               _mm512_cvtpd_ps(d1_), 1);                         \
         const __mmask16 pos_ = _mm512_cmp_ps_mask(df_, _mm512_setzero_ps(), _CMP_GT_OQ);        \
         __m512 w_;                                                                              \
-        SETTLE_POW512(df_, pos_, vef_, velo_, w_);                                              \
+        SETTLE_POW512(df_, pos_, vef_, velo_, w_, faint_);                                      \
         aw_ = _mm512_add_ps(aw_, w_);                                                           \
         aq_ = _mm512_mask3_fmadd_ps(w_, df_, aq_, pos_);                                        \
         if (k == len) { /* in place: r^q = w d (normalised after), r, w */                       \
@@ -1581,6 +1597,7 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
         const __m512d tv_ = _mm512_set1_pd(tau);                                                \
         const __m512d low_ = _mm512_set1_pd(-4.0); /* past k: below every tau (>= -1) */         \
         __m512d hqd_ = _mm512_setzero_pd(), wsd_ = hqd_;                                        \
+        __mmask16 faint_ = 0; /* lanes whose r^q = d^q may fall below 2^-124 */                 \
         for (int64_t i_ = 0; i_ < k;) {                                                         \
             const int64_t j1_ = k - i_ > 16 * POWER_SETTLE_CHUNK ? i_ + 16 * POWER_SETTLE_CHUNK : k; \
             __m512 aq_ = _mm512_setzero_ps(), aw_ = aq_;                                        \
@@ -1603,7 +1620,7 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
         const double c_ = POWER_SETTLE_ERR(e) * 0x1p-24;                                        \
         const double tq_ = (double)k * 0x1p-125, tw_ = (double)k * fmax(0x1p-125, exp2(1.0 - 126.0 * e)); \
         const double dq_ = c_ * hqf_ + tq_, dw_ = c_ * wsf_ + tw_, wlo_ = wsf_ - dw_;            \
-        if (hqf_ > 0.0 && hqf_ < INFINITY && wlo_ > 0.0 && wsf_ < INFINITY) {                 \
+        if (!faint_ && hqf_ > 0.0 && hqf_ < INFINITY && wlo_ > 0.0 && wsf_ < INFINITY) {      \
             const double h_ = vpow_2(hqf_, a);                                                  \
             const double step_ = (h_ - 1.0) * (hqf_ / h_) / wsf_;                               \
             const double err_ = 1.1 * (dq_ * (a + fabs(h_ - 1.0)) / wlo_ + dw_ / wlo_ * fabs(step_)); \
@@ -1847,6 +1864,11 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         POWER_COUNT(2, k);                                                                      \
         if (coarse)                                                                             \
             LONG_COARSE(FT, FT2, FI2, L2, DT, L, V); /* 4. the threshold: coarse steps, then */ \
+        if (coarse && qr >= 2.0) { /* (LONG_FINE: after them too, some POWER_COARSE_MARGIN off) */ \
+            from_above = 1;                                                                     \
+            fine_ = 1;                                                                          \
+            settle_ = POWER_SETTLE_PAYS(e, qr, pow((double)k, -a), tau);                        \
+        }                                                                                       \
         if (fine_)                                                                              \
             LONG_FINE_##V;                                                                      \
         POWER_PHASE(4);                                                                     \
@@ -2043,7 +2065,9 @@ AVX512 static void settle_pow_avx512(const float *d, int64_t n, double e, float 
         const __m512 v = _mm512_loadu_ps(d + i);
         const __mmask16 pos = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ);
         __m512 w;
-        SETTLE_POW512(v, pos, vef, velo, w);
+        __mmask16 faint = 0;
+        SETTLE_POW512(v, pos, vef, velo, w, faint);
+        (void)faint;
         _mm512_storeu_ps(out + i, w);
     }
 }

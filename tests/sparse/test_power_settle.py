@@ -8,6 +8,7 @@ sit near the support's edge or the bound's limit) against the build without the 
 (``NMT_POWER_NO_SETTLE``: the double loop alone), whose threshold must come out bit for bit and
 whose outputs within the float powers' error, and against the float64 bisection."""
 import ctypes
+import math
 import re
 from pathlib import Path
 
@@ -191,3 +192,85 @@ def test_normal_rows_settle_where_the_gate_admits_them(native_variant, without_s
                 assert counts[16] >= 6, (alpha, n, counts[16])
     if _has_avx512():
         assert tried >= 100 and settled >= 0.95 * tried, (tried, settled)
+
+
+def test_rows_after_coarse_steps_take_a_float_step_and_settle(native_variant, without_settling):
+    """Rows whose bound leaves out part of the row (normal scores, alpha 1.3 at deviation 0.3, 1.45
+    at 0.1, 1.25 at 0.3 with 32,000: a third to a half of the candidates in the support) take coarse
+    float steps from the bound; after them (a lower bound some 1e-4 off the root) one float Halley
+    step and the settling pass, where two double passes took a step and settled: the same threshold
+    bit for bit as the build without the settling pass (whose double loop starts from the same float
+    step), the same support, outputs within the float powers' error, and the float64 bisection's.
+    Where the processor has AVX-512, every row takes coarse steps, then one float step, and settles
+    (no double pass); alpha 1.7 (q < 2: d^(q - 2) unbounded at the support's edge) takes none."""
+    lib = native_variant("NMT_POWER_COUNTS")
+    g = torch.Generator().manual_seed(29)
+    for n, rows, alpha, spread in ((8000, 8, 1.3, 0.3), (8000, 8, 1.45, 0.1), (32000, 3, 1.25, 0.3),
+                                   (32000, 3, 1.3, 0.3), (8000, 8, 1.7, 0.03)):
+        x = torch.randn(rows, n, generator=g) * spread
+        alphas = torch.full((rows,), alpha, dtype=torch.float64)
+        found, counts = counted_power_probs(lib, x, alphas - 1)
+        want, counts0 = counted_power_probs(without_settling, x, alphas - 1)
+        (p, r, tau), (p0, r0, tau0) = found[:3], want[:3]
+        assert torch.equal(tau, tau0), (alpha, (tau - tau0).abs().max())
+        assert torch.equal(p > 0, p0 > 0)
+        assert torch.allclose(p.double(), p0.double(), rtol=40 * U, atol=1e-12), (p - p0).abs().max()
+        assert torch.equal(r, r0)
+        check_rows(x, alphas, p, r, tau, p_rtol=1e-5)
+        assert counts[7] < 0.6 * rows * n, (alpha, counts[7])  # (a cut support)
+        if not _has_avx512():
+            continue
+        assert counts[3] >= rows, (alpha, counts[3])  # coarse passes
+        if alpha > 1.5:
+            assert counts[15] == counts[16] == 0, (alpha, counts[15], counts[16])
+        else:
+            assert counts[15] == rows and counts[16] == counts[17] == rows and counts[5] == 0, (alpha, counts)
+            assert counts0[15] == rows and counts0[5] == rows, (alpha, counts0)  # one double pass
+
+
+def _near_root_entry(x: torch.Tensor, alpha: float, log2_rq: float) -> float:
+    """Moves the lowest entry of the float64 row ``x`` (in place) to the float32 just above the level
+    where the rest's float64 root puts r^q = d^q at 2^log2_rq (the entry's own term too small to
+    move the root; the row rounded to float32 first); returns the log2 of its d^q at the root then
+    (checked: within 6 of the target, below -125)."""
+    a = alpha - 1
+    j = int(x.argmin())
+    x.copy_(x.float().double())
+    rest = x.clone()
+    rest[j] = -float("inf")
+    top = float(rest.max())
+    t = float(bisection(((rest - top) * a)[None], torch.tensor([1 / a], dtype=torch.float64))[0])
+    target = top + (t + 2.0 ** (log2_rq * a)) / a
+    x[j] = float(torch.tensor(target, dtype=torch.float32))
+    d = (float(x[j]) - top) * a - t
+    assert d > 0 and log2_rq - 6.0 < math.log2(d) / a < -125.0, (d, log2_rq)
+    return math.log2(d) / a
+
+
+@pytest.mark.parametrize("alpha,n,log2_rq", [(1.2, 8000, -131.0), (1.12, 32000, -145.0)])
+def test_rows_whose_smallest_outputs_leave_the_float_range_are_not_settled(native_variant, without_settling,
+                                                                          alpha, n, log2_rq):
+    """A broad row (every entry in the support: the series' start, then the settling pass) whose
+    lowest entry sits just above the root, its r^q = d^q near 2^-131 (alpha 1.2: d^(q - 1) a normal
+    float, the product w d a float32 subnormal) or 2^-145 (alpha 1.12: d^(q - 1) itself below
+    2^-126, where the float powers flush to 0): the pass leaves the row to the double loop (tried,
+    not settled), whose output keeps that entry in the support as the float64 root has it (p > 0
+    where r^q / sum r^q rounds to a float32 above 0); the threshold bit for bit as the build without
+    the pass. The same row without that entry settles."""
+    lib = native_variant("NMT_POWER_COUNTS")
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(2, n, generator=g, dtype=torch.float64) * 0.01
+    got = _near_root_entry(x[0], alpha, log2_rq)
+    x = x.float()
+    alphas = torch.full((2,), alpha, dtype=torch.float64)
+    found, counts = counted_power_probs(lib, x, alphas - 1)
+    want, counts0 = counted_power_probs(without_settling, x, alphas - 1)
+    (p, r, tau), (p0, r0, tau0) = found[:3], want[:3]
+    assert torch.equal(tau, tau0), (tau - tau0).abs().max()
+    assert torch.equal(p > 0, p0 > 0)
+    assert torch.allclose(p.double(), p0.double(), rtol=40 * U, atol=1e-12)
+    check_rows(x, alphas, p, r, tau, p_rtol=1e-5)
+    j = int(x[0].argmin())
+    assert got > -149.0 and bool(p[0, j] > 0), (got, float(p[0, j]))  # (a float32 subnormal)
+    if _has_avx512():
+        assert counts[16] == 2 and counts[17] == 1, (counts[16], counts[17])
