@@ -21,6 +21,7 @@ from nmt.config.loading import (
     resolve_config,
     resume_defaults,
     save_config,
+    saved_value,
 )
 from nmt.config.options import HIGHER_IS_BETTER, METRICS, RESUME_DEFAULTS, SCHEMA
 from nmt.config.schema import REQUIRED, Option, Schema, validate
@@ -29,5 +30,5 @@ from nmt.config.validation import check_config, check_mapping, registered_mappin
 __all__ = [
     "ConfigError", "unknown_name_error", "Option", "REQUIRED", "Schema", "validate", "SCHEMA", "METRICS",
     "HIGHER_IS_BETTER", "load_config", "resolve_config", "apply_overrides", "parse_override", "read_yaml",
-    "RESUME_DEFAULTS", "added_at_default", "resume_defaults", "config_differences", "config_value", "dump_config", "save_config", "check_config", "check_mapping", "registered_mappings",
+    "RESUME_DEFAULTS", "added_at_default", "resume_defaults", "saved_value", "config_differences", "config_value", "dump_config", "save_config", "check_config", "check_mapping", "registered_mappings",
 ]

@@ -175,11 +175,32 @@ def added_at_default(old: dict, new: dict, key: str) -> bool:
         node = node[part]
     else:
         return False  # present in the old config
+    found, default = _schema_default(key)
+    return found and config_value(new, key) == default
+
+
+def _schema_default(key: str) -> tuple[bool, Any]:
+    """``(True, the schema's default of key)`` (an option's, or a section's resolved from nothing),
+    ``(False, None)`` where the schema has no such key or it is required."""
     spec = config_value(SCHEMA, key)
     if spec is None:
-        return False
+        return False, None
     default = spec.default if isinstance(spec, Option) else validate({}, spec, "<schema>", key)
-    return default is not REQUIRED and config_value(new, key) == default
+    return default is not REQUIRED, None if default is REQUIRED else default
+
+
+def saved_value(old: dict, key: str) -> Any:
+    """The value of dotted ``key`` that the run of ``old`` (a checkpoint's resolved config) had,
+    for messages that set it beside a config's: ``old``'s own, or where ``old`` lacks the key (an
+    nmt older than the option wrote it) the behaviour that run had: the earlier value of
+    :data:`nmt.config.options.RESUME_DEFAULTS`, else the schema's default; None where neither
+    says (a key the schema does not know)."""
+    found, value = _lookup(old, key)
+    if found:
+        return value
+    if key in RESUME_DEFAULTS:
+        return RESUME_DEFAULTS[key]
+    return _schema_default(key)[1]
 
 
 def _items_added_at_default(old: dict, new: dict, key: str) -> bool:
@@ -261,5 +282,5 @@ def save_config(config: dict, path: str | Path) -> None:
     atomic_write_text(path, dump_config(config))
 
 
-__all__ = ["added_at_default", "resume_defaults", "load_config", "resolve_config", "apply_overrides", "parse_override", "read_yaml",
+__all__ = ["added_at_default", "resume_defaults", "saved_value", "load_config", "resolve_config", "apply_overrides", "parse_override", "read_yaml",
            "config_differences", "config_value", "save_config", "dump_config"]

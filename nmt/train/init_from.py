@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from nmt.config import ConfigError, added_at_default, config_differences, config_value
+from nmt.config import ConfigError, added_at_default, config_differences, config_value, saved_value
 from nmt.data.corpora import tag_line_counts, training_corpora
 from nmt.data.errors import DataError
 from nmt.data.field import Field
@@ -139,7 +139,7 @@ def load_parent(config: dict, source: str, resuming: bool) -> Parent | None:
     for key in VOCABULARY_KEYS:
         if extending and key.endswith((".min_freq", ".max_size")):
             continue  # they choose the new tokens
-        mine, theirs = config_value(config, key), config_value(parent_cfg, key)
+        mine, theirs = config_value(config, key), saved_value(parent_cfg, key)
         if mine != theirs and not added_at_default(parent_cfg, config, key):
             logger.warning("%s: %r ignored (%r in %s): a fine-tuned run keeps its parent's tokenizers and "
                            "vocabularies", key, mine, theirs, path)
@@ -216,7 +216,7 @@ def init_optimizer(parent: Parent, optimizer: torch.optim.Optimizer, config: dic
     weight decay: this config's). ConfigError naming ``training.optimizer.name`` when the parent
     used another optimizer, ``training.optimizer.decay_vectors`` when other parameter groups,
     ``training.init_optimizer`` when its state does not fit."""
-    parent_name = config_value(parent.payload["config"], "training.optimizer.name")
+    parent_name = saved_value(parent.payload["config"], "training.optimizer.name")
     name = config["training"]["optimizer"]["name"]
     if parent_name != name:
         raise ConfigError(source, "training.optimizer.name", f"{name!r} in the config, {parent_name!r} in "
@@ -225,7 +225,7 @@ def init_optimizer(parent: Parent, optimizer: torch.optim.Optimizer, config: dic
     if groups != len(optimizer.param_groups):  # (decay_vectors: one group, or matrices and vectors)
         raise ConfigError(source, "training.optimizer.decay_vectors",
                           f"{config['training']['optimizer'].get('decay_vectors', True)!r} in the config, "
-                          f"{config_value(parent.payload['config'], 'training.optimizer.decay_vectors')!r} in "
+                          f"{saved_value(parent.payload['config'], 'training.optimizer.decay_vectors')!r} in "
                           f"{parent.path}: training.init_optimizer carries the state of the same parameter groups only")
     hyper = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     try:
@@ -257,7 +257,7 @@ def _architecture_error(parent: Parent, model: torch.nn.Module, config: dict, so
     culprit = next((key for key in differences if _changes_parameters(parent, key, config, target)),
                    differences[0] if differences else None)
     if culprit is not None:
-        mine, theirs = config_value(config, culprit), config_value(parent.payload["config"], culprit)
+        mine, theirs = config_value(config, culprit), saved_value(parent.payload["config"], culprit)
         return ConfigError(source, culprit, f"{mine!r} in the config, {theirs!r} in {parent.path}: fine-tuning "
                            "(training.init_from) needs the parent's architecture")
     ours = _shapes(model.state_dict())

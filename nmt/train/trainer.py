@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from nmt.config import (ConfigError, added_at_default, config_differences, config_value, resume_defaults,
-                        save_config)
+                        save_config, saved_value)
 from nmt.config.options import DECODING_METRICS, HIGHER_IS_BETTER, SCHEMA
 from nmt.data.batching import collate, make_batch_order
 from nmt.data.errors import DataError
@@ -454,12 +454,12 @@ class Trainer:
         if blocking:
             key = blocking[0]
             raise ConfigError(self.source, key, f"differs from the run in {self.save_dir} "
-                              f"({config_value(checkpoint['config'], key)!r} there); resume needs the same "
+                              f"({saved_value(checkpoint['config'], key)!r} there); resume needs the same "
                               "model, data, seed and batching; use another training.save_dir")
         for key in RESUME_OPTIMIZER_MUST_MATCH:
             if key in differences:
                 raise ConfigError(self.source, key, f"differs from the run in {self.save_dir} "
-                                  f"({config_value(checkpoint['config'], key)!r} there): its optimizer state would "
+                                  f"({saved_value(checkpoint['config'], key)!r} there): its optimizer state would "
                                   "not fit; start a new run from its weights with training.init_from (another "
                                   "training.save_dir)")
         if differences:

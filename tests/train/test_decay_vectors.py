@@ -8,7 +8,8 @@ import re
 import pytest
 import torch
 
-from nmt.config import ConfigError, resolve_config
+from nmt.config import SCHEMA, ConfigError, resolve_config, saved_value
+from nmt.train.checkpoint import load_checkpoint, save_checkpoint
 from nmt.train.optimizers import build_optimizer, parameter_groups
 from nmt.train.trainer import Trainer
 from tiny_task import assert_resumes_exactly, interrupt_at, tiny_config, write_task
@@ -97,3 +98,43 @@ def test_init_optimizer_across_other_groups_is_a_one_line_error(tmp_path):
               init_from=str(tmp_path / "parent"), init_optimizer=True)
     child = _make(task, tmp_path / "child2", OPT, max_steps=6, init_from=str(tmp_path / "parent"), init_optimizer=True)
     assert child.train().step == 6
+
+
+def _as_older_nmt_wrote_it(path) -> None:
+    """Drop ``training.optimizer.decay_vectors`` from the checkpoint's config at ``path``, as an
+    nmt before the option wrote it (that run decayed every parameter: the schema's default)."""
+    checkpoint = load_checkpoint(path)
+    del checkpoint["config"]["training"]["optimizer"]["decay_vectors"]
+    save_checkpoint(path, checkpoint)
+
+
+def test_errors_against_a_checkpoint_older_than_the_option_name_the_behaviour_it_had(tmp_path):
+    """A checkpoint whose config lacks ``decay_vectors`` (written before the option) ran with the
+    default, every parameter decayed: the resume and the init_optimizer errors say ``True`` there
+    (the value it ran with), not None; a resume leaving the option at its default goes on."""
+    task = write_task(tmp_path / "task", n_train=40)
+    decayed = {**OPT, "decay_vectors": True}
+    first = _make(task, tmp_path / "run", decayed, max_steps=10)
+    assert first.train(step_hook=interrupt_at(4)).stopped_by == "SIGINT"
+    _as_older_nmt_wrote_it(tmp_path / "run" / "last.pt")
+    with pytest.raises(ConfigError, match=re.escape("training.optimizer.decay_vectors: differs from the run in ")
+                       + r".*\(True there\): its optimizer state"):
+        _make(task, tmp_path / "run", OPT, max_steps=10)
+    assert _make(task, tmp_path / "run", decayed, max_steps=10).train().step == 10
+    _as_older_nmt_wrote_it(tmp_path / "run" / "last.pt")
+    with pytest.raises(ConfigError, match=re.escape("training.optimizer.decay_vectors: False in the config, True in")):
+        _make(task, tmp_path / "child", OPT, max_steps=12, init_from=str(tmp_path / "run"), init_optimizer=True)
+
+
+def test_saved_value_is_the_checkpoints_own_or_the_behaviour_it_had(tmp_path):
+    """``saved_value``: the old config's value where it has the key; where it lacks it, the earlier
+    behaviour ``RESUME_DEFAULTS`` names, else the schema's default (an option's; a section's as a
+    config that leaves it out resolves it); None for a key the schema does not know."""
+    old = {"training": {"optimizer": {"name": "sgd"}}, "model": {}}
+    assert saved_value(old, "training.optimizer.name") == "sgd"
+    assert saved_value(old, "training.optimizer.decay_vectors") is True
+    assert saved_value(old, "training.pool_sort") == "target_source" != SCHEMA["training"]["pool_sort"].default
+    assert saved_value(old, "training.no_such_key") is None
+    data = {"train": {"src": "a.src", "tgt": "a.tgt"}, "valid": {"src": "b.src", "tgt": "b.tgt"}}
+    resolved = resolve_config(tiny_config(data, tmp_path / "run", device="cpu"), "c.yaml")
+    assert saved_value(old, "training.optimizer.adafactor") == resolved["training"]["optimizer"]["adafactor"]
