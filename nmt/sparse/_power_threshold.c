@@ -1342,6 +1342,13 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
         (nanf) |= (FI)(((FT)d_) != ((FT)d_));                                                   \
     } while (0)
 #endif
+/* A broad row whose loop starts from a lower bound above the candidates' cut lo (the mean bound,
+   mean(z) - k^(-1/q)) drops the candidates at or below it before its first pass of powers (no
+   entry there is in the support) where the normal model puts at least this share of them there:
+   a compress of doubles, some half a tick a candidate, where each float pass costs some two and a
+   double one some four (alpha 1.6 at deviation 0.03, 32,000 scores: 8,800 candidates -> 5,300
+   before the coarse passes) */
+#define POWER_PREDROP_SHARE 0.25
 #define POWER_LONG_COARSE_MIN_K 256
 #define POWER_LONG_COARSE_CHUNK 32
 #define LONG_COARSE(FT, FT2, FI2, L2, DT, L, V)                                                    \
@@ -1413,13 +1420,18 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
    longer than POWER_FINE_AGAIN (a start far off: a cut candidate set, no normal sample). The loop
    starts from where they land with from_above set (not a bound either way: a negative first step
    lands below the root), and its first double pass settles where Newton's double step, then a
-   settling pass, took two (or three). Taken where C stays finite as d -> 0 (q >= 2: alpha <= 1.5)
-   and the pseudo-row put POWER_FINE_MIN_SUPPORT of its entries in the support (where the first
+   settling pass, took two (or three). From the normal start where the pseudo-row put
+   POWER_FINE_MIN_SUPPORT of its entries in the support; where q < 2 (alpha > 1.5) C grows without
+   bound as d -> 0 and Newton's step n is taken alone (from some 1e-4 off it lands within the
+   tolerance on rows 40% or more in the support: alpha 1.55 and 1.6 at deviation 0.01, 8,000
+   scores, settle; the double loop took two passes and its output scatters: some 78 -> 37 and 63 ->
+   35 thousand ticks a row in those phases; narrower supports settle less often, alpha 1.7: 63%,
+   and are left to the loop). Not where the pseudo-row's support is narrower (where the first
    double pass drops most candidates, the passes after it are short and a float pass over them all
    costs more than it saves: alpha 1.5 at deviation 0.03, 32,000 scores, a quarter in the support,
    took 1.75 float passes and 1.25 double ones for three double ones). Also after the coarse steps
-   (a lower bound some POWER_COARSE_MARGIN below the root; their drops leave about the support):
-   one step, then the settling pass where POWER_SETTLE_PAYS, where the double loop took a step and
+   (a lower bound some POWER_COARSE_MARGIN below the root; their drops leave about the support;
+   q >= 2 only: for q < 2 Newton's step from there did not settle): one step, then the settling pass where POWER_SETTLE_PAYS, where the double loop took a step and
    a second pass to settle (alpha 1.3 at deviation 0.3, 8,000 scores: 3 coarse and 2 double passes
    -> 3 coarse, 1 float step, 1 settling pass; the two double passes' 18.6 thousand ticks a row ->
    5.9 for the settling pass, the float step 5.5 more in the coarse phase). Also from the candidates'
@@ -1468,7 +1480,8 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
                 break;                                                                          \
             const double h_ = vpow_2(hqf_, a);                                                  \
             const double newton_ = (h_ - 1.0) * (hqf_ / h_) / wsf_;                             \
-            const double den_ = 1.0 - newton_ * (qr - 1.0) * (hqf_ * csf_ - wsf_ * wsf_) / (2.0 * hqf_ * wsf_); \
+            const double den_ = qr < 2.0 ? 1.0 /* (q < 2: C unbounded near the edge; Newton's step) */ \
+                : 1.0 - newton_ * (qr - 1.0) * (hqf_ * csf_ - wsf_ * wsf_) / (2.0 * hqf_ * wsf_); \
             const double step_ = den_ > 0.5 ? newton_ / den_ : newton_; /* (Halley's, where sane) */ \
             if (!(tau + step_ > lo && tau + step_ < 0.0))                                       \
                 break;                                                                          \
@@ -1849,7 +1862,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
                     tau = tn;                                                                   \
                     coarse = 0;                                                                 \
                     from_above = 1;                                                             \
-                    fine_ = qr >= 2.0 && kn >= POWER_FINE_MIN_SUPPORT;                          \
+                    fine_ = kn >= POWER_FINE_MIN_SUPPORT;                                       \
                     settle_ = fine_ && POWER_SETTLE_PAYS(e, qr, gap, tau);                      \
                 }                                                                               \
                 bad = bad0;                                                                     \
@@ -1858,6 +1871,9 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
                 fine_ = 1;                                                                      \
                 settle_ = POWER_SETTLE_PAYS(e, qr, gap, tau);                                  \
             }                                                                                   \
+            if (!from_above && tau > lo && var > 0.0                                            \
+                && erfc((mean - tau) / sqrt(2.0 * var)) >= 2.0 * POWER_PREDROP_SHARE)           \
+                LONG_DROP_##V(cand, k, LONG_MOVE_INDEX); /* (the mean bound's, before any pass) */ \
         }                                                                                       \
         POWER_PHASE(3);                                                                     \
         POWER_COUNT(0, 1);                                                                      \

@@ -72,16 +72,19 @@ def fine_step_rows(n: int, alphas: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 ALPHAS = [1.12, 1.2, 1.25, 1.3, 1.35, 1.4, 1.45, 1.5, 1.3, 1.6]
+ALPHAS_ABOVE = [1.55, 1.6, 1.65, 1.7, 1.55, 1.6, 1.65, 1.7, 1.8, 1.6]
+"""Alphas above 1.5 (q < 2: Newton's float step alone) for every kind of :func:`fine_step_rows`."""
 
 
 @pytest.mark.parametrize("n", [1003, 8000, 32003])
-def test_rows_that_mislead_the_float_step_equal_the_bisection(native_build, monkeypatch, n):
-    """On every native build, the rows of :func:`fine_step_rows` (alphas 1.12-1.5, where the step
-    serves, and 1.6, where it is not taken) get the float64 root's threshold, support and output, and
-    the loop capped at 19 steps (no normal start, no float step) gives the same threshold and
-    output."""
+@pytest.mark.parametrize("above", [False, True])
+def test_rows_that_mislead_the_float_step_equal_the_bisection(native_build, monkeypatch, n, above):
+    """On every native build, the rows of :func:`fine_step_rows` (alphas 1.12-1.6: Halley's float
+    step; and 1.55-1.8 for every kind of row: Newton's, where q < 2) get the float64 root's
+    threshold, support and output, and the loop capped at 19 steps (no normal start, no float step)
+    gives the same threshold and output."""
     monkeypatch.setitem(_native._state, "lib", native_build)
-    alphas = torch.tensor(ALPHAS * 3, dtype=torch.float64)
+    alphas = torch.tensor((ALPHAS_ABOVE if above else ALPHAS) * 3, dtype=torch.float64)
     x = fine_step_rows(n, alphas, seed=n + 3)
     check_root_and_capped_loop(native_build, x, alphas, p_rtol=1e-5)
 
