@@ -179,6 +179,11 @@ MODEL = {
         "decoder_layers": Option(int, 6, "decoder layers", minimum=1, maximum=MAX_LAYERS),
         "d_model": Option(int, 512, "model (and embedding) size", minimum=1, maximum=MAX_SIZE),
         "heads": Option(int, 8, "attention heads (d_model must be a multiple)", minimum=1, maximum=MAX_SIZE),
+        "kv_heads": Option(int, 0, "key/value heads of every attention: grouped-query attention (Ainslie et al. "
+                           "2023; 1: multi-query attention, Shazeer 2019), each group of heads / kv_heads query "
+                           "heads shares one key/value projection, so the decoder's key/value cache and the "
+                           "cross-attention's keys and values are heads / kv_heads times smaller; heads must be a "
+                           "multiple (0: as many as heads; OpenNMT-py num_kv)", minimum=0, maximum=MAX_SIZE),
         "alignment_layer": Option(int, -1, "the decoder layer whose cross-attention gives word alignments "
                                   "(nmt-translate -report_align, -replace_unk) and which training.guided_alignment "
                                   "supervises: 0-based, negative from the last (-1: the last; OpenNMT-py "

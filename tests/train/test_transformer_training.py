@@ -170,3 +170,27 @@ def test_a_checkpoint_saved_before_newer_options_resumes_and_loads(positions, mi
         assert torch.equal(loaded.model(src, lengths, tgt_in)[0], first.model.eval()(src, lengths, tgt_in)[0])
     second = trainer(max_steps=6)
     assert second.resumed and second.train().step == 6
+
+
+def test_a_grouped_query_attention_run_trains_and_its_checkpoint_translates(tiny_task, tmp_path):
+    """``model.transformer.kv_heads: 1`` (multi-query attention, 2 heads) through the trainer: the
+    checkpoint holds key/value projections of one head, load_model rebuilds the model from its
+    config and gives the trainer's logits, and ``nmt-translate`` gives the in-process beam search's
+    outputs and certificates."""
+    from nmt.train.checkpoint import load_checkpoint
+    from tiny_task import cli_translation_matches_search
+
+    model = {**TRANSFORMER, "transformer": {**TRANSFORMER["transformer"], "kv_heads": 1}}
+    config = transformer_config(tiny_task, tmp_path / "run", model, device="cpu")
+    trainer = Trainer(resolve_config(config, "t.yaml"), "t.yaml")
+    assert trainer.train().step == 12
+    saved = load_checkpoint(tmp_path / "run" / "last.pt")["model"]
+    kv = [key for key in saved if key.endswith(("k_proj.weight", "v_proj.weight"))]
+    assert len(kv) == 2 * 6 and all(saved[key].shape == (4, 8) for key in kv)  # d_head 4, d_model 8
+    loaded, src, lengths = cli_translation_matches_search(tmp_path / "run" / "last.pt", tiny_task["valid"]["src"],
+                                                          tmp_path)
+    tgt_in = torch.tensor([[2, 5, 6]] * src.size(0))
+    with torch.no_grad():
+        want, _ = trainer.model.eval()(src, lengths, tgt_in)
+        got, _ = loaded.model(src, lengths, tgt_in)
+    assert torch.equal(got, want)

@@ -53,6 +53,10 @@ def build_transformer(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_
     if d_model % t["heads"]:
         raise ModelConfigError("model.transformer.heads",
                                f"d_model ({d_model}) must be a multiple of heads ({t['heads']})")
+    kv_heads = t.get("kv_heads", 0)  # (absent from older checkpoints: every head its own keys and values)
+    if kv_heads and t["heads"] % kv_heads:
+        raise ModelConfigError("model.transformer.kv_heads",
+                               f"heads ({t['heads']}) must be a multiple of kv_heads ({kv_heads})")
     if t.get("alignment_heads", 0) > t["heads"]:
         raise ModelConfigError("model.transformer.alignment_heads",
                                f"{t['alignment_heads']} heads, but the layers have {t['heads']} (0: all of them)")
@@ -65,7 +69,8 @@ def build_transformer(model_cfg: dict[str, Any], src_vocab_size: int, tgt_vocab_
                                f"unknown value {alibi_encoder!r}; valid: {', '.join(ALIBI_ENCODER_FORMS)}")
     spec = keyed("model.transformer.norm", LayerSpec, d_model, t["heads"], t["d_ff"], t["norm"], t["dropout"],
                   t["attention_dropout"], t["activation_dropout"], t["activation"], relative,
-                  t["positions"] == "alibi", alibi_encoder, t.get("layer_norm", "layer"))  # older runs: LayerNorm
+                  t["positions"] == "alibi", alibi_encoder, t.get("layer_norm", "layer"),  # older runs: LayerNorm
+                  kv_heads)
     specs = {kind: attention_spec(att_cfg, kind) for kind in ATTENTION_KINDS}
     specs["cross"].continuous = att_cfg.get("continuous")  # combined attention: cross-attention only
     for kind, attention in specs.items():  # check names and parameters up front, naming the key

@@ -58,6 +58,8 @@ class LayerSpec:
     its causal mask turns into the paper's form."""
     layer_norm: str = "layer"
     """Which normalisation every sub-layer and the final one use (:data:`LAYER_NORMS`)."""
+    kv_heads: int = 0
+    """Key/value heads of every attention (grouped-query attention; 0: as many as ``heads``)."""
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS:
@@ -109,7 +111,7 @@ class EncoderLayer(nn.Module):
         pre = spec.norm == "pre"
         self.self_attn = MultiHeadAttention(spec.d_model, spec.heads, attention.mapping, attention.params,
                                             spec.attention_dropout, max_relative=spec.max_relative,
-                                            alibi=spec.alibi, alibi_form=spec.alibi_encoder)
+                                            alibi=spec.alibi, alibi_form=spec.alibi_encoder, kv_heads=spec.kv_heads)
         self.attn_block = _Residual(spec.d_model, pre, spec.dropout, spec.layer_norm)
         self.feed_forward = FeedForward(spec.d_model, spec.d_ff, spec.activation, spec.activation_dropout)
         self.ff_block = _Residual(spec.d_model, pre, spec.dropout, spec.layer_norm)
@@ -136,11 +138,11 @@ class DecoderLayer(nn.Module):
         pre = spec.norm == "pre"
         self.self_attn = MultiHeadAttention(spec.d_model, spec.heads, self_attention.mapping,
                                             self_attention.params, spec.attention_dropout,
-                                            max_relative=spec.max_relative, alibi=spec.alibi)
+                                            max_relative=spec.max_relative, alibi=spec.alibi, kv_heads=spec.kv_heads)
         self.self_block = _Residual(spec.d_model, pre, spec.dropout, spec.layer_norm)
         self.cross_attn = MultiHeadAttention(spec.d_model, spec.heads, cross_attention.mapping,
                                              cross_attention.params, spec.attention_dropout,
-                                             cross_attention.continuous)
+                                             cross_attention.continuous, kv_heads=spec.kv_heads)
         self.cross_block = _Residual(spec.d_model, pre, spec.dropout, spec.layer_norm)
         self.feed_forward = FeedForward(spec.d_model, spec.d_ff, spec.activation, spec.activation_dropout)
         self.ff_block = _Residual(spec.d_model, pre, spec.dropout, spec.layer_norm)

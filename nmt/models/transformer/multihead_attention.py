@@ -77,19 +77,32 @@ class MultiHeadAttention(nn.Module):
     the right in turn, the other side's slope doubled. Softmax heads still
     take the fused kernel: the bias (divided by the temperature, as the kernel scales only
     ``q . k``) goes in as its additive float mask, ``-inf`` where ``mask`` forbids a key.
+
+    ``kv_heads`` G (a divisor of ``heads``; 0: ``heads``): grouped-query attention (Ainslie et al.
+    2023; G = 1: multi-query attention, Shazeer 2019): keys and values are projected into G heads
+    of size ``d_head`` and query head h attends with key/value head ``h // (heads / G)`` (consecutive
+    query heads share one, as a ``repeat_interleave`` of the key/value heads would have them): the
+    same function as full multi-head attention whose key/value projections repeat each of the G
+    heads' weights heads / G times, with heads / G times fewer key/value parameters, and caches
+    (the decoder's self-attention keys and values, the cross-attention's) of G heads: (B, G, S,
+    d_head). The products take the groups by a view, without copying keys or values.
     """
 
     def __init__(self, d_model: int, heads: int, mapping: str = "softmax",
                  params: dict[str, Any] | None = None, dropout: float = 0.0,
                  continuous: dict[str, Any] | None = None, max_relative: int = 0, alibi: bool = False,
-                 alibi_form: str = "symmetric") -> None:
+                 alibi_form: str = "symmetric", kv_heads: int = 0) -> None:
         super().__init__()
         if heads < 1 or d_model % heads:
             raise ValueError(f"d_model ({d_model}) must be a positive multiple of heads ({heads})")
+        kv_heads = kv_heads or heads
+        if kv_heads < 1 or heads % kv_heads:
+            raise ValueError(f"heads ({heads}) must be a positive multiple of kv_heads ({kv_heads})")
         self.d_model, self.heads, self.d_head = d_model, heads, d_model // heads
+        self.kv_heads, self.d_kv = kv_heads, kv_heads * (d_model // heads)
         self.q_proj = Linear(d_model, d_model)
-        self.k_proj = Linear(d_model, d_model)
-        self.v_proj = Linear(d_model, d_model)
+        self.k_proj = Linear(d_model, self.d_kv)
+        self.v_proj = Linear(d_model, self.d_kv)
         self.out_proj = Linear(d_model, d_model)
         self.mapping = HeadMapping(heads, mapping, params)
         self.dropout = Dropout(dropout)
@@ -107,19 +120,19 @@ class MultiHeadAttention(nn.Module):
             nn.init.zeros_(linear.bias)
 
     def _split(self, x: Tensor) -> Tensor:
-        """(B, T, D) -> (B, heads, T, d_head)."""
-        return x.view(x.size(0), x.size(1), self.heads, self.d_head).transpose(1, 2)
+        """(B, T, n d_head) -> (B, n, T, d_head): the queries' heads, or the keys' or values' kv_heads."""
+        return x.view(x.size(0), x.size(1), -1, self.d_head).transpose(1, 2)
 
     def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """x: (B, S, D) -> keys, values: each (B, heads, S, d_head)."""
+        """x: (B, S, D) -> keys, values: each (B, kv_heads, S, d_head)."""
         return self._split(self.k_proj(x)), self._split(self.v_proj(x))
 
     def packed_keys_values(self, memory: PackedMemory) -> tuple[Tensor, Tensor]:
         """The :meth:`keys_values` of ``memory.rows.unpack(memory.x)`` at the real positions, projected
-        from the N packed rows alone: keys, values each (B, heads, L, d_head), contiguous, zeros at
+        from the N packed rows alone: keys, values each (B, kv_heads, L, d_head), contiguous, zeros at
         the padded positions (:meth:`keys_values` gives the bias there: any value does, the
         cross-attention masks padded keys)."""
-        rows, heads = memory.rows, self.heads
+        rows, heads = memory.rows, self.kv_heads
         return rows.unpack_heads(self.k_proj(memory.x), heads), rows.unpack_heads(self.v_proj(memory.x), heads)
 
     def _projection_params(self) -> list[Tensor]:
@@ -139,7 +152,8 @@ class MultiHeadAttention(nn.Module):
 
     def self_projections(self, x: Tensor, rotation: Rotation | None = None,
                          rows: PackedRows | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """x: (B, T, D) -> (scaled queries, keys, values) of a self-attention, each (B, heads, T, d_head):
+        """x: (B, T, D) -> (scaled queries, keys, values) of a self-attention, (B, heads, T, d_head) and
+        the keys and values (B, kv_heads, T, d_head):
         :meth:`queries` and :meth:`keys_values` of ``x``, in a frozen region one product. ``rotation``
         (rotary positions of the T inputs, :mod:`nmt.models.transformer.rotary`): the queries and
         keys come rotated by their positions (values are not rotated). ``rows``: x is (N, D), the
@@ -164,12 +178,12 @@ class MultiHeadAttention(nn.Module):
             if rows is not None:
                 parts = tuple(rows.unpack(part) for part in parts)
         else:
-            parts = (rows.unpack(qkv) if rows is not None else qkv).split(self.d_model, dim=-1)
+            parts = (rows.unpack(qkv) if rows is not None else qkv).split((self.d_model, self.d_kv, self.d_kv), dim=-1)
         return tuple(self._split(part) for part in parts)  # type: ignore[return-value]
 
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None,
                 need_probs: bool = True, return_scores: bool = False) -> tuple[Tensor, Tensor | None]:
-        """query: (B, T, D); keys, values: (B, heads, S, d_head) from :meth:`keys_values`;
+        """query: (B, T, D); keys, values: (B, kv_heads, S, d_head) from :meth:`keys_values`;
         mask: bool broadcastable to (B, heads, T, S), True = may attend (None: everything).
 
         With ``continuous`` the mask must be the source key mask (B, 1, 1, S), right-padded.
@@ -197,12 +211,15 @@ class MultiHeadAttention(nn.Module):
             if bias is not None:  # (heads, T, S) or (B, heads, T, S): added to scale * q.k
                 temperature = self.mapping.temperature
                 attn_mask = biased_mask(bias if temperature == 1.0 else bias / temperature, mask)
+            grouped = {"enable_gqa": True} if self.kv_heads != self.heads else {}
             context = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=attn_mask, dropout_p=self.dropout.p if self.training else 0.0,
-                scale=1.0 / self.mapping.temperature)  # q holds the 1 / sqrt(d_head) already
+                scale=1.0 / self.mapping.temperature, **grouped)  # q holds the 1 / sqrt(d_head) already
             context = context.transpose(1, 2).reshape(q.size(0), q.size(2), self.d_model)
             return self.out_proj(context if rows is None else rows.pack(context)), None
-        scores = q @ keys.transpose(-1, -2)
+        scores = self._grouped(q) @ keys.unsqueeze(2).transpose(-1, -2) if self.kv_heads != self.heads \
+            else q @ keys.transpose(-1, -2)
+        scores = scores.flatten(1, 2) if scores.dim() == 5 else scores  # (B, heads, T, S)
         if bias is not None:
             scores = scores + bias.to(scores.dtype)  # (B, heads, T, S) + (heads, T, S)
         relations = None
@@ -213,7 +230,8 @@ class MultiHeadAttention(nn.Module):
         weights = applied(self.dropout, probs)
         if self.continuous is not None:
             weights = weights + self._continuous_weights(probs, mask)
-        context = weights @ values  # (B, heads, T, d_head)
+        context = (self._grouped(weights) @ values.unsqueeze(2)).flatten(1, 2) if self.kv_heads != self.heads \
+            else weights @ values  # (B, heads, T, d_head)
         if relations is not None:
             context = context + relative_context(weights, relations.to(weights.dtype))
         context = context.transpose(1, 2).reshape(q.size(0), q.size(2), self.d_model)
@@ -222,6 +240,11 @@ class MultiHeadAttention(nn.Module):
             scores = scores if temperature == 1.0 else scores / temperature
             probs = scores if mask is None else scores.masked_fill(~mask, float("-inf"))
         return self.out_proj(context if rows is None else rows.pack(context)), probs
+
+    def _grouped(self, x: Tensor) -> Tensor:
+        """(B, heads, T, F) -> (B, kv_heads, heads / kv_heads, T, F), a view: each key/value head's
+        query heads (consecutive ones) together, for products with (B, kv_heads, 1, S, d_head)."""
+        return x.view(x.size(0), self.kv_heads, self.heads // self.kv_heads, x.size(2), x.size(3))
 
     def _continuous_weights(self, probs: Tensor, mask: Tensor | None) -> Tensor:
         """Source weights (B, heads, T, S) of each head's continuous density (see the class docstring)."""
