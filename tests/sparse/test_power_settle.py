@@ -117,6 +117,22 @@ def _edge_rows(n: int, alphas: torch.Tensor, seed: int) -> torch.Tensor:
     return x.float()
 
 
+def _against_the_double_loop(lib, without_settling, x: torch.Tensor, alphas: torch.Tensor) -> tuple:
+    """Rows ``x`` at ``alphas`` on the diagnostic build ``lib`` and on the build without the settling
+    pass: the same threshold bit for bit, the same support, r equal, outputs within the float powers'
+    error (40 units of 2^-24 relative, 1e-12 absolute), and the float64 bisection's (p to 1e-5
+    relative); returns ``(p, r, tau, counts, counts without the pass)``."""
+    found, counts = counted_power_probs(lib, x, alphas - 1)
+    want, counts0 = counted_power_probs(without_settling, x, alphas - 1)
+    (p, r, tau), (p0, r0, tau0) = found[:3], want[:3]
+    assert torch.equal(tau, tau0), (tau - tau0).abs().max()
+    assert torch.equal(p > 0, p0 > 0)
+    assert torch.allclose(p.double(), p0.double(), rtol=40 * U, atol=1e-12), (p - p0).abs().max()
+    assert torch.equal(r, r0)
+    check_rows(x, alphas, p, r, tau, p_rtol=1e-5)
+    return p, r, tau, counts, counts0
+
+
 CASES = [("strained", 8000), ("strained", 32003), ("fine", 8000), ("fine", 32003), ("fine_above", 8000),
          ("fine_above", 32003), ("edge", 2500),
          ("edge", 4000), ("edge", 6000), ("normal", 8000), ("normal", 32000)]
@@ -147,14 +163,7 @@ def test_settled_rows_keep_the_double_loops_threshold_bit_for_bit(native_variant
     else:
         g = torch.Generator().manual_seed(n)
         x = torch.randn(len(alphas), n, generator=g) * torch.tensor([0.01, 0.03, 0.1, 0.3] * 5)[:, None]
-    found, counts = counted_power_probs(lib, x, alphas - 1)
-    want, counts0 = counted_power_probs(without_settling, x, alphas - 1)
-    (p, r, tau), (p0, r0, tau0) = found[:3], want[:3]
-    assert torch.equal(tau, tau0), (tau - tau0).abs().max()
-    assert torch.equal(p > 0, p0 > 0)
-    assert torch.allclose(p.double(), p0.double(), rtol=40 * U, atol=1e-12), (p - p0).abs().max()
-    assert torch.allclose(r, r0, rtol=0, atol=0)
-    check_rows(x, alphas, p, r, tau, p_rtol=1e-5)
+    counts, counts0 = _against_the_double_loop(lib, without_settling, x, alphas)[3:]
     assert counts0[16] == 0
     if _has_avx512():
         assert counts[17] >= (1 if kind == "fine_above" else 2), (kind, n, counts[16], counts[17])
@@ -214,14 +223,7 @@ def test_rows_after_coarse_steps_take_a_float_step_and_settle(native_variant, wi
                                    (32000, 3, 1.3, 0.3), (8000, 8, 1.7, 0.03)):
         x = torch.randn(rows, n, generator=g) * spread
         alphas = torch.full((rows,), alpha, dtype=torch.float64)
-        found, counts = counted_power_probs(lib, x, alphas - 1)
-        want, counts0 = counted_power_probs(without_settling, x, alphas - 1)
-        (p, r, tau), (p0, r0, tau0) = found[:3], want[:3]
-        assert torch.equal(tau, tau0), (alpha, (tau - tau0).abs().max())
-        assert torch.equal(p > 0, p0 > 0)
-        assert torch.allclose(p.double(), p0.double(), rtol=40 * U, atol=1e-12), (p - p0).abs().max()
-        assert torch.equal(r, r0)
-        check_rows(x, alphas, p, r, tau, p_rtol=1e-5)
+        p, r, tau, counts, counts0 = _against_the_double_loop(lib, without_settling, x, alphas)
         assert counts[7] < 0.6 * rows * n, (alpha, counts[7])  # (a cut support)
         if not _has_avx512():
             continue
@@ -248,13 +250,7 @@ def test_rows_of_alpha_above_1_5_take_newtons_float_step_and_settle(native_varia
         for alpha in (1.55, 1.6):
             x = torch.randn(rows, n, generator=g) * spread
             alphas = torch.full((rows,), alpha, dtype=torch.float64)
-            found, counts = counted_power_probs(lib, x, alphas - 1)
-            want, counts0 = counted_power_probs(without_settling, x, alphas - 1)
-            (p, r, tau), (p0, r0, tau0) = found[:3], want[:3]
-            assert torch.equal(tau, tau0), (alpha, (tau - tau0).abs().max())
-            assert torch.equal(p > 0, p0 > 0)
-            assert torch.allclose(p.double(), p0.double(), rtol=40 * U, atol=1e-12), (p - p0).abs().max()
-            check_rows(x, alphas, p, r, tau, p_rtol=1e-5)
+            p, r, tau, counts, counts0 = _against_the_double_loop(lib, without_settling, x, alphas)
             if not _has_avx512():
                 continue
             if spread == 0.01:
@@ -298,13 +294,7 @@ def test_rows_whose_smallest_outputs_leave_the_float_range_are_not_settled(nativ
     got = _near_root_entry(x[0], alpha, log2_rq)
     x = x.float()
     alphas = torch.full((2,), alpha, dtype=torch.float64)
-    found, counts = counted_power_probs(lib, x, alphas - 1)
-    want, counts0 = counted_power_probs(without_settling, x, alphas - 1)
-    (p, r, tau), (p0, r0, tau0) = found[:3], want[:3]
-    assert torch.equal(tau, tau0), (tau - tau0).abs().max()
-    assert torch.equal(p > 0, p0 > 0)
-    assert torch.allclose(p.double(), p0.double(), rtol=40 * U, atol=1e-12)
-    check_rows(x, alphas, p, r, tau, p_rtol=1e-5)
+    p, r, tau, counts, counts0 = _against_the_double_loop(lib, without_settling, x, alphas)
     j = int(x[0].argmin())
     assert got > -149.0 and bool(p[0, j] > 0), (got, float(p[0, j]))  # (a float32 subnormal)
     if _has_avx512():
