@@ -17,6 +17,7 @@ from nmt.train.checkpoint import checkpoint_step, load_checkpoint
 from nmt.train.early_stopping import EarlyStopping
 from nmt.train.keep_best import KeptBest
 from nmt.train.trainer import Trainer
+from test_resume_fallback import flip_a_weight_bit
 from tiny_task import tiny_config, write_task
 
 # lr 0.1 makes the tiny task's validation figures go up and down, with ties (accuracy in steps of 1/28)
@@ -170,10 +171,10 @@ def test_a_damaged_or_missing_kept_file_is_restored_or_dropped_on_resume(task, t
     make_trainer(task, run, "accuracy", keep_best=3, max_steps=12, keep_last=12).train()
     top = brute_force_top(run, "accuracy", 3)
     damaged, missing = run / f"best_step_{top[0]}.pt", run / f"best_step_{top[1]}.pt"
-    data = bytearray(damaged.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    damaged.unlink()  # a file of its own (the save hard-linked it to step_N.pt / best.pt)
-    damaged.write_bytes(bytes(data))  # a flipped bit: the CRC check finds it
+    # a flipped bit inside a tensor record (the CRC check finds it; the file's middle byte may fall in
+    # a record header's alignment padding, which no CRC covers), written as a file of its own (the
+    # save hard-linked it to step_N.pt / best.pt)
+    flip_a_weight_bit(damaged)
     missing.unlink()
     (run / "best_step_99.pt").write_bytes((run / "last.pt").read_bytes())  # a file no record names
     resumed = make_trainer(task, run, "accuracy", keep_best=3, max_steps=12, keep_last=12)
