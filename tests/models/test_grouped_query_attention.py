@@ -147,3 +147,21 @@ def test_frozen_region_steps_with_grouped_heads_equal_module_steps(name, kv_head
     assert torch.equal(torch.isinf(got), torch.isinf(expected))
     torch.testing.assert_close(got.exp(), expected.exp(), rtol=1e-5, atol=5e-5)
     torch.testing.assert_close(got_attention, expected_attention, rtol=1e-5, atol=5e-5)
+
+
+@pytest.mark.parametrize("name,fused", [("softmax", True), ("entmax15", False)])
+def test_a_grouped_step_compiles_as_one_graph(name, fused, monkeypatch):
+    """A decoding step of a model with 2 key/value heads for 4 query heads compiles with
+    ``torch.compile(fullgraph=True)`` (the groups' views; the fused kernel's ``enable_gqa``, forced
+    on the CPU here) and gives the eager step."""
+    if fused:
+        monkeypatch.setattr(mha, "fused_attention_serves", lambda t: True)
+    model = make(attention=MAPPINGS[name], transformer={"heads": 4, "kv_heads": 2, "d_model": 16})
+    src, lengths, _ = random_batch(batch=3, src_len=6, seed=1)
+    with torch.no_grad():
+        encoder_out, state = model.encode(src, lengths)
+        tokens = torch.full((3,), 2)
+        eager = model.step(tokens, state, encoder_out)
+        compiled = torch.compile(model.step, fullgraph=True, backend="aot_eager")(tokens, state, encoder_out)
+    torch.testing.assert_close(compiled[0], eager[0])
+    torch.testing.assert_close(compiled[1], eager[1])
