@@ -251,19 +251,23 @@ def test_learned_positions_reject_too_long_inputs():
 
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "relative", "alibi", "alibi-split"])
-@pytest.mark.parametrize("name", ["softmax", "softmax-fused", "sparsemax", "entmax15", "continuous"])
+@pytest.mark.parametrize("name", ["softmax", "softmax-fused", "sparsemax", "entmax15", "continuous",
+                                  "softmax-fused-grouped", "entmax15-grouped"])
 def test_forward_backward_and_step_do_not_synchronise(name, positions, monkeypatch):
     """The Transformer itself reads nothing back from the device (masks, positions and caches
     are built from shapes). The mappings run their accelerator path (``impl: static``, what
     CUDA runs): the CPU path hands rows to NumPy's sort, which the audit counts. "softmax-fused":
-    the heads whose probabilities nobody reads through the fused kernel, as on CUDA. The encoder
-    keeps the padded layout, as off the CPU (its packed rows read the mask: CPU only)."""
+    the heads whose probabilities nobody reads through the fused kernel, as on CUDA. "-grouped":
+    4 query heads on 2 key/value heads (``kv_heads``). The encoder keeps the padded layout, as off
+    the CPU (its packed rows read the mask: CPU only)."""
     import nmt.models.transformer.multihead_attention as mha
     import nmt.models.transformer.packed_rows as packed_rows
     from nmt.utils.sync_audit import SyncAudit
 
     monkeypatch.setattr(packed_rows, "PACKED_ENCODER", False)
 
+    grouped = {"heads": 4, "kv_heads": 2, "d_model": 16} if name.endswith("-grouped") else {}
+    name = name.removesuffix("-grouped")
     fused_calls, fused = [], name == "softmax-fused"
     if fused:
         real = mha.F.scaled_dot_product_attention
@@ -274,7 +278,7 @@ def test_forward_backward_and_step_do_not_synchronise(name, positions, monkeypat
     section = dict(MAPPINGS[name])
     if name != "softmax":
         section["params"] = {**section["params"], "impl": "static"}
-    model = make(attention=section, transformer=positions_cfg(positions)).train()
+    model = make(attention=section, transformer={**positions_cfg(positions), **grouped}).train()
     src, src_lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=5, seed=6)
     model(src, src_lengths, tgt_in)  # warm up lazy initialisations
     with SyncAudit() as audit:
