@@ -274,9 +274,15 @@ def test_attention_dropout_is_the_kernels_in_training_only(fused_calls, monkeypa
     assert set(seen) == {0.0} and torch.equal(c, d)
 
 
-@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "relative", "alibi", "alibi-split"])
-def test_a_fused_step_compiles_as_one_graph(positions, fused_calls):
-    model = make(**positions_cfg(positions)).eval()
+@pytest.mark.parametrize("positions,attention,kv_heads", [
+    *((positions, SOFTMAX, 0) for positions in ("sinusoidal", "rotary", "relative", "alibi", "alibi-split")),
+    ("sinusoidal", SOFTMAX, 2), ("sinusoidal", NOT_FUSABLE["entmax15"], 2)])
+def test_a_fused_step_compiles_as_one_graph(positions, attention, kv_heads, fused_calls):
+    """A decoding step compiles with ``torch.compile(fullgraph=True)`` and gives the eager step;
+    ``kv_heads`` 2: 4 query heads on 2 key/value heads (the fused kernel's ``enable_gqa``, or the
+    groups' views of heads it does not serve)."""
+    grouped = {"heads": 4, "kv_heads": kv_heads, "d_model": 16} if kv_heads else {}
+    model = make(attention, **positions_cfg(positions), **grouped).eval()
     src, lengths, _ = random_batch(batch=3, src_len=6, seed=1)
     with torch.no_grad():
         encoder_out, state = model.encode(src, lengths)

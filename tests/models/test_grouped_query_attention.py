@@ -2,7 +2,9 @@
 checked against full multi-head attention whose key/value projections repeat each key/value head's
 weights for its group of query heads (the definition), for every kind of mapping and position
 term, the fused kernel's path, the model's incremental decoding against teacher forcing, the
-caches' sizes, the one-line configuration error, and a run that trains, resumes and translates."""
+caches' sizes, the one-line configuration error. Elsewhere with grouped heads: decoding's frozen
+region (``test_transformer``), the sync audit (``test_transformer``), a compiled step
+(``test_fused_attention``), a run that trains and translates (``test_transformer_training``)."""
 from __future__ import annotations
 
 import pytest
@@ -127,41 +129,3 @@ def test_the_default_is_full_attention_and_other_groups_name_the_key():
     with pytest.raises(ModelConfigError, match=r"model\.transformer\.kv_heads.*heads \(4\) must be a multiple "
                                                r"of kv_heads \(3\)"):
         make(transformer={"heads": 4, "kv_heads": 3, "d_model": 16})
-
-
-@pytest.mark.parametrize("name", ["softmax", "entmax15", "adaptive"])
-@pytest.mark.parametrize("kv_heads", [1, 2])
-def test_frozen_region_steps_with_grouped_heads_equal_module_steps(name, kv_heads):
-    """Decoding's frozen region (the self-attention's queries, keys and values as one product of the
-    concatenated weights, here of 16 + 2 x 4 kv_heads rows, the scale folded in) gives the plain
-    modules' steps, to float32 rounding, with the same exact zeros."""
-    from nmt.utils.packed_linear import frozen_weights
-
-    model = make(dtype=torch.float32, scale=3.0, attention=MAPPINGS[name], output={"mapping": "entmax15", "params": {}},
-                 transformer={"heads": 4, "kv_heads": kv_heads, "d_model": 16})
-    src, src_lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=6, seed=2)
-    with torch.no_grad():
-        expected, expected_attention = incremental(model, src, src_lengths, tgt_in, permutation=torch.tensor([1, 2, 0]))
-        with frozen_weights():
-            got, got_attention = incremental(model, src, src_lengths, tgt_in, permutation=torch.tensor([1, 2, 0]))
-    assert torch.equal(torch.isinf(got), torch.isinf(expected))
-    torch.testing.assert_close(got.exp(), expected.exp(), rtol=1e-5, atol=5e-5)
-    torch.testing.assert_close(got_attention, expected_attention, rtol=1e-5, atol=5e-5)
-
-
-@pytest.mark.parametrize("name,fused", [("softmax", True), ("entmax15", False)])
-def test_a_grouped_step_compiles_as_one_graph(name, fused, monkeypatch):
-    """A decoding step of a model with 2 key/value heads for 4 query heads compiles with
-    ``torch.compile(fullgraph=True)`` (the groups' views; the fused kernel's ``enable_gqa``, forced
-    on the CPU here) and gives the eager step."""
-    if fused:
-        monkeypatch.setattr(mha, "fused_attention_serves", lambda t: True)
-    model = make(attention=MAPPINGS[name], transformer={"heads": 4, "kv_heads": 2, "d_model": 16})
-    src, lengths, _ = random_batch(batch=3, src_len=6, seed=1)
-    with torch.no_grad():
-        encoder_out, state = model.encode(src, lengths)
-        tokens = torch.full((3,), 2)
-        eager = model.step(tokens, state, encoder_out)
-        compiled = torch.compile(model.step, fullgraph=True, backend="aot_eager")(tokens, state, encoder_out)
-    torch.testing.assert_close(compiled[0], eager[0])
-    torch.testing.assert_close(compiled[1], eager[1])

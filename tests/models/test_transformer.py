@@ -333,13 +333,18 @@ def test_continuous_cross_attention_adds_the_density_context():
 
 
 @pytest.mark.parametrize("name", ["softmax", "entmax15", "adaptive"])
-def test_frozen_region_steps_equal_module_steps(name):
+@pytest.mark.parametrize("kv_heads", [0, 1, 2])
+def test_frozen_region_steps_equal_module_steps(name, kv_heads):
     """Decoding's frozen region (float32: the scale folded into the query projection, the
     self-attention's three projections as one product, cached contiguous cross keys/values) gives
-    the steps of the plain modules, to float32 rounding, with the same exact zeros."""
+    the steps of the plain modules, to float32 rounding, with the same exact zeros. ``kv_heads`` 1
+    and 2: 4 query heads on that many key/value heads (the one product's weights then 16 + 2 x 4
+    kv_heads rows)."""
     from nmt.utils.packed_linear import frozen_weights
 
-    model = make(dtype=torch.float32, scale=3.0, attention=MAPPINGS[name], output={"mapping": "entmax15", "params": {}})
+    grouped = {"heads": 4, "kv_heads": kv_heads, "d_model": 16} if kv_heads else {}
+    model = make(dtype=torch.float32, scale=3.0, attention=MAPPINGS[name], output={"mapping": "entmax15", "params": {}},
+                 transformer=grouped)
     src, src_lengths, tgt_in = random_batch(batch=3, src_len=7, tgt_len=6, seed=2)
     with torch.no_grad():
         expected, expected_attention = incremental(model, src, src_lengths, tgt_in, permutation=torch.tensor([1, 2, 0]))

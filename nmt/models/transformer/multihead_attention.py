@@ -217,9 +217,10 @@ class MultiHeadAttention(nn.Module):
                 scale=1.0 / self.mapping.temperature, **grouped)  # q holds the 1 / sqrt(d_head) already
             context = context.transpose(1, 2).reshape(q.size(0), q.size(2), self.d_model)
             return self.out_proj(context if rows is None else rows.pack(context)), None
-        scores = self._grouped(q) @ keys.unsqueeze(2).transpose(-1, -2) if self.kv_heads != self.heads \
-            else q @ keys.transpose(-1, -2)
-        scores = scores.flatten(1, 2) if scores.dim() == 5 else scores  # (B, heads, T, S)
+        if self.kv_heads != self.heads:  # (B, kv_heads, heads / kv_heads, T, S) -> (B, heads, T, S)
+            scores = (self._grouped(q) @ keys.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)
+        else:
+            scores = q @ keys.transpose(-1, -2)
         if bias is not None:
             scores = scores + bias.to(scores.dtype)  # (B, heads, T, S) + (heads, T, S)
         relations = None
@@ -230,8 +231,10 @@ class MultiHeadAttention(nn.Module):
         weights = applied(self.dropout, probs)
         if self.continuous is not None:
             weights = weights + self._continuous_weights(probs, mask)
-        context = (self._grouped(weights) @ values.unsqueeze(2)).flatten(1, 2) if self.kv_heads != self.heads \
-            else weights @ values  # (B, heads, T, d_head)
+        if self.kv_heads != self.heads:
+            context = (self._grouped(weights) @ values.unsqueeze(2)).flatten(1, 2)
+        else:
+            context = weights @ values  # (B, heads, T, d_head)
         if relations is not None:
             context = context + relative_context(weights, relations.to(weights.dtype))
         context = context.transpose(1, 2).reshape(q.size(0), q.size(2), self.d_model)
