@@ -32,9 +32,12 @@ def main() -> None:
     ap.add_argument("--spreads", default="0.01,0.03,0.1,0.3,1")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reps", type=int, default=5, help="calls a setting; each phase's ticks: their minimum")
+    ap.add_argument("--narrow", default="", choices=["", "NMT_NO_AVX512", "NMT_NO_AVX2"],
+                    help="build without the 512-bit functions (a processor with AVX2 alone) or without "
+                         "both wide widths (the compiler's vector extensions: SSE2, NEON)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        lib = _native.load(_native.build(Path(tmp), defines=["NMT_POWER_COUNTS"]))
+        lib = _native.load(_native.build(Path(tmp), defines=["NMT_POWER_COUNTS"] + [args.narrow] * bool(args.narrow)))
     counts = (ctypes.c_double * 18).in_dll(lib, "nmt_power_counts")
     _native._state["lib"] = lib
     _native._threads = lambda *a, **k: 1  # the counters are not atomic

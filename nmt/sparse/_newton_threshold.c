@@ -32,6 +32,11 @@
  * sums are written with intrinsics (SUMS_512: the vector extensions widened eight floats by four
  * conversions and four shuffles, the pass's bottleneck), and the verification's count of the
  * entries at or above t goes by vectors too (COUNT_LANES; one by one it cost as much as two steps).
+ * With AVX2 alone the long rows' compaction of float rows moves a chunk's candidates to the front by
+ * one permutation from a table (COMPACT_256_F32; entry by entry, with a lane-by-lane test of the
+ * chunk, it took half the time) and their moments go by four-double vectors (MOMENTS_256_F32):
+ * 1.5-entmax forward on 1,024 rows of 8,000 normal scores of deviation 0.01-0.3, one thread, some
+ * 25 / 20 / 16 -> 11 / 9 / 8 ms (torch's softmax with its AVX2 kernels: 7.7 ms).
  * Rows are independent; nothing is allocated. Built with OpenMP, a call splits its rows over the
  * threads it is given (FOR_THREADS below).
  */
@@ -303,22 +308,21 @@ DEFINE_NEWTON(newton_f64_avx512, double, DBL_EPSILON, AVX512, SUMS_512(double),
 #define BOUND_MAX_SEG 32
 /* the candidates of x[i_ .. n): L entries at a time, a chunk without one skipped; v as the torch\
    shift rounds it (one multiplication of x, exact for a power-of-two scale, then the shift) */ \
-#define COMPACT_LANES(T, VT, IT, L)                                                             \
+#define COMPACT_LANES_BY(T, VT, IT, L, ANY)                                                     \
     do {                                                                                        \
         for (; i_ + L <= n; i_ += L) {                                                          \
             VT xv, v;                                                                           \
             memcpy(&xv, x + i_, sizeof xv);                                                     \
             v = exact_scale ? m + s * xv : (xv - top) * s;                                      \
-            IT c = v > cut;                                                                     \
-            IT any = c;                                                                         \
-            for (int l = 1; l < L; l++) any[0] |= c[l];                                         \
-            if (any[0])                                                                         \
+            const IT c = v > cut;                                                               \
+            if (ANY(c))                                                                         \
                 for (int l = 0; l < L; l++) {                                                   \
                     cand[k] = v[l];                                                             \
                     k += c[l] != 0;                                                             \
                 }                                                                               \
         }                                                                                       \
     } while (0)
+#define COMPACT_LANES(T, VT, IT, L) COMPACT_LANES_BY(T, VT, IT, L, ANY_WORDS)
 /* the same with AVX-512: the candidates of 16 (8) entries compressed in a register and stored
    whole at k <= i_ (within the scratch's n entries; a compressing store to memory is slow on some
    processors) */                                                                               \
@@ -333,6 +337,25 @@ DEFINE_NEWTON(newton_f64_avx512, double, DBL_EPSILON, AVX512, SUMS_512(double),
             const MASK c = _mm512_cmp_##SUF##_mask(v, bv, _CMP_GT_OQ);                          \
             _mm512_storeu_##SUF(cand + k, _mm512_maskz_compress_##SUF(c, v));                   \
             k += __builtin_popcount((unsigned)c);                                               \
+        }                                                                                       \
+    } while (0)
+/* the same for float rows in the AVX2 functions: the candidates of eight entries moved to the
+   front of a register (LEFTPACK8_PS) and stored whole at k <= i_ (the lanes after them overwritten
+   later or unread); a chunk without one skipped after one comparison (one by one, each lane's
+   extraction and the count's dependent add cost a quarter of 1.5-entmax's time on broad rows) */
+#define COMPACT_256_F32(T, VT, IT, L)                                                           \
+    do {                                                                                        \
+        const __m256 sv = _mm256_set1_ps(s), mv = _mm256_set1_ps(m), tv = _mm256_set1_ps(top);  \
+        const __m256 bv = _mm256_set1_ps(cut);                                                  \
+        for (; i_ + 8 <= n; i_ += 8) {                                                          \
+            const __m256 xv = _mm256_loadu_ps(x + i_);                                          \
+            const __m256 v = exact_scale ? _mm256_add_ps(mv, _mm256_mul_ps(sv, xv))             \
+                                         : _mm256_mul_ps(_mm256_sub_ps(xv, tv), sv);            \
+            const unsigned c = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(v, bv, _CMP_GT_OQ));  \
+            if (c) {                                                                            \
+                _mm256_storeu_ps(cand + k, LEFTPACK8_PS(v, c));                                 \
+                k += __builtin_popcount(c);                                                     \
+            }                                                                                   \
         }                                                                                       \
     } while (0)
 /* the maxima of the row's m_acc segments (L = 1: no vectors), as SEGMENT_MAXIMA */
@@ -602,6 +625,35 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, int q, double scale, 
             cmin = lm[l] < (double)cmin ? (T)lm[l] : cmin; /* widened exactly: the same T */    \
         }                                                                                       \
     } while (0)
+/* the same for float candidates in the AVX2 functions: four doubles a vector (the vector
+   extensions' eight-double vectors spilled to the stack there) */
+#define MOMENTS_256_F32(T, VT, IT, DT, L)                                                       \
+    do {                                                                                        \
+        __m256d a1 = _mm256_setzero_pd(), a2 = a1, b1 = a1, b2 = a1;                            \
+        const __m256d cv = _mm256_set1_pd(c0);                                                  \
+        __m256 mn = _mm256_set1_ps(INFINITY);                                                   \
+        for (; i + 8 <= k; i += 8) {                                                            \
+            const __m256 v = _mm256_loadu_ps(cand + i);                                         \
+            mn = _mm256_min_ps(mn, v);                                                          \
+            const __m256d d0 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), cv);   \
+            const __m256d d1 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), cv); \
+            a1 = _mm256_add_pd(a1, d0);                                                         \
+            a2 = _mm256_add_pd(a2, _mm256_mul_pd(d0, d0));                                      \
+            b1 = _mm256_add_pd(b1, d1);                                                         \
+            b2 = _mm256_add_pd(b2, _mm256_mul_pd(d1, d1));                                      \
+        }                                                                                       \
+        double l1[4], l2[4];                                                                    \
+        float lm[8];                                                                            \
+        _mm256_storeu_pd(l1, _mm256_add_pd(a1, b1));                                            \
+        _mm256_storeu_pd(l2, _mm256_add_pd(a2, b2));                                            \
+        _mm256_storeu_ps(lm, mn);                                                               \
+        for (int l = 0; l < 4; l++) {                                                           \
+            m1 += l1[l];                                                                        \
+            m2 += l2[l];                                                                        \
+        }                                                                                       \
+        for (int l = 0; l < 8; l++)                                                             \
+            cmin = lm[l] < cmin ? lm[l] : cmin;                                                 \
+    } while (0)
 #define MOMENTS_ROWS(T, VT, IT, DT, L) ((void)0)
 
 #define NOTHING(T, VT, IT, L, ...) ((void)0)
@@ -616,8 +668,9 @@ DEFINE_BOUND(bound_f64_v, double, NO_ATTR, newton_f64_v, double, int64_t, double
 #define bound_f32_avx2 bound_f32_v
 #define bound_f64_avx2 bound_f64_v
 #else
-DEFINE_BOUND(bound_f32_avx2, float, AVX2, newton_f32_avx2, nmt_f32x8, nmt_i32x8, nmt_f64x8, 8, SEGMENT_MAXIMA, COMPACT_LANES, OUTPUT_VECTORS, MOMENTS_LANES)
-DEFINE_BOUND(bound_f64_avx2, double, AVX2, newton_f64_avx2, nmt_f64x4, nmt_i64x4, nmt_f64x4, 4, SEGMENT_MAXIMA, COMPACT_LANES, OUTPUT_VECTORS, MOMENTS_LANES)
+#define COMPACT_LANES_256(T, VT, IT, L) COMPACT_LANES_BY(T, VT, IT, L, ANY_256)
+DEFINE_BOUND(bound_f32_avx2, float, AVX2, newton_f32_avx2, nmt_f32x8, nmt_i32x8, nmt_f64x8, 8, SEGMENT_MAXIMA, COMPACT_256_F32, OUTPUT_VECTORS, MOMENTS_256_F32)
+DEFINE_BOUND(bound_f64_avx2, double, AVX2, newton_f64_avx2, nmt_f64x4, nmt_i64x4, nmt_f64x4, 4, SEGMENT_MAXIMA, COMPACT_LANES_256, OUTPUT_VECTORS, MOMENTS_LANES)
 #endif
 #ifdef newton_f32_avx512 /* no AVX-512 build: the aliases */
 #define bound_f32_avx512 bound_f32_v

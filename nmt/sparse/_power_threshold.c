@@ -37,15 +37,18 @@
  * no pass of their own; rows the bound keeps whole converted straight from the scores, without
  * the compaction: LONG_WHOLE_W512, some 6.5 -> 4.6 thousand ticks a row of 8,000); broad rows
  * partly out of the support, from the normal model's start, take one float Halley step (LONG_FINE,
- * the AVX-512 functions) and then one double pass where they took two to three (so do rows after
+ * the AVX-512 and AVX2 functions) and then one double pass where they took two to three (so do rows after
  * their coarse steps); the coarse
  * float passes of long rows drop the entries below their tau as they go and, in the AVX-512
  * functions, take their powers from register tables (COARSE_ACCUMULATE_W512). Where a long row's
  * start is meant to settle at once (the series' start; the float step's landing), a pass of float
- * powers with an error bound (LONG_SETTLE, the AVX-512 functions) decides that the double pass would
+ * powers with an error bound (LONG_SETTLE, the AVX-512 and AVX2 functions) decides that the double pass would
  * take no step and serves the output in its place (the double loop where the bound is too wide:
  * the same threshold bit for bit either way, but for a double step within its own rounding, some
- * 1e-14 relative, of the tolerance's edge). A diagnostic build
+ * 1e-14 relative, of the tolerance's edge). The AVX2 functions take the float step, the settling
+ * pass, the candidates' compaction and the output by vectors of their own (W256: eight float lanes,
+ * a permutation from a table where AVX-512 compresses; alpha 1.3 at deviation 0.1, 8,000 scores:
+ * some 250 -> 106 thousand ticks a row), the rest by the vector extensions (GEN). A diagnostic build
  * (NMT_POWER_COUNTS, tools/power_counts.py) counts the long rows' passes and times their phases.
  * Short rows (at most POWER_BLOCK_MAX_N entries) are solved a block of rows at a time, one row a
  * lane: a row's pass is one polynomial chain after another, each waiting on the last, where the
@@ -634,7 +637,7 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
 /* Longer rows (more than POWER_BLOCK_MAX_N entries: output layers), row by row, pruned. Per row:
  * 1. one pass: the maximum, NaN / +inf, and the maxima of m_acc L "blocks" (entry j counts in
  *    accumulator (j / L) % m_acc, lane j % L; about POWER_LONG_BLOCK entries a block, at most
- *    POWER_LONG_MAX_ACC L blocks). The block maxima are entries of the row, so the threshold of
+ *    POWER_LONG_MAX_ACC 8 = 256 blocks at every width). The block maxima are entries of the row, so the threshold of
  *    their z is a lower bound of the row's (its f is at most the row's f everywhere);
  * 2. that bound by the Newton loop on the block maxima (LONG_NEWTON below, tolerance
  *    POWER_LONG_BOUND_RTOL: any iterate from below is a lower bound), less a margin for the
@@ -649,8 +652,8 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
  *    series less half the tolerance, power_series_root: the first pass then settles, and where that
  *    start is above the root the first step may be negative; where the series cannot serve and
  *    nearly every entry is a candidate, from the threshold of k normal scores of their mean and
- *    deviation, POWER_NORMAL_Q, the same way and without coarse steps, and in the AVX-512 functions
- *    from one float Halley step after it, LONG_FINE: one double pass then settles), first with coarse steps in floats (LONG_COARSE: a third of a double pass
+ *    deviation, POWER_NORMAL_Q, the same way and without coarse steps, and in the AVX-512 and AVX2
+ *    functions from one float Halley step after it, LONG_FINE: one double pass then settles), first with coarse steps in floats (LONG_COARSE: a third of a double pass
  *    each) unless that start is already within a coarse step's stop of the root; after every
  *    step the candidates at or below the new tau are dropped (the iterates only grow: they add
  *    nothing again). The double loop's iterates are those of the loop on the whole row (other
@@ -664,23 +667,6 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
  * chunks holding a support entry took 1,550); broad rows (most entries in the support) take three
  * or four passes of powers over the row either way, two of them in floats where the start is far
  * (standard normal scores times 0.1 at alpha 1.3: 38 -> 28 ms for 512 rows on one thread). */
-/* whether a comparison's result (all-ones / zero lanes) has a true lane: ANY_WORDS or's its 64-bit
-   words (a lane-by-lane test compiles to one extraction per lane), ANY_128 / ANY_256 test it in
-   one instruction (in the functions built for AVX2 / AVX-512) */
-static inline int power_any_words(const void *mask, size_t bytes)
-{
-    uint64_t w[4] = {0, 0, 0, 0}, acc = 0;
-    memcpy(w, mask, bytes);
-    for (int i = 0; i < 4; i++)
-        acc |= w[i];
-    return acc != 0;
-}
-#define ANY_WORDS(c) power_any_words(&(c), sizeof(c))
-#ifdef NMT_WIDE_AVX2
-#define ANY_128(c) (!_mm_testz_si128((__m128i)(c), (__m128i)(c)))
-#define ANY_256(c) (!_mm256_testz_si256((__m256i)(c), (__m256i)(c)))
-#endif
-
 #ifdef NMT_POWER_COUNTS
 /* a diagnostic build (tools/power_counts.py, one thread): what the long rows' loop does, summed over
    rows: [0] rows, [1] passes of the bound's loop (and of the normal start's pseudo-row), [2] candidates after step 3, [3] coarse passes,
@@ -1265,7 +1251,7 @@ static const double POWER_NORMAL_Q[POWER_NORMAL_N / 2] = {
    where y < -126 (as VEXP2F). No division (VLOG2F takes one) and fused multiply-adds: errors of
    the floats' roundings, about those of VLOG2F / VEXP2F, which the coarse margin covers. */
 #define COARSE_ACCUMULATE_GEN COARSE_ACCUMULATE
-#ifdef NMT_WIDE_AVX512
+#ifdef NMT_WIDE_AVX2 /* (the tables: the AVX2 functions' SETTLE_POW256 too) */
 static const float COARSE512_INV[16] __attribute__((unused)) = {
     0.9696969985961914f, 0.9142857193946838f, 0.8648648858070374f, 0.8205128312110901f, 0.7804877758026123f,
     0.7441860437393188f, 0.7111111283302307f, 0.6808510422706604f, 0.6530612111091614f, 0.6274510025978088f,
@@ -1281,6 +1267,8 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
     1.2418577671051025f, 1.2968395948410034f, 1.3542555570602417f, 1.4142135381698608f, 1.4768261909484863f,
     1.5422108173370361f, 1.610490322113037f, 1.6817928552627563f, 1.7562521696090698f, 1.8340080976486206f,
     1.9152065515518188f};
+#endif
+#ifdef NMT_WIDE_AVX512
 /* d^e of the lanes pos of d (sixteen floats; 0 in the others, and where y < -126), e the floats
    vef, the tables inv_, lc_, t2_ loaded (COARSE512_TABLES) */
 #define COARSE512_TABLES                                                                        \
@@ -1439,7 +1427,8 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
    Newton's first step from that bound, (q - 1) var / (2 gap), is shorter than a coarse step's stop
    (no coarse step, no normal start there: alpha 1.4 at deviation 0.01, 32,000 scores, took three
    double passes; now one float and one double). A step is kept where it lands above the bound lo
-   and below 0 (the maximum's z). GEN: none. */
+   and below 0 (the maximum's z). W256 (the AVX2 functions): the same with eight lanes and
+   SETTLE_POW256's powers. GEN: none. */
 #define POWER_FINE_MIN_SUPPORT (POWER_NORMAL_N * 2 / 5)
 #define POWER_FINE_AGAIN 1e-3
 #define LONG_FINE_GEN ((void)0)
@@ -1492,7 +1481,7 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
     } while (0)
 #endif
 
-/* The settling pass in floats (LONG_SETTLE; the AVX-512 functions): where the loop's start is meant
+/* The settling pass in floats (LONG_SETTLE; the AVX-512 functions, and the AVX2 ones: W256 below): where the loop's start is meant
    to lie within the tolerance of the root (the moments' series; the float Halley step's landing),
    its first double pass only finds a step too short to take and keeps its powers for the output.
    This pass does that in floats, with a bound: d = c - tau formed in double and rounded to a float,
@@ -1746,13 +1735,336 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
 #endif
 
 
+/* The AVX2 functions' float passes (V = W256): the candidates' compaction (LONG_CANDIDATES_W256),
+   the float step (LONG_FINE_W256), the settling pass (LONG_SETTLE_W256) and the output by vectors
+   (LONG_OUTPUT_W256, LONG_SETTLED_OUTPUT_W256), as the AVX-512 functions' with eight float lanes
+   (four double ones); the rest as the vector extensions have it (GEN). AVX2 has no compress, mask
+   registers, getexp / getmant, scalef or sixteen-lane permutation: a movemask and a permutation from
+   a table (LEFTPACK8), all-ones lanes and and-masks, the exponent and mantissa from the bits (for
+   normal floats: a subnormal d is below every lane's cut, the faint mask takes it), two permutations
+   and a blend (TABLE16_256), a product by 2^floor(n) built from its bits. SETTLE_POW256 computes
+   SETTLE_POW512's sums and roundings (the same tables, polynomials and fused operations): the same
+   floats for every normal d (tests/sparse/test_power_settle.py), so POWER_SETTLE_POW_ERR holds. */
+#ifdef NMT_WIDE_AVX2
+#define LONG_SUMS_W256 LONG_SUMS_GEN
+#define LONG_DROP_W256 LONG_DROP_GEN
+#define COARSE_ACCUMULATE_W256 COARSE_ACCUMULATE_GEN
+#define COARSE_KEEP_W256 COARSE_KEEP_GEN
+#define COARSE_SHRINK_W256 COARSE_SHRINK_GEN
+#define POW256_TABLES                                                                           \
+    const __m256 inv_lo_ = _mm256_loadu_ps(COARSE512_INV), inv_hi_ = _mm256_loadu_ps(COARSE512_INV + 8); \
+    const __m256 lc_lo_ = _mm256_loadu_ps(COARSE512_LC), lc_hi_ = _mm256_loadu_ps(COARSE512_LC + 8); \
+    const __m256 t2_lo_ = _mm256_loadu_ps(COARSE512_T2), t2_hi_ = _mm256_loadu_ps(COARSE512_T2 + 8)
+/* the sixteen-entry table lo, hi (two registers) at the low four bits of the 32-bit lanes i */
+#define TABLE16_256(lo, hi, i)                                                                  \
+    _mm256_blendv_ps(_mm256_permutevar8x32_ps((lo), (i)), _mm256_permutevar8x32_ps((hi), (i)),   \
+                     _mm256_castsi256_ps(_mm256_slli_epi32((i), 28)))
+#define POW256_LOG_SERIES(r, out)                                                               \
+    do {                                                                                        \
+        (out) = _mm256_set1_ps(0.28853902220726013f);                                           \
+        (out) = _mm256_fmadd_ps((out), (r), _mm256_set1_ps(-0.3606737554073334f));              \
+        (out) = _mm256_fmadd_ps((out), (r), _mm256_set1_ps(0.48089835047721863f));              \
+        (out) = _mm256_fmadd_ps((out), (r), _mm256_set1_ps(-0.7213475108146667f));              \
+        (out) = _mm256_fmadd_ps((out), (r), _mm256_set1_ps(1.4426950216293335f));               \
+    } while (0)
+#define POW256_EXP2_FRACTION(f, j, out)                                                         \
+    do {                                                                                        \
+        (out) = _mm256_set1_ps(0.009618128649890423f);                                          \
+        (out) = _mm256_fmadd_ps((out), (f), _mm256_set1_ps(0.05550410971045494f));              \
+        (out) = _mm256_fmadd_ps((out), (f), _mm256_set1_ps(0.24022650718688965f));              \
+        (out) = _mm256_fmadd_ps((out), (f), _mm256_set1_ps(0.6931471824645996f));               \
+        (out) = _mm256_fmadd_ps((out), (f), _mm256_set1_ps(1.0f));                              \
+        (out) = _mm256_mul_ps((out), TABLE16_256(t2_lo_, t2_hi_, (j)));                         \
+    } while (0)
+/* SETTLE_POW512 on eight floats: pos all-ones on the lanes to take (0 elsewhere and where
+   e log2 d < -126), faint or'ed with the lanes of pos where q log2 d < -124 (all-ones lanes) */
+#define SETTLE_POW256(d, pos, vef, velo, out, faint)                                            \
+    do {                                                                                        \
+        const __m256i b_ = _mm256_castps_si256(d);                                              \
+        const __m256 k_ = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b_, 23), _mm256_set1_epi32(127))); \
+        const __m256i mb_ = _mm256_or_si256(_mm256_and_si256(b_, _mm256_set1_epi32(0x007FFFFF)), \
+                                            _mm256_set1_epi32(0x3F800000));                     \
+        const __m256 m_ = _mm256_castsi256_ps(mb_); /* [1, 2) */                                \
+        const __m256i i_ = _mm256_srli_epi32(mb_, 19); /* (the table: its low four bits) */     \
+        const __m256 r_ = _mm256_fmsub_ps(m_, TABLE16_256(inv_lo_, inv_hi_, i_), _mm256_set1_ps(1.0f)); \
+        __m256 p_;                                                                              \
+        POW256_LOG_SERIES(r_, p_);                                                              \
+        const __m256 lci_ = TABLE16_256(lc_lo_, lc_hi_, i_);                                    \
+        const __m256 s_ = _mm256_add_ps(k_, lci_);                                              \
+        const __m256 se_ = _mm256_sub_ps(lci_, _mm256_sub_ps(s_, k_));                          \
+        const __m256 corr_ = _mm256_fmadd_ps(p_, r_, se_);                                      \
+        const __m256 yh_ = _mm256_mul_ps((vef), s_);                                            \
+        const __m256 ye_ = _mm256_fmsub_ps((vef), s_, yh_);                                     \
+        const __m256 ya_ = _mm256_fmadd_ps((vef), corr_, yh_);                                  \
+        const __m256 under_ = _mm256_cmp_ps(ya_, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);          \
+        (faint) = _mm256_or_ps((faint), _mm256_and_ps((pos), _mm256_cmp_ps(_mm256_add_ps(ya_, s_), \
+                                                                             _mm256_set1_ps(-124.0f), _CMP_LT_OQ))); \
+        const __m256 n_ = _mm256_mul_ps(_mm256_round_ps(_mm256_mul_ps(ya_, _mm256_set1_ps(16.0f)), \
+                                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), \
+                                        _mm256_set1_ps(0.0625f)); /* sixteenths */               \
+        __m256 f_ = _mm256_fmadd_ps((vef), corr_, _mm256_add_ps(_mm256_sub_ps(yh_, n_), ye_));  \
+        f_ = _mm256_fmadd_ps((velo), s_, f_);                                                   \
+        const __m256i j_ = _mm256_cvtps_epi32(_mm256_mul_ps(n_, _mm256_set1_ps(16.0f)));        \
+        __m256 x_;                                                                              \
+        POW256_EXP2_FRACTION(f_, j_, x_);                                                       \
+        const __m256i fl_ = _mm256_srai_epi32(j_, 4); /* floor(n) */                            \
+        const __m256 two_ = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(fl_, _mm256_set1_epi32(127)), 23)); \
+        (out) = _mm256_and_ps(_mm256_mul_ps(x_, two_), _mm256_andnot_ps(under_, (pos)));         \
+    } while (0)
+/* the eight candidates from src (doubles) less tau as floats (d rounded once, as the AVX-512
+   functions' conversion) */
+#define F8_FROM_PD(src, tv)                                                                     \
+    _mm256_set_m128(_mm256_cvtpd_ps(_mm256_sub_pd(_mm256_loadu_pd((src) + 4), (tv))),          \
+                    _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_loadu_pd(src), (tv))))
+/* the sum of eight floats, widened, in double (as F16_SUM_PD's reduction) */
+AVX2 static inline double power_sum8_pd(__m256 v)
+{
+    const __m256d s = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),
+                                    _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+    const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+}
+/* the candidates c[i .. i + 8) into buf (eight doubles) padded past k with -4 (below every tau) */
+#define PAD8_PD(buf, c, i, k)                                                                   \
+    do {                                                                                        \
+        for (int l_ = 0; l_ < 8; l_++)                                                          \
+            (buf)[l_] = (i) + l_ < (k) ? (c)[(i) + l_] : -4.0;                                  \
+    } while (0)
+
+#define LONG_CANDIDATES_W256(FT, IT32, DT, IT, L, ANY)                                          \
+    do {                                                                                        \
+        float *tf = (float *)wk; /* the candidates as floats */                                 \
+        const __m256 cut8 = _mm256_set1_ps(cut);                                                \
+        (void)xv;                                                                               \
+        __m256i jv = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);                                 \
+        const __m256i eight = _mm256_set1_epi32(8);                                             \
+        k = 0;                                                                                  \
+        for (j = 0; j + 8 <= len; j += 8) { /* stored whole at k <= j: within the row's room */ \
+            const __m256 v = _mm256_loadu_ps(xr + j);                                           \
+            const unsigned m = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(v, cut8, _CMP_GT_OQ)); \
+            if (m) {                                                                            \
+                const __m256i ix = LEFTPACK8_INDEX(m);                                          \
+                _mm256_storeu_ps(tf + k, _mm256_permutevar8x32_ps(v, ix));                      \
+                _mm256_storeu_si256((__m256i *)(idx + k), _mm256_permutevar8x32_epi32(jv, ix)); \
+                k += __builtin_popcount(m);                                                     \
+            }                                                                                   \
+            jv = _mm256_add_epi32(jv, eight);                                                   \
+        }                                                                                       \
+        for (; j < len; j++) {                                                                  \
+            tf[k] = xr[j];                                                                      \
+            idx[k] = (int32_t)j;                                                                \
+            k += xr[j] > cut;                                                                   \
+        }                                                                                       \
+        const __m256d top4 = _mm256_set1_pd((double)top), a4 = _mm256_set1_pd(a);              \
+        int64_t i = 0;                                                                          \
+        for (; i + 4 <= k; i += 4)                                                              \
+            _mm256_storeu_pd(cand + i, _mm256_mul_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(tf + i)), top4), a4)); \
+        for (; i < k; i++)                                                                      \
+            cand[i] = ((double)tf[i] - top) * a;                                                \
+    } while (0)
+
+#define LONG_FINE_W256                                                                          \
+    do {                                                                                        \
+        POW256_TABLES;                                                                          \
+        const float ef_ = (float)e;                                                             \
+        const __m256 vef_ = _mm256_set1_ps(ef_), velo_ = _mm256_set1_ps((float)(e - (double)ef_)); \
+        const __m256 zero_ = _mm256_setzero_ps();                                               \
+        for (int s_ = 0; s_ < 2; s_++) { /* a second where the first was long */                \
+            const __m256d tv_ = _mm256_set1_pd(tau);                                            \
+            double hqf_ = 0.0, wsf_ = 0.0, csf_ = 0.0;                                          \
+            __m256 faint_ = zero_;                                                              \
+            for (int64_t j0_ = 0; j0_ < k; j0_ += 8 * POWER_LONG_COARSE_CHUNK) {                \
+                const int64_t j1_ = k - j0_ > 8 * POWER_LONG_COARSE_CHUNK ? j0_ + 8 * POWER_LONG_COARSE_CHUNK : k; \
+                __m256 aq_ = zero_, aw_ = zero_, ac_ = zero_;                                   \
+                for (int64_t i_ = j0_; i_ < j1_; i_ += 8) {                                     \
+                    double pad_[8];                                                             \
+                    const double *src_ = cand + i_;                                             \
+                    if (i_ + 8 > k) {                                                           \
+                        PAD8_PD(pad_, cand, i_, k);                                             \
+                        src_ = pad_;                                                            \
+                    }                                                                           \
+                    const __m256 df_ = F8_FROM_PD(src_, tv_);                                   \
+                    const __m256 pos_ = _mm256_cmp_ps(df_, zero_, _CMP_GT_OQ);                  \
+                    __m256 w_;                                                                  \
+                    SETTLE_POW256(df_, pos_, vef_, velo_, w_, faint_);                          \
+                    aw_ = _mm256_add_ps(aw_, w_);                                               \
+                    aq_ = _mm256_fmadd_ps(w_, _mm256_and_ps(df_, pos_), aq_);                   \
+                    ac_ = _mm256_fmadd_ps(w_, _mm256_and_ps(_mm256_rcp_ps(df_), pos_), ac_);    \
+                }                                                                               \
+                csf_ += power_sum8_pd(ac_);                                                     \
+                hqf_ += power_sum8_pd(aq_);                                                     \
+                wsf_ += power_sum8_pd(aw_);                                                     \
+            }                                                                                   \
+            (void)faint_;                                                                       \
+            POWER_COUNT(15, 1);                                                                 \
+            if (!(wsf_ > 0.0) || !(hqf_ > 0.0))                                                 \
+                break;                                                                          \
+            const double h_ = vpow_2(hqf_, a);                                                  \
+            const double newton_ = (h_ - 1.0) * (hqf_ / h_) / wsf_;                             \
+            const double den_ = qr < 2.0 ? 1.0 /* (q < 2: C unbounded near the edge; Newton's step) */ \
+                : 1.0 - newton_ * (qr - 1.0) * (hqf_ * csf_ - wsf_ * wsf_) / (2.0 * hqf_ * wsf_); \
+            const double step_ = den_ > 0.5 ? newton_ / den_ : newton_; /* (Halley's, where sane) */ \
+            if (!(tau + step_ > lo && tau + step_ < 0.0))                                       \
+                break;                                                                          \
+            tau += step_;                                                                       \
+            if (!(fabs(step_) > POWER_FINE_AGAIN))                                              \
+                break;                                                                          \
+        }                                                                                       \
+    } while (0)
+
+/* one vector of eight candidates from src (cand + i_, or a padded copy of the last: its NW lanes
+   written) into the lane sums aq_, aw_ and the output in place (k == len) or wk */
+#define SETTLE_VECTOR256(src, NW)                                                               \
+    do {                                                                                        \
+        const __m256 df_ = F8_FROM_PD((src), tv_);                                              \
+        const __m256 pos_ = _mm256_cmp_ps(df_, zero_, _CMP_GT_OQ);                              \
+        __m256 w_;                                                                              \
+        SETTLE_POW256(df_, pos_, vef_, velo_, w_, faint_);                                      \
+        aw_ = _mm256_add_ps(aw_, w_);                                                           \
+        aq_ = _mm256_fmadd_ps(w_, _mm256_and_ps(df_, pos_), aq_);                               \
+        if (k == len) { /* in place: r^q = w d (normalised after), r, w */                       \
+            float o_[3][8];                                                                     \
+            _mm256_storeu_ps(o_[0], _mm256_and_ps(_mm256_mul_ps(w_, df_), pos_));               \
+            _mm256_storeu_ps(o_[1], _mm256_and_ps(df_, pos_));                                  \
+            _mm256_storeu_ps(o_[2], w_);                                                        \
+            memcpy(pr + i_, o_[0], (NW) * sizeof(float));                                       \
+            if (rr)                                                                             \
+                memcpy(rr + i_, o_[1], (NW) * sizeof(float));                                   \
+            if (wr)                                                                             \
+                memcpy(wr + i_, o_[2], (NW) * sizeof(float));                                   \
+        } else {                                                                                \
+            double o_[8];                                                                       \
+            _mm256_storeu_pd(o_, _mm256_cvtps_pd(_mm256_castps256_ps128(w_)));                  \
+            _mm256_storeu_pd(o_ + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(w_, 1)));           \
+            memcpy(wk + i_, o_, (NW) * sizeof(double));                                         \
+        }                                                                                       \
+    } while (0)
+#define LONG_SETTLE_W256                                                                        \
+    do {                                                                                        \
+        POW256_TABLES;                                                                          \
+        const float ef_ = (float)e;                                                             \
+        const __m256 vef_ = _mm256_set1_ps(ef_), velo_ = _mm256_set1_ps((float)(e - (double)ef_)); \
+        const __m256d tv_ = _mm256_set1_pd(tau);                                                \
+        const __m256 zero_ = _mm256_setzero_ps();                                               \
+        double hqf_ = 0.0, wsf_ = 0.0;                                                          \
+        __m256 faint_ = zero_; /* lanes whose r^q = d^q may fall below 2^-124 */                \
+        for (int64_t i_ = 0; i_ < k;) {                                                         \
+            const int64_t j1_ = k - i_ > 8 * POWER_SETTLE_CHUNK ? i_ + 8 * POWER_SETTLE_CHUNK : k; \
+            __m256 aq_ = zero_, aw_ = zero_;                                                    \
+            for (; i_ + 8 <= j1_; i_ += 8)                                                      \
+                SETTLE_VECTOR256(cand + i_, 8);                                                 \
+            if (i_ < j1_) { /* the last, fewer than eight */                                    \
+                double pad_[8];                                                                 \
+                PAD8_PD(pad_, cand, i_, j1_);                                                   \
+                SETTLE_VECTOR256(pad_, j1_ - i_);                                               \
+                i_ = j1_;                                                                       \
+            }                                                                                   \
+            hqf_ += power_sum8_pd(aq_);                                                         \
+            wsf_ += power_sum8_pd(aw_);                                                         \
+        }                                                                                       \
+        POWER_COUNT(16, 1);                                                                     \
+        const double c_ = POWER_SETTLE_ERR(e) * 0x1p-24;                                        \
+        const double tq_ = (double)k * 0x1p-125, tw_ = (double)k * fmax(0x1p-125, exp2(1.0 - 126.0 * e)); \
+        const double dq_ = c_ * hqf_ + tq_, dw_ = c_ * wsf_ + tw_, wlo_ = wsf_ - dw_;            \
+        if (!_mm256_movemask_ps(faint_) && hqf_ > 0.0 && hqf_ < INFINITY && wlo_ > 0.0 && wsf_ < INFINITY) { \
+            const double h_ = vpow_2(hqf_, a);                                                  \
+            const double step_ = (h_ - 1.0) * (hqf_ / h_) / wsf_;                               \
+            const double err_ = 1.1 * (dq_ * (a + fabs(h_ - 1.0)) / wlo_ + dw_ / wlo_ * fabs(step_)); \
+            if (fabs(step_) + err_ <= rtol * (fabs(tau) > 1.0 ? fabs(tau) : 1.0)) {             \
+                settled_ = 1;                                                                   \
+                hq = hqf_;                                                                      \
+                POWER_COUNT(17, 1);                                                             \
+            }                                                                                   \
+        }                                                                                       \
+    } while (0)
+
+/* Step 5's loop four candidates at a time (the AVX2 functions): stored where their places follow
+   each other (every candidate in order where k == len), else one by one (LONG_OUTPUT_ONE) */
+#define LONG_OUTPUT_ONE(i)                                                                      \
+    do {                                                                                        \
+        const double d = cand[i] > tau ? cand[i] - tau : 0.0;                                   \
+        const float pf = (float)(wk[i] * d * inv), rf = (float)d;                               \
+        const int64_t at = idx_lazy_ ? (i) : idx[i];                                            \
+        pr[at] = pf;                                                                            \
+        if (rr)                                                                                 \
+            rr[at] = rf;                                                                        \
+        if (wr)                                                                                 \
+            wr[at] = (float)wk[i];                                                              \
+        psum += (double)pf;                                                                     \
+        prsum += (double)pf * (double)rf;                                                       \
+    } while (0)
+#define LONG_OUTPUT_W256                                                                        \
+    do {                                                                                        \
+        const __m256d tv_ = _mm256_set1_pd(tau), iv_ = _mm256_set1_pd(inv);                    \
+        __m256d ps_ = _mm256_setzero_pd(), prs_ = ps_;                                          \
+        for (; i + 4 <= k; i += 4) {                                                            \
+            const int64_t at_ = k == len || idx_lazy_ ? i : (int64_t)idx[i];                    \
+            if (!(k == len || idx_lazy_) && (int64_t)idx[i + 3] != at_ + 3) { /* (idx rises) */ \
+                for (int64_t i1_ = i; i1_ < i + 4; i1_++)                                       \
+                    LONG_OUTPUT_ONE(i1_);                                                       \
+                continue;                                                                       \
+            }                                                                                   \
+            const __m256d c_ = _mm256_loadu_pd(cand + i), w_ = _mm256_loadu_pd(wk + i);        \
+            const __m256d d_ = _mm256_and_pd(_mm256_sub_pd(c_, tv_), _mm256_cmp_pd(c_, tv_, _CMP_GT_OQ)); \
+            const __m128 pf_ = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_mul_pd(w_, d_), iv_));      \
+            const __m128 rf_ = _mm256_cvtpd_ps(d_);                                             \
+            _mm_storeu_ps(pr + at_, pf_);                                                       \
+            if (rr)                                                                             \
+                _mm_storeu_ps(rr + at_, rf_);                                                   \
+            if (wr)                                                                             \
+                _mm_storeu_ps(wr + at_, _mm256_cvtpd_ps(w_));                                   \
+            const __m256d pd_ = _mm256_cvtps_pd(pf_);                                           \
+            ps_ = _mm256_add_pd(ps_, pd_);                                                      \
+            prs_ = _mm256_add_pd(prs_, _mm256_mul_pd(pd_, _mm256_cvtps_pd(rf_)));               \
+        }                                                                                       \
+        double l_[8];                                                                           \
+        _mm256_storeu_pd(l_, ps_);                                                              \
+        _mm256_storeu_pd(l_ + 4, prs_);                                                         \
+        psum += (l_[0] + l_[1]) + (l_[2] + l_[3]);                                              \
+        prsum += (l_[4] + l_[5]) + (l_[6] + l_[7]);                                             \
+    } while (0)
+#define LONG_SETTLED_OUTPUT_W256                                                                \
+    do {                                                                                        \
+        if (!(settled_ && k == len)) {                                                          \
+            LONG_OUTPUT_W256;                                                                   \
+            break;                                                                              \
+        }                                                                                       \
+        const __m256 ivf_ = _mm256_set1_ps((float)inv);                                         \
+        const __m256d tv_ = _mm256_set1_pd(tau);                                                \
+        __m256d ps_ = _mm256_setzero_pd(), prs_ = ps_;                                          \
+        for (; i + 4 <= k; i += 4) {                                                            \
+            const __m128 pf_ = _mm_mul_ps(_mm_loadu_ps(pr + i), _mm256_castps256_ps128(ivf_));  \
+            _mm_storeu_ps(pr + i, pf_);                                                         \
+            const __m256d c_ = _mm256_loadu_pd(cand + i);                                       \
+            const __m256d d_ = _mm256_and_pd(_mm256_sub_pd(c_, tv_), _mm256_cmp_pd(c_, tv_, _CMP_GT_OQ)); \
+            const __m256d pd_ = _mm256_cvtps_pd(pf_);                                           \
+            ps_ = _mm256_add_pd(ps_, pd_);                                                      \
+            prs_ = _mm256_add_pd(prs_, _mm256_mul_pd(pd_, _mm256_cvtps_pd(_mm256_cvtpd_ps(d_)))); \
+        }                                                                                       \
+        for (; i < k; i++) {                                                                    \
+            const float pf = pr[i] * (float)inv;                                                \
+            pr[i] = pf;                                                                         \
+            const double d = cand[i] > tau ? cand[i] - tau : 0.0;                               \
+            psum += (double)pf;                                                                 \
+            prsum += (double)pf * (double)(float)d;                                             \
+        }                                                                                       \
+        double l_[8];                                                                           \
+        _mm256_storeu_pd(l_, ps_);                                                              \
+        _mm256_storeu_pd(l_ + 4, prs_);                                                         \
+        psum += (l_[0] + l_[1]) + (l_[2] + l_[3]);                                              \
+        prsum += (l_[4] + l_[5]) + (l_[6] + l_[7]);                                             \
+    } while (0)
+#endif
+
 #define DEFINE_POWER_LONG(NAME, ATTR, FT, IT32, DT, IT, L, ANY, V, FT2, FI2, L2)                              \
 ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *am1, int64_t a_stride, \
                       int64_t max_iter, double rtol, float *p, float *root, float *weights,     \
                       float *stats, double *cand)                                               \
 {                                                                                               \
     int64_t m_acc = len / (POWER_LONG_BLOCK * L);                                               \
-    m_acc = m_acc < 1 ? 1 : m_acc > POWER_LONG_MAX_ACC ? POWER_LONG_MAX_ACC : m_acc;            \
+    const int64_t most_ = POWER_LONG_MAX_ACC * 8 / L; /* (at most 256 maxima at every width: the \
+        AVX2 functions' four lanes had half the AVX-512 ones' on long rows, a bound some 50% wider) */ \
+    m_acc = m_acc < 1 ? 1 : m_acc > most_ ? most_ : m_acc;                                      \
     const int64_t seg = (len / (m_acc * L)) * L; /* entries a segment (the last: to the end) */ \
     double *wk = cand + len + 8;     /* the candidates' d^(q - 1) at the last pass */           \
     double *bz = wk + len + 8;       /* the block maxima */                                     \
@@ -1763,7 +2075,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         float *wr = weights ? weights + r * len : 0;                                            \
         float *st = stats ? stats + POWER_STATS * r : 0;                                        \
         const double a = am1[r * a_stride], qr = 1.0 / a, e = qr - 1.0;                         \
-        float bm[POWER_LONG_MAX_ACC * L]; /* 1. the maxima of the segments' lanes */             \
+        float bm[POWER_LONG_MAX_ACC * 8]; /* 1. the maxima of the segments' lanes */             \
         FT xv;                                                                                  \
         int64_t j = 0;                                                                          \
         float top = -INFINITY;                                                                  \
@@ -2053,7 +2365,7 @@ DEFINE_POWER(power_f32_v, float, NO_ATTR, int64_t, SCALAR_POWER_SUMS(float), pow
 #endif
 
 #if NMT_VECTORS && defined(NMT_WIDE_AVX2)
-DEFINE_POWER_WIDTH(avx2, AVX2, 4, 8, ANY_128, GEN)
+DEFINE_POWER_WIDTH(avx2, AVX2, 4, 8, ANY_128, W256)
 #define POWER_HAVE_AVX2() CPU_HAS_AVX2()
 #if defined(NMT_WIDE_AVX512)
 DEFINE_POWER_WIDTH(avx512, AVX512, 8, 16, ANY_256, W512)
@@ -2068,10 +2380,13 @@ DEFINE_POWER_WIDTH(avx512, AVX512, 8, 16, ANY_256, W512)
 #define POWER_HAVE_AVX2() 0
 #endif
 
-#if defined(NMT_POWER_COUNTS) && NMT_VECTORS && defined(NMT_WIDE_AVX512)
+#if defined(NMT_POWER_COUNTS) && NMT_VECTORS && defined(NMT_WIDE_AVX2)
 /* The diagnostic build's view of the settling pass's powers (tests/sparse/test_power_settle.py):
-   out[i] = d[i]^e by SETTLE_POW512 (0 where d[i] <= 0), n a multiple of 16; returns 0 where the
-   processor lacks the AVX-512 functions' instructions (nothing written). */
+   out[i] = d[i]^e by SETTLE_POW512 where the processor has the AVX-512 functions' instructions and
+   they are built, else by SETTLE_POW256 where it has the AVX2 ones' (0 where d[i] <= 0), n a
+   multiple of 16; returns the vector width used (512 or 256), 0 where neither serves (nothing
+   written). */
+#ifdef NMT_WIDE_AVX512
 AVX512 static void settle_pow_avx512(const float *d, int64_t n, double e, float *out)
 {
     COARSE512_TABLES;
@@ -2087,12 +2402,35 @@ AVX512 static void settle_pow_avx512(const float *d, int64_t n, double e, float 
         _mm512_storeu_ps(out + i, w);
     }
 }
+#endif
+AVX2 static void settle_pow_avx2(const float *d, int64_t n, double e, float *out)
+{
+    POW256_TABLES;
+    const float ef = (float)e;
+    const __m256 vef = _mm256_set1_ps(ef), velo = _mm256_set1_ps((float)(e - (double)ef));
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(d + i);
+        const __m256 pos = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GT_OQ);
+        __m256 w, faint = _mm256_setzero_ps();
+        SETTLE_POW256(v, pos, vef, velo, w, faint);
+        (void)faint;
+        _mm256_storeu_ps(out + i, w);
+    }
+}
 int nmt_settle_pow_f32(const float *d, int64_t n, double e, float *out)
 {
-    if (!CPU_HAS_AVX512() || n % 16 != 0)
+    if (n % 16 != 0)
         return 0;
-    settle_pow_avx512(d, n, e, out);
-    return 1;
+#ifdef NMT_WIDE_AVX512
+    if (CPU_HAS_AVX512()) {
+        settle_pow_avx512(d, n, e, out);
+        return 512;
+    }
+#endif
+    if (!CPU_HAS_AVX2())
+        return 0;
+    settle_pow_avx2(d, n, e, out);
+    return 256;
 }
 #endif
 

@@ -107,15 +107,6 @@ DEFINE_INSERT(insert_f64, double)
             }                                                                                   \
         }                                                                                       \
     } while (0)
-/* whether a comparison's result (a vector of all-ones / zero lanes) has a true lane: its two
-   64-bit halves or'ed (a lane-by-lane test compiles to one extraction per lane) */
-static inline int any_128(const void *mask)
-{
-    uint64_t w[2];
-    memcpy(w, mask, sizeof w);
-    return (w[0] | w[1]) != 0;
-}
-#define ANY_128(gt) any_128(&(gt))
 #endif
 
 /* The groups [0, groups) of the arguments (the caller offsets the pointers to its share). */
@@ -152,8 +143,8 @@ ATTR static void NAME(const T *lp, const T *offset, int64_t groups, int64_t slot
 
 #if NMT_VECTORS
 /* 128-bit vectors: every target with vector extensions (SSE2 on x86-64, NEON) */
-DEFINE_CANDIDATES(candidates_f32_v, float, NO_ATTR, insert_f32, VECTOR_ENTRIES(float, nmt_f32x4, nmt_i32x4, 4, insert_f32, ANY_128))
-DEFINE_CANDIDATES(candidates_f64_v, double, NO_ATTR, insert_f64, VECTOR_ENTRIES(double, nmt_f64x2, nmt_i64x2, 2, insert_f64, ANY_128))
+DEFINE_CANDIDATES(candidates_f32_v, float, NO_ATTR, insert_f32, VECTOR_ENTRIES(float, nmt_f32x4, nmt_i32x4, 4, insert_f32, ANY_WORDS))
+DEFINE_CANDIDATES(candidates_f64_v, double, NO_ATTR, insert_f64, VECTOR_ENTRIES(double, nmt_f64x2, nmt_i64x2, 2, insert_f64, ANY_WORDS))
 #else
 DEFINE_CANDIDATES(candidates_f32_v, float, NO_ATTR, insert_f32, NO_STEPS)
 DEFINE_CANDIDATES(candidates_f64_v, double, NO_ATTR, insert_f64, NO_STEPS)
@@ -161,7 +152,6 @@ DEFINE_CANDIDATES(candidates_f64_v, double, NO_ATTR, insert_f64, NO_STEPS)
 
 #if NMT_VECTORS && defined(NMT_WIDE_AVX2)
 /* 256-bit vectors where the processor has AVX2 (_cpu_dispatch.h); a true lane found by vptest */
-#define ANY_256(gt) (!_mm256_testz_si256((__m256i)(gt), (__m256i)(gt)))
 DEFINE_CANDIDATES(candidates_f32_avx2, float, AVX2, insert_f32, VECTOR_ENTRIES(float, nmt_f32x8, nmt_i32x8, 8, insert_f32, ANY_256))
 DEFINE_CANDIDATES(candidates_f64_avx2, double, AVX2, insert_f64, VECTOR_ENTRIES(double, nmt_f64x4, nmt_i64x4, 4, insert_f64, ANY_256))
 #define HAVE_AVX2() CPU_HAS_AVX2()

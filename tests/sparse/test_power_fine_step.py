@@ -1,5 +1,5 @@
 """The float Halley step after the normal model's start (``LONG_FINE`` in
-``nmt/sparse/_power_threshold.c``, the AVX-512 functions): broad long rows partly out of the support
+``nmt/sparse/_power_threshold.c``, the AVX-512 and AVX2 functions): broad long rows partly out of the support
 take one pass of float powers from the normal start and then the Newton loop, whose first double
 pass settles where it took a step and a settling pass before. The step is no bound either way (the
 loop starts from it as from above), so rows made to mislead it (entries crossing the support's edge
@@ -26,6 +26,31 @@ def _has_avx512() -> bool:
         return False
     flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
     return all(f in flags for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl", "popcnt"))
+
+
+def _has_avx2() -> bool:
+    """Whether this processor has the instructions the AVX2 functions are built for
+    (``CPU_HAS_AVX2`` in ``_cpu_dispatch.h``), read from /proc/cpuinfo (False elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return all(f in flags for f in ("avx2", "fma", "popcnt"))
+
+
+def float_pass_width(narrow: str = "") -> int:
+    """The vector width (512, 256; 0: none) of the float passes of alpha-entmax's long rows (the float
+    step, the settling pass) that this processor runs in the native build without ``narrow`` (``""``:
+    the full build; ``"NMT_NO_AVX512"``, ``"NMT_NO_AVX2"``)."""
+    if narrow == "" and _has_avx512():
+        return 512
+    return 256 if narrow != "NMT_NO_AVX2" and _has_avx2() else 0
+
+
+FLOAT_PASS_BUILDS = ["", "NMT_NO_AVX512"]
+"""The builds whose float passes the tests below count: the AVX-512 functions' and the AVX2 ones'
+(each skipped, or its counts left unchecked, where the processor lacks them)."""
 
 
 def fine_step_rows(n: int, alphas: torch.Tensor, seed: int) -> torch.Tensor:
@@ -96,8 +121,10 @@ def _counted(library, x: torch.Tensor, alphas: torch.Tensor) -> tuple:
     return found[0], found[1], found[2], counts
 
 
-def test_normal_rows_take_one_float_step_and_one_double_pass(native_variant, tmp_path):
-    """The diagnostic build (``NMT_POWER_COUNTS``), where the processor has AVX-512, on normal rows
+@pytest.mark.parametrize("narrow", FLOAT_PASS_BUILDS)
+def test_normal_rows_take_one_float_step_and_one_double_pass(native_variant, narrow):
+    """The diagnostic build (``NMT_POWER_COUNTS``), with the AVX-512 functions and with the AVX2 ones
+    alone (``narrow``; each where the processor has their instructions), on normal rows
     (with the bisection's outputs): at deviation 0.1 and alpha 1.3 (8,000 and 32,000 scores; some 4%
     and 22% out of the support) and 0.3 at 1.15, one float step and then one double pass a row (two
     to three double passes before it) and no coarse pass; at 1.25 and 0.1 the same for the rows that
@@ -107,15 +134,15 @@ def test_normal_rows_take_one_float_step_and_one_double_pass(native_variant, tmp
     pass would not pay) nor at 1.7 (q < 2: d^(q - 2) unbounded near the support's edge); at deviation
     0.01, alpha 1.45 (8,000 and 32,000) and 1.4 (32,000), where the series cannot serve (the spread
     reaches the threshold's distance) and Newton's step from the mean bound is short, one float step
-    from that bound and one double pass (three double passes before at 1.4 and 32,000). The same
-    build without the AVX-512 functions takes no float step (its loop as before: at most 2.25 double
+    from that bound and one double pass (three double passes before at 1.4 and 32,000). The
+    build without either (the vector extensions alone) takes no float step (its loop as before: at most 2.25 double
     passes a row at 8,000 and 1.3). And on the misleading rows of :func:`fine_step_rows` at 8,000
     the step is taken on most rows (the path the exactness test above is about)."""
     if not _native.available():
         pytest.skip("native library not built")
-    lib = native_variant("NMT_POWER_COUNTS")
+    lib = native_variant(*["NMT_POWER_COUNTS", narrow][: 1 + bool(narrow)])
     g = torch.Generator().manual_seed(11)
-    wide = _has_avx512()
+    wide = float_pass_width(narrow) > 0
     for n, rows in ((8000, 16), (32000, 4)):
         base = torch.randn(rows, n, generator=g)
         for alpha, spread in ((1.25, 0.1), (1.3, 0.1), (1.15, 0.3), (1.25, 0.3), (1.5, 0.03), (1.7, 0.01),
@@ -139,10 +166,10 @@ def test_normal_rows_take_one_float_step_and_one_double_pass(native_variant, tmp
                 assert counts[3] == 0 and settling_passes(counts) == rows, (n, alpha, spread, counts[3], counts[5])
                 assert counts[16] == counts[17], (n, alpha, spread, counts[16], counts[17])
                 assert counts[15] == rows or (alpha == 1.25 and counts[15] >= 1), (n, alpha, counts[15])
-    narrow = _native.load(_native.build(tmp_path, defines=["NMT_POWER_COUNTS", "NMT_NO_AVX512"]))
+    generic = native_variant("NMT_POWER_COUNTS", "NMT_NO_AVX2")
     x = torch.randn(16, 8000, generator=g) * 0.1
     alphas = torch.full((16,), 1.3, dtype=torch.float64)
-    p, r, tau, counts = _counted(narrow, x, alphas)
+    p, r, tau, counts = _counted(generic, x, alphas)
     check_rows(x, alphas, p, r, tau)
     assert counts[15] == 0 and counts[3] == 0 and counts[5] <= 2.25 * 16, (counts[15], counts[5])
     if wide:

@@ -1,5 +1,6 @@
 """The float settling pass of alpha-entmax's long rows (``LONG_SETTLE`` in
-``nmt/sparse/_power_threshold.c``, the AVX-512 functions): where the loop's start is meant to lie
+``nmt/sparse/_power_threshold.c``, the AVX-512 and the AVX2 functions, each tested where the
+processor has it): where the loop's start is meant to lie
 within the tolerance of the root (the moments' series; the float Halley step), one pass of float
 powers with an error bound decides that the double loop would take no step, and its powers serve
 the output. Checked here against independent truths: its powers against float64's within the bound
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from nmt.sparse import _native
-from tests.sparse.test_power_fine_step import ALPHAS_ABOVE, _has_avx512, fine_step_rows
+from tests.sparse.test_power_fine_step import ALPHAS_ABOVE, FLOAT_PASS_BUILDS, fine_step_rows, float_pass_width
 from tests.sparse.test_power_series_start import bisection, check_rows, counted_power_probs, strained_rows
 
 SOURCE = Path(_native.__file__).with_name("_power_threshold.c")
@@ -35,15 +36,17 @@ def test_the_bound_in_the_source_is_the_one_tested():
     assert re.search(r"#define POWER_SETTLE_POW_ERR\(e\) \(4\.0 \+ 0\.5 \* \(e\)\)", text)
 
 
-@pytest.fixture(scope="module")
-def settle_pow(native_variant):
-    """``pow(d (N,) float32, e) -> (N,) float32`` by the diagnostic build's ``nmt_settle_pow_f32``;
-    skips without a compiler or without AVX-512."""
+@pytest.fixture(scope="module", params=FLOAT_PASS_BUILDS)
+def settle_pow(native_variant, request):
+    """``pow(d (N,) float32, e) -> (N,) float32`` by the diagnostic build's ``nmt_settle_pow_f32``:
+    ``SETTLE_POW512`` in the full build, ``SETTLE_POW256`` in the build without the AVX-512
+    functions; skips without a compiler or where the processor lacks that width's instructions."""
     if not _native.available():
         pytest.skip("native library not built")
-    lib = native_variant("NMT_POWER_COUNTS")
-    if not hasattr(lib, "nmt_settle_pow_f32") or not _has_avx512():
-        pytest.skip("no AVX-512 functions here")
+    width = float_pass_width(request.param)
+    lib = native_variant(*["NMT_POWER_COUNTS", request.param][: 1 + bool(request.param)])
+    if not hasattr(lib, "nmt_settle_pow_f32") or width == 0:
+        pytest.skip("no AVX-512 / AVX2 functions here")
     fn = lib.nmt_settle_pow_f32
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p]
@@ -53,7 +56,7 @@ def settle_pow(native_variant):
         pad = (-d.size) % 16
         d = np.concatenate([d, np.ones(pad, np.float32)])
         out = np.empty_like(d)
-        assert fn(d.ctypes.data, d.size, e, out.ctypes.data) == 1
+        assert fn(d.ctypes.data, d.size, e, out.ctypes.data) == width
         return out[: d.size - pad]
 
     return run
@@ -91,13 +94,42 @@ def test_the_settling_powers_err_within_the_bound_the_c_code_assumes(settle_pow,
     assert (zeros == 0).all()
 
 
-@pytest.fixture(scope="module")
-def without_settling(tmp_path_factory):
-    """The diagnostic build without the settling pass (``NMT_POWER_NO_SETTLE``), counters on."""
+def test_the_avx2_powers_are_the_avx512_ones_bit_for_bit(native_variant):
+    """``SETTLE_POW256`` (the AVX2 functions: exponent and mantissa from the bits, the tables by two
+    permutations and a blend, 2^floor(n) built from its bits) computes ``SETTLE_POW512``'s operations:
+    the same float for every normal d in (0, 1] and every e tried (0 for d <= 0); where the processor
+    has AVX-512, against it."""
     if not _native.available():
         pytest.skip("native library not built")
-    return _native.load(_native.build(tmp_path_factory.mktemp("nosettle"),
-                                      defines=["NMT_POWER_COUNTS", "NMT_POWER_NO_SETTLE"]))
+    if float_pass_width("") != 512:
+        pytest.skip("no AVX-512 functions here to compare with")
+    runs = []
+    for defines in (["NMT_POWER_COUNTS"], ["NMT_POWER_COUNTS", "NMT_NO_AVX512"]):
+        fn = native_variant(*defines).nmt_settle_pow_f32
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p]
+        runs.append(fn)
+    d = np.concatenate([_hard_arguments(seed=7), np.float32([0.0, -0.0, -1e-30, -1.0, 2.0 ** -126])])
+    d = np.concatenate([d, np.ones((-d.size) % 16, np.float32)])
+    for e in (0.1, 0.25, 2 / 3, 1.0, 1 / 0.35 - 1, 3.0, 5.666666666666667, 8.0):
+        out = [np.empty_like(d) for _ in runs]
+        widths = [fn(d.ctypes.data, d.size, e, o.ctypes.data) for fn, o in zip(runs, out)]
+        assert widths == [512, 256]
+        assert np.array_equal(out[0].view(np.int32), out[1].view(np.int32)), e
+
+
+@pytest.fixture(scope="module", params=FLOAT_PASS_BUILDS)
+def builds(native_variant, request):
+    """``(lib, without_settling, wide)``: the diagnostic build (counters on) with the AVX-512
+    functions, or without them (the AVX2 ones'), the same build without the settling pass
+    (``NMT_POWER_NO_SETTLE``: the double loop alone), and whether this processor runs that build's
+    float passes (where not, the counts are left unchecked; the outputs still are)."""
+    if not _native.available():
+        pytest.skip("native library not built")
+    narrow = [request.param][: bool(request.param)]
+    return (native_variant("NMT_POWER_COUNTS", *narrow),
+            native_variant("NMT_POWER_COUNTS", "NMT_POWER_NO_SETTLE", *narrow),
+            float_pass_width(request.param) > 0)
 
 
 def _edge_rows(n: int, alphas: torch.Tensor, seed: int) -> torch.Tensor:
@@ -139,7 +171,7 @@ CASES = [("strained", 8000), ("strained", 32003), ("fine", 8000), ("fine", 32003
 
 
 @pytest.mark.parametrize("kind,n", CASES)
-def test_settled_rows_keep_the_double_loops_threshold_bit_for_bit(native_variant, without_settling, kind, n):
+def test_settled_rows_keep_the_double_loops_threshold_bit_for_bit(builds, kind, n):
     """Rows of every kind the starts serve, at alphas 1.12-1.6 (and 1.55-1.8 on the misleading rows of
     ``fine_step_rows``: Newton's float step where q < 2): the build with the settling pass and
     the build without it (the double loop alone) give the same threshold bit for bit (a settled row
@@ -147,7 +179,7 @@ def test_settled_rows_keep_the_double_loops_threshold_bit_for_bit(native_variant
     float powers' error (40 units of 2^-24 relative, 1e-12 absolute); both against the float64
     bisection. Where the processor has AVX-512, the pass settles rows of every kind here (and the
     rows it tries and does not settle are few)."""
-    lib = native_variant("NMT_POWER_COUNTS")
+    lib, without_settling, wide = builds
     alphas = torch.tensor([1.12, 1.2, 1.25, 1.3, 1.35, 1.4, 1.45, 1.5, 1.3, 1.6] * 2, dtype=torch.float64)
     if kind == "strained":
         x = strained_rows(n, alphas, seed=n + 1)
@@ -165,7 +197,7 @@ def test_settled_rows_keep_the_double_loops_threshold_bit_for_bit(native_variant
         x = torch.randn(len(alphas), n, generator=g) * torch.tensor([0.01, 0.03, 0.1, 0.3] * 5)[:, None]
     counts, counts0 = _against_the_double_loop(lib, without_settling, x, alphas)[3:]
     assert counts0[16] == 0
-    if _has_avx512():
+    if wide:
         assert counts[17] >= (1 if kind == "fine_above" else 2), (kind, n, counts[16], counts[17])
         assert counts[16] - counts[17] <= 0.25 * counts[16] + 1, (counts[16], counts[17])
         assert counts[5] + counts[17] <= counts0[5], (counts[5], counts[17], counts0[5])
@@ -180,13 +212,13 @@ def _gate_admits(alpha: float, k: int) -> bool:
     return (11 + 1.5 * e) * 2.0 ** -24 * k ** (-1 / q) / q <= 0.4 * 2.0 ** -23
 
 
-def test_normal_rows_settle_where_the_gate_admits_them(native_variant, without_settling):
+def test_normal_rows_settle_where_the_gate_admits_them(builds):
     """Normal rows of deviation 0.01, 0.03 and 0.1 (every entry, or nearly, in the support: the
     series' and the float step's starts), alphas 1.12-1.5, 1,000 to 32,000 scores: the threshold of
     the double loop alone bit for bit on every row; where the processor has AVX-512, the rows the
     gate admits take the pass (all of them at the series' start), and it settles at least 95% of
     the rows it tries (the bound is not too wide to serve), none where the gate refuses them."""
-    lib = native_variant("NMT_POWER_COUNTS")
+    lib, without_settling, wide = builds
     tried = settled = 0
     for alpha in (1.12, 1.15, 1.2, 1.25, 1.3, 1.45, 1.5):
         for n in (1000, 2000, 8000, 32000):
@@ -197,18 +229,18 @@ def test_normal_rows_settle_where_the_gate_admits_them(native_variant, without_s
             want, counts0 = counted_power_probs(without_settling, x, alphas - 1)
             assert torch.equal(found[2], want[2]), (alpha, n)
             assert torch.allclose(found[0].double(), want[0].double(), rtol=40 * U, atol=1e-12), (alpha, n)
-            if not _has_avx512():
+            if not wide:
                 continue
             tried, settled = tried + counts[16], settled + counts[17]
             if not _gate_admits(alpha, n):
                 assert counts[16] == 0, (alpha, n, counts[16])
             elif alpha <= 1.3:  # (rows wholly in the support start from the series at 0.01 and 0.03)
                 assert counts[16] >= 6, (alpha, n, counts[16])
-    if _has_avx512():
+    if wide:
         assert tried >= 100 and settled >= 0.95 * tried, (tried, settled)
 
 
-def test_rows_after_coarse_steps_take_a_float_step_and_settle(native_variant, without_settling):
+def test_rows_after_coarse_steps_take_a_float_step_and_settle(builds):
     """Rows whose bound leaves out part of the row (normal scores, alpha 1.3 at deviation 0.3, 1.45
     at 0.1, 1.25 at 0.3 with 32,000: a third to a half of the candidates in the support) take coarse
     float steps from the bound; after them (a lower bound some 1e-4 off the root) one float Halley
@@ -217,7 +249,7 @@ def test_rows_after_coarse_steps_take_a_float_step_and_settle(native_variant, wi
     step), the same support, outputs within the float powers' error, and the float64 bisection's.
     Where the processor has AVX-512, every row takes coarse steps, then one float step, and settles
     (no double pass); alpha 1.7 (q < 2: d^(q - 2) unbounded at the support's edge) takes none."""
-    lib = native_variant("NMT_POWER_COUNTS")
+    lib, without_settling, wide = builds
     g = torch.Generator().manual_seed(29)
     for n, rows, alpha, spread in ((8000, 8, 1.3, 0.3), (8000, 8, 1.45, 0.1), (32000, 3, 1.25, 0.3),
                                    (32000, 3, 1.3, 0.3), (8000, 8, 1.7, 0.03)):
@@ -225,7 +257,7 @@ def test_rows_after_coarse_steps_take_a_float_step_and_settle(native_variant, wi
         alphas = torch.full((rows,), alpha, dtype=torch.float64)
         p, r, tau, counts, counts0 = _against_the_double_loop(lib, without_settling, x, alphas)
         assert counts[7] < 0.6 * rows * n, (alpha, counts[7])  # (a cut support)
-        if not _has_avx512():
+        if not wide:
             continue
         assert counts[3] >= rows, (alpha, counts[3])  # coarse passes
         if alpha > 1.5:
@@ -235,7 +267,7 @@ def test_rows_after_coarse_steps_take_a_float_step_and_settle(native_variant, wi
             assert counts0[15] == rows and counts0[5] == rows, (alpha, counts0)  # one double pass
 
 
-def test_rows_of_alpha_above_1_5_take_newtons_float_step_and_settle(native_variant, without_settling):
+def test_rows_of_alpha_above_1_5_take_newtons_float_step_and_settle(builds):
     """Alphas 1.55 and 1.6 (q < 2: d^(q - 2) unbounded at the support's edge, so the float step is
     Newton's alone) on normal rows of deviation 0.01 (8,000 scores, 60-80% in the support: the normal
     model's start): one float step, then the settling pass settles every row (no double pass), the
@@ -244,14 +276,14 @@ def test_rows_of_alpha_above_1_5_take_newtons_float_step_and_settle(native_varia
     (a quarter in the support or less: from the mean bound, coarse steps) the candidates below the
     mean bound are dropped before the first pass: fewer than 3 for each entry of the support (4.9
     and 3.9 before at 1.55 and 1.6), the same threshold and the bisection's outputs."""
-    lib = native_variant("NMT_POWER_COUNTS")
+    lib, without_settling, wide = builds
     g = torch.Generator().manual_seed(37)
     for n, rows, spread in ((8000, 8, 0.01), (32000, 3, 0.03)):
         for alpha in (1.55, 1.6):
             x = torch.randn(rows, n, generator=g) * spread
             alphas = torch.full((rows,), alpha, dtype=torch.float64)
             p, r, tau, counts, counts0 = _against_the_double_loop(lib, without_settling, x, alphas)
-            if not _has_avx512():
+            if not wide:
                 continue
             if spread == 0.01:
                 assert counts[15] == counts[16] == counts[17] == rows and counts[5] == 0, (alpha, counts)
@@ -279,8 +311,7 @@ def _near_root_entry(x: torch.Tensor, alpha: float, log2_rq: float) -> float:
 
 
 @pytest.mark.parametrize("alpha,n,log2_rq", [(1.2, 8000, -131.0), (1.12, 32000, -145.0)])
-def test_rows_whose_smallest_outputs_leave_the_float_range_are_not_settled(native_variant, without_settling,
-                                                                          alpha, n, log2_rq):
+def test_rows_whose_smallest_outputs_leave_the_float_range_are_not_settled(builds, alpha, n, log2_rq):
     """A broad row (every entry in the support: the series' start, then the settling pass) whose
     lowest entry sits just above the root, its r^q = d^q near 2^-131 (alpha 1.2: d^(q - 1) a normal
     float, the product w d a float32 subnormal) or 2^-145 (alpha 1.12: d^(q - 1) itself below
@@ -288,7 +319,7 @@ def test_rows_whose_smallest_outputs_leave_the_float_range_are_not_settled(nativ
     not settled), whose output keeps that entry in the support as the float64 root has it (p > 0
     where r^q / sum r^q rounds to a float32 above 0); the threshold bit for bit as the build without
     the pass. The same row without that entry settles."""
-    lib = native_variant("NMT_POWER_COUNTS")
+    lib, without_settling, wide = builds
     g = torch.Generator().manual_seed(n)
     x = torch.randn(2, n, generator=g, dtype=torch.float64) * 0.01
     got = _near_root_entry(x[0], alpha, log2_rq)
@@ -297,5 +328,5 @@ def test_rows_whose_smallest_outputs_leave_the_float_range_are_not_settled(nativ
     p, r, tau, counts, counts0 = _against_the_double_loop(lib, without_settling, x, alphas)
     j = int(x[0].argmin())
     assert got > -149.0 and bool(p[0, j] > 0), (got, float(p[0, j]))  # (a float32 subnormal)
-    if _has_avx512():
+    if wide:
         assert counts[16] == 2 and counts[17] == 1, (counts[16], counts[17])
