@@ -836,6 +836,23 @@ static inline float power_float_below(double v)
             k += cand[k] > lo;                                                                  \
         }                                                                                       \
     } while (0)
+/* the candidates I .. N - 1 (fewer than a vector; I advanced to N) converted from the floats SRC, each
+   added to the moments' sums alone (LONG_MOMENT_FINISH, LONG_MOMENT_FINISH256) */
+#define LONG_MOMENT_TAIL(I, N, SRC)                                                             \
+    do {                                                                                        \
+        for (; I < N; I++) {                                                                    \
+            cand[I] = ((double)SRC[I] - top) * a;                                               \
+            const double d1 = cand[I] - r0, d2 = d1 * d1;                                       \
+            mom[1] += d1;                                                                       \
+            mom[2] += d2;                                                                       \
+            mom[3] += d2 * d1;                                                                  \
+            mom[4] += d2 * d2;                                                                  \
+            mom[5] += d2 * d2 * d1;                                                             \
+            mom[6] += d2 * d2 * d2;                                                             \
+            abs7 += fabs(d2 * d2 * d2 * d1);                                                    \
+            dhi = fabs(d1) > dhi ? fabs(d1) : dhi;                                              \
+        }                                                                                       \
+    } while (0)
 #ifdef NMT_WIDE_AVX512
 #define LONG_CANDIDATES_W512(FT, IT32, DT, IT, L, ANY)                                          \
     do {                                                                                        \
@@ -1011,18 +1028,7 @@ static inline float power_float_below(double v)
         mom[6] = _mm512_reduce_add_pd(a6_);                                                     \
         abs7 = _mm512_reduce_add_pd(a7_);                                                       \
         dhi = _mm512_reduce_max_pd(hi_);                                                        \
-        for (; I < N; I++) {                                                                    \
-            cand[I] = ((double)SRC[I] - top) * a;                                               \
-            const double d1 = cand[I] - r0, d2 = d1 * d1;                                       \
-            mom[1] += d1;                                                                       \
-            mom[2] += d2;                                                                       \
-            mom[3] += d2 * d1;                                                                  \
-            mom[4] += d2 * d2;                                                                  \
-            mom[5] += d2 * d2 * d1;                                                             \
-            mom[6] += d2 * d2 * d2;                                                             \
-            abs7 += fabs(d2 * d2 * d2 * d1);                                                    \
-            dhi = fabs(d1) > dhi ? fabs(d1) : dhi;                                              \
-        }                                                                                       \
+        LONG_MOMENT_TAIL(I, N, SRC);                                                            \
     } while (0)
 #define LONG_CONVERT_MOMENTS(DT, IT, L)                                                         \
     do {                                                                                        \
@@ -1228,6 +1234,12 @@ static const double POWER_NORMAL_Q[POWER_NORMAL_N / 2] = {
    compaction costs about what the pass it saves) */
 #define COARSE_KEEP_GEN(xv, vtf) ((void)0)
 #define COARSE_SHRINK_GEN(L2) ((void)kept_)
+#define COARSE_SHRINK_KEPT(L2) /* (W512, W256: the kept_ compressed, -inf after them) */         \
+    do {                                                                                        \
+        kc = kept_;                                                                             \
+        for (int l = 0; l < L2; l++)                                                            \
+            cf[kc + l] = -INFINITY;                                                             \
+    } while (0)
 #ifdef NMT_WIDE_AVX512
 #define COARSE_KEEP_W512(xv, vtf)                                                               \
     do {                                                                                        \
@@ -1235,12 +1247,7 @@ static const double POWER_NORMAL_Q[POWER_NORMAL_N / 2] = {
         _mm512_storeu_ps(cf + kept_, _mm512_maskz_compress_ps(m_, (__m512)(xv)));               \
         kept_ += __builtin_popcount((unsigned)m_);                                              \
     } while (0)
-#define COARSE_SHRINK_W512(L2)                                                                    \
-    do {                                                                                        \
-        kc = kept_;                                                                             \
-        for (int l = 0; l < L2; l++)                                                            \
-            cf[kc + l] = -INFINITY;                                                             \
-    } while (0)
+#define COARSE_SHRINK_W512 COARSE_SHRINK_KEPT
 #endif
 /* One vector of sixteen floats into the coarse sums (COARSE_ACCUMULATE's contract) in the AVX-512
    functions: d^e = 2^(e log2 d) as POW512 takes it, in floats: log2 d from getexp / getmant, the
@@ -1748,9 +1755,6 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
 #ifdef NMT_WIDE_AVX2
 #define LONG_SUMS_W256 LONG_SUMS_GEN
 #define LONG_DROP_W256 LONG_DROP_GEN
-#define COARSE_ACCUMULATE_W256 COARSE_ACCUMULATE_GEN
-#define COARSE_KEEP_W256 COARSE_KEEP_GEN
-#define COARSE_SHRINK_W256 COARSE_SHRINK_GEN
 #define POW256_TABLES                                                                           \
     const __m256 inv_lo_ = _mm256_loadu_ps(COARSE512_INV), inv_hi_ = _mm256_loadu_ps(COARSE512_INV + 8); \
     const __m256 lc_lo_ = _mm256_loadu_ps(COARSE512_LC), lc_hi_ = _mm256_loadu_ps(COARSE512_LC + 8); \
@@ -1811,6 +1815,29 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
         const __m256 two_ = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(fl_, _mm256_set1_epi32(127)), 23)); \
         (out) = _mm256_and_ps(_mm256_mul_ps(x_, two_), _mm256_andnot_ps(under_, (pos)));         \
     } while (0)
+/* The coarse passes (LONG_COARSE) in the AVX2 functions: COARSE_ACCUMULATE's sums with
+   SETTLE_POW256's powers (more accurate than VLOG2F / VEXP2F, whose error the coarse margin covers;
+   a d below 2^-126 gets the power of one of 2^-127 .. 2^-126: a larger w, a shorter step), the
+   entries at or below tau dropped as they are read (COARSE_KEEP_W512's, by LEFTPACK8) */
+#define COARSE_ACCUMULATE_W256(FT, FI, xv, vtf, vef, aqf, awf, nanf)                            \
+    do {                                                                                        \
+        POW256_TABLES;                                                                          \
+        const __m256 d_ = _mm256_sub_ps((__m256)(xv), (__m256)(vtf));                           \
+        const __m256 pos_ = _mm256_cmp_ps(d_, _mm256_setzero_ps(), _CMP_GT_OQ);                 \
+        __m256 w_, faint_ = _mm256_setzero_ps();                                                \
+        SETTLE_POW256(d_, pos_, (__m256)(vef), _mm256_setzero_ps(), w_, faint_);                \
+        (void)faint_;                                                                           \
+        (awf) = (FT)_mm256_add_ps((__m256)(awf), w_);                                           \
+        (aqf) = (FT)_mm256_add_ps((__m256)(aqf), _mm256_mul_ps(w_, _mm256_and_ps(d_, pos_)));   \
+        (nanf) |= (FI)(((FT)d_) != ((FT)d_));                                                   \
+    } while (0)
+#define COARSE_KEEP_W256(xv, vtf)                                                               \
+    do {                                                                                        \
+        const unsigned m_ = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps((__m256)(xv), (__m256)(vtf), _CMP_GT_OQ)); \
+        _mm256_storeu_ps(cf + kept_, LEFTPACK8_PS((__m256)(xv), m_));                           \
+        kept_ += __builtin_popcount(m_);                                                        \
+    } while (0)
+#define COARSE_SHRINK_W256 COARSE_SHRINK_KEPT
 /* the eight candidates from src (doubles) less tau as floats (d rounded once, as the AVX-512
    functions' conversion) */
 #define F8_FROM_PD(src, tv)                                                                     \
@@ -1857,10 +1884,67 @@ AVX2 static inline double power_sum8_pd(__m256 v)
         }                                                                                       \
         const __m256d top4 = _mm256_set1_pd((double)top), a4 = _mm256_set1_pd(a);              \
         int64_t i = 0;                                                                          \
-        for (; i + 4 <= k; i += 4)                                                              \
-            _mm256_storeu_pd(cand + i, _mm256_mul_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(tf + i)), top4), a4)); \
-        for (; i < k; i++)                                                                      \
+        if (k > len / 4) { /* a broad row: its moments as the candidates are converted */       \
+            LONG_CONVERT_MOMENTS256;                                                            \
+        } else {                                                                                \
+            for (; i + 4 <= k; i += 4)                                                          \
+                _mm256_storeu_pd(cand + i, _mm256_mul_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(tf + i)), top4), a4)); \
+            for (; i < k; i++)                                                                  \
+                cand[i] = ((double)tf[i] - top) * a;                                            \
+        }                                                                                       \
+    } while (0)
+/* LONG_CONVERT_MOMENTS in the AVX2 functions (four doubles a vector; the sums by fused
+   multiply-adds where LONG_MOMENT_SUMS takes them so) */
+#define LONG_MOMENT_SUMS256(d1)                                                                 \
+    do {                                                                                        \
+        const __m256d ad_ = _mm256_andnot_pd(_mm256_set1_pd(-0.0), (d1)), d2_ = _mm256_mul_pd((d1), (d1)); \
+        const __m256d d3_ = _mm256_mul_pd(d2_, (d1)), d6_ = _mm256_mul_pd(d3_, d3_);            \
+        hi_ = _mm256_max_pd(hi_, ad_);                                                          \
+        a1_ = _mm256_add_pd(a1_, (d1));                                                         \
+        a2_ = _mm256_add_pd(a2_, d2_);                                                          \
+        a3_ = _mm256_add_pd(a3_, d3_);                                                          \
+        a4_ = _mm256_fmadd_pd(d2_, d2_, a4_);                                                   \
+        a5_ = _mm256_fmadd_pd(d3_, d2_, a5_);                                                   \
+        a6_ = _mm256_add_pd(a6_, d6_);                                                          \
+        a7_ = _mm256_fmadd_pd(d6_, ad_, a7_);                                                   \
+    } while (0)
+#define LONG_CONVERT_MOMENTS256                                                                 \
+    do {                                                                                        \
+        const int64_t k0_ = k < 256 ? k : 256;                                                  \
+        for (i = 0; i < k0_; i++) { /* the centre's candidates first */                         \
             cand[i] = ((double)tf[i] - top) * a;                                                \
+            r0 += cand[i];                                                                      \
+        }                                                                                       \
+        r0 /= (double)k0_;                                                                      \
+        const __m256d r0v_ = _mm256_set1_pd(r0);                                                \
+        __m256d a1_ = _mm256_setzero_pd(), a2_ = a1_, a3_ = a1_, a4_ = a1_, a5_ = a1_, a6_ = a1_; \
+        __m256d a7_ = a1_, hi_ = a1_;                                                           \
+        for (i = 0; i + 4 <= k0_; i += 4) {                                                     \
+            const __m256d d1_ = _mm256_sub_pd(_mm256_loadu_pd(cand + i), r0v_);                 \
+            LONG_MOMENT_SUMS256(d1_);                                                           \
+        }                                                                                       \
+        for (; i + 4 <= k; i += 4) { /* (i == k0_ here: 256, or k0_ == k's whole vectors) */    \
+            const __m256d dv_ = _mm256_mul_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(tf + i)), top4), a4); \
+            _mm256_storeu_pd(cand + i, dv_);                                                    \
+            const __m256d d1_ = _mm256_sub_pd(dv_, r0v_);                                       \
+            LONG_MOMENT_SUMS256(d1_);                                                           \
+        }                                                                                       \
+        double l_[8][4];                                                                        \
+        _mm256_storeu_pd(l_[0], a1_);                                                           \
+        _mm256_storeu_pd(l_[1], a2_);                                                           \
+        _mm256_storeu_pd(l_[2], a3_);                                                           \
+        _mm256_storeu_pd(l_[3], a4_);                                                           \
+        _mm256_storeu_pd(l_[4], a5_);                                                           \
+        _mm256_storeu_pd(l_[5], a6_);                                                           \
+        _mm256_storeu_pd(l_[6], a7_);                                                           \
+        _mm256_storeu_pd(l_[7], hi_);                                                           \
+        mom[0] = (double)k;                                                                     \
+        for (int m_ = 0; m_ < 6; m_++)                                                          \
+            mom[1 + m_] = (l_[m_][0] + l_[m_][1]) + (l_[m_][2] + l_[m_][3]);                    \
+        abs7 = (l_[6][0] + l_[6][1]) + (l_[6][2] + l_[6][3]);                                   \
+        dhi = fmax(fmax(l_[7][0], l_[7][1]), fmax(l_[7][2], l_[7][3]));                        \
+        LONG_MOMENT_TAIL(i, k, tf); /* (the last ones; those below k0_ converted already: the same value) */ \
+        moments_ = 1;                                                                           \
     } while (0)
 
 #define LONG_FINE_W256                                                                          \
@@ -1923,20 +2007,36 @@ AVX2 static inline double power_sum8_pd(__m256 v)
         aw_ = _mm256_add_ps(aw_, w_);                                                           \
         aq_ = _mm256_fmadd_ps(w_, _mm256_and_ps(df_, pos_), aq_);                               \
         if (k == len) { /* in place: r^q = w d (normalised after), r, w */                       \
-            float o_[3][8];                                                                     \
-            _mm256_storeu_ps(o_[0], _mm256_and_ps(_mm256_mul_ps(w_, df_), pos_));               \
-            _mm256_storeu_ps(o_[1], _mm256_and_ps(df_, pos_));                                  \
-            _mm256_storeu_ps(o_[2], w_);                                                        \
-            memcpy(pr + i_, o_[0], (NW) * sizeof(float));                                       \
-            if (rr)                                                                             \
-                memcpy(rr + i_, o_[1], (NW) * sizeof(float));                                   \
-            if (wr)                                                                             \
-                memcpy(wr + i_, o_[2], (NW) * sizeof(float));                                   \
+            const __m256 pq_ = _mm256_and_ps(_mm256_mul_ps(w_, df_), pos_), rq_ = _mm256_and_ps(df_, pos_); \
+            if ((NW) == 8) {                                                                    \
+                _mm256_storeu_ps(pr + i_, pq_);                                                 \
+                if (rr)                                                                         \
+                    _mm256_storeu_ps(rr + i_, rq_);                                             \
+                if (wr)                                                                         \
+                    _mm256_storeu_ps(wr + i_, w_);                                              \
+            } else {                                                                            \
+                float o_[3][8];                                                                 \
+                _mm256_storeu_ps(o_[0], pq_);                                                   \
+                _mm256_storeu_ps(o_[1], rq_);                                                   \
+                _mm256_storeu_ps(o_[2], w_);                                                    \
+                memcpy(pr + i_, o_[0], (NW) * sizeof(float));                                   \
+                if (rr)                                                                         \
+                    memcpy(rr + i_, o_[1], (NW) * sizeof(float));                               \
+                if (wr)                                                                         \
+                    memcpy(wr + i_, o_[2], (NW) * sizeof(float));                               \
+            }                                                                                   \
         } else {                                                                                \
-            double o_[8];                                                                       \
-            _mm256_storeu_pd(o_, _mm256_cvtps_pd(_mm256_castps256_ps128(w_)));                  \
-            _mm256_storeu_pd(o_ + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(w_, 1)));           \
-            memcpy(wk + i_, o_, (NW) * sizeof(double));                                         \
+            const __m256d w0_ = _mm256_cvtps_pd(_mm256_castps256_ps128(w_));                    \
+            const __m256d w1_ = _mm256_cvtps_pd(_mm256_extractf128_ps(w_, 1));                  \
+            if ((NW) == 8) {                                                                    \
+                _mm256_storeu_pd(wk + i_, w0_);                                                 \
+                _mm256_storeu_pd(wk + i_ + 4, w1_);                                             \
+            } else {                                                                            \
+                double o_[8];                                                                   \
+                _mm256_storeu_pd(o_, w0_);                                                      \
+                _mm256_storeu_pd(o_ + 4, w1_);                                                  \
+                memcpy(wk + i_, o_, (NW) * sizeof(double));                                     \
+            }                                                                                   \
         }                                                                                       \
     } while (0)
 #define LONG_SETTLE_W256                                                                        \
@@ -2032,6 +2132,9 @@ AVX2 static inline double power_sum8_pd(__m256 v)
         const __m256 ivf_ = _mm256_set1_ps((float)inv);                                         \
         const __m256d tv_ = _mm256_set1_pd(tau);                                                \
         __m256d ps_ = _mm256_setzero_pd(), prs_ = ps_;                                          \
+        if (!st) /* (no stats asked for: the scaling alone, eight at a time) */                  \
+            for (; i + 8 <= k; i += 8)                                                          \
+                _mm256_storeu_ps(pr + i, _mm256_mul_ps(_mm256_loadu_ps(pr + i), ivf_));         \
         for (; i + 4 <= k; i += 4) {                                                            \
             const __m128 pf_ = _mm_mul_ps(_mm_loadu_ps(pr + i), _mm256_castps256_ps128(ivf_));  \
             _mm_storeu_ps(pr + i, pf_);                                                         \
