@@ -15,11 +15,22 @@ CUDA events.
     python tools/bench_sparse.py --device cuda --graphs  # CUDA-graph replays: the kernels alone
     python tools/bench_sparse.py --quick                 # small shapes, few repetitions (smoke run)
     python tools/bench_sparse.py --shapes 1024x8000,256x32000 --dtypes float32 --no-losses
+    python tools/bench_sparse.py --cpu-width avx2        # as on a processor with AVX2 but no AVX-512
+
+``--cpu-width avx2`` / ``generic`` time this machine as a narrower x86-64 processor: nmt's native
+library built without its AVX-512 functions (or without AVX2's too: the compiler's vector extensions,
+what SSE2 and NEON machines run) and torch's own kernels held to the same width
+(``ATEN_CPU_CAPABILITY``, set by re-running the script), so both sides of every ratio are those of
+that processor.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import sys
+import tempfile
+from pathlib import Path
 import statistics
 import time
 from typing import Callable, Optional
@@ -259,6 +270,10 @@ def _shape(text: str) -> tuple[int, int]:
     return rows, cols
 
 
+CPU_WIDTHS = {"native": ("", ""), "avx2": ("avx2", "NMT_NO_AVX512"), "generic": ("default", "NMT_NO_AVX2")}
+"""``--cpu-width``: torch's ``ATEN_CPU_CAPABILITY`` and the native library's build flag for each."""
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
@@ -291,7 +306,21 @@ def main(argv: Optional[list[str]] = None) -> None:
                          "(4096, 32000))")
     ap.add_argument("--no-malloc-tuning", action="store_true",
                     help="leave glibc's malloc as it is (default: tuned as nmt-train / nmt-translate tune it)")
+    ap.add_argument("--cpu-width", default="native", choices=list(CPU_WIDTHS),
+                    help="CPU device: time as a processor with AVX2 but no AVX-512 (avx2) or with neither "
+                         "(generic: the compiler's vector extensions, as SSE2 / NEON machines): nmt's native "
+                         "library and torch's kernels both held to that width (default native)")
     args = ap.parse_args(argv)
+    if args.cpu_width != "native":
+        capability, define = CPU_WIDTHS[args.cpu_width]
+        if args.device != "cpu":
+            ap.error("--cpu-width needs --device cpu")
+        if os.environ.get("ATEN_CPU_CAPABILITY") != capability:  # torch reads it when it loads: run again
+            os.execve(sys.executable, [sys.executable, *sys.argv],
+                      {**os.environ, "ATEN_CPU_CAPABILITY": capability})
+        from nmt.sparse import _native
+        build_dir = Path(tempfile.mkdtemp(prefix="nmt-bench-"))
+        _native._state["lib"] = _native.load(_native.build(build_dir, defines=[define]))
     tuned = False if args.no_malloc_tuning else keep_freed_memory()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -306,7 +335,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     dtypes = [getattr(torch, d) for d in (args.dtypes or ("float32" if args.quick else "float32,bfloat16")).split(",")]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
     print(f"# nmt.sparse benchmark: torch {torch.__version__}, {device} ({where}), threads={torch.get_num_threads()}, "
-          f"impl={args.impl}, scores N(0, {args.spread:g}^2), {args.stat} of reps, {'CUDA-graph replays' if args.graphs else 'eager calls'}, {args.clock} clock, malloc tuned: {'yes' if tuned else 'no'}, entmax package: {'left out' if args.no_package else 'yes' if ref is not None else 'not installed'}")
+          f"impl={args.impl}, scores N(0, {args.spread:g}^2), {args.stat} of reps, {'CUDA-graph replays' if args.graphs else 'eager calls'}, {args.clock} clock, CPU width {args.cpu_width}, malloc tuned: {'yes' if tuned else 'no'}, entmax package: {'left out' if args.no_package else 'yes' if ref is not None else 'not installed'}")
     for shape in shapes:
         reps = args.reps or default_reps(shape, device, args.quick)
         timer = timer_class(device, reps, warmup=5 if device.type == "cuda" else 2, stat=args.stat, clock=args.clock)

@@ -48,7 +48,7 @@
  * 1e-14 relative, of the tolerance's edge). The AVX2 functions take the float step, the settling
  * pass, the candidates' compaction and the output by vectors of their own (W256: eight float lanes,
  * a permutation from a table where AVX-512 compresses; alpha 1.3 at deviation 0.1, 8,000 scores:
- * some 250 -> 106 thousand ticks a row), the rest by the vector extensions (GEN). A diagnostic build
+ * some 250 -> 96 thousand ticks a row; the AVX-512 functions: 52), the rest by the vector extensions (GEN). A diagnostic build
  * (NMT_POWER_COUNTS, tools/power_counts.py) counts the long rows' passes and times their phases.
  * Short rows (at most POWER_BLOCK_MAX_N entries) are solved a block of rows at a time, one row a
  * lane: a row's pass is one polynomial chain after another, each waiting on the last, where the

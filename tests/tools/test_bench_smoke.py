@@ -37,6 +37,23 @@ def test_bench_sparse_quick(capsys, extra):
     assert f"scores N(0, {'0.1' if extra else '1'}^2)" in printed
 
 
+def test_bench_sparse_as_a_narrower_processor():
+    """``bench_sparse --cpu-width avx2``: the script runs itself again with torch held to its AVX2
+    kernels (``ATEN_CPU_CAPABILITY``) and nmt's native library built without the AVX-512 functions,
+    and prints its tables under that header."""
+    from nmt.sparse import _native
+
+    if not _native.available():
+        pytest.skip("native library not built")
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    env["PYTHONPATH"] = os.pathsep.join([str(TOOLS.parent), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, str(TOOLS / "bench_sparse.py"), "--quick", "--threads", "1",
+                           "--no-losses", "--no-package", "--shapes", "64x300", "--cpu-width", "avx2"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "CPU width avx2" in done.stdout and "entmax15" in done.stdout, done.stdout[-2000:]
+
+
 @pytest.mark.parametrize("name,expect", [("bench_structured", ("fusedmax", "oscarmax", "training step")),
                                          ("bench_continuous", ("entmax15", "softmax"))])
 def test_the_attention_benchmarks_run(capsys, name, expect):
