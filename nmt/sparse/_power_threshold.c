@@ -1472,17 +1472,7 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
                 wsf_ += _mm512_reduce_add_pd(F16_SUM_PD(aw_));                                  \
             }                                                                                   \
             POWER_COUNT(15, 1);                                                                 \
-            if (!(wsf_ > 0.0) || !(hqf_ > 0.0))                                                 \
-                break;                                                                          \
-            const double h_ = vpow_2(hqf_, a);                                                  \
-            const double newton_ = (h_ - 1.0) * (hqf_ / h_) / wsf_;                             \
-            const double den_ = qr < 2.0 ? 1.0 /* (q < 2: C unbounded near the edge; Newton's step) */ \
-                : 1.0 - newton_ * (qr - 1.0) * (hqf_ * csf_ - wsf_ * wsf_) / (2.0 * hqf_ * wsf_); \
-            const double step_ = den_ > 0.5 ? newton_ / den_ : newton_; /* (Halley's, where sane) */ \
-            if (!(tau + step_ > lo && tau + step_ < 0.0))                                       \
-                break;                                                                          \
-            tau += step_;                                                                       \
-            if (!(fabs(step_) > POWER_FINE_AGAIN))                                              \
+            if (!power_fine_step(hqf_, wsf_, csf_, a, qr, lo, &tau))                            \
                 break;                                                                          \
         }                                                                                       \
     } while (0)
@@ -1527,6 +1517,43 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
 #define POWER_SETTLE_ERR(e) (POWER_SETTLE_POW_ERR(e) + ((e) + 1.0) + (POWER_SETTLE_CHUNK + 1.0) + 1.0)
 #define POWER_SETTLE_PAYS(e, qr, gap, tau)                                                      \
     (POWER_SETTLE_ERR(e) * 0x1p-24 * (gap) / (qr) <= 0.4 * rtol * (fabs(tau) > 1.0 ? fabs(tau) : 1.0))
+#if NMT_VECTORS
+/* LONG_SETTLE's decision from the pass's sums hq = sum w d, ws = sum w over the k candidates at
+   tau (each within POWER_SETTLE_ERR(e) units of 2^-24, plus what terms below 2^-126 may lose: w d <
+   2^-125 each; w < max(2^-125, 2^(1 - 126 e)), e < 1: d^e of a d below 2^-126 is not small): whether
+   Newton's step s = (hq - hq^(1 - 1/q)) / ws plus its error bound (dhq (1/q + |h - 1|) / ws_lo +
+   |s| dws / ws_lo, taken 1.1 times for the second order) stays within rtol max(1, |tau|) (a, the
+   caller's 1/q) */
+static inline int power_settles(double hq, double ws, int64_t k, double e, double a, double rtol, double tau)
+{
+    const double c = POWER_SETTLE_ERR(e) * 0x1p-24;
+    const double tq = (double)k * 0x1p-125, tw = (double)k * fmax(0x1p-125, exp2(1.0 - 126.0 * e));
+    const double dq = c * hq + tq, dw = c * ws + tw, wlo = ws - dw;
+    if (!(hq > 0.0 && hq < INFINITY && wlo > 0.0 && ws < INFINITY))
+        return 0;
+    const double h = vpow_2(hq, a);
+    const double step = (h - 1.0) * (hq / h) / ws;
+    const double err = 1.1 * (dq * (a + fabs(h - 1.0)) / wlo + dw / wlo * fabs(step));
+    return fabs(step) + err <= rtol * (fabs(tau) > 1.0 ? fabs(tau) : 1.0);
+}
+/* LONG_FINE's step from its float sums A = hq, B = ws, C = cs at *tau (a = 1/q, qr = q): Halley's
+   (Newton's where q < 2 or where Halley's correction is not sane), taken (*tau moved) where it lands
+   above lo and below 0; returns whether it was longer than POWER_FINE_AGAIN (another step then) */
+static inline int power_fine_step(double hq, double ws, double cs, double a, double qr, double lo, double *tau)
+{
+    if (!(ws > 0.0) || !(hq > 0.0))
+        return 0;
+    const double h = vpow_2(hq, a);
+    const double newton = (h - 1.0) * (hq / h) / ws;
+    const double den = qr < 2.0 ? 1.0 /* (q < 2: C unbounded near the edge; Newton's step) */
+        : 1.0 - newton * (qr - 1.0) * (hq * cs - ws * ws) / (2.0 * hq * ws);
+    const double step = den > 0.5 ? newton / den : newton; /* (Halley's, where sane) */
+    if (!(*tau + step > lo && *tau + step < 0.0))
+        return 0;
+    *tau += step;
+    return fabs(step) > POWER_FINE_AGAIN;
+}
+#endif
 #define LONG_SETTLE_GEN ((void)0)
 #ifdef NMT_WIDE_AVX512
 /* d^e on the lanes pos of sixteen floats d (0 elsewhere and where e log2 d < -126), e = ef + elo
@@ -1626,18 +1653,10 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
         POWER_COUNT(16, 1);                                                                     \
         /* a term lost below 2^-126 (the cut, or d itself there, flushed): w d < 2^-125 each; w <  \
            max(2^-125, 2^(1 - 126 e)) (e < 1: d^e of a d below 2^-126 is not small) */            \
-        const double c_ = POWER_SETTLE_ERR(e) * 0x1p-24;                                        \
-        const double tq_ = (double)k * 0x1p-125, tw_ = (double)k * fmax(0x1p-125, exp2(1.0 - 126.0 * e)); \
-        const double dq_ = c_ * hqf_ + tq_, dw_ = c_ * wsf_ + tw_, wlo_ = wsf_ - dw_;            \
-        if (!faint_ && hqf_ > 0.0 && hqf_ < INFINITY && wlo_ > 0.0 && wsf_ < INFINITY) {      \
-            const double h_ = vpow_2(hqf_, a);                                                  \
-            const double step_ = (h_ - 1.0) * (hqf_ / h_) / wsf_;                               \
-            const double err_ = 1.1 * (dq_ * (a + fabs(h_ - 1.0)) / wlo_ + dw_ / wlo_ * fabs(step_)); \
-            if (fabs(step_) + err_ <= rtol * (fabs(tau) > 1.0 ? fabs(tau) : 1.0)) {             \
-                settled_ = 1;                                                                   \
-                hq = hqf_;                                                                      \
-                POWER_COUNT(17, 1);                                                             \
-            }                                                                                   \
+        if (!faint_ && power_settles(hqf_, wsf_, k, e, a, rtol, tau)) {                         \
+            settled_ = 1;                                                                       \
+            hq = hqf_;                                                                          \
+            POWER_COUNT(17, 1);                                                                 \
         }                                                                                       \
     } while (0)
 #endif
@@ -1981,17 +2000,7 @@ AVX2 static inline double power_sum8_pd(__m256 v)
             }                                                                                   \
             (void)faint_;                                                                       \
             POWER_COUNT(15, 1);                                                                 \
-            if (!(wsf_ > 0.0) || !(hqf_ > 0.0))                                                 \
-                break;                                                                          \
-            const double h_ = vpow_2(hqf_, a);                                                  \
-            const double newton_ = (h_ - 1.0) * (hqf_ / h_) / wsf_;                             \
-            const double den_ = qr < 2.0 ? 1.0 /* (q < 2: C unbounded near the edge; Newton's step) */ \
-                : 1.0 - newton_ * (qr - 1.0) * (hqf_ * csf_ - wsf_ * wsf_) / (2.0 * hqf_ * wsf_); \
-            const double step_ = den_ > 0.5 ? newton_ / den_ : newton_; /* (Halley's, where sane) */ \
-            if (!(tau + step_ > lo && tau + step_ < 0.0))                                       \
-                break;                                                                          \
-            tau += step_;                                                                       \
-            if (!(fabs(step_) > POWER_FINE_AGAIN))                                              \
+            if (!power_fine_step(hqf_, wsf_, csf_, a, qr, lo, &tau))                            \
                 break;                                                                          \
         }                                                                                       \
     } while (0)
@@ -2063,18 +2072,10 @@ AVX2 static inline double power_sum8_pd(__m256 v)
             wsf_ += power_sum8_pd(aw_);                                                         \
         }                                                                                       \
         POWER_COUNT(16, 1);                                                                     \
-        const double c_ = POWER_SETTLE_ERR(e) * 0x1p-24;                                        \
-        const double tq_ = (double)k * 0x1p-125, tw_ = (double)k * fmax(0x1p-125, exp2(1.0 - 126.0 * e)); \
-        const double dq_ = c_ * hqf_ + tq_, dw_ = c_ * wsf_ + tw_, wlo_ = wsf_ - dw_;            \
-        if (!_mm256_movemask_ps(faint_) && hqf_ > 0.0 && hqf_ < INFINITY && wlo_ > 0.0 && wsf_ < INFINITY) { \
-            const double h_ = vpow_2(hqf_, a);                                                  \
-            const double step_ = (h_ - 1.0) * (hqf_ / h_) / wsf_;                               \
-            const double err_ = 1.1 * (dq_ * (a + fabs(h_ - 1.0)) / wlo_ + dw_ / wlo_ * fabs(step_)); \
-            if (fabs(step_) + err_ <= rtol * (fabs(tau) > 1.0 ? fabs(tau) : 1.0)) {             \
-                settled_ = 1;                                                                   \
-                hq = hqf_;                                                                      \
-                POWER_COUNT(17, 1);                                                             \
-            }                                                                                   \
+        if (!_mm256_movemask_ps(faint_) && power_settles(hqf_, wsf_, k, e, a, rtol, tau)) {     \
+            settled_ = 1;                                                                       \
+            hq = hqf_;                                                                          \
+            POWER_COUNT(17, 1);                                                                 \
         }                                                                                       \
     } while (0)
 
