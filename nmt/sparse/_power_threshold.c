@@ -1259,6 +1259,24 @@ static const double POWER_NORMAL_Q[POWER_NORMAL_N / 2] = {
    the floats' roundings, about those of VLOG2F / VEXP2F, which the coarse margin covers. */
 #define COARSE_ACCUMULATE_GEN COARSE_ACCUMULATE
 #ifdef NMT_WIDE_AVX2 /* (the tables: the AVX2 functions' SETTLE_POW256 too) */
+/* log2(1 + r) / r to r^4 (|r| <= 1/32: log2(1 + r) = r out to 2e-10) and 2^f (|f| <= 1/32) to f^4,
+   floats, by the fused multiply-adds FMADD of vectors from SET1 (the AVX-512 and AVX2 powers) */
+#define POW_LOG_SERIES(SET1, FMADD, r, out)                                                     \
+    do {                                                                                        \
+        (out) = SET1(0.28853902220726013f);                                                     \
+        (out) = FMADD((out), (r), SET1(-0.3606737554073334f));                                  \
+        (out) = FMADD((out), (r), SET1(0.48089835047721863f));                                  \
+        (out) = FMADD((out), (r), SET1(-0.7213475108146667f));                                  \
+        (out) = FMADD((out), (r), SET1(1.4426950216293335f));                                   \
+    } while (0)
+#define POW_EXP2_SERIES(SET1, FMADD, f, out)                                                    \
+    do {                                                                                        \
+        (out) = SET1(0.009618128649890423f);                                                    \
+        (out) = FMADD((out), (f), SET1(0.05550410971045494f));                                  \
+        (out) = FMADD((out), (f), SET1(0.24022650718688965f));                                  \
+        (out) = FMADD((out), (f), SET1(0.6931471824645996f));                                   \
+        (out) = FMADD((out), (f), SET1(1.0f));                                                  \
+    } while (0)
 static const float COARSE512_INV[16] __attribute__((unused)) = {
     0.9696969985961914f, 0.9142857193946838f, 0.8648648858070374f, 0.8205128312110901f, 0.7804877758026123f,
     0.7441860437393188f, 0.7111111283302307f, 0.6808510422706604f, 0.6530612111091614f, 0.6274510025978088f,
@@ -1283,23 +1301,12 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
     const __m512 t2_ = _mm512_loadu_ps(COARSE512_T2)
 /* log2(1 + r) / r to r^4 (|r| <= 1/32: log2(1 + r) = r out to 2e-10), floats (COARSE_POW512,
    SETTLE_POW512) */
-#define COARSE512_LOG_SERIES(r, out)                                                            \
-    do {                                                                                        \
-        (out) = _mm512_set1_ps(0.28853902220726013f);                                           \
-        (out) = _mm512_fmadd_ps((out), (r), _mm512_set1_ps(-0.3606737554073334f));              \
-        (out) = _mm512_fmadd_ps((out), (r), _mm512_set1_ps(0.48089835047721863f));              \
-        (out) = _mm512_fmadd_ps((out), (r), _mm512_set1_ps(-0.7213475108146667f));              \
-        (out) = _mm512_fmadd_ps((out), (r), _mm512_set1_ps(1.4426950216293335f));               \
-    } while (0)
+#define COARSE512_LOG_SERIES(r, out) POW_LOG_SERIES(_mm512_set1_ps, _mm512_fmadd_ps, r, out)
 /* 2^f 2^(j mod 16 / 16): 2^f (|f| <= 1/32) by its series to f^4 times the table t2_ at j's low four
    bits, floats (COARSE_POW512, SETTLE_POW512) */
 #define COARSE512_EXP2_FRACTION(f, j, out)                                                      \
     do {                                                                                        \
-        (out) = _mm512_set1_ps(0.009618128649890423f);                                          \
-        (out) = _mm512_fmadd_ps((out), (f), _mm512_set1_ps(0.05550410971045494f));              \
-        (out) = _mm512_fmadd_ps((out), (f), _mm512_set1_ps(0.24022650718688965f));              \
-        (out) = _mm512_fmadd_ps((out), (f), _mm512_set1_ps(0.6931471824645996f));               \
-        (out) = _mm512_fmadd_ps((out), (f), _mm512_set1_ps(1.0f));                              \
+        POW_EXP2_SERIES(_mm512_set1_ps, _mm512_fmadd_ps, f, out);                               \
         (out) = _mm512_mul_ps((out), _mm512_permutexvar_ps((j), t2_));                          \
     } while (0)
 #define COARSE_POW512(d, pos, vef, out)                                                         \
@@ -1782,21 +1789,10 @@ static inline int power_fine_step(double hq, double ws, double cs, double a, dou
 #define TABLE16_256(lo, hi, i)                                                                  \
     _mm256_blendv_ps(_mm256_permutevar8x32_ps((lo), (i)), _mm256_permutevar8x32_ps((hi), (i)),   \
                      _mm256_castsi256_ps(_mm256_slli_epi32((i), 28)))
-#define POW256_LOG_SERIES(r, out)                                                               \
-    do {                                                                                        \
-        (out) = _mm256_set1_ps(0.28853902220726013f);                                           \
-        (out) = _mm256_fmadd_ps((out), (r), _mm256_set1_ps(-0.3606737554073334f));              \
-        (out) = _mm256_fmadd_ps((out), (r), _mm256_set1_ps(0.48089835047721863f));              \
-        (out) = _mm256_fmadd_ps((out), (r), _mm256_set1_ps(-0.7213475108146667f));              \
-        (out) = _mm256_fmadd_ps((out), (r), _mm256_set1_ps(1.4426950216293335f));               \
-    } while (0)
+#define POW256_LOG_SERIES(r, out) POW_LOG_SERIES(_mm256_set1_ps, _mm256_fmadd_ps, r, out)
 #define POW256_EXP2_FRACTION(f, j, out)                                                         \
     do {                                                                                        \
-        (out) = _mm256_set1_ps(0.009618128649890423f);                                          \
-        (out) = _mm256_fmadd_ps((out), (f), _mm256_set1_ps(0.05550410971045494f));              \
-        (out) = _mm256_fmadd_ps((out), (f), _mm256_set1_ps(0.24022650718688965f));              \
-        (out) = _mm256_fmadd_ps((out), (f), _mm256_set1_ps(0.6931471824645996f));               \
-        (out) = _mm256_fmadd_ps((out), (f), _mm256_set1_ps(1.0f));                              \
+        POW_EXP2_SERIES(_mm256_set1_ps, _mm256_fmadd_ps, f, out);                               \
         (out) = _mm256_mul_ps((out), TABLE16_256(t2_lo_, t2_hi_, (j)));                         \
     } while (0)
 /* SETTLE_POW512 on eight floats: pos all-ones on the lanes to take (0 elsewhere and where

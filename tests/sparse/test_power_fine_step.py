@@ -17,26 +17,25 @@ from tests.sparse.test_power_series_start import (bisection, check_root_and_capp
                                                   counted_power_probs, settling_passes)
 
 
-def _has_avx512() -> bool:
-    """Whether this processor has the instructions the AVX-512 functions are built for
-    (``CPU_HAS_AVX512`` in ``_cpu_dispatch.h``), read from /proc/cpuinfo (False elsewhere)."""
+def _cpu_flags() -> list[str]:
+    """This processor's feature flags from /proc/cpuinfo (none elsewhere)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return all(f in flags for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl", "popcnt"))
+        return []
+    return next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+
+
+def _has_avx512() -> bool:
+    """Whether this processor has the instructions the AVX-512 functions are built for
+    (``CPU_HAS_AVX512`` in ``_cpu_dispatch.h``)."""
+    return all(f in _cpu_flags() for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl", "popcnt"))
 
 
 def _has_avx2() -> bool:
     """Whether this processor has the instructions the AVX2 functions are built for
-    (``CPU_HAS_AVX2`` in ``_cpu_dispatch.h``), read from /proc/cpuinfo (False elsewhere)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return all(f in flags for f in ("avx2", "fma", "popcnt"))
+    (``CPU_HAS_AVX2`` in ``_cpu_dispatch.h``)."""
+    return all(f in _cpu_flags() for f in ("avx2", "fma", "popcnt"))
 
 
 def float_pass_width(narrow: str = "") -> int:
