@@ -22,7 +22,7 @@ setup(
     # the native kernels, compiled on first use where a C compiler is (nmt/sparse/_native.py): the
     # mappings' and the search step's candidates, decoding's search bookkeeping, the LSTM cell, the dropout mask
     package_data={"nmt.sparse": ["_sorted_threshold.c", "_step_candidates.c", "_newton_threshold.c", "_power_threshold.c", "_taut_string.c", "_group_average.c",
-                                 "_cross_entropy.c", "_cpu_dispatch.h", "_float_math.h"],
+                                 "_cross_entropy.c", "_cpu_dispatch.h", "_float_math.h", "_power_avx2.h"],
                   "nmt.translate": ["_step_update.c"],
                   "nmt.models": ["_lstm_cell.c", "_dropout_mask.c"]},
     install_requires=[

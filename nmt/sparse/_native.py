@@ -64,9 +64,11 @@ thresholds (:func:`newton_threshold`, :func:`bound_threshold`) and those of any 
 ordered fit (:func:`taut_string`, :func:`ordered_fit`) and their backward's group averaging
 (:func:`group_average`), and cross-entropy's backward and label-smoothing statistics
 (:func:`xent_backward`, :func:`xent_smoothing`)."""
-HEADERS = (Path(__file__).with_name("_cpu_dispatch.h"), Path(__file__).with_name("_float_math.h"))
+HEADERS = (Path(__file__).with_name("_cpu_dispatch.h"), Path(__file__).with_name("_float_math.h"),
+           Path(__file__).with_name("_power_avx2.h"))
 """The headers they include (the run-time choice of AVX2 / AVX-512 functions; float vector log2,
-exp2 and exp): part of a build's identity, not compiled by themselves."""
+exp2 and exp; alpha-entmax's AVX2 float passes): part of a build's identity, not compiled by
+themselves."""
 CFLAGS = ("-O2", "-shared", "-fPIC", "-ffp-contract=off", "-std=c99")
 """Compiler flags: no contraction of products and sums into FMAs (the other paths round each
 operation), no fast-math."""
