@@ -113,6 +113,28 @@
         (out) = (DT)((IT)(e_ * scale_) & ~under_);                                              \
     } while (0)
 
+/* the backward's lg = log2 d and w = d^ve of positive d (POWER_BACKWARD_CHUNK; ve, the caller's) of
+   each width: POW512's halves in the AVX-512 functions, VLOG2 / VEXP2 elsewhere */
+#define BACKWARD_POWER_GEN(DT, IT, d, lg, w)                                                    \
+    do {                                                                                        \
+        VLOG2(DT, IT, d, lg);                                                                   \
+        VEXP2(DT, IT, ve * (lg), w);                                                            \
+    } while (0)
+#define BACKWARD_POWER_W256 BACKWARD_POWER_GEN
+#define BACKWARD_POWER_W512(DT, IT, d, lg, w)                                                   \
+    do {                                                                                        \
+        POW512_TABLES;                                                                          \
+        __m512d lg_b_, w_b_;                                                                    \
+        LOG2_512((__m512d)(d), lg_b_);                                                          \
+        EXP2_512(_mm512_mul_pd((__m512d)ve, lg_b_), (__mmask8)0xFF, w_b_);                      \
+        (lg) = (DT)lg_b_;                                                                       \
+        (w) = (DT)w_b_;                                                                         \
+    } while (0)
+/* the short rows' double powers (DEFINE_POWER_PROBS's loop) of each width: POW512's tables in the
+   AVX-512 functions (no division: a pass over a block some 2x faster), VLOG2 / VEXP2 elsewhere */
+#define POW_FOR_GEN POW_GEN
+#define POW_FOR_W256 POW_GEN
+#define POW_FOR_W512 POW_W512
 /* d^e lane by lane (positive, normal d) by VLOG2 and VEXP2 */
 #define POW_GEN(DT, IT, d, e, out)                                                              \
     do {                                                                                        \
@@ -156,8 +178,9 @@ static const double POW512_T2[16] __attribute__((unused)) = {
     const __m512d lc_lo_ = _mm512_loadu_pd(POW512_LC), lc_hi_ = _mm512_loadu_pd(POW512_LC + 8);     \
     const __m512d t2_lo_ = _mm512_loadu_pd(POW512_T2), t2_hi_ = _mm512_loadu_pd(POW512_T2 + 8)
 #define POW512(d, e, out) POW512_MASKED(d, e, (__mmask8)0xFF, out)
-/* POW512 on the lanes of the mask keep (0 in the others) */
-#define POW512_MASKED(d, e, keep, out)                                                          \
+/* POW512's two halves: log2 d of the positive lanes of d (LOG2_512) and 2^y on the lanes of keep,
+   0 elsewhere and where y < -1022 (EXP2_512); the power is EXP2_512(e LOG2_512(d)) */
+#define LOG2_512(d, lg)                                                                         \
     do {                                                                                        \
         const __m512d k_ = _mm512_getexp_pd(d);                                                 \
         const __m512d m_ = _mm512_getmant_pd(d, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);          \
@@ -172,15 +195,17 @@ static const double POW512_T2[16] __attribute__((unused)) = {
         p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(0.48089834703309603));                      \
         p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(-0.7213475204444688));                      \
         p_ = _mm512_fmadd_pd(p_, r_, _mm512_set1_pd(1.4426950408889583));                       \
-        const __m512d lg_ = _mm512_fmadd_pd(p_, r_, _mm512_add_pd(k_, _mm512_permutex2var_pd(lc_lo_, i_, lc_hi_))); \
-        const __m512d y_ = _mm512_mul_pd(e, lg_);                                               \
-        const __mmask8 under_ = _mm512_cmp_pd_mask(y_, _mm512_set1_pd(-1022.0), _CMP_LT_OQ);    \
+        (lg) = _mm512_fmadd_pd(p_, r_, _mm512_add_pd(k_, _mm512_permutex2var_pd(lc_lo_, i_, lc_hi_))); \
+    } while (0)
+#define EXP2_512(y, keep, out)                                                                  \
+    do {                                                                                        \
+        const __mmask8 under_ = _mm512_cmp_pd_mask((y), _mm512_set1_pd(-1022.0), _CMP_LT_OQ);  \
         /* y rounded to sixteenths by adding 1.5 * 2^48 (a unit in its last place: 1/16; |y| < 2^47, \
            the others are masked or overflow as before): 16 n mod 16 in its last four bits, the \
            table's index (vpermt2pd reads an index's low four bits) */                         \
-        const __m512d sh_ = _mm512_add_pd(y_, _mm512_set1_pd(422212465065984.0));              \
+        const __m512d sh_ = _mm512_add_pd((y), _mm512_set1_pd(422212465065984.0));              \
         const __m512d n_ = _mm512_sub_pd(sh_, _mm512_set1_pd(422212465065984.0));               \
-        const __m512d f_ = _mm512_sub_pd(y_, n_);                                               \
+        const __m512d f_ = _mm512_sub_pd((y), n_);                                             \
         const __m512i j_ = _mm512_castpd_si512(sh_);                                            \
         __m512d x_ = _mm512_set1_pd(0.00015403788510250262);                                    \
         x_ = _mm512_fmadd_pd(x_, f_, _mm512_set1_pd(0.0013333818815449907));                    \
@@ -191,6 +216,13 @@ static const double POW512_T2[16] __attribute__((unused)) = {
         x_ = _mm512_fmadd_pd(x_, f_, _mm512_set1_pd(1.0));                                      \
         x_ = _mm512_mul_pd(x_, _mm512_permutex2var_pd(t2_lo_, j_, t2_hi_));                     \
         (out) = _mm512_maskz_scalef_pd((__mmask8)((keep) & ~under_), x_, n_); /* x 2^floor(n) */ \
+    } while (0)
+/* POW512 on the lanes of the mask keep (0 in the others) */
+#define POW512_MASKED(d, e, keep, out)                                                          \
+    do {                                                                                        \
+        __m512d lg_m_;                                                                          \
+        LOG2_512(d, lg_m_);                                                                     \
+        EXP2_512(_mm512_mul_pd((e), lg_m_), keep, out);                                         \
     } while (0)
 /* the low and the high eight of sixteen floats v as doubles, and their lane sums (AVX-512 functions) */
 #define F16_LO_PD(v) _mm512_cvtps_pd(_mm512_castps512_ps256(v))
@@ -326,16 +358,15 @@ static inline double vpow_2(double a, double b)
 #define POWER_STATS 5          /* _native.POWER_STATS: the floats a row of nmt_power_probs_f32's stats */
 /* Entry j of a block's lanes (col[j * L + l]): d = col - vt, m = d > 0 and w = d^e on m (0 off it),
    declared here */
-#define COLUMN_POWER(DT, IT, L, e, d, m, w)                                                     \
+#define COLUMN_POWER(DT, IT, L, e, d, m, w, POW)                                                \
     DT d, w;                                                                                    \
     IT m;                                                                                       \
     do {                                                                                        \
-        DT xv_, lg_;                                                                            \
+        DT xv_;                                                                                 \
         memcpy(&xv_, col + j * L, sizeof xv_);                                                  \
         d = xv_ - vt;                                                                           \
         m = d > zero;                                                                           \
-        VLOG2(DT, IT, SEL(IT, DT, m, d, one), lg_);                                             \
-        VEXP2(DT, IT, (e) * lg_, w);                                                            \
+        POW(DT, IT, SEL(IT, DT, m, d, one), (e), w);                                            \
         w = (DT)((IT)w & m);                                                                    \
     } while (0)
 
@@ -346,13 +377,13 @@ static inline double vpow_2(double a, double b)
    runs on every entry's w of every pass (the last pass's are at every lane's final tau: a lane
    stops before a step, and the loop ends after a pass in which none stepped). */
 #define KEEP_W(j, w, L) memcpy(wcol + (j) * (L), &(w), sizeof(w))
-#define BLOCK_NEWTON(DT, IT, L, cnt, KEEP)                                                      \
+#define BLOCK_NEWTON(DT, IT, L, cnt, KEEP, POW)                                                 \
     do {                                                                                        \
         for (int64_t it = 0;; it++) {                                                           \
             DT aq = zero, aw = zero;                                                            \
             IT nan = none;                                                                      \
             for (int64_t j = 0; j < (cnt); j++) {                                               \
-                COLUMN_POWER(DT, IT, L, ve, d, m, w);                                           \
+                COLUMN_POWER(DT, IT, L, ve, d, m, w, POW);                                      \
                 aw += w;                                                                        \
                 aq += w * (DT)((IT)d & m);                                                      \
                 nan |= (IT)(d != d);                                                            \
@@ -415,7 +446,7 @@ static inline double vpow_2(double a, double b)
         (aqf) += w_ * (FT)((FI)d_ & pos_);                                                      \
         (nanf) |= (FI)(d_ != d_);                                                               \
     } while (0)
-#define BLOCK_COARSE(DT, IT, FT, FI, L, L2, cnt)                                                \
+#define BLOCK_COARSE(DT, IT, FT, FI, L, L2, cnt, V)                                             \
     do {                                                                                        \
         for (int64_t i_ = 0; i_ < (cnt) * L; i_++)                                              \
             colf[i_] = (float)col[i_];                                                          \
@@ -437,7 +468,7 @@ static inline double vpow_2(double a, double b)
             for (int64_t j = 0; j < (cnt) + ((cnt) & 1); j += 2) {                              \
                 FT xv_;                                                                         \
                 memcpy(&xv_, colf + j * L, sizeof xv_);                                         \
-                COARSE_ACCUMULATE(FT, FI, xv_, vtf, vef, aqf, awf, nanf);                       \
+                COARSE_ACCUMULATE_##V(FT, FI, xv_, vtf, vef, aqf, awf, nanf);                   \
             }                                                                                   \
             DT hq = zero, ws = zero;                                                            \
             IT bad_ = none;                                                                     \
@@ -483,7 +514,7 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
             for (int64_t j = 0; j < n; j++)                                                     \
                 col[j * L + l] = real ? (double)z[r * n + j] : -INFINITY;                       \
         }                                                                                       \
-        BLOCK_NEWTON(DT, IT, L, n, KEEP_NOTHING);                                               \
+        BLOCK_NEWTON(DT, IT, L, n, KEEP_NOTHING, POW_GEN);                                      \
         for (int l = 0; l < L && r0 + l < rows; l++)                                            \
             tau_out[r0 + l] = (T)vt[l];                                                         \
     }                                                                                           \
@@ -502,7 +533,7 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
    s = r^(q - 1), where asked for: the backward's). The entries dropped are below every iterate
    (the iterates only grow), so the loop's sums, its iterates and the output are those of the
    loop on the whole row from the same start. */
-#define DEFINE_POWER_PROBS(NAME, ATTR, DT, IT, L, FT, FI, L2)                                   \
+#define DEFINE_POWER_PROBS(NAME, ATTR, DT, IT, L, FT, FI, L2, V)                                \
 ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1, int64_t a_stride, \
                       int64_t max_iter, double rtol, float *p, float *root, float *weights,     \
                       float *stats)                                                             \
@@ -568,7 +599,7 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             VEXP2(DT, IT, -vi * lgk, kp);                                                       \
             const DT mb = vsum / vk - kp - 1e-9; /* less the rounding (|z| <= 1 here) */         \
             vt = SEL(IT, DT, live & (IT)(mb > vt), mb, vt);                                     \
-            BLOCK_COARSE(DT, IT, FT, FI, L, L2, kmax);                                          \
+            BLOCK_COARSE(DT, IT, FT, FI, L, L2, kmax, V);                                       \
             int64_t kmax2 = 0; /* again above the lanes' taus now */                            \
             for (int l = 0; l < L; l++) {                                                       \
                 int64_t k = 0;                                                                  \
@@ -587,7 +618,7 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
                     col[k * L + l] = -INFINITY;                                                 \
             kmax = kmax2;                                                                       \
         }                                                                                       \
-        BLOCK_NEWTON(DT, IT, L, kmax, KEEP_W);                                                  \
+        BLOCK_NEWTON(DT, IT, L, kmax, KEEP_W, POW_FOR_##V);                                     \
         DT total = zero;                                                                        \
         for (int64_t j = 0; j < kmax; j++) { /* r^q = d^(q - 1) d in place of the scores, then r */ \
             DT xv_, wq;                                                                         \
@@ -1967,7 +1998,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
 /* one chunk of L entries of the backward's first pass: rp, gp, op point at L floats; where alpha's
    gradient is asked for (va: alpha - 1; rp holds p), w = p (1 - (alpha - 1) ln p) / (alpha - 1)^2 and
    its sums too */
-#define POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, rp, gp, op)                                                        \
+#define POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, V, rp, gp, op)                                                     \
     do {                                                                                        \
         FT rv, gv;                                                                              \
         memcpy(&rv, rp, sizeof rv);                                                             \
@@ -1980,10 +2011,8 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         const DT d = __builtin_convertvector(rv, DT);                                           \
         const IT m = d > zero;                                                                  \
         DT lg = zero, w = e0 ? one : d; /* e = 0 (the support's indicator), 1 (s given): no power */ \
-        if (raise) {                                                                            \
-            VLOG2(DT, IT, SEL(IT, DT, m, d, one), lg);                                          \
-            VEXP2(DT, IT, ve * lg, w);                                                          \
-        }                                                                                       \
+        if (raise)                                                                              \
+            BACKWARD_POWER_##V(DT, IT, SEL(IT, DT, m, d, one), lg, w);                          \
         w = SEL(IT, DT, m, w, e0 ? zero : d * 0.0); /* 0 off the support, NaN for NaN (e = 0: 0) */ \
         const DT gd = __builtin_convertvector(gv, DT);                                          \
         as += w;                                                                                \
@@ -1996,7 +2025,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         const FT sv = __builtin_convertvector(w, FT);                                           \
         memcpy(op, &sv, sizeof sv);                                                             \
     } while (0)
-#define DEFINE_POWER_BACKWARD(NAME, ATTR, FT, IT32, DT, IT, L, ANY)                                  \
+#define DEFINE_POWER_BACKWARD(NAME, ATTR, FT, IT32, DT, IT, L, ANY, V)                               \
 ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, const double *e, \
                       int64_t e_stride, const double *am1, int64_t a_stride, float *out, float *ga) \
 {                                                                                               \
@@ -2015,7 +2044,7 @@ ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, c
         }                                                                                       \
         int64_t j = 0;                                                                          \
         for (; j + L <= n; j += L)                                                              \
-            POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, rr + j, gr + j, o + j);                                        \
+            POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, V, rr + j, gr + j, o + j);                                        \
         if (j < n && !raise) { /* the last entries one by one (short rows: no copies) */       \
             for (; j < n; j++) {                                                                \
                 const double d = rr[j];                                                         \
@@ -2031,7 +2060,7 @@ ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, c
             memset(gt, 0, sizeof gt);                                                           \
             memcpy(rt, rr + j, (size_t)(n - j) * sizeof(float));                                \
             memcpy(gt, gr + j, (size_t)(n - j) * sizeof(float));                                \
-            POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, rt, gt, ot);                                                 \
+            POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, V, rt, gt, ot);                                                 \
             memcpy(o + j, ot, (size_t)(n - j) * sizeof(float));                                 \
         }                                                                                       \
         double total = 0.0, dot = 0.0, wsum = 0.0, wdot = 0.0;                                  \
@@ -2067,9 +2096,9 @@ ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, c
     DEFINE_POWER(power_f32_##SUFFIX, float, ATTR, nmt_i64x##L,                                 \
                  POWER_SUMS(float, nmt_f32x##L, nmt_f64x##L, nmt_i64x##L, L, KEEP_NOTHING, POW_GEN), vpow_2)          \
     DEFINE_POWER_BLOCK(power_block_f32_##SUFFIX, float, ATTR, nmt_f64x##L, nmt_i64x##L, L)     \
-    DEFINE_POWER_PROBS(power_probs_##SUFFIX, ATTR, nmt_f64x##L, nmt_i64x##L, L, nmt_f32x##L2, nmt_i32x##L2, L2) \
+    DEFINE_POWER_PROBS(power_probs_##SUFFIX, ATTR, nmt_f64x##L, nmt_i64x##L, L, nmt_f32x##L2, nmt_i32x##L2, L2, V) \
     DEFINE_POWER_LONG(power_long_##SUFFIX, ATTR, nmt_f32x##L, nmt_i32x##L, nmt_f64x##L, nmt_i64x##L, L, ANY, V, nmt_f32x##L2, nmt_i32x##L2, L2) \
-    DEFINE_POWER_BACKWARD(power_backward_##SUFFIX, ATTR, nmt_f32x##L, nmt_i32x##L, nmt_f64x##L, nmt_i64x##L, L, ANY)
+    DEFINE_POWER_BACKWARD(power_backward_##SUFFIX, ATTR, nmt_f32x##L, nmt_i32x##L, nmt_f64x##L, nmt_i64x##L, L, ANY, V)
 #if NMT_VECTORS
 DEFINE_POWER_WIDTH(v, NO_ATTR, 2, 4, ANY_WORDS, GEN)
 #else

@@ -68,10 +68,11 @@ def exp_polynomial() -> tuple:
 
 
 def macro_coefficients() -> tuple:
-    """The constants of POW512_MASKED's two Horner chains in the C file (highest degree first)."""
+    """The constants of POW512's two Horner chains in the C file (highest degree first): LOG2_512's
+    and EXP2_512's, the halves POW512_MASKED takes."""
     text = (Path(_native.__file__).with_name("_power_threshold.c")).read_text()
-    body = text[text.index("#define POW512_MASKED"):]
-    body = body[: body.index("} while (0)")]
+    body = text[text.index("#define LOG2_512"):]
+    body = body[: body.index("#define POW512_MASKED")]
     chains = re.findall(r"__m512d ([px])_ = _mm512_set1_pd\(([-0-9.e]+)\);((?:\s*\\?\s*\1_ = _mm512_fmadd_pd\(\1_, [rf]_, _mm512_set1_pd\([-0-9.e]+\)\);)+)", body)
     out = {}
     for name, first, rest in chains:
