@@ -181,12 +181,16 @@ def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
     g = torch.randn(*shape, device=device).to(dtype)
     n = shape[-1]
     kw = {} if impl == "auto" else {"impl": impl}  # (auto: also runs against versions without impl)
+    # one alpha a row in [1.1, 1.6], learnable (an adaptively sparse Transformer's heads: the backward
+    # takes alpha's gradient too)
+    alpha = (1.1 + 0.5 * torch.rand(shape[0], 1, device=device)).requires_grad_()
     ours = {
         "softmax": lambda s: torch.softmax(s, -1),
         "sparsemax": lambda s: sparsemax(s, **kw),
         "entmax15": lambda s: entmax15(s, **kw),
         "entmax_bisect(1.5)": lambda s: entmax_bisect(s, 1.5, **kw),
         "entmax_bisect(1.3)": lambda s: entmax_bisect(s, 1.3, **kw),  # any alpha: no closed form
+        "entmax_bisect(alpha/row)": lambda s: entmax_bisect(s, alpha, **kw),
     }
     if vs is not None:  # the same mappings with another impl, measured in the same run
         ours.update({f"sparsemax [{vs}]": lambda s: sparsemax(s, impl=vs),
@@ -200,6 +204,7 @@ def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
             "entmax15": [lambda s: ref.entmax15(s, -1)] + ([lambda s: ref.entmax15(s, -1, k=100)] if top_k else []),
             "entmax_bisect(1.5)": [lambda s: ref.entmax_bisect(s, 1.5, -1, n_iter=50)],
             "entmax_bisect(1.3)": [lambda s: ref.entmax_bisect(s, 1.3, -1, n_iter=50)],
+            "entmax_bisect(alpha/row)": [lambda s: ref.entmax_bisect(s, alpha, -1, n_iter=50)],
         }
     rows = []
     if device.type == "cpu":  # the allocator's first outputs of a new size are page-faulted in: not the first row's
