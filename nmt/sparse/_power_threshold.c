@@ -377,7 +377,7 @@ static inline double vpow_2(double a, double b)
    runs on every entry's w of every pass (the last pass's are at every lane's final tau: a lane
    stops before a step, and the loop ends after a pass in which none stepped). */
 #define KEEP_W(j, w, L) memcpy(wcol + (j) * (L), &(w), sizeof(w))
-#define BLOCK_NEWTON(DT, IT, L, cnt, KEEP, POW)                                                 \
+#define BLOCK_NEWTON(DT, IT, L, cnt, KEEP, POW, above)                                          \
     do {                                                                                        \
         for (int64_t it = 0;; it++) {                                                           \
             DT aq = zero, aw = zero;                                                            \
@@ -398,9 +398,10 @@ static inline double vpow_2(double a, double b)
             VLOG2(DT, IT, hq, lg);                                                              \
             VEXP2(DT, IT, vi * lg, h);                                                          \
             const DT step = (h - 1.0) * (hq / h) / ws;                                          \
-            const DT at = (DT)((IT)vt & magnitude);                                             \
-            live &= (IT)(step > rtol * SEL(IT, DT, (IT)(at > one), at, one));                   \
+            const DT at = (DT)((IT)vt & magnitude), tol_ = rtol * SEL(IT, DT, (IT)(at > one), at, one); \
+            live &= (IT)(step > tol_) | ((above) & (IT)(step < -tol_));                         \
             vt += (DT)((IT)step & live);                                                        \
+            (above) = none; /* (from above: the first step lands below the root) */             \
             int64_t any = 0;                                                                    \
             for (int l = 0; l < L; l++)                                                         \
                 any |= live[l];                                                                 \
@@ -431,6 +432,10 @@ static inline double vpow_2(double a, double b)
 #define POWER_COARSE_MAX_E 8.0
 #define POWER_COARSE_MARGIN 1e-4
 #define POWER_COARSE_STOP 1e-3
+/* a block's coarse steps stop at a step shorter than this (W512: BLOCK_FINE's float step follows) */
+#define BLOCK_COARSE_STOP_GEN POWER_COARSE_STOP
+#define BLOCK_COARSE_STOP_W256 POWER_COARSE_STOP
+#define BLOCK_COARSE_STOP_W512 1e-2
 #define POWER_COARSE_MAX_STEPS 8
 /* one vector xv of entries (floats) into coarse sums at the thresholds vtf: d = xv - vtf, w = d^e
    (e: vef) on d > 0 by the float polynomials, aqf += w d, awf += w; NaN lanes marked in nanf */
@@ -486,7 +491,7 @@ static inline double vpow_2(double a, double b)
             const DT step = (h - 1.0) * (hq / h) / ws;                                          \
             coarse &= (IT)(step > POWER_COARSE_MARGIN);                                         \
             vt += (DT)((IT)(step - POWER_COARSE_MARGIN) & coarse);                              \
-            coarse &= (IT)(step >= POWER_COARSE_STOP);                                          \
+            coarse &= (IT)(step >= BLOCK_COARSE_STOP_##V);                                      \
         }                                                                                       \
     } while (0)
 
@@ -514,11 +519,72 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
             for (int64_t j = 0; j < n; j++)                                                     \
                 col[j * L + l] = real ? (double)z[r * n + j] : -INFINITY;                       \
         }                                                                                       \
-        BLOCK_NEWTON(DT, IT, L, n, KEEP_NOTHING, POW_GEN);                                      \
+        IT above_ = none; /* (every lane from a lower bound) */                                 \
+        BLOCK_NEWTON(DT, IT, L, n, KEEP_NOTHING, POW_GEN, above_);                              \
         for (int l = 0; l < L && r0 + l < rows; l++)                                            \
             tau_out[r0 + l] = (T)vt[l];                                                         \
     }                                                                                           \
 }
+#endif
+
+/* After a block's coarse steps (its lanes below their roots, the entries at or below dropped; with
+   this step to follow they stop at a step under BLOCK_COARSE_STOP_W512 = 1e-2, not 1e-3), one float
+   step in every lane that took them, as LONG_FINE takes it on a long row (Halley's, Newton's where
+   q < 2; power_fine_step's operations in all lanes at once: kept where it lands above the coarse
+   bound and below 0), so that the double loop's first pass settles where it took a step and a second
+   (alpha 1.3, rows of 50: 2.0 -> 1.0 double passes a block; one alpha a row in 1.1-1.6: 2.2 -> 1.4;
+   with the coarse pass saved, (4096, 50) 6-7% faster). From below on the convex h, Halley's step is
+   shorter than Newton's and lands below the root but for the float sums' rounding; so the landing
+   is no bound (`above`): the loop's first step may be negative, landing below the root
+   (BLOCK_NEWTON; not met on the rows tried, where the rounding stayed within the tolerance). W512
+   (the AVX-512 functions): two entries of the eight lanes a vector of sixteen floats, d = col - tau
+   formed in double and rounded, its powers by COARSE_POW512; GEN, W256: none (the double loop from
+   the coarse bound, as before). */
+#define BLOCK_FINE_GEN(DT, IT, L, cnt) ((void)0)
+#define BLOCK_FINE_W256 BLOCK_FINE_GEN
+#ifdef NMT_WIDE_AVX512
+#define BLOCK_FINE_W512(DT, IT, L, cnt)                                                         \
+    do {                                                                                        \
+        const IT took_ = live & (IT)(ve <= POWER_COARSE_MAX_E) & (IT)(vt > -1.0);              \
+        int64_t any_ = 0;                                                                       \
+        for (int l = 0; l < L; l++)                                                             \
+            any_ |= took_[l];                                                                   \
+        if (!any_ || (cnt) == 0)                                                                \
+            break;                                                                              \
+        COARSE512_TABLES;                                                                       \
+        const __m512d t8_ = (__m512d)vt;                                                        \
+        __m512 vef_ = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps((__m512d)ve)),  \
+                                         _mm512_cvtpd_ps((__m512d)ve), 1);                      \
+        __m512 aq_ = _mm512_setzero_ps(), aw_ = aq_, ac_ = aq_;                                 \
+        for (int64_t j_ = 0; j_ < (cnt); j_ += 2) { /* (cnt odd: the -inf column after it) */   \
+            const __m512d d0_ = _mm512_sub_pd(_mm512_loadu_pd(col + j_ * L), t8_);              \
+            const __m512d d1_ = j_ + 1 < (cnt) ? _mm512_sub_pd(_mm512_loadu_pd(col + (j_ + 1) * L), t8_) \
+                                               : _mm512_set1_pd(-1.0);                          \
+            const __m512 df_ = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(d0_)),  \
+                                                  _mm512_cvtpd_ps(d1_), 1);                     \
+            const __mmask16 pos_ = _mm512_cmp_ps_mask(df_, _mm512_setzero_ps(), _CMP_GT_OQ);    \
+            __m512 w_;                                                                          \
+            COARSE_POW512(df_, pos_, vef_, w_);                                                 \
+            aw_ = _mm512_add_ps(aw_, w_);                                                       \
+            aq_ = _mm512_mask3_fmadd_ps(w_, df_, aq_, pos_);                                    \
+            ac_ = _mm512_mask3_fmadd_ps(w_, _mm512_rcp14_ps(df_), ac_, pos_);                   \
+        }                                                                                       \
+        /* power_fine_step in every lane at once (its operations; one VLOG2 / VEXP2 for all) */ \
+        const DT hq_ = (DT)F16_SUM_PD(aq_), ws_ = (DT)F16_SUM_PD(aw_), cs_ = (DT)F16_SUM_PD(ac_); \
+        IT ok_ = took_ & (IT)(ws_ > zero) & (IT)(hq_ > zero);                                  \
+        const DT hs_ = SEL(IT, DT, ok_, hq_, one), wss_ = SEL(IT, DT, ok_, ws_, one), qv_ = one / vi; \
+        DT lg_, h_;                                                                             \
+        VLOG2(DT, IT, hs_, lg_);                                                                \
+        VEXP2(DT, IT, vi * lg_, h_);                                                            \
+        const DT newton_ = (h_ - 1.0) * (hs_ / h_) / wss_;                                      \
+        const DT den_ = SEL(IT, DT, (IT)(qv_ < 2.0), one, /* (q < 2: Newton's step) */          \
+                            1.0 - newton_ * (qv_ - 1.0) * (hs_ * cs_ - wss_ * wss_) / (2.0 * hs_ * wss_)); \
+        const DT step_ = SEL(IT, DT, (IT)(den_ > 0.5), newton_ / den_, newton_); /* (Halley's, where sane) */ \
+        const DT land_ = vt + step_;                                                            \
+        ok_ &= (IT)(land_ > vt) & (IT)(land_ < zero);                                           \
+        vt = SEL(IT, DT, ok_, land_, vt);                                                       \
+        above = ok_;                                                                            \
+    } while (0)
 #endif
 
 /* The mapping itself for rows of at most POWER_BLOCK_MAX_N entries, L at a time, one a lane: per
@@ -546,7 +612,7 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
     const IT none = {0}, magnitude = none + 0x7FFFFFFFFFFFFFFFLL;                               \
     for (int64_t r0 = 0; r0 < rows; r0 += L) {                                                  \
         DT vt, ve, vi, vtop;                                                                    \
-        IT live, nanrow = none, emptyrow = none;                                                \
+        IT live, nanrow = none, emptyrow = none, above = none; /* above: from BLOCK_FINE's landing */ \
         int64_t kc[L], kmax = 0; /* each lane's entries above -1 at the front of its column */  \
         DT vsum = zero, vk;      /* their sum and count */                                      \
         for (int l = 0; l < L; l++) {                                                           \
@@ -617,8 +683,9 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
                 for (int64_t k = kc[l]; k < kmax2; k++)                                         \
                     col[k * L + l] = -INFINITY;                                                 \
             kmax = kmax2;                                                                       \
+            BLOCK_FINE_##V(DT, IT, L, kmax);                                                    \
         }                                                                                       \
-        BLOCK_NEWTON(DT, IT, L, kmax, KEEP_W, POW_FOR_##V);                                     \
+        BLOCK_NEWTON(DT, IT, L, kmax, KEEP_W, POW_FOR_##V, above);                              \
         DT total = zero;                                                                        \
         for (int64_t j = 0; j < kmax; j++) { /* r^q = d^(q - 1) d in place of the scores, then r */ \
             DT xv_, wq;                                                                         \

@@ -100,13 +100,14 @@ ALPHAS_ABOVE = [1.55, 1.6, 1.65, 1.7, 1.55, 1.6, 1.65, 1.7, 1.8, 1.6]
 """Alphas above 1.5 (q < 2: Newton's float step alone) for every kind of :func:`fine_step_rows`."""
 
 
-@pytest.mark.parametrize("n", [1003, 8000, 32003])
+@pytest.mark.parametrize("n", [50, 200, 1003, 8000, 32003])
 @pytest.mark.parametrize("above", [False, True])
 def test_rows_that_mislead_the_float_step_equal_the_bisection(native_build, monkeypatch, n, above):
     """On every native build, the rows of :func:`fine_step_rows` (alphas 1.12-1.6: Halley's float
     step; and 1.55-1.8 for every kind of row: Newton's, where q < 2) get the float64 root's
     threshold, support and output, and the loop capped at 19 steps (no normal start, no float step)
-    gives the same threshold and output."""
+    gives the same threshold and output. Rows of 50 and 200 go a block of eight at a time (the
+    AVX-512 functions take the float step after the block's coarse steps: ``BLOCK_FINE``)."""
     monkeypatch.setitem(_native._state, "lib", native_build)
     alphas = torch.tensor((ALPHAS_ABOVE if above else ALPHAS) * 3, dtype=torch.float64)
     x = fine_step_rows(n, alphas, seed=n + 3)

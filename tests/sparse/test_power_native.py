@@ -211,7 +211,9 @@ def test_coarse_float_steps_stay_below_the_root(native_build, monkeypatch, n):
     (from the segment maxima's bound or the candidates' mean bound) before their double loop: on every vector path, alphas 1.02 to 1.98 per row (those below 1.111
     take no coarse step), spreads from near-flat (long coarse steps from -1) to peaked (the root at
     -1: none), ties, -inf runs and odd lengths, the threshold is the float64 root's from below
-    (never above it but for the float's rounding), the support is the root's entry for entry away
+    (above it by at most float32's eps: a block's float step after the coarse ones, the AVX-512
+    functions', may settle from above within the loop's tolerance; and the float's rounding), the
+    support is the root's entry for entry away
     from its boundary, and p, r and s = r^(q - 1) are the float64 mapping's at the root. A cap of 19
     steps (no coarse steps: the double loop's own iterates) gives the same within the loop's
     tolerance; s is r's power (r, near the boundary, as exact as tau's float rounding lets it be)."""
