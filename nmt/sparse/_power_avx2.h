@@ -33,6 +33,11 @@
         POW_EXP2_SERIES(_mm256_set1_ps, _mm256_fmadd_ps, f, out);                               \
         (out) = _mm256_mul_ps((out), TABLE16_256(t2_lo_, t2_hi_, (j)));                         \
     } while (0)
+/* the tables and e = q - 1 as the float vef_ and its remainder velo_ (SETTLE_POW256's operands) */
+#define POW256_SETUP                                                                            \
+    POW256_TABLES;                                                                              \
+    const float ef_ = (float)e;                                                                 \
+    const __m256 vef_ = _mm256_set1_ps(ef_), velo_ = _mm256_set1_ps((float)(e - (double)ef_))
 /* SETTLE_POW512 on eight floats: pos all-ones on the lanes to take (0 elsewhere and where
    e log2 d < -126), faint or'ed with the lanes of pos where q log2 d < -124 (all-ones lanes) */
 #define SETTLE_POW256(d, pos, vef, velo, out, faint)                                            \
@@ -202,9 +207,7 @@ AVX2 static inline double power_sum8_pd(__m256 v)
 
 #define LONG_FINE_W256                                                                          \
     do {                                                                                        \
-        POW256_TABLES;                                                                          \
-        const float ef_ = (float)e;                                                             \
-        const __m256 vef_ = _mm256_set1_ps(ef_), velo_ = _mm256_set1_ps((float)(e - (double)ef_)); \
+        POW256_SETUP;                                                                           \
         const __m256 zero_ = _mm256_setzero_ps();                                               \
         for (int s_ = 0; s_ < 2; s_++) { /* a second where the first was long */                \
             const __m256d tv_ = _mm256_set1_pd(tau);                                            \
@@ -284,9 +287,7 @@ AVX2 static inline double power_sum8_pd(__m256 v)
     } while (0)
 #define LONG_SETTLE_W256                                                                        \
     do {                                                                                        \
-        POW256_TABLES;                                                                          \
-        const float ef_ = (float)e;                                                             \
-        const __m256 vef_ = _mm256_set1_ps(ef_), velo_ = _mm256_set1_ps((float)(e - (double)ef_)); \
+        POW256_SETUP;                                                                           \
         const __m256d tv_ = _mm256_set1_pd(tau);                                                \
         const __m256 zero_ = _mm256_setzero_ps();                                               \
         double hqf_ = 0.0, wsf_ = 0.0;                                                          \
@@ -328,6 +329,15 @@ AVX2 static inline double power_sum8_pd(__m256 v)
         psum += (double)pf;                                                                     \
         prsum += (double)pf * (double)rf;                                                       \
     } while (0)
+/* the output's vector sums ps_ (of p) and prs_ (of p r) added to psum, prsum */
+#define OUTPUT_SUMS256                                                                          \
+    do {                                                                                        \
+        double l_[8];                                                                           \
+        _mm256_storeu_pd(l_, ps_);                                                              \
+        _mm256_storeu_pd(l_ + 4, prs_);                                                         \
+        psum += (l_[0] + l_[1]) + (l_[2] + l_[3]);                                              \
+        prsum += (l_[4] + l_[5]) + (l_[6] + l_[7]);                                             \
+    } while (0)
 #define LONG_OUTPUT_W256                                                                        \
     do {                                                                                        \
         const __m256d tv_ = _mm256_set1_pd(tau), iv_ = _mm256_set1_pd(inv);                    \
@@ -352,11 +362,7 @@ AVX2 static inline double power_sum8_pd(__m256 v)
             ps_ = _mm256_add_pd(ps_, pd_);                                                      \
             prs_ = _mm256_add_pd(prs_, _mm256_mul_pd(pd_, _mm256_cvtps_pd(rf_)));               \
         }                                                                                       \
-        double l_[8];                                                                           \
-        _mm256_storeu_pd(l_, ps_);                                                              \
-        _mm256_storeu_pd(l_ + 4, prs_);                                                         \
-        psum += (l_[0] + l_[1]) + (l_[2] + l_[3]);                                              \
-        prsum += (l_[4] + l_[5]) + (l_[6] + l_[7]);                                             \
+        OUTPUT_SUMS256;                                                                         \
     } while (0)
 #define LONG_SETTLED_OUTPUT_W256                                                                \
     do {                                                                                        \
@@ -386,11 +392,7 @@ AVX2 static inline double power_sum8_pd(__m256 v)
             psum += (double)pf;                                                                 \
             prsum += (double)pf * (double)(float)d;                                             \
         }                                                                                       \
-        double l_[8];                                                                           \
-        _mm256_storeu_pd(l_, ps_);                                                              \
-        _mm256_storeu_pd(l_ + 4, prs_);                                                         \
-        psum += (l_[0] + l_[1]) + (l_[2] + l_[3]);                                              \
-        prsum += (l_[4] + l_[5]) + (l_[6] + l_[7]);                                             \
+        OUTPUT_SUMS256;                                                                         \
     } while (0)
 #endif
 

@@ -560,14 +560,7 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
             const __m512d d0_ = _mm512_sub_pd(_mm512_loadu_pd(col + j_ * L), t8_);              \
             const __m512d d1_ = j_ + 1 < (cnt) ? _mm512_sub_pd(_mm512_loadu_pd(col + (j_ + 1) * L), t8_) \
                                                : _mm512_set1_pd(-1.0);                          \
-            const __m512 df_ = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(d0_)),  \
-                                                  _mm512_cvtpd_ps(d1_), 1);                     \
-            const __mmask16 pos_ = _mm512_cmp_ps_mask(df_, _mm512_setzero_ps(), _CMP_GT_OQ);    \
-            __m512 w_;                                                                          \
-            COARSE_POW512(df_, pos_, vef_, w_);                                                 \
-            aw_ = _mm512_add_ps(aw_, w_);                                                       \
-            aq_ = _mm512_mask3_fmadd_ps(w_, df_, aq_, pos_);                                    \
-            ac_ = _mm512_mask3_fmadd_ps(w_, _mm512_rcp14_ps(df_), ac_, pos_);                   \
+            FINE_ACCUMULATE512(d0_, d1_);                                                       \
         }                                                                                       \
         /* power_fine_step in every lane at once (its operations; one VLOG2 / VEXP2 for all) */ \
         const DT hq_ = (DT)F16_SUM_PD(aq_), ws_ = (DT)F16_SUM_PD(aw_), cs_ = (DT)F16_SUM_PD(ac_); \
@@ -1545,6 +1538,20 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
 #define POWER_FINE_AGAIN 1e-3
 #define LONG_FINE_GEN ((void)0)
 #ifdef NMT_WIDE_AVX512
+/* sixteen d = c - tau, two vectors of eight doubles d0, d1 rounded to floats, into LONG_FINE's float
+   sums aq_ (d^q), aw_ (d^(q - 1)), ac_ (d^(q - 2): d^(q - 1) rcp14(d)) over d > 0, the powers by
+   COARSE_POW512 with the floats e in vef_ (LONG_FINE_W512, BLOCK_FINE_W512) */
+#define FINE_ACCUMULATE512(d0, d1)                                                              \
+    do {                                                                                        \
+        const __m512 df_ = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(d0)),      \
+                                              _mm512_cvtpd_ps(d1), 1);                          \
+        const __mmask16 pos_ = _mm512_cmp_ps_mask(df_, _mm512_setzero_ps(), _CMP_GT_OQ);        \
+        __m512 w_;                                                                              \
+        COARSE_POW512(df_, pos_, vef_, w_);                                                     \
+        aw_ = _mm512_add_ps(aw_, w_);                                                           \
+        aq_ = _mm512_mask3_fmadd_ps(w_, df_, aq_, pos_);                                        \
+        ac_ = _mm512_mask3_fmadd_ps(w_, _mm512_rcp14_ps(df_), ac_, pos_);                       \
+    } while (0)
 #define LONG_FINE_W512                                                                          \
     do {                                                                                        \
         COARSE512_TABLES;                                                                       \
@@ -1563,14 +1570,7 @@ static const float COARSE512_T2[16] __attribute__((unused)) = {
                                          : left_ > 8 ? (__mmask8)((1u << (left_ - 8)) - 1u) : (__mmask8)0; \
                     const __m512d d0_ = _mm512_sub_pd(_mm512_mask_loadu_pd(low_, m0_, cand + i_), tv_); \
                     const __m512d d1_ = _mm512_sub_pd(_mm512_mask_loadu_pd(low_, m1_, cand + i_ + 8), tv_); \
-                    const __m512 df_ = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(d0_)), \
-                                                          _mm512_cvtpd_ps(d1_), 1);             \
-                    const __mmask16 pos_ = _mm512_cmp_ps_mask(df_, _mm512_setzero_ps(), _CMP_GT_OQ); \
-                    __m512 w_;                                                                  \
-                    COARSE_POW512(df_, pos_, vef_, w_);                                         \
-                    aw_ = _mm512_add_ps(aw_, w_);                                               \
-                    aq_ = _mm512_mask3_fmadd_ps(w_, df_, aq_, pos_);                            \
-                    ac_ = _mm512_mask3_fmadd_ps(w_, _mm512_rcp14_ps(df_), ac_, pos_);           \
+                    FINE_ACCUMULATE512(d0_, d1_);                                               \
                 }                                                                               \
                 csf_ += _mm512_reduce_add_pd(F16_SUM_PD(ac_));                                  \
                 hqf_ += _mm512_reduce_add_pd(F16_SUM_PD(aq_));                                  \
