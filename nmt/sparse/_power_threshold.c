@@ -580,6 +580,101 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
     } while (0)
 #endif
 
+/* A block's entries into the lanes' columns (DEFINE_POWER_PROBS): row by row (BLOCK_LANE_ENTRIES:
+   the entries with z = (x - top) a above -1 at the front of the lane's column, their places
+   beside), or in the AVX-512 functions after every lane's maximum (BLOCK_ENTRIES_W512): eight
+   entries of the eight rows at a time, z formed row by row as the lanes do (the same doubles), the
+   8 x 8 block transposed in registers and stored column by column, the entries at or below -1 (and
+   every entry of a lane not live) as -inf holes, the places the identity; then where no lane keeps
+   more than half its row the lanes compacted as BLOCK_LANE_ENTRIES does (the coarse passes run over
+   the longest lane), else every live lane keeps its row with its holes (they add nothing to a sum;
+   one by one, the conversion cost a fifth of a block's time). */
+#define BLOCK_LANE_ENTRIES_GEN(L)                                                               \
+    do {                                                                                        \
+        if (real && !bad && !empty)                                                             \
+            for (int64_t j = 0; j < n; j++) {                                                   \
+                const double v = ((double)xr[j] - top) * a;                                     \
+                col[k * L + l] = v;                                                             \
+                place[k * L + l] = (int32_t)j;                                                  \
+                k += v > -1.0;                                                                  \
+            }                                                                                   \
+    } while (0)
+#define BLOCK_ENTRIES_GEN(L) ((void)0)
+#define BLOCK_LANE_ENTRIES_W256 BLOCK_LANE_ENTRIES_GEN
+#define BLOCK_ENTRIES_W256 BLOCK_ENTRIES_GEN
+#ifdef NMT_WIDE_AVX512
+#define BLOCK_LANE_ENTRIES_W512(L) ((void)real) /* (BLOCK_ENTRIES_W512 after the lanes) */
+#define BLOCK_ENTRIES_W512(L)                                                                   \
+    do {                                                                                        \
+        const float *xl_[8];                                                                    \
+        int64_t cn_[8];                                                                         \
+        __mmask8 lm_ = 0; /* the live lanes */                                                  \
+        for (int l = 0; l < 8; l++) {                                                           \
+            xl_[l] = x + (r0 + l < rows ? r0 + l : r0) * n;                                     \
+            lm_ |= (__mmask8)((live[l] != 0) << l);                                             \
+        }                                                                                       \
+        const __m512d ninf_ = _mm512_set1_pd(-INFINITY), m1_ = _mm512_set1_pd(-1.0);           \
+        __m512i cnt_ = _mm512_setzero_si512();                                                  \
+        int64_t j_ = 0;                                                                         \
+        for (; j_ + 8 <= n; j_ += 8) {                                                          \
+            __m512d r_[8], t_[8], u_[8];                                                        \
+            for (int l = 0; l < 8; l++) /* z of row l, as the lane forms it */                  \
+                r_[l] = _mm512_mul_pd(_mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(xl_[l] + j_)), \
+                                                    _mm512_set1_pd(vtop[l])), _mm512_set1_pd(vi[l])); \
+            for (int l = 0; l < 8; l += 2) {                                                    \
+                t_[l] = _mm512_unpacklo_pd(r_[l], r_[l + 1]);                                   \
+                t_[l + 1] = _mm512_unpackhi_pd(r_[l], r_[l + 1]);                               \
+            }                                                                                   \
+            for (int h = 0; h < 8; h += 4)                                                      \
+                for (int c = 0; c < 2; c++) {                                                   \
+                    u_[h + c] = _mm512_shuffle_f64x2(t_[h + c], t_[h + c + 2], 0x88);           \
+                    u_[h + c + 2] = _mm512_shuffle_f64x2(t_[h + c], t_[h + c + 2], 0xDD);       \
+                }                                                                               \
+            for (int c = 0; c < 4; c++) { /* entries j_ + c and j_ + c + 4 of the eight rows */ \
+                const __m512d lo_ = _mm512_shuffle_f64x2(u_[c], u_[c + 4], 0x88);              \
+                const __m512d hi_ = _mm512_shuffle_f64x2(u_[c], u_[c + 4], 0xDD);              \
+                const __mmask8 il_ = lm_ & _mm512_cmp_pd_mask(lo_, m1_, _CMP_GT_OQ);            \
+                const __mmask8 ih_ = lm_ & _mm512_cmp_pd_mask(hi_, m1_, _CMP_GT_OQ);            \
+                _mm512_storeu_pd(col + (j_ + c) * L, _mm512_mask_blend_pd(il_, ninf_, lo_));    \
+                _mm512_storeu_pd(col + (j_ + c + 4) * L, _mm512_mask_blend_pd(ih_, ninf_, hi_)); \
+                cnt_ = _mm512_mask_add_epi64(cnt_, il_, cnt_, _mm512_set1_epi64(1));            \
+                cnt_ = _mm512_mask_add_epi64(cnt_, ih_, cnt_, _mm512_set1_epi64(1));            \
+            }                                                                                   \
+            for (int c = 0; c < 8; c++)                                                         \
+                _mm256_storeu_si256((__m256i *)(place + (j_ + c) * L), _mm256_set1_epi32((int32_t)(j_ + c))); \
+        }                                                                                       \
+        _mm512_storeu_si512((void *)cn_, cnt_);                                                 \
+        for (; j_ < n; j_++) /* the last, fewer than eight */                                   \
+            for (int l = 0; l < 8; l++) {                                                       \
+                const double v = ((double)xl_[l][j_] - vtop[l]) * vi[l];                        \
+                const int in = (lm_ >> l & 1) && v > -1.0;                                      \
+                col[j_ * L + l] = in ? v : -INFINITY;                                           \
+                place[j_ * L + l] = (int32_t)j_;                                                \
+                cn_[l] += in;                                                                   \
+            }                                                                                   \
+        int64_t most_ = 0;                                                                      \
+        for (int l = 0; l < 8; l++)                                                             \
+            most_ = cn_[l] > most_ ? cn_[l] : most_;                                            \
+        kmax = 0;                                                                               \
+        for (int l = 0; l < 8; l++) {                                                           \
+            int64_t k = 0;                                                                      \
+            if (2 * most_ <= n) { /* sparse lanes: compacted (their holes are -inf) */          \
+                for (int64_t i = 0; i < n; i++) {                                               \
+                    const double v = col[i * L + l];                                            \
+                    col[k * L + l] = v;                                                         \
+                    place[k * L + l] = place[i * L + l];                                        \
+                    k += v > -1.0;                                                              \
+                }                                                                               \
+            } else {                                                                            \
+                k = live[l] ? n : 0;                                                            \
+            }                                                                                   \
+            kc[l] = k;                                                                          \
+            vk[l] = cn_[l] > 0 ? (double)cn_[l] : 1.0;                                          \
+            kmax = k > kmax ? k : kmax;                                                         \
+        }                                                                                       \
+    } while (0)
+#endif
+
 /* The mapping itself for rows of at most POWER_BLOCK_MAX_N entries, L at a time, one a lane: per
    row its maximum m (a NaN or +inf entry: the row is all NaN; no finite entry: all zeros),
    z = (alpha - 1) (x - m) in doubles, those above -1 at the front of the lane's column with their
@@ -624,13 +719,7 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             const int empty = top == -INFINITY;                                                 \
             int64_t k = 0; /* the entries with z > -1 (none past the last row, in rows without \
                               a finite entry or with a NaN / +inf one), at the front */         \
-            if (real && !bad && !empty)                                                         \
-                for (int64_t j = 0; j < n; j++) {                                               \
-                    const double v = ((double)xr[j] - top) * a;                                 \
-                    col[k * L + l] = v;                                                         \
-                    place[k * L + l] = (int32_t)j;                                              \
-                    k += v > -1.0;                                                              \
-                }                                                                               \
+            BLOCK_LANE_ENTRIES_##V(L);                                                          \
             kc[l] = k;                                                                          \
             vk[l] = k > 0 ? (double)k : 1.0;                                                    \
             kmax = k > kmax ? k : kmax;                                                         \
@@ -642,6 +731,7 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             emptyrow[l] = real && !bad && empty ? -1 : 0;                                       \
             vtop[l] = top;                                                                      \
         }                                                                                       \
+        BLOCK_ENTRIES_##V(L); /* (W512: the lanes' entries, by vectors) */                      \
         for (int l = 0; l < L; l++) /* -inf after each lane's entries */                        \
             for (int64_t k = kc[l]; k < kmax; k++)                                              \
                 col[k * L + l] = -INFINITY;                                                     \
