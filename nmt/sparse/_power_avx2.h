@@ -314,6 +314,79 @@ AVX2 static inline double power_sum8_pd(__m256 v)
         }                                                                                       \
     } while (0)
 
+/* The short rows' blocks (DEFINE_POWER_PROBS, four rows a block, one a lane of doubles) in the AVX2
+   functions: BLOCK_ENTRIES_W512's and BLOCK_FINE_W512's work with four lanes. The entries four of the
+   four rows at a time, z formed row by row (the same doubles), the 4 x 4 block transposed in
+   registers and stored a column at a time (-inf holes at or below -1 and in lanes not live; the
+   lanes compacted where none keeps more than half its row); the float step from two entries of the
+   four lanes a vector of eight floats, SETTLE_POW256's powers. */
+#define BLOCK_LANE_ENTRIES_W256(L) ((void)real) /* (BLOCK_ENTRIES_W256 after the lanes) */
+#define BLOCK_ENTRIES_W256(L)                                                                   \
+    do {                                                                                        \
+        const float *xl_[4];                                                                    \
+        int64_t cn_[4];                                                                         \
+        for (int l = 0; l < 4; l++)                                                             \
+            xl_[l] = x + (r0 + l < rows ? r0 + l : r0) * n;                                     \
+        const __m256d ninf_ = _mm256_set1_pd(-INFINITY), m1_ = _mm256_set1_pd(-1.0);           \
+        const __m256d lv_ = (__m256d)live; /* all-ones in the live lanes */                     \
+        __m256i cnt_ = _mm256_setzero_si256();                                                  \
+        int64_t j_ = 0;                                                                         \
+        for (; j_ + 4 <= n; j_ += 4) {                                                          \
+            __m256d r_[4], c_[4];                                                               \
+            for (int l = 0; l < 4; l++) /* z of row l, as the lane forms it */                  \
+                r_[l] = _mm256_mul_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(xl_[l] + j_)), \
+                                                    _mm256_set1_pd(vtop[l])), _mm256_set1_pd(vi[l])); \
+            const __m256d t0_ = _mm256_unpacklo_pd(r_[0], r_[1]), t1_ = _mm256_unpackhi_pd(r_[0], r_[1]); \
+            const __m256d t2_ = _mm256_unpacklo_pd(r_[2], r_[3]), t3_ = _mm256_unpackhi_pd(r_[2], r_[3]); \
+            c_[0] = _mm256_permute2f128_pd(t0_, t2_, 0x20);                                     \
+            c_[1] = _mm256_permute2f128_pd(t1_, t3_, 0x20);                                     \
+            c_[2] = _mm256_permute2f128_pd(t0_, t2_, 0x31);                                     \
+            c_[3] = _mm256_permute2f128_pd(t1_, t3_, 0x31);                                     \
+            for (int c = 0; c < 4; c++) { /* entry j_ + c of the four rows */                   \
+                const __m256d in_ = _mm256_and_pd(lv_, _mm256_cmp_pd(c_[c], m1_, _CMP_GT_OQ));  \
+                _mm256_storeu_pd(col + (j_ + c) * L, _mm256_blendv_pd(ninf_, c_[c], in_));      \
+                cnt_ = _mm256_sub_epi64(cnt_, _mm256_castpd_si256(in_));                        \
+                _mm_storeu_si128((__m128i *)(place + (j_ + c) * L), _mm_set1_epi32((int32_t)(j_ + c))); \
+            }                                                                                   \
+        }                                                                                       \
+        _mm256_storeu_si256((__m256i *)cn_, cnt_);                                              \
+        for (; j_ < n; j_++) /* the last, fewer than four */                                    \
+            for (int l = 0; l < 4; l++) {                                                       \
+                const double v = ((double)xl_[l][j_] - vtop[l]) * vi[l];                        \
+                const int in = live[l] != 0 && v > -1.0;                                        \
+                col[j_ * L + l] = in ? v : -INFINITY;                                           \
+                place[j_ * L + l] = (int32_t)j_;                                                \
+                cn_[l] += in;                                                                   \
+            }                                                                                   \
+        BLOCK_ENTRIES_KEEP(4, L);                                                               \
+    } while (0)
+#define BLOCK_FINE_W256(DT, IT, L, cnt)                                                         \
+    do {                                                                                        \
+        BLOCK_FINE_LANES(IT, L, cnt);                                                           \
+        POW256_TABLES;                                                                          \
+        const __m256d t4_ = (__m256d)vt;                                                        \
+        const __m128 ve4_ = _mm256_cvtpd_ps((__m256d)ve);                                       \
+        const __m256 vef_ = _mm256_set_m128(ve4_, ve4_), zero8_ = _mm256_setzero_ps();          \
+        __m256 aq_ = zero8_, aw_ = zero8_, ac_ = zero8_, faint_ = zero8_;                       \
+        for (int64_t j_ = 0; j_ < (cnt); j_ += 2) { /* (cnt odd: the -inf column after it) */   \
+            const __m256d d0_ = _mm256_sub_pd(_mm256_loadu_pd(col + j_ * L), t4_);              \
+            const __m256d d1_ = j_ + 1 < (cnt) ? _mm256_sub_pd(_mm256_loadu_pd(col + (j_ + 1) * L), t4_) \
+                                               : _mm256_set1_pd(-1.0);                          \
+            const __m256 df_ = _mm256_set_m128(_mm256_cvtpd_ps(d1_), _mm256_cvtpd_ps(d0_));     \
+            const __m256 pos_ = _mm256_cmp_ps(df_, zero8_, _CMP_GT_OQ);                         \
+            __m256 w_;                                                                          \
+            SETTLE_POW256(df_, pos_, vef_, zero8_, w_, faint_);                                 \
+            aw_ = _mm256_add_ps(aw_, w_);                                                       \
+            aq_ = _mm256_fmadd_ps(w_, _mm256_and_ps(df_, pos_), aq_);                           \
+            ac_ = _mm256_fmadd_ps(w_, _mm256_and_ps(_mm256_rcp_ps(df_), pos_), ac_);            \
+        }                                                                                       \
+        (void)faint_;                                                                           \
+        BLOCK_FINE_TAKE(DT, IT, (DT)F8_SUM_PD(aq_), (DT)F8_SUM_PD(aw_), (DT)F8_SUM_PD(ac_));    \
+    } while (0)
+/* the low and the high four of eight floats v as doubles, added lane by lane (F16_SUM_PD's) */
+#define F8_SUM_PD(v) _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),                 \
+                                   _mm256_cvtps_pd(_mm256_extractf128_ps((v), 1)))
+
 /* Step 5's loop four candidates at a time (the AVX2 functions): stored where their places follow
    each other (every candidate in order where k == len), else one by one (LONG_OUTPUT_ONE) */
 #define LONG_OUTPUT_ONE(i)                                                                      \

@@ -434,7 +434,7 @@ static inline double vpow_2(double a, double b)
 #define POWER_COARSE_STOP 1e-3
 /* a block's coarse steps stop at a step shorter than this (W512: BLOCK_FINE's float step follows) */
 #define BLOCK_COARSE_STOP_GEN POWER_COARSE_STOP
-#define BLOCK_COARSE_STOP_W256 POWER_COARSE_STOP
+#define BLOCK_COARSE_STOP_W256 1e-2
 #define BLOCK_COARSE_STOP_W512 1e-2
 #define POWER_COARSE_MAX_STEPS 8
 /* one vector xv of entries (floats) into coarse sums at the thresholds vtf: d = xv - vtf, w = d^e
@@ -541,29 +541,21 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
    formed in double and rounded, its powers by COARSE_POW512; GEN, W256: none (the double loop from
    the coarse bound, as before). */
 #define BLOCK_FINE_GEN(DT, IT, L, cnt) ((void)0)
-#define BLOCK_FINE_W256 BLOCK_FINE_GEN
-#ifdef NMT_WIDE_AVX512
-#define BLOCK_FINE_W512(DT, IT, L, cnt)                                                         \
+/* (BLOCK_FINE_W512, BLOCK_FINE_W256) the lanes that took coarse steps, took_; none (or no entry):
+   the step is left out */
+#define BLOCK_FINE_LANES(IT, L, cnt)                                                            \
+    const IT took_ = live & (IT)(ve <= POWER_COARSE_MAX_E) & (IT)(vt > -1.0);                  \
+    int64_t any_ = 0;                                                                           \
+    for (int l = 0; l < L; l++)                                                                 \
+        any_ |= took_[l];                                                                       \
+    if (!any_ || (cnt) == 0)                                                                    \
+        break
+/* (BLOCK_FINE_W512, BLOCK_FINE_W256) power_fine_step in every lane of took_ at once from the lanes'
+   float sums A, B, C (as doubles; its operations, one VLOG2 / VEXP2 for all): vt moved where the
+   step lands above it and below 0, those lanes marked `above` */
+#define BLOCK_FINE_TAKE(DT, IT, A, B, C)                                                        \
     do {                                                                                        \
-        const IT took_ = live & (IT)(ve <= POWER_COARSE_MAX_E) & (IT)(vt > -1.0);              \
-        int64_t any_ = 0;                                                                       \
-        for (int l = 0; l < L; l++)                                                             \
-            any_ |= took_[l];                                                                   \
-        if (!any_ || (cnt) == 0)                                                                \
-            break;                                                                              \
-        COARSE512_TABLES;                                                                       \
-        const __m512d t8_ = (__m512d)vt;                                                        \
-        __m512 vef_ = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps((__m512d)ve)),  \
-                                         _mm512_cvtpd_ps((__m512d)ve), 1);                      \
-        __m512 aq_ = _mm512_setzero_ps(), aw_ = aq_, ac_ = aq_;                                 \
-        for (int64_t j_ = 0; j_ < (cnt); j_ += 2) { /* (cnt odd: the -inf column after it) */   \
-            const __m512d d0_ = _mm512_sub_pd(_mm512_loadu_pd(col + j_ * L), t8_);              \
-            const __m512d d1_ = j_ + 1 < (cnt) ? _mm512_sub_pd(_mm512_loadu_pd(col + (j_ + 1) * L), t8_) \
-                                               : _mm512_set1_pd(-1.0);                          \
-            FINE_ACCUMULATE512(d0_, d1_);                                                       \
-        }                                                                                       \
-        /* power_fine_step in every lane at once (its operations; one VLOG2 / VEXP2 for all) */ \
-        const DT hq_ = (DT)F16_SUM_PD(aq_), ws_ = (DT)F16_SUM_PD(aw_), cs_ = (DT)F16_SUM_PD(ac_); \
+        const DT hq_ = (A), ws_ = (B), cs_ = (C);                                               \
         IT ok_ = took_ & (IT)(ws_ > zero) & (IT)(hq_ > zero);                                  \
         const DT hs_ = SEL(IT, DT, ok_, hq_, one), wss_ = SEL(IT, DT, ok_, ws_, one), qv_ = one / vi; \
         DT lg_, h_;                                                                             \
@@ -577,6 +569,23 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
         ok_ &= (IT)(land_ > vt) & (IT)(land_ < zero);                                           \
         vt = SEL(IT, DT, ok_, land_, vt);                                                       \
         above = ok_;                                                                            \
+    } while (0)
+#ifdef NMT_WIDE_AVX512
+#define BLOCK_FINE_W512(DT, IT, L, cnt)                                                         \
+    do {                                                                                        \
+        BLOCK_FINE_LANES(IT, L, cnt);                                                           \
+        COARSE512_TABLES;                                                                       \
+        const __m512d t8_ = (__m512d)vt;                                                        \
+        __m512 vef_ = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps((__m512d)ve)),  \
+                                         _mm512_cvtpd_ps((__m512d)ve), 1);                      \
+        __m512 aq_ = _mm512_setzero_ps(), aw_ = aq_, ac_ = aq_;                                 \
+        for (int64_t j_ = 0; j_ < (cnt); j_ += 2) { /* (cnt odd: the -inf column after it) */   \
+            const __m512d d0_ = _mm512_sub_pd(_mm512_loadu_pd(col + j_ * L), t8_);              \
+            const __m512d d1_ = j_ + 1 < (cnt) ? _mm512_sub_pd(_mm512_loadu_pd(col + (j_ + 1) * L), t8_) \
+                                               : _mm512_set1_pd(-1.0);                          \
+            FINE_ACCUMULATE512(d0_, d1_);                                                       \
+        }                                                                                       \
+        BLOCK_FINE_TAKE(DT, IT, (DT)F16_SUM_PD(aq_), (DT)F16_SUM_PD(aw_), (DT)F16_SUM_PD(ac_)); \
     } while (0)
 #endif
 
@@ -600,8 +609,32 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
             }                                                                                   \
     } while (0)
 #define BLOCK_ENTRIES_GEN(L) ((void)0)
-#define BLOCK_LANE_ENTRIES_W256 BLOCK_LANE_ENTRIES_GEN
-#define BLOCK_ENTRIES_W256 BLOCK_ENTRIES_GEN
+/* (BLOCK_ENTRIES_W512, BLOCK_ENTRIES_W256) from the lanes' counts cn_ of entries above -1: where no
+   lane keeps more than half its row, each lane's entries compacted to the front of its column (the
+   holes are -inf), else every live lane keeps its row; kc, vk and kmax set */
+#define BLOCK_ENTRIES_KEEP(LANES, L)                                                            \
+    do {                                                                                        \
+        int64_t most_ = 0;                                                                      \
+        for (int l = 0; l < LANES; l++)                                                         \
+            most_ = cn_[l] > most_ ? cn_[l] : most_;                                            \
+        kmax = 0;                                                                               \
+        for (int l = 0; l < LANES; l++) {                                                       \
+            int64_t k = 0;                                                                      \
+            if (2 * most_ <= n) { /* sparse lanes: compacted (their holes are -inf) */          \
+                for (int64_t i = 0; i < n; i++) {                                               \
+                    const double v = col[i * L + l];                                            \
+                    col[k * L + l] = v;                                                         \
+                    place[k * L + l] = place[i * L + l];                                        \
+                    k += v > -1.0;                                                              \
+                }                                                                               \
+            } else {                                                                            \
+                k = live[l] ? n : 0;                                                            \
+            }                                                                                   \
+            kc[l] = k;                                                                          \
+            vk[l] = cn_[l] > 0 ? (double)cn_[l] : 1.0;                                          \
+            kmax = k > kmax ? k : kmax;                                                         \
+        }                                                                                       \
+    } while (0)
 #ifdef NMT_WIDE_AVX512
 #define BLOCK_LANE_ENTRIES_W512(L) ((void)real) /* (BLOCK_ENTRIES_W512 after the lanes) */
 #define BLOCK_ENTRIES_W512(L)                                                                   \
@@ -652,26 +685,7 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
                 place[j_ * L + l] = (int32_t)j_;                                                \
                 cn_[l] += in;                                                                   \
             }                                                                                   \
-        int64_t most_ = 0;                                                                      \
-        for (int l = 0; l < 8; l++)                                                             \
-            most_ = cn_[l] > most_ ? cn_[l] : most_;                                            \
-        kmax = 0;                                                                               \
-        for (int l = 0; l < 8; l++) {                                                           \
-            int64_t k = 0;                                                                      \
-            if (2 * most_ <= n) { /* sparse lanes: compacted (their holes are -inf) */          \
-                for (int64_t i = 0; i < n; i++) {                                               \
-                    const double v = col[i * L + l];                                            \
-                    col[k * L + l] = v;                                                         \
-                    place[k * L + l] = place[i * L + l];                                        \
-                    k += v > -1.0;                                                              \
-                }                                                                               \
-            } else {                                                                            \
-                k = live[l] ? n : 0;                                                            \
-            }                                                                                   \
-            kc[l] = k;                                                                          \
-            vk[l] = cn_[l] > 0 ? (double)cn_[l] : 1.0;                                          \
-            kmax = k > kmax ? k : kmax;                                                         \
-        }                                                                                       \
+        BLOCK_ENTRIES_KEEP(8, L);                                                               \
     } while (0)
 #endif
 
