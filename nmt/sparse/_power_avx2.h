@@ -205,6 +205,19 @@ AVX2 static inline double power_sum8_pd(__m256 v)
         moments_ = 1;                                                                           \
     } while (0)
 
+/* eight floats d into LONG_FINE's float sums aq_ (d^q), aw_ (d^(q - 1)), ac_ (d^(q - 1) rcp(d)) over
+   d > 0, SETTLE_POW256's powers with e in vef_ and velo (faint_ or'ed; LONG_FINE_W256,
+   BLOCK_FINE_W256) */
+#define FINE_ACCUMULATE256(d, velo)                                                             \
+    do {                                                                                        \
+        const __m256 df_ = (d);                                                                 \
+        const __m256 pos_ = _mm256_cmp_ps(df_, _mm256_setzero_ps(), _CMP_GT_OQ);                \
+        __m256 w_;                                                                              \
+        SETTLE_POW256(df_, pos_, vef_, (velo), w_, faint_);                                     \
+        aw_ = _mm256_add_ps(aw_, w_);                                                           \
+        aq_ = _mm256_fmadd_ps(w_, _mm256_and_ps(df_, pos_), aq_);                               \
+        ac_ = _mm256_fmadd_ps(w_, _mm256_and_ps(_mm256_rcp_ps(df_), pos_), ac_);                \
+    } while (0)
 #define LONG_FINE_W256                                                                          \
     do {                                                                                        \
         POW256_SETUP;                                                                           \
@@ -223,13 +236,7 @@ AVX2 static inline double power_sum8_pd(__m256 v)
                         PAD8_PD(pad_, cand, i_, k);                                             \
                         src_ = pad_;                                                            \
                     }                                                                           \
-                    const __m256 df_ = F8_FROM_PD(src_, tv_);                                   \
-                    const __m256 pos_ = _mm256_cmp_ps(df_, zero_, _CMP_GT_OQ);                  \
-                    __m256 w_;                                                                  \
-                    SETTLE_POW256(df_, pos_, vef_, velo_, w_, faint_);                          \
-                    aw_ = _mm256_add_ps(aw_, w_);                                               \
-                    aq_ = _mm256_fmadd_ps(w_, _mm256_and_ps(df_, pos_), aq_);                   \
-                    ac_ = _mm256_fmadd_ps(w_, _mm256_and_ps(_mm256_rcp_ps(df_), pos_), ac_);    \
+                    FINE_ACCUMULATE256(F8_FROM_PD(src_, tv_), velo_);                           \
                 }                                                                               \
                 csf_ += power_sum8_pd(ac_);                                                     \
                 hqf_ += power_sum8_pd(aq_);                                                     \
@@ -372,13 +379,7 @@ AVX2 static inline double power_sum8_pd(__m256 v)
             const __m256d d0_ = _mm256_sub_pd(_mm256_loadu_pd(col + j_ * L), t4_);              \
             const __m256d d1_ = j_ + 1 < (cnt) ? _mm256_sub_pd(_mm256_loadu_pd(col + (j_ + 1) * L), t4_) \
                                                : _mm256_set1_pd(-1.0);                          \
-            const __m256 df_ = _mm256_set_m128(_mm256_cvtpd_ps(d1_), _mm256_cvtpd_ps(d0_));     \
-            const __m256 pos_ = _mm256_cmp_ps(df_, zero8_, _CMP_GT_OQ);                         \
-            __m256 w_;                                                                          \
-            SETTLE_POW256(df_, pos_, vef_, zero8_, w_, faint_);                                 \
-            aw_ = _mm256_add_ps(aw_, w_);                                                       \
-            aq_ = _mm256_fmadd_ps(w_, _mm256_and_ps(df_, pos_), aq_);                           \
-            ac_ = _mm256_fmadd_ps(w_, _mm256_and_ps(_mm256_rcp_ps(df_), pos_), ac_);            \
+            FINE_ACCUMULATE256(_mm256_set_m128(_mm256_cvtpd_ps(d1_), _mm256_cvtpd_ps(d0_)), zero8_); \
         }                                                                                       \
         (void)faint_;                                                                           \
         BLOCK_FINE_TAKE(DT, IT, (DT)F8_SUM_PD(aq_), (DT)F8_SUM_PD(aw_), (DT)F8_SUM_PD(ac_));    \
