@@ -29,8 +29,6 @@ import argparse
 import os
 import platform
 import sys
-import tempfile
-from pathlib import Path
 import statistics
 import time
 from typing import Callable, Optional
@@ -324,8 +322,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             os.execve(sys.executable, [sys.executable, *sys.argv],
                       {**os.environ, "ATEN_CPU_CAPABILITY": capability})
         from nmt.sparse import _native
-        build_dir = Path(tempfile.mkdtemp(prefix="nmt-bench-"))
-        _native._state["lib"] = _native.load(_native.build(build_dir, defines=[define]))
+        _native._state["lib"] = _native.load(_native.build(defines=[define]))  # (cached by its defines)
     tuned = False if args.no_malloc_tuning else keep_freed_memory()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -101,11 +101,27 @@
 #define F8_FROM_PD(src, tv)                                                                     \
     _mm256_set_m128(_mm256_cvtpd_ps(_mm256_sub_pd(_mm256_loadu_pd((src) + 4), (tv))),          \
                     _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_loadu_pd(src), (tv))))
+/* the low and the high four of eight floats v as doubles, added lane by lane (F16_SUM_PD's) */
+#define F8_SUM_PD(v) _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),                 \
+                                   _mm256_cvtps_pd(_mm256_extractf128_ps((v), 1)))
+/* the sum of four doubles, (v0 + v1) + (v2 + v3) (the output's sums, the moments) */
+AVX2 static inline double power_sum4_pd(__m256d v)
+{
+    double l[4];
+    _mm256_storeu_pd(l, v);
+    return (l[0] + l[1]) + (l[2] + l[3]);
+}
+/* the largest of four doubles (the moments' spread) */
+AVX2 static inline double power_max4_pd(__m256d v)
+{
+    double l[4];
+    _mm256_storeu_pd(l, v);
+    return fmax(fmax(l[0], l[1]), fmax(l[2], l[3]));
+}
 /* the sum of eight floats, widened, in double (as F16_SUM_PD's reduction) */
 AVX2 static inline double power_sum8_pd(__m256 v)
 {
-    const __m256d s = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),
-                                    _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+    const __m256d s = F8_SUM_PD(v);
     const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
     return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
 }
@@ -187,21 +203,8 @@ AVX2 static inline double power_sum8_pd(__m256 v)
             const __m256d d1_ = _mm256_sub_pd(dv_, r0v_);                                       \
             LONG_MOMENT_SUMS256(d1_);                                                           \
         }                                                                                       \
-        double l_[8][4];                                                                        \
-        _mm256_storeu_pd(l_[0], a1_);                                                           \
-        _mm256_storeu_pd(l_[1], a2_);                                                           \
-        _mm256_storeu_pd(l_[2], a3_);                                                           \
-        _mm256_storeu_pd(l_[3], a4_);                                                           \
-        _mm256_storeu_pd(l_[4], a5_);                                                           \
-        _mm256_storeu_pd(l_[5], a6_);                                                           \
-        _mm256_storeu_pd(l_[6], a7_);                                                           \
-        _mm256_storeu_pd(l_[7], hi_);                                                           \
-        mom[0] = (double)k;                                                                     \
-        for (int m_ = 0; m_ < 6; m_++)                                                          \
-            mom[1 + m_] = (l_[m_][0] + l_[m_][1]) + (l_[m_][2] + l_[m_][3]);                    \
-        abs7 = (l_[6][0] + l_[6][1]) + (l_[6][2] + l_[6][3]);                                   \
-        dhi = fmax(fmax(l_[7][0], l_[7][1]), fmax(l_[7][2], l_[7][3]));                        \
-        LONG_MOMENT_TAIL(i, k, tf); /* (the last ones; those below k0_ converted already: the same value) */ \
+        /* (the last ones; those below k0_ converted already: the same value) */                \
+        LONG_MOMENT_FINISH_BY(i, k, tf, power_sum4_pd, power_max4_pd);                          \
         moments_ = 1;                                                                           \
     } while (0)
 
@@ -384,9 +387,6 @@ AVX2 static inline double power_sum8_pd(__m256 v)
         (void)faint_;                                                                           \
         BLOCK_FINE_TAKE(DT, IT, (DT)F8_SUM_PD(aq_), (DT)F8_SUM_PD(aw_), (DT)F8_SUM_PD(ac_));    \
     } while (0)
-/* the low and the high four of eight floats v as doubles, added lane by lane (F16_SUM_PD's) */
-#define F8_SUM_PD(v) _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),                 \
-                                   _mm256_cvtps_pd(_mm256_extractf128_ps((v), 1)))
 
 /* Step 5's loop four candidates at a time (the AVX2 functions): stored where their places follow
    each other (every candidate in order where k == len), else one by one (LONG_OUTPUT_ONE) */
@@ -406,11 +406,8 @@ AVX2 static inline double power_sum8_pd(__m256 v)
 /* the output's vector sums ps_ (of p) and prs_ (of p r) added to psum, prsum */
 #define OUTPUT_SUMS256                                                                          \
     do {                                                                                        \
-        double l_[8];                                                                           \
-        _mm256_storeu_pd(l_, ps_);                                                              \
-        _mm256_storeu_pd(l_ + 4, prs_);                                                         \
-        psum += (l_[0] + l_[1]) + (l_[2] + l_[3]);                                              \
-        prsum += (l_[4] + l_[5]) + (l_[6] + l_[7]);                                             \
+        psum += power_sum4_pd(ps_);                                                             \
+        prsum += power_sum4_pd(prs_);                                                           \
     } while (0)
 #define LONG_OUTPUT_W256                                                                        \
     do {                                                                                        \

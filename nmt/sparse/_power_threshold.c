@@ -432,7 +432,8 @@ static inline double vpow_2(double a, double b)
 #define POWER_COARSE_MAX_E 8.0
 #define POWER_COARSE_MARGIN 1e-4
 #define POWER_COARSE_STOP 1e-3
-/* a block's coarse steps stop at a step shorter than this (W512: BLOCK_FINE's float step follows) */
+/* a block's coarse steps stop at a step shorter than this (W512, W256: BLOCK_FINE's float step
+   follows) */
 #define BLOCK_COARSE_STOP_GEN POWER_COARSE_STOP
 #define BLOCK_COARSE_STOP_W256 1e-2
 #define BLOCK_COARSE_STOP_W512 1e-2
@@ -538,8 +539,9 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
    is no bound (`above`): the loop's first step may be negative, landing below the root
    (BLOCK_NEWTON; not met on the rows tried, where the rounding stayed within the tolerance). W512
    (the AVX-512 functions): two entries of the eight lanes a vector of sixteen floats, d = col - tau
-   formed in double and rounded, its powers by COARSE_POW512; GEN, W256: none (the double loop from
-   the coarse bound, as before). */
+   formed in double and rounded, its powers by COARSE_POW512; W256 (the AVX2 functions,
+   _power_avx2.h): two entries of the four lanes a vector of eight, SETTLE_POW256's powers; GEN:
+   none (the double loop from the coarse bound, as before). */
 #define BLOCK_FINE_GEN(DT, IT, L, cnt) ((void)0)
 /* (BLOCK_FINE_W512, BLOCK_FINE_W256) the lanes that took coarse steps, took_; none (or no entry):
    the step is left out */
@@ -591,8 +593,8 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
 
 /* A block's entries into the lanes' columns (DEFINE_POWER_PROBS): row by row (BLOCK_LANE_ENTRIES:
    the entries with z = (x - top) a above -1 at the front of the lane's column, their places
-   beside), or in the AVX-512 functions after every lane's maximum (BLOCK_ENTRIES_W512): eight
-   entries of the eight rows at a time, z formed row by row as the lanes do (the same doubles), the
+   beside), or in the AVX-512 functions after every lane's maximum (BLOCK_ENTRIES_W512; the AVX2
+   ones, BLOCK_ENTRIES_W256, likewise by fours): eight entries of the eight rows at a time, z formed row by row as the lanes do (the same doubles), the
    8 x 8 block transposed in registers and stored column by column, the entries at or below -1 (and
    every entry of a lane not live) as -inf holes, the places the identity; then where no lane keeps
    more than half its row the lanes compacted as BLOCK_LANE_ENTRIES does (the coarse passes run over
@@ -609,6 +611,19 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
             }                                                                                   \
     } while (0)
 #define BLOCK_ENTRIES_GEN(L) ((void)0)
+/* lane l's entries col[i * L + l], i < count, above t moved to the front of its column with their
+   places (in order); k (the caller's, from 0) counts them (BLOCK_ENTRIES_KEEP; DEFINE_POWER_PROBS
+   after the coarse steps) */
+#define BLOCK_LANE_COMPACT(L, l, count, t, k)                                                   \
+    do {                                                                                        \
+        const double t_ = (t);                                                                  \
+        for (int64_t i_ = 0; i_ < (count); i_++) {                                              \
+            const double v_ = col[i_ * L + (l)];                                                \
+            col[(k) * L + (l)] = v_;                                                            \
+            place[(k) * L + (l)] = place[i_ * L + (l)];                                         \
+            (k) += v_ > t_;                                                                     \
+        }                                                                                       \
+    } while (0)
 /* (BLOCK_ENTRIES_W512, BLOCK_ENTRIES_W256) from the lanes' counts cn_ of entries above -1: where no
    lane keeps more than half its row, each lane's entries compacted to the front of its column (the
    holes are -inf), else every live lane keeps its row; kc, vk and kmax set */
@@ -620,16 +635,10 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
         kmax = 0;                                                                               \
         for (int l = 0; l < LANES; l++) {                                                       \
             int64_t k = 0;                                                                      \
-            if (2 * most_ <= n) { /* sparse lanes: compacted (their holes are -inf) */          \
-                for (int64_t i = 0; i < n; i++) {                                               \
-                    const double v = col[i * L + l];                                            \
-                    col[k * L + l] = v;                                                         \
-                    place[k * L + l] = place[i * L + l];                                        \
-                    k += v > -1.0;                                                              \
-                }                                                                               \
-            } else {                                                                            \
+            if (2 * most_ <= n) /* sparse lanes: compacted (their holes are -inf) */            \
+                BLOCK_LANE_COMPACT(L, l, n, -1.0, k);                                           \
+            else                                                                                \
                 k = live[l] ? n : 0;                                                            \
-            }                                                                                   \
             kc[l] = k;                                                                          \
             vk[l] = cn_[l] > 0 ? (double)cn_[l] : 1.0;                                          \
             kmax = k > kmax ? k : kmax;                                                         \
@@ -745,7 +754,7 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             emptyrow[l] = real && !bad && empty ? -1 : 0;                                       \
             vtop[l] = top;                                                                      \
         }                                                                                       \
-        BLOCK_ENTRIES_##V(L); /* (W512: the lanes' entries, by vectors) */                      \
+        BLOCK_ENTRIES_##V(L); /* (W512, W256: the lanes' entries, by vectors) */                \
         for (int l = 0; l < L; l++) /* -inf after each lane's entries */                        \
             for (int64_t k = kc[l]; k < kmax; k++)                                              \
                 col[k * L + l] = -INFINITY;                                                     \
@@ -766,13 +775,7 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
             int64_t kmax2 = 0; /* again above the lanes' taus now */                            \
             for (int l = 0; l < L; l++) {                                                       \
                 int64_t k = 0;                                                                  \
-                const double t = vt[l];                                                         \
-                for (int64_t i = 0; i < kc[l]; i++) {                                           \
-                    const double v = col[i * L + l];                                            \
-                    col[k * L + l] = v;                                                         \
-                    place[k * L + l] = place[i * L + l];                                        \
-                    k += v > t;                                                                 \
-                }                                                                               \
+                BLOCK_LANE_COMPACT(L, l, kc[l], vt[l], k);                                      \
                 kc[l] = k;                                                                      \
                 kmax2 = k > kmax2 ? k : kmax2;                                                  \
             }                                                                                   \
@@ -1048,6 +1051,22 @@ static inline float power_float_below(double v)
             dhi = fabs(d1) > dhi ? fabs(d1) : dhi;                                              \
         }                                                                                       \
     } while (0)
+/* the moments' lane sums a1_ .. a7_ and the lanes' largest |d| hi_ reduced by SUM and MAX into mom[0 ..
+   6] (mom[0] = N candidates), abs7 and dhi, then LONG_MOMENT_TAIL (LONG_MOMENT_FINISH: AVX-512's
+   reductions; LONG_CONVERT_MOMENTS256: AVX2's) */
+#define LONG_MOMENT_FINISH_BY(I, N, SRC, SUM, MAX)                                              \
+    do {                                                                                        \
+        mom[0] = (double)N;                                                                     \
+        mom[1] = SUM(a1_);                                                                      \
+        mom[2] = SUM(a2_);                                                                      \
+        mom[3] = SUM(a3_);                                                                      \
+        mom[4] = SUM(a4_);                                                                      \
+        mom[5] = SUM(a5_);                                                                      \
+        mom[6] = SUM(a6_);                                                                      \
+        abs7 = SUM(a7_);                                                                        \
+        dhi = MAX(hi_);                                                                         \
+        LONG_MOMENT_TAIL(I, N, SRC);                                                            \
+    } while (0)
 #ifdef NMT_WIDE_AVX512
 #define LONG_CANDIDATES_W512(FT, IT32, DT, IT, L, ANY)                                          \
     do {                                                                                        \
@@ -1213,18 +1232,7 @@ static inline float power_float_below(double v)
    converted from the floats SRC, each added to those sums alone (LONG_WHOLE_W512 from the scores,
    LONG_CONVERT_MOMENTS from the compacted floats). */
 #define LONG_MOMENT_FINISH(I, N, SRC)                                                           \
-    do {                                                                                        \
-        mom[0] = (double)N;                                                                     \
-        mom[1] = _mm512_reduce_add_pd(a1_);                                                     \
-        mom[2] = _mm512_reduce_add_pd(a2_);                                                     \
-        mom[3] = _mm512_reduce_add_pd(a3_);                                                     \
-        mom[4] = _mm512_reduce_add_pd(a4_);                                                     \
-        mom[5] = _mm512_reduce_add_pd(a5_);                                                     \
-        mom[6] = _mm512_reduce_add_pd(a6_);                                                     \
-        abs7 = _mm512_reduce_add_pd(a7_);                                                       \
-        dhi = _mm512_reduce_max_pd(hi_);                                                        \
-        LONG_MOMENT_TAIL(I, N, SRC);                                                            \
-    } while (0)
+    LONG_MOMENT_FINISH_BY(I, N, SRC, _mm512_reduce_add_pd, _mm512_reduce_max_pd)
 #define LONG_CONVERT_MOMENTS(DT, IT, L)                                                         \
     do {                                                                                        \
         const int64_t k0_ = k < 256 ? k : 256;                                                  \
@@ -1860,8 +1868,6 @@ static inline int power_fine_step(double hq, double ws, double cs, double a, dou
         }                                                                                       \
         const double hqf_ = _mm512_reduce_add_pd(hqd_), wsf_ = _mm512_reduce_add_pd(wsd_);      \
         POWER_COUNT(16, 1);                                                                     \
-        /* a term lost below 2^-126 (the cut, or d itself there, flushed): w d < 2^-125 each; w <  \
-           max(2^-125, 2^(1 - 126 e)) (e < 1: d^e of a d below 2^-126 is not small) */            \
         if (!faint_ && power_settles(hqf_, wsf_, k, e, a, rtol, tau)) {                         \
             settled_ = 1;                                                                       \
             hq = hqf_;                                                                          \
