@@ -140,7 +140,7 @@ def test_normal_rows_take_one_float_step_and_one_double_pass(native_variant, nar
     the step is taken on most rows (the path the exactness test above is about)."""
     if not _native.available():
         pytest.skip("native library not built")
-    lib = native_variant(*["NMT_POWER_COUNTS", narrow][: 1 + bool(narrow)])
+    lib = native_variant("NMT_POWER_COUNTS", narrow)
     g = torch.Generator().manual_seed(11)
     wide = float_pass_width(narrow) > 0
     for n, rows in ((8000, 16), (32000, 4)):

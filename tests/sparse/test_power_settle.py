@@ -44,7 +44,7 @@ def settle_pow(native_variant, request):
     if not _native.available():
         pytest.skip("native library not built")
     width = float_pass_width(request.param)
-    lib = native_variant(*["NMT_POWER_COUNTS", request.param][: 1 + bool(request.param)])
+    lib = native_variant("NMT_POWER_COUNTS", request.param)
     if not hasattr(lib, "nmt_settle_pow_f32") or width == 0:
         pytest.skip("no AVX-512 / AVX2 functions here")
     fn = lib.nmt_settle_pow_f32
@@ -126,9 +126,8 @@ def builds(native_variant, request):
     float passes (where not, the counts are left unchecked; the outputs still are)."""
     if not _native.available():
         pytest.skip("native library not built")
-    narrow = [request.param][: bool(request.param)]
-    return (native_variant("NMT_POWER_COUNTS", *narrow),
-            native_variant("NMT_POWER_COUNTS", "NMT_POWER_NO_SETTLE", *narrow),
+    return (native_variant("NMT_POWER_COUNTS", request.param),
+            native_variant("NMT_POWER_COUNTS", "NMT_POWER_NO_SETTLE", request.param),
             float_pass_width(request.param) > 0)
 
 
