@@ -93,9 +93,9 @@ _BOUND_SIGNATURE = [_P, _I64, _I64, _INT, ctypes.c_double, _INT, _I64, _P, _P, _
 _POWER = {torch.float32: "nmt_power_threshold_f32"}
 _POWER_SIGNATURE = [_P, _I64, _I64, _P, _I64, _P, _I64, ctypes.c_double, _P, _INT, _INT]
 _POWER_PROBS = {torch.float32: "nmt_power_probs_f32"}
-_POWER_PROBS_SIGNATURE = [_P, _I64, _I64, _P, _I64, _I64, ctypes.c_double, _P, _P, _P, _P, _P, _INT]
+_POWER_PROBS_SIGNATURE = [_P, _I64, _I64, _P, _I64, _I64, ctypes.c_double, _P, _P, _P, _P, _P, _P, _INT]
 _POWER_BACKWARD = {torch.float32: "nmt_power_backward_f32"}
-_POWER_BACKWARD_SIGNATURE = [_P, _P, _I64, _I64, _P, _I64, _P, _I64, _P, _P, _INT]
+_POWER_BACKWARD_SIGNATURE = [_P, _P, _I64, _I64, _P, _I64, _P, _I64, _P, _P, _P, _INT]
 _TAUT = {torch.float32: "nmt_taut_string_f32", torch.float64: "nmt_taut_string_f64"}
 _TAUT_SIGNATURE = [_P, _I64, _I64, _P, ctypes.c_double, ctypes.c_double, _P, _P, _P, _INT]
 _ORDERED = {torch.float32: "nmt_taut_string_f32_ordered", torch.float64: "nmt_taut_string_f64_ordered"}
@@ -426,7 +426,8 @@ def power_threshold(z: Tensor, q: Union[float, Tensor], lo: Tensor, max_iter: in
 
 
 def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
-                root: bool, stats: bool = False, weights: bool = False) -> Optional[tuple]:
+                root: bool, stats: bool = False, weights: bool = False,
+                dalpha: bool = False) -> Optional[tuple]:
     """alpha-entmax of the rows ``x: (R, n)`` (CPU, float32, any values; detached) for
     ``alpha - 1 = am1`` in (0, 1) (a float, or an ``(R,)`` tensor, one per row), in one native call
     (``_power_threshold.c``): per row its maximum, ``z = (alpha - 1) (x - max)`` in doubles, the
@@ -447,14 +448,20 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     ``weights`` adds ``s = r^(q - 1)`` (third; ``(R, n)`` float32): the backward's ``s`` (proportional
     to ``p^(2 - alpha)``), the Newton loop's last powers taken at the threshold returned, so
     :func:`power_backward` ``(s, grad, 1.0)`` needs no power (NaN rows NaN, rows without a finite
-    entry zeros). ``stats`` adds (after it) ``(tau, zmax, total, p_sum, pr)``, each ``(R,)`` float32: the threshold of
+    entry zeros). ``dalpha`` (rows of at most :data:`POWER_PROBS_MAX_N` entries; longer ones: None)
+    adds (after ``s``) ``dp/dalpha`` (NaN rows NaN, 0 off the support), taken in doubles from the
+    block's ``p`` and ``s``: ``w - s sum w / sum s`` with ``w = p (1 - (alpha - 1) ln p) / (alpha - 1)^2``
+    (``ln p`` from the logarithms of the last pass's ``d``); :func:`power_backward` ``(s, grad, 1.0,
+    da=...)`` then gives alpha's gradient without a logarithm.
+    ``stats`` adds (after it) ``(tau, zmax, total, p_sum, pr)``, each ``(R,)`` float32: the threshold of
     ``z``, the row maximum, ``sum r^q`` before the normalisation, and the row sums of the written
     ``p`` and of ``p r`` taken in double (what the Tsallis losses' conjugate needs; rows holding NaN
     or ``+inf``: -1 then NaNs; rows without a finite entry: ``+inf`` then zeros). Rows
     split over torch's threads from :data:`POWER_SPLIT_MIN_NUMEL` entries; no device is involved."""
     lib = library()
     # (rows of 2^31 entries and more: the long rows' candidates are kept by int32 places)
-    if lib is None or x.dtype not in _POWER_PROBS or x.shape[-1] >= 2 ** 31 - 16:
+    if (lib is None or x.dtype not in _POWER_PROBS or x.shape[-1] >= 2 ** 31 - 16
+            or (dalpha and x.shape[-1] > POWER_PROBS_MAX_N)):
         return None
     rows, n = x.shape
     x = x.detach().contiguous()
@@ -462,20 +469,23 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     p = torch.empty_like(x)
     r = torch.empty_like(x) if root else None
     s = torch.empty_like(x) if weights else None
+    da = torch.empty_like(x) if dalpha else None
     st = torch.empty(rows, POWER_STATS, dtype=torch.float32) if stats else None
     threads = _threads(x.numel(), POWER_SPLIT_MIN_NUMEL)
     scratch = torch.empty(threads * power_long_scratch(n), dtype=torch.float64) if n > POWER_PROBS_MAX_N else None
     if rows and not getattr(lib, _POWER_PROBS[x.dtype])(
             x.data_ptr(), rows, n, a.ptr, a.stride, int(max_iter), float(tol), p.data_ptr(),
             r.data_ptr() if r is not None else None, s.data_ptr() if s is not None else None,
-            st.data_ptr() if st is not None else None, scratch.data_ptr() if scratch is not None else None,
+            da.data_ptr() if da is not None else None, st.data_ptr() if st is not None else None, scratch.data_ptr() if scratch is not None else None,
             threads):
         return None
-    return (p, r) + ((s,) if weights else ()) + (tuple(st.unbind(1)) if st is not None else ())
+    return ((p, r) + ((s,) if weights else ()) + ((da,) if dalpha else ())
+            + (tuple(st.unbind(1)) if st is not None else ()))
 
 
 def power_backward(r: Tensor, grad: Tensor, e: Union[float, Tensor],
-                   am1: Optional[Union[float, Tensor]] = None) -> Optional[tuple[Tensor, Optional[Tensor]]]:
+                   am1: Optional[Union[float, Tensor]] = None,
+                   da: Optional[Tensor] = None) -> Optional[tuple[Tensor, Optional[Tensor]]]:
     """``J^T grad`` of alpha-entmax per row of ``r, grad: (R, n)`` (CPU, float32) in one native call:
     ``s = r^e`` on the support, ``s * (grad - <s, grad> / sum s)``, sums in double, the powers by
     the polynomials of ``_power_threshold.c`` (chunks without a support entry skipped). ``r`` is the
@@ -483,11 +493,12 @@ def power_backward(r: Tensor, grad: Tensor, e: Union[float, Tensor],
     1)``, or the output ``p`` with ``e = 2 - alpha`` (``s`` is ``p^(2 - alpha)`` up to the row's
     scale, which cancels); ``e`` a float or an ``(R,)`` tensor. ``am1`` (``alpha - 1``, a float or
     ``(R,)``; ``r`` must then be ``p``): also alpha's gradient ``<grad, dp/dalpha>`` per row, from
-    the same pass (see the C file). ``e = 1`` and ``e = 0`` (without ``am1``) take no power: ``r``
+    the same pass (see the C file); or ``da`` (``(R, n)``, :func:`power_probs`' ``dalpha``, ``dp/dalpha``)
+    with ``r`` its ``s`` and ``e = 1``: alpha's gradient is ``<grad, da>`` (no logarithm; ``am1`` unread). ``e = 1`` and ``e = 0`` (without ``am1``) take no power: ``r``
     is then ``s`` itself (:func:`power_probs`' ``weights``, 1.5-entmax's ``sqrt(p)``) or ``p`` of
     sparsemax (``s`` its support's indicator). A NaN in ``r`` makes its row's gradients NaN. Returns ``(gx,
     galpha)``: ``gx`` a new ``(R, n)`` float32 tensor, ``galpha`` ``(R,)`` float32 (None without
-    ``am1``); None where it does not serve (no library, not float32, a build without vector
+    ``am1`` or ``da``); None where it does not serve (no library, not float32, a build without vector
     extensions). Rows split over torch's threads from :data:`POWER_SPLIT_MIN_NUMEL` entries."""
     lib = library()
     if lib is None or r.dtype not in _POWER_BACKWARD:
@@ -497,10 +508,13 @@ def power_backward(r: Tensor, grad: Tensor, e: Union[float, Tensor],
     es = _RowValues(e, rows)
     a = _RowValues(am1, rows) if am1 is not None else None
     out = torch.empty_like(r)
-    ga = torch.empty(rows, dtype=torch.float32) if am1 is not None else None
+    if da is not None:
+        da = da.to(r.dtype).contiguous()
+    ga = torch.empty(rows, dtype=torch.float32) if am1 is not None or da is not None else None
     if rows and not getattr(lib, _POWER_BACKWARD[r.dtype])(
             r.data_ptr(), grad.data_ptr(), rows, n, es.ptr, es.stride, None if a is None else a.ptr,
-            0 if a is None else a.stride, out.data_ptr(), None if ga is None else ga.data_ptr(),
+            0 if a is None else a.stride, None if da is None else da.data_ptr(), out.data_ptr(),
+            None if ga is None else ga.data_ptr(),
             _threads(r.numel(), POWER_SPLIT_MIN_NUMEL)):
         return None
     return out, ga

@@ -130,6 +130,17 @@
         (lg) = (DT)lg_b_;                                                                       \
         (w) = (DT)w_b_;                                                                         \
     } while (0)
+/* log2 of the positive, normal lanes of d of each width (the mappings' dalpha): LOG2_512 in the
+   AVX-512 functions, VLOG2 elsewhere */
+#define LOG2_FOR_GEN(DT, IT, d, lg) VLOG2(DT, IT, d, lg)
+#define LOG2_FOR_W256 LOG2_FOR_GEN
+#define LOG2_FOR_W512(DT, IT, d, lg)                                                            \
+    do {                                                                                        \
+        LOG2_512_TABLES;                                                                        \
+        __m512d lg_f_;                                                                          \
+        LOG2_512((__m512d)(d), lg_f_);                                                          \
+        (lg) = (DT)lg_f_;                                                                       \
+    } while (0)
 /* the short rows' double powers (DEFINE_POWER_PROBS's loop) of each width: POW512's tables in the
    AVX-512 functions (no division: a pass over a block some 2x faster), VLOG2 / VEXP2 elsewhere */
 #define POW_FOR_GEN POW_GEN
@@ -173,9 +184,11 @@ static const double POW512_T2[16] __attribute__((unused)) = {
     1.0, 1.0442737824274138, 1.0905077326652577, 1.1387886347566916, 1.189207115002721, 1.241857812073484,
     1.2968395546510096, 1.3542555469368927, 1.4142135623730951, 1.4768261459394993, 1.5422108254079407,
     1.6104903319492543, 1.681792830507429, 1.7562521603732995, 1.8340080864093424, 1.9152065613971474};
-#define POW512_TABLES                                                                           \
+#define LOG2_512_TABLES                                                                         \
     const __m512d inv_lo_ = _mm512_loadu_pd(POW512_INV), inv_hi_ = _mm512_loadu_pd(POW512_INV + 8); \
-    const __m512d lc_lo_ = _mm512_loadu_pd(POW512_LC), lc_hi_ = _mm512_loadu_pd(POW512_LC + 8);     \
+    const __m512d lc_lo_ = _mm512_loadu_pd(POW512_LC), lc_hi_ = _mm512_loadu_pd(POW512_LC + 8)
+#define POW512_TABLES                                                                           \
+    LOG2_512_TABLES;                                                                            \
     const __m512d t2_lo_ = _mm512_loadu_pd(POW512_T2), t2_hi_ = _mm512_loadu_pd(POW512_T2 + 8)
 #define POW512(d, e, out) POW512_MASKED(d, e, (__mmask8)0xFF, out)
 /* POW512's two halves: log2 d of the positive lanes of d (LOG2_512) and 2^y on the lanes of keep,
@@ -322,23 +335,19 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
     }                                                                                           \
 }
 
-/* a row's outputs p (and r, s where given) of n entries filled with v (0: by memset) */
-static inline void power_fill_outputs(float *p, float *r, float *s, int64_t n, float v)
+/* a row's outputs p (and r, s, da where given) of n entries filled with v (0: by memset) */
+static inline void power_fill_outputs(float *p, float *r, float *s, float *da, int64_t n, float v)
 {
-    if (v == 0.0f) {
-        memset(p, 0, (size_t)n * sizeof(float));
-        if (r)
-            memset(r, 0, (size_t)n * sizeof(float));
-        if (s)
-            memset(s, 0, (size_t)n * sizeof(float));
-        return;
+    float *const outs[4] = {p, r, s, da};
+    for (int o = 0; o < 4; o++) {
+        if (!outs[o])
+            continue;
+        if (v == 0.0f)
+            memset(outs[o], 0, (size_t)n * sizeof(float));
+        else
+            for (int64_t i = 0; i < n; i++)
+                outs[o][i] = v;
     }
-    for (int64_t i = 0; i < n; i++)
-        p[i] = v;
-    for (int64_t i = 0; r && i < n; i++)
-        r[i] = v;
-    for (int64_t i = 0; s && i < n; i++)
-        s[i] = v;
 }
 
 #define SEL(IT, DT, m, a, b) ((DT)(((IT)(a) & (m)) | ((IT)(b) & ~(m))))
@@ -710,13 +719,38 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
    s = r^(q - 1), where asked for: the backward's). The entries dropped are below every iterate
    (the iterates only grow), so the loop's sums, its iterates and the output are those of the
    loop on the whole row from the same start. */
+/* dp/dalpha of a block's lanes (DEFINE_POWER_PROBS; alpha - 1 = a, vi): with p = r^q / sum r^q,
+   ln p = ln 2 (q log2 d - log2 sum r^q), w = p (1 - a ln p) / a^2 = p (c0 - ln 2 log2 d) / a^2
+   with c0 = 1 + ln 2 a log2 sum r^q, in place of the logarithms in lcol, and vs = sum w / sum s
+   (s = d^(q - 1), wcol): the output dp/dalpha = w - s vs is taken in doubles from the same p and
+   s (the two terms cancel to some a of their size: the forward's floats of w and s would leave
+   the float's rounding of them over a^2 in the gradient) */
+#define BLOCK_DALPHA(DT, IT, L, V)                                                              \
+    do {                                                                                        \
+        DT ltot_, wsum_ = zero, ssum_ = zero;                                                   \
+        LOG2_FOR_##V(DT, IT, SEL(IT, DT, summed, total, one), ltot_);                           \
+        const DT c0_ = one + POW_LN2 * vi * ltot_, ia2_ = one / (vi * vi);                      \
+        for (int64_t j = 0; j < kmax; j++) {                                                    \
+            DT pv_, lg_, sv_;                                                                   \
+            memcpy(&pv_, col + j * L, sizeof pv_);                                              \
+            memcpy(&lg_, lcol + j * L, sizeof lg_);                                             \
+            memcpy(&sv_, wcol + j * L, sizeof sv_);                                             \
+            pv_ *= inv;                                                                         \
+            const DT wv_ = pv_ * (c0_ - POW_LN2 * lg_) * ia2_;                                  \
+            wsum_ += wv_;                                                                       \
+            ssum_ += sv_;                                                                       \
+            memcpy(lcol + j * L, &wv_, sizeof wv_);                                             \
+        }                                                                                       \
+        vs = wsum_ / SEL(IT, DT, (IT)(ssum_ > zero), ssum_, one);                               \
+    } while (0)
 #define DEFINE_POWER_PROBS(NAME, ATTR, DT, IT, L, FT, FI, L2, V)                                \
 ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1, int64_t a_stride, \
                       int64_t max_iter, double rtol, float *p, float *root, float *weights,     \
-                      float *stats)                                                             \
+                      float *dalpha, float *stats)                                              \
 {                                                                                               \
     double col[POWER_BLOCK_MAX_N * L], rcol[POWER_BLOCK_MAX_N * L]; /* scores, then p; r */    \
     double wcol[POWER_BLOCK_MAX_N * L]; /* the last pass's d^(q - 1) */                         \
+    double lcol[POWER_BLOCK_MAX_N * L]; /* log2 d (dalpha's) */                                 \
     float colf[(POWER_BLOCK_MAX_N + 1) * L]; /* the scores as floats: the coarse steps' */      \
     int32_t place[POWER_BLOCK_MAX_N * L];    /* the places of the entries the loop runs on */    \
     const DT zero = {0}, one = zero + 1.0;                                                      \
@@ -799,15 +833,25 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
                 const DT rv = (DT)((IT)d & m);                                                  \
                 memcpy(rcol + j * L, &rv, sizeof rv);                                           \
             }                                                                                   \
+            if (dalpha) { /* log2 d on the support (0 off it: p is 0 there) */                  \
+                DT lg;                                                                          \
+                LOG2_FOR_##V(DT, IT, SEL(IT, DT, m, d, one), lg);                               \
+                memcpy(lcol + j * L, &lg, sizeof lg);                                           \
+            }                                                                                   \
             memcpy(col + j * L, &w, sizeof w);                                                  \
         }                                                                                       \
-        const DT inv = one / SEL(IT, DT, (IT)(total > zero), total, one);                       \
+        const IT summed = (IT)(total > zero);                                                   \
+        const DT inv = one / SEL(IT, DT, summed, total, one);                                   \
+        DT vs = zero; /* dalpha: sum w / sum s */                                               \
+        if (dalpha)                                                                             \
+            BLOCK_DALPHA(DT, IT, L, V);                                                         \
         for (int l = 0; l < L && r0 + l < rows; l++) { /* each row's entries in order */        \
             float *pr = p + (r0 + l) * n, *rr = root ? root + (r0 + l) * n : 0;                 \
             float *wr = weights ? weights + (r0 + l) * n : 0;                                   \
+            float *dr = dalpha ? dalpha + (r0 + l) * n : 0;                                     \
             double psum = 0.0, prsum = 0.0;                                                     \
             /* NaN rows all NaN, the rest 0 between the entries written (s: 0 off the support) */ \
-            power_fill_outputs(pr, rr, wr, n, nanrow[l] ? NAN : 0.0f);                          \
+            power_fill_outputs(pr, rr, wr, dr, n, nanrow[l] ? NAN : 0.0f);                      \
             for (int64_t k = 0; k < (nanrow[l] ? 0 : kc[l]); k++) { /* at the entries' places */ \
                 const int32_t j = place[k * L + l];                                             \
                 pr[j] = (float)(col[k * L + l] * inv[l]);                                       \
@@ -815,6 +859,8 @@ ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1
                     rr[j] = (float)rcol[k * L + l];                                             \
                 if (wr)                                                                         \
                     wr[j] = (float)wcol[k * L + l];                                             \
+                if (dr) /* dp/dalpha = w - s sum w / sum s */                                   \
+                    dr[j] = (float)(lcol[k * L + l] - wcol[k * L + l] * vs[l]);                 \
                 if (stats) {                                                                    \
                     psum += (double)pr[j];                                                      \
                     prsum += (double)pr[j] * (double)(float)rcol[k * L + l];                    \
@@ -2005,7 +2051,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         POWER_ROW_START;                                                                    \
         SEGMENT_MAXIMA(float, FT, IT32, L, xr, len, m_acc, seg, bm, top, bad);                  \
         if (bad || top == -INFINITY) { /* NaN / +inf: all NaN; no finite entry: all zeros */    \
-            power_fill_outputs(pr, rr, wr, len, bad ? NAN : 0.0f);                              \
+            power_fill_outputs(pr, rr, wr, 0, len, bad ? NAN : 0.0f);                           \
             if (st) {                                                                           \
                 st[0] = bad ? -1.0f : INFINITY;                                                 \
                 st[1] = st[2] = st[3] = st[4] = bad ? NAN : 0.0f;                               \
@@ -2131,7 +2177,7 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         /* 5. the output: zeros, then r^q = d^(q - 1) d from the last pass at the candidates left */ \
         const double inv = hq > 0.0 ? 1.0 / hq : 1.0;                                           \
         if (k < len) /* (k == len: every entry a candidate, in order; every one written below) */ \
-            power_fill_outputs(pr, rr, wr, len, 0.0f);                                          \
+            power_fill_outputs(pr, rr, wr, 0, len, 0.0f);                                       \
         double psum = 0.0, prsum = 0.0;                                                         \
         int64_t i = 0;                                                                          \
         LONG_SETTLED_OUTPUT_##V; /* eight at a time where vectors serve, then one by one */     \
@@ -2173,9 +2219,9 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
  * (the derivative of the fixed point; ln p from the same logarithm as the power), so <g, dp/dalpha>
  * = <g, w> - <g, s> sum w / sum s, sums taken in the same pass. */
 /* one chunk of L entries of the backward's first pass: rp, gp, op point at L floats; where alpha's
-   gradient is asked for (va: alpha - 1; rp holds p), w = p (1 - (alpha - 1) ln p) / (alpha - 1)^2 and
-   its sums too */
-#define POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, V, rp, gp, op)                                                     \
+   gradient is asked for, w = p (1 - (alpha - 1) ln p) / (alpha - 1)^2 and its sums too: read at dp
+   (L floats, the forward's, where da is given) or from rp's p (va: alpha - 1) */
+#define POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, V, rp, gp, dp, op)                         \
     do {                                                                                        \
         FT rv, gv;                                                                              \
         memcpy(&rv, rp, sizeof rv);                                                             \
@@ -2194,7 +2240,11 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
         const DT gd = __builtin_convertvector(gv, DT);                                          \
         as += w;                                                                                \
         ag += w * gd;                                                                           \
-        if (ga) { /* ln p = log2 p ln 2, from the logarithm above */                           \
+        if (ga && da) { /* the forward's dp/dalpha (dalpha): no logarithm here */               \
+            FT dv;                                                                              \
+            memcpy(&dv, dp, sizeof dv);                                                         \
+            agw += __builtin_convertvector(dv, DT) * gd;                                        \
+        } else if (ga) { /* ln p = log2 p ln 2, from the logarithm above */                    \
             const DT wa = SEL(IT, DT, m, d * (one - va * (lg * POW_LN2)) / (va * va), d * 0.0); \
             aw += wa;                                                                           \
             agw += wa * gd;                                                                     \
@@ -2204,15 +2254,18 @@ ATTR static void NAME(const float *xs, int64_t rows, int64_t len, const double *
     } while (0)
 #define DEFINE_POWER_BACKWARD(NAME, ATTR, FT, IT32, DT, IT, L, ANY, V)                               \
 ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, const double *e, \
-                      int64_t e_stride, const double *am1, int64_t a_stride, float *out, float *ga) \
+                      int64_t e_stride, const double *am1, int64_t a_stride, const float *da,   \
+                      float *out, float *ga)                                                    \
 {                                                                                               \
     const DT zero = {0}, one = zero + 1.0;                                                      \
     const FT fz = {0};                                                                          \
     for (int64_t row = 0; row < rows; row++) {                                                  \
         const float *rr = r + row * n, *gr = g + row * n;                                       \
+        const float *dr = da ? da + row * n : gr; /* (without da: never read) */                \
         float *o = out + row * n;                                                               \
-        const double er = e[row * e_stride], ar = ga ? am1[row * a_stride] : 0.0;               \
-        const int raise = (er != 1.0 && er != 0.0) || ga; /* alpha's gradient takes the logarithm */ \
+        const double er = e[row * e_stride], ar = ga && !da ? am1[row * a_stride] : 0.0;        \
+        /* alpha's gradient takes the logarithm (none where the forward's w is given) */        \
+        const int raise = (er != 1.0 && er != 0.0) || (ga && !da);                              \
         const int e0 = er == 0.0;                                                               \
         DT ve, va, as = zero, ag = zero, aw = zero, agw = zero;                                 \
         for (int l = 0; l < L; l++) {                                                           \
@@ -2221,23 +2274,28 @@ ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, c
         }                                                                                       \
         int64_t j = 0;                                                                          \
         for (; j + L <= n; j += L)                                                              \
-            POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, V, rr + j, gr + j, o + j);                                        \
+            POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, V, rr + j, gr + j, dr + j, o + j);      \
         if (j < n && !raise) { /* the last entries one by one (short rows: no copies) */       \
             for (; j < n; j++) {                                                                \
                 const double d = rr[j];                                                         \
                 const double w = d > 0.0 ? (e0 ? 1.0 : d) : e0 ? 0.0 : d * 0.0;                 \
                 as[0] += w;                                                                     \
                 ag[0] += w * (double)gr[j];                                                     \
+                if (ga && da)                                                                   \
+                    agw[0] += (double)dr[j] * (double)gr[j];                                    \
                 o[j] = (float)w;                                                                \
             }                                                                                   \
         }                                                                                       \
         if (j < n) { /* the last entries, padded with zeros */                                  \
-            float rt[L], gt[L], ot[L];                                                          \
+            float rt[L], gt[L], dt[L], ot[L];                                                   \
             memset(rt, 0, sizeof rt);                                                           \
             memset(gt, 0, sizeof gt);                                                           \
+            memset(dt, 0, sizeof dt);                                                           \
             memcpy(rt, rr + j, (size_t)(n - j) * sizeof(float));                                \
             memcpy(gt, gr + j, (size_t)(n - j) * sizeof(float));                                \
-            POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, V, rt, gt, ot);                                                 \
+            if (da)                                                                             \
+                memcpy(dt, dr + j, (size_t)(n - j) * sizeof(float));                            \
+            POWER_BACKWARD_CHUNK(FT, IT32, DT, IT, ANY, V, rt, gt, dt, ot);                     \
             memcpy(o + j, ot, (size_t)(n - j) * sizeof(float));                                 \
         }                                                                                       \
         double total = 0.0, dot = 0.0, wsum = 0.0, wdot = 0.0;                                  \
@@ -2249,8 +2307,8 @@ ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, c
         }                                                                                       \
         const double floor_ = total > (double)FLT_MIN || total != total ? total : (double)FLT_MIN; \
         const float coef = (float)(dot / floor_);                                               \
-        if (ga) /* <g, w> - <g, s> sum w / sum s */                                             \
-            ga[row] = (float)(wdot - dot * (wsum / floor_));                                    \
+        if (ga) /* <g, w> - <g, s> sum w / sum s, or (da) <g, dp/dalpha> */                     \
+            ga[row] = (float)(da ? wdot : wdot - dot * (wsum / floor_));                        \
         FT cv;                                                                                  \
         for (int l = 0; l < L; l++)                                                             \
             cv[l] = coef;                                                                       \
@@ -2395,29 +2453,32 @@ void nmt_power_threshold_f32(const float *z, int64_t rows, int64_t n, const doub
 
 #if NMT_VECTORS
 typedef void (*probs_solver)(const float *, int64_t, int64_t, const double *, int64_t, int64_t, double, float *,
-                             float *, float *, float *);
+                             float *, float *, float *, float *);
 
 static void probs_groups(probs_solver solve, const float *x, int64_t rows, int64_t n, const double *am1,
                          int64_t a_stride, int64_t max_iter, double rtol, float *p, float *root, float *weights,
-                         float *stats, int64_t first, int64_t last)
+                         float *dalpha, float *stats, int64_t first, int64_t last)
 {
     first *= 8;
     last = last * 8 < rows ? last * 8 : rows;
     if (last > first)
         solve(x + first * n, last - first, n, am1 + first * a_stride, a_stride, max_iter, rtol, p + first * n,
-              root ? root + first * n : 0, weights ? weights + first * n : 0, stats ? stats + POWER_STATS * first : 0);
+              root ? root + first * n : 0, weights ? weights + first * n : 0, dalpha ? dalpha + first * n : 0,
+              stats ? stats + POWER_STATS * first : 0);
 }
 
 typedef void (*long_solver)(const float *, int64_t, int64_t, const double *, int64_t, int64_t, double, float *,
                             float *, float *, float *, double *);
 typedef void (*power_backward_rows)(const float *, const float *, int64_t, int64_t, const double *, int64_t,
-                                    const double *, int64_t, float *, float *);
+                                    const double *, int64_t, const float *, float *, float *);
 #endif
 
 /* alpha-entmax of the rows x (float32, any values) with alpha - 1 = am1 in (0, 1) per row (a_stride 1)
    or for all (0): p, where root is given r = [z - tau]_+, where weights is given s = r^(q - 1) (the
    Newton loop's last powers, taken at the tau returned: the backward's s, proportional to
-   p^(2 - alpha), with no power of its own), and where stats is given POWER_STATS floats
+   p^(2 - alpha), with no power of its own), where dalpha is given the first term of dp/dalpha,
+   w = p (1 - (alpha - 1) ln p) / (alpha - 1)^2 on the support (0 elsewhere; with weights, what
+   nmt_power_backward_f32 takes for alpha's gradient without a logarithm of its own), and where stats is given POWER_STATS floats
    a row: tau, the row maximum, sum r^q, and the sums of the written p and p r in double (rows
    holding NaN or +inf: -1 then NaNs; rows without a finite entry: +inf then zeros). Rows of at most POWER_BLOCK_MAX_N entries by blocks (see
    DEFINE_POWER_PROBS), longer ones row by row, pruned (DEFINE_POWER_LONG; scratch:
@@ -2425,12 +2486,12 @@ typedef void (*power_backward_rows)(const float *, const float *, int64_t, int64
    it does not serve (a build without vectors, long rows without scratch): the caller computes them
    otherwise. */
 int nmt_power_probs_f32(const float *x, int64_t rows, int64_t n, const double *am1, int64_t a_stride,
-                        int64_t max_iter, double rtol, float *p, float *root, float *weights, float *stats,
-                        double *scratch, int threads)
+                        int64_t max_iter, double rtol, float *p, float *root, float *weights, float *dalpha,
+                        float *stats, double *scratch, int threads)
 {
 #if NMT_VECTORS
     if (n > POWER_BLOCK_MAX_N) {
-        if (!scratch)
+        if (!scratch || dalpha)
             return 0;
         const long_solver solve = POWER_HAVE_AVX512() ? power_long_avx512
                                   : POWER_HAVE_AVX2() ? power_long_avx2 : power_long_v;
@@ -2444,12 +2505,12 @@ int nmt_power_probs_f32(const float *x, int64_t rows, int64_t n, const double *a
     const probs_solver solve = POWER_HAVE_AVX512() ? power_probs_avx512
                                : POWER_HAVE_AVX2() ? power_probs_avx2 : power_probs_v;
     FOR_THREADS(threads, (rows + 7) / 8,
-                probs_groups(solve, x, rows, n, am1, a_stride, max_iter, rtol, p, root, weights, stats, FIRST,
-                             LAST));
+                probs_groups(solve, x, rows, n, am1, a_stride, max_iter, rtol, p, root, weights, dalpha, stats,
+                             FIRST, LAST));
     return 1;
 #else
     (void)x; (void)rows; (void)n; (void)am1; (void)a_stride; (void)max_iter; (void)rtol; (void)p; (void)root;
-    (void)weights; (void)stats; (void)scratch; (void)threads;
+    (void)weights; (void)dalpha; (void)stats; (void)scratch; (void)threads;
     return 0;
 #endif
 }
@@ -2457,21 +2518,24 @@ int nmt_power_probs_f32(const float *x, int64_t rows, int64_t n, const double *a
 /* J^T g of alpha-entmax per row (float32 rows r, g, out of n entries), s = r^e, e one per row
    (e_stride 1) or for all (0): see DEFINE_POWER_BACKWARD. Where ga is given, r holds the output p
    itself (e = 2 - alpha) and ga[row] gets alpha's gradient <g, dp/dalpha> from am1 = alpha - 1 (one
-   per row, a_stride 1, or for all). Rows split over `threads` threads. Returns 0 without writing
+   per row, a_stride 1, or for all); or, where da is given (the forward's dalpha: nmt_power_probs_f32),
+   r is s itself (e = 1: the forward's weights) and alpha's gradient takes da's w (no logarithm, am1
+   unread). Rows split over `threads` threads. Returns 0 without writing
    anything in a build without vectors (the caller computes it otherwise). */
 int nmt_power_backward_f32(const float *r, const float *g, int64_t rows, int64_t n, const double *e,
-                           int64_t e_stride, const double *am1, int64_t a_stride, float *out, float *ga,
-                           int threads)
+                           int64_t e_stride, const double *am1, int64_t a_stride, const float *da, float *out,
+                           float *ga, int threads)
 {
 #if NMT_VECTORS
     const power_backward_rows solve = POWER_HAVE_AVX512() ? power_backward_avx512
                                       : POWER_HAVE_AVX2() ? power_backward_avx2 : power_backward_v;
     FOR_THREADS(threads, rows,
                 solve(r + FIRST * n, g + FIRST * n, LAST - FIRST, n, e + FIRST * e_stride, e_stride,
-                      am1 ? am1 + FIRST * a_stride : 0, a_stride, out + FIRST * n, ga ? ga + FIRST : 0));
+                      am1 ? am1 + FIRST * a_stride : 0, a_stride, da ? da + FIRST * n : 0, out + FIRST * n,
+                      ga ? ga + FIRST : 0));
     return 1;
 #else
-    (void)r; (void)g; (void)rows; (void)n; (void)e; (void)e_stride; (void)am1; (void)a_stride; (void)out;
+    (void)r; (void)g; (void)rows; (void)n; (void)e; (void)e_stride; (void)am1; (void)a_stride; (void)da; (void)out;
     (void)ga; (void)threads;
     return 0;
 #endif

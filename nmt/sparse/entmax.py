@@ -212,12 +212,14 @@ class EntmaxBisectFunction(torch.autograd.Function):
     """alpha-entmax over the last dim; ``alpha: (..., 1)`` >= 1 per row (same leading dims).
 
     ``alpha_float``: the one alpha of every row as a float (scalar arithmetic), else None.
+    ``span``: a tensor alpha's least and largest values where the caller read them (the host path),
+    else None: all in (1, 2) on the CPU sends float32 rows to the native call.
     Rows whose tensor alpha is invalid (NaN, < 1 or +inf; only the sync-free paths get them) are NaN.
     """
 
     @staticmethod
     def forward(ctx, x: Tensor, alpha: Tensor, n_iter: Optional[int], alpha_float: Optional[float],
-                impl: str = "auto") -> Tensor:  # type: ignore[override]
+                impl: str = "auto", span: Optional[tuple[float, float]] = None) -> Tensor:  # type: ignore[override]
         kind = resolve_impl(impl, x)
         ctx.alpha, ctx.triton, ctx.weights = alpha_float, kind == "triton", False
         if ctx.triton:  # float alpha 2 / 1.5: the dedicated exact kernels; (..., n) rows as they are
@@ -246,9 +248,9 @@ class EntmaxBisectFunction(torch.autograd.Function):
             grads = any(ctx.needs_input_grad[:2])
             fused = _native_probs(x, am1, n_iter, eps, weights=grads) if kind == "pruned" and 0 < am1 < 1 else None
             if fused is not None:  # float32 rows: threshold, p and the backward's s = r^(q - 1) in one native call
-                p, s = fused
+                p, s, _ = fused
                 if grads:
-                    ctx.save_for_backward(s, alpha)
+                    ctx.save_for_backward(s, None)
                     ctx.weights = True
                 return p
             if kind == "pruned" and not torch.compiler.is_compiling():
@@ -276,14 +278,23 @@ class EntmaxBisectFunction(torch.autograd.Function):
             ctx.save_for_backward(r, alpha)
         else:
             am1 = alpha - 1
-            # alphas in (1, 2), float32 rows: one native call (a host read of the small alpha,
-            # on this CPU path only)
+            # alphas in (1, 2) (the caller's host read), float32 rows: one native call
             if (kind == "pruned" and x.dtype is torch.float32 and not torch.compiler.is_compiling()
-                    and bool(((am1 > 0) & (am1 < 1)).all())):
-                fused = _native_probs(x, am1, n_iter, eps, False)
+                    and span is not None and 1 < span[0] and span[1] < 2):
+                # with gradients: the backward's s and (a learnable alpha) dp/dalpha from the same
+                # call, so the backward takes no power and no logarithm; long rows with a learnable
+                # alpha: p, whose powers and logarithms the backward takes
+                grads, galpha = any(ctx.needs_input_grad[:2]), ctx.needs_input_grad[1]
+                fast = grads and (not galpha or x.shape[-1] <= POWER_PROBS_MAX_N)
+                fused = _native_probs(x, am1, n_iter, eps, weights=fast, dalpha=fast and galpha)
                 if fused is not None:
-                    ctx.save_for_backward(fused[0], alpha)
-                    return fused[0]
+                    p, s, dp = fused
+                    if fast:
+                        ctx.save_for_backward(s, dp)
+                        ctx.weights, ctx.alpha_dtype = True, alpha.dtype
+                    elif grads:
+                        ctx.save_for_backward(p, alpha)
+                    return p
             z = (x - _row_max(x)) * am1
             tau, zmax = shifted_threshold(z, 1 / am1, 1.0, kind, eps, n_iter)
             p = torch.sub(z, zmax).sub_(tau).clamp_(min=0).pow_(row_exponent(1 / am1, z))
@@ -306,7 +317,7 @@ class EntmaxBisectFunction(torch.autograd.Function):
                 gx = gx if ctx.needs_input_grad[0] else None
                 # one per row (..., 1): autograd sums it to a broadcast alpha's shape (one per head)
                 ga = ga.view(*p.shape[:-1], 1)
-                return gx, ga if ga.dtype is ctx.alpha_dtype else ga.to(ctx.alpha_dtype), None, None, None
+                return gx, ga if ga.dtype is ctx.alpha_dtype else ga.to(ctx.alpha_dtype), None, None, None, None
             if ctx.alpha == 2.0:
                 gx = kernels.sparsemax_backward(p, grad)
             elif ctx.alpha == 1.5:
@@ -315,12 +326,21 @@ class EntmaxBisectFunction(torch.autograd.Function):
                 gx = kernels.entmax_backward_scalar(p, grad, ctx.alpha)
             else:
                 gx = kernels.entmax_backward(p, grad, a[0])
-            return gx, None, None, None, None
+            return gx, None, None, None, None, None
         if ctx.weights:  # saved s = r^(q - 1) (the native forward's last powers): no power here
-            s, _ = ctx.saved_tensors
-            found = power_backward(rows(s), rows(grad), 1.0) if not torch.compiler.is_compiling() else None
-            gx = shaped(found[0], s.shape) if found is not None else _entmax_backward(s, grad)
-            return gx, None, None, None, None
+            s, dp = ctx.saved_tensors  # dp: dp/dalpha (a learnable alpha), else None
+            found = None
+            if not torch.compiler.is_compiling():
+                found = power_backward(rows(s), rows(grad), 1.0, da=None if dp is None else rows(dp))
+            if found is None:  # (the library went away between the passes: torch's formulas)
+                gx = _entmax_backward(s, grad)
+                galpha = None if dp is None else torch.linalg.vecdot(grad, dp).unsqueeze(-1)
+            else:
+                gx = shaped(found[0], s.shape)
+                galpha = None if dp is None else found[1].view(*s.shape[:-1], 1)
+            if dp is not None:
+                galpha = galpha.to(ctx.alpha_dtype)
+            return gx if ctx.needs_input_grad[0] else None, galpha, None, None, None, None
         if ctx.alpha is not None and not ctx.triton:  # saved r = [(alpha - 1) x - tau]_+, alpha a float
             r, _ = ctx.saved_tensors
             e = (2 - ctx.alpha) / (ctx.alpha - 1)
@@ -328,9 +348,9 @@ class EntmaxBisectFunction(torch.autograd.Function):
                     and (r.shape[-1] > POWER_PROBS_MAX_N or r.numel() <= NATIVE_BACKWARD_MAX_SHORT)):
                 found = power_backward(rows(r), rows(grad), e)  # s = r^e and J^T grad in one native call
                 if found is not None:
-                    return shaped(found[0], r.shape), None, None, None, None
+                    return shaped(found[0], r.shape), None, None, None, None, None
             s = r if e == 1 else _support_power(r, e)
-            return _entmax_backward(s, grad), None, None, None, None
+            return _entmax_backward(s, grad), None, None, None, None, None
         p, alpha = ctx.saved_tensors
         if p.dtype is torch.float32 and p.device.type == "cpu" and not torch.compiler.is_compiling():
             # one native call: s = p^(2 - alpha), J^T grad and, in the same pass, alpha's gradient
@@ -339,28 +359,31 @@ class EntmaxBisectFunction(torch.autograd.Function):
             if found is not None:
                 gx = shaped(found[0], p.shape) if ctx.needs_input_grad[0] else None
                 galpha = found[1].view(*p.shape[:-1], 1).to(alpha.dtype) if ctx.needs_input_grad[1] else None
-                return gx, galpha, None, None, None
+                return gx, galpha, None, None, None, None
         s = _support_power(p, 2 - alpha)
         gx = _entmax_backward(s, grad) if ctx.needs_input_grad[0] else None
         galpha = _alpha_grad(p, alpha, grad, s) if ctx.needs_input_grad[1] else None
-        return gx, galpha, None, None, None
+        return gx, galpha, None, None, None, None
 
 
 def _native_probs(x: Tensor, am1: Union[float, Tensor], n_iter: Optional[int], eps: float,
-                  weights: bool) -> Optional[tuple[Tensor, Optional[Tensor]]]:
-    """``(p, s)`` of alpha-entmax over the last dim of ``x`` with ``alpha - 1 = am1`` in (0, 1) (a
-    float, or a tensor ``(..., 1)``), by :func:`nmt.sparse._native.power_probs` (where ``weights``,
-    ``s = r^(q - 1)``, the backward's weights, else None), shaped like ``x``; None where it does not
-    serve: not float32 on the CPU in eager mode, or no native library (the torch path then runs)."""
+                  weights: bool, dalpha: bool = False) -> Optional[tuple[Tensor, Optional[Tensor], Optional[Tensor]]]:
+    """``(p, s, w)`` of alpha-entmax over the last dim of ``x`` with ``alpha - 1 = am1`` in (0, 1) (a
+    float, or a tensor ``(..., 1)``), by :func:`nmt.sparse._native.power_probs`, each shaped like
+    ``x``: ``s = r^(q - 1)``, the backward's weights, where ``weights`` (else None), ``w`` the first
+    term of ``dp/dalpha`` where ``dalpha`` (else None; needs ``weights``: the backward takes both);
+    None where it does not serve: not float32 on the CPU in eager mode, or no native library (the
+    torch path then runs)."""
     if x.dtype is not torch.float32 or x.device.type != "cpu" or torch.compiler.is_compiling():
         return None
     if isinstance(am1, Tensor):
         am1 = am1.expand(*x.shape[:-1], 1)
-    found = power_probs(rows(x), am1, ROOT_MAX_ITER if n_iter is None else n_iter, eps, False, weights=weights)
+    found = power_probs(rows(x), am1, ROOT_MAX_ITER if n_iter is None else n_iter, eps, False,
+                        weights=weights, dalpha=weights and dalpha)
     if found is None:
         return None
-    p, s = found[0], found[2] if weights else None
-    return shaped(p, x.shape), None if s is None else shaped(s, x.shape)
+    p, s, w = found[0], found[2] if weights else None, found[3] if weights and dalpha else None
+    return shaped(p, x.shape), *(None if t is None else shaped(t, x.shape) for t in (s, w))
 
 
 def _alpha_grad(p: Tensor, alpha: Tensor, grad: Tensor, s: Optional[Tensor] = None) -> Tensor:
@@ -386,16 +409,17 @@ def _float_alpha(alpha: float) -> float:
 
 
 def _alpha_rows(alpha: Union[float, Tensor], scores: Tensor, dim: int, check: bool,
-                dtype: torch.dtype) -> Tensor:
-    """alpha as a ``dtype`` tensor ``(..., 1)`` matching ``scores`` (its shape and device only)
-    with ``dim`` moved last.
+                dtype: torch.dtype) -> tuple[Tensor, Optional[tuple[float, float]]]:
+    """``(a, span)``: alpha as a ``dtype`` tensor ``(..., 1)`` matching ``scores`` (its shape and
+    device only) with ``dim`` moved last, and ``span`` (a tensor alpha's least and largest values
+    where ``check``, else None).
 
-    ``check``: refuse a tensor alpha with a value < 1, NaN or +inf (reads the values: only on
-    the host path; the static path gives such rows NaN instead of synchronising).
+    ``check``: read a tensor alpha's extremes (one host read: only on the host path) and refuse a
+    value < 1, NaN or +inf (the static path gives such rows NaN instead of synchronising).
     """
     if not isinstance(alpha, Tensor):
         a = _float_alpha(alpha)
-        return scores.new_full((1,) * scores.dim(), a, dtype=dtype).movedim(dim, -1)
+        return scores.new_full((1,) * scores.dim(), a, dtype=dtype).movedim(dim, -1), None
     # no-op conversions skipped: each costs a dispatch (and a view its autograd node in backward)
     a = alpha if alpha.dtype is dtype else alpha.to(dtype)
     if a.dim() > scores.dim():
@@ -408,11 +432,13 @@ def _alpha_rows(alpha: Union[float, Tensor], scores: Tensor, dim: int, check: bo
     if not broadcasts_to(a.shape, scores.shape):
         raise ValueError(f"alpha of shape {tuple(alpha.shape)} does not broadcast to scores "
                          f"{tuple(scores.shape)}")
-    if check:  # one host read of the small alpha tensor (this path reads it anyway)
-        valid = a.detach()
-        if not bool(((valid >= 1) & (valid < math.inf)).all()):  # inf gave uniform rows, as a float alpha
+    span = None
+    if check and isinstance(alpha, Tensor):  # one host read of the small alpha tensor: its extremes
+        lo, hi = torch.stack(torch.aminmax(a.detach())).tolist()  # (NaN: both NaN)
+        if not (lo >= 1 and hi < math.inf):  # inf gave uniform rows, as a float alpha
             raise ValueError("entmax_bisect needs a finite alpha >= 1 in every row (got a value < 1, NaN or inf)")
-    return a if dim == a.dim() - 1 else a.movedim(dim, -1)
+        span = (lo, hi)
+    return (a if dim == a.dim() - 1 else a.movedim(dim, -1)), span
 
 
 def entmax_bisect(scores: Tensor, alpha: Union[float, Tensor] = 1.5, dim: int = -1,
@@ -469,20 +495,21 @@ def _entmax_bisect(scores: Tensor, alpha: Union[float, Tensor], dim: int, mask: 
         x = x.to(cdt)
     host = kind == "pruned" and not torch.compiler.is_compiling()  # host reads only in eager mode
     triton = kind == "triton"
+    span = None  # a tensor alpha's least and largest values (read on the host path only)
     if triton and not isinstance(alpha, Tensor):  # a float: a number to the kernels, no tensor
         a = _float_alpha(alpha)
     else:
-        a = _alpha_rows(alpha, scores, d, check=host, dtype=cdt)
+        a, span = _alpha_rows(alpha, scores, d, check=host, dtype=cdt)
         # the kernels take alpha as it broadcasts (one per head: read where it lies, no copy)
         a = a if triton else a.expand(*x.shape[:-1], 1)
     with own_precision(x):
         if isinstance(alpha, Tensor) and (above_one or triton):  # (the kernels: alpha = 1 rows are softmax)
-            p = EntmaxBisectFunction.apply(x, a, n_iter, None, kind)
+            p = EntmaxBisectFunction.apply(x, a, n_iter, None, kind, span)
         elif isinstance(alpha, Tensor):
-            one = a == 1
-            if host and not bool(one.any()):  # host read of the small alpha tensor
-                p = EntmaxBisectFunction.apply(x, a, n_iter, None, kind)
+            if span is not None and span[0] > 1:  # no row with alpha = 1 (the host read above)
+                p = EntmaxBisectFunction.apply(x, a, n_iter, None, kind, span)
             else:  # the rows with alpha = 1 take softmax (selected by a mask: no host read)
+                one = a == 1
                 p = EntmaxBisectFunction.apply(x, torch.where(one, 2.0, a), n_iter, None, kind)
                 p = torch.where(one, softmax(x, dim=-1), p)
         else:
