@@ -336,7 +336,7 @@ AVX2 static inline double power_sum8_pd(__m256 v)
         const float *xl_[4];                                                                    \
         int64_t cn_[4];                                                                         \
         for (int l = 0; l < 4; l++)                                                             \
-            xl_[l] = x + (r0 + l < rows ? r0 + l : r0) * n;                                     \
+            xl_[l] = x + rowof[l] * n;                                                          \
         const __m256d ninf_ = _mm256_set1_pd(-INFINITY), m1_ = _mm256_set1_pd(-1.0);           \
         const __m256d lv_ = (__m256d)live; /* all-ones in the live lanes */                     \
         __m256i cnt_ = _mm256_setzero_si256();                                                  \

@@ -543,3 +543,54 @@ def test_power_backward_of_a_learned_alpha_equals_its_formulas(native_build, mon
     bad[2, 0] = float("nan")
     gx_bad, ga_bad = _native.power_backward(bad, grad.float(), (2 - alphas).reshape(-1), (alphas - 1).reshape(-1))
     assert bool(gx_bad[2].isnan().all()) and bool(ga_bad[2].isnan()) and not bool(ga_bad[3].isnan())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n", [53, 20])
+def test_rows_of_mixed_alphas_go_in_blocks_ordered_by_alpha(native_build, monkeypatch, threads, n):
+    """One alpha a row in random order (a block's lanes run until its slowest settles, and the
+    passes grow as alpha nears 1): rows of 48 entries or more go in blocks ordered by 64 buckets of
+    alpha - 1 within windows of 256 rows of each thread's share (stable), so the outputs are bit for
+    bit those of the same rows ordered so beforehand (each share and window called on its own),
+    written at the rows' own places, and the float64 mapping's; shorter rows (their scattered reads
+    and writes cost more) and rows of one alpha a head (no block mixing buckets) keep their order:
+    bit for bit each block of eight called alone."""
+    monkeypatch.setitem(_native._state, "lib", native_build)
+    monkeypatch.setattr(_native, "_threads", lambda numel, split_min=None: threads)
+    g = torch.Generator().manual_seed(11 + threads)
+    rows = 603
+    x = torch.randn(rows, n, generator=g) * 2
+    x[7] = NEG_INF
+    x[9, 3] = float("nan")
+    alphas = 1.03 + 0.94 * torch.rand(rows, generator=g, dtype=torch.float64)
+    found = _native.power_probs(x, alphas - 1, 200, EPS, root=True, stats=True, weights=True, dalpha=True)
+    if native_build is None or found is None:
+        assert found is None or native_build is None
+        return
+    blocks = (rows + 7) // 8
+    if n >= 48:  # each thread's share in windows of 256 rows, ordered by bucket (stable)
+        bucket = ((alphas - 1) * 64).floor()
+        groups = []
+        for t in range(threads):
+            lo, hi = 8 * (blocks * t // threads), min(rows, 8 * (blocks * (t + 1) // threads))
+            groups += [w + torch.sort(bucket[w:min(hi, w + 256)], stable=True).indices for w in range(lo, hi, 256)]
+    else:  # in order: each block as if alone
+        groups = [torch.arange(b, min(rows, b + 8)) for b in range(0, rows, 8)]
+    for share in groups:
+        want = _native.power_probs(x[share], alphas[share] - 1, 200, EPS, root=True, stats=True, weights=True,
+                                   dalpha=True)
+        for got, w in zip(found, want):
+            assert torch.equal(got[share].nan_to_num(7.0), w.nan_to_num(7.0))
+    p = found[0]
+    ok = torch.ones(rows, dtype=torch.bool)
+    ok[7] = ok[9] = False
+    z = (x[ok].double() - x[ok].double().amax(dim=-1, keepdim=True)) * (alphas[ok] - 1)[:, None]
+    tau = bisection(z, 1 / (alphas[ok] - 1))
+    rq = (z - tau[:, None]).clamp(min=0).pow(1 / (alphas[ok] - 1)[:, None])
+    assert torch.allclose(p[ok].double(), rq / rq.sum(dim=-1, keepdim=True), rtol=0, atol=4e-7)
+    assert bool(p[9].isnan().all()) and torch.equal(p[7], torch.zeros(n))
+    heads = (alphas[::29] - 1).repeat_interleave(32)[:rows]  # one alpha a head of 32 rows: in order
+    by_head = _native.power_probs(x, heads, 200, EPS, root=False)[0]
+    for h in range(0, rows, 32):
+        alone = _native.power_probs(x[h:h + 32], heads[h:h + 32], 200, EPS, root=False)[0]
+        assert torch.equal(by_head[h:h + 32].nan_to_num(7.0), alone.nan_to_num(7.0))
