@@ -504,12 +504,13 @@ def power_backward(r: Tensor, grad: Tensor, e: Union[float, Tensor],
     if lib is None or r.dtype not in _POWER_BACKWARD:
         return None
     rows, n = r.shape
-    r, grad = r.contiguous(), grad.to(r.dtype).contiguous()
+    # (no-op conversions skipped: each costs a dispatch, at attention sizes a few percent of the call)
+    r, grad = r.contiguous(), (grad if grad.dtype is r.dtype else grad.to(r.dtype)).contiguous()
     es = _RowValues(e, rows)
     a = _RowValues(am1, rows) if am1 is not None else None
     out = torch.empty_like(r)
     if da is not None:
-        da = da.to(r.dtype).contiguous()
+        da = (da if da.dtype is r.dtype else da.to(r.dtype)).contiguous()
     ga = torch.empty(rows, dtype=torch.float32) if am1 is not None or da is not None else None
     if rows and not getattr(lib, _POWER_BACKWARD[r.dtype])(
             r.data_ptr(), grad.data_ptr(), rows, n, es.ptr, es.stride, None if a is None else a.ptr,
@@ -680,7 +681,8 @@ class _RowValues:
 
     def __init__(self, v: Union[float, Tensor], rows: int) -> None:
         if isinstance(v, Tensor):
-            self.held = v.detach().to(torch.float64).reshape(rows).contiguous()
+            held = v.detach().reshape(rows)
+            self.held = (held if held.dtype is torch.float64 else held.to(torch.float64)).contiguous()
             self.ptr, self.stride = self.held.data_ptr(), 1
         else:
             self.held = ctypes.c_double(float(v))

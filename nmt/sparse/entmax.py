@@ -339,7 +339,7 @@ class EntmaxBisectFunction(torch.autograd.Function):
                 gx = shaped(found[0], s.shape)
                 galpha = None if dp is None else found[1].view(*s.shape[:-1], 1)
             if dp is not None:
-                galpha = galpha.to(ctx.alpha_dtype)
+                galpha = galpha if galpha.dtype is ctx.alpha_dtype else galpha.to(ctx.alpha_dtype)
             return gx if ctx.needs_input_grad[0] else None, galpha, None, None, None, None
         if ctx.alpha is not None and not ctx.triton:  # saved r = [(alpha - 1) x - tau]_+, alpha a float
             r, _ = ctx.saved_tensors
@@ -377,7 +377,7 @@ def _native_probs(x: Tensor, am1: Union[float, Tensor], n_iter: Optional[int], e
     if x.dtype is not torch.float32 or x.device.type != "cpu" or torch.compiler.is_compiling():
         return None
     if isinstance(am1, Tensor):
-        am1 = am1.expand(*x.shape[:-1], 1)
+        am1 = am1 if am1.shape[:-1] == x.shape[:-1] else am1.expand(*x.shape[:-1], 1)
     found = power_probs(rows(x), am1, ROOT_MAX_ITER if n_iter is None else n_iter, eps, False,
                         weights=weights, dalpha=weights and dalpha)
     if found is None:
@@ -492,7 +492,7 @@ def _entmax_bisect(scores: Tensor, alpha: Union[float, Tensor], dim: int, mask: 
     x = x if last else x.movedim(d, -1)
     kind = resolve_impl(impl, x)
     if kind != "triton":  # the kernels take half precisions themselves (computed in float32)
-        x = x.to(cdt)
+        x = x if x.dtype is cdt else x.to(cdt)
     host = kind == "pruned" and not torch.compiler.is_compiling()  # host reads only in eager mode
     triton = kind == "triton"
     span = None  # a tensor alpha's least and largest values (read on the host path only)
