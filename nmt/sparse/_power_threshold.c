@@ -357,16 +357,24 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
 /* a row's outputs p (and r, s, da where given) of n entries filled with v (0: by memset) */
 static inline void power_fill_outputs(float *p, float *r, float *s, float *da, int64_t n, float v)
 {
-    float *const outs[4] = {p, r, s, da};
-    for (int o = 0; o < 4; o++) {
-        if (!outs[o])
-            continue;
-        if (v == 0.0f)
-            memset(outs[o], 0, (size_t)n * sizeof(float));
-        else
-            for (int64_t i = 0; i < n; i++)
-                outs[o][i] = v;
+    if (v == 0.0f) {
+        memset(p, 0, (size_t)n * sizeof(float));
+        if (r)
+            memset(r, 0, (size_t)n * sizeof(float));
+        if (s)
+            memset(s, 0, (size_t)n * sizeof(float));
+        if (da)
+            memset(da, 0, (size_t)n * sizeof(float));
+        return;
     }
+    for (int64_t i = 0; i < n; i++)
+        p[i] = v;
+    for (int64_t i = 0; r && i < n; i++)
+        r[i] = v;
+    for (int64_t i = 0; s && i < n; i++)
+        s[i] = v;
+    for (int64_t i = 0; da && i < n; i++)
+        da[i] = v;
 }
 
 #define SEL(IT, DT, m, a, b) ((DT)(((IT)(a) & (m)) | ((IT)(b) & ~(m))))
@@ -765,11 +773,14 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
         }                                                                                       \
         vs = wsum_ / SEL(IT, DT, (IT)(ssum_ > zero), ssum_, one);                               \
     } while (0)
-#define DEFINE_POWER_PROBS(NAME, ATTR, DT, IT, L, FT, FI, L2, V)                                \
+#define DEFINE_POWER_PROBS(NAME, ATTR, DT, IT, L, FT, FI, L2, V, DA)                            \
 ATTR static void NAME(const float *x, int64_t rows, int64_t n, const double *am1, int64_t a_stride, \
                       int64_t max_iter, double rtol, float *p, float *root, float *weights,     \
-                      float *dalpha, float *stats, const int32_t *order)                        \
+                      float *dalpha_arg, float *stats, const int32_t *order)                    \
 {                                                                                               \
+    /* DA: built with dalpha's code (else its tests fold away: the other calls' loops as before; \
+       kept in, they cost those 2-4%) */                                                        \
+    float *const dalpha = DA ? dalpha_arg : 0;                                                  \
     double col[POWER_BLOCK_MAX_N * L], rcol[POWER_BLOCK_MAX_N * L]; /* scores, then p; r */    \
     double wcol[POWER_BLOCK_MAX_N * L]; /* the last pass's d^(q - 1) */                         \
     double lcol[POWER_BLOCK_MAX_N * L]; /* log2 d of the loop's last pass (dalpha's) */         \
@@ -2352,7 +2363,8 @@ ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, c
     DEFINE_POWER(power_f32_##SUFFIX, float, ATTR, nmt_i64x##L,                                 \
                  POWER_SUMS(float, nmt_f32x##L, nmt_f64x##L, nmt_i64x##L, L, KEEP_NOTHING, POW_GEN), vpow_2)          \
     DEFINE_POWER_BLOCK(power_block_f32_##SUFFIX, float, ATTR, nmt_f64x##L, nmt_i64x##L, L)     \
-    DEFINE_POWER_PROBS(power_probs_##SUFFIX, ATTR, nmt_f64x##L, nmt_i64x##L, L, nmt_f32x##L2, nmt_i32x##L2, L2, V) \
+    DEFINE_POWER_PROBS(power_probs_##SUFFIX, ATTR, nmt_f64x##L, nmt_i64x##L, L, nmt_f32x##L2, nmt_i32x##L2, L2, V, 0) \
+    DEFINE_POWER_PROBS(power_probs_da_##SUFFIX, ATTR, nmt_f64x##L, nmt_i64x##L, L, nmt_f32x##L2, nmt_i32x##L2, L2, V, 1) \
     DEFINE_POWER_LONG(power_long_##SUFFIX, ATTR, nmt_f32x##L, nmt_i32x##L, nmt_f64x##L, nmt_i64x##L, L, ANY, V, nmt_f32x##L2, nmt_i32x##L2, L2) \
     DEFINE_POWER_BACKWARD(power_backward_##SUFFIX, ATTR, nmt_f32x##L, nmt_i32x##L, nmt_f64x##L, nmt_i64x##L, L, ANY, V)
 #if NMT_VECTORS
@@ -2374,6 +2386,7 @@ DEFINE_POWER_WIDTH(avx512, AVX512, 8, 16, ANY_256, W512)
 #define power_f32_avx2 power_f32_v
 #define power_block_f32_avx2 power_block_f32_v
 #define power_probs_avx2 power_probs_v
+#define power_probs_da_avx2 power_probs_da_v
 #define power_long_avx2 power_long_v
 #define power_backward_avx2 power_backward_v
 #define POWER_HAVE_AVX2() 0
@@ -2437,6 +2450,7 @@ int nmt_settle_pow_f32(const float *d, int64_t n, double e, float *out)
 #define power_f32_avx512 power_f32_v
 #define power_block_f32_avx512 power_block_f32_v
 #define power_probs_avx512 power_probs_v
+#define power_probs_da_avx512 power_probs_da_v
 #define power_long_avx512 power_long_v
 #define power_backward_avx512 power_backward_v
 #define POWER_HAVE_AVX512() 0
@@ -2572,7 +2586,9 @@ int nmt_power_probs_f32(const float *x, int64_t rows, int64_t n, const double *a
                           scratch + t_ * POWER_LONG_THREAD_SCRATCH(n)));
         return 1;
     }
-    const probs_solver solve = POWER_HAVE_AVX512() ? power_probs_avx512
+    const probs_solver solve = dalpha ? (POWER_HAVE_AVX512() ? power_probs_da_avx512
+                                         : POWER_HAVE_AVX2() ? power_probs_da_avx2 : power_probs_da_v)
+                               : POWER_HAVE_AVX512() ? power_probs_avx512
                                : POWER_HAVE_AVX2() ? power_probs_avx2 : power_probs_v;
     FOR_THREADS(threads, (rows + 7) / 8,
                 probs_groups(solve, x, rows, n, am1, a_stride, max_iter, rtol, p, root, weights, dalpha, stats,
