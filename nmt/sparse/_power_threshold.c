@@ -743,7 +743,9 @@ ATTR static void NAME(const T *z, int64_t rows, int64_t n, const double *q, int6
    (a lower bound too: see below) and the entries above the threshold reached kept again, the
    threshold by the loop above on those (from -1 without coarse steps), then r = [z - tau]_+ and
    p = r^q / sum r^q at their places, 0 elsewhere, written as floats (r, and the last pass's
-   s = r^(q - 1), where asked for: the backward's). The entries dropped are below every iterate
+   s = r^(q - 1), where asked for: the backward's; dp/dalpha, BLOCK_DALPHA, in the DA instantiation).
+   order (or NULL): the rows the blocks' lanes take, in turn (power_alpha_order); each row's
+   outputs at its own place. The entries dropped are below every iterate
    (the iterates only grow), so the loop's sums, its iterates and the output are those of the
    loop on the whole row from the same start. */
 /* the row a block's lane i takes: order[i] where the caller ordered the rows, else i */
