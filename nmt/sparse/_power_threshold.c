@@ -116,23 +116,27 @@
 
 /* the backward's lg = log2 d and w = d^ve of positive d (POWER_BACKWARD_CHUNK; ve, the caller's) of
    each width: POW512's halves in the AVX-512 functions, VLOG2 / VEXP2 elsewhere */
-#define BACKWARD_POWER_GEN(DT, IT, d, lg, w)                                                    \
+#define BACKWARD_POWER_GEN(DT, IT, d, lg, w) POWER_LG_GEN(DT, IT, d, ve, lg, w)
+#define BACKWARD_POWER_W256 BACKWARD_POWER_GEN
+#define BACKWARD_POWER_W512(DT, IT, d, lg, w) POWER_LG_W512(DT, IT, d, ve, lg, w)
+/* w = d^e and lg = log2 d of the positive, normal lanes of d of each width: POW512's halves in the
+   AVX-512 functions, VLOG2 / VEXP2 elsewhere */
+#define POWER_LG_GEN(DT, IT, d, e, lg, w)                                                       \
     do {                                                                                        \
         VLOG2(DT, IT, d, lg);                                                                   \
-        VEXP2(DT, IT, ve * (lg), w);                                                            \
+        VEXP2(DT, IT, (e) * (lg), w);                                                           \
     } while (0)
-#define BACKWARD_POWER_W256 BACKWARD_POWER_GEN
-#define BACKWARD_POWER_W512(DT, IT, d, lg, w)                                                   \
+#define POWER_LG_W512(DT, IT, d, e, lg, w)                                                      \
     do {                                                                                        \
         POW512_TABLES;                                                                          \
         __m512d lg_b_, w_b_;                                                                    \
         LOG2_512((__m512d)(d), lg_b_);                                                          \
-        EXP2_512(_mm512_mul_pd((__m512d)ve, lg_b_), (__mmask8)0xFF, w_b_);                      \
+        EXP2_512(_mm512_mul_pd((__m512d)(e), lg_b_), (__mmask8)0xFF, w_b_);                     \
         (lg) = (DT)lg_b_;                                                                       \
         (w) = (DT)w_b_;                                                                         \
     } while (0)
-/* log2 of the positive, normal lanes of d of each width (the mappings' dalpha): LOG2_512 in the
-   AVX-512 functions, VLOG2 elsewhere */
+/* log2 of the positive, normal lanes of d of each width (the blocks' log2 sum r^q for dalpha):
+   LOG2_512 in the AVX-512 functions, VLOG2 elsewhere */
 #define LOG2_FOR_GEN(DT, IT, d, lg) VLOG2(DT, IT, d, lg)
 #define LOG2_FOR_W256 LOG2_FOR_GEN
 #define LOG2_FOR_W512(DT, IT, d, lg)                                                            \
@@ -146,31 +150,21 @@
    AVX-512 functions (no division: a pass over a block some 2x faster), VLOG2 / VEXP2 elsewhere;
    where dalpha is asked for, each pass keeps its log2 d in the column's place in lcol (the last
    pass's, at the lanes' final tau, are dalpha's: no logarithm of its own, 6% of the call) */
-#define POW_FOR_GEN(DT, IT, d, e, out)                                                          \
+#define POW_FOR_WITH(POWER_LG, DT, IT, d, e, out)                                               \
     do {                                                                                        \
         DT lg_k_;                                                                               \
-        VLOG2(DT, IT, d, lg_k_);                                                                \
+        POWER_LG(DT, IT, d, e, lg_k_, out);                                                     \
         if (dalpha)                                                                             \
             memcpy(lcol + j * (int64_t)(sizeof lg_k_ / sizeof(double)), &lg_k_, sizeof lg_k_);  \
-        VEXP2(DT, IT, (e) * lg_k_, out);                                                        \
     } while (0)
+#define POW_FOR_GEN(DT, IT, d, e, out) POW_FOR_WITH(POWER_LG_GEN, DT, IT, d, e, out)
 #define POW_FOR_W256 POW_FOR_GEN
-#define POW_FOR_W512(DT, IT, d, e, out)                                                         \
-    do {                                                                                        \
-        POW512_TABLES;                                                                          \
-        __m512d lg_k_, o_k_;                                                                    \
-        LOG2_512((__m512d)(d), lg_k_);                                                          \
-        if (dalpha)                                                                             \
-            memcpy(lcol + j * 8, &lg_k_, sizeof lg_k_);                                         \
-        EXP2_512(_mm512_mul_pd((__m512d)(e), lg_k_), (__mmask8)0xFF, o_k_);                     \
-        (out) = (DT)o_k_;                                                                       \
-    } while (0)
+#define POW_FOR_W512(DT, IT, d, e, out) POW_FOR_WITH(POWER_LG_W512, DT, IT, d, e, out)
 /* d^e lane by lane (positive, normal d) by VLOG2 and VEXP2 */
 #define POW_GEN(DT, IT, d, e, out)                                                              \
     do {                                                                                        \
         DT lg_p_;                                                                               \
-        VLOG2(DT, IT, d, lg_p_);                                                                \
-        VEXP2(DT, IT, (e) * lg_p_, out);                                                        \
+        POWER_LG_GEN(DT, IT, d, e, lg_p_, out);                                                 \
     } while (0)
 #ifdef NMT_WIDE_AVX512
 /* d^e for positive lanes of d (normal or subnormal) and any e, eight doubles, AVX-512 (inside
