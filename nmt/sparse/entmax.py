@@ -501,7 +501,8 @@ def _entmax_bisect(scores: Tensor, alpha: Union[float, Tensor], dim: int, mask: 
     else:
         a, span = _alpha_rows(alpha, scores, d, check=host, dtype=cdt)
         # the kernels take alpha as it broadcasts (one per head: read where it lies, no copy)
-        a = a if triton else a.expand(*x.shape[:-1], 1)
+        # (already one a row: no expand, nor its autograd node)
+        a = a if triton or a.shape[:-1] == x.shape[:-1] else a.expand(*x.shape[:-1], 1)
     with own_precision(x):
         if isinstance(alpha, Tensor) and (above_one or triton):  # (the kernels: alpha = 1 rows are softmax)
             p = EntmaxBisectFunction.apply(x, a, n_iter, None, kind, span)
