@@ -51,6 +51,8 @@ from nmt.utils.host_syncs import count_host_syncs_on
 
 SHAPES = [(320, 50), (4096, 50), (1024, 8000), (256, 32000), (4096, 32000)]
 QUICK_SHAPES = [(320, 50), (64, 2000)]
+HEADS = 8
+"""Heads of the ``entmax_bisect(alpha/head)`` row: one learnable alpha for each eighth of the rows."""
 LOSS_MIN_WIDTH = 1000
 """Loss tables are printed for the output-layer shapes (rows at least this long)."""
 
@@ -179,9 +181,12 @@ def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
     g = torch.randn(*shape, device=device).to(dtype)
     n = shape[-1]
     kw = {} if impl == "auto" else {"impl": impl}  # (auto: also runs against versions without impl)
-    # one alpha a row in [1.1, 1.6], learnable (an adaptively sparse Transformer's heads: the backward
-    # takes alpha's gradient too)
+    # one alpha a row in [1.1, 1.6], learnable (the backward takes alpha's gradient too): rows in
+    # random order, the blocks' worst case; and one a head of 8 spread evenly over the same range (an
+    # adaptively sparse Transformer's heads: each head's rows together, alpha broadcast to them)
     alpha = (1.1 + 0.5 * torch.rand(shape[0], 1, device=device)).requires_grad_()
+    heads = HEADS if shape[0] % HEADS == 0 else 1
+    alpha_h = torch.linspace(1.1, 1.6, heads, device=device).view(heads, 1, 1).requires_grad_()
     ours = {
         "softmax": lambda s: torch.softmax(s, -1),
         "sparsemax": lambda s: sparsemax(s, **kw),
@@ -189,6 +194,7 @@ def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
         "entmax_bisect(1.5)": lambda s: entmax_bisect(s, 1.5, **kw),
         "entmax_bisect(1.3)": lambda s: entmax_bisect(s, 1.3, **kw),  # any alpha: no closed form
         "entmax_bisect(alpha/row)": lambda s: entmax_bisect(s, alpha, **kw),
+        "entmax_bisect(alpha/head)": lambda s: entmax_bisect(s.view(heads, -1, n), alpha_h, **kw).view(s.shape),
     }
     if vs is not None:  # the same mappings with another impl, measured in the same run
         ours.update({f"sparsemax [{vs}]": lambda s: sparsemax(s, impl=vs),
@@ -203,6 +209,8 @@ def mapping_table(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
             "entmax_bisect(1.5)": [lambda s: ref.entmax_bisect(s, 1.5, -1, n_iter=50)],
             "entmax_bisect(1.3)": [lambda s: ref.entmax_bisect(s, 1.3, -1, n_iter=50)],
             "entmax_bisect(alpha/row)": [lambda s: ref.entmax_bisect(s, alpha, -1, n_iter=50)],
+            "entmax_bisect(alpha/head)": [lambda s: ref.entmax_bisect(s.view(heads, -1, n), alpha_h, -1,
+                                                                      n_iter=50).view(s.shape)],
         }
     rows = []
     if device.type == "cpu":  # the allocator's first outputs of a new size are page-faulted in: not the first row's
