@@ -476,7 +476,8 @@ def power_probs(x: Tensor, am1: Union[float, Tensor], max_iter: int, tol: float,
     if rows and not getattr(lib, _POWER_PROBS[x.dtype])(
             x.data_ptr(), rows, n, a.ptr, a.stride, int(max_iter), float(tol), p.data_ptr(),
             r.data_ptr() if r is not None else None, s.data_ptr() if s is not None else None,
-            da.data_ptr() if da is not None else None, st.data_ptr() if st is not None else None, scratch.data_ptr() if scratch is not None else None,
+            da.data_ptr() if da is not None else None, st.data_ptr() if st is not None else None,
+            scratch.data_ptr() if scratch is not None else None,
             threads):
         return None
     return ((p, r) + ((s,) if weights else ()) + ((da,) if dalpha else ())
@@ -493,8 +494,9 @@ def power_backward(r: Tensor, grad: Tensor, e: Union[float, Tensor],
     1)``, or the output ``p`` with ``e = 2 - alpha`` (``s`` is ``p^(2 - alpha)`` up to the row's
     scale, which cancels); ``e`` a float or an ``(R,)`` tensor. ``am1`` (``alpha - 1``, a float or
     ``(R,)``; ``r`` must then be ``p``): also alpha's gradient ``<grad, dp/dalpha>`` per row, from
-    the same pass (see the C file); or ``da`` (``(R, n)``, :func:`power_probs`' ``dalpha``, ``dp/dalpha``)
-    with ``r`` its ``s`` and ``e = 1``: alpha's gradient is ``<grad, da>`` (no logarithm; ``am1`` unread). ``e = 1`` and ``e = 0`` (without ``am1``) take no power: ``r``
+    the same pass (see the C file); or ``da`` (``(R, n)``, :func:`power_probs`' ``dalpha``,
+    ``dp/dalpha``) with ``r`` its ``s`` and ``e = 1``: alpha's gradient is ``<grad, da>`` (no
+    logarithm; ``am1`` unread). ``e = 1`` and ``e = 0`` (without ``am1``) take no power: ``r``
     is then ``s`` itself (:func:`power_probs`' ``weights``, 1.5-entmax's ``sqrt(p)``) or ``p`` of
     sparsemax (``s`` its support's indicator). A NaN in ``r`` makes its row's gradients NaN. Returns ``(gx,
     galpha)``: ``gx`` a new ``(R, n)`` float32 tensor, ``galpha`` ``(R,)`` float32 (None without

@@ -368,12 +368,13 @@ class EntmaxBisectFunction(torch.autograd.Function):
 
 def _native_probs(x: Tensor, am1: Union[float, Tensor], n_iter: Optional[int], eps: float,
                   weights: bool, dalpha: bool = False) -> Optional[tuple[Tensor, Optional[Tensor], Optional[Tensor]]]:
-    """``(p, s, w)`` of alpha-entmax over the last dim of ``x`` with ``alpha - 1 = am1`` in (0, 1) (a
+    """``(p, s, dp)`` of alpha-entmax over the last dim of ``x`` with ``alpha - 1 = am1`` in (0, 1) (a
     float, or a tensor ``(..., 1)``), by :func:`nmt.sparse._native.power_probs`, each shaped like
-    ``x``: ``s = r^(q - 1)``, the backward's weights, where ``weights`` (else None), ``w`` the first
-    term of ``dp/dalpha`` where ``dalpha`` (else None; needs ``weights``: the backward takes both);
-    None where it does not serve: not float32 on the CPU in eager mode, or no native library (the
-    torch path then runs)."""
+    ``x``: ``s = r^(q - 1)``, the backward's weights, where ``weights`` (else None), ``dp = dp/dalpha``
+    where ``dalpha`` (else None; needs ``weights``, the backward takes both; rows of at most
+    :data:`nmt.sparse._native.POWER_PROBS_MAX_N` entries); None where it does not serve: not float32
+    on the CPU in eager mode, no native library, or ``dalpha`` on longer rows (the torch path then
+    runs)."""
     if x.dtype is not torch.float32 or x.device.type != "cpu" or torch.compiler.is_compiling():
         return None
     if isinstance(am1, Tensor):
@@ -382,8 +383,8 @@ def _native_probs(x: Tensor, am1: Union[float, Tensor], n_iter: Optional[int], e
                         weights=weights, dalpha=weights and dalpha)
     if found is None:
         return None
-    p, s, w = found[0], found[2] if weights else None, found[3] if weights and dalpha else None
-    return shaped(p, x.shape), *(None if t is None else shaped(t, x.shape) for t in (s, w))
+    p, s, dp = found[0], found[2] if weights else None, found[3] if weights and dalpha else None
+    return shaped(p, x.shape), *(None if t is None else shaped(t, x.shape) for t in (s, dp))
 
 
 def _alpha_grad(p: Tensor, alpha: Tensor, grad: Tensor, s: Optional[Tensor] = None) -> Tensor:
