@@ -2291,9 +2291,10 @@ ATTR static void NAME(const float *r, const float *g, int64_t rows, int64_t n, c
         const float *rr = r + row * n, *gr = g + row * n;                                       \
         const float *dr = da ? da + row * n : gr; /* (without da: never read) */                \
         float *o = out + row * n;                                                               \
-        const double er = e[row * e_stride], ar = ga && !da ? am1[row * a_stride] : 0.0;        \
-        /* alpha's gradient takes the logarithm (none where the forward's w is given) */        \
-        const int raise = (er != 1.0 && er != 0.0) || (ga && !da);                              \
+        /* alpha's gradient from p: its logarithm (none where the forward's dp/dalpha is given) */ \
+        const int from_p = ga && !da;                                                           \
+        const double er = e[row * e_stride], ar = from_p ? am1[row * a_stride] : 0.0;           \
+        const int raise = (er != 1.0 && er != 0.0) || from_p;                                   \
         const int e0 = er == 0.0;                                                               \
         DT ve, va, as = zero, ag = zero, aw = zero, agw = zero;                                 \
         for (int l = 0; l < L; l++) {                                                           \
@@ -2556,8 +2557,8 @@ typedef void (*power_backward_rows)(const float *, const float *, int64_t, int64
 /* alpha-entmax of the rows x (float32, any values) with alpha - 1 = am1 in (0, 1) per row (a_stride 1)
    or for all (0): p, where root is given r = [z - tau]_+, where weights is given s = r^(q - 1) (the
    Newton loop's last powers, taken at the tau returned: the backward's s, proportional to
-   p^(2 - alpha), with no power of its own), where dalpha is given the first term of dp/dalpha,
-   w = p (1 - (alpha - 1) ln p) / (alpha - 1)^2 on the support (0 elsewhere; with weights, what
+   p^(2 - alpha), with no power of its own), where dalpha is given dp/dalpha (BLOCK_DALPHA; 0 off
+   the support; rows of at most POWER_BLOCK_MAX_N entries, longer ones return 0: with weights, what
    nmt_power_backward_f32 takes for alpha's gradient without a logarithm of its own), and where stats is given POWER_STATS floats
    a row: tau, the row maximum, sum r^q, and the sums of the written p and p r in double (rows
    holding NaN or +inf: -1 then NaNs; rows without a finite entry: +inf then zeros). Rows of at most POWER_BLOCK_MAX_N entries by blocks (see
@@ -2601,7 +2602,7 @@ int nmt_power_probs_f32(const float *x, int64_t rows, int64_t n, const double *a
    (e_stride 1) or for all (0): see DEFINE_POWER_BACKWARD. Where ga is given, r holds the output p
    itself (e = 2 - alpha) and ga[row] gets alpha's gradient <g, dp/dalpha> from am1 = alpha - 1 (one
    per row, a_stride 1, or for all); or, where da is given (the forward's dalpha: nmt_power_probs_f32),
-   r is s itself (e = 1: the forward's weights) and alpha's gradient takes da's w (no logarithm, am1
+   r is s itself (e = 1: the forward's weights) and alpha's gradient is <g, da> (no logarithm, am1
    unread). Rows split over `threads` threads. Returns 0 without writing
    anything in a build without vectors (the caller computes it otherwise). */
 int nmt_power_backward_f32(const float *r, const float *g, int64_t rows, int64_t n, const double *e,

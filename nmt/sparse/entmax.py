@@ -434,7 +434,7 @@ def _alpha_rows(alpha: Union[float, Tensor], scores: Tensor, dim: int, check: bo
         raise ValueError(f"alpha of shape {tuple(alpha.shape)} does not broadcast to scores "
                          f"{tuple(scores.shape)}")
     span = None
-    if check and isinstance(alpha, Tensor):  # one host read of the small alpha tensor: its extremes
+    if check:  # one host read of the small alpha tensor: its extremes
         lo, hi = torch.stack(torch.aminmax(a.detach())).tolist()  # (NaN: both NaN)
         if not (lo >= 1 and hi < math.inf):  # inf gave uniform rows, as a float alpha
             raise ValueError("entmax_bisect needs a finite alpha >= 1 in every row (got a value < 1, NaN or inf)")
