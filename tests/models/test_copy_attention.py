@@ -285,10 +285,11 @@ def test_on_cuda_the_copying_loss_and_step_equal_the_cpus_without_a_sync(kind):
     expected = loss_forward(cpu, fn, src, lengths, tgt_in, tgt_out, 0, 0.1, src_mask=mask)
     expected.backward()
     args = [t.cuda() for t in (src,)] + [lengths] + [t.cuda() for t in (tgt_in, tgt_out)]
+    cuda_mask = mask.cuda()  # copied before the detector is on (a host-to-device copy syncs)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        loss = loss_forward(cuda, fn, *args, 0, 0.1, src_mask=mask.cuda())
+        loss = loss_forward(cuda, fn, *args, 0, 0.1, src_mask=cuda_mask)
         loss.backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
@@ -296,19 +297,20 @@ def test_on_cuda_the_copying_loss_and_step_equal_the_cpus_without_a_sync(kind):
     for a, b in zip(cuda.parameters(), cpu.parameters()):
         torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-3, atol=1e-4)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        half = loss_forward(cuda, fn, *args, 0, 0.1, src_mask=mask.cuda())
+        half = loss_forward(cuda, fn, *args, 0, 0.1, src_mask=cuda_mask)
     assert torch.isfinite(half) and half.dtype == torch.float32
     for model in (cpu, cuda):
         model.eval()
     with torch.no_grad():
         out_cpu, state_cpu = cpu.encode(src, lengths)
         out_cuda, state_cuda = cuda.encode(src.cuda(), lengths)
+        tokens = tgt_in.cuda()
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
             steps = []
             for t in range(3):
-                log_probs, _, state_cuda = cuda.step(tgt_in[:, t].cuda(), state_cuda, out_cuda)
+                log_probs, _, state_cuda = cuda.step(tokens[:, t], state_cuda, out_cuda)
                 steps.append(log_probs)
         finally:
             torch.cuda.set_sync_debug_mode("default")

@@ -156,8 +156,9 @@ def test_tensor_alpha_loss_on_cuda_matches_cpu_and_never_syncs(dtype):
         alpha = torch.linspace(1.01, 2.0, 12, dtype=F64 if dtype == F64 else torch.float32,
                                device=device)[:, None].requires_grad_()
         xs = x.detach().clone().to(dtype).to(device).requires_grad_()  # a fresh leaf on each device
+        target = dist.to(dtype).to(device)  # copied before the detector (a host-to-device copy syncs)
         with _no_host_sync() if device == "cuda" else contextlib.nullcontext():
-            loss = tensor_alpha_entmax_loss(xs, dist.to(dtype).to(device), alpha, impl=impl, reduction="sum")
+            loss = tensor_alpha_entmax_loss(xs, target, alpha, impl=impl, reduction="sum")
             loss.backward()
         results.append((loss.detach().float().cpu(), xs.grad.float().cpu(), alpha.grad.float().cpu()))
     atol = 1e-8 if dtype == F64 else 1e-3

@@ -40,7 +40,7 @@ def gradients(params: list[torch.Tensor], t: int) -> list[torch.Tensor]:
     so the factored estimate is not trivially uniform)."""
     out = []
     for i, p in enumerate(params):
-        weights = torch.linspace(0.5, 3.0, p.numel()).view(p.shape) * (1 + 0.3 * math.sin(t + i))
+        weights = torch.linspace(0.5, 3.0, p.numel(), device=p.device).view(p.shape) * (1 + 0.3 * math.sin(t + i))
         out.append(torch.cos(p.detach() * weights + t) * weights)
     return out
 

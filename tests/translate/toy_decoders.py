@@ -47,6 +47,7 @@ class MarkovDecoder(nn.Module):
             self.table[:, BOS] = -1e4
 
     def encode(self, src: Tensor, src_lengths: Tensor):
+        src_lengths = src_lengths.to(src.device)  # given on the host, as nmt-translate keeps them
         mask = torch.arange(src.size(1), device=src.device).unsqueeze(0) < src_lengths.unsqueeze(1)
         memory = self.src_emb[src] * mask.unsqueeze(-1)
         ctx = memory.sum(1) / src_lengths.unsqueeze(1).to(memory.dtype)
@@ -108,6 +109,7 @@ class TinyAttentionRNN(nn.Module):
         self.init = nn.Linear(hidden, hidden).to(dtype)
 
     def encode(self, src: Tensor, src_lengths: Tensor):
+        src_lengths = src_lengths.to(src.device)  # given on the host, as nmt-translate keeps them
         mask = torch.arange(src.size(1), device=src.device).unsqueeze(0) < src_lengths.unsqueeze(1)
         memory = torch.tanh(self.enc(self.src_emb(src))) * mask.unsqueeze(-1)
         mean = memory.sum(1) / src_lengths.unsqueeze(1).to(memory.dtype)
