@@ -54,6 +54,10 @@ def _nmt_logger_per_test():
     stderr) and fail where it reads stderr, depending on which files ran before it."""
     logger = logging.getLogger("nmt")
     handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    # propagating, as in a fresh process, before the test's call phase: pytest >= 9.2 attaches
+    # caplog's handler to every non-propagating logger at its start, so a test that turned
+    # propagation back on itself would read each record twice
+    logger.propagate = True
     yield
     for handler in list(logger.handlers):
         if handler not in handlers:

@@ -70,8 +70,9 @@ class ConstraintState(NamedTuple):
         return ConstraintState(*(x.index_select(0, index) for x in self))
 
     def advanced(self, state: Tensor) -> "ConstraintState":
-        """The same automata with the slots' states ``state`` (R, K)."""
-        return self._replace(state=state)
+        """The same automata with the slots' states ``state`` (R, K). Built field by field, not
+        with ``_replace``: torch 2.11's dynamo returns ``_replace``'s named tuple empty."""
+        return ConstraintState(self.table, self.tokens, self.dist, state)
 
     def distance(self) -> Tensor:
         """(R, S) long: each slot's tokens still needed (0: its constraints are met)."""
