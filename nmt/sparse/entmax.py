@@ -209,7 +209,8 @@ def entmax15(scores: Tensor, dim: int = -1, mask: Optional[Tensor] = None, impl:
 
 
 class EntmaxBisectFunction(torch.autograd.Function):
-    """alpha-entmax over the last dim; ``alpha: (..., 1)`` >= 1 per row (same leading dims).
+    """alpha-entmax over the last dim; ``alpha: (..., 1)`` >= 1 a row, or broadcast to the rows (one
+    a head: the backward returns one gradient a row, which autograd sums to ``alpha``'s shape).
 
     ``alpha_float``: the one alpha of every row as a float (scalar arithmetic), else None.
     ``span``: a tensor alpha's least and largest values where the caller read them (the host path),
@@ -277,6 +278,9 @@ class EntmaxBisectFunction(torch.autograd.Function):
             # backward is invariant to a per-row scale of s: keep r, skip a pow in backward
             ctx.save_for_backward(r, alpha)
         else:
+            # one alpha a row here (no autograd inside the Function: an alpha broadcast to the rows,
+            # one a head, costs no expand node, and autograd sums the rows' gradient to its shape)
+            alpha = alpha if alpha.shape[:-1] == x.shape[:-1] else alpha.expand(*x.shape[:-1], 1)
             am1 = alpha - 1
             # alphas in (1, 2) (the caller's host read), float32 rows: one native call
             if (kind == "pruned" and x.dtype is torch.float32 and not torch.compiler.is_compiling()
@@ -328,16 +332,16 @@ class EntmaxBisectFunction(torch.autograd.Function):
                 gx = kernels.entmax_backward(p, grad, a[0])
             return gx, None, None, None, None, None
         if ctx.weights:  # saved s = r^(q - 1) (the native forward's last powers): no power here
-            s, dp = ctx.saved_tensors  # dp: dp/dalpha (a learnable alpha), else None
-            found = None
+            s, dp = ctx.saved_tensors  # (R, n) rows; dp: dp/dalpha (a learnable alpha), else None
+            g2, found = rows(grad), None
             if not torch.compiler.is_compiling():
-                found = power_backward(rows(s), rows(grad), 1.0, da=None if dp is None else rows(dp))
+                found = power_backward(s, g2, 1.0, da=dp)
             if found is None:  # (the library went away between the passes: torch's formulas)
-                gx = _entmax_backward(s, grad)
-                galpha = None if dp is None else torch.linalg.vecdot(grad, dp).unsqueeze(-1)
+                gx = shaped(_entmax_backward(s, g2), grad.shape)
+                galpha = None if dp is None else torch.linalg.vecdot(g2, dp).view(*grad.shape[:-1], 1)
             else:
-                gx = shaped(found[0], s.shape)
-                galpha = None if dp is None else found[1].view(*s.shape[:-1], 1)
+                gx = shaped(found[0], grad.shape)
+                galpha = None if dp is None else found[1].view(*grad.shape[:-1], 1)
             if dp is not None:
                 galpha = galpha if galpha.dtype is ctx.alpha_dtype else galpha.to(ctx.alpha_dtype)
             return gx if ctx.needs_input_grad[0] else None, galpha, None, None, None, None
@@ -369,10 +373,12 @@ class EntmaxBisectFunction(torch.autograd.Function):
 def _native_probs(x: Tensor, am1: Union[float, Tensor], n_iter: Optional[int], eps: float,
                   weights: bool, dalpha: bool = False) -> Optional[tuple[Tensor, Optional[Tensor], Optional[Tensor]]]:
     """``(p, s, dp)`` of alpha-entmax over the last dim of ``x`` with ``alpha - 1 = am1`` in (0, 1) (a
-    float, or a tensor ``(..., 1)``), by :func:`nmt.sparse._native.power_probs`, each shaped like
-    ``x``: ``s = r^(q - 1)``, the backward's weights, where ``weights`` (else None), ``dp = dp/dalpha``
+    float, or a tensor ``(..., 1)``), by :func:`nmt.sparse._native.power_probs`: ``p`` shaped like
+    ``x``; ``s = r^(q - 1)``, the backward's weights, where ``weights`` (else None), ``dp = dp/dalpha``
     where ``dalpha`` (else None; needs ``weights``, the backward takes both; rows of at most
-    :data:`nmt.sparse._native.POWER_PROBS_MAX_N` entries); None where it does not serve: not float32
+    :data:`nmt.sparse._native.POWER_PROBS_MAX_N` entries), these two as ``(R, n)`` rows, as the
+    backward reads them (no views: a view of a 3- or 4-D tensor costs 1-3 us of host time); None
+    where it does not serve: not float32
     on the CPU in eager mode, no native library, or ``dalpha`` on longer rows (the torch path then
     runs)."""
     if x.dtype is not torch.float32 or x.device.type != "cpu" or torch.compiler.is_compiling():
@@ -383,8 +389,7 @@ def _native_probs(x: Tensor, am1: Union[float, Tensor], n_iter: Optional[int], e
                         weights=weights, dalpha=weights and dalpha)
     if found is None:
         return None
-    p, s, dp = found[0], found[2] if weights else None, found[3] if weights and dalpha else None
-    return shaped(p, x.shape), *(None if t is None else shaped(t, x.shape) for t in (s, dp))
+    return shaped(found[0], x.shape), found[2] if weights else None, found[3] if weights and dalpha else None
 
 
 def _alpha_grad(p: Tensor, alpha: Tensor, grad: Tensor, s: Optional[Tensor] = None) -> Tensor:
@@ -501,9 +506,8 @@ def _entmax_bisect(scores: Tensor, alpha: Union[float, Tensor], dim: int, mask: 
         a = _float_alpha(alpha)
     else:
         a, span = _alpha_rows(alpha, scores, d, check=host, dtype=cdt)
-        # the kernels take alpha as it broadcasts (one per head: read where it lies, no copy)
-        # (already one a row: no expand, nor its autograd node)
-        a = a if triton or a.shape[:-1] == x.shape[:-1] else a.expand(*x.shape[:-1], 1)
+        # as it broadcasts (one per head): the kernels read it where it lies, the Function's CPU
+        # path expands it inside (no expand node in the graph; autograd sums the rows' gradient)
     with own_precision(x):
         if isinstance(alpha, Tensor) and (above_one or triton):  # (the kernels: alpha = 1 rows are softmax)
             p = EntmaxBisectFunction.apply(x, a, n_iter, None, kind, span)
