@@ -358,7 +358,7 @@ class EntmaxBisectFunction(torch.autograd.Function):
         p, alpha = ctx.saved_tensors
         if p.dtype is torch.float32 and p.device.type == "cpu" and not torch.compiler.is_compiling():
             # one native call: s = p^(2 - alpha), J^T grad and, in the same pass, alpha's gradient
-            a = alpha.detach().expand(*p.shape[:-1], 1).reshape(-1)
+            a = alpha.detach().reshape(-1)  # (one a row: the forward expanded it)
             found = power_backward(rows(p), rows(grad), 2 - a, a - 1 if ctx.needs_input_grad[1] else None)
             if found is not None:
                 gx = shaped(found[0], p.shape) if ctx.needs_input_grad[0] else None
@@ -373,7 +373,7 @@ class EntmaxBisectFunction(torch.autograd.Function):
 def _native_probs(x: Tensor, am1: Union[float, Tensor], n_iter: Optional[int], eps: float,
                   weights: bool, dalpha: bool = False) -> Optional[tuple[Tensor, Optional[Tensor], Optional[Tensor]]]:
     """``(p, s, dp)`` of alpha-entmax over the last dim of ``x`` with ``alpha - 1 = am1`` in (0, 1) (a
-    float, or a tensor ``(..., 1)``), by :func:`nmt.sparse._native.power_probs`: ``p`` shaped like
+    float, or a tensor ``(..., 1)`` of ``x``'s leading shape: one a row), by :func:`nmt.sparse._native.power_probs`: ``p`` shaped like
     ``x``; ``s = r^(q - 1)``, the backward's weights, where ``weights`` (else None), ``dp = dp/dalpha``
     where ``dalpha`` (else None; needs ``weights``, the backward takes both; rows of at most
     :data:`nmt.sparse._native.POWER_PROBS_MAX_N` entries), these two as ``(R, n)`` rows, as the
@@ -383,8 +383,6 @@ def _native_probs(x: Tensor, am1: Union[float, Tensor], n_iter: Optional[int], e
     runs)."""
     if x.dtype is not torch.float32 or x.device.type != "cpu" or torch.compiler.is_compiling():
         return None
-    if isinstance(am1, Tensor):
-        am1 = am1 if am1.shape[:-1] == x.shape[:-1] else am1.expand(*x.shape[:-1], 1)
     found = power_probs(rows(x), am1, ROOT_MAX_ITER if n_iter is None else n_iter, eps, False,
                         weights=weights, dalpha=weights and dalpha)
     if found is None:
